@@ -1,0 +1,266 @@
+//! The filter ↔ indexer API (loopback HTTP/1.1, versioned under `/v1`).
+//!
+//! `POST /v1/route`: the body is the client's original request body, unchanged; metadata rides in
+//! the headers named in [`crate::headers`]. `200` answers a [`RouteDecision`]; `429`/`503` answer an
+//! [`ErrorBody`] the filter relays to the client (resource exhaustion on the prefill leg: the client
+//! must back off); anything else means "route without me" and the filter falls back.
+//! `POST /v1/done`: a [`DoneReport`]. `GET /v1/fleet`: a [`FleetSnapshot`].
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub const ROUTE_PATH: &str = "/v1/route";
+pub const DONE_PATH: &str = "/v1/done";
+pub const FLEET_PATH: &str = "/v1/fleet";
+
+/// How a request is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Prefill and decode on the chosen decode worker.
+    Aggregate,
+    /// Prefill ran on a prefill worker; the decode worker pulls the KV (`kv_transfer_params`).
+    Disagg,
+    /// The KV moves from the worker holding it to the chosen decode worker over NIXL.
+    Migrate,
+    /// The prefill leg failed; served on the decode worker as aggregate.
+    DecodeFallback,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 4] = [Mode::Aggregate, Mode::Disagg, Mode::Migrate, Mode::DecodeFallback];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Aggregate => "aggregate",
+            Self::Disagg => "disagg",
+            Self::Migrate => "migrate",
+            Self::DecodeFallback => "decode_fallback",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.as_str() == s.trim())
+    }
+}
+
+/// The indexer's answer to `/v1/route`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouteDecision {
+    /// `ip:port` of the worker that serves the request (the decode worker in disaggregated modes).
+    pub endpoint: String,
+    /// Retry candidates in order, `ip:port`.
+    #[serde(default)]
+    pub fallbacks: Vec<String>,
+    /// Worker id of `endpoint`.
+    pub worker: String,
+    pub mode: Mode,
+    /// Leading blocks of the request already cached on `worker`, as the index sees them.
+    pub overlap_blocks: u32,
+    /// Full blocks in the request's prompt.
+    pub isl_blocks: u32,
+    /// Spliced into the body sent to `endpoint` when present (disagg / migrate).
+    #[serde(default)]
+    pub kv_transfer_params: Option<Value>,
+    /// Why this worker and this mode, for humans (debug header, logs).
+    pub reason: String,
+    /// The worker holding most of the request's blocks, and how many.
+    #[serde(default)]
+    pub best_overlap_worker: Option<String>,
+    #[serde(default)]
+    pub best_overlap_blocks: u32,
+    /// The prefill worker that served the prefill leg (disagg) or the migration source (migrate).
+    #[serde(default)]
+    pub peer_worker: Option<String>,
+}
+
+impl RouteDecision {
+    /// The `x-gateway-destination-endpoint` value: primary first, then fallbacks, no duplicates.
+    pub fn destination_header(&self) -> String {
+        destination_header(&self.endpoint, self.fallbacks.iter().map(String::as_str))
+    }
+}
+
+/// `primary[,fallback…]`, skipping repeats of earlier entries.
+pub fn destination_header<'a>(primary: &str, fallbacks: impl IntoIterator<Item = &'a str>) -> String {
+    let mut out = String::from(primary);
+    let mut seen: Vec<&str> = vec![primary];
+    for f in fallbacks {
+        if !f.is_empty() && !seen.contains(&f) {
+            out.push(',');
+            out.push_str(f);
+            seen.push(f);
+        }
+    }
+    out
+}
+
+/// An OpenAI-style error body: `{"error": {"message", "type", "code"}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub code: u16,
+}
+
+impl ErrorBody {
+    pub fn new(code: u16, kind: &str, message: impl Into<String>) -> Self {
+        Self { error: ErrorDetail { message: message.into(), kind: kind.to_owned(), code } }
+    }
+}
+
+/// How a routed request ended, as the filter saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The response stream ended with a 2xx status.
+    Success,
+    /// The upstream answered with an error status.
+    Error,
+    /// The client went away or the stream was reset before it ended.
+    Aborted,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::Error => "error",
+            Self::Aborted => "aborted",
+        }
+    }
+}
+
+/// `POST /v1/done`: releases the load the indexer booked for a request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DoneReport {
+    pub request_id: String,
+    /// The endpoint the request was sent to, when known.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    pub outcome: Outcome,
+    /// The upstream's HTTP status, when one arrived.
+    #[serde(default)]
+    pub status: Option<u16>,
+}
+
+/// A worker's role in the fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Decode,
+    Prefill,
+    Both,
+}
+
+impl Role {
+    /// Whether the worker may serve the decode side (and aggregate requests).
+    pub fn decodes(self) -> bool {
+        matches!(self, Self::Decode | Self::Both)
+    }
+    /// Whether the worker may serve a prefill leg.
+    pub fn prefills(self) -> bool {
+        matches!(self, Self::Prefill | Self::Both)
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Decode => "decode",
+            Self::Prefill => "prefill",
+            Self::Both => "both",
+        }
+    }
+}
+
+/// The load the indexer attributes to a worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerLoad {
+    pub active_requests: u64,
+    pub active_blocks: u64,
+    pub prefill_tokens: u64,
+    /// `vllm:num_requests_waiting` from the last scrape, when scraped.
+    #[serde(default)]
+    pub waiting_requests: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FleetWorker {
+    pub id: String,
+    /// `ip:port` of the worker's OpenAI HTTP server.
+    pub endpoint: String,
+    pub role: Role,
+    pub healthy: bool,
+    #[serde(default)]
+    pub load: WorkerLoad,
+}
+
+/// `GET /v1/fleet`: the workers as the indexer sees them now. The filter keeps the last one.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FleetSnapshot {
+    /// Bumped whenever membership or health changes.
+    pub generation: u64,
+    pub block_size: u32,
+    pub workers: Vec<FleetWorker>,
+}
+
+impl FleetSnapshot {
+    /// Healthy workers that can decode: the candidates of a session pin.
+    pub fn decode_candidates(&self) -> impl Iterator<Item = &FleetWorker> {
+        self.workers.iter().filter(|w| w.healthy && w.role.decodes())
+    }
+
+    /// The worker a session key pins to, by rendezvous over [`Self::decode_candidates`].
+    pub fn pin(&self, key: u64) -> Option<&FleetWorker> {
+        let id = crate::rendezvous::pick(key, self.decode_candidates().map(|w| w.id.as_str()))?;
+        self.workers.iter().find(|w| w.id == id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decision_wire_format() {
+        let json = r#"{"endpoint":"10.0.0.1:8000","fallbacks":["10.0.0.2:8000"],"worker":"w1","mode":"decode_fallback",
+            "overlap_blocks":3,"isl_blocks":4,"kv_transfer_params":null,"reason":"prefill leg failed: 500"}"#;
+        let d: RouteDecision = serde_json::from_str(json).unwrap();
+        assert_eq!(d.mode, Mode::DecodeFallback);
+        assert_eq!(d.destination_header(), "10.0.0.1:8000,10.0.0.2:8000");
+        let back: RouteDecision = serde_json::from_str(&serde_json::to_string(&d).unwrap()).unwrap();
+        assert_eq!(back, d);
+    }
+
+    #[test]
+    fn destination_header_skips_repeats() {
+        assert_eq!(destination_header("a:1", ["a:1", "b:2", "", "b:2", "c:3"]), "a:1,b:2,c:3");
+    }
+
+    #[test]
+    fn modes_round_trip() {
+        for m in Mode::ALL {
+            assert_eq!(Mode::parse(m.as_str()), Some(m));
+            assert_eq!(serde_json::to_string(&m).unwrap(), format!("\"{}\"", m.as_str()));
+        }
+        assert_eq!(Mode::parse("fast"), None);
+    }
+
+    #[test]
+    fn pin_uses_healthy_decoders_only() {
+        let w = |id: &str, role, healthy| FleetWorker { id: id.into(), endpoint: format!("{id}:1"), role, healthy, load: WorkerLoad::default() };
+        let fleet = FleetSnapshot {
+            generation: 1,
+            block_size: 16,
+            workers: vec![w("p", Role::Prefill, true), w("d1", Role::Decode, true), w("d2", Role::Decode, false), w("b", Role::Both, true)],
+        };
+        for key in 0..500u64 {
+            let pinned = fleet.pin(key).unwrap();
+            assert!(pinned.id == "d1" || pinned.id == "b");
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! kvmesh-core: everything the wasm filter and the native indexer must agree on, in one place.
+//!
+//! The filter's fallback pin and the indexer's session pin pick the same worker only because both
+//! call [`rendezvous::pick`]; the indexer's block index matches Dynamo's only because it hashes with
+//! [`hashing`]; the filter and the indexer read the same request the same way only because both
+//! parse it with [`openai`]. Nothing here performs I/O, reads a clock or draws a random number, so
+//! every function is deterministic and compiles for `wasm32-wasip1` as well as natively.
+
+pub mod api;
+pub mod hashing;
+pub mod headers;
+pub mod openai;
+pub mod rendezvous;
+pub mod session;

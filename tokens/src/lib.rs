@@ -1,0 +1,185 @@
+//! kvmesh-tokens: turning a request into the token ids the engine will see.
+//!
+//! The indexer predicts which KV blocks a request reuses by hashing its token ids; those ids are only
+//! right if they are exactly the engine's. So the indexer and the engine simulator share this crate:
+//! the model's Hugging Face `tokenizer.json` (through the `tokenizers` crate) and the model's chat
+//! template (minijinja, Jinja2-compatible like vLLM's). Text is encoded without added special tokens
+//! — the DeepSeek tokenizer adds none, and chat templates write BOS themselves — while special tokens
+//! written in the text (`<｜User｜>` …) are recognised, as in `transformers`.
+
+use std::path::{Path, PathBuf};
+
+use kvmesh_core::openai::{ChatMessage, Prompt, RequestInput};
+
+/// Environment variable naming the tokenizer.json to load by default.
+pub const TOKENIZER_ENV: &str = "KVMESH_TOKENIZER";
+
+/// The built-in chat template for the DeepSeek family (the default model).
+pub const DEEPSEEK_TEMPLATE: &str = include_str!("../templates/deepseek.jinja");
+const DEEPSEEK_BOS: &str = "<｜begin▁of▁sentence｜>";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokensError {
+    #[error("cannot load tokenizer {path}: {reason}")]
+    Load { path: PathBuf, reason: String },
+    #[error("cannot read chat template {path}: {reason}")]
+    TemplateFile { path: PathBuf, reason: String },
+    #[error("chat template: {0}")]
+    Template(String),
+    #[error("tokenizer: {0}")]
+    Encode(String),
+}
+
+/// `$KVMESH_TOKENIZER`, else `<repo>/.tools/tokenizer/tokenizer.json` (installed by `make setup`).
+pub fn default_tokenizer_path() -> PathBuf {
+    match std::env::var_os(TOKENIZER_ENV) {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/tokenizer/tokenizer.json"),
+    }
+}
+
+/// A loaded Hugging Face tokenizer. Cheap to share behind an `Arc`; encoding is `&self`.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+}
+
+impl Tokenizer {
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, TokensError> {
+        let path = path.as_ref();
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| TokensError::Load { path: path.to_owned(), reason: e.to_string() })?;
+        Ok(Self { inner })
+    }
+
+    /// Token ids of `text`, special tokens in the text recognised, none added.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokensError> {
+        let enc = self.inner.encode_fast(text, false).map_err(|e| TokensError::Encode(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Text of `ids`, special tokens kept (so a reply appended to a history re-encodes to the same ids).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokensError> {
+        self.inner.decode(ids, false).map_err(|e| TokensError::Encode(e.to_string()))
+    }
+
+    /// The id of a token string, if the vocabulary has it.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The ids of the special (added) tokens, which a generator should never emit mid-text.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+}
+
+/// A compiled chat template.
+pub struct ChatTemplate {
+    env: minijinja::Environment<'static>,
+    bos_token: String,
+}
+
+impl ChatTemplate {
+    /// The built-in DeepSeek template.
+    pub fn deepseek() -> Result<Self, TokensError> {
+        Self::from_source(DEEPSEEK_TEMPLATE.to_owned(), DEEPSEEK_BOS)
+    }
+
+    /// A Jinja2 chat template from a file (HF `chat_template` syntax: `messages`, `bos_token`,
+    /// `add_generation_prompt`).
+    pub fn from_file(path: impl AsRef<Path>, bos_token: &str) -> Result<Self, TokensError> {
+        let path = path.as_ref();
+        let source = std::fs::read_to_string(path)
+            .map_err(|e| TokensError::TemplateFile { path: path.to_owned(), reason: e.to_string() })?;
+        Self::from_source(source, bos_token)
+    }
+
+    fn from_source(source: String, bos_token: &str) -> Result<Self, TokensError> {
+        let mut env = minijinja::Environment::new();
+        env.add_template_owned("chat", source).map_err(|e| TokensError::Template(e.to_string()))?;
+        Ok(Self { env, bos_token: bos_token.to_owned() })
+    }
+
+    /// The prompt text the engine builds from `messages`.
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokensError> {
+        #[derive(serde::Serialize)]
+        struct Msg<'a> {
+            role: &'a str,
+            content: &'a str,
+        }
+        let msgs: Vec<Msg<'_>> = messages.iter().map(|m| Msg { role: &m.role, content: &m.content }).collect();
+        let tpl = self.env.get_template("chat").map_err(|e| TokensError::Template(e.to_string()))?;
+        tpl.render(minijinja::context! {
+            messages => msgs,
+            bos_token => self.bos_token.as_str(),
+            add_generation_prompt => add_generation_prompt,
+        })
+        .map_err(|e| TokensError::Template(e.to_string()))
+    }
+}
+
+/// The prompt text of a request as the engine renders it (chat with the generation prompt).
+/// Token-id prompts have no text: `None`.
+pub fn prompt_text(template: &ChatTemplate, input: &RequestInput) -> Result<Option<String>, TokensError> {
+    match input {
+        RequestInput::Prompt(Prompt::Tokens(_)) => Ok(None),
+        RequestInput::Prompt(Prompt::Text(t)) => Ok(Some(t.clone())),
+        RequestInput::Messages(m) => template.render(m, true).map(Some),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(role: &str, content: &str) -> ChatMessage {
+        ChatMessage { role: role.into(), content: content.into() }
+    }
+
+    #[test]
+    fn deepseek_rendering() {
+        let t = ChatTemplate::deepseek().unwrap();
+        let msgs = [msg("system", "S1"), msg("user", "hi"), msg("assistant", "hello"), msg("system", "S2"), msg("user", "bye")];
+        assert_eq!(
+            t.render(&msgs, true).unwrap(),
+            "<｜begin▁of▁sentence｜>S1\n\nS2<｜User｜>hi<｜Assistant｜>hello<｜end▁of▁sentence｜><｜User｜>bye<｜Assistant｜>"
+        );
+        assert_eq!(t.render(&[msg("user", "x")], false).unwrap(), "<｜begin▁of▁sentence｜><｜User｜>x");
+    }
+
+    #[test]
+    fn conversations_render_append_only() {
+        let t = ChatTemplate::deepseek().unwrap();
+        let mut history = vec![msg("system", "be brief"), msg("user", "q0")];
+        let mut previous = t.render(&history, true).unwrap();
+        for i in 1..6 {
+            history.push(msg("assistant", &format!("a{i}")));
+            history.push(msg("user", &format!("q{i}")));
+            let now = t.render(&history, true).unwrap();
+            assert!(now.starts_with(&previous), "turn {i}");
+            previous = now;
+        }
+    }
+
+    #[test]
+    fn bad_template_is_an_error() {
+        assert!(matches!(ChatTemplate::from_source("{% if %}".into(), ""), Err(TokensError::Template(_))));
+        assert!(matches!(ChatTemplate::from_file("/nonexistent/x.jinja", ""), Err(TokensError::TemplateFile { .. })));
+    }
+
+    #[test]
+    fn missing_tokenizer_is_an_error() {
+        assert!(matches!(Tokenizer::from_file("/nonexistent/tokenizer.json"), Err(TokensError::Load { .. })));
+    }
+
+    // Needs `make setup` (the DeepSeek tokenizer); the Makefile runs it before the tests.
+    #[test]
+    fn deepseek_tokenizer_matches_known_ids() {
+        let tok = Tokenizer::from_file(default_tokenizer_path()).unwrap();
+        let ids = tok.encode("<｜begin▁of▁sentence｜><｜User｜>Hello, world!<｜Assistant｜>").unwrap();
+        assert_eq!(ids.first(), Some(&0));
+        assert_eq!(ids.get(1), Some(&128_803));
+        assert_eq!(ids.last(), Some(&128_804));
+        assert_eq!(tok.decode(&ids).unwrap(), "<｜begin▁of▁sentence｜><｜User｜>Hello, world!<｜Assistant｜>");
+    }
+}
