@@ -1,0 +1,155 @@
+//! Work that outlives a request: `/v1/done` reports and the `/v1/fleet` poll.
+//!
+//! Envoy cancels an HTTP call when the context that made it is destroyed, and a request's context is
+//! destroyed right when the request ends — exactly when its done report is due. So requests only
+//! *queue* reports; a long-lived root context (the singleton service, or each worker's filter root)
+//! dispatches them. Both pieces here are pure bookkeeping with explicit bounds: [`DoneQueue`] caps
+//! waiting reports and concurrent calls (overflow is dropped and counted, never grows memory), and
+//! [`FleetSchedule`] keeps at most one poll in flight, due every `fleet_refresh_ms`.
+
+use std::collections::VecDeque;
+
+use kvmesh_core::api::{DoneReport, FleetSnapshot};
+
+/// Shared-data key of the last fleet snapshot (JSON), written by whoever polls, read by every VM
+/// with the same `vm_id`.
+pub const FLEET_KEY: &str = "kvmesh.fleet.v1";
+/// Shared queue of done reports (JSON), registered by the singleton service.
+pub const DONE_QUEUE: &str = "kvmesh.done.v1";
+/// Largest `/v1/fleet` answer accepted.
+pub const MAX_FLEET_BYTES: usize = 1024 * 1024;
+
+/// Bounded done reports awaiting dispatch, plus the count of calls in flight.
+#[derive(Debug)]
+pub struct DoneQueue {
+    pending: VecDeque<DoneReport>,
+    capacity: usize,
+    in_flight: usize,
+    max_in_flight: usize,
+}
+
+impl DoneQueue {
+    /// A queue holding at most `capacity` reports with at most `max_in_flight` calls outstanding.
+    pub fn new(capacity: usize, max_in_flight: usize) -> Self {
+        Self { pending: VecDeque::new(), capacity: capacity.max(1), in_flight: 0, max_in_flight: max_in_flight.max(1) }
+    }
+
+    /// Queues a report; false when full (the caller counts the drop).
+    pub fn offer(&mut self, report: DoneReport) -> bool {
+        if self.pending.len() >= self.capacity {
+            return false;
+        }
+        self.pending.push_back(report);
+        true
+    }
+
+    /// The next report to dispatch when a call slot is free; the slot is taken.
+    pub fn next_to_send(&mut self) -> Option<DoneReport> {
+        if self.in_flight >= self.max_in_flight {
+            return None;
+        }
+        let report = self.pending.pop_front()?;
+        self.in_flight += 1;
+        Some(report)
+    }
+
+    /// A dispatched call finished (answered or failed) or could not be dispatched: frees its slot.
+    pub fn call_finished(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+    }
+
+    /// Reports waiting.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Calls outstanding.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+}
+
+/// When to poll `/v1/fleet`: once per period, never two at once.
+#[derive(Debug, Clone)]
+pub struct FleetSchedule {
+    period_ns: u64,
+    last_start_ns: Option<u64>,
+    in_flight: Option<u32>,
+}
+
+impl FleetSchedule {
+    /// `period_ms == 0` disables polling.
+    pub fn new(period_ms: u64) -> Self {
+        Self { period_ns: period_ms.saturating_mul(1_000_000), last_start_ns: None, in_flight: None }
+    }
+
+    /// Whether a poll should start at `now_ns` (the first one is due at once).
+    pub fn due(&self, now_ns: u64) -> bool {
+        self.period_ns > 0
+            && self.in_flight.is_none()
+            && self.last_start_ns.is_none_or(|last| now_ns.saturating_sub(last) >= self.period_ns)
+    }
+
+    /// A poll started at `now_ns` as call `token`.
+    pub fn started(&mut self, now_ns: u64, token: u32) {
+        self.last_start_ns = Some(now_ns);
+        self.in_flight = Some(token);
+    }
+
+    /// A poll could not be dispatched at `now_ns`; retry after a period.
+    pub fn failed_to_start(&mut self, now_ns: u64) {
+        self.last_start_ns = Some(now_ns);
+    }
+
+    /// Whether `token` is the poll in flight; if so it is no longer in flight.
+    pub fn take_answer(&mut self, token: u32) -> bool {
+        if self.in_flight == Some(token) {
+            self.in_flight = None;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Why a fleet answer was not stored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FleetError {
+    #[error("fleet call failed without a response")]
+    NoResponse,
+    #[error("fleet call answered status {0}")]
+    Status(u16),
+    #[error("fleet answer too large ({0} bytes)")]
+    TooLarge(usize),
+    #[error("fleet answer is not a fleet snapshot: {0}")]
+    Invalid(String),
+}
+
+/// Validates a `/v1/fleet` answer.
+pub fn parse_fleet_answer(status: Option<u16>, body: &[u8]) -> Result<FleetSnapshot, FleetError> {
+    match status {
+        None => Err(FleetError::NoResponse),
+        Some(200) if body.len() > MAX_FLEET_BYTES => Err(FleetError::TooLarge(body.len())),
+        Some(200) => decode_fleet(body),
+        Some(s) => Err(FleetError::Status(s)),
+    }
+}
+
+/// Reads a snapshot as stored in shared data (or as answered by the indexer).
+pub fn decode_fleet(bytes: &[u8]) -> Result<FleetSnapshot, FleetError> {
+    serde_json::from_slice(bytes).map_err(|e| FleetError::Invalid(e.to_string()))
+}
+
+/// Encodes a done report for the shared queue and the `/v1/done` body.
+pub fn encode_done(report: &DoneReport) -> Option<Vec<u8>> {
+    serde_json::to_vec(report).ok()
+}
+
+/// Decodes a report taken from the shared queue.
+pub fn decode_done(bytes: &[u8]) -> Option<DoneReport> {
+    serde_json::from_slice(bytes).ok()
+}
+
+#[cfg(test)]
+#[path = "tests/background.rs"]
+mod tests;

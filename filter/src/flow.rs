@@ -1,0 +1,381 @@
+//! One request's life in the filter, as a pure state machine.
+//!
+//! ```text
+//! headers ──(routable POST)──▶ Buffering ──(end of body, parsed)──▶ Routing ──(answer)──▶ Forwarded
+//!    │                            │                                   ├──(429/503 + error body)──▶ Rejected
+//!    └──(anything else)──▶ Forwarded ◀──(too large / not JSON / …)───┘──(no usable answer)──▶ Forwarded (fallback)
+//! ```
+//! Every callback of `host::http` maps to one method here that takes plain data (header pairs, body
+//! bytes, status, clock) and returns a [`Step`]. The only outside knowledge it asks for is the last
+//! fleet snapshot, through [`FleetSource`], and only on the fallback path. Whatever happens, the
+//! request goes on (`Continue` / `ResumeRequest`) — except the indexer's deliberate rejection.
+//! [`RequestFlow::finish`] runs once, at stream end or destruction, and books the outcome.
+
+use std::rc::Rc;
+
+use kvmesh_core::api::{DoneReport, FleetSnapshot, Outcome, RouteDecision};
+use kvmesh_core::headers;
+use kvmesh_core::openai::{self, Endpoint};
+use kvmesh_core::session::{SessionKey, SessionSource};
+
+use crate::config::FilterConfig;
+use crate::decision::{self, IndexerAnswer};
+use crate::effects::{Effect, Next, Step};
+use crate::fallback::{self, FallbackPick};
+use crate::metrics::{
+    hit_rate_permille, FallbackReason, InternalError, Metric, MetricUpdate, OutcomeLabel, RouteLabel, UnroutableReason,
+};
+use crate::request::{self, RequestHead};
+use crate::splice;
+
+/// The key spliced into the body for the serving worker.
+pub const KV_TRANSFER_PARAMS: &str = "kv_transfer_params";
+
+/// Gives the fallback the last fleet snapshot (shared data in Envoy, a fixture in tests).
+pub trait FleetSource {
+    fn fleet(&self) -> Option<Rc<FleetSnapshot>>;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Headers,
+    Buffering,
+    Routing,
+    Forwarded,
+    Rejected,
+    Finished,
+}
+
+/// The filter's state for one request.
+#[derive(Debug)]
+pub struct RequestFlow {
+    config: Rc<FilterConfig>,
+    context_id: u32,
+    phase: Phase,
+    head: RequestHead,
+    request_id: String,
+    endpoint: Option<Endpoint>,
+    session: Option<(SessionKey, SessionSource)>,
+    buffered: usize,
+    body: Vec<u8>,
+    route_started_ns: u64,
+    route: RouteLabel,
+    /// Set when the indexer booked this request: the endpoint it chose (None if the call never answered).
+    report_done: Option<Option<String>>,
+    rejected_status: Option<u16>,
+    debug: Vec<(&'static str, String)>,
+    response_status: Option<u16>,
+    response_complete: bool,
+}
+
+impl RequestFlow {
+    /// A fresh flow for HTTP context `context_id`.
+    pub fn new(config: Rc<FilterConfig>, context_id: u32) -> Self {
+        Self {
+            config,
+            context_id,
+            phase: Phase::Headers,
+            head: RequestHead::default(),
+            request_id: String::new(),
+            endpoint: None,
+            session: None,
+            buffered: 0,
+            body: Vec::new(),
+            route_started_ns: 0,
+            route: RouteLabel::Unrouted,
+            report_done: None,
+            rejected_status: None,
+            debug: Vec::new(),
+            response_status: None,
+            response_complete: false,
+        }
+    }
+
+    /// The request id used on `/v1/route` and `/v1/done` (and in logs).
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// Request headers: strip what clients must not set, decide whether to buffer the body.
+    pub fn on_request_headers(&mut self, pairs: &[(String, Vec<u8>)], end_of_stream: bool, now_ns: u64) -> Step {
+        if self.phase != Phase::Headers {
+            return Step::just(Next::Continue);
+        }
+        self.head = RequestHead::from_headers(pairs, &self.config.session_header);
+        let mut effects = Vec::new();
+        if self.head.client_destination {
+            effects.push(Effect::RemoveRequestHeader(headers::DESTINATION_ENDPOINT));
+        }
+        if !self.config.allow_overrides && self.head.has_overrides() {
+            effects.push(Effect::RemoveRequestHeader(headers::OVERRIDE_WORKER));
+            effects.push(Effect::RemoveRequestHeader(headers::OVERRIDE_MODE));
+        }
+        self.request_id = match &self.head.request_id {
+            Some(id) => id.clone(),
+            None => {
+                // Envoy generates x-request-id unless told not to; make one so route and done agree.
+                let id = format!("kvmesh-{:x}-{:x}", self.context_id, now_ns);
+                effects.push(Effect::SetRequestHeader(headers::REQUEST_ID, id.clone()));
+                id
+            }
+        };
+        self.endpoint = Endpoint::from_path(&self.head.path);
+        let unroutable = if self.endpoint.is_none() {
+            Some(UnroutableReason::UnknownPath)
+        } else if self.head.method != "POST" {
+            Some(UnroutableReason::Method)
+        } else if end_of_stream {
+            Some(UnroutableReason::NoBody)
+        } else {
+            None
+        };
+        if let Some(reason) = unroutable {
+            effects.push(self.unroutable(reason));
+            self.phase = Phase::Forwarded;
+            return Step { effects, next: Next::Continue };
+        }
+        self.phase = Phase::Buffering;
+        Step { effects, next: Next::Pause }
+    }
+
+    /// A body chunk arrived; `buffered` is the size Envoy holds so far.
+    pub fn on_request_body(&mut self, buffered: usize, end_of_stream: bool) -> Step {
+        if self.phase != Phase::Buffering {
+            return Step::just(Next::Continue);
+        }
+        self.buffered = buffered;
+        if buffered > self.config.max_body_bytes {
+            self.phase = Phase::Forwarded;
+            return Step { effects: vec![self.unroutable(UnroutableReason::BodyTooLarge)], next: Next::Continue };
+        }
+        if end_of_stream {
+            Step::just(Next::ReadBody(buffered))
+        } else {
+            Step::just(Next::Pause)
+        }
+    }
+
+    /// Request trailers end the body too.
+    pub fn on_request_trailers(&mut self) -> Step {
+        if self.phase != Phase::Buffering {
+            return Step::just(Next::Continue);
+        }
+        Step::just(Next::ReadBody(self.buffered))
+    }
+
+    /// The whole body (None if Envoy had none): parse, derive the session, ask the indexer.
+    pub fn on_body(&mut self, body: Option<Vec<u8>>, now_ns: u64) -> Step {
+        let (Phase::Buffering, Some(endpoint)) = (self.phase, self.endpoint) else {
+            return Step::just(Next::Continue);
+        };
+        self.phase = Phase::Forwarded;
+        let body = match body {
+            Some(b) if b.len() > self.config.max_body_bytes => {
+                return Step { effects: vec![self.unroutable(UnroutableReason::BodyTooLarge)], next: Next::Continue };
+            }
+            Some(b) if !b.is_empty() => b,
+            _ => return Step { effects: vec![self.unroutable(UnroutableReason::NoBody)], next: Next::Continue },
+        };
+        let parsed = match openai::parse(endpoint, &body) {
+            Ok(p) => p,
+            Err(e) => {
+                log::debug!("ctx={} request_id={} unroutable body: {e}", self.context_id, self.request_id);
+                let reason = UnroutableReason::from_parse_error(&e);
+                return Step { effects: vec![self.unroutable(reason)], next: Next::Continue };
+            }
+        };
+        self.session = request::session_key(&self.head, &parsed, self.config.session_prefix_units);
+        let call = request::route_call(&self.config, &self.request_id, endpoint, self.session, &self.head, body.clone());
+        self.body = body;
+        self.phase = Phase::Routing;
+        self.route_started_ns = now_ns;
+        Step::just(Next::Call(call))
+    }
+
+    /// `dispatch_http_call` refused the route call: route without the indexer, right away.
+    pub fn on_dispatch_failed(&mut self, fleet: &dyn FleetSource) -> Step {
+        if self.phase != Phase::Routing {
+            return Step::just(Next::Continue);
+        }
+        let effects = self.fallback(FallbackReason::DispatchFailed, fleet);
+        Step { effects, next: Next::Continue }
+    }
+
+    /// The indexer's answer (status None = no headers). The request is paused; every path resumes
+    /// it or answers it.
+    pub fn on_route_answer(&mut self, status: Option<u16>, body: &[u8], now_ns: u64, fleet: &dyn FleetSource) -> Step {
+        if self.phase != Phase::Routing {
+            return Step::just(Next::Continue);
+        }
+        let latency_ms = now_ns.saturating_sub(self.route_started_ns) / 1_000_000;
+        let mut effects = vec![Effect::Metric(MetricUpdate::Record(Metric::RouteLatency, latency_ms))];
+        let answer = if body.len() > decision::MAX_ANSWER_BYTES {
+            IndexerAnswer::Fallback(FallbackReason::BadResponse)
+        } else {
+            decision::classify(status, body)
+        };
+        match answer {
+            IndexerAnswer::Route(d) => effects.extend(self.apply(d)),
+            IndexerAnswer::Reject { status, body } => {
+                log::info!("ctx={} request_id={} indexer rejected the request with {status}", self.context_id, self.request_id);
+                self.phase = Phase::Rejected;
+                self.rejected_status = Some(status);
+                self.report_done = Some(None);
+                self.body = Vec::new();
+                effects.push(Effect::SendResponse {
+                    status,
+                    headers: vec![("content-type", "application/json".to_owned()), (headers::REQUEST_ID, self.request_id.clone())],
+                    body,
+                });
+                return Step { effects, next: Next::Continue };
+            }
+            IndexerAnswer::Fallback(reason) => effects.extend(self.fallback(reason, fleet)),
+        }
+        effects.push(Effect::ResumeRequest);
+        Step { effects, next: Next::Continue }
+    }
+
+    /// Response headers: remember the status; add debug headers when enabled.
+    pub fn on_response_headers(&mut self, status: Option<u16>, end_of_stream: bool) -> Vec<Effect> {
+        self.response_status = status;
+        self.response_complete |= end_of_stream;
+        if !self.config.debug_headers || self.phase == Phase::Rejected {
+            return Vec::new();
+        }
+        self.debug.iter().map(|(n, v)| Effect::AddResponseHeader(n, v.clone())).collect()
+    }
+
+    /// A response body chunk; the last one completes the response.
+    pub fn on_response_body(&mut self, end_of_stream: bool) {
+        self.response_complete |= end_of_stream;
+    }
+
+    /// Response trailers complete the response.
+    pub fn on_response_trailers(&mut self) {
+        self.response_complete = true;
+    }
+
+    /// The stream is over (logged, done or destroyed). Books the outcome once; later calls do nothing.
+    /// `final_status` is Envoy's `response.code` when known: it covers local replies the filter never
+    /// saw (e.g. a 413 from the buffer filter in front of it).
+    pub fn finish(&mut self, final_status: Option<u16>) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        self.response_status = self.response_status.or(final_status.filter(|s| *s > 0));
+        match self.phase {
+            Phase::Finished => return effects,
+            Phase::Buffering => effects.push(self.unroutable(UnroutableReason::IncompleteBody)),
+            Phase::Routing => {
+                // The call is cancelled with the context, but the indexer may have booked the request.
+                self.report_done = Some(None);
+            }
+            _ => {}
+        }
+        let outcome = if self.phase == Phase::Rejected {
+            OutcomeLabel::Rejected
+        } else {
+            match (self.response_status, self.response_complete) {
+                (Some(s), true) if (200..300).contains(&s) => OutcomeLabel::Success,
+                (Some(s), _) if !(200..300).contains(&s) => OutcomeLabel::Error,
+                _ => OutcomeLabel::Aborted,
+            }
+        };
+        effects.push(Effect::Metric(MetricUpdate::Add(Metric::Requests(self.route, outcome), 1)));
+        if let Some(endpoint) = self.report_done.take() {
+            let (outcome, status) = match outcome {
+                OutcomeLabel::Success => (Outcome::Success, self.response_status),
+                OutcomeLabel::Error => (Outcome::Error, self.response_status),
+                OutcomeLabel::Rejected => (Outcome::Error, self.rejected_status),
+                OutcomeLabel::Aborted => (Outcome::Aborted, self.response_status),
+            };
+            effects.push(Effect::QueueDone(DoneReport { request_id: self.request_id.clone(), endpoint, outcome, status }));
+        }
+        self.phase = Phase::Finished;
+        self.body = Vec::new();
+        effects
+    }
+
+    fn unroutable(&self, reason: UnroutableReason) -> Effect {
+        log::debug!("ctx={} request_id={} not routed by content: {}", self.context_id, self.request_id, reason.as_str());
+        Effect::Metric(MetricUpdate::Add(Metric::Unroutable(reason), 1))
+    }
+
+    fn apply(&mut self, d: RouteDecision) -> Vec<Effect> {
+        let (header, dropped) = decision::destination(&d);
+        let mut effects = vec![Effect::SetRequestHeader(headers::DESTINATION_ENDPOINT, header)];
+        if dropped > 0 {
+            effects.push(Effect::Metric(MetricUpdate::Add(Metric::InternalErrors(InternalError::InvalidFallbackEndpoint), dropped as u64)));
+        }
+        if let Some(params) = d.kv_transfer_params.as_ref().filter(|p| !p.is_null()) {
+            match splice::splice_top_level(&self.body, KV_TRANSFER_PARAMS, params) {
+                Ok(body) => {
+                    if self.head.has_content_length {
+                        effects.push(Effect::SetRequestHeader("content-length", body.len().to_string()));
+                    }
+                    effects.push(Effect::ReplaceRequestBody { original_len: self.body.len(), body });
+                }
+                Err(e) => {
+                    log::warn!("ctx={} request_id={} kv_transfer_params not spliced: {e}", self.context_id, self.request_id);
+                    effects.push(Effect::Metric(MetricUpdate::Add(Metric::InternalErrors(InternalError::SpliceFailed), 1)));
+                }
+            }
+        }
+        effects.push(Effect::Metric(MetricUpdate::Add(Metric::OverlapBlocks, u64::from(d.overlap_blocks))));
+        effects.push(Effect::Metric(MetricUpdate::Add(Metric::IslBlocks, u64::from(d.isl_blocks))));
+        if let Some(rate) = hit_rate_permille(d.overlap_blocks, d.isl_blocks) {
+            effects.push(Effect::Metric(MetricUpdate::Record(Metric::HitRate, rate)));
+        }
+        log::debug!(
+            "ctx={} request_id={} routed worker={} mode={} overlap_blocks={} isl_blocks={}",
+            self.context_id,
+            self.request_id,
+            d.worker,
+            d.mode.as_str(),
+            d.overlap_blocks,
+            d.isl_blocks
+        );
+        self.route = decision::route_label(d.mode);
+        if self.config.debug_headers {
+            self.debug = decision::debug_headers(&d);
+        }
+        self.report_done = Some(Some(d.endpoint));
+        self.phase = Phase::Forwarded;
+        self.body = Vec::new();
+        effects
+    }
+
+    fn fallback(&mut self, reason: FallbackReason, fleet: &dyn FleetSource) -> Vec<Effect> {
+        let snapshot = fleet.fleet();
+        let pick = fallback::pick(self.session.map(|(k, _)| k), snapshot.as_deref());
+        log::info!(
+            "ctx={} request_id={} indexer fallback reason={} result={}",
+            self.context_id,
+            self.request_id,
+            reason.as_str(),
+            pick.label().as_str()
+        );
+        let mut effects = vec![
+            Effect::Metric(MetricUpdate::Add(Metric::Fallbacks(reason), 1)),
+            Effect::Metric(MetricUpdate::Add(Metric::FallbackRoutes(pick.label()), 1)),
+        ];
+        if self.config.debug_headers {
+            self.debug = vec![(headers::DEBUG_FALLBACK, reason.as_str().to_owned())];
+        }
+        match pick {
+            FallbackPick::Pinned { worker, header } => {
+                effects.push(Effect::SetRequestHeader(headers::DESTINATION_ENDPOINT, header));
+                if self.config.debug_headers {
+                    self.debug.push((headers::DEBUG_WORKER, decision::header_safe(&worker)));
+                }
+                self.route = RouteLabel::Pinned;
+            }
+            FallbackPick::Unrouted(_) => self.route = RouteLabel::Unrouted,
+        }
+        self.phase = Phase::Forwarded;
+        self.body = Vec::new();
+        effects
+    }
+}
+
+#[cfg(test)]
+#[path = "tests/flow.rs"]
+mod tests;

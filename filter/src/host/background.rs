@@ -1,0 +1,156 @@
+//! Background work of a long-lived root context: the `/v1/fleet` poll that feeds the local
+//! fallback, and the `/v1/done` dispatcher. Calls made here belong to the root context, which
+//! lives as long as the VM, so Envoy never cancels them with a request.
+
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::rc::Rc;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{BufferType, MapType};
+
+use super::io::{self, MetricIds};
+use crate::background::{decode_done, encode_done, parse_fleet_answer, DoneQueue, FleetSchedule, FLEET_KEY, MAX_FLEET_BYTES};
+use crate::config::FilterConfig;
+use crate::metrics::{DoneResult, FleetResult, Metric, MetricUpdate};
+use crate::request::{done_call, fleet_call};
+
+/// Fleet poller plus done dispatcher.
+pub struct Background {
+    config: Rc<FilterConfig>,
+    metrics: Rc<MetricIds>,
+    fleet: FleetSchedule,
+    done: Rc<RefCell<DoneQueue>>,
+    done_calls: HashSet<u32>,
+    /// The shared queue this context drains (singleton service only).
+    shared_queue: Option<u32>,
+}
+
+impl Background {
+    /// `done` is shared with the HTTP contexts in per-worker mode; `shared_queue` is the queue the
+    /// singleton registered.
+    pub fn new(config: Rc<FilterConfig>, metrics: Rc<MetricIds>, done: Rc<RefCell<DoneQueue>>, shared_queue: Option<u32>) -> Self {
+        let fleet = FleetSchedule::new(config.fleet_refresh_ms);
+        Self { config, metrics, fleet, done, done_calls: HashSet::new(), shared_queue }
+    }
+
+    /// Periodic work: drain, poll when due, dispatch.
+    pub fn on_tick(&mut self) {
+        self.drain_shared_queue();
+        self.poll_fleet_if_due();
+        self.pump_done();
+    }
+
+    /// The singleton's shared queue has reports.
+    pub fn on_queue_ready(&mut self) {
+        self.drain_shared_queue();
+        self.pump_done();
+    }
+
+    /// An answer to one of this context's calls.
+    pub fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
+        let status = if num_headers == 0 { None } else { io::status_of(MapType::HttpCallResponseHeaders) };
+        if self.fleet.take_answer(token) {
+            let body = if body_size == 0 { Vec::new() } else { io::read_buffer(BufferType::HttpCallResponseBody, MAX_FLEET_BYTES + 1).unwrap_or_default() };
+            self.store_fleet(status, &body);
+        } else if self.done_calls.remove(&token) {
+            if let Ok(mut q) = self.done.try_borrow_mut() {
+                q.call_finished();
+            }
+            let result = match status {
+                Some(s) if (200..300).contains(&s) => DoneResult::Sent,
+                _ => DoneResult::Failed,
+            };
+            if result == DoneResult::Failed {
+                log::debug!("/v1/done answered {status:?}");
+            }
+            self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(result), 1));
+            self.pump_done();
+        }
+    }
+
+    fn store_fleet(&mut self, status: Option<u16>, body: &[u8]) {
+        match parse_fleet_answer(status, body) {
+            Ok(snapshot) => {
+                let decoders = snapshot.decode_candidates().count() as u64;
+                let stored = serde_json::to_vec(&snapshot).map_err(|_| proxy_wasm::types::Status::SerializationFailure).and_then(|bytes| hostcalls::set_shared_data(FLEET_KEY, Some(&bytes), None));
+                match stored {
+                    Ok(()) => {
+                        self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Ok), 1));
+                        self.metrics.apply(MetricUpdate::Record(Metric::FleetDecodeWorkers, decoders));
+                    }
+                    Err(status) => {
+                        self.metrics.host_call_failed("set_shared_data(fleet)", status);
+                        self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Failed), 1));
+                    }
+                }
+            }
+            Err(e) => {
+                log::debug!("fleet poll not stored: {e}");
+                self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Failed), 1));
+            }
+        }
+    }
+
+    fn poll_fleet_if_due(&mut self) {
+        let now = io::now_ns();
+        if !self.fleet.due(now) {
+            return;
+        }
+        match io::dispatch(&fleet_call(&self.config)) {
+            Ok(token) => self.fleet.started(now, token),
+            Err(status) => {
+                self.fleet.failed_to_start(now);
+                self.metrics.host_call_failed("dispatch_http_call(/v1/fleet)", status);
+                self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Failed), 1));
+            }
+        }
+    }
+
+    /// Moves every queued report from the shared queue into the bounded local queue.
+    fn drain_shared_queue(&mut self) {
+        let Some(queue) = self.shared_queue else { return };
+        let Ok(mut done) = self.done.try_borrow_mut() else { return };
+        loop {
+            match hostcalls::dequeue_shared_queue(queue) {
+                Ok(Some(bytes)) => {
+                    let accepted = decode_done(&bytes).is_some_and(|report| done.offer(report));
+                    if !accepted {
+                        self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Dropped), 1));
+                    }
+                }
+                Ok(None) => break,
+                Err(status) => {
+                    self.metrics.host_call_failed("dequeue_shared_queue", status);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Dispatches queued reports while call slots are free.
+    fn pump_done(&mut self) {
+        loop {
+            let next = match self.done.try_borrow_mut() {
+                Ok(mut q) => q.next_to_send(),
+                Err(_) => None,
+            };
+            let Some(report) = next else { return };
+            let dispatched = encode_done(&report)
+                .ok_or(proxy_wasm::types::Status::SerializationFailure)
+                .and_then(|json| io::dispatch(&done_call(&self.config, json)));
+            match dispatched {
+                Ok(token) => {
+                    self.done_calls.insert(token);
+                }
+                Err(status) => {
+                    if let Ok(mut q) = self.done.try_borrow_mut() {
+                        q.call_finished();
+                    }
+                    self.metrics.host_call_failed("dispatch_http_call(/v1/done)", status);
+                    self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Failed), 1));
+                }
+            }
+        }
+    }
+}

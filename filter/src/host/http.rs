@@ -1,0 +1,157 @@
+//! One HTTP context per request: reads plain data from Envoy, feeds [`RequestFlow`], executes the
+//! effects it returns. No decisions are made here.
+
+use std::rc::Rc;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::{Action, BufferType, MapType};
+
+use super::io;
+use super::root::Shared;
+use crate::decision::MAX_ANSWER_BYTES;
+use crate::effects::{Effect, Next, Step};
+use crate::flow::RequestFlow;
+
+/// The filter's HTTP context.
+pub struct HttpFilter {
+    context_id: u32,
+    shared: Rc<Shared>,
+    flow: RequestFlow,
+    route_token: Option<u32>,
+}
+
+impl HttpFilter {
+    pub fn new(context_id: u32, shared: Rc<Shared>) -> Self {
+        let flow = RequestFlow::new(Rc::clone(&shared.config), context_id);
+        Self { context_id, shared, flow, route_token: None }
+    }
+
+    /// Applies a step's effects, then follows its `next` until the flow waits or continues.
+    fn run(&mut self, step: Step) -> Action {
+        self.apply(step.effects);
+        match step.next {
+            Next::Continue => Action::Continue,
+            Next::Pause => Action::Pause,
+            Next::ReadBody(len) => {
+                let body = io::read_buffer(BufferType::HttpRequestBody, len);
+                let step = self.flow.on_body(body, io::now_ns());
+                self.run(step)
+            }
+            Next::Call(call) => match io::dispatch(&call) {
+                Ok(token) => {
+                    self.route_token = Some(token);
+                    Action::Pause
+                }
+                Err(status) => {
+                    self.shared.metrics.host_call_failed("dispatch_http_call(/v1/route)", status);
+                    let step = self.flow.on_dispatch_failed(self.shared.as_ref());
+                    self.run(step)
+                }
+            },
+        }
+    }
+
+    fn apply(&self, effects: Vec<Effect>) {
+        for effect in effects {
+            let (what, result) = match effect {
+                Effect::RemoveRequestHeader(name) => ("remove request header", hostcalls::remove_map_value(MapType::HttpRequestHeaders, name)),
+                Effect::SetRequestHeader(name, value) => {
+                    ("set request header", hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(&value)))
+                }
+                Effect::ReplaceRequestBody { original_len, body } => {
+                    ("replace request body", hostcalls::set_buffer(BufferType::HttpRequestBody, 0, original_len, &body))
+                }
+                Effect::SendResponse { status, headers, body } => {
+                    let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+                    ("send response", hostcalls::send_http_response(u32::from(status), headers, Some(&body)))
+                }
+                Effect::ResumeRequest => ("resume request", hostcalls::resume_http_request()),
+                Effect::AddResponseHeader(name, value) => {
+                    ("add response header", hostcalls::add_map_value(MapType::HttpResponseHeaders, name, &value))
+                }
+                Effect::Metric(update) => {
+                    self.shared.metrics.apply(update);
+                    continue;
+                }
+                Effect::QueueDone(report) => {
+                    self.shared.queue_done(report);
+                    continue;
+                }
+            };
+            if let Err(status) = result {
+                log::warn!("ctx={} request_id={} {what} failed", self.context_id, self.flow.request_id());
+                self.shared.metrics.host_call_failed(what, status);
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        let final_status = io::property_u64(&["response", "code"]).and_then(|c| u16::try_from(c).ok());
+        let effects = self.flow.finish(final_status);
+        self.apply(effects);
+    }
+}
+
+impl Context for HttpFilter {
+    fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
+        if self.route_token != Some(token_id) {
+            return;
+        }
+        self.route_token = None;
+        let status = if num_headers == 0 { None } else { io::status_of(MapType::HttpCallResponseHeaders) };
+        let body = if body_size == 0 {
+            Vec::new()
+        } else {
+            // One byte over the bound is enough for the flow to see "too large".
+            io::read_buffer(BufferType::HttpCallResponseBody, body_size.min(MAX_ANSWER_BYTES + 1)).unwrap_or_default()
+        };
+        let step = self.flow.on_route_answer(status, &body, io::now_ns(), self.shared.as_ref());
+        // Outside a stream callback the returned action means nothing; resuming is an effect.
+        let _ = self.run(step);
+    }
+
+    fn on_done(&mut self) -> bool {
+        self.finish();
+        true
+    }
+}
+
+impl HttpContext for HttpFilter {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let pairs = io::header_pairs(MapType::HttpRequestHeaders);
+        let step = self.flow.on_request_headers(&pairs, end_of_stream, io::now_ns());
+        self.run(step)
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let step = self.flow.on_request_body(body_size, end_of_stream);
+        self.run(step)
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        let step = self.flow.on_request_trailers();
+        self.run(step)
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let status = io::status_of(MapType::HttpResponseHeaders);
+        let effects = self.flow.on_response_headers(status, end_of_stream);
+        self.apply(effects);
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, _body_size: usize, end_of_stream: bool) -> Action {
+        self.flow.on_response_body(end_of_stream);
+        Action::Continue
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        self.flow.on_response_trailers();
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        self.finish();
+    }
+}

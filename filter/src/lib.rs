@@ -1,0 +1,39 @@
+//! kvmesh-filter: the proxy-wasm HTTP filter that makes Envoy route OpenAI requests to the worker
+//! already holding their KV cache.
+//!
+//! Per request: pause at headers, buffer the body, parse it (`kvmesh_core::openai`), derive the
+//! session key, ask the sidecar indexer (`POST /v1/route`), then set
+//! `x-gateway-destination-endpoint` for Envoy's `override_host` load balancer and splice
+//! `kv_transfer_params` into the body when the decision carries them. Without an answer it pins the
+//! session by rendezvous over the last `/v1/fleet` snapshot — the same function the indexer pins
+//! with — or leaves the choice to Envoy's fallback LB. When the response ends, a `/v1/done` report
+//! is queued for a long-lived root context to send.
+//!
+//! Shape (after Kuadrant's wasm-shim): every decision lives in plain modules with no proxy-wasm
+//! import — [`config`], [`request`], [`decision`], [`splice`], [`fallback`], [`flow`],
+//! [`background`], [`metrics`] — which take plain data and return [`effects::Effect`]s, tested
+//! natively with `cargo test`. The `host` module (wasm only) is the one place that calls Envoy.
+
+pub mod background;
+pub mod config;
+pub mod decision;
+pub mod effects;
+pub mod fallback;
+pub mod flow;
+pub mod metrics;
+pub mod request;
+pub mod splice;
+
+#[cfg(target_arch = "wasm32")]
+mod host;
+
+pub use config::FilterConfig;
+
+/// `root_id` of the bootstrap singleton service (`envoy.bootstrap.wasm`, same `vm_id` as the filter).
+/// Any other root id is a filter root.
+pub const SERVICE_ROOT_ID: &str = "kvmesh_service";
+
+#[cfg(target_arch = "wasm32")]
+proxy_wasm::main! {{
+    host::init();
+}}

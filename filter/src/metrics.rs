@@ -1,0 +1,314 @@
+//! Every metric the filter exports, declared once.
+//!
+//! proxy-wasm has no label API: a metric is one Envoy stat per label combination, its name the base
+//! name followed by `.<label>.<value>` pairs (e.g. `kvmesh_filter_requests_total.mode.disagg.outcome.success`).
+//! Envoy registers it as `wasmcustom.<name>`; the bootstrap's `stats_tags` turn each `.<label>.<value>`
+//! pair back into a Prometheus label and `/stats/prometheus` prints the base name without the
+//! `envoy_` prefix. Label values are closed enums, so cardinality is fixed and every series is
+//! defined (at zero) when the filter configures — dashboards see them before the first request.
+//!
+//! Envoy stats are integers: [`KV_HIT_RATE`] records per-mille ([`HIT_RATE_SCALE`]) and
+//! [`ROUTE_LATENCY`] milliseconds. Bucket bounds live in the bootstrap (`histogram_bucket_settings`).
+
+/// Counter: leading prompt blocks already cached on the chosen worker, summed over routed requests.
+pub const KV_OVERLAP_BLOCKS: &str = "router_kv_overlap_blocks_total";
+/// Counter: full prompt blocks, summed over routed requests. overlap/isl = block-weighted hit rate.
+pub const KV_ISL_BLOCKS: &str = "router_kv_isl_blocks_total";
+/// Histogram: per-request overlap/isl in per-mille (request-weighted hit rate).
+pub const KV_HIT_RATE: &str = "router_kv_hit_rate";
+/// Counter `{mode, outcome}`: finished requests by how they were routed and how they ended.
+pub const REQUESTS: &str = "kvmesh_filter_requests_total";
+/// Counter `{reason}`: `/v1/route` calls that gave no usable answer (the request was routed anyway).
+pub const FALLBACKS: &str = "kvmesh_filter_fallbacks_total";
+/// Counter `{result}`: what the local fallback did (pinned by rendezvous, or why it could not).
+pub const FALLBACK_ROUTES: &str = "kvmesh_filter_fallback_routes_total";
+/// Counter `{reason}`: requests not routed by content (passed to Envoy's fallback LB untouched).
+pub const UNROUTABLE: &str = "kvmesh_filter_unroutable_requests_total";
+/// Histogram: `/v1/route` round trip in milliseconds, answered or not.
+pub const ROUTE_LATENCY: &str = "kvmesh_filter_route_latency_milliseconds";
+/// Counter `{result}`: `/v1/done` reports sent (2xx), failed (call error/non-2xx) or dropped (queue full / no queue).
+pub const DONE_REPORTS: &str = "kvmesh_filter_done_reports_total";
+/// Counter `{result}`: `/v1/fleet` polls stored (`ok`) or not (`failed`).
+pub const FLEET_REFRESHES: &str = "kvmesh_filter_fleet_refreshes_total";
+/// Gauge: healthy decode-capable workers in the last stored fleet snapshot.
+pub const FLEET_DECODE_WORKERS: &str = "kvmesh_filter_fleet_decode_workers";
+/// Counter `{kind}`: things that should not happen (a host call failed, a splice failed, bad data).
+pub const INTERNAL_ERRORS: &str = "kvmesh_filter_internal_errors_total";
+
+/// Every base name, for docs and drift tests.
+pub const ALL_NAMES: [&str; 12] = [
+    KV_OVERLAP_BLOCKS,
+    KV_ISL_BLOCKS,
+    KV_HIT_RATE,
+    REQUESTS,
+    FALLBACKS,
+    FALLBACK_ROUTES,
+    UNROUTABLE,
+    ROUTE_LATENCY,
+    DONE_REPORTS,
+    FLEET_REFRESHES,
+    FLEET_DECODE_WORKERS,
+    INTERNAL_ERRORS,
+];
+
+/// Every label name; each needs a `stats_tags` entry in the bootstrap.
+pub const LABELS: [&str; 5] = ["mode", "outcome", "reason", "result", "kind"];
+
+/// [`KV_HIT_RATE`] records `overlap * HIT_RATE_SCALE / isl`.
+pub const HIT_RATE_SCALE: u64 = 1000;
+
+macro_rules! label_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name { $($(#[$vdoc])* $variant),+ }
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+            /// The label value.
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+        }
+    };
+}
+
+label_enum! {
+    /// `mode` of [`REQUESTS`]: the indexer's mode, or how the filter routed without it.
+    RouteLabel {
+        Aggregate => "aggregate",
+        Disagg => "disagg",
+        Migrate => "migrate",
+        DecodeFallback => "decode_fallback",
+        /// Local fallback: the session pinned by rendezvous over the last fleet.
+        Pinned => "pinned",
+        /// No destination header: Envoy's fallback LB chose (unroutable, no fleet, no session, rejected).
+        Unrouted => "unrouted",
+    }
+}
+
+label_enum! {
+    /// `outcome` of [`REQUESTS`].
+    OutcomeLabel {
+        /// The response ended with a 2xx status.
+        Success => "success",
+        /// The response carried a non-2xx status.
+        Error => "error",
+        /// The stream ended before the response did (client gone, reset).
+        Aborted => "aborted",
+        /// The indexer refused the request (429/503 with an error body), relayed to the client.
+        Rejected => "rejected",
+    }
+}
+
+label_enum! {
+    /// `reason` of [`FALLBACKS`].
+    FallbackReason {
+        /// `dispatch_http_call` itself failed (unknown cluster, send failure).
+        DispatchFailed => "dispatch_failed",
+        /// The call ended without headers (reset, response too large for Envoy).
+        Reset => "reset",
+        /// 504: the call's deadline passed.
+        Timeout => "timeout",
+        /// 503 without an error body: no indexer reachable.
+        Unavailable => "unavailable",
+        /// Any other 5xx.
+        ServerError => "server_error",
+        /// A non-2xx status the protocol does not define (e.g. 404, 429 without an error body).
+        BadStatus => "bad_status",
+        /// 200 whose body is not a usable decision.
+        BadResponse => "bad_response",
+    }
+}
+
+label_enum! {
+    /// `result` of [`FALLBACK_ROUTES`].
+    FallbackRoute {
+        Pinned => "pinned",
+        /// The request has no session key (no header, prefix keys off or prompt too short).
+        NoSession => "no_session",
+        /// No fleet snapshot stored yet.
+        NoFleet => "no_fleet",
+        /// The fleet has no healthy decode worker.
+        NoWorker => "no_worker",
+    }
+}
+
+label_enum! {
+    /// `reason` of [`UNROUTABLE`].
+    UnroutableReason {
+        UnknownPath => "unknown_path",
+        Method => "method",
+        NoBody => "no_body",
+        BodyTooLarge => "body_too_large",
+        /// The stream ended (e.g. Envoy's 413) before the body did.
+        IncompleteBody => "incomplete_body",
+        NotJson => "not_json",
+        NotAnObject => "not_an_object",
+        MissingField => "missing_field",
+        WrongType => "wrong_type",
+        BatchPrompt => "batch_prompt",
+    }
+}
+
+impl UnroutableReason {
+    /// Maps [`kvmesh_core::openai::ParseError::reason`] labels onto this enum.
+    pub fn from_parse_error(err: &kvmesh_core::openai::ParseError) -> Self {
+        use kvmesh_core::openai::ParseError as E;
+        match err {
+            E::NotJson => Self::NotJson,
+            E::NotAnObject => Self::NotAnObject,
+            E::Missing { .. } => Self::MissingField,
+            E::WrongType { .. } => Self::WrongType,
+            E::BatchPrompt => Self::BatchPrompt,
+        }
+    }
+}
+
+label_enum! {
+    /// `result` of [`DONE_REPORTS`].
+    DoneResult {
+        Sent => "sent",
+        Failed => "failed",
+        Dropped => "dropped",
+    }
+}
+
+label_enum! {
+    /// `result` of [`FLEET_REFRESHES`].
+    FleetResult {
+        Ok => "ok",
+        Failed => "failed",
+    }
+}
+
+label_enum! {
+    /// `kind` of [`INTERNAL_ERRORS`].
+    InternalError {
+        /// `kv_transfer_params` could not be spliced; the request went on without them.
+        SpliceFailed => "splice_failed",
+        /// A decision's fallback endpoint was not `ip:port`; it was left out of the header.
+        InvalidFallbackEndpoint => "invalid_fallback_endpoint",
+        /// A host call returned an error status.
+        HostCall => "host_call",
+        /// Stored fleet data could not be read back.
+        BadFleetData => "bad_fleet_data",
+    }
+}
+
+/// What Envoy does with a metric's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// One Envoy stat: a base name plus its label values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Metric {
+    OverlapBlocks,
+    IslBlocks,
+    HitRate,
+    Requests(RouteLabel, OutcomeLabel),
+    Fallbacks(FallbackReason),
+    FallbackRoutes(FallbackRoute),
+    Unroutable(UnroutableReason),
+    RouteLatency,
+    DoneReports(DoneResult),
+    FleetRefreshes(FleetResult),
+    FleetDecodeWorkers,
+    InternalErrors(InternalError),
+}
+
+impl Metric {
+    /// Counter, gauge or histogram.
+    pub fn kind(self) -> MetricKind {
+        match self {
+            Self::HitRate | Self::RouteLatency => MetricKind::Histogram,
+            Self::FleetDecodeWorkers => MetricKind::Gauge,
+            _ => MetricKind::Counter,
+        }
+    }
+
+    /// The base name (a constant of this module).
+    pub fn base(self) -> &'static str {
+        match self {
+            Self::OverlapBlocks => KV_OVERLAP_BLOCKS,
+            Self::IslBlocks => KV_ISL_BLOCKS,
+            Self::HitRate => KV_HIT_RATE,
+            Self::Requests(..) => REQUESTS,
+            Self::Fallbacks(_) => FALLBACKS,
+            Self::FallbackRoutes(_) => FALLBACK_ROUTES,
+            Self::Unroutable(_) => UNROUTABLE,
+            Self::RouteLatency => ROUTE_LATENCY,
+            Self::DoneReports(_) => DONE_REPORTS,
+            Self::FleetRefreshes(_) => FLEET_REFRESHES,
+            Self::FleetDecodeWorkers => FLEET_DECODE_WORKERS,
+            Self::InternalErrors(_) => INTERNAL_ERRORS,
+        }
+    }
+
+    /// `(label, value)` pairs in name order.
+    pub fn labels(self) -> Vec<(&'static str, &'static str)> {
+        match self {
+            Self::Requests(mode, outcome) => vec![("mode", mode.as_str()), ("outcome", outcome.as_str())],
+            Self::Fallbacks(r) => vec![("reason", r.as_str())],
+            Self::FallbackRoutes(r) => vec![("result", r.as_str())],
+            Self::Unroutable(r) => vec![("reason", r.as_str())],
+            Self::DoneReports(r) => vec![("result", r.as_str())],
+            Self::FleetRefreshes(r) => vec![("result", r.as_str())],
+            Self::InternalErrors(k) => vec![("kind", k.as_str())],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The name passed to `define_metric`: `base[.label.value…]`.
+    pub fn stat_name(self) -> String {
+        let mut name = self.base().to_owned();
+        for (label, value) in self.labels() {
+            name.push('.');
+            name.push_str(label);
+            name.push('.');
+            name.push_str(value);
+        }
+        name
+    }
+
+    /// Every stat, so all series exist from the start.
+    pub fn all() -> Vec<Metric> {
+        let mut all = vec![Self::OverlapBlocks, Self::IslBlocks, Self::HitRate, Self::RouteLatency, Self::FleetDecodeWorkers];
+        for &mode in RouteLabel::ALL {
+            all.extend(OutcomeLabel::ALL.iter().map(|&o| Self::Requests(mode, o)));
+        }
+        all.extend(FallbackReason::ALL.iter().map(|&r| Self::Fallbacks(r)));
+        all.extend(FallbackRoute::ALL.iter().map(|&r| Self::FallbackRoutes(r)));
+        all.extend(UnroutableReason::ALL.iter().map(|&r| Self::Unroutable(r)));
+        all.extend(DoneResult::ALL.iter().map(|&r| Self::DoneReports(r)));
+        all.extend(FleetResult::ALL.iter().map(|&r| Self::FleetRefreshes(r)));
+        all.extend(InternalError::ALL.iter().map(|&k| Self::InternalErrors(k)));
+        all
+    }
+}
+
+/// A metric update the host applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricUpdate {
+    /// Add to a counter (zero is skipped: Envoy refuses non-positive counter increments).
+    Add(Metric, u64),
+    /// Record a histogram sample or set a gauge.
+    Record(Metric, u64),
+}
+
+/// `overlap / isl` in per-mille, clamped to 0..=1000; None when the prompt has no full block.
+pub fn hit_rate_permille(overlap_blocks: u32, isl_blocks: u32) -> Option<u64> {
+    if isl_blocks == 0 {
+        return None;
+    }
+    let overlap = u64::from(overlap_blocks.min(isl_blocks));
+    Some(overlap * HIT_RATE_SCALE / u64::from(isl_blocks))
+}
+
+#[cfg(test)]
+#[path = "tests/metrics.rs"]
+mod tests;

@@ -1,0 +1,148 @@
+//! The client request as the filter sees it before asking the indexer: the headers it reads, the
+//! session key it derives, and the `/v1/route` call it makes.
+//!
+//! Header values arrive as bytes (a client may send anything; the SDK's `String` getters would
+//! panic on non-UTF-8), are decoded lossily, trimmed, bounded, and empty ones count as absent.
+
+use kvmesh_core::api::{DONE_PATH, FLEET_PATH, ROUTE_PATH};
+use kvmesh_core::headers;
+use kvmesh_core::openai::{Endpoint, OpenAiRequest};
+use kvmesh_core::session::{self, SessionKey, SessionSource};
+
+use crate::config::FilterConfig;
+
+/// Longest override / session / request-id value the filter forwards; longer ones are ignored.
+pub const MAX_META_VALUE_BYTES: usize = 256;
+
+/// What the filter needs from the client's request headers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestHead {
+    pub method: String,
+    pub path: String,
+    pub request_id: Option<String>,
+    /// The explicit session id from the configured session header.
+    pub session_id: Option<String>,
+    pub override_worker: Option<String>,
+    pub override_mode: Option<String>,
+    /// Whether the client sent `content-length` (it must be fixed after a splice).
+    pub has_content_length: bool,
+    /// Whether the client sent `x-gateway-destination-endpoint` (it is always stripped).
+    pub client_destination: bool,
+}
+
+impl RequestHead {
+    /// Reads the header pairs Envoy hands the filter (names are lowercase there).
+    pub fn from_headers(pairs: &[(String, Vec<u8>)], session_header: &str) -> Self {
+        let mut head = Self::default();
+        for (name, value) in pairs {
+            match name.as_str() {
+                ":method" => head.method = text(value, usize::MAX).unwrap_or_default(),
+                ":path" => head.path = text(value, usize::MAX).unwrap_or_default(),
+                "content-length" => head.has_content_length = true,
+                headers::DESTINATION_ENDPOINT => head.client_destination = true,
+                headers::REQUEST_ID => head.request_id = text(value, MAX_META_VALUE_BYTES),
+                headers::OVERRIDE_WORKER => head.override_worker = text(value, MAX_META_VALUE_BYTES),
+                headers::OVERRIDE_MODE => head.override_mode = text(value, MAX_META_VALUE_BYTES),
+                n if n == session_header => head.session_id = text(value, MAX_META_VALUE_BYTES),
+                _ => {}
+            }
+        }
+        head
+    }
+
+    /// Whether the client sent an operator override header.
+    pub fn has_overrides(&self) -> bool {
+        self.override_worker.is_some() || self.override_mode.is_some()
+    }
+}
+
+/// Trimmed, non-empty, at most `max` bytes; else None.
+fn text(value: &[u8], max: usize) -> Option<String> {
+    let s = String::from_utf8_lossy(value);
+    let s = s.trim();
+    (!s.is_empty() && s.len() <= max).then(|| s.to_owned())
+}
+
+/// The session key: the explicit header wins, else the prompt prefix (when enabled).
+pub fn session_key(head: &RequestHead, request: &OpenAiRequest, prefix_units: usize) -> Option<(SessionKey, SessionSource)> {
+    if let Some(id) = &head.session_id {
+        return Some((session::from_header_value(id), SessionSource::Header));
+    }
+    session::from_prefix(request, prefix_units).map(|k| (k, SessionSource::Prefix))
+}
+
+/// An HTTP call through Envoy (`dispatch_http_call`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpCall {
+    pub upstream: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Option<Vec<u8>>,
+    pub timeout_ms: u64,
+}
+
+impl HttpCall {
+    fn new(config: &FilterConfig, method: &str, path: &str, timeout_ms: u64) -> Self {
+        Self {
+            upstream: config.indexer_cluster.clone(),
+            headers: vec![
+                (":method".into(), method.into()),
+                (":path".into(), path.into()),
+                (":authority".into(), config.indexer_authority.clone()),
+            ],
+            body: None,
+            timeout_ms,
+        }
+    }
+
+    fn with_json_body(mut self, body: Vec<u8>) -> Self {
+        self.headers.push(("content-type".into(), "application/json".into()));
+        self.headers.push(("content-length".into(), body.len().to_string()));
+        self.body = Some(body);
+        self
+    }
+
+    /// The value of header `name`, for tests and logs.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// `POST /v1/route` with the client's body unchanged and the metadata in headers.
+pub fn route_call(
+    config: &FilterConfig,
+    request_id: &str,
+    endpoint: Endpoint,
+    session: Option<(SessionKey, SessionSource)>,
+    head: &RequestHead,
+    body: Vec<u8>,
+) -> HttpCall {
+    let mut call = HttpCall::new(config, "POST", ROUTE_PATH, config.indexer_timeout_ms);
+    call.headers.push((headers::REQUEST_ID.into(), request_id.into()));
+    call.headers.push((headers::KVMESH_PATH.into(), endpoint.path().into()));
+    if let Some((key, source)) = session {
+        call.headers.push((headers::KVMESH_SESSION.into(), session::encode_header(key, source)));
+    }
+    if config.allow_overrides {
+        if let Some(worker) = &head.override_worker {
+            call.headers.push((headers::OVERRIDE_WORKER.into(), worker.clone()));
+        }
+        if let Some(mode) = &head.override_mode {
+            call.headers.push((headers::OVERRIDE_MODE.into(), mode.clone()));
+        }
+    }
+    call.with_json_body(body)
+}
+
+/// `POST /v1/done` with a JSON [`kvmesh_core::api::DoneReport`].
+pub fn done_call(config: &FilterConfig, report_json: Vec<u8>) -> HttpCall {
+    HttpCall::new(config, "POST", DONE_PATH, config.background_timeout_ms).with_json_body(report_json)
+}
+
+/// `GET /v1/fleet`.
+pub fn fleet_call(config: &FilterConfig) -> HttpCall {
+    HttpCall::new(config, "GET", FLEET_PATH, config.background_timeout_ms)
+}
+
+#[cfg(test)]
+#[path = "tests/request.rs"]
+mod tests;

@@ -1,0 +1,379 @@
+//! Scenario tests of [`super::RequestFlow`]: a request's whole life, callback by callback.
+
+use super::*;
+use kvmesh_core::api::{ErrorBody, FleetWorker, Role, WorkerLoad};
+use kvmesh_core::session;
+use serde_json::{json, Value};
+
+struct Fleet(Option<Rc<FleetSnapshot>>);
+
+impl FleetSource for Fleet {
+    fn fleet(&self) -> Option<Rc<FleetSnapshot>> {
+        self.0.clone()
+    }
+}
+
+fn fleet() -> Fleet {
+    let workers = (1..=3)
+        .map(|i| FleetWorker {
+            id: format!("w{i}"),
+            endpoint: format!("10.0.0.{i}:8000"),
+            role: Role::Decode,
+            healthy: true,
+            load: WorkerLoad::default(),
+        })
+        .collect();
+    Fleet(Some(Rc::new(FleetSnapshot { generation: 1, block_size: 16, workers })))
+}
+
+const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hello"}],"stream":true}"#;
+
+fn headers(list: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
+    list.iter().map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec())).collect()
+}
+
+fn chat_headers() -> Vec<(String, Vec<u8>)> {
+    headers(&[(":method", "POST"), (":path", "/v1/chat/completions"), ("x-request-id", "rid-1"), ("content-length", "70")])
+}
+
+fn flow(config: FilterConfig) -> RequestFlow {
+    RequestFlow::new(Rc::new(config), 7)
+}
+
+fn counted(effects: &[Effect], metric: Metric) -> u64 {
+    effects
+        .iter()
+        .map(|e| match e {
+            Effect::Metric(MetricUpdate::Add(m, n)) if *m == metric => *n,
+            _ => 0,
+        })
+        .sum()
+}
+
+fn recorded(effects: &[Effect], metric: Metric) -> Vec<u64> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Metric(MetricUpdate::Record(m, v)) if *m == metric => Some(*v),
+            _ => None,
+        })
+        .collect()
+}
+
+fn header_set(effects: &[Effect], name: &str) -> Option<String> {
+    effects.iter().find_map(|e| match e {
+        Effect::SetRequestHeader(n, v) if *n == name => Some(v.clone()),
+        _ => None,
+    })
+}
+
+/// Drives a chat request up to the route call; returns the flow and the call.
+fn to_route_call(config: FilterConfig, body: &str) -> (RequestFlow, request::HttpCall) {
+    let mut f = flow(config);
+    assert_eq!(f.on_request_headers(&chat_headers(), false, 1_000_000).next, Next::Pause);
+    assert_eq!(f.on_request_body(10, false).next, Next::Pause);
+    assert_eq!(f.on_request_body(body.len(), true).next, Next::ReadBody(body.len()));
+    let step = f.on_body(Some(body.as_bytes().to_vec()), 2_000_000);
+    let Next::Call(call) = step.next else { panic!("expected a route call, got {:?}", step.next) };
+    (f, call)
+}
+
+fn decision(kv: Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "endpoint": "10.0.0.2:8000", "fallbacks": ["10.0.0.3:8000"], "worker": "w2", "mode": "disagg",
+        "overlap_blocks": 3, "isl_blocks": 4, "kv_transfer_params": kv, "reason": "overlap"
+    }))
+    .unwrap()
+}
+
+#[test]
+fn routed_disagg_request_end_to_end() {
+    let config = FilterConfig { debug_headers: true, ..FilterConfig::default() };
+    let (mut f, call) = to_route_call(config, CHAT);
+    assert_eq!(call.body.as_deref(), Some(CHAT.as_bytes()), "the original body goes to the indexer");
+    assert_eq!(call.header("x-request-id"), Some("rid-1"));
+    assert_eq!(call.header("x-kvmesh-session"), None, "no session header and prefix keys off");
+
+    let kv = json!({"do_remote_prefill": true, "remote_engine_id": "p1"});
+    let step = f.on_route_answer(Some(200), &decision(kv.clone()), 7_000_000, &fleet());
+    let e = &step.effects;
+    assert_eq!(header_set(e, "x-gateway-destination-endpoint").as_deref(), Some("10.0.0.2:8000,10.0.0.3:8000"));
+    let Some(Effect::ReplaceRequestBody { original_len, body }) = e.iter().find(|e| matches!(e, Effect::ReplaceRequestBody { .. })) else {
+        panic!("no body replacement: {e:?}")
+    };
+    assert_eq!(*original_len, CHAT.len());
+    let sent: Value = serde_json::from_slice(body).unwrap();
+    assert_eq!(sent["kv_transfer_params"], kv);
+    assert_eq!(sent["messages"][0]["content"], "hello");
+    assert!(body.ends_with(&CHAT.as_bytes()[1..]), "the rest of the body is byte-identical");
+    assert_eq!(header_set(e, "content-length"), Some(body.len().to_string()));
+    assert_eq!(counted(e, Metric::OverlapBlocks), 3);
+    assert_eq!(counted(e, Metric::IslBlocks), 4);
+    assert_eq!(recorded(e, Metric::HitRate), vec![750]);
+    assert_eq!(recorded(e, Metric::RouteLatency), vec![5]);
+    assert_eq!(e.last(), Some(&Effect::ResumeRequest));
+
+    let debug = f.on_response_headers(Some(200), false);
+    assert!(debug.contains(&Effect::AddResponseHeader(headers::DEBUG_MODE, "disagg".into())));
+    assert!(debug.contains(&Effect::AddResponseHeader(headers::DEBUG_WORKER, "w2".into())));
+    f.on_response_body(false);
+    f.on_response_body(true);
+    let done = f.finish(None);
+    assert_eq!(counted(&done, Metric::Requests(RouteLabel::Disagg, OutcomeLabel::Success)), 1);
+    assert!(done.contains(&Effect::QueueDone(DoneReport {
+        request_id: "rid-1".into(),
+        endpoint: Some("10.0.0.2:8000".into()),
+        outcome: Outcome::Success,
+        status: Some(200)
+    })));
+    assert!(f.finish(None).is_empty(), "finish books once");
+}
+
+#[test]
+fn aggregate_decision_leaves_the_body_alone() {
+    let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
+    let step = f.on_route_answer(Some(200), &decision(Value::Null), 3_000_000, &fleet());
+    assert!(!step.effects.iter().any(|e| matches!(e, Effect::ReplaceRequestBody { .. } | Effect::SetRequestHeader("content-length", _))));
+    assert!(f.on_response_headers(Some(200), true).is_empty(), "debug headers off by default");
+    let done = f.finish(None);
+    assert_eq!(counted(&done, Metric::Requests(RouteLabel::Disagg, OutcomeLabel::Success)), 1);
+}
+
+#[test]
+fn client_destination_is_stripped_and_overrides_follow_config() {
+    let mut h = chat_headers();
+    h.extend(headers(&[("x-gateway-destination-endpoint", "6.6.6.6:1"), ("x-kvmesh-worker", "w3")]));
+    let mut f = flow(FilterConfig::default());
+    let step = f.on_request_headers(&h, false, 0);
+    for name in [headers::DESTINATION_ENDPOINT, headers::OVERRIDE_WORKER, headers::OVERRIDE_MODE] {
+        assert!(step.effects.contains(&Effect::RemoveRequestHeader(name)), "{name}");
+    }
+    let mut f = flow(FilterConfig { allow_overrides: true, ..FilterConfig::default() });
+    let step = f.on_request_headers(&h, false, 0);
+    assert_eq!(step.effects, vec![Effect::RemoveRequestHeader(headers::DESTINATION_ENDPOINT)]);
+    f.on_request_body(CHAT.len(), true);
+    let Next::Call(call) = f.on_body(Some(CHAT.as_bytes().to_vec()), 0).next else { panic!() };
+    assert_eq!(call.header("x-kvmesh-worker"), Some("w3"));
+}
+
+#[test]
+fn unroutable_requests_pass_through_counted() {
+    let post = |path: &str| headers(&[(":method", "POST"), (":path", path), ("x-request-id", "r")]);
+    // (headers, end_of_stream at headers, body) → reason
+    type Case<'a> = (Vec<(String, Vec<u8>)>, bool, Option<&'a str>, UnroutableReason);
+    let cases: Vec<Case> = vec![
+        (post("/v1/models"), false, None, UnroutableReason::UnknownPath),
+        (headers(&[(":method", "GET"), (":path", "/v1/completions")]), true, None, UnroutableReason::Method),
+        (post("/v1/completions"), true, None, UnroutableReason::NoBody),
+        (post("/v1/completions"), false, Some("not json"), UnroutableReason::NotJson),
+        (post("/v1/completions"), false, Some("[1]"), UnroutableReason::NotAnObject),
+        (post("/v1/completions"), false, Some(r#"{"model":"m"}"#), UnroutableReason::MissingField),
+        (post("/v1/completions"), false, Some(r#"{"prompt":7}"#), UnroutableReason::WrongType),
+        (post("/v1/completions"), false, Some(r#"{"prompt":["a","b"]}"#), UnroutableReason::BatchPrompt),
+        (post("/v1/chat/completions"), false, Some(r#"{"messages":[{"role":"user","content":"x"}"#), UnroutableReason::NotJson),
+    ];
+    for (h, eos, body, reason) in cases {
+        let mut f = flow(FilterConfig::default());
+        let mut effects = f.on_request_headers(&h, eos, 0).effects;
+        if let Some(body) = body {
+            assert_eq!(f.on_request_body(body.len(), true).next, Next::ReadBody(body.len()));
+            let step = f.on_body(Some(body.as_bytes().to_vec()), 0);
+            assert_eq!(step.next, Next::Continue, "{reason:?}");
+            effects.extend(step.effects);
+        }
+        assert_eq!(counted(&effects, Metric::Unroutable(reason)), 1, "{reason:?}");
+        assert!(header_set(&effects, headers::DESTINATION_ENDPOINT).is_none());
+        f.on_response_headers(Some(400), false);
+        let done = f.finish(None);
+        assert_eq!(counted(&done, Metric::Requests(RouteLabel::Unrouted, OutcomeLabel::Error)), 1);
+        assert!(!done.iter().any(|e| matches!(e, Effect::QueueDone(_))), "the indexer never saw it");
+    }
+}
+
+#[test]
+fn oversized_body_passes_through() {
+    let mut f = flow(FilterConfig { max_body_bytes: 16, ..FilterConfig::default() });
+    f.on_request_headers(&chat_headers(), false, 0);
+    assert_eq!(f.on_request_body(10, false).next, Next::Pause);
+    let step = f.on_request_body(17, false);
+    assert_eq!(step.next, Next::Continue);
+    assert_eq!(counted(&step.effects, Metric::Unroutable(UnroutableReason::BodyTooLarge)), 1);
+    assert_eq!(f.on_request_body(40, true).next, Next::Continue, "later chunks stream through");
+}
+
+#[test]
+fn stream_ending_mid_body_is_counted() {
+    let mut f = flow(FilterConfig::default());
+    f.on_request_headers(&chat_headers(), false, 0);
+    f.on_request_body(10, false);
+    f.on_response_headers(Some(413), true);
+    let done = f.finish(None);
+    assert_eq!(counted(&done, Metric::Unroutable(UnroutableReason::IncompleteBody)), 1);
+    assert_eq!(counted(&done, Metric::Requests(RouteLabel::Unrouted, OutcomeLabel::Error)), 1);
+}
+
+#[test]
+fn trailers_end_the_body() {
+    let mut f = flow(FilterConfig::default());
+    f.on_request_headers(&chat_headers(), false, 0);
+    f.on_request_body(CHAT.len(), false);
+    assert_eq!(f.on_request_trailers().next, Next::ReadBody(CHAT.len()));
+}
+
+#[test]
+fn fallbacks_pin_by_session_over_the_fleet() {
+    let config = FilterConfig { session_header: "x-session-id".into(), debug_headers: true, ..FilterConfig::default() };
+    let key = session::from_header_value("conv-9");
+    let expected_pin = fleet().0.unwrap().pin(key.0).unwrap().endpoint.clone();
+    let answers: Vec<(Option<u16>, &[u8], FallbackReason)> = vec![
+        (None, b"", FallbackReason::Reset),
+        (Some(504), b"upstream request timeout", FallbackReason::Timeout),
+        (Some(503), b"no healthy upstream", FallbackReason::Unavailable),
+        (Some(500), b"boom", FallbackReason::ServerError),
+        (Some(404), b"", FallbackReason::BadStatus),
+        (Some(200), b"{\"endpoint\":\"nowhere\"}", FallbackReason::BadResponse),
+    ];
+    for (status, body, reason) in answers {
+        let mut f = flow(config.clone());
+        let mut h = chat_headers();
+        h.extend(headers(&[("x-session-id", "conv-9")]));
+        f.on_request_headers(&h, false, 0);
+        f.on_request_body(CHAT.len(), true);
+        let Next::Call(call) = f.on_body(Some(CHAT.as_bytes().to_vec()), 0).next else { panic!() };
+        assert_eq!(call.header("x-kvmesh-session"), Some(session::encode_header(key, SessionSource::Header).as_str()));
+        let step = f.on_route_answer(status, body, 100_000_000, &fleet());
+        assert_eq!(counted(&step.effects, Metric::Fallbacks(reason)), 1, "{reason:?}");
+        assert_eq!(counted(&step.effects, Metric::FallbackRoutes(crate::metrics::FallbackRoute::Pinned)), 1);
+        let header = header_set(&step.effects, headers::DESTINATION_ENDPOINT).unwrap();
+        assert!(header.starts_with(&expected_pin), "{header}");
+        assert_eq!(step.effects.last(), Some(&Effect::ResumeRequest));
+        assert_eq!(recorded(&step.effects, Metric::RouteLatency), vec![100]);
+        let debug = f.on_response_headers(Some(200), true);
+        assert!(debug.contains(&Effect::AddResponseHeader(headers::DEBUG_FALLBACK, reason.as_str().into())));
+        let done = f.finish(None);
+        assert_eq!(counted(&done, Metric::Requests(RouteLabel::Pinned, OutcomeLabel::Success)), 1);
+        assert!(!done.iter().any(|e| matches!(e, Effect::QueueDone(_))));
+    }
+}
+
+#[test]
+fn fallback_without_session_or_fleet_leaves_the_header_unset() {
+    use crate::metrics::FallbackRoute;
+    let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
+    let step = f.on_route_answer(Some(503), b"down", 0, &fleet());
+    assert_eq!(counted(&step.effects, Metric::FallbackRoutes(FallbackRoute::NoSession)), 1);
+    assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT).is_none());
+
+    let (mut f, _) = to_route_call(FilterConfig { session_prefix_units: 4, ..FilterConfig::default() }, CHAT);
+    let step = f.on_route_answer(Some(503), b"down", 0, &Fleet(None));
+    assert_eq!(counted(&step.effects, Metric::FallbackRoutes(FallbackRoute::NoFleet)), 1);
+    assert_eq!(step.effects.last(), Some(&Effect::ResumeRequest));
+    f.on_response_headers(Some(200), true);
+    assert_eq!(counted(&f.finish(None), Metric::Requests(RouteLabel::Unrouted, OutcomeLabel::Success)), 1);
+}
+
+#[test]
+fn prefix_session_reaches_the_indexer_and_the_pin() {
+    let config = FilterConfig { session_prefix_units: 4096, ..FilterConfig::default() };
+    let (mut f, call) = to_route_call(config, CHAT);
+    let req = openai::parse(Endpoint::ChatCompletions, CHAT.as_bytes()).unwrap();
+    let key = session::from_prefix(&req, 4096).unwrap();
+    assert_eq!(call.header("x-kvmesh-session"), Some(session::encode_header(key, SessionSource::Prefix).as_str()));
+    let Some(Effect::SetRequestHeader(_, header)) = f.on_dispatch_failed(&fleet()).effects.into_iter().find(|e| matches!(e, Effect::SetRequestHeader(..))) else {
+        panic!()
+    };
+    assert!(header.starts_with(&fleet().0.unwrap().pin(key.0).unwrap().endpoint));
+}
+
+#[test]
+fn dispatch_failure_falls_back_without_resuming() {
+    let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
+    let step = f.on_dispatch_failed(&fleet());
+    assert_eq!(step.next, Next::Continue);
+    assert_eq!(counted(&step.effects, Metric::Fallbacks(FallbackReason::DispatchFailed)), 1);
+    assert!(!step.effects.contains(&Effect::ResumeRequest), "the host has not paused yet");
+    assert!(recorded(&step.effects, Metric::RouteLatency).is_empty());
+}
+
+#[test]
+fn indexer_rejection_goes_to_the_client() {
+    let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
+    let body = serde_json::to_vec(&ErrorBody::new(429, "rate_limit_exceeded", "prefill capacity exhausted")).unwrap();
+    let step = f.on_route_answer(Some(429), &body, 0, &fleet());
+    let Some(Effect::SendResponse { status, body: sent, headers: h }) = step.effects.iter().find(|e| matches!(e, Effect::SendResponse { .. })) else {
+        panic!("{:?}", step.effects)
+    };
+    assert_eq!((*status, sent), (429, &body));
+    assert!(h.contains(&("content-type", "application/json".to_owned())));
+    assert!(!step.effects.contains(&Effect::ResumeRequest));
+    f.on_response_headers(Some(429), true);
+    let done = f.finish(None);
+    assert_eq!(counted(&done, Metric::Requests(RouteLabel::Unrouted, OutcomeLabel::Rejected)), 1);
+    assert!(done.contains(&Effect::QueueDone(DoneReport {
+        request_id: "rid-1".into(),
+        endpoint: None,
+        outcome: Outcome::Error,
+        status: Some(429)
+    })));
+}
+
+#[test]
+fn outcomes() {
+    // (response status, complete) → outcome
+    let cases = [
+        (Some(200), true, OutcomeLabel::Success, Outcome::Success),
+        (Some(200), false, OutcomeLabel::Aborted, Outcome::Aborted),
+        (Some(500), true, OutcomeLabel::Error, Outcome::Error),
+        (Some(400), false, OutcomeLabel::Error, Outcome::Error),
+        (None, false, OutcomeLabel::Aborted, Outcome::Aborted),
+    ];
+    for (status, complete, label, outcome) in cases {
+        let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
+        f.on_route_answer(Some(200), &decision(Value::Null), 0, &fleet());
+        if let Some(s) = status {
+            f.on_response_headers(Some(s), false);
+            f.on_response_body(complete);
+        }
+        let done = f.finish(None);
+        assert_eq!(counted(&done, Metric::Requests(RouteLabel::Disagg, label)), 1, "{status:?} {complete}");
+        assert!(done.iter().any(|e| matches!(e, Effect::QueueDone(r) if r.outcome == outcome && r.status == status)));
+    }
+}
+
+#[test]
+fn abort_while_waiting_for_the_indexer_still_reports_done() {
+    let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
+    let done = f.finish(None);
+    assert_eq!(counted(&done, Metric::Requests(RouteLabel::Unrouted, OutcomeLabel::Aborted)), 1);
+    assert!(done.iter().any(|e| matches!(e, Effect::QueueDone(r) if r.endpoint.is_none() && r.outcome == Outcome::Aborted)));
+    assert_eq!(f.on_route_answer(Some(200), &decision(Value::Null), 0, &fleet()).effects, vec![], "late answers are ignored");
+}
+
+#[test]
+fn missing_request_id_is_generated_once_and_used_everywhere() {
+    let mut f = flow(FilterConfig::default());
+    let step = f.on_request_headers(&headers(&[(":method", "POST"), (":path", "/v1/completions")]), false, 0xabc);
+    let id = header_set(&step.effects, headers::REQUEST_ID).unwrap();
+    assert_eq!(id, "kvmesh-7-abc");
+    assert_eq!(f.request_id(), id);
+    f.on_request_body(14, true);
+    let Next::Call(call) = f.on_body(Some(br#"{"prompt":"x"}"#.to_vec()), 0).next else { panic!() };
+    assert_eq!(call.header("x-request-id"), Some(id.as_str()));
+}
+
+#[test]
+fn oversized_indexer_answer_is_a_bad_response() {
+    let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
+    let huge = vec![b' '; decision::MAX_ANSWER_BYTES + 1];
+    let step = f.on_route_answer(Some(200), &huge, 0, &fleet());
+    assert_eq!(counted(&step.effects, Metric::Fallbacks(FallbackReason::BadResponse)), 1);
+}
+
+#[test]
+fn a_local_reply_the_filter_never_saw_counts_as_an_error() {
+    let mut f = flow(FilterConfig::default());
+    let done = f.finish(Some(413));
+    assert_eq!(counted(&done, Metric::Requests(RouteLabel::Unrouted, OutcomeLabel::Error)), 1);
+    let mut f = flow(FilterConfig::default());
+    assert_eq!(counted(&f.finish(Some(0)), Metric::Requests(RouteLabel::Unrouted, OutcomeLabel::Aborted)), 1);
+}

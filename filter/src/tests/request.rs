@@ -1,0 +1,86 @@
+//! Unit tests of `crate::request`.
+
+use super::*;
+use kvmesh_core::openai::parse;
+
+fn pairs(list: &[(&str, &[u8])]) -> Vec<(String, Vec<u8>)> {
+    list.iter().map(|(n, v)| ((*n).to_owned(), v.to_vec())).collect()
+}
+
+#[test]
+fn reads_headers() {
+    let head = RequestHead::from_headers(
+        &pairs(&[
+            (":method", b"POST"),
+            (":path", b"/v1/chat/completions"),
+            ("x-request-id", b" abc "),
+            ("x-session-id", b"conv-1"),
+            ("x-kvmesh-worker", b"w1"),
+            ("x-kvmesh-mode", b""),
+            ("content-length", b"12"),
+            ("x-gateway-destination-endpoint", b"6.6.6.6:80"),
+        ]),
+        "x-session-id",
+    );
+    assert_eq!(head.method, "POST");
+    assert_eq!(head.request_id.as_deref(), Some("abc"));
+    assert_eq!(head.session_id.as_deref(), Some("conv-1"));
+    assert_eq!(head.override_worker.as_deref(), Some("w1"));
+    assert_eq!(head.override_mode, None);
+    assert!(head.has_content_length && head.client_destination && head.has_overrides());
+}
+
+#[test]
+fn odd_values_do_not_break_reading() {
+    let long = vec![b'a'; MAX_META_VALUE_BYTES + 1];
+    let head = RequestHead::from_headers(&pairs(&[("x-session-id", &[0xff, 0xfe, b'x']), ("x-request-id", &long)]), "x-session-id");
+    assert_eq!(head.session_id.as_deref(), Some("\u{fffd}\u{fffd}x"));
+    assert_eq!(head.request_id, None);
+}
+
+#[test]
+fn session_header_wins_over_prefix() {
+    let req = parse(Endpoint::Completions, br#"{"prompt":[1,2,3,4,5,6,7,8]}"#).unwrap();
+    let mut head = RequestHead::default();
+    assert_eq!(session_key(&head, &req, 0), None);
+    let (k, s) = session_key(&head, &req, 4).unwrap();
+    assert_eq!(s, SessionSource::Prefix);
+    assert_eq!(Some(k), session::from_prefix(&req, 4));
+    head.session_id = Some("abc".into());
+    assert_eq!(session_key(&head, &req, 4), Some((session::from_header_value("abc"), SessionSource::Header)));
+}
+
+#[test]
+fn route_call_carries_metadata_and_body() {
+    let config = FilterConfig::default();
+    let head = RequestHead { override_worker: Some("w9".into()), override_mode: Some("disagg".into()), ..Default::default() };
+    let key = session::from_header_value("s");
+    let call = route_call(&config, "rid", Endpoint::ChatCompletions, Some((key, SessionSource::Header)), &head, b"{}".to_vec());
+    assert_eq!(call.upstream, "kvmesh_indexer");
+    assert_eq!(call.header(":path"), Some("/v1/route"));
+    assert_eq!(call.header(":method"), Some("POST"));
+    assert_eq!(call.header(":authority"), Some("kvmesh-indexer"));
+    assert_eq!(call.header("x-request-id"), Some("rid"));
+    assert_eq!(call.header("x-kvmesh-path"), Some("/v1/chat/completions"));
+    assert_eq!(call.header("x-kvmesh-session"), Some(session::encode_header(key, SessionSource::Header).as_str()));
+    assert_eq!(call.header("content-length"), Some("2"));
+    assert_eq!(call.header("x-kvmesh-worker"), None, "overrides are off by default");
+    assert_eq!(call.body.as_deref(), Some(&b"{}"[..]));
+    assert_eq!(call.timeout_ms, 100);
+
+    let config = FilterConfig { allow_overrides: true, ..config };
+    let call = route_call(&config, "rid", Endpoint::Completions, None, &head, Vec::new());
+    assert_eq!(call.header("x-kvmesh-worker"), Some("w9"));
+    assert_eq!(call.header("x-kvmesh-mode"), Some("disagg"));
+    assert_eq!(call.header("x-kvmesh-session"), None);
+}
+
+#[test]
+fn background_calls() {
+    let config = FilterConfig::default();
+    let fleet = fleet_call(&config);
+    assert_eq!((fleet.header(":method"), fleet.header(":path"), fleet.body.is_none()), (Some("GET"), Some("/v1/fleet"), true));
+    let done = done_call(&config, b"{\"x\":1}".to_vec());
+    assert_eq!((done.header(":path"), done.header("content-type")), (Some("/v1/done"), Some("application/json")));
+    assert_eq!(done.timeout_ms, config.background_timeout_ms);
+}
