@@ -1,0 +1,52 @@
+# kvmesh — one entry point for developers and CI. `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+CARGO        ?= cargo
+PROFILE      ?= debug
+WASM         := target/wasm32-wasip1/wasm/kvmesh_filter.wasm
+FLEET        ?=
+export KVMESH_TOKENIZER ?= $(CURDIR)/.tools/tokenizer/tokenizer.json
+export KVMESH_ENVOY     ?= $(CURDIR)/.tools/bin/envoy
+export KVMESH_WASM      ?= $(CURDIR)/$(WASM)
+
+ifeq ($(PROFILE),release)
+CARGO_PROFILE_FLAG := --release
+else
+CARGO_PROFILE_FLAG :=
+endif
+
+.PHONY: help setup build wasm test unit e2e run demo bench lint validate clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+setup: ## Install the wasm target, Envoy 1.40, the DeepSeek tokenizer and test tools into .tools/
+	@scripts/setup.sh
+
+wasm: setup ## Build the proxy-wasm filter (target/wasm32-wasip1/wasm/kvmesh_filter.wasm)
+	$(CARGO) build -p kvmesh-filter --target wasm32-wasip1 --profile wasm
+
+build: setup wasm ## Build every binary (PROFILE=debug|release)
+	$(CARGO) build $(CARGO_PROFILE_FLAG) --bins
+
+test: build ## Run every unit, integration and end-to-end test
+	$(CARGO) test --workspace --no-fail-fast -- --test-threads=$${KVMESH_TEST_THREADS:-2}
+
+run: build ## Serve a KV-aware gateway on 127.0.0.1:8080 over local simulated workers (FLEET=<file> for another fleet)
+	target/$(PROFILE)/kvmesh-stack $(if $(FLEET),--fleet $(FLEET),)
+
+demo: ## `make run` on the disaggregated example fleet (2 prefill + 2 decode)
+	$(MAKE) run FLEET=envoy/fleets/disagg.toml
+
+bench: ## Replay the Mooncake trace through every routing policy and write bench-out/report.md
+	$(MAKE) build PROFILE=release
+	target/release/kvmesh-bench --out bench-out $(BENCH_ARGS)
+
+lint: ## clippy with the workspace lints, wasm included
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy -p kvmesh-filter --target wasm32-wasip1 -- -D warnings
+
+clean: ## Remove build output (keeps .tools/)
+	$(CARGO) clean
+	rm -rf bench-out

@@ -1,0 +1,119 @@
+//! `make run`: a KV-aware gateway on this machine, over simulated workers.
+//!
+//! Starts one `vllm-sim` per worker of the fleet (4 aggregate workers by default, or the workers
+//! of `--fleet FILE`), the indexer and Envoy with the kvmesh filter, prints where everything is and
+//! a ready-to-paste `curl`, and stops every process it started on Ctrl-C or SIGTERM.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use kvmesh_core::api::Role;
+use kvmesh_e2e::stack::{Ports, Stack, StackSpec, WorkerSpec};
+
+#[derive(Parser, Debug)]
+#[command(about = "Run a local kvmesh gateway over simulated vLLM workers")]
+struct Args {
+    /// Fleet description (the indexer's config file). Its workers, roles, block size, `[routing]`,
+    /// `[filter]` and `[gateway]` settings are used; worker addresses are replaced by the local simulators'.
+    #[arg(long)]
+    fleet: Option<PathBuf>,
+    /// Number of aggregate workers when no fleet file is given.
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    /// Gateway (Envoy listener) port.
+    #[arg(long, env = "KVMESH_GATEWAY_PORT", default_value_t = 8080)]
+    gateway_port: u16,
+    /// Envoy admin port.
+    #[arg(long, env = "KVMESH_ADMIN_PORT", default_value_t = 9901)]
+    admin_port: u16,
+    /// Indexer HTTP port.
+    #[arg(long, env = "KVMESH_INDEXER_PORT", default_value_t = 9100)]
+    indexer_port: u16,
+    /// Extra flags passed to every vllm-sim (repeatable), e.g. `--sim-arg=--num-gpu-blocks=4096`.
+    #[arg(long = "sim-arg", allow_hyphen_values = true)]
+    sim_args: Vec<String>,
+    /// Use release binaries.
+    #[arg(long)]
+    release: bool,
+    /// Where logs and generated configs go.
+    #[arg(long, default_value = ".tools/run")]
+    work_dir: PathBuf,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let mut spec = StackSpec::aggregate(args.workers);
+    spec.filter_config = serde_json::json!({"debug_headers": true, "session_prefix_units": 4096});
+    if let Some(path) = &args.fleet {
+        apply_fleet_file(&mut spec, path)?;
+    }
+    spec.sim_args.extend(args.sim_args.iter().cloned());
+    spec.ports = Ports { gateway: Some(args.gateway_port), admin: Some(args.admin_port), indexer: Some(args.indexer_port) };
+    spec.release = args.release;
+    spec.work_dir = Some(args.work_dir.clone());
+    let stack = Stack::start(spec).await?;
+
+    println!("kvmesh is up.");
+    println!("  gateway (OpenAI API)  {}", stack.gateway(""));
+    println!("  envoy admin           {}", stack.admin(""));
+    println!("  indexer               {}   (/v1/fleet, /metrics, /debug/workers)", stack.indexer_url(""));
+    for w in &stack.workers {
+        println!("  worker {:<6} {:<8} http://{}  events {}", w.id, w.role.as_str(), w.http, w.kv_events.as_deref().unwrap_or("-"));
+    }
+    println!("  fleet file            {}", stack.fleet_path.display());
+    println!("  logs                  {}", stack.dir().display());
+    println!();
+    println!("Try:");
+    println!(
+        "  curl -s {} -H 'content-type: application/json' -d '{{\"model\":\"deepseek-v4\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":16}}' -D - ",
+        stack.gateway("/v1/chat/completions")
+    );
+    println!();
+    println!("Ctrl-C stops everything.");
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    println!("stopping…");
+    drop(stack);
+    Ok(())
+}
+
+/// Takes the workers, block size, `[routing]`, `[filter]` and `[gateway]` settings of a fleet file.
+fn apply_fleet_file(spec: &mut StackSpec, path: &PathBuf) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+    let doc: toml::Table = toml::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
+    if let Some(bs) = doc.get("model").and_then(|m| m.get("block_size")).and_then(toml::Value::as_integer) {
+        spec.block_size = u32::try_from(bs).context("model.block_size")?;
+    }
+    if let Some(routing) = doc.get("routing").and_then(toml::Value::as_table) {
+        spec.routing_toml = toml::to_string(routing)?;
+    }
+    if let Some(filter) = doc.get("filter") {
+        spec.filter_config = serde_json::to_value(filter)?;
+    }
+    if let Some(gateway) = doc.get("gateway").and_then(toml::Value::as_table) {
+        if let Some(sim) = gateway.get("local_sim_args").and_then(toml::Value::as_array) {
+            spec.sim_args = sim.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect();
+        }
+    }
+    let workers = doc.get("workers").and_then(toml::Value::as_array).context("fleet file has no [[workers]]")?;
+    spec.workers = workers
+        .iter()
+        .map(|w| {
+            let id = w.get("id").and_then(toml::Value::as_str).context("worker without id")?;
+            let role = match w.get("role").and_then(toml::Value::as_str).unwrap_or("both") {
+                "decode" => Role::Decode,
+                "prefill" => Role::Prefill,
+                "both" => Role::Both,
+                other => anyhow::bail!("worker {id}: unknown role {other}"),
+            };
+            Ok(WorkerSpec::new(id, role))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok(())
+}

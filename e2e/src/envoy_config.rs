@@ -1,0 +1,240 @@
+//! The Envoy bootstrap, rendered from `envoy/bootstrap.yaml.j2`.
+//!
+//! One template serves every setup: `policy = "kvmesh"` gives the wasm filter, its singleton
+//! service and the `override_host` load balancer; the other policies give plain Envoy with one of
+//! its own load balancers (the benchmark baselines). Rendering is a pure function of
+//! [`BootstrapVars`] — the same worker list the indexer's fleet file is written from — so the two
+//! never disagree. Variables are checked before rendering (a STATIC cluster needs IPs, a header
+//! name must be a token, the filter configuration must be JSON) and any variable the template uses
+//! but the caller did not give is an error, not an empty string.
+
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+/// The template, compiled into the binary so a test or tool never depends on the working directory.
+pub const TEMPLATE: &str = include_str!("../../envoy/bootstrap.yaml.j2");
+
+/// The policies the template knows.
+pub const POLICIES: [&str; 4] = ["kvmesh", "round_robin", "least_request", "ring_hash"];
+
+/// One engine endpoint of the `engines` cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BootstrapWorker {
+    pub id: String,
+    /// An IP address (the cluster is STATIC).
+    pub host: String,
+    pub port: u16,
+}
+
+/// Everything the template needs; field names are the template's variable names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BootstrapVars {
+    pub listen_host: String,
+    pub listen_port: u16,
+    pub admin_port: u16,
+    pub indexer_host: String,
+    pub indexer_port: u16,
+    /// Path of `kvmesh_filter.wasm` (used by the `kvmesh` policy only).
+    pub wasm_path: String,
+    /// The filter's plugin configuration, a JSON object as a string (`kvmesh` policy only).
+    pub filter_config_json: String,
+    pub workers: Vec<BootstrapWorker>,
+    /// Request body limit in bytes; bigger bodies get 413.
+    pub max_body_bytes: u64,
+    /// One of [`POLICIES`].
+    pub policy: String,
+    /// Header holding the client's session id (ring_hash hashes it; the filter reads it).
+    pub session_header: String,
+    /// Route timeout of a whole response, seconds; 0 = none.
+    pub upstream_timeout_s: u64,
+}
+
+/// Why a bootstrap could not be rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("bootstrap variable `{name}` = {value:?}: {reason}")]
+    InvalidVar { name: &'static str, value: String, reason: &'static str },
+    #[error("bootstrap template: {0}")]
+    Template(#[from] minijinja::Error),
+}
+
+/// Renders the bootstrap YAML.
+pub fn render_bootstrap(vars: &BootstrapVars) -> Result<String, RenderError> {
+    validate(vars)?;
+    let mut env = minijinja::Environment::new();
+    env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+    // minijinja would JSON-escape every `{{ }}` of a `*.yaml.j2`; the template quotes with `tojson` itself.
+    env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+    env.set_keep_trailing_newline(true);
+    env.add_template("bootstrap.yaml.j2", TEMPLATE)?;
+    Ok(env.get_template("bootstrap.yaml.j2")?.render(vars)?)
+}
+
+fn validate(v: &BootstrapVars) -> Result<(), RenderError> {
+    let bad = |name: &'static str, value: &str, reason: &'static str| RenderError::InvalidVar { name, value: value.to_owned(), reason };
+    if !POLICIES.contains(&v.policy.as_str()) {
+        return Err(bad("policy", &v.policy, "must be kvmesh, round_robin, least_request or ring_hash"));
+    }
+    for (name, host) in [("listen_host", &v.listen_host), ("indexer_host", &v.indexer_host)] {
+        if host.parse::<IpAddr>().is_err() {
+            return Err(bad(name, host, "must be an IP address"));
+        }
+    }
+    if v.workers.is_empty() {
+        return Err(bad("workers", "[]", "needs at least one worker"));
+    }
+    for w in &v.workers {
+        if w.host.parse::<IpAddr>().is_err() {
+            return Err(bad("workers[].host", &w.host, "must be an IP address (STATIC cluster)"));
+        }
+        if w.port == 0 {
+            return Err(bad("workers[].port", "0", "must be a port"));
+        }
+    }
+    let token = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    if !token(&v.session_header) {
+        return Err(bad("session_header", &v.session_header, "must be a lowercase header name"));
+    }
+    if v.max_body_bytes == 0 {
+        return Err(bad("max_body_bytes", "0", "must be positive"));
+    }
+    if v.policy == "kvmesh" {
+        if !matches!(serde_json::from_str::<serde_json::Value>(&v.filter_config_json), Ok(serde_json::Value::Object(_))) {
+            return Err(bad("filter_config_json", &v.filter_config_json, "must be a JSON object"));
+        }
+        if v.wasm_path.is_empty() {
+            return Err(bad("wasm_path", "", "needed by the kvmesh policy"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    fn vars(policy: &str, wasm_path: &str) -> BootstrapVars {
+        BootstrapVars {
+            listen_host: "127.0.0.1".into(),
+            listen_port: 18080,
+            admin_port: 19901,
+            indexer_host: "127.0.0.1".into(),
+            indexer_port: 19100,
+            wasm_path: wasm_path.into(),
+            filter_config_json: r#"{"session_header":"x-session-id","debug_headers":true,"session_prefix_units":2048}"#.into(),
+            workers: (0..3).map(|i| BootstrapWorker { id: format!("w{i}"), host: "127.0.0.1".into(), port: 18001 + i }).collect(),
+            max_body_bytes: 8 << 20,
+            policy: policy.into(),
+            session_header: "x-session-id".into(),
+            upstream_timeout_s: 300,
+        }
+    }
+
+    fn repo_root() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    }
+
+    /// `$KVMESH_ENVOY`, else `.tools/bin/envoy`.
+    fn envoy() -> Option<PathBuf> {
+        let path = std::env::var_os("KVMESH_ENVOY").map(PathBuf::from).unwrap_or_else(|| repo_root().join(".tools/bin/envoy"));
+        path.exists().then_some(path)
+    }
+
+    /// `$KVMESH_WASM` or the `make wasm` artifact; built into a private target dir when absent
+    /// (`envoy --mode validate` instantiates the wasm VM, so the module must be real).
+    fn wasm() -> PathBuf {
+        let made = std::env::var_os("KVMESH_WASM")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| repo_root().join("target/wasm32-wasip1/wasm/kvmesh_filter.wasm"));
+        if made.exists() {
+            return made;
+        }
+        let target_dir = repo_root().join("target/validate-wasm");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "-p", "kvmesh-filter", "--target", "wasm32-wasip1", "--profile", "wasm", "--target-dir"])
+            .arg(&target_dir)
+            .current_dir(repo_root())
+            .status()
+            .expect("run cargo to build the wasm filter");
+        assert!(status.success(), "building kvmesh_filter.wasm failed");
+        target_dir.join("wasm32-wasip1/wasm/kvmesh_filter.wasm")
+    }
+
+    #[test]
+    fn every_policy_renders_and_envoy_accepts_it() {
+        let Some(envoy) = envoy() else {
+            eprintln!("SKIPPED: no Envoy binary (set KVMESH_ENVOY or run `make setup`); rendering only");
+            for policy in POLICIES {
+                render_bootstrap(&vars(policy, "/nonexistent.wasm")).unwrap();
+            }
+            return;
+        };
+        let wasm = wasm();
+        let dir = tempfile::tempdir().unwrap();
+        for policy in POLICIES {
+            let yaml = render_bootstrap(&vars(policy, &wasm.display().to_string())).unwrap();
+            let path = dir.path().join(format!("{policy}.yaml"));
+            std::fs::write(&path, &yaml).unwrap();
+            let out = Command::new(&envoy).args(["--mode", "validate", "-c"]).arg(&path).output().unwrap();
+            assert!(
+                out.status.success(),
+                "envoy rejected the {policy} bootstrap:\n{}\n{}\n---\n{yaml}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+
+    #[test]
+    fn policies_differ_where_they_should() {
+        let kvmesh = render_bootstrap(&vars("kvmesh", "/x.wasm")).unwrap();
+        assert!(kvmesh.contains("envoy.filters.http.wasm") && kvmesh.contains("envoy.bootstrap.wasm"));
+        assert!(kvmesh.contains("allow_on_headers_stop_iteration: true") && kvmesh.contains("failure_policy: FAIL_OPEN"));
+        assert!(kvmesh.contains("override_host") && kvmesh.contains("name: kvmesh_indexer"));
+        assert!(kvmesh.contains("max_request_bytes: 8388608"), "the buffer filter enforces the body limit");
+        for (policy, lb) in [("round_robin", "round_robin.v3.RoundRobin"), ("least_request", "least_request.v3.LeastRequest"), ("ring_hash", "ring_hash.v3.RingHash")] {
+            let yaml = render_bootstrap(&vars(policy, "")).unwrap();
+            assert!(yaml.contains(lb), "{policy}");
+            assert!(!yaml.contains("envoy.filters.http.wasm") && !yaml.contains("policies.override_host") && !yaml.contains("name: kvmesh_indexer"), "{policy}");
+            assert!(yaml.contains("max_request_bytes: 8388608"), "{policy}: the buffer filter enforces the body limit");
+            assert_eq!(yaml.contains("header_name: \"x-session-id\""), policy == "ring_hash", "{policy}");
+        }
+    }
+
+    #[test]
+    fn filter_config_is_embedded_as_a_string() {
+        let mut v = vars("kvmesh", "/x.wasm");
+        v.filter_config_json = r#"{"session_header":"x-s","note":"it's <\"quoted\">"}"#.into();
+        let yaml = render_bootstrap(&v).unwrap();
+        let line = yaml.lines().find(|l| l.contains("google.protobuf.StringValue")).unwrap();
+        let start = line.find("value: ").unwrap() + "value: ".len();
+        let end = line.rfind(" }").unwrap();
+        // A YAML double-quoted scalar written by tojson is a JSON string literal.
+        let decoded: String = serde_json::from_str(&line[start..end]).unwrap();
+        assert_eq!(decoded, v.filter_config_json);
+    }
+
+    #[test]
+    fn bad_vars_are_refused() {
+        type Mutation = fn(&mut BootstrapVars);
+        let cases: Vec<(Mutation, &str)> = vec![
+            (|v| v.policy = "random".into(), "policy"),
+            (|v| v.workers[0].host = "localhost".into(), "workers[].host"),
+            (|v| v.workers.clear(), "workers"),
+            (|v| v.listen_host = "0.0.0.0\nadmin: x".into(), "listen_host"),
+            (|v| v.session_header = "X Session".into(), "session_header"),
+            (|v| v.filter_config_json = "not json".into(), "filter_config_json"),
+            (|v| v.max_body_bytes = 0, "max_body_bytes"),
+        ];
+        for (mutate, field) in cases {
+            let mut v = vars("kvmesh", "/x.wasm");
+            mutate(&mut v);
+            let err = render_bootstrap(&v).unwrap_err().to_string();
+            assert!(err.contains(&format!("`{field}`")), "{field}: {err}");
+        }
+    }
+}

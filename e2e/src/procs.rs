@@ -1,0 +1,176 @@
+//! Child processes that cannot outlive the test that started them.
+//!
+//! A [`Proc`] owns a child process, writes its stdout and stderr to a log file in the test's
+//! directory, and kills it when dropped. When the drop happens during a panic (a failing test), the
+//! tail of the log is printed so the failure explains itself. Readiness is the child's own word: the
+//! first stdout line starting with `READY` (vllm-sim and the indexer print one with their bound
+//! addresses), or an HTTP probe for programs that print none (Envoy).
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// A running child process, killed on drop.
+pub struct Proc {
+    name: String,
+    child: Child,
+    log_path: PathBuf,
+    ready_line: String,
+    ready_rx: Option<mpsc::Receiver<String>>,
+}
+
+impl Proc {
+    /// Starts `cmd`, logging to `<log_dir>/<name>.log`. Call [`Self::wait_ready`] for programs that
+    /// print a `READY` line.
+    pub fn spawn(name: &str, mut cmd: Command, log_dir: &Path) -> anyhow::Result<Self> {
+        let log_path = log_dir.join(format!("{name}.log"));
+        let log = File::create(&log_path).with_context(|| format!("create {}", log_path.display()))?;
+        let stderr = log.try_clone()?;
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "info");
+        }
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(stderr));
+        let mut child = cmd.spawn().with_context(|| format!("start {name}: {cmd:?}"))?;
+        let stdout = child.stdout.take().context("child stdout")?;
+        let (tx, rx) = mpsc::channel::<String>();
+        let mut log_out = log;
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.starts_with("READY") {
+                    let _ = tx.send(line.clone());
+                }
+                let _ = writeln!(log_out, "{line}");
+            }
+        });
+        Ok(Self { name: name.to_owned(), child, log_path, ready_line: String::new(), ready_rx: Some(rx) })
+    }
+
+    /// Waits for the child's `READY` line (once; later calls return at once).
+    pub fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let Some(rx) = self.ready_rx.take() else { return Ok(()) };
+        let deadline = Instant::now() + crate::poll::patience();
+        loop {
+            match rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(line) => {
+                    self.ready_line = line;
+                    return Ok(());
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {
+                    if let Some(status) = self.child.try_wait()? {
+                        bail!("{} exited with {status} before it was ready:\n{}", self.name, self.log_tail(40));
+                    }
+                }
+                Err(_) => bail!("{} did not print READY in time:\n{}", self.name, self.log_tail(40)),
+            }
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The `READY …` line the child printed.
+    pub fn ready_line(&self) -> &str {
+        &self.ready_line
+    }
+
+    /// The value of `key=` in the READY line.
+    pub fn ready_field(&self, key: &str) -> Option<&str> {
+        self.ready_line.split_whitespace().find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// The last `lines` lines of the child's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let Ok(mut f) = File::open(&self.log_path) else { return String::new() };
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)));
+        let mut text = String::new();
+        let _ = f.read_to_string(&mut text);
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGTERM, then SIGKILL if it has not exited within `grace`.
+    pub fn terminate(&mut self, grace: Duration) {
+        if !self.is_running() {
+            return;
+        }
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        }
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if !self.is_running() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("---- {} log tail ({}) ----\n{}", self.name, self.log_path.display(), self.log_tail(60));
+        }
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; for programs that cannot bind port 0 themselves).
+pub fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// Where the workspace's binaries are: `$KVMESH_BIN_DIR`, else `<target>/debug` (or `release`
+/// when `release` is true), honouring `CARGO_TARGET_DIR`.
+pub fn bin_dir(release: bool) -> PathBuf {
+    if let Some(dir) = std::env::var_os("KVMESH_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    target.join(if release { "release" } else { "debug" })
+}
+
+/// The repository root (this crate lives in `<root>/e2e`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// A workspace binary, with a clear error when it has not been built.
+pub fn binary(name: &str, release: bool) -> anyhow::Result<PathBuf> {
+    let path = bin_dir(release).join(name);
+    if !path.exists() {
+        bail!("{} not found: run `make build` (or `cargo build --bins`) first", path.display());
+    }
+    Ok(path)
+}

@@ -1,0 +1,393 @@
+//! A whole kvmesh stack on loopback: vllm-sim workers, the indexer, and Envoy with the filter.
+//!
+//! One [`StackSpec`] describes the fleet; [`Stack::start`] starts the workers first (each binds port 0
+//! and reports its addresses), then writes the fleet file the indexer reads and renders the Envoy
+//! bootstrap from the same worker list, so the two can never disagree. Policies other than
+//! [`EnvoyPolicy::Kvmesh`] run Envoy alone with one of its own load balancers — the baselines the
+//! benchmark compares against.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use kvmesh_core::api::Role;
+
+use crate::envoy_config::{render_bootstrap, BootstrapVars, BootstrapWorker};
+use crate::procs::{binary, free_port, Proc};
+use crate::prom::Metrics;
+
+/// Which load balancing Envoy does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnvoyPolicy {
+    /// The kvmesh filter and indexer choose the endpoint.
+    Kvmesh,
+    RoundRobin,
+    LeastRequest,
+    /// Consistent hashing of the session header (Envoy ring_hash).
+    RingHash,
+}
+
+impl EnvoyPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Kvmesh => "kvmesh",
+            Self::RoundRobin => "round_robin",
+            Self::LeastRequest => "least_request",
+            Self::RingHash => "ring_hash",
+        }
+    }
+}
+
+/// One simulated worker.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    pub id: String,
+    pub role: Role,
+    /// Extra `vllm-sim` flags for this worker only.
+    pub args: Vec<String>,
+}
+
+impl WorkerSpec {
+    pub fn new(id: impl Into<String>, role: Role) -> Self {
+        Self { id: id.into(), role, args: Vec::new() }
+    }
+}
+
+/// Fixed ports (for `make run`); tests leave them unset and get free ones.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ports {
+    pub gateway: Option<u16>,
+    pub admin: Option<u16>,
+    pub indexer: Option<u16>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StackSpec {
+    pub workers: Vec<WorkerSpec>,
+    pub policy: EnvoyPolicy,
+    pub block_size: u32,
+    /// `vllm-sim` flags for every worker (cache size, speed-up, timing).
+    pub sim_args: Vec<String>,
+    /// Whether workers publish KV events (off for the approximate-mode baseline).
+    pub kv_events: bool,
+    /// Extra lines for the indexer's `[routing]` table, e.g. `mode = "approximate"`.
+    pub routing_toml: String,
+    /// Fields merged over the filter's default plugin configuration.
+    pub filter_config: serde_json::Value,
+    pub session_header: String,
+    pub max_body_bytes: u64,
+    pub ports: Ports,
+    /// Use `target/release` binaries.
+    pub release: bool,
+    /// Keep logs and generated files here instead of a temporary directory.
+    pub work_dir: Option<PathBuf>,
+}
+
+impl StackSpec {
+    /// The filter's plugin configuration: the session header, with `filter_config` merged over.
+    pub fn filter_config_json(&self) -> serde_json::Value {
+        let mut base = serde_json::json!({ "session_header": self.session_header });
+        if let (Some(base), Some(extra)) = (base.as_object_mut(), self.filter_config.as_object()) {
+            for (k, v) in extra {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+        base
+    }
+
+    /// `n` aggregate workers (`both`), kvmesh routing, small cache, fast timing.
+    pub fn aggregate(n: usize) -> Self {
+        Self {
+            workers: (0..n).map(|i| WorkerSpec::new(format!("w{i}"), Role::Both)).collect(),
+            policy: EnvoyPolicy::Kvmesh,
+            block_size: 16,
+            sim_args: Vec::new(),
+            kv_events: true,
+            routing_toml: String::new(),
+            filter_config: serde_json::json!({}),
+            session_header: kvmesh_core::headers::DEFAULT_SESSION_HEADER.to_owned(),
+            max_body_bytes: 8 * 1024 * 1024,
+            ports: Ports::default(),
+            release: false,
+            work_dir: None,
+        }
+    }
+}
+
+/// A running worker.
+pub struct Worker {
+    pub id: String,
+    pub role: Role,
+    /// `ip:port` of its OpenAI server.
+    pub http: String,
+    pub kv_events: Option<String>,
+    pub replay: Option<String>,
+    pub proc: Proc,
+}
+
+impl Worker {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.http)
+    }
+}
+
+/// A running stack. Dropping it kills every process.
+pub struct Stack {
+    pub spec: StackSpec,
+    pub workers: Vec<Worker>,
+    pub indexer: Option<Proc>,
+    pub envoy: Option<Proc>,
+    pub gateway_port: u16,
+    pub admin_port: u16,
+    pub indexer_port: u16,
+    pub fleet_path: PathBuf,
+    dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    http: reqwest::Client,
+}
+
+impl Stack {
+    pub async fn start(spec: StackSpec) -> anyhow::Result<Self> {
+        let (dir, tmp) = match &spec.work_dir {
+            Some(d) => {
+                std::fs::create_dir_all(d)?;
+                (d.clone(), None)
+            }
+            None => {
+                let t = tempfile::Builder::new().prefix("kvmesh-e2e-").tempdir()?;
+                (t.path().to_path_buf(), Some(t))
+            }
+        };
+        let sim = binary("vllm-sim", spec.release)?;
+        let mut procs = Vec::new();
+        for w in &spec.workers {
+            let mut cmd = Command::new(&sim);
+            cmd.args(["--port", "0", "--id", &w.id, "--role", w.role.as_str()])
+                .args(["--block-size", &spec.block_size.to_string()]);
+            if spec.kv_events {
+                cmd.args(["--kv-events-endpoint", "tcp://127.0.0.1:*", "--kv-events-replay-endpoint", "tcp://127.0.0.1:*"]);
+            }
+            cmd.args(&spec.sim_args).args(&w.args);
+            procs.push((w, Proc::spawn(&format!("sim-{}", w.id), cmd, &dir)?));
+        }
+        let mut workers = Vec::new();
+        for (w, mut proc) in procs {
+            proc.wait_ready()?;
+            let http = proc.ready_field("http").context("sim READY line without http=")?.to_owned();
+            workers.push(Worker {
+                id: w.id.clone(),
+                role: w.role,
+                http,
+                kv_events: proc.ready_field("kv_events").map(str::to_owned),
+                replay: proc.ready_field("replay").map(str::to_owned),
+                proc,
+            });
+        }
+        let gateway_port = spec.ports.gateway.map_or_else(free_port, Ok)?;
+        let admin_port = spec.ports.admin.map_or_else(free_port, Ok)?;
+        let indexer_port = spec.ports.indexer.map_or_else(free_port, Ok)?;
+        let fleet_path = dir.join("fleet.toml");
+        std::fs::write(&fleet_path, fleet_toml(&spec, &workers, gateway_port, admin_port, indexer_port))?;
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
+        let mut stack = Self {
+            spec,
+            workers,
+            indexer: None,
+            envoy: None,
+            gateway_port,
+            admin_port,
+            indexer_port,
+            fleet_path,
+            dir,
+            _tmp: tmp,
+            http,
+        };
+        if stack.spec.policy == EnvoyPolicy::Kvmesh {
+            stack.start_indexer().await?;
+        }
+        stack.start_envoy().await?;
+        Ok(stack)
+    }
+
+    /// Starts (or restarts) the indexer on its port and waits until it answers.
+    pub async fn start_indexer(&mut self) -> anyhow::Result<()> {
+        if let Some(mut old) = self.indexer.take() {
+            old.kill();
+        }
+        let mut cmd = Command::new(binary("kvmesh-indexer", self.spec.release)?);
+        cmd.arg("--config").arg(&self.fleet_path).args(["--listen", &format!("127.0.0.1:{}", self.indexer_port)]);
+        let mut proc = Proc::spawn("indexer", cmd, &self.dir)?;
+        proc.wait_ready()?;
+        self.indexer = Some(proc);
+        Ok(())
+    }
+
+    /// Kills the indexer (SIGKILL: a crash, not a shutdown).
+    pub fn kill_indexer(&mut self) {
+        if let Some(mut p) = self.indexer.take() {
+            p.kill();
+        }
+    }
+
+    async fn start_envoy(&mut self) -> anyhow::Result<()> {
+        let envoy = envoy_binary()?;
+        let vars = BootstrapVars {
+            listen_host: "127.0.0.1".into(),
+            listen_port: self.gateway_port,
+            admin_port: self.admin_port,
+            indexer_host: "127.0.0.1".into(),
+            indexer_port: self.indexer_port,
+            wasm_path: wasm_path()?.display().to_string(),
+            filter_config_json: self.filter_config().to_string(),
+            workers: self
+                .workers
+                .iter()
+                .filter(|w| w.role.decodes() || self.spec.policy != EnvoyPolicy::Kvmesh)
+                .map(|w| {
+                    let (host, port) = split_host_port(&w.http)?;
+                    Ok(BootstrapWorker { id: w.id.clone(), host, port })
+                })
+                .collect::<anyhow::Result<_>>()?,
+            max_body_bytes: self.spec.max_body_bytes,
+            policy: self.spec.policy.as_str().into(),
+            session_header: self.spec.session_header.clone(),
+            upstream_timeout_s: 300,
+        };
+        let yaml = render_bootstrap(&vars)?;
+        let path = self.dir.join("envoy.yaml");
+        std::fs::write(&path, yaml)?;
+        let mut cmd = Command::new(envoy);
+        cmd.arg("-c").arg(&path).args(["--disable-hot-restart", "--concurrency", "2", "-l", "info"]);
+        cmd.arg("--log-path").arg(self.dir.join("envoy-access.log"));
+        self.envoy = Some(Proc::spawn("envoy", cmd, &self.dir)?);
+        let ready = format!("http://127.0.0.1:{}/ready", self.admin_port);
+        let client = self.http.clone();
+        let envoy = self.envoy.as_mut().context("envoy")?;
+        let name = envoy.name().to_owned();
+        let deadline = std::time::Instant::now() + crate::poll::patience();
+        loop {
+            if let Ok(r) = client.get(&ready).send().await {
+                if r.status().is_success() {
+                    break;
+                }
+            }
+            if !envoy.is_running() {
+                bail!("{name} exited before it was ready:\n{}", envoy.log_tail(60));
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("{name} not ready in time:\n{}", envoy.log_tail(60));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    /// The filter's plugin configuration (see [`StackSpec::filter_config_json`]).
+    pub fn filter_config(&self) -> serde_json::Value {
+        self.spec.filter_config_json()
+    }
+
+    pub fn gateway(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.gateway_port)
+    }
+    pub fn admin(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.admin_port)
+    }
+    pub fn indexer_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.indexer_port)
+    }
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    pub fn client(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    pub fn worker(&self, id: &str) -> anyhow::Result<&Worker> {
+        self.workers.iter().find(|w| w.id == id).with_context(|| format!("no worker {id}"))
+    }
+
+    /// The worker id serving at `endpoint` (`ip:port`).
+    pub fn worker_at(&self, endpoint: &str) -> Option<&str> {
+        self.workers.iter().find(|w| w.http == endpoint).map(|w| w.id.as_str())
+    }
+
+    /// Scrapes a Prometheus endpoint.
+    pub async fn scrape(&self, url: &str) -> anyhow::Result<Metrics> {
+        let text = self.http.get(url).send().await?.error_for_status()?.text().await?;
+        Ok(Metrics::parse(&text))
+    }
+
+    /// Envoy's `/stats/prometheus` (where the filter's metrics are).
+    pub async fn envoy_metrics(&self) -> anyhow::Result<Metrics> {
+        self.scrape(&self.admin("/stats/prometheus")).await
+    }
+
+    /// Sum of an engine counter over every worker.
+    pub async fn engine_sum(&self, name: &str) -> anyhow::Result<f64> {
+        let mut total = 0.0;
+        for w in &self.workers {
+            total += self.scrape(&w.url("/metrics")).await?.sum(name, &[]);
+        }
+        Ok(total)
+    }
+
+    /// Resets every worker's prefix cache (between benchmark policies).
+    pub async fn reset_caches(&self) -> anyhow::Result<()> {
+        for w in &self.workers {
+            self.http.post(w.url("/reset_prefix_cache")).send().await?.error_for_status()?;
+        }
+        Ok(())
+    }
+}
+
+/// The fleet file the indexer reads: one description for the indexer and the Envoy bootstrap.
+pub fn fleet_toml(spec: &StackSpec, workers: &[Worker], gateway_port: u16, admin_port: u16, indexer_port: u16) -> String {
+    let mut out = format!(
+        "listen = \"127.0.0.1:{indexer_port}\"\n\n[model]\nname = \"deepseek-v4\"\nblock_size = {}\n\n[gateway]\nlisten = \"127.0.0.1:{gateway_port}\"\nadmin = \"127.0.0.1:{admin_port}\"\n\n[routing]\n{}\n",
+        spec.block_size, spec.routing_toml
+    );
+    if let Ok(filter) = toml::Value::try_from(spec.filter_config_json()) {
+        if let Ok(text) = toml::to_string(&filter) {
+            out.push_str(&format!("\n[filter]\n{text}"));
+        }
+    }
+    for w in workers {
+        out.push_str(&format!("\n[[workers]]\nid = \"{}\"\nrole = \"{}\"\nendpoint = \"{}\"\n", w.id, w.role.as_str(), w.http));
+        if let Some(ev) = &w.kv_events {
+            out.push_str(&format!("kv_events = \"{ev}\"\n"));
+        }
+        if let Some(r) = &w.replay {
+            out.push_str(&format!("kv_replay = \"{r}\"\n"));
+        }
+    }
+    out
+}
+
+fn split_host_port(addr: &str) -> anyhow::Result<(String, u16)> {
+    let (h, p) = addr.rsplit_once(':').with_context(|| format!("bad address {addr}"))?;
+    Ok((h.to_owned(), p.parse().with_context(|| format!("bad port in {addr}"))?))
+}
+
+/// `$KVMESH_ENVOY`, else `.tools/bin/envoy`.
+pub fn envoy_binary() -> anyhow::Result<PathBuf> {
+    let path = std::env::var_os("KVMESH_ENVOY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::procs::repo_root().join(".tools/bin/envoy"));
+    if !path.exists() {
+        bail!("{} not found: run `make setup`", path.display());
+    }
+    Ok(path)
+}
+
+/// `$KVMESH_WASM`, else the `make wasm` output.
+pub fn wasm_path() -> anyhow::Result<PathBuf> {
+    let path = std::env::var_os("KVMESH_WASM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::procs::repo_root().join("target/wasm32-wasip1/wasm/kvmesh_filter.wasm"));
+    if !path.exists() {
+        bail!("{} not found: run `make wasm`", path.display());
+    }
+    Ok(path)
+}

@@ -1,0 +1,83 @@
+//! The indexer dies mid-run: every request still succeeds and sessions keep their worker through
+//! the filter's rendezvous fallback over its last fleet snapshot. The indexer comes back, rebuilds
+//! its index from the workers' event replay, and precise routing resumes.
+
+use kvmesh_core::{headers, rendezvous, session};
+use kvmesh_e2e::client::{filler, post_json};
+use kvmesh_e2e::poll;
+use kvmesh_e2e::stack::{Stack, StackSpec};
+use serde_json::json;
+use std::collections::HashMap;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_survive_the_indexer_and_precise_routing_resumes() -> anyhow::Result<()> {
+    let mut spec = StackSpec::aggregate(4);
+    spec.filter_config = json!({"debug_headers": true});
+    let mut stack = Stack::start(spec).await?;
+    let url = stack.gateway("/v1/completions");
+    let c = stack.client().clone();
+    let ids: Vec<String> = stack.workers.iter().map(|w| w.id.clone()).collect();
+    let body = |session: u64, turn: u64| json!({"model": "deepseek-v4", "prompt": format!("{} {}", filler(session, 400), filler(9000 + turn, 30 * turn as usize)), "max_tokens": 3});
+
+    // Turn 1 with the indexer up: each session lands on its rendezvous pin.
+    let mut home = HashMap::new();
+    for s in 0..8u64 {
+        let sid = format!("session-{s}");
+        let r = post_json(&c, &url, &body(s, 1), &[(headers::DEFAULT_SESSION_HEADER, sid.as_str())]).await?;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let pin = rendezvous::pick(session::from_header_value(&sid).0, ids.iter().map(String::as_str)).map(str::to_owned);
+        assert_eq!(r.worker().map(str::to_owned), pin, "session {sid} not on its pin ({:?})", r.reason());
+        home.insert(s, r.worker().unwrap_or_default().to_owned());
+    }
+
+    stack.kill_indexer();
+
+    // Indexer down: everything still succeeds, and sessions stay home.
+    for s in 0..8u64 {
+        let sid = format!("session-{s}");
+        let r = post_json(&c, &url, &body(s, 2), &[(headers::DEFAULT_SESSION_HEADER, sid.as_str())]).await?;
+        assert_eq!(r.status, 200, "indexer down: {}", r.text);
+        assert_eq!(r.worker(), Some(home[&s].as_str()), "session {sid} lost its worker while the indexer was down");
+        assert!(r.header(headers::DEBUG_FALLBACK).is_some(), "expected the fallback header while the indexer is down");
+    }
+    for i in 0..6u64 {
+        let r = post_json(&c, &url, &json!({"prompt": filler(70_000 + i, 50), "max_tokens": 2}), &[]).await?;
+        assert_eq!(r.status, 200, "sessionless request with the indexer down: {}", r.text);
+    }
+    let fallbacks = stack.envoy_metrics().await?;
+    assert!(fallbacks.sum("kvmesh_filter_fallbacks_total", &[]) >= 14.0, "fallbacks not counted");
+
+    // Back up: it rebuilds from replay, so a prefix served only before the restart is found again.
+    stack.start_indexer().await?;
+    let ready = stack.indexer_url("/readyz");
+    poll::until("indexer ready", || {
+        let c = c.clone();
+        let ready = ready.clone();
+        async move { c.get(&ready).send().await.ok().filter(|r| r.status().is_success()) }
+    })
+    .await?;
+    // Ask the indexer directly (so probing does not warm any cache) until its rebuilt index knows the prefix.
+    let route = stack.indexer_url(kvmesh_core::api::ROUTE_PATH);
+    let decision = poll::until("index rebuilt from replay", || {
+        let c = c.clone();
+        let route = route.clone();
+        let b = body(3, 1);
+        async move {
+            let r = c.post(&route).header(headers::KVMESH_PATH, "/v1/completions").header(headers::REQUEST_ID, "probe").json(&b).send().await.ok()?;
+            let d: kvmesh_core::api::RouteDecision = r.json().await.ok()?;
+            (d.overlap_blocks > 0).then_some(d)
+        }
+    })
+    .await?;
+    assert_eq!(decision.worker, home[&3], "the rebuilt index should send session 3's prefix home: {}", decision.reason);
+    let done = kvmesh_core::api::DoneReport { request_id: "probe".into(), endpoint: Some(decision.endpoint.clone()), outcome: kvmesh_core::api::Outcome::Success, status: Some(200) };
+    c.post(stack.indexer_url(kvmesh_core::api::DONE_PATH)).json(&done).send().await?.error_for_status()?;
+
+    // And through the gateway, without the fallback.
+    let r = post_json(&c, &url, &body(3, 1), &[]).await?;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert!(r.header(headers::DEBUG_FALLBACK).is_none(), "still falling back after the indexer came back");
+    assert_eq!(r.worker(), Some(home[&3].as_str()), "{:?}", r.reason());
+    assert!(r.overlap_blocks().unwrap_or(0) > 0);
+    Ok(())
+}
