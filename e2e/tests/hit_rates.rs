@@ -3,6 +3,7 @@
 //! rate within 5%, while the request-weighted mean is a visibly different number.
 
 use kvmesh_e2e::client::{filler, post_json};
+use kvmesh_e2e::poll;
 use kvmesh_e2e::stack::{Stack, StackSpec};
 use serde_json::json;
 
@@ -24,7 +25,12 @@ async fn block_weighted_router_rate_matches_the_engines() -> anyhow::Result<()> 
         assert_eq!(r.status, 200, "{}", r.text);
     }
 
-    let envoy = stack.envoy_metrics().await?;
+    // Envoy merges wasm histograms on its stats flush: wait until all 48 samples are in.
+    let envoy = poll::until("router_kv_hit_rate histogram flushed", || async {
+        let m = stack.envoy_metrics().await.ok()?;
+        (m.sum("router_kv_hit_rate_count", &[]) >= 48.0).then_some(m)
+    })
+    .await?;
     let overlap = envoy.sum("router_kv_overlap_blocks_total", &[]);
     let isl = envoy.sum("router_kv_isl_blocks_total", &[]);
     let router_block_weighted = overlap / isl;
