@@ -92,7 +92,7 @@ pub fn filler(seed: u64, words: usize) -> String {
             out.push(' ');
         }
         out.push_str(VOCAB[(x % VOCAB.len() as u64) as usize]);
-        if x % 11 == 0 {
+        if x.is_multiple_of(11) {
             out.push_str(&format!(" {}", x % 1000));
         }
     }

@@ -1,0 +1,32 @@
+//! kvmesh-bench: the benchmark tooling of kvmesh.
+//!
+//! - Workloads: Mooncake trace replay (`trace`, `blocks`, `conversation`, `replay`) and a
+//!   multi-turn text chat generator (`chat`, `chat_run`).
+//! - The trace's intrinsic reuse ceiling (`ceiling`).
+//! - Measurement: streaming client (`client`, `sse`), per-request records (`record`, `sink`).
+//! - Counters scraped from engines and the gateway (`prom`, `counters`).
+//! - The report: manifest in, Markdown + PNG plots out (`manifest`, `stats`, `report`).
+//!
+//! Pure modules (no I/O, injected RNG): `trace`, `blocks`, `conversation`, `ceiling`, `rng`,
+//! `sse`, `stats`, `prom`, `counters`, `chat`, `record`, `manifest`, `report::{summary,
+//! targets, markdown}`. I/O lives in `client`, `sink`, `replay`, `chat_run`, `report::plots` and
+//! `report::generate`.
+
+pub mod blocks;
+pub mod ceiling;
+pub mod chat;
+pub mod chat_run;
+pub mod client;
+pub mod conversation;
+pub mod counters;
+pub mod manifest;
+pub mod policy;
+pub mod prom;
+pub mod record;
+pub mod replay;
+pub mod report;
+pub mod rng;
+pub mod sink;
+pub mod sse;
+pub mod stats;
+pub mod trace;

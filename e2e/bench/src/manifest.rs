@@ -1,0 +1,173 @@
+//! The run manifest: everything `kvmesh-report` needs to know about one benchmark run.
+//!
+//! The orchestrator (or an operator by hand) writes `run.json` next to the per-policy files:
+//!
+//! ```text
+//! bench-out/
+//!   run.json                      RunManifest (this module)
+//!   <policy>/results.jsonl        RequestRecord per line (crate::record)
+//!   <policy>/counters.json        PolicyCounters (crate::counters), optional
+//! ```
+//!
+//! Paths inside the manifest are relative to the manifest's directory (absolute paths work too),
+//! so a whole `bench-out/` can be moved and re-rendered. Only `policies` is required; every
+//! header field the report cannot know from the data defaults to "not stated".
+
+use crate::ceiling::Ceiling;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// One policy's inputs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PolicyEntry {
+    /// Policy name; the targets look for `round_robin`, `kvmesh_approximate`, `kvmesh_precise`.
+    pub name: String,
+    /// Results JSONL (one `RequestRecord` per line).
+    pub results: PathBuf,
+    /// Counters JSON (`PolicyCounters`), when scraped.
+    #[serde(default)]
+    pub counters: Option<PathBuf>,
+    /// Free text shown under the policy (e.g. how the stack was configured).
+    #[serde(default)]
+    pub notes: Option<String>,
+}
+
+/// One router-overhead measurement: latency added by kvmesh against plain Envoy.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OverheadCase {
+    /// Case name; the target reads `chat_8k_continuation`.
+    pub name: String,
+    /// p50 added latency, ms.
+    pub p50_added_ms: f64,
+    /// p99 added latency, ms.
+    #[serde(default)]
+    pub p99_added_ms: Option<f64>,
+    /// Requests/s one gateway sustained with kvmesh, when measured.
+    #[serde(default)]
+    pub rps_kvmesh: Option<f64>,
+    /// Requests/s the same gateway sustained without the filter.
+    #[serde(default)]
+    pub rps_plain: Option<f64>,
+}
+
+/// An extra Markdown section appended verbatim (e.g. indexer microbenchmarks).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExtraSection {
+    /// Section heading.
+    pub title: String,
+    /// Markdown body.
+    pub markdown: String,
+}
+
+/// `run.json`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunManifest {
+    /// Report title.
+    #[serde(default)]
+    pub title: Option<String>,
+    /// Workload description: the trace file, or the chat generator's parameters.
+    #[serde(default)]
+    pub workload: Option<String>,
+    /// The window replayed (`Selection::describe`).
+    #[serde(default)]
+    pub window: Option<String>,
+    /// Speed-up factor of the replay.
+    #[serde(default)]
+    pub speedup: Option<f64>,
+    /// Worker ids of the fleet (idle workers count in the load balance).
+    #[serde(default)]
+    pub workers: Vec<String>,
+    /// KV capacity per worker, in engine blocks.
+    #[serde(default)]
+    pub cache_capacity_blocks: Option<u64>,
+    /// Engine block size, in tokens.
+    #[serde(default)]
+    pub engine_block_size: Option<u32>,
+    /// The window's intrinsic reuse (trace workload).
+    #[serde(default)]
+    pub ceiling: Option<Ceiling>,
+    /// Commands that reproduce the run, shown verbatim.
+    #[serde(default)]
+    pub commands: Vec<String>,
+    /// The policies, in report order.
+    pub policies: Vec<PolicyEntry>,
+    /// Router overhead cases, when measured.
+    #[serde(default)]
+    pub overhead: Vec<OverheadCase>,
+    /// Extra sections appended at the end.
+    #[serde(default)]
+    pub extra_sections: Vec<ExtraSection>,
+}
+
+/// Why a manifest could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    /// Reading failed.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Not valid JSON of the expected shape.
+    #[error("parsing {path}: {source}")]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: serde_json::Error,
+    },
+}
+
+impl RunManifest {
+    /// Reads a manifest file.
+    pub fn load(path: &Path) -> Result<Self, ManifestError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ManifestError::Io { path: path.to_path_buf(), source })?;
+        serde_json::from_str(&text).map_err(|source| ManifestError::Json { path: path.to_path_buf(), source })
+    }
+}
+
+/// Resolves a manifest path against the manifest's directory.
+pub fn resolve(base_dir: &Path, p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base_dir.join(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimal_manifest_parses_with_defaults() {
+        let m: RunManifest =
+            serde_json::from_str(r#"{"policies":[{"name":"round_robin","results":"rr/results.jsonl"}]}"#).unwrap();
+        assert_eq!(m.policies.len(), 1);
+        assert_eq!(m.policies[0].counters, None);
+        assert!(m.workers.is_empty() && m.commands.is_empty() && m.overhead.is_empty());
+    }
+
+    #[test]
+    fn resolve_keeps_absolute_paths() {
+        let base = Path::new("/out");
+        assert_eq!(resolve(base, Path::new("a/b")), PathBuf::from("/out/a/b"));
+        assert_eq!(resolve(base, Path::new("/x")), PathBuf::from("/x"));
+    }
+
+    #[test]
+    fn round_trip() {
+        let m = RunManifest {
+            title: Some("t".into()),
+            speedup: Some(4.0),
+            ceiling: Some(Ceiling { requests: 1, blocks_total: 2, blocks_reused: 1, tokens_total: 3, tokens_reused: 1 }),
+            policies: vec![PolicyEntry { name: "p".into(), results: "p.jsonl".into(), ..Default::default() }],
+            ..Default::default()
+        };
+        let back: RunManifest = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+        assert_eq!(back, m);
+    }
+}

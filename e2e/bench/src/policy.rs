@@ -1,0 +1,199 @@
+//! The routing policies the benchmark compares, and what each needs from the stack (pure).
+//!
+//! Every policy runs on an identical fleet and workload; only Envoy's load balancing, the
+//! kvmesh indexer mode, and whether the engines publish KV events differ:
+//!
+//! | policy | Envoy LB | kvmesh | KV events |
+//! |---|---|---|---|
+//! | `round_robin` | ROUND_ROBIN | — | on (unused) |
+//! | `least_request` | LEAST_REQUEST | — | on (unused) |
+//! | `ring_hash` | RING_HASH on the session header | — | on (unused) |
+//! | `kvmesh_approximate` | override_host via the filter | indexer `mode = "approximate"` | **off** |
+//! | `kvmesh_precise` | override_host via the filter | indexer `mode = "precise"` | on |
+//!
+//! Approximate mode is the supported mode for engines that publish no KV events: the indexer
+//! learns what each worker probably caches from its own routing decisions, with a TTL
+//! (`approx_ttl_secs`) and a per-worker size bound (`approx_max_blocks_per_worker`).
+
+use crate::report::targets::{
+    POLICY_KVMESH_APPROXIMATE, POLICY_KVMESH_PRECISE, POLICY_LEAST_REQUEST, POLICY_RING_HASH, POLICY_ROUND_ROBIN,
+};
+
+/// One routing policy under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Policy {
+    /// Envoy round robin.
+    RoundRobin,
+    /// Envoy least request.
+    LeastRequest,
+    /// Envoy ring hash on the session header.
+    RingHash,
+    /// kvmesh, indexer learning from its own decisions (no KV events).
+    KvmeshApproximate,
+    /// kvmesh, indexer fed by the engines' KV events.
+    KvmeshPrecise,
+}
+
+impl Policy {
+    /// Every policy, in report order.
+    pub const ALL: [Policy; 5] =
+        [Self::RoundRobin, Self::LeastRequest, Self::RingHash, Self::KvmeshApproximate, Self::KvmeshPrecise];
+
+    /// The name used in files, the report and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::RoundRobin => POLICY_ROUND_ROBIN,
+            Self::LeastRequest => POLICY_LEAST_REQUEST,
+            Self::RingHash => POLICY_RING_HASH,
+            Self::KvmeshApproximate => POLICY_KVMESH_APPROXIMATE,
+            Self::KvmeshPrecise => POLICY_KVMESH_PRECISE,
+        }
+    }
+
+    /// Parses a policy name.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|p| p.name() == s.trim()).ok_or_else(|| {
+            format!("unknown policy {s:?}; known: {}", Self::ALL.map(Self::name).join(", "))
+        })
+    }
+
+    /// Parses a comma-separated list, keeping order, refusing duplicates and empty lists.
+    pub fn parse_list(s: &str) -> Result<Vec<Self>, String> {
+        let mut out: Vec<Self> = Vec::new();
+        for part in s.split(',').filter(|p| !p.trim().is_empty()) {
+            let p = Self::parse(part)?;
+            if out.contains(&p) {
+                return Err(format!("policy {} listed twice", p.name()));
+            }
+            out.push(p);
+        }
+        if out.is_empty() {
+            return Err("no policy given".into());
+        }
+        Ok(out)
+    }
+
+    /// True for the kvmesh policies (filter + indexer in the path).
+    pub fn is_kvmesh(self) -> bool {
+        matches!(self, Self::KvmeshApproximate | Self::KvmeshPrecise)
+    }
+
+    /// Whether the engines publish KV events under this policy.
+    pub fn kv_events(self) -> bool {
+        self != Self::KvmeshApproximate
+    }
+
+    /// The indexer's `[routing]` lines, for kvmesh policies.
+    pub fn routing_toml(self) -> &'static str {
+        match self {
+            Self::KvmeshApproximate => "mode = \"approximate\"",
+            Self::KvmeshPrecise => "mode = \"precise\"",
+            _ => "",
+        }
+    }
+
+    /// One line for the report's policy notes.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::RoundRobin => "Envoy ROUND_ROBIN over the fleet, no filter",
+            Self::LeastRequest => "Envoy LEAST_REQUEST over the fleet, no filter",
+            Self::RingHash => "Envoy RING_HASH on the session header (consistent hashing), no filter",
+            Self::KvmeshApproximate => {
+                "kvmesh filter + indexer in approximate mode (engines publish no KV events; the index learns from its own decisions, with a TTL and a per-worker bound)"
+            }
+            Self::KvmeshPrecise => "kvmesh filter + indexer in precise mode (index fed by the engines' KV events)",
+        }
+    }
+}
+
+/// Which policies get the session header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionHeaderMode {
+    /// Every policy (same requests everywhere; Envoy RR/LR ignore it, kvmesh uses it as the pin key).
+    All,
+    /// Only `ring_hash`, which cannot work without it (kvmesh then derives keys from the prompt).
+    RingHashOnly,
+    /// Nobody (ring_hash then has nothing to hash).
+    None,
+}
+
+impl SessionHeaderMode {
+    /// Parses `all`, `ring-hash`, `none`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "all" => Ok(Self::All),
+            "ring-hash" | "ring_hash" => Ok(Self::RingHashOnly),
+            "none" => Ok(Self::None),
+            _ => Err(format!("unknown session header mode {s:?} (all, ring-hash, none)")),
+        }
+    }
+
+    /// Whether `policy` gets the header.
+    pub fn sends(self, policy: Policy) -> bool {
+        match self {
+            Self::All => true,
+            Self::RingHashOnly => policy == Policy::RingHash,
+            Self::None => false,
+        }
+    }
+}
+
+/// Quotes one argument for a POSIX shell (for the report's "rerun with" line).
+pub fn shell_quote(arg: &str) -> String {
+    let safe = !arg.is_empty()
+        && arg.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+    if safe {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', "'\\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for p in Policy::ALL {
+            assert_eq!(Policy::parse(p.name()), Ok(p));
+        }
+        assert!(Policy::parse("random").unwrap_err().contains("kvmesh_precise"));
+    }
+
+    #[test]
+    fn parse_list_table() {
+        assert_eq!(
+            Policy::parse_list("round_robin, kvmesh_precise"),
+            Ok(vec![Policy::RoundRobin, Policy::KvmeshPrecise])
+        );
+        assert!(Policy::parse_list("round_robin,round_robin").is_err());
+        assert!(Policy::parse_list("").is_err());
+        assert!(Policy::parse_list("nope").is_err());
+    }
+
+    #[test]
+    fn only_approximate_runs_without_events() {
+        let without: Vec<Policy> = Policy::ALL.into_iter().filter(|p| !p.kv_events()).collect();
+        assert_eq!(without, vec![Policy::KvmeshApproximate]);
+        assert_eq!(Policy::ALL.into_iter().filter(|p| p.is_kvmesh()).count(), 2);
+        assert!(Policy::RoundRobin.routing_toml().is_empty());
+    }
+
+    #[test]
+    fn session_header_modes() {
+        assert!(SessionHeaderMode::All.sends(Policy::RoundRobin));
+        assert!(!SessionHeaderMode::RingHashOnly.sends(Policy::KvmeshPrecise));
+        assert!(SessionHeaderMode::RingHashOnly.sends(Policy::RingHash));
+        assert!(!SessionHeaderMode::None.sends(Policy::RingHash));
+        assert_eq!(SessionHeaderMode::parse("ring-hash"), Ok(SessionHeaderMode::RingHashOnly));
+        assert!(SessionHeaderMode::parse("x").is_err());
+    }
+
+    #[test]
+    fn shell_quote_table() {
+        for (arg, want) in [("--first", "--first"), ("a b", "'a b'"), ("it's", "'it'\\''s'"), ("", "''"), ("x=1,y", "x=1,y")] {
+            assert_eq!(shell_quote(arg), want);
+        }
+    }
+}

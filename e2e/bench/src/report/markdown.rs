@@ -1,0 +1,283 @@
+//! The Markdown report (pure: data in, text out).
+//!
+//! Order follows what a reader asks first: what was run and how to rerun it, then cache hits
+//! against the ceiling, latency, throughput, balance, the targets, then details (per-worker
+//! counts, failures, overhead, extra sections). Absent numbers print as `n/a`, never as 0.
+
+use super::summary::{PolicySummary, RateSource, SourcedRate};
+use super::targets::{TargetResult, Verdict};
+use crate::manifest::RunManifest;
+use std::fmt::Write as _;
+
+/// Plot files the report links to (relative to the report), `None` when not drawn.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PlotLinks {
+    /// TTFT CDF per policy.
+    pub ttft_cdf: Option<String>,
+    /// Hit rate vs ceiling per policy.
+    pub hit_rate: Option<String>,
+    /// Requests per worker per policy.
+    pub requests_per_worker: Option<String>,
+    /// Why plots are missing, when they are.
+    pub note: Option<String>,
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map(|x| format!("{:.1}%", x * 100.0)).unwrap_or_else(|| "n/a".into())
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map(|x| format!("{x:.1}")).unwrap_or_else(|| "n/a".into())
+}
+
+fn num(v: Option<f64>, digits: usize) -> String {
+    v.map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "n/a".into())
+}
+
+fn sourced(v: Option<SourcedRate>) -> String {
+    match v {
+        Some(SourcedRate { value, source: RateSource::Counters }) => pct(Some(value)),
+        Some(SourcedRate { value, source: RateSource::DebugHeaders }) => format!("{} ᵈ", pct(Some(value))),
+        None => "n/a".into(),
+    }
+}
+
+fn verdict(v: &Verdict) -> String {
+    match v {
+        Verdict::Met { ratio } => format!("**met** (ratio {ratio:.3})"),
+        Verdict::Missed { ratio } => format!("**missed** (ratio {ratio:.3})"),
+        Verdict::NotMeasured => "not measured".into(),
+    }
+}
+
+/// Renders the whole report.
+pub fn render(m: &RunManifest, summaries: &[PolicySummary], targets: &[TargetResult], plots: &PlotLinks) -> String {
+    let mut s = String::new();
+    // Writing to a String cannot fail; the results are ignored on purpose.
+    let _ = writeln!(s, "# {}\n", m.title.as_deref().unwrap_or("kvmesh benchmark report"));
+    let _ = writeln!(s, "| | |\n|---|---|");
+    let _ = writeln!(s, "| workload | {} |", m.workload.as_deref().unwrap_or("not stated"));
+    let _ = writeln!(s, "| window | {} |", m.window.as_deref().unwrap_or("not stated"));
+    let _ = writeln!(s, "| speed-up | {} |", num(m.speedup, 2));
+    let fleet = if m.workers.is_empty() { "not stated".to_string() } else { format!("{} workers ({})", m.workers.len(), m.workers.join(", ")) };
+    let _ = writeln!(s, "| fleet | {fleet} |");
+    let cap = match (m.cache_capacity_blocks, m.engine_block_size) {
+        (Some(c), Some(b)) => format!("{c} blocks × {b} tokens = {} tokens per worker", c * u64::from(b)),
+        (Some(c), None) => format!("{c} blocks per worker"),
+        _ => "not stated".into(),
+    };
+    let _ = writeln!(s, "| KV capacity | {cap} |");
+    if let Some(c) = &m.ceiling {
+        let _ = writeln!(
+            s,
+            "| intrinsic ceiling | {} block-weighted ({} of {} blocks seen earlier in the window), {} token-weighted, {} requests |",
+            pct(Some(c.block_rate())),
+            c.blocks_reused,
+            c.blocks_total,
+            pct(Some(c.token_rate())),
+            c.requests
+        );
+    }
+    if !m.commands.is_empty() {
+        let _ = writeln!(s, "\nRerun with:\n\n```sh\n{}\n```", m.commands.join("\n"));
+    }
+
+    let _ = writeln!(s, "\n## Cache hits\n");
+    let _ = writeln!(s, "| policy | engine hit rate (block-weighted) | vs ceiling | router predicted, block-weighted | router predicted, request-weighted | cached tokens from usage | engine preemptions |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    let ceil = m.ceiling.as_ref().map(|c| c.block_rate());
+    for p in summaries {
+        let vs = match (p.engine_hit_rate, ceil) {
+            (Some(h), Some(c)) if c > 0.0 => format!("{:.2}×", h / c),
+            _ => "n/a".into(),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {vs} | {} | {} | {} | {} |",
+            p.name,
+            pct(p.engine_hit_rate),
+            sourced(p.router_block_rate),
+            sourced(p.router_request_rate),
+            pct(p.usage_cached_rate),
+            num(p.preemptions, 0)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nEngine hit rate = Δ`vllm:prefix_cache_hits_total` / Δ`vllm:prefix_cache_queries_total` over the fleet (tokens). \
+         Router rates from Envoy's `router_kv_*` metrics; ᵈ = computed from the `x-kvmesh-*` debug headers instead. \
+         Cached tokens from usage = Σ`usage.prompt_tokens_details.cached_tokens` / Σ`usage.prompt_tokens` (hits at each request's \
+         first admission). A preempted request is looked up again when re-admitted and finds its own computed blocks, so \
+         preemptions raise the engine counters' rate (even above the ceiling) but not the usage-based one."
+    );
+    if let Some(f) = &plots.hit_rate {
+        let _ = writeln!(s, "\n![hit rate vs ceiling]({f})");
+    }
+
+    let _ = writeln!(s, "\n## Latency and throughput\n");
+    let _ = writeln!(s, "| policy | ok / all | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | E2E p50 ms | E2E p99 ms | req/s | output tok/s | send lag p99 ms |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    for p in summaries {
+        let _ = writeln!(
+            s,
+            "| {} | {} / {} | {} | {} | {} | {} | {} | {:.2} | {:.0} | {} |",
+            p.name, p.ok, p.requests, ms(p.ttft.p50), ms(p.ttft.p90), ms(p.ttft.p99), ms(p.e2e.p50), ms(p.e2e.p99),
+            p.requests_per_s, p.output_tokens_per_s, ms(p.send_lag.p99)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nSend lag = actual send time − the trace's send time (sped up); a large lag means `--max-concurrency` held \
+         requests back because the fleet did not keep up, so later arrivals were compressed."
+    );
+    if let Some(f) = &plots.ttft_cdf {
+        let _ = writeln!(s, "\n![TTFT CDF]({f})");
+    }
+
+    let _ = writeln!(s, "\n## Load balance\n");
+    let _ = writeln!(s, "| policy | max/mean requests per worker | max/mean tokens per worker | decisions by mode | routed without the indexer |");
+    let _ = writeln!(s, "|---|---|---|---|---|");
+    let counts = |m: &std::collections::BTreeMap<String, usize>| {
+        if m.is_empty() {
+            "—".to_string()
+        } else {
+            m.iter().map(|(k, v)| format!("{k}: {v}")).collect::<Vec<_>>().join(", ")
+        }
+    };
+    for p in summaries {
+        let (modes, fallbacks) = (counts(&p.modes), counts(&p.fallbacks));
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {modes} | {fallbacks} |",
+            p.name,
+            num(p.requests_balance.max_over_mean(), 3),
+            num(p.tokens_balance.max_over_mean(), 3)
+        );
+    }
+    if let Some(f) = &plots.requests_per_worker {
+        let _ = writeln!(s, "\n![requests per worker]({f})");
+    }
+    if let Some(n) = &plots.note {
+        let _ = writeln!(s, "\n_Plots: {n}_");
+    }
+
+    let _ = writeln!(s, "\n## Targets\n\nGoals from the issue, reported, never asserted.\n");
+    let _ = writeln!(s, "| target | measured | reference | verdict | note |\n|---|---|---|---|---|");
+    for t in targets {
+        let _ = writeln!(s, "| {} | {} | {} | {} | {} |", t.target, t.measured, t.reference, verdict(&t.verdict), t.note);
+    }
+
+    render_details(&mut s, m, summaries);
+    s
+}
+
+fn render_details(s: &mut String, m: &RunManifest, summaries: &[PolicySummary]) {
+    let mut workers: Vec<&String> = summaries.iter().flat_map(|p| p.requests_balance.per_worker.keys()).collect();
+    workers.sort();
+    workers.dedup();
+    if !workers.is_empty() {
+        let _ = writeln!(s, "\n## Requests per worker\n");
+        let _ = writeln!(s, "| policy | {} |", workers.iter().map(|w| w.as_str()).collect::<Vec<_>>().join(" | "));
+        let _ = writeln!(s, "|---|{}", "---|".repeat(workers.len()));
+        for p in summaries {
+            let cells: Vec<String> = workers
+                .iter()
+                .map(|w| format!("{:.0}", p.requests_balance.per_worker.get(*w).copied().unwrap_or(0.0)))
+                .collect();
+            let _ = writeln!(s, "| {} | {} |", p.name, cells.join(" | "));
+        }
+    }
+    let failures: Vec<&PolicySummary> = summaries.iter().filter(|p| p.failed > 0).collect();
+    if !failures.is_empty() {
+        let _ = writeln!(s, "\n## Failed requests\n");
+        for p in failures {
+            let _ = writeln!(s, "- **{}**: {} failed", p.name, p.failed);
+            for (msg, n) in &p.top_errors {
+                let _ = writeln!(s, "  - {n} × `{}`", msg.replace('`', "'"));
+            }
+        }
+    }
+    if !m.overhead.is_empty() {
+        let _ = writeln!(s, "\n## Router overhead (kvmesh vs the same Envoy without the filter)\n");
+        let _ = writeln!(s, "| case | p50 added ms | p99 added ms | req/s kvmesh | req/s plain | ratio |\n|---|---|---|---|---|---|");
+        for c in &m.overhead {
+            let ratio = match (c.rps_kvmesh, c.rps_plain) {
+                (Some(k), Some(p)) if p > 0.0 => format!("{:.3}", k / p),
+                _ => "n/a".into(),
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {:.3} | {} | {} | {} | {ratio} |",
+                c.name,
+                c.p50_added_ms,
+                num(c.p99_added_ms, 3),
+                num(c.rps_kvmesh, 1),
+                num(c.rps_plain, 1)
+            );
+        }
+    }
+    let notes: Vec<_> = m.policies.iter().filter_map(|p| p.notes.as_ref().map(|n| (p.name.as_str(), n))).collect();
+    if !notes.is_empty() {
+        let _ = writeln!(s, "\n## Policy notes\n");
+        for (name, n) in notes {
+            let _ = writeln!(s, "- **{name}**: {n}");
+        }
+    }
+    for e in &m.extra_sections {
+        let _ = writeln!(s, "\n## {}\n\n{}", e.title, e.markdown.trim_end());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::summary::summarize;
+    use super::super::targets::evaluate;
+    use super::*;
+    use crate::ceiling::Ceiling;
+    use crate::manifest::{ExtraSection, PolicyEntry};
+    use crate::record::RequestRecord;
+
+    #[test]
+    fn report_states_the_run_and_every_policy() {
+        let recs = vec![
+            RequestRecord { index: 0, ttft_ms: Some(12.0), e2e_ms: 40.0, status: Some(200), worker: Some("w0".into()), ..Default::default() },
+            RequestRecord { index: 1, e2e_ms: 3.0, error: Some("timeout after 1s".into()), ..Default::default() },
+        ];
+        let m = RunManifest {
+            workload: Some("trace.jsonl".into()),
+            window: Some("first 2 requests".into()),
+            speedup: Some(8.0),
+            workers: vec!["w0".into(), "w1".into()],
+            cache_capacity_blocks: Some(1000),
+            engine_block_size: Some(16),
+            ceiling: Some(Ceiling { requests: 2, blocks_total: 10, blocks_reused: 3, tokens_total: 10, tokens_reused: 3 }),
+            commands: vec!["kvmesh-bench --first 2".into()],
+            policies: vec![PolicyEntry { name: "round_robin".into(), notes: Some("envoy rr".into()), ..Default::default() }],
+            extra_sections: vec![ExtraSection { title: "Microbenchmarks".into(), markdown: "none yet".into() }],
+            ..Default::default()
+        };
+        let sums = vec![summarize("round_robin", &recs, None, &m.workers)];
+        let targets = evaluate(&sums, m.ceiling.as_ref(), &m.overhead);
+        let plots = PlotLinks { ttft_cdf: Some("ttft_cdf.png".into()), note: Some("font missing".into()), ..Default::default() };
+        let md = render(&m, &sums, &targets, &plots);
+        for want in [
+            "| speed-up | 8.00 |",
+            "2 workers (w0, w1)",
+            "1000 blocks × 16 tokens = 16000 tokens per worker",
+            "30.0% block-weighted",
+            "kvmesh-bench --first 2",
+            "| round_robin | 1 / 2 | 12.0 | 12.0 | 12.0 | 40.0 | 40.0 |",
+            "![TTFT CDF](ttft_cdf.png)",
+            "_Plots: font missing_",
+            "1 × `timeout after 1s`",
+            "not measured",
+            "- **round_robin**: envoy rr",
+            "## Microbenchmarks",
+            "| round_robin | 1 | 0 |",
+            "| round_robin | 2.000 | n/a | — | — |",
+        ] {
+            assert!(md.contains(want), "missing {want:?} in\n{md}");
+        }
+        assert!(!md.contains("NaN"));
+    }
+}

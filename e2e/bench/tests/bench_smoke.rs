@@ -1,0 +1,104 @@
+//! Smoke run of the whole benchmark (issue 6, item 6): `kvmesh-bench` replays the first 200
+//! requests of the conversation trace through two policies (Envoy round_robin and kvmesh
+//! precise) on real processes — vllm-sim workers, the indexer, Envoy with the filter — and
+//! writes the report. It checks that the tool works end to end, not how fast anything is: no
+//! timing assertions.
+//!
+//! Needs the workspace binaries, Envoy and the wasm filter (`make build`), like the other
+//! end-to-end tests. The child is stopped with SIGTERM on failure or deadline, so it tears its
+//! stack down before exiting.
+
+// An integration-test crate: a panic is how a helper fails the test, as in #[test] bodies.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use kvmesh_bench::counters::PolicyCounters;
+use kvmesh_bench::manifest::RunManifest;
+use kvmesh_bench::record::read_all;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+const REQUESTS: usize = 200;
+
+/// The benchmark child; SIGTERM (then SIGKILL) on drop so its stack is torn down.
+struct Bench(Child);
+
+impl Bench {
+    fn wait(&mut self, deadline: Duration) -> Option<ExitStatus> {
+        let end = Instant::now() + deadline;
+        while Instant::now() < end {
+            if let Ok(Some(status)) = self.0.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        None
+    }
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
+            // Longer than the harness patience (30 s) a blocking stack start may hold the signal for.
+            if self.wait(Duration::from_secs(45)).is_none() {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+    }
+}
+
+fn patience() -> Duration {
+    std::env::var("KVMESH_BENCH_SMOKE_TIMEOUT_S")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .map_or(Duration::from_secs(900), Duration::from_secs_f64)
+}
+
+#[test]
+fn two_policies_replay_the_trace_and_write_the_report() {
+    let out: PathBuf = std::env::temp_dir().join(format!("kvmesh-bench-smoke-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let log = std::fs::File::create(std::env::temp_dir().join(format!("kvmesh-bench-smoke-{}.log", std::process::id()))).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvmesh-bench"));
+    cmd.arg("--out")
+        .arg(&out)
+        .args(["--policies", "round_robin,kvmesh_precise", "--first", &REQUESTS.to_string()])
+        .args(["--workers", "2", "--speedup", "50", "--num-gpu-blocks", "16384", "--request-timeout-s", "120"])
+        .stdout(log.try_clone().unwrap())
+        .stderr(log);
+    let mut bench = Bench(cmd.spawn().unwrap());
+    let status = bench.wait(patience());
+    let log_text = std::fs::read_to_string(std::env::temp_dir().join(format!("kvmesh-bench-smoke-{}.log", std::process::id())))
+        .unwrap_or_default();
+    let tail: String = log_text.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+    let status = status.unwrap_or_else(|| panic!("kvmesh-bench did not finish in {:?}:\n{tail}", patience()));
+    assert!(status.success(), "kvmesh-bench failed ({status}):\n{tail}");
+
+    let manifest = RunManifest::load(&out.join("run.json")).unwrap();
+    assert_eq!(manifest.workers.len(), 2);
+    assert_eq!(manifest.ceiling.map(|c| c.requests), Some(REQUESTS as u64));
+    let names: Vec<&str> = manifest.policies.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["round_robin", "kvmesh_precise"]);
+    for p in &manifest.policies {
+        let file = std::fs::File::open(out.join(&p.results)).unwrap();
+        let recs = read_all(std::io::BufReader::new(file)).unwrap();
+        assert_eq!(recs.len(), REQUESTS, "{}: every request is recorded", p.name);
+        let ok = recs.iter().filter(|r| r.ok()).count();
+        assert!(ok * 10 >= REQUESTS * 9, "{}: only {ok} of {REQUESTS} succeeded", p.name);
+        assert!(recs.iter().filter(|r| r.ok()).all(|r| r.worker.is_some() && r.prompt_tokens.is_some()), "{}", p.name);
+        let counters: PolicyCounters =
+            serde_json::from_str(&std::fs::read_to_string(out.join(p.counters.as_ref().unwrap())).unwrap()).unwrap();
+        let queried: f64 = counters.engines.iter().map(|e| e.prefix_cache_queries).sum();
+        assert!(queried > 0.0, "{}: engines counted prefix-cache queries", p.name);
+        assert_eq!(counters.router.is_some(), p.name == "kvmesh_precise", "{}: router counters only for kvmesh", p.name);
+    }
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("| kvmesh_precise |") && md.contains("## Targets"), "{md}");
+    for png in ["ttft_cdf.png", "hit_rate.png", "requests_per_worker.png"] {
+        assert!(out.join(png).exists(), "{png} written");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
