@@ -37,8 +37,8 @@ test: build ## Run every unit, integration and end-to-end test, and validate eve
 validate: build ## Validate Envoy, Istio, Kubernetes and Prometheus configs offline
 	envoy/validate.sh
 
-run: build ## Serve a KV-aware gateway on 127.0.0.1:8080 over local simulated workers (FLEET=<file> for another fleet)
-	target/$(PROFILE)/kvmesh-stack $(if $(FLEET),--fleet $(FLEET),)
+run: build ## Serve a KV-aware gateway on 127.0.0.1:8080 over local simulated workers (FLEET=<file> for another fleet, PROMETHEUS=1 for Prometheus on :9090)
+	target/$(PROFILE)/kvmesh-stack $(if $(FLEET),--fleet $(FLEET),) $(if $(filter 1,$(PROMETHEUS)),--prometheus,)
 
 bench: ## Replay the Mooncake trace through every routing policy and write bench-out/report.md
 	$(MAKE) build PROFILE=release

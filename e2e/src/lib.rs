@@ -11,4 +11,5 @@ pub mod envoy_config;
 pub mod poll;
 pub mod procs;
 pub mod prom;
+pub mod prometheus;
 pub mod stack;

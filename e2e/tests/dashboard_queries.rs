@@ -3,14 +3,13 @@
 //! and returns data. Scrape jobs use the names the rules and dashboard expect (`kvmesh-gateway`,
 //! `kvmesh-indexer`, `engines`; see envoy/prometheus/kvmesh-rules.yaml).
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use kvmesh_e2e::client::{chat_body, filler, post_json};
 use kvmesh_e2e::poll;
-use kvmesh_e2e::procs::{free_port, repo_root, Proc};
+use kvmesh_e2e::procs::repo_root;
+use kvmesh_e2e::prometheus::{Options, Prometheus, OPERATOR_QUERIES};
 use kvmesh_e2e::stack::{Stack, StackSpec};
 use serde_json::{json, Value};
 
@@ -24,77 +23,6 @@ const PLANNED: &[&str] = &["kvmesh_migrations_total"];
 
 /// Panels whose values must be numbers (title prefix): the router-vs-engine hit rates.
 const MUST_BE_FINITE: &str = "KV hit rate";
-
-/// `$KVMESH_PROMETHEUS`, else `prometheus` on PATH (Debian's package, installed by `make setup`).
-fn prometheus_binary() -> anyhow::Result<PathBuf> {
-    if let Some(p) = std::env::var_os("KVMESH_PROMETHEUS") {
-        return Ok(PathBuf::from(p));
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|d| d.join("prometheus"))
-        .find(|p| p.is_file())
-        .context("prometheus not found on PATH: run `make setup` (installs Debian's prometheus package)")
-}
-
-/// The scrape configuration for `stack`, with kvmesh's rules loaded.
-fn prometheus_config(stack: &Stack, rules: &Path) -> String {
-    let engines: Vec<String> = stack.workers.iter().map(|w| format!("\"{}\"", w.http)).collect();
-    format!(
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
-         rule_files:\n  - {rules:?}\n\
-         scrape_configs:\n\
-         - job_name: kvmesh-gateway\n  metrics_path: /stats/prometheus\n  static_configs:\n  - targets: [\"127.0.0.1:{admin}\"]\n\
-         - job_name: kvmesh-indexer\n  static_configs:\n  - targets: [\"127.0.0.1:{indexer}\"]\n\
-         - job_name: engines\n  static_configs:\n  - targets: [{engines}]\n",
-        admin = stack.admin_port,
-        indexer = stack.indexer_port,
-        engines = engines.join(", "),
-    )
-}
-
-/// A Prometheus instance scraping the stack, killed on drop.
-struct Prometheus {
-    _proc: Proc,
-    base: String,
-    http: reqwest::Client,
-}
-
-impl Prometheus {
-    async fn start(stack: &Stack) -> anyhow::Result<Self> {
-        let dir = stack.dir().join("prometheus");
-        std::fs::create_dir_all(&dir)?;
-        // The shipped rules, evaluated every second instead of every 30 s so the test need not wait.
-        let shipped = std::fs::read_to_string(repo_root().join("envoy/prometheus/kvmesh-rules.yaml"))?;
-        let rules = dir.join("kvmesh-rules.yaml");
-        std::fs::write(&rules, shipped.replace("interval: 30s", "interval: 1s"))?;
-        let config = dir.join("prometheus.yml");
-        std::fs::write(&config, prometheus_config(stack, &rules))?;
-        let port = free_port()?;
-        let mut cmd = Command::new(prometheus_binary()?);
-        cmd.arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"));
-        let proc = Proc::spawn("prometheus", cmd, stack.dir())?;
-        let prom = Self { _proc: proc, base: format!("http://127.0.0.1:{port}"), http: reqwest::Client::builder().timeout(Duration::from_secs(10)).build()? };
-        poll::until("prometheus ready", || async {
-            let r = prom.http.get(format!("{}/-/ready", prom.base)).send().await.ok()?;
-            r.status().is_success().then_some(())
-        })
-        .await?;
-        Ok(prom)
-    }
-
-    /// Runs an instant query; Err on a parse or evaluation error, Ok(result array) otherwise.
-    async fn query(&self, expr: &str) -> anyhow::Result<Vec<Value>> {
-        let resp = self.http.get(format!("{}/api/v1/query", self.base)).query(&[("query", expr)]).send().await?;
-        let body: Value = resp.json().await?;
-        if body["status"] != "success" {
-            bail!("{}: {}", body["errorType"], body["error"]);
-        }
-        Ok(body["data"]["result"].as_array().cloned().unwrap_or_default())
-    }
-}
 
 /// Grafana variables → concrete values for this Prometheus.
 fn substitute(expr: &str) -> String {
@@ -153,7 +81,8 @@ async fn send_traffic(stack: &Stack) -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_dashboard_query_and_recording_rule_returns_data() -> anyhow::Result<()> {
     let stack = Stack::start(StackSpec::aggregate(3)).await?;
-    let prom = Prometheus::start(&stack).await?;
+    // The shipped rules, evaluated every second instead of every 30 s so the test need not wait.
+    let prom = Prometheus::start(&stack, Options { port: None, fast_rules: true }).await?;
     // The indexer marks workers healthy after its first scrape of them.
     let fleet_url = stack.indexer_url(kvmesh_core::api::FLEET_PATH);
     poll::until("every worker healthy in the indexer's fleet", || async {
@@ -241,6 +170,13 @@ async fn every_dashboard_query_and_recording_rule_returns_data() -> anyhow::Resu
             failures.push(format!("{title}: no data\n    {expr}"));
         }
         failures.push(format!("series present: {}", names.join(" ")));
+    }
+
+    // The queries `make run PROMETHEUS=1` prints must at least parse.
+    for (what, expr) in OPERATOR_QUERIES {
+        if let Err(e) = prom.query(expr).await {
+            failures.push(format!("operator query ({what}): {e}\n    {expr}"));
+        }
     }
 
     // Recording rules are evaluated by this Prometheus from the same rule file: each must produce.

@@ -2,13 +2,16 @@
 //!
 //! Starts one `vllm-sim` per worker of the fleet (4 aggregate workers by default, or the workers
 //! of `--fleet FILE`), the indexer and Envoy with the kvmesh filter, prints where everything is and
-//! a ready-to-paste `curl`, and stops every process it started on Ctrl-C or SIGTERM.
+//! a ready-to-paste `curl`, and stops every process it started on Ctrl-C or SIGTERM. With
+//! `--prometheus`, a Prometheus scrapes the stack every second with the shipped rules, and the
+//! operator's queries from envoy/README.md are printed ready to paste.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
 use kvmesh_core::api::Role;
+use kvmesh_e2e::prometheus::{self, Prometheus, OPERATOR_QUERIES};
 use kvmesh_e2e::stack::{Ports, Stack, StackSpec, WorkerSpec};
 
 #[derive(Parser, Debug)]
@@ -30,6 +33,12 @@ struct Args {
     /// Indexer HTTP port.
     #[arg(long, env = "KVMESH_INDEXER_PORT", default_value_t = 9100)]
     indexer_port: u16,
+    /// Also start Prometheus (Debian's `prometheus`, installed by `make setup`) scraping the stack.
+    #[arg(long)]
+    prometheus: bool,
+    /// Prometheus port (with `--prometheus`).
+    #[arg(long, env = "KVMESH_PROMETHEUS_PORT", default_value_t = 9090)]
+    prometheus_port: u16,
     /// Extra flags passed to every vllm-sim (repeatable), e.g. `--sim-arg=--num-gpu-blocks=4096`.
     #[arg(long = "sim-arg", allow_hyphen_values = true)]
     sim_args: Vec<String>,
@@ -44,6 +53,10 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.prometheus {
+        // Fail before starting anything when the binary is missing.
+        prometheus::binary()?;
+    }
     let mut spec = StackSpec::aggregate(args.workers);
     spec.filter_config = serde_json::json!({"debug_headers": true, "session_prefix_units": 4096});
     if let Some(path) = &args.fleet {
@@ -54,6 +67,11 @@ async fn main() -> anyhow::Result<()> {
     spec.release = args.release;
     spec.work_dir = Some(args.work_dir.clone());
     let stack = Stack::start(spec).await?;
+    let prom = if args.prometheus {
+        Some(Prometheus::start(&stack, prometheus::Options { port: Some(args.prometheus_port), fast_rules: false }).await?)
+    } else {
+        None
+    };
 
     println!("kvmesh is up.");
     println!("  gateway (OpenAI API)  {}", stack.gateway(""));
@@ -64,12 +82,18 @@ async fn main() -> anyhow::Result<()> {
     }
     println!("  fleet file            {}", stack.fleet_path.display());
     println!("  logs                  {}", stack.dir().display());
+    if let Some(prom) = &prom {
+        println!("  prometheus            {}   (1 s scrapes, rules {}, data {})", prom.url(""), prometheus::RULES_PATH, prom.storage().display());
+    }
     println!();
     println!("Try:");
     println!(
         "  curl -s {} -H 'content-type: application/json' -d '{{\"model\":\"deepseek-v4\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":16}}' -D - ",
         stack.gateway("/v1/chat/completions")
     );
+    if let Some(prom) = &prom {
+        print_queries(prom);
+    }
     println!();
     println!("Ctrl-C stops everything.");
 
@@ -79,8 +103,22 @@ async fn main() -> anyhow::Result<()> {
         _ = term.recv() => {}
     }
     println!("stopping…");
+    if let Some(prom) = prom {
+        prom.stop(std::time::Duration::from_secs(5));
+    }
     drop(stack);
     Ok(())
+}
+
+/// The operator's queries, each as PromQL (for the web UI) and as a `curl` against the HTTP API.
+fn print_queries(prom: &Prometheus) {
+    println!();
+    println!("Query the metrics (in the web UI at {}, or with curl), after some traffic:", prom.url(""));
+    for (what, expr) in OPERATOR_QUERIES {
+        println!("  # {what}");
+        println!("  {expr}");
+        println!("  curl -sG {} --data-urlencode 'query={expr}'", prom.url("/api/v1/query"));
+    }
 }
 
 /// Takes the workers, block size, `[routing]`, `[filter]` and `[gateway]` settings of a fleet file.
