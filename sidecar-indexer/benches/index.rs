@@ -1,0 +1,287 @@
+//! Index benchmarks (README "Benchmarks"): block events applied per second on one core,
+//! `find_matches` latency percentiles, and memory per (block, worker) entry.
+//!
+//! Criterion measures the throughput; latency percentiles (p50/p99) and bytes per entry are measured
+//! by hand in the same run (criterion reports means) and printed as `FIGURE …` lines.
+//! Short measurement times: the machine is shared. `cargo bench -p kvmesh-indexer --bench index`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{black_box, criterion_group, Criterion, Throughput};
+use kvmesh_core::hashing::{sequence_hashes, XXH3_SEED};
+use kvmesh_indexer::events::apply::apply_batch;
+use kvmesh_indexer::events::decode::{decode_batch, EventBatch, KvEvent};
+use kvmesh_indexer::index::KvIndex;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+/// Counts live heap bytes, to measure what the index really allocates.
+struct Counting;
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts sizes.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const BS: usize = 16;
+
+fn random_tokens(rng: &mut StdRng, n: usize) -> Vec<u32> {
+    (0..n).map(|_| rng.gen_range(0..100_000)).collect()
+}
+
+fn stored(hashes: Vec<u64>, parent: Option<u64>, tokens: Vec<u32>) -> KvEvent {
+    KvEvent::Stored { block_hashes: hashes, parent, token_ids: tokens, block_size: BS as u32, lora_name: None, cache_salt: None, medium: Some("GPU".into()), group_idx: None }
+}
+
+/// One worker's store-then-evict round: `chains` chains of `len` blocks, stored in batches of 16
+/// blocks chained by parent, then removed. Applying a round leaves the index as it found it.
+fn round(rng: &mut StdRng, worker: u64, chains: usize, len: usize) -> Vec<EventBatch> {
+    let mut batches = Vec::new();
+    let mut all = Vec::new();
+    for c in 0..chains {
+        let tokens = random_tokens(rng, len * BS);
+        for (i, chunk) in tokens.chunks(16 * BS).enumerate() {
+            let hashes: Vec<u64> = (0..chunk.len() / BS).map(|b| (worker << 48) | ((c as u64) << 24) | (i * 16 + b) as u64 | (1 << 47)).collect();
+            let p = if i == 0 { None } else { Some((worker << 48) | ((c as u64) << 24) | (i * 16 - 1) as u64 | (1 << 47)) };
+            all.extend(hashes.iter().copied());
+            batches.push(EventBatch { ts: 0.0, events: vec![stored(hashes, p, chunk.to_vec())], dp_rank: None });
+        }
+    }
+    for chunk in all.chunks(64) {
+        batches.push(EventBatch { ts: 0.0, events: vec![KvEvent::Removed { block_hashes: chunk.to_vec(), medium: None, group_idx: None }], dp_rank: None });
+    }
+    batches
+}
+
+/// Resident background: each worker holds `blocks` blocks in chains of 32.
+fn background(index: &mut KvIndex, rng: &mut StdRng, workers: u32, blocks: usize) {
+    for w in 0..workers {
+        index.add_worker(w);
+        for c in 0..blocks / 32 {
+            let tokens = random_tokens(rng, 32 * BS);
+            let hashes: Vec<u64> = (0..32).map(|b| (u64::from(w) << 40) | ((c as u64) << 8) | b).collect();
+            index.store(w, None, &hashes, &tokens, BS, XXH3_SEED);
+        }
+    }
+}
+
+fn bench_apply(c: &mut Criterion) {
+    let mut rng = StdRng::seed_from_u64(1);
+    let mut index = KvIndex::new(100_000_000, 10_000_000);
+    background(&mut index, &mut rng, 16, 50_000);
+    let rounds: Vec<(u32, Vec<EventBatch>)> = (0..16u32).map(|w| (w, round(&mut rng, u64::from(w), 4, 64))).collect();
+    let ops: u64 = rounds.iter().flat_map(|(_, b)| b).flat_map(|b| &b.events).map(|e| match e {
+        KvEvent::Stored { block_hashes, .. } | KvEvent::Removed { block_hashes, .. } => block_hashes.len() as u64,
+        _ => 0,
+    }).sum();
+    let mut g = c.benchmark_group("apply");
+    g.throughput(Throughput::Elements(ops));
+    g.bench_function("decoded_block_ops_800k_resident", |b| {
+        b.iter(|| {
+            for (w, batches) in &rounds {
+                for batch in batches {
+                    black_box(apply_batch(&mut index, *w, batch, BS as u32));
+                }
+            }
+        })
+    });
+    // The same rounds from msgpack bytes (what the listener thread decodes) for comparison.
+    let encoded: Vec<(u32, Vec<Vec<u8>>)> = rounds.iter().map(|(w, bs)| (*w, bs.iter().map(encode).collect())).collect();
+    g.bench_function("msgpack_decode_and_apply_block_ops_800k_resident", |b| {
+        b.iter(|| {
+            for (w, batches) in &encoded {
+                for bytes in batches {
+                    if let Ok(batch) = decode_batch(bytes) {
+                        black_box(apply_batch(&mut index, *w, &batch, BS as u32));
+                    }
+                }
+            }
+        })
+    });
+    // The same rounds against an otherwise empty index (tables stay in cache).
+    let mut small = KvIndex::new(100_000_000, 10_000_000);
+    for w in 0..16 {
+        small.add_worker(w);
+    }
+    g.bench_function("decoded_block_ops_cache_resident", |b| {
+        b.iter(|| {
+            for (w, batches) in &rounds {
+                for batch in batches {
+                    black_box(apply_batch(&mut small, *w, batch, BS as u32));
+                }
+            }
+        })
+    });
+    g.finish();
+}
+
+/// vLLM's current (map) layout, written with rmpv.
+fn encode(batch: &EventBatch) -> Vec<u8> {
+    use rmpv::Value;
+    let s = |x: &str| Value::from(x);
+    let events: Vec<Value> = batch
+        .events
+        .iter()
+        .map(|e| match e {
+            KvEvent::Stored { block_hashes, parent, token_ids, .. } => Value::Map(vec![
+                (s("type"), s("BlockStored")),
+                (s("block_hashes"), Value::Array(block_hashes.iter().map(|h| Value::from(*h)).collect())),
+                (s("parent_block_hash"), parent.map_or(Value::Nil, Value::from)),
+                (s("token_ids"), Value::Array(token_ids.iter().map(|t| Value::from(*t)).collect())),
+                (s("block_size"), Value::from(BS as u64)),
+                (s("lora_id"), Value::Nil),
+                (s("medium"), s("GPU")),
+                (s("lora_name"), Value::Nil),
+            ]),
+            KvEvent::Removed { block_hashes, .. } => Value::Map(vec![
+                (s("type"), s("BlockRemoved")),
+                (s("block_hashes"), Value::Array(block_hashes.iter().map(|h| Value::from(*h)).collect())),
+                (s("medium"), s("GPU")),
+            ]),
+            _ => Value::Map(vec![(s("type"), s("AllBlocksCleared"))]),
+        })
+        .collect();
+    let mut out = Vec::new();
+    let _ = rmpv::encode::write_value(&mut out, &Value::Array(vec![Value::from(1.0), Value::Array(events), Value::from(0)]));
+    out
+}
+
+struct MatchScenario {
+    name: String,
+    index: KvIndex,
+    queries: Vec<Vec<kvmesh_core::hashing::SequenceHash>>,
+}
+
+/// `workers` workers with ~1M resident blocks between them; each query of `len` blocks shares an
+/// 8-block system prompt with a quarter of the fleet, is held whole by one worker and half by two.
+fn realistic(workers: u32, len: usize) -> MatchScenario {
+    let mut rng = StdRng::seed_from_u64(u64::from(workers) * 7 + len as u64);
+    let mut index = KvIndex::new(100_000_000, 10_000_000);
+    background(&mut index, &mut rng, workers, (1_000_000 / workers as usize).max(32));
+    let system = random_tokens(&mut rng, 8 * BS);
+    let sys_hashes: Vec<u64> = (0..8).map(|b| (1 << 62) | b).collect();
+    for w in (0..workers).step_by(4) {
+        index.store(w, None, &sys_hashes, &system, BS, XXH3_SEED);
+    }
+    let mut queries = Vec::new();
+    for q in 0..64u64 {
+        let mut tokens = system.clone();
+        tokens.extend(random_tokens(&mut rng, (len - 8) * BS));
+        let holders = [(q as u32 * 4) % workers, (q as u32 * 4 + 1) % workers, (q as u32 * 4 + 2) % workers];
+        for (i, &w) in holders.iter().enumerate() {
+            let n = if i == 0 { len } else { len / 2 };
+            let hashes: Vec<u64> = (0..n as u64).map(|b| (1 << 61) | (q << 32) | (u64::from(w) << 16) | b).collect();
+            index.store(w, None, &hashes, &tokens[..n * BS], BS, XXH3_SEED);
+        }
+        queries.push(sequence_hashes(&tokens, BS, XXH3_SEED));
+    }
+    MatchScenario { name: format!("{len}_blocks/{workers}_workers"), index, queries }
+}
+
+/// Worst case: every worker holds every block of every query (one shared 512-block document).
+fn everyone_holds_everything(workers: u32, len: usize) -> MatchScenario {
+    let mut rng = StdRng::seed_from_u64(99);
+    let mut index = KvIndex::new(100_000_000, 10_000_000);
+    let tokens = random_tokens(&mut rng, len * BS);
+    for w in 0..workers {
+        index.add_worker(w);
+        let hashes: Vec<u64> = (0..len as u64).map(|b| (u64::from(w) << 32) | b).collect();
+        index.store(w, None, &hashes, &tokens, BS, XXH3_SEED);
+    }
+    MatchScenario { name: format!("{len}_blocks/{workers}_workers_all_hold_all"), index, queries: vec![sequence_hashes(&tokens, BS, XXH3_SEED)] }
+}
+
+fn percentiles(s: &MatchScenario, samples: usize) -> (Duration, Duration, usize) {
+    let mut times = Vec::with_capacity(samples);
+    let mut matched = 0;
+    for i in 0..samples {
+        let q = &s.queries[i % s.queries.len()];
+        let t = Instant::now();
+        let m = black_box(s.index.find_matches(black_box(q)));
+        times.push(t.elapsed());
+        matched = matched.max(m.len());
+    }
+    times.sort_unstable();
+    (times[samples / 2], times[samples * 99 / 100], matched)
+}
+
+fn bench_find_matches(c: &mut Criterion) {
+    let mut g = c.benchmark_group("find_matches");
+    let mut figures = Vec::new();
+    for (workers, len) in [(16, 64), (16, 512), (1000, 64), (1000, 512)] {
+        let s = realistic(workers, len);
+        g.bench_function(&s.name, |b| {
+            let mut i = 0;
+            b.iter(|| {
+                i += 1;
+                black_box(s.index.find_matches(&s.queries[i % s.queries.len()]))
+            })
+        });
+        figures.push((s.name.clone(), percentiles(&s, 20_000)));
+    }
+    let worst = everyone_holds_everything(1000, 512);
+    g.bench_function(&worst.name, |b| b.iter(|| black_box(worst.index.find_matches(&worst.queries[0]))));
+    figures.push((worst.name.clone(), percentiles(&worst, 5_000)));
+    g.finish();
+    for (name, (p50, p99, workers)) in figures {
+        println!("FIGURE find_matches {name}: p50 {:.2} µs, p99 {:.2} µs ({workers} workers matched)", p50.as_secs_f64() * 1e6, p99.as_secs_f64() * 1e6);
+    }
+}
+
+fn memory_figures() {
+    for (label, workers, holders) in [("1 holder per block", 16u32, 1u32), ("2 holders per block", 16, 2), ("8 holders per block (bitmap)", 1000, 8)] {
+        let mut rng = StdRng::seed_from_u64(5);
+        let before = LIVE.load(Ordering::Relaxed);
+        let mut index = KvIndex::new(100_000_000, 10_000_000);
+        for w in 0..workers {
+            index.add_worker(w);
+        }
+        let chains = 1_000_000 / (32 * holders as usize);
+        for c in 0..chains {
+            let tokens = random_tokens(&mut rng, 32 * BS);
+            for h in 0..holders {
+                let w = (c as u32 * 7 + h * 13) % workers;
+                let hashes: Vec<u64> = (0..32).map(|b| ((c as u64) << 16) | (u64::from(h) << 8) | b).collect();
+                index.store(w, None, &hashes, &tokens, BS, XXH3_SEED);
+            }
+        }
+        let used = LIVE.load(Ordering::Relaxed) - before;
+        println!(
+            "FIGURE memory {label}: {} entries, {} blocks, {:.1} bytes per (block, worker) entry (allocator), {:.1} by estimate",
+            index.entries(),
+            index.blocks(),
+            used as f64 / index.entries() as f64,
+            index.approx_bytes() as f64 / index.entries() as f64
+        );
+        drop(index);
+    }
+}
+
+fn config() -> Criterion {
+    Criterion::default().sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2)).configure_from_args()
+}
+
+criterion_group! { name = benches; config = config(); targets = bench_apply, bench_find_matches }
+
+fn main() {
+    benches();
+    memory_figures();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -1,0 +1,375 @@
+//! One ZMQ listener thread per (worker, dp rank): SUB for live batches, DEALER for replay.
+//!
+//! The thread owns its sockets (ZMQ sockets are not thread-safe) and only moves bytes: it frames
+//! and decodes batches, asks its [`Sequencer`] what each sequence number means, replays gaps from
+//! the engine's ROUTER socket (engines.md §1.3: send `["", start_be_u64]`, read `[seq, payload]` or
+//! `[topic, seq, payload]` until the `0xFF×8` end marker), and sends the results to the applier in
+//! order. When a replay cannot cover a gap (the engine's ring buffer no longer holds the start, the
+//! replay socket is missing or times out) the worker is cleared and rebuilt from what remains, with a
+//! log line and a metric: the index may then miss blocks, but never claims blocks that are gone.
+//! At start it replays from 0, so blocks cached before the indexer started are known too.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::SyncSender;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::applier::ApplierMsg;
+use super::apply::ApplyReport;
+use super::decode::decode_batch;
+use super::sequencer::{Sequencer, Verdict};
+use crate::index::WorkerSlot;
+use crate::metrics::Metrics;
+
+/// Where one listener reads from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerSpec {
+    pub worker: String,
+    pub rank: u32,
+    pub slot: WorkerSlot,
+    pub events_endpoint: String,
+    pub replay_endpoint: Option<String>,
+    /// Bind the SUB socket (the engine connects) instead of connecting.
+    pub bind: bool,
+    pub topic: String,
+    pub replay_timeout: Duration,
+}
+
+const NONE: u64 = u64::MAX;
+
+/// Per (worker, rank) counters shared with the API (`/debug/workers`, `/readyz`).
+#[derive(Debug)]
+pub struct ListenerStats {
+    pub last_seq: AtomicU64,
+    pub batches: AtomicU64,
+    pub gaps: AtomicU64,
+    pub replays: AtomicU64,
+    pub resyncs: AtomicU64,
+    pub orphan_stores: AtomicU64,
+    pub decode_errors: AtomicU64,
+    /// Engine timestamp (f64 bits) of the last applied batch.
+    pub last_ts_bits: AtomicU64,
+    /// The start-up replay finished (or there is no replay socket): the index reflects the engine.
+    pub synced: AtomicBool,
+}
+
+impl Default for ListenerStats {
+    fn default() -> Self {
+        Self {
+            last_seq: AtomicU64::new(NONE),
+            batches: AtomicU64::new(0),
+            gaps: AtomicU64::new(0),
+            replays: AtomicU64::new(0),
+            resyncs: AtomicU64::new(0),
+            orphan_stores: AtomicU64::new(0),
+            decode_errors: AtomicU64::new(0),
+            last_ts_bits: AtomicU64::new(0),
+            synced: AtomicBool::new(false),
+        }
+    }
+}
+
+impl ListenerStats {
+    /// Called by the applier after applying batch `seq`.
+    pub fn record_applied(&self, seq: u64, ts: f64, r: &ApplyReport) {
+        self.last_seq.store(seq, Ordering::Relaxed);
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.last_ts_bits.store(ts.to_bits(), Ordering::Relaxed);
+        self.orphan_stores.fetch_add(r.orphan_stores, Ordering::Relaxed);
+    }
+    /// The last applied sequence number.
+    pub fn last_seq(&self) -> Option<u64> {
+        Some(self.last_seq.load(Ordering::Relaxed)).filter(|s| *s != NONE)
+    }
+    /// Engine timestamp of the last applied batch.
+    pub fn last_ts(&self) -> Option<f64> {
+        Some(f64::from_bits(self.last_ts_bits.load(Ordering::Relaxed))).filter(|t| *t > 0.0)
+    }
+}
+
+/// A running listener; stop it with [`ListenerHandle::stop`].
+pub struct ListenerHandle {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ListenerHandle {
+    /// Asks the thread to stop and waits for it (at most one poll interval plus a replay deadline).
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts the listener thread.
+pub fn spawn(
+    ctx: zmq::Context,
+    spec: ListenerSpec,
+    tx: SyncSender<ApplierMsg>,
+    stats: Arc<ListenerStats>,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<ListenerHandle> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let name = format!("kv-{}-{}", spec.worker, spec.rank);
+    let thread = std::thread::Builder::new().name(name).spawn(move || {
+        let mut l = Listener { ctx, spec, tx, stats, metrics, stop: flag, seq: Sequencer::new(), dealer: None };
+        l.run();
+    })?;
+    Ok(ListenerHandle { stop, thread: Some(thread) })
+}
+
+struct Listener {
+    ctx: zmq::Context,
+    spec: ListenerSpec,
+    tx: SyncSender<ApplierMsg>,
+    stats: Arc<ListenerStats>,
+    metrics: Arc<Metrics>,
+    stop: Arc<AtomicBool>,
+    seq: Sequencer,
+    dealer: Option<zmq::Socket>,
+}
+
+/// How a replay went.
+enum Replay {
+    /// Every batch from the requested start was delivered (and sent on).
+    Complete,
+    /// The engine no longer holds the start: the worker was cleared, what remained was sent.
+    Truncated,
+    /// No replay socket, or it failed: nothing was sent.
+    Failed,
+}
+
+const END_SEQ: [u8; 8] = [0xff; 8];
+
+impl Listener {
+    fn run(&mut self) {
+        let sub = loop {
+            if self.stopped() {
+                return;
+            }
+            match self.open_sub() {
+                Ok(s) => break s,
+                Err(e) => {
+                    tracing::error!(worker = %self.spec.worker, rank = self.spec.rank, endpoint = %self.spec.events_endpoint, error = %e, "cannot open KV events socket; retrying");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        };
+        tracing::info!(worker = %self.spec.worker, rank = self.spec.rank, endpoint = %self.spec.events_endpoint, replay = ?self.spec.replay_endpoint, "subscribed to KV events");
+        if self.spec.replay_endpoint.is_some() {
+            // Learn what the engine cached before we started. Nothing to clear on truncation.
+            self.replay(0, false);
+        }
+        self.stats.synced.store(true, Ordering::Relaxed);
+        while !self.stopped() {
+            match sub.poll(zmq::POLLIN, 100) {
+                Ok(0) => continue,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(worker = %self.spec.worker, error = %e, "poll failed");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            }
+            let frames = match sub.recv_multipart(zmq::DONTWAIT) {
+                Ok(f) => f,
+                Err(zmq::Error::EAGAIN) => continue,
+                Err(e) => {
+                    tracing::warn!(worker = %self.spec.worker, error = %e, "receive failed");
+                    continue;
+                }
+            };
+            match split_frames(&frames) {
+                Some((seq, payload)) => self.on_live(seq, payload),
+                None => self.decode_error("expected [topic, seq, payload] frames"),
+            }
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    fn open_sub(&self) -> Result<zmq::Socket, zmq::Error> {
+        let sub = self.ctx.socket(zmq::SUB)?;
+        sub.set_linger(0)?;
+        sub.set_rcvhwm(100_000)?;
+        sub.set_subscribe(self.spec.topic.as_bytes())?;
+        if self.spec.bind {
+            sub.bind(&self.spec.events_endpoint)?;
+        } else {
+            sub.connect(&self.spec.events_endpoint)?;
+        }
+        Ok(sub)
+    }
+
+    fn on_live(&mut self, n: u64, payload: &[u8]) {
+        match self.seq.on_live(n) {
+            Verdict::Apply => self.send(n, payload),
+            Verdict::Duplicate => {}
+            Verdict::Gap { from, to } => {
+                self.stats.gaps.fetch_add(1, Ordering::Relaxed);
+                self.metrics.kv_gaps.with_label_values(&[&self.spec.worker]).inc();
+                tracing::warn!(worker = %self.spec.worker, rank = self.spec.rank, missing_from = from, missing_to = to, "KV event sequence gap; replaying");
+                match self.replay(from, true) {
+                    Replay::Complete | Replay::Truncated => {}
+                    Replay::Failed => self.resync("gap_unrecoverable"),
+                }
+                self.after_recovery(n, payload);
+            }
+            Verdict::Restart { seq } => {
+                tracing::warn!(worker = %self.spec.worker, rank = self.spec.rank, seq, "KV event sequence went backwards: engine restarted");
+                self.resync("engine_restart");
+                self.seq = Sequencer::new();
+                if seq > 0 && self.spec.replay_endpoint.is_some() {
+                    self.replay(0, false);
+                }
+                self.after_recovery(n, payload);
+            }
+        }
+    }
+
+    /// The live batch that revealed a gap, once recovery is done: apply it unless a replay did.
+    fn after_recovery(&mut self, n: u64, payload: &[u8]) {
+        match self.seq.on_live(n) {
+            Verdict::Apply => self.send(n, payload),
+            Verdict::Duplicate => {}
+            Verdict::Gap { .. } | Verdict::Restart { .. } => {
+                // Recovery fell short of this batch: what is missing is lost; continue from here.
+                self.resync("gap_unrecoverable");
+                self.seq.skip_to(n);
+                self.send(n, payload);
+            }
+        }
+    }
+
+    fn resync(&mut self, reason: &'static str) {
+        self.stats.resyncs.fetch_add(1, Ordering::Relaxed);
+        self.metrics.kv_resyncs.with_label_values(&[&self.spec.worker, reason]).inc();
+        tracing::warn!(worker = %self.spec.worker, rank = self.spec.rank, reason, "clearing the worker's index state; it rebuilds from new events");
+        let _ = self.tx.send(ApplierMsg::Clear { slot: self.spec.slot, reason });
+    }
+
+    fn send(&mut self, n: u64, payload: &[u8]) {
+        match decode_batch(payload) {
+            Ok(batch) => {
+                let _ = self.tx.send(ApplierMsg::Batch { slot: self.spec.slot, seq: n, batch });
+            }
+            Err(e) => self.decode_error(&e.to_string()),
+        }
+    }
+
+    fn decode_error(&self, why: &str) {
+        self.stats.decode_errors.fetch_add(1, Ordering::Relaxed);
+        self.metrics.kv_decode_errors.with_label_values(&[&self.spec.worker]).inc();
+        tracing::warn!(worker = %self.spec.worker, rank = self.spec.rank, error = why, "undecodable KV event message skipped");
+    }
+
+    /// Replays from `from`; sends what arrives. `clear_on_truncation`: the worker's state predates
+    /// the replayed window, so a truncated replay must clear it first.
+    fn replay(&mut self, from: u64, clear_on_truncation: bool) -> Replay {
+        let w = self.spec.worker.clone();
+        let outcome = match self.fetch_replay(from) {
+            Err(e) => {
+                tracing::warn!(worker = %w, rank = self.spec.rank, error = %e, "replay failed");
+                self.dealer = None; // stale replies must not leak into the next replay
+                self.metrics.kv_replays.with_label_values(&[&w, "failed"]).inc();
+                return Replay::Failed;
+            }
+            Ok(batches) => batches,
+        };
+        self.stats.replays.fetch_add(1, Ordering::Relaxed);
+        let complete = outcome.first().map(|(s, _)| *s) == Some(from) || (outcome.is_empty() && from == self.seq.next() && !clear_on_truncation);
+        if !complete {
+            self.metrics.kv_replays.with_label_values(&[&w, "truncated"]).inc();
+            tracing::warn!(worker = %w, rank = self.spec.rank, asked = from, got = ?outcome.first().map(|b| b.0), "replay does not reach back to the gap");
+            if clear_on_truncation {
+                self.resync("gap_unrecoverable");
+            }
+        } else {
+            self.metrics.kv_replays.with_label_values(&[&w, "complete"]).inc();
+        }
+        let mut last = None;
+        for (n, payload) in &outcome {
+            if *n < from {
+                continue;
+            }
+            self.send(*n, payload);
+            last = Some(*n);
+        }
+        self.seq.replayed(last);
+        tracing::info!(worker = %w, rank = self.spec.rank, from, batches = outcome.len(), complete, "replay done");
+        if complete { Replay::Complete } else { Replay::Truncated }
+    }
+
+    fn fetch_replay(&mut self, from: u64) -> Result<Vec<(u64, Vec<u8>)>, String> {
+        let Some(endpoint) = self.spec.replay_endpoint.clone() else { return Err("no replay endpoint".into()) };
+        if self.dealer.is_none() {
+            let d = self.ctx.socket(zmq::DEALER).map_err(|e| e.to_string())?;
+            d.set_linger(0).map_err(|e| e.to_string())?;
+            d.connect(&endpoint).map_err(|e| e.to_string())?;
+            self.dealer = Some(d);
+        }
+        let Some(dealer) = self.dealer.as_ref() else { return Err("no replay socket".into()) };
+        let start = from.to_be_bytes();
+        dealer.send_multipart([&b""[..], &start[..]], 0).map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + self.spec.replay_timeout;
+        let mut out = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!("no end marker within {:?}", self.spec.replay_timeout));
+            }
+            let ready = dealer.poll(zmq::POLLIN, left.as_millis().clamp(1, i64::MAX as u128) as i64).map_err(|e| e.to_string())?;
+            if ready == 0 {
+                continue;
+            }
+            let frames = dealer.recv_multipart(0).map_err(|e| e.to_string())?;
+            // Drop the empty delimiter a ROUTER reply starts with for a DEALER.
+            let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).skip_while(|f| f.is_empty()).collect();
+            let (seq_bytes, payload) = match frames.as_slice() {
+                [seq, payload] => (*seq, *payload),
+                [_topic, seq, payload] => (*seq, *payload),
+                [seq] => (*seq, &b""[..]),
+                _ => return Err(format!("unexpected replay frame count {}", frames.len())),
+            };
+            if seq_bytes == END_SEQ {
+                return Ok(out);
+            }
+            let seq: [u8; 8] = seq_bytes.try_into().map_err(|_| "replay sequence is not 8 bytes".to_owned())?;
+            out.push((u64::from_be_bytes(seq), payload.to_vec()));
+            if out.len() > 1_000_000 {
+                return Err("replay longer than 1,000,000 batches".into());
+            }
+        }
+    }
+}
+
+/// `[topic, seq, payload]` (or `[seq, payload]`) → (seq, payload).
+fn split_frames(frames: &[Vec<u8>]) -> Option<(u64, &[u8])> {
+    let (seq, payload) = match frames {
+        [_topic, seq, payload] => (seq, payload),
+        [seq, payload] => (seq, payload),
+        _ => return None,
+    };
+    let seq: [u8; 8] = seq.as_slice().try_into().ok()?;
+    Some((u64::from_be_bytes(seq), payload))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames() {
+        let f = vec![b"topic".to_vec(), 7u64.to_be_bytes().to_vec(), vec![1, 2]];
+        assert_eq!(split_frames(&f), Some((7, &[1u8, 2][..])));
+        assert_eq!(split_frames(&f[1..]), Some((7, &[1u8, 2][..])));
+        assert_eq!(split_frames(&[vec![1]]), None);
+        assert_eq!(split_frames(&[vec![], vec![1, 2, 3], vec![]]), None);
+    }
+}

@@ -1,0 +1,145 @@
+//! Per-publisher sequence tracking: which live batches to apply, which are duplicates of a replay,
+//! where a gap starts, and when the engine restarted.
+//!
+//! vLLM numbers every published batch from 0, per publisher (per dp rank and per process start).
+//! A jump forward is a gap (messages lost: the SUB high-water mark, a reconnect); a jump backward is
+//! either a live copy of something a replay already delivered, or a restarted engine whose counter
+//! began again. Keeping this a pure state machine lets the tricky cases be tested without sockets.
+
+/// What to do with a live batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Next in order: apply it.
+    Apply,
+    /// Already delivered by a replay: skip it.
+    Duplicate,
+    /// Batches `from..to` are missing (`to` is this batch's number): replay from `from`.
+    Gap { from: u64, to: u64 },
+    /// The counter went backwards without a replay explaining it: the engine restarted. Clear the
+    /// worker; then batches `0..seq` of the new run are missing if `seq > 0` (replay from 0).
+    Restart { seq: u64 },
+}
+
+/// Sequence state of one publisher.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sequencer {
+    /// The next number expected; None before anything was seen.
+    next: Option<u64>,
+    /// Highest number delivered by the last replay: live copies up to it are duplicates.
+    replayed_through: Option<u64>,
+}
+
+impl Sequencer {
+    /// A sequencer expecting batch 0 first.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The next number expected.
+    pub fn next(&self) -> u64 {
+        self.next.unwrap_or(0)
+    }
+
+    /// The last number applied, if any.
+    pub fn last(&self) -> Option<u64> {
+        self.next.and_then(|n| n.checked_sub(1))
+    }
+
+    /// Classifies live batch `seq`. `Apply` and `Restart` advance the state as if it was applied.
+    pub fn on_live(&mut self, seq: u64) -> Verdict {
+        let next = self.next();
+        if seq == next {
+            self.next = Some(seq + 1);
+            return Verdict::Apply;
+        }
+        if seq > next {
+            return Verdict::Gap { from: next, to: seq };
+        }
+        if self.replayed_through.is_some_and(|r| seq <= r) {
+            return Verdict::Duplicate;
+        }
+        self.replayed_through = None;
+        self.next = Some(seq + 1);
+        Verdict::Restart { seq }
+    }
+
+    /// Records a replay that delivered batches up to `last` (inclusive); None = it delivered nothing.
+    pub fn replayed(&mut self, last: Option<u64>) {
+        if let Some(last) = last {
+            if last + 1 > self.next() {
+                self.next = Some(last + 1);
+            }
+            self.replayed_through = Some(last);
+        }
+    }
+
+    /// Gives up on a gap that could not be replayed: continue after `seq` (the caller cleared the worker).
+    pub fn skip_to(&mut self, seq: u64) {
+        self.next = Some(seq + 1);
+        self.replayed_through = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_order_batches_apply() {
+        let mut s = Sequencer::new();
+        for i in 0..5 {
+            assert_eq!(s.on_live(i), Verdict::Apply);
+        }
+        assert_eq!(s.last(), Some(4));
+    }
+
+    #[test]
+    fn a_jump_is_a_gap_until_replayed() {
+        let mut s = Sequencer::new();
+        assert_eq!(s.on_live(0), Verdict::Apply);
+        assert_eq!(s.on_live(4), Verdict::Gap { from: 1, to: 4 });
+        // The replay delivered 1..=6 (it reaches past the live batch that revealed the gap).
+        s.replayed(Some(6));
+        assert_eq!(s.on_live(4), Verdict::Duplicate);
+        assert_eq!(s.on_live(6), Verdict::Duplicate);
+        assert_eq!(s.on_live(7), Verdict::Apply);
+    }
+
+    #[test]
+    fn first_batch_after_start_late_is_a_gap_from_zero() {
+        let mut s = Sequencer::new();
+        assert_eq!(s.on_live(10), Verdict::Gap { from: 0, to: 10 });
+    }
+
+    #[test]
+    fn backwards_without_replay_is_a_restart() {
+        let mut s = Sequencer::new();
+        for i in 0..10 {
+            s.on_live(i);
+        }
+        assert_eq!(s.on_live(0), Verdict::Restart { seq: 0 });
+        assert_eq!(s.on_live(1), Verdict::Apply);
+        // A restart noticed late: the new run's first batches were missed.
+        for i in 2..20 {
+            s.on_live(i);
+        }
+        assert_eq!(s.on_live(3), Verdict::Restart { seq: 3 });
+    }
+
+    #[test]
+    fn restart_after_a_replay_is_still_detected_below_the_replay() {
+        let mut s = Sequencer::new();
+        s.replayed(Some(100));
+        assert_eq!(s.on_live(50), Verdict::Duplicate);
+        s.on_live(101);
+        s.skip_to(200);
+        assert_eq!(s.on_live(5), Verdict::Restart { seq: 5 });
+    }
+
+    #[test]
+    fn an_empty_replay_changes_nothing() {
+        let mut s = Sequencer::new();
+        s.replayed(None);
+        assert_eq!(s.on_live(0), Verdict::Apply);
+    }
+}

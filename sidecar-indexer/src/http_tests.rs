@@ -1,0 +1,255 @@
+use std::sync::{Arc, OnceLock};
+
+use axum::body::Body;
+use axum::http::Request;
+use http_body_util::BodyExt;
+use kvmesh_core::api::{FleetSnapshot, RouteDecision};
+use kvmesh_core::hashing::XXH3_SEED;
+use tower::ServiceExt;
+
+use super::*;
+use crate::config::{Config, MapEnv};
+use crate::events::decode::{EventBatch, KvEvent};
+use crate::service::Service;
+use crate::tokenize::PromptTokenizer;
+
+fn fleet_toml(extra_routing: &str) -> String {
+    format!(
+        r#"
+listen = "127.0.0.1:0"
+[model]
+name = "m"
+block_size = 4
+[routing]
+scrape_interval_ms = 1000
+{extra_routing}
+[[workers]]
+id = "w0"
+role = "decode"
+endpoint = "127.0.0.1:1"
+[[workers]]
+id = "w1"
+role = "both"
+endpoint = "127.0.0.1:2"
+[[workers]]
+id = "p0"
+role = "prefill"
+endpoint = "127.0.0.1:3"
+"#
+    )
+}
+
+fn tokenizer() -> PromptTokenizer {
+    // Loading the 6 MB tokenizer.json once per test is slow: share the parts' source, build fresh.
+    static PATH: OnceLock<std::path::PathBuf> = OnceLock::new();
+    let path = PATH.get_or_init(kvmesh_tokens::default_tokenizer_path);
+    PromptTokenizer::load(path, None, "<｜begin▁of▁sentence｜>", 1 << 20).unwrap()
+}
+
+fn service(extra_routing: &str) -> Arc<Service> {
+    let config = Config::from_toml_str(&fleet_toml(extra_routing), &MapEnv::default()).unwrap();
+    Service::start_with_tokenizer(config, None, Arc::new(MapEnv::default()), tokenizer()).unwrap()
+}
+
+async fn call(svc: &Arc<Service>, req: Request<Body>) -> (StatusCode, Vec<u8>) {
+    let resp = router(svc.state.clone()).oneshot(req).await.unwrap();
+    let status = resp.status();
+    let body = resp.into_body().collect().await.unwrap().to_bytes().to_vec();
+    (status, body)
+}
+
+fn route_req(path: &str, body: &str, extra: &[(&str, &str)]) -> Request<Body> {
+    let mut b = Request::post(ROUTE_PATH).header(headers::KVMESH_PATH, path);
+    for (k, v) in extra {
+        b = b.header(*k, *v);
+    }
+    b.body(Body::from(body.to_owned())).unwrap()
+}
+
+async fn route_ok(svc: &Arc<Service>, path: &str, body: &str, extra: &[(&str, &str)]) -> RouteDecision {
+    let (status, bytes) = call(svc, route_req(path, body, extra)).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+fn tokens_body(n: u32) -> String {
+    let ids: Vec<String> = (0..n).map(|i| (1000 + i).to_string()).collect();
+    format!(r#"{{"model":"m","prompt":[{}]}}"#, ids.join(","))
+}
+
+fn slot_of(svc: &Service, worker: &str) -> u32 {
+    let fleet = svc.state.fleet.read();
+    fleet.workers.iter().find(|w| w.cfg.id == worker).unwrap().ranks[0].slot
+}
+
+#[tokio::test]
+async fn routes_to_the_worker_holding_the_prefix() {
+    let svc = service("");
+    // Tell the index that w1 holds the first two blocks of the prompt.
+    let tokens: Vec<u32> = (1000..1008).collect();
+    let batch = EventBatch {
+        ts: 1.0,
+        events: vec![KvEvent::Stored { block_hashes: vec![11, 12], parent: None, token_ids: tokens, block_size: 4, lora_name: None, cache_salt: None, medium: None, group_idx: None }],
+        dp_rank: None,
+    };
+    svc.state.applier.send(ApplierMsg::Batch { slot: slot_of(&svc, "w1"), seq: 0, batch }).unwrap();
+    svc.barrier();
+    let d = route_ok(&svc, "/v1/completions", &tokens_body(10), &[(headers::REQUEST_ID, "r1")]).await;
+    assert_eq!(d.worker, "w1");
+    assert_eq!(d.endpoint, "127.0.0.1:2");
+    assert_eq!((d.overlap_blocks, d.isl_blocks), (2, 2));
+    assert_eq!(d.mode, Mode::Aggregate);
+    assert_eq!(d.reason, "best overlap 2/2 blocks");
+    assert_eq!(d.fallbacks, vec!["127.0.0.1:1".to_owned()], "prefill-only workers are never fallbacks");
+    assert_eq!(d.best_overlap_worker.as_deref(), Some("w1"));
+    // The booked load shows in the fleet snapshot and leaves with /v1/done.
+    let fleet: FleetSnapshot = serde_json::from_slice(&call(&svc, Request::get(FLEET_PATH).body(Body::empty()).unwrap()).await.1).unwrap();
+    let w1 = fleet.workers.iter().find(|w| w.id == "w1").unwrap();
+    assert_eq!((w1.load.active_requests, w1.load.active_blocks), (1, 3));
+    let done = Request::post(DONE_PATH).body(Body::from(r#"{"request_id":"r1","endpoint":"127.0.0.1:2","outcome":"success","status":200}"#)).unwrap();
+    let (status, body) = call(&svc, done).await;
+    assert_eq!((status, String::from_utf8_lossy(&body).as_ref()), (StatusCode::OK, r#"{"released":true}"#));
+    assert_eq!(svc.state.snapshot().workers[1].load.active_requests, 0);
+    let text = String::from_utf8(call(&svc, Request::get("/metrics").body(Body::empty()).unwrap()).await.1).unwrap();
+    assert!(text.contains("router_kv_overlap_blocks_total 2"), "{text}");
+    assert!(text.contains("router_kv_isl_blocks_total 3"), "{text}");
+    assert!(text.contains(r#"kvmesh_decisions_total{basis="best_overlap",mode="aggregate"} 1"#), "{text}");
+}
+
+#[tokio::test]
+async fn chat_requests_are_rendered_and_tokenized() {
+    let svc = service("");
+    let body = r#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"Hello there, how are you today?"}]}"#;
+    let d = route_ok(&svc, "/v1/chat/completions", body, &[]).await;
+    let tok = tokenizer();
+    let text = "<｜begin▁of▁sentence｜>be brief<｜User｜>Hello there, how are you today?<｜Assistant｜>";
+    assert_eq!(d.isl_blocks as usize, tok.tokenizer().encode(text).unwrap().len() / 4);
+    assert_eq!(d.overlap_blocks, 0);
+}
+
+#[tokio::test]
+async fn malformed_requests_get_400_and_a_metric() {
+    let svc = service("");
+    let cases: Vec<(Request<Body>, StatusCode, &str)> = vec![
+        (route_req("/v1/completions", "{not json", &[]), StatusCode::BAD_REQUEST, "not_json"),
+        (route_req("/v1/completions", r#"{"prompt":["a","b"]}"#, &[]), StatusCode::BAD_REQUEST, "batch_prompt"),
+        (route_req("/v1/models", "{}", &[]), StatusCode::BAD_REQUEST, "bad_path"),
+        (Request::post(ROUTE_PATH).body(Body::from("{}")).unwrap(), StatusCode::BAD_REQUEST, "missing_path"),
+        (route_req("/v1/completions", &tokens_body(8), &[(headers::KVMESH_SESSION, "zz;source=x")]), StatusCode::BAD_REQUEST, "bad_session"),
+        (route_req("/v1/completions", &tokens_body(8), &[(headers::OVERRIDE_MODE, "fast")]), StatusCode::BAD_REQUEST, "bad_mode"),
+        (route_req("/v1/completions", &tokens_body(8), &[(headers::OVERRIDE_WORKER, "nobody")]), StatusCode::BAD_REQUEST, "unknown_override_worker"),
+    ];
+    for (req, want, reason) in cases {
+        let (status, body) = call(&svc, req).await;
+        assert_eq!(status, want, "{reason}: {}", String::from_utf8_lossy(&body));
+        let err: kvmesh_core::api::ErrorBody = serde_json::from_slice(&body).unwrap();
+        assert!(!err.error.message.is_empty());
+        let text = svc.state.metrics.render();
+        assert!(text.contains(&format!(r#"kvmesh_bad_requests_total{{endpoint="route",reason="{reason}"}} 1"#)), "{reason}: {text}");
+    }
+    let (status, _) = call(&svc, Request::post(DONE_PATH).body(Body::from("[]")).unwrap()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn bodies_are_bounded() {
+    let svc = service("max_body_bytes = 64");
+    let (status, _) = call(&svc, route_req("/v1/completions", &tokens_body(100), &[])).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(svc.state.metrics.render().contains(r#"reason="body_too_large""#));
+}
+
+#[tokio::test]
+async fn session_pin_matches_the_fleet_snapshot_and_override_wins() {
+    let svc = service("");
+    let snapshot = svc.state.snapshot();
+    for i in 0..50u64 {
+        let key = kvmesh_core::session::from_header_value(&format!("conversation-{i}"));
+        let header = session::encode_header(key, session::SessionSource::Header);
+        let d = route_ok(&svc, "/v1/completions", &tokens_body(8), &[(headers::KVMESH_SESSION, &header)]).await;
+        assert_eq!(Some(d.worker.as_str()), snapshot.pin(key.0).map(|w| w.id.as_str()));
+        assert!(d.reason.starts_with(&format!("session pin {} (source=header)", d.worker)), "{}", d.reason);
+    }
+    let d = route_ok(&svc, "/v1/completions", &tokens_body(8), &[(headers::OVERRIDE_WORKER, "w0")]).await;
+    assert_eq!(d.worker, "w0");
+    assert!(d.reason.starts_with("override x-kvmesh-worker w0"));
+}
+
+#[tokio::test]
+async fn approximate_mode_learns_from_its_own_decisions() {
+    let svc = service("mode = \"approximate\"");
+    let first = route_ok(&svc, "/v1/completions", &tokens_body(12), &[(headers::REQUEST_ID, "first")]).await;
+    assert_eq!(first.overlap_blocks, 0);
+    svc.barrier();
+    for i in 0..5 {
+        // Release each request's load so only the overlap tells the workers apart.
+        let done = format!(r#"{{"request_id":"{}","outcome":"success"}}"#, if i == 0 { "first".to_owned() } else { format!("r{}", i - 1) });
+        assert_eq!(call(&svc, Request::post(DONE_PATH).body(Body::from(done)).unwrap()).await.0, StatusCode::OK);
+        let id = format!("r{i}");
+        let again = route_ok(&svc, "/v1/completions", &tokens_body(16), &[(headers::REQUEST_ID, &id)]).await;
+        svc.barrier();
+        // The first repeat finds the 3 blocks learned from the 12-token prompt, later ones all 4.
+        assert_eq!((again.worker.as_str(), again.overlap_blocks), (first.worker.as_str(), if i == 0 { 3 } else { 4 }));
+    }
+    assert_eq!(svc.state.index.read().find_matches(&kvmesh_core::hashing::sequence_hashes(&(1000..1016).collect::<Vec<_>>(), 4, XXH3_SEED)).len(), 1);
+}
+
+#[tokio::test]
+async fn probes_and_debug() {
+    let svc = service("");
+    assert_eq!(call(&svc, Request::get("/healthz").body(Body::empty()).unwrap()).await.0, StatusCode::OK);
+    assert_eq!(call(&svc, Request::get("/readyz").body(Body::empty()).unwrap()).await.0, StatusCode::OK);
+    let (status, body) = call(&svc, Request::get("/debug/workers").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v.as_array().map(Vec::len), Some(3));
+    assert_eq!(call(&svc, Request::get("/debug/blocks?worker=w0").body(Body::empty()).unwrap()).await.0, StatusCode::OK);
+    assert_eq!(call(&svc, Request::get("/debug/blocks?worker=zz").body(Body::empty()).unwrap()).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(call(&svc, Request::get("/debug/blocks").body(Body::empty()).unwrap()).await.0, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn no_decode_worker_is_a_503() {
+    let svc = service("");
+    {
+        let mut fleet = svc.state.fleet.write();
+        for w in &mut fleet.workers {
+            w.healthy = false;
+        }
+    }
+    let (status, _) = call(&svc, route_req("/v1/completions", &tokens_body(8), &[])).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(svc.state.metrics.render().contains(r#"kvmesh_route_errors_total{reason="no_decode_worker"} 1"#));
+}
+
+#[tokio::test]
+async fn reload_keeps_unchanged_workers_and_drops_removed_ones() {
+    let svc = service("");
+    let stored = |svc: &Arc<Service>, worker: &str| {
+        let tokens: Vec<u32> = (1000..1004).collect();
+        let batch = EventBatch {
+            ts: 1.0,
+            events: vec![KvEvent::Stored { block_hashes: vec![1], parent: None, token_ids: tokens, block_size: 4, lora_name: None, cache_salt: None, medium: None, group_idx: None }],
+            dp_rank: None,
+        };
+        svc.state.applier.send(ApplierMsg::Batch { slot: slot_of(svc, worker), seq: 0, batch }).unwrap();
+    };
+    stored(&svc, "w0");
+    stored(&svc, "w1");
+    svc.barrier();
+    let gen = svc.state.snapshot().generation;
+    // Remove w1, move w0's HTTP endpoint, add w2.
+    let text = fleet_toml("")
+        .replace("[[workers]]\nid = \"w1\"\nrole = \"both\"\nendpoint = \"127.0.0.1:2\"\n", "[[workers]]\nid = \"w2\"\nrole = \"decode\"\nendpoint = \"127.0.0.1:4\"\n")
+        .replace("127.0.0.1:1", "127.0.0.1:5");
+    let new = Config::from_toml_str(&text, &MapEnv::default()).unwrap();
+    assert!(svc.reload(new.clone()).await.unwrap());
+    svc.barrier();
+    let ids: Vec<String> = svc.state.snapshot().workers.iter().map(|w| w.id.clone()).collect();
+    assert_eq!(ids, vec!["w0", "w2", "p0"]);
+    assert!(svc.state.snapshot().generation > gen);
+    let chains = kvmesh_core::hashing::sequence_hashes(&(1000..1004).collect::<Vec<_>>(), 4, XXH3_SEED);
+    let m = svc.state.index.read().find_matches(&chains);
+    assert_eq!(m, vec![(slot_of(&svc, "w0"), 1)], "w0 kept its blocks; w1's left with it");
+    assert!(!svc.reload(new).await.unwrap(), "same config: nothing to do");
+}

@@ -1,0 +1,325 @@
+use super::*;
+use kvmesh_core::hashing::{sequence_hashes, XXH3_SEED};
+
+const BS: usize = 4;
+
+fn toks(range: std::ops::Range<u32>) -> Vec<u32> {
+    range.collect()
+}
+
+/// Engine hashes for a test: distinct per (worker, block) so nothing accidentally lines up.
+fn engine(worker: u32, block: u64) -> u64 {
+    (u64::from(worker) << 32) | block
+}
+
+fn index_with(workers: &[WorkerSlot]) -> KvIndex {
+    let mut idx = KvIndex::new(1_000_000, 1_000_000);
+    for &w in workers {
+        idx.add_worker(w);
+    }
+    idx
+}
+
+fn matches(idx: &KvIndex, tokens: &[u32]) -> Vec<(WorkerSlot, u32)> {
+    let mut m = idx.find_matches(&sequence_hashes(tokens, BS, XXH3_SEED));
+    m.sort_unstable();
+    m
+}
+
+#[test]
+fn store_then_match_prefixes() {
+    let mut idx = index_with(&[0, 1]);
+    // Worker 0: blocks 0..4 in one store. Worker 1: blocks 0..2 then 2..3 chained by parent.
+    let t = toks(0..16);
+    assert_eq!(idx.store(0, None, &[engine(0, 0), engine(0, 1), engine(0, 2), engine(0, 3)], &t, BS, XXH3_SEED), StoreOutcome::Stored { blocks: 4 });
+    assert_eq!(idx.store(1, None, &[engine(1, 0), engine(1, 1)], &t[..8], BS, XXH3_SEED), StoreOutcome::Stored { blocks: 2 });
+    assert_eq!(idx.store(1, Some(engine(1, 1)), &[engine(1, 2)], &t[8..12], BS, XXH3_SEED), StoreOutcome::Stored { blocks: 1 });
+    assert_eq!(matches(&idx, &t), vec![(0, 4), (1, 3)]);
+    assert_eq!(matches(&idx, &t[..9]), vec![(0, 2), (1, 2)], "partial last block is not hashed");
+    assert_eq!(matches(&idx, &toks(100..116)), vec![]);
+    assert_eq!(idx.blocks(), 4);
+    assert_eq!(idx.entries(), 7);
+    // The chain hashes are exactly core's.
+    let want = sequence_hashes(&t, BS, XXH3_SEED);
+    assert!(want.iter().all(|c| idx.holds(0, *c)));
+}
+
+#[test]
+fn branches_share_their_prefix() {
+    let mut idx = index_with(&[0]);
+    let a: Vec<u32> = toks(0..12);
+    let mut b = toks(0..8);
+    b.extend(50..54);
+    idx.store(0, None, &[1, 2, 3], &a, BS, XXH3_SEED);
+    idx.store(0, Some(2), &[4], &b[8..], BS, XXH3_SEED);
+    assert_eq!(matches(&idx, &a), vec![(0, 3)]);
+    assert_eq!(matches(&idx, &b), vec![(0, 3)]);
+    assert_eq!(idx.blocks(), 4);
+    // Removing one branch leaves the other and the shared prefix.
+    assert_eq!(idx.remove(0, &[3]), 0);
+    assert_eq!(matches(&idx, &a), vec![(0, 2)]);
+    assert_eq!(matches(&idx, &b), vec![(0, 3)]);
+}
+
+#[test]
+fn match_stops_at_the_first_missing_block_even_if_later_ones_are_held() {
+    let mut idx = index_with(&[0]);
+    let t = toks(0..12);
+    idx.store(0, None, &[1, 2, 3], &t, BS, XXH3_SEED);
+    idx.remove(0, &[2]);
+    assert_eq!(matches(&idx, &t), vec![(0, 1)]);
+}
+
+#[test]
+fn unknown_parent_is_an_orphan_and_changes_nothing() {
+    let mut idx = index_with(&[0]);
+    let t = toks(0..8);
+    assert_eq!(idx.store(0, Some(999), &[1, 2], &t, BS, XXH3_SEED), StoreOutcome::Orphan);
+    assert_eq!(idx.blocks(), 0);
+    assert_eq!(idx.worker_blocks(0), 0);
+    // Its children are orphans too: nothing was recorded for them to chain from.
+    assert_eq!(idx.store(0, Some(2), &[3], &t[..4], BS, XXH3_SEED), StoreOutcome::Orphan);
+}
+
+#[test]
+fn malformed_and_unregistered_stores_are_refused() {
+    let mut idx = index_with(&[0]);
+    assert_eq!(idx.store(0, None, &[1, 2], &toks(0..7), BS, XXH3_SEED), StoreOutcome::Malformed);
+    assert_eq!(idx.store(5, None, &[1], &toks(0..4), BS, XXH3_SEED), StoreOutcome::UnknownWorker);
+    assert_eq!(idx.blocks(), 0);
+}
+
+#[test]
+fn unknown_removals_are_counted_not_applied() {
+    let mut idx = index_with(&[0]);
+    idx.store(0, None, &[1], &toks(0..4), BS, XXH3_SEED);
+    assert_eq!(idx.remove(0, &[7, 1, 8]), 2);
+    assert_eq!(idx.blocks(), 0);
+}
+
+#[test]
+fn duplicate_stores_need_as_many_removals() {
+    let mut idx = index_with(&[0]);
+    let t = toks(0..4);
+    idx.store(0, None, &[1], &t, BS, XXH3_SEED);
+    idx.store(0, None, &[1], &t, BS, XXH3_SEED);
+    idx.remove(0, &[1]);
+    assert_eq!(matches(&idx, &t), vec![(0, 1)]);
+    idx.remove(0, &[1]);
+    assert_eq!(matches(&idx, &t), vec![]);
+}
+
+#[test]
+fn clear_and_remove_worker_drop_only_that_worker() {
+    let mut idx = index_with(&[0, 1]);
+    let t = toks(0..8);
+    idx.store(0, None, &[1, 2], &t, BS, XXH3_SEED);
+    idx.store(1, None, &[1, 2], &t, BS, XXH3_SEED);
+    idx.clear_worker(0);
+    assert_eq!(matches(&idx, &t), vec![(1, 2)]);
+    // A cleared worker stays registered and can store again.
+    assert_eq!(idx.store(0, None, &[9], &t[..4], BS, XXH3_SEED), StoreOutcome::Stored { blocks: 1 });
+    idx.remove_worker(1);
+    assert_eq!(matches(&idx, &t), vec![(0, 1)]);
+    assert_eq!(idx.store(1, None, &[1], &t[..4], BS, XXH3_SEED), StoreOutcome::UnknownWorker);
+    idx.remove_worker(0);
+    assert_eq!((idx.blocks(), idx.entries()), (0, 0));
+}
+
+#[test]
+fn seeds_separate_salted_chains_and_children_inherit_the_seed() {
+    let mut idx = index_with(&[0]);
+    let salted = hashing::block_seed(None, Some("tenant-a"));
+    let t = toks(0..8);
+    idx.store(0, None, &[1], &t[..4], BS, salted);
+    idx.store(0, Some(1), &[2], &t[4..], BS, XXH3_SEED); // child event carries no salt
+    assert_eq!(matches(&idx, &t), vec![]);
+    let mut m = idx.find_matches(&sequence_hashes(&t, BS, salted));
+    m.sort_unstable();
+    assert_eq!(m, vec![(0, 2)]);
+}
+
+#[test]
+fn many_workers_use_bitmaps_and_still_match_exactly() {
+    let slots: Vec<WorkerSlot> = (0..200).collect();
+    let mut idx = index_with(&slots);
+    let t = toks(0..40); // 10 blocks
+    for &w in &slots {
+        // Worker w holds the first (w % 10) + 1 blocks.
+        let n = (w as usize % 10) + 1;
+        let hashes: Vec<u64> = (0..n as u64).map(|b| engine(w, b)).collect();
+        idx.store(w, None, &hashes, &t[..n * BS], BS, XXH3_SEED);
+    }
+    let m = matches(&idx, &t);
+    assert_eq!(m.len(), 200);
+    for (w, depth) in m {
+        assert_eq!(depth as usize, (w as usize % 10) + 1, "worker {w}");
+    }
+}
+
+#[test]
+fn memory_bound_evicts_least_recently_used_blocks() {
+    let mut idx = KvIndex::new(8, 1_000);
+    idx.add_worker(0);
+    let hot = toks(0..8);
+    idx.store(0, None, &[1, 2], &hot, BS, XXH3_SEED);
+    for i in 0..10u32 {
+        // Keep the hot prefix referenced while cold single blocks stream in.
+        assert_eq!(matches(&idx, &hot), vec![(0, 2)], "round {i}");
+        let cold = toks(1000 + i * 4..1004 + i * 4);
+        idx.store(0, None, &[100 + u64::from(i)], &cold, BS, XXH3_SEED);
+        assert!(idx.entries() <= 8);
+    }
+    assert!(idx.evictions() >= 4);
+    assert_eq!(matches(&idx, &hot), vec![(0, 2)]);
+    // Evicted blocks keep their mapping, so a child of one still chains (and is found by its hash).
+    assert_eq!(idx.store(0, Some(100), &[200], &toks(5000..5004), BS, XXH3_SEED), StoreOutcome::Stored { blocks: 1 });
+}
+
+#[test]
+fn per_worker_bound_asks_for_a_resync() {
+    let mut idx = KvIndex::new(1_000, 3);
+    idx.add_worker(0);
+    assert_eq!(idx.store(0, None, &[1, 2, 3, 4], &toks(0..16), BS, XXH3_SEED), StoreOutcome::TooManyBlocks);
+}
+
+#[test]
+fn approximate_chains_insert_idempotently_and_remove() {
+    let mut idx = index_with(&[0]);
+    let chains = sequence_hashes(&toks(0..12), BS, XXH3_SEED);
+    idx.insert_chain(0, &chains);
+    idx.insert_chain(0, &chains);
+    assert_eq!(idx.find_matches(&chains), vec![(0, 3)]);
+    idx.remove(0, &[chains[2].0]);
+    assert_eq!(idx.find_matches(&chains), vec![(0, 2)]);
+    assert_eq!(idx.remove(0, &[chains[0].0, chains[1].0]), 0);
+    assert_eq!(idx.blocks(), 0);
+}
+
+proptest::proptest! {
+    // Random store/remove/clear sequences: the index always equals a model built from the same ops.
+    #[test]
+    fn index_matches_a_model(ops in proptest::collection::vec((0u8..4, 0u32..3, 0u64..6, 1usize..4), 1..80)) {
+        use std::collections::{BTreeMap, BTreeSet};
+        let mut idx = index_with(&[0, 1, 2]);
+        // model: worker -> engine hash -> (chain, refs); chains computed the obvious way.
+        let mut model: BTreeMap<u32, BTreeMap<u64, (u64, u32)>> = BTreeMap::new();
+        for (op, w, h, n) in ops {
+            let block_tokens = |e: u64| -> Vec<u32> { (0..BS as u32).map(|i| (e as u32) * 10 + i).collect() };
+            match op {
+                0 | 1 => {
+                    // store a chain of n blocks with engine hashes h, h+1, … from the root or from h-1
+                    let parent = if op == 1 && h > 0 { Some(h - 1) } else { None };
+                    let hashes: Vec<u64> = (h..h + n as u64).collect();
+                    let tokens: Vec<u32> = hashes.iter().flat_map(|e| block_tokens(*e)).collect();
+                    let wm = model.entry(w).or_default();
+                    let prev = match parent {
+                        None => Some(None),
+                        Some(p) => wm.get(&p).map(|(c, _)| Some(SequenceHash(*c))),
+                    };
+                    let outcome = idx.store(w, parent, &hashes, &tokens, BS, XXH3_SEED);
+                    match prev {
+                        None => proptest::prop_assert_eq!(outcome, StoreOutcome::Orphan),
+                        Some(mut prev) => {
+                            for e in &hashes {
+                                let c = hashing::chain(prev, hashing::local_block_hash(&block_tokens(*e), XXH3_SEED));
+                                let slot = wm.entry(*e).or_insert((c.0, 0));
+                                if slot.0 != c.0 { *slot = (c.0, 0); }
+                                slot.1 += 1;
+                                prev = Some(c);
+                            }
+                        }
+                    }
+                }
+                2 => {
+                    idx.remove(w, &[h]);
+                    let wm = model.entry(w).or_default();
+                    if let Some(slot) = wm.get_mut(&h) {
+                        slot.1 -= 1;
+                        if slot.1 == 0 { wm.remove(&h); }
+                    }
+                }
+                _ => {
+                    idx.clear_worker(w);
+                    model.remove(&w);
+                }
+            }
+            for w in 0..3u32 {
+                let want: BTreeSet<u64> = model.get(&w).map(|m| m.values().map(|(c, _)| *c).collect()).unwrap_or_default();
+                let got: BTreeSet<u64> = idx.worker_refs(w).iter().filter(|(_, r)| idx.holds(w, r.chain)).map(|(_, r)| r.chain.0).collect();
+                proptest::prop_assert_eq!(&got, &want);
+            }
+        }
+    }
+}
+
+/// The canonical prompt of the model tests: blocks of engine hashes 0, 1, 2, … chained in order.
+fn canonical_chains(len: u64) -> Vec<SequenceHash> {
+    let block_tokens = |e: u64| -> Vec<u32> { (0..BS as u32).map(|i| (e as u32) * 10 + i).collect() };
+    let tokens: Vec<u32> = (0..len).flat_map(block_tokens).collect();
+    sequence_hashes(&tokens, BS, XXH3_SEED)
+}
+
+fn sorted(mut v: OverlapScores) -> OverlapScores {
+    v.sort_unstable();
+    v
+}
+
+proptest::proptest! {
+    // Galloping find_matches agrees with the block-by-block walk after any history: in-order and
+    // out-of-order removals (dirty workers), batches, clears, and memory-bound evictions.
+    #[test]
+    fn galloping_equals_the_exact_walk(
+        ops in proptest::collection::vec((0u8..5, 0u32..40, 0u64..12, 1usize..6), 1..120),
+        max_entries in proptest::sample::select(vec![8usize, 1_000_000]),
+    ) {
+        let mut idx = KvIndex::new(max_entries, 1_000_000);
+        for w in 0..40 { idx.add_worker(w); }
+        let block_tokens = |e: u64| -> Vec<u32> { (0..BS as u32).map(|i| (e as u32) * 10 + i).collect() };
+        for (op, w, h, n) in ops {
+            match op {
+                0 | 1 => {
+                    // Chains of engine hashes h..h+n, from the root (op 0, only at h = 0 to build the
+                    // canonical prompt) or continuing after h-1.
+                    let (start, parent) = if op == 0 { (0, None) } else { (h, h.checked_sub(1)) };
+                    let hashes: Vec<u64> = (start..start + n as u64).collect();
+                    let tokens: Vec<u32> = hashes.iter().flat_map(|e| block_tokens(*e)).collect();
+                    idx.store(w, parent, &hashes, &tokens, BS, XXH3_SEED);
+                }
+                2 => { idx.remove(w, &[h]); }
+                3 => {
+                    // A tail-first batch (clean) or, for odd h, parent-first (still one batch).
+                    let mut batch: Vec<u64> = (h..h + n as u64).collect();
+                    if h % 2 == 0 { batch.reverse(); }
+                    idx.remove(w, &batch);
+                }
+                _ => idx.clear_worker(w),
+            }
+            for len in [1u64, 3, 8, 14] {
+                let chains = canonical_chains(len);
+                proptest::prop_assert_eq!(sorted(idx.find_matches(&chains)), sorted(idx.walk(&chains)));
+            }
+        }
+    }
+}
+
+#[test]
+fn clean_workers_gallop_and_dirty_ones_are_still_exact() {
+    let mut idx = index_with(&[0, 1]);
+    let t = toks(0..64); // 16 blocks
+    let hashes: Vec<u64> = (1..=16).collect();
+    idx.store(0, None, &hashes, &t, BS, XXH3_SEED);
+    idx.store(1, None, &hashes[..10], &t[..40], BS, XXH3_SEED);
+    assert_eq!(matches(&idx, &t), vec![(0, 16), (1, 10)]);
+    // Tail-first eviction keeps worker 0 clean.
+    idx.remove(0, &[16, 15]);
+    assert_eq!(idx.dirty_words.first().copied().unwrap_or(0), 0);
+    assert_eq!(matches(&idx, &t), vec![(0, 14), (1, 10)]);
+    // Removing a middle block makes worker 1 dirty; the answer stays exact (held prefix is 4).
+    idx.remove(1, &[5]);
+    assert_ne!(idx.dirty_words.first().copied().unwrap_or(0), 0);
+    assert_eq!(matches(&idx, &t), vec![(0, 14), (1, 4)]);
+    // Clearing makes it clean again.
+    idx.clear_worker(1);
+    assert_eq!(idx.dirty_words.first().copied().unwrap_or(0), 0);
+}

@@ -1,0 +1,357 @@
+//! Every metric the indexer exports, declared once: names as constants (the README's metrics table
+//! is tested against [`ALL`]), one [`Metrics`] registry, Prometheus text out.
+//!
+//! Request-weighted and block-weighted hit rates are different numbers and both are exported under
+//! names that say which is which (DESIGN.md "Metrics"): `router_kv_hit_rate` is a histogram of
+//! per-request overlap/isl (its sum/count is a mean of ratios); the two `router_kv_*_blocks_total`
+//! counters give the block-weighted ratio, comparable to the engines' own prefix-cache counters,
+//! which are scraped and mirrored beside it. Labels are low-cardinality: worker ids, fixed enums.
+
+use prometheus::{
+    exponential_buckets, linear_buckets, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+pub const ROUTER_KV_HIT_RATE: &str = "router_kv_hit_rate";
+pub const ROUTER_KV_OVERLAP_BLOCKS_TOTAL: &str = "router_kv_overlap_blocks_total";
+pub const ROUTER_KV_ISL_BLOCKS_TOTAL: &str = "router_kv_isl_blocks_total";
+pub const DECISIONS_TOTAL: &str = "kvmesh_decisions_total";
+pub const ROUTE_ERRORS_TOTAL: &str = "kvmesh_route_errors_total";
+pub const BAD_REQUESTS_TOTAL: &str = "kvmesh_bad_requests_total";
+pub const ROUTE_DURATION_SECONDS: &str = "kvmesh_route_duration_seconds";
+pub const TOKENIZE_DURATION_SECONDS: &str = "kvmesh_tokenize_duration_seconds";
+pub const MATCH_DURATION_SECONDS: &str = "kvmesh_match_duration_seconds";
+pub const SCORE_DURATION_SECONDS: &str = "kvmesh_score_duration_seconds";
+pub const TOKENIZE_CACHE_SEGMENTS_TOTAL: &str = "kvmesh_tokenize_cache_segments_total";
+pub const DONE_REPORTS_TOTAL: &str = "kvmesh_done_reports_total";
+pub const LOAD_EXPIRED_TOTAL: &str = "kvmesh_load_expired_total";
+pub const KV_EVENTS_TOTAL: &str = "kvmesh_kv_events_total";
+pub const KV_BLOCKS_TOTAL: &str = "kvmesh_kv_blocks_total";
+pub const KV_BATCHES_TOTAL: &str = "kvmesh_kv_batches_total";
+pub const KV_DECODE_ERRORS_TOTAL: &str = "kvmesh_kv_decode_errors_total";
+pub const KV_GAPS_TOTAL: &str = "kvmesh_kv_gaps_total";
+pub const KV_REPLAYS_TOTAL: &str = "kvmesh_kv_replays_total";
+pub const KV_RESYNCS_TOTAL: &str = "kvmesh_kv_resyncs_total";
+pub const KV_BLOCK_SIZE_MISMATCH_TOTAL: &str = "kvmesh_kv_block_size_mismatch_total";
+pub const KV_ORPHAN_STORES_TOTAL: &str = "kvmesh_kv_orphan_stores_total";
+pub const KV_UNKNOWN_REMOVES_TOTAL: &str = "kvmesh_kv_unknown_removes_total";
+pub const KV_IGNORED_EVENTS_TOTAL: &str = "kvmesh_kv_ignored_events_total";
+pub const KV_EVENT_LAG_SECONDS: &str = "kvmesh_kv_event_lag_seconds";
+pub const INDEX_BLOCKS: &str = "kvmesh_index_blocks";
+pub const INDEX_ENTRIES: &str = "kvmesh_index_entries";
+pub const INDEX_EVICTIONS_TOTAL: &str = "kvmesh_index_evictions_total";
+pub const INDEX_BYTES: &str = "kvmesh_index_bytes";
+pub const WORKER_BLOCKS: &str = "kvmesh_worker_blocks";
+pub const WORKER_ACTIVE_REQUESTS: &str = "kvmesh_worker_active_requests";
+pub const WORKER_ACTIVE_BLOCKS: &str = "kvmesh_worker_active_blocks";
+pub const WORKER_PREFILL_TOKENS: &str = "kvmesh_worker_prefill_tokens";
+pub const WORKER_RUNNING_REQUESTS: &str = "kvmesh_worker_running_requests";
+pub const WORKER_WAITING_REQUESTS: &str = "kvmesh_worker_waiting_requests";
+pub const WORKER_HEALTHY: &str = "kvmesh_worker_healthy";
+pub const ENGINE_SCRAPES_TOTAL: &str = "kvmesh_engine_scrapes_total";
+pub const ENGINE_PREFIX_CACHE_HITS_TOTAL: &str = "kvmesh_engine_prefix_cache_hits_total";
+pub const ENGINE_PREFIX_CACHE_QUERIES_TOTAL: &str = "kvmesh_engine_prefix_cache_queries_total";
+pub const KV_BLOCK_HIT_RATE: &str = "kvmesh_kv_block_hit_rate";
+pub const FLEET_GENERATION: &str = "kvmesh_fleet_generation";
+pub const CONFIG_RELOADS_TOTAL: &str = "kvmesh_config_reloads_total";
+pub const APPROX_EXPIRED_BLOCKS_TOTAL: &str = "kvmesh_approx_expired_blocks_total";
+
+/// Every metric name, for the README drift test.
+pub const ALL: &[&str] = &[
+    ROUTER_KV_HIT_RATE,
+    ROUTER_KV_OVERLAP_BLOCKS_TOTAL,
+    ROUTER_KV_ISL_BLOCKS_TOTAL,
+    DECISIONS_TOTAL,
+    ROUTE_ERRORS_TOTAL,
+    BAD_REQUESTS_TOTAL,
+    ROUTE_DURATION_SECONDS,
+    TOKENIZE_DURATION_SECONDS,
+    MATCH_DURATION_SECONDS,
+    SCORE_DURATION_SECONDS,
+    TOKENIZE_CACHE_SEGMENTS_TOTAL,
+    DONE_REPORTS_TOTAL,
+    LOAD_EXPIRED_TOTAL,
+    KV_EVENTS_TOTAL,
+    KV_BLOCKS_TOTAL,
+    KV_BATCHES_TOTAL,
+    KV_DECODE_ERRORS_TOTAL,
+    KV_GAPS_TOTAL,
+    KV_REPLAYS_TOTAL,
+    KV_RESYNCS_TOTAL,
+    KV_BLOCK_SIZE_MISMATCH_TOTAL,
+    KV_ORPHAN_STORES_TOTAL,
+    KV_UNKNOWN_REMOVES_TOTAL,
+    KV_IGNORED_EVENTS_TOTAL,
+    KV_EVENT_LAG_SECONDS,
+    INDEX_BLOCKS,
+    INDEX_ENTRIES,
+    INDEX_EVICTIONS_TOTAL,
+    INDEX_BYTES,
+    WORKER_BLOCKS,
+    WORKER_ACTIVE_REQUESTS,
+    WORKER_ACTIVE_BLOCKS,
+    WORKER_PREFILL_TOKENS,
+    WORKER_RUNNING_REQUESTS,
+    WORKER_WAITING_REQUESTS,
+    WORKER_HEALTHY,
+    ENGINE_SCRAPES_TOTAL,
+    ENGINE_PREFIX_CACHE_HITS_TOTAL,
+    ENGINE_PREFIX_CACHE_QUERIES_TOTAL,
+    KV_BLOCK_HIT_RATE,
+    FLEET_GENERATION,
+    CONFIG_RELOADS_TOTAL,
+    APPROX_EXPIRED_BLOCKS_TOTAL,
+];
+
+/// The indexer's metrics.
+pub struct Metrics {
+    registry: Registry,
+    pub hit_rate: Histogram,
+    pub overlap_blocks: IntCounter,
+    pub isl_blocks: IntCounter,
+    /// labels: mode, basis (why the worker was chosen: override, session_pin, pin_overloaded, best_overlap, lowest_cost).
+    pub decisions: IntCounterVec,
+    /// labels: reason (no_decode_worker, tokenizer, index_unavailable …): route requests answered with an error.
+    pub route_errors: IntCounterVec,
+    /// labels: endpoint (route, done), reason.
+    pub bad_requests: IntCounterVec,
+    pub route_duration: Histogram,
+    pub tokenize_duration: Histogram,
+    pub match_duration: Histogram,
+    pub score_duration: Histogram,
+    /// labels: result (hit, miss).
+    pub tokenize_cache: IntCounterVec,
+    /// labels: outcome (success, error, aborted), matched (true, false).
+    pub done_reports: IntCounterVec,
+    /// labels: reason (timeout, overflow).
+    pub load_expired: IntCounterVec,
+    /// labels: worker, type (stored, removed, cleared, unknown).
+    pub kv_events: IntCounterVec,
+    /// labels: worker, op (stored, removed).
+    pub kv_blocks: IntCounterVec,
+    pub kv_batches: IntCounterVec,
+    pub kv_decode_errors: IntCounterVec,
+    pub kv_gaps: IntCounterVec,
+    /// labels: worker, outcome (complete, truncated, failed).
+    pub kv_replays: IntCounterVec,
+    /// labels: worker, reason (gap_unrecoverable, engine_restart, too_many_blocks, events_rewired).
+    pub kv_resyncs: IntCounterVec,
+    pub kv_block_size_mismatch: IntCounterVec,
+    pub kv_orphan_stores: IntCounterVec,
+    pub kv_unknown_removes: IntCounterVec,
+    /// labels: worker, reason (tier, queue_full).
+    pub kv_ignored: IntCounterVec,
+    pub kv_event_lag: GaugeVec,
+    pub index_blocks: IntGauge,
+    pub index_entries: IntGauge,
+    pub index_evictions: IntCounter,
+    pub index_bytes: IntGauge,
+    pub worker_blocks: IntGaugeVec,
+    pub worker_active_requests: IntGaugeVec,
+    pub worker_active_blocks: IntGaugeVec,
+    pub worker_prefill_tokens: IntGaugeVec,
+    pub worker_running: IntGaugeVec,
+    pub worker_waiting: IntGaugeVec,
+    pub worker_healthy: IntGaugeVec,
+    /// labels: worker, result (ok, error).
+    pub engine_scrapes: IntCounterVec,
+    pub engine_hits: IntCounterVec,
+    pub engine_queries: IntCounterVec,
+    /// labels: source (router, engine): block-weighted hit rate since the indexer started.
+    pub kv_block_hit_rate: GaugeVec,
+    pub fleet_generation: IntGauge,
+    /// labels: result (ok, error, unchanged).
+    pub config_reloads: IntCounterVec,
+    pub approx_expired: IntCounter,
+}
+
+fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
+    let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+    r.register(Box::new(c.clone()))?;
+    Ok(c)
+}
+
+fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntGaugeVec> {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
+    r.register(Box::new(g.clone()))?;
+    Ok(g)
+}
+
+fn duration(r: &Registry, name: &str, help: &str) -> prometheus::Result<Histogram> {
+    // 5 µs … ~1.3 s.
+    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(exponential_buckets(5e-6, 2.0, 19)?))?;
+    r.register(Box::new(h.clone()))?;
+    Ok(h)
+}
+
+impl Metrics {
+    /// Registers every metric in a fresh registry.
+    pub fn new() -> prometheus::Result<Self> {
+        let r = Registry::new();
+        let hit_rate = Histogram::with_opts(
+            HistogramOpts::new(ROUTER_KV_HIT_RATE, "Predicted KV hit rate per routed request (overlap_blocks / isl_blocks); sum/count is request-weighted")
+                .buckets(linear_buckets(0.0, 0.05, 21)?),
+        )?;
+        r.register(Box::new(hit_rate.clone()))?;
+        let overlap_blocks = IntCounter::new(
+            ROUTER_KV_OVERLAP_BLOCKS_TOTAL,
+            "Predicted cached blocks of routed requests; divide by router_kv_isl_blocks_total for the block-weighted hit rate",
+        )?;
+        r.register(Box::new(overlap_blocks.clone()))?;
+        let isl_blocks = IntCounter::new(ROUTER_KV_ISL_BLOCKS_TOTAL, "Prompt blocks (ceil(tokens / block_size)) of routed requests")?;
+        r.register(Box::new(isl_blocks.clone()))?;
+        let index_evictions = IntCounter::new(INDEX_EVICTIONS_TOTAL, "Blocks evicted from the index by its memory bound")?;
+        r.register(Box::new(index_evictions.clone()))?;
+        let approx_expired = IntCounter::new(APPROX_EXPIRED_BLOCKS_TOTAL, "Approximate mode: (block, worker) entries forgotten by TTL or size bound")?;
+        r.register(Box::new(approx_expired.clone()))?;
+        let int_gauge = |name: &str, help: &str| -> prometheus::Result<IntGauge> {
+            let g = IntGauge::new(name, help)?;
+            r.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let kv_event_lag = GaugeVec::new(Opts::new(KV_EVENT_LAG_SECONDS, "Now minus the engine timestamp of the worker's last applied batch"), &["worker"])?;
+        r.register(Box::new(kv_event_lag.clone()))?;
+        let kv_block_hit_rate = GaugeVec::new(
+            Opts::new(KV_BLOCK_HIT_RATE, "Block-weighted KV hit rate since indexer start: router = predicted at routing time, engine = scraped vllm:prefix_cache_hits/queries"),
+            &["source"],
+        )?;
+        r.register(Box::new(kv_block_hit_rate.clone()))?;
+        Ok(Self {
+            hit_rate,
+            overlap_blocks,
+            isl_blocks,
+            decisions: counter_vec(&r, DECISIONS_TOTAL, "Routing decisions by mode and basis", &["mode", "basis"])?,
+            route_errors: counter_vec(&r, ROUTE_ERRORS_TOTAL, "Route requests the indexer could not answer with a decision", &["reason"])?,
+            bad_requests: counter_vec(&r, BAD_REQUESTS_TOTAL, "Malformed API requests answered with 4xx", &["endpoint", "reason"])?,
+            route_duration: duration(&r, ROUTE_DURATION_SECONDS, "Time to answer /v1/route (parse, tokenize, match, score)")?,
+            tokenize_duration: duration(&r, TOKENIZE_DURATION_SECONDS, "Time to render and tokenize one prompt")?,
+            match_duration: duration(&r, MATCH_DURATION_SECONDS, "Time to hash a prompt's blocks and find per-worker overlaps")?,
+            score_duration: duration(&r, SCORE_DURATION_SECONDS, "Time to score workers and decide")?,
+            tokenize_cache: counter_vec(&r, TOKENIZE_CACHE_SEGMENTS_TOTAL, "Prompt segments served from / added to the tokenization cache", &["result"])?,
+            done_reports: counter_vec(&r, DONE_REPORTS_TOTAL, "/v1/done reports by outcome and whether a booking matched", &["outcome", "matched"])?,
+            load_expired: counter_vec(&r, LOAD_EXPIRED_TOTAL, "Booked request loads released without /v1/done", &["reason"])?,
+            kv_events: counter_vec(&r, KV_EVENTS_TOTAL, "KV events received by worker and type", &["worker", "type"])?,
+            kv_blocks: counter_vec(&r, KV_BLOCKS_TOTAL, "Blocks stored / removed in the index by worker", &["worker", "op"])?,
+            kv_batches: counter_vec(&r, KV_BATCHES_TOTAL, "KV event batches applied by worker", &["worker"])?,
+            kv_decode_errors: counter_vec(&r, KV_DECODE_ERRORS_TOTAL, "KV event payloads that could not be decoded", &["worker"])?,
+            kv_gaps: counter_vec(&r, KV_GAPS_TOTAL, "Sequence gaps detected in a worker's event stream", &["worker"])?,
+            kv_replays: counter_vec(&r, KV_REPLAYS_TOTAL, "Replays from a worker's ROUTER socket by outcome", &["worker", "outcome"])?,
+            kv_resyncs: counter_vec(&r, KV_RESYNCS_TOTAL, "Times a worker's index state was cleared and rebuilt, by reason", &["worker", "reason"])?,
+            kv_block_size_mismatch: counter_vec(&r, KV_BLOCK_SIZE_MISMATCH_TOTAL, "BlockStored events refused for a block size other than model.block_size", &["worker"])?,
+            kv_orphan_stores: counter_vec(&r, KV_ORPHAN_STORES_TOTAL, "BlockStored events refused because their parent block is unknown", &["worker"])?,
+            kv_unknown_removes: counter_vec(&r, KV_UNKNOWN_REMOVES_TOTAL, "Removed block hashes the worker never stored", &["worker"])?,
+            kv_ignored: counter_vec(&r, KV_IGNORED_EVENTS_TOTAL, "Events skipped: other tier or cache group, malformed stores", &["worker", "reason"])?,
+            kv_event_lag,
+            index_blocks: int_gauge(INDEX_BLOCKS, "Distinct blocks in the index")?,
+            index_entries: int_gauge(INDEX_ENTRIES, "(block, worker) entries in the index; bounded by routing.index_max_entries")?,
+            index_evictions,
+            index_bytes: int_gauge(INDEX_BYTES, "Approximate heap bytes of the index")?,
+            worker_blocks: gauge_vec(&r, WORKER_BLOCKS, "Blocks a worker holds according to its events", &["worker"])?,
+            worker_active_requests: gauge_vec(&r, WORKER_ACTIVE_REQUESTS, "In-flight requests routed to the worker (booked load)", &["worker"])?,
+            worker_active_blocks: gauge_vec(&r, WORKER_ACTIVE_BLOCKS, "Prompt blocks of in-flight requests routed to the worker", &["worker"])?,
+            worker_prefill_tokens: gauge_vec(&r, WORKER_PREFILL_TOKENS, "Uncached prompt tokens of in-flight requests routed to the worker", &["worker"])?,
+            worker_running: gauge_vec(&r, WORKER_RUNNING_REQUESTS, "vllm:num_requests_running from the last scrape", &["worker"])?,
+            worker_waiting: gauge_vec(&r, WORKER_WAITING_REQUESTS, "vllm:num_requests_waiting from the last scrape", &["worker"])?,
+            worker_healthy: gauge_vec(&r, WORKER_HEALTHY, "1 when the worker gets traffic (its /metrics answers)", &["worker"])?,
+            engine_scrapes: counter_vec(&r, ENGINE_SCRAPES_TOTAL, "Engine /metrics scrapes by result", &["worker", "result"])?,
+            engine_hits: counter_vec(&r, ENGINE_PREFIX_CACHE_HITS_TOTAL, "Mirror of the engine's vllm:prefix_cache_hits_total (tokens) since indexer start", &["worker"])?,
+            engine_queries: counter_vec(&r, ENGINE_PREFIX_CACHE_QUERIES_TOTAL, "Mirror of the engine's vllm:prefix_cache_queries_total (tokens) since indexer start", &["worker"])?,
+            kv_block_hit_rate,
+            fleet_generation: int_gauge(FLEET_GENERATION, "Bumped when fleet membership or health changes")?,
+            config_reloads: counter_vec(&r, CONFIG_RELOADS_TOTAL, "Config reloads by result", &["result"])?,
+            approx_expired,
+            registry: r,
+        })
+    }
+
+    /// Prometheus text exposition of everything.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed families; an error yields what was written.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    /// Drops every series labelled with `worker` (it left the fleet).
+    pub fn forget_worker(&self, worker: &str) {
+        for g in [
+            &self.worker_blocks,
+            &self.worker_active_requests,
+            &self.worker_active_blocks,
+            &self.worker_prefill_tokens,
+            &self.worker_running,
+            &self.worker_waiting,
+            &self.worker_healthy,
+        ] {
+            let _ = g.remove_label_values(&[worker]);
+        }
+        let _ = self.kv_event_lag.remove_label_values(&[worker]);
+        for c in [
+            &self.kv_batches,
+            &self.kv_decode_errors,
+            &self.kv_gaps,
+            &self.kv_block_size_mismatch,
+            &self.kv_orphan_stores,
+            &self.kv_unknown_removes,
+            &self.engine_hits,
+            &self.engine_queries,
+        ] {
+            let _ = c.remove_label_values(&[worker]);
+        }
+        let pairs: [(&IntCounterVec, &[&str]); 6] = [
+            (&self.kv_events, &["stored", "removed", "cleared", "unknown"]),
+            (&self.kv_blocks, &["stored", "removed"]),
+            (&self.kv_replays, &["complete", "truncated", "failed"]),
+            (&self.kv_resyncs, &["gap_unrecoverable", "engine_restart", "too_many_blocks", "events_rewired"]),
+            (&self.kv_ignored, &["tier", "malformed", "queue_full"]),
+            (&self.engine_scrapes, &["ok", "error"]),
+        ];
+        for (vec, second) in pairs {
+            for s in second {
+                let _ = vec.remove_label_values(&[worker, s]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_registered_and_named_as_declared() {
+        let m = Metrics::new().unwrap();
+        // Touch labelled families so they appear in the output.
+        m.decisions.with_label_values(&["aggregate", "best_overlap"]).inc();
+        m.route_errors.with_label_values(&["x"]).inc();
+        m.bad_requests.with_label_values(&["route", "x"]).inc();
+        m.tokenize_cache.with_label_values(&["hit"]).inc();
+        m.done_reports.with_label_values(&["success", "true"]).inc();
+        m.load_expired.with_label_values(&["timeout"]).inc();
+        for c in [&m.kv_batches, &m.kv_decode_errors, &m.kv_gaps, &m.kv_block_size_mismatch, &m.kv_orphan_stores, &m.kv_unknown_removes, &m.engine_hits, &m.engine_queries] {
+            c.with_label_values(&["w"]).inc();
+        }
+        for (c, second) in [(&m.kv_events, "stored"), (&m.kv_blocks, "removed"), (&m.kv_replays, "complete"), (&m.kv_resyncs, "engine_restart"), (&m.kv_ignored, "tier"), (&m.engine_scrapes, "ok")] {
+            c.with_label_values(&["w", second]).inc();
+        }
+        for g in [&m.worker_blocks, &m.worker_active_requests, &m.worker_active_blocks, &m.worker_prefill_tokens, &m.worker_running, &m.worker_waiting, &m.worker_healthy] {
+            g.with_label_values(&["w"]).set(1);
+        }
+        m.kv_event_lag.with_label_values(&["w"]).set(0.1);
+        m.kv_block_hit_rate.with_label_values(&["router"]).set(0.5);
+        m.config_reloads.with_label_values(&["ok"]).inc();
+        let text = m.render();
+        for name in ALL {
+            assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing from exposition");
+        }
+        m.forget_worker("w");
+        assert!(!m.render().contains("worker=\"w\""));
+    }
+
+    #[test]
+    fn names_follow_conventions() {
+        for name in ALL {
+            assert!(name.starts_with("kvmesh_") || name.starts_with("router_kv_"), "{name}");
+        }
+    }
+}

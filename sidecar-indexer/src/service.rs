@@ -1,0 +1,422 @@
+//! Assembling and running an indexer: state, the applier thread, one listener per (worker, rank),
+//! the engine scraper, the load-expiry ticker and configuration reloads.
+//!
+//! Reload semantics (SIGHUP or a changed file): the new file is parsed and validated in full (and the
+//! tokenizer loaded if the model changed) before anything changes; a bad file changes nothing and is
+//! counted. Then: removed workers leave the index (their listeners are stopped and joined first, so
+//! nothing they queued lands after the removal); added workers get slots and listeners; workers whose
+//! event wiring changed are cleared and re-subscribed; workers that only changed endpoint or role keep
+//! their index state. A new block size or index mode rewires every worker. `listen` needs a restart.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::sync_channel;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use parking_lot::{Mutex, RwLock};
+use rand::SeedableRng;
+
+use crate::config::{Config, ConfigError, EnvSource, IndexMode, WorkerConfig};
+use crate::events::applier::{Applier, ApplierConfig, ApplierMsg, IndexGauges};
+use crate::events::listener::{self, ListenerSpec, ListenerStats};
+use crate::index::KvIndex;
+use crate::load::LoadTracker;
+use crate::metrics::Metrics;
+use crate::scrape::parse_engine_metrics;
+use crate::state::{AppState, Fleet, RankRuntime, WorkerRuntime};
+use crate::tokenize::{PromptTokenizer, TokenizeError};
+
+/// Why the service could not start or reload.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] TokenizeError),
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("cannot start a thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+/// A running indexer (everything but the HTTP server).
+pub struct Service {
+    pub state: Arc<AppState>,
+    zmq: zmq::Context,
+    config_path: Option<PathBuf>,
+    env: Arc<dyn EnvSource>,
+    reload_lock: tokio::sync::Mutex<()>,
+}
+
+fn applier_config(c: &Config) -> ApplierConfig {
+    ApplierConfig {
+        block_size: c.model.block_size,
+        max_entries: c.routing.index_max_entries,
+        max_blocks_per_worker: c.routing.max_blocks_per_worker,
+        approx_ttl: Duration::from_secs(c.routing.approx_ttl_secs),
+        approx_max_blocks_per_worker: c.routing.approx_max_blocks_per_worker,
+    }
+}
+
+fn load_tokenizer(c: &Config) -> Result<PromptTokenizer, TokenizeError> {
+    PromptTokenizer::load(&c.model.tokenizer_path(), c.model.chat_template.as_deref(), &c.model.bos_token, c.routing.tokenize_cache_bytes)
+}
+
+impl Service {
+    /// Builds the state, starts the applier and the listeners. `config_path` enables reloads.
+    pub fn start(config: Config, config_path: Option<PathBuf>, env: Arc<dyn EnvSource>) -> Result<Arc<Self>, ServiceError> {
+        let tokenizer = load_tokenizer(&config)?;
+        Self::start_with_tokenizer(config, config_path, env, tokenizer)
+    }
+
+    /// [`Service::start`] with an already loaded tokenizer (tests share one).
+    pub fn start_with_tokenizer(
+        config: Config,
+        config_path: Option<PathBuf>,
+        env: Arc<dyn EnvSource>,
+        tokenizer: PromptTokenizer,
+    ) -> Result<Arc<Self>, ServiceError> {
+        let metrics = Arc::new(Metrics::new()?);
+        let index = Arc::new(RwLock::new(KvIndex::new(config.routing.index_max_entries, config.routing.max_blocks_per_worker)));
+        let gauges = Arc::new(IndexGauges::default());
+        let free_slots = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = sync_channel(config.routing.event_queue_batches);
+        let applier = Applier::new(index.clone(), metrics.clone(), gauges.clone(), free_slots.clone(), applier_config(&config));
+        std::thread::Builder::new().name("kv-applier".into()).spawn(move || applier.run(rx))?;
+        let routing = &config.routing;
+        let state = Arc::new(AppState {
+            load: Mutex::new(LoadTracker::new(Duration::from_secs(routing.load_expiry_secs), routing.max_bookings)),
+            config: RwLock::new(Arc::new(config.clone())),
+            fleet: RwLock::new(Fleet::default()),
+            index,
+            gauges,
+            tokenizer: RwLock::new(Arc::new(tokenizer)),
+            metrics,
+            applier: tx,
+            rng: Mutex::new(rand::rngs::StdRng::from_entropy()),
+            engine_totals: Default::default(),
+            free_slots,
+            next_slot: Mutex::new(0),
+            started: Instant::now(),
+        });
+        let svc = Arc::new(Self { state, zmq: zmq::Context::new(), config_path, env, reload_lock: tokio::sync::Mutex::new(()) });
+        let workers: Vec<WorkerRuntime> = config.workers.iter().map(|w| svc.add_worker(w, &config)).collect::<Result<_, _>>()?;
+        {
+            let mut fleet = svc.state.fleet.write();
+            fleet.workers = workers;
+            fleet.generation = 1;
+            fleet.reindex();
+        }
+        tracing::info!(workers = config.workers.len(), block_size = config.model.block_size, mode = config.routing.mode.as_str(), "indexer started");
+        Ok(svc)
+    }
+
+    fn add_worker(&self, w: &WorkerConfig, config: &Config) -> Result<WorkerRuntime, ServiceError> {
+        let ranks = (0..w.dp_ranks).map(|rank| self.add_rank(w, rank, config)).collect::<Result<_, _>>()?;
+        Ok(WorkerRuntime { cfg: w.clone(), ranks, healthy: true, scrape_failures: 0, engine: None, hits: Default::default(), queries: Default::default() })
+    }
+
+    fn add_rank(&self, w: &WorkerConfig, rank: u32, config: &Config) -> Result<RankRuntime, ServiceError> {
+        let slot = self.state.alloc_slot();
+        let stats = Arc::new(ListenerStats::default());
+        let _ = self.state.applier.send(ApplierMsg::AddWorker { slot, label: w.id.as_str().into(), stats: stats.clone() });
+        let listener = match (config.routing.mode, w.events_endpoint(rank)) {
+            (IndexMode::Precise, Some(events_endpoint)) => {
+                let spec = ListenerSpec {
+                    worker: w.id.clone(),
+                    rank,
+                    slot,
+                    events_endpoint,
+                    replay_endpoint: w.replay_endpoint(rank),
+                    bind: w.kv_events_bind,
+                    topic: w.kv_topic.clone(),
+                    replay_timeout: Duration::from_millis(config.routing.replay_timeout_ms),
+                };
+                Some(listener::spawn(self.zmq.clone(), spec, self.state.applier.clone(), stats.clone(), self.state.metrics.clone())?)
+            }
+            _ => {
+                stats.synced.store(true, Ordering::Relaxed);
+                None
+            }
+        };
+        Ok(RankRuntime { rank, slot, stats, listener })
+    }
+
+    /// Stops a rank's listener (blocking until its thread is gone) and removes it from the index.
+    fn retire_rank(&self, mut r: RankRuntime) {
+        if let Some(l) = r.listener.take() {
+            l.stop();
+        }
+        let _ = self.state.applier.send(ApplierMsg::RemoveWorker { slot: r.slot });
+    }
+
+    /// Waits until the applier has applied everything queued so far.
+    pub fn barrier(&self) {
+        let (tx, rx) = sync_channel(1);
+        if self.state.applier.send(ApplierMsg::Barrier(tx)).is_ok() {
+            let _ = rx.recv_timeout(Duration::from_secs(30));
+        }
+    }
+
+    /// Re-reads the config file and applies it. Returns whether anything changed.
+    pub async fn reload_from_file(self: &Arc<Self>) -> Result<bool, ServiceError> {
+        let Some(path) = self.config_path.clone() else { return Ok(false) };
+        let env = self.env.clone();
+        let parsed = tokio::task::spawn_blocking(move || Config::load(&path, env.as_ref()))
+            .await
+            .map_err(|e| ServiceError::Config(ConfigError::Parse(e.to_string())))?;
+        let mut new = parsed?;
+        // A --listen override outlives reloads: the socket cannot move anyway.
+        new.listen = self.state.config().listen.clone();
+        self.reload(new).await
+    }
+
+    /// Applies a validated configuration (see the module docs). Returns whether anything changed.
+    pub async fn reload(self: &Arc<Self>, new: Config) -> Result<bool, ServiceError> {
+        let _guard = self.reload_lock.lock().await;
+        let old = self.state.config();
+        if *old == new {
+            self.state.metrics.config_reloads.with_label_values(&["unchanged"]).inc();
+            return Ok(false);
+        }
+        let result = self.clone().apply_reload(old, new).await;
+        self.state.metrics.config_reloads.with_label_values(&[if result.is_ok() { "ok" } else { "error" }]).inc();
+        result.map(|()| true)
+    }
+
+    async fn apply_reload(self: Arc<Self>, old: Arc<Config>, new: Config) -> Result<(), ServiceError> {
+        if old.listen != new.listen {
+            tracing::warn!(old = %old.listen, new = %new.listen, "listen changed: takes effect on restart");
+        }
+        let new_tokenizer = if old.model != new.model || old.routing.tokenize_cache_bytes != new.routing.tokenize_cache_bytes {
+            let c = new.clone();
+            let t = tokio::task::spawn_blocking(move || load_tokenizer(&c))
+                .await
+                .map_err(|e| ServiceError::Config(ConfigError::Parse(e.to_string())))??;
+            Some(t)
+        } else {
+            None
+        };
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.apply_reload_blocking(&old, new, new_tokenizer))
+            .await
+            .map_err(|e| ServiceError::Config(ConfigError::Parse(e.to_string())))?
+    }
+
+    fn apply_reload_blocking(&self, old: &Config, new: Config, tokenizer: Option<PromptTokenizer>) -> Result<(), ServiceError> {
+        let rewire_all = old.model.block_size != new.model.block_size || old.routing.mode != new.routing.mode;
+        let _ = self.state.applier.send(ApplierMsg::Configure(applier_config(&new)));
+        // Swap the worker list under the lock (route queries never see an empty fleet); stopping
+        // old listeners blocks, so it happens after the lock is released.
+        let mut retire: Vec<RankRuntime> = Vec::new();
+        let mut removed: Vec<String> = Vec::new();
+        {
+            let mut fleet = self.state.fleet.write();
+            let mut old_workers = std::mem::take(&mut fleet.workers);
+            let mut next = Vec::with_capacity(new.workers.len());
+            let mut changed_membership = false;
+            let mut failure = None;
+            for w in &new.workers {
+                let rt = match old_workers.iter().position(|o| o.cfg.id == w.id) {
+                    Some(i) => {
+                        let mut rt = old_workers.swap_remove(i);
+                        if rewire_all || rt.cfg.events_differ(w) {
+                            tracing::info!(worker = %w.id, "event wiring changed: clearing and re-subscribing");
+                            self.state.metrics.kv_resyncs.with_label_values(&[&w.id, "events_rewired"]).inc();
+                            retire.append(&mut rt.ranks);
+                            match (0..w.dp_ranks).map(|rank| self.add_rank(w, rank, &new)).collect::<Result<_, _>>() {
+                                Ok(r) => rt.ranks = r,
+                                Err(e) => failure = Some(e),
+                            }
+                        }
+                        changed_membership |= rt.cfg.endpoint != w.endpoint || rt.cfg.role != w.role;
+                        rt.cfg = w.clone();
+                        rt
+                    }
+                    None => {
+                        tracing::info!(worker = %w.id, endpoint = %w.endpoint, "worker added");
+                        changed_membership = true;
+                        match self.add_worker(w, &new) {
+                            Ok(rt) => rt,
+                            Err(e) => {
+                                failure = Some(e);
+                                continue;
+                            }
+                        }
+                    }
+                };
+                next.push(rt);
+            }
+            for mut gone in old_workers {
+                tracing::info!(worker = %gone.cfg.id, "worker removed: its blocks leave the index");
+                changed_membership = true;
+                retire.append(&mut gone.ranks);
+                removed.push(gone.cfg.id);
+            }
+            fleet.workers = next;
+            fleet.reindex();
+            if changed_membership {
+                fleet.generation += 1;
+            }
+            if let Some(e) = failure {
+                tracing::error!(error = %e, "reload partly applied: a listener could not start");
+            }
+        }
+        for r in retire {
+            self.retire_rank(r);
+        }
+        for id in removed {
+            self.state.load.lock().remove_worker(&id);
+            self.state.metrics.forget_worker(&id);
+        }
+        self.state.load.lock().set_limits(Duration::from_secs(new.routing.load_expiry_secs), new.routing.max_bookings);
+        if let Some(t) = tokenizer {
+            *self.state.tokenizer.write() = Arc::new(t);
+        }
+        *self.state.config.write() = Arc::new(new);
+        tracing::info!("configuration reloaded");
+        Ok(())
+    }
+
+    /// Background work: engine scrapes, load expiry and (with a config path) reload on change or
+    /// SIGHUP. Runs until the process ends.
+    pub fn spawn_background(self: &Arc<Self>) {
+        tokio::spawn(scrape_loop(self.clone()));
+        tokio::spawn(expiry_loop(self.clone()));
+        if self.config_path.is_some() {
+            tokio::spawn(reload_loop(self.clone()));
+        }
+    }
+}
+
+async fn expiry_loop(svc: Arc<Service>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let expired = svc.state.load.lock().expire(Instant::now());
+        if expired.timeout > 0 {
+            svc.state.metrics.load_expired.with_label_values(&["timeout"]).inc_by(expired.timeout);
+            tracing::info!(requests = expired.timeout, "released load of requests that never reported done");
+        }
+    }
+}
+
+fn file_stamp(path: &Path) -> Option<(SystemTime, u64)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}
+
+async fn reload_loop(svc: Arc<Service>) {
+    let Some(path) = svc.config_path.clone() else { return };
+    let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP; reloading on file change only");
+            None
+        }
+    };
+    let mut stamp = file_stamp(&path);
+    loop {
+        let poll = Duration::from_millis(svc.state.config().routing.reload_poll_ms);
+        let by_signal = match hup.as_mut() {
+            Some(h) => tokio::select! {
+                _ = h.recv() => true,
+                _ = tokio::time::sleep(poll) => false,
+            },
+            None => {
+                tokio::time::sleep(poll).await;
+                false
+            }
+        };
+        let now = file_stamp(&path);
+        if !by_signal && now == stamp {
+            continue;
+        }
+        stamp = now;
+        match svc.reload_from_file().await {
+            Ok(changed) => tracing::info!(signal = by_signal, changed, "config reload checked"),
+            Err(e) => {
+                svc.state.metrics.config_reloads.with_label_values(&["error"]).inc();
+                tracing::error!(error = %e, path = %path.display(), "config reload refused; keeping the running configuration");
+            }
+        }
+    }
+}
+
+async fn scrape_loop(svc: Arc<Service>) {
+    let client = match reqwest::Client::builder().build() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the scrape client; engine metrics and health are not scraped");
+            return;
+        }
+    };
+    loop {
+        let cfg = svc.state.config();
+        let interval = Duration::from_millis(cfg.routing.scrape_interval_ms);
+        let timeout = Duration::from_millis(cfg.routing.scrape_timeout_ms);
+        let targets: Vec<(String, String)> = svc.state.fleet.read().workers.iter().map(|w| (w.cfg.id.clone(), w.cfg.endpoint.clone())).collect();
+        let started = Instant::now();
+        let results = futures::future::join_all(targets.into_iter().map(|(id, endpoint)| {
+            let client = client.clone();
+            async move {
+                let res = async {
+                    let resp = client.get(format!("http://{endpoint}/metrics")).timeout(timeout).send().await?.error_for_status()?;
+                    resp.text().await
+                }
+                .await;
+                (id, res)
+            }
+        }))
+        .await;
+        apply_scrapes(&svc.state, &cfg, results);
+        tokio::time::sleep(interval.saturating_sub(started.elapsed())).await;
+    }
+}
+
+fn apply_scrapes(state: &AppState, cfg: &Config, results: Vec<(String, Result<String, reqwest::Error>)>) {
+    let m = &state.metrics;
+    let mut fleet = state.fleet.write();
+    let mut health_changed = false;
+    for (id, res) in results {
+        let Some(w) = fleet.workers.iter_mut().find(|w| w.cfg.id == id) else { continue };
+        match res {
+            Ok(text) => {
+                m.engine_scrapes.with_label_values(&[&id, "ok"]).inc();
+                let sample = parse_engine_metrics(&text);
+                if let Some(h) = sample.hits {
+                    let inc = w.hits.advance(h) as u64;
+                    m.engine_hits.with_label_values(&[&id]).inc_by(inc);
+                    state.engine_totals.hits.fetch_add(inc, Ordering::Relaxed);
+                }
+                if let Some(q) = sample.queries {
+                    let inc = w.queries.advance(q) as u64;
+                    m.engine_queries.with_label_values(&[&id]).inc_by(inc);
+                    state.engine_totals.queries.fetch_add(inc, Ordering::Relaxed);
+                }
+                w.engine = Some(sample);
+                w.scrape_failures = 0;
+                if !w.healthy {
+                    tracing::info!(worker = %id, "worker healthy again");
+                    w.healthy = true;
+                    health_changed = true;
+                }
+            }
+            Err(e) => {
+                m.engine_scrapes.with_label_values(&[&id, "error"]).inc();
+                w.scrape_failures = w.scrape_failures.saturating_add(1);
+                let limit = cfg.routing.unhealthy_after_failures;
+                if w.healthy && limit > 0 && w.scrape_failures >= limit {
+                    tracing::warn!(worker = %id, failures = w.scrape_failures, error = %e, "worker unreachable: no traffic until it answers again");
+                    w.healthy = false;
+                    w.engine = None;
+                    health_changed = true;
+                }
+            }
+        }
+    }
+    if health_changed {
+        fleet.generation += 1;
+    }
+}

@@ -1,0 +1,339 @@
+//! Shared state of a running indexer and the views the API builds from it.
+//!
+//! Locks, and the rule that keeps them simple: every lock here is held for a bounded, synchronous
+//! stretch and never across an `.await` (parking_lot guards are not `Send`, so the compiler holds us
+//! to it). The index has its own `RwLock` (written only by the applier thread); fleet membership,
+//! health and engine samples sit in [`Fleet`] behind one `RwLock`; booked load in one `Mutex`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::SyncSender;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvmesh_core::api::{FleetSnapshot, FleetWorker, WorkerLoad};
+use parking_lot::{Mutex, RwLock};
+use rand::rngs::StdRng;
+use serde::Serialize;
+
+use crate::config::{Config, IndexMode, WorkerConfig};
+use crate::decide::WorkerView;
+use crate::events::applier::{ApplierMsg, IndexGauges};
+use crate::events::listener::{ListenerHandle, ListenerStats};
+use crate::index::{KvIndex, OverlapScores, WorkerSlot};
+use crate::load::LoadTracker;
+use crate::metrics::Metrics;
+use crate::scrape::{CounterMirror, EngineSample};
+use crate::tokenize::PromptTokenizer;
+
+/// One dp rank of a worker: its index slot and listener.
+pub struct RankRuntime {
+    pub rank: u32,
+    pub slot: WorkerSlot,
+    pub stats: Arc<ListenerStats>,
+    pub listener: Option<ListenerHandle>,
+}
+
+/// A worker as the running indexer knows it.
+pub struct WorkerRuntime {
+    pub cfg: WorkerConfig,
+    pub ranks: Vec<RankRuntime>,
+    pub healthy: bool,
+    pub scrape_failures: u32,
+    pub engine: Option<EngineSample>,
+    pub hits: CounterMirror,
+    pub queries: CounterMirror,
+}
+
+/// Fleet membership and health.
+#[derive(Default)]
+pub struct Fleet {
+    pub generation: u64,
+    pub workers: Vec<WorkerRuntime>,
+    /// slot → index into `workers`.
+    pub slot_owner: HashMap<WorkerSlot, usize>,
+}
+
+impl Fleet {
+    /// Rebuilds `slot_owner` after membership changes.
+    pub fn reindex(&mut self) {
+        self.slot_owner = self
+            .workers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, w)| w.ranks.iter().map(move |r| (r.slot, i)))
+            .collect();
+    }
+
+    /// Per worker (in fleet order), its overlap: the best over its dp ranks.
+    pub fn overlaps(&self, scores: &OverlapScores) -> Vec<u32> {
+        let mut out = vec![0u32; self.workers.len()];
+        for (slot, blocks) in scores {
+            if let Some(&i) = self.slot_owner.get(slot) {
+                out[i] = out[i].max(*blocks);
+            }
+        }
+        out
+    }
+}
+
+/// Engine counters summed over the fleet since start (for the engine-side hit rate).
+#[derive(Debug, Default)]
+pub struct EngineTotals {
+    pub hits: AtomicU64,
+    pub queries: AtomicU64,
+}
+
+/// Everything the API handlers and background tasks share.
+pub struct AppState {
+    pub config: RwLock<Arc<Config>>,
+    pub fleet: RwLock<Fleet>,
+    pub index: Arc<RwLock<KvIndex>>,
+    pub gauges: Arc<IndexGauges>,
+    pub load: Mutex<LoadTracker>,
+    pub tokenizer: RwLock<Arc<PromptTokenizer>>,
+    pub metrics: Arc<Metrics>,
+    pub applier: SyncSender<ApplierMsg>,
+    pub rng: Mutex<StdRng>,
+    pub engine_totals: EngineTotals,
+    pub free_slots: Arc<Mutex<Vec<WorkerSlot>>>,
+    pub next_slot: Mutex<WorkerSlot>,
+    pub started: Instant,
+}
+
+impl AppState {
+    /// The current configuration.
+    pub fn config(&self) -> Arc<Config> {
+        self.config.read().clone()
+    }
+
+    /// A slot for a new (worker, rank): a returned one if any, else a fresh one.
+    pub fn alloc_slot(&self) -> WorkerSlot {
+        if let Some(s) = self.free_slots.lock().pop() {
+            return s;
+        }
+        let mut next = self.next_slot.lock();
+        let s = *next;
+        *next += 1;
+        s
+    }
+
+    /// `GET /v1/fleet`.
+    pub fn snapshot(&self) -> FleetSnapshot {
+        let block_size = self.config.read().model.block_size;
+        let fleet = self.fleet.read();
+        let load = self.load.lock();
+        FleetSnapshot {
+            generation: fleet.generation,
+            block_size,
+            workers: fleet
+                .workers
+                .iter()
+                .map(|w| {
+                    let mut l = load.worker(&w.cfg.id);
+                    l.waiting_requests = w.engine.map_or(0, |e| e.waiting.max(0.0) as u64);
+                    FleetWorker { id: w.cfg.id.clone(), endpoint: w.cfg.endpoint.clone(), role: w.cfg.role, healthy: w.healthy, load: l }
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether the index reflects the engines: every events listener finished its start-up replay.
+    /// Returns the workers still syncing.
+    pub fn not_ready(&self) -> Vec<String> {
+        if self.config.read().routing.mode == IndexMode::Approximate {
+            return Vec::new();
+        }
+        let fleet = self.fleet.read();
+        fleet
+            .workers
+            .iter()
+            .filter(|w| w.cfg.kv_events.is_some() && w.ranks.iter().any(|r| !r.stats.synced.load(Ordering::Relaxed)))
+            .map(|w| w.cfg.id.clone())
+            .collect()
+    }
+
+    /// Refreshes the gauges that are cheaper to read at scrape time than to keep current.
+    pub fn refresh_gauges(&self) {
+        let m = &self.metrics;
+        m.index_blocks.set(self.gauges.blocks.load(Ordering::Relaxed) as i64);
+        m.index_entries.set(self.gauges.entries.load(Ordering::Relaxed) as i64);
+        m.index_bytes.set(self.gauges.bytes.load(Ordering::Relaxed) as i64);
+        let fleet = self.fleet.read();
+        m.fleet_generation.set(fleet.generation as i64);
+        let now_ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        {
+            let index = self.index.read();
+            for w in &fleet.workers {
+                let blocks: usize = w.ranks.iter().map(|r| index.worker_blocks(r.slot)).sum();
+                m.worker_blocks.with_label_values(&[&w.cfg.id]).set(blocks as i64);
+            }
+        }
+        let load = self.load.lock();
+        for w in &fleet.workers {
+            let id = w.cfg.id.as_str();
+            let l = load.worker(id);
+            m.worker_active_requests.with_label_values(&[id]).set(l.active_requests as i64);
+            m.worker_active_blocks.with_label_values(&[id]).set(l.active_blocks as i64);
+            m.worker_prefill_tokens.with_label_values(&[id]).set(l.prefill_tokens as i64);
+            m.worker_healthy.with_label_values(&[id]).set(i64::from(w.healthy));
+            if let Some(e) = w.engine {
+                m.worker_running.with_label_values(&[id]).set(e.running as i64);
+                m.worker_waiting.with_label_values(&[id]).set(e.waiting as i64);
+            }
+            if let Some(ts) = w.ranks.iter().filter_map(|r| r.stats.last_ts()).reduce(f64::max) {
+                m.kv_event_lag.with_label_values(&[id]).set((now_ts - ts).max(0.0));
+            }
+        }
+        let isl = m.isl_blocks.get();
+        if isl > 0 {
+            m.kv_block_hit_rate.with_label_values(&["router"]).set(m.overlap_blocks.get() as f64 / isl as f64);
+        }
+        let q = self.engine_totals.queries.load(Ordering::Relaxed);
+        if q > 0 {
+            let h = self.engine_totals.hits.load(Ordering::Relaxed);
+            m.kv_block_hit_rate.with_label_values(&["engine"]).set(h as f64 / q as f64);
+        }
+    }
+
+    /// `GET /debug/workers`.
+    pub fn debug_workers(&self) -> Vec<DebugWorker> {
+        let fleet = self.fleet.read();
+        let index = self.index.read();
+        let load = self.load.lock();
+        let now_ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        fleet
+            .workers
+            .iter()
+            .map(|w| DebugWorker {
+                id: w.cfg.id.clone(),
+                endpoint: w.cfg.endpoint.clone(),
+                role: w.cfg.role.as_str(),
+                healthy: w.healthy,
+                scrape_failures: w.scrape_failures,
+                load: load.worker(&w.cfg.id),
+                engine_running: w.engine.map(|e| e.running),
+                engine_waiting: w.engine.map(|e| e.waiting),
+                engine_kv_usage: w.engine.and_then(|e| e.kv_usage),
+                ranks: w
+                    .ranks
+                    .iter()
+                    .map(|r| DebugRank {
+                        rank: r.rank,
+                        slot: r.slot,
+                        events: w.cfg.events_endpoint(r.rank),
+                        replay: w.cfg.replay_endpoint(r.rank),
+                        blocks_held: index.worker_blocks(r.slot),
+                        last_seq: r.stats.last_seq(),
+                        batches: r.stats.batches.load(Ordering::Relaxed),
+                        gaps: r.stats.gaps.load(Ordering::Relaxed),
+                        replays: r.stats.replays.load(Ordering::Relaxed),
+                        resyncs: r.stats.resyncs.load(Ordering::Relaxed),
+                        orphan_stores: r.stats.orphan_stores.load(Ordering::Relaxed),
+                        decode_errors: r.stats.decode_errors.load(Ordering::Relaxed),
+                        lag_seconds: r.stats.last_ts().map(|ts| (now_ts - ts).max(0.0)),
+                        synced: r.stats.synced.load(Ordering::Relaxed),
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// `GET /debug/blocks?worker=<id>`: per rank, the blocks the index holds for the worker.
+    pub fn debug_blocks(&self, worker: &str) -> Option<Vec<DebugBlocks>> {
+        let fleet = self.fleet.read();
+        let w = fleet.workers.iter().find(|w| w.cfg.id == worker)?;
+        let index = self.index.read();
+        Some(
+            w.ranks
+                .iter()
+                .map(|r| {
+                    let mut blocks: Vec<DebugBlock> = index
+                        .worker_refs(r.slot)
+                        .into_iter()
+                        .map(|(engine, b)| DebugBlock { engine_hash: engine, chain_hash: b.chain.0, indexed: index.holds(r.slot, b.chain) })
+                        .collect();
+                    blocks.sort_unstable_by_key(|b| b.engine_hash);
+                    DebugBlocks { rank: r.rank, blocks }
+                })
+                .collect(),
+        )
+    }
+
+    /// The decision's view of every worker for one prompt.
+    pub fn views<'a>(&self, fleet: &'a Fleet, overlaps: &[u32], load: &LoadTracker, unknown_request_blocks: u64) -> Vec<WorkerView<'a>> {
+        fleet
+            .workers
+            .iter()
+            .zip(overlaps)
+            .map(|(w, &overlap)| {
+                let booked: WorkerLoad = load.worker(&w.cfg.id);
+                let engine_requests = w.engine.map_or(0, |e| (e.running + e.waiting).max(0.0) as u64);
+                // Requests the engine runs that this indexer did not route (other gateways, direct
+                // traffic) still load it: count them at the mean booked size, or a configured guess.
+                let unseen = engine_requests.saturating_sub(booked.active_requests);
+                let per_request = booked.active_blocks.checked_div(booked.active_requests).unwrap_or(unknown_request_blocks);
+                WorkerView {
+                    id: &w.cfg.id,
+                    endpoint: &w.cfg.endpoint,
+                    role: w.cfg.role,
+                    healthy: w.healthy,
+                    overlap_blocks: overlap,
+                    active_blocks: booked.active_blocks + unseen * per_request,
+                    active_requests: booked.active_requests,
+                    waiting_requests: w.engine.map_or(0, |e| e.waiting.max(0.0) as u64),
+                }
+            })
+            .collect()
+    }
+}
+
+/// One worker in `/debug/workers`.
+#[derive(Debug, Serialize)]
+pub struct DebugWorker {
+    pub id: String,
+    pub endpoint: String,
+    pub role: &'static str,
+    pub healthy: bool,
+    pub scrape_failures: u32,
+    pub load: WorkerLoad,
+    pub engine_running: Option<f64>,
+    pub engine_waiting: Option<f64>,
+    pub engine_kv_usage: Option<f64>,
+    pub ranks: Vec<DebugRank>,
+}
+
+/// One dp rank in `/debug/workers`.
+#[derive(Debug, Serialize)]
+pub struct DebugRank {
+    pub rank: u32,
+    pub slot: WorkerSlot,
+    pub events: Option<String>,
+    pub replay: Option<String>,
+    pub blocks_held: usize,
+    pub last_seq: Option<u64>,
+    pub batches: u64,
+    pub gaps: u64,
+    pub replays: u64,
+    pub resyncs: u64,
+    pub orphan_stores: u64,
+    pub decode_errors: u64,
+    pub lag_seconds: Option<f64>,
+    pub synced: bool,
+}
+
+/// One rank in `/debug/blocks`.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct DebugBlocks {
+    pub rank: u32,
+    pub blocks: Vec<DebugBlock>,
+}
+
+/// One block a worker holds: its engine hash, the chain hash computed here, and whether the index
+/// (not only the worker's mapping) holds it — false only after a memory-bound eviction.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct DebugBlock {
+    pub engine_hash: u64,
+    pub chain_hash: u64,
+    pub indexed: bool,
+}
