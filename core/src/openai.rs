@@ -5,7 +5,13 @@
 //! disagree about what the prompt is. Chat content given as parts is joined the way vLLM joins text
 //! parts for string-format chat templates: text parts separated by `"\n"`, other parts skipped.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use serde_json::value::RawValue;
 use serde_json::Value;
+
+mod fast;
 
 /// Which OpenAI endpoint a request targets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,27 +112,104 @@ impl std::error::Error for ParseError {}
 
 /// Reads `body` as a request to `endpoint`.
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<OpenAiRequest, ParseError> {
-    let value: Value = serde_json::from_slice(body).map_err(|_| ParseError::NotJson)?;
-    let obj = value.as_object().ok_or(ParseError::NotAnObject)?;
-    let input = match endpoint {
-        Endpoint::Completions => RequestInput::Prompt(prompt(obj.get("prompt"))?),
-        Endpoint::ChatCompletions => RequestInput::Messages(messages(obj.get("messages"))?),
+    parse_raw(endpoint, body).map(|(req, _)| req)
+}
+
+
+/// The top-level fields of a request body other than `prompt`, split but not parsed: a field's
+/// JSON is only deserialized when someone asks for it. Lets a reader that needs more than
+/// [`OpenAiRequest`] (the engine simulator's `kv_transfer_params`, `stream_options` …) read the
+/// body once.
+#[derive(Debug, Default)]
+pub struct RawFields {
+    fields: HashMap<String, Box<RawValue>>,
+}
+
+impl RawFields {
+    fn owned(fields: HashMap<Cow<'_, str>, &RawValue>) -> Self {
+        Self { fields: fields.into_iter().map(|(k, v)| (k.into_owned(), v.to_owned())).collect() }
+    }
+
+    /// The raw JSON of top-level field `key` (the last one if the key repeats, as `Value` keeps);
+    /// always `None` for `prompt`, which [`parse_raw`] has read already.
+    pub fn get(&self, key: &str) -> Option<&RawValue> {
+        self.fields.get(key).map(|v| &**v)
+    }
+}
+
+/// The placeholder the fast path puts where the prompt was.
+const PLACEHOLDER: &[u8] = b"[0]";
+
+/// [`parse`], also returning the body's other top-level fields for further reading.
+///
+/// Same results as reading the body into a `serde_json::Value` and inspecting it. A completion
+/// prompt that is a flat list of token ids is read by a byte scan instead of serde (see `fast`);
+/// the rest of the body is split into raw top-level fields and only the fields routing reads
+/// become `Value`s. A body serde cannot split (not an object, not JSON) is judged the `Value`
+/// way and has no raw fields.
+pub fn parse_raw(endpoint: Endpoint, body: &[u8]) -> Result<(OpenAiRequest, RawFields), ParseError> {
+    if endpoint == Endpoint::Completions {
+        if let Some(done) = parse_flat_prompt(body) {
+            return done;
+        }
+    }
+    let split = serde_json::from_slice::<HashMap<Cow<'_, str>, &RawValue>>(body).ok().filter(|_| fast::depth_ok(body));
+    let Some(mut fields) = split else {
+        let value: Value = serde_json::from_slice(body).map_err(|_| ParseError::NotJson)?;
+        let obj = value.as_object().ok_or(ParseError::NotAnObject)?;
+        let req = read(endpoint, |k| obj.get(k).map(Cow::Borrowed), None)?;
+        return Ok((req, RawFields::default()));
     };
-    let model = match obj.get("model") {
+    let prompt = fields.remove("prompt");
+    // Raw fields are valid JSON already, so reading one as a `Value` cannot fail.
+    let as_value = |r: &RawValue| serde_json::from_str::<Value>(r.get()).ok().map(Cow::Owned);
+    let req = read(endpoint, |k| if k == "prompt" { prompt.and_then(as_value) } else { fields.get(k).and_then(|r| as_value(r)) }, None)?;
+    Ok((req, RawFields::owned(fields)))
+}
+
+/// The fast path of [`parse_raw`] for a completions body whose prompt is a flat list of ids;
+/// `None` when it does not apply (the general path then decides).
+fn parse_flat_prompt(body: &[u8]) -> Option<Result<(OpenAiRequest, RawFields), ParseError>> {
+    let fast::PromptSpan { start, end, ids } = fast::prompt_span(body)?;
+    let ids = ids?;
+    let mut rest = Vec::with_capacity(body.len() - (end - start) + PLACEHOLDER.len());
+    rest.extend_from_slice(&body[..start]);
+    rest.extend_from_slice(PLACEHOLDER);
+    rest.extend_from_slice(&body[end..]);
+    let mut fields = serde_json::from_slice::<HashMap<Cow<'_, str>, &RawValue>>(&rest).ok()?;
+    // serde must see the placeholder where the scan put it, as the last `prompt`: then the body
+    // is valid JSON and this prompt is the one the `Value` path would read.
+    let placeholder = fields.remove("prompt")?;
+    if placeholder.get().as_ptr() != rest[start..].as_ptr() || placeholder.get().as_bytes() != PLACEHOLDER {
+        return None;
+    }
+    let as_value = |r: &RawValue| serde_json::from_str::<Value>(r.get()).ok().map(Cow::Owned);
+    let req = read(Endpoint::Completions, |k| fields.get(k).and_then(|r| as_value(r)), Some(ids));
+    Some(req.map(|req| (req, RawFields::owned(fields))))
+}
+
+/// The request from its top-level fields (`field(key)`), in the order errors are reported.
+fn read<'v>(endpoint: Endpoint, field: impl Fn(&str) -> Option<Cow<'v, Value>>, tokens: Option<Vec<u32>>) -> Result<OpenAiRequest, ParseError> {
+    let input = match (endpoint, tokens) {
+        (Endpoint::Completions, Some(ids)) => RequestInput::Prompt(Prompt::Tokens(ids)),
+        (Endpoint::Completions, None) => RequestInput::Prompt(prompt(field("prompt").as_deref())?),
+        (Endpoint::ChatCompletions, _) => RequestInput::Messages(messages(field("messages").as_deref())?),
+    };
+    let model = match field("model").as_deref() {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),
         Some(_) => return Err(ParseError::WrongType { field: "model", expected: "a string" }),
     };
-    let stream = match obj.get("stream") {
+    let stream = match field("stream").as_deref() {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(ParseError::WrongType { field: "stream", expected: "a boolean" }),
     };
-    let max_tokens = match obj.get("max_tokens").or_else(|| obj.get("max_completion_tokens")) {
+    let max_tokens = match field("max_tokens").or_else(|| field("max_completion_tokens")).as_deref() {
         None | Some(Value::Null) => None,
         Some(v) => Some(v.as_u64().ok_or(ParseError::WrongType { field: "max_tokens", expected: "a non-negative integer" })?),
     };
-    let cache_salt = obj.get("cache_salt").and_then(Value::as_str).map(str::to_owned);
+    let cache_salt = field("cache_salt").as_deref().and_then(Value::as_str).map(str::to_owned);
     Ok(OpenAiRequest { endpoint, model, input, stream, max_tokens, cache_salt })
 }
 
@@ -268,6 +351,115 @@ mod tests {
         let RequestInput::Messages(m) = r.input else { panic!("messages") };
         assert_eq!(m[1].content, "a\nb");
         assert_eq!(m[2].content, "");
+    }
+
+    /// The `Value` reading `parse_raw` must agree with.
+    fn via_value(endpoint: Endpoint, body: &[u8]) -> Result<OpenAiRequest, ParseError> {
+        let value: Value = serde_json::from_slice(body).map_err(|_| ParseError::NotJson)?;
+        let obj = value.as_object().ok_or(ParseError::NotAnObject)?;
+        read(endpoint, |k| obj.get(k).map(Cow::Borrowed), None)
+    }
+
+    #[test]
+    fn the_raw_split_reads_exactly_like_a_value() {
+        let bodies: &[&[u8]] = &[
+            br#"{"prompt":[1,2,3],"max_tokens":4,"stream":true,"model":"m","cache_salt":"s"}"#,
+            br#"{"prompt":[[1,2]]}"#,
+            br#"{"prompt":[[]]}"#,
+            br#"{"prompt":[]}"#,
+            br#"{"prompt":[1.0,2]}"#,
+            br#"{"prompt":[4294967296]}"#,
+            br#"{"prompt":[1,-2]}"#,
+            br#"{"prompt":[[1],[2]]}"#,
+            br#"{"prompt":[1,"a"]}"#,
+            br#"{"prompt":"text","prompt":[9]}"#,
+            br#"{"pro\u006dpt":[5,6]}"#,
+            br#" { "prompt" : [ 1 , 2 ] , "max_tokens" : null , "max_completion_tokens" : 3 } "#,
+            br#"{"prompt":[1],"max_completion_tokens":3}"#,
+            br#"{"prompt":[1],"model":7}"#,
+            br#"{"prompt":[1],"stream":"yes"}"#,
+            br#"{"prompt":[1],"cache_salt":5}"#,
+            b"{\"prompt\":\"\xff\"}",
+            br#"[1,2]"#,
+            br#"{"prompt":[1,2]"#,
+            b"",
+            br#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],"max_tokens":2}"#,
+            br#"{"prompt":[[1,[2]]]}"#,
+            br#"{"prompt":{"a":1,"a":2}}"#,
+            br#"{"prompt":null,"max_tokens":1}"#,
+            br#"{"prompt":-0}"#,
+            br#"{"prompt":[-0,1]}"#,
+            br#"{"prompt":[1e2]}"#,
+            br#"{"prompt":[true]}"#,
+            br#"{"prompt":[1,2],"prompt":"x"}"#,
+            br#"{"prompt":[0,4294967295]}"#,
+            br#"{"prompt":[[0,4294967296]]}"#,
+            br#"{"prompt":[01]}"#,
+            br#"{"prompt":[1,]}"#,
+            br#"{"prompt":[1] "model":"m"}"#,
+            br#"{"prompt":[1],"prompt":[2]}"#,
+            br#"{"prompt":[1],"pro\u006dpt":[2]}"#,
+            br#"{"pro\u006dpt":"x","prompt":[2]}"#,
+            br#"{"prompt":[1],"model":"m\"prompt\":[9]"}"#,
+            br#"{"model":"{\"prompt\":[5]}","prompt" : [ 7 , 8 ] }"#,
+            br#"{"prompt":[1],"x":{"prompt":"nested"}}"#,
+            br#"{"prompt":[1]}garbage"#,
+            br#"{"prompt":[1],}"#,
+            br#"{"prompt":[1]"#,
+            b"{\"prompt\":[1],\"x\":\"\xff\"}",
+            b"\xef\xbb\xbf{\"prompt\":[1]}",
+        ];
+        for depth in [125, 126, 127, 128, 200] {
+            // The top-level object is one level; `x` adds `depth - 1` more.
+            let deep = format!(r#"{{"x":{}1{},"prompt":[1],"messages":[{{"role":"user","content":"a"}}]}}"#, "[".repeat(depth - 1), "]".repeat(depth - 1));
+            for endpoint in [Endpoint::Completions, Endpoint::ChatCompletions] {
+                assert_eq!(parse(endpoint, deep.as_bytes()), via_value(endpoint, deep.as_bytes()), "depth {depth}");
+            }
+        }
+        assert!(parse(Endpoint::Completions, format!(r#"{{"x":{}{},"prompt":[1]}}"#, "[".repeat(126), "]".repeat(126)).as_bytes()).is_ok());
+        for body in bodies {
+            for endpoint in [Endpoint::Completions, Endpoint::ChatCompletions] {
+                assert_eq!(parse(endpoint, body), via_value(endpoint, body), "{}", String::from_utf8_lossy(body));
+            }
+        }
+        let (_, raw) = parse_raw(Endpoint::Completions, br#"{"prompt":[1],"kv_transfer_params":{"a":1}}"#).unwrap();
+        assert_eq!(raw.get("kv_transfer_params").map(RawValue::get), Some(r#"{"a":1}"#));
+        assert!(raw.get("missing").is_none());
+        assert!(raw.get("prompt").is_none());
+    }
+
+    fn json_tree() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            (0u64..6_000_000_000).prop_map(Value::from),
+            (0u64..300).prop_map(Value::from),
+            (-5i64..5).prop_map(Value::from),
+            (-2.0f64..2.0).prop_map(Value::from),
+            "[a-z]{0,3}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(3, 24, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map("[a-z]{1,2}", inner, 0..3).prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_prompt_reads_like_a_value(prompt in json_tree(), max in proptest::option::of(json_tree())) {
+            let mut body = serde_json::json!({"prompt": prompt, "model": "m"});
+            if let Some(max) = max {
+                body["max_tokens"] = max;
+            }
+            for bytes in [serde_json::to_vec(&body).unwrap(), serde_json::to_vec_pretty(&body).unwrap()] {
+                for endpoint in [Endpoint::Completions, Endpoint::ChatCompletions] {
+                    proptest::prop_assert_eq!(parse(endpoint, &bytes), via_value(endpoint, &bytes));
+                }
+            }
+        }
     }
 
     #[test]

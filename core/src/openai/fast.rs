@@ -1,0 +1,270 @@
+//! The fast path for the large part of most request bodies: a prompt that is a flat list of
+//! token ids.
+//!
+//! Any serde pass over an 8k-token body — building `Value`s, or even skipping it as raw JSON —
+//! costs hundreds of microseconds, and the engine simulator must read thousands of such bodies
+//! per second on one core. So [`prompt_span`] finds the top-level `"prompt"` value with a plain
+//! byte scan and reads it, as it goes, with a strict grammar (`[`, integers without sign,
+//! fraction or exponent, commas, `]`, JSON whitespace). The caller then lets serde read the rest
+//! of the body with the prompt replaced by a placeholder, and keeps the fast result only if serde
+//! finds the placeholder exactly where the scan put it, as the value of the last `"prompt"` key.
+//! That check makes the fast path give the same answer as the `Value` path on every input: if
+//! anything is unusual (escaped keys, invalid JSON, a float, an empty list, an id of 2^32…),
+//! the fast path declines and the `Value` path decides.
+
+/// serde_json refuses documents nested this deep (its recursion limit), but skipping a field as
+/// a raw value does not check it, so both paths check it here.
+pub(super) const MAX_DEPTH: usize = 128;
+
+/// True when `b` nests arrays/objects less than [`MAX_DEPTH`] deep (strings are skipped; the
+/// JSON itself is not validated).
+pub(super) fn depth_ok(b: &[u8]) -> bool {
+    let mut depth = 0usize;
+    let mut j = 0;
+    while let Some(&c) = b.get(j) {
+        match c {
+            b'"' => match skip_string(b, j) {
+                Some(end) => {
+                    j = end;
+                    continue;
+                }
+                None => return true, // unterminated: serde reports it
+            },
+            b'[' | b'{' => {
+                depth += 1;
+                if depth >= MAX_DEPTH {
+                    return false;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        j += 1;
+    }
+    true
+}
+
+/// The value of the last top-level `"prompt"` key, as [`prompt_span`] found it.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct PromptSpan {
+    /// First byte of the value.
+    pub(super) start: usize,
+    /// One past its last byte.
+    pub(super) end: usize,
+    /// Its ids, when it is a flat list of token ids (see [`flat_ids`]).
+    pub(super) ids: Option<Vec<u32>>,
+}
+
+/// The value of the last top-level `"prompt"` key of `body`, if `body` is an object whose keys
+/// contain no escapes, that nests less than [`MAX_DEPTH`] deep, and the scan understood it. The
+/// prompt is read as ids while it is scanned, so its bytes are visited once. A hint, checked by
+/// the caller.
+pub(super) fn prompt_span(b: &[u8]) -> Option<PromptSpan> {
+    let mut i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = skip_ws(b, i + 1);
+    let mut found = None;
+    if b.get(i) == Some(&b'}') {
+        return None;
+    }
+    loop {
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_start = i + 1;
+        let mut j = key_start;
+        loop {
+            match b.get(j)? {
+                b'"' => break,
+                b'\\' => return None, // escaped keys: leave them to serde
+                _ => j += 1,
+            }
+        }
+        let key = &b[key_start..j];
+        i = skip_ws(b, j + 1);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        let start = skip_ws(b, i + 1);
+        let end = if key == b"prompt" {
+            let (ids, end) = match ids_at(b, start) {
+                Some((ids, end)) => (Some(ids), end),
+                None => (None, skip_value(b, start, MAX_DEPTH - 1)?),
+            };
+            found = Some(PromptSpan { start, end, ids });
+            end
+        } else {
+            skip_value(b, start, MAX_DEPTH - 1)?
+        };
+        i = skip_ws(b, end);
+        match b.get(i)? {
+            b',' => i = skip_ws(b, i + 1),
+            b'}' => break,
+            _ => return None,
+        }
+    }
+    (skip_ws(b, i + 1) == b.len()).then_some(found).flatten()
+}
+
+/// End of the JSON value starting at `i`, if it nests less than `limit` deep (not validated:
+/// serde checks the body afterwards).
+fn skip_value(b: &[u8], i: usize, limit: usize) -> Option<usize> {
+    match b.get(i)? {
+        b'"' => skip_string(b, i),
+        b'[' | b'{' => {
+            let mut depth = 0usize;
+            let mut j = i;
+            loop {
+                match b.get(j)? {
+                    b'"' => {
+                        j = skip_string(b, j)?;
+                        continue;
+                    }
+                    b'[' | b'{' => {
+                        depth += 1;
+                        if depth >= limit {
+                            return None;
+                        }
+                    }
+                    b']' | b'}' => {
+                        depth = depth.saturating_sub(1);
+                        if depth == 0 {
+                            return Some(j + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+        }
+        _ => {
+            let mut j = i;
+            while let Some(c) = b.get(j) {
+                if matches!(c, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r') {
+                    break;
+                }
+                j += 1;
+            }
+            (j > i).then_some(j)
+        }
+    }
+}
+
+/// End of the string starting at the quote at `i`.
+fn skip_string(b: &[u8], i: usize) -> Option<usize> {
+    let mut j = i + 1;
+    loop {
+        match b.get(j)? {
+            b'"' => return Some(j + 1),
+            b'\\' => j += 2,
+            _ => j += 1,
+        }
+    }
+}
+
+/// The ids of `b` if it is exactly a non-empty flat list of integers in `0..2^32` (then valid
+/// JSON by construction), surrounded by JSON whitespace at most.
+#[cfg(test)]
+pub(super) fn flat_ids(b: &[u8]) -> Option<Vec<u32>> {
+    let (ids, end) = ids_at(b, skip_ws(b, 0))?;
+    (skip_ws(b, end) == b.len()).then_some(ids)
+}
+
+/// A non-empty flat list of integers in `0..2^32` starting at `i`: its ids and its end.
+fn ids_at(b: &[u8], mut i: usize) -> Option<(Vec<u32>, usize)> {
+    if b.get(i) != Some(&b'[') {
+        return None;
+    }
+    i = skip_ws(b, i + 1);
+    // A JSON integer with its comma averages a few bytes: reserve once.
+    let mut ids = Vec::with_capacity((b.len() - i) / 4);
+    loop {
+        let start = i;
+        let mut v: u64 = 0;
+        while let Some(&c) = b.get(i) {
+            if !c.is_ascii_digit() {
+                break;
+            }
+            v = v * 10 + u64::from(c - b'0');
+            if v > u64::from(u32::MAX) {
+                return None;
+            }
+            i += 1;
+        }
+        // Nothing (`]` of an empty list, `-`, `[`, `"`), or a leading zero JSON forbids.
+        if i == start || (b[start] == b'0' && i - start > 1) {
+            return None;
+        }
+        ids.push(v as u32);
+        i = skip_ws(b, i);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b']') => return Some((ids, i + 1)),
+            _ => return None, // `.`/`e` of a float, or garbage
+        }
+    }
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        i += 1;
+    }
+    i
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flat_lists_of_u32_only() {
+        let cases: &[(&str, Option<&[u32]>)] = &[
+            ("[1,2,3]", Some(&[1, 2, 3])),
+            (" [ 0 ,\n4294967295\t] ", Some(&[0, 4_294_967_295])),
+            ("[4294967296]", None),
+            ("[]", None),
+            ("[ ]", None),
+            ("[1.0]", None),
+            ("[1e2]", None),
+            ("[-1]", None),
+            ("[-0]", None),
+            ("[01]", None),
+            ("[1,]", None),
+            ("[1 2]", None),
+            ("[1]x", None),
+            ("[[1]]", None),
+            ("[1,[2]]", None),
+            ("[\"1\"]", None),
+            ("\"[1]\"", None),
+            ("5", None),
+            ("[99999999999999999999999]", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(flat_ids(text.as_bytes()).as_deref(), *want, "{text}");
+        }
+    }
+
+    #[test]
+    fn prompt_spans() {
+        fn span(body: &str) -> Option<&str> {
+            prompt_span(body.as_bytes()).map(|p| &body[p.start..p.end])
+        }
+        let p = prompt_span(br#"{"a":1,"prompt":[5, 6]}"#).unwrap();
+        assert_eq!(p.ids.as_deref(), Some(&[5, 6][..]));
+        assert_eq!(prompt_span(br#"{"prompt":[5.5]}"#).unwrap().ids, None);
+        assert_eq!(span(r#"{"prompt":[1,2]}"#), Some("[1,2]"));
+        assert_eq!(span(r#" { "model" : "m,}" , "prompt" : [1, 2] , "x":{"a":[1,{"b":"]"}]} } "#), Some("[1, 2]"));
+        assert_eq!(span(r#"{"prompt":"a\"b","prompt":[3]}"#), Some("[3]"), "the last key wins");
+        assert_eq!(span(r#"{"prompt":[1],"prompt":"text"}"#), Some("\"text\""));
+        assert_eq!(span(r#"{"pro\u006dpt":[1]}"#), None);
+        assert_eq!(span(r#"{"model":"m"}"#), None);
+        assert_eq!(span(r#"{}"#), None);
+        assert_eq!(span(r#"[1]"#), None);
+        assert_eq!(span(r#"{"prompt":[1]"#), None);
+        assert_eq!(span(r#"{"prompt" [1]}"#), None);
+        assert_eq!(span(r#"{"prompt":[1]} x"#), None);
+        assert_eq!(span(r#"{"prompt":}"#), None);
+    }
+}

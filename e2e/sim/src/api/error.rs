@@ -1,0 +1,69 @@
+//! One error type for every handler: vLLM-style OpenAI error JSON with the right status.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use kvmesh_core::api::ErrorBody;
+
+use crate::sched::RequestError;
+
+/// An error answered to the client; `reason` labels `kvmesh_sim_requests_rejected_total`.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Metric label.
+    pub reason: &'static str,
+    /// Human-readable message.
+    pub message: String,
+}
+
+impl ApiError {
+    /// A 400 `BadRequestError`.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self { status: StatusCode::BAD_REQUEST, reason: "bad_request", message: message.into() }
+    }
+
+    /// Any status, with a metric reason.
+    pub fn new(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
+        Self { status, reason, message: message.into() }
+    }
+
+    /// An injected fault.
+    pub fn fault(status: u16, what: &str) -> Self {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        Self { status, reason: "fault", message: format!("injected fault: {what}") }
+    }
+}
+
+/// OpenAI's `error.type` for a status, as vLLM names them.
+fn kind(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 => "BadRequestError",
+        404 => "NotFoundError",
+        429 => "RateLimitError",
+        503 => "ServiceUnavailableError",
+        _ => "InternalServerError",
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody::new(self.status.as_u16(), kind(self.status), self.message);
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<RequestError> for ApiError {
+    fn from(e: RequestError) -> Self {
+        let (status, reason) = match &e {
+            RequestError::QueueFull { .. } => (StatusCode::SERVICE_UNAVAILABLE, "queue_full"),
+            RequestError::TooLong { .. } => (StatusCode::BAD_REQUEST, "too_long"),
+            RequestError::EmptyPrompt => (StatusCode::BAD_REQUEST, "bad_request"),
+            // vLLM surfaces a KV load failure as a generic 500.
+            RequestError::KvLoadFailed(_) => (StatusCode::INTERNAL_SERVER_ERROR, "kv_load_failed"),
+            RequestError::Duplicate(_) => (StatusCode::INTERNAL_SERVER_ERROR, "other"),
+        };
+        Self { status, reason, message: e.to_string() }
+    }
+}

@@ -1,0 +1,233 @@
+//! From request body to engine request: parse, tokenize, validate, decide the NIXL role.
+//!
+//! The prompt is read with `kvmesh_core::openai::parse_raw` — the same reading the filter and
+//! the indexer use — which also hands back the body's raw top-level fields, from which the
+//! engine-only fields (`kv_transfer_params`, `kv_migration_source`, `stream_options`, `seed`,
+//! `n`, `return_token_ids`, `ignore_eos`) are read without scanning the body again. Text is tokenized with the shared tokenizer and chat messages
+//! rendered with the chat template, exactly as the indexer does, so both see the same blocks.
+
+use kvmesh_core::openai::{self, Endpoint, Prompt, RawFields, RequestInput};
+use serde_json::Value;
+
+use super::{ApiError, AppState};
+use crate::hash;
+use crate::nixl::{parse_params, TransferRequest};
+use crate::output::{seed_for, splitmix64};
+use crate::sched::{FinishReason, KvRole, NewRequest, RemoteSource};
+
+/// Text prompts longer than this are tokenized on the blocking pool, not the async workers.
+const INLINE_TOKENIZE_BYTES: usize = 16 * 1024;
+
+struct Extras {
+    kv_transfer_params: Option<Value>,
+    kv_migration_source: bool,
+    include_usage: bool,
+    seed: Option<i64>,
+    n: Option<u64>,
+    return_token_ids: bool,
+}
+
+fn typed<T: serde::de::DeserializeOwned>(field: &str, v: Option<Value>) -> Result<Option<T>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => serde_json::from_value(v).map(Some).map_err(|e| ApiError::bad_request(format!("field `{field}`: {e}"))),
+    }
+}
+
+impl Extras {
+    /// Reads the engine-side fields from the body's raw top-level fields (each small), so the
+    /// body is scanned once; every type error names its field.
+    fn read(raw: &RawFields) -> Result<Self, ApiError> {
+        let field = |k: &str| raw.get(k).and_then(|r| serde_json::from_str::<Value>(r.get()).ok());
+        let include_usage = match field("stream_options") {
+            None | Some(Value::Null) => false,
+            Some(Value::Object(o)) => typed::<bool>("stream_options.include_usage", o.get("include_usage").cloned())?.unwrap_or(false),
+            Some(_) => return Err(ApiError::bad_request("field `stream_options` must be an object")),
+        };
+        // Accepted for compatibility (replies always run to `max_tokens` when it is given), but
+        // type-checked.
+        typed::<bool>("ignore_eos", field("ignore_eos"))?;
+        Ok(Self {
+            kv_transfer_params: field("kv_transfer_params"),
+            kv_migration_source: typed::<bool>("kv_migration_source", field("kv_migration_source"))?.unwrap_or(false),
+            include_usage,
+            seed: typed("seed", field("seed"))?,
+            n: typed("n", field("n"))?,
+            return_token_ids: typed::<bool>("return_token_ids", field("return_token_ids"))?.unwrap_or(false),
+        })
+    }
+}
+
+/// The NIXL part of a prepared request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transfer {
+    /// None.
+    None,
+    /// Prefill leg (`do_remote_decode`).
+    Prefill,
+    /// Migration source (`kv_migration_source`), one step.
+    MigrationSource,
+    /// Pull from a producer first.
+    Consume(RemoteSource),
+}
+
+/// A validated request, ready for the engine.
+#[derive(Debug)]
+pub struct Prepared {
+    /// SSE or one JSON body.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// vLLM's `return_token_ids`.
+    pub return_token_ids: bool,
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Engine hashes of the prompt's full blocks (computed once, here, off the engine loop).
+    pub hashes: Vec<u64>,
+    /// `cache_salt`.
+    pub salt: Option<String>,
+    /// Tokens to generate.
+    pub max_tokens: u32,
+    /// Reported when `max_tokens` is reached.
+    pub finish_reason: FinishReason,
+    /// Reply seed.
+    pub seed: u64,
+    /// NIXL role.
+    pub transfer: Transfer,
+}
+
+impl Prepared {
+    /// The engine request (`transfer_id` names a producer's hold).
+    pub fn into_new_request(self, id: u64, transfer_id: String) -> (NewRequest, RequestShape) {
+        let shape = RequestShape {
+            stream: self.stream,
+            include_usage: self.include_usage,
+            prompt_token_ids: self.return_token_ids.then(|| self.prompt.clone()),
+            return_token_ids: self.return_token_ids,
+            transfer: matches!(self.transfer, Transfer::Prefill | Transfer::MigrationSource),
+        };
+        let kv = match self.transfer {
+            Transfer::None => KvRole::Plain,
+            Transfer::Prefill | Transfer::MigrationSource => KvRole::Producer { transfer_id },
+            Transfer::Consume(source) => KvRole::Consumer { source },
+        };
+        let req = NewRequest {
+            id,
+            prompt: self.prompt,
+            hashes: self.hashes,
+            salt: self.salt,
+            max_tokens: self.max_tokens,
+            finish_reason: self.finish_reason,
+            seed: self.seed,
+            kv,
+        };
+        (req, shape)
+    }
+}
+
+/// What the response builder needs to know about the request.
+#[derive(Debug, Clone)]
+pub struct RequestShape {
+    /// SSE?
+    pub stream: bool,
+    /// Final usage chunk?
+    pub include_usage: bool,
+    /// Prompt ids to echo (`return_token_ids`).
+    pub prompt_token_ids: Option<Vec<u32>>,
+    /// Echo generated ids?
+    pub return_token_ids: bool,
+    /// A producer: the response carries `kv_transfer_params`.
+    pub transfer: bool,
+}
+
+/// Parses and tokenizes `body`; every problem is a 400 (404 for another model).
+pub async fn prepare(st: &AppState, endpoint: Endpoint, body: &[u8]) -> Result<Prepared, ApiError> {
+    let (req, raw) = openai::parse_raw(endpoint, body).map_err(|e| match e {
+        openai::ParseError::BatchPrompt => ApiError::bad_request("batched prompts are not supported by vllm-sim: send one prompt per request"),
+        e => ApiError::bad_request(e.to_string()),
+    })?;
+    let extras = Extras::read(&raw)?;
+    if let Some(model) = &req.model {
+        if *model != st.info.model {
+            return Err(ApiError::new(
+                axum::http::StatusCode::NOT_FOUND,
+                "model_not_found",
+                format!("The model `{model}` does not exist."),
+            ));
+        }
+    }
+    if extras.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad_request("n > 1 is not supported by vllm-sim"));
+    }
+    if req.max_tokens == Some(0) {
+        return Err(ApiError::bad_request("max_tokens must be at least 1, got 0."));
+    }
+    let prompt = tokenize(st, req.input).await?;
+    if prompt.is_empty() {
+        return Err(ApiError::bad_request("The prompt cannot be empty"));
+    }
+    let mut transfer = match parse_params(extras.kv_transfer_params.as_ref()).map_err(|e| ApiError::bad_request(e.to_string()))? {
+        TransferRequest::None => Transfer::None,
+        TransferRequest::Produce => Transfer::Prefill,
+        TransferRequest::Consume(source) => Transfer::Consume(source),
+    };
+    if extras.kv_migration_source {
+        if transfer != Transfer::None {
+            return Err(ApiError::bad_request("kv_migration_source cannot be combined with kv_transfer_params"));
+        }
+        transfer = Transfer::MigrationSource;
+    }
+    if req.stream && matches!(transfer, Transfer::Prefill | Transfer::MigrationSource) {
+        return Err(ApiError::bad_request("a KV producer request (do_remote_decode / kv_migration_source) cannot stream"));
+    }
+    let explicit_seed = extras.seed.map(|s| s as u64);
+    let block_size = st.info.block_size;
+    let hashes = hash::chain(&prompt, block_size, req.cache_salt.as_deref());
+    let seed = seed_for(&prompt, &hashes, block_size, explicit_seed);
+    let (max_tokens, finish_reason) = match (req.max_tokens, &transfer) {
+        // A migration source is a producer for exactly one step.
+        (_, Transfer::MigrationSource) => (1, FinishReason::Length),
+        (Some(n), _) => (u32::try_from(n).unwrap_or(u32::MAX), FinishReason::Length),
+        (None, _) => {
+            let mut s = seed ^ 0x6c65_6e67_7468; // "length"
+            let n = splitmix64(&mut s) % u64::from(st.default_max_tokens.max(1)) + 1;
+            (n as u32, FinishReason::Stop)
+        }
+    };
+    Ok(Prepared {
+        hashes,
+        stream: req.stream,
+        include_usage: extras.include_usage,
+        return_token_ids: extras.return_token_ids,
+        prompt,
+        salt: req.cache_salt,
+        max_tokens,
+        finish_reason,
+        seed,
+        transfer,
+    })
+}
+
+async fn tokenize(st: &AppState, input: RequestInput) -> Result<Vec<u32>, ApiError> {
+    let text = match input {
+        RequestInput::Prompt(Prompt::Tokens(ids)) => {
+            if let Some(bad) = ids.iter().find(|&&t| t >= st.vocab_size) {
+                return Err(ApiError::bad_request(format!("Token id {bad} is out of vocabulary")));
+            }
+            return Ok(ids);
+        }
+        RequestInput::Prompt(Prompt::Text(t)) => t,
+        RequestInput::Messages(m) => {
+            st.template.render(&m, true).map_err(|e| ApiError::bad_request(format!("cannot apply the chat template: {e}")))?
+        }
+    };
+    let encoded = if text.len() <= INLINE_TOKENIZE_BYTES {
+        st.tokenizer.encode(&text)
+    } else {
+        let tok = st.tokenizer.clone();
+        tokio::task::spawn_blocking(move || tok.encode(&text))
+            .await
+            .map_err(|e| ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "other", format!("tokenizer task: {e}")))?
+    };
+    encoded.map_err(|e| ApiError::bad_request(format!("cannot tokenize the prompt: {e}")))
+}

@@ -1,0 +1,84 @@
+//! KV-cache events as the block pool produces them, and the sink they leave through.
+//!
+//! The block pool records what vLLM's `BlockPool` records (`BlockStored` when full blocks are
+//! cached, `BlockRemoved` when a cached block's slot is reused, `AllBlocksCleared` on a prefix
+//! cache reset). The scheduler hands one batch per engine step to an [`EventSink`]; unit tests
+//! collect batches in memory ([`MemorySink`]) and the binary publishes them on ZeroMQ
+//! (`publisher`). Keeping the wire encoding (`wire`) apart from these types lets tests assert on
+//! cache operations and on bytes separately.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::hash::BlockHash;
+
+/// One cache event, vLLM's `KVCacheEvent` union. Medium is always `"GPU"`; LoRA is not modelled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvEvent {
+    /// Full blocks of one request newly cached in one step, in chain order.
+    BlockStored {
+        /// Engine hashes of the stored blocks, in chain order.
+        block_hashes: Vec<BlockHash>,
+        /// Hash of the block before the first stored one; `None` at the chain root.
+        parent_block_hash: Option<BlockHash>,
+        /// The stored blocks' tokens, concatenated (`block_size` per block).
+        token_ids: Vec<u32>,
+        /// Tokens per block.
+        block_size: u32,
+    },
+    /// Cached blocks whose slots were reused (evicted).
+    BlockRemoved {
+        /// Engine hashes of the evicted blocks.
+        block_hashes: Vec<BlockHash>,
+    },
+    /// Every cached block was dropped (`POST /reset_prefix_cache`).
+    AllBlocksCleared,
+}
+
+/// The events of one engine step, vLLM's `KVEventBatch` without the DP rank (the sink adds it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventBatch {
+    /// Wall-clock seconds since the Unix epoch when the step's events were taken.
+    pub ts: f64,
+    /// The step's events, in the order the pool produced them. Never empty when published.
+    pub events: Vec<KvEvent>,
+}
+
+/// Where event batches go. Implementations must not block the engine: they queue or drop.
+pub trait EventSink: Send {
+    /// Takes one batch (non-empty). Called from the engine task, once per step with events.
+    fn publish(&mut self, batch: EventBatch);
+}
+
+/// A sink that discards everything (events disabled).
+#[derive(Debug, Default)]
+pub struct NullSink;
+
+impl EventSink for NullSink {
+    fn publish(&mut self, _batch: EventBatch) {}
+}
+
+/// A sink that keeps every batch in memory, shared so a test can read what the engine sent.
+#[derive(Debug, Default, Clone)]
+pub struct MemorySink {
+    batches: Arc<Mutex<Vec<EventBatch>>>,
+}
+
+impl MemorySink {
+    /// An empty sink.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Removes and returns the batches published so far.
+    pub fn take(&self) -> Vec<EventBatch> {
+        std::mem::take(&mut *self.batches.lock())
+    }
+}
+
+impl EventSink for MemorySink {
+    fn publish(&mut self, batch: EventBatch) {
+        self.batches.lock().push(batch);
+    }
+}

@@ -1,0 +1,120 @@
+//! The engine's own block hashes: the ids the simulator publishes in KV events.
+//!
+//! vLLM keys its prefix cache by a chained hash of (parent hash, block token ids, extra keys) and
+//! publishes the low 64 bits of the SHA-256 digest. The simulator does the same, deliberately
+//! unlike the router's XXH3 chain (`kvmesh_core::hashing`): engine hashes are opaque ids on the
+//! wire, and nothing downstream may lean on them being equal to its own. The chain input is
+//! `be_u64(parent) ‖ le_u32(token)…` and, for the first block only, the request's `cache_salt`
+//! bytes (vLLM folds the salt into the first block's extra keys, so it flows down the chain).
+//! The root parent is a fixed constant (vLLM's `NONE_HASH` with a fixed `PYTHONHASHSEED`), so
+//! every run and every simulator instance agrees.
+
+use sha2::{Digest, Sha256};
+
+/// A published engine block hash (low 64 bits of a SHA-256 digest, as vLLM publishes with
+/// `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`).
+pub type BlockHash = u64;
+
+/// The parent of the first block of every chain (never published: the first block's
+/// `parent_block_hash` is nil on the wire).
+pub const ROOT_PARENT: BlockHash = 0x6b76_6d65_7368_5f73; // "kvmesh_s"
+
+/// The hash of one block given its parent, its tokens and (first block only) the cache salt.
+pub fn block_hash(parent: BlockHash, tokens: &[u32], salt: Option<&str>) -> BlockHash {
+    let mut h = Sha256::new();
+    h.update(parent.to_be_bytes());
+    // One update per block rather than per token: the digest sees the same byte string.
+    let mut buf = [0u8; 4 * 64];
+    for chunk in tokens.chunks(64) {
+        let n = chunk.len() * 4;
+        for (dst, t) in buf[..n].chunks_exact_mut(4).zip(chunk) {
+            dst.copy_from_slice(&t.to_le_bytes());
+        }
+        h.update(&buf[..n]);
+    }
+    if let Some(salt) = salt.filter(|s| !s.is_empty()) {
+        h.update(b"\x00salt\x00");
+        h.update(salt.as_bytes());
+    }
+    low64(&h.finalize())
+}
+
+/// The last 8 bytes of a digest read big-endian, i.e. `int.from_bytes(d, "big") & (2**64-1)`.
+fn low64(digest: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = digest.len();
+    b.copy_from_slice(&digest[n - 8..]);
+    u64::from_be_bytes(b)
+}
+
+/// Appends to `out` the hashes of the full blocks of `tokens[from_block * block_size..]`,
+/// continuing the chain whose hashes are already in `out[..from_block]`.
+///
+/// `out.len()` must equal `from_block`; the salt applies to block 0 only. Hashes are computed
+/// once per block, so extending a request's chain as it generates tokens is O(new blocks).
+pub fn extend_chain(out: &mut Vec<BlockHash>, tokens: &[u32], block_size: usize, salt: Option<&str>) {
+    let full = tokens.len() / block_size;
+    for i in out.len()..full {
+        let parent = if i == 0 { ROOT_PARENT } else { out[i - 1] };
+        let block = &tokens[i * block_size..(i + 1) * block_size];
+        out.push(block_hash(parent, block, if i == 0 { salt } else { None }));
+    }
+}
+
+/// The hashes of every full block of `tokens`.
+pub fn chain(tokens: &[u32], block_size: usize, salt: Option<&str>) -> Vec<BlockHash> {
+    let mut out = Vec::with_capacity(tokens.len() / block_size.max(1));
+    if block_size > 0 {
+        extend_chain(&mut out, tokens, block_size, salt);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn low_64_bits_of_sha256_over_parent_and_tokens() {
+        // sha256(be_u64(ROOT_PARENT) ‖ le_u32(1) ‖ le_u32(2)), last 8 bytes big-endian.
+        let mut bytes = ROOT_PARENT.to_be_bytes().to_vec();
+        bytes.extend_from_slice(&[1, 0, 0, 0, 2, 0, 0, 0]);
+        let d = Sha256::digest(&bytes);
+        let want = u64::from_be_bytes(d[24..32].try_into().unwrap());
+        assert_eq!(block_hash(ROOT_PARENT, &[1, 2], None), want);
+    }
+
+    #[test]
+    fn chained_full_blocks_only() {
+        let toks: Vec<u32> = (0..10).collect();
+        let h = chain(&toks, 4, None);
+        assert_eq!(h.len(), 2);
+        assert_eq!(h[0], block_hash(ROOT_PARENT, &[0, 1, 2, 3], None));
+        assert_eq!(h[1], block_hash(h[0], &[4, 5, 6, 7], None));
+    }
+
+    #[test]
+    fn extend_continues_the_chain() {
+        let toks: Vec<u32> = (0..20).collect();
+        let mut h = chain(&toks[..9], 4, Some("s"));
+        extend_chain(&mut h, &toks, 4, Some("s"));
+        assert_eq!(h, chain(&toks, 4, Some("s")));
+    }
+
+    #[test]
+    fn salt_changes_every_block_through_the_chain() {
+        let toks: Vec<u32> = (0..8).collect();
+        let a = chain(&toks, 4, None);
+        let b = chain(&toks, 4, Some("tenant"));
+        assert_ne!(a[0], b[0]);
+        assert_ne!(a[1], b[1]);
+    }
+
+    #[test]
+    fn unlike_the_router_hash() {
+        let toks: Vec<u32> = (0..16).collect();
+        let seed = kvmesh_core::hashing::block_seed(None, None);
+        let router: Vec<u64> = kvmesh_core::hashing::sequence_hashes(&toks, 16, seed).iter().map(|h| h.0).collect();
+        assert_ne!(chain(&toks, 16, None), router);
+    }
+}

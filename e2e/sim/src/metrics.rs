@@ -1,0 +1,307 @@
+//! Every metric `vllm-sim` exports, declared once, rendered as Prometheus text.
+//!
+//! Engine metrics carry vLLM's names and labels (`model_name`, `engine` = the DP rank), so a
+//! router or dashboard built for vLLM reads the simulator unchanged; counters end in `_total`
+//! as `prometheus_client` exposes vLLM's. Scheduler counters are mirrored from the engine's
+//! cumulative [`SchedStats`] after every step (one short lock); latency histograms and the
+//! simulator's own `kvmesh_sim_*` counters are atomics written where things happen.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use parking_lot::Mutex;
+
+use crate::sched::SchedStats;
+
+/// `vllm:num_requests_running` (gauge).
+pub const NUM_REQUESTS_RUNNING: &str = "vllm:num_requests_running";
+/// `vllm:num_requests_waiting` (gauge).
+pub const NUM_REQUESTS_WAITING: &str = "vllm:num_requests_waiting";
+/// `vllm:kv_cache_usage_perc` (gauge, 0..1).
+pub const KV_CACHE_USAGE_PERC: &str = "vllm:kv_cache_usage_perc";
+/// `vllm:prefix_cache_queries_total` (counter, tokens).
+pub const PREFIX_CACHE_QUERIES: &str = "vllm:prefix_cache_queries_total";
+/// `vllm:prefix_cache_hits_total` (counter, tokens; includes NIXL-pulled tokens).
+pub const PREFIX_CACHE_HITS: &str = "vllm:prefix_cache_hits_total";
+/// `vllm:external_prefix_cache_queries_total` (counter, tokens asked of a NIXL producer).
+pub const EXTERNAL_PREFIX_CACHE_QUERIES: &str = "vllm:external_prefix_cache_queries_total";
+/// `vllm:external_prefix_cache_hits_total` (counter, tokens pulled from a NIXL producer).
+pub const EXTERNAL_PREFIX_CACHE_HITS: &str = "vllm:external_prefix_cache_hits_total";
+/// `vllm:prompt_tokens_total` (counter).
+pub const PROMPT_TOKENS: &str = "vllm:prompt_tokens_total";
+/// `vllm:generation_tokens_total` (counter).
+pub const GENERATION_TOKENS: &str = "vllm:generation_tokens_total";
+/// `vllm:request_success_total{finished_reason}` (counter).
+pub const REQUEST_SUCCESS: &str = "vllm:request_success_total";
+/// `vllm:num_preemptions_total` (counter).
+pub const NUM_PREEMPTIONS: &str = "vllm:num_preemptions_total";
+/// `vllm:time_to_first_token_seconds` (histogram).
+pub const TIME_TO_FIRST_TOKEN: &str = "vllm:time_to_first_token_seconds";
+/// `vllm:e2e_request_latency_seconds` (histogram).
+pub const E2E_REQUEST_LATENCY: &str = "vllm:e2e_request_latency_seconds";
+/// `vllm:cache_config_info` (gauge 1; labels `block_size`, `num_gpu_blocks`, …).
+pub const CACHE_CONFIG_INFO: &str = "vllm:cache_config_info";
+/// `kvmesh_sim_requests_aborted_total` (counter): requests cancelled because the client left.
+pub const REQUESTS_ABORTED: &str = "kvmesh_sim_requests_aborted_total";
+/// `kvmesh_sim_requests_rejected_total{reason}` (counter): requests answered with an error.
+pub const REQUESTS_REJECTED: &str = "kvmesh_sim_requests_rejected_total";
+/// `kvmesh_sim_faults_injected_total{fault}` (counter).
+pub const FAULTS_INJECTED: &str = "kvmesh_sim_faults_injected_total";
+/// `kvmesh_sim_kv_event_batches_total{outcome}` (counter): `published`, `dropped_fault`,
+/// `dropped_queue_full` (both still replayable), `paused` (lost), `encode_error`.
+pub const KV_EVENT_BATCHES: &str = "kvmesh_sim_kv_event_batches_total";
+/// `kvmesh_sim_kv_replay_requests_total` (counter): replay requests served.
+pub const KV_REPLAY_REQUESTS: &str = "kvmesh_sim_kv_replay_requests_total";
+/// `kvmesh_sim_nixl_pulls_total{outcome}` (counter, consumer side): `ok`, `failed`.
+pub const NIXL_PULLS: &str = "kvmesh_sim_nixl_pulls_total";
+/// `kvmesh_sim_nixl_transfers_total{outcome}` (counter, producer side): `served`, `expired`.
+pub const NIXL_TRANSFERS: &str = "kvmesh_sim_nixl_transfers_total";
+/// `kvmesh_sim_kv_load_failures_total` (counter): pulls that failed or returned other tokens.
+pub const KV_LOAD_FAILURES: &str = "kvmesh_sim_kv_load_failures_total";
+/// `kvmesh_sim_engine_steps_total` (counter).
+pub const ENGINE_STEPS: &str = "kvmesh_sim_engine_steps_total";
+
+/// Every metric name, for the README drift test.
+pub const ALL: &[&str] = &[
+    NUM_REQUESTS_RUNNING,
+    NUM_REQUESTS_WAITING,
+    KV_CACHE_USAGE_PERC,
+    PREFIX_CACHE_QUERIES,
+    PREFIX_CACHE_HITS,
+    EXTERNAL_PREFIX_CACHE_QUERIES,
+    EXTERNAL_PREFIX_CACHE_HITS,
+    PROMPT_TOKENS,
+    GENERATION_TOKENS,
+    REQUEST_SUCCESS,
+    NUM_PREEMPTIONS,
+    TIME_TO_FIRST_TOKEN,
+    E2E_REQUEST_LATENCY,
+    CACHE_CONFIG_INFO,
+    REQUESTS_ABORTED,
+    REQUESTS_REJECTED,
+    FAULTS_INJECTED,
+    KV_EVENT_BATCHES,
+    KV_REPLAY_REQUESTS,
+    NIXL_PULLS,
+    NIXL_TRANSFERS,
+    KV_LOAD_FAILURES,
+    ENGINE_STEPS,
+];
+
+/// vLLM's TTFT buckets (seconds).
+const TTFT_BUCKETS: &[f64] =
+    &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0];
+/// vLLM's request-latency buckets (seconds).
+const E2E_BUCKETS: &[f64] = &[0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0];
+
+/// A fixed-bucket histogram of seconds.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self { bounds, counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(), sum_ns: AtomicU64::new(0) }
+    }
+
+    /// Records one observation.
+    pub fn observe(&self, secs: f64) {
+        let i = self.bounds.iter().position(|&b| secs <= b).unwrap_or(self.bounds.len());
+        if let Some(c) = self.counts.get(i) {
+            c.fetch_add(1, Relaxed);
+        }
+        self.sum_ns.fetch_add((secs.max(0.0) * 1e9) as u64, Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let mut cum = 0;
+        for (i, b) in self.bounds.iter().enumerate() {
+            cum += self.counts[i].load(Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b}\"}} {cum}");
+        }
+        cum += self.counts[self.bounds.len()].load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cum}");
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum_ns.load(Relaxed) as f64 / 1e9);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {cum}");
+    }
+}
+
+/// Label values of a counter family with a fixed label set.
+#[derive(Debug)]
+pub struct LabeledCounter {
+    label: &'static str,
+    values: &'static [&'static str],
+    counts: Vec<AtomicU64>,
+}
+
+impl LabeledCounter {
+    fn new(label: &'static str, values: &'static [&'static str]) -> Self {
+        Self { label, values, counts: values.iter().map(|_| AtomicU64::new(0)).collect() }
+    }
+
+    /// Adds one to the series `value` (unknown values are counted under the last one).
+    pub fn inc(&self, value: &str) {
+        let i = self.values.iter().position(|v| *v == value).unwrap_or(self.values.len() - 1);
+        self.counts[i].fetch_add(1, Relaxed);
+    }
+
+    /// The count of series `value`.
+    pub fn get(&self, value: &str) -> u64 {
+        self.values.iter().position(|v| *v == value).map_or(0, |i| self.counts[i].load(Relaxed))
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        for (v, c) in self.values.iter().zip(&self.counts) {
+            let _ = writeln!(out, "{name}{{{labels},{}=\"{v}\"}} {}", self.label, c.load(Relaxed));
+        }
+    }
+}
+
+/// Gauges and counters of one simulator.
+#[derive(Debug)]
+pub struct Metrics {
+    labels: String,
+    cache_info: String,
+    sched: Mutex<SchedStats>,
+    running: AtomicU64,
+    waiting: AtomicU64,
+    kv_usage_bits: AtomicU64,
+    /// Time to first token, from request arrival.
+    pub ttft: Histogram,
+    /// Request latency, from arrival to the last token.
+    pub e2e: Histogram,
+    /// Requests answered with an error, by reason.
+    pub rejected: LabeledCounter,
+    /// Faults injected, by kind.
+    pub faults: LabeledCounter,
+    /// Event batches by outcome.
+    pub event_batches: LabeledCounter,
+    /// Replay requests served.
+    pub replays: AtomicU64,
+    /// Consumer pulls by outcome.
+    pub pulls: LabeledCounter,
+}
+
+impl Metrics {
+    /// Metrics for model `model_name`, engine (DP rank) `engine`, cache geometry for `cache_config_info`.
+    pub fn new(model_name: &str, engine: u32, block_size: usize, num_gpu_blocks: u32) -> Self {
+        let model = model_name.replace('\\', "\\\\").replace('"', "\\\"");
+        Self {
+            labels: format!("model_name=\"{model}\",engine=\"{engine}\""),
+            cache_info: format!(
+                "block_size=\"{block_size}\",num_gpu_blocks=\"{num_gpu_blocks}\",num_cpu_blocks=\"0\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"{engine}\""
+            ),
+            sched: Mutex::new(SchedStats::default()),
+            running: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
+            kv_usage_bits: AtomicU64::new(0),
+            ttft: Histogram::new(TTFT_BUCKETS),
+            e2e: Histogram::new(E2E_BUCKETS),
+            rejected: LabeledCounter::new(
+                "reason",
+                &["bad_request", "model_not_found", "too_long", "queue_full", "kv_load_failed", "fault", "engine_gone", "other"],
+            ),
+            faults: LabeledCounter::new("fault", &["fail_prefill", "fail_migration_source", "fail_next", "extra_latency", "vanish"]),
+            event_batches: LabeledCounter::new("outcome", &["published", "dropped_fault", "dropped_queue_full", "paused", "encode_error"]),
+            replays: AtomicU64::new(0),
+            pulls: LabeledCounter::new("outcome", &["ok", "failed"]),
+        }
+    }
+
+    /// Mirrors the engine's state after a step.
+    pub fn update_engine(&self, stats: SchedStats, running: usize, waiting: usize, kv_usage: f64) {
+        *self.sched.lock() = stats;
+        self.running.store(running as u64, Relaxed);
+        self.waiting.store(waiting as u64, Relaxed);
+        self.kv_usage_bits.store(kv_usage.to_bits(), Relaxed);
+    }
+
+    /// The engine's cumulative counters as last mirrored.
+    pub fn sched(&self) -> SchedStats {
+        *self.sched.lock()
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let s = self.sched();
+        let l = &self.labels;
+        let mut o = String::with_capacity(8192);
+        let gauge = |o: &mut String, name: &str, help: &str, v: f64| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{l}}} {v}");
+        };
+        gauge(&mut o, NUM_REQUESTS_RUNNING, "Number of requests in model execution batches.", self.running.load(Relaxed) as f64);
+        gauge(&mut o, NUM_REQUESTS_WAITING, "Number of requests waiting to be processed.", self.waiting.load(Relaxed) as f64);
+        gauge(&mut o, KV_CACHE_USAGE_PERC, "KV-cache usage. 1 means 100 percent usage.", f64::from_bits(self.kv_usage_bits.load(Relaxed)));
+        let counter = |o: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{l}}} {v}");
+        };
+        counter(&mut o, PREFIX_CACHE_QUERIES, "Prefix cache queries, in terms of number of queried tokens.", s.prefix_queries);
+        counter(&mut o, PREFIX_CACHE_HITS, "Prefix cache hits, in terms of number of cached tokens.", s.prefix_hits);
+        counter(&mut o, EXTERNAL_PREFIX_CACHE_QUERIES, "External prefix cache queries from KV connector (tokens).", s.external_queries);
+        counter(&mut o, EXTERNAL_PREFIX_CACHE_HITS, "External prefix cache hits from KV connector (tokens).", s.external_hits);
+        counter(&mut o, PROMPT_TOKENS, "Number of prefill tokens processed.", s.prompt_tokens);
+        counter(&mut o, GENERATION_TOKENS, "Number of generation tokens processed.", s.generation_tokens);
+        counter(&mut o, NUM_PREEMPTIONS, "Cumulative number of preemption from the engine.", s.preemptions);
+        let _ = writeln!(o, "# HELP {REQUEST_SUCCESS} Count of successfully processed requests.\n# TYPE {REQUEST_SUCCESS} counter");
+        let _ = writeln!(o, "{REQUEST_SUCCESS}{{{l},finished_reason=\"length\"}} {}", s.finished_length);
+        let _ = writeln!(o, "{REQUEST_SUCCESS}{{{l},finished_reason=\"stop\"}} {}", s.finished_stop);
+        let _ = writeln!(o, "# HELP {TIME_TO_FIRST_TOKEN} Histogram of time to first token in seconds.\n# TYPE {TIME_TO_FIRST_TOKEN} histogram");
+        self.ttft.render(&mut o, TIME_TO_FIRST_TOKEN, l);
+        let _ = writeln!(o, "# HELP {E2E_REQUEST_LATENCY} Histogram of e2e request latency in seconds.\n# TYPE {E2E_REQUEST_LATENCY} histogram");
+        self.e2e.render(&mut o, E2E_REQUEST_LATENCY, l);
+        let _ = writeln!(o, "# HELP {CACHE_CONFIG_INFO} Information of the LLMEngine CacheConfig\n# TYPE {CACHE_CONFIG_INFO} gauge");
+        let _ = writeln!(o, "{CACHE_CONFIG_INFO}{{{}}} 1", self.cache_info);
+
+        counter(&mut o, REQUESTS_ABORTED, "Requests cancelled because the client went away.", s.aborted);
+        counter(&mut o, KV_LOAD_FAILURES, "NIXL pulls that failed or returned other tokens.", s.kv_load_failures);
+        counter(&mut o, ENGINE_STEPS, "Engine steps executed.", s.steps);
+        counter(&mut o, KV_REPLAY_REQUESTS, "KV-event replay requests served.", self.replays.load(Relaxed));
+        let family = |o: &mut String, name: &str, help: &str, c: &LabeledCounter| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+            c.render(o, name, l);
+        };
+        family(&mut o, REQUESTS_REJECTED, "Requests answered with an error, by reason.", &self.rejected);
+        family(&mut o, FAULTS_INJECTED, "Faults injected, by kind.", &self.faults);
+        family(&mut o, KV_EVENT_BATCHES, "KV event batches by outcome.", &self.event_batches);
+        family(&mut o, NIXL_PULLS, "NIXL pulls made as a consumer, by outcome.", &self.pulls);
+        let _ = writeln!(o, "# HELP {NIXL_TRANSFERS} NIXL holds as a producer, by outcome.\n# TYPE {NIXL_TRANSFERS} counter");
+        let _ = writeln!(o, "{NIXL_TRANSFERS}{{{l},outcome=\"served\"}} {}", s.transfers_served);
+        let _ = writeln!(o, "{NIXL_TRANSFERS}{{{l},outcome=\"expired\"}} {}", s.transfers_expired);
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_metric_with_vllm_labels() {
+        let m = Metrics::new("deepseek-v4", 0, 16, 100);
+        m.update_engine(SchedStats { prefix_queries: 32, prefix_hits: 16, ..SchedStats::default() }, 2, 1, 0.25);
+        m.ttft.observe(0.003);
+        m.rejected.inc("bad_request");
+        let text = m.render();
+        for name in ALL {
+            assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
+        }
+        assert!(text.contains("vllm:prefix_cache_hits_total{model_name=\"deepseek-v4\",engine=\"0\"} 16\n"));
+        assert!(text.contains("vllm:num_requests_running{model_name=\"deepseek-v4\",engine=\"0\"} 2\n"));
+        assert!(text.contains("vllm:kv_cache_usage_perc{model_name=\"deepseek-v4\",engine=\"0\"} 0.25\n"));
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"deepseek-v4\",engine=\"0\",le=\"0.005\"} 1\n"));
+        assert!(text.contains("vllm:time_to_first_token_seconds_count{model_name=\"deepseek-v4\",engine=\"0\"} 1\n"));
+        assert!(text.contains("kvmesh_sim_requests_rejected_total{model_name=\"deepseek-v4\",engine=\"0\",reason=\"bad_request\"} 1\n"));
+        assert!(text.contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"100\""));
+    }
+
+    #[test]
+    fn readme_documents_every_metric() {
+        let readme = include_str!("../README.md");
+        for name in ALL {
+            assert!(readme.contains(name), "README.md does not mention {name}");
+        }
+    }
+}

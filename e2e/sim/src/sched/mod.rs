@@ -1,0 +1,488 @@
+//! The engine's scheduler: vLLM V1's continuous batching over the block pool, as a pure
+//! `step(now) -> work` state machine.
+//!
+//! One step at a time is in flight. `step(now)` first completes the in-flight step if its end
+//! time has passed (computed tokens advance, tokens are sampled, finished requests release or
+//! hand over their blocks, the step's cache events are emitted), then schedules the next one:
+//! running requests first (one decode token each, or their next prefill chunk), then waiting
+//! requests in FIFO order while `max_num_seqs` and the `max_num_batched_tokens` budget allow.
+//! Blocks are allocated and full blocks cached at schedule time, as vLLM does, so a request
+//! admitted in the next step already hits them; the events recorded while scheduling are
+//! published when the step completes. A running request that needs a block when none is free
+//! preempts the most recently admitted request (its blocks are freed; it restarts from its
+//! prefix hits), and no waiting request is admitted in a step that preempted.
+//!
+//! The clock is an argument (`now`, time since the engine started) and the only randomness is
+//! each request's seeded token stream, so every test is deterministic. NIXL producer holds and
+//! consumer pulls live in `nixl.rs`.
+
+mod nixl;
+mod types;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use nixl::PullError;
+pub use types::*;
+
+use crate::events::KvEvent;
+use crate::free_queue::BlockId;
+use crate::hash::{extend_chain, BlockHash};
+use crate::output::OutputVocab;
+use crate::pool::{BlockPool, CachedBlock, InUse};
+use crate::timing::TimingModel;
+
+/// Validated scheduler limits.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Blocks in the pool.
+    pub num_gpu_blocks: u32,
+    /// Running requests per step.
+    pub max_num_seqs: usize,
+    /// Token budget per step.
+    pub max_num_batched_tokens: usize,
+    /// Bound of the waiting queue (including requests waiting for a NIXL pull).
+    pub max_waiting: usize,
+    /// Prompt plus completion limit.
+    pub max_model_len: usize,
+    /// Step durations.
+    pub timing: TimingModel,
+    /// What to do when a pull fails.
+    pub kv_load_failure_policy: KvLoadFailurePolicy,
+    /// How long a producer holds blocks nobody pulls.
+    pub kv_transfer_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Waiting,
+    RemoteWait,
+    Running,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Remote {
+    None,
+    Pending(RemoteSource),
+    Done,
+}
+
+#[derive(Debug)]
+struct Request {
+    tokens: Vec<u32>,
+    num_prompt: usize,
+    num_computed: usize,
+    max_tokens: u32,
+    generated: u32,
+    hashes: Vec<BlockHash>,
+    salt: Option<String>,
+    blocks: Vec<BlockId>,
+    /// `blocks[..num_cached_blocks]` have been offered to the cache.
+    num_cached_blocks: usize,
+    state: State,
+    cached_tokens: Option<usize>,
+    rng: u64,
+    finish_reason: FinishReason,
+    producer: Option<String>,
+    remote: Remote,
+    /// Local prefix-hit tokens when a consumer started its pull.
+    local_hit: usize,
+}
+
+#[derive(Debug)]
+struct Inflight {
+    end: Duration,
+    work: Vec<(ReqId, usize)>,
+    events: Vec<KvEvent>,
+}
+
+#[derive(Debug)]
+struct Hold {
+    blocks: Vec<BlockId>,
+    expires: Duration,
+}
+
+/// The scheduler and the block pool it owns.
+#[derive(Debug)]
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    vocab: Arc<OutputVocab>,
+    pool: BlockPool,
+    reqs: HashMap<ReqId, Request>,
+    waiting: VecDeque<ReqId>,
+    running: Vec<ReqId>,
+    remote_waiting: usize,
+    inflight: Option<Inflight>,
+    holds: HashMap<String, Hold>,
+    hold_expiry: VecDeque<(Duration, String)>,
+    /// The `now` of the latest `step` (holds created while completing a step expire from it).
+    now_hint: Duration,
+    stats: SchedStats,
+}
+
+impl Scheduler {
+    /// An idle engine with an empty cache.
+    pub fn new(cfg: SchedulerConfig, vocab: Arc<OutputVocab>) -> Self {
+        let pool = BlockPool::new(cfg.num_gpu_blocks, cfg.block_size);
+        Self {
+            cfg,
+            vocab,
+            pool,
+            reqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            remote_waiting: 0,
+            inflight: None,
+            holds: HashMap::new(),
+            hold_expiry: VecDeque::new(),
+            now_hint: Duration::ZERO,
+            stats: SchedStats::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    /// Cumulative counters.
+    pub fn stats(&self) -> SchedStats {
+        self.stats
+    }
+
+    /// Requests in the running batch (`vllm:num_requests_running`).
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Requests waiting, including those waiting for a NIXL pull (`vllm:num_requests_waiting`).
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len() + self.remote_waiting
+    }
+
+    /// KV usage, 0..=1 (`vllm:kv_cache_usage_perc`).
+    pub fn kv_usage(&self) -> f64 {
+        self.pool.usage()
+    }
+
+    /// Every cached block (`GET /admin/cache`).
+    pub fn dump_cache(&self) -> Vec<CachedBlock> {
+        self.pool.dump()
+    }
+
+    /// Blocks in the free queue.
+    pub fn num_free_blocks(&self) -> usize {
+        self.pool.num_free()
+    }
+
+    /// Queues a request. Validation failures are returned, not emitted.
+    pub fn submit(&mut self, req: NewRequest) -> Result<(), RequestError> {
+        if req.prompt.is_empty() {
+            return Err(RequestError::EmptyPrompt);
+        }
+        let requested = req.prompt.len() + req.max_tokens as usize;
+        if requested > self.cfg.max_model_len {
+            return Err(RequestError::TooLong {
+                max_model_len: self.cfg.max_model_len,
+                requested,
+                prompt: req.prompt.len(),
+                max_tokens: req.max_tokens,
+            });
+        }
+        if self.num_waiting() >= self.cfg.max_waiting {
+            return Err(RequestError::QueueFull { limit: self.cfg.max_waiting });
+        }
+        if self.reqs.contains_key(&req.id) {
+            return Err(RequestError::Duplicate(req.id));
+        }
+        let num_prompt = req.prompt.len();
+        let mut tokens = req.prompt;
+        tokens.reserve(req.max_tokens as usize);
+        let (producer, remote) = match req.kv {
+            KvRole::Plain => (None, Remote::None),
+            KvRole::Producer { transfer_id } => (Some(transfer_id), Remote::None),
+            KvRole::Consumer { source } => (None, Remote::Pending(source)),
+        };
+        self.stats.prompt_tokens += num_prompt as u64;
+        self.reqs.insert(
+            req.id,
+            Request {
+                tokens,
+                num_prompt,
+                num_computed: 0,
+                max_tokens: req.max_tokens.max(1),
+                generated: 0,
+                hashes: req.hashes,
+                salt: req.salt,
+                blocks: Vec::new(),
+                num_cached_blocks: 0,
+                state: State::Waiting,
+                cached_tokens: None,
+                rng: req.seed,
+                finish_reason: req.finish_reason,
+                producer,
+                remote,
+                local_hit: 0,
+            },
+        );
+        self.waiting.push_back(req.id);
+        Ok(())
+    }
+
+    /// Drops a request wherever it is (client gone); its blocks are freed. Unknown ids are ignored.
+    pub fn cancel(&mut self, id: ReqId) {
+        let Some(r) = self.reqs.remove(&id) else { return };
+        match r.state {
+            State::Waiting => self.waiting.retain(|&w| w != id),
+            State::Running => self.running.retain(|&w| w != id),
+            State::RemoteWait => self.remote_waiting = self.remote_waiting.saturating_sub(1),
+        }
+        self.pool.free(&r.blocks);
+        self.stats.aborted += 1;
+    }
+
+    /// vLLM's `reset_prefix_cache`: refused while any block is referenced; on success the
+    /// `AllBlocksCleared` event is in `out.events` (after any events still pending).
+    pub fn reset_prefix_cache(&mut self, out: &mut StepOutput) -> Result<(), InUse> {
+        self.pool.reset()?;
+        if let Some(inflight) = &mut self.inflight {
+            out.events.append(&mut inflight.events);
+        }
+        out.events.append(&mut self.pool.take_events());
+        Ok(())
+    }
+
+    /// Advances the engine to `now`: completes the in-flight step if due, schedules the next.
+    /// Returns when to call again (`None`: idle until a new request arrives).
+    pub fn step(&mut self, now: Duration, out: &mut StepOutput) -> Option<Duration> {
+        self.expire_holds(now);
+        if let Some(inflight) = &self.inflight {
+            if now < inflight.end {
+                return self.next_wake();
+            }
+            if let Some(done) = self.inflight.take() {
+                self.complete(done, out);
+            }
+        }
+        self.schedule(now, out);
+        self.next_wake()
+    }
+
+    fn next_wake(&self) -> Option<Duration> {
+        let step = self.inflight.as_ref().map(|i| i.end);
+        let hold = self.hold_expiry.front().map(|(t, _)| *t);
+        match (step, hold) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn complete(&mut self, inflight: Inflight, out: &mut StepOutput) {
+        out.events.extend(inflight.events);
+        self.stats.steps += 1;
+        for (id, n) in inflight.work {
+            let Some(r) = self.reqs.get_mut(&id) else { continue };
+            if r.state != State::Running {
+                continue;
+            }
+            r.num_computed += n;
+            if r.num_computed < r.tokens.len() {
+                continue; // a prefill chunk that is not the last
+            }
+            let token = self.vocab.sample(&mut r.rng);
+            r.tokens.push(token);
+            r.generated += 1;
+            self.stats.generation_tokens += 1;
+            out.emits.push(Emit::Token { id, token });
+            if r.generated >= r.max_tokens {
+                let reason = r.finish_reason;
+                self.finish(id, reason, out);
+            }
+        }
+    }
+
+    fn finish(&mut self, id: ReqId, reason: FinishReason, out: &mut StepOutput) {
+        self.running.retain(|&w| w != id);
+        let Some(r) = self.reqs.remove(&id) else { return };
+        match reason {
+            FinishReason::Length => self.stats.finished_length += 1,
+            FinishReason::Stop => self.stats.finished_stop += 1,
+        }
+        // vLLM's NIXL connector hands blocks over only for a length-capped finish.
+        let transfer = match (r.producer, reason) {
+            (Some(transfer_id), FinishReason::Length) => Some(self.hold(transfer_id, r.blocks, r.num_computed)),
+            _ => {
+                self.pool.free(&r.blocks);
+                None
+            }
+        };
+        out.emits.push(Emit::Finished {
+            id,
+            done: Finished {
+                reason,
+                prompt_tokens: r.num_prompt as u32,
+                completion_tokens: r.generated,
+                cached_tokens: r.cached_tokens.unwrap_or(0) as u32,
+                transfer,
+            },
+        });
+    }
+
+    fn schedule(&mut self, now: Duration, out: &mut StepOutput) {
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut work: Vec<(ReqId, usize)> = Vec::new();
+        let (mut prefill_tokens, mut decodes) = (0u64, 0u32);
+        let mut preempted = false;
+
+        // 1. The running batch: each gets its remaining tokens (1 when decoding) within budget.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let id = self.running[i];
+            let Some(r) = self.reqs.get(&id) else {
+                self.running.remove(i);
+                continue;
+            };
+            let n = (r.tokens.len() - r.num_computed).min(budget);
+            let decode = r.generated > 0 && r.num_computed >= r.num_prompt && n == 1;
+            if !self.ensure_blocks(id, n, &mut preempted) {
+                break; // preempted itself: everything after it was preempted too
+            }
+            self.prepare(id, n);
+            work.push((id, n));
+            budget -= n;
+            if decode {
+                decodes += 1;
+            } else {
+                prefill_tokens += n as u64;
+            }
+            i += 1;
+        }
+
+        // 2. Waiting requests, FIFO, while the batch and the budget have room.
+        while !preempted && budget > 0 && self.running.len() < self.cfg.max_num_seqs {
+            let Some(&id) = self.waiting.front() else { break };
+            let Some(r) = self.reqs.get(&id) else {
+                self.waiting.pop_front();
+                continue;
+            };
+            if matches!(r.remote, Remote::Pending(_)) {
+                if !self.start_pull(id, out) {
+                    break;
+                }
+                continue;
+            }
+            let Some(n) = self.admit(id, budget) else { break };
+            self.waiting.pop_front();
+            self.running.push(id);
+            if let Some(r) = self.reqs.get_mut(&id) {
+                r.state = State::Running;
+            }
+            self.prepare(id, n);
+            work.push((id, n));
+            budget -= n;
+            prefill_tokens += n as u64;
+        }
+
+        if work.is_empty() {
+            return;
+        }
+        let batch = u32::try_from(work.len()).unwrap_or(u32::MAX);
+        let end = now + self.cfg.timing.step(prefill_tokens, decodes, batch);
+        let events = self.pool.take_events();
+        self.inflight = Some(Inflight { end, work, events });
+    }
+
+    /// Makes sure running request `id` has blocks for `n` more tokens, preempting from the back
+    /// of the running batch while the pool is short. False if `id` itself was preempted.
+    fn ensure_blocks(&mut self, id: ReqId, n: usize, preempted: &mut bool) -> bool {
+        let bs = self.cfg.block_size;
+        loop {
+            let Some(r) = self.reqs.get_mut(&id) else { return false };
+            let need = (r.num_computed + n).div_ceil(bs).saturating_sub(r.blocks.len());
+            if need == 0 || self.pool.allocate(need, &mut r.blocks) {
+                return true;
+            }
+            let Some(victim) = self.running.pop() else { return false };
+            self.preempt(victim);
+            *preempted = true;
+            if victim == id {
+                return false;
+            }
+        }
+    }
+
+    fn preempt(&mut self, id: ReqId) {
+        let Some(r) = self.reqs.get_mut(&id) else { return };
+        self.pool.free(&r.blocks);
+        r.blocks.clear();
+        r.num_computed = 0;
+        r.num_cached_blocks = 0;
+        r.state = State::Waiting;
+        self.waiting.push_front(id);
+        self.stats.preemptions += 1;
+    }
+
+    /// Takes the blocks waiting request `id` needs for its next chunk. Returns the chunk size,
+    /// or `None` (nothing taken) when the pool cannot hold it yet.
+    fn admit(&mut self, id: ReqId, budget: usize) -> Option<usize> {
+        let bs = self.cfg.block_size;
+        let r = self.reqs.get_mut(&id)?;
+        if !r.blocks.is_empty() {
+            // A consumer back from its pull: blocks are taken, only the remainder is computed.
+            let n = (r.tokens.len() - r.num_computed).min(budget);
+            let need = (r.num_computed + n).div_ceil(bs).saturating_sub(r.blocks.len());
+            return (need == 0 || self.pool.allocate(need, &mut r.blocks)).then_some(n);
+        }
+        // vLLM never serves a whole prompt from cache: the last token is always computed.
+        let max_hit = ((r.tokens.len() - 1) / bs).min(r.hashes.len());
+        let hit = self.pool.lookup(&r.hashes[..max_hit]);
+        let hit_tokens = hit.blocks * bs;
+        let n = (r.tokens.len() - hit_tokens).min(budget);
+        let need = (hit_tokens + n).div_ceil(bs) - hit.blocks;
+        if need + hit.evictable > self.pool.num_free() {
+            return None;
+        }
+        self.pool.acquire_cached(&r.hashes[..hit.blocks], &mut r.blocks);
+        if !self.pool.allocate(need, &mut r.blocks) {
+            // Unreachable given the check above; undo rather than trust it.
+            self.pool.free(&r.blocks);
+            r.blocks.clear();
+            return None;
+        }
+        r.num_computed = hit_tokens;
+        r.num_cached_blocks = hit.blocks;
+        r.cached_tokens.get_or_insert(hit_tokens);
+        self.stats.prefix_queries += r.tokens.len() as u64;
+        self.stats.prefix_hits += hit_tokens as u64;
+        Some(n)
+    }
+
+    /// Writes the tokens request `id` computes this step into its blocks and caches the blocks
+    /// they fill (recording `BlockStored`).
+    fn prepare(&mut self, id: ReqId, n: usize) {
+        let bs = self.cfg.block_size;
+        let Some(r) = self.reqs.get_mut(&id) else { return };
+        let (from, to) = (r.num_computed, r.num_computed + n);
+        let mut pos = from;
+        while pos < to {
+            let b = pos / bs;
+            let end = ((b + 1) * bs).min(to);
+            if let Some(&block) = r.blocks.get(b) {
+                self.pool.write_tokens(block, pos - b * bs, &r.tokens[pos..end]);
+            }
+            pos = end;
+        }
+        let full = to / bs;
+        if full > r.num_cached_blocks {
+            extend_chain(&mut r.hashes, &r.tokens[..full * bs], bs, r.salt.as_deref());
+            self.pool.cache_blocks(&r.blocks, &r.hashes, r.num_cached_blocks, full);
+            r.num_cached_blocks = full;
+        }
+    }
+}

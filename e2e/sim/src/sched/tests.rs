@@ -1,0 +1,364 @@
+//! Scheduler tests: timing, batching, chunked prefill, generated-token blocks, preemption,
+//! cancellation, NIXL holds and pulls, reset, admission limits. Time is a plain `Duration`.
+
+use super::*;
+use crate::hash::chain;
+
+const BS: usize = 4;
+const MS: Duration = Duration::from_millis(1);
+
+fn vocab() -> Arc<OutputVocab> {
+    Arc::new(OutputVocab::from_words((0..32).map(|i| (1000 + i, format!(" w{i}"))).collect()).unwrap())
+}
+
+fn cfg(blocks: u32) -> SchedulerConfig {
+    SchedulerConfig {
+        block_size: BS,
+        num_gpu_blocks: blocks,
+        max_num_seqs: 8,
+        max_num_batched_tokens: 64,
+        max_waiting: 16,
+        max_model_len: 256,
+        timing: TimingModel { prefill_tokens_per_s: 1000.0, itl_s: 0.010, contention: 0.0, max_num_seqs: 8, speedup: 1.0 },
+        kv_load_failure_policy: KvLoadFailurePolicy::Fail,
+        kv_transfer_timeout: Duration::from_secs(5),
+    }
+}
+
+fn req(id: ReqId, prompt: &[u32], max_tokens: u32) -> NewRequest {
+    NewRequest {
+        id,
+        prompt: prompt.to_vec(),
+        hashes: chain(prompt, BS, None),
+        salt: None,
+        max_tokens,
+        finish_reason: FinishReason::Length,
+        seed: 7,
+        kv: KvRole::Plain,
+    }
+}
+
+/// Everything that happened, with the time it happened at.
+#[derive(Default)]
+struct Log {
+    emits: Vec<(Duration, Emit)>,
+    batches: Vec<(Duration, Vec<KvEvent>)>,
+}
+
+impl Log {
+    fn tokens(&self, id: ReqId) -> Vec<(Duration, u32)> {
+        self.emits
+            .iter()
+            .filter_map(|(t, e)| match e {
+                Emit::Token { id: i, token } if *i == id => Some((*t, *token)),
+                _ => None,
+            })
+            .collect()
+    }
+    fn finished(&self, id: ReqId) -> Option<Finished> {
+        self.emits.iter().find_map(|(_, e)| match e {
+            Emit::Finished { id: i, done } if *i == id => Some(done.clone()),
+            _ => None,
+        })
+    }
+    fn events(&self) -> Vec<KvEvent> {
+        self.batches.iter().flat_map(|(_, b)| b.clone()).collect()
+    }
+}
+
+/// Steps from `t` until the engine idles (or `until`), like the driver with a perfect clock.
+fn run(s: &mut Scheduler, mut t: Duration, until: Duration, log: &mut Log) -> Duration {
+    loop {
+        let mut out = StepOutput::default();
+        let wake = s.step(t, &mut out);
+        if !out.events.is_empty() {
+            log.batches.push((t, out.events));
+        }
+        log.emits.extend(out.emits.into_iter().map(|e| (t, e)));
+        match wake {
+            Some(w) if w <= until => t = w.max(t),
+            _ => return t,
+        }
+    }
+}
+
+#[test]
+fn prefill_then_decode_with_generated_token_blocks() {
+    let mut s = Scheduler::new(cfg(16), vocab());
+    let prompt: Vec<u32> = (0..10).collect();
+    s.submit(req(1, &prompt, 3)).unwrap();
+    let mut log = Log::default();
+    run(&mut s, Duration::ZERO, Duration::from_secs(10), &mut log);
+
+    let toks = log.tokens(1);
+    // 10 prompt tokens at 1000/s, then one 10 ms decode step per further token.
+    assert_eq!(toks.iter().map(|(t, _)| *t).collect::<Vec<_>>(), [10 * MS, 20 * MS, 30 * MS]);
+    let done = log.finished(1).unwrap();
+    assert_eq!((done.prompt_tokens, done.completion_tokens, done.cached_tokens, done.reason), (10, 3, 0, FinishReason::Length));
+
+    // The prompt's two full blocks, then the block completed by two generated tokens (the third
+    // token is sampled last and never computed).
+    let h = chain(&prompt, BS, None);
+    let g: Vec<u32> = toks.iter().map(|(_, t)| *t).collect();
+    let seq: Vec<u32> = prompt.iter().copied().chain(g[..2].iter().copied()).collect();
+    let hs = chain(&seq, BS, None);
+    assert_eq!(
+        log.events(),
+        vec![
+            KvEvent::BlockStored { block_hashes: h.clone(), parent_block_hash: None, token_ids: prompt[..8].to_vec(), block_size: 4 },
+            KvEvent::BlockStored { block_hashes: vec![hs[2]], parent_block_hash: Some(h[1]), token_ids: seq[8..12].to_vec(), block_size: 4 },
+        ]
+    );
+    assert_eq!(s.num_running() + s.num_waiting(), 0);
+    assert_eq!(s.kv_usage(), 0.0);
+}
+
+#[test]
+fn shared_prefix_hits_shorten_prefill_and_count_in_tokens() {
+    let mut s = Scheduler::new(cfg(16), vocab());
+    let prompt: Vec<u32> = (0..10).collect();
+    let mut log = Log::default();
+    s.submit(req(1, &prompt, 1)).unwrap();
+    let t = run(&mut s, Duration::ZERO, Duration::from_secs(1), &mut log);
+    s.submit(req(2, &prompt, 1)).unwrap();
+    run(&mut s, t, Duration::from_secs(2), &mut log);
+    let done = log.finished(2).unwrap();
+    assert_eq!(done.cached_tokens, 8, "two full blocks hit; the tail is computed");
+    // Only the 2 uncached tokens are prefilled.
+    assert_eq!(log.tokens(2)[0].0 - t, 2 * MS);
+    assert_eq!(log.tokens(1)[0].1, log.tokens(2)[0].1, "same content, same reply");
+    let st = s.stats();
+    assert_eq!((st.prefix_queries, st.prefix_hits), (20, 8));
+}
+
+#[test]
+fn chunked_prefill_within_the_token_budget() {
+    let mut c = cfg(16);
+    c.max_num_batched_tokens = 4;
+    let mut s = Scheduler::new(c, vocab());
+    s.submit(req(1, &(0..10).collect::<Vec<_>>(), 1)).unwrap();
+    let mut log = Log::default();
+    run(&mut s, Duration::ZERO, Duration::from_secs(1), &mut log);
+    assert_eq!(s.stats().steps, 3);
+    assert_eq!(log.tokens(1)[0].0, 10 * MS);
+    // Blocks are stored as the chunks fill them: one batch per step.
+    assert_eq!(log.batches.len(), 2);
+}
+
+#[test]
+fn max_num_seqs_bounds_the_batch_and_the_rest_wait() {
+    let mut c = cfg(64);
+    c.max_num_seqs = 2;
+    let mut s = Scheduler::new(c, vocab());
+    for id in 1..=3 {
+        s.submit(req(id, &[id as u32 * 100; 4], 2)).unwrap();
+    }
+    let mut out = StepOutput::default();
+    s.step(Duration::ZERO, &mut out);
+    assert_eq!((s.num_running(), s.num_waiting()), (2, 1));
+    let mut log = Log::default();
+    run(&mut s, Duration::ZERO, Duration::from_secs(1), &mut log);
+    assert!(log.tokens(3)[0].0 > log.tokens(1)[1].0, "the third starts after one of the first two ends");
+    assert!((1..=3).all(|id| log.finished(id).is_some()));
+}
+
+#[test]
+fn a_full_pool_preempts_the_newest_request_which_resumes_later() {
+    // 6 blocks; two 8-token prompts (2 blocks each) generating 12 tokens each need 5 blocks each.
+    let mut s = Scheduler::new(cfg(6), vocab());
+    s.submit(req(1, &[1; 8], 12)).unwrap();
+    s.submit(req(2, &[2; 8], 12)).unwrap();
+    let mut log = Log::default();
+    run(&mut s, Duration::ZERO, Duration::from_secs(10), &mut log);
+    assert!(s.stats().preemptions > 0);
+    for id in [1, 2] {
+        assert_eq!(log.finished(id).unwrap().completion_tokens, 12);
+        assert_eq!(log.tokens(id).len(), 12);
+    }
+    assert_eq!(s.kv_usage(), 0.0);
+}
+
+#[test]
+fn cancel_frees_blocks_and_silences_the_request() {
+    let mut s = Scheduler::new(cfg(16), vocab());
+    s.submit(req(1, &(0..10).collect::<Vec<_>>(), 5)).unwrap();
+    let mut out = StepOutput::default();
+    s.step(Duration::ZERO, &mut out);
+    assert!(s.kv_usage() > 0.0);
+    s.cancel(1);
+    assert_eq!(s.kv_usage(), 0.0);
+    let mut log = Log::default();
+    run(&mut s, Duration::ZERO, Duration::from_secs(1), &mut log);
+    assert!(log.emits.is_empty());
+    assert_eq!(s.stats().aborted, 1);
+    // The blocks stay cached: a new request hits them.
+    assert_eq!(s.dump_cache().len(), 2);
+}
+
+#[test]
+fn reset_is_refused_while_blocks_are_in_use() {
+    let mut s = Scheduler::new(cfg(16), vocab());
+    s.submit(req(1, &(0..10).collect::<Vec<_>>(), 2)).unwrap();
+    let mut out = StepOutput::default();
+    s.step(Duration::ZERO, &mut out);
+    assert!(s.reset_prefix_cache(&mut out).is_err());
+    let mut log = Log::default();
+    run(&mut s, Duration::ZERO, Duration::from_secs(1), &mut log);
+    let mut out = StepOutput::default();
+    s.reset_prefix_cache(&mut out).unwrap();
+    assert_eq!(out.events, vec![KvEvent::AllBlocksCleared]);
+    assert!(s.dump_cache().is_empty());
+}
+
+#[test]
+fn admission_limits() {
+    let mut c = cfg(16);
+    c.max_waiting = 1;
+    let mut s = Scheduler::new(c, vocab());
+    assert_eq!(s.submit(req(1, &[], 1)), Err(RequestError::EmptyPrompt));
+    assert!(matches!(s.submit(req(1, &[1; 250], 10)), Err(RequestError::TooLong { requested: 260, .. })));
+    s.submit(req(1, &[1; 4], 1)).unwrap();
+    assert_eq!(s.submit(req(2, &[1; 4], 1)), Err(RequestError::QueueFull { limit: 1 }));
+}
+
+fn producer(id: ReqId, prompt: &[u32]) -> NewRequest {
+    NewRequest { kv: KvRole::Producer { transfer_id: format!("xfer-{id}") }, ..req(id, prompt, 1) }
+}
+
+#[test]
+fn a_producer_holds_its_blocks_until_pulled() {
+    let mut s = Scheduler::new(cfg(16), vocab());
+    let prompt: Vec<u32> = (0..10).collect();
+    s.submit(producer(1, &prompt)).unwrap();
+    let mut log = Log::default();
+    run(&mut s, Duration::ZERO, Duration::from_secs(1), &mut log);
+    let xfer = log.finished(1).unwrap().transfer.unwrap();
+    assert_eq!((xfer.transfer_id.as_str(), xfer.block_ids.len(), xfer.num_tokens), ("xfer-1", 3, 10));
+    assert_eq!(s.num_holds(), 1);
+    assert!(s.kv_usage() > 0.0);
+    let got = s.serve_pull("xfer-1", &xfer.block_ids).unwrap();
+    assert_eq!(got, vec![prompt[0..4].to_vec(), prompt[4..8].to_vec(), prompt[8..10].to_vec()]);
+    assert_eq!(s.kv_usage(), 0.0);
+    assert_eq!(s.serve_pull("xfer-1", &xfer.block_ids), Err(nixl::PullError::UnknownTransfer("xfer-1".into())));
+}
+
+#[test]
+fn an_unpulled_hold_expires() {
+    let mut s = Scheduler::new(cfg(16), vocab());
+    s.submit(producer(1, &[5; 8])).unwrap();
+    let mut log = Log::default();
+    let t = run(&mut s, Duration::ZERO, Duration::from_secs(1), &mut log);
+    assert_eq!(s.num_holds(), 1);
+    // The hold's expiry is the next wake-up.
+    let mut out = StepOutput::default();
+    assert_eq!(s.step(t, &mut out), Some(t + Duration::from_secs(5)));
+    s.step(t + Duration::from_secs(5), &mut out);
+    assert_eq!((s.num_holds(), s.stats().transfers_expired), (0, 1));
+    assert_eq!(s.kv_usage(), 0.0);
+    let bad = s.serve_pull("xfer-1", &[0]);
+    assert!(bad.is_err());
+}
+
+fn consumer(id: ReqId, prompt: &[u32], block_ids: Vec<u32>) -> NewRequest {
+    let source = RemoteSource { host: "h".into(), port: 1, engine_id: "p".into(), request_id: "xfer".into(), block_ids };
+    NewRequest { kv: KvRole::Consumer { source }, ..req(id, prompt, 2) }
+}
+
+fn pull_of(log: &Log) -> (ReqId, usize, Vec<u32>) {
+    log.emits
+        .iter()
+        .find_map(|(_, e)| match e {
+            Emit::Pull { id, first_block, block_ids, .. } => Some((*id, *first_block, block_ids.clone())),
+            _ => None,
+        })
+        .expect("a pull")
+}
+
+#[test]
+fn a_consumer_pulls_caches_and_counts_the_blocks_as_hits() {
+    let mut s = Scheduler::new(cfg(16), vocab());
+    let prompt: Vec<u32> = (0..10).collect();
+    s.submit(consumer(1, &prompt, vec![7, 8, 9])).unwrap();
+    let mut log = Log::default();
+    run(&mut s, Duration::ZERO, Duration::from_secs(1), &mut log);
+    assert_eq!(pull_of(&log), (1, 0, vec![7, 8, 9]));
+    assert_eq!((s.num_waiting(), s.num_running()), (1, 0));
+    assert!(log.tokens(1).is_empty(), "nothing runs before the KV arrives");
+
+    let mut out = StepOutput::default();
+    s.pull_done(1, Ok(vec![prompt[0..4].to_vec(), prompt[4..8].to_vec(), prompt[8..10].to_vec()]), &mut out);
+    let t = Duration::from_millis(100);
+    run(&mut s, t, Duration::from_secs(2), &mut log);
+    // One token (the last prompt token) is computed before the first output token.
+    assert_eq!(log.tokens(1)[0].0 - t, MS);
+    let done = log.finished(1).unwrap();
+    assert_eq!(done.cached_tokens, 9);
+    let h = chain(&prompt, BS, None);
+    assert_eq!(
+        log.events()[0],
+        KvEvent::BlockStored { block_hashes: h, parent_block_hash: None, token_ids: prompt[..8].to_vec(), block_size: 4 }
+    );
+    let st = s.stats();
+    assert_eq!((st.prefix_queries, st.prefix_hits, st.external_queries, st.external_hits), (10, 9, 10, 10));
+}
+
+#[test]
+fn a_consumer_pulls_only_what_it_does_not_cache() {
+    let mut s = Scheduler::new(cfg(16), vocab());
+    let prompt: Vec<u32> = (0..10).collect();
+    s.submit(req(1, &prompt[..6], 1)).unwrap();
+    let mut log = Log::default();
+    let t = run(&mut s, Duration::ZERO, Duration::from_secs(1), &mut log);
+    s.submit(consumer(2, &prompt, vec![7, 8, 9])).unwrap();
+    run(&mut s, t, Duration::from_secs(1), &mut log);
+    assert_eq!(pull_of(&log), (2, 1, vec![8, 9]));
+}
+
+#[test]
+fn failed_pulls_follow_the_policy() {
+    let prompt: Vec<u32> = (0..10).collect();
+    let wrong = vec![vec![9, 9, 9, 9]];
+    for (policy, result) in [
+        (KvLoadFailurePolicy::Fail, Err("connection refused".to_string())),
+        (KvLoadFailurePolicy::Fail, Ok(wrong.clone())),
+        (KvLoadFailurePolicy::Recompute, Err("connection refused".to_string())),
+        (KvLoadFailurePolicy::Recompute, Ok(wrong)),
+    ] {
+        let mut c = cfg(16);
+        c.kv_load_failure_policy = policy;
+        let mut s = Scheduler::new(c, vocab());
+        s.submit(consumer(1, &prompt, vec![1, 2, 3])).unwrap();
+        let mut log = Log::default();
+        run(&mut s, Duration::ZERO, Duration::from_secs(1), &mut log);
+        let mut out = StepOutput::default();
+        s.pull_done(1, result, &mut out);
+        log.emits.extend(out.emits.into_iter().map(|e| (Duration::ZERO, e)));
+        run(&mut s, Duration::ZERO, Duration::from_secs(1), &mut log);
+        assert_eq!(s.stats().kv_load_failures, 1);
+        match policy {
+            KvLoadFailurePolicy::Fail => {
+                assert!(log.emits.iter().any(|(_, e)| matches!(e, Emit::Failed { id: 1, error: RequestError::KvLoadFailed(_) })));
+                assert_eq!(s.kv_usage(), 0.0);
+            }
+            KvLoadFailurePolicy::Recompute => {
+                let done = log.finished(1).unwrap();
+                assert_eq!((done.cached_tokens, done.completion_tokens), (0, 2));
+                assert_eq!(s.stats().prefix_hits, 0);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_migration_source_tail_shorter_than_the_consumer_prompt_is_used_up_to_its_end() {
+    let mut s = Scheduler::new(cfg(16), vocab());
+    let prompt: Vec<u32> = (0..14).collect();
+    s.submit(consumer(1, &prompt, vec![1, 2, 3])).unwrap();
+    let mut log = Log::default();
+    run(&mut s, Duration::ZERO, Duration::from_secs(1), &mut log);
+    let mut out = StepOutput::default();
+    // The producer's conversation was 10 tokens: its third block holds 2 tokens.
+    s.pull_done(1, Ok(vec![prompt[0..4].to_vec(), prompt[4..8].to_vec(), prompt[8..10].to_vec()]), &mut out);
+    run(&mut s, Duration::ZERO, Duration::from_secs(1), &mut log);
+    assert_eq!(log.finished(1).unwrap().cached_tokens, 10);
+}

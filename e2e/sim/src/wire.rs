@@ -1,0 +1,347 @@
+//! vLLM's KV-event wire encoding (msgpack), in both generations.
+//!
+//! A batch is the positional array `[ts, events, data_parallel_rank]` (msgspec `array_like`, so
+//! the rank is always present). Events are either maps tagged by a `"type"` key — the current
+//! layout since vLLM PR #42892, with fields that still hold their default omitted — or the legacy
+//! tagged arrays `["BlockStored", f1, f2, …]` that always carry every field, padded with nil (12
+//! elements for `BlockStored`, as vLLM 0.23 sends). Encoding is hand-written with `rmp` straight
+//! into one buffer: no intermediate value tree, no per-token allocation, so an 8k-token
+//! `BlockStored` costs one pass over its ids.
+
+use crate::events::{EventBatch, KvEvent};
+
+/// Which event encoding to emit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layout {
+    /// Events as msgpack maps with a `"type"` key (vLLM after PR #42892, SGLang newer).
+    Current,
+    /// Events as tagged arrays, every field present (vLLM before PR #42892, e.g. 0.23).
+    Legacy,
+}
+
+/// How replayed batches are framed on the ROUTER socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplayFraming {
+    /// `topic` for the current layout, `plain` for legacy (what vLLM of each generation does).
+    Auto,
+    /// `[topic, seq, payload]`, end marker `["", -1, ""]` (vLLM ≥ 0.26).
+    Topic,
+    /// `[seq, payload]`, end marker `[-1, ""]` (vLLM ≤ 0.25).
+    Plain,
+}
+
+impl ReplayFraming {
+    /// Resolves `Auto` for `layout`.
+    pub fn resolve(self, layout: Layout) -> Self {
+        match (self, layout) {
+            (Self::Auto, Layout::Current) => Self::Topic,
+            (Self::Auto, Layout::Legacy) => Self::Plain,
+            (other, _) => other,
+        }
+    }
+}
+
+/// The storage medium every simulated block lives in.
+pub const MEDIUM_GPU: &str = "GPU";
+
+/// The replay end marker's sequence bytes: `(-1).to_bytes(8, "big", signed=True)`.
+pub const END_SEQ: [u8; 8] = [0xff; 8];
+
+/// Encoding failed (only possible if the writer fails; a `Vec` never does).
+#[derive(Debug, thiserror::Error)]
+#[error("msgpack encoding: {0}")]
+pub struct WireError(String);
+
+trait Wire<T> {
+    fn wire(self) -> Result<T, WireError>;
+}
+
+impl<T, E: std::fmt::Display> Wire<T> for Result<T, E> {
+    fn wire(self) -> Result<T, WireError> {
+        self.map_err(|e| WireError(e.to_string()))
+    }
+}
+
+/// Encodes `batch` as vLLM's `KVEventBatch` payload for data-parallel rank `dp_rank`.
+pub fn encode_batch(batch: &EventBatch, dp_rank: u32, layout: Layout) -> Result<Vec<u8>, WireError> {
+    let mut cap = 32;
+    for e in &batch.events {
+        cap += match e {
+            KvEvent::BlockStored { block_hashes, token_ids, .. } => 96 + 9 * block_hashes.len() + 5 * token_ids.len(),
+            KvEvent::BlockRemoved { block_hashes } => 48 + 9 * block_hashes.len(),
+            KvEvent::AllBlocksCleared => 24,
+        };
+    }
+    let mut w = Vec::with_capacity(cap);
+    rmp::encode::write_array_len(&mut w, 3).wire()?;
+    rmp::encode::write_f64(&mut w, batch.ts).wire()?;
+    rmp::encode::write_array_len(&mut w, len32(batch.events.len())?).wire()?;
+    for e in &batch.events {
+        match layout {
+            Layout::Current => encode_map_event(&mut w, e)?,
+            Layout::Legacy => encode_array_event(&mut w, e)?,
+        }
+    }
+    rmp::encode::write_uint(&mut w, u64::from(dp_rank)).wire()?;
+    Ok(w)
+}
+
+fn len32(n: usize) -> Result<u32, WireError> {
+    u32::try_from(n).map_err(|_| WireError(format!("array of {n} elements is too long for msgpack")))
+}
+
+fn encode_map_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
+    match e {
+        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size } => {
+            rmp::encode::write_map_len(w, 8).wire()?;
+            key_str(w, "type", "BlockStored")?;
+            rmp::encode::write_str(w, "block_hashes").wire()?;
+            hashes(w, block_hashes)?;
+            rmp::encode::write_str(w, "parent_block_hash").wire()?;
+            opt_u64(w, *parent_block_hash)?;
+            rmp::encode::write_str(w, "token_ids").wire()?;
+            tokens(w, token_ids)?;
+            rmp::encode::write_str(w, "block_size").wire()?;
+            rmp::encode::write_uint(w, u64::from(*block_size)).wire()?;
+            rmp::encode::write_str(w, "lora_id").wire()?;
+            rmp::encode::write_nil(w).wire()?;
+            key_str(w, "medium", MEDIUM_GPU)?;
+            rmp::encode::write_str(w, "lora_name").wire()?;
+            rmp::encode::write_nil(w).wire()?;
+        }
+        KvEvent::BlockRemoved { block_hashes } => {
+            rmp::encode::write_map_len(w, 3).wire()?;
+            key_str(w, "type", "BlockRemoved")?;
+            rmp::encode::write_str(w, "block_hashes").wire()?;
+            hashes(w, block_hashes)?;
+            key_str(w, "medium", MEDIUM_GPU)?;
+        }
+        KvEvent::AllBlocksCleared => {
+            rmp::encode::write_map_len(w, 1).wire()?;
+            key_str(w, "type", "AllBlocksCleared")?;
+        }
+    }
+    Ok(())
+}
+
+fn encode_array_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
+    match e {
+        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size } => {
+            // tag, block_hashes, parent, token_ids, block_size, lora_id, medium, lora_name,
+            // extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window
+            rmp::encode::write_array_len(w, 12).wire()?;
+            rmp::encode::write_str(w, "BlockStored").wire()?;
+            hashes(w, block_hashes)?;
+            opt_u64(w, *parent_block_hash)?;
+            tokens(w, token_ids)?;
+            rmp::encode::write_uint(w, u64::from(*block_size)).wire()?;
+            rmp::encode::write_nil(w).wire()?;
+            rmp::encode::write_str(w, MEDIUM_GPU).wire()?;
+            for _ in 0..5 {
+                rmp::encode::write_nil(w).wire()?;
+            }
+        }
+        KvEvent::BlockRemoved { block_hashes } => {
+            // tag, block_hashes, medium, group_idx
+            rmp::encode::write_array_len(w, 4).wire()?;
+            rmp::encode::write_str(w, "BlockRemoved").wire()?;
+            hashes(w, block_hashes)?;
+            rmp::encode::write_str(w, MEDIUM_GPU).wire()?;
+            rmp::encode::write_nil(w).wire()?;
+        }
+        KvEvent::AllBlocksCleared => {
+            rmp::encode::write_array_len(w, 1).wire()?;
+            rmp::encode::write_str(w, "AllBlocksCleared").wire()?;
+        }
+    }
+    Ok(())
+}
+
+fn key_str(w: &mut Vec<u8>, key: &str, value: &str) -> Result<(), WireError> {
+    rmp::encode::write_str(w, key).wire()?;
+    rmp::encode::write_str(w, value).wire()
+}
+
+fn hashes(w: &mut Vec<u8>, hs: &[u64]) -> Result<(), WireError> {
+    rmp::encode::write_array_len(w, len32(hs.len())?).wire()?;
+    for &h in hs {
+        // Unsigned, as vLLM publishes (values above i64::MAX stay positive).
+        put_uint(w, h);
+    }
+    Ok(())
+}
+
+fn tokens(w: &mut Vec<u8>, ts: &[u32]) -> Result<(), WireError> {
+    rmp::encode::write_array_len(w, len32(ts.len())?).wire()?;
+    // The per-token loop of every BlockStored: write into a sized slice (at most 5 bytes per
+    // id) instead of growing the vector id by id.
+    let start = w.len();
+    w.resize(start + ts.len() * 5, 0);
+    let buf = &mut w[start..];
+    let mut n = 0;
+    for &t in ts {
+        if t < 128 {
+            buf[n] = t as u8;
+            n += 1;
+        } else if t <= 0xff {
+            buf[n] = 0xcc;
+            buf[n + 1] = t as u8;
+            n += 2;
+        } else if t <= 0xffff {
+            buf[n] = 0xcd;
+            buf[n + 1..n + 3].copy_from_slice(&(t as u16).to_be_bytes());
+            n += 3;
+        } else {
+            buf[n] = 0xce;
+            buf[n + 1..n + 5].copy_from_slice(&t.to_be_bytes());
+            n += 5;
+        }
+    }
+    w.truncate(start + n);
+    Ok(())
+}
+
+/// msgpack's smallest unsigned encoding (what `rmp::encode::write_uint` writes), inlined for the
+/// per-token loop.
+#[inline]
+fn put_uint(w: &mut Vec<u8>, v: u64) {
+    if v < 128 {
+        w.push(v as u8);
+    } else if v <= 0xff {
+        w.extend_from_slice(&[0xcc, v as u8]);
+    } else if v <= 0xffff {
+        w.push(0xcd);
+        w.extend_from_slice(&(v as u16).to_be_bytes());
+    } else if v <= 0xffff_ffff {
+        w.push(0xce);
+        w.extend_from_slice(&(v as u32).to_be_bytes());
+    } else {
+        w.push(0xcf);
+        w.extend_from_slice(&v.to_be_bytes());
+    }
+}
+
+fn opt_u64(w: &mut Vec<u8>, v: Option<u64>) -> Result<(), WireError> {
+    match v {
+        Some(v) => rmp::encode::write_uint(w, v).map(|_| ()).wire(),
+        None => rmp::encode::write_nil(w).wire(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmpv::Value;
+
+    fn decode(bytes: &[u8]) -> Value {
+        rmpv::decode::read_value(&mut &bytes[..]).unwrap()
+    }
+
+    fn batch() -> EventBatch {
+        EventBatch {
+            ts: 1.5,
+            events: vec![
+                KvEvent::BlockStored {
+                    block_hashes: vec![u64::MAX - 1, 7],
+                    parent_block_hash: None,
+                    token_ids: vec![1, 2, 3, 4, 5, 6, 7, 8],
+                    block_size: 4,
+                },
+                KvEvent::BlockRemoved { block_hashes: vec![9] },
+                KvEvent::AllBlocksCleared,
+            ],
+        }
+    }
+
+    fn get<'a>(map: &'a Value, key: &str) -> Option<&'a Value> {
+        map.as_map()?.iter().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v)
+    }
+
+    #[test]
+    fn current_layout_is_tagged_maps_in_a_positional_batch() {
+        let v = decode(&encode_batch(&batch(), 3, Layout::Current).unwrap());
+        let top = v.as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        assert_eq!(top[0].as_f64(), Some(1.5));
+        assert_eq!(top[2].as_u64(), Some(3));
+        let evs = top[1].as_array().unwrap();
+        let stored = &evs[0];
+        assert_eq!(stored.as_map().unwrap().len(), 8);
+        assert_eq!(get(stored, "type").and_then(Value::as_str), Some("BlockStored"));
+        let hs: Vec<u64> = get(stored, "block_hashes").unwrap().as_array().unwrap().iter().map(|h| h.as_u64().unwrap()).collect();
+        assert_eq!(hs, [u64::MAX - 1, 7]);
+        assert!(get(stored, "parent_block_hash").unwrap().is_nil());
+        assert_eq!(get(stored, "token_ids").unwrap().as_array().unwrap().len(), 8);
+        assert_eq!(get(stored, "block_size").and_then(Value::as_u64), Some(4));
+        assert!(get(stored, "lora_id").unwrap().is_nil());
+        assert!(get(stored, "lora_name").unwrap().is_nil());
+        assert_eq!(get(stored, "medium").and_then(Value::as_str), Some("GPU"));
+        assert_eq!(get(&evs[1], "type").and_then(Value::as_str), Some("BlockRemoved"));
+        assert_eq!(get(&evs[1], "medium").and_then(Value::as_str), Some("GPU"));
+        assert_eq!(evs[2].as_map().unwrap().len(), 1);
+        assert_eq!(get(&evs[2], "type").and_then(Value::as_str), Some("AllBlocksCleared"));
+    }
+
+    #[test]
+    fn legacy_layout_is_tagged_arrays_padded_with_nil() {
+        let v = decode(&encode_batch(&batch(), 0, Layout::Legacy).unwrap());
+        let top = v.as_array().unwrap();
+        assert_eq!(top[2].as_u64(), Some(0));
+        let evs = top[1].as_array().unwrap();
+        let stored = evs[0].as_array().unwrap();
+        assert_eq!(stored.len(), 12);
+        assert_eq!(stored[0].as_str(), Some("BlockStored"));
+        assert_eq!(stored[1].as_array().unwrap()[0].as_u64(), Some(u64::MAX - 1));
+        assert!(stored[2].is_nil());
+        assert_eq!(stored[3].as_array().unwrap()[7].as_u64(), Some(8));
+        assert_eq!(stored[4].as_u64(), Some(4));
+        assert!(stored[5].is_nil());
+        assert_eq!(stored[6].as_str(), Some("GPU"));
+        assert!(stored[7..].iter().all(Value::is_nil));
+        let removed = evs[1].as_array().unwrap();
+        assert_eq!((removed.len(), removed[0].as_str(), removed[2].as_str()), (4, Some("BlockRemoved"), Some("GPU")));
+        assert_eq!(evs[2].as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn parent_hash_is_an_unsigned_integer() {
+        let b = EventBatch {
+            ts: 0.0,
+            events: vec![KvEvent::BlockStored { block_hashes: vec![1], parent_block_hash: Some(u64::MAX), token_ids: vec![0], block_size: 1 }],
+        };
+        let v = decode(&encode_batch(&b, 0, Layout::Legacy).unwrap());
+        assert_eq!(v.as_array().unwrap()[1].as_array().unwrap()[0].as_array().unwrap()[2].as_u64(), Some(u64::MAX));
+    }
+
+    #[test]
+    fn token_lists_match_rmp() {
+        let ts: Vec<u32> = vec![0, 1, 127, 128, 255, 256, 65_535, 65_536, u32::MAX, 7];
+        let mut a = Vec::new();
+        tokens(&mut a, &ts).unwrap();
+        let mut b = Vec::new();
+        rmp::encode::write_array_len(&mut b, ts.len() as u32).unwrap();
+        for &t in &ts {
+            rmp::encode::write_uint(&mut b, u64::from(t)).unwrap();
+        }
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn put_uint_matches_rmp() {
+        for v in [0, 1, 127, 128, 255, 256, 65_535, 65_536, 0xffff_ffff, 0x1_0000_0000, u64::MAX] {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            put_uint(&mut a, v);
+            rmp::encode::write_uint(&mut b, v).unwrap();
+            assert_eq!(a, b, "{v}");
+        }
+    }
+
+    #[test]
+    fn auto_framing_follows_the_layout() {
+        assert_eq!(ReplayFraming::Auto.resolve(Layout::Current), ReplayFraming::Topic);
+        assert_eq!(ReplayFraming::Auto.resolve(Layout::Legacy), ReplayFraming::Plain);
+        assert_eq!(ReplayFraming::Plain.resolve(Layout::Current), ReplayFraming::Plain);
+    }
+}
