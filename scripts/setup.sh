@@ -43,3 +43,10 @@ if ! command -v promtool >/dev/null 2>&1; then
   # The package starts a system service; kvmesh only needs the binaries.
   if command -v systemctl >/dev/null 2>&1; then systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
 fi
+
+# A font for the benchmark report's plots (plotters renders text with it).
+if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
+  say "installing Debian package fonts-dejavu-core (benchmark plots)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2 && apt-get install -y -qq fonts-dejavu-core >/dev/null
+fi
