@@ -330,7 +330,7 @@ impl Stack {
     /// Scrapes a Prometheus endpoint.
     pub async fn scrape(&self, url: &str) -> anyhow::Result<Metrics> {
         let text = self.http.get(url).send().await?.error_for_status()?.text().await?;
-        Ok(Metrics::parse(&text))
+        Ok(Metrics::parse(&text)?)
     }
 
     /// Envoy's `/stats/prometheus` (where the filter's metrics are).

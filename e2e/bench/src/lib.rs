@@ -21,7 +21,7 @@ pub mod conversation;
 pub mod counters;
 pub mod manifest;
 pub mod policy;
-pub mod prom;
+pub use kvmesh_e2e::prom;
 pub mod record;
 pub mod replay;
 pub mod report;
