@@ -66,7 +66,15 @@ async fn main() -> anyhow::Result<()> {
     spec.ports = Ports { gateway: Some(args.gateway_port), admin: Some(args.admin_port), indexer: Some(args.indexer_port) };
     spec.release = args.release;
     spec.work_dir = Some(args.work_dir.clone());
-    let stack = Stack::start(spec).await?;
+    // Signals are watched from the start: a Ctrl-C while the workers are still starting must stop
+    // the ones already running (dropping the start task drops, and so kills, their processes).
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut start = tokio::spawn(Stack::start(spec));
+    let stack = tokio::select! {
+        started = &mut start => started??,
+        _ = tokio::signal::ctrl_c() => return stop_while_starting(start).await,
+        _ = term.recv() => return stop_while_starting(start).await,
+    };
     let prom = if args.prometheus {
         Some(Prometheus::start(&stack, prometheus::Options { port: Some(args.prometheus_port), fast_rules: false }).await?)
     } else {
@@ -97,7 +105,6 @@ async fn main() -> anyhow::Result<()> {
     println!();
     println!("Ctrl-C stops everything.");
 
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
@@ -119,6 +126,16 @@ fn print_queries(prom: &Prometheus) {
         println!("  {expr}");
         println!("  curl -sG {} --data-urlencode 'query={expr}'", prom.url("/api/v1/query"));
     }
+}
+
+/// Aborts a stack that is still starting; its processes die with the task.
+async fn stop_while_starting(start: tokio::task::JoinHandle<anyhow::Result<Stack>>) -> anyhow::Result<()> {
+    println!("stopping while starting…");
+    start.abort();
+    // A start blocked on a READY line notices the abort at its next await; either way the stack
+    // it built so far is dropped here.
+    drop(start.await);
+    Ok(())
 }
 
 /// Takes the workers, block size, `[routing]`, `[filter]` and `[gateway]` settings of a fleet file.
