@@ -272,6 +272,20 @@ impl Metrics {
         String::from_utf8_lossy(&buf).into_owned()
     }
 
+    /// Creates a joining worker's failure series at zero, so alerts and dashboards see "no gaps yet"
+    /// instead of "no data" (a `rate()` over an absent series is empty, not 0).
+    pub fn register_worker(&self, worker: &str) {
+        for c in [&self.kv_decode_errors, &self.kv_gaps, &self.kv_block_size_mismatch, &self.kv_orphan_stores] {
+            c.with_label_values(&[worker]).inc_by(0);
+        }
+        for reason in ["gap_unrecoverable", "engine_restart", "too_many_blocks", "events_rewired"] {
+            self.kv_resyncs.with_label_values(&[worker, reason]).inc_by(0);
+        }
+        for outcome in ["complete", "truncated", "failed"] {
+            self.kv_replays.with_label_values(&[worker, outcome]).inc_by(0);
+        }
+    }
+
     /// Drops every series labelled with `worker` (it left the fleet).
     pub fn forget_worker(&self, worker: &str) {
         for g in [
@@ -317,6 +331,22 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_registered_worker_has_its_failure_series_at_zero() {
+        let m = Metrics::new().unwrap();
+        m.register_worker("w7");
+        let text = m.render();
+        for line in [
+            "kvmesh_kv_gaps_total{worker=\"w7\"} 0",
+            "kvmesh_kv_block_size_mismatch_total{worker=\"w7\"} 0",
+            "kvmesh_kv_resyncs_total{reason=\"gap_unrecoverable\",worker=\"w7\"} 0",
+        ] {
+            assert!(text.contains(line), "missing {line}");
+        }
+        m.forget_worker("w7");
+        assert!(!m.render().contains("w7"));
+    }
 
     #[test]
     fn every_metric_is_registered_and_named_as_declared() {

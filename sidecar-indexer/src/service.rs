@@ -113,6 +113,7 @@ impl Service {
     }
 
     fn add_worker(&self, w: &WorkerConfig, config: &Config) -> Result<WorkerRuntime, ServiceError> {
+        self.state.metrics.register_worker(&w.id);
         let ranks = (0..w.dp_ranks).map(|rank| self.add_rank(w, rank, config)).collect::<Result<_, _>>()?;
         Ok(WorkerRuntime { cfg: w.clone(), ranks, healthy: true, scrape_failures: 0, engine: None, hits: Default::default(), queries: Default::default() })
     }
