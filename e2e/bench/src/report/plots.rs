@@ -66,6 +66,29 @@ fn draw_err<E: std::fmt::Debug>(file: &Path) -> impl Fn(E) -> PlotError + '_ {
     move |e| PlotError::Draw { file: file.display().to_string(), reason: format!("{e:?}") }
 }
 
+/// Draws the legend box at `position` and writes the file: the same closing for every plot.
+fn finish<'a, DB, CT, E>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    root: &DrawingArea<DB, plotters::coord::Shift>,
+    position: SeriesLabelPosition,
+    err: &E,
+) -> Result<(), PlotError>
+where
+    DB: DrawingBackend + 'a,
+    CT: CoordTranslate,
+    E: Fn(DrawingAreaErrorKind<DB::ErrorType>) -> PlotError,
+{
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font((FONT, 15))
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)
+}
+
 fn color(i: usize) -> RGBColor {
     const PALETTE: [RGBColor; 8] = [
         RGBColor(31, 119, 180),
@@ -112,15 +135,7 @@ pub fn ttft_cdf(path: &Path, summaries: &[PolicySummary]) -> Result<(), PlotErro
             .label(s.name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .label_font((FONT, 15))
-        .draw()
-        .map_err(&err)?;
-    root.present().map_err(&err)
+    finish(&mut chart, &root, SeriesLabelPosition::LowerRight, &err)
 }
 
 /// Engine hit rate and router-predicted block-weighted rate per policy, with the ceiling line.
@@ -182,15 +197,7 @@ pub fn hit_rate(path: &Path, summaries: &[PolicySummary], ceiling: Option<f64>) 
             .label(format!("intrinsic ceiling {:.1}%", c * 100.0))
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .label_font((FONT, 15))
-        .draw()
-        .map_err(&err)?;
-    root.present().map_err(&err)
+    finish(&mut chart, &root, SeriesLabelPosition::UpperRight, &err)
 }
 
 /// Requests per worker, bars grouped by worker, one colour per policy.
@@ -244,13 +251,5 @@ pub fn requests_per_worker(path: &Path, summaries: &[PolicySummary]) -> Result<(
             .label(s.name.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], c.filled()));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .label_font((FONT, 15))
-        .draw()
-        .map_err(&err)?;
-    root.present().map_err(&err)
+    finish(&mut chart, &root, SeriesLabelPosition::UpperRight, &err)
 }
