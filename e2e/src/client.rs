@@ -43,9 +43,6 @@ impl Reply {
     pub fn cached_tokens(&self) -> Option<u64> {
         self.json().pointer("/usage/prompt_tokens_details/cached_tokens")?.as_u64()
     }
-    pub fn prompt_tokens(&self) -> Option<u64> {
-        self.json().pointer("/usage/prompt_tokens")?.as_u64()
-    }
     /// The assistant's reply text of a chat completion.
     pub fn chat_content(&self) -> Option<String> {
         Some(self.json().pointer("/choices/0/message/content")?.as_str()?.to_owned())

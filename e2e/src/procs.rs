@@ -76,10 +76,6 @@ impl Proc {
         &self.name
     }
 
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// The `READY …` line the child printed.
     pub fn ready_line(&self) -> &str {
         &self.ready_line

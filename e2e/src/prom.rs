@@ -157,9 +157,6 @@ impl Metrics {
             .filter(move |s| s.name == name && matching.iter().all(|(k, v)| s.label(k) == Some(v)))
     }
 
-    pub fn has(&self, name: &str) -> bool {
-        self.samples.iter().any(|s| s.name == name)
-    }
 }
 
 #[cfg(test)]
@@ -219,6 +216,5 @@ vllm:prefix_cache_hits_total{engine="1",model_name="deepseek"} 512
         assert_eq!(m.sum("a_total", &[]), 15.5);
         assert_eq!(m.sum("a_total", &[("model_name", "m")]), 12.0);
         assert_eq!(m.sum("b", &[]), 7.0);
-        assert!(!m.has("zz"));
     }
 }

@@ -322,11 +322,6 @@ impl Stack {
         self.workers.iter().find(|w| w.id == id).with_context(|| format!("no worker {id}"))
     }
 
-    /// The worker id serving at `endpoint` (`ip:port`).
-    pub fn worker_at(&self, endpoint: &str) -> Option<&str> {
-        self.workers.iter().find(|w| w.http == endpoint).map(|w| w.id.as_str())
-    }
-
     /// Scrapes a Prometheus endpoint.
     pub async fn scrape(&self, url: &str) -> anyhow::Result<Metrics> {
         let text = self.http.get(url).send().await?.error_for_status()?.text().await?;
