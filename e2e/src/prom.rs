@@ -156,7 +156,6 @@ impl Metrics {
             .iter()
             .filter(move |s| s.name == name && matching.iter().all(|(k, v)| s.label(k) == Some(v)))
     }
-
 }
 
 #[cfg(test)]
