@@ -43,10 +43,28 @@ impl Reply {
     pub fn cached_tokens(&self) -> Option<u64> {
         self.json().pointer("/usage/prompt_tokens_details/cached_tokens")?.as_u64()
     }
+    /// The generated text of an SSE answer (`stream: true`), chunks joined.
+    pub fn stream_text(&self) -> String {
+        sse_events(&self.text)
+            .filter_map(|e| {
+                let c = e.pointer("/choices/0")?;
+                c.pointer("/delta/content").or_else(|| c.get("text")).and_then(Value::as_str).map(str::to_owned)
+            })
+            .collect()
+    }
+    /// `usage.prompt_tokens_details.cached_tokens` of an SSE answer's usage chunk.
+    pub fn stream_cached_tokens(&self) -> Option<u64> {
+        sse_events(&self.text).find_map(|e| e.pointer("/usage/prompt_tokens_details/cached_tokens")?.as_u64())
+    }
     /// The assistant's reply text of a chat completion.
     pub fn chat_content(&self) -> Option<String> {
         Some(self.json().pointer("/choices/0/message/content")?.as_str()?.to_owned())
     }
+}
+
+/// The JSON events of an SSE body (`data: {…}` lines; `[DONE]` and anything else skipped).
+pub fn sse_events(text: &str) -> impl Iterator<Item = Value> + '_ {
+    text.lines().filter_map(|l| l.strip_prefix("data: ")).filter_map(|d| serde_json::from_str(d).ok())
 }
 
 /// POSTs `body` (raw bytes) to `url` with extra headers and reads the whole answer.

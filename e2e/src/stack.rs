@@ -113,6 +113,16 @@ impl StackSpec {
             work_dir: None,
         }
     }
+
+    /// `prefill` prefill workers (`p0`, `p1`, …) and `decode` decode workers (`d0`, …), kvmesh
+    /// routing; the caller sets the modes in `routing_toml` and the filter's deadline to cover legs.
+    pub fn disaggregated(prefill: usize, decode: usize) -> Self {
+        let workers = (0..prefill)
+            .map(|i| WorkerSpec::new(format!("p{i}"), Role::Prefill))
+            .chain((0..decode).map(|i| WorkerSpec::new(format!("d{i}"), Role::Decode)))
+            .collect();
+        Self { workers, ..Self::aggregate(0) }
+    }
 }
 
 /// A running worker.
@@ -188,7 +198,8 @@ impl Stack {
         let admin_port = spec.ports.admin.map_or_else(free_port, Ok)?;
         let indexer_port = spec.ports.indexer.map_or_else(free_port, Ok)?;
         let fleet_path = dir.join("fleet.toml");
-        std::fs::write(&fleet_path, fleet_toml(&spec, &workers, gateway_port, admin_port, indexer_port))?;
+        let fleet = fleet_toml(&spec, &workers.iter().collect::<Vec<_>>(), gateway_port, admin_port, indexer_port);
+        std::fs::write(&fleet_path, fleet)?;
         let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
         let mut stack = Self {
             spec,
@@ -235,6 +246,37 @@ impl Stack {
         })
         .await?;
         Ok(())
+    }
+
+    /// Rewrites the fleet file with the workers `keep` accepts and `routing_toml` as the `[routing]`
+    /// table (the running indexer reloads it); returns once the indexer's fleet lists exactly them.
+    pub async fn rewrite_fleet(&mut self, keep: impl Fn(&Worker) -> bool, routing_toml: &str) -> anyhow::Result<()> {
+        self.spec.routing_toml = routing_toml.to_owned();
+        // `&Worker` is not Send: the list must not live across an await.
+        let (want, text) = {
+            let listed: Vec<&Worker> = self.workers.iter().filter(|w| keep(w)).collect();
+            let want: std::collections::BTreeSet<String> = listed.iter().map(|w| w.id.clone()).collect();
+            (want, fleet_toml(&self.spec, &listed, self.gateway_port, self.admin_port, self.indexer_port))
+        };
+        let metrics_url = self.indexer_url("/metrics");
+        let reloads = |m: &Metrics| m.sum("kvmesh_config_reloads_total", &[("result", "ok")]);
+        let before = reloads(&self.scrape(&metrics_url).await?);
+        std::fs::write(&self.fleet_path, text)?;
+        let url = self.indexer_url(kvmesh_core::api::FLEET_PATH);
+        let client = self.http.clone();
+        crate::poll::until("indexer reloaded the fleet file", || {
+            let (client, url, metrics_url, want) = (client.clone(), url.clone(), metrics_url.clone(), want.clone());
+            async move {
+                let text = client.get(&metrics_url).send().await.ok()?.text().await.ok()?;
+                if reloads(&Metrics::parse(&text).ok()?) <= before {
+                    return None;
+                }
+                let fleet: kvmesh_core::api::FleetSnapshot = client.get(&url).send().await.ok()?.json().await.ok()?;
+                let have: std::collections::BTreeSet<String> = fleet.workers.into_iter().map(|w| w.id).collect();
+                (have == want).then_some(())
+            }
+        })
+        .await
     }
 
     /// Kills the indexer (SIGKILL: a crash, not a shutdown).
@@ -352,7 +394,7 @@ impl Stack {
 }
 
 /// The fleet file the indexer reads: one description for the indexer and the Envoy bootstrap.
-pub fn fleet_toml(spec: &StackSpec, workers: &[Worker], gateway_port: u16, admin_port: u16, indexer_port: u16) -> String {
+pub fn fleet_toml(spec: &StackSpec, workers: &[&Worker], gateway_port: u16, admin_port: u16, indexer_port: u16) -> String {
     let mut out = format!(
         "listen = \"127.0.0.1:{indexer_port}\"\n\n[model]\nname = \"deepseek-v4\"\nblock_size = {}\n\n[gateway]\nlisten = \"127.0.0.1:{gateway_port}\"\nadmin = \"127.0.0.1:{admin_port}\"\n\n[routing]\n{}\n",
         spec.block_size, spec.routing_toml

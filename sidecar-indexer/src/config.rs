@@ -87,6 +87,9 @@ pub struct Config {
     pub routing: RoutingConfig,
     #[serde(default)]
     pub workers: Vec<WorkerConfig>,
+    /// Workers found at run time besides `workers` (`[discovery.kubernetes]`; see [`DiscoverySection`]).
+    #[serde(default, skip_serializing_if = "DiscoverySection::is_empty")]
+    pub discovery: DiscoverySection,
 }
 
 /// The served model: block size and tokenization.
@@ -149,6 +152,29 @@ impl IndexMode {
     }
 }
 
+/// `kv_migration`: whether decode-to-decode KV migration runs, is only counted, or is off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvMigration {
+    /// Never migrate; no opportunity is counted.
+    Off,
+    /// Count and log (sampled) the would-migrate decisions; send nothing.
+    Dry,
+    /// Run the producer handshake on the source and let the target pull the blocks.
+    On,
+}
+
+impl KvMigration {
+    /// The config / label name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Dry => "dry",
+            Self::On => "on",
+        }
+    }
+}
+
 /// Every policy knob and bound. Defaults are the documented ones (README, "Configuration").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -200,6 +226,28 @@ pub struct RoutingConfig {
     pub approx_max_blocks_per_worker: usize,
     /// How often the config file is checked for changes (SIGHUP reloads at once).
     pub reload_poll_ms: u64,
+    /// Conditional disaggregation: prompts with at least this many tokens uncached on the chosen
+    /// decode worker get a remote prefill leg; 0 = off (everything aggregate).
+    pub min_remote_prefill_tokens: u64,
+    /// Deadline of one prefill leg (connect, prefill, answer); beyond it the decode worker serves.
+    pub prefill_timeout_ms: u64,
+    /// A session seen within `local_continuation_ttl_secs` is served on its decode worker whatever
+    /// its length (only its new tail needs prefill). Needs session keys from the filter.
+    pub local_continuations: bool,
+    pub local_continuation_ttl_secs: u64,
+    /// Most sessions remembered for local continuations; least recently seen go first beyond it.
+    pub local_continuation_max_sessions: usize,
+    /// Decode-to-decode KV migration: `off`, `dry` (count and log only) or `on`.
+    pub kv_migration: KvMigration,
+    /// Smallest number of tokens (blocks to move × block size) worth a migration.
+    pub kv_migration_min_tokens: u64,
+    /// Deadline of the migration handshake on the source; beyond it the target recomputes.
+    pub kv_migration_timeout_ms: u64,
+    /// Dry mode logs one would-migrate decision in this many (1 = every one).
+    pub kv_migration_log_every: u64,
+    /// Each session's last decode worker (`kv_home`), the migration source when the index lags.
+    pub kv_home_ttl_secs: u64,
+    pub kv_home_max_sessions: usize,
 }
 
 impl Default for RoutingConfig {
@@ -224,11 +272,22 @@ impl Default for RoutingConfig {
             scrape_timeout_ms: 400,
             unhealthy_after_failures: 3,
             max_body_bytes: 16 * 1024 * 1024,
-            request_timeout_ms: 5000,
+            request_timeout_ms: 15_000,
             tokenize_cache_bytes: 64 * 1024 * 1024,
             approx_ttl_secs: 120,
             approx_max_blocks_per_worker: 200_000,
             reload_poll_ms: 1000,
+            min_remote_prefill_tokens: 0,
+            prefill_timeout_ms: 10_000,
+            local_continuations: false,
+            local_continuation_ttl_secs: 3600,
+            local_continuation_max_sessions: 4_000_000,
+            kv_migration: KvMigration::Off,
+            kv_migration_min_tokens: 2048,
+            kv_migration_timeout_ms: 1000,
+            kv_migration_log_every: 16,
+            kv_home_ttl_secs: 900,
+            kv_home_max_sessions: 200_000,
         }
     }
 }
@@ -373,7 +432,33 @@ impl Config {
                 return Err(invalid(field("kv_replay"), w.kv_replay.as_deref().unwrap_or(""), "needs kv_events"));
             }
         }
+        self.discovery.validate()?;
         Ok(())
+    }
+}
+
+impl Config {
+    /// Settings that are valid but probably not what the operator wants, as log-ready sentences.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let r = &self.routing;
+        let leg_ms = [
+            (r.min_remote_prefill_tokens > 0).then_some(("prefill_timeout_ms", r.prefill_timeout_ms)),
+            (r.kv_migration == KvMigration::On).then_some(("kv_migration_timeout_ms", r.kv_migration_timeout_ms)),
+        ];
+        // The filter's default deadline for the route call (filter/README.md).
+        let filter_ms = self.filter.get("indexer_timeout_ms").and_then(toml::Value::as_integer).unwrap_or(100);
+        for (knob, ms) in leg_ms.into_iter().flatten() {
+            if u64::try_from(filter_ms).unwrap_or(0) <= ms {
+                out.push(format!(
+                    "filter.indexer_timeout_ms {filter_ms} <= routing.{knob} {ms}: the filter gives up on a route call before its leg can finish (set it above)"
+                ));
+            }
+        }
+        if r.local_continuations && r.min_remote_prefill_tokens == 0 {
+            out.push("routing.local_continuations has no effect while min_remote_prefill_tokens = 0 (disaggregation off)".to_owned());
+        }
+        out
     }
 }
 
@@ -403,6 +488,13 @@ impl RoutingConfig {
             ("routing.approx_ttl_secs", self.approx_ttl_secs),
             ("routing.approx_max_blocks_per_worker", self.approx_max_blocks_per_worker as u64),
             ("routing.reload_poll_ms", self.reload_poll_ms),
+            ("routing.prefill_timeout_ms", self.prefill_timeout_ms),
+            ("routing.local_continuation_ttl_secs", self.local_continuation_ttl_secs),
+            ("routing.local_continuation_max_sessions", self.local_continuation_max_sessions as u64),
+            ("routing.kv_migration_timeout_ms", self.kv_migration_timeout_ms),
+            ("routing.kv_migration_log_every", self.kv_migration_log_every),
+            ("routing.kv_home_ttl_secs", self.kv_home_ttl_secs),
+            ("routing.kv_home_max_sessions", self.kv_home_max_sessions as u64),
         ];
         for (field, v) in positive {
             if v == 0 {
@@ -415,6 +507,13 @@ impl RoutingConfig {
                 self.scrape_timeout_ms,
                 "must not exceed routing.scrape_interval_ms",
             ));
+        }
+        // A leg runs inside /v1/route: its deadline must leave the route call time to answer.
+        if self.min_remote_prefill_tokens > 0 && self.prefill_timeout_ms >= self.request_timeout_ms {
+            return Err(invalid("routing.prefill_timeout_ms", self.prefill_timeout_ms, "must be below routing.request_timeout_ms"));
+        }
+        if self.kv_migration == KvMigration::On && self.kv_migration_timeout_ms >= self.request_timeout_ms {
+            return Err(invalid("routing.kv_migration_timeout_ms", self.kv_migration_timeout_ms, "must be below routing.request_timeout_ms"));
         }
         Ok(())
     }
@@ -480,6 +579,34 @@ fn typed_like(template: Option<&toml::Value>, raw: &str) -> Result<toml::Value, 
             _ => Err(format!("{raw:?} is not a boolean")),
         },
         _ => Ok(toml::Value::String(raw.to_owned())),
+    }
+}
+
+/// `[discovery]`: where workers come from besides the static `[[workers]]`. The effective fleet is
+/// the file's workers plus the discovered ones (`crate::discovered`); a static id wins a collision.
+/// Read at start: a change needs a restart. Not overridable from the environment.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoverySection {
+    /// Follow a Kubernetes Service's EndpointSlices (crate `kvmesh-discovery`, README "Discovery").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<kvmesh_discovery::DiscoveryConfig>,
+}
+
+impl DiscoverySection {
+    /// Whether no discovery is configured (the section is then left out of `--check`).
+    pub fn is_empty(&self) -> bool {
+        self.kubernetes.is_none()
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let Some(k) = &self.kubernetes else { return Ok(()) };
+        match k.clone().validated() {
+            Ok(_) => Ok(()),
+            Err(kvmesh_discovery::ConfigError::InvalidValue { field, value, reason }) => {
+                Err(invalid(format!("discovery.kubernetes.{field}"), value, reason))
+            }
+        }
     }
 }
 
@@ -604,6 +731,37 @@ endpoint = "127.0.0.1:8200"
         assert_eq!(Config::load(&toml_path, &env([])).unwrap().workers.len(), 2);
         let missing = Config::load(&dir.path().join("nope.toml"), &env([])).unwrap_err();
         assert!(matches!(missing, ConfigError::Io { .. }));
+    }
+
+    #[test]
+    fn the_shipped_fleets_load_without_warnings() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../envoy/fleets");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let c = Config::load(&path, &env([])).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                assert_eq!(c.warnings(), Vec::<String>::new(), "{}", path.display());
+                seen += 1;
+            }
+        }
+        assert!(seen >= 2, "expected local.toml and disagg.toml in {}", dir.display());
+    }
+
+    #[test]
+    fn leg_deadlines_are_checked_against_the_filter_and_the_api() {
+        let base = "listen = \"127.0.0.1:9100\"\n[model]\nname = \"m\"\nblock_size = 16\n";
+        let with = |routing: &str, filter: &str| Config::from_toml_str(&format!("{base}[routing]\n{routing}\n[filter]\n{filter}\n"), &env([]));
+        let c = with("min_remote_prefill_tokens = 1", "").unwrap();
+        assert_eq!(c.warnings().len(), 1, "the filter's 100 ms default cannot cover a 10 s prefill leg");
+        assert!(with("min_remote_prefill_tokens = 1", "indexer_timeout_ms = 12000").unwrap().warnings().is_empty());
+        let migration = with("kv_migration = \"on\"\nkv_migration_timeout_ms = 500", "indexer_timeout_ms = 400").unwrap();
+        assert!(migration.warnings()[0].contains("routing.kv_migration_timeout_ms 500"), "{:?}", migration.warnings());
+        assert_eq!(with("local_continuations = true", "").unwrap().warnings().len(), 1);
+        let too_long = with("min_remote_prefill_tokens = 1\nprefill_timeout_ms = 20000", "").unwrap_err();
+        assert!(too_long.to_string().contains("routing.prefill_timeout_ms"), "{too_long}");
+        let bad_mode = with("kv_migration = \"sometimes\"", "").unwrap_err();
+        assert!(matches!(bad_mode, ConfigError::Parse(_)), "{bad_mode}");
     }
 
     #[test]

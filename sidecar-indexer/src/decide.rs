@@ -2,9 +2,9 @@
 //!
 //! Input: the request's size in tokens, its session key (if the filter sent one), operator
 //! overrides, and a view of every worker (role, health, overlap with this prompt, load). Output: a
-//! [`Plan`] — the worker, fallbacks, mode, the numbers behind the choice and a human reason. The plan
-//! has room for what issue 5 adds: a [`Leg`] the async shell must run before answering (a prefill
-//! leg on P, a migration handshake from S); today every plan is `aggregate` with no leg.
+//! [`Plan`] — the worker, fallbacks, mode, the numbers behind the choice and a human reason. The mode
+//! ([`crate::modes`]) may name a [`Leg`] the async shell runs before answering: a prefill leg on a
+//! prefill worker, or a migration handshake on the decode worker that holds the blocks.
 //!
 //! Scoring (Dynamo's current form): `cost = prefill_load_scale × max(0, request_blocks −
 //! overlap_credit × overlap_blocks) + active_blocks`, lowest wins; ties are broken at random, or with
@@ -19,6 +19,7 @@ use kvmesh_core::session::{SessionKey, SessionSource};
 use rand::Rng;
 
 use crate::config::RoutingConfig;
+use crate::modes::{choose_mode, ModeInput, Opportunity};
 
 /// One worker as the decision sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,6 +54,10 @@ pub struct RouteInput<'a> {
     pub override_worker: Option<&'a str>,
     /// `x-kvmesh-mode`.
     pub override_mode: Option<Mode>,
+    /// The session was routed within the local-continuation TTL.
+    pub continuation: bool,
+    /// The session's last decode worker, if remembered (`kv_home`).
+    pub kv_home: Option<&'a str>,
 }
 
 impl RouteInput<'_> {
@@ -89,7 +94,7 @@ impl Basis {
     }
 }
 
-/// Work the async shell must do before answering (issue 5: disaggregation and migration).
+/// Work the async shell must do before answering: a prefill leg, or a migration handshake.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Leg {
     /// Run the prefill leg on this prefill worker and carry its `kv_transfer_params`.
@@ -112,8 +117,12 @@ pub struct Plan {
     pub basis: Basis,
     pub reason: String,
     pub leg: Option<Leg>,
-    /// A mode the operator asked for that this plan could not honour (reported in the reason).
-    pub requested_mode: Option<Mode>,
+    /// A would-migrate decision (counted in `dry` and `on` migration modes).
+    pub opportunity: Option<Opportunity>,
+    /// A continuation kept on its decode worker although it was above the disaggregation threshold.
+    pub local_continuation: bool,
+    /// Prompt tokens the chosen worker does not cache.
+    pub uncached_tokens: u64,
 }
 
 impl Plan {
@@ -165,7 +174,7 @@ pub fn overloaded(w: &WorkerView<'_>, cfg: &RoutingConfig) -> Option<String> {
         ("active_requests", w.active_requests, cfg.overload_active_requests),
         ("waiting", w.waiting_requests, cfg.overload_waiting_requests),
     ];
-    checks.iter().find(|(_, v, limit)| *limit > 0 && v >= limit).map(|(name, v, limit)| format!("{name} {v} ≥ {limit}"))
+    checks.iter().find(|(_, v, limit)| *limit > 0 && v >= limit).map(|(name, v, limit)| format!("{name} {v} >= {limit}"))
 }
 
 /// The cost of serving the request on `w` (lower is better).
@@ -174,8 +183,37 @@ pub fn cost(w: &WorkerView<'_>, request_blocks: u32, cfg: &RoutingConfig) -> f64
     cfg.prefill_load_scale * uncached + w.active_blocks as f64
 }
 
-/// Decides where the request goes.
+/// Decides where the request goes and in which mode.
 pub fn decide<R: Rng + ?Sized>(
+    input: &RouteInput<'_>,
+    workers: &[WorkerView<'_>],
+    cfg: &RoutingConfig,
+    rng: &mut R,
+) -> Result<Plan, DecideError> {
+    let mut plan = decide_worker(input, workers, cfg, rng)?;
+    let decode = workers.iter().find(|w| w.id == plan.worker).ok_or(DecideError::NoDecodeWorker)?;
+    let mode_input = ModeInput {
+        isl_tokens: input.isl_tokens as u64,
+        block_size: input.block_size,
+        continuation: input.continuation,
+        kv_home: input.kv_home,
+        override_mode: input.override_mode,
+    };
+    let best = plan.best_overlap.as_ref().map(|(id, b)| (id.as_str(), *b));
+    let m = choose_mode(&mode_input, decode, workers, best, cfg, rng);
+    plan.mode = m.mode;
+    plan.leg = m.leg;
+    plan.opportunity = m.opportunity;
+    plan.local_continuation = m.local_continuation;
+    plan.uncached_tokens = m.uncached_tokens;
+    if !m.reason.is_empty() {
+        plan.reason = format!("{}; {}", plan.reason, m.reason);
+    }
+    Ok(plan)
+}
+
+/// Chooses the decode worker (the plan's mode is `aggregate` until [`choose_mode`] runs).
+fn decide_worker<R: Rng + ?Sized>(
     input: &RouteInput<'_>,
     workers: &[WorkerView<'_>],
     cfg: &RoutingConfig,
@@ -246,13 +284,9 @@ fn finish(
     w: &WorkerView<'_>,
     fallbacks: Vec<String>,
     basis: Basis,
-    mut reason: String,
+    reason: String,
     candidates: &[&WorkerView<'_>],
 ) -> Plan {
-    let requested_mode = input.override_mode.filter(|m| *m != Mode::Aggregate);
-    if let Some(m) = requested_mode {
-        reason.push_str(&format!("; x-kvmesh-mode {} not available, served aggregate", m.as_str()));
-    }
     Plan {
         worker: w.id.to_owned(),
         endpoint: w.endpoint.to_owned(),
@@ -265,7 +299,9 @@ fn finish(
         basis,
         reason,
         leg: None,
-        requested_mode,
+        opportunity: None,
+        local_continuation: false,
+        uncached_tokens: 0,
     }
 }
 
@@ -281,7 +317,7 @@ fn best_overlap(candidates: &[&WorkerView<'_>], chosen: &str) -> Option<(String,
 }
 
 /// Picks among `set` (non-empty) by cost; returns the worker and a reason.
-fn choose<'a, 'b, R: Rng + ?Sized>(
+pub(crate) fn choose<'a, 'b, R: Rng + ?Sized>(
     set: &[&'b WorkerView<'a>],
     request_blocks: u32,
     isl: u32,
@@ -342,4 +378,4 @@ fn endpoints_of<'a>(set: &[&WorkerView<'_>], ids: impl Iterator<Item = &'a str>,
 
 #[cfg(test)]
 #[path = "decide_tests.rs"]
-mod tests;
+pub(crate) mod tests;

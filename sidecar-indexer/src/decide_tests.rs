@@ -2,7 +2,7 @@ use super::*;
 use kvmesh_core::api::{FleetSnapshot, FleetWorker, WorkerLoad};
 use rand::{rngs::StdRng, SeedableRng};
 
-fn view(id: &'static str, overlap: u32, load: u64) -> WorkerView<'static> {
+pub(crate) fn view(id: &'static str, overlap: u32, load: u64) -> WorkerView<'static> {
     WorkerView {
         id,
         endpoint: Box::leak(format!("10.0.0.{}:8000", id.trim_start_matches('w')).into_boxed_str()),
@@ -16,7 +16,7 @@ fn view(id: &'static str, overlap: u32, load: u64) -> WorkerView<'static> {
 }
 
 fn input(tokens: usize) -> RouteInput<'static> {
-    RouteInput { isl_tokens: tokens, block_size: 16, session: None, override_worker: None, override_mode: None }
+    RouteInput { isl_tokens: tokens, block_size: 16, session: None, override_worker: None, override_mode: None, continuation: false, kv_home: None }
 }
 
 fn rng() -> StdRng {
@@ -159,7 +159,7 @@ fn an_overloaded_pin_is_overridden_and_says_why() {
     let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
     assert_eq!(plan.basis, Basis::PinOverloaded);
     assert_eq!(plan.worker, workers[other].id);
-    assert_eq!(plan.reason, format!("pinned {pinned} overloaded (waiting 9 ≥ 8); chose {}: best overlap 20/40 blocks", workers[other].id));
+    assert_eq!(plan.reason, format!("pinned {pinned} overloaded (waiting 9 >= 8); chose {}: best overlap 20/40 blocks", workers[other].id));
     // Everyone overloaded: the pin stays.
     for w in &mut workers {
         w.waiting_requests = 100;
@@ -185,8 +185,7 @@ fn overrides() {
     let mode = RouteInput { override_mode: Some(Mode::Disagg), ..input(640) };
     let plan = decide(&mode, &workers, &cfg, &mut rng()).unwrap();
     assert_eq!(plan.mode, Mode::Aggregate);
-    assert_eq!(plan.requested_mode, Some(Mode::Disagg));
-    assert!(plan.reason.ends_with("x-kvmesh-mode disagg not available, served aggregate"));
+    assert!(plan.reason.ends_with("x-kvmesh-mode disagg: no healthy prefill worker"), "{}", plan.reason);
 }
 
 #[test]

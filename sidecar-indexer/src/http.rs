@@ -24,6 +24,7 @@ use tower_http::timeout::TimeoutLayer;
 use crate::config::IndexMode;
 use crate::decide::{decide, RouteInput};
 use crate::events::applier::ApplierMsg;
+use crate::handoff::{self, LegRequest};
 use crate::state::AppState;
 use crate::tokenize::CacheStats;
 
@@ -94,7 +95,9 @@ async fn route(State(state): State<Arc<AppState>>, headers: HeaderMap, raw: Resu
     let result = route_inner(&state, &headers, raw).await;
     match &result {
         Ok(_) => state.metrics.route_duration.observe(started.elapsed().as_secs_f64()),
-        Err(e) if e.status.is_client_error() => state.metrics.bad_requests.with_label_values(&["route", e.reason]).inc(),
+        Err(e) if e.status.is_client_error() && e.status != StatusCode::TOO_MANY_REQUESTS => {
+            state.metrics.bad_requests.with_label_values(&["route", e.reason]).inc()
+        }
         Err(e) => state.metrics.route_errors.with_label_values(&[e.reason]).inc(),
     }
     if let Err(e) = &result {
@@ -145,7 +148,25 @@ async fn route_inner(state: &Arc<AppState>, h: &HeaderMap, raw: Bytes) -> Result
     state.metrics.match_duration.observe(t_match.elapsed().as_secs_f64());
 
     let t_score = Instant::now();
-    let input = RouteInput { isl_tokens: tokens, block_size, session, override_worker: override_worker.as_deref(), override_mode };
+    let session_key = session.map(|(k, _)| k.0);
+    let now = Instant::now();
+    let (continuation, kv_home) = match session_key {
+        Some(k) => {
+            let sessions = state.sessions.lock();
+            (sessions.continuations.get(k, now).is_some(), sessions.kv_home.get(k, now).cloned())
+        }
+        None => (false, None),
+    };
+    let input = RouteInput {
+        isl_tokens: tokens,
+        block_size,
+        session,
+        override_worker: override_worker.as_deref(),
+        override_mode,
+        continuation,
+        kv_home: kv_home.as_deref(),
+    };
+    let id = request_id.clone().unwrap_or_else(|| format!("kvmesh-{:016x}", rand::random::<u64>()));
     let (plan, approx_slot) = {
         let fleet = state.fleet.read();
         let overlaps = fleet.overlaps(&scores);
@@ -163,9 +184,9 @@ async fn route_inner(state: &Arc<AppState>, h: &HeaderMap, raw: Bytes) -> Result
                 err
             }
         })?;
-        let uncached_tokens = (tokens as u64).saturating_sub(u64::from(plan.overlap_blocks) * u64::from(block_size));
-        let id = request_id.clone().unwrap_or_else(|| format!("kvmesh-{:016x}", rand::random::<u64>()));
-        let expired = load.book(&id, &plan.worker, u64::from(plan.request_blocks), uncached_tokens, Instant::now());
+        // A remote prefill leaves the decode worker only the KV pull; its prefill is booked on P.
+        let prefill_tokens = if plan.mode == Mode::Disagg { 0 } else { plan.uncached_tokens };
+        let expired = load.book(&id, &plan.worker, u64::from(plan.request_blocks), prefill_tokens, Instant::now());
         if expired.timeout > 0 {
             state.metrics.load_expired.with_label_values(&["timeout"]).inc_by(expired.timeout);
         }
@@ -184,23 +205,31 @@ async fn route_inner(state: &Arc<AppState>, h: &HeaderMap, raw: Bytes) -> Result
             state.metrics.kv_ignored.with_label_values(&[plan.worker.as_str(), "queue_full"]).inc();
         }
     }
+    let (basis, request_blocks, local_continuation) = (plan.basis, plan.request_blocks, plan.local_continuation);
+    let decision = handoff::complete(state, &cfg, plan, &LegRequest { request_id: &id, path, body: &raw }).await?;
     let m = &state.metrics;
-    m.decisions.with_label_values(&[plan.mode.as_str(), plan.basis.as_str()]).inc();
-    if plan.request_blocks > 0 {
-        m.hit_rate.observe(f64::from(plan.overlap_blocks) / f64::from(plan.request_blocks));
-        m.overlap_blocks.inc_by(u64::from(plan.overlap_blocks));
-        m.isl_blocks.inc_by(u64::from(plan.request_blocks));
+    m.decisions.with_label_values(&[decision.mode.as_str(), basis.as_str()]).inc();
+    if local_continuation {
+        m.local_continuations.inc();
+    }
+    if request_blocks > 0 {
+        m.hit_rate.observe(f64::from(decision.overlap_blocks) / f64::from(request_blocks));
+        m.overlap_blocks.inc_by(u64::from(decision.overlap_blocks));
+        m.isl_blocks.inc_by(u64::from(request_blocks));
+    }
+    if let Some(k) = session_key {
+        state.sessions.lock().served(k, &decision.worker, Instant::now());
     }
     tracing::debug!(
-        request_id = request_id.as_deref().unwrap_or(""),
-        worker = %plan.worker,
-        mode = plan.mode.as_str(),
-        overlap_blocks = plan.overlap_blocks,
-        isl_blocks = plan.isl_blocks,
-        reason = %plan.reason,
+        request_id = %id,
+        worker = %decision.worker,
+        mode = decision.mode.as_str(),
+        overlap_blocks = decision.overlap_blocks,
+        isl_blocks = decision.isl_blocks,
+        reason = %decision.reason,
         "routed"
     );
-    Ok(plan.into_decision())
+    Ok(decision)
 }
 
 async fn done(State(state): State<Arc<AppState>>, raw: Result<Bytes, BytesRejection>) -> Result<Json<serde_json::Value>, ApiError> {

@@ -3,19 +3,25 @@
 //! It consumes every engine's KV events (ZMQ, vLLM wire format), keeps a block index keyed by
 //! Dynamo-compatible chain hashes, tokenizes prompts exactly as the engines do, and answers the wasm
 //! filter's `/v1/route` with a scored decision. Layout: pure logic in [`config`], [`index`],
-//! [`events`] (decode, sequencer, apply), [`tokenize`], [`decide`], [`load`], [`approx`], [`scrape`];
+//! [`events`] (decode, sequencer, apply), [`tokenize`], [`decide`], [`load`], [`approx`], [`scrape`], [`discovered`];
 //! the thin shells that do I/O in [`events::listener`], [`events::applier`], [`state`], [`http`],
-//! [`service`]. Guardrails (README): `decide` is pure; no lock is held across `.await`; an unknown
+//! [`service`], [`discovery`]. Guardrails (README): `decide` is pure; no lock is held across `.await`; an unknown
 //! parent is counted and refused, never guessed; every queue, map, cache and body is bounded.
 
 pub mod approx;
 pub mod config;
 pub mod decide;
+pub mod discovered;
+pub mod discovery;
 pub mod events;
+pub mod handoff;
 pub mod http;
 pub mod index;
 pub mod load;
+pub mod legs;
 pub mod metrics;
+pub mod modes;
+pub mod recent;
 pub mod scrape;
 pub mod service;
 pub mod state;

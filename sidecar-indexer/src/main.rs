@@ -46,6 +46,9 @@ fn main() -> anyhow::Result<()> {
         config.listen = listen;
         config.validate()?;
     }
+    for w in config.warnings() {
+        tracing::warn!("{w}");
+    }
     if cli.check {
         println!("{}", toml::to_string_pretty(&config)?);
         return Ok(());

@@ -55,6 +55,23 @@ pub const KV_BLOCK_HIT_RATE: &str = "kvmesh_kv_block_hit_rate";
 pub const FLEET_GENERATION: &str = "kvmesh_fleet_generation";
 pub const CONFIG_RELOADS_TOTAL: &str = "kvmesh_config_reloads_total";
 pub const APPROX_EXPIRED_BLOCKS_TOTAL: &str = "kvmesh_approx_expired_blocks_total";
+pub const PREFILL_LEGS_TOTAL: &str = "kvmesh_prefill_legs_total";
+pub const PREFILL_FALLBACKS_TOTAL: &str = "kvmesh_prefill_fallbacks_total";
+pub const PREFILL_LEG_DURATION_SECONDS: &str = "kvmesh_prefill_leg_duration_seconds";
+pub const MIGRATIONS_TOTAL: &str = "kvmesh_migrations_total";
+pub const MIGRATION_OPPORTUNITIES_TOTAL: &str = "kvmesh_migration_opportunities_total";
+pub const MIGRATION_OPPORTUNITY_BLOCKS_TOTAL: &str = "kvmesh_migration_opportunity_blocks_total";
+pub const MIGRATION_HANDSHAKE_DURATION_SECONDS: &str = "kvmesh_migration_handshake_duration_seconds";
+pub const LOCAL_CONTINUATIONS_TOTAL: &str = "kvmesh_local_continuations_total";
+pub const SESSIONS_TRACKED: &str = "kvmesh_sessions_tracked";
+
+// Kubernetes discovery (discovery.rs): see [`DiscoveryMetrics`].
+pub const DISCOVERY_UPDATES_TOTAL: &str = "kvmesh_discovery_updates_total";
+pub const DISCOVERY_CHANGES_TOTAL: &str = "kvmesh_discovery_changes_total";
+pub const DISCOVERY_WORKERS: &str = "kvmesh_discovery_workers";
+pub const DISCOVERY_SKIPPED_ENDPOINTS: &str = "kvmesh_discovery_skipped_endpoints";
+pub const DISCOVERY_ERRORS_TOTAL: &str = "kvmesh_discovery_errors_total";
+pub const DISCOVERY_SYNCED: &str = "kvmesh_discovery_synced";
 
 /// Every metric name, for the README drift test.
 pub const ALL: &[&str] = &[
@@ -101,7 +118,27 @@ pub const ALL: &[&str] = &[
     FLEET_GENERATION,
     CONFIG_RELOADS_TOTAL,
     APPROX_EXPIRED_BLOCKS_TOTAL,
+    PREFILL_LEGS_TOTAL,
+    PREFILL_FALLBACKS_TOTAL,
+    PREFILL_LEG_DURATION_SECONDS,
+    MIGRATIONS_TOTAL,
+    MIGRATION_OPPORTUNITIES_TOTAL,
+    MIGRATION_OPPORTUNITY_BLOCKS_TOTAL,
+    MIGRATION_HANDSHAKE_DURATION_SECONDS,
+    LOCAL_CONTINUATIONS_TOTAL,
+    SESSIONS_TRACKED,
+    DISCOVERY_UPDATES_TOTAL,
+    DISCOVERY_CHANGES_TOTAL,
+    DISCOVERY_WORKERS,
+    DISCOVERY_SKIPPED_ENDPOINTS,
+    DISCOVERY_ERRORS_TOTAL,
+    DISCOVERY_SYNCED,
 ];
+
+/// `kvmesh_prefill_legs_total` outcomes.
+pub const PREFILL_LEG_OUTCOMES: [&str; 3] = ["ok", "fallback", "overloaded"];
+/// `kvmesh_migrations_total` outcomes (`dry_run` counts would-migrate decisions in dry mode).
+pub const MIGRATION_OUTCOMES: [&str; 6] = ["ok", "dry_run", "handshake_timeout", "handshake_failed", "source_overloaded", "source_gone"];
 
 /// The indexer's metrics.
 pub struct Metrics {
@@ -163,6 +200,22 @@ pub struct Metrics {
     /// labels: result (ok, error, unchanged).
     pub config_reloads: IntCounterVec,
     pub approx_expired: IntCounter,
+    /// labels: outcome (ok, fallback, overloaded).
+    pub prefill_legs: IntCounterVec,
+    /// labels: reason (refused, timeout, reset, http_5xx, http_4xx, no_kv_transfer_params, bad_response, bad_request_body, worker_gone).
+    pub prefill_fallbacks: IntCounterVec,
+    pub prefill_leg_duration: Histogram,
+    /// labels: outcome (see [`MIGRATION_OUTCOMES`]).
+    pub migrations: IntCounterVec,
+    /// labels: source (index, kv_home).
+    pub migration_opportunities: IntCounterVec,
+    pub migration_opportunity_blocks: IntCounter,
+    pub migration_handshake_duration: Histogram,
+    pub local_continuations: IntCounter,
+    /// labels: set (continuations, kv_home).
+    pub sessions_tracked: IntGaugeVec,
+    /// Kubernetes discovery.
+    pub discovery: DiscoveryMetrics,
 }
 
 fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
@@ -180,6 +233,13 @@ fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheu
 fn duration(r: &Registry, name: &str, help: &str) -> prometheus::Result<Histogram> {
     // 5 µs … ~1.3 s.
     let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(exponential_buckets(5e-6, 2.0, 19)?))?;
+    r.register(Box::new(h.clone()))?;
+    Ok(h)
+}
+
+fn leg_duration(r: &Registry, name: &str, help: &str) -> prometheus::Result<Histogram> {
+    // 1 ms … ~33 s: legs include a whole remote prefill.
+    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(exponential_buckets(1e-3, 2.0, 16)?))?;
     r.register(Box::new(h.clone()))?;
     Ok(h)
 }
@@ -216,14 +276,14 @@ impl Metrics {
             &["source"],
         )?;
         r.register(Box::new(kv_block_hit_rate.clone()))?;
-        Ok(Self {
+        let m = Self {
             hit_rate,
             overlap_blocks,
             isl_blocks,
             decisions: counter_vec(&r, DECISIONS_TOTAL, "Routing decisions by mode and basis", &["mode", "basis"])?,
             route_errors: counter_vec(&r, ROUTE_ERRORS_TOTAL, "Route requests the indexer could not answer with a decision", &["reason"])?,
             bad_requests: counter_vec(&r, BAD_REQUESTS_TOTAL, "Malformed API requests answered with 4xx", &["endpoint", "reason"])?,
-            route_duration: duration(&r, ROUTE_DURATION_SECONDS, "Time to answer /v1/route (parse, tokenize, match, score)")?,
+            route_duration: duration(&r, ROUTE_DURATION_SECONDS, "Time to answer /v1/route (parse, tokenize, match, score, and a prefill leg or migration handshake when the mode needs one)")?,
             tokenize_duration: duration(&r, TOKENIZE_DURATION_SECONDS, "Time to render and tokenize one prompt")?,
             match_duration: duration(&r, MATCH_DURATION_SECONDS, "Time to hash a prompt's blocks and find per-worker overlaps")?,
             score_duration: duration(&r, SCORE_DURATION_SECONDS, "Time to score workers and decide")?,
@@ -260,8 +320,42 @@ impl Metrics {
             fleet_generation: int_gauge(FLEET_GENERATION, "Bumped when fleet membership or health changes")?,
             config_reloads: counter_vec(&r, CONFIG_RELOADS_TOTAL, "Config reloads by result", &["result"])?,
             approx_expired,
+            prefill_legs: counter_vec(&r, PREFILL_LEGS_TOTAL, "Prefill legs of disaggregated requests by outcome", &["outcome"])?,
+            prefill_fallbacks: counter_vec(&r, PREFILL_FALLBACKS_TOTAL, "Prefill legs that failed and were served on the decode worker, by reason", &["reason"])?,
+            prefill_leg_duration: leg_duration(&r, PREFILL_LEG_DURATION_SECONDS, "Time of one prefill leg (send, remote prefill, answer)")?,
+            migrations: counter_vec(&r, MIGRATIONS_TOTAL, "KV migrations by outcome (dry_run: would have migrated)", &["outcome"])?,
+            migration_opportunities: counter_vec(
+                &r,
+                MIGRATION_OPPORTUNITIES_TOTAL,
+                "Requests whose decode worker is not the one holding most of their blocks, with enough to move",
+                &["source"],
+            )?,
+            migration_opportunity_blocks: {
+                let c = IntCounter::new(MIGRATION_OPPORTUNITY_BLOCKS_TOTAL, "Blocks the migration opportunities would move")?;
+                r.register(Box::new(c.clone()))?;
+                c
+            },
+            migration_handshake_duration: leg_duration(&r, MIGRATION_HANDSHAKE_DURATION_SECONDS, "Time of one migration handshake on the source worker")?,
+            local_continuations: {
+                let c = IntCounter::new(LOCAL_CONTINUATIONS_TOTAL, "Continuations at or above min_remote_prefill_tokens kept on their decode worker")?;
+                r.register(Box::new(c.clone()))?;
+                c
+            },
+            sessions_tracked: gauge_vec(&r, SESSIONS_TRACKED, "Sessions remembered for local continuations and kv_home", &["set"])?,
+            discovery: DiscoveryMetrics::new(&r)?,
             registry: r,
-        })
+        };
+        // Alerts divide these: their series exist from the start, at zero.
+        for o in PREFILL_LEG_OUTCOMES {
+            m.prefill_legs.with_label_values(&[o]).inc_by(0);
+        }
+        for f in crate::legs::LegFailure::ALL {
+            m.prefill_fallbacks.with_label_values(&[f.reason()]).inc_by(0);
+        }
+        for o in MIGRATION_OUTCOMES {
+            m.migrations.with_label_values(&[o]).inc_by(0);
+        }
+        Ok(m)
     }
 
     /// Prometheus text exposition of everything.
@@ -328,6 +422,57 @@ impl Metrics {
     }
 }
 
+/// Kubernetes discovery (`discovery.rs`). The families are always registered; their labelled series
+/// are created at zero when discovery starts ([`DiscoveryMetrics::init_series`]), so an indexer
+/// without `[discovery.kubernetes]` exports no discovery series but the two unlabelled ones.
+pub struct DiscoveryMetrics {
+    /// Membership updates applied.
+    pub updates: IntCounter,
+    /// labels: kind ([`crate::discovered::CHANGE_KINDS`]).
+    pub changes: IntCounterVec,
+    /// labels: status ([`crate::discovered::STATUSES`]): discovered workers in the fleet.
+    pub workers: IntGaugeVec,
+    /// labels: reason ([`crate::discovered::skip_reasons`]): discovered endpoints not in the fleet.
+    pub skipped: IntGaugeVec,
+    /// labels: reason ([`crate::discovered::ERROR_REASONS`]).
+    pub errors: IntCounterVec,
+    /// 1 once the first membership update arrived (both initial lists done), 0 before or after the watch ended.
+    pub synced: IntGauge,
+}
+
+impl DiscoveryMetrics {
+    fn new(r: &Registry) -> prometheus::Result<Self> {
+        let updates = IntCounter::new(DISCOVERY_UPDATES_TOTAL, "Kubernetes discovery membership updates applied")?;
+        r.register(Box::new(updates.clone()))?;
+        let synced = IntGauge::new(DISCOVERY_SYNCED, "1 once Kubernetes discovery completed its initial lists (0 when off, not yet, or ended)")?;
+        r.register(Box::new(synced.clone()))?;
+        Ok(Self {
+            updates,
+            changes: counter_vec(r, DISCOVERY_CHANGES_TOTAL, "Discovery membership changes by kind", &["kind"])?,
+            workers: gauge_vec(r, DISCOVERY_WORKERS, "Discovered workers in the fleet by status", &["status"])?,
+            skipped: gauge_vec(r, DISCOVERY_SKIPPED_ENDPOINTS, "Endpoints of the discovered Service left out of the fleet, by reason", &["reason"])?,
+            errors: counter_vec(r, DISCOVERY_ERRORS_TOTAL, "Discovery failures by reason (client, start, apply, ended)", &["reason"])?,
+            synced,
+        })
+    }
+
+    /// Creates every labelled series at zero (alerts see 0, not "no data").
+    pub fn init_series(&self) {
+        for kind in crate::discovered::CHANGE_KINDS {
+            self.changes.with_label_values(&[kind]).inc_by(0);
+        }
+        for status in crate::discovered::STATUSES {
+            self.workers.with_label_values(&[status]).set(0);
+        }
+        for reason in crate::discovered::skip_reasons() {
+            self.skipped.with_label_values(&[reason]).set(0);
+        }
+        for reason in crate::discovered::ERROR_REASONS {
+            self.errors.with_label_values(&[reason]).inc_by(0);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -370,6 +515,9 @@ mod tests {
         m.kv_event_lag.with_label_values(&["w"]).set(0.1);
         m.kv_block_hit_rate.with_label_values(&["router"]).set(0.5);
         m.config_reloads.with_label_values(&["ok"]).inc();
+        m.migration_opportunities.with_label_values(&["index"]).inc();
+        m.sessions_tracked.with_label_values(&["kv_home"]).set(1);
+        m.discovery.init_series();
         let text = m.render();
         for name in ALL {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing from exposition");

@@ -7,6 +7,8 @@
 //! nothing they queued lands after the removal); added workers get slots and listeners; workers whose
 //! event wiring changed are cleared and re-subscribed; workers that only changed endpoint or role keep
 //! their index state. A new block size or index mode rewires every worker. `listen` needs a restart.
+//! Kubernetes-discovered workers ([`crate::discovery`]) reach the fleet through this same reload, as
+//! file config + discovered workers, and a file reload keeps them.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -23,6 +25,7 @@ use crate::events::listener::{self, ListenerSpec, ListenerStats};
 use crate::index::KvIndex;
 use crate::load::LoadTracker;
 use crate::metrics::Metrics;
+use crate::recent::Sessions;
 use crate::scrape::parse_engine_metrics;
 use crate::state::{AppState, Fleet, RankRuntime, WorkerRuntime};
 use crate::tokenize::{PromptTokenizer, TokenizeError};
@@ -38,6 +41,8 @@ pub enum ServiceError {
     Metrics(#[from] prometheus::Error),
     #[error("cannot start a thread: {0}")]
     Thread(#[from] std::io::Error),
+    #[error("cannot build the HTTP client for prefill legs: {0}")]
+    LegClient(#[from] reqwest::Error),
 }
 
 /// A running indexer (everything but the HTTP server).
@@ -47,6 +52,8 @@ pub struct Service {
     config_path: Option<PathBuf>,
     env: Arc<dyn EnvSource>,
     reload_lock: tokio::sync::Mutex<()>,
+    /// The file's config and the discovered workers; the effective config merges both (discovery.rs).
+    pub(crate) discovery: crate::discovery::DiscoveryLink,
 }
 
 fn applier_config(c: &Config) -> ApplierConfig {
@@ -99,8 +106,12 @@ impl Service {
             free_slots,
             next_slot: Mutex::new(0),
             started: Instant::now(),
+            sessions: Mutex::new(Sessions::new(routing, Instant::now())),
+            // Legs carry their own deadline (tokio timeout); idle connections to workers are reused.
+            legs: reqwest::Client::builder().pool_max_idle_per_host(32).build()?,
+            dry_runs: Default::default(),
         });
-        let svc = Arc::new(Self { state, zmq: zmq::Context::new(), config_path, env, reload_lock: tokio::sync::Mutex::new(()) });
+        let svc = Arc::new(Self { state, zmq: zmq::Context::new(), config_path, env, reload_lock: tokio::sync::Mutex::new(()), discovery: crate::discovery::DiscoveryLink::new(&config) });
         let workers: Vec<WorkerRuntime> = config.workers.iter().map(|w| svc.add_worker(w, &config)).collect::<Result<_, _>>()?;
         {
             let mut fleet = svc.state.fleet.write();
@@ -115,7 +126,7 @@ impl Service {
     fn add_worker(&self, w: &WorkerConfig, config: &Config) -> Result<WorkerRuntime, ServiceError> {
         self.state.metrics.register_worker(&w.id);
         let ranks = (0..w.dp_ranks).map(|rank| self.add_rank(w, rank, config)).collect::<Result<_, _>>()?;
-        Ok(WorkerRuntime { cfg: w.clone(), ranks, healthy: true, scrape_failures: 0, engine: None, hits: Default::default(), queries: Default::default() })
+        Ok(WorkerRuntime { cfg: w.clone(), ranks, healthy: true, scrape_failures: 0, engine: None, hits: Default::default(), queries: Default::default(), routable: self.discovery.routable(&w.id) })
     }
 
     fn add_rank(&self, w: &WorkerConfig, rank: u32, config: &Config) -> Result<RankRuntime, ServiceError> {
@@ -170,7 +181,8 @@ impl Service {
         let mut new = parsed?;
         // A --listen override outlives reloads: the socket cannot move anyway.
         new.listen = self.state.config().listen.clone();
-        self.reload(new).await
+        // Discovered workers outlive file reloads: the new file is merged with them (discovery.rs).
+        crate::discovery::reload_file(self, new).await
     }
 
     /// Applies a validated configuration (see the module docs). Returns whether anything changed.
@@ -272,6 +284,7 @@ impl Service {
             self.state.metrics.forget_worker(&id);
         }
         self.state.load.lock().set_limits(Duration::from_secs(new.routing.load_expiry_secs), new.routing.max_bookings);
+        self.state.sessions.lock().set_limits(&new.routing);
         if let Some(t) = tokenizer {
             *self.state.tokenizer.write() = Arc::new(t);
         }
@@ -280,9 +293,10 @@ impl Service {
         Ok(())
     }
 
-    /// Background work: engine scrapes, load expiry and (with a config path) reload on change or
-    /// SIGHUP. Runs until the process ends.
+    /// Background work: Kubernetes discovery (with `[discovery.kubernetes]`), engine scrapes, load
+    /// expiry and (with a config path) reload on change or SIGHUP. Runs until the process ends.
     pub fn spawn_background(self: &Arc<Self>) {
+        crate::discovery::spawn(self);
         tokio::spawn(scrape_loop(self.clone()));
         tokio::spawn(expiry_loop(self.clone()));
         if self.config_path.is_some() {

@@ -23,6 +23,7 @@ use crate::events::listener::{ListenerHandle, ListenerStats};
 use crate::index::{KvIndex, OverlapScores, WorkerSlot};
 use crate::load::LoadTracker;
 use crate::metrics::Metrics;
+use crate::recent::Sessions;
 use crate::scrape::{CounterMirror, EngineSample};
 use crate::tokenize::PromptTokenizer;
 
@@ -43,6 +44,16 @@ pub struct WorkerRuntime {
     pub engine: Option<EngineSample>,
     pub hits: CounterMirror,
     pub queries: CounterMirror,
+    /// False while discovery says the worker must get no traffic (not ready, or vanished and in
+    /// its grace period); its index, events and load stay (`crate::discovery`). Static workers: true.
+    pub routable: bool,
+}
+
+impl WorkerRuntime {
+    /// Whether requests may go to it: healthy (scrapes answer) and routable (discovery).
+    pub fn gets_traffic(&self) -> bool {
+        self.healthy && self.routable
+    }
 }
 
 /// Fleet membership and health.
@@ -99,6 +110,12 @@ pub struct AppState {
     pub free_slots: Arc<Mutex<Vec<WorkerSlot>>>,
     pub next_slot: Mutex<WorkerSlot>,
     pub started: Instant,
+    /// Recently seen sessions and their last decode worker (modes).
+    pub sessions: Mutex<Sessions>,
+    /// HTTP client for prefill legs and migration handshakes.
+    pub legs: reqwest::Client,
+    /// Dry-run migrations seen, for sampling their log lines.
+    pub dry_runs: AtomicU64,
 }
 
 impl AppState {
@@ -132,7 +149,7 @@ impl AppState {
                 .map(|w| {
                     let mut l = load.worker(&w.cfg.id);
                     l.waiting_requests = w.engine.map_or(0, |e| e.waiting.max(0.0) as u64);
-                    FleetWorker { id: w.cfg.id.clone(), endpoint: w.cfg.endpoint.clone(), role: w.cfg.role, healthy: w.healthy, load: l }
+                    FleetWorker { id: w.cfg.id.clone(), endpoint: w.cfg.endpoint.clone(), role: w.cfg.role, healthy: w.gets_traffic(), load: l }
                 })
                 .collect(),
         }
@@ -176,7 +193,7 @@ impl AppState {
             m.worker_active_requests.with_label_values(&[id]).set(l.active_requests as i64);
             m.worker_active_blocks.with_label_values(&[id]).set(l.active_blocks as i64);
             m.worker_prefill_tokens.with_label_values(&[id]).set(l.prefill_tokens as i64);
-            m.worker_healthy.with_label_values(&[id]).set(i64::from(w.healthy));
+            m.worker_healthy.with_label_values(&[id]).set(i64::from(w.gets_traffic()));
             if let Some(e) = w.engine {
                 m.worker_running.with_label_values(&[id]).set(e.running as i64);
                 m.worker_waiting.with_label_values(&[id]).set(e.waiting as i64);
@@ -184,6 +201,11 @@ impl AppState {
             if let Some(ts) = w.ranks.iter().filter_map(|r| r.stats.last_ts()).reduce(f64::max) {
                 m.kv_event_lag.with_label_values(&[id]).set((now_ts - ts).max(0.0));
             }
+        }
+        {
+            let sessions = self.sessions.lock();
+            m.sessions_tracked.with_label_values(&["continuations"]).set(sessions.continuations.len() as i64);
+            m.sessions_tracked.with_label_values(&["kv_home"]).set(sessions.kv_home.len() as i64);
         }
         let isl = m.isl_blocks.get();
         if isl > 0 {
@@ -210,6 +232,7 @@ impl AppState {
                 endpoint: w.cfg.endpoint.clone(),
                 role: w.cfg.role.as_str(),
                 healthy: w.healthy,
+                routable: w.routable,
                 scrape_failures: w.scrape_failures,
                 load: load.worker(&w.cfg.id),
                 engine_running: w.engine.map(|e| e.running),
@@ -277,7 +300,7 @@ impl AppState {
                     id: &w.cfg.id,
                     endpoint: &w.cfg.endpoint,
                     role: w.cfg.role,
-                    healthy: w.healthy,
+                    healthy: w.gets_traffic(),
                     overlap_blocks: overlap,
                     active_blocks: booked.active_blocks + unseen * per_request,
                     active_requests: booked.active_requests,
@@ -295,6 +318,8 @@ pub struct DebugWorker {
     pub endpoint: String,
     pub role: &'static str,
     pub healthy: bool,
+    /// False while discovery keeps the worker out of routing (see [`WorkerRuntime::routable`]).
+    pub routable: bool,
     pub scrape_failures: u32,
     pub load: WorkerLoad,
     pub engine_running: Option<f64>,

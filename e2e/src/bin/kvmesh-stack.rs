@@ -99,6 +99,14 @@ async fn main() -> anyhow::Result<()> {
         "  curl -s {} -H 'content-type: application/json' -d '{{\"model\":\"deepseek-v4\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":16}}' -D - ",
         stack.gateway("/v1/chat/completions")
     );
+    if stack.workers.iter().any(|w| w.role == kvmesh_core::api::Role::Prefill) {
+        println!("  # a long prompt: disaggregated (prefill leg on a prefill worker, x-kvmesh-decision-mode: disagg);");
+        println!("  # send it again with the answer appended and a new question: a local continuation on the same decode worker");
+        println!(
+            "  python3 -c 'import json; print(json.dumps({{\"model\":\"deepseek-v4\",\"messages\":[{{\"role\":\"user\",\"content\":\"the kv cache routes \" * 800}}],\"max_tokens\":16}}))' | curl -s {} -H 'content-type: application/json' -H 'x-session-id: demo-1' -d @- -D - ",
+            stack.gateway("/v1/chat/completions")
+        );
+    }
     if let Some(prom) = &prom {
         print_queries(prom);
     }

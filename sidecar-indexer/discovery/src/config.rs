@@ -44,13 +44,14 @@ pub struct DiscoveryConfig {
     pub role_label: String,
     /// Role of a pod without the label; `None` (`"none"` in the file) leaves such pods out
     /// (counted as skipped).
-    #[serde(deserialize_with = "role_or_none")]
+    #[serde(deserialize_with = "role_or_none", serialize_with = "none_or_role")]
     pub default_role: Option<Role>,
     /// Name of the Service port serving the OpenAI API (the worker's HTTP endpoint).
     pub http_port: String,
     /// Where the worker publishes KV events: `tcp://<pod ip>:<port>`.
     pub kv_events_port: PortRef,
-    /// The worker's replay (ROUTER) socket, if it has one.
+    /// The worker's replay (ROUTER) socket, if it has one (`"none"` in the file: no replay socket).
+    #[serde(deserialize_with = "port_or_none", serialize_with = "none_or_port")]
     pub kv_replay_port: Option<PortRef>,
     /// How long a worker that vanished from the slices keeps its index entries. It is not routable
     /// from the moment it vanishes; if it comes back within the grace period nothing is lost.
@@ -148,6 +149,29 @@ fn role_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Role>, 
     }
 }
 
+/// Writes `None` as `"none"`, so a normalised config read back means the same (TOML has no null).
+fn none_or_role<S: serde::Serializer>(role: &Option<Role>, s: S) -> Result<S::Ok, S::Error> {
+    match role {
+        Some(r) => r.serialize(s),
+        None => s.serialize_str("none"),
+    }
+}
+
+/// A port, or `"none"` / null for no port (omitting the key means the default, so TOML needs a word).
+fn port_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<PortRef>, D::Error> {
+    match Option::<PortRef>::deserialize(d)? {
+        Some(PortRef::Name(n)) if n == "none" => Ok(None),
+        other => Ok(other),
+    }
+}
+
+fn none_or_port<S: serde::Serializer>(port: &Option<PortRef>, s: S) -> Result<S::Ok, S::Error> {
+    match port {
+        Some(p) => p.serialize(s),
+        None => s.serialize_str("none"),
+    }
+}
+
 fn check_port(field: &'static str, port: &PortRef) -> Result<(), ConfigError> {
     let ok = match port {
         PortRef::Number(n) => *n > 0,
@@ -222,5 +246,20 @@ mod tests {
             .collect();
         assert_eq!(roles, [None, Some(Role::Prefill), Some(Role::Both)]);
         assert!(serde_json::from_str::<DiscoveryConfig>(r#"{"service":"vllm","default_role":"turbo"}"#).is_err());
+    }
+
+    #[test]
+    fn none_is_written_so_that_it_reads_back() {
+        let cases = [
+            DiscoveryConfig { default_role: None, kv_replay_port: None, ..base() },
+            DiscoveryConfig { kv_replay_port: Some(PortRef::Name("kv-replay".into())), ..base() },
+            base(),
+        ];
+        for cfg in cases {
+            let text = serde_json::to_string(&cfg).unwrap();
+            assert_eq!(serde_json::from_str::<DiscoveryConfig>(&text).unwrap(), cfg, "{text}");
+        }
+        let none: DiscoveryConfig = serde_json::from_str(r#"{"service":"vllm","kv_replay_port":"none"}"#).unwrap();
+        assert_eq!(none.kv_replay_port, None);
     }
 }

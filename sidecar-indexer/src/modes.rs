@@ -1,0 +1,228 @@
+//! Which mode a request runs in once its decode worker is chosen: `aggregate`, conditional `disagg`
+//! (a prefill leg on a prefill worker) or `migrate` (the decode worker pulls the blocks another
+//! decode worker holds). Pure: the async shell ([`crate::legs`]) runs the leg the plan names and
+//! turns failures into `decode_fallback` or recompute.
+//!
+//! The rules, in order (README "Modes"):
+//! 1. `x-kvmesh-mode: aggregate` → aggregate. `disagg` / `migrate` force that mode when it is
+//!    possible at all (a prefill worker exists / some other decode worker holds more blocks and
+//!    migration is `on`); otherwise the reason says why not.
+//! 2. Migration opportunity: the worker holding most of the prompt (`best_overlap_worker`), or the
+//!    session's last home when the index knows nothing better (`kv_home`, the index may lag), is
+//!    not the chosen worker and the blocks to move reach `kv_migration_min_tokens`. `dry` counts it
+//!    and sends nothing. `on` migrates, unless what stays uncached after the move still needs a
+//!    remote prefill: then disaggregation (which recomputes the whole prompt on the prefill worker,
+//!    KV-aware) serves better, and migration only counts the opportunity.
+//! 3. Disaggregation: `min_remote_prefill_tokens = T > 0`, a healthy prefill-capable worker other
+//!    than the decode worker, uncached tokens on the decode worker ≥ T, and not a local
+//!    continuation (a session seen recently stays on its decode worker whatever its length).
+//! 4. Otherwise aggregate.
+
+use kvmesh_core::api::Mode;
+use rand::Rng;
+
+use crate::config::{KvMigration, RoutingConfig};
+use crate::decide::{choose, Leg, WorkerView};
+
+/// What the mode choice needs besides the workers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModeInput<'a> {
+    pub isl_tokens: u64,
+    pub block_size: u32,
+    /// The session was routed within the local-continuation TTL.
+    pub continuation: bool,
+    /// The session's last decode worker, if remembered.
+    pub kv_home: Option<&'a str>,
+    pub override_mode: Option<Mode>,
+}
+
+/// A would-migrate decision: counted in every migration mode but `off`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Opportunity {
+    pub source: String,
+    pub source_endpoint: String,
+    pub target: String,
+    /// Leading blocks the source holds (the whole prompt's full blocks when it comes from `kv_home`).
+    pub source_blocks: u32,
+    pub target_blocks: u32,
+    /// Whether the source came from `kv_home` rather than the index.
+    pub from_kv_home: bool,
+}
+
+impl Opportunity {
+    /// Blocks the target would pull instead of recomputing.
+    pub fn blocks_to_move(&self) -> u32 {
+        self.source_blocks.saturating_sub(self.target_blocks)
+    }
+}
+
+/// The mode part of a plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModeChoice {
+    pub mode: Mode,
+    pub leg: Option<Leg>,
+    pub opportunity: Option<Opportunity>,
+    /// A continuation kept local although it was at or above `min_remote_prefill_tokens`.
+    pub local_continuation: bool,
+    /// Prompt tokens the decode worker does not cache.
+    pub uncached_tokens: u64,
+    pub reason: String,
+}
+
+/// Chooses the mode for a request whose decode worker is `decode`; `best` is the decode-capable
+/// worker holding most of the prompt (from the index), if any holds block 0.
+pub fn choose_mode<R: Rng + ?Sized>(
+    input: &ModeInput<'_>,
+    decode: &WorkerView<'_>,
+    workers: &[WorkerView<'_>],
+    best: Option<(&str, u32)>,
+    cfg: &RoutingConfig,
+    rng: &mut R,
+) -> ModeChoice {
+    let bs = u64::from(input.block_size.max(1));
+    let cached = (u64::from(decode.overlap_blocks) * bs).min(input.isl_tokens);
+    let uncached = input.isl_tokens - cached;
+    let request_blocks = u32::try_from(input.isl_tokens.div_ceil(bs)).unwrap_or(u32::MAX);
+    let full_blocks = u32::try_from(input.isl_tokens / bs).unwrap_or(u32::MAX);
+    let aggregate = |reason: String, opportunity: Option<Opportunity>, local_continuation: bool| ModeChoice {
+        mode: Mode::Aggregate,
+        leg: None,
+        opportunity,
+        local_continuation,
+        uncached_tokens: uncached,
+        reason,
+    };
+    let t = cfg.min_remote_prefill_tokens;
+
+    if input.override_mode == Some(Mode::Aggregate) {
+        return aggregate("x-kvmesh-mode aggregate".to_owned(), None, false);
+    }
+    let mut notes: Vec<String> = Vec::new();
+    if input.override_mode == Some(Mode::DecodeFallback) {
+        notes.push("x-kvmesh-mode decode_fallback is an outcome, not a mode to ask for; ignored".to_owned());
+    }
+
+    let opportunity = (cfg.kv_migration != KvMigration::Off)
+        .then(|| migration_source(input, decode, workers, best, full_blocks))
+        .flatten();
+    let forced_migrate = input.override_mode == Some(Mode::Migrate);
+    let worth_moving = |o: &Opportunity| u64::from(o.blocks_to_move()) * bs >= cfg.kv_migration_min_tokens;
+    let opportunity = opportunity.filter(|o| o.blocks_to_move() > 0 && (forced_migrate || worth_moving(o)));
+    if forced_migrate && (cfg.kv_migration != KvMigration::On || opportunity.is_none()) {
+        notes.push(match cfg.kv_migration {
+            KvMigration::On => "x-kvmesh-mode migrate: no other decode worker holds more of the prompt".to_owned(),
+            m => format!("x-kvmesh-mode migrate: kv_migration is {}", m.as_str()),
+        });
+    }
+
+    let forced_disagg = input.override_mode == Some(Mode::Disagg);
+    let prefill = if t > 0 || forced_disagg { prefill_worker(decode, workers, request_blocks, full_blocks, cfg, rng) } else { None };
+    if forced_disagg && prefill.is_none() {
+        notes.push("x-kvmesh-mode disagg: no healthy prefill worker".to_owned());
+    }
+    let local = cfg.local_continuations && input.continuation;
+    let needs_remote = |uncached: u64| t > 0 && uncached >= t;
+    let with_notes = |reason: String| if notes.is_empty() { reason } else { format!("{reason}; {}", notes.join("; ")) };
+
+    if let (Some(o), KvMigration::On) = (&opportunity, cfg.kv_migration) {
+        let left = input.isl_tokens.saturating_sub(u64::from(o.source_blocks) * bs);
+        let disagg_serves_better = !forced_migrate && prefill.is_some() && !local && needs_remote(left);
+        if !disagg_serves_better && !forced_disagg {
+            let reason = format!(
+                "migrate: {} holds {}/{full_blocks} blocks{}, {} holds {}; {} pulls {} blocks instead of recomputing",
+                o.source,
+                o.source_blocks,
+                if o.from_kv_home { " (session's kv_home)" } else { "" },
+                o.target,
+                o.target_blocks,
+                o.target,
+                o.blocks_to_move()
+            );
+            return ModeChoice {
+                mode: Mode::Migrate,
+                leg: Some(Leg::MigrateFrom { worker: o.source.clone(), endpoint: o.source_endpoint.clone() }),
+                opportunity: opportunity.clone(),
+                local_continuation: false,
+                uncached_tokens: uncached,
+                reason: with_notes(reason),
+            };
+        }
+    }
+
+    if let Some(p) = prefill.filter(|_| forced_disagg || (needs_remote(uncached) && !local)) {
+        let why = if forced_disagg { "x-kvmesh-mode disagg".to_owned() } else { format!("{uncached} uncached tokens >= min_remote_prefill_tokens {t}") };
+        let reason = format!("disagg: {why}; prefill on {} (overlap {}/{full_blocks} blocks), decode on {}", p.id, p.overlap_blocks, decode.id);
+        return ModeChoice {
+            mode: Mode::Disagg,
+            leg: Some(Leg::PrefillOn { worker: p.id.to_owned(), endpoint: p.endpoint.to_owned() }),
+            opportunity,
+            local_continuation: false,
+            uncached_tokens: uncached,
+            reason: with_notes(reason),
+        };
+    }
+
+    // A plain aggregate fleet adds nothing to the decode choice's reason.
+    let mut parts: Vec<String> = Vec::new();
+    if t > 0 {
+        parts.push(if needs_remote(uncached) && local {
+            format!("aggregate: local continuation, {uncached} uncached tokens >= {t} stay on {}", decode.id)
+        } else if needs_remote(uncached) {
+            "aggregate: no healthy prefill worker".to_owned()
+        } else {
+            format!("aggregate: {uncached} uncached tokens < min_remote_prefill_tokens {t}")
+        });
+    }
+    if let (Some(o), KvMigration::Dry) = (&opportunity, cfg.kv_migration) {
+        parts.push(format!("dry-run migration {}->{} of {} blocks", o.source, o.target, o.blocks_to_move()));
+    }
+    parts.append(&mut notes);
+    let reason = parts.join("; ");
+    aggregate(reason, opportunity, local && needs_remote(uncached))
+}
+
+/// The migration source for `decode`, if another healthy decode worker holds more of the prompt
+/// (by the index) or is the session's remembered home while the index shows nothing better.
+fn migration_source(
+    input: &ModeInput<'_>,
+    decode: &WorkerView<'_>,
+    workers: &[WorkerView<'_>],
+    best: Option<(&str, u32)>,
+    full_blocks: u32,
+) -> Option<Opportunity> {
+    let healthy_decoder = |id: &str| workers.iter().find(|w| w.id == id && w.healthy && w.role.decodes());
+    let make = |w: &WorkerView<'_>, source_blocks: u32, from_kv_home: bool| Opportunity {
+        source: w.id.to_owned(),
+        source_endpoint: w.endpoint.to_owned(),
+        target: decode.id.to_owned(),
+        source_blocks,
+        target_blocks: decode.overlap_blocks,
+        from_kv_home,
+    };
+    if let Some((id, blocks)) = best.filter(|(id, blocks)| *id != decode.id && *blocks > decode.overlap_blocks) {
+        return healthy_decoder(id).map(|w| make(w, blocks, false));
+    }
+    let home = healthy_decoder(input.kv_home.filter(|h| *h != decode.id)?)?;
+    (home.overlap_blocks <= decode.overlap_blocks).then(|| make(home, full_blocks, true))
+}
+
+/// The prefill worker for a remote prefill: the cheapest healthy prefill-capable worker other than
+/// the decode worker, by the same cost as decode choices (its overlap and in-flight legs).
+fn prefill_worker<'a, 'b, R: Rng + ?Sized>(
+    decode: &WorkerView<'_>,
+    workers: &'b [WorkerView<'a>],
+    request_blocks: u32,
+    full_blocks: u32,
+    cfg: &RoutingConfig,
+    rng: &mut R,
+) -> Option<&'b WorkerView<'a>> {
+    let set: Vec<&WorkerView<'a>> = workers.iter().filter(|w| w.healthy && w.role.prefills() && w.id != decode.id).collect();
+    if set.is_empty() {
+        return None;
+    }
+    Some(choose(&set, request_blocks, full_blocks, cfg, rng).0)
+}
+
+#[cfg(test)]
+#[path = "modes_tests.rs"]
+mod tests;
