@@ -355,6 +355,9 @@ impl Metrics {
         for o in MIGRATION_OUTCOMES {
             m.migrations.with_label_values(&[o]).inc_by(0);
         }
+        for source in ["index", "kv_home"] {
+            m.migration_opportunities.with_label_values(&[source]).inc_by(0);
+        }
         Ok(m)
     }
 
