@@ -16,7 +16,7 @@ else
 CARGO_PROFILE_FLAG :=
 endif
 
-.PHONY: help setup build wasm test run bench lint validate clean
+.PHONY: help setup build wasm test run demo bench lint validate clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -40,9 +40,15 @@ validate: build ## Validate Envoy, Istio, Kubernetes and Prometheus configs offl
 run: build ## Serve a KV-aware gateway on 127.0.0.1:8080 over local simulated workers (FLEET=<file> for another fleet, PROMETHEUS=1 for Prometheus on :9090)
 	target/$(PROFILE)/kvmesh-stack $(if $(FLEET),--fleet $(FLEET),) $(if $(filter 1,$(PROMETHEUS)),--prometheus,)
 
-bench: ## Replay the Mooncake trace through every routing policy and write bench-out/report.md
+demo: ## `make run` on the disaggregated example fleet (2 prefill + 2 decode workers, disaggregation, local continuations, KV migration)
+	$(MAKE) run FLEET=envoy/fleets/disagg.toml
+
+bench: ## Replay the trace through every routing policy, measure router overhead and the indexer microbenchmarks, write bench-out/report.md
 	$(MAKE) build PROFILE=release
-	target/release/kvmesh-bench --out bench-out $(BENCH_ARGS)
+	mkdir -p bench-out/indexer
+	rm -f bench-out/indexer/figures.jsonl
+	KVMESH_BENCH_FIGURES=$(CURDIR)/bench-out/indexer/figures.jsonl $(CARGO) bench -p kvmesh-indexer --bench index --bench route
+	target/release/kvmesh-bench --out bench-out --indexer-figures bench-out/indexer/figures.jsonl $(BENCH_ARGS)
 
 lint: ## clippy with the workspace lints, wasm included
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

@@ -76,6 +76,11 @@ impl Proc {
         &self.name
     }
 
+    /// The child's process id (e.g. to read its CPU time from `/proc`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The `READY …` line the child printed.
     pub fn ready_line(&self) -> &str {
         &self.ready_line

@@ -279,6 +279,20 @@ impl Stack {
         .await
     }
 
+    /// Restarts the indexer (a crash and a start) and waits until `/readyz` says every worker's
+    /// start-up replay is done, so its index is rebuilt.
+    pub async fn restart_indexer(&mut self) -> anyhow::Result<()> {
+        self.kill_indexer();
+        self.start_indexer().await?;
+        let ready = self.indexer_url("/readyz");
+        let client = self.http.clone();
+        crate::poll::until("the restarted indexer replayed every worker", || {
+            let (c, u) = (client.clone(), ready.clone());
+            async move { c.get(&u).send().await.ok().filter(|r| r.status().is_success()).map(|_| ()) }
+        })
+        .await
+    }
+
     /// Kills the indexer (SIGKILL: a crash, not a shutdown).
     pub fn kill_indexer(&mut self) {
         if let Some(mut p) = self.indexer.take() {

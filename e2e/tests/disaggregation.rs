@@ -119,14 +119,7 @@ async fn long_prompts_are_disaggregated_and_continuations_stay_local() -> anyhow
 
     // The indexer restarts between turns: the recently-seen set is gone, the index is rebuilt from
     // the engines' replay, and the session stays home (its tail is small).
-    stack.kill_indexer();
-    stack.start_indexer().await?;
-    let ready = stack.indexer_url("/readyz");
-    poll::until("the restarted indexer replayed every worker", || {
-        let (c, u) = (c.clone(), ready.clone());
-        async move { c.get(&u).send().await.ok().filter(|r| r.status().is_success()) }
-    })
-    .await?;
+    stack.restart_indexer().await?;
     let turn3 = [turn2.clone(), vec![("assistant", r2.stream_text()), ("user", filler(5, 30))]].concat();
     let r3 = post_json(&c, &url, &chat(&turn3, true), &[(DEFAULT_SESSION_HEADER, "chat-1")]).await?;
     assert_eq!((r3.status, mode(&r3), r3.worker()), (200, "aggregate", Some(home.as_str())), "{:?}", r3.reason());

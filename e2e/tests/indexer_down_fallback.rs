@@ -48,14 +48,7 @@ async fn requests_survive_the_indexer_and_precise_routing_resumes() -> anyhow::R
     assert!(fallbacks.sum("kvmesh_filter_fallbacks_total", &[]) >= 14.0, "fallbacks not counted");
 
     // Back up: it rebuilds from replay, so a prefix served only before the restart is found again.
-    stack.start_indexer().await?;
-    let ready = stack.indexer_url("/readyz");
-    poll::until("indexer ready", || {
-        let c = c.clone();
-        let ready = ready.clone();
-        async move { c.get(&ready).send().await.ok().filter(|r| r.status().is_success()) }
-    })
-    .await?;
+    stack.restart_indexer().await?;
     // Ask the indexer directly (so probing does not warm any cache) until its rebuilt index knows the prefix.
     let route = stack.indexer_url(kvmesh_core::api::ROUTE_PATH);
     let decision = poll::until("index rebuilt from replay", || {

@@ -2,7 +2,10 @@
 //! in-process (no loopback socket): a continuation whose earlier turns were routed before (warm
 //! tokenization cache) and a cold conversation, beside plain `tokenizers` encoding of the same text.
 //! Prints `FIGURE …` lines with p50/p99. `cargo bench -p kvmesh-indexer --bench route`.
+//! With `KVMESH_BENCH_FIGURES=<file>` each figure is also appended to that file as one JSON line,
+//! for the benchmark report (`make bench`).
 
+use std::io::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -69,6 +72,18 @@ async fn route(app: &axum::Router, body: String) -> anyhow::Result<Duration> {
     Ok(t.elapsed())
 }
 
+/// Environment variable naming a file to append each figure to as one JSON line.
+const FIGURES_ENV: &str = "KVMESH_BENCH_FIGURES";
+
+/// Appends `figure` to `$KVMESH_BENCH_FIGURES`, when set (the printed lines are unchanged).
+fn emit(figure: serde_json::Value) {
+    let Some(path) = std::env::var_os(FIGURES_ENV) else { return };
+    let appended = std::fs::OpenOptions::new().create(true).append(true).open(&path).and_then(|mut f| writeln!(f, "{figure}"));
+    if let Err(e) = appended {
+        eprintln!("{FIGURES_ENV}: cannot append to {}: {e}", std::path::Path::new(&path).display());
+    }
+}
+
 fn pcts(mut v: Vec<Duration>) -> (f64, f64) {
     v.sort_unstable();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -118,5 +133,8 @@ fn main() -> anyhow::Result<()> {
     println!("FIGURE route chat continuation ~{n_tokens} tokens, earlier turns seen: p50 {w50:.3} ms, p99 {w99:.3} ms ({samples} samples)");
     println!("FIGURE route cold chat ~{n_tokens} tokens: p50 {c50:.3} ms, p99 {c99:.3} ms ({} samples)", samples / 4);
     println!("FIGURE plain tokenizers encode of the same cold text: p50 {p50:.3} ms, p99 {p99:.3} ms");
+    for (name, p50, p99, n) in [("continuation", w50, w99, samples), ("cold", c50, c99, samples / 4), ("plain_tokenizers", p50, p99, samples / 4)] {
+        emit(serde_json::json!({"bench": "route", "figure": "route", "name": name, "tokens": n_tokens, "p50_ms": p50, "p99_ms": p99, "samples": n}));
+    }
     Ok(())
 }

@@ -199,6 +199,11 @@ impl History {
         Self { messages: vec![("system".into(), system.into())] }
     }
 
+    /// A history made of `(role, content)` messages as they are.
+    pub fn from_messages(messages: Vec<(String, String)>) -> Self {
+        Self { messages }
+    }
+
     /// Appends a user turn.
     pub fn push_user(&mut self, text: &str) {
         self.messages.push(("user".into(), text.into()));
@@ -207,6 +212,11 @@ impl History {
     /// Appends the assistant's reply as it was streamed back.
     pub fn push_assistant(&mut self, text: &str) {
         self.messages.push(("assistant".into(), text.into()));
+    }
+
+    /// The messages, `(role, content)`, oldest first.
+    pub fn messages(&self) -> &[(String, String)] {
+        &self.messages
     }
 
     /// Number of messages.

@@ -6,11 +6,13 @@
 //! - Measurement: streaming client (`client`, `sse`), per-request records (`record`, `sink`).
 //! - Counters scraped from engines and the gateway (`prom`, `counters`).
 //! - The report: manifest in, Markdown + PNG plots out (`manifest`, `stats`, `report`).
+//! - Router overhead against the same Envoy without the filter (`overhead`), and the indexer's
+//!   microbenchmark figures as a report section (`micro`).
 //!
 //! Pure modules (no I/O, injected RNG): `trace`, `blocks`, `conversation`, `ceiling`, `rng`,
-//! `sse`, `stats`, `prom`, `counters`, `chat`, `record`, `manifest`, `report::{summary,
-//! targets, markdown}`. I/O lives in `client`, `sink`, `replay`, `chat_run`, `report::plots` and
-//! `report::generate`.
+//! `sse`, `stats`, `prom`, `counters`, `chat`, `record`, `manifest`, `micro`,
+//! `overhead::{plan, gateway, summary}`, `report::{summary, targets, markdown}`. I/O lives in
+//! `client`, `sink`, `replay`, `chat_run`, `overhead::drive`, `report::plots` and `report::generate`.
 
 pub mod blocks;
 pub mod ceiling;
@@ -20,6 +22,8 @@ pub mod client;
 pub mod conversation;
 pub mod counters;
 pub mod manifest;
+pub mod micro;
+pub mod overhead;
 pub mod policy;
 pub use kvmesh_e2e::prom;
 pub mod record;

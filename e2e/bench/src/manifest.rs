@@ -48,6 +48,46 @@ pub struct OverheadCase {
     /// Requests/s the same gateway sustained without the filter.
     #[serde(default)]
     pub rps_plain: Option<f64>,
+    /// Share of the kvmesh requests/s requests the filter routed without the indexer (its timeout
+    /// under load): a rate bought by giving up KV-aware routing.
+    #[serde(default)]
+    pub rps_kvmesh_fallback_share: Option<f64>,
+    /// Samples per path (kvmesh and plain each) behind the percentiles.
+    #[serde(default)]
+    pub samples: Option<u64>,
+    /// Mean prompt tokens of the measured requests (the engines' `usage.prompt_tokens`).
+    #[serde(default)]
+    pub prompt_tokens: Option<f64>,
+    /// Gateway time with kvmesh (Envoy's own timestamps: request held + response held), p50 ms.
+    #[serde(default)]
+    pub kvmesh_p50_ms: Option<f64>,
+    /// Same, p99 ms.
+    #[serde(default)]
+    pub kvmesh_p99_ms: Option<f64>,
+    /// Gateway time without the filter, p50 ms.
+    #[serde(default)]
+    pub plain_p50_ms: Option<f64>,
+    /// Same, p99 ms.
+    #[serde(default)]
+    pub plain_p99_ms: Option<f64>,
+    /// Client-observed TTFT, kvmesh p50 − plain p50, ms (engine time included on both sides).
+    #[serde(default)]
+    pub client_p50_added_ms: Option<f64>,
+    /// Client-observed TTFT, kvmesh p99 − plain p99, ms.
+    #[serde(default)]
+    pub client_p99_added_ms: Option<f64>,
+    /// Of the kvmesh gateway time: the indexer answering `/v1/route` (its own timer), p50 ms.
+    #[serde(default)]
+    pub indexer_p50_ms: Option<f64>,
+    /// Of that: tokenization (the indexer's timer), p50 ms.
+    #[serde(default)]
+    pub tokenize_p50_ms: Option<f64>,
+    /// kvmesh samples the filter routed without the indexer (`x-kvmesh-fallback`), e.g. timeouts.
+    #[serde(default)]
+    pub fallbacks: Option<u64>,
+    /// Failed samples (both paths), left out of the percentiles.
+    #[serde(default)]
+    pub failed: Option<u64>,
 }
 
 /// An extra Markdown section appended verbatim (e.g. indexer microbenchmarks).
@@ -94,6 +134,9 @@ pub struct RunManifest {
     /// Router overhead cases, when measured.
     #[serde(default)]
     pub overhead: Vec<OverheadCase>,
+    /// How the overhead was measured (setup, samples, what did not run), shown above its table.
+    #[serde(default)]
+    pub overhead_notes: Option<String>,
     /// Extra sections appended at the end.
     #[serde(default)]
     pub extra_sections: Vec<ExtraSection>,

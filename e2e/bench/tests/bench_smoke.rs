@@ -1,8 +1,10 @@
 //! Smoke run of the whole benchmark (issue 6, item 6): `kvmesh-bench` replays the first 200
 //! requests of the conversation trace through two policies (Envoy round_robin and kvmesh
-//! precise) on real processes — vllm-sim workers, the indexer, Envoy with the filter — and
-//! writes the report. It checks that the tool works end to end, not how fast anything is: no
-//! timing assertions.
+//! precise) on real processes — vllm-sim workers, the indexer, Envoy with the filter — then
+//! measures the router overhead on a few ~1k-token samples (kvmesh and the plain twin listener
+//! of the same Envoy) and writes the report with an indexer-figures section read from a small
+//! file. It checks that the tool works end to end, not how fast anything is: no timing
+//! assertions.
 //!
 //! Needs the workspace binaries, Envoy and the wasm filter (`make build`), like the other
 //! end-to-end tests. The child is stopped with SIGTERM on failure or deadline, so it tears its
@@ -19,6 +21,7 @@ use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 const REQUESTS: usize = 200;
+const OVERHEAD_SAMPLES: u64 = 5;
 
 /// The benchmark child; SIGTERM (then SIGKILL) on drop so its stack is torn down.
 struct Bench(Child);
@@ -62,11 +65,17 @@ fn two_policies_replay_the_trace_and_write_the_report() {
     let out: PathBuf = std::env::temp_dir().join(format!("kvmesh-bench-smoke-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     let log = std::fs::File::create(std::env::temp_dir().join(format!("kvmesh-bench-smoke-{}.log", std::process::id()))).unwrap();
+    let figures = std::env::temp_dir().join(format!("kvmesh-bench-smoke-{}-figures.jsonl", std::process::id()));
+    std::fs::write(&figures, "{\"bench\":\"route\",\"figure\":\"route\",\"name\":\"continuation\",\"p50_ms\":0.5,\"p99_ms\":0.9}\n").unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvmesh-bench"));
     cmd.arg("--out")
         .arg(&out)
         .args(["--policies", "round_robin,kvmesh_precise", "--first", &REQUESTS.to_string()])
         .args(["--workers", "2", "--speedup", "50", "--num-gpu-blocks", "16384", "--request-timeout-s", "120"])
+        .args(["--overhead-sizes", "1k", "--overhead-samples", &OVERHEAD_SAMPLES.to_string(), "--overhead-bases", "1"])
+        .args(["--overhead-rps-seconds", "0.5", "--overhead-rps-rounds", "1", "--overhead-rps-concurrency", "2"])
+        .arg("--indexer-figures")
+        .arg(&figures)
         .stdout(log.try_clone().unwrap())
         .stderr(log);
     let mut bench = Bench(cmd.spawn().unwrap());
@@ -95,10 +104,22 @@ fn two_policies_replay_the_trace_and_write_the_report() {
         assert!(queried > 0.0, "{}: engines counted prefix-cache queries", p.name);
         assert_eq!(counters.router.is_some(), p.name == "kvmesh_precise", "{}: router counters only for kvmesh", p.name);
     }
+    let names: Vec<&str> = manifest.overhead.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["chat_1k_cold", "chat_1k_continuation"], "{:?}", manifest.overhead_notes);
+    for c in &manifest.overhead {
+        assert_eq!(c.samples, Some(OVERHEAD_SAMPLES), "{}: every sample measured on both paths", c.name);
+        assert!(c.prompt_tokens.is_some_and(|t| t > 500.0), "{}: ~1k-token prompts", c.name);
+        assert!(c.rps_kvmesh.is_some() && c.rps_plain.is_some(), "{}: requests/s measured", c.name);
+    }
+    let samples = std::fs::read_to_string(out.join("overhead/samples.jsonl")).unwrap();
+    assert_eq!(samples.lines().count() as u64, 2 * 2 * OVERHEAD_SAMPLES, "two cases × two paths");
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("| kvmesh_precise |") && md.contains("## Targets"), "{md}");
+    assert!(md.contains("## Router overhead") && md.contains("| chat_1k_continuation |"), "{md}");
+    assert!(md.contains("## Indexer microbenchmarks") && md.contains("p50 ≤ 1 ms"), "{md}");
     for png in ["ttft_cdf.png", "hit_rate.png", "requests_per_worker.png"] {
         assert!(out.join(png).exists(), "{png} written");
     }
     let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_file(&figures);
 }

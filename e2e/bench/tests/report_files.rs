@@ -82,6 +82,7 @@ fn write_run(dir: &Path) -> PathBuf {
         commands: vec!["kvmesh-report --manifest run.json".into()],
         policies: entries,
         overhead: vec![OverheadCase { name: "chat_8k_continuation".into(), p50_added_ms: 0.7, ..Default::default() }],
+        overhead_notes: None,
         extra_sections: vec![],
     };
     let path = dir.join("run.json");

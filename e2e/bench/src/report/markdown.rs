@@ -5,7 +5,7 @@
 //! counts, failures, overhead, extra sections). Absent numbers print as `n/a`, never as 0.
 
 use super::summary::{PolicySummary, RateSource, SourcedRate};
-use super::targets::{TargetResult, Verdict};
+use super::targets::{TargetResult, Verdict, OVERHEAD_TARGET_CASE, OVERHEAD_TARGET_MS};
 use crate::manifest::RunManifest;
 use std::fmt::Write as _;
 
@@ -82,6 +82,24 @@ pub fn render(m: &RunManifest, summaries: &[PolicySummary], targets: &[TargetRes
         let _ = writeln!(s, "\nRerun with:\n\n```sh\n{}\n```", m.commands.join("\n"));
     }
 
+    if summaries.is_empty() {
+        let _ = writeln!(s, "\nNo routing policy in this run (`--only overhead`).");
+    } else {
+        render_policies(&mut s, m, summaries, plots);
+    }
+
+    let _ = writeln!(s, "\n## Targets\n\nGoals from the issue, reported, never asserted.\n");
+    let _ = writeln!(s, "| target | measured | reference | verdict | note |\n|---|---|---|---|---|");
+    for t in targets {
+        let _ = writeln!(s, "| {} | {} | {} | {} | {} |", t.target, t.measured, t.reference, verdict(&t.verdict), t.note);
+    }
+
+    render_details(&mut s, m, summaries);
+    s
+}
+
+/// Cache hits, latency and throughput, load balance: the per-policy sections.
+fn render_policies(s: &mut String, m: &RunManifest, summaries: &[PolicySummary], plots: &PlotLinks) {
     let _ = writeln!(s, "\n## Cache hits\n");
     let _ = writeln!(s, "| policy | engine hit rate (block-weighted) | vs ceiling | router predicted, block-weighted | router predicted, request-weighted | cached tokens from usage | engine preemptions |");
     let _ = writeln!(s, "|---|---|---|---|---|---|---|");
@@ -160,15 +178,6 @@ pub fn render(m: &RunManifest, summaries: &[PolicySummary], targets: &[TargetRes
     if let Some(n) = &plots.note {
         let _ = writeln!(s, "\n_Plots: {n}_");
     }
-
-    let _ = writeln!(s, "\n## Targets\n\nGoals from the issue, reported, never asserted.\n");
-    let _ = writeln!(s, "| target | measured | reference | verdict | note |\n|---|---|---|---|---|");
-    for t in targets {
-        let _ = writeln!(s, "| {} | {} | {} | {} | {} |", t.target, t.measured, t.reference, verdict(&t.verdict), t.note);
-    }
-
-    render_details(&mut s, m, summaries);
-    s
 }
 
 fn render_details(s: &mut String, m: &RunManifest, summaries: &[PolicySummary]) {
@@ -197,25 +206,7 @@ fn render_details(s: &mut String, m: &RunManifest, summaries: &[PolicySummary]) 
             }
         }
     }
-    if !m.overhead.is_empty() {
-        let _ = writeln!(s, "\n## Router overhead (kvmesh vs the same Envoy without the filter)\n");
-        let _ = writeln!(s, "| case | p50 added ms | p99 added ms | req/s kvmesh | req/s plain | ratio |\n|---|---|---|---|---|---|");
-        for c in &m.overhead {
-            let ratio = match (c.rps_kvmesh, c.rps_plain) {
-                (Some(k), Some(p)) if p > 0.0 => format!("{:.3}", k / p),
-                _ => "n/a".into(),
-            };
-            let _ = writeln!(
-                s,
-                "| {} | {:.3} | {} | {} | {} | {ratio} |",
-                c.name,
-                c.p50_added_ms,
-                num(c.p99_added_ms, 3),
-                num(c.rps_kvmesh, 1),
-                num(c.rps_plain, 1)
-            );
-        }
-    }
+    render_overhead(s, m);
     let notes: Vec<_> = m.policies.iter().filter_map(|p| p.notes.as_ref().map(|n| (p.name.as_str(), n))).collect();
     if !notes.is_empty() {
         let _ = writeln!(s, "\n## Policy notes\n");
@@ -225,6 +216,80 @@ fn render_details(s: &mut String, m: &RunManifest, summaries: &[PolicySummary]) 
     }
     for e in &m.extra_sections {
         let _ = writeln!(s, "\n## {}\n\n{}", e.title, e.markdown.trim_end());
+    }
+}
+
+fn render_overhead(s: &mut String, m: &RunManifest) {
+    if m.overhead.is_empty() && m.overhead_notes.is_none() {
+        return;
+    }
+    let _ = writeln!(s, "\n## Router overhead (kvmesh vs the same Envoy without the filter)\n");
+    let _ = writeln!(
+        s,
+        "Added latency = p(kvmesh) − p(plain) of the **gateway time**: Envoy's own timestamps per request, last request byte \
+         received → first byte sent upstream (the filter's body work, the indexer round trip with tokenization, host \
+         selection) plus first upstream response byte → first byte to the client. The engine's time is in neither, so it \
+         cannot drown the overhead. Both paths are one Envoy process measured in the same run, interleaved. The client's \
+         TTFT difference is shown as a cross-check (it includes the engines tokenizing the whole prompt on both sides). \
+         \"Of which indexer / tokenize\" is the indexer's own timer for answering `/v1/route` and, within it, tokenizing \
+         (medians of per-request readings); the rest of the kvmesh time is the filter and the loopback hop to the indexer. \
+         Requests/s: one gateway, closed loop, canned response (no engine)."
+    );
+    if let Some(n) = &m.overhead_notes {
+        let _ = writeln!(s, "\n{n}");
+    }
+    if m.overhead.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\n| case | prompt tokens | samples | **added p50 ms** | added p99 ms | kvmesh p50 / p99 ms | of which indexer / tokenize p50 ms | plain p50 / p99 ms | client TTFT added p50 / p99 ms | routed without indexer | req/s kvmesh | req/s plain | req/s ratio |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let pair = |a: Option<f64>, b: Option<f64>| format!("{} / {}", num(a, 3), num(b, 3));
+    for c in &m.overhead {
+        let ratio = match (c.rps_kvmesh, c.rps_plain) {
+            (Some(k), Some(p)) if p > 0.0 => format!("{:.3}", k / p),
+            _ => "n/a".into(),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | **{:.3}** | {} | {} | {} | {} | {} | {} | {} | {} | {ratio} |",
+            c.name,
+            num(c.prompt_tokens, 0),
+            c.samples.map_or("n/a".into(), |n| n.to_string()),
+            c.p50_added_ms,
+            num(c.p99_added_ms, 3),
+            pair(c.kvmesh_p50_ms, c.kvmesh_p99_ms),
+            pair(c.indexer_p50_ms, c.tokenize_p50_ms),
+            pair(c.plain_p50_ms, c.plain_p99_ms),
+            pair(c.client_p50_added_ms, c.client_p99_added_ms),
+            c.fallbacks.map_or("n/a".into(), |n| n.to_string()),
+            match c.rps_kvmesh_fallback_share {
+                Some(f) if f > 0.0 => format!("{} ({:.0}% without the indexer)", num(c.rps_kvmesh, 1), f * 100.0),
+                _ => num(c.rps_kvmesh, 1),
+            },
+            num(c.rps_plain, 1)
+        );
+    }
+    let target = m.overhead.iter().find(|c| c.name == OVERHEAD_TARGET_CASE);
+    let _ = match target {
+        Some(c) => writeln!(
+            s,
+            "\nTarget: added p50 ≤ {OVERHEAD_TARGET_MS} ms for `{OVERHEAD_TARGET_CASE}`: {}",
+            overhead_verdict(c.p50_added_ms)
+        ),
+        None => writeln!(s, "\nTarget: added p50 ≤ {OVERHEAD_TARGET_MS} ms for `{OVERHEAD_TARGET_CASE}`: not measured in this run."),
+    };
+}
+
+/// "met: 0.420 ms, 0.58 ms under the bound" / "missed: 1.300 ms, 0.30 ms (1.30×) over the bound".
+pub fn overhead_verdict(p50_added_ms: f64) -> String {
+    let margin = OVERHEAD_TARGET_MS - p50_added_ms;
+    if margin >= 0.0 {
+        format!("**met** — {p50_added_ms:.3} ms, {margin:.3} ms under the bound ({:.2}× it)", p50_added_ms / OVERHEAD_TARGET_MS)
+    } else {
+        format!("**missed** — {p50_added_ms:.3} ms, {:.3} ms over the bound ({:.2}× it)", -margin, p50_added_ms / OVERHEAD_TARGET_MS)
     }
 }
 
@@ -279,5 +344,46 @@ mod tests {
             assert!(md.contains(want), "missing {want:?} in\n{md}");
         }
         assert!(!md.contains("NaN"));
+    }
+
+    #[test]
+    fn overhead_section_shows_every_case_and_the_target() {
+        use crate::manifest::OverheadCase;
+        let case = |name: &str, p50: f64| OverheadCase {
+            name: name.into(),
+            p50_added_ms: p50,
+            p99_added_ms: Some(2.5),
+            rps_kvmesh: Some(900.0),
+            rps_plain: Some(1000.0),
+            samples: Some(200),
+            prompt_tokens: Some(8190.4),
+            kvmesh_p50_ms: Some(0.8),
+            plain_p50_ms: Some(0.1),
+            fallbacks: Some(0),
+            rps_kvmesh_fallback_share: (p50 > 1.0).then_some(0.25),
+            ..Default::default()
+        };
+        let mut m = RunManifest {
+            overhead: vec![case("chat_8k_cold", 40.0), case(OVERHEAD_TARGET_CASE, 0.7)],
+            overhead_notes: Some("4 workers".into()),
+            ..Default::default()
+        };
+        let md = render(&m, &[], &evaluate(&[], None, &m.overhead), &PlotLinks::default());
+        assert!(md.contains("No routing policy in this run") && !md.contains("## Cache hits"), "{md}");
+        for want in [
+            "## Router overhead",
+            "4 workers",
+            "| chat_8k_cold | 8190 | 200 | **40.000** | 2.500 | 0.800 / n/a | n/a / n/a | 0.100 / n/a | n/a / n/a | 0 | 900.0 (25% without the indexer) | 1000.0 | 0.900 |",
+            "**met** — 0.700 ms, 0.300 ms under the bound (0.70× it)",
+            "| 0.700 ms | 1 ms | **met** (ratio 0.700) | 0.300 ms under the bound |",
+        ] {
+            assert!(md.contains(want), "missing {want:?} in\n{md}");
+        }
+        m.overhead.pop();
+        let md = render(&m, &[], &evaluate(&[], None, &m.overhead), &PlotLinks::default());
+        assert!(md.contains("`chat_8k_continuation`: not measured in this run"), "{md}");
+        assert!(overhead_verdict(1.3).starts_with("**missed** — 1.300 ms, 0.300 ms over the bound (1.30× it)"));
+        let failed = RunManifest { overhead_notes: Some("**did not run**: boom".into()), ..Default::default() };
+        assert!(render(&failed, &[], &[], &PlotLinks::default()).contains("**did not run**: boom"));
     }
 }

@@ -111,6 +111,10 @@ fn draw_all(
 ) -> (markdown::PlotLinks, Vec<PathBuf>, Option<String>) {
     let mut links = markdown::PlotLinks::default();
     let mut written = Vec::new();
+    if summaries.is_empty() {
+        // Nothing to plot (`--only overhead`): no empty charts.
+        return (links, written, None);
+    }
     if let Err(e) = plots::register_font(font) {
         let note = format!("not drawn: {e}");
         tracing::warn!(error = %e, "plots skipped");

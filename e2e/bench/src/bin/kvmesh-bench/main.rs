@@ -3,10 +3,14 @@
 //! For each policy (default: round_robin, least_request, ring_hash, kvmesh_approximate,
 //! kvmesh_precise) it starts the stack through the `kvmesh-e2e` harness (vllm-sim workers, the
 //! indexer for kvmesh policies, Envoy), resets the caches, replays the workload, scrapes the
-//! engine and gateway counters, and stops the stack. Then it writes `run.json` and renders
+//! engine and gateway counters, and stops the stack. Then it measures the router overhead
+//! (kvmesh against the same Envoy without the filter, `overhead.rs`), adds the indexer's
+//! microbenchmark figures when given (`--indexer-figures`), writes `run.json` and renders
 //! `report.md` with the plots into `--out`. Defaults reproduce the setup: the first
 //! 10 minutes of the conversation trace on 8 workers whose KV capacity forces eviction.
+//! `--only policies` or `--only overhead` runs one part.
 
+mod overhead;
 mod run;
 
 use anyhow::{bail, Context, Result};
@@ -15,9 +19,12 @@ use kvmesh_bench::ceiling::intrinsic;
 use kvmesh_bench::chat::ChatConfig;
 use kvmesh_bench::conversation::DEFAULT_ANCHOR_BLOCK;
 use kvmesh_bench::manifest::RunManifest;
+use kvmesh_bench::micro;
+use kvmesh_bench::overhead::plan::parse_sizes;
 use kvmesh_bench::policy::{shell_quote, Policy, SessionHeaderMode};
 use kvmesh_bench::report::{generate, plots};
 use kvmesh_bench::trace::{self, default_trace_path, Selection, TRACE_ENV};
+use overhead::{run_overhead, OverheadArgs};
 use run::{failed_policy, run_policy, Fleet, Workload};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -113,6 +120,65 @@ struct Args {
     /// Chat workload: words per shared system prompt.
     #[arg(long, default_value_t = 1500)]
     chat_system_prompt_words: usize,
+
+    /// Parts to run, comma-separated: `policies` (the replay under every policy), `overhead`.
+    #[arg(long, default_value = "policies,overhead")]
+    only: String,
+    /// Overhead: chat prompt sizes in tokens (`k` = 1024), each measured cold and as a continuation.
+    #[arg(long, default_value = "1k,8k,32k")]
+    overhead_sizes: String,
+    /// Overhead: latency samples per case and path (kvmesh, plain).
+    #[arg(long, default_value_t = 200)]
+    overhead_samples: usize,
+    /// Overhead: continuation conversations per size (samples cycle through them).
+    #[arg(long, default_value_t = 4)]
+    overhead_bases: usize,
+    /// Overhead: vllm-sim --speedup (large: the engine's modelled time vanishes).
+    #[arg(long, default_value_t = 1_000_000.0)]
+    overhead_sim_speedup: f64,
+    /// Overhead: seconds per requests/s round (0 skips the requests/s phase).
+    #[arg(long, default_value_t = 3.0)]
+    overhead_rps_seconds: f64,
+    /// Overhead: requests/s rounds per path and case (paths alternate).
+    #[arg(long, default_value_t = 2)]
+    overhead_rps_rounds: usize,
+    /// Overhead: concurrent closed-loop clients in the requests/s phase.
+    #[arg(long, default_value_t = 8)]
+    overhead_rps_concurrency: usize,
+    /// Overhead: the filter's indexer_timeout_ms (default: the filter's own default).
+    #[arg(long)]
+    overhead_indexer_timeout_ms: Option<u64>,
+    /// Overhead: seed of the generated conversations.
+    #[arg(long, default_value_t = 0)]
+    overhead_seed: u64,
+    /// JSON-lines figures from `cargo bench -p kvmesh-indexer` (KVMESH_BENCH_FIGURES), rendered
+    /// as the report's "Indexer microbenchmarks" section (`make bench` passes it).
+    #[arg(long)]
+    indexer_figures: Option<PathBuf>,
+}
+
+/// The parts of a run `--only` selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Parts {
+    policies: bool,
+    overhead: bool,
+}
+
+impl Parts {
+    fn parse(s: &str) -> Result<Self> {
+        let mut p = Parts { policies: false, overhead: false };
+        for part in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+            match part {
+                "policies" => p.policies = true,
+                "overhead" => p.overhead = true,
+                other => bail!("unknown --only part {other:?} (policies, overhead)"),
+            }
+        }
+        if !(p.policies || p.overhead) {
+            bail!("--only selects nothing");
+        }
+        Ok(p)
+    }
 }
 
 fn command_line() -> String {
@@ -137,7 +203,22 @@ async fn main() -> Result<()> {
 }
 
 async fn bench(a: Args) -> Result<()> {
-    let policies = Policy::parse_list(&a.policies).map_err(anyhow::Error::msg)?;
+    let parts = Parts::parse(&a.only)?;
+    let policies = if parts.policies { Policy::parse_list(&a.policies).map_err(anyhow::Error::msg)? } else { Vec::new() };
+    let overhead_args = OverheadArgs {
+        sizes: parse_sizes(&a.overhead_sizes).map_err(anyhow::Error::msg)?,
+        samples: a.overhead_samples.max(1),
+        bases: a.overhead_bases.max(1),
+        sim_speedup: a.overhead_sim_speedup,
+        rps_seconds: a.overhead_rps_seconds,
+        rps_rounds: a.overhead_rps_rounds,
+        rps_concurrency: a.overhead_rps_concurrency.max(1),
+        indexer_timeout_ms: a.overhead_indexer_timeout_ms,
+        seed: a.overhead_seed,
+    };
+    if !(a.overhead_sim_speedup.is_finite() && a.overhead_sim_speedup > 0.0 && a.overhead_rps_seconds >= 0.0) {
+        bail!("--overhead-sim-speedup must be > 0 and --overhead-rps-seconds >= 0");
+    }
     let session_mode = SessionHeaderMode::parse(&a.session_header_mode).map_err(anyhow::Error::msg)?;
     if !(a.speedup.is_finite() && a.speedup > 0.0 && a.request_timeout_s > 0.0) {
         bail!("--speedup and --request-timeout-s must be > 0");
@@ -165,6 +246,7 @@ async fn bench(a: Args) -> Result<()> {
         ..Default::default()
     };
     let workload = match a.workload.as_str() {
+        _ if !parts.policies => None,
         "trace" => {
             let path = a.trace.clone().unwrap_or_else(|| default_trace_path(std::env::var(TRACE_ENV).ok()));
             let file = std::fs::File::open(&path).with_context(|| format!("opening trace {}", path.display()))?;
@@ -182,13 +264,13 @@ async fn bench(a: Args) -> Result<()> {
             manifest.workload = Some(format!("Mooncake trace {}", path.display()));
             manifest.window = Some(format!("{} — {} requests", sel.describe(), selected.len()));
             manifest.ceiling = Some(c);
-            Workload::Trace {
+            Some(Workload::Trace {
                 selected,
                 speedup: a.speedup,
                 max_concurrency: a.max_concurrency,
                 token_seed: a.token_seed,
                 anchor_block: a.anchor_block,
-            }
+            })
         }
         "chat" => {
             let chat = ChatConfig {
@@ -203,7 +285,7 @@ async fn bench(a: Args) -> Result<()> {
             chat.validate().map_err(anyhow::Error::msg)?;
             manifest.workload = Some(chat.describe());
             manifest.window = Some("all sessions".into());
-            Workload::Chat(chat)
+            Some(Workload::Chat(chat))
         }
         other => bail!("unknown --workload {other:?} (trace, chat)"),
     };
@@ -211,7 +293,8 @@ async fn bench(a: Args) -> Result<()> {
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let mut ran = 0usize;
     for policy in policies {
-        match run_policy(policy, &fleet, &workload, &a.out).await {
+        let Some(workload) = &workload else { break };
+        match run_policy(policy, &fleet, workload, &a.out).await {
             Ok(r) => {
                 ran += 1;
                 if manifest.workers.is_empty() {
@@ -226,6 +309,39 @@ async fn bench(a: Args) -> Result<()> {
             }
         }
     }
+    if parts.overhead {
+        match run_overhead(&overhead_args, &fleet, &a.out).await {
+            Ok(r) => {
+                ran += usize::from(!r.cases.is_empty());
+                manifest.overhead = r.cases;
+                manifest.overhead_notes = Some(r.notes);
+            }
+            Err(e) => {
+                tracing::error!(error = format!("{e:#}"), "overhead did not run");
+                manifest.overhead_notes = Some(format!("**did not run**: {}", run::one_line(&format!("{e:#}"), 600)));
+            }
+        }
+        if manifest.workers.is_empty() {
+            manifest.workers = (0..a.workers).map(|i| format!("w{i}")).collect();
+        }
+        if !parts.policies {
+            manifest.title = Some("kvmesh router overhead".into());
+            manifest.workload = Some(format!("router overhead only: chat prompts of {} tokens, cold and continuation", a.overhead_sizes));
+            manifest.window = Some("no trace replay".into());
+            manifest.speedup = None;
+        }
+    }
+    if let Some(path) = &a.indexer_figures {
+        // Unreadable figures must not cost the run its report: the section says what happened.
+        let section = match std::fs::read_to_string(path) {
+            Ok(text) => micro::section(&micro::parse(&text), &path.display().to_string()),
+            Err(e) => kvmesh_bench::manifest::ExtraSection {
+                title: micro::TITLE.into(),
+                markdown: format!("Not available: reading `{}`: {e}.", path.display()),
+            },
+        };
+        manifest.extra_sections.push(section);
+    }
     let manifest_path = a.out.join("run.json");
     std::fs::write(&manifest_path, serde_json::to_string_pretty(&manifest)?)
         .with_context(|| format!("writing {}", manifest_path.display()))?;
@@ -235,7 +351,7 @@ async fn bench(a: Args) -> Result<()> {
         eprintln!("plots: {note}");
     }
     if ran == 0 {
-        bail!("no policy ran; see {}", written.markdown.display());
+        bail!("nothing ran (no policy, no overhead case); see {}", written.markdown.display());
     }
     Ok(())
 }

@@ -245,7 +245,7 @@ pub fn failed_policy(policy: Policy, out: &Path, err: &anyhow::Error) -> Result<
 }
 
 /// `text` on one line, cut to at most `max` characters (error chains carry process log tails).
-fn one_line(text: &str, max: usize) -> String {
+pub fn one_line(text: &str, max: usize) -> String {
     let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if flat.chars().count() <= max {
         flat

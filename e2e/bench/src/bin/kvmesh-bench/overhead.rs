@@ -1,0 +1,411 @@
+//! The router-overhead part of the run: one stack, one Envoy with a kvmesh and a plain listener,
+//! interleaved latency samples, then closed-loop requests/s rounds.
+//!
+//! 1. Start the stack through the harness (vllm-sim workers at a very large `--speedup`, the
+//!    indexer in precise mode, Envoy), then replace its Envoy by one started from the same
+//!    rendered bootstrap extended by `overhead::gateway::add_plain_path` (same ports, same
+//!    filter configuration), so both paths are one Envoy process.
+//! 2. Warm up both paths until the filter routes through the indexer (it has its fleet).
+//! 3. Prime the continuation bases through kvmesh, in steps, as conversations grow.
+//! 4. Latency: for sample n of every case in turn, one kvmesh and one plain request, one at a
+//!    time, the order alternating with n — drift and background work hit both paths alike.
+//!    `max_tokens: 1`, so the engine's part is tokenizing the prompt plus one step.
+//! 5. Join Envoy's access log (gateway time per request), write `overhead/samples.jsonl`.
+//! 6. Requests/s: per case, `rounds` × (kvmesh round, plain round), order alternating, against
+//!    the canned route (nothing forwarded; the filter and indexer still do all their work).
+
+use crate::run::Fleet;
+use anyhow::{bail, Context, Result};
+use kvmesh_bench::chat::History;
+use kvmesh_bench::client::{build_client, discover_model};
+use kvmesh_bench::manifest::OverheadCase;
+use kvmesh_bench::overhead::drive::{access_entries, closed_loop, indexer_timers, settle, settle_cpu, tagged};
+use kvmesh_bench::overhead::gateway::add_plain_path;
+use kvmesh_bench::overhead::plan::{base_conversation, base_seed, cases, cold_request, cold_seed, cold_template, next_turn, Case, Kind, Shape, Size};
+use kvmesh_bench::overhead::summary::{summarize, Path as Way, Rate, Sample};
+use kvmesh_bench::policy::Policy;
+use kvmesh_e2e::envoy_config::{render_bootstrap, BootstrapVars, BootstrapWorker};
+use kvmesh_e2e::procs::{free_port, Proc};
+use kvmesh_e2e::stack::{envoy_binary, wasm_path, EnvoyPolicy, Stack, StackSpec};
+use std::collections::{HashMap, HashSet};
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Settings of the overhead part.
+#[derive(Debug, Clone)]
+pub struct OverheadArgs {
+    pub sizes: Vec<Size>,
+    /// Latency samples per case and path.
+    pub samples: usize,
+    /// Continuation bases per size (samples cycle through them).
+    pub bases: usize,
+    pub sim_speedup: f64,
+    pub rps_seconds: f64,
+    pub rps_rounds: usize,
+    pub rps_concurrency: usize,
+    /// The filter's `indexer_timeout_ms` (None: the filter's default).
+    pub indexer_timeout_ms: Option<u64>,
+    pub seed: u64,
+}
+
+/// What the part produced.
+pub struct OverheadRun {
+    pub cases: Vec<OverheadCase>,
+    pub notes: String,
+}
+
+/// Deadline of one latency sample or priming request.
+const SAMPLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Deadline of one closed-loop request.
+const RPS_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for one sample's tokenization to be recorded.
+const SETTLE_SAMPLE: Duration = Duration::from_secs(5);
+/// Longest wait for the indexer to go idle after a requests/s round.
+const SETTLE_ROUND: Duration = Duration::from_secs(120);
+/// "Idle": at most this many CPU ticks (1/100 s) in a 250 ms window, i.e. ≤ 8% of a core.
+const IDLE_TICKS: u64 = 2;
+/// Warm-up requests per path.
+const WARMUP: usize = 16;
+
+fn spec(args: &OverheadArgs, fleet: &Fleet, dir: &Path) -> StackSpec {
+    let mut spec = StackSpec::aggregate(fleet.workers);
+    spec.policy = EnvoyPolicy::Kvmesh;
+    spec.block_size = fleet.block_size;
+    spec.sim_args = vec![
+        "--num-gpu-blocks".into(),
+        fleet.num_gpu_blocks.to_string(),
+        "--speedup".into(),
+        args.sim_speedup.to_string(),
+    ];
+    spec.sim_args.extend(fleet.sim_args.iter().cloned());
+    spec.kv_events = true;
+    spec.routing_toml = Policy::KvmeshPrecise.routing_toml().to_string();
+    let mut filter = serde_json::json!({ "debug_headers": true });
+    if let Some(t) = args.indexer_timeout_ms {
+        filter["indexer_timeout_ms"] = t.into();
+    }
+    spec.filter_config = filter;
+    spec.session_header = fleet.session_header.clone();
+    spec.release = fleet.release;
+    spec.work_dir = Some(dir.join("stack"));
+    spec
+}
+
+/// Replaces the stack's Envoy by one with the plain twin listener; returns the plain port and
+/// the access log path.
+async fn swap_envoy(stack: &mut Stack) -> Result<(u16, std::path::PathBuf)> {
+    let vars = BootstrapVars {
+        listen_host: "127.0.0.1".into(),
+        listen_port: stack.gateway_port,
+        admin_port: stack.admin_port,
+        indexer_host: "127.0.0.1".into(),
+        indexer_port: stack.indexer_port,
+        wasm_path: wasm_path()?.display().to_string(),
+        filter_config_json: stack.filter_config().to_string(),
+        workers: stack
+            .workers
+            .iter()
+            .filter(|w| w.role.decodes())
+            .map(|w| {
+                let (host, port) = w.http.rsplit_once(':').with_context(|| format!("bad address {}", w.http))?;
+                Ok(BootstrapWorker { id: w.id.clone(), host: host.to_string(), port: port.parse()? })
+            })
+            .collect::<Result<_>>()?,
+        max_body_bytes: stack.spec.max_body_bytes,
+        policy: "kvmesh".into(),
+        session_header: stack.spec.session_header.clone(),
+        upstream_timeout_s: 300,
+    };
+    let rendered: serde_json::Value = serde_yaml::from_str(&render_bootstrap(&vars)?).context("parsing the rendered bootstrap")?;
+    let plain_port = free_port()?;
+    let dir = stack.dir().to_path_buf();
+    let log = dir.join("overhead-access.jsonl");
+    let _ = std::fs::remove_file(&log);
+    let bootstrap = add_plain_path(&rendered, plain_port, &log.display().to_string())?;
+    let path = dir.join("envoy-overhead.yaml");
+    std::fs::write(&path, bootstrap.to_string())?;
+
+    if let Some(mut old) = stack.envoy.take() {
+        old.kill();
+    }
+    let mut cmd = std::process::Command::new(envoy_binary()?);
+    cmd.arg("-c").arg(&path).args(["--disable-hot-restart", "--concurrency", "2", "-l", "info"]);
+    cmd.args(["--file-flush-interval-msec", "100"]).arg("--log-path").arg(dir.join("envoy-overhead-app.log"));
+    let mut proc = Proc::spawn("envoy-overhead", cmd, &dir)?;
+    let client = stack.client().clone();
+    let ready = stack.admin("/ready");
+    let deadline = Instant::now() + kvmesh_e2e::poll::patience();
+    loop {
+        if matches!(client.get(&ready).send().await, Ok(r) if r.status().is_success()) {
+            break;
+        }
+        if !proc.is_running() {
+            bail!("envoy (overhead bootstrap) exited before it was ready:\n{}", proc.log_tail(60));
+        }
+        if Instant::now() > deadline {
+            bail!("envoy (overhead bootstrap) not ready in time:\n{}", proc.log_tail(60));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stack.envoy = Some(proc);
+    Ok((plain_port, log))
+}
+
+fn body(h: &History, model: &str) -> Vec<u8> {
+    h.body(model, 1, true).to_string().into_bytes()
+}
+
+struct Urls {
+    kvmesh: String,
+    plain: String,
+}
+
+impl Urls {
+    fn of(&self, way: Way) -> &str {
+        match way {
+            Way::Kvmesh => &self.kvmesh,
+            Way::Plain => &self.plain,
+        }
+    }
+}
+
+/// Warm both paths (connections, the filter's fleet snapshot); fails when the filter never
+/// routes through the indexer.
+async fn warm_up(client: &reqwest::Client, urls: &Urls, model: &str, template: &History, seed: u64) -> Result<()> {
+    let deadline = Instant::now() + kvmesh_e2e::poll::patience();
+    let mut routed = false;
+    let mut n = 0u64;
+    while n < WARMUP as u64 || !routed {
+        if Instant::now() > deadline {
+            bail!("warm-up: the filter did not route through the indexer in time");
+        }
+        let h = cold_request(template, cold_seed(seed, 9, 0, n));
+        for way in [Way::Kvmesh, Way::Plain] {
+            let o = tagged(client, urls.of(way), body(&h, model), &format!("warm-{n}-{}", way.tag()), SAMPLE_TIMEOUT).await;
+            if let Some(e) = &o.error {
+                tracing::warn!(path = way.tag(), error = %e, "warm-up request failed");
+            } else if way == Way::Kvmesh && o.fallback.is_none() && o.decision_mode.is_some() {
+                routed = true;
+            }
+        }
+        n += 1;
+    }
+    Ok(())
+}
+
+/// Sends every base's priming requests through kvmesh; returns the bases per size and how many
+/// priming requests were routed without the indexer.
+async fn prime(client: &reqwest::Client, urls: &Urls, model: &str, args: &OverheadArgs, shape: &Shape) -> (Vec<Vec<History>>, u64) {
+    let mut all = Vec::new();
+    let mut fallbacks = 0;
+    for (si, size) in args.sizes.iter().enumerate() {
+        let mut bases = Vec::new();
+        for b in 0..args.bases.max(1) {
+            let base = base_conversation(base_seed(args.seed, si, b), size.tokens, shape);
+            for (i, h) in base.primes.iter().enumerate() {
+                let o = tagged(client, &urls.kvmesh, body(h, model), &format!("prime-{}-{b}-{i}", size.label), SAMPLE_TIMEOUT).await;
+                fallbacks += u64::from(o.fallback.is_some());
+                if let Some(e) = o.error {
+                    tracing::warn!(size = %size.label, base = b, step = i, error = %e, "priming request failed");
+                }
+            }
+            bases.push(base.base);
+        }
+        all.push(bases);
+    }
+    (all, fallbacks)
+}
+
+/// The conversations requests are made from, per size: cold templates and continuation bases.
+struct Texts {
+    cold: Vec<History>,
+    bases: Vec<Vec<History>>,
+}
+
+fn request_for(case: &Case, size_index: usize, texts: &Texts, n: u64, way: Way, args: &OverheadArgs, shape: &Shape) -> History {
+    let bases = &texts.bases;
+    match case.kind {
+        // Distinct content per request and path: neither path's request warms the other's.
+        Kind::Cold => cold_request(&texts.cold[size_index], cold_seed(args.seed, 0, size_index, 2 * n + u64::from(way == Way::Plain))),
+        Kind::Continuation => {
+            let list = &bases[size_index];
+            next_turn(&list[(n as usize) % list.len()], (n << 1) | u64::from(way == Way::Plain), shape)
+        }
+    }
+}
+
+/// Runs the overhead part; writes `<out>/overhead/{samples.jsonl,stack/}`.
+pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Result<OverheadRun> {
+    let dir = out.join("overhead");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let shape = Shape::default();
+    let all_cases = cases(&args.sizes);
+    let size_index = |c: &Case| args.sizes.iter().position(|s| *s == c.size).unwrap_or(0);
+
+    tracing::info!(cases = all_cases.len(), samples = args.samples, "overhead: starting the stack");
+    let mut stack = Stack::start(spec(args, fleet, &dir)).await.context("starting the overhead stack")?;
+    let (plain_port, access_log) = swap_envoy(&mut stack).await?;
+    let urls = Urls {
+        kvmesh: stack.gateway("/v1/chat/completions"),
+        plain: format!("http://127.0.0.1:{plain_port}/v1/chat/completions"),
+    };
+    let client = build_client(Duration::from_secs(5), 1024)?;
+    let model = match &fleet.model {
+        Some(m) => m.clone(),
+        None => discover_model(&client, &stack.gateway(""), Duration::from_secs(30)).await.map_err(anyhow::Error::msg)?,
+    };
+    let cold: Vec<History> = args.sizes.iter().map(|s| cold_template(s.tokens, &shape)).collect();
+    warm_up(&client, &urls, &model, &cold_template(512, &shape), args.seed).await?;
+    let started = Instant::now();
+    let (bases, prime_fallbacks) = prime(&client, &urls, &model, args, &shape).await;
+    let texts = Arc::new(Texts { cold, bases });
+    tracing::info!(prime_s = started.elapsed().as_secs_f64(), prime_fallbacks, "overhead: bases primed");
+
+    let mut samples: Vec<Sample> = Vec::new();
+    let metrics_url = stack.indexer_url("/metrics");
+    let mut timers = indexer_timers(&client, &metrics_url).await;
+    let latency_start = Instant::now();
+    for n in 0..args.samples as u64 {
+        for case in &all_cases {
+            let order = if n % 2 == 0 { [Way::Kvmesh, Way::Plain] } else { [Way::Plain, Way::Kvmesh] };
+            for way in order {
+                let h = request_for(case, size_index(case), &texts, n, way, args, &shape);
+                let id = format!("{}-{n}-{}", case.name(), way.tag());
+                let o = tagged(&client, urls.of(way), body(&h, &model), &id, SAMPLE_TIMEOUT).await;
+                // Between samples, never during one: this request's share of the indexer's timers.
+                let mut share = None;
+                if way == Way::Kvmesh {
+                    // Wait for this request's tokenization to finish even when the filter gave up.
+                    let want = timers.map_or(0.0, |t| t.tokenizations + 1.0);
+                    let now = settle(&client, &metrics_url, want, Duration::from_millis(5), SETTLE_SAMPLE).await;
+                    share = now.zip(timers).and_then(|(n, b)| n.one_route_since(&b));
+                    timers = now;
+                }
+                samples.push(Sample {
+                    indexer_ms: share.map(|s| s.0),
+                    tokenize_ms: share.and_then(|s| s.1),
+                    case: case.name(),
+                    path: Some(way),
+                    n,
+                    id,
+                    ttft_ms: o.ttft.map(|d| d.as_secs_f64() * 1e3),
+                    status: o.status,
+                    worker: o.worker,
+                    fallback: o.fallback,
+                    prompt_tokens: o.usage.and_then(|u| u.prompt_tokens),
+                    error: o.error,
+                    ..Default::default()
+                });
+            }
+        }
+        if (n + 1) % 25 == 0 {
+            tracing::info!(done = n + 1, of = args.samples, elapsed_s = latency_start.elapsed().as_secs_f64(), "overhead: latency samples");
+        }
+    }
+    let want: HashSet<String> = samples.iter().map(|s| s.id.clone()).collect();
+    let entries = access_entries(&access_log, &want, kvmesh_e2e::poll::patience()).await;
+    let mut missing_log = 0usize;
+    for s in &mut samples {
+        match entries.get(&s.id) {
+            Some(e) => {
+                s.gateway_ms = e.gateway_ms();
+                s.request_ms = e.req_us.map(|us| us / 1000.0);
+            }
+            None => missing_log += 1,
+        }
+    }
+    let samples_path = dir.join("samples.jsonl");
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&samples_path)?);
+    for s in &samples {
+        writeln!(f, "{}", serde_json::to_string(s)?)?;
+    }
+    f.flush()?;
+    let latency_s = latency_start.elapsed().as_secs_f64();
+
+    let mut rates: HashMap<(String, &'static str), Rate> = HashMap::new();
+    let indexer_pid = stack.indexer.as_ref().map(Proc::pid);
+    if args.rps_seconds > 0.0 && args.rps_rounds > 0 {
+        for case in &all_cases {
+            for round in 0..args.rps_rounds {
+                let order = if round % 2 == 0 { [Way::Kvmesh, Way::Plain] } else { [Way::Plain, Way::Kvmesh] };
+                for way in order {
+                    let (c, si, m, shape2, seed) = (case.clone(), size_index(case), model.clone(), shape.clone(), args.seed);
+                    let texts = texts.clone();
+                    let phase = 1 + round as u64 * 2 + u64::from(way == Way::Plain);
+                    let make = Arc::new(move |n: u64| {
+                        let h = match c.kind {
+                            Kind::Cold => cold_request(&texts.cold[si], cold_seed(seed, phase, si, n)),
+                            Kind::Continuation => {
+                                let list = &texts.bases[si];
+                                next_turn(&list[(n as usize) % list.len()], (phase << 40) | n, &shape2)
+                            }
+                        };
+                        h.body(&m, 1, true).to_string().into_bytes()
+                    });
+                    let r = closed_loop(&client, urls.of(way), args.rps_concurrency, Duration::from_secs_f64(args.rps_seconds), RPS_TIMEOUT, make).await;
+                    // Abandoned tokenizations (filter timeouts) must not run into the next round.
+                    let settled = match (way, indexer_pid) {
+                        (Way::Kvmesh, Some(pid)) => settle_cpu(pid, Duration::from_millis(250), IDLE_TICKS, SETTLE_ROUND).await,
+                        _ => Duration::ZERO,
+                    };
+                    tracing::info!(
+                        case = %case.name(), path = way.tag(), round, ok = r.ok, failed = r.failed, fallbacks = r.fallbacks,
+                        rps = r.per_second().unwrap_or(0.0), settle_s = settled.as_secs_f64(), "overhead: requests/s round"
+                    );
+                    rates.entry((case.name(), way.tag())).or_default().add(r);
+                }
+            }
+        }
+    }
+    drop(stack);
+
+    let mut out_cases = Vec::new();
+    let mut missing = Vec::new();
+    for case in &all_cases {
+        let name = case.name();
+        let k = rates.get(&(name.clone(), Way::Kvmesh.tag())).copied();
+        let p = rates.get(&(name.clone(), Way::Plain.tag())).copied();
+        match summarize(&name, &samples, k, p) {
+            Some(c) => out_cases.push(c),
+            None => missing.push(name),
+        }
+    }
+    let rps_fallbacks: u64 = rates.iter().filter(|((_, w), _)| *w == Way::Kvmesh.tag()).map(|(_, r)| r.fallbacks).sum();
+    let rps_failed: u64 = rates.values().map(|r| r.failed).sum();
+    let mut notes = format!(
+        "{} vllm-sim workers (`--speedup {}`, KV capacity {} blocks, KV events on), the indexer in precise mode, one Envoy \
+         (`--concurrency 2`) with two listeners: kvmesh (the filter with `debug_headers: true`{}) and the same listener \
+         without the filter, routing to the same workers with least_request. Requests: streaming chat, `max_tokens: 1`, no \
+         session header. Latency: {} samples per case and path, one request at a time, kvmesh and plain interleaved \
+         (order alternating), {} continuation bases per size primed through kvmesh in steps of ≤ {} tokens ({} priming \
+         requests routed without the indexer); {:.0} s. Requests/s: {} closed-loop clients, {} round(s) × {} s per path \
+         and case, alternating, against a canned-response route (nothing forwarded, so the engines do not cap the rate; the \
+         filter and the indexer do all their work){}. Per-request samples: `overhead/samples.jsonl`.",
+        fleet.workers,
+        args.sim_speedup,
+        fleet.num_gpu_blocks,
+        args.indexer_timeout_ms.map_or(", default `indexer_timeout_ms`".to_string(), |t| format!(", `indexer_timeout_ms: {t}`")),
+        args.samples,
+        args.bases.max(1),
+        shape.prime_step_tokens,
+        prime_fallbacks,
+        latency_s,
+        args.rps_concurrency,
+        args.rps_rounds,
+        args.rps_seconds,
+        if rps_fallbacks + rps_failed > 0 {
+            format!(" ({rps_fallbacks} kvmesh requests routed without the indexer, {rps_failed} failed)")
+        } else {
+            String::new()
+        },
+    );
+    if missing_log > 0 {
+        notes.push_str(&format!(" {missing_log} samples had no access-log line and were left out."));
+    }
+    if !missing.is_empty() {
+        notes.push_str(&format!(" No usable samples for: {}.", missing.join(", ")));
+    }
+    Ok(OverheadRun { cases: out_cases, notes })
+}

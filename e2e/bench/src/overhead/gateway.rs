@@ -1,0 +1,267 @@
+//! One Envoy, two ways in (pure): the kvmesh bootstrap plus a filter-less twin listener.
+//!
+//! The overhead is kvmesh against *the same* Envoy without the filter, so both paths share the
+//! process, its worker threads, the buffer filter, the body limit, the route timeout and the
+//! simulators. [`add_plain_path`] takes the kvmesh bootstrap as the harness renders it
+//! (`envoy/bootstrap.yaml.j2`, parsed to JSON) and adds, without touching the kvmesh path's
+//! filter chain:
+//! - `plain_listener`: a copy of the kvmesh listener without the wasm filter, routing to
+//!   `engines_plain` — the same endpoints with Envoy's least_request (kvmesh's own fallback LB);
+//! - on both listeners a first route, selected by `x-kvmesh-bench-upstream: none`, that answers
+//!   with a canned SSE stream instead of forwarding: the requests/s phase measures the gateway,
+//!   not the engines (the filter and the indexer still do all their work on the kvmesh side);
+//! - a JSON access log on both listeners, for requests tagged `x-kvmesh-bench-id`, with Envoy's
+//!   own timestamps per request (µs):
+//!   `req_us` = last request byte received → first byte sent upstream (the filter's body work,
+//!   the indexer round trip with tokenization, host selection), `resp_us` = first upstream
+//!   response byte → first byte sent to the client (the response-header callbacks). Their sum is
+//!   the time the gateway holds a request, and the engine's time is in neither.
+
+use super::plan::{BENCH_ID_HEADER, UPSTREAM_HEADER, UPSTREAM_NONE};
+use serde_json::{json, Value};
+
+/// Route name of the forwarding route on the kvmesh listener.
+pub const ROUTE_KVMESH: &str = "kvmesh";
+/// Route name of the forwarding route on the plain listener.
+pub const ROUTE_PLAIN: &str = "plain";
+/// Route name of the canned-response routes.
+pub const ROUTE_CANNED: &str = "canned";
+/// Name of the cluster the plain listener forwards to.
+pub const PLAIN_CLUSTER: &str = "engines_plain";
+/// The canned response: one content chunk, usage, done (what a `max_tokens: 1` stream looks like).
+pub const CANNED_SSE: &str = "data: {\"id\":\"canned\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" ok\"},\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n";
+
+/// Why the bootstrap could not be extended (its shape is not the harness's).
+#[derive(Debug, thiserror::Error)]
+#[error("kvmesh bootstrap has no {0}")]
+pub struct ShapeError(&'static str);
+
+fn hcm_mut(listener: &mut Value) -> Result<&mut Value, ShapeError> {
+    listener
+        .pointer_mut("/filter_chains/0/filters/0/typed_config")
+        .filter(|v| v.get("http_filters").is_some())
+        .ok_or(ShapeError("http_connection_manager on its listener"))
+}
+
+fn routes_mut(hcm: &mut Value) -> Result<&mut Vec<Value>, ShapeError> {
+    hcm.pointer_mut("/route_config/virtual_hosts/0/routes")
+        .and_then(Value::as_array_mut)
+        .ok_or(ShapeError("routes"))
+}
+
+fn access_log(path: &str) -> Value {
+    json!([{
+        "name": "envoy.access_loggers.file",
+        // Only tagged requests: the requests/s rounds would add ~10^5 untagged lines.
+        "filter": {"header_filter": {"header": {"name": BENCH_ID_HEADER, "present_match": true}}},
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+            "path": path,
+            "log_format": {"json_format": {
+                "id": format!("%REQ({})%", BENCH_ID_HEADER.to_ascii_uppercase()),
+                "route": "%ROUTE_NAME%",
+                "status": "%RESPONSE_CODE%",
+                "req_us": "%COMMON_DURATION(DS_RX_END:US_TX_BEG:us)%",
+                "resp_us": "%COMMON_DURATION(US_RX_BEG:DS_TX_BEG:us)%",
+                "upstream": "%UPSTREAM_HOST%"
+            }}
+        }
+    }])
+}
+
+fn canned_route() -> Value {
+    json!({
+        "name": ROUTE_CANNED,
+        "match": {"prefix": "/", "headers": [{"name": UPSTREAM_HEADER, "string_match": {"exact": UPSTREAM_NONE}}]},
+        "direct_response": {"status": 200, "body": {"inline_string": CANNED_SSE}}
+    })
+}
+
+/// Names the forwarding route, optionally points it at another cluster, and puts the canned
+/// route first.
+fn prepare_routes(hcm: &mut Value, name: &str, cluster: Option<&str>) -> Result<(), ShapeError> {
+    let routes = routes_mut(hcm)?;
+    let forward = routes.first_mut().ok_or(ShapeError("forwarding route"))?;
+    forward["name"] = json!(name);
+    if let Some(c) = cluster {
+        let target = forward.pointer_mut("/route/cluster").ok_or(ShapeError("route cluster"))?;
+        *target = json!(c);
+    }
+    routes.insert(0, canned_route());
+    Ok(())
+}
+
+/// Adds the plain listener on `plain_port`, its cluster, the canned routes and the access log
+/// (written to `access_log_path`) to the rendered kvmesh bootstrap.
+pub fn add_plain_path(bootstrap: &Value, plain_port: u16, access_log_path: &str) -> Result<Value, ShapeError> {
+    let mut b = bootstrap.clone();
+    let listeners = b.pointer_mut("/static_resources/listeners").and_then(Value::as_array_mut).ok_or(ShapeError("listeners"))?;
+    let kvmesh = listeners.first_mut().ok_or(ShapeError("listener"))?;
+    let mut plain = kvmesh.clone();
+    {
+        let hcm = hcm_mut(kvmesh)?;
+        hcm["access_log"] = access_log(access_log_path);
+        prepare_routes(hcm, ROUTE_KVMESH, None)?;
+    }
+    plain["name"] = json!("plain_listener");
+    *plain.pointer_mut("/address/socket_address/port_value").ok_or(ShapeError("listener port"))? = json!(plain_port);
+    {
+        let hcm = hcm_mut(&mut plain)?;
+        hcm["stat_prefix"] = json!("plain");
+        hcm["access_log"] = access_log(access_log_path);
+        prepare_routes(hcm, ROUTE_PLAIN, Some(PLAIN_CLUSTER))?;
+        let filters = hcm["http_filters"].as_array_mut().ok_or(ShapeError("http_filters"))?;
+        let before = filters.len();
+        filters.retain(|f| f["name"] != "envoy.filters.http.wasm");
+        if filters.len() == before {
+            return Err(ShapeError("wasm filter to remove (is this the kvmesh policy?)"));
+        }
+    }
+    listeners.push(plain);
+
+    let clusters = b.pointer_mut("/static_resources/clusters").and_then(Value::as_array_mut).ok_or(ShapeError("clusters"))?;
+    let engines = clusters.iter().find(|c| c["name"] == "engines").ok_or(ShapeError("engines cluster"))?;
+    let mut twin = engines.clone();
+    twin["name"] = json!(PLAIN_CLUSTER);
+    twin["load_assignment"]["cluster_name"] = json!(PLAIN_CLUSTER);
+    twin["load_balancing_policy"] = json!({"policies": [{"typed_extension_config": {
+        "name": "envoy.load_balancing_policies.least_request",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest"}
+    }}]});
+    clusters.push(twin);
+    Ok(b)
+}
+
+/// One access-log line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AccessEntry {
+    /// The request's [`BENCH_ID_HEADER`].
+    pub id: String,
+    /// Route name ([`ROUTE_KVMESH`], [`ROUTE_PLAIN`], [`ROUTE_CANNED`]).
+    pub route: String,
+    /// Last request byte received → first byte sent upstream, µs.
+    pub req_us: Option<f64>,
+    /// First upstream response byte → first byte to the client, µs.
+    pub resp_us: Option<f64>,
+}
+
+impl AccessEntry {
+    /// Time the gateway held the request, ms (`None` unless both halves were measured).
+    pub fn gateway_ms(&self) -> Option<f64> {
+        Some((self.req_us? + self.resp_us?) / 1000.0)
+    }
+}
+
+fn number(v: &Value) -> Option<f64> {
+    match v {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+    .filter(|x: &f64| x.is_finite() && *x >= 0.0)
+}
+
+/// Parses one access-log line; `None` for lines without an id (requests not sent by the bench).
+pub fn parse_access_line(line: &str) -> Option<AccessEntry> {
+    let v: Value = serde_json::from_str(line).ok()?;
+    let id = v["id"].as_str().filter(|s| !s.is_empty() && *s != "-")?.to_string();
+    Some(AccessEntry {
+        id,
+        route: v["route"].as_str().unwrap_or("").to_string(),
+        req_us: number(&v["req_us"]),
+        resp_us: number(&v["resp_us"]),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvmesh_e2e::envoy_config::{render_bootstrap, BootstrapVars, BootstrapWorker};
+
+    fn vars(wasm: &str) -> BootstrapVars {
+        BootstrapVars {
+            listen_host: "127.0.0.1".into(),
+            listen_port: 18080,
+            admin_port: 19901,
+            indexer_host: "127.0.0.1".into(),
+            indexer_port: 19100,
+            wasm_path: wasm.into(),
+            filter_config_json: r#"{"session_header":"x-session-id","debug_headers":true}"#.into(),
+            workers: (0..2).map(|i| BootstrapWorker { id: format!("w{i}"), host: "127.0.0.1".into(), port: 18001 + i }).collect(),
+            max_body_bytes: 8 << 20,
+            policy: "kvmesh".into(),
+            session_header: "x-session-id".into(),
+            upstream_timeout_s: 300,
+        }
+    }
+
+    fn kvmesh_bootstrap(wasm: &str) -> Value {
+        serde_yaml::from_str(&render_bootstrap(&vars(wasm)).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn adds_a_filterless_twin_and_keeps_the_kvmesh_chain() {
+        let before = kvmesh_bootstrap("/x.wasm");
+        let b = add_plain_path(&before, 18081, "/tmp/a.log").unwrap();
+        let listeners = b["static_resources"]["listeners"].as_array().unwrap();
+        assert_eq!(listeners.len(), 2);
+        let filters = |l: &Value| -> Vec<String> {
+            l.pointer("/filter_chains/0/filters/0/typed_config/http_filters").unwrap().as_array().unwrap()
+                .iter().map(|f| f["name"].as_str().unwrap().to_string()).collect()
+        };
+        assert_eq!(filters(&listeners[0]), filters(&before["static_resources"]["listeners"][0]), "kvmesh chain untouched");
+        assert!(filters(&listeners[0]).contains(&"envoy.filters.http.wasm".to_string()));
+        assert_eq!(filters(&listeners[1]), ["envoy.filters.http.buffer", "envoy.filters.http.router"]);
+        assert_eq!(listeners[1]["address"]["socket_address"]["port_value"], 18081);
+        for (l, name, cluster) in [(&listeners[0], ROUTE_KVMESH, "engines"), (&listeners[1], ROUTE_PLAIN, PLAIN_CLUSTER)] {
+            let routes = l.pointer("/filter_chains/0/filters/0/typed_config/route_config/virtual_hosts/0/routes").unwrap();
+            assert_eq!(routes[0]["name"], ROUTE_CANNED);
+            assert_eq!(routes[1]["name"], name);
+            assert_eq!(routes[1]["route"]["cluster"], cluster);
+            assert!(l.pointer("/filter_chains/0/filters/0/typed_config/access_log/0/typed_config/log_format/json_format/req_us").is_some());
+        }
+        let clusters = b["static_resources"]["clusters"].as_array().unwrap();
+        let twin = clusters.iter().find(|c| c["name"] == PLAIN_CLUSTER).unwrap();
+        let engines = clusters.iter().find(|c| c["name"] == "engines").unwrap();
+        assert_eq!(twin["load_assignment"]["endpoints"], engines["load_assignment"]["endpoints"], "same simulators");
+        assert!(twin.to_string().contains("least_request") && !twin.to_string().contains("override_host"));
+    }
+
+    #[test]
+    fn refuses_a_bootstrap_without_the_filter() {
+        let mut v = vars("");
+        v.policy = "round_robin".into();
+        let plain: Value = serde_yaml::from_str(&render_bootstrap(&v).unwrap()).unwrap();
+        assert!(add_plain_path(&plain, 1, "/tmp/a.log").unwrap_err().to_string().contains("wasm filter"));
+        assert!(add_plain_path(&json!({}), 1, "/tmp/a.log").is_err());
+    }
+
+    /// Envoy itself accepts the result (skipped without an Envoy binary and the wasm filter).
+    #[test]
+    fn envoy_validates_the_extended_bootstrap() {
+        let (Ok(envoy), Ok(wasm)) = (kvmesh_e2e::stack::envoy_binary(), kvmesh_e2e::stack::wasm_path()) else {
+            eprintln!("SKIPPED: no Envoy binary or wasm filter (make setup && make wasm)");
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("access.log");
+        let b = add_plain_path(&kvmesh_bootstrap(&wasm.display().to_string()), 18081, &log.display().to_string()).unwrap();
+        let path = dir.path().join("envoy.yaml");
+        std::fs::write(&path, b.to_string()).unwrap();
+        let out = std::process::Command::new(envoy).args(["--mode", "validate", "-c"]).arg(&path).output().unwrap();
+        assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    }
+
+    #[test]
+    fn access_lines_parse() {
+        let e = parse_access_line(r#"{"id":"c-1-k","route":"kvmesh","status":200,"req_us":812,"resp_us":"40","upstream":"127.0.0.1:1"}"#).unwrap();
+        assert_eq!(e.id, "c-1-k");
+        assert_eq!(e.route, ROUTE_KVMESH);
+        assert_eq!(e.gateway_ms(), Some(0.852));
+        let canned = parse_access_line(r#"{"id":"x","route":"canned","req_us":null,"resp_us":null}"#).unwrap();
+        assert_eq!(canned.gateway_ms(), None);
+        assert!(parse_access_line(r#"{"id":null,"route":"kvmesh"}"#).is_none());
+        assert!(parse_access_line(r#"{"id":"-"}"#).is_none());
+        assert!(parse_access_line("not json").is_none());
+    }
+}

@@ -1,0 +1,251 @@
+//! From samples to the report's overhead rows (pure).
+//!
+//! Added latency is a difference of percentiles measured in the same run: p50(kvmesh) −
+//! p50(plain) and p99(kvmesh) − p99(plain), on the gateway time from Envoy's own timestamps
+//! (see `gateway`). The client-observed TTFT difference is computed the same way as a cross-check;
+//! it includes the engines' time (tokenizing the whole prompt) on both sides, so it is noisier.
+//! Failed samples are counted and left out; samples the filter routed without the indexer (its
+//! timeout) stay in: that latency is real. Where the kvmesh time goes is read from the indexer's
+//! own timers (`/v1/route` and tokenization histograms), scraped after every kvmesh sample: the
+//! rest of the gateway time is the filter and the loopback hop to the indexer.
+
+use crate::manifest::OverheadCase;
+use crate::prom::Sample as PromSample;
+use crate::stats::percentile;
+use serde::{Deserialize, Serialize};
+
+/// Which way in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Path {
+    /// Through the kvmesh filter.
+    Kvmesh,
+    /// The same Envoy without the filter.
+    Plain,
+}
+
+impl Path {
+    /// Short tag used in request ids.
+    pub fn tag(self) -> &'static str {
+        match self {
+            Self::Kvmesh => "k",
+            Self::Plain => "p",
+        }
+    }
+}
+
+/// One measured request (a line of `overhead/samples.jsonl`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    /// Case name.
+    pub case: String,
+    /// Which way in.
+    pub path: Option<Path>,
+    /// Sample number within the case.
+    pub n: u64,
+    /// The request's bench id.
+    pub id: String,
+    /// Gateway time from Envoy's access log, ms.
+    pub gateway_ms: Option<f64>,
+    /// Of which: last request byte → first upstream byte, ms.
+    pub request_ms: Option<f64>,
+    /// Client-observed time to the first token, ms.
+    pub ttft_ms: Option<f64>,
+    /// HTTP status.
+    pub status: Option<u16>,
+    /// Worker that served it.
+    pub worker: Option<String>,
+    /// `x-kvmesh-fallback`, when the filter routed without the indexer.
+    pub fallback: Option<String>,
+    /// `usage.prompt_tokens`.
+    pub prompt_tokens: Option<u64>,
+    /// kvmesh: the indexer's own time answering this request's `/v1/route`, ms.
+    pub indexer_ms: Option<f64>,
+    /// kvmesh: of which tokenization, ms.
+    pub tokenize_ms: Option<f64>,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+impl Sample {
+    /// Success with both measurements present.
+    pub fn usable(&self) -> bool {
+        self.error.is_none() && self.gateway_ms.is_some()
+    }
+}
+
+/// Indexer histogram behind [`IndexerTimers::route_s`].
+pub const ROUTE_TIMER: &str = "kvmesh_route_duration_seconds";
+/// Indexer histogram behind [`IndexerTimers::tokenize_s`].
+pub const TOKENIZE_TIMER: &str = "kvmesh_tokenize_duration_seconds";
+
+/// The indexer's cumulative route and tokenization timers (histogram sums and counts).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct IndexerTimers {
+    /// Σ seconds answering `/v1/route`.
+    pub route_s: f64,
+    /// Routes answered.
+    pub routes: f64,
+    /// Σ seconds tokenizing.
+    pub tokenize_s: f64,
+    /// Tokenizations.
+    pub tokenizations: f64,
+}
+
+impl IndexerTimers {
+    /// Reads the timers from a scrape; `None` when the route timer is missing.
+    pub fn from_scrape(samples: &[PromSample]) -> Option<Self> {
+        let get = |name: &str| crate::prom::sum(samples, name);
+        Some(Self {
+            route_s: get(&format!("{ROUTE_TIMER}_sum"))?,
+            routes: get(&format!("{ROUTE_TIMER}_count"))?,
+            tokenize_s: get(&format!("{TOKENIZE_TIMER}_sum")).unwrap_or(0.0),
+            tokenizations: get(&format!("{TOKENIZE_TIMER}_count")).unwrap_or(0.0),
+        })
+    }
+
+    /// `(route ms, tokenize ms)` when exactly one route was answered since `before`
+    /// (tokenization only when it ran exactly once).
+    pub fn one_route_since(&self, before: &Self) -> Option<(f64, Option<f64>)> {
+        if (self.routes - before.routes - 1.0).abs() > 1e-9 {
+            return None;
+        }
+        let tokenize = ((self.tokenizations - before.tokenizations - 1.0).abs() < 1e-9).then_some((self.tokenize_s - before.tokenize_s) * 1e3);
+        Some(((self.route_s - before.route_s) * 1e3, tokenize))
+    }
+}
+
+/// Requests/s of one path over its closed-loop rounds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Rate {
+    /// Successful requests.
+    pub ok: u64,
+    /// Failed requests.
+    pub failed: u64,
+    /// Requests the filter routed without the indexer.
+    pub fallbacks: u64,
+    /// Wall time, seconds.
+    pub seconds: f64,
+}
+
+impl Rate {
+    /// Adds another round.
+    pub fn add(&mut self, other: Rate) {
+        self.ok += other.ok;
+        self.failed += other.failed;
+        self.fallbacks += other.fallbacks;
+        self.seconds += other.seconds;
+    }
+
+    /// Successful requests per second.
+    pub fn per_second(&self) -> Option<f64> {
+        (self.seconds > 0.0).then(|| self.ok as f64 / self.seconds)
+    }
+}
+
+fn values(samples: &[&Sample], path: Path, f: impl Fn(&Sample) -> Option<f64>) -> Vec<f64> {
+    samples.iter().filter(|s| s.path == Some(path) && s.usable()).filter_map(|s| f(s)).collect()
+}
+
+fn diff(k: &[f64], p: &[f64], q: f64) -> Option<f64> {
+    Some(percentile(k, q)? - percentile(p, q)?)
+}
+
+/// Summarises one case; `None` when either path has no usable sample.
+pub fn summarize(case: &str, samples: &[Sample], kvmesh_rate: Option<Rate>, plain_rate: Option<Rate>) -> Option<OverheadCase> {
+    let mine: Vec<&Sample> = samples.iter().filter(|s| s.case == case).collect();
+    let gk = values(&mine, Path::Kvmesh, |s| s.gateway_ms);
+    let gp = values(&mine, Path::Plain, |s| s.gateway_ms);
+    let tk = values(&mine, Path::Kvmesh, |s| s.ttft_ms);
+    let tp = values(&mine, Path::Plain, |s| s.ttft_ms);
+    let tokens: Vec<f64> = mine.iter().filter(|s| s.usable()).filter_map(|s| s.prompt_tokens).map(|t| t as f64).collect();
+    let indexer = values(&mine, Path::Kvmesh, |s| s.indexer_ms);
+    let tokenize = values(&mine, Path::Kvmesh, |s| s.tokenize_ms);
+    Some(OverheadCase {
+        name: case.to_string(),
+        p50_added_ms: diff(&gk, &gp, 50.0)?,
+        p99_added_ms: diff(&gk, &gp, 99.0),
+        rps_kvmesh: kvmesh_rate.and_then(|r| r.per_second()),
+        rps_plain: plain_rate.and_then(|r| r.per_second()),
+        rps_kvmesh_fallback_share: kvmesh_rate.filter(|r| r.ok + r.failed > 0).map(|r| r.fallbacks as f64 / (r.ok + r.failed) as f64),
+        samples: Some(gk.len().min(gp.len()) as u64),
+        prompt_tokens: (!tokens.is_empty()).then(|| tokens.iter().sum::<f64>() / tokens.len() as f64),
+        kvmesh_p50_ms: percentile(&gk, 50.0),
+        kvmesh_p99_ms: percentile(&gk, 99.0),
+        plain_p50_ms: percentile(&gp, 50.0),
+        plain_p99_ms: percentile(&gp, 99.0),
+        client_p50_added_ms: diff(&tk, &tp, 50.0),
+        client_p99_added_ms: diff(&tk, &tp, 99.0),
+        indexer_p50_ms: percentile(&indexer, 50.0),
+        tokenize_p50_ms: percentile(&tokenize, 50.0),
+        fallbacks: Some(mine.iter().filter(|s| s.path == Some(Path::Kvmesh) && s.fallback.is_some()).count() as u64),
+        failed: Some(mine.iter().filter(|s| !s.usable()).count() as u64),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(case: &str, path: Path, g: f64, ttft: f64) -> Sample {
+        Sample { case: case.into(), path: Some(path), gateway_ms: Some(g), ttft_ms: Some(ttft), prompt_tokens: Some(100), ..Default::default() }
+    }
+
+    #[test]
+    fn added_latency_is_a_difference_of_percentiles() {
+        let mut v = Vec::new();
+        for i in 0..100 {
+            v.push(s("c", Path::Kvmesh, 1.0 + i as f64 / 100.0, 20.0 + i as f64));
+            v.push(s("c", Path::Plain, 0.1, 19.0 + i as f64));
+        }
+        v.push(Sample { case: "c".into(), path: Some(Path::Kvmesh), error: Some("HTTP 500".into()), ..Default::default() });
+        v.push(Sample { fallback: Some("timeout".into()), ..s("c", Path::Kvmesh, 100.0, 120.0) });
+        v.push(s("other", Path::Plain, 50.0, 50.0));
+        for (i, x) in v.iter_mut().filter(|x| x.path == Some(Path::Kvmesh)).enumerate() {
+            x.indexer_ms = Some(i as f64);
+        }
+        let r = Rate { ok: 300, failed: 0, fallbacks: 30, seconds: 3.0 };
+        let c = summarize("c", &v, Some(r), Some(Rate { ok: 600, seconds: 3.0, ..Default::default() })).unwrap();
+        // 101 kvmesh samples (the fallback's 100 ms included): rank 51 = 1.50; p99 rank 100 = 1.99.
+        assert!((c.p50_added_ms - (1.5 - 0.1)).abs() < 1e-9, "{c:?}");
+        assert!((c.p99_added_ms.unwrap() - (1.99 - 0.1)).abs() < 1e-9, "{c:?}");
+        assert_eq!(c.kvmesh_p50_ms, Some(1.5));
+        assert_eq!(c.plain_p99_ms, Some(0.1));
+        // 101 kvmesh TTFTs (the fallback's counts): nearest rank 51 = 70; plain rank 50 = 68.
+        assert!((c.client_p50_added_ms.unwrap() - 2.0).abs() < 1e-9, "{c:?}");
+        assert_eq!((c.fallbacks, c.failed, c.samples), (Some(1), Some(1), Some(100)));
+        assert_eq!((c.rps_kvmesh, c.rps_plain, c.rps_kvmesh_fallback_share), (Some(100.0), Some(200.0), Some(0.1)));
+        assert_eq!(c.prompt_tokens, Some(100.0));
+        assert_eq!((c.indexer_p50_ms, c.tokenize_p50_ms), (Some(50.0), None), "ranks over usable kvmesh samples");
+    }
+
+    #[test]
+    fn indexer_timers_give_one_request_s_share() {
+        let scrape = |route: f64, n: f64, tok: f64, tn: f64| {
+            crate::prom::parse(&format!(
+                "{ROUTE_TIMER}_sum {route}\n{ROUTE_TIMER}_count {n}\n{TOKENIZE_TIMER}_sum {tok}\n{TOKENIZE_TIMER}_count {tn}\n{ROUTE_TIMER}_bucket{{le=\"0.001\"}} 3\n"
+            ))
+            .unwrap()
+        };
+        let a = IndexerTimers::from_scrape(&scrape(0.5, 10.0, 0.2, 10.0)).unwrap();
+        let b = IndexerTimers::from_scrape(&scrape(0.5012, 11.0, 0.2004, 11.0)).unwrap();
+        let (route, tok) = b.one_route_since(&a).unwrap();
+        assert!((route - 1.2).abs() < 1e-6 && (tok.unwrap() - 0.4).abs() < 1e-6, "{route} {tok:?}");
+        let c = IndexerTimers::from_scrape(&scrape(0.6, 13.0, 0.3, 12.0)).unwrap();
+        assert_eq!(c.one_route_since(&b), None, "two routes in between: not attributable");
+        let d = IndexerTimers::from_scrape(&scrape(0.7, 14.0, 0.3, 12.0)).unwrap();
+        assert_eq!(d.one_route_since(&c).map(|x| x.1), Some(None), "no tokenization (token-id prompt)");
+        assert!(IndexerTimers::from_scrape(&[]).is_none());
+    }
+
+    #[test]
+    fn a_path_without_samples_gives_no_row() {
+        let v = vec![s("c", Path::Kvmesh, 1.0, 2.0)];
+        assert!(summarize("c", &v, None, None).is_none());
+        let mut r = Rate::default();
+        assert_eq!(r.per_second(), None);
+        r.add(Rate { ok: 5, failed: 1, fallbacks: 2, seconds: 0.5 });
+        r.add(Rate { ok: 5, failed: 0, fallbacks: 0, seconds: 0.5 });
+        assert_eq!((r.per_second(), r.failed, r.fallbacks), (Some(10.0), 1, 2));
+    }
+}
