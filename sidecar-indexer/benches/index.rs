@@ -4,8 +4,11 @@
 //! Criterion measures the throughput; latency percentiles (p50/p99) and bytes per entry are measured
 //! by hand in the same run (criterion reports means) and printed as `FIGURE …` lines.
 //! Short measurement times: the machine is shared. `cargo bench -p kvmesh-indexer --bench index`.
+//! With `KVMESH_BENCH_FIGURES=<file>` every figure (the apply rates from criterion's own samples)
+//! is also appended to that file as one JSON line, for the benchmark report (`make bench`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::io::Write as _;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -41,6 +44,40 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 const BS: usize = 16;
+/// Criterion samples per benchmark (see `config`).
+const SAMPLE_SIZE: usize = 20;
+/// Environment variable naming a file to append each figure to as one JSON line.
+const FIGURES_ENV: &str = "KVMESH_BENCH_FIGURES";
+
+/// Appends `figure` to `$KVMESH_BENCH_FIGURES`, when set (the printed lines are unchanged).
+fn emit(figure: serde_json::Value) {
+    let Some(path) = std::env::var_os(FIGURES_ENV) else { return };
+    let appended = std::fs::OpenOptions::new().create(true).append(true).open(&path).and_then(|mut f| writeln!(f, "{figure}"));
+    if let Err(e) = appended {
+        eprintln!("{FIGURES_ENV}: cannot append to {}: {e}", std::path::Path::new(&path).display());
+    }
+}
+
+/// The loop criterion's `iter` times, run through `iter_custom` so the `(iterations, time)`
+/// samples can be kept for [`slope_s`].
+fn timed_loop(samples: &mut Vec<(u64, Duration)>, iters: u64, mut routine: impl FnMut()) -> Duration {
+    let start = Instant::now();
+    for _ in 0..iters {
+        routine();
+    }
+    let elapsed = start.elapsed();
+    samples.push((iters, elapsed));
+    elapsed
+}
+
+/// Criterion's slope estimate over its measurement samples (the last `SAMPLE_SIZE` calls; the
+/// earlier ones are warm-up): Σ(iterations · time) / Σ(iterations²), seconds per iteration.
+fn slope_s(samples: &[(u64, Duration)]) -> Option<f64> {
+    let m = &samples[samples.len().saturating_sub(SAMPLE_SIZE)..];
+    let xy: f64 = m.iter().map(|(i, d)| *i as f64 * d.as_secs_f64()).sum();
+    let xx: f64 = m.iter().map(|(i, _)| (*i as f64).powi(2)).sum();
+    (xx > 0.0).then(|| xy / xx)
+}
 
 fn random_tokens(rng: &mut StdRng, n: usize) -> Vec<u32> {
     (0..n).map(|_| rng.gen_range(0..100_000)).collect()
@@ -93,19 +130,21 @@ fn bench_apply(c: &mut Criterion) {
     }).sum();
     let mut g = c.benchmark_group("apply");
     g.throughput(Throughput::Elements(ops));
+    let mut samples: [Vec<(u64, Duration)>; 3] = Default::default();
+    let [resident, msgpack, cached] = &mut samples;
     g.bench_function("decoded_block_ops_800k_resident", |b| {
-        b.iter(|| {
+        b.iter_custom(|iters| timed_loop(resident, iters, || {
             for (w, batches) in &rounds {
                 for batch in batches {
                     black_box(apply_batch(&mut index, *w, batch, BS as u32));
                 }
             }
-        })
+        }))
     });
     // The same rounds from msgpack bytes (what the listener thread decodes) for comparison.
     let encoded: Vec<(u32, Vec<Vec<u8>>)> = rounds.iter().map(|(w, bs)| (*w, bs.iter().map(encode).collect())).collect();
     g.bench_function("msgpack_decode_and_apply_block_ops_800k_resident", |b| {
-        b.iter(|| {
+        b.iter_custom(|iters| timed_loop(msgpack, iters, || {
             for (w, batches) in &encoded {
                 for bytes in batches {
                     if let Ok(batch) = decode_batch(bytes) {
@@ -113,7 +152,7 @@ fn bench_apply(c: &mut Criterion) {
                     }
                 }
             }
-        })
+        }))
     });
     // The same rounds against an otherwise empty index (tables stay in cache).
     let mut small = KvIndex::new(100_000_000, 10_000_000);
@@ -121,15 +160,21 @@ fn bench_apply(c: &mut Criterion) {
         small.add_worker(w);
     }
     g.bench_function("decoded_block_ops_cache_resident", |b| {
-        b.iter(|| {
+        b.iter_custom(|iters| timed_loop(cached, iters, || {
             for (w, batches) in &rounds {
                 for batch in batches {
                     black_box(apply_batch(&mut small, *w, batch, BS as u32));
                 }
             }
-        })
+        }))
     });
     g.finish();
+    let names = ["decoded_block_ops_800k_resident", "msgpack_decode_and_apply_block_ops_800k_resident", "decoded_block_ops_cache_resident"];
+    for (name, s) in names.into_iter().zip(&samples) {
+        if let Some(per_iter) = slope_s(s) {
+            emit(serde_json::json!({"bench": "index", "figure": "apply", "name": name, "block_ops_per_s": ops as f64 / per_iter, "block_ops_per_iter": ops, "s_per_iter": per_iter}));
+        }
+    }
 }
 
 /// vLLM's current (map) layout, written with rmpv.
@@ -222,11 +267,39 @@ fn percentiles(s: &MatchScenario, samples: usize) -> (Duration, Duration, usize)
     (times[samples / 2], times[samples * 99 / 100], matched)
 }
 
+/// [`percentiles`] with the caches (and TLB) flushed before every query by an untimed read of
+/// `flush` (bigger than the L3): the repeated queries above find their blocks in cache, while in
+/// production an index of ~1M blocks is in DRAM and other work runs between queries. The query's
+/// own hashes are then read back, as the caller has just computed them.
+fn cold_percentiles(s: &MatchScenario, samples: usize, flush: &[u64]) -> (Duration, Duration, usize) {
+    let mut times = Vec::with_capacity(samples);
+    let mut matched = 0;
+    for i in 0..samples {
+        black_box(flush.iter().step_by(8).fold(0u64, |a, x| a ^ x));
+        let q = &s.queries[i % s.queries.len()];
+        black_box(q.iter().fold(0u64, |a, c| a ^ c.0));
+        let t = Instant::now();
+        let m = black_box(s.index.find_matches(black_box(q)));
+        times.push(t.elapsed());
+        matched = matched.max(m.len());
+    }
+    times.sort_unstable();
+    (times[samples / 2], times[samples * 99 / 100], matched)
+}
+
+/// Makes every worker dirty (a block removed while its child stays), so queries walk block by block.
+fn make_dirty(index: &mut KvIndex, workers: u32) {
+    for w in 0..workers {
+        index.remove(w, &[(u64::from(w) << 40) | 16]);
+    }
+}
+
 fn bench_find_matches(c: &mut Criterion) {
     let mut g = c.benchmark_group("find_matches");
     let mut figures = Vec::new();
+    let flush: Vec<u64> = (0..(32u64 << 20) / 8).collect();
     for (workers, len) in [(16, 64), (16, 512), (1000, 64), (1000, 512)] {
-        let s = realistic(workers, len);
+        let mut s = realistic(workers, len);
         g.bench_function(&s.name, |b| {
             let mut i = 0;
             b.iter(|| {
@@ -235,6 +308,12 @@ fn bench_find_matches(c: &mut Criterion) {
             })
         });
         figures.push((s.name.clone(), percentiles(&s, 20_000)));
+        figures.push((format!("{}/cold", s.name), cold_percentiles(&s, 1_000, &flush)));
+        if len == 512 {
+            make_dirty(&mut s.index, workers);
+            figures.push((format!("{}/all_dirty", s.name), percentiles(&s, 2_000)));
+            figures.push((format!("{}/all_dirty_cold", s.name), cold_percentiles(&s, 500, &flush)));
+        }
     }
     let worst = everyone_holds_everything(1000, 512);
     g.bench_function(&worst.name, |b| b.iter(|| black_box(worst.index.find_matches(&worst.queries[0]))));
@@ -242,6 +321,7 @@ fn bench_find_matches(c: &mut Criterion) {
     g.finish();
     for (name, (p50, p99, workers)) in figures {
         println!("FIGURE find_matches {name}: p50 {:.2} µs, p99 {:.2} µs ({workers} workers matched)", p50.as_secs_f64() * 1e6, p99.as_secs_f64() * 1e6);
+        emit(serde_json::json!({"bench": "index", "figure": "find_matches", "name": name, "p50_us": p50.as_secs_f64() * 1e6, "p99_us": p99.as_secs_f64() * 1e6, "workers_matched": workers}));
     }
 }
 
@@ -270,12 +350,17 @@ fn memory_figures() {
             used as f64 / index.entries() as f64,
             index.approx_bytes() as f64 / index.entries() as f64
         );
+        emit(serde_json::json!({
+            "bench": "index", "figure": "memory", "name": label, "entries": index.entries(), "blocks": index.blocks(),
+            "bytes_per_entry": used as f64 / index.entries() as f64,
+            "estimated_bytes_per_entry": index.approx_bytes() as f64 / index.entries() as f64
+        }));
         drop(index);
     }
 }
 
 fn config() -> Criterion {
-    Criterion::default().sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2)).configure_from_args()
+    Criterion::default().sample_size(SAMPLE_SIZE).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2)).configure_from_args()
 }
 
 criterion_group! { name = benches; config = config(); targets = bench_apply, bench_find_matches }

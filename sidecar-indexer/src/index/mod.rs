@@ -1,104 +1,60 @@
 //! The block index: which workers hold which KV blocks, keyed by Dynamo-compatible chain hash.
 //!
 //! Shape, and why:
-//! * `blocks: chain hash → entry {holders, referenced}`. A block is identified by its whole
-//!   prefix (the chain hash), so a prompt's leading-match walk is one hash lookup per block with no
-//!   tree to keep balanced, and a worker's position in a tree never has to be repaired.
-//! * Per worker (slot): `engine hash → BlockRef {chain, parent, seed, refs, kids}`. Engine hashes
-//!   are opaque ids only used to find a store's parent and a removal's block; the chain hash is
-//!   always recomputed here from the event's token ids ([`kvmesh_core::hashing`]). A store whose
-//!   parent engine hash is unknown cannot be chained, so it is refused and counted (an orphan),
-//!   never guessed. `refs` counts duplicate stores of one engine hash (vLLM can cache one hash in
-//!   two physical blocks); `parent`/`kids` tell whether a removal leaves a child behind.
-//! * Matching gallops. A chain hash names its whole prefix, so a worker whose holdings are
-//!   prefix-closed ("clean": no block removed while a child stayed, no index eviction) holds blocks
-//!   0..j whenever it holds block j; for such workers the leading-match depths are found by
-//!   galloping and binary search instead of one lookup per block. A dirty worker (tracked exactly,
-//!   cleared when its map empties) gets the block-by-block walk. Both are exact; a proptest checks
-//!   they agree after arbitrary histories.
+//! * `blocks: chain hash → word {holders, age}`, a flat open-addressing table of 16-byte slots
+//!   ([`table`]): a block is identified by its whole prefix (the chain hash), so a prompt's
+//!   leading-match walk is one hash lookup per block — normally one cache line, holders included
+//!   ([`workers`]: up to three inline, a bitmap in a shared arena beyond) — with no tree to keep
+//!   balanced and no per-entry allocation.
+//! * Per worker (slot): `engine hash → BlockRef {chain, parent, seed, refs, kids}` (32-byte slots).
+//!   Engine hashes are opaque ids only used to find a store's parent and a removal's block; the
+//!   chain hash is always recomputed here from the event's token ids ([`kvmesh_core::hashing`]). A
+//!   store whose parent engine hash is unknown cannot be chained, so it is refused and counted (an
+//!   orphan), never guessed. `refs` counts duplicate stores of one engine hash (vLLM can cache one
+//!   hash in two physical blocks); `parent`/`kids` tell whether a removal leaves a child behind.
+//! * The index lives in DRAM once it is big, so every path is arranged to overlap cache misses:
+//!   an event's chain hashes are computed first and the table lines of a chunk of its blocks are
+//!   touched together before any is changed; queries probe several blocks per round trip.
+//! * Matching gallops ([`matching`]). A chain hash names its whole prefix, so a worker whose
+//!   holdings are prefix-closed ("clean": no block removed while a child stayed, no index
+//!   eviction) holds blocks 0..j whenever it holds block j; for such workers the leading-match
+//!   depths are found by galloping and a many-way search instead of one lookup per block. A dirty
+//!   worker (tracked exactly, cleared when its map empties) gets the block-by-block walk. Both are
+//!   exact; a proptest checks they agree after arbitrary histories.
 //! * Memory is bounded by `max_entries` (block, worker) pairs: beyond it, blocks are evicted by
-//!   second chance (CLOCK over a FIFO of chain hashes), an LRU approximation whose "use" bit a
-//!   query can set through `&self` (an atomic), so queries run under a read lock concurrently.
-//!   Eviction drops a block from the index but keeps the workers' engine-hash mappings, so later
-//!   stores still chain (and marks its holders dirty). The mappings are bounded per worker by
-//!   `max_blocks_per_worker` (the caller resyncs beyond it).
+//!   CLOCK over the table's own slots (no queue to keep): each block has a 2-bit age — 1 when
+//!   stored, 2 when a query finds it or it is stored again — that the hand decrements and evicts
+//!   at 0, so an unused new block survives one to two turns of the hand and a used one two to
+//!   three. Queries refresh the age through an atomic under the read lock. Eviction drops a block
+//!   from the index but keeps the workers' engine-hash mappings, so later stores still chain (and
+//!   marks its holders dirty). The mappings are bounded per worker by `max_blocks_per_worker` (the
+//!   caller resyncs beyond it).
 //!
 //! Everything here is synchronous and free of I/O; the applier thread owns writes.
 
+mod matching;
+mod slots;
+mod table;
 mod workers;
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvmesh_core::hashing::{self, SequenceHash};
 
-pub use workers::{WorkerSet, WorkerSlot};
-
-/// A hasher for keys that are already well-mixed 64-bit hashes (or small engine ids): one multiply.
-#[derive(Default, Clone, Copy)]
-pub struct U64Hasher(u64);
-
-impl Hasher for U64Hasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(*b)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        // Fold the high half in and multiply: good spread in both the low bits (bucket) and the
-        // high bits (hashbrown's control byte), also for sequential engine ids.
-        self.0 = (n ^ (n >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        self.0 ^= self.0 >> 32;
-    }
-}
-
-type U64Map<V> = HashMap<u64, V, BuildHasherDefault<U64Hasher>>;
-
-/// What a worker's engine hash stands for (24 bytes: the per-worker maps dominate memory).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BlockRef {
-    pub chain: SequenceHash,
-    /// Engine hash of the parent mapping (meaningful when `seed & HAS_PARENT`).
-    parent: u64,
-    /// Index into the seed table (the local-hash seed of the chain, inherited by children), with
-    /// [`HAS_PARENT`] in the top bit.
-    seed: u32,
-    /// Live stores of this engine hash not yet removed (saturating).
-    pub refs: u16,
-    /// Mapped children chained after this block (saturating; `u16::MAX` = unknown, treated as many).
-    kids: u16,
-}
-
-const HAS_PARENT: u32 = 1 << 31;
-
-impl BlockRef {
-    fn new(chain: SequenceHash, parent: Option<u64>, seed: u32) -> Self {
-        let flag = if parent.is_some() { HAS_PARENT } else { 0 };
-        Self { chain, parent: parent.unwrap_or(0), seed: seed | flag, refs: 0, kids: 0 }
-    }
-    fn parent(&self) -> Option<u64> {
-        (self.seed & HAS_PARENT != 0).then_some(self.parent)
-    }
-    fn seed_id(&self) -> u32 {
-        self.seed & !HAS_PARENT
-    }
-}
-
-struct Entry {
-    holders: WorkerSet,
-    referenced: AtomicBool,
-}
+use slots::{block_hash, BlockSlot, RefSlot, U64Hasher, AGE_NEW, AGE_USED};
+pub use slots::BlockRef;
+use table::Table;
+use workers::{Bitmaps, Holders, AGE_MASK, AGE_SHIFT};
+pub use workers::{WorkerSlot, MAX_SLOT};
 
 #[derive(Default)]
 struct WorkerBlocks {
     active: bool,
     /// Not known to be prefix-closed (see [`KvIndex::find_matches`]); cleared when the map empties.
     dirty: bool,
-    map: U64Map<BlockRef>,
+    map: Table<RefSlot, 2>,
 }
 
 /// The result of one `BlockStored`.
@@ -122,36 +78,38 @@ pub type OverlapScores = Vec<(WorkerSlot, u32)>;
 /// Most distinct local-hash seeds (LoRA × cache salt combinations) remembered.
 pub const MAX_SEEDS: usize = 1 << 20;
 
-/// Blocks looked up together in `find_matches`: independent lookups let the CPU overlap their
-/// cache misses instead of paying them one after another.
-const LOOKAHEAD: usize = 32;
+/// Blocks of one event whose table lines are fetched together before any is changed.
+const CHUNK: usize = 16;
 
 /// The index. Writers need `&mut`; [`KvIndex::find_matches`] needs `&self` only.
 pub struct KvIndex {
-    blocks: U64Map<Entry>,
-    /// Second-chance FIFO over chain hashes (CLOCK without positional access); may hold stale or
-    /// repeated hashes, compacted when it grows past twice the live blocks.
-    order: VecDeque<u64>,
+    blocks: Table<BlockSlot, 4>,
+    bitmaps: Bitmaps,
+    /// The CLOCK hand: a slot position in `blocks`.
+    hand: usize,
     workers: Vec<WorkerBlocks>,
     seeds: Vec<u64>,
-    seed_ids: U64Map<u32>,
+    seed_ids: HashMap<u64, u32, BuildHasherDefault<U64Hasher>>,
     /// Bitmap of dirty worker slots (mirrors `WorkerBlocks::dirty`) for a word-wise check.
     dirty_words: Vec<u64>,
     max_entries: usize,
     max_blocks_per_worker: usize,
     entries: usize,
     evictions: u64,
+    /// Chain hashes of the store being applied (kept to reuse its allocation).
+    scratch: Vec<u64>,
 }
 
 impl KvIndex {
     /// An empty index bounded to `max_entries` (block, worker) pairs and `max_blocks_per_worker`
     /// engine-hash mappings per worker.
     pub fn new(max_entries: usize, max_blocks_per_worker: usize) -> Self {
-        let mut seed_ids = U64Map::default();
+        let mut seed_ids = HashMap::default();
         seed_ids.insert(hashing::XXH3_SEED, 0);
         Self {
-            blocks: U64Map::default(),
-            order: VecDeque::new(),
+            blocks: Table::default(),
+            bitmaps: Bitmaps::default(),
+            hand: 0,
             workers: Vec::new(),
             seeds: vec![hashing::XXH3_SEED],
             seed_ids,
@@ -160,6 +118,7 @@ impl KvIndex {
             max_blocks_per_worker: max_blocks_per_worker.max(1),
             entries: 0,
             evictions: 0,
+            scratch: Vec::new(),
         }
     }
 
@@ -168,14 +127,20 @@ impl KvIndex {
         self.max_entries = max_entries.max(1);
         self.max_blocks_per_worker = max_blocks_per_worker.max(1);
         self.enforce_bound();
+        self.blocks.shrink_if_sparse();
     }
 
-    /// Makes `slot` a live worker (idempotent). Slots are small dense numbers chosen by the caller.
+    /// Makes `slot` a live worker (idempotent). Slots are small dense numbers chosen by the caller;
+    /// a slot above [`MAX_SLOT`] is not registered (its stores answer `UnknownWorker`).
     pub fn add_worker(&mut self, slot: WorkerSlot) {
+        if slot > MAX_SLOT {
+            return;
+        }
         let i = slot as usize;
         if self.workers.len() <= i {
             self.workers.resize_with(i + 1, WorkerBlocks::default);
         }
+        self.bitmaps.ensure_slots(i + 1);
         self.workers[i].active = true;
     }
 
@@ -184,18 +149,23 @@ impl KvIndex {
         self.clear_worker(slot);
         if let Some(w) = self.workers.get_mut(slot as usize) {
             w.active = false;
-            w.map = U64Map::default();
         }
     }
 
     /// Forgets everything `slot` holds (`AllBlocksCleared`, a resync) but keeps it registered.
     pub fn clear_worker(&mut self, slot: WorkerSlot) {
         let Some(w) = self.workers.get_mut(slot as usize) else { return };
-        let map = std::mem::take(&mut w.map);
-        for r in map.values() {
-            self.unhold(r.chain.0, slot);
+        let map = w.map.take();
+        let chains: Vec<u64> = map.iter().map(|s| s.r.chain.0).collect();
+        drop(map);
+        for chunk in chains.chunks(CHUNK) {
+            std::hint::black_box(chunk.iter().fold(0, |a, c| a ^ self.blocks.touch(*c)));
+            for c in chunk {
+                self.unhold(*c, slot);
+            }
         }
         self.set_dirty(slot, false);
+        self.blocks.shrink_if_sparse();
     }
 
     fn set_dirty(&mut self, slot: WorkerSlot, dirty: bool) {
@@ -248,8 +218,8 @@ impl KvIndex {
         };
         let (mut prev, seed_id) = match parent {
             None => (None, None),
-            Some(p) => match w.map.get(&p) {
-                Some(r) => (Some(r.chain), Some(r.seed_id())),
+            Some(p) => match w.map.get(p) {
+                Some(s) => (Some(s.r.chain), Some(s.r.seed_id())),
                 None => return StoreOutcome::Orphan,
             },
         };
@@ -258,13 +228,25 @@ impl KvIndex {
             None => return StoreOutcome::Malformed,
         };
         let seed = self.seeds[seed_id as usize];
-        let mut parent_engine = parent;
-        for (engine, tokens) in block_hashes.iter().zip(token_ids.chunks_exact(block_size)) {
-            let chain = hashing::chain(prev, hashing::local_block_hash(tokens, seed));
-            self.hold_engine(slot, *engine, parent_engine, chain, seed_id);
-            prev = Some(chain);
-            parent_engine = Some(*engine);
+        // Hash first (pure compute), so each chunk's table lines can be fetched together below.
+        let mut chains = std::mem::take(&mut self.scratch);
+        chains.clear();
+        for tokens in token_ids.chunks_exact(block_size) {
+            let c = hashing::chain(prev, block_hash(tokens, seed));
+            chains.push(c.0);
+            prev = Some(c);
         }
+        let mut parent_engine = parent;
+        for (engines, hashes) in block_hashes.chunks(CHUNK).zip(chains.chunks(CHUNK)) {
+            let map = &self.workers[slot as usize].map;
+            let touched = engines.iter().zip(hashes).fold(0, |a, (e, c)| a ^ map.touch(*e) ^ self.blocks.touch(*c));
+            std::hint::black_box(touched);
+            for (engine, chain) in engines.iter().zip(hashes) {
+                self.hold_engine(slot, *engine, parent_engine, SequenceHash(*chain), seed_id);
+                parent_engine = Some(*engine);
+            }
+        }
+        self.scratch = chains;
         self.enforce_bound();
         if self.worker_blocks(slot) > self.max_blocks_per_worker {
             return StoreOutcome::TooManyBlocks;
@@ -280,16 +262,18 @@ impl KvIndex {
     pub fn remove(&mut self, slot: WorkerSlot, block_hashes: &[u64]) -> usize {
         let Some(w) = self.workers.get_mut(slot as usize) else { return block_hashes.len() };
         let mut unknown = 0;
-        let mut gone: Vec<(u64, BlockRef)> = Vec::new();
-        for engine in block_hashes {
-            let Some(r) = w.map.get_mut(engine) else {
-                unknown += 1;
-                continue;
-            };
-            r.refs = r.refs.saturating_sub(1);
-            if r.refs == 0 {
-                if let Some(r) = w.map.remove(engine) {
-                    gone.push((*engine, r));
+        let mut gone: Vec<(u64, BlockRef)> = Vec::with_capacity(block_hashes.len());
+        for chunk in block_hashes.chunks(CHUNK) {
+            std::hint::black_box(chunk.iter().fold(0, |a, e| a ^ w.map.touch(*e)));
+            for engine in chunk {
+                let Some(pos) = w.map.find(*engine) else {
+                    unknown += 1;
+                    continue;
+                };
+                let r = &mut w.map.at_mut(pos).r;
+                r.refs = r.refs.saturating_sub(1);
+                if r.refs == 0 {
+                    gone.push((*engine, w.map.remove_at(pos).r));
                 }
             }
         }
@@ -297,13 +281,25 @@ impl KvIndex {
             return unknown;
         }
         // Children leaving in this batch no longer count as their parents' kids.
-        let positions: U64Map<usize> = if gone.len() > 8 { gone.iter().enumerate().map(|(i, (h, _))| (*h, i)).collect() } else { U64Map::default() };
+        let mut sorted: Option<Vec<(u64, usize)>> = None;
         for i in 0..gone.len() {
             let Some(p) = gone[i].1.parent() else { continue };
-            let parent = match w.map.get_mut(&p) {
-                Some(r) => Some(r),
+            let parent = match w.map.get_mut(p) {
+                Some(s) => Some(&mut s.r),
                 None => {
-                    let j = if gone.len() > 8 { positions.get(&p).copied() } else { gone.iter().position(|(h, _)| *h == p) };
+                    // Parent gone in this batch too: usually its neighbour in the batch.
+                    let j = if i > 0 && gone[i - 1].0 == p {
+                        Some(i - 1)
+                    } else if gone.get(i + 1).is_some_and(|g| g.0 == p) {
+                        Some(i + 1)
+                    } else {
+                        let idx = sorted.get_or_insert_with(|| {
+                            let mut v: Vec<(u64, usize)> = gone.iter().enumerate().map(|(i, (h, _))| (*h, i)).collect();
+                            v.sort_unstable();
+                            v
+                        });
+                        idx.binary_search_by_key(&p, |e| e.0).ok().map(|k| idx[k].1)
+                    };
                     j.map(|j| &mut gone[j].1)
                 }
             };
@@ -314,9 +310,12 @@ impl KvIndex {
             }
         }
         let interior = gone.iter().any(|(_, r)| r.kids > 0);
-        let now_empty = w.map.is_empty();
-        for (_, r) in &gone {
-            self.unhold(r.chain.0, slot);
+        let now_empty = w.map.len() == 0;
+        for chunk in gone.chunks(CHUNK) {
+            std::hint::black_box(chunk.iter().fold(0, |a, (_, r)| a ^ self.blocks.touch(r.chain.0)));
+            for (_, r) in chunk {
+                self.unhold(r.chain.0, slot);
+            }
         }
         if now_empty {
             self.set_dirty(slot, false);
@@ -335,12 +334,12 @@ impl KvIndex {
         let mut new = Vec::new();
         let mut parent: Option<u64> = None;
         for c in chains {
-            let r = w.map.entry(c.0).or_insert(BlockRef::new(*c, parent, 0));
-            if r.refs == 0 {
-                r.refs = 1;
+            let (s, _) = w.map.get_or_insert_with(c.0, || RefSlot { key: c.0, r: BlockRef::new(*c, parent, 0) });
+            if s.r.refs == 0 {
+                s.r.refs = 1;
                 new.push(c.0);
-                if let Some(pr) = parent.and_then(|p| w.map.get_mut(&p)) {
-                    pr.kids = pr.kids.saturating_add(1);
+                if let Some(pr) = parent.and_then(|p| w.map.get_mut(p)) {
+                    pr.r.kids = pr.r.kids.saturating_add(1);
                 }
             }
             parent = Some(c.0);
@@ -354,7 +353,8 @@ impl KvIndex {
 
     fn hold_engine(&mut self, slot: WorkerSlot, engine: u64, parent: Option<u64>, chain: SequenceHash, seed: u32) {
         let w = &mut self.workers[slot as usize];
-        let r = w.map.entry(engine).or_insert(BlockRef::new(chain, parent, seed));
+        let (s, _) = w.map.get_or_insert_with(engine, || RefSlot { key: engine, r: BlockRef::new(chain, parent, seed) });
+        let r = &mut s.r;
         let stale = if r.chain != chain {
             // The engine reused a hash for different content: the old mapping is stale.
             let old = r.chain.0;
@@ -366,8 +366,8 @@ impl KvIndex {
         let first = r.refs == 0;
         r.refs = r.refs.saturating_add(1);
         if first {
-            if let Some(pr) = parent.and_then(|p| w.map.get_mut(&p)) {
-                pr.kids = pr.kids.saturating_add(1);
+            if let Some(pr) = parent.and_then(|p| w.map.get_mut(p)) {
+                pr.r.kids = pr.r.kids.saturating_add(1);
             }
         }
         if let Some(old) = stale {
@@ -378,178 +378,65 @@ impl KvIndex {
     }
 
     fn hold(&mut self, chain: u64, slot: WorkerSlot) {
-        match self.blocks.entry(chain) {
-            std::collections::hash_map::Entry::Occupied(mut o) => {
-                let e = o.get_mut();
-                if e.holders.insert(slot) {
-                    self.entries += 1;
-                }
-                e.referenced.store(true, Ordering::Relaxed);
-            }
-            std::collections::hash_map::Entry::Vacant(v) => {
-                // New blocks start unreferenced: a block is "used" when a query matches it or it is
-                // stored again. Otherwise a sweep over all-referenced entries would evict hot ones.
-                v.insert(Entry { holders: WorkerSet::single(slot), referenced: AtomicBool::new(false) });
-                self.order.push_back(chain);
-                self.entries += 1;
-            }
+        let (s, new) = self.blocks.get_or_insert_with(chain, || BlockSlot { key: chain, word: AtomicU64::new(workers::single(slot, AGE_NEW)) });
+        self.entries += 1;
+        if new {
+            return;
         }
+        let word = s.word.get_mut();
+        if !workers::insert(word, slot, &mut self.bitmaps) {
+            self.entries -= 1;
+        }
+        *word = (*word & !AGE_MASK) | AGE_USED << AGE_SHIFT;
     }
 
     fn unhold(&mut self, chain: u64, slot: WorkerSlot) {
-        let Some(e) = self.blocks.get_mut(&chain) else { return };
-        if e.holders.remove(slot) {
+        let Some(pos) = self.blocks.find(chain) else { return };
+        let word = self.blocks.at_mut(pos).word.get_mut();
+        if workers::remove(word, slot, &mut self.bitmaps) {
             self.entries -= 1;
         }
-        if e.holders.is_empty() {
-            self.blocks.remove(&chain);
-            if self.order.len() > 2 * self.blocks.len() + 1024 {
-                self.compact_order();
-            }
+        if workers::count(*word) == 0 {
+            self.blocks.remove_at(pos);
         }
-    }
-
-    /// Drops stale and repeated hashes from the eviction queue (amortised O(1) per removal).
-    fn compact_order(&mut self) {
-        let mut seen = std::collections::HashSet::with_capacity_and_hasher(self.blocks.len(), BuildHasherDefault::<U64Hasher>::default());
-        let blocks = &self.blocks;
-        self.order.retain(|c| blocks.contains_key(c) && seen.insert(*c));
     }
 
     fn enforce_bound(&mut self) {
-        // Second chance: a referenced block loses its bit and goes to the back; at most one full
-        // pass clears every bit, so the loop ends.
-        let mut budget = 2 * self.order.len() + 2;
+        // CLOCK over the table slots: a block of age > 0 is aged and passed over, one of age 0 is
+        // evicted. Three turns of the hand bring every age to 0, so the budget ends the loop.
+        let mut budget = 3 * self.blocks.slots() + 3;
+        let mut holders = Vec::new();
         while self.entries > self.max_entries && budget > 0 {
             budget -= 1;
-            let Some(chain) = self.order.pop_front() else { break };
-            let Some(e) = self.blocks.get(&chain) else { continue };
-            if e.referenced.swap(false, Ordering::Relaxed) {
-                self.order.push_back(chain);
-                continue;
-            }
-            if let Some(e) = self.blocks.remove(&chain) {
-                self.entries -= e.holders.len();
-                self.evictions += 1;
-                // The holders' mappings stay, so their holdings may now have a hole.
-                for s in e.holders.iter() {
-                    self.set_dirty(s, true);
-                }
-            }
-        }
-    }
-
-    /// Per worker slot, how many leading blocks of `chains` it holds (workers holding none of the
-    /// first block are absent). Stops as soon as no worker matches the prefix so far.
-    ///
-    /// Exact in every case. When every worker holding block 0 is *clean* — its holdings are
-    /// prefix-closed: no block was removed while a child stayed, no index eviction touched it —
-    /// holding block j implies holding blocks 0..j (a chain hash names its whole prefix), so the
-    /// holder sets shrink monotonically along the prompt and the drop-out points are found by
-    /// galloping and binary search: O(drops × log blocks) lookups instead of one per block.
-    /// Otherwise every block is checked ([`KvIndex::walk`]). vLLM-style eviction (children before
-    /// parents) keeps workers clean.
-    pub fn find_matches(&self, chains: &[SequenceHash]) -> OverlapScores {
-        let Some(first) = chains.first().and_then(|c| self.lookup(c.0)) else { return OverlapScores::new() };
-        let mut active = workers::Active::from_set(&first.holders);
-        if active.any_in(&self.dirty_words) {
-            return self.walk(chains);
-        }
-        let mut scores = OverlapScores::new();
-        let n = chains.len();
-        let all_hold = |active: &workers::Active, j: usize| self.lookup(chains[j].0).is_some_and(|e| active.subset_of(&e.holders));
-        let mut lo = 0usize; // every active worker holds blocks 0..=lo
-        while lo + 1 < n {
-            let mut step = 1;
-            let hi = loop {
-                let j = (lo + step).min(n - 1);
-                if !all_hold(&active, j) {
-                    break j;
-                }
-                lo = j;
-                if j == n - 1 {
-                    break n;
-                }
-                step *= 2;
-            };
-            if hi == n {
+            let total = self.blocks.slots();
+            if total == 0 {
                 break;
             }
-            let mut hi = hi;
-            while hi - lo > 1 {
-                let mid = lo + (hi - lo) / 2;
-                if all_hold(&active, mid) {
-                    lo = mid;
-                } else {
-                    hi = mid;
-                }
+            if self.hand >= total {
+                self.hand = 0;
             }
-            // Block `hi` is the first some active worker lacks: those hold exactly `hi` blocks.
-            match self.lookup(chains[hi].0) {
-                None => {
-                    active.for_each(|s| scores.push((s, hi as u32)));
-                    return scores;
-                }
-                Some(e) => {
-                    active.intersect(&e.holders, |s| scores.push((s, hi as u32)));
-                    if active.is_empty() {
-                        return scores;
-                    }
-                }
+            let word = self.blocks.at_mut(self.hand).word.get_mut();
+            if *word == 0 {
+                self.hand += 1;
+                continue;
             }
-            lo = hi;
-        }
-        active.for_each(|s| scores.push((s, n as u32)));
-        scores
-    }
-
-    #[inline]
-    fn lookup(&self, chain: u64) -> Option<&Entry> {
-        let e = self.blocks.get(&chain)?;
-        // Load first: writing a cache line every query would make readers fight over it.
-        if !e.referenced.load(Ordering::Relaxed) {
-            e.referenced.store(true, Ordering::Relaxed);
-        }
-        Some(e)
-    }
-
-    /// [`KvIndex::find_matches`] checking every block (for dirty workers, and as its test oracle).
-    pub fn walk(&self, chains: &[SequenceHash]) -> OverlapScores {
-        let mut scores = OverlapScores::new();
-        let mut active: Option<workers::Active> = None;
-        let mut depth = 0u32;
-        let mut found: [Option<&Entry>; LOOKAHEAD] = [None; LOOKAHEAD];
-        for chunk in chains.chunks(LOOKAHEAD) {
-            for (slot, c) in found.iter_mut().zip(chunk) {
-                *slot = self.blocks.get(&c.0);
+            if *word & AGE_MASK != 0 {
+                *word -= 1 << AGE_SHIFT;
+                self.hand += 1;
+                continue;
             }
-            for e in &found[..chunk.len()] {
-                let Some(e) = e else {
-                    if let Some(a) = &active {
-                        a.for_each(|s| scores.push((s, depth)));
-                    }
-                    return scores;
-                };
-                if !e.referenced.load(Ordering::Relaxed) {
-                    // Load first: writing a cache line every query would make readers fight over it.
-                    e.referenced.store(true, Ordering::Relaxed);
-                }
-                match &mut active {
-                    None => active = Some(workers::Active::from_set(&e.holders)),
-                    Some(a) => {
-                        a.intersect(&e.holders, |s| scores.push((s, depth)));
-                        if a.is_empty() {
-                            return scores;
-                        }
-                    }
-                }
-                depth += 1;
+            // Evict. The hand stays: a later entry may have shifted back into this slot.
+            let word = self.blocks.remove_at(self.hand).word.into_inner();
+            holders.clear();
+            Holders::of(word, &self.bitmaps).for_each(|s| holders.push(s));
+            workers::release(word, &mut self.bitmaps);
+            self.entries -= holders.len();
+            self.evictions += 1;
+            // The holders' mappings stay, so their holdings may now have a hole.
+            for &s in &holders {
+                self.set_dirty(s, true);
             }
         }
-        if let Some(a) = &active {
-            a.for_each(|s| scores.push((s, depth)));
-        }
-        scores
     }
 
     /// Distinct blocks in the index.
@@ -574,24 +461,21 @@ impl KvIndex {
 
     /// Whether `slot` holds block `chain` in the index.
     pub fn holds(&self, slot: WorkerSlot, chain: SequenceHash) -> bool {
-        self.blocks.get(&chain.0).is_some_and(|e| e.holders.contains(slot))
+        self.blocks.get(chain.0).is_some_and(|s| Holders::of(s.word.load(Ordering::Relaxed), &self.bitmaps).contains(slot))
     }
 
     /// `slot`'s engine hashes with what they map to (debug and tests).
     pub fn worker_refs(&self, slot: WorkerSlot) -> Vec<(u64, BlockRef)> {
-        self.workers.get(slot as usize).map_or_else(Vec::new, |w| w.map.iter().map(|(k, v)| (*k, *v)).collect())
+        self.workers.get(slot as usize).map_or_else(Vec::new, |w| w.map.iter().map(|s| (s.key, s.r)).collect())
     }
 
-    /// Approximate heap bytes held (tables at capacity, queue, bitmaps, per-worker maps).
+    /// Heap bytes held (tables, bitmap arena, per-worker tables, seeds) — what is allocated, at
+    /// capacity, not an estimate per entry.
     pub fn approx_bytes(&self) -> usize {
+        let mut total = self.blocks.bytes() + self.bitmaps.bytes() + self.workers.capacity() * std::mem::size_of::<WorkerBlocks>();
+        total += self.workers.iter().map(|w| w.map.bytes()).sum::<usize>();
         // hashbrown: one control byte plus the (key, value) slot per bucket.
-        let table = |cap: usize, kv: usize| cap * (kv + 1);
-        let mut total = table(self.blocks.capacity(), std::mem::size_of::<(u64, Entry)>()) + self.order.capacity() * 8;
-        total += self.blocks.values().map(|e| e.holders.heap_bytes()).sum::<usize>();
-        for w in &self.workers {
-            total += table(w.map.capacity(), std::mem::size_of::<(u64, BlockRef)>());
-        }
-        total + self.seeds.capacity() * 8 + table(self.seed_ids.capacity(), 16)
+        total + self.seeds.capacity() * 8 + self.seed_ids.capacity() * 13 + self.dirty_words.capacity() * 8 + self.scratch.capacity() * 8
     }
 }
 

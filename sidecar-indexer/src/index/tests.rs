@@ -323,3 +323,113 @@ fn clean_workers_gallop_and_dirty_ones_are_still_exact() {
     idx.clear_worker(1);
     assert_eq!(idx.dirty_words.first().copied().unwrap_or(0), 0);
 }
+
+#[test]
+fn one_shot_block_hash_equals_cores_streaming_hash() {
+    let seeds = [XXH3_SEED, hashing::block_seed(Some("lora"), Some("salt")), 0];
+    for n in [0usize, 1, 3, 4, 16, 59, 60, 61, 64, 128, 255, 256, 257, 1000] {
+        let tokens: Vec<u32> = (0..n as u32).map(|t| t.wrapping_mul(2_654_435_761)).collect();
+        for seed in seeds {
+            assert_eq!(block_hash(&tokens, seed), hashing::local_block_hash(&tokens, seed), "{n} tokens, seed {seed}");
+        }
+    }
+}
+
+
+#[test]
+fn clock_keeps_used_blocks_and_counts_evictions() {
+    let mut idx = KvIndex::new(4, 1_000);
+    idx.add_worker(0);
+    let root = |i: u32| toks(10_000 + i * 4..10_004 + i * 4);
+    for i in 0..4u32 {
+        idx.store(0, None, &[u64::from(i)], &root(i), BS, XXH3_SEED);
+    }
+    assert_eq!((idx.entries(), idx.evictions()), (4, 0));
+    for i in 4..40u32 {
+        // Block 0 is used between stores; the others never are.
+        assert_eq!(matches(&idx, &root(0)), vec![(0, 1)], "store {i}");
+        idx.store(0, None, &[u64::from(i)], &root(i), BS, XXH3_SEED);
+        assert_eq!(idx.entries(), 4);
+        assert_eq!(idx.evictions(), u64::from(i) - 3);
+    }
+    // Evicted blocks leave the index but not the worker's mappings.
+    assert_eq!(idx.worker_blocks(0), 40);
+    assert_eq!(idx.blocks(), 4);
+    // A block stored again counts as used too.
+    let mut idx = KvIndex::new(2, 1_000);
+    idx.add_worker(0);
+    idx.store(0, None, &[1], &root(1), BS, XXH3_SEED);
+    for i in 2..20u32 {
+        idx.store(0, None, &[1], &root(1), BS, XXH3_SEED);
+        idx.store(0, None, &[u64::from(i)], &root(i), BS, XXH3_SEED);
+        assert!(idx.holds(0, sequence_hashes(&root(1), BS, XXH3_SEED)[0]), "store {i}");
+    }
+}
+
+#[test]
+fn eviction_of_a_widely_held_block_releases_its_bitmap() {
+    let slots: Vec<WorkerSlot> = (0..6).collect();
+    let mut idx = KvIndex::new(6, 1_000);
+    for &w in &slots {
+        idx.add_worker(w);
+    }
+    let shared = toks(0..4);
+    for &w in &slots {
+        idx.store(w, None, &[1], &shared, BS, XXH3_SEED);
+    }
+    assert_eq!((idx.blocks(), idx.entries()), (1, 6));
+    assert!(idx.bitmaps.bytes() > 0, "six holders live in a bitmap");
+    // A tighter bound (a reload) cannot be met while the six-holder block stays.
+    idx.set_limits(1, 1_000);
+    assert!(idx.entries() <= 1);
+    assert_eq!((idx.blocks(), idx.evictions()), (0, 1));
+    assert_eq!(idx.bitmaps.bytes(), 0);
+    assert_eq!(matches(&idx, &shared), vec![]);
+    // Every former holder is dirty now (its mapping stayed, the block left); matching stays exact.
+    assert!(slots.iter().all(|&w| idx.dirty_words[0] & (1 << w) != 0));
+}
+
+#[test]
+fn removing_workers_one_by_one_frees_their_entries_and_bitmaps() {
+    let slots: Vec<WorkerSlot> = (0..6).collect();
+    let mut idx = index_with(&slots);
+    let shared = toks(0..32); // 8 blocks everyone holds
+    for &w in &slots {
+        let hashes: Vec<u64> = (0..8).map(|b| engine(w, b)).collect();
+        idx.store(w, None, &hashes, &shared, BS, XXH3_SEED);
+        // And a private 4-block chain.
+        let own = toks(1000 * (w + 1)..1000 * (w + 1) + 16);
+        idx.store(w, None, &[engine(w, 100), engine(w, 101), engine(w, 102), engine(w, 103)], &own, BS, XXH3_SEED);
+    }
+    assert_eq!((idx.blocks(), idx.entries()), (8 + 6 * 4, 6 * 12));
+    let full = idx.approx_bytes();
+    for (i, &w) in slots.iter().enumerate() {
+        idx.remove_worker(w);
+        let left = slots.len() - i - 1;
+        assert_eq!(idx.entries(), left * 12, "after removing {w}");
+        assert_eq!(idx.blocks(), if left > 0 { 8 + left * 4 } else { 0 });
+        let want: Vec<(WorkerSlot, u32)> = slots[i + 1..].iter().map(|&s| (s, 8)).collect();
+        assert_eq!(matches(&idx, &shared), want);
+        if left <= 3 {
+            assert_eq!(idx.bitmaps.bytes(), 0, "three holders fit inline");
+        }
+        assert_eq!(idx.store(w, None, &[1], &shared[..4], BS, XXH3_SEED), StoreOutcome::UnknownWorker);
+    }
+    assert!(idx.approx_bytes() < full, "tables shrink once empty");
+}
+
+#[test]
+fn slots_above_the_packed_limit_are_not_registered() {
+    let mut idx = KvIndex::new(1_000, 1_000);
+    idx.add_worker(MAX_SLOT + 1);
+    assert_eq!(idx.store(MAX_SLOT + 1, None, &[1], &toks(0..4), BS, XXH3_SEED), StoreOutcome::UnknownWorker);
+    idx.add_worker(MAX_SLOT);
+    for w in 0..4 {
+        idx.add_worker(w);
+    }
+    let t = toks(0..8);
+    for w in [MAX_SLOT, 0, 1, 2, 3] {
+        idx.store(w, None, &[1, 2], &t, BS, XXH3_SEED);
+    }
+    assert_eq!(matches(&idx, &t), vec![(0, 2), (1, 2), (2, 2), (3, 2), (MAX_SLOT, 2)]);
+}

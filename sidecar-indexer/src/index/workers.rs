@@ -1,35 +1,256 @@
-//! The set of worker slots holding one block, and the shrinking "still matching" set of a query.
+//! The set of worker slots holding one block, packed into one 64-bit word, and the shrinking
+//! "still matching" set of a query.
 //!
-//! Most blocks are held by one or two workers, a few (shared system prompts) by most of the fleet.
-//! [`WorkerSet`] therefore keeps up to three slots inline (16 bytes, no allocation) and switches to
-//! a bitmap beyond that, so that a query walking 512 blocks held by 1,000 workers intersects 16
-//! words per block instead of 1,000 ids. [`Active`] is the query side of the same idea.
+//! Most blocks are held by one or two workers, a few (shared system prompts) by much of the fleet.
+//! A block's holders therefore live in the block's table slot itself — up to three 20-bit slot
+//! numbers, no allocation, no pointer to chase — and beyond three in a bitmap in one shared arena
+//! ([`Bitmaps`], fixed stride, free list) that the word points into, so a query over 512 blocks
+//! held by 1,000 workers intersects 16 words per block. The same word carries the block's CLOCK
+//! age (two bits), which queries refresh through an atomic under the read lock.
+//!
+//! Word layout: bits 0..60 three slot fields (unused = all ones) or, with [`BITMAP`], the arena
+//! index (bits 0..32) and holder count (bits 32..53); bits 60..62 the age; bit 62 [`BITMAP`]. An
+//! occupied word is never 0 (an inline word has at least one unused all-ones field or three
+//! distinct slots), so 0 marks an empty table slot. [`Active`] is the query side.
 
 /// A dense worker number (index into bitmaps). Slots are reused after a worker leaves.
 pub type WorkerSlot = u32;
 
+/// Highest slot the index accepts (slot numbers are packed in 20 bits).
+pub const MAX_SLOT: WorkerSlot = (1 << 20) - 2;
+
+const FIELD: u32 = 20;
+const NONE: u64 = (1 << FIELD) - 1;
 const INLINE: usize = 3;
+const INLINE_MASK: u64 = (1 << 60) - 1;
+pub(crate) const AGE_SHIFT: u32 = 60;
+pub(crate) const AGE_MASK: u64 = 3 << AGE_SHIFT;
+/// The holders are a bitmap in the arena.
+pub(crate) const BITMAP: u64 = 1 << 62;
+const COUNT_SHIFT: u32 = 32;
+const COUNT_MASK: u64 = ((1 << 21) - 1) << COUNT_SHIFT;
 
-/// Which workers hold one block.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WorkerSet {
-    /// Up to three slots, sorted, `len` of them valid.
-    Few { len: u8, ids: [WorkerSlot; INLINE] },
-    /// A bitmap over slots with its population count.
-    Many(Box<Bitmap>),
+/// The word of a block held by `slot` alone, with age `age`.
+pub(crate) fn single(slot: WorkerSlot, age: u64) -> u64 {
+    u64::from(slot) | NONE << FIELD | NONE << (2 * FIELD) | age << AGE_SHIFT
 }
 
-/// A bitmap over worker slots.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Bitmap {
-    pub(crate) count: u32,
-    pub(crate) words: Vec<u64>,
+fn field(word: u64, i: usize) -> u64 {
+    (word >> (FIELD * i as u32)) & NONE
 }
 
-impl Bitmap {
-    fn contains(&self, slot: WorkerSlot) -> bool {
+/// Bitmaps of worker slots, `stride` words each, in one vector.
+#[derive(Default)]
+pub(crate) struct Bitmaps {
+    words: Vec<u64>,
+    stride: usize,
+    free: Vec<u32>,
+}
+
+impl Bitmaps {
+    /// Makes room for slots below `slots` (re-lays the arena when the stride grows; rare).
+    pub(crate) fn ensure_slots(&mut self, slots: usize) {
+        let stride = slots.div_ceil(64).max(1);
+        if stride <= self.stride {
+            return;
+        }
+        let count = self.words.len() / self.stride.max(1);
+        let mut words = vec![0u64; count * stride];
+        for i in 0..count {
+            words[i * stride..i * stride + self.stride].copy_from_slice(&self.words[i * self.stride..(i + 1) * self.stride]);
+        }
+        self.words = words;
+        self.stride = stride;
+    }
+
+    /// The words of bitmap `i`.
+    #[inline]
+    pub(crate) fn get(&self, i: u32) -> &[u64] {
+        let at = i as usize * self.stride;
+        self.words.get(at..at + self.stride).unwrap_or(&[])
+    }
+
+    fn get_mut(&mut self, i: u32) -> &mut [u64] {
+        let at = i as usize * self.stride;
+        self.words.get_mut(at..at + self.stride).unwrap_or(&mut [])
+    }
+
+    /// Loads bitmap `i`'s first line (see `Table::touch`).
+    #[inline]
+    pub(crate) fn touch(&self, i: u32) -> u64 {
+        self.words.get(i as usize * self.stride).copied().unwrap_or(0)
+    }
+
+    fn alloc(&mut self) -> u32 {
+        if let Some(i) = self.free.pop() {
+            return i;
+        }
+        let i = (self.words.len() / self.stride.max(1)) as u32;
+        self.words.resize(self.words.len() + self.stride.max(1), 0);
+        i
+    }
+
+    fn release(&mut self, i: u32) {
+        self.get_mut(i).fill(0);
+        self.free.push(i);
+        if self.free.len() * self.stride.max(1) == self.words.len() {
+            // Every bitmap is free: give the memory back.
+            self.words = Vec::new();
+            self.free = Vec::new();
+        }
+    }
+
+    /// Heap bytes allocated.
+    pub(crate) fn bytes(&self) -> usize {
+        self.words.capacity() * 8 + self.free.capacity() * 4
+    }
+}
+
+/// A read-only view of one block's holders.
+#[derive(Clone, Copy)]
+pub(crate) enum Holders<'a> {
+    /// The block word itself: up to three slot fields, unused ones all ones (never a valid slot,
+    /// so a slot is looked up by comparing all three fields without decoding).
+    Inline(u64),
+    Bits { words: &'a [u64], count: u32 },
+}
+
+impl<'a> Holders<'a> {
+    /// Views `word` (an occupied block word).
+    #[inline]
+    pub(crate) fn of(word: u64, bitmaps: &'a Bitmaps) -> Self {
+        if word & BITMAP != 0 {
+            return Self::Bits { words: bitmaps.get(word as u32), count: ((word & COUNT_MASK) >> COUNT_SHIFT) as u32 };
+        }
+        Self::Inline(word)
+    }
+
+    /// Number of holders.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Self::Inline(word) => count(*word),
+            Self::Bits { count, .. } => *count as usize,
+        }
+    }
+
+    /// Whether `slot` holds the block.
+    #[inline]
+    pub(crate) fn contains(&self, slot: WorkerSlot) -> bool {
+        match self {
+            Self::Inline(word) => {
+                let s = u64::from(slot);
+                field(*word, 0) == s || field(*word, 1) == s || field(*word, 2) == s
+            }
+            Self::Bits { words, .. } => bit(words, slot),
+        }
+    }
+
+    /// Calls `f` for every holder, ascending for bitmaps.
+    pub(crate) fn for_each(&self, mut f: impl FnMut(WorkerSlot)) {
+        match self {
+            Self::Inline(word) => (0..INLINE).map(|i| field(*word, i)).take_while(|&x| x != NONE).for_each(|x| f(x as WorkerSlot)),
+            Self::Bits { words, .. } => for_each_bit(words, &mut f),
+        }
+    }
+}
+
+/// Adds `slot` to the holders in `word`; true when it was not there. Keeps the age bits.
+pub(crate) fn insert(word: &mut u64, slot: WorkerSlot, bitmaps: &mut Bitmaps) -> bool {
+    if *word & BITMAP != 0 {
+        let i = *word as u32;
+        let words = bitmaps.get_mut(i);
         let (w, b) = split(slot);
-        self.words.get(w).is_some_and(|word| word & (1u64 << b) != 0)
+        let Some(cell) = words.get_mut(w) else { return false };
+        if *cell & (1 << b) != 0 {
+            return false;
+        }
+        *cell |= 1 << b;
+        *word += 1 << COUNT_SHIFT;
+        return true;
+    }
+    let mut free = None;
+    for i in 0..INLINE {
+        let f = field(*word, i);
+        if f == u64::from(slot) {
+            return false;
+        }
+        if f == NONE {
+            free = Some(i);
+            break;
+        }
+    }
+    if let Some(i) = free {
+        let shift = FIELD * i as u32;
+        *word = (*word & !(NONE << shift)) | u64::from(slot) << shift;
+        return true;
+    }
+    // Three inline already: move to a bitmap.
+    let i = bitmaps.alloc();
+    let words = bitmaps.get_mut(i);
+    for s in (0..INLINE).map(|f| field(*word, f) as WorkerSlot).chain(std::iter::once(slot)) {
+        let (w, b) = split(s);
+        if let Some(cell) = words.get_mut(w) {
+            *cell |= 1 << b;
+        }
+    }
+    *word = (*word & AGE_MASK) | BITMAP | (INLINE as u64 + 1) << COUNT_SHIFT | u64::from(i);
+    true
+}
+
+/// Removes `slot` from the holders in `word`; true when it was there. A bitmap shrinking to three
+/// goes back inline (its arena bitmap is released). Leaves an inline word with no holder at all
+/// ones in its fields: check [`count`] and drop the block.
+pub(crate) fn remove(word: &mut u64, slot: WorkerSlot, bitmaps: &mut Bitmaps) -> bool {
+    if *word & BITMAP != 0 {
+        let i = *word as u32;
+        let words = bitmaps.get_mut(i);
+        let (w, b) = split(slot);
+        let Some(cell) = words.get_mut(w) else { return false };
+        if *cell & (1 << b) == 0 {
+            return false;
+        }
+        *cell &= !(1 << b);
+        *word -= 1 << COUNT_SHIFT;
+        if count(*word) <= INLINE {
+            let mut inline = NONE | NONE << FIELD | NONE << (2 * FIELD);
+            let mut n = 0;
+            for_each_bit(words, |s| {
+                let shift = FIELD * n;
+                inline = (inline & !(NONE << shift)) | u64::from(s) << shift;
+                n += 1;
+            });
+            bitmaps.release(i);
+            *word = (*word & AGE_MASK) | inline;
+        }
+        return true;
+    }
+    let fields: [u64; INLINE] = std::array::from_fn(|i| field(*word, i));
+    if !fields.contains(&u64::from(slot)) {
+        return false;
+    }
+    let mut kept = fields.iter().copied().filter(|&f| f != u64::from(slot) && f != NONE);
+    let mut inline = 0;
+    for i in 0..INLINE {
+        inline |= kept.next().unwrap_or(NONE) << (FIELD * i as u32);
+    }
+    *word = (*word & !INLINE_MASK) | inline;
+    true
+}
+
+/// Number of holders in `word`.
+#[inline]
+pub(crate) fn count(word: u64) -> usize {
+    if word & BITMAP != 0 {
+        return ((word & COUNT_MASK) >> COUNT_SHIFT) as usize;
+    }
+    (0..INLINE).take_while(|&i| field(word, i) != NONE).count()
+}
+
+/// Releases the arena bitmap of `word`, if it has one (the block leaves the index).
+pub(crate) fn release(word: u64, bitmaps: &mut Bitmaps) {
+    if word & BITMAP != 0 {
+        bitmaps.release(word as u32);
     }
 }
 
@@ -37,311 +258,152 @@ fn split(slot: WorkerSlot) -> (usize, u32) {
     ((slot / 64) as usize, slot % 64)
 }
 
-impl Default for WorkerSet {
-    fn default() -> Self {
-        Self::Few { len: 0, ids: [0; INLINE] }
-    }
+#[inline]
+fn bit(words: &[u64], slot: WorkerSlot) -> bool {
+    let (w, b) = split(slot);
+    words.get(w).is_some_and(|word| word & (1u64 << b) != 0)
 }
 
-impl WorkerSet {
-    /// A set holding only `slot`.
-    pub fn single(slot: WorkerSlot) -> Self {
-        Self::Few { len: 1, ids: [slot, 0, 0] }
-    }
-
-    /// Number of slots in the set.
-    pub fn len(&self) -> usize {
-        match self {
-            Self::Few { len, .. } => *len as usize,
-            Self::Many(b) => b.count as usize,
-        }
-    }
-
-    /// Whether no worker holds the block.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Whether `slot` is in the set.
-    #[inline]
-    pub fn contains(&self, slot: WorkerSlot) -> bool {
-        match self {
-            Self::Few { len, ids } => ids[..*len as usize].contains(&slot),
-            Self::Many(b) => b.contains(slot),
-        }
-    }
-
-    /// Adds `slot`; true when it was not there.
-    pub fn insert(&mut self, slot: WorkerSlot) -> bool {
-        match self {
-            Self::Few { len, ids } => {
-                let n = *len as usize;
-                if ids[..n].contains(&slot) {
-                    return false;
-                }
-                if n < INLINE {
-                    ids[n] = slot;
-                    *len += 1;
-                    ids[..=n].sort_unstable();
-                    return true;
-                }
-                let mut bitmap = Bitmap { count: 0, words: Vec::new() };
-                for s in ids.iter().copied().chain(std::iter::once(slot)) {
-                    set_bit(&mut bitmap, s);
-                }
-                *self = Self::Many(Box::new(bitmap));
-                true
-            }
-            Self::Many(b) => {
-                if b.contains(slot) {
-                    return false;
-                }
-                set_bit(b, slot);
-                true
-            }
-        }
-    }
-
-    /// Removes `slot`; true when it was there. A bitmap that shrinks to three goes back inline.
-    pub fn remove(&mut self, slot: WorkerSlot) -> bool {
-        match self {
-            Self::Few { len, ids } => {
-                let n = *len as usize;
-                let Some(pos) = ids[..n].iter().position(|&s| s == slot) else { return false };
-                ids.copy_within(pos + 1..n, pos);
-                *len -= 1;
-                true
-            }
-            Self::Many(b) => {
-                if !b.contains(slot) {
-                    return false;
-                }
-                let (w, bit) = split(slot);
-                b.words[w] &= !(1u64 << bit);
-                b.count -= 1;
-                if b.count as usize <= INLINE {
-                    let mut ids = [0; INLINE];
-                    let mut len = 0u8;
-                    for s in bits(&b.words) {
-                        ids[len as usize] = s;
-                        len += 1;
-                    }
-                    *self = Self::Few { len, ids };
-                }
-                true
-            }
-        }
-    }
-
-    /// The slots, ascending.
-    pub fn iter(&self) -> SetIter<'_> {
-        match self {
-            Self::Few { len, ids } => SetIter::Few(ids[..*len as usize].iter()),
-            Self::Many(b) => SetIter::Many(Box::new(bits(&b.words))),
-        }
-    }
-
-    /// Heap bytes owned by this set (for the memory figure).
-    pub fn heap_bytes(&self) -> usize {
-        match self {
-            Self::Few { .. } => 0,
-            Self::Many(b) => std::mem::size_of::<Bitmap>() + b.words.capacity() * 8,
-        }
-    }
-}
-
-/// Iterator over a [`WorkerSet`] (no allocation for inline sets).
-pub enum SetIter<'a> {
-    Few(std::slice::Iter<'a, WorkerSlot>),
-    Many(Box<dyn Iterator<Item = WorkerSlot> + 'a>),
-}
-
-impl Iterator for SetIter<'_> {
-    type Item = WorkerSlot;
-    fn next(&mut self) -> Option<WorkerSlot> {
-        match self {
-            Self::Few(it) => it.next().copied(),
-            Self::Many(it) => it.next(),
-        }
-    }
-}
-
-fn set_bit(b: &mut Bitmap, slot: WorkerSlot) {
-    let (w, bit) = split(slot);
-    if b.words.len() <= w {
-        b.words.resize(w + 1, 0);
-    }
-    b.words[w] |= 1u64 << bit;
-    b.count += 1;
-}
-
-/// Set bits of `words` as slots, ascending.
-pub(crate) fn bits(words: &[u64]) -> impl Iterator<Item = WorkerSlot> + '_ {
-    words.iter().enumerate().flat_map(|(i, &word)| {
+fn for_each_bit(words: &[u64], mut f: impl FnMut(WorkerSlot)) {
+    for (i, &word) in words.iter().enumerate() {
         let mut w = word;
-        std::iter::from_fn(move || {
-            if w == 0 {
-                return None;
-            }
-            let b = w.trailing_zeros();
+        while w != 0 {
+            f(i as u32 * 64 + w.trailing_zeros());
             w &= w - 1;
-            Some(i as u32 * 64 + b)
-        })
-    })
+        }
+    }
 }
+
+/// Below this many workers a query's active set is a list (cheaper per block than a bitmap).
+const LIST: usize = 8;
 
 /// The workers still matching every block so far during one `find_matches` walk.
 pub(crate) enum Active {
-    List(Vec<WorkerSlot>),
+    List { ids: [WorkerSlot; LIST], len: usize },
     Bits { words: Vec<u64>, count: u32 },
 }
 
-/// Below this many workers a bitmap query set becomes a list (cheaper per block).
-const LIST_BELOW: u32 = 8;
-
 impl Active {
-    pub(crate) fn from_set(set: &WorkerSet) -> Self {
-        match set {
-            WorkerSet::Few { len, ids } => Self::List(ids[..*len as usize].to_vec()),
-            WorkerSet::Many(b) => Self::Bits { words: b.words.clone(), count: b.count },
+    /// The holders of the first block.
+    pub(crate) fn from_holders(h: &Holders<'_>) -> Self {
+        match h {
+            Holders::Bits { words, count } if *count as usize >= LIST => Self::Bits { words: words.to_vec(), count: *count },
+            _ => {
+                let mut ids = [0; LIST];
+                let mut len = 0;
+                h.for_each(|s| {
+                    if len < LIST {
+                        ids[len] = s;
+                        len += 1;
+                    }
+                });
+                Self::List { ids, len }
+            }
+        }
+    }
+
+    /// Workers in the set.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Self::List { len, .. } => *len,
+            Self::Bits { count, .. } => *count as usize,
         }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        match self {
-            Self::List(l) => l.is_empty(),
-            Self::Bits { count, .. } => *count == 0,
-        }
+        self.len() == 0
     }
 
-    /// Keeps only the workers in `set`; calls `dropped` for each one that leaves.
-    pub(crate) fn intersect(&mut self, set: &WorkerSet, mut dropped: impl FnMut(WorkerSlot)) {
+    /// Keeps only the workers in `h`; calls `dropped` for each one that leaves.
+    pub(crate) fn intersect(&mut self, h: &Holders<'_>, mut dropped: impl FnMut(WorkerSlot)) {
         match self {
-            Self::List(list) => list.retain(|&s| {
-                let keep = set.contains(s);
-                if !keep {
-                    dropped(s);
-                }
-                keep
-            }),
-            Self::Bits { words, count } => {
-                match set {
-                    WorkerSet::Many(b) => {
-                        // Fast path: the block's holders are a superset of the active set.
-                        let mut same = true;
-                        for (i, w) in words.iter().enumerate() {
-                            let other = b.words.get(i).copied().unwrap_or(0);
-                            same &= w & !other == 0;
-                        }
-                        if same {
-                            return;
-                        }
-                        for (i, w) in words.iter_mut().enumerate() {
-                            let other = b.words.get(i).copied().unwrap_or(0);
-                            let gone = *w & !other;
-                            for s in bits(std::slice::from_ref(&gone)) {
-                                dropped(i as u32 * 64 + s);
-                            }
-                            *count -= gone.count_ones();
-                            *w &= other;
-                        }
+            Self::List { ids, len } => {
+                let mut kept = 0;
+                for i in 0..*len {
+                    let s = ids[i];
+                    if h.contains(s) {
+                        ids[kept] = s;
+                        kept += 1;
+                    } else {
+                        dropped(s);
                     }
-                    WorkerSet::Few { .. } => {
-                        let keep: Vec<WorkerSlot> = set.iter().filter(|&s| bit(words, s)).collect();
-                        for s in bits(words) {
-                            if !keep.contains(&s) {
-                                dropped(s);
-                            }
-                        }
-                        *self = Self::List(keep);
+                }
+                *len = kept;
+            }
+            Self::Bits { words, count } => {
+                if let Holders::Bits { words: other, .. } = h {
+                    let mut gone_any = 0;
+                    for (i, w) in words.iter().enumerate() {
+                        gone_any |= w & !other.get(i).copied().unwrap_or(0);
+                    }
+                    if gone_any == 0 {
+                        // The block's holders are a superset of the active set (the common case).
                         return;
                     }
                 }
-                if *count < LIST_BELOW {
-                    *self = Self::List(bits(words).collect());
+                for (i, w) in words.iter_mut().enumerate() {
+                    let gone = match h {
+                        Holders::Bits { words: other, .. } => *w & !other.get(i).copied().unwrap_or(0),
+                        Holders::Inline(_) => {
+                            let mut keep = 0u64;
+                            h.for_each(|s| {
+                                if s / 64 == i as u32 {
+                                    keep |= 1 << (s % 64);
+                                }
+                            });
+                            *w & !keep
+                        }
+                    };
+                    for_each_bit(std::slice::from_ref(&gone), |s| dropped(i as u32 * 64 + s));
+                    *count -= gone.count_ones();
+                    *w &= !gone;
+                }
+                if (*count as usize) < LIST {
+                    let mut ids = [0; LIST];
+                    let mut len = 0;
+                    for_each_bit(words, |s| {
+                        ids[len] = s;
+                        len += 1;
+                    });
+                    *self = Self::List { ids, len };
                 }
             }
         }
     }
 
-    /// Whether every active worker is in `set`.
-    pub(crate) fn subset_of(&self, set: &WorkerSet) -> bool {
-        match (self, set) {
-            (Self::List(l), _) => l.iter().all(|&s| set.contains(s)),
-            (Self::Bits { words, .. }, WorkerSet::Many(b)) => {
-                words.iter().enumerate().all(|(i, w)| w & !b.words.get(i).copied().unwrap_or(0) == 0)
+    /// Whether every active worker is in `h`.
+    #[inline]
+    pub(crate) fn subset_of(&self, h: &Holders<'_>) -> bool {
+        if self.len() > h.len() {
+            return false;
+        }
+        match (self, h) {
+            (Self::List { ids, len }, _) => ids[..*len].iter().all(|&s| h.contains(s)),
+            (Self::Bits { words, .. }, Holders::Bits { words: other, .. }) => {
+                words.iter().enumerate().all(|(i, w)| w & !other.get(i).copied().unwrap_or(0) == 0)
             }
-            (Self::Bits { count, words }, WorkerSet::Few { .. }) => {
-                *count as usize <= set.len() && bits(words).all(|s| set.contains(s))
-            }
+            // A bitmap set has at least LIST members, more than an inline holder list.
+            (Self::Bits { .. }, Holders::Inline(_)) => false,
         }
     }
 
     /// Whether any active worker's bit is set in `words`.
     pub(crate) fn any_in(&self, words: &[u64]) -> bool {
         match self {
-            Self::List(l) => l.iter().any(|&s| bit(words, s)),
+            Self::List { ids, len } => ids[..*len].iter().any(|&s| bit(words, s)),
             Self::Bits { words: mine, .. } => mine.iter().zip(words).any(|(a, b)| a & b != 0),
         }
     }
 
+    /// Calls `f` for every active worker.
     pub(crate) fn for_each(&self, mut f: impl FnMut(WorkerSlot)) {
         match self {
-            Self::List(l) => l.iter().copied().for_each(f),
-            Self::Bits { words, .. } => bits(words).for_each(&mut f),
+            Self::List { ids, len } => ids[..*len].iter().copied().for_each(f),
+            Self::Bits { words, .. } => for_each_bit(words, &mut f),
         }
     }
-}
-
-fn bit(words: &[u64], slot: WorkerSlot) -> bool {
-    let (w, b) = split(slot);
-    words.get(w).is_some_and(|word| word & (1u64 << b) != 0)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::BTreeSet;
-
-    #[test]
-    fn grows_to_a_bitmap_and_back() {
-        let mut s = WorkerSet::default();
-        let mut model = BTreeSet::new();
-        let ops: &[(bool, u32)] =
-            &[(true, 5), (true, 1), (true, 5), (true, 900), (true, 64), (false, 1), (true, 2), (false, 900), (false, 64), (false, 7)];
-        for &(insert, slot) in ops {
-            let changed = if insert { s.insert(slot) } else { s.remove(slot) };
-            let model_changed = if insert { model.insert(slot) } else { model.remove(&slot) };
-            assert_eq!(changed, model_changed, "{insert} {slot}");
-            assert_eq!(s.iter().collect::<BTreeSet<_>>(), model);
-            assert_eq!(s.len(), model.len());
-        }
-        assert!(matches!(s, WorkerSet::Few { .. }));
-    }
-
-    #[test]
-    fn active_set_intersects_and_reports_drops() {
-        let mut big = WorkerSet::default();
-        for s in 0..100 {
-            big.insert(s);
-        }
-        let mut smaller = big.clone();
-        for s in (0..100).step_by(2) {
-            smaller.remove(s);
-        }
-        let mut active = Active::from_set(&big);
-        let mut dropped = Vec::new();
-        active.intersect(&big, |s| dropped.push(s));
-        assert!(dropped.is_empty());
-        active.intersect(&smaller, |s| dropped.push(s));
-        assert_eq!(dropped, (0..100).step_by(2).collect::<Vec<_>>());
-        dropped.clear();
-        let mut few = WorkerSet::single(3);
-        few.insert(4);
-        active.intersect(&few, |s| dropped.push(s));
-        let mut left = Vec::new();
-        active.for_each(|s| left.push(s));
-        assert_eq!(left, vec![3]);
-        assert_eq!(dropped.len(), 49);
-    }
-}
+#[path = "workers_tests.rs"]
+mod tests;
