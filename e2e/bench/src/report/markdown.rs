@@ -88,7 +88,7 @@ pub fn render(m: &RunManifest, summaries: &[PolicySummary], targets: &[TargetRes
         render_policies(&mut s, m, summaries, plots);
     }
 
-    let _ = writeln!(s, "\n## Targets\n\nGoals from the issue, reported, never asserted.\n");
+    let _ = writeln!(s, "\n## Targets\n\nGoals from the issue, reported, never asserted. What limits the missed ones on the reference run is analysed in e2e/bench/README.md (\"Latest results, and why targets are missed\").\n");
     let _ = writeln!(s, "| target | measured | reference | verdict | note |\n|---|---|---|---|---|");
     for t in targets {
         let _ = writeln!(s, "| {} | {} | {} | {} | {} |", t.target, t.measured, t.reference, verdict(&t.verdict), t.note);

@@ -88,6 +88,14 @@ pub fn evaluate(summaries: &[PolicySummary], ceiling: Option<&Ceiling>, overhead
     let precise = find(POLICY_KVMESH_PRECISE);
     let missing = |name: &str| if find(name).is_none() { format!("policy {name} not in this run") } else { String::new() };
     let mut out = Vec::new();
+    // When precise placed every request exactly where approximate did, its extra knowledge did
+    // not change a single decision (session pins decided): the reader should know that.
+    let same_placement = match (precise, find(POLICY_KVMESH_APPROXIMATE)) {
+        (Some(p), Some(a)) if !p.requests_balance.per_worker.is_empty() && p.requests_balance.per_worker == a.requests_balance.per_worker => {
+            format!("{POLICY_KVMESH_PRECISE} placed requests exactly as {POLICY_KVMESH_APPROXIMATE} (same requests per worker): session pins decided placement, not the index")
+        }
+        _ => String::new(),
+    };
 
     let hit = precise.and_then(|p| p.engine_hit_rate);
     let ceil = ceiling.map(Ceiling::block_rate);
@@ -108,6 +116,7 @@ pub fn evaluate(summaries: &[PolicySummary], ceiling: Option<&Ceiling>, overhead
             missing(POLICY_KVMESH_PRECISE),
             if ceiling.is_none() { "no ceiling (not a trace workload)".into() } else { String::new() },
             preempted,
+            same_placement.clone(),
         ]
             .into_iter()
             .filter(|s| !s.is_empty())
@@ -122,7 +131,7 @@ pub fn evaluate(summaries: &[PolicySummary], ceiling: Option<&Ceiling>, overhead
             measured: fmt_opt(p90(POLICY_KVMESH_PRECISE), " ms", 1),
             reference: fmt_opt(p90(other), " ms", 1),
             verdict: judge(p90(POLICY_KVMESH_PRECISE), p90(other), bound, false),
-            note: [missing(POLICY_KVMESH_PRECISE), missing(other)]
+            note: [missing(POLICY_KVMESH_PRECISE), missing(other), if other == POLICY_KVMESH_APPROXIMATE { same_placement.clone() } else { String::new() }]
                 .into_iter()
                 .filter(|s| !s.is_empty())
                 .collect::<Vec<_>>()
@@ -216,6 +225,12 @@ mod tests {
         assert!(matches!(t[2].verdict, Verdict::Missed { ratio } if (ratio - 0.9).abs() < 1e-9));
         assert!(matches!(t[3].verdict, Verdict::Missed { ratio } if (ratio - 1.5).abs() < 1e-9));
         assert!(matches!(t[4].verdict, Verdict::Met { .. }));
+        assert!(!t[0].note.contains("placed requests exactly"), "different placements: {}", t[0].note);
+        // Precise placing exactly as approximate is said on the hit-rate and the approximate TTFT targets.
+        let same = vec![policy(POLICY_KVMESH_APPROXIMATE, 50.0, 20.0, &["w0", "w1"]), policy(POLICY_KVMESH_PRECISE, 45.0, 20.0, &["w1", "w0"])];
+        let t = evaluate(&same, Some(&ceiling), &overhead);
+        assert!(t[0].note.contains("session pins decided placement"), "{}", t[0].note);
+        assert!(t[2].note.contains("session pins decided placement") && !t[1].note.contains("session pins"), "{:?}", (&t[1].note, &t[2].note));
     }
 
     #[test]
