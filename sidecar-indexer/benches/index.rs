@@ -8,7 +8,6 @@
 //! is also appended to that file as one JSON line, for the benchmark report (`make bench`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::io::Write as _;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -46,17 +45,9 @@ static GLOBAL: Counting = Counting;
 const BS: usize = 16;
 /// Criterion samples per benchmark (see `config`).
 const SAMPLE_SIZE: usize = 20;
-/// Environment variable naming a file to append each figure to as one JSON line.
-const FIGURES_ENV: &str = "KVMESH_BENCH_FIGURES";
-
-/// Appends `figure` to `$KVMESH_BENCH_FIGURES`, when set (the printed lines are unchanged).
-fn emit(figure: serde_json::Value) {
-    let Some(path) = std::env::var_os(FIGURES_ENV) else { return };
-    let appended = std::fs::OpenOptions::new().create(true).append(true).open(&path).and_then(|mut f| writeln!(f, "{figure}"));
-    if let Err(e) = appended {
-        eprintln!("{FIGURES_ENV}: cannot append to {}: {e}", std::path::Path::new(&path).display());
-    }
-}
+#[path = "common/figures.rs"]
+mod figures;
+use figures::emit;
 
 /// The loop criterion's `iter` times, run through `iter_custom` so the `(iterations, time)`
 /// samples can be kept for [`slope_s`].

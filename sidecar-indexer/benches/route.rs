@@ -5,7 +5,6 @@
 //! With `KVMESH_BENCH_FIGURES=<file>` each figure is also appended to that file as one JSON line,
 //! for the benchmark report (`make bench`).
 
-use std::io::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -72,17 +71,9 @@ async fn route(app: &axum::Router, body: String) -> anyhow::Result<Duration> {
     Ok(t.elapsed())
 }
 
-/// Environment variable naming a file to append each figure to as one JSON line.
-const FIGURES_ENV: &str = "KVMESH_BENCH_FIGURES";
-
-/// Appends `figure` to `$KVMESH_BENCH_FIGURES`, when set (the printed lines are unchanged).
-fn emit(figure: serde_json::Value) {
-    let Some(path) = std::env::var_os(FIGURES_ENV) else { return };
-    let appended = std::fs::OpenOptions::new().create(true).append(true).open(&path).and_then(|mut f| writeln!(f, "{figure}"));
-    if let Err(e) = appended {
-        eprintln!("{FIGURES_ENV}: cannot append to {}: {e}", std::path::Path::new(&path).display());
-    }
-}
+#[path = "common/figures.rs"]
+mod figures;
+use figures::emit;
 
 fn pcts(mut v: Vec<Duration>) -> (f64, f64) {
     v.sort_unstable();
