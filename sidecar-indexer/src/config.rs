@@ -175,6 +175,17 @@ impl KvMigration {
     }
 }
 
+/// Where a session's requests go (`session_placement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionPlacement {
+    /// Pin to the rendezvous-hash worker of the session key (what the filter's fallback pins to).
+    Rendezvous,
+    /// Place a session's first request by cost (overlap and load), then keep it where it was last
+    /// served (`kv_home`); without a remembered home (TTL, restart) it is placed by cost again.
+    Sticky,
+}
+
 /// Every policy knob and bound. Defaults are the documented ones (README, "Configuration").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -226,6 +237,8 @@ pub struct RoutingConfig {
     pub approx_max_blocks_per_worker: usize,
     /// How often the config file is checked for changes (SIGHUP reloads at once).
     pub reload_poll_ms: u64,
+    /// `rendezvous` (default) or `sticky` (see [`SessionPlacement`]).
+    pub session_placement: SessionPlacement,
     /// Conditional disaggregation: prompts with at least this many tokens uncached on the chosen
     /// decode worker get a remote prefill leg; 0 = off (everything aggregate).
     pub min_remote_prefill_tokens: u64,
@@ -277,6 +290,7 @@ impl Default for RoutingConfig {
             approx_ttl_secs: 120,
             approx_max_blocks_per_worker: 200_000,
             reload_poll_ms: 1000,
+            session_placement: SessionPlacement::Rendezvous,
             min_remote_prefill_tokens: 0,
             prefill_timeout_ms: 10_000,
             local_continuations: false,

@@ -12,13 +12,15 @@
 //! key pins to `kvmesh_core::rendezvous::pick` over the healthy decode-capable workers — the same
 //! function and the same candidate set as `FleetSnapshot::pin`, so the filter's fallback agrees —
 //! unless the pinned worker is overloaded; then the best other non-overloaded worker is chosen.
+//! With `session_placement = sticky` the pin is the session's last decode worker instead, and a
+//! session seen for the first time is placed by cost.
 
 use kvmesh_core::api::{Mode, Role, RouteDecision};
 use kvmesh_core::rendezvous;
 use kvmesh_core::session::{SessionKey, SessionSource};
 use rand::Rng;
 
-use crate::config::RoutingConfig;
+use crate::config::{RoutingConfig, SessionPlacement};
 use crate::modes::{choose_mode, ModeInput, Opportunity};
 
 /// One worker as the decision sees it.
@@ -237,10 +239,17 @@ fn decide_worker<R: Rng + ?Sized>(
         return Err(DecideError::NoDecodeWorker);
     }
 
-    if let Some((key, source)) = input.session {
-        let ids = candidates.iter().map(|w| w.id);
-        let pinned_id = rendezvous::pick(key.0, ids).ok_or(DecideError::NoDecodeWorker)?;
-        let pinned = candidates.iter().copied().find(|w| w.id == pinned_id).ok_or(DecideError::NoDecodeWorker)?;
+    // `sticky`: a session is pinned to where it was last served; its first request is placed by cost.
+    let sticky = cfg.session_placement == SessionPlacement::Sticky;
+    let home = input.kv_home.filter(|_| sticky).and_then(|h| candidates.iter().copied().find(|w| w.id == h));
+    if let Some((key, source)) = input.session.filter(|_| !sticky || home.is_some()) {
+        let pinned = match home {
+            Some(h) => h,
+            None => {
+                let pinned_id = rendezvous::pick(key.0, candidates.iter().map(|w| w.id)).ok_or(DecideError::NoDecodeWorker)?;
+                candidates.iter().copied().find(|w| w.id == pinned_id).ok_or(DecideError::NoDecodeWorker)?
+            }
+        };
         let ranked = rendezvous::rank(key.0, candidates.iter().map(|w| w.id));
         match overloaded(pinned, cfg) {
             None => {

@@ -126,6 +126,27 @@ fn session_pin_agrees_with_the_fleet_snapshot_pin() {
 }
 
 #[test]
+fn sticky_sessions_start_by_cost_and_stay_where_they_were_served() {
+    let cfg = RoutingConfig { session_placement: SessionPlacement::Sticky, ..RoutingConfig::default() };
+    let workers = vec![view("w1", 0, 500), view("w2", 0, 0), view("w3", 0, 900)];
+    let key = SessionKey(kvmesh_core::hashing::xxh3(b"s", 0));
+    // No home yet: placed by cost (the least loaded), whatever its rendezvous worker.
+    let first = RouteInput { session: Some((key, SessionSource::Header)), ..input(640) };
+    let plan = decide(&first, &workers, &cfg, &mut rng()).unwrap();
+    assert_eq!((plan.worker.as_str(), plan.basis), ("w2", Basis::LowestCost), "{}", plan.reason);
+    // With a home: pinned there although another worker is less loaded.
+    let later = RouteInput { kv_home: Some("w3"), ..first.clone() };
+    let plan = decide(&later, &workers, &cfg, &mut rng()).unwrap();
+    assert_eq!((plan.worker.as_str(), plan.basis), ("w3", Basis::SessionPin), "{}", plan.reason);
+    // A home that is gone or unhealthy is no pin.
+    let gone = RouteInput { kv_home: Some("w9"), ..first.clone() };
+    assert_eq!(decide(&gone, &workers, &cfg, &mut rng()).unwrap().worker, "w2");
+    // The default (rendezvous) ignores kv_home for placement.
+    let rendezvous = decide(&later, &workers, &RoutingConfig::default(), &mut rng()).unwrap();
+    assert_eq!(Some(rendezvous.worker.as_str()), fleet(&workers).pin(key.0).map(|w| w.id.as_str()));
+}
+
+#[test]
 fn removing_a_worker_moves_only_its_sessions() {
     let cfg = RoutingConfig::default();
     let all: Vec<WorkerView<'static>> = ["w1", "w2", "w3", "w4"].iter().map(|id| view(id, 0, 0)).collect();

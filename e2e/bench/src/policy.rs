@@ -86,8 +86,8 @@ impl Policy {
     /// The indexer's `[routing]` lines, for kvmesh policies.
     pub fn routing_toml(self) -> &'static str {
         match self {
-            Self::KvmeshApproximate => "mode = \"approximate\"",
-            Self::KvmeshPrecise => "mode = \"precise\"",
+            Self::KvmeshApproximate => "mode = \"approximate\"\nsession_placement = \"sticky\"",
+            Self::KvmeshPrecise => "mode = \"precise\"\nsession_placement = \"sticky\"",
             _ => "",
         }
     }
@@ -99,9 +99,9 @@ impl Policy {
             Self::LeastRequest => "Envoy LEAST_REQUEST over the fleet, no filter",
             Self::RingHash => "Envoy RING_HASH on the session header (consistent hashing), no filter",
             Self::KvmeshApproximate => {
-                "kvmesh filter + indexer in approximate mode (engines publish no KV events; the index learns from its own decisions, with a TTL and a per-worker bound)"
+                "kvmesh filter + indexer in approximate mode (engines publish no KV events; the index learns from its own decisions, with a TTL and a per-worker bound), sticky session placement"
             }
-            Self::KvmeshPrecise => "kvmesh filter + indexer in precise mode (index fed by the engines' KV events)",
+            Self::KvmeshPrecise => "kvmesh filter + indexer in precise mode (index fed by the engines' KV events), sticky session placement",
         }
     }
 }
