@@ -244,31 +244,20 @@ fn everyone_holds_everything(workers: u32, len: usize) -> MatchScenario {
     MatchScenario { name: format!("{len}_blocks/{workers}_workers_all_hold_all"), index, queries: vec![sequence_hashes(&tokens, BS, XXH3_SEED)] }
 }
 
-fn percentiles(s: &MatchScenario, samples: usize) -> (Duration, Duration, usize) {
+/// p50, p99 and the most workers matched over `samples` queries. With `flush`, the caches (and TLB)
+/// are flushed before every query by an untimed read of `flush` (bigger than the L3): repeated
+/// queries otherwise find their blocks in cache, while in production an index of ~1M blocks is in
+/// DRAM and other work runs between queries. The query's own hashes are then read back, as the
+/// caller has just computed them.
+fn percentiles(s: &MatchScenario, samples: usize, flush: Option<&[u64]>) -> (Duration, Duration, usize) {
     let mut times = Vec::with_capacity(samples);
     let mut matched = 0;
     for i in 0..samples {
         let q = &s.queries[i % s.queries.len()];
-        let t = Instant::now();
-        let m = black_box(s.index.find_matches(black_box(q)));
-        times.push(t.elapsed());
-        matched = matched.max(m.len());
-    }
-    times.sort_unstable();
-    (times[samples / 2], times[samples * 99 / 100], matched)
-}
-
-/// [`percentiles`] with the caches (and TLB) flushed before every query by an untimed read of
-/// `flush` (bigger than the L3): the repeated queries above find their blocks in cache, while in
-/// production an index of ~1M blocks is in DRAM and other work runs between queries. The query's
-/// own hashes are then read back, as the caller has just computed them.
-fn cold_percentiles(s: &MatchScenario, samples: usize, flush: &[u64]) -> (Duration, Duration, usize) {
-    let mut times = Vec::with_capacity(samples);
-    let mut matched = 0;
-    for i in 0..samples {
-        black_box(flush.iter().step_by(8).fold(0u64, |a, x| a ^ x));
-        let q = &s.queries[i % s.queries.len()];
-        black_box(q.iter().fold(0u64, |a, c| a ^ c.0));
+        if let Some(flush) = flush {
+            black_box(flush.iter().step_by(8).fold(0u64, |a, x| a ^ x));
+            black_box(q.iter().fold(0u64, |a, c| a ^ c.0));
+        }
         let t = Instant::now();
         let m = black_box(s.index.find_matches(black_box(q)));
         times.push(t.elapsed());
@@ -298,17 +287,17 @@ fn bench_find_matches(c: &mut Criterion) {
                 black_box(s.index.find_matches(&s.queries[i % s.queries.len()]))
             })
         });
-        figures.push((s.name.clone(), percentiles(&s, 20_000)));
-        figures.push((format!("{}/cold", s.name), cold_percentiles(&s, 1_000, &flush)));
+        figures.push((s.name.clone(), percentiles(&s, 20_000, None)));
+        figures.push((format!("{}/cold", s.name), percentiles(&s, 1_000, Some(&flush))));
         if len == 512 {
             make_dirty(&mut s.index, workers);
-            figures.push((format!("{}/all_dirty", s.name), percentiles(&s, 2_000)));
-            figures.push((format!("{}/all_dirty_cold", s.name), cold_percentiles(&s, 500, &flush)));
+            figures.push((format!("{}/all_dirty", s.name), percentiles(&s, 2_000, None)));
+            figures.push((format!("{}/all_dirty_cold", s.name), percentiles(&s, 500, Some(&flush))));
         }
     }
     let worst = everyone_holds_everything(1000, 512);
     g.bench_function(&worst.name, |b| b.iter(|| black_box(worst.index.find_matches(&worst.queries[0]))));
-    figures.push((worst.name.clone(), percentiles(&worst, 5_000)));
+    figures.push((worst.name.clone(), percentiles(&worst, 5_000, None)));
     g.finish();
     for (name, (p50, p99, workers)) in figures {
         println!("FIGURE find_matches {name}: p50 {:.2} µs, p99 {:.2} µs ({workers} workers matched)", p50.as_secs_f64() * 1e6, p99.as_secs_f64() * 1e6);
