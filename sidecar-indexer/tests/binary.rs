@@ -8,7 +8,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{eventually, indexer_binary, Proc};
+use common::{eventually, indexer_binary, route, Proc};
 use serde_json::Value;
 
 fn fleet(workers: &[&str]) -> String {
@@ -47,17 +47,7 @@ async fn serves_and_reloads() {
     for probe in ["/healthz", "/readyz", "/metrics", "/debug/workers"] {
         assert!(http.get(format!("http://{ix}{probe}")).send().await.unwrap().status().is_success(), "{probe}");
     }
-    let d: Value = http
-        .post(format!("http://{ix}/v1/route"))
-        .header("x-kvmesh-path", "/v1/completions")
-        .header("x-request-id", "req-1")
-        .body(r#"{"prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}"#)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let d: Value = route(&http, &ix, r#"{"prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}"#).await;
     assert_eq!(d["mode"], "aggregate");
     assert_eq!(d["isl_blocks"], 1);
     let bad = http.post(format!("http://{ix}/v1/route")).header("x-kvmesh-path", "/v1/completions").body("nope").send().await.unwrap();

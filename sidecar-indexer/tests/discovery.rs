@@ -366,16 +366,7 @@ async fn without_a_cluster_the_binary_counts_the_error_and_serves_its_static_wor
     .await;
     let log = std::fs::read_to_string(&p.log).unwrap();
     assert!(log.contains("kubernetes discovery disabled"), "{log}");
-    let d: RouteDecision = http
-        .post(format!("http://{ix}{ROUTE_PATH}"))
-        .header(headers::KVMESH_PATH, "/v1/completions")
-        .body(r#"{"prompt":[1,2,3,4,5,6,7,8]}"#)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let d: RouteDecision = common::route(&http, &ix, r#"{"prompt":[1,2,3,4,5,6,7,8]}"#).await;
     assert_eq!(d.worker, "s0", "the static decode worker serves");
     assert!(http.get(format!("http://{ix}/readyz")).send().await.unwrap().status().is_success());
 }

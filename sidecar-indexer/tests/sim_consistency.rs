@@ -13,7 +13,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
-use common::{eventually, indexer_binary, sim_binary, Proc};
+use common::{eventually, indexer_binary, route, sim_binary, Proc};
 use kvmesh_core::hashing::{chain, local_block_hash, SequenceHash, XXH3_SEED};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde_json::{json, Value};
@@ -227,16 +227,7 @@ async fn index_mirrors_real_simulators() {
         chain_blocks.push(by_hash[&p]);
     }
     let prompt: Vec<u64> = chain_blocks.iter().rev().flat_map(|b| b["token_ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap())).collect();
-    let d: Value = http
-        .post(format!("http://{ix}/v1/route"))
-        .header("x-kvmesh-path", "/v1/completions")
-        .json(&json!({"prompt": prompt}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let d: Value = route(&http, &ix, json!({"prompt": prompt}).to_string()).await;
     assert_eq!(d["best_overlap_blocks"].as_u64(), Some(chain_blocks.len() as u64), "{d}");
     assert_eq!(d["isl_blocks"].as_u64(), Some(chain_blocks.len() as u64), "{d}");
     drop(indexer);

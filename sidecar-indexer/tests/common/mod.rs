@@ -131,3 +131,18 @@ where
     }
     panic!("{what}: not true within {:?}: {last}", patience());
 }
+
+/// `POST /v1/route` on the indexer at `ix` for a `/v1/completions` body, as request `req-1`; the
+/// answer decoded as `T` (a `RouteDecision` or a JSON `Value`).
+pub async fn route<T: serde::de::DeserializeOwned>(http: &reqwest::Client, ix: impl std::fmt::Display, body: impl Into<reqwest::Body>) -> T {
+    http.post(format!("http://{ix}{}", kvmesh_core::api::ROUTE_PATH))
+        .header(kvmesh_core::headers::KVMESH_PATH, "/v1/completions")
+        .header(kvmesh_core::headers::REQUEST_ID, "req-1")
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
