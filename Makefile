@@ -37,8 +37,12 @@ test: build ## Run every unit, integration and end-to-end test, and validate eve
 validate: build ## Validate Envoy, Istio, Kubernetes and Prometheus configs offline
 	envoy/validate.sh
 
-run: build ## Serve a KV-aware gateway on 127.0.0.1:8080 over local simulated workers (FLEET=<file> for another fleet, PROMETHEUS=1 for Prometheus on :9090)
-	target/$(PROFILE)/kvmesh-stack $(if $(FLEET),--fleet $(FLEET),) $(if $(filter 1,$(PROMETHEUS)),--prometheus,)
+# `make run` is what a newcomer judges kvmesh by: release binaries (the build is paid once); tests stay on debug.
+RUN_PROFILE ?= release
+run: setup wasm ## Serve a KV-aware gateway on 127.0.0.1:8080 over local simulated workers, release build (FLEET=<file> for another fleet, PROMETHEUS=1 for Prometheus on :9090, RUN_PROFILE=debug for debug binaries)
+	@echo "make run: building $(RUN_PROFILE) binaries (the first build takes a few minutes)"
+	$(MAKE) --no-print-directory build PROFILE=$(RUN_PROFILE)
+	target/$(RUN_PROFILE)/kvmesh-stack $(if $(filter release,$(RUN_PROFILE)),--release,) $(if $(FLEET),--fleet $(FLEET),) $(if $(filter 1,$(PROMETHEUS)),--prometheus,)
 
 demo: ## `make run` on the disaggregated example fleet (2 prefill + 2 decode workers, disaggregation, local continuations, KV migration)
 	$(MAKE) run FLEET=envoy/fleets/disagg.toml
