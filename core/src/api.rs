@@ -72,6 +72,11 @@ pub struct RouteDecision {
     /// The prefill worker that served the prefill leg (disagg) or the migration source (migrate).
     #[serde(default)]
     pub peer_worker: Option<String>,
+    /// The indexer's predicted time to first token on `worker`, in milliseconds (queued prefill
+    /// ahead of the request, its own uncached prefill, its decode batch). The filter compares it
+    /// with the TTFT it measures at the first response byte (`kvmesh_filter_ttft_*` metrics).
+    #[serde(default)]
+    pub predicted_ttft_ms: Option<f64>,
 }
 
 impl RouteDecision {

@@ -23,5 +23,7 @@ pub const DEBUG_WORKER: &str = "x-kvmesh-decision-worker";
 pub const DEBUG_OVERLAP_BLOCKS: &str = "x-kvmesh-overlap-blocks";
 pub const DEBUG_ISL_BLOCKS: &str = "x-kvmesh-isl-blocks";
 pub const DEBUG_REASON: &str = "x-kvmesh-decision-reason";
+/// The indexer's predicted time to first token for the chosen worker, milliseconds (one decimal).
+pub const DEBUG_PREDICTED_TTFT: &str = "x-kvmesh-predicted-ttft-ms";
 /// Set on responses when the filter routed without the indexer: the fallback reason.
 pub const DEBUG_FALLBACK: &str = "x-kvmesh-fallback";

@@ -146,6 +146,7 @@ impl Plan {
             best_overlap_worker,
             best_overlap_blocks,
             peer_worker: None,
+            predicted_ttft_ms: None,
         }
     }
 }
