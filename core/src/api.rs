@@ -77,6 +77,10 @@ pub struct RouteDecision {
     /// with the TTFT it measures at the first response byte (`kvmesh_filter_ttft_*` metrics).
     #[serde(default)]
     pub predicted_ttft_ms: Option<f64>,
+    /// The indexer's id for the load it booked for this request; the done report echoes it so the
+    /// indexer releases exactly that booking (client request ids are not unique).
+    #[serde(default)]
+    pub booking_id: Option<String>,
 }
 
 impl RouteDecision {
@@ -153,6 +157,9 @@ pub struct DoneReport {
     /// The upstream's HTTP status, when one arrived.
     #[serde(default)]
     pub status: Option<u16>,
+    /// [`RouteDecision::booking_id`] of the answer, when the filter got one.
+    #[serde(default)]
+    pub booking_id: Option<String>,
 }
 
 /// A worker's role in the fleet.

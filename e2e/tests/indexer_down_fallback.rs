@@ -63,7 +63,7 @@ async fn requests_survive_the_indexer_and_precise_routing_resumes() -> anyhow::R
     })
     .await?;
     assert_eq!(decision.worker, home[&3], "the rebuilt index should send session 3's prefix home: {}", decision.reason);
-    let done = kvmesh_core::api::DoneReport { request_id: "probe".into(), endpoint: Some(decision.endpoint.clone()), outcome: kvmesh_core::api::Outcome::Success, status: Some(200) };
+    let done = kvmesh_core::api::DoneReport { request_id: "probe".into(), endpoint: Some(decision.endpoint.clone()), outcome: kvmesh_core::api::Outcome::Success, status: Some(200), booking_id: decision.booking_id.clone() };
     c.post(stack.indexer_url(kvmesh_core::api::DONE_PATH)).json(&done).send().await?.error_for_status()?;
 
     // And through the gateway, without the fallback.

@@ -287,7 +287,7 @@ impl RequestFlow {
                 OutcomeLabel::Rejected => (Outcome::Error, self.rejected_status),
                 OutcomeLabel::Aborted => (Outcome::Aborted, self.response_status),
             };
-            effects.push(Effect::QueueDone(DoneReport { request_id: self.request_id.clone(), endpoint, outcome, status }));
+            effects.push(Effect::QueueDone(DoneReport { request_id: self.request_id.clone(), endpoint, outcome, status, booking_id: None }));
         }
         self.phase = Phase::Finished;
         self.body = Vec::new();

@@ -147,6 +147,7 @@ impl Plan {
             best_overlap_blocks,
             peer_worker: None,
             predicted_ttft_ms: None,
+            booking_id: None,
         }
     }
 }

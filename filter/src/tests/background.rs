@@ -4,7 +4,7 @@ use super::*;
 use kvmesh_core::api::Outcome;
 
 fn report(id: &str) -> DoneReport {
-    DoneReport { request_id: id.into(), endpoint: Some("10.0.0.1:8000".into()), outcome: Outcome::Success, status: Some(200) }
+    DoneReport { request_id: id.into(), endpoint: Some("10.0.0.1:8000".into()), outcome: Outcome::Success, status: Some(200), booking_id: None }
 }
 
 #[test]

@@ -124,7 +124,8 @@ fn routed_disagg_request_end_to_end() {
         request_id: "rid-1".into(),
         endpoint: Some("10.0.0.2:8000".into()),
         outcome: Outcome::Success,
-        status: Some(200)
+        status: Some(200),
+        booking_id: None
     })));
     assert!(f.finish(None).is_empty(), "finish books once");
 }
@@ -313,7 +314,8 @@ fn indexer_rejection_goes_to_the_client() {
         request_id: "rid-1".into(),
         endpoint: None,
         outcome: Outcome::Error,
-        status: Some(429)
+        status: Some(429),
+        booking_id: None
     })));
 }
 
