@@ -4,6 +4,9 @@
 //! and the indexer (for tokenization) both read requests through [`parse`], so they can never
 //! disagree about what the prompt is. Chat content given as parts is joined the way vLLM joins text
 //! parts for string-format chat templates: text parts separated by `"\n"`, other parts skipped.
+//! What the flattening drops (non-text parts, tool calls, names) still identifies a conversation,
+//! so a chat body's conversation anchor is digested here, while the raw messages are at hand
+//! ([`OpenAiRequest::conversation_anchor`], rendering owned by [`crate::session`]).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -69,6 +72,10 @@ pub struct OpenAiRequest {
     pub max_tokens: Option<u64>,
     /// vLLM's per-request prefix-cache salt; changes the block hash seed.
     pub cache_salt: Option<String>,
+    /// Chat only: [`crate::session::anchor_digest`] of the raw messages — the conversation up to
+    /// and including its first user message, canonically rendered. None for completions and for
+    /// chat without a user message.
+    pub conversation_anchor: Option<u64>,
 }
 
 /// Why a body cannot be read as a routable request. The request still goes to an engine, which
@@ -190,10 +197,16 @@ fn parse_flat_prompt(body: &[u8]) -> Option<Result<(OpenAiRequest, RawFields), P
 
 /// The request from its top-level fields (`field(key)`), in the order errors are reported.
 fn read<'v>(endpoint: Endpoint, field: impl Fn(&str) -> Option<Cow<'v, Value>>, tokens: Option<Vec<u32>>) -> Result<OpenAiRequest, ParseError> {
-    let input = match (endpoint, tokens) {
-        (Endpoint::Completions, Some(ids)) => RequestInput::Prompt(Prompt::Tokens(ids)),
-        (Endpoint::Completions, None) => RequestInput::Prompt(prompt(field("prompt").as_deref())?),
-        (Endpoint::ChatCompletions, _) => RequestInput::Messages(messages(field("messages").as_deref())?),
+    let (input, conversation_anchor) = match (endpoint, tokens) {
+        (Endpoint::Completions, Some(ids)) => (RequestInput::Prompt(Prompt::Tokens(ids)), None),
+        (Endpoint::Completions, None) => (RequestInput::Prompt(prompt(field("prompt").as_deref())?), None),
+        (Endpoint::ChatCompletions, _) => {
+            let raw = field("messages");
+            let parsed = messages(raw.as_deref())?;
+            // `messages` accepted the value, so it is a non-empty list.
+            let anchor = raw.as_deref().and_then(Value::as_array).and_then(|items| crate::session::anchor_digest(items));
+            (RequestInput::Messages(parsed), anchor)
+        }
     };
     let model = match field("model").as_deref() {
         None | Some(Value::Null) => None,
@@ -210,7 +223,7 @@ fn read<'v>(endpoint: Endpoint, field: impl Fn(&str) -> Option<Cow<'v, Value>>, 
         Some(v) => Some(v.as_u64().ok_or(ParseError::WrongType { field: "max_tokens", expected: "a non-negative integer" })?),
     };
     let cache_salt = field("cache_salt").as_deref().and_then(Value::as_str).map(str::to_owned);
-    Ok(OpenAiRequest { endpoint, model, input, stream, max_tokens, cache_salt })
+    Ok(OpenAiRequest { endpoint, model, input, stream, max_tokens, cache_salt, conversation_anchor })
 }
 
 fn prompt(value: Option<&Value>) -> Result<Prompt, ParseError> {

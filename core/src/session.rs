@@ -1,26 +1,54 @@
-//! Session keys: which conversation a request belongs to, so every turn pins to the same worker.
+//! Session keys: which conversation a request belongs to, so its turns find the worker holding
+//! its KV cache — and different conversations are free to go to different workers.
 //!
-//! An explicit session header wins. Otherwise, with `prefix_units = N > 0`, the key is a hash of a
-//! prefix of the prompt that is identical on every turn of one conversation:
+//! An explicit session header wins. Otherwise the filter derives a key (on by default):
 //!
-//! * chat: the canonical rendering of the messages *up to and including the first user message*
-//!   (the anchor), cut to N bytes. Later turns only append messages, so the anchor never changes —
-//!   also for conversations shorter than N, where hashing `min(len, N)` of the whole prompt (the known
-//!   bug) would give a new key every turn.
-//! * token ids: the first N tokens; text prompts: the first N bytes. A raw prompt carries no turn
-//!   structure, so one shorter than N gets no derived key (the index's overlap scoring routes it)
-//!   rather than a key that would change on the next turn.
+//! * **chat**: a digest of the conversation's *anchor* — every message up to and including the
+//!   first user message (system and developer messages, anything else before the first user turn,
+//!   and that user turn), canonically rendered, whatever their length. Later turns only append
+//!   messages, so the anchor, and the key, are the same on every turn; conversations behind one
+//!   system prompt differ in their first user message and get different keys. There is no cut at
+//!   N bytes: any cut shorter than a shared system prompt (agents send 10–30 KB) gives every
+//!   conversation behind it one key and one worker, the collapse issue 11 measured. A chat request
+//!   without a user message has no anchor yet and gets no derived key.
+//! * **completions** (text or token ids): no derived key. A raw prompt carries no turn structure:
+//!   a key over its first N units collapses every request sharing N units (a shared preamble of a
+//!   few thousand tokens is the common case), and a key over the whole prompt changes on every
+//!   turn. Such requests are placed by the indexer's overlap and load (predicted-TTFT) scoring,
+//!   which already sends a continuation to the worker holding its prefix; a client that wants a
+//!   pin sends the session header.
 //!
-//! The canonical rendering is `role 0x1F content 0x1E` per message: cheap, template-free (the filter
-//! has no tokenizer), and append-only across turns.
+//! The canonical rendering is a type-tagged, length-prefixed encoding of each anchor message's
+//! `role`, `name`, `content`, `tool_calls`, `tool_call_id` and `function_call`, in that order
+//! (other message fields are metadata some clients change between turns). Content is a list of
+//! parts: a string content is one text part; a part is its `type` and that type's payload
+//! (`text`, `image_url`, `input_audio`, …), so a `cache_control` marker a client moves from turn to
+//! turn does not change the key. Objects render with sorted keys, so key order and whitespace do
+//! not matter. No tokenizer or chat template is involved: the filter has neither, and the key only
+//! has to be stable and distinct, not equal to the engine's tokens.
+//!
+//! [`anchor_digest`] runs where the raw messages are read ([`crate::openai::parse`] stores it in
+//! [`OpenAiRequest::conversation_anchor`]), so the filter's session key, its fallback pin and any
+//! indexer reading the same body all see the same value.
+
+use std::hash::Hasher;
+
+use serde_json::Value;
+use twox_hash::XxHash3_64;
 
 use crate::hashing::xxh3;
-use crate::openai::{ChatMessage, OpenAiRequest, Prompt, RequestInput};
+use crate::openai::OpenAiRequest;
 
 const HEADER_SEED: u64 = 0x6b76_6d65_7368_0010;
-const CHAT_SEED: u64 = 0x6b76_6d65_7368_0011;
-const TOKENS_SEED: u64 = 0x6b76_6d65_7368_0012;
-const TEXT_SEED: u64 = 0x6b76_6d65_7368_0013;
+/// Seed of the anchor digest. Changed from the old cut-at-N key's seed so keys of the two schemes
+/// never coincide.
+const ANCHOR_SEED: u64 = 0x6b76_6d65_7368_0021;
+
+/// The message fields that identify a conversation, in rendering order.
+const MESSAGE_FIELDS: [&str; 6] = ["role", "name", "content", "tool_calls", "tool_call_id", "function_call"];
+
+/// A content part's fields that never identify it (prompt-caching hints clients move every turn).
+const IGNORED_PART_FIELDS: [&str; 1] = ["cache_control"];
 
 /// A 64-bit session key. On the wire: 16 lowercase hex digits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -31,7 +59,7 @@ pub struct SessionKey(pub u64);
 pub enum SessionSource {
     /// The client's explicit session header.
     Header,
-    /// Derived from the prompt prefix.
+    /// Derived from the request (the chat conversation's anchor). `prefix` on the wire.
     Prefix,
 }
 
@@ -49,45 +77,140 @@ pub fn from_header_value(value: &str) -> SessionKey {
     SessionKey(xxh3(value.trim().as_bytes(), HEADER_SEED))
 }
 
-/// The prefix-derived key of `request`, or None when `prefix_units == 0` or the prompt has no
-/// stable anchor (see the module docs).
-pub fn from_prefix(request: &OpenAiRequest, prefix_units: usize) -> Option<SessionKey> {
-    if prefix_units == 0 {
-        return None;
-    }
-    match &request.input {
-        RequestInput::Messages(messages) => {
-            let anchor = chat_anchor(messages, prefix_units);
-            (!anchor.is_empty()).then(|| SessionKey(xxh3(&anchor, CHAT_SEED)))
-        }
-        RequestInput::Prompt(Prompt::Tokens(tokens)) => {
-            let head = tokens.get(..prefix_units)?;
-            let bytes: Vec<u8> = head.iter().flat_map(|t| t.to_le_bytes()).collect();
-            Some(SessionKey(xxh3(&bytes, TOKENS_SEED)))
-        }
-        RequestInput::Prompt(Prompt::Text(text)) => {
-            let head = text.as_bytes().get(..prefix_units)?;
-            Some(SessionKey(xxh3(head, TEXT_SEED)))
-        }
-    }
+/// The derived key of `request`: its conversation anchor (chat with a user message), else None
+/// (completions, chat without a user message). See the module docs.
+pub fn derived_key(request: &OpenAiRequest) -> Option<SessionKey> {
+    request.conversation_anchor.map(SessionKey)
 }
 
-/// The canonical rendering of the messages up to and including the first user message (all of
-/// them when there is none), cut to `limit` bytes.
-pub fn chat_anchor(messages: &[ChatMessage], limit: usize) -> Vec<u8> {
-    let end = messages.iter().position(|m| m.role == "user").map_or(messages.len(), |i| i + 1);
-    let mut out = Vec::new();
-    for m in &messages[..end] {
-        if out.len() >= limit {
-            break;
-        }
-        out.extend_from_slice(m.role.as_bytes());
-        out.push(0x1f);
-        out.extend_from_slice(m.content.as_bytes());
-        out.push(0x1e);
+/// The digest of a chat conversation's anchor: `messages` (the request's raw JSON messages, in
+/// order) up to and including the first whose `role` is `"user"`, canonically rendered. None when
+/// no message is a user message. Total on any JSON: a non-object message renders as its value.
+pub fn anchor_digest(messages: &[Value]) -> Option<u64> {
+    let first_user = messages.iter().position(|m| m.get("role").and_then(Value::as_str) == Some("user"))?;
+    let mut canon = Canonical(XxHash3_64::with_seed(ANCHOR_SEED));
+    for m in &messages[..=first_user] {
+        canon.message(m);
     }
-    out.truncate(limit);
-    out
+    Some(canon.0.finish())
+}
+
+/// Writes the canonical rendering into a hasher. Every value is type-tagged and every string and
+/// list length-prefixed, so no two different renderings share bytes (no escaping needed).
+struct Canonical<H: Hasher>(H);
+
+impl<H: Hasher> Canonical<H> {
+    fn tag(&mut self, tag: u8) {
+        self.0.write(&[tag]);
+    }
+
+    fn len(&mut self, n: usize) {
+        self.0.write(&(n as u64).to_le_bytes());
+    }
+
+    fn str(&mut self, s: &str) {
+        self.tag(b's');
+        self.len(s.len());
+        self.0.write(s.as_bytes());
+    }
+
+    fn value(&mut self, v: &Value) {
+        match v {
+            Value::Null => self.tag(b'n'),
+            Value::Bool(b) => self.tag(if *b { b't' } else { b'f' }),
+            Value::Number(n) => {
+                self.tag(b'd');
+                let text = n.to_string();
+                self.len(text.len());
+                self.0.write(text.as_bytes());
+            }
+            Value::String(s) => self.str(s),
+            Value::Array(items) => {
+                self.tag(b'a');
+                self.len(items.len());
+                items.iter().for_each(|i| self.value(i));
+            }
+            Value::Object(obj) => self.object(obj.iter().map(|(k, v)| (k.as_str(), v))),
+        }
+    }
+
+    /// An object from its fields, rendered in sorted key order whatever the map's order.
+    fn object<'v>(&mut self, fields: impl Iterator<Item = (&'v str, &'v Value)>) {
+        let mut fields: Vec<(&str, &Value)> = fields.collect();
+        fields.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        self.tag(b'o');
+        self.len(fields.len());
+        for (k, v) in fields {
+            self.str(k);
+            self.value(v);
+        }
+    }
+
+    fn message(&mut self, m: &Value) {
+        let Some(obj) = m.as_object() else {
+            self.value(m);
+            return;
+        };
+        self.tag(b'M');
+        for field in MESSAGE_FIELDS {
+            match obj.get(field) {
+                None | Some(Value::Null) => {}
+                Some(v) => {
+                    self.str(field);
+                    if field == "content" {
+                        self.content(v);
+                    } else {
+                        self.value(v);
+                    }
+                }
+            }
+        }
+        self.tag(b'E');
+    }
+
+    /// Content as a list of parts: a string is one text part.
+    fn content(&mut self, v: &Value) {
+        match v {
+            Value::String(s) => {
+                self.tag(b'a');
+                self.len(1);
+                self.part_type("text");
+                self.str(s);
+            }
+            Value::Array(parts) => {
+                self.tag(b'a');
+                self.len(parts.len());
+                for p in parts {
+                    match p {
+                        Value::String(s) => {
+                            self.part_type("text");
+                            self.str(s);
+                        }
+                        Value::Object(obj) => {
+                            // vLLM reads a part without `type` as text.
+                            let kind = obj.get("type").and_then(Value::as_str).unwrap_or("text");
+                            match obj.get(kind) {
+                                Some(payload) => {
+                                    self.part_type(kind);
+                                    self.value(payload);
+                                }
+                                // An unknown part shape: all of it except the ignored fields.
+                                None => self.object(obj.iter().filter(|(k, _)| !IGNORED_PART_FIELDS.contains(&k.as_str())).map(|(k, v)| (k.as_str(), v))),
+                            }
+                        }
+                        other => self.value(other),
+                    }
+                }
+            }
+            other => self.value(other),
+        }
+    }
+
+    /// A part's head; its payload (the value under the type's name) follows.
+    fn part_type(&mut self, kind: &str) {
+        self.tag(b'P');
+        self.str(kind);
+    }
 }
 
 /// `x-kvmesh-session` value: `<16 hex>;source=<header|prefix>`.
@@ -109,62 +232,180 @@ pub fn parse_header(value: &str) -> Option<(SessionKey, SessionSource)> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
+    use serde_json::json;
+
     use super::*;
-    use crate::openai::Endpoint;
+    use crate::openai::{parse, Endpoint};
 
-    fn chat(messages: &[(&str, &str)]) -> OpenAiRequest {
-        OpenAiRequest {
-            endpoint: Endpoint::ChatCompletions,
-            model: None,
-            input: RequestInput::Messages(
-                messages.iter().map(|(r, c)| ChatMessage { role: (*r).into(), content: (*c).into() }).collect(),
-            ),
-            stream: false,
-            max_tokens: None,
-            cache_salt: None,
-        }
+    fn chat_key(messages: &[Value]) -> Option<SessionKey> {
+        let body = serde_json::to_vec(&json!({ "model": "m", "messages": messages })).unwrap();
+        derived_key(&parse(Endpoint::ChatCompletions, &body).unwrap())
     }
 
-    fn tokens(t: Vec<u32>) -> OpenAiRequest {
-        OpenAiRequest { input: RequestInput::Prompt(Prompt::Tokens(t)), ..chat(&[]) }
+    fn msg(role: &str, content: &str) -> Value {
+        json!({ "role": role, "content": content })
     }
 
-    #[test]
-    fn every_turn_of_a_short_conversation_has_one_key() {
-        // Far shorter than N: the bug this module exists to avoid.
-        let mut history = vec![("system", "be brief"), ("user", "hi")];
-        let first = from_prefix(&chat(&history), 4096);
+    /// A tool-using assistant turn: the call, the tool's answer, the assistant's reply.
+    fn tool_turn(i: usize) -> Vec<Value> {
+        vec![
+            json!({ "role": "assistant", "content": null, "tool_calls": [
+                { "id": format!("call_{i}"), "type": "function", "function": { "name": "search", "arguments": format!("{{\"q\":\"{i}\"}}") } }
+            ]}),
+            json!({ "role": "tool", "tool_call_id": format!("call_{i}"), "content": format!("result {i}") }),
+            msg("assistant", &format!("answer {i}")),
+        ]
+    }
+
+    /// Appends 20 turns (plain, tool-using, with content parts) and checks the key after each.
+    fn assert_stable_for_20_turns(mut history: Vec<Value>) {
+        let first = chat_key(&history);
         assert!(first.is_some());
-        for turn in 0..10 {
-            history.push(("assistant", "hello"));
-            history.push(("user", if turn % 2 == 0 { "more" } else { "again" }));
-            assert_eq!(from_prefix(&chat(&history), 4096), first);
+        for turn in 1..20 {
+            match turn % 3 {
+                0 => history.extend(tool_turn(turn)),
+                1 => history.push(msg("assistant", &format!("reply {turn}"))),
+                _ => history.push(json!({ "role": "assistant", "content": [{ "type": "text", "text": format!("part {turn}") }] })),
+            }
+            history.push(json!({ "role": "user", "content": [{ "type": "text", "text": format!("next {turn}"), "cache_control": { "type": "ephemeral" } }] }));
+            assert_eq!(chat_key(&history), first, "turn {}", turn + 1);
         }
     }
 
     #[test]
-    fn different_conversations_have_different_keys() {
-        let a = from_prefix(&chat(&[("system", "s"), ("user", "first question")]), 4096);
-        let b = from_prefix(&chat(&[("system", "s"), ("user", "other question")]), 4096);
+    fn a_one_message_conversation_keeps_its_key_for_20_turns() {
+        assert_stable_for_20_turns(vec![msg("user", "hi")]);
+    }
+
+    #[test]
+    fn a_100_message_conversation_keeps_its_key_for_20_turns() {
+        let mut history = vec![msg("system", &"You are a coding agent. ".repeat(200)), msg("developer", "repo rules")];
+        history.push(json!({ "role": "user", "content": [{ "type": "text", "text": "fix the bug" }, { "type": "image_url", "image_url": { "url": "data:image/png;base64,AAAA" } }] }));
+        while history.len() < 100 {
+            let i = history.len();
+            history.extend(tool_turn(i));
+            history.push(msg("user", &format!("and then {i}")));
+        }
+        history.truncate(100);
+        assert_eq!(history.len(), 100);
+        assert_stable_for_20_turns(history);
+    }
+
+    #[test]
+    fn conversations_sharing_a_30kb_system_prompt_get_distinct_keys() {
+        let system = "Shared policy text for every conversation of this application. ".repeat(480);
+        assert!(system.len() >= 30_000);
+        let keys: HashSet<SessionKey> =
+            (0..64).map(|i| chat_key(&[msg("system", &system), msg("user", &format!("question {i}"))]).unwrap()).collect();
+        assert_eq!(keys.len(), 64);
+    }
+
+    #[test]
+    fn no_cut_a_difference_deep_in_the_anchor_changes_the_key() {
+        let long = "x".repeat(200_000);
+        let a = chat_key(&[msg("system", &long), msg("user", "q")]);
+        let b = chat_key(&[msg("system", &format!("{long}y")), msg("user", "q")]);
         assert_ne!(a, b);
     }
 
     #[test]
-    fn long_anchor_is_cut_to_n() {
-        let long = "x".repeat(10_000);
-        let a = from_prefix(&chat(&[("user", &long)]), 64);
-        let b = from_prefix(&chat(&[("user", &format!("{long}y"))]), 64);
-        assert_eq!(a, b);
+    fn what_the_anchor_covers() {
+        let base = chat_key(&[msg("system", "s"), msg("user", "q")]);
+        let cases: &[(&str, Vec<Value>, bool)] = &[
+            ("same messages", vec![msg("system", "s"), msg("user", "q")], true),
+            ("later turns ignored", vec![msg("system", "s"), msg("user", "q"), msg("assistant", "a"), msg("user", "r")], true),
+            ("string = one text part", vec![msg("system", "s"), json!({"role": "user", "content": [{"type": "text", "text": "q"}]})], true),
+            ("bare string part", vec![msg("system", "s"), json!({"role": "user", "content": ["q"]})], true),
+            ("part without type is text", vec![msg("system", "s"), json!({"role": "user", "content": [{"text": "q"}]})], true),
+            ("cache_control ignored", vec![json!({"role": "system", "content": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}]}), msg("user", "q")], true),
+            ("other message fields ignored", vec![msg("system", "s"), json!({"role": "user", "content": "q", "metadata": {"t": 1}})], true),
+            ("null name ignored", vec![msg("system", "s"), json!({"role": "user", "content": "q", "name": null})], true),
+            ("system differs", vec![msg("system", "t"), msg("user", "q")], false),
+            ("first user differs", vec![msg("system", "s"), msg("user", "q2")], false),
+            ("role differs", vec![msg("developer", "s"), msg("user", "q")], false),
+            ("extra system message", vec![msg("system", "s"), msg("system", ""), msg("user", "q")], false),
+            ("name differs", vec![msg("system", "s"), json!({"role": "user", "content": "q", "name": "bob"})], false),
+            ("two parts vs one joined", vec![msg("system", "s"), json!({"role": "user", "content": [{"type": "text", "text": "q"}, {"type": "text", "text": ""}]})], false),
+            ("an image part", vec![msg("system", "s"), json!({"role": "user", "content": [{"type": "text", "text": "q"}, {"type": "image_url", "image_url": {"url": "http://127.0.0.1/a.png"}}]})], false),
+            ("a later user message ignored", vec![msg("system", "s"), msg("user", "q"), msg("user", "")], true),
+        ];
+        for (what, messages, same) in cases {
+            assert_eq!(chat_key(messages) == base, *same, "{what}");
+        }
+        let image = |url: &str| chat_key(&[json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]})]);
+        assert_ne!(image("http://127.0.0.1/a.png"), image("http://127.0.0.1/b.png"));
     }
 
     #[test]
-    fn token_prompts_key_only_with_n_tokens() {
-        assert_eq!(from_prefix(&tokens((0..10).collect()), 16), None);
-        let a = from_prefix(&tokens((0..16).collect()), 16);
-        let b = from_prefix(&tokens((0..500).collect()), 16);
-        assert!(a.is_some());
-        assert_eq!(a, b);
-        assert_eq!(from_prefix(&tokens((0..500).collect()), 0), None);
+    fn tool_calls_before_the_first_user_message_are_part_of_the_anchor() {
+        let convo = |args: &str| {
+            let call = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}]});
+            let result = json!({"role": "tool", "tool_call_id": "c1", "content": "ok"});
+            chat_key(&[msg("system", "s"), call, result, msg("user", "q")])
+        };
+        assert!(convo("{}").is_some());
+        assert_eq!(convo("{}"), convo("{}"));
+        assert_ne!(convo("{}"), convo("{\"a\":1}"));
+        assert_ne!(convo("{}"), chat_key(&[msg("system", "s"), msg("user", "q")]));
+    }
+
+    #[test]
+    fn key_order_and_whitespace_do_not_matter() {
+        let a = br#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u","detail":"low"}}]}]}"#;
+        let b = br#"{ "messages" : [ { "content" : [ { "image_url" : { "detail" : "low" , "url" : "u" } , "type" : "image_url" } ] , "role" : "user" } ] }"#;
+        let key = |body: &[u8]| derived_key(&parse(Endpoint::ChatCompletions, body).unwrap());
+        assert!(key(a).is_some());
+        assert_eq!(key(a), key(b));
+    }
+
+    #[test]
+    fn no_derived_key_without_an_anchor() {
+        assert_eq!(chat_key(&[msg("system", "s")]), None);
+        assert_eq!(chat_key(&[msg("system", "s"), msg("assistant", "hello")]), None);
+        for body in [r#"{"prompt":"a long shared preamble"}"#, r#"{"prompt":[1,2,3,4,5,6,7,8]}"#, r#"{"prompt":[[1,2,3]]}"#] {
+            assert_eq!(derived_key(&parse(Endpoint::Completions, body.as_bytes()).unwrap()), None, "{body}");
+        }
+    }
+
+    #[test]
+    fn anchor_digest_is_total_on_odd_messages() {
+        let odd = [json!(1), json!(null), json!({"role": "user", "content": {"x": [1.5, true, null]}}), json!({"role": "user"})];
+        assert!(anchor_digest(&odd).is_some());
+        assert_eq!(anchor_digest(&[json!("user")]), None);
+    }
+
+    fn text() -> impl proptest::strategy::Strategy<Value = String> {
+        "[a-z ]{0,40}"
+    }
+
+    proptest::proptest! {
+        /// Whatever the anchor and the turns after it, every prefix of the conversation that holds
+        /// the first user message has the anchor's key; a different first user message changes it.
+        #[test]
+        fn every_turn_has_the_anchor_key(
+            system in proptest::collection::vec(text(), 0..4),
+            first in text(),
+            other in text(),
+            turns in proptest::collection::vec((text(), text(), proptest::bool::ANY), 0..20),
+        ) {
+            let mut history: Vec<Value> = system.iter().map(|s| msg("system", s)).collect();
+            history.push(msg("user", &first));
+            let key = chat_key(&history);
+            proptest::prop_assert!(key.is_some());
+            let mut other_history = history.clone();
+            *other_history.last_mut().unwrap() = msg("user", &format!("{other}!"));
+            proptest::prop_assert_ne!(chat_key(&other_history), key);
+            for (i, (reply, next, tools)) in turns.iter().enumerate() {
+                if *tools {
+                    history.extend(tool_turn(i));
+                }
+                history.push(msg("assistant", reply));
+                history.push(msg("user", next));
+                proptest::prop_assert_eq!(chat_key(&history), key);
+            }
+        }
     }
 
     #[test]
