@@ -9,10 +9,13 @@
 //! - Router overhead against the same Envoy without the filter (`overhead`), and the indexer's
 //!   microbenchmark figures as a report section (`micro`).
 //!
-//! Pure modules (no I/O, injected RNG): `trace`, `blocks`, `conversation`, `ceiling`, `rng`,
+//! - The load sweep (`sweep`, issue 12): five workloads with their ceilings (`workload`), the
+//!   plan driver (`plan_run`), machine CPU sampling (`cpu`), saturation search and validity.
+//!
+//! Pure modules (no I/O, injected RNG): `workload`, `sweep`, `trace`, `blocks`, `conversation`, `ceiling`, `rng`,
 //! `sse`, `stats`, `prom`, `counters`, `chat`, `record`, `manifest`, `micro`,
 //! `overhead::{plan, gateway, summary}`, `report::{summary, targets, markdown}`. I/O lives in
-//! `client`, `sink`, `replay`, `chat_run`, `overhead::drive`, `report::plots` and `report::generate`.
+//! `cpu::Sampler`, `plan_run`, `client`, `sink`, `replay`, `chat_run`, `overhead::drive`, `report::plots` and `report::generate`.
 
 pub mod blocks;
 pub mod ceiling;
@@ -21,9 +24,11 @@ pub mod chat_run;
 pub mod client;
 pub mod conversation;
 pub mod counters;
+pub mod cpu;
 pub mod manifest;
 pub mod micro;
 pub mod overhead;
+pub mod plan_run;
 pub mod policy;
 pub use kvmesh_e2e::prom;
 pub mod record;
@@ -33,4 +38,6 @@ pub mod rng;
 pub mod sink;
 pub mod sse;
 pub mod stats;
+pub mod sweep;
 pub mod trace;
+pub mod workload;

@@ -1,0 +1,599 @@
+//! The load sweep's decisions and numbers (pure): which rates to measure, where round_robin
+//! saturates, which points are valid, and one point's summary.
+//!
+//! - **Ladder.** round_robin is measured first, from a light rate upwards by a factor
+//!   ([`next_ladder_rate`]) until its TTFT p90 exceeds [`SATURATION_FACTOR`] × its light-load
+//!   value (the p90 at the lowest rate), or the ladder's step bound is reached.
+//! - **Saturation.** [`saturation_rate`] finds the crossing on the measured points: the first
+//!   rate whose p90 exceeds the threshold, linearly interpolated from the point before it. The
+//!   **load point** is [`LOAD_POINT_FRACTION`] × that rate; every policy (round_robin too) is
+//!   measured there, and at the other fractions of [`SweepConfig::fractions`], light load to
+//!   past saturation.
+//! - **Validity.** A point is invalid when the machine's CPU was busier than
+//!   [`MAX_CPU_BUSY`] on average over the point, or the client sent late: p90 of
+//!   `sent − scheduled` above [`MAX_LATENESS_P90_MS`]. Then the machine, not the router, shaped
+//!   the numbers; the headline never uses such a point, and the saturation search prefers valid
+//!   points (it falls back to all points, and says so, when fewer than two are valid).
+
+use crate::ceiling::Ceiling;
+use crate::counters::PolicyCounters;
+use crate::record::RequestRecord;
+use crate::stats::{balance, percentile};
+use serde::{Deserialize, Serialize};
+
+/// round_robin saturates where its TTFT p90 exceeds this multiple of its light-load p90.
+pub const SATURATION_FACTOR: f64 = 3.0;
+/// The headline's load point, as a fraction of round_robin's saturation rate.
+pub const LOAD_POINT_FRACTION: f64 = 0.8;
+/// A point is invalid when the machine's mean CPU use over it is above this (0..1).
+pub const MAX_CPU_BUSY: f64 = 0.85;
+/// A point is invalid when the client's lateness p90 is above this, ms.
+pub const MAX_LATENESS_P90_MS: f64 = 10.0;
+/// HTTP statuses that mean "rejected for load" (engine queue full, rate limited).
+pub const REJECT_STATUSES: [u16; 2] = [429, 503];
+
+/// How a sweep chooses its rates.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SweepConfig {
+    /// First (light) rate of the round_robin ladder.
+    pub start_rate: f64,
+    /// Each ladder step multiplies the rate by this (> 1).
+    pub factor: f64,
+    /// Ladder steps at most (the light point included).
+    pub max_steps: usize,
+    /// Rates every policy is measured at, as fractions of the saturation rate; must contain
+    /// [`LOAD_POINT_FRACTION`].
+    pub fractions: Vec<f64>,
+}
+
+impl SweepConfig {
+    /// Checks the bounds; the message names the offending setting.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.start_rate > 0.0 && self.start_rate.is_finite()) {
+            return Err("--sweep-start-rate must be > 0".into());
+        }
+        if !(self.factor > 1.0 && self.factor.is_finite()) {
+            return Err("--sweep-factor must be > 1".into());
+        }
+        if self.max_steps < 2 {
+            return Err("--sweep-max-steps must be >= 2 (light load and one more)".into());
+        }
+        if !self.fractions.iter().any(|f| (f - LOAD_POINT_FRACTION).abs() < 1e-9) {
+            return Err(format!(
+                "--sweep-fractions must contain the load point {LOAD_POINT_FRACTION}"
+            ));
+        }
+        if self.fractions.iter().any(|f| !(*f > 0.0 && f.is_finite())) {
+            return Err("--sweep-fractions must be > 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// One measured `(rate, TTFT p90)` of round_robin, with its validity.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RatePoint {
+    /// Offered rate.
+    pub rate: f64,
+    /// TTFT p90, ms (`None`: nothing succeeded — counts as saturated).
+    pub p90_ms: Option<f64>,
+    /// Whether the point is valid.
+    pub valid: bool,
+}
+
+/// Where round_robin saturates.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Saturation {
+    /// The interpolated saturation rate.
+    pub rate: f64,
+    /// The light-load TTFT p90 it is measured against, ms.
+    pub light_p90_ms: f64,
+    /// True when fewer than two valid points existed and invalid ones were used.
+    pub from_invalid_points: bool,
+}
+
+impl Saturation {
+    /// The load point, [`LOAD_POINT_FRACTION`] × the saturation rate.
+    pub fn load_point(&self) -> f64 {
+        self.rate * LOAD_POINT_FRACTION
+    }
+}
+
+fn crossing(points: &[RatePoint]) -> Option<(f64, f64)> {
+    let mut pts: Vec<RatePoint> = points.to_vec();
+    pts.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+    let light = pts.first()?.p90_ms?;
+    let threshold = SATURATION_FACTOR * light;
+    for w in 1..pts.len() {
+        let (prev, cur) = (pts[w - 1], pts[w]);
+        let over = cur.p90_ms.map_or(true, |p| p > threshold);
+        if over {
+            // Linear between the last point under the threshold and this one; a point with no
+            // successful request is treated as saturated at its rate.
+            let rate = match (prev.p90_ms, cur.p90_ms) {
+                (Some(a), Some(b)) if b > a => {
+                    prev.rate + (cur.rate - prev.rate) * ((threshold - a) / (b - a)).clamp(0.0, 1.0)
+                }
+                _ => cur.rate,
+            };
+            return Some((rate, light));
+        }
+    }
+    None
+}
+
+/// round_robin's saturation rate from its measured points, or `None` when no point crossed.
+pub fn saturation_rate(points: &[RatePoint]) -> Option<Saturation> {
+    let valid: Vec<RatePoint> = points.iter().copied().filter(|p| p.valid).collect();
+    if valid.len() >= 2 {
+        if let Some((rate, light)) = crossing(&valid) {
+            return Some(Saturation {
+                rate,
+                light_p90_ms: light,
+                from_invalid_points: false,
+            });
+        }
+        if valid.len() == points.len() {
+            return None;
+        }
+    }
+    crossing(points).map(|(rate, light)| Saturation {
+        rate,
+        light_p90_ms: light,
+        from_invalid_points: true,
+    })
+}
+
+/// What the ladder does next.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LadderStep {
+    /// Measure round_robin at this rate.
+    Measure(f64),
+    /// Saturation found.
+    Saturated(Saturation),
+    /// The step bound was reached without crossing.
+    GaveUp,
+}
+
+/// The next ladder step given round_robin's points so far (measured in ladder order).
+pub fn next_ladder_rate(cfg: &SweepConfig, points: &[RatePoint]) -> LadderStep {
+    if points.len() >= 2 {
+        if let Some(s) = saturation_rate(points) {
+            return LadderStep::Saturated(s);
+        }
+    }
+    if points.len() >= cfg.max_steps {
+        return LadderStep::GaveUp;
+    }
+    let last = points.iter().map(|p| p.rate).fold(0.0, f64::max);
+    LadderStep::Measure(if points.is_empty() {
+        cfg.start_rate
+    } else {
+        last * cfg.factor
+    })
+}
+
+/// The rates every policy is measured at: the fractions of the saturation rate, ascending.
+pub fn policy_rates(cfg: &SweepConfig, sat: &Saturation) -> Vec<f64> {
+    let mut r: Vec<f64> = cfg.fractions.iter().map(|f| f * sat.rate).collect();
+    r.sort_by(f64::total_cmp);
+    r.dedup_by(|a, b| (*a - *b).abs() < 1e-9);
+    r
+}
+
+/// Why a point is invalid (empty: valid).
+pub fn invalid_reasons(cpu_busy_mean: Option<f64>, lateness_p90_ms: Option<f64>) -> Vec<String> {
+    let mut out = Vec::new();
+    match cpu_busy_mean {
+        Some(c) if c > MAX_CPU_BUSY => out.push(format!("CPU {:.0}% > {:.0}%", c * 100.0, MAX_CPU_BUSY * 100.0)),
+        None => out.push("CPU not sampled".into()),
+        _ => {}
+    }
+    match lateness_p90_ms {
+        Some(l) if l > MAX_LATENESS_P90_MS => out.push(format!("lateness p90 {l:.1} ms > {MAX_LATENESS_P90_MS} ms")),
+        None => out.push("no request sent".into()),
+        _ => {}
+    }
+    out
+}
+
+/// Machine and process measurements taken during one point.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct MachineSample {
+    /// Mean machine CPU use over the point, 0..1 (`/proc/stat`).
+    pub cpu_busy_mean: Option<f64>,
+    /// Highest sampled interval, 0..1.
+    pub cpu_busy_max: Option<f64>,
+    /// CPU seconds the simulator processes used during the point (`/proc/<pid>/stat`).
+    pub sim_cpu_s: Option<f64>,
+}
+
+/// One measured point.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PointResult {
+    /// Workload name.
+    pub workload: String,
+    /// Policy name.
+    pub policy: String,
+    /// Offered rate (the workload's unit).
+    pub rate: f64,
+    /// Where the point's files are, relative to the sweep directory.
+    pub dir: String,
+    /// Records.
+    pub requests: usize,
+    /// Successful records.
+    pub ok: usize,
+    /// Failed records other than rejections.
+    pub failed: usize,
+    /// Records rejected for load (HTTP 429 / 503).
+    pub rejected: usize,
+    /// TTFT p50 / p90 / p99 over successful requests, ms.
+    pub ttft_p50_ms: Option<f64>,
+    pub ttft_p90_ms: Option<f64>,
+    pub ttft_p99_ms: Option<f64>,
+    /// Inter-token latency p50 / p90, ms: per request (e2e − TTFT) / (output tokens − 1).
+    pub itl_p50_ms: Option<f64>,
+    pub itl_p90_ms: Option<f64>,
+    /// Output tokens per second over first send → last completion.
+    pub output_tokens_per_s: f64,
+    /// Engine hit rate from the engines' counters (Σ hits / Σ queries, tokens).
+    pub engine_hit_rate: Option<f64>,
+    /// Engine hit rate from the responses: Σ cached_tokens / Σ prompt_tokens.
+    pub usage_hit_rate: Option<f64>,
+    /// Engine preemptions during the point.
+    pub preemptions: Option<f64>,
+    /// The point's intrinsic ceiling (the rate the hit rates are compared with).
+    pub ceiling: Option<f64>,
+    /// The ceiling's counts.
+    pub ceiling_counts: Option<Ceiling>,
+    /// Max / mean prompt tokens per worker (idle workers count as 0).
+    pub load_max_over_mean: Option<f64>,
+    /// Client lateness (sent − scheduled) p90, ms.
+    pub lateness_p90_ms: Option<f64>,
+    /// Machine measurements.
+    pub machine: MachineSample,
+    /// Simulator CPU seconds per 1,000 requests.
+    pub sim_cpu_s_per_1k: Option<f64>,
+    /// Why the point is invalid; empty when valid.
+    pub invalid: Vec<String>,
+    /// Requests the filter routed without the indexer.
+    pub fallbacks: usize,
+    /// Set when the point could not run (stack did not start …).
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+impl PointResult {
+    /// Valid: ran, and neither the CPU nor the client's lateness shaped it.
+    pub fn valid(&self) -> bool {
+        self.error.is_none() && self.invalid.is_empty()
+    }
+
+    /// Engine hit rate ÷ ceiling.
+    pub fn hit_over_ceiling(&self) -> Option<f64> {
+        match (self.engine_hit_rate, self.ceiling) {
+            (Some(h), Some(c)) if c > 0.0 => Some(h / c),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a record was rejected for load.
+pub fn rejected(r: &RequestRecord) -> bool {
+    r.status.is_some_and(|s| REJECT_STATUSES.contains(&s))
+}
+
+/// Summarises one point from its records, counters and machine samples.
+#[allow(clippy::too_many_arguments)]
+pub fn summarize_point(
+    workload: &str,
+    policy: &str,
+    rate: f64,
+    dir: &str,
+    records: &[RequestRecord],
+    counters: Option<&PolicyCounters>,
+    ceiling: Option<(f64, Ceiling)>,
+    machine: MachineSample,
+    fleet: &[String],
+) -> PointResult {
+    let ok: Vec<&RequestRecord> = records.iter().filter(|r| r.ok()).collect();
+    let rej = records.iter().filter(|r| rejected(r)).count();
+    let ttft: Vec<f64> = ok.iter().filter_map(|r| r.ttft_ms).collect();
+    let itl: Vec<f64> = ok
+        .iter()
+        .filter_map(|r| match (r.ttft_ms, r.output_tokens) {
+            (Some(t), Some(n)) if n > 1 => Some((r.e2e_ms - t).max(0.0) / (n - 1) as f64),
+            _ => None,
+        })
+        .collect();
+    let lateness: Vec<f64> = records.iter().map(|r| (r.sent_ms - r.scheduled_ms).max(0.0)).collect();
+    let start = records.iter().map(|r| r.sent_ms).fold(f64::INFINITY, f64::min);
+    let end = records
+        .iter()
+        .map(|r| r.sent_ms + r.e2e_ms)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let span_s = if end > start { (end - start) / 1000.0 } else { 0.0 };
+    let out_tokens: u64 = ok.iter().filter_map(|r| r.output_tokens).sum();
+    let (mut cached, mut prompt) = (0u64, 0u64);
+    for r in ok.iter().filter(|r| r.cached_tokens.is_some()) {
+        cached += r.cached_tokens.unwrap_or(0);
+        prompt += r.prompt_tokens.unwrap_or(0);
+    }
+    let load = balance(
+        ok.iter().filter_map(|r| {
+            r.worker
+                .as_deref()
+                .map(|w| (w, r.prompt_tokens.or(r.input_tokens).unwrap_or(0) as f64))
+        }),
+        fleet,
+    );
+    let lateness_p90 = percentile(&lateness, 90.0);
+    PointResult {
+        workload: workload.into(),
+        policy: policy.into(),
+        rate,
+        dir: dir.into(),
+        requests: records.len(),
+        ok: ok.len(),
+        failed: records.len() - ok.len() - rej,
+        rejected: rej,
+        ttft_p50_ms: percentile(&ttft, 50.0),
+        ttft_p90_ms: percentile(&ttft, 90.0),
+        ttft_p99_ms: percentile(&ttft, 99.0),
+        itl_p50_ms: percentile(&itl, 50.0),
+        itl_p90_ms: percentile(&itl, 90.0),
+        output_tokens_per_s: if span_s > 0.0 { out_tokens as f64 / span_s } else { 0.0 },
+        engine_hit_rate: counters.and_then(PolicyCounters::engine_hit_rate),
+        usage_hit_rate: (prompt > 0).then(|| cached as f64 / prompt as f64),
+        preemptions: counters.map(PolicyCounters::preemptions),
+        ceiling: ceiling.map(|c| c.0),
+        ceiling_counts: ceiling.map(|c| c.1),
+        load_max_over_mean: load.max_over_mean(),
+        lateness_p90_ms: lateness_p90,
+        machine,
+        sim_cpu_s_per_1k: machine
+            .sim_cpu_s
+            .filter(|_| !records.is_empty())
+            .map(|s| s * 1000.0 / records.len() as f64),
+        invalid: invalid_reasons(machine.cpu_busy_mean, lateness_p90),
+        fallbacks: records.iter().filter(|r| r.fallback.is_some()).count(),
+        error: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::counters::EngineCounters;
+
+    fn pt(rate: f64, p90: f64, valid: bool) -> RatePoint {
+        RatePoint {
+            rate,
+            p90_ms: Some(p90),
+            valid,
+        }
+    }
+
+    fn cfg() -> SweepConfig {
+        SweepConfig {
+            start_rate: 1.0,
+            factor: 2.0,
+            max_steps: 5,
+            fractions: vec![0.4, 0.8, 1.0, 1.3],
+        }
+    }
+
+    #[test]
+    fn saturation_table() {
+        let cases: Vec<(&str, Vec<RatePoint>, Option<(f64, bool)>)> = vec![
+            (
+                "never crosses",
+                vec![pt(1.0, 100.0, true), pt(2.0, 150.0, true), pt(4.0, 290.0, true)],
+                None,
+            ),
+            // Threshold 300: between 2 (150) and 4 (450) → 2 + 2 × 150/300 = 3.
+            (
+                "interpolated",
+                vec![pt(1.0, 100.0, true), pt(2.0, 150.0, true), pt(4.0, 450.0, true)],
+                Some((3.0, false)),
+            ),
+            (
+                "order does not matter",
+                vec![pt(4.0, 450.0, true), pt(1.0, 100.0, true), pt(2.0, 150.0, true)],
+                Some((3.0, false)),
+            ),
+            (
+                "first crossing wins",
+                vec![pt(1.0, 100.0, true), pt(2.0, 400.0, true), pt(4.0, 200.0, true)],
+                Some((1.0 + 200.0 / 300.0, false)),
+            ),
+            // The invalid point is skipped: 1 → 4 gives 1 + 3 × 200/350.
+            (
+                "invalid points skipped",
+                vec![pt(1.0, 100.0, true), pt(2.0, 9999.0, false), pt(4.0, 450.0, true)],
+                Some((1.0 + 3.0 * 200.0 / 350.0, false)),
+            ),
+            (
+                "fallback to invalid points",
+                vec![pt(1.0, 100.0, false), pt(2.0, 400.0, false)],
+                Some((1.0 + 200.0 / 300.0, true)),
+            ),
+            ("single point", vec![pt(1.0, 100.0, true)], None),
+        ];
+        for (name, pts, want) in cases {
+            let got = saturation_rate(&pts).map(|s| (s.rate, s.from_invalid_points));
+            match (got, want) {
+                (Some((r, inv)), Some((wr, winv))) => {
+                    assert!((r - wr).abs() < 1e-9 && inv == winv, "{name}: {r} {inv}")
+                }
+                (g, w) => assert_eq!(g.is_some(), w.is_some(), "{name}: {g:?}"),
+            }
+        }
+        // Nothing succeeded at the second rate: saturated there.
+        let s = saturation_rate(&[
+            pt(1.0, 100.0, true),
+            RatePoint {
+                rate: 2.0,
+                p90_ms: None,
+                valid: true,
+            },
+        ])
+        .unwrap();
+        assert_eq!(s.rate, 2.0);
+        assert!((s.load_point() - 1.6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn ladder_drives_until_saturated_or_bounded() {
+        let c = cfg();
+        assert_eq!(next_ladder_rate(&c, &[]), LadderStep::Measure(1.0));
+        assert_eq!(next_ladder_rate(&c, &[pt(1.0, 100.0, true)]), LadderStep::Measure(2.0));
+        assert_eq!(
+            next_ladder_rate(&c, &[pt(1.0, 100.0, true), pt(2.0, 120.0, true)]),
+            LadderStep::Measure(4.0)
+        );
+        match next_ladder_rate(&c, &[pt(1.0, 100.0, true), pt(2.0, 120.0, true), pt(4.0, 600.0, true)]) {
+            LadderStep::Saturated(s) => assert!((s.rate - (2.0 + 2.0 * 180.0 / 480.0)).abs() < 1e-9),
+            other => panic!("{other:?}"),
+        }
+        let flat: Vec<RatePoint> = (0..5).map(|i| pt(f64::from(1 << i), 100.0, true)).collect();
+        assert_eq!(next_ladder_rate(&c, &flat), LadderStep::GaveUp);
+        // A whole simulated sweep: a fleet whose p90 explodes past 5 rate units.
+        let fleet = |r: f64| if r < 5.0 { 100.0 + 10.0 * r } else { 2000.0 };
+        let mut pts = Vec::new();
+        let sat = loop {
+            match next_ladder_rate(&c, &pts) {
+                LadderStep::Measure(r) => pts.push(pt(r, fleet(r), true)),
+                LadderStep::Saturated(s) => break s,
+                LadderStep::GaveUp => panic!("should saturate"),
+            }
+        };
+        assert_eq!(pts.len(), 4, "1, 2, 4, 8");
+        assert!(sat.rate > 4.0 && sat.rate < 8.0, "{}", sat.rate);
+        let rates = policy_rates(&c, &sat);
+        assert_eq!(rates.len(), 4);
+        assert!(
+            rates.iter().any(|r| (r - sat.load_point()).abs() < 1e-9),
+            "the load point is measured"
+        );
+        assert!(
+            rates[0] < sat.rate && *rates.last().unwrap() > sat.rate,
+            "light load to past saturation"
+        );
+    }
+
+    #[test]
+    fn config_validation() {
+        assert!(cfg().validate().is_ok());
+        for bad in [
+            SweepConfig {
+                start_rate: 0.0,
+                ..cfg()
+            },
+            SweepConfig { factor: 1.0, ..cfg() },
+            SweepConfig { max_steps: 1, ..cfg() },
+            SweepConfig {
+                fractions: vec![0.5, 1.0],
+                ..cfg()
+            },
+            SweepConfig {
+                fractions: vec![0.8, -1.0],
+                ..cfg()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn validity_rules() {
+        let cases = [
+            (Some(0.50), Some(2.0), 0),
+            (Some(0.85), Some(10.0), 0),
+            (Some(0.86), Some(2.0), 1),
+            (Some(0.50), Some(10.5), 1),
+            (Some(0.99), Some(50.0), 2),
+            (None, Some(1.0), 1),
+            (Some(0.1), None, 1),
+        ];
+        for (cpu, late, n) in cases {
+            assert_eq!(invalid_reasons(cpu, late).len(), n, "{cpu:?} {late:?}");
+        }
+        assert!(invalid_reasons(Some(0.9), None)[0].contains("CPU 90%"));
+    }
+
+    #[test]
+    fn point_summary() {
+        let rec = |i: u64, w: &str, ttft: f64, late: f64, status: u16| RequestRecord {
+            index: i,
+            scheduled_ms: i as f64 * 100.0,
+            sent_ms: i as f64 * 100.0 + late,
+            ttft_ms: Some(ttft),
+            e2e_ms: ttft + 90.0,
+            status: Some(status),
+            worker: Some(w.into()),
+            max_tokens: 10,
+            prompt_tokens: Some(1000),
+            cached_tokens: Some(250),
+            output_tokens: Some(10),
+            error: (status != 200).then(|| format!("HTTP {status}")),
+            ..Default::default()
+        };
+        let recs = vec![
+            rec(0, "w0", 10.0, 1.0, 200),
+            rec(1, "w0", 20.0, 2.0, 200),
+            rec(2, "w1", 30.0, 3.0, 200),
+            rec(3, "w1", 0.0, 30.0, 503),
+            rec(4, "w1", 0.0, 0.0, 500),
+        ];
+        let counters = PolicyCounters {
+            engines: vec![EngineCounters {
+                worker: "w0".into(),
+                endpoint: None,
+                prefix_cache_hits: 200.0,
+                prefix_cache_queries: 1000.0,
+                preemptions: 0.0,
+            }],
+            router: None,
+        };
+        let fleet: Vec<String> = ["w0", "w1", "w2"].iter().map(|s| s.to_string()).collect();
+        let ceil = Ceiling {
+            requests: 5,
+            blocks_total: 10,
+            blocks_reused: 4,
+            tokens_total: 10,
+            tokens_reused: 4,
+        };
+        let m = MachineSample {
+            cpu_busy_mean: Some(0.5),
+            cpu_busy_max: Some(0.7),
+            sim_cpu_s: Some(2.0),
+        };
+        let p = summarize_point(
+            "trace",
+            "round_robin",
+            2.0,
+            "d",
+            &recs,
+            Some(&counters),
+            Some((0.4, ceil)),
+            m,
+            &fleet,
+        );
+        assert_eq!((p.requests, p.ok, p.rejected, p.failed), (5, 3, 1, 1));
+        assert_eq!((p.ttft_p50_ms, p.ttft_p90_ms), (Some(20.0), Some(30.0)));
+        assert_eq!(p.itl_p50_ms, Some(10.0));
+        assert_eq!(p.engine_hit_rate, Some(0.2));
+        assert_eq!(p.usage_hit_rate, Some(0.25));
+        assert!((p.hit_over_ceiling().unwrap() - 0.5).abs() < 1e-12);
+        // 2000 / 1000 / 0 prompt tokens over three workers: max/mean = 2000 / 1000.
+        assert_eq!(p.load_max_over_mean, Some(2.0));
+        assert_eq!(p.lateness_p90_ms, Some(30.0));
+        assert_eq!(p.sim_cpu_s_per_1k, Some(400.0));
+        assert!(
+            !p.valid() && p.invalid.iter().any(|r| r.contains("lateness")),
+            "{:?}",
+            p.invalid
+        );
+    }
+}

@@ -1,0 +1,473 @@
+//! The load-sweep workloads: one plan type for all five, and each plan's intrinsic ceiling (pure).
+//!
+//! A [`Plan`] is a list of [`Session`]s. A session starts at `start_ms` (open loop: Poisson or
+//! trace arrivals at the point's rate) and runs its turns in order, closed loop: turn `k + 1` is
+//! sent `think_ms` after turn `k` completed, as a client that waits for the answer does. A
+//! single-turn session is an open-loop request. Every turn's prompt is a prefix of its
+//! session's content (`upto` messages or tokens), so a conversation is stored once however many
+//! turns it has.
+//!
+//! Assistant replies in a chat history are **planned text**, not the engine's reply: the prompt
+//! of every turn is then known before the run, so the ceiling below is exact and every policy
+//! gets byte-identical requests. (The engine also caches the blocks it generated; with planned
+//! replies those are never reused, as with a client that edits the reply.)
+//!
+//! **Ceiling.** Infinite cache, perfect routing, caches empty at the start: a prompt segment hits
+//! iff the same prefix (chain of segments up to and including it) was in an earlier prompt. For
+//! chat prompts a segment is one message weighted by its content bytes; for token prompts it is
+//! one engine block (`block_size` tokens, the last one partial) weighted by its tokens. The
+//! trace keeps its own block-weighted ceiling (`crate::ceiling::intrinsic`). Prompts are ordered
+//! by their planned send time (start + think times, engine time not known in advance), which is
+//! exact within a session and for the first use of a shared prefix.
+//!
+//! Generators live in `gen` (agentic chat, sibling bursts, paced sessions, cold single-turn) and
+//! `trace` (the Mooncake conversation trace); all randomness is SplitMix64 from a seed.
+
+pub mod gen;
+pub mod trace;
+
+use crate::ceiling::Ceiling;
+use kvmesh_core::hashing::xxh3;
+use serde_json::{json, Value};
+use std::collections::HashSet;
+
+/// The five workloads of the sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WorkloadKind {
+    /// The Mooncake conversation trace, time-compressed to the point's request rate.
+    Trace,
+    /// Agentic chat: a few 16–32 KB system prompts shared by many conversations, 5–30 turns,
+    /// tool-call turns carrying long tool outputs.
+    Agentic,
+    /// Sibling bursts: 4–8 parallel requests of the same new prompt (best-of-n).
+    Siblings,
+    /// Paced sessions: 10–60 s think time between turns (divided by the sim speed-up).
+    Paced,
+    /// Cold single-turn: distinct 4–16k-token prompts, nothing to reuse.
+    Cold,
+}
+
+impl WorkloadKind {
+    /// Every workload, in report order.
+    pub const ALL: [WorkloadKind; 5] = [Self::Trace, Self::Agentic, Self::Siblings, Self::Paced, Self::Cold];
+
+    /// Name in files, flags and the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Trace => "trace",
+            Self::Agentic => "agentic",
+            Self::Siblings => "siblings",
+            Self::Paced => "paced",
+            Self::Cold => "cold",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|k| k.name() == s.trim()).ok_or_else(|| {
+            format!(
+                "unknown workload {s:?}; known: {}",
+                Self::ALL.map(Self::name).join(", ")
+            )
+        })
+    }
+
+    /// Parses a comma-separated list (order kept, duplicates refused).
+    pub fn parse_list(s: &str) -> Result<Vec<Self>, String> {
+        let mut out = Vec::new();
+        for part in s.split(',').filter(|p| !p.trim().is_empty()) {
+            let k = Self::parse(part)?;
+            if out.contains(&k) {
+                return Err(format!("workload {} listed twice", k.name()));
+            }
+            out.push(k);
+        }
+        if out.is_empty() {
+            return Err("no workload given".into());
+        }
+        Ok(out)
+    }
+
+    /// Whether requests carry a conversation id a session header can send.
+    pub fn has_sessions(self) -> bool {
+        matches!(self, Self::Trace | Self::Agentic | Self::Paced)
+    }
+
+    /// What the rate of a sweep point counts.
+    pub fn rate_unit(self) -> &'static str {
+        match self {
+            Self::Trace | Self::Cold => "requests/s",
+            Self::Agentic | Self::Paced => "sessions/s",
+            Self::Siblings => "bursts/s",
+        }
+    }
+
+    /// One line for the report.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Trace => "Mooncake conversation trace (token-id prompts, trace order, time-compressed to the rate)",
+            Self::Agentic => "agentic chat: 3 shared system prompts of 16–32 KB, 5–30 turns, 60% tool-call turns with 1–6 KB tool outputs",
+            Self::Siblings => "sibling bursts: 4–8 parallel identical requests of a new 2–8k-token prompt (best-of-n), Poisson bursts",
+            Self::Paced => "paced sessions: 3–8 turns, 10–60 s think time between turns (÷ sim speed-up), 2 KB shared system prompts",
+            Self::Cold => "cold single-turn: distinct 4–16k-token prompts, Poisson arrivals, nothing to reuse",
+        }
+    }
+}
+
+/// One chat message (OpenAI shape; `tool_calls` on an assistant turn, `tool_call_id` on a tool output).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatMsg {
+    /// `system`, `user`, `assistant`, `tool`.
+    pub role: &'static str,
+    /// The text.
+    pub content: String,
+    /// Assistant tool call `(id, function name, JSON arguments)`.
+    pub tool_call: Option<(String, String, String)>,
+    /// Tool output: the call it answers.
+    pub tool_call_id: Option<String>,
+}
+
+impl ChatMsg {
+    /// A plain message.
+    pub fn new(role: &'static str, content: String) -> Self {
+        Self {
+            role,
+            content,
+            tool_call: None,
+            tool_call_id: None,
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        let mut m = json!({"role": self.role, "content": self.content});
+        if let Some((id, name, args)) = &self.tool_call {
+            m["tool_calls"] = json!([{"id": id, "type": "function", "function": {"name": name, "arguments": args}}]);
+        }
+        if let Some(id) = &self.tool_call_id {
+            m["tool_call_id"] = json!(id);
+        }
+        m
+    }
+}
+
+/// A session's content; each turn sends a prefix of it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Content {
+    /// Token ids through `/v1/completions`.
+    Tokens(Vec<u32>),
+    /// Chat messages through `/v1/chat/completions`.
+    Chat(Vec<ChatMsg>),
+}
+
+/// One turn of a session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Turn {
+    /// The prompt is the content's first `upto` messages / tokens.
+    pub upto: usize,
+    /// Wait after the previous turn completed, ms (ignored for the first turn).
+    pub think_ms: f64,
+    /// `max_tokens`.
+    pub max_tokens: u32,
+}
+
+/// One session (a single-turn session is one open-loop request).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Session {
+    /// Conversation id (sent in the session header by the policies that use one).
+    pub id: String,
+    /// When the first turn is due, ms from the start of the point.
+    pub start_ms: f64,
+    /// The content every turn sends a prefix of.
+    pub content: Content,
+    /// The turns, in order.
+    pub turns: Vec<Turn>,
+}
+
+impl Session {
+    /// The request path for this session's turns.
+    pub fn path(&self) -> &'static str {
+        match self.content {
+            Content::Tokens(_) => "/v1/completions",
+            Content::Chat(_) => "/v1/chat/completions",
+        }
+    }
+
+    /// Request body of turn `t` (streaming, usage, `ignore_eos`). `None` past the last turn.
+    pub fn body(&self, t: usize, model: &str) -> Option<Value> {
+        let turn = self.turns.get(t)?;
+        let mut body = match &self.content {
+            Content::Tokens(ids) => json!({"model": model, "prompt": &ids[..turn.upto.min(ids.len())]}),
+            Content::Chat(msgs) => {
+                let m: Vec<Value> = msgs[..turn.upto.min(msgs.len())].iter().map(ChatMsg::to_json).collect();
+                json!({"model": model, "messages": m})
+            }
+        };
+        body["max_tokens"] = json!(turn.max_tokens.max(1));
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+        body["ignore_eos"] = json!(true);
+        Some(body)
+    }
+
+    /// Planned send times of the turns: start + think times (engine time unknown in advance).
+    pub fn planned_times_ms(&self) -> Vec<f64> {
+        let mut t = self.start_ms;
+        self.turns
+            .iter()
+            .enumerate()
+            .map(|(i, turn)| {
+                if i > 0 {
+                    t += turn.think_ms;
+                }
+                t
+            })
+            .collect()
+    }
+}
+
+/// One sweep point's workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// Which workload.
+    pub kind: WorkloadKind,
+    /// The point's rate, in `kind.rate_unit()`.
+    pub rate: f64,
+    /// The sessions, by start time.
+    pub sessions: Vec<Session>,
+    /// The intrinsic ceiling of exactly these prompts.
+    pub ceiling: Ceiling,
+    /// Whether the ceiling's reference is block-weighted (trace) or unit-weighted (the others).
+    pub ceiling_block_weighted: bool,
+    /// What the ceiling's units are (`tokens`, `content bytes`, `512-token trace blocks`).
+    pub ceiling_unit: &'static str,
+}
+
+impl Plan {
+    /// Requests in the plan.
+    pub fn requests(&self) -> usize {
+        self.sessions.iter().map(|s| s.turns.len()).sum()
+    }
+
+    /// The ceiling the report compares engine hit rates with.
+    pub fn ceiling_rate(&self) -> f64 {
+        if self.ceiling_block_weighted {
+            self.ceiling.block_rate()
+        } else {
+            self.ceiling.token_rate()
+        }
+    }
+}
+
+/// One prompt's segments: `(chain id, weight)`; the chain id covers the segment and every one
+/// before it in the same prompt.
+pub type Segments = Vec<(u64, u64)>;
+
+/// Segments of turn `t` of `s`: chat messages weighted by content bytes, or engine blocks of
+/// `block_size` tokens weighted by their tokens.
+pub fn segments(s: &Session, t: usize, block_size: usize) -> Segments {
+    let Some(turn) = s.turns.get(t) else { return Vec::new() };
+    let mut out = Vec::new();
+    let mut parent = 0u64;
+    match &s.content {
+        Content::Tokens(ids) => {
+            for block in ids[..turn.upto.min(ids.len())].chunks(block_size.max(1)) {
+                let bytes: Vec<u8> = block.iter().flat_map(|x| x.to_le_bytes()).collect();
+                parent = xxh3(&bytes, parent);
+                out.push((parent, block.len() as u64));
+            }
+        }
+        Content::Chat(msgs) => {
+            for m in &msgs[..turn.upto.min(msgs.len())] {
+                let key = format!(
+                    "{}\u{0}{}\u{0}{:?}\u{0}{:?}",
+                    m.role, m.content, m.tool_call, m.tool_call_id
+                );
+                parent = xxh3(key.as_bytes(), parent);
+                out.push((parent, m.content.len() as u64));
+            }
+        }
+    }
+    out
+}
+
+/// The intrinsic ceiling of prompts given as segment lists, in the order they are sent:
+/// `blocks_*` count segments, `tokens_*` their weights.
+pub fn ceiling_of<'a, I>(prompts: I) -> Ceiling
+where
+    I: IntoIterator<Item = &'a Segments>,
+{
+    let mut seen: HashSet<u64> = HashSet::new();
+    let mut c = Ceiling::default();
+    for p in prompts {
+        c.requests += 1;
+        // A chain id seen before means the whole prefix up to it was sent before.
+        for &(id, w) in p {
+            c.blocks_total += 1;
+            c.tokens_total += w;
+            if seen.contains(&id) {
+                c.blocks_reused += 1;
+                c.tokens_reused += w;
+            }
+        }
+        seen.extend(p.iter().map(|&(id, _)| id));
+    }
+    c
+}
+
+/// The ceiling of a set of sessions, prompts ordered by planned send time (ties: session order).
+pub fn sessions_ceiling(sessions: &[Session], block_size: usize) -> Ceiling {
+    let mut order: Vec<(f64, usize, usize)> = Vec::new();
+    for (i, s) in sessions.iter().enumerate() {
+        for (t, at) in s.planned_times_ms().into_iter().enumerate() {
+            order.push((at, i, t));
+        }
+    }
+    order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let segs: Vec<Segments> = order
+        .iter()
+        .map(|&(_, i, t)| segments(&sessions[i], t, block_size))
+        .collect();
+    ceiling_of(&segs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tok_session(id: &str, start: f64, ids: Vec<u32>, uptos: &[usize]) -> Session {
+        Session {
+            id: id.into(),
+            start_ms: start,
+            content: Content::Tokens(ids),
+            turns: uptos
+                .iter()
+                .map(|&u| Turn {
+                    upto: u,
+                    think_ms: 10.0,
+                    max_tokens: 4,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn names_round_trip_and_lists() {
+        for k in WorkloadKind::ALL {
+            assert_eq!(WorkloadKind::parse(k.name()), Ok(k));
+        }
+        assert!(WorkloadKind::parse("x").is_err());
+        assert_eq!(
+            WorkloadKind::parse_list("cold,trace"),
+            Ok(vec![WorkloadKind::Cold, WorkloadKind::Trace])
+        );
+        assert!(WorkloadKind::parse_list("cold,cold").is_err());
+        assert!(WorkloadKind::parse_list("").is_err());
+        assert!(!WorkloadKind::Cold.has_sessions() && WorkloadKind::Trace.has_sessions());
+    }
+
+    #[test]
+    fn ceiling_table() {
+        let a: Vec<u32> = (0..64).collect();
+        let mut b = a.clone();
+        b[40] = 999; // diverges in block 2 (of 16-token blocks)
+        let cases: Vec<(&str, Vec<Session>, (u64, u64))> = vec![
+            ("nothing", vec![], (0, 0)),
+            (
+                "one prompt is all misses",
+                vec![tok_session("s", 0.0, a.clone(), &[64])],
+                (0, 64),
+            ),
+            // Turn 2 reuses turn 1's 32 tokens; its own last 32 are new.
+            (
+                "growing session",
+                vec![tok_session("s", 0.0, a.clone(), &[32, 64])],
+                (32, 96),
+            ),
+            // The same prompt twice: the second is all hits.
+            (
+                "siblings",
+                vec![
+                    tok_session("x", 0.0, a.clone(), &[64]),
+                    tok_session("y", 0.0, a.clone(), &[64]),
+                ],
+                (64, 128),
+            ),
+            // Shared 2 blocks, then different: the chain stops matching at the first difference.
+            (
+                "diverging",
+                vec![tok_session("x", 0.0, a.clone(), &[64]), tok_session("y", 1.0, b, &[64])],
+                (32, 128),
+            ),
+            // A partial last block counts its own length.
+            (
+                "partial block",
+                vec![tok_session("x", 0.0, a.clone(), &[20]), tok_session("y", 1.0, a, &[20])],
+                (20, 40),
+            ),
+        ];
+        for (name, sessions, (reused, total)) in cases {
+            let c = sessions_ceiling(&sessions, 16);
+            assert_eq!((c.tokens_reused, c.tokens_total), (reused, total), "{name}");
+        }
+    }
+
+    #[test]
+    fn chat_ceiling_counts_message_bytes_in_send_order() {
+        let msgs = vec![
+            ChatMsg::new("system", "S".repeat(100)),
+            ChatMsg::new("user", "u1".into()),
+            ChatMsg::new("assistant", "a1".into()),
+            ChatMsg::new("user", "u2u2".into()),
+        ];
+        let s = Session {
+            id: "c".into(),
+            start_ms: 0.0,
+            content: Content::Chat(msgs.clone()),
+            turns: vec![
+                Turn {
+                    upto: 2,
+                    think_ms: 0.0,
+                    max_tokens: 1,
+                },
+                Turn {
+                    upto: 4,
+                    think_ms: 5.0,
+                    max_tokens: 1,
+                },
+            ],
+        };
+        // Another conversation sharing only the system prompt, sent between the two turns.
+        let mut other_msgs = msgs;
+        other_msgs[1].content = "zz".into();
+        let o = Session {
+            id: "d".into(),
+            start_ms: 1.0,
+            content: Content::Chat(other_msgs),
+            turns: vec![Turn {
+                upto: 2,
+                think_ms: 0.0,
+                max_tokens: 1,
+            }],
+        };
+        let c = sessions_ceiling(&[s.clone(), o], 16);
+        // Prompts: [S,u1] (102 new), [S,zz] (100 reused), [S,u1,a1,u2u2] (102 reused of 108).
+        assert_eq!((c.tokens_reused, c.tokens_total), (202, 102 + 102 + 108));
+        let body = s.body(1, "m").unwrap();
+        assert_eq!(body["messages"].as_array().unwrap().len(), 4);
+        assert_eq!(body["ignore_eos"], json!(true));
+        assert!(s.body(2, "m").is_none());
+        assert_eq!(s.path(), "/v1/chat/completions");
+        assert_eq!(s.planned_times_ms(), vec![0.0, 5.0]);
+    }
+
+    #[test]
+    fn tool_calls_render_in_openai_shape() {
+        let mut call = ChatMsg::new("assistant", "calling".into());
+        call.tool_call = Some(("call_1".into(), "search".into(), "{\"q\":1}".into()));
+        let mut out = ChatMsg::new("tool", "result".into());
+        out.tool_call_id = Some("call_1".into());
+        let j = call.to_json();
+        assert_eq!(j["tool_calls"][0]["function"]["name"], json!("search"));
+        assert_eq!(out.to_json()["tool_call_id"], json!("call_1"));
+    }
+}
