@@ -50,7 +50,7 @@ pub async fn run(args: Args, shutdown: impl std::future::Future<Output = ()>) ->
     let listener = TcpListener::bind((args.host, args.port)).await.with_context(|| format!("binding {}:{}", args.host, args.port))?;
     let addr = listener.local_addr()?;
     let id = args.id.clone().unwrap_or_else(|| format!("sim-{}", addr.port()));
-    let metrics = Arc::new(Metrics::new(&args.model, args.dp_rank, args.block_size, args.num_gpu_blocks));
+    let metrics = Arc::new(Metrics::new(&args.model, args.dp_rank, args.block_size, args.num_gpu_blocks, args.max_model_len()));
     let faults = Arc::new(FaultState::new(args.initial_faults()?));
 
     let (sink, endpoints): (Box<dyn EventSink>, _) = match args.publisher_config() {

@@ -247,7 +247,7 @@ impl Driver {
         match cmd {
             Command::Submit(req, client) => {
                 let id = req.id;
-                match self.sched.submit(req) {
+                match self.sched.submit_at(req, self.start.elapsed()) {
                     Ok(()) => {
                         self.clients.insert(id, client);
                     }
@@ -294,6 +294,22 @@ impl Driver {
     }
 
     fn dispatch(&mut self, out: StepOutput) {
+        let m = &self.parts.metrics;
+        if let Some(n) = out.iteration_tokens {
+            m.iteration_tokens.observe(n as f64);
+        }
+        for &computed in &out.prefills {
+            m.prefill_kv_computed.observe(computed as f64);
+        }
+        for emit in &out.emits {
+            if let Emit::Finished { done, .. } = emit {
+                let p = done.phases;
+                m.queue_time.observe(p.queued.as_secs_f64());
+                m.prefill_time.observe(p.prefill.as_secs_f64());
+                m.decode_time.observe(p.decode.as_secs_f64());
+                m.inference_time.observe(p.inference.as_secs_f64());
+            }
+        }
         if !out.events.is_empty() {
             let ts = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
             self.parts.sink.publish(EventBatch { ts, events: out.events });

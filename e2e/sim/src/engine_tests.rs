@@ -25,7 +25,7 @@ fn engine(sink: MemorySink) -> (EngineHandle, Arc<Metrics>) {
         kv_load_failure_policy: KvLoadFailurePolicy::Fail,
         kv_transfer_timeout: Duration::from_secs(30),
     };
-    let metrics = Arc::new(Metrics::new("m", 0, 16, 64));
+    let metrics = Arc::new(Metrics::new("m", 0, 16, 64, 1024));
     let parts = EngineParts {
         sink: Box::new(sink),
         metrics: metrics.clone(),

@@ -27,8 +27,10 @@ pub const PREFIX_CACHE_HITS: &str = "vllm:prefix_cache_hits_total";
 pub const EXTERNAL_PREFIX_CACHE_QUERIES: &str = "vllm:external_prefix_cache_queries_total";
 /// `vllm:external_prefix_cache_hits_total` (counter, tokens pulled from a NIXL producer).
 pub const EXTERNAL_PREFIX_CACHE_HITS: &str = "vllm:external_prefix_cache_hits_total";
-/// `vllm:prompt_tokens_total` (counter).
+/// `vllm:prompt_tokens_total` (counter; counted when a request's prefill yields its first token).
 pub const PROMPT_TOKENS: &str = "vllm:prompt_tokens_total";
+/// `vllm:prompt_tokens_cached_total` (counter): of those, tokens not computed (local + external).
+pub const PROMPT_TOKENS_CACHED: &str = "vllm:prompt_tokens_cached_total";
 /// `vllm:generation_tokens_total` (counter).
 pub const GENERATION_TOKENS: &str = "vllm:generation_tokens_total";
 /// `vllm:request_success_total{finished_reason}` (counter).
@@ -39,6 +41,18 @@ pub const NUM_PREEMPTIONS: &str = "vllm:num_preemptions_total";
 pub const TIME_TO_FIRST_TOKEN: &str = "vllm:time_to_first_token_seconds";
 /// `vllm:e2e_request_latency_seconds` (histogram).
 pub const E2E_REQUEST_LATENCY: &str = "vllm:e2e_request_latency_seconds";
+/// `vllm:request_queue_time_seconds` (histogram): arrival → first scheduled.
+pub const REQUEST_QUEUE_TIME: &str = "vllm:request_queue_time_seconds";
+/// `vllm:request_prefill_time_seconds` (histogram): first scheduled → first token.
+pub const REQUEST_PREFILL_TIME: &str = "vllm:request_prefill_time_seconds";
+/// `vllm:request_decode_time_seconds` (histogram): first token → last token.
+pub const REQUEST_DECODE_TIME: &str = "vllm:request_decode_time_seconds";
+/// `vllm:request_inference_time_seconds` (histogram): first scheduled → last token.
+pub const REQUEST_INFERENCE_TIME: &str = "vllm:request_inference_time_seconds";
+/// `vllm:request_prefill_kv_computed_tokens` (histogram): prompt tokens a request computed.
+pub const REQUEST_PREFILL_KV_COMPUTED: &str = "vllm:request_prefill_kv_computed_tokens";
+/// `vllm:iteration_tokens_total` (histogram, despite the name): tokens per engine step.
+pub const ITERATION_TOKENS: &str = "vllm:iteration_tokens_total";
 /// `vllm:cache_config_info` (gauge 1; labels `block_size`, `num_gpu_blocks`, …).
 pub const CACHE_CONFIG_INFO: &str = "vllm:cache_config_info";
 /// `kvmesh_sim_requests_aborted_total` (counter): requests cancelled because the client left.
@@ -60,6 +74,13 @@ pub const NIXL_TRANSFERS: &str = "kvmesh_sim_nixl_transfers_total";
 pub const KV_LOAD_FAILURES: &str = "kvmesh_sim_kv_load_failures_total";
 /// `kvmesh_sim_engine_steps_total` (counter).
 pub const ENGINE_STEPS: &str = "kvmesh_sim_engine_steps_total";
+/// `kvmesh_sim_prefix_cache_preempted_requests_total` (counter): re-admissions of preempted
+/// requests. vLLM keeps these in `PrefixCacheStats.preempted_*` and exports no metric for them.
+pub const PREEMPTED_REQUESTS: &str = "kvmesh_sim_prefix_cache_preempted_requests_total";
+/// `kvmesh_sim_prefix_cache_preempted_queries_total` (counter, tokens): what they looked up.
+pub const PREEMPTED_QUERIES: &str = "kvmesh_sim_prefix_cache_preempted_queries_total";
+/// `kvmesh_sim_prefix_cache_preempted_hits_total` (counter, tokens): what they hit.
+pub const PREEMPTED_HITS: &str = "kvmesh_sim_prefix_cache_preempted_hits_total";
 
 /// Every metric name, for the README drift test.
 pub const ALL: &[&str] = &[
@@ -71,11 +92,18 @@ pub const ALL: &[&str] = &[
     EXTERNAL_PREFIX_CACHE_QUERIES,
     EXTERNAL_PREFIX_CACHE_HITS,
     PROMPT_TOKENS,
+    PROMPT_TOKENS_CACHED,
     GENERATION_TOKENS,
     REQUEST_SUCCESS,
     NUM_PREEMPTIONS,
     TIME_TO_FIRST_TOKEN,
     E2E_REQUEST_LATENCY,
+    REQUEST_QUEUE_TIME,
+    REQUEST_PREFILL_TIME,
+    REQUEST_DECODE_TIME,
+    REQUEST_INFERENCE_TIME,
+    REQUEST_PREFILL_KV_COMPUTED,
+    ITERATION_TOKENS,
     CACHE_CONFIG_INFO,
     REQUESTS_ABORTED,
     REQUESTS_REJECTED,
@@ -86,45 +114,91 @@ pub const ALL: &[&str] = &[
     NIXL_TRANSFERS,
     KV_LOAD_FAILURES,
     ENGINE_STEPS,
+    PREEMPTED_REQUESTS,
+    PREEMPTED_QUERIES,
+    PREEMPTED_HITS,
 ];
 
-/// vLLM's TTFT buckets (seconds).
+/// vLLM's TTFT buckets (seconds; `vllm/v1/metrics/buckets.py`).
 const TTFT_BUCKETS: &[f64] =
     &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0];
-/// vLLM's request-latency buckets (seconds).
+/// vLLM's request-latency buckets (seconds), shared by the e2e, queue, prefill, decode and
+/// inference histograms.
 const E2E_BUCKETS: &[f64] = &[0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0];
 
-/// A fixed-bucket histogram of seconds.
+/// vLLM's tokens-per-step buckets.
+const ITERATION_TOKENS_BUCKETS: &[f64] = &[1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0];
+
+/// vLLM's `request_tokens` buckets: 1, 2, 5, 10, 20, 50, … up to `max` (`build_1_2_5_buckets`).
+pub fn buckets_1_2_5(max: usize) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut scale: usize = 1;
+    loop {
+        for m in [1, 2, 5] {
+            match scale.checked_mul(m) {
+                Some(v) if v <= max => out.push(v as f64),
+                _ => return out,
+            }
+        }
+        match scale.checked_mul(10) {
+            Some(s) => scale = s,
+            None => return out,
+        }
+    }
+}
+
+/// A bucket bound as Python's `prometheus_client` writes it (`floatToGoString`): integral values
+/// keep a `.0` (`le="1.0"`, `le="2560.0"`), so label values match a real vLLM's exactly.
+pub fn le_label(b: f64) -> String {
+    if b.is_finite() && b.fract() == 0.0 && b.abs() < 1e16 {
+        format!("{b:.1}")
+    } else {
+        format!("{b}")
+    }
+}
+
+/// A fixed-bucket histogram (seconds or tokens).
 #[derive(Debug)]
 pub struct Histogram {
-    bounds: &'static [f64],
+    bounds: Vec<f64>,
     counts: Vec<AtomicU64>,
-    sum_ns: AtomicU64,
+    /// Sum in nano-units (ns for seconds), so it stays an atomic integer.
+    sum_nano: AtomicU64,
 }
 
 impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
-        Self { bounds, counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(), sum_ns: AtomicU64::new(0) }
+    fn new(bounds: &[f64]) -> Self {
+        Self { bounds: bounds.to_vec(), counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(), sum_nano: AtomicU64::new(0) }
     }
 
     /// Records one observation.
-    pub fn observe(&self, secs: f64) {
-        let i = self.bounds.iter().position(|&b| secs <= b).unwrap_or(self.bounds.len());
+    pub fn observe(&self, v: f64) {
+        let i = self.bounds.iter().position(|&b| v <= b).unwrap_or(self.bounds.len());
         if let Some(c) = self.counts.get(i) {
             c.fetch_add(1, Relaxed);
         }
-        self.sum_ns.fetch_add((secs.max(0.0) * 1e9) as u64, Relaxed);
+        self.sum_nano.fetch_add((v.max(0.0) * 1e9) as u64, Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().map(|c| c.load(Relaxed)).sum()
+    }
+
+    /// Sum of the observations.
+    pub fn sum(&self) -> f64 {
+        self.sum_nano.load(Relaxed) as f64 / 1e9
     }
 
     fn render(&self, out: &mut String, name: &str, labels: &str) {
         let mut cum = 0;
         for (i, b) in self.bounds.iter().enumerate() {
             cum += self.counts[i].load(Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b}\"}} {cum}");
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{}\"}} {cum}", le_label(*b));
         }
         cum += self.counts[self.bounds.len()].load(Relaxed);
         let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cum}");
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum_ns.load(Relaxed) as f64 / 1e9);
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum());
         let _ = writeln!(out, "{name}_count{{{labels}}} {cum}");
     }
 }
@@ -173,6 +247,18 @@ pub struct Metrics {
     pub ttft: Histogram,
     /// Request latency, from arrival to the last token.
     pub e2e: Histogram,
+    /// Queue time (arrival → first scheduled).
+    pub queue_time: Histogram,
+    /// Prefill time (first scheduled → first token).
+    pub prefill_time: Histogram,
+    /// Decode time (first token → last token).
+    pub decode_time: Histogram,
+    /// Inference time (first scheduled → last token).
+    pub inference_time: Histogram,
+    /// Prompt tokens each request computed (prompt − cached).
+    pub prefill_kv_computed: Histogram,
+    /// Tokens per engine step.
+    pub iteration_tokens: Histogram,
     /// Requests answered with an error, by reason.
     pub rejected: LabeledCounter,
     /// Faults injected, by kind.
@@ -186,8 +272,9 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Metrics for model `model_name`, engine (DP rank) `engine`, cache geometry for `cache_config_info`.
-    pub fn new(model_name: &str, engine: u32, block_size: usize, num_gpu_blocks: u32) -> Self {
+    /// Metrics for model `model_name`, engine (DP rank) `engine`, cache geometry for
+    /// `cache_config_info`, `max_model_len` for the token-count buckets.
+    pub fn new(model_name: &str, engine: u32, block_size: usize, num_gpu_blocks: u32, max_model_len: usize) -> Self {
         let model = model_name.replace('\\', "\\\\").replace('"', "\\\"");
         Self {
             labels: format!("model_name=\"{model}\",engine=\"{engine}\""),
@@ -200,6 +287,12 @@ impl Metrics {
             kv_usage_bits: AtomicU64::new(0),
             ttft: Histogram::new(TTFT_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
+            queue_time: Histogram::new(E2E_BUCKETS),
+            prefill_time: Histogram::new(E2E_BUCKETS),
+            decode_time: Histogram::new(E2E_BUCKETS),
+            inference_time: Histogram::new(E2E_BUCKETS),
+            prefill_kv_computed: Histogram::new(&buckets_1_2_5(max_model_len)),
+            iteration_tokens: Histogram::new(ITERATION_TOKENS_BUCKETS),
             rejected: LabeledCounter::new(
                 "reason",
                 &["bad_request", "model_not_found", "too_long", "queue_full", "kv_load_failed", "fault", "engine_gone", "other"],
@@ -243,6 +336,7 @@ impl Metrics {
         counter(&mut o, EXTERNAL_PREFIX_CACHE_QUERIES, "External prefix cache queries from KV connector (tokens).", s.external_queries);
         counter(&mut o, EXTERNAL_PREFIX_CACHE_HITS, "External prefix cache hits from KV connector (tokens).", s.external_hits);
         counter(&mut o, PROMPT_TOKENS, "Number of prefill tokens processed.", s.prompt_tokens);
+        counter(&mut o, PROMPT_TOKENS_CACHED, "Number of cached prompt tokens (local + external).", s.prompt_tokens_cached);
         counter(&mut o, GENERATION_TOKENS, "Number of generation tokens processed.", s.generation_tokens);
         counter(&mut o, NUM_PREEMPTIONS, "Cumulative number of preemption from the engine.", s.preemptions);
         let _ = writeln!(o, "# HELP {REQUEST_SUCCESS} Count of successfully processed requests.\n# TYPE {REQUEST_SUCCESS} counter");
@@ -250,8 +344,22 @@ impl Metrics {
         let _ = writeln!(o, "{REQUEST_SUCCESS}{{{l},finished_reason=\"stop\"}} {}", s.finished_stop);
         let _ = writeln!(o, "# HELP {TIME_TO_FIRST_TOKEN} Histogram of time to first token in seconds.\n# TYPE {TIME_TO_FIRST_TOKEN} histogram");
         self.ttft.render(&mut o, TIME_TO_FIRST_TOKEN, l);
-        let _ = writeln!(o, "# HELP {E2E_REQUEST_LATENCY} Histogram of e2e request latency in seconds.\n# TYPE {E2E_REQUEST_LATENCY} histogram");
-        self.e2e.render(&mut o, E2E_REQUEST_LATENCY, l);
+        let histogram = |o: &mut String, name: &str, help: &str, h: &Histogram| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} histogram");
+            h.render(o, name, l);
+        };
+        histogram(&mut o, E2E_REQUEST_LATENCY, "Histogram of e2e request latency in seconds.", &self.e2e);
+        histogram(&mut o, REQUEST_QUEUE_TIME, "Histogram of time spent in WAITING phase for request.", &self.queue_time);
+        histogram(&mut o, REQUEST_INFERENCE_TIME, "Histogram of time spent in RUNNING phase for request.", &self.inference_time);
+        histogram(&mut o, REQUEST_PREFILL_TIME, "Histogram of time spent in PREFILL phase for request.", &self.prefill_time);
+        histogram(&mut o, REQUEST_DECODE_TIME, "Histogram of time spent in DECODE phase for request.", &self.decode_time);
+        histogram(
+            &mut o,
+            REQUEST_PREFILL_KV_COMPUTED,
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+            &self.prefill_kv_computed,
+        );
+        histogram(&mut o, ITERATION_TOKENS, "Histogram of number of tokens per engine_step.", &self.iteration_tokens);
         let _ = writeln!(o, "# HELP {CACHE_CONFIG_INFO} Information of the LLMEngine CacheConfig\n# TYPE {CACHE_CONFIG_INFO} gauge");
         let _ = writeln!(o, "{CACHE_CONFIG_INFO}{{{}}} 1", self.cache_info);
 
@@ -259,6 +367,9 @@ impl Metrics {
         counter(&mut o, KV_LOAD_FAILURES, "NIXL pulls that failed or returned other tokens.", s.kv_load_failures);
         counter(&mut o, ENGINE_STEPS, "Engine steps executed.", s.steps);
         counter(&mut o, KV_REPLAY_REQUESTS, "KV-event replay requests served.", self.replays.load(Relaxed));
+        counter(&mut o, PREEMPTED_REQUESTS, "Re-admissions of preempted requests (vLLM PrefixCacheStats.preempted_requests).", s.preempted_admissions);
+        counter(&mut o, PREEMPTED_QUERIES, "Prompt tokens re-admitted preempted requests looked up (not in vllm:prefix_cache_queries).", s.preempted_queries);
+        counter(&mut o, PREEMPTED_HITS, "Prompt tokens re-admitted preempted requests hit (not in vllm:prefix_cache_hits).", s.preempted_hits);
         let family = |o: &mut String, name: &str, help: &str, c: &LabeledCounter| {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
             c.render(o, name, l);
@@ -280,7 +391,7 @@ mod tests {
 
     #[test]
     fn renders_every_metric_with_vllm_labels() {
-        let m = Metrics::new("deepseek-v4", 0, 16, 100);
+        let m = Metrics::new("deepseek-v4", 0, 16, 100, 1600);
         m.update_engine(SchedStats { prefix_queries: 32, prefix_hits: 16, ..SchedStats::default() }, 2, 1, 0.25);
         m.ttft.observe(0.003);
         m.rejected.inc("bad_request");
@@ -295,6 +406,27 @@ mod tests {
         assert!(text.contains("vllm:time_to_first_token_seconds_count{model_name=\"deepseek-v4\",engine=\"0\"} 1\n"));
         assert!(text.contains("kvmesh_sim_requests_rejected_total{model_name=\"deepseek-v4\",engine=\"0\",reason=\"bad_request\"} 1\n"));
         assert!(text.contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"100\""));
+        // Integral bounds as prometheus_client writes them.
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"deepseek-v4\",engine=\"0\",le=\"1.0\"} 1\n"));
+        assert!(text.contains("vllm:request_prefill_kv_computed_tokens_bucket{model_name=\"deepseek-v4\",engine=\"0\",le=\"1000.0\"} 0\n"));
+    }
+
+    #[test]
+    fn bucket_series_match_vllms() {
+        let table: &[(usize, &[f64])] = &[
+            (0, &[]),
+            (1, &[1.0]),
+            (100, &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]),
+            (4096, &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0]),
+        ];
+        for (max, want) in table {
+            assert_eq!(buckets_1_2_5(*max), *want, "max {max}");
+        }
+        let huge = buckets_1_2_5(usize::MAX);
+        assert!(huge.windows(2).all(|w| w[0] < w[1]) && huge.len() > 50, "terminates without overflow, increasing");
+        for (b, want) in [(1.0, "1.0"), (0.005, "0.005"), (2560.0, "2560.0"), (0.3, "0.3"), (16384.0, "16384.0")] {
+            assert_eq!(le_label(b), want);
+        }
     }
 
     #[test]

@@ -255,6 +255,7 @@ pub const DONE: &[u8] = b"data: [DONE]\n\n";
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sched::PhaseTimes;
 
     fn meta(endpoint: Endpoint) -> Meta {
         Meta { id: "cmpl-1".into(), created: 7, model: "m".into(), endpoint }
@@ -265,7 +266,7 @@ mod tests {
     }
 
     fn done() -> Finished {
-        Finished { reason: FinishReason::Length, prompt_tokens: 10, completion_tokens: 2, cached_tokens: 8, transfer: None }
+        Finished { reason: FinishReason::Length, prompt_tokens: 10, completion_tokens: 2, cached_tokens: 8, transfer: None, phases: PhaseTimes::default() }
     }
 
     #[test]

@@ -93,6 +93,12 @@ struct Request {
     remote: Remote,
     /// Local prefix-hit tokens when a consumer started its pull.
     local_hit: usize,
+    /// Times this request was preempted (a re-admission's lookup is counted apart, as vLLM does).
+    preemptions: u32,
+    /// Phase timestamps on the scheduler's clock (vLLM's QUEUED, first SCHEDULED, first and last token).
+    queued_at: Duration,
+    scheduled_at: Option<Duration>,
+    first_token_at: Option<Duration>,
 }
 
 #[derive(Debug)]
@@ -181,19 +187,19 @@ impl Scheduler {
         self.pool.num_free()
     }
 
-    /// Queues a request. Validation failures are returned, not emitted.
+    /// Queues a request as of the latest step's `now`. Validation failures are returned, not emitted.
     pub fn submit(&mut self, req: NewRequest) -> Result<(), RequestError> {
+        self.submit_at(req, self.now_hint)
+    }
+
+    /// Queues a request that arrived at `now` (the start of its queue time).
+    pub fn submit_at(&mut self, req: NewRequest, now: Duration) -> Result<(), RequestError> {
         if req.prompt.is_empty() {
             return Err(RequestError::EmptyPrompt);
         }
         let requested = req.prompt.len() + req.max_tokens as usize;
         if requested > self.cfg.max_model_len {
-            return Err(RequestError::TooLong {
-                max_model_len: self.cfg.max_model_len,
-                requested,
-                prompt: req.prompt.len(),
-                max_tokens: req.max_tokens,
-            });
+            return Err(RequestError::TooLong { max_model_len: self.cfg.max_model_len, requested, prompt: req.prompt.len(), max_tokens: req.max_tokens });
         }
         if self.num_waiting() >= self.cfg.max_waiting {
             return Err(RequestError::QueueFull { limit: self.cfg.max_waiting });
@@ -209,7 +215,6 @@ impl Scheduler {
             KvRole::Producer { transfer_id } => (Some(transfer_id), Remote::None),
             KvRole::Consumer { source } => (None, Remote::Pending(source)),
         };
-        self.stats.prompt_tokens += num_prompt as u64;
         self.reqs.insert(
             req.id,
             Request {
@@ -229,6 +234,10 @@ impl Scheduler {
                 producer,
                 remote,
                 local_hit: 0,
+                preemptions: 0,
+                queued_at: now.max(self.now_hint),
+                scheduled_at: None,
+                first_token_at: None,
             },
         );
         self.waiting.push_back(req.id);
@@ -286,6 +295,10 @@ impl Scheduler {
     fn complete(&mut self, inflight: Inflight, out: &mut StepOutput) {
         out.events.extend(inflight.events);
         self.stats.steps += 1;
+        let end = inflight.end;
+        // vLLM's `iteration_tokens_total`: prompt tokens computed by requests whose prefill ended
+        // in this step plus the tokens it generated.
+        let mut iteration_tokens = 0u64;
         for (id, n) in inflight.work {
             let Some(r) = self.reqs.get_mut(&id) else { continue };
             if r.state != State::Running {
@@ -299,15 +312,28 @@ impl Scheduler {
             r.tokens.push(token);
             r.generated += 1;
             self.stats.generation_tokens += 1;
+            iteration_tokens += 1;
+            if r.first_token_at.is_none() {
+                // vLLM counts prompt tokens when the prefill yields the first token.
+                r.first_token_at = Some(end);
+                let cached = r.cached_tokens.unwrap_or(0).min(r.num_prompt);
+                self.stats.prompt_tokens += r.num_prompt as u64;
+                self.stats.prompt_tokens_cached += cached as u64;
+                iteration_tokens += (r.num_prompt - cached) as u64;
+                out.prefills.push(r.num_prompt - cached);
+            }
             out.emits.push(Emit::Token { id, token });
             if r.generated >= r.max_tokens {
                 let reason = r.finish_reason;
-                self.finish(id, reason, out);
+                self.finish(id, reason, end, out);
             }
+        }
+        if iteration_tokens > 0 {
+            out.iteration_tokens = Some(iteration_tokens);
         }
     }
 
-    fn finish(&mut self, id: ReqId, reason: FinishReason, out: &mut StepOutput) {
+    fn finish(&mut self, id: ReqId, reason: FinishReason, now: Duration, out: &mut StepOutput) {
         self.running.retain(|&w| w != id);
         let Some(r) = self.reqs.remove(&id) else { return };
         match reason {
@@ -330,6 +356,7 @@ impl Scheduler {
                 completion_tokens: r.generated,
                 cached_tokens: r.cached_tokens.unwrap_or(0) as u32,
                 transfer,
+                phases: phases(r.queued_at, r.scheduled_at, r.first_token_at, now),
             },
         });
     }
@@ -424,6 +451,7 @@ impl Scheduler {
         r.num_computed = 0;
         r.num_cached_blocks = 0;
         r.state = State::Waiting;
+        r.preemptions += 1;
         self.waiting.push_front(id);
         self.stats.preemptions += 1;
     }
@@ -458,8 +486,17 @@ impl Scheduler {
         r.num_computed = hit_tokens;
         r.num_cached_blocks = hit.blocks;
         r.cached_tokens.get_or_insert(hit_tokens);
-        self.stats.prefix_queries += r.tokens.len() as u64;
-        self.stats.prefix_hits += hit_tokens as u64;
+        r.scheduled_at.get_or_insert(self.now_hint);
+        // vLLM's `PrefixCacheStats.record(preempted=…)`: a preempted request re-hitting its own
+        // blocks is counted apart, outside `prefix_cache_queries` / `prefix_cache_hits`.
+        if r.preemptions > 0 {
+            self.stats.preempted_admissions += 1;
+            self.stats.preempted_queries += r.tokens.len() as u64;
+            self.stats.preempted_hits += hit_tokens as u64;
+        } else {
+            self.stats.prefix_queries += r.tokens.len() as u64;
+            self.stats.prefix_hits += hit_tokens as u64;
+        }
         Some(n)
     }
 
@@ -485,4 +522,14 @@ impl Scheduler {
             r.num_cached_blocks = full;
         }
     }
+}
+
+/// A finished request's vLLM phase intervals (`FinishedRequestStats`): queued = first SCHEDULED −
+/// QUEUED, prefill = first token − first SCHEDULED, decode = last token − first token, inference =
+/// last token − first SCHEDULED. Preemptions fall inside the phase they interrupted.
+fn phases(queued: Duration, scheduled: Option<Duration>, first_token: Option<Duration>, last_token: Duration) -> PhaseTimes {
+    let scheduled = scheduled.unwrap_or(queued).max(queued);
+    let first = first_token.unwrap_or(last_token).max(scheduled);
+    let last = last_token.max(first);
+    PhaseTimes { queued: scheduled - queued, prefill: first - scheduled, decode: last - first, inference: last - scheduled }
 }

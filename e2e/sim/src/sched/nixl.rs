@@ -11,8 +11,8 @@
 
 use std::time::Duration;
 
-use super::{Hold, Remote, Request, Scheduler, State};
 use super::types::{Emit, KvLoadFailurePolicy, ReqId, RequestError, StepOutput, TransferOut};
+use super::{Hold, Remote, Request, Scheduler, State};
 use crate::free_queue::BlockId;
 
 /// Why a producer cannot serve a pull.
@@ -115,6 +115,7 @@ impl Scheduler {
         r.num_cached_blocks = hit.blocks;
         r.local_hit = hit_tokens;
         r.state = State::RemoteWait;
+        r.scheduled_at.get_or_insert(self.now_hint);
         self.stats.prefix_queries += r.num_prompt as u64;
         self.stats.prefix_hits += hit_tokens as u64;
         self.stats.external_queries += (r.num_prompt - hit_tokens) as u64;

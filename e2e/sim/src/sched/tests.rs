@@ -294,10 +294,7 @@ fn a_consumer_pulls_caches_and_counts_the_blocks_as_hits() {
     let done = log.finished(1).unwrap();
     assert_eq!(done.cached_tokens, 9);
     let h = chain(&prompt, BS, None);
-    assert_eq!(
-        log.events()[0],
-        KvEvent::BlockStored { block_hashes: h, parent_block_hash: None, token_ids: prompt[..8].to_vec(), block_size: 4 }
-    );
+    assert_eq!(log.events()[0], KvEvent::BlockStored { block_hashes: h, parent_block_hash: None, token_ids: prompt[..8].to_vec(), block_size: 4 });
     let st = s.stats();
     assert_eq!((st.prefix_queries, st.prefix_hits, st.external_queries, st.external_hits), (10, 9, 10, 10));
 }
@@ -361,4 +358,73 @@ fn a_migration_source_tail_shorter_than_the_consumer_prompt_is_used_up_to_its_en
     s.pull_done(1, Ok(vec![prompt[0..4].to_vec(), prompt[4..8].to_vec(), prompt[8..10].to_vec()]), &mut out);
     run(&mut s, Duration::ZERO, Duration::from_secs(1), &mut log);
     assert_eq!(log.finished(1).unwrap().cached_tokens, 10);
+}
+
+#[test]
+fn a_preempted_requests_readmission_is_counted_apart_from_prefix_cache_queries_and_hits() {
+    // As in vLLM's `PrefixCacheStats.record(preempted=…)`: the first admission of each request is
+    // a query; the re-admission of a preempted one (which re-hits its own blocks) is not.
+    let mut s = Scheduler::new(cfg(6), vocab());
+    s.submit(req(1, &[1; 8], 12)).unwrap();
+    s.submit(req(2, &[2; 8], 12)).unwrap();
+    let mut log = Log::default();
+    run(&mut s, Duration::ZERO, Duration::from_secs(10), &mut log);
+    let st = s.stats();
+    assert!(st.preemptions > 0, "the workload must preempt");
+    assert_eq!((st.prefix_queries, st.prefix_hits), (16, 0), "two first admissions of 8 tokens, nothing cached yet");
+    assert_eq!(st.preempted_admissions, st.preemptions, "every preempted request came back once");
+    assert!(st.preempted_queries > 8, "a re-admission looks up its prompt and the tokens it generated");
+    assert!(st.preempted_hits > 0 && st.preempted_hits % BS as u64 == 0, "it re-hits its own blocks: {st:?}");
+    assert!(st.preempted_hits < st.preempted_queries);
+    // cached_tokens in usage is the first admission's, as vLLM's `num_cached_tokens`.
+    for id in [1, 2] {
+        assert_eq!(log.finished(id).unwrap().cached_tokens, 0);
+    }
+    // Prompt tokens are counted once per request, when its prefill yields the first token.
+    assert_eq!((st.prompt_tokens, st.prompt_tokens_cached), (16, 0));
+}
+
+#[test]
+fn phase_times_follow_vllms_definitions() {
+    // One running sequence at a time: the second request queues behind the first.
+    let mut c = cfg(16);
+    c.max_num_seqs = 1;
+    let mut s = Scheduler::new(c, vocab());
+    let prompt: Vec<u32> = (0..10).collect();
+    s.submit_at(req(1, &prompt, 3), Duration::ZERO).unwrap();
+    s.submit_at(req(2, &[7; 6], 2), Duration::ZERO).unwrap();
+    let mut log = Log::default();
+    run(&mut s, Duration::ZERO, Duration::from_secs(10), &mut log);
+    // 1: scheduled at 0, 10 prompt tokens at 1000/s → first token at 10 ms, two 10 ms decodes.
+    let p1 = log.finished(1).unwrap().phases;
+    assert_eq!(p1, PhaseTimes { queued: Duration::ZERO, prefill: 10 * MS, decode: 20 * MS, inference: 30 * MS });
+    // 2: waits for 1 to finish (30 ms), 6 tokens (6 ms), one decode (10 ms).
+    let p2 = log.finished(2).unwrap().phases;
+    assert_eq!(p2, PhaseTimes { queued: 30 * MS, prefill: 6 * MS, decode: 10 * MS, inference: 16 * MS });
+}
+
+#[test]
+fn steps_report_iteration_tokens_and_prefill_computed_tokens() {
+    let mut s = Scheduler::new(cfg(16), vocab());
+    let prompt: Vec<u32> = (0..10).collect();
+    s.submit(req(1, &prompt, 2)).unwrap();
+    let mut t = Duration::ZERO;
+    let mut seen = Vec::new();
+    for _ in 0..10 {
+        let mut out = StepOutput::default();
+        let wake = s.step(t, &mut out);
+        seen.push((out.iteration_tokens, out.prefills));
+        match wake {
+            Some(w) => t = w,
+            None => break,
+        }
+    }
+    // Scheduling only; the prefill step (10 computed + 1 generated); the decode step (1).
+    assert_eq!(seen, vec![(None, vec![]), (Some(11), vec![10]), (Some(1), vec![])]);
+    // A second request with the same prompt hits 2 blocks (8 tokens) and computes 2.
+    s.submit(req(2, &prompt, 1)).unwrap();
+    let mut log = Log::default();
+    run(&mut s, t, t + Duration::from_secs(1), &mut log);
+    let st = s.stats();
+    assert_eq!((st.prompt_tokens, st.prompt_tokens_cached), (20, 8));
 }

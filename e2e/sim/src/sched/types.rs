@@ -1,5 +1,7 @@
 //! The scheduler's inputs and outputs: plain data, no channels, no clocks.
 
+use std::time::Duration;
+
 use crate::free_queue::BlockId;
 use crate::hash::BlockHash;
 
@@ -104,6 +106,21 @@ pub struct Finished {
     pub cached_tokens: u32,
     /// Set when a producer kept its blocks for a consumer.
     pub transfer: Option<TransferOut>,
+    /// How long the request spent in each of vLLM's phases.
+    pub phases: PhaseTimes,
+}
+
+/// The phase intervals vLLM's `request_{queue,prefill,decode,inference}_time_seconds` histograms observe.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PhaseTimes {
+    /// Arrival at the engine → first scheduled.
+    pub queued: Duration,
+    /// First scheduled → first token (includes a preemption during prefill).
+    pub prefill: Duration,
+    /// First token → last token.
+    pub decode: Duration,
+    /// First scheduled → last token.
+    pub inference: Duration,
 }
 
 /// Why the scheduler failed a request.
@@ -186,6 +203,11 @@ pub struct StepOutput {
     pub emits: Vec<Emit>,
     /// Cache events of the step that completed (publish as one batch if non-empty).
     pub events: Vec<crate::events::KvEvent>,
+    /// Tokens the completed step computed for `vllm:iteration_tokens_total` (None: no output).
+    pub iteration_tokens: Option<u64>,
+    /// Per request whose prefill ended in the completed step: the prompt tokens it computed
+    /// (`vllm:request_prefill_kv_computed_tokens`).
+    pub prefills: Vec<usize>,
 }
 
 /// Cumulative counters (the driver mirrors them into `/metrics`).
@@ -199,8 +221,16 @@ pub struct SchedStats {
     pub external_queries: u64,
     /// Tokens pulled from producers (`external_prefix_cache_hits`).
     pub external_hits: u64,
-    /// Prompt tokens of admitted requests.
+    /// Prompt tokens of requests whose prefill finished (vLLM counts them at the first token).
     pub prompt_tokens: u64,
+    /// Of those, tokens not computed: local hits plus NIXL-pulled (`prompt_tokens_cached`).
+    pub prompt_tokens_cached: u64,
+    /// Re-admissions of preempted requests (vLLM `PrefixCacheStats.preempted_requests`).
+    pub preempted_admissions: u64,
+    /// Tokens those re-admissions looked up (`preempted_queries`; not in `prefix_queries`).
+    pub preempted_queries: u64,
+    /// Tokens those re-admissions hit (`preempted_hits`; not in `prefix_hits`).
+    pub preempted_hits: u64,
     /// Tokens generated.
     pub generation_tokens: u64,
     /// Running requests preempted for lack of blocks.
