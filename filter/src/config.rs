@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 /// Largest accepted `max_body_bytes`: Envoy buffers the whole body, so this bounds its memory per request.
 pub const MAX_BODY_BYTES_LIMIT: usize = 256 * 1024 * 1024;
 
+/// The knob `derive_session_keys` replaced; named in the error a configuration still using it gets.
+pub const REMOVED_SESSION_PREFIX_UNITS: &str = "session_prefix_units";
+
 /// Coarsest tick of a context that polls the fleet.
 pub const MAX_TICK_MS: u64 = 250;
 
@@ -39,8 +42,10 @@ pub struct FilterConfig {
     pub indexer_timeout_ms: u64,
     /// Header carrying an explicit client session id (lowercase).
     pub session_header: String,
-    /// Prefix units hashed into a derived session key when no session header is sent; 0 = off.
-    pub session_prefix_units: usize,
+    /// Derive a session key from the request when no session header is sent: chat requests get
+    /// their conversation's key (`kvmesh_core::session::derived_key`: every message up to and
+    /// including the first user message, whatever its length); completions get none.
+    pub derive_session_keys: bool,
     /// Honour `x-kvmesh-worker` / `x-kvmesh-mode` from clients (else they are stripped).
     pub allow_overrides: bool,
     /// Add `x-kvmesh-*` decision headers to responses.
@@ -68,7 +73,7 @@ impl Default for FilterConfig {
             indexer_authority: "kvmesh-indexer".to_owned(),
             indexer_timeout_ms: 100,
             session_header: headers::DEFAULT_SESSION_HEADER.to_owned(),
-            session_prefix_units: 0,
+            derive_session_keys: true,
             allow_overrides: false,
             debug_headers: false,
             max_body_bytes: 4 * 1024 * 1024,
@@ -103,7 +108,17 @@ impl FilterConfig {
         if text.trim().is_empty() {
             return Self::default().validated();
         }
-        let config: Self = serde_json::from_str(text).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        let config: Self = serde_json::from_str(text).map_err(|e| {
+            if e.to_string().contains(&format!("unknown field `{REMOVED_SESSION_PREFIX_UNITS}`")) {
+                ConfigError::InvalidValue {
+                    field: REMOVED_SESSION_PREFIX_UNITS,
+                    value: "(any)".to_owned(),
+                    reason: "was replaced by `derive_session_keys` (default true): derived keys now cover a chat's conversation anchor, whatever its length",
+                }
+            } else {
+                ConfigError::Invalid(e.to_string())
+            }
+        })?;
         config.validated()
     }
 
@@ -135,9 +150,6 @@ impl FilterConfig {
         ];
         if reserved.contains(&self.session_header.as_str()) {
             return Err(bad("session_header", &self.session_header, "is a header kvmesh itself sets or strips"));
-        }
-        if self.session_prefix_units > 1 << 20 {
-            return Err(bad("session_prefix_units", self.session_prefix_units, "must be at most 1048576"));
         }
         if !(1..=MAX_BODY_BYTES_LIMIT).contains(&self.max_body_bytes) {
             return Err(bad("max_body_bytes", self.max_body_bytes, "must be within 1..=268435456"));

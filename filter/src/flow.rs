@@ -27,6 +27,7 @@ use crate::metrics::{
 };
 use crate::request::{self, RequestHead};
 use crate::splice;
+use crate::ttft::TtftProbe;
 
 /// The key spliced into the body for the serving worker.
 pub const KV_TRANSFER_PARAMS: &str = "kv_transfer_params";
@@ -59,6 +60,8 @@ pub struct RequestFlow {
     buffered: usize,
     body: Vec<u8>,
     route_started_ns: u64,
+    /// Measures TTFT at the first response byte against the decision's prediction.
+    ttft: TtftProbe,
     route: RouteLabel,
     /// Set when the indexer booked this request: the endpoint it chose (None if the call never answered).
     report_done: Option<Option<String>>,
@@ -82,6 +85,7 @@ impl RequestFlow {
             buffered: 0,
             body: Vec::new(),
             route_started_ns: 0,
+            ttft: TtftProbe::default(),
             route: RouteLabel::Unrouted,
             report_done: None,
             rejected_status: None,
@@ -102,6 +106,7 @@ impl RequestFlow {
             return Step::just(Next::Continue);
         }
         self.head = RequestHead::from_headers(pairs, &self.config.session_header);
+        self.ttft.arrived(now_ns);
         let mut effects = Vec::new();
         if self.head.client_destination {
             effects.push(Effect::RemoveRequestHeader(headers::DESTINATION_ENDPOINT));
@@ -184,7 +189,8 @@ impl RequestFlow {
                 return Step { effects: vec![self.unroutable(reason)], next: Next::Continue };
             }
         };
-        self.session = request::session_key(&self.head, &parsed, self.config.session_prefix_units);
+        self.session = request::session_key(&self.head, &parsed, self.config.derive_session_keys);
+        self.ttft.set_stream(parsed.stream);
         let call = request::route_call(&self.config, &self.request_id, endpoint, self.session, &self.head, body.clone());
         self.body = body;
         self.phase = Phase::Routing;
@@ -243,6 +249,15 @@ impl RequestFlow {
             return Vec::new();
         }
         self.debug.iter().map(|(n, v)| Effect::AddResponseHeader(n, v.clone())).collect()
+    }
+
+    /// Response body bytes arrived (`bytes` in this chunk): the first ones of a streamed 2xx
+    /// response record the TTFT histograms (`crate::ttft`).
+    pub fn on_response_data(&mut self, bytes: usize, now_ns: u64) -> Vec<Effect> {
+        if self.phase == Phase::Rejected {
+            return Vec::new();
+        }
+        self.ttft.on_response_bytes(self.response_status, bytes, now_ns)
     }
 
     /// A response body chunk; the last one completes the response.
@@ -333,9 +348,11 @@ impl RequestFlow {
             d.overlap_blocks,
             d.isl_blocks
         );
+        self.ttft.set_prediction(d.predicted_ttft_ms);
         self.route = decision::route_label(d.mode);
         if self.config.debug_headers {
             self.debug = decision::debug_headers(&d);
+            self.debug.extend(self.ttft.prediction().map(|ms| (headers::DEBUG_PREDICTED_TTFT, format!("{ms:.1}"))));
         }
         self.report_done = Some(Some(d.endpoint));
         self.phase = Phase::Forwarded;

@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod request;
 pub mod splice;
 
+pub mod ttft;
 #[cfg(target_arch = "wasm32")]
 mod host;
 

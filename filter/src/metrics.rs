@@ -35,8 +35,17 @@ pub const FLEET_DECODE_WORKERS: &str = "kvmesh_filter_fleet_decode_workers";
 /// Counter `{kind}`: things that should not happen (a host call failed, a splice failed, bad data).
 pub const INTERNAL_ERRORS: &str = "kvmesh_filter_internal_errors_total";
 
+/// Histogram: time to first token in milliseconds, from the request's arrival at the filter to the
+/// first response body byte of a streamed 2xx response (`crate::ttft`).
+pub const TTFT: &str = "kvmesh_filter_ttft_milliseconds";
+/// Histogram: the indexer's predicted TTFT (`RouteDecision::predicted_ttft_ms`) of the same
+/// requests, when the decision carried one.
+pub const TTFT_PREDICTED: &str = "kvmesh_filter_ttft_predicted_milliseconds";
+/// Histogram: actual / predicted TTFT in per-mille (1000 = as predicted): the model's calibration.
+pub const TTFT_RATIO: &str = "kvmesh_filter_ttft_ratio_permille";
+
 /// Every base name, for docs and drift tests.
-pub const ALL_NAMES: [&str; 12] = [
+pub const ALL_NAMES: [&str; 15] = [
     KV_OVERLAP_BLOCKS,
     KV_ISL_BLOCKS,
     KV_HIT_RATE,
@@ -49,6 +58,9 @@ pub const ALL_NAMES: [&str; 12] = [
     FLEET_REFRESHES,
     FLEET_DECODE_WORKERS,
     INTERNAL_ERRORS,
+    TTFT,
+    TTFT_PREDICTED,
+    TTFT_RATIO,
 ];
 
 /// Every label name; each needs a `stats_tags` entry in the bootstrap.
@@ -219,13 +231,16 @@ pub enum Metric {
     FleetRefreshes(FleetResult),
     FleetDecodeWorkers,
     InternalErrors(InternalError),
+    Ttft,
+    TtftPredicted,
+    TtftRatio,
 }
 
 impl Metric {
     /// Counter, gauge or histogram.
     pub fn kind(self) -> MetricKind {
         match self {
-            Self::HitRate | Self::RouteLatency => MetricKind::Histogram,
+            Self::HitRate | Self::RouteLatency | Self::Ttft | Self::TtftPredicted | Self::TtftRatio => MetricKind::Histogram,
             Self::FleetDecodeWorkers => MetricKind::Gauge,
             _ => MetricKind::Counter,
         }
@@ -246,6 +261,9 @@ impl Metric {
             Self::FleetRefreshes(_) => FLEET_REFRESHES,
             Self::FleetDecodeWorkers => FLEET_DECODE_WORKERS,
             Self::InternalErrors(_) => INTERNAL_ERRORS,
+            Self::Ttft => TTFT,
+            Self::TtftPredicted => TTFT_PREDICTED,
+            Self::TtftRatio => TTFT_RATIO,
         }
     }
 
@@ -278,6 +296,7 @@ impl Metric {
     /// Every stat, so all series exist from the start.
     pub fn all() -> Vec<Metric> {
         let mut all = vec![Self::OverlapBlocks, Self::IslBlocks, Self::HitRate, Self::RouteLatency, Self::FleetDecodeWorkers];
+        all.extend([Self::Ttft, Self::TtftPredicted, Self::TtftRatio]);
         for &mode in RouteLabel::ALL {
             all.extend(OutcomeLabel::ALL.iter().map(|&o| Self::Requests(mode, o)));
         }

@@ -63,12 +63,17 @@ fn text(value: &[u8], max: usize) -> Option<String> {
     (!s.is_empty() && s.len() <= max).then(|| s.to_owned())
 }
 
-/// The session key: the explicit header wins, else the prompt prefix (when enabled).
-pub fn session_key(head: &RequestHead, request: &OpenAiRequest, prefix_units: usize) -> Option<(SessionKey, SessionSource)> {
+/// The session key: the explicit header wins, else (when `derive` is on) the key derived from the
+/// request — a chat's conversation anchor; completions have none. The indexer's pin and the local
+/// fallback both use the key returned here.
+pub fn session_key(head: &RequestHead, request: &OpenAiRequest, derive: bool) -> Option<(SessionKey, SessionSource)> {
     if let Some(id) = &head.session_id {
         return Some((session::from_header_value(id), SessionSource::Header));
     }
-    session::from_prefix(request, prefix_units).map(|k| (k, SessionSource::Prefix))
+    if !derive {
+        return None;
+    }
+    session::derived_key(request).map(|k| (k, SessionSource::Prefix))
 }
 
 /// An HTTP call through Envoy (`dispatch_http_call`).

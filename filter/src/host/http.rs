@@ -141,7 +141,9 @@ impl HttpContext for HttpFilter {
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, _body_size: usize, end_of_stream: bool) -> Action {
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let effects = self.flow.on_response_data(body_size, io::now_ns());
+        self.apply(effects);
         self.flow.on_response_body(end_of_stream);
         Action::Continue
     }

@@ -16,7 +16,7 @@ fn empty_and_absent_mean_defaults() {
     assert_eq!(d.indexer_cluster, "kvmesh_indexer");
     assert_eq!(d.indexer_timeout_ms, 100);
     assert_eq!(d.session_header, "x-session-id");
-    assert_eq!(d.session_prefix_units, 0);
+    assert!(d.derive_session_keys, "derived session keys are on by default");
     assert!(!d.allow_overrides && !d.debug_headers);
 }
 
@@ -24,7 +24,7 @@ fn empty_and_absent_mean_defaults() {
 fn full_config_round_trips() {
     let cfg = FilterConfig {
         indexer_cluster: "idx".into(),
-        session_prefix_units: 2048,
+        derive_session_keys: false,
         allow_overrides: true,
         debug_headers: true,
         background: Background::PerWorker,
@@ -57,6 +57,8 @@ fn refusals_name_the_field() {
         (r#"{"background":"sometimes"}"#, "unknown variant"),
         ("[1]", "invalid type"),
         ("{", "EOF"),
+        (r#"{"session_prefix_units":4096}"#, "replaced by `derive_session_keys`"),
+        (r#"{"derive_session_keys":1}"#, "invalid type"),
     ];
     for (json, needle) in cases {
         let err = parse(json).unwrap_err().to_string();

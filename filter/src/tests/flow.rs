@@ -92,7 +92,7 @@ fn routed_disagg_request_end_to_end() {
     let (mut f, call) = to_route_call(config, CHAT);
     assert_eq!(call.body.as_deref(), Some(CHAT.as_bytes()), "the original body goes to the indexer");
     assert_eq!(call.header("x-request-id"), Some("rid-1"));
-    assert_eq!(call.header("x-kvmesh-session"), None, "no session header and prefix keys off");
+    assert!(call.header("x-kvmesh-session").is_some_and(|v| v.ends_with(";source=prefix")), "derived keys are on by default");
 
     let kv = json!({"do_remote_prefill": true, "remote_engine_id": "p1"});
     let step = f.on_route_answer(Some(200), &decision(kv.clone()), 7_000_000, &fleet());
@@ -265,7 +265,7 @@ fn fallback_without_session_or_fleet_leaves_the_header_unset() {
     assert_eq!(counted(&step.effects, Metric::FallbackRoutes(FallbackRoute::NoSession)), 1);
     assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT).is_none());
 
-    let (mut f, _) = to_route_call(FilterConfig { session_prefix_units: 4, ..FilterConfig::default() }, CHAT);
+    let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
     let step = f.on_route_answer(Some(503), b"down", 0, &Fleet(None));
     assert_eq!(counted(&step.effects, Metric::FallbackRoutes(FallbackRoute::NoFleet)), 1);
     assert_eq!(step.effects.last(), Some(&Effect::ResumeRequest));
@@ -275,10 +275,9 @@ fn fallback_without_session_or_fleet_leaves_the_header_unset() {
 
 #[test]
 fn prefix_session_reaches_the_indexer_and_the_pin() {
-    let config = FilterConfig { session_prefix_units: 4096, ..FilterConfig::default() };
-    let (mut f, call) = to_route_call(config, CHAT);
+    let (mut f, call) = to_route_call(FilterConfig::default(), CHAT);
     let req = openai::parse(Endpoint::ChatCompletions, CHAT.as_bytes()).unwrap();
-    let key = session::from_prefix(&req, 4096).unwrap();
+    let key = session::derived_key(&req).unwrap();
     assert_eq!(call.header("x-kvmesh-session"), Some(session::encode_header(key, SessionSource::Prefix).as_str()));
     let Some(Effect::SetRequestHeader(_, header)) = f.on_dispatch_failed(&fleet()).effects.into_iter().find(|e| matches!(e, Effect::SetRequestHeader(..))) else {
         panic!()
@@ -288,7 +287,7 @@ fn prefix_session_reaches_the_indexer_and_the_pin() {
 
 #[test]
 fn dispatch_failure_falls_back_without_resuming() {
-    let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
+    let (mut f, _) = to_route_call(FilterConfig { derive_session_keys: false, ..FilterConfig::default() }, CHAT);
     let step = f.on_dispatch_failed(&fleet());
     assert_eq!(step.next, Next::Continue);
     assert_eq!(counted(&step.effects, Metric::Fallbacks(FallbackReason::DispatchFailed)), 1);
@@ -378,4 +377,31 @@ fn a_local_reply_the_filter_never_saw_counts_as_an_error() {
     assert_eq!(counted(&done, Metric::Requests(RouteLabel::Unrouted, OutcomeLabel::Error)), 1);
     let mut f = flow(FilterConfig::default());
     assert_eq!(counted(&f.finish(Some(0)), Metric::Requests(RouteLabel::Unrouted, OutcomeLabel::Aborted)), 1);
+}
+
+#[test]
+fn ttft_is_measured_at_the_first_streamed_byte_against_the_prediction() {
+    let config = FilterConfig { debug_headers: true, ..FilterConfig::default() };
+    // Headers arrive at 1 ms; CHAT asks for a stream.
+    let (mut f, _) = to_route_call(config, CHAT);
+    let mut answer: Value = serde_json::from_slice(&decision(Value::Null)).unwrap();
+    answer["predicted_ttft_ms"] = json!(20.0);
+    f.on_route_answer(Some(200), &serde_json::to_vec(&answer).unwrap(), 3_000_000, &fleet());
+    let debug = f.on_response_headers(Some(200), false);
+    assert!(debug.contains(&Effect::AddResponseHeader(headers::DEBUG_PREDICTED_TTFT, "20.0".into())), "{debug:?}");
+    assert!(f.on_response_data(0, 10_000_000).is_empty(), "no bytes, no token");
+    let first = f.on_response_data(64, 31_000_000);
+    assert_eq!(recorded(&first, Metric::Ttft), vec![30]);
+    assert_eq!(recorded(&first, Metric::TtftPredicted), vec![20]);
+    assert_eq!(recorded(&first, Metric::TtftRatio), vec![1500]);
+    assert!(f.on_response_data(64, 40_000_000).is_empty(), "once per request");
+
+    // Without a prediction: no debug header, only the measured TTFT.
+    let (mut f, _) = to_route_call(FilterConfig { debug_headers: true, ..FilterConfig::default() }, CHAT);
+    f.on_route_answer(Some(200), &decision(Value::Null), 3_000_000, &fleet());
+    let debug = f.on_response_headers(Some(200), false);
+    assert!(!debug.iter().any(|e| matches!(e, Effect::AddResponseHeader(n, _) if *n == headers::DEBUG_PREDICTED_TTFT)));
+    let first = f.on_response_data(1, 5_000_000);
+    assert_eq!(recorded(&first, Metric::Ttft), vec![4]);
+    assert!(recorded(&first, Metric::TtftRatio).is_empty());
 }

@@ -64,7 +64,7 @@ fn bootstrap_extracts_every_label() {
     for label in LABELS {
         assert!(template.contains(&format!("tag_name: {label}")), "bootstrap misses stats_tags for {label}");
     }
-    for hist in [KV_HIT_RATE, ROUTE_LATENCY] {
+    for hist in [KV_HIT_RATE, ROUTE_LATENCY, TTFT, TTFT_PREDICTED, TTFT_RATIO] {
         assert!(template.contains(&format!("wasmcustom.{hist}")), "bootstrap misses buckets for {hist}");
     }
 }

@@ -39,15 +39,27 @@ fn odd_values_do_not_break_reading() {
 }
 
 #[test]
-fn session_header_wins_over_prefix() {
-    let req = parse(Endpoint::Completions, br#"{"prompt":[1,2,3,4,5,6,7,8]}"#).unwrap();
+fn session_header_wins_over_the_derived_key() {
+    let req = parse(Endpoint::ChatCompletions, br#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":"q"}]}"#).unwrap();
     let mut head = RequestHead::default();
-    assert_eq!(session_key(&head, &req, 0), None);
-    let (k, s) = session_key(&head, &req, 4).unwrap();
+    assert_eq!(session_key(&head, &req, false), None, "derivation off");
+    let (k, s) = session_key(&head, &req, true).unwrap();
     assert_eq!(s, SessionSource::Prefix);
-    assert_eq!(Some(k), session::from_prefix(&req, 4));
+    assert_eq!(Some(k), session::derived_key(&req));
     head.session_id = Some("abc".into());
-    assert_eq!(session_key(&head, &req, 4), Some((session::from_header_value("abc"), SessionSource::Header)));
+    let by_header = Some((session::from_header_value("abc"), SessionSource::Header));
+    assert_eq!(session_key(&head, &req, true), by_header);
+    assert_eq!(session_key(&head, &req, false), by_header, "an explicit id counts with derivation off");
+}
+
+#[test]
+fn completions_get_no_derived_key() {
+    // Requests sharing a long prefix must not share a key: with none, overlap and load place them.
+    let head = RequestHead::default();
+    for body in [&br#"{"prompt":[1,2,3,4,5,6,7,8]}"#[..], br#"{"prompt":"a shared preamble and a question"}"#] {
+        let req = parse(Endpoint::Completions, body).unwrap();
+        assert_eq!(session_key(&head, &req, true), None);
+    }
 }
 
 #[test]
