@@ -124,7 +124,7 @@ mod tests {
             indexer_host: "127.0.0.1".into(),
             indexer_port: 19100,
             wasm_path: wasm_path.into(),
-            filter_config_json: r#"{"session_header":"x-session-id","debug_headers":true,"session_prefix_units":2048}"#.into(),
+            filter_config_json: r#"{"session_header":"x-session-id","debug_headers":true,"derive_session_keys":true}"#.into(),
             workers: (0..3).map(|i| BootstrapWorker { id: format!("w{i}"), host: "127.0.0.1".into(), port: 18001 + i }).collect(),
             max_body_bytes: 8 << 20,
             policy: policy.into(),

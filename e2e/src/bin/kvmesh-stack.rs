@@ -58,7 +58,7 @@ async fn main() -> anyhow::Result<()> {
         prometheus::binary()?;
     }
     let mut spec = StackSpec::aggregate(args.workers);
-    spec.filter_config = serde_json::json!({"debug_headers": true, "session_prefix_units": 4096});
+    spec.filter_config = serde_json::json!({"debug_headers": true});
     if let Some(path) = &args.fleet {
         apply_fleet_file(&mut spec, path)?;
     }
