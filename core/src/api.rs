@@ -116,11 +116,24 @@ pub struct ErrorDetail {
     #[serde(rename = "type")]
     pub kind: String,
     pub code: u16,
+    /// The indexer's stable, machine-readable reason (`no_decode_worker`, `tokenizer`,
+    /// `overloaded_shed`, …; the `reason` label of its metrics), which the filter reports in
+    /// `x-kvmesh-fallback` when it routes without the answer. Also sent as [`ERROR_REASON_HEADER`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
+
+/// Response header on every indexer error answer: the same stable reason as [`ErrorDetail::reason`].
+pub const ERROR_REASON_HEADER: &str = "x-kvmesh-error";
 
 impl ErrorBody {
     pub fn new(code: u16, kind: &str, message: impl Into<String>) -> Self {
-        Self { error: ErrorDetail { message: message.into(), kind: kind.to_owned(), code } }
+        Self { error: ErrorDetail { message: message.into(), kind: kind.to_owned(), code, reason: None } }
+    }
+
+    /// [`Self::new`] with the indexer's stable reason.
+    pub fn with_reason(code: u16, kind: &str, reason: &str, message: impl Into<String>) -> Self {
+        Self { error: ErrorDetail { message: message.into(), kind: kind.to_owned(), code, reason: Some(reason.to_owned()) } }
     }
 }
 

@@ -261,6 +261,9 @@ pub struct RoutingConfig {
     /// Each session's last decode worker (`kv_home`), the migration source when the index lags.
     pub kv_home_ttl_secs: u64,
     pub kv_home_max_sessions: usize,
+    /// Most `/v1/route` calls worked on at once (tokenization included, until it really ends, even
+    /// when its caller is gone); a call beyond it is shed at once with 503 `overloaded_shed`.
+    pub max_concurrent_routes: usize,
 }
 
 impl Default for RoutingConfig {
@@ -302,6 +305,7 @@ impl Default for RoutingConfig {
             kv_migration_log_every: 16,
             kv_home_ttl_secs: 900,
             kv_home_max_sessions: 200_000,
+            max_concurrent_routes: 32,
         }
     }
 }
@@ -509,6 +513,7 @@ impl RoutingConfig {
             ("routing.kv_migration_log_every", self.kv_migration_log_every),
             ("routing.kv_home_ttl_secs", self.kv_home_ttl_secs),
             ("routing.kv_home_max_sessions", self.kv_home_max_sessions as u64),
+            ("routing.max_concurrent_routes", self.max_concurrent_routes as u64),
         ];
         for (field, v) in positive {
             if v == 0 {

@@ -1,10 +1,10 @@
 //! The HTTP API: `/v1/route`, `/v1/done`, `/v1/fleet`, `/metrics`, `/healthz`, `/readyz`,
 //! `/debug/workers`, `/debug/blocks`.
 //!
-//! Handlers only move data: parse headers and body, run the pure steps (tokenize on the blocking
-//! pool, match under the index read lock, [`decide`]), book load, record metrics, answer. Every
-//! error is an [`ApiError`] (OpenAI-style JSON body, a status, a metric label); bodies are bounded by
-//! `routing.max_body_bytes` and every request by `routing.request_timeout_ms`.
+//! Handlers only: a route call's life (plan → run → settle) is [`crate::route`]'s. Every error is
+//! an [`ApiError`] (OpenAI-style JSON body with a stable `reason`, a status, a metric label);
+//! bodies are bounded by `routing.max_body_bytes` and every request by `routing.request_timeout_ms`
+//! (a request past it is dropped, which releases what it booked).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,42 +16,15 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use kvmesh_core::api::{DoneReport, ErrorBody, Mode, RouteDecision, DONE_PATH, FLEET_PATH, ROUTE_PATH};
-use kvmesh_core::hashing::{block_seed, sequence_hashes};
-use kvmesh_core::{headers, openai, session};
+use kvmesh_core::api::{DoneReport, RouteDecision, DONE_PATH, FLEET_PATH, ROUTE_PATH};
 use tower_http::timeout::TimeoutLayer;
 
-use crate::config::IndexMode;
-use crate::decide::{decide, RouteInput};
-use crate::events::applier::ApplierMsg;
-use crate::handoff::{self, LegRequest};
 use crate::state::AppState;
-use crate::tokenize::CacheStats;
 
-/// An API failure: status, OpenAI error body, and the metric label it is counted under.
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub kind: &'static str,
-    pub reason: &'static str,
-    pub message: String,
-}
+pub use crate::route::ApiError;
 
-impl ApiError {
-    fn bad_request(reason: &'static str, message: impl Into<String>) -> Self {
-        Self { status: StatusCode::BAD_REQUEST, kind: "invalid_request_error", reason, message: message.into() }
-    }
-    fn unavailable(reason: &'static str, message: impl Into<String>) -> Self {
-        Self { status: StatusCode::SERVICE_UNAVAILABLE, kind: "service_unavailable", reason, message: message.into() }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = ErrorBody::new(self.status.as_u16(), self.kind, self.message);
-        (self.status, Json(body)).into_response()
-    }
-}
+/// How much later than `routing.request_timeout_ms` the router-wide timeout fires.
+const ROUTE_DEADLINE_MARGIN_MS: u64 = 500;
 
 /// The API router over `state`.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -66,15 +39,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/debug/workers", get(debug_workers))
         .route("/debug/blocks", get(debug_blocks))
         .layer(DefaultBodyLimit::max(cfg.routing.max_body_bytes))
-        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, Duration::from_millis(cfg.routing.request_timeout_ms)))
+        // A backstop for every endpoint; `/v1/route` answers its own deadline first, with a reason.
+        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, Duration::from_millis(cfg.routing.request_timeout_ms + ROUTE_DEADLINE_MARGIN_MS)))
         .with_state(state)
-}
-
-fn header<'a>(h: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
-    match h.get(name) {
-        None => Ok(None),
-        Some(v) => v.to_str().map(|s| Some(s.trim())).map_err(|_| ApiError::bad_request("bad_header", format!("header {name} is not visible ASCII"))),
-    }
 }
 
 fn body(state: &AppState, endpoint: &'static str, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
@@ -92,144 +59,32 @@ fn body(state: &AppState, endpoint: &'static str, body: Result<Bytes, BytesRejec
 async fn route(State(state): State<Arc<AppState>>, headers: HeaderMap, raw: Result<Bytes, BytesRejection>) -> Result<Json<RouteDecision>, ApiError> {
     let started = Instant::now();
     let raw = body(&state, "route", raw)?;
-    let result = route_inner(&state, &headers, raw).await;
+    // Our own deadline (inside the layer's), so the answer carries a reason; the dropped call
+    // releases whatever it booked.
+    let deadline = Duration::from_millis(state.config().routing.request_timeout_ms);
+    let result = match tokio::time::timeout(deadline, crate::route::route(&state, &headers, raw)).await {
+        Ok(r) => r,
+        Err(_) => Err(ApiError::unavailable("request_timeout", format!("no decision within routing.request_timeout_ms = {} ms", deadline.as_millis()))),
+    };
     match &result {
         Ok(_) => state.metrics.route_duration.observe(started.elapsed().as_secs_f64()),
         Err(e) if e.status.is_client_error() && e.status != StatusCode::TOO_MANY_REQUESTS => {
             state.metrics.bad_requests.with_label_values(&["route", e.reason]).inc()
         }
-        Err(e) => state.metrics.route_errors.with_label_values(&[e.reason]).inc(),
+        Err(e) => {
+            let c = state.metrics.route_errors.with_label_values(&[e.reason]);
+            c.inc();
+            // Every failure is counted; its log line is sampled (1st, 2nd, 4th, 8th … of a reason),
+            // so a fleet-wide fault is named in the log without flooding it.
+            if c.get().is_power_of_two() {
+                tracing::warn!(status = e.status.as_u16(), reason = e.reason, seen = c.get(), message = %e.message, "route call failed; the filter routes without the indexer");
+            }
+        }
     }
     if let Err(e) = &result {
         tracing::debug!(status = e.status.as_u16(), reason = e.reason, message = %e.message, "route refused");
     }
     result.map(Json)
-}
-
-async fn route_inner(state: &Arc<AppState>, h: &HeaderMap, raw: Bytes) -> Result<RouteDecision, ApiError> {
-    let path = header(h, headers::KVMESH_PATH)?.ok_or_else(|| ApiError::bad_request("missing_path", format!("missing {} header", headers::KVMESH_PATH)))?;
-    let endpoint = openai::Endpoint::from_path(path)
-        .ok_or_else(|| ApiError::bad_request("bad_path", format!("{} {path:?} is not a routable OpenAI path", headers::KVMESH_PATH)))?;
-    let session = match header(h, headers::KVMESH_SESSION)? {
-        None | Some("") => None,
-        Some(v) => Some(session::parse_header(v).ok_or_else(|| ApiError::bad_request("bad_session", format!("cannot parse {} {v:?}", headers::KVMESH_SESSION)))?),
-    };
-    let override_worker = header(h, headers::OVERRIDE_WORKER)?.filter(|s| !s.is_empty()).map(str::to_owned);
-    let override_mode = match header(h, headers::OVERRIDE_MODE)? {
-        None | Some("") => None,
-        Some(m) => Some(Mode::parse(m).ok_or_else(|| ApiError::bad_request("bad_mode", format!("unknown mode {m:?} in {}", headers::OVERRIDE_MODE)))?),
-    };
-    let request_id = header(h, headers::REQUEST_ID)?.filter(|s| !s.is_empty()).map(str::to_owned);
-    let request = openai::parse(endpoint, &raw).map_err(|e| ApiError::bad_request(e.reason(), e.to_string()))?;
-
-    let cfg = state.config();
-    let block_size = cfg.model.block_size;
-    let tokenizer = state.tokenizer.read().clone();
-    let metrics = state.metrics.clone();
-    // Tokenizing a long cold prompt takes milliseconds of CPU: keep it off the async workers.
-    let (tokens, chains) = tokio::task::spawn_blocking(move || {
-        let t0 = Instant::now();
-        let mut stats = CacheStats::default();
-        let tokens = tokenizer.tokens(&request.input, &mut stats);
-        metrics.tokenize_duration.observe(t0.elapsed().as_secs_f64());
-        metrics.tokenize_cache.with_label_values(&["hit"]).inc_by(stats.hits);
-        metrics.tokenize_cache.with_label_values(&["miss"]).inc_by(stats.misses);
-        tokens.map(|t| {
-            let chains = sequence_hashes(&t, block_size as usize, block_seed(None, request.cache_salt.as_deref()));
-            (t.len(), chains)
-        })
-    })
-    .await
-    .map_err(|e| ApiError::unavailable("tokenizer", format!("tokenizer task failed: {e}")))?
-    .map_err(|e| ApiError::unavailable("tokenizer", e.to_string()))?;
-
-    let t_match = Instant::now();
-    let scores = state.index.read().find_matches(&chains);
-    state.metrics.match_duration.observe(t_match.elapsed().as_secs_f64());
-
-    let t_score = Instant::now();
-    let session_key = session.map(|(k, _)| k.0);
-    let now = Instant::now();
-    let (continuation, kv_home) = match session_key {
-        Some(k) => {
-            let sessions = state.sessions.lock();
-            (sessions.continuations.get(k, now).is_some(), sessions.kv_home.get(k, now).cloned())
-        }
-        None => (false, None),
-    };
-    let input = RouteInput {
-        isl_tokens: tokens,
-        block_size,
-        session,
-        override_worker: override_worker.as_deref(),
-        override_mode,
-        continuation,
-        kv_home: kv_home.as_deref(),
-    };
-    let id = request_id.clone().unwrap_or_else(|| format!("kvmesh-{:016x}", rand::random::<u64>()));
-    let (plan, approx_slot) = {
-        let fleet = state.fleet.read();
-        let overlaps = fleet.overlaps(&scores);
-        let mut load = state.load.lock();
-        let views = state.views(&fleet, &overlaps, &load, cfg.routing.unknown_request_blocks);
-        let plan = {
-            let mut rng = state.rng.lock();
-            decide(&input, &views, &cfg.routing, &mut *rng)
-        }
-        .map_err(|e| {
-            let err = ApiError { status: StatusCode::SERVICE_UNAVAILABLE, kind: "service_unavailable", reason: e.reason(), message: e.to_string() };
-            if matches!(e, crate::decide::DecideError::UnknownOverrideWorker(_)) {
-                ApiError { status: StatusCode::BAD_REQUEST, kind: "invalid_request_error", ..err }
-            } else {
-                err
-            }
-        })?;
-        // A remote prefill leaves the decode worker only the KV pull; its prefill is booked on P.
-        let prefill_tokens = if plan.mode == Mode::Disagg { 0 } else { plan.uncached_tokens };
-        let expired = load.book(&id, &plan.worker, u64::from(plan.request_blocks), prefill_tokens, Instant::now());
-        if expired.timeout > 0 {
-            state.metrics.load_expired.with_label_values(&["timeout"]).inc_by(expired.timeout);
-        }
-        if expired.overflow > 0 {
-            state.metrics.load_expired.with_label_values(&["overflow"]).inc_by(expired.overflow);
-        }
-        let approx_slot = (cfg.routing.mode == IndexMode::Approximate)
-            .then(|| fleet.workers.iter().find(|w| w.cfg.id == plan.worker).and_then(|w| w.ranks.first().map(|r| r.slot)))
-            .flatten();
-        (plan, approx_slot)
-    };
-    state.metrics.score_duration.observe(t_score.elapsed().as_secs_f64());
-
-    if let Some(slot) = approx_slot {
-        if !chains.is_empty() && state.applier.try_send(ApplierMsg::Approx { slot, chains, at: Instant::now() }).is_err() {
-            state.metrics.kv_ignored.with_label_values(&[plan.worker.as_str(), "queue_full"]).inc();
-        }
-    }
-    let (basis, request_blocks, local_continuation) = (plan.basis, plan.request_blocks, plan.local_continuation);
-    let decision = handoff::complete(state, &cfg, plan, &LegRequest { request_id: &id, path, body: &raw }).await?;
-    let m = &state.metrics;
-    m.decisions.with_label_values(&[decision.mode.as_str(), basis.as_str()]).inc();
-    if local_continuation {
-        m.local_continuations.inc();
-    }
-    if request_blocks > 0 {
-        m.hit_rate.observe(f64::from(decision.overlap_blocks) / f64::from(request_blocks));
-        m.overlap_blocks.inc_by(u64::from(decision.overlap_blocks));
-        m.isl_blocks.inc_by(u64::from(request_blocks));
-    }
-    if let Some(k) = session_key {
-        state.sessions.lock().served(k, &decision.worker, Instant::now());
-    }
-    tracing::debug!(
-        request_id = %id,
-        worker = %decision.worker,
-        mode = decision.mode.as_str(),
-        overlap_blocks = decision.overlap_blocks,
-        isl_blocks = decision.isl_blocks,
-        reason = %decision.reason,
-        "routed"
-    );
-    Ok(decision)
 }
 
 async fn done(State(state): State<Arc<AppState>>, raw: Result<Bytes, BytesRejection>) -> Result<Json<serde_json::Value>, ApiError> {
@@ -238,7 +93,15 @@ async fn done(State(state): State<Arc<AppState>>, raw: Result<Bytes, BytesReject
         state.metrics.bad_requests.with_label_values(&["done", "bad_json"]).inc();
         ApiError::bad_request("bad_json", format!("not a DoneReport: {e}"))
     })?;
-    let released = state.load.lock().release(&report.request_id);
+    // By the booking id the decision carried; a report without one (an older filter) releases the
+    // oldest booking made under its request id.
+    let released = {
+        let mut load = state.load.lock();
+        match report.booking_id.as_deref() {
+            Some(wire) => load.parse_wire_id(wire).and_then(|id| load.release(id)),
+            None => load.release_request(&report.request_id),
+        }
+    };
     state.metrics.done_reports.with_label_values(&[report.outcome.as_str(), if released.is_some() { "true" } else { "false" }]).inc();
     Ok(Json(serde_json::json!({ "released": released.is_some() })))
 }
@@ -252,13 +115,20 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     ([("content-type", "text/plain; version=0.0.4")], state.metrics.render())
 }
 
+/// Ready when the index reflects the engines (start-up replays done) and at least one healthy,
+/// routable decode-capable worker exists: with none, every route call would fail.
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let waiting = state.not_ready();
-    if waiting.is_empty() {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, format!("waiting for the start-up replay of: {}\n", waiting.join(", "))).into_response()
+    if !waiting.is_empty() {
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("waiting for the start-up replay of: {}\n", waiting.join(", "))).into_response();
     }
+    let snapshot = state.snapshot();
+    if snapshot.decode_candidates().next().is_none() {
+        let why = if snapshot.workers.is_empty() { "the fleet is empty" } else { "no decode-capable worker is healthy and routable" };
+        tracing::debug!(workers = snapshot.workers.len(), "not ready: {why}");
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("no_decode_worker: {why}\n")).into_response();
+    }
+    (StatusCode::OK, "ready\n").into_response()
 }
 
 async fn debug_workers(State(state): State<Arc<AppState>>) -> impl IntoResponse {

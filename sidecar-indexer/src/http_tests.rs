@@ -1,14 +1,17 @@
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::Request;
 use http_body_util::BodyExt;
-use kvmesh_core::api::{FleetSnapshot, RouteDecision};
+use kvmesh_core::api::{FleetSnapshot, Mode, RouteDecision};
+use kvmesh_core::{headers, session};
 use kvmesh_core::hashing::XXH3_SEED;
 use tower::ServiceExt;
 
 use super::*;
 use crate::config::{Config, MapEnv};
+use crate::events::applier::ApplierMsg;
 use crate::events::decode::{EventBatch, KvEvent};
 use crate::service::Service;
 use crate::tokenize::PromptTokenizer;
@@ -217,9 +220,140 @@ async fn no_decode_worker_is_a_503() {
             w.healthy = false;
         }
     }
-    let (status, _) = call(&svc, route_req("/v1/completions", &tokens_body(8), &[])).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let resp = router(svc.state.clone()).oneshot(route_req("/v1/completions", &tokens_body(8), &[])).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // The reason is machine-readable twice: a header and the body's error.reason.
+    assert_eq!(resp.headers().get(kvmesh_core::api::ERROR_REASON_HEADER).and_then(|v| v.to_str().ok()), Some("no_decode_worker"));
+    let err: kvmesh_core::api::ErrorBody = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(err.error.reason.as_deref(), Some("no_decode_worker"));
     assert!(svc.state.metrics.render().contains(r#"kvmesh_route_errors_total{reason="no_decode_worker"} 1"#));
+    // And the indexer does not call itself ready.
+    let (status, body) = call(&svc, Request::get("/readyz").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(String::from_utf8_lossy(&body).starts_with("no_decode_worker"), "{}", String::from_utf8_lossy(&body));
+}
+
+#[tokio::test]
+async fn an_empty_fleet_is_not_ready() {
+    let config = Config::from_toml_str("listen = \"127.0.0.1:0\"\n[model]\nname = \"m\"\nblock_size = 4\n", &MapEnv::default()).unwrap();
+    let svc = Service::start_with_tokenizer(config, None, Arc::new(MapEnv::default()), tokenizer()).unwrap();
+    let (status, body) = call(&svc, Request::get("/readyz").body(Body::empty()).unwrap()).await;
+    assert_eq!((status, String::from_utf8_lossy(&body).as_ref()), (StatusCode::SERVICE_UNAVAILABLE, "no_decode_worker: the fleet is empty\n"));
+}
+
+fn done_req(request_id: &str, booking_id: Option<&str>) -> Request<Body> {
+    let report = kvmesh_core::api::DoneReport {
+        request_id: request_id.into(),
+        endpoint: None,
+        outcome: kvmesh_core::api::Outcome::Success,
+        status: Some(200),
+        booking_id: booking_id.map(str::to_owned),
+    };
+    Request::post(DONE_PATH).body(Body::from(serde_json::to_vec(&report).unwrap())).unwrap()
+}
+
+fn active(svc: &Service) -> Vec<(String, u64)> {
+    svc.state.snapshot().workers.into_iter().map(|w| (w.id, w.load.active_requests)).collect()
+}
+
+fn all_idle(svc: &Service) -> bool {
+    active(svc).iter().all(|(_, n)| *n == 0) && svc.state.load.lock().is_empty()
+}
+
+#[tokio::test]
+async fn one_client_request_id_ten_bookings_ten_releases() {
+    let svc = service("");
+    let calls = (0..10).map(|i| {
+        let svc = svc.clone();
+        tokio::spawn(async move { route_ok(&svc, "/v1/completions", &tokens_body(8 + i), &[(headers::REQUEST_ID, "same-id")]).await })
+    });
+    let mut ids = Vec::new();
+    for c in calls {
+        ids.push(c.await.unwrap().booking_id.unwrap());
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 10, "one booking per call: {ids:?}");
+    assert_eq!(active(&svc).iter().map(|(_, n)| n).sum::<u64>(), 10);
+    for id in &ids {
+        let (status, body) = call(&svc, done_req("same-id", Some(id))).await;
+        assert_eq!((status, String::from_utf8_lossy(&body).as_ref()), (StatusCode::OK, r#"{"released":true}"#));
+    }
+    assert!(all_idle(&svc), "{:?}", active(&svc));
+    // Each id releases once; an id from another process (or made up) releases nothing.
+    assert_eq!(call(&svc, done_req("same-id", Some(&ids[0]))).await.1, br#"{"released":false}"#);
+    assert_eq!(call(&svc, done_req("same-id", Some("kvb-00000000-1"))).await.1, br#"{"released":false}"#);
+    assert!(svc.state.metrics.render().contains(r#"kvmesh_done_reports_total{matched="true",outcome="success"} 10"#));
+}
+
+/// A prefill worker that accepts connections and never answers (a slow prefill).
+async fn silent_worker() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    (addr, hold)
+}
+
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_call_dropped_during_its_prefill_leg_leaks_no_booking() {
+    let (addr, hold) = silent_worker().await;
+    let text = fleet_toml("min_remote_prefill_tokens = 1\nprefill_timeout_ms = 9000").replace("127.0.0.1:3", &addr.to_string());
+    let config = Config::from_toml_str(&text, &MapEnv::default()).unwrap();
+    let svc = Service::start_with_tokenizer(config, None, Arc::new(MapEnv::default()), tokenizer()).unwrap();
+    let pending = {
+        let svc = svc.clone();
+        tokio::spawn(async move { call(&svc, route_req("/v1/completions", &tokens_body(64), &[(headers::REQUEST_ID, "gone")])).await })
+    };
+    // Both bookings exist while the leg waits: the decode worker's and the prefill leg's.
+    until("the leg's booking", || svc.state.load.lock().len() == 2).await;
+    assert_eq!(active(&svc).iter().find(|(id, _)| id == "p0").map(|(_, n)| *n), Some(1));
+    pending.abort();
+    let _ = pending.await;
+    until("every booking released", || all_idle(&svc)).await;
+    assert!(svc.state.metrics.render().contains(r#"kvmesh_route_cancelled_total{stage="booked"} 1"#));
+    hold.abort();
+}
+
+#[tokio::test]
+async fn the_request_deadline_releases_a_stuck_leg_and_says_why() {
+    let (addr, hold) = silent_worker().await;
+    let text = fleet_toml("min_remote_prefill_tokens = 1\nprefill_timeout_ms = 5000\nrequest_timeout_ms = 300").replace("127.0.0.1:3", &addr.to_string());
+    // prefill_timeout_ms must be below request_timeout_ms; bypass validation by building the config directly.
+    let mut config = Config::from_toml_str(&text.replace("request_timeout_ms = 300", "request_timeout_ms = 6000"), &MapEnv::default()).unwrap();
+    config.routing.request_timeout_ms = 300;
+    let svc = Service::start_with_tokenizer(config, None, Arc::new(MapEnv::default()), tokenizer()).unwrap();
+    let resp = router(svc.state.clone()).oneshot(route_req("/v1/completions", &tokens_body(64), &[])).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(resp.headers().get(kvmesh_core::api::ERROR_REASON_HEADER).and_then(|v| v.to_str().ok()), Some("request_timeout"));
+    assert!(all_idle(&svc), "{:?}", active(&svc));
+    hold.abort();
+}
+
+#[tokio::test]
+async fn calls_beyond_the_concurrency_bound_are_shed_fast() {
+    let svc = service("max_concurrent_routes = 2");
+    let state = &svc.state;
+    let held: Vec<_> = (0..2).map(|_| crate::route::admission::admit(&state.route_inflight, 2, &state.metrics).unwrap()).collect();
+    let resp = router(state.clone()).oneshot(route_req("/v1/completions", &tokens_body(8), &[])).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(resp.headers().get(kvmesh_core::api::ERROR_REASON_HEADER).and_then(|v| v.to_str().ok()), Some("overloaded_shed"));
+    assert!(state.metrics.render().contains(r#"kvmesh_route_errors_total{reason="overloaded_shed"} 1"#));
+    assert!(state.load.lock().is_empty(), "a shed call books nothing");
+    drop(held);
+    route_ok(&svc, "/v1/completions", &tokens_body(8), &[]).await;
 }
 
 #[tokio::test]

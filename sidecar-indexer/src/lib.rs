@@ -4,7 +4,7 @@
 //! Dynamo-compatible chain hashes, tokenizes prompts exactly as the engines do, and answers the wasm
 //! filter's `/v1/route` with a scored decision. Layout: pure logic in [`config`], [`index`],
 //! [`events`] (decode, sequencer, apply), [`tokenize`], [`decide`], [`load`], [`approx`], [`scrape`], [`discovered`];
-//! the thin shells that do I/O in [`events::listener`], [`events::applier`], [`state`], [`http`],
+//! the thin shells that do I/O in [`events::listener`], [`events::applier`], [`state`], [`route`] (a route call: plan → run → settle), [`http`],
 //! [`service`], [`discovery`]. Guardrails (README): `decide` is pure; no lock is held across `.await`; an unknown
 //! parent is counted and refused, never guessed; every queue, map, cache and body is bounded.
 
@@ -14,7 +14,6 @@ pub mod decide;
 pub mod discovered;
 pub mod discovery;
 pub mod events;
-pub mod handoff;
 pub mod http;
 pub mod index;
 pub mod load;
@@ -22,6 +21,7 @@ pub mod legs;
 pub mod metrics;
 pub mod modes;
 pub mod recent;
+pub mod route;
 pub mod scrape;
 pub mod service;
 pub mod state;

@@ -1,15 +1,26 @@
 //! The load each worker carries, as the indexer booked it from its own decisions.
 //!
-//! A routed request books its prompt blocks and uncached prompt tokens on the chosen worker;
-//! `/v1/done` releases them. A request whose `/v1/done` never comes (filter crash, lost report)
-//! is released after `expiry`, and at most `max_bookings` requests are tracked (the oldest is
-//! released first beyond it), so the tracker is bounded in time and memory. The clock is passed
-//! in (`now`), so expiry is tested without sleeping.
+//! A routed request books its prompt blocks and uncached prompt tokens on the chosen worker under a
+//! [`BookingId`] the indexer issues (never the client's `x-request-id`, which two clients may
+//! share); the id rides in the decision and `/v1/done` releases by it. A booking whose `/v1/done`
+//! never comes (filter crash, lost report) is released after `expiry`, and at most `max_bookings`
+//! are tracked (the oldest is released first beyond it), so the tracker is bounded in time and
+//! memory: it holds live bookings only, ordered by id, and ids are issued in time order, so the
+//! oldest live booking is always the first entry (no queue of released entries to skip, which is
+//! what let an expiry pass release a young booking behind a released old one).
+//!
+//! Wire ids carry a per-process nonce, so a report for a booking made before a restart matches
+//! nothing instead of releasing an unrelated new booking. The clock is passed in (`now`), so
+//! expiry is tested without sleeping.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use kvmesh_core::api::WorkerLoad;
+
+/// A booking, as the tracker knows it. Issued in increasing order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BookingId(u64);
 
 /// One routed request's booked load.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,8 +29,8 @@ pub struct Booking {
     pub blocks: u64,
     pub prefill_tokens: u64,
     pub at: Instant,
-    /// Distinguishes re-bookings of one request id in the expiry queue.
-    serial: u64,
+    /// The client's `x-request-id`, for reports from filters that do not echo the booking id.
+    pub request_id: Option<String>,
 }
 
 /// Why loads were released without a report.
@@ -29,27 +40,33 @@ pub struct Expired {
     pub overflow: u64,
 }
 
-/// Booked load per request and per worker.
+/// Booked load per booking and per worker.
 #[derive(Debug)]
 pub struct LoadTracker {
-    bookings: HashMap<String, Booking>,
-    queue: VecDeque<(Instant, u64, String)>,
+    bookings: BTreeMap<BookingId, Booking>,
+    /// request id → its live bookings, oldest first (only for legacy `/v1/done` reports).
+    by_request: HashMap<String, Vec<BookingId>>,
     per_worker: HashMap<String, WorkerLoad>,
     expiry: Duration,
     max_bookings: usize,
-    serial: u64,
+    next: u64,
+    nonce: u32,
 }
 
+const WIRE_PREFIX: &str = "kvb-";
+
 impl LoadTracker {
-    /// A tracker releasing unreported loads after `expiry`, tracking at most `max_bookings`.
-    pub fn new(expiry: Duration, max_bookings: usize) -> Self {
+    /// A tracker releasing unreported loads after `expiry`, tracking at most `max_bookings`;
+    /// `nonce` (random per process) makes its wire ids differ from any earlier process's.
+    pub fn new(expiry: Duration, max_bookings: usize, nonce: u32) -> Self {
         Self {
-            bookings: HashMap::new(),
-            queue: VecDeque::new(),
+            bookings: BTreeMap::new(),
+            by_request: HashMap::new(),
             per_worker: HashMap::new(),
             expiry,
             max_bookings: max_bookings.max(1),
-            serial: 0,
+            next: 0,
+            nonce,
         }
     }
 
@@ -59,61 +76,90 @@ impl LoadTracker {
         self.max_bookings = max_bookings.max(1);
     }
 
-    /// Books `request_id` on `worker` (replacing an earlier booking of the same id).
-    pub fn book(&mut self, request_id: &str, worker: &str, blocks: u64, prefill_tokens: u64, now: Instant) -> Expired {
-        self.release(request_id);
-        self.serial += 1;
-        let b = Booking { worker: worker.to_owned(), blocks, prefill_tokens, at: now, serial: self.serial };
+    /// Books `blocks` and `prefill_tokens` on `worker`; a new id every call. Bookings must be made
+    /// in time order (`now` never earlier than a previous call's), which `Instant::now()` gives.
+    pub fn book(&mut self, worker: &str, blocks: u64, prefill_tokens: u64, request_id: Option<&str>, now: Instant) -> (BookingId, Expired) {
+        self.next += 1;
+        let id = BookingId(self.next);
         let w = self.per_worker.entry(worker.to_owned()).or_default();
         w.active_requests += 1;
         w.active_blocks += blocks;
         w.prefill_tokens += prefill_tokens;
-        self.bookings.insert(request_id.to_owned(), b);
-        self.queue.push_back((now, self.serial, request_id.to_owned()));
+        if let Some(r) = request_id {
+            self.by_request.entry(r.to_owned()).or_default().push(id);
+        }
+        let b = Booking { worker: worker.to_owned(), blocks, prefill_tokens, at: now, request_id: request_id.map(str::to_owned) };
+        self.bookings.insert(id, b);
         let mut expired = self.expire(now);
         while self.bookings.len() > self.max_bookings {
-            if !self.pop_oldest() {
-                break;
-            }
+            let Some((&oldest, _)) = self.bookings.first_key_value() else { break };
+            self.release(oldest);
             expired.overflow += 1;
         }
-        expired
+        (id, expired)
     }
 
-    /// Releases `request_id`; the booking when there was one.
-    pub fn release(&mut self, request_id: &str) -> Option<Booking> {
-        let b = self.bookings.remove(request_id)?;
+    /// Changes the prefill tokens of a live booking (its worker now prefills locally); false when
+    /// the booking is gone.
+    pub fn set_prefill_tokens(&mut self, id: BookingId, prefill_tokens: u64) -> bool {
+        let Some(b) = self.bookings.get_mut(&id) else { return false };
+        if let Some(w) = self.per_worker.get_mut(&b.worker) {
+            w.prefill_tokens = w.prefill_tokens.saturating_sub(b.prefill_tokens) + prefill_tokens;
+        }
+        b.prefill_tokens = prefill_tokens;
+        true
+    }
+
+    /// Releases `id`; the booking when it was live.
+    pub fn release(&mut self, id: BookingId) -> Option<Booking> {
+        let b = self.bookings.remove(&id)?;
         if let Some(w) = self.per_worker.get_mut(&b.worker) {
             w.active_requests = w.active_requests.saturating_sub(1);
             w.active_blocks = w.active_blocks.saturating_sub(b.blocks);
             w.prefill_tokens = w.prefill_tokens.saturating_sub(b.prefill_tokens);
         }
+        if let Some(r) = &b.request_id {
+            if let Some(ids) = self.by_request.get_mut(r) {
+                ids.retain(|i| *i != id);
+                if ids.is_empty() {
+                    self.by_request.remove(r);
+                }
+            }
+        }
         Some(b)
     }
 
-    /// Releases every booking older than the expiry.
+    /// Releases the oldest live booking made for `request_id` (reports without a booking id).
+    pub fn release_request(&mut self, request_id: &str) -> Option<Booking> {
+        let id = *self.by_request.get(request_id)?.first()?;
+        self.release(id)
+    }
+
+    /// Releases every booking at least `expiry` old; never a younger one.
     pub fn expire(&mut self, now: Instant) -> Expired {
         let mut expired = Expired::default();
-        while let Some((at, _, _)) = self.queue.front() {
-            if now.saturating_duration_since(*at) < self.expiry {
+        while let Some((&id, b)) = self.bookings.first_key_value() {
+            if now.saturating_duration_since(b.at) < self.expiry {
                 break;
             }
-            if self.pop_oldest() {
-                expired.timeout += 1;
-            }
+            self.release(id);
+            expired.timeout += 1;
         }
         expired
     }
 
-    /// Pops the queue head; true when it released a live booking (not a stale queue entry).
-    fn pop_oldest(&mut self) -> bool {
-        while let Some((_, serial, id)) = self.queue.pop_front() {
-            if self.bookings.get(&id).is_some_and(|b| b.serial == serial) {
-                self.release(&id);
-                return true;
-            }
+    /// The id as the decision carries it: `kvb-<nonce>-<serial>` in hex.
+    pub fn wire_id(&self, id: BookingId) -> String {
+        format!("{WIRE_PREFIX}{:08x}-{:x}", self.nonce, id.0)
+    }
+
+    /// The booking a wire id names, if this process issued it.
+    pub fn parse_wire_id(&self, s: &str) -> Option<BookingId> {
+        let (nonce, serial) = s.strip_prefix(WIRE_PREFIX)?.split_once('-')?;
+        if u32::from_str_radix(nonce, 16).ok()? != self.nonce {
+            return None;
         }
-        false
+        u64::from_str_radix(serial, 16).ok().map(BookingId)
     }
 
     /// The booked load of `worker`.
@@ -123,11 +169,14 @@ impl LoadTracker {
 
     /// Drops every booking on `worker` (it left the fleet).
     pub fn remove_worker(&mut self, worker: &str) {
-        self.bookings.retain(|_, b| b.worker != worker);
+        let gone: Vec<BookingId> = self.bookings.iter().filter(|(_, b)| b.worker == worker).map(|(id, _)| *id).collect();
+        for id in gone {
+            self.release(id);
+        }
         self.per_worker.remove(worker);
     }
 
-    /// Requests currently booked.
+    /// Bookings currently live.
     pub fn len(&self) -> usize {
         self.bookings.len()
     }
@@ -136,63 +185,137 @@ impl LoadTracker {
     pub fn is_empty(&self) -> bool {
         self.bookings.is_empty()
     }
+
+    /// Entries held for ordering and legacy lookups (bounded by [`Self::len`]; for tests).
+    pub fn tracked_entries(&self) -> usize {
+        self.bookings.len() + self.by_request.values().map(Vec::len).sum::<usize>()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn book_release_and_rebook() {
-        let t0 = Instant::now();
-        let mut l = LoadTracker::new(Duration::from_secs(60), 100);
-        l.book("r1", "w0", 10, 100, t0);
-        l.book("r2", "w0", 5, 50, t0);
-        l.book("r3", "w1", 1, 0, t0);
-        assert_eq!(l.worker("w0"), WorkerLoad { active_requests: 2, active_blocks: 15, prefill_tokens: 150, waiting_requests: 0 });
-        assert_eq!(l.release("r1").map(|b| b.blocks), Some(10));
-        assert_eq!(l.release("r1"), None);
-        assert_eq!(l.worker("w0").active_blocks, 5);
-        // Re-booking an id moves it.
-        l.book("r2", "w1", 7, 0, t0);
-        assert_eq!(l.worker("w0"), WorkerLoad::default());
-        assert_eq!(l.worker("w1").active_blocks, 8);
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
     }
 
     #[test]
-    fn unreported_requests_expire() {
+    fn book_release_and_adjust() {
         let t0 = Instant::now();
-        let mut l = LoadTracker::new(Duration::from_secs(10), 100);
-        l.book("old", "w0", 3, 0, t0);
-        l.book("new", "w0", 4, 0, t0 + Duration::from_secs(5));
-        assert_eq!(l.expire(t0 + Duration::from_secs(9)), Expired::default());
-        assert_eq!(l.expire(t0 + Duration::from_secs(10)), Expired { timeout: 1, overflow: 0 });
-        assert_eq!(l.worker("w0").active_blocks, 4);
-        // A booking released by /v1/done leaves a stale queue entry that must not count.
-        l.release("new");
-        assert_eq!(l.expire(t0 + Duration::from_secs(100)), Expired::default());
+        let mut l = LoadTracker::new(secs(60), 100, 7);
+        let (r1, _) = l.book("w0", 10, 100, Some("r1"), t0);
+        let (r2, _) = l.book("w0", 5, 50, None, t0);
+        l.book("w1", 1, 0, None, t0);
+        assert_eq!(l.worker("w0"), WorkerLoad { active_requests: 2, active_blocks: 15, prefill_tokens: 150, waiting_requests: 0 });
+        assert_eq!(l.release(r1).map(|b| b.blocks), Some(10));
+        assert_eq!(l.release(r1), None, "released exactly once");
+        assert_eq!(l.worker("w0").active_blocks, 5);
+        assert!(l.set_prefill_tokens(r2, 80));
+        assert_eq!(l.worker("w0").prefill_tokens, 80);
+        assert!(!l.set_prefill_tokens(r1, 1));
+    }
+
+    #[test]
+    fn one_request_id_books_and_releases_separately() {
+        let t0 = Instant::now();
+        let mut l = LoadTracker::new(secs(60), 100, 7);
+        let ids: Vec<BookingId> = (0..10).map(|i| l.book(if i % 2 == 0 { "w0" } else { "w1" }, 1, 0, Some("same"), t0).0).collect();
+        assert_eq!(l.len(), 10);
+        for id in &ids {
+            assert!(l.release(*id).is_some());
+        }
         assert!(l.is_empty());
+        assert_eq!((l.worker("w0").active_requests, l.worker("w1").active_requests), (0, 0));
+        // Legacy reports by request id release one booking each, oldest first.
+        let a = l.book("w0", 1, 0, Some("x"), t0).0;
+        l.book("w1", 1, 0, Some("x"), t0);
+        assert_eq!(l.release_request("x").map(|b| b.worker), Some("w0".into()));
+        assert_eq!(l.release(a), None);
+        assert_eq!(l.release_request("x").map(|b| b.worker), Some("w1".into()));
+        assert_eq!(l.release_request("x"), None);
+        assert_eq!(l.tracked_entries(), 0);
+    }
+
+    #[test]
+    fn expiry_never_releases_a_young_booking() {
+        // The issue's case: book A, release A, book B at t+599 s, expire at t+600 s → B still booked.
+        let t0 = Instant::now();
+        let mut l = LoadTracker::new(secs(600), 100, 7);
+        let (a, _) = l.book("w0", 3, 0, Some("a"), t0);
+        l.release(a);
+        let (b, _) = l.book("w0", 4, 0, Some("b"), t0 + secs(599));
+        assert_eq!(l.expire(t0 + secs(600)), Expired::default());
+        assert_eq!(l.worker("w0").active_blocks, 4);
+        assert_eq!(l.expire(t0 + secs(1199)), Expired { timeout: 1, overflow: 0 });
+        assert_eq!(l.release(b), None);
+        assert!(l.is_empty());
+    }
+
+    #[test]
+    fn unreported_bookings_expire_oldest_first() {
+        let t0 = Instant::now();
+        let mut l = LoadTracker::new(secs(10), 100, 7);
+        l.book("w0", 3, 0, None, t0);
+        let (new, _) = l.book("w0", 4, 0, None, t0 + secs(5));
+        assert_eq!(l.expire(t0 + secs(9)), Expired::default());
+        assert_eq!(l.expire(t0 + secs(10)), Expired { timeout: 1, overflow: 0 });
+        assert_eq!(l.worker("w0").active_blocks, 4);
+        l.release(new);
+        assert_eq!(l.expire(t0 + secs(100)), Expired::default(), "a released booking is not expired again");
+    }
+
+    #[test]
+    fn a_million_cycles_keep_memory_at_the_live_set() {
+        let t0 = Instant::now();
+        let mut l = LoadTracker::new(secs(600), 1_000_000, 7);
+        let (held, _) = l.book("w0", 1, 0, Some("held"), t0);
+        for i in 0..1_000_000u64 {
+            let (id, expired) = l.book("w1", 2, 16, Some("r"), t0 + Duration::from_micros(i));
+            assert_eq!(expired, Expired::default());
+            assert!(l.release(id).is_some());
+        }
+        assert_eq!(l.len(), 1);
+        assert_eq!(l.tracked_entries(), 2, "the live booking and its request-id entry, nothing per released one");
+        assert_eq!(l.worker("w1"), WorkerLoad::default());
+        assert!(l.release(held).is_some());
     }
 
     #[test]
     fn the_oldest_goes_beyond_the_bound() {
         let t0 = Instant::now();
-        let mut l = LoadTracker::new(Duration::from_secs(600), 2);
-        l.book("a", "w0", 1, 0, t0);
-        l.book("b", "w0", 1, 0, t0);
-        assert_eq!(l.book("c", "w0", 1, 0, t0).overflow, 1);
+        let mut l = LoadTracker::new(secs(600), 2, 7);
+        let (a, _) = l.book("w0", 1, 0, None, t0);
+        l.book("w0", 1, 0, None, t0);
+        assert_eq!(l.book("w0", 1, 0, None, t0).1.overflow, 1);
         assert_eq!(l.len(), 2);
-        assert!(l.release("a").is_none());
+        assert!(l.release(a).is_none());
+    }
+
+    #[test]
+    fn wire_ids_round_trip_only_in_their_process() {
+        let t0 = Instant::now();
+        let mut l = LoadTracker::new(secs(600), 10, 0xdead_beef);
+        let (id, _) = l.book("w0", 1, 0, None, t0);
+        let wire = l.wire_id(id);
+        assert_eq!(wire, "kvb-deadbeef-1");
+        assert_eq!(l.parse_wire_id(&wire), Some(id));
+        let other = LoadTracker::new(secs(600), 10, 1);
+        assert_eq!(other.parse_wire_id(&wire), None, "a restarted indexer ignores old ids");
+        for bad in ["", "kvb-", "kvb-deadbeef", "kvb-deadbeef-zz", "x-deadbeef-1"] {
+            assert_eq!(l.parse_wire_id(bad), None, "{bad}");
+        }
     }
 
     #[test]
     fn removed_workers_lose_their_bookings() {
         let t0 = Instant::now();
-        let mut l = LoadTracker::new(Duration::from_secs(600), 10);
-        l.book("a", "w0", 1, 0, t0);
-        l.book("b", "w1", 1, 0, t0);
+        let mut l = LoadTracker::new(secs(600), 10, 7);
+        l.book("w0", 1, 0, Some("a"), t0);
+        l.book("w1", 1, 0, None, t0);
         l.remove_worker("w0");
         assert_eq!(l.len(), 1);
         assert_eq!(l.worker("w0"), WorkerLoad::default());
+        assert_eq!(l.release_request("a"), None);
     }
 }

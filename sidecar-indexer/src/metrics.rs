@@ -34,6 +34,9 @@ pub const KV_REPLAYS_TOTAL: &str = "kvmesh_kv_replays_total";
 pub const KV_RESYNCS_TOTAL: &str = "kvmesh_kv_resyncs_total";
 pub const KV_BLOCK_SIZE_MISMATCH_TOTAL: &str = "kvmesh_kv_block_size_mismatch_total";
 pub const KV_ORPHAN_STORES_TOTAL: &str = "kvmesh_kv_orphan_stores_total";
+pub const KV_ORPHAN_RECOVERED_TOTAL: &str = "kvmesh_kv_orphan_recovered_total";
+pub const ROUTE_INFLIGHT: &str = "kvmesh_route_inflight";
+pub const ROUTE_CANCELLED_TOTAL: &str = "kvmesh_route_cancelled_total";
 pub const KV_UNKNOWN_REMOVES_TOTAL: &str = "kvmesh_kv_unknown_removes_total";
 pub const KV_IGNORED_EVENTS_TOTAL: &str = "kvmesh_kv_ignored_events_total";
 pub const KV_EVENT_LAG_SECONDS: &str = "kvmesh_kv_event_lag_seconds";
@@ -97,6 +100,9 @@ pub const ALL: &[&str] = &[
     KV_RESYNCS_TOTAL,
     KV_BLOCK_SIZE_MISMATCH_TOTAL,
     KV_ORPHAN_STORES_TOTAL,
+    KV_ORPHAN_RECOVERED_TOTAL,
+    ROUTE_INFLIGHT,
+    ROUTE_CANCELLED_TOTAL,
     KV_UNKNOWN_REMOVES_TOTAL,
     KV_IGNORED_EVENTS_TOTAL,
     KV_EVENT_LAG_SECONDS,
@@ -175,6 +181,12 @@ pub struct Metrics {
     pub kv_resyncs: IntCounterVec,
     pub kv_block_size_mismatch: IntCounterVec,
     pub kv_orphan_stores: IntCounterVec,
+    /// labels: worker: orphan stores indexed after all, their parent learned from a routed prompt.
+    pub kv_orphan_recovered: IntCounterVec,
+    /// `/v1/route` calls being worked on (tokenization of abandoned calls included), ≤ `max_concurrent_routes`.
+    pub route_inflight: IntGauge,
+    /// labels: stage (queued, tokenizing, booked): route calls whose caller went away.
+    pub route_cancelled: IntCounterVec,
     pub kv_unknown_removes: IntCounterVec,
     /// labels: worker, reason (tier, queue_full).
     pub kv_ignored: IntCounterVec,
@@ -299,6 +311,9 @@ impl Metrics {
             kv_resyncs: counter_vec(&r, KV_RESYNCS_TOTAL, "Times a worker's index state was cleared and rebuilt, by reason", &["worker", "reason"])?,
             kv_block_size_mismatch: counter_vec(&r, KV_BLOCK_SIZE_MISMATCH_TOTAL, "BlockStored events refused for a block size other than model.block_size", &["worker"])?,
             kv_orphan_stores: counter_vec(&r, KV_ORPHAN_STORES_TOTAL, "BlockStored events refused because their parent block is unknown", &["worker"])?,
+            kv_orphan_recovered: counter_vec(&r, KV_ORPHAN_RECOVERED_TOTAL, "BlockStored events with an unknown parent indexed after all: the parent chain learned from a prompt routed to the worker", &["worker"])?,
+            route_inflight: int_gauge(ROUTE_INFLIGHT, "/v1/route calls being worked on, abandoned tokenizations included (bounded by routing.max_concurrent_routes)")?,
+            route_cancelled: counter_vec(&r, ROUTE_CANCELLED_TOTAL, "/v1/route calls whose caller went away (client gone, filter timeout), by the stage they were in", &["stage"])?,
             kv_unknown_removes: counter_vec(&r, KV_UNKNOWN_REMOVES_TOTAL, "Removed block hashes the worker never stored", &["worker"])?,
             kv_ignored: counter_vec(&r, KV_IGNORED_EVENTS_TOTAL, "Events skipped: other tier or cache group, malformed stores", &["worker", "reason"])?,
             kv_event_lag,
@@ -372,7 +387,7 @@ impl Metrics {
     /// Creates a joining worker's failure series at zero, so alerts and dashboards see "no gaps yet"
     /// instead of "no data" (a `rate()` over an absent series is empty, not 0).
     pub fn register_worker(&self, worker: &str) {
-        for c in [&self.kv_decode_errors, &self.kv_gaps, &self.kv_block_size_mismatch, &self.kv_orphan_stores] {
+        for c in [&self.kv_decode_errors, &self.kv_gaps, &self.kv_block_size_mismatch, &self.kv_orphan_stores, &self.kv_orphan_recovered] {
             c.with_label_values(&[worker]).inc_by(0);
         }
         for reason in ["gap_unrecoverable", "engine_restart", "too_many_blocks", "events_rewired"] {
@@ -403,6 +418,7 @@ impl Metrics {
             &self.kv_gaps,
             &self.kv_block_size_mismatch,
             &self.kv_orphan_stores,
+            &self.kv_orphan_recovered,
             &self.kv_unknown_removes,
             &self.engine_hits,
             &self.engine_queries,
@@ -506,9 +522,10 @@ mod tests {
         m.tokenize_cache.with_label_values(&["hit"]).inc();
         m.done_reports.with_label_values(&["success", "true"]).inc();
         m.load_expired.with_label_values(&["timeout"]).inc();
-        for c in [&m.kv_batches, &m.kv_decode_errors, &m.kv_gaps, &m.kv_block_size_mismatch, &m.kv_orphan_stores, &m.kv_unknown_removes, &m.engine_hits, &m.engine_queries] {
+        for c in [&m.kv_batches, &m.kv_decode_errors, &m.kv_gaps, &m.kv_block_size_mismatch, &m.kv_orphan_stores, &m.kv_orphan_recovered, &m.kv_unknown_removes, &m.engine_hits, &m.engine_queries] {
             c.with_label_values(&["w"]).inc();
         }
+        m.route_cancelled.with_label_values(&["booked"]).inc();
         for (c, second) in [(&m.kv_events, "stored"), (&m.kv_blocks, "removed"), (&m.kv_replays, "complete"), (&m.kv_resyncs, "engine_restart"), (&m.kv_ignored, "tier"), (&m.engine_scrapes, "ok")] {
             c.with_label_values(&["w", second]).inc();
         }

@@ -93,7 +93,8 @@ impl Service {
         std::thread::Builder::new().name("kv-applier".into()).spawn(move || applier.run(rx))?;
         let routing = &config.routing;
         let state = Arc::new(AppState {
-            load: Mutex::new(LoadTracker::new(Duration::from_secs(routing.load_expiry_secs), routing.max_bookings)),
+            // The nonce keeps this process's booking ids apart from a previous process's.
+            load: Mutex::new(LoadTracker::new(Duration::from_secs(routing.load_expiry_secs), routing.max_bookings, rand::random())),
             config: RwLock::new(Arc::new(config.clone())),
             fleet: RwLock::new(Fleet::default()),
             index,
@@ -110,6 +111,7 @@ impl Service {
             // Legs carry their own deadline (tokio timeout); idle connections to workers are reused.
             legs: reqwest::Client::builder().pool_max_idle_per_host(32).build()?,
             dry_runs: Default::default(),
+            route_inflight: Default::default(),
         });
         let svc = Arc::new(Self { state, zmq: zmq::Context::new(), config_path, env, reload_lock: tokio::sync::Mutex::new(()), discovery: crate::discovery::DiscoveryLink::new(&config) });
         let workers: Vec<WorkerRuntime> = config.workers.iter().map(|w| svc.add_worker(w, &config)).collect::<Result<_, _>>()?;

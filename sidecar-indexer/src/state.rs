@@ -116,6 +116,8 @@ pub struct AppState {
     pub legs: reqwest::Client,
     /// Dry-run migrations seen, for sampling their log lines.
     pub dry_runs: AtomicU64,
+    /// `/v1/route` calls being worked on (`crate::route::admission`).
+    pub route_inflight: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl AppState {

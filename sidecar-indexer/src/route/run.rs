@@ -1,4 +1,4 @@
-//! Runs the leg a plan names — the prefill leg of `disagg`, the producer handshake of `migrate` —
+//! Step 3 of a route call (the only I/O): runs the leg a plan names — the prefill leg of `disagg`, the producer handshake of `migrate` —
 //! and turns its result into the decision the filter applies.
 //!
 //! Outcomes: the producer's `kv_transfer_params` ride in the decision (`disagg` / `migrate`, the
@@ -9,9 +9,12 @@
 //! or turned unhealthy while its leg ran is not trusted even if it answered. Nothing here touches
 //! the gateway's health: leg errors are counted and logged, never surfaced by `/healthz`.
 //!
-//! Load: the decode worker is booked by the caller (without the prompt's prefill tokens when the
-//! prefill runs remotely); the prefill worker carries the leg's booking while it runs. A fallback
-//! re-books the decode worker with the prefill it now does; a rejection releases its booking.
+//! Load: the decode worker is booked by the plan step (without the prompt's prefill tokens when the
+//! prefill runs remotely); the prefill worker carries the leg's own [`BookingGuard`] while it runs,
+//! released when the leg ends or the call is dropped. A fallback moves the prefill onto the decode
+//! worker's booking; a rejection is released by the caller. The legs send the indexer's booking id
+//! as `X-Request-Id`, never the client's, so two clients sending one id cannot pair each other's
+//! NIXL transfers.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -19,15 +22,19 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use kvmesh_core::api::{Mode, RouteDecision};
 
+use super::settle::BookingGuard;
+use super::ApiError;
 use crate::config::{Config, KvMigration};
 use crate::decide::{Leg, Plan};
-use crate::http::ApiError;
 use crate::legs::{self, LegFailure, LegKind, LegResult};
 use crate::modes::Opportunity;
 use crate::state::AppState;
 
 /// What the request is, for the leg's body and its id.
 pub struct LegRequest<'a> {
+    /// The id the legs send as `X-Request-Id`: derived from the booking, unique per call.
+    pub leg_id: &'a str,
+    /// The client's `x-request-id`, for log lines.
     pub request_id: &'a str,
     /// The OpenAI path the client used (`/v1/completions` or `/v1/chat/completions`).
     pub path: &'a str,
@@ -36,13 +43,13 @@ pub struct LegRequest<'a> {
 }
 
 /// Runs `plan`'s leg (if any) and returns the decision; an overloaded prefill worker is an error
-/// carrying its status for the client.
-pub async fn complete(state: &AppState, cfg: &Config, plan: Plan, req: &LegRequest<'_>) -> Result<RouteDecision, ApiError> {
+/// carrying its status for the client (the caller releases `booking` then).
+pub async fn run(state: &AppState, cfg: &Config, plan: Plan, req: &LegRequest<'_>, booking: &BookingGuard<'_>) -> Result<RouteDecision, ApiError> {
     count_opportunity(state, cfg, &plan);
     let leg = plan.leg.clone();
     let decision = match leg {
         None => plan.into_decision(),
-        Some(Leg::PrefillOn { worker, endpoint }) => prefill(state, cfg, plan, &worker, &endpoint, req).await?,
+        Some(Leg::PrefillOn { worker, endpoint }) => prefill(state, cfg, plan, &worker, &endpoint, req, booking).await?,
         Some(Leg::MigrateFrom { worker, endpoint }) => migrate(state, cfg, plan, &worker, &endpoint, req).await,
     };
     Ok(decision)
@@ -82,15 +89,13 @@ fn still_serving(state: &AppState, worker: &str) -> bool {
     state.fleet.read().workers.iter().any(|w| w.cfg.id == worker && w.gets_traffic())
 }
 
-async fn prefill(state: &AppState, cfg: &Config, plan: Plan, worker: &str, endpoint: &str, req: &LegRequest<'_>) -> Result<RouteDecision, ApiError> {
+async fn prefill(state: &AppState, cfg: &Config, plan: Plan, worker: &str, endpoint: &str, req: &LegRequest<'_>, booking: &BookingGuard<'_>) -> Result<RouteDecision, ApiError> {
     let m = &state.metrics;
-    let leg_id = format!("{}#prefill", req.request_id);
-    let prefill_tokens = plan.uncached_tokens;
-    state.load.lock().book(&leg_id, worker, u64::from(plan.request_blocks), prefill_tokens, Instant::now());
+    let leg = BookingGuard::book_leg(state, worker, u64::from(plan.request_blocks), plan.uncached_tokens);
     let started = Instant::now();
     let deadline = Duration::from_millis(cfg.routing.prefill_timeout_ms);
-    let mut result = legs::run(&state.legs, LegKind::Prefill, endpoint, req.path, req.request_id, req.body, deadline).await;
-    state.load.lock().release(&leg_id);
+    let mut result = legs::run(&state.legs, LegKind::Prefill, endpoint, req.path, req.leg_id, req.body, deadline).await;
+    leg.release();
     m.prefill_leg_duration.observe(started.elapsed().as_secs_f64());
     if matches!(result, LegResult::Params(_)) && !still_serving(state, worker) {
         result = LegResult::Failed { failure: LegFailure::WorkerGone, detail: "left the fleet or turned unhealthy during the leg".into() };
@@ -105,7 +110,6 @@ async fn prefill(state: &AppState, cfg: &Config, plan: Plan, worker: &str, endpo
         }
         LegResult::Overloaded { status, message } => {
             m.prefill_legs.with_label_values(&["overloaded"]).inc();
-            state.load.lock().release(req.request_id);
             tracing::warn!(request_id = req.request_id, prefill = worker, status, message = %message, "prefill worker overloaded: the client gets {status}");
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
             let kind = if status == StatusCode::TOO_MANY_REQUESTS { "rate_limit_exceeded" } else { "service_unavailable" };
@@ -123,7 +127,7 @@ async fn prefill(state: &AppState, cfg: &Config, plan: Plan, worker: &str, endpo
                 "remote prefill failed; falling back to prefill on the decode worker"
             );
             // The decode worker now prefills the uncached part itself.
-            state.load.lock().book(req.request_id, &plan.worker, u64::from(plan.request_blocks), plan.uncached_tokens, Instant::now());
+            booking.set_prefill_tokens(plan.uncached_tokens);
             let mut d = plan.into_decision();
             d.mode = Mode::DecodeFallback;
             d.reason = format!("{}; prefill on {worker} failed ({}): served on the decode worker", d.reason, failure.reason());
@@ -136,7 +140,7 @@ async fn migrate(state: &AppState, cfg: &Config, plan: Plan, source: &str, endpo
     let m = &state.metrics;
     let started = Instant::now();
     let deadline = Duration::from_millis(cfg.routing.kv_migration_timeout_ms);
-    let mut result = legs::run(&state.legs, LegKind::Migration, endpoint, req.path, req.request_id, req.body, deadline).await;
+    let mut result = legs::run(&state.legs, LegKind::Migration, endpoint, req.path, req.leg_id, req.body, deadline).await;
     m.migration_handshake_duration.observe(started.elapsed().as_secs_f64());
     if matches!(result, LegResult::Params(_)) && !still_serving(state, source) {
         result = LegResult::Failed { failure: LegFailure::WorkerGone, detail: "left the fleet or turned unhealthy during the handshake".into() };

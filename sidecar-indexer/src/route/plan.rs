@@ -1,0 +1,109 @@
+//! Step 2 of a route call: the prompt's tokens and block chains (blocking pool), its matches in the
+//! index, and the decision — made and booked under one hold of the fleet and load locks, so
+//! concurrent calls see each other's bookings. [`decide`] stays pure; this is the shell around it.
+
+use std::time::Instant;
+
+use kvmesh_core::hashing::{block_seed, sequence_hashes, SequenceHash};
+use kvmesh_core::openai::OpenAiRequest;
+
+use super::admission::{Cancel, Permit};
+use super::request::RouteRequest;
+use super::settle::{BookingGuard, Record};
+use super::ApiError;
+use crate::config::{Config, IndexMode};
+use crate::decide::{decide, DecideError, Plan, RouteInput};
+use crate::state::AppState;
+use crate::tokenize::CacheStats;
+
+/// A prompt as the index sees it.
+pub struct Prompt {
+    pub tokens: usize,
+    pub chains: Vec<SequenceHash>,
+}
+
+/// Tokenizes and hashes on the blocking pool. The [`Permit`] moves into the blocking task and is
+/// released when the work ends, not when the caller leaves; a task whose caller left before it
+/// started skips the work.
+pub async fn tokenize(state: &AppState, cfg: &Config, request: OpenAiRequest, permit: Permit, cancel: Cancel) -> Result<Prompt, ApiError> {
+    let block_size = cfg.model.block_size as usize;
+    let tokenizer = state.tokenizer.read().clone();
+    let metrics = state.metrics.clone();
+    let work = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        if cancel.is_cancelled() {
+            metrics.route_cancelled.with_label_values(&["queued"]).inc();
+            return None;
+        }
+        let t0 = Instant::now();
+        let mut stats = CacheStats::default();
+        let tokens = tokenizer.tokens(&request.input, &mut stats);
+        metrics.tokenize_duration.observe(t0.elapsed().as_secs_f64());
+        metrics.tokenize_cache.with_label_values(&["hit"]).inc_by(stats.hits);
+        metrics.tokenize_cache.with_label_values(&["miss"]).inc_by(stats.misses);
+        if cancel.is_cancelled() {
+            metrics.route_cancelled.with_label_values(&["tokenizing"]).inc();
+            tracing::debug!("route caller left during tokenization; result dropped");
+            return None;
+        }
+        Some(tokens.map(|t| Prompt { tokens: t.len(), chains: sequence_hashes(&t, block_size, block_seed(None, request.cache_salt.as_deref())) }))
+    });
+    match work.await {
+        Ok(Some(r)) => r.map_err(|e| ApiError::unavailable("tokenizer", e.to_string())),
+        // Only reachable when the caller is gone: nobody reads this answer.
+        Ok(None) => Err(ApiError::unavailable("cancelled", "the route call was cancelled")),
+        Err(e) => Err(ApiError::unavailable("tokenizer", format!("tokenizer task failed: {e}"))),
+    }
+}
+
+/// Matches the prompt, decides and books the chosen worker; the booking is released if the call
+/// is dropped before it settles.
+pub fn decide_and_book<'a>(state: &'a AppState, cfg: &Config, req: &RouteRequest, prompt: Prompt) -> Result<(Plan, BookingGuard<'a>, Record), ApiError> {
+    let t_match = Instant::now();
+    let scores = state.index.read().find_matches(&prompt.chains);
+    state.metrics.match_duration.observe(t_match.elapsed().as_secs_f64());
+
+    let t_score = Instant::now();
+    let session_key = req.session.map(|(k, _)| k.0);
+    let now = Instant::now();
+    let (continuation, kv_home) = match session_key {
+        Some(k) => {
+            let sessions = state.sessions.lock();
+            (sessions.continuations.get(k, now).is_some(), sessions.kv_home.get(k, now).cloned())
+        }
+        None => (false, None),
+    };
+    let input = RouteInput {
+        isl_tokens: prompt.tokens,
+        block_size: cfg.model.block_size,
+        session: req.session,
+        override_worker: req.override_worker.as_deref(),
+        override_mode: req.override_mode,
+        continuation,
+        kv_home: kv_home.as_deref(),
+    };
+    let fleet = state.fleet.read();
+    let overlaps = fleet.overlaps(&scores);
+    let mut load = state.load.lock();
+    let views = state.views(&fleet, &overlaps, &load, cfg.routing.unknown_request_blocks);
+    let plan = {
+        let mut rng = state.rng.lock();
+        decide(&input, &views, &cfg.routing, &mut *rng)
+    }
+    .map_err(|e| match e {
+        DecideError::UnknownOverrideWorker(_) => ApiError::bad_request(e.reason(), e.to_string()),
+        _ => ApiError::unavailable(e.reason(), e.to_string()),
+    })?;
+    // A remote prefill leaves the decode worker only the KV pull; its prefill is booked on P.
+    let prefill_tokens = if plan.mode == kvmesh_core::api::Mode::Disagg { 0 } else { plan.uncached_tokens };
+    let booking = BookingGuard::book(state, &mut load, &plan.worker, u64::from(plan.request_blocks), prefill_tokens, req.request_id.as_deref(), true);
+    let approx_slot = (cfg.routing.mode == IndexMode::Approximate)
+        .then(|| fleet.workers.iter().find(|w| w.cfg.id == plan.worker).and_then(|w| w.ranks.first().map(|r| r.slot)))
+        .flatten();
+    drop(load);
+    drop(fleet);
+    state.metrics.score_duration.observe(t_score.elapsed().as_secs_f64());
+    let record = Record { basis: plan.basis, request_blocks: plan.request_blocks, local_continuation: plan.local_continuation, session_key, approx_slot, chains: prompt.chains };
+    Ok((plan, booking, record))
+}
+
