@@ -47,7 +47,11 @@ pub struct ApproxTracker {
 impl ApproxTracker {
     /// A tracker forgetting blocks after `ttl`, remembering at most `max_per_worker` per worker.
     pub fn new(ttl: Duration, max_per_worker: usize) -> Self {
-        Self { workers: HashMap::new(), ttl, max_per_worker: max_per_worker.max(1) }
+        Self {
+            workers: HashMap::new(),
+            ttl,
+            max_per_worker: max_per_worker.max(1),
+        }
     }
 
     /// New bounds (a reload).
@@ -80,7 +84,9 @@ impl ApproxTracker {
 
     /// Blocks whose TTL ran out, per worker.
     pub fn expire(&mut self, now: Instant) -> Vec<(WorkerSlot, Vec<u64>)> {
-        let Some(cutoff) = now.checked_sub(self.ttl) else { return Vec::new() };
+        let Some(cutoff) = now.checked_sub(self.ttl) else {
+            return Vec::new();
+        };
         let mut out = Vec::new();
         for (slot, w) in &mut self.workers {
             let mut gone = Vec::new();
@@ -95,6 +101,24 @@ impl ApproxTracker {
     /// Forgets a worker (it left, or its index state was cleared).
     pub fn forget_worker(&mut self, slot: WorkerSlot) {
         self.workers.remove(&slot);
+    }
+
+    /// Whether `slot` was routed `chain` less than the TTL before `now`.
+    pub fn holds(&self, slot: WorkerSlot, chain: u64, now: Instant) -> bool {
+        self.workers
+            .get(&slot)
+            .and_then(|w| w.last.get(&chain))
+            .is_some_and(|at| now.saturating_duration_since(*at) < self.ttl)
+    }
+
+    /// Whether nothing is remembered for `slot`.
+    pub fn is_empty(&self, slot: WorkerSlot) -> bool {
+        self.len(slot) == 0
+    }
+
+    /// Blocks remembered over all workers.
+    pub fn total(&self) -> usize {
+        self.workers.values().map(|w| w.last.len()).sum()
     }
 
     /// Blocks remembered for `slot`.

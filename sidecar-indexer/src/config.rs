@@ -30,7 +30,9 @@ pub struct ProcessEnv;
 
 impl EnvSource for ProcessEnv {
     fn vars_with_prefix(&self, prefix: &str) -> Vec<(String, String)> {
-        let mut out: Vec<(String, String)> = std::env::vars().filter(|(k, _)| k.starts_with(prefix)).collect();
+        let mut out: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .collect();
         out.sort();
         out
     }
@@ -43,13 +45,22 @@ pub struct MapEnv(pub BTreeMap<String, String>);
 impl MapEnv {
     /// An environment holding exactly `pairs`.
     pub fn new<const N: usize>(pairs: [(&str, &str); N]) -> Self {
-        Self(pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect())
+        Self(
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        )
     }
 }
 
 impl EnvSource for MapEnv {
     fn vars_with_prefix(&self, prefix: &str) -> Vec<(String, String)> {
-        self.0.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(k, v)| (k.clone(), v.clone())).collect()
+        self.0
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 }
 
@@ -63,11 +74,23 @@ pub enum ConfigError {
     #[error("environment variable {var}: {reason}")]
     Env { var: String, reason: String },
     #[error("invalid {field} = {value:?}: {reason}")]
-    InvalidValue { field: String, value: String, reason: String },
+    InvalidValue {
+        field: String,
+        value: String,
+        reason: String,
+    },
 }
 
-fn invalid(field: impl Into<String>, value: impl ToString, reason: impl Into<String>) -> ConfigError {
-    ConfigError::InvalidValue { field: field.into(), value: value.to_string(), reason: reason.into() }
+fn invalid(
+    field: impl Into<String>,
+    value: impl ToString,
+    reason: impl Into<String>,
+) -> ConfigError {
+    ConfigError::InvalidValue {
+        field: field.into(),
+        value: value.to_string(),
+        reason: reason.into(),
+    }
 }
 
 /// The validated configuration of one indexer.
@@ -117,7 +140,9 @@ fn default_bos() -> String {
 impl ModelConfig {
     /// The tokenizer file to load.
     pub fn tokenizer_path(&self) -> PathBuf {
-        self.tokenizer.clone().unwrap_or_else(kvmesh_tokens::default_tokenizer_path)
+        self.tokenizer
+            .clone()
+            .unwrap_or_else(kvmesh_tokens::default_tokenizer_path)
     }
 }
 
@@ -175,14 +200,17 @@ impl KvMigration {
     }
 }
 
-/// Where a session's requests go (`session_placement`).
+/// Where a session's home is (`session_placement`). Either way a session stays home while that is
+/// the best or near-best choice by predicted TTFT and moves past `session_move_margin(_ms)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SessionPlacement {
-    /// Pin to the rendezvous-hash worker of the session key (what the filter's fallback pins to).
+    /// Home = where its KV is: the session's last decode worker (`kv_home`); a new session (or one
+    /// whose home was forgotten) goes where it is predicted fastest.
+    Predicted,
+    /// Home = the rendezvous-hash worker of the key (what the filter's fallback pins to).
     Rendezvous,
-    /// Place a session's first request by cost (overlap and load), then keep it where it was last
-    /// served (`kv_home`); without a remembered home (TTL, restart) it is placed by cost again.
+    /// Deprecated alias of `predicted` (the old "first by cost, then where last served"); warns.
     Sticky,
 }
 
@@ -192,9 +220,9 @@ pub enum SessionPlacement {
 pub struct RoutingConfig {
     /// `precise` (KV events) or `approximate` (learn from own decisions).
     pub mode: IndexMode,
-    /// Weight of a cached block against a block to prefill (Dynamo's overlap credit).
+    /// Deprecated, ignored (the block-count cost it weighted is gone; a value other than 1 warns).
     pub overlap_credit: f64,
-    /// Weight of the prefill term against the decode-load term.
+    /// Deprecated, ignored (as `overlap_credit`).
     pub prefill_load_scale: f64,
     /// Softmax temperature over normalised costs; 0 = argmin with random tie-break.
     pub temperature: f64,
@@ -218,6 +246,13 @@ pub struct RoutingConfig {
     pub max_blocks_per_worker: usize,
     /// Event batches queued between the ZMQ listeners and the index applier.
     pub event_queue_batches: usize,
+    /// Decoded bytes of the batches queued between the listeners and the applier (a listener waits
+    /// beyond it; one batch larger than the whole budget passes alone).
+    pub event_queue_bytes: usize,
+    /// Largest KV event payload frame, live or replayed (`ZMQ_MAXMSGSIZE` and a check before decoding).
+    pub event_max_frame_bytes: usize,
+    /// Most raw bytes one replay may hold; a longer replay fails (the worker is resynced).
+    pub replay_max_bytes: usize,
     /// Deadline for one replay from an engine's ROUTER socket.
     pub replay_timeout_ms: u64,
     /// Engine `/metrics` scrape period, and its per-scrape timeout.
@@ -237,8 +272,35 @@ pub struct RoutingConfig {
     pub approx_max_blocks_per_worker: usize,
     /// How often the config file is checked for changes (SIGHUP reloads at once).
     pub reload_poll_ms: u64,
-    /// `rendezvous` (default) or `sticky` (see [`SessionPlacement`]).
+    /// `predicted` (default), `rendezvous` or the deprecated `sticky` (see [`SessionPlacement`]).
     pub session_placement: SessionPlacement,
+    /// A session leaves its home only when another worker is predicted faster by more than this
+    /// (milliseconds) and by more than `session_move_margin` of the home's predicted TTFT.
+    pub session_move_margin_ms: f64,
+    /// Relative part of the move margin (fraction of the home's predicted TTFT).
+    pub session_move_margin: f64,
+    /// Workers predicted within this many ms of the fastest (and `near_tie_fraction`) are a tie,
+    /// broken at random, so gateway replicas with the same view do not herd onto one worker.
+    pub near_tie_ms: f64,
+    /// Relative part of the near-tie band (fraction of the fastest predicted TTFT).
+    pub near_tie_fraction: f64,
+    /// Prefill throughput (uncached tokens/s) assumed for a worker until it is measured.
+    pub prefill_tokens_per_s: f64,
+    /// Clamp of the measured prefill throughput.
+    pub prefill_tokens_per_s_min: f64,
+    pub prefill_tokens_per_s_max: f64,
+    /// Computed prompt tokens the measurement window must hold before it replaces the default.
+    pub prefill_measure_min_tokens: u64,
+    /// Decode part of one engine step (ms) assumed until the engine's inter-token latency is measured.
+    pub decode_step_ms: f64,
+    /// The engines' token budget per step (vLLM `max_num_batched_tokens`): prefill work of N tokens
+    /// takes ⌈N / this⌉ steps, each also decoding the running batch.
+    pub prefill_chunk_tokens: u64,
+    /// Sibling bursts: how long a decision's blocks count as held by the chosen worker before its
+    /// engine's events say so (0 = off).
+    pub speculative_ttl_ms: u64,
+    /// Speculative blocks remembered per worker (oldest forgotten first; ≈ 60 B each).
+    pub speculative_max_blocks_per_worker: usize,
     /// Conditional disaggregation: prompts with at least this many tokens uncached on the chosen
     /// decode worker get a remote prefill leg; 0 = off (everything aggregate).
     pub min_remote_prefill_tokens: u64,
@@ -283,6 +345,9 @@ impl Default for RoutingConfig {
             index_max_entries: 16_000_000,
             max_blocks_per_worker: 4_000_000,
             event_queue_batches: 4096,
+            event_queue_bytes: 256 * 1024 * 1024,
+            event_max_frame_bytes: 16 * 1024 * 1024,
+            replay_max_bytes: 256 * 1024 * 1024,
             replay_timeout_ms: 2000,
             scrape_interval_ms: 500,
             scrape_timeout_ms: 400,
@@ -293,7 +358,19 @@ impl Default for RoutingConfig {
             approx_ttl_secs: 120,
             approx_max_blocks_per_worker: 200_000,
             reload_poll_ms: 1000,
-            session_placement: SessionPlacement::Rendezvous,
+            session_placement: SessionPlacement::Predicted,
+            session_move_margin_ms: 50.0,
+            session_move_margin: 0.25,
+            near_tie_ms: 0.0,
+            near_tie_fraction: 0.02,
+            prefill_tokens_per_s: 20_000.0,
+            prefill_tokens_per_s_min: 100.0,
+            prefill_tokens_per_s_max: 100_000_000.0,
+            prefill_measure_min_tokens: 8192,
+            decode_step_ms: 20.0,
+            prefill_chunk_tokens: 8192,
+            speculative_ttl_ms: 2000,
+            speculative_max_blocks_per_worker: 65_536,
             min_remote_prefill_tokens: 0,
             prefill_timeout_ms: 10_000,
             local_continuations: false,
@@ -343,11 +420,15 @@ fn one() -> u32 {
 impl WorkerConfig {
     /// The events endpoint of `rank` (port + rank).
     pub fn events_endpoint(&self, rank: u32) -> Option<String> {
-        self.kv_events.as_deref().and_then(|e| offset_endpoint(e, rank))
+        self.kv_events
+            .as_deref()
+            .and_then(|e| offset_endpoint(e, rank))
     }
     /// The replay endpoint of `rank` (port + rank).
     pub fn replay_endpoint(&self, rank: u32) -> Option<String> {
-        self.kv_replay.as_deref().and_then(|e| offset_endpoint(e, rank))
+        self.kv_replay
+            .as_deref()
+            .and_then(|e| offset_endpoint(e, rank))
     }
     /// Whether the event wiring (not the HTTP side) of two versions of a worker differs.
     pub fn events_differ(&self, other: &WorkerConfig) -> bool {
@@ -377,21 +458,26 @@ pub fn offset_endpoint(endpoint: &str, rank: u32) -> Option<String> {
 impl Config {
     /// Parses TOML text, applies `KVMESH_*` overrides from `env`, and validates.
     pub fn from_toml_str(text: &str, env: &dyn EnvSource) -> Result<Self, ConfigError> {
-        let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        let doc: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
         Self::from_table(doc, env)
     }
 
     /// Parses YAML text (same keys), applies overrides, and validates.
     pub fn from_yaml_str(text: &str, env: &dyn EnvSource) -> Result<Self, ConfigError> {
-        let value: serde_json::Value = serde_yaml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let value: serde_json::Value =
+            serde_yaml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
         let doc = toml::Table::deserialize(value).map_err(|e| ConfigError::Parse(e.to_string()))?;
         Self::from_table(doc, env)
     }
 
     /// Reads `path` (`.yaml`/`.yml` as YAML, anything else as TOML).
     pub fn load(path: &Path, env: &dyn EnvSource) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::Io { path: path.to_owned(), reason: e.to_string() })?;
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
         match path.extension().and_then(|e| e.to_str()) {
             Some("yaml" | "yml") => Self::from_yaml_str(&text, env),
             _ => Self::from_toml_str(&text, env),
@@ -400,15 +486,18 @@ impl Config {
 
     fn from_table(mut doc: toml::Table, env: &dyn EnvSource) -> Result<Self, ConfigError> {
         apply_env(&mut doc, env)?;
-        let config: Config =
-            toml::Value::Table(doc).try_into().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        let config: Config = toml::Value::Table(doc)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
         config.validate()?;
         Ok(config)
     }
 
     /// The listen address, parsed (validated at load, so this only fails on hand-built configs).
     pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
-        self.listen.parse().map_err(|_| invalid("listen", &self.listen, "must be ip:port"))
+        self.listen
+            .parse()
+            .map_err(|_| invalid("listen", &self.listen, "must be ip:port"))
     }
 
     /// Checks every value; the first problem is returned.
@@ -419,14 +508,22 @@ impl Config {
             return Err(invalid("model.name", &m.name, "must not be empty"));
         }
         if m.block_size == 0 || m.block_size > 4096 {
-            return Err(invalid("model.block_size", m.block_size, "must be in 1..=4096"));
+            return Err(invalid(
+                "model.block_size",
+                m.block_size,
+                "must be in 1..=4096",
+            ));
         }
         self.routing.validate()?;
         let mut seen = std::collections::HashSet::new();
         for (i, w) in self.workers.iter().enumerate() {
             let field = |k: &str| format!("workers[{i}].{k}");
             if w.id.trim().is_empty() || w.id.contains(char::is_whitespace) {
-                return Err(invalid(field("id"), &w.id, "must be non-empty without whitespace"));
+                return Err(invalid(
+                    field("id"),
+                    &w.id,
+                    "must be non-empty without whitespace",
+                ));
             }
             if !seen.insert(w.id.as_str()) {
                 return Err(invalid(field("id"), &w.id, "duplicate worker id"));
@@ -435,19 +532,38 @@ impl Config {
                 return Err(invalid(field("endpoint"), &w.endpoint, "must be ip:port"));
             }
             if w.dp_ranks == 0 || w.dp_ranks > 1024 {
-                return Err(invalid(field("dp_ranks"), w.dp_ranks, "must be in 1..=1024"));
+                return Err(invalid(
+                    field("dp_ranks"),
+                    w.dp_ranks,
+                    "must be in 1..=1024",
+                ));
             }
             for (key, ep) in [("kv_events", &w.kv_events), ("kv_replay", &w.kv_replay)] {
                 let Some(ep) = ep else { continue };
-                if !["tcp://", "ipc://", "inproc://"].iter().any(|s| ep.starts_with(s)) {
-                    return Err(invalid(field(key), ep, "must start with tcp://, ipc:// or inproc://"));
+                if !["tcp://", "ipc://", "inproc://"]
+                    .iter()
+                    .any(|s| ep.starts_with(s))
+                {
+                    return Err(invalid(
+                        field(key),
+                        ep,
+                        "must start with tcp://, ipc:// or inproc://",
+                    ));
                 }
                 if (0..w.dp_ranks).any(|r| offset_endpoint(ep, r).is_none()) {
-                    return Err(invalid(field(key), ep, "needs a numeric port with room for every dp rank"));
+                    return Err(invalid(
+                        field(key),
+                        ep,
+                        "needs a numeric port with room for every dp rank",
+                    ));
                 }
             }
             if w.kv_replay.is_some() && w.kv_events.is_none() {
-                return Err(invalid(field("kv_replay"), w.kv_replay.as_deref().unwrap_or(""), "needs kv_events"));
+                return Err(invalid(
+                    field("kv_replay"),
+                    w.kv_replay.as_deref().unwrap_or(""),
+                    "needs kv_events",
+                ));
             }
         }
         self.discovery.validate()?;
@@ -461,16 +577,38 @@ impl Config {
         let mut out = Vec::new();
         let r = &self.routing;
         let leg_ms = [
-            (r.min_remote_prefill_tokens > 0).then_some(("prefill_timeout_ms", r.prefill_timeout_ms)),
-            (r.kv_migration == KvMigration::On).then_some(("kv_migration_timeout_ms", r.kv_migration_timeout_ms)),
+            (r.min_remote_prefill_tokens > 0)
+                .then_some(("prefill_timeout_ms", r.prefill_timeout_ms)),
+            (r.kv_migration == KvMigration::On)
+                .then_some(("kv_migration_timeout_ms", r.kv_migration_timeout_ms)),
         ];
         // The filter's default deadline for the route call (filter/README.md).
-        let filter_ms = self.filter.get("indexer_timeout_ms").and_then(toml::Value::as_integer).unwrap_or(100);
+        let filter_ms = self
+            .filter
+            .get("indexer_timeout_ms")
+            .and_then(toml::Value::as_integer)
+            .unwrap_or(100);
         for (knob, ms) in leg_ms.into_iter().flatten() {
             if u64::try_from(filter_ms).unwrap_or(0) <= ms {
                 out.push(format!(
                     "filter.indexer_timeout_ms {filter_ms} <= routing.{knob} {ms}: the filter gives up on a route call before its leg can finish (set it above)"
                 ));
+            }
+        }
+        if r.session_placement == SessionPlacement::Sticky {
+            out.push("routing.session_placement = \"sticky\" is deprecated: it now means \"predicted\" (a session stays where its KV is while that is predicted near-fastest)".to_owned());
+        }
+        let d = RoutingConfig::default();
+        for (knob, v, default) in [
+            ("overlap_credit", r.overlap_credit, d.overlap_credit),
+            (
+                "prefill_load_scale",
+                r.prefill_load_scale,
+                d.prefill_load_scale,
+            ),
+        ] {
+            if v != default {
+                out.push(format!("routing.{knob} is no longer used: workers are compared by predicted time to first token"));
             }
         }
         if r.local_continuations && r.min_remote_prefill_tokens == 0 {
@@ -486,6 +624,14 @@ impl RoutingConfig {
             ("routing.overlap_credit", self.overlap_credit),
             ("routing.prefill_load_scale", self.prefill_load_scale),
             ("routing.temperature", self.temperature),
+            (
+                "routing.session_move_margin_ms",
+                self.session_move_margin_ms,
+            ),
+            ("routing.session_move_margin", self.session_move_margin),
+            ("routing.near_tie_ms", self.near_tie_ms),
+            ("routing.near_tie_fraction", self.near_tie_fraction),
+            ("routing.decode_step_ms", self.decode_step_ms),
         ];
         for (field, v) in non_negative {
             if !v.is_finite() || v < 0.0 {
@@ -496,29 +642,92 @@ impl RoutingConfig {
             ("routing.load_expiry_secs", self.load_expiry_secs),
             ("routing.max_bookings", self.max_bookings as u64),
             ("routing.index_max_entries", self.index_max_entries as u64),
-            ("routing.max_blocks_per_worker", self.max_blocks_per_worker as u64),
-            ("routing.event_queue_batches", self.event_queue_batches as u64),
+            (
+                "routing.max_blocks_per_worker",
+                self.max_blocks_per_worker as u64,
+            ),
+            (
+                "routing.event_queue_batches",
+                self.event_queue_batches as u64,
+            ),
+            ("routing.event_queue_bytes", self.event_queue_bytes as u64),
+            (
+                "routing.event_max_frame_bytes",
+                self.event_max_frame_bytes as u64,
+            ),
+            ("routing.replay_max_bytes", self.replay_max_bytes as u64),
             ("routing.replay_timeout_ms", self.replay_timeout_ms),
             ("routing.scrape_interval_ms", self.scrape_interval_ms),
             ("routing.scrape_timeout_ms", self.scrape_timeout_ms),
             ("routing.max_body_bytes", self.max_body_bytes as u64),
             ("routing.request_timeout_ms", self.request_timeout_ms),
             ("routing.approx_ttl_secs", self.approx_ttl_secs),
-            ("routing.approx_max_blocks_per_worker", self.approx_max_blocks_per_worker as u64),
+            (
+                "routing.approx_max_blocks_per_worker",
+                self.approx_max_blocks_per_worker as u64,
+            ),
             ("routing.reload_poll_ms", self.reload_poll_ms),
             ("routing.prefill_timeout_ms", self.prefill_timeout_ms),
-            ("routing.local_continuation_ttl_secs", self.local_continuation_ttl_secs),
-            ("routing.local_continuation_max_sessions", self.local_continuation_max_sessions as u64),
-            ("routing.kv_migration_timeout_ms", self.kv_migration_timeout_ms),
-            ("routing.kv_migration_log_every", self.kv_migration_log_every),
+            (
+                "routing.local_continuation_ttl_secs",
+                self.local_continuation_ttl_secs,
+            ),
+            (
+                "routing.local_continuation_max_sessions",
+                self.local_continuation_max_sessions as u64,
+            ),
+            (
+                "routing.kv_migration_timeout_ms",
+                self.kv_migration_timeout_ms,
+            ),
+            (
+                "routing.kv_migration_log_every",
+                self.kv_migration_log_every,
+            ),
             ("routing.kv_home_ttl_secs", self.kv_home_ttl_secs),
-            ("routing.kv_home_max_sessions", self.kv_home_max_sessions as u64),
-            ("routing.max_concurrent_routes", self.max_concurrent_routes as u64),
+            (
+                "routing.kv_home_max_sessions",
+                self.kv_home_max_sessions as u64,
+            ),
+            (
+                "routing.max_concurrent_routes",
+                self.max_concurrent_routes as u64,
+            ),
+            ("routing.prefill_chunk_tokens", self.prefill_chunk_tokens),
+            (
+                "routing.speculative_max_blocks_per_worker",
+                self.speculative_max_blocks_per_worker as u64,
+            ),
         ];
         for (field, v) in positive {
             if v == 0 {
                 return Err(invalid(field, v, "must be > 0"));
             }
+        }
+        let rates = [
+            (
+                "routing.prefill_tokens_per_s_min",
+                self.prefill_tokens_per_s_min,
+            ),
+            ("routing.prefill_tokens_per_s", self.prefill_tokens_per_s),
+            (
+                "routing.prefill_tokens_per_s_max",
+                self.prefill_tokens_per_s_max,
+            ),
+        ];
+        for (field, v) in rates {
+            if !v.is_finite() || v <= 0.0 {
+                return Err(invalid(field, v, "must be a finite number > 0"));
+            }
+        }
+        if !(self.prefill_tokens_per_s_min <= self.prefill_tokens_per_s
+            && self.prefill_tokens_per_s <= self.prefill_tokens_per_s_max)
+        {
+            return Err(invalid(
+                "routing.prefill_tokens_per_s",
+                self.prefill_tokens_per_s,
+                "must lie within routing.prefill_tokens_per_s_min ..= routing.prefill_tokens_per_s_max",
+            ));
         }
         if self.scrape_timeout_ms > self.scrape_interval_ms {
             return Err(invalid(
@@ -527,12 +736,30 @@ impl RoutingConfig {
                 "must not exceed routing.scrape_interval_ms",
             ));
         }
-        // A leg runs inside /v1/route: its deadline must leave the route call time to answer.
-        if self.min_remote_prefill_tokens > 0 && self.prefill_timeout_ms >= self.request_timeout_ms {
-            return Err(invalid("routing.prefill_timeout_ms", self.prefill_timeout_ms, "must be below routing.request_timeout_ms"));
+        if self.replay_max_bytes < self.event_max_frame_bytes {
+            return Err(invalid(
+                "routing.replay_max_bytes",
+                self.replay_max_bytes,
+                "must be at least routing.event_max_frame_bytes",
+            ));
         }
-        if self.kv_migration == KvMigration::On && self.kv_migration_timeout_ms >= self.request_timeout_ms {
-            return Err(invalid("routing.kv_migration_timeout_ms", self.kv_migration_timeout_ms, "must be below routing.request_timeout_ms"));
+        // A leg runs inside /v1/route: its deadline must leave the route call time to answer.
+        if self.min_remote_prefill_tokens > 0 && self.prefill_timeout_ms >= self.request_timeout_ms
+        {
+            return Err(invalid(
+                "routing.prefill_timeout_ms",
+                self.prefill_timeout_ms,
+                "must be below routing.request_timeout_ms",
+            ));
+        }
+        if self.kv_migration == KvMigration::On
+            && self.kv_migration_timeout_ms >= self.request_timeout_ms
+        {
+            return Err(invalid(
+                "routing.kv_migration_timeout_ms",
+                self.kv_migration_timeout_ms,
+                "must be below routing.request_timeout_ms",
+            ));
         }
         Ok(())
     }
@@ -548,7 +775,9 @@ fn apply_env(doc: &mut toml::Table, env: &dyn EnvSource) -> Result<(), ConfigErr
         let (section, key) = if rest == "LISTEN" {
             (None, "listen".to_owned())
         } else {
-            let Some((section, key)) = rest.split_once('_') else { continue };
+            let Some((section, key)) = rest.split_once('_') else {
+                continue;
+            };
             let section = section.to_ascii_lowercase();
             if !["model", "routing", "gateway"].contains(&section.as_str()) || key.is_empty() {
                 continue; // other KVMESH_* variables belong to other tools (KVMESH_TOKENIZER, …)
@@ -557,17 +786,31 @@ fn apply_env(doc: &mut toml::Table, env: &dyn EnvSource) -> Result<(), ConfigErr
         };
         let table = match &section {
             None => &mut *doc,
-            Some(s) => match doc.entry(s.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new())) {
+            Some(s) => match doc
+                .entry(s.clone())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            {
                 toml::Value::Table(t) => t,
-                _ => return Err(ConfigError::Env { var, reason: format!("[{s}] is not a table in the file") }),
+                _ => {
+                    return Err(ConfigError::Env {
+                        var,
+                        reason: format!("[{s}] is not a table in the file"),
+                    })
+                }
             },
         };
         let path = match &section {
             None => key.clone(),
             Some(s) => format!("{s}.{key}"),
         };
-        let template = table.get(&key).cloned().or_else(|| defaults.get(&path).cloned());
-        let value = typed_like(template.as_ref(), &raw).map_err(|reason| ConfigError::Env { var: var.clone(), reason })?;
+        let template = table
+            .get(&key)
+            .cloned()
+            .or_else(|| defaults.get(&path).cloned());
+        let value = typed_like(template.as_ref(), &raw).map_err(|reason| ConfigError::Env {
+            var: var.clone(),
+            reason,
+        })?;
         table.insert(key, value);
     }
     Ok(())
@@ -588,10 +831,14 @@ fn default_scalars() -> BTreeMap<String, toml::Value> {
 fn typed_like(template: Option<&toml::Value>, raw: &str) -> Result<toml::Value, String> {
     let raw = raw.trim();
     match template {
-        Some(toml::Value::Integer(_)) => {
-            raw.parse::<i64>().map(toml::Value::Integer).map_err(|_| format!("{raw:?} is not an integer"))
-        }
-        Some(toml::Value::Float(_)) => raw.parse::<f64>().map(toml::Value::Float).map_err(|_| format!("{raw:?} is not a number")),
+        Some(toml::Value::Integer(_)) => raw
+            .parse::<i64>()
+            .map(toml::Value::Integer)
+            .map_err(|_| format!("{raw:?} is not an integer")),
+        Some(toml::Value::Float(_)) => raw
+            .parse::<f64>()
+            .map(toml::Value::Float)
+            .map_err(|_| format!("{raw:?} is not a number")),
         Some(toml::Value::Boolean(_)) => match raw {
             "1" | "true" | "yes" | "on" => Ok(toml::Value::Boolean(true)),
             "0" | "false" | "no" | "off" => Ok(toml::Value::Boolean(false)),
@@ -619,12 +866,20 @@ impl DiscoverySection {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        let Some(k) = &self.kubernetes else { return Ok(()) };
+        let Some(k) = &self.kubernetes else {
+            return Ok(());
+        };
         match k.clone().validated() {
             Ok(_) => Ok(()),
-            Err(kvmesh_discovery::ConfigError::InvalidValue { field, value, reason }) => {
-                Err(invalid(format!("discovery.kubernetes.{field}"), value, reason))
-            }
+            Err(kvmesh_discovery::ConfigError::InvalidValue {
+                field,
+                value,
+                reason,
+            }) => Err(invalid(
+                format!("discovery.kubernetes.{field}"),
+                value,
+                reason,
+            )),
         }
     }
 }
@@ -668,12 +923,21 @@ endpoint = "127.0.0.1:8200"
         assert_eq!(c.listen, "127.0.0.1:9100");
         assert_eq!(c.model.block_size, 16);
         assert_eq!(c.gateway.listen.as_deref(), Some("127.0.0.1:8080"));
-        assert_eq!(c.gateway.extra.get("cluster").and_then(|v| v.as_str()), Some("engines"));
+        assert_eq!(
+            c.gateway.extra.get("cluster").and_then(|v| v.as_str()),
+            Some("engines")
+        );
         assert_eq!(c.routing.overlap_credit, 1.5);
         assert_eq!(c.routing.prefill_load_scale, 1.0);
         assert_eq!(c.workers.len(), 2);
-        assert_eq!(c.workers[0].events_endpoint(1).as_deref(), Some("tcp://127.0.0.1:5558"));
-        assert_eq!(c.workers[0].replay_endpoint(1).as_deref(), Some("tcp://127.0.0.1:5559"));
+        assert_eq!(
+            c.workers[0].events_endpoint(1).as_deref(),
+            Some("tcp://127.0.0.1:5558")
+        );
+        assert_eq!(
+            c.workers[0].replay_endpoint(1).as_deref(),
+            Some("tcp://127.0.0.1:5559")
+        );
         assert_eq!(c.workers[1].role, Role::Prefill);
         assert_eq!(c.workers[1].dp_ranks, 1);
     }
@@ -698,9 +962,14 @@ endpoint = "127.0.0.1:8200"
 
     #[test]
     fn bad_env_values_are_named() {
-        let err = Config::from_toml_str(FLEET, &env([("KVMESH_ROUTING_MAX_FALLBACKS", "many")])).unwrap_err();
-        assert!(matches!(err, ConfigError::Env { ref var, .. } if var == "KVMESH_ROUTING_MAX_FALLBACKS"), "{err}");
-        let err = Config::from_toml_str(FLEET, &env([("KVMESH_ROUTING_NO_SUCH_KNOB", "1")])).unwrap_err();
+        let err = Config::from_toml_str(FLEET, &env([("KVMESH_ROUTING_MAX_FALLBACKS", "many")]))
+            .unwrap_err();
+        assert!(
+            matches!(err, ConfigError::Env { ref var, .. } if var == "KVMESH_ROUTING_MAX_FALLBACKS"),
+            "{err}"
+        );
+        let err =
+            Config::from_toml_str(FLEET, &env([("KVMESH_ROUTING_NO_SUCH_KNOB", "1")])).unwrap_err();
         assert!(err.to_string().contains("no_such_knob"), "{err}");
     }
 
@@ -708,18 +977,40 @@ endpoint = "127.0.0.1:8200"
     fn invalid_values_are_refused_with_field_and_reason() {
         let cases: &[(&str, &str, &str)] = &[
             ("block_size = 16", "block_size = 0", "model.block_size"),
-            ("listen = \"127.0.0.1:9100\"", "listen = \"nowhere\"", "listen"),
-            ("endpoint = \"127.0.0.1:8100\"", "endpoint = \"localhost\"", "workers[0].endpoint"),
+            (
+                "listen = \"127.0.0.1:9100\"",
+                "listen = \"nowhere\"",
+                "listen",
+            ),
+            (
+                "endpoint = \"127.0.0.1:8100\"",
+                "endpoint = \"localhost\"",
+                "workers[0].endpoint",
+            ),
             ("id = \"p0\"", "id = \"w0\"", "workers[1].id"),
             ("dp_ranks = 2", "dp_ranks = 0", "workers[0].dp_ranks"),
-            ("kv_events = \"tcp://127.0.0.1:5557\"", "kv_events = \"udp://x\"", "workers[0].kv_events"),
-            ("overlap_credit = 1.5", "overlap_credit = -1.0", "routing.overlap_credit"),
-            ("mode = \"precise\"", "mode = \"precise\"\nindex_max_entries = 0", "routing.index_max_entries"),
+            (
+                "kv_events = \"tcp://127.0.0.1:5557\"",
+                "kv_events = \"udp://x\"",
+                "workers[0].kv_events",
+            ),
+            (
+                "overlap_credit = 1.5",
+                "overlap_credit = -1.0",
+                "routing.overlap_credit",
+            ),
+            (
+                "mode = \"precise\"",
+                "mode = \"precise\"\nindex_max_entries = 0",
+                "routing.index_max_entries",
+            ),
         ];
         for (from, to, want_field) in cases {
             let text = FLEET.replacen(from, to, 1);
             match Config::from_toml_str(&text, &env([])) {
-                Err(ConfigError::InvalidValue { field, .. }) => assert_eq!(&field, want_field, "{to}"),
+                Err(ConfigError::InvalidValue { field, .. }) => {
+                    assert_eq!(&field, want_field, "{to}")
+                }
                 other => panic!("{to}: expected InvalidValue, got {other:?}"),
             }
         }
@@ -727,7 +1018,9 @@ endpoint = "127.0.0.1:8200"
 
     #[test]
     fn unknown_keys_are_errors_but_gateway_and_filter_are_open() {
-        let err = Config::from_toml_str(&FLEET.replace("overlap_credit", "overlap_credt"), &env([])).unwrap_err();
+        let err =
+            Config::from_toml_str(&FLEET.replace("overlap_credit", "overlap_credt"), &env([]))
+                .unwrap_err();
         assert!(matches!(err, ConfigError::Parse(_)));
         let with_filter = format!("{FLEET}\n[filter]\nsession_header = \"x-session-id\"\n");
         let c = Config::from_toml_str(&with_filter, &env([])).unwrap();
@@ -759,35 +1052,85 @@ endpoint = "127.0.0.1:8200"
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "toml") {
-                let c = Config::load(&path, &env([])).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                let c = Config::load(&path, &env([]))
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
                 assert_eq!(c.warnings(), Vec::<String>::new(), "{}", path.display());
                 seen += 1;
             }
         }
-        assert!(seen >= 2, "expected local.toml and disagg.toml in {}", dir.display());
+        assert!(
+            seen >= 2,
+            "expected local.toml and disagg.toml in {}",
+            dir.display()
+        );
     }
 
     #[test]
     fn leg_deadlines_are_checked_against_the_filter_and_the_api() {
         let base = "listen = \"127.0.0.1:9100\"\n[model]\nname = \"m\"\nblock_size = 16\n";
-        let with = |routing: &str, filter: &str| Config::from_toml_str(&format!("{base}[routing]\n{routing}\n[filter]\n{filter}\n"), &env([]));
+        let with = |routing: &str, filter: &str| {
+            Config::from_toml_str(
+                &format!("{base}[routing]\n{routing}\n[filter]\n{filter}\n"),
+                &env([]),
+            )
+        };
         let c = with("min_remote_prefill_tokens = 1", "").unwrap();
-        assert_eq!(c.warnings().len(), 1, "the filter's 100 ms default cannot cover a 10 s prefill leg");
-        assert!(with("min_remote_prefill_tokens = 1", "indexer_timeout_ms = 12000").unwrap().warnings().is_empty());
-        let migration = with("kv_migration = \"on\"\nkv_migration_timeout_ms = 500", "indexer_timeout_ms = 400").unwrap();
-        assert!(migration.warnings()[0].contains("routing.kv_migration_timeout_ms 500"), "{:?}", migration.warnings());
-        assert_eq!(with("local_continuations = true", "").unwrap().warnings().len(), 1);
-        let too_long = with("min_remote_prefill_tokens = 1\nprefill_timeout_ms = 20000", "").unwrap_err();
-        assert!(too_long.to_string().contains("routing.prefill_timeout_ms"), "{too_long}");
+        assert_eq!(
+            c.warnings().len(),
+            1,
+            "the filter's 100 ms default cannot cover a 10 s prefill leg"
+        );
+        assert!(with(
+            "min_remote_prefill_tokens = 1",
+            "indexer_timeout_ms = 12000"
+        )
+        .unwrap()
+        .warnings()
+        .is_empty());
+        let migration = with(
+            "kv_migration = \"on\"\nkv_migration_timeout_ms = 500",
+            "indexer_timeout_ms = 400",
+        )
+        .unwrap();
+        assert!(
+            migration.warnings()[0].contains("routing.kv_migration_timeout_ms 500"),
+            "{:?}",
+            migration.warnings()
+        );
+        assert_eq!(
+            with("local_continuations = true", "")
+                .unwrap()
+                .warnings()
+                .len(),
+            1
+        );
+        let too_long = with(
+            "min_remote_prefill_tokens = 1\nprefill_timeout_ms = 20000",
+            "",
+        )
+        .unwrap_err();
+        assert!(
+            too_long.to_string().contains("routing.prefill_timeout_ms"),
+            "{too_long}"
+        );
         let bad_mode = with("kv_migration = \"sometimes\"", "").unwrap_err();
         assert!(matches!(bad_mode, ConfigError::Parse(_)), "{bad_mode}");
     }
 
     #[test]
     fn offsets_follow_vllm() {
-        assert_eq!(offset_endpoint("tcp://10.0.0.1:5557", 3).as_deref(), Some("tcp://10.0.0.1:5560"));
-        assert_eq!(offset_endpoint("ipc:///tmp/ev", 1).as_deref(), Some("ipc:///tmp/ev_dp1"));
+        assert_eq!(
+            offset_endpoint("tcp://10.0.0.1:5557", 3).as_deref(),
+            Some("tcp://10.0.0.1:5560")
+        );
+        assert_eq!(
+            offset_endpoint("ipc:///tmp/ev", 1).as_deref(),
+            Some("ipc:///tmp/ev_dp1")
+        );
         assert_eq!(offset_endpoint("tcp://h:65535", 1), None);
-        assert_eq!(offset_endpoint("tcp://h:x", 0).as_deref(), Some("tcp://h:x"));
+        assert_eq!(
+            offset_endpoint("tcp://h:x", 0).as_deref(),
+            Some("tcp://h:x")
+        );
     }
 }

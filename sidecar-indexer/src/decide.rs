@@ -1,27 +1,33 @@
 //! The routing decision: pure, synchronous, with the random source passed in.
 //!
 //! Input: the request's size in tokens, its session key (if the filter sent one), operator
-//! overrides, and a view of every worker (role, health, overlap with this prompt, load). Output: a
-//! [`Plan`] — the worker, fallbacks, mode, the numbers behind the choice and a human reason. The mode
-//! ([`crate::modes`]) may name a [`Leg`] the async shell runs before answering: a prefill leg on a
-//! prefill worker, or a migration handshake on the decode worker that holds the blocks.
+//! overrides, and a view of every worker (role, health, overlap with this prompt, speculative
+//! overlap, booked load, and its [`WorkerTiming`]: prefill queued ahead, decode batch, measured
+//! throughput). Output: a [`Plan`] — the worker, fallbacks, mode, the numbers behind the choice, the
+//! predicted time to first token and a human reason. The mode ([`crate::modes`]) may name a [`Leg`]
+//! the async shell runs before answering: a prefill leg on a prefill worker, or a migration
+//! handshake on the decode worker that holds the blocks.
 //!
-//! Scoring (Dynamo's current form): `cost = prefill_load_scale × max(0, request_blocks −
-//! overlap_credit × overlap_blocks) + active_blocks`, lowest wins; ties are broken at random, or with
-//! `temperature > 0` the worker is sampled with p ∝ exp(−normalised_cost / temperature). A session
-//! key pins to `kvmesh_core::rendezvous::pick` over the healthy decode-capable workers — the same
-//! function and the same candidate set as `FleetSnapshot::pin`, so the filter's fallback agrees —
-//! unless the pinned worker is overloaded; then the best other non-overloaded worker is chosen.
-//! With `session_placement = sticky` the pin is the session's last decode worker instead, and a
-//! session seen for the first time is placed by cost.
+//! Every candidate is scored by its predicted TTFT for this request ([`crate::predict::ttft_s`]):
+//! the prefill queued ahead of it plus this request's uncached tokens there (overlap capped at
+//! ⌊(tokens − 1) / block_size⌋, the engine's last-block rule), divided by its throughput, plus its
+//! decode batch's share of the steps. Lowest wins; workers within the near-tie band
+//! (`near_tie_ms`, `near_tie_fraction`) of the fastest are drawn at random, so gateway replicas with
+//! the same view do not herd; `temperature > 0` samples p ∝ exp(−normalised time / temperature).
+//! A session stays at its home (where its KV is: the worker that served it last, `kv_home`; or its
+//! rendezvous worker with `session_placement = "rendezvous"`) unless another worker
+//! is predicted faster by more than the move margin (`session_move_margin_ms` and
+//! `session_move_margin` × the home's time): hysteresis, so it does not flap. The `overload_*`
+//! thresholds remain hard guards: an overloaded worker is a candidate only when every worker is.
 
 use kvmesh_core::api::{Mode, Role, RouteDecision};
 use kvmesh_core::rendezvous;
 use kvmesh_core::session::{SessionKey, SessionSource};
 use rand::Rng;
 
-use crate::config::{RoutingConfig, SessionPlacement};
+use crate::config::{KvMigration, RoutingConfig, SessionPlacement};
 use crate::modes::{choose_mode, ModeInput, Opportunity};
+use crate::predict::{max_cached_blocks, ttft_s, WorkerTiming};
 
 /// One worker as the decision sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,19 +36,28 @@ pub struct WorkerView<'a> {
     pub endpoint: &'a str,
     pub role: Role,
     pub healthy: bool,
-    /// Leading blocks of this prompt the worker holds.
+    /// Leading blocks of this prompt the worker holds, per the index (engine events).
     pub overlap_blocks: u32,
+    /// Leading blocks credited from recent decisions not yet confirmed by events (sibling bursts).
+    pub speculative_blocks: u32,
     /// Decode load in blocks: booked, plus the engine's in-flight requests the indexer did not route.
     pub active_blocks: u64,
     /// In-flight requests routed to the worker.
     pub active_requests: u64,
     /// `vllm:num_requests_waiting` from the last scrape.
     pub waiting_requests: u64,
+    /// Queued prefill, decode batch, throughput: the inputs of the predicted TTFT.
+    pub timing: WorkerTiming,
 }
 
 impl WorkerView<'_> {
     fn candidate(&self) -> bool {
         self.healthy && self.role.decodes()
+    }
+
+    /// Leading blocks counted as cached when predicting: the index's or the speculative ones.
+    pub fn cached_blocks(&self) -> u32 {
+        self.overlap_blocks.max(self.speculative_blocks)
     }
 }
 
@@ -67,9 +82,13 @@ impl RouteInput<'_> {
     pub fn full_blocks(&self) -> u32 {
         u32::try_from(self.isl_tokens / self.block_size.max(1) as usize).unwrap_or(u32::MAX)
     }
-    /// Blocks including a partial last one (the cost term, and Dynamo's hit-rate denominator).
+    /// Blocks including a partial last one (booked load, and Dynamo's hit-rate denominator).
     pub fn request_blocks(&self) -> u32 {
         u32::try_from(self.isl_tokens.div_ceil(self.block_size.max(1) as usize)).unwrap_or(u32::MAX)
+    }
+    /// The most blocks an engine can serve from cache for this prompt (the last token is computed).
+    pub fn max_cached_blocks(&self) -> u32 {
+        max_cached_blocks(self.isl_tokens, self.block_size)
     }
 }
 
@@ -77,7 +96,11 @@ impl RouteInput<'_> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Basis {
     Override,
+    /// A session stayed at its home.
     SessionPin,
+    /// A session left its home: another worker was faster by more than the margin.
+    SessionMoved,
+    /// A session's home is over an `overload_*` guard.
     PinOverloaded,
     BestOverlap,
     LowestCost,
@@ -89,6 +112,7 @@ impl Basis {
         match self {
             Self::Override => "override",
             Self::SessionPin => "session_pin",
+            Self::SessionMoved => "session_moved",
             Self::PinOverloaded => "pin_overloaded",
             Self::BestOverlap => "best_overlap",
             Self::LowestCost => "lowest_cost",
@@ -112,7 +136,10 @@ pub struct Plan {
     pub endpoint: String,
     pub fallbacks: Vec<String>,
     pub mode: Mode,
+    /// Index overlap on the chosen worker (capped by the last-block rule; never speculative).
     pub overlap_blocks: u32,
+    /// What speculative holdings add on the chosen worker beyond `overlap_blocks`.
+    pub speculative_extra_blocks: u32,
     pub isl_blocks: u32,
     pub request_blocks: u32,
     pub best_overlap: Option<(String, u32)>,
@@ -125,6 +152,8 @@ pub struct Plan {
     pub local_continuation: bool,
     /// Prompt tokens the chosen worker does not cache.
     pub uncached_tokens: u64,
+    /// Predicted time to first token on the chosen worker, milliseconds.
+    pub predicted_ttft_ms: f64,
 }
 
 impl Plan {
@@ -146,7 +175,7 @@ impl Plan {
             best_overlap_worker,
             best_overlap_blocks,
             peer_worker: None,
-            predicted_ttft_ms: None,
+            predicted_ttft_ms: Some(self.predicted_ttft_ms),
             booking_id: None,
         }
     }
@@ -175,16 +204,64 @@ impl DecideError {
 pub fn overloaded(w: &WorkerView<'_>, cfg: &RoutingConfig) -> Option<String> {
     let checks = [
         ("active_blocks", w.active_blocks, cfg.overload_active_blocks),
-        ("active_requests", w.active_requests, cfg.overload_active_requests),
+        (
+            "active_requests",
+            w.active_requests,
+            cfg.overload_active_requests,
+        ),
         ("waiting", w.waiting_requests, cfg.overload_waiting_requests),
     ];
-    checks.iter().find(|(_, v, limit)| *limit > 0 && v >= limit).map(|(name, v, limit)| format!("{name} {v} >= {limit}"))
+    checks
+        .iter()
+        .find(|(_, v, limit)| *limit > 0 && v >= limit)
+        .map(|(name, v, limit)| format!("{name} {v} >= {limit}"))
 }
 
-/// The cost of serving the request on `w` (lower is better).
-pub fn cost(w: &WorkerView<'_>, request_blocks: u32, cfg: &RoutingConfig) -> f64 {
-    let uncached = (f64::from(request_blocks) - cfg.overlap_credit * f64::from(w.overlap_blocks)).max(0.0);
-    cfg.prefill_load_scale * uncached + w.active_blocks as f64
+/// A worker with its prediction for this request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Scored<'v, 'a> {
+    pub w: &'v WorkerView<'a>,
+    /// Predicted TTFT, seconds.
+    pub ttft_s: f64,
+    /// Uncached tokens it would compute.
+    pub own_tokens: u64,
+    /// Blocks it would pull by KV migration instead of recomputing (`kv_migration = "on"`).
+    pub migrated_blocks: u32,
+}
+
+impl Scored<'_, '_> {
+    fn ms(&self) -> f64 {
+        self.ttft_s * 1000.0
+    }
+}
+
+/// Scores `w`: its uncached tokens (crediting a migration from `best_index` when that is on and
+/// worth it) and the predicted TTFT.
+pub(crate) fn score<'v, 'a>(
+    w: &'v WorkerView<'a>,
+    isl: u64,
+    block_size: u32,
+    best_index: u32,
+    cfg: &RoutingConfig,
+) -> Scored<'v, 'a> {
+    let bs = u64::from(block_size.max(1));
+    let mut cached = w.cached_blocks();
+    let mut migrated_blocks = 0;
+    let movable = best_index.saturating_sub(w.overlap_blocks);
+    if cfg.kv_migration == KvMigration::On
+        && best_index > cached
+        && u64::from(movable) * bs >= cfg.kv_migration_min_tokens
+    {
+        migrated_blocks = best_index - cached;
+        cached = best_index;
+    }
+    let own_tokens = isl - (u64::from(cached) * bs).min(isl);
+    Scored {
+        w,
+        ttft_s: ttft_s(&w.timing, own_tokens as f64, cfg.prefill_chunk_tokens),
+        own_tokens,
+        migrated_blocks,
+    }
 }
 
 /// Decides where the request goes and in which mode.
@@ -194,8 +271,21 @@ pub fn decide<R: Rng + ?Sized>(
     cfg: &RoutingConfig,
     rng: &mut R,
 ) -> Result<Plan, DecideError> {
-    let mut plan = decide_worker(input, workers, cfg, rng)?;
-    let decode = workers.iter().find(|w| w.id == plan.worker).ok_or(DecideError::NoDecodeWorker)?;
+    // The last-block rule, once, for everything downstream (decision, metrics, modes).
+    let cap = input.max_cached_blocks();
+    let workers: Vec<WorkerView<'_>> = workers
+        .iter()
+        .map(|w| WorkerView {
+            overlap_blocks: w.overlap_blocks.min(cap),
+            speculative_blocks: w.speculative_blocks.min(cap),
+            ..w.clone()
+        })
+        .collect();
+    let mut plan = decide_worker(input, &workers, cfg, rng)?;
+    let decode = workers
+        .iter()
+        .find(|w| w.id == plan.worker)
+        .ok_or(DecideError::NoDecodeWorker)?;
     let mode_input = ModeInput {
         isl_tokens: input.isl_tokens as u64,
         block_size: input.block_size,
@@ -204,7 +294,7 @@ pub fn decide<R: Rng + ?Sized>(
         override_mode: input.override_mode,
     };
     let best = plan.best_overlap.as_ref().map(|(id, b)| (id.as_str(), *b));
-    let m = choose_mode(&mode_input, decode, workers, best, cfg, rng);
+    let m = choose_mode(&mode_input, decode, &workers, best, cfg, rng);
     plan.mode = m.mode;
     plan.leg = m.leg;
     plan.opportunity = m.opportunity;
@@ -224,86 +314,213 @@ fn decide_worker<R: Rng + ?Sized>(
     rng: &mut R,
 ) -> Result<Plan, DecideError> {
     let isl = input.full_blocks();
-    let request_blocks = input.request_blocks();
     let candidates: Vec<&WorkerView<'_>> = workers.iter().filter(|w| w.candidate()).collect();
+    let best_index = candidates
+        .iter()
+        .map(|w| w.overlap_blocks)
+        .max()
+        .unwrap_or(0);
+    let scored: Vec<Scored<'_, '_>> = candidates
+        .iter()
+        .map(|w| {
+            score(
+                w,
+                input.isl_tokens as u64,
+                input.block_size,
+                best_index,
+                cfg,
+            )
+        })
+        .collect();
     let mut prefix = String::new();
 
     if let Some(id) = input.override_worker {
-        let w = workers.iter().find(|w| w.id == id).ok_or_else(|| DecideError::UnknownOverrideWorker(id.to_owned()))?;
+        let w = workers
+            .iter()
+            .find(|w| w.id == id)
+            .ok_or_else(|| DecideError::UnknownOverrideWorker(id.to_owned()))?;
         if w.candidate() {
-            let reason = format!("override x-kvmesh-worker {}: overlap {}/{isl} blocks", w.id, w.overlap_blocks);
-            let fallbacks = by_cost(&candidates, request_blocks, cfg, Some(w.id), cfg.max_fallbacks);
-            return Ok(finish(input, w, fallbacks, Basis::Override, reason, &candidates));
+            let s = score(
+                w,
+                input.isl_tokens as u64,
+                input.block_size,
+                best_index,
+                cfg,
+            );
+            let reason = format!(
+                "override x-kvmesh-worker {}: overlap {}/{isl} blocks, predicted {:.1} ms",
+                w.id,
+                w.overlap_blocks,
+                s.ms()
+            );
+            return Ok(finish(
+                input,
+                s,
+                fallbacks(&scored, w.id, cfg.max_fallbacks),
+                Basis::Override,
+                reason,
+                &candidates,
+            ));
         }
-        prefix = format!("override {} ignored ({}); ", w.id, if w.healthy { "cannot decode" } else { "unhealthy" });
+        prefix = format!(
+            "override {} ignored ({}); ",
+            w.id,
+            if w.healthy {
+                "cannot decode"
+            } else {
+                "unhealthy"
+            }
+        );
     }
-    if candidates.is_empty() {
+    if scored.is_empty() {
         return Err(DecideError::NoDecodeWorker);
     }
 
-    // `sticky`: a session is pinned to where it was last served; its first request is placed by cost.
-    let sticky = cfg.session_placement == SessionPlacement::Sticky;
-    let home = input.kv_home.filter(|_| sticky).and_then(|h| candidates.iter().copied().find(|w| w.id == h));
-    if let Some((key, source)) = input.session.filter(|_| !sticky || home.is_some()) {
-        let pinned = match home {
-            Some(h) => h,
-            None => {
-                let pinned_id = rendezvous::pick(key.0, candidates.iter().map(|w| w.id)).ok_or(DecideError::NoDecodeWorker)?;
-                candidates.iter().copied().find(|w| w.id == pinned_id).ok_or(DecideError::NoDecodeWorker)?
+    // Hard guards: an overloaded worker is a candidate only when every worker is.
+    let guarded: Vec<Scored<'_, '_>> = {
+        let ok: Vec<Scored<'_, '_>> = scored
+            .iter()
+            .copied()
+            .filter(|s| overloaded(s.w, cfg).is_none())
+            .collect();
+        if ok.is_empty() {
+            scored.clone()
+        } else {
+            ok
+        }
+    };
+
+    if let Some((key, source)) = input.session {
+        let home_id = match cfg.session_placement {
+            SessionPlacement::Rendezvous => {
+                rendezvous::pick(key.0, candidates.iter().map(|w| w.id))
             }
+            // Where it was last served; without one (new, or forgotten) it is placed by prediction,
+            // which favours a worker still holding its history by exactly the recompute it saves.
+            SessionPlacement::Predicted | SessionPlacement::Sticky => input
+                .kv_home
+                .filter(|h| candidates.iter().any(|w| w.id == *h)),
         };
-        let ranked = rendezvous::rank(key.0, candidates.iter().map(|w| w.id));
-        match overloaded(pinned, cfg) {
-            None => {
-                let reason = format!(
-                    "{prefix}session pin {} (source={}): overlap {}/{isl} blocks",
-                    pinned.id,
-                    source.as_str(),
-                    pinned.overlap_blocks
-                );
-                let fallbacks = endpoints_of(&candidates, ranked.iter().copied().filter(|id| *id != pinned.id), cfg.max_fallbacks);
-                return Ok(finish(input, pinned, fallbacks, Basis::SessionPin, reason, &candidates));
-            }
-            Some(why) => {
-                let others: Vec<&WorkerView<'_>> =
-                    candidates.iter().copied().filter(|w| w.id != pinned.id && overloaded(w, cfg).is_none()).collect();
-                if others.is_empty() {
+        let src = source.as_str();
+        if let Some(home_id) = home_id {
+            match guarded.iter().find(|s| s.w.id == home_id) {
+                Some(&home) => {
+                    let others: Vec<Scored<'_, '_>> = guarded
+                        .iter()
+                        .copied()
+                        .filter(|s| s.w.id != home_id)
+                        .collect();
+                    let best_other = (!others.is_empty()).then(|| pick(&others, isl, cfg, rng).0);
+                    let gain = best_other.map_or(0.0, |o| home.ttft_s - o.ttft_s);
+                    let margin_s = (cfg.session_move_margin_ms / 1000.0)
+                        .max(cfg.session_move_margin * home.ttft_s);
+                    if let Some(o) = best_other.filter(|_| gain > margin_s) {
+                        let reason = format!(
+                            "{prefix}session moved from {home_id} (source={src}): predicted {:.1} ms there, {} {:.1} ms (margin {:.1} ms); overlap {}/{isl} blocks{}",
+                            home.ms(),
+                            o.w.id,
+                            o.ms(),
+                            margin_s * 1000.0,
+                            o.w.overlap_blocks,
+                            migrated_note(&o)
+                        );
+                        return Ok(finish(
+                            input,
+                            o,
+                            fallbacks(&scored, o.w.id, cfg.max_fallbacks),
+                            Basis::SessionMoved,
+                            reason,
+                            &candidates,
+                        ));
+                    }
+                    let other = best_other.map_or(String::new(), |o| {
+                        format!(" (best other {} {:.1} ms)", o.w.id, o.ms())
+                    });
                     let reason = format!(
-                        "{prefix}session pin {} kept although overloaded ({why}): every other worker is too; overlap {}/{isl} blocks",
-                        pinned.id, pinned.overlap_blocks
+                        "{prefix}session pin {home_id} (source={src}): overlap {}/{isl} blocks, predicted {:.1} ms{other}",
+                        home.w.overlap_blocks,
+                        home.ms()
                     );
-                    let fallbacks = endpoints_of(&candidates, ranked.iter().copied().filter(|id| *id != pinned.id), cfg.max_fallbacks);
-                    return Ok(finish(input, pinned, fallbacks, Basis::SessionPin, reason, &candidates));
+                    return Ok(finish(
+                        input,
+                        home,
+                        fallbacks(&scored, home_id, cfg.max_fallbacks),
+                        Basis::SessionPin,
+                        reason,
+                        &candidates,
+                    ));
                 }
-                let (chosen, inner) = choose(&others, request_blocks, isl, cfg, rng);
-                let reason = format!("{prefix}pinned {} overloaded ({why}); chose {}: {inner}", pinned.id, chosen.id);
-                let fallbacks = by_cost(&others, request_blocks, cfg, Some(chosen.id), cfg.max_fallbacks);
-                return Ok(finish(input, chosen, fallbacks, Basis::PinOverloaded, reason, &candidates));
+                None => {
+                    let why = candidates
+                        .iter()
+                        .find(|w| w.id == home_id)
+                        .and_then(|w| overloaded(w, cfg))
+                        .unwrap_or_default();
+                    let (chosen, inner) = pick(&guarded, isl, cfg, rng);
+                    let reason = format!(
+                        "{prefix}session home {home_id} overloaded ({why}); chose {}: {inner}",
+                        chosen.w.id
+                    );
+                    return Ok(finish(
+                        input,
+                        chosen,
+                        fallbacks(&guarded, chosen.w.id, cfg.max_fallbacks),
+                        Basis::PinOverloaded,
+                        reason,
+                        &candidates,
+                    ));
+                }
             }
         }
+        prefix = format!("{prefix}new session (source={src}): ");
     }
 
-    let (chosen, inner) = choose(&candidates, request_blocks, isl, cfg, rng);
-    let max_overlap = candidates.iter().map(|w| w.overlap_blocks).max().unwrap_or(0);
-    let basis = if chosen.overlap_blocks > 0 && chosen.overlap_blocks == max_overlap { Basis::BestOverlap } else { Basis::LowestCost };
-    let fallbacks = by_cost(&candidates, request_blocks, cfg, Some(chosen.id), cfg.max_fallbacks);
-    Ok(finish(input, chosen, fallbacks, basis, format!("{prefix}{inner}"), &candidates))
+    let (chosen, inner) = pick(&guarded, isl, cfg, rng);
+    let max_cached = guarded
+        .iter()
+        .map(|s| s.w.cached_blocks())
+        .max()
+        .unwrap_or(0);
+    let cached = chosen.w.cached_blocks();
+    let basis = if cached > 0 && cached == max_cached {
+        Basis::BestOverlap
+    } else {
+        Basis::LowestCost
+    };
+    Ok(finish(
+        input,
+        chosen,
+        fallbacks(&guarded, chosen.w.id, cfg.max_fallbacks),
+        basis,
+        format!("{prefix}{inner}"),
+        &candidates,
+    ))
+}
+
+fn migrated_note(s: &Scored<'_, '_>) -> String {
+    if s.migrated_blocks > 0 {
+        format!(", {} blocks migrated", s.migrated_blocks)
+    } else {
+        String::new()
+    }
 }
 
 fn finish(
     input: &RouteInput<'_>,
-    w: &WorkerView<'_>,
+    s: Scored<'_, '_>,
     fallbacks: Vec<String>,
     basis: Basis,
     reason: String,
     candidates: &[&WorkerView<'_>],
 ) -> Plan {
+    let w = s.w;
     Plan {
         worker: w.id.to_owned(),
         endpoint: w.endpoint.to_owned(),
         fallbacks,
         mode: Mode::Aggregate,
         overlap_blocks: w.overlap_blocks,
+        speculative_extra_blocks: w.speculative_blocks.saturating_sub(w.overlap_blocks),
         isl_blocks: input.full_blocks(),
         request_blocks: input.request_blocks(),
         best_overlap: best_overlap(candidates, w.id),
@@ -312,14 +529,19 @@ fn finish(
         leg: None,
         opportunity: None,
         local_continuation: false,
-        uncached_tokens: 0,
+        uncached_tokens: s.own_tokens,
+        predicted_ttft_ms: s.ms(),
     }
 }
 
-/// The worker holding most of the prompt (the chosen one on a tie, else the smallest id); None when
-/// nobody holds block 0.
+/// The worker holding most of the prompt per the index (the chosen one on a tie, else the smallest
+/// id); None when nobody holds block 0.
 fn best_overlap(candidates: &[&WorkerView<'_>], chosen: &str) -> Option<(String, u32)> {
-    let max = candidates.iter().map(|w| w.overlap_blocks).max().filter(|m| *m > 0)?;
+    let max = candidates
+        .iter()
+        .map(|w| w.overlap_blocks)
+        .max()
+        .filter(|m| *m > 0)?;
     let best = candidates
         .iter()
         .filter(|w| w.overlap_blocks == max)
@@ -327,64 +549,102 @@ fn best_overlap(candidates: &[&WorkerView<'_>], chosen: &str) -> Option<(String,
     Some((best.id.to_owned(), max))
 }
 
-/// Picks among `set` (non-empty) by cost; returns the worker and a reason.
-pub(crate) fn choose<'a, 'b, R: Rng + ?Sized>(
-    set: &[&'b WorkerView<'a>],
-    request_blocks: u32,
+/// Whether `t` (seconds) is within the near-tie band of the fastest `min`.
+fn near(t: f64, min: f64, cfg: &RoutingConfig) -> bool {
+    t - min <= (cfg.near_tie_ms / 1000.0).max(cfg.near_tie_fraction * min) + 1e-12
+}
+
+/// Picks the fastest of `set` (non-empty; `isl` = the prompt's full blocks, for the reason): a random one within the near-tie band, or sampled with
+/// `temperature > 0`; returns it and a reason.
+pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
+    set: &[Scored<'v, 'a>],
     isl: u32,
     cfg: &RoutingConfig,
     rng: &mut R,
-) -> (&'b WorkerView<'a>, String) {
-    let costs: Vec<f64> = set.iter().map(|w| cost(w, request_blocks, cfg)).collect();
-    let min = costs.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = costs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let index = if cfg.temperature > 0.0 && max > min {
-        let weights: Vec<f64> = costs.iter().map(|c| (-((c - min) / (max - min)) / cfg.temperature).exp()).collect();
+) -> (Scored<'v, 'a>, String) {
+    let times: Vec<f64> = set.iter().map(|s| s.ttft_s).collect();
+    let min = times.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = times.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let sampled = cfg.temperature > 0.0 && max > min;
+    let index = if sampled {
+        let weights: Vec<f64> = times
+            .iter()
+            .map(|t| (-((t - min) / (max - min)) / cfg.temperature).exp())
+            .collect();
         let total: f64 = weights.iter().sum();
         let mut x = rng.gen::<f64>() * total;
-        let mut pick = weights.len() - 1;
+        let mut chosen = weights.len() - 1;
         for (i, w) in weights.iter().enumerate() {
             if x < *w {
-                pick = i;
+                chosen = i;
                 break;
             }
             x -= w;
         }
-        pick
+        chosen
     } else {
-        let tied: Vec<usize> = (0..costs.len()).filter(|&i| costs[i] - min <= 1e-9 * min.abs().max(1.0)).collect();
-        tied[rng.gen_range(0..tied.len())]
+        let tied: Vec<usize> = (0..times.len())
+            .filter(|&i| near(times[i], min, cfg))
+            .collect();
+        tied.get(rng.gen_range(0..tied.len().max(1)))
+            .copied()
+            .unwrap_or(0)
     };
-    let w = set[index];
-    let max_overlap = set.iter().map(|w| w.overlap_blocks).max().unwrap_or(0);
-    let sampled = if cfg.temperature > 0.0 && max > min { format!("sampled at temperature {}: ", cfg.temperature) } else { String::new() };
-    let reason = if max_overlap == 0 {
-        format!("{sampled}no cached prefix anywhere; least loaded (load {} blocks)", w.active_blocks)
-    } else if w.overlap_blocks == max_overlap {
-        format!("{sampled}best overlap {}/{isl} blocks", w.overlap_blocks)
+    let s = set[index];
+    let next = set
+        .iter()
+        .filter(|o| o.w.id != s.w.id)
+        .min_by(|a, b| {
+            a.ttft_s
+                .total_cmp(&b.ttft_s)
+                .then_with(|| a.w.id.cmp(b.w.id))
+        })
+        .map_or(String::new(), |o| {
+            format!(" (next {} {:.1} ms)", o.w.id, o.ms())
+        });
+    let temp = if sampled {
+        format!("sampled at temperature {}: ", cfg.temperature)
     } else {
-        let best = set.iter().filter(|b| b.overlap_blocks == max_overlap).min_by_key(|b| b.id);
-        let (bid, bload) = best.map_or(("?", 0), |b| (b.id, b.active_blocks));
+        String::new()
+    };
+    let max_cached = set.iter().map(|s| s.w.cached_blocks()).max().unwrap_or(0);
+    let what = if max_cached == 0 {
+        "no cached prefix anywhere; fastest".to_owned()
+    } else if s.w.cached_blocks() == max_cached {
+        format!("best overlap {}/{isl} blocks", s.w.overlap_blocks)
+    } else {
         format!(
-            "{sampled}lowest cost: overlap {}/{isl} blocks, load {} blocks (best overlap {bid} {max_overlap}/{isl}, load {bload})",
-            w.overlap_blocks, w.active_blocks
+            "fastest: overlap {} blocks (best overlap elsewhere {max_cached})",
+            s.w.overlap_blocks
         )
     };
-    (w, reason)
+    let spec = if s.w.speculative_blocks > s.w.overlap_blocks {
+        format!(" ({} speculative)", s.w.speculative_blocks)
+    } else {
+        String::new()
+    };
+    let queued = s.w.timing.queued_tokens.round();
+    let reason = format!(
+        "{temp}{what}{spec}{}, predicted {:.1} ms ({queued} tokens queued, {} to prefill){next}",
+        migrated_note(&s),
+        s.ms(),
+        s.own_tokens
+    );
+    (s, reason)
 }
 
-fn by_cost(set: &[&WorkerView<'_>], request_blocks: u32, cfg: &RoutingConfig, exclude: Option<&str>, n: usize) -> Vec<String> {
-    let mut rest: Vec<(f64, &str, &str)> = set
-        .iter()
-        .filter(|w| Some(w.id) != exclude)
-        .map(|w| (cost(w, request_blocks, cfg), w.id, w.endpoint))
-        .collect();
-    rest.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
-    rest.into_iter().take(n).map(|(_, _, e)| e.to_owned()).collect()
-}
-
-fn endpoints_of<'a>(set: &[&WorkerView<'_>], ids: impl Iterator<Item = &'a str>, n: usize) -> Vec<String> {
-    ids.filter_map(|id| set.iter().find(|w| w.id == id).map(|w| w.endpoint.to_owned())).take(n).collect()
+/// Endpoints of `set` other than `chosen`, fastest first.
+fn fallbacks(set: &[Scored<'_, '_>], chosen: &str, n: usize) -> Vec<String> {
+    let mut rest: Vec<&Scored<'_, '_>> = set.iter().filter(|s| s.w.id != chosen).collect();
+    rest.sort_by(|a, b| {
+        a.ttft_s
+            .total_cmp(&b.ttft_s)
+            .then_with(|| a.w.id.cmp(b.w.id))
+    });
+    rest.into_iter()
+        .take(n)
+        .map(|s| s.w.endpoint.to_owned())
+        .collect()
 }
 
 #[cfg(test)]

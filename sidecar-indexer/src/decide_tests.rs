@@ -1,36 +1,98 @@
 use super::*;
 use kvmesh_core::api::{FleetSnapshot, FleetWorker, WorkerLoad};
+use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
 
-pub(crate) fn view(id: &'static str, overlap: u32, load: u64) -> WorkerView<'static> {
+/// Prefill throughput of the test workers: 10k tokens/s, so 10 tokens = 1 ms.
+pub(crate) const TPS: f64 = 10_000.0;
+
+/// A decode worker holding `overlap` leading blocks with `queued` prefill tokens ahead, no decode batch.
+pub(crate) fn view(id: &'static str, overlap: u32, queued: u64) -> WorkerView<'static> {
     WorkerView {
         id,
-        endpoint: Box::leak(format!("10.0.0.{}:8000", id.trim_start_matches('w')).into_boxed_str()),
+        endpoint: Box::leak(
+            format!(
+                "10.0.0.{}:8000",
+                id.trim_start_matches(|c: char| c.is_ascii_alphabetic())
+            )
+            .into_boxed_str(),
+        ),
         role: Role::Decode,
         healthy: true,
         overlap_blocks: overlap,
-        active_blocks: load,
+        speculative_blocks: 0,
+        active_blocks: queued / 16,
         active_requests: 0,
         waiting_requests: 0,
+        timing: WorkerTiming {
+            queued_tokens: queued as f64,
+            decode_batch: 0,
+            prefill_tokens_per_s: TPS,
+            decode_step_s: 0.02,
+        },
     }
 }
 
+/// 640 tokens = 40 full blocks of 16 (at most 39 cached: the last token is computed).
 fn input(tokens: usize) -> RouteInput<'static> {
-    RouteInput { isl_tokens: tokens, block_size: 16, session: None, override_worker: None, override_mode: None, continuation: false, kv_home: None }
+    RouteInput {
+        isl_tokens: tokens,
+        block_size: 16,
+        session: None,
+        override_worker: None,
+        override_mode: None,
+        continuation: false,
+        kv_home: None,
+    }
+}
+
+fn session(tokens: usize, kv_home: Option<&'static str>) -> RouteInput<'static> {
+    RouteInput {
+        session: Some((SessionKey(42), SessionSource::Header)),
+        kv_home,
+        ..input(tokens)
+    }
 }
 
 fn rng() -> StdRng {
     StdRng::seed_from_u64(1)
 }
 
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-6
+}
+
 #[test]
-fn cost_table() {
+fn predicted_ttft_table() {
     let cfg = RoutingConfig::default();
-    // (overlap, load, request_blocks, credit, scale, want)
-    let cases = [(0, 0, 40, 1.0, 1.0, 40.0), (31, 0, 40, 1.0, 1.0, 9.0), (31, 100, 40, 1.0, 1.0, 109.0), (40, 5, 40, 2.0, 1.0, 5.0), (10, 0, 40, 1.0, 0.5, 15.0)];
-    for (overlap, load, rb, credit, scale, want) in cases {
-        let c = RoutingConfig { overlap_credit: credit, prefill_load_scale: scale, ..cfg.clone() };
-        assert_eq!(cost(&view("w1", overlap, load), rb, &c), want, "{overlap} {load} {rb} {credit} {scale}");
+    // (tokens, overlap, speculative, queued, decode batch, want ms)
+    let cases = [
+        (640, 0, 0, 0, 0, 64.0),             // cold: 640 tokens at 10k/s
+        (640, 31, 0, 0, 0, 14.4),            // 144 uncached tokens
+        (640, 31, 0, 1000, 0, 114.4),        // queued prefill first
+        (640, 40, 0, 0, 0, 1.6), // an exact multiple: the last block is computed (16 tokens)
+        (650, 40, 0, 0, 0, 1.0), // 10 tokens past 40 blocks
+        (640, 0, 31, 0, 0, 14.4), // speculative holdings count like real ones
+        (640, 10, 31, 0, 0, 14.4), // the larger of the two
+        (640, 0, 0, 0, 5, 64.0 + 20.0), // one step of a 5-sequence decode batch
+        (20_000, 0, 0, 0, 1, 2000.0 + 60.0), // 20k tokens = 3 steps of 8192
+    ];
+    for (tokens, overlap, spec, queued, batch, want) in cases {
+        let mut w = view("w1", overlap, queued);
+        w.speculative_blocks = spec;
+        w.timing.decode_batch = batch;
+        let plan = decide(&input(tokens), &[w], &cfg, &mut rng()).unwrap();
+        assert!(
+            close(plan.predicted_ttft_ms, want),
+            "{tokens} {overlap} {spec} {queued} {batch}: {} != {want}",
+            plan.predicted_ttft_ms
+        );
+        assert_eq!(
+            plan.into_decision()
+                .predicted_ttft_ms
+                .map(|x| (x * 1e6).round() / 1e6),
+            Some(want)
+        );
     }
 }
 
@@ -44,18 +106,31 @@ fn choices_and_reasons() {
         reason: &'static str,
     }
     let cases = vec![
-        Case { workers: vec![view("w1", 0, 0), view("w2", 31, 0)], want: "w2", basis: Basis::BestOverlap, reason: "best overlap 31/40 blocks" },
         Case {
-            workers: vec![view("w1", 10, 0), view("w2", 31, 100)],
+            workers: vec![view("w1", 0, 0), view("w2", 31, 0)],
+            want: "w2",
+            basis: Basis::BestOverlap,
+            reason: "best overlap 31/40 blocks, predicted 14.4 ms (0 tokens queued, 144 to prefill) (next w1 64.0 ms)",
+        },
+        Case {
+            workers: vec![view("w1", 10, 0), view("w2", 31, 10_000)],
             want: "w1",
             basis: Basis::LowestCost,
-            reason: "lowest cost: overlap 10/40 blocks, load 0 blocks (best overlap w2 31/40, load 100)",
+            reason: "fastest: overlap 10 blocks (best overlap elsewhere 31), predicted 48.0 ms (0 tokens queued, 480 to prefill) (next w2 1014.4 ms)",
         },
-        Case { workers: vec![view("w1", 0, 7), view("w2", 0, 3)], want: "w2", basis: Basis::LowestCost, reason: "no cached prefix anywhere; least loaded (load 3 blocks)" },
+        Case {
+            workers: vec![view("w1", 0, 700), view("w2", 0, 300)],
+            want: "w2",
+            basis: Basis::LowestCost,
+            reason: "no cached prefix anywhere; fastest, predicted 94.0 ms (300 tokens queued, 640 to prefill) (next w1 134.0 ms)",
+        },
     ];
     for c in cases {
         let plan = decide(&input(640), &c.workers, &cfg, &mut rng()).unwrap();
-        assert_eq!((plan.worker.as_str(), plan.basis, plan.reason.as_str()), (c.want, c.basis, c.reason));
+        assert_eq!(
+            (plan.worker.as_str(), plan.basis, plan.reason.as_str()),
+            (c.want, c.basis, c.reason)
+        );
         assert_eq!(plan.mode, Mode::Aggregate);
         assert_eq!(plan.isl_blocks, 40);
         assert!(!plan.fallbacks.contains(&plan.endpoint));
@@ -63,37 +138,120 @@ fn choices_and_reasons() {
 }
 
 #[test]
+fn overlap_is_capped_by_the_last_block_rule_everywhere() {
+    let cfg = RoutingConfig {
+        kv_migration: KvMigration::Dry,
+        kv_migration_min_tokens: 16,
+        ..RoutingConfig::default()
+    };
+    // (tokens, held, want overlap)
+    for (tokens, held, want) in [
+        (640, 40, 39),
+        (641, 40, 40),
+        (639, 40, 39),
+        (16, 1, 0),
+        (2048, 128, 127),
+    ] {
+        let workers = [view("w1", held, 0), view("w2", 0, 100_000)];
+        let plan = decide(&input(tokens), &workers, &cfg, &mut rng()).unwrap();
+        assert_eq!(
+            (plan.worker.as_str(), plan.overlap_blocks),
+            ("w1", want),
+            "{tokens} tokens"
+        );
+        assert_eq!(
+            plan.best_overlap,
+            (want > 0).then(|| ("w1".to_owned(), want))
+        );
+        assert_eq!(plan.uncached_tokens, tokens as u64 - u64::from(want) * 16);
+    }
+    // A migration opportunity counts capped blocks too.
+    let workers = [view("w1", 40, 100_000), view("w2", 0, 0)];
+    let plan = decide(&input(640), &workers, &cfg, &mut rng()).unwrap();
+    assert_eq!(plan.worker, "w2");
+    assert_eq!(plan.opportunity.map(|o| o.source_blocks), Some(39));
+}
+
+#[test]
 fn unhealthy_and_prefill_only_workers_get_no_traffic() {
     let cfg = RoutingConfig::default();
-    let mut sick = view("w1", 40, 0);
+    let mut sick = view("w1", 39, 0);
     sick.healthy = false;
-    let mut prefill = view("w2", 40, 0);
+    let mut prefill = view("w2", 39, 0);
     prefill.role = Role::Prefill;
-    let workers = vec![sick, prefill, view("w3", 0, 50)];
+    let workers = vec![sick, prefill, view("w3", 0, 5000)];
     for _ in 0..20 {
         let plan = decide(&input(640), &workers, &cfg, &mut rng()).unwrap();
         assert_eq!(plan.worker, "w3");
         assert!(plan.fallbacks.is_empty());
     }
     let none = vec![workers[0].clone(), workers[1].clone()];
-    assert_eq!(decide(&input(640), &none, &cfg, &mut rng()), Err(DecideError::NoDecodeWorker));
+    assert_eq!(
+        decide(&input(640), &none, &cfg, &mut rng()),
+        Err(DecideError::NoDecodeWorker)
+    );
 }
 
 #[test]
-fn ties_are_broken_at_random_and_temperature_spreads() {
+fn near_ties_are_broken_at_random_and_temperature_spreads() {
     let cfg = RoutingConfig::default();
-    let workers = vec![view("w1", 0, 0), view("w2", 0, 0), view("w3", 0, 0)];
+    // w1 and w2 within 2 % of each other (near tie), w3 20 ms behind.
+    let workers = vec![view("w1", 0, 0), view("w2", 0, 1), view("w3", 0, 200)];
     let mut r = rng();
-    let mut seen = std::collections::BTreeSet::new();
-    for _ in 0..100 {
-        seen.insert(decide(&input(64), &workers, &cfg, &mut r).unwrap().worker);
+    let mut seen = std::collections::BTreeMap::new();
+    for _ in 0..200 {
+        *seen
+            .entry(decide(&input(64), &workers, &cfg, &mut r).unwrap().worker)
+            .or_insert(0) += 1;
     }
-    assert_eq!(seen.len(), 3);
+    assert_eq!(
+        seen.keys().cloned().collect::<Vec<_>>(),
+        vec!["w1".to_owned(), "w2".to_owned()],
+        "{seen:?}"
+    );
+    assert!(seen.values().all(|n| *n > 50), "{seen:?}");
+    // No band: the fastest always.
+    let strict = RoutingConfig {
+        near_tie_ms: 0.0,
+        near_tie_fraction: 0.0,
+        ..cfg.clone()
+    };
+    assert!(
+        (0..50).all(|_| decide(&input(64), &workers, &strict, &mut r)
+            .unwrap()
+            .worker
+            == "w1")
+    );
     // With temperature, the clearly best worker wins most but not all of the time.
-    let hot = RoutingConfig { temperature: 0.5, ..cfg };
-    let workers = vec![view("w1", 40, 0), view("w2", 0, 0)];
-    let wins = (0..1000).filter(|_| decide(&input(640), &workers, &hot, &mut r).unwrap().worker == "w1").count();
+    let hot = RoutingConfig {
+        temperature: 0.5,
+        ..cfg
+    };
+    let workers = vec![view("w1", 39, 0), view("w2", 0, 0)];
+    let wins = (0..1000)
+        .filter(|_| decide(&input(640), &workers, &hot, &mut r).unwrap().worker == "w1")
+        .count();
     assert!((700..1000).contains(&wins), "{wins}");
+}
+
+#[test]
+fn a_burst_spreads_by_the_booked_backlog() {
+    // Each decision adds its prefill to the chosen worker's queue (what `AppState::placed` does):
+    // 16 cold requests of 1000 tokens over 4 idle workers end 4 per worker.
+    let cfg = RoutingConfig::default();
+    let mut workers: Vec<WorkerView<'static>> = ["w1", "w2", "w3", "w4"]
+        .iter()
+        .map(|id| view(id, 0, 0))
+        .collect();
+    let mut per = std::collections::BTreeMap::new();
+    let mut r = rng();
+    for _ in 0..16 {
+        let plan = decide(&input(1000), &workers, &cfg, &mut r).unwrap();
+        let w = workers.iter_mut().find(|w| w.id == plan.worker).unwrap();
+        w.timing.queued_tokens += plan.uncached_tokens as f64;
+        *per.entry(plan.worker).or_insert(0) += 1;
+    }
+    assert!(per.values().all(|n| *n == 4), "{per:?}");
 }
 
 fn fleet(workers: &[WorkerView<'_>]) -> FleetSnapshot {
@@ -102,63 +260,179 @@ fn fleet(workers: &[WorkerView<'_>]) -> FleetSnapshot {
         block_size: 16,
         workers: workers
             .iter()
-            .map(|w| FleetWorker { id: w.id.into(), endpoint: w.endpoint.into(), role: w.role, healthy: w.healthy, load: WorkerLoad::default() })
+            .map(|w| FleetWorker {
+                id: w.id.into(),
+                endpoint: w.endpoint.into(),
+                role: w.role,
+                healthy: w.healthy,
+                load: WorkerLoad::default(),
+            })
             .collect(),
     }
 }
 
 #[test]
-fn session_pin_agrees_with_the_fleet_snapshot_pin() {
+fn sessions_stay_home_until_another_worker_is_faster_by_the_margin() {
+    let cfg = RoutingConfig::default(); // margin: 50 ms and 25 % of the home's time
+                                        // (home queued tokens, other queued tokens, want basis, want worker)
+    let cases = [
+        (0, 0, Basis::SessionPin, "w1"),
+        (400, 0, Basis::SessionPin, "w1"), // home 104 ms vs 64: 40 ms < 50 ms margin
+        (600, 0, Basis::SessionMoved, "w2"), // home 124 ms vs 64: 60 ms > max(50, 31) ms
+        (5000, 3800, Basis::SessionPin, "w1"), // 564 vs 444: 120 ms < 25 % of 564
+        (5000, 2000, Basis::SessionMoved, "w2"),
+    ];
+    for (home_q, other_q, basis, want) in cases {
+        let workers = [view("w1", 0, home_q), view("w2", 0, other_q)];
+        let plan = decide(&session(640, Some("w1")), &workers, &cfg, &mut rng()).unwrap();
+        assert_eq!(
+            (plan.basis, plan.worker.as_str()),
+            (basis, want),
+            "{home_q} {other_q}: {}",
+            plan.reason
+        );
+        let prefix = if basis == Basis::SessionPin {
+            "session pin w1 (source=header): "
+        } else {
+            "session moved from w1 (source=header): "
+        };
+        assert!(plan.reason.starts_with(prefix), "{}", plan.reason);
+    }
+}
+
+#[test]
+fn a_session_weighs_recomputing_its_history_or_migrating_it() {
+    // A 16k-token conversation whose history (999 blocks) is cached on w1, 300 ms of work queued there.
+    let workers = [view("w1", 999, 3000), view("w2", 0, 0)];
+    let req = session(16_000, Some("w1"));
+    let plan = decide(&req, &workers, &RoutingConfig::default(), &mut rng()).unwrap();
+    assert_eq!(
+        (plan.worker.as_str(), plan.basis),
+        ("w1", Basis::SessionPin),
+        "recomputing 16k tokens elsewhere takes 1.6 s: {}",
+        plan.reason
+    );
+    // With migration on, w2 pulls the 999 blocks instead: 1.6 ms there, so it moves (and migrates).
+    let on = RoutingConfig {
+        kv_migration: KvMigration::On,
+        ..RoutingConfig::default()
+    };
+    let plan = decide(&req, &workers, &on, &mut rng()).unwrap();
+    assert_eq!(
+        (plan.worker.as_str(), plan.basis, plan.mode),
+        ("w2", Basis::SessionMoved, Mode::Migrate),
+        "{}",
+        plan.reason
+    );
+    assert!(
+        plan.reason.contains("999 blocks migrated"),
+        "{}",
+        plan.reason
+    );
+    assert!(
+        close(plan.predicted_ttft_ms, 1.6),
+        "{}",
+        plan.predicted_ttft_ms
+    );
+    assert_eq!(
+        plan.uncached_tokens, 16,
+        "the target computes only the tail"
+    );
+}
+
+#[test]
+fn new_sessions_go_where_predicted_fastest() {
     let cfg = RoutingConfig::default();
-    let mut workers: Vec<WorkerView<'static>> = ["w1", "w2", "w3", "w4", "w5"].iter().map(|id| view(id, 0, 0)).collect();
+    let workers = vec![view("w1", 0, 5000), view("w2", 0, 0), view("w3", 0, 9000)];
+    // No home yet, or a home that left / is unhealthy: placed by prediction.
+    for home in [None, Some("w9")] {
+        let plan = decide(&session(640, home), &workers, &cfg, &mut rng()).unwrap();
+        assert_eq!(
+            (plan.worker.as_str(), plan.basis),
+            ("w2", Basis::LowestCost),
+            "{}",
+            plan.reason
+        );
+        assert!(
+            plan.reason
+                .starts_with("new session (source=header): no cached prefix anywhere"),
+            "{}",
+            plan.reason
+        );
+    }
+    // A deprecated `sticky` behaves the same.
+    let sticky = RoutingConfig {
+        session_placement: SessionPlacement::Sticky,
+        ..cfg
+    };
+    assert_eq!(
+        decide(&session(640, None), &workers, &sticky, &mut rng())
+            .unwrap()
+            .worker,
+        "w2"
+    );
+}
+
+#[test]
+fn rendezvous_homes_agree_with_the_fleet_snapshot_pin() {
+    let cfg = RoutingConfig {
+        session_placement: SessionPlacement::Rendezvous,
+        ..RoutingConfig::default()
+    };
+    let mut workers: Vec<WorkerView<'static>> = ["w1", "w2", "w3", "w4", "w5"]
+        .iter()
+        .map(|id| view(id, 0, 0))
+        .collect();
     workers[1].healthy = false;
     workers[3].role = Role::Prefill;
     workers[4].role = Role::Both;
     let snapshot = fleet(&workers);
     for k in 0..500u64 {
         let key = SessionKey(kvmesh_core::hashing::xxh3(&k.to_le_bytes(), 0));
-        let req = RouteInput { session: Some((key, SessionSource::Prefix)), ..input(640) };
+        let req = RouteInput {
+            session: Some((key, SessionSource::Prefix)),
+            ..input(640)
+        };
         let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
-        assert_eq!(Some(plan.worker.as_str()), snapshot.pin(key.0).map(|w| w.id.as_str()));
+        assert_eq!(
+            Some(plan.worker.as_str()),
+            snapshot.pin(key.0).map(|w| w.id.as_str())
+        );
         assert_eq!(plan.basis, Basis::SessionPin);
-        assert!(plan.reason.starts_with(&format!("session pin {} (source=prefix)", plan.worker)), "{}", plan.reason);
+        assert!(
+            plan.reason
+                .starts_with(&format!("session pin {} (source=prefix)", plan.worker)),
+            "{}",
+            plan.reason
+        );
     }
 }
 
 #[test]
-fn sticky_sessions_start_by_cost_and_stay_where_they_were_served() {
-    let cfg = RoutingConfig { session_placement: SessionPlacement::Sticky, ..RoutingConfig::default() };
-    let workers = vec![view("w1", 0, 500), view("w2", 0, 0), view("w3", 0, 900)];
-    let key = SessionKey(kvmesh_core::hashing::xxh3(b"s", 0));
-    // No home yet: placed by cost (the least loaded), whatever its rendezvous worker.
-    let first = RouteInput { session: Some((key, SessionSource::Header)), ..input(640) };
-    let plan = decide(&first, &workers, &cfg, &mut rng()).unwrap();
-    assert_eq!((plan.worker.as_str(), plan.basis), ("w2", Basis::LowestCost), "{}", plan.reason);
-    // With a home: pinned there although another worker is less loaded.
-    let later = RouteInput { kv_home: Some("w3"), ..first.clone() };
-    let plan = decide(&later, &workers, &cfg, &mut rng()).unwrap();
-    assert_eq!((plan.worker.as_str(), plan.basis), ("w3", Basis::SessionPin), "{}", plan.reason);
-    // A home that is gone or unhealthy is no pin.
-    let gone = RouteInput { kv_home: Some("w9"), ..first.clone() };
-    assert_eq!(decide(&gone, &workers, &cfg, &mut rng()).unwrap().worker, "w2");
-    // The default (rendezvous) ignores kv_home for placement.
-    let rendezvous = decide(&later, &workers, &RoutingConfig::default(), &mut rng()).unwrap();
-    assert_eq!(Some(rendezvous.worker.as_str()), fleet(&workers).pin(key.0).map(|w| w.id.as_str()));
-}
-
-#[test]
-fn removing_a_worker_moves_only_its_sessions() {
-    let cfg = RoutingConfig::default();
-    let all: Vec<WorkerView<'static>> = ["w1", "w2", "w3", "w4"].iter().map(|id| view(id, 0, 0)).collect();
+fn removing_a_worker_moves_only_its_rendezvous_sessions() {
+    let cfg = RoutingConfig {
+        session_placement: SessionPlacement::Rendezvous,
+        ..RoutingConfig::default()
+    };
+    let all: Vec<WorkerView<'static>> = ["w1", "w2", "w3", "w4"]
+        .iter()
+        .map(|id| view(id, 0, 0))
+        .collect();
     let without: Vec<WorkerView<'static>> = all.iter().filter(|w| w.id != "w3").cloned().collect();
     let mut moved = 0;
     for k in 0..2000u64 {
         let key = SessionKey(kvmesh_core::hashing::xxh3(&k.to_le_bytes(), 9));
-        let req = RouteInput { session: Some((key, SessionSource::Header)), ..input(64) };
+        let req = RouteInput {
+            session: Some((key, SessionSource::Header)),
+            ..input(64)
+        };
         let before = decide(&req, &all, &cfg, &mut rng()).unwrap().worker;
         let after = decide(&req, &without, &cfg, &mut rng()).unwrap().worker;
         if before != "w3" {
-            assert_eq!(before, after, "session {k} moved although its worker stayed");
+            assert_eq!(
+                before, after,
+                "session {k} moved although its worker stayed"
+            );
         } else {
             moved += 1;
         }
@@ -167,57 +441,142 @@ fn removing_a_worker_moves_only_its_sessions() {
 }
 
 #[test]
-fn an_overloaded_pin_is_overridden_and_says_why() {
-    let cfg = RoutingConfig { overload_waiting_requests: 8, ..RoutingConfig::default() };
-    let mut workers: Vec<WorkerView<'static>> = vec![view("w1", 0, 0), view("w2", 0, 0), view("w3", 0, 0)];
-    let key = SessionKey(42);
-    let req = RouteInput { session: Some((key, SessionSource::Header)), ..input(640) };
-    let pinned = decide(&req, &workers, &cfg, &mut rng()).unwrap().worker;
-    let i = workers.iter().position(|w| w.id == pinned).unwrap();
-    workers[i].waiting_requests = 9;
-    let other = (i + 1) % 3;
-    workers[other].overlap_blocks = 20;
+fn an_overloaded_home_is_left_and_says_why() {
+    let cfg = RoutingConfig {
+        overload_waiting_requests: 8,
+        ..RoutingConfig::default()
+    };
+    let mut workers: Vec<WorkerView<'static>> =
+        vec![view("w1", 0, 0), view("w2", 0, 0), view("w3", 20, 0)];
+    workers[0].waiting_requests = 9;
+    let req = session(640, Some("w1"));
     let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
-    assert_eq!(plan.basis, Basis::PinOverloaded);
-    assert_eq!(plan.worker, workers[other].id);
-    assert_eq!(plan.reason, format!("pinned {pinned} overloaded (waiting 9 >= 8); chose {}: best overlap 20/40 blocks", workers[other].id));
-    // Everyone overloaded: the pin stays.
+    assert_eq!(
+        (plan.worker.as_str(), plan.basis),
+        ("w3", Basis::PinOverloaded)
+    );
+    assert!(
+        plan.reason.starts_with(
+            "session home w1 overloaded (waiting 9 >= 8); chose w3: best overlap 20/40 blocks"
+        ),
+        "{}",
+        plan.reason
+    );
+    // The guard holds for sessionless requests too, unless every worker is over it.
+    let plan = decide(
+        &input(640),
+        &[view("w3", 39, 0), {
+            let mut w = view("w1", 39, 0);
+            w.waiting_requests = 9;
+            w
+        }],
+        &cfg,
+        &mut rng(),
+    )
+    .unwrap();
+    assert_eq!(plan.worker, "w3");
     for w in &mut workers {
         w.waiting_requests = 100;
     }
     let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
-    assert_eq!((plan.worker.as_str(), plan.basis), (pinned.as_str(), Basis::SessionPin));
+    assert_eq!(
+        (plan.worker.as_str(), plan.basis),
+        ("w1", Basis::SessionPin)
+    );
 }
 
 #[test]
 fn overrides() {
     let cfg = RoutingConfig::default();
-    let mut workers = vec![view("w1", 40, 0), view("w2", 0, 0)];
-    let req = RouteInput { override_worker: Some("w2"), ..input(640) };
+    let mut workers = vec![view("w1", 39, 0), view("w2", 0, 0)];
+    let req = RouteInput {
+        override_worker: Some("w2"),
+        ..input(640)
+    };
     let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
     assert_eq!((plan.worker.as_str(), plan.basis), ("w2", Basis::Override));
-    assert_eq!(plan.best_overlap, Some(("w1".into(), 40)));
-    let bad = RouteInput { override_worker: Some("w9"), ..input(640) };
-    assert_eq!(decide(&bad, &workers, &cfg, &mut rng()), Err(DecideError::UnknownOverrideWorker("w9".into())));
+    assert_eq!(
+        plan.reason,
+        "override x-kvmesh-worker w2: overlap 0/40 blocks, predicted 64.0 ms"
+    );
+    assert_eq!(plan.best_overlap, Some(("w1".into(), 39)));
+    let bad = RouteInput {
+        override_worker: Some("w9"),
+        ..input(640)
+    };
+    assert_eq!(
+        decide(&bad, &workers, &cfg, &mut rng()),
+        Err(DecideError::UnknownOverrideWorker("w9".into()))
+    );
     workers[1].healthy = false;
     let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
     assert_eq!(plan.worker, "w1");
-    assert!(plan.reason.starts_with("override w2 ignored (unhealthy); best overlap"), "{}", plan.reason);
-    let mode = RouteInput { override_mode: Some(Mode::Disagg), ..input(640) };
+    assert!(
+        plan.reason
+            .starts_with("override w2 ignored (unhealthy); best overlap"),
+        "{}",
+        plan.reason
+    );
+    let mode = RouteInput {
+        override_mode: Some(Mode::Disagg),
+        ..input(640)
+    };
     let plan = decide(&mode, &workers, &cfg, &mut rng()).unwrap();
     assert_eq!(plan.mode, Mode::Aggregate);
-    assert!(plan.reason.ends_with("x-kvmesh-mode disagg: no healthy prefill worker"), "{}", plan.reason);
+    assert!(
+        plan.reason
+            .ends_with("x-kvmesh-mode disagg: no healthy prefill worker"),
+        "{}",
+        plan.reason
+    );
 }
 
 #[test]
-fn decision_carries_best_overlap_and_block_counts() {
+fn decision_carries_best_overlap_block_counts_and_speculation_apart() {
     let cfg = RoutingConfig::default();
-    let workers = vec![view("w1", 30, 1000), view("w2", 2, 0)];
+    let mut w2 = view("w2", 2, 0);
+    w2.speculative_blocks = 10;
+    let workers = vec![view("w1", 30, 100_000), w2];
     let plan = decide(&input(650), &workers, &cfg, &mut rng()).unwrap();
     assert_eq!(plan.worker, "w2");
     assert_eq!((plan.isl_blocks, plan.request_blocks), (40, 41));
+    assert_eq!(
+        (plan.overlap_blocks, plan.speculative_extra_blocks),
+        (2, 8),
+        "speculation is never index overlap"
+    );
+    assert!(plan.reason.contains("(10 speculative)"), "{}", plan.reason);
     let d = plan.into_decision();
     assert_eq!(d.best_overlap_worker.as_deref(), Some("w1"));
     assert_eq!(d.best_overlap_blocks, 30);
+    assert_eq!(d.overlap_blocks, 2);
     assert_eq!(d.fallbacks, vec!["10.0.0.1:8000".to_owned()]);
+}
+
+proptest! {
+    #[test]
+    fn a_session_moves_only_past_the_margin(home_q in 0u64..50_000, other_q in 0u64..50_000, home_overlap in 0u32..40, margin_ms in 0.0f64..500.0, rel in 0.0f64..1.0) {
+        let cfg = RoutingConfig { session_move_margin_ms: margin_ms, session_move_margin: rel, ..RoutingConfig::default() };
+        let workers = [view("w1", home_overlap, home_q), view("w2", 0, other_q)];
+        let plan = decide(&session(640, Some("w1")), &workers, &cfg, &mut rng()).unwrap();
+        let cap = home_overlap.min(39);
+        let home_s = (home_q as f64 + 640.0 - f64::from(cap) * 16.0) / TPS;
+        let other_s = (other_q as f64 + 640.0) / TPS;
+        let gain = home_s - other_s;
+        let moved = plan.worker == "w2";
+        let margin = (margin_ms / 1000.0).max(rel * home_s);
+        if (gain - margin).abs() > 1e-9 {
+            prop_assert_eq!(moved, gain > margin, "gain {} margin {}: {}", gain, margin, plan.reason);
+        }
+    }
+
+    #[test]
+    fn the_choice_is_within_the_near_tie_band_of_the_fastest(queues in proptest::collection::vec(0u64..20_000, 1..8), overlaps in proptest::collection::vec(0u32..45, 8), seed in 0u64..1000) {
+        let ids = ["w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8"];
+        let workers: Vec<WorkerView<'static>> = queues.iter().enumerate().map(|(i, q)| view(ids[i], overlaps[i], *q)).collect();
+        let cfg = RoutingConfig::default();
+        let plan = decide(&input(640), &workers, &cfg, &mut StdRng::seed_from_u64(seed)).unwrap();
+        let fastest = workers.iter().map(|w| (w.timing.queued_tokens + 640.0 - f64::from(w.overlap_blocks.min(39)) * 16.0) / TPS * 1000.0).fold(f64::INFINITY, f64::min);
+        prop_assert!(plan.predicted_ttft_ms <= fastest + cfg.near_tie_ms.max(cfg.near_tie_fraction * fastest) + 1e-6, "{} vs {}", plan.predicted_ttft_ms, fastest);
+    }
 }

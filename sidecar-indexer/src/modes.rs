@@ -22,7 +22,7 @@ use kvmesh_core::api::Mode;
 use rand::Rng;
 
 use crate::config::{KvMigration, RoutingConfig};
-use crate::decide::{choose, Leg, WorkerView};
+use crate::decide::{pick, score, Leg, WorkerView};
 
 /// What the mode choice needs besides the workers.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,18 +80,18 @@ pub fn choose_mode<R: Rng + ?Sized>(
     rng: &mut R,
 ) -> ModeChoice {
     let bs = u64::from(input.block_size.max(1));
-    let cached = (u64::from(decode.overlap_blocks) * bs).min(input.isl_tokens);
+    let cached = (u64::from(decode.cached_blocks()) * bs).min(input.isl_tokens);
     let uncached = input.isl_tokens - cached;
-    let request_blocks = u32::try_from(input.isl_tokens.div_ceil(bs)).unwrap_or(u32::MAX);
     let full_blocks = u32::try_from(input.isl_tokens / bs).unwrap_or(u32::MAX);
-    let aggregate = |reason: String, opportunity: Option<Opportunity>, local_continuation: bool| ModeChoice {
-        mode: Mode::Aggregate,
-        leg: None,
-        opportunity,
-        local_continuation,
-        uncached_tokens: uncached,
-        reason,
-    };
+    let aggregate =
+        |reason: String, opportunity: Option<Opportunity>, local_continuation: bool| ModeChoice {
+            mode: Mode::Aggregate,
+            leg: None,
+            opportunity,
+            local_continuation,
+            uncached_tokens: uncached,
+            reason,
+        };
     let t = cfg.min_remote_prefill_tokens;
 
     if input.override_mode == Some(Mode::Aggregate) {
@@ -99,34 +99,54 @@ pub fn choose_mode<R: Rng + ?Sized>(
     }
     let mut notes: Vec<String> = Vec::new();
     if input.override_mode == Some(Mode::DecodeFallback) {
-        notes.push("x-kvmesh-mode decode_fallback is an outcome, not a mode to ask for; ignored".to_owned());
+        notes.push(
+            "x-kvmesh-mode decode_fallback is an outcome, not a mode to ask for; ignored"
+                .to_owned(),
+        );
     }
 
     let opportunity = (cfg.kv_migration != KvMigration::Off)
         .then(|| migration_source(input, decode, workers, best, full_blocks))
         .flatten();
     let forced_migrate = input.override_mode == Some(Mode::Migrate);
-    let worth_moving = |o: &Opportunity| u64::from(o.blocks_to_move()) * bs >= cfg.kv_migration_min_tokens;
-    let opportunity = opportunity.filter(|o| o.blocks_to_move() > 0 && (forced_migrate || worth_moving(o)));
+    let worth_moving =
+        |o: &Opportunity| u64::from(o.blocks_to_move()) * bs >= cfg.kv_migration_min_tokens;
+    let opportunity =
+        opportunity.filter(|o| o.blocks_to_move() > 0 && (forced_migrate || worth_moving(o)));
     if forced_migrate && (cfg.kv_migration != KvMigration::On || opportunity.is_none()) {
         notes.push(match cfg.kv_migration {
-            KvMigration::On => "x-kvmesh-mode migrate: no other decode worker holds more of the prompt".to_owned(),
+            KvMigration::On => {
+                "x-kvmesh-mode migrate: no other decode worker holds more of the prompt".to_owned()
+            }
             m => format!("x-kvmesh-mode migrate: kv_migration is {}", m.as_str()),
         });
     }
 
     let forced_disagg = input.override_mode == Some(Mode::Disagg);
-    let prefill = if t > 0 || forced_disagg { prefill_worker(decode, workers, request_blocks, full_blocks, cfg, rng) } else { None };
+    let prefill = if t > 0 || forced_disagg {
+        prefill_worker(input, decode, workers, full_blocks, cfg, rng)
+    } else {
+        None
+    };
     if forced_disagg && prefill.is_none() {
         notes.push("x-kvmesh-mode disagg: no healthy prefill worker".to_owned());
     }
     let local = cfg.local_continuations && input.continuation;
     let needs_remote = |uncached: u64| t > 0 && uncached >= t;
-    let with_notes = |reason: String| if notes.is_empty() { reason } else { format!("{reason}; {}", notes.join("; ")) };
+    let with_notes = |reason: String| {
+        if notes.is_empty() {
+            reason
+        } else {
+            format!("{reason}; {}", notes.join("; "))
+        }
+    };
 
     if let (Some(o), KvMigration::On) = (&opportunity, cfg.kv_migration) {
-        let left = input.isl_tokens.saturating_sub(u64::from(o.source_blocks) * bs);
-        let disagg_serves_better = !forced_migrate && prefill.is_some() && !local && needs_remote(left);
+        let left = input
+            .isl_tokens
+            .saturating_sub(u64::from(o.source_blocks) * bs);
+        let disagg_serves_better =
+            !forced_migrate && prefill.is_some() && !local && needs_remote(left);
         if !disagg_serves_better && !forced_disagg {
             let reason = format!(
                 "migrate: {} holds {}/{full_blocks} blocks{}, {} holds {}; {} pulls {} blocks instead of recomputing",
@@ -140,21 +160,35 @@ pub fn choose_mode<R: Rng + ?Sized>(
             );
             return ModeChoice {
                 mode: Mode::Migrate,
-                leg: Some(Leg::MigrateFrom { worker: o.source.clone(), endpoint: o.source_endpoint.clone() }),
+                leg: Some(Leg::MigrateFrom {
+                    worker: o.source.clone(),
+                    endpoint: o.source_endpoint.clone(),
+                }),
                 opportunity: opportunity.clone(),
                 local_continuation: false,
-                uncached_tokens: uncached,
+                // The target computes only what the source does not hand over.
+                uncached_tokens: left.min(uncached),
                 reason: with_notes(reason),
             };
         }
     }
 
     if let Some(p) = prefill.filter(|_| forced_disagg || (needs_remote(uncached) && !local)) {
-        let why = if forced_disagg { "x-kvmesh-mode disagg".to_owned() } else { format!("{uncached} uncached tokens >= min_remote_prefill_tokens {t}") };
-        let reason = format!("disagg: {why}; prefill on {} (overlap {}/{full_blocks} blocks), decode on {}", p.id, p.overlap_blocks, decode.id);
+        let why = if forced_disagg {
+            "x-kvmesh-mode disagg".to_owned()
+        } else {
+            format!("{uncached} uncached tokens >= min_remote_prefill_tokens {t}")
+        };
+        let reason = format!(
+            "disagg: {why}; prefill on {} (overlap {}/{full_blocks} blocks), decode on {}",
+            p.id, p.overlap_blocks, decode.id
+        );
         return ModeChoice {
             mode: Mode::Disagg,
-            leg: Some(Leg::PrefillOn { worker: p.id.to_owned(), endpoint: p.endpoint.to_owned() }),
+            leg: Some(Leg::PrefillOn {
+                worker: p.id.to_owned(),
+                endpoint: p.endpoint.to_owned(),
+            }),
             opportunity,
             local_continuation: false,
             uncached_tokens: uncached,
@@ -166,7 +200,10 @@ pub fn choose_mode<R: Rng + ?Sized>(
     let mut parts: Vec<String> = Vec::new();
     if t > 0 {
         parts.push(if needs_remote(uncached) && local {
-            format!("aggregate: local continuation, {uncached} uncached tokens >= {t} stay on {}", decode.id)
+            format!(
+                "aggregate: local continuation, {uncached} uncached tokens >= {t} stay on {}",
+                decode.id
+            )
         } else if needs_remote(uncached) {
             "aggregate: no healthy prefill worker".to_owned()
         } else {
@@ -174,7 +211,12 @@ pub fn choose_mode<R: Rng + ?Sized>(
         });
     }
     if let (Some(o), KvMigration::Dry) = (&opportunity, cfg.kv_migration) {
-        parts.push(format!("dry-run migration {}->{} of {} blocks", o.source, o.target, o.blocks_to_move()));
+        parts.push(format!(
+            "dry-run migration {}->{} of {} blocks",
+            o.source,
+            o.target,
+            o.blocks_to_move()
+        ));
     }
     parts.append(&mut notes);
     let reason = parts.join("; ");
@@ -190,7 +232,11 @@ fn migration_source(
     best: Option<(&str, u32)>,
     full_blocks: u32,
 ) -> Option<Opportunity> {
-    let healthy_decoder = |id: &str| workers.iter().find(|w| w.id == id && w.healthy && w.role.decodes());
+    let healthy_decoder = |id: &str| {
+        workers
+            .iter()
+            .find(|w| w.id == id && w.healthy && w.role.decodes())
+    };
     let make = |w: &WorkerView<'_>, source_blocks: u32, from_kv_home: bool| Opportunity {
         source: w.id.to_owned(),
         source_endpoint: w.endpoint.to_owned(),
@@ -199,28 +245,35 @@ fn migration_source(
         target_blocks: decode.overlap_blocks,
         from_kv_home,
     };
-    if let Some((id, blocks)) = best.filter(|(id, blocks)| *id != decode.id && *blocks > decode.overlap_blocks) {
+    if let Some((id, blocks)) =
+        best.filter(|(id, blocks)| *id != decode.id && *blocks > decode.overlap_blocks)
+    {
         return healthy_decoder(id).map(|w| make(w, blocks, false));
     }
     let home = healthy_decoder(input.kv_home.filter(|h| *h != decode.id)?)?;
     (home.overlap_blocks <= decode.overlap_blocks).then(|| make(home, full_blocks, true))
 }
 
-/// The prefill worker for a remote prefill: the cheapest healthy prefill-capable worker other than
-/// the decode worker, by the same cost as decode choices (its overlap and in-flight legs).
+/// The prefill worker for a remote prefill: the healthy prefill-capable worker other than the
+/// decode worker with the lowest predicted prefill time, as for decode choices (its overlap, the
+/// legs queued on it, its throughput; near ties at random).
 fn prefill_worker<'a, 'b, R: Rng + ?Sized>(
+    input: &ModeInput<'_>,
     decode: &WorkerView<'_>,
     workers: &'b [WorkerView<'a>],
-    request_blocks: u32,
     full_blocks: u32,
     cfg: &RoutingConfig,
     rng: &mut R,
 ) -> Option<&'b WorkerView<'a>> {
-    let set: Vec<&WorkerView<'a>> = workers.iter().filter(|w| w.healthy && w.role.prefills() && w.id != decode.id).collect();
+    let set: Vec<_> = workers
+        .iter()
+        .filter(|w| w.healthy && w.role.prefills() && w.id != decode.id)
+        .map(|w| score(w, input.isl_tokens, input.block_size, 0, cfg))
+        .collect();
     if set.is_empty() {
         return None;
     }
-    Some(choose(&set, request_blocks, full_blocks, cfg, rng).0)
+    Some(pick(&set, full_blocks, cfg, rng).0.w)
 }
 
 #[cfg(test)]

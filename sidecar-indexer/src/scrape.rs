@@ -2,7 +2,12 @@
 //!
 //! Pure parsing of the text exposition (sums over label sets, so a DP engine's per-rank series add
 //! up), plus the counter mirror that turns successive raw engine counter values into increments that
-//! survive engine restarts (a value going down is a reset: the new value is the increment).
+//! survive engine restarts (a value going down is a reset: the new value is the increment), and the
+//! [`PrefillMeter`] that turns successive samples into the worker's measured prefill throughput and
+//! decode step time (the inputs of [`crate::predict`]).
+
+use std::collections::VecDeque;
+use std::time::Instant;
 
 /// What one scrape says.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -14,6 +19,21 @@ pub struct EngineSample {
     /// `vllm:prefix_cache_queries_total` (tokens), when exported.
     pub queries: Option<f64>,
     pub kv_usage: Option<f64>,
+    /// `vllm:prompt_tokens_total` (all prompt tokens, cached ones included).
+    pub prompt_tokens: Option<f64>,
+    /// `vllm:prompt_tokens_cached_total` (of those, not computed: local and external cache hits).
+    pub prompt_tokens_cached: Option<f64>,
+    /// `vllm:request_prefill_kv_computed_tokens` histogram `_sum` (prompt tokens requests computed).
+    pub kv_computed_sum: Option<f64>,
+    /// `vllm:request_prefill_time_seconds` histogram `_sum` (scheduled → first token, per request).
+    pub prefill_time_sum: Option<f64>,
+    /// `vllm:request_queue_time_seconds` histogram `_sum` (arrival → scheduled).
+    pub queue_time_sum: Option<f64>,
+    /// `vllm:time_to_first_token_seconds` histogram `_sum` (used when the prefill-time one is absent).
+    pub ttft_sum: Option<f64>,
+    /// `vllm:inter_token_latency_seconds` (or older `vllm:time_per_output_token_seconds`) `_sum` and `_count`.
+    pub itl_sum: Option<f64>,
+    pub itl_count: Option<f64>,
 }
 
 /// Parses the metrics routing reads from a vLLM-compatible exposition.
@@ -21,6 +41,7 @@ pub fn parse_engine_metrics(text: &str) -> EngineSample {
     let mut s = EngineSample::default();
     let mut old_hits = None;
     let mut old_queries = None;
+    let (mut old_itl_sum, mut old_itl_count) = (None, None);
     for line in text.lines() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -34,7 +55,13 @@ pub fn parse_engine_metrics(text: &str) -> EngineSample {
             Some(r) => r.rsplit_once('}').map_or("", |(_, v)| v),
             None => rest,
         };
-        let Some(value) = value_part.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) else { continue };
+        let Some(value) = value_part
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
         if !value.is_finite() {
             continue;
         }
@@ -46,9 +73,24 @@ pub fn parse_engine_metrics(text: &str) -> EngineSample {
             "vllm:prefix_cache_queries_total" => add(&mut s.queries),
             "vllm:gpu_prefix_cache_hits_total" => add(&mut old_hits),
             "vllm:gpu_prefix_cache_queries_total" => add(&mut old_queries),
-            "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => s.kv_usage = Some(s.kv_usage.unwrap_or(0.0).max(value)),
+            "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => {
+                s.kv_usage = Some(s.kv_usage.unwrap_or(0.0).max(value))
+            }
+            "vllm:prompt_tokens_total" => add(&mut s.prompt_tokens),
+            "vllm:prompt_tokens_cached_total" => add(&mut s.prompt_tokens_cached),
+            "vllm:request_prefill_kv_computed_tokens_sum" => add(&mut s.kv_computed_sum),
+            "vllm:request_prefill_time_seconds_sum" => add(&mut s.prefill_time_sum),
+            "vllm:request_queue_time_seconds_sum" => add(&mut s.queue_time_sum),
+            "vllm:time_to_first_token_seconds_sum" => add(&mut s.ttft_sum),
+            "vllm:inter_token_latency_seconds_sum" => add(&mut s.itl_sum),
+            "vllm:inter_token_latency_seconds_count" => add(&mut s.itl_count),
+            "vllm:time_per_output_token_seconds_sum" => add(&mut old_itl_sum),
+            "vllm:time_per_output_token_seconds_count" => add(&mut old_itl_count),
             _ => {}
         }
+    }
+    if s.itl_sum.is_none() {
+        (s.itl_sum, s.itl_count) = (old_itl_sum, old_itl_count);
     }
     if s.hits.is_none() {
         s.hits = old_hits;
@@ -75,6 +117,100 @@ impl CounterMirror {
         };
         self.last = Some(value);
         inc
+    }
+}
+
+/// Scrape-to-scrape increments the meter keeps (a sliding window).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Delta {
+    /// Prompt tokens computed (prompt − prefix-cache hits).
+    tokens: f64,
+    /// Time the engine spent prefilling them: the summed per-request prefill time, at most the
+    /// wall time between the scrapes (overlapping prefills of one batch are not counted twice).
+    busy_s: f64,
+    itl_sum: f64,
+    itl_count: f64,
+}
+
+/// A worker's measured prefill throughput and decode step time, from successive engine samples.
+///
+/// Throughput = Σ computed prompt tokens / Σ prefill busy time over the last `WINDOW` scrapes, where
+/// computed tokens = Δ`vllm:request_prefill_kv_computed_tokens_sum` (else Δ`vllm:prompt_tokens_total`
+/// − Δ`vllm:prompt_tokens_cached_total`, else − Δ`vllm:prefix_cache_hits_total`) and busy time =
+/// min(wall time, Δ`vllm:request_prefill_time_seconds_sum`) per scrape interval (or, for engines
+/// without that histogram, Δ`time_to_first_token` − Δ`request_queue_time`). It is trusted once the
+/// window holds `min_tokens` computed tokens. The per-request prefill time of requests batched
+/// together overlaps, so with concurrent prefills below saturation it under-reads the rate (by at
+/// most the prefill concurrency); at saturation the wall-time bound makes it exact. vLLM records
+/// the prefill histogram when a request finishes and counts prompt tokens at the first token, so
+/// single intervals disagree; the window evens that out.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PrefillMeter {
+    last: Option<(EngineSample, Instant)>,
+    window: VecDeque<Delta>,
+}
+
+/// Scrape intervals the meter averages over (16 × the 500 ms default: 8 s).
+const WINDOW: usize = 16;
+
+impl PrefillMeter {
+    /// Takes one scrape's sample.
+    pub fn observe(&mut self, s: &EngineSample, now: Instant) {
+        if let Some((prev, at)) = self.last.replace((*s, now)) {
+            let inc = |new: Option<f64>, old: Option<f64>| match (new, old) {
+                (Some(n), Some(o)) if n >= o => Some(n - o),
+                _ => None, // absent, or a reset: this interval says nothing
+            };
+            let wall = now.saturating_duration_since(at).as_secs_f64();
+            // Tokens computed: per request beside its prefill time when the engine says so, else
+            // prompt tokens minus cached ones (both counted at the first token), else minus the
+            // prefix-cache hits (counted at scheduling).
+            let prompt = inc(s.prompt_tokens, prev.prompt_tokens);
+            let computed = inc(s.kv_computed_sum, prev.kv_computed_sum).or_else(|| {
+                let p = prompt?;
+                let cached = inc(s.prompt_tokens_cached, prev.prompt_tokens_cached)
+                    .or_else(|| inc(s.hits, prev.hits));
+                match cached {
+                    Some(c) => Some((p - c).max(0.0)),
+                    None if s.hits.is_none() && s.prompt_tokens_cached.is_none() => Some(p),
+                    None => None,
+                }
+            });
+            let busy = inc(s.prefill_time_sum, prev.prefill_time_sum).or_else(|| {
+                let ttft = inc(s.ttft_sum, prev.ttft_sum)?;
+                Some((ttft - inc(s.queue_time_sum, prev.queue_time_sum).unwrap_or(0.0)).max(0.0))
+            });
+            let mut d = Delta::default();
+            if let (Some(tokens), Some(busy)) = (computed, busy) {
+                d.tokens = tokens;
+                d.busy_s = busy.min(wall);
+            }
+            if let (Some(sum), Some(count)) = (
+                inc(s.itl_sum, prev.itl_sum),
+                inc(s.itl_count, prev.itl_count),
+            ) {
+                (d.itl_sum, d.itl_count) = (sum, count);
+            }
+            self.window.push_back(d);
+            while self.window.len() > WINDOW {
+                self.window.pop_front();
+            }
+        }
+    }
+
+    /// Measured prefill tokens per second, once the window holds at least `min_tokens` computed
+    /// tokens with some busy time.
+    pub fn prefill_tokens_per_s(&self, min_tokens: f64) -> Option<f64> {
+        let tokens: f64 = self.window.iter().map(|d| d.tokens).sum();
+        let busy: f64 = self.window.iter().map(|d| d.busy_s).sum();
+        (tokens >= min_tokens.max(1.0) && busy > 0.0).then(|| tokens / busy)
+    }
+
+    /// Measured mean inter-token latency (seconds), once the window holds `min_tokens` decode tokens.
+    pub fn decode_step_s(&self, min_tokens: f64) -> Option<f64> {
+        let count: f64 = self.window.iter().map(|d| d.itl_count).sum();
+        let sum: f64 = self.window.iter().map(|d| d.itl_sum).sum();
+        (count >= min_tokens.max(1.0)).then(|| sum / count)
     }
 }
 
@@ -110,9 +246,127 @@ vllm:num_requests_waiting{weird="a}b"} 2
 
     #[test]
     fn falls_back_to_deprecated_names_and_tolerates_absence() {
-        let s = parse_engine_metrics("vllm:gpu_prefix_cache_hits_total 5\nvllm:gpu_prefix_cache_queries_total 10\n");
+        let s = parse_engine_metrics(
+            "vllm:gpu_prefix_cache_hits_total 5\nvllm:gpu_prefix_cache_queries_total 10\n",
+        );
         assert_eq!((s.hits, s.queries), (Some(5.0), Some(10.0)));
         assert_eq!(parse_engine_metrics(""), EngineSample::default());
+    }
+
+    #[test]
+    fn parses_the_timing_series() {
+        let text = "vllm:prompt_tokens_total{engine=\"0\"} 5000\nvllm:request_prefill_time_seconds_sum{engine=\"0\"} 0.5\n\
+vllm:request_prefill_time_seconds_count{engine=\"0\"} 3\nvllm:request_queue_time_seconds_sum 0.1\n\
+vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum 2\nvllm:time_per_output_token_seconds_count 100\n";
+        let s = parse_engine_metrics(text);
+        assert_eq!(
+            (
+                s.prompt_tokens,
+                s.prefill_time_sum,
+                s.queue_time_sum,
+                s.ttft_sum
+            ),
+            (Some(5000.0), Some(0.5), Some(0.1), Some(0.7))
+        );
+        assert_eq!((s.itl_sum, s.itl_count), (Some(2.0), Some(100.0)));
+        let new = parse_engine_metrics("vllm:inter_token_latency_seconds_sum 1\nvllm:inter_token_latency_seconds_count 10\nvllm:time_per_output_token_seconds_sum 2\n");
+        assert_eq!((new.itl_sum, new.itl_count), (Some(1.0), Some(10.0)));
+    }
+
+    fn sample(
+        prompt: f64,
+        hits: f64,
+        prefill: Option<f64>,
+        ttft: f64,
+        queue: f64,
+        itl: (f64, f64),
+    ) -> EngineSample {
+        EngineSample {
+            prompt_tokens: Some(prompt),
+            hits: Some(hits),
+            prefill_time_sum: prefill,
+            ttft_sum: Some(ttft),
+            queue_time_sum: Some(queue),
+            itl_sum: Some(itl.0),
+            itl_count: Some(itl.1),
+            ..EngineSample::default()
+        }
+    }
+
+    #[test]
+    fn meter_measures_computed_tokens_over_busy_time() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + std::time::Duration::from_millis(ms);
+        let mut m = PrefillMeter::default();
+        m.observe(&sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)), at(0));
+        assert_eq!(
+            m.prefill_tokens_per_s(1.0),
+            None,
+            "one sample is no interval"
+        );
+        // 12k prompt tokens, 2k of them cached: 10k computed in 0.4 s of prefill.
+        m.observe(
+            &sample(12_000.0, 2_000.0, Some(0.4), 9.0, 9.0, (1.0, 50.0)),
+            at(500),
+        );
+        assert_eq!(
+            m.prefill_tokens_per_s(20_000.0),
+            None,
+            "not enough measured yet"
+        );
+        assert_eq!(m.prefill_tokens_per_s(4096.0), Some(25_000.0));
+        assert_eq!(m.decode_step_s(16.0), Some(0.02));
+        // Overlapping prefills (sum 3 s in a 0.5 s interval) are bounded by the wall time.
+        m.observe(
+            &sample(22_000.0, 2_000.0, Some(3.4), 9.0, 9.0, (1.0, 50.0)),
+            at(1000),
+        );
+        assert_eq!(m.prefill_tokens_per_s(1.0), Some(20_000.0 / 0.9));
+        // A reset (engine restart) says nothing for that interval.
+        m.observe(
+            &sample(10.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)),
+            at(1500),
+        );
+        assert_eq!(m.prefill_tokens_per_s(1.0), Some(20_000.0 / 0.9));
+    }
+
+    #[test]
+    fn meter_prefers_the_per_request_computed_tokens() {
+        let t0 = Instant::now();
+        let mut m = PrefillMeter::default();
+        let mut a = sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0));
+        a.kv_computed_sum = Some(0.0);
+        a.prompt_tokens_cached = Some(0.0);
+        let mut b = sample(9_000.0, 9_000.0, Some(0.3), 0.0, 0.0, (0.0, 0.0));
+        b.kv_computed_sum = Some(6_000.0);
+        b.prompt_tokens_cached = Some(1_000.0);
+        m.observe(&a, t0);
+        m.observe(&b, t0 + std::time::Duration::from_secs(1));
+        assert_eq!(m.prefill_tokens_per_s(1.0), Some(20_000.0));
+        b.kv_computed_sum = None;
+        let mut m = PrefillMeter::default();
+        a.kv_computed_sum = None;
+        m.observe(&a, t0);
+        m.observe(&b, t0 + std::time::Duration::from_secs(1));
+        assert_eq!(
+            m.prefill_tokens_per_s(1.0),
+            Some(8_000.0 / 0.3),
+            "prompt − cached"
+        );
+    }
+
+    #[test]
+    fn meter_falls_back_to_ttft_minus_queue_time() {
+        let t0 = Instant::now();
+        let mut m = PrefillMeter::default();
+        m.observe(&sample(0.0, 0.0, None, 1.0, 0.5, (0.0, 0.0)), t0);
+        m.observe(
+            &sample(8_000.0, 0.0, None, 1.6, 0.7, (0.0, 0.0)),
+            t0 + std::time::Duration::from_secs(1),
+        );
+        let tps = m.prefill_tokens_per_s(1.0).unwrap();
+        assert!((tps - 20_000.0).abs() < 1e-6, "{tps}");
+        assert_eq!(m.decode_step_s(1.0), None);
     }
 
     #[test]

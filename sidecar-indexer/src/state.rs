@@ -16,15 +16,20 @@ use parking_lot::{Mutex, RwLock};
 use rand::rngs::StdRng;
 use serde::Serialize;
 
-use crate::config::{Config, IndexMode, WorkerConfig};
-use crate::decide::WorkerView;
+use kvmesh_core::api::Mode;
+use kvmesh_core::hashing::SequenceHash;
+
+use crate::config::{Config, IndexMode, RoutingConfig, WorkerConfig};
+use crate::decide::{Leg, Plan, WorkerView};
 use crate::events::applier::{ApplierMsg, IndexGauges};
 use crate::events::listener::{ListenerHandle, ListenerStats};
 use crate::index::{KvIndex, OverlapScores, WorkerSlot};
 use crate::load::LoadTracker;
 use crate::metrics::Metrics;
+use crate::predict::{PrefillBacklog, WorkerTiming};
 use crate::recent::Sessions;
-use crate::scrape::{CounterMirror, EngineSample};
+use crate::scrape::{CounterMirror, EngineSample, PrefillMeter};
+use crate::speculative::Speculative;
 use crate::tokenize::PromptTokenizer;
 
 /// One dp rank of a worker: its index slot and listener.
@@ -47,12 +52,64 @@ pub struct WorkerRuntime {
     /// False while discovery says the worker must get no traffic (not ready, or vanished and in
     /// its grace period); its index, events and load stay (`crate::discovery`). Static workers: true.
     pub routable: bool,
+    /// Measured prefill throughput and decode step time, from its scrapes.
+    pub meter: PrefillMeter,
 }
 
 impl WorkerRuntime {
     /// Whether requests may go to it: healthy (scrapes answer) and routable (discovery).
     pub fn gets_traffic(&self) -> bool {
         self.healthy && self.routable
+    }
+
+    /// Prefill tokens/s the model uses: measured (clamped), else the configured default.
+    pub fn prefill_tokens_per_s(&self, r: &RoutingConfig) -> f64 {
+        self.meter
+            .prefill_tokens_per_s(r.prefill_measure_min_tokens as f64)
+            .map_or(r.prefill_tokens_per_s, |t| {
+                t.clamp(r.prefill_tokens_per_s_min, r.prefill_tokens_per_s_max)
+            })
+    }
+
+    /// Decode part of a step, seconds: the measured inter-token latency, else the configured one.
+    pub fn decode_step_s(&self, r: &RoutingConfig) -> f64 {
+        self.meter
+            .decode_step_s(MIN_ITL_SAMPLES)
+            .unwrap_or(r.decode_step_ms / 1000.0)
+    }
+}
+
+/// Decode tokens the ITL window must hold before the measured step time replaces `decode_step_ms`.
+const MIN_ITL_SAMPLES: f64 = 64.0;
+
+/// Requests tracked per worker in the prefill backlog model (the oldest dropped beyond it).
+pub const BACKLOG_MAX_PER_WORKER: usize = 4096;
+
+/// What placement remembers between decisions: booked prefill draining per worker, and the blocks
+/// of recent decisions (speculative holdings). Both pure; the clock is passed in.
+pub struct Placement {
+    pub backlog: PrefillBacklog,
+    pub speculative: Speculative,
+}
+
+impl Placement {
+    /// Empty, bounded by `r`.
+    pub fn new(r: &RoutingConfig) -> Self {
+        Self {
+            backlog: PrefillBacklog::new(BACKLOG_MAX_PER_WORKER),
+            speculative: Speculative::new(
+                std::time::Duration::from_millis(r.speculative_ttl_ms),
+                r.speculative_max_blocks_per_worker,
+            ),
+        }
+    }
+
+    /// New bounds (a reload).
+    pub fn set_limits(&mut self, r: &RoutingConfig) {
+        self.speculative.set_limits(
+            std::time::Duration::from_millis(r.speculative_ttl_ms),
+            r.speculative_max_blocks_per_worker,
+        );
     }
 }
 
@@ -118,6 +175,8 @@ pub struct AppState {
     pub dry_runs: AtomicU64,
     /// `/v1/route` calls being worked on (`crate::route::admission`).
     pub route_inflight: Arc<std::sync::atomic::AtomicUsize>,
+    /// Prefill backlog model and speculative holdings (placement by predicted TTFT).
+    pub placement: Mutex<Placement>,
 }
 
 impl AppState {
@@ -151,7 +210,13 @@ impl AppState {
                 .map(|w| {
                     let mut l = load.worker(&w.cfg.id);
                     l.waiting_requests = w.engine.map_or(0, |e| e.waiting.max(0.0) as u64);
-                    FleetWorker { id: w.cfg.id.clone(), endpoint: w.cfg.endpoint.clone(), role: w.cfg.role, healthy: w.gets_traffic(), load: l }
+                    FleetWorker {
+                        id: w.cfg.id.clone(),
+                        endpoint: w.cfg.endpoint.clone(),
+                        role: w.cfg.role,
+                        healthy: w.gets_traffic(),
+                        load: l,
+                    }
                 })
                 .collect(),
         }
@@ -167,7 +232,12 @@ impl AppState {
         fleet
             .workers
             .iter()
-            .filter(|w| w.cfg.kv_events.is_some() && w.ranks.iter().any(|r| !r.stats.synced.load(Ordering::Relaxed)))
+            .filter(|w| {
+                w.cfg.kv_events.is_some()
+                    && w.ranks
+                        .iter()
+                        .any(|r| !r.stats.synced.load(Ordering::Relaxed))
+            })
             .map(|w| w.cfg.id.clone())
             .collect()
     }
@@ -175,48 +245,115 @@ impl AppState {
     /// Refreshes the gauges that are cheaper to read at scrape time than to keep current.
     pub fn refresh_gauges(&self) {
         let m = &self.metrics;
-        m.index_blocks.set(self.gauges.blocks.load(Ordering::Relaxed) as i64);
-        m.index_entries.set(self.gauges.entries.load(Ordering::Relaxed) as i64);
-        m.index_bytes.set(self.gauges.bytes.load(Ordering::Relaxed) as i64);
+        m.index_blocks
+            .set(self.gauges.blocks.load(Ordering::Relaxed) as i64);
+        m.index_entries
+            .set(self.gauges.entries.load(Ordering::Relaxed) as i64);
+        m.index_bytes
+            .set(self.gauges.bytes.load(Ordering::Relaxed) as i64);
         let fleet = self.fleet.read();
         m.fleet_generation.set(fleet.generation as i64);
-        let now_ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        let now_ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
         {
             let index = self.index.read();
             for w in &fleet.workers {
                 let blocks: usize = w.ranks.iter().map(|r| index.worker_blocks(r.slot)).sum();
-                m.worker_blocks.with_label_values(&[&w.cfg.id]).set(blocks as i64);
+                m.worker_blocks
+                    .with_label_values(&[&w.cfg.id])
+                    .set(blocks as i64);
             }
         }
         let load = self.load.lock();
+        let routing = self.config.read().routing.clone();
+        let now = Instant::now();
+        {
+            let mut placement = self.placement.lock();
+            placement.backlog.compact(
+                |id| {
+                    fleet
+                        .workers
+                        .iter()
+                        .find(|w| w.cfg.id == id)
+                        .map_or(routing.prefill_tokens_per_s, |w| {
+                            w.prefill_tokens_per_s(&routing)
+                        })
+                },
+                now,
+            );
+            for w in &fleet.workers {
+                let tps = w.prefill_tokens_per_s(&routing);
+                let ahead = placement
+                    .backlog
+                    .ahead(&w.cfg.id, tps, now)
+                    .tokens
+                    .min(load.worker(&w.cfg.id).prefill_tokens as f64);
+                m.worker_prefill_tps
+                    .with_label_values(&[&w.cfg.id])
+                    .set(tps);
+                m.worker_queued_prefill
+                    .with_label_values(&[&w.cfg.id])
+                    .set(ahead);
+            }
+            placement.speculative.expire(now);
+            m.speculative_blocks.set(placement.speculative.len() as i64);
+        }
         for w in &fleet.workers {
             let id = w.cfg.id.as_str();
             let l = load.worker(id);
-            m.worker_active_requests.with_label_values(&[id]).set(l.active_requests as i64);
-            m.worker_active_blocks.with_label_values(&[id]).set(l.active_blocks as i64);
-            m.worker_prefill_tokens.with_label_values(&[id]).set(l.prefill_tokens as i64);
-            m.worker_healthy.with_label_values(&[id]).set(i64::from(w.gets_traffic()));
+            m.worker_active_requests
+                .with_label_values(&[id])
+                .set(l.active_requests as i64);
+            m.worker_active_blocks
+                .with_label_values(&[id])
+                .set(l.active_blocks as i64);
+            m.worker_prefill_tokens
+                .with_label_values(&[id])
+                .set(l.prefill_tokens as i64);
+            m.worker_healthy
+                .with_label_values(&[id])
+                .set(i64::from(w.gets_traffic()));
             if let Some(e) = w.engine {
-                m.worker_running.with_label_values(&[id]).set(e.running as i64);
-                m.worker_waiting.with_label_values(&[id]).set(e.waiting as i64);
+                m.worker_running
+                    .with_label_values(&[id])
+                    .set(e.running as i64);
+                m.worker_waiting
+                    .with_label_values(&[id])
+                    .set(e.waiting as i64);
             }
-            if let Some(ts) = w.ranks.iter().filter_map(|r| r.stats.last_ts()).reduce(f64::max) {
-                m.kv_event_lag.with_label_values(&[id]).set((now_ts - ts).max(0.0));
+            if let Some(ts) = w
+                .ranks
+                .iter()
+                .filter_map(|r| r.stats.last_ts())
+                .reduce(f64::max)
+            {
+                m.kv_event_lag
+                    .with_label_values(&[id])
+                    .set((now_ts - ts).max(0.0));
             }
         }
         {
             let sessions = self.sessions.lock();
-            m.sessions_tracked.with_label_values(&["continuations"]).set(sessions.continuations.len() as i64);
-            m.sessions_tracked.with_label_values(&["kv_home"]).set(sessions.kv_home.len() as i64);
+            m.sessions_tracked
+                .with_label_values(&["continuations"])
+                .set(sessions.continuations.len() as i64);
+            m.sessions_tracked
+                .with_label_values(&["kv_home"])
+                .set(sessions.kv_home.len() as i64);
         }
         let isl = m.isl_blocks.get();
         if isl > 0 {
-            m.kv_block_hit_rate.with_label_values(&["router"]).set(m.overlap_blocks.get() as f64 / isl as f64);
+            m.kv_block_hit_rate
+                .with_label_values(&["router"])
+                .set(m.overlap_blocks.get() as f64 / isl as f64);
         }
         let q = self.engine_totals.queries.load(Ordering::Relaxed);
         if q > 0 {
             let h = self.engine_totals.hits.load(Ordering::Relaxed);
-            m.kv_block_hit_rate.with_label_values(&["engine"]).set(h as f64 / q as f64);
+            m.kv_block_hit_rate
+                .with_label_values(&["engine"])
+                .set(h as f64 / q as f64);
         }
     }
 
@@ -225,7 +362,9 @@ impl AppState {
         let fleet = self.fleet.read();
         let index = self.index.read();
         let load = self.load.lock();
-        let now_ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        let now_ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
         fleet
             .workers
             .iter()
@@ -276,40 +415,122 @@ impl AppState {
                     let mut blocks: Vec<DebugBlock> = index
                         .worker_refs(r.slot)
                         .into_iter()
-                        .map(|(engine, b)| DebugBlock { engine_hash: engine, chain_hash: b.chain.0, indexed: index.holds(r.slot, b.chain) })
+                        .map(|(engine, b)| DebugBlock {
+                            engine_hash: engine,
+                            chain_hash: b.chain.0,
+                            indexed: index.holds(r.slot, b.chain),
+                        })
                         .collect();
                     blocks.sort_unstable_by_key(|b| b.engine_hash);
-                    DebugBlocks { rank: r.rank, blocks }
+                    DebugBlocks {
+                        rank: r.rank,
+                        blocks,
+                    }
                 })
                 .collect(),
         )
     }
 
-    /// The decision's view of every worker for one prompt.
-    pub fn views<'a>(&self, fleet: &'a Fleet, overlaps: &[u32], load: &LoadTracker, unknown_request_blocks: u64) -> Vec<WorkerView<'a>> {
+    /// The decision's view of every worker for one prompt with `chains`, at `now`.
+    ///
+    /// Timing per worker: throughput measured (else the default); prefill ahead = the booked
+    /// backlog still draining (at most the uncached tokens of its live bookings) plus the requests
+    /// the engine reports waiting beyond this indexer's own not-yet-prefilled ones, at
+    /// `unknown_request_blocks × block_size` tokens each; decode batch = the engine's running
+    /// requests, or the booked ones past prefill when that is more (the scrape lags).
+    pub fn views<'a>(
+        &self,
+        fleet: &'a Fleet,
+        overlaps: &[u32],
+        load: &LoadTracker,
+        chains: &[SequenceHash],
+        cfg: &Config,
+        now: Instant,
+    ) -> Vec<WorkerView<'a>> {
+        let r = &cfg.routing;
+        let unknown_tokens = (r.unknown_request_blocks * u64::from(cfg.model.block_size)) as f64;
+        let placement = self.placement.lock();
         fleet
             .workers
             .iter()
             .zip(overlaps)
             .map(|(w, &overlap)| {
                 let booked: WorkerLoad = load.worker(&w.cfg.id);
-                let engine_requests = w.engine.map_or(0, |e| (e.running + e.waiting).max(0.0) as u64);
+                let (running, waiting) = w.engine.map_or((0, 0), |e| {
+                    (e.running.max(0.0) as u64, e.waiting.max(0.0) as u64)
+                });
                 // Requests the engine runs that this indexer did not route (other gateways, direct
                 // traffic) still load it: count them at the mean booked size, or a configured guess.
-                let unseen = engine_requests.saturating_sub(booked.active_requests);
-                let per_request = booked.active_blocks.checked_div(booked.active_requests).unwrap_or(unknown_request_blocks);
+                let unseen = (running + waiting).saturating_sub(booked.active_requests);
+                let per_request = booked
+                    .active_blocks
+                    .checked_div(booked.active_requests)
+                    .unwrap_or(r.unknown_request_blocks);
+                let tps = w.prefill_tokens_per_s(r);
+                let ahead = placement.backlog.ahead(&w.cfg.id, tps, now);
+                let own_tokens = ahead.tokens.min(booked.prefill_tokens as f64);
+                let unseen_waiting = waiting.saturating_sub(ahead.requests);
+                let speculative = w.ranks.first().map_or(0, |rank| {
+                    placement.speculative.overlap(rank.slot, chains, now)
+                });
                 WorkerView {
                     id: &w.cfg.id,
                     endpoint: &w.cfg.endpoint,
                     role: w.cfg.role,
                     healthy: w.gets_traffic(),
                     overlap_blocks: overlap,
+                    speculative_blocks: speculative,
                     active_blocks: booked.active_blocks + unseen * per_request,
                     active_requests: booked.active_requests,
-                    waiting_requests: w.engine.map_or(0, |e| e.waiting.max(0.0) as u64),
+                    waiting_requests: waiting,
+                    timing: WorkerTiming {
+                        queued_tokens: own_tokens + unseen_waiting as f64 * unknown_tokens,
+                        decode_batch: running
+                            .max(booked.active_requests.saturating_sub(ahead.requests)),
+                        prefill_tokens_per_s: tps,
+                        decode_step_s: w.decode_step_s(r),
+                    },
                 }
             })
             .collect()
+    }
+
+    /// Records a decision for the next ones: its prefill joins the backlog of the worker that
+    /// computes it (the prefill worker of a `disagg` plan, else the decode worker), its blocks
+    /// become speculative holdings of the workers that will hold them, and the prediction and the
+    /// speculative credit are counted.
+    pub fn placed(&self, plan: &Plan, chains: &[SequenceHash], cfg: &Config, now: Instant) {
+        let fleet = self.fleet.read();
+        let worker = |id: &str| fleet.workers.iter().find(|w| w.cfg.id == id);
+        let prefill_on = match (&plan.leg, plan.mode) {
+            (Some(Leg::PrefillOn { worker, .. }), Mode::Disagg) => worker.as_str(),
+            _ => plan.worker.as_str(),
+        };
+        let mut placement = self.placement.lock();
+        if let Some(w) = worker(prefill_on) {
+            placement.backlog.add(
+                prefill_on,
+                plan.uncached_tokens as f64,
+                w.prefill_tokens_per_s(&cfg.routing),
+                now,
+            );
+        }
+        let mut holders = vec![plan.worker.as_str()];
+        if prefill_on != plan.worker {
+            holders.push(prefill_on);
+        }
+        for id in holders {
+            if let Some(slot) = worker(id).and_then(|w| w.ranks.first()).map(|r| r.slot) {
+                placement.speculative.record(slot, chains, now);
+            }
+        }
+        let held = placement.speculative.len();
+        drop(placement);
+        let m = &self.metrics;
+        m.predicted_ttft.observe(plan.predicted_ttft_ms / 1000.0);
+        m.speculative_overlap_blocks
+            .inc_by(u64::from(plan.speculative_extra_blocks));
+        m.speculative_blocks.set(held as i64);
     }
 }
 

@@ -1,0 +1,309 @@
+//! Predicted time to first token: the unit every placement decision is made in.
+//!
+//! A worker serves prefill FIFO-ish at a throughput it measures itself ([`crate::scrape::PrefillMeter`],
+//! configured default until enough is measured, clamped). A request sent to it waits for the prefill
+//! work queued ahead of it, then computes its own uncached tokens, and every engine step that carries
+//! prefill also carries one decode token for each sequence in the running batch. So, in seconds:
+//!
+//! ```text
+//! ttft = (queued_tokens + own_uncached_tokens) / prefill_tokens_per_s
+//!      + steps × decode_step_s      (steps = ⌈(queued + own) / prefill_chunk_tokens⌉, 0 with no batch)
+//! ```
+//!
+//! `queued_tokens` comes from [`PrefillBacklog`]: the uncached tokens this indexer booked on the
+//! worker, drained at the worker's throughput since booking (the engine does not say when a request
+//! finishes prefill, so it is modelled: a fluid FIFO queue), plus requests the engine reports waiting
+//! that this indexer did not book (other gateway replicas, direct traffic) at an assumed size.
+//! Everything here is pure; the clock is passed in.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+/// The numbers the model needs about one worker, all measured or derived before the decision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WorkerTiming {
+    /// Prefill work ahead of a new request, in uncached tokens.
+    pub queued_tokens: f64,
+    /// Sequences in its decode batch (engine-reported running, or booked when not scraped).
+    pub decode_batch: u64,
+    /// Prefill throughput, uncached tokens per second (> 0).
+    pub prefill_tokens_per_s: f64,
+    /// Duration of one engine step's decode part (inter-token latency), seconds.
+    pub decode_step_s: f64,
+}
+
+impl Default for WorkerTiming {
+    fn default() -> Self {
+        Self {
+            queued_tokens: 0.0,
+            decode_batch: 0,
+            prefill_tokens_per_s: 20_000.0,
+            decode_step_s: 0.02,
+        }
+    }
+}
+
+/// Predicted TTFT in seconds of a request needing `own_tokens` uncached tokens on a worker with
+/// `timing`; `chunk_tokens` is the engine's token budget per step. Monotone non-decreasing in both
+/// `queued_tokens` and `own_tokens`, non-increasing in throughput.
+pub fn ttft_s(timing: &WorkerTiming, own_tokens: f64, chunk_tokens: u64) -> f64 {
+    let work = timing.queued_tokens.max(0.0) + own_tokens.max(0.0);
+    let prefill = work / timing.prefill_tokens_per_s.max(1e-9);
+    let decode = if timing.decode_batch > 0 {
+        let steps = (work / chunk_tokens.max(1) as f64).ceil().max(1.0);
+        steps * timing.decode_step_s.max(0.0)
+    } else {
+        0.0
+    };
+    prefill + decode
+}
+
+/// The most leading blocks an engine can serve from cache for a prompt of `tokens` tokens: vLLM
+/// always computes the last prompt token (its logits give the first output token), so a prompt of
+/// exactly k × block_size tokens hits at most k − 1 blocks. `vllm-sim` applies the same rule
+/// (`e2e/sim/src/sched/mod.rs`, `admit`).
+pub fn max_cached_blocks(tokens: usize, block_size: u32) -> u32 {
+    u32::try_from(tokens.saturating_sub(1) / block_size.max(1) as usize).unwrap_or(u32::MAX)
+}
+
+/// How much of a worker's booked prefill is still ahead of a new request.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Ahead {
+    pub tokens: f64,
+    /// Booked requests not yet past prefill (the partially drained head included).
+    pub requests: u64,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    /// Remaining uncached tokens of each booked request, oldest first.
+    items: VecDeque<f64>,
+    /// When `items` was last drained.
+    at: Option<Instant>,
+}
+
+impl Queue {
+    /// How many front items `tps × (now − at)` tokens finish, and what is left of the next one.
+    fn drained(&self, tps: f64, now: Instant) -> (usize, f64) {
+        let mut budget = self.at.map_or(0.0, |at| {
+            now.saturating_duration_since(at).as_secs_f64() * tps.max(0.0)
+        });
+        let mut gone = 0;
+        for t in &self.items {
+            if budget < *t {
+                return (gone, *t - budget);
+            }
+            budget -= t;
+            gone += 1;
+        }
+        (gone, 0.0)
+    }
+
+    fn settle(&mut self, tps: f64, now: Instant) {
+        let (gone, head) = self.drained(tps, now);
+        self.items.drain(..gone);
+        if let Some(front) = self.items.front_mut() {
+            *front = head;
+        }
+        self.at = Some(now);
+    }
+}
+
+/// Booked prefill per worker, drained at the worker's throughput since booking (a fluid FIFO).
+/// Bounded: at most `max_per_worker` requests per worker (the oldest, least remaining, dropped).
+#[derive(Debug)]
+pub struct PrefillBacklog {
+    workers: HashMap<String, Queue>,
+    max_per_worker: usize,
+}
+
+impl PrefillBacklog {
+    /// A backlog tracking at most `max_per_worker` requests per worker.
+    pub fn new(max_per_worker: usize) -> Self {
+        Self {
+            workers: HashMap::new(),
+            max_per_worker: max_per_worker.max(1),
+        }
+    }
+
+    /// Books `tokens` of prefill on `worker` at `now`; `tps` drains what was queued before.
+    pub fn add(&mut self, worker: &str, tokens: f64, tps: f64, now: Instant) {
+        let q = self.workers.entry(worker.to_owned()).or_default();
+        q.settle(tps, now);
+        if tokens > 0.0 {
+            q.items.push_back(tokens);
+        }
+        while q.items.len() > self.max_per_worker {
+            q.items.pop_front();
+        }
+    }
+
+    /// What is still ahead on `worker` at `now`, draining at `tps`.
+    pub fn ahead(&self, worker: &str, tps: f64, now: Instant) -> Ahead {
+        let Some(q) = self.workers.get(worker) else {
+            return Ahead::default();
+        };
+        let (gone, head) = q.drained(tps, now);
+        let rest: f64 = q.items.iter().skip(gone + 1).sum();
+        let requests = (q.items.len() - gone) as u64;
+        Ahead {
+            tokens: if requests > 0 { head + rest } else { 0.0 },
+            requests,
+        }
+    }
+
+    /// Forgets the worker (it left the fleet).
+    pub fn remove_worker(&mut self, worker: &str) {
+        self.workers.remove(worker);
+    }
+
+    /// Drops fully drained queues (bounded memory for fleets that churn).
+    pub fn compact(&mut self, tps_of: impl Fn(&str) -> f64, now: Instant) {
+        self.workers.retain(|w, q| {
+            q.settle(tps_of(w), now);
+            !q.items.is_empty()
+        });
+    }
+
+    /// Requests tracked over all workers.
+    pub fn len(&self) -> usize {
+        self.workers.values().map(|q| q.items.len()).sum()
+    }
+
+    /// Whether nothing is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::time::Duration;
+
+    fn timing(queued: f64, batch: u64) -> WorkerTiming {
+        WorkerTiming {
+            queued_tokens: queued,
+            decode_batch: batch,
+            prefill_tokens_per_s: 10_000.0,
+            decode_step_s: 0.02,
+        }
+    }
+
+    #[test]
+    fn ttft_table() {
+        // (queued, batch, own, chunk, want seconds)
+        let cases = [
+            (0.0, 0, 1000.0, 8192, 0.1),           // idle worker: own prefill only
+            (5000.0, 0, 1000.0, 8192, 0.6),        // queued work first
+            (0.0, 3, 1000.0, 8192, 0.12),          // one step of the decode batch
+            (9000.0, 3, 1000.0, 4096, 1.0 + 0.06), // 10k tokens in 4096-token steps: 3 steps
+            (0.0, 0, 0.0, 8192, 0.0),
+        ];
+        for (queued, batch, own, chunk, want) in cases {
+            let got = ttft_s(&timing(queued, batch), own, chunk);
+            assert!(
+                (got - want).abs() < 1e-9,
+                "{queued} {batch} {own} {chunk}: {got} != {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn last_block_rule_matches_vllm_sim() {
+        // The numbers of the issue (block 32: a 2048-token prompt hits 63 blocks) and of vllm-sim's
+        // `admit`: ((tokens − 1) / block_size).
+        let cases = [
+            (2048, 32, 63),
+            (2049, 32, 64),
+            (2047, 32, 63),
+            (32, 32, 0),
+            (33, 32, 1),
+            (1, 16, 0),
+            (0, 16, 0),
+            (640, 16, 39),
+            (650, 16, 40),
+        ];
+        for (tokens, bs, want) in cases {
+            assert_eq!(
+                max_cached_blocks(tokens, bs),
+                want,
+                "{tokens} tokens, block {bs}"
+            );
+        }
+    }
+
+    #[test]
+    fn backlog_drains_at_the_throughput_since_booking() {
+        let t0 = Instant::now();
+        let s = |ms| t0 + Duration::from_millis(ms);
+        let mut b = PrefillBacklog::new(100);
+        b.add("w0", 1000.0, 10_000.0, t0);
+        b.add("w0", 2000.0, 10_000.0, s(50)); // the first is half done
+        assert_eq!(
+            b.ahead("w0", 10_000.0, s(50)),
+            Ahead {
+                tokens: 2500.0,
+                requests: 2
+            }
+        );
+        assert_eq!(
+            b.ahead("w0", 10_000.0, s(100)),
+            Ahead {
+                tokens: 2000.0,
+                requests: 1
+            }
+        );
+        assert_eq!(
+            b.ahead("w0", 10_000.0, s(250)),
+            Ahead {
+                tokens: 500.0,
+                requests: 1
+            }
+        );
+        assert_eq!(b.ahead("w0", 10_000.0, s(300)), Ahead::default());
+        assert_eq!(b.ahead("w1", 10_000.0, s(0)), Ahead::default());
+        b.compact(|_| 10_000.0, s(400));
+        assert!(b.is_empty());
+    }
+
+    #[test]
+    fn backlog_is_bounded_per_worker() {
+        let t0 = Instant::now();
+        let mut b = PrefillBacklog::new(3);
+        for _ in 0..10 {
+            b.add("w0", 100.0, 1.0, t0);
+        }
+        assert_eq!(b.len(), 3);
+        b.remove_worker("w0");
+        assert!(b.is_empty());
+    }
+
+    proptest! {
+        #[test]
+        fn ttft_is_monotone_in_queued_work(q in 0.0f64..1e6, extra in 0.0f64..1e6, own in 0.0f64..1e5, batch in 0u64..300, chunk in 1u64..20_000) {
+            let a = ttft_s(&timing(q, batch), own, chunk);
+            let b = ttft_s(&timing(q + extra, batch), own, chunk);
+            prop_assert!(b >= a, "{a} > {b}");
+            let c = ttft_s(&timing(q, batch), own + extra, chunk);
+            prop_assert!(c >= a);
+        }
+
+        #[test]
+        fn backlog_never_grows_with_time(items in proptest::collection::vec((1.0f64..5000.0, 0u64..100), 1..20), later in 0u64..2000) {
+            let t0 = Instant::now();
+            let mut b = PrefillBacklog::new(64);
+            let mut t = t0;
+            for (tokens, gap) in &items {
+                t += Duration::from_millis(*gap);
+                b.add("w", *tokens, 20_000.0, t);
+            }
+            let now = b.ahead("w", 20_000.0, t);
+            let after = b.ahead("w", 20_000.0, t + Duration::from_millis(later));
+            prop_assert!(after.tokens <= now.tokens + 1e-6 && after.requests <= now.requests);
+            let total: f64 = items.iter().map(|(x, _)| x).sum();
+            prop_assert!(now.tokens <= total + 1e-6);
+        }
+    }
+}
