@@ -48,7 +48,13 @@ pub struct BootstrapVars {
     pub session_header: String,
     /// Route timeout of a whole response, seconds; 0 = none.
     pub upstream_timeout_s: u64,
+    /// Circuit breaker of cluster `kvmesh_indexer`: connections, pending and active calls
+    /// (usually [`DEFAULT_INDEXER_MAX_CONNECTIONS`]).
+    pub indexer_max_connections: u32,
 }
+
+/// The default bound on connections (and on pending and active calls) to the indexer.
+pub const DEFAULT_INDEXER_MAX_CONNECTIONS: u32 = 256;
 
 /// Why a bootstrap could not be rendered.
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +74,13 @@ pub fn render_bootstrap(vars: &BootstrapVars) -> Result<String, RenderError> {
     env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
     env.set_keep_trailing_newline(true);
     env.add_template("bootstrap.yaml.j2", TEMPLATE)?;
-    Ok(env.get_template("bootstrap.yaml.j2")?.render(vars)?)
+    // The client's override headers are stripped outside wasm too unless the filter honours them.
+    let allow_overrides = serde_json::from_str::<serde_json::Value>(&vars.filter_config_json)
+        .ok()
+        .and_then(|v| v.get("allow_overrides").and_then(serde_json::Value::as_bool))
+        .unwrap_or(false);
+    let ctx = minijinja::context! { strip_overrides => !allow_overrides, ..minijinja::Value::from_serialize(vars) };
+    Ok(env.get_template("bootstrap.yaml.j2")?.render(ctx)?)
 }
 
 fn validate(v: &BootstrapVars) -> Result<(), RenderError> {
@@ -98,6 +110,9 @@ fn validate(v: &BootstrapVars) -> Result<(), RenderError> {
     }
     if v.max_body_bytes == 0 {
         return Err(bad("max_body_bytes", "0", "must be positive"));
+    }
+    if v.indexer_max_connections == 0 {
+        return Err(bad("indexer_max_connections", "0", "must be positive"));
     }
     if v.policy == "kvmesh" {
         if !matches!(serde_json::from_str::<serde_json::Value>(&v.filter_config_json), Ok(serde_json::Value::Object(_))) {
@@ -130,6 +145,7 @@ mod tests {
             policy: policy.into(),
             session_header: "x-session-id".into(),
             upstream_timeout_s: 300,
+            indexer_max_connections: DEFAULT_INDEXER_MAX_CONNECTIONS,
         }
     }
 
@@ -196,6 +212,15 @@ mod tests {
         assert!(kvmesh.contains("allow_on_headers_stop_iteration: true") && kvmesh.contains("failure_policy: FAIL_OPEN"));
         assert!(kvmesh.contains("override_host") && kvmesh.contains("name: kvmesh_indexer"));
         assert!(kvmesh.contains("max_request_bytes: 8388608"), "the buffer filter enforces the body limit");
+        let strip = kvmesh.find("remove: x-gateway-destination-endpoint").expect("the destination header is stripped outside wasm");
+        assert!(strip < kvmesh.find("envoy.filters.http.wasm").unwrap(), "the strip runs before the wasm filter");
+        assert!(kvmesh.contains("remove: x-kvmesh-worker"), "overrides off: stripped outside wasm too");
+        assert!(kvmesh.contains("max_connections: 256, max_pending_requests: 256"), "the indexer cluster is bounded");
+        assert!(kvmesh.contains("outlier_detection:"));
+        let mut with_overrides = vars("kvmesh", "/x.wasm");
+        with_overrides.filter_config_json = r#"{"allow_overrides":true}"#.into();
+        let yaml = render_bootstrap(&with_overrides).unwrap();
+        assert!(yaml.contains("remove: x-gateway-destination-endpoint") && !yaml.contains("remove: x-kvmesh-worker"));
         for (policy, lb) in [("round_robin", "round_robin.v3.RoundRobin"), ("least_request", "least_request.v3.LeastRequest"), ("ring_hash", "ring_hash.v3.RingHash")] {
             let yaml = render_bootstrap(&vars(policy, "")).unwrap();
             assert!(yaml.contains(lb), "{policy}");
@@ -229,6 +254,7 @@ mod tests {
             (|v| v.session_header = "X Session".into(), "session_header"),
             (|v| v.filter_config_json = "not json".into(), "filter_config_json"),
             (|v| v.max_body_bytes = 0, "max_body_bytes"),
+            (|v| v.indexer_max_connections = 0, "indexer_max_connections"),
         ];
         for (mutate, field) in cases {
             let mut v = vars("kvmesh", "/x.wasm");

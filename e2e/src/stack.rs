@@ -73,6 +73,8 @@ pub struct StackSpec {
     pub kv_events: bool,
     /// Extra lines for the indexer's `[routing]` table, e.g. `mode = "approximate"`.
     pub routing_toml: String,
+    /// Extra lines for the indexer's `[model]` table, e.g. `chat_template = "…"`.
+    pub model_toml: String,
     /// Fields merged over the filter's default plugin configuration.
     pub filter_config: serde_json::Value,
     pub session_header: String,
@@ -82,6 +84,8 @@ pub struct StackSpec {
     pub release: bool,
     /// Keep logs and generated files here instead of a temporary directory.
     pub work_dir: Option<PathBuf>,
+    /// Envoy's bound on connections and calls to the indexer (bootstrap `indexer_max_connections`).
+    pub indexer_max_connections: u32,
 }
 
 impl StackSpec {
@@ -105,12 +109,14 @@ impl StackSpec {
             sim_args: Vec::new(),
             kv_events: true,
             routing_toml: String::new(),
+            model_toml: String::new(),
             filter_config: serde_json::json!({}),
             session_header: kvmesh_core::headers::DEFAULT_SESSION_HEADER.to_owned(),
             max_body_bytes: 8 * 1024 * 1024,
             ports: Ports::default(),
             release: false,
             work_dir: None,
+            indexer_max_connections: crate::envoy_config::DEFAULT_INDEXER_MAX_CONNECTIONS,
         }
     }
 
@@ -323,6 +329,7 @@ impl Stack {
             policy: self.spec.policy.as_str().into(),
             session_header: self.spec.session_header.clone(),
             upstream_timeout_s: 300,
+            indexer_max_connections: self.spec.indexer_max_connections,
         };
         let yaml = render_bootstrap(&vars)?;
         let path = self.dir.join("envoy.yaml");
@@ -410,8 +417,8 @@ impl Stack {
 /// The fleet file the indexer reads: one description for the indexer and the Envoy bootstrap.
 pub fn fleet_toml(spec: &StackSpec, workers: &[&Worker], gateway_port: u16, admin_port: u16, indexer_port: u16) -> String {
     let mut out = format!(
-        "listen = \"127.0.0.1:{indexer_port}\"\n\n[model]\nname = \"deepseek-v4\"\nblock_size = {}\n\n[gateway]\nlisten = \"127.0.0.1:{gateway_port}\"\nadmin = \"127.0.0.1:{admin_port}\"\n\n[routing]\n{}\n",
-        spec.block_size, spec.routing_toml
+        "listen = \"127.0.0.1:{indexer_port}\"\n\n[model]\nname = \"deepseek-v4\"\nblock_size = {}\n{}\n\n[gateway]\nlisten = \"127.0.0.1:{gateway_port}\"\nadmin = \"127.0.0.1:{admin_port}\"\n\n[routing]\n{}\n",
+        spec.block_size, spec.model_toml, spec.routing_toml
     );
     if let Ok(filter) = toml::Value::try_from(spec.filter_config_json()) {
         if let Ok(text) = toml::to_string(&filter) {

@@ -64,6 +64,11 @@ pub struct FilterConfig {
     pub done_queue_capacity: usize,
     /// Concurrent `/v1/done` calls per background context.
     pub done_max_in_flight: usize,
+    /// Consecutive unanswered `/v1/route` calls (timeout, reset, no connection) that open the
+    /// circuit breaker, per worker thread; 0 = no breaker.
+    pub breaker_failures: u32,
+    /// How long an open breaker skips the call before one probe goes through.
+    pub breaker_open_ms: u64,
 }
 
 impl Default for FilterConfig {
@@ -83,6 +88,8 @@ impl Default for FilterConfig {
             done_flush_ms: 20,
             done_queue_capacity: 4096,
             done_max_in_flight: 64,
+            breaker_failures: 5,
+            breaker_open_ms: 1000,
         }
     }
 }
@@ -168,6 +175,12 @@ impl FilterConfig {
         }
         if !(1..=10_000).contains(&self.done_max_in_flight) {
             return Err(bad("done_max_in_flight", self.done_max_in_flight, "must be within 1..=10000"));
+        }
+        if self.breaker_failures > 10_000 {
+            return Err(bad("breaker_failures", self.breaker_failures, "must be 0 (off) or within 1..=10000"));
+        }
+        if !(10..=600_000).contains(&self.breaker_open_ms) {
+            return Err(bad("breaker_open_ms", self.breaker_open_ms, "must be within 10..=600000"));
         }
         Ok(self)
     }

@@ -2,15 +2,20 @@
 //!
 //! Envoy delivers every outcome of a `dispatch_http_call` as a response: a down indexer is a local
 //! `503` with a plain-text body, a missed deadline a `504`, a reset zero headers. So the status alone
-//! cannot tell the indexer's deliberate refusal (429/503 *with* an OpenAI [`ErrorBody`], relayed to
-//! the client because resource exhaustion must reach it) from Envoy saying nobody answered; the body
-//! decides. Everything that is not a usable decision or a deliberate refusal is a fallback reason.
+//! cannot tell the indexer's deliberate refusal from Envoy saying nobody answered; the body decides.
+//!
+//! Routing is an optimisation, so exactly one indexer answer reaches the client: the designed
+//! prefill overload (a `429`, or a `503` whose [`ErrorBody`] reason is `prefill_overloaded`; resource
+//! exhaustion must make the client back off). Every other answer — no healthy decode worker, a
+//! tokenizer or chat-template failure, the indexer shedding load, bad input, Envoy saying nobody
+//! answered — is a [`Fallback`] with a reason label and, when the indexer said one, its error code.
 
 use std::net::SocketAddr;
 
 use kvmesh_core::api::{destination_header, ErrorBody, Mode, RouteDecision};
 use kvmesh_core::headers;
 
+use crate::breaker::CallHealth;
 use crate::metrics::{FallbackReason, RouteLabel};
 
 /// Largest `/v1/route` answer the filter reads; a larger one is a bad response.
@@ -18,6 +23,12 @@ pub const MAX_ANSWER_BYTES: usize = 256 * 1024;
 
 /// Longest debug header value (reasons are for humans, not for bloating responses).
 pub const MAX_DEBUG_VALUE_BYTES: usize = 256;
+
+/// The indexer's error reason for the one refusal relayed to clients.
+pub const PREFILL_OVERLOADED: &str = "prefill_overloaded";
+
+/// Longest error code copied from an indexer answer into the debug header.
+pub const MAX_CODE_BYTES: usize = 64;
 
 /// What the filter does with an indexer answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,27 +38,109 @@ pub enum IndexerAnswer {
     /// Send this status and body to the client.
     Reject { status: u16, body: Vec<u8> },
     /// Route without the indexer.
-    Fallback(FallbackReason),
+    Fallback(Fallback),
+}
+
+/// Why a request is routed without the indexer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fallback {
+    pub reason: FallbackReason,
+    /// The indexer's error reason (`no_decode_worker`, `tokenizer`, `overloaded_shed`, …), when its
+    /// answer carried one; sanitised to `[a-z0-9_.-]`, at most [`MAX_CODE_BYTES`].
+    pub code: Option<String>,
+    /// The booking id of an answer that booked load although the filter cannot use it.
+    pub booking_id: Option<String>,
+}
+
+impl Fallback {
+    /// A fallback without an indexer code.
+    pub fn new(reason: FallbackReason) -> Self {
+        Self { reason, code: None, booking_id: None }
+    }
+
+    /// The `x-kvmesh-fallback` value: `<reason>` or `<reason>; code=<code>`.
+    pub fn header_value(&self) -> String {
+        match &self.code {
+            Some(code) => format!("{}; code={code}", self.reason.as_str()),
+            None => self.reason.as_str().to_owned(),
+        }
+    }
+}
+
+impl FallbackReason {
+    /// Whether the indexer may have booked load for the request, so a `/v1/done` must follow: it
+    /// may have decided before the answer was lost (reset, deadline, an empty 503 from its own
+    /// request timeout, a 5xx or an unreadable 200). Not when the call never left, was skipped,
+    /// or the indexer answered a structured error (it books only what it answers with a decision).
+    pub fn may_be_booked(self) -> bool {
+        !matches!(self, Self::DispatchFailed | Self::BreakerOpen | Self::IndexerError)
+    }
+
+    /// What this outcome says about the indexer's liveness (for the circuit breaker), or None
+    /// when no call was made.
+    pub fn health(self) -> Option<CallHealth> {
+        match self {
+            Self::BreakerOpen => None,
+            Self::DispatchFailed | Self::Reset | Self::Timeout | Self::Unavailable => Some(CallHealth::Failed),
+            Self::ServerError | Self::BadStatus | Self::BadResponse | Self::IndexerError => Some(CallHealth::Answered),
+        }
+    }
 }
 
 /// Classifies an answer; `status` is None when the call ended without headers.
 pub fn classify(status: Option<u16>, body: &[u8]) -> IndexerAnswer {
     let Some(status) = status else {
-        return IndexerAnswer::Fallback(FallbackReason::Reset);
+        return IndexerAnswer::Fallback(Fallback::new(FallbackReason::Reset));
     };
-    match status {
-        200 => match serde_json::from_slice::<RouteDecision>(body) {
+    if status == 200 {
+        return match serde_json::from_slice::<RouteDecision>(body) {
             Ok(d) if is_endpoint(&d.endpoint) => IndexerAnswer::Route(d),
-            _ => IndexerAnswer::Fallback(FallbackReason::BadResponse),
-        },
-        429 | 503 if serde_json::from_slice::<ErrorBody>(body).is_ok() => {
-            IndexerAnswer::Reject { status, body: body.to_vec() }
-        }
-        503 => IndexerAnswer::Fallback(FallbackReason::Unavailable),
-        504 => IndexerAnswer::Fallback(FallbackReason::Timeout),
-        500..=599 => IndexerAnswer::Fallback(FallbackReason::ServerError),
-        _ => IndexerAnswer::Fallback(FallbackReason::BadStatus),
+            _ => IndexerAnswer::Fallback(Fallback { booking_id: booking_id_of(body), ..Fallback::new(FallbackReason::BadResponse) }),
+        };
     }
+    if let Ok(err) = serde_json::from_slice::<ErrorBody>(body) {
+        let reason = err.error.reason.as_deref();
+        let designed_overload = match status {
+            // A 429 is the prefill overload unless the indexer names another reason (older
+            // indexers name none).
+            429 => reason.is_none_or(|r| r == PREFILL_OVERLOADED),
+            503 => reason == Some(PREFILL_OVERLOADED),
+            _ => false,
+        };
+        if designed_overload {
+            return IndexerAnswer::Reject { status, body: body.to_vec() };
+        }
+        if (400..=599).contains(&status) {
+            let code = reason.map(sanitize_code).or_else(|| Some(sanitize_code(&err.error.kind))).filter(|c| !c.is_empty());
+            return IndexerAnswer::Fallback(Fallback { code, ..Fallback::new(FallbackReason::IndexerError) });
+        }
+    }
+    let reason = match status {
+        503 => FallbackReason::Unavailable,
+        504 => FallbackReason::Timeout,
+        500..=599 => FallbackReason::ServerError,
+        _ => FallbackReason::BadStatus,
+    };
+    IndexerAnswer::Fallback(Fallback::new(reason))
+}
+
+/// `booking_id` of a JSON object that is not a usable decision, if it names one.
+fn booking_id_of(body: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let id = value.get("booking_id")?.as_str()?;
+    (!id.is_empty() && id.len() <= MAX_DEBUG_VALUE_BYTES).then(|| id.to_owned())
+}
+
+/// An error code as a header-safe token.
+pub fn sanitize_code(code: &str) -> String {
+    let mut out: String = code
+        .trim()
+        .chars()
+        .map(|c| c.to_ascii_lowercase())
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') { c } else { '_' })
+        .collect();
+    out.truncate(MAX_CODE_BYTES);
+    out
 }
 
 /// Whether `s` is an `ip:port` the override_host LB can match (`[v6]:port` included).

@@ -6,6 +6,7 @@
 
 use kvmesh_core::api::DoneReport;
 
+use crate::breaker::CallHealth;
 use crate::metrics::MetricUpdate;
 use crate::request::HttpCall;
 
@@ -24,6 +25,8 @@ pub enum Effect {
     Metric(MetricUpdate),
     /// Hand a `/v1/done` report to the background dispatcher.
     QueueDone(DoneReport),
+    /// Tell the `/v1/route` circuit breaker how a call ended.
+    IndexerHealth(CallHealth),
 }
 
 /// What the host does after applying a step's effects.

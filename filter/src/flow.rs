@@ -2,14 +2,16 @@
 //!
 //! ```text
 //! headers ──(routable POST)──▶ Buffering ──(end of body, parsed)──▶ Routing ──(answer)──▶ Forwarded
-//!    │                            │                                   ├──(429/503 + error body)──▶ Rejected
-//!    └──(anything else)──▶ Forwarded ◀──(too large / not JSON / …)───┘──(no usable answer)──▶ Forwarded (fallback)
+//!    │                            │                                   ├──(prefill overload)──▶ Rejected
+//!    └──(anything else)──▶ Forwarded ◀──(too large / not JSON / …)───┘──(anything else)──▶ Forwarded (fallback)
 //! ```
 //! Every callback of `host::http` maps to one method here that takes plain data (header pairs, body
 //! bytes, status, clock) and returns a [`Step`]. The only outside knowledge it asks for is the last
 //! fleet snapshot, through [`FleetSource`], and only on the fallback path. Whatever happens, the
-//! request goes on (`Continue` / `ResumeRequest`) — except the indexer's deliberate rejection.
-//! [`RequestFlow::finish`] runs once, at stream end or destruction, and books the outcome.
+//! request goes on (`Continue` / `ResumeRequest`) — except the indexer's designed prefill-overload
+//! rejection. [`RequestFlow::finish`] runs once, at stream end or destruction, and books the
+//! outcome; whenever the indexer may have booked the request (a decision, a rejection, a call
+//! still out, or a fallback after an answer was lost) it queues a `/v1/done` echoing the booking id.
 
 use std::rc::Rc;
 
@@ -19,7 +21,8 @@ use kvmesh_core::openai::{self, Endpoint};
 use kvmesh_core::session::{SessionKey, SessionSource};
 
 use crate::config::FilterConfig;
-use crate::decision::{self, IndexerAnswer};
+use crate::breaker::CallHealth;
+use crate::decision::{self, Fallback, IndexerAnswer};
 use crate::effects::{Effect, Next, Step};
 use crate::fallback::{self, FallbackPick};
 use crate::metrics::{
@@ -47,6 +50,14 @@ enum Phase {
     Finished,
 }
 
+/// Where the done report points: the endpoint the request went to and the indexer's booking id,
+/// when known.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct DoneTarget {
+    endpoint: Option<String>,
+    booking_id: Option<String>,
+}
+
 /// The filter's state for one request.
 #[derive(Debug)]
 pub struct RequestFlow {
@@ -63,8 +74,8 @@ pub struct RequestFlow {
     /// Measures TTFT at the first response byte against the decision's prediction.
     ttft: TtftProbe,
     route: RouteLabel,
-    /// Set when the indexer booked this request: the endpoint it chose (None if the call never answered).
-    report_done: Option<Option<String>>,
+    /// Set when the indexer may have booked this request: what the done report says.
+    report_done: Option<DoneTarget>,
     rejected_status: Option<u16>,
     debug: Vec<(&'static str, String)>,
     response_status: Option<u16>,
@@ -203,7 +214,17 @@ impl RequestFlow {
         if self.phase != Phase::Routing {
             return Step::just(Next::Continue);
         }
-        let effects = self.fallback(FallbackReason::DispatchFailed, fleet);
+        let mut effects = vec![Effect::IndexerHealth(CallHealth::Failed)];
+        effects.extend(self.fallback(Fallback::new(FallbackReason::DispatchFailed), fleet));
+        Step { effects, next: Next::Continue }
+    }
+
+    /// The circuit breaker is open: route without asking the indexer.
+    pub fn on_call_skipped(&mut self, fleet: &dyn FleetSource) -> Step {
+        if self.phase != Phase::Routing {
+            return Step::just(Next::Continue);
+        }
+        let effects = self.fallback(Fallback::new(FallbackReason::BreakerOpen), fleet);
         Step { effects, next: Next::Continue }
     }
 
@@ -216,17 +237,22 @@ impl RequestFlow {
         let latency_ms = now_ns.saturating_sub(self.route_started_ns) / 1_000_000;
         let mut effects = vec![Effect::Metric(MetricUpdate::Record(Metric::RouteLatency, latency_ms))];
         let answer = if body.len() > decision::MAX_ANSWER_BYTES {
-            IndexerAnswer::Fallback(FallbackReason::BadResponse)
+            IndexerAnswer::Fallback(Fallback::new(FallbackReason::BadResponse))
         } else {
             decision::classify(status, body)
         };
+        let health = match &answer {
+            IndexerAnswer::Fallback(fb) => fb.reason.health().unwrap_or(CallHealth::Answered),
+            IndexerAnswer::Route(_) | IndexerAnswer::Reject { .. } => CallHealth::Answered,
+        };
+        effects.push(Effect::IndexerHealth(health));
         match answer {
             IndexerAnswer::Route(d) => effects.extend(self.apply(d)),
             IndexerAnswer::Reject { status, body } => {
                 log::info!("ctx={} request_id={} indexer rejected the request with {status}", self.context_id, self.request_id);
                 self.phase = Phase::Rejected;
                 self.rejected_status = Some(status);
-                self.report_done = Some(None);
+                self.report_done = Some(DoneTarget::default());
                 self.body = Vec::new();
                 effects.push(Effect::SendResponse {
                     status,
@@ -281,7 +307,7 @@ impl RequestFlow {
             Phase::Buffering => effects.push(self.unroutable(UnroutableReason::IncompleteBody)),
             Phase::Routing => {
                 // The call is cancelled with the context, but the indexer may have booked the request.
-                self.report_done = Some(None);
+                self.report_done = Some(DoneTarget::default());
             }
             _ => {}
         }
@@ -295,14 +321,14 @@ impl RequestFlow {
             }
         };
         effects.push(Effect::Metric(MetricUpdate::Add(Metric::Requests(self.route, outcome), 1)));
-        if let Some(endpoint) = self.report_done.take() {
+        if let Some(DoneTarget { endpoint, booking_id }) = self.report_done.take() {
             let (outcome, status) = match outcome {
                 OutcomeLabel::Success => (Outcome::Success, self.response_status),
                 OutcomeLabel::Error => (Outcome::Error, self.response_status),
                 OutcomeLabel::Rejected => (Outcome::Error, self.rejected_status),
                 OutcomeLabel::Aborted => (Outcome::Aborted, self.response_status),
             };
-            effects.push(Effect::QueueDone(DoneReport { request_id: self.request_id.clone(), endpoint, outcome, status, booking_id: None }));
+            effects.push(Effect::QueueDone(DoneReport { request_id: self.request_id.clone(), endpoint, outcome, status, booking_id }));
         }
         self.phase = Phase::Finished;
         self.body = Vec::new();
@@ -354,28 +380,43 @@ impl RequestFlow {
             self.debug = decision::debug_headers(&d);
             self.debug.extend(self.ttft.prediction().map(|ms| (headers::DEBUG_PREDICTED_TTFT, format!("{ms:.1}"))));
         }
-        self.report_done = Some(Some(d.endpoint));
+        self.report_done = Some(DoneTarget { endpoint: Some(d.endpoint), booking_id: d.booking_id });
         self.phase = Phase::Forwarded;
         self.body = Vec::new();
         effects
     }
 
-    fn fallback(&mut self, reason: FallbackReason, fleet: &dyn FleetSource) -> Vec<Effect> {
+    fn fallback(&mut self, fb: Fallback, fleet: &dyn FleetSource) -> Vec<Effect> {
+        let reason = fb.reason;
         let snapshot = fleet.fleet();
         let pick = fallback::pick(self.session.map(|(k, _)| k), snapshot.as_deref());
-        log::info!(
-            "ctx={} request_id={} indexer fallback reason={} result={}",
+        let line = format!(
+            "ctx={} request_id={} indexer fallback reason={} code={} result={}",
             self.context_id,
             self.request_id,
             reason.as_str(),
+            fb.code.as_deref().unwrap_or("-"),
             pick.label().as_str()
         );
+        // A skipped call is the breaker doing its job: its opening was logged once already.
+        if reason == FallbackReason::BreakerOpen {
+            log::debug!("{line}");
+        } else {
+            log::info!("{line}");
+        }
         let mut effects = vec![
             Effect::Metric(MetricUpdate::Add(Metric::Fallbacks(reason), 1)),
             Effect::Metric(MetricUpdate::Add(Metric::FallbackRoutes(pick.label()), 1)),
         ];
         if self.config.debug_headers {
-            self.debug = vec![(headers::DEBUG_FALLBACK, reason.as_str().to_owned())];
+            self.debug = vec![(headers::DEBUG_FALLBACK, decision::header_safe(&fb.header_value()))];
+        }
+        let pinned_endpoint = match &pick {
+            FallbackPick::Pinned { header, .. } => header.split(',').next().map(str::to_owned),
+            FallbackPick::Unrouted(_) => None,
+        };
+        if reason.may_be_booked() {
+            self.report_done = Some(DoneTarget { endpoint: pinned_endpoint, booking_id: fb.booking_id });
         }
         match pick {
             FallbackPick::Pinned { worker, header } => {

@@ -11,10 +11,11 @@
 //!
 //! Shape (after Kuadrant's wasm-shim): every decision lives in plain modules with no proxy-wasm
 //! import — [`config`], [`request`], [`decision`], [`splice`], [`fallback`], [`flow`],
-//! [`background`], [`metrics`] — which take plain data and return [`effects::Effect`]s, tested
+//! [`breaker`], [`background`], [`metrics`] — which take plain data and return [`effects::Effect`]s, tested
 //! natively with `cargo test`. The `host` module (wasm only) is the one place that calls Envoy.
 
 pub mod background;
+pub mod breaker;
 pub mod config;
 pub mod decision;
 pub mod effects;
@@ -23,8 +24,8 @@ pub mod flow;
 pub mod metrics;
 pub mod request;
 pub mod splice;
-
 pub mod ttft;
+
 #[cfg(target_arch = "wasm32")]
 mod host;
 

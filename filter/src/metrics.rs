@@ -34,6 +34,8 @@ pub const FLEET_REFRESHES: &str = "kvmesh_filter_fleet_refreshes_total";
 pub const FLEET_DECODE_WORKERS: &str = "kvmesh_filter_fleet_decode_workers";
 /// Counter `{kind}`: things that should not happen (a host call failed, a splice failed, bad data).
 pub const INTERNAL_ERRORS: &str = "kvmesh_filter_internal_errors_total";
+/// Counter `{state}`: transitions of the `/v1/route` circuit breaker (per worker thread, summed).
+pub const BREAKER_TRANSITIONS: &str = "kvmesh_filter_breaker_transitions_total";
 
 /// Histogram: time to first token in milliseconds, from the request's arrival at the filter to the
 /// first response body byte of a streamed 2xx response (`crate::ttft`).
@@ -45,7 +47,7 @@ pub const TTFT_PREDICTED: &str = "kvmesh_filter_ttft_predicted_milliseconds";
 pub const TTFT_RATIO: &str = "kvmesh_filter_ttft_ratio_permille";
 
 /// Every base name, for docs and drift tests.
-pub const ALL_NAMES: [&str; 15] = [
+pub const ALL_NAMES: [&str; 16] = [
     KV_OVERLAP_BLOCKS,
     KV_ISL_BLOCKS,
     KV_HIT_RATE,
@@ -61,10 +63,11 @@ pub const ALL_NAMES: [&str; 15] = [
     TTFT,
     TTFT_PREDICTED,
     TTFT_RATIO,
+    BREAKER_TRANSITIONS,
 ];
 
 /// Every label name; each needs a `stats_tags` entry in the bootstrap.
-pub const LABELS: [&str; 5] = ["mode", "outcome", "reason", "result", "kind"];
+pub const LABELS: [&str; 6] = ["mode", "outcome", "reason", "result", "kind", "state"];
 
 /// [`KV_HIT_RATE`] records `overlap * HIT_RATE_SCALE / isl`.
 pub const HIT_RATE_SCALE: u64 = 1000;
@@ -130,6 +133,12 @@ label_enum! {
         BadStatus => "bad_status",
         /// 200 whose body is not a usable decision.
         BadResponse => "bad_response",
+        /// The indexer answered an error body other than the designed prefill overload (no healthy
+        /// decode worker, tokenizer or chat-template failure, shed under overload, bad input…);
+        /// the error's code rides in the `x-kvmesh-fallback` debug header.
+        IndexerError => "indexer_error",
+        /// The circuit breaker is open after consecutive unanswered calls: the call was skipped.
+        BreakerOpen => "breaker_open",
     }
 }
 
@@ -174,6 +183,18 @@ impl UnroutableReason {
             E::WrongType { .. } => Self::WrongType,
             E::BatchPrompt => Self::BatchPrompt,
         }
+    }
+}
+
+label_enum! {
+    /// `state` of [`BREAKER_TRANSITIONS`]: the state the breaker entered.
+    BreakerState {
+        /// Consecutive unanswered calls reached `breaker_failures`: calls are skipped.
+        Open => "open",
+        /// The open window passed: one probe call goes through.
+        HalfOpen => "half_open",
+        /// An answer arrived: calls go through again.
+        Closed => "closed",
     }
 }
 
@@ -234,6 +255,7 @@ pub enum Metric {
     Ttft,
     TtftPredicted,
     TtftRatio,
+    BreakerTransitions(BreakerState),
 }
 
 impl Metric {
@@ -264,6 +286,7 @@ impl Metric {
             Self::Ttft => TTFT,
             Self::TtftPredicted => TTFT_PREDICTED,
             Self::TtftRatio => TTFT_RATIO,
+            Self::BreakerTransitions(_) => BREAKER_TRANSITIONS,
         }
     }
 
@@ -277,6 +300,7 @@ impl Metric {
             Self::DoneReports(r) => vec![("result", r.as_str())],
             Self::FleetRefreshes(r) => vec![("result", r.as_str())],
             Self::InternalErrors(k) => vec![("kind", k.as_str())],
+            Self::BreakerTransitions(s) => vec![("state", s.as_str())],
             _ => Vec::new(),
         }
     }
@@ -306,6 +330,7 @@ impl Metric {
         all.extend(DoneResult::ALL.iter().map(|&r| Self::DoneReports(r)));
         all.extend(FleetResult::ALL.iter().map(|&r| Self::FleetRefreshes(r)));
         all.extend(InternalError::ALL.iter().map(|&k| Self::InternalErrors(k)));
+        all.extend(BreakerState::ALL.iter().map(|&s| Self::BreakerTransitions(s)));
         all
     }
 }

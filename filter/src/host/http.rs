@@ -9,6 +9,7 @@ use proxy_wasm::types::{Action, BufferType, MapType};
 
 use super::io;
 use super::root::Shared;
+use crate::breaker::Admit;
 use crate::decision::MAX_ANSWER_BYTES;
 use crate::effects::{Effect, Next, Step};
 use crate::flow::RequestFlow;
@@ -38,17 +39,23 @@ impl HttpFilter {
                 let step = self.flow.on_body(body, io::now_ns());
                 self.run(step)
             }
-            Next::Call(call) => match io::dispatch(&call) {
-                Ok(token) => {
-                    self.route_token = Some(token);
-                    Action::Pause
+            Next::Call(call) => {
+                if self.shared.admit_route_call(io::now_ns()) == Admit::Skip {
+                    let step = self.flow.on_call_skipped(self.shared.as_ref());
+                    return self.run(step);
                 }
-                Err(status) => {
-                    self.shared.metrics.host_call_failed("dispatch_http_call(/v1/route)", status);
-                    let step = self.flow.on_dispatch_failed(self.shared.as_ref());
-                    self.run(step)
+                match io::dispatch(&call) {
+                    Ok(token) => {
+                        self.route_token = Some(token);
+                        Action::Pause
+                    }
+                    Err(status) => {
+                        self.shared.metrics.host_call_failed("dispatch_http_call(/v1/route)", status);
+                        let step = self.flow.on_dispatch_failed(self.shared.as_ref());
+                        self.run(step)
+                    }
                 }
-            },
+            }
         }
     }
 
@@ -76,6 +83,10 @@ impl HttpFilter {
                 }
                 Effect::QueueDone(report) => {
                     self.shared.queue_done(report);
+                    continue;
+                }
+                Effect::IndexerHealth(health) => {
+                    self.shared.record_route_call(health, io::now_ns());
                     continue;
                 }
             };

@@ -21,7 +21,8 @@ use super::io::{self, MetricIds};
 use crate::background::{decode_fleet, encode_done, DoneQueue, DONE_QUEUE, FLEET_KEY};
 use crate::config::{Background as Mode, FilterConfig};
 use crate::flow::FleetSource;
-use crate::metrics::{DoneResult, InternalError, Metric, MetricUpdate};
+use crate::breaker::{transition_metric, Admit, Breaker, CallHealth};
+use crate::metrics::{BreakerState, DoneResult, InternalError, Metric, MetricUpdate};
 
 /// Where HTTP contexts put their done reports.
 enum DoneSink {
@@ -37,9 +38,42 @@ pub struct Shared {
     pub metrics: Rc<MetricIds>,
     fleet_cache: RefCell<Option<(u32, Rc<FleetSnapshot>)>>,
     done: DoneSink,
+    /// This worker thread's `/v1/route` circuit breaker.
+    breaker: RefCell<Breaker>,
 }
 
 impl Shared {
+    /// Whether a route call may start now (the breaker's word; a transition is logged and counted).
+    pub fn admit_route_call(&self, now_ns: u64) -> Admit {
+        let Ok(mut breaker) = self.breaker.try_borrow_mut() else { return Admit::Call };
+        let (admit, transition) = breaker.admit(now_ns);
+        if let Some(state) = transition {
+            self.breaker_moved(state);
+        }
+        admit
+    }
+
+    /// Feeds a route call's outcome to the breaker.
+    pub fn record_route_call(&self, health: CallHealth, now_ns: u64) {
+        let Ok(mut breaker) = self.breaker.try_borrow_mut() else { return };
+        if let Some(state) = breaker.record(health, now_ns) {
+            self.breaker_moved(state);
+        }
+    }
+
+    fn breaker_moved(&self, state: BreakerState) {
+        match state {
+            BreakerState::Open => log::warn!(
+                "indexer circuit breaker open: {} consecutive /v1/route calls unanswered; routing locally for {} ms before a probe",
+                self.config.breaker_failures,
+                self.config.breaker_open_ms
+            ),
+            BreakerState::HalfOpen => log::info!("indexer circuit breaker half-open: probing /v1/route"),
+            BreakerState::Closed => log::info!("indexer circuit breaker closed: the indexer answers again"),
+        }
+        self.metrics.apply(transition_metric(state));
+    }
+
     /// Hands a report to the background dispatcher, counting a drop when that is impossible.
     pub fn queue_done(&self, report: DoneReport) {
         let accepted = match &self.done {
@@ -138,7 +172,8 @@ impl Root {
                     DoneSink::Local(Rc::clone(&local_done))
                 }
             };
-            self.shared = Some(Rc::new(Shared { config: Rc::clone(&config), metrics, fleet_cache: RefCell::new(None), done }));
+            let breaker = RefCell::new(Breaker::new(config.breaker_failures, config.breaker_open_ms));
+            self.shared = Some(Rc::new(Shared { config: Rc::clone(&config), metrics, fleet_cache: RefCell::new(None), done, breaker }));
             let tick = (config.background == Mode::PerWorker).then(|| config.tick_period_ms(true)).flatten();
             (tick, "filter")
         };

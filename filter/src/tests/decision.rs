@@ -12,9 +12,27 @@ fn decision_json(endpoint: &str) -> Vec<u8> {
     .unwrap()
 }
 
+fn err(status: u16, kind: &str, reason: Option<&str>) -> Vec<u8> {
+    let body = match reason {
+        Some(r) => ErrorBody::with_reason(status, kind, r, "message"),
+        None => ErrorBody::new(status, kind, "message"),
+    };
+    serde_json::to_vec(&body).unwrap()
+}
+
+fn label(answer: IndexerAnswer, body: &[u8]) -> String {
+    match answer {
+        IndexerAnswer::Route(_) => "route".to_owned(),
+        IndexerAnswer::Reject { status, body: b } => {
+            assert_eq!(b, body, "a rejection relays the body unchanged");
+            format!("reject:{status}")
+        }
+        IndexerAnswer::Fallback(fb) => format!("fallback:{}", fb.header_value()),
+    }
+}
+
 #[test]
 fn classification_table() {
-    let err = serde_json::to_vec(&ErrorBody::new(429, "rate_limit", "prefill pool exhausted")).unwrap();
     let cases: Vec<(Option<u16>, Vec<u8>, &str)> = vec![
         (None, vec![], "fallback:reset"),
         (Some(200), decision_json("10.0.0.1:8000"), "route"),
@@ -22,28 +40,60 @@ fn classification_table() {
         (Some(200), decision_json(""), "fallback:bad_response"),
         (Some(200), b"{\"endpoint\":1}".to_vec(), "fallback:bad_response"),
         (Some(200), b"garbage".to_vec(), "fallback:bad_response"),
-        (Some(429), err.clone(), "reject:429"),
-        (Some(503), err.clone(), "reject:503"),
+        // The one designed client-facing answer: prefill overload.
+        (Some(429), err(429, "rate_limit_exceeded", Some("prefill_overloaded")), "reject:429"),
+        (Some(503), err(503, "service_unavailable", Some("prefill_overloaded")), "reject:503"),
+        (Some(429), err(429, "rate_limit_exceeded", None), "reject:429"),
+        // Every other indexer error fails open, with the indexer's code.
+        (Some(503), err(503, "service_unavailable", Some("no_decode_worker")), "fallback:indexer_error; code=no_decode_worker"),
+        (Some(503), err(503, "service_unavailable", Some("tokenizer")), "fallback:indexer_error; code=tokenizer"),
+        (Some(503), err(503, "service_unavailable", Some("overloaded_shed")), "fallback:indexer_error; code=overloaded_shed"),
+        (Some(429), err(429, "rate_limit_exceeded", Some("overloaded_shed")), "fallback:indexer_error; code=overloaded_shed"),
+        (Some(503), err(503, "service_unavailable", None), "fallback:indexer_error; code=service_unavailable"),
+        (Some(400), err(400, "invalid_request_error", Some("bad_session")), "fallback:indexer_error; code=bad_session"),
+        (Some(500), err(500, "internal", Some("Weird Code\r\n")), "fallback:indexer_error; code=weird_code"),
+        // Envoy speaking for an absent indexer.
         (Some(429), b"slow down".to_vec(), "fallback:bad_status"),
         (Some(503), b"no healthy upstream".to_vec(), "fallback:unavailable"),
+        (Some(503), vec![], "fallback:unavailable"),
         (Some(503), b"upstream connect error or disconnect/reset before headers".to_vec(), "fallback:unavailable"),
         (Some(504), b"upstream request timeout".to_vec(), "fallback:timeout"),
-        (Some(500), err.clone(), "fallback:server_error"),
         (Some(502), vec![], "fallback:server_error"),
         (Some(404), vec![], "fallback:bad_status"),
         (Some(204), vec![], "fallback:bad_status"),
+        (Some(200), err(200, "odd", Some("x")), "fallback:bad_response"),
     ];
     for (status, body, want) in cases {
-        let got = match classify(status, &body) {
-            IndexerAnswer::Route(_) => "route".to_owned(),
-            IndexerAnswer::Reject { status, body: b } => {
-                assert_eq!(b, body);
-                format!("reject:{status}")
-            }
-            IndexerAnswer::Fallback(r) => format!("fallback:{}", r.as_str()),
-        };
-        assert_eq!(got, want, "{status:?} {}", String::from_utf8_lossy(&body));
+        assert_eq!(label(classify(status, &body), &body), want, "{status:?} {}", String::from_utf8_lossy(&body));
     }
+}
+
+#[test]
+fn booking_and_breaker_semantics_per_reason() {
+    use crate::breaker::CallHealth::{Answered, Failed};
+    let cases = [
+        (FallbackReason::DispatchFailed, false, Some(Failed)),
+        (FallbackReason::Reset, true, Some(Failed)),
+        (FallbackReason::Timeout, true, Some(Failed)),
+        (FallbackReason::Unavailable, true, Some(Failed)),
+        (FallbackReason::ServerError, true, Some(Answered)),
+        (FallbackReason::BadStatus, true, Some(Answered)),
+        (FallbackReason::BadResponse, true, Some(Answered)),
+        (FallbackReason::IndexerError, false, Some(Answered)),
+        (FallbackReason::BreakerOpen, false, None),
+    ];
+    assert_eq!(cases.len(), FallbackReason::ALL.len(), "every reason has a row");
+    for (reason, booked, health) in cases {
+        assert_eq!(reason.may_be_booked(), booked, "{reason:?}");
+        assert_eq!(reason.health(), health, "{reason:?}");
+    }
+}
+
+#[test]
+fn an_unusable_decision_keeps_its_booking_id() {
+    let body = serde_json::to_vec(&json!({"endpoint": "not-an-endpoint", "worker": "w", "mode": "aggregate", "overlap_blocks": 0, "isl_blocks": 0, "reason": "", "booking_id": "b-17"})).unwrap();
+    let IndexerAnswer::Fallback(fb) = classify(Some(200), &body) else { panic!() };
+    assert_eq!((fb.reason, fb.booking_id.as_deref()), (FallbackReason::BadResponse, Some("b-17")));
 }
 
 #[test]

@@ -226,15 +226,22 @@ fn fallbacks_pin_by_session_over_the_fleet() {
     let config = FilterConfig { session_header: "x-session-id".into(), debug_headers: true, ..FilterConfig::default() };
     let key = session::from_header_value("conv-9");
     let expected_pin = fleet().0.unwrap().pin(key.0).unwrap().endpoint.clone();
-    let answers: Vec<(Option<u16>, &[u8], FallbackReason)> = vec![
-        (None, b"", FallbackReason::Reset),
-        (Some(504), b"upstream request timeout", FallbackReason::Timeout),
-        (Some(503), b"no healthy upstream", FallbackReason::Unavailable),
-        (Some(500), b"boom", FallbackReason::ServerError),
-        (Some(404), b"", FallbackReason::BadStatus),
-        (Some(200), b"{\"endpoint\":\"nowhere\"}", FallbackReason::BadResponse),
+    let no_worker = serde_json::to_vec(&ErrorBody::with_reason(503, "service_unavailable", "no_decode_worker", "no healthy decode worker")).unwrap();
+    let template = serde_json::to_vec(&ErrorBody::with_reason(503, "service_unavailable", "tokenizer", "chat template: unknown method strip")).unwrap();
+    let booked_json = br#"{"endpoint":"nowhere","booking_id":"b-9"}"#;
+    // (status, body, reason, debug header, health, done report's booking id if one is due)
+    type Case<'a> = (Option<u16>, &'a [u8], FallbackReason, &'a str, CallHealth, Option<Option<&'a str>>);
+    let answers: Vec<Case> = vec![
+        (None, b"", FallbackReason::Reset, "reset", CallHealth::Failed, Some(None)),
+        (Some(504), b"upstream request timeout", FallbackReason::Timeout, "timeout", CallHealth::Failed, Some(None)),
+        (Some(503), b"no healthy upstream", FallbackReason::Unavailable, "unavailable", CallHealth::Failed, Some(None)),
+        (Some(500), b"boom", FallbackReason::ServerError, "server_error", CallHealth::Answered, Some(None)),
+        (Some(404), b"", FallbackReason::BadStatus, "bad_status", CallHealth::Answered, Some(None)),
+        (Some(200), booked_json, FallbackReason::BadResponse, "bad_response", CallHealth::Answered, Some(Some("b-9"))),
+        (Some(503), &no_worker, FallbackReason::IndexerError, "indexer_error; code=no_decode_worker", CallHealth::Answered, None),
+        (Some(503), &template, FallbackReason::IndexerError, "indexer_error; code=tokenizer", CallHealth::Answered, None),
     ];
-    for (status, body, reason) in answers {
+    for (status, body, reason, debug_value, health, done_booking) in answers {
         let mut f = flow(config.clone());
         let mut h = chat_headers();
         h.extend(headers(&[("x-session-id", "conv-9")]));
@@ -244,23 +251,33 @@ fn fallbacks_pin_by_session_over_the_fleet() {
         assert_eq!(call.header("x-kvmesh-session"), Some(session::encode_header(key, SessionSource::Header).as_str()));
         let step = f.on_route_answer(status, body, 100_000_000, &fleet());
         assert_eq!(counted(&step.effects, Metric::Fallbacks(reason)), 1, "{reason:?}");
+        assert!(step.effects.contains(&Effect::IndexerHealth(health)), "{reason:?}");
         assert_eq!(counted(&step.effects, Metric::FallbackRoutes(crate::metrics::FallbackRoute::Pinned)), 1);
         let header = header_set(&step.effects, headers::DESTINATION_ENDPOINT).unwrap();
         assert!(header.starts_with(&expected_pin), "{header}");
         assert_eq!(step.effects.last(), Some(&Effect::ResumeRequest));
         assert_eq!(recorded(&step.effects, Metric::RouteLatency), vec![100]);
         let debug = f.on_response_headers(Some(200), true);
-        assert!(debug.contains(&Effect::AddResponseHeader(headers::DEBUG_FALLBACK, reason.as_str().into())));
+        assert!(debug.contains(&Effect::AddResponseHeader(headers::DEBUG_FALLBACK, debug_value.into())), "{debug:?}");
         let done = f.finish(None);
         assert_eq!(counted(&done, Metric::Requests(RouteLabel::Pinned, OutcomeLabel::Success)), 1);
-        assert!(!done.iter().any(|e| matches!(e, Effect::QueueDone(_))));
+        let reports: Vec<&DoneReport> = done.iter().filter_map(|e| if let Effect::QueueDone(r) = e { Some(r) } else { None }).collect();
+        match done_booking {
+            None => assert!(reports.is_empty(), "{reason:?}: the indexer answered an error, it booked nothing"),
+            Some(booking) => {
+                assert_eq!(reports.len(), 1, "{reason:?}: the indexer may have booked it");
+                assert_eq!(reports[0].endpoint.as_deref(), Some(expected_pin.as_str()), "{reason:?}");
+                assert_eq!((reports[0].outcome, reports[0].status), (Outcome::Success, Some(200)));
+                assert_eq!(reports[0].booking_id.as_deref(), booking, "{reason:?}");
+            }
+        }
     }
 }
 
 #[test]
 fn fallback_without_session_or_fleet_leaves_the_header_unset() {
     use crate::metrics::FallbackRoute;
-    let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
+    let (mut f, _) = to_route_call(FilterConfig { derive_session_keys: false, ..FilterConfig::default() }, CHAT);
     let step = f.on_route_answer(Some(503), b"down", 0, &fleet());
     assert_eq!(counted(&step.effects, Metric::FallbackRoutes(FallbackRoute::NoSession)), 1);
     assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT).is_none());
@@ -286,10 +303,43 @@ fn prefix_session_reaches_the_indexer_and_the_pin() {
 }
 
 #[test]
+fn skipped_call_falls_back_without_resuming_or_done() {
+    let config = FilterConfig { debug_headers: true, ..FilterConfig::default() };
+    let (mut f, _) = to_route_call(config, CHAT);
+    let step = f.on_call_skipped(&fleet());
+    assert_eq!(step.next, Next::Continue);
+    assert_eq!(counted(&step.effects, Metric::Fallbacks(FallbackReason::BreakerOpen)), 1);
+    assert!(!step.effects.iter().any(|e| matches!(e, Effect::ResumeRequest | Effect::IndexerHealth(_))), "no call, no news for the breaker");
+    assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT).is_some(), "pinned by the prefix key");
+    let debug = f.on_response_headers(Some(200), true);
+    assert!(debug.contains(&Effect::AddResponseHeader(headers::DEBUG_FALLBACK, "breaker_open".into())));
+    assert!(!f.finish(None).iter().any(|e| matches!(e, Effect::QueueDone(_))), "the indexer never saw it");
+}
+
+#[test]
+fn decided_request_echoes_the_booking_id() {
+    let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
+    let mut d: Value = serde_json::from_slice(&decision(Value::Null)).unwrap();
+    d["booking_id"] = json!("bk-42");
+    let step = f.on_route_answer(Some(200), &serde_json::to_vec(&d).unwrap(), 0, &fleet());
+    assert!(step.effects.contains(&Effect::IndexerHealth(CallHealth::Answered)));
+    f.on_response_headers(Some(500), true);
+    let done = f.finish(None);
+    assert!(done.contains(&Effect::QueueDone(DoneReport {
+        request_id: "rid-1".into(),
+        endpoint: Some("10.0.0.2:8000".into()),
+        outcome: Outcome::Error,
+        status: Some(500),
+        booking_id: Some("bk-42".into())
+    })));
+}
+
+#[test]
 fn dispatch_failure_falls_back_without_resuming() {
-    let (mut f, _) = to_route_call(FilterConfig { derive_session_keys: false, ..FilterConfig::default() }, CHAT);
+    let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
     let step = f.on_dispatch_failed(&fleet());
     assert_eq!(step.next, Next::Continue);
+    assert!(step.effects.contains(&Effect::IndexerHealth(CallHealth::Failed)));
     assert_eq!(counted(&step.effects, Metric::Fallbacks(FallbackReason::DispatchFailed)), 1);
     assert!(!step.effects.contains(&Effect::ResumeRequest), "the host has not paused yet");
     assert!(recorded(&step.effects, Metric::RouteLatency).is_empty());

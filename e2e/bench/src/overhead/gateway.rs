@@ -192,6 +192,7 @@ mod tests {
             policy: "kvmesh".into(),
             session_header: "x-session-id".into(),
             upstream_timeout_s: 300,
+            indexer_max_connections: kvmesh_e2e::envoy_config::DEFAULT_INDEXER_MAX_CONNECTIONS,
         }
     }
 
