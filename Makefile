@@ -6,6 +6,8 @@ CARGO        ?= cargo
 PROFILE      ?= debug
 WASM         := target/wasm32-wasip1/wasm/kvmesh_filter.wasm
 FLEET        ?=
+ENGINES      ?=
+VLLM_TESTS   := $(basename $(notdir $(wildcard e2e/tests/vllm_*.rs)))
 export KVMESH_TOKENIZER ?= $(CURDIR)/.tools/tokenizer/tokenizer.json
 export KVMESH_ENVOY     ?= $(CURDIR)/.tools/bin/envoy
 export KVMESH_WASM      ?= $(CURDIR)/$(WASM)
@@ -16,7 +18,7 @@ else
 CARGO_PROFILE_FLAG :=
 endif
 
-.PHONY: help setup build wasm test run demo bench lint validate clean
+.PHONY: help setup build wasm test run demo bench bench-quick lint validate clean setup-vllm test-vllm
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -34,25 +36,36 @@ test: build ## Run every unit, integration and end-to-end test, and validate eve
 	$(CARGO) test --workspace --no-fail-fast -- --test-threads=$${KVMESH_TEST_THREADS:-2}
 	envoy/validate.sh
 
+setup-vllm: setup ## Install vLLM's CPU build and a dummy model into .tools/vllm/ (about 4 GB; ENGINES=vllm and test-vllm do it on first use)
+	@scripts/setup-vllm.sh >/dev/null
+
+test-vllm: build setup-vllm ## End-to-end tests against real vLLM CPU engines (not part of `make test`: needs the vLLM install)
+	$(CARGO) test -p kvmesh-e2e --features real-vllm $(addprefix --test ,$(VLLM_TESTS)) -- --test-threads=1 --nocapture
+
 validate: build ## Validate Envoy, Istio, Kubernetes and Prometheus configs offline
 	envoy/validate.sh
 
 # `make run` is what a newcomer judges kvmesh by: release binaries (the build is paid once); tests stay on debug.
 RUN_PROFILE ?= release
-run: setup wasm ## Serve a KV-aware gateway on 127.0.0.1:8080 over local simulated workers, release build (FLEET=<file> for another fleet, PROMETHEUS=1 for Prometheus on :9090, RUN_PROFILE=debug for debug binaries)
+run: setup wasm ## Serve a KV-aware gateway on 127.0.0.1:8080 over local simulated workers, release build (FLEET=<file> for another fleet, ENGINES=vllm for real vLLM CPU engines, ENGINES=external FLEET=<file> for engines already running, PROMETHEUS=1 for Prometheus on :9090, RUN_PROFILE=debug for debug binaries)
 	@echo "make run: building $(RUN_PROFILE) binaries (the first build takes a few minutes)"
 	$(MAKE) --no-print-directory build PROFILE=$(RUN_PROFILE)
-	target/$(RUN_PROFILE)/kvmesh-stack $(if $(filter release,$(RUN_PROFILE)),--release,) $(if $(FLEET),--fleet $(FLEET),) $(if $(filter 1,$(PROMETHEUS)),--prometheus,)
+	$(if $(filter vllm,$(ENGINES)),@scripts/setup-vllm.sh >/dev/null,)
+	target/$(RUN_PROFILE)/kvmesh-stack $(if $(filter release,$(RUN_PROFILE)),--release,) $(if $(FLEET),--fleet $(FLEET),) $(if $(ENGINES),--engines $(ENGINES),) $(if $(filter 1,$(PROMETHEUS)),--prometheus,)
 
 demo: ## `make run` on the disaggregated example fleet (2 prefill + 2 decode workers, disaggregation, local continuations, KV migration)
 	$(MAKE) run FLEET=envoy/fleets/disagg.toml
 
-bench: ## Replay the trace through every routing policy, measure router overhead and the indexer microbenchmarks, write bench-out/report.md
+bench: ## Load sweep of five workloads × six policies (≤ 90 min), router overhead, indexer microbenchmarks → bench-out/report.md
 	$(MAKE) build PROFILE=release
 	mkdir -p bench-out/indexer
 	rm -f bench-out/indexer/figures.jsonl
 	KVMESH_BENCH_FIGURES=$(CURDIR)/bench-out/indexer/figures.jsonl $(CARGO) bench -p kvmesh-indexer --bench index --bench route
-	target/release/kvmesh-bench --out bench-out --indexer-figures bench-out/indexer/figures.jsonl $(BENCH_ARGS)
+	target/release/kvmesh-bench --out bench-out --only sweep,overhead --overhead-samples 100 --indexer-figures bench-out/indexer/figures.jsonl $(BENCH_ARGS)
+
+bench-quick: ## Load sweep for iteration (≤ 10 min after the build): the trace, three rates, three policies → bench-out/quick/report.md
+	$(MAKE) build PROFILE=release
+	target/release/kvmesh-bench --out bench-out/quick --only sweep --sweep-workloads trace --sweep-policies round_robin,kvmesh_approximate,kvmesh_precise --sweep-factor 2 --sweep-max-steps 3 --sweep-fractions 0.5,0.8,1.2 --sweep-duration-s 20 $(BENCH_ARGS)
 
 lint: ## clippy with the workspace lints, wasm included
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

@@ -13,3 +13,4 @@ pub mod procs;
 pub mod prom;
 pub mod prometheus;
 pub mod stack;
+pub mod vllm;

@@ -24,6 +24,9 @@ pub struct Proc {
     log_path: PathBuf,
     ready_line: String,
     ready_rx: Option<mpsc::Receiver<String>>,
+    /// The child leads its own process group, and killing it kills the group (programs that fork
+    /// helpers, like vLLM's engine core and worker).
+    group: bool,
 }
 
 impl Proc {
@@ -49,7 +52,17 @@ impl Proc {
                 let _ = writeln!(log_out, "{line}");
             }
         });
-        Ok(Self { name: name.to_owned(), child, log_path, ready_line: String::new(), ready_rx: Some(rx) })
+        Ok(Self { name: name.to_owned(), child, log_path, ready_line: String::new(), ready_rx: Some(rx), group: false })
+    }
+
+    /// Like [`Self::spawn`], with the child in a new process group that [`Self::kill`] (and drop)
+    /// kills as a whole.
+    pub fn spawn_group(name: &str, mut cmd: Command, log_dir: &Path) -> anyhow::Result<Self> {
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0);
+        let mut p = Self::spawn(name, cmd, log_dir)?;
+        p.group = true;
+        Ok(p)
     }
 
     /// Waits for the child's `READY` line (once; later calls return at once).
@@ -128,8 +141,13 @@ impl Proc {
         self.kill();
     }
 
-    /// SIGKILL and reap.
+    /// SIGKILL (the whole group for [`Self::spawn_group`]) and reap.
     pub fn kill(&mut self) {
+        if self.group {
+            if let Ok(pid) = i32::try_from(self.child.id()) {
+                let _ = nix::sys::signal::killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

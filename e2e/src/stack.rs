@@ -44,13 +44,17 @@ impl EnvoyPolicy {
 pub struct WorkerSpec {
     pub id: String,
     pub role: Role,
-    /// Extra `vllm-sim` flags for this worker only.
+    /// Extra `vllm-sim` (or vLLM) flags for this worker only.
     pub args: Vec<String>,
+    /// An external engine's addresses (`Engines::External`; ignored otherwise).
+    pub endpoint: Option<String>,
+    pub kv_events: Option<String>,
+    pub kv_replay: Option<String>,
 }
 
 impl WorkerSpec {
     pub fn new(id: impl Into<String>, role: Role) -> Self {
-        Self { id: id.into(), role, args: Vec::new() }
+        Self { id: id.into(), role, args: Vec::new(), endpoint: None, kv_events: None, kv_replay: None }
     }
 }
 
@@ -84,6 +88,8 @@ pub struct StackSpec {
     pub release: bool,
     /// Keep logs and generated files here instead of a temporary directory.
     pub work_dir: Option<PathBuf>,
+    /// What the workers are: simulators (default), real vLLM engines, or external engines.
+    pub engines: crate::vllm::Engines,
     /// Envoy's bound on connections and calls to the indexer (bootstrap `indexer_max_connections`).
     pub indexer_max_connections: u32,
 }
@@ -116,6 +122,7 @@ impl StackSpec {
             ports: Ports::default(),
             release: false,
             work_dir: None,
+            engines: crate::vllm::Engines::Sim,
             indexer_max_connections: crate::envoy_config::DEFAULT_INDEXER_MAX_CONNECTIONS,
         }
     }
@@ -139,7 +146,8 @@ pub struct Worker {
     pub http: String,
     pub kv_events: Option<String>,
     pub replay: Option<String>,
-    pub proc: Proc,
+    /// The engine's process (`None` for an external engine, or a killed one).
+    pub proc: Option<Proc>,
 }
 
 impl Worker {
@@ -175,31 +183,11 @@ impl Stack {
                 (t.path().to_path_buf(), Some(t))
             }
         };
-        let sim = binary("vllm-sim", spec.release)?;
-        let mut procs = Vec::new();
-        for w in &spec.workers {
-            let mut cmd = Command::new(&sim);
-            cmd.args(["--port", "0", "--id", &w.id, "--role", w.role.as_str()])
-                .args(["--block-size", &spec.block_size.to_string()]);
-            if spec.kv_events {
-                cmd.args(["--kv-events-endpoint", "tcp://127.0.0.1:*", "--kv-events-replay-endpoint", "tcp://127.0.0.1:*"]);
-            }
-            cmd.args(&spec.sim_args).args(&w.args);
-            procs.push((w, Proc::spawn(&format!("sim-{}", w.id), cmd, &dir)?));
-        }
-        let mut workers = Vec::new();
-        for (w, mut proc) in procs {
-            proc.wait_ready()?;
-            let http = proc.ready_field("http").context("sim READY line without http=")?.to_owned();
-            workers.push(Worker {
-                id: w.id.clone(),
-                role: w.role,
-                http,
-                kv_events: proc.ready_field("kv_events").map(str::to_owned),
-                replay: proc.ready_field("replay").map(str::to_owned),
-                proc,
-            });
-        }
+        let workers = match &spec.engines {
+            crate::vllm::Engines::Sim => start_sims(&spec, &dir)?,
+            crate::vllm::Engines::Vllm(opts) => crate::vllm::start_workers(&spec.workers, opts, spec.block_size, &dir).await?,
+            crate::vllm::Engines::External => crate::vllm::external_workers(&spec.workers)?,
+        };
         let gateway_port = spec.ports.gateway.map_or_else(free_port, Ok)?;
         let admin_port = spec.ports.admin.map_or_else(free_port, Ok)?;
         let indexer_port = spec.ports.indexer.map_or_else(free_port, Ok)?;
@@ -381,6 +369,23 @@ impl Stack {
         &self.http
     }
 
+    /// The spec of another gateway replica over this stack's workers: its own indexer and Envoy
+    /// (fresh ports and directory), the workers as external engines, so it starts and stops no
+    /// engine. Two replicas over one fleet, as a mesh runs them, each indexer fed by every worker.
+    pub fn replica_spec(&self) -> StackSpec {
+        let workers = self
+            .workers
+            .iter()
+            .map(|w| WorkerSpec {
+                endpoint: Some(w.http.clone()),
+                kv_events: w.kv_events.clone(),
+                kv_replay: w.replay.clone(),
+                ..WorkerSpec::new(w.id.clone(), w.role)
+            })
+            .collect();
+        StackSpec { workers, engines: crate::vllm::Engines::External, ports: Ports::default(), work_dir: None, ..self.spec.clone() }
+    }
+
     pub fn worker(&self, id: &str) -> anyhow::Result<&Worker> {
         self.workers.iter().find(|w| w.id == id).with_context(|| format!("no worker {id}"))
     }
@@ -412,6 +417,36 @@ impl Stack {
         }
         Ok(())
     }
+}
+
+/// One `vllm-sim` per worker, each on free ports it reports in its READY line.
+fn start_sims(spec: &StackSpec, dir: &Path) -> anyhow::Result<Vec<Worker>> {
+    let sim = binary("vllm-sim", spec.release)?;
+    let mut procs = Vec::new();
+    for w in &spec.workers {
+        let mut cmd = Command::new(&sim);
+        cmd.args(["--port", "0", "--id", &w.id, "--role", w.role.as_str()])
+            .args(["--block-size", &spec.block_size.to_string()]);
+        if spec.kv_events {
+            cmd.args(["--kv-events-endpoint", "tcp://127.0.0.1:*", "--kv-events-replay-endpoint", "tcp://127.0.0.1:*"]);
+        }
+        cmd.args(&spec.sim_args).args(&w.args);
+        procs.push((w, Proc::spawn(&format!("sim-{}", w.id), cmd, dir)?));
+    }
+    let mut workers = Vec::new();
+    for (w, mut proc) in procs {
+        proc.wait_ready()?;
+        let http = proc.ready_field("http").context("sim READY line without http=")?.to_owned();
+        workers.push(Worker {
+            id: w.id.clone(),
+            role: w.role,
+            http,
+            kv_events: proc.ready_field("kv_events").map(str::to_owned),
+            replay: proc.ready_field("replay").map(str::to_owned),
+            proc: Some(proc),
+        });
+    }
+    Ok(workers)
 }
 
 /// The fleet file the indexer reads: one description for the indexer and the Envoy bootstrap.

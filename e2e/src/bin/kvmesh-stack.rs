@@ -1,8 +1,11 @@
-//! `make run`: a KV-aware gateway on this machine, over simulated workers.
+//! `make run`: a KV-aware gateway on this machine, over simulated or real workers.
 //!
-//! Starts one `vllm-sim` per worker of the fleet (4 aggregate workers by default, or the workers
-//! of `--fleet FILE`), the indexer and Envoy with the kvmesh filter, prints where everything is and
-//! a ready-to-paste `curl`, and stops every process it started on Ctrl-C or SIGTERM. With
+//! Starts one engine per worker of the fleet (4 aggregate workers by default, or the workers of
+//! `--fleet FILE`) — a `vllm-sim` (`--engines sim`, the default) or a real vLLM CPU engine
+//! (`--engines vllm`: 2 workers by default, one per core, installed on first use) — or, with
+//! `--engines external`, none: the fleet file's addresses are engines that already run. Then the
+//! indexer and Envoy with the kvmesh filter; prints where everything is and a ready-to-paste
+//! `curl`, and stops every process it started on Ctrl-C or SIGTERM. With
 //! `--prometheus`, a Prometheus scrapes the stack every second with the shipped rules, and the
 //! operator's queries from envoy/README.md are printed ready to paste.
 
@@ -13,17 +16,39 @@ use clap::Parser;
 use kvmesh_core::api::Role;
 use kvmesh_e2e::prometheus::{self, Prometheus, OPERATOR_QUERIES};
 use kvmesh_e2e::stack::{Ports, Stack, StackSpec, WorkerSpec};
+use kvmesh_e2e::vllm::{Engines, VllmOptions};
+
+/// What serves the workers.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum EngineKind {
+    /// One vllm-sim per worker.
+    Sim,
+    /// One real vLLM CPU engine per worker (`scripts/setup-vllm.sh` installs it on first use).
+    Vllm,
+    /// Engines already running at the fleet file's addresses; nothing is started.
+    External,
+}
 
 #[derive(Parser, Debug)]
-#[command(about = "Run a local kvmesh gateway over simulated vLLM workers")]
+#[command(about = "Run a local kvmesh gateway over simulated, real or external vLLM workers")]
 struct Args {
     /// Fleet description (the indexer's config file). Its workers, roles, block size, `[routing]`,
-    /// `[filter]` and `[gateway]` settings are used; worker addresses are replaced by the local simulators'.
+    /// `[filter]` and `[gateway]` settings are used; worker addresses are replaced by the engines
+    /// started here (kept as they are with `--engines external`).
     #[arg(long)]
     fleet: Option<PathBuf>,
-    /// Number of aggregate workers when no fleet file is given.
-    #[arg(long, default_value_t = 4)]
-    workers: usize,
+    /// What serves the workers.
+    #[arg(long, value_enum, env = "KVMESH_ENGINES", default_value = "sim")]
+    engines: EngineKind,
+    /// Number of aggregate workers when no fleet file is given [default: 4 simulators, 2 vLLM engines].
+    #[arg(long)]
+    workers: Option<usize>,
+    /// `VLLM_CPU_KVCACHE_SPACE` (GiB) of each real engine.
+    #[arg(long, default_value_t = 1)]
+    vllm_kv_cache_gib: u32,
+    /// Extra flags passed to every real vLLM engine (repeatable), e.g. `--vllm-arg=--max-num-seqs=16`.
+    #[arg(long = "vllm-arg", allow_hyphen_values = true)]
+    vllm_args: Vec<String>,
     /// Gateway (Envoy listener) port.
     #[arg(long, env = "KVMESH_GATEWAY_PORT", default_value_t = 8080)]
     gateway_port: u16,
@@ -57,8 +82,23 @@ async fn main() -> anyhow::Result<()> {
         // Fail before starting anything when the binary is missing.
         prometheus::binary()?;
     }
-    let mut spec = StackSpec::aggregate(args.workers);
+    let default_workers = if args.engines == EngineKind::Vllm { 2 } else { 4 };
+    let mut spec = StackSpec::aggregate(args.workers.unwrap_or(default_workers));
     spec.filter_config = serde_json::json!({"debug_headers": true});
+    match args.engines {
+        EngineKind::Sim => {}
+        EngineKind::Vllm => {
+            // vLLM's CPU attention needs a block size that is a multiple of 32.
+            spec.block_size = 32;
+            spec.engines = Engines::Vllm(VllmOptions { kv_cache_gib: args.vllm_kv_cache_gib, args: args.vllm_args.clone(), ..VllmOptions::default() });
+        }
+        EngineKind::External => {
+            if args.fleet.is_none() {
+                anyhow::bail!("--engines external needs --fleet FILE with the engines' addresses");
+            }
+            spec.engines = Engines::External;
+        }
+    }
     if let Some(path) = &args.fleet {
         apply_fleet_file(&mut spec, path)?;
     }
@@ -86,7 +126,12 @@ async fn main() -> anyhow::Result<()> {
     println!("  envoy admin           {}", stack.admin(""));
     println!("  indexer               {}   (/v1/fleet, /metrics, /debug/workers)", stack.indexer_url(""));
     for w in &stack.workers {
-        println!("  worker {:<6} {:<8} http://{}  events {}", w.id, w.role.as_str(), w.http, w.kv_events.as_deref().unwrap_or("-"));
+        let engine = match args.engines {
+            EngineKind::Sim => "vllm-sim",
+            EngineKind::Vllm => "vLLM",
+            EngineKind::External => "external",
+        };
+        println!("  worker {:<6} {:<8} {engine:<8} http://{}  events {}", w.id, w.role.as_str(), w.http, w.kv_events.as_deref().unwrap_or("-"));
     }
     println!("  fleet file            {}", stack.fleet_path.display());
     println!("  logs                  {}", stack.dir().display());
@@ -175,7 +220,12 @@ fn apply_fleet_file(spec: &mut StackSpec, path: &PathBuf) -> anyhow::Result<()> 
                 "both" => Role::Both,
                 other => anyhow::bail!("worker {id}: unknown role {other}"),
             };
-            Ok(WorkerSpec::new(id, role))
+            let mut spec = WorkerSpec::new(id, role);
+            let field = |k: &str| w.get(k).and_then(toml::Value::as_str).map(str::to_owned);
+            spec.endpoint = field("endpoint");
+            spec.kv_events = field("kv_events");
+            spec.kv_replay = field("kv_replay");
+            Ok(spec)
         })
         .collect::<anyhow::Result<_>>()?;
     Ok(())

