@@ -96,6 +96,13 @@ impl ChatTemplate {
 
     fn from_source(source: String, bos_token: &str) -> Result<Self, TokensError> {
         let mut env = minijinja::Environment::new();
+        // Hugging Face templates are Python Jinja2: they call Python methods on strings, dicts and
+        // lists (`.strip()`, `.startswith()`, `.items()` …) and `raise_exception(msg)`. Without
+        // these, such a template fails on every chat request.
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+        });
         env.add_template_owned("chat", source).map_err(|e| TokensError::Template(e.to_string()))?;
         Ok(Self { env, bos_token: bos_token.to_owned() })
     }
@@ -159,6 +166,21 @@ mod tests {
             assert!(now.starts_with(&previous), "turn {i}");
             previous = now;
         }
+    }
+
+    #[test]
+    fn templates_may_call_python_methods() {
+        // Fragments of real Hugging Face templates (Qwen, Llama 3, Mistral): str/dict methods.
+        let src = "{{ bos_token }}{% for m in messages %}{% if m.content.strip().startswith('#') %}H{% endif %}\
+            [{{ m.role.upper() }}] {{ m.content.strip() | trim }}|{{ m.content.split(' ') | length }}\
+            {% endfor %}{% if add_generation_prompt %}{{ {'a': 1}.items() | list | length }}{% endif %}";
+        let t = ChatTemplate::from_source(src.into(), "<s>").unwrap();
+        let out = t.render(&[msg("system", "  # be brief \n"), msg("user", " hi there ")], true).unwrap();
+        assert_eq!(out, "<s>H[SYSTEM] # be brief|6[USER] hi there|41");
+        let strict = ChatTemplate::from_source("{% if messages[0].role != 'user' %}{{ raise_exception('user first') }}{% endif %}ok".into(), "").unwrap();
+        assert_eq!(strict.render(&[msg("user", "x")], true).unwrap(), "ok");
+        let err = strict.render(&[msg("system", "x")], true).unwrap_err();
+        assert!(err.to_string().contains("user first"), "{err}");
     }
 
     #[test]
