@@ -40,6 +40,7 @@ pub const ROUTE_CANCELLED_TOTAL: &str = "kvmesh_route_cancelled_total";
 pub const KV_UNKNOWN_REMOVES_TOTAL: &str = "kvmesh_kv_unknown_removes_total";
 pub const KV_IGNORED_EVENTS_TOTAL: &str = "kvmesh_kv_ignored_events_total";
 pub const KV_EVENT_LAG_SECONDS: &str = "kvmesh_kv_event_lag_seconds";
+pub const KV_EVENT_LIMITS_TOTAL: &str = "kvmesh_kv_event_limits_total";
 pub const INDEX_BLOCKS: &str = "kvmesh_index_blocks";
 pub const INDEX_ENTRIES: &str = "kvmesh_index_entries";
 pub const INDEX_EVICTIONS_TOTAL: &str = "kvmesh_index_evictions_total";
@@ -106,6 +107,7 @@ pub const ALL: &[&str] = &[
     KV_UNKNOWN_REMOVES_TOTAL,
     KV_IGNORED_EVENTS_TOTAL,
     KV_EVENT_LAG_SECONDS,
+    KV_EVENT_LIMITS_TOTAL,
     INDEX_BLOCKS,
     INDEX_ENTRIES,
     INDEX_EVICTIONS_TOTAL,
@@ -140,6 +142,13 @@ pub const ALL: &[&str] = &[
     DISCOVERY_ERRORS_TOTAL,
     DISCOVERY_SYNCED,
 ];
+
+/// `kvmesh_kv_event_limits_total` reasons: a live frame above `event_max_frame_bytes` (the worker is
+/// resynced), a replayed one (the replay fails), a replay above `replay_max_bytes` (fails), and a
+/// listener that had to wait for `event_queue_bytes` (backpressure, nothing lost).
+pub const KV_EVENT_LIMIT_REASONS: [&str; 4] = ["frame_too_large", "replay_frame_too_large", "replay_too_large", "queue_bytes_full"];
+/// `kvmesh_kv_resyncs_total` reasons.
+pub const KV_RESYNC_REASONS: [&str; 5] = ["gap_unrecoverable", "engine_restart", "too_many_blocks", "events_rewired", "frame_too_large"];
 
 /// `kvmesh_prefill_legs_total` outcomes.
 pub const PREFILL_LEG_OUTCOMES: [&str; 3] = ["ok", "fallback", "overloaded"];
@@ -177,7 +186,7 @@ pub struct Metrics {
     pub kv_gaps: IntCounterVec,
     /// labels: worker, outcome (complete, truncated, failed).
     pub kv_replays: IntCounterVec,
-    /// labels: worker, reason (gap_unrecoverable, engine_restart, too_many_blocks, events_rewired).
+    /// labels: worker, reason ([`KV_RESYNC_REASONS`]).
     pub kv_resyncs: IntCounterVec,
     pub kv_block_size_mismatch: IntCounterVec,
     pub kv_orphan_stores: IntCounterVec,
@@ -191,6 +200,8 @@ pub struct Metrics {
     /// labels: worker, reason (tier, queue_full).
     pub kv_ignored: IntCounterVec,
     pub kv_event_lag: GaugeVec,
+    /// labels: worker, reason ([`KV_EVENT_LIMIT_REASONS`]).
+    pub kv_event_limits: IntCounterVec,
     pub index_blocks: IntGauge,
     pub index_entries: IntGauge,
     pub index_evictions: IntCounter,
@@ -317,6 +328,7 @@ impl Metrics {
             kv_unknown_removes: counter_vec(&r, KV_UNKNOWN_REMOVES_TOTAL, "Removed block hashes the worker never stored", &["worker"])?,
             kv_ignored: counter_vec(&r, KV_IGNORED_EVENTS_TOTAL, "Events skipped: other tier or cache group, malformed stores", &["worker", "reason"])?,
             kv_event_lag,
+            kv_event_limits: counter_vec(&r, KV_EVENT_LIMITS_TOTAL, "KV event byte limits hit, by reason (frames, replays, queue bytes)", &["worker", "reason"])?,
             index_blocks: int_gauge(INDEX_BLOCKS, "Distinct blocks in the index")?,
             index_entries: int_gauge(INDEX_ENTRIES, "(block, worker) entries in the index; bounded by routing.index_max_entries")?,
             index_evictions,
@@ -390,8 +402,11 @@ impl Metrics {
         for c in [&self.kv_decode_errors, &self.kv_gaps, &self.kv_block_size_mismatch, &self.kv_orphan_stores, &self.kv_orphan_recovered] {
             c.with_label_values(&[worker]).inc_by(0);
         }
-        for reason in ["gap_unrecoverable", "engine_restart", "too_many_blocks", "events_rewired"] {
+        for reason in KV_RESYNC_REASONS {
             self.kv_resyncs.with_label_values(&[worker, reason]).inc_by(0);
+        }
+        for reason in KV_EVENT_LIMIT_REASONS {
+            self.kv_event_limits.with_label_values(&[worker, reason]).inc_by(0);
         }
         for outcome in ["complete", "truncated", "failed"] {
             self.kv_replays.with_label_values(&[worker, outcome]).inc_by(0);
@@ -425,11 +440,12 @@ impl Metrics {
         ] {
             let _ = c.remove_label_values(&[worker]);
         }
-        let pairs: [(&IntCounterVec, &[&str]); 6] = [
+        let pairs: [(&IntCounterVec, &[&str]); 7] = [
             (&self.kv_events, &["stored", "removed", "cleared", "unknown"]),
             (&self.kv_blocks, &["stored", "removed"]),
             (&self.kv_replays, &["complete", "truncated", "failed"]),
-            (&self.kv_resyncs, &["gap_unrecoverable", "engine_restart", "too_many_blocks", "events_rewired"]),
+            (&self.kv_resyncs, &KV_RESYNC_REASONS),
+            (&self.kv_event_limits, &KV_EVENT_LIMIT_REASONS),
             (&self.kv_ignored, &["tier", "malformed", "queue_full"]),
             (&self.engine_scrapes, &["ok", "error"]),
         ];
@@ -526,7 +542,7 @@ mod tests {
             c.with_label_values(&["w"]).inc();
         }
         m.route_cancelled.with_label_values(&["booked"]).inc();
-        for (c, second) in [(&m.kv_events, "stored"), (&m.kv_blocks, "removed"), (&m.kv_replays, "complete"), (&m.kv_resyncs, "engine_restart"), (&m.kv_ignored, "tier"), (&m.engine_scrapes, "ok")] {
+        for (c, second) in [(&m.kv_events, "stored"), (&m.kv_blocks, "removed"), (&m.kv_replays, "complete"), (&m.kv_resyncs, "engine_restart"), (&m.kv_ignored, "tier"), (&m.engine_scrapes, "ok"), (&m.kv_event_limits, "frame_too_large")] {
             c.with_label_values(&["w", second]).inc();
         }
         for g in [&m.worker_blocks, &m.worker_active_requests, &m.worker_active_blocks, &m.worker_prefill_tokens, &m.worker_running, &m.worker_waiting, &m.worker_healthy] {

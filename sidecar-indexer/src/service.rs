@@ -21,6 +21,7 @@ use rand::SeedableRng;
 
 use crate::config::{Config, ConfigError, EnvSource, IndexMode, WorkerConfig};
 use crate::events::applier::{Applier, ApplierConfig, ApplierMsg, IndexGauges};
+use crate::events::budget::EventLimits;
 use crate::events::listener::{self, ListenerSpec, ListenerStats};
 use crate::index::KvIndex;
 use crate::load::LoadTracker;
@@ -49,11 +50,17 @@ pub enum ServiceError {
 pub struct Service {
     pub state: Arc<AppState>,
     zmq: zmq::Context,
+    /// Byte bounds of event ingestion, shared by every listener (events/budget.rs).
+    event_limits: Arc<EventLimits>,
     config_path: Option<PathBuf>,
     env: Arc<dyn EnvSource>,
     reload_lock: tokio::sync::Mutex<()>,
     /// The file's config and the discovered workers; the effective config merges both (discovery.rs).
     pub(crate) discovery: crate::discovery::DiscoveryLink,
+}
+
+fn event_limits(c: &Config) -> (usize, usize, usize) {
+    (c.routing.event_max_frame_bytes, c.routing.replay_max_bytes, c.routing.event_queue_bytes)
 }
 
 fn applier_config(c: &Config) -> ApplierConfig {
@@ -113,7 +120,9 @@ impl Service {
             dry_runs: Default::default(),
             route_inflight: Default::default(),
         });
-        let svc = Arc::new(Self { state, zmq: zmq::Context::new(), config_path, env, reload_lock: tokio::sync::Mutex::new(()), discovery: crate::discovery::DiscoveryLink::new(&config) });
+        let (frame, replay, queue) = event_limits(&config);
+        let event_limits = Arc::new(EventLimits::new(frame, replay, queue));
+        let svc = Arc::new(Self { state, zmq: zmq::Context::new(), event_limits, config_path, env, reload_lock: tokio::sync::Mutex::new(()), discovery: crate::discovery::DiscoveryLink::new(&config) });
         let workers: Vec<WorkerRuntime> = config.workers.iter().map(|w| svc.add_worker(w, &config)).collect::<Result<_, _>>()?;
         {
             let mut fleet = svc.state.fleet.write();
@@ -147,7 +156,7 @@ impl Service {
                     topic: w.kv_topic.clone(),
                     replay_timeout: Duration::from_millis(config.routing.replay_timeout_ms),
                 };
-                Some(listener::spawn(self.zmq.clone(), spec, self.state.applier.clone(), stats.clone(), self.state.metrics.clone())?)
+                Some(listener::spawn(self.zmq.clone(), spec, self.state.applier.clone(), stats.clone(), self.state.metrics.clone(), self.event_limits.clone())?)
             }
             _ => {
                 stats.synced.store(true, Ordering::Relaxed);
@@ -222,6 +231,8 @@ impl Service {
     fn apply_reload_blocking(&self, old: &Config, new: Config, tokenizer: Option<PromptTokenizer>) -> Result<(), ServiceError> {
         let rewire_all = old.model.block_size != new.model.block_size || old.routing.mode != new.routing.mode;
         let _ = self.state.applier.send(ApplierMsg::Configure(applier_config(&new)));
+        let (frame, replay, queue) = event_limits(&new);
+        self.event_limits.set(frame, replay, queue);
         // Swap the worker list under the lock (route queries never see an empty fleet); stopping
         // old listeners blocks, so it happens after the lock is released.
         let mut retire: Vec<RankRuntime> = Vec::new();

@@ -17,6 +17,7 @@ use kvmesh_core::hashing::SequenceHash;
 use parking_lot::{Mutex, RwLock};
 
 use super::apply::{apply_batch, ApplyReport};
+use super::budget::QueuePermit;
 use super::decode::EventBatch;
 use super::listener::ListenerStats;
 use crate::approx::ApproxTracker;
@@ -39,6 +40,8 @@ pub enum ApplierMsg {
     Configure(ApplierConfig),
     /// Answered once everything queued before it is applied (tests, orderly reloads).
     Barrier(SyncSender<()>),
+    /// `msg` holding bytes of the event queue's byte budget, returned when it is dropped (applied).
+    Permitted { permit: QueuePermit, msg: Box<ApplierMsg> },
 }
 
 /// What the applier needs from the configuration.
@@ -168,6 +171,10 @@ impl Applier {
                 self.approx.set_limits(c.approx_ttl, c.approx_max_blocks_per_worker);
             }
             ApplierMsg::Barrier(tx) => barriers.push(tx),
+            ApplierMsg::Permitted { permit, msg } => {
+                self.handle(index, *msg, barriers);
+                drop(permit);
+            }
         }
     }
 

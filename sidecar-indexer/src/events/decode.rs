@@ -9,7 +9,7 @@
 //! The batch is `[ts, events, dp_rank]`, `[ts, events]` (v0.9) or a map with those names.
 //! Decoding is pure: bytes in, [`EventBatch`] or a typed [`DecodeError`] out.
 
-use rmpv::Value;
+use super::msgpack::{Head, MsgpackError, Reader, MAX_DEPTH};
 
 /// One decoded `KVEventBatch`.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,6 +45,26 @@ pub enum KvEvent {
     Unknown { tag: String },
 }
 
+impl EventBatch {
+    /// Heap bytes the decoded batch holds (what it costs while queued for the applier).
+    pub fn heap_bytes(&self) -> usize {
+        let strings = |s: &Option<String>| s.as_ref().map_or(0, String::capacity);
+        let events: usize = self
+            .events
+            .iter()
+            .map(|e| match e {
+                KvEvent::Stored { block_hashes, token_ids, lora_name, cache_salt, medium, .. } => {
+                    block_hashes.capacity() * 8 + token_ids.capacity() * 4 + strings(lora_name) + strings(cache_salt) + strings(medium)
+                }
+                KvEvent::Removed { block_hashes, medium, .. } => block_hashes.capacity() * 8 + strings(medium),
+                KvEvent::Cleared => 0,
+                KvEvent::Unknown { tag } => tag.capacity(),
+            })
+            .sum();
+        self.events.capacity() * std::mem::size_of::<KvEvent>() + events
+    }
+}
+
 impl KvEvent {
     /// The metric label of the event type.
     pub fn kind(&self) -> &'static str {
@@ -69,82 +89,250 @@ pub enum DecodeError {
 }
 
 /// Decodes one PUB payload (or one replayed payload).
+///
+/// Straight from the bytes into the event types ([`msgpack::Reader`]), without a value tree. The
+/// result equals what reading the payload into an `rmpv::Value` and picking fields from it gives
+/// (the previous decoder, kept as the oracle of `decode_tests.rs`), errors included: a payload that
+/// is not msgpack anywhere inside its top value is [`DecodeError::Msgpack`] whatever else is wrong;
+/// otherwise the first problem in field order (ts, events, dp rank, then each event's fields in
+/// declaration order), whatever order a map's keys came in; the first of duplicated keys counts.
 pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, DecodeError> {
-    let mut cursor = payload;
-    let value = rmpv::decode::read_value(&mut cursor).map_err(|e| DecodeError::Msgpack(e.to_string()))?;
-    let (ts, events, rank) = match &value {
-        Value::Array(items) => (items.first(), items.get(1), items.get(2)),
-        Value::Map(_) => (get(&value, "ts"), get(&value, "events"), get(&value, "data_parallel_rank")),
-        _ => return Err(DecodeError::Batch("not an array or map")),
-    };
-    let ts = match ts {
-        Some(Value::F64(f)) => *f,
-        Some(Value::F32(f)) => f64::from(*f),
-        Some(v) if v.as_i64().is_some() => v.as_i64().unwrap_or(0) as f64,
-        _ => return Err(DecodeError::Batch("ts must be a number")),
-    };
-    let Some(Value::Array(raw_events)) = events else { return Err(DecodeError::Batch("events must be an array")) };
-    let dp_rank = match rank {
-        None | Some(Value::Nil) => None,
-        Some(v) => Some(v.as_u64().and_then(|r| u32::try_from(r).ok()).ok_or(DecodeError::Batch("dp rank must be an integer"))?),
-    };
-    let events = raw_events.iter().map(decode_event).collect::<Result<Vec<_>, _>>()?;
-    Ok(EventBatch { ts, events, dp_rank })
+    let mut rd = Reader::new(payload);
+    match read_batch(&mut rd) {
+        Ok(Ok(batch)) => Ok(batch),
+        Err(e) => Err(DecodeError::Msgpack(e.to_string())),
+        // A field problem: reported only if the whole top value is msgpack.
+        Ok(Err(field)) => match Reader::new(payload).skip(MAX_DEPTH) {
+            Err(e) => Err(DecodeError::Msgpack(e.to_string())),
+            Ok(()) => Err(field),
+        },
+    }
 }
 
-fn get<'a>(map: &'a Value, key: &str) -> Option<&'a Value> {
-    match map {
-        Value::Map(pairs) => pairs.iter().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v),
+/// A field read in stream order, judged in declaration order later.
+type Deferred<T> = Result<T, DecodeError>;
+
+/// Outer error: not msgpack (stop at once). Inner: the batch, or its first field problem.
+fn read_batch(rd: &mut Reader<'_>) -> Result<Deferred<EventBatch>, MsgpackError> {
+    let (head, child) = rd.head(MAX_DEPTH)?;
+    let mut ts: Option<Deferred<f64>> = None;
+    let mut events: Option<Deferred<Deferred<Vec<KvEvent>>>> = None;
+    let mut rank: Option<Deferred<Option<u32>>> = None;
+    match head {
+        Head::Array(n) => {
+            for i in 0..n {
+                match i {
+                    0 => ts = Some(read_ts(rd, child)?),
+                    1 => events = Some(read_events(rd, child)?),
+                    2 => rank = Some(read_rank(rd, child)?),
+                    _ => rd.skip(child)?,
+                }
+            }
+        }
+        Head::Map(n) => {
+            for _ in 0..n {
+                match read_key(rd, child)? {
+                    Some("ts") if ts.is_none() => ts = Some(read_ts(rd, child)?),
+                    Some("events") if events.is_none() => events = Some(read_events(rd, child)?),
+                    Some("data_parallel_rank") if rank.is_none() => rank = Some(read_rank(rd, child)?),
+                    _ => rd.skip(child)?,
+                }
+            }
+        }
+        _ => return Ok(Err(DecodeError::Batch("not an array or map"))),
+    }
+    let assemble = || -> Deferred<EventBatch> {
+        let ts = ts.unwrap_or(Err(DecodeError::Batch("ts must be a number")))?;
+        let events = events.unwrap_or(Err(DecodeError::Batch("events must be an array")))?;
+        let dp_rank = rank.unwrap_or(Ok(None))?;
+        Ok(EventBatch { ts, events: events?, dp_rank })
+    };
+    Ok(assemble())
+}
+
+/// A map key: its text when it is a UTF-8 string (other keys are skipped and never match).
+fn read_key<'a>(rd: &mut Reader<'a>, depth: u16) -> Result<Option<&'a str>, MsgpackError> {
+    let (head, child) = rd.head(depth)?;
+    match head {
+        Head::Str(b) => Ok(std::str::from_utf8(b).ok()),
+        other => {
+            rd.skip_rest(other, child)?;
+            Ok(None)
+        }
+    }
+}
+
+/// Reads one value that must be a scalar for `f`; containers are skipped and give `f(None)`.
+fn scalar<'a, T>(rd: &mut Reader<'a>, depth: u16, f: impl FnOnce(Option<Head<'a>>) -> T) -> Result<T, MsgpackError> {
+    let (head, child) = rd.head(depth)?;
+    match head {
+        Head::Array(_) | Head::Map(_) => {
+            rd.skip_rest(head, child)?;
+            Ok(f(None))
+        }
+        h => Ok(f(Some(h))),
+    }
+}
+
+fn read_ts(rd: &mut Reader<'_>, depth: u16) -> Result<Deferred<f64>, MsgpackError> {
+    scalar(rd, depth, |h| match h {
+        Some(Head::F64(f)) => Ok(f),
+        Some(Head::F32(f)) => Ok(f64::from(f)),
+        Some(Head::Int(i)) => Ok(i as f64),
+        Some(Head::Uint(u)) if i64::try_from(u).is_ok() => Ok(u as f64),
+        _ => Err(DecodeError::Batch("ts must be a number")),
+    })
+}
+
+fn read_rank(rd: &mut Reader<'_>, depth: u16) -> Result<Deferred<Option<u32>>, MsgpackError> {
+    scalar(rd, depth, |h| match h {
+        Some(Head::Nil) => Ok(None),
+        Some(Head::Uint(u)) if u32::try_from(u).is_ok() => Ok(Some(u as u32)),
+        _ => Err(DecodeError::Batch("dp rank must be an integer")),
+    })
+}
+
+/// The events array: outer Deferred = "must be an array", inner = the first bad event.
+fn read_events(rd: &mut Reader<'_>, depth: u16) -> Result<Deferred<Deferred<Vec<KvEvent>>>, MsgpackError> {
+    let (head, child) = rd.head(depth)?;
+    let Head::Array(n) = head else {
+        rd.skip_rest(head, child)?;
+        return Ok(Err(DecodeError::Batch("events must be an array")));
+    };
+    let mut out = Vec::with_capacity(n.min(rd.remaining()));
+    let mut first_err = None;
+    for _ in 0..n {
+        if first_err.is_some() {
+            rd.skip(child)?;
+            continue;
+        }
+        match read_event(rd, child)? {
+            Ok(e) => out.push(e),
+            Err(e) => first_err = Some(e),
+        }
+    }
+    Ok(Ok(first_err.map_or(Ok(out), Err)))
+}
+
+/// The fields of one event, each as read (first occurrence), judged when the event is assembled.
+#[derive(Default)]
+struct RawEvent {
+    tag: Option<Option<String>>,
+    block_hashes: Option<Deferred<Vec<u64>>>,
+    parent: Option<Deferred<Option<u64>>>,
+    token_ids: Option<Deferred<Vec<u32>>>,
+    block_size: Option<Deferred<Option<u32>>>,
+    medium: Option<Option<String>>,
+    lora_name: Option<Option<String>>,
+    cache_salt: Option<Option<String>>,
+    group_idx: Option<Deferred<Option<u32>>>,
+}
+
+/// Which field a position (after the tag) or a key names.
+#[derive(Clone, Copy)]
+enum Field {
+    BlockHashes,
+    Parent,
+    TokenIds,
+    BlockSize,
+    Medium,
+    LoraName,
+    CacheSalt,
+    GroupIdx,
+}
+
+fn field_by_name(name: &str) -> Option<Field> {
+    Some(match name {
+        "block_hashes" => Field::BlockHashes,
+        "parent_block_hash" => Field::Parent,
+        "token_ids" => Field::TokenIds,
+        "block_size" => Field::BlockSize,
+        "medium" => Field::Medium,
+        "lora_name" => Field::LoraName,
+        "cache_salt" => Field::CacheSalt,
+        "group_idx" => Field::GroupIdx,
+        _ => return None,
+    })
+}
+
+/// Positions after the tag: BlockStored 0 block_hashes, 1 parent, 2 token_ids, 3 block_size,
+/// 4 lora_id, 5 medium, 6 lora_name, 7 extra_keys, 8 group_idx; BlockRemoved 0 block_hashes,
+/// 1 medium, 2 group_idx. (`cache_salt` is a map-only field.)
+fn field_by_position(tag: &str, position: usize) -> Option<Field> {
+    match (tag, position) {
+        (_, 0) => Some(Field::BlockHashes),
+        ("BlockStored", 1) => Some(Field::Parent),
+        ("BlockStored", 2) => Some(Field::TokenIds),
+        ("BlockStored", 3) => Some(Field::BlockSize),
+        ("BlockStored", 5) | ("BlockRemoved", 1) => Some(Field::Medium),
+        ("BlockStored", 6) => Some(Field::LoraName),
+        ("BlockStored", 8) | ("BlockRemoved", 2) => Some(Field::GroupIdx),
         _ => None,
     }
 }
 
-/// Field access for both layouts: by position (after the tag) in arrays, by name in maps.
-struct Fields<'a> {
-    value: &'a Value,
-    event: &'static str,
-}
-
-impl<'a> Fields<'a> {
-    fn field(&self, position: usize, name: &str) -> Option<&'a Value> {
-        let v = match self.value {
-            Value::Array(items) => items.get(position + 1),
-            _ => get(self.value, name),
-        };
-        v.filter(|v| !v.is_nil())
-    }
-
-    fn err(&self, field: &'static str, reason: &'static str) -> DecodeError {
-        DecodeError::Field { event: self.event, field, reason }
-    }
-
-    fn hashes(&self, position: usize, field: &'static str) -> Result<Vec<u64>, DecodeError> {
-        match self.field(position, field) {
-            Some(Value::Array(items)) => {
-                items.iter().map(|h| hash(h).ok_or_else(|| self.err(field, "hash must be an integer or bytes"))).collect()
+fn read_event(rd: &mut Reader<'_>, depth: u16) -> Result<Deferred<KvEvent>, MsgpackError> {
+    let (head, child) = rd.head(depth)?;
+    let mut raw = RawEvent::default();
+    match head {
+        Head::Array(n) => {
+            let mut tag: Option<String> = None;
+            for i in 0..n {
+                if i == 0 {
+                    tag = read_opt_string(rd, child)?;
+                    raw.tag = Some(tag.clone());
+                    continue;
+                }
+                match tag.as_deref().and_then(|t| field_by_position(t, i - 1)) {
+                    Some(f) => raw.read(f, rd, child)?,
+                    None => rd.skip(child)?,
+                }
             }
-            _ => Err(self.err(field, "must be an array")),
+        }
+        Head::Map(n) => {
+            for _ in 0..n {
+                let key = read_key(rd, child)?;
+                match key {
+                    Some("type") if raw.tag.is_none() => raw.tag = Some(read_opt_string(rd, child)?),
+                    Some(k) => match field_by_name(k) {
+                        Some(f) if !raw.has(f) => raw.read(f, rd, child)?,
+                        _ => rd.skip(child)?,
+                    },
+                    None => rd.skip(child)?,
+                }
+            }
+        }
+        other => {
+            rd.skip_rest(other, child)?;
         }
     }
-
-    fn opt_string(&self, position: usize, field: &'static str) -> Option<String> {
-        self.field(position, field).and_then(Value::as_str).map(str::to_owned)
-    }
-
-    fn opt_u32(&self, position: usize, field: &'static str) -> Result<Option<u32>, DecodeError> {
-        match self.field(position, field) {
-            None => Ok(None),
-            Some(v) => v.as_u64().and_then(|n| u32::try_from(n).ok()).map(Some).ok_or_else(|| self.err(field, "must be a small integer")),
-        }
-    }
+    Ok(raw.assemble())
 }
 
-/// A block hash as u64: integers bit-for-bit (signed ones reinterpreted), bytes by their last 8
-/// bytes big-endian (shorter byte strings left-padded with zeros).
-pub fn hash(v: &Value) -> Option<u64> {
-    match v {
-        Value::Integer(i) => i.as_u64().or_else(|| i.as_i64().map(|s| s as u64)),
-        Value::Binary(b) => {
+/// A string value when it is UTF-8 (anything else, nil included, is none).
+fn read_opt_string(rd: &mut Reader<'_>, depth: u16) -> Result<Option<String>, MsgpackError> {
+    scalar(rd, depth, |h| match h {
+        Some(Head::Str(b)) => std::str::from_utf8(b).ok().map(str::to_owned),
+        _ => None,
+    })
+}
+
+/// An optional small integer: nil is none, anything but an integer in u32 range an error.
+fn read_opt_u32(rd: &mut Reader<'_>, depth: u16, event: &'static str, field: &'static str) -> Result<Deferred<Option<u32>>, MsgpackError> {
+    scalar(rd, depth, |h| match h {
+        Some(Head::Nil) => Ok(None),
+        Some(Head::Uint(u)) if u32::try_from(u).is_ok() => Ok(Some(u as u32)),
+        _ => Err(DecodeError::Field { event, field, reason: "must be a small integer" }),
+    })
+}
+
+/// A block hash from a head: integers bit-for-bit (signed ones reinterpreted), bytes by their
+/// last 8 bytes big-endian (shorter byte strings left-padded with zeros).
+fn hash_of(head: Head<'_>) -> Option<u64> {
+    match head {
+        Head::Uint(u) => Some(u),
+        Head::Int(i) => Some(i as u64),
+        Head::Bin(b) => {
             let tail = &b[b.len().saturating_sub(8)..];
             let mut buf = [0u8; 8];
             buf[8 - tail.len()..].copy_from_slice(tail);
@@ -154,52 +342,122 @@ pub fn hash(v: &Value) -> Option<u64> {
     }
 }
 
-fn decode_event(v: &Value) -> Result<KvEvent, DecodeError> {
-    let tag = match v {
-        Value::Array(items) => items.first().and_then(Value::as_str),
-        Value::Map(_) => get(v, "type").and_then(Value::as_str),
-        _ => None,
+/// An array whose elements each map through `item` (None = the element is refused).
+fn read_array<T>(rd: &mut Reader<'_>, depth: u16, item: impl Fn(Head<'_>) -> Option<T>, not_array: DecodeError, bad_item: DecodeError) -> Result<Deferred<Vec<T>>, MsgpackError> {
+    let (head, child) = rd.head(depth)?;
+    let Head::Array(n) = head else {
+        rd.skip_rest(head, child)?;
+        return Ok(Err(not_array));
+    };
+    let mut out = Vec::with_capacity(n.min(rd.remaining()));
+    let mut ok = true;
+    for _ in 0..n {
+        let (h, c) = rd.head(child)?;
+        match h {
+            Head::Array(_) | Head::Map(_) => {
+                rd.skip_rest(h, c)?;
+                ok = false;
+            }
+            h if ok => match item(h) {
+                Some(v) => out.push(v),
+                None => ok = false,
+            },
+            _ => {}
+        }
     }
-    .ok_or(DecodeError::Batch("event without a type tag"))?;
-    match tag {
-        "BlockStored" => {
-            let f = Fields { value: v, event: "BlockStored" };
-            let block_hashes = f.hashes(0, "block_hashes")?;
-            let parent = match f.field(1, "parent_block_hash") {
-                None => None,
-                Some(p) => Some(hash(p).ok_or_else(|| f.err("parent_block_hash", "must be an integer or bytes"))?),
-            };
-            let token_ids = match f.field(2, "token_ids") {
-                Some(Value::Array(items)) => items
-                    .iter()
-                    .map(|t| t.as_u64().and_then(|n| u32::try_from(n).ok()))
-                    .collect::<Option<Vec<u32>>>()
-                    .ok_or_else(|| f.err("token_ids", "must be token ids in 0..2^32"))?,
-                _ => return Err(f.err("token_ids", "must be an array")),
-            };
-            let block_size = f.opt_u32(3, "block_size")?.ok_or_else(|| f.err("block_size", "is required"))?;
-            // Positions after the tag: 4 lora_id, 5 medium, 6 lora_name, 7 extra_keys, 8 group_idx.
-            Ok(KvEvent::Stored {
-                block_hashes,
-                parent,
-                token_ids,
-                block_size,
-                medium: f.opt_string(5, "medium"),
-                lora_name: f.opt_string(6, "lora_name"),
-                cache_salt: get(v, "cache_salt").and_then(Value::as_str).map(str::to_owned),
-                group_idx: f.opt_u32(8, "group_idx")?,
-            })
+    Ok(if ok { Ok(out) } else { Err(bad_item) })
+}
+
+impl RawEvent {
+    fn event(&self) -> &'static str {
+        match self.tag.as_ref().and_then(Option::as_deref) {
+            Some("BlockRemoved") => "BlockRemoved",
+            _ => "BlockStored",
         }
-        "BlockRemoved" => {
-            let f = Fields { value: v, event: "BlockRemoved" };
-            Ok(KvEvent::Removed {
-                block_hashes: f.hashes(0, "block_hashes")?,
-                medium: f.opt_string(1, "medium"),
-                group_idx: f.opt_u32(2, "group_idx")?,
-            })
+    }
+
+    fn has(&self, f: Field) -> bool {
+        match f {
+            Field::BlockHashes => self.block_hashes.is_some(),
+            Field::Parent => self.parent.is_some(),
+            Field::TokenIds => self.token_ids.is_some(),
+            Field::BlockSize => self.block_size.is_some(),
+            Field::Medium => self.medium.is_some(),
+            Field::LoraName => self.lora_name.is_some(),
+            Field::CacheSalt => self.cache_salt.is_some(),
+            Field::GroupIdx => self.group_idx.is_some(),
         }
-        "AllBlocksCleared" => Ok(KvEvent::Cleared),
-        other => Ok(KvEvent::Unknown { tag: other.to_owned() }),
+    }
+
+    /// Reads field `f`. Error texts name the event the tag says (a map's tag may come later: the
+    /// texts are fixed up in [`RawEvent::assemble`]).
+    fn read(&mut self, f: Field, rd: &mut Reader<'_>, depth: u16) -> Result<(), MsgpackError> {
+        let field_err = |field: &'static str, reason: &'static str| DecodeError::Field { event: "", field, reason };
+        match f {
+            Field::BlockHashes => {
+                self.block_hashes = Some(read_array(rd, depth, hash_of, field_err("block_hashes", "must be an array"), field_err("block_hashes", "hash must be an integer or bytes"))?);
+            }
+            Field::Parent => {
+                self.parent = Some(scalar(rd, depth, |h| match h {
+                    Some(Head::Nil) => Ok(None),
+                    Some(h) => hash_of(h).map(Some).ok_or_else(|| field_err("parent_block_hash", "must be an integer or bytes")),
+                    None => Err(field_err("parent_block_hash", "must be an integer or bytes")),
+                })?);
+            }
+            Field::TokenIds => {
+                let token = |h: Head<'_>| match h {
+                    Head::Uint(u) => u32::try_from(u).ok(),
+                    _ => None,
+                };
+                self.token_ids = Some(read_array(rd, depth, token, field_err("token_ids", "must be an array"), field_err("token_ids", "must be token ids in 0..2^32"))?);
+            }
+            Field::BlockSize => self.block_size = Some(read_opt_u32(rd, depth, "", "block_size")?),
+            Field::GroupIdx => self.group_idx = Some(read_opt_u32(rd, depth, "", "group_idx")?),
+            Field::Medium => self.medium = Some(read_opt_string(rd, depth)?),
+            Field::LoraName => self.lora_name = Some(read_opt_string(rd, depth)?),
+            Field::CacheSalt => self.cache_salt = Some(read_opt_string(rd, depth)?),
+        }
+        Ok(())
+    }
+
+    fn assemble(self) -> Deferred<KvEvent> {
+        let event = self.event();
+        let name = |e: DecodeError| match e {
+            DecodeError::Field { field, reason, .. } => DecodeError::Field { event, field, reason },
+            other => other,
+        };
+        let Some(Some(tag)) = self.tag else { return Err(DecodeError::Batch("event without a type tag")) };
+        let string = |s: Option<Option<String>>| s.flatten();
+        match tag.as_str() {
+            "BlockStored" => {
+                // A nil field counts as absent.
+                let block_hashes = self.block_hashes.unwrap_or(Err(DecodeError::Field { event, field: "block_hashes", reason: "must be an array" })).map_err(name)?;
+                let parent = self.parent.unwrap_or(Ok(None)).map_err(name)?;
+                let token_ids = self.token_ids.unwrap_or(Err(DecodeError::Field { event, field: "token_ids", reason: "must be an array" })).map_err(name)?;
+                let block_size = self
+                    .block_size
+                    .unwrap_or(Ok(None))
+                    .map_err(name)?
+                    .ok_or(DecodeError::Field { event, field: "block_size", reason: "is required" })?;
+                Ok(KvEvent::Stored {
+                    block_hashes,
+                    parent,
+                    token_ids,
+                    block_size,
+                    medium: string(self.medium),
+                    lora_name: string(self.lora_name),
+                    cache_salt: string(self.cache_salt),
+                    group_idx: self.group_idx.unwrap_or(Ok(None)).map_err(name)?,
+                })
+            }
+            "BlockRemoved" => Ok(KvEvent::Removed {
+                block_hashes: self.block_hashes.unwrap_or(Err(DecodeError::Field { event, field: "block_hashes", reason: "must be an array" })).map_err(name)?,
+                medium: string(self.medium),
+                group_idx: self.group_idx.unwrap_or(Ok(None)).map_err(name)?,
+            }),
+            "AllBlocksCleared" => Ok(KvEvent::Cleared),
+            _ => Ok(KvEvent::Unknown { tag }),
+        }
     }
 }
 

@@ -8,6 +8,13 @@
 //! replay socket is missing or times out) the worker is cleared and rebuilt from what remains, with a
 //! log line and a metric: the index may then miss blocks, but never claims blocks that are gone.
 //! At start it replays from 0, so blocks cached before the indexer started are known too.
+//!
+//! Bounded in bytes ([`EventLimits`]): every socket has `ZMQ_MAXMSGSIZE` (libzmq drops a connection
+//! whose peer sends a bigger frame: live, that shows as a gap; in a replay, as a failed replay),
+//! payloads are checked again before decoding (transports without the ZMQ check, a reload that
+//! lowered the limit), a replay holds at most `replay_max_bytes`, and each decoded batch takes its
+//! size from the queue's byte budget before it is queued. An oversized live batch cannot be applied
+//! nor replayed (the replay would carry it too), so the worker is cleared and continues after it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::SyncSender;
@@ -17,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use super::applier::ApplierMsg;
 use super::apply::ApplyReport;
+use super::budget::{self, Acquired, EventLimits};
 use super::decode::decode_batch;
 use super::sequencer::{Sequencer, Verdict};
 use crate::index::WorkerSlot;
@@ -111,12 +119,13 @@ pub fn spawn(
     tx: SyncSender<ApplierMsg>,
     stats: Arc<ListenerStats>,
     metrics: Arc<Metrics>,
+    limits: Arc<EventLimits>,
 ) -> std::io::Result<ListenerHandle> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let name = format!("kv-{}-{}", spec.worker, spec.rank);
     let thread = std::thread::Builder::new().name(name).spawn(move || {
-        let mut l = Listener { ctx, spec, tx, stats, metrics, stop: flag, seq: Sequencer::new(), dealer: None };
+        let mut l = Listener { ctx, spec, tx, stats, metrics, limits, stop: flag, seq: Sequencer::new(), dealer: None };
         l.run();
     })?;
     Ok(ListenerHandle { stop, thread: Some(thread) })
@@ -128,6 +137,7 @@ struct Listener {
     tx: SyncSender<ApplierMsg>,
     stats: Arc<ListenerStats>,
     metrics: Arc<Metrics>,
+    limits: Arc<EventLimits>,
     stop: Arc<AtomicBool>,
     seq: Sequencer,
     dealer: Option<zmq::Socket>,
@@ -198,6 +208,7 @@ impl Listener {
         let sub = self.ctx.socket(zmq::SUB)?;
         sub.set_linger(0)?;
         sub.set_rcvhwm(100_000)?;
+        sub.set_maxmsgsize(zmq_limit(self.limits.max_frame()))?;
         sub.set_subscribe(self.spec.topic.as_bytes())?;
         if self.spec.bind {
             sub.bind(&self.spec.events_endpoint)?;
@@ -208,6 +219,17 @@ impl Listener {
     }
 
     fn on_live(&mut self, n: u64, payload: &[u8]) {
+        let max = self.limits.max_frame();
+        if payload.len() > max {
+            self.limit_hit("frame_too_large");
+            tracing::warn!(worker = %self.spec.worker, rank = self.spec.rank, seq = n, bytes = payload.len(), limit = max, "KV event batch above routing.event_max_frame_bytes; not applied");
+            if self.seq.on_live(n) != Verdict::Duplicate {
+                // Its events are lost (a replay would carry the same batch): clear, go on after it.
+                self.resync("frame_too_large");
+                self.seq.skip_to(n);
+            }
+            return;
+        }
         match self.seq.on_live(n) {
             Verdict::Apply => self.send(n, payload),
             Verdict::Duplicate => {}
@@ -257,10 +279,24 @@ impl Listener {
     fn send(&mut self, n: u64, payload: &[u8]) {
         match decode_batch(payload) {
             Ok(batch) => {
-                let _ = self.tx.send(ApplierMsg::Batch { slot: self.spec.slot, seq: n, batch });
+                let permit = match budget::acquire(&self.limits, batch.heap_bytes(), &self.stop) {
+                    Acquired::Now(p) => p,
+                    Acquired::AfterWait(p) => {
+                        self.limit_hit("queue_bytes_full");
+                        tracing::debug!(worker = %self.spec.worker, rank = self.spec.rank, bytes = p.bytes(), "waited for routing.event_queue_bytes");
+                        p
+                    }
+                    Acquired::Stopped => return,
+                };
+                let msg = ApplierMsg::Batch { slot: self.spec.slot, seq: n, batch };
+                let _ = self.tx.send(ApplierMsg::Permitted { permit, msg: Box::new(msg) });
             }
             Err(e) => self.decode_error(&e.to_string()),
         }
+    }
+
+    fn limit_hit(&self, reason: &'static str) {
+        self.metrics.kv_event_limits.with_label_values(&[&self.spec.worker, reason]).inc();
     }
 
     fn decode_error(&self, why: &str) {
@@ -311,6 +347,7 @@ impl Listener {
         if self.dealer.is_none() {
             let d = self.ctx.socket(zmq::DEALER).map_err(|e| e.to_string())?;
             d.set_linger(0).map_err(|e| e.to_string())?;
+            d.set_maxmsgsize(zmq_limit(self.limits.max_frame())).map_err(|e| e.to_string())?;
             d.connect(&endpoint).map_err(|e| e.to_string())?;
             self.dealer = Some(d);
         }
@@ -319,6 +356,8 @@ impl Listener {
         dealer.send_multipart([&b""[..], &start[..]], 0).map_err(|e| e.to_string())?;
         let deadline = Instant::now() + self.spec.replay_timeout;
         let mut out = Vec::new();
+        let (max_frame, max_bytes) = (self.limits.max_frame(), self.limits.replay_max());
+        let mut held = 0usize;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -341,12 +380,30 @@ impl Listener {
                 return Ok(out);
             }
             let seq: [u8; 8] = seq_bytes.try_into().map_err(|_| "replay sequence is not 8 bytes".to_owned())?;
+            if payload.len() > max_frame {
+                self.limit_hit("replay_frame_too_large");
+                return Err(format!("replayed batch of {} bytes above routing.event_max_frame_bytes {max_frame}", payload.len()));
+            }
+            held += payload.len();
+            if held > max_bytes {
+                self.limit_hit("replay_too_large");
+                return Err(format!("replay above routing.replay_max_bytes {max_bytes}"));
+            }
             out.push((u64::from_be_bytes(seq), payload.to_vec()));
-            if out.len() > 1_000_000 {
-                return Err("replay longer than 1,000,000 batches".into());
+            if out.len() > MAX_REPLAY_BATCHES {
+                self.limit_hit("replay_too_large");
+                return Err(format!("replay longer than {MAX_REPLAY_BATCHES} batches"));
             }
         }
     }
+}
+
+/// Most batches one replay may hold (besides `replay_max_bytes`).
+const MAX_REPLAY_BATCHES: usize = 1_000_000;
+
+/// A byte limit as `ZMQ_MAXMSGSIZE` (i64; -1 would mean none, so huge values saturate).
+fn zmq_limit(bytes: usize) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
 /// `[topic, seq, payload]` (or `[seq, payload]`) → (seq, payload).
@@ -363,6 +420,139 @@ fn split_frames(frames: &[Vec<u8>]) -> Option<(u64, &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::mpsc::{sync_channel, Receiver};
+
+    /// `[ts, [["AllBlocksCleared"] × n]]`: a valid batch of about 2 + 18 n bytes.
+    fn batch(n: usize) -> Vec<u8> {
+        let mut b = vec![0x92, 0x01];
+        b.push(0xdc);
+        b.extend((n as u16).to_be_bytes());
+        for _ in 0..n {
+            b.push(0x91);
+            b.push(0xb0);
+            b.extend(b"AllBlocksCleared");
+        }
+        b
+    }
+
+    struct Rig {
+        pubsock: zmq::Socket,
+        rx: Receiver<ApplierMsg>,
+        metrics: Arc<Metrics>,
+        limits: Arc<EventLimits>,
+        handle: Option<ListenerHandle>,
+    }
+
+    impl Rig {
+        /// A listener on an inproc PUB (no ZMQ-level size check there: the check before decoding acts).
+        fn new(name: &str, max_frame: usize, queue_bytes: usize) -> Self {
+            let ctx = zmq::Context::new();
+            let pubsock = ctx.socket(zmq::PUB).unwrap();
+            let endpoint = format!("inproc://{name}");
+            pubsock.bind(&endpoint).unwrap();
+            let (tx, rx) = sync_channel(16);
+            let metrics = Arc::new(Metrics::new().unwrap());
+            let limits = Arc::new(EventLimits::new(max_frame, max_frame, queue_bytes));
+            let spec = ListenerSpec {
+                worker: "w".into(),
+                rank: 0,
+                slot: 0,
+                events_endpoint: endpoint,
+                replay_endpoint: None,
+                bind: false,
+                topic: String::new(),
+                replay_timeout: Duration::from_millis(100),
+            };
+            let handle = spawn(ctx, spec, tx, Arc::new(ListenerStats::default()), metrics.clone(), limits.clone()).unwrap();
+            Self { pubsock, rx, metrics, limits, handle: Some(handle) }
+        }
+
+        fn publish(&self, seq: u64, payload: &[u8]) {
+            self.pubsock.send_multipart([&b"t"[..], &seq.to_be_bytes()[..], payload], 0).unwrap();
+        }
+
+        /// Publishes batch 0 until the subscription is up and it arrives (the slow-joiner race).
+        fn join(&self) {
+            for _ in 0..500 {
+                self.publish(0, &batch(1));
+                if let Ok(m) = self.rx.recv_timeout(Duration::from_millis(20)) {
+                    if matches!(unwrap_batch(m), Some((0, _))) {
+                        return;
+                    }
+                }
+            }
+            panic!("the listener never received batch 0");
+        }
+
+        /// The next message that is not a copy of batch 0 or its restart-clear (from `join`).
+        fn next(&self) -> ApplierMsg {
+            loop {
+                let m = self.rx.recv_timeout(Duration::from_secs(10)).expect("a message");
+                match &m {
+                    ApplierMsg::Clear { reason: "engine_restart", .. } => {}
+                    ApplierMsg::Permitted { msg, .. } if matches!(**msg, ApplierMsg::Batch { seq: 0, .. }) => {}
+                    _ => return m,
+                }
+            }
+        }
+
+        fn limit_hits(&self, reason: &str) -> u64 {
+            self.metrics.kv_event_limits.with_label_values(&["w", reason]).get()
+        }
+    }
+
+    impl Drop for Rig {
+        fn drop(&mut self) {
+            if let Some(h) = self.handle.take() {
+                // A listener waiting for budget wakes on stop; one blocked on a full channel on recv.
+                while self.rx.try_recv().is_ok() {}
+                h.stop();
+            }
+        }
+    }
+
+    fn unwrap_batch(m: ApplierMsg) -> Option<(u64, usize)> {
+        match m {
+            ApplierMsg::Permitted { permit, msg } => match *msg {
+                ApplierMsg::Batch { seq, .. } => Some((seq, permit.bytes())),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn an_oversized_live_frame_resyncs_the_worker_and_the_stream_goes_on() {
+        let rig = Rig::new("oversized", 200, 1 << 20);
+        rig.join();
+        rig.publish(1, &batch(20)); // ~360 bytes > 200
+        rig.publish(2, &batch(2));
+        match rig.next() {
+            ApplierMsg::Clear { reason, .. } => assert_eq!(reason, "frame_too_large"),
+            _ => panic!("expected a clear"),
+        }
+        assert_eq!(unwrap_batch(rig.next()).map(|b| b.0), Some(2), "the batch after the oversized one applies");
+        assert_eq!(rig.limit_hits("frame_too_large"), 1);
+        assert_eq!(rig.metrics.kv_resyncs.with_label_values(&["w", "frame_too_large"]).get(), 1);
+    }
+
+    #[test]
+    fn a_full_byte_budget_holds_the_listener_until_the_applier_drops_a_batch() {
+        // Budget of 1 byte: each batch is admitted only alone.
+        let rig = Rig::new("budget", 1 << 20, 1);
+        rig.join();
+        rig.publish(1, &batch(3));
+        rig.publish(2, &batch(3));
+        let first = rig.next();
+        while rig.limits.queue.waiting() == 0 {
+            std::thread::yield_now();
+        }
+        assert!(rig.rx.try_recv().is_err(), "batch 2 waits while batch 1 holds the budget");
+        let used = rig.limits.queue.used();
+        assert_eq!(unwrap_batch(first).map(|b| (b.0, b.1)), Some((1, used)), "the permit holds the decoded size");
+        assert_eq!(unwrap_batch(rig.next()).map(|b| b.0), Some(2));
+        assert_eq!(rig.limit_hits("queue_bytes_full"), 1);
+    }
 
     #[test]
     fn frames() {
