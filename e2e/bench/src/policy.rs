@@ -10,13 +10,19 @@
 //! | `ring_hash` | RING_HASH on the session header | — | on (unused) |
 //! | `kvmesh_approximate` | override_host via the filter | indexer `mode = "approximate"` | **off** |
 //! | `kvmesh_precise` | override_host via the filter | indexer `mode = "precise"` | on |
+//! | `kvmesh_precise_session` | as `kvmesh_precise`, plus the workload's session header | indexer `mode = "precise"` | on |
+//!
+//! The kvmesh policies run **as shipped**: the indexer's and the filter's default configuration
+//! (only `mode` is set, and the filter's `debug_headers` so records carry the decisions). In the
+//! load sweep only `ring_hash` and `kvmesh_precise_session` get the session header
+//! ([`Policy::uses_session_header`]), and only on workloads that have one.
 //!
 //! Approximate mode is the supported mode for engines that publish no KV events: the indexer
 //! learns what each worker probably caches from its own routing decisions, with a TTL
 //! (`approx_ttl_secs`) and a per-worker size bound (`approx_max_blocks_per_worker`).
 
 use crate::report::targets::{
-    POLICY_KVMESH_APPROXIMATE, POLICY_KVMESH_PRECISE, POLICY_LEAST_REQUEST, POLICY_RING_HASH, POLICY_ROUND_ROBIN,
+    POLICY_KVMESH_APPROXIMATE, POLICY_KVMESH_PRECISE, POLICY_KVMESH_PRECISE_SESSION, POLICY_LEAST_REQUEST, POLICY_RING_HASH, POLICY_ROUND_ROBIN,
 };
 
 /// One routing policy under test.
@@ -32,12 +38,20 @@ pub enum Policy {
     KvmeshApproximate,
     /// kvmesh, indexer fed by the engines' KV events.
     KvmeshPrecise,
+    /// kvmesh precise, the client sending an explicit session id.
+    KvmeshPreciseSession,
 }
 
 impl Policy {
     /// Every policy, in report order.
-    pub const ALL: [Policy; 5] =
-        [Self::RoundRobin, Self::LeastRequest, Self::RingHash, Self::KvmeshApproximate, Self::KvmeshPrecise];
+    pub const ALL: [Policy; 6] = [
+        Self::RoundRobin,
+        Self::LeastRequest,
+        Self::RingHash,
+        Self::KvmeshApproximate,
+        Self::KvmeshPrecise,
+        Self::KvmeshPreciseSession,
+    ];
 
     /// The name used in files, the report and on the command line.
     pub fn name(self) -> &'static str {
@@ -47,6 +61,7 @@ impl Policy {
             Self::RingHash => POLICY_RING_HASH,
             Self::KvmeshApproximate => POLICY_KVMESH_APPROXIMATE,
             Self::KvmeshPrecise => POLICY_KVMESH_PRECISE,
+            Self::KvmeshPreciseSession => POLICY_KVMESH_PRECISE_SESSION,
         }
     }
 
@@ -75,7 +90,12 @@ impl Policy {
 
     /// True for the kvmesh policies (filter + indexer in the path).
     pub fn is_kvmesh(self) -> bool {
-        matches!(self, Self::KvmeshApproximate | Self::KvmeshPrecise)
+        matches!(self, Self::KvmeshApproximate | Self::KvmeshPrecise | Self::KvmeshPreciseSession)
+    }
+
+    /// Whether the sweep sends this policy the workload's session header.
+    pub fn uses_session_header(self) -> bool {
+        matches!(self, Self::RingHash | Self::KvmeshPreciseSession)
     }
 
     /// Whether the engines publish KV events under this policy.
@@ -86,8 +106,8 @@ impl Policy {
     /// The indexer's `[routing]` lines, for kvmesh policies.
     pub fn routing_toml(self) -> &'static str {
         match self {
-            Self::KvmeshApproximate => "mode = \"approximate\"\nsession_placement = \"sticky\"",
-            Self::KvmeshPrecise => "mode = \"precise\"\nsession_placement = \"sticky\"",
+            Self::KvmeshApproximate => "mode = \"approximate\"",
+            Self::KvmeshPrecise | Self::KvmeshPreciseSession => "mode = \"precise\"",
             _ => "",
         }
     }
@@ -99,9 +119,10 @@ impl Policy {
             Self::LeastRequest => "Envoy LEAST_REQUEST over the fleet, no filter",
             Self::RingHash => "Envoy RING_HASH on the session header (consistent hashing), no filter",
             Self::KvmeshApproximate => {
-                "kvmesh filter + indexer in approximate mode (engines publish no KV events; the index learns from its own decisions, with a TTL and a per-worker bound), sticky session placement"
+                "kvmesh filter + indexer in approximate mode (engines publish no KV events; the index learns from its own decisions, with a TTL and a per-worker bound)), default configuration"
             }
-            Self::KvmeshPrecise => "kvmesh filter + indexer in precise mode (index fed by the engines' KV events), sticky session placement",
+            Self::KvmeshPrecise => "kvmesh as shipped: filter + indexer in precise mode (index fed by the engines' KV events), default configuration",
+            Self::KvmeshPreciseSession => "kvmesh precise as shipped, the client sending the workload's explicit session header",
         }
     }
 }
@@ -176,7 +197,9 @@ mod tests {
     fn only_approximate_runs_without_events() {
         let without: Vec<Policy> = Policy::ALL.into_iter().filter(|p| !p.kv_events()).collect();
         assert_eq!(without, vec![Policy::KvmeshApproximate]);
-        assert_eq!(Policy::ALL.into_iter().filter(|p| p.is_kvmesh()).count(), 2);
+        assert_eq!(Policy::ALL.into_iter().filter(|p| p.is_kvmesh()).count(), 3);
+        let with_header: Vec<Policy> = Policy::ALL.into_iter().filter(|p| p.uses_session_header()).collect();
+        assert_eq!(with_header, vec![Policy::RingHash, Policy::KvmeshPreciseSession]);
         assert!(Policy::RoundRobin.routing_toml().is_empty());
     }
 

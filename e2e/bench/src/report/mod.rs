@@ -7,6 +7,7 @@
 pub mod markdown;
 pub mod plots;
 pub mod summary;
+pub mod sweep;
 pub mod targets;
 
 use crate::counters::PolicyCounters;

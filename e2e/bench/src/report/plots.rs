@@ -253,3 +253,72 @@ pub fn requests_per_worker(path: &Path, summaries: &[PolicySummary]) -> Result<(
     }
     finish(&mut chart, &root, SeriesLabelPosition::UpperRight, &err)
 }
+
+/// One line of a sweep plot: a policy's `(rate, value)` points; invalid points are drawn hollow.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateSeries {
+    /// Legend label.
+    pub label: String,
+    /// `(rate, value, valid)`, any order.
+    pub points: Vec<(f64, f64, bool)>,
+}
+
+/// A value against the offered rate, one line per policy (the sweep's TTFT p90 and hit-rate
+/// plots). `log_y` for latencies; `reference` draws a horizontal dashed line (the ceiling).
+pub fn vs_rate(
+    path: &Path,
+    caption: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &[RateSeries],
+    log_y: bool,
+    reference: Option<(f64, &str)>,
+) -> Result<(), PlotError> {
+    let err = draw_err(path);
+    let xs: Vec<f64> = series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).collect();
+    let ys: Vec<f64> = series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).chain(reference.map(|r| r.0)).filter(|y| y.is_finite()).collect();
+    let x_hi = xs.iter().copied().fold(0.0_f64, f64::max).max(1e-3) * 1.05;
+    let y_hi = ys.iter().copied().fold(0.0_f64, f64::max).max(1e-3) * 1.1;
+    let y_lo = ys.iter().copied().filter(|y| *y > 0.0).fold(f64::INFINITY, f64::min);
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(&err)?;
+    let mut builder = ChartBuilder::on(&root);
+    builder.caption(caption, (FONT, 24)).margin(15).x_label_area_size(45).y_label_area_size(65);
+    let sorted_pts = |s: &RateSeries| {
+        let mut p = s.points.clone();
+        p.sort_by(|a, b| a.0.total_cmp(&b.0));
+        p
+    };
+    macro_rules! body {
+        ($chart:expr) => {{
+            let mut chart = $chart;
+            chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).label_style((FONT, 14)).draw().map_err(&err)?;
+            if let Some((y, label)) = reference {
+                let dash = BLACK.mix(0.6);
+                chart
+                    .draw_series(DashedLineSeries::new(vec![(0.0, y), (x_hi, y)], 8, 6, dash.stroke_width(1)))
+                    .map_err(&err)?
+                    .label(label.to_string())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], dash));
+            }
+            for (i, s) in series.iter().enumerate() {
+                let c = color(i);
+                let pts = sorted_pts(s);
+                chart
+                    .draw_series(LineSeries::new(pts.iter().map(|p| (p.0, p.1)), c.stroke_width(2)))
+                    .map_err(&err)?
+                    .label(s.label.clone())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+                chart
+                    .draw_series(pts.iter().map(|p| Circle::new((p.0, p.1), 4, if p.2 { c.filled() } else { c.stroke_width(1) })))
+                    .map_err(&err)?;
+            }
+            finish(&mut chart, &root, SeriesLabelPosition::UpperLeft, &err)
+        }};
+    }
+    if log_y && y_lo.is_finite() && y_hi > y_lo {
+        body!(builder.build_cartesian_2d(0.0..x_hi, (y_lo * 0.8..y_hi * 1.2).log_scale()).map_err(&err)?)
+    } else {
+        body!(builder.build_cartesian_2d(0.0..x_hi, 0.0..y_hi).map_err(&err)?)
+    }
+}

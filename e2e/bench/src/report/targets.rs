@@ -25,6 +25,8 @@ pub const POLICY_RING_HASH: &str = "ring_hash";
 pub const POLICY_KVMESH_APPROXIMATE: &str = "kvmesh_approximate";
 /// kvmesh fed by the engines' KV events.
 pub const POLICY_KVMESH_PRECISE: &str = "kvmesh_precise";
+/// kvmesh precise with the workload's explicit session header (the sweep's extra row).
+pub const POLICY_KVMESH_PRECISE_SESSION: &str = "kvmesh_precise_session";
 /// The overhead case the overhead target reads.
 pub const OVERHEAD_TARGET_CASE: &str = "chat_8k_continuation";
 /// The overhead target: added p50 at most this many milliseconds.

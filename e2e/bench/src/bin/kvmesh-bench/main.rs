@@ -12,6 +12,7 @@
 
 mod overhead;
 mod run;
+mod sweep;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -121,9 +122,53 @@ struct Args {
     #[arg(long, default_value_t = 1500)]
     chat_system_prompt_words: usize,
 
-    /// Parts to run, comma-separated: `policies` (the replay under every policy), `overhead`.
+    /// Parts to run, comma-separated: `sweep` (the load sweep: every workload × policy × rate),
+    /// `policies` (one replay under every policy, `--workload`), `overhead`.
     #[arg(long, default_value = "policies,overhead")]
     only: String,
+
+    /// Sweep: workloads, comma-separated (trace, agentic, siblings, paced, cold).
+    #[arg(long, default_value = "trace,agentic,siblings,paced,cold")]
+    sweep_workloads: String,
+    /// Sweep: policies, comma-separated; round_robin always runs (its ladder finds the saturation).
+    #[arg(long, default_value = "round_robin,least_request,ring_hash,kvmesh_approximate,kvmesh_precise,kvmesh_precise_session")]
+    sweep_policies: String,
+    /// Sweep: arrivals of one point span this many seconds (turns stop at 1.5 × it).
+    #[arg(long, default_value_t = 30.0)]
+    sweep_duration_s: f64,
+    /// Sweep: round_robin's ladder multiplies the rate by this per step.
+    #[arg(long, default_value_t = 1.6)]
+    sweep_factor: f64,
+    /// Sweep: ladder steps at most.
+    #[arg(long, default_value_t = 5)]
+    sweep_max_steps: usize,
+    /// Sweep: rates of every policy as fractions of the saturation rate (must hold 0.8, the load point).
+    #[arg(long, default_value = "0.4,0.8,1.0,1.3")]
+    sweep_fractions: String,
+    /// Sweep: first ladder rate (default: 0.3 × a rough estimate from the fleet's prefill throughput).
+    #[arg(long)]
+    sweep_start_rate: Option<f64>,
+    /// Sweep: seed of the generated workloads.
+    #[arg(long, default_value_t = 0)]
+    sweep_seed: u64,
+    /// Sweep: simulated workers (few, so the engines' modelled time dominates on 2 cores).
+    #[arg(long, default_value_t = 4)]
+    sweep_workers: usize,
+    /// Sweep: vllm-sim --speedup (1: modelled time is real time; think times are divided by it).
+    #[arg(long, default_value_t = 1.0)]
+    sweep_sim_speedup: f64,
+    /// Sweep: vllm-sim --prefill-tokens-per-s (half the simulator's default: longer modelled prefill).
+    #[arg(long, default_value_t = 10_000.0)]
+    sweep_prefill_tokens_per_s: f64,
+    /// Sweep: KV capacity per worker, blocks.
+    #[arg(long, default_value_t = 16_384)]
+    sweep_num_gpu_blocks: u64,
+    /// Sweep: requests in flight at most (a due request waiting for a slot is sent late).
+    #[arg(long, default_value_t = 512)]
+    sweep_max_in_flight: usize,
+    /// Sweep: trace requests' max_tokens = min(output_length, this).
+    #[arg(long, default_value_t = 128)]
+    sweep_max_output_tokens: u32,
     /// Overhead: chat prompt sizes in tokens (`k` = 1024), each measured cold and as a continuation.
     #[arg(long, default_value = "1k,8k,32k")]
     overhead_sizes: String,
@@ -160,25 +205,103 @@ struct Args {
 /// The parts of a run `--only` selects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Parts {
+    sweep: bool,
     policies: bool,
     overhead: bool,
 }
 
 impl Parts {
     fn parse(s: &str) -> Result<Self> {
-        let mut p = Parts { policies: false, overhead: false };
+        let mut p = Parts { sweep: false, policies: false, overhead: false };
         for part in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
             match part {
+                "sweep" => p.sweep = true,
                 "policies" => p.policies = true,
                 "overhead" => p.overhead = true,
-                other => bail!("unknown --only part {other:?} (policies, overhead)"),
+                other => bail!("unknown --only part {other:?} (sweep, policies, overhead)"),
             }
         }
-        if !(p.policies || p.overhead) {
+        if !(p.sweep || p.policies || p.overhead) {
             bail!("--only selects nothing");
         }
         Ok(p)
     }
+}
+
+/// The sweep's fleet (its own defaults: few workers, low speed-up, long modelled prefill) and plan.
+fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
+    use kvmesh_bench::workload::{trace::TraceConfig, WorkloadKind};
+    if !(a.sweep_sim_speedup > 0.0 && a.sweep_prefill_tokens_per_s > 0.0 && a.sweep_duration_s > 0.0) {
+        bail!("--sweep-sim-speedup, --sweep-prefill-tokens-per-s and --sweep-duration-s must be > 0");
+    }
+    let workloads = WorkloadKind::parse_list(&a.sweep_workloads).map_err(anyhow::Error::msg)?;
+    let mut policies = Policy::parse_list(&a.sweep_policies).map_err(anyhow::Error::msg)?;
+    policies.retain(|p| *p != Policy::RoundRobin);
+    policies.insert(0, Policy::RoundRobin);
+    let fractions = a
+        .sweep_fractions
+        .split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(|x| x.trim().parse::<f64>().with_context(|| format!("--sweep-fractions: {x:?}")))
+        .collect::<Result<Vec<f64>>>()?;
+    let mut sim_args = vec!["--prefill-tokens-per-s".to_string(), a.sweep_prefill_tokens_per_s.to_string()];
+    sim_args.extend(a.sim_args.iter().cloned());
+    let sweep_fleet = Fleet {
+        workers: a.sweep_workers,
+        num_gpu_blocks: a.sweep_num_gpu_blocks,
+        sim_speedup: a.sweep_sim_speedup,
+        sim_args,
+        ..fleet.clone()
+    };
+    let trace_records = if workloads.contains(&WorkloadKind::Trace) {
+        let path = a.trace.clone().unwrap_or_else(|| default_trace_path(std::env::var(TRACE_ENV).ok()));
+        let file = std::fs::File::open(&path).with_context(|| format!("opening trace {}", path.display()))?;
+        let all = trace::parse(std::io::BufReader::new(file))?;
+        let start = a.window_start_ms.unwrap_or(f64::NEG_INFINITY);
+        all.into_iter().filter(|r| r.timestamp >= start).collect()
+    } else {
+        Vec::new()
+    };
+    let fleet_tps = a.sweep_workers as f64 * a.sweep_prefill_tokens_per_s * a.sweep_sim_speedup;
+    let settings = vec![
+        format!(
+            "fleet: {} vllm-sim workers × {} blocks of {} tokens, `--speedup {}`, `--prefill-tokens-per-s {}` (fleet prefill {:.0} tokens/s), extra sim flags {:?}",
+            a.sweep_workers, a.sweep_num_gpu_blocks, a.block_size, a.sweep_sim_speedup, a.sweep_prefill_tokens_per_s, fleet_tps, a.sim_args
+        ),
+        format!(
+            "each point: a fresh stack, caches reset, arrivals over {} s (turns stop at {} s), at most {} requests in flight, seed {}",
+            a.sweep_duration_s, a.sweep_duration_s * 1.5, a.sweep_max_in_flight, a.sweep_seed
+        ),
+        format!(
+            "ladder: round_robin from the first rate × {} per step, at most {} steps, until its TTFT p90 > 3 × its light-load value; then every policy at {} × the saturation rate",
+            a.sweep_factor, a.sweep_max_steps, a.sweep_fractions
+        ),
+        "a point is **invalid** when the machine's CPU use (`/proc/stat`, mean over the point) is above 85% or the client's lateness (sent − scheduled) p90 is above 10 ms; the headline uses valid points only".into(),
+        "sim CPU-s / 1k req: user + system CPU of the vllm-sim processes during the point (`/proc/<pid>/stat`) per 1,000 requests".into(),
+        "policies: round_robin, least_request (Envoy); ring_hash and kvmesh_precise_session get the workload's session header (trace, agentic, paced only); kvmesh_approximate and kvmesh_precise run as shipped (default configuration, no header)".into(),
+    ];
+    let args = sweep::SweepArgs {
+        workloads,
+        policies,
+        ladder_factor: a.sweep_factor,
+        ladder_max_steps: a.sweep_max_steps,
+        fractions,
+        start_rate: a.sweep_start_rate,
+        duration_s: a.sweep_duration_s,
+        seed: a.sweep_seed,
+        fleet_prefill_tps: fleet_tps,
+        max_in_flight: a.sweep_max_in_flight.max(1),
+        trace_records,
+        trace_cfg: TraceConfig {
+            duration_s: a.sweep_duration_s,
+            token_seed: a.token_seed,
+            anchor_block: a.anchor_block,
+            max_output_tokens: a.sweep_max_output_tokens,
+            ..TraceConfig::default()
+        },
+        settings,
+    };
+    Ok((sweep_fleet, args))
 }
 
 fn command_line() -> String {
@@ -292,6 +415,30 @@ async fn bench(a: Args) -> Result<()> {
 
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let mut ran = 0usize;
+    if parts.sweep {
+        let (sweep_fleet, sweep_args) = sweep_setup(&a, &fleet)?;
+        let report = sweep::run_sweep(&sweep_args, &sweep_fleet, &a.out).await?;
+        ran += report.workloads.iter().map(|w| w.points.iter().filter(|p| p.error.is_none()).count()).sum::<usize>();
+        let plots_ok = match plots::register_font(&a.font).map_err(|e| e.to_string()).and_then(|()| sweep::draw(&report, &a.out)) {
+            Ok(_) => true,
+            Err(e) => {
+                eprintln!("sweep plots: {e}");
+                false
+            }
+        };
+        manifest.extra_sections.push(kvmesh_bench::manifest::ExtraSection {
+            title: "Load sweep".into(),
+            markdown: kvmesh_bench::report::sweep::render(&report, plots_ok),
+        });
+        if !parts.policies {
+            manifest.title = Some("kvmesh load sweep".into());
+            manifest.workload = Some(format!("load sweep: {}", a.sweep_workloads));
+            manifest.window = Some("per point: see the sweep section".into());
+            manifest.speedup = None;
+            manifest.workers = (0..a.sweep_workers).map(|i| format!("w{i}")).collect();
+            manifest.cache_capacity_blocks = Some(a.sweep_num_gpu_blocks);
+        }
+    }
     for policy in policies {
         let Some(workload) = &workload else { break };
         match run_policy(policy, &fleet, workload, &a.out).await {

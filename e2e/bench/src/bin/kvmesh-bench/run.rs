@@ -72,13 +72,13 @@ pub struct PolicyRun {
     pub failed: u64,
 }
 
-fn spec_for(policy: Policy, fleet: &Fleet, dir: &Path) -> StackSpec {
+pub(crate) fn spec_for(policy: Policy, fleet: &Fleet, dir: &Path) -> StackSpec {
     let mut spec = StackSpec::aggregate(fleet.workers);
     spec.policy = match policy {
         Policy::RoundRobin => EnvoyPolicy::RoundRobin,
         Policy::LeastRequest => EnvoyPolicy::LeastRequest,
         Policy::RingHash => EnvoyPolicy::RingHash,
-        Policy::KvmeshApproximate | Policy::KvmeshPrecise => EnvoyPolicy::Kvmesh,
+        _ => EnvoyPolicy::Kvmesh,
     };
     spec.block_size = fleet.block_size;
     spec.sim_args = vec![
@@ -108,13 +108,13 @@ async fn scrape(client: &reqwest::Client, url: &str) -> Result<Vec<Sample>> {
 }
 
 /// Scrapes of every engine, Envoy, and (for kvmesh) the indexer.
-struct Scrape {
+pub(crate) struct Scrape {
     engines: Vec<Vec<Sample>>,
     envoy: Vec<Sample>,
     indexer: Vec<Sample>,
 }
 
-async fn scrape_all(stack: &Stack, client: &reqwest::Client, kvmesh: bool) -> Result<Scrape> {
+pub(crate) async fn scrape_all(stack: &Stack, client: &reqwest::Client, kvmesh: bool) -> Result<Scrape> {
     let mut engines = Vec::with_capacity(stack.workers.len());
     for w in &stack.workers {
         engines.push(scrape(client, &w.url("/metrics")).await?);
@@ -124,7 +124,7 @@ async fn scrape_all(stack: &Stack, client: &reqwest::Client, kvmesh: bool) -> Re
     Ok(Scrape { engines, envoy, indexer })
 }
 
-fn counters(stack: &Stack, before: &Scrape, after: &Scrape, kvmesh: bool) -> PolicyCounters {
+pub(crate) fn counters(stack: &Stack, before: &Scrape, after: &Scrape, kvmesh: bool) -> PolicyCounters {
     let engines = stack
         .workers
         .iter()
@@ -144,7 +144,7 @@ fn counters(stack: &Stack, before: &Scrape, after: &Scrape, kvmesh: bool) -> Pol
 
 /// Starts the policy's stack, retrying a failed start (`Fleet::start_attempts` in all): on a
 /// shared, loaded machine a worker can miss its readiness deadline once.
-async fn start_stack(policy: Policy, fleet: &Fleet, dir: &Path) -> Result<Stack> {
+pub(crate) async fn start_stack(policy: Policy, fleet: &Fleet, dir: &Path) -> Result<Stack> {
     let attempts = fleet.start_attempts.max(1);
     let mut attempt = 1;
     loop {

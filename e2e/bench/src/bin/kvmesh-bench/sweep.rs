@@ -1,0 +1,421 @@
+//! The load sweep (issue 12): per workload, round_robin's ladder to its saturation, then every
+//! policy at fractions of that rate (the load point 0.8 × included), each point on a fresh stack.
+//!
+//! A point: generate the workload's plan at the rate (pure, `workload`), start the policy's
+//! stack, reset the caches, scrape, start the CPU sampler and read the simulators' CPU ticks, run
+//! the plan (`plan_run`) while a ticker prints progress, scrape again, stop the stack, write
+//! `<out>/sweep/<workload>/<policy>/r<rate>/{results.jsonl,counters.json}` and summarise it
+//! (`sweep::summarize_point`). After every point `sweep.json` is rewritten, so an interrupted run
+//! keeps what it measured. The decisions (next ladder rate, saturation, which rates) are the
+//! pure functions of `kvmesh_bench::sweep`.
+
+use crate::run::{counters, scrape_all, start_stack, Fleet};
+use anyhow::{Context, Result};
+use kvmesh_bench::client::{build_client, discover_model};
+use kvmesh_bench::cpu::Sampler;
+use kvmesh_bench::overhead::drive::cpu_ticks;
+use kvmesh_bench::plan_run::{run_plan, PlanRunConfig};
+use kvmesh_bench::policy::Policy;
+use kvmesh_bench::record::read_all;
+use kvmesh_bench::report::sweep::{plot_files, SweepReport, WorkloadSweep};
+use kvmesh_bench::sink::Sink;
+use kvmesh_bench::sweep::{
+    next_ladder_rate, policy_rates, summarize_point, LadderStep, MachineSample, PointResult, RatePoint, SweepConfig,
+};
+use kvmesh_bench::trace::TraceRecord;
+use kvmesh_bench::workload::{gen, trace as wtrace, Plan, WorkloadKind};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Linux user-space clock ticks per second (`/proc/<pid>/stat` units).
+const TICKS_PER_S: f64 = 100.0;
+/// CPU sampling interval during a point.
+const CPU_SAMPLE_EVERY: Duration = Duration::from_millis(500);
+/// Progress line interval.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// Uncached prompt tokens one arrival costs round_robin, roughly (the ladder's first rate is
+/// [`START_FRACTION`] × fleet prefill throughput ÷ this; the ladder then measures).
+fn arrival_cost_tokens(kind: WorkloadKind) -> f64 {
+    match kind {
+        WorkloadKind::Trace => 11_000.0,
+        WorkloadKind::Cold => 10_000.0,
+        WorkloadKind::Siblings => 30_000.0,
+        WorkloadKind::Agentic => 85_000.0,
+        WorkloadKind::Paced => 7_000.0,
+    }
+}
+/// The ladder starts at this fraction of the rough saturation estimate.
+const START_FRACTION: f64 = 0.3;
+
+/// What the sweep runs.
+pub struct SweepArgs {
+    pub workloads: Vec<WorkloadKind>,
+    /// Policies; round_robin is always run first (the ladder).
+    pub policies: Vec<Policy>,
+    pub ladder_factor: f64,
+    pub ladder_max_steps: usize,
+    pub fractions: Vec<f64>,
+    /// Overrides the estimated first ladder rate (all workloads).
+    pub start_rate: Option<f64>,
+    /// Arrivals in `[0, duration)`.
+    pub duration_s: f64,
+    pub seed: u64,
+    /// Fleet prefill throughput, tokens/s of real time (for the ladder's first rate).
+    pub fleet_prefill_tps: f64,
+    pub max_in_flight: usize,
+    pub trace_records: Vec<TraceRecord>,
+    pub trace_cfg: wtrace::TraceConfig,
+    pub settings: Vec<String>,
+}
+
+fn plan_for(a: &SweepArgs, fleet: &Fleet, kind: WorkloadKind, rate: f64) -> Plan {
+    let g = gen::GenConfig {
+        seed: a.seed,
+        duration_s: a.duration_s,
+        think_divisor: fleet.sim_speedup,
+        block_size: fleet.block_size as usize,
+    };
+    match kind {
+        WorkloadKind::Trace => wtrace::plan(
+            &a.trace_records,
+            &wtrace::TraceConfig {
+                duration_s: a.duration_s,
+                ..a.trace_cfg
+            },
+            rate,
+        ),
+        WorkloadKind::Agentic => gen::agentic(&g, rate),
+        WorkloadKind::Siblings => gen::siblings(&g, rate),
+        WorkloadKind::Paced => gen::paced(&g, rate),
+        WorkloadKind::Cold => gen::cold(&g, rate),
+    }
+}
+
+/// Progress shared with the ticker.
+struct Progress {
+    started: Instant,
+    point: usize,
+}
+
+fn fmt_elapsed(d: Duration) -> String {
+    let s = d.as_secs();
+    format!("{}m{:02}s", s / 60, s % 60)
+}
+
+async fn measure(
+    a: &SweepArgs,
+    fleet: &Fleet,
+    kind: WorkloadKind,
+    policy: Policy,
+    rate: f64,
+    out: &Path,
+    progress: &mut Progress,
+) -> PointResult {
+    progress.point += 1;
+    let dir_rel = format!("{}/{}/r{:.4}", kind.name(), policy.name(), rate);
+    let dir = out.join(&dir_rel);
+    let plan = Arc::new(plan_for(a, fleet, kind, rate));
+    eprintln!(
+        "[bench] point {} | {} | {} | {:.3} {} | {} requests planned | elapsed {}",
+        progress.point,
+        kind.name(),
+        policy.name(),
+        rate,
+        kind.rate_unit(),
+        plan.requests(),
+        fmt_elapsed(progress.started.elapsed())
+    );
+    match measure_inner(
+        a,
+        fleet,
+        kind,
+        policy,
+        plan,
+        &dir,
+        &dir_rel,
+        progress.started,
+        progress.point,
+    )
+    .await
+    {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(
+                workload = kind.name(),
+                policy = policy.name(),
+                rate,
+                error = format!("{e:#}"),
+                "point did not run"
+            );
+            PointResult {
+                workload: kind.name().into(),
+                policy: policy.name().into(),
+                rate,
+                dir: dir_rel,
+                error: Some(crate::run::one_line(&format!("{e:#}"), 300)),
+                ..Default::default()
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn measure_inner(
+    a: &SweepArgs,
+    fleet: &Fleet,
+    kind: WorkloadKind,
+    policy: Policy,
+    plan: Arc<Plan>,
+    dir: &Path,
+    dir_rel: &str,
+    started: Instant,
+    point: usize,
+) -> Result<PointResult> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let stack = start_stack(policy, fleet, dir).await?;
+    let worker_ids: Vec<String> = stack.workers.iter().map(|w| w.id.clone()).collect();
+    stack.reset_caches().await.context("resetting prefix caches")?;
+    let client = build_client(Duration::from_secs(5), 1024)?;
+    let base = stack.gateway("");
+    let model = match &fleet.model {
+        Some(m) => m.clone(),
+        None => discover_model(&client, &base, Duration::from_secs(30))
+            .await
+            .map_err(anyhow::Error::msg)?,
+    };
+    let header = (policy.uses_session_header() && kind.has_sessions()).then(|| fleet.session_header.clone());
+    let before = scrape_all(&stack, &client, policy.is_kvmesh()).await?;
+    let pids: Vec<u32> = stack
+        .workers
+        .iter()
+        .filter_map(|w| w.proc.as_ref().map(|p| p.pid()))
+        .collect();
+    let ticks = |pids: &[u32]| pids.iter().map(|&p| cpu_ticks(p)).sum::<Option<u64>>();
+    let ticks_before = ticks(&pids);
+    let results = dir.join("results.jsonl");
+    let sink = Sink::create(&results, 1_000_000)?;
+    let done = Arc::new(AtomicU64::new(0));
+    let total = plan.requests();
+    let (d, p_start, name, pol, rate, unit) = (
+        done.clone(),
+        Instant::now(),
+        kind.name(),
+        policy.name(),
+        plan.rate,
+        kind.rate_unit(),
+    );
+    let ticker = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(PROGRESS_EVERY).await;
+            eprintln!(
+                "[bench] point {point} | {name} | {pol} | {rate:.3} {unit} | {}/{total} requests | point {} | elapsed {}",
+                d.load(Ordering::Relaxed),
+                fmt_elapsed(p_start.elapsed()),
+                fmt_elapsed(started.elapsed())
+            );
+        }
+    });
+    let sampler = Sampler::start(CPU_SAMPLE_EVERY);
+    let cfg = PlanRunConfig {
+        base_url: base,
+        model,
+        session_header: header,
+        request_timeout: fleet.request_timeout,
+        max_in_flight: a.max_in_flight,
+        turn_deadline: Duration::from_secs_f64(a.duration_s * 1.5),
+    };
+    let stats = run_plan(client.clone(), cfg, plan.clone(), sink.sender(), done).await;
+    let (cpu_mean, cpu_max) = sampler.finish();
+    ticker.abort();
+    let ticks_after = ticks(&pids);
+    let sunk = sink.close().await?;
+    let after = scrape_all(&stack, &client, policy.is_kvmesh()).await?;
+    let c = counters(&stack, &before, &after, policy.is_kvmesh());
+    drop(stack);
+    std::fs::write(dir.join("counters.json"), serde_json::to_string_pretty(&c)?)?;
+    let records = read_all(std::io::BufReader::new(std::fs::File::open(&results)?))?;
+    let machine = MachineSample {
+        cpu_busy_mean: cpu_mean,
+        cpu_busy_max: cpu_max,
+        sim_cpu_s: match (ticks_before, ticks_after) {
+            (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / TICKS_PER_S),
+            _ => None,
+        },
+    };
+    let p = summarize_point(
+        kind.name(),
+        policy.name(),
+        plan.rate,
+        dir_rel,
+        &records,
+        Some(&c),
+        Some((plan.ceiling_rate(), plan.ceiling)),
+        machine,
+        &worker_ids,
+    );
+    tracing::info!(
+        workload = kind.name(),
+        policy = policy.name(),
+        rate = plan.rate,
+        requests = sunk.written,
+        cut_turns = stats.cut_turns,
+        wall_s = stats.wall.as_secs_f64(),
+        ttft_p90_ms = p.ttft_p90_ms.unwrap_or(f64::NAN),
+        engine_hit_rate = p.engine_hit_rate.unwrap_or(f64::NAN),
+        valid = p.valid(),
+        "point done"
+    );
+    Ok(p)
+}
+
+fn save(report: &SweepReport, out: &Path) -> Result<()> {
+    let path = out.join("sweep.json");
+    std::fs::write(&path, serde_json::to_string_pretty(report)?).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Runs the sweep into `<out>/sweep/` and returns its report.
+pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<SweepReport> {
+    let out = out.join("sweep");
+    std::fs::create_dir_all(&out)?;
+    let mut report = SweepReport {
+        settings: a.settings.clone(),
+        workloads: Vec::new(),
+    };
+    let mut progress = Progress {
+        started: Instant::now(),
+        point: 0,
+    };
+    for &kind in &a.workloads {
+        let start_rate = a
+            .start_rate
+            .unwrap_or(START_FRACTION * a.fleet_prefill_tps / arrival_cost_tokens(kind));
+        let cfg = SweepConfig {
+            start_rate,
+            factor: a.ladder_factor,
+            max_steps: a.ladder_max_steps,
+            fractions: a.fractions.clone(),
+        };
+        cfg.validate().map_err(anyhow::Error::msg)?;
+        report.workloads.push(WorkloadSweep {
+            workload: kind.name().into(),
+            describe: kind.describe().into(),
+            rate_unit: kind.rate_unit().into(),
+            ..Default::default()
+        });
+        let wi = report.workloads.len() - 1;
+        // 1. round_robin's ladder.
+        let mut rr: Vec<RatePoint> = Vec::new();
+        let sat = loop {
+            match next_ladder_rate(&cfg, &rr) {
+                LadderStep::Measure(rate) => {
+                    let p = measure(a, fleet, kind, Policy::RoundRobin, rate, &out, &mut progress).await;
+                    rr.push(RatePoint {
+                        rate,
+                        p90_ms: p.ttft_p90_ms.filter(|_| p.error.is_none()),
+                        valid: p.valid(),
+                    });
+                    report.workloads[wi].points.push(p);
+                    save(&report, &out)?;
+                }
+                LadderStep::Saturated(s) => break Some(s),
+                LadderStep::GaveUp => break None,
+            }
+        };
+        report.workloads[wi].saturation = sat;
+        // 2. Every policy at the fractions of the saturation rate (or, without one, the ladder's rates).
+        let rates = match &sat {
+            Some(s) => policy_rates(&cfg, s),
+            None => {
+                report.workloads[wi].note = format!(
+                    "round_robin's TTFT p90 stayed under 3 × its light-load value over {} ladder steps",
+                    rr.len()
+                );
+                rr.iter().map(|p| p.rate).collect()
+            }
+        };
+        for &policy in &a.policies {
+            if !kind.has_sessions() && policy.uses_session_header() && policy != Policy::RoundRobin {
+                continue; // nothing to hash / no explicit session on this workload
+            }
+            let already: Vec<f64> = if policy == Policy::RoundRobin {
+                rr.iter().map(|p| p.rate).collect()
+            } else {
+                Vec::new()
+            };
+            let mut todo: Vec<f64> = rates
+                .iter()
+                .copied()
+                .filter(|r| !already.iter().any(|x| (x - r).abs() <= 1e-9 * r))
+                .collect();
+            if policy == Policy::RoundRobin && sat.is_some() {
+                // The ladder already covers light load to past saturation; add the load point and,
+                // if fewer than 4 rates in all, the other fractions.
+                let lp = sat.map(|s| s.load_point()).unwrap_or_default();
+                if already.len() + 1 >= 4 {
+                    todo.retain(|r| (r - lp).abs() <= 1e-9 * lp);
+                }
+            }
+            for rate in todo {
+                let p = measure(a, fleet, kind, policy, rate, &out, &mut progress).await;
+                report.workloads[wi].points.push(p);
+                save(&report, &out)?;
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// Draws the sweep's plots into `out` (TTFT p90 vs rate, engine hit rate vs rate, per workload);
+/// returns the files written or why not.
+pub fn draw(report: &SweepReport, out: &Path) -> Result<Vec<std::path::PathBuf>, String> {
+    use kvmesh_bench::report::plots::{vs_rate, RateSeries};
+    let mut written = Vec::new();
+    for w in &report.workloads {
+        let series = |value: &dyn Fn(&PointResult) -> Option<f64>| -> Vec<RateSeries> {
+            w.policies()
+                .into_iter()
+                .map(|pol| RateSeries {
+                    points: w
+                        .points
+                        .iter()
+                        .filter(|p| p.policy == pol)
+                        .filter_map(|p| value(p).map(|v| (p.rate, v, p.valid())))
+                        .collect(),
+                    label: pol,
+                })
+                .filter(|s| !s.points.is_empty())
+                .collect()
+        };
+        let (ttft, hit) = plot_files(&w.workload);
+        let x = format!("offered rate ({})", w.rate_unit);
+        let t = out.join(&ttft);
+        vs_rate(
+            &t,
+            &format!("{}: TTFT p90 vs rate (hollow = invalid point)", w.workload),
+            &x,
+            "TTFT p90 (ms)",
+            &series(&|p| p.ttft_p90_ms),
+            false,
+            None,
+        )
+        .map_err(|e| e.to_string())?;
+        written.push(t);
+        let ceiling = w.points.iter().filter_map(|p| p.ceiling).reduce(f64::max);
+        let h = out.join(&hit);
+        vs_rate(
+            &h,
+            &format!("{}: engine hit rate (counters) vs rate", w.workload),
+            &x,
+            "engine hit rate",
+            &series(&|p| p.engine_hit_rate),
+            false,
+            ceiling.map(|c| (c, "ceiling (largest over points)")),
+        )
+        .map_err(|e| e.to_string())?;
+        written.push(h);
+    }
+    Ok(written)
+}

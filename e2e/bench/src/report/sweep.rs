@@ -1,0 +1,421 @@
+//! The load sweep's section of the report (pure): the headline table at the load point with the
+//! placement issue's targets, and per workload the saturation search and every measured point.
+//!
+//! The headline never uses an invalid point: a row whose load-point measurement is invalid shows
+//! why and its targets are *not judged*. Targets (issue 11) are judged on `kvmesh_precise` (as
+//! shipped: default configuration, no session header):
+//!
+//! | workload | engine hit rate | TTFT p90 at the load point | load max/mean |
+//! |---|---|---|---|
+//! | trace | ≥ 0.90 × ceiling | ≤ 0.5 × round_robin, ≤ 0.8 × kvmesh_approximate | ≤ 1.25 |
+//! | agentic | ≥ ring_hash's and ≥ 0.90 × ceiling | ≤ 0.5 × round_robin | ≤ 1.25 |
+//! | cold | — | ≤ 1.05 × least_request | ≤ 1.25 |
+
+use super::targets::{
+    POLICY_KVMESH_APPROXIMATE, POLICY_KVMESH_PRECISE, POLICY_LEAST_REQUEST, POLICY_RING_HASH, POLICY_ROUND_ROBIN,
+};
+use crate::sweep::{PointResult, Saturation};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write;
+
+/// One workload's sweep.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadSweep {
+    /// Workload name.
+    pub workload: String,
+    /// One line saying what it is.
+    pub describe: String,
+    /// Unit of the rates.
+    pub rate_unit: String,
+    /// round_robin's saturation, when found.
+    pub saturation: Option<Saturation>,
+    /// What happened in the search (e.g. gave up after N steps).
+    pub note: String,
+    /// Every measured point, in measurement order.
+    pub points: Vec<PointResult>,
+}
+
+impl WorkloadSweep {
+    /// The load point, when saturation was found.
+    pub fn load_point(&self) -> Option<f64> {
+        self.saturation.map(|s| s.load_point())
+    }
+
+    /// `policy`'s point at the load point.
+    pub fn at_load(&self, policy: &str) -> Option<&PointResult> {
+        let lp = self.load_point()?;
+        self.points
+            .iter()
+            .find(|p| p.policy == policy && (p.rate - lp).abs() <= 1e-6 * lp.max(1e-9))
+    }
+
+    /// Policies in first-measured order.
+    pub fn policies(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for p in &self.points {
+            if !out.contains(&p.policy) {
+                out.push(p.policy.clone());
+            }
+        }
+        out
+    }
+}
+
+/// The whole sweep (`sweep.json`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SweepReport {
+    /// Settings, one Markdown bullet each.
+    pub settings: Vec<String>,
+    /// The workloads, in run order.
+    pub workloads: Vec<WorkloadSweep>,
+}
+
+/// A target's verdict on one number.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Judged {
+    /// What the target says.
+    pub target: String,
+    /// `Some(true)` met, `Some(false)` missed, `None` not judged.
+    pub met: Option<bool>,
+    /// The measured ratio or value, formatted.
+    pub measured: String,
+}
+
+fn judge(target: String, value: Option<f64>, bound: f64, at_least: bool) -> Judged {
+    match value {
+        Some(v) if v.is_finite() => Judged {
+            target,
+            met: Some(if at_least { v >= bound } else { v <= bound }),
+            measured: format!("{v:.2}"),
+        },
+        _ => Judged {
+            target,
+            met: None,
+            measured: "n/a".into(),
+        },
+    }
+}
+
+fn valid_at<'a>(w: &'a WorkloadSweep, policy: &str) -> Option<&'a PointResult> {
+    w.at_load(policy).filter(|p| p.valid())
+}
+
+fn p90_ratio(w: &WorkloadSweep, other: &str) -> Option<f64> {
+    let me = valid_at(w, POLICY_KVMESH_PRECISE)?.ttft_p90_ms?;
+    let them = valid_at(w, other)?.ttft_p90_ms?;
+    (them > 0.0).then(|| me / them)
+}
+
+/// Issue 11's targets for this workload, judged on kvmesh_precise at the load point (valid points only).
+pub fn targets(w: &WorkloadSweep) -> Vec<Judged> {
+    let me = valid_at(w, POLICY_KVMESH_PRECISE);
+    let hit_x = me.and_then(PointResult::hit_over_ceiling);
+    let load = me.and_then(|p| p.load_max_over_mean);
+    let mut out = Vec::new();
+    match w.workload.as_str() {
+        "trace" => {
+            out.push(judge("hit ≥ 0.90 × ceiling".into(), hit_x, 0.90, true));
+            out.push(judge(
+                "TTFT p90 ≤ 0.5 × round_robin".into(),
+                p90_ratio(w, POLICY_ROUND_ROBIN),
+                0.5,
+                false,
+            ));
+            out.push(judge(
+                "TTFT p90 ≤ 0.8 × approximate".into(),
+                p90_ratio(w, POLICY_KVMESH_APPROXIMATE),
+                0.8,
+                false,
+            ));
+        }
+        "agentic" => {
+            let ring = valid_at(w, POLICY_RING_HASH).and_then(|p| p.engine_hit_rate);
+            let mine = me.and_then(|p| p.engine_hit_rate);
+            let vs_ring = match (mine, ring) {
+                (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                _ => None,
+            };
+            out.push(judge("hit ≥ ring_hash's".into(), vs_ring, 1.0, true));
+            out.push(judge("hit ≥ 0.90 × ceiling".into(), hit_x, 0.90, true));
+            out.push(judge(
+                "TTFT p90 ≤ 0.5 × round_robin".into(),
+                p90_ratio(w, POLICY_ROUND_ROBIN),
+                0.5,
+                false,
+            ));
+        }
+        "cold" => out.push(judge(
+            "TTFT p90 ≤ 1.05 × least_request".into(),
+            p90_ratio(w, POLICY_LEAST_REQUEST),
+            1.05,
+            false,
+        )),
+        _ => return out,
+    }
+    out.push(judge("load max/mean ≤ 1.25".into(), load, 1.25, false));
+    out
+}
+
+fn f(v: Option<f64>, digits: usize) -> String {
+    v.map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "—".into())
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map(|x| format!("{:.1}%", x * 100.0)).unwrap_or_else(|| "—".into())
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+fn verdicts(j: &[Judged]) -> String {
+    if j.is_empty() {
+        return "no target".into();
+    }
+    j.iter()
+        .map(|t| {
+            let v = match t.met {
+                Some(true) => "**met**",
+                Some(false) => "**missed**",
+                None => "not judged",
+            };
+            format!("{} ({}): {v}", t.target, t.measured)
+        })
+        .collect::<Vec<_>>()
+        .join("<br>")
+}
+
+/// Plot file names of a workload: (TTFT p90 vs rate, hit rate vs rate).
+pub fn plot_files(workload: &str) -> (String, String) {
+    (
+        format!("sweep_{workload}_ttft_p90.png"),
+        format!("sweep_{workload}_hit_rate.png"),
+    )
+}
+
+/// The sweep section (Markdown). `plots` says whether the plot files were written.
+pub fn render(r: &SweepReport, plots: bool) -> String {
+    let mut md = String::new();
+    for s in &r.settings {
+        let _ = writeln!(md, "- {s}");
+    }
+    let _ = writeln!(
+        md,
+        "\n### Headline at the load point (0.8 × round_robin's saturation rate)\n"
+    );
+    let _ = writeln!(
+        md,
+        "Hit rates are the engines' own: counters (Σ `vllm:prefix_cache_hits_total` / Σ `…queries_total`) and, per request, \
+         Σ `usage.prompt_tokens_details.cached_tokens` / Σ `prompt_tokens`. × ceiling uses the counters. Targets (issue 11) are judged on \
+         `kvmesh_precise` (as shipped) and only on valid points.\n"
+    );
+    let _ = writeln!(md, "| workload | load point | policy | hit (counters) | hit (usage) | × ceiling | TTFT p90 ms | ÷ round_robin | ÷ approximate | load max/mean | rejected | point | targets |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for w in &r.workloads {
+        let Some(lp) = w.load_point() else {
+            let _ = writeln!(md, "| {} | not found ({}) | | | | | | | | | | | |", w.workload, w.note);
+            continue;
+        };
+        let rr = valid_at(w, POLICY_ROUND_ROBIN).and_then(|p| p.ttft_p90_ms);
+        let ap = valid_at(w, POLICY_KVMESH_APPROXIMATE).and_then(|p| p.ttft_p90_ms);
+        for policy in w.policies() {
+            let Some(p) = w.at_load(&policy) else { continue };
+            let valid = p.valid();
+            let (vp90, vhit) = if valid {
+                (p.ttft_p90_ms, p.engine_hit_rate)
+            } else {
+                (None, None)
+            };
+            let status = if valid {
+                "valid".to_string()
+            } else {
+                format!(
+                    "**invalid**: {}",
+                    p.error.clone().unwrap_or_else(|| p.invalid.join(", "))
+                )
+            };
+            let t = if policy == POLICY_KVMESH_PRECISE {
+                verdicts(&targets(w))
+            } else {
+                String::new()
+            };
+            let rejected = if p.requests > 0 {
+                Some(p.rejected as f64 / p.requests as f64)
+            } else {
+                None
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {:.3} {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                w.workload,
+                lp,
+                w.rate_unit,
+                policy,
+                pct(vhit),
+                pct(p.usage_hit_rate.filter(|_| valid)),
+                f(vhit.and_then(|_| p.hit_over_ceiling()), 2),
+                f(vp90, 0),
+                f(ratio(vp90, rr), 2),
+                f(ratio(vp90, ap), 2),
+                f(p.load_max_over_mean.filter(|_| valid), 3),
+                pct(rejected),
+                status,
+                t
+            );
+        }
+    }
+    for w in &r.workloads {
+        let _ = writeln!(md, "\n### Workload `{}`\n\n{}.\n", w.workload, w.describe);
+        match &w.saturation {
+            Some(s) => {
+                let _ = writeln!(
+                    md,
+                    "round_robin light-load TTFT p90 {:.0} ms; saturation (p90 > 3 × light) at **{:.3} {}**{}; load point **{:.3} {}**.",
+                    s.light_p90_ms,
+                    s.rate,
+                    w.rate_unit,
+                    if s.from_invalid_points { " (from invalid points: fewer than two valid ones)" } else { "" },
+                    s.load_point(),
+                    w.rate_unit
+                );
+            }
+            None => {
+                let _ = writeln!(md, "No saturation found: {}.", w.note);
+            }
+        }
+        if plots {
+            let (a, b) = plot_files(&w.workload);
+            let _ = writeln!(md, "\n![TTFT p90 vs rate]({a}) ![engine hit rate vs rate]({b})");
+        }
+        let _ = writeln!(md, "\n| policy | rate | requests | ok | rejected | failed | TTFT p50/p90/p99 ms | ITL p50/p90 ms | out tok/s | hit counters / usage / ceiling | preempt | load max/mean | CPU mean/max | lateness p90 ms | sim CPU-s / 1k req | point |");
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for p in &w.points {
+            let status = match (&p.error, p.invalid.is_empty()) {
+                (Some(e), _) => format!("did not run: {e}"),
+                (None, true) => "valid".into(),
+                (None, false) => format!("invalid: {}", p.invalid.join(", ")),
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {:.3} | {} | {} | {} | {} | {} / {} / {} | {} / {} | {:.0} | {} / {} / {} | {} | {} | {} / {} | {} | {} | {} |",
+                p.policy,
+                p.rate,
+                p.requests,
+                p.ok,
+                p.rejected,
+                p.failed,
+                f(p.ttft_p50_ms, 0),
+                f(p.ttft_p90_ms, 0),
+                f(p.ttft_p99_ms, 0),
+                f(p.itl_p50_ms, 1),
+                f(p.itl_p90_ms, 1),
+                p.output_tokens_per_s,
+                pct(p.engine_hit_rate),
+                pct(p.usage_hit_rate),
+                pct(p.ceiling),
+                f(p.preemptions, 0),
+                f(p.load_max_over_mean, 3),
+                pct(p.machine.cpu_busy_mean),
+                pct(p.machine.cpu_busy_max),
+                f(p.lateness_p90_ms, 1),
+                f(p.sim_cpu_s_per_1k, 1),
+                status
+            );
+        }
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sweep::MachineSample;
+
+    fn point(policy: &str, rate: f64, p90: f64, hit: f64, valid: bool) -> PointResult {
+        PointResult {
+            workload: "trace".into(),
+            policy: policy.into(),
+            rate,
+            requests: 100,
+            ok: 100,
+            ttft_p90_ms: Some(p90),
+            engine_hit_rate: Some(hit),
+            usage_hit_rate: Some(hit),
+            ceiling: Some(0.30),
+            load_max_over_mean: Some(1.1),
+            machine: MachineSample {
+                cpu_busy_mean: Some(0.5),
+                ..Default::default()
+            },
+            invalid: if valid { vec![] } else { vec!["CPU 95% > 85%".into()] },
+            ..Default::default()
+        }
+    }
+
+    fn sweep(precise_valid: bool) -> WorkloadSweep {
+        WorkloadSweep {
+            workload: "trace".into(),
+            describe: "d".into(),
+            rate_unit: "requests/s".into(),
+            saturation: Some(Saturation {
+                rate: 5.0,
+                light_p90_ms: 100.0,
+                from_invalid_points: false,
+            }),
+            note: String::new(),
+            points: vec![
+                point(POLICY_ROUND_ROBIN, 1.0, 100.0, 0.1, true),
+                point(POLICY_ROUND_ROBIN, 4.0, 400.0, 0.1, true),
+                point(POLICY_KVMESH_APPROXIMATE, 4.0, 300.0, 0.2, true),
+                point(POLICY_KVMESH_PRECISE, 4.0, 180.0, 0.28, precise_valid),
+            ],
+        }
+    }
+
+    #[test]
+    fn targets_are_judged_at_the_load_point_on_valid_points_only() {
+        let w = sweep(true);
+        assert_eq!(w.load_point(), Some(4.0));
+        let t = targets(&w);
+        assert_eq!(t.len(), 4);
+        // 0.28 / 0.30 = 0.93 ≥ 0.90; 180/400 = 0.45 ≤ 0.5; 180/300 = 0.6 ≤ 0.8; 1.1 ≤ 1.25.
+        assert!(t.iter().all(|j| j.met == Some(true)), "{t:?}");
+        let t = targets(&sweep(false));
+        assert!(
+            t.iter().all(|j| j.met.is_none()),
+            "an invalid point is not judged: {t:?}"
+        );
+        let mut cold = sweep(true);
+        cold.workload = "cold".into();
+        assert_eq!(targets(&cold)[0].met, None, "least_request not measured");
+        cold.workload = "siblings".into();
+        assert!(targets(&cold).is_empty());
+    }
+
+    #[test]
+    fn render_shows_headline_points_and_invalid_marks() {
+        let r = SweepReport {
+            settings: vec!["speed-up 1".into()],
+            workloads: vec![
+                sweep(false),
+                WorkloadSweep {
+                    workload: "cold".into(),
+                    note: "gave up after 3 steps".into(),
+                    ..Default::default()
+                },
+            ],
+        };
+        let md = render(&r, true);
+        assert!(md.contains("- speed-up 1"));
+        assert!(md.contains("| trace | 4.000 requests/s | round_robin |"), "{md}");
+        assert!(md.contains("**invalid**: CPU 95% > 85%"), "{md}");
+        assert!(md.contains("not found (gave up after 3 steps)"));
+        assert!(md.contains("sweep_trace_ttft_p90.png"));
+        // Every point is listed, invalid ones marked.
+        assert_eq!(md.matches("| kvmesh_precise | 4.000 |").count(), 1);
+        assert!(md.contains("invalid: CPU 95% > 85%"));
+    }
+}
