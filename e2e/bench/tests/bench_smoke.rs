@@ -6,6 +6,12 @@
 //! file. It checks that the tool works end to end, not how fast anything is: no timing
 //! assertions.
 //!
+//! A second run exercises the load sweep (`--only sweep`): two workloads (sibling bursts and
+//! agentic chat), round_robin's two-step ladder and kvmesh precise, 4-second points, and checks
+//! that every point ran, was recorded, sampled and marked, and that the sweep section, the
+//! headline and the plots were written. The two runs take turns (a lock), never two stacks at
+//! once.
+//!
 //! Needs the workspace binaries, Envoy and the wasm filter (`make build`), like the other
 //! end-to-end tests. The child is stopped with SIGTERM on failure or deadline, so it tears its
 //! stack down before exiting.
@@ -16,12 +22,16 @@
 use kvmesh_bench::counters::PolicyCounters;
 use kvmesh_bench::manifest::RunManifest;
 use kvmesh_bench::record::read_all;
+use kvmesh_bench::report::sweep::SweepReport;
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 const REQUESTS: usize = 200;
 const OVERHEAD_SAMPLES: u64 = 5;
+/// One benchmark child at a time: each starts whole stacks.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// The benchmark child; SIGTERM (then SIGKILL) on drop so its stack is torn down.
 struct Bench(Child);
@@ -60,8 +70,65 @@ fn patience() -> Duration {
         .map_or(Duration::from_secs(900), Duration::from_secs_f64)
 }
 
+/// Runs `kvmesh-bench` with `args` into `out`; panics with the log tail unless it succeeds.
+fn run_bench(tag: &str, out: &PathBuf, args: &[&str]) {
+    let log_path = std::env::temp_dir().join(format!("kvmesh-bench-smoke-{tag}-{}.log", std::process::id()));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvmesh-bench"));
+    cmd.arg("--out").arg(out).args(args).stdout(log.try_clone().unwrap()).stderr(log);
+    let mut bench = Bench(cmd.spawn().unwrap());
+    let status = bench.wait(patience());
+    let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let tail: String = log_text.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+    let status = status.unwrap_or_else(|| panic!("kvmesh-bench did not finish in {:?}:\n{tail}", patience()));
+    assert!(status.success(), "kvmesh-bench failed ({status}):\n{tail}");
+}
+
+#[test]
+fn a_small_sweep_measures_marks_and_reports_every_point() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let out: PathBuf = std::env::temp_dir().join(format!("kvmesh-bench-sweep-smoke-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    run_bench(
+        "sweep",
+        &out,
+        &[
+            "--only", "sweep", "--sweep-workloads", "siblings,agentic", "--sweep-policies", "round_robin,kvmesh_precise",
+            "--sweep-max-steps", "2", "--sweep-factor", "3", "--sweep-fractions", "0.8", "--sweep-duration-s", "4",
+            "--sweep-start-rate", "0.5", "--sweep-workers", "2", "--sweep-sim-speedup", "20", "--request-timeout-s", "60",
+        ],
+    );
+    let report: SweepReport = serde_json::from_str(&std::fs::read_to_string(out.join("sweep/sweep.json")).unwrap()).unwrap();
+    let names: Vec<&str> = report.workloads.iter().map(|w| w.workload.as_str()).collect();
+    assert_eq!(names, ["siblings", "agentic"]);
+    for w in &report.workloads {
+        assert_eq!(w.policies(), ["round_robin", "kvmesh_precise"], "{}", w.workload);
+        let rr = w.points.iter().filter(|p| p.policy == "round_robin").count();
+        assert!(rr >= 2, "{}: the ladder measured round_robin twice at least", w.workload);
+        for p in &w.points {
+            assert_eq!(p.error, None, "{} {} {}", w.workload, p.policy, p.rate);
+            let recs = read_all(std::io::BufReader::new(std::fs::File::open(out.join("sweep").join(&p.dir).join("results.jsonl")).unwrap())).unwrap();
+            assert_eq!(recs.len(), p.requests, "{}: every request recorded", p.dir);
+            assert!(p.requests > 0 && p.ok * 10 >= p.requests * 9, "{}: {} of {} ok", p.dir, p.ok, p.requests);
+            assert!(p.ceiling.is_some() && p.engine_hit_rate.is_some() && p.usage_hit_rate.is_some(), "{}", p.dir);
+            assert!(p.machine.cpu_busy_mean.is_some() && p.machine.sim_cpu_s.is_some(), "{}: machine sampled", p.dir);
+            assert!(p.lateness_p90_ms.is_some(), "{}", p.dir);
+            assert_eq!(p.valid(), p.invalid.is_empty(), "{}", p.dir);
+        }
+    }
+    let siblings = &report.workloads[0];
+    assert!(siblings.points.iter().all(|p| p.ceiling.is_some_and(|c| c > 0.5)), "bursts of ≥ 4 identical prompts reuse ≥ 3/4");
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("## Load sweep") && md.contains("### Headline at the load point") && md.contains("### Workload `agentic`"), "{md}");
+    for png in ["sweep_siblings_ttft_p90.png", "sweep_siblings_hit_rate.png", "sweep_agentic_ttft_p90.png"] {
+        assert!(out.join(png).exists(), "{png} written");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 #[test]
 fn two_policies_replay_the_trace_and_write_the_report() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let out: PathBuf = std::env::temp_dir().join(format!("kvmesh-bench-smoke-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     let log = std::fs::File::create(std::env::temp_dir().join(format!("kvmesh-bench-smoke-{}.log", std::process::id()))).unwrap();
