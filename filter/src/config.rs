@@ -69,6 +69,11 @@ pub struct FilterConfig {
     pub breaker_failures: u32,
     /// How long an open breaker skips the call before one probe goes through.
     pub breaker_open_ms: u64,
+    /// Consecutive failed attempts (5xx, or retried elsewhere) after which an engine endpoint is
+    /// moved to the end of destination lists, per worker thread; 0 = never.
+    pub endpoint_failures: u32,
+    /// How long such an endpoint stays at the end of the lists.
+    pub endpoint_ejection_ms: u64,
 }
 
 impl Default for FilterConfig {
@@ -90,6 +95,8 @@ impl Default for FilterConfig {
             done_max_in_flight: 64,
             breaker_failures: 5,
             breaker_open_ms: 1000,
+            endpoint_failures: 2,
+            endpoint_ejection_ms: 10_000,
         }
     }
 }
@@ -181,6 +188,12 @@ impl FilterConfig {
         }
         if !(10..=600_000).contains(&self.breaker_open_ms) {
             return Err(bad("breaker_open_ms", self.breaker_open_ms, "must be within 10..=600000"));
+        }
+        if self.endpoint_failures > 10_000 {
+            return Err(bad("endpoint_failures", self.endpoint_failures, "must be 0 (off) or within 1..=10000"));
+        }
+        if !(100..=3_600_000).contains(&self.endpoint_ejection_ms) {
+            return Err(bad("endpoint_ejection_ms", self.endpoint_ejection_ms, "must be within 100..=3600000"));
         }
         Ok(self)
     }

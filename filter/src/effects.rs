@@ -27,6 +27,8 @@ pub enum Effect {
     QueueDone(DoneReport),
     /// Tell the `/v1/route` circuit breaker how a call ended.
     IndexerHealth(CallHealth),
+    /// Tell the endpoint ledger how an upstream attempt on `endpoint` went.
+    EndpointOutcome { endpoint: String, ok: bool },
 }
 
 /// What the host does after applying a step's effects.

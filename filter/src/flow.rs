@@ -24,6 +24,7 @@ use crate::config::FilterConfig;
 use crate::breaker::CallHealth;
 use crate::decision::{self, Fallback, IndexerAnswer};
 use crate::effects::{Effect, Next, Step};
+use crate::endpoints;
 use crate::fallback::{self, FallbackPick};
 use crate::metrics::{
     hit_rate_permille, FallbackReason, InternalError, Metric, MetricUpdate, OutcomeLabel, RouteLabel, UnroutableReason,
@@ -38,6 +39,12 @@ pub const KV_TRANSFER_PARAMS: &str = "kv_transfer_params";
 /// Gives the fallback the last fleet snapshot (shared data in Envoy, a fixture in tests).
 pub trait FleetSource {
     fn fleet(&self) -> Option<Rc<FleetSnapshot>>;
+
+    /// A destination list with the endpoints the filter's passive health ejected moved to the end
+    /// ([`crate::endpoints::EndpointHealth::reorder`]), and how many moved.
+    fn reorder_endpoints(&self, list: &str) -> (String, usize) {
+        (list.to_owned(), 0)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +83,8 @@ pub struct RequestFlow {
     route: RouteLabel,
     /// Set when the indexer may have booked this request: what the done report says.
     report_done: Option<DoneTarget>,
+    /// The first endpoint the filter named (after steering), for the endpoint ledger.
+    primary: Option<String>,
     rejected_status: Option<u16>,
     debug: Vec<(&'static str, String)>,
     response_status: Option<u16>,
@@ -99,6 +108,7 @@ impl RequestFlow {
             ttft: TtftProbe::default(),
             route: RouteLabel::Unrouted,
             report_done: None,
+            primary: None,
             rejected_status: None,
             debug: Vec::new(),
             response_status: None,
@@ -247,7 +257,7 @@ impl RequestFlow {
         };
         effects.push(Effect::IndexerHealth(health));
         match answer {
-            IndexerAnswer::Route(d) => effects.extend(self.apply(d)),
+            IndexerAnswer::Route(d) => effects.extend(self.apply(d, fleet)),
             IndexerAnswer::Reject { status, body } => {
                 log::info!("ctx={} request_id={} indexer rejected the request with {status}", self.context_id, self.request_id);
                 self.phase = Phase::Rejected;
@@ -299,6 +309,21 @@ impl RequestFlow {
     /// The stream is over (logged, done or destroyed). Books the outcome once; later calls do nothing.
     /// `final_status` is Envoy's `response.code` when known: it covers local replies the filter never
     /// saw (e.g. a 413 from the buffer filter in front of it).
+    /// [`Self::finish`], first telling the endpoint ledger how the upstream attempts went:
+    /// `served` is the host of the last attempt (`upstream.address`), when there was one.
+    pub fn finish_upstream(&mut self, final_status: Option<u16>, served: Option<&str>) -> Vec<Effect> {
+        if self.phase == Phase::Finished {
+            return Vec::new();
+        }
+        let status = self.response_status.or(final_status.filter(|s| *s > 0));
+        let mut effects: Vec<Effect> = endpoints::attempt_outcomes(self.primary.as_deref(), served, status)
+            .into_iter()
+            .map(|(endpoint, ok)| Effect::EndpointOutcome { endpoint, ok })
+            .collect();
+        effects.extend(self.finish(final_status));
+        effects
+    }
+
     pub fn finish(&mut self, final_status: Option<u16>) -> Vec<Effect> {
         let mut effects = Vec::new();
         self.response_status = self.response_status.or(final_status.filter(|s| *s > 0));
@@ -335,13 +360,24 @@ impl RequestFlow {
         effects
     }
 
+    /// Moves ejected endpoints to the end of `header` and remembers the primary.
+    fn steer(&mut self, header: String, fleet: &dyn FleetSource) -> String {
+        let (header, moved) = fleet.reorder_endpoints(&header);
+        if moved > 0 {
+            log::debug!("ctx={} request_id={} {moved} ejected endpoint(s) moved to the end: {header}", self.context_id, self.request_id);
+        }
+        self.primary = header.split(',').next().map(str::to_owned);
+        header
+    }
+
     fn unroutable(&self, reason: UnroutableReason) -> Effect {
         log::debug!("ctx={} request_id={} not routed by content: {}", self.context_id, self.request_id, reason.as_str());
         Effect::Metric(MetricUpdate::Add(Metric::Unroutable(reason), 1))
     }
 
-    fn apply(&mut self, d: RouteDecision) -> Vec<Effect> {
+    fn apply(&mut self, d: RouteDecision, fleet: &dyn FleetSource) -> Vec<Effect> {
         let (header, dropped) = decision::destination(&d);
+        let header = self.steer(header, fleet);
         let mut effects = vec![Effect::SetRequestHeader(headers::DESTINATION_ENDPOINT, header)];
         if dropped > 0 {
             effects.push(Effect::Metric(MetricUpdate::Add(Metric::InternalErrors(InternalError::InvalidFallbackEndpoint), dropped as u64)));
@@ -420,6 +456,7 @@ impl RequestFlow {
         }
         match pick {
             FallbackPick::Pinned { worker, header } => {
+                let header = self.steer(header, fleet);
                 effects.push(Effect::SetRequestHeader(headers::DESTINATION_ENDPOINT, header));
                 if self.config.debug_headers {
                     self.debug.push((headers::DEBUG_WORKER, decision::header_safe(&worker)));

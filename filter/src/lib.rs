@@ -11,7 +11,7 @@
 //!
 //! Shape (after Kuadrant's wasm-shim): every decision lives in plain modules with no proxy-wasm
 //! import — [`config`], [`request`], [`decision`], [`splice`], [`fallback`], [`flow`],
-//! [`breaker`], [`background`], [`metrics`] — which take plain data and return [`effects::Effect`]s, tested
+//! [`breaker`], [`endpoints`], [`background`], [`metrics`] — which take plain data and return [`effects::Effect`]s, tested
 //! natively with `cargo test`. The `host` module (wasm only) is the one place that calls Envoy.
 
 pub mod background;
@@ -19,6 +19,7 @@ pub mod breaker;
 pub mod config;
 pub mod decision;
 pub mod effects;
+pub mod endpoints;
 pub mod fallback;
 pub mod flow;
 pub mod metrics;

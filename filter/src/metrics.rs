@@ -36,6 +36,8 @@ pub const FLEET_DECODE_WORKERS: &str = "kvmesh_filter_fleet_decode_workers";
 pub const INTERNAL_ERRORS: &str = "kvmesh_filter_internal_errors_total";
 /// Counter `{state}`: transitions of the `/v1/route` circuit breaker (per worker thread, summed).
 pub const BREAKER_TRANSITIONS: &str = "kvmesh_filter_breaker_transitions_total";
+/// Counter: engine endpoints ejected by the filter's passive health (moved to the end of lists).
+pub const ENDPOINT_EJECTIONS: &str = "kvmesh_filter_endpoint_ejections_total";
 
 /// Histogram: time to first token in milliseconds, from the request's arrival at the filter to the
 /// first response body byte of a streamed 2xx response (`crate::ttft`).
@@ -47,7 +49,7 @@ pub const TTFT_PREDICTED: &str = "kvmesh_filter_ttft_predicted_milliseconds";
 pub const TTFT_RATIO: &str = "kvmesh_filter_ttft_ratio_permille";
 
 /// Every base name, for docs and drift tests.
-pub const ALL_NAMES: [&str; 16] = [
+pub const ALL_NAMES: [&str; 17] = [
     KV_OVERLAP_BLOCKS,
     KV_ISL_BLOCKS,
     KV_HIT_RATE,
@@ -64,6 +66,7 @@ pub const ALL_NAMES: [&str; 16] = [
     TTFT_PREDICTED,
     TTFT_RATIO,
     BREAKER_TRANSITIONS,
+    ENDPOINT_EJECTIONS,
 ];
 
 /// Every label name; each needs a `stats_tags` entry in the bootstrap.
@@ -256,6 +259,7 @@ pub enum Metric {
     TtftPredicted,
     TtftRatio,
     BreakerTransitions(BreakerState),
+    EndpointEjections,
 }
 
 impl Metric {
@@ -287,6 +291,7 @@ impl Metric {
             Self::TtftPredicted => TTFT_PREDICTED,
             Self::TtftRatio => TTFT_RATIO,
             Self::BreakerTransitions(_) => BREAKER_TRANSITIONS,
+            Self::EndpointEjections => ENDPOINT_EJECTIONS,
         }
     }
 
@@ -331,6 +336,7 @@ impl Metric {
         all.extend(FleetResult::ALL.iter().map(|&r| Self::FleetRefreshes(r)));
         all.extend(InternalError::ALL.iter().map(|&k| Self::InternalErrors(k)));
         all.extend(BreakerState::ALL.iter().map(|&s| Self::BreakerTransitions(s)));
+        all.push(Self::EndpointEjections);
         all
     }
 }

@@ -89,6 +89,10 @@ impl HttpFilter {
                     self.shared.record_route_call(health, io::now_ns());
                     continue;
                 }
+                Effect::EndpointOutcome { endpoint, ok } => {
+                    self.shared.record_endpoint(&endpoint, ok, io::now_ns());
+                    continue;
+                }
             };
             if let Err(status) = result {
                 log::warn!("ctx={} request_id={} {what} failed", self.context_id, self.flow.request_id());
@@ -99,7 +103,9 @@ impl HttpFilter {
 
     fn finish(&mut self) {
         let final_status = io::property_u64(&["response", "code"]).and_then(|c| u16::try_from(c).ok());
-        let effects = self.flow.finish(final_status);
+        // The host of the last upstream attempt (after retries), e.g. `10.0.0.2:8000`.
+        let served = io::property_text(&["upstream", "address"]);
+        let effects = self.flow.finish_upstream(final_status, served.as_deref());
         self.apply(effects);
     }
 }

@@ -101,6 +101,12 @@ pub fn property_string(name: &str) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
+/// A string property at `path` (e.g. `upstream.address`), if present and UTF-8.
+pub fn property_text(path: &[&str]) -> Option<String> {
+    let bytes = hostcalls::get_property(path.to_vec()).ok()??;
+    String::from_utf8(bytes).ok().filter(|s| !s.is_empty())
+}
+
 /// A numeric property (Envoy encodes integers as 8 little-endian bytes), e.g. `response.code`.
 pub fn property_u64(path: &[&str]) -> Option<u64> {
     let bytes = hostcalls::get_property(path.to_vec()).ok()??;

@@ -22,6 +22,7 @@ use crate::background::{decode_fleet, encode_done, DoneQueue, DONE_QUEUE, FLEET_
 use crate::config::{Background as Mode, FilterConfig};
 use crate::flow::FleetSource;
 use crate::breaker::{transition_metric, Admit, Breaker, CallHealth};
+use crate::endpoints::{EndpointHealth, HealthEvent};
 use crate::metrics::{BreakerState, DoneResult, InternalError, Metric, MetricUpdate};
 
 /// Where HTTP contexts put their done reports.
@@ -40,6 +41,8 @@ pub struct Shared {
     done: DoneSink,
     /// This worker thread's `/v1/route` circuit breaker.
     breaker: RefCell<Breaker>,
+    /// This worker thread's passive health of engine endpoints.
+    endpoints: RefCell<EndpointHealth>,
 }
 
 impl Shared {
@@ -58,6 +61,19 @@ impl Shared {
         let Ok(mut breaker) = self.breaker.try_borrow_mut() else { return };
         if let Some(state) = breaker.record(health, now_ns) {
             self.breaker_moved(state);
+        }
+    }
+
+    /// Feeds one upstream attempt's outcome to the endpoint ledger.
+    pub fn record_endpoint(&self, endpoint: &str, ok: bool, now_ns: u64) {
+        let Ok(mut health) = self.endpoints.try_borrow_mut() else { return };
+        if health.record(endpoint, ok, now_ns) == Some(HealthEvent::Ejected) {
+            log::warn!(
+                "engine endpoint {endpoint} ejected for {} ms after {} consecutive failed attempts: listed last in destinations",
+                self.config.endpoint_ejection_ms,
+                self.config.endpoint_failures
+            );
+            self.metrics.apply(MetricUpdate::Add(Metric::EndpointEjections, 1));
         }
     }
 
@@ -107,6 +123,13 @@ impl Shared {
 }
 
 impl FleetSource for Shared {
+    fn reorder_endpoints(&self, list: &str) -> (String, usize) {
+        match self.endpoints.try_borrow() {
+            Ok(health) => health.reorder(list, io::now_ns()),
+            Err(_) => (list.to_owned(), 0),
+        }
+    }
+
     /// The last snapshot in shared data, parsed again only when its CAS changes.
     fn fleet(&self) -> Option<Rc<FleetSnapshot>> {
         let (bytes, cas) = hostcalls::get_shared_data(FLEET_KEY).ok()?;
@@ -173,7 +196,9 @@ impl Root {
                 }
             };
             let breaker = RefCell::new(Breaker::new(config.breaker_failures, config.breaker_open_ms));
-            self.shared = Some(Rc::new(Shared { config: Rc::clone(&config), metrics, fleet_cache: RefCell::new(None), done, breaker }));
+            let endpoints = RefCell::new(EndpointHealth::new(config.endpoint_failures, config.endpoint_ejection_ms));
+            self.shared =
+                Some(Rc::new(Shared { config: Rc::clone(&config), metrics, fleet_cache: RefCell::new(None), done, breaker, endpoints }));
             let tick = (config.background == Mode::PerWorker).then(|| config.tick_period_ms(true)).flatten();
             (tick, "filter")
         };

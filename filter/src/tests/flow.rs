@@ -455,3 +455,38 @@ fn ttft_is_measured_at_the_first_streamed_byte_against_the_prediction() {
     assert_eq!(recorded(&first, Metric::Ttft), vec![4]);
     assert!(recorded(&first, Metric::TtftRatio).is_empty());
 }
+
+/// A fleet whose endpoint ledger has ejected one endpoint.
+struct Ejecting(Fleet, &'static str);
+
+impl FleetSource for Ejecting {
+    fn fleet(&self) -> Option<Rc<FleetSnapshot>> {
+        self.0.fleet()
+    }
+    fn reorder_endpoints(&self, list: &str) -> (String, usize) {
+        let (ok, bad): (Vec<&str>, Vec<&str>) = list.split(',').partition(|e| *e != self.1);
+        (ok.into_iter().chain(bad.iter().copied()).collect::<Vec<_>>().join(","), bad.len())
+    }
+}
+
+#[test]
+fn ejected_endpoints_go_last_and_attempts_are_reported() {
+    let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
+    let step = f.on_route_answer(Some(200), &decision(Value::Null), 0, &Ejecting(fleet(), "10.0.0.2:8000"));
+    assert_eq!(header_set(&step.effects, headers::DESTINATION_ENDPOINT).as_deref(), Some("10.0.0.3:8000,10.0.0.2:8000"));
+    f.on_response_headers(Some(200), false);
+    f.on_response_body(true);
+    // Envoy served it on the primary: one good attempt.
+    let done = f.finish_upstream(None, Some("10.0.0.3:8000"));
+    assert!(done.contains(&Effect::EndpointOutcome { endpoint: "10.0.0.3:8000".into(), ok: true }));
+    assert_eq!(done.iter().filter(|e| matches!(e, Effect::EndpointOutcome { .. })).count(), 1);
+    assert!(f.finish_upstream(None, Some("10.0.0.3:8000")).is_empty(), "once");
+
+    // A retry moved it off the primary: the primary failed, the served host did fine.
+    let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
+    f.on_route_answer(Some(200), &decision(Value::Null), 0, &fleet());
+    f.on_response_headers(Some(200), true);
+    let done = f.finish_upstream(None, Some("10.0.0.3:8000"));
+    assert!(done.contains(&Effect::EndpointOutcome { endpoint: "10.0.0.2:8000".into(), ok: false }));
+    assert!(done.contains(&Effect::EndpointOutcome { endpoint: "10.0.0.3:8000".into(), ok: true }));
+}
