@@ -269,6 +269,16 @@ impl PointResult {
         self.error.is_none() && self.invalid.is_empty()
     }
 
+    /// The engines reported more hits than the point's prompts can hold: above the token-weighted
+    /// ceiling by more than half a point. Preemption re-admissions counted as hits do that (the
+    /// simulator bug issue 12 names); the report flags it beside the point.
+    pub fn above_ceiling(&self) -> bool {
+        match (self.engine_hit_rate, self.ceiling_counts) {
+            (Some(h), Some(c)) if c.tokens_total > 0 => h > c.token_rate() + 0.005,
+            _ => false,
+        }
+    }
+
     /// Engine hit rate ÷ ceiling.
     pub fn hit_over_ceiling(&self) -> Option<f64> {
         match (self.engine_hit_rate, self.ceiling) {

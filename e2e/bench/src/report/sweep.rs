@@ -293,11 +293,14 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
         let _ = writeln!(md, "\n| policy | rate | requests | ok | rejected | failed | TTFT p50/p90/p99 ms | ITL p50/p90 ms | out tok/s | hit counters / usage / ceiling | preempt | load max/mean | CPU mean/max | lateness p90 ms | sim CPU-s / 1k req | point |");
         let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for p in &w.points {
-            let status = match (&p.error, p.invalid.is_empty()) {
+            let mut status = match (&p.error, p.invalid.is_empty()) {
                 (Some(e), _) => format!("did not run: {e}"),
                 (None, true) => "valid".into(),
                 (None, false) => format!("invalid: {}", p.invalid.join(", ")),
             };
+            if p.above_ceiling() {
+                status.push_str("; **engine hit rate above the ceiling** (token-weighted)");
+            }
             let _ = writeln!(
                 md,
                 "| {} | {:.3} | {} | {} | {} | {} | {} / {} / {} | {} / {} | {:.0} | {} / {} / {} | {} | {} | {} / {} | {} | {} | {} |",
