@@ -10,7 +10,9 @@
 //!   system prompt differ in their first user message and get different keys. There is no cut at
 //!   N bytes: any cut shorter than a shared system prompt (agents send 10–30 KB) gives every
 //!   conversation behind it one key and one worker, the collapse issue 11 measured. A chat request
-//!   without a user message has no anchor yet and gets no derived key.
+//!   without a user message has no anchor yet and gets no derived key. A client that drops old
+//!   turns from the front (context-window truncation) changes its anchor and so its key — rightly:
+//!   its prompt no longer extends the cached one past the system prompt, so there is no KV to keep.
 //! * **completions** (text or token ids): no derived key. A raw prompt carries no turn structure:
 //!   a key over its first N units collapses every request sharing N units (a shared preamble of a
 //!   few thousand tokens is the common case), and a key over the whole prompt changes on every
