@@ -410,6 +410,43 @@ mod tests {
         }
     }
 
+    fn any_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+            prop_oneof![Just("user".to_owned()), Just("text".to_owned()), Just("type".to_owned()), "\\PC{0,6}"].prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map(
+                    prop_oneof![Just("role".to_owned()), Just("content".to_owned()), Just("type".to_owned()), Just("text".to_owned()), Just("tool_calls".to_owned()), "[a-z_]{1,8}"],
+                    inner,
+                    0..5
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// The filter runs this on whatever a client sends (in wasm, where a panic aborts the VM):
+        /// any JSON, as raw messages or as a whole chat body, gives a digest or none, never a panic,
+        /// and the same input always gives the same answer.
+        #[test]
+        fn any_input_is_digested_without_panicking(messages in proptest::collection::vec(any_json(), 0..6)) {
+            let once = anchor_digest(&messages);
+            proptest::prop_assert_eq!(once, anchor_digest(&messages));
+            let body = serde_json::to_vec(&json!({ "messages": messages })).unwrap();
+            if let Ok(req) = parse(Endpoint::ChatCompletions, &body) {
+                proptest::prop_assert_eq!(derived_key(&req).map(|k| k.0), once);
+            }
+        }
+    }
+
     #[test]
     fn header_round_trip() {
         let key = from_header_value("abc");
