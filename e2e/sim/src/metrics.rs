@@ -342,6 +342,11 @@ impl Metrics {
         let _ = writeln!(o, "# HELP {REQUEST_SUCCESS} Count of successfully processed requests.\n# TYPE {REQUEST_SUCCESS} counter");
         let _ = writeln!(o, "{REQUEST_SUCCESS}{{{l},finished_reason=\"length\"}} {}", s.finished_length);
         let _ = writeln!(o, "{REQUEST_SUCCESS}{{{l},finished_reason=\"stop\"}} {}", s.finished_stop);
+        // vLLM creates a series per FinishReason. Client disconnects are not counted (vLLM's
+        // output processor drops aborted requests without stats); no model, so no repetition.
+        let _ = writeln!(o, "{REQUEST_SUCCESS}{{{l},finished_reason=\"abort\"}} 0");
+        let _ = writeln!(o, "{REQUEST_SUCCESS}{{{l},finished_reason=\"error\"}} {}", s.finished_error);
+        let _ = writeln!(o, "{REQUEST_SUCCESS}{{{l},finished_reason=\"repetition\"}} 0");
         let _ = writeln!(o, "# HELP {TIME_TO_FIRST_TOKEN} Histogram of time to first token in seconds.\n# TYPE {TIME_TO_FIRST_TOKEN} histogram");
         self.ttft.render(&mut o, TIME_TO_FIRST_TOKEN, l);
         let histogram = |o: &mut String, name: &str, help: &str, h: &Histogram| {

@@ -16,23 +16,37 @@ pub struct ApiError {
     pub reason: &'static str,
     /// Human-readable message.
     pub message: String,
+    /// vLLM's `error.param`: the request field at fault (`input_tokens`, `max_tokens`), else null.
+    pub param: Option<&'static str>,
 }
 
 impl ApiError {
     /// A 400 `BadRequestError`.
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self { status: StatusCode::BAD_REQUEST, reason: "bad_request", message: message.into() }
+        Self { status: StatusCode::BAD_REQUEST, reason: "bad_request", message: message.into(), param: None }
+    }
+
+    /// Names the request field at fault (`error.param`).
+    pub fn with_param(mut self, param: &'static str) -> Self {
+        self.param = Some(param);
+        self
+    }
+
+    /// Another metric reason.
+    pub fn with_reason(mut self, reason: &'static str) -> Self {
+        self.reason = reason;
+        self
     }
 
     /// Any status, with a metric reason.
     pub fn new(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { status, reason, message: message.into() }
+        Self { status, reason, message: message.into(), param: None }
     }
 
     /// An injected fault.
     pub fn fault(status: u16, what: &str) -> Self {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        Self { status, reason: "fault", message: format!("injected fault: {what}") }
+        Self { status, reason: "fault", message: format!("injected fault: {what}"), param: None }
     }
 }
 
@@ -49,8 +63,13 @@ fn kind(status: StatusCode) -> &'static str {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        // vLLM's shape: {"error": {"message", "type", "param", "code"}}.
         let body = ErrorBody::new(self.status.as_u16(), kind(self.status), self.message);
-        (self.status, Json(body)).into_response()
+        let mut v = serde_json::to_value(&body).unwrap_or_default();
+        if let Some(e) = v.get_mut("error").and_then(serde_json::Value::as_object_mut) {
+            e.insert("param".into(), self.param.map_or(serde_json::Value::Null, Into::into));
+        }
+        (self.status, Json(v)).into_response()
     }
 }
 
@@ -64,6 +83,6 @@ impl From<RequestError> for ApiError {
             RequestError::KvLoadFailed(_) => (StatusCode::INTERNAL_SERVER_ERROR, "kv_load_failed"),
             RequestError::Duplicate(_) => (StatusCode::INTERNAL_SERVER_ERROR, "other"),
         };
-        Self { status, reason, message: e.to_string() }
+        Self { status, reason, message: e.to_string(), param: None }
     }
 }

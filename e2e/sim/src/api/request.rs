@@ -160,8 +160,9 @@ pub async fn prepare(st: &AppState, endpoint: Endpoint, body: &[u8]) -> Result<P
         return Err(ApiError::bad_request("n > 1 is not supported by vllm-sim"));
     }
     if req.max_tokens == Some(0) {
-        return Err(ApiError::bad_request("max_tokens must be at least 1, got 0."));
+        return Err(max_tokens_zero());
     }
+    let from_text = !matches!(req.input, RequestInput::Prompt(Prompt::Tokens(_)));
     let prompt = tokenize(st, req.input).await?;
     if prompt.is_empty() {
         return Err(ApiError::bad_request("The prompt cannot be empty"));
@@ -194,6 +195,7 @@ pub async fn prepare(st: &AppState, endpoint: Endpoint, body: &[u8]) -> Result<P
             (n as u32, FinishReason::Stop)
         }
     };
+    let (max_tokens, finish_reason) = fit_context(st.info.max_model_len, prompt.len(), from_text, max_tokens, finish_reason)?;
     Ok(Prepared {
         hashes,
         stream: req.stream,
@@ -206,6 +208,38 @@ pub async fn prepare(st: &AppState, endpoint: Endpoint, body: &[u8]) -> Result<P
         seed,
         transfer,
     })
+}
+
+/// vLLM 0.32's length rules (`renderers/params.py` `_token_len_check`, `get_max_tokens`): a prompt
+/// longer than `max_model_len` is a 400 — a text prompt is tokenized only up to `max_model_len + 1`
+/// tokens, so it reports "at least" that many; otherwise `max_tokens` is clamped to the room left
+/// (the reply then ends `length`), and no room at all is a 400 for `max_tokens` 0.
+pub fn fit_context(
+    max_model_len: usize,
+    prompt: usize,
+    from_text: bool,
+    max_tokens: u32,
+    finish: FinishReason,
+) -> Result<(u32, FinishReason), ApiError> {
+    if prompt > max_model_len {
+        let n = if from_text { prompt.min(max_model_len + 1) } else { prompt };
+        let at_least = if n == max_model_len + 1 { "at least " } else { "" };
+        return Err(ApiError::bad_request(format!(
+            "This model's maximum context length is {max_model_len} tokens. However, your prompt contains {at_least}{n} input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value={n})"
+        ))
+        .with_reason("too_long")
+        .with_param("input_tokens"));
+    }
+    let room = u32::try_from(max_model_len - prompt).unwrap_or(u32::MAX);
+    match room {
+        0 => Err(max_tokens_zero()),
+        r if r < max_tokens => Ok((r, FinishReason::Length)),
+        _ => Ok((max_tokens, finish)),
+    }
+}
+
+fn max_tokens_zero() -> ApiError {
+    ApiError::bad_request("max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)").with_param("max_tokens")
 }
 
 async fn tokenize(st: &AppState, input: RequestInput) -> Result<Vec<u32>, ApiError> {
@@ -230,4 +264,36 @@ async fn tokenize(st: &AppState, input: RequestInput) -> Result<Vec<u32>, ApiErr
             .map_err(|e| ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "other", format!("tokenizer task: {e}")))?
     };
     encoded.map_err(|e| ApiError::bad_request(format!("cannot tokenize the prompt: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_rules_follow_vllm() {
+        use FinishReason::{Length, Stop};
+        // (max_model_len, prompt, from text, max_tokens, finish) → Ok((max_tokens, finish)) or Err(param, message part)
+        let ok: &[(usize, usize, bool, u32, FinishReason, (u32, FinishReason))] = &[
+            (64, 10, true, 8, Stop, (8, Stop)),
+            (64, 60, true, 8, Stop, (4, Length)), // clamped to the room left, ends length
+            (64, 63, false, 100, Length, (1, Length)),
+            (64, 56, false, 8, Length, (8, Length)),
+        ];
+        for &(max, prompt, text, mt, finish, want) in ok {
+            assert_eq!(fit_context(max, prompt, text, mt, finish).map_err(|e| e.message), Ok(want), "{max} {prompt} {mt}");
+        }
+        let err: &[(usize, usize, bool, &str, &str)] = &[
+            (64, 64, true, "max_tokens", "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"),
+            (64, 80, true, "input_tokens", "your prompt contains at least 65 input tokens"),
+            (64, 80, false, "input_tokens", "your prompt contains 80 input tokens, which exceeds this limit"),
+            (64, 65, false, "input_tokens", "contains at least 65 input tokens"),
+        ];
+        for &(max, prompt, text, param, needle) in err {
+            let e = fit_context(max, prompt, text, 1, Length).err().unwrap_or_else(|| panic!("{max} {prompt} must fail"));
+            assert_eq!((e.status.as_u16(), e.param), (400, Some(param)));
+            assert!(e.message.contains(needle), "{:?} lacks {needle:?}", e.message);
+            assert!(e.message.contains("maximum context length is 64") || param == "max_tokens");
+        }
+    }
 }

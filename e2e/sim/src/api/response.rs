@@ -49,15 +49,20 @@ pub struct Usage {
 #[derive(Debug, Clone, Serialize)]
 struct PromptDetails {
     cached_tokens: u32,
+    /// vLLM 0.32 reports the prompt tokens this request wrote to the prefix cache on chat
+    /// completions, and `null` on completions (its completions server does not pass it on).
+    created_cache_tokens: Option<u32>,
 }
 
-impl From<&Finished> for Usage {
-    fn from(f: &Finished) -> Self {
+impl Usage {
+    /// The usage of a finished request on `endpoint`.
+    pub fn new(f: &Finished, endpoint: Endpoint) -> Self {
+        let created = (endpoint == Endpoint::ChatCompletions).then_some(f.created_cache_tokens);
         Self {
             prompt_tokens: f.prompt_tokens,
             total_tokens: f.prompt_tokens + f.completion_tokens,
             completion_tokens: f.completion_tokens,
-            prompt_tokens_details: PromptDetails { cached_tokens: f.cached_tokens },
+            prompt_tokens_details: PromptDetails { cached_tokens: f.cached_tokens, created_cache_tokens: created },
         }
     }
 }
@@ -149,7 +154,7 @@ pub fn full_body(meta: &Meta, vocab: &OutputVocab, f: Full<'_>) -> Result<Vec<u8
     vocab.append_text(f.tokens, &mut text);
     let finish = Some(f.done.reason.as_str());
     let ids = f.return_token_ids.then_some(f.tokens);
-    let usage = Some(Usage::from(f.done));
+    let usage = Some(Usage::new(f.done, meta.endpoint));
     match meta.endpoint {
         Endpoint::Completions => serde_json::to_vec(&body(meta, false, [TextChoice {
             index: 0,
@@ -238,7 +243,7 @@ pub fn usage_chunk(meta: &Meta, done: &Finished, out: &mut Vec<u8>) -> Result<()
             created: meta.created,
             model: &meta.model,
             choices: [(); 0],
-            usage: Some(Usage::from(done)),
+            usage: Some(Usage::new(done, meta.endpoint)),
             kv_transfer_params: None,
         },
     )
@@ -266,7 +271,7 @@ mod tests {
     }
 
     fn done() -> Finished {
-        Finished { reason: FinishReason::Length, prompt_tokens: 10, completion_tokens: 2, cached_tokens: 8, transfer: None, phases: PhaseTimes::default() }
+        Finished { reason: FinishReason::Length, prompt_tokens: 10, completion_tokens: 2, cached_tokens: 8, created_cache_tokens: 0, transfer: None, phases: PhaseTimes::default() }
     }
 
     #[test]
@@ -281,7 +286,7 @@ mod tests {
         assert_eq!(v["choices"][0]["finish_reason"], "length");
         assert_eq!(v["choices"][0]["token_ids"], serde_json::json!([100, 101]));
         assert_eq!(v["choices"][0]["prompt_token_ids"], serde_json::json!([1, 2]));
-        assert_eq!(v["usage"], serde_json::json!({"prompt_tokens": 10, "total_tokens": 12, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 8}}));
+        assert_eq!(v["usage"], serde_json::json!({"prompt_tokens": 10, "total_tokens": 12, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 8, "created_cache_tokens": null}}));
         assert!(v.get("kv_transfer_params").is_none());
     }
 
@@ -297,6 +302,7 @@ mod tests {
         assert_eq!(v["choices"][0]["message"]["role"], "assistant");
         assert_eq!(v["choices"][0]["message"]["content"], " w2");
         assert_eq!(v["kv_transfer_params"], params);
+        assert_eq!(v["usage"]["prompt_tokens_details"]["created_cache_tokens"], 0, "chat carries vLLM's created_cache_tokens");
     }
 
     #[test]

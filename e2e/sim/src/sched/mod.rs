@@ -355,6 +355,7 @@ impl Scheduler {
                 prompt_tokens: r.num_prompt as u32,
                 completion_tokens: r.generated,
                 cached_tokens: r.cached_tokens.unwrap_or(0) as u32,
+                created_cache_tokens: (r.num_prompt / self.cfg.block_size * self.cfg.block_size).saturating_sub(r.cached_tokens.unwrap_or(0)) as u32,
                 transfer,
                 phases: phases(r.queued_at, r.scheduled_at, r.first_token_at, now),
             },

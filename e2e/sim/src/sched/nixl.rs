@@ -162,6 +162,8 @@ impl Scheduler {
             Err(reason) => {
                 self.stats.kv_load_failures += 1;
                 if self.cfg.kv_load_failure_policy == KvLoadFailurePolicy::Fail {
+                    // vLLM finishes such a request with FinishReason.ERROR (counted in request_success).
+                    self.stats.finished_error += 1;
                     if let Some(r) = self.reqs.remove(&id) {
                         self.pool.free(&r.blocks);
                     }

@@ -95,6 +95,7 @@ fn prefill_then_decode_with_generated_token_blocks() {
     assert_eq!(toks.iter().map(|(t, _)| *t).collect::<Vec<_>>(), [10 * MS, 20 * MS, 30 * MS]);
     let done = log.finished(1).unwrap();
     assert_eq!((done.prompt_tokens, done.completion_tokens, done.cached_tokens, done.reason), (10, 3, 0, FinishReason::Length));
+    assert_eq!(done.created_cache_tokens, 8, "the two full prompt blocks were computed and cached here");
 
     // The prompt's two full blocks, then the block completed by two generated tokens (the third
     // token is sampled last and never computed).
@@ -124,6 +125,7 @@ fn shared_prefix_hits_shorten_prefill_and_count_in_tokens() {
     run(&mut s, t, Duration::from_secs(2), &mut log);
     let done = log.finished(2).unwrap();
     assert_eq!(done.cached_tokens, 8, "two full blocks hit; the tail is computed");
+    assert_eq!(done.created_cache_tokens, 0, "vLLM: nothing new cached by the second request");
     // Only the 2 uncached tokens are prefilled.
     assert_eq!(log.tokens(2)[0].0 - t, 2 * MS);
     assert_eq!(log.tokens(1)[0].1, log.tokens(2)[0].1, "same content, same reply");
@@ -336,11 +338,13 @@ fn failed_pulls_follow_the_policy() {
             KvLoadFailurePolicy::Fail => {
                 assert!(log.emits.iter().any(|(_, e)| matches!(e, Emit::Failed { id: 1, error: RequestError::KvLoadFailed(_) })));
                 assert_eq!(s.kv_usage(), 0.0);
+                assert_eq!(s.stats().finished_error, 1, "counted as vLLM's finished_reason=\"error\"");
             }
             KvLoadFailurePolicy::Recompute => {
                 let done = log.finished(1).unwrap();
                 assert_eq!((done.cached_tokens, done.completion_tokens), (0, 2));
                 assert_eq!(s.stats().prefix_hits, 0);
+                assert_eq!(s.stats().finished_error, 0);
             }
         }
     }

@@ -104,6 +104,9 @@ pub struct Finished {
     pub completion_tokens: u32,
     /// Prompt tokens not computed here: local prefix hits plus tokens pulled over NIXL.
     pub cached_tokens: u32,
+    /// vLLM's `created_cache_tokens`: prompt tokens in full blocks this request computed and cached
+    /// (`PrefillStats.finalize`: full prompt blocks × block size − `cached_tokens`, at least 0).
+    pub created_cache_tokens: u32,
     /// Set when a producer kept its blocks for a consumer.
     pub transfer: Option<TransferOut>,
     /// How long the request spent in each of vLLM's phases.
@@ -239,6 +242,8 @@ pub struct SchedStats {
     pub finished_length: u64,
     /// Requests finished with `stop`.
     pub finished_stop: u64,
+    /// Requests failed by a KV load with policy `fail` (vLLM's `finished_reason="error"`).
+    pub finished_error: u64,
     /// Requests cancelled (client gone).
     pub aborted: u64,
     /// NIXL pulls that failed or returned the wrong tokens.
