@@ -18,7 +18,7 @@ else
 CARGO_PROFILE_FLAG :=
 endif
 
-.PHONY: help setup build wasm test run demo bench bench-quick lint validate clean setup-vllm test-vllm
+.PHONY: help setup build wasm test run demo bench bench-quick lint validate clean setup-vllm test-vllm fuzz
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -35,6 +35,24 @@ build: setup wasm ## Build every binary (PROFILE=debug|release)
 test: build ## Run every unit, integration and end-to-end test, and validate every config
 	$(CARGO) test --workspace --no-fail-fast -- --test-threads=$${KVMESH_TEST_THREADS:-2}
 	envoy/validate.sh
+	@echo "(the workspace tests include a short fuzz run of every target: kvmesh-fuzz, KVMESH_FUZZ_CASES per target)"
+
+# `make fuzz`: every parser of outside bytes (fuzz/README.md). proptest engine by default (stable
+# toolchain); FUZZ_ENGINE=libfuzzer runs cargo-fuzz (coverage-guided, RUSTC_BOOTSTRAP=1 on stable).
+FUZZ_SECONDS ?= 60
+FUZZ_ENGINE  ?= proptest
+FUZZ_TARGETS ?=
+fuzz: setup ## Fuzz each parser of outside bytes for FUZZ_SECONDS (default 60) each; FUZZ_TARGETS="kv_batch …" to pick, FUZZ_ENGINE=libfuzzer for cargo-fuzz
+ifeq ($(FUZZ_ENGINE),libfuzzer)
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	$(CARGO) run -q -p kvmesh-fuzz --bin kvmesh-fuzz -- --write-corpus target/fuzz-corpus
+	set -eo pipefail; for t in $${FUZZ_TARGETS:-$$($(CARGO) run -q -p kvmesh-fuzz --bin kvmesh-fuzz -- --list)}; do \
+	  RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run --fuzz-dir fuzz --features libfuzzer --sanitizer none $$t target/fuzz-corpus/$$t \
+	    -- -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -max_len=65536 -print_final_stats=1 2>&1 | grep -E 'stat::number_of_executed_units|ERROR|SUMMARY|Done' | sed "s/^/$$t: /"; \
+	done
+else
+	$(CARGO) run -p kvmesh-fuzz --bin kvmesh-fuzz -- --seconds $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+endif
 
 setup-vllm: setup ## Install vLLM's CPU build and a dummy model into .tools/vllm/ (about 4 GB; ENGINES=vllm and test-vllm do it on first use)
 	@scripts/setup-vllm.sh >/dev/null

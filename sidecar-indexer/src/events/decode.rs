@@ -109,6 +109,13 @@ pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, DecodeError> {
     }
 }
 
+/// Capacity to reserve for `n` announced elements: never more than the bytes left (each element
+/// takes at least one) nor a page's worth; the vector grows by doubling past it, so a hostile length
+/// cannot make a small frame allocate much (a decoded batch stays within ~2× its element count).
+fn prealloc(n: usize, rd: &Reader<'_>) -> usize {
+    n.min(rd.remaining()).min(4096)
+}
+
 /// A field read in stream order, judged in declaration order later.
 type Deferred<T> = Result<T, DecodeError>;
 
@@ -199,7 +206,7 @@ fn read_events(rd: &mut Reader<'_>, depth: u16) -> Result<Deferred<Deferred<Vec<
         rd.skip_rest(head, child)?;
         return Ok(Err(DecodeError::Batch("events must be an array")));
     };
-    let mut out = Vec::with_capacity(n.min(rd.remaining()));
+    let mut out = Vec::with_capacity(prealloc(n, rd));
     let mut first_err = None;
     for _ in 0..n {
         if first_err.is_some() {
@@ -349,7 +356,7 @@ fn read_array<T>(rd: &mut Reader<'_>, depth: u16, item: impl Fn(Head<'_>) -> Opt
         rd.skip_rest(head, child)?;
         return Ok(Err(not_array));
     };
-    let mut out = Vec::with_capacity(n.min(rd.remaining()));
+    let mut out = Vec::with_capacity(prealloc(n, rd));
     let mut ok = true;
     for _ in 0..n {
         let (h, c) = rd.head(child)?;

@@ -368,18 +368,7 @@ impl Listener {
                 continue;
             }
             let frames = dealer.recv_multipart(0).map_err(|e| e.to_string())?;
-            // Drop the empty delimiter a ROUTER reply starts with for a DEALER.
-            let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).skip_while(|f| f.is_empty()).collect();
-            let (seq_bytes, payload) = match frames.as_slice() {
-                [seq, payload] => (*seq, *payload),
-                [_topic, seq, payload] => (*seq, *payload),
-                [seq] => (*seq, &b""[..]),
-                _ => return Err(format!("unexpected replay frame count {}", frames.len())),
-            };
-            if seq_bytes == END_SEQ {
-                return Ok(out);
-            }
-            let seq: [u8; 8] = seq_bytes.try_into().map_err(|_| "replay sequence is not 8 bytes".to_owned())?;
+            let Some((seq, payload)) = replay_frames(&frames)? else { return Ok(out) };
             if payload.len() > max_frame {
                 self.limit_hit("replay_frame_too_large");
                 return Err(format!("replayed batch of {} bytes above routing.event_max_frame_bytes {max_frame}", payload.len()));
@@ -389,7 +378,7 @@ impl Listener {
                 self.limit_hit("replay_too_large");
                 return Err(format!("replay above routing.replay_max_bytes {max_bytes}"));
             }
-            out.push((u64::from_be_bytes(seq), payload.to_vec()));
+            out.push((seq, payload.to_vec()));
             if out.len() > MAX_REPLAY_BATCHES {
                 self.limit_hit("replay_too_large");
                 return Err(format!("replay longer than {MAX_REPLAY_BATCHES} batches"));
@@ -406,8 +395,26 @@ fn zmq_limit(bytes: usize) -> i64 {
     i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
+/// One replay reply → `(seq, payload)`, or None for the end marker. A ROUTER reply to a DEALER
+/// starts with an empty delimiter (dropped); then `[seq, payload]`, `[topic, seq, payload]` or the
+/// end marker `[0xFF×8]` (with or without a payload frame).
+pub fn replay_frames(frames: &[Vec<u8>]) -> Result<Option<(u64, &[u8])>, String> {
+    let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).skip_while(|f| f.is_empty()).collect();
+    let (seq_bytes, payload) = match frames.as_slice() {
+        [seq, payload] => (*seq, *payload),
+        [_topic, seq, payload] => (*seq, *payload),
+        [seq] => (*seq, &b""[..]),
+        _ => return Err(format!("unexpected replay frame count {}", frames.len())),
+    };
+    if seq_bytes == END_SEQ {
+        return Ok(None);
+    }
+    let seq: [u8; 8] = seq_bytes.try_into().map_err(|_| "replay sequence is not 8 bytes".to_owned())?;
+    Ok(Some((u64::from_be_bytes(seq), payload)))
+}
+
 /// `[topic, seq, payload]` (or `[seq, payload]`) → (seq, payload).
-fn split_frames(frames: &[Vec<u8>]) -> Option<(u64, &[u8])> {
+pub fn split_frames(frames: &[Vec<u8>]) -> Option<(u64, &[u8])> {
     let (seq, payload) = match frames {
         [_topic, seq, payload] => (seq, payload),
         [seq, payload] => (seq, payload),

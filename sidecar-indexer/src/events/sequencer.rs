@@ -5,6 +5,9 @@
 //! A jump forward is a gap (messages lost: the SUB high-water mark, a reconnect); a jump backward is
 //! either a live copy of something a replay already delivered, or a restarted engine whose counter
 //! began again. Keeping this a pure state machine lets the tricky cases be tested without sockets.
+//! Numbers come from the wire, so arithmetic saturates: `u64::MAX` from a publisher (it overflowed
+//! `seq + 1`, a panic in debug builds; found writing the sequencer's fuzz target) is handled like
+//! any number, never a panic (the counter then stays at the top: a degenerate stream, not a crash).
 
 /// What to do with a live batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +52,7 @@ impl Sequencer {
     pub fn on_live(&mut self, seq: u64) -> Verdict {
         let next = self.next();
         if seq == next {
-            self.next = Some(seq + 1);
+            self.next = Some(seq.saturating_add(1));
             return Verdict::Apply;
         }
         if seq > next {
@@ -59,15 +62,15 @@ impl Sequencer {
             return Verdict::Duplicate;
         }
         self.replayed_through = None;
-        self.next = Some(seq + 1);
+        self.next = Some(seq.saturating_add(1));
         Verdict::Restart { seq }
     }
 
     /// Records a replay that delivered batches up to `last` (inclusive); None = it delivered nothing.
     pub fn replayed(&mut self, last: Option<u64>) {
         if let Some(last) = last {
-            if last + 1 > self.next() {
-                self.next = Some(last + 1);
+            if last.saturating_add(1) > self.next() {
+                self.next = Some(last.saturating_add(1));
             }
             self.replayed_through = Some(last);
         }
@@ -75,7 +78,7 @@ impl Sequencer {
 
     /// Gives up on a gap that could not be replayed: continue after `seq` (the caller cleared the worker).
     pub fn skip_to(&mut self, seq: u64) {
-        self.next = Some(seq + 1);
+        self.next = Some(seq.saturating_add(1));
         self.replayed_through = None;
     }
 }
@@ -134,6 +137,19 @@ mod tests {
         s.on_live(101);
         s.skip_to(200);
         assert_eq!(s.on_live(5), Verdict::Restart { seq: 5 });
+    }
+
+    #[test]
+    fn the_largest_sequence_number_does_not_overflow() {
+        let mut s = Sequencer::new();
+        assert_eq!(s.on_live(u64::MAX), Verdict::Gap { from: 0, to: u64::MAX });
+        s.skip_to(u64::MAX); // the expected number saturates at the top: the counter stays there
+        assert_eq!(s.on_live(u64::MAX), Verdict::Apply);
+        s.replayed(Some(u64::MAX));
+        assert_eq!(s.on_live(0), Verdict::Duplicate);
+        let mut s = Sequencer::new();
+        s.skip_to(u64::MAX - 1);
+        assert_eq!(s.on_live(u64::MAX), Verdict::Apply);
     }
 
     #[test]

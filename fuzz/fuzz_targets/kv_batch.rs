@@ -1,0 +1,4 @@
+//! libFuzzer entry point (cargo-fuzz) for [`kvmesh_fuzz::targets::kv_batch`].
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kvmesh_fuzz::targets::kv_batch(data));
