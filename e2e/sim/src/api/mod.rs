@@ -7,7 +7,7 @@
 mod admin;
 mod error;
 mod openai;
-mod request;
+pub mod request;
 mod response;
 
 use std::sync::Arc;
