@@ -326,6 +326,9 @@ pub struct RoutingConfig {
     /// Most `/v1/route` calls worked on at once (tokenization included, until it really ends, even
     /// when its caller is gone); a call beyond it is shed at once with 503 `overloaded_shed`.
     pub max_concurrent_routes: usize,
+    /// Blocks of recently routed prompts remembered to chain orphan stores (a prefix the index
+    /// missed, e.g. after a restart); about 40 B each.
+    pub recovery_max_blocks: usize,
 }
 
 impl Default for RoutingConfig {
@@ -383,6 +386,7 @@ impl Default for RoutingConfig {
             kv_home_ttl_secs: 900,
             kv_home_max_sessions: 200_000,
             max_concurrent_routes: 32,
+            recovery_max_blocks: 262_144,
         }
     }
 }

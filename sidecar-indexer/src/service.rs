@@ -93,6 +93,7 @@ impl Service {
     ) -> Result<Arc<Self>, ServiceError> {
         let metrics = Arc::new(Metrics::new()?);
         let index = Arc::new(RwLock::new(KvIndex::new(config.routing.index_max_entries, config.routing.max_blocks_per_worker)));
+        index.read().set_recovery_blocks(config.routing.recovery_max_blocks);
         let gauges = Arc::new(IndexGauges::default());
         let free_slots = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = sync_channel(config.routing.event_queue_batches);
@@ -297,6 +298,7 @@ impl Service {
             self.state.metrics.forget_worker(&id);
         }
         self.state.load.lock().set_limits(Duration::from_secs(new.routing.load_expiry_secs), new.routing.max_bookings);
+        self.state.index.read().set_recovery_blocks(new.routing.recovery_max_blocks);
         self.state.sessions.lock().set_limits(&new.routing);
         if let Some(t) = tokenizer {
             *self.state.tokenizer.write() = Arc::new(t);

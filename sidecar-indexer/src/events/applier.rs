@@ -210,6 +210,10 @@ impl Applier {
             m.kv_ignored.with_label_values(&[w, "malformed"]).inc_by(r.malformed_stores);
             tracing::warn!(worker = w, stores = r.malformed_stores, "BlockStored with token ids not covering its block hashes; skipped");
         }
+        if r.recovered_orphans > 0 {
+            m.kv_orphan_recovered.with_label_values(&[w]).inc_by(r.recovered_orphans);
+            tracing::info!(worker = w, stores = r.recovered_orphans, "BlockStored with unknown parent indexed: parent chain learned from a prompt routed to the worker");
+        }
         if r.orphan_stores > 0 {
             m.kv_orphan_stores.with_label_values(&[w]).inc_by(r.orphan_stores);
             tracing::debug!(worker = w, stores = r.orphan_stores, "BlockStored with unknown parent; not indexed");

@@ -29,6 +29,8 @@ pub struct ApplyReport {
     pub unknown_removes: u64,
     /// Stores refused for an unknown parent.
     pub orphan_stores: u64,
+    /// Stores whose unknown parent was learned from a routed prompt (indexed after all).
+    pub recovered_orphans: u64,
     /// Stores refused for a block size other than the configured one (the last seen size kept).
     pub block_size_mismatches: u64,
     pub mismatched_block_size: Option<u32>,
@@ -59,6 +61,10 @@ pub fn apply_batch(index: &mut KvIndex, slot: WorkerSlot, batch: &EventBatch, bl
                 let seed = block_seed(lora_name.as_deref(), cache_salt.as_deref());
                 match index.store(slot, *parent, block_hashes, token_ids, block_size as usize, seed) {
                     StoreOutcome::Stored { blocks } => r.stored_blocks += blocks as u64,
+                    StoreOutcome::Recovered { blocks } => {
+                        r.stored_blocks += blocks as u64;
+                        r.recovered_orphans += 1;
+                    }
                     StoreOutcome::Orphan => r.orphan_stores += 1,
                     StoreOutcome::Malformed => r.malformed_stores += 1,
                     StoreOutcome::UnknownWorker => {}

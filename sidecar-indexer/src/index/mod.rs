@@ -10,7 +10,7 @@
 //!   Engine hashes are opaque ids only used to find a store's parent and a removal's block; the
 //!   chain hash is always recomputed here from the event's token ids ([`kvmesh_core::hashing`]). A
 //!   store whose parent engine hash is unknown cannot be chained, so it is refused and counted (an
-//!   orphan), never guessed. `refs` counts duplicate stores of one engine hash (vLLM can cache one
+//!   orphan), never guessed — unless a prompt routed to the worker explains it ([`recovery`]). `refs` counts duplicate stores of one engine hash (vLLM can cache one
 //!   hash in two physical blocks); `parent`/`kids` tell whether a removal leaves a child behind.
 //! * The index lives in DRAM once it is big, so every path is arranged to overlap cache misses:
 //!   an event's chain hashes are computed first and the table lines of a chunk of its blocks are
@@ -33,6 +33,7 @@
 //! Everything here is synchronous and free of I/O; the applier thread owns writes.
 
 mod matching;
+mod recovery;
 mod slots;
 mod table;
 mod workers;
@@ -44,6 +45,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use kvmesh_core::hashing::{self, SequenceHash};
 
 use slots::{block_hash, BlockSlot, RefSlot, U64Hasher, AGE_NEW, AGE_USED};
+pub use recovery::{RoutedPrompts, DEFAULT_RECOVERY_BLOCKS};
 pub use slots::BlockRef;
 use table::Table;
 use workers::{Bitmaps, Holders, AGE_MASK, AGE_SHIFT};
@@ -62,6 +64,9 @@ struct WorkerBlocks {
 pub enum StoreOutcome {
     /// Blocks stored (new or duplicate).
     Stored { blocks: usize },
+    /// Blocks stored although the parent engine hash was unknown: the parent chain was learned
+    /// from a prompt routed to the worker ([`recovery`]).
+    Recovered { blocks: usize },
     /// The parent engine hash is unknown: nothing stored.
     Orphan,
     /// The token ids do not cover `block_hashes × block_size`, or the seed table is full: nothing stored.
@@ -98,6 +103,8 @@ pub struct KvIndex {
     evictions: u64,
     /// Chain hashes of the store being applied (kept to reuse its allocation).
     scratch: Vec<u64>,
+    /// Prompts routed to each worker, for orphan recovery (written under the read lock).
+    routed: parking_lot::Mutex<RoutedPrompts>,
 }
 
 impl KvIndex {
@@ -119,6 +126,7 @@ impl KvIndex {
             entries: 0,
             evictions: 0,
             scratch: Vec::new(),
+            routed: Default::default(),
         }
     }
 
@@ -216,11 +224,18 @@ impl KvIndex {
         let Some(w) = self.workers.get(slot as usize).filter(|w| w.active) else {
             return StoreOutcome::UnknownWorker;
         };
+        let mut recovered = false;
         let (mut prev, seed_id) = match parent {
             None => (None, None),
             Some(p) => match w.map.get(p) {
                 Some(s) => (Some(s.r.chain), Some(s.r.seed_id())),
-                None => return StoreOutcome::Orphan,
+                None => match self.recover_parent(slot, p, token_ids, block_size, root_seed) {
+                    Some(chain) => {
+                        recovered = true;
+                        (Some(chain), None)
+                    }
+                    None => return StoreOutcome::Orphan,
+                },
             },
         };
         let seed_id = match seed_id.or_else(|| self.seed_id(root_seed)) {
@@ -250,6 +265,9 @@ impl KvIndex {
         self.enforce_bound();
         if self.worker_blocks(slot) > self.max_blocks_per_worker {
             return StoreOutcome::TooManyBlocks;
+        }
+        if recovered {
+            return StoreOutcome::Recovered { blocks: block_hashes.len() };
         }
         StoreOutcome::Stored { blocks: block_hashes.len() }
     }
@@ -310,6 +328,8 @@ impl KvIndex {
             }
         }
         let interior = gone.iter().any(|(_, r)| r.kids > 0);
+        // Synthetic ancestors (orphan recovery) leave with their last child.
+        let parents: Vec<u64> = gone.iter().filter_map(|(_, r)| r.parent()).filter(|p| w.map.get(*p).is_some_and(|s| recovery::is_synthetic(*p, &s.r) && s.r.kids == 0)).collect();
         let now_empty = w.map.len() == 0;
         for chunk in gone.chunks(CHUNK) {
             std::hint::black_box(chunk.iter().fold(0, |a, (_, r)| a ^ self.blocks.touch(r.chain.0)));
@@ -317,6 +337,12 @@ impl KvIndex {
                 self.unhold(r.chain.0, slot);
             }
         }
+        let now_empty = if parents.is_empty() {
+            now_empty
+        } else {
+            self.drop_childless_synthetic(slot, parents);
+            self.workers.get(slot as usize).is_none_or(|w| w.map.len() == 0)
+        };
         if now_empty {
             self.set_dirty(slot, false);
         } else if interior {

@@ -433,3 +433,66 @@ fn slots_above_the_packed_limit_are_not_registered() {
     }
     assert_eq!(matches(&idx, &t), vec![(0, 2), (1, 2), (2, 2), (3, 2), (MAX_SLOT, 2)]);
 }
+
+fn note(idx: &KvIndex, slot: WorkerSlot, tokens: &[u32]) {
+    let chains: std::sync::Arc<[SequenceHash]> = sequence_hashes(tokens, BS, XXH3_SEED).into();
+    let locals: std::sync::Arc<[kvmesh_core::hashing::LocalBlockHash]> = kvmesh_core::hashing::local_block_hashes(tokens, BS, XXH3_SEED).into();
+    idx.note_routed(slot, chains, locals);
+}
+
+#[test]
+fn an_orphan_chained_to_a_routed_prompt_is_recovered() {
+    // The engine caches a 64-block prefix the index never saw (it left the replay buffer before a
+    // restart). A continuation of it is routed to worker 0, and the engine stores its new blocks
+    // chained to the prefix's last block.
+    let mut idx = index_with(&[0, 1]);
+    let prefix = toks(0..256);
+    let continuation = toks(0..272);
+    assert_eq!(idx.store(0, Some(engine(0, 63)), &[engine(0, 64)], &continuation[256..260], BS, XXH3_SEED), StoreOutcome::Orphan, "nothing routed yet");
+    note(&idx, 1, &continuation);
+    assert_eq!(idx.store(0, Some(engine(0, 63)), &[engine(0, 64)], &continuation[256..260], BS, XXH3_SEED), StoreOutcome::Orphan, "routed to another worker");
+    note(&idx, 0, &continuation);
+    let new: Vec<u64> = (64..68).map(|b| engine(0, b)).collect();
+    assert_eq!(idx.store(0, Some(engine(0, 63)), &new, &continuation[256..272], BS, XXH3_SEED), StoreOutcome::Recovered { blocks: 4 });
+    assert_eq!(matches(&idx, &continuation), vec![(0, 68)], "the whole chain is known again");
+    assert_eq!(matches(&idx, &prefix), vec![(0, 64)]);
+    // Later stores chain as usual from the recovered blocks.
+    assert_eq!(idx.store(0, Some(engine(0, 67)), &[engine(0, 68)], &toks(272..276), BS, XXH3_SEED), StoreOutcome::Stored { blocks: 1 });
+    // The engine evicts the tail first: its real blocks, then the recovered parent; the synthetic
+    // ancestors leave with their last child, so nothing stale stays behind.
+    let tail: Vec<u64> = (64..69).rev().map(|b| engine(0, b)).collect();
+    assert_eq!(idx.remove(0, &tail), 0);
+    assert_eq!(matches(&idx, &continuation), vec![(0, 64)]);
+    assert_eq!(idx.remove(0, &[engine(0, 63)]), 0);
+    assert_eq!(matches(&idx, &prefix), vec![]);
+    assert_eq!(idx.worker_blocks(0), 0);
+}
+
+#[test]
+fn an_orphan_that_disagrees_with_the_routed_prompt_stays_an_orphan() {
+    let mut idx = index_with(&[0]);
+    let routed = toks(0..64);
+    note(&idx, 0, &routed);
+    // Block 8's content matches, block 9's does not: not this prompt's continuation.
+    let mut stored = routed[32..40].to_vec();
+    stored[5] = 9999;
+    assert_eq!(idx.store(0, Some(engine(0, 7)), &[engine(0, 8), engine(0, 9)], &stored, BS, XXH3_SEED), StoreOutcome::Orphan);
+    // A store whose first block is the prompt's block 0 has no parent to learn.
+    assert_eq!(idx.store(0, Some(engine(0, 99)), &[engine(0, 0)], &routed[..4], BS, XXH3_SEED), StoreOutcome::Orphan);
+    assert_eq!(idx.worker_blocks(0), 0);
+}
+
+#[test]
+fn routed_prompt_memory_is_bounded_by_blocks() {
+    let idx = index_with(&[0]);
+    idx.set_recovery_blocks(100);
+    for i in 0..50u32 {
+        note(&idx, 0, &toks(i * 1000..i * 1000 + 160));
+    }
+    assert!(idx.recovery_blocks() <= 100, "{}", idx.recovery_blocks());
+    assert_eq!(idx.recovery_blocks(), 80, "the two newest 40-block prompts");
+    let mut idx = idx;
+    // The oldest prompts are forgotten: their continuations cannot be recovered any more.
+    assert_eq!(idx.store(0, Some(1), &[2], &toks(4..8), BS, XXH3_SEED), StoreOutcome::Orphan);
+    assert_eq!(idx.store(0, Some(1), &[2], &toks(49_004..49_008), BS, XXH3_SEED), StoreOutcome::Recovered { blocks: 1 });
+}

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use kvmesh_core::hashing::{block_seed, sequence_hashes, SequenceHash};
+use kvmesh_core::hashing::{block_seed, local_block_hashes, sequence_hashes, LocalBlockHash, SequenceHash};
 use kvmesh_core::openai::OpenAiRequest;
 
 use super::admission::{Cancel, Permit};
@@ -20,6 +20,8 @@ use crate::tokenize::CacheStats;
 pub struct Prompt {
     pub tokens: usize,
     pub chains: Vec<SequenceHash>,
+    /// Local block hashes (for orphan recovery, `crate::index` recovery).
+    pub locals: Vec<LocalBlockHash>,
 }
 
 /// Tokenizes and hashes on the blocking pool. The [`Permit`] moves into the blocking task and is
@@ -46,7 +48,8 @@ pub async fn tokenize(state: &AppState, cfg: &Config, request: OpenAiRequest, pe
             tracing::debug!("route caller left during tokenization; result dropped");
             return None;
         }
-        Some(tokens.map(|t| Prompt { tokens: t.len(), chains: sequence_hashes(&t, block_size, block_seed(None, request.cache_salt.as_deref())) }))
+        let seed = block_seed(None, request.cache_salt.as_deref());
+        Some(tokens.map(|t| Prompt { tokens: t.len(), chains: sequence_hashes(&t, block_size, seed), locals: local_block_hashes(&t, block_size, seed) }))
     });
     match work.await {
         Ok(Some(r)) => r.map_err(|e| ApiError::unavailable("tokenizer", e.to_string())),
@@ -85,7 +88,7 @@ pub fn decide_and_book<'a>(state: &'a AppState, cfg: &Config, req: &RouteRequest
     let fleet = state.fleet.read();
     let overlaps = fleet.overlaps(&scores);
     let mut load = state.load.lock();
-    let views = state.views(&fleet, &overlaps, &load, cfg.routing.unknown_request_blocks);
+    let views = state.views(&fleet, &overlaps, &load, &prompt.chains, cfg, now);
     let plan = {
         let mut rng = state.rng.lock();
         decide(&input, &views, &cfg.routing, &mut *rng)
@@ -100,10 +103,32 @@ pub fn decide_and_book<'a>(state: &'a AppState, cfg: &Config, req: &RouteRequest
     let approx_slot = (cfg.routing.mode == IndexMode::Approximate)
         .then(|| fleet.workers.iter().find(|w| w.cfg.id == plan.worker).and_then(|w| w.ranks.first().map(|r| r.slot)))
         .flatten();
+    // Precise mode, a prompt the index does not know whole: remember it for the workers that will
+    // store its blocks, so their stores can be chained even if its prefix is unknown here.
+    let recover_on: Vec<_> = if cfg.routing.mode == IndexMode::Precise && plan.overlap_blocks < plan.isl_blocks {
+        let prefill = match &plan.leg {
+            Some(crate::decide::Leg::PrefillOn { worker, .. }) => Some(worker.as_str()),
+            _ => None,
+        };
+        fleet.workers.iter().filter(|w| w.cfg.id == plan.worker || Some(w.cfg.id.as_str()) == prefill).flat_map(|w| w.ranks.iter().map(|r| r.slot)).collect()
+    } else {
+        Vec::new()
+    };
     drop(load);
     drop(fleet);
+    // Backlog and speculative holdings for the next decisions (siblings see these blocks at once).
+    state.placed(&plan, &prompt.chains, cfg, now);
     state.metrics.score_duration.observe(t_score.elapsed().as_secs_f64());
-    let record = Record { basis: plan.basis, request_blocks: plan.request_blocks, local_continuation: plan.local_continuation, session_key, approx_slot, chains: prompt.chains };
+    let record = Record {
+        basis: plan.basis,
+        request_blocks: plan.request_blocks,
+        local_continuation: plan.local_continuation,
+        session_key,
+        approx_slot,
+        recover_on,
+        chains: prompt.chains,
+        locals: prompt.locals,
+    };
     Ok((plan, booking, record))
 }
 

@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use kvmesh_core::api::RouteDecision;
-use kvmesh_core::hashing::SequenceHash;
+use kvmesh_core::hashing::{LocalBlockHash, SequenceHash};
 
 use super::request::RouteRequest;
 use crate::decide::Basis;
@@ -93,7 +93,10 @@ pub struct Record {
     pub session_key: Option<u64>,
     /// Approximate mode: where the prompt's blocks will be cached.
     pub approx_slot: Option<WorkerSlot>,
+    /// Precise mode: the slots whose orphan stores this prompt may explain.
+    pub recover_on: Vec<WorkerSlot>,
     pub chains: Vec<SequenceHash>,
+    pub locals: Vec<LocalBlockHash>,
 }
 
 /// Settles a served decision: keeps its booking (id in the decision) and records it.
@@ -111,6 +114,13 @@ pub fn settle(state: &AppState, req: &RouteRequest, record: Record, mut decision
     }
     if let Some(k) = record.session_key {
         state.sessions.lock().served(k, &decision.worker, Instant::now());
+    }
+    if !record.recover_on.is_empty() {
+        let (chains, locals): (std::sync::Arc<[SequenceHash]>, std::sync::Arc<[LocalBlockHash]>) = (record.chains.as_slice().into(), record.locals.into());
+        let index = state.index.read();
+        for slot in record.recover_on {
+            index.note_routed(slot, chains.clone(), locals.clone());
+        }
     }
     if let Some(slot) = record.approx_slot {
         if !record.chains.is_empty() && state.applier.try_send(ApplierMsg::Approx { slot, chains: record.chains, at: Instant::now() }).is_err() {
