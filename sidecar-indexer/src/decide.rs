@@ -456,9 +456,9 @@ fn decide_worker<R: Rng + ?Sized>(
                         .find(|w| w.id == home_id)
                         .and_then(|w| overloaded(w, cfg))
                         .unwrap_or_default();
-                    let (chosen, inner) = pick(&guarded, isl, cfg, rng);
+                    let (chosen, inner, _) = pick(&guarded, isl, cfg, rng);
                     let reason = format!(
-                        "{prefix}session home {home_id} overloaded ({why}); chose {}: {inner}",
+                        "{prefix}home {home_id} overloaded ({why}); chose {}: {inner}",
                         chosen.w.id
                     );
                     return Ok(finish(
@@ -472,10 +472,10 @@ fn decide_worker<R: Rng + ?Sized>(
                 }
             }
         }
-        prefix = format!("{prefix}new session (source={src}): ");
+        prefix = format!("{prefix}new session: ");
     }
 
-    let (chosen, inner) = pick(&guarded, isl, cfg, rng);
+    let (chosen, inner, next) = pick(&guarded, isl, cfg, rng);
     let max_cached = guarded
         .iter()
         .map(|s| s.w.cached_blocks())
@@ -492,7 +492,7 @@ fn decide_worker<R: Rng + ?Sized>(
         chosen,
         fallbacks(&guarded, chosen.w.id, cfg.max_fallbacks),
         basis,
-        format!("{prefix}{inner}"),
+        format!("{prefix}{inner}{next}"),
         &candidates,
     ))
 }
@@ -555,13 +555,13 @@ fn near(t: f64, min: f64, cfg: &RoutingConfig) -> bool {
 }
 
 /// Picks the fastest of `set` (non-empty; `isl` = the prompt's full blocks, for the reason): a random one within the near-tie band, or sampled with
-/// `temperature > 0`; returns it and a reason.
+/// `temperature > 0`; returns it, a reason and the runner-up (`; next w2 12.0 ms`, or empty).
 pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
     set: &[Scored<'v, 'a>],
     isl: u32,
     cfg: &RoutingConfig,
     rng: &mut R,
-) -> (Scored<'v, 'a>, String) {
+) -> (Scored<'v, 'a>, String, String) {
     let times: Vec<f64> = set.iter().map(|s| s.ttft_s).collect();
     let min = times.iter().copied().fold(f64::INFINITY, f64::min);
     let max = times.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -600,7 +600,7 @@ pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
                 .then_with(|| a.w.id.cmp(b.w.id))
         })
         .map_or(String::new(), |o| {
-            format!(" (next {} {:.1} ms)", o.w.id, o.ms())
+            format!("; next {} {:.1} ms", o.w.id, o.ms())
         });
     let temp = if sampled {
         format!("sampled at temperature {}: ", cfg.temperature)
@@ -608,13 +608,15 @@ pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
         String::new()
     };
     let max_cached = set.iter().map(|s| s.w.cached_blocks()).max().unwrap_or(0);
-    let what = if max_cached == 0 {
-        "no cached prefix anywhere; fastest".to_owned()
+    let what = if s.migrated_blocks > 0 {
+        format!("migrating {} blocks", s.migrated_blocks)
+    } else if max_cached == 0 {
+        "nothing cached".to_owned()
     } else if s.w.cached_blocks() == max_cached {
         format!("best overlap {}/{isl} blocks", s.w.overlap_blocks)
     } else {
         format!(
-            "fastest: overlap {} blocks (best overlap elsewhere {max_cached})",
+            "overlap {}/{isl} blocks (best elsewhere {max_cached})",
             s.w.overlap_blocks
         )
     };
@@ -623,14 +625,15 @@ pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
     } else {
         String::new()
     };
+    // Short: the reason travels in a 256-byte debug header together with the mode's part.
     let queued = s.w.timing.queued_tokens.round();
-    let reason = format!(
-        "{temp}{what}{spec}{}, predicted {:.1} ms ({queued} tokens queued, {} to prefill){next}",
-        migrated_note(&s),
-        s.ms(),
-        s.own_tokens
-    );
-    (s, reason)
+    let queued = if queued > 0.0 {
+        format!(" after {queued} queued tokens")
+    } else {
+        String::new()
+    };
+    let reason = format!("{temp}{what}{spec}, predicted {:.1} ms{queued}", s.ms());
+    (s, reason, next)
 }
 
 /// Endpoints of `set` other than `chosen`, fastest first.

@@ -102,7 +102,7 @@ async fn routes_to_the_worker_holding_the_prefix() {
     assert_eq!(d.endpoint, "127.0.0.1:2");
     assert_eq!((d.overlap_blocks, d.isl_blocks), (2, 2));
     assert_eq!(d.mode, Mode::Aggregate);
-    assert_eq!(d.reason, "best overlap 2/2 blocks");
+    assert!(d.reason.starts_with("best overlap 2/2 blocks, predicted "), "{}", d.reason);
     assert_eq!(d.fallbacks, vec!["127.0.0.1:1".to_owned()], "prefill-only workers are never fallbacks");
     assert_eq!(d.best_overlap_worker.as_deref(), Some("w1"));
     // The booked load shows in the fleet snapshot and leaves with /v1/done.
@@ -164,7 +164,8 @@ async fn bodies_are_bounded() {
 
 #[tokio::test]
 async fn session_pin_matches_the_fleet_snapshot_and_override_wins() {
-    let svc = service("");
+    // Rendezvous homes agree with the filter's fallback pin (the default places sessions by prediction).
+    let svc = service("session_placement = \"rendezvous\"");
     let snapshot = svc.state.snapshot();
     for i in 0..50u64 {
         let key = kvmesh_core::session::from_header_value(&format!("conversation-{i}"));
@@ -191,8 +192,9 @@ async fn approximate_mode_learns_from_its_own_decisions() {
         let id = format!("r{i}");
         let again = route_ok(&svc, "/v1/completions", &tokens_body(16), &[(headers::REQUEST_ID, &id)]).await;
         svc.barrier();
-        // The first repeat finds the 3 blocks learned from the 12-token prompt, later ones all 4.
-        assert_eq!((again.worker.as_str(), again.overlap_blocks), (first.worker.as_str(), if i == 0 { 3 } else { 4 }));
+        // The first repeat finds the 3 blocks learned from the 12-token prompt; later ones hold all 4,
+        // but a 16-token prompt can hit at most 3 (the engine computes the last token).
+        assert_eq!((again.worker.as_str(), again.overlap_blocks), (first.worker.as_str(), 3));
     }
     assert_eq!(svc.state.index.read().find_matches(&kvmesh_core::hashing::sequence_hashes(&(1000..1016).collect::<Vec<_>>(), 4, XXH3_SEED)).len(), 1);
 }

@@ -3,7 +3,7 @@
 //! It consumes every engine's KV events (ZMQ, vLLM wire format), keeps a block index keyed by
 //! Dynamo-compatible chain hashes, tokenizes prompts exactly as the engines do, and answers the wasm
 //! filter's `/v1/route` with a scored decision. Layout: pure logic in [`config`], [`index`],
-//! [`events`] (decode, sequencer, apply), [`tokenize`], [`decide`], [`load`], [`approx`], [`scrape`], [`discovered`];
+//! [`events`] (decode, sequencer, apply), [`tokenize`], [`decide`], [`predict`], [`speculative`], [`load`], [`approx`], [`scrape`], [`discovered`];
 //! the thin shells that do I/O in [`events::listener`], [`events::applier`], [`state`], [`route`] (a route call: plan → run → settle), [`http`],
 //! [`service`], [`discovery`]. Guardrails (README): `decide` is pure; no lock is held across `.await`; an unknown
 //! parent is counted and refused, never guessed; every queue, map, cache and body is bounded.
@@ -20,9 +20,11 @@ pub mod load;
 pub mod legs;
 pub mod metrics;
 pub mod modes;
+pub mod predict;
 pub mod recent;
 pub mod route;
 pub mod scrape;
 pub mod service;
+pub mod speculative;
 pub mod state;
 pub mod tokenize;

@@ -120,6 +120,7 @@ impl Service {
             legs: reqwest::Client::builder().pool_max_idle_per_host(32).build()?,
             dry_runs: Default::default(),
             route_inflight: Default::default(),
+            placement: Mutex::new(crate::state::Placement::new(routing)),
         });
         let (frame, replay, queue) = event_limits(&config);
         let event_limits = Arc::new(EventLimits::new(frame, replay, queue));
@@ -138,7 +139,7 @@ impl Service {
     fn add_worker(&self, w: &WorkerConfig, config: &Config) -> Result<WorkerRuntime, ServiceError> {
         self.state.metrics.register_worker(&w.id);
         let ranks = (0..w.dp_ranks).map(|rank| self.add_rank(w, rank, config)).collect::<Result<_, _>>()?;
-        Ok(WorkerRuntime { cfg: w.clone(), ranks, healthy: true, scrape_failures: 0, engine: None, hits: Default::default(), queries: Default::default(), routable: self.discovery.routable(&w.id) })
+        Ok(WorkerRuntime { cfg: w.clone(), ranks, healthy: true, scrape_failures: 0, engine: None, hits: Default::default(), queries: Default::default(), routable: self.discovery.routable(&w.id), meter: Default::default() })
     }
 
     fn add_rank(&self, w: &WorkerConfig, rank: u32, config: &Config) -> Result<RankRuntime, ServiceError> {
@@ -295,11 +296,13 @@ impl Service {
         }
         for id in removed {
             self.state.load.lock().remove_worker(&id);
+            self.state.placement.lock().backlog.remove_worker(&id);
             self.state.metrics.forget_worker(&id);
         }
         self.state.load.lock().set_limits(Duration::from_secs(new.routing.load_expiry_secs), new.routing.max_bookings);
         self.state.index.read().set_recovery_blocks(new.routing.recovery_max_blocks);
         self.state.sessions.lock().set_limits(&new.routing);
+        self.state.placement.lock().set_limits(&new.routing);
         if let Some(t) = tokenizer {
             *self.state.tokenizer.write() = Arc::new(t);
         }
@@ -425,6 +428,7 @@ fn apply_scrapes(state: &AppState, cfg: &Config, results: Vec<(String, Result<St
                     m.engine_queries.with_label_values(&[&id]).inc_by(inc);
                     state.engine_totals.queries.fetch_add(inc, Ordering::Relaxed);
                 }
+                w.meter.observe(&sample, Instant::now());
                 w.engine = Some(sample);
                 w.scrape_failures = 0;
                 if !w.healthy {
