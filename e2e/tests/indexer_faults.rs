@@ -92,3 +92,44 @@ async fn ten_clients_with_one_request_id_book_and_release_ten_times() -> anyhow:
     assert_eq!(indexer_metric(&stack, "kvmesh_decisions_total", &[]).await?, 10.0);
     Ok(())
 }
+
+fn tokens_prompt(tokens: &[u32]) -> Value {
+    json!({"model": "deepseek-v4", "prompt": tokens, "max_tokens": 1})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_indexer_restart_a_prefix_older_than_the_replay_buffer_is_learned_back() -> anyhow::Result<()> {
+    // One worker whose replay buffer keeps only 4 batches.
+    let mut spec = StackSpec::aggregate(1);
+    spec.filter_config = json!({"debug_headers": true});
+    spec.sim_args = vec!["--kv-events-buffer-steps".into(), "4".into()];
+    let mut stack = Stack::start(spec).await?;
+    let c = stack.client().clone();
+    let url = stack.gateway("/v1/completions");
+    // A warmed 64-block prefix (block size 16).
+    let prefix: Vec<u32> = (0..1024).map(|i| 1000 + i).collect();
+    let r = post_json(&c, &url, &tokens_prompt(&prefix), &[]).await?;
+    assert_eq!(r.status, 200, "{}", r.text);
+    // Unrelated traffic until the prefix's batch has left the replay buffer.
+    for i in 0..12u32 {
+        let other: Vec<u32> = (0..64).map(|t| 50_000 + i * 100 + t).collect();
+        assert_eq!(post_json(&c, &url, &tokens_prompt(&other), &[]).await?.status, 200);
+    }
+    stack.restart_indexer().await?;
+
+    // Continuations of the prefix: the first is blind (its prefix is unknown after the restart);
+    // the engine stores its new blocks chained to the unknown block 63, and the indexer learns the
+    // chain from the continuation it routed.
+    let mut overlaps = Vec::new();
+    for i in 0..10u32 {
+        let mut tokens = prefix.clone();
+        tokens.extend((0..32).map(|t| 90_000 + i * 100 + t));
+        let r = post_json(&c, &url, &tokens_prompt(&tokens), &[]).await?;
+        assert_eq!(r.status, 200, "{}", r.text);
+        overlaps.push(r.overlap_blocks().unwrap_or(0));
+    }
+    assert_eq!(overlaps[0], 0, "the first continuation is blind after the restart: {overlaps:?}");
+    assert!(overlaps.iter().any(|o| *o >= 64), "overlap never recovered within 10 continuations: {overlaps:?}");
+    assert!(indexer_metric(&stack, "kvmesh_kv_orphan_recovered_total", &[]).await? >= 1.0);
+    Ok(())
+}
