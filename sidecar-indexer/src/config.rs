@@ -97,8 +97,18 @@ fn invalid(
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// `ip:port` of the HTTP API (port 0 = any free port, reported on the `READY` line).
+    /// `ip:port` of the HTTP API (port 0 = any free port, reported on the `READY` line). The API
+    /// has no authentication: keep it on loopback (the filter reaches it there).
     pub listen: String,
+    /// `ip:port` of a second listener serving only `/metrics`, `/healthz` and `/readyz`, for
+    /// scrapers and probes from outside the pod while `listen` stays on loopback; none = no second
+    /// listener.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<String>,
+    /// Serve `/debug/workers` and `/debug/blocks` on `listen`. Default: only when `listen` is a
+    /// loopback address (they dump fleet and index state).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debug_endpoints: Option<bool>,
     pub model: ModelConfig,
     /// Read by the Envoy renderer; accepted and kept, never used by the indexer.
     #[serde(default)]
@@ -497,6 +507,19 @@ impl Config {
         Ok(config)
     }
 
+    /// The metrics listener's address, parsed, if one is configured.
+    pub fn metrics_addr(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        self.metrics_listen
+            .as_deref()
+            .map(|m| m.parse().map_err(|_| invalid("metrics_listen", m, "must be ip:port")))
+            .transpose()
+    }
+
+    /// Whether `/debug/*` is served (see [`Config::debug_endpoints`]).
+    pub fn debug_enabled(&self) -> bool {
+        self.debug_endpoints.unwrap_or_else(|| self.listen_addr().is_ok_and(|a| a.ip().is_loopback()))
+    }
+
     /// The listen address, parsed (validated at load, so this only fails on hand-built configs).
     pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
         self.listen
@@ -506,7 +529,12 @@ impl Config {
 
     /// Checks every value; the first problem is returned.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.listen_addr()?;
+        let api = self.listen_addr()?;
+        if let Some(m) = self.metrics_addr()? {
+            if m.port() != 0 && m == api {
+                return Err(invalid("metrics_listen", m, "must differ from listen"));
+            }
+        }
         let m = &self.model;
         if m.name.trim().is_empty() {
             return Err(invalid("model.name", &m.name, "must not be empty"));

@@ -26,21 +26,35 @@ pub use crate::route::ApiError;
 /// How much later than `routing.request_timeout_ms` the router-wide timeout fires.
 const ROUTE_DEADLINE_MARGIN_MS: u64 = 500;
 
-/// The API router over `state`.
+/// The API router over `state`. `/debug/*` only when [`crate::config::Config::debug_enabled`]
+/// (by default: `listen` is a loopback address), as the config was at start.
 pub fn router(state: Arc<AppState>) -> Router {
     let cfg = state.config();
-    Router::new()
+    let mut api = Router::new()
         .route(ROUTE_PATH, post(route))
         .route(DONE_PATH, post(done))
         .route(FLEET_PATH, get(fleet))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/debug/workers", get(debug_workers))
-        .route("/debug/blocks", get(debug_blocks))
-        .layer(DefaultBodyLimit::max(cfg.routing.max_body_bytes))
+        .route("/readyz", get(readyz));
+    if cfg.debug_enabled() {
+        api = api.route("/debug/workers", get(debug_workers)).route("/debug/blocks", get(debug_blocks));
+    }
+    api.layer(DefaultBodyLimit::max(cfg.routing.max_body_bytes))
         // A backstop for every endpoint; `/v1/route` answers its own deadline first, with a reason.
         .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, Duration::from_millis(cfg.routing.request_timeout_ms + ROUTE_DEADLINE_MARGIN_MS)))
+        .with_state(state)
+}
+
+/// The `metrics_listen` router: `/metrics`, `/healthz`, `/readyz` and nothing else (no `/v1/*`, no
+/// `/debug/*`), for scrapers and probes from outside the pod.
+pub fn metrics_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .layer(DefaultBodyLimit::max(1024))
+        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(10)))
         .with_state(state)
 }
 

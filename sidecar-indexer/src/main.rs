@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use kvmesh_indexer::config::{Config, ProcessEnv};
-use kvmesh_indexer::http::router;
+use kvmesh_indexer::http::{metrics_router, router};
 use kvmesh_indexer::service::Service;
 
 /// The kvmesh sidecar indexer.
@@ -61,18 +61,40 @@ fn main() -> anyhow::Result<()> {
 async fn run(config: Config, path: PathBuf, env: Arc<ProcessEnv>) -> anyhow::Result<()> {
     let addr = config.listen_addr()?;
     let svc = tokio::task::spawn_blocking(move || Service::start(config, Some(path), env)).await??;
+    let metrics_addr = config_metrics_addr(&svc)?;
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
     let local = listener.local_addr()?;
+    // The metrics listener (scrapers, probes) is bound before READY, so READY means both serve.
+    let metrics_listener = match metrics_addr {
+        Some(m) => Some(tokio::net::TcpListener::bind(m).await.with_context(|| format!("binding metrics_listen {m}"))?),
+        None => None,
+    };
+    let metrics_local = metrics_listener.as_ref().map(tokio::net::TcpListener::local_addr).transpose()?;
     {
         let mut out = std::io::stdout().lock();
-        writeln!(out, "READY http={local}")?;
+        match metrics_local {
+            Some(m) => writeln!(out, "READY http={local} metrics={m}")?,
+            None => writeln!(out, "READY http={local}")?,
+        }
         out.flush()?;
     }
-    tracing::info!(http = %local, "serving");
+    tracing::info!(http = %local, metrics = ?metrics_local, debug_endpoints = svc.state.config().debug_enabled(), "serving");
+    if let Some(l) = metrics_listener {
+        let app = metrics_router(svc.state.clone());
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(l, app).await {
+                tracing::error!(error = %e, "metrics listener failed");
+            }
+        });
+    }
     svc.spawn_background();
     axum::serve(listener, router(svc.state.clone())).with_graceful_shutdown(shutdown()).await?;
     tracing::info!("shut down");
     Ok(())
+}
+
+fn config_metrics_addr(svc: &Service) -> anyhow::Result<Option<std::net::SocketAddr>> {
+    Ok(svc.state.config().metrics_addr()?)
 }
 
 async fn shutdown() {

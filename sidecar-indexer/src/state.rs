@@ -405,27 +405,34 @@ impl AppState {
 
     /// `GET /debug/blocks?worker=<id>`: per rank, the blocks the index holds for the worker.
     pub fn debug_blocks(&self, worker: &str) -> Option<Vec<DebugBlocks>> {
-        let fleet = self.fleet.read();
-        let w = fleet.workers.iter().find(|w| w.cfg.id == worker)?;
-        let index = self.index.read();
-        Some(
-            w.ranks
+        // The fleet lock only for the slots; the index read lock only for the copy. Sorting (and
+        // serialising) happens after both are released: a dump must not hold back the index writer
+        // and, behind it on the fair lock, every route lookup.
+        let ranks: Vec<(u32, WorkerSlot)> = {
+            let fleet = self.fleet.read();
+            let w = fleet.workers.iter().find(|w| w.cfg.id == worker)?;
+            w.ranks.iter().map(|r| (r.rank, r.slot)).collect()
+        };
+        let copied: Vec<(u32, Vec<DebugBlock>)> = {
+            let index = self.index.read();
+            ranks
                 .iter()
-                .map(|r| {
-                    let mut blocks: Vec<DebugBlock> = index
-                        .worker_refs(r.slot)
+                .map(|&(rank, slot)| {
+                    let blocks = index
+                        .worker_refs(slot)
                         .into_iter()
-                        .map(|(engine, b)| DebugBlock {
-                            engine_hash: engine,
-                            chain_hash: b.chain.0,
-                            indexed: index.holds(r.slot, b.chain),
-                        })
+                        .map(|(engine, b)| DebugBlock { engine_hash: engine, chain_hash: b.chain.0, indexed: index.holds(slot, b.chain) })
                         .collect();
+                    (rank, blocks)
+                })
+                .collect()
+        };
+        Some(
+            copied
+                .into_iter()
+                .map(|(rank, mut blocks)| {
                     blocks.sort_unstable_by_key(|b| b.engine_hash);
-                    DebugBlocks {
-                        rank: r.rank,
-                        blocks,
-                    }
+                    DebugBlocks { rank, blocks }
                 })
                 .collect(),
         )
