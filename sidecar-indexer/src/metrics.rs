@@ -41,7 +41,6 @@ pub const KV_UNKNOWN_REMOVES_TOTAL: &str = "kvmesh_kv_unknown_removes_total";
 pub const KV_IGNORED_EVENTS_TOTAL: &str = "kvmesh_kv_ignored_events_total";
 pub const KV_EVENT_LAG_SECONDS: &str = "kvmesh_kv_event_lag_seconds";
 pub const KV_EVENT_LIMITS_TOTAL: &str = "kvmesh_kv_event_limits_total";
-pub const KV_EVENT_LIMITS_TOTAL: &str = "kvmesh_kv_event_limits_total";
 pub const INDEX_BLOCKS: &str = "kvmesh_index_blocks";
 pub const INDEX_ENTRIES: &str = "kvmesh_index_entries";
 pub const INDEX_EVICTIONS_TOTAL: &str = "kvmesh_index_evictions_total";
@@ -109,7 +108,6 @@ pub const ALL: &[&str] = &[
     KV_IGNORED_EVENTS_TOTAL,
     KV_EVENT_LAG_SECONDS,
     KV_EVENT_LIMITS_TOTAL,
-    KV_EVENT_LIMITS_TOTAL,
     INDEX_BLOCKS,
     INDEX_ENTRIES,
     INDEX_EVICTIONS_TOTAL,
@@ -144,13 +142,6 @@ pub const ALL: &[&str] = &[
     DISCOVERY_ERRORS_TOTAL,
     DISCOVERY_SYNCED,
 ];
-
-/// `kvmesh_kv_event_limits_total` reasons: a live frame above `event_max_frame_bytes` (the worker is
-/// resynced), a replayed one (the replay fails), a replay above `replay_max_bytes` (fails), and a
-/// listener that had to wait for `event_queue_bytes` (backpressure, nothing lost).
-pub const KV_EVENT_LIMIT_REASONS: [&str; 4] = ["frame_too_large", "replay_frame_too_large", "replay_too_large", "queue_bytes_full"];
-/// `kvmesh_kv_resyncs_total` reasons.
-pub const KV_RESYNC_REASONS: [&str; 5] = ["gap_unrecoverable", "engine_restart", "too_many_blocks", "events_rewired", "frame_too_large"];
 
 /// `kvmesh_kv_event_limits_total` reasons: a live frame above `event_max_frame_bytes` (the worker is
 /// resynced), a replayed one (the replay fails), a replay above `replay_max_bytes` (fails), and a
@@ -209,8 +200,6 @@ pub struct Metrics {
     /// labels: worker, reason (tier, queue_full).
     pub kv_ignored: IntCounterVec,
     pub kv_event_lag: GaugeVec,
-    /// labels: worker, reason ([`KV_EVENT_LIMIT_REASONS`]).
-    pub kv_event_limits: IntCounterVec,
     /// labels: worker, reason ([`KV_EVENT_LIMIT_REASONS`]).
     pub kv_event_limits: IntCounterVec,
     pub index_blocks: IntGauge,
@@ -343,7 +332,6 @@ impl Metrics {
             kv_unknown_removes: counter_vec(&r, KV_UNKNOWN_REMOVES_TOTAL, "Removed block hashes the worker never stored", &["worker"])?,
             kv_ignored: counter_vec(&r, KV_IGNORED_EVENTS_TOTAL, "Events skipped: other tier or cache group, malformed stores", &["worker", "reason"])?,
             kv_event_lag,
-            kv_event_limits: counter_vec(&r, KV_EVENT_LIMITS_TOTAL, "KV event byte limits hit, by reason (frames, replays, queue bytes)", &["worker", "reason"])?,
             kv_event_limits: counter_vec(&r, KV_EVENT_LIMITS_TOTAL, "KV event byte limits hit, by reason (frames, replays, queue bytes)", &["worker", "reason"])?,
             index_blocks: int_gauge(INDEX_BLOCKS, "Distinct blocks in the index")?,
             index_entries: int_gauge(INDEX_ENTRIES, "(block, worker) entries in the index; bounded by routing.index_max_entries")?,
