@@ -154,10 +154,13 @@ def check_k8s():
     check_indexer_toml(idx_path, toml_text)
     listen = re.search(r'^listen\s*=\s*"([^"]+)"', toml_text, re.M)
     port = int(listen.group(1).rsplit(":", 1)[1]) if listen else None
+    metrics = re.search(r'^metrics_listen\s*=\s*"([^"]+)"', toml_text, re.M)
+    metrics_port = int(metrics.group(1).rsplit(":", 1)[1]) if metrics else None
     cluster_port = cluster_endpoint_port(envoy_cfg, "kvmesh_indexer")
     idx_ports = {p["containerPort"] for p in containers["indexer"]["ports"]}
-    if not (port == cluster_port and port in idx_ports):
-        fail(idx_path, f"indexer listens on {port}, Envoy's kvmesh_indexer cluster uses {cluster_port}, container ports {idx_ports}")
+    # The API is loopback-only (envoy/check_exposure.py): the container port is metrics_listen's.
+    if not (port == cluster_port and metrics_port in idx_ports and port not in idx_ports):
+        fail(idx_path, f"indexer listens on {port} (metrics {metrics_port}), Envoy's kvmesh_indexer cluster uses {cluster_port}, container ports {idx_ports}")
     ok("indexer port agrees with Envoy's kvmesh_indexer cluster")
     return toml_text
 
@@ -199,7 +202,8 @@ def check_probes(path, containers):
 
 
 def check_filter_chain(path, cfg):
-    """Buffer before wasm before router, wasm with the flag and FAIL_OPEN."""
+    """Buffer before wasm before router, wasm with the flag and FAIL_RELOAD, and the client's
+    destination header stripped by a header_mutation filter before the wasm filter."""
     for listener in cfg["static_resources"]["listeners"]:
         hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
         names = [f["name"] for f in hcm.get("http_filters", [])]
@@ -209,13 +213,29 @@ def check_filter_chain(path, cfg):
             fail(path, f"http_filters order {names}: want buffer, wasm, …, router")
         wasm = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.wasm")["typed_config"]["config"]
         check_wasm_plugin_config(path, wasm)
+        check_strip_before_wasm(path, hcm["http_filters"])
 
 
 def check_wasm_plugin_config(path, wasm):
     if wasm.get("allow_on_headers_stop_iteration") is not True:
         fail(path, "wasm filter without allow_on_headers_stop_iteration: true")
-    if wasm.get("failure_policy") != "FAIL_OPEN":
-        fail(path, "wasm filter failure_policy must be FAIL_OPEN")
+    if wasm.get("failure_policy") != "FAIL_RELOAD" or "reload_config" not in wasm:
+        fail(path, "wasm filter failure_policy must be FAIL_RELOAD with a reload_config backoff")
+
+
+def check_strip_before_wasm(path, http_filters):
+    """A header_mutation filter before the wasm filter removes x-gateway-destination-endpoint, so
+    a crashed (bypassed or reloading) VM cannot let clients pick hosts."""
+    names = [f["name"] for f in http_filters]
+    if "envoy.filters.http.header_mutation" not in names or "envoy.filters.http.wasm" not in names:
+        fail(path, f"http_filters {names}: no header_mutation strip in front of the wasm filter")
+        return
+    if names.index("envoy.filters.http.header_mutation") > names.index("envoy.filters.http.wasm"):
+        fail(path, f"http_filters {names}: the header_mutation strip must come before the wasm filter")
+    hm = next(f for f in http_filters if f["name"] == "envoy.filters.http.header_mutation")["typed_config"]
+    removed = {m.get("remove") for m in hm.get("mutations", {}).get("request_mutations", [])}
+    if "x-gateway-destination-endpoint" not in removed:
+        fail(path, "the header_mutation filter does not remove x-gateway-destination-endpoint")
 
 
 def cluster_endpoint_port(cfg, name):
@@ -335,8 +355,8 @@ def check_wasmplugin(path, d):
         fail(path, "url must be oci://, http(s):// or file://")
     if "sha256" in spec and not re.match(r"^[a-f0-9]{64}$", spec["sha256"]):
         fail(path, "sha256 must be 64 hex digits")
-    if spec.get("failStrategy") != "FAIL_OPEN":
-        fail(path, "failStrategy must be FAIL_OPEN")
+    if spec.get("failStrategy") != "FAIL_RELOAD":
+        fail(path, "failStrategy must be FAIL_RELOAD")
     if spec.get("phase") not in {"UNSPECIFIED_PHASE", "AUTHN", "AUTHZ", "STATS"}:
         fail(path, f"phase {spec.get('phase')}")
     for m in spec.get("match", []):
@@ -367,7 +387,12 @@ def assemble_gateway(mesh, wasm_typed_config):
     merge = next(p["patch"]["value"] for p in patches if p["applyTo"] == "CLUSTER" and p["patch"]["operation"] == "MERGE")
     added = [p["patch"]["value"] for p in patches if p["applyTo"] == "CLUSTER" and p["patch"]["operation"] == "ADD"]
     listener_merge = next(p["patch"]["value"] for p in patches if p["applyTo"] == "LISTENER")
-    first_filters = [p["patch"]["value"] for p in patches if p["applyTo"] == "HTTP_FILTER"]
+    # Each INSERT_FIRST goes in front of the ones applied before it.
+    first_filters = list(reversed([p["patch"]["value"] for p in patches if p["applyTo"] == "HTTP_FILTER"]))
+    strip = [f for f in first_filters if f["name"] == "envoy.filters.http.header_mutation"]
+    removed = {m.get("remove") for f in strip for m in f["typed_config"].get("mutations", {}).get("request_mutations", [])}
+    if "x-gateway-destination-endpoint" not in removed:
+        fail(os.path.join(ENVOY_DIR, "istio", "envoyfilter-mesh.yaml"), "no header_mutation filter strips x-gateway-destination-endpoint before the wasm filter")
     engines = {
         "name": "outbound|8000||vllm.llm.svc.cluster.local",
         "type": "STATIC",

@@ -51,7 +51,16 @@ pub struct BootstrapVars {
     /// Circuit breaker of cluster `kvmesh_indexer`: connections, pending and active calls
     /// (usually [`DEFAULT_INDEXER_MAX_CONNECTIONS`]).
     pub indexer_max_connections: u32,
+    /// The wasm filter's `failure_policy`: one of [`WASM_FAILURE_POLICIES`] (usually
+    /// [`DEFAULT_WASM_FAILURE_POLICY`]).
+    pub wasm_failure_policy: String,
 }
+
+/// The failure policies the template accepts.
+pub const WASM_FAILURE_POLICIES: [&str; 2] = ["FAIL_RELOAD", "FAIL_OPEN"];
+
+/// Recover a trapped VM (see the template for the trade-off).
+pub const DEFAULT_WASM_FAILURE_POLICY: &str = "FAIL_RELOAD";
 
 /// The default bound on connections (and on pending and active calls) to the indexer.
 pub const DEFAULT_INDEXER_MAX_CONNECTIONS: u32 = 256;
@@ -111,6 +120,9 @@ fn validate(v: &BootstrapVars) -> Result<(), RenderError> {
     if v.max_body_bytes == 0 {
         return Err(bad("max_body_bytes", "0", "must be positive"));
     }
+    if !WASM_FAILURE_POLICIES.contains(&v.wasm_failure_policy.as_str()) {
+        return Err(bad("wasm_failure_policy", &v.wasm_failure_policy, "must be FAIL_RELOAD or FAIL_OPEN"));
+    }
     if v.indexer_max_connections == 0 {
         return Err(bad("indexer_max_connections", "0", "must be positive"));
     }
@@ -146,6 +158,7 @@ mod tests {
             session_header: "x-session-id".into(),
             upstream_timeout_s: 300,
             indexer_max_connections: DEFAULT_INDEXER_MAX_CONNECTIONS,
+            wasm_failure_policy: DEFAULT_WASM_FAILURE_POLICY.into(),
         }
     }
 
@@ -209,7 +222,8 @@ mod tests {
     fn policies_differ_where_they_should() {
         let kvmesh = render_bootstrap(&vars("kvmesh", "/x.wasm")).unwrap();
         assert!(kvmesh.contains("envoy.filters.http.wasm") && kvmesh.contains("envoy.bootstrap.wasm"));
-        assert!(kvmesh.contains("allow_on_headers_stop_iteration: true") && kvmesh.contains("failure_policy: FAIL_OPEN"));
+        assert!(kvmesh.contains("allow_on_headers_stop_iteration: true") && kvmesh.contains("failure_policy: FAIL_RELOAD"));
+        assert!(kvmesh.contains("reload_config:"));
         assert!(kvmesh.contains("override_host") && kvmesh.contains("name: kvmesh_indexer"));
         assert!(kvmesh.contains("max_request_bytes: 8388608"), "the buffer filter enforces the body limit");
         let strip = kvmesh.find("remove: x-gateway-destination-endpoint").expect("the destination header is stripped outside wasm");
@@ -255,6 +269,7 @@ mod tests {
             (|v| v.filter_config_json = "not json".into(), "filter_config_json"),
             (|v| v.max_body_bytes = 0, "max_body_bytes"),
             (|v| v.indexer_max_connections = 0, "indexer_max_connections"),
+            (|v| v.wasm_failure_policy = "FAIL_CLOSED".into(), "wasm_failure_policy"),
         ];
         for (mutate, field) in cases {
             let mut v = vars("kvmesh", "/x.wasm");

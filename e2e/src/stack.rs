@@ -92,6 +92,8 @@ pub struct StackSpec {
     pub engines: crate::vllm::Engines,
     /// Envoy's bound on connections and calls to the indexer (bootstrap `indexer_max_connections`).
     pub indexer_max_connections: u32,
+    /// The wasm filter's `failure_policy` (bootstrap `wasm_failure_policy`).
+    pub wasm_failure_policy: String,
 }
 
 impl StackSpec {
@@ -124,6 +126,7 @@ impl StackSpec {
             work_dir: None,
             engines: crate::vllm::Engines::Sim,
             indexer_max_connections: crate::envoy_config::DEFAULT_INDEXER_MAX_CONNECTIONS,
+            wasm_failure_policy: crate::envoy_config::DEFAULT_WASM_FAILURE_POLICY.to_owned(),
         }
     }
 
@@ -318,6 +321,7 @@ impl Stack {
             session_header: self.spec.session_header.clone(),
             upstream_timeout_s: 300,
             indexer_max_connections: self.spec.indexer_max_connections,
+            wasm_failure_policy: self.spec.wasm_failure_policy.clone(),
         };
         let yaml = render_bootstrap(&vars)?;
         let path = self.dir.join("envoy.yaml");

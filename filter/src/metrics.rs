@@ -48,6 +48,13 @@ pub const TTFT_PREDICTED: &str = "kvmesh_filter_ttft_predicted_milliseconds";
 /// Histogram: actual / predicted TTFT in per-mille (1000 = as predicted): the model's calibration.
 pub const TTFT_RATIO: &str = "kvmesh_filter_ttft_ratio_permille";
 
+/// Envoy's own counter (not defined by the filter) of VM reloads of the wasm filter named `kvmesh`
+/// after a trap (`failure_policy: FAIL_RELOAD`), as `/stats/prometheus` prints it. Read by the
+/// `KvmeshWasmFilterCrashed` alert.
+pub const ENVOY_WASM_VM_RELOAD_SUCCESS: &str = "envoy_wasm_kvmesh_vm_reload_success";
+/// Envoy's counter of failed VM reloads of the filter named `kvmesh` (`KvmeshWasmFilterReloadFailing`).
+pub const ENVOY_WASM_VM_RELOAD_FAILURE: &str = "envoy_wasm_kvmesh_vm_reload_failure";
+
 /// Every base name, for docs and drift tests.
 pub const ALL_NAMES: [&str; 17] = [
     KV_OVERLAP_BLOCKS,

@@ -14,6 +14,10 @@ use crate::decision::MAX_ANSWER_BYTES;
 use crate::effects::{Effect, Next, Step};
 use crate::flow::RequestFlow;
 
+/// Request header that makes a `test-trap` build trap (e2e only).
+#[cfg(feature = "test-trap")]
+pub const TEST_TRAP_HEADER: &str = "x-kvmesh-test-trap";
+
 /// The filter's HTTP context.
 pub struct HttpFilter {
     context_id: u32,
@@ -137,6 +141,11 @@ impl Context for HttpFilter {
 impl HttpContext for HttpFilter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let pairs = io::header_pairs(MapType::HttpRequestHeaders);
+        #[cfg(feature = "test-trap")]
+        if pairs.iter().any(|(name, _)| name == TEST_TRAP_HEADER) {
+            log::warn!("ctx={} {TEST_TRAP_HEADER}: trapping the VM on purpose (test-trap build)", self.context_id);
+            core::arch::wasm32::unreachable();
+        }
         let step = self.flow.on_request_headers(&pairs, end_of_stream, io::now_ns());
         self.run(step)
     }

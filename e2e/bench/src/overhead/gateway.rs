@@ -193,6 +193,7 @@ mod tests {
             session_header: "x-session-id".into(),
             upstream_timeout_s: 300,
             indexer_max_connections: kvmesh_e2e::envoy_config::DEFAULT_INDEXER_MAX_CONNECTIONS,
+            wasm_failure_policy: kvmesh_e2e::envoy_config::DEFAULT_WASM_FAILURE_POLICY.into(),
         }
     }
 

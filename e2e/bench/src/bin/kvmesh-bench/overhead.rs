@@ -118,6 +118,7 @@ async fn swap_envoy(stack: &mut Stack) -> Result<(u16, std::path::PathBuf)> {
         session_header: stack.spec.session_header.clone(),
         upstream_timeout_s: 300,
         indexer_max_connections: kvmesh_e2e::envoy_config::DEFAULT_INDEXER_MAX_CONNECTIONS,
+        wasm_failure_policy: kvmesh_e2e::envoy_config::DEFAULT_WASM_FAILURE_POLICY.into(),
     };
     let rendered: serde_json::Value = serde_yaml::from_str(&render_bootstrap(&vars)?).context("parsing the rendered bootstrap")?;
     let plain_port = free_port()?;
