@@ -10,6 +10,7 @@
 //! Kubernetes-discovered workers ([`crate::discovery`]) reach the fleet through this same reload, as
 //! file config + discovered workers, and a file reload keeps them.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::sync_channel;
@@ -235,8 +236,39 @@ impl Service {
         let _ = self.state.applier.send(ApplierMsg::Configure(applier_config(&new)));
         let (frame, replay, queue) = event_limits(&new);
         self.event_limits.set(frame, replay, queue);
-        // Swap the worker list under the lock (route queries never see an empty fleet); stopping
-        // old listeners blocks, so it happens after the lock is released.
+        // Three steps, so the fleet lock is never held across a blocking send (registering a rank
+        // sends to the applier's bounded queue, which may be full) nor across a listener's stop:
+        // plan under the read lock, build new ranks with no lock held, then swap under the write
+        // lock (route queries never see an empty fleet). Membership changes only here, under
+        // `reload_lock`, so the plan still holds at the swap; health and routability flips made
+        // meanwhile live in the runtimes that are moved over.
+        let rewired: Vec<&WorkerConfig> = {
+            let fleet = self.state.fleet.read();
+            new.workers.iter().filter(|w| fleet.workers.iter().any(|o| o.cfg.id == w.id && (rewire_all || o.cfg.events_differ(w)))).collect()
+        };
+        let added: Vec<&WorkerConfig> = {
+            let fleet = self.state.fleet.read();
+            new.workers.iter().filter(|w| !fleet.workers.iter().any(|o| o.cfg.id == w.id)).collect()
+        };
+        let mut failure = None;
+        let mut fresh_ranks: HashMap<String, Vec<RankRuntime>> = HashMap::new();
+        for w in rewired {
+            match (0..w.dp_ranks).map(|rank| self.add_rank(w, rank, &new)).collect::<Result<Vec<_>, _>>() {
+                Ok(r) => {
+                    fresh_ranks.insert(w.id.clone(), r);
+                }
+                Err(e) => failure = Some(e),
+            }
+        }
+        let mut fresh_workers: HashMap<String, WorkerRuntime> = HashMap::new();
+        for w in added {
+            match self.add_worker(w, &new) {
+                Ok(rt) => {
+                    fresh_workers.insert(w.id.clone(), rt);
+                }
+                Err(e) => failure = Some(e),
+            }
+        }
         let mut retire: Vec<RankRuntime> = Vec::new();
         let mut removed: Vec<String> = Vec::new();
         {
@@ -244,35 +276,29 @@ impl Service {
             let mut old_workers = std::mem::take(&mut fleet.workers);
             let mut next = Vec::with_capacity(new.workers.len());
             let mut changed_membership = false;
-            let mut failure = None;
             for w in &new.workers {
                 let rt = match old_workers.iter().position(|o| o.cfg.id == w.id) {
                     Some(i) => {
                         let mut rt = old_workers.swap_remove(i);
-                        if rewire_all || rt.cfg.events_differ(w) {
+                        if let Some(ranks) = fresh_ranks.remove(&w.id) {
                             tracing::info!(worker = %w.id, "event wiring changed: clearing and re-subscribing");
                             self.state.metrics.kv_resyncs.with_label_values(&[&w.id, "events_rewired"]).inc();
                             retire.append(&mut rt.ranks);
-                            match (0..w.dp_ranks).map(|rank| self.add_rank(w, rank, &new)).collect::<Result<_, _>>() {
-                                Ok(r) => rt.ranks = r,
-                                Err(e) => failure = Some(e),
-                            }
+                            rt.ranks = ranks;
                         }
                         changed_membership |= rt.cfg.endpoint != w.endpoint || rt.cfg.role != w.role;
                         rt.cfg = w.clone();
                         rt
                     }
-                    None => {
-                        tracing::info!(worker = %w.id, endpoint = %w.endpoint, "worker added");
-                        changed_membership = true;
-                        match self.add_worker(w, &new) {
-                            Ok(rt) => rt,
-                            Err(e) => {
-                                failure = Some(e);
-                                continue;
-                            }
+                    None => match fresh_workers.remove(&w.id) {
+                        Some(rt) => {
+                            tracing::info!(worker = %w.id, endpoint = %w.endpoint, "worker added");
+                            changed_membership = true;
+                            rt
                         }
-                    }
+                        // Its listener could not start (`failure`).
+                        None => continue,
+                    },
                 };
                 next.push(rt);
             }
@@ -287,9 +313,16 @@ impl Service {
             if changed_membership {
                 fleet.generation += 1;
             }
-            if let Some(e) = failure {
-                tracing::error!(error = %e, "reload partly applied: a listener could not start");
-            }
+        }
+        if let Some(e) = failure {
+            tracing::error!(error = %e, "reload partly applied: a listener could not start");
+        }
+        // Built for a plan that no longer holds (cannot happen under reload_lock): retire them.
+        for (_, ranks) in fresh_ranks {
+            retire.extend(ranks);
+        }
+        for (_, mut rt) in fresh_workers {
+            retire.append(&mut rt.ranks);
         }
         for r in retire {
             self.retire_rank(r);
