@@ -565,7 +565,7 @@ def iter_panels(panels):
 PROMQL_WORDS = {"sum", "rate", "irate", "increase", "by", "without", "on", "ignoring", "group_left", "group_right",
                 "histogram_quantile", "max", "min", "avg", "count", "topk", "bottomk", "abs", "clamp_min", "clamp_max",
                 "vector", "scalar", "or", "and", "unless", "le", "label_replace", "time", "offset", "bool", "delta",
-                "deriv", "absent", "sort", "sort_desc", "round", "quantile"}
+                "deriv", "absent", "sort", "sort_desc", "round", "quantile", "min_over_time", "max_over_time"}
 
 
 def metric_names(expr):

@@ -5,7 +5,9 @@
 #      Istio patches), Istio CR fields, cross-references, `kvmesh-indexer --check`, the wasm OCI
 #      layout, dashboard and rule metric names;
 #   3. promtool check rules + promtool test rules (check_configs.py also runs promtool check config);
-#   4. `kubectl kustomize envoy/k8s` when kubectl is installed (optional).
+#   4. `kubectl kustomize envoy/k8s` when kubectl is installed (optional);
+#   5. envoy/check_exposure.py: the indexer API is loopback-only in every manifest (and the check
+#      catches each way of breaking that, --self-test).
 # Needs: `make setup` (venv, Envoy, promtool) and `make build` (wasm, kvmesh-indexer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +20,8 @@ command -v promtool >/dev/null || { echo "promtool missing: run make setup" >&2;
 # Kubernetes manifests (not kustomization.yaml, not the strategic-merge patch: neither is a resource).
 manifests=(envoy/k8s/rbac.yaml envoy/k8s/envoy-configmap.yaml envoy/k8s/indexer-configmap.yaml
            envoy/k8s/deployment.yaml envoy/k8s/service.yaml envoy/k8s/pdb.yaml envoy/k8s/networkpolicy.yaml
-           envoy/k8s/example-vllm.yaml envoy/istio/rbac.yaml envoy/istio/indexer-configmap.yaml)
+           envoy/k8s/example-vllm.yaml envoy/istio/rbac.yaml envoy/istio/indexer-configmap.yaml
+           envoy/istio/networkpolicy.yaml)
 for f in envoy/k8s/*.yaml envoy/istio/*.yaml; do
   case " ${manifests[*]} " in *" $f "*) ;; *)
     case "$f" in envoy/k8s/kustomization.yaml|envoy/istio/gateway-indexer-patch.yaml|envoy/istio/envoyfilter-*.yaml|envoy/istio/wasmplugin.yaml) ;;
@@ -31,6 +34,9 @@ for k in 1.30.0 1.37.0; do
 done
 
 "$VENV/bin/python" envoy/check_configs.py
+# The indexer's API (/v1/*, no authentication) must not be reachable beyond its pod.
+"$VENV/bin/python" envoy/check_exposure.py
+"$VENV/bin/python" envoy/check_exposure.py --self-test
 
 promtool check rules envoy/prometheus/kvmesh-rules.yaml
 promtool test rules envoy/prometheus/kvmesh-rules.test.yaml

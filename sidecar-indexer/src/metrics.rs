@@ -69,6 +69,11 @@ pub const MIGRATION_HANDSHAKE_DURATION_SECONDS: &str = "kvmesh_migration_handsha
 pub const LOCAL_CONTINUATIONS_TOTAL: &str = "kvmesh_local_continuations_total";
 pub const SESSIONS_TRACKED: &str = "kvmesh_sessions_tracked";
 
+// Exported by the prometheus crate's process collector (Linux), not declared by us: named here for
+// the rules that watch them (envoy/prometheus/kvmesh-rules.yaml) and the tests. Not in [`ALL`].
+pub const PROCESS_RESIDENT_MEMORY_BYTES: &str = "process_resident_memory_bytes";
+pub const PROCESS_START_TIME_SECONDS: &str = "process_start_time_seconds";
+
 // Kubernetes discovery (discovery.rs): see [`DiscoveryMetrics`].
 pub const DISCOVERY_UPDATES_TOTAL: &str = "kvmesh_discovery_updates_total";
 pub const DISCOVERY_CHANGES_TOTAL: &str = "kvmesh_discovery_changes_total";
