@@ -25,7 +25,7 @@ use kvmesh_e2e::procs::repo_root;
 use kvmesh_e2e::stack::Stack;
 use kvmesh_e2e::vllm::{VllmOptions, MODEL_NAME};
 use serde_json::{json, Value};
-use vllm_common::{awkward_conversation, awkward_text, index_view, settle, start, usage, EventWatch, Rng, BLOCK};
+use vllm_common::{awkward_conversation, awkward_text, index_overlap, index_view, settle, start, usage, EventWatch, Rng, BLOCK};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kvmesh_on_real_vllm_engines() -> anyhow::Result<()> {
@@ -261,28 +261,30 @@ async fn engine_killed_and_restarted(stack: &mut Stack) -> anyhow::Result<()> {
     poll::until("the indexer sees w1 healthy again", || async { index_view(stack, "w1").await.ok().filter(|v| v.healthy) }).await?;
     let stale = index_view(stack, "w1").await?;
     let watch = EventWatch::start(stack.workers[1].kv_events.as_deref().unwrap_or_default())?;
-    // The restarted engine's stream starts again at sequence 0: its first batch tells the indexer
-    // the engine restarted, and the old blocks go (resync "engine_restart").
-    let first = post_json(stack.client(), &url, &body, &[(headers::DEFAULT_SESSION_HEADER, &session)]).await?;
-    assert_eq!((first.status, first.header(headers::DEBUG_WORKER)), (200, Some("w1")), "the session returns to w1: {}", first.text);
-    let (_, first_cached) = usage(&first.json()).unwrap_or_default();
-    eprintln!(
-        "w1 restarted: index held {} stale blocks; first request predicted {} tokens cached, the new engine had {first_cached}",
-        stale.blocks_held,
-        first.overlap_blocks().unwrap_or(0) * BLOCK
-    );
+    // Until the restarted engine publishes, the index still holds its old blocks (nothing tells
+    // the indexer the cache is empty): the prediction for the old prompt on w1 is stale.
+    let stale_overlap = index_overlap(stack, "w1", "/v1/chat/completions", &body).await.ok();
+    let fresh_body =
+        json!({"model": MODEL_NAME, "messages": [{"role": "user", "content": format!("after the restart: {}", "fresh ".repeat(300))}], "max_tokens": 4});
+    // Its first batch (sequence 0 again) tells the indexer the engine restarted: the old blocks go
+    // (resync "engine_restart") and the new stream's come in.
+    let first = post_json(stack.client(), &stack.workers[1].url("/v1/chat/completions"), &fresh_body, &[]).await?;
+    assert_eq!(first.status, 200, "{}", first.text);
     let fresh = poll::until("w1's old blocks replaced by its new stream's", || async {
         index_view(stack, "w1").await.ok().filter(|v| v.resyncs > stale.resyncs && v.blocks_held > 0 && v.last_seq < stale.last_seq)
     })
     .await?;
-    eprintln!("w1 back: old blocks dropped (resyncs {} -> {}), {} blocks from its new event stream", stale.resyncs, fresh.resyncs, fresh.blocks_held);
+    eprintln!(
+        "w1 restarted: {} stale blocks until its first batch (probe overlap {stale_overlap:?}); then resyncs {} -> {}, {} blocks from its new event stream",
+        stale.blocks_held, stale.resyncs, fresh.resyncs, fresh.blocks_held
+    );
     assert!(fresh.blocks_held < stale.blocks_held, "only the new engine's blocks remain");
-    // And the index is calibrated again: the same request now hits what the new engine cached.
+    // And the index is calibrated again: the fresh prompt goes to w1, predicted == cached.
     settle(stack, &[("w1", &watch)]).await?;
-    let again = post_json(stack.client(), &url, &body, &[(headers::DEFAULT_SESSION_HEADER, &session)]).await?;
+    let again = post_json(stack.client(), &url, &fresh_body, &[(headers::DEFAULT_SESSION_HEADER, "after-restart")]).await?;
     let (_, cached) = usage(&again.json()).unwrap_or_default();
     let predicted = again.overlap_blocks().unwrap_or(u64::MAX) * BLOCK;
-    eprintln!("w1 after restart: predicted {predicted}, cached {cached}");
+    eprintln!("w1 after restart: decision {:?}, predicted {predicted}, cached {cached}", again.header(headers::DEBUG_WORKER));
     assert_eq!((again.header(headers::DEBUG_WORKER), predicted), (Some("w1"), cached));
     assert!(cached > 0);
     Ok(())

@@ -13,32 +13,13 @@ mod vllm_common;
 
 use std::collections::BTreeSet;
 
-use kvmesh_core::api::{RouteDecision, ROUTE_PATH};
 use kvmesh_core::headers;
 use kvmesh_e2e::client::post_json;
-use kvmesh_e2e::stack::Stack;
 use kvmesh_e2e::vllm::{VllmOptions, MODEL_NAME};
 use serde_json::{json, Value};
-use vllm_common::{index_view, settle, start, usage, EventWatch, Rng, BLOCK};
+use vllm_common::{index_overlap, index_view, settle, start, usage, EventWatch, Rng, BLOCK};
 
 const CACHE_BLOCKS: u32 = 96;
-
-/// The index's overlap for `worker` on a token-id prompt (a route call with an operator override).
-async fn index_overlap(stack: &Stack, worker: &str, body: &Value) -> anyhow::Result<u64> {
-    let r = stack
-        .client()
-        .post(stack.indexer_url(ROUTE_PATH))
-        .header(headers::KVMESH_PATH, "/v1/completions")
-        .header(headers::OVERRIDE_WORKER, worker)
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(body)?)
-        .send()
-        .await?;
-    anyhow::ensure!(r.status().is_success(), "route call failed: {}", r.text().await.unwrap_or_default());
-    let d: RouteDecision = r.json().await?;
-    anyhow::ensure!(d.worker == worker, "override ignored: {d:?}");
-    Ok(u64::from(d.overlap_blocks))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_index_matches_evicting_real_engines() -> anyhow::Result<()> {
@@ -103,7 +84,7 @@ async fn the_index_matches_evicting_real_engines() -> anyhow::Result<()> {
             prompt.push(999); // one more token: the whole chain can hit (the last token is computed)
             let body = json!({"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1});
             settle(&stack, &watch_refs).await?;
-            let predicted = index_overlap(&stack, &w.id, &body).await?;
+            let predicted = index_overlap(&stack, &w.id, "/v1/completions", &body).await?;
             let r = post_json(stack.client(), &w.url("/v1/completions"), &body, &[]).await?;
             anyhow::ensure!(r.status == 200, "{} {}", r.status, r.text);
             let (_, cached) = usage(&r.json()).unwrap_or_default();

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use kvmesh_core::api::{DoneReport, Outcome, RouteDecision, DONE_PATH, ROUTE_PATH};
+use kvmesh_core::headers;
 use kvmesh_e2e::stack::{Stack, StackSpec};
 use kvmesh_e2e::vllm::{Engines, VllmOptions};
 use serde_json::{json, Value};
@@ -55,6 +57,26 @@ pub async fn index_view(stack: &Stack, id: &str) -> anyhow::Result<IndexView> {
         replays: n(&r["replays"]),
         resyncs: n(&r["resyncs"]),
     })
+}
+
+/// The index's overlap for `worker` on a request to `path` (a route call with an operator override).
+pub async fn index_overlap(stack: &Stack, worker: &str, path: &str, body: &Value) -> anyhow::Result<u64> {
+    let r = stack
+        .client()
+        .post(stack.indexer_url(ROUTE_PATH))
+        .header(headers::KVMESH_PATH, path)
+        .header(headers::OVERRIDE_WORKER, worker)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(body)?)
+        .send()
+        .await?;
+    anyhow::ensure!(r.status().is_success(), "route call failed: {}", r.text().await.unwrap_or_default());
+    let d: RouteDecision = r.json().await?;
+    anyhow::ensure!(d.worker == worker, "override ignored: {d:?}");
+    // Nothing is sent for this decision: release the load it booked.
+    let done = DoneReport { request_id: "probe".into(), endpoint: None, outcome: Outcome::Aborted, status: None, booking_id: d.booking_id.clone() };
+    stack.client().post(stack.indexer_url(DONE_PATH)).json(&done).send().await?;
+    Ok(u64::from(d.overlap_blocks))
 }
 
 /// A SUB socket on one engine's PUB endpoint, on its own thread: the last sequence number the
