@@ -328,6 +328,9 @@ impl Stack {
         std::fs::write(&path, yaml)?;
         let mut cmd = Command::new(envoy);
         cmd.arg("-c").arg(&path).args(["--disable-hot-restart", "--concurrency", "2", "-l", "info"]);
+        // A drain (see `drain_envoy`) asks every connection to close at once and stops accepting
+        // after ENVOY_DRAIN_TIME_S.
+        cmd.args(["--drain-strategy", "immediate", "--drain-time-s", &ENVOY_DRAIN_TIME_S.to_string()]);
         cmd.arg("--log-path").arg(self.dir.join("envoy-access.log"));
         self.envoy = Some(Proc::spawn("envoy", cmd, &self.dir)?);
         let ready = format!("http://127.0.0.1:{}/ready", self.admin_port);
@@ -350,6 +353,29 @@ impl Stack {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         Ok(())
+    }
+
+    /// Stops Envoy the way a rollout should, and the way `kvmesh-stack` does on SIGTERM: a
+    /// graceful listener drain (connections are asked to close, listeners stop accepting after
+    /// [`ENVOY_DRAIN_TIME_S`]), then waiting until no downstream request is active — in-flight
+    /// streams finish — for at most `bound`, then SIGTERM. Returns the requests still active
+    /// when it gave up waiting (0 = a clean drain).
+    pub async fn drain_envoy(&mut self, bound: Duration) -> anyhow::Result<u64> {
+        let Some(mut envoy) = self.envoy.take() else { return Ok(0) };
+        self.http.post(self.admin("/drain_listeners?graceful")).send().await?.error_for_status()?;
+        let active_url = self.admin("/stats?filter=^http\\.kvmesh\\.downstream_rq_active$");
+        let deadline = std::time::Instant::now() + bound;
+        let active = loop {
+            let text = self.http.get(&active_url).send().await?.text().await?;
+            let active: u64 = text.lines().find_map(|l| l.split_once(": ")?.1.trim().parse().ok()).unwrap_or(0);
+            if active == 0 || std::time::Instant::now() >= deadline {
+                break active;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        tracing::info!(active, "envoy drained; stopping it");
+        envoy.terminate(Duration::from_secs(5));
+        Ok(active)
     }
 
     /// The filter's plugin configuration (see [`StackSpec::filter_config_json`]).
@@ -452,6 +478,9 @@ fn start_sims(spec: &StackSpec, dir: &Path) -> anyhow::Result<Vec<Worker>> {
     }
     Ok(workers)
 }
+
+/// Envoy's `--drain-time-s` in stacks: how long a draining listener still accepts connections.
+pub const ENVOY_DRAIN_TIME_S: u64 = 2;
 
 /// The fleet file the indexer reads: one description for the indexer and the Envoy bootstrap.
 pub fn fleet_toml(spec: &StackSpec, workers: &[&Worker], gateway_port: u16, admin_port: u16, indexer_port: u16) -> String {

@@ -166,9 +166,20 @@ async fn main() -> anyhow::Result<()> {
     if let Some(prom) = prom {
         prom.stop(std::time::Duration::from_secs(5));
     }
+    // A rollout must not cut streams: drain Envoy (bounded) before stopping the rest.
+    let mut stack = stack;
+    match stack.drain_envoy(std::time::Duration::from_secs(DRAIN_BOUND_S)).await {
+        Ok(0) => println!("envoy drained"),
+        Ok(active) => println!("envoy stopped after {DRAIN_BOUND_S} s with {active} requests still active"),
+        Err(e) => println!("envoy drain failed ({e}); stopping it"),
+    }
     drop(stack);
     Ok(())
 }
+
+/// Longest wait for in-flight requests when stopping on SIGTERM / Ctrl-C (Kubernetes gives the
+/// gateway pod 45 s; its preStop drains for 25 s).
+const DRAIN_BOUND_S: u64 = 30;
 
 /// The operator's queries, each as PromQL (for the web UI) and as a `curl` against the HTTP API.
 fn print_queries(prom: &Prometheus) {
