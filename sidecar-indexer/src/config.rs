@@ -1006,6 +1006,35 @@ endpoint = "127.0.0.1:8200"
     }
 
     #[test]
+    fn placement_knobs_are_validated_and_superseded_ones_warn() {
+        let base = "listen = \"127.0.0.1:9100\"\n[model]\nname = \"m\"\nblock_size = 16\n[routing]\n";
+        let load = |routing: &str| Config::from_toml_str(&format!("{base}{routing}\n"), &env([]));
+        // (routing lines, the field refused)
+        let refused = [
+            ("prefill_tokens_per_s = 0.0", "routing.prefill_tokens_per_s"),
+            ("prefill_tokens_per_s = 50.0", "routing.prefill_tokens_per_s"), // below the clamp's minimum
+            ("prefill_tokens_per_s_max = 1000.0", "routing.prefill_tokens_per_s"),
+            ("session_move_margin_ms = -1.0", "routing.session_move_margin_ms"),
+            ("near_tie_fraction = inf", "routing.near_tie_fraction"),
+            ("prefill_chunk_tokens = 0", "routing.prefill_chunk_tokens"),
+            ("speculative_max_blocks_per_worker = 0", "routing.speculative_max_blocks_per_worker"),
+        ];
+        for (routing, want) in refused {
+            match load(routing) {
+                Err(ConfigError::InvalidValue { field, .. }) => assert_eq!(field, want, "{routing}"),
+                other => panic!("{routing}: expected InvalidValue, got {other:?}"),
+            }
+        }
+        let c = load("speculative_ttl_ms = 0\nsession_placement = \"rendezvous\"").unwrap();
+        assert_eq!((c.routing.speculative_ttl_ms, c.routing.session_placement), (0, SessionPlacement::Rendezvous));
+        assert!(c.warnings().is_empty());
+        assert_eq!(load("").unwrap().routing.session_placement, SessionPlacement::Predicted);
+        let old = load("session_placement = \"sticky\"\noverlap_credit = 2.0").unwrap();
+        assert_eq!(old.warnings().len(), 2, "{:?}", old.warnings());
+        assert!(old.warnings()[0].contains("deprecated"), "{:?}", old.warnings());
+    }
+
+    #[test]
     fn invalid_values_are_refused_with_field_and_reason() {
         let cases: &[(&str, &str, &str)] = &[
             ("block_size = 16", "block_size = 0", "model.block_size"),

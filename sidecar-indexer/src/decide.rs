@@ -613,15 +613,18 @@ pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
     } else if max_cached == 0 {
         "nothing cached".to_owned()
     } else if s.w.cached_blocks() == max_cached {
-        format!("best overlap {}/{isl} blocks", s.w.overlap_blocks)
+        format!("best overlap {}/{isl} blocks", s.w.cached_blocks())
     } else {
         format!(
             "overlap {}/{isl} blocks (best elsewhere {max_cached})",
-            s.w.overlap_blocks
+            s.w.cached_blocks()
         )
     };
     let spec = if s.w.speculative_blocks > s.w.overlap_blocks {
-        format!(" ({} speculative)", s.w.speculative_blocks)
+        format!(
+            " (+{} speculative)",
+            s.w.speculative_blocks - s.w.overlap_blocks
+        )
     } else {
         String::new()
     };

@@ -546,7 +546,12 @@ fn decision_carries_best_overlap_block_counts_and_speculation_apart() {
         (2, 8),
         "speculation is never index overlap"
     );
-    assert!(plan.reason.contains("(10 speculative)"), "{}", plan.reason);
+    assert!(
+        plan.reason
+            .contains("overlap 10/40 blocks (best elsewhere 30) (+8 speculative)"),
+        "{}",
+        plan.reason
+    );
     let d = plan.into_decision();
     assert_eq!(d.best_overlap_worker.as_deref(), Some("w1"));
     assert_eq!(d.best_overlap_blocks, 30);

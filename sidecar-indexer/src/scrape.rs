@@ -125,9 +125,10 @@ impl CounterMirror {
 struct Delta {
     /// Prompt tokens computed (prompt − prefix-cache hits).
     tokens: f64,
-    /// Time the engine spent prefilling them: the summed per-request prefill time, at most the
-    /// wall time between the scrapes (overlapping prefills of one batch are not counted twice).
+    /// The summed per-request prefill time of the requests those tokens belong to.
     busy_s: f64,
+    /// Wall time between the two scrapes (0 when the interval measured nothing).
+    wall_s: f64,
     itl_sum: f64,
     itl_count: f64,
 }
@@ -137,8 +138,10 @@ struct Delta {
 /// Throughput = Σ computed prompt tokens / Σ prefill busy time over the last `WINDOW` scrapes, where
 /// computed tokens = Δ`vllm:request_prefill_kv_computed_tokens_sum` (else Δ`vllm:prompt_tokens_total`
 /// − Δ`vllm:prompt_tokens_cached_total`, else − Δ`vllm:prefix_cache_hits_total`) and busy time =
-/// min(wall time, Δ`vllm:request_prefill_time_seconds_sum`) per scrape interval (or, for engines
-/// without that histogram, Δ`time_to_first_token` − Δ`request_queue_time`). It is trusted once the
+/// min(Σ wall time, Σ Δ`vllm:request_prefill_time_seconds_sum`) over the window (or, for engines
+/// without that histogram, Δ`time_to_first_token` − Δ`request_queue_time`): overlapping prefills
+/// of one batch are not counted twice, and a request whose prefill straddles scrapes (its time is
+/// recorded at once) is not cut. It is trusted once the
 /// window holds `min_tokens` computed tokens. The per-request prefill time of requests batched
 /// together overlaps, so with concurrent prefills below saturation it under-reads the rate (by at
 /// most the prefill concurrency); at saturation the wall-time bound makes it exact. vLLM records
@@ -148,14 +151,21 @@ struct Delta {
 pub struct PrefillMeter {
     last: Option<(EngineSample, Instant)>,
     window: VecDeque<Delta>,
+    /// The last trusted measurements: kept while the window holds too little (an idle engine).
+    rate: Option<f64>,
+    step: Option<f64>,
 }
+
+/// Decode tokens the window must hold before its mean inter-token latency is trusted.
+pub const MIN_ITL_SAMPLES: f64 = 64.0;
 
 /// Scrape intervals the meter averages over (16 × the 500 ms default: 8 s).
 const WINDOW: usize = 16;
 
 impl PrefillMeter {
-    /// Takes one scrape's sample.
-    pub fn observe(&mut self, s: &EngineSample, now: Instant) {
+    /// Takes one scrape's sample; the throughput is trusted once the window holds `min_tokens`
+    /// computed tokens, and then kept until a newer window qualifies.
+    pub fn observe(&mut self, s: &EngineSample, now: Instant, min_tokens: f64) {
         if let Some((prev, at)) = self.last.replace((*s, now)) {
             let inc = |new: Option<f64>, old: Option<f64>| match (new, old) {
                 (Some(n), Some(o)) if n >= o => Some(n - o),
@@ -182,8 +192,7 @@ impl PrefillMeter {
             });
             let mut d = Delta::default();
             if let (Some(tokens), Some(busy)) = (computed, busy) {
-                d.tokens = tokens;
-                d.busy_s = busy.min(wall);
+                (d.tokens, d.busy_s, d.wall_s) = (tokens, busy, wall);
             }
             if let (Some(sum), Some(count)) = (
                 inc(s.itl_sum, prev.itl_sum),
@@ -195,19 +204,37 @@ impl PrefillMeter {
             while self.window.len() > WINDOW {
                 self.window.pop_front();
             }
+            if let Some(r) = self.window_rate(min_tokens) {
+                self.rate = Some(r);
+            }
+            if let Some(t) = self.window_step(MIN_ITL_SAMPLES) {
+                self.step = Some(t);
+            }
         }
     }
 
-    /// Measured prefill tokens per second, once the window holds at least `min_tokens` computed
-    /// tokens with some busy time.
-    pub fn prefill_tokens_per_s(&self, min_tokens: f64) -> Option<f64> {
+    /// Measured prefill tokens per second (the last window that held enough), if any.
+    pub fn prefill_tokens_per_s(&self) -> Option<f64> {
+        self.rate
+    }
+
+    /// Measured mean inter-token latency in seconds (the last window that held enough), if any.
+    pub fn decode_step_s(&self) -> Option<f64> {
+        self.step
+    }
+
+    /// The window's prefill tokens per second, when it holds at least `min_tokens` computed tokens
+    /// with some busy time.
+    fn window_rate(&self, min_tokens: f64) -> Option<f64> {
         let tokens: f64 = self.window.iter().map(|d| d.tokens).sum();
         let busy: f64 = self.window.iter().map(|d| d.busy_s).sum();
+        let wall: f64 = self.window.iter().map(|d| d.wall_s).sum();
+        let busy = busy.min(wall);
         (tokens >= min_tokens.max(1.0) && busy > 0.0).then(|| tokens / busy)
     }
 
-    /// Measured mean inter-token latency (seconds), once the window holds `min_tokens` decode tokens.
-    pub fn decode_step_s(&self, min_tokens: f64) -> Option<f64> {
+    /// The window's mean inter-token latency (seconds), when it holds `min_tokens` decode tokens.
+    fn window_step(&self, min_tokens: f64) -> Option<f64> {
         let count: f64 = self.window.iter().map(|d| d.itl_count).sum();
         let sum: f64 = self.window.iter().map(|d| d.itl_sum).sum();
         (count >= min_tokens.max(1.0)).then(|| sum / count)
@@ -298,36 +325,71 @@ vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum
         let t0 = Instant::now();
         let at = |ms| t0 + std::time::Duration::from_millis(ms);
         let mut m = PrefillMeter::default();
-        m.observe(&sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)), at(0));
-        assert_eq!(
-            m.prefill_tokens_per_s(1.0),
-            None,
-            "one sample is no interval"
+        m.observe(
+            &sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)),
+            at(0),
+            1.0,
         );
+        assert_eq!(m.window_rate(1.0), None, "one sample is no interval");
         // 12k prompt tokens, 2k of them cached: 10k computed in 0.4 s of prefill.
         m.observe(
             &sample(12_000.0, 2_000.0, Some(0.4), 9.0, 9.0, (1.0, 50.0)),
             at(500),
+            1.0,
         );
-        assert_eq!(
-            m.prefill_tokens_per_s(20_000.0),
-            None,
-            "not enough measured yet"
-        );
-        assert_eq!(m.prefill_tokens_per_s(4096.0), Some(25_000.0));
-        assert_eq!(m.decode_step_s(16.0), Some(0.02));
-        // Overlapping prefills (sum 3 s in a 0.5 s interval) are bounded by the wall time.
+        assert_eq!(m.window_rate(20_000.0), None, "not enough measured yet");
+        assert_eq!(m.window_rate(4096.0), Some(25_000.0));
+        assert_eq!(m.window_step(16.0), Some(0.02));
+        // Overlapping prefills (sum 3.4 s in 1 s of wall time) are bounded by the wall time.
         m.observe(
             &sample(22_000.0, 2_000.0, Some(3.4), 9.0, 9.0, (1.0, 50.0)),
             at(1000),
+            1.0,
         );
-        assert_eq!(m.prefill_tokens_per_s(1.0), Some(20_000.0 / 0.9));
+        assert_eq!(m.window_rate(1.0), Some(20_000.0));
         // A reset (engine restart) says nothing for that interval.
         m.observe(
             &sample(10.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)),
             at(1500),
+            1.0,
         );
-        assert_eq!(m.prefill_tokens_per_s(1.0), Some(20_000.0 / 0.9));
+        assert_eq!(m.window_rate(1.0), Some(20_000.0));
+    }
+
+    #[test]
+    fn a_prefill_straddling_scrapes_is_not_cut() {
+        // 1500 tokens prefilled in 0.3 s, recorded in the second of two 0.2 s intervals.
+        let t0 = Instant::now();
+        let at = |ms| t0 + std::time::Duration::from_millis(ms);
+        let mut m = PrefillMeter::default();
+        m.observe(
+            &sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)),
+            at(0),
+            1.0,
+        );
+        m.observe(
+            &sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)),
+            at(200),
+            1.0,
+        );
+        m.observe(
+            &sample(1500.0, 0.0, Some(0.3), 0.0, 0.0, (0.0, 0.0)),
+            at(400),
+            1.0,
+        );
+        assert_eq!(m.window_rate(1.0), Some(5000.0));
+        // Idle scrapes push the measurement out of the window; the last trusted one stays.
+        for k in 3..40 {
+            m.observe(
+                &sample(1500.0, 0.0, Some(0.3), 0.0, 0.0, (0.0, 0.0)),
+                at(200 * k),
+                1000.0,
+            );
+        }
+        assert_eq!(
+            (m.window_rate(1000.0), m.prefill_tokens_per_s()),
+            (None, Some(5000.0))
+        );
     }
 
     #[test]
@@ -340,33 +402,30 @@ vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum
         let mut b = sample(9_000.0, 9_000.0, Some(0.3), 0.0, 0.0, (0.0, 0.0));
         b.kv_computed_sum = Some(6_000.0);
         b.prompt_tokens_cached = Some(1_000.0);
-        m.observe(&a, t0);
-        m.observe(&b, t0 + std::time::Duration::from_secs(1));
-        assert_eq!(m.prefill_tokens_per_s(1.0), Some(20_000.0));
+        m.observe(&a, t0, 1.0);
+        m.observe(&b, t0 + std::time::Duration::from_secs(1), 1.0);
+        assert_eq!(m.window_rate(1.0), Some(20_000.0));
         b.kv_computed_sum = None;
         let mut m = PrefillMeter::default();
         a.kv_computed_sum = None;
-        m.observe(&a, t0);
-        m.observe(&b, t0 + std::time::Duration::from_secs(1));
-        assert_eq!(
-            m.prefill_tokens_per_s(1.0),
-            Some(8_000.0 / 0.3),
-            "prompt − cached"
-        );
+        m.observe(&a, t0, 1.0);
+        m.observe(&b, t0 + std::time::Duration::from_secs(1), 1.0);
+        assert_eq!(m.window_rate(1.0), Some(8_000.0 / 0.3), "prompt − cached");
     }
 
     #[test]
     fn meter_falls_back_to_ttft_minus_queue_time() {
         let t0 = Instant::now();
         let mut m = PrefillMeter::default();
-        m.observe(&sample(0.0, 0.0, None, 1.0, 0.5, (0.0, 0.0)), t0);
+        m.observe(&sample(0.0, 0.0, None, 1.0, 0.5, (0.0, 0.0)), t0, 1.0);
         m.observe(
             &sample(8_000.0, 0.0, None, 1.6, 0.7, (0.0, 0.0)),
             t0 + std::time::Duration::from_secs(1),
+            1.0,
         );
-        let tps = m.prefill_tokens_per_s(1.0).unwrap();
+        let tps = m.window_rate(1.0).unwrap();
         assert!((tps - 20_000.0).abs() < 1e-6, "{tps}");
-        assert_eq!(m.decode_step_s(1.0), None);
+        assert_eq!(m.window_step(1.0), None);
     }
 
     #[test]

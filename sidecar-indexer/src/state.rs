@@ -65,7 +65,7 @@ impl WorkerRuntime {
     /// Prefill tokens/s the model uses: measured (clamped), else the configured default.
     pub fn prefill_tokens_per_s(&self, r: &RoutingConfig) -> f64 {
         self.meter
-            .prefill_tokens_per_s(r.prefill_measure_min_tokens as f64)
+            .prefill_tokens_per_s()
             .map_or(r.prefill_tokens_per_s, |t| {
                 t.clamp(r.prefill_tokens_per_s_min, r.prefill_tokens_per_s_max)
             })
@@ -74,13 +74,10 @@ impl WorkerRuntime {
     /// Decode part of a step, seconds: the measured inter-token latency, else the configured one.
     pub fn decode_step_s(&self, r: &RoutingConfig) -> f64 {
         self.meter
-            .decode_step_s(MIN_ITL_SAMPLES)
+            .decode_step_s()
             .unwrap_or(r.decode_step_ms / 1000.0)
     }
 }
-
-/// Decode tokens the ITL window must hold before the measured step time replaces `decode_step_ms`.
-const MIN_ITL_SAMPLES: f64 = 64.0;
 
 /// Requests tracked per worker in the prefill backlog model (the oldest dropped beyond it).
 pub const BACKLOG_MAX_PER_WORKER: usize = 4096;
@@ -421,7 +418,11 @@ impl AppState {
                     let blocks = index
                         .worker_refs(slot)
                         .into_iter()
-                        .map(|(engine, b)| DebugBlock { engine_hash: engine, chain_hash: b.chain.0, indexed: index.holds(slot, b.chain) })
+                        .map(|(engine, b)| DebugBlock {
+                            engine_hash: engine,
+                            chain_hash: b.chain.0,
+                            indexed: index.holds(slot, b.chain),
+                        })
                         .collect();
                     (rank, blocks)
                 })
