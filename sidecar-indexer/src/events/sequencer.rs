@@ -53,6 +53,10 @@ impl Sequencer {
         let next = self.next();
         if seq == next {
             self.next = Some(seq.saturating_add(1));
+            // Live batches caught up past the replay: from now on an older number is a restart.
+            if self.replayed_through.is_some_and(|r| seq > r) {
+                self.replayed_through = None;
+            }
             return Verdict::Apply;
         }
         if seq > next {
@@ -137,6 +141,18 @@ mod tests {
         s.on_live(101);
         s.skip_to(200);
         assert_eq!(s.on_live(5), Verdict::Restart { seq: 5 });
+    }
+
+    #[test]
+    fn a_restart_after_the_start_up_replay_caught_up_is_detected() {
+        // Seen on a real vLLM killed and restarted: the start-up replay delivered 0..=25, live
+        // batches went on from 26; the new engine's 0, 1, … are a restart, not replay copies.
+        let mut s = Sequencer::new();
+        s.replayed(Some(25));
+        assert_eq!(s.on_live(25), Verdict::Duplicate);
+        assert_eq!(s.on_live(26), Verdict::Apply);
+        assert_eq!(s.on_live(0), Verdict::Restart { seq: 0 });
+        assert_eq!(s.on_live(1), Verdict::Apply);
     }
 
     #[test]
