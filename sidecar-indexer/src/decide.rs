@@ -554,8 +554,10 @@ fn near(t: f64, min: f64, cfg: &RoutingConfig) -> bool {
     t - min <= (cfg.near_tie_ms / 1000.0).max(cfg.near_tie_fraction * min) + 1e-12
 }
 
-/// Picks the fastest of `set` (non-empty; `isl` = the prompt's full blocks, for the reason): a random one within the near-tie band, or sampled with
-/// `temperature > 0`; returns it, a reason and the runner-up (`; next w2 12.0 ms`, or empty).
+/// Picks the fastest of `set` (non-empty; `isl` = the prompt's full blocks, for the reason): a
+/// random one within the near-tie band (those with the most index overlap among them: engine
+/// truth beats speculation), or sampled with `temperature > 0`; returns it, a reason and the
+/// runner-up (`; next w2 12.0 ms`, or empty).
 pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
     set: &[Scored<'v, 'a>],
     isl: u32,
@@ -583,8 +585,18 @@ pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
         }
         chosen
     } else {
-        let tied: Vec<usize> = (0..times.len())
+        let near_set: Vec<usize> = (0..times.len())
             .filter(|&i| near(times[i], min, cfg))
+            .collect();
+        // Among near ties, engine truth beats speculation: the most index overlap first.
+        let truth = near_set
+            .iter()
+            .map(|&i| set[i].w.overlap_blocks)
+            .max()
+            .unwrap_or(0);
+        let tied: Vec<usize> = near_set
+            .into_iter()
+            .filter(|&i| set[i].w.overlap_blocks == truth)
             .collect();
         tied.get(rng.gen_range(0..tied.len().max(1)))
             .copied()

@@ -255,6 +255,16 @@ fn a_burst_spreads_by_the_booked_backlog() {
     assert!(per.values().all(|n| *n == 4), "{per:?}");
 }
 
+#[test]
+fn among_near_ties_engine_truth_beats_speculation() {
+    let cfg = RoutingConfig::default();
+    let mut guess = view("w1", 0, 0);
+    guess.speculative_blocks = 39;
+    let workers = [guess, view("w2", 39, 0)];
+    let mut r = rng();
+    assert!((0..50).all(|_| decide(&input(640), &workers, &cfg, &mut r).unwrap().worker == "w2"));
+}
+
 fn fleet(workers: &[WorkerView<'_>]) -> FleetSnapshot {
     FleetSnapshot {
         generation: 1,

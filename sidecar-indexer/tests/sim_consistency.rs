@@ -217,7 +217,8 @@ async fn index_mirrors_real_simulators() {
         assert_mirrors(&http, &ix, &s2, "after resync and reset").await;
     }
 
-    // Routing sees it too: the deepest chain s0 caches, sent as a prompt, overlaps fully.
+    // Routing sees it too: the deepest chain s0 caches, sent as a prompt, overlaps fully but for
+    // the last block (an exact multiple of the block size: the engine computes the last token).
     let v: Value = http.get(format!("http://{}/admin/cache", s0.http)).send().await.unwrap().json().await.unwrap();
     let blocks = v["blocks"].as_array().unwrap();
     let by_hash: BTreeMap<u64, &Value> = blocks.iter().map(|b| (b["block_hash"].as_u64().unwrap(), b)).collect();
@@ -228,7 +229,19 @@ async fn index_mirrors_real_simulators() {
     }
     let prompt: Vec<u64> = chain_blocks.iter().rev().flat_map(|b| b["token_ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap())).collect();
     let d: Value = route(&http, &ix, json!({"prompt": prompt}).to_string()).await;
-    assert_eq!(d["best_overlap_blocks"].as_u64(), Some(chain_blocks.len() as u64), "{d}");
+    assert_eq!(d["best_overlap_blocks"].as_u64(), Some(chain_blocks.len() as u64 - 1), "{d}");
     assert_eq!(d["isl_blocks"].as_u64(), Some(chain_blocks.len() as u64), "{d}");
+    // And the engine agrees: serving that prompt, s0 reports exactly the predicted blocks cached.
+    let served: Value = http
+        .post(format!("http://{}/v1/completions", s0.http))
+        .json(&json!({"model": "deepseek-v4", "prompt": prompt, "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let predicted_tokens = d["best_overlap_blocks"].as_u64().map(|b| b * 16);
+    assert_eq!(served["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(), predicted_tokens, "{served}");
     drop(indexer);
 }
