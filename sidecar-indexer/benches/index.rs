@@ -121,8 +121,8 @@ fn bench_apply(c: &mut Criterion) {
     }).sum();
     let mut g = c.benchmark_group("apply");
     g.throughput(Throughput::Elements(ops));
-    let mut samples: [Vec<(u64, Duration)>; 3] = Default::default();
-    let [resident, msgpack, cached] = &mut samples;
+    let mut samples: [Vec<(u64, Duration)>; 5] = Default::default();
+    let [resident, msgpack, cached, decode_only, tree_only] = &mut samples;
     g.bench_function("decoded_block_ops_800k_resident", |b| {
         b.iter_custom(|iters| timed_loop(resident, iters, || {
             for (w, batches) in &rounds {
@@ -145,6 +145,26 @@ fn bench_apply(c: &mut Criterion) {
             }
         }))
     });
+    // Decoding alone: the typed decoder, and for comparison only the first step of the decoder it
+    // replaced (reading each payload into an rmpv::Value tree, before any field was picked).
+    g.bench_function("msgpack_decode_only_block_ops", |b| {
+        b.iter_custom(|iters| timed_loop(decode_only, iters, || {
+            for (_, batches) in &encoded {
+                for bytes in batches {
+                    let _ = black_box(decode_batch(bytes));
+                }
+            }
+        }))
+    });
+    g.bench_function("rmpv_value_tree_only_block_ops", |b| {
+        b.iter_custom(|iters| timed_loop(tree_only, iters, || {
+            for (_, batches) in &encoded {
+                for bytes in batches {
+                    let _ = black_box(rmpv::decode::read_value(&mut &bytes[..]));
+                }
+            }
+        }))
+    });
     // The same rounds against an otherwise empty index (tables stay in cache).
     let mut small = KvIndex::new(100_000_000, 10_000_000);
     for w in 0..16 {
@@ -160,7 +180,13 @@ fn bench_apply(c: &mut Criterion) {
         }))
     });
     g.finish();
-    let names = ["decoded_block_ops_800k_resident", "msgpack_decode_and_apply_block_ops_800k_resident", "decoded_block_ops_cache_resident"];
+    let names = [
+        "decoded_block_ops_800k_resident",
+        "msgpack_decode_and_apply_block_ops_800k_resident",
+        "decoded_block_ops_cache_resident",
+        "msgpack_decode_only_block_ops",
+        "rmpv_value_tree_only_block_ops",
+    ];
     for (name, s) in names.into_iter().zip(&samples) {
         if let Some(per_iter) = slope_s(s) {
             emit(serde_json::json!({"bench": "index", "figure": "apply", "name": name, "block_ops_per_s": ops as f64 / per_iter, "block_ops_per_iter": ops, "s_per_iter": per_iter}));

@@ -528,6 +528,82 @@ mod tests {
         }
     }
 
+    /// A ROUTER on inproc answering the listener's start-up replay with `batches` then the end marker.
+    fn replay_server(ctx: &zmq::Context, endpoint: &str, batches: Vec<Vec<u8>>) -> std::thread::JoinHandle<()> {
+        let router = ctx.socket(zmq::ROUTER).unwrap();
+        router.bind(endpoint).unwrap();
+        std::thread::spawn(move || {
+            let request = router.recv_multipart(0).unwrap();
+            let id = request[0].clone();
+            for (i, b) in batches.iter().enumerate() {
+                router.send_multipart([&id[..], &b""[..], &(i as u64).to_be_bytes()[..], &b[..]], 0).unwrap();
+            }
+            router.send_multipart([&id[..], &b""[..], &END_SEQ[..], &b""[..]], 0).unwrap();
+        })
+    }
+
+    fn replay_rig(name: &str, limits: EventLimits, batches: Vec<Vec<u8>>) -> (Arc<Metrics>, Arc<ListenerStats>, Receiver<ApplierMsg>, ListenerHandle, std::thread::JoinHandle<()>) {
+        let ctx = zmq::Context::new();
+        let pubsock = ctx.socket(zmq::PUB).unwrap();
+        pubsock.bind(&format!("inproc://{name}")).unwrap();
+        let server = replay_server(&ctx, &format!("inproc://{name}-replay"), batches);
+        let (tx, rx) = sync_channel(64);
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let stats = Arc::new(ListenerStats::default());
+        let spec = ListenerSpec {
+            worker: "w".into(),
+            rank: 0,
+            slot: 0,
+            events_endpoint: format!("inproc://{name}"),
+            replay_endpoint: Some(format!("inproc://{name}-replay")),
+            bind: false,
+            topic: String::new(),
+            replay_timeout: Duration::from_secs(10),
+        };
+        let handle = spawn(ctx, spec, tx, stats.clone(), metrics.clone(), Arc::new(limits)).unwrap();
+        std::mem::forget(pubsock); // lives as long as the context the listener holds
+        (metrics, stats, rx, handle, server)
+    }
+
+    #[test]
+    fn a_replay_within_its_byte_bound_is_applied() {
+        let (metrics, stats, rx, handle, server) = replay_rig("replay-ok", EventLimits::new(1000, 1000, 1 << 20), vec![batch(2), batch(2), batch(2)]);
+        while !stats.synced.load(Ordering::Relaxed) {
+            std::thread::yield_now();
+        }
+        let seqs: Vec<u64> = rx.try_iter().filter_map(unwrap_batch).map(|b| b.0).collect();
+        assert_eq!(seqs, vec![0, 1, 2]);
+        assert_eq!(metrics.kv_replays.with_label_values(&["w", "complete"]).get(), 1);
+        handle.stop();
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_replay_above_replay_max_bytes_fails_and_applies_nothing() {
+        // Three batches of ~38 bytes against a 100-byte replay bound.
+        let (metrics, stats, rx, handle, server) = replay_rig("replay-big", EventLimits::new(100, 100, 1 << 20), vec![batch(2), batch(2), batch(2)]);
+        while !stats.synced.load(Ordering::Relaxed) {
+            std::thread::yield_now();
+        }
+        assert_eq!(rx.try_iter().filter_map(unwrap_batch).count(), 0, "nothing of a refused replay is applied");
+        assert_eq!(metrics.kv_event_limits.with_label_values(&["w", "replay_too_large"]).get(), 1);
+        assert_eq!(metrics.kv_replays.with_label_values(&["w", "failed"]).get(), 1);
+        handle.stop();
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_replayed_frame_above_the_frame_bound_fails_the_replay() {
+        let (metrics, stats, rx, handle, server) = replay_rig("replay-frame", EventLimits::new(100, 10_000, 1 << 20), vec![batch(2), batch(20)]);
+        while !stats.synced.load(Ordering::Relaxed) {
+            std::thread::yield_now();
+        }
+        assert_eq!(rx.try_iter().filter_map(unwrap_batch).count(), 0);
+        assert_eq!(metrics.kv_event_limits.with_label_values(&["w", "replay_frame_too_large"]).get(), 1);
+        handle.stop();
+        server.join().unwrap();
+    }
+
     #[test]
     fn an_oversized_live_frame_resyncs_the_worker_and_the_stream_goes_on() {
         let rig = Rig::new("oversized", 200, 1 << 20);
