@@ -68,6 +68,12 @@ pub const MIGRATION_OPPORTUNITY_BLOCKS_TOTAL: &str = "kvmesh_migration_opportuni
 pub const MIGRATION_HANDSHAKE_DURATION_SECONDS: &str = "kvmesh_migration_handshake_duration_seconds";
 pub const LOCAL_CONTINUATIONS_TOTAL: &str = "kvmesh_local_continuations_total";
 pub const SESSIONS_TRACKED: &str = "kvmesh_sessions_tracked";
+// Placement by predicted time (decide.rs, predict.rs, speculative.rs).
+pub const PREDICTED_TTFT_SECONDS: &str = "kvmesh_predicted_ttft_seconds";
+pub const SPECULATIVE_OVERLAP_BLOCKS_TOTAL: &str = "kvmesh_speculative_overlap_blocks_total";
+pub const SPECULATIVE_BLOCKS: &str = "kvmesh_speculative_blocks";
+pub const WORKER_PREFILL_TOKENS_PER_SECOND: &str = "kvmesh_worker_prefill_tokens_per_second";
+pub const WORKER_QUEUED_PREFILL_TOKENS: &str = "kvmesh_worker_queued_prefill_tokens";
 
 // Exported by the prometheus crate's process collector (Linux), not declared by us: named here for
 // the rules that watch them (envoy/prometheus/kvmesh-rules.yaml) and the tests. Not in [`ALL`].
@@ -140,6 +146,11 @@ pub const ALL: &[&str] = &[
     MIGRATION_HANDSHAKE_DURATION_SECONDS,
     LOCAL_CONTINUATIONS_TOTAL,
     SESSIONS_TRACKED,
+    PREDICTED_TTFT_SECONDS,
+    SPECULATIVE_OVERLAP_BLOCKS_TOTAL,
+    SPECULATIVE_BLOCKS,
+    WORKER_PREFILL_TOKENS_PER_SECOND,
+    WORKER_QUEUED_PREFILL_TOKENS,
     DISCOVERY_UPDATES_TOTAL,
     DISCOVERY_CHANGES_TOTAL,
     DISCOVERY_WORKERS,
@@ -242,6 +253,15 @@ pub struct Metrics {
     pub local_continuations: IntCounter,
     /// labels: set (continuations, kv_home).
     pub sessions_tracked: IntGaugeVec,
+    /// Predicted TTFT of the chosen worker, per decision.
+    pub predicted_ttft: Histogram,
+    /// Blocks speculative holdings added beyond the index on chosen workers.
+    pub speculative_overlap_blocks: IntCounter,
+    pub speculative_blocks: IntGauge,
+    /// labels: worker. Prefill throughput the model uses (measured, else the default).
+    pub worker_prefill_tps: GaugeVec,
+    /// labels: worker. Prefill tokens predicted ahead of a new request.
+    pub worker_queued_prefill: GaugeVec,
     /// Kubernetes discovery.
     pub discovery: DiscoveryMetrics,
 }
@@ -378,6 +398,35 @@ impl Metrics {
                 c
             },
             sessions_tracked: gauge_vec(&r, SESSIONS_TRACKED, "Sessions remembered for local continuations and kv_home", &["set"])?,
+            predicted_ttft: {
+                // 1 ms … ~65 s.
+                let h = Histogram::with_opts(
+                    HistogramOpts::new(PREDICTED_TTFT_SECONDS, "Predicted time to first token on the chosen worker, per routed request")
+                        .buckets(exponential_buckets(1e-3, 2.0, 17)?),
+                )?;
+                r.register(Box::new(h.clone()))?;
+                h
+            },
+            speculative_overlap_blocks: {
+                let c = IntCounter::new(SPECULATIVE_OVERLAP_BLOCKS_TOTAL, "Blocks credited to chosen workers from recent decisions beyond what their events show")?;
+                r.register(Box::new(c.clone()))?;
+                c
+            },
+            speculative_blocks: {
+                let g = IntGauge::new(SPECULATIVE_BLOCKS, "Speculative (block, worker) holdings remembered")?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
+            worker_prefill_tps: {
+                let g = GaugeVec::new(Opts::new(WORKER_PREFILL_TOKENS_PER_SECOND, "Prefill throughput the placement model uses for the worker (measured, else the default)"), &["worker"])?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
+            worker_queued_prefill: {
+                let g = GaugeVec::new(Opts::new(WORKER_QUEUED_PREFILL_TOKENS, "Prefill tokens the placement model predicts ahead of a new request on the worker"), &["worker"])?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
             discovery: DiscoveryMetrics::new(&r)?,
             registry: r,
         };
@@ -436,6 +485,8 @@ impl Metrics {
             let _ = g.remove_label_values(&[worker]);
         }
         let _ = self.kv_event_lag.remove_label_values(&[worker]);
+        let _ = self.worker_prefill_tps.remove_label_values(&[worker]);
+        let _ = self.worker_queued_prefill.remove_label_values(&[worker]);
         for c in [
             &self.kv_batches,
             &self.kv_decode_errors,
@@ -558,6 +609,8 @@ mod tests {
             g.with_label_values(&["w"]).set(1);
         }
         m.kv_event_lag.with_label_values(&["w"]).set(0.1);
+        m.worker_prefill_tps.with_label_values(&["w"]).set(1.0);
+        m.worker_queued_prefill.with_label_values(&["w"]).set(1.0);
         m.kv_block_hit_rate.with_label_values(&["router"]).set(0.5);
         m.config_reloads.with_label_values(&["ok"]).inc();
         m.migration_opportunities.with_label_values(&["index"]).inc();
