@@ -83,7 +83,7 @@ bench: ## Load sweep of five workloads × six policies (≤ 90 min), router over
 
 bench-quick: ## Load sweep for iteration (≤ 10 min after the build): the trace, three rates, three policies → bench-out/quick/report.md
 	$(MAKE) build PROFILE=release
-	target/release/kvmesh-bench --out bench-out/quick --only sweep --sweep-workloads trace --sweep-policies round_robin,kvmesh_approximate,kvmesh_precise --sweep-factor 2 --sweep-max-steps 3 --sweep-fractions 0.5,0.8,1.2 --sweep-duration-s 20 $(BENCH_ARGS)
+	target/release/kvmesh-bench --out bench-out/quick --only sweep --sweep-workloads trace --sweep-policies round_robin,kvmesh_approximate,kvmesh_precise --sweep-factor 2 --sweep-max-steps 4 --sweep-fractions 0.5,0.8,1.2 --sweep-duration-s 20 $(BENCH_ARGS)
 
 lint: ## clippy with the workspace lints, wasm included
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

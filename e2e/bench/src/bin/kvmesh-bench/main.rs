@@ -157,8 +157,9 @@ struct Args {
     /// Sweep: vllm-sim --speedup (1: modelled time is real time; think times are divided by it).
     #[arg(long, default_value_t = 1.0)]
     sweep_sim_speedup: f64,
-    /// Sweep: vllm-sim --prefill-tokens-per-s (half the simulator's default: longer modelled prefill).
-    #[arg(long, default_value_t = 10_000.0)]
+    /// Sweep: vllm-sim --prefill-tokens-per-s (the simulator's default; at speed-up 1 a 10k-token
+    /// prompt costs 0.5 s of engine time, 10 × what the old speed-up-10 replay modelled).
+    #[arg(long, default_value_t = 20_000.0)]
     sweep_prefill_tokens_per_s: f64,
     /// Sweep: KV capacity per worker, blocks.
     #[arg(long, default_value_t = 16_384)]
