@@ -593,3 +593,7 @@ pub struct DebugBlock {
     pub chain_hash: u64,
     pub indexed: bool,
 }
+
+#[cfg(test)]
+#[path = "state_tests.rs"]
+mod tests;
