@@ -9,6 +9,10 @@
 //! failure is shrunk to a small input, printed, and (by the runner binary) written to
 //! `fuzz/regressions/<target>/`, which every test run replays.
 
+// Fuzz targets report a broken property by panicking (the engines catch it); the production
+// lints against panics do not apply to this test tooling.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
 pub mod seeds;
 pub mod targets;
 
