@@ -13,6 +13,10 @@ use std::collections::HashMap;
 async fn requests_survive_the_indexer_and_precise_routing_resumes() -> anyhow::Result<()> {
     let mut spec = StackSpec::aggregate(4);
     spec.filter_config = json!({"debug_headers": true});
+    // Sessions homed on their rendezvous worker: the placement the filter's fallback agrees with
+    // (with the default `predicted` placement a session's home is where it was fastest, and the
+    // fallback's pin is a different worker for most sessions).
+    spec.routing_toml = "session_placement = \"rendezvous\"".into();
     let mut stack = Stack::start(spec).await?;
     let url = stack.gateway("/v1/completions");
     let c = stack.client().clone();
