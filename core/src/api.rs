@@ -1,9 +1,11 @@
 //! The filter ↔ indexer API (loopback HTTP/1.1, versioned under `/v1`).
 //!
 //! `POST /v1/route`: the body is the client's original request body, unchanged; metadata rides in
-//! the headers named in [`crate::headers`]. `200` answers a [`RouteDecision`]; `429`/`503` answer an
-//! [`ErrorBody`] the filter relays to the client (resource exhaustion on the prefill leg: the client
-//! must back off); anything else means "route without me" and the filter falls back.
+//! the headers named in [`crate::headers`]. `200` answers a [`RouteDecision`]. Every error answer is
+//! an [`ErrorBody`] whose `reason` (also the [`ERROR_REASON_HEADER`] header) is a stable code: only
+//! `prefill_overloaded` (a `429`/`503` from the prefill leg: the client must back off) is meant for
+//! the client; every other answer (`no_decode_worker`, `tokenizer`, `overloaded_shed`,
+//! `request_timeout`, a 4xx …) means "route without me" and the filter falls back.
 //! `POST /v1/done`: a [`DoneReport`]. `GET /v1/fleet`: a [`FleetSnapshot`].
 
 use serde::{Deserialize, Serialize};
