@@ -120,5 +120,16 @@ async fn a_hung_indexer_trips_the_breaker_and_routing_resumes() -> anyhow::Resul
     eprintln!("routing resumed {:?} after SIGCONT", resumed.elapsed());
     let m = stack.envoy_metrics().await?;
     assert!(m.sum("kvmesh_filter_breaker_transitions_total", &[("state", "closed")]) >= 1.0, "the breaker never closed");
+
+    // Nothing booked during the hang stays booked.
+    let fleet_url = stack.indexer_url(kvmesh_core::api::FLEET_PATH);
+    poll::until("every worker's active_requests back to 0 after the hang", || {
+        let (c, url) = (c.clone(), fleet_url.clone());
+        async move {
+            let f: kvmesh_core::api::FleetSnapshot = c.get(&url).send().await.ok()?.json().await.ok()?;
+            f.workers.iter().all(|w| w.load.active_requests == 0).then_some(())
+        }
+    })
+    .await?;
     Ok(())
 }
