@@ -50,12 +50,21 @@ pub struct Fallback {
     pub code: Option<String>,
     /// The booking id of an answer that booked load although the filter cannot use it.
     pub booking_id: Option<String>,
+    /// Envoy said the call never reached the indexer (no healthy upstream, connect failure,
+    /// circuit-breaker overflow): nothing can have been booked.
+    pub never_reached: bool,
 }
 
 impl Fallback {
     /// A fallback without an indexer code.
     pub fn new(reason: FallbackReason) -> Self {
-        Self { reason, code: None, booking_id: None }
+        Self { reason, code: None, booking_id: None, never_reached: false }
+    }
+
+    /// Whether a `/v1/done` must follow ([`FallbackReason::may_be_booked`], unless Envoy said
+    /// the call never reached the indexer).
+    pub fn needs_done(&self) -> bool {
+        self.reason.may_be_booked() && !self.never_reached
     }
 
     /// The `x-kvmesh-fallback` value: `<reason>` or `<reason>; code=<code>`.
@@ -115,6 +124,9 @@ pub fn classify(status: Option<u16>, body: &[u8]) -> IndexerAnswer {
             return IndexerAnswer::Fallback(Fallback { code, ..Fallback::new(FallbackReason::IndexerError) });
         }
     }
+    if status == 503 && is_envoy_unreachable(body) {
+        return IndexerAnswer::Fallback(Fallback { never_reached: true, ..Fallback::new(FallbackReason::Unavailable) });
+    }
     let reason = match status {
         503 => FallbackReason::Unavailable,
         504 => FallbackReason::Timeout,
@@ -122,6 +134,13 @@ pub fn classify(status: Option<u16>, body: &[u8]) -> IndexerAnswer {
         _ => FallbackReason::BadStatus,
     };
     IndexerAnswer::Fallback(Fallback::new(reason))
+}
+
+/// Envoy's local-reply bodies for a call that never reached an upstream host.
+fn is_envoy_unreachable(body: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(&body[..body.len().min(512)]);
+    text.starts_with("no healthy upstream")
+        || (text.starts_with("upstream connect error") && (text.contains("connection failure") || text.contains("overflow")))
 }
 
 /// `booking_id` of a JSON object that is not a usable decision, if it names one.

@@ -451,7 +451,7 @@ impl RequestFlow {
             FallbackPick::Pinned { header, .. } => header.split(',').next().map(str::to_owned),
             FallbackPick::Unrouted(_) => None,
         };
-        if reason.may_be_booked() {
+        if fb.needs_done() {
             self.report_done = Some(DoneTarget { endpoint: pinned_endpoint, booking_id: fb.booking_id });
         }
         match pick {

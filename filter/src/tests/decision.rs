@@ -90,6 +90,21 @@ fn booking_and_breaker_semantics_per_reason() {
 }
 
 #[test]
+fn calls_that_never_reached_the_indexer_need_no_done() {
+    let cases: [(&[u8], bool); 5] = [
+        (b"no healthy upstream", false),
+        (b"upstream connect error or disconnect/reset before headers. reset reason: connection failure, transport failure reason: delayed connect error: Connection refused", false),
+        (b"upstream connect error or disconnect/reset before headers. reset reason: overflow", false),
+        (b"upstream connect error or disconnect/reset before headers. reset reason: connection termination", true),
+        (b"", true),
+    ];
+    for (body, needs_done) in cases {
+        let IndexerAnswer::Fallback(fb) = classify(Some(503), body) else { panic!() };
+        assert_eq!((fb.reason, fb.needs_done()), (FallbackReason::Unavailable, needs_done), "{}", String::from_utf8_lossy(body));
+    }
+}
+
+#[test]
 fn an_unusable_decision_keeps_its_booking_id() {
     let body = serde_json::to_vec(&json!({"endpoint": "not-an-endpoint", "worker": "w", "mode": "aggregate", "overlap_blocks": 0, "isl_blocks": 0, "reason": "", "booking_id": "b-17"})).unwrap();
     let IndexerAnswer::Fallback(fb) = classify(Some(200), &body) else { panic!() };

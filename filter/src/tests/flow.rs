@@ -234,7 +234,8 @@ fn fallbacks_pin_by_session_over_the_fleet() {
     let answers: Vec<Case> = vec![
         (None, b"", FallbackReason::Reset, "reset", CallHealth::Failed, Some(None)),
         (Some(504), b"upstream request timeout", FallbackReason::Timeout, "timeout", CallHealth::Failed, Some(None)),
-        (Some(503), b"no healthy upstream", FallbackReason::Unavailable, "unavailable", CallHealth::Failed, Some(None)),
+        (Some(503), b"", FallbackReason::Unavailable, "unavailable", CallHealth::Failed, Some(None)),
+        (Some(503), b"no healthy upstream", FallbackReason::Unavailable, "unavailable", CallHealth::Failed, None),
         (Some(500), b"boom", FallbackReason::ServerError, "server_error", CallHealth::Answered, Some(None)),
         (Some(404), b"", FallbackReason::BadStatus, "bad_status", CallHealth::Answered, Some(None)),
         (Some(200), booked_json, FallbackReason::BadResponse, "bad_response", CallHealth::Answered, Some(Some("b-9"))),
