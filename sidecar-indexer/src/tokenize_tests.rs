@@ -1,4 +1,5 @@
 use super::*;
+use kvmesh_core::hashing::SequenceHash;
 use kvmesh_core::openai::ChatMessage;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -12,10 +13,53 @@ fn load(cache_bytes: usize) -> PromptTokenizer {
 /// kana runs, punctuation, whitespace runs, newlines, emoji, and added tokens written by users.
 fn random_text(rng: &mut StdRng, words: usize) -> String {
     const PIECES: &[&str] = &[
-        "hello", " world", "The", " quick", "brown", "fox", "12345", "3.14159", "2024-01-01", "你好", "世界", "こんにちは", "カタカナ",
-        "!", "?", "...", ", ", "; ", "(", ")", "\"quoted\"", "'s", "don't", "\n", "\n\n", "  ", "\t", "   x", " ", "🙂", "é", "naïve",
-        "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>", "<｜end▁of▁sentence｜>", "<|EOT|>", "fn main() { x += 1; }", "a_b", "CamelCase",
-        "URL: https://example.invalid/a?b=c", "—", "%", "$100", "#tag", "@user",
+        "hello",
+        " world",
+        "The",
+        " quick",
+        "brown",
+        "fox",
+        "12345",
+        "3.14159",
+        "2024-01-01",
+        "你好",
+        "世界",
+        "こんにちは",
+        "カタカナ",
+        "!",
+        "?",
+        "...",
+        ", ",
+        "; ",
+        "(",
+        ")",
+        "\"quoted\"",
+        "'s",
+        "don't",
+        "\n",
+        "\n\n",
+        "  ",
+        "\t",
+        "   x",
+        " ",
+        "🙂",
+        "é",
+        "naïve",
+        "<｜User｜>",
+        "<｜Assistant｜>",
+        "<think>",
+        "</think>",
+        "<｜end▁of▁sentence｜>",
+        "<|EOT|>",
+        "fn main() { x += 1; }",
+        "a_b",
+        "CamelCase",
+        "URL: https://example.invalid/a?b=c",
+        "—",
+        "%",
+        "$100",
+        "#tag",
+        "@user",
     ];
     let mut s = String::new();
     for _ in 0..words {
@@ -28,7 +72,10 @@ fn random_text(rng: &mut StdRng, words: usize) -> String {
 }
 
 fn msg(role: &str, content: String) -> ChatMessage {
-    ChatMessage { role: role.into(), content }
+    ChatMessage {
+        role: role.into(),
+        content,
+    }
 }
 
 #[test]
@@ -49,7 +96,10 @@ fn incremental_ids_equal_full_tokenization_over_many_conversations() {
             let incremental = tok.tokens(&input, &mut stats).unwrap();
             let rendered = tok.template.render(&history, true).unwrap();
             let full = tok.tokenizer().encode(&rendered).unwrap();
-            assert_eq!(incremental, full, "conversation {conversation}: {rendered:?}");
+            assert_eq!(
+                incremental, full,
+                "conversation {conversation}: {rendered:?}"
+            );
             turns_checked += 1;
             let n = rng.gen_range(1..40);
             history.push(msg("assistant", random_text(&mut rng, n)));
@@ -62,13 +112,18 @@ fn incremental_ids_equal_full_tokenization_over_many_conversations() {
 fn a_new_turn_only_tokenizes_its_new_segments() {
     let tok = load(8 * 1024 * 1024);
     let mut rng = StdRng::seed_from_u64(11);
-    let mut history = vec![msg("system", random_text(&mut rng, 200)), msg("user", "first question".into())];
+    let mut history = vec![
+        msg("system", random_text(&mut rng, 200)),
+        msg("user", "first question".into()),
+    ];
     let mut stats = CacheStats::default();
-    tok.tokens(&RequestInput::Messages(history.clone()), &mut stats).unwrap();
+    tok.tokens(&RequestInput::Messages(history.clone()), &mut stats)
+        .unwrap();
     history.push(msg("assistant", "an answer".into()));
     history.push(msg("user", "a follow-up".into()));
     let mut stats = CacheStats::default();
-    tok.tokens(&RequestInput::Messages(history), &mut stats).unwrap();
+    tok.tokens(&RequestInput::Messages(history), &mut stats)
+        .unwrap();
     // New: the answer and the follow-up. Everything else comes from the cache.
     assert_eq!(stats.misses, 2, "{stats:?}");
     assert!(stats.hits >= 2, "{stats:?}");
@@ -79,9 +134,16 @@ fn completions_text_and_token_prompts() {
     let tok = load(1024 * 1024);
     let mut stats = CacheStats::default();
     let text = "<｜begin▁of▁sentence｜>Hello, world! 12345 你好";
-    let ids = tok.tokens(&RequestInput::Prompt(Prompt::Text(text.into())), &mut stats).unwrap();
+    let ids = tok
+        .tokens(&RequestInput::Prompt(Prompt::Text(text.into())), &mut stats)
+        .unwrap();
     assert_eq!(ids, tok.tokenizer().encode(text).unwrap());
-    let passthrough = tok.tokens(&RequestInput::Prompt(Prompt::Tokens(vec![5, 6, 7])), &mut stats).unwrap();
+    let passthrough = tok
+        .tokens(
+            &RequestInput::Prompt(Prompt::Tokens(vec![5, 6, 7])),
+            &mut stats,
+        )
+        .unwrap();
     assert_eq!(passthrough, vec![5, 6, 7]);
 }
 
@@ -100,10 +162,301 @@ fn the_cache_stays_within_its_byte_bound() {
 
 #[test]
 fn splitter_cuts_like_the_library() {
-    let splitter = SegmentSplitter::from_tokenizer_json(&kvmesh_tokens::default_tokenizer_path()).unwrap();
+    let splitter =
+        SegmentSplitter::from_tokenizer_json(&kvmesh_tokens::default_tokenizer_path()).unwrap();
     let mut out = Vec::new();
     splitter.split("a<｜User｜>b<｜User｜><｜Assistant｜>", &mut out);
-    assert_eq!(out, vec![Segment::Text("a"), Segment::Added(128_803), Segment::Text("b"), Segment::Added(128_803), Segment::Added(128_804)]);
+    assert_eq!(
+        out,
+        vec![
+            Segment::Text("a"),
+            Segment::Added(128_803),
+            Segment::Text("b"),
+            Segment::Added(128_803),
+            Segment::Added(128_804)
+        ]
+    );
     SegmentSplitter::none().split("a<｜User｜>", &mut out);
     assert_eq!(out, vec![Segment::Text("a<｜User｜>")]);
+}
+
+// === tokenize only what can match ===
+
+/// Real text of several kinds: this repository's prose (READMEs) and code.
+fn real_texts() -> Vec<(String, String)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    [
+        "README.md",
+        "sidecar-indexer/README.md",
+        "filter/README.md",
+        "sidecar-indexer/src/decide.rs",
+        "core/src/openai.rs",
+        "e2e/sim/README.md",
+    ]
+    .iter()
+    .filter_map(|p| {
+        std::fs::read_to_string(root.join(p))
+            .ok()
+            .map(|t| (p.to_string(), t))
+    })
+    .collect()
+}
+
+/// Prose-like text from a word list (the route bench's kind of text).
+fn words_text(rng: &mut StdRng, words: usize) -> String {
+    const WORDS: &[&str] = &[
+        "the", "model", "router", "cache", "block", "token", "request", "latency", "worker",
+        "prefix", "12", "345", ",", ".", "?", "\n", "—", "你好", "数据",
+    ];
+    let mut s = String::new();
+    for _ in 0..words {
+        s.push_str(WORDS[rng.gen_range(0..WORDS.len())]);
+        s.push(' ');
+    }
+    s
+}
+
+fn cjk_text(rng: &mut StdRng, chars: usize) -> String {
+    const PIECES: &[&str] = &[
+        "你好",
+        "世界",
+        "数据",
+        "模型",
+        "缓存",
+        "，",
+        "。",
+        "\n",
+        "こんにちは",
+        "カタカナ",
+        " ",
+        "12",
+        "GPU",
+        "路由",
+    ];
+    (0..chars)
+        .map(|_| PIECES[rng.gen_range(0..PIECES.len())])
+        .collect()
+}
+
+#[test]
+fn the_cut_rule_is_proved_for_this_tokenizer() {
+    let splitter =
+        SegmentSplitter::from_tokenizer_json(&kvmesh_tokens::default_tokenizer_path()).unwrap();
+    assert!(
+        splitter.chunks(),
+        "the DeepSeek-V4 tokenizer.json must match the pre-tokenizer the cut rule is proved for"
+    );
+    // Any other pre-tokenizer: pieces are never cut.
+    let text = std::fs::read_to_string(kvmesh_tokens::default_tokenizer_path()).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    json["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] =
+        serde_json::json!("\\p{N}{1,4}");
+    let dir = std::env::temp_dir().join(format!("kvmesh-tok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, json.to_string()).unwrap();
+    let other = SegmentSplitter::from_tokenizer_json(&path).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(!other.chunks());
+}
+
+#[test]
+fn every_safe_cut_gives_the_ids_of_the_whole() {
+    let tok = load(0);
+    let plain = tok.tokenizer();
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut texts: Vec<String> = (0..6)
+        .map(|_| random_text(&mut rng, 120).replace("<｜", "<|"))
+        .collect();
+    texts.push(words_text(&mut rng, 300));
+    texts.push(cjk_text(&mut rng, 300));
+    for (_, t) in real_texts() {
+        texts.push(t.chars().take(1500).collect());
+    }
+    let mut cuts = 0;
+    for text in &texts {
+        let whole = plain.encode(text).unwrap();
+        let mut prev: Option<char> = None;
+        for (p, c) in text.char_indices() {
+            if prev.is_some_and(|b| safe_cut(b, c)) {
+                let mut split = plain.encode(&text[..p]).unwrap();
+                split.extend(plain.encode(&text[p..]).unwrap());
+                assert_eq!(
+                    split, whole,
+                    "cut before byte {p} ({:?}|{:?}) of {text:?}",
+                    prev, c
+                );
+                cuts += 1;
+            }
+            prev = Some(c);
+        }
+    }
+    assert!(cuts > 500, "only {cuts} cuts checked");
+    // The rule is not vacuous: boundaries it refuses do change the ids.
+    for (text, p) in [
+        ("a b", 2),
+        ("x  \ny", 2),
+        ("12345", 2),
+        ("你好世界", 6),
+        ("\n\n", 1),
+        ("ab!", 2),
+    ] {
+        let mut split = plain.encode(&text[..p]).unwrap();
+        split.extend(plain.encode(&text[p..]).unwrap());
+        let (b, a) = (
+            text[..p].chars().next_back().unwrap(),
+            text[p..].chars().next().unwrap(),
+        );
+        assert!(!safe_cut(b, a), "{text:?} at {p}");
+        if split != plain.encode(text).unwrap() {
+            cuts += 1;
+        }
+    }
+    assert!(cuts > 500 + 3, "most refused cuts must differ");
+}
+
+#[test]
+fn chunked_pieces_encode_like_the_whole() {
+    for cache in [0, 8 << 20] {
+        let tok = load(cache);
+        let mut rng = StdRng::seed_from_u64(9);
+        let mut texts: Vec<String> = (0..8).map(|_| random_text(&mut rng, 3000)).collect();
+        texts.push(words_text(&mut rng, 20_000));
+        texts.push(cjk_text(&mut rng, 5000));
+        texts.extend(real_texts().into_iter().map(|(_, t)| t));
+        for text in &texts {
+            assert!(text.len() > 2 * CHUNK_BYTES);
+            let ids = tok.encode_text(text, &mut CacheStats::default()).unwrap();
+            assert_eq!(
+                ids,
+                tok.tokenizer().encode(text).unwrap(),
+                "{}",
+                &text[..200]
+            );
+        }
+    }
+}
+
+fn long_chat(rng: &mut StdRng, words: usize) -> RequestInput {
+    RequestInput::Messages(vec![
+        msg("system", "You answer from the document.".into()),
+        msg("user", words_text(rng, words)),
+        msg("assistant", "ok".into()),
+        msg("user", "summarise".into()),
+    ])
+}
+
+#[test]
+fn a_cold_prompt_stops_after_its_first_unheld_block_and_its_sample() {
+    let tok = load(8 << 20);
+    let mut rng = StdRng::seed_from_u64(21);
+    let input = long_chat(&mut rng, 20_000);
+    let full = tok.tokens(&input, &mut CacheStats::default()).unwrap();
+    let block = 16;
+    // (held blocks reported, exact tokens asked past them)
+    for (held_blocks, past) in [
+        (0usize, 0usize),
+        (0, 1024),
+        (40, 0),
+        (40, 3000),
+        (usize::MAX, 0),
+    ] {
+        let mut calls = 0;
+        let mut held = |c: &[SequenceHash]| {
+            calls += 1;
+            c.len().min(held_blocks)
+        };
+        let got = tok
+            .tokens_until(
+                &input,
+                &mut Reach::new(block, 1337, past, &mut held),
+                &mut CacheStats::default(),
+            )
+            .unwrap();
+        assert_eq!(
+            &full[..got.ids.len()],
+            &got.ids[..],
+            "held {held_blocks} past {past}: ids are a prefix of the full encode"
+        );
+        assert_eq!(
+            got.chains,
+            kvmesh_core::hashing::sequence_hashes(&got.ids, block, 1337)
+        );
+        if held_blocks == usize::MAX {
+            assert!(got.complete() && got.ids == full);
+            continue;
+        }
+        assert!(!got.complete());
+        let h = held_blocks.min(got.chains.len());
+        assert!(
+            got.ids.len() >= h * block + past,
+            "held {held_blocks} past {past}: {} ids",
+            got.ids.len()
+        );
+        // At most one chunk (≈ CHUNK_BYTES / 2 tokens at worst) beyond what was needed.
+        let needed = (held_blocks * block + past).max(MIN_SAMPLE_BYTES / 2);
+        assert!(
+            got.ids.len() <= needed + CHUNK_BYTES,
+            "held {held_blocks} past {past}: {} ids for {needed} needed",
+            got.ids.len()
+        );
+        let err = (got.tokens() as f64 - full.len() as f64) / full.len() as f64;
+        assert!(
+            err.abs() < 0.05,
+            "held {held_blocks}: estimated {} vs {} tokens",
+            got.tokens(),
+            full.len()
+        );
+    }
+}
+
+#[test]
+fn the_estimate_error_of_the_untokenized_rest() {
+    // Measured on prompts whose beginning resembles the rest (one document) and on real files.
+    let tok = load(0);
+    let mut rng = StdRng::seed_from_u64(33);
+    let mut cases: Vec<(String, String)> = vec![
+        ("bench words".into(), words_text(&mut rng, 30_000)),
+        ("random boundaries".into(), random_text(&mut rng, 20_000)),
+        ("cjk".into(), cjk_text(&mut rng, 20_000)),
+    ];
+    cases.extend(real_texts());
+    let mut worst: f64 = 0.0;
+    for (name, text) in &cases {
+        let full = tok.tokenizer().encode(text).unwrap().len();
+        let mut cold = |_: &[SequenceHash]| 0;
+        let got = tok
+            .tokens_until(
+                &RequestInput::Prompt(Prompt::Text(text.clone())),
+                &mut Reach::new(16, 1337, 0, &mut cold),
+                &mut CacheStats::default(),
+            )
+            .unwrap();
+        let err = (got.tokens() as f64 - full as f64) / full as f64;
+        eprintln!(
+            "estimate {name}: {} tokenized of {full}, estimated {} ({:+.1} %)",
+            got.ids.len(),
+            got.tokens(),
+            err * 100.0
+        );
+        worst = worst.max(err.abs());
+    }
+    eprintln!("worst estimate error {:.1} %", worst * 100.0);
+    assert!(worst < 0.15, "worst estimate error {:.1} %", worst * 100.0);
+}
+
+#[test]
+fn token_prompts_are_whole_and_hashed() {
+    let tok = load(0);
+    let ids: Vec<u32> = (0..100).collect();
+    let mut cold = |_: &[SequenceHash]| 0;
+    let got = tok
+        .tokens_until(
+            &RequestInput::Prompt(Prompt::Tokens(ids.clone())),
+            &mut Reach::new(16, 1337, 0, &mut cold),
+            &mut CacheStats::default(),
+        )
+        .unwrap();
+    assert!(got.complete());
+    assert_eq!((got.ids, got.chains.len(), got.locals.len()), (ids, 6, 6));
 }

@@ -19,6 +19,8 @@ pub mod request;
 pub mod run;
 pub mod settle;
 
+use std::sync::Arc;
+
 use axum::body::Bytes;
 use axum::http::HeaderMap;
 use kvmesh_core::api::RouteDecision;
@@ -28,7 +30,7 @@ pub use error::ApiError;
 use crate::state::AppState;
 
 /// Answers one `/v1/route` call.
-pub async fn route(state: &AppState, headers: &HeaderMap, body: Bytes) -> Result<RouteDecision, ApiError> {
+pub async fn route(state: &Arc<AppState>, headers: &HeaderMap, body: Bytes) -> Result<RouteDecision, ApiError> {
     let (req, parsed) = request::parse(headers, body)?;
     let cfg = state.config();
     let permit = admission::admit(&state.route_inflight, cfg.routing.max_concurrent_routes, &state.metrics)?;

@@ -2,9 +2,10 @@
 //! index, and the decision — made and booked under one hold of the fleet and load locks, so
 //! concurrent calls see each other's bookings. [`decide`] stays pure; this is the shell around it.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use kvmesh_core::hashing::{block_seed, local_block_hashes, sequence_hashes, LocalBlockHash, SequenceHash};
+use kvmesh_core::hashing::{block_seed, LocalBlockHash, SequenceHash};
 use kvmesh_core::openai::OpenAiRequest;
 
 use super::admission::{Cancel, Permit};
@@ -14,9 +15,10 @@ use super::ApiError;
 use crate::config::{Config, IndexMode};
 use crate::decide::{decide, DecideError, Plan, RouteInput};
 use crate::state::AppState;
-use crate::tokenize::CacheStats;
+use crate::tokenize::{CacheStats, Reach};
 
-/// A prompt as the index sees it.
+/// A prompt as the index sees it: the blocks of its tokenized part (every block a worker may hold,
+/// and what the disaggregation threshold needs exactly) and its length (estimated past them).
 pub struct Prompt {
     pub tokens: usize,
     pub chains: Vec<SequenceHash>,
@@ -27,10 +29,12 @@ pub struct Prompt {
 /// Tokenizes and hashes on the blocking pool. The [`Permit`] moves into the blocking task and is
 /// released when the work ends, not when the caller leaves; a task whose caller left before it
 /// started skips the work.
-pub async fn tokenize(state: &AppState, cfg: &Config, request: OpenAiRequest, permit: Permit, cancel: Cancel) -> Result<Prompt, ApiError> {
+pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiRequest, permit: Permit, cancel: Cancel) -> Result<Prompt, ApiError> {
     let block_size = cfg.model.block_size as usize;
+    let exact_past_held = usize::try_from(cfg.routing.min_remote_prefill_tokens).unwrap_or(usize::MAX);
     let tokenizer = state.tokenizer.read().clone();
     let metrics = state.metrics.clone();
+    let shared = state.clone();
     let work = tokio::task::spawn_blocking(move || {
         let _permit = permit;
         if cancel.is_cancelled() {
@@ -39,7 +43,11 @@ pub async fn tokenize(state: &AppState, cfg: &Config, request: OpenAiRequest, pe
         }
         let t0 = Instant::now();
         let mut stats = CacheStats::default();
-        let tokens = tokenizer.tokens(&request.input, &mut stats);
+        let seed = block_seed(None, request.cache_salt.as_deref());
+        // Tokenize as far as some worker holds the prompt (tokenize.rs "only what can match").
+        let mut held = |chains: &[SequenceHash]| held_prefix(&shared, chains, Instant::now());
+        let mut reach = Reach::new(block_size, seed, exact_past_held, &mut held);
+        let tokens = tokenizer.tokens_until(&request.input, &mut reach, &mut stats);
         metrics.tokenize_duration.observe(t0.elapsed().as_secs_f64());
         metrics.tokenize_cache.with_label_values(&["hit"]).inc_by(stats.hits);
         metrics.tokenize_cache.with_label_values(&["miss"]).inc_by(stats.misses);
@@ -48,8 +56,7 @@ pub async fn tokenize(state: &AppState, cfg: &Config, request: OpenAiRequest, pe
             tracing::debug!("route caller left during tokenization; result dropped");
             return None;
         }
-        let seed = block_seed(None, request.cache_salt.as_deref());
-        Some(tokens.map(|t| Prompt { tokens: t.len(), chains: sequence_hashes(&t, block_size, seed), locals: local_block_hashes(&t, block_size, seed) }))
+        Some(tokens.map(|t| Prompt { tokens: t.tokens(), chains: t.chains, locals: t.locals }))
     });
     match work.await {
         Ok(Some(r)) => r.map_err(|e| ApiError::unavailable("tokenizer", e.to_string())),
@@ -57,6 +64,19 @@ pub async fn tokenize(state: &AppState, cfg: &Config, request: OpenAiRequest, pe
         Ok(None) => Err(ApiError::unavailable("cancelled", "the route call was cancelled")),
         Err(e) => Err(ApiError::unavailable("tokenizer", format!("tokenizer task failed: {e}"))),
     }
+}
+
+/// Leading blocks of `chains` some worker holds, in the index or speculatively: how far tokenizing
+/// must go. Locks the index, then the fleet and placement (the order `decide_and_book` uses).
+fn held_prefix(state: &AppState, chains: &[SequenceHash], now: Instant) -> usize {
+    let indexed = state.index.read().find_matches(chains).iter().map(|&(_, n)| n).max().unwrap_or(0) as usize;
+    if indexed >= chains.len() {
+        return indexed;
+    }
+    let fleet = state.fleet.read();
+    let placement = state.placement.lock();
+    let speculative = fleet.workers.iter().filter_map(|w| w.ranks.first()).map(|r| placement.speculative.overlap(r.slot, chains, now)).max().unwrap_or(0) as usize;
+    indexed.max(speculative)
 }
 
 /// Matches the prompt, decides and books the chosen worker; the booking is released if the call
