@@ -1,6 +1,8 @@
 //! `/v1/route` latency for an ~8k-token chat (README "Benchmarks"), through the whole axum stack
 //! in-process (no loopback socket): a continuation whose earlier turns were routed before (warm
-//! tokenization cache) and a cold conversation, beside plain `tokenizers` encoding of the same text.
+//! tokenization cache) and a cold conversation, beside plain `tokenizers` encoding of the same text,
+//! and continuations right after a burst of 200 cold ~32k-token chats (shed beyond
+//! `routing.max_concurrent_routes`).
 //! Prints `FIGURE …` lines with p50/p99. `cargo bench -p kvmesh-indexer --bench route`.
 //! With `KVMESH_BENCH_FIGURES=<file>` each figure is also appended to that file as one JSON line,
 //! for the benchmark report (`make bench`).
@@ -71,6 +73,13 @@ async fn route(app: &axum::Router, body: String) -> anyhow::Result<Duration> {
     Ok(t.elapsed())
 }
 
+/// The status of one route call (a shed call is a 503).
+async fn status(app: axum::Router, body: String) -> anyhow::Result<u16> {
+    let req = Request::post("/v1/route").header("x-kvmesh-path", "/v1/chat/completions").header("content-type", "application/json").body(Body::from(body))?;
+    let resp = app.oneshot(req).await?;
+    Ok(resp.status().as_u16())
+}
+
 #[path = "common/figures.rs"]
 mod figures;
 use figures::emit;
@@ -99,6 +108,8 @@ fn main() -> anyhow::Result<()> {
     let rendered = template.render(&history, true)?;
     let n_tokens = plain.encode_fast(rendered.as_str(), false).map(|e| e.len()).map_err(anyhow::Error::msg)?;
     rt.block_on(route(&app, body(&history)))?;
+    // As the engine's KV events would: worker w0 holds the routed history.
+    hold(&svc, &plain, &template, &history)?;
     let mut warm = Vec::new();
     for i in 0..samples {
         let mut m = history.clone();
@@ -118,6 +129,39 @@ fn main() -> anyhow::Result<()> {
         plain_times.push(t.elapsed());
         cold.push(rt.block_on(route(&app, body(&m)))?);
     }
+    // After a burst (issue 14 item 7): 200 cold ~32k-token chats at once, most shed; then the
+    // time until the admitted (and abandoned) work has drained, and warm continuations again.
+    let burst: Vec<String> = (0..200).map(|_| body(&conversation(&mut rng, 32_000))).collect();
+    let burst_started = Instant::now();
+    let answers = rt.block_on(async {
+        let calls: Vec<_> = burst.into_iter().map(|b| tokio::spawn(status(app.clone(), b))).collect();
+        let mut shed = 0;
+        for c in calls {
+            if c.await.ok().and_then(Result::ok) == Some(503) {
+                shed += 1;
+            }
+        }
+        shed
+    });
+    let answered = burst_started.elapsed();
+    while svc.state.route_inflight.load(std::sync::atomic::Ordering::Acquire) > 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let drained = burst_started.elapsed();
+    let mut after = Vec::new();
+    for i in 0..samples {
+        let mut m = history.clone();
+        m.push(ChatMessage { role: "assistant".into(), content: text(&mut rng, 60) });
+        m.push(ChatMessage { role: "user".into(), content: format!("after the burst {i}: {}", text(&mut rng, 40)) });
+        after.push(rt.block_on(route(&app, body(&m)))?);
+    }
+    let (a50, a99) = pcts(after);
+    println!(
+        "FIGURE route after a burst of 200 cold ~32k-token chats: {answers} shed, all answered in {:.2} s, drained in {:.2} s; then continuations p50 {a50:.3} ms, p99 {a99:.3} ms (target p99 < 5 ms within 2 s)",
+        answered.as_secs_f64(),
+        drained.as_secs_f64()
+    );
+    emit(serde_json::json!({"bench": "route", "figure": "route", "name": "after_burst", "tokens": n_tokens, "p50_ms": a50, "p99_ms": a99, "samples": samples, "shed": answers, "drained_s": drained.as_secs_f64()}));
     let (w50, w99) = pcts(warm);
     let (c50, c99) = pcts(cold);
     let (p50, p99) = pcts(plain_times);
@@ -127,5 +171,126 @@ fn main() -> anyhow::Result<()> {
     for (name, p50, p99, n) in [("continuation", w50, w99, samples), ("cold", c50, c99, samples / 4), ("plain_tokenizers", p50, p99, samples / 4)] {
         emit(serde_json::json!({"bench": "route", "figure": "route", "name": name, "tokens": n_tokens, "p50_ms": p50, "p99_ms": p99, "samples": n}));
     }
+    long_prompts(&rt, &app, &svc, &plain, &template, &mut rng)?;
+    Ok(())
+}
+
+/// Records in the index that worker w0 holds `messages`' rendered prompt (what its engine's
+/// `BlockStored` events would say), so a continuation is warm in the index, not only in the cache.
+fn hold(svc: &Service, plain: &tokenizers::Tokenizer, template: &kvmesh_tokens::ChatTemplate, messages: &[ChatMessage]) -> anyhow::Result<usize> {
+    let text = template.render(messages, true)?;
+    let ids = plain.encode_fast(text.as_str(), false).map_err(anyhow::Error::msg)?.get_ids().to_vec();
+    let chains = kvmesh_core::hashing::sequence_hashes(&ids, 16, kvmesh_core::hashing::block_seed(None, None));
+    let slot = svc.state.fleet.read().workers.first().and_then(|w| w.ranks.first()).map(|r| r.slot).ok_or_else(|| anyhow::anyhow!("no worker"))?;
+    svc.state.index.write().insert_chain(slot, &chains);
+    Ok(ids.len())
+}
+
+/// A cold document: one user message of about `tokens` tokens (one long piece between added
+/// tokens, cut into chunks), each word tagged so no cache has seen it.
+fn document(rng: &mut StdRng, tokens: usize) -> Vec<ChatMessage> {
+    let tag: u32 = rng.gen();
+    let mut doc = String::new();
+    let mut words = 0;
+    while words * 10 < tokens * 9 {
+        doc.push_str(&text(rng, 50));
+        doc.push_str(&format!("[{tag:08x}-{words}]\n"));
+        words += 50;
+    }
+    vec![ChatMessage { role: "system".into(), content: "Answer from the document.".into() }, ChatMessage { role: "user".into(), content: doc }]
+}
+
+/// Issue 16: cold 32k / 128k-token chats (target p50 <= 3 ms), a 48k-token shared prefix with a new
+/// turn (cost follows the turn; routes/s on one caller), and 64 concurrent callers mixing cold
+/// and warm routes (warm p99 must not be dragged up by cold ones).
+fn long_prompts(rt: &tokio::runtime::Runtime, app: &axum::Router, svc: &Service, plain: &tokenizers::Tokenizer, template: &kvmesh_tokens::ChatTemplate, rng: &mut StdRng) -> anyhow::Result<()> {
+    let count = |m: &[ChatMessage]| -> anyhow::Result<usize> { Ok(plain.encode_fast(template.render(m, true)?.as_str(), false).map_err(anyhow::Error::msg)?.len()) };
+    for (name, target, samples, doc) in [("cold_chat_32k", 32_000, 20, false), ("cold_chat_128k", 128_000, 10, false), ("cold_document_32k", 32_000, 20, true), ("cold_document_128k", 128_000, 10, true)] {
+        let convs: Vec<Vec<ChatMessage>> = (0..samples).map(|_| if doc { document(rng, target) } else { conversation(rng, target) }).collect();
+        let tokens = count(&convs[0])?;
+        let bodies: Vec<String> = convs.iter().map(|m| body(m)).collect();
+        let mut times = Vec::new();
+        for b in bodies {
+            times.push(rt.block_on(route(app, b))?);
+        }
+        let (p50, p99) = pcts(times);
+        println!("FIGURE route {name} ~{tokens} tokens: p50 {p50:.3} ms, p99 {p99:.3} ms (target p50 <= 3 ms, {samples} samples)");
+        emit(serde_json::json!({"bench": "route", "figure": "route", "name": name, "tokens": tokens, "p50_ms": p50, "p99_ms": p99, "samples": samples}));
+    }
+
+    // 48k-token shared prefix (Dynamo's tokenizer-prefix-cache case): held by w0; each call adds a turn.
+    let prefix = conversation(rng, 48_000);
+    rt.block_on(route(app, body(&prefix)))?;
+    let tokens = hold(svc, plain, template, &prefix)?;
+    let samples = 100;
+    let bodies: Vec<String> = (0..samples)
+        .map(|i| {
+            let mut m = prefix.clone();
+            m.push(ChatMessage { role: "assistant".into(), content: text(rng, 60) });
+            m.push(ChatMessage { role: "user".into(), content: format!("turn {i}: {}", text(rng, 40)) });
+            body(&m)
+        })
+        .collect();
+    let started = Instant::now();
+    let mut times = Vec::new();
+    for b in bodies {
+        times.push(rt.block_on(route(app, b))?);
+    }
+    let rps = samples as f64 / started.elapsed().as_secs_f64();
+    let (p50, p99) = pcts(times);
+    println!("FIGURE route 48k shared prefix + new turn ~{tokens} tokens: p50 {p50:.3} ms, p99 {p99:.3} ms, {rps:.0} routes/s from one caller ({samples} samples)");
+    emit(serde_json::json!({"bench": "route", "figure": "route", "name": "shared_prefix_48k", "tokens": tokens, "p50_ms": p50, "p99_ms": p99, "samples": samples, "routes_per_s": rps}));
+
+    // 64 concurrent callers: 48 continue the held 48k prefix, 16 send cold 8k chats.
+    let callers = 64;
+    let per_caller = 8;
+    let mut work: Vec<(bool, String)> = Vec::new();
+    for c in 0..callers {
+        for i in 0..per_caller {
+            let cold = c % 4 == 0;
+            let m = if cold {
+                conversation(rng, 8000)
+            } else {
+                let mut m = prefix.clone();
+                m.push(ChatMessage { role: "assistant".into(), content: text(rng, 60) });
+                m.push(ChatMessage { role: "user".into(), content: format!("caller {c} turn {i}: {}", text(rng, 40)) });
+                m
+            };
+            work.push((cold, body(&m)));
+        }
+    }
+    let results = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for chunk in work.chunks(per_caller) {
+            let mine: Vec<(bool, String)> = chunk.to_vec();
+            let app = app.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut out = Vec::new();
+                for (cold, b) in mine {
+                    out.push((cold, route(&app, b).await));
+                }
+                out
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.unwrap_or_default());
+        }
+        all
+    });
+    let (mut warm, mut cold, mut failed) = (Vec::new(), Vec::new(), 0);
+    for (is_cold, r) in results {
+        match (is_cold, r) {
+            (true, Ok(d)) => cold.push(d),
+            (false, Ok(d)) => warm.push(d),
+            (_, Err(_)) => failed += 1,
+        }
+    }
+    anyhow::ensure!(!warm.is_empty() && !cold.is_empty(), "every concurrent route failed");
+    let (w50, w99) = pcts(warm);
+    let (c50, c99) = pcts(cold);
+    println!("FIGURE route under {callers} concurrent callers (3/4 warm 48k continuations, 1/4 cold 8k chats): warm p50 {w50:.3} ms, p99 {w99:.3} ms; cold p50 {c50:.3} ms, p99 {c99:.3} ms; {failed} shed or failed");
+    emit(serde_json::json!({"bench": "route", "figure": "route", "name": "concurrent_64_warm", "p50_ms": w50, "p99_ms": w99, "samples": callers * per_caller, "failed": failed}));
+    emit(serde_json::json!({"bench": "route", "figure": "route", "name": "concurrent_64_cold", "p50_ms": c50, "p99_ms": c99, "samples": callers * per_caller, "failed": failed}));
     Ok(())
 }
