@@ -163,7 +163,7 @@ pub fn command(python: &Path, opts: &VllmOptions, block_size: u32, index: usize,
 /// Starts one engine per worker of `workers` (all at once: start-up is mostly waiting) and waits
 /// until every one is healthy.
 pub async fn start_workers(workers: &[WorkerSpec], opts: &VllmOptions, block_size: u32, dir: &Path) -> anyhow::Result<Vec<Worker>> {
-    if block_size % 32 != 0 {
+    if !block_size.is_multiple_of(32) {
         bail!("vLLM's CPU attention needs a block size that is a multiple of 32 (got {block_size})");
     }
     let python = python()?;

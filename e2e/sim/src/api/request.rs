@@ -273,8 +273,9 @@ mod tests {
     #[test]
     fn context_rules_follow_vllm() {
         use FinishReason::{Length, Stop};
-        // (max_model_len, prompt, from text, max_tokens, finish) → Ok((max_tokens, finish)) or Err(param, message part)
-        let ok: &[(usize, usize, bool, u32, FinishReason, (u32, FinishReason))] = &[
+        // (max_model_len, prompt, from text, max_tokens, finish) → Ok((max_tokens, finish)), then the errors.
+        type Case = (usize, usize, bool, u32, FinishReason, (u32, FinishReason));
+        let ok: &[Case] = &[
             (64, 10, true, 8, Stop, (8, Stop)),
             (64, 60, true, 8, Stop, (4, Length)), // clamped to the room left, ends length
             (64, 63, false, 100, Length, (1, Length)),

@@ -378,7 +378,7 @@ fn a_preempted_requests_readmission_is_counted_apart_from_prefix_cache_queries_a
     assert_eq!((st.prefix_queries, st.prefix_hits), (16, 0), "two first admissions of 8 tokens, nothing cached yet");
     assert_eq!(st.preempted_admissions, st.preemptions, "every preempted request came back once");
     assert!(st.preempted_queries > 8, "a re-admission looks up its prompt and the tokens it generated");
-    assert!(st.preempted_hits > 0 && st.preempted_hits % BS as u64 == 0, "it re-hits its own blocks: {st:?}");
+    assert!(st.preempted_hits > 0 && st.preempted_hits.is_multiple_of(BS as u64), "it re-hits its own blocks: {st:?}");
     assert!(st.preempted_hits < st.preempted_queries);
     // cached_tokens in usage is the first admission's, as vLLM's `num_cached_tokens`.
     for id in [1, 2] {
