@@ -35,6 +35,9 @@ pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
     let tokenizer = state.tokenizer.read().clone();
     let metrics = state.metrics.clone();
     let shared = state.clone();
+    // Approximate mode has no engine events: what a decision records is all the index will know,
+    // so its prompts are tokenized whole.
+    let whole = cfg.routing.mode == IndexMode::Approximate;
     let work = tokio::task::spawn_blocking(move || {
         let _permit = permit;
         if cancel.is_cancelled() {
@@ -45,7 +48,7 @@ pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
         let mut stats = CacheStats::default();
         let seed = block_seed(None, request.cache_salt.as_deref());
         // Tokenize as far as some worker holds the prompt (tokenize.rs "only what can match").
-        let mut held = |chains: &[SequenceHash]| held_prefix(&shared, chains, Instant::now());
+        let mut held = |chains: &[SequenceHash]| if whole { chains.len() } else { held_prefix(&shared, chains, Instant::now()) };
         let mut reach = Reach::new(block_size, seed, exact_past_held, &mut held);
         let tokens = tokenizer.tokens_until(&request.input, &mut reach, &mut stats);
         metrics.tokenize_duration.observe(t0.elapsed().as_secs_f64());
