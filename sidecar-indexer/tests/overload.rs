@@ -30,7 +30,7 @@ fn text(seed: u64, words: usize) -> String {
             out.push(' ');
         }
         out.push_str(VOCAB[(x % VOCAB.len() as u64) as usize]);
-        if x % 7 == 0 {
+        if x.is_multiple_of(7) {
             out.push_str(&(x % 1000).to_string());
         }
     }
@@ -105,7 +105,7 @@ async fn a_burst_of_cold_long_chats_is_shed_and_memory_stays_bounded() {
     eventually("the route work to drain", || async {
         let m = http.get(format!("http://{ix}/metrics")).send().await.map_err(|e| e.to_string())?.text().await.map_err(|e| e.to_string())?;
         match metric(&m, "kvmesh_route_inflight") {
-            Some(v) if v == 0.0 => Ok(()),
+            Some(0.0) => Ok(()),
             v => Err(format!("in flight: {v:?}")),
         }
     })
