@@ -34,7 +34,8 @@ use std::collections::HashSet;
 /// The five workloads of the sweep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WorkloadKind {
-    /// The Mooncake conversation trace, time-compressed to the point's request rate.
+    /// The Mooncake conversation trace, a window compressed into the point and thinned by
+    /// conversation to the point's request rate.
     Trace,
     /// Agentic chat: a few 16–32 KB system prompts shared by many conversations, 5–30 turns,
     /// tool-call turns carrying long tool outputs.
@@ -105,7 +106,7 @@ impl WorkloadKind {
     /// One line for the report.
     pub fn describe(self) -> &'static str {
         match self {
-            Self::Trace => "Mooncake conversation trace (token-id prompts, trace order, time-compressed to the rate)",
+            Self::Trace => "Mooncake conversation trace: its first minutes compressed into the point, thinned by whole conversations to the rate (token-id prompts)",
             Self::Agentic => "agentic chat: 3 shared system prompts of 16–32 KB, 5–30 turns, 60% tool-call turns with 1–6 KB tool outputs",
             Self::Siblings => "sibling bursts: 4–8 parallel identical requests of a new 2–8k-token prompt (best-of-n), Poisson bursts",
             Self::Paced => "paced sessions: 3–8 turns, 10–60 s think time between turns (÷ sim speed-up), 2 KB shared system prompts",

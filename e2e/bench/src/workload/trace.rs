@@ -1,17 +1,26 @@
 //! The Mooncake conversation trace as a sweep workload (pure).
 //!
-//! A point at `rate` requests/s compresses trace time by `rate / native_rate` (the native rate
-//! is the trace's mean over its first `reference_window_ms`) and keeps the requests due in
-//! `[0, duration)`, in trace order, each an open-loop single-turn session whose id is its
-//! conversation key (`conversation::session_id`). Prompts are the token ids of `blocks`; output
-//! lengths are the trace's, capped at `max_output_tokens` (decode is not what this benchmark
-//! ranks, and every streamed token costs client, Envoy and simulator CPU). The ceiling is the
-//! trace's own block-weighted intrinsic ceiling over exactly the selected requests.
+//! A point replays the trace's first `window_ms` of trace time (default 10 minutes: long enough
+//! for conversations to come back, which is where the trace's reuse is) compressed into the
+//! point's `duration_s`, and reaches its rate by **thinning whole conversations**: a
+//! conversation is kept iff its key's hash falls under `rate × duration / requests in the
+//! window`. Kept conversations keep every request, their order and their (compressed) gaps, so
+//! the reuse structure — and the ceiling — is the trace's at every rate; higher rates keep a
+//! superset of the conversations of lower ones. (Compressing time alone would leave a 30-s
+//! point with the trace's first seconds, where almost nothing repeats yet.) Requests are
+//! open-loop single-turn sessions whose id is the conversation key
+//! (`conversation::session_id`); prompts are the token ids of `blocks`; output lengths are the
+//! trace's, capped at `max_output_tokens` (decode is not what this benchmark ranks, and every
+//! streamed token costs client, Envoy and simulator CPU). The ceiling is the trace's own
+//! block-weighted intrinsic ceiling over exactly the kept requests. A rate above
+//! `requests in the window / duration` keeps everything and is capped there (the plan's `rate`
+//! says what was offered).
 
 use super::{Content, Plan, Session, Turn, WorkloadKind};
 use crate::blocks;
 use crate::ceiling::intrinsic;
 use crate::conversation;
+use crate::rng::mix;
 use crate::trace::TraceRecord;
 
 /// How the trace becomes a point's plan.
@@ -19,8 +28,8 @@ use crate::trace::TraceRecord;
 pub struct TraceConfig {
     /// Requests due in `[0, duration_s)` after compression are kept.
     pub duration_s: f64,
-    /// The native rate is measured over the trace's first this-many ms.
-    pub reference_window_ms: f64,
+    /// Trace time replayed by every point, ms (from the first record given).
+    pub window_ms: f64,
     /// Seed of the hash id → tokens mapping.
     pub token_seed: u64,
     /// Conversation key position.
@@ -33,7 +42,7 @@ impl Default for TraceConfig {
     fn default() -> Self {
         Self {
             duration_s: 60.0,
-            reference_window_ms: 600_000.0,
+            window_ms: 600_000.0,
             token_seed: 0,
             anchor_block: 1,
             max_output_tokens: 128,
@@ -41,32 +50,19 @@ impl Default for TraceConfig {
     }
 }
 
-/// Requests per second of `records` over their first `window_ms` (0 when empty).
-pub fn native_rate(records: &[TraceRecord], window_ms: f64) -> f64 {
-    let Some(t0) = records.first().map(|r| r.timestamp) else {
-        return 0.0;
-    };
-    let n = records.iter().take_while(|r| r.timestamp - t0 < window_ms).count();
-    if window_ms > 0.0 {
-        n as f64 / (window_ms / 1000.0)
-    } else {
-        0.0
-    }
+/// Conversations are kept iff this hash of their key, as a fraction of 2^64, is below the keep share.
+fn keep_hash(key: u64) -> f64 {
+    mix(key, 0x7ACE) as f64 / 18_446_744_073_709_551_616.0
 }
 
-/// The plan of one point: the trace compressed to `rate` requests/s, `duration_s` of it.
+/// The plan of one point: `window_ms` of the trace in `duration_s`, thinned to `rate` requests/s.
 pub fn plan(records: &[TraceRecord], cfg: &TraceConfig, rate: f64) -> Plan {
-    let native = native_rate(records, cfg.reference_window_ms);
-    let factor = if native > 0.0 { rate / native } else { 0.0 };
     let t0 = records.first().map(|r| r.timestamp).unwrap_or(0.0);
-    let selected: Vec<&TraceRecord> = if factor > 0.0 {
-        records
-            .iter()
-            .take_while(|r| (r.timestamp - t0) / factor < cfg.duration_s * 1000.0)
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let window: Vec<&TraceRecord> = records.iter().take_while(|r| r.timestamp - t0 < cfg.window_ms).collect();
+    let compression = cfg.window_ms / (cfg.duration_s * 1000.0).max(1e-9);
+    let share = if window.is_empty() || !(rate > 0.0) { 0.0 } else { rate * cfg.duration_s / window.len() as f64 };
+    let selected: Vec<&TraceRecord> =
+        window.into_iter().filter(|r| keep_hash(conversation::key(r, cfg.anchor_block)) < share).collect();
     let sessions = selected
         .iter()
         .map(|r| {
@@ -74,13 +70,9 @@ pub fn plan(records: &[TraceRecord], cfg: &TraceConfig, rate: f64) -> Plan {
             let upto = ids.len();
             Session {
                 id: conversation::session_id(r, cfg.anchor_block),
-                start_ms: (r.timestamp - t0) / factor,
+                start_ms: (r.timestamp - t0) / compression,
                 content: Content::Tokens(ids),
-                turns: vec![Turn {
-                    upto,
-                    think_ms: 0.0,
-                    max_tokens: r.output_length.clamp(1, cfg.max_output_tokens.max(1)),
-                }],
+                turns: vec![Turn { upto, think_ms: 0.0, max_tokens: r.output_length.clamp(1, cfg.max_output_tokens.max(1)) }],
             }
         })
         .collect();
@@ -108,27 +100,30 @@ mod tests {
     }
 
     #[test]
-    fn compression_keeps_the_requests_due_in_the_duration() {
-        // 10 requests in the first 10 s: native 1 req/s over a 10 s reference window.
-        let recs: Vec<TraceRecord> = (0u32..20)
-            .map(|i| rec(f64::from(i) * 1000.0, &[0, 100 + u64::from(i % 3)]))
-            .collect();
-        let cfg = TraceConfig {
-            duration_s: 5.0,
-            reference_window_ms: 10_000.0,
-            max_output_tokens: 64,
-            ..Default::default()
-        };
-        assert_eq!(native_rate(&recs, 10_000.0), 1.0);
-        let p = plan(&recs, &cfg, 2.0);
-        // ×2: request i is due at i/2 s; due before 5 s → i < 10.
-        assert_eq!(p.sessions.len(), 10);
-        assert_eq!(p.sessions[3].start_ms, 1500.0);
-        assert!(p.sessions.iter().all(|s| s.turns[0].max_tokens == 64));
-        assert_eq!(p.sessions[1].id, "conv-101");
-        // Block 0 is shared by all, each conversation's block 1 is reused after its first use.
-        assert_eq!((p.ceiling.blocks_reused, p.ceiling.blocks_total), (9 + 7, 20));
-        assert!((p.ceiling_rate() - 16.0 / 20.0).abs() < 1e-12);
+    fn thinning_keeps_whole_conversations_at_the_rate() {
+        // 40 conversations × 5 requests over 100 s of trace time.
+        let recs: Vec<TraceRecord> =
+            (0u32..200).map(|i| rec(f64::from(i) * 500.0, &[0, 1000 + u64::from(i % 40), 5000 + u64::from(i)])).collect();
+        let cfg = TraceConfig { duration_s: 10.0, window_ms: 100_000.0, max_output_tokens: 64, ..Default::default() };
+        let full = plan(&recs, &cfg, 20.0);
+        assert_eq!(full.sessions.len(), 200, "rate × duration = everything");
+        assert_eq!(full.sessions[3].start_ms, 150.0, "100 s of trace in 10 s");
+        assert!(full.sessions.iter().all(|s| s.turns[0].max_tokens == 64));
+        let half = plan(&recs, &cfg, 10.0);
+        assert!((60..=140).contains(&half.sessions.len()), "about half: {}", half.sessions.len());
+        // Whole conversations: each kept key keeps all 5 of its requests.
+        let mut per_key = std::collections::HashMap::<String, usize>::new();
+        for s in &half.sessions {
+            *per_key.entry(s.id.clone()).or_default() += 1;
+        }
+        assert!(per_key.values().all(|&n| n == 5), "{per_key:?}");
+        // Higher rates keep a superset; the ceiling stays the trace's structure.
+        let quarter = plan(&recs, &cfg, 5.0);
+        let ids = |p: &Plan| p.sessions.iter().map(|s| s.id.clone()).collect::<std::collections::HashSet<_>>();
+        assert!(ids(&quarter).is_subset(&ids(&half)));
+        // Per kept conversation of 5: block 0 shared by all (first use misses), block 1 reused 4 times.
+        let k = per_key.len() as u64;
+        assert_eq!((half.ceiling.blocks_reused, half.ceiling.blocks_total), (5 * k - 1 + 4 * k, 15 * k));
         assert!(plan(&recs, &cfg, 0.0).sessions.is_empty());
         assert!(plan(&[], &cfg, 1.0).sessions.is_empty());
     }

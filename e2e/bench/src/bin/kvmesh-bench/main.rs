@@ -167,6 +167,10 @@ struct Args {
     /// Sweep: requests in flight at most (a due request waiting for a slot is sent late).
     #[arg(long, default_value_t = 512)]
     sweep_max_in_flight: usize,
+    /// Sweep: trace time every trace point replays (compressed into --sweep-duration-s, thinned by
+    /// conversation to the rate), ms. 300000 at 30-s points compresses 10×, like the old replay.
+    #[arg(long, default_value_t = 300_000.0)]
+    sweep_trace_window_ms: f64,
     /// Sweep: trace requests' max_tokens = min(output_length, this).
     #[arg(long, default_value_t = 128)]
     sweep_max_output_tokens: u32,
@@ -232,8 +236,8 @@ impl Parts {
 /// The sweep's fleet (its own defaults: few workers, low speed-up, long modelled prefill) and plan.
 fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
     use kvmesh_bench::workload::{trace::TraceConfig, WorkloadKind};
-    if !(a.sweep_sim_speedup > 0.0 && a.sweep_prefill_tokens_per_s > 0.0 && a.sweep_duration_s > 0.0) {
-        bail!("--sweep-sim-speedup, --sweep-prefill-tokens-per-s and --sweep-duration-s must be > 0");
+    if !(a.sweep_sim_speedup > 0.0 && a.sweep_prefill_tokens_per_s > 0.0 && a.sweep_duration_s > 0.0 && a.sweep_trace_window_ms > 0.0) {
+        bail!("--sweep-sim-speedup, --sweep-prefill-tokens-per-s, --sweep-duration-s and --sweep-trace-window-ms must be > 0");
     }
     let workloads = WorkloadKind::parse_list(&a.sweep_workloads).map_err(anyhow::Error::msg)?;
     let mut policies = Policy::parse_list(&a.sweep_policies).map_err(anyhow::Error::msg)?;
@@ -298,7 +302,7 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
             token_seed: a.token_seed,
             anchor_block: a.anchor_block,
             max_output_tokens: a.sweep_max_output_tokens,
-            ..TraceConfig::default()
+            window_ms: a.sweep_trace_window_ms,
         },
         settings,
     };
