@@ -133,3 +133,40 @@ async fn after_an_indexer_restart_a_prefix_older_than_the_replay_buffer_is_learn
     assert!(indexer_metric(&stack, "kvmesh_kv_orphan_recovered_total", &[]).await? >= 1.0);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_template_calling_python_string_methods_is_routed_by_the_indexer() -> anyhow::Result<()> {
+    // The DeepSeek template with `.strip()` on every message, as many Hugging Face templates do;
+    // the engines render with the same file.
+    let dir = tempfile::tempdir()?;
+    let template = dir.path().join("strip.jinja");
+    let source = include_str!("../../tokens/templates/deepseek.jinja").replace("{{ m.content }}", "{{ m.content.strip() }}");
+    anyhow::ensure!(source.contains(".strip()"), "the template changed shape");
+    std::fs::write(&template, source)?;
+    let mut spec = StackSpec::aggregate(2);
+    spec.filter_config = json!({"debug_headers": true});
+    spec.model_toml = format!("chat_template = {:?}\n", template.display().to_string());
+    spec.sim_args = vec!["--chat-template".into(), template.display().to_string()];
+    let stack = Stack::start(spec).await?;
+    let url = stack.gateway("/v1/chat/completions");
+    let turn = |n: usize| {
+        let mut msgs = vec![json!({"role": "system", "content": format!("  {}  ", filler(7, 300))}), json!({"role": "user", "content": filler(8, 40)})];
+        for i in 0..n {
+            msgs.push(json!({"role": "assistant", "content": filler(20 + i as u64, 20)}));
+            msgs.push(json!({"role": "user", "content": filler(40 + i as u64, 20)}));
+        }
+        json!({"model": "deepseek-v4", "messages": msgs, "max_tokens": 4})
+    };
+    let first = post_json(stack.client(), &url, &turn(0), &[]).await?;
+    assert_eq!(first.status, 200, "{}", first.text);
+    assert!(first.header("x-kvmesh-fallback").is_none(), "the filter fell back: {:?}", first.header("x-kvmesh-fallback"));
+    assert_eq!(first.mode(), Some("aggregate"));
+    // The next turn: the indexer's rendering agrees with the engine's, so it predicts the reuse.
+    poll::until("the first turn's blocks in the index", || async {
+        let r = post_json(stack.client(), &url, &turn(1), &[]).await.ok()?;
+        (r.status == 200 && r.overlap_blocks().unwrap_or(0) > 0).then_some(())
+    })
+    .await?;
+    assert_eq!(indexer_metric(&stack, "kvmesh_route_errors_total", &[("reason", "tokenizer")]).await?, 0.0);
+    Ok(())
+}
