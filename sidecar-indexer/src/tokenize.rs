@@ -396,6 +396,8 @@ struct Partial {
     checked: usize,
     /// Once a block no worker holds was reached: how many leading blocks some worker holds.
     held: Option<usize>,
+    /// Text bytes tokenized since (and including the chunk where) an unheld block was reached.
+    cold_bytes: usize,
     estimated_rest: usize,
 }
 
@@ -411,6 +413,7 @@ impl Partial {
             sample_tokens: 0,
             checked: 0,
             held: None,
+            cold_bytes: 0,
             estimated_rest: 0,
         }
     }
@@ -428,8 +431,15 @@ impl Partial {
     }
 
     /// Whether the ids so far cover every block a worker may hold, the exact tokens asked past it,
-    /// and the ratio sample.
-    fn reached_enough(&mut self, reach: &mut Reach<'_>) -> bool {
+    /// and the ratio sample, and the `rest_bytes` left are more than the text tokenized past the
+    /// held prefix (so a prompt is estimated only when that saves more than half of its cold
+    /// work; shorter tails are tokenized, exactly). `chunk_bytes`: the piece just tokenized.
+    fn reached_enough(
+        &mut self,
+        reach: &mut Reach<'_>,
+        chunk_bytes: usize,
+        rest_bytes: usize,
+    ) -> bool {
         self.hash_new_blocks();
         let Some(held) = reach.held.as_mut() else {
             return false;
@@ -441,9 +451,14 @@ impl Partial {
                 self.held = Some(h);
             }
         }
+        if self.held.is_none() {
+            return false;
+        }
+        self.cold_bytes += chunk_bytes;
         self.held.is_some_and(|h| {
             self.ids.len() >= h * self.block_size + reach.exact_past_held
                 && self.sample_bytes >= MIN_SAMPLE_BYTES
+                && rest_bytes > self.cold_bytes
         })
     }
 
@@ -600,6 +615,16 @@ impl PromptTokenizer {
         let mut segments = Vec::new();
         self.splitter.split(text, &mut segments);
         out.ids.reserve(text.len().min(64 * 1024) / 3);
+        // Text bytes after each segment, for the stop rule.
+        let mut later_bytes = vec![0usize; segments.len()];
+        for i in (0..segments.len().saturating_sub(1)).rev() {
+            later_bytes[i] = later_bytes[i + 1]
+                + if let Segment::Text(t) = segments[i + 1] {
+                    t.len()
+                } else {
+                    0
+                };
+        }
         for (i, seg) in segments.iter().enumerate() {
             let t = match *seg {
                 Segment::Added(id) => {
@@ -621,7 +646,7 @@ impl PromptTokenizer {
                 out.sample_bytes += chunk.len();
                 out.sample_tokens += out.ids.len() - before;
                 start = end;
-                if out.reached_enough(reach) {
+                if out.reached_enough(reach, chunk.len(), t.len() - start + later_bytes[i]) {
                     out.estimate_rest(&t[start..], &segments[i + 1..]);
                     return Ok(());
                 }

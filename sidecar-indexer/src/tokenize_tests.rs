@@ -460,3 +460,42 @@ fn token_prompts_are_whole_and_hashed() {
     assert!(got.complete());
     assert_eq!((got.ids, got.chains.len(), got.locals.len()), (ids, 6, 6));
 }
+
+#[test]
+fn a_tail_shorter_than_the_cold_work_is_tokenized_not_estimated() {
+    // The disaggregation case: 1024 exact tokens needed of a ~1.7k-token cold prompt.
+    let tok = load(0);
+    let mut rng = StdRng::seed_from_u64(44);
+    let input = long_chat(&mut rng, 1400);
+    let full = tok.tokens(&input, &mut CacheStats::default()).unwrap();
+    assert!(full.len() > 1024 + 256, "{}", full.len());
+    let mut cold = |_: &[SequenceHash]| 0;
+    let got = tok
+        .tokens_until(
+            &input,
+            &mut Reach::new(16, 1337, 1024, &mut cold),
+            &mut CacheStats::default(),
+        )
+        .unwrap();
+    assert!(
+        got.complete(),
+        "{} of {} tokenized",
+        got.ids.len(),
+        full.len()
+    );
+    assert_eq!(got.ids, full);
+    // Without the threshold, the same prompt stops early (its rest is longer than its cold part).
+    let got = tok
+        .tokens_until(
+            &input,
+            &mut Reach::new(16, 1337, 0, &mut cold),
+            &mut CacheStats::default(),
+        )
+        .unwrap();
+    assert!(
+        !got.complete() && got.ids.len() < full.len() / 2,
+        "{} of {}",
+        got.ids.len(),
+        full.len()
+    );
+}
