@@ -31,6 +31,9 @@ pub const EXTERNAL_PREFIX_CACHE_HITS: &str = "vllm:external_prefix_cache_hits_to
 pub const PROMPT_TOKENS: &str = "vllm:prompt_tokens_total";
 /// `vllm:prompt_tokens_cached_total` (counter): of those, tokens not computed (local + external).
 pub const PROMPT_TOKENS_CACHED: &str = "vllm:prompt_tokens_cached_total";
+/// `vllm:prompt_tokens_by_source_total{source}` (counter): `local_compute`, `local_cache_hit`,
+/// `external_kv_transfer`; the three add up to `vllm:prompt_tokens_total`.
+pub const PROMPT_TOKENS_BY_SOURCE: &str = "vllm:prompt_tokens_by_source_total";
 /// `vllm:generation_tokens_total` (counter).
 pub const GENERATION_TOKENS: &str = "vllm:generation_tokens_total";
 /// `vllm:request_success_total{finished_reason}` (counter).
@@ -93,6 +96,7 @@ pub const ALL: &[&str] = &[
     EXTERNAL_PREFIX_CACHE_HITS,
     PROMPT_TOKENS,
     PROMPT_TOKENS_CACHED,
+    PROMPT_TOKENS_BY_SOURCE,
     GENERATION_TOKENS,
     REQUEST_SUCCESS,
     NUM_PREEMPTIONS,
@@ -337,6 +341,15 @@ impl Metrics {
         counter(&mut o, EXTERNAL_PREFIX_CACHE_HITS, "External prefix cache hits from KV connector (tokens).", s.external_hits);
         counter(&mut o, PROMPT_TOKENS, "Number of prefill tokens processed.", s.prompt_tokens);
         counter(&mut o, PROMPT_TOKENS_CACHED, "Number of cached prompt tokens (local + external).", s.prompt_tokens_cached);
+        let _ = writeln!(o, "# HELP {PROMPT_TOKENS_BY_SOURCE} Number of prompt tokens by source.\n# TYPE {PROMPT_TOKENS_BY_SOURCE} counter");
+        let local_hit = s.prompt_tokens_cached.saturating_sub(s.prompt_tokens_external);
+        for (source, v) in [
+            ("local_compute", s.prompt_tokens.saturating_sub(s.prompt_tokens_cached)),
+            ("local_cache_hit", local_hit),
+            ("external_kv_transfer", s.prompt_tokens_external),
+        ] {
+            let _ = writeln!(o, "{PROMPT_TOKENS_BY_SOURCE}{{{l},source=\"{source}\"}} {v}");
+        }
         counter(&mut o, GENERATION_TOKENS, "Number of generation tokens processed.", s.generation_tokens);
         counter(&mut o, NUM_PREEMPTIONS, "Cumulative number of preemption from the engine.", s.preemptions);
         let _ = writeln!(o, "# HELP {REQUEST_SUCCESS} Count of successfully processed requests.\n# TYPE {REQUEST_SUCCESS} counter");
@@ -405,6 +418,7 @@ mod tests {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
         }
         assert!(text.contains("vllm:prefix_cache_hits_total{model_name=\"deepseek-v4\",engine=\"0\"} 16\n"));
+        assert!(text.contains("vllm:prompt_tokens_by_source_total{model_name=\"deepseek-v4\",engine=\"0\",source=\"local_compute\"} 0\n"));
         assert!(text.contains("vllm:num_requests_running{model_name=\"deepseek-v4\",engine=\"0\"} 2\n"));
         assert!(text.contains("vllm:kv_cache_usage_perc{model_name=\"deepseek-v4\",engine=\"0\"} 0.25\n"));
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"deepseek-v4\",engine=\"0\",le=\"0.005\"} 1\n"));

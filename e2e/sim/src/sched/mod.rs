@@ -317,8 +317,11 @@ impl Scheduler {
                 // vLLM counts prompt tokens when the prefill yields the first token.
                 r.first_token_at = Some(end);
                 let cached = r.cached_tokens.unwrap_or(0).min(r.num_prompt);
+                // A consumer's cached tokens beyond its local hits came over NIXL.
+                let external = if r.remote == Remote::Done { cached.saturating_sub(r.local_hit) } else { 0 };
                 self.stats.prompt_tokens += r.num_prompt as u64;
                 self.stats.prompt_tokens_cached += cached as u64;
+                self.stats.prompt_tokens_external += external as u64;
                 iteration_tokens += (r.num_prompt - cached) as u64;
                 out.prefills.push(r.num_prompt - cached);
             }

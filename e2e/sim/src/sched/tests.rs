@@ -299,6 +299,8 @@ fn a_consumer_pulls_caches_and_counts_the_blocks_as_hits() {
     assert_eq!(log.events()[0], KvEvent::BlockStored { block_hashes: h, parent_block_hash: None, token_ids: prompt[..8].to_vec(), block_size: 4 });
     let st = s.stats();
     assert_eq!((st.prefix_queries, st.prefix_hits, st.external_queries, st.external_hits), (10, 9, 10, 10));
+    // By source, as vLLM's prompt_tokens_by_source: 1 computed, 0 local hits, 9 pulled.
+    assert_eq!((st.prompt_tokens, st.prompt_tokens_cached, st.prompt_tokens_external), (10, 9, 9));
 }
 
 #[test]
@@ -431,4 +433,5 @@ fn steps_report_iteration_tokens_and_prefill_computed_tokens() {
     run(&mut s, t, t + Duration::from_secs(1), &mut log);
     let st = s.stats();
     assert_eq!((st.prompt_tokens, st.prompt_tokens_cached), (20, 8));
+    assert_eq!(st.prompt_tokens_external, 0, "local hits are not external");
 }

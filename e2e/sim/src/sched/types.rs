@@ -228,6 +228,8 @@ pub struct SchedStats {
     pub prompt_tokens: u64,
     /// Of those, tokens not computed: local hits plus NIXL-pulled (`prompt_tokens_cached`).
     pub prompt_tokens_cached: u64,
+    /// Of the cached, tokens pulled over NIXL (`prompt_tokens_by_source{source="external_kv_transfer"}`).
+    pub prompt_tokens_external: u64,
     /// Re-admissions of preempted requests (vLLM `PrefixCacheStats.preempted_requests`).
     pub preempted_admissions: u64,
     /// Tokens those re-admissions looked up (`preempted_queries`; not in `prefix_queries`).
