@@ -358,7 +358,21 @@ fn read_array<T>(rd: &mut Reader<'_>, depth: u16, item: impl Fn(Head<'_>) -> Opt
     };
     let mut out = Vec::with_capacity(prealloc(n, rd));
     let mut ok = true;
+    // A scalar element needs one unit of depth; with it, plain unsigned integers (nearly every
+    // token id and hash) skip the general head dispatch.
+    let fast = child >= 1;
     for _ in 0..n {
+        if fast {
+            if let Some(u) = rd.uint_fast() {
+                if ok {
+                    match item(Head::Uint(u)) {
+                        Some(v) => out.push(v),
+                        None => ok = false,
+                    }
+                }
+                continue;
+            }
+        }
         let (h, c) = rd.head(child)?;
         match h {
             Head::Array(_) | Head::Map(_) => {

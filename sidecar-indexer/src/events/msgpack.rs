@@ -185,6 +185,37 @@ impl<'a> Reader<'a> {
         Ok(Head::Str(self.take(n)?))
     }
 
+    /// Fast path for the common element of token and hash arrays: a non-negative integer in a
+    /// fixint, u8, u16, u32 or u64 marker, read without the general dispatch. None (nothing
+    /// consumed) for any other marker or a truncated value; the caller then reads the head. Depth:
+    /// the caller checks once that its elements' depth allows a scalar (`depth >= 1`).
+    #[inline]
+    pub fn uint_fast(&mut self) -> Option<u64> {
+        let at = self.pos;
+        let marker = *self.buf.get(at)?;
+        let (v, len) = match marker {
+            0x00..=0x7f => (u64::from(marker), 1),
+            0xcc => (u64::from(*self.buf.get(at + 1)?), 2),
+            0xcd => {
+                let b = self.buf.get(at + 1..at + 3)?;
+                (u64::from(u16::from_be_bytes([b[0], b[1]])), 3)
+            }
+            0xce => {
+                let b = self.buf.get(at + 1..at + 5)?;
+                (u64::from(u32::from_be_bytes([b[0], b[1], b[2], b[3]])), 5)
+            }
+            0xcf => {
+                let b = self.buf.get(at + 1..at + 9)?;
+                let mut w = [0u8; 8];
+                w.copy_from_slice(b);
+                (u64::from_be_bytes(w), 9)
+            }
+            _ => return None,
+        };
+        self.pos = at + len;
+        Some(v)
+    }
+
     /// Skips the rest of a value whose head was `head` (children at `child`): nothing for scalars,
     /// every element for containers.
     pub fn skip_rest(&mut self, head: Head<'a>, child: u16) -> Result<(), MsgpackError> {
