@@ -106,7 +106,7 @@ fn crossing(points: &[RatePoint]) -> Option<(f64, f64)> {
     let threshold = SATURATION_FACTOR * light;
     for w in 1..pts.len() {
         let (prev, cur) = (pts[w - 1], pts[w]);
-        let over = cur.p90_ms.map_or(true, |p| p > threshold);
+        let over = cur.p90_ms.is_none_or(|p| p > threshold);
         if over {
             // Linear between the last point under the threshold and this one; a point with no
             // successful request is treated as saturated at its rate.
@@ -395,7 +395,8 @@ mod tests {
 
     #[test]
     fn saturation_table() {
-        let cases: Vec<(&str, Vec<RatePoint>, Option<(f64, bool)>)> = vec![
+        type Case = (&'static str, Vec<RatePoint>, Option<(f64, bool)>);
+        let cases: Vec<Case> = vec![
             (
                 "never crosses",
                 vec![pt(1.0, 100.0, true), pt(2.0, 150.0, true), pt(4.0, 290.0, true)],

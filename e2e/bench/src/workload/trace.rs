@@ -60,7 +60,7 @@ pub fn plan(records: &[TraceRecord], cfg: &TraceConfig, rate: f64) -> Plan {
     let t0 = records.first().map(|r| r.timestamp).unwrap_or(0.0);
     let window: Vec<&TraceRecord> = records.iter().take_while(|r| r.timestamp - t0 < cfg.window_ms).collect();
     let compression = cfg.window_ms / (cfg.duration_s * 1000.0).max(1e-9);
-    let share = if window.is_empty() || !(rate > 0.0) { 0.0 } else { rate * cfg.duration_s / window.len() as f64 };
+    let share = if window.is_empty() || rate.is_nan() || rate <= 0.0 { 0.0 } else { rate * cfg.duration_s / window.len() as f64 };
     let selected: Vec<&TraceRecord> =
         window.into_iter().filter(|r| keep_hash(conversation::key(r, cfg.anchor_block)) < share).collect();
     let sessions = selected
