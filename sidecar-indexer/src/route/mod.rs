@@ -36,8 +36,12 @@ pub async fn route(state: &Arc<AppState>, headers: &HeaderMap, body: Bytes) -> R
     let permit = admission::admit(&state.route_inflight, cfg.routing.max_concurrent_routes, &state.metrics)?;
     let cancel = admission::Cancel::default();
     let armed = cancel.on_drop();
-    let prompt = plan::tokenize(state, &cfg, parsed, permit, cancel).await?;
+    let mut prompt = plan::tokenize(state, &cfg, parsed, permit, cancel).await?;
+    let partial = prompt.partial.take();
     let (plan, booking, record) = plan::decide_and_book(state, &cfg, &req, prompt)?;
+    if let Some(request) = partial {
+        plan::complete_later(state, &cfg, request, &plan);
+    }
     let leg_id = format!("{}-leg", booking.wire_id());
     let legs = run::LegRequest { leg_id: &leg_id, request_id: req.request_id.as_deref().unwrap_or(""), path: &req.path, body: &req.body };
     let result = run::run(state, &cfg, plan, &legs, &booking).await;

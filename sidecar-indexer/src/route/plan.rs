@@ -24,6 +24,58 @@ pub struct Prompt {
     pub chains: Vec<SequenceHash>,
     /// Local block hashes (for orphan recovery, `crate::index` recovery).
     pub locals: Vec<LocalBlockHash>,
+    /// The request, when only part of its prompt was tokenized: [`complete_later`] tokenizes the
+    /// rest off the request path and credits its blocks to the chosen workers speculatively.
+    pub partial: Option<OpenAiRequest>,
+}
+
+/// Background completions ([`complete_later`]) running at most at once; beyond, they are skipped.
+pub const MAX_BACKGROUND_COMPLETIONS: usize = 2;
+
+static BACKGROUND: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Tokenizes the rest of a partly tokenized prompt on the blocking pool, after the decision was
+/// answered, and records all its blocks as speculative holdings of the plan's workers: siblings
+/// and the conversation's next turn, arriving before the engine's events, see the whole prompt
+/// there (not only the part the decision needed), and the tokenization cache holds it. At most
+/// [`MAX_BACKGROUND_COMPLETIONS`] run at once; beyond, the completion is skipped (the engine's
+/// events bring the same blocks a little later).
+pub fn complete_later(state: &Arc<AppState>, cfg: &Config, request: OpenAiRequest, plan: &Plan) {
+    use std::sync::atomic::Ordering;
+    if BACKGROUND.fetch_add(1, Ordering::AcqRel) >= MAX_BACKGROUND_COMPLETIONS {
+        BACKGROUND.fetch_sub(1, Ordering::AcqRel);
+        tracing::debug!("background tokenization skipped: {MAX_BACKGROUND_COMPLETIONS} running");
+        return;
+    }
+    let mut holders = vec![plan.worker.clone()];
+    if let Some(crate::decide::Leg::PrefillOn { worker, .. }) = &plan.leg {
+        holders.push(worker.clone());
+    }
+    let (state, block_size) = (state.clone(), cfg.model.block_size as usize);
+    tokio::task::spawn_blocking(move || {
+        struct Running;
+        impl Drop for Running {
+            fn drop(&mut self) {
+                BACKGROUND.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let _running = Running;
+        let tokenizer = state.tokenizer.read().clone();
+        let seed = block_seed(None, request.cache_salt.as_deref());
+        let whole = match tokenizer.tokens_until(&request.input, &mut Reach::whole_blocks(block_size, seed), &mut CacheStats::default()) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::debug!(error = %e, "background tokenization failed");
+                return;
+            }
+        };
+        let fleet = state.fleet.read();
+        let slots: Vec<_> = fleet.workers.iter().filter(|w| holders.contains(&w.cfg.id)).filter_map(|w| w.ranks.first()).map(|r| r.slot).collect();
+        let mut placement = state.placement.lock();
+        for slot in slots {
+            placement.speculative.record(slot, &whole.chains, Instant::now());
+        }
+    });
 }
 
 /// Tokenizes and hashes on the blocking pool. The [`Permit`] moves into the blocking task and is
@@ -59,7 +111,10 @@ pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
             tracing::debug!("route caller left during tokenization; result dropped");
             return None;
         }
-        Some(tokens.map(|t| Prompt { tokens: t.tokens(), chains: t.chains, locals: t.locals }))
+        Some(tokens.map(|t| {
+            let partial = (!t.complete()).then_some(request);
+            Prompt { tokens: t.tokens(), chains: t.chains, locals: t.locals, partial }
+        }))
     });
     match work.await {
         Ok(Some(r)) => r.map_err(|e| ApiError::unavailable("tokenizer", e.to_string())),
