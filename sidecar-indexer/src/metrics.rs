@@ -23,6 +23,8 @@ pub const TOKENIZE_DURATION_SECONDS: &str = "kvmesh_tokenize_duration_seconds";
 pub const MATCH_DURATION_SECONDS: &str = "kvmesh_match_duration_seconds";
 pub const SCORE_DURATION_SECONDS: &str = "kvmesh_score_duration_seconds";
 pub const TOKENIZE_CACHE_SEGMENTS_TOTAL: &str = "kvmesh_tokenize_cache_segments_total";
+pub const TOKENIZE_TOKENS_TOTAL: &str = "kvmesh_tokenize_tokens_total";
+pub const TOKENIZE_BACKGROUND_TOTAL: &str = "kvmesh_tokenize_background_total";
 pub const DONE_REPORTS_TOTAL: &str = "kvmesh_done_reports_total";
 pub const LOAD_EXPIRED_TOTAL: &str = "kvmesh_load_expired_total";
 pub const KV_EVENTS_TOTAL: &str = "kvmesh_kv_events_total";
@@ -101,6 +103,8 @@ pub const ALL: &[&str] = &[
     MATCH_DURATION_SECONDS,
     SCORE_DURATION_SECONDS,
     TOKENIZE_CACHE_SEGMENTS_TOTAL,
+    TOKENIZE_TOKENS_TOTAL,
+    TOKENIZE_BACKGROUND_TOTAL,
     DONE_REPORTS_TOTAL,
     LOAD_EXPIRED_TOTAL,
     KV_EVENTS_TOTAL,
@@ -189,6 +193,10 @@ pub struct Metrics {
     pub score_duration: Histogram,
     /// labels: result (hit, miss).
     pub tokenize_cache: IntCounterVec,
+    /// labels: kind (exact: tokenized on the request path, estimated: the rest of a prompt).
+    pub tokenize_tokens: IntCounterVec,
+    /// labels: result (done, skipped, failed): partly tokenized prompts finished off the request path.
+    pub tokenize_background: IntCounterVec,
     /// labels: outcome (success, error, aborted), matched (true, false).
     pub done_reports: IntCounterVec,
     /// labels: reason (timeout, overflow).
@@ -340,6 +348,8 @@ impl Metrics {
             match_duration: duration(&r, MATCH_DURATION_SECONDS, "Time to hash a prompt's blocks and find per-worker overlaps")?,
             score_duration: duration(&r, SCORE_DURATION_SECONDS, "Time to score workers and decide")?,
             tokenize_cache: counter_vec(&r, TOKENIZE_CACHE_SEGMENTS_TOTAL, "Prompt segments served from / added to the tokenization cache", &["result"])?,
+            tokenize_tokens: counter_vec(&r, TOKENIZE_TOKENS_TOTAL, "Prompt tokens of routed requests: tokenized on the request path (exact) or estimated past the blocks any worker may hold", &["kind"])?,
+            tokenize_background: counter_vec(&r, TOKENIZE_BACKGROUND_TOTAL, "Partly tokenized prompts finished off the request path for speculative holdings, by result", &["result"])?,
             done_reports: counter_vec(&r, DONE_REPORTS_TOTAL, "/v1/done reports by outcome and whether a booking matched", &["outcome", "matched"])?,
             load_expired: counter_vec(&r, LOAD_EXPIRED_TOTAL, "Booked request loads released without /v1/done", &["reason"])?,
             kv_events: counter_vec(&r, KV_EVENTS_TOTAL, "KV events received by worker and type", &["worker", "type"])?,

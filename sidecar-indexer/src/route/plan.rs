@@ -44,6 +44,7 @@ pub fn complete_later(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
     use std::sync::atomic::Ordering;
     if BACKGROUND.fetch_add(1, Ordering::AcqRel) >= MAX_BACKGROUND_COMPLETIONS {
         BACKGROUND.fetch_sub(1, Ordering::AcqRel);
+        state.metrics.tokenize_background.with_label_values(&["skipped"]).inc();
         tracing::debug!("background tokenization skipped: {MAX_BACKGROUND_COMPLETIONS} running");
         return;
     }
@@ -65,10 +66,12 @@ pub fn complete_later(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
         let whole = match tokenizer.tokens_until(&request.input, &mut Reach::whole_blocks(block_size, seed), &mut CacheStats::default()) {
             Ok(t) => t,
             Err(e) => {
+                state.metrics.tokenize_background.with_label_values(&["failed"]).inc();
                 tracing::debug!(error = %e, "background tokenization failed");
                 return;
             }
         };
+        state.metrics.tokenize_background.with_label_values(&["done"]).inc();
         let fleet = state.fleet.read();
         let slots: Vec<_> = fleet.workers.iter().filter(|w| holders.contains(&w.cfg.id)).filter_map(|w| w.ranks.first()).map(|r| r.slot).collect();
         let mut placement = state.placement.lock();
@@ -112,6 +115,8 @@ pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
             return None;
         }
         Some(tokens.map(|t| {
+            metrics.tokenize_tokens.with_label_values(&["exact"]).inc_by(t.ids.len() as u64);
+            metrics.tokenize_tokens.with_label_values(&["estimated"]).inc_by(t.estimated_rest as u64);
             let partial = (!t.complete()).then_some(request);
             Prompt { tokens: t.tokens(), chains: t.chains, locals: t.locals, partial }
         }))
