@@ -623,6 +623,8 @@ mod tests {
         m.worker_queued_prefill.with_label_values(&["w"]).set(1.0);
         m.kv_block_hit_rate.with_label_values(&["router"]).set(0.5);
         m.config_reloads.with_label_values(&["ok"]).inc();
+        m.tokenize_tokens.with_label_values(&["exact"]).inc();
+        m.tokenize_background.with_label_values(&["done"]).inc();
         m.migration_opportunities.with_label_values(&["index"]).inc();
         m.sessions_tracked.with_label_values(&["kv_home"]).set(1);
         m.discovery.init_series();
