@@ -12,10 +12,14 @@
 //! the prefill queued ahead of it plus this request's uncached tokens there (overlap capped at
 //! ⌊(tokens − 1) / block_size⌋, the engine's last-block rule), divided by its throughput, plus its
 //! decode batch's share of the steps. Lowest wins; workers within the near-tie band
-//! (`near_tie_ms`, `near_tie_fraction`) of the fastest are drawn at random, so gateway replicas with
-//! the same view do not herd; `temperature > 0` samples p ∝ exp(−normalised time / temperature).
-//! A session stays at its home (where its KV is: the worker that served it last, `kv_home`; or its
-//! rendezvous worker with `session_placement = "rendezvous"`) unless another worker
+//! (`near_tie_ms`, `near_tie_fraction`) of the fastest are drawn uniformly at random, so gateway
+//! replicas with the same view do not herd — except that a new session takes its rendezvous worker
+//! when that is among them, which is the worker the filter's fallback pins it to while the indexer
+//! is down, and the one every replica picks for it; `temperature > 0` samples
+//! p ∝ exp(−normalised time / temperature).
+//! A session stays at its home (where its KV is: the worker holding most of the prompt by the
+//! index, which every gateway replica shares — this replica's `kv_home` only when the index does not
+//! tell workers apart; or its rendezvous worker with `session_placement = "rendezvous"`) unless another worker
 //! is predicted faster by more than the move margin (`session_move_margin_ms` and
 //! `session_move_margin` × the home's time): hysteresis, so it does not flap. The `overload_*`
 //! thresholds remain hard guards: an overloaded worker is a candidate only when every worker is.
@@ -395,11 +399,22 @@ fn decide_worker<R: Rng + ?Sized>(
             SessionPlacement::Rendezvous => {
                 rendezvous::pick(key.0, candidates.iter().map(|w| w.id))
             }
-            // Where it was last served; without one (new, or forgotten) it is placed by prediction,
-            // which favours a worker still holding its history by exactly the recompute it saves.
-            SessionPlacement::Predicted | SessionPlacement::Sticky => input
-                .kv_home
-                .filter(|h| candidates.iter().any(|w| w.id == *h)),
+            // Where its KV is. The index is shared truth — every gateway replica consumes the same
+            // events — while `kv_home` is this replica's memory, stale once another replica served
+            // the session elsewhere: so the home is the worker holding most of the prompt by the
+            // index (its `kv_home`, else its rendezvous worker, when several hold as much), and
+            // `kv_home` only when the index does not tell the workers apart. Without either (new,
+            // or forgotten) the session is placed by prediction.
+            SessionPlacement::Predicted | SessionPlacement::Sticky => {
+                let kv_home = input.kv_home.filter(|h| candidates.iter().any(|w| w.id == *h));
+                let holders: Vec<&str> =
+                    candidates.iter().filter(|w| best_index > 0 && w.overlap_blocks == best_index).map(|w| w.id).collect();
+                if holders.is_empty() || holders.len() == candidates.len() {
+                    kv_home
+                } else {
+                    kv_home.filter(|h| holders.contains(h)).or_else(|| rendezvous::pick(key.0, holders.iter().copied()))
+                }
+            }
         };
         let src = source.as_str();
         if let Some(home_id) = home_id {
@@ -410,7 +425,7 @@ fn decide_worker<R: Rng + ?Sized>(
                         .copied()
                         .filter(|s| s.w.id != home_id)
                         .collect();
-                    let best_other = (!others.is_empty()).then(|| pick(&others, isl, cfg, rng).0);
+                    let best_other = (!others.is_empty()).then(|| pick(&others, isl, None, cfg, rng).0);
                     let gain = best_other.map_or(0.0, |o| home.ttft_s - o.ttft_s);
                     let margin_s = (cfg.session_move_margin_ms / 1000.0)
                         .max(cfg.session_move_margin * home.ttft_s);
@@ -456,7 +471,7 @@ fn decide_worker<R: Rng + ?Sized>(
                         .find(|w| w.id == home_id)
                         .and_then(|w| overloaded(w, cfg))
                         .unwrap_or_default();
-                    let (chosen, inner, _) = pick(&guarded, isl, cfg, rng);
+                    let (chosen, inner, _) = pick(&guarded, isl, None, cfg, rng);
                     let reason = format!(
                         "{prefix}home {home_id} overloaded ({why}); chose {}: {inner}",
                         chosen.w.id
@@ -475,7 +490,9 @@ fn decide_worker<R: Rng + ?Sized>(
         prefix = format!("{prefix}new session: ");
     }
 
-    let (chosen, inner, next) = pick(&guarded, isl, cfg, rng);
+    // A new session's near-tie preference: its rendezvous worker (see the module docs).
+    let rendezvous_home = input.session.and_then(|(key, _)| rendezvous::pick(key.0, guarded.iter().map(|s| s.w.id)));
+    let (chosen, inner, next) = pick(&guarded, isl, rendezvous_home, cfg, rng);
     let max_cached = guarded
         .iter()
         .map(|s| s.w.cached_blocks())
@@ -554,13 +571,15 @@ fn near(t: f64, min: f64, cfg: &RoutingConfig) -> bool {
     t - min <= (cfg.near_tie_ms / 1000.0).max(cfg.near_tie_fraction * min) + 1e-12
 }
 
-/// Picks the fastest of `set` (non-empty; `isl` = the prompt's full blocks, for the reason): a
-/// random one within the near-tie band (those with the most index overlap among them: engine
-/// truth beats speculation), or sampled with `temperature > 0`; returns it, a reason and the
-/// runner-up (`; next w2 12.0 ms`, or empty).
+/// Picks the fastest of `set` (non-empty; `isl` = the prompt's full blocks, for the reason):
+/// `prefer` when it is within the near-tie band, else one drawn uniformly from the band — no
+/// deterministic preference (such as the most index overlap) inside it, which is what makes gateway
+/// replicas that see the same index and events herd — or sampled with `temperature > 0`; returns
+/// it, a reason and the runner-up (`; next w2 12.0 ms`, or empty).
 pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
     set: &[Scored<'v, 'a>],
     isl: u32,
+    prefer: Option<&str>,
     cfg: &RoutingConfig,
     rng: &mut R,
 ) -> (Scored<'v, 'a>, String, String) {
@@ -585,22 +604,13 @@ pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
         }
         chosen
     } else {
-        let near_set: Vec<usize> = (0..times.len())
+        let tied: Vec<usize> = (0..times.len())
             .filter(|&i| near(times[i], min, cfg))
             .collect();
-        // Among near ties, engine truth beats speculation: the most index overlap first.
-        let truth = near_set
-            .iter()
-            .map(|&i| set[i].w.overlap_blocks)
-            .max()
-            .unwrap_or(0);
-        let tied: Vec<usize> = near_set
-            .into_iter()
-            .filter(|&i| set[i].w.overlap_blocks == truth)
-            .collect();
-        tied.get(rng.gen_range(0..tied.len().max(1)))
-            .copied()
-            .unwrap_or(0)
+        match tied.iter().copied().find(|&i| Some(set[i].w.id) == prefer) {
+            Some(preferred) => preferred,
+            None => tied.get(rng.gen_range(0..tied.len().max(1))).copied().unwrap_or(0),
+        }
     };
     let s = set[index];
     let next = set

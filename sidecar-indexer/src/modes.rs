@@ -273,7 +273,7 @@ fn prefill_worker<'a, 'b, R: Rng + ?Sized>(
     if set.is_empty() {
         return None;
     }
-    Some(pick(&set, full_blocks, cfg, rng).0.w)
+    Some(pick(&set, full_blocks, None, cfg, rng).0.w)
 }
 
 #[cfg(test)]

@@ -107,6 +107,8 @@ name = "m"
 block_size = 4
 [routing]
 replay_timeout_ms = 200
+# These workers are not engines: nothing a route records as speculative would ever be stored.
+speculative_ttl_ms = 0
 [[workers]]
 id = "s0"
 role = "decode"
