@@ -312,7 +312,9 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
 #[tokio::test]
 async fn a_call_dropped_during_its_prefill_leg_leaks_no_booking() {
     let (addr, hold) = silent_worker().await;
-    let text = fleet_toml("min_remote_prefill_tokens = 1\nprefill_timeout_ms = 9000").replace("127.0.0.1:3", &addr.to_string());
+    let text = fleet_toml("min_remote_prefill_tokens = 1\nprefill_timeout_ms = 9000").replace("127.0.0.1:3", &addr.to_string())
+        // Only p0 prefills (a `both` w1 could take the leg, refuse it and fall back at once).
+        .replace("role = \"both\"", "role = \"decode\"");
     let config = Config::from_toml_str(&text, &MapEnv::default()).unwrap();
     let svc = Service::start_with_tokenizer(config, None, Arc::new(MapEnv::default()), tokenizer()).unwrap();
     let pending = {
@@ -332,7 +334,9 @@ async fn a_call_dropped_during_its_prefill_leg_leaks_no_booking() {
 #[tokio::test]
 async fn the_request_deadline_releases_a_stuck_leg_and_says_why() {
     let (addr, hold) = silent_worker().await;
-    let text = fleet_toml("min_remote_prefill_tokens = 1\nprefill_timeout_ms = 5000\nrequest_timeout_ms = 300").replace("127.0.0.1:3", &addr.to_string());
+    let text = fleet_toml("min_remote_prefill_tokens = 1\nprefill_timeout_ms = 5000\nrequest_timeout_ms = 300").replace("127.0.0.1:3", &addr.to_string())
+        // Only p0 prefills (a `both` w1 could take the leg, refuse it and fall back at once).
+        .replace("role = \"both\"", "role = \"decode\"");
     // prefill_timeout_ms must be below request_timeout_ms; bypass validation by building the config directly.
     let mut config = Config::from_toml_str(&text.replace("request_timeout_ms = 300", "request_timeout_ms = 6000"), &MapEnv::default()).unwrap();
     config.routing.request_timeout_ms = 300;
