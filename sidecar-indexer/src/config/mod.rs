@@ -1,0 +1,267 @@
+//! The fleet description and every policy knob, parsed once into one validated [`Config`].
+//!
+//! The file (TOML, or YAML by extension) is *the* fleet description: the e2e harness writes it and
+//! renders the Envoy bootstrap from the same file, so its keys are a contract (see README). Values
+//! come from three layers, later wins: built-in defaults, the file, then `KVMESH_<SECTION>_<KEY>`
+//! environment variables (`KVMESH_LISTEN`, `KVMESH_MODEL_BLOCK_SIZE`, `KVMESH_ROUTING_OVERLAP_CREDIT`
+//! …). The environment is read through [`EnvSource`] so tests never touch the process environment.
+//! Overrides are applied to the parsed document *before* typing, so an override is validated exactly
+//! like a file value and there is one shape of the configuration, not two.
+//!
+//! Layout: this module holds [`Config`] itself, the model and gateway sections, loading (file →
+//! overrides → typing → validation) and the warnings; `routing` owns [`RoutingConfig`] with its
+//! defaults and checks, `workers` the fleet's members (`[[workers]]`, `[discovery]`), `env` the
+//! override sources and how an override is applied.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use env::apply_env;
+
+mod env;
+mod routing;
+mod workers;
+
+pub use env::{EnvSource, MapEnv, ProcessEnv, ENV_PREFIX};
+pub use routing::{IndexMode, KvMigration, RoutingConfig, SessionPlacement};
+pub use workers::{offset_endpoint, DiscoverySection, WorkerConfig};
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {reason}")]
+    Io { path: PathBuf, reason: String },
+    #[error("cannot parse configuration: {0}")]
+    Parse(String),
+    #[error("environment variable {var}: {reason}")]
+    Env { var: String, reason: String },
+    #[error("invalid {field} = {value:?}: {reason}")]
+    InvalidValue {
+        field: String,
+        value: String,
+        reason: String,
+    },
+}
+
+fn invalid(
+    field: impl Into<String>,
+    value: impl ToString,
+    reason: impl Into<String>,
+) -> ConfigError {
+    ConfigError::InvalidValue {
+        field: field.into(),
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// The validated configuration of one indexer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `ip:port` of the HTTP API (port 0 = any free port, reported on the `READY` line). The API
+    /// has no authentication: keep it on loopback (the filter reaches it there).
+    pub listen: String,
+    /// `ip:port` of a second listener serving only `/metrics`, `/healthz` and `/readyz`, for
+    /// scrapers and probes from outside the pod while `listen` stays on loopback; none = no second
+    /// listener.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<String>,
+    /// Serve `/debug/workers` and `/debug/blocks` on `listen`. Default: only when `listen` is a
+    /// loopback address (they dump fleet and index state).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debug_endpoints: Option<bool>,
+    pub model: ModelConfig,
+    /// Read by the Envoy renderer; accepted and kept, never used by the indexer.
+    #[serde(default)]
+    pub gateway: GatewayConfig,
+    /// The wasm filter's settings, if the fleet file carries them; accepted and kept, unused here.
+    #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
+    pub filter: toml::Table,
+    #[serde(default)]
+    pub routing: RoutingConfig,
+    #[serde(default)]
+    pub workers: Vec<WorkerConfig>,
+    /// Workers found at run time besides `workers` (`[discovery.kubernetes]`; see [`DiscoverySection`]).
+    #[serde(default, skip_serializing_if = "DiscoverySection::is_empty")]
+    pub discovery: DiscoverySection,
+}
+
+/// The served model: block size and tokenization.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub name: String,
+    /// Tokens per KV block; must equal the engines' (`--block-size`). Events that disagree are refused.
+    pub block_size: u32,
+    /// The model's `tokenizer.json`; default [`kvmesh_tokens::default_tokenizer_path`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<PathBuf>,
+    /// A Jinja2 chat template file; default the built-in DeepSeek template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<PathBuf>,
+    /// `bos_token` given to a chat template loaded from `chat_template`.
+    #[serde(default = "default_bos")]
+    pub bos_token: String,
+}
+
+fn default_bos() -> String {
+    "<｜begin▁of▁sentence｜>".to_owned()
+}
+
+impl ModelConfig {
+    /// The tokenizer file to load.
+    pub fn tokenizer_path(&self) -> PathBuf {
+        self.tokenizer
+            .clone()
+            .unwrap_or_else(kvmesh_tokens::default_tokenizer_path)
+    }
+}
+
+/// The gateway's addresses (for the Envoy renderer). Unknown keys are kept in `extra`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GatewayConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin: Option<String>,
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, toml::Value>,
+}
+
+impl Config {
+    /// Parses TOML text, applies `KVMESH_*` overrides from `env`, and validates.
+    pub fn from_toml_str(text: &str, env: &dyn EnvSource) -> Result<Self, ConfigError> {
+        let doc: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        Self::from_table(doc, env)
+    }
+
+    /// Parses YAML text (same keys), applies overrides, and validates.
+    pub fn from_yaml_str(text: &str, env: &dyn EnvSource) -> Result<Self, ConfigError> {
+        let value: serde_json::Value =
+            serde_yaml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let doc = toml::Table::deserialize(value).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        Self::from_table(doc, env)
+    }
+
+    /// Reads `path` (`.yaml`/`.yml` as YAML, anything else as TOML).
+    pub fn load(path: &Path, env: &dyn EnvSource) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("yaml" | "yml") => Self::from_yaml_str(&text, env),
+            _ => Self::from_toml_str(&text, env),
+        }
+    }
+
+    fn from_table(mut doc: toml::Table, env: &dyn EnvSource) -> Result<Self, ConfigError> {
+        apply_env(&mut doc, env)?;
+        let config: Config = toml::Value::Table(doc)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The metrics listener's address, parsed, if one is configured.
+    pub fn metrics_addr(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        self.metrics_listen
+            .as_deref()
+            .map(|m| m.parse().map_err(|_| invalid("metrics_listen", m, "must be ip:port")))
+            .transpose()
+    }
+
+    /// Whether `/debug/*` is served (see [`Config::debug_endpoints`]).
+    pub fn debug_enabled(&self) -> bool {
+        self.debug_endpoints.unwrap_or_else(|| self.listen_addr().is_ok_and(|a| a.ip().is_loopback()))
+    }
+
+    /// The listen address, parsed (validated at load, so this only fails on hand-built configs).
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        self.listen
+            .parse()
+            .map_err(|_| invalid("listen", &self.listen, "must be ip:port"))
+    }
+
+    /// Checks every value; the first problem is returned.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let api = self.listen_addr()?;
+        if let Some(m) = self.metrics_addr()? {
+            if m.port() != 0 && m == api {
+                return Err(invalid("metrics_listen", m, "must differ from listen"));
+            }
+        }
+        let m = &self.model;
+        if m.name.trim().is_empty() {
+            return Err(invalid("model.name", &m.name, "must not be empty"));
+        }
+        if m.block_size == 0 || m.block_size > 4096 {
+            return Err(invalid(
+                "model.block_size",
+                m.block_size,
+                "must be in 1..=4096",
+            ));
+        }
+        self.routing.validate()?;
+        workers::validate_workers(&self.workers)?;
+        self.discovery.validate()?;
+        Ok(())
+    }
+}
+
+impl Config {
+    /// Settings that are valid but probably not what the operator wants, as log-ready sentences.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let r = &self.routing;
+        let leg_ms = [
+            (r.min_remote_prefill_tokens > 0)
+                .then_some(("prefill_timeout_ms", r.prefill_timeout_ms)),
+            (r.kv_migration == KvMigration::On)
+                .then_some(("kv_migration_timeout_ms", r.kv_migration_timeout_ms)),
+        ];
+        // The filter's default deadline for the route call (filter/README.md).
+        let filter_ms = self
+            .filter
+            .get("indexer_timeout_ms")
+            .and_then(toml::Value::as_integer)
+            .unwrap_or(100);
+        for (knob, ms) in leg_ms.into_iter().flatten() {
+            if u64::try_from(filter_ms).unwrap_or(0) <= ms {
+                out.push(format!(
+                    "filter.indexer_timeout_ms {filter_ms} <= routing.{knob} {ms}: the filter gives up on a route call before its leg can finish (set it above)"
+                ));
+            }
+        }
+        if r.session_placement == SessionPlacement::Sticky {
+            out.push("routing.session_placement = \"sticky\" is deprecated: it now means \"predicted\" (a session stays where its KV is while that is predicted near-fastest)".to_owned());
+        }
+        let d = RoutingConfig::default();
+        for (knob, v, default) in [
+            ("overlap_credit", r.overlap_credit, d.overlap_credit),
+            (
+                "prefill_load_scale",
+                r.prefill_load_scale,
+                d.prefill_load_scale,
+            ),
+        ] {
+            if v != default {
+                out.push(format!("routing.{knob} is no longer used: workers are compared by predicted time to first token"));
+            }
+        }
+        if r.local_continuations && r.min_remote_prefill_tokens == 0 {
+            out.push("routing.local_continuations has no effect while min_remote_prefill_tokens = 0 (disaggregation off)".to_owned());
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;

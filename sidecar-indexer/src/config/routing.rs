@@ -1,0 +1,388 @@
+//! [`RoutingConfig`] (`[routing]`): every policy knob and bound, its documented defaults, and the
+//! checks a value must pass; plus the enums its knobs take ([`IndexMode`], [`KvMigration`],
+//! [`SessionPlacement`]).
+
+use serde::{Deserialize, Serialize};
+
+use super::{invalid, ConfigError};
+
+/// Where the index learns what each worker caches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IndexMode {
+    /// From the engines' KV events (exact, needs `kv_events`).
+    Precise,
+    /// From the indexer's own routing decisions, with a TTL and a size bound (engines without events).
+    Approximate,
+}
+
+impl IndexMode {
+    /// The wire / label name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Precise => "precise",
+            Self::Approximate => "approximate",
+        }
+    }
+}
+
+/// `kv_migration`: whether decode-to-decode KV migration runs, is only counted, or is off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvMigration {
+    /// Never migrate; no opportunity is counted.
+    Off,
+    /// Count and log (sampled) the would-migrate decisions; send nothing.
+    Dry,
+    /// Run the producer handshake on the source and let the target pull the blocks.
+    On,
+}
+
+impl KvMigration {
+    /// The config / label name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Dry => "dry",
+            Self::On => "on",
+        }
+    }
+}
+
+/// Where a session's home is (`session_placement`). Either way a session stays home while that is
+/// the best or near-best choice by predicted TTFT and moves past `session_move_margin(_ms)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionPlacement {
+    /// Home = where its KV is: the session's last decode worker (`kv_home`); a new session (or one
+    /// whose home was forgotten) goes where it is predicted fastest.
+    Predicted,
+    /// Home = the rendezvous-hash worker of the key (what the filter's fallback pins to).
+    Rendezvous,
+    /// Deprecated alias of `predicted` (the old "first by cost, then where last served"); warns.
+    Sticky,
+}
+
+/// Every policy knob and bound. Defaults are the documented ones (README, "Configuration").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutingConfig {
+    /// `precise` (KV events) or `approximate` (learn from own decisions).
+    pub mode: IndexMode,
+    /// Deprecated, ignored (the block-count cost it weighted is gone; a value other than 1 warns).
+    pub overlap_credit: f64,
+    /// Deprecated, ignored (as `overlap_credit`).
+    pub prefill_load_scale: f64,
+    /// Softmax temperature over normalised costs; 0 = argmin with random tie-break.
+    pub temperature: f64,
+    /// Fallback endpoints returned with each decision (Envoy retries them in order).
+    pub max_fallbacks: usize,
+    /// A worker with at least this many active blocks is overloaded (0 = off).
+    pub overload_active_blocks: u64,
+    /// A worker with at least this many in-flight routed requests is overloaded (0 = off).
+    pub overload_active_requests: u64,
+    /// A worker whose engine reports at least this many waiting requests is overloaded (0 = off).
+    pub overload_waiting_requests: u64,
+    /// Load booked for a request is released after this long if `/v1/done` never comes.
+    pub load_expiry_secs: u64,
+    /// Most requests with booked load; the oldest is expired beyond it.
+    pub max_bookings: usize,
+    /// Blocks assumed per in-flight request the engine reports but the indexer did not route.
+    pub unknown_request_blocks: u64,
+    /// Most (block, worker) entries in the index; least recently used blocks go first beyond it.
+    pub index_max_entries: usize,
+    /// Most blocks one worker (dp rank) may claim; beyond it the worker is resynced (lost removals).
+    pub max_blocks_per_worker: usize,
+    /// Event batches queued between the ZMQ listeners and the index applier.
+    pub event_queue_batches: usize,
+    /// Decoded bytes of the batches queued between the listeners and the applier (a listener waits
+    /// beyond it; one batch larger than the whole budget passes alone).
+    pub event_queue_bytes: usize,
+    /// Largest KV event payload frame, live or replayed (`ZMQ_MAXMSGSIZE` and a check before decoding).
+    pub event_max_frame_bytes: usize,
+    /// Most raw bytes one replay may hold; a longer replay fails (the worker is resynced).
+    pub replay_max_bytes: usize,
+    /// Deadline for one replay from an engine's ROUTER socket.
+    pub replay_timeout_ms: u64,
+    /// Engine `/metrics` scrape period, and its per-scrape timeout.
+    pub scrape_interval_ms: u64,
+    pub scrape_timeout_ms: u64,
+    /// Consecutive failed scrapes after which a worker is unhealthy (0 = never mark unhealthy).
+    pub unhealthy_after_failures: u32,
+    /// Largest `/v1/route` or `/v1/done` body accepted.
+    pub max_body_bytes: usize,
+    /// Deadline for one API request inside the indexer.
+    pub request_timeout_ms: u64,
+    /// Memory bound of the incremental tokenization cache.
+    pub tokenize_cache_bytes: usize,
+    /// Approximate mode: how long a routed prompt's blocks count as cached on the chosen worker.
+    pub approx_ttl_secs: u64,
+    /// Approximate mode: most blocks remembered per worker (oldest forgotten first).
+    pub approx_max_blocks_per_worker: usize,
+    /// How often the config file is checked for changes (SIGHUP reloads at once).
+    pub reload_poll_ms: u64,
+    /// `predicted` (default), `rendezvous` or the deprecated `sticky` (see [`SessionPlacement`]).
+    pub session_placement: SessionPlacement,
+    /// A session leaves its home only when another worker is predicted faster by more than this
+    /// (milliseconds) and by more than `session_move_margin` of the home's predicted TTFT.
+    pub session_move_margin_ms: f64,
+    /// Relative part of the move margin (fraction of the home's predicted TTFT).
+    pub session_move_margin: f64,
+    /// Workers predicted within this many ms of the fastest (and `near_tie_fraction`) are a tie,
+    /// broken at random, so gateway replicas with the same view do not herd onto one worker.
+    pub near_tie_ms: f64,
+    /// Relative part of the near-tie band (fraction of the fastest predicted TTFT).
+    pub near_tie_fraction: f64,
+    /// Prefill throughput (uncached tokens/s) assumed for a worker until it is measured.
+    pub prefill_tokens_per_s: f64,
+    /// Clamp of the measured prefill throughput.
+    pub prefill_tokens_per_s_min: f64,
+    pub prefill_tokens_per_s_max: f64,
+    /// Computed prompt tokens the measurement window must hold before it replaces the default.
+    pub prefill_measure_min_tokens: u64,
+    /// Decode part of one engine step (ms) assumed until the engine's inter-token latency is measured.
+    pub decode_step_ms: f64,
+    /// The engines' token budget per step (vLLM `max_num_batched_tokens`): prefill work of N tokens
+    /// takes ⌈N / this⌉ steps, each also decoding the running batch.
+    pub prefill_chunk_tokens: u64,
+    /// Sibling bursts: how long a decision's blocks count as held by the chosen worker before its
+    /// engine's events say so (0 = off).
+    pub speculative_ttl_ms: u64,
+    /// Speculative blocks remembered per worker (oldest forgotten first; ≈ 60 B each).
+    pub speculative_max_blocks_per_worker: usize,
+    /// Conditional disaggregation: prompts with at least this many tokens uncached on the chosen
+    /// decode worker get a remote prefill leg; 0 = off (everything aggregate).
+    pub min_remote_prefill_tokens: u64,
+    /// Deadline of one prefill leg (connect, prefill, answer); beyond it the decode worker serves.
+    pub prefill_timeout_ms: u64,
+    /// A session seen within `local_continuation_ttl_secs` is served on its decode worker whatever
+    /// its length (only its new tail needs prefill). Needs session keys from the filter.
+    pub local_continuations: bool,
+    pub local_continuation_ttl_secs: u64,
+    /// Most sessions remembered for local continuations; least recently seen go first beyond it.
+    pub local_continuation_max_sessions: usize,
+    /// Decode-to-decode KV migration: `off`, `dry` (count and log only) or `on`.
+    pub kv_migration: KvMigration,
+    /// Smallest number of tokens (blocks to move × block size) worth a migration.
+    pub kv_migration_min_tokens: u64,
+    /// Deadline of the migration handshake on the source; beyond it the target recomputes.
+    pub kv_migration_timeout_ms: u64,
+    /// Dry mode logs one would-migrate decision in this many (1 = every one).
+    pub kv_migration_log_every: u64,
+    /// Each session's last decode worker (`kv_home`), the migration source when the index lags.
+    pub kv_home_ttl_secs: u64,
+    pub kv_home_max_sessions: usize,
+    /// Most `/v1/route` calls worked on at once (tokenization included, until it really ends, even
+    /// when its caller is gone); a call beyond it is shed at once with 503 `overloaded_shed`.
+    pub max_concurrent_routes: usize,
+    /// Blocks of recently routed prompts remembered to chain orphan stores (a prefix the index
+    /// missed, e.g. after a restart); about 40 B each.
+    pub recovery_max_blocks: usize,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        Self {
+            mode: IndexMode::Precise,
+            overlap_credit: 1.0,
+            prefill_load_scale: 1.0,
+            temperature: 0.0,
+            max_fallbacks: 2,
+            overload_active_blocks: 0,
+            overload_active_requests: 0,
+            overload_waiting_requests: 8,
+            load_expiry_secs: 600,
+            max_bookings: 1_000_000,
+            unknown_request_blocks: 64,
+            index_max_entries: 16_000_000,
+            max_blocks_per_worker: 4_000_000,
+            event_queue_batches: 4096,
+            event_queue_bytes: 256 * 1024 * 1024,
+            event_max_frame_bytes: 16 * 1024 * 1024,
+            replay_max_bytes: 256 * 1024 * 1024,
+            replay_timeout_ms: 2000,
+            scrape_interval_ms: 500,
+            scrape_timeout_ms: 400,
+            unhealthy_after_failures: 3,
+            max_body_bytes: 16 * 1024 * 1024,
+            request_timeout_ms: 15_000,
+            tokenize_cache_bytes: 64 * 1024 * 1024,
+            approx_ttl_secs: 120,
+            approx_max_blocks_per_worker: 200_000,
+            reload_poll_ms: 1000,
+            session_placement: SessionPlacement::Predicted,
+            session_move_margin_ms: 50.0,
+            session_move_margin: 0.25,
+            near_tie_ms: 0.0,
+            near_tie_fraction: 0.02,
+            prefill_tokens_per_s: 20_000.0,
+            prefill_tokens_per_s_min: 100.0,
+            prefill_tokens_per_s_max: 100_000_000.0,
+            prefill_measure_min_tokens: 8192,
+            decode_step_ms: 20.0,
+            prefill_chunk_tokens: 8192,
+            speculative_ttl_ms: 2000,
+            speculative_max_blocks_per_worker: 65_536,
+            min_remote_prefill_tokens: 0,
+            prefill_timeout_ms: 10_000,
+            local_continuations: false,
+            local_continuation_ttl_secs: 3600,
+            local_continuation_max_sessions: 4_000_000,
+            kv_migration: KvMigration::Off,
+            kv_migration_min_tokens: 2048,
+            kv_migration_timeout_ms: 1000,
+            kv_migration_log_every: 16,
+            kv_home_ttl_secs: 900,
+            kv_home_max_sessions: 200_000,
+            max_concurrent_routes: 32,
+            recovery_max_blocks: 262_144,
+        }
+    }
+}
+
+impl RoutingConfig {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let non_negative = [
+            ("routing.overlap_credit", self.overlap_credit),
+            ("routing.prefill_load_scale", self.prefill_load_scale),
+            ("routing.temperature", self.temperature),
+            (
+                "routing.session_move_margin_ms",
+                self.session_move_margin_ms,
+            ),
+            ("routing.session_move_margin", self.session_move_margin),
+            ("routing.near_tie_ms", self.near_tie_ms),
+            ("routing.near_tie_fraction", self.near_tie_fraction),
+            ("routing.decode_step_ms", self.decode_step_ms),
+        ];
+        for (field, v) in non_negative {
+            if !v.is_finite() || v < 0.0 {
+                return Err(invalid(field, v, "must be a finite number >= 0"));
+            }
+        }
+        let positive = [
+            ("routing.load_expiry_secs", self.load_expiry_secs),
+            ("routing.max_bookings", self.max_bookings as u64),
+            ("routing.index_max_entries", self.index_max_entries as u64),
+            (
+                "routing.max_blocks_per_worker",
+                self.max_blocks_per_worker as u64,
+            ),
+            (
+                "routing.event_queue_batches",
+                self.event_queue_batches as u64,
+            ),
+            ("routing.event_queue_bytes", self.event_queue_bytes as u64),
+            (
+                "routing.event_max_frame_bytes",
+                self.event_max_frame_bytes as u64,
+            ),
+            ("routing.replay_max_bytes", self.replay_max_bytes as u64),
+            ("routing.replay_timeout_ms", self.replay_timeout_ms),
+            ("routing.scrape_interval_ms", self.scrape_interval_ms),
+            ("routing.scrape_timeout_ms", self.scrape_timeout_ms),
+            ("routing.max_body_bytes", self.max_body_bytes as u64),
+            ("routing.request_timeout_ms", self.request_timeout_ms),
+            ("routing.approx_ttl_secs", self.approx_ttl_secs),
+            (
+                "routing.approx_max_blocks_per_worker",
+                self.approx_max_blocks_per_worker as u64,
+            ),
+            ("routing.reload_poll_ms", self.reload_poll_ms),
+            ("routing.prefill_timeout_ms", self.prefill_timeout_ms),
+            (
+                "routing.local_continuation_ttl_secs",
+                self.local_continuation_ttl_secs,
+            ),
+            (
+                "routing.local_continuation_max_sessions",
+                self.local_continuation_max_sessions as u64,
+            ),
+            (
+                "routing.kv_migration_timeout_ms",
+                self.kv_migration_timeout_ms,
+            ),
+            (
+                "routing.kv_migration_log_every",
+                self.kv_migration_log_every,
+            ),
+            ("routing.kv_home_ttl_secs", self.kv_home_ttl_secs),
+            (
+                "routing.kv_home_max_sessions",
+                self.kv_home_max_sessions as u64,
+            ),
+            (
+                "routing.max_concurrent_routes",
+                self.max_concurrent_routes as u64,
+            ),
+            ("routing.prefill_chunk_tokens", self.prefill_chunk_tokens),
+            (
+                "routing.speculative_max_blocks_per_worker",
+                self.speculative_max_blocks_per_worker as u64,
+            ),
+        ];
+        for (field, v) in positive {
+            if v == 0 {
+                return Err(invalid(field, v, "must be > 0"));
+            }
+        }
+        let rates = [
+            (
+                "routing.prefill_tokens_per_s_min",
+                self.prefill_tokens_per_s_min,
+            ),
+            ("routing.prefill_tokens_per_s", self.prefill_tokens_per_s),
+            (
+                "routing.prefill_tokens_per_s_max",
+                self.prefill_tokens_per_s_max,
+            ),
+        ];
+        for (field, v) in rates {
+            if !v.is_finite() || v <= 0.0 {
+                return Err(invalid(field, v, "must be a finite number > 0"));
+            }
+        }
+        if !(self.prefill_tokens_per_s_min <= self.prefill_tokens_per_s
+            && self.prefill_tokens_per_s <= self.prefill_tokens_per_s_max)
+        {
+            return Err(invalid(
+                "routing.prefill_tokens_per_s",
+                self.prefill_tokens_per_s,
+                "must lie within routing.prefill_tokens_per_s_min ..= routing.prefill_tokens_per_s_max",
+            ));
+        }
+        if self.scrape_timeout_ms > self.scrape_interval_ms {
+            return Err(invalid(
+                "routing.scrape_timeout_ms",
+                self.scrape_timeout_ms,
+                "must not exceed routing.scrape_interval_ms",
+            ));
+        }
+        if self.replay_max_bytes < self.event_max_frame_bytes {
+            return Err(invalid(
+                "routing.replay_max_bytes",
+                self.replay_max_bytes,
+                "must be at least routing.event_max_frame_bytes",
+            ));
+        }
+        // A leg runs inside /v1/route: its deadline must leave the route call time to answer.
+        if self.min_remote_prefill_tokens > 0 && self.prefill_timeout_ms >= self.request_timeout_ms
+        {
+            return Err(invalid(
+                "routing.prefill_timeout_ms",
+                self.prefill_timeout_ms,
+                "must be below routing.request_timeout_ms",
+            ));
+        }
+        if self.kv_migration == KvMigration::On
+            && self.kv_migration_timeout_ms >= self.request_timeout_ms
+        {
+            return Err(invalid(
+                "routing.kv_migration_timeout_ms",
+                self.kv_migration_timeout_ms,
+                "must be below routing.request_timeout_ms",
+            ));
+        }
+        Ok(())
+    }
+}
