@@ -70,7 +70,19 @@ async fn requests_survive_the_indexer_and_precise_routing_resumes() -> anyhow::R
     let done = kvmesh_core::api::DoneReport { request_id: "probe".into(), endpoint: Some(decision.endpoint.clone()), outcome: kvmesh_core::api::Outcome::Success, status: Some(200), booking_id: decision.booking_id.clone() };
     c.post(stack.indexer_url(kvmesh_core::api::DONE_PATH)).json(&done).send().await?.error_for_status()?;
 
-    // And through the gateway, without the fallback.
+    // And through the gateway, without the fallback. A worker thread whose breaker opened during the
+    // outage skips the indexer until its open window ends and a probe is answered: wait for that
+    // with unrelated prompts (they must not put session 3's prefix anywhere else).
+    let mut probe = 80_000u64;
+    poll::until("the gateway routes through the indexer again", || {
+        probe += 1;
+        let (c, url, b) = (c.clone(), url.clone(), json!({"prompt": filler(probe, 20), "max_tokens": 1}));
+        async move {
+            let r = post_json(&c, &url, &b, &[]).await.ok()?;
+            (r.status == 200 && r.header(headers::DEBUG_FALLBACK).is_none()).then_some(())
+        }
+    })
+    .await?;
     let r = post_json(&c, &url, &body(3, 1), &[]).await?;
     assert_eq!(r.status, 200, "{}", r.text);
     assert!(r.header(headers::DEBUG_FALLBACK).is_none(), "still falling back after the indexer came back");
