@@ -288,18 +288,7 @@ async fn one_client_request_id_ten_bookings_ten_releases() {
     assert!(svc.state.metrics.render().contains(r#"kvmesh_done_reports_total{matched="true",outcome="success"} 10"#));
 }
 
-/// A prefill worker that accepts connections and never answers (a slow prefill).
-async fn silent_worker() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = silent.local_addr().unwrap();
-    let hold = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = silent.accept().await {
-            held.push(s);
-        }
-    });
-    (addr, hold)
-}
+use crate::legs::tests::silent_worker;
 
 async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

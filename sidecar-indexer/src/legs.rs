@@ -221,7 +221,7 @@ fn transport(e: &reqwest::Error) -> LegResult {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn body(kind: LegKind, v: Value) -> Value {
@@ -281,14 +281,8 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn transport_failures_are_classified() {
-        let client = reqwest::Client::new();
-        // A port nobody listens on: bind one, learn it, close it.
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let r = run(&client, LegKind::Prefill, &format!("127.0.0.1:{port}"), "/v1/completions", "r1", b"{}", Duration::from_secs(2)).await;
-        assert!(matches!(r, LegResult::Failed { failure: LegFailure::Refused, .. }), "{r:?}");
-        // A listener that accepts and never answers.
+    /// A worker that accepts connections and never answers (a slow prefill, a hung handshake).
+    pub(crate) async fn silent_worker() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
         let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = silent.local_addr().unwrap();
         let hold = tokio::spawn(async move {
@@ -297,6 +291,17 @@ mod tests {
                 held.push(s);
             }
         });
+        (addr, hold)
+    }
+
+    #[tokio::test]
+    async fn transport_failures_are_classified() {
+        let client = reqwest::Client::new();
+        // A port nobody listens on: bind one, learn it, close it.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let r = run(&client, LegKind::Prefill, &format!("127.0.0.1:{port}"), "/v1/completions", "r1", b"{}", Duration::from_secs(2)).await;
+        assert!(matches!(r, LegResult::Failed { failure: LegFailure::Refused, .. }), "{r:?}");
+        let (addr, hold) = silent_worker().await;
         let r = run(&client, LegKind::Prefill, &addr.to_string(), "/v1/completions", "r1", b"{}", Duration::from_millis(200)).await;
         assert!(matches!(r, LegResult::Failed { failure: LegFailure::Timeout, .. }), "{r:?}");
         hold.abort();

@@ -161,22 +161,36 @@ pub(crate) async fn start_stack(policy: Policy, fleet: &Fleet, dir: &Path) -> Re
     }
 }
 
-/// Runs one policy and writes `<out>/<policy>/{results.jsonl,counters.json}`.
-pub async fn run_policy(policy: Policy, fleet: &Fleet, workload: &Workload, out: &Path) -> Result<PolicyRun> {
-    let dir = out.join(policy.name());
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let results = dir.join("results.jsonl");
-    let counters_path = dir.join("counters.json");
-    let stack = start_stack(policy, fleet, &dir).await?;
+/// A started stack with clean prefix caches, a client for it and the model it serves.
+pub(crate) struct Prepared {
+    pub stack: Stack,
+    pub worker_ids: Vec<String>,
+    pub client: reqwest::Client,
+    pub base: String,
+    pub model: String,
+}
+
+/// Starts `policy`'s stack in `dir`, resets every worker's prefix cache and finds the model name.
+pub(crate) async fn prepare_stack(policy: Policy, fleet: &Fleet, dir: &Path) -> Result<Prepared> {
+    let stack = start_stack(policy, fleet, dir).await?;
     let worker_ids: Vec<String> = stack.workers.iter().map(|w| w.id.clone()).collect();
     stack.reset_caches().await.context("resetting prefix caches")?;
-
     let client = build_client(Duration::from_secs(5), 1024)?;
     let base = stack.gateway("");
     let model = match &fleet.model {
         Some(m) => m.clone(),
         None => discover_model(&client, &base, Duration::from_secs(30)).await.map_err(anyhow::Error::msg)?,
     };
+    Ok(Prepared { stack, worker_ids, client, base, model })
+}
+
+/// Runs one policy and writes `<out>/<policy>/{results.jsonl,counters.json}`.
+pub async fn run_policy(policy: Policy, fleet: &Fleet, workload: &Workload, out: &Path) -> Result<PolicyRun> {
+    let dir = out.join(policy.name());
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let results = dir.join("results.jsonl");
+    let counters_path = dir.join("counters.json");
+    let Prepared { stack, worker_ids, client, base, model } = prepare_stack(policy, fleet, &dir).await?;
     let session_header = fleet.session_mode.sends(policy).then(|| fleet.session_header.clone());
     let before = scrape_all(&stack, &client, policy.is_kvmesh()).await?;
 

@@ -9,9 +9,8 @@
 //! keeps what it measured. The decisions (next ladder rate, saturation, which rates) are the
 //! pure functions of `kvmesh_bench::sweep`.
 
-use crate::run::{counters, scrape_all, start_stack, Fleet};
+use crate::run::{counters, prepare_stack, scrape_all, Fleet, Prepared};
 use anyhow::{Context, Result};
-use kvmesh_bench::client::{build_client, discover_model};
 use kvmesh_bench::cpu::Sampler;
 use kvmesh_bench::overhead::drive::cpu_ticks;
 use kvmesh_bench::plan_run::{run_plan, PlanRunConfig};
@@ -175,17 +174,7 @@ async fn measure_inner(
     point: usize,
 ) -> Result<PointResult> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let stack = start_stack(policy, fleet, dir).await?;
-    let worker_ids: Vec<String> = stack.workers.iter().map(|w| w.id.clone()).collect();
-    stack.reset_caches().await.context("resetting prefix caches")?;
-    let client = build_client(Duration::from_secs(5), 1024)?;
-    let base = stack.gateway("");
-    let model = match &fleet.model {
-        Some(m) => m.clone(),
-        None => discover_model(&client, &base, Duration::from_secs(30))
-            .await
-            .map_err(anyhow::Error::msg)?,
-    };
+    let Prepared { stack, worker_ids, client, base, model } = prepare_stack(policy, fleet, dir).await?;
     let header = (policy.uses_session_header() && kind.has_sessions()).then(|| fleet.session_header.clone());
     let before = scrape_all(&stack, &client, policy.is_kvmesh()).await?;
     let pids: Vec<u32> = stack
