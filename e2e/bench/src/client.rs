@@ -34,6 +34,10 @@ pub struct Outcome {
     pub isl_blocks: Option<u64>,
     /// `x-kvmesh-fallback`.
     pub fallback: Option<String>,
+    /// `x-kvmesh-predicted-ttft-ms`: the router's prediction, to set beside the measured TTFT.
+    pub predicted_ttft_ms: Option<f64>,
+    /// `x-kvmesh-decision-reason`.
+    pub decision_reason: Option<String>,
     /// Time from send to the first token-carrying chunk.
     pub ttft: Option<Duration>,
     /// Time from send to the end (or failure).
@@ -66,6 +70,8 @@ fn capture_headers(out: &mut Outcome, h: &HeaderMap) {
     out.overlap_blocks = header_str(h, headers::DEBUG_OVERLAP_BLOCKS).and_then(|v| v.parse().ok());
     out.isl_blocks = header_str(h, headers::DEBUG_ISL_BLOCKS).and_then(|v| v.parse().ok());
     out.fallback = header_str(h, headers::DEBUG_FALLBACK);
+    out.predicted_ttft_ms = header_str(h, headers::DEBUG_PREDICTED_TTFT).and_then(|v| v.parse().ok());
+    out.decision_reason = header_str(h, headers::DEBUG_REASON);
 }
 
 /// POSTs `body` (JSON bytes) to `url` with `extra_headers`, reads the SSE stream to the end and

@@ -50,6 +50,12 @@ pub struct RequestRecord {
     /// `x-kvmesh-fallback` debug header: the filter routed without the indexer, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback: Option<String>,
+    /// `x-kvmesh-predicted-ttft-ms` debug header: the router's predicted TTFT (compare `ttft_ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_ttft_ms: Option<f64>,
+    /// `x-kvmesh-decision-reason` debug header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision_reason: Option<String>,
     /// Prompt tokens the client sent (trace workload; unknown for text prompts).
     #[serde(default)]
     pub input_tokens: Option<u64>,

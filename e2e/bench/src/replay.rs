@@ -78,6 +78,8 @@ pub fn to_record(index: u64, scheduled_ms: f64, sent_ms: f64, max_tokens: u64, o
         overlap_blocks: o.overlap_blocks,
         isl_blocks: o.isl_blocks,
         fallback: o.fallback,
+        predicted_ttft_ms: o.predicted_ttft_ms,
+        decision_reason: o.decision_reason,
         input_tokens: None,
         max_tokens,
         prompt_tokens: usage.prompt_tokens,
