@@ -6,40 +6,18 @@
 //! says which (worker, block) pairs to add or forget; the applier applies them to the index, so
 //! approximate and precise entries live in the same structure and are matched the same way.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use kvmesh_core::hashing::SequenceHash;
 
+use crate::expiring::ExpiringMap;
 use crate::index::WorkerSlot;
 
-#[derive(Default)]
-struct WorkerApprox {
-    last: HashMap<u64, Instant>,
-    queue: VecDeque<(Instant, u64)>,
-}
-
-impl WorkerApprox {
-    /// Pops queue entries until one is live and older than `cutoff` (or the size bound says so).
-    fn pop_expired(&mut self, cutoff: Option<Instant>, out: &mut Vec<u64>) -> bool {
-        while let Some(&(at, chain)) = self.queue.front() {
-            if cutoff.is_some_and(|c| at > c) {
-                return false;
-            }
-            self.queue.pop_front();
-            if self.last.get(&chain) == Some(&at) {
-                self.last.remove(&chain);
-                out.push(chain);
-                return true;
-            }
-        }
-        false
-    }
-}
-
-/// Routed blocks per worker with their last routing time.
+/// Routed blocks per worker with their last routing time (one [`ExpiringMap`] per worker:
+/// chain → (), oldest routed first).
 pub struct ApproxTracker {
-    workers: HashMap<WorkerSlot, WorkerApprox>,
+    workers: HashMap<WorkerSlot, ExpiringMap<u64, ()>>,
     ttl: Duration,
     max_per_worker: usize,
 }
@@ -58,39 +36,33 @@ impl ApproxTracker {
     pub fn set_limits(&mut self, ttl: Duration, max_per_worker: usize) {
         self.ttl = ttl;
         self.max_per_worker = max_per_worker.max(1);
+        for w in self.workers.values_mut() {
+            w.set_limits(ttl, self.max_per_worker);
+        }
     }
 
     /// Records that `slot` was routed `chains` at `now`; returns blocks to forget for the size bound.
     pub fn record(&mut self, slot: WorkerSlot, chains: &[SequenceHash], now: Instant) -> Vec<u64> {
-        let w = self.workers.entry(slot).or_default();
+        let (ttl, max) = (self.ttl, self.max_per_worker);
+        let w = self.workers.entry(slot).or_insert_with(|| ExpiringMap::new(ttl, max));
         for c in chains {
-            w.last.insert(c.0, now);
-            w.queue.push_back((now, c.0));
+            w.insert(c.0, (), now);
         }
         let mut evicted = Vec::new();
-        while w.last.len() > self.max_per_worker {
-            if !w.pop_expired(None, &mut evicted) {
-                break;
-            }
-        }
-        // Refreshes leave stale queue entries; compact when they dominate.
-        if w.queue.len() > 4 * self.max_per_worker.max(w.last.len()) {
-            let mut live: Vec<(Instant, u64)> = w.last.iter().map(|(c, t)| (*t, *c)).collect();
-            live.sort_unstable();
-            w.queue = live.into();
+        while let Some((chain, ())) = w.pop_over_cap() {
+            evicted.push(chain);
         }
         evicted
     }
 
     /// Blocks whose TTL ran out, per worker.
     pub fn expire(&mut self, now: Instant) -> Vec<(WorkerSlot, Vec<u64>)> {
-        let Some(cutoff) = now.checked_sub(self.ttl) else {
-            return Vec::new();
-        };
         let mut out = Vec::new();
         for (slot, w) in &mut self.workers {
             let mut gone = Vec::new();
-            while w.pop_expired(Some(cutoff), &mut gone) {}
+            while let Some((chain, ())) = w.pop_expired(now) {
+                gone.push(chain);
+            }
             if !gone.is_empty() {
                 out.push((*slot, gone));
             }
@@ -105,10 +77,7 @@ impl ApproxTracker {
 
     /// Whether `slot` was routed `chain` less than the TTL before `now`.
     pub fn holds(&self, slot: WorkerSlot, chain: u64, now: Instant) -> bool {
-        self.workers
-            .get(&slot)
-            .and_then(|w| w.last.get(&chain))
-            .is_some_and(|at| now.saturating_duration_since(*at) < self.ttl)
+        self.workers.get(&slot).is_some_and(|w| w.get(&chain, now).is_some())
     }
 
     /// Whether nothing is remembered for `slot`.
@@ -118,12 +87,12 @@ impl ApproxTracker {
 
     /// Blocks remembered over all workers.
     pub fn total(&self) -> usize {
-        self.workers.values().map(|w| w.last.len()).sum()
+        self.workers.values().map(ExpiringMap::len).sum()
     }
 
     /// Blocks remembered for `slot`.
     pub fn len(&self, slot: WorkerSlot) -> usize {
-        self.workers.get(&slot).map_or(0, |w| w.last.len())
+        self.workers.get(&slot).map_or(0, ExpiringMap::len)
     }
 }
 
@@ -168,7 +137,7 @@ mod tests {
         for i in 0..1000u64 {
             a.record(0, &chains(0..2), t0 + Duration::from_millis(i));
         }
-        assert!(a.workers[&0].queue.len() <= 16);
+        assert!(a.workers[&0].queue_len() <= 2 * 2 + 1024 + 1);
         assert_eq!(a.len(0), 2);
     }
 }

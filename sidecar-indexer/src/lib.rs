@@ -3,7 +3,7 @@
 //! It consumes every engine's KV events (ZMQ, vLLM wire format), keeps a block index keyed by
 //! Dynamo-compatible chain hashes, tokenizes prompts exactly as the engines do, and answers the wasm
 //! filter's `/v1/route` with a scored decision. Layout: pure logic in [`config`], [`index`],
-//! [`events`] (decode, sequencer, apply), [`tokenize`], [`decide`], [`predict`], [`speculative`], [`load`], [`approx`], [`scrape`], [`discovered`];
+//! [`events`] (decode, sequencer, apply), [`tokenize`], [`decide`], [`predict`], [`speculative`], [`load`], [`recent`], [`approx`] (all three on one [`expiring`] map), [`scrape`], [`discovered`];
 //! the thin shells that do I/O in [`events::listener`], [`events::applier`], [`state`], [`route`] (a route call: plan → run → settle), [`http`],
 //! [`service`], [`discovery`]. Guardrails (README): `decide` is pure; no lock is held across `.await`; an unknown
 //! parent is counted and refused, never guessed; every queue, map, cache and body is bounded.
@@ -14,6 +14,7 @@ pub mod decide;
 pub mod discovered;
 pub mod discovery;
 pub mod events;
+pub mod expiring;
 pub mod http;
 pub mod index;
 pub mod load;

@@ -5,18 +5,20 @@
 //! share); the id rides in the decision and `/v1/done` releases by it. A booking whose `/v1/done`
 //! never comes (filter crash, lost report) is released after `expiry`, and at most `max_bookings`
 //! are tracked (the oldest is released first beyond it), so the tracker is bounded in time and
-//! memory: it holds live bookings only, ordered by id, and ids are issued in time order, so the
-//! oldest live booking is always the first entry (no queue of released entries to skip, which is
-//! what let an expiry pass release a young booking behind a released old one).
+//! memory. The bookings are the shared [`ExpiringMap`] (booking id → booking, oldest first): a
+//! released booking leaves a stale queue record that is skipped, never acted on, so an expiry pass
+//! cannot release a young booking behind a released old one.
 //!
 //! Wire ids carry a per-process nonce, so a report for a booking made before a restart matches
 //! nothing instead of releasing an unrelated new booking. The clock is passed in (`now`), so
 //! expiry is tested without sleeping.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use kvmesh_core::api::WorkerLoad;
+
+use crate::expiring::ExpiringMap;
 
 /// A booking, as the tracker knows it. Issued in increasing order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -43,12 +45,10 @@ pub struct Expired {
 /// Booked load per booking and per worker.
 #[derive(Debug)]
 pub struct LoadTracker {
-    bookings: BTreeMap<BookingId, Booking>,
+    bookings: ExpiringMap<BookingId, Booking>,
     /// request id → its live bookings, oldest first (only for legacy `/v1/done` reports).
     by_request: HashMap<String, Vec<BookingId>>,
     per_worker: HashMap<String, WorkerLoad>,
-    expiry: Duration,
-    max_bookings: usize,
     next: u64,
     nonce: u32,
 }
@@ -60,11 +60,9 @@ impl LoadTracker {
     /// `nonce` (random per process) makes its wire ids differ from any earlier process's.
     pub fn new(expiry: Duration, max_bookings: usize, nonce: u32) -> Self {
         Self {
-            bookings: BTreeMap::new(),
+            bookings: ExpiringMap::new(expiry, max_bookings),
             by_request: HashMap::new(),
             per_worker: HashMap::new(),
-            expiry,
-            max_bookings: max_bookings.max(1),
             next: 0,
             nonce,
         }
@@ -72,8 +70,7 @@ impl LoadTracker {
 
     /// New bounds (a reload).
     pub fn set_limits(&mut self, expiry: Duration, max_bookings: usize) {
-        self.expiry = expiry;
-        self.max_bookings = max_bookings.max(1);
+        self.bookings.set_limits(expiry, max_bookings);
     }
 
     /// Books `blocks` and `prefill_tokens` on `worker`; a new id every call. Bookings must be made
@@ -89,11 +86,10 @@ impl LoadTracker {
             self.by_request.entry(r.to_owned()).or_default().push(id);
         }
         let b = Booking { worker: worker.to_owned(), blocks, prefill_tokens, at: now, request_id: request_id.map(str::to_owned) };
-        self.bookings.insert(id, b);
+        self.bookings.insert(id, b, now);
         let mut expired = self.expire(now);
-        while self.bookings.len() > self.max_bookings {
-            let Some((&oldest, _)) = self.bookings.first_key_value() else { break };
-            self.release(oldest);
+        while let Some((oldest, b)) = self.bookings.pop_over_cap() {
+            self.unbook(oldest, &b);
             expired.overflow += 1;
         }
         (id, expired)
@@ -102,7 +98,7 @@ impl LoadTracker {
     /// Changes the prefill tokens of a live booking (its worker now prefills locally); false when
     /// the booking is gone.
     pub fn set_prefill_tokens(&mut self, id: BookingId, prefill_tokens: u64) -> bool {
-        let Some(b) = self.bookings.get_mut(&id) else { return false };
+        let Some(b) = self.bookings.peek_mut(&id) else { return false };
         if let Some(w) = self.per_worker.get_mut(&b.worker) {
             w.prefill_tokens = w.prefill_tokens.saturating_sub(b.prefill_tokens) + prefill_tokens;
         }
@@ -113,6 +109,12 @@ impl LoadTracker {
     /// Releases `id`; the booking when it was live.
     pub fn release(&mut self, id: BookingId) -> Option<Booking> {
         let b = self.bookings.remove(&id)?;
+        self.unbook(id, &b);
+        Some(b)
+    }
+
+    /// Takes a booking that left the map off its worker's load and its request id's list.
+    fn unbook(&mut self, id: BookingId, b: &Booking) {
         if let Some(w) = self.per_worker.get_mut(&b.worker) {
             w.active_requests = w.active_requests.saturating_sub(1);
             w.active_blocks = w.active_blocks.saturating_sub(b.blocks);
@@ -126,7 +128,6 @@ impl LoadTracker {
                 }
             }
         }
-        Some(b)
     }
 
     /// Releases the oldest live booking made for `request_id` (reports without a booking id).
@@ -138,11 +139,8 @@ impl LoadTracker {
     /// Releases every booking at least `expiry` old; never a younger one.
     pub fn expire(&mut self, now: Instant) -> Expired {
         let mut expired = Expired::default();
-        while let Some((&id, b)) = self.bookings.first_key_value() {
-            if now.saturating_duration_since(b.at) < self.expiry {
-                break;
-            }
-            self.release(id);
+        while let Some((id, b)) = self.bookings.pop_expired(now) {
+            self.unbook(id, &b);
             expired.timeout += 1;
         }
         expired
@@ -277,6 +275,7 @@ mod tests {
         }
         assert_eq!(l.len(), 1);
         assert_eq!(l.tracked_entries(), 2, "the live booking and its request-id entry, nothing per released one");
+        assert!(l.bookings.queue_len() <= 2 + 1024 + 1, "stale queue records are compacted away");
         assert_eq!(l.worker("w1"), WorkerLoad::default());
         assert!(l.release(held).is_some());
     }

@@ -3,110 +3,66 @@
 //!
 //! Both are hit on every routed request with a session key, so they must stay O(1) and bounded in
 //! time and memory: an entry lives `ttl` after its last touch, and beyond `max_entries` the entry
-//! touched longest ago goes first. Recency order is kept in an append-only queue of
-//! `(touched_at, key)`; touching a key again appends a new record and leaves the old one stale
-//! (recognised because its time no longer matches the map's). The queue is compacted when stale
-//! records outnumber live ones, so it never holds more than about `2 × max_entries` records.
+//! touched longest ago goes first. Both are the shared [`ExpiringMap`] keyed by the session hash
+//! (its recency queue and compaction are described there).
 //!
-//! Memory per live entry: the map slot (key 8 B + value + 4 B stamp, plus hashbrown's control byte
-//! and load-factor slack) and up to two queue records of 12 B. For the continuation set (value
-//! `()`) that is about 40–60 B per session; 4M sessions ≈ 160–240 MB. The clock is passed in.
+//! Memory per live entry: the map slot (key 8 B + value + 8 B stamp, plus hashbrown's control byte
+//! and load-factor slack) and one or two queue records of 16 B. For the continuation set (value
+//! `()`) that is about 40–70 B per session; 4M sessions ≈ 160–280 MB. The clock is passed in.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::RoutingConfig;
+use crate::expiring::ExpiringMap;
 
 /// A bounded, TTL-limited map from session key to `V`.
 #[derive(Debug)]
 pub struct RecentMap<V> {
-    map: HashMap<u64, (u32, V)>,
-    order: VecDeque<(u32, u64)>,
-    epoch: Instant,
-    ttl: Duration,
-    max_entries: usize,
+    inner: ExpiringMap<u64, V>,
 }
 
-impl<V: Clone> RecentMap<V> {
+impl<V> RecentMap<V> {
     /// A map whose entries expire `ttl` after their last touch, holding at most `max_entries`.
-    pub fn new(ttl: Duration, max_entries: usize, now: Instant) -> Self {
-        Self { map: HashMap::new(), order: VecDeque::new(), epoch: now, ttl, max_entries: max_entries.max(1) }
+    /// (`_now`: the map's clock starts at its first touch.)
+    pub fn new(ttl: Duration, max_entries: usize, _now: Instant) -> Self {
+        Self { inner: ExpiringMap::new(ttl, max_entries) }
     }
 
     /// New bounds (a reload); entries beyond them go on the next touch.
     pub fn set_limits(&mut self, ttl: Duration, max_entries: usize) {
-        self.ttl = ttl;
-        self.max_entries = max_entries.max(1);
-    }
-
-    /// Seconds since the map was created, saturating (a u32 lasts 136 years).
-    fn stamp(&self, now: Instant) -> u32 {
-        u32::try_from(now.saturating_duration_since(self.epoch).as_secs()).unwrap_or(u32::MAX)
-    }
-
-    fn expired(&self, stamp: u32, now: Instant) -> bool {
-        u64::from(self.stamp(now).saturating_sub(stamp)) >= self.ttl.as_secs()
+        self.inner.set_limits(ttl, max_entries);
     }
 
     /// The live value of `key`, if it was touched within the TTL.
     pub fn get(&self, key: u64, now: Instant) -> Option<&V> {
-        self.map.get(&key).filter(|(at, _)| !self.expired(*at, now)).map(|(_, v)| v)
+        self.inner.get(&key, now)
     }
 
     /// Records `key → value` as touched now; returns how many entries the bounds pushed out.
     pub fn touch(&mut self, key: u64, value: V, now: Instant) -> u64 {
-        let at = self.stamp(now);
-        self.map.insert(key, (at, value));
-        self.order.push_back((at, key));
-        let dropped = self.prune(now);
-        if self.order.len() > 2 * self.map.len() + 1024 {
-            self.compact();
-        }
-        dropped
+        self.inner.insert(key, value, now);
+        self.prune(now)
     }
 
     /// Drops expired entries and, beyond `max_entries`, the least recently touched; returns how many.
     pub fn prune(&mut self, now: Instant) -> u64 {
-        let mut dropped = 0;
-        while let Some(&(at, key)) = self.order.front() {
-            let live = self.map.get(&key).is_some_and(|(stamp, _)| *stamp == at);
-            if live && !self.expired(at, now) && self.map.len() <= self.max_entries {
-                break;
-            }
-            self.order.pop_front();
-            if live {
-                self.map.remove(&key);
-                dropped += 1;
-            }
-        }
-        dropped
-    }
-
-    /// Rewrites the queue with one record per live key, in recency order.
-    fn compact(&mut self) {
-        let map = &self.map;
-        self.order.retain(|(at, key)| map.get(key).is_some_and(|(stamp, _)| stamp == at));
-        // Several touches of one key within the same second leave equal records; keep the last.
-        let mut seen = std::collections::HashSet::with_capacity(self.order.len());
-        let mut kept: Vec<(u32, u64)> = self.order.iter().rev().filter(|(_, k)| seen.insert(*k)).copied().collect();
-        kept.reverse();
-        self.order = kept.into();
+        self.inner.prune(now).len() as u64
     }
 
     /// Live entries (expired ones not yet pruned included).
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.inner.len()
     }
 
     /// Whether the map holds nothing.
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.inner.is_empty()
     }
 
     /// Records in the recency queue (for tests of the memory bound).
     pub fn queue_len(&self) -> usize {
-        self.order.len()
+        self.inner.queue_len()
     }
 }
 
