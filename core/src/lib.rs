@@ -7,8 +7,10 @@
 //! every function is deterministic and compiles for `wasm32-wasip1` as well as natively.
 
 pub mod api;
+pub mod filter_config;
 pub mod hashing;
 pub mod headers;
+pub mod json_edit;
 pub mod openai;
 pub mod rendezvous;
 pub mod session;

@@ -10,9 +10,11 @@
 //! header, or an error body about capacity, queues, overload or rate limits — and as a failure
 //! otherwise (a mesh proxy's "upstream connect error", an engine that is shutting down).
 
+use std::borrow::Cow;
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
+use kvmesh_core::json_edit::{self, Edit};
+use serde_json::Value;
 
 /// Which leg: decides the body's one-step shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,37 +98,35 @@ impl LegResult {
     }
 }
 
+/// `kv_transfer_params` of a prefill leg: produce the KV for a remote decode (the toy proxy's).
+const PREFILL_PARAMS: &str = r#"{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}"#;
+
 /// The one-step body for `kind` made from the client's body: `max_tokens` (and
 /// `max_completion_tokens` when present) 1, not streamed, no `stream_options`, no minimum lengths;
 /// the prefill leg asks to produce for a remote decode, the migration leg to act as migration source.
+/// Edited in place by the core's JSON editor: every other byte is the client's (the prompt is
+/// copied, never re-serialised).
 pub fn leg_body(kind: LegKind, client_body: &[u8]) -> Result<Vec<u8>, LegFailure> {
-    let mut obj: Map<String, Value> = match serde_json::from_slice(client_body) {
-        Ok(Value::Object(o)) => o,
-        _ => return Err(LegFailure::BadRequestBody),
-    };
-    obj.insert("max_tokens".into(), json!(1));
-    if obj.contains_key("max_completion_tokens") {
-        obj.insert("max_completion_tokens".into(), json!(1));
-    }
-    obj.insert("stream".into(), json!(false));
-    for k in ["stream_options", "min_tokens", "min_completion_tokens"] {
-        obj.remove(k);
-    }
+    let b = Cow::Borrowed;
+    let mut edits = vec![
+        Edit::Set { key: "max_tokens", value: b("1") },
+        Edit::Replace { key: "max_completion_tokens", value: b("1") },
+        Edit::Set { key: "stream", value: b("false") },
+        Edit::Remove { key: "stream_options" },
+        Edit::Remove { key: "min_tokens" },
+        Edit::Remove { key: "min_completion_tokens" },
+    ];
     match kind {
         LegKind::Prefill => {
-            obj.remove("kv_migration_source");
-            obj.insert(
-                "kv_transfer_params".into(),
-                json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
-                       "remote_block_ids": null, "remote_host": null, "remote_port": null}),
-            );
+            edits.push(Edit::Remove { key: "kv_migration_source" });
+            edits.push(Edit::Set { key: "kv_transfer_params", value: b(PREFILL_PARAMS) });
         }
         LegKind::Migration => {
-            obj.remove("kv_transfer_params");
-            obj.insert("kv_migration_source".into(), json!(true));
+            edits.push(Edit::Remove { key: "kv_transfer_params" });
+            edits.push(Edit::Set { key: "kv_migration_source", value: b("true") });
         }
     }
-    serde_json::to_vec(&Value::Object(obj)).map_err(|_| LegFailure::BadRequestBody)
+    json_edit::edit(client_body, &edits).map_err(|_| LegFailure::BadRequestBody)
 }
 
 /// Words an engine uses when a 503 means "come back later" rather than "I am broken".
@@ -223,6 +223,7 @@ fn transport(e: &reqwest::Error) -> LegResult {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use serde_json::json;
 
     fn body(kind: LegKind, v: Value) -> Value {
         serde_json::from_slice(&leg_body(kind, v.to_string().as_bytes()).unwrap()).unwrap()
@@ -249,6 +250,18 @@ pub(crate) mod tests {
         assert_eq!(b, json!({"prompt": [1, 2, 3], "max_tokens": 1, "stream": false, "kv_migration_source": true}));
         assert_eq!(leg_body(LegKind::Migration, b"[1]"), Err(LegFailure::BadRequestBody));
         assert_eq!(leg_body(LegKind::Prefill, b"{"), Err(LegFailure::BadRequestBody));
+    }
+
+    #[test]
+    fn the_prompt_reaches_the_leg_as_the_client_wrote_it() {
+        // Number spellings and escapes a Value round trip would change, in the part the leg keeps.
+        let client = br#"{"prompt": [1, 2, 3], "temperature": 1.0e0, "seed": 123456789012345678901234567890, "stop": ["\u00e9"], "stream": true, "max_tokens": 9}"#;
+        let leg = leg_body(LegKind::Migration, client).unwrap();
+        let text = String::from_utf8(leg).unwrap();
+        assert_eq!(
+            text,
+            r#"{"kv_migration_source":true,"prompt": [1, 2, 3], "temperature": 1.0e0, "seed": 123456789012345678901234567890, "stop": ["\u00e9"], "stream": false, "max_tokens": 1}"#
+        );
     }
 
     #[test]
