@@ -298,14 +298,12 @@ impl Driver {
         if let Some(n) = out.iteration_tokens {
             m.iteration_tokens.observe(n as f64);
         }
-        for &computed in &out.prefills {
-            m.prefill_kv_computed.observe(computed as f64);
-        }
         for emit in &out.emits {
             if let Emit::Finished { done, .. } = emit {
                 let p = done.phases;
                 m.queue_time.observe(p.queued.as_secs_f64());
                 m.prefill_time.observe(p.prefill.as_secs_f64());
+                m.prefill_kv_computed.observe(f64::from(done.prefill_computed_tokens));
                 m.decode_time.observe(p.decode.as_secs_f64());
                 m.inference_time.observe(p.inference.as_secs_f64());
             }

@@ -271,7 +271,7 @@ mod tests {
     }
 
     fn done() -> Finished {
-        Finished { reason: FinishReason::Length, prompt_tokens: 10, completion_tokens: 2, cached_tokens: 8, created_cache_tokens: 0, transfer: None, phases: PhaseTimes::default() }
+        Finished { reason: FinishReason::Length, prompt_tokens: 10, completion_tokens: 2, cached_tokens: 8, created_cache_tokens: 0, prefill_computed_tokens: 2, transfer: None, phases: PhaseTimes::default() }
     }
 
     #[test]

@@ -323,7 +323,6 @@ impl Scheduler {
                 self.stats.prompt_tokens_cached += cached as u64;
                 self.stats.prompt_tokens_external += external as u64;
                 iteration_tokens += (r.num_prompt - cached) as u64;
-                out.prefills.push(r.num_prompt - cached);
             }
             out.emits.push(Emit::Token { id, token });
             if r.generated >= r.max_tokens {
@@ -359,6 +358,7 @@ impl Scheduler {
                 completion_tokens: r.generated,
                 cached_tokens: r.cached_tokens.unwrap_or(0) as u32,
                 created_cache_tokens: (r.num_prompt / self.cfg.block_size * self.cfg.block_size).saturating_sub(r.cached_tokens.unwrap_or(0)) as u32,
+                prefill_computed_tokens: r.num_prompt.saturating_sub(r.cached_tokens.unwrap_or(0)) as u32,
                 transfer,
                 phases: phases(r.queued_at, r.scheduled_at, r.first_token_at, now),
             },

@@ -410,27 +410,35 @@ fn phase_times_follow_vllms_definitions() {
 }
 
 #[test]
-fn steps_report_iteration_tokens_and_prefill_computed_tokens() {
+fn steps_report_iteration_tokens_and_finishes_report_prefill_computed_tokens() {
     let mut s = Scheduler::new(cfg(16), vocab());
     let prompt: Vec<u32> = (0..10).collect();
     s.submit(req(1, &prompt, 2)).unwrap();
     let mut t = Duration::ZERO;
     let mut seen = Vec::new();
+    let mut computed = Vec::new();
     for _ in 0..10 {
         let mut out = StepOutput::default();
         let wake = s.step(t, &mut out);
-        seen.push((out.iteration_tokens, out.prefills));
+        seen.push(out.iteration_tokens);
+        computed.extend(out.emits.iter().filter_map(|e| match e {
+            Emit::Finished { done, .. } => Some(done.prefill_computed_tokens),
+            _ => None,
+        }));
         match wake {
             Some(w) => t = w,
             None => break,
         }
     }
     // Scheduling only; the prefill step (10 computed + 1 generated); the decode step (1).
-    assert_eq!(seen, vec![(None, vec![]), (Some(11), vec![10]), (Some(1), vec![])]);
+    assert_eq!(seen, vec![None, Some(11), Some(1)]);
+    // Like vLLM's FinishedRequestStats: counted once, at the finish, beside the prefill time.
+    assert_eq!(computed, vec![10]);
     // A second request with the same prompt hits 2 blocks (8 tokens) and computes 2.
     s.submit(req(2, &prompt, 1)).unwrap();
     let mut log = Log::default();
     run(&mut s, t, t + Duration::from_secs(1), &mut log);
+    assert_eq!(log.finished(2).map(|d| d.prefill_computed_tokens), Some(2));
     let st = s.stats();
     assert_eq!((st.prompt_tokens, st.prompt_tokens_cached), (20, 8));
     assert_eq!(st.prompt_tokens_external, 0, "local hits are not external");

@@ -107,6 +107,10 @@ pub struct Finished {
     /// vLLM's `created_cache_tokens`: prompt tokens in full blocks this request computed and cached
     /// (`PrefillStats.finalize`: full prompt blocks × block size − `cached_tokens`, at least 0).
     pub created_cache_tokens: u32,
+    /// vLLM's `num_prefill_kv_computed_tokens`: prompt tokens this request computed (prompt −
+    /// cached). Observed into `vllm:request_prefill_kv_computed_tokens` at the finish, as vLLM does
+    /// (`FinishedRequestStats`), so it pairs with `request_prefill_time_seconds` request by request.
+    pub prefill_computed_tokens: u32,
     /// Set when a producer kept its blocks for a consumer.
     pub transfer: Option<TransferOut>,
     /// How long the request spent in each of vLLM's phases.
@@ -208,9 +212,6 @@ pub struct StepOutput {
     pub events: Vec<crate::events::KvEvent>,
     /// Tokens the completed step computed for `vllm:iteration_tokens_total` (None: no output).
     pub iteration_tokens: Option<u64>,
-    /// Per request whose prefill ended in the completed step: the prompt tokens it computed
-    /// (`vllm:request_prefill_kv_computed_tokens`).
-    pub prefills: Vec<usize>,
 }
 
 /// Cumulative counters (the driver mirrors them into `/metrics`).
