@@ -53,12 +53,18 @@ pub struct VllmOptions {
     pub cores: Vec<usize>,
     /// More vLLM flags for every engine.
     pub args: Vec<String>,
+    /// The model directory (`None`: [`model_dir`], the tiny test model; the bench passes
+    /// [`bench_model_dir`], whose prefill costs real time).
+    pub model: Option<PathBuf>,
+    /// `VLLM_SERVER_DEV_MODE=1`: vLLM serves `POST /reset_prefix_cache` only in dev mode, and the
+    /// bench resets the engines' caches between points (loopback engines only).
+    pub dev_mode: bool,
 }
 
 impl Default for VllmOptions {
     fn default() -> Self {
         let n = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        Self { kv_cache_gib: 1, num_gpu_blocks: None, max_model_len: 8192, cores: (0..n).collect(), args: Vec::new() }
+        Self { kv_cache_gib: 1, num_gpu_blocks: None, max_model_len: 8192, cores: (0..n).collect(), args: Vec::new(), model: None, dev_mode: false }
     }
 }
 
@@ -84,6 +90,44 @@ pub fn python() -> anyhow::Result<PathBuf> {
 /// The dummy model directory `scripts/setup-vllm.sh` writes.
 pub fn model_dir() -> PathBuf {
     repo_root().join(".tools/vllm/model")
+}
+
+/// The bench's dummy model: the test model's architecture and tokenizer at a size whose prefill
+/// costs real time on one CPU core (hidden 512, 4 layers, 8 query / 2 KV heads of 64, MLP 2048).
+/// Measured here on one core under `nice -n 19`: a cold 2k-token prompt 0.7 s, 8k tokens 5.3 s, 128 output
+/// tokens 2.5 s (an 8k prompt fully cached: 0.4 s, measured on the larger shape below). (Hidden 1024 × 8 layers took 28 s for 8k
+/// tokens: too slow for a sweep.) Weights stay dummy.
+pub const BENCH_MODEL_SHAPE: [(&str, u32); 6] = [
+    ("hidden_size", 512),
+    ("intermediate_size", 2048),
+    ("num_hidden_layers", 4),
+    ("num_attention_heads", 8),
+    ("num_key_value_heads", 2),
+    ("head_dim", 64),
+];
+
+/// The test model's `config.json` with [`BENCH_MODEL_SHAPE`] over it (pure).
+pub fn bench_model_config(test_config: &str) -> anyhow::Result<String> {
+    let mut c: serde_json::Value = serde_json::from_str(test_config).context("parsing the test model's config.json")?;
+    let obj = c.as_object_mut().context("config.json is not an object")?;
+    for (k, v) in BENCH_MODEL_SHAPE {
+        obj.insert(k.to_string(), serde_json::Value::from(v));
+    }
+    Ok(serde_json::to_string_pretty(&c)?)
+}
+
+/// Writes `.tools/vllm/bench-model/` (config from [`bench_model_config`], the tokenizer files of
+/// [`model_dir`]) after making sure vLLM is installed, and returns it.
+pub fn bench_model_dir() -> anyhow::Result<PathBuf> {
+    python()?;
+    let (src, dst) = (model_dir(), repo_root().join(".tools/vllm/bench-model"));
+    std::fs::create_dir_all(&dst).with_context(|| format!("creating {}", dst.display()))?;
+    let test = std::fs::read_to_string(src.join("config.json")).with_context(|| format!("reading {}/config.json", src.display()))?;
+    std::fs::write(dst.join("config.json"), bench_model_config(&test)?)?;
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), dst.join(f)).with_context(|| format!("copying {f} into {}", dst.display()))?;
+    }
+    Ok(dst)
 }
 
 /// The chat template the engines apply: the indexer's own built-in template file.
@@ -128,7 +172,7 @@ impl EnginePorts {
 pub fn command(python: &Path, opts: &VllmOptions, block_size: u32, index: usize, ports: EnginePorts) -> Command {
     let mut cmd = Command::new(python);
     cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
-        .arg(model_dir())
+        .arg(opts.model.clone().unwrap_or_else(model_dir))
         .args(["--served-model-name", MODEL_NAME, "--load-format", "dummy", "--chat-template"])
         .arg(chat_template())
         .args(["--host", "127.0.0.1", "--port", &ports.http.to_string()])
@@ -153,6 +197,9 @@ pub fn command(python: &Path, opts: &VllmOptions, block_size: u32, index: usize,
         .env("VLLM_NO_USAGE_STATS", "1")
         .env("DO_NOT_TRACK", "1")
         .env("TOKENIZERS_PARALLELISM", "false");
+    if opts.dev_mode {
+        cmd.env("VLLM_SERVER_DEV_MODE", "1");
+    }
     if !opts.cores.is_empty() {
         let core = opts.cores[index % opts.cores.len()];
         cmd.env("VLLM_CPU_OMP_THREADS_BIND", core.to_string()).env("OMP_NUM_THREADS", "1");
@@ -275,6 +322,27 @@ mod tests {
         let env = |k: &str| cmd.get_envs().find(|(n, _)| *n == k).and_then(|(_, v)| v).map(|v| v.to_string_lossy().into_owned());
         assert_eq!(env("VLLM_CPU_OMP_THREADS_BIND").as_deref(), Some("1"), "engine 3 of 2 cores: core 1");
         assert_eq!(env("VLLM_CPU_KVCACHE_SPACE").as_deref(), Some("1"));
+        assert_eq!(env("VLLM_SERVER_DEV_MODE"), None, "dev mode only when asked");
+        assert_eq!(after("--model"), Some(model_dir().to_string_lossy().into_owned()));
+        let bench = VllmOptions { model: Some(PathBuf::from("/m/bench")), dev_mode: true, ..opts };
+        let cmd = command(Path::new("/py"), &bench, 32, 0, ports);
+        let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert!(args.windows(2).any(|w| w[0] == "--model" && w[1] == "/m/bench"), "{args:?}");
+        assert!(cmd.get_envs().any(|(k, v)| k == "VLLM_SERVER_DEV_MODE" && v.is_some_and(|v| v == "1")));
+    }
+
+    #[test]
+    fn bench_model_is_the_test_model_resized() {
+        let test = r#"{"architectures": ["LlamaForCausalLM"], "vocab_size": 129280, "hidden_size": 128, "head_dim": 64, "num_hidden_layers": 2}"#;
+        let got: serde_json::Value = serde_json::from_str(&bench_model_config(test).unwrap()).unwrap();
+        assert_eq!(got["vocab_size"], 129280, "the tokenizer's vocabulary stays");
+        assert_eq!(got["architectures"][0], "LlamaForCausalLM");
+        for (k, v) in BENCH_MODEL_SHAPE {
+            assert_eq!(got[k], v, "{k}");
+        }
+        assert_eq!(got["hidden_size"].as_u64(), Some(got["num_attention_heads"].as_u64().unwrap() * got["head_dim"].as_u64().unwrap()));
+        assert!(bench_model_config("[1]").is_err());
+        assert!(bench_model_config("not json").is_err());
     }
 
     #[test]

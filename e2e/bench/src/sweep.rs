@@ -14,6 +14,12 @@
 //!   `sent − scheduled` above [`MAX_LATENESS_P90_MS`]. Then the machine, not the router, shaped
 //!   the numbers; the headline never uses such a point, and the saturation search prefers valid
 //!   points (it falls back to all points, and says so, when fewer than two are valid).
+//! - **Validity on real engines.** When the engines are real vLLM CPU engines, the engines ARE
+//!   the CPU load, so a busy machine is the workload, not noise. There a point is invalid when
+//!   the CPU of everything except the engines (machine busy − the engines' own CPU, as a fraction
+//!   of the machine) is above [`MAX_OTHER_CPU_BUSY`] — the gateway, the indexer, the client or
+//!   anything else took the engines' cores — or lateness p90 is above [`MAX_LATENESS_P90_MS`]
+//!   ([`invalid_reasons_real_engines`]).
 
 use crate::ceiling::Ceiling;
 use crate::counters::PolicyCounters;
@@ -29,6 +35,9 @@ pub const LOAD_POINT_FRACTION: f64 = 0.8;
 pub const MAX_CPU_BUSY: f64 = 0.85;
 /// A point is invalid when the client's lateness p90 is above this, ms.
 pub const MAX_LATENESS_P90_MS: f64 = 10.0;
+/// Real engines: a point is invalid when everything except the engines used more than this
+/// fraction of the machine on average (0..1; 0.25 = half a core of two).
+pub const MAX_OTHER_CPU_BUSY: f64 = 0.25;
 /// HTTP statuses that mean "rejected for load" (engine queue full, rate limited).
 pub const REJECT_STATUSES: [u16; 2] = [429, 503];
 
@@ -188,6 +197,40 @@ pub fn invalid_reasons(cpu_busy_mean: Option<f64>, lateness_p90_ms: Option<f64>)
         Some(c) if c > MAX_CPU_BUSY => out.push(format!("CPU {:.0}% > {:.0}%", c * 100.0, MAX_CPU_BUSY * 100.0)),
         None => out.push("CPU not sampled".into()),
         _ => {}
+    }
+    match lateness_p90_ms {
+        Some(l) if l > MAX_LATENESS_P90_MS => out.push(format!("lateness p90 {l:.1} ms > {MAX_LATENESS_P90_MS} ms")),
+        None => out.push("no request sent".into()),
+        _ => {}
+    }
+    out
+}
+
+/// Why a point over real engines is invalid (empty: valid). `engine_cpu_s`: CPU seconds of the
+/// engines' processes over the point's `wall_s` on a machine of `cores` cores; the rest of the
+/// machine's busy share (`cpu_busy_mean` − engines' share, floored at 0) is what the rule bounds.
+pub fn invalid_reasons_real_engines(
+    cpu_busy_mean: Option<f64>,
+    engine_cpu_s: Option<f64>,
+    wall_s: f64,
+    cores: usize,
+    lateness_p90_ms: Option<f64>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let machine_s = wall_s * cores as f64;
+    match (cpu_busy_mean, engine_cpu_s) {
+        (Some(busy), Some(eng)) if machine_s > 0.0 => {
+            let other = (busy - eng / machine_s).max(0.0);
+            if other > MAX_OTHER_CPU_BUSY {
+                out.push(format!(
+                    "CPU outside the engines {:.0}% > {:.0}%",
+                    other * 100.0,
+                    MAX_OTHER_CPU_BUSY * 100.0
+                ));
+            }
+        }
+        (None, _) => out.push("CPU not sampled".into()),
+        _ => out.push("engine CPU not measured".into()),
     }
     match lateness_p90_ms {
         Some(l) if l > MAX_LATENESS_P90_MS => out.push(format!("lateness p90 {l:.1} ms > {MAX_LATENESS_P90_MS} ms")),
@@ -531,6 +574,32 @@ mod tests {
             assert_eq!(invalid_reasons(cpu, late).len(), n, "{cpu:?} {late:?}");
         }
         assert!(invalid_reasons(Some(0.9), None)[0].contains("CPU 90%"));
+    }
+
+    #[test]
+    fn validity_rules_on_real_engines() {
+        // (machine busy, engine CPU-s, wall s, cores, lateness p90, reasons)
+        let cases = [
+            ("engines take the whole machine: valid", Some(1.0), Some(200.0), 100.0, 2, Some(1.0), 0),
+            ("rest = 0.60 − 100/200 = 0.10", Some(0.60), Some(100.0), 100.0, 2, Some(1.0), 0),
+            ("rest exactly at the bound", Some(0.75), Some(100.0), 100.0, 2, Some(10.0), 0),
+            ("rest 0.30 > 0.25", Some(0.80), Some(100.0), 100.0, 2, Some(1.0), 1),
+            ("idle engines, busy machine", Some(0.90), Some(0.0), 100.0, 2, Some(1.0), 1),
+            ("engine ticks above the sampled busy share floor at 0", Some(0.40), Some(190.0), 100.0, 2, Some(1.0), 0),
+            ("late client", Some(0.50), Some(100.0), 100.0, 2, Some(10.5), 1),
+            ("both", Some(0.99), Some(10.0), 100.0, 2, Some(50.0), 2),
+            ("no CPU sample", None, Some(10.0), 100.0, 2, Some(1.0), 1),
+            ("no engine CPU", Some(0.5), None, 100.0, 2, Some(1.0), 1),
+            ("no wall time", Some(0.5), Some(1.0), 0.0, 2, Some(1.0), 1),
+            ("nothing sent", Some(0.5), Some(100.0), 100.0, 2, None, 1),
+        ];
+        for (name, busy, eng, wall, cores, late, n) in cases {
+            assert_eq!(invalid_reasons_real_engines(busy, eng, wall, cores, late).len(), n, "{name}");
+        }
+        // The machine rule alone would call the first case invalid; this one must not.
+        assert_eq!(invalid_reasons(Some(1.0), Some(1.0)).len(), 1);
+        let why = invalid_reasons_real_engines(Some(0.80), Some(100.0), 100.0, 2, Some(1.0));
+        assert!(why[0].contains("outside the engines 30%"), "{why:?}");
     }
 
     #[test]

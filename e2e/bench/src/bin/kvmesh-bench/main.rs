@@ -25,6 +25,7 @@ use kvmesh_bench::overhead::plan::parse_sizes;
 use kvmesh_bench::policy::{shell_quote, Policy, SessionHeaderMode};
 use kvmesh_bench::report::{generate, plots};
 use kvmesh_bench::trace::{self, default_trace_path, Selection, TRACE_ENV};
+use kvmesh_e2e::vllm::VllmOptions;
 use overhead::{run_overhead, OverheadArgs};
 use run::{failed_policy, run_policy, Fleet, Workload};
 use std::path::PathBuf;
@@ -171,6 +172,20 @@ struct Args {
     /// conversation to the rate), ms. 300000 at 30-s points compresses 10×, like the old replay.
     #[arg(long, default_value_t = 300_000.0)]
     sweep_trace_window_ms: f64,
+    /// Sweep: measure every policy at exactly these rates, comma-separated (no ladder, no
+    /// saturation search): for real engines, whose servable rates are known beforehand.
+    #[arg(long)]
+    sweep_rates: Option<String>,
+    /// Sweep engines: `sim` (vllm-sim, fresh per point) or `vllm` (real vLLM CPU engines, started
+    /// once with the bench's larger dummy model, one per core, caches reset before every point).
+    #[arg(long, default_value = "sim")]
+    engines: String,
+    /// Real engines: `VLLM_CPU_KVCACHE_SPACE` per engine, GiB.
+    #[arg(long, default_value_t = 2)]
+    vllm_kv_cache_gib: u32,
+    /// Real engines: `--max-model-len`.
+    #[arg(long, default_value_t = 32_768)]
+    vllm_max_model_len: u32,
     /// Sweep: trace requests' max_tokens = min(output_length, this).
     #[arg(long, default_value_t = 128)]
     sweep_max_output_tokens: u32,
@@ -268,21 +283,78 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
         Vec::new()
     };
     let fleet_tps = a.sweep_workers as f64 * a.sweep_prefill_tokens_per_s * a.sweep_sim_speedup;
-    let settings = vec![
-        format!(
+    let fixed_rates = match &a.sweep_rates {
+        None => Vec::new(),
+        Some(list) => list
+            .split(',')
+            .filter(|x| !x.trim().is_empty())
+            .map(|x| match x.trim().parse::<f64>() {
+                Ok(r) if r > 0.0 && r.is_finite() => Ok(r),
+                _ => bail!("--sweep-rates: {x:?} is not a rate > 0"),
+            })
+            .collect::<Result<Vec<f64>>>()?,
+    };
+    let vllm = match a.engines.as_str() {
+        "sim" => None,
+        "vllm" => {
+            if !a.block_size.is_multiple_of(32) {
+                bail!("--engines vllm: vLLM's CPU attention needs --block-size a multiple of 32 (got {})", a.block_size);
+            }
+            if fixed_rates.is_empty() {
+                bail!("--engines vllm needs --sweep-rates (a CPU engine serves a fraction of a request per second: choose the rates, no ladder)");
+            }
+            let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+            Some(VllmOptions {
+                kv_cache_gib: a.vllm_kv_cache_gib.max(1),
+                max_model_len: a.vllm_max_model_len,
+                cores: (0..cores).collect(),
+                model: Some(kvmesh_e2e::vllm::bench_model_dir()?),
+                dev_mode: true,
+                ..VllmOptions::default()
+            })
+        }
+        other => bail!("unknown --engines {other:?} (sim, vllm)"),
+    };
+    let fleet_line = match &vllm {
+        None => format!(
             "fleet: {} vllm-sim workers × {} blocks of {} tokens, `--speedup {}`, `--prefill-tokens-per-s {}` (fleet prefill {:.0} tokens/s), extra sim flags {:?}",
             a.sweep_workers, a.sweep_num_gpu_blocks, a.block_size, a.sweep_sim_speedup, a.sweep_prefill_tokens_per_s, fleet_tps, a.sim_args
         ),
+        Some(o) => format!(
+            "fleet: {} real vLLM CPU engines (`vllm-cpu` 0.32.0, dummy weights, bench model {:?}), block size {}, `VLLM_CPU_KVCACHE_SPACE={}`, `--max-model-len {}`, engine i pinned to core i mod {} under `nice -n 19`; started once, prefix caches reset (`/reset_prefix_cache`) before every point",
+            a.sweep_workers, kvmesh_e2e::vllm::BENCH_MODEL_SHAPE, a.block_size, o.kv_cache_gib, o.max_model_len, o.cores.len()
+        ),
+    };
+    let validity = if vllm.is_some() {
+        format!(
+            "a point is **invalid** when the CPU of everything but the engines (machine busy − engines' process groups, `/proc`) is above {:.0}% of the machine, or the client's lateness (sent − scheduled) p90 is above {} ms; the engines themselves may use all of their cores",
+            kvmesh_bench::sweep::MAX_OTHER_CPU_BUSY * 100.0,
+            kvmesh_bench::sweep::MAX_LATENESS_P90_MS
+        )
+    } else {
+        "a point is **invalid** when the machine's CPU use (`/proc/stat`, mean over the point) is above 85% or the client's lateness (sent − scheduled) p90 is above 10 ms; the headline uses valid points only".into()
+    };
+    let rates_line = if fixed_rates.is_empty() {
+        format!(
+            "ladder: round_robin from the first rate × {} per step, at most {} steps, until its TTFT p90 > 3 × its light-load value; then every policy at {} × the saturation rate",
+            a.sweep_factor, a.sweep_max_steps, a.sweep_fractions
+        )
+    } else {
+        format!("rates: every policy at {fixed_rates:?} (`--sweep-rates`; no ladder, no saturation search, no load point)")
+    };
+    let settings = vec![
+        fleet_line,
         format!(
             "each point: a fresh stack, caches reset, arrivals over {} s (turns stop at {} s), at most {} requests in flight, seed {}",
             a.sweep_duration_s, a.sweep_duration_s * 1.5, a.sweep_max_in_flight, a.sweep_seed
         ),
-        format!(
-            "ladder: round_robin from the first rate × {} per step, at most {} steps, until its TTFT p90 > 3 × its light-load value; then every policy at {} × the saturation rate",
-            a.sweep_factor, a.sweep_max_steps, a.sweep_fractions
-        ),
-        "a point is **invalid** when the machine's CPU use (`/proc/stat`, mean over the point) is above 85% or the client's lateness (sent − scheduled) p90 is above 10 ms; the headline uses valid points only".into(),
-        "sim CPU-s / 1k req: user + system CPU of the vllm-sim processes during the point (`/proc/<pid>/stat`) per 1,000 requests".into(),
+        rates_line,
+        validity,
+        if vllm.is_some() {
+            "sim CPU-s / 1k req: here the real engines' CPU (user + system of each engine's process group: API server, engine core, worker) per 1,000 requests".into()
+        } else {
+            "sim CPU-s / 1k req: user + system CPU of the vllm-sim processes during the point (`/proc/<pid>/stat`) per 1,000 requests".into()
+        },
         "policies: round_robin, least_request (Envoy); ring_hash and kvmesh_precise_session get the workload's session header (trace, agentic, paced only); kvmesh_approximate and kvmesh_precise run as shipped (default configuration, no header)".into(),
     ];
     let args = sweep::SweepArgs {
@@ -297,6 +369,8 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
         fleet_prefill_tps: fleet_tps,
         max_in_flight: a.sweep_max_in_flight.max(1),
         trace_records,
+        fixed_rates,
+        vllm,
         trace_cfg: TraceConfig {
             duration_s: a.sweep_duration_s,
             token_seed: a.token_seed,
@@ -332,6 +406,9 @@ async fn main() -> Result<()> {
 
 async fn bench(a: Args) -> Result<()> {
     let parts = Parts::parse(&a.only)?;
+    if a.engines != "sim" && (parts.policies || parts.overhead) {
+        bail!("--engines {} runs the load sweep only: pass --only sweep", a.engines);
+    }
     let policies = if parts.policies { Policy::parse_list(&a.policies).map_err(anyhow::Error::msg)? } else { Vec::new() };
     let overhead_args = OverheadArgs {
         sizes: parse_sizes(&a.overhead_sizes).map_err(anyhow::Error::msg)?,
@@ -363,6 +440,8 @@ async fn bench(a: Args) -> Result<()> {
         model: a.model.clone(),
         request_timeout: Duration::from_secs_f64(a.request_timeout_s),
         start_attempts: a.start_attempts,
+        external: Vec::new(),
+        engine_groups: Vec::new(),
     };
 
     let mut manifest = RunManifest {

@@ -18,7 +18,8 @@ use kvmesh_bench::prom::{self, Sample};
 use kvmesh_bench::replay::{run_trace, ReplayConfig};
 use kvmesh_bench::sink::Sink;
 use kvmesh_bench::trace::Indexed;
-use kvmesh_e2e::stack::{EnvoyPolicy, Stack, StackSpec};
+use kvmesh_e2e::stack::{EnvoyPolicy, Stack, StackSpec, WorkerSpec};
+use kvmesh_e2e::vllm::Engines;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -62,6 +63,11 @@ pub struct Fleet {
     pub request_timeout: Duration,
     /// Tries to start each policy's stack.
     pub start_attempts: u32,
+    /// Engines already running (real vLLM, started once for the sweep): when non-empty, every
+    /// stack runs over these as external engines instead of starting simulators.
+    pub external: Vec<WorkerSpec>,
+    /// The external engines' process groups (their CPU is the engines' CPU).
+    pub engine_groups: Vec<u32>,
 }
 
 /// What one policy's run produced.
@@ -74,6 +80,10 @@ pub struct PolicyRun {
 
 pub(crate) fn spec_for(policy: Policy, fleet: &Fleet, dir: &Path) -> StackSpec {
     let mut spec = StackSpec::aggregate(fleet.workers);
+    if !fleet.external.is_empty() {
+        spec.workers = fleet.external.clone();
+        spec.engines = Engines::External;
+    }
     spec.policy = match policy {
         Policy::RoundRobin => EnvoyPolicy::RoundRobin,
         Policy::LeastRequest => EnvoyPolicy::LeastRequest,

@@ -19,10 +19,12 @@ use kvmesh_bench::record::read_all;
 use kvmesh_bench::report::sweep::{plot_files, SweepReport, WorkloadSweep};
 use kvmesh_bench::sink::Sink;
 use kvmesh_bench::sweep::{
-    next_ladder_rate, policy_rates, summarize_point, LadderStep, MachineSample, PointResult, RatePoint, SweepConfig,
+    invalid_reasons_real_engines, next_ladder_rate, policy_rates, summarize_point, LadderStep, MachineSample, PointResult, RatePoint, SweepConfig,
 };
 use kvmesh_bench::trace::TraceRecord;
 use kvmesh_bench::workload::{gen, trace as wtrace, Plan, WorkloadKind};
+use kvmesh_e2e::stack::{StackSpec, WorkerSpec};
+use kvmesh_e2e::vllm::VllmOptions;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -66,6 +68,10 @@ pub struct SweepArgs {
     pub fleet_prefill_tps: f64,
     pub max_in_flight: usize,
     pub trace_records: Vec<TraceRecord>,
+    /// Rates every policy runs at (`--sweep-rates`): non-empty skips the ladder.
+    pub fixed_rates: Vec<f64>,
+    /// Real vLLM engines, started once for the whole sweep (`--engines vllm`); `None`: vllm-sim.
+    pub vllm: Option<VllmOptions>,
     pub trace_cfg: wtrace::TraceConfig,
     pub settings: Vec<String>,
 }
@@ -182,7 +188,14 @@ async fn measure_inner(
         .iter()
         .filter_map(|w| w.proc.as_ref().map(|p| p.pid()))
         .collect();
-    let ticks = |pids: &[u32]| pids.iter().map(|&p| cpu_ticks(p)).sum::<Option<u64>>();
+    // Simulators: one process each. Real engines: every process of each engine's group.
+    let ticks = |pids: &[u32]| {
+        if fleet.engine_groups.is_empty() {
+            pids.iter().map(|&p| cpu_ticks(p)).sum::<Option<u64>>()
+        } else {
+            group_ticks(&fleet.engine_groups)
+        }
+    };
     let ticks_before = ticks(&pids);
     let results = dir.join("results.jsonl");
     let sink = Sink::create(&results, 1_000_000)?;
@@ -216,8 +229,10 @@ async fn measure_inner(
         max_in_flight: a.max_in_flight,
         turn_deadline: Duration::from_secs_f64(a.duration_s * 1.5),
     };
+    let run_started = Instant::now();
     let stats = run_plan(client.clone(), cfg, plan.clone(), sink.sender(), done).await;
     let (cpu_mean, cpu_max) = sampler.finish();
+    let run_wall_s = run_started.elapsed().as_secs_f64();
     ticker.abort();
     let ticks_after = ticks(&pids);
     let sunk = sink.close().await?;
@@ -234,7 +249,7 @@ async fn measure_inner(
             _ => None,
         },
     };
-    let p = summarize_point(
+    let mut p = summarize_point(
         kind.name(),
         policy.name(),
         plan.rate,
@@ -245,6 +260,11 @@ async fn measure_inner(
         machine,
         &worker_ids,
     );
+    if !fleet.engine_groups.is_empty() {
+        // The engines are the CPU load here: bound everything else instead (see the lib's rule).
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        p.invalid = invalid_reasons_real_engines(cpu_mean, machine.sim_cpu_s, run_wall_s, cores, p.lateness_p90_ms);
+    }
     tracing::info!(
         workload = kind.name(),
         policy = policy.name(),
@@ -269,6 +289,33 @@ fn save(report: &SweepReport, out: &Path) -> Result<()> {
 pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<SweepReport> {
     let out = out.join("sweep");
     std::fs::create_dir_all(&out)?;
+    // Real engines start once (a minute each) and live until the sweep returns; every point's
+    // stack runs over them as external engines, caches reset by `prepare_stack`.
+    let mut fleet = fleet.clone();
+    let _engines = match &a.vllm {
+        None => Vec::new(),
+        Some(opts) => {
+            let dir = out.join("engines");
+            std::fs::create_dir_all(&dir)?;
+            let specs = StackSpec::aggregate(fleet.workers).workers;
+            eprintln!("[bench] starting {} real vLLM engines (logs in {})", specs.len(), dir.display());
+            let started = Instant::now();
+            let engines = kvmesh_e2e::vllm::start_workers(&specs, opts, fleet.block_size, &dir).await?;
+            eprintln!("[bench] engines healthy after {}", fmt_elapsed(started.elapsed()));
+            fleet.external = engines
+                .iter()
+                .map(|w| WorkerSpec {
+                    endpoint: Some(w.http.clone()),
+                    kv_events: w.kv_events.clone(),
+                    kv_replay: w.replay.clone(),
+                    ..WorkerSpec::new(w.id.clone(), w.role)
+                })
+                .collect();
+            fleet.engine_groups = engines.iter().filter_map(|w| w.proc.as_ref().map(|p| p.pid())).collect();
+            engines
+        }
+    };
+    let fleet = &fleet;
     let mut report = SweepReport {
         settings: a.settings.clone(),
         workloads: Vec::new(),
@@ -295,6 +342,23 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
             ..Default::default()
         });
         let wi = report.workloads.len() - 1;
+        if !a.fixed_rates.is_empty() {
+            report.workloads[wi].note = format!(
+                "fixed rates {:?} (`--sweep-rates`): no ladder, no saturation search, no load point",
+                a.fixed_rates
+            );
+            for &policy in &a.policies {
+                if !kind.has_sessions() && policy.uses_session_header() && policy != Policy::RoundRobin {
+                    continue;
+                }
+                for &rate in &a.fixed_rates {
+                    let p = measure(a, fleet, kind, policy, rate, &out, &mut progress).await;
+                    report.workloads[wi].points.push(p);
+                    save(&report, &out)?;
+                }
+            }
+            continue;
+        }
         // 1. round_robin's ladder.
         let mut rr: Vec<RatePoint> = Vec::new();
         let sat = loop {
@@ -355,6 +419,48 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
         }
     }
     Ok(report)
+}
+
+/// User + system CPU ticks of every process whose process group is one of `groups` (`/proc`).
+fn group_ticks(groups: &[u32]) -> Option<u64> {
+    let mut total = 0u64;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(text) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        if let Some((pgrp, ticks)) = parse_pid_stat(&text) {
+            if groups.contains(&pgrp) {
+                total += ticks;
+            }
+        }
+    }
+    Some(total)
+}
+
+/// `(process group, utime + stime)` of one `/proc/<pid>/stat` line (pure). The command name in
+/// parentheses may hold spaces and parentheses, so fields are counted after the last `)`.
+fn parse_pid_stat(text: &str) -> Option<(u32, u64)> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state(3) ppid(4) pgrp(5) … utime(14) stime(15), 1-based over the whole line.
+    let pgrp = f.get(2)?.parse().ok()?;
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    Some((pgrp, utime + stime))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_pid_stat;
+
+    #[test]
+    fn pid_stat_lines() {
+        let line = "31657 (python) S 1 31657 31657 0 -1 4194560 9000 0 0 0 1234 56 0 0 39 19 20 0 1 0";
+        assert_eq!(parse_pid_stat(line), Some((31657, 1290)));
+        let odd = "26274 (VLLM::Engine (core) x) R 31657 31657 31657 0 -1 0 0 0 0 0 7 3 0 0 39 19 1 0 1 0";
+        assert_eq!(parse_pid_stat(odd), Some((31657, 10)));
+        for bad in ["", "12 (x)", "12 (x) S 1 abc 1 0 -1 0 0 0 0 0 1 2", "no paren S 1 2 3"] {
+            assert_eq!(parse_pid_stat(bad), None, "{bad:?}");
+        }
+    }
 }
 
 /// Draws the sweep's plots into `out` (TTFT p90 vs rate, engine hit rate vs rate, per workload);
