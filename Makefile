@@ -18,7 +18,7 @@ else
 CARGO_PROFILE_FLAG :=
 endif
 
-.PHONY: help setup build wasm test run demo bench bench-quick lint validate clean setup-vllm test-vllm fuzz
+.PHONY: help setup build wasm test run demo bench bench-quick lint validate clean setup-vllm test-vllm fuzz soak
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -53,6 +53,12 @@ ifeq ($(FUZZ_ENGINE),libfuzzer)
 else
 	$(CARGO) run -p kvmesh-fuzz --bin kvmesh-fuzz -- --seconds $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 endif
+
+# `make soak`: memory under a steady mixed workload with churn (e2e/bench/README.md "Soak"); not in CI.
+SOAK_MINUTES  ?= 30
+SOAK_SAMPLE_S ?= 60
+soak: build ## Soak Envoy + indexer + sims for SOAK_MINUTES (default 30) under churn, sampling memory every SOAK_SAMPLE_S (default 60) s; PROFILE=release for release binaries → bench-out/soak/report.md + PNG
+	target/$(PROFILE)/kvmesh-soak $(if $(filter release,$(PROFILE)),--release,) --minutes $(SOAK_MINUTES) --sample-s $(SOAK_SAMPLE_S) --out bench-out/soak $(SOAK_ARGS)
 
 setup-vllm: setup ## Install vLLM's CPU build and a dummy model into .tools/vllm/ (about 4 GB; ENGINES=vllm and test-vllm do it on first use)
 	@scripts/setup-vllm.sh >/dev/null

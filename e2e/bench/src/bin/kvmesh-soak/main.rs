@@ -1,0 +1,449 @@
+//! `kvmesh-soak` (`make soak`): a steady mixed workload through a real stack (Envoy + the wasm
+//! filter, the indexer, vllm-sim workers with a small KV cache) with churn, sampling memory and
+//! every bounded map the indexer exports, to show memory flat after warm-up.
+//!
+//! Churn: a worker leaves and comes back by fleet-file rewrites (the indexer reloads the file),
+//! sessions start and end (each client runs sessions of 1–6 turns), the small `--num-gpu-blocks`
+//! makes the engines evict, the indexer is SIGKILLed and restarted, and a fraction of requests
+//! stream and are dropped after the first chunk. Kubernetes discovery is not exercised (it needs an
+//! API server). Pure parts (schedule, tally, `/proc` parsing, slope, verdict, report) are in
+//! `plan.rs`; this file only drives processes, HTTP and files. Output in `--out`: `report.md`,
+//! `samples.csv`, `soak_memory.png`, `soak_gauges.png`. Exits non-zero when the verdict fails.
+
+mod plan;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use kvmesh_bench::report::plots::{register_font, vs_rate, RateSeries, DEFAULT_FONT, FONT_ENV};
+use kvmesh_bench::rng::{mix, SplitMix64};
+use kvmesh_e2e::client::{chat_body, filler, post_json};
+use kvmesh_e2e::stack::{Stack, StackSpec};
+use plan::{Bound, Churn, Outcome, Series, Summary, Tally};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug)]
+#[command(name = "kvmesh-soak", about = "Soak a kvmesh stack under churn and judge its memory")]
+struct Args {
+    /// Length of the run in minutes.
+    #[arg(long, default_value_t = 30.0)]
+    minutes: f64,
+    /// Seconds between samples.
+    #[arg(long, default_value_t = 60.0)]
+    sample_s: f64,
+    /// Seconds between worker churn steps (a leave, then the join back).
+    #[arg(long, default_value_t = 60.0)]
+    churn_s: f64,
+    /// Indexer restarts at these fractions of the run.
+    #[arg(long, value_delimiter = ',', default_value = "0.15,0.4")]
+    restarts: Vec<f64>,
+    /// Fraction of the run (of the indexer's last lifetime for its series) left out of the fit.
+    #[arg(long, default_value_t = 0.2)]
+    warmup_fraction: f64,
+    /// Memory slope bound, MiB per 10 minutes, after warm-up.
+    #[arg(long, default_value_t = 1.0)]
+    bound_mib_per_10min: f64,
+    /// Count-gauge slope bound, fraction of the window mean per 10 minutes (plus 50).
+    #[arg(long, default_value_t = 0.05)]
+    bound_count_fraction: f64,
+    /// Simulated workers.
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    /// KV blocks per worker (small: evictions all the time).
+    #[arg(long, default_value_t = 256)]
+    gpu_blocks: u32,
+    /// Concurrent client loops (each one session at a time).
+    #[arg(long, default_value_t = 6)]
+    clients: u64,
+    /// Pause between a client's requests, ms.
+    #[arg(long, default_value_t = 100)]
+    think_ms: u64,
+    /// Fraction of requests streamed and dropped after the first chunk.
+    #[arg(long, default_value_t = 0.1)]
+    abort_fraction: f64,
+    /// The indexer's `kv_home_ttl_secs`: short, so sessions' homes expire within the run.
+    #[arg(long, default_value_t = 60)]
+    kv_home_ttl_s: u64,
+    /// The indexer's `local_continuation_max_sessions`: small, so the LRU cap is hit within the run.
+    #[arg(long, default_value_t = 300)]
+    continuation_cap: usize,
+    /// Output directory.
+    #[arg(long, default_value = "bench-out/soak")]
+    out: PathBuf,
+    /// TTF font for the plots (default $KVMESH_FONT, else DejaVu Sans).
+    #[arg(long)]
+    font: Option<PathBuf>,
+    /// Seed of the clients' prompts and session lengths.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Run the stack's `target/release` binaries.
+    #[arg(long)]
+    release: bool,
+}
+
+/// Series names. Bytes series end in `_bytes` (the report shows them in MiB).
+const ENVOY_RSS: &str = "envoy_rss_bytes";
+const ENVOY_HEAP: &str = "envoy_heap_allocated_bytes";
+const WASM_RSS: &str = "wasm_vm_rss_bytes";
+const WASM_SIZE: &str = "wasm_vm_memory_size_bytes";
+const INDEXER_RSS: &str = "indexer_rss_bytes";
+/// Indexer gauges sampled: (series name, metric, label filter).
+const INDEXER_GAUGES: &[(&str, &str, Option<(&str, &str)>)] = &[
+    ("index_bytes", "kvmesh_index_bytes", None),
+    ("index_entries", "kvmesh_index_entries", None),
+    ("index_blocks", "kvmesh_index_blocks", None),
+    ("sessions_continuations", "kvmesh_sessions_tracked", Some(("set", "continuations"))),
+    ("sessions_kv_home", "kvmesh_sessions_tracked", Some(("set", "kv_home"))),
+    ("speculative_blocks", "kvmesh_speculative_blocks", None),
+    ("worker_active_requests", "kvmesh_worker_active_requests", None),
+];
+
+fn is_bytes(name: &str) -> bool {
+    name.ends_with("_bytes")
+}
+
+// === the load ===
+
+struct Load {
+    gateway: String,
+    session_header: String,
+    client: reqwest::Client,
+    tally: Mutex<Tally>,
+    stop: AtomicBool,
+    abort_fraction: f64,
+    think: Duration,
+}
+
+impl Load {
+    fn add(&self, o: Outcome) {
+        if let Ok(mut t) = self.tally.lock() {
+            t.add(o);
+        }
+    }
+}
+
+/// One client: sessions one after the other, 1–6 turns each, over 8 shared system prompts.
+async fn client_loop(load: Arc<Load>, id: u64, seed: u64) {
+    let mut rng = SplitMix64::new(mix(seed, id));
+    let mut n = 0u64;
+    while !load.stop.load(Ordering::Relaxed) {
+        n += 1;
+        let session = format!("soak-{id}-{n}");
+        let turns = rng.range_u64(1, 7);
+        let mut msgs = vec![("system".to_owned(), filler(rng.range_u64(0, 8), 120))];
+        for _ in 0..turns {
+            if load.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            msgs.push(("user".to_owned(), filler(rng.next_u64(), rng.range_u64(20, 80) as usize)));
+            let body = chat_body(&msgs, 16);
+            let headers = [(load.session_header.as_str(), session.as_str())];
+            let answer = if rng.next_f64() < load.abort_fraction {
+                load.add(aborted_stream(&load, body, &headers).await);
+                None
+            } else {
+                match post_json(&load.client, &load.gateway, &body, &headers).await {
+                    Ok(r) => {
+                        load.add(Outcome::Status(r.status));
+                        r.chat_content()
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "request without an answer");
+                        load.add(Outcome::Transport);
+                        None
+                    }
+                }
+            };
+            msgs.push(("assistant".to_owned(), answer.unwrap_or_else(|| "ok".to_owned())));
+            tokio::time::sleep(load.think).await;
+        }
+    }
+}
+
+/// A streamed request dropped after its first chunk.
+async fn aborted_stream(load: &Load, mut body: serde_json::Value, headers: &[(&str, &str)]) -> Outcome {
+    if let Some(o) = body.as_object_mut() {
+        o.insert("stream".into(), serde_json::Value::Bool(true));
+    }
+    let mut req = load.client.post(&load.gateway).json(&body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    match req.send().await {
+        Ok(mut resp) if resp.status().is_success() => match resp.chunk().await {
+            Ok(_) => Outcome::AbortedByUs,
+            Err(_) => Outcome::Transport,
+        },
+        Ok(resp) => Outcome::Status(resp.status().as_u16()),
+        Err(_) => Outcome::Transport,
+    }
+}
+
+// === sampling ===
+
+fn read_proc(pid: u32, file: &str) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/{file}")).ok()
+}
+
+/// `name: value` from Envoy's admin `/stats` text.
+fn admin_stat(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(": ")?.trim().parse().ok())
+}
+
+async fn sample(stack: &Stack, t: f64, out: &mut BTreeMap<String, Vec<(f64, f64)>>) {
+    let mut put = |name: &str, v: Option<f64>| {
+        if let Some(v) = v {
+            out.entry(name.to_owned()).or_default().push((t, v));
+        }
+    };
+    if let Some(pid) = stack.envoy.as_ref().map(|p| p.pid()) {
+        put(ENVOY_RSS, read_proc(pid, "status").as_deref().and_then(plan::status_rss_bytes).map(|b| b as f64));
+        let wasm = read_proc(pid, "smaps").map(|s| plan::wasm_memories(&s, plan::V8_RESERVATION_MIN_BYTES)).unwrap_or_default();
+        put(WASM_RSS, (wasm.count > 0).then_some(wasm.rss as f64));
+        put(WASM_SIZE, (wasm.count > 0).then_some(wasm.size as f64));
+        put("wasm_vms", (wasm.count > 0).then_some(wasm.count as f64));
+    }
+    if let Ok(r) = stack.client().get(stack.admin("/stats?filter=^server\\.memory_allocated$")).send().await {
+        if let Ok(text) = r.text().await {
+            put(ENVOY_HEAP, admin_stat(&text, "server.memory_allocated"));
+        }
+    }
+    if let Some(pid) = stack.indexer.as_ref().map(|p| p.pid()) {
+        put(INDEXER_RSS, read_proc(pid, "status").as_deref().and_then(plan::status_rss_bytes).map(|b| b as f64));
+    }
+    if let Ok(m) = stack.scrape(&stack.indexer_url("/metrics")).await {
+        for (name, metric, label) in INDEXER_GAUGES {
+            let matching: Vec<(&str, &str)> = label.iter().copied().collect();
+            if m.select(metric, &matching).next().is_some() {
+                put(name, Some(m.sum(metric, &matching)));
+            }
+        }
+    }
+}
+
+/// Wasm VM reloads (traps) so far.
+async fn vm_reloads(stack: &Stack) -> f64 {
+    let Ok(r) = stack.client().get(stack.admin("/stats?filter=vm_reload")).send().await else { return 0.0 };
+    let text = r.text().await.unwrap_or_default();
+    admin_stat(&text, "wasm.kvmesh.vm_reload_success").unwrap_or(0.0) + admin_stat(&text, "wasm.kvmesh.vm_reload_failure").unwrap_or(0.0)
+}
+
+/// Names of processes that died without us killing them.
+fn dead(stack: &mut Stack) -> Vec<String> {
+    let mut out = Vec::new();
+    if !stack.envoy.as_mut().is_some_and(|p| p.is_running()) {
+        out.push("envoy".to_owned());
+    }
+    if !stack.indexer.as_mut().is_some_and(|p| p.is_running()) {
+        out.push("indexer".to_owned());
+    }
+    for w in &mut stack.workers {
+        if !w.proc.as_mut().is_some_and(|p| p.is_running()) {
+            out.push(format!("worker {}", w.id));
+        }
+    }
+    out
+}
+
+// === churn ===
+
+async fn churn(stack: &mut Stack, step: Churn, out: &mut BTreeSet<String>) -> Result<String> {
+    let routing = stack.spec.routing_toml.clone();
+    match step {
+        Churn::WorkerLeave(i) | Churn::WorkerJoin(i) => {
+            let id = stack.workers.get(i).map(|w| w.id.clone()).context("no such worker")?;
+            let leave = matches!(step, Churn::WorkerLeave(_));
+            if leave {
+                out.insert(id.clone());
+            } else {
+                out.remove(&id);
+            }
+            let keep = out.clone();
+            stack.rewrite_fleet(|w| !keep.contains(&w.id), &routing).await?;
+            Ok(format!("worker {id} {} (fleet file reloaded)", if leave { "left" } else { "joined" }))
+        }
+        Churn::IndexerRestart => {
+            stack.restart_indexer().await?;
+            Ok("indexer SIGKILLed and restarted (replay done)".to_owned())
+        }
+    }
+}
+
+// === output ===
+
+fn write_csv(path: &Path, series: &BTreeMap<String, Vec<(f64, f64)>>) -> Result<()> {
+    let mut text = String::from("series,seconds,value\n");
+    for (name, pts) in series {
+        for (t, v) in pts {
+            text.push_str(&format!("{name},{t:.1},{v}\n"));
+        }
+    }
+    std::fs::write(path, text).with_context(|| format!("write {}", path.display()))
+}
+
+fn plots(out: &Path, series: &BTreeMap<String, Vec<(f64, f64)>>, font: &Path) -> Result<Vec<PathBuf>> {
+    register_font(font)?;
+    let lines = |bytes: bool| -> Vec<RateSeries> {
+        series
+            .iter()
+            .filter(|(n, _)| is_bytes(n) == bytes)
+            .map(|(n, pts)| RateSeries {
+                label: n.clone(),
+                points: pts.iter().map(|(t, v)| (t / 60.0, if bytes { v / plan::MIB } else { *v }, true)).collect(),
+            })
+            .collect()
+    };
+    let mem = out.join("soak_memory.png");
+    vs_rate(&mem, "kvmesh soak: memory", "minutes", "MiB", &lines(true), false, None)?;
+    let gauges = out.join("soak_gauges.png");
+    vs_rate(&gauges, "kvmesh soak: bounded maps and VMs", "minutes", "count", &lines(false), false, None)?;
+    Ok(vec![mem, gauges])
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let a = Args::parse();
+    let duration_s = a.minutes * 60.0;
+    std::fs::create_dir_all(&a.out)?;
+    let mut spec = StackSpec::aggregate(a.workers);
+    spec.sim_args = vec!["--num-gpu-blocks".into(), a.gpu_blocks.to_string()];
+    spec.release = a.release;
+    spec.routing_toml = format!("kv_home_ttl_secs = {}\nlocal_continuation_max_sessions = {}\n", a.kv_home_ttl_s, a.continuation_cap);
+    spec.work_dir = Some(std::path::absolute(a.out.join("stack"))?);
+    let mut stack = Stack::start(spec).await?;
+    tracing::info!(dir = %stack.dir().display(), minutes = a.minutes, "stack up; soaking");
+
+    let load = Arc::new(Load {
+        gateway: stack.gateway("/v1/chat/completions"),
+        session_header: stack.spec.session_header.clone(),
+        client: reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?,
+        tally: Mutex::new(Tally::default()),
+        stop: AtomicBool::new(false),
+        abort_fraction: a.abort_fraction,
+        think: Duration::from_millis(a.think_ms),
+    });
+    let clients: Vec<_> = (0..a.clients).map(|i| tokio::spawn(client_loop(load.clone(), i, a.seed))).collect();
+
+    let steps = plan::schedule(duration_s, a.churn_s, a.workers, &a.restarts);
+    let (mut next_step, mut next_sample) = (0usize, 0.0f64);
+    let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    let (mut done, mut failed, mut crashes) = (Vec::new(), Vec::new(), Vec::new());
+    let mut out_workers = BTreeSet::new();
+    let mut last_restart = 0.0f64;
+    let start = Instant::now();
+    loop {
+        let t = start.elapsed().as_secs_f64();
+        while next_step < steps.len() && steps[next_step].0 <= t {
+            let step = steps[next_step].1;
+            next_step += 1;
+            match churn(&mut stack, step, &mut out_workers).await {
+                Ok(what) => {
+                    tracing::info!(t_s = t, "{what}");
+                    done.push((t, what));
+                }
+                Err(e) => {
+                    tracing::warn!(t_s = t, error = %e, "churn step failed");
+                    failed.push(format!("{step:?} at {:.1} min: {e:#}", t / 60.0));
+                }
+            }
+            if step == Churn::IndexerRestart {
+                last_restart = start.elapsed().as_secs_f64();
+            }
+        }
+        let t = start.elapsed().as_secs_f64();
+        if t >= next_sample || t >= duration_s {
+            for name in dead(&mut stack) {
+                tracing::warn!(t_s = t, "{name} died");
+                crashes.push(format!("{name} exited at {:.1} min", t / 60.0));
+                if name == "indexer" {
+                    stack.start_indexer().await?;
+                    last_restart = start.elapsed().as_secs_f64();
+                } else if name == "envoy" {
+                    break;
+                }
+            }
+            sample(&stack, t, &mut series).await;
+            let sent = load.tally.lock().map(|x| x.total()).unwrap_or(0);
+            tracing::info!(t_s = t.round(), requests = sent, "sample");
+            next_sample += a.sample_s;
+        }
+        if t >= duration_s || crashes.iter().any(|c: &String| c.starts_with("envoy")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    load.stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        let _ = c.await;
+    }
+    let reloads = vm_reloads(&stack).await;
+    if reloads > 0.0 {
+        crashes.push(format!("{reloads} wasm VM reloads (filter traps)"));
+    }
+
+    let warm = duration_s * a.warmup_fraction;
+    let indexer_from = warm.max(last_restart + (duration_s - last_restart) * a.warmup_fraction);
+    let fits = series
+        .iter()
+        .map(|(name, pts)| {
+            let bound = if is_bytes(name) {
+                Bound::MibPer10Min(a.bound_mib_per_10min)
+            } else {
+                Bound::RelativePer10Min { fraction: a.bound_count_fraction, floor: 50.0 }
+            };
+            let from = if name.starts_with("envoy") || name.starts_with("wasm") { warm } else { indexer_from };
+            plan::fit(&Series { name: name.clone(), points: pts.clone(), bound, fit_from_s: from })
+        })
+        .collect();
+    let tally = load.tally.lock().map(|t| t.clone()).unwrap_or_default();
+    let summary = Summary {
+        minutes: start.elapsed().as_secs_f64() / 60.0,
+        sample_s: a.sample_s,
+        warmup_fraction: a.warmup_fraction,
+        fits,
+        tally,
+        crashes,
+        churn_done: done,
+        churn_failed: failed,
+    };
+    let mut report = plan::render(&summary, is_bytes);
+    report.push_str(&format!(
+        "\nSetup: {} vllm-sim workers with {} KV blocks each; the indexer's `kv_home_ttl_secs = {}` and `local_continuation_max_sessions = {}` (so both session maps reach their bound); {} clients (think {} ms), {:.0} % of requests streamed and aborted; Envoy has no wasm memory stat: `{WASM_RSS}` and `{WASM_SIZE}` are the resident and committed bytes, summed over the VMs (`wasm_vms`), of the wasm linear memories found in Envoy's `/proc/<pid>/smaps` (each an anonymous read-write mapping directly below V8's ≥ 1 GiB inaccessible guard reservation); `{ENVOY_HEAP}` is Envoy's `server.memory_allocated`. Indexer series fitted from {:.1} min (its last restart at {:.1} min).\n",
+        a.workers,
+        a.gpu_blocks,
+        a.kv_home_ttl_s,
+        a.continuation_cap,
+        a.clients,
+        a.think_ms,
+        a.abort_fraction * 100.0,
+        indexer_from / 60.0,
+        last_restart / 60.0
+    ));
+    write_csv(&a.out.join("samples.csv"), &series)?;
+    let font = a.font.clone().or_else(|| std::env::var_os(FONT_ENV).map(PathBuf::from)).unwrap_or_else(|| PathBuf::from(DEFAULT_FONT));
+    match plots(&a.out, &series, &font) {
+        Ok(files) => {
+            for f in files {
+                report.push_str(&format!("\n![{}]({})\n", f.display(), f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()));
+            }
+        }
+        Err(e) => report.push_str(&format!("\nNo plots: {e:#}\n")),
+    }
+    let path = a.out.join("report.md");
+    std::fs::write(&path, &report)?;
+    println!("{report}");
+    eprintln!("report: {}", path.display());
+    drop(stack);
+    if summary.pass() {
+        Ok(())
+    } else {
+        anyhow::bail!("soak failed its verdict (see {})", path.display())
+    }
+}
