@@ -12,5 +12,6 @@ pub mod hashing;
 pub mod headers;
 pub mod json_edit;
 pub mod openai;
+pub mod prom;
 pub mod rendezvous;
 pub mod session;

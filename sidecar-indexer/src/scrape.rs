@@ -36,37 +36,22 @@ pub struct EngineSample {
     pub itl_count: Option<f64>,
 }
 
-/// Parses the metrics routing reads from a vLLM-compatible exposition.
+/// Parses the metrics routing reads from a vLLM-compatible exposition (with the project's one
+/// parser, [`kvmesh_core::prom::parse_lossy`]: a line that is not a sample is skipped, never
+/// guessed; non-finite values are ignored).
 pub fn parse_engine_metrics(text: &str) -> EngineSample {
     let mut s = EngineSample::default();
     let mut old_hits = None;
     let mut old_queries = None;
     let (mut old_itl_sum, mut old_itl_count) = (None, None);
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let (name, rest) = match line.find(['{', ' ']) {
-            Some(i) => line.split_at(i),
-            None => continue,
-        };
-        let value_part = match rest.strip_prefix('{') {
-            Some(r) => r.rsplit_once('}').map_or("", |(_, v)| v),
-            None => rest,
-        };
-        let Some(value) = value_part
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-        else {
-            continue;
-        };
+    let (samples, _skipped) = kvmesh_core::prom::parse_lossy(text);
+    for sample in &samples {
+        let value = sample.value;
         if !value.is_finite() {
             continue;
         }
         let add = |slot: &mut Option<f64>| *slot = Some(slot.unwrap_or(0.0) + value);
-        match name {
+        match sample.name.as_str() {
             "vllm:num_requests_running" => s.running += value,
             "vllm:num_requests_waiting" => s.waiting += value,
             "vllm:prefix_cache_hits_total" => add(&mut s.hits),

@@ -131,13 +131,11 @@ pub fn client() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder().timeout(patience()).build().expect("client")
 }
 
-/// Sums the series of `name` in Prometheus text.
+/// Sums the series of `name` in Prometheus text (the project's one parser, strict: a line the
+/// simulator emits that is not a sample fails the test), 0 if absent.
 pub fn metric_value(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    let samples = kvmesh_core::prom::parse(text).expect("the simulator's /metrics is valid exposition");
+    kvmesh_core::prom::sum(&samples, name).unwrap_or(0.0)
 }
 
 /// A decoded KV event.
