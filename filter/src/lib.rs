@@ -12,7 +12,11 @@
 //! Shape (after Kuadrant's wasm-shim): every decision lives in plain modules with no proxy-wasm
 //! import — [`config`], [`request`], [`decision`], [`splice`], [`fallback`], [`flow`],
 //! [`breaker`], [`endpoints`], [`background`], [`metrics`] — which take plain data and return [`effects::Effect`]s, tested
-//! natively with `cargo test`. The `host` module (wasm only) is the one place that calls Envoy.
+//! natively with `cargo test`. Root-level logic — the role matrix ([`roles`]), the done sink and
+//! fleet cache ([`shared`]), the fleet poll and done dispatcher ([`tasks`]), metric ids
+//! ([`metric_ids`]) — calls the host only through the narrow [`host_api::Host`] trait and is tested
+//! natively against its test double. The `host` module (wasm only) is the one place that calls
+//! Envoy: the real `Host` adapter and the proxy-wasm contexts.
 
 pub mod background;
 pub mod breaker;
@@ -22,9 +26,14 @@ pub mod effects;
 pub mod endpoints;
 pub mod fallback;
 pub mod flow;
+pub mod host_api;
+pub mod metric_ids;
 pub mod metrics;
 pub mod request;
+pub mod roles;
+pub mod shared;
 pub mod splice;
+pub mod tasks;
 pub mod ttft;
 
 #[cfg(target_arch = "wasm32")]

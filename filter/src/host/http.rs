@@ -8,11 +8,11 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, MapType};
 
 use super::io;
-use super::root::Shared;
 use crate::breaker::Admit;
 use crate::decision::MAX_ANSWER_BYTES;
 use crate::effects::{Effect, Next, Step};
 use crate::flow::RequestFlow;
+use crate::shared::Shared;
 
 /// Request header that makes a `test-trap` build trap (e2e only).
 #[cfg(feature = "test-trap")]
@@ -32,6 +32,10 @@ impl HttpFilter {
         Self { context_id, shared, flow, route_token: None }
     }
 
+    fn now_ns(&self) -> u64 {
+        self.shared.host().now_ns()
+    }
+
     /// Applies a step's effects, then follows its `next` until the flow waits or continues.
     fn run(&mut self, step: Step) -> Action {
         self.apply(step.effects);
@@ -40,21 +44,21 @@ impl HttpFilter {
             Next::Pause => Action::Pause,
             Next::ReadBody(len) => {
                 let body = io::read_buffer(BufferType::HttpRequestBody, len);
-                let step = self.flow.on_body(body, io::now_ns());
+                let step = self.flow.on_body(body, self.now_ns());
                 self.run(step)
             }
             Next::Call(call) => {
-                if self.shared.admit_route_call(io::now_ns()) == Admit::Skip {
+                if self.shared.admit_route_call(self.now_ns()) == Admit::Skip {
                     let step = self.flow.on_call_skipped(self.shared.as_ref());
                     return self.run(step);
                 }
-                match io::dispatch(&call) {
+                match self.shared.host().dispatch(&call) {
                     Ok(token) => {
                         self.route_token = Some(token);
                         Action::Pause
                     }
                     Err(status) => {
-                        self.shared.metrics.host_call_failed("dispatch_http_call(/v1/route)", status);
+                        self.shared.metrics.host_call_failed("dispatch_http_call(/v1/route)", &status);
                         let step = self.flow.on_dispatch_failed(self.shared.as_ref());
                         self.run(step)
                     }
@@ -90,17 +94,17 @@ impl HttpFilter {
                     continue;
                 }
                 Effect::IndexerHealth(health) => {
-                    self.shared.record_route_call(health, io::now_ns());
+                    self.shared.record_route_call(health, self.now_ns());
                     continue;
                 }
                 Effect::EndpointOutcome { endpoint, ok } => {
-                    self.shared.record_endpoint(&endpoint, ok, io::now_ns());
+                    self.shared.record_endpoint(&endpoint, ok, self.now_ns());
                     continue;
                 }
             };
             if let Err(status) = result {
                 log::warn!("ctx={} request_id={} {what} failed", self.context_id, self.flow.request_id());
-                self.shared.metrics.host_call_failed(what, status);
+                self.shared.metrics.host_call_failed(what, &crate::host_api::HostError(format!("{status:?}")));
             }
         }
     }
@@ -127,7 +131,7 @@ impl Context for HttpFilter {
             // One byte over the bound is enough for the flow to see "too large".
             io::read_buffer(BufferType::HttpCallResponseBody, body_size.min(MAX_ANSWER_BYTES + 1)).unwrap_or_default()
         };
-        let step = self.flow.on_route_answer(status, &body, io::now_ns(), self.shared.as_ref());
+        let step = self.flow.on_route_answer(status, &body, self.now_ns(), self.shared.as_ref());
         // Outside a stream callback the returned action means nothing; resuming is an effect.
         let _ = self.run(step);
     }
@@ -146,7 +150,7 @@ impl HttpContext for HttpFilter {
             log::warn!("ctx={} {TEST_TRAP_HEADER}: trapping the VM on purpose (test-trap build)", self.context_id);
             core::arch::wasm32::unreachable();
         }
-        let step = self.flow.on_request_headers(&pairs, end_of_stream, io::now_ns());
+        let step = self.flow.on_request_headers(&pairs, end_of_stream, self.now_ns());
         self.run(step)
     }
 
@@ -168,7 +172,7 @@ impl HttpContext for HttpFilter {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let effects = self.flow.on_response_data(body_size, io::now_ns());
+        let effects = self.flow.on_response_data(body_size, self.now_ns());
         self.apply(effects);
         self.flow.on_response_body(end_of_stream);
         Action::Continue

@@ -1,5 +1,7 @@
 //! The only code that talks to Envoy: proxy-wasm contexts that gather plain data, hand it to the
-//! pure modules, and execute the [`crate::effects::Effect`]s they return.
+//! plain modules, and execute the [`crate::effects::Effect`]s they return. Root-level logic (roles,
+//! done sink, fleet cache, background work) lives in [`crate::roles`], [`crate::shared`] and
+//! [`crate::tasks`] and reaches Envoy only through [`crate::host_api::Host`], implemented here.
 //!
 //! Host results are `Result`s here, never unwrapped: the SDK's trait helpers `unwrap()` internally,
 //! so this layer calls `proxy_wasm::hostcalls` directly and turns an error status into a log line
@@ -7,11 +9,12 @@
 //! not define for a call; the panic hook below makes that visible at critical level, and the
 //! filter's `failure_policy: FAIL_OPEN` keeps requests flowing.)
 //!
-//! * [`root`]: filter roots (one per worker thread) and the singleton service root.
+//! * [`adapter`]: [`crate::host_api::Host`] over `proxy_wasm::hostcalls`.
+//! * [`root`]: root contexts (filter roots and the singleton service), glue of [`crate::roles`].
 //! * [`http`]: one HTTP context per request, driving [`crate::flow::RequestFlow`].
-//! * [`background`]: fleet polling and `/v1/done` dispatch, owned by a root.
+//! * [`io`]: reads of one stream's headers, buffers and properties.
 
-mod background;
+mod adapter;
 mod http;
 mod io;
 mod root;

@@ -1,22 +1,26 @@
 //! Background work of a long-lived root context: the `/v1/fleet` poll that feeds the local
 //! fallback, and the `/v1/done` dispatcher. Calls made here belong to the root context, which
 //! lives as long as the VM, so Envoy never cancels them with a request.
+//!
+//! The bookkeeping is [`crate::background`]'s ([`DoneQueue`], [`FleetSchedule`]); this module
+//! drives it with host calls through [`Host`]: it drains the singleton's shared queue into the
+//! bounded local queue, starts a poll when one is due, stores a valid answer in shared data for
+//! every VM of the `vm_id`, and keeps at most `done_max_in_flight` `/v1/done` calls out.
 
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::rc::Rc;
 
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::{BufferType, MapType};
-
-use super::io::{self, MetricIds};
 use crate::background::{decode_done, encode_done, parse_fleet_answer, DoneQueue, FleetSchedule, FLEET_KEY, MAX_FLEET_BYTES};
 use crate::config::FilterConfig;
+use crate::host_api::{Host, HostError};
+use crate::metric_ids::MetricIds;
 use crate::metrics::{DoneResult, FleetResult, Metric, MetricUpdate};
 use crate::request::{done_call, fleet_call};
 
 /// Fleet poller plus done dispatcher.
-pub struct Background {
+pub struct BackgroundTasks {
+    host: Rc<dyn Host>,
     config: Rc<FilterConfig>,
     metrics: Rc<MetricIds>,
     fleet: FleetSchedule,
@@ -26,12 +30,18 @@ pub struct Background {
     shared_queue: Option<u32>,
 }
 
-impl Background {
+impl BackgroundTasks {
     /// `done` is shared with the HTTP contexts in per-worker mode; `shared_queue` is the queue the
     /// singleton registered.
-    pub fn new(config: Rc<FilterConfig>, metrics: Rc<MetricIds>, done: Rc<RefCell<DoneQueue>>, shared_queue: Option<u32>) -> Self {
+    pub fn new(
+        host: Rc<dyn Host>,
+        config: Rc<FilterConfig>,
+        metrics: Rc<MetricIds>,
+        done: Rc<RefCell<DoneQueue>>,
+        shared_queue: Option<u32>,
+    ) -> Self {
         let fleet = FleetSchedule::new(config.fleet_refresh_ms);
-        Self { config, metrics, fleet, done, done_calls: HashSet::new(), shared_queue }
+        Self { host, config, metrics, fleet, done, done_calls: HashSet::new(), shared_queue }
     }
 
     /// Periodic work: drain, poll when due, dispatch.
@@ -47,11 +57,12 @@ impl Background {
         self.pump_done();
     }
 
-    /// An answer to one of this context's calls.
+    /// An answer to one of this context's calls (`num_headers == 0`: the call failed without a
+    /// response). Tokens of other calls are ignored.
     pub fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
-        let status = if num_headers == 0 { None } else { io::status_of(MapType::HttpCallResponseHeaders) };
+        let status = if num_headers == 0 { None } else { self.host.call_response_status() };
         if self.fleet.take_answer(token) {
-            let body = if body_size == 0 { Vec::new() } else { io::read_buffer(BufferType::HttpCallResponseBody, MAX_FLEET_BYTES + 1).unwrap_or_default() };
+            let body = if body_size == 0 { Vec::new() } else { self.host.call_response_body(MAX_FLEET_BYTES + 1) };
             self.store_fleet(status, &body);
         } else if self.done_calls.remove(&token) {
             if let Ok(mut q) = self.done.try_borrow_mut() {
@@ -73,14 +84,16 @@ impl Background {
         match parse_fleet_answer(status, body) {
             Ok(snapshot) => {
                 let decoders = snapshot.decode_candidates().count() as u64;
-                let stored = serde_json::to_vec(&snapshot).map_err(|_| proxy_wasm::types::Status::SerializationFailure).and_then(|bytes| hostcalls::set_shared_data(FLEET_KEY, Some(&bytes), None));
+                let stored = serde_json::to_vec(&snapshot)
+                    .map_err(|e| HostError(format!("serialising the fleet: {e}")))
+                    .and_then(|bytes| self.host.set_shared_data(FLEET_KEY, &bytes));
                 match stored {
                     Ok(()) => {
                         self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Ok), 1));
                         self.metrics.apply(MetricUpdate::Record(Metric::FleetDecodeWorkers, decoders));
                     }
                     Err(status) => {
-                        self.metrics.host_call_failed("set_shared_data(fleet)", status);
+                        self.metrics.host_call_failed("set_shared_data(fleet)", &status);
                         self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Failed), 1));
                     }
                 }
@@ -93,15 +106,15 @@ impl Background {
     }
 
     fn poll_fleet_if_due(&mut self) {
-        let now = io::now_ns();
+        let now = self.host.now_ns();
         if !self.fleet.due(now) {
             return;
         }
-        match io::dispatch(&fleet_call(&self.config)) {
+        match self.host.dispatch(&fleet_call(&self.config)) {
             Ok(token) => self.fleet.started(now, token),
             Err(status) => {
                 self.fleet.failed_to_start(now);
-                self.metrics.host_call_failed("dispatch_http_call(/v1/fleet)", status);
+                self.metrics.host_call_failed("dispatch_http_call(/v1/fleet)", &status);
                 self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Failed), 1));
             }
         }
@@ -112,7 +125,7 @@ impl Background {
         let Some(queue) = self.shared_queue else { return };
         let Ok(mut done) = self.done.try_borrow_mut() else { return };
         loop {
-            match hostcalls::dequeue_shared_queue(queue) {
+            match self.host.dequeue_shared_queue(queue) {
                 Ok(Some(bytes)) => {
                     let accepted = decode_done(&bytes).is_some_and(|report| done.offer(report));
                     if !accepted {
@@ -121,7 +134,7 @@ impl Background {
                 }
                 Ok(None) => break,
                 Err(status) => {
-                    self.metrics.host_call_failed("dequeue_shared_queue", status);
+                    self.metrics.host_call_failed("dequeue_shared_queue", &status);
                     break;
                 }
             }
@@ -137,8 +150,8 @@ impl Background {
             };
             let Some(report) = next else { return };
             let dispatched = encode_done(&report)
-                .ok_or(proxy_wasm::types::Status::SerializationFailure)
-                .and_then(|json| io::dispatch(&done_call(&self.config, json)));
+                .ok_or_else(|| HostError("serialising a done report failed".to_owned()))
+                .and_then(|json| self.host.dispatch(&done_call(&self.config, json)));
             match dispatched {
                 Ok(token) => {
                     self.done_calls.insert(token);
@@ -147,10 +160,14 @@ impl Background {
                     if let Ok(mut q) = self.done.try_borrow_mut() {
                         q.call_finished();
                     }
-                    self.metrics.host_call_failed("dispatch_http_call(/v1/done)", status);
+                    self.metrics.host_call_failed("dispatch_http_call(/v1/done)", &status);
                     self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Failed), 1));
                 }
             }
         }
     }
 }
+
+#[cfg(test)]
+#[path = "tests/tasks.rs"]
+mod tests;
