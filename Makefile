@@ -18,7 +18,7 @@ else
 CARGO_PROFILE_FLAG :=
 endif
 
-.PHONY: help setup build wasm test run demo bench bench-quick lint validate clean setup-vllm test-vllm fuzz soak
+.PHONY: help setup build wasm test run demo bench bench-quick bench-vllm lint validate clean setup-vllm test-vllm fuzz soak
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -90,6 +90,10 @@ bench: ## Load sweep of five workloads × six policies (≤ 90 min), router over
 bench-quick: ## Load sweep for iteration (≤ 10 min after the build): the trace, three rates, three policies → bench-out/quick/report.md
 	$(MAKE) build PROFILE=release
 	target/release/kvmesh-bench --out bench-out/quick --only sweep --sweep-workloads trace --sweep-policies round_robin,kvmesh_approximate,kvmesh_precise --sweep-factor 2 --sweep-max-steps 4 --sweep-fractions 0.5,0.8,1.2 --sweep-duration-s 20 $(BENCH_ARGS)
+
+bench-vllm: setup-vllm ## Load sweep on 2 real vLLM CPU engines (agentic, 3 policies, one rate, ~15 min; installs vLLM on first use) → bench-out/vllm/report.md
+	$(MAKE) build PROFILE=release
+	nice -n 19 target/release/kvmesh-bench --out bench-out/vllm --only sweep --engines vllm --sweep-workers 2 --block-size 32 --sweep-workloads agentic --sweep-policies round_robin,kvmesh_precise,least_request --sweep-rates 0.06 --sweep-duration-s 150 $(BENCH_ARGS)
 
 lint: ## clippy with the workspace lints, wasm included
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

@@ -264,6 +264,14 @@ async fn measure_inner(
         // The engines are the CPU load here: bound everything else instead (see the lib's rule).
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
         p.invalid = invalid_reasons_real_engines(cpu_mean, machine.sim_cpu_s, run_wall_s, cores, p.lateness_p90_ms);
+        // Real vLLM names no worker in its responses, so Envoy-routed records carry none: load is
+        // what each engine's counters say it was asked to prefill (prompt tokens queried), the same
+        // measure for every policy.
+        p.load_max_over_mean = kvmesh_bench::stats::balance(
+            c.engines.iter().map(|e| (e.worker.as_str(), e.prefix_cache_queries)),
+            &worker_ids,
+        )
+        .max_over_mean();
     }
     tracing::info!(
         workload = kind.name(),
