@@ -7,7 +7,7 @@
 //! so this layer calls `proxy_wasm::hostcalls` directly and turns an error status into a log line
 //! and an `internal_errors{kind="host_call"}` count. (The SDK still aborts on statuses the ABI does
 //! not define for a call; the panic hook below makes that visible at critical level, and the
-//! filter's `failure_policy: FAIL_OPEN` keeps requests flowing.)
+//! bootstrap's `failure_policy: FAIL_RELOAD` replaces the trapped VM after a short backoff.)
 //!
 //! * [`adapter`]: [`crate::host_api::Host`] over `proxy_wasm::hostcalls`.
 //! * [`root`]: root contexts (filter roots and the singleton service), glue of [`crate::roles`].
