@@ -14,6 +14,9 @@ pub const KVMESH_SESSION: &str = "x-kvmesh-session";
 pub const OVERRIDE_WORKER: &str = "x-kvmesh-worker";
 /// Operator override (when enabled): force this mode (`aggregate`, `disagg`, …).
 pub const OVERRIDE_MODE: &str = "x-kvmesh-mode";
+/// The shared secret that makes a request's overrides trusted (`FilterConfig::override_secret`);
+/// the filter always strips it, so it never reaches the indexer or an engine.
+pub const OVERRIDE_SECRET: &str = "x-kvmesh-override-secret";
 /// Default name of the header carrying an explicit client session id (configurable).
 pub const DEFAULT_SESSION_HEADER: &str = "x-session-id";
 

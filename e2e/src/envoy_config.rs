@@ -5,11 +5,16 @@
 //! its own load balancers (the benchmark baselines). Rendering is a pure function of
 //! [`BootstrapVars`] — the same worker list the indexer's fleet file is written from — so the two
 //! never disagree. Variables are checked before rendering (a STATIC cluster needs IPs, a header
-//! name must be a token, the filter configuration must be JSON) and any variable the template uses
-//! but the caller did not give is an error, not an empty string.
+//! name must be a token) and any variable the template uses but the caller did not give is an
+//! error, not an empty string. The filter configuration is read into the filter's own typed
+//! [`FilterConfig`] (`kvmesh_core::filter_config`) and validated exactly as the filter's
+//! `on_configure` will: a typo or a bad bound fails here, naming the key, not when Envoy loads the
+//! file. The JSON embedded in the bootstrap is written back from the typed value, every default
+//! spelled out.
 
 use std::net::IpAddr;
 
+use kvmesh_core::filter_config::{ConfigError, FilterConfig};
 use serde::Serialize;
 
 /// The template, compiled into the binary so a test or tool never depends on the working directory.
@@ -37,7 +42,8 @@ pub struct BootstrapVars {
     pub indexer_port: u16,
     /// Path of `kvmesh_filter.wasm` (used by the `kvmesh` policy only).
     pub wasm_path: String,
-    /// The filter's plugin configuration, a JSON object as a string (`kvmesh` policy only).
+    /// The filter's plugin configuration, a JSON object as a string (`kvmesh` policy only):
+    /// parsed into [`FilterConfig`] and rendered back from it.
     pub filter_config_json: String,
     pub workers: Vec<BootstrapWorker>,
     /// Request body limit in bytes; bigger bodies get 413.
@@ -72,6 +78,13 @@ pub enum RenderError {
     InvalidVar { name: &'static str, value: String, reason: &'static str },
     #[error("bootstrap template: {0}")]
     Template(#[from] minijinja::Error),
+    #[error("bootstrap variable `filter_config_json`: {0}")]
+    FilterConfig(#[from] ConfigError),
+}
+
+/// The typed, validated filter configuration of `filter_config_json`.
+pub fn filter_config(json: &str) -> Result<FilterConfig, RenderError> {
+    Ok(FilterConfig::from_bytes(Some(json.as_bytes()))?)
 }
 
 /// Renders the bootstrap YAML.
@@ -83,12 +96,10 @@ pub fn render_bootstrap(vars: &BootstrapVars) -> Result<String, RenderError> {
     env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
     env.set_keep_trailing_newline(true);
     env.add_template("bootstrap.yaml.j2", TEMPLATE)?;
+    let filter = if vars.policy == "kvmesh" { filter_config(&vars.filter_config_json)? } else { FilterConfig::default() };
+    let typed = BootstrapVars { filter_config_json: filter.to_json(), ..vars.clone() };
     // The client's override headers are stripped outside wasm too unless the filter honours them.
-    let allow_overrides = serde_json::from_str::<serde_json::Value>(&vars.filter_config_json)
-        .ok()
-        .and_then(|v| v.get("allow_overrides").and_then(serde_json::Value::as_bool))
-        .unwrap_or(false);
-    let ctx = minijinja::context! { strip_overrides => !allow_overrides, ..minijinja::Value::from_serialize(vars) };
+    let ctx = minijinja::context! { strip_overrides => !filter.allow_overrides, ..minijinja::Value::from_serialize(&typed) };
     Ok(env.get_template("bootstrap.yaml.j2")?.render(ctx)?)
 }
 
@@ -127,9 +138,6 @@ fn validate(v: &BootstrapVars) -> Result<(), RenderError> {
         return Err(bad("indexer_max_connections", "0", "must be positive"));
     }
     if v.policy == "kvmesh" {
-        if !matches!(serde_json::from_str::<serde_json::Value>(&v.filter_config_json), Ok(serde_json::Value::Object(_))) {
-            return Err(bad("filter_config_json", &v.filter_config_json, "must be a JSON object"));
-        }
         if v.wasm_path.is_empty() {
             return Err(bad("wasm_path", "", "needed by the kvmesh policy"));
         }
@@ -231,10 +239,12 @@ mod tests {
         assert!(kvmesh.contains("remove: x-kvmesh-worker"), "overrides off: stripped outside wasm too");
         assert!(kvmesh.contains("max_connections: 256, max_pending_requests: 256"), "the indexer cluster is bounded");
         assert!(kvmesh.contains("outlier_detection:"));
+        assert!(kvmesh.contains("remove: x-kvmesh-override-secret"), "overrides off: no secret reaches the filter or an engine");
         let mut with_overrides = vars("kvmesh", "/x.wasm");
-        with_overrides.filter_config_json = r#"{"allow_overrides":true}"#.into();
+        with_overrides.filter_config_json = r#"{"allow_overrides":true,"override_secret":"0123456789abcdef-e2e"}"#.into();
         let yaml = render_bootstrap(&with_overrides).unwrap();
         assert!(yaml.contains("remove: x-gateway-destination-endpoint") && !yaml.contains("remove: x-kvmesh-worker"));
+        assert!(!yaml.contains("remove: x-kvmesh-override-secret"), "the filter reads the secret (and strips it)");
         for (policy, lb) in [("round_robin", "round_robin.v3.RoundRobin"), ("least_request", "least_request.v3.LeastRequest"), ("ring_hash", "ring_hash.v3.RingHash")] {
             let yaml = render_bootstrap(&vars(policy, "")).unwrap();
             assert!(yaml.contains(lb), "{policy}");
@@ -247,14 +257,37 @@ mod tests {
     #[test]
     fn filter_config_is_embedded_as_a_string() {
         let mut v = vars("kvmesh", "/x.wasm");
-        v.filter_config_json = r#"{"session_header":"x-s","note":"it's <\"quoted\">"}"#.into();
+        v.filter_config_json = r#"{"session_header":"X-S","indexer_authority":"it's-<\"quoted\">"}"#.into();
         let yaml = render_bootstrap(&v).unwrap();
         let line = yaml.lines().find(|l| l.contains("google.protobuf.StringValue")).unwrap();
         let start = line.find("value: ").unwrap() + "value: ".len();
         let end = line.rfind(" }").unwrap();
         // A YAML double-quoted scalar written by tojson is a JSON string literal.
         let decoded: String = serde_json::from_str(&line[start..end]).unwrap();
-        assert_eq!(decoded, v.filter_config_json);
+        let typed = filter_config(&v.filter_config_json).unwrap();
+        assert_eq!(decoded, typed.to_json(), "rendered from the typed configuration");
+        assert_eq!(typed.session_header, "x-s");
+        assert_eq!(FilterConfig::from_bytes(Some(decoded.as_bytes())).unwrap(), typed, "the filter reads back what was typed");
+    }
+
+    #[test]
+    fn a_bad_filter_config_is_refused_naming_the_key() {
+        for (json, needle) in [
+            ("not json", "expected"),
+            ("[1]", "invalid type"),
+            (r#"{"debug_header":true}"#, "unknown field `debug_header`"),
+            (r#"{"indexer_timeout_ms":0}"#, "`indexer_timeout_ms`"),
+            (r#"{"allow_overrides":true}"#, "`allow_overrides`"),
+        ] {
+            let mut v = vars("kvmesh", "/x.wasm");
+            v.filter_config_json = json.into();
+            let err = render_bootstrap(&v).unwrap_err().to_string();
+            assert!(err.contains("filter_config_json") && err.contains(needle), "{json}: {err}");
+        }
+        // Other policies have no filter: its configuration is not read.
+        let mut v = vars("round_robin", "");
+        v.filter_config_json = "not json".into();
+        assert!(render_bootstrap(&v).is_ok());
     }
 
     #[test]
@@ -266,7 +299,6 @@ mod tests {
             (|v| v.workers.clear(), "workers"),
             (|v| v.listen_host = "0.0.0.0\nadmin: x".into(), "listen_host"),
             (|v| v.session_header = "X Session".into(), "session_header"),
-            (|v| v.filter_config_json = "not json".into(), "filter_config_json"),
             (|v| v.max_body_bytes = 0, "max_body_bytes"),
             (|v| v.indexer_max_connections = 0, "indexer_max_connections"),
             (|v| v.wasm_failure_policy = "FAIL_CLOSED".into(), "wasm_failure_policy"),

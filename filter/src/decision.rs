@@ -6,7 +6,9 @@
 //!
 //! Routing is an optimisation, so exactly one indexer answer reaches the client: the designed
 //! prefill overload (a `429`, or a `503` whose [`ErrorBody`] reason is `prefill_overloaded`; resource
-//! exhaustion must make the client back off). Every other answer — no healthy decode worker, a
+//! exhaustion must make the client back off), and even that one only as a status, the stable
+//! reason `prefill_overloaded` and a fixed message ([`rejection_body`]): the indexer's own message
+//! names workers and quotes engines, so it goes to the filter's log, never to the client. Every other answer — no healthy decode worker, a
 //! tokenizer or chat-template failure, the indexer shedding load, bad input, Envoy saying nobody
 //! answered — is a [`Fallback`] with a reason label and, when the indexer said one, its error code.
 
@@ -27,6 +29,9 @@ pub const MAX_DEBUG_VALUE_BYTES: usize = 256;
 /// The indexer's error reason for the one refusal relayed to clients.
 pub const PREFILL_OVERLOADED: &str = "prefill_overloaded";
 
+/// The client-facing message of the prefill-overload rejection: stable, names nothing inside the fleet.
+pub const REJECTION_MESSAGE: &str = "the gateway's prefill capacity is exhausted; retry later";
+
 /// Longest error code copied from an indexer answer into the debug header.
 pub const MAX_CODE_BYTES: usize = 64;
 
@@ -35,8 +40,9 @@ pub const MAX_CODE_BYTES: usize = 64;
 pub enum IndexerAnswer {
     /// Route as decided.
     Route(RouteDecision),
-    /// Send this status and body to the client.
-    Reject { status: u16, body: Vec<u8> },
+    /// Send this status and the stable [`rejection_body`] to the client; `detail` is the
+    /// indexer's message (header-safe, bounded), for the log only.
+    Reject { status: u16, body: Vec<u8>, detail: String },
     /// Route without the indexer.
     Fallback(Fallback),
 }
@@ -117,7 +123,7 @@ pub fn classify(status: Option<u16>, body: &[u8]) -> IndexerAnswer {
             _ => false,
         };
         if designed_overload {
-            return IndexerAnswer::Reject { status, body: body.to_vec() };
+            return IndexerAnswer::Reject { status, body: rejection_body(status), detail: header_safe(&err.error.message) };
         }
         if (400..=599).contains(&status) {
             let code = reason.map(sanitize_code).or_else(|| Some(sanitize_code(&err.error.kind))).filter(|c| !c.is_empty());
@@ -134,6 +140,14 @@ pub fn classify(status: Option<u16>, body: &[u8]) -> IndexerAnswer {
         _ => FallbackReason::BadStatus,
     };
     IndexerAnswer::Fallback(Fallback::new(reason))
+}
+
+/// The body sent to the client for the prefill overload: an OpenAI error with the stable reason
+/// [`PREFILL_OVERLOADED`] and [`REJECTION_MESSAGE`], whatever the indexer's message said.
+pub fn rejection_body(status: u16) -> Vec<u8> {
+    let kind = if status == 429 { "rate_limit_exceeded" } else { "service_unavailable" };
+    // A struct of strings and a number: serialisation cannot fail.
+    serde_json::to_vec(&ErrorBody::with_reason(status, kind, PREFILL_OVERLOADED, REJECTION_MESSAGE)).unwrap_or_default()
 }
 
 /// Envoy's local-reply bodies for a call that never reached an upstream host.

@@ -15,7 +15,7 @@
 
 use std::rc::Rc;
 
-use kvmesh_core::api::{DoneReport, FleetSnapshot, Outcome, RouteDecision};
+use kvmesh_core::api::{DoneReport, FleetSnapshot, Outcome, RouteDecision, ERROR_REASON_HEADER};
 use kvmesh_core::headers;
 use kvmesh_core::openai::{self, Endpoint};
 use kvmesh_core::session::{SessionKey, SessionSource};
@@ -29,7 +29,7 @@ use crate::fallback::{self, FallbackPick};
 use crate::metrics::{
     hit_rate_permille, FallbackReason, InternalError, Metric, MetricUpdate, OutcomeLabel, RouteLabel, UnroutableReason,
 };
-use crate::request::{self, RequestHead};
+use crate::request::{self, OverrideTrust, RequestHead};
 use crate::splice;
 use crate::ttft::TtftProbe;
 
@@ -132,9 +132,17 @@ impl RequestFlow {
         if self.head.client_destination {
             effects.push(Effect::RemoveRequestHeader(headers::DESTINATION_ENDPOINT));
         }
-        if !self.config.allow_overrides && self.head.has_overrides() {
+        if self.head.sent_override_secret {
+            // The secret is for the filter alone: it never reaches the indexer or an engine.
+            effects.push(Effect::RemoveRequestHeader(headers::OVERRIDE_SECRET));
+        }
+        if let OverrideTrust::Refused(reason) = request::override_trust(&self.config, &self.head) {
+            log::debug!("ctx={} request_id={:?} override refused: {}", self.context_id, self.head.request_id, reason.as_str());
+            self.head.override_worker = None;
+            self.head.override_mode = None;
             effects.push(Effect::RemoveRequestHeader(headers::OVERRIDE_WORKER));
             effects.push(Effect::RemoveRequestHeader(headers::OVERRIDE_MODE));
+            effects.push(Effect::Metric(MetricUpdate::Add(Metric::OverridesRefused(reason), 1)));
         }
         self.request_id = match &self.head.request_id {
             Some(id) => id.clone(),
@@ -202,7 +210,8 @@ impl RequestFlow {
             Some(b) if !b.is_empty() => b,
             _ => return Step { effects: vec![self.unroutable(UnroutableReason::NoBody)], next: Next::Continue },
         };
-        let parsed = match openai::parse(endpoint, &body) {
+        // The light read: parse's verdict, `stream` and the anchor, without building the prompt.
+        let parsed = match openai::peek(endpoint, &body) {
             Ok(p) => p,
             Err(e) => {
                 log::debug!("ctx={} request_id={} unroutable body: {e}", self.context_id, self.request_id);
@@ -210,7 +219,7 @@ impl RequestFlow {
                 return Step { effects: vec![self.unroutable(reason)], next: Next::Continue };
             }
         };
-        self.session = request::session_key(&self.head, &parsed, self.config.derive_session_keys);
+        self.session = request::peeked_session_key(&self.head, &parsed, self.config.derive_session_keys);
         self.ttft.set_stream(parsed.stream);
         let call = request::route_call(&self.config, &self.request_id, endpoint, self.session, &self.head, body.clone());
         self.body = body;
@@ -258,15 +267,24 @@ impl RequestFlow {
         effects.push(Effect::IndexerHealth(health));
         match answer {
             IndexerAnswer::Route(d) => effects.extend(self.apply(d, fleet)),
-            IndexerAnswer::Reject { status, body } => {
-                log::info!("ctx={} request_id={} indexer rejected the request with {status}", self.context_id, self.request_id);
+            IndexerAnswer::Reject { status, body, detail } => {
+                log::info!(
+                    "ctx={} request_id={} indexer rejected the request with {status} reason={} detail={detail:?}",
+                    self.context_id,
+                    self.request_id,
+                    decision::PREFILL_OVERLOADED
+                );
                 self.phase = Phase::Rejected;
                 self.rejected_status = Some(status);
                 self.report_done = Some(DoneTarget::default());
                 self.body = Vec::new();
                 effects.push(Effect::SendResponse {
                     status,
-                    headers: vec![("content-type", "application/json".to_owned()), (headers::REQUEST_ID, self.request_id.clone())],
+                    headers: vec![
+                        ("content-type", "application/json".to_owned()),
+                        (headers::REQUEST_ID, self.request_id.clone()),
+                        (ERROR_REASON_HEADER, decision::PREFILL_OVERLOADED.to_owned()),
+                    ],
                     body,
                 });
                 return Step { effects, next: Next::Continue };

@@ -38,6 +38,8 @@ pub const INTERNAL_ERRORS: &str = "kvmesh_filter_internal_errors_total";
 pub const BREAKER_TRANSITIONS: &str = "kvmesh_filter_breaker_transitions_total";
 /// Counter: engine endpoints ejected by the filter's passive health (moved to the end of lists).
 pub const ENDPOINT_EJECTIONS: &str = "kvmesh_filter_endpoint_ejections_total";
+/// Counter `{reason}`: requests whose `x-kvmesh-worker` / `x-kvmesh-mode` were stripped, not honoured.
+pub const OVERRIDES_REFUSED: &str = "kvmesh_filter_overrides_refused_total";
 
 /// Histogram: time to first token in milliseconds, from the request's arrival at the filter to the
 /// first response body byte of a streamed 2xx response (`crate::ttft`).
@@ -56,7 +58,7 @@ pub const ENVOY_WASM_VM_RELOAD_SUCCESS: &str = "envoy_wasm_kvmesh_vm_reload_succ
 pub const ENVOY_WASM_VM_RELOAD_FAILURE: &str = "envoy_wasm_kvmesh_vm_reload_failure";
 
 /// Every base name, for docs and drift tests.
-pub const ALL_NAMES: [&str; 17] = [
+pub const ALL_NAMES: [&str; 18] = [
     KV_OVERLAP_BLOCKS,
     KV_ISL_BLOCKS,
     KV_HIT_RATE,
@@ -74,6 +76,7 @@ pub const ALL_NAMES: [&str; 17] = [
     TTFT_RATIO,
     BREAKER_TRANSITIONS,
     ENDPOINT_EJECTIONS,
+    OVERRIDES_REFUSED,
 ];
 
 /// Every label name; each needs a `stats_tags` entry in the bootstrap.
@@ -209,6 +212,18 @@ label_enum! {
 }
 
 label_enum! {
+    /// `reason` of [`OVERRIDES_REFUSED`].
+    OverrideRefusal {
+        /// `allow_overrides` is off.
+        Disabled => "disabled",
+        /// The request carried no `x-kvmesh-override-secret`.
+        NoSecret => "no_secret",
+        /// The secret did not match `override_secret` (or was longer than any valid one).
+        BadSecret => "bad_secret",
+    }
+}
+
+label_enum! {
     /// `result` of [`DONE_REPORTS`].
     DoneResult {
         Sent => "sent",
@@ -267,6 +282,7 @@ pub enum Metric {
     TtftRatio,
     BreakerTransitions(BreakerState),
     EndpointEjections,
+    OverridesRefused(OverrideRefusal),
 }
 
 impl Metric {
@@ -299,6 +315,7 @@ impl Metric {
             Self::TtftRatio => TTFT_RATIO,
             Self::BreakerTransitions(_) => BREAKER_TRANSITIONS,
             Self::EndpointEjections => ENDPOINT_EJECTIONS,
+            Self::OverridesRefused(_) => OVERRIDES_REFUSED,
         }
     }
 
@@ -313,6 +330,7 @@ impl Metric {
             Self::FleetRefreshes(r) => vec![("result", r.as_str())],
             Self::InternalErrors(k) => vec![("kind", k.as_str())],
             Self::BreakerTransitions(s) => vec![("state", s.as_str())],
+            Self::OverridesRefused(r) => vec![("reason", r.as_str())],
             _ => Vec::new(),
         }
     }
@@ -344,6 +362,7 @@ impl Metric {
         all.extend(InternalError::ALL.iter().map(|&k| Self::InternalErrors(k)));
         all.extend(BreakerState::ALL.iter().map(|&s| Self::BreakerTransitions(s)));
         all.push(Self::EndpointEjections);
+        all.extend(OverrideRefusal::ALL.iter().map(|&r| Self::OverridesRefused(r)));
         all
     }
 }

@@ -3,13 +3,16 @@
 //!
 //! Header values arrive as bytes (a client may send anything; the SDK's `String` getters would
 //! panic on non-UTF-8), are decoded lossily, trimmed, bounded, and empty ones count as absent.
+//! Operator overrides count only when [`override_trust`] says the request is trusted (it carries
+//! the configured `override_secret`); otherwise the flow strips them and counts the refusal.
 
 use kvmesh_core::api::{DONE_PATH, FLEET_PATH, ROUTE_PATH};
 use kvmesh_core::headers;
-use kvmesh_core::openai::{Endpoint, OpenAiRequest};
+use kvmesh_core::openai::{Endpoint, OpenAiRequest, RequestPeek};
 use kvmesh_core::session::{self, SessionKey, SessionSource};
 
-use crate::config::FilterConfig;
+use crate::config::{FilterConfig, MAX_OVERRIDE_SECRET_BYTES};
+use crate::metrics::OverrideRefusal;
 
 /// Longest override / session / request-id value the filter forwards; longer ones are ignored.
 pub const MAX_META_VALUE_BYTES: usize = 256;
@@ -24,6 +27,11 @@ pub struct RequestHead {
     pub session_id: Option<String>,
     pub override_worker: Option<String>,
     pub override_mode: Option<String>,
+    /// The `x-kvmesh-override-secret` value (raw bytes, at most [`MAX_OVERRIDE_SECRET_BYTES`]);
+    /// never logged, never forwarded.
+    pub override_secret: Option<Vec<u8>>,
+    /// Whether the request carried `x-kvmesh-override-secret` at all (it is always stripped).
+    pub sent_override_secret: bool,
     /// Whether the client sent `content-length` (it must be fixed after a splice).
     pub has_content_length: bool,
     /// Whether the client sent `x-gateway-destination-endpoint` (it is always stripped).
@@ -43,6 +51,10 @@ impl RequestHead {
                 headers::REQUEST_ID => head.request_id = text(value, MAX_META_VALUE_BYTES),
                 headers::OVERRIDE_WORKER => head.override_worker = text(value, MAX_META_VALUE_BYTES),
                 headers::OVERRIDE_MODE => head.override_mode = text(value, MAX_META_VALUE_BYTES),
+                headers::OVERRIDE_SECRET => {
+                    head.sent_override_secret = true;
+                    head.override_secret = (value.len() <= MAX_OVERRIDE_SECRET_BYTES).then(|| value.clone());
+                }
                 n if n == session_header => head.session_id = text(value, MAX_META_VALUE_BYTES),
                 _ => {}
             }
@@ -53,6 +65,32 @@ impl RequestHead {
     /// Whether the client sent an operator override header.
     pub fn has_overrides(&self) -> bool {
         self.override_worker.is_some() || self.override_mode.is_some()
+    }
+}
+
+/// Whether a request's overrides are honoured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverrideTrust {
+    /// The request sent no override header: nothing to decide.
+    NoneSent,
+    /// Overrides are on and the request carries the configured secret: forward them.
+    Honoured,
+    /// The request sent overrides that must not count: strip them and count why.
+    Refused(OverrideRefusal),
+}
+
+/// Decides whether `head`'s overrides are honoured (pure; the secret compared in constant time).
+pub fn override_trust(config: &FilterConfig, head: &RequestHead) -> OverrideTrust {
+    if !head.has_overrides() {
+        return OverrideTrust::NoneSent;
+    }
+    if !config.allow_overrides {
+        return OverrideTrust::Refused(OverrideRefusal::Disabled);
+    }
+    match &head.override_secret {
+        _ if !head.sent_override_secret => OverrideTrust::Refused(OverrideRefusal::NoSecret),
+        Some(secret) if config.overrides_trusted(Some(secret)) => OverrideTrust::Honoured,
+        _ => OverrideTrust::Refused(OverrideRefusal::BadSecret),
     }
 }
 
@@ -67,13 +105,20 @@ fn text(value: &[u8], max: usize) -> Option<String> {
 /// request — a chat's conversation anchor; completions have none. The indexer's pin and the local
 /// fallback both use the key returned here.
 pub fn session_key(head: &RequestHead, request: &OpenAiRequest, derive: bool) -> Option<(SessionKey, SessionSource)> {
+    peeked_session_key(head, &RequestPeek::of(request), derive)
+}
+
+/// [`session_key`] from the light read of the body ([`kvmesh_core::openai::peek`]), which the flow
+/// uses: the same key.
+pub fn peeked_session_key(head: &RequestHead, request: &RequestPeek, derive: bool) -> Option<(SessionKey, SessionSource)> {
     if let Some(id) = &head.session_id {
         return Some((session::from_header_value(id), SessionSource::Header));
     }
     if !derive {
         return None;
     }
-    session::derived_key(request).map(|k| (k, SessionSource::Prefix))
+    // `session::derived_key` of the parsed request: the conversation anchor.
+    request.conversation_anchor.map(|a| (SessionKey(a), SessionSource::Prefix))
 }
 
 /// An HTTP call through Envoy (`dispatch_http_call`).
@@ -112,7 +157,8 @@ impl HttpCall {
     }
 }
 
-/// `POST /v1/route` with the client's body unchanged and the metadata in headers.
+/// `POST /v1/route` with the client's body unchanged and the metadata in headers; the overrides
+/// only when `head`'s are trusted ([`override_trust`]).
 pub fn route_call(
     config: &FilterConfig,
     request_id: &str,
@@ -127,7 +173,7 @@ pub fn route_call(
     if let Some((key, source)) = session {
         call.headers.push((headers::KVMESH_SESSION.into(), session::encode_header(key, source)));
     }
-    if config.allow_overrides {
+    if override_trust(config, head) == OverrideTrust::Honoured {
         if let Some(worker) = &head.override_worker {
             call.headers.push((headers::OVERRIDE_WORKER.into(), worker.clone()));
         }

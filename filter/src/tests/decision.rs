@@ -23,8 +23,13 @@ fn err(status: u16, kind: &str, reason: Option<&str>) -> Vec<u8> {
 fn label(answer: IndexerAnswer, body: &[u8]) -> String {
     match answer {
         IndexerAnswer::Route(_) => "route".to_owned(),
-        IndexerAnswer::Reject { status, body: b } => {
-            assert_eq!(b, body, "a rejection relays the body unchanged");
+        IndexerAnswer::Reject { status, body: b, detail } => {
+            assert_eq!(b, rejection_body(status), "a rejection sends the stable body, not the indexer's");
+            let sent: ErrorBody = serde_json::from_slice(&b).unwrap();
+            assert_eq!((sent.error.code, sent.error.reason.as_deref()), (status, Some(PREFILL_OVERLOADED)));
+            assert_eq!(sent.error.message, REJECTION_MESSAGE);
+            assert_eq!(detail, "message", "the indexer's message is kept for the log");
+            assert!(!body.is_empty());
             format!("reject:{status}")
         }
         IndexerAnswer::Fallback(fb) => format!("fallback:{}", fb.header_value()),

@@ -3,6 +3,7 @@
 use super::*;
 use kvmesh_core::api::{ErrorBody, FleetWorker, Role, WorkerLoad};
 use kvmesh_core::session;
+use crate::metrics::OverrideRefusal;
 use serde_json::{json, Value};
 
 struct Fleet(Option<Rc<FleetSnapshot>>);
@@ -149,12 +150,46 @@ fn client_destination_is_stripped_and_overrides_follow_config() {
     for name in [headers::DESTINATION_ENDPOINT, headers::OVERRIDE_WORKER, headers::OVERRIDE_MODE] {
         assert!(step.effects.contains(&Effect::RemoveRequestHeader(name)), "{name}");
     }
-    let mut f = flow(FilterConfig { allow_overrides: true, ..FilterConfig::default() });
+    assert_eq!(counted(&step.effects, Metric::OverridesRefused(OverrideRefusal::Disabled)), 1);
+}
+
+const SECRET: &str = "0123456789abcdef-ops";
+
+/// Headers, body and route call of a chat request sending `x-kvmesh-worker: w3` (and the secret
+/// header with `secret`, when given) through a filter with overrides on.
+fn override_request(secret: Option<&str>) -> (Step, request::HttpCall) {
+    let mut h = chat_headers();
+    h.extend(headers(&[("x-kvmesh-worker", "w3")]));
+    if let Some(s) = secret {
+        h.extend(headers(&[(headers::OVERRIDE_SECRET, s)]));
+    }
+    let mut f = flow(FilterConfig { allow_overrides: true, override_secret: SECRET.into(), ..FilterConfig::default() });
     let step = f.on_request_headers(&h, false, 0);
-    assert_eq!(step.effects, vec![Effect::RemoveRequestHeader(headers::DESTINATION_ENDPOINT)]);
     f.on_request_body(CHAT.len(), true);
-    let Next::Call(call) = f.on_body(Some(CHAT.as_bytes().to_vec()), 0).next else { panic!() };
-    assert_eq!(call.header("x-kvmesh-worker"), Some("w3"));
+    let Next::Call(call) = f.on_body(Some(CHAT.as_bytes().to_vec()), 0).next else { panic!("no route call") };
+    (step, call)
+}
+
+#[test]
+fn overrides_are_honoured_only_with_the_secret() {
+    // (secret sent, honoured, refusal counted)
+    let cases: &[(Option<&str>, bool, Option<OverrideRefusal>)] = &[
+        (Some(SECRET), true, None),
+        (None, false, Some(OverrideRefusal::NoSecret)),
+        (Some("0123456789abcdef-opz"), false, Some(OverrideRefusal::BadSecret)),
+        (Some(""), false, Some(OverrideRefusal::BadSecret)),
+    ];
+    for (secret, honoured, refusal) in cases {
+        let (step, call) = override_request(*secret);
+        assert_eq!(call.header("x-kvmesh-worker"), honoured.then_some("w3"), "{secret:?}");
+        assert_eq!(call.header(headers::OVERRIDE_SECRET), None, "the secret never reaches the indexer");
+        let stripped = step.effects.contains(&Effect::RemoveRequestHeader(headers::OVERRIDE_WORKER));
+        assert_eq!(stripped, !honoured, "{secret:?}");
+        assert_eq!(step.effects.contains(&Effect::RemoveRequestHeader(headers::OVERRIDE_SECRET)), secret.is_some(), "{secret:?}");
+        for r in OverrideRefusal::ALL {
+            assert_eq!(counted(&step.effects, Metric::OverridesRefused(*r)), u64::from(Some(*r) == *refusal), "{secret:?} {r:?}");
+        }
+    }
 }
 
 #[test]
@@ -354,8 +389,10 @@ fn indexer_rejection_goes_to_the_client() {
     let Some(Effect::SendResponse { status, body: sent, headers: h }) = step.effects.iter().find(|e| matches!(e, Effect::SendResponse { .. })) else {
         panic!("{:?}", step.effects)
     };
-    assert_eq!((*status, sent), (429, &body));
+    assert_eq!((*status, sent), (429, &decision::rejection_body(429)), "the client gets the stable body");
+    assert!(!String::from_utf8_lossy(sent).contains("prefill capacity exhausted"), "the indexer's text stays in the log");
     assert!(h.contains(&("content-type", "application/json".to_owned())));
+    assert!(h.contains(&(ERROR_REASON_HEADER, "prefill_overloaded".to_owned())));
     assert!(!step.effects.contains(&Effect::ResumeRequest));
     f.on_response_headers(Some(429), true);
     let done = f.finish(None);

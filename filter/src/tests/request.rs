@@ -19,6 +19,7 @@ fn reads_headers() {
             ("x-kvmesh-mode", b""),
             ("content-length", b"12"),
             ("x-gateway-destination-endpoint", b"6.6.6.6:80"),
+            ("x-kvmesh-override-secret", b" s\xff "),
         ]),
         "x-session-id",
     );
@@ -28,6 +29,34 @@ fn reads_headers() {
     assert_eq!(head.override_worker.as_deref(), Some("w1"));
     assert_eq!(head.override_mode, None);
     assert!(head.has_content_length && head.client_destination && head.has_overrides());
+    assert_eq!(head.override_secret.as_deref(), Some(&b" s\xff "[..]), "the secret is compared byte for byte, untrimmed");
+    assert!(head.sent_override_secret);
+}
+
+#[test]
+fn override_trust_table() {
+    let secret = b"0123456789abcdef".to_vec();
+    let on = FilterConfig { allow_overrides: true, override_secret: String::from_utf8(secret.clone()).unwrap(), ..FilterConfig::default() };
+    let off = FilterConfig::default();
+    let overrides = RequestHead { override_mode: Some("disagg".into()), ..Default::default() };
+    let with = |s: Option<&[u8]>| RequestHead { override_secret: s.map(<[u8]>::to_vec), sent_override_secret: true, ..overrides.clone() };
+    let long = vec![b'a'; MAX_OVERRIDE_SECRET_BYTES + 1];
+    let cases: Vec<(&FilterConfig, RequestHead, OverrideTrust)> = vec![
+        (&on, RequestHead::default(), OverrideTrust::NoneSent),
+        (&on, RequestHead { sent_override_secret: true, override_secret: Some(secret.clone()), ..Default::default() }, OverrideTrust::NoneSent),
+        (&on, with(Some(&secret)), OverrideTrust::Honoured),
+        (&on, overrides.clone(), OverrideTrust::Refused(OverrideRefusal::NoSecret)),
+        (&on, with(Some(b"0123456789abcdeF")), OverrideTrust::Refused(OverrideRefusal::BadSecret)),
+        (&on, with(None), OverrideTrust::Refused(OverrideRefusal::BadSecret)),
+        (&off, with(Some(&secret)), OverrideTrust::Refused(OverrideRefusal::Disabled)),
+        (&off, overrides.clone(), OverrideTrust::Refused(OverrideRefusal::Disabled)),
+    ];
+    for (config, head, want) in cases {
+        assert_eq!(override_trust(config, &head), want, "{head:?}");
+    }
+    let read = RequestHead::from_headers(&pairs(&[("x-kvmesh-mode", b"disagg"), ("x-kvmesh-override-secret", &long)]), "x-session-id");
+    assert_eq!((read.sent_override_secret, read.override_secret.clone()), (true, None), "an over-long secret is kept as sent but unreadable");
+    assert_eq!(override_trust(&on, &read), OverrideTrust::Refused(OverrideRefusal::BadSecret));
 }
 
 #[test]
@@ -80,7 +109,10 @@ fn route_call_carries_metadata_and_body() {
     assert_eq!(call.body.as_deref(), Some(&b"{}"[..]));
     assert_eq!(call.timeout_ms, 100);
 
-    let config = FilterConfig { allow_overrides: true, ..config };
+    let config = FilterConfig { allow_overrides: true, override_secret: "0123456789abcdef".into(), ..config };
+    let call = route_call(&config, "rid", Endpoint::Completions, None, &head, Vec::new());
+    assert_eq!(call.header("x-kvmesh-worker"), None, "overrides on, but this request sent no secret");
+    let head = RequestHead { override_secret: Some(b"0123456789abcdef".to_vec()), sent_override_secret: true, ..head };
     let call = route_call(&config, "rid", Endpoint::Completions, None, &head, Vec::new());
     assert_eq!(call.header("x-kvmesh-worker"), Some("w9"));
     assert_eq!(call.header("x-kvmesh-mode"), Some("disagg"));

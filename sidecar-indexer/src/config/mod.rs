@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use kvmesh_core::filter_config::{self, FilterConfig};
 use serde::{Deserialize, Serialize};
 
 use env::apply_env;
@@ -78,9 +79,12 @@ pub struct Config {
     /// Read by the Envoy renderer; accepted and kept, never used by the indexer.
     #[serde(default)]
     pub gateway: GatewayConfig,
-    /// The wasm filter's settings, if the fleet file carries them; accepted and kept, unused here.
-    #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
-    pub filter: toml::Table,
+    /// The wasm filter's settings (`[filter]`), typed and validated by the filter's own
+    /// [`FilterConfig`] (a typo is an error naming the key); the indexer reads only
+    /// `indexer_timeout_ms` (to warn when a leg cannot finish inside the route call). Printed by
+    /// `--check` with `override_secret` redacted.
+    #[serde(default, serialize_with = "redacted_filter")]
+    pub filter: FilterConfig,
     #[serde(default)]
     pub routing: RoutingConfig,
     #[serde(default)]
@@ -106,6 +110,16 @@ pub struct ModelConfig {
     /// `bos_token` given to a chat template loaded from `chat_template`.
     #[serde(default = "default_bos")]
     pub bos_token: String,
+}
+
+/// Serialises `[filter]` with a non-empty `override_secret` replaced by `(redacted)`: `--check`
+/// prints the configuration, and the secret must not end up in a terminal or a CI log.
+fn redacted_filter<S: serde::Serializer>(filter: &FilterConfig, s: S) -> Result<S::Ok, S::Error> {
+    let mut shown = filter.clone();
+    if !shown.override_secret.is_empty() {
+        shown.override_secret = "(redacted)".to_owned();
+    }
+    shown.serialize(s)
 }
 
 fn default_bos() -> String {
@@ -209,6 +223,10 @@ impl Config {
                 "must be in 1..=4096",
             ));
         }
+        self.filter.clone().validated().map_err(|e| match e {
+            filter_config::ConfigError::InvalidValue { field, value, reason } => invalid(format!("filter.{field}"), value, reason),
+            other => ConfigError::Parse(format!("[filter]: {other}")),
+        })?;
         self.routing.validate()?;
         workers::validate_workers(&self.workers)?;
         self.discovery.validate()?;
@@ -227,14 +245,10 @@ impl Config {
             (r.kv_migration == KvMigration::On)
                 .then_some(("kv_migration_timeout_ms", r.kv_migration_timeout_ms)),
         ];
-        // The filter's default deadline for the route call (filter/README.md).
-        let filter_ms = self
-            .filter
-            .get("indexer_timeout_ms")
-            .and_then(toml::Value::as_integer)
-            .unwrap_or(100);
+        // The filter's deadline for the route call: the fleet's `[filter]` value, else the filter's default.
+        let filter_ms = self.filter.indexer_timeout_ms;
         for (knob, ms) in leg_ms.into_iter().flatten() {
-            if u64::try_from(filter_ms).unwrap_or(0) <= ms {
+            if filter_ms <= ms {
                 out.push(format!(
                     "filter.indexer_timeout_ms {filter_ms} <= routing.{knob} {ms}: the filter gives up on a route call before its leg can finish (set it above)"
                 ));

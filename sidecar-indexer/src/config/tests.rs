@@ -161,14 +161,40 @@ fn invalid_values_are_refused_with_field_and_reason() {
 }
 
 #[test]
-fn unknown_keys_are_errors_but_gateway_and_filter_are_open() {
+fn unknown_keys_are_errors_but_gateway_is_open() {
     let err =
         Config::from_toml_str(&FLEET.replace("overlap_credit", "overlap_credt"), &env([]))
             .unwrap_err();
     assert!(matches!(err, ConfigError::Parse(_)));
-    let with_filter = format!("{FLEET}\n[filter]\nsession_header = \"x-session-id\"\n");
+    let with_filter = format!("{FLEET}\n[filter]\nsession_header = \"x-conversation\"\n");
     let c = Config::from_toml_str(&with_filter, &env([])).unwrap();
-    assert!(c.filter.contains_key("session_header"));
+    assert_eq!(c.filter.session_header, "x-conversation");
+    assert_eq!(c.filter.indexer_timeout_ms, kvmesh_core::filter_config::DEFAULT_INDEXER_TIMEOUT_MS, "the filter's own default");
+}
+
+#[test]
+fn the_filter_table_is_checked_by_the_filter_config() {
+    // (table lines, what the error must name)
+    let cases = [
+        ("indexer_timout_ms = 5", "indexer_timout_ms"),
+        ("debug_headers = \"yes\"", "debug_headers"),
+        ("indexer_timeout_ms = 0", "filter.indexer_timeout_ms"),
+        ("session_header = \"x-kvmesh-worker\"", "filter.session_header"),
+        ("allow_overrides = true", "filter.allow_overrides"),
+        ("override_secret = \"short\"", "filter.override_secret"),
+        ("background = \"sometimes\"", "sometimes"),
+    ];
+    for (lines, needle) in cases {
+        let err = Config::from_toml_str(&format!("{FLEET}\n[filter]\n{lines}\n"), &env([])).unwrap_err().to_string();
+        assert!(err.contains(needle), "{lines}: {err}");
+        assert!(!err.contains("short\""), "the secret is never echoed: {err}");
+    }
+    let secret = "0123456789abcdef-fleet";
+    let ok = format!("{FLEET}\n[filter]\nallow_overrides = true\noverride_secret = \"{secret}\"\n");
+    let c = Config::from_toml_str(&ok, &env([])).unwrap();
+    assert_eq!(c.filter.override_secret, secret);
+    let printed = toml::to_string_pretty(&c).unwrap();
+    assert!(!printed.contains(secret) && printed.contains("(redacted)"), "{printed}");
 }
 
 #[test]
