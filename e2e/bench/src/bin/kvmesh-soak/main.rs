@@ -26,7 +26,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Parser, Debug)]
-#[command(name = "kvmesh-soak", about = "Soak a kvmesh stack under churn and judge its memory")]
+#[command(
+    name = "kvmesh-soak",
+    about = "Soak a kvmesh stack under churn and judge its memory"
+)]
 struct Args {
     /// Length of the run in minutes.
     #[arg(long, default_value_t = 30.0)]
@@ -90,15 +93,33 @@ const ENVOY_HEAP: &str = "envoy_heap_allocated_bytes";
 const WASM_RSS: &str = "wasm_vm_rss_bytes";
 const WASM_SIZE: &str = "wasm_vm_memory_size_bytes";
 const INDEXER_RSS: &str = "indexer_rss_bytes";
-/// Indexer gauges sampled: (series name, metric, label filter).
-const INDEXER_GAUGES: &[(&str, &str, Option<(&str, &str)>)] = &[
-    ("index_bytes", "kvmesh_index_bytes", None),
-    ("index_entries", "kvmesh_index_entries", None),
-    ("index_blocks", "kvmesh_index_blocks", None),
-    ("sessions_continuations", "kvmesh_sessions_tracked", Some(("set", "continuations"))),
-    ("sessions_kv_home", "kvmesh_sessions_tracked", Some(("set", "kv_home"))),
-    ("speculative_blocks", "kvmesh_speculative_blocks", None),
-    ("worker_active_requests", "kvmesh_worker_active_requests", None),
+/// An indexer gauge the soak samples: series name, metric, label filter.
+struct Gauge(
+    &'static str,
+    &'static str,
+    Option<(&'static str, &'static str)>,
+);
+/// The indexer's gauges of bounded maps (and the in-flight bookings).
+const INDEXER_GAUGES: &[Gauge] = &[
+    Gauge("index_bytes", "kvmesh_index_bytes", None),
+    Gauge("index_entries", "kvmesh_index_entries", None),
+    Gauge("index_blocks", "kvmesh_index_blocks", None),
+    Gauge(
+        "sessions_continuations",
+        "kvmesh_sessions_tracked",
+        Some(("set", "continuations")),
+    ),
+    Gauge(
+        "sessions_kv_home",
+        "kvmesh_sessions_tracked",
+        Some(("set", "kv_home")),
+    ),
+    Gauge("speculative_blocks", "kvmesh_speculative_blocks", None),
+    Gauge(
+        "worker_active_requests",
+        "kvmesh_worker_active_requests",
+        None,
+    ),
 ];
 
 fn is_bytes(name: &str) -> bool {
@@ -138,7 +159,10 @@ async fn client_loop(load: Arc<Load>, id: u64, seed: u64) {
             if load.stop.load(Ordering::Relaxed) {
                 return;
             }
-            msgs.push(("user".to_owned(), filler(rng.next_u64(), rng.range_u64(20, 80) as usize)));
+            msgs.push((
+                "user".to_owned(),
+                filler(rng.next_u64(), rng.range_u64(20, 80) as usize),
+            ));
             let body = chat_body(&msgs, 16);
             let headers = [(load.session_header.as_str(), session.as_str())];
             let answer = if rng.next_f64() < load.abort_fraction {
@@ -157,14 +181,21 @@ async fn client_loop(load: Arc<Load>, id: u64, seed: u64) {
                     }
                 }
             };
-            msgs.push(("assistant".to_owned(), answer.unwrap_or_else(|| "ok".to_owned())));
+            msgs.push((
+                "assistant".to_owned(),
+                answer.unwrap_or_else(|| "ok".to_owned()),
+            ));
             tokio::time::sleep(load.think).await;
         }
     }
 }
 
 /// A streamed request dropped after its first chunk.
-async fn aborted_stream(load: &Load, mut body: serde_json::Value, headers: &[(&str, &str)]) -> Outcome {
+async fn aborted_stream(
+    load: &Load,
+    mut body: serde_json::Value,
+    headers: &[(&str, &str)],
+) -> Outcome {
     if let Some(o) = body.as_object_mut() {
         o.insert("stream".into(), serde_json::Value::Bool(true));
     }
@@ -190,7 +221,13 @@ fn read_proc(pid: u32, file: &str) -> Option<String> {
 
 /// `name: value` from Envoy's admin `/stats` text.
 fn admin_stat(text: &str, name: &str) -> Option<f64> {
-    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(": ")?.trim().parse().ok())
+    text.lines().find_map(|l| {
+        l.strip_prefix(name)?
+            .strip_prefix(": ")?
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
 async fn sample(stack: &Stack, t: f64, out: &mut BTreeMap<String, Vec<(f64, f64)>>) {
@@ -200,22 +237,41 @@ async fn sample(stack: &Stack, t: f64, out: &mut BTreeMap<String, Vec<(f64, f64)
         }
     };
     if let Some(pid) = stack.envoy.as_ref().map(|p| p.pid()) {
-        put(ENVOY_RSS, read_proc(pid, "status").as_deref().and_then(plan::status_rss_bytes).map(|b| b as f64));
-        let wasm = read_proc(pid, "smaps").map(|s| plan::wasm_memories(&s, plan::V8_RESERVATION_MIN_BYTES)).unwrap_or_default();
+        put(
+            ENVOY_RSS,
+            read_proc(pid, "status")
+                .as_deref()
+                .and_then(plan::status_rss_bytes)
+                .map(|b| b as f64),
+        );
+        let wasm = read_proc(pid, "smaps")
+            .map(|s| plan::wasm_memories(&s, plan::V8_RESERVATION_MIN_BYTES))
+            .unwrap_or_default();
         put(WASM_RSS, (wasm.count > 0).then_some(wasm.rss as f64));
         put(WASM_SIZE, (wasm.count > 0).then_some(wasm.size as f64));
         put("wasm_vms", (wasm.count > 0).then_some(wasm.count as f64));
     }
-    if let Ok(r) = stack.client().get(stack.admin("/stats?filter=^server\\.memory_allocated$")).send().await {
+    if let Ok(r) = stack
+        .client()
+        .get(stack.admin("/stats?filter=^server\\.memory_allocated$"))
+        .send()
+        .await
+    {
         if let Ok(text) = r.text().await {
             put(ENVOY_HEAP, admin_stat(&text, "server.memory_allocated"));
         }
     }
     if let Some(pid) = stack.indexer.as_ref().map(|p| p.pid()) {
-        put(INDEXER_RSS, read_proc(pid, "status").as_deref().and_then(plan::status_rss_bytes).map(|b| b as f64));
+        put(
+            INDEXER_RSS,
+            read_proc(pid, "status")
+                .as_deref()
+                .and_then(plan::status_rss_bytes)
+                .map(|b| b as f64),
+        );
     }
     if let Ok(m) = stack.scrape(&stack.indexer_url("/metrics")).await {
-        for (name, metric, label) in INDEXER_GAUGES {
+        for Gauge(name, metric, label) in INDEXER_GAUGES {
             let matching: Vec<(&str, &str)> = label.iter().copied().collect();
             if m.select(metric, &matching).next().is_some() {
                 put(name, Some(m.sum(metric, &matching)));
@@ -226,9 +282,17 @@ async fn sample(stack: &Stack, t: f64, out: &mut BTreeMap<String, Vec<(f64, f64)
 
 /// Wasm VM reloads (traps) so far.
 async fn vm_reloads(stack: &Stack) -> f64 {
-    let Ok(r) = stack.client().get(stack.admin("/stats?filter=vm_reload")).send().await else { return 0.0 };
+    let Ok(r) = stack
+        .client()
+        .get(stack.admin("/stats?filter=vm_reload"))
+        .send()
+        .await
+    else {
+        return 0.0;
+    };
     let text = r.text().await.unwrap_or_default();
-    admin_stat(&text, "wasm.kvmesh.vm_reload_success").unwrap_or(0.0) + admin_stat(&text, "wasm.kvmesh.vm_reload_failure").unwrap_or(0.0)
+    admin_stat(&text, "wasm.kvmesh.vm_reload_success").unwrap_or(0.0)
+        + admin_stat(&text, "wasm.kvmesh.vm_reload_failure").unwrap_or(0.0)
 }
 
 /// Names of processes that died without us killing them.
@@ -254,7 +318,11 @@ async fn churn(stack: &mut Stack, step: Churn, out: &mut BTreeSet<String>) -> Re
     let routing = stack.spec.routing_toml.clone();
     match step {
         Churn::WorkerLeave(i) | Churn::WorkerJoin(i) => {
-            let id = stack.workers.get(i).map(|w| w.id.clone()).context("no such worker")?;
+            let id = stack
+                .workers
+                .get(i)
+                .map(|w| w.id.clone())
+                .context("no such worker")?;
             let leave = matches!(step, Churn::WorkerLeave(_));
             if leave {
                 out.insert(id.clone());
@@ -262,8 +330,13 @@ async fn churn(stack: &mut Stack, step: Churn, out: &mut BTreeSet<String>) -> Re
                 out.remove(&id);
             }
             let keep = out.clone();
-            stack.rewrite_fleet(|w| !keep.contains(&w.id), &routing).await?;
-            Ok(format!("worker {id} {} (fleet file reloaded)", if leave { "left" } else { "joined" }))
+            stack
+                .rewrite_fleet(|w| !keep.contains(&w.id), &routing)
+                .await?;
+            Ok(format!(
+                "worker {id} {} (fleet file reloaded)",
+                if leave { "left" } else { "joined" }
+            ))
         }
         Churn::IndexerRestart => {
             stack.restart_indexer().await?;
@@ -284,7 +357,11 @@ fn write_csv(path: &Path, series: &BTreeMap<String, Vec<(f64, f64)>>) -> Result<
     std::fs::write(path, text).with_context(|| format!("write {}", path.display()))
 }
 
-fn plots(out: &Path, series: &BTreeMap<String, Vec<(f64, f64)>>, font: &Path) -> Result<Vec<PathBuf>> {
+fn plots(
+    out: &Path,
+    series: &BTreeMap<String, Vec<(f64, f64)>>,
+    font: &Path,
+) -> Result<Vec<PathBuf>> {
     register_font(font)?;
     let lines = |bytes: bool| -> Vec<RateSeries> {
         series
@@ -292,21 +369,42 @@ fn plots(out: &Path, series: &BTreeMap<String, Vec<(f64, f64)>>, font: &Path) ->
             .filter(|(n, _)| is_bytes(n) == bytes)
             .map(|(n, pts)| RateSeries {
                 label: n.clone(),
-                points: pts.iter().map(|(t, v)| (t / 60.0, if bytes { v / plan::MIB } else { *v }, true)).collect(),
+                points: pts
+                    .iter()
+                    .map(|(t, v)| (t / 60.0, if bytes { v / plan::MIB } else { *v }, true))
+                    .collect(),
             })
             .collect()
     };
     let mem = out.join("soak_memory.png");
-    vs_rate(&mem, "kvmesh soak: memory", "minutes", "MiB", &lines(true), false, None)?;
+    vs_rate(
+        &mem,
+        "kvmesh soak: memory",
+        "minutes",
+        "MiB",
+        &lines(true),
+        false,
+        None,
+    )?;
     let gauges = out.join("soak_gauges.png");
-    vs_rate(&gauges, "kvmesh soak: bounded maps and VMs", "minutes", "count", &lines(false), false, None)?;
+    vs_rate(
+        &gauges,
+        "kvmesh soak: bounded maps and VMs",
+        "minutes",
+        "count",
+        &lines(false),
+        false,
+        None,
+    )?;
     Ok(vec![mem, gauges])
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let a = Args::parse();
@@ -315,7 +413,10 @@ async fn main() -> Result<()> {
     let mut spec = StackSpec::aggregate(a.workers);
     spec.sim_args = vec!["--num-gpu-blocks".into(), a.gpu_blocks.to_string()];
     spec.release = a.release;
-    spec.routing_toml = format!("kv_home_ttl_secs = {}\nlocal_continuation_max_sessions = {}\n", a.kv_home_ttl_s, a.continuation_cap);
+    spec.routing_toml = format!(
+        "kv_home_ttl_secs = {}\nlocal_continuation_max_sessions = {}\n",
+        a.kv_home_ttl_s, a.continuation_cap
+    );
     spec.work_dir = Some(std::path::absolute(a.out.join("stack"))?);
     let mut stack = Stack::start(spec).await?;
     tracing::info!(dir = %stack.dir().display(), minutes = a.minutes, "stack up; soaking");
@@ -323,13 +424,17 @@ async fn main() -> Result<()> {
     let load = Arc::new(Load {
         gateway: stack.gateway("/v1/chat/completions"),
         session_header: stack.spec.session_header.clone(),
-        client: reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?,
+        client: reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()?,
         tally: Mutex::new(Tally::default()),
         stop: AtomicBool::new(false),
         abort_fraction: a.abort_fraction,
         think: Duration::from_millis(a.think_ms),
     });
-    let clients: Vec<_> = (0..a.clients).map(|i| tokio::spawn(client_loop(load.clone(), i, a.seed))).collect();
+    let clients: Vec<_> = (0..a.clients)
+        .map(|i| tokio::spawn(client_loop(load.clone(), i, a.seed)))
+        .collect();
 
     let steps = plan::schedule(duration_s, a.churn_s, a.workers, &a.restarts);
     let (mut next_step, mut next_sample) = (0usize, 0.0f64);
@@ -396,10 +501,22 @@ async fn main() -> Result<()> {
             let bound = if is_bytes(name) {
                 Bound::MibPer10Min(a.bound_mib_per_10min)
             } else {
-                Bound::RelativePer10Min { fraction: a.bound_count_fraction, floor: 50.0 }
+                Bound::RelativePer10Min {
+                    fraction: a.bound_count_fraction,
+                    floor: 50.0,
+                }
             };
-            let from = if name.starts_with("envoy") || name.starts_with("wasm") { warm } else { indexer_from };
-            plan::fit(&Series { name: name.clone(), points: pts.clone(), bound, fit_from_s: from })
+            let from = if name.starts_with("envoy") || name.starts_with("wasm") {
+                warm
+            } else {
+                indexer_from
+            };
+            plan::fit(&Series {
+                name: name.clone(),
+                points: pts.clone(),
+                bound,
+                fit_from_s: from,
+            })
         })
         .collect();
     let tally = load.tally.lock().map(|t| t.clone()).unwrap_or_default();
@@ -427,11 +544,21 @@ async fn main() -> Result<()> {
         last_restart / 60.0
     ));
     write_csv(&a.out.join("samples.csv"), &series)?;
-    let font = a.font.clone().or_else(|| std::env::var_os(FONT_ENV).map(PathBuf::from)).unwrap_or_else(|| PathBuf::from(DEFAULT_FONT));
+    let font = a
+        .font
+        .clone()
+        .or_else(|| std::env::var_os(FONT_ENV).map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_FONT));
     match plots(&a.out, &series, &font) {
         Ok(files) => {
             for f in files {
-                report.push_str(&format!("\n![{}]({})\n", f.display(), f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()));
+                report.push_str(&format!(
+                    "\n![{}]({})\n",
+                    f.display(),
+                    f.file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default()
+                ));
             }
         }
         Err(e) => report.push_str(&format!("\nNo plots: {e:#}\n")),

@@ -30,14 +30,26 @@ pub enum Churn {
 /// comes back (cycling over `workers`, never more than one out), and the indexer restarts at
 /// each of `restart_fractions` of the run. Sorted by time; nothing in the last period, so the
 /// run ends with the whole fleet in.
-pub fn schedule(duration_s: f64, period_s: f64, workers: usize, restart_fractions: &[f64]) -> Vec<(f64, Churn)> {
+pub fn schedule(
+    duration_s: f64,
+    period_s: f64,
+    workers: usize,
+    restart_fractions: &[f64],
+) -> Vec<(f64, Churn)> {
     let mut out = Vec::new();
     if period_s > 0.0 && workers > 1 {
         let mut t = period_s;
         let mut k = 0usize;
         while t + period_s <= duration_s {
             let w = (k / 2) % workers;
-            out.push((t, if k % 2 == 0 { Churn::WorkerLeave(w) } else { Churn::WorkerJoin(w) }));
+            out.push((
+                t,
+                if k.is_multiple_of(2) {
+                    Churn::WorkerLeave(w)
+                } else {
+                    Churn::WorkerJoin(w)
+                },
+            ));
             k += 1;
             t += period_s;
         }
@@ -91,7 +103,12 @@ impl Tally {
     }
     /// Requests that were not aborted by us and got no 2xx answer.
     pub fn unanswered(&self) -> u64 {
-        self.by_status.iter().filter(|(s, _)| !(200..300).contains(*s)).map(|(_, n)| n).sum::<u64>() + self.transport_errors
+        self.by_status
+            .iter()
+            .filter(|(s, _)| !(200..300).contains(*s))
+            .map(|(_, n)| n)
+            .sum::<u64>()
+            + self.transport_errors
     }
 }
 
@@ -122,13 +139,20 @@ pub fn wasm_memories(smaps: &str, min_guard: u64) -> WasmMemories {
         let mut parts = line.split_whitespace();
         let Some(first) = parts.next() else { continue };
         if first == "Rss:" {
-            if let (Some(m), Some(kb)) = (maps.last_mut(), parts.next().and_then(|v| v.parse::<u64>().ok())) {
+            if let (Some(m), Some(kb)) = (
+                maps.last_mut(),
+                parts.next().and_then(|v| v.parse::<u64>().ok()),
+            ) {
                 m.4 = kb * 1024;
             }
             continue;
         }
-        let Some((lo, hi)) = first.split_once('-') else { continue };
-        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else { continue };
+        let Some((lo, hi)) = first.split_once('-') else {
+            continue;
+        };
+        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else {
+            continue;
+        };
         let perms = parts.next().unwrap_or_default().to_owned();
         let anonymous = parts.nth(3).is_none();
         maps.push((lo, hi, perms, anonymous, 0));
@@ -136,7 +160,13 @@ pub fn wasm_memories(smaps: &str, min_guard: u64) -> WasmMemories {
     let mut out = WasmMemories::default();
     for pair in maps.windows(2) {
         let (mem, guard) = (&pair[0], &pair[1]);
-        if mem.3 && guard.3 && mem.2 == "rw-p" && guard.2 == "---p" && guard.0 == mem.1 && guard.1.saturating_sub(guard.0) >= min_guard {
+        if mem.3
+            && guard.3
+            && mem.2 == "rw-p"
+            && guard.2 == "---p"
+            && guard.0 == mem.1
+            && guard.1.saturating_sub(guard.0) >= min_guard
+        {
             out.rss += mem.4;
             out.size += mem.1 - mem.0;
             out.count += 1;
@@ -199,9 +229,22 @@ pub struct Fit {
 /// Fits `s` and judges it. A window with fewer than 3 samples passes nothing: it fails, so a run
 /// too short to tell says so.
 pub fn fit(s: &Series) -> Fit {
-    let window: Vec<(f64, f64)> = s.points.iter().copied().filter(|p| p.0 >= s.fit_from_s).collect();
-    let slope10 = if window.len() >= 3 { slope(&window).map(|v| v * 600.0) } else { None };
-    let mean = if window.is_empty() { 0.0 } else { window.iter().map(|p| p.1).sum::<f64>() / window.len() as f64 };
+    let window: Vec<(f64, f64)> = s
+        .points
+        .iter()
+        .copied()
+        .filter(|p| p.0 >= s.fit_from_s)
+        .collect();
+    let slope10 = if window.len() >= 3 {
+        slope(&window).map(|v| v * 600.0)
+    } else {
+        None
+    };
+    let mean = if window.is_empty() {
+        0.0
+    } else {
+        window.iter().map(|p| p.1).sum::<f64>() / window.len() as f64
+    };
     let allowed = match s.bound {
         Bound::MibPer10Min(m) => m * MIB,
         Bound::RelativePer10Min { fraction, floor } => fraction * mean + floor,
@@ -235,7 +278,10 @@ pub struct Summary {
 
 impl Summary {
     pub fn pass(&self) -> bool {
-        self.fits.iter().all(|f| f.pass) && self.crashes.is_empty() && self.tally.unanswered() == 0 && self.churn_failed.is_empty()
+        self.fits.iter().all(|f| f.pass)
+            && self.crashes.is_empty()
+            && self.tally.unanswered() == 0
+            && self.churn_failed.is_empty()
     }
 }
 
@@ -250,7 +296,11 @@ fn show(v: f64, bytes: bool) -> String {
 /// The text report.
 pub fn render(s: &Summary, is_bytes: impl Fn(&str) -> bool) -> String {
     let mut o = String::new();
-    let _ = writeln!(o, "# kvmesh soak: {}", if s.pass() { "PASS" } else { "FAIL" });
+    let _ = writeln!(
+        o,
+        "# kvmesh soak: {}",
+        if s.pass() { "PASS" } else { "FAIL" }
+    );
     let _ = writeln!(
         o,
         "\n{:.1} min, a sample every {:.0} s; slopes are least squares over the samples after the first {:.0} % of the run (indexer series: of its last lifetime).",
@@ -261,7 +311,16 @@ pub fn render(s: &Summary, is_bytes: impl Fn(&str) -> bool) -> String {
     let _ = writeln!(o, "\n| series | start | end | max | slope / 10 min | bound / 10 min | samples | verdict |\n|---|---|---|---|---|---|---|---|");
     for f in &s.fits {
         let b = is_bytes(&f.name);
-        let slope = f.slope_per_10min.map_or_else(|| "n/a (too few samples)".to_owned(), |v| if b { format!("{:+.3} MiB", v / MIB) } else { format!("{v:+.1}") });
+        let slope = f.slope_per_10min.map_or_else(
+            || "n/a (too few samples)".to_owned(),
+            |v| {
+                if b {
+                    format!("{:+.3} MiB", v / MIB)
+                } else {
+                    format!("{v:+.1}")
+                }
+            },
+        );
         let _ = writeln!(
             o,
             "| {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -270,13 +329,21 @@ pub fn render(s: &Summary, is_bytes: impl Fn(&str) -> bool) -> String {
             show(f.end, b),
             show(f.max, b),
             slope,
-            if b { format!("{:.3} MiB", f.allowed_per_10min / MIB) } else { format!("{:.1}", f.allowed_per_10min) },
+            if b {
+                format!("{:.3} MiB", f.allowed_per_10min / MIB)
+            } else {
+                format!("{:.1}", f.allowed_per_10min)
+            },
             f.samples_fitted,
             if f.pass { "flat" } else { "FAIL" }
         );
     }
     let t = &s.tally;
-    let statuses: Vec<String> = t.by_status.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    let statuses: Vec<String> = t
+        .by_status
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
     let _ = writeln!(
         o,
         "\nRequests: {} sent; answers by status {{{}}}; aborted by us (stream dropped after the first chunk): {}; transport errors: {}; unanswered (non-2xx or none, excluding ours): {}.",
@@ -286,8 +353,22 @@ pub fn render(s: &Summary, is_bytes: impl Fn(&str) -> bool) -> String {
         t.transport_errors,
         t.unanswered()
     );
-    let _ = writeln!(o, "\nCrashes: {}{}", s.crashes.len(), if s.crashes.is_empty() { String::new() } else { format!(" ({})", s.crashes.join("; ")) });
-    let _ = writeln!(o, "\nChurn: {} steps done, {} failed.", s.churn_done.len(), s.churn_failed.len());
+    let _ = writeln!(
+        o,
+        "\nCrashes: {}{}",
+        s.crashes.len(),
+        if s.crashes.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", s.crashes.join("; "))
+        }
+    );
+    let _ = writeln!(
+        o,
+        "\nChurn: {} steps done, {} failed.",
+        s.churn_done.len(),
+        s.churn_failed.len()
+    );
     for (t, what) in &s.churn_done {
         let _ = writeln!(o, "- {:>6.1} min {what}", t / 60.0);
     }
@@ -316,7 +397,10 @@ mod tests {
         );
         // An odd number of slots: the trailing leave is dropped.
         let s = schedule(240.0, 60.0, 3, &[]);
-        assert_eq!(s, vec![(60.0, Churn::WorkerLeave(0)), (120.0, Churn::WorkerJoin(0))]);
+        assert_eq!(
+            s,
+            vec![(60.0, Churn::WorkerLeave(0)), (120.0, Churn::WorkerJoin(0))]
+        );
         // Fractions outside [0, 1) and one worker only: no churn of that kind.
         assert_eq!(schedule(300.0, 60.0, 1, &[1.0, -0.1]), vec![]);
     }
@@ -324,7 +408,13 @@ mod tests {
     #[test]
     fn tally_counts_aborted_apart() {
         let mut t = Tally::default();
-        for o in [Outcome::Status(200), Outcome::Status(200), Outcome::Status(503), Outcome::AbortedByUs, Outcome::Transport] {
+        for o in [
+            Outcome::Status(200),
+            Outcome::Status(200),
+            Outcome::Status(503),
+            Outcome::AbortedByUs,
+            Outcome::Transport,
+        ] {
             t.add(o);
         }
         assert_eq!((t.total(), t.unanswered(), t.aborted_by_us), (5, 2, 1));
@@ -332,7 +422,10 @@ mod tests {
 
     #[test]
     fn reads_vmrss_and_large_anonymous_mappings() {
-        assert_eq!(status_rss_bytes("Name:\tenvoy\nVmRSS:\t  123456 kB\n"), Some(123456 * 1024));
+        assert_eq!(
+            status_rss_bytes("Name:\tenvoy\nVmRSS:\t  123456 kB\n"),
+            Some(123456 * 1024)
+        );
         assert_eq!(status_rss_bytes("Name:\tenvoy\n"), None);
         // A thread stack (8 MiB), then a wasm memory (1 MiB) and its guard, a file mapping, a
         // second memory, and a large reservation with nothing committed below it.
@@ -367,14 +460,21 @@ Rss:                   0 kB
 ";
         assert_eq!(
             wasm_memories(smaps, V8_RESERVATION_MIN_BYTES),
-            WasmMemories { rss: (96 + 512) * 1024, size: 3 * 1024 * 1024, count: 2 }
+            WasmMemories {
+                rss: (96 + 512) * 1024,
+                size: 3 * 1024 * 1024,
+                count: 2
+            }
         );
     }
 
     #[test]
     fn slope_is_least_squares() {
         assert_eq!(slope(&[(0.0, 1.0), (1.0, 3.0), (2.0, 5.0)]), Some(2.0));
-        assert_eq!(slope(&[(0.0, 0.0), (1.0, 1.0), (2.0, 0.0), (3.0, 1.0)]).map(|v| (v * 100.0).round()), Some(20.0));
+        assert_eq!(
+            slope(&[(0.0, 0.0), (1.0, 1.0), (2.0, 0.0), (3.0, 1.0)]).map(|v| (v * 100.0).round()),
+            Some(20.0)
+        );
         assert_eq!(slope(&[(1.0, 1.0), (1.0, 2.0)]), None);
         assert_eq!(slope(&[(1.0, 1.0)]), None);
     }
@@ -382,36 +482,100 @@ Rss:                   0 kB
     #[test]
     fn fit_judges_only_the_window_after_warmup() {
         // Grows 10 MiB/min during warm-up, then flat with jitter.
-        let mut points: Vec<(f64, f64)> = (0..3).map(|i| (i as f64 * 60.0, i as f64 * 10.0 * MIB)).collect();
-        points.extend((3..10).map(|i| (i as f64 * 60.0, 30.0 * MIB + if i % 2 == 0 { 0.1 * MIB } else { 0.0 })));
-        let flat = Series { name: "envoy_rss".into(), points: points.clone(), bound: Bound::MibPer10Min(1.0), fit_from_s: 180.0 };
+        let mut points: Vec<(f64, f64)> = (0..3)
+            .map(|i| (i as f64 * 60.0, i as f64 * 10.0 * MIB))
+            .collect();
+        points.extend((3..10).map(|i| {
+            (
+                i as f64 * 60.0,
+                30.0 * MIB + if i % 2 == 0 { 0.1 * MIB } else { 0.0 },
+            )
+        }));
+        let flat = Series {
+            name: "envoy_rss".into(),
+            points: points.clone(),
+            bound: Bound::MibPer10Min(1.0),
+            fit_from_s: 180.0,
+        };
         let f = fit(&flat);
         assert!(f.pass, "{f:?}");
         assert_eq!(f.samples_fitted, 7);
-        let whole = Series { fit_from_s: 0.0, ..flat };
+        let whole = Series {
+            fit_from_s: 0.0,
+            ..flat
+        };
         assert!(!fit(&whole).pass);
         // A leak of 0.5 MiB/min after warm-up fails the 1 MiB/10 min bound.
-        let leak: Vec<(f64, f64)> = (0..10).map(|i| (i as f64 * 60.0, 30.0 * MIB + i as f64 * 0.5 * MIB)).collect();
-        assert!(!fit(&Series { name: "x".into(), points: leak, bound: Bound::MibPer10Min(1.0), fit_from_s: 120.0 }).pass);
+        let leak: Vec<(f64, f64)> = (0..10)
+            .map(|i| (i as f64 * 60.0, 30.0 * MIB + i as f64 * 0.5 * MIB))
+            .collect();
+        assert!(
+            !fit(&Series {
+                name: "x".into(),
+                points: leak,
+                bound: Bound::MibPer10Min(1.0),
+                fit_from_s: 120.0
+            })
+            .pass
+        );
         // Too few samples: not a pass.
-        let short = Series { name: "x".into(), points: vec![(0.0, 1.0), (60.0, 1.0)], bound: Bound::MibPer10Min(1.0), fit_from_s: 0.0 };
+        let short = Series {
+            name: "x".into(),
+            points: vec![(0.0, 1.0), (60.0, 1.0)],
+            bound: Bound::MibPer10Min(1.0),
+            fit_from_s: 0.0,
+        };
         assert!(!fit(&short).pass);
     }
 
     #[test]
     fn relative_bound_scales_with_the_mean() {
-        let points: Vec<(f64, f64)> = (0..10).map(|i| (i as f64 * 60.0, 1000.0 + i as f64)).collect();
+        let points: Vec<(f64, f64)> = (0..10)
+            .map(|i| (i as f64 * 60.0, 1000.0 + i as f64))
+            .collect();
         // +10 per 10 min on a mean ~1005: within 5 % (+0 floor).
-        let s = Series { name: "entries".into(), points, bound: Bound::RelativePer10Min { fraction: 0.05, floor: 0.0 }, fit_from_s: 0.0 };
+        let s = Series {
+            name: "entries".into(),
+            points,
+            bound: Bound::RelativePer10Min {
+                fraction: 0.05,
+                floor: 0.0,
+            },
+            fit_from_s: 0.0,
+        };
         assert!(fit(&s).pass);
-        let s = Series { bound: Bound::RelativePer10Min { fraction: 0.005, floor: 0.0 }, ..s };
+        let s = Series {
+            bound: Bound::RelativePer10Min {
+                fraction: 0.005,
+                floor: 0.0,
+            },
+            ..s
+        };
         assert!(!fit(&s).pass);
     }
 
     #[test]
     fn summary_fails_on_any_unanswered_request_or_crash() {
-        let ok = Fit { name: "a".into(), start: 0.0, end: 0.0, max: 0.0, slope_per_10min: Some(0.0), samples_fitted: 5, allowed_per_10min: 1.0, pass: true };
-        let mut s = Summary { minutes: 1.0, sample_s: 10.0, warmup_fraction: 0.2, fits: vec![ok], tally: Tally::default(), crashes: vec![], churn_done: vec![], churn_failed: vec![] };
+        let ok = Fit {
+            name: "a".into(),
+            start: 0.0,
+            end: 0.0,
+            max: 0.0,
+            slope_per_10min: Some(0.0),
+            samples_fitted: 5,
+            allowed_per_10min: 1.0,
+            pass: true,
+        };
+        let mut s = Summary {
+            minutes: 1.0,
+            sample_s: 10.0,
+            warmup_fraction: 0.2,
+            fits: vec![ok],
+            tally: Tally::default(),
+            crashes: vec![],
+            churn_done: vec![],
+            churn_failed: vec![],
+        };
         s.tally.add(Outcome::Status(200));
         s.tally.add(Outcome::AbortedByUs);
         assert!(s.pass());
