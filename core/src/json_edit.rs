@@ -230,8 +230,8 @@ fn skip_ws(b: &[u8], mut i: usize) -> usize {
 
 // === serde plumbing: an object's entries in order, values borrowed raw ===
 
-/// A key, borrowed from the body unless it has escapes.
-struct Key<'a>(Cow<'a, str>);
+/// A key, borrowed from the body unless it has escapes (also read by `openai::peek`).
+pub(crate) struct Key<'a>(pub(crate) Cow<'a, str>);
 
 impl<'de> Deserialize<'de> for Key<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

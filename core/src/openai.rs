@@ -15,6 +15,9 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 mod fast;
+mod peek;
+
+pub use peek::{peek, RequestPeek};
 
 /// Which OpenAI endpoint a request targets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,7 +122,8 @@ impl std::error::Error for ParseError {}
 
 /// Reads `body` as a request to `endpoint`.
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<OpenAiRequest, ParseError> {
-    parse_raw(endpoint, body).map(|(req, _)| req)
+    // No raw fields: copying them out would copy the whole body once more.
+    parse_fields(endpoint, body, false).map(|(req, _)| req)
 }
 
 
@@ -155,8 +159,14 @@ const PLACEHOLDER: &[u8] = b"[0]";
 /// become `Value`s. A body serde cannot split (not an object, not JSON) is judged the `Value`
 /// way and has no raw fields.
 pub fn parse_raw(endpoint: Endpoint, body: &[u8]) -> Result<(OpenAiRequest, RawFields), ParseError> {
+    parse_fields(endpoint, body, true)
+}
+
+/// [`parse_raw`]; the raw fields are kept only when `keep_raw`.
+fn parse_fields(endpoint: Endpoint, body: &[u8], keep_raw: bool) -> Result<(OpenAiRequest, RawFields), ParseError> {
+    let keep = |fields: HashMap<Cow<'_, str>, &RawValue>| if keep_raw { RawFields::owned(fields) } else { RawFields::default() };
     if endpoint == Endpoint::Completions {
-        if let Some(done) = parse_flat_prompt(body) {
+        if let Some(done) = parse_flat_prompt(body, keep_raw) {
             return done;
         }
     }
@@ -171,12 +181,12 @@ pub fn parse_raw(endpoint: Endpoint, body: &[u8]) -> Result<(OpenAiRequest, RawF
     // Raw fields are valid JSON already, so reading one as a `Value` cannot fail.
     let as_value = |r: &RawValue| serde_json::from_str::<Value>(r.get()).ok().map(Cow::Owned);
     let req = read(endpoint, |k| if k == "prompt" { prompt.and_then(as_value) } else { fields.get(k).and_then(|r| as_value(r)) }, None)?;
-    Ok((req, RawFields::owned(fields)))
+    Ok((req, keep(fields)))
 }
 
 /// The fast path of [`parse_raw`] for a completions body whose prompt is a flat list of ids;
 /// `None` when it does not apply (the general path then decides).
-fn parse_flat_prompt(body: &[u8]) -> Option<Result<(OpenAiRequest, RawFields), ParseError>> {
+fn parse_flat_prompt(body: &[u8], keep_raw: bool) -> Option<Result<(OpenAiRequest, RawFields), ParseError>> {
     let fast::PromptSpan { start, end, ids } = fast::prompt_span(body)?;
     let ids = ids?;
     let mut rest = Vec::with_capacity(body.len() - (end - start) + PLACEHOLDER.len());
@@ -192,7 +202,7 @@ fn parse_flat_prompt(body: &[u8]) -> Option<Result<(OpenAiRequest, RawFields), P
     }
     let as_value = |r: &RawValue| serde_json::from_str::<Value>(r.get()).ok().map(Cow::Owned);
     let req = read(Endpoint::Completions, |k| fields.get(k).and_then(|r| as_value(r)), Some(ids));
-    Some(req.map(|req| (req, RawFields::owned(fields))))
+    Some(req.map(|req| (req, if keep_raw { RawFields::owned(fields) } else { RawFields::default() })))
 }
 
 /// The request from its top-level fields (`field(key)`), in the order errors are reported.

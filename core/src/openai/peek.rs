@@ -1,0 +1,419 @@
+//! The light read of a request body: what the filter's decision needs, with [`super::parse`]'s
+//! verdict, without building the prompt.
+//!
+//! The filter needs three things from a body before it asks the indexer: whether it is routable
+//! (the same [`ParseError`] `parse` would give, which names the unroutable reason), `stream`, and
+//! a chat's conversation anchor (the session key). `parse` gives them by building the whole request
+//! — every message as a `serde_json::Value`, every content string copied twice (into the `Value`,
+//! then flattened) — which for an 8k-token chat continuation is most of the filter's per-request
+//! work. Here serde reads the body in one streaming pass and keeps almost nothing: the messages
+//! up to the first user message — the conversation anchor, usually a handful — become `Value`s
+//! for [`crate::session::anchor_digest`] and are checked as `parse` checks them; every later
+//! message keeps only its `role` and `content` as borrowed [`RawValue`] spans, type-checked by
+//! their first byte (valid JSON already: a value starting with `"` is a string); every other field
+//! is skipped. Completions bodies and bodies serde refuses (not JSON, not an object) are
+//! read by `parse` itself. A property test holds the two readings equal.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use super::{fast, parse, Endpoint, ParseError};
+use crate::json_edit::Key;
+
+/// What the filter needs from a routable body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestPeek {
+    /// `stream` (false when absent or null).
+    pub stream: bool,
+    /// As [`super::OpenAiRequest::conversation_anchor`].
+    pub conversation_anchor: Option<u64>,
+}
+
+impl RequestPeek {
+    /// The peek of a fully parsed request.
+    pub fn of(request: &super::OpenAiRequest) -> Self {
+        Self { stream: request.stream, conversation_anchor: request.conversation_anchor }
+    }
+}
+
+/// Reads `body` as a request to `endpoint`: `Ok` exactly when [`parse`] is, with its `stream`
+/// and conversation anchor; the same error otherwise.
+pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<RequestPeek, ParseError> {
+    if endpoint == Endpoint::ChatCompletions && fast::depth_ok(body) {
+        // Serde refusing the body (not JSON, not an object) is judged by `parse`, as is completions.
+        if let Ok(Top::Object(fields)) = serde_json::from_slice::<Top>(body) {
+            return fields.verdict();
+        }
+    }
+    parse(endpoint, body).map(|r| RequestPeek::of(&r))
+}
+
+/// The top-level fields chat routing reads; the last of a repeated key wins, as in `Value`.
+#[derive(Default)]
+struct ChatFields {
+    messages: Option<Result<Anchor, ParseError>>,
+    model: Option<Value>,
+    stream: Option<Value>,
+    max_tokens: Option<Value>,
+    max_completion_tokens: Option<Value>,
+}
+
+impl ChatFields {
+    /// `super::read`'s chat verdict, in its order of errors.
+    fn verdict(self) -> Result<RequestPeek, ParseError> {
+        let anchor = self.messages.unwrap_or(Err(ParseError::Missing { field: "messages" }))?;
+        let conversation_anchor = anchor.digest()?;
+        match self.model {
+            None | Some(Value::Null | Value::String(_)) => {}
+            Some(_) => return Err(ParseError::WrongType { field: "model", expected: "a string" }),
+        }
+        let stream = match self.stream {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => b,
+            Some(_) => return Err(ParseError::WrongType { field: "stream", expected: "a boolean" }),
+        };
+        match self.max_tokens.or(self.max_completion_tokens) {
+            None | Some(Value::Null) => {}
+            Some(v) if v.as_u64().is_some() => {}
+            Some(_) => return Err(ParseError::WrongType { field: "max_tokens", expected: "a non-negative integer" }),
+        }
+        Ok(RequestPeek { stream, conversation_anchor })
+    }
+}
+
+/// The messages up to and including the first user message, as values (what the anchor digest
+/// renders), and the first error among the later ones (checked without building them).
+struct Anchor {
+    values: Vec<Value>,
+    later_error: Option<ParseError>,
+}
+
+impl Anchor {
+    fn digest(self) -> Result<Option<u64>, ParseError> {
+        let values = Value::Array(self.values);
+        // The anchor's messages come first: their error, if any, is the first.
+        super::messages(Some(&values))?;
+        if let Some(e) = self.later_error {
+            return Err(e);
+        }
+        Ok(values.as_array().and_then(|v| crate::session::anchor_digest(v)))
+    }
+}
+
+// === one streaming pass of serde over the body ===
+
+enum Top {
+    Object(ChatFields),
+    Other,
+}
+
+/// The visitor methods of a value that is "something else" (consumed; serde checks it is JSON).
+macro_rules! other_values {
+    ($out:expr) => {
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($out)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($out)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($out)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($out)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok($out)
+        }
+    };
+}
+
+impl<'de> Deserialize<'de> for Top {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Top;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON value")
+            }
+            other_values!(Top::Other);
+            fn visit_unit<E>(self) -> Result<Top, E> {
+                Ok(Top::Other)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Top, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Top::Other)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top, A::Error> {
+                let mut f = ChatFields::default();
+                while let Some(Key(k)) = map.next_key::<Key<'de>>()? {
+                    match &*k {
+                        "messages" => f.messages = Some(map.next_value_seed(Messages)?),
+                        "model" => f.model = Some(map.next_value()?),
+                        "stream" => f.stream = Some(map.next_value()?),
+                        "max_tokens" => f.max_tokens = Some(map.next_value()?),
+                        "max_completion_tokens" => f.max_completion_tokens = Some(map.next_value()?),
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(Top::Object(f))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The `messages` value: values up to the first user message, then checked in passing.
+struct Messages;
+
+impl<'de> DeserializeSeed<'de> for Messages {
+    type Value = Result<Anchor, ParseError>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+const NOT_A_LIST: ParseError = ParseError::WrongType { field: "messages", expected: "a non-empty list of messages" };
+const NOT_OBJECT: ParseError = ParseError::WrongType { field: "messages", expected: "a list of objects" };
+
+impl<'de> Visitor<'de> for Messages {
+    type Value = Result<Anchor, ParseError>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    other_values!(Err(NOT_A_LIST));
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(Err(ParseError::Missing { field: "messages" }))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Err(NOT_A_LIST))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut values: Vec<Value> = Vec::new();
+        let mut later_error = None;
+        loop {
+            let user_seen = values.last().is_some_and(|m| m.get("role").and_then(Value::as_str) == Some("user"));
+            if !user_seen {
+                match seq.next_element::<Value>()? {
+                    Some(v) => values.push(v),
+                    None => break,
+                }
+            } else if later_error.is_some() {
+                if seq.next_element::<IgnoredAny>()?.is_none() {
+                    break;
+                }
+            } else {
+                match seq.next_element::<LightMessage>()? {
+                    Some(LightMessage(r)) => later_error = r.err(),
+                    None => break,
+                }
+            }
+        }
+        if values.is_empty() {
+            return Ok(Err(NOT_A_LIST));
+        }
+        Ok(Ok(Anchor { values, later_error }))
+    }
+}
+
+/// A message past the anchor: its `role` and `content` kept raw (the last of a repeated key) and
+/// checked as `super::messages` checks them; nothing else is kept.
+struct LightMessage(Result<(), ParseError>);
+
+impl<'de> Deserialize<'de> for LightMessage {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = LightMessage;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON value")
+            }
+            other_values!(LightMessage(Err(NOT_OBJECT)));
+            fn visit_unit<E>(self) -> Result<LightMessage, E> {
+                Ok(LightMessage(Err(NOT_OBJECT)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<LightMessage, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(LightMessage(Err(NOT_OBJECT)))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LightMessage, A::Error> {
+                let (mut role, mut content): (Option<&'de RawValue>, Option<&'de RawValue>) = (None, None);
+                while let Some(Key(k)) = map.next_key::<Key<'de>>()? {
+                    match &*k {
+                        "role" => role = Some(map.next_value()?),
+                        "content" => content = Some(map.next_value()?),
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(LightMessage(check_message(role, content)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A raw value's JSON type, by its first byte (the text is valid JSON).
+fn first(raw: &RawValue) -> u8 {
+    raw.get().as_bytes().first().copied().unwrap_or(b' ')
+}
+
+/// `super::messages`' checks of one message, on raw `role` and `content`.
+fn check_message(role: Option<&RawValue>, content: Option<&RawValue>) -> Result<(), ParseError> {
+    if !role.is_some_and(|r| first(r) == b'"') {
+        return Err(ParseError::WrongType { field: "messages[].role", expected: "a string" });
+    }
+    match content {
+        None => Ok(()),
+        Some(c) if c.get() == "null" || first(c) == b'"' => Ok(()),
+        Some(c) if first(c) == b'[' => content_parts(c),
+        Some(_) => Err(ParseError::WrongType { field: "messages[].content", expected: "a string or a list of parts" }),
+    }
+}
+
+/// `super::content_parts`' checks, on the raw list (a second reading, of list contents only).
+fn content_parts(content: &RawValue) -> Result<(), ParseError> {
+    let not_parts = ParseError::WrongType { field: "messages[].content", expected: "a list of parts" };
+    let parts: Vec<&RawValue> = serde_json::from_str(content.get()).map_err(|_| not_parts.clone())?;
+    for part in parts {
+        match first(part) {
+            b'"' => {}
+            b'{' => {
+                let obj: HashMap<Cow<'_, str>, &RawValue> = serde_json::from_str(part.get()).map_err(|_| not_parts.clone())?;
+                // A missing or non-string `type` counts as text.
+                let kind = obj.get("type").filter(|t| first(t) == b'"').and_then(|t| serde_json::from_str::<String>(t.get()).ok());
+                if kind.as_deref().unwrap_or("text") == "text" && !obj.get("text").is_some_and(|t| first(t) == b'"') {
+                    return Err(ParseError::WrongType { field: "messages[].content[].text", expected: "a string" });
+                }
+            }
+            _ => return Err(not_parts),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn agree(body: &[u8]) {
+        for endpoint in [Endpoint::ChatCompletions, Endpoint::Completions] {
+            let want = parse(endpoint, body).map(|r| RequestPeek::of(&r));
+            assert_eq!(peek(endpoint, body), want, "{endpoint:?} {}", String::from_utf8_lossy(body));
+        }
+    }
+
+    #[test]
+    fn reads_like_parse() {
+        let bodies: &[&str] = &[
+            r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"hi"},{"role":"assistant","content":null}],"stream":true}"#,
+            r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{}},"b",{"text":"c"}]}]}"#,
+            r#"{"messages":[{"role":"user","content":[{"type":7,"text":"a"}]}]}"#,
+            r#"{"messages":[{"role":"user","content":[{"type":7}]}]}"#,
+            r#"{"messages":[{"role":"user","content":[{"type":"te\u0078t"}]}]}"#,
+            r#"{"messages":[{"role":"user","content":[{"type":"image"}]}]}"#,
+            r#"{"messages":[{"role":"user","content":[1]}]}"#,
+            r#"{"messages":[{"role":"user","content":[{"text":5}]}]}"#,
+            r#"{"messages":[{"role":"user","content":{}}]}"#,
+            r#"{"messages":[{"role":"user","content":5}]}"#,
+            r#"{"messages":[{"role":"u\u0073er","content":"x"}]}"#,
+            r#"{"messages":[{"role":"user","role":5,"content":"x"}]}"#,
+            r#"{"messages":[{"role":5,"role":"user","content":"x"}]}"#,
+            r#"{"messages":[{"content":"x"}]}"#,
+            r#"{"messages":[{"role":"assistant","content":"x"}]}"#,
+            r#"{"messages":[{"role":"assistant","content":"x"},7]}"#,
+            r#"{"messages":[]}"#,
+            r#"{"messages":{}}"#,
+            r#"{"messages":null}"#,
+            r#"{"messages":"hi"}"#,
+            r#"{}"#,
+            r#"{"messages":[{"role":"user","content":"x"}],"model":5}"#,
+            r#"{"messages":[{"role":"user","content":"x"}],"model":null,"stream":null}"#,
+            r#"{"messages":[{"role":"user","content":"x"}],"stream":"yes"}"#,
+            r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":-1}"#,
+            r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":null,"max_completion_tokens":-1}"#,
+            r#"{"messages":[{"role":"user","content":"x"}],"max_completion_tokens":1.5}"#,
+            r#"{"messages":[{"role":"user","content":"x"}],"messages":7}"#,
+            r#"{"messages":7,"messages":[{"role":"user","content":"x"}]}"#,
+            r#"{"messages":[{"role":"user","content":"x"}]"#,
+            r#"[1]"#,
+            "",
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"\u{ff}\"}]}",
+            r#"{"prompt":[1,2],"stream":true}"#,
+        ];
+        for body in bodies {
+            agree(body.as_bytes());
+        }
+        for depth in [126, 127, 128, 200] {
+            let deep = format!(r#"{{"x":{}1{},"messages":[{{"role":"user","content":"a"}}]}}"#, "[".repeat(depth - 1), "]".repeat(depth - 1));
+            agree(deep.as_bytes());
+        }
+    }
+
+    fn json_tree() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            (0u64..300).prop_map(Value::from),
+            (-5i64..5).prop_map(Value::from),
+            Just(json!(1.5)),
+            prop_oneof![Just("user"), Just("system"), Just("text"), Just("image_url"), Just("a")].prop_map(|s| Value::String(s.into())),
+        ];
+        leaf.prop_recursive(3, 24, 5, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::btree_map(prop_oneof![Just("role"), Just("content"), Just("type"), Just("text"), Just("x")], inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())),
+            ]
+        })
+    }
+
+    /// A message that is usually well formed, sometimes not in one field.
+    fn message() -> impl Strategy<Value = Value> {
+        let role = prop_oneof![4 => prop_oneof![Just("user"), Just("system"), Just("assistant")].prop_map(Value::from), 1 => json_tree()];
+        let part = prop_oneof![
+            3 => "[a-c]{0,3}".prop_map(|t| json!({"type": "text", "text": t})),
+            1 => Just(json!({"type": "image_url", "image_url": {}})),
+            1 => json_tree(),
+        ];
+        let content = prop_oneof![
+            3 => "[a-c]{0,3}".prop_map(Value::from),
+            2 => proptest::collection::vec(part, 0..3).prop_map(Value::Array),
+            1 => json_tree(),
+        ];
+        prop_oneof![8 => (role, content).prop_map(|(r, c)| json!({"role": r, "content": c})), 1 => json_tree()]
+    }
+
+    proptest! {
+        #[test]
+        fn any_chat_reads_like_parse(
+            messages in proptest::collection::vec(message(), 0..5),
+            stream in proptest::option::of(json_tree()),
+            max in proptest::option::of(json_tree()),
+            model in proptest::option::of(json_tree()),
+            pretty in any::<bool>(),
+        ) {
+            let mut body = json!({"messages": messages});
+            for (k, v) in [("stream", stream), ("max_tokens", max), ("model", model)] {
+                if let Some(v) = v {
+                    body[k] = v;
+                }
+            }
+            let bytes = if pretty { serde_json::to_vec_pretty(&body).unwrap() } else { serde_json::to_vec(&body).unwrap() };
+            let want = parse(Endpoint::ChatCompletions, &bytes).map(|r| RequestPeek::of(&r));
+            prop_assert_eq!(peek(Endpoint::ChatCompletions, &bytes), want);
+        }
+    }
+}
