@@ -182,16 +182,42 @@ pub(crate) struct Prepared {
 
 /// Starts `policy`'s stack in `dir`, resets every worker's prefix cache and finds the model name.
 pub(crate) async fn prepare_stack(policy: Policy, fleet: &Fleet, dir: &Path) -> Result<Prepared> {
+    let client = build_client(Duration::from_secs(5), 1024)?;
+    if !fleet.external.is_empty() {
+        // Real engines outlive the stack: reset them before it starts. vLLM publishes the reset's
+        // AllBlocksCleared only with its next scheduler step, so a sub-block request to each
+        // engine flushes it now — else a new indexer keeps the last point's blocks (replayed)
+        // until the point's first request, and routes that on a stale index.
+        flush_reset(&client, &fleet.external).await?;
+    }
     let stack = start_stack(policy, fleet, dir).await?;
     let worker_ids: Vec<String> = stack.workers.iter().map(|w| w.id.clone()).collect();
-    stack.reset_caches().await.context("resetting prefix caches")?;
-    let client = build_client(Duration::from_secs(5), 1024)?;
+    if fleet.external.is_empty() {
+        stack.reset_caches().await.context("resetting prefix caches")?;
+    }
     let base = stack.gateway("");
     let model = match &fleet.model {
         Some(m) => m.clone(),
         None => discover_model(&client, &base, Duration::from_secs(30)).await.map_err(anyhow::Error::msg)?,
     };
     Ok(Prepared { stack, worker_ids, client, base, model })
+}
+
+/// Resets every external engine's prefix cache and sends each a one-token request (shorter than a
+/// block, so nothing new is cached) so that the engine publishes the reset's event.
+async fn flush_reset(client: &reqwest::Client, engines: &[WorkerSpec]) -> Result<()> {
+    for w in engines {
+        let base = w.endpoint.as_deref().with_context(|| format!("external engine {} without endpoint", w.id))?;
+        let url = |path: &str| format!("http://{base}{path}");
+        client.post(url("/reset_prefix_cache")).send().await?.error_for_status().with_context(|| format!("resetting {}", w.id))?;
+        let body = serde_json::json!({ "model": kvmesh_e2e::vllm::MODEL_NAME, "prompt": "x", "max_tokens": 1 });
+        tokio::time::timeout(Duration::from_secs(60), client.post(url("/v1/completions")).json(&body).send())
+            .await
+            .with_context(|| format!("flush request to {}: timeout", w.id))??
+            .error_for_status()
+            .with_context(|| format!("flush request to {}", w.id))?;
+    }
+    Ok(())
 }
 
 /// Runs one policy and writes `<out>/<policy>/{results.jsonl,counters.json}`.
