@@ -53,8 +53,8 @@ impl Drop for Bench {
     fn drop(&mut self) {
         if matches!(self.0.try_wait(), Ok(None)) {
             let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
-            // Longer than the harness patience (30 s) a blocking stack start may hold the signal for.
-            if self.wait(Duration::from_secs(45)).is_none() {
+            // Longer than the harness patience a blocking stack start may hold the signal for.
+            if self.wait(kvmesh_e2e::poll::patience() + Duration::from_secs(15)).is_none() {
                 let _ = self.0.kill();
                 let _ = self.0.wait();
             }
@@ -62,7 +62,8 @@ impl Drop for Bench {
     }
 }
 
-fn patience() -> Duration {
+/// The bound on one whole bench run (not a wait for one condition: that is the harness patience).
+fn run_timeout() -> Duration {
     std::env::var("KVMESH_BENCH_SMOKE_TIMEOUT_S")
         .ok()
         .and_then(|v| v.parse::<f64>().ok())
@@ -77,10 +78,10 @@ fn run_bench(tag: &str, out: &PathBuf, args: &[&str]) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvmesh-bench"));
     cmd.arg("--out").arg(out).args(args).stdout(log.try_clone().unwrap()).stderr(log);
     let mut bench = Bench(cmd.spawn().unwrap());
-    let status = bench.wait(patience());
+    let status = bench.wait(run_timeout());
     let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
     let tail: String = log_text.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
-    let status = status.unwrap_or_else(|| panic!("kvmesh-bench did not finish in {:?}:\n{tail}", patience()));
+    let status = status.unwrap_or_else(|| panic!("kvmesh-bench did not finish in {:?}:\n{tail}", run_timeout()));
     assert!(status.success(), "kvmesh-bench failed ({status}):\n{tail}");
 }
 
@@ -146,11 +147,11 @@ fn two_policies_replay_the_trace_and_write_the_report() {
         .stdout(log.try_clone().unwrap())
         .stderr(log);
     let mut bench = Bench(cmd.spawn().unwrap());
-    let status = bench.wait(patience());
+    let status = bench.wait(run_timeout());
     let log_text = std::fs::read_to_string(std::env::temp_dir().join(format!("kvmesh-bench-smoke-{}.log", std::process::id())))
         .unwrap_or_default();
     let tail: String = log_text.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
-    let status = status.unwrap_or_else(|| panic!("kvmesh-bench did not finish in {:?}:\n{tail}", patience()));
+    let status = status.unwrap_or_else(|| panic!("kvmesh-bench did not finish in {:?}:\n{tail}", run_timeout()));
     assert!(status.success(), "kvmesh-bench failed ({status}):\n{tail}");
 
     let manifest = RunManifest::load(&out.join("run.json")).unwrap();

@@ -110,8 +110,7 @@ fn cfg(grace_ms: u64) -> DiscoveryConfig {
 /// Receives updates until `done` holds for the changes seen so far, with a deadline.
 async fn collect_until(rx: &mut mpsc::Receiver<MembershipUpdate>, done: impl Fn(&[Change]) -> bool) -> anyhow::Result<Vec<MembershipUpdate>> {
     let mut updates = Vec::new();
-    let patience = std::env::var("KVMESH_TEST_PATIENCE_S").ok().and_then(|s| s.parse().ok()).unwrap_or(30.0);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(patience);
+    let deadline = tokio::time::Instant::now() + kvmesh_e2e::poll::patience();
     loop {
         let all: Vec<Change> = updates.iter().flat_map(|u: &MembershipUpdate| u.changes.clone()).collect();
         if done(&all) {

@@ -10,11 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// How long to wait for anything (`KVMESH_TEST_PATIENCE_S`, default 60 s).
-pub fn patience() -> Duration {
-    let secs = std::env::var("KVMESH_TEST_PATIENCE_S").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
-    Duration::from_secs(secs)
-}
+/// How long to wait for anything: the harness's one patience (`KVMESH_TEST_PATIENCE_S`).
+pub use kvmesh_e2e::poll::patience;
 
 /// A child process killed when dropped (also when the test panics), its stderr kept in a file.
 pub struct Proc {

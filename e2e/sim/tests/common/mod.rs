@@ -1,5 +1,5 @@
 //! Test harness: spawn the real `vllm-sim` binary, read its READY line, kill it on drop; poll
-//! with a deadline (`KVMESH_TEST_PATIENCE_S`, default 30 s); decode KV events like a router.
+//! with a deadline (the harness's patience, `KVMESH_TEST_PATIENCE_S`); decode KV events like a router.
 //! Set `KVMESH_TEST_SIM_LOG=1` to see the simulators' logs.
 
 // Test harness: a failed unwrap is a failed test (clippy.toml allows this in #[test] fns only).
@@ -13,11 +13,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// How long any wait may take.
-pub fn patience() -> Duration {
-    let secs = std::env::var("KVMESH_TEST_PATIENCE_S").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
-    Duration::from_secs(secs)
-}
+/// How long any wait may take: the harness's one patience (`KVMESH_TEST_PATIENCE_S`).
+pub use kvmesh_e2e::poll::patience;
 
 /// Polls `f` until it returns `Some`, panicking with `what` after the patience.
 pub fn poll<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
