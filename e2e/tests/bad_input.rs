@@ -62,3 +62,61 @@ async fn unreadable_requests_reach_an_engine_and_nothing_crashes() -> anyhow::Re
     assert_eq!(r.status, 200, "{}", r.text);
     Ok(())
 }
+
+/// The operator's override secret of the test below (16..=256 visible ASCII characters).
+const OVERRIDE_SECRET: &str = "e2e-override-secret-0123456789";
+
+/// Overrides count only from a request carrying the configured secret: without it (or with a
+/// wrong one) `x-kvmesh-worker` is stripped and counted, and kvmesh decides; with it the indexer
+/// pins the named worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_are_honoured_only_with_the_secret() -> anyhow::Result<()> {
+    let mut spec = StackSpec::aggregate(3);
+    spec.filter_config = json!({"debug_headers": true, "allow_overrides": true, "override_secret": OVERRIDE_SECRET});
+    let stack = Stack::start(spec).await?;
+    let completions = stack.gateway("/v1/completions");
+    let c = stack.client().clone();
+    let target = stack.workers[2].id.clone();
+
+    // Untrusted: no secret, then a wrong one (same length, last byte differs).
+    let wrong = format!("{}X", &OVERRIDE_SECRET[..OVERRIDE_SECRET.len() - 1]);
+    let untrusted: [(&str, Option<&str>); 2] = [("no_secret", None), ("bad_secret", Some(wrong.as_str()))];
+    const EACH: u64 = 6;
+    for (n, (what, secret)) in untrusted.iter().enumerate() {
+        for i in 0..EACH {
+            let body = json!({"model": "deepseek-v4", "prompt": filler(700 + 10 * n as u64 + i, 120), "max_tokens": 2});
+            let mut h = vec![(headers::OVERRIDE_WORKER, target.as_str())];
+            if let Some(s) = secret {
+                h.push((headers::OVERRIDE_SECRET, *s));
+            }
+            let r = post_json(&c, &completions, &body, &h).await?;
+            assert_eq!(r.status, 200, "{what}: {}", r.text);
+            let reason = r.header(headers::DEBUG_REASON).unwrap_or_default().to_owned();
+            assert!(!reason.starts_with("override"), "{what}: an untrusted override was honoured: {reason}");
+            let decided = r.header(headers::DEBUG_WORKER).expect("decision worker header").to_owned();
+            assert_eq!(r.worker(), Some(decided.as_str()), "{what}: served by {:?} but kvmesh chose {decided}", r.worker());
+        }
+    }
+    for (what, _) in untrusted {
+        let want = EACH as f64;
+        kvmesh_e2e::poll::until(&format!("kvmesh_filter_overrides_refused_total{{reason={what}}} = {want}"), || async {
+            let m = stack.envoy_metrics().await.ok()?;
+            (m.sum("kvmesh_filter_overrides_refused_total", &[("reason", what)]) == want).then_some(())
+        })
+        .await?;
+    }
+
+    // Trusted: every worker can be pinned, whatever kvmesh would have chosen.
+    for (i, w) in stack.workers.iter().enumerate() {
+        let body = json!({"model": "deepseek-v4", "prompt": filler(800 + i as u64, 120), "max_tokens": 2});
+        let h = [(headers::OVERRIDE_WORKER, w.id.as_str()), (headers::OVERRIDE_SECRET, OVERRIDE_SECRET)];
+        let r = post_json(&c, &completions, &body, &h).await?;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let reason = r.header(headers::DEBUG_REASON).unwrap_or_default();
+        assert!(reason.starts_with(&format!("override x-kvmesh-worker {}", w.id)), "{}: {reason}", w.id);
+        assert_eq!(r.worker(), Some(w.id.as_str()), "the trusted override to {} was not served there", w.id);
+    }
+    let m = stack.envoy_metrics().await?;
+    assert_eq!(m.sum("kvmesh_filter_overrides_refused_total", &[]), 2.0 * EACH as f64, "trusted overrides are not refusals");
+    Ok(())
+}
