@@ -292,8 +292,8 @@ fn is_header_token(name: &str) -> bool {
 /// differing byte, so response timing does not reveal how much of a guess was right).
 pub fn secret_matches(sent: &[u8], expected: &[u8]) -> bool {
     let mut diff = u8::from(sent.len() != expected.len());
-    for i in 0..expected.len() {
-        diff |= expected[i] ^ sent.get(i).copied().unwrap_or(!expected[i]);
+    for (i, &e) in expected.iter().enumerate() {
+        diff |= e ^ sent.get(i).copied().unwrap_or(!e);
     }
     diff == 0
 }
