@@ -455,22 +455,6 @@ fn parse_pid_stat(text: &str) -> Option<(u32, u64)> {
     Some((pgrp, utime + stime))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::parse_pid_stat;
-
-    #[test]
-    fn pid_stat_lines() {
-        let line = "31657 (python) S 1 31657 31657 0 -1 4194560 9000 0 0 0 1234 56 0 0 39 19 20 0 1 0";
-        assert_eq!(parse_pid_stat(line), Some((31657, 1290)));
-        let odd = "26274 (VLLM::Engine (core) x) R 31657 31657 31657 0 -1 0 0 0 0 0 7 3 0 0 39 19 1 0 1 0";
-        assert_eq!(parse_pid_stat(odd), Some((31657, 10)));
-        for bad in ["", "12 (x)", "12 (x) S 1 abc 1 0 -1 0 0 0 0 0 1 2", "no paren S 1 2 3"] {
-            assert_eq!(parse_pid_stat(bad), None, "{bad:?}");
-        }
-    }
-}
-
 /// Draws the sweep's plots into `out` (TTFT p90 vs rate, engine hit rate vs rate, per workload);
 /// returns the files written or why not.
 pub fn draw(report: &SweepReport, out: &Path) -> Result<Vec<std::path::PathBuf>, String> {
@@ -521,4 +505,20 @@ pub fn draw(report: &SweepReport, out: &Path) -> Result<Vec<std::path::PathBuf>,
         written.push(h);
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_pid_stat;
+
+    #[test]
+    fn pid_stat_lines() {
+        let line = "31657 (python) S 1 31657 31657 0 -1 4194560 9000 0 0 0 1234 56 0 0 39 19 20 0 1 0";
+        assert_eq!(parse_pid_stat(line), Some((31657, 1290)));
+        let odd = "26274 (VLLM::Engine (core) x) R 31657 31657 31657 0 -1 0 0 0 0 0 7 3 0 0 39 19 1 0 1 0";
+        assert_eq!(parse_pid_stat(odd), Some((31657, 10)));
+        for bad in ["", "12 (x)", "12 (x) S 1 abc 1 0 -1 0 0 0 0 0 1 2", "no paren S 1 2 3"] {
+            assert_eq!(parse_pid_stat(bad), None, "{bad:?}");
+        }
+    }
 }
