@@ -104,6 +104,8 @@ const INDEXER_GAUGES: &[Gauge] = &[
     Gauge("index_bytes", "kvmesh_index_bytes", None),
     Gauge("index_entries", "kvmesh_index_entries", None),
     Gauge("index_blocks", "kvmesh_index_blocks", None),
+    // Summed over the listed workers: above it, `index_entries` holds entries no listed worker owns.
+    Gauge("worker_blocks", "kvmesh_worker_blocks", None),
     Gauge(
         "sessions_continuations",
         "kvmesh_sessions_tracked",
