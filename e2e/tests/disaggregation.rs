@@ -178,7 +178,10 @@ async fn failed_prefill_legs_fall_back_to_decode_and_overload_reaches_the_client
     set(json!({"clear": true, "fail_prefill_status": 429})).await?;
     let r = post_json(&c, &url, &cold(), &[]).await?;
     assert_eq!(r.status, 429, "{}", r.text);
-    assert!(r.text.contains("out of capacity"), "{}", r.text);
+    // A stable code and message for the client; the indexer's details (worker, engine text) stay
+    // in the gateway's logs and metrics.
+    assert_eq!(r.header("x-kvmesh-error"), Some("prefill_overloaded"), "{}", r.text);
+    assert!(r.text.contains("prefill_overloaded") && !r.text.contains("out of capacity"), "{}", r.text);
 
     // Removed from the fleet while its leg runs: the answer is not trusted.
     // The leg takes 1.8 s (under its 2.5 s deadline); the reload lands well within it.

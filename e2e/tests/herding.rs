@@ -29,12 +29,6 @@ const CONVERSATIONS: usize = 10;
 const TURNS: usize = 10;
 const MIN_STAYING: f64 = 0.90;
 
-// Not in `make test` yet: the burst half passes (max share 34-39 % in the last runs), the
-// conversation half does not reliably (72-100 % of turns kept): the cost model moves sessions off
-// homes it predicts 300-500 ms slow, which is the prefill meter under-reading throughput when
-// requests overlap plus engine-reported waiting counted at a guessed size (issue 11, left open).
-// Run it with `cargo test -p kvmesh-e2e --test herding -- --ignored`.
-#[ignore = "issue 11: the conversation half is not reliably >= 90 % yet; see the comment above"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_spread_a_shared_burst_and_keep_conversations_in_place() -> anyhow::Result<()> {
     let mut spec = StackSpec::aggregate(WORKERS);

@@ -431,8 +431,9 @@ fn decide_worker<R: Rng + ?Sized>(
                         .max(cfg.session_move_margin * home.ttft_s);
                     if let Some(o) = best_other.filter(|_| gain > margin_s) {
                         let reason = format!(
-                            "{prefix}session moved from {home_id} (source={src}): predicted {:.1} ms there, {} {:.1} ms (margin {:.1} ms); overlap {}/{isl} blocks{}",
+                            "{prefix}session moved from {home_id} (source={src}): predicted {:.1} ms there {}, {} {:.1} ms (margin {:.1} ms); overlap {}/{isl} blocks{}",
                             home.ms(),
+                            load_note(&home),
                             o.w.id,
                             o.ms(),
                             margin_s * 1000.0,
@@ -512,6 +513,15 @@ fn decide_worker<R: Rng + ?Sized>(
         format!("{prefix}{inner}{next}"),
         &candidates,
     ))
+}
+
+/// What a prediction rests on, compactly (the reason travels in a 256-byte header).
+fn load_note(s: &Scored<'_, '_>) -> String {
+    let t = &s.w.timing;
+    format!(
+        "[{:.0} queued + {} own tokens at {:.0} tok/s, batch {}]",
+        t.queued_tokens, s.own_tokens, t.prefill_tokens_per_s, t.decode_batch
+    )
 }
 
 fn migrated_note(s: &Scored<'_, '_>) -> String {

@@ -13,7 +13,9 @@
 //! `queued_tokens` comes from [`PrefillBacklog`]: the uncached tokens this indexer booked on the
 //! worker, drained at the worker's throughput since booking (the engine does not say when a request
 //! finishes prefill, so it is modelled: a fluid FIFO queue), plus requests the engine reports waiting
-//! that this indexer did not book (other gateway replicas, direct traffic) at an assumed size.
+//! that this indexer did not book (other gateway replicas, direct traffic) at the size of a typical
+//! request this indexer booked there ([`PrefillBacklog::typical_tokens`]: replicas behind one
+//! load balancer see the same mix), or a configured guess before it booked any.
 //! Everything here is pure; the clock is passed in.
 
 use std::collections::{HashMap, VecDeque};
@@ -114,20 +116,35 @@ impl Queue {
 #[derive(Debug)]
 pub struct PrefillBacklog {
     workers: HashMap<String, Queue>,
+    /// Exponentially weighted mean of the uncached tokens booked per request, per worker (one
+    /// entry per worker that was ever booked; removed with the worker).
+    typical: HashMap<String, f64>,
     max_per_worker: usize,
 }
+
+/// Weight of the newest booking in [`PrefillBacklog::typical_tokens`] (about the last 10 count).
+const TYPICAL_WEIGHT: f64 = 0.1;
 
 impl PrefillBacklog {
     /// A backlog tracking at most `max_per_worker` requests per worker.
     pub fn new(max_per_worker: usize) -> Self {
         Self {
             workers: HashMap::new(),
+            typical: HashMap::new(),
             max_per_worker: max_per_worker.max(1),
         }
     }
 
+    /// The uncached tokens of a typical request booked on `worker` (a weighted mean of the
+    /// recent ones), or None before the first booking.
+    pub fn typical_tokens(&self, worker: &str) -> Option<f64> {
+        self.typical.get(worker).copied()
+    }
+
     /// Books `tokens` of prefill on `worker` at `now`; `tps` drains what was queued before.
     pub fn add(&mut self, worker: &str, tokens: f64, tps: f64, now: Instant) {
+        let mean = self.typical.entry(worker.to_owned()).or_insert(tokens.max(0.0));
+        *mean += TYPICAL_WEIGHT * (tokens.max(0.0) - *mean);
         let q = self.workers.entry(worker.to_owned()).or_default();
         q.settle(tps, now);
         if tokens > 0.0 {
@@ -155,6 +172,7 @@ impl PrefillBacklog {
     /// Forgets the worker (it left the fleet).
     pub fn remove_worker(&mut self, worker: &str) {
         self.workers.remove(worker);
+        self.typical.remove(worker);
     }
 
     /// Drops fully drained queues (bounded memory for fleets that churn).
@@ -266,6 +284,23 @@ mod tests {
         assert_eq!(b.ahead("w1", 10_000.0, s(0)), Ahead::default());
         b.compact(|_| 10_000.0, s(400));
         assert!(b.is_empty());
+    }
+
+    #[test]
+    fn typical_tokens_follow_the_recent_bookings() {
+        let t0 = Instant::now();
+        let mut b = PrefillBacklog::new(100);
+        assert_eq!(b.typical_tokens("w0"), None);
+        b.add("w0", 1000.0, 10_000.0, t0);
+        assert_eq!(b.typical_tokens("w0"), Some(1000.0));
+        for _ in 0..60 {
+            b.add("w0", 50.0, 10_000.0, t0);
+        }
+        let t = b.typical_tokens("w0").unwrap_or(f64::NAN);
+        assert!((50.0..52.0).contains(&t), "{t}");
+        assert_eq!(b.typical_tokens("w1"), None);
+        b.remove_worker("w0");
+        assert_eq!(b.typical_tokens("w0"), None);
     }
 
     #[test]

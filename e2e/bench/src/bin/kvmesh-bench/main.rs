@@ -138,10 +138,10 @@ struct Args {
     #[arg(long, default_value_t = 30.0)]
     sweep_duration_s: f64,
     /// Sweep: round_robin's ladder multiplies the rate by this per step.
-    #[arg(long, default_value_t = 1.6)]
+    #[arg(long, default_value_t = 2.0)]
     sweep_factor: f64,
     /// Sweep: ladder steps at most.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 6)]
     sweep_max_steps: usize,
     /// Sweep: rates of every policy as fractions of the saturation rate (must hold 0.8, the load point).
     #[arg(long, default_value = "0.4,0.8,1.0,1.3")]

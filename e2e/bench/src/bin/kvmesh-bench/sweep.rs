@@ -44,7 +44,7 @@ fn arrival_cost_tokens(kind: WorkloadKind) -> f64 {
         WorkloadKind::Trace => 11_000.0,
         WorkloadKind::Cold => 10_000.0,
         WorkloadKind::Siblings => 30_000.0,
-        WorkloadKind::Agentic => 85_000.0,
+        WorkloadKind::Agentic => 20_000.0, // most of a turn is cached even under round_robin
         WorkloadKind::Paced => 7_000.0,
     }
 }
