@@ -82,7 +82,8 @@ fn no_edit_is_the_identity() {
 
 #[test]
 fn errors() {
-    let cases: &[(&str, fn(&EditError) -> bool)] = &[
+    type IsError = fn(&EditError) -> bool;
+    let cases: &[(&str, IsError)] = &[
         ("", |e| matches!(e, EditError::NotJson { .. })),
         ("[1]", |e| *e == EditError::NotAnObject),
         ("\"s\"", |e| *e == EditError::NotAnObject),

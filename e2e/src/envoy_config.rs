@@ -137,10 +137,8 @@ fn validate(v: &BootstrapVars) -> Result<(), RenderError> {
     if v.indexer_max_connections == 0 {
         return Err(bad("indexer_max_connections", "0", "must be positive"));
     }
-    if v.policy == "kvmesh" {
-        if v.wasm_path.is_empty() {
-            return Err(bad("wasm_path", "", "needed by the kvmesh policy"));
-        }
+    if v.policy == "kvmesh" && v.wasm_path.is_empty() {
+        return Err(bad("wasm_path", "", "needed by the kvmesh policy"));
     }
     Ok(())
 }

@@ -270,7 +270,7 @@ fn first(raw: &RawValue) -> u8 {
 
 /// `super::messages`' checks of one message, on raw `role` and `content`.
 fn check_message(role: Option<&RawValue>, content: Option<&RawValue>) -> Result<(), ParseError> {
-    if !role.is_some_and(|r| first(r) == b'"') {
+    if role.is_none_or(|r| first(r) != b'"') {
         return Err(ParseError::WrongType { field: "messages[].role", expected: "a string" });
     }
     match content {
@@ -292,7 +292,7 @@ fn content_parts(content: &RawValue) -> Result<(), ParseError> {
                 let obj: HashMap<Cow<'_, str>, &RawValue> = serde_json::from_str(part.get()).map_err(|_| not_parts.clone())?;
                 // A missing or non-string `type` counts as text.
                 let kind = obj.get("type").filter(|t| first(t) == b'"').and_then(|t| serde_json::from_str::<String>(t.get()).ok());
-                if kind.as_deref().unwrap_or("text") == "text" && !obj.get("text").is_some_and(|t| first(t) == b'"') {
+                if kind.as_deref().unwrap_or("text") == "text" && obj.get("text").is_none_or(|t| first(t) != b'"') {
                     return Err(ParseError::WrongType { field: "messages[].content[].text", expected: "a string" });
                 }
             }
