@@ -85,7 +85,7 @@ bench: ## Load sweep of five workloads × six policies (≤ 90 min), router over
 	mkdir -p bench-out/indexer
 	rm -f bench-out/indexer/figures.jsonl
 	KVMESH_BENCH_FIGURES=$(CURDIR)/bench-out/indexer/figures.jsonl $(CARGO) bench -p kvmesh-indexer --bench index --bench route
-	target/release/kvmesh-bench --out bench-out --only sweep,overhead --overhead-samples 100 --indexer-figures bench-out/indexer/figures.jsonl $(BENCH_ARGS)
+	target/release/kvmesh-bench --out bench-out --only sweep,overhead --sweep-duration-s 20 --overhead-samples 100 --indexer-figures bench-out/indexer/figures.jsonl $(BENCH_ARGS)
 
 bench-quick: ## Load sweep for iteration (≤ 10 min after the build): the trace, three rates, three policies → bench-out/quick/report.md
 	$(MAKE) build PROFILE=release
