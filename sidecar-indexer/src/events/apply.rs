@@ -196,6 +196,46 @@ mod tests {
     }
 
     #[test]
+    fn a_replay_applied_across_a_hole_keeps_an_evicted_block_for_good_and_the_run_rule_does_not() {
+        // The soak's index growth (issue 15.3), at the pure level. The engine's history: store
+        // 1, 2; evict 2; store 3 after 1. Its replay socket dropped batch 1 (the eviction).
+        let t: Vec<u32> = (0..8).collect();
+        let history = [
+            batch(vec![stored(vec![1, 2], None, t.clone(), 4)]),
+            batch(vec![KvEvent::Removed { block_hashes: vec![2], medium: None, group_idx: None }]),
+            batch(vec![stored(vec![3], Some(1), (100..104).collect(), 4)]),
+        ];
+        let received: [u64; 2] = [0, 2];
+        let fresh = || {
+            let mut index = KvIndex::new(1000, 1000);
+            index.add_worker(0);
+            index
+        };
+        // Applied as if nothing were missing: block 2 stays, and nothing ever removes it (the
+        // engine does not evict a block twice).
+        let mut across = fresh();
+        for &s in &received {
+            apply_batch(&mut across, 0, &history[s as usize], 4);
+        }
+        assert_eq!(across.worker_blocks(0), 3, "blocks 1, 2 and 3 although the engine holds 1 and 3");
+        assert_eq!(held(&across, &t), 2);
+        // The listener's rule: the run before the hole, then (the live stream shows the gap from
+        // 1) the replay from the hole. The index ends as the engine.
+        let mut index = fresh();
+        let run = crate::events::sequencer::contiguous_run(&received);
+        assert_eq!(run, 1);
+        for &s in &received[..run] {
+            apply_batch(&mut index, 0, &history[s as usize], 4);
+        }
+        for b in &history[run..] {
+            apply_batch(&mut index, 0, b, 4);
+        }
+        assert_eq!((index.worker_blocks(0), index.entries()), (2, 2));
+        assert_eq!(held(&index, &t), 1);
+        assert_eq!(index.check_consistent(), Ok(()));
+    }
+
+    #[test]
     fn too_many_blocks_resyncs_the_worker() {
         let mut index = KvIndex::new(1000, 2);
         index.add_worker(0);

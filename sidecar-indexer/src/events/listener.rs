@@ -7,6 +7,8 @@
 //! order. When a replay cannot cover a gap (the engine's ring buffer no longer holds the start, the
 //! replay socket is missing or times out) the worker is cleared and rebuilt from what remains, with a
 //! log line and a metric: the index may then miss blocks, but never claims blocks that are gone.
+//! A replay is applied only up to its first hole ([`contiguous_run`]: a ROUTER drops replies it
+//! cannot queue without telling anyone); the next live batch then shows the rest as a gap.
 //! At start it replays from 0, so blocks cached before the indexer started are known too.
 //!
 //! Bounded in bytes ([`EventLimits`]): every socket has `ZMQ_MAXMSGSIZE` (libzmq drops a connection
@@ -26,7 +28,7 @@ use super::applier::ApplierMsg;
 use super::apply::ApplyReport;
 use super::budget::{self, Acquired, EventLimits};
 use super::decode::decode_batch;
-use super::sequencer::{Sequencer, Verdict};
+use super::sequencer::{contiguous_run, Sequencer, Verdict};
 use crate::index::WorkerSlot;
 use crate::metrics::Metrics;
 
@@ -45,6 +47,12 @@ pub struct ListenerSpec {
 }
 
 const NONE: u64 = u64::MAX;
+
+/// Receive high-water mark (messages) of the SUB and replay DEALER sockets. On the DEALER it is
+/// what lets a whole replay buffer (vLLM keeps 10,000 batches by default) be queued here: a ROUTER
+/// whose queue to us is full drops replies silently (the replay then has holes, see
+/// [`contiguous_run`]); libzmq's default of 1,000 made most long replays lose batches.
+const RCVHWM: i32 = 100_000;
 
 /// Per (worker, rank) counters shared with the API (`/debug/workers`, `/readyz`).
 #[derive(Debug)]
@@ -147,7 +155,8 @@ struct Listener {
 enum Replay {
     /// Every batch from the requested start was delivered (and sent on).
     Complete,
-    /// The engine no longer holds the start: the worker was cleared, what remained was sent.
+    /// Not everything from the start arrived: the engine no longer holds the start (the worker was
+    /// cleared if asked), or the replay had holes; the usable part was sent.
     Truncated,
     /// No replay socket, or it failed: nothing was sent.
     Failed,
@@ -207,7 +216,7 @@ impl Listener {
     fn open_sub(&self) -> Result<zmq::Socket, zmq::Error> {
         let sub = self.ctx.socket(zmq::SUB)?;
         sub.set_linger(0)?;
-        sub.set_rcvhwm(100_000)?;
+        sub.set_rcvhwm(RCVHWM)?;
         sub.set_maxmsgsize(zmq_limit(self.limits.max_frame()))?;
         sub.set_subscribe(self.spec.topic.as_bytes())?;
         if self.spec.bind {
@@ -319,6 +328,25 @@ impl Listener {
             Ok(batches) => batches,
         };
         self.stats.replays.fetch_add(1, Ordering::Relaxed);
+        let mut outcome = outcome;
+        outcome.retain(|(n, _)| *n >= from);
+        let received = outcome.len();
+        // Only the run before the first hole is applied (the ROUTER dropped what is missing): the
+        // next live batch then shows the rest as a gap, replayed again or cleared.
+        let run = contiguous_run(&outcome.iter().map(|(n, _)| *n).collect::<Vec<_>>());
+        let holes = run < received;
+        if holes {
+            tracing::warn!(
+                worker = %w,
+                rank = self.spec.rank,
+                from,
+                applied_through = ?outcome.get(run.wrapping_sub(1)).map(|b| b.0),
+                next_received = ?outcome.get(run).map(|b| b.0),
+                received,
+                "replay has holes (the engine's replay socket dropped batches): only the batches before the first hole are applied"
+            );
+            outcome.truncate(run);
+        }
         let complete = outcome.first().map(|(s, _)| *s) == Some(from) || (outcome.is_empty() && from == self.seq.next() && !clear_on_truncation);
         if !complete {
             self.metrics.kv_replays.with_label_values(&[&w, "truncated"]).inc();
@@ -327,19 +355,18 @@ impl Listener {
                 self.resync("gap_unrecoverable");
             }
         } else {
-            self.metrics.kv_replays.with_label_values(&[&w, "complete"]).inc();
+            // A replay with holes did not deliver what was asked either.
+            let outcome: &str = if holes { "truncated" } else { "complete" };
+            self.metrics.kv_replays.with_label_values(&[&w, outcome]).inc();
         }
         let mut last = None;
         for (n, payload) in &outcome {
-            if *n < from {
-                continue;
-            }
             self.send(*n, payload);
             last = Some(*n);
         }
         self.seq.replayed(last);
-        tracing::info!(worker = %w, rank = self.spec.rank, from, batches = outcome.len(), complete, "replay done");
-        if complete { Replay::Complete } else { Replay::Truncated }
+        tracing::info!(worker = %w, rank = self.spec.rank, from, batches = outcome.len(), complete, holes, "replay done");
+        if complete && !holes { Replay::Complete } else { Replay::Truncated }
     }
 
     fn fetch_replay(&mut self, from: u64) -> Result<Vec<(u64, Vec<u8>)>, String> {
@@ -347,6 +374,7 @@ impl Listener {
         if self.dealer.is_none() {
             let d = self.ctx.socket(zmq::DEALER).map_err(|e| e.to_string())?;
             d.set_linger(0).map_err(|e| e.to_string())?;
+            d.set_rcvhwm(RCVHWM).map_err(|e| e.to_string())?;
             d.set_maxmsgsize(zmq_limit(self.limits.max_frame())).map_err(|e| e.to_string())?;
             d.connect(&endpoint).map_err(|e| e.to_string())?;
             self.dealer = Some(d);
@@ -529,20 +557,33 @@ mod tests {
     }
 
     /// A ROUTER on inproc answering the listener's start-up replay with `batches` then the end marker.
-    fn replay_server(ctx: &zmq::Context, endpoint: &str, batches: Vec<Vec<u8>>) -> std::thread::JoinHandle<()> {
+    fn replay_server(ctx: &zmq::Context, endpoint: &str, batches: Vec<Vec<u8>>) -> std::thread::JoinHandle<Vec<u64>> {
+        replay_answers(ctx, endpoint, vec![batches.into_iter().enumerate().map(|(i, b)| (i as u64, b)).collect()])
+    }
+
+    /// A ROUTER on inproc answering successive replay requests, the i-th with the numbered batches
+    /// `answers[i]` then the end marker. Returns the requested start numbers (it stops waiting for
+    /// a request after 10 s).
+    fn replay_answers(ctx: &zmq::Context, endpoint: &str, answers: Vec<Vec<(u64, Vec<u8>)>>) -> std::thread::JoinHandle<Vec<u64>> {
         let router = ctx.socket(zmq::ROUTER).unwrap();
+        router.set_rcvtimeo(10_000).unwrap();
         router.bind(endpoint).unwrap();
         std::thread::spawn(move || {
-            let request = router.recv_multipart(0).unwrap();
-            let id = request[0].clone();
-            for (i, b) in batches.iter().enumerate() {
-                router.send_multipart([&id[..], &b""[..], &(i as u64).to_be_bytes()[..], &b[..]], 0).unwrap();
+            let mut starts = Vec::new();
+            for batches in answers {
+                let Ok(request) = router.recv_multipart(0) else { break };
+                let id = request[0].clone();
+                starts.push(request.last().and_then(|s| <[u8; 8]>::try_from(s.as_slice()).ok()).map_or(u64::MAX, u64::from_be_bytes));
+                for (seq, b) in &batches {
+                    router.send_multipart([&id[..], &b""[..], &seq.to_be_bytes()[..], &b[..]], 0).unwrap();
+                }
+                router.send_multipart([&id[..], &b""[..], &END_SEQ[..], &b""[..]], 0).unwrap();
             }
-            router.send_multipart([&id[..], &b""[..], &END_SEQ[..], &b""[..]], 0).unwrap();
+            starts
         })
     }
 
-    fn replay_rig(name: &str, limits: EventLimits, batches: Vec<Vec<u8>>) -> (Arc<Metrics>, Arc<ListenerStats>, Receiver<ApplierMsg>, ListenerHandle, std::thread::JoinHandle<()>) {
+    fn replay_rig(name: &str, limits: EventLimits, batches: Vec<Vec<u8>>) -> (Arc<Metrics>, Arc<ListenerStats>, Receiver<ApplierMsg>, ListenerHandle, std::thread::JoinHandle<Vec<u64>>) {
         let ctx = zmq::Context::new();
         let pubsock = ctx.socket(zmq::PUB).unwrap();
         pubsock.bind(&format!("inproc://{name}")).unwrap();
@@ -576,6 +617,53 @@ mod tests {
         assert_eq!(metrics.kv_replays.with_label_values(&["w", "complete"]).get(), 1);
         handle.stop();
         server.join().unwrap();
+    }
+
+    #[test]
+    fn a_replay_with_a_hole_applies_only_what_precedes_it_and_the_rest_is_replayed_again() {
+        // The soak's index growth (issue 15.3): a ROUTER drops replies its queue to us cannot take,
+        // and the batches after the hole were applied as if nothing were missing, so the hole's
+        // removals never reached the index. Here the start-up replay arrives as 0, 2 (1 dropped).
+        let ctx = zmq::Context::new();
+        let pubsock = ctx.socket(zmq::PUB).unwrap();
+        pubsock.bind("inproc://replay-hole").unwrap();
+        let server = replay_answers(&ctx, "inproc://replay-hole-replay", vec![vec![(0, batch(1)), (2, batch(1))], vec![(1, batch(1)), (2, batch(1)), (3, batch(1))]]);
+        let (tx, rx) = sync_channel(64);
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let stats = Arc::new(ListenerStats::default());
+        let spec = ListenerSpec {
+            worker: "w".into(),
+            rank: 0,
+            slot: 0,
+            events_endpoint: "inproc://replay-hole".into(),
+            replay_endpoint: Some("inproc://replay-hole-replay".into()),
+            bind: false,
+            topic: String::new(),
+            replay_timeout: Duration::from_secs(10),
+        };
+        let handle = spawn(ctx, spec, tx, stats.clone(), metrics.clone(), Arc::new(EventLimits::new(1000, 1 << 20, 1 << 20))).unwrap();
+        while !stats.synced.load(Ordering::Relaxed) {
+            std::thread::yield_now();
+        }
+        let seqs: Vec<u64> = rx.try_iter().filter_map(unwrap_batch).map(|b| b.0).collect();
+        assert_eq!(seqs, vec![0], "nothing after the hole is applied");
+        assert_eq!(metrics.kv_replays.with_label_values(&["w", "truncated"]).get(), 1, "a replay with holes is not complete");
+        // The next live batch (3; published until the subscription is up) shows the gap from 1,
+        // whose replay is whole: every batch is applied once, in order.
+        let mut seqs = Vec::new();
+        for _ in 0..500 {
+            pubsock.send_multipart([&b"t"[..], &3u64.to_be_bytes()[..], &batch(1)[..]], 0).unwrap();
+            while let Ok(m) = rx.recv_timeout(Duration::from_millis(20)) {
+                seqs.extend(unwrap_batch(m).map(|b| b.0));
+            }
+            if seqs.len() >= 3 {
+                break;
+            }
+        }
+        assert_eq!(seqs, vec![1, 2, 3]);
+        assert_eq!(metrics.kv_replays.with_label_values(&["w", "complete"]).get(), 1);
+        handle.stop();
+        assert_eq!(server.join().unwrap(), vec![0, 1], "replayed from 0, then from the hole");
     }
 
     #[test]

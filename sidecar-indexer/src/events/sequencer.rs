@@ -8,6 +8,25 @@
 //! Numbers come from the wire, so arithmetic saturates: `u64::MAX` from a publisher (it overflowed
 //! `seq + 1`, a panic in debug builds; found writing the sequencer's fuzz target) is handled like
 //! any number, never a panic (the counter then stays at the top: a degenerate stream, not a crash).
+//! A replay is trusted only up to its first hole ([`contiguous_run`]).
+
+/// How many leading batches of a replay may be applied: the run of consecutive numbers from the
+/// first. A replay can arrive with holes — a ZMQ ROUTER drops, without an error, every reply its
+/// queue to the requester cannot take (libzmq at the high-water mark; vLLM's replay socket and the
+/// simulator's alike) — and applying what follows a hole as if nothing were missing loses the
+/// hole's events for good: a lost `BlockRemoved` keeps its block in the index until the worker is
+/// cleared (the soak's index growth, issue 15). The caller applies the run, records its last number
+/// with [`Sequencer::replayed`], and the next live batch then shows the rest as a gap.
+pub fn contiguous_run(seqs: &[u64]) -> usize {
+    let mut expect: Option<u64> = None;
+    for (i, &s) in seqs.iter().enumerate() {
+        if expect.is_some_and(|e| s != e) {
+            return i;
+        }
+        expect = Some(s.saturating_add(1));
+    }
+    seqs.len()
+}
 
 /// What to do with a live batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,6 +185,35 @@ mod tests {
         let mut s = Sequencer::new();
         s.skip_to(u64::MAX - 1);
         assert_eq!(s.on_live(u64::MAX), Verdict::Apply);
+    }
+
+    #[test]
+    fn a_replay_is_usable_up_to_its_first_hole() {
+        let cases: [(&[u64], usize); 9] = [
+            (&[], 0),
+            (&[7], 1),
+            (&[0, 1, 2], 3),
+            (&[0, 2, 3], 1),
+            (&[3, 4, 6, 7], 2),
+            (&[0, 1, 1, 2], 2),
+            (&[2, 1], 1),
+            (&[5, 6, 7, 9], 3),
+            (&[u64::MAX - 1, u64::MAX], 2),
+        ];
+        for (seqs, want) in cases {
+            assert_eq!(contiguous_run(seqs), want, "{seqs:?}");
+        }
+    }
+
+    #[test]
+    fn after_a_replay_with_a_hole_the_next_live_batch_is_a_gap_from_the_hole() {
+        // The start-up replay delivered 0, 1, 3: 0 and 1 are applied, 2 is still missing.
+        let mut s = Sequencer::new();
+        let replayed = [0, 1, 3];
+        let run = contiguous_run(&replayed);
+        s.replayed(replayed[..run].last().copied());
+        assert_eq!(s.on_live(1), Verdict::Duplicate);
+        assert_eq!(s.on_live(4), Verdict::Gap { from: 2, to: 4 });
     }
 
     #[test]

@@ -490,6 +490,32 @@ impl KvIndex {
         self.blocks.get(chain.0).is_some_and(|s| Holders::of(s.word.load(Ordering::Relaxed), &self.bitmaps).contains(slot))
     }
 
+    /// The bookkeeping the soak watches from outside (kvmesh_index_entries against the summed
+    /// kvmesh_worker_blocks), checked from inside (tests): `entries` is the number of (block,
+    /// worker) pairs in the table, and every pair is backed by a mapping of a registered worker —
+    /// nothing is held that no worker lists.
+    #[cfg(test)]
+    pub(crate) fn check_consistent(&self) -> Result<(), String> {
+        let mut pairs = 0;
+        let mut err = None;
+        for s in self.blocks.iter() {
+            Holders::of(s.word.load(Ordering::Relaxed), &self.bitmaps).for_each(|slot| {
+                pairs += 1;
+                let listed = self.workers.get(slot as usize).is_some_and(|w| w.active && w.map.iter().any(|r| r.r.chain.0 == s.key));
+                if !listed && err.is_none() {
+                    err = Some(format!("block {:#x} is held by slot {slot}, which does not list it", s.key));
+                }
+            });
+        }
+        if let Some(e) = err {
+            return Err(e);
+        }
+        if pairs != self.entries {
+            return Err(format!("entries = {} but the table holds {pairs} (block, worker) pairs", self.entries));
+        }
+        Ok(())
+    }
+
     /// `slot`'s engine hashes with what they map to (debug and tests).
     pub fn worker_refs(&self, slot: WorkerSlot) -> Vec<(u64, BlockRef)> {
         self.workers.get(slot as usize).map_or_else(Vec::new, |w| w.map.iter().map(|s| (s.key, s.r)).collect())

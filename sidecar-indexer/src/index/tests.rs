@@ -244,6 +244,7 @@ proptest::proptest! {
                     model.remove(&w);
                 }
             }
+            proptest::prop_assert_eq!(idx.check_consistent(), Ok(()));
             for w in 0..3u32 {
                 let want: BTreeSet<u64> = model.get(&w).map(|m| m.values().map(|(c, _)| *c).collect()).unwrap_or_default();
                 let got: BTreeSet<u64> = idx.worker_refs(w).iter().filter(|(_, r)| idx.holds(w, r.chain)).map(|(_, r)| r.chain.0).collect();
@@ -295,6 +296,7 @@ proptest::proptest! {
                 }
                 _ => idx.clear_worker(w),
             }
+            proptest::prop_assert_eq!(idx.check_consistent(), Ok(()));
             for len in [1u64, 3, 8, 14] {
                 let chains = canonical_chains(len);
                 proptest::prop_assert_eq!(sorted(idx.find_matches(&chains)), sorted(idx.walk(&chains)));
@@ -463,9 +465,11 @@ fn an_orphan_chained_to_a_routed_prompt_is_recovered() {
     let tail: Vec<u64> = (64..69).rev().map(|b| engine(0, b)).collect();
     assert_eq!(idx.remove(0, &tail), 0);
     assert_eq!(matches(&idx, &continuation), vec![(0, 64)]);
+    assert_eq!(idx.check_consistent(), Ok(()));
     assert_eq!(idx.remove(0, &[engine(0, 63)]), 0);
     assert_eq!(matches(&idx, &prefix), vec![]);
     assert_eq!(idx.worker_blocks(0), 0);
+    assert_eq!((idx.entries(), idx.check_consistent()), (0, Ok(())));
 }
 
 #[test]
