@@ -556,15 +556,18 @@ mod tests {
         }
     }
 
+    /// A replay server thread; joining it gives the start numbers it was asked for.
+    type ReplayServer = std::thread::JoinHandle<Vec<u64>>;
+
     /// A ROUTER on inproc answering the listener's start-up replay with `batches` then the end marker.
-    fn replay_server(ctx: &zmq::Context, endpoint: &str, batches: Vec<Vec<u8>>) -> std::thread::JoinHandle<Vec<u64>> {
+    fn replay_server(ctx: &zmq::Context, endpoint: &str, batches: Vec<Vec<u8>>) -> ReplayServer {
         replay_answers(ctx, endpoint, vec![batches.into_iter().enumerate().map(|(i, b)| (i as u64, b)).collect()])
     }
 
     /// A ROUTER on inproc answering successive replay requests, the i-th with the numbered batches
     /// `answers[i]` then the end marker. Returns the requested start numbers (it stops waiting for
     /// a request after 10 s).
-    fn replay_answers(ctx: &zmq::Context, endpoint: &str, answers: Vec<Vec<(u64, Vec<u8>)>>) -> std::thread::JoinHandle<Vec<u64>> {
+    fn replay_answers(ctx: &zmq::Context, endpoint: &str, answers: Vec<Vec<(u64, Vec<u8>)>>) -> ReplayServer {
         let router = ctx.socket(zmq::ROUTER).unwrap();
         router.set_rcvtimeo(10_000).unwrap();
         router.bind(endpoint).unwrap();
@@ -583,7 +586,7 @@ mod tests {
         })
     }
 
-    fn replay_rig(name: &str, limits: EventLimits, batches: Vec<Vec<u8>>) -> (Arc<Metrics>, Arc<ListenerStats>, Receiver<ApplierMsg>, ListenerHandle, std::thread::JoinHandle<Vec<u64>>) {
+    fn replay_rig(name: &str, limits: EventLimits, batches: Vec<Vec<u8>>) -> (Arc<Metrics>, Arc<ListenerStats>, Receiver<ApplierMsg>, ListenerHandle, ReplayServer) {
         let ctx = zmq::Context::new();
         let pubsock = ctx.socket(zmq::PUB).unwrap();
         pubsock.bind(&format!("inproc://{name}")).unwrap();
