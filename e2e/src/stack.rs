@@ -157,6 +157,16 @@ impl Worker {
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.http)
     }
+
+    /// This running engine as an external worker of another stack (its addresses, nothing started).
+    pub fn external_spec(&self) -> WorkerSpec {
+        WorkerSpec {
+            endpoint: Some(self.http.clone()),
+            kv_events: self.kv_events.clone(),
+            kv_replay: self.replay.clone(),
+            ..WorkerSpec::new(self.id.clone(), self.role)
+        }
+    }
 }
 
 /// A running stack. Dropping it kills every process.
@@ -403,16 +413,7 @@ impl Stack {
     /// (fresh ports and directory), the workers as external engines, so it starts and stops no
     /// engine. Two replicas over one fleet, as a mesh runs them, each indexer fed by every worker.
     pub fn replica_spec(&self) -> StackSpec {
-        let workers = self
-            .workers
-            .iter()
-            .map(|w| WorkerSpec {
-                endpoint: Some(w.http.clone()),
-                kv_events: w.kv_events.clone(),
-                kv_replay: w.replay.clone(),
-                ..WorkerSpec::new(w.id.clone(), w.role)
-            })
-            .collect();
+        let workers = self.workers.iter().map(Worker::external_spec).collect();
         StackSpec { workers, engines: crate::vllm::Engines::External, ports: Ports::default(), work_dir: None, ..self.spec.clone() }
     }
 

@@ -23,7 +23,7 @@ use kvmesh_bench::sweep::{
 };
 use kvmesh_bench::trace::TraceRecord;
 use kvmesh_bench::workload::{gen, trace as wtrace, Plan, WorkloadKind};
-use kvmesh_e2e::stack::{StackSpec, WorkerSpec};
+use kvmesh_e2e::stack::{StackSpec, Worker};
 use kvmesh_e2e::vllm::VllmOptions;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -310,15 +310,7 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
             let started = Instant::now();
             let engines = kvmesh_e2e::vllm::start_workers(&specs, opts, fleet.block_size, &dir).await?;
             eprintln!("[bench] engines healthy after {}", fmt_elapsed(started.elapsed()));
-            fleet.external = engines
-                .iter()
-                .map(|w| WorkerSpec {
-                    endpoint: Some(w.http.clone()),
-                    kv_events: w.kv_events.clone(),
-                    kv_replay: w.replay.clone(),
-                    ..WorkerSpec::new(w.id.clone(), w.role)
-                })
-                .collect();
+            fleet.external = engines.iter().map(Worker::external_spec).collect();
             fleet.engine_groups = engines.iter().filter_map(|w| w.proc.as_ref().map(|p| p.pid())).collect();
             engines
         }
