@@ -5,10 +5,11 @@
 //! filter's `/v1/route` with a scored decision. Layout: pure logic in [`config`], [`index`],
 //! [`events`] (decode, sequencer, apply), [`tokenize`], [`decide`], [`predict`], [`speculative`], [`load`], [`recent`], [`approx`] (all three on one [`expiring`] map), [`scrape`], [`discovered`];
 //! the thin shells that do I/O in [`events::listener`], [`events::applier`], [`state`], [`route`] (a route call: plan → run → settle), [`http`],
-//! [`service`], [`discovery`]. Guardrails (README): `decide` is pure; no lock is held across `.await`; an unknown
+//! [`service`], [`discovery`]; their time and randomness come from [`clock`]. Guardrails (README): `decide` is pure; no lock is held across `.await`; an unknown
 //! parent is counted and refused, never guessed; every queue, map, cache and body is bounded.
 
 pub mod approx;
+pub mod clock;
 pub mod config;
 pub mod decide;
 pub mod discovered;

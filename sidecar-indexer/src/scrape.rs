@@ -7,7 +7,7 @@
 //! decode step time (the inputs of [`crate::predict`]).
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What one scrape says.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -127,19 +127,37 @@ struct Delta {
 /// without that histogram, Δ`time_to_first_token` − Δ`request_queue_time`): overlapping prefills
 /// of one batch are not counted twice, and a request whose prefill straddles scrapes (its time is
 /// recorded at once) is not cut. It is trusted once the
-/// window holds `min_tokens` computed tokens. The per-request prefill time of requests batched
-/// together overlaps, so with concurrent prefills below saturation it under-reads the rate (by at
-/// most the prefill concurrency); at saturation the wall-time bound makes it exact. vLLM records
-/// the prefill histogram when a request finishes and counts prompt tokens at the first token, so
-/// single intervals disagree; the window evens that out.
+/// window holds `min_tokens` computed tokens. Every error of a window reading is an under-read:
+/// the per-request prefill time of requests batched into one step overlaps (each counts the whole
+/// step), and a step that also decodes the running batch is longer than its prefill tokens cost
+/// (the predictor adds that decode part separately). So the meter reports the **highest** reading
+/// of the last `hold` (a peak hold): a busy worker whose prefills overlap keeps the throughput it
+/// showed when they did not, instead of looking several times slower than an idle one — which
+/// pushed sessions off the worker holding their KV. At saturation the wall-time bound makes a
+/// reading exact. vLLM records the prefill histogram and the computed tokens when a request
+/// finishes, so single intervals disagree; the window evens that out.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PrefillMeter {
     last: Option<(EngineSample, Instant)>,
     window: VecDeque<Delta>,
+    /// Qualifying window readings of the last [`MeterHold::hold`] (at most [`MAX_HELD`]).
+    readings: VecDeque<(Instant, f64)>,
     /// The last trusted measurements: kept while the window holds too little (an idle engine).
     rate: Option<f64>,
     step: Option<f64>,
 }
+
+/// How the meter turns window readings into the throughput it reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MeterHold {
+    /// Computed prompt tokens a window must hold before its reading counts.
+    pub min_tokens: f64,
+    /// The reported throughput is the highest reading of this long (`prefill_measure_hold_s`).
+    pub hold: Duration,
+}
+
+/// Window readings the peak hold keeps at most (a 500 ms scrape over a 60 s hold needs 120).
+const MAX_HELD: usize = 1024;
 
 /// Decode tokens the window must hold before its mean inter-token latency is trusted.
 pub const MIN_ITL_SAMPLES: f64 = 64.0;
@@ -150,7 +168,7 @@ const WINDOW: usize = 16;
 impl PrefillMeter {
     /// Takes one scrape's sample; the throughput is trusted once the window holds `min_tokens`
     /// computed tokens, and then kept until a newer window qualifies.
-    pub fn observe(&mut self, s: &EngineSample, now: Instant, min_tokens: f64) {
+    pub fn observe(&mut self, s: &EngineSample, now: Instant, hold: MeterHold) {
         if let Some((prev, at)) = self.last.replace((*s, now)) {
             let inc = |new: Option<f64>, old: Option<f64>| match (new, old) {
                 (Some(n), Some(o)) if n >= o => Some(n - o),
@@ -189,8 +207,21 @@ impl PrefillMeter {
             while self.window.len() > WINDOW {
                 self.window.pop_front();
             }
-            if let Some(r) = self.window_rate(min_tokens) {
-                self.rate = Some(r);
+            if let Some(r) = self.window_rate(hold.min_tokens) {
+                self.readings.push_back((now, r));
+                if self.readings.len() > MAX_HELD {
+                    self.readings.pop_front();
+                }
+            }
+            while self
+                .readings
+                .front()
+                .is_some_and(|(at, _)| now.saturating_duration_since(*at) > hold.hold)
+            {
+                self.readings.pop_front();
+            }
+            if let Some(peak) = self.readings.iter().map(|(_, r)| *r).reduce(f64::max) {
+                self.rate = Some(peak);
             }
             if let Some(t) = self.window_step(MIN_ITL_SAMPLES) {
                 self.step = Some(t);
@@ -305,6 +336,47 @@ vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum
         }
     }
 
+    /// A 60 s peak hold trusting windows of at least `min_tokens`.
+    fn hold(min_tokens: f64) -> MeterHold {
+        MeterHold { min_tokens, hold: Duration::from_secs(60) }
+    }
+
+    #[test]
+    fn meter_reports_the_peak_of_its_hold_and_forgets_older_readings() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut m = PrefillMeter::default();
+        let mut tokens = 0.0;
+        let mut busy = 0.0;
+        let mut feed = |m: &mut PrefillMeter, s: u64, tps: f64| {
+            // 1 s intervals computing 4,000 tokens at `tps` (busy time 4000 / tps).
+            tokens += 4000.0;
+            busy += 4000.0 / tps;
+            m.observe(&sample(tokens, 0.0, Some(busy), 0.0, 0.0, (0.0, 0.0)), at(s), hold(1.0));
+        };
+        m.observe(&sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)), at(0), hold(1.0));
+        for s in 1..=20 {
+            feed(&mut m, s, 20_000.0); // prefills one at a time: the true rate
+        }
+        assert_eq!(m.prefill_tokens_per_s().map(f64::round), Some(20_000.0));
+        for s in 21..=70 {
+            feed(&mut m, s, 5_000.0); // four prefills batched together: each counts the whole step
+        }
+        assert_eq!(
+            m.prefill_tokens_per_s().map(f64::round),
+            Some(20_000.0),
+            "within the hold, overlapping prefills do not lower the rate"
+        );
+        for s in 71..=100 {
+            feed(&mut m, s, 5_000.0);
+        }
+        assert_eq!(
+            m.prefill_tokens_per_s().map(f64::round),
+            Some(5_000.0),
+            "a reading older than the hold is forgotten (the engine may really have slowed)"
+        );
+    }
+
     #[test]
     fn meter_measures_computed_tokens_over_busy_time() {
         let t0 = Instant::now();
@@ -312,32 +384,24 @@ vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum
         let mut m = PrefillMeter::default();
         m.observe(
             &sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)),
-            at(0),
-            1.0,
-        );
+            at(0), hold(1.0));
         assert_eq!(m.window_rate(1.0), None, "one sample is no interval");
         // 12k prompt tokens, 2k of them cached: 10k computed in 0.4 s of prefill.
         m.observe(
             &sample(12_000.0, 2_000.0, Some(0.4), 9.0, 9.0, (1.0, 50.0)),
-            at(500),
-            1.0,
-        );
+            at(500), hold(1.0));
         assert_eq!(m.window_rate(20_000.0), None, "not enough measured yet");
         assert_eq!(m.window_rate(4096.0), Some(25_000.0));
         assert_eq!(m.window_step(16.0), Some(0.02));
         // Overlapping prefills (sum 3.4 s in 1 s of wall time) are bounded by the wall time.
         m.observe(
             &sample(22_000.0, 2_000.0, Some(3.4), 9.0, 9.0, (1.0, 50.0)),
-            at(1000),
-            1.0,
-        );
+            at(1000), hold(1.0));
         assert_eq!(m.window_rate(1.0), Some(20_000.0));
         // A reset (engine restart) says nothing for that interval.
         m.observe(
             &sample(10.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)),
-            at(1500),
-            1.0,
-        );
+            at(1500), hold(1.0));
         assert_eq!(m.window_rate(1.0), Some(20_000.0));
     }
 
@@ -349,27 +413,19 @@ vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum
         let mut m = PrefillMeter::default();
         m.observe(
             &sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)),
-            at(0),
-            1.0,
-        );
+            at(0), hold(1.0));
         m.observe(
             &sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)),
-            at(200),
-            1.0,
-        );
+            at(200), hold(1.0));
         m.observe(
             &sample(1500.0, 0.0, Some(0.3), 0.0, 0.0, (0.0, 0.0)),
-            at(400),
-            1.0,
-        );
+            at(400), hold(1.0));
         assert_eq!(m.window_rate(1.0), Some(5000.0));
         // Idle scrapes push the measurement out of the window; the last trusted one stays.
         for k in 3..40 {
             m.observe(
                 &sample(1500.0, 0.0, Some(0.3), 0.0, 0.0, (0.0, 0.0)),
-                at(200 * k),
-                1000.0,
-            );
+                at(200 * k), hold(1000.0));
         }
         assert_eq!(
             (m.window_rate(1000.0), m.prefill_tokens_per_s()),
@@ -387,14 +443,14 @@ vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum
         let mut b = sample(9_000.0, 9_000.0, Some(0.3), 0.0, 0.0, (0.0, 0.0));
         b.kv_computed_sum = Some(6_000.0);
         b.prompt_tokens_cached = Some(1_000.0);
-        m.observe(&a, t0, 1.0);
-        m.observe(&b, t0 + std::time::Duration::from_secs(1), 1.0);
+        m.observe(&a, t0, hold(1.0));
+        m.observe(&b, t0 + std::time::Duration::from_secs(1), hold(1.0));
         assert_eq!(m.window_rate(1.0), Some(20_000.0));
         b.kv_computed_sum = None;
         let mut m = PrefillMeter::default();
         a.kv_computed_sum = None;
-        m.observe(&a, t0, 1.0);
-        m.observe(&b, t0 + std::time::Duration::from_secs(1), 1.0);
+        m.observe(&a, t0, hold(1.0));
+        m.observe(&b, t0 + std::time::Duration::from_secs(1), hold(1.0));
         assert_eq!(m.window_rate(1.0), Some(8_000.0 / 0.3), "prompt − cached");
     }
 
@@ -402,12 +458,10 @@ vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum
     fn meter_falls_back_to_ttft_minus_queue_time() {
         let t0 = Instant::now();
         let mut m = PrefillMeter::default();
-        m.observe(&sample(0.0, 0.0, None, 1.0, 0.5, (0.0, 0.0)), t0, 1.0);
+        m.observe(&sample(0.0, 0.0, None, 1.0, 0.5, (0.0, 0.0)), t0, hold(1.0));
         m.observe(
             &sample(8_000.0, 0.0, None, 1.6, 0.7, (0.0, 0.0)),
-            t0 + std::time::Duration::from_secs(1),
-            1.0,
-        );
+            t0 + std::time::Duration::from_secs(1), hold(1.0));
         let tps = m.window_rate(1.0).unwrap();
         assert!((tps - 20_000.0).abs() < 1e-6, "{tps}");
         assert_eq!(m.window_step(1.0), None);

@@ -461,7 +461,7 @@ fn apply_scrapes(state: &AppState, cfg: &Config, results: Vec<(String, Result<St
                     m.engine_queries.with_label_values(&[&id]).inc_by(inc);
                     state.engine_totals.queries.fetch_add(inc, Ordering::Relaxed);
                 }
-                w.meter.observe(&sample, Instant::now(), cfg.routing.prefill_measure_min_tokens as f64);
+                w.meter.observe(&sample, Instant::now(), cfg.routing.meter_hold());
                 w.engine = Some(sample);
                 w.scrape_failures = 0;
                 if !w.healthy {

@@ -264,7 +264,7 @@ impl AppState {
         }
         let load = self.load.lock();
         let routing = self.config.read().routing.clone();
-        let now = Instant::now();
+        let now = crate::clock::now();
         {
             let mut placement = self.placement.lock();
             placement.backlog.compact(
@@ -479,7 +479,10 @@ impl AppState {
                 let ahead = placement.backlog.ahead(&w.cfg.id, tps, now);
                 let own_tokens = ahead.tokens.min(booked.prefill_tokens as f64);
                 let unseen_waiting = waiting.saturating_sub(ahead.requests);
-                let unseen_tokens = placement.backlog.typical_tokens(&w.cfg.id).unwrap_or(unknown_tokens);
+                let unseen_tokens = placement
+                    .backlog
+                    .typical_tokens(&w.cfg.id)
+                    .unwrap_or(unknown_tokens);
                 let speculative = w.ranks.first().map_or(0, |rank| {
                     placement.speculative.overlap(rank.slot, chains, now)
                 });

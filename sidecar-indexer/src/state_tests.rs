@@ -172,3 +172,183 @@ async fn engine_requests_this_replica_did_not_book_count_as_queued_work() {
         done(&svc, &d).await;
     }
 }
+
+// Paused-clock tests of the shells (`crate::clock`): the ticker, TTL sweeps and scrape health run
+// on tokio's clock, which these tests step by minutes without waiting.
+
+/// Polls until `cond` holds (the spawned shell task ran), in 100-ms steps of the paused clock (no
+/// real waiting; idle steps let tokio advance to the shells' own timers), failing after an hour
+/// of it.
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..36_000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("never held: {what}");
+}
+
+fn active(svc: &Service, worker: &str) -> u64 {
+    svc.state.load.lock().worker(worker).active_requests
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_expiry_ticker_releases_only_bookings_older_than_load_expiry_secs() {
+    let svc = service("load_expiry_secs = 600");
+    svc.state
+        .load
+        .lock()
+        .book("w0", 4, 16, Some("old"), crate::clock::now());
+    tokio::time::advance(std::time::Duration::from_secs(300)).await;
+    svc.state
+        .load
+        .lock()
+        .book("w1", 4, 16, Some("young"), crate::clock::now());
+    tokio::time::advance(std::time::Duration::from_secs(299)).await;
+    // The ticker's pass at 599 s releases nothing.
+    crate::service::expire_load(&svc.state, crate::clock::now());
+    assert_eq!((active(&svc, "w0"), active(&svc, "w1")), (1, 1));
+    let ticker = tokio::spawn(crate::service::expiry_loop(svc.clone()));
+    tokio::time::advance(std::time::Duration::from_secs(2)).await;
+    until("the old booking expired", || active(&svc, "w0") == 0).await;
+    assert_eq!(active(&svc, "w1"), 1, "a booking 301 s old is not expired");
+    assert!(metric(
+        &svc,
+        "kvmesh_load_expired_total{reason=\"timeout\"} 1"
+    ));
+    tokio::time::advance(std::time::Duration::from_secs(300)).await;
+    until("the young booking expired", || active(&svc, "w1") == 0).await;
+    assert!(metric(
+        &svc,
+        "kvmesh_load_expired_total{reason=\"timeout\"} 2"
+    ));
+    ticker.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn speculative_holdings_leave_the_gauge_after_their_ttl() {
+    let svc = service("speculative_ttl_ms = 2000");
+    let slot = svc.state.fleet.read().workers[0].ranks[0].slot;
+    let chains = [
+        kvmesh_core::hashing::SequenceHash(1),
+        kvmesh_core::hashing::SequenceHash(2),
+    ];
+    svc.state
+        .placement
+        .lock()
+        .speculative
+        .record(slot, &chains, crate::clock::now());
+    tokio::time::advance(std::time::Duration::from_millis(1999)).await;
+    svc.state.refresh_gauges();
+    assert!(
+        metric(&svc, "kvmesh_speculative_blocks 2"),
+        "held within the TTL"
+    );
+    tokio::time::advance(std::time::Duration::from_millis(2)).await;
+    svc.state.refresh_gauges();
+    assert!(
+        metric(&svc, "kvmesh_speculative_blocks 0"),
+        "gone after the TTL"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn sessions_expire_on_the_clock_routes_read() {
+    let svc = service("");
+    let ttl = svc.state.config().routing.kv_home_ttl_secs;
+    let k = 42u64;
+    svc.state
+        .sessions
+        .lock()
+        .served(k, "w1", crate::clock::now());
+    assert_eq!(
+        svc.state
+            .sessions
+            .lock()
+            .kv_home
+            .get(k, crate::clock::now())
+            .map(|w| &**w),
+        Some("w1")
+    );
+    tokio::time::advance(std::time::Duration::from_secs(ttl.saturating_sub(1))).await;
+    assert!(
+        svc.state
+            .sessions
+            .lock()
+            .kv_home
+            .get(k, crate::clock::now())
+            .is_some(),
+        "kept within its TTL"
+    );
+    tokio::time::advance(std::time::Duration::from_secs(2)).await;
+    assert_eq!(
+        svc.state
+            .sessions
+            .lock()
+            .kv_home
+            .get(k, crate::clock::now()),
+        None
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn unanswered_scrapes_make_a_worker_unhealthy_then_one_answer_heals_it() {
+    // Nothing listens on the workers' ports: every scrape fails (refused, or its timeout on the
+    // paused clock). Three failures in a row (the default) take w0 and w1 out; 60-s intervals pass
+    // without waiting.
+    let svc = service("");
+    let generation = svc.state.fleet.read().generation;
+    let scraper = tokio::spawn(crate::service::scrape_loop(svc.clone()));
+    until("both workers unhealthy", || {
+        svc.state.fleet.read().workers.iter().all(|w| !w.healthy)
+    })
+    .await;
+    scraper.abort();
+    let fleet = svc.state.fleet.read();
+    assert!(fleet
+        .workers
+        .iter()
+        .all(|w| w.scrape_failures >= 3 && w.engine.is_none()));
+    assert_eq!(
+        fleet.generation,
+        generation + 1,
+        "one round flipped both: one generation"
+    );
+    drop(fleet);
+    assert!(svc.state.snapshot().decode_candidates().next().is_none());
+
+    let cfg = svc.state.config();
+    crate::service::apply_scrapes(
+        &svc.state,
+        &cfg,
+        vec![("w0".into(), Ok(String::new()))],
+        crate::clock::now(),
+    );
+    let fleet = svc.state.fleet.read();
+    assert!(fleet.workers[0].healthy && fleet.workers[0].scrape_failures == 0);
+    assert!(!fleet.workers[1].healthy);
+    assert_eq!(fleet.generation, generation + 2);
+}
+
+#[test]
+fn scrape_failures_below_the_limit_keep_a_worker_and_the_generation() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let svc = rt.block_on(async { service("unhealthy_after_failures = 2") });
+    let cfg = svc.state.config();
+    let generation = svc.state.fleet.read().generation;
+    let fail = || vec![("w0".to_string(), Err::<String, String>("refused".into()))];
+    crate::service::apply_scrapes(&svc.state, &cfg, fail(), crate::clock::now());
+    assert!(svc.state.fleet.read().workers[0].healthy);
+    assert_eq!(svc.state.fleet.read().generation, generation);
+    crate::service::apply_scrapes(&svc.state, &cfg, fail(), crate::clock::now());
+    assert!(!svc.state.fleet.read().workers[0].healthy);
+    assert_eq!(svc.state.fleet.read().generation, generation + 1);
+    assert!(metric(
+        &svc,
+        "kvmesh_engine_scrapes_total{result=\"error\",worker=\"w0\"} 2"
+    ));
+}

@@ -140,6 +140,9 @@ pub struct RoutingConfig {
     pub prefill_tokens_per_s_max: f64,
     /// Computed prompt tokens the measurement window must hold before it replaces the default.
     pub prefill_measure_min_tokens: u64,
+    /// The measured throughput is the highest window reading of this many seconds (a peak hold:
+    /// overlapping prefills and decode steps only ever lower a reading).
+    pub prefill_measure_hold_s: u64,
     /// Decode part of one engine step (ms) assumed until the engine's inter-token latency is measured.
     pub decode_step_ms: f64,
     /// The engines' token budget per step (vLLM `max_num_batched_tokens`): prefill work of N tokens
@@ -219,6 +222,7 @@ impl Default for RoutingConfig {
             prefill_tokens_per_s_min: 100.0,
             prefill_tokens_per_s_max: 100_000_000.0,
             prefill_measure_min_tokens: 8192,
+            prefill_measure_hold_s: 60,
             decode_step_ms: 20.0,
             prefill_chunk_tokens: 8192,
             speculative_ttl_ms: 2000,
@@ -262,6 +266,7 @@ impl RoutingConfig {
         }
         let positive = [
             ("routing.load_expiry_secs", self.load_expiry_secs),
+            ("routing.prefill_measure_hold_s", self.prefill_measure_hold_s),
             ("routing.max_bookings", self.max_bookings as u64),
             ("routing.index_max_entries", self.index_max_entries as u64),
             (
@@ -384,5 +389,15 @@ impl RoutingConfig {
             ));
         }
         Ok(())
+    }
+}
+
+impl RoutingConfig {
+    /// What the prefill meter trusts and how long it holds its peak.
+    pub fn meter_hold(&self) -> crate::scrape::MeterHold {
+        crate::scrape::MeterHold {
+            min_tokens: self.prefill_measure_min_tokens as f64,
+            hold: std::time::Duration::from_secs(self.prefill_measure_hold_s),
+        }
     }
 }

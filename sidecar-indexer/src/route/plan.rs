@@ -76,7 +76,7 @@ pub fn complete_later(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
         let slots: Vec<_> = fleet.workers.iter().filter(|w| holders.contains(&w.cfg.id)).filter_map(|w| w.ranks.first()).map(|r| r.slot).collect();
         let mut placement = state.placement.lock();
         for slot in slots {
-            placement.speculative.record(slot, &whole.chains, Instant::now());
+            placement.speculative.record(slot, &whole.chains, crate::clock::now());
         }
     });
 }
@@ -103,7 +103,7 @@ pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
         let mut stats = CacheStats::default();
         let seed = block_seed(None, request.cache_salt.as_deref());
         // Tokenize as far as some worker holds the prompt (tokenize.rs "only what can match").
-        let mut held = |chains: &[SequenceHash]| if whole { chains.len() } else { held_prefix(&shared, chains, Instant::now()) };
+        let mut held = |chains: &[SequenceHash]| if whole { chains.len() } else { held_prefix(&shared, chains, crate::clock::now()) };
         let mut reach = Reach::new(block_size, seed, exact_past_held, &mut held);
         let tokens = tokenizer.tokens_until(&request.input, &mut reach, &mut stats);
         metrics.tokenize_duration.observe(t0.elapsed().as_secs_f64());
@@ -151,7 +151,7 @@ pub fn decide_and_book<'a>(state: &'a AppState, cfg: &Config, req: &RouteRequest
 
     let t_score = Instant::now();
     let session_key = req.session.map(|(k, _)| k.0);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let (continuation, kv_home) = match session_key {
         Some(k) => {
             let sessions = state.sessions.lock();

@@ -30,7 +30,7 @@ pub struct BookingGuard<'a> {
 impl<'a> BookingGuard<'a> {
     /// Books on `worker` under the held `load` lock and counts what the booking expired.
     pub fn book(state: &'a AppState, load: &mut LoadTracker, worker: &str, blocks: u64, prefill_tokens: u64, request_id: Option<&str>, primary: bool) -> Self {
-        let (id, expired) = load.book(worker, blocks, prefill_tokens, request_id, Instant::now());
+        let (id, expired) = load.book(worker, blocks, prefill_tokens, request_id, crate::clock::now());
         if expired.timeout > 0 {
             state.metrics.load_expired.with_label_values(&["timeout"]).inc_by(expired.timeout);
         }
@@ -113,7 +113,7 @@ pub fn settle(state: &AppState, req: &RouteRequest, record: Record, mut decision
         m.isl_blocks.inc_by(u64::from(record.request_blocks));
     }
     if let Some(k) = record.session_key {
-        state.sessions.lock().served(k, &decision.worker, Instant::now());
+        state.sessions.lock().served(k, &decision.worker, crate::clock::now());
     }
     if !record.recover_on.is_empty() {
         let (chains, locals): (std::sync::Arc<[SequenceHash]>, std::sync::Arc<[LocalBlockHash]>) = (record.chains.as_slice().into(), record.locals.into());
