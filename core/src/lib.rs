@@ -14,4 +14,5 @@ pub mod json_edit;
 pub mod openai;
 pub mod prom;
 pub mod rendezvous;
+pub mod router_metrics;
 pub mod session;

@@ -10,12 +10,11 @@
 //! Envoy stats are integers: [`KV_HIT_RATE`] records per-mille ([`HIT_RATE_SCALE`]) and
 //! [`ROUTE_LATENCY`] milliseconds. Bucket bounds live in the bootstrap (`histogram_bucket_settings`).
 
-/// Counter: leading prompt blocks already cached on the chosen worker, summed over routed requests.
-pub const KV_OVERLAP_BLOCKS: &str = "router_kv_overlap_blocks_total";
-/// Counter: full prompt blocks, summed over routed requests. overlap/isl = block-weighted hit rate.
-pub const KV_ISL_BLOCKS: &str = "router_kv_isl_blocks_total";
-/// Histogram: per-request overlap/isl in per-mille (request-weighted hit rate).
-pub const KV_HIT_RATE: &str = "router_kv_hit_rate";
+/// The `router_kv_*` metrics are defined once in core, for the filter and the indexer alike.
+pub use kvmesh_core::router_metrics::{
+    hit_rate_permille, HIT_RATE as KV_HIT_RATE, HIT_RATE_SCALE, ISL_BLOCKS_TOTAL as KV_ISL_BLOCKS,
+    OVERLAP_BLOCKS_TOTAL as KV_OVERLAP_BLOCKS,
+};
 /// Counter `{mode, outcome}`: finished requests by how they were routed and how they ended.
 pub const REQUESTS: &str = "kvmesh_filter_requests_total";
 /// Counter `{reason}`: `/v1/route` calls that gave no usable answer (the request was routed anyway).
@@ -81,9 +80,6 @@ pub const ALL_NAMES: [&str; 18] = [
 
 /// Every label name; each needs a `stats_tags` entry in the bootstrap.
 pub const LABELS: [&str; 6] = ["mode", "outcome", "reason", "result", "kind", "state"];
-
-/// [`KV_HIT_RATE`] records `overlap * HIT_RATE_SCALE / isl`.
-pub const HIT_RATE_SCALE: u64 = 1000;
 
 macro_rules! label_enum {
     ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
@@ -289,7 +285,11 @@ impl Metric {
     /// Counter, gauge or histogram.
     pub fn kind(self) -> MetricKind {
         match self {
-            Self::HitRate | Self::RouteLatency | Self::Ttft | Self::TtftPredicted | Self::TtftRatio => MetricKind::Histogram,
+            Self::HitRate
+            | Self::RouteLatency
+            | Self::Ttft
+            | Self::TtftPredicted
+            | Self::TtftRatio => MetricKind::Histogram,
             Self::FleetDecodeWorkers => MetricKind::Gauge,
             _ => MetricKind::Counter,
         }
@@ -322,7 +322,9 @@ impl Metric {
     /// `(label, value)` pairs in name order.
     pub fn labels(self) -> Vec<(&'static str, &'static str)> {
         match self {
-            Self::Requests(mode, outcome) => vec![("mode", mode.as_str()), ("outcome", outcome.as_str())],
+            Self::Requests(mode, outcome) => {
+                vec![("mode", mode.as_str()), ("outcome", outcome.as_str())]
+            }
             Self::Fallbacks(r) => vec![("reason", r.as_str())],
             Self::FallbackRoutes(r) => vec![("result", r.as_str())],
             Self::Unroutable(r) => vec![("reason", r.as_str())],
@@ -349,7 +351,13 @@ impl Metric {
 
     /// Every stat, so all series exist from the start.
     pub fn all() -> Vec<Metric> {
-        let mut all = vec![Self::OverlapBlocks, Self::IslBlocks, Self::HitRate, Self::RouteLatency, Self::FleetDecodeWorkers];
+        let mut all = vec![
+            Self::OverlapBlocks,
+            Self::IslBlocks,
+            Self::HitRate,
+            Self::RouteLatency,
+            Self::FleetDecodeWorkers,
+        ];
         all.extend([Self::Ttft, Self::TtftPredicted, Self::TtftRatio]);
         for &mode in RouteLabel::ALL {
             all.extend(OutcomeLabel::ALL.iter().map(|&o| Self::Requests(mode, o)));
@@ -360,9 +368,17 @@ impl Metric {
         all.extend(DoneResult::ALL.iter().map(|&r| Self::DoneReports(r)));
         all.extend(FleetResult::ALL.iter().map(|&r| Self::FleetRefreshes(r)));
         all.extend(InternalError::ALL.iter().map(|&k| Self::InternalErrors(k)));
-        all.extend(BreakerState::ALL.iter().map(|&s| Self::BreakerTransitions(s)));
+        all.extend(
+            BreakerState::ALL
+                .iter()
+                .map(|&s| Self::BreakerTransitions(s)),
+        );
         all.push(Self::EndpointEjections);
-        all.extend(OverrideRefusal::ALL.iter().map(|&r| Self::OverridesRefused(r)));
+        all.extend(
+            OverrideRefusal::ALL
+                .iter()
+                .map(|&r| Self::OverridesRefused(r)),
+        );
         all
     }
 }
@@ -374,15 +390,6 @@ pub enum MetricUpdate {
     Add(Metric, u64),
     /// Record a histogram sample or set a gauge.
     Record(Metric, u64),
-}
-
-/// `overlap / isl` in per-mille, clamped to 0..=1000; None when the prompt has no full block.
-pub fn hit_rate_permille(overlap_blocks: u32, isl_blocks: u32) -> Option<u64> {
-    if isl_blocks == 0 {
-        return None;
-    }
-    let overlap = u64::from(overlap_blocks.min(isl_blocks));
-    Some(overlap * HIT_RATE_SCALE / u64::from(isl_blocks))
 }
 
 #[cfg(test)]

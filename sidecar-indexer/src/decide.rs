@@ -84,7 +84,7 @@ pub struct RouteInput<'a> {
 impl RouteInput<'_> {
     /// Full blocks of the prompt (what `RouteDecision::isl_blocks` reports).
     pub fn full_blocks(&self) -> u32 {
-        u32::try_from(self.isl_tokens / self.block_size.max(1) as usize).unwrap_or(u32::MAX)
+        kvmesh_core::router_metrics::isl_blocks(self.isl_tokens, self.block_size)
     }
     /// Blocks including a partial last one (booked load, and Dynamo's hit-rate denominator).
     pub fn request_blocks(&self) -> u32 {

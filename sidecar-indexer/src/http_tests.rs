@@ -5,8 +5,8 @@ use axum::body::Body;
 use axum::http::Request;
 use http_body_util::BodyExt;
 use kvmesh_core::api::{FleetSnapshot, Mode, RouteDecision};
-use kvmesh_core::{headers, session};
 use kvmesh_core::hashing::XXH3_SEED;
+use kvmesh_core::{headers, session};
 use tower::ServiceExt;
 
 use super::*;
@@ -57,7 +57,13 @@ fn service(extra_routing: &str) -> Arc<Service> {
 async fn call(svc: &Arc<Service>, req: Request<Body>) -> (StatusCode, Vec<u8>) {
     let resp = router(svc.state.clone()).oneshot(req).await.unwrap();
     let status = resp.status();
-    let body = resp.into_body().collect().await.unwrap().to_bytes().to_vec();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
     (status, body)
 }
 
@@ -69,9 +75,19 @@ fn route_req(path: &str, body: &str, extra: &[(&str, &str)]) -> Request<Body> {
     b.body(Body::from(body.to_owned())).unwrap()
 }
 
-async fn route_ok(svc: &Arc<Service>, path: &str, body: &str, extra: &[(&str, &str)]) -> RouteDecision {
+async fn route_ok(
+    svc: &Arc<Service>,
+    path: &str,
+    body: &str,
+    extra: &[(&str, &str)],
+) -> RouteDecision {
     let (status, bytes) = call(svc, route_req(path, body, extra)).await;
-    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
     serde_json::from_slice(&bytes).unwrap()
 }
 
@@ -82,7 +98,13 @@ fn tokens_body(n: u32) -> String {
 
 fn slot_of(svc: &Service, worker: &str) -> u32 {
     let fleet = svc.state.fleet.read();
-    fleet.workers.iter().find(|w| w.cfg.id == worker).unwrap().ranks[0].slot
+    fleet
+        .workers
+        .iter()
+        .find(|w| w.cfg.id == worker)
+        .unwrap()
+        .ranks[0]
+        .slot
 }
 
 #[tokio::test]
@@ -92,31 +114,82 @@ async fn routes_to_the_worker_holding_the_prefix() {
     let tokens: Vec<u32> = (1000..1008).collect();
     let batch = EventBatch {
         ts: 1.0,
-        events: vec![KvEvent::Stored { block_hashes: vec![11, 12], parent: None, token_ids: tokens, block_size: 4, lora_name: None, cache_salt: None, medium: None, group_idx: None }],
+        events: vec![KvEvent::Stored {
+            block_hashes: vec![11, 12],
+            parent: None,
+            token_ids: tokens,
+            block_size: 4,
+            lora_name: None,
+            cache_salt: None,
+            medium: None,
+            group_idx: None,
+        }],
         dp_rank: None,
     };
-    svc.state.applier.send(ApplierMsg::Batch { slot: slot_of(&svc, "w1"), seq: 0, batch }).unwrap();
+    svc.state
+        .applier
+        .send(ApplierMsg::Batch {
+            slot: slot_of(&svc, "w1"),
+            seq: 0,
+            batch,
+        })
+        .unwrap();
     svc.barrier();
-    let d = route_ok(&svc, "/v1/completions", &tokens_body(10), &[(headers::REQUEST_ID, "r1")]).await;
+    let d = route_ok(
+        &svc,
+        "/v1/completions",
+        &tokens_body(10),
+        &[(headers::REQUEST_ID, "r1")],
+    )
+    .await;
     assert_eq!(d.worker, "w1");
     assert_eq!(d.endpoint, "127.0.0.1:2");
     assert_eq!((d.overlap_blocks, d.isl_blocks), (2, 2));
     assert_eq!(d.mode, Mode::Aggregate);
-    assert!(d.reason.starts_with("best overlap 2/2 blocks, predicted "), "{}", d.reason);
-    assert_eq!(d.fallbacks, vec!["127.0.0.1:1".to_owned()], "prefill-only workers are never fallbacks");
+    assert!(
+        d.reason.starts_with("best overlap 2/2 blocks, predicted "),
+        "{}",
+        d.reason
+    );
+    assert_eq!(
+        d.fallbacks,
+        vec!["127.0.0.1:1".to_owned()],
+        "prefill-only workers are never fallbacks"
+    );
     assert_eq!(d.best_overlap_worker.as_deref(), Some("w1"));
     // The booked load shows in the fleet snapshot and leaves with /v1/done.
-    let fleet: FleetSnapshot = serde_json::from_slice(&call(&svc, Request::get(FLEET_PATH).body(Body::empty()).unwrap()).await.1).unwrap();
+    let fleet: FleetSnapshot = serde_json::from_slice(
+        &call(&svc, Request::get(FLEET_PATH).body(Body::empty()).unwrap())
+            .await
+            .1,
+    )
+    .unwrap();
     let w1 = fleet.workers.iter().find(|w| w.id == "w1").unwrap();
     assert_eq!((w1.load.active_requests, w1.load.active_blocks), (1, 3));
-    let done = Request::post(DONE_PATH).body(Body::from(r#"{"request_id":"r1","endpoint":"127.0.0.1:2","outcome":"success","status":200}"#)).unwrap();
+    let done = Request::post(DONE_PATH)
+        .body(Body::from(
+            r#"{"request_id":"r1","endpoint":"127.0.0.1:2","outcome":"success","status":200}"#,
+        ))
+        .unwrap();
     let (status, body) = call(&svc, done).await;
-    assert_eq!((status, String::from_utf8_lossy(&body).as_ref()), (StatusCode::OK, r#"{"released":true}"#));
+    assert_eq!(
+        (status, String::from_utf8_lossy(&body).as_ref()),
+        (StatusCode::OK, r#"{"released":true}"#)
+    );
     assert_eq!(svc.state.snapshot().workers[1].load.active_requests, 0);
-    let text = String::from_utf8(call(&svc, Request::get("/metrics").body(Body::empty()).unwrap()).await.1).unwrap();
+    let text = String::from_utf8(
+        call(&svc, Request::get("/metrics").body(Body::empty()).unwrap())
+            .await
+            .1,
+    )
+    .unwrap();
     assert!(text.contains("router_kv_overlap_blocks_total 2"), "{text}");
-    assert!(text.contains("router_kv_isl_blocks_total 3"), "{text}");
-    assert!(text.contains(r#"kvmesh_decisions_total{basis="best_overlap",mode="aggregate"} 1"#), "{text}");
+    // Full blocks (10 tokens of 4: 2), as the filter counts them; the booked load above counts 3.
+    assert!(text.contains("router_kv_isl_blocks_total 2"), "{text}");
+    assert!(
+        text.contains(r#"kvmesh_decisions_total{basis="best_overlap",mode="aggregate"} 1"#),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -125,8 +198,12 @@ async fn chat_requests_are_rendered_and_tokenized() {
     let body = r#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"Hello there, how are you today?"}]}"#;
     let d = route_ok(&svc, "/v1/chat/completions", body, &[]).await;
     let tok = tokenizer();
-    let text = "<｜begin▁of▁sentence｜>be brief<｜User｜>Hello there, how are you today?<｜Assistant｜>";
-    assert_eq!(d.isl_blocks as usize, tok.tokenizer().encode(text).unwrap().len() / 4);
+    let text =
+        "<｜begin▁of▁sentence｜>be brief<｜User｜>Hello there, how are you today?<｜Assistant｜>";
+    assert_eq!(
+        d.isl_blocks as usize,
+        tok.tokenizer().encode(text).unwrap().len() / 4
+    );
     assert_eq!(d.overlap_blocks, 0);
 }
 
@@ -134,13 +211,53 @@ async fn chat_requests_are_rendered_and_tokenized() {
 async fn malformed_requests_get_400_and_a_metric() {
     let svc = service("");
     let cases: Vec<(Request<Body>, StatusCode, &str)> = vec![
-        (route_req("/v1/completions", "{not json", &[]), StatusCode::BAD_REQUEST, "not_json"),
-        (route_req("/v1/completions", r#"{"prompt":["a","b"]}"#, &[]), StatusCode::BAD_REQUEST, "batch_prompt"),
-        (route_req("/v1/models", "{}", &[]), StatusCode::BAD_REQUEST, "bad_path"),
-        (Request::post(ROUTE_PATH).body(Body::from("{}")).unwrap(), StatusCode::BAD_REQUEST, "missing_path"),
-        (route_req("/v1/completions", &tokens_body(8), &[(headers::KVMESH_SESSION, "zz;source=x")]), StatusCode::BAD_REQUEST, "bad_session"),
-        (route_req("/v1/completions", &tokens_body(8), &[(headers::OVERRIDE_MODE, "fast")]), StatusCode::BAD_REQUEST, "bad_mode"),
-        (route_req("/v1/completions", &tokens_body(8), &[(headers::OVERRIDE_WORKER, "nobody")]), StatusCode::BAD_REQUEST, "unknown_override_worker"),
+        (
+            route_req("/v1/completions", "{not json", &[]),
+            StatusCode::BAD_REQUEST,
+            "not_json",
+        ),
+        (
+            route_req("/v1/completions", r#"{"prompt":["a","b"]}"#, &[]),
+            StatusCode::BAD_REQUEST,
+            "batch_prompt",
+        ),
+        (
+            route_req("/v1/models", "{}", &[]),
+            StatusCode::BAD_REQUEST,
+            "bad_path",
+        ),
+        (
+            Request::post(ROUTE_PATH).body(Body::from("{}")).unwrap(),
+            StatusCode::BAD_REQUEST,
+            "missing_path",
+        ),
+        (
+            route_req(
+                "/v1/completions",
+                &tokens_body(8),
+                &[(headers::KVMESH_SESSION, "zz;source=x")],
+            ),
+            StatusCode::BAD_REQUEST,
+            "bad_session",
+        ),
+        (
+            route_req(
+                "/v1/completions",
+                &tokens_body(8),
+                &[(headers::OVERRIDE_MODE, "fast")],
+            ),
+            StatusCode::BAD_REQUEST,
+            "bad_mode",
+        ),
+        (
+            route_req(
+                "/v1/completions",
+                &tokens_body(8),
+                &[(headers::OVERRIDE_WORKER, "nobody")],
+            ),
+            StatusCode::BAD_REQUEST,
+            "unknown_override_worker",
+        ),
     ];
     for (req, want, reason) in cases {
         let (status, body) = call(&svc, req).await;
@@ -148,9 +265,18 @@ async fn malformed_requests_get_400_and_a_metric() {
         let err: kvmesh_core::api::ErrorBody = serde_json::from_slice(&body).unwrap();
         assert!(!err.error.message.is_empty());
         let text = svc.state.metrics.render();
-        assert!(text.contains(&format!(r#"kvmesh_bad_requests_total{{endpoint="route",reason="{reason}"}} 1"#)), "{reason}: {text}");
+        assert!(
+            text.contains(&format!(
+                r#"kvmesh_bad_requests_total{{endpoint="route",reason="{reason}"}} 1"#
+            )),
+            "{reason}: {text}"
+        );
     }
-    let (status, _) = call(&svc, Request::post(DONE_PATH).body(Body::from("[]")).unwrap()).await;
+    let (status, _) = call(
+        &svc,
+        Request::post(DONE_PATH).body(Body::from("[]")).unwrap(),
+    )
+    .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 }
 
@@ -159,7 +285,11 @@ async fn bodies_are_bounded() {
     let svc = service("max_body_bytes = 64");
     let (status, _) = call(&svc, route_req("/v1/completions", &tokens_body(100), &[])).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert!(svc.state.metrics.render().contains(r#"reason="body_too_large""#));
+    assert!(svc
+        .state
+        .metrics
+        .render()
+        .contains(r#"reason="body_too_large""#));
 }
 
 #[tokio::test]
@@ -170,11 +300,31 @@ async fn session_pin_matches_the_fleet_snapshot_and_override_wins() {
     for i in 0..50u64 {
         let key = kvmesh_core::session::from_header_value(&format!("conversation-{i}"));
         let header = session::encode_header(key, session::SessionSource::Header);
-        let d = route_ok(&svc, "/v1/completions", &tokens_body(8), &[(headers::KVMESH_SESSION, &header)]).await;
-        assert_eq!(Some(d.worker.as_str()), snapshot.pin(key.0).map(|w| w.id.as_str()));
-        assert!(d.reason.starts_with(&format!("session pin {} (source=header)", d.worker)), "{}", d.reason);
+        let d = route_ok(
+            &svc,
+            "/v1/completions",
+            &tokens_body(8),
+            &[(headers::KVMESH_SESSION, &header)],
+        )
+        .await;
+        assert_eq!(
+            Some(d.worker.as_str()),
+            snapshot.pin(key.0).map(|w| w.id.as_str())
+        );
+        assert!(
+            d.reason
+                .starts_with(&format!("session pin {} (source=header)", d.worker)),
+            "{}",
+            d.reason
+        );
     }
-    let d = route_ok(&svc, "/v1/completions", &tokens_body(8), &[(headers::OVERRIDE_WORKER, "w0")]).await;
+    let d = route_ok(
+        &svc,
+        "/v1/completions",
+        &tokens_body(8),
+        &[(headers::OVERRIDE_WORKER, "w0")],
+    )
+    .await;
     assert_eq!(d.worker, "w0");
     assert!(d.reason.starts_with("override x-kvmesh-worker w0"));
 }
@@ -182,35 +332,118 @@ async fn session_pin_matches_the_fleet_snapshot_and_override_wins() {
 #[tokio::test]
 async fn approximate_mode_learns_from_its_own_decisions() {
     let svc = service("mode = \"approximate\"");
-    let first = route_ok(&svc, "/v1/completions", &tokens_body(12), &[(headers::REQUEST_ID, "first")]).await;
+    let first = route_ok(
+        &svc,
+        "/v1/completions",
+        &tokens_body(12),
+        &[(headers::REQUEST_ID, "first")],
+    )
+    .await;
     assert_eq!(first.overlap_blocks, 0);
     svc.barrier();
     for i in 0..5 {
         // Release each request's load so only the overlap tells the workers apart.
-        let done = format!(r#"{{"request_id":"{}","outcome":"success"}}"#, if i == 0 { "first".to_owned() } else { format!("r{}", i - 1) });
-        assert_eq!(call(&svc, Request::post(DONE_PATH).body(Body::from(done)).unwrap()).await.0, StatusCode::OK);
+        let done = format!(
+            r#"{{"request_id":"{}","outcome":"success"}}"#,
+            if i == 0 {
+                "first".to_owned()
+            } else {
+                format!("r{}", i - 1)
+            }
+        );
+        assert_eq!(
+            call(
+                &svc,
+                Request::post(DONE_PATH).body(Body::from(done)).unwrap()
+            )
+            .await
+            .0,
+            StatusCode::OK
+        );
         let id = format!("r{i}");
-        let again = route_ok(&svc, "/v1/completions", &tokens_body(16), &[(headers::REQUEST_ID, &id)]).await;
+        let again = route_ok(
+            &svc,
+            "/v1/completions",
+            &tokens_body(16),
+            &[(headers::REQUEST_ID, &id)],
+        )
+        .await;
         svc.barrier();
         // The first repeat finds the 3 blocks learned from the 12-token prompt; later ones hold all 4,
         // but a 16-token prompt can hit at most 3 (the engine computes the last token).
-        assert_eq!((again.worker.as_str(), again.overlap_blocks), (first.worker.as_str(), 3));
+        assert_eq!(
+            (again.worker.as_str(), again.overlap_blocks),
+            (first.worker.as_str(), 3)
+        );
     }
-    assert_eq!(svc.state.index.read().find_matches(&kvmesh_core::hashing::sequence_hashes(&(1000..1016).collect::<Vec<_>>(), 4, XXH3_SEED)).len(), 1);
+    assert_eq!(
+        svc.state
+            .index
+            .read()
+            .find_matches(&kvmesh_core::hashing::sequence_hashes(
+                &(1000..1016).collect::<Vec<_>>(),
+                4,
+                XXH3_SEED
+            ))
+            .len(),
+        1
+    );
 }
 
 #[tokio::test]
 async fn probes_and_debug() {
     let svc = service("");
-    assert_eq!(call(&svc, Request::get("/healthz").body(Body::empty()).unwrap()).await.0, StatusCode::OK);
-    assert_eq!(call(&svc, Request::get("/readyz").body(Body::empty()).unwrap()).await.0, StatusCode::OK);
-    let (status, body) = call(&svc, Request::get("/debug/workers").body(Body::empty()).unwrap()).await;
+    assert_eq!(
+        call(&svc, Request::get("/healthz").body(Body::empty()).unwrap())
+            .await
+            .0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&svc, Request::get("/readyz").body(Body::empty()).unwrap())
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let (status, body) = call(
+        &svc,
+        Request::get("/debug/workers").body(Body::empty()).unwrap(),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v.as_array().map(Vec::len), Some(3));
-    assert_eq!(call(&svc, Request::get("/debug/blocks?worker=w0").body(Body::empty()).unwrap()).await.0, StatusCode::OK);
-    assert_eq!(call(&svc, Request::get("/debug/blocks?worker=zz").body(Body::empty()).unwrap()).await.0, StatusCode::NOT_FOUND);
-    assert_eq!(call(&svc, Request::get("/debug/blocks").body(Body::empty()).unwrap()).await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        call(
+            &svc,
+            Request::get("/debug/blocks?worker=w0")
+                .body(Body::empty())
+                .unwrap()
+        )
+        .await
+        .0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(
+            &svc,
+            Request::get("/debug/blocks?worker=zz")
+                .body(Body::empty())
+                .unwrap()
+        )
+        .await
+        .0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        call(
+            &svc,
+            Request::get("/debug/blocks").body(Body::empty()).unwrap()
+        )
+        .await
+        .0,
+        StatusCode::BAD_REQUEST
+    );
 }
 
 #[tokio::test]
@@ -222,25 +455,53 @@ async fn no_decode_worker_is_a_503() {
             w.healthy = false;
         }
     }
-    let resp = router(svc.state.clone()).oneshot(route_req("/v1/completions", &tokens_body(8), &[])).await.unwrap();
+    let resp = router(svc.state.clone())
+        .oneshot(route_req("/v1/completions", &tokens_body(8), &[]))
+        .await
+        .unwrap();
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
     // The reason is machine-readable twice: a header and the body's error.reason.
-    assert_eq!(resp.headers().get(kvmesh_core::api::ERROR_REASON_HEADER).and_then(|v| v.to_str().ok()), Some("no_decode_worker"));
-    let err: kvmesh_core::api::ErrorBody = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(
+        resp.headers()
+            .get(kvmesh_core::api::ERROR_REASON_HEADER)
+            .and_then(|v| v.to_str().ok()),
+        Some("no_decode_worker")
+    );
+    let err: kvmesh_core::api::ErrorBody =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
     assert_eq!(err.error.reason.as_deref(), Some("no_decode_worker"));
-    assert!(svc.state.metrics.render().contains(r#"kvmesh_route_errors_total{reason="no_decode_worker"} 1"#));
+    assert!(svc
+        .state
+        .metrics
+        .render()
+        .contains(r#"kvmesh_route_errors_total{reason="no_decode_worker"} 1"#));
     // And the indexer does not call itself ready.
     let (status, body) = call(&svc, Request::get("/readyz").body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(String::from_utf8_lossy(&body).starts_with("no_decode_worker"), "{}", String::from_utf8_lossy(&body));
+    assert!(
+        String::from_utf8_lossy(&body).starts_with("no_decode_worker"),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
 }
 
 #[tokio::test]
 async fn an_empty_fleet_is_not_ready() {
-    let config = Config::from_toml_str("listen = \"127.0.0.1:0\"\n[model]\nname = \"m\"\nblock_size = 4\n", &MapEnv::default()).unwrap();
-    let svc = Service::start_with_tokenizer(config, None, Arc::new(MapEnv::default()), tokenizer()).unwrap();
+    let config = Config::from_toml_str(
+        "listen = \"127.0.0.1:0\"\n[model]\nname = \"m\"\nblock_size = 4\n",
+        &MapEnv::default(),
+    )
+    .unwrap();
+    let svc = Service::start_with_tokenizer(config, None, Arc::new(MapEnv::default()), tokenizer())
+        .unwrap();
     let (status, body) = call(&svc, Request::get("/readyz").body(Body::empty()).unwrap()).await;
-    assert_eq!((status, String::from_utf8_lossy(&body).as_ref()), (StatusCode::SERVICE_UNAVAILABLE, "no_decode_worker: the fleet is empty\n"));
+    assert_eq!(
+        (status, String::from_utf8_lossy(&body).as_ref()),
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_decode_worker: the fleet is empty\n"
+        )
+    );
 }
 
 fn done_req(request_id: &str, booking_id: Option<&str>) -> Request<Body> {
@@ -251,11 +512,59 @@ fn done_req(request_id: &str, booking_id: Option<&str>) -> Request<Body> {
         status: Some(200),
         booking_id: booking_id.map(str::to_owned),
     };
-    Request::post(DONE_PATH).body(Body::from(serde_json::to_vec(&report).unwrap())).unwrap()
+    Request::post(DONE_PATH)
+        .body(Body::from(serde_json::to_vec(&report).unwrap()))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn done_from_another_host_releases_the_booked_workers_load() {
+    let svc = service("");
+    let d = route_ok(
+        &svc,
+        "/v1/completions",
+        &tokens_body(8),
+        &[(headers::REQUEST_ID, "retried")],
+    )
+    .await;
+    let other = svc
+        .state
+        .snapshot()
+        .workers
+        .into_iter()
+        .find(|w| w.id != d.worker)
+        .map(|w| w.endpoint)
+        .unwrap();
+    // What the filter sends after Envoy retried on `other`: the served host and the booking's id.
+    let report = kvmesh_core::api::DoneReport {
+        request_id: "retried".into(),
+        endpoint: Some(other),
+        outcome: kvmesh_core::api::Outcome::Success,
+        status: Some(200),
+        booking_id: d.booking_id.clone(),
+    };
+    let req = Request::post(DONE_PATH)
+        .body(Body::from(serde_json::to_vec(&report).unwrap()))
+        .unwrap();
+    let (status, body) = call(&svc, req).await;
+    assert_eq!(
+        (status, String::from_utf8_lossy(&body).as_ref()),
+        (StatusCode::OK, r#"{"released":true}"#)
+    );
+    assert!(
+        all_idle(&svc),
+        "the booked worker's load is released: {:?}",
+        active(&svc)
+    );
 }
 
 fn active(svc: &Service) -> Vec<(String, u64)> {
-    svc.state.snapshot().workers.into_iter().map(|w| (w.id, w.load.active_requests)).collect()
+    svc.state
+        .snapshot()
+        .workers
+        .into_iter()
+        .map(|w| (w.id, w.load.active_requests))
+        .collect()
 }
 
 fn all_idle(svc: &Service) -> bool {
@@ -267,7 +576,15 @@ async fn one_client_request_id_ten_bookings_ten_releases() {
     let svc = service("");
     let calls = (0..10).map(|i| {
         let svc = svc.clone();
-        tokio::spawn(async move { route_ok(&svc, "/v1/completions", &tokens_body(8 + i), &[(headers::REQUEST_ID, "same-id")]).await })
+        tokio::spawn(async move {
+            route_ok(
+                &svc,
+                "/v1/completions",
+                &tokens_body(8 + i),
+                &[(headers::REQUEST_ID, "same-id")],
+            )
+            .await
+        })
     });
     let mut ids = Vec::new();
     for c in calls {
@@ -279,13 +596,28 @@ async fn one_client_request_id_ten_bookings_ten_releases() {
     assert_eq!(active(&svc).iter().map(|(_, n)| n).sum::<u64>(), 10);
     for id in &ids {
         let (status, body) = call(&svc, done_req("same-id", Some(id))).await;
-        assert_eq!((status, String::from_utf8_lossy(&body).as_ref()), (StatusCode::OK, r#"{"released":true}"#));
+        assert_eq!(
+            (status, String::from_utf8_lossy(&body).as_ref()),
+            (StatusCode::OK, r#"{"released":true}"#)
+        );
     }
     assert!(all_idle(&svc), "{:?}", active(&svc));
     // Each id releases once; an id from another process (or made up) releases nothing.
-    assert_eq!(call(&svc, done_req("same-id", Some(&ids[0]))).await.1, br#"{"released":false}"#);
-    assert_eq!(call(&svc, done_req("same-id", Some("kvb-00000000-1"))).await.1, br#"{"released":false}"#);
-    assert!(svc.state.metrics.render().contains(r#"kvmesh_done_reports_total{matched="true",outcome="success"} 10"#));
+    assert_eq!(
+        call(&svc, done_req("same-id", Some(&ids[0]))).await.1,
+        br#"{"released":false}"#
+    );
+    assert_eq!(
+        call(&svc, done_req("same-id", Some("kvb-00000000-1")))
+            .await
+            .1,
+        br#"{"released":false}"#
+    );
+    assert!(svc
+        .state
+        .metrics
+        .render()
+        .contains(r#"kvmesh_done_reports_total{matched="true",outcome="success"} 10"#));
 }
 
 use crate::legs::tests::silent_worker;
@@ -293,7 +625,10 @@ use crate::legs::tests::silent_worker;
 async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !cond() {
-        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -301,38 +636,76 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
 #[tokio::test]
 async fn a_call_dropped_during_its_prefill_leg_leaks_no_booking() {
     let (addr, hold) = silent_worker().await;
-    let text = fleet_toml("min_remote_prefill_tokens = 1\nprefill_timeout_ms = 9000").replace("127.0.0.1:3", &addr.to_string())
+    let text = fleet_toml("min_remote_prefill_tokens = 1\nprefill_timeout_ms = 9000")
+        .replace("127.0.0.1:3", &addr.to_string())
         // Only p0 prefills (a `both` w1 could take the leg, refuse it and fall back at once).
         .replace("role = \"both\"", "role = \"decode\"");
     let config = Config::from_toml_str(&text, &MapEnv::default()).unwrap();
-    let svc = Service::start_with_tokenizer(config, None, Arc::new(MapEnv::default()), tokenizer()).unwrap();
+    let svc = Service::start_with_tokenizer(config, None, Arc::new(MapEnv::default()), tokenizer())
+        .unwrap();
     let pending = {
         let svc = svc.clone();
-        tokio::spawn(async move { call(&svc, route_req("/v1/completions", &tokens_body(64), &[(headers::REQUEST_ID, "gone")])).await })
+        tokio::spawn(async move {
+            call(
+                &svc,
+                route_req(
+                    "/v1/completions",
+                    &tokens_body(64),
+                    &[(headers::REQUEST_ID, "gone")],
+                ),
+            )
+            .await
+        })
     };
     // Both bookings exist while the leg waits: the decode worker's and the prefill leg's.
     until("the leg's booking", || svc.state.load.lock().len() == 2).await;
-    assert_eq!(active(&svc).iter().find(|(id, _)| id == "p0").map(|(_, n)| *n), Some(1));
+    assert_eq!(
+        active(&svc)
+            .iter()
+            .find(|(id, _)| id == "p0")
+            .map(|(_, n)| *n),
+        Some(1)
+    );
     pending.abort();
     let _ = pending.await;
     until("every booking released", || all_idle(&svc)).await;
-    assert!(svc.state.metrics.render().contains(r#"kvmesh_route_cancelled_total{stage="booked"} 1"#));
+    assert!(svc
+        .state
+        .metrics
+        .render()
+        .contains(r#"kvmesh_route_cancelled_total{stage="booked"} 1"#));
     hold.abort();
 }
 
 #[tokio::test]
 async fn the_request_deadline_releases_a_stuck_leg_and_says_why() {
     let (addr, hold) = silent_worker().await;
-    let text = fleet_toml("min_remote_prefill_tokens = 1\nprefill_timeout_ms = 5000\nrequest_timeout_ms = 300").replace("127.0.0.1:3", &addr.to_string())
-        // Only p0 prefills (a `both` w1 could take the leg, refuse it and fall back at once).
-        .replace("role = \"both\"", "role = \"decode\"");
+    let text = fleet_toml(
+        "min_remote_prefill_tokens = 1\nprefill_timeout_ms = 5000\nrequest_timeout_ms = 300",
+    )
+    .replace("127.0.0.1:3", &addr.to_string())
+    // Only p0 prefills (a `both` w1 could take the leg, refuse it and fall back at once).
+    .replace("role = \"both\"", "role = \"decode\"");
     // prefill_timeout_ms must be below request_timeout_ms; bypass validation by building the config directly.
-    let mut config = Config::from_toml_str(&text.replace("request_timeout_ms = 300", "request_timeout_ms = 6000"), &MapEnv::default()).unwrap();
+    let mut config = Config::from_toml_str(
+        &text.replace("request_timeout_ms = 300", "request_timeout_ms = 6000"),
+        &MapEnv::default(),
+    )
+    .unwrap();
     config.routing.request_timeout_ms = 300;
-    let svc = Service::start_with_tokenizer(config, None, Arc::new(MapEnv::default()), tokenizer()).unwrap();
-    let resp = router(svc.state.clone()).oneshot(route_req("/v1/completions", &tokens_body(64), &[])).await.unwrap();
+    let svc = Service::start_with_tokenizer(config, None, Arc::new(MapEnv::default()), tokenizer())
+        .unwrap();
+    let resp = router(svc.state.clone())
+        .oneshot(route_req("/v1/completions", &tokens_body(64), &[]))
+        .await
+        .unwrap();
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(resp.headers().get(kvmesh_core::api::ERROR_REASON_HEADER).and_then(|v| v.to_str().ok()), Some("request_timeout"));
+    assert_eq!(
+        resp.headers()
+            .get(kvmesh_core::api::ERROR_REASON_HEADER)
+            .and_then(|v| v.to_str().ok()),
+        Some("request_timeout")
+    );
     assert!(all_idle(&svc), "{:?}", active(&svc));
     hold.abort();
 }
@@ -341,11 +714,24 @@ async fn the_request_deadline_releases_a_stuck_leg_and_says_why() {
 async fn calls_beyond_the_concurrency_bound_are_shed_fast() {
     let svc = service("max_concurrent_routes = 2");
     let state = &svc.state;
-    let held: Vec<_> = (0..2).map(|_| crate::route::admission::admit(&state.route_inflight, 2, &state.metrics).unwrap()).collect();
-    let resp = router(state.clone()).oneshot(route_req("/v1/completions", &tokens_body(8), &[])).await.unwrap();
+    let held: Vec<_> = (0..2)
+        .map(|_| crate::route::admission::admit(&state.route_inflight, 2, &state.metrics).unwrap())
+        .collect();
+    let resp = router(state.clone())
+        .oneshot(route_req("/v1/completions", &tokens_body(8), &[]))
+        .await
+        .unwrap();
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(resp.headers().get(kvmesh_core::api::ERROR_REASON_HEADER).and_then(|v| v.to_str().ok()), Some("overloaded_shed"));
-    assert!(state.metrics.render().contains(r#"kvmesh_route_errors_total{reason="overloaded_shed"} 1"#));
+    assert_eq!(
+        resp.headers()
+            .get(kvmesh_core::api::ERROR_REASON_HEADER)
+            .and_then(|v| v.to_str().ok()),
+        Some("overloaded_shed")
+    );
+    assert!(state
+        .metrics
+        .render()
+        .contains(r#"kvmesh_route_errors_total{reason="overloaded_shed"} 1"#));
     assert!(state.load.lock().is_empty(), "a shed call books nothing");
     drop(held);
     route_ok(&svc, "/v1/completions", &tokens_body(8), &[]).await;
@@ -358,10 +744,26 @@ async fn reload_keeps_unchanged_workers_and_drops_removed_ones() {
         let tokens: Vec<u32> = (1000..1004).collect();
         let batch = EventBatch {
             ts: 1.0,
-            events: vec![KvEvent::Stored { block_hashes: vec![1], parent: None, token_ids: tokens, block_size: 4, lora_name: None, cache_salt: None, medium: None, group_idx: None }],
+            events: vec![KvEvent::Stored {
+                block_hashes: vec![1],
+                parent: None,
+                token_ids: tokens,
+                block_size: 4,
+                lora_name: None,
+                cache_salt: None,
+                medium: None,
+                group_idx: None,
+            }],
             dp_rank: None,
         };
-        svc.state.applier.send(ApplierMsg::Batch { slot: slot_of(svc, worker), seq: 0, batch }).unwrap();
+        svc.state
+            .applier
+            .send(ApplierMsg::Batch {
+                slot: slot_of(svc, worker),
+                seq: 0,
+                batch,
+            })
+            .unwrap();
     };
     stored(&svc, "w0");
     stored(&svc, "w1");
@@ -369,16 +771,33 @@ async fn reload_keeps_unchanged_workers_and_drops_removed_ones() {
     let gen = svc.state.snapshot().generation;
     // Remove w1, move w0's HTTP endpoint, add w2.
     let text = fleet_toml("")
-        .replace("[[workers]]\nid = \"w1\"\nrole = \"both\"\nendpoint = \"127.0.0.1:2\"\n", "[[workers]]\nid = \"w2\"\nrole = \"decode\"\nendpoint = \"127.0.0.1:4\"\n")
+        .replace(
+            "[[workers]]\nid = \"w1\"\nrole = \"both\"\nendpoint = \"127.0.0.1:2\"\n",
+            "[[workers]]\nid = \"w2\"\nrole = \"decode\"\nendpoint = \"127.0.0.1:4\"\n",
+        )
         .replace("127.0.0.1:1", "127.0.0.1:5");
     let new = Config::from_toml_str(&text, &MapEnv::default()).unwrap();
     assert!(svc.reload(new.clone()).await.unwrap());
     svc.barrier();
-    let ids: Vec<String> = svc.state.snapshot().workers.iter().map(|w| w.id.clone()).collect();
+    let ids: Vec<String> = svc
+        .state
+        .snapshot()
+        .workers
+        .iter()
+        .map(|w| w.id.clone())
+        .collect();
     assert_eq!(ids, vec!["w0", "w2", "p0"]);
     assert!(svc.state.snapshot().generation > gen);
-    let chains = kvmesh_core::hashing::sequence_hashes(&(1000..1004).collect::<Vec<_>>(), 4, XXH3_SEED);
+    let chains =
+        kvmesh_core::hashing::sequence_hashes(&(1000..1004).collect::<Vec<_>>(), 4, XXH3_SEED);
     let m = svc.state.index.read().find_matches(&chains);
-    assert_eq!(m, vec![(slot_of(&svc, "w0"), 1)], "w0 kept its blocks; w1's left with it");
-    assert!(!svc.reload(new).await.unwrap(), "same config: nothing to do");
+    assert_eq!(
+        m,
+        vec![(slot_of(&svc, "w0"), 1)],
+        "w0 kept its blocks; w1's left with it"
+    );
+    assert!(
+        !svc.reload(new).await.unwrap(),
+        "same config: nothing to do"
+    );
 }

@@ -3,18 +3,21 @@
 //!
 //! Request-weighted and block-weighted hit rates are different numbers and both are exported under
 //! names that say which is which (DESIGN.md "Metrics"): `router_kv_hit_rate` is a histogram of
-//! per-request overlap/isl (its sum/count is a mean of ratios); the two `router_kv_*_blocks_total`
+//! per-request overlap/isl in per-mille, as the filter records it (`kvmesh_core::router_metrics`;
+//! its sum/count/1000 is a mean of ratios); the two `router_kv_*_blocks_total`
 //! counters give the block-weighted ratio, comparable to the engines' own prefix-cache counters,
 //! which are scraped and mirrored beside it. Labels are low-cardinality: worker ids, fixed enums.
 
 use prometheus::{
-    exponential_buckets, linear_buckets, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter,
-    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    exponential_buckets, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-pub const ROUTER_KV_HIT_RATE: &str = "router_kv_hit_rate";
-pub const ROUTER_KV_OVERLAP_BLOCKS_TOTAL: &str = "router_kv_overlap_blocks_total";
-pub const ROUTER_KV_ISL_BLOCKS_TOTAL: &str = "router_kv_isl_blocks_total";
+/// The `router_kv_*` metrics are defined once in core (names, unit, buckets), for the filter too.
+pub use kvmesh_core::router_metrics::{
+    HIT_RATE as ROUTER_KV_HIT_RATE, ISL_BLOCKS_TOTAL as ROUTER_KV_ISL_BLOCKS_TOTAL,
+    OVERLAP_BLOCKS_TOTAL as ROUTER_KV_OVERLAP_BLOCKS_TOTAL,
+};
 pub const DECISIONS_TOTAL: &str = "kvmesh_decisions_total";
 pub const ROUTE_ERRORS_TOTAL: &str = "kvmesh_route_errors_total";
 pub const BAD_REQUESTS_TOTAL: &str = "kvmesh_bad_requests_total";
@@ -33,6 +36,7 @@ pub const KV_BATCHES_TOTAL: &str = "kvmesh_kv_batches_total";
 pub const KV_DECODE_ERRORS_TOTAL: &str = "kvmesh_kv_decode_errors_total";
 pub const KV_GAPS_TOTAL: &str = "kvmesh_kv_gaps_total";
 pub const KV_REPLAYS_TOTAL: &str = "kvmesh_kv_replays_total";
+pub const KV_REPLAY_ROUNDS_TOTAL: &str = "kvmesh_kv_replay_rounds_total";
 pub const KV_RESYNCS_TOTAL: &str = "kvmesh_kv_resyncs_total";
 pub const KV_BLOCK_SIZE_MISMATCH_TOTAL: &str = "kvmesh_kv_block_size_mismatch_total";
 pub const KV_ORPHAN_STORES_TOTAL: &str = "kvmesh_kv_orphan_stores_total";
@@ -47,6 +51,8 @@ pub const INDEX_BLOCKS: &str = "kvmesh_index_blocks";
 pub const INDEX_ENTRIES: &str = "kvmesh_index_entries";
 pub const INDEX_EVICTIONS_TOTAL: &str = "kvmesh_index_evictions_total";
 pub const INDEX_BYTES: &str = "kvmesh_index_bytes";
+pub const TOKENIZE_CACHE_BYTES: &str = "kvmesh_tokenize_cache_bytes";
+pub const RECOVERY_BLOCKS: &str = "kvmesh_recovery_blocks";
 pub const WORKER_BLOCKS: &str = "kvmesh_worker_blocks";
 pub const WORKER_ACTIVE_REQUESTS: &str = "kvmesh_worker_active_requests";
 pub const WORKER_ACTIVE_BLOCKS: &str = "kvmesh_worker_active_blocks";
@@ -67,7 +73,8 @@ pub const PREFILL_LEG_DURATION_SECONDS: &str = "kvmesh_prefill_leg_duration_seco
 pub const MIGRATIONS_TOTAL: &str = "kvmesh_migrations_total";
 pub const MIGRATION_OPPORTUNITIES_TOTAL: &str = "kvmesh_migration_opportunities_total";
 pub const MIGRATION_OPPORTUNITY_BLOCKS_TOTAL: &str = "kvmesh_migration_opportunity_blocks_total";
-pub const MIGRATION_HANDSHAKE_DURATION_SECONDS: &str = "kvmesh_migration_handshake_duration_seconds";
+pub const MIGRATION_HANDSHAKE_DURATION_SECONDS: &str =
+    "kvmesh_migration_handshake_duration_seconds";
 pub const LOCAL_CONTINUATIONS_TOTAL: &str = "kvmesh_local_continuations_total";
 pub const SESSIONS_TRACKED: &str = "kvmesh_sessions_tracked";
 // Placement by predicted time (decide.rs, predict.rs, speculative.rs).
@@ -166,14 +173,32 @@ pub const ALL: &[&str] = &[
 /// `kvmesh_kv_event_limits_total` reasons: a live frame above `event_max_frame_bytes` (the worker is
 /// resynced), a replayed one (the replay fails), a replay above `replay_max_bytes` (fails), and a
 /// listener that had to wait for `event_queue_bytes` (backpressure, nothing lost).
-pub const KV_EVENT_LIMIT_REASONS: [&str; 4] = ["frame_too_large", "replay_frame_too_large", "replay_too_large", "queue_bytes_full"];
+pub const KV_EVENT_LIMIT_REASONS: [&str; 4] = [
+    "frame_too_large",
+    "replay_frame_too_large",
+    "replay_too_large",
+    "queue_bytes_full",
+];
 /// `kvmesh_kv_resyncs_total` reasons.
-pub const KV_RESYNC_REASONS: [&str; 5] = ["gap_unrecoverable", "engine_restart", "too_many_blocks", "events_rewired", "frame_too_large"];
+pub const KV_RESYNC_REASONS: [&str; 5] = [
+    "gap_unrecoverable",
+    "engine_restart",
+    "too_many_blocks",
+    "events_rewired",
+    "frame_too_large",
+];
 
 /// `kvmesh_prefill_legs_total` outcomes.
 pub const PREFILL_LEG_OUTCOMES: [&str; 3] = ["ok", "fallback", "overloaded"];
 /// `kvmesh_migrations_total` outcomes (`dry_run` counts would-migrate decisions in dry mode).
-pub const MIGRATION_OUTCOMES: [&str; 6] = ["ok", "dry_run", "handshake_timeout", "handshake_failed", "source_overloaded", "source_gone"];
+pub const MIGRATION_OUTCOMES: [&str; 6] = [
+    "ok",
+    "dry_run",
+    "handshake_timeout",
+    "handshake_failed",
+    "source_overloaded",
+    "source_gone",
+];
 
 /// The indexer's metrics.
 pub struct Metrics {
@@ -210,6 +235,8 @@ pub struct Metrics {
     pub kv_gaps: IntCounterVec,
     /// labels: worker, outcome (complete, truncated, failed).
     pub kv_replays: IntCounterVec,
+    /// labels: worker, reason (holes, no_end_marker): a replay asked again from its first missing number.
+    pub kv_replay_rounds: IntCounterVec,
     /// labels: worker, reason ([`KV_RESYNC_REASONS`]).
     pub kv_resyncs: IntCounterVec,
     pub kv_block_size_mismatch: IntCounterVec,
@@ -230,6 +257,10 @@ pub struct Metrics {
     pub index_entries: IntGauge,
     pub index_evictions: IntCounter,
     pub index_bytes: IntGauge,
+    /// Bytes held by the tokenization segment cache (≤ routing.tokenize_cache_bytes).
+    pub tokenize_cache_bytes: IntGauge,
+    /// Blocks of routed prompts remembered for orphan recovery (≤ routing.recovery_max_blocks).
+    pub recovery_blocks: IntGauge,
     pub worker_blocks: IntGaugeVec,
     pub worker_active_requests: IntGaugeVec,
     pub worker_active_blocks: IntGaugeVec,
@@ -274,13 +305,23 @@ pub struct Metrics {
     pub discovery: DiscoveryMetrics,
 }
 
-fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
+fn counter_vec(
+    r: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::Result<IntCounterVec> {
     let c = IntCounterVec::new(Opts::new(name, help), labels)?;
     r.register(Box::new(c.clone()))?;
     Ok(c)
 }
 
-fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntGaugeVec> {
+fn gauge_vec(
+    r: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::Result<IntGaugeVec> {
     let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
     r.register(Box::new(g.clone()))?;
     Ok(g)
@@ -288,14 +329,18 @@ fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheu
 
 fn duration(r: &Registry, name: &str, help: &str) -> prometheus::Result<Histogram> {
     // 5 µs … ~1.3 s.
-    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(exponential_buckets(5e-6, 2.0, 19)?))?;
+    let h = Histogram::with_opts(
+        HistogramOpts::new(name, help).buckets(exponential_buckets(5e-6, 2.0, 19)?),
+    )?;
     r.register(Box::new(h.clone()))?;
     Ok(h)
 }
 
 fn leg_duration(r: &Registry, name: &str, help: &str) -> prometheus::Result<Histogram> {
     // 1 ms … ~33 s: legs include a whole remote prefill.
-    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(exponential_buckets(1e-3, 2.0, 16)?))?;
+    let h = Histogram::with_opts(
+        HistogramOpts::new(name, help).buckets(exponential_buckets(1e-3, 2.0, 16)?),
+    )?;
     r.register(Box::new(h.clone()))?;
     Ok(h)
 }
@@ -307,10 +352,12 @@ impl Metrics {
         // process_resident_memory_bytes, process_virtual_memory_bytes, process_open_fds,
         // process_max_fds, process_cpu_seconds_total, process_start_time_seconds, process_threads.
         #[cfg(target_os = "linux")]
-        r.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
+        r.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
         let hit_rate = Histogram::with_opts(
-            HistogramOpts::new(ROUTER_KV_HIT_RATE, "Predicted KV hit rate per routed request (overlap_blocks / isl_blocks); sum/count is request-weighted")
-                .buckets(linear_buckets(0.0, 0.05, 21)?),
+            HistogramOpts::new(ROUTER_KV_HIT_RATE, "Predicted KV hit rate per routed request in per-mille (overlap_blocks * 1000 / isl_blocks); sum/count/1000 is request-weighted")
+                .buckets(kvmesh_core::router_metrics::HIT_RATE_BUCKETS.to_vec()),
         )?;
         r.register(Box::new(hit_rate.clone()))?;
         let overlap_blocks = IntCounter::new(
@@ -318,18 +365,30 @@ impl Metrics {
             "Predicted cached blocks of routed requests; divide by router_kv_isl_blocks_total for the block-weighted hit rate",
         )?;
         r.register(Box::new(overlap_blocks.clone()))?;
-        let isl_blocks = IntCounter::new(ROUTER_KV_ISL_BLOCKS_TOTAL, "Prompt blocks (ceil(tokens / block_size)) of routed requests")?;
+        let isl_blocks = IntCounter::new(ROUTER_KV_ISL_BLOCKS_TOTAL, "Full prompt blocks (floor(tokens / block_size), the route answer's isl_blocks) of routed requests")?;
         r.register(Box::new(isl_blocks.clone()))?;
-        let index_evictions = IntCounter::new(INDEX_EVICTIONS_TOTAL, "Blocks evicted from the index by its memory bound")?;
+        let index_evictions = IntCounter::new(
+            INDEX_EVICTIONS_TOTAL,
+            "Blocks evicted from the index by its memory bound",
+        )?;
         r.register(Box::new(index_evictions.clone()))?;
-        let approx_expired = IntCounter::new(APPROX_EXPIRED_BLOCKS_TOTAL, "Approximate mode: (block, worker) entries forgotten by TTL or size bound")?;
+        let approx_expired = IntCounter::new(
+            APPROX_EXPIRED_BLOCKS_TOTAL,
+            "Approximate mode: (block, worker) entries forgotten by TTL or size bound",
+        )?;
         r.register(Box::new(approx_expired.clone()))?;
         let int_gauge = |name: &str, help: &str| -> prometheus::Result<IntGauge> {
             let g = IntGauge::new(name, help)?;
             r.register(Box::new(g.clone()))?;
             Ok(g)
         };
-        let kv_event_lag = GaugeVec::new(Opts::new(KV_EVENT_LAG_SECONDS, "Now minus the engine timestamp of the worker's last applied batch"), &["worker"])?;
+        let kv_event_lag = GaugeVec::new(
+            Opts::new(
+                KV_EVENT_LAG_SECONDS,
+                "Now minus the engine timestamp of the worker's last applied batch",
+            ),
+            &["worker"],
+        )?;
         r.register(Box::new(kv_event_lag.clone()))?;
         let kv_block_hit_rate = GaugeVec::new(
             Opts::new(KV_BLOCK_HIT_RATE, "Block-weighted KV hit rate since indexer start: router = predicted at routing time, engine = scraped vllm:prefix_cache_hits/queries"),
@@ -358,6 +417,7 @@ impl Metrics {
             kv_decode_errors: counter_vec(&r, KV_DECODE_ERRORS_TOTAL, "KV event payloads that could not be decoded", &["worker"])?,
             kv_gaps: counter_vec(&r, KV_GAPS_TOTAL, "Sequence gaps detected in a worker's event stream", &["worker"])?,
             kv_replays: counter_vec(&r, KV_REPLAYS_TOTAL, "Replays from a worker's ROUTER socket by outcome", &["worker", "outcome"])?,
+            kv_replay_rounds: counter_vec(&r, KV_REPLAY_ROUNDS_TOTAL, "Replays asked again from their first missing batch (replies dropped by the engine's ROUTER), by reason", &["worker", "reason"])?,
             kv_resyncs: counter_vec(&r, KV_RESYNCS_TOTAL, "Times a worker's index state was cleared and rebuilt, by reason", &["worker", "reason"])?,
             kv_block_size_mismatch: counter_vec(&r, KV_BLOCK_SIZE_MISMATCH_TOTAL, "BlockStored events refused for a block size other than model.block_size", &["worker"])?,
             kv_orphan_stores: counter_vec(&r, KV_ORPHAN_STORES_TOTAL, "BlockStored events refused because their parent block is unknown", &["worker"])?,
@@ -372,6 +432,8 @@ impl Metrics {
             index_entries: int_gauge(INDEX_ENTRIES, "(block, worker) entries in the index; bounded by routing.index_max_entries")?,
             index_evictions,
             index_bytes: int_gauge(INDEX_BYTES, "Approximate heap bytes of the index")?,
+            tokenize_cache_bytes: int_gauge(TOKENIZE_CACHE_BYTES, "Bytes held by the tokenization segment cache; bounded by routing.tokenize_cache_bytes")?,
+            recovery_blocks: int_gauge(RECOVERY_BLOCKS, "Blocks of routed prompts remembered for orphan recovery; bounded by routing.recovery_max_blocks")?,
             worker_blocks: gauge_vec(&r, WORKER_BLOCKS, "Blocks a worker holds according to its events", &["worker"])?,
             worker_active_requests: gauge_vec(&r, WORKER_ACTIVE_REQUESTS, "In-flight requests routed to the worker (booked load)", &["worker"])?,
             worker_active_blocks: gauge_vec(&r, WORKER_ACTIVE_BLOCKS, "Prompt blocks of in-flight requests routed to the worker", &["worker"])?,
@@ -445,13 +507,17 @@ impl Metrics {
             m.prefill_legs.with_label_values(&[o]).inc_by(0);
         }
         for f in crate::legs::LegFailure::ALL {
-            m.prefill_fallbacks.with_label_values(&[f.reason()]).inc_by(0);
+            m.prefill_fallbacks
+                .with_label_values(&[f.reason()])
+                .inc_by(0);
         }
         for o in MIGRATION_OUTCOMES {
             m.migrations.with_label_values(&[o]).inc_by(0);
         }
         for source in ["index", "kv_home"] {
-            m.migration_opportunities.with_label_values(&[source]).inc_by(0);
+            m.migration_opportunities
+                .with_label_values(&[source])
+                .inc_by(0);
         }
         Ok(m)
     }
@@ -467,17 +533,34 @@ impl Metrics {
     /// Creates a joining worker's failure series at zero, so alerts and dashboards see "no gaps yet"
     /// instead of "no data" (a `rate()` over an absent series is empty, not 0).
     pub fn register_worker(&self, worker: &str) {
-        for c in [&self.kv_decode_errors, &self.kv_gaps, &self.kv_block_size_mismatch, &self.kv_orphan_stores, &self.kv_orphan_recovered] {
+        for c in [
+            &self.kv_decode_errors,
+            &self.kv_gaps,
+            &self.kv_block_size_mismatch,
+            &self.kv_orphan_stores,
+            &self.kv_orphan_recovered,
+        ] {
             c.with_label_values(&[worker]).inc_by(0);
         }
         for reason in KV_RESYNC_REASONS {
-            self.kv_resyncs.with_label_values(&[worker, reason]).inc_by(0);
+            self.kv_resyncs
+                .with_label_values(&[worker, reason])
+                .inc_by(0);
         }
         for reason in KV_EVENT_LIMIT_REASONS {
-            self.kv_event_limits.with_label_values(&[worker, reason]).inc_by(0);
+            self.kv_event_limits
+                .with_label_values(&[worker, reason])
+                .inc_by(0);
         }
         for outcome in ["complete", "truncated", "failed"] {
-            self.kv_replays.with_label_values(&[worker, outcome]).inc_by(0);
+            self.kv_replays
+                .with_label_values(&[worker, outcome])
+                .inc_by(0);
+        }
+        for reason in ["holes", "no_end_marker"] {
+            self.kv_replay_rounds
+                .with_label_values(&[worker, reason])
+                .inc_by(0);
         }
     }
 
@@ -510,8 +593,12 @@ impl Metrics {
         ] {
             let _ = c.remove_label_values(&[worker]);
         }
-        let pairs: [(&IntCounterVec, &[&str]); 7] = [
-            (&self.kv_events, &["stored", "removed", "cleared", "unknown"]),
+        let pairs: [(&IntCounterVec, &[&str]); 8] = [
+            (
+                &self.kv_events,
+                &["stored", "removed", "cleared", "unknown"],
+            ),
+            (&self.kv_replay_rounds, &["holes", "no_end_marker"]),
             (&self.kv_blocks, &["stored", "removed"]),
             (&self.kv_replays, &["complete", "truncated", "failed"]),
             (&self.kv_resyncs, &KV_RESYNC_REASONS),
@@ -547,16 +634,39 @@ pub struct DiscoveryMetrics {
 
 impl DiscoveryMetrics {
     fn new(r: &Registry) -> prometheus::Result<Self> {
-        let updates = IntCounter::new(DISCOVERY_UPDATES_TOTAL, "Kubernetes discovery membership updates applied")?;
+        let updates = IntCounter::new(
+            DISCOVERY_UPDATES_TOTAL,
+            "Kubernetes discovery membership updates applied",
+        )?;
         r.register(Box::new(updates.clone()))?;
         let synced = IntGauge::new(DISCOVERY_SYNCED, "1 once Kubernetes discovery completed its initial lists (0 when off, not yet, or ended)")?;
         r.register(Box::new(synced.clone()))?;
         Ok(Self {
             updates,
-            changes: counter_vec(r, DISCOVERY_CHANGES_TOTAL, "Discovery membership changes by kind", &["kind"])?,
-            workers: gauge_vec(r, DISCOVERY_WORKERS, "Discovered workers in the fleet by status", &["status"])?,
-            skipped: gauge_vec(r, DISCOVERY_SKIPPED_ENDPOINTS, "Endpoints of the discovered Service left out of the fleet, by reason", &["reason"])?,
-            errors: counter_vec(r, DISCOVERY_ERRORS_TOTAL, "Discovery failures by reason (client, start, apply, ended)", &["reason"])?,
+            changes: counter_vec(
+                r,
+                DISCOVERY_CHANGES_TOTAL,
+                "Discovery membership changes by kind",
+                &["kind"],
+            )?,
+            workers: gauge_vec(
+                r,
+                DISCOVERY_WORKERS,
+                "Discovered workers in the fleet by status",
+                &["status"],
+            )?,
+            skipped: gauge_vec(
+                r,
+                DISCOVERY_SKIPPED_ENDPOINTS,
+                "Endpoints of the discovered Service left out of the fleet, by reason",
+                &["reason"],
+            )?,
+            errors: counter_vec(
+                r,
+                DISCOVERY_ERRORS_TOTAL,
+                "Discovery failures by reason (client, start, apply, ended)",
+                &["reason"],
+            )?,
             synced,
         })
     }
@@ -602,20 +712,48 @@ mod tests {
     fn every_metric_is_registered_and_named_as_declared() {
         let m = Metrics::new().unwrap();
         // Touch labelled families so they appear in the output.
-        m.decisions.with_label_values(&["aggregate", "best_overlap"]).inc();
+        m.decisions
+            .with_label_values(&["aggregate", "best_overlap"])
+            .inc();
         m.route_errors.with_label_values(&["x"]).inc();
         m.bad_requests.with_label_values(&["route", "x"]).inc();
         m.tokenize_cache.with_label_values(&["hit"]).inc();
         m.done_reports.with_label_values(&["success", "true"]).inc();
         m.load_expired.with_label_values(&["timeout"]).inc();
-        for c in [&m.kv_batches, &m.kv_decode_errors, &m.kv_gaps, &m.kv_block_size_mismatch, &m.kv_orphan_stores, &m.kv_orphan_recovered, &m.kv_unknown_removes, &m.engine_hits, &m.engine_queries] {
+        for c in [
+            &m.kv_batches,
+            &m.kv_decode_errors,
+            &m.kv_gaps,
+            &m.kv_block_size_mismatch,
+            &m.kv_orphan_stores,
+            &m.kv_orphan_recovered,
+            &m.kv_unknown_removes,
+            &m.engine_hits,
+            &m.engine_queries,
+        ] {
             c.with_label_values(&["w"]).inc();
         }
         m.route_cancelled.with_label_values(&["booked"]).inc();
-        for (c, second) in [(&m.kv_events, "stored"), (&m.kv_blocks, "removed"), (&m.kv_replays, "complete"), (&m.kv_resyncs, "engine_restart"), (&m.kv_ignored, "tier"), (&m.engine_scrapes, "ok"), (&m.kv_event_limits, "frame_too_large")] {
+        for (c, second) in [
+            (&m.kv_events, "stored"),
+            (&m.kv_blocks, "removed"),
+            (&m.kv_replays, "complete"),
+            (&m.kv_resyncs, "engine_restart"),
+            (&m.kv_ignored, "tier"),
+            (&m.engine_scrapes, "ok"),
+            (&m.kv_event_limits, "frame_too_large"),
+        ] {
             c.with_label_values(&["w", second]).inc();
         }
-        for g in [&m.worker_blocks, &m.worker_active_requests, &m.worker_active_blocks, &m.worker_prefill_tokens, &m.worker_running, &m.worker_waiting, &m.worker_healthy] {
+        for g in [
+            &m.worker_blocks,
+            &m.worker_active_requests,
+            &m.worker_active_blocks,
+            &m.worker_prefill_tokens,
+            &m.worker_running,
+            &m.worker_waiting,
+            &m.worker_healthy,
+        ] {
             g.with_label_values(&["w"]).set(1);
         }
         m.kv_event_lag.with_label_values(&["w"]).set(0.1);
@@ -625,12 +763,17 @@ mod tests {
         m.config_reloads.with_label_values(&["ok"]).inc();
         m.tokenize_tokens.with_label_values(&["exact"]).inc();
         m.tokenize_background.with_label_values(&["done"]).inc();
-        m.migration_opportunities.with_label_values(&["index"]).inc();
+        m.migration_opportunities
+            .with_label_values(&["index"])
+            .inc();
         m.sessions_tracked.with_label_values(&["kv_home"]).set(1);
         m.discovery.init_series();
         let text = m.render();
         for name in ALL {
-            assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing from exposition");
+            assert!(
+                text.contains(&format!("# TYPE {name} ")),
+                "{name} missing from exposition"
+            );
         }
         m.forget_worker("w");
         assert!(!m.render().contains("worker=\"w\""));
@@ -639,7 +782,10 @@ mod tests {
     #[test]
     fn names_follow_conventions() {
         for name in ALL {
-            assert!(name.starts_with("kvmesh_") || name.starts_with("router_kv_"), "{name}");
+            assert!(
+                name.starts_with("kvmesh_") || name.starts_with("router_kv_"),
+                "{name}"
+            );
         }
     }
 }

@@ -204,7 +204,6 @@ pub fn decide_and_book<'a>(state: &'a AppState, cfg: &Config, req: &RouteRequest
     state.metrics.score_duration.observe(t_score.elapsed().as_secs_f64());
     let record = Record {
         basis: plan.basis,
-        request_blocks: plan.request_blocks,
         local_continuation: plan.local_continuation,
         session_key,
         approx_slot,

@@ -88,7 +88,6 @@ impl Drop for BookingGuard<'_> {
 /// What the plan step leaves for settling.
 pub struct Record {
     pub basis: Basis,
-    pub request_blocks: u32,
     pub local_continuation: bool,
     pub session_key: Option<u64>,
     /// Approximate mode: where the prompt's blocks will be cached.
@@ -107,10 +106,10 @@ pub fn settle(state: &AppState, req: &RouteRequest, record: Record, mut decision
     if record.local_continuation {
         m.local_continuations.inc();
     }
-    if record.request_blocks > 0 {
-        m.hit_rate.observe(f64::from(decision.overlap_blocks) / f64::from(record.request_blocks));
+    if let Some(permille) = kvmesh_core::router_metrics::hit_rate_permille(decision.overlap_blocks, decision.isl_blocks) {
+        m.hit_rate.observe(permille as f64);
         m.overlap_blocks.inc_by(u64::from(decision.overlap_blocks));
-        m.isl_blocks.inc_by(u64::from(record.request_blocks));
+        m.isl_blocks.inc_by(u64::from(decision.isl_blocks));
     }
     if let Some(k) = record.session_key {
         state.sessions.lock().served(k, &decision.worker, crate::clock::now());
