@@ -52,6 +52,13 @@ pub struct OverheadCase {
     /// under load): a rate bought by giving up KV-aware routing.
     #[serde(default)]
     pub rps_kvmesh_fallback_share: Option<f64>,
+    /// Route throughput per indexer core during the kvmesh requests/s rounds: routes the indexer
+    /// answered ÷ its CPU-seconds (`/proc/<pid>/stat`).
+    #[serde(default)]
+    pub routes_per_indexer_core: Option<f64>,
+    /// Mean indexer CPU cores busy over those rounds.
+    #[serde(default)]
+    pub indexer_cores: Option<f64>,
     /// Samples per path (kvmesh and plain each) behind the percentiles.
     #[serde(default)]
     pub samples: Option<u64>,

@@ -1,6 +1,7 @@
 //! The router-overhead workload (pure): which cases, and the chat requests each one sends.
 //!
-//! A case is a prompt size (about 1k, 8k, 32k tokens) × cold or continuation:
+//! A case is a prompt size (about 1k, 8k, 32k tokens) × cold or continuation, plus shared-prefix
+//! sizes (about 8k, 48k tokens):
 //! - **cold**: a new conversation in which every message starts with the request's own seed, so
 //!   neither the indexer's tokenization cache (keyed by message pieces) nor any engine's prefix
 //!   cache has seen any of it. The text behind the seeds is one template per size: making a cold
@@ -8,7 +9,12 @@
 //! - **continuation**: an existing conversation (a *base*, ending with a user message) that was
 //!   routed through kvmesh before, plus the assistant's reply and a new user message — the next
 //!   turn. Bases are primed the way conversations grow: prefixes ending with a user message, each
-//!   adding at most [`Shape::prime_step_tokens`], so no priming request is a giant cold one.
+//!   adding at most [`Shape::prime_step_tokens`], so no priming request is a giant cold one;
+//! - **shared prefix**: one long prefix (a base, primed the same way) shared by many conversations,
+//!   each growing turn by turn on top of it (a reply and a short new user message per turn, every
+//!   turn's prompt extending the previous one's) for [`Shape::shared_turns`] turns — the multi-turn
+//!   case Dynamo's tokenizer prefix cache is measured on. The new text per request is one turn, so
+//!   the router's cost should follow the turn, not the prefix.
 //!
 //! Sizes are reached by estimating tokens from words ([`Shape::tokens_per_word`], measured for
 //! the DeepSeek tokenizer on `chat::text`); the report shows the engines' real
@@ -32,6 +38,8 @@ pub enum Kind {
     Cold,
     /// The next turn of a conversation whose earlier turns were routed.
     Continuation,
+    /// A turn of one of many conversations growing on a long shared prefix.
+    SharedPrefix,
 }
 
 impl Kind {
@@ -40,6 +48,7 @@ impl Kind {
         match self {
             Self::Cold => "cold",
             Self::Continuation => "continuation",
+            Self::SharedPrefix => "shared_prefix",
         }
     }
 }
@@ -65,20 +74,35 @@ pub fn parse_sizes(s: &str) -> Result<Vec<Size>, String> {
             Some(d) => (d, 1024),
             None => (lower.as_str(), 1),
         };
-        let n: usize = digits.parse().map_err(|_| format!("bad size {part:?} (e.g. 1k, 8k, 32k, 1000)"))?;
+        let n: usize = digits
+            .parse()
+            .map_err(|_| format!("bad size {part:?} (e.g. 1k, 8k, 32k, 1000)"))?;
         let tokens = n.saturating_mul(mult);
         if !(256..=MAX_TOKENS).contains(&tokens) {
-            return Err(format!("size {part:?} must be within 256..={MAX_TOKENS} tokens"));
+            return Err(format!(
+                "size {part:?} must be within 256..={MAX_TOKENS} tokens"
+            ));
         }
         if out.iter().any(|x| x.label == lower) {
             return Err(format!("size {part:?} given twice"));
         }
-        out.push(Size { label: lower, tokens });
+        out.push(Size {
+            label: lower,
+            tokens,
+        });
     }
     if out.is_empty() {
         return Err("no overhead size given".into());
     }
     Ok(out)
+}
+
+/// Like [`parse_sizes`], but `""` or `none` is no size at all (the shared-prefix cases are optional).
+pub fn parse_optional_sizes(s: &str) -> Result<Vec<Size>, String> {
+    match s.trim() {
+        "" | "none" => Ok(Vec::new()),
+        t => parse_sizes(t),
+    }
 }
 
 /// One measured case.
@@ -97,12 +121,22 @@ impl Case {
     }
 }
 
-/// Every size cold, then as a continuation.
-pub fn cases(sizes: &[Size]) -> Vec<Case> {
-    sizes
+/// Every size cold, then as a continuation; then every shared-prefix size.
+pub fn cases(sizes: &[Size], shared: &[Size]) -> Vec<Case> {
+    let mut out: Vec<Case> = sizes
         .iter()
-        .flat_map(|s| [Kind::Cold, Kind::Continuation].map(|kind| Case { size: s.clone(), kind }))
-        .collect()
+        .flat_map(|s| {
+            [Kind::Cold, Kind::Continuation].map(|kind| Case {
+                size: s.clone(),
+                kind,
+            })
+        })
+        .collect();
+    out.extend(shared.iter().map(|s| Case {
+        size: s.clone(),
+        kind: Kind::SharedPrefix,
+    }));
+    out
 }
 
 /// How conversations are shaped.
@@ -126,6 +160,9 @@ pub struct Shape {
     pub prime_step_tokens: usize,
     /// Tokens the cold request's per-message tag (`<8 letters>: `) adds to each message.
     pub cold_tag_tokens: f64,
+    /// Turns a shared-prefix conversation grows before a new one starts from the prefix (bounds
+    /// the prompt's growth to this many turns of the measured turn's size).
+    pub shared_turns: usize,
 }
 
 impl Default for Shape {
@@ -140,6 +177,7 @@ impl Default for Shape {
             tail_user_words: 40,
             prime_step_tokens: 4096,
             cold_tag_tokens: 6.0,
+            shared_turns: 8,
         }
     }
 }
@@ -168,9 +206,13 @@ pub struct Base {
 /// first word (the seed is written into the system prompt's opening).
 pub fn base_conversation(seed: u64, tokens: usize, shape: &Shape) -> Base {
     let mut rng = SplitMix64::new(mix(seed, 0xBA5E));
-    let system = format!("Session {seed:016x}. {}", text(&mut rng, shape.system_words));
+    let system = format!(
+        "Session {seed:016x}. {}",
+        text(&mut rng, shape.system_words)
+    );
     let mut h = History::new(&system);
-    let target = (tokens as f64 - shape.tail_tokens()).max(shape.tokens(shape.system_words) + shape.tokens(8));
+    let target = (tokens as f64 - shape.tail_tokens())
+        .max(shape.tokens(shape.system_words) + shape.tokens(8));
     let mut est = shape.tokens(shape.system_words);
     let mut primed_at = 0.0;
     let mut primes = Vec::new();
@@ -179,7 +221,8 @@ pub fn base_conversation(seed: u64, tokens: usize, shape: &Shape) -> Base {
         let remaining = target - est;
         if remaining <= turn {
             // The last user message takes what is left, so the base lands near the target.
-            let words = ((remaining - shape.tokens_per_message) / shape.tokens_per_word).max(8.0) as usize;
+            let words =
+                ((remaining - shape.tokens_per_message) / shape.tokens_per_word).max(8.0) as usize;
             h.push_user(&text(&mut rng, words));
             break;
         }
@@ -203,8 +246,45 @@ pub fn next_turn(base: &History, seed: u64, shape: &Shape) -> History {
     let mut rng = SplitMix64::new(mix(seed, 0x7A11));
     let mut h = base.clone();
     h.push_assistant(&text(&mut rng, shape.tail_assistant_words));
-    h.push_user(&format!("Follow-up {seed:x}: {}", text(&mut rng, shape.tail_user_words)));
+    h.push_user(&format!(
+        "Follow-up {seed:x}: {}",
+        text(&mut rng, shape.tail_user_words)
+    ));
     h
+}
+
+/// Request `n` of a shared-prefix case: `prefix` (ending with a user message) plus the turns of
+/// conversation `(salt, id)` up to and including turn `t`, where `conversations` conversations
+/// are interleaved (`n % conversations`, so consecutive requests belong to different ones) and
+/// each runs [`Shape::shared_turns`] turns before the next generation of conversations starts.
+/// Turn `t`'s prompt extends turn `t − 1`'s by one reply and one new user message, as a
+/// conversation grows; every request's last turn is new. Returns the history and its turn.
+pub fn shared_prefix_request(
+    prefix: &History,
+    conversations: usize,
+    n: u64,
+    salt: u64,
+    shape: &Shape,
+) -> (History, u64) {
+    let k = conversations.max(1) as u64;
+    let turns = shape.shared_turns.max(1) as u64;
+    let t = (n / k) % turns;
+    let id = (n / (k * turns)) * k + n % k;
+    let mut h = prefix.clone();
+    for i in 0..=t {
+        let mut rng = SplitMix64::new(mix(mix(mix(salt, 0x5AED), id), i));
+        h.push_assistant(&text(&mut rng, shape.tail_assistant_words));
+        h.push_user(&format!(
+            "Turn {id:x}.{i}: {}",
+            text(&mut rng, shape.tail_user_words)
+        ));
+    }
+    (h, t)
+}
+
+/// Seed of the shared prefix of shared-prefix size `size_index` (distinct from bases and cold seeds).
+pub fn shared_prefix_seed(run_seed: u64, size_index: usize) -> u64 {
+    mix(mix(run_seed, 0x5000), size_index as u64)
 }
 
 /// Seed of the cold templates' text.
@@ -213,7 +293,13 @@ const COLD_TEMPLATE_SEED: u64 = 0xC01D;
 /// The conversation cold requests of about `tokens` tokens are made from: a base plus one turn,
 /// the same shape as a continuation of the same size, shortened by what the tags add.
 pub fn cold_template(tokens: usize, shape: &Shape) -> History {
-    let make = |t: usize| next_turn(&base_conversation(COLD_TEMPLATE_SEED, t, shape).base, COLD_TEMPLATE_SEED, shape);
+    let make = |t: usize| {
+        next_turn(
+            &base_conversation(COLD_TEMPLATE_SEED, t, shape).base,
+            COLD_TEMPLATE_SEED,
+            shape,
+        )
+    };
     let tags = make(tokens).len() as f64 * shape.cold_tag_tokens;
     make((tokens as f64 - tags).max(256.0) as usize)
 }
@@ -234,7 +320,13 @@ pub fn tag(seed: u64) -> String {
 /// so every message — and the prompt's first block — is new.
 pub fn cold_request(template: &History, seed: u64) -> History {
     let t = tag(seed);
-    History::from_messages(template.messages().iter().map(|(r, c)| (r.clone(), format!("{t}: {c}"))).collect())
+    History::from_messages(
+        template
+            .messages()
+            .iter()
+            .map(|(r, c)| (r.clone(), format!("{t}: {c}")))
+            .collect(),
+    )
 }
 
 /// Seed of base `b` of size `size_index` (distinct from every cold seed).
@@ -249,7 +341,10 @@ pub fn cold_seed(run_seed: u64, phase: u64, size_index: usize, n: u64) -> u64 {
 
 /// Estimated prompt tokens of a history (for tests and sanity checks; the engines report the truth).
 pub fn estimate_tokens(h: &History, shape: &Shape) -> f64 {
-    h.messages().iter().map(|(_, c)| shape.tokens(c.split_whitespace().count())).sum()
+    h.messages()
+        .iter()
+        .map(|(_, c)| shape.tokens(c.split_whitespace().count()))
+        .sum()
 }
 
 #[cfg(test)]
@@ -259,7 +354,10 @@ mod tests {
     #[test]
     fn sizes_parse() {
         let s = parse_sizes("1k, 8K,32k").unwrap();
-        assert_eq!(s.iter().map(|x| x.tokens).collect::<Vec<_>>(), [1024, 8192, 32768]);
+        assert_eq!(
+            s.iter().map(|x| x.tokens).collect::<Vec<_>>(),
+            [1024, 8192, 32768]
+        );
         assert_eq!(s[1].label, "8k");
         assert_eq!(parse_sizes("1000").unwrap()[0].tokens, 1000);
         for bad in ["", "x", "8k,8k", "100", "1024k"] {
@@ -269,9 +367,92 @@ mod tests {
 
     #[test]
     fn case_names_match_the_target() {
-        let names: Vec<String> = cases(&parse_sizes("1k,8k").unwrap()).iter().map(Case::name).collect();
-        assert_eq!(names, ["chat_1k_cold", "chat_1k_continuation", "chat_8k_cold", "chat_8k_continuation"]);
+        let names: Vec<String> = cases(&parse_sizes("1k,8k").unwrap(), &[])
+            .iter()
+            .map(Case::name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "chat_1k_cold",
+                "chat_1k_continuation",
+                "chat_8k_cold",
+                "chat_8k_continuation"
+            ]
+        );
         assert!(names.contains(&crate::report::targets::OVERHEAD_TARGET_CASE.to_string()));
+        let shared = parse_optional_sizes("8k,48k").unwrap();
+        let names: Vec<String> = cases(&parse_sizes("1k").unwrap(), &shared)
+            .iter()
+            .map(Case::name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "chat_1k_cold",
+                "chat_1k_continuation",
+                "chat_8k_shared_prefix",
+                "chat_48k_shared_prefix"
+            ]
+        );
+        assert_eq!(parse_optional_sizes(" none ").unwrap(), []);
+        assert_eq!(parse_optional_sizes("").unwrap(), []);
+        assert!(parse_optional_sizes("48k,48k").is_err());
+    }
+
+    #[test]
+    fn shared_prefix_turns_grow_one_turn_at_a_time_on_the_prefix() {
+        let shape = Shape::default();
+        let prefix = base_conversation(shared_prefix_seed(0, 1), 48 * 1024, &shape).base;
+        let est = estimate_tokens(&prefix, &shape);
+        assert!(
+            (est - 48.0 * 1024.0).abs() < 0.05 * 48.0 * 1024.0,
+            "prefix estimated {est}"
+        );
+        let k = 4usize;
+        let turns = shape.shared_turns as u64;
+        let req = |n: u64| shared_prefix_request(&prefix, k, n, 9, &shape);
+        for n in 0..3 * k as u64 * turns {
+            let (h, t) = req(n);
+            assert_eq!(
+                h.messages()[..prefix.len()],
+                *prefix.messages(),
+                "{n}: starts with the prefix"
+            );
+            assert_eq!(
+                h.len(),
+                prefix.len() + 2 * (t as usize + 1),
+                "{n}: turn {t}"
+            );
+            assert_eq!(t, (n / k as u64) % turns);
+            // The same conversation's previous turn is a prefix of this one (the conversation grows).
+            if t > 0 {
+                let (prev, pt) = req(n - k as u64);
+                assert_eq!(pt, t - 1);
+                assert_eq!(
+                    h.messages()[..prev.len()],
+                    *prev.messages(),
+                    "{n}: extends turn {pt}"
+                );
+            }
+            // The new text per request is one turn, the size of a continuation's.
+            let added = estimate_tokens(&h, &shape) - estimate_tokens(&prefix, &shape);
+            assert!(
+                added <= (t + 1) as f64 * (shape.tail_tokens() + 12.0),
+                "{n}: {added} tokens on the prefix"
+            );
+        }
+        // Every request is distinct: a new generation of conversations starts after `turns` turns.
+        let all: std::collections::HashSet<Vec<(String, String)>> = (0..3 * k as u64 * turns)
+            .map(|n| req(n).0.messages().to_vec())
+            .collect();
+        assert_eq!(all.len(), 3 * k * turns as usize);
+        assert_ne!(
+            shared_prefix_request(&prefix, k, 0, 1, &shape).0,
+            req(0).0,
+            "the salt separates phases and paths"
+        );
+        assert_ne!(shared_prefix_seed(0, 0), base_seed(0, 0, 0));
     }
 
     #[test]
@@ -281,13 +462,19 @@ mod tests {
             let b = base_conversation(7, tokens, &shape);
             let full = next_turn(&b.base, 1, &shape);
             let est = estimate_tokens(&full, &shape);
-            assert!((est - tokens as f64).abs() < 0.05 * tokens as f64 + 40.0, "{tokens}: estimated {est}");
+            assert!(
+                (est - tokens as f64).abs() < 0.05 * tokens as f64 + 40.0,
+                "{tokens}: estimated {est}"
+            );
             assert_eq!(b.primes.last(), Some(&b.base));
             // Each priming request adds at most one step (plus one turn of slack).
             let mut prev = 0.0;
             for p in &b.primes {
                 let t = estimate_tokens(p, &shape);
-                assert!(t - prev <= shape.prime_step_tokens as f64 + 1.0, "{tokens}: step {prev} -> {t}");
+                assert!(
+                    t - prev <= shape.prime_step_tokens as f64 + 1.0,
+                    "{tokens}: step {prev} -> {t}"
+                );
                 prev = t;
             }
             assert_eq!(b.base.messages().last().unwrap().0, "user");
@@ -302,9 +489,17 @@ mod tests {
         assert_eq!(a, cold_request(&template, 1));
         let b = cold_request(&template, 2);
         assert_eq!(a.len(), template.len());
-        for ((ma, mb), mt) in a.messages().iter().zip(b.messages()).zip(template.messages()) {
+        for ((ma, mb), mt) in a
+            .messages()
+            .iter()
+            .zip(b.messages())
+            .zip(template.messages())
+        {
             assert_eq!(ma.0, mt.0);
-            assert!(ma.1 != mb.1 && ma.1 != mt.1 && ma.1[..8] != mb.1[..8], "every message is new from its first word");
+            assert!(
+                ma.1 != mb.1 && ma.1 != mt.1 && ma.1[..8] != mb.1[..8],
+                "every message is new from its first word"
+            );
         }
         let base = base_conversation(3, 2048, &shape).base;
         let t1 = next_turn(&base, 1, &shape);

@@ -110,7 +110,8 @@ impl IndexerTimers {
         if (self.routes - before.routes - 1.0).abs() > 1e-9 {
             return None;
         }
-        let tokenize = ((self.tokenizations - before.tokenizations - 1.0).abs() < 1e-9).then_some((self.tokenize_s - before.tokenize_s) * 1e3);
+        let tokenize = ((self.tokenizations - before.tokenizations - 1.0).abs() < 1e-9)
+            .then_some((self.tokenize_s - before.tokenize_s) * 1e3);
         Some(((self.route_s - before.route_s) * 1e3, tokenize))
     }
 }
@@ -126,6 +127,11 @@ pub struct Rate {
     pub fallbacks: u64,
     /// Wall time, seconds.
     pub seconds: f64,
+    /// Routes the indexer answered (its route timer's count) during the rounds and while it went
+    /// idle after them.
+    pub indexer_routes: f64,
+    /// The indexer's CPU time (user + system) over the same span, seconds; 0 when not read.
+    pub indexer_cpu_s: f64,
 }
 
 impl Rate {
@@ -135,16 +141,34 @@ impl Rate {
         self.failed += other.failed;
         self.fallbacks += other.fallbacks;
         self.seconds += other.seconds;
+        self.indexer_routes += other.indexer_routes;
+        self.indexer_cpu_s += other.indexer_cpu_s;
     }
 
     /// Successful requests per second.
     pub fn per_second(&self) -> Option<f64> {
         (self.seconds > 0.0).then(|| self.ok as f64 / self.seconds)
     }
+
+    /// Route throughput per indexer core: routes answered ÷ indexer CPU-seconds (= routes/s ÷
+    /// indexer cores busy). `None` when the indexer's CPU was not read or no route was answered.
+    pub fn routes_per_indexer_core(&self) -> Option<f64> {
+        (self.indexer_cpu_s > 0.0 && self.indexer_routes > 0.0)
+            .then(|| self.indexer_routes / self.indexer_cpu_s)
+    }
+
+    /// Mean indexer cores busy over the rounds' wall time (CPU spent settling included).
+    pub fn indexer_cores(&self) -> Option<f64> {
+        (self.indexer_cpu_s > 0.0 && self.seconds > 0.0).then(|| self.indexer_cpu_s / self.seconds)
+    }
 }
 
 fn values(samples: &[&Sample], path: Path, f: impl Fn(&Sample) -> Option<f64>) -> Vec<f64> {
-    samples.iter().filter(|s| s.path == Some(path) && s.usable()).filter_map(|s| f(s)).collect()
+    samples
+        .iter()
+        .filter(|s| s.path == Some(path) && s.usable())
+        .filter_map(|s| f(s))
+        .collect()
 }
 
 fn diff(k: &[f64], p: &[f64], q: f64) -> Option<f64> {
@@ -152,13 +176,23 @@ fn diff(k: &[f64], p: &[f64], q: f64) -> Option<f64> {
 }
 
 /// Summarises one case; `None` when either path has no usable sample.
-pub fn summarize(case: &str, samples: &[Sample], kvmesh_rate: Option<Rate>, plain_rate: Option<Rate>) -> Option<OverheadCase> {
+pub fn summarize(
+    case: &str,
+    samples: &[Sample],
+    kvmesh_rate: Option<Rate>,
+    plain_rate: Option<Rate>,
+) -> Option<OverheadCase> {
     let mine: Vec<&Sample> = samples.iter().filter(|s| s.case == case).collect();
     let gk = values(&mine, Path::Kvmesh, |s| s.gateway_ms);
     let gp = values(&mine, Path::Plain, |s| s.gateway_ms);
     let tk = values(&mine, Path::Kvmesh, |s| s.ttft_ms);
     let tp = values(&mine, Path::Plain, |s| s.ttft_ms);
-    let tokens: Vec<f64> = mine.iter().filter(|s| s.usable()).filter_map(|s| s.prompt_tokens).map(|t| t as f64).collect();
+    let tokens: Vec<f64> = mine
+        .iter()
+        .filter(|s| s.usable())
+        .filter_map(|s| s.prompt_tokens)
+        .map(|t| t as f64)
+        .collect();
     let indexer = values(&mine, Path::Kvmesh, |s| s.indexer_ms);
     let tokenize = values(&mine, Path::Kvmesh, |s| s.tokenize_ms);
     Some(OverheadCase {
@@ -167,9 +201,14 @@ pub fn summarize(case: &str, samples: &[Sample], kvmesh_rate: Option<Rate>, plai
         p99_added_ms: diff(&gk, &gp, 99.0),
         rps_kvmesh: kvmesh_rate.and_then(|r| r.per_second()),
         rps_plain: plain_rate.and_then(|r| r.per_second()),
-        rps_kvmesh_fallback_share: kvmesh_rate.filter(|r| r.ok + r.failed > 0).map(|r| r.fallbacks as f64 / (r.ok + r.failed) as f64),
+        rps_kvmesh_fallback_share: kvmesh_rate
+            .filter(|r| r.ok + r.failed > 0)
+            .map(|r| r.fallbacks as f64 / (r.ok + r.failed) as f64),
+        routes_per_indexer_core: kvmesh_rate.and_then(|r| r.routes_per_indexer_core()),
+        indexer_cores: kvmesh_rate.and_then(|r| r.indexer_cores()),
         samples: Some(gk.len().min(gp.len()) as u64),
-        prompt_tokens: (!tokens.is_empty()).then(|| tokens.iter().sum::<f64>() / tokens.len() as f64),
+        prompt_tokens: (!tokens.is_empty())
+            .then(|| tokens.iter().sum::<f64>() / tokens.len() as f64),
         kvmesh_p50_ms: percentile(&gk, 50.0),
         kvmesh_p99_ms: percentile(&gk, 99.0),
         plain_p50_ms: percentile(&gp, 50.0),
@@ -178,7 +217,11 @@ pub fn summarize(case: &str, samples: &[Sample], kvmesh_rate: Option<Rate>, plai
         client_p99_added_ms: diff(&tk, &tp, 99.0),
         indexer_p50_ms: percentile(&indexer, 50.0),
         tokenize_p50_ms: percentile(&tokenize, 50.0),
-        fallbacks: Some(mine.iter().filter(|s| s.path == Some(Path::Kvmesh) && s.fallback.is_some()).count() as u64),
+        fallbacks: Some(
+            mine.iter()
+                .filter(|s| s.path == Some(Path::Kvmesh) && s.fallback.is_some())
+                .count() as u64,
+        ),
         failed: Some(mine.iter().filter(|s| !s.usable()).count() as u64),
     })
 }
@@ -188,35 +231,94 @@ mod tests {
     use super::*;
 
     fn s(case: &str, path: Path, g: f64, ttft: f64) -> Sample {
-        Sample { case: case.into(), path: Some(path), gateway_ms: Some(g), ttft_ms: Some(ttft), prompt_tokens: Some(100), ..Default::default() }
+        Sample {
+            case: case.into(),
+            path: Some(path),
+            gateway_ms: Some(g),
+            ttft_ms: Some(ttft),
+            prompt_tokens: Some(100),
+            ..Default::default()
+        }
     }
 
     #[test]
     fn added_latency_is_a_difference_of_percentiles() {
         let mut v = Vec::new();
         for i in 0..100 {
-            v.push(s("c", Path::Kvmesh, 1.0 + i as f64 / 100.0, 20.0 + i as f64));
+            v.push(s(
+                "c",
+                Path::Kvmesh,
+                1.0 + i as f64 / 100.0,
+                20.0 + i as f64,
+            ));
             v.push(s("c", Path::Plain, 0.1, 19.0 + i as f64));
         }
-        v.push(Sample { case: "c".into(), path: Some(Path::Kvmesh), error: Some("HTTP 500".into()), ..Default::default() });
-        v.push(Sample { fallback: Some("timeout".into()), ..s("c", Path::Kvmesh, 100.0, 120.0) });
+        v.push(Sample {
+            case: "c".into(),
+            path: Some(Path::Kvmesh),
+            error: Some("HTTP 500".into()),
+            ..Default::default()
+        });
+        v.push(Sample {
+            fallback: Some("timeout".into()),
+            ..s("c", Path::Kvmesh, 100.0, 120.0)
+        });
         v.push(s("other", Path::Plain, 50.0, 50.0));
-        for (i, x) in v.iter_mut().filter(|x| x.path == Some(Path::Kvmesh)).enumerate() {
+        for (i, x) in v
+            .iter_mut()
+            .filter(|x| x.path == Some(Path::Kvmesh))
+            .enumerate()
+        {
             x.indexer_ms = Some(i as f64);
         }
-        let r = Rate { ok: 300, failed: 0, fallbacks: 30, seconds: 3.0 };
-        let c = summarize("c", &v, Some(r), Some(Rate { ok: 600, seconds: 3.0, ..Default::default() })).unwrap();
+        let r = Rate {
+            ok: 300,
+            failed: 0,
+            fallbacks: 30,
+            seconds: 3.0,
+            indexer_routes: 330.0,
+            indexer_cpu_s: 1.5,
+        };
+        let c = summarize(
+            "c",
+            &v,
+            Some(r),
+            Some(Rate {
+                ok: 600,
+                seconds: 3.0,
+                ..Default::default()
+            }),
+        )
+        .unwrap();
         // 101 kvmesh samples (the fallback's 100 ms included): rank 51 = 1.50; p99 rank 100 = 1.99.
         assert!((c.p50_added_ms - (1.5 - 0.1)).abs() < 1e-9, "{c:?}");
-        assert!((c.p99_added_ms.unwrap() - (1.99 - 0.1)).abs() < 1e-9, "{c:?}");
+        assert!(
+            (c.p99_added_ms.unwrap() - (1.99 - 0.1)).abs() < 1e-9,
+            "{c:?}"
+        );
         assert_eq!(c.kvmesh_p50_ms, Some(1.5));
         assert_eq!(c.plain_p99_ms, Some(0.1));
         // 101 kvmesh TTFTs (the fallback's counts): nearest rank 51 = 70; plain rank 50 = 68.
         assert!((c.client_p50_added_ms.unwrap() - 2.0).abs() < 1e-9, "{c:?}");
-        assert_eq!((c.fallbacks, c.failed, c.samples), (Some(1), Some(1), Some(100)));
-        assert_eq!((c.rps_kvmesh, c.rps_plain, c.rps_kvmesh_fallback_share), (Some(100.0), Some(200.0), Some(0.1)));
+        assert_eq!(
+            (c.fallbacks, c.failed, c.samples),
+            (Some(1), Some(1), Some(100))
+        );
+        assert_eq!(
+            (c.rps_kvmesh, c.rps_plain, c.rps_kvmesh_fallback_share),
+            (Some(100.0), Some(200.0), Some(0.1))
+        );
         assert_eq!(c.prompt_tokens, Some(100.0));
-        assert_eq!((c.indexer_p50_ms, c.tokenize_p50_ms), (Some(50.0), None), "ranks over usable kvmesh samples");
+        assert_eq!(
+            (c.routes_per_indexer_core, c.indexer_cores),
+            (Some(220.0), Some(0.5)),
+            "330 routes on 1.5 CPU-s over 3 s"
+        );
+        assert_eq!(
+            (c.indexer_p50_ms, c.tokenize_p50_ms),
+            (Some(50.0), None),
+            "ranks over usable kvmesh samples"
+        );
     }
 
     #[test]
@@ -230,11 +332,22 @@ mod tests {
         let a = IndexerTimers::from_scrape(&scrape(0.5, 10.0, 0.2, 10.0)).unwrap();
         let b = IndexerTimers::from_scrape(&scrape(0.5012, 11.0, 0.2004, 11.0)).unwrap();
         let (route, tok) = b.one_route_since(&a).unwrap();
-        assert!((route - 1.2).abs() < 1e-6 && (tok.unwrap() - 0.4).abs() < 1e-6, "{route} {tok:?}");
+        assert!(
+            (route - 1.2).abs() < 1e-6 && (tok.unwrap() - 0.4).abs() < 1e-6,
+            "{route} {tok:?}"
+        );
         let c = IndexerTimers::from_scrape(&scrape(0.6, 13.0, 0.3, 12.0)).unwrap();
-        assert_eq!(c.one_route_since(&b), None, "two routes in between: not attributable");
+        assert_eq!(
+            c.one_route_since(&b),
+            None,
+            "two routes in between: not attributable"
+        );
         let d = IndexerTimers::from_scrape(&scrape(0.7, 14.0, 0.3, 12.0)).unwrap();
-        assert_eq!(d.one_route_since(&c).map(|x| x.1), Some(None), "no tokenization (token-id prompt)");
+        assert_eq!(
+            d.one_route_since(&c).map(|x| x.1),
+            Some(None),
+            "no tokenization (token-id prompt)"
+        );
         assert!(IndexerTimers::from_scrape(&[]).is_none());
     }
 
@@ -244,8 +357,30 @@ mod tests {
         assert!(summarize("c", &v, None, None).is_none());
         let mut r = Rate::default();
         assert_eq!(r.per_second(), None);
-        r.add(Rate { ok: 5, failed: 1, fallbacks: 2, seconds: 0.5 });
-        r.add(Rate { ok: 5, failed: 0, fallbacks: 0, seconds: 0.5 });
+        r.add(Rate {
+            ok: 5,
+            failed: 1,
+            fallbacks: 2,
+            seconds: 0.5,
+            ..Default::default()
+        });
+        assert_eq!(
+            (r.routes_per_indexer_core(), r.indexer_cores()),
+            (None, None),
+            "indexer CPU not read"
+        );
+        r.add(Rate {
+            ok: 5,
+            failed: 0,
+            fallbacks: 0,
+            seconds: 0.5,
+            indexer_routes: 12.0,
+            indexer_cpu_s: 0.25,
+        });
         assert_eq!((r.per_second(), r.failed, r.fallbacks), (Some(10.0), 1, 2));
+        assert_eq!(
+            (r.routes_per_indexer_core(), r.indexer_cores()),
+            (Some(48.0), Some(0.25))
+        );
     }
 }

@@ -5,7 +5,8 @@
 //! counts, failures, overhead, extra sections). Absent numbers print as `n/a`, never as 0.
 
 use super::summary::{PolicySummary, RateSource, SourcedRate};
-use super::targets::{TargetResult, Verdict, OVERHEAD_TARGET_CASE, OVERHEAD_TARGET_MS};
+use super::targets::{TargetResult, Verdict, OVERHEAD_TARGET_CASE, OVERHEAD_TARGET_MS, RPS_RATIO_TARGET};
+use crate::manifest::OverheadCase;
 use crate::manifest::RunManifest;
 use std::fmt::Write as _;
 
@@ -238,7 +239,10 @@ fn render_overhead(s: &mut String, m: &RunManifest) {
          TTFT difference is shown as a cross-check (it includes the engines tokenizing the whole prompt on both sides). \
          \"Of which indexer / tokenize\" is the indexer's own timer for answering `/v1/route` and, within it, tokenizing \
          (medians of per-request readings); the rest of the kvmesh time is the filter and the loopback hop to the indexer. \
-         Requests/s: one gateway, closed loop, canned response (no engine)."
+         Requests/s: one gateway, closed loop, canned response (no engine); the ratio is judged against the target \
+         ≥ {RPS_RATIO_TARGET}× plain for every case. Routes per indexer CPU-s: routes the indexer answered during the \
+         kvmesh rounds ÷ the CPU time it spent (how many requests/s one indexer core sustains), beside the indexer cores \
+         it kept busy."
     );
     if let Some(n) = &m.overhead_notes {
         let _ = writeln!(s, "\n{n}");
@@ -248,18 +252,23 @@ fn render_overhead(s: &mut String, m: &RunManifest) {
     }
     let _ = writeln!(
         s,
-        "\n| case | prompt tokens | samples | **added p50 ms** | added p99 ms | kvmesh p50 / p99 ms | of which indexer / tokenize p50 ms | plain p50 / p99 ms | client TTFT added p50 / p99 ms | routed without indexer | req/s kvmesh | req/s plain | req/s ratio |"
+        "\n| case | prompt tokens | samples | **added p50 ms** | added p99 ms | kvmesh p50 / p99 ms | of which indexer / tokenize p50 ms | plain p50 / p99 ms | client TTFT added p50 / p99 ms | routed without indexer | req/s kvmesh | req/s plain | req/s ratio (≥ {RPS_RATIO_TARGET}) | routes per indexer CPU-s (cores busy) |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let pair = |a: Option<f64>, b: Option<f64>| format!("{} / {}", num(a, 3), num(b, 3));
     for c in &m.overhead {
-        let ratio = match (c.rps_kvmesh, c.rps_plain) {
-            (Some(k), Some(p)) if p > 0.0 => format!("{:.3}", k / p),
-            _ => "n/a".into(),
+        let ratio = match rps_ratio(c) {
+            Some(r) if r >= RPS_RATIO_TARGET => format!("{r:.3} met"),
+            Some(r) => format!("{r:.3} **missed**"),
+            None => "n/a".into(),
+        };
+        let per_core = match (c.routes_per_indexer_core, c.indexer_cores) {
+            (Some(r), Some(cores)) => format!("{r:.0} ({cores:.2})"),
+            (r, _) => num(r, 0),
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | **{:.3}** | {} | {} | {} | {} | {} | {} | {} | {} | {ratio} |",
+            "| {} | {} | {} | **{:.3}** | {} | {} | {} | {} | {} | {} | {} | {} | {ratio} | {per_core} |",
             c.name,
             num(c.prompt_tokens, 0),
             c.samples.map_or("n/a".into(), |n| n.to_string()),
@@ -286,7 +295,118 @@ fn render_overhead(s: &mut String, m: &RunManifest) {
         ),
         None => writeln!(s, "\nTarget: added p50 ≤ {OVERHEAD_TARGET_MS} ms for `{OVERHEAD_TARGET_CASE}`: not measured in this run."),
     };
+    let _ = writeln!(s, "\nTarget: requests/s per gateway ≥ {RPS_RATIO_TARGET}× plain Envoy for every case: {}", throughput_verdict(&m.overhead));
+    if let Some(line) = prefix_scaling(&m.overhead) {
+        let _ = writeln!(s, "\n{line}");
+    }
 }
+
+/// kvmesh requests/s ÷ plain requests/s of one case.
+pub fn rps_ratio(c: &OverheadCase) -> Option<f64> {
+    match (c.rps_kvmesh, c.rps_plain) {
+        (Some(k), Some(p)) if p > 0.0 => Some(k / p),
+        _ => None,
+    }
+}
+
+/// The throughput target over every case: met only when every case was measured and met it.
+pub fn throughput_verdict(cases: &[OverheadCase]) -> String {
+    let measured: Vec<(&str, f64)> = cases
+        .iter()
+        .filter_map(|c| rps_ratio(c).map(|r| (c.name.as_str(), r)))
+        .collect();
+    let unmeasured: Vec<&str> = cases
+        .iter()
+        .filter(|c| rps_ratio(c).is_none())
+        .map(|c| c.name.as_str())
+        .collect();
+    if measured.is_empty() {
+        return "not measured in this run.".into();
+    }
+    let missed: Vec<String> = measured
+        .iter()
+        .filter(|(_, r)| *r < RPS_RATIO_TARGET)
+        .map(|(n, r)| format!("`{n}` {r:.3}×"))
+        .collect();
+    let worst = measured
+        .iter()
+        .map(|(_, r)| *r)
+        .fold(f64::INFINITY, f64::min);
+    let mut out = if missed.is_empty() {
+        format!(
+            "**met** for all {} measured cases (lowest {worst:.3}×)",
+            measured.len()
+        )
+    } else {
+        format!(
+            "**missed** for {} of {} cases ({})",
+            missed.len(),
+            measured.len(),
+            missed.join(", ")
+        )
+    };
+    if !unmeasured.is_empty() {
+        out.push_str(&format!(
+            "; not measured: {}",
+            unmeasured
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        if missed.is_empty() {
+            out = out.replacen("**met**", "**not judged** (cases missing), met", 1);
+        }
+    }
+    out.push('.');
+    out
+}
+
+/// Whether kvmesh's cost on a shared prefix follows the new turn, not the prefix: the added p50
+/// (and the indexer's p50) of the smallest and the largest shared-prefix case side by side.
+pub fn prefix_scaling(cases: &[OverheadCase]) -> Option<String> {
+    let mut shared: Vec<&OverheadCase> = cases
+        .iter()
+        .filter(|c| c.name.ends_with("_shared_prefix"))
+        .collect();
+    shared.sort_by(|a, b| {
+        a.prompt_tokens
+            .unwrap_or(0.0)
+            .total_cmp(&b.prompt_tokens.unwrap_or(0.0))
+    });
+    let (small, large) = (shared.first()?, shared.last()?);
+    if std::ptr::eq(*small, *large) {
+        return None;
+    }
+    let tokens = match (small.prompt_tokens, large.prompt_tokens) {
+        (Some(a), Some(b)) if a > 0.0 => format!(" ({:.1}× the prompt)", b / a),
+        _ => String::new(),
+    };
+    let factor = |a: f64, b: f64| {
+        if a > 0.0 {
+            format!("{:.2}×", b / a)
+        } else {
+            "n/a".into()
+        }
+    };
+    let indexer = match (small.indexer_p50_ms, large.indexer_p50_ms) {
+        (Some(a), Some(b)) => format!(
+            "; the indexer's own p50 {a:.3} → {b:.3} ms ({})",
+            factor(a, b)
+        ),
+        _ => String::new(),
+    };
+    Some(format!(
+        "Shared prefix, cost per new turn: added p50 `{}` {:.3} ms → `{}` {:.3} ms ({}){tokens}{indexer}. Each request adds \
+         one turn; a cost that follows the turn stays flat as the prefix grows.",
+        small.name,
+        small.p50_added_ms,
+        large.name,
+        large.p50_added_ms,
+        factor(small.p50_added_ms, large.p50_added_ms)
+    ))
+}
+
 
 /// "met: 0.420 ms, 0.58 ms under the bound" / "missed: 1.300 ms, 0.30 ms (1.30×) over the bound".
 pub fn overhead_verdict(p50_added_ms: f64) -> String {
@@ -379,7 +499,8 @@ mod tests {
         for want in [
             "## Router overhead",
             "4 workers",
-            "| chat_8k_cold | 8190 | 200 | **40.000** | 2.500 | 0.800 / n/a | n/a / n/a | 0.100 / n/a | n/a / n/a | 0 | 900.0 (25% without the indexer) | 1000.0 | 0.900 |",
+            "| chat_8k_cold | 8190 | 200 | **40.000** | 2.500 | 0.800 / n/a | n/a / n/a | 0.100 / n/a | n/a / n/a | 0 | 900.0 (25% without the indexer) | 1000.0 | 0.900 met | n/a |",
+            "Target: requests/s per gateway ≥ 0.25× plain Envoy for every case: **met** for all 2 measured cases (lowest 0.900×).",
             "**met** — 0.700 ms, 0.300 ms under the bound (0.70× it)",
             "| 0.700 ms | 1 ms | **met** (ratio 0.700) | 0.300 ms under the bound |",
         ] {
@@ -389,7 +510,67 @@ mod tests {
         let md = render(&m, &[], &evaluate(&[], None, &m.overhead), &PlotLinks::default());
         assert!(md.contains("`chat_8k_continuation`: not measured in this run"), "{md}");
         assert!(overhead_verdict(1.3).starts_with("**missed** — 1.300 ms, 0.300 ms over the bound (1.30× it)"));
+        assert!(!md.contains("Shared prefix, cost per new turn"), "no shared-prefix case: {md}");
         let failed = RunManifest { overhead_notes: Some("**did not run**: boom".into()), ..Default::default() };
         assert!(render(&failed, &[], &[], &PlotLinks::default()).contains("**did not run**: boom"));
+    }
+
+    #[test]
+    fn throughput_and_shared_prefix_verdicts() {
+        use crate::manifest::OverheadCase;
+        let case =
+            |name: &str, k: Option<f64>, tokens: f64, added: f64, indexer: f64| OverheadCase {
+                name: name.into(),
+                p50_added_ms: added,
+                rps_kvmesh: k,
+                rps_plain: Some(1000.0),
+                prompt_tokens: Some(tokens),
+                indexer_p50_ms: Some(indexer),
+                routes_per_indexer_core: Some(1234.4),
+                indexer_cores: Some(0.456),
+                ..Default::default()
+            };
+        let mut cases = vec![
+            case("chat_8k_cold", Some(16.0), 8192.0, 30.0, 29.0),
+            case("chat_48k_shared_prefix", Some(300.0), 49_500.0, 0.9, 0.5),
+            case("chat_8k_shared_prefix", Some(400.0), 8300.0, 0.6, 0.4),
+        ];
+        assert_eq!(
+            throughput_verdict(&cases),
+            "**missed** for 1 of 3 cases (`chat_8k_cold` 0.016×)."
+        );
+        cases[0].rps_kvmesh = Some(250.0);
+        assert_eq!(
+            throughput_verdict(&cases),
+            "**met** for all 3 measured cases (lowest 0.250×)."
+        );
+        cases[0].rps_kvmesh = None;
+        assert_eq!(throughput_verdict(&cases), "**not judged** (cases missing), met for all 2 measured cases (lowest 0.300×); not measured: `chat_8k_cold`.");
+        assert_eq!(throughput_verdict(&cases[..1]), "not measured in this run.");
+        let line = prefix_scaling(&cases).unwrap();
+        assert!(
+            line.starts_with("Shared prefix, cost per new turn: added p50 `chat_8k_shared_prefix` 0.600 ms → `chat_48k_shared_prefix` 0.900 ms (1.50×) (6.0× the prompt); the indexer's own p50 0.400 → 0.500 ms (1.25×)."),
+            "{line}"
+        );
+        assert_eq!(
+            prefix_scaling(&cases[..2]),
+            None,
+            "one shared-prefix case: nothing to compare"
+        );
+        let m = RunManifest {
+            overhead: cases,
+            ..Default::default()
+        };
+        let md = render(
+            &m,
+            &[],
+            &evaluate(&[], None, &m.overhead),
+            &PlotLinks::default(),
+        );
+        assert!(
+            md.contains("| 0.300 met | 1234 (0.46) |") && md.contains("| n/a | 1234 (0.46) |"),
+            "{md}"
+        );
+        assert!(md.contains("Shared prefix, cost per new turn"), "{md}");
     }
 }

@@ -31,6 +31,9 @@ pub const POLICY_KVMESH_PRECISE_SESSION: &str = "kvmesh_precise_session";
 pub const OVERHEAD_TARGET_CASE: &str = "chat_8k_continuation";
 /// The overhead target: added p50 at most this many milliseconds.
 pub const OVERHEAD_TARGET_MS: f64 = 1.0;
+/// The throughput target: one gateway's requests/s with kvmesh at least this share of the same
+/// Envoy's without the filter, for every overhead case (issue 16.5).
+pub const RPS_RATIO_TARGET: f64 = 0.25;
 
 /// The verdict of one target.
 #[derive(Debug, Clone, Copy, PartialEq)]

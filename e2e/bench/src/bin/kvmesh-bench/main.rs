@@ -21,7 +21,7 @@ use kvmesh_bench::chat::ChatConfig;
 use kvmesh_bench::conversation::DEFAULT_ANCHOR_BLOCK;
 use kvmesh_bench::manifest::RunManifest;
 use kvmesh_bench::micro;
-use kvmesh_bench::overhead::plan::parse_sizes;
+use kvmesh_bench::overhead::plan::{parse_optional_sizes, parse_sizes};
 use kvmesh_bench::policy::{shell_quote, Policy, SessionHeaderMode};
 use kvmesh_bench::report::{generate, plots};
 use kvmesh_bench::trace::{self, default_trace_path, Selection, TRACE_ENV};
@@ -192,6 +192,10 @@ struct Args {
     /// Overhead: chat prompt sizes in tokens (`k` = 1024), each measured cold and as a continuation.
     #[arg(long, default_value = "1k,8k,32k")]
     overhead_sizes: String,
+    /// Overhead: shared-prefix sizes (`k` = 1024), one `chat_<size>_shared_prefix` case each
+    /// (many conversations growing turn by turn on one long prefix); `none` for no such case.
+    #[arg(long, default_value = "8k,48k")]
+    overhead_shared_prefixes: String,
     /// Overhead: latency samples per case and path (kvmesh, plain).
     #[arg(long, default_value_t = 200)]
     overhead_samples: usize,
@@ -412,6 +416,7 @@ async fn bench(a: Args) -> Result<()> {
     let policies = if parts.policies { Policy::parse_list(&a.policies).map_err(anyhow::Error::msg)? } else { Vec::new() };
     let overhead_args = OverheadArgs {
         sizes: parse_sizes(&a.overhead_sizes).map_err(anyhow::Error::msg)?,
+        shared_prefixes: parse_optional_sizes(&a.overhead_shared_prefixes).map_err(anyhow::Error::msg)?,
         samples: a.overhead_samples.max(1),
         bases: a.overhead_bases.max(1),
         sim_speedup: a.overhead_sim_speedup,
@@ -557,7 +562,10 @@ async fn bench(a: Args) -> Result<()> {
         }
         if !parts.policies {
             manifest.title = Some("kvmesh router overhead".into());
-            manifest.workload = Some(format!("router overhead only: chat prompts of {} tokens, cold and continuation", a.overhead_sizes));
+            manifest.workload = Some(format!(
+                "router overhead only: chat prompts of {} tokens, cold and continuation; shared prefixes of {} tokens",
+                a.overhead_sizes, a.overhead_shared_prefixes
+            ));
             manifest.window = Some("no trace replay".into());
             manifest.speedup = None;
         }

@@ -6,22 +6,31 @@
 //!    rendered bootstrap extended by `overhead::gateway::add_plain_path` (same ports, same
 //!    filter configuration), so both paths are one Envoy process.
 //! 2. Warm up both paths until the filter routes through the indexer (it has its fleet).
-//! 3. Prime the continuation bases through kvmesh, in steps, as conversations grow.
+//! 3. Prime the continuation bases and the shared prefixes through kvmesh, in steps, as
+//!    conversations grow.
 //! 4. Latency: for sample n of every case in turn, one kvmesh and one plain request, one at a
 //!    time, the order alternating with n — drift and background work hit both paths alike.
 //!    `max_tokens: 1`, so the engine's part is tokenizing the prompt plus one step.
 //! 5. Join Envoy's access log (gateway time per request), write `overhead/samples.jsonl`.
 //! 6. Requests/s: per case, `rounds` × (kvmesh round, plain round), order alternating, against
-//!    the canned route (nothing forwarded; the filter and indexer still do all their work).
+//!    the canned route (nothing forwarded; the filter and indexer still do all their work). Around
+//!    each kvmesh round (until the indexer is idle again) the indexer's CPU time and answered
+//!    routes are read: route throughput per indexer core.
 
 use crate::run::Fleet;
 use anyhow::{bail, Context, Result};
 use kvmesh_bench::chat::History;
 use kvmesh_bench::client::{build_client, discover_model};
 use kvmesh_bench::manifest::OverheadCase;
-use kvmesh_bench::overhead::drive::{access_entries, closed_loop, indexer_timers, settle, settle_cpu, tagged};
+use kvmesh_bench::overhead::drive::cpu_ticks;
+use kvmesh_bench::overhead::drive::{
+    access_entries, closed_loop, indexer_timers, settle, settle_cpu, tagged,
+};
 use kvmesh_bench::overhead::gateway::add_plain_path;
-use kvmesh_bench::overhead::plan::{base_conversation, base_seed, cases, cold_request, cold_seed, cold_template, next_turn, Case, Kind, Shape, Size};
+use kvmesh_bench::overhead::plan::{
+    base_conversation, base_seed, cases, cold_request, cold_seed, cold_template, next_turn,
+    shared_prefix_request, shared_prefix_seed, Case, Kind, Shape, Size,
+};
 use kvmesh_bench::overhead::summary::{summarize, Path as Way, Rate, Sample};
 use kvmesh_bench::policy::Policy;
 use kvmesh_e2e::envoy_config::{render_bootstrap, BootstrapVars, BootstrapWorker};
@@ -37,9 +46,12 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone)]
 pub struct OverheadArgs {
     pub sizes: Vec<Size>,
+    /// Shared-prefix sizes (one shared-prefix case each; may be empty).
+    pub shared_prefixes: Vec<Size>,
     /// Latency samples per case and path.
     pub samples: usize,
-    /// Continuation bases per size (samples cycle through them).
+    /// Continuation bases per size (samples cycle through them); also the conversations
+    /// interleaved on each shared prefix.
     pub bases: usize,
     pub sim_speedup: f64,
     pub rps_seconds: f64,
@@ -109,8 +121,15 @@ async fn swap_envoy(stack: &mut Stack) -> Result<(u16, std::path::PathBuf)> {
             .iter()
             .filter(|w| w.role.decodes())
             .map(|w| {
-                let (host, port) = w.http.rsplit_once(':').with_context(|| format!("bad address {}", w.http))?;
-                Ok(BootstrapWorker { id: w.id.clone(), host: host.to_string(), port: port.parse()? })
+                let (host, port) = w
+                    .http
+                    .rsplit_once(':')
+                    .with_context(|| format!("bad address {}", w.http))?;
+                Ok(BootstrapWorker {
+                    id: w.id.clone(),
+                    host: host.to_string(),
+                    port: port.parse()?,
+                })
             })
             .collect::<Result<_>>()?,
         max_body_bytes: stack.spec.max_body_bytes,
@@ -120,7 +139,8 @@ async fn swap_envoy(stack: &mut Stack) -> Result<(u16, std::path::PathBuf)> {
         indexer_max_connections: kvmesh_e2e::envoy_config::DEFAULT_INDEXER_MAX_CONNECTIONS,
         wasm_failure_policy: kvmesh_e2e::envoy_config::DEFAULT_WASM_FAILURE_POLICY.into(),
     };
-    let rendered: serde_json::Value = serde_yaml::from_str(&render_bootstrap(&vars)?).context("parsing the rendered bootstrap")?;
+    let rendered: serde_json::Value = serde_yaml::from_str(&render_bootstrap(&vars)?)
+        .context("parsing the rendered bootstrap")?;
     let plain_port = free_port()?;
     let dir = stack.dir().to_path_buf();
     let log = dir.join("overhead-access.jsonl");
@@ -133,8 +153,12 @@ async fn swap_envoy(stack: &mut Stack) -> Result<(u16, std::path::PathBuf)> {
         old.kill();
     }
     let mut cmd = std::process::Command::new(envoy_binary()?);
-    cmd.arg("-c").arg(&path).args(["--disable-hot-restart", "--concurrency", "2", "-l", "info"]);
-    cmd.args(["--file-flush-interval-msec", "100"]).arg("--log-path").arg(dir.join("envoy-overhead-app.log"));
+    cmd.arg("-c")
+        .arg(&path)
+        .args(["--disable-hot-restart", "--concurrency", "2", "-l", "info"]);
+    cmd.args(["--file-flush-interval-msec", "100"])
+        .arg("--log-path")
+        .arg(dir.join("envoy-overhead-app.log"));
     let mut proc = Proc::spawn("envoy-overhead", cmd, &dir)?;
     let client = stack.client().clone();
     let ready = stack.admin("/ready");
@@ -144,10 +168,16 @@ async fn swap_envoy(stack: &mut Stack) -> Result<(u16, std::path::PathBuf)> {
             break;
         }
         if !proc.is_running() {
-            bail!("envoy (overhead bootstrap) exited before it was ready:\n{}", proc.log_tail(60));
+            bail!(
+                "envoy (overhead bootstrap) exited before it was ready:\n{}",
+                proc.log_tail(60)
+            );
         }
         if Instant::now() > deadline {
-            bail!("envoy (overhead bootstrap) not ready in time:\n{}", proc.log_tail(60));
+            bail!(
+                "envoy (overhead bootstrap) not ready in time:\n{}",
+                proc.log_tail(60)
+            );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -175,7 +205,13 @@ impl Urls {
 
 /// Warm both paths (connections, the filter's fleet snapshot); fails when the filter never
 /// routes through the indexer.
-async fn warm_up(client: &reqwest::Client, urls: &Urls, model: &str, template: &History, seed: u64) -> Result<()> {
+async fn warm_up(
+    client: &reqwest::Client,
+    urls: &Urls,
+    model: &str,
+    template: &History,
+    seed: u64,
+) -> Result<()> {
     let deadline = Instant::now() + kvmesh_e2e::poll::patience();
     let mut routed = false;
     let mut n = 0u64;
@@ -185,7 +221,14 @@ async fn warm_up(client: &reqwest::Client, urls: &Urls, model: &str, template: &
         }
         let h = cold_request(template, cold_seed(seed, 9, 0, n));
         for way in [Way::Kvmesh, Way::Plain] {
-            let o = tagged(client, urls.of(way), body(&h, model), &format!("warm-{n}-{}", way.tag()), SAMPLE_TIMEOUT).await;
+            let o = tagged(
+                client,
+                urls.of(way),
+                body(&h, model),
+                &format!("warm-{n}-{}", way.tag()),
+                SAMPLE_TIMEOUT,
+            )
+            .await;
             if let Some(e) = &o.error {
                 tracing::warn!(path = way.tag(), error = %e, "warm-up request failed");
             } else if way == Way::Kvmesh && o.fallback.is_none() && o.decision_mode.is_some() {
@@ -197,43 +240,116 @@ async fn warm_up(client: &reqwest::Client, urls: &Urls, model: &str, template: &
     Ok(())
 }
 
-/// Sends every base's priming requests through kvmesh; returns the bases per size and how many
-/// priming requests were routed without the indexer.
-async fn prime(client: &reqwest::Client, urls: &Urls, model: &str, args: &OverheadArgs, shape: &Shape) -> (Vec<Vec<History>>, u64) {
+/// Sends one base's priming requests through kvmesh; returns how many were routed without the
+/// indexer.
+async fn prime_one(
+    client: &reqwest::Client,
+    urls: &Urls,
+    model: &str,
+    base: &kvmesh_bench::overhead::plan::Base,
+    what: &str,
+) -> u64 {
+    let mut fallbacks = 0;
+    for (i, h) in base.primes.iter().enumerate() {
+        let o = tagged(
+            client,
+            &urls.kvmesh,
+            body(h, model),
+            &format!("prime-{what}-{i}"),
+            SAMPLE_TIMEOUT,
+        )
+        .await;
+        fallbacks += u64::from(o.fallback.is_some());
+        if let Some(e) = o.error {
+            tracing::warn!(base = what, step = i, error = %e, "priming request failed");
+        }
+    }
+    fallbacks
+}
+
+/// Primes every continuation base and every shared prefix through kvmesh; returns the bases per
+/// size, the shared prefixes, and how many priming requests were routed without the indexer.
+async fn prime(
+    client: &reqwest::Client,
+    urls: &Urls,
+    model: &str,
+    args: &OverheadArgs,
+    shape: &Shape,
+) -> (Vec<Vec<History>>, Vec<History>, u64) {
     let mut all = Vec::new();
     let mut fallbacks = 0;
     for (si, size) in args.sizes.iter().enumerate() {
         let mut bases = Vec::new();
         for b in 0..args.bases.max(1) {
             let base = base_conversation(base_seed(args.seed, si, b), size.tokens, shape);
-            for (i, h) in base.primes.iter().enumerate() {
-                let o = tagged(client, &urls.kvmesh, body(h, model), &format!("prime-{}-{b}-{i}", size.label), SAMPLE_TIMEOUT).await;
-                fallbacks += u64::from(o.fallback.is_some());
-                if let Some(e) = o.error {
-                    tracing::warn!(size = %size.label, base = b, step = i, error = %e, "priming request failed");
-                }
-            }
+            fallbacks +=
+                prime_one(client, urls, model, &base, &format!("{}-{b}", size.label)).await;
             bases.push(base.base);
         }
         all.push(bases);
     }
-    (all, fallbacks)
+    let mut shared = Vec::new();
+    for (si, size) in args.shared_prefixes.iter().enumerate() {
+        let base = base_conversation(shared_prefix_seed(args.seed, si), size.tokens, shape);
+        fallbacks += prime_one(
+            client,
+            urls,
+            model,
+            &base,
+            &format!("shared-{}", size.label),
+        )
+        .await;
+        shared.push(base.base);
+    }
+    (all, shared, fallbacks)
 }
 
-/// The conversations requests are made from, per size: cold templates and continuation bases.
+/// The conversations requests are made from, per size: cold templates and continuation bases;
+/// per shared-prefix size: the prefix.
 struct Texts {
     cold: Vec<History>,
     bases: Vec<Vec<History>>,
+    shared: Vec<History>,
 }
 
-fn request_for(case: &Case, size_index: usize, texts: &Texts, n: u64, way: Way, args: &OverheadArgs, shape: &Shape) -> History {
+fn request_for(
+    case: &Case,
+    size_index: usize,
+    texts: &Texts,
+    n: u64,
+    way: Way,
+    args: &OverheadArgs,
+    shape: &Shape,
+) -> History {
     let bases = &texts.bases;
     match case.kind {
         // Distinct content per request and path: neither path's request warms the other's.
-        Kind::Cold => cold_request(&texts.cold[size_index], cold_seed(args.seed, 0, size_index, 2 * n + u64::from(way == Way::Plain))),
+        Kind::Cold => cold_request(
+            &texts.cold[size_index],
+            cold_seed(
+                args.seed,
+                0,
+                size_index,
+                2 * n + u64::from(way == Way::Plain),
+            ),
+        ),
         Kind::Continuation => {
             let list = &bases[size_index];
-            next_turn(&list[(n as usize) % list.len()], (n << 1) | u64::from(way == Way::Plain), shape)
+            next_turn(
+                &list[(n as usize) % list.len()],
+                (n << 1) | u64::from(way == Way::Plain),
+                shape,
+            )
+        }
+        Kind::SharedPrefix => {
+            shared_prefix_request(
+                &texts.shared[size_index],
+                args.bases,
+                n,
+                u64::from(way == Way::Plain),
+                shape,
+            )
+            .0
         }
     }
 }
@@ -243,11 +359,24 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
     let dir = out.join("overhead");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let shape = Shape::default();
-    let all_cases = cases(&args.sizes);
-    let size_index = |c: &Case| args.sizes.iter().position(|s| *s == c.size).unwrap_or(0);
+    let all_cases = cases(&args.sizes, &args.shared_prefixes);
+    let size_index = |c: &Case| {
+        let list = if c.kind == Kind::SharedPrefix {
+            &args.shared_prefixes
+        } else {
+            &args.sizes
+        };
+        list.iter().position(|s| *s == c.size).unwrap_or(0)
+    };
 
-    tracing::info!(cases = all_cases.len(), samples = args.samples, "overhead: starting the stack");
-    let mut stack = Stack::start(spec(args, fleet, &dir)).await.context("starting the overhead stack")?;
+    tracing::info!(
+        cases = all_cases.len(),
+        samples = args.samples,
+        "overhead: starting the stack"
+    );
+    let mut stack = Stack::start(spec(args, fleet, &dir))
+        .await
+        .context("starting the overhead stack")?;
     let (plain_port, access_log) = swap_envoy(&mut stack).await?;
     let urls = Urls {
         kvmesh: stack.gateway("/v1/chat/completions"),
@@ -256,14 +385,35 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
     let client = build_client(Duration::from_secs(5), 1024)?;
     let model = match &fleet.model {
         Some(m) => m.clone(),
-        None => discover_model(&client, &stack.gateway(""), Duration::from_secs(30)).await.map_err(anyhow::Error::msg)?,
+        None => discover_model(&client, &stack.gateway(""), Duration::from_secs(30))
+            .await
+            .map_err(anyhow::Error::msg)?,
     };
-    let cold: Vec<History> = args.sizes.iter().map(|s| cold_template(s.tokens, &shape)).collect();
-    warm_up(&client, &urls, &model, &cold_template(512, &shape), args.seed).await?;
+    let cold: Vec<History> = args
+        .sizes
+        .iter()
+        .map(|s| cold_template(s.tokens, &shape))
+        .collect();
+    warm_up(
+        &client,
+        &urls,
+        &model,
+        &cold_template(512, &shape),
+        args.seed,
+    )
+    .await?;
     let started = Instant::now();
-    let (bases, prime_fallbacks) = prime(&client, &urls, &model, args, &shape).await;
-    let texts = Arc::new(Texts { cold, bases });
-    tracing::info!(prime_s = started.elapsed().as_secs_f64(), prime_fallbacks, "overhead: bases primed");
+    let (bases, shared, prime_fallbacks) = prime(&client, &urls, &model, args, &shape).await;
+    let texts = Arc::new(Texts {
+        cold,
+        bases,
+        shared,
+    });
+    tracing::info!(
+        prime_s = started.elapsed().as_secs_f64(),
+        prime_fallbacks,
+        "overhead: bases primed"
+    );
 
     let mut samples: Vec<Sample> = Vec::new();
     let metrics_url = stack.indexer_url("/metrics");
@@ -271,7 +421,11 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
     let latency_start = Instant::now();
     for n in 0..args.samples as u64 {
         for case in &all_cases {
-            let order = if n % 2 == 0 { [Way::Kvmesh, Way::Plain] } else { [Way::Plain, Way::Kvmesh] };
+            let order = if n % 2 == 0 {
+                [Way::Kvmesh, Way::Plain]
+            } else {
+                [Way::Plain, Way::Kvmesh]
+            };
             for way in order {
                 let h = request_for(case, size_index(case), &texts, n, way, args, &shape);
                 let id = format!("{}-{n}-{}", case.name(), way.tag());
@@ -281,7 +435,14 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
                 if way == Way::Kvmesh {
                     // Wait for this request's tokenization to finish even when the filter gave up.
                     let want = timers.map_or(0.0, |t| t.tokenizations + 1.0);
-                    let now = settle(&client, &metrics_url, want, Duration::from_millis(5), SETTLE_SAMPLE).await;
+                    let now = settle(
+                        &client,
+                        &metrics_url,
+                        want,
+                        Duration::from_millis(5),
+                        SETTLE_SAMPLE,
+                    )
+                    .await;
                     share = now.zip(timers).and_then(|(n, b)| n.one_route_since(&b));
                     timers = now;
                 }
@@ -303,7 +464,12 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
             }
         }
         if (n + 1) % 25 == 0 {
-            tracing::info!(done = n + 1, of = args.samples, elapsed_s = latency_start.elapsed().as_secs_f64(), "overhead: latency samples");
+            tracing::info!(
+                done = n + 1,
+                of = args.samples,
+                elapsed_s = latency_start.elapsed().as_secs_f64(),
+                "overhead: latency samples"
+            );
         }
     }
     let want: HashSet<String> = samples.iter().map(|s| s.id.clone()).collect();
@@ -331,30 +497,80 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
     if args.rps_seconds > 0.0 && args.rps_rounds > 0 {
         for case in &all_cases {
             for round in 0..args.rps_rounds {
-                let order = if round % 2 == 0 { [Way::Kvmesh, Way::Plain] } else { [Way::Plain, Way::Kvmesh] };
+                let order = if round % 2 == 0 {
+                    [Way::Kvmesh, Way::Plain]
+                } else {
+                    [Way::Plain, Way::Kvmesh]
+                };
                 for way in order {
-                    let (c, si, m, shape2, seed) = (case.clone(), size_index(case), model.clone(), shape.clone(), args.seed);
+                    let (c, si, m, shape2, seed, k) = (
+                        case.clone(),
+                        size_index(case),
+                        model.clone(),
+                        shape.clone(),
+                        args.seed,
+                        args.bases,
+                    );
                     let texts = texts.clone();
                     let phase = 1 + round as u64 * 2 + u64::from(way == Way::Plain);
                     let make = Arc::new(move |n: u64| {
                         let h = match c.kind {
-                            Kind::Cold => cold_request(&texts.cold[si], cold_seed(seed, phase, si, n)),
+                            Kind::Cold => {
+                                cold_request(&texts.cold[si], cold_seed(seed, phase, si, n))
+                            }
                             Kind::Continuation => {
                                 let list = &texts.bases[si];
-                                next_turn(&list[(n as usize) % list.len()], (phase << 40) | n, &shape2)
+                                next_turn(
+                                    &list[(n as usize) % list.len()],
+                                    (phase << 40) | n,
+                                    &shape2,
+                                )
+                            }
+                            // Salts 0 and 1 are the latency phase's; every round starts new conversations.
+                            Kind::SharedPrefix => {
+                                shared_prefix_request(&texts.shared[si], k, n, phase << 1, &shape2)
+                                    .0
                             }
                         };
                         h.body(&m, 1, true).to_string().into_bytes()
                     });
-                    let r = closed_loop(&client, urls.of(way), args.rps_concurrency, Duration::from_secs_f64(args.rps_seconds), RPS_TIMEOUT, make).await;
+                    let before = match (way, indexer_pid) {
+                        (Way::Kvmesh, Some(pid)) => indexer_timers(&client, &metrics_url)
+                            .await
+                            .zip(cpu_ticks(pid)),
+                        _ => None,
+                    };
+                    let mut r = closed_loop(
+                        &client,
+                        urls.of(way),
+                        args.rps_concurrency,
+                        Duration::from_secs_f64(args.rps_seconds),
+                        RPS_TIMEOUT,
+                        make,
+                    )
+                    .await;
                     // Abandoned tokenizations (filter timeouts) must not run into the next round.
                     let settled = match (way, indexer_pid) {
-                        (Way::Kvmesh, Some(pid)) => settle_cpu(pid, Duration::from_millis(250), IDLE_TICKS, SETTLE_ROUND).await,
+                        (Way::Kvmesh, Some(pid)) => {
+                            settle_cpu(pid, Duration::from_millis(250), IDLE_TICKS, SETTLE_ROUND)
+                                .await
+                        }
                         _ => Duration::ZERO,
                     };
+                    // The round's indexer work, the tokenizations finished while settling included.
+                    if let (Some((t0, c0)), Some(pid)) = (before, indexer_pid) {
+                        if let Some((t1, c1)) = indexer_timers(&client, &metrics_url)
+                            .await
+                            .zip(cpu_ticks(pid))
+                        {
+                            r.indexer_routes = t1.routes - t0.routes;
+                            r.indexer_cpu_s = c1.saturating_sub(c0) as f64 / 100.0;
+                        }
+                    }
                     tracing::info!(
                         case = %case.name(), path = way.tag(), round, ok = r.ok, failed = r.failed, fallbacks = r.fallbacks,
-                        rps = r.per_second().unwrap_or(0.0), settle_s = settled.as_secs_f64(), "overhead: requests/s round"
+                        rps = r.per_second().unwrap_or(0.0), settle_s = settled.as_secs_f64(), indexer_routes = r.indexer_routes,
+                        indexer_cpu_s = r.indexer_cpu_s, "overhead: requests/s round"
                     );
                     rates.entry((case.name(), way.tag())).or_default().add(r);
                 }
@@ -374,7 +590,11 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
             None => missing.push(name),
         }
     }
-    let rps_fallbacks: u64 = rates.iter().filter(|((_, w), _)| *w == Way::Kvmesh.tag()).map(|(_, r)| r.fallbacks).sum();
+    let rps_fallbacks: u64 = rates
+        .iter()
+        .filter(|((_, w), _)| *w == Way::Kvmesh.tag())
+        .map(|(_, r)| r.fallbacks)
+        .sum();
     let rps_failed: u64 = rates.values().map(|r| r.failed).sum();
     let mut notes = format!(
         "{} vllm-sim workers (`--speedup {}`, KV capacity {} blocks, KV events on), the indexer in precise mode, one Envoy \
@@ -403,11 +623,28 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
             String::new()
         },
     );
+    if !args.shared_prefixes.is_empty() {
+        notes.push_str(&format!(
+            " Shared prefix (`chat_<size>_shared_prefix`): one prefix per size (a conversation primed like a base), shared \
+             by {} interleaved conversations, each growing on it by one turn per request (a reply and a new user message, \
+             ≈ {:.0} tokens) for {} turns, then a new set starts; every request's last turn is new text. Route throughput \
+             per indexer core = routes the indexer answered ÷ its CPU-seconds (`/proc/<pid>/stat`), read around each kvmesh \
+             requests/s round until the indexer was idle again.",
+            args.bases.max(1),
+            shape.tail_tokens(),
+            shape.shared_turns,
+        ));
+    }
     if missing_log > 0 {
-        notes.push_str(&format!(" {missing_log} samples had no access-log line and were left out."));
+        notes.push_str(&format!(
+            " {missing_log} samples had no access-log line and were left out."
+        ));
     }
     if !missing.is_empty() {
         notes.push_str(&format!(" No usable samples for: {}.", missing.join(", ")));
     }
-    Ok(OverheadRun { cases: out_cases, notes })
+    Ok(OverheadRun {
+        cases: out_cases,
+        notes,
+    })
 }
