@@ -57,8 +57,8 @@ enum Phase {
     Finished,
 }
 
-/// Where the done report points: the endpoint the request went to and the indexer's booking id,
-/// when known.
+/// Where the done report points: the endpoint the request went to (the decided one, replaced by
+/// the host that served once Envoy says which) and the indexer's booking id, when known.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct DoneTarget {
     endpoint: Option<String>,
@@ -334,6 +334,11 @@ impl RequestFlow {
             return Vec::new();
         }
         let status = self.response_status.or(final_status.filter(|s| *s > 0));
+        // The done report names the host that served (after a retry or a fallback to another host,
+        // not the one decided); the indexer releases the booking by its id either way.
+        if let (Some(target), Some(host)) = (self.report_done.as_mut(), served) {
+            target.endpoint = Some(host.to_owned());
+        }
         let mut effects: Vec<Effect> = endpoints::attempt_outcomes(self.primary.as_deref(), served, status)
             .into_iter()
             .map(|(endpoint, ok)| Effect::EndpointOutcome { endpoint, ok })

@@ -38,11 +38,16 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz));
     if cfg.debug_enabled() {
-        api = api.route("/debug/workers", get(debug_workers)).route("/debug/blocks", get(debug_blocks));
+        api = api
+            .route("/debug/workers", get(debug_workers))
+            .route("/debug/blocks", get(debug_blocks));
     }
     api.layer(DefaultBodyLimit::max(cfg.routing.max_body_bytes))
         // A backstop for every endpoint; `/v1/route` answers its own deadline first, with a reason.
-        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, Duration::from_millis(cfg.routing.request_timeout_ms + ROUTE_DEADLINE_MARGIN_MS)))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Duration::from_millis(cfg.routing.request_timeout_ms + ROUTE_DEADLINE_MARGIN_MS),
+        ))
         .with_state(state)
 }
 
@@ -54,37 +59,69 @@ pub fn metrics_router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .layer(DefaultBodyLimit::max(1024))
-        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(10)))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Duration::from_secs(10),
+        ))
         .with_state(state)
 }
 
-fn body(state: &AppState, endpoint: &'static str, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+fn body(
+    state: &AppState,
+    endpoint: &'static str,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         let err = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError { status: StatusCode::PAYLOAD_TOO_LARGE, kind: "invalid_request_error", reason: "body_too_large", message: e.body_text() }
+            ApiError {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                kind: "invalid_request_error",
+                reason: "body_too_large",
+                message: e.body_text(),
+            }
         } else {
             ApiError::bad_request("bad_body", e.body_text())
         };
-        state.metrics.bad_requests.with_label_values(&[endpoint, err.reason]).inc();
+        state
+            .metrics
+            .bad_requests
+            .with_label_values(&[endpoint, err.reason])
+            .inc();
         err
     })
 }
 
-async fn route(State(state): State<Arc<AppState>>, headers: HeaderMap, raw: Result<Bytes, BytesRejection>) -> Result<Json<RouteDecision>, ApiError> {
+async fn route(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<RouteDecision>, ApiError> {
     let started = Instant::now();
     let raw = body(&state, "route", raw)?;
     // Our own deadline (inside the layer's), so the answer carries a reason; the dropped call
     // releases whatever it booked.
     let deadline = Duration::from_millis(state.config().routing.request_timeout_ms);
-    let result = match tokio::time::timeout(deadline, crate::route::route(&state, &headers, raw)).await {
-        Ok(r) => r,
-        Err(_) => Err(ApiError::unavailable("request_timeout", format!("no decision within routing.request_timeout_ms = {} ms", deadline.as_millis()))),
-    };
+    let result =
+        match tokio::time::timeout(deadline, crate::route::route(&state, &headers, raw)).await {
+            Ok(r) => r,
+            Err(_) => Err(ApiError::unavailable(
+                "request_timeout",
+                format!(
+                    "no decision within routing.request_timeout_ms = {} ms",
+                    deadline.as_millis()
+                ),
+            )),
+        };
     match &result {
-        Ok(_) => state.metrics.route_duration.observe(started.elapsed().as_secs_f64()),
-        Err(e) if e.status.is_client_error() && e.status != StatusCode::TOO_MANY_REQUESTS => {
-            state.metrics.bad_requests.with_label_values(&["route", e.reason]).inc()
-        }
+        Ok(_) => state
+            .metrics
+            .route_duration
+            .observe(started.elapsed().as_secs_f64()),
+        Err(e) if e.status.is_client_error() && e.status != StatusCode::TOO_MANY_REQUESTS => state
+            .metrics
+            .bad_requests
+            .with_label_values(&["route", e.reason])
+            .inc(),
         Err(e) => {
             let c = state.metrics.route_errors.with_label_values(&[e.reason]);
             c.inc();
@@ -101,10 +138,17 @@ async fn route(State(state): State<Arc<AppState>>, headers: HeaderMap, raw: Resu
     result.map(Json)
 }
 
-async fn done(State(state): State<Arc<AppState>>, raw: Result<Bytes, BytesRejection>) -> Result<Json<serde_json::Value>, ApiError> {
+async fn done(
+    State(state): State<Arc<AppState>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
     let raw = body(&state, "done", raw)?;
     let report: DoneReport = serde_json::from_slice(&raw).map_err(|e| {
-        state.metrics.bad_requests.with_label_values(&["done", "bad_json"]).inc();
+        state
+            .metrics
+            .bad_requests
+            .with_label_values(&["done", "bad_json"])
+            .inc();
         ApiError::bad_request("bad_json", format!("not a DoneReport: {e}"))
     })?;
     // By the booking id the decision carried; a report without one (an older filter) releases the
@@ -116,7 +160,29 @@ async fn done(State(state): State<Arc<AppState>>, raw: Result<Bytes, BytesReject
             None => load.release_request(&report.request_id),
         }
     };
-    state.metrics.done_reports.with_label_values(&[report.outcome.as_str(), if released.is_some() { "true" } else { "false" }]).inc();
+    // The report names the host that served (the filter reads Envoy's `upstream.address`); after
+    // a retry or a fallback to another host that is not the booked worker. The booking released is
+    // the one made, by its id: the booked worker's load is what the booking added.
+    if let (Some(b), Some(served)) = (&released, report.endpoint.as_deref()) {
+        let booked_at = state
+            .fleet
+            .read()
+            .workers
+            .iter()
+            .find(|w| w.cfg.id == b.worker)
+            .map(|w| w.cfg.endpoint.clone());
+        if booked_at.as_deref().is_some_and(|e| e != served) {
+            tracing::debug!(request_id = %report.request_id, booked = %b.worker, served, "served by another host than booked; the booking is released");
+        }
+    }
+    state
+        .metrics
+        .done_reports
+        .with_label_values(&[
+            report.outcome.as_str(),
+            if released.is_some() { "true" } else { "false" },
+        ])
+        .inc();
     Ok(Json(serde_json::json!({ "released": released.is_some() })))
 }
 
@@ -126,7 +192,10 @@ async fn fleet(State(state): State<Arc<AppState>>) -> Json<kvmesh_core::api::Fle
 
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     state.refresh_gauges();
-    ([("content-type", "text/plain; version=0.0.4")], state.metrics.render())
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
 }
 
 /// Ready when the index reflects the engines (start-up replays done) and at least one healthy,
@@ -134,13 +203,28 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let waiting = state.not_ready();
     if !waiting.is_empty() {
-        return (StatusCode::SERVICE_UNAVAILABLE, format!("waiting for the start-up replay of: {}\n", waiting.join(", "))).into_response();
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "waiting for the start-up replay of: {}\n",
+                waiting.join(", ")
+            ),
+        )
+            .into_response();
     }
     let snapshot = state.snapshot();
     if snapshot.decode_candidates().next().is_none() {
-        let why = if snapshot.workers.is_empty() { "the fleet is empty" } else { "no decode-capable worker is healthy and routable" };
+        let why = if snapshot.workers.is_empty() {
+            "the fleet is empty"
+        } else {
+            "no decode-capable worker is healthy and routable"
+        };
         tracing::debug!(workers = snapshot.workers.len(), "not ready: {why}");
-        return (StatusCode::SERVICE_UNAVAILABLE, format!("no_decode_worker: {why}\n")).into_response();
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("no_decode_worker: {why}\n"),
+        )
+            .into_response();
     }
     (StatusCode::OK, "ready\n").into_response()
 }
@@ -154,11 +238,19 @@ struct BlocksQuery {
     worker: String,
 }
 
-async fn debug_blocks(State(state): State<Arc<AppState>>, q: Result<Query<BlocksQuery>, axum::extract::rejection::QueryRejection>) -> Result<Response, ApiError> {
+async fn debug_blocks(
+    State(state): State<Arc<AppState>>,
+    q: Result<Query<BlocksQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
     let Query(q) = q.map_err(|e| ApiError::bad_request("bad_query", e.body_text()))?;
     match state.debug_blocks(&q.worker) {
         Some(b) => Ok(Json(b).into_response()),
-        None => Err(ApiError { status: StatusCode::NOT_FOUND, kind: "not_found", reason: "unknown_worker", message: format!("no worker {:?}", q.worker) }),
+        None => Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            kind: "not_found",
+            reason: "unknown_worker",
+            message: format!("no worker {:?}", q.worker),
+        }),
     }
 }
 

@@ -528,3 +528,25 @@ fn ejected_endpoints_go_last_and_attempts_are_reported() {
     assert!(done.contains(&Effect::EndpointOutcome { endpoint: "10.0.0.2:8000".into(), ok: false }));
     assert!(done.contains(&Effect::EndpointOutcome { endpoint: "10.0.0.3:8000".into(), ok: true }));
 }
+
+#[test]
+fn done_report_names_the_host_that_served_after_a_retry() {
+    let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
+    let mut d: Value = serde_json::from_slice(&decision(Value::Null)).unwrap();
+    d["booking_id"] = json!("bk-9");
+    f.on_route_answer(Some(200), &serde_json::to_vec(&d).unwrap(), 0, &fleet());
+    f.on_response_headers(Some(200), false);
+    f.on_response_body(true);
+    // Decided 10.0.0.2:8000; Envoy's retry went to 10.0.0.3:8000 (`upstream.address`).
+    let done = f.finish_upstream(None, Some("10.0.0.3:8000"));
+    assert!(
+        done.contains(&Effect::QueueDone(DoneReport {
+            request_id: "rid-1".into(),
+            endpoint: Some("10.0.0.3:8000".into()),
+            outcome: Outcome::Success,
+            status: Some(200),
+            booking_id: Some("bk-9".into())
+        })),
+        "{done:?}"
+    );
+}
