@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::{Mutex, RwLock};
-use rand::SeedableRng;
 
+use crate::clock::{self, Entropy};
 use crate::config::{Config, ConfigError, EnvSource, IndexMode, WorkerConfig};
 use crate::events::applier::{Applier, ApplierConfig, ApplierMsg, IndexGauges};
 use crate::events::budget::EventLimits;
@@ -61,7 +61,11 @@ pub struct Service {
 }
 
 fn event_limits(c: &Config) -> (usize, usize, usize) {
-    (c.routing.event_max_frame_bytes, c.routing.replay_max_bytes, c.routing.event_queue_bytes)
+    (
+        c.routing.event_max_frame_bytes,
+        c.routing.replay_max_bytes,
+        c.routing.event_queue_bytes,
+    )
 }
 
 fn applier_config(c: &Config) -> ApplierConfig {
@@ -75,12 +79,21 @@ fn applier_config(c: &Config) -> ApplierConfig {
 }
 
 fn load_tokenizer(c: &Config) -> Result<PromptTokenizer, TokenizeError> {
-    PromptTokenizer::load(&c.model.tokenizer_path(), c.model.chat_template.as_deref(), &c.model.bos_token, c.routing.tokenize_cache_bytes)
+    PromptTokenizer::load(
+        &c.model.tokenizer_path(),
+        c.model.chat_template.as_deref(),
+        &c.model.bos_token,
+        c.routing.tokenize_cache_bytes,
+    )
 }
 
 impl Service {
     /// Builds the state, starts the applier and the listeners. `config_path` enables reloads.
-    pub fn start(config: Config, config_path: Option<PathBuf>, env: Arc<dyn EnvSource>) -> Result<Arc<Self>, ServiceError> {
+    pub fn start(
+        config: Config,
+        config_path: Option<PathBuf>,
+        env: Arc<dyn EnvSource>,
+    ) -> Result<Arc<Self>, ServiceError> {
         let tokenizer = load_tokenizer(&config)?;
         Self::start_with_tokenizer(config, config_path, env, tokenizer)
     }
@@ -92,18 +105,47 @@ impl Service {
         env: Arc<dyn EnvSource>,
         tokenizer: PromptTokenizer,
     ) -> Result<Arc<Self>, ServiceError> {
+        Self::start_seeded(config, config_path, env, tokenizer, Entropy::Os)
+    }
+
+    /// [`Service::start_with_tokenizer`] drawing its randomness (booking-id nonce, tie-breaks)
+    /// from `entropy` (`crate::clock`).
+    pub fn start_seeded(
+        config: Config,
+        config_path: Option<PathBuf>,
+        env: Arc<dyn EnvSource>,
+        tokenizer: PromptTokenizer,
+        entropy: Entropy,
+    ) -> Result<Arc<Self>, ServiceError> {
         let metrics = Arc::new(Metrics::new()?);
-        let index = Arc::new(RwLock::new(KvIndex::new(config.routing.index_max_entries, config.routing.max_blocks_per_worker)));
-        index.read().set_recovery_blocks(config.routing.recovery_max_blocks);
+        let index = Arc::new(RwLock::new(KvIndex::new(
+            config.routing.index_max_entries,
+            config.routing.max_blocks_per_worker,
+        )));
+        index
+            .read()
+            .set_recovery_blocks(config.routing.recovery_max_blocks);
         let gauges = Arc::new(IndexGauges::default());
         let free_slots = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = sync_channel(config.routing.event_queue_batches);
-        let applier = Applier::new(index.clone(), metrics.clone(), gauges.clone(), free_slots.clone(), applier_config(&config));
-        std::thread::Builder::new().name("kv-applier".into()).spawn(move || applier.run(rx))?;
+        let applier = Applier::new(
+            index.clone(),
+            metrics.clone(),
+            gauges.clone(),
+            free_slots.clone(),
+            applier_config(&config),
+        );
+        std::thread::Builder::new()
+            .name("kv-applier".into())
+            .spawn(move || applier.run(rx))?;
         let routing = &config.routing;
         let state = Arc::new(AppState {
             // The nonce keeps this process's booking ids apart from a previous process's.
-            load: Mutex::new(LoadTracker::new(Duration::from_secs(routing.load_expiry_secs), routing.max_bookings, rand::random())),
+            load: Mutex::new(LoadTracker::new(
+                Duration::from_secs(routing.load_expiry_secs),
+                routing.max_bookings,
+                entropy.nonce(),
+            )),
             config: RwLock::new(Arc::new(config.clone())),
             fleet: RwLock::new(Fleet::default()),
             index,
@@ -111,42 +153,82 @@ impl Service {
             tokenizer: RwLock::new(Arc::new(tokenizer)),
             metrics,
             applier: tx,
-            rng: Mutex::new(rand::rngs::StdRng::from_entropy()),
+            rng: Mutex::new(entropy.rng()),
             engine_totals: Default::default(),
             free_slots,
             next_slot: Mutex::new(0),
-            started: Instant::now(),
-            sessions: Mutex::new(Sessions::new(routing, Instant::now())),
+            started: clock::now(),
+            sessions: Mutex::new(Sessions::new(routing, clock::now())),
             // Legs carry their own deadline (tokio timeout); idle connections to workers are reused.
-            legs: reqwest::Client::builder().pool_max_idle_per_host(32).build()?,
+            legs: reqwest::Client::builder()
+                .pool_max_idle_per_host(32)
+                .build()?,
             dry_runs: Default::default(),
             route_inflight: Default::default(),
             placement: Mutex::new(crate::state::Placement::new(routing)),
         });
         let (frame, replay, queue) = event_limits(&config);
         let event_limits = Arc::new(EventLimits::new(frame, replay, queue));
-        let svc = Arc::new(Self { state, zmq: zmq::Context::new(), event_limits, config_path, env, reload_lock: tokio::sync::Mutex::new(()), discovery: crate::discovery::DiscoveryLink::new(&config) });
-        let workers: Vec<WorkerRuntime> = config.workers.iter().map(|w| svc.add_worker(w, &config)).collect::<Result<_, _>>()?;
+        let svc = Arc::new(Self {
+            state,
+            zmq: zmq::Context::new(),
+            event_limits,
+            config_path,
+            env,
+            reload_lock: tokio::sync::Mutex::new(()),
+            discovery: crate::discovery::DiscoveryLink::new(&config),
+        });
+        let workers: Vec<WorkerRuntime> = config
+            .workers
+            .iter()
+            .map(|w| svc.add_worker(w, &config))
+            .collect::<Result<_, _>>()?;
         {
             let mut fleet = svc.state.fleet.write();
             fleet.workers = workers;
             fleet.generation = 1;
             fleet.reindex();
         }
-        tracing::info!(workers = config.workers.len(), block_size = config.model.block_size, mode = config.routing.mode.as_str(), "indexer started");
+        tracing::info!(
+            workers = config.workers.len(),
+            block_size = config.model.block_size,
+            mode = config.routing.mode.as_str(),
+            "indexer started"
+        );
         Ok(svc)
     }
 
     fn add_worker(&self, w: &WorkerConfig, config: &Config) -> Result<WorkerRuntime, ServiceError> {
         self.state.metrics.register_worker(&w.id);
-        let ranks = (0..w.dp_ranks).map(|rank| self.add_rank(w, rank, config)).collect::<Result<_, _>>()?;
-        Ok(WorkerRuntime { cfg: w.clone(), ranks, healthy: true, scrape_failures: 0, engine: None, hits: Default::default(), queries: Default::default(), routable: self.discovery.routable(&w.id), meter: Default::default() })
+        let ranks = (0..w.dp_ranks)
+            .map(|rank| self.add_rank(w, rank, config))
+            .collect::<Result<_, _>>()?;
+        Ok(WorkerRuntime {
+            cfg: w.clone(),
+            ranks,
+            healthy: true,
+            scrape_failures: 0,
+            engine: None,
+            hits: Default::default(),
+            queries: Default::default(),
+            routable: self.discovery.routable(&w.id),
+            meter: Default::default(),
+        })
     }
 
-    fn add_rank(&self, w: &WorkerConfig, rank: u32, config: &Config) -> Result<RankRuntime, ServiceError> {
+    fn add_rank(
+        &self,
+        w: &WorkerConfig,
+        rank: u32,
+        config: &Config,
+    ) -> Result<RankRuntime, ServiceError> {
         let slot = self.state.alloc_slot();
         let stats = Arc::new(ListenerStats::default());
-        let _ = self.state.applier.send(ApplierMsg::AddWorker { slot, label: w.id.as_str().into(), stats: stats.clone() });
+        let _ = self.state.applier.send(ApplierMsg::AddWorker {
+            slot,
+            label: w.id.as_str().into(),
+            stats: stats.clone(),
+        });
         let listener = match (config.routing.mode, w.events_endpoint(rank)) {
             (IndexMode::Precise, Some(events_endpoint)) => {
                 let spec = ListenerSpec {
@@ -159,14 +241,26 @@ impl Service {
                     topic: w.kv_topic.clone(),
                     replay_timeout: Duration::from_millis(config.routing.replay_timeout_ms),
                 };
-                Some(listener::spawn(self.zmq.clone(), spec, self.state.applier.clone(), stats.clone(), self.state.metrics.clone(), self.event_limits.clone())?)
+                Some(listener::spawn(
+                    self.zmq.clone(),
+                    spec,
+                    self.state.applier.clone(),
+                    stats.clone(),
+                    self.state.metrics.clone(),
+                    self.event_limits.clone(),
+                )?)
             }
             _ => {
                 stats.synced.store(true, Ordering::Relaxed);
                 None
             }
         };
-        Ok(RankRuntime { rank, slot, stats, listener })
+        Ok(RankRuntime {
+            rank,
+            slot,
+            stats,
+            listener,
+        })
     }
 
     /// Stops a rank's listener (blocking until its thread is gone) and removes it from the index.
@@ -174,7 +268,10 @@ impl Service {
         if let Some(l) = r.listener.take() {
             l.stop();
         }
-        let _ = self.state.applier.send(ApplierMsg::RemoveWorker { slot: r.slot });
+        let _ = self
+            .state
+            .applier
+            .send(ApplierMsg::RemoveWorker { slot: r.slot });
     }
 
     /// Waits until the applier has applied everything queued so far.
@@ -187,7 +284,9 @@ impl Service {
 
     /// Re-reads the config file and applies it. Returns whether anything changed.
     pub async fn reload_from_file(self: &Arc<Self>) -> Result<bool, ServiceError> {
-        let Some(path) = self.config_path.clone() else { return Ok(false) };
+        let Some(path) = self.config_path.clone() else {
+            return Ok(false);
+        };
         let env = self.env.clone();
         let parsed = tokio::task::spawn_blocking(move || Config::load(&path, env.as_ref()))
             .await
@@ -204,19 +303,33 @@ impl Service {
         let _guard = self.reload_lock.lock().await;
         let old = self.state.config();
         if *old == new {
-            self.state.metrics.config_reloads.with_label_values(&["unchanged"]).inc();
+            self.state
+                .metrics
+                .config_reloads
+                .with_label_values(&["unchanged"])
+                .inc();
             return Ok(false);
         }
         let result = self.clone().apply_reload(old, new).await;
-        self.state.metrics.config_reloads.with_label_values(&[if result.is_ok() { "ok" } else { "error" }]).inc();
+        self.state
+            .metrics
+            .config_reloads
+            .with_label_values(&[if result.is_ok() { "ok" } else { "error" }])
+            .inc();
         result.map(|()| true)
     }
 
-    async fn apply_reload(self: Arc<Self>, old: Arc<Config>, new: Config) -> Result<(), ServiceError> {
+    async fn apply_reload(
+        self: Arc<Self>,
+        old: Arc<Config>,
+        new: Config,
+    ) -> Result<(), ServiceError> {
         if old.listen != new.listen {
             tracing::warn!(old = %old.listen, new = %new.listen, "listen changed: takes effect on restart");
         }
-        let new_tokenizer = if old.model != new.model || old.routing.tokenize_cache_bytes != new.routing.tokenize_cache_bytes {
+        let new_tokenizer = if old.model != new.model
+            || old.routing.tokenize_cache_bytes != new.routing.tokenize_cache_bytes
+        {
             let c = new.clone();
             let t = tokio::task::spawn_blocking(move || load_tokenizer(&c))
                 .await
@@ -231,9 +344,18 @@ impl Service {
             .map_err(|e| ServiceError::Config(ConfigError::Parse(e.to_string())))?
     }
 
-    fn apply_reload_blocking(&self, old: &Config, new: Config, tokenizer: Option<PromptTokenizer>) -> Result<(), ServiceError> {
-        let rewire_all = old.model.block_size != new.model.block_size || old.routing.mode != new.routing.mode;
-        let _ = self.state.applier.send(ApplierMsg::Configure(applier_config(&new)));
+    fn apply_reload_blocking(
+        &self,
+        old: &Config,
+        new: Config,
+        tokenizer: Option<PromptTokenizer>,
+    ) -> Result<(), ServiceError> {
+        let rewire_all =
+            old.model.block_size != new.model.block_size || old.routing.mode != new.routing.mode;
+        let _ = self
+            .state
+            .applier
+            .send(ApplierMsg::Configure(applier_config(&new)));
         let (frame, replay, queue) = event_limits(&new);
         self.event_limits.set(frame, replay, queue);
         // Three steps, so the fleet lock is never held across a blocking send (registering a rank
@@ -244,16 +366,30 @@ impl Service {
         // meanwhile live in the runtimes that are moved over.
         let rewired: Vec<&WorkerConfig> = {
             let fleet = self.state.fleet.read();
-            new.workers.iter().filter(|w| fleet.workers.iter().any(|o| o.cfg.id == w.id && (rewire_all || o.cfg.events_differ(w)))).collect()
+            new.workers
+                .iter()
+                .filter(|w| {
+                    fleet
+                        .workers
+                        .iter()
+                        .any(|o| o.cfg.id == w.id && (rewire_all || o.cfg.events_differ(w)))
+                })
+                .collect()
         };
         let added: Vec<&WorkerConfig> = {
             let fleet = self.state.fleet.read();
-            new.workers.iter().filter(|w| !fleet.workers.iter().any(|o| o.cfg.id == w.id)).collect()
+            new.workers
+                .iter()
+                .filter(|w| !fleet.workers.iter().any(|o| o.cfg.id == w.id))
+                .collect()
         };
         let mut failure = None;
         let mut fresh_ranks: HashMap<String, Vec<RankRuntime>> = HashMap::new();
         for w in rewired {
-            match (0..w.dp_ranks).map(|rank| self.add_rank(w, rank, &new)).collect::<Result<Vec<_>, _>>() {
+            match (0..w.dp_ranks)
+                .map(|rank| self.add_rank(w, rank, &new))
+                .collect::<Result<Vec<_>, _>>()
+            {
                 Ok(r) => {
                     fresh_ranks.insert(w.id.clone(), r);
                 }
@@ -282,11 +418,16 @@ impl Service {
                         let mut rt = old_workers.swap_remove(i);
                         if let Some(ranks) = fresh_ranks.remove(&w.id) {
                             tracing::info!(worker = %w.id, "event wiring changed: clearing and re-subscribing");
-                            self.state.metrics.kv_resyncs.with_label_values(&[&w.id, "events_rewired"]).inc();
+                            self.state
+                                .metrics
+                                .kv_resyncs
+                                .with_label_values(&[&w.id, "events_rewired"])
+                                .inc();
                             retire.append(&mut rt.ranks);
                             rt.ranks = ranks;
                         }
-                        changed_membership |= rt.cfg.endpoint != w.endpoint || rt.cfg.role != w.role;
+                        changed_membership |=
+                            rt.cfg.endpoint != w.endpoint || rt.cfg.role != w.role;
                         rt.cfg = w.clone();
                         rt
                     }
@@ -332,8 +473,14 @@ impl Service {
             self.state.placement.lock().backlog.remove_worker(&id);
             self.state.metrics.forget_worker(&id);
         }
-        self.state.load.lock().set_limits(Duration::from_secs(new.routing.load_expiry_secs), new.routing.max_bookings);
-        self.state.index.read().set_recovery_blocks(new.routing.recovery_max_blocks);
+        self.state.load.lock().set_limits(
+            Duration::from_secs(new.routing.load_expiry_secs),
+            new.routing.max_bookings,
+        );
+        self.state
+            .index
+            .read()
+            .set_recovery_blocks(new.routing.recovery_max_blocks);
         self.state.sessions.lock().set_limits(&new.routing);
         self.state.placement.lock().set_limits(&new.routing);
         if let Some(t) = tokenizer {
@@ -356,15 +503,28 @@ impl Service {
     }
 }
 
-async fn expiry_loop(svc: Arc<Service>) {
+/// Once a second, releases the bookings older than `load_expiry_secs` (`LoadTracker::expire`).
+pub(crate) async fn expiry_loop(svc: Arc<Service>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
-        let expired = svc.state.load.lock().expire(Instant::now());
-        if expired.timeout > 0 {
-            svc.state.metrics.load_expired.with_label_values(&["timeout"]).inc_by(expired.timeout);
-            tracing::info!(requests = expired.timeout, "released load of requests that never reported done");
-        }
+        expire_load(&svc.state, clock::now());
+    }
+}
+
+/// One expiry pass at `now`: releases, counts and logs what never reported done.
+pub(crate) fn expire_load(state: &AppState, now: Instant) {
+    let expired = state.load.lock().expire(now);
+    if expired.timeout > 0 {
+        state
+            .metrics
+            .load_expired
+            .with_label_values(&["timeout"])
+            .inc_by(expired.timeout);
+        tracing::info!(
+            requests = expired.timeout,
+            "released load of requests that never reported done"
+        );
     }
 }
 
@@ -374,7 +534,9 @@ fn file_stamp(path: &Path) -> Option<(SystemTime, u64)> {
 }
 
 async fn reload_loop(svc: Arc<Service>) {
-    let Some(path) = svc.config_path.clone() else { return };
+    let Some(path) = svc.config_path.clone() else {
+        return;
+    };
     let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(s) => Some(s),
         Err(e) => {
@@ -403,14 +565,19 @@ async fn reload_loop(svc: Arc<Service>) {
         match svc.reload_from_file().await {
             Ok(changed) => tracing::info!(signal = by_signal, changed, "config reload checked"),
             Err(e) => {
-                svc.state.metrics.config_reloads.with_label_values(&["error"]).inc();
+                svc.state
+                    .metrics
+                    .config_reloads
+                    .with_label_values(&["error"])
+                    .inc();
                 tracing::error!(error = %e, path = %path.display(), "config reload refused; keeping the running configuration");
             }
         }
     }
 }
 
-async fn scrape_loop(svc: Arc<Service>) {
+/// Scrapes every worker's `/metrics` each `scrape_interval_ms` and applies the round ([`apply_scrapes`]).
+pub(crate) async fn scrape_loop(svc: Arc<Service>) {
     let client = match reqwest::Client::builder().build() {
         Ok(c) => c,
         Err(e) => {
@@ -422,31 +589,56 @@ async fn scrape_loop(svc: Arc<Service>) {
         let cfg = svc.state.config();
         let interval = Duration::from_millis(cfg.routing.scrape_interval_ms);
         let timeout = Duration::from_millis(cfg.routing.scrape_timeout_ms);
-        let targets: Vec<(String, String)> = svc.state.fleet.read().workers.iter().map(|w| (w.cfg.id.clone(), w.cfg.endpoint.clone())).collect();
-        let started = Instant::now();
+        let targets: Vec<(String, String)> = svc
+            .state
+            .fleet
+            .read()
+            .workers
+            .iter()
+            .map(|w| (w.cfg.id.clone(), w.cfg.endpoint.clone()))
+            .collect();
+        let started = clock::now();
         let results = futures::future::join_all(targets.into_iter().map(|(id, endpoint)| {
             let client = client.clone();
             async move {
                 let res = async {
-                    let resp = client.get(format!("http://{endpoint}/metrics")).timeout(timeout).send().await?.error_for_status()?;
+                    let resp = client
+                        .get(format!("http://{endpoint}/metrics"))
+                        .timeout(timeout)
+                        .send()
+                        .await?
+                        .error_for_status()?;
                     resp.text().await
                 }
                 .await;
-                (id, res)
+                (id, res.map_err(|e| e.to_string()))
             }
         }))
         .await;
-        apply_scrapes(&svc.state, &cfg, results);
-        tokio::time::sleep(interval.saturating_sub(started.elapsed())).await;
+        apply_scrapes(&svc.state, &cfg, results, clock::now());
+        tokio::time::sleep(
+            interval.saturating_sub(clock::now().saturating_duration_since(started)),
+        )
+        .await;
     }
 }
 
-fn apply_scrapes(state: &AppState, cfg: &Config, results: Vec<(String, Result<String, reqwest::Error>)>) {
+/// Applies one round of scrapes taken at `now`, per worker its `/metrics` text or why it failed:
+/// engine samples, the prefill meter, and health (unhealthy after `unhealthy_after_failures`
+/// failures in a row, healthy again on the first answer; a flip bumps the fleet generation).
+pub(crate) fn apply_scrapes(
+    state: &AppState,
+    cfg: &Config,
+    results: Vec<(String, Result<String, String>)>,
+    now: Instant,
+) {
     let m = &state.metrics;
     let mut fleet = state.fleet.write();
     let mut health_changed = false;
     for (id, res) in results {
-        let Some(w) = fleet.workers.iter_mut().find(|w| w.cfg.id == id) else { continue };
+        let Some(w) = fleet.workers.iter_mut().find(|w| w.cfg.id == id) else {
+            continue;
+        };
         match res {
             Ok(text) => {
                 m.engine_scrapes.with_label_values(&[&id, "ok"]).inc();
@@ -459,9 +651,12 @@ fn apply_scrapes(state: &AppState, cfg: &Config, results: Vec<(String, Result<St
                 if let Some(q) = sample.queries {
                     let inc = w.queries.advance(q) as u64;
                     m.engine_queries.with_label_values(&[&id]).inc_by(inc);
-                    state.engine_totals.queries.fetch_add(inc, Ordering::Relaxed);
+                    state
+                        .engine_totals
+                        .queries
+                        .fetch_add(inc, Ordering::Relaxed);
                 }
-                w.meter.observe(&sample, Instant::now(), cfg.routing.meter_hold());
+                w.meter.observe(&sample, now, cfg.routing.meter_hold());
                 w.engine = Some(sample);
                 w.scrape_failures = 0;
                 if !w.healthy {
