@@ -248,6 +248,10 @@ impl AppState {
             .set(self.gauges.entries.load(Ordering::Relaxed) as i64);
         m.index_bytes
             .set(self.gauges.bytes.load(Ordering::Relaxed) as i64);
+        m.tokenize_cache_bytes
+            .set(self.tokenizer.read().cache_bytes() as i64);
+        m.recovery_blocks
+            .set(self.index.read().recovery_blocks() as i64);
         let fleet = self.fleet.read();
         m.fleet_generation.set(fleet.generation as i64);
         let now_ts = std::time::SystemTime::now()

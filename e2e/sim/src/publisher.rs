@@ -12,6 +12,13 @@
 //! READY line can print them. The replay ROUTER answers `[id, "", start_seq]` (or `[id,
 //! start_seq]`) with every buffered batch from `start_seq` (from the oldest kept, if older), then
 //! the end marker (`seq = -1`, empty payload), framed per [`ReplayFraming`].
+//!
+//! Like vLLM's (`vllm/distributed/kv_events.py`: a plain `zmq.ROUTER`, no options set, the whole
+//! replay sent in one loop), the replay ROUTER has libzmq's default send high-water mark of 1,000
+//! messages ([`REPLAY_SNDHWM`], set explicitly so the two cannot drift) and no
+//! `ZMQ_ROUTER_MANDATORY`: a reply its queue to the requester cannot take is dropped without an
+//! error — replayed batches and the end marker alike — so a replay longer than the queue can hold
+//! arrives with holes or unterminated, as from a real engine (the indexer asks again).
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -24,6 +31,9 @@ use crate::events::{EventBatch, EventSink};
 use crate::faults::FaultState;
 use crate::metrics::Metrics;
 use crate::wire::{encode_batch, Layout, ReplayFraming, END_SEQ};
+
+/// The replay ROUTER's send high-water mark: libzmq's default, which vLLM's replay socket keeps.
+pub const REPLAY_SNDHWM: i32 = 1_000;
 
 /// Publisher settings (from the CLI).
 #[derive(Debug, Clone)]
@@ -85,7 +95,10 @@ pub struct ReplayRing {
 impl ReplayRing {
     /// An empty ring keeping `cap` batches.
     pub fn new(cap: usize) -> Self {
-        Self { cap: cap.max(1), batches: VecDeque::with_capacity(cap.clamp(1, 1 << 16)) }
+        Self {
+            cap: cap.max(1),
+            batches: VecDeque::with_capacity(cap.clamp(1, 1 << 16)),
+        }
     }
 
     /// Appends a batch, dropping the oldest beyond capacity.
@@ -98,7 +111,9 @@ impl ReplayRing {
 
     /// Every kept batch with `seq >= start` (from the oldest kept if `start` is older).
     pub fn from(&self, start: u64) -> Vec<(u64, Bytes)> {
-        let Some(&(first, _)) = self.batches.front() else { return Vec::new() };
+        let Some(&(first, _)) = self.batches.front() else {
+            return Vec::new();
+        };
         let skip = usize::try_from(start.saturating_sub(first)).unwrap_or(usize::MAX);
         self.batches.iter().skip(skip).cloned().collect()
     }
@@ -134,7 +149,10 @@ impl EventSink for ZmqSink {
         self.next_seq += 1;
         self.ring.lock().push(seq, payload.clone());
         if drop.is_some_and(|r| r.contains(seq)) {
-            tracing::info!(seq, "fault: KV event batch kept for replay but not published");
+            tracing::info!(
+                seq,
+                "fault: KV event batch kept for replay but not published"
+            );
             self.metrics.event_batches.inc("dropped_fault");
             return;
         }
@@ -144,22 +162,43 @@ impl EventSink for ZmqSink {
                 tracing::warn!(seq, "KV event queue full: batch left to replay");
                 self.metrics.event_batches.inc("dropped_queue_full");
             }
-            Err(TrySendError::Disconnected(_)) => self.metrics.event_batches.inc("dropped_queue_full"),
+            Err(TrySendError::Disconnected(_)) => {
+                self.metrics.event_batches.inc("dropped_queue_full")
+            }
         }
     }
 }
 
-fn zerr<'a>(what: &'static str, endpoint: &'a str) -> impl FnOnce(zmq::Error) -> PublisherError + 'a {
-    move |source| PublisherError::Zmq { what, endpoint: endpoint.to_owned(), source }
+fn zerr<'a>(
+    what: &'static str,
+    endpoint: &'a str,
+) -> impl FnOnce(zmq::Error) -> PublisherError + 'a {
+    move |source| PublisherError::Zmq {
+        what,
+        endpoint: endpoint.to_owned(),
+        source,
+    }
 }
 
 /// Binds the sockets, starts the PUB and replay threads, returns the sink and where it bound.
-pub fn start(cfg: &PublisherConfig, faults: Arc<FaultState>, metrics: Arc<Metrics>) -> Result<(ZmqSink, BoundEndpoints), PublisherError> {
+pub fn start(
+    cfg: &PublisherConfig,
+    faults: Arc<FaultState>,
+    metrics: Arc<Metrics>,
+) -> Result<(ZmqSink, BoundEndpoints), PublisherError> {
     let ctx = zmq::Context::new();
-    let publisher = ctx.socket(zmq::PUB).map_err(zerr("socket", &cfg.endpoint))?;
-    publisher.set_sndhwm(cfg.hwm).map_err(zerr("sndhwm", &cfg.endpoint))?;
-    publisher.set_linger(0).map_err(zerr("linger", &cfg.endpoint))?;
-    publisher.bind(&cfg.endpoint).map_err(zerr("bind", &cfg.endpoint))?;
+    let publisher = ctx
+        .socket(zmq::PUB)
+        .map_err(zerr("socket", &cfg.endpoint))?;
+    publisher
+        .set_sndhwm(cfg.hwm)
+        .map_err(zerr("sndhwm", &cfg.endpoint))?;
+    publisher
+        .set_linger(0)
+        .map_err(zerr("linger", &cfg.endpoint))?;
+    publisher
+        .bind(&cfg.endpoint)
+        .map_err(zerr("bind", &cfg.endpoint))?;
     let pub_endpoint = last_endpoint(&publisher).unwrap_or_else(|| cfg.endpoint.clone());
 
     let ring = Arc::new(Mutex::new(ReplayRing::new(cfg.buffer_steps)));
@@ -167,6 +206,9 @@ pub fn start(cfg: &PublisherConfig, faults: Arc<FaultState>, metrics: Arc<Metric
     if let Some(ep) = &cfg.replay_endpoint {
         let router = ctx.socket(zmq::ROUTER).map_err(zerr("socket", ep))?;
         router.set_linger(0).map_err(zerr("linger", ep))?;
+        router
+            .set_sndhwm(REPLAY_SNDHWM)
+            .map_err(zerr("sndhwm", ep))?;
         router.bind(ep).map_err(zerr("bind", ep))?;
         replay_endpoint = Some(last_endpoint(&router).unwrap_or_else(|| ep.clone()));
         let ring = ring.clone();
@@ -186,8 +228,22 @@ pub fn start(cfg: &PublisherConfig, faults: Arc<FaultState>, metrics: Arc<Metric
         .spawn(move || pub_loop(publisher, rx, topic))
         .map_err(|e| PublisherError::Thread("pub", e))?;
 
-    let sink = ZmqSink { layout: cfg.layout, dp_rank: cfg.dp_rank, next_seq: 0, ring, tx, faults, metrics };
-    Ok((sink, BoundEndpoints { pub_endpoint, replay_endpoint }))
+    let sink = ZmqSink {
+        layout: cfg.layout,
+        dp_rank: cfg.dp_rank,
+        next_seq: 0,
+        ring,
+        tx,
+        faults,
+        metrics,
+    };
+    Ok((
+        sink,
+        BoundEndpoints {
+            pub_endpoint,
+            replay_endpoint,
+        },
+    ))
 }
 
 fn last_endpoint(s: &zmq::Socket) -> Option<String> {
@@ -204,7 +260,13 @@ fn pub_loop(socket: zmq::Socket, rx: Receiver<(u64, Bytes)>, topic: Vec<u8>) {
     }
 }
 
-fn replay_loop(socket: zmq::Socket, ring: Arc<Mutex<ReplayRing>>, topic: Vec<u8>, framing: ReplayFraming, metrics: Arc<Metrics>) {
+fn replay_loop(
+    socket: zmq::Socket,
+    ring: Arc<Mutex<ReplayRing>>,
+    topic: Vec<u8>,
+    framing: ReplayFraming,
+    metrics: Arc<Metrics>,
+) {
     loop {
         let msg = match socket.recv_multipart(0) {
             Ok(m) => m,
@@ -224,10 +286,15 @@ fn replay_loop(socket: zmq::Socket, ring: Arc<Mutex<ReplayRing>>, topic: Vec<u8>
             }
         };
         let Ok(start) = <[u8; 8]>::try_from(start.as_slice()).map(u64::from_be_bytes) else {
-            tracing::warn!(len = start.len(), "replay request without an 8-byte sequence ignored");
+            tracing::warn!(
+                len = start.len(),
+                "replay request without an 8-byte sequence ignored"
+            );
             continue;
         };
-        metrics.replays.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        metrics
+            .replays
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let batches = ring.lock().from(start);
         tracing::info!(start, batches = batches.len(), "serving KV event replay");
         let send = |seq: &[u8], payload: &[u8]| -> Result<(), zmq::Error> {
@@ -266,7 +333,11 @@ mod tests {
         }
         let seqs = |v: Vec<(u64, Bytes)>| v.into_iter().map(|(s, _)| s).collect::<Vec<_>>();
         assert_eq!(seqs(r.from(3)), [3, 4]);
-        assert_eq!(seqs(r.from(0)), [2, 3, 4], "older than kept: from the oldest");
+        assert_eq!(
+            seqs(r.from(0)),
+            [2, 3, 4],
+            "older than kept: from the oldest"
+        );
         assert!(r.from(9).is_empty());
         assert!(ReplayRing::new(2).from(0).is_empty());
     }

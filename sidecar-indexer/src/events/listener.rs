@@ -7,8 +7,11 @@
 //! order. When a replay cannot cover a gap (the engine's ring buffer no longer holds the start, the
 //! replay socket is missing or times out) the worker is cleared and rebuilt from what remains, with a
 //! log line and a metric: the index may then miss blocks, but never claims blocks that are gone.
-//! A replay is applied only up to its first hole ([`contiguous_run`]: a ROUTER drops replies it
-//! cannot queue without telling anyone); the next live batch then shows the rest as a gap.
+//! A replay is applied only up to its first hole ([`contiguous_run`](super::sequencer::contiguous_run):
+//! a ROUTER drops replies it cannot queue without telling anyone, vLLM's with libzmq's default send
+//! HWM of 1,000) and, when a round has a hole or lost its end marker, asked again from the first
+//! missing number ([`plan_round`], at most [`MAX_REPLAY_ROUNDS`] rounds, each counted in
+//! `kvmesh_kv_replay_rounds_total`); only then does the next live batch show the rest as a gap.
 //! At start it replays from 0, so blocks cached before the indexer started are known too.
 //!
 //! Bounded in bytes ([`EventLimits`]): every socket has `ZMQ_MAXMSGSIZE` (libzmq drops a connection
@@ -28,7 +31,7 @@ use super::applier::ApplierMsg;
 use super::apply::ApplyReport;
 use super::budget::{self, Acquired, EventLimits};
 use super::decode::decode_batch;
-use super::sequencer::{contiguous_run, Sequencer, Verdict};
+use super::sequencer::{plan_round, RoundNext, Sequencer, Verdict, MAX_REPLAY_ROUNDS};
 use crate::index::WorkerSlot;
 use crate::metrics::Metrics;
 
@@ -51,7 +54,7 @@ const NONE: u64 = u64::MAX;
 /// Receive high-water mark (messages) of the SUB and replay DEALER sockets. On the DEALER it is
 /// what lets a whole replay buffer (vLLM keeps 10,000 batches by default) be queued here: a ROUTER
 /// whose queue to us is full drops replies silently (the replay then has holes, see
-/// [`contiguous_run`]); libzmq's default of 1,000 made most long replays lose batches.
+/// [`plan_round`]); libzmq's default of 1,000 made most long replays lose batches.
 const RCVHWM: i32 = 100_000;
 
 /// Per (worker, rank) counters shared with the API (`/debug/workers`, `/readyz`).
@@ -92,7 +95,8 @@ impl ListenerStats {
         self.last_seq.store(seq, Ordering::Relaxed);
         self.batches.fetch_add(1, Ordering::Relaxed);
         self.last_ts_bits.store(ts.to_bits(), Ordering::Relaxed);
-        self.orphan_stores.fetch_add(r.orphan_stores, Ordering::Relaxed);
+        self.orphan_stores
+            .fetch_add(r.orphan_stores, Ordering::Relaxed);
     }
     /// The last applied sequence number.
     pub fn last_seq(&self) -> Option<u64> {
@@ -133,10 +137,23 @@ pub fn spawn(
     let flag = stop.clone();
     let name = format!("kv-{}-{}", spec.worker, spec.rank);
     let thread = std::thread::Builder::new().name(name).spawn(move || {
-        let mut l = Listener { ctx, spec, tx, stats, metrics, limits, stop: flag, seq: Sequencer::new(), dealer: None };
+        let mut l = Listener {
+            ctx,
+            spec,
+            tx,
+            stats,
+            metrics,
+            limits,
+            stop: flag,
+            seq: Sequencer::new(),
+            dealer: None,
+        };
         l.run();
     })?;
-    Ok(ListenerHandle { stop, thread: Some(thread) })
+    Ok(ListenerHandle {
+        stop,
+        thread: Some(thread),
+    })
 }
 
 struct Listener {
@@ -244,7 +261,10 @@ impl Listener {
             Verdict::Duplicate => {}
             Verdict::Gap { from, to } => {
                 self.stats.gaps.fetch_add(1, Ordering::Relaxed);
-                self.metrics.kv_gaps.with_label_values(&[&self.spec.worker]).inc();
+                self.metrics
+                    .kv_gaps
+                    .with_label_values(&[&self.spec.worker])
+                    .inc();
                 tracing::warn!(worker = %self.spec.worker, rank = self.spec.rank, missing_from = from, missing_to = to, "KV event sequence gap; replaying");
                 match self.replay(from, true) {
                     Replay::Complete | Replay::Truncated => {}
@@ -280,9 +300,15 @@ impl Listener {
 
     fn resync(&mut self, reason: &'static str) {
         self.stats.resyncs.fetch_add(1, Ordering::Relaxed);
-        self.metrics.kv_resyncs.with_label_values(&[&self.spec.worker, reason]).inc();
+        self.metrics
+            .kv_resyncs
+            .with_label_values(&[&self.spec.worker, reason])
+            .inc();
         tracing::warn!(worker = %self.spec.worker, rank = self.spec.rank, reason, "clearing the worker's index state; it rebuilds from new events");
-        let _ = self.tx.send(ApplierMsg::Clear { slot: self.spec.slot, reason });
+        let _ = self.tx.send(ApplierMsg::Clear {
+            slot: self.spec.slot,
+            reason,
+        });
     }
 
     fn send(&mut self, n: u64, payload: &[u8]) {
@@ -297,91 +323,173 @@ impl Listener {
                     }
                     Acquired::Stopped => return,
                 };
-                let msg = ApplierMsg::Batch { slot: self.spec.slot, seq: n, batch };
-                let _ = self.tx.send(ApplierMsg::Permitted { permit, msg: Box::new(msg) });
+                let msg = ApplierMsg::Batch {
+                    slot: self.spec.slot,
+                    seq: n,
+                    batch,
+                };
+                let _ = self.tx.send(ApplierMsg::Permitted {
+                    permit,
+                    msg: Box::new(msg),
+                });
             }
             Err(e) => self.decode_error(&e.to_string()),
         }
     }
 
     fn limit_hit(&self, reason: &'static str) {
-        self.metrics.kv_event_limits.with_label_values(&[&self.spec.worker, reason]).inc();
+        self.metrics
+            .kv_event_limits
+            .with_label_values(&[&self.spec.worker, reason])
+            .inc();
     }
 
     fn decode_error(&self, why: &str) {
         self.stats.decode_errors.fetch_add(1, Ordering::Relaxed);
-        self.metrics.kv_decode_errors.with_label_values(&[&self.spec.worker]).inc();
+        self.metrics
+            .kv_decode_errors
+            .with_label_values(&[&self.spec.worker])
+            .inc();
         tracing::warn!(worker = %self.spec.worker, rank = self.spec.rank, error = why, "undecodable KV event message skipped");
     }
 
     /// Replays from `from`; sends what arrives. `clear_on_truncation`: the worker's state predates
-    /// the replayed window, so a truncated replay must clear it first.
+    /// the replayed window, so a truncated replay must clear it first. A round with a hole or
+    /// without its end marker (the engine's ROUTER dropped replies) is asked again from the first
+    /// missing number, at most [`MAX_REPLAY_ROUNDS`] rounds ([`plan_round`]).
     fn replay(&mut self, from: u64, clear_on_truncation: bool) -> Replay {
         let w = self.spec.worker.clone();
-        let outcome = match self.fetch_replay(from) {
-            Err(e) => {
-                tracing::warn!(worker = %w, rank = self.spec.rank, error = %e, "replay failed");
-                self.dealer = None; // stale replies must not leak into the next replay
-                self.metrics.kv_replays.with_label_values(&[&w, "failed"]).inc();
-                return Replay::Failed;
+        let rank = self.spec.rank;
+        let mut ask = from;
+        let mut reached_back = true;
+        let mut sent = 0usize;
+        for round in 0..MAX_REPLAY_ROUNDS {
+            let (mut batches, ended) = match self.fetch_replay(ask) {
+                Err(e) => {
+                    tracing::warn!(worker = %w, rank, from, ask, round, error = %e, "replay failed");
+                    self.dealer = None; // stale replies must not leak into the next replay
+                    self.metrics
+                        .kv_replays
+                        .with_label_values(&[&w, "failed"])
+                        .inc();
+                    // Nothing of this round was sent; earlier rounds' batches were.
+                    return if round == 0 {
+                        Replay::Failed
+                    } else {
+                        Replay::Truncated
+                    };
+                }
+                Ok(r) => r,
+            };
+            if !ended {
+                self.dealer = None; // replies of this round may still be on their way
             }
-            Ok(batches) => batches,
-        };
-        self.stats.replays.fetch_add(1, Ordering::Relaxed);
-        let mut outcome = outcome;
-        outcome.retain(|(n, _)| *n >= from);
-        let received = outcome.len();
-        // Only the run before the first hole is applied (the ROUTER dropped what is missing): the
-        // next live batch then shows the rest as a gap, replayed again or cleared.
-        let run = contiguous_run(&outcome.iter().map(|(n, _)| *n).collect::<Vec<_>>());
-        let holes = run < received;
-        if holes {
-            tracing::warn!(
-                worker = %w,
-                rank = self.spec.rank,
-                from,
-                applied_through = ?outcome.get(run.wrapping_sub(1)).map(|b| b.0),
-                next_received = ?outcome.get(run).map(|b| b.0),
-                received,
-                "replay has holes (the engine's replay socket dropped batches): only the batches before the first hole are applied"
-            );
-            outcome.truncate(run);
-        }
-        let complete = outcome.first().map(|(s, _)| *s) == Some(from) || (outcome.is_empty() && from == self.seq.next() && !clear_on_truncation);
-        if !complete {
-            self.metrics.kv_replays.with_label_values(&[&w, "truncated"]).inc();
-            tracing::warn!(worker = %w, rank = self.spec.rank, asked = from, got = ?outcome.first().map(|b| b.0), "replay does not reach back to the gap");
-            if clear_on_truncation {
-                self.resync("gap_unrecoverable");
+            if round == 0 {
+                self.stats.replays.fetch_add(1, Ordering::Relaxed);
             }
-        } else {
-            // A replay with holes did not deliver what was asked either.
-            let outcome: &str = if holes { "truncated" } else { "complete" };
-            self.metrics.kv_replays.with_label_values(&[&w, outcome]).inc();
+            batches.retain(|(n, _)| *n >= ask);
+            if round == 0 {
+                let first = batches.first().map(|b| b.0);
+                let reaches = first == Some(from)
+                    || (batches.is_empty()
+                        && ended
+                        && from == self.seq.next()
+                        && !clear_on_truncation);
+                if !reaches {
+                    reached_back = false;
+                    tracing::warn!(worker = %w, rank, asked = from, got = ?first, "replay does not reach back to the gap");
+                    if clear_on_truncation {
+                        self.resync("gap_unrecoverable");
+                    }
+                    // The rest of the replay is judged from where the engine's ring starts.
+                    ask = first.unwrap_or(from);
+                }
+            }
+            let seqs: Vec<u64> = batches.iter().map(|(n, _)| *n).collect();
+            let plan = plan_round(ask, &seqs, ended, round, MAX_REPLAY_ROUNDS);
+            let mut last = None;
+            for (n, payload) in &batches[..plan.apply] {
+                self.send(*n, payload);
+                last = Some(*n);
+            }
+            sent += plan.apply;
+            self.seq.replayed(last);
+            match plan.next {
+                RoundNext::Done => {
+                    let outcome = if reached_back {
+                        "complete"
+                    } else {
+                        "truncated"
+                    };
+                    self.metrics
+                        .kv_replays
+                        .with_label_values(&[&w, outcome])
+                        .inc();
+                    tracing::info!(worker = %w, rank, from, batches = sent, rounds = round + 1, complete = reached_back, "replay done");
+                    return if reached_back {
+                        Replay::Complete
+                    } else {
+                        Replay::Truncated
+                    };
+                }
+                RoundNext::AskAgain { from: again } => {
+                    let reason = if plan.apply < seqs.len() {
+                        "holes"
+                    } else {
+                        "no_end_marker"
+                    };
+                    self.metrics
+                        .kv_replay_rounds
+                        .with_label_values(&[&w, reason])
+                        .inc();
+                    tracing::warn!(
+                        worker = %w,
+                        rank,
+                        from,
+                        round,
+                        received = seqs.len(),
+                        applied = plan.apply,
+                        ended,
+                        ask_again = again,
+                        reason,
+                        "replay incomplete (the engine's replay socket dropped replies): asking again from the first missing batch"
+                    );
+                    ask = again;
+                }
+                RoundNext::GiveUp => break,
+            }
         }
-        let mut last = None;
-        for (n, payload) in &outcome {
-            self.send(*n, payload);
-            last = Some(*n);
-        }
-        self.seq.replayed(last);
-        tracing::info!(worker = %w, rank = self.spec.rank, from, batches = outcome.len(), complete, holes, "replay done");
-        if complete && !holes { Replay::Complete } else { Replay::Truncated }
+        self.metrics
+            .kv_replays
+            .with_label_values(&[&w, "truncated"])
+            .inc();
+        tracing::warn!(worker = %w, rank, from, batches = sent, through = ?self.seq.last(), "replay still incomplete; the next live batch shows the rest as a gap");
+        Replay::Truncated
     }
 
-    fn fetch_replay(&mut self, from: u64) -> Result<Vec<(u64, Vec<u8>)>, String> {
-        let Some(endpoint) = self.spec.replay_endpoint.clone() else { return Err("no replay endpoint".into()) };
+    /// One replay request from `from`: the batches that arrived and whether the end marker did.
+    /// A deadline with nothing received is an error (the engine does not answer); with some
+    /// batches received, it is a round without its end marker.
+    fn fetch_replay(&mut self, from: u64) -> Result<(Vec<Numbered>, bool), String> {
+        let Some(endpoint) = self.spec.replay_endpoint.clone() else {
+            return Err("no replay endpoint".into());
+        };
         if self.dealer.is_none() {
             let d = self.ctx.socket(zmq::DEALER).map_err(|e| e.to_string())?;
             d.set_linger(0).map_err(|e| e.to_string())?;
             d.set_rcvhwm(RCVHWM).map_err(|e| e.to_string())?;
-            d.set_maxmsgsize(zmq_limit(self.limits.max_frame())).map_err(|e| e.to_string())?;
+            d.set_maxmsgsize(zmq_limit(self.limits.max_frame()))
+                .map_err(|e| e.to_string())?;
             d.connect(&endpoint).map_err(|e| e.to_string())?;
             self.dealer = Some(d);
         }
-        let Some(dealer) = self.dealer.as_ref() else { return Err("no replay socket".into()) };
+        let Some(dealer) = self.dealer.as_ref() else {
+            return Err("no replay socket".into());
+        };
         let start = from.to_be_bytes();
-        dealer.send_multipart([&b""[..], &start[..]], 0).map_err(|e| e.to_string())?;
+        dealer
+            .send_multipart([&b""[..], &start[..]], 0)
+            .map_err(|e| e.to_string())?;
         let deadline = Instant::now() + self.spec.replay_timeout;
         let mut out = Vec::new();
         let (max_frame, max_bytes) = (self.limits.max_frame(), self.limits.replay_max());
@@ -389,17 +497,30 @@ impl Listener {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(format!("no end marker within {:?}", self.spec.replay_timeout));
+                if out.is_empty() {
+                    return Err(format!("no reply within {:?}", self.spec.replay_timeout));
+                }
+                return Ok((out, false));
             }
-            let ready = dealer.poll(zmq::POLLIN, left.as_millis().clamp(1, i64::MAX as u128) as i64).map_err(|e| e.to_string())?;
+            let ready = dealer
+                .poll(
+                    zmq::POLLIN,
+                    left.as_millis().clamp(1, i64::MAX as u128) as i64,
+                )
+                .map_err(|e| e.to_string())?;
             if ready == 0 {
                 continue;
             }
             let frames = dealer.recv_multipart(0).map_err(|e| e.to_string())?;
-            let Some((seq, payload)) = replay_frames(&frames)? else { return Ok(out) };
+            let Some((seq, payload)) = replay_frames(&frames)? else {
+                return Ok((out, true));
+            };
             if payload.len() > max_frame {
                 self.limit_hit("replay_frame_too_large");
-                return Err(format!("replayed batch of {} bytes above routing.event_max_frame_bytes {max_frame}", payload.len()));
+                return Err(format!(
+                    "replayed batch of {} bytes above routing.event_max_frame_bytes {max_frame}",
+                    payload.len()
+                ));
             }
             held += payload.len();
             if held > max_bytes {
@@ -415,6 +536,9 @@ impl Listener {
     }
 }
 
+/// A replayed batch: its sequence number and payload.
+type Numbered = (u64, Vec<u8>);
+
 /// Most batches one replay may hold (besides `replay_max_bytes`).
 const MAX_REPLAY_BATCHES: usize = 1_000_000;
 
@@ -427,7 +551,11 @@ fn zmq_limit(bytes: usize) -> i64 {
 /// starts with an empty delimiter (dropped); then `[seq, payload]`, `[topic, seq, payload]` or the
 /// end marker `[0xFF×8]` (with or without a payload frame).
 pub fn replay_frames(frames: &[Vec<u8>]) -> Result<Option<(u64, &[u8])>, String> {
-    let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).skip_while(|f| f.is_empty()).collect();
+    let frames: Vec<&[u8]> = frames
+        .iter()
+        .map(Vec::as_slice)
+        .skip_while(|f| f.is_empty())
+        .collect();
     let (seq_bytes, payload) = match frames.as_slice() {
         [seq, payload] => (*seq, *payload),
         [_topic, seq, payload] => (*seq, *payload),
@@ -437,7 +565,9 @@ pub fn replay_frames(frames: &[Vec<u8>]) -> Result<Option<(u64, &[u8])>, String>
     if seq_bytes == END_SEQ {
         return Ok(None);
     }
-    let seq: [u8; 8] = seq_bytes.try_into().map_err(|_| "replay sequence is not 8 bytes".to_owned())?;
+    let seq: [u8; 8] = seq_bytes
+        .try_into()
+        .map_err(|_| "replay sequence is not 8 bytes".to_owned())?;
     Ok(Some((u64::from_be_bytes(seq), payload)))
 }
 
@@ -498,12 +628,28 @@ mod tests {
                 topic: String::new(),
                 replay_timeout: Duration::from_millis(100),
             };
-            let handle = spawn(ctx, spec, tx, Arc::new(ListenerStats::default()), metrics.clone(), limits.clone()).unwrap();
-            Self { pubsock, rx, metrics, limits, handle: Some(handle) }
+            let handle = spawn(
+                ctx,
+                spec,
+                tx,
+                Arc::new(ListenerStats::default()),
+                metrics.clone(),
+                limits.clone(),
+            )
+            .unwrap();
+            Self {
+                pubsock,
+                rx,
+                metrics,
+                limits,
+                handle: Some(handle),
+            }
         }
 
         fn publish(&self, seq: u64, payload: &[u8]) {
-            self.pubsock.send_multipart([&b"t"[..], &seq.to_be_bytes()[..], payload], 0).unwrap();
+            self.pubsock
+                .send_multipart([&b"t"[..], &seq.to_be_bytes()[..], payload], 0)
+                .unwrap();
         }
 
         /// Publishes batch 0 until the subscription is up and it arrives (the slow-joiner race).
@@ -522,17 +668,27 @@ mod tests {
         /// The next message that is not a copy of batch 0 or its restart-clear (from `join`).
         fn next(&self) -> ApplierMsg {
             loop {
-                let m = self.rx.recv_timeout(Duration::from_secs(10)).expect("a message");
+                let m = self
+                    .rx
+                    .recv_timeout(Duration::from_secs(10))
+                    .expect("a message");
                 match &m {
-                    ApplierMsg::Clear { reason: "engine_restart", .. } => {}
-                    ApplierMsg::Permitted { msg, .. } if matches!(**msg, ApplierMsg::Batch { seq: 0, .. }) => {}
+                    ApplierMsg::Clear {
+                        reason: "engine_restart",
+                        ..
+                    } => {}
+                    ApplierMsg::Permitted { msg, .. }
+                        if matches!(**msg, ApplierMsg::Batch { seq: 0, .. }) => {}
                     _ => return m,
                 }
             }
         }
 
         fn limit_hits(&self, reason: &str) -> u64 {
-            self.metrics.kv_event_limits.with_label_values(&["w", reason]).get()
+            self.metrics
+                .kv_event_limits
+                .with_label_values(&["w", reason])
+                .get()
         }
     }
 
@@ -561,32 +717,70 @@ mod tests {
 
     /// A ROUTER on inproc answering the listener's start-up replay with `batches` then the end marker.
     fn replay_server(ctx: &zmq::Context, endpoint: &str, batches: Vec<Vec<u8>>) -> ReplayServer {
-        replay_answers(ctx, endpoint, vec![batches.into_iter().enumerate().map(|(i, b)| (i as u64, b)).collect()])
+        replay_answers(
+            ctx,
+            endpoint,
+            vec![(
+                batches
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, b)| (i as u64, b))
+                    .collect(),
+                true,
+            )],
+        )
     }
 
     /// A ROUTER on inproc answering successive replay requests, the i-th with the numbered batches
-    /// `answers[i]` then the end marker. Returns the requested start numbers (it stops waiting for
-    /// a request after 10 s).
-    fn replay_answers(ctx: &zmq::Context, endpoint: &str, answers: Vec<Vec<(u64, Vec<u8>)>>) -> ReplayServer {
+    /// of `answers[i]` then, if its flag says so, the end marker (else it was "dropped"). Returns
+    /// the requested start numbers (it stops waiting for a request after 10 s).
+    fn replay_answers(
+        ctx: &zmq::Context,
+        endpoint: &str,
+        answers: Vec<(Vec<Numbered>, bool)>,
+    ) -> ReplayServer {
         let router = ctx.socket(zmq::ROUTER).unwrap();
         router.set_rcvtimeo(10_000).unwrap();
         router.bind(endpoint).unwrap();
         std::thread::spawn(move || {
             let mut starts = Vec::new();
-            for batches in answers {
-                let Ok(request) = router.recv_multipart(0) else { break };
+            for (batches, end) in answers {
+                let Ok(request) = router.recv_multipart(0) else {
+                    break;
+                };
                 let id = request[0].clone();
-                starts.push(request.last().and_then(|s| <[u8; 8]>::try_from(s.as_slice()).ok()).map_or(u64::MAX, u64::from_be_bytes));
+                starts.push(
+                    request
+                        .last()
+                        .and_then(|s| <[u8; 8]>::try_from(s.as_slice()).ok())
+                        .map_or(u64::MAX, u64::from_be_bytes),
+                );
                 for (seq, b) in &batches {
-                    router.send_multipart([&id[..], &b""[..], &seq.to_be_bytes()[..], &b[..]], 0).unwrap();
+                    router
+                        .send_multipart([&id[..], &b""[..], &seq.to_be_bytes()[..], &b[..]], 0)
+                        .unwrap();
                 }
-                router.send_multipart([&id[..], &b""[..], &END_SEQ[..], &b""[..]], 0).unwrap();
+                if end {
+                    router
+                        .send_multipart([&id[..], &b""[..], &END_SEQ[..], &b""[..]], 0)
+                        .unwrap();
+                }
             }
             starts
         })
     }
 
-    fn replay_rig(name: &str, limits: EventLimits, batches: Vec<Vec<u8>>) -> (Arc<Metrics>, Arc<ListenerStats>, Receiver<ApplierMsg>, ListenerHandle, ReplayServer) {
+    fn replay_rig(
+        name: &str,
+        limits: EventLimits,
+        batches: Vec<Vec<u8>>,
+    ) -> (
+        Arc<Metrics>,
+        Arc<ListenerStats>,
+        Receiver<ApplierMsg>,
+        ListenerHandle,
+        ReplayServer,
+    ) {
         let ctx = zmq::Context::new();
         let pubsock = ctx.socket(zmq::PUB).unwrap();
         pubsock.bind(&format!("inproc://{name}")).unwrap();
@@ -604,33 +798,63 @@ mod tests {
             topic: String::new(),
             replay_timeout: Duration::from_secs(10),
         };
-        let handle = spawn(ctx, spec, tx, stats.clone(), metrics.clone(), Arc::new(limits)).unwrap();
+        let handle = spawn(
+            ctx,
+            spec,
+            tx,
+            stats.clone(),
+            metrics.clone(),
+            Arc::new(limits),
+        )
+        .unwrap();
         std::mem::forget(pubsock); // lives as long as the context the listener holds
         (metrics, stats, rx, handle, server)
     }
 
     #[test]
     fn a_replay_within_its_byte_bound_is_applied() {
-        let (metrics, stats, rx, handle, server) = replay_rig("replay-ok", EventLimits::new(1000, 1000, 1 << 20), vec![batch(2), batch(2), batch(2)]);
+        let (metrics, stats, rx, handle, server) = replay_rig(
+            "replay-ok",
+            EventLimits::new(1000, 1000, 1 << 20),
+            vec![batch(2), batch(2), batch(2)],
+        );
         while !stats.synced.load(Ordering::Relaxed) {
             std::thread::yield_now();
         }
-        let seqs: Vec<u64> = rx.try_iter().filter_map(unwrap_batch).map(|b| b.0).collect();
+        let seqs: Vec<u64> = rx
+            .try_iter()
+            .filter_map(unwrap_batch)
+            .map(|b| b.0)
+            .collect();
         assert_eq!(seqs, vec![0, 1, 2]);
-        assert_eq!(metrics.kv_replays.with_label_values(&["w", "complete"]).get(), 1);
+        assert_eq!(
+            metrics
+                .kv_replays
+                .with_label_values(&["w", "complete"])
+                .get(),
+            1
+        );
         handle.stop();
         server.join().unwrap();
     }
 
     #[test]
-    fn a_replay_with_a_hole_applies_only_what_precedes_it_and_the_rest_is_replayed_again() {
-        // The soak's index growth (issue 15.3): a ROUTER drops replies its queue to us cannot take,
-        // and the batches after the hole were applied as if nothing were missing, so the hole's
-        // removals never reached the index. Here the start-up replay arrives as 0, 2 (1 dropped).
+    fn a_replay_with_a_hole_or_without_its_end_marker_is_asked_again_from_the_first_missing_batch()
+    {
+        // The soak (issue 15.3): a ROUTER drops replies its queue to us cannot take — batches and
+        // the end marker alike (vLLM's keeps libzmq's default send HWM). Applying past a hole lost
+        // the hole's removals for good; a lost end marker failed the replay and cleared the worker.
+        // Here the start-up replay arrives as 0, 2 + end (1 dropped), the re-ask from 1 as 1, 2
+        // without its end marker, the re-ask from 3 as 3 + end.
         let ctx = zmq::Context::new();
         let pubsock = ctx.socket(zmq::PUB).unwrap();
         pubsock.bind("inproc://replay-hole").unwrap();
-        let server = replay_answers(&ctx, "inproc://replay-hole-replay", vec![vec![(0, batch(1)), (2, batch(1))], vec![(1, batch(1)), (2, batch(1)), (3, batch(1))]]);
+        let answers = vec![
+            (vec![(0, batch(1)), (2, batch(1))], true),
+            (vec![(1, batch(1)), (2, batch(1))], false),
+            (vec![(3, batch(1))], true),
+        ];
+        let server = replay_answers(&ctx, "inproc://replay-hole-replay", answers);
         let (tx, rx) = sync_channel(64);
         let metrics = Arc::new(Metrics::new().unwrap());
         let stats = Arc::new(ListenerStats::default());
@@ -642,55 +866,136 @@ mod tests {
             replay_endpoint: Some("inproc://replay-hole-replay".into()),
             bind: false,
             topic: String::new(),
-            replay_timeout: Duration::from_secs(10),
+            replay_timeout: Duration::from_millis(300),
         };
-        let handle = spawn(ctx, spec, tx, stats.clone(), metrics.clone(), Arc::new(EventLimits::new(1000, 1 << 20, 1 << 20))).unwrap();
+        let handle = spawn(
+            ctx,
+            spec,
+            tx,
+            stats.clone(),
+            metrics.clone(),
+            Arc::new(EventLimits::new(1000, 1 << 20, 1 << 20)),
+        )
+        .unwrap();
         while !stats.synced.load(Ordering::Relaxed) {
             std::thread::yield_now();
         }
-        let seqs: Vec<u64> = rx.try_iter().filter_map(unwrap_batch).map(|b| b.0).collect();
-        assert_eq!(seqs, vec![0], "nothing after the hole is applied");
-        assert_eq!(metrics.kv_replays.with_label_values(&["w", "truncated"]).get(), 1, "a replay with holes is not complete");
-        // The next live batch (3; published until the subscription is up) shows the gap from 1,
-        // whose replay is whole: every batch is applied once, in order.
-        let mut seqs = Vec::new();
+        let seqs: Vec<u64> = rx
+            .try_iter()
+            .filter_map(unwrap_batch)
+            .map(|b| b.0)
+            .collect();
+        assert_eq!(
+            seqs,
+            vec![0, 1, 2, 3],
+            "every batch applied once, in order, nothing past a hole"
+        );
+        assert_eq!(
+            metrics
+                .kv_replays
+                .with_label_values(&["w", "complete"])
+                .get(),
+            1,
+            "one replay, whole in the end"
+        );
+        assert_eq!(
+            metrics
+                .kv_replays
+                .with_label_values(&["w", "truncated"])
+                .get(),
+            0
+        );
+        assert_eq!(
+            metrics
+                .kv_replay_rounds
+                .with_label_values(&["w", "holes"])
+                .get(),
+            1
+        );
+        assert_eq!(
+            metrics
+                .kv_replay_rounds
+                .with_label_values(&["w", "no_end_marker"])
+                .get(),
+            1
+        );
+        assert_eq!(
+            metrics
+                .kv_resyncs
+                .with_label_values(&["w", "gap_unrecoverable"])
+                .get(),
+            0,
+            "the worker is not cleared"
+        );
+        // The next live batch (4; published until the subscription is up) is applied in order.
+        let mut live = Vec::new();
         for _ in 0..500 {
-            pubsock.send_multipart([&b"t"[..], &3u64.to_be_bytes()[..], &batch(1)[..]], 0).unwrap();
-            while let Ok(m) = rx.recv_timeout(Duration::from_millis(20)) {
-                seqs.extend(unwrap_batch(m).map(|b| b.0));
-            }
-            if seqs.len() >= 3 {
+            pubsock
+                .send_multipart([&b"t"[..], &4u64.to_be_bytes()[..], &batch(1)[..]], 0)
+                .unwrap();
+            if let Ok(m) = rx.recv_timeout(Duration::from_millis(20)) {
+                live.extend(unwrap_batch(m).map(|b| b.0));
                 break;
             }
         }
-        assert_eq!(seqs, vec![1, 2, 3]);
-        assert_eq!(metrics.kv_replays.with_label_values(&["w", "complete"]).get(), 1);
+        assert_eq!(live, vec![4]);
         handle.stop();
-        assert_eq!(server.join().unwrap(), vec![0, 1], "replayed from 0, then from the hole");
+        assert_eq!(
+            server.join().unwrap(),
+            vec![0, 1, 3],
+            "replayed from 0, then from each first missing batch"
+        );
     }
 
     #[test]
     fn a_replay_above_replay_max_bytes_fails_and_applies_nothing() {
         // Three batches of ~38 bytes against a 100-byte replay bound.
-        let (metrics, stats, rx, handle, server) = replay_rig("replay-big", EventLimits::new(100, 100, 1 << 20), vec![batch(2), batch(2), batch(2)]);
+        let (metrics, stats, rx, handle, server) = replay_rig(
+            "replay-big",
+            EventLimits::new(100, 100, 1 << 20),
+            vec![batch(2), batch(2), batch(2)],
+        );
         while !stats.synced.load(Ordering::Relaxed) {
             std::thread::yield_now();
         }
-        assert_eq!(rx.try_iter().filter_map(unwrap_batch).count(), 0, "nothing of a refused replay is applied");
-        assert_eq!(metrics.kv_event_limits.with_label_values(&["w", "replay_too_large"]).get(), 1);
-        assert_eq!(metrics.kv_replays.with_label_values(&["w", "failed"]).get(), 1);
+        assert_eq!(
+            rx.try_iter().filter_map(unwrap_batch).count(),
+            0,
+            "nothing of a refused replay is applied"
+        );
+        assert_eq!(
+            metrics
+                .kv_event_limits
+                .with_label_values(&["w", "replay_too_large"])
+                .get(),
+            1
+        );
+        assert_eq!(
+            metrics.kv_replays.with_label_values(&["w", "failed"]).get(),
+            1
+        );
         handle.stop();
         server.join().unwrap();
     }
 
     #[test]
     fn a_replayed_frame_above_the_frame_bound_fails_the_replay() {
-        let (metrics, stats, rx, handle, server) = replay_rig("replay-frame", EventLimits::new(100, 10_000, 1 << 20), vec![batch(2), batch(20)]);
+        let (metrics, stats, rx, handle, server) = replay_rig(
+            "replay-frame",
+            EventLimits::new(100, 10_000, 1 << 20),
+            vec![batch(2), batch(20)],
+        );
         while !stats.synced.load(Ordering::Relaxed) {
             std::thread::yield_now();
         }
         assert_eq!(rx.try_iter().filter_map(unwrap_batch).count(), 0);
-        assert_eq!(metrics.kv_event_limits.with_label_values(&["w", "replay_frame_too_large"]).get(), 1);
+        assert_eq!(
+            metrics
+                .kv_event_limits
+                .with_label_values(&["w", "replay_frame_too_large"])
+                .get(),
+            1
+        );
         handle.stop();
         server.join().unwrap();
     }
@@ -705,9 +1010,19 @@ mod tests {
             ApplierMsg::Clear { reason, .. } => assert_eq!(reason, "frame_too_large"),
             _ => panic!("expected a clear"),
         }
-        assert_eq!(unwrap_batch(rig.next()).map(|b| b.0), Some(2), "the batch after the oversized one applies");
+        assert_eq!(
+            unwrap_batch(rig.next()).map(|b| b.0),
+            Some(2),
+            "the batch after the oversized one applies"
+        );
         assert_eq!(rig.limit_hits("frame_too_large"), 1);
-        assert_eq!(rig.metrics.kv_resyncs.with_label_values(&["w", "frame_too_large"]).get(), 1);
+        assert_eq!(
+            rig.metrics
+                .kv_resyncs
+                .with_label_values(&["w", "frame_too_large"])
+                .get(),
+            1
+        );
     }
 
     #[test]
@@ -721,9 +1036,16 @@ mod tests {
         while rig.limits.queue.waiting() == 0 {
             std::thread::yield_now();
         }
-        assert!(rig.rx.try_recv().is_err(), "batch 2 waits while batch 1 holds the budget");
+        assert!(
+            rig.rx.try_recv().is_err(),
+            "batch 2 waits while batch 1 holds the budget"
+        );
         let used = rig.limits.queue.used();
-        assert_eq!(unwrap_batch(first).map(|b| (b.0, b.1)), Some((1, used)), "the permit holds the decoded size");
+        assert_eq!(
+            unwrap_batch(first).map(|b| (b.0, b.1)),
+            Some((1, used)),
+            "the permit holds the decoded size"
+        );
         assert_eq!(unwrap_batch(rig.next()).map(|b| b.0), Some(2));
         assert_eq!(rig.limit_hits("queue_bytes_full"), 1);
     }

@@ -28,6 +28,67 @@ pub fn contiguous_run(seqs: &[u64]) -> usize {
     seqs.len()
 }
 
+/// Most rounds one replay may take: the first request plus re-requests from the first missing
+/// number ([`plan_round`]). Each round ends at the end marker or, when that was dropped too, at
+/// `routing.replay_timeout_ms`, so a replay stalls its listener at most this many deadlines.
+pub const MAX_REPLAY_ROUNDS: u32 = 4;
+
+/// What one round of a replay allows: apply its first `apply` batches, then `next`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Round {
+    /// Leading batches of the round to apply (a run of consecutive numbers from the ask).
+    pub apply: usize,
+    /// What follows.
+    pub next: RoundNext,
+}
+
+/// After a round of a replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoundNext {
+    /// Everything from the ask up to the end marker arrived: the replay is whole.
+    Done,
+    /// A hole, or no end marker (dropped like any reply): ask again from `from`, the first
+    /// number not applied.
+    AskAgain { from: u64 },
+    /// Out of rounds, or the round does not start at the ask (the engine's ring moved past it):
+    /// the replay ends short; the next live batch shows what is missing as a gap.
+    GiveUp,
+}
+
+/// Plans round `round` (from 0) of a replay asked from `ask`, given the numbers that arrived (those
+/// `>= ask`, in arrival order) and whether the end marker came. vLLM's replay ROUTER keeps
+/// libzmq's default send high-water mark (1,000) and drops, without an error, replies beyond it —
+/// batches and the end marker alike — so a long replay can arrive with holes or unterminated; it
+/// is asked again from the first missing number instead of clearing the worker. A first round
+/// that starts later than asked (the ring no longer holds the start) is the caller's to judge: it
+/// passes the first number that arrived as `ask`.
+pub fn plan_round(ask: u64, seqs: &[u64], ended: bool, round: u32, max_rounds: u32) -> Round {
+    if seqs.first().is_some_and(|&f| f != ask) {
+        return Round {
+            apply: 0,
+            next: RoundNext::GiveUp,
+        };
+    }
+    let apply = contiguous_run(seqs);
+    if ended && apply == seqs.len() {
+        return Round {
+            apply,
+            next: RoundNext::Done,
+        };
+    }
+    if round.saturating_add(1) >= max_rounds {
+        return Round {
+            apply,
+            next: RoundNext::GiveUp,
+        };
+    }
+    let from = seqs[..apply].last().map_or(ask, |l| l.saturating_add(1));
+    Round {
+        apply,
+        next: RoundNext::AskAgain { from },
+    }
+}
+
 /// What to do with a live batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -79,7 +140,10 @@ impl Sequencer {
             return Verdict::Apply;
         }
         if seq > next {
-            return Verdict::Gap { from: next, to: seq };
+            return Verdict::Gap {
+                from: next,
+                to: seq,
+            };
         }
         if self.replayed_through.is_some_and(|r| seq <= r) {
             return Verdict::Duplicate;
@@ -177,7 +241,13 @@ mod tests {
     #[test]
     fn the_largest_sequence_number_does_not_overflow() {
         let mut s = Sequencer::new();
-        assert_eq!(s.on_live(u64::MAX), Verdict::Gap { from: 0, to: u64::MAX });
+        assert_eq!(
+            s.on_live(u64::MAX),
+            Verdict::Gap {
+                from: 0,
+                to: u64::MAX
+            }
+        );
         s.skip_to(u64::MAX); // the expected number saturates at the top: the counter stays there
         assert_eq!(s.on_live(u64::MAX), Verdict::Apply);
         s.replayed(Some(u64::MAX));
@@ -221,5 +291,39 @@ mod tests {
         let mut s = Sequencer::new();
         s.replayed(None);
         assert_eq!(s.on_live(0), Verdict::Apply);
+    }
+
+    #[test]
+    fn a_replay_round_is_asked_again_from_its_first_missing_number() {
+        use RoundNext::*;
+        // (ask, arrived, end marker, round, max rounds) → (apply, next)
+        type Case<'a> = (u64, &'a [u64], bool, u32, u32, usize, RoundNext);
+        let cases: [Case; 10] = [
+            (0, &[0, 1, 2], true, 0, 4, 3, Done),
+            (5, &[], true, 0, 4, 0, Done),
+            (0, &[0, 1, 3, 4], true, 0, 4, 2, AskAgain { from: 2 }),
+            (0, &[0, 1, 2], false, 0, 4, 3, AskAgain { from: 3 }), // the end marker was dropped
+            (7, &[], false, 1, 4, 0, AskAgain { from: 7 }),
+            (2, &[2, 3, 5], false, 1, 4, 2, AskAgain { from: 4 }),
+            (2, &[2, 4], true, 3, 4, 1, GiveUp), // out of rounds
+            (2, &[2, 3], false, 3, 4, 2, GiveUp),
+            (2, &[3, 4], true, 1, 4, 0, GiveUp), // the ring moved past the ask
+            (
+                u64::MAX - 1,
+                &[u64::MAX - 1, u64::MAX],
+                false,
+                0,
+                4,
+                2,
+                AskAgain { from: u64::MAX },
+            ),
+        ];
+        for (ask, seqs, ended, round, max, apply, next) in cases {
+            assert_eq!(
+                plan_round(ask, seqs, ended, round, max),
+                Round { apply, next },
+                "{ask} {seqs:?} {ended} {round}"
+            );
+        }
     }
 }

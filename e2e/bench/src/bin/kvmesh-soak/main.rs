@@ -73,6 +73,14 @@ struct Args {
     /// The indexer's `local_continuation_max_sessions`: small, so the LRU cap is hit within the run.
     #[arg(long, default_value_t = 300)]
     continuation_cap: usize,
+    /// The indexer's `tokenize_cache_bytes`, MiB: small, so the tokenization cache reaches its
+    /// bound within warm-up (the default 64 MiB fills in hours at this load).
+    #[arg(long, default_value_t = 2)]
+    tokenize_cache_mib: usize,
+    /// The indexer's `recovery_max_blocks` (orphan recovery's routed prompts): small, so it reaches
+    /// its bound within warm-up.
+    #[arg(long, default_value_t = 16_384)]
+    recovery_blocks: usize,
     /// Output directory.
     #[arg(long, default_value = "bench-out/soak")]
     out: PathBuf,
@@ -117,6 +125,8 @@ const INDEXER_GAUGES: &[Gauge] = &[
         Some(("set", "kv_home")),
     ),
     Gauge("speculative_blocks", "kvmesh_speculative_blocks", None),
+    Gauge("tokenize_cache_bytes", "kvmesh_tokenize_cache_bytes", None),
+    Gauge("recovery_blocks", "kvmesh_recovery_blocks", None),
     Gauge(
         "worker_active_requests",
         "kvmesh_worker_active_requests",
@@ -416,8 +426,11 @@ async fn main() -> Result<()> {
     spec.sim_args = vec!["--num-gpu-blocks".into(), a.gpu_blocks.to_string()];
     spec.release = a.release;
     spec.routing_toml = format!(
-        "kv_home_ttl_secs = {}\nlocal_continuation_max_sessions = {}\n",
-        a.kv_home_ttl_s, a.continuation_cap
+        "kv_home_ttl_secs = {}\nlocal_continuation_max_sessions = {}\ntokenize_cache_bytes = {}\nrecovery_max_blocks = {}\n",
+        a.kv_home_ttl_s,
+        a.continuation_cap,
+        a.tokenize_cache_mib << 20,
+        a.recovery_blocks
     );
     spec.work_dir = Some(std::path::absolute(a.out.join("stack"))?);
     let mut stack = Stack::start(spec).await?;
@@ -534,11 +547,13 @@ async fn main() -> Result<()> {
     };
     let mut report = plan::render(&summary, is_bytes);
     report.push_str(&format!(
-        "\nSetup: {} vllm-sim workers with {} KV blocks each; the indexer's `kv_home_ttl_secs = {}` and `local_continuation_max_sessions = {}` (so both session maps reach their bound); {} clients (think {} ms), {:.0} % of requests streamed and aborted; Envoy has no wasm memory stat: `{WASM_RSS}` and `{WASM_SIZE}` are the resident and committed bytes, summed over the VMs (`wasm_vms`), of the wasm linear memories found in Envoy's `/proc/<pid>/smaps` (each an anonymous read-write mapping directly below V8's ≥ 1 GiB inaccessible guard reservation); `{ENVOY_HEAP}` is Envoy's `server.memory_allocated`. Indexer series fitted from {:.1} min (its last restart at {:.1} min).\n",
+        "\nSetup: {} vllm-sim workers with {} KV blocks each; the indexer's `kv_home_ttl_secs = {}`, `local_continuation_max_sessions = {}`, `tokenize_cache_bytes = {} MiB` and `recovery_max_blocks = {}` (so the session maps, the tokenization cache and orphan recovery's routed prompts reach their bounds); {} clients (think {} ms), {:.0} % of requests streamed and aborted; Envoy has no wasm memory stat: `{WASM_RSS}` and `{WASM_SIZE}` are the resident and committed bytes, summed over the VMs (`wasm_vms`), of the wasm linear memories found in Envoy's `/proc/<pid>/smaps` (each an anonymous read-write mapping directly below V8's ≥ 1 GiB inaccessible guard reservation); `{ENVOY_HEAP}` is Envoy's `server.memory_allocated`. Indexer series fitted from {:.1} min (its last restart at {:.1} min).\n",
         a.workers,
         a.gpu_blocks,
         a.kv_home_ttl_s,
         a.continuation_cap,
+        a.tokenize_cache_mib,
+        a.recovery_blocks,
         a.clients,
         a.think_ms,
         a.abort_fraction * 100.0,
