@@ -1,5 +1,8 @@
 use super::*;
-use kvmesh_core::api::{FleetSnapshot, FleetWorker, WorkerLoad};
+use crate::config::KvMigration;
+use crate::predict::WorkerTiming;
+use kvmesh_core::api::{FleetSnapshot, FleetWorker, Role, WorkerLoad};
+use kvmesh_core::session::{SessionKey, SessionSource};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
 
@@ -264,14 +267,19 @@ fn near_ties_have_no_deterministic_preference_but_a_new_session_takes_its_rendez
     guess.speculative_blocks = 39;
     let workers = [guess, view("w2", 39, 0)];
     let mut r = rng();
-    let w1 = (0..200).filter(|_| decide(&input(640), &workers, &cfg, &mut r).unwrap().worker == "w1").count();
+    let w1 = (0..200)
+        .filter(|_| decide(&input(640), &workers, &cfg, &mut r).unwrap().worker == "w1")
+        .count();
     assert!((50..150).contains(&w1), "{w1} of 200");
     // A new session among idle workers: always its rendezvous worker, the filter fallback's pin.
     let idle = [view("w1", 0, 0), view("w2", 0, 0), view("w3", 0, 0)];
     for k in 0..50u64 {
         let key = SessionKey(k.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let want = rendezvous::pick(key.0, idle.iter().map(|w| w.id)).unwrap();
-        let session = RouteInput { session: Some((key, SessionSource::Prefix)), ..input(640) };
+        let session = RouteInput {
+            session: Some((key, SessionSource::Prefix)),
+            ..input(640)
+        };
         assert_eq!(decide(&session, &idle, &cfg, &mut r).unwrap().worker, want);
     }
 }
@@ -616,9 +624,19 @@ fn a_session_home_is_where_the_shared_index_says_its_kv_is() {
     let cfg = RoutingConfig::default();
     let workers = [view("w1", 5, 0), view("w2", 30, 0), view("w3", 0, 0)];
     let plan = decide(&session(640, Some("w1")), &workers, &cfg, &mut rng()).unwrap();
-    assert_eq!((plan.worker.as_str(), plan.basis), ("w2", Basis::SessionPin), "{}", plan.reason);
+    assert_eq!(
+        (plan.worker.as_str(), plan.basis),
+        ("w2", Basis::SessionPin),
+        "{}",
+        plan.reason
+    );
     // When the index does not tell workers apart, this replica's memory decides.
     let even = [view("w1", 30, 0), view("w2", 30, 0), view("w3", 30, 0)];
     let plan = decide(&session(640, Some("w3")), &even, &cfg, &mut rng()).unwrap();
-    assert_eq!((plan.worker.as_str(), plan.basis), ("w3", Basis::SessionPin), "{}", plan.reason);
+    assert_eq!(
+        (plan.worker.as_str(), plan.basis),
+        ("w3", Basis::SessionPin),
+        "{}",
+        plan.reason
+    );
 }

@@ -82,7 +82,10 @@ pub fn choose_mode<R: Rng + ?Sized>(
     let bs = u64::from(input.block_size.max(1));
     let cached = (u64::from(decode.cached_blocks()) * bs).min(input.isl_tokens);
     let uncached = input.isl_tokens - cached;
-    let full_blocks = kvmesh_core::router_metrics::isl_blocks(usize::try_from(input.isl_tokens).unwrap_or(usize::MAX), input.block_size);
+    let full_blocks = kvmesh_core::router_metrics::isl_blocks(
+        usize::try_from(input.isl_tokens).unwrap_or(usize::MAX),
+        input.block_size,
+    );
     let aggregate =
         |reason: String, opportunity: Option<Opportunity>, local_continuation: bool| ModeChoice {
             mode: Mode::Aggregate,

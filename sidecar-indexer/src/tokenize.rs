@@ -24,15 +24,25 @@
 //! of the chunks concatenated are the ids of the piece. The cut rule is proved for the DeepSeek-V4
 //! pre-tokenizer only: a `tokenizer.json` whose normalizer or pre-tokenizer differs is never cut
 //! inside a piece (checked at load).
+//!
+//! Submodules: [`split`] (cutting text at added tokens), [`chunk`] (the safe cut inside a piece),
+//! [`cache`] (the byte-bounded segment cache).
+
+mod cache;
+mod chunk;
+mod split;
 
 use std::path::Path;
-use std::sync::Arc;
 
-use aho_corasick::{AhoCorasick, MatchKind};
 use kvmesh_core::hashing::{chain, local_block_hash, LocalBlockHash, SequenceHash};
 use kvmesh_core::openai::{Prompt, RequestInput};
 use kvmesh_tokens::{ChatTemplate, Tokenizer, TokensError};
 use parking_lot::Mutex;
+
+pub use cache::CacheStats;
+use cache::SegmentCache;
+pub use chunk::{chunk_end, safe_cut, CHUNK_BYTES, MIN_SAMPLE_BYTES};
+pub use split::{Segment, SegmentSplitter};
 
 /// Why a prompt could not be tokenized.
 #[derive(Debug, thiserror::Error)]
@@ -41,272 +51,6 @@ pub enum TokenizeError {
     Tokens(#[from] TokensError),
     #[error("cannot read added tokens from {path}: {reason}")]
     AddedTokens { path: String, reason: String },
-}
-
-/// Cuts text at added tokens, the way `tokenizers`' `AddedVocabulary` does.
-pub struct SegmentSplitter {
-    raw: Option<(AhoCorasick, Vec<u32>)>,
-    normalized: Option<(AhoCorasick, Vec<u32>)>,
-    /// Whether pieces may be cut into chunks at [`safe_cut`] boundaries (the tokenizer's normalizer
-    /// and pre-tokenizer are the ones the rule is proved for).
-    chunks: bool,
-}
-
-/// A piece of text: an added token (with its id) or plain text between added tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Segment<'a> {
-    Added(u32),
-    Text(&'a str),
-}
-
-#[derive(serde::Deserialize)]
-struct AddedTokenDecl {
-    id: u32,
-    content: String,
-    #[serde(default)]
-    normalized: bool,
-}
-
-#[derive(serde::Deserialize)]
-struct TokenizerFile {
-    #[serde(default)]
-    added_tokens: Vec<AddedTokenDecl>,
-    #[serde(default)]
-    normalizer: serde_json::Value,
-    #[serde(default)]
-    pre_tokenizer: serde_json::Value,
-}
-
-/// The DeepSeek-V4 `tokenizer.json` normalizer (none) and pre-tokenizer, for which [`safe_cut`] is
-/// proved: digits isolated in runs of 1–3, CJK/kana runs isolated, then the word regex, then bytes.
-fn deepseek_pre_tokenizer() -> (serde_json::Value, serde_json::Value) {
-    let split = |re: &str| serde_json::json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false});
-    let normalizer = serde_json::json!({"type": "Sequence", "normalizers": []});
-    let pre = serde_json::json!({"type": "Sequence", "pretokenizers": [
-        split(r"\p{N}{1,3}"),
-        split("[\u{4e00}-\u{9fa5}\u{3040}-\u{309f}\u{30a0}-\u{30ff}]+"),
-        split(WORD_REGEX),
-        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
-    ]});
-    (normalizer, pre)
-}
-
-/// The DeepSeek-V4 pre-tokenizer's word regex (third split), as written in its `tokenizer.json`.
-const WORD_REGEX: &str = concat!(
-    r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"##,
-    r"|[^",
-    "\r\n",
-    r"\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+",
-    r"| ?[\p{P}\p{S}]+[",
-    "\r\n",
-    "]*",
-    r"|\s*[",
-    "\r\n",
-    "]+",
-    r"|\s+(?!\S)|\s+",
-);
-
-/// Whether a `tokenizer.json`'s normalizer and pre-tokenizer are the ones [`safe_cut`] is proved for.
-fn cut_rule_applies(file: &TokenizerFile) -> bool {
-    let (normalizer, pre) = deepseek_pre_tokenizer();
-    file.normalizer == normalizer && file.pre_tokenizer == pre
-}
-
-impl SegmentSplitter {
-    /// Reads the `added_tokens` of a `tokenizer.json`.
-    ///
-    /// Only valid for tokenizers whose added tokens have no `lstrip`/`rstrip`/`single_word` and whose
-    /// normalizer is the identity (DeepSeek's); [`PromptTokenizer::load`] checks the result on a probe
-    /// text and falls back to whole-text encoding otherwise.
-    pub fn from_tokenizer_json(path: &Path) -> Result<Self, TokenizeError> {
-        let err = |reason: String| TokenizeError::AddedTokens {
-            path: path.display().to_string(),
-            reason,
-        };
-        let text = std::fs::read(path).map_err(|e| err(e.to_string()))?;
-        let file: TokenizerFile = serde_json::from_slice(&text).map_err(|e| err(e.to_string()))?;
-        let chunks = cut_rule_applies(&file);
-        if !chunks {
-            tracing::info!("tokenizer's pre-tokenizer is not DeepSeek-V4's: pieces between added tokens are encoded whole");
-        }
-        let (norm, raw): (Vec<_>, Vec<_>) =
-            file.added_tokens.into_iter().partition(|t| t.normalized);
-        Ok(Self {
-            raw: automaton(raw).map_err(err)?,
-            normalized: automaton(norm).map_err(err)?,
-            chunks,
-        })
-    }
-
-    /// A splitter that never splits (whole-text encoding).
-    pub fn none() -> Self {
-        Self {
-            raw: None,
-            normalized: None,
-            chunks: false,
-        }
-    }
-
-    /// Whether long pieces are cut into chunks at [`safe_cut`] boundaries.
-    pub fn chunks(&self) -> bool {
-        self.chunks
-    }
-
-    /// The segments of `text`, in order; concatenated they are `text`.
-    pub fn split<'a>(&self, text: &'a str, out: &mut Vec<Segment<'a>>) {
-        out.clear();
-        let mut first = Vec::new();
-        split_with(self.raw.as_ref(), text, &mut first);
-        for seg in first {
-            match seg {
-                Segment::Text(t) => split_with(self.normalized.as_ref(), t, out),
-                added => out.push(added),
-            }
-        }
-    }
-}
-
-fn automaton(tokens: Vec<AddedTokenDecl>) -> Result<Option<(AhoCorasick, Vec<u32>)>, String> {
-    if tokens.is_empty() {
-        return Ok(None);
-    }
-    let ids = tokens.iter().map(|t| t.id).collect();
-    let ac = AhoCorasick::builder()
-        .match_kind(MatchKind::LeftmostLongest)
-        .build(tokens.iter().map(|t| t.content.as_str()))
-        .map_err(|e| e.to_string())?;
-    Ok(Some((ac, ids)))
-}
-
-fn split_with<'a>(ac: Option<&(AhoCorasick, Vec<u32>)>, text: &'a str, out: &mut Vec<Segment<'a>>) {
-    let Some((ac, ids)) = ac else {
-        if !text.is_empty() {
-            out.push(Segment::Text(text));
-        }
-        return;
-    };
-    let mut at = 0;
-    for m in ac.find_iter(text) {
-        if m.start() > at {
-            out.push(Segment::Text(&text[at..m.start()]));
-        }
-        out.push(Segment::Added(ids[m.pattern().as_usize()]));
-        at = m.end();
-    }
-    if at < text.len() {
-        out.push(Segment::Text(&text[at..]));
-    }
-}
-
-/// Bytes after which a long piece is cut into a chunk, at the first [`safe_cut`] boundary. About
-/// 500 tokens of prose: the granularity at which tokenization stops past the held blocks.
-pub const CHUNK_BYTES: usize = 2048;
-
-/// Text tokenized at least before the rest of a prompt may be estimated (unless it is all of it):
-/// the sample the bytes → tokens ratio is measured on.
-pub const MIN_SAMPLE_BYTES: usize = 2048;
-
-fn is_cjk(c: char) -> bool {
-    matches!(c, '\u{4e00}'..='\u{9fa5}' | '\u{3040}'..='\u{309f}' | '\u{30a0}'..='\u{30ff}')
-}
-
-/// Whether text with `before` as the last char of a prefix and `after` as the first of the rest may
-/// be encoded as two halves: the DeepSeek-V4 pre-tokenizer then gives exactly the pre-tokens of the
-/// whole, so (BPE encoding each pre-token on its own) the ids too. Three boundaries qualify:
-///
-/// 1. `\n` then a char that is alphanumeric or ASCII-graphic (never whitespace).
-/// 2. an ASCII letter then a space.
-/// 3. a CJK/kana char (the second split's ranges) then one outside them.
-///
-/// Why, split by split (each is a left-to-right scan with no look-behind and no anchors, so a scan
-/// restarts identically at a position no match spans, and the pieces before it are the same when
-/// no match attempt that starts before it reads differently at it):
-/// - `\p{N}{1,3}`: `before` is never a digit (`\n`, a letter, CJK), so no match spans the cut; a
-///   non-matched stretch spanning it becomes two stretches, which the next splits see separately —
-///   fine when they, too, split there.
-/// - CJK runs `[…]+`: in 1 and 2 `before` is not CJK; in 3 the run ends at the cut (greedy, `after`
-///   is outside), so the scan restarts there.
-/// - the word regex `A1|A2|A3|A4|A5|A6` (`[punct][A-Za-z]+`, `[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+`,
-///   ` ?[\p{P}\p{S}]+[\r\n]*`, `\s*[\r\n]+`, `\s+(?!\S)`, `\s+`). Rule 1: only A3–A6 can take a
-///   `\n`, and each stops before a non-whitespace `after` — exactly as at the end of the prefix, except
-///   A5's look-ahead; but A5 is tried at a start `s` only when A4 failed there, i.e. the whitespace
-///   from `s` holds no newline, so it never reaches the `\n` and never looks at the cut. A4 matches
-///   any `\n` a scan reaches, so the match holding `before` ends exactly at the cut. Rule 2: only A1
-///   and A2 take letters; both are greedy over letters and stop at the space, with or without the
-///   rest; so the match holding `before` ends at the cut. Rule 3: CJK pieces are already isolated.
-/// - ByteLevel (no regex) maps bytes; the normalizer is the identity.
-///
-/// `tokenize_tests` checks the chunked encoding against a full encode on generated and real text.
-pub fn safe_cut(before: char, after: char) -> bool {
-    (before == '\n' && (after.is_alphanumeric() || after.is_ascii_graphic()))
-        || (before.is_ascii_alphabetic() && after == ' ')
-        || (is_cjk(before) && !is_cjk(after))
-}
-
-/// The end of the chunk of `text` starting at `start`: the first [`safe_cut`] boundary at or past
-/// `start + CHUNK_BYTES`, else the end of `text`.
-pub fn chunk_end(text: &str, start: usize) -> usize {
-    let mut at = start + CHUNK_BYTES;
-    if at >= text.len() {
-        return text.len();
-    }
-    while !text.is_char_boundary(at) {
-        at += 1;
-    }
-    let Some(mut before) = text[..at].chars().next_back() else {
-        return text.len();
-    };
-    for (i, after) in text[at..].char_indices() {
-        if safe_cut(before, after) {
-            return at + i;
-        }
-        before = after;
-    }
-    text.len()
-}
-
-/// A byte-bounded LRU of text segment → token ids.
-struct SegmentCache {
-    lru: lru::LruCache<Box<str>, Arc<[u32]>>,
-    bytes: usize,
-    max_bytes: usize,
-}
-
-/// Bookkeeping bytes charged per cache entry on top of its text and ids.
-const ENTRY_OVERHEAD: usize = 64;
-
-impl SegmentCache {
-    fn cost(text: &str, ids: &[u32]) -> usize {
-        text.len() + ids.len() * 4 + ENTRY_OVERHEAD
-    }
-
-    fn get(&mut self, text: &str) -> Option<Arc<[u32]>> {
-        self.lru.get(text).cloned()
-    }
-
-    fn put(&mut self, text: &str, ids: Arc<[u32]>) {
-        let cost = Self::cost(text, &ids);
-        if cost > self.max_bytes / 4 {
-            return; // one huge segment would flush everything else
-        }
-        if let Some(old) = self.lru.put(text.into(), ids) {
-            self.bytes -= Self::cost(text, &old);
-        }
-        self.bytes += cost;
-        while self.bytes > self.max_bytes {
-            match self.lru.pop_lru() {
-                Some((k, v)) => self.bytes -= Self::cost(&k, &v),
-                None => break,
-            }
-        }
-    }
-}
-
-/// Cache effect of one tokenization, for metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CacheStats {
-    pub hits: u64,
-    pub misses: u64,
 }
 
 /// Leading blocks of a chain some worker holds.
@@ -635,7 +379,7 @@ impl PromptTokenizer {
             };
             let mut start = 0;
             while start < t.len() {
-                let end = if self.splitter.chunks {
+                let end = if self.splitter.chunks() {
                     chunk_end(t, start)
                 } else {
                     t.len()

@@ -1,0 +1,186 @@
+//! Scoring and picking: each candidate's predicted TTFT for this request ([`score`]), the hard
+//! overload guards ([`overloaded`]), the near-tie / temperature draw among the fastest ([`pick`])
+//! and the fallback order. Shared by the decode choice ([`super::decide`]) and the prefill-worker
+//! choice ([`crate::modes`]).
+
+use rand::Rng;
+
+use super::WorkerView;
+use crate::config::{KvMigration, RoutingConfig};
+use crate::predict::ttft_s;
+
+/// Why `w` is overloaded under `cfg`, or None.
+pub fn overloaded(w: &WorkerView<'_>, cfg: &RoutingConfig) -> Option<String> {
+    let checks = [
+        ("active_blocks", w.active_blocks, cfg.overload_active_blocks),
+        (
+            "active_requests",
+            w.active_requests,
+            cfg.overload_active_requests,
+        ),
+        ("waiting", w.waiting_requests, cfg.overload_waiting_requests),
+    ];
+    checks
+        .iter()
+        .find(|(_, v, limit)| *limit > 0 && v >= limit)
+        .map(|(name, v, limit)| format!("{name} {v} >= {limit}"))
+}
+
+/// A worker with its prediction for this request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Scored<'v, 'a> {
+    pub w: &'v WorkerView<'a>,
+    /// Predicted TTFT, seconds.
+    pub ttft_s: f64,
+    /// Uncached tokens it would compute.
+    pub own_tokens: u64,
+    /// Blocks it would pull by KV migration instead of recomputing (`kv_migration = "on"`).
+    pub migrated_blocks: u32,
+}
+
+impl Scored<'_, '_> {
+    pub(crate) fn ms(&self) -> f64 {
+        self.ttft_s * 1000.0
+    }
+}
+
+/// Scores `w`: its uncached tokens (crediting a migration from `best_index` when that is on and
+/// worth it) and the predicted TTFT.
+pub(crate) fn score<'v, 'a>(
+    w: &'v WorkerView<'a>,
+    isl: u64,
+    block_size: u32,
+    best_index: u32,
+    cfg: &RoutingConfig,
+) -> Scored<'v, 'a> {
+    let bs = u64::from(block_size.max(1));
+    let mut cached = w.cached_blocks();
+    let mut migrated_blocks = 0;
+    let movable = best_index.saturating_sub(w.overlap_blocks);
+    if cfg.kv_migration == KvMigration::On
+        && best_index > cached
+        && u64::from(movable) * bs >= cfg.kv_migration_min_tokens
+    {
+        migrated_blocks = best_index - cached;
+        cached = best_index;
+    }
+    let own_tokens = isl - (u64::from(cached) * bs).min(isl);
+    Scored {
+        w,
+        ttft_s: ttft_s(&w.timing, own_tokens as f64, cfg.prefill_chunk_tokens),
+        own_tokens,
+        migrated_blocks,
+    }
+}
+
+/// Whether `t` (seconds) is within the near-tie band of the fastest `min`.
+pub(crate) fn near(t: f64, min: f64, cfg: &RoutingConfig) -> bool {
+    t - min <= (cfg.near_tie_ms / 1000.0).max(cfg.near_tie_fraction * min) + 1e-12
+}
+
+/// Picks the fastest of `set` (non-empty; `isl` = the prompt's full blocks, for the reason):
+/// `prefer` when it is within the near-tie band, else one drawn uniformly from the band — no
+/// deterministic preference (such as the most index overlap) inside it, which is what makes gateway
+/// replicas that see the same index and events herd — or sampled with `temperature > 0`; returns
+/// it, a reason and the runner-up (`; next w2 12.0 ms`, or empty).
+pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
+    set: &[Scored<'v, 'a>],
+    isl: u32,
+    prefer: Option<&str>,
+    cfg: &RoutingConfig,
+    rng: &mut R,
+) -> (Scored<'v, 'a>, String, String) {
+    let times: Vec<f64> = set.iter().map(|s| s.ttft_s).collect();
+    let min = times.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = times.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let sampled = cfg.temperature > 0.0 && max > min;
+    let index = if sampled {
+        let weights: Vec<f64> = times
+            .iter()
+            .map(|t| (-((t - min) / (max - min)) / cfg.temperature).exp())
+            .collect();
+        let total: f64 = weights.iter().sum();
+        let mut x = rng.gen::<f64>() * total;
+        let mut chosen = weights.len() - 1;
+        for (i, w) in weights.iter().enumerate() {
+            if x < *w {
+                chosen = i;
+                break;
+            }
+            x -= w;
+        }
+        chosen
+    } else {
+        let tied: Vec<usize> = (0..times.len())
+            .filter(|&i| near(times[i], min, cfg))
+            .collect();
+        match tied.iter().copied().find(|&i| Some(set[i].w.id) == prefer) {
+            Some(preferred) => preferred,
+            None => tied
+                .get(rng.gen_range(0..tied.len().max(1)))
+                .copied()
+                .unwrap_or(0),
+        }
+    };
+    let s = set[index];
+    let next = set
+        .iter()
+        .filter(|o| o.w.id != s.w.id)
+        .min_by(|a, b| {
+            a.ttft_s
+                .total_cmp(&b.ttft_s)
+                .then_with(|| a.w.id.cmp(b.w.id))
+        })
+        .map_or(String::new(), |o| {
+            format!("; next {} {:.1} ms", o.w.id, o.ms())
+        });
+    let temp = if sampled {
+        format!("sampled at temperature {}: ", cfg.temperature)
+    } else {
+        String::new()
+    };
+    let max_cached = set.iter().map(|s| s.w.cached_blocks()).max().unwrap_or(0);
+    let what = if s.migrated_blocks > 0 {
+        format!("migrating {} blocks", s.migrated_blocks)
+    } else if max_cached == 0 {
+        "nothing cached".to_owned()
+    } else if s.w.cached_blocks() == max_cached {
+        format!("best overlap {}/{isl} blocks", s.w.cached_blocks())
+    } else {
+        format!(
+            "overlap {}/{isl} blocks (best elsewhere {max_cached})",
+            s.w.cached_blocks()
+        )
+    };
+    let spec = if s.w.speculative_blocks > s.w.overlap_blocks {
+        format!(
+            " (+{} speculative)",
+            s.w.speculative_blocks - s.w.overlap_blocks
+        )
+    } else {
+        String::new()
+    };
+    // Short: the reason travels in a 256-byte debug header together with the mode's part.
+    let queued = s.w.timing.queued_tokens.round();
+    let queued = if queued > 0.0 {
+        format!(" after {queued} queued tokens")
+    } else {
+        String::new()
+    };
+    let reason = format!("{temp}{what}{spec}, predicted {:.1} ms{queued}", s.ms());
+    (s, reason, next)
+}
+
+/// Endpoints of `set` other than `chosen`, fastest first.
+pub(crate) fn fallbacks(set: &[Scored<'_, '_>], chosen: &str, n: usize) -> Vec<String> {
+    let mut rest: Vec<&Scored<'_, '_>> = set.iter().filter(|s| s.w.id != chosen).collect();
+    rest.sort_by(|a, b| {
+        a.ttft_s
+            .total_cmp(&b.ttft_s)
+            .then_with(|| a.w.id.cmp(b.w.id))
+    });
+    rest.into_iter()
+        .take(n)
+        .map(|s| s.w.endpoint.to_owned())
+        .collect()
+}

@@ -1,0 +1,180 @@
+//! What a routing decision reads and returns: the worker views and request it is made from, the
+//! [`Plan`] it produces (turned into the wire [`RouteDecision`]), why the worker was chosen
+//! ([`Basis`]), the [`Leg`] the shell may have to run first, and why no decision could be made.
+
+use kvmesh_core::api::{Mode, Role, RouteDecision};
+use kvmesh_core::session::{SessionKey, SessionSource};
+
+use crate::modes::Opportunity;
+use crate::predict::{max_cached_blocks, WorkerTiming};
+
+/// One worker as the decision sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerView<'a> {
+    pub id: &'a str,
+    pub endpoint: &'a str,
+    pub role: Role,
+    pub healthy: bool,
+    /// Leading blocks of this prompt the worker holds, per the index (engine events).
+    pub overlap_blocks: u32,
+    /// Leading blocks credited from recent decisions not yet confirmed by events (sibling bursts).
+    pub speculative_blocks: u32,
+    /// Decode load in blocks: booked, plus the engine's in-flight requests the indexer did not route.
+    pub active_blocks: u64,
+    /// In-flight requests routed to the worker.
+    pub active_requests: u64,
+    /// `vllm:num_requests_waiting` from the last scrape.
+    pub waiting_requests: u64,
+    /// Queued prefill, decode batch, throughput: the inputs of the predicted TTFT.
+    pub timing: WorkerTiming,
+}
+
+impl WorkerView<'_> {
+    pub(crate) fn candidate(&self) -> bool {
+        self.healthy && self.role.decodes()
+    }
+
+    /// Leading blocks counted as cached when predicting: the index's or the speculative ones.
+    pub fn cached_blocks(&self) -> u32 {
+        self.overlap_blocks.max(self.speculative_blocks)
+    }
+}
+
+/// What the decision needs from the request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteInput<'a> {
+    pub isl_tokens: usize,
+    pub block_size: u32,
+    pub session: Option<(SessionKey, SessionSource)>,
+    /// `x-kvmesh-worker`.
+    pub override_worker: Option<&'a str>,
+    /// `x-kvmesh-mode`.
+    pub override_mode: Option<Mode>,
+    /// The session was routed within the local-continuation TTL.
+    pub continuation: bool,
+    /// The session's last decode worker, if remembered (`kv_home`).
+    pub kv_home: Option<&'a str>,
+}
+
+impl RouteInput<'_> {
+    /// Full blocks of the prompt (what `RouteDecision::isl_blocks` reports).
+    pub fn full_blocks(&self) -> u32 {
+        kvmesh_core::router_metrics::isl_blocks(self.isl_tokens, self.block_size)
+    }
+    /// Blocks including a partial last one (booked load, and Dynamo's hit-rate denominator).
+    pub fn request_blocks(&self) -> u32 {
+        u32::try_from(self.isl_tokens.div_ceil(self.block_size.max(1) as usize)).unwrap_or(u32::MAX)
+    }
+    /// The most blocks an engine can serve from cache for this prompt (the last token is computed).
+    pub fn max_cached_blocks(&self) -> u32 {
+        max_cached_blocks(self.isl_tokens, self.block_size)
+    }
+}
+
+/// Why the worker was chosen (the `basis` metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Basis {
+    Override,
+    /// A session stayed at its home.
+    SessionPin,
+    /// A session left its home: another worker was faster by more than the margin.
+    SessionMoved,
+    /// A session's home is over an `overload_*` guard.
+    PinOverloaded,
+    BestOverlap,
+    LowestCost,
+}
+
+impl Basis {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Override => "override",
+            Self::SessionPin => "session_pin",
+            Self::SessionMoved => "session_moved",
+            Self::PinOverloaded => "pin_overloaded",
+            Self::BestOverlap => "best_overlap",
+            Self::LowestCost => "lowest_cost",
+        }
+    }
+}
+
+/// Work the async shell must do before answering: a prefill leg, or a migration handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Leg {
+    /// Run the prefill leg on this prefill worker and carry its `kv_transfer_params`.
+    PrefillOn { worker: String, endpoint: String },
+    /// Ask this worker for a one-step producer handshake; the target pulls the blocks.
+    MigrateFrom { worker: String, endpoint: String },
+}
+
+/// The decision, before the shell turns it into a [`RouteDecision`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub worker: String,
+    pub endpoint: String,
+    pub fallbacks: Vec<String>,
+    pub mode: Mode,
+    /// Index overlap on the chosen worker (capped by the last-block rule; never speculative).
+    pub overlap_blocks: u32,
+    /// What speculative holdings add on the chosen worker beyond `overlap_blocks`.
+    pub speculative_extra_blocks: u32,
+    pub isl_blocks: u32,
+    pub request_blocks: u32,
+    pub best_overlap: Option<(String, u32)>,
+    pub basis: Basis,
+    pub reason: String,
+    pub leg: Option<Leg>,
+    /// A would-migrate decision (counted in `dry` and `on` migration modes).
+    pub opportunity: Option<Opportunity>,
+    /// A continuation kept on its decode worker although it was above the disaggregation threshold.
+    pub local_continuation: bool,
+    /// Prompt tokens the chosen worker does not cache.
+    pub uncached_tokens: u64,
+    /// Predicted time to first token on the chosen worker, milliseconds.
+    pub predicted_ttft_ms: f64,
+}
+
+impl Plan {
+    /// The wire answer (no leg ran: `kv_transfer_params` is null, `peer_worker` none).
+    pub fn into_decision(self) -> RouteDecision {
+        let (best_overlap_worker, best_overlap_blocks) = match self.best_overlap {
+            Some((w, b)) => (Some(w), b),
+            None => (None, 0),
+        };
+        RouteDecision {
+            endpoint: self.endpoint,
+            fallbacks: self.fallbacks,
+            worker: self.worker,
+            mode: self.mode,
+            overlap_blocks: self.overlap_blocks,
+            isl_blocks: self.isl_blocks,
+            kv_transfer_params: None,
+            reason: self.reason,
+            best_overlap_worker,
+            best_overlap_blocks,
+            peer_worker: None,
+            predicted_ttft_ms: Some(self.predicted_ttft_ms),
+            booking_id: None,
+        }
+    }
+}
+
+/// Why no decision could be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecideError {
+    #[error("no healthy decode-capable worker")]
+    NoDecodeWorker,
+    #[error("x-kvmesh-worker names unknown worker {0:?}")]
+    UnknownOverrideWorker(String),
+}
+
+impl DecideError {
+    /// The metric label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NoDecodeWorker => "no_decode_worker",
+            Self::UnknownOverrideWorker(_) => "unknown_override_worker",
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Cutting text at added tokens the way `tokenizers`' `AddedVocabulary` does (two passes:
+//! non-normalized tokens on the raw text, then normalized ones in the remaining pieces), and whether
+//! the tokenizer's normalizer and pre-tokenizer are the ones [`super::safe_cut`] is proved for.
+
+use std::path::Path;
+
+use aho_corasick::{AhoCorasick, MatchKind};
+
+use super::TokenizeError;
+/// Cuts text at added tokens, the way `tokenizers`' `AddedVocabulary` does.
+pub struct SegmentSplitter {
+    raw: Option<(AhoCorasick, Vec<u32>)>,
+    normalized: Option<(AhoCorasick, Vec<u32>)>,
+    /// Whether pieces may be cut into chunks at [`safe_cut`](super::safe_cut) boundaries (the tokenizer's normalizer
+    /// and pre-tokenizer are the ones the rule is proved for).
+    chunks: bool,
+}
+
+/// A piece of text: an added token (with its id) or plain text between added tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Segment<'a> {
+    Added(u32),
+    Text(&'a str),
+}
+
+#[derive(serde::Deserialize)]
+struct AddedTokenDecl {
+    id: u32,
+    content: String,
+    #[serde(default)]
+    normalized: bool,
+}
+
+#[derive(serde::Deserialize)]
+struct TokenizerFile {
+    #[serde(default)]
+    added_tokens: Vec<AddedTokenDecl>,
+    #[serde(default)]
+    normalizer: serde_json::Value,
+    #[serde(default)]
+    pre_tokenizer: serde_json::Value,
+}
+
+/// The DeepSeek-V4 `tokenizer.json` normalizer (none) and pre-tokenizer, for which [`safe_cut`](super::safe_cut) is
+/// proved: digits isolated in runs of 1–3, CJK/kana runs isolated, then the word regex, then bytes.
+fn deepseek_pre_tokenizer() -> (serde_json::Value, serde_json::Value) {
+    let split = |re: &str| serde_json::json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false});
+    let normalizer = serde_json::json!({"type": "Sequence", "normalizers": []});
+    let pre = serde_json::json!({"type": "Sequence", "pretokenizers": [
+        split(r"\p{N}{1,3}"),
+        split("[\u{4e00}-\u{9fa5}\u{3040}-\u{309f}\u{30a0}-\u{30ff}]+"),
+        split(WORD_REGEX),
+        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
+    ]});
+    (normalizer, pre)
+}
+
+/// The DeepSeek-V4 pre-tokenizer's word regex (third split), as written in its `tokenizer.json`.
+const WORD_REGEX: &str = concat!(
+    r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"##,
+    r"|[^",
+    "\r\n",
+    r"\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+",
+    r"| ?[\p{P}\p{S}]+[",
+    "\r\n",
+    "]*",
+    r"|\s*[",
+    "\r\n",
+    "]+",
+    r"|\s+(?!\S)|\s+",
+);
+
+/// Whether a `tokenizer.json`'s normalizer and pre-tokenizer are the ones [`safe_cut`](super::safe_cut) is proved for.
+fn cut_rule_applies(file: &TokenizerFile) -> bool {
+    let (normalizer, pre) = deepseek_pre_tokenizer();
+    file.normalizer == normalizer && file.pre_tokenizer == pre
+}
+
+impl SegmentSplitter {
+    /// Reads the `added_tokens` of a `tokenizer.json`.
+    ///
+    /// Only valid for tokenizers whose added tokens have no `lstrip`/`rstrip`/`single_word` and whose
+    /// normalizer is the identity (DeepSeek's); [`PromptTokenizer::load`](super::PromptTokenizer::load) checks the result on a probe
+    /// text and falls back to whole-text encoding otherwise.
+    pub fn from_tokenizer_json(path: &Path) -> Result<Self, TokenizeError> {
+        let err = |reason: String| TokenizeError::AddedTokens {
+            path: path.display().to_string(),
+            reason,
+        };
+        let text = std::fs::read(path).map_err(|e| err(e.to_string()))?;
+        let file: TokenizerFile = serde_json::from_slice(&text).map_err(|e| err(e.to_string()))?;
+        let chunks = cut_rule_applies(&file);
+        if !chunks {
+            tracing::info!("tokenizer's pre-tokenizer is not DeepSeek-V4's: pieces between added tokens are encoded whole");
+        }
+        let (norm, raw): (Vec<_>, Vec<_>) =
+            file.added_tokens.into_iter().partition(|t| t.normalized);
+        Ok(Self {
+            raw: automaton(raw).map_err(err)?,
+            normalized: automaton(norm).map_err(err)?,
+            chunks,
+        })
+    }
+
+    /// A splitter that never splits (whole-text encoding).
+    pub fn none() -> Self {
+        Self {
+            raw: None,
+            normalized: None,
+            chunks: false,
+        }
+    }
+
+    /// Whether long pieces are cut into chunks at [`safe_cut`](super::safe_cut) boundaries.
+    pub fn chunks(&self) -> bool {
+        self.chunks
+    }
+
+    /// The segments of `text`, in order; concatenated they are `text`.
+    pub fn split<'a>(&self, text: &'a str, out: &mut Vec<Segment<'a>>) {
+        out.clear();
+        let mut first = Vec::new();
+        split_with(self.raw.as_ref(), text, &mut first);
+        for seg in first {
+            match seg {
+                Segment::Text(t) => split_with(self.normalized.as_ref(), t, out),
+                added => out.push(added),
+            }
+        }
+    }
+}
+
+fn automaton(tokens: Vec<AddedTokenDecl>) -> Result<Option<(AhoCorasick, Vec<u32>)>, String> {
+    if tokens.is_empty() {
+        return Ok(None);
+    }
+    let ids = tokens.iter().map(|t| t.id).collect();
+    let ac = AhoCorasick::builder()
+        .match_kind(MatchKind::LeftmostLongest)
+        .build(tokens.iter().map(|t| t.content.as_str()))
+        .map_err(|e| e.to_string())?;
+    Ok(Some((ac, ids)))
+}
+
+fn split_with<'a>(ac: Option<&(AhoCorasick, Vec<u32>)>, text: &'a str, out: &mut Vec<Segment<'a>>) {
+    let Some((ac, ids)) = ac else {
+        if !text.is_empty() {
+            out.push(Segment::Text(text));
+        }
+        return;
+    };
+    let mut at = 0;
+    for m in ac.find_iter(text) {
+        if m.start() > at {
+            out.push(Segment::Text(&text[at..m.start()]));
+        }
+        out.push(Segment::Added(ids[m.pattern().as_usize()]));
+        at = m.end();
+    }
+    if at < text.len() {
+        out.push(Segment::Text(&text[at..]));
+    }
+}
