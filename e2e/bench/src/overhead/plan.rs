@@ -367,12 +367,18 @@ mod tests {
 
     #[test]
     fn case_names_match_the_target() {
-        let names: Vec<String> = cases(&parse_sizes("1k,8k").unwrap(), &[])
+        let names = |sizes: &str, shared: &str| -> Vec<String> {
+            cases(
+                &parse_sizes(sizes).unwrap(),
+                &parse_optional_sizes(shared).unwrap(),
+            )
             .iter()
             .map(Case::name)
-            .collect();
+            .collect()
+        };
+        let plain = names("1k,8k", "none");
         assert_eq!(
-            names,
+            plain,
             [
                 "chat_1k_cold",
                 "chat_1k_continuation",
@@ -380,14 +386,10 @@ mod tests {
                 "chat_8k_continuation"
             ]
         );
-        assert!(names.contains(&crate::report::targets::OVERHEAD_TARGET_CASE.to_string()));
-        let shared = parse_optional_sizes("8k,48k").unwrap();
-        let names: Vec<String> = cases(&parse_sizes("1k").unwrap(), &shared)
-            .iter()
-            .map(Case::name)
-            .collect();
+        assert!(plain.contains(&crate::report::targets::OVERHEAD_TARGET_CASE.to_string()));
+        let shared = names("1k", "8k,48k");
         assert_eq!(
-            names,
+            shared,
             [
                 "chat_1k_cold",
                 "chat_1k_continuation",
