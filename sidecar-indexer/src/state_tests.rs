@@ -25,12 +25,24 @@ fn tokenizer() -> PromptTokenizer {
 
 /// Two decode-capable workers (nothing listens on their ports; scrapes fail slowly enough).
 fn service(extra_routing: &str) -> Arc<Service> {
+    seeded(extra_routing, crate::clock::Entropy::Os)
+}
+
+/// [`service`] drawing its randomness from `entropy`.
+fn seeded(extra_routing: &str, entropy: crate::clock::Entropy) -> Arc<Service> {
     let text = format!(
         "listen = \"127.0.0.1:0\"\n[model]\nname = \"m\"\nblock_size = 4\n[routing]\nscrape_interval_ms = 60000\nscrape_timeout_ms = 1000\n{extra_routing}\n\
          [[workers]]\nid = \"w0\"\nrole = \"decode\"\nendpoint = \"127.0.0.1:1\"\n[[workers]]\nid = \"w1\"\nrole = \"both\"\nendpoint = \"127.0.0.1:2\"\n"
     );
     let config = Config::from_toml_str(&text, &MapEnv::default()).unwrap();
-    Service::start_with_tokenizer(config, None, Arc::new(MapEnv::default()), tokenizer()).unwrap()
+    Service::start_seeded(
+        config,
+        None,
+        Arc::new(MapEnv::default()),
+        tokenizer(),
+        entropy,
+    )
+    .unwrap()
 }
 
 fn body(ids: impl Iterator<Item = u32>) -> String {
@@ -351,4 +363,28 @@ fn scrape_failures_below_the_limit_keep_a_worker_and_the_generation() {
         &svc,
         "kvmesh_engine_scrapes_total{result=\"error\",worker=\"w0\"} 2"
     ));
+}
+
+#[tokio::test]
+async fn a_seeded_service_repeats_its_booking_ids_and_near_tie_draws() {
+    // Every worker is a near tie, so each cold prompt's worker is drawn from the service's RNG.
+    let routing = "near_tie_ms = 1000000.0";
+    let run = |entropy| async move {
+        let svc = seeded(routing, entropy);
+        let mut seen = Vec::new();
+        for i in 0..20u32 {
+            let d = route(&svc, body(i * 1000..i * 1000 + 40)).await;
+            done(&svc, &d).await;
+            seen.push((d.worker, d.booking_id.unwrap()));
+        }
+        seen
+    };
+    let a = run(crate::clock::Entropy::Seeded(7)).await;
+    assert_eq!(a, run(crate::clock::Entropy::Seeded(7)).await);
+    assert!(
+        a.iter().any(|(w, _)| w == "w0") && a.iter().any(|(w, _)| w == "w1"),
+        "draws, not one worker: {a:?}"
+    );
+    let b = run(crate::clock::Entropy::Seeded(8)).await;
+    assert_ne!(a[0].1, b[0].1, "another seed, another booking-id nonce");
 }
