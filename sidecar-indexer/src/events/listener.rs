@@ -770,6 +770,72 @@ mod tests {
         })
     }
 
+    /// A listener whose replay socket answers with [`replay_answers`], and its live PUB socket.
+    struct ReplayRig {
+        pubsock: zmq::Socket,
+        metrics: Arc<Metrics>,
+        stats: Arc<ListenerStats>,
+        rx: Receiver<ApplierMsg>,
+        handle: ListenerHandle,
+        server: ReplayServer,
+    }
+
+    impl ReplayRig {
+        fn new(
+            name: &str,
+            limits: EventLimits,
+            answers: Vec<(Vec<Numbered>, bool)>,
+            replay_timeout: Duration,
+        ) -> Self {
+            let ctx = zmq::Context::new();
+            let pubsock = ctx.socket(zmq::PUB).unwrap();
+            pubsock.bind(&format!("inproc://{name}")).unwrap();
+            let server = replay_answers(&ctx, &format!("inproc://{name}-replay"), answers);
+            let (tx, rx) = sync_channel(64);
+            let metrics = Arc::new(Metrics::new().unwrap());
+            let stats = Arc::new(ListenerStats::default());
+            let spec = ListenerSpec {
+                worker: "w".into(),
+                rank: 0,
+                slot: 0,
+                events_endpoint: format!("inproc://{name}"),
+                replay_endpoint: Some(format!("inproc://{name}-replay")),
+                bind: false,
+                topic: String::new(),
+                replay_timeout,
+            };
+            let handle = spawn(
+                ctx,
+                spec,
+                tx,
+                stats.clone(),
+                metrics.clone(),
+                Arc::new(limits),
+            )
+            .unwrap();
+            Self {
+                pubsock,
+                metrics,
+                stats,
+                rx,
+                handle,
+                server,
+            }
+        }
+
+        /// Waits for the start-up replay; the batch numbers it sent on.
+        fn synced(&self) -> Vec<u64> {
+            while !self.stats.synced.load(Ordering::Relaxed) {
+                std::thread::yield_now();
+            }
+            self.rx
+                .try_iter()
+                .filter_map(unwrap_batch)
+                .map(|b| b.0)
+                .collect()
+        }
+    }
+
     fn replay_rig(
         name: &str,
         limits: EventLimits,
@@ -781,34 +847,19 @@ mod tests {
         ListenerHandle,
         ReplayServer,
     ) {
-        let ctx = zmq::Context::new();
-        let pubsock = ctx.socket(zmq::PUB).unwrap();
-        pubsock.bind(&format!("inproc://{name}")).unwrap();
-        let server = replay_server(&ctx, &format!("inproc://{name}-replay"), batches);
-        let (tx, rx) = sync_channel(64);
-        let metrics = Arc::new(Metrics::new().unwrap());
-        let stats = Arc::new(ListenerStats::default());
-        let spec = ListenerSpec {
-            worker: "w".into(),
-            rank: 0,
-            slot: 0,
-            events_endpoint: format!("inproc://{name}"),
-            replay_endpoint: Some(format!("inproc://{name}-replay")),
-            bind: false,
-            topic: String::new(),
-            replay_timeout: Duration::from_secs(10),
-        };
-        let handle = spawn(
-            ctx,
-            spec,
-            tx,
-            stats.clone(),
-            metrics.clone(),
-            Arc::new(limits),
-        )
-        .unwrap();
-        std::mem::forget(pubsock); // lives as long as the context the listener holds
-        (metrics, stats, rx, handle, server)
+        let numbered = batches
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| (i as u64, b))
+            .collect();
+        let r = ReplayRig::new(
+            name,
+            limits,
+            vec![(numbered, true)],
+            Duration::from_secs(10),
+        );
+        std::mem::forget(r.pubsock); // lives as long as the context the listener holds
+        (r.metrics, r.stats, r.rx, r.handle, r.server)
     }
 
     #[test]
@@ -846,102 +897,49 @@ mod tests {
         // the hole's removals for good; a lost end marker failed the replay and cleared the worker.
         // Here the start-up replay arrives as 0, 2 + end (1 dropped), the re-ask from 1 as 1, 2
         // without its end marker, the re-ask from 3 as 3 + end.
-        let ctx = zmq::Context::new();
-        let pubsock = ctx.socket(zmq::PUB).unwrap();
-        pubsock.bind("inproc://replay-hole").unwrap();
         let answers = vec![
             (vec![(0, batch(1)), (2, batch(1))], true),
             (vec![(1, batch(1)), (2, batch(1))], false),
             (vec![(3, batch(1))], true),
         ];
-        let server = replay_answers(&ctx, "inproc://replay-hole-replay", answers);
-        let (tx, rx) = sync_channel(64);
-        let metrics = Arc::new(Metrics::new().unwrap());
-        let stats = Arc::new(ListenerStats::default());
-        let spec = ListenerSpec {
-            worker: "w".into(),
-            rank: 0,
-            slot: 0,
-            events_endpoint: "inproc://replay-hole".into(),
-            replay_endpoint: Some("inproc://replay-hole-replay".into()),
-            bind: false,
-            topic: String::new(),
-            replay_timeout: Duration::from_millis(300),
-        };
-        let handle = spawn(
-            ctx,
-            spec,
-            tx,
-            stats.clone(),
-            metrics.clone(),
-            Arc::new(EventLimits::new(1000, 1 << 20, 1 << 20)),
-        )
-        .unwrap();
-        while !stats.synced.load(Ordering::Relaxed) {
-            std::thread::yield_now();
-        }
-        let seqs: Vec<u64> = rx
-            .try_iter()
-            .filter_map(unwrap_batch)
-            .map(|b| b.0)
-            .collect();
+        let limits = EventLimits::new(1000, 1 << 20, 1 << 20);
+        let rig = ReplayRig::new("replay-hole", limits, answers, Duration::from_millis(300));
+        let seqs = rig.synced();
         assert_eq!(
             seqs,
             vec![0, 1, 2, 3],
             "every batch applied once, in order, nothing past a hole"
         );
-        assert_eq!(
-            metrics
-                .kv_replays
-                .with_label_values(&["w", "complete"])
-                .get(),
-            1,
-            "one replay, whole in the end"
-        );
-        assert_eq!(
-            metrics
-                .kv_replays
-                .with_label_values(&["w", "truncated"])
-                .get(),
-            0
-        );
-        assert_eq!(
-            metrics
-                .kv_replay_rounds
-                .with_label_values(&["w", "holes"])
-                .get(),
-            1
-        );
-        assert_eq!(
-            metrics
-                .kv_replay_rounds
-                .with_label_values(&["w", "no_end_marker"])
-                .get(),
-            1
-        );
-        assert_eq!(
-            metrics
-                .kv_resyncs
-                .with_label_values(&["w", "gap_unrecoverable"])
-                .get(),
-            0,
-            "the worker is not cleared"
-        );
+        let m = &rig.metrics;
+        let counts = [
+            (&m.kv_replays, "complete", 1), // one replay, whole in the end
+            (&m.kv_replays, "truncated", 0),
+            (&m.kv_replay_rounds, "holes", 1),
+            (&m.kv_replay_rounds, "no_end_marker", 1),
+            (&m.kv_resyncs, "gap_unrecoverable", 0), // the worker is not cleared
+        ];
+        for (counter, label, want) in counts {
+            assert_eq!(
+                counter.with_label_values(&["w", label]).get(),
+                want,
+                "{label}"
+            );
+        }
         // The next live batch (4; published until the subscription is up) is applied in order.
         let mut live = Vec::new();
         for _ in 0..500 {
-            pubsock
+            rig.pubsock
                 .send_multipart([&b"t"[..], &4u64.to_be_bytes()[..], &batch(1)[..]], 0)
                 .unwrap();
-            if let Ok(m) = rx.recv_timeout(Duration::from_millis(20)) {
+            if let Ok(m) = rig.rx.recv_timeout(Duration::from_millis(20)) {
                 live.extend(unwrap_batch(m).map(|b| b.0));
                 break;
             }
         }
         assert_eq!(live, vec![4]);
-        handle.stop();
+        rig.handle.stop();
         assert_eq!(
-            server.join().unwrap(),
+            rig.server.join().unwrap(),
             vec![0, 1, 3],
             "replayed from 0, then from each first missing batch"
         );
