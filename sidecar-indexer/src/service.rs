@@ -28,7 +28,7 @@ use crate::index::KvIndex;
 use crate::load::LoadTracker;
 use crate::metrics::Metrics;
 use crate::recent::Sessions;
-use crate::scrape::parse_engine_metrics;
+use crate::scrape::{parse_engine_metrics, EngineSample};
 use crate::state::{AppState, Fleet, RankRuntime, WorkerRuntime};
 use crate::tokenize::{PromptTokenizer, TokenizeError};
 
@@ -633,6 +633,12 @@ pub(crate) fn apply_scrapes(
     now: Instant,
 ) {
     let m = &state.metrics;
+    // Parsed before the fleet's write lock is taken: an engine's `/metrics` text runs to hundreds
+    // of kilobytes, and every route call reads the fleet.
+    let results: Vec<(String, Result<EngineSample, String>)> = results
+        .into_iter()
+        .map(|(id, res)| (id, res.map(|text| parse_engine_metrics(&text))))
+        .collect();
     let mut fleet = state.fleet.write();
     let mut health_changed = false;
     for (id, res) in results {
@@ -640,9 +646,8 @@ pub(crate) fn apply_scrapes(
             continue;
         };
         match res {
-            Ok(text) => {
+            Ok(sample) => {
                 m.engine_scrapes.with_label_values(&[&id, "ok"]).inc();
-                let sample = parse_engine_metrics(&text);
                 if let Some(h) = sample.hits {
                     let inc = w.hits.advance(h) as u64;
                     m.engine_hits.with_label_values(&[&id]).inc_by(inc);
