@@ -80,12 +80,12 @@ run: setup wasm ## Serve a KV-aware gateway on 127.0.0.1:8080 over local simulat
 demo: ## `make run` on the disaggregated example fleet (2 prefill + 2 decode workers, disaggregation, local continuations, KV migration)
 	$(MAKE) run FLEET=envoy/fleets/disagg.toml
 
-bench: ## Load sweep of five workloads × six policies (≤ 90 min), router overhead, indexer microbenchmarks → bench-out/report.md
+bench: ## Load sweep of five workloads × six policies (≤ 80 min in all), router overhead, indexer microbenchmarks → bench-out/report.md
 	$(MAKE) build PROFILE=release
 	mkdir -p bench-out/indexer
 	rm -f bench-out/indexer/figures.jsonl
 	KVMESH_BENCH_FIGURES=$(CURDIR)/bench-out/indexer/figures.jsonl $(CARGO) bench -p kvmesh-indexer --bench index --bench route
-	target/release/kvmesh-bench --out bench-out --only sweep,overhead --sweep-duration-s 20 --overhead-samples 100 --indexer-figures bench-out/indexer/figures.jsonl $(BENCH_ARGS)
+	target/release/kvmesh-bench --out bench-out --only sweep,overhead --sweep-duration-s 20 --sweep-max-steps 5 --overhead-samples 100 --indexer-figures bench-out/indexer/figures.jsonl $(BENCH_ARGS)
 
 bench-quick: ## Load sweep for iteration (≤ 10 min after the build): the trace, three rates, three policies → bench-out/quick/report.md
 	$(MAKE) build PROFILE=release

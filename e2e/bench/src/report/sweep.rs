@@ -12,7 +12,8 @@
 //! | cold | — | ≤ 1.05 × least_request | ≤ 1.25 |
 
 use super::targets::{
-    POLICY_KVMESH_APPROXIMATE, POLICY_KVMESH_PRECISE, POLICY_LEAST_REQUEST, POLICY_RING_HASH, POLICY_ROUND_ROBIN,
+    POLICY_KVMESH_APPROXIMATE, POLICY_KVMESH_PRECISE, POLICY_LEAST_REQUEST, POLICY_RING_HASH,
+    POLICY_ROUND_ROBIN,
 };
 use crate::sweep::{PointResult, Saturation};
 use serde::{Deserialize, Serialize};
@@ -27,6 +28,10 @@ pub struct WorkloadSweep {
     pub describe: String,
     /// Unit of the rates.
     pub rate_unit: String,
+    /// The simulated engines' timing of this workload's points (empty: real engines, or an
+    /// older `sweep.json`).
+    #[serde(default)]
+    pub fleet: String,
     /// round_robin's saturation, when found.
     pub saturation: Option<Saturation>,
     /// What happened in the search (e.g. gave up after N steps).
@@ -157,11 +162,13 @@ pub fn targets(w: &WorkloadSweep) -> Vec<Judged> {
 }
 
 fn f(v: Option<f64>, digits: usize) -> String {
-    v.map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "—".into())
+    v.map(|x| format!("{x:.digits$}"))
+        .unwrap_or_else(|| "—".into())
 }
 
 fn pct(v: Option<f64>) -> String {
-    v.map(|x| format!("{:.1}%", x * 100.0)).unwrap_or_else(|| "—".into())
+    v.map(|x| format!("{:.1}%", x * 100.0))
+        .unwrap_or_else(|| "—".into())
 }
 
 fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
@@ -216,13 +223,19 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for w in &r.workloads {
         let Some(lp) = w.load_point() else {
-            let _ = writeln!(md, "| {} | not found ({}) | | | | | | | | | | | |", w.workload, w.note);
+            let _ = writeln!(
+                md,
+                "| {} | not found ({}) | | | | | | | | | | | |",
+                w.workload, w.note
+            );
             continue;
         };
         let rr = valid_at(w, POLICY_ROUND_ROBIN).and_then(|p| p.ttft_p90_ms);
         let ap = valid_at(w, POLICY_KVMESH_APPROXIMATE).and_then(|p| p.ttft_p90_ms);
         for policy in w.policies() {
-            let Some(p) = w.at_load(&policy) else { continue };
+            let Some(p) = w.at_load(&policy) else {
+                continue;
+            };
             let valid = p.valid();
             let (vp90, vhit) = if valid {
                 (p.ttft_p90_ms, p.engine_hit_rate)
@@ -269,6 +282,9 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
     }
     for w in &r.workloads {
         let _ = writeln!(md, "\n### Workload `{}`\n\n{}.\n", w.workload, w.describe);
+        if !w.fleet.is_empty() {
+            let _ = writeln!(md, "Engines: {}.\n", w.fleet);
+        }
         match &w.saturation {
             Some(s) => {
                 let _ = writeln!(
@@ -288,10 +304,16 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
         }
         if plots {
             let (a, b) = plot_files(&w.workload);
-            let _ = writeln!(md, "\n![TTFT p90 vs rate]({a}) ![engine hit rate vs rate]({b})");
+            let _ = writeln!(
+                md,
+                "\n![TTFT p90 vs rate]({a}) ![engine hit rate vs rate]({b})"
+            );
         }
         let _ = writeln!(md, "\n| policy | rate | requests | ok | rejected | failed | TTFT p50/p90/p99 ms | ITL p50/p90 ms | out tok/s | hit counters / usage / ceiling | preempt | load max/mean | CPU mean/max | lateness p90 ms | sim CPU-s / 1k req | point |");
-        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(
+            md,
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
         for p in &w.points {
             let mut status = match (&p.error, p.invalid.is_empty()) {
                 (Some(e), _) => format!("did not run: {e}"),
@@ -353,7 +375,11 @@ mod tests {
                 cpu_busy_mean: Some(0.5),
                 ..Default::default()
             },
-            invalid: if valid { vec![] } else { vec!["CPU 95% > 85%".into()] },
+            invalid: if valid {
+                vec![]
+            } else {
+                vec!["CPU 95% > 85%".into()]
+            },
             ..Default::default()
         }
     }
@@ -363,6 +389,7 @@ mod tests {
             workload: "trace".into(),
             describe: "d".into(),
             rate_unit: "requests/s".into(),
+            fleet: "vllm-sim `--speedup 8`".into(),
             saturation: Some(Saturation {
                 rate: 5.0,
                 light_p90_ms: 100.0,
@@ -413,10 +440,20 @@ mod tests {
         };
         let md = render(&r, true);
         assert!(md.contains("- speed-up 1"));
-        assert!(md.contains("| trace | 4.000 requests/s | round_robin |"), "{md}");
+        assert!(
+            md.contains("| trace | 4.000 requests/s | round_robin |"),
+            "{md}"
+        );
         assert!(md.contains("**invalid**: CPU 95% > 85%"), "{md}");
         assert!(md.contains("not found (gave up after 3 steps)"));
         assert!(md.contains("sweep_trace_ttft_p90.png"));
+        // The workload's engine timing is stated in its section; none for the one without.
+        assert_eq!(
+            md.matches("Engines: vllm-sim `--speedup 8`.").count(),
+            1,
+            "{md}"
+        );
+        assert_eq!(md.matches("Engines:").count(), 1);
         // Every point is listed, invalid ones marked.
         assert_eq!(md.matches("| kvmesh_precise | 4.000 |").count(), 1);
         assert!(md.contains("invalid: CPU 95% > 85%"));

