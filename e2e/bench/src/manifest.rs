@@ -89,6 +89,12 @@ pub struct OverheadCase {
     /// Of that: tokenization (the indexer's timer), p50 ms.
     #[serde(default)]
     pub tokenize_p50_ms: Option<f64>,
+    /// Of that: `find_matches` (the indexer's timer), p50 ms.
+    #[serde(default)]
+    pub match_p50_ms: Option<f64>,
+    /// Of that: scoring — views, decide, booking (the indexer's timer), p50 ms.
+    #[serde(default)]
+    pub score_p50_ms: Option<f64>,
     /// kvmesh samples the filter routed without the indexer (`x-kvmesh-fallback`), e.g. timeouts.
     #[serde(default)]
     pub fallbacks: Option<u64>,

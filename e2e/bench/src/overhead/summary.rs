@@ -63,6 +63,12 @@ pub struct Sample {
     pub indexer_ms: Option<f64>,
     /// kvmesh: of which tokenization, ms.
     pub tokenize_ms: Option<f64>,
+    /// kvmesh: of which `find_matches`, ms.
+    #[serde(default)]
+    pub match_ms: Option<f64>,
+    /// kvmesh: of which scoring (views, decide, booking), ms.
+    #[serde(default)]
+    pub score_ms: Option<f64>,
     /// Why it failed.
     pub error: Option<String>,
 }
@@ -78,6 +84,10 @@ impl Sample {
 pub const ROUTE_TIMER: &str = "kvmesh_route_duration_seconds";
 /// Indexer histogram behind [`IndexerTimers::tokenize_s`].
 pub const TOKENIZE_TIMER: &str = "kvmesh_tokenize_duration_seconds";
+/// Indexer histogram behind [`IndexerTimers::match_s`].
+pub const MATCH_TIMER: &str = "kvmesh_match_duration_seconds";
+/// Indexer histogram behind [`IndexerTimers::score_s`].
+pub const SCORE_TIMER: &str = "kvmesh_score_duration_seconds";
 
 /// The indexer's cumulative route and tokenization timers (histogram sums and counts).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -90,6 +100,27 @@ pub struct IndexerTimers {
     pub tokenize_s: f64,
     /// Tokenizations.
     pub tokenizations: f64,
+    /// Σ seconds in `find_matches`.
+    pub match_s: f64,
+    /// `find_matches` calls.
+    pub matches: f64,
+    /// Σ seconds scoring.
+    pub score_s: f64,
+    /// Scorings.
+    pub scores: f64,
+}
+
+/// One route's share of the indexer's timers, ms; a stage is `None` unless it ran exactly once.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RouteShare {
+    /// Answering `/v1/route`.
+    pub route_ms: f64,
+    /// Of which rendering + tokenizing.
+    pub tokenize_ms: Option<f64>,
+    /// Of which `find_matches`.
+    pub match_ms: Option<f64>,
+    /// Of which scoring.
+    pub score_ms: Option<f64>,
 }
 
 impl IndexerTimers {
@@ -101,18 +132,32 @@ impl IndexerTimers {
             routes: get(&format!("{ROUTE_TIMER}_count"))?,
             tokenize_s: get(&format!("{TOKENIZE_TIMER}_sum")).unwrap_or(0.0),
             tokenizations: get(&format!("{TOKENIZE_TIMER}_count")).unwrap_or(0.0),
+            match_s: get(&format!("{MATCH_TIMER}_sum")).unwrap_or(0.0),
+            matches: get(&format!("{MATCH_TIMER}_count")).unwrap_or(0.0),
+            score_s: get(&format!("{SCORE_TIMER}_sum")).unwrap_or(0.0),
+            scores: get(&format!("{SCORE_TIMER}_count")).unwrap_or(0.0),
         })
     }
 
-    /// `(route ms, tokenize ms)` when exactly one route was answered since `before`
-    /// (tokenization only when it ran exactly once).
-    pub fn one_route_since(&self, before: &Self) -> Option<(f64, Option<f64>)> {
-        if (self.routes - before.routes - 1.0).abs() > 1e-9 {
+    /// This route's share when exactly one route was answered since `before` (each stage only
+    /// when it ran exactly once).
+    pub fn one_route_since(&self, before: &Self) -> Option<RouteShare> {
+        let once = |n: f64, m: f64| (n - m - 1.0).abs() < 1e-9;
+        if !once(self.routes, before.routes) {
             return None;
         }
-        let tokenize = ((self.tokenizations - before.tokenizations - 1.0).abs() < 1e-9)
-            .then_some((self.tokenize_s - before.tokenize_s) * 1e3);
-        Some(((self.route_s - before.route_s) * 1e3, tokenize))
+        let stage = |n: f64, m: f64, a: f64, b: f64| once(n, m).then_some((a - b) * 1e3);
+        Some(RouteShare {
+            route_ms: (self.route_s - before.route_s) * 1e3,
+            tokenize_ms: stage(
+                self.tokenizations,
+                before.tokenizations,
+                self.tokenize_s,
+                before.tokenize_s,
+            ),
+            match_ms: stage(self.matches, before.matches, self.match_s, before.match_s),
+            score_ms: stage(self.scores, before.scores, self.score_s, before.score_s),
+        })
     }
 }
 
@@ -195,6 +240,8 @@ pub fn summarize(
         .collect();
     let indexer = values(&mine, Path::Kvmesh, |s| s.indexer_ms);
     let tokenize = values(&mine, Path::Kvmesh, |s| s.tokenize_ms);
+    let matching = values(&mine, Path::Kvmesh, |s| s.match_ms);
+    let scoring = values(&mine, Path::Kvmesh, |s| s.score_ms);
     Some(OverheadCase {
         name: case.to_string(),
         p50_added_ms: diff(&gk, &gp, 50.0)?,
@@ -217,6 +264,8 @@ pub fn summarize(
         client_p99_added_ms: diff(&tk, &tp, 99.0),
         indexer_p50_ms: percentile(&indexer, 50.0),
         tokenize_p50_ms: percentile(&tokenize, 50.0),
+        match_p50_ms: percentile(&matching, 50.0),
+        score_p50_ms: percentile(&scoring, 50.0),
         fallbacks: Some(
             mine.iter()
                 .filter(|s| s.path == Some(Path::Kvmesh) && s.fallback.is_some())
@@ -325,16 +374,24 @@ mod tests {
     fn indexer_timers_give_one_request_s_share() {
         let scrape = |route: f64, n: f64, tok: f64, tn: f64| {
             crate::prom::parse(&format!(
-                "{ROUTE_TIMER}_sum {route}\n{ROUTE_TIMER}_count {n}\n{TOKENIZE_TIMER}_sum {tok}\n{TOKENIZE_TIMER}_count {tn}\n{ROUTE_TIMER}_bucket{{le=\"0.001\"}} 3\n"
+                "{ROUTE_TIMER}_sum {route}\n{ROUTE_TIMER}_count {n}\n{TOKENIZE_TIMER}_sum {tok}\n{TOKENIZE_TIMER}_count {tn}\n{ROUTE_TIMER}_bucket{{le=\"0.001\"}} 3\n{MATCH_TIMER}_sum {}\n{MATCH_TIMER}_count {n}\n{SCORE_TIMER}_sum {}\n{SCORE_TIMER}_count {tn}\n",
+                route / 10.0,
+                route / 5.0
             ))
             .unwrap()
         };
         let a = IndexerTimers::from_scrape(&scrape(0.5, 10.0, 0.2, 10.0)).unwrap();
         let b = IndexerTimers::from_scrape(&scrape(0.5012, 11.0, 0.2004, 11.0)).unwrap();
-        let (route, tok) = b.one_route_since(&a).unwrap();
+        let share = b.one_route_since(&a).unwrap();
+        let (route, tok) = (share.route_ms, share.tokenize_ms);
         assert!(
             (route - 1.2).abs() < 1e-6 && (tok.unwrap() - 0.4).abs() < 1e-6,
             "{route} {tok:?}"
+        );
+        assert!(
+            (share.match_ms.unwrap() - 0.12).abs() < 1e-6
+                && (share.score_ms.unwrap() - 0.24).abs() < 1e-6,
+            "{share:?}"
         );
         let c = IndexerTimers::from_scrape(&scrape(0.6, 13.0, 0.3, 12.0)).unwrap();
         assert_eq!(
@@ -344,8 +401,8 @@ mod tests {
         );
         let d = IndexerTimers::from_scrape(&scrape(0.7, 14.0, 0.3, 12.0)).unwrap();
         assert_eq!(
-            d.one_route_since(&c).map(|x| x.1),
-            Some(None),
+            d.one_route_since(&c).map(|x| (x.tokenize_ms, x.score_ms)),
+            Some((None, None)),
             "no tokenization (token-id prompt)"
         );
         assert!(IndexerTimers::from_scrape(&[]).is_none());

@@ -237,8 +237,10 @@ fn render_overhead(s: &mut String, m: &RunManifest) {
          selection) plus first upstream response byte → first byte to the client. The engine's time is in neither, so it \
          cannot drown the overhead. Both paths are one Envoy process measured in the same run, interleaved. The client's \
          TTFT difference is shown as a cross-check (it includes the engines tokenizing the whole prompt on both sides). \
-         \"Of which indexer / tokenize\" is the indexer's own timer for answering `/v1/route` and, within it, tokenizing \
-         (medians of per-request readings); the rest of the kvmesh time is the filter and the loopback hop to the indexer. \
+         \"Of which indexer / tokenize / match / score\" is the indexer's own timer for answering `/v1/route` and, within \
+         it, rendering + tokenizing (with hashing blocks and checking how far they are held), `find_matches` and \
+         scoring (medians of per-request readings; outside the three: parsing the body, the hop to the tokenizing pool, \
+         the HTTP stack); the rest of the kvmesh time is the filter and the loopback hop to the indexer. \
          Requests/s: one gateway, closed loop, canned response (no engine); the ratio is judged against the target \
          ≥ {RPS_RATIO_TARGET}× plain for every case, with at most {:.0}% of the case's kvmesh requests routed without \
          the indexer (a rate reached by the filter's timeout gave up KV-aware routing). Routes per indexer CPU-s: routes the indexer answered during the \
@@ -254,7 +256,7 @@ fn render_overhead(s: &mut String, m: &RunManifest) {
     }
     let _ = writeln!(
         s,
-        "\n| case | prompt tokens | samples | **added p50 ms** | added p99 ms | kvmesh p50 / p99 ms | of which indexer / tokenize p50 ms | plain p50 / p99 ms | client TTFT added p50 / p99 ms | routed without indexer | req/s kvmesh | req/s plain | req/s ratio (≥ {RPS_RATIO_TARGET}) | routes per indexer CPU-s (cores busy) |"
+        "\n| case | prompt tokens | samples | **added p50 ms** | added p99 ms | kvmesh p50 / p99 ms | of which indexer / tokenize / match / score p50 ms | plain p50 / p99 ms | client TTFT added p50 / p99 ms | routed without indexer | req/s kvmesh | req/s plain | req/s ratio (≥ {RPS_RATIO_TARGET}) | routes per indexer CPU-s (cores busy) |"
     );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let pair = |a: Option<f64>, b: Option<f64>| format!("{} / {}", num(a, 3), num(b, 3));
@@ -278,7 +280,7 @@ fn render_overhead(s: &mut String, m: &RunManifest) {
             c.p50_added_ms,
             num(c.p99_added_ms, 3),
             pair(c.kvmesh_p50_ms, c.kvmesh_p99_ms),
-            pair(c.indexer_p50_ms, c.tokenize_p50_ms),
+            pair(c.indexer_p50_ms, c.tokenize_p50_ms) + " / " + &pair(c.match_p50_ms, c.score_p50_ms),
             pair(c.plain_p50_ms, c.plain_p99_ms),
             pair(c.client_p50_added_ms, c.client_p99_added_ms),
             c.fallbacks.map_or("n/a".into(), |n| n.to_string()),
@@ -512,7 +514,7 @@ mod tests {
         for want in [
             "## Router overhead",
             "4 workers",
-            "| chat_8k_cold | 8190 | 200 | **40.000** | 2.500 | 0.800 / n/a | n/a / n/a | 0.100 / n/a | n/a / n/a | 0 | 900.0 (25% without the indexer) | 1000.0 | 0.900 **missed** (bought by routing without the indexer) | n/a |",
+            "| chat_8k_cold | 8190 | 200 | **40.000** | 2.500 | 0.800 / n/a | n/a / n/a / n/a / n/a | 0.100 / n/a | n/a / n/a | 0 | 900.0 (25% without the indexer) | 1000.0 | 0.900 **missed** (bought by routing without the indexer) | n/a |",
             "Target: requests/s per gateway ≥ 0.25× plain Envoy for every case: **missed** for 1 of 2 cases (`chat_8k_cold` 0.900× with 25% without the indexer).",
             "**met** — 0.700 ms, 0.300 ms under the bound (0.70× it)",
             "| 0.700 ms | 1 ms | **met** (ratio 0.700) | 0.300 ms under the bound |",

@@ -447,8 +447,10 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
                     timers = now;
                 }
                 samples.push(Sample {
-                    indexer_ms: share.map(|s| s.0),
-                    tokenize_ms: share.and_then(|s| s.1),
+                    indexer_ms: share.map(|s| s.route_ms),
+                    tokenize_ms: share.and_then(|s| s.tokenize_ms),
+                    match_ms: share.and_then(|s| s.match_ms),
+                    score_ms: share.and_then(|s| s.score_ms),
                     case: case.name(),
                     path: Some(way),
                     n,
