@@ -502,13 +502,23 @@ impl Listener {
                 }
                 return Ok((out, false));
             }
+            // Once replies flow, a pause of REPLAY_IDLE ends the round: the engine sends a replay
+            // in one burst, so its end marker was dropped (asking again is always safe).
+            let wait = if out.is_empty() {
+                left
+            } else {
+                left.min(REPLAY_IDLE)
+            };
             let ready = dealer
                 .poll(
                     zmq::POLLIN,
-                    left.as_millis().clamp(1, i64::MAX as u128) as i64,
+                    wait.as_millis().clamp(1, i64::MAX as u128) as i64,
                 )
                 .map_err(|e| e.to_string())?;
             if ready == 0 {
+                if !out.is_empty() && wait == REPLAY_IDLE {
+                    return Ok((out, false));
+                }
                 continue;
             }
             let frames = dealer.recv_multipart(0).map_err(|e| e.to_string())?;
@@ -535,6 +545,10 @@ impl Listener {
         }
     }
 }
+
+/// How long a replay round waits for the next reply once replies flow (the deadline still
+/// bounds the round): beyond it the round ended without its end marker.
+const REPLAY_IDLE: Duration = Duration::from_millis(250);
 
 /// A replayed batch: its sequence number and payload.
 type Numbered = (u64, Vec<u8>);

@@ -29,9 +29,11 @@ pub fn contiguous_run(seqs: &[u64]) -> usize {
 }
 
 /// Most rounds one replay may take: the first request plus re-requests from the first missing
-/// number ([`plan_round`]). Each round ends at the end marker or, when that was dropped too, at
+/// number ([`plan_round`]). A ROUTER at libzmq's default send HWM delivers about 1,000 replies a
+/// round, so a full vLLM ring (10,000 batches) takes about 11; a round that delivers nothing new
+/// ends the replay early. Each round ends at the end marker, 250 ms after the last reply, or at
 /// `routing.replay_timeout_ms`, so a replay stalls its listener at most this many deadlines.
-pub const MAX_REPLAY_ROUNDS: u32 = 4;
+pub const MAX_REPLAY_ROUNDS: u32 = 16;
 
 /// What one round of a replay allows: apply its first `apply` batches, then `next`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,10 +50,11 @@ pub enum RoundNext {
     /// Everything from the ask up to the end marker arrived: the replay is whole.
     Done,
     /// A hole, or no end marker (dropped like any reply): ask again from `from`, the first
-    /// number not applied.
+    /// number not applied (the round delivered at least one batch: each round makes progress).
     AskAgain { from: u64 },
-    /// Out of rounds, or the round does not start at the ask (the engine's ring moved past it):
-    /// the replay ends short; the next live batch shows what is missing as a gap.
+    /// Out of rounds, a round that brought nothing new, or one that does not start at the ask (the
+    /// engine's ring moved past it): the replay ends short; the next live batch shows what is
+    /// missing as a gap.
     GiveUp,
 }
 
@@ -76,7 +79,7 @@ pub fn plan_round(ask: u64, seqs: &[u64], ended: bool, round: u32, max_rounds: u
             next: RoundNext::Done,
         };
     }
-    if round.saturating_add(1) >= max_rounds {
+    if apply == 0 || round.saturating_add(1) >= max_rounds {
         return Round {
             apply,
             next: RoundNext::GiveUp,
@@ -303,7 +306,7 @@ mod tests {
             (5, &[], true, 0, 4, 0, Done),
             (0, &[0, 1, 3, 4], true, 0, 4, 2, AskAgain { from: 2 }),
             (0, &[0, 1, 2], false, 0, 4, 3, AskAgain { from: 3 }), // the end marker was dropped
-            (7, &[], false, 1, 4, 0, AskAgain { from: 7 }),
+            (7, &[], false, 1, 4, 0, GiveUp), // nothing new: no progress, no more rounds
             (2, &[2, 3, 5], false, 1, 4, 2, AskAgain { from: 4 }),
             (2, &[2, 4], true, 3, 4, 1, GiveUp), // out of rounds
             (2, &[2, 3], false, 3, 4, 2, GiveUp),
