@@ -377,6 +377,10 @@ pub fn throughput_verdict(cases: &[OverheadCase]) -> String {
     out
 }
 
+/// The largest shared-prefix case's added p50 within this factor of the smallest's counts as flat
+/// (the cost follows the new turn, not the prefix; issue 16.3).
+pub const PREFIX_FLAT_FACTOR: f64 = 1.5;
+
 /// Whether kvmesh's cost on a shared prefix follows the new turn, not the prefix: the added p50
 /// (and the indexer's p50) of the smallest and the largest shared-prefix case side by side.
 pub fn prefix_scaling(cases: &[OverheadCase]) -> Option<String> {
@@ -411,9 +415,15 @@ pub fn prefix_scaling(cases: &[OverheadCase]) -> Option<String> {
         ),
         _ => String::new(),
     };
+    let judged = if small.p50_added_ms > 0.0 && large.p50_added_ms / small.p50_added_ms <= PREFIX_FLAT_FACTOR + 1e-9 {
+        "**follows the turn**"
+    } else {
+        "**grows with the prefix**"
+    };
     Some(format!(
-        "Shared prefix, cost per new turn: added p50 `{}` {:.3} ms → `{}` {:.3} ms ({}){tokens}{indexer}. Each request adds \
-         one turn; a cost that follows the turn stays flat as the prefix grows.",
+        "Shared prefix, cost per new turn: added p50 `{}` {:.3} ms → `{}` {:.3} ms ({}){tokens}{indexer}: {judged} (flat = \
+         within {PREFIX_FLAT_FACTOR}× of the smallest prefix's). Each request adds one turn; a cost that follows the turn \
+         stays flat as the prefix grows.",
         small.name,
         small.p50_added_ms,
         large.name,
@@ -571,7 +581,7 @@ mod tests {
         cases[1].rps_kvmesh_fallback_share = Some(0.01);
         let line = prefix_scaling(&cases).unwrap();
         assert!(
-            line.starts_with("Shared prefix, cost per new turn: added p50 `chat_8k_shared_prefix` 0.600 ms → `chat_48k_shared_prefix` 0.900 ms (1.50×) (6.0× the prompt); the indexer's own p50 0.400 → 0.500 ms (1.25×)."),
+            line.starts_with("Shared prefix, cost per new turn: added p50 `chat_8k_shared_prefix` 0.600 ms → `chat_48k_shared_prefix` 0.900 ms (1.50×) (6.0× the prompt); the indexer's own p50 0.400 → 0.500 ms (1.25×): **follows the turn** (flat = within 1.5× of the smallest prefix's)."),
             "{line}"
         );
         assert_eq!(
@@ -579,6 +589,10 @@ mod tests {
             None,
             "one shared-prefix case: nothing to compare"
         );
+        let mut grows = cases.clone();
+        grows[1].p50_added_ms = 0.91;
+        let line = prefix_scaling(&grows).unwrap();
+        assert!(line.contains("0.910 ms (1.52×) (6.0× the prompt)") && line.contains(": **grows with the prefix**"), "{line}");
         let m = RunManifest {
             overhead: cases,
             ..Default::default()
