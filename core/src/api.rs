@@ -46,6 +46,122 @@ impl Mode {
     }
 }
 
+/// One clause of a decision's reason, as a stable snake_case code ([`RouteDecision::reason_codes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasonCode {
+    // How the worker was chosen (the indexer's `basis` metric label, one of these per decision).
+    /// `x-kvmesh-worker` honoured.
+    Override,
+    /// A session stayed at its home.
+    SessionPin,
+    /// A session left its home: another worker was predicted faster by more than the margin.
+    SessionMoved,
+    /// A session's home is over an `overload_*` guard; the fastest other worker was chosen.
+    PinOverloaded,
+    /// The fastest worker, which holds the most of the prompt.
+    BestOverlap,
+    /// The fastest worker, which does not hold the most (or nothing is cached).
+    LowestCost,
+    // Qualifiers of the worker choice.
+    /// `x-kvmesh-worker` named an unhealthy or non-decoding worker and was ignored.
+    OverrideIgnored,
+    /// A session with no home yet (placed by prediction).
+    NewSession,
+    // The mode.
+    /// `x-kvmesh-mode: aggregate`.
+    AggregateRequested,
+    /// Uncached tokens below `min_remote_prefill_tokens`: aggregate.
+    BelowPrefillThreshold,
+    /// A local continuation kept on its decode worker although above the threshold.
+    LocalContinuation,
+    /// Disaggregation was due (or asked for) but no healthy prefill worker exists.
+    NoPrefillWorker,
+    /// Disaggregated: uncached tokens ≥ `min_remote_prefill_tokens`.
+    DisaggUncached,
+    /// Disaggregated because `x-kvmesh-mode: disagg` asked for it.
+    DisaggRequested,
+    /// KV migration from the worker that holds more of the prompt.
+    Migrate,
+    /// A migration opportunity counted, nothing sent (`kv_migration = "dry"`).
+    MigrateDryRun,
+    /// An `x-kvmesh-mode` request that could not be honoured (the reason says why).
+    ModeRequestIgnored,
+    // Leg outcomes (the shell, after the plan).
+    /// The prefill leg failed: served on the decode worker (`decode_fallback`).
+    PrefillLegFailed,
+    /// The migration handshake failed: the decode worker recomputes.
+    MigrationFailed,
+    /// A code this build does not know (a newer indexer): kept so the decision still parses.
+    #[serde(other)]
+    Other,
+}
+
+impl ReasonCode {
+    /// The wire name (as serialised).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Override => "override",
+            Self::SessionPin => "session_pin",
+            Self::SessionMoved => "session_moved",
+            Self::PinOverloaded => "pin_overloaded",
+            Self::BestOverlap => "best_overlap",
+            Self::LowestCost => "lowest_cost",
+            Self::OverrideIgnored => "override_ignored",
+            Self::NewSession => "new_session",
+            Self::AggregateRequested => "aggregate_requested",
+            Self::BelowPrefillThreshold => "below_prefill_threshold",
+            Self::LocalContinuation => "local_continuation",
+            Self::NoPrefillWorker => "no_prefill_worker",
+            Self::DisaggUncached => "disagg_uncached",
+            Self::DisaggRequested => "disagg_requested",
+            Self::Migrate => "migrate",
+            Self::MigrateDryRun => "migrate_dry_run",
+            Self::ModeRequestIgnored => "mode_request_ignored",
+            Self::PrefillLegFailed => "prefill_leg_failed",
+            Self::MigrationFailed => "migration_failed",
+            Self::Other => "other",
+        }
+    }
+
+    /// Every code but [`Self::Other`].
+    pub const ALL: [Self; 19] = [
+        Self::Override,
+        Self::SessionPin,
+        Self::SessionMoved,
+        Self::PinOverloaded,
+        Self::BestOverlap,
+        Self::LowestCost,
+        Self::OverrideIgnored,
+        Self::NewSession,
+        Self::AggregateRequested,
+        Self::BelowPrefillThreshold,
+        Self::LocalContinuation,
+        Self::NoPrefillWorker,
+        Self::DisaggUncached,
+        Self::DisaggRequested,
+        Self::Migrate,
+        Self::MigrateDryRun,
+        Self::ModeRequestIgnored,
+        Self::PrefillLegFailed,
+        Self::MigrationFailed,
+    ];
+
+    /// The codes of a comma-separated list (the debug header's form); unknown names are [`Self::Other`].
+    pub fn parse_list(s: &str) -> Vec<Self> {
+        s.split(',')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(|c| Self::ALL.into_iter().find(|k| k.as_str() == c).unwrap_or(Self::Other))
+            .collect()
+    }
+
+    /// A comma-separated list of `codes` (the debug header's form).
+    pub fn join(codes: &[Self]) -> String {
+        codes.iter().map(|c| c.as_str()).collect::<Vec<_>>().join(",")
+    }
+}
+
 /// The indexer's answer to `/v1/route`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RouteDecision {
@@ -66,6 +182,11 @@ pub struct RouteDecision {
     pub kv_transfer_params: Option<Value>,
     /// Why this worker and this mode, for humans (debug header, logs).
     pub reason: String,
+    /// The same, machine-readable: one stable code per clause of `reason`, in the prose's order
+    /// (qualifiers and the worker choice, then the mode and its notes, then leg outcomes). Tests
+    /// and tools match these, never the prose.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reason_codes: Vec<ReasonCode>,
     /// The worker holding most of the request's blocks, and how many.
     #[serde(default)]
     pub best_overlap_worker: Option<String>,
@@ -261,6 +382,20 @@ mod tests {
         assert_eq!(d.destination_header(), "10.0.0.1:8000,10.0.0.2:8000");
         let back: RouteDecision = serde_json::from_str(&serde_json::to_string(&d).unwrap()).unwrap();
         assert_eq!(back, d);
+    }
+
+    #[test]
+    fn reason_codes_are_stable_snake_case_and_tolerate_new_ones() {
+        for c in ReasonCode::ALL {
+            assert_eq!(serde_json::to_string(&c).unwrap(), format!("\"{}\"", c.as_str()));
+            assert_eq!(ReasonCode::parse_list(c.as_str()), vec![c]);
+        }
+        let json = r#"{"endpoint":"e:1","worker":"w","mode":"aggregate","overlap_blocks":0,"isl_blocks":0,
+            "reason":"x","reason_codes":["session_pin","a_code_from_a_newer_indexer"]}"#;
+        let d: RouteDecision = serde_json::from_str(json).unwrap();
+        assert_eq!(d.reason_codes, vec![ReasonCode::SessionPin, ReasonCode::Other]);
+        assert_eq!(ReasonCode::join(&d.reason_codes), "session_pin,other");
+        assert_eq!(ReasonCode::parse_list(" best_overlap, disagg_uncached ,"), vec![ReasonCode::BestOverlap, ReasonCode::DisaggUncached]);
     }
 
     #[test]

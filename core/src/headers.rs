@@ -26,6 +26,8 @@ pub const DEBUG_WORKER: &str = "x-kvmesh-decision-worker";
 pub const DEBUG_OVERLAP_BLOCKS: &str = "x-kvmesh-overlap-blocks";
 pub const DEBUG_ISL_BLOCKS: &str = "x-kvmesh-isl-blocks";
 pub const DEBUG_REASON: &str = "x-kvmesh-decision-reason";
+/// Response header (debug): the decision's `reason_codes`, comma-separated.
+pub const DEBUG_REASON_CODES: &str = "x-kvmesh-decision-reason-codes";
 /// The indexer's predicted time to first token for the chosen worker, milliseconds (one decimal).
 pub const DEBUG_PREDICTED_TTFT: &str = "x-kvmesh-predicted-ttft-ms";
 /// Set on responses when the filter routed without the indexer: the fallback reason.

@@ -33,6 +33,10 @@ impl Reply {
     pub fn reason(&self) -> Option<&str> {
         self.header(headers::DEBUG_REASON)
     }
+    /// The decision's stable reason codes (`x-kvmesh-decision-reason-codes`); empty without one.
+    pub fn reason_codes(&self) -> Vec<kvmesh_core::api::ReasonCode> {
+        self.header(headers::DEBUG_REASON_CODES).map(kvmesh_core::api::ReasonCode::parse_list).unwrap_or_default()
+    }
     pub fn overlap_blocks(&self) -> Option<u64> {
         self.header(headers::DEBUG_OVERLAP_BLOCKS)?.parse().ok()
     }

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use kvmesh_core::api::FleetSnapshot;
+use kvmesh_core::api::{FleetSnapshot, ReasonCode};
 use kvmesh_core::headers::DEFAULT_SESSION_HEADER;
 use kvmesh_e2e::client::{filler, post_json, Reply};
 use kvmesh_e2e::poll;
@@ -81,7 +81,7 @@ async fn long_prompts_are_disaggregated_and_continuations_stay_local() -> anyhow
     let home = r1.worker().unwrap_or_default().to_owned();
     assert!(home.starts_with('d'), "disagg served by {home}");
     let reason = r1.reason().unwrap_or_default();
-    assert!(reason.contains("min_remote_prefill_tokens 1024; prefill on p"), "{reason}");
+    assert!(r1.reason_codes().contains(&ReasonCode::DisaggUncached), "{reason}");
     let producers = delta(&per_worker(&stack, "kvmesh_sim_nixl_transfers_total", &[("outcome", "served")]).await?, &transfers0);
     assert_eq!(producers.len(), 1, "one prefill worker produced: {producers:?}");
     let producer = producers.keys().next().cloned().unwrap_or_default();
@@ -114,7 +114,7 @@ async fn long_prompts_are_disaggregated_and_continuations_stay_local() -> anyhow
     let turn2 = [turn1.clone(), vec![("assistant", reply1.clone()), ("user", filler(4, 1500))]].concat();
     let r2 = post_json(&c, &url, &chat(&turn2, true), &[(DEFAULT_SESSION_HEADER, "chat-1")]).await?;
     assert_eq!((r2.status, mode(&r2), r2.worker()), (200, "aggregate", Some(home.as_str())), "{:?}", r2.reason());
-    assert!(r2.reason().is_some_and(|m| m.contains("local continuation")), "{:?}", r2.reason());
+    assert!(r2.reason_codes().contains(&ReasonCode::LocalContinuation), "{:?}", r2.reason());
     assert!(r2.stream_cached_tokens().unwrap_or(0) >= (isl_blocks - 1) * BS, "turn 2 reused the history");
 
     // The indexer restarts between turns: the recently-seen set is gone, the index is rebuilt from
@@ -170,6 +170,8 @@ async fn failed_prefill_legs_fall_back_to_decode_and_overload_reaches_the_client
         set(patch.clone()).await?;
         let r = post_json(&c, &url, &cold(), &[]).await?;
         assert_eq!((r.status, mode(&r)), (200, "decode_fallback"), "{patch}: {} {:?}", r.text, r.reason());
+        assert_eq!(r.reason_codes().last(), Some(&ReasonCode::PrefillLegFailed), "{patch}: {:?}", r.reason());
+        // The failure kind is the leg's stable label, quoted in the prose.
         assert!(r.reason().is_some_and(|m| m.contains(&format!("failed ({why})"))), "{patch}: {:?}", r.reason());
         assert!(r.worker().is_some_and(|w| w.starts_with('d')), "{patch}: served by {:?}", r.worker());
     }
@@ -202,6 +204,7 @@ async fn failed_prefill_legs_fall_back_to_decode_and_overload_reaches_the_client
     stack.rewrite_fleet(|w| w.id != "p0", routing).await?;
     let r = in_flight.await??;
     assert_eq!((r.status, mode(&r)), (200, "decode_fallback"), "{:?}", r.reason());
+    assert_eq!(r.reason_codes().last(), Some(&ReasonCode::PrefillLegFailed), "{:?}", r.reason());
     assert!(r.reason().is_some_and(|m| m.contains("failed (worker_gone)")), "{:?}", r.reason());
     stack.rewrite_fleet(|_| true, routing).await?;
 
@@ -209,6 +212,7 @@ async fn failed_prefill_legs_fall_back_to_decode_and_overload_reaches_the_client
     set(json!({"clear": true, "vanish_ms": 4000})).await?;
     let r = post_json(&c, &url, &cold(), &[]).await?;
     assert_eq!((r.status, mode(&r)), (200, "decode_fallback"), "{:?}", r.reason());
+    assert_eq!(r.reason_codes().last(), Some(&ReasonCode::PrefillLegFailed), "{:?}", r.reason());
     assert!(r.reason().is_some_and(|m| m.contains("failed (refused)") || m.contains("failed (reset)")), "{:?}", r.reason());
 
     let m = stack.scrape(&stack.indexer_url("/metrics")).await?;

@@ -4,7 +4,7 @@
 //! recompute; `dry` mode only counts. Answers stay what the engine would answer anyway.
 
 use futures::StreamExt;
-use kvmesh_core::api::FleetSnapshot;
+use kvmesh_core::api::{FleetSnapshot, ReasonCode};
 use kvmesh_core::headers::DEFAULT_SESSION_HEADER;
 use kvmesh_core::{rendezvous, session};
 use kvmesh_e2e::client::{filler, post_json, Reply};
@@ -94,7 +94,8 @@ async fn an_overloaded_home_hands_its_blocks_to_the_new_worker() -> anyhow::Resu
     assert_eq!((r.status, mode(&r)), (200, "migrate"), "{} {:?}", r.text, r.reason());
     let target = r.worker().unwrap_or_default().to_owned();
     assert_ne!(target, home);
-    assert!(r.reason().is_some_and(|m| m.contains(&format!("home {home} overloaded")) && m.contains("instead of recomputing")), "{:?}", r.reason());
+    assert_eq!(r.reason_codes(), [ReasonCode::PinOverloaded, ReasonCode::Migrate], "{:?}", r.reason());
+    assert!(r.reason().is_some_and(|m| m.contains(&format!("home {home} overloaded"))), "{:?}", r.reason());
     assert_eq!(served(&stack, &home).await? - before, 1.0, "the home served one producer step");
     let pulls = stack.scrape(&stack.worker(&target)?.url("/metrics")).await?.sum("kvmesh_sim_nixl_pulls_total", &[("outcome", "ok")]);
     assert_eq!(pulls, 1.0, "{target} pulled");
@@ -115,6 +116,7 @@ async fn an_overloaded_home_hands_its_blocks_to_the_new_worker() -> anyhow::Resu
     let body = chat(&histories[1], 6, true);
     let r = post_json(&c, &url, &body, &[(DEFAULT_SESSION_HEADER, sessions[1].as_str())]).await?;
     assert_eq!((r.status, mode(&r)), (200, "aggregate"), "{:?}", r.reason());
+    assert_eq!(r.reason_codes().last(), Some(&ReasonCode::MigrationFailed), "{:?}", r.reason());
     assert!(r.reason().is_some_and(|m| m.contains("failed (handshake_failed)")), "{:?}", r.reason());
     assert_ne!(r.worker(), Some(home.as_str()));
     let other = ids.iter().find(|w| Some(w.as_str()) != r.worker() && **w != home).cloned().unwrap_or_default();
@@ -127,6 +129,7 @@ async fn an_overloaded_home_hands_its_blocks_to_the_new_worker() -> anyhow::Resu
     let before = served(&stack, &home).await?;
     let r = post_json(&c, &url, &chat(&histories[2], 6, false), &[(DEFAULT_SESSION_HEADER, sessions[2].as_str())]).await?;
     assert_eq!((r.status, mode(&r)), (200, "aggregate"), "{:?}", r.reason());
+    assert!(r.reason_codes().contains(&ReasonCode::MigrateDryRun), "{:?}", r.reason());
     assert!(r.reason().is_some_and(|m| m.contains(&format!("dry-run migration {home}->"))), "{:?}", r.reason());
     assert_eq!(served(&stack, &home).await?, before, "dry mode contacted the source");
 

@@ -14,7 +14,7 @@
 
 use std::net::SocketAddr;
 
-use kvmesh_core::api::{destination_header, ErrorBody, Mode, RouteDecision};
+use kvmesh_core::api::{destination_header, ErrorBody, Mode, ReasonCode, RouteDecision};
 use kvmesh_core::headers;
 
 use crate::breaker::CallHealth;
@@ -207,6 +207,7 @@ pub fn debug_headers(decision: &RouteDecision) -> Vec<(&'static str, String)> {
         (headers::DEBUG_OVERLAP_BLOCKS, decision.overlap_blocks.to_string()),
         (headers::DEBUG_ISL_BLOCKS, decision.isl_blocks.to_string()),
         (headers::DEBUG_REASON, header_safe(&decision.reason)),
+        (headers::DEBUG_REASON_CODES, header_safe(&ReasonCode::join(&decision.reason_codes))),
     ]
 }
 

@@ -29,7 +29,7 @@
 mod pick;
 mod plan;
 
-use kvmesh_core::api::Mode;
+use kvmesh_core::api::{Mode, ReasonCode};
 use kvmesh_core::rendezvous;
 use rand::Rng;
 
@@ -78,6 +78,7 @@ pub fn decide<R: Rng + ?Sized>(
     if !m.reason.is_empty() {
         plan.reason = format!("{}; {}", plan.reason, m.reason);
     }
+    plan.reason_codes.extend(m.codes);
     Ok(plan)
 }
 
@@ -108,6 +109,8 @@ fn decide_worker<R: Rng + ?Sized>(
         })
         .collect();
     let mut prefix = String::new();
+    // The codes of `prefix`'s clauses, in order.
+    let mut pre: Vec<ReasonCode> = Vec::new();
 
     if let Some(id) = input.override_worker {
         let w = workers
@@ -133,10 +136,11 @@ fn decide_worker<R: Rng + ?Sized>(
                 s,
                 fallbacks(&scored, w.id, cfg.max_fallbacks),
                 Basis::Override,
-                reason,
+                (reason, &pre),
                 &candidates,
             ));
         }
+        pre.push(ReasonCode::OverrideIgnored);
         prefix = format!(
             "override {} ignored ({}); ",
             w.id,
@@ -224,7 +228,7 @@ fn decide_worker<R: Rng + ?Sized>(
                             o,
                             fallbacks(&scored, o.w.id, cfg.max_fallbacks),
                             Basis::SessionMoved,
-                            reason,
+                            (reason, &pre),
                             &candidates,
                         ));
                     }
@@ -241,7 +245,7 @@ fn decide_worker<R: Rng + ?Sized>(
                         home,
                         fallbacks(&scored, home_id, cfg.max_fallbacks),
                         Basis::SessionPin,
-                        reason,
+                        (reason, &pre),
                         &candidates,
                     ));
                 }
@@ -261,12 +265,13 @@ fn decide_worker<R: Rng + ?Sized>(
                         chosen,
                         fallbacks(&guarded, chosen.w.id, cfg.max_fallbacks),
                         Basis::PinOverloaded,
-                        reason,
+                        (reason, &pre),
                         &candidates,
                     ));
                 }
             }
         }
+        pre.push(ReasonCode::NewSession);
         prefix = format!("{prefix}new session: ");
     }
 
@@ -291,7 +296,7 @@ fn decide_worker<R: Rng + ?Sized>(
         chosen,
         fallbacks(&guarded, chosen.w.id, cfg.max_fallbacks),
         basis,
-        format!("{prefix}{inner}{next}"),
+        (format!("{prefix}{inner}{next}"), &pre),
         &candidates,
     ))
 }
@@ -318,10 +323,12 @@ fn finish(
     s: Scored<'_, '_>,
     fallbacks: Vec<String>,
     basis: Basis,
-    reason: String,
+    (reason, pre): (String, &[ReasonCode]),
     candidates: &[&WorkerView<'_>],
 ) -> Plan {
     let w = s.w;
+    let mut reason_codes = pre.to_vec();
+    reason_codes.push(basis.code());
     Plan {
         worker: w.id.to_owned(),
         endpoint: w.endpoint.to_owned(),
@@ -334,6 +341,7 @@ fn finish(
         best_overlap: best_overlap(candidates, w.id),
         basis,
         reason,
+        reason_codes,
         leg: None,
         opportunity: None,
         local_continuation: false,

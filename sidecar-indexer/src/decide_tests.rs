@@ -1,7 +1,7 @@
 use super::*;
 use crate::config::KvMigration;
 use crate::predict::WorkerTiming;
-use kvmesh_core::api::{FleetSnapshot, FleetWorker, Role, WorkerLoad};
+use kvmesh_core::api::{FleetSnapshot, FleetWorker, ReasonCode, Role, WorkerLoad};
 use kvmesh_core::session::{SessionKey, SessionSource};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
@@ -135,9 +135,16 @@ fn choices_and_reasons() {
             (plan.worker.as_str(), plan.basis, plan.reason.as_str()),
             (c.want, c.basis, c.reason)
         );
+        assert_eq!(plan.reason_codes, [c.basis.code()]);
         assert_eq!(plan.mode, Mode::Aggregate);
         assert_eq!(plan.isl_blocks, 40);
         assert!(!plan.fallbacks.contains(&plan.endpoint));
+        // The wire answer carries the codes beside the prose.
+        let d = plan.clone().into_decision();
+        assert_eq!(
+            (d.reason.as_str(), d.reason_codes.as_slice()),
+            (plan.reason.as_str(), plan.reason_codes.as_slice())
+        );
     }
 }
 
@@ -321,12 +328,7 @@ fn sessions_stay_home_until_another_worker_is_faster_by_the_margin() {
             "{home_q} {other_q}: {}",
             plan.reason
         );
-        let prefix = if basis == Basis::SessionPin {
-            "session pin w1 (source=header): "
-        } else {
-            "session moved from w1 (source=header): "
-        };
-        assert!(plan.reason.starts_with(prefix), "{}", plan.reason);
+        assert_eq!(plan.reason_codes, [basis.code()], "{}", plan.reason);
     }
 }
 
@@ -383,9 +385,9 @@ fn new_sessions_go_where_predicted_fastest() {
             "{}",
             plan.reason
         );
-        assert!(
-            plan.reason
-                .starts_with("new session: nothing cached, predicted 64.0 ms"),
+        assert_eq!(
+            plan.reason_codes,
+            [ReasonCode::NewSession, ReasonCode::LowestCost],
             "{}",
             plan.reason
         );
@@ -429,12 +431,13 @@ fn rendezvous_homes_agree_with_the_fleet_snapshot_pin() {
             snapshot.pin(key.0).map(|w| w.id.as_str())
         );
         assert_eq!(plan.basis, Basis::SessionPin);
-        assert!(
-            plan.reason
-                .starts_with(&format!("session pin {} (source=prefix)", plan.worker)),
+        assert_eq!(
+            plan.reason_codes,
+            [ReasonCode::SessionPin],
             "{}",
             plan.reason
         );
+        assert!(plan.reason.contains("(source=prefix)"), "{}", plan.reason);
     }
 }
 
@@ -486,6 +489,13 @@ fn an_overloaded_home_is_left_and_says_why() {
         (plan.worker.as_str(), plan.basis),
         ("w3", Basis::PinOverloaded)
     );
+    assert_eq!(
+        plan.reason_codes,
+        [ReasonCode::PinOverloaded],
+        "{}",
+        plan.reason
+    );
+    // The prose says which guard: the debug header is where an operator reads it.
     assert!(
         plan.reason.starts_with(
             "home w1 overloaded (waiting 9 >= 8); chose w3: best overlap 20/40 blocks, predicted 32.0 ms"
@@ -526,10 +536,7 @@ fn overrides() {
     };
     let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
     assert_eq!((plan.worker.as_str(), plan.basis), ("w2", Basis::Override));
-    assert_eq!(
-        plan.reason,
-        "override x-kvmesh-worker w2: overlap 0/40 blocks, predicted 64.0 ms"
-    );
+    assert_eq!(plan.reason_codes, [ReasonCode::Override], "{}", plan.reason);
     assert_eq!(plan.best_overlap, Some(("w1".into(), 39)));
     let bad = RouteInput {
         override_worker: Some("w9"),
@@ -542,9 +549,9 @@ fn overrides() {
     workers[1].healthy = false;
     let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
     assert_eq!(plan.worker, "w1");
-    assert!(
-        plan.reason
-            .starts_with("override w2 ignored (unhealthy); best overlap"),
+    assert_eq!(
+        plan.reason_codes,
+        [ReasonCode::OverrideIgnored, ReasonCode::BestOverlap],
         "{}",
         plan.reason
     );
@@ -554,9 +561,9 @@ fn overrides() {
     };
     let plan = decide(&mode, &workers, &cfg, &mut rng()).unwrap();
     assert_eq!(plan.mode, Mode::Aggregate);
-    assert!(
-        plan.reason
-            .ends_with("x-kvmesh-mode disagg: no healthy prefill worker"),
+    assert_eq!(
+        plan.reason_codes,
+        [ReasonCode::BestOverlap, ReasonCode::ModeRequestIgnored],
         "{}",
         plan.reason
     );
@@ -639,4 +646,17 @@ fn a_session_home_is_where_the_shared_index_says_its_kv_is() {
         "{}",
         plan.reason
     );
+}
+
+/// Drift guard: the README's "Decision reasons" table names every reason code.
+#[test]
+fn readme_documents_every_reason_code() {
+    let readme = include_str!("../README.md");
+    for c in ReasonCode::ALL {
+        assert!(
+            readme.contains(&format!("`{}`", c.as_str())),
+            "README misses reason code {}",
+            c.as_str()
+        );
+    }
 }

@@ -18,7 +18,7 @@
 //!    continuation (a session seen recently stays on its decode worker whatever its length).
 //! 4. Otherwise aggregate.
 
-use kvmesh_core::api::Mode;
+use kvmesh_core::api::{Mode, ReasonCode};
 use rand::Rng;
 
 use crate::config::{KvMigration, RoutingConfig};
@@ -67,6 +67,8 @@ pub struct ModeChoice {
     /// Prompt tokens the decode worker does not cache.
     pub uncached_tokens: u64,
     pub reason: String,
+    /// One code per clause of `reason`, in order.
+    pub codes: Vec<ReasonCode>,
 }
 
 /// Chooses the mode for a request whose decode worker is `decode`; `best` is the decode-capable
@@ -86,19 +88,28 @@ pub fn choose_mode<R: Rng + ?Sized>(
         usize::try_from(input.isl_tokens).unwrap_or(usize::MAX),
         input.block_size,
     );
-    let aggregate =
-        |reason: String, opportunity: Option<Opportunity>, local_continuation: bool| ModeChoice {
-            mode: Mode::Aggregate,
-            leg: None,
-            opportunity,
-            local_continuation,
-            uncached_tokens: uncached,
-            reason,
-        };
+    let aggregate = |(reason, codes): (String, Vec<ReasonCode>),
+                     opportunity: Option<Opportunity>,
+                     local_continuation: bool| ModeChoice {
+        mode: Mode::Aggregate,
+        leg: None,
+        opportunity,
+        local_continuation,
+        uncached_tokens: uncached,
+        reason,
+        codes,
+    };
     let t = cfg.min_remote_prefill_tokens;
 
     if input.override_mode == Some(Mode::Aggregate) {
-        return aggregate("x-kvmesh-mode aggregate".to_owned(), None, false);
+        return aggregate(
+            (
+                "x-kvmesh-mode aggregate".to_owned(),
+                vec![ReasonCode::AggregateRequested],
+            ),
+            None,
+            false,
+        );
     }
     let mut notes: Vec<String> = Vec::new();
     if input.override_mode == Some(Mode::DecodeFallback) {
@@ -136,11 +147,14 @@ pub fn choose_mode<R: Rng + ?Sized>(
     }
     let local = cfg.local_continuations && input.continuation;
     let needs_remote = |uncached: u64| t > 0 && uncached >= t;
-    let with_notes = |reason: String| {
+    // Every note says why an `x-kvmesh-mode` request was not honoured.
+    let with_notes = |reason: String, code: ReasonCode| {
+        let mut codes = vec![code];
+        codes.extend(notes.iter().map(|_| ReasonCode::ModeRequestIgnored));
         if notes.is_empty() {
-            reason
+            (reason, codes)
         } else {
-            format!("{reason}; {}", notes.join("; "))
+            (format!("{reason}; {}", notes.join("; ")), codes)
         }
     };
 
@@ -161,6 +175,7 @@ pub fn choose_mode<R: Rng + ?Sized>(
                 o.target,
                 o.blocks_to_move()
             );
+            let (reason, codes) = with_notes(reason, ReasonCode::Migrate);
             return ModeChoice {
                 mode: Mode::Migrate,
                 leg: Some(Leg::MigrateFrom {
@@ -171,21 +186,29 @@ pub fn choose_mode<R: Rng + ?Sized>(
                 local_continuation: false,
                 // The target computes only what the source does not hand over.
                 uncached_tokens: left.min(uncached),
-                reason: with_notes(reason),
+                reason,
+                codes,
             };
         }
     }
 
     if let Some(p) = prefill.filter(|_| forced_disagg || (needs_remote(uncached) && !local)) {
-        let why = if forced_disagg {
-            "x-kvmesh-mode disagg".to_owned()
+        let (why, code) = if forced_disagg {
+            (
+                "x-kvmesh-mode disagg".to_owned(),
+                ReasonCode::DisaggRequested,
+            )
         } else {
-            format!("{uncached} uncached tokens >= min_remote_prefill_tokens {t}")
+            (
+                format!("{uncached} uncached tokens >= min_remote_prefill_tokens {t}"),
+                ReasonCode::DisaggUncached,
+            )
         };
         let reason = format!(
             "disagg: {why}; prefill on {} (overlap {}/{full_blocks} blocks), decode on {}",
             p.id, p.overlap_blocks, decode.id
         );
+        let (reason, codes) = with_notes(reason, code);
         return ModeChoice {
             mode: Mode::Disagg,
             leg: Some(Leg::PrefillOn {
@@ -195,23 +218,36 @@ pub fn choose_mode<R: Rng + ?Sized>(
             opportunity,
             local_continuation: false,
             uncached_tokens: uncached,
-            reason: with_notes(reason),
+            reason,
+            codes,
         };
     }
 
     // A plain aggregate fleet adds nothing to the decode choice's reason.
     let mut parts: Vec<String> = Vec::new();
+    let mut codes: Vec<ReasonCode> = Vec::new();
     if t > 0 {
-        parts.push(if needs_remote(uncached) && local {
-            format!(
-                "aggregate: local continuation, {uncached} uncached tokens >= {t} stay on {}",
-                decode.id
+        let (part, code) = if needs_remote(uncached) && local {
+            (
+                format!(
+                    "aggregate: local continuation, {uncached} uncached tokens >= {t} stay on {}",
+                    decode.id
+                ),
+                ReasonCode::LocalContinuation,
             )
         } else if needs_remote(uncached) {
-            "aggregate: no healthy prefill worker".to_owned()
+            (
+                "aggregate: no healthy prefill worker".to_owned(),
+                ReasonCode::NoPrefillWorker,
+            )
         } else {
-            format!("aggregate: {uncached} uncached tokens < min_remote_prefill_tokens {t}")
-        });
+            (
+                format!("aggregate: {uncached} uncached tokens < min_remote_prefill_tokens {t}"),
+                ReasonCode::BelowPrefillThreshold,
+            )
+        };
+        parts.push(part);
+        codes.push(code);
     }
     if let (Some(o), KvMigration::Dry) = (&opportunity, cfg.kv_migration) {
         parts.push(format!(
@@ -220,10 +256,16 @@ pub fn choose_mode<R: Rng + ?Sized>(
             o.target,
             o.blocks_to_move()
         ));
+        codes.push(ReasonCode::MigrateDryRun);
     }
+    codes.extend(notes.iter().map(|_| ReasonCode::ModeRequestIgnored));
     parts.append(&mut notes);
     let reason = parts.join("; ");
-    aggregate(reason, opportunity, local && needs_remote(uncached))
+    aggregate(
+        (reason, codes),
+        opportunity,
+        local && needs_remote(uncached),
+    )
 }
 
 /// The migration source for `decode`, if another healthy decode worker holds more of the prompt

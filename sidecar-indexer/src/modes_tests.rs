@@ -59,39 +59,28 @@ fn leg_worker(c: &ModeChoice) -> Option<&str> {
 #[test]
 fn conditional_disaggregation_by_uncached_tokens() {
     let workers = [view("w1", 0, 0), view("w2", 30, 0), prefill("w8", 0, 0)];
-    // (threshold, decode worker, want mode, want prefill worker, reason fragment)
+    // (threshold, decode worker, want mode, want prefill worker, want reason codes)
+    let below = ReasonCode::BelowPrefillThreshold;
     let cases = [
-        (0, "w1", Mode::Aggregate, None, ""),
+        (0, "w1", Mode::Aggregate, None, vec![]),
         (
             320,
             "w1",
             Mode::Disagg,
             Some("w8"),
-            "640 uncached tokens >= min_remote_prefill_tokens 320; prefill on w8",
+            vec![ReasonCode::DisaggUncached],
         ),
         (
             640,
             "w1",
             Mode::Disagg,
             Some("w8"),
-            "640 uncached tokens >=",
+            vec![ReasonCode::DisaggUncached],
         ),
-        (
-            641,
-            "w1",
-            Mode::Aggregate,
-            None,
-            "640 uncached tokens < min_remote_prefill_tokens 641",
-        ),
-        (
-            320,
-            "w2",
-            Mode::Aggregate,
-            None,
-            "160 uncached tokens < min_remote_prefill_tokens 320",
-        ),
+        (641, "w1", Mode::Aggregate, None, vec![below]),
+        (320, "w2", Mode::Aggregate, None, vec![below]),
     ];
-    for (t, decode, mode, leg, reason) in cases {
+    for (t, decode, mode, leg, codes) in cases {
         let c = run(&input(), decode, &workers, None, &disagg_cfg(t));
         assert_eq!(
             (c.mode, leg_worker(&c)),
@@ -99,11 +88,7 @@ fn conditional_disaggregation_by_uncached_tokens() {
             "T={t} on {decode}: {}",
             c.reason
         );
-        assert!(
-            c.reason.contains(reason),
-            "T={t}: {:?} lacks {reason:?}",
-            c.reason
-        );
+        assert_eq!(c.codes, codes, "T={t}: {:?}", c.reason);
         assert!(c.opportunity.is_none());
     }
 }
@@ -118,7 +103,7 @@ fn no_healthy_prefill_worker_means_aggregate() {
     ] {
         let c = run(&input(), "w1", &workers, None, &disagg_cfg(16));
         assert_eq!(c.mode, Mode::Aggregate);
-        assert_eq!(c.reason, "aggregate: no healthy prefill worker");
+        assert_eq!(c.codes, [ReasonCode::NoPrefillWorker], "{}", c.reason);
     }
 }
 
@@ -168,10 +153,7 @@ fn local_continuations_stay_on_their_decode_worker() {
     };
     let c = run(&cont, "w1", &workers, None, &on);
     assert_eq!((c.mode, c.local_continuation), (Mode::Aggregate, true));
-    assert_eq!(
-        c.reason,
-        "aggregate: local continuation, 640 uncached tokens >= 320 stay on w1"
-    );
+    assert_eq!(c.codes, [ReasonCode::LocalContinuation], "{}", c.reason);
     // Off: the same continuation is disaggregated; on, a first turn is too.
     assert_eq!(
         run(&cont, "w1", &workers, None, &disagg_cfg(320)).mode,
@@ -230,7 +212,7 @@ fn migration_by_mode_and_minimum() {
         Some(("w1", 30)),
         &migration_cfg(KvMigration::Dry, 0),
     );
-    assert_eq!(dry.reason, "dry-run migration w1->w2 of 26 blocks");
+    assert_eq!(dry.codes, [ReasonCode::MigrateDryRun], "{}", dry.reason);
     let on = run(
         &input(),
         "w2",
@@ -238,6 +220,8 @@ fn migration_by_mode_and_minimum() {
         Some(("w1", 30)),
         &migration_cfg(KvMigration::On, 0),
     );
+    assert_eq!(on.codes, [ReasonCode::Migrate], "{}", on.reason);
+    // The prose names what moves (humans read it in the debug header).
     assert_eq!(
         on.reason,
         "migrate: w1 holds 30/40 blocks, w2 holds 4; w2 pulls 26 blocks instead of recomputing"
@@ -339,12 +323,17 @@ fn operator_overrides() {
         &all_on,
     );
     assert_eq!(
-        (c.mode, c.opportunity.is_none(), c.reason.as_str()),
-        (Mode::Aggregate, true, "x-kvmesh-mode aggregate")
+        (c.mode, c.opportunity.is_none(), c.codes.as_slice()),
+        (
+            Mode::Aggregate,
+            true,
+            [ReasonCode::AggregateRequested].as_slice()
+        )
     );
+    let plain = run(&input(), "w2", &workers, None, &RoutingConfig::default());
     assert_eq!(
-        run(&input(), "w2", &workers, None, &RoutingConfig::default()).reason,
-        "",
+        (plain.reason.as_str(), plain.codes.as_slice()),
+        ("", [].as_slice()),
         "a plain aggregate fleet adds no reason"
     );
     // Disagg forced below the threshold and with T = 0.
@@ -371,6 +360,12 @@ fn operator_overrides() {
         &migration_cfg(KvMigration::Dry, 0),
     );
     assert_eq!(c.mode, Mode::Aggregate);
+    assert_eq!(
+        c.codes.last(),
+        Some(&ReasonCode::ModeRequestIgnored),
+        "{}",
+        c.reason
+    );
     assert!(
         c.reason
             .ends_with("x-kvmesh-mode migrate: kv_migration is dry"),
@@ -384,10 +379,5 @@ fn operator_overrides() {
         None,
         &RoutingConfig::default(),
     );
-    assert!(
-        c.reason
-            .ends_with("is an outcome, not a mode to ask for; ignored"),
-        "{}",
-        c.reason
-    );
+    assert_eq!(c.codes, [ReasonCode::ModeRequestIgnored], "{}", c.reason);
 }

@@ -7,6 +7,7 @@ fn decision_json(endpoint: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({
         "endpoint": endpoint, "fallbacks": ["10.0.0.2:8000", "bogus", "[::1]:9"], "worker": "w1",
         "mode": "disagg", "overlap_blocks": 3, "isl_blocks": 4, "reason": "best overlap\r\nx",
+        "reason_codes": ["best_overlap", "disagg_uncached", "from_a_newer_indexer"],
         "kv_transfer_params": {"do_remote_prefill": true}, "unknown_field": 1
     }))
     .unwrap()
@@ -128,6 +129,7 @@ fn debug_headers_are_safe() {
     let IndexerAnswer::Route(d) = classify(Some(200), &decision_json("10.0.0.1:8000")) else { panic!() };
     let h = debug_headers(&d);
     assert!(h.contains(&(headers::DEBUG_REASON, "best overlap??x".to_owned())));
+    assert!(h.contains(&(headers::DEBUG_REASON_CODES, "best_overlap,disagg_uncached,other".to_owned())));
     assert!(h.contains(&(headers::DEBUG_OVERLAP_BLOCKS, "3".to_owned())));
     assert_eq!(header_safe(&"é".repeat(400)).len(), MAX_DEBUG_VALUE_BYTES);
 }

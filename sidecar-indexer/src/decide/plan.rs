@@ -2,7 +2,7 @@
 //! [`Plan`] it produces (turned into the wire [`RouteDecision`]), why the worker was chosen
 //! ([`Basis`]), the [`Leg`] the shell may have to run first, and why no decision could be made.
 
-use kvmesh_core::api::{Mode, Role, RouteDecision};
+use kvmesh_core::api::{Mode, ReasonCode, Role, RouteDecision};
 use kvmesh_core::session::{SessionKey, SessionSource};
 
 use crate::modes::Opportunity;
@@ -86,6 +86,18 @@ pub enum Basis {
 }
 
 impl Basis {
+    /// The decision's reason code for this basis (the same snake_case name as the label).
+    pub fn code(self) -> ReasonCode {
+        match self {
+            Self::Override => ReasonCode::Override,
+            Self::SessionPin => ReasonCode::SessionPin,
+            Self::SessionMoved => ReasonCode::SessionMoved,
+            Self::PinOverloaded => ReasonCode::PinOverloaded,
+            Self::BestOverlap => ReasonCode::BestOverlap,
+            Self::LowestCost => ReasonCode::LowestCost,
+        }
+    }
+
     /// The metric label.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -124,6 +136,8 @@ pub struct Plan {
     pub best_overlap: Option<(String, u32)>,
     pub basis: Basis,
     pub reason: String,
+    /// One code per clause of `reason` (the wire's `reason_codes`).
+    pub reason_codes: Vec<ReasonCode>,
     pub leg: Option<Leg>,
     /// A would-migrate decision (counted in `dry` and `on` migration modes).
     pub opportunity: Option<Opportunity>,
@@ -151,6 +165,7 @@ impl Plan {
             isl_blocks: self.isl_blocks,
             kv_transfer_params: None,
             reason: self.reason,
+            reason_codes: self.reason_codes,
             best_overlap_worker,
             best_overlap_blocks,
             peer_worker: None,

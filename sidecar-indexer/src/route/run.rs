@@ -131,6 +131,7 @@ async fn prefill(state: &AppState, cfg: &Config, plan: Plan, worker: &str, endpo
             let mut d = plan.into_decision();
             d.mode = Mode::DecodeFallback;
             d.reason = format!("{}; prefill on {worker} failed ({}): served on the decode worker", d.reason, failure.reason());
+            d.reason_codes.push(kvmesh_core::api::ReasonCode::PrefillLegFailed);
             Ok(d)
         }
     }
@@ -163,5 +164,6 @@ async fn migrate(state: &AppState, cfg: &Config, plan: Plan, source: &str, endpo
     let mut d = plan.into_decision();
     d.mode = Mode::Aggregate;
     d.reason = format!("{}; migration handshake on {source} failed ({outcome}): {} recomputes", d.reason, d.worker);
+    d.reason_codes.push(kvmesh_core::api::ReasonCode::MigrationFailed);
     d
 }
