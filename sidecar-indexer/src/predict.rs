@@ -15,7 +15,11 @@
 //! finishes prefill, so it is modelled: a fluid FIFO queue), plus requests the engine reports waiting
 //! that this indexer did not book (other gateway replicas, direct traffic) at the size of a typical
 //! request this indexer booked there ([`PrefillBacklog::typical_tokens`]: replicas behind one
-//! load balancer see the same mix), or a configured guess before it booked any.
+//! load balancer see the same mix), or a configured guess before it booked any. Those unseen
+//! requests join the same FIFO at the scrape that reported them ([`PrefillBacklog::reconcile`])
+//! and drain like the rest until the next scrape replaces them: held constant between scrapes,
+//! they made every worker another replica had just loaded look busy for a whole scrape interval
+//! while this replica's own bookings on one worker drained, so both replicas herded onto it.
 //! Everything here is pure; the clock is passed in.
 
 use std::collections::{HashMap, VecDeque};
@@ -68,18 +72,30 @@ pub fn max_cached_blocks(tokens: usize, block_size: u32) -> u32 {
     u32::try_from(tokens.saturating_sub(1) / block_size.max(1) as usize).unwrap_or(u32::MAX)
 }
 
-/// How much of a worker's booked prefill is still ahead of a new request.
+/// How much prefill is still ahead of a new request on a worker.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Ahead {
+    /// Uncached tokens of this indexer's own bookings still ahead.
     pub tokens: f64,
-    /// Booked requests not yet past prefill (the partially drained head included).
+    /// Own booked requests not yet past prefill (the partially drained head included).
     pub requests: u64,
+    /// Tokens still ahead of requests the engine reported waiting that this indexer did not book.
+    pub unseen_tokens: f64,
+}
+
+/// One entry of a worker's fluid FIFO.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Item {
+    /// Remaining uncached tokens.
+    tokens: f64,
+    /// The engine's waiting requests this indexer did not book, as of the last scrape.
+    unseen: bool,
 }
 
 #[derive(Debug, Default)]
 struct Queue {
-    /// Remaining uncached tokens of each booked request, oldest first.
-    items: VecDeque<f64>,
+    /// Oldest first.
+    items: VecDeque<Item>,
     /// When `items` was last drained.
     at: Option<Instant>,
 }
@@ -91,11 +107,11 @@ impl Queue {
             now.saturating_duration_since(at).as_secs_f64() * tps.max(0.0)
         });
         let mut gone = 0;
-        for t in &self.items {
-            if budget < *t {
-                return (gone, *t - budget);
+        for item in &self.items {
+            if budget < item.tokens {
+                return (gone, item.tokens - budget);
             }
-            budget -= t;
+            budget -= item.tokens;
             gone += 1;
         }
         (gone, 0.0)
@@ -105,9 +121,13 @@ impl Queue {
         let (gone, head) = self.drained(tps, now);
         self.items.drain(..gone);
         if let Some(front) = self.items.front_mut() {
-            *front = head;
+            front.tokens = head;
         }
         self.at = Some(now);
+    }
+
+    fn own_requests(&self) -> usize {
+        self.items.iter().filter(|i| !i.unseen).count()
     }
 }
 
@@ -143,15 +163,60 @@ impl PrefillBacklog {
 
     /// Books `tokens` of prefill on `worker` at `now`; `tps` drains what was queued before.
     pub fn add(&mut self, worker: &str, tokens: f64, tps: f64, now: Instant) {
-        let mean = self.typical.entry(worker.to_owned()).or_insert(tokens.max(0.0));
+        let mean = self
+            .typical
+            .entry(worker.to_owned())
+            .or_insert(tokens.max(0.0));
         *mean += TYPICAL_WEIGHT * (tokens.max(0.0) - *mean);
         let q = self.workers.entry(worker.to_owned()).or_default();
         q.settle(tps, now);
         if tokens > 0.0 {
-            q.items.push_back(tokens);
+            q.items.push_back(Item {
+                tokens,
+                unseen: false,
+            });
         }
         while q.items.len() > self.max_per_worker {
             q.items.pop_front();
+        }
+    }
+
+    /// Takes a scrape at `now` that found `engine_waiting` requests waiting on `worker`: those
+    /// beyond this indexer's own bookings not yet past prefill are someone else's, sized at the
+    /// typical booking there (`fallback_tokens` before the first), and join the back of the FIFO
+    /// in place of what the previous scrape reported.
+    pub fn reconcile(
+        &mut self,
+        worker: &str,
+        engine_waiting: u64,
+        fallback_tokens: f64,
+        tps: f64,
+        now: Instant,
+    ) {
+        let typical = self
+            .typical_tokens(worker)
+            .unwrap_or(fallback_tokens)
+            .max(0.0);
+        let Some(q) = self.workers.get_mut(worker) else {
+            if engine_waiting > 0 && typical > 0.0 {
+                let mut q = Queue::default();
+                q.at = Some(now);
+                q.items.push_back(Item {
+                    tokens: engine_waiting as f64 * typical,
+                    unseen: true,
+                });
+                self.workers.insert(worker.to_owned(), q);
+            }
+            return;
+        };
+        q.settle(tps, now);
+        q.items.retain(|i| !i.unseen);
+        let unseen = engine_waiting.saturating_sub(q.own_requests() as u64);
+        if unseen > 0 && typical > 0.0 {
+            q.items.push_back(Item {
+                tokens: unseen as f64 * typical,
+                unseen: true,
+            });
         }
     }
 
@@ -161,12 +226,17 @@ impl PrefillBacklog {
             return Ahead::default();
         };
         let (gone, head) = q.drained(tps, now);
-        let rest: f64 = q.items.iter().skip(gone + 1).sum();
-        let requests = (q.items.len() - gone) as u64;
-        Ahead {
-            tokens: if requests > 0 { head + rest } else { 0.0 },
-            requests,
+        let mut ahead = Ahead::default();
+        for (k, item) in q.items.iter().enumerate().skip(gone) {
+            let left = if k == gone { head } else { item.tokens };
+            if item.unseen {
+                ahead.unseen_tokens += left;
+            } else {
+                ahead.tokens += left;
+                ahead.requests += 1;
+            }
         }
+        ahead
     }
 
     /// Forgets the worker (it left the fleet).
@@ -183,9 +253,9 @@ impl PrefillBacklog {
         });
     }
 
-    /// Requests tracked over all workers.
+    /// Own booked requests tracked over all workers.
     pub fn len(&self) -> usize {
-        self.workers.values().map(|q| q.items.len()).sum()
+        self.workers.values().map(Queue::own_requests).sum()
     }
 
     /// Whether nothing is tracked.
@@ -263,27 +333,67 @@ mod tests {
             b.ahead("w0", 10_000.0, s(50)),
             Ahead {
                 tokens: 2500.0,
-                requests: 2
+                requests: 2,
+                unseen_tokens: 0.0
             }
         );
         assert_eq!(
             b.ahead("w0", 10_000.0, s(100)),
             Ahead {
                 tokens: 2000.0,
-                requests: 1
+                requests: 1,
+                unseen_tokens: 0.0
             }
         );
         assert_eq!(
             b.ahead("w0", 10_000.0, s(250)),
             Ahead {
                 tokens: 500.0,
-                requests: 1
+                requests: 1,
+                unseen_tokens: 0.0
             }
         );
         assert_eq!(b.ahead("w0", 10_000.0, s(300)), Ahead::default());
         assert_eq!(b.ahead("w1", 10_000.0, s(0)), Ahead::default());
         b.compact(|_| 10_000.0, s(400));
         assert!(b.is_empty());
+    }
+
+    #[test]
+    fn unseen_waiting_requests_join_the_fifo_at_the_scrape_and_drain() {
+        let t0 = Instant::now();
+        let s = |ms| t0 + Duration::from_millis(ms);
+        let tps = 10_000.0;
+        let mut b = PrefillBacklog::new(100);
+        // Before any booking: 2 waiting requests of another replica, at the fallback size.
+        b.reconcile("w0", 2, 500.0, tps, t0);
+        let a = b.ahead("w0", tps, t0);
+        assert_eq!((a.tokens, a.requests, a.unseen_tokens), (0.0, 0, 1000.0));
+        // They drain like everything else: half gone after 50 ms.
+        assert_eq!(b.ahead("w0", tps, s(50)).unseen_tokens.round(), 500.0);
+        // An own booking at 50 ms queues behind them (FIFO).
+        b.add("w0", 1000.0, tps, s(50));
+        let a = b.ahead("w0", tps, s(100));
+        assert_eq!(
+            (a.tokens.round(), a.requests, a.unseen_tokens.round()),
+            (1000.0, 1, 0.0)
+        );
+        // The next scrape (120 ms) sees 3 waiting: one is our own, 2 are someone else's, at the
+        // typical size of our bookings there (our one booking: 1000 tokens), behind ours.
+        b.reconcile("w0", 3, 500.0, tps, s(120));
+        let a = b.ahead("w0", tps, s(120));
+        assert_eq!(
+            (a.tokens.round(), a.requests, a.unseen_tokens.round()),
+            (800.0, 1, 2000.0)
+        );
+        // A scrape that sees only our own request replaces the unseen part with nothing.
+        b.reconcile("w0", 1, 500.0, tps, s(130));
+        let a = b.ahead("w0", tps, s(130));
+        assert_eq!(
+            (a.tokens.round(), a.requests, a.unseen_tokens),
+            (700.0, 1, 0.0)
+        );
+        assert_eq!(b.len(), 1, "unseen requests are not bookings");
     }
 
     #[test]

@@ -446,10 +446,9 @@ impl AppState {
     /// The decision's view of every worker for one prompt with `chains`, at `now`.
     ///
     /// Timing per worker: throughput measured (else the default); prefill ahead = the booked
-    /// backlog still draining (at most the uncached tokens of its live bookings) plus the requests
-    /// the engine reports waiting beyond this indexer's own not-yet-prefilled ones, each at the
-    /// typical uncached size of this indexer's bookings there (`unknown_request_blocks ×
-    /// block_size` tokens before the first); decode batch = the engine's running
+    /// backlog still draining (at most the uncached tokens of its live bookings) plus what is left
+    /// of the requests the last scrape found waiting beyond this indexer's own not-yet-prefilled
+    /// ones ([`crate::predict::PrefillBacklog::reconcile`]); decode batch = the engine's running
     /// requests, or the booked ones past prefill when that is more (the scrape lags).
     pub fn views<'a>(
         &self,
@@ -461,7 +460,6 @@ impl AppState {
         now: Instant,
     ) -> Vec<WorkerView<'a>> {
         let r = &cfg.routing;
-        let unknown_tokens = (r.unknown_request_blocks * u64::from(cfg.model.block_size)) as f64;
         let placement = self.placement.lock();
         fleet
             .workers
@@ -482,11 +480,6 @@ impl AppState {
                 let tps = w.prefill_tokens_per_s(r);
                 let ahead = placement.backlog.ahead(&w.cfg.id, tps, now);
                 let own_tokens = ahead.tokens.min(booked.prefill_tokens as f64);
-                let unseen_waiting = waiting.saturating_sub(ahead.requests);
-                let unseen_tokens = placement
-                    .backlog
-                    .typical_tokens(&w.cfg.id)
-                    .unwrap_or(unknown_tokens);
                 let speculative = w.ranks.first().map_or(0, |rank| {
                     placement.speculative.overlap(rank.slot, chains, now)
                 });
@@ -501,7 +494,7 @@ impl AppState {
                     active_requests: booked.active_requests,
                     waiting_requests: waiting,
                     timing: WorkerTiming {
-                        queued_tokens: own_tokens + unseen_waiting as f64 * unseen_tokens,
+                        queued_tokens: own_tokens + ahead.unseen_tokens,
                         decode_batch: running
                             .max(booked.active_requests.saturating_sub(ahead.requests)),
                         prefill_tokens_per_s: tps,
