@@ -129,7 +129,7 @@ impl FleetTiming {
 /// Each workload's default timing (README "Why these defaults"): the trace, siblings and cold
 /// saturate on prefill at the simulator's default throughput well before the machine does;
 /// agentic and paced are mostly cache hits, so at 20,000 tokens/s the client's in-flight bound
-/// and the CPU gave out first. Agentic gets an 8× slower prefill (2,500 tokens/s, chunk 1,024);
+/// and the CPU gave out first. Agentic gets a 5× slower prefill (4,000 tokens/s, chunk 1,638);
 /// paced runs modelled time 8× faster (its 10–60 s think times become 1.25–7.5 s, so sessions
 /// live through most of their turns inside a point) with a 1,000 tokens/s modelled prefill
 /// (8,000 per wall-clock second, chunk 410).
@@ -138,7 +138,7 @@ pub fn default_timing(kind: WorkloadKind) -> FleetTiming {
         WorkloadKind::Trace | WorkloadKind::Siblings | WorkloadKind::Cold => {
             (1.0, SIM_DEFAULT_PREFILL_TPS)
         }
-        WorkloadKind::Agentic => (1.0, 2_500.0),
+        WorkloadKind::Agentic => (1.0, 4_000.0),
         WorkloadKind::Paced => (8.0, 1_000.0),
     };
     FleetTiming::scaled(speedup, prefill)
@@ -170,11 +170,12 @@ pub fn arrival_cost_tokens(kind: WorkloadKind) -> f64 {
         WorkloadKind::Cold => 10_000.0,
         // 4–8 × 2–8k tokens; round_robin spreads a burst, hitting ~40 %.
         WorkloadKind::Siblings => 30_000.0,
-        // Near saturation ~2 turns a session get sent inside a point (decode stretches the
-        // closed-loop turn cycle), ~500 uncached each (the new task or tool output, the history
-        // on a worker that did not serve the previous turn); measured 900–1,000 per session at
-        // 15-s points, 4,000 tokens/s, around saturation (2,000–2,600 at light load).
-        WorkloadKind::Agentic => 1_200.0,
+        // At light load ~3 turns a session inside a 20-s point, ~700 uncached each (the new
+        // task or tool output, the history on a worker that did not serve the previous turn):
+        // measured 2,000–2,600. Near saturation decode stretches the closed-loop turn cycle and
+        // sessions send fewer turns (900–1,000 each), so round_robin crosses at ~3 × the
+        // estimate; the ladder (× 2 a step) reaches it in 4 steps.
+        WorkloadKind::Agentic => 2_300.0,
         // At speed-up 8 ~3–4 turns a session inside a point, ~500 uncached each (the first a
         // 200–600-word message after a cached 2 KB system prompt, later ones the history missed
         // on 3 of 4 workers); measured 1,500 per session at 15-s points around saturation.
@@ -803,7 +804,7 @@ mod tests {
         );
         assert_eq!(
             default_timing(WorkloadKind::Agentic).max_num_batched_tokens,
-            1024
+            1638
         );
         assert_eq!(
             FleetTiming::new(1.0, 10.0).map(|t| t.max_num_batched_tokens),

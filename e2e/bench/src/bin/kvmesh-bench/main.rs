@@ -160,7 +160,7 @@ struct Args {
     #[arg(long)]
     sweep_sim_speedup: Option<f64>,
     /// Sweep: vllm-sim --prefill-tokens-per-s (modelled) for every workload (default: per
-    /// workload, 20000 except agentic 2500 and paced 1000); the step budget follows it.
+    /// workload, 20000 except agentic 4000 and paced 1000); the step budget follows it.
     #[arg(long)]
     sweep_prefill_tokens_per_s: Option<f64>,
     /// Sweep: KV capacity per worker, blocks.
