@@ -140,7 +140,7 @@ fn two_policies_replay_the_trace_and_write_the_report() {
         .arg(&out)
         .args(["--policies", "round_robin,kvmesh_precise", "--first", &REQUESTS.to_string()])
         .args(["--workers", "2", "--speedup", "50", "--num-gpu-blocks", "16384", "--request-timeout-s", "120"])
-        .args(["--overhead-sizes", "1k", "--overhead-samples", &OVERHEAD_SAMPLES.to_string(), "--overhead-bases", "1"])
+        .args(["--overhead-sizes", "1k", "--overhead-shared-prefixes", "1k", "--overhead-samples", &OVERHEAD_SAMPLES.to_string(), "--overhead-bases", "1"])
         .args(["--overhead-rps-seconds", "0.5", "--overhead-rps-rounds", "1", "--overhead-rps-concurrency", "2"])
         .arg("--indexer-figures")
         .arg(&figures)
@@ -173,14 +173,15 @@ fn two_policies_replay_the_trace_and_write_the_report() {
         assert_eq!(counters.router.is_some(), p.name == "kvmesh_precise", "{}: router counters only for kvmesh", p.name);
     }
     let names: Vec<&str> = manifest.overhead.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(names, ["chat_1k_cold", "chat_1k_continuation"], "{:?}", manifest.overhead_notes);
+    assert_eq!(names, ["chat_1k_cold", "chat_1k_continuation", "chat_1k_shared_prefix"], "{:?}", manifest.overhead_notes);
     for c in &manifest.overhead {
         assert_eq!(c.samples, Some(OVERHEAD_SAMPLES), "{}: every sample measured on both paths", c.name);
         assert!(c.prompt_tokens.is_some_and(|t| t > 500.0), "{}: ~1k-token prompts", c.name);
         assert!(c.rps_kvmesh.is_some() && c.rps_plain.is_some(), "{}: requests/s measured", c.name);
+        assert!(c.routes_per_indexer_core.is_some(), "{}: the indexer's CPU read around its requests/s round", c.name);
     }
     let samples = std::fs::read_to_string(out.join("overhead/samples.jsonl")).unwrap();
-    assert_eq!(samples.lines().count() as u64, 2 * 2 * OVERHEAD_SAMPLES, "two cases × two paths");
+    assert_eq!(samples.lines().count() as u64, 3 * 2 * OVERHEAD_SAMPLES, "three cases × two paths");
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("| kvmesh_precise |") && md.contains("## Targets"), "{md}");
     assert!(md.contains("## Router overhead") && md.contains("| chat_1k_continuation |"), "{md}");
