@@ -729,22 +729,6 @@ mod tests {
     /// A replay server thread; joining it gives the start numbers it was asked for.
     type ReplayServer = std::thread::JoinHandle<Vec<u64>>;
 
-    /// A ROUTER on inproc answering the listener's start-up replay with `batches` then the end marker.
-    fn replay_server(ctx: &zmq::Context, endpoint: &str, batches: Vec<Vec<u8>>) -> ReplayServer {
-        replay_answers(
-            ctx,
-            endpoint,
-            vec![(
-                batches
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, b)| (i as u64, b))
-                    .collect(),
-                true,
-            )],
-        )
-    }
-
     /// A ROUTER on inproc answering successive replay requests, the i-th with the numbered batches
     /// of `answers[i]` then, if its flag says so, the end marker (else it was "dropped"). Returns
     /// the requested start numbers (it stops waiting for a request after 10 s).
