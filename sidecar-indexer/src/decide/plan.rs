@@ -71,7 +71,7 @@ impl RouteInput<'_> {
     }
 }
 
-/// Why the worker was chosen (the `basis` metric label).
+/// Why the worker was chosen (the `basis` metric label): the worker-choice subset of [`ReasonCode`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Basis {
     Override,
@@ -98,16 +98,9 @@ impl Basis {
         }
     }
 
-    /// The metric label.
+    /// The metric label: its reason code's name.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Override => "override",
-            Self::SessionPin => "session_pin",
-            Self::SessionMoved => "session_moved",
-            Self::PinOverloaded => "pin_overloaded",
-            Self::BestOverlap => "best_overlap",
-            Self::LowestCost => "lowest_cost",
-        }
+        self.code().as_str()
     }
 }
 
