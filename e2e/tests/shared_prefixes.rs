@@ -2,6 +2,7 @@
 //! prefix, every request goes to a worker that already holds that prefix — or the decision
 //! reason says why the load term overrode it.
 
+use kvmesh_core::api::ReasonCode;
 use kvmesh_e2e::client::{filler, post_json};
 use kvmesh_e2e::stack::{Stack, StackSpec};
 use serde_json::json;
@@ -35,7 +36,8 @@ async fn requests_follow_their_prefix() -> anyhow::Result<()> {
         let seen = holders.entry(p).or_default();
         if !seen.is_empty() && !seen.contains(&worker) {
             let reason = reply.reason().unwrap_or_default().to_owned();
-            assert!(reason.contains("load") || reason.contains("overload"), "request {n} (prefix {p}) went to {worker}, holders {seen:?}, reason {reason:?}");
+            let by_load = reply.reason_codes().iter().any(|c| matches!(c, ReasonCode::LowestCost | ReasonCode::PinOverloaded));
+            assert!(by_load, "request {n} (prefix {p}) went to {worker}, holders {seen:?}, reason {reason:?}");
             overridden += 1;
         }
         if !seen.is_empty() && seen.contains(&worker) {
