@@ -199,12 +199,14 @@ impl PrefillBacklog {
             .max(0.0);
         let Some(q) = self.workers.get_mut(worker) else {
             if engine_waiting > 0 && typical > 0.0 {
-                let mut q = Queue::default();
-                q.at = Some(now);
-                q.items.push_back(Item {
+                let item = Item {
                     tokens: engine_waiting as f64 * typical,
                     unseen: true,
-                });
+                };
+                let q = Queue {
+                    items: VecDeque::from([item]),
+                    at: Some(now),
+                };
                 self.workers.insert(worker.to_owned(), q);
             }
             return;

@@ -166,6 +166,8 @@ impl Service {
             dry_runs: Default::default(),
             route_inflight: Default::default(),
             placement: Mutex::new(crate::state::Placement::new(routing)),
+            decisions_since_scrape: Default::default(),
+            scrape_soon: Default::default(),
         });
         let (frame, replay, queue) = event_limits(&config);
         let event_limits = Arc::new(EventLimits::new(frame, replay, queue));
@@ -598,6 +600,7 @@ pub(crate) async fn scrape_loop(svc: Arc<Service>) {
             .map(|w| (w.cfg.id.clone(), w.cfg.endpoint.clone()))
             .collect();
         let started = clock::now();
+        svc.state.decisions_since_scrape.store(0, Ordering::Relaxed);
         let results = futures::future::join_all(targets.into_iter().map(|(id, endpoint)| {
             let client = client.clone();
             async move {
@@ -616,10 +619,16 @@ pub(crate) async fn scrape_loop(svc: Arc<Service>) {
         }))
         .await;
         apply_scrapes(&svc.state, &cfg, results, clock::now());
-        tokio::time::sleep(
-            interval.saturating_sub(clock::now().saturating_duration_since(started)),
-        )
-        .await;
+        // The next round at the interval, or earlier (but not before the burst minimum) when a
+        // burst of decisions asked for one.
+        let elapsed = || clock::now().saturating_duration_since(started);
+        tokio::select! {
+            () = tokio::time::sleep(interval.saturating_sub(elapsed())) => {}
+            () = svc.state.scrape_soon.notified() => {
+                let min = Duration::from_millis(cfg.routing.scrape_burst_min_interval_ms);
+                tokio::time::sleep(min.saturating_sub(elapsed())).await;
+            }
+        }
     }
 }
 

@@ -174,6 +174,10 @@ pub struct AppState {
     pub route_inflight: Arc<std::sync::atomic::AtomicUsize>,
     /// Prefill backlog model and speculative holdings (placement by predicted TTFT).
     pub placement: Mutex<Placement>,
+    /// Decisions placed since the current scrape round started, and the signal that asks the
+    /// scrape loop for an early round once `scrape_burst_decisions` of them were placed.
+    pub decisions_since_scrape: AtomicU64,
+    pub scrape_soon: tokio::sync::Notify,
 }
 
 impl AppState {
@@ -536,6 +540,12 @@ impl AppState {
         }
         let held = placement.speculative.len();
         drop(placement);
+        // A burst of decisions between scrapes is placed on a stale view of the engines' queues
+        // (other gateway replicas load them unseen): ask for an early scrape.
+        let burst = cfg.routing.scrape_burst_decisions;
+        if burst > 0 && self.decisions_since_scrape.fetch_add(1, Ordering::Relaxed) + 1 >= burst {
+            self.scrape_soon.notify_one();
+        }
         let m = &self.metrics;
         m.predicted_ttft.observe(plan.predicted_ttft_ms / 1000.0);
         m.speculative_overlap_blocks

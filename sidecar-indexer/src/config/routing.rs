@@ -107,6 +107,11 @@ pub struct RoutingConfig {
     /// Engine `/metrics` scrape period, and its per-scrape timeout.
     pub scrape_interval_ms: u64,
     pub scrape_timeout_ms: u64,
+    /// After this many decisions since a scrape round started, the next round starts early
+    /// (0 = only at the interval): a burst is otherwise placed on one stale view of the engines.
+    pub scrape_burst_decisions: u64,
+    /// The earliest an early round starts after the previous one (ms).
+    pub scrape_burst_min_interval_ms: u64,
     /// Consecutive failed scrapes after which a worker is unhealthy (0 = never mark unhealthy).
     pub unhealthy_after_failures: u32,
     /// Largest `/v1/route` or `/v1/done` body accepted.
@@ -206,6 +211,8 @@ impl Default for RoutingConfig {
             replay_timeout_ms: 2000,
             scrape_interval_ms: 500,
             scrape_timeout_ms: 400,
+            scrape_burst_decisions: 8,
+            scrape_burst_min_interval_ms: 50,
             unhealthy_after_failures: 3,
             max_body_bytes: 16 * 1024 * 1024,
             request_timeout_ms: 15_000,
@@ -266,7 +273,10 @@ impl RoutingConfig {
         }
         let positive = [
             ("routing.load_expiry_secs", self.load_expiry_secs),
-            ("routing.prefill_measure_hold_s", self.prefill_measure_hold_s),
+            (
+                "routing.prefill_measure_hold_s",
+                self.prefill_measure_hold_s,
+            ),
             ("routing.max_bookings", self.max_bookings as u64),
             ("routing.index_max_entries", self.index_max_entries as u64),
             (
@@ -286,6 +296,10 @@ impl RoutingConfig {
             ("routing.replay_timeout_ms", self.replay_timeout_ms),
             ("routing.scrape_interval_ms", self.scrape_interval_ms),
             ("routing.scrape_timeout_ms", self.scrape_timeout_ms),
+            (
+                "routing.scrape_burst_min_interval_ms",
+                self.scrape_burst_min_interval_ms,
+            ),
             ("routing.max_body_bytes", self.max_body_bytes as u64),
             ("routing.request_timeout_ms", self.request_timeout_ms),
             ("routing.approx_ttl_secs", self.approx_ttl_secs),
