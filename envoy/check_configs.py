@@ -579,7 +579,7 @@ def metric_names(expr):
 
 def exported_metric_names():
     names = set()
-    for rs in ("sidecar-indexer/src/metrics.rs", "filter/src/metrics.rs", "e2e/sim/src/metrics.rs"):
+    for rs in ("sidecar-indexer/src/metrics.rs", "filter/src/metrics.rs", "core/src/router_metrics.rs", "e2e/sim/src/metrics.rs"):
         p = os.path.join(ROOT, rs)
         if os.path.exists(p):
             names |= set(re.findall(r'pub const [A-Z_0-9]+: &str = "([^"]+)"', open(p).read()))
