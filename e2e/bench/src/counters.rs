@@ -24,11 +24,11 @@ pub const VLLM_PREFIX_CACHE_QUERIES: &str = "vllm:prefix_cache_queries_total";
 /// again, so preemptions inflate both prefix-cache counters.
 pub const VLLM_NUM_PREEMPTIONS: &str = "vllm:num_preemptions_total";
 /// Router counter: predicted overlapping blocks.
-pub const ROUTER_OVERLAP_BLOCKS: &str = "router_kv_overlap_blocks_total";
+pub const ROUTER_OVERLAP_BLOCKS: &str = kvmesh_core::router_metrics::OVERLAP_BLOCKS_TOTAL;
 /// Router counter: input blocks of routed requests.
-pub const ROUTER_ISL_BLOCKS: &str = "router_kv_isl_blocks_total";
+pub const ROUTER_ISL_BLOCKS: &str = kvmesh_core::router_metrics::ISL_BLOCKS_TOTAL;
 /// Router histogram of per-request overlap/isl (its `_sum` and `_count` series are read).
-pub const ROUTER_HIT_RATE: &str = "router_kv_hit_rate";
+pub const ROUTER_HIT_RATE: &str = kvmesh_core::router_metrics::HIT_RATE;
 
 /// One engine's counters over a policy's run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -23,8 +23,6 @@ use kvmesh_e2e::vllm::Engines;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The filter records `router_kv_hit_rate` per mille (Envoy stats are integers).
-pub const ENVOY_HIT_RATE_SCALE: f64 = 1000.0;
 /// Deadline of one metrics scrape.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -143,9 +141,11 @@ pub(crate) fn counters(stack: &Stack, before: &Scrape, after: &Scrape, kvmesh: b
         .collect();
     // The gateway's view first (what the filter predicted per request); the indexer's export of
     // the same metrics is the fallback.
+    // Both record `router_kv_hit_rate` per mille (kvmesh_core::router_metrics).
+    let scale = kvmesh_core::router_metrics::HIT_RATE_SCALE as f64;
     let router = if kvmesh {
-        router_delta(&before.envoy, &after.envoy, ENVOY_HIT_RATE_SCALE)
-            .or_else(|| router_delta(&before.indexer, &after.indexer, 1.0))
+        router_delta(&before.envoy, &after.envoy, scale)
+            .or_else(|| router_delta(&before.indexer, &after.indexer, scale))
     } else {
         None
     };
