@@ -404,37 +404,16 @@ async fn probes_and_debug() {
     assert_eq!(status, StatusCode::OK);
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v.as_array().map(Vec::len), Some(3));
-    assert_eq!(
-        call(
-            &svc,
-            Request::get("/debug/blocks?worker=w0")
-                .body(Body::empty())
-                .unwrap()
-        )
-        .await
-        .0,
-        StatusCode::OK
-    );
-    assert_eq!(
-        call(
-            &svc,
-            Request::get("/debug/blocks?worker=zz")
-                .body(Body::empty())
-                .unwrap()
-        )
-        .await
-        .0,
-        StatusCode::NOT_FOUND
-    );
-    assert_eq!(
-        call(
-            &svc,
-            Request::get("/debug/blocks").body(Body::empty()).unwrap()
-        )
-        .await
-        .0,
-        StatusCode::BAD_REQUEST
-    );
+    for (uri, want) in [
+        ("/debug/blocks?worker=w0", StatusCode::OK),
+        ("/debug/blocks?worker=zz", StatusCode::NOT_FOUND),
+        ("/debug/blocks", StatusCode::BAD_REQUEST),
+    ] {
+        let got = call(&svc, Request::get(uri).body(Body::empty()).unwrap())
+            .await
+            .0;
+        assert_eq!(got, want, "{uri}");
+    }
 }
 
 #[tokio::test]

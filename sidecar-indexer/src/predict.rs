@@ -197,20 +197,8 @@ impl PrefillBacklog {
             .typical_tokens(worker)
             .unwrap_or(fallback_tokens)
             .max(0.0);
-        let Some(q) = self.workers.get_mut(worker) else {
-            if engine_waiting > 0 && typical > 0.0 {
-                let item = Item {
-                    tokens: engine_waiting as f64 * typical,
-                    unseen: true,
-                };
-                let q = Queue {
-                    items: VecDeque::from([item]),
-                    at: Some(now),
-                };
-                self.workers.insert(worker.to_owned(), q);
-            }
-            return;
-        };
+        // A queue left empty here is dropped by the next `compact`.
+        let q = self.workers.entry(worker.to_owned()).or_default();
         q.settle(tps, now);
         q.items.retain(|i| !i.unseen);
         let unseen = engine_waiting.saturating_sub(q.own_requests() as u64);

@@ -650,11 +650,8 @@ pub(crate) fn apply_scrapes(
         .collect();
     let mut fleet = state.fleet.write();
     let mut health_changed = false;
-    let answered: Vec<String> = results
-        .iter()
-        .filter(|(_, r)| r.is_ok())
-        .map(|(id, _)| id.clone())
-        .collect();
+    // What each answering engine reports waiting, for the prefill model below.
+    let mut waiting = Vec::new();
     for (id, res) in results {
         let Some(w) = fleet.workers.iter_mut().find(|w| w.cfg.id == id) else {
             continue;
@@ -676,6 +673,8 @@ pub(crate) fn apply_scrapes(
                         .fetch_add(inc, Ordering::Relaxed);
                 }
                 w.meter.observe(&sample, now, cfg.routing.meter_hold());
+                let tps = w.prefill_tokens_per_s(&cfg.routing);
+                waiting.push((id.clone(), sample.waiting.max(0.0) as u64, tps));
                 w.engine = Some(sample);
                 w.scrape_failures = 0;
                 if !w.healthy {
@@ -704,19 +703,6 @@ pub(crate) fn apply_scrapes(
     // after the fleet lock (lock order: fleet before placement, never both here).
     let unknown_tokens =
         (cfg.routing.unknown_request_blocks * u64::from(cfg.model.block_size)) as f64;
-    let waiting: Vec<(String, u64, f64)> = fleet
-        .workers
-        .iter()
-        .filter(|w| answered.contains(&w.cfg.id))
-        .map(|w| {
-            let waiting = w.engine.map_or(0, |e| e.waiting.max(0.0) as u64);
-            (
-                w.cfg.id.clone(),
-                waiting,
-                w.prefill_tokens_per_s(&cfg.routing),
-            )
-        })
-        .collect();
     drop(fleet);
     let mut placement = state.placement.lock();
     for (id, waiting, tps) in waiting {
