@@ -164,15 +164,21 @@ async fn done(
     // a retry or a fallback to another host that is not the booked worker. The booking released is
     // the one made, by its id: the booked worker's load is what the booking added.
     if let (Some(b), Some(served)) = (&released, report.endpoint.as_deref()) {
-        let booked_at = state
-            .fleet
-            .read()
-            .workers
-            .iter()
-            .find(|w| w.cfg.id == b.worker)
-            .map(|w| w.cfg.endpoint.clone());
+        let (booked_at, served_by) = {
+            let fleet = state.fleet.read();
+            let booked_at = fleet.workers.iter().find(|w| w.cfg.id == b.worker).map(|w| w.cfg.endpoint.clone());
+            let served_by = fleet.workers.iter().find(|w| w.cfg.endpoint == served && w.cfg.role.decodes()).map(|w| w.cfg.id.clone());
+            (booked_at, served_by)
+        };
         if booked_at.as_deref().is_some_and(|e| e != served) {
             tracing::debug!(request_id = %report.request_id, booked = %b.worker, served, "served by another host than booked; the booking is released");
+            // The session's KV is where the request was served: its next turn goes there.
+            if let (Some(session), Some(to), kvmesh_core::api::Outcome::Success) = (b.session, served_by, report.outcome) {
+                if state.sessions.lock().served_elsewhere(session, &b.worker, &to, crate::clock::now()) {
+                    state.metrics.kv_home_moves.inc();
+                    tracing::info!(request_id = %report.request_id, from = %b.worker, to = %to, "a retry served the session on another worker; its kv_home follows");
+                }
+            }
         }
     }
     state

@@ -528,6 +528,98 @@ async fn done_from_another_host_releases_the_booked_workers_load() {
     );
 }
 
+#[tokio::test]
+async fn a_retry_served_elsewhere_moves_the_sessions_kv_home() {
+    let svc = service("");
+    let key = kvmesh_core::session::from_header_value("retried-conversation");
+    let header = session::encode_header(key, session::SessionSource::Header);
+    let home = |svc: &Service| {
+        svc.state
+            .sessions
+            .lock()
+            .kv_home
+            .get(key.0, crate::clock::now())
+            .map(|w| w.to_string())
+    };
+    let moves = |svc: &Service| svc.state.metrics.kv_home_moves.get();
+    let workers = svc.state.snapshot().workers;
+    let endpoint = |id: &str| {
+        workers
+            .iter()
+            .find(|w| w.id == id)
+            .map(|w| w.endpoint.clone())
+            .unwrap()
+    };
+    let turn = |n: u32| {
+        let (svc, header, body) = (&svc, &header, tokens_body(8 + n));
+        async move {
+            route_ok(
+                svc,
+                "/v1/completions",
+                &body,
+                &[(headers::KVMESH_SESSION, header)],
+            )
+            .await
+        }
+    };
+    let report = |d: &RouteDecision, endpoint: String, outcome| kvmesh_core::api::DoneReport {
+        request_id: "r".into(),
+        endpoint: Some(endpoint),
+        outcome,
+        status: Some(200),
+        booking_id: d.booking_id.clone(),
+    };
+    let send = |r: kvmesh_core::api::DoneReport| {
+        Request::post(DONE_PATH)
+            .body(Body::from(serde_json::to_vec(&r).unwrap()))
+            .unwrap()
+    };
+
+    // (served by: the booked worker, the other decode worker, the prefill-only worker, an unknown
+    // host; outcome) → the home after the report.
+    for (n, (served, outcome, moved)) in (0u32..).zip([
+        ("booked", kvmesh_core::api::Outcome::Success, false),
+        ("p0", kvmesh_core::api::Outcome::Success, false),
+        ("unknown", kvmesh_core::api::Outcome::Success, false),
+        ("other", kvmesh_core::api::Outcome::Error, false),
+        ("other", kvmesh_core::api::Outcome::Success, true),
+    ]) {
+        let d = turn(n).await;
+        assert_eq!(
+            home(&svc).as_deref(),
+            Some(d.worker.as_str()),
+            "settling records the booked worker"
+        );
+        let other = if d.worker == "w0" { "w1" } else { "w0" };
+        let at = match served {
+            "booked" => endpoint(&d.worker),
+            "other" => endpoint(other),
+            "unknown" => "127.0.0.1:9".into(),
+            id => endpoint(id),
+        };
+        let before = moves(&svc);
+        let (status, body) = call(&svc, send(report(&d, at, outcome))).await;
+        assert_eq!(
+            (status, String::from_utf8_lossy(&body).as_ref()),
+            (StatusCode::OK, r#"{"released":true}"#),
+            "{served}"
+        );
+        let want = if moved { other } else { d.worker.as_str() };
+        assert_eq!(
+            home(&svc).as_deref(),
+            Some(want),
+            "served by {served}, {outcome:?}"
+        );
+        assert_eq!(moves(&svc) - before, u64::from(moved), "{served}");
+    }
+    assert!(svc
+        .state
+        .metrics
+        .render()
+        .contains("kvmesh_kv_home_moves_total 1"));
+    assert!(all_idle(&svc), "{:?}", active(&svc));
+}
+
 fn active(svc: &Service) -> Vec<(String, u64)> {
     svc.state
         .snapshot()

@@ -33,6 +33,9 @@ pub struct Booking {
     pub at: Instant,
     /// The client's `x-request-id`, for reports from filters that do not echo the booking id.
     pub request_id: Option<String>,
+    /// The request's session key, set when its decision is settled: `/v1/done` moves the
+    /// session's `kv_home` when another host served.
+    pub session: Option<u64>,
 }
 
 /// Why loads were released without a report.
@@ -85,7 +88,7 @@ impl LoadTracker {
         if let Some(r) = request_id {
             self.by_request.entry(r.to_owned()).or_default().push(id);
         }
-        let b = Booking { worker: worker.to_owned(), blocks, prefill_tokens, at: now, request_id: request_id.map(str::to_owned) };
+        let b = Booking { worker: worker.to_owned(), blocks, prefill_tokens, at: now, request_id: request_id.map(str::to_owned), session: None };
         self.bookings.insert(id, b, now);
         let mut expired = self.expire(now);
         while let Some((oldest, b)) = self.bookings.pop_over_cap() {
@@ -93,6 +96,13 @@ impl LoadTracker {
             expired.overflow += 1;
         }
         (id, expired)
+    }
+
+    /// Tags a live booking with its request's session; false when the booking is gone.
+    pub fn set_session(&mut self, id: BookingId, session: u64) -> bool {
+        let Some(b) = self.bookings.peek_mut(&id) else { return false };
+        b.session = Some(session);
+        true
     }
 
     /// Changes the prefill tokens of a live booking (its worker now prefills locally); false when

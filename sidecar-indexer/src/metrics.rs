@@ -76,6 +76,7 @@ pub const MIGRATION_OPPORTUNITY_BLOCKS_TOTAL: &str = "kvmesh_migration_opportuni
 pub const MIGRATION_HANDSHAKE_DURATION_SECONDS: &str =
     "kvmesh_migration_handshake_duration_seconds";
 pub const LOCAL_CONTINUATIONS_TOTAL: &str = "kvmesh_local_continuations_total";
+pub const KV_HOME_MOVES_TOTAL: &str = "kvmesh_kv_home_moves_total";
 pub const SESSIONS_TRACKED: &str = "kvmesh_sessions_tracked";
 // Placement by predicted time (decide.rs, predict.rs, speculative.rs).
 pub const PREDICTED_TTFT_SECONDS: &str = "kvmesh_predicted_ttft_seconds";
@@ -290,6 +291,8 @@ pub struct Metrics {
     pub migration_opportunity_blocks: IntCounter,
     pub migration_handshake_duration: Histogram,
     pub local_continuations: IntCounter,
+    /// Sessions whose `kv_home` moved to the host that served after a retry to another worker.
+    pub kv_home_moves: IntCounter,
     /// labels: set (continuations, kv_home).
     pub sessions_tracked: IntGaugeVec,
     /// Predicted TTFT of the chosen worker, per decision.
@@ -466,6 +469,11 @@ impl Metrics {
             migration_handshake_duration: leg_duration(&r, MIGRATION_HANDSHAKE_DURATION_SECONDS, "Time of one migration handshake on the source worker")?,
             local_continuations: {
                 let c = IntCounter::new(LOCAL_CONTINUATIONS_TOTAL, "Continuations at or above min_remote_prefill_tokens kept on their decode worker")?;
+                r.register(Box::new(c.clone()))?;
+                c
+            },
+            kv_home_moves: {
+                let c = IntCounter::new(KV_HOME_MOVES_TOTAL, "Sessions whose kv_home moved to the worker that served after Envoy retried to another host (/v1/done)")?;
                 r.register(Box::new(c.clone()))?;
                 c
             },

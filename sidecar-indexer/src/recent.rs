@@ -99,6 +99,17 @@ impl Sessions {
         };
         self.kv_home.touch(session, home, now);
     }
+
+    /// `session`'s request, booked on `booked`, was served by `served` (Envoy retried to another
+    /// host): its KV is there now. Moves the home unless it no longer is `booked` (expired, or a
+    /// later turn was placed elsewhere); returns whether it moved.
+    pub fn served_elsewhere(&mut self, session: u64, booked: &str, served: &str, now: Instant) -> bool {
+        if booked == served || self.kv_home.get(session, now).is_none_or(|h| &**h != booked) {
+            return false;
+        }
+        self.kv_home.touch(session, Arc::from(served), now);
+        true
+    }
 }
 
 #[cfg(test)]
@@ -162,5 +173,30 @@ mod tests {
         m.touch(99, (), t0 + secs(1));
         assert_eq!(m.len(), 10);
         assert!(m.get(99, t0 + secs(1)).is_some());
+    }
+
+    #[test]
+    fn a_retry_to_another_host_moves_the_home_only_from_the_booked_worker() {
+        let t0 = Instant::now();
+        let cfg = RoutingConfig::default();
+        let ttl = secs(cfg.kv_home_ttl_secs);
+        // (home before, booked, served, when) → (moved, home after)
+        let table: [(Option<&str>, &str, &str, Duration, bool, Option<&str>); 5] = [
+            (Some("w0"), "w0", "w1", secs(1), true, Some("w1")),
+            (Some("w0"), "w0", "w0", secs(1), false, Some("w0")),
+            (Some("w2"), "w0", "w1", secs(1), false, Some("w2")),
+            (None, "w0", "w1", secs(1), false, None),
+            (Some("w0"), "w0", "w1", ttl + secs(1), false, None),
+        ];
+        for (before, booked, served, at, moved, after) in table {
+            let mut s = Sessions::new(&cfg, t0);
+            if let Some(h) = before {
+                s.served(7, h, t0);
+            }
+            let now = t0 + at;
+            assert_eq!(s.served_elsewhere(7, booked, served, now), moved, "{before:?} {booked} {served} {at:?}");
+            assert_eq!(s.kv_home.get(7, now).map(|w| &**w), after, "{before:?} {booked} {served} {at:?}");
+            assert_eq!(s.kv_home.get(8, now), None, "other sessions untouched");
+        }
     }
 }

@@ -58,6 +58,13 @@ impl<'a> BookingGuard<'a> {
         }
     }
 
+    /// Tags the booking with the request's session (`/v1/done` re-homes it when another host served).
+    pub fn set_session(&self, session: u64) {
+        if let Some(id) = self.id {
+            self.state.load.lock().set_session(id, session);
+        }
+    }
+
     /// Releases the booking now (a leg ended, a rejected call).
     pub fn release(mut self) {
         if let Some(id) = self.id.take() {
@@ -100,6 +107,9 @@ pub struct Record {
 
 /// Settles a served decision: keeps its booking (id in the decision) and records it.
 pub fn settle(state: &AppState, req: &RouteRequest, record: Record, mut decision: RouteDecision, booking: BookingGuard<'_>) -> RouteDecision {
+    if let Some(k) = record.session_key {
+        booking.set_session(k);
+    }
     decision.booking_id = Some(booking.keep());
     let m = &state.metrics;
     m.decisions.with_label_values(&[decision.mode.as_str(), record.basis.as_str()]).inc();
