@@ -13,6 +13,15 @@ use kvmesh_indexer::config::{Config, ProcessEnv};
 use kvmesh_indexer::http::{metrics_router, router};
 use kvmesh_indexer::service::Service;
 
+/// The process's allocator. glibc malloc gives threads their own arenas (up to 8 per core) and
+/// keeps each arena's high-water mark resident; the indexer's threads come and go (a listener
+/// thread per worker that joins, tokio's blocking pool for tokenization and reloads), so a new
+/// thread landing on another arena grew that arena too and RSS crept up for as long as the
+/// process ran with every map at its bound (the soak, e2e/bench/README.md "Soak"). mimalloc
+/// returns freed pages to the OS and does not keep per-arena high-water marks.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The kvmesh sidecar indexer.
 #[derive(Parser, Debug)]
 #[command(version, about)]
