@@ -27,14 +27,19 @@
 //!   so that one full prefill chunk always costs the same modelled engine time as the
 //!   simulator's defaults (8,192 tokens at 20,000 tokens/s: 0.41 s) — otherwise a slower engine
 //!   would also stall every decode step for longer while it is backlogged. The ladder's first
-//!   rate is [`start_fraction`] × [`estimated_saturation`]: the fleet's real-time prefill
+//!   rate is [`START_FRACTION`] × [`estimated_saturation`]: the fleet's real-time prefill
 //!   throughput ÷ the uncached tokens one arrival costs round_robin ([`arrival_cost_tokens`]).
+//! - **Steady state.** Agentic and paced sessions live longer than a point's window; their points
+//!   start sessions a warm-up earlier and count only the requests scheduled inside the window
+//!   ([`MeasureWindow`], [`window_for`], [`window_records`]); the ceiling of such a point counts
+//!   the window's requests with everything sent before as history
+//!   (`workload::ceiling_with_history`).
 
 use crate::ceiling::Ceiling;
 use crate::counters::PolicyCounters;
 use crate::record::RequestRecord;
 use crate::stats::{balance, percentile};
-use crate::workload::WorkloadKind;
+use crate::workload::{ceiling_with_history, Plan, SentPrompt, WorkloadKind};
 use serde::{Deserialize, Serialize};
 
 /// round_robin saturates where its TTFT p90 exceeds this multiple of its light-load p90.
@@ -55,13 +60,8 @@ pub const REJECT_STATUSES: [u16; 2] = [429, 503];
 pub const SIM_DEFAULT_PREFILL_TPS: f64 = 20_000.0;
 /// vllm-sim's default token budget of one step (`--max-num-batched-tokens`).
 pub const SIM_DEFAULT_BATCHED_TOKENS: usize = 8192;
-/// The ladder starts at this fraction of [`estimated_saturation`] ([`start_fraction`]).
+/// The ladder starts at this fraction of [`estimated_saturation`] ([`default_start_rate`]).
 pub const START_FRACTION: f64 = 0.3;
-/// Agentic's ladder starts higher: its light point must hold enough requests that the cold
-/// misses of the shared 16–32 KB system prompts (3 prompts × each worker, ~1.4 s of prefill each)
-/// are well under a tenth of them — otherwise its TTFT p90 *is* those misses, not light-load
-/// queueing, and 3 × it is out of reach of any valid rate.
-pub const AGENTIC_START_FRACTION: f64 = 0.6;
 
 /// The simulated engines' timing for one workload's points.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -129,16 +129,17 @@ impl FleetTiming {
 /// Each workload's default timing (README "Why these defaults"): the trace, siblings and cold
 /// saturate on prefill at the simulator's default throughput well before the machine does;
 /// agentic and paced are mostly cache hits, so at 20,000 tokens/s the client's in-flight bound
-/// and the CPU gave out first. Agentic gets a 5× slower prefill (4,000 tokens/s, chunk 1,638);
-/// paced runs modelled time 8× faster (its 10–60 s think times become 1.25–7.5 s, so sessions
-/// live through most of their turns inside a point) with a 1,000 tokens/s modelled prefill
-/// (8,000 per wall-clock second, chunk 410).
+/// and the CPU gave out first. Both run modelled time faster, so that a whole session fits in a
+/// point's warm-up + window ([`MeasureWindow`]) — agentic 4× (its think times of 0.3–8 s and
+/// 128-token decodes at 20 ms a step shrink 4×: a session lasts ~24 s instead of ~95 s), paced 8×
+/// (10–60 s think times become 1.25–7.5 s) — with a slower modelled prefill: agentic 2,000
+/// tokens/s (8,000 per wall-clock second per worker, chunk 819), paced 1,000 (8,000, chunk 410).
 pub fn default_timing(kind: WorkloadKind) -> FleetTiming {
     let (speedup, prefill) = match kind {
         WorkloadKind::Trace | WorkloadKind::Siblings | WorkloadKind::Cold => {
             (1.0, SIM_DEFAULT_PREFILL_TPS)
         }
-        WorkloadKind::Agentic => (1.0, 4_000.0),
+        WorkloadKind::Agentic => (4.0, 2_000.0),
         WorkloadKind::Paced => (8.0, 1_000.0),
     };
     FleetTiming::scaled(speedup, prefill)
@@ -160,8 +161,8 @@ pub fn timing_for(
 
 /// Uncached prompt tokens one arrival (a request, a session, a burst) costs round_robin over a
 /// 20-s point, roughly, from the workload's token mix (README "Why these defaults"). For the
-/// multi-turn workloads it is what a session sends within the point (turns stop at 1.5 × the
-/// duration), not its whole plan.
+/// multi-turn workloads, measured at steady state after a warm-up, it is a whole session's cost
+/// (every turn of a session is sent at steady state).
 pub fn arrival_cost_tokens(kind: WorkloadKind) -> f64 {
     match kind {
         // ~12k-token prompts, < 10 % reused under round_robin (measured 11–13k).
@@ -170,16 +171,15 @@ pub fn arrival_cost_tokens(kind: WorkloadKind) -> f64 {
         WorkloadKind::Cold => 10_000.0,
         // 4–8 × 2–8k tokens; round_robin spreads a burst, hitting ~40 %.
         WorkloadKind::Siblings => 30_000.0,
-        // At light load ~3 turns a session inside a 20-s point, ~700 uncached each (the new
-        // task or tool output, the history on a worker that did not serve the previous turn):
-        // measured 2,000–2,600. Near saturation decode stretches the closed-loop turn cycle and
-        // sessions send fewer turns (900–1,000 each), so round_robin crosses at ~3 × the
-        // estimate; the ladder (× 2 a step) reaches it in 4 steps.
-        WorkloadKind::Agentic => 2_300.0,
-        // At speed-up 8 ~3–4 turns a session inside a point, ~500 uncached each (the first a
-        // 200–600-word message after a cached 2 KB system prompt, later ones the history missed
-        // on 3 of 4 workers); measured 1,500 per session at 15-s points around saturation.
-        WorkloadKind::Paced => 1_800.0,
+        // 17.5 turns a session; each adds ~2.4 KB (60 % tool turns of 1–6 KB), and a turn
+        // round_robin sends to a worker that did not serve the session's previous turn (3 of 4)
+        // misses the history since the last turn it did serve (~3.3 turns on average over a
+        // session, the task message too when it served none): ~140 KB ≈ 26k tokens a session.
+        WorkloadKind::Agentic => 26_000.0,
+        // 5.5 turns a session, ~1 KB added a turn after a 200–600-word first message, the same
+        // round_robin misses: ~16 KB ≈ 3,000 tokens a session (at 3 turns the same count gives
+        // 1,700; 1,500 was measured for ~3 turns a session at 15-s points without warm-up).
+        WorkloadKind::Paced => 3_000.0,
     }
 }
 
@@ -190,17 +190,172 @@ pub fn estimated_saturation(kind: WorkloadKind, t: &FleetTiming, workers: usize)
     workers as f64 * t.real_prefill_tps() / arrival_cost_tokens(kind)
 }
 
-/// The fraction of [`estimated_saturation`] the ladder starts at.
-pub fn start_fraction(kind: WorkloadKind) -> f64 {
-    match kind {
-        WorkloadKind::Agentic => AGENTIC_START_FRACTION,
-        _ => START_FRACTION,
+/// The ladder's first rate: [`START_FRACTION`] × [`estimated_saturation`]. (Agentic started at
+/// 0.6 × before the warm-up: without one, its light point's TTFT p90 was the system prompts' cold
+/// misses; they now fall in the warm-up.)
+pub fn default_start_rate(kind: WorkloadKind, t: &FleetTiming, workers: usize) -> f64 {
+    START_FRACTION * estimated_saturation(kind, t, workers)
+}
+
+/// vllm-sim's default inter-token latency (`--itl-ms`), modelled ms per decode step at a small batch.
+pub const SIM_DEFAULT_ITL_MS: f64 = 20.0;
+/// Sessions of the reference plan [`default_warmup_s`] measures (arrivals at 1/s over this many s).
+const WARMUP_REFERENCE_SESSIONS: f64 = 256.0;
+/// The default warm-up lasts until this share of the steady-state population of live sessions is
+/// live ([`default_warmup_s`]).
+pub const WARMUP_POPULATION_SHARE: f64 = 0.9;
+/// The default warm-up is at most this long, s.
+const MAX_WARMUP_S: f64 = 600.0;
+
+/// When a point's requests count. Multi-turn workloads with long sessions (agentic, paced:
+/// [`WorkloadKind::steady_state`]) get a **warm-up**: sessions start arriving at the point's rate
+/// `warmup_s` before the measured window opens, so that when it opens the population of live
+/// sessions and the engines' caches are near steady state; only requests *scheduled* inside
+/// `[warmup_s, warmup_s + window_s)` count, and no turn due at or after the window's end is sent
+/// (it is cut and counted). The other workloads keep the plain point: arrivals over `window_s`,
+/// every request counted, turns until 1.5 × `window_s`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct MeasureWindow {
+    /// Arrivals before the window, s (0: none).
+    pub warmup_s: f64,
+    /// The measured window, s (`--sweep-duration-s`).
+    pub window_s: f64,
+    /// Whether the steady-state rules apply (count only the window; cut turns at its end).
+    pub steady: bool,
+}
+
+impl MeasureWindow {
+    /// Sessions start in `[0, arrivals_s)`.
+    pub fn arrivals_s(&self) -> f64 {
+        if self.steady {
+            self.warmup_s + self.window_s
+        } else {
+            self.window_s
+        }
+    }
+
+    /// No turn due later than this (s from the point's start) is sent.
+    pub fn turn_deadline_s(&self) -> f64 {
+        if self.steady {
+            self.warmup_s + self.window_s
+        } else {
+            1.5 * self.window_s
+        }
+    }
+
+    /// Whether a request scheduled at `scheduled_ms` counts in the point's statistics.
+    pub fn counts(&self, scheduled_ms: f64) -> bool {
+        !self.steady || scheduled_ms >= self.warmup_s * 1000.0
+    }
+
+    /// The time the counted requests were scheduled over, s (the turns/s denominator).
+    pub fn counted_span_s(&self) -> f64 {
+        self.window_s
     }
 }
 
-/// The ladder's first rate: [`start_fraction`] × [`estimated_saturation`].
-pub fn default_start_rate(kind: WorkloadKind, t: &FleetTiming, workers: usize) -> f64 {
-    start_fraction(kind) * estimated_saturation(kind, t, workers)
+/// A point's records split by [`MeasureWindow::counts`]: the counted ones, and how many were
+/// warm-up (sent, not counted).
+pub fn window_records(records: &[RequestRecord], w: &MeasureWindow) -> (Vec<RequestRecord>, usize) {
+    let (counted, warm): (Vec<&RequestRecord>, Vec<&RequestRecord>) =
+        records.iter().partition(|r| w.counts(r.scheduled_ms));
+    (counted.into_iter().cloned().collect(), warm.len())
+}
+
+/// The ceiling a point's hit rates are compared with, `(rate, counts, prompts skipped)`. With the
+/// steady-state rules: the prompts actually sent, in send order, the counted ones (scheduled in
+/// the window) measured against everything sent before them — warm-up included — as history
+/// (`workload::ceiling_with_history`; turns never sent are not history, and records naming no
+/// planned turn are skipped and counted). Otherwise the plan's own ceiling.
+pub fn point_ceiling(
+    plan: &Plan,
+    records: &[RequestRecord],
+    w: &MeasureWindow,
+    block_size: usize,
+) -> (f64, Ceiling, usize) {
+    if !w.steady {
+        return (plan.ceiling_rate(), plan.ceiling, 0);
+    }
+    let mut skipped = 0;
+    let sent: Vec<SentPrompt<'_>> = records
+        .iter()
+        .filter_map(|r| match (r.session.as_deref(), r.turn) {
+            (Some(session), Some(turn)) => Some(SentPrompt {
+                session,
+                turn: turn as usize,
+                sent_ms: r.sent_ms,
+                counted: w.counts(r.scheduled_ms),
+            }),
+            _ => {
+                skipped += 1;
+                None
+            }
+        })
+        .collect();
+    let (c, unknown) = ceiling_with_history(&plan.sessions, &sent, block_size);
+    let rate = if plan.ceiling_block_weighted {
+        c.block_rate()
+    } else {
+        c.token_rate()
+    };
+    (rate, c, skipped + unknown)
+}
+
+/// The default warm-up of a workload, s: the first whole second at which sessions arriving at a
+/// constant rate hold [`WARMUP_POPULATION_SHARE`] of their steady-state population
+/// ([`crate::workload::population_share_at`]), from the planned session lengths in wall-clock
+/// time of a reference plan (think times ÷ the speed-up, plus each turn's `max_tokens` decode
+/// steps at [`SIM_DEFAULT_ITL_MS`] ÷ the speed-up; queueing and prefill left out). At one mean
+/// session length the share is ~0.82 — the missing sessions are the longest, whose late turns
+/// carry the longest histories — so the warm-up is longer than the mean. 0 for the workloads
+/// without the steady-state rules.
+pub fn default_warmup_s(kind: WorkloadKind, t: &FleetTiming, seed: u64) -> f64 {
+    if !kind.steady_state() {
+        return 0.0;
+    }
+    let g = crate::workload::gen::GenConfig {
+        seed,
+        duration_s: WARMUP_REFERENCE_SESSIONS,
+        think_divisor: t.sim_speedup,
+        block_size: 16,
+    };
+    let plan = match kind {
+        WorkloadKind::Agentic => crate::workload::gen::agentic(&g, 1.0),
+        _ => crate::workload::gen::paced(&g, 1.0),
+    };
+    let per_token = SIM_DEFAULT_ITL_MS / t.sim_speedup;
+    let mut w = 0.0;
+    while w < MAX_WARMUP_S
+        && crate::workload::population_share_at(&plan.sessions, per_token, w * 1000.0)
+            < WARMUP_POPULATION_SHARE
+    {
+        w += 1.0;
+    }
+    w
+}
+
+/// A point's window: `--sweep-warmup-s` (`warmup_override`) or [`default_warmup_s`] for the
+/// steady-state workloads (on real engines, whose timing the sweep does not set, 0 unless given).
+pub fn window_for(
+    kind: WorkloadKind,
+    t: &FleetTiming,
+    seed: u64,
+    window_s: f64,
+    warmup_override: Option<f64>,
+    real_engines: bool,
+) -> MeasureWindow {
+    let steady = kind.steady_state();
+    let warmup_s = match (steady, warmup_override) {
+        (false, _) => 0.0,
+        (true, Some(w)) => w.max(0.0),
+        (true, None) if real_engines => 0.0,
+        (true, None) => default_warmup_s(kind, t, seed),
+    };
+    MeasureWindow {
+        warmup_s,
+        window_s,
+        steady,
+    }
 }
 
 /// How a sweep chooses its rates.
@@ -478,6 +633,18 @@ pub struct PointResult {
     /// Set when the point could not run (stack did not start …).
     #[serde(default)]
     pub error: Option<String>,
+    /// The point's warm-up and measured window (everything above counts the window only).
+    #[serde(default)]
+    pub window: MeasureWindow,
+    /// Requests sent in the warm-up: history for the caches and the ceiling, not counted.
+    #[serde(default)]
+    pub warmup_requests: usize,
+    /// Turns not sent: due at or after the window's end, or after a failed turn of their session.
+    #[serde(default)]
+    pub cut_turns: u64,
+    /// Counted requests per second of the window (turns/s; requests/s for single-turn workloads).
+    #[serde(default)]
+    pub turns_per_s: Option<f64>,
 }
 
 impl PointResult {
@@ -493,6 +660,24 @@ impl PointResult {
         match (self.engine_hit_rate, self.ceiling_counts) {
             (Some(h), Some(c)) if c.tokens_total > 0 => h > c.token_rate() + 0.005,
             _ => false,
+        }
+    }
+
+    /// Records the window this point was counted over, the warm-up requests and the cut turns,
+    /// and derives turns/s (counted requests ÷ the window).
+    pub fn with_window(
+        self,
+        window: MeasureWindow,
+        warmup_requests: usize,
+        cut_turns: u64,
+    ) -> Self {
+        let span = window.counted_span_s();
+        Self {
+            turns_per_s: (span > 0.0).then(|| self.requests as f64 / span),
+            window,
+            warmup_requests,
+            cut_turns,
+            ..self
         }
     }
 
@@ -599,6 +784,7 @@ pub fn summarize_point(
         invalid: invalid_reasons(machine.cpu_busy_mean, lateness_p90),
         fallbacks: records.iter().filter(|r| r.fallback.is_some()).count(),
         error: None,
+        ..Default::default()
     }
 }
 
@@ -771,12 +957,14 @@ mod tests {
             // agentic ≤ 19 sessions/s, paced ≤ 55 sessions/s valid; the others saturated).
             let sat = estimated_saturation(kind, &t, 4);
             let start = default_start_rate(kind, &t, 4);
-            assert!((start - start_fraction(kind) * sat).abs() < 1e-12);
+            assert!((start - START_FRACTION * sat).abs() < 1e-12);
             match kind {
                 WorkloadKind::Agentic => {
-                    assert!((4.0..=12.0).contains(&sat), "agentic {sat}");
-                    // 20-s points, ~3 turns a session: ≥ 200 requests against 12 cold misses.
-                    assert!(start * 20.0 * 3.0 >= 200.0, "agentic light point {start}");
+                    assert!((0.5..=4.0).contains(&sat), "agentic {sat}");
+                    // At steady state a session sends its ~17.5 turns: the light point's 20-s
+                    // window holds ≥ 100 requests.
+                    assert!(start * 20.0 * 17.5 >= 100.0, "agentic light point {start}");
+                    assert_eq!(t.sim_speedup, 4.0);
                 }
                 WorkloadKind::Paced => assert!((6.0..=20.0).contains(&sat), "paced {sat}"),
                 _ => assert_eq!(
@@ -804,7 +992,7 @@ mod tests {
         );
         assert_eq!(
             default_timing(WorkloadKind::Agentic).max_num_batched_tokens,
-            1638
+            819
         );
         assert_eq!(
             FleetTiming::new(1.0, 10.0).map(|t| t.max_num_batched_tokens),
@@ -830,8 +1018,218 @@ mod tests {
         let o = timing_for(WorkloadKind::Paced, Some(1.0), None).unwrap();
         assert_eq!((o.sim_speedup, o.prefill_tokens_per_s), (1.0, 1_000.0));
         let o = timing_for(WorkloadKind::Agentic, None, Some(20_000.0)).unwrap();
-        assert_eq!((o.sim_speedup, o.max_num_batched_tokens), (1.0, 8192));
+        assert_eq!((o.sim_speedup, o.max_num_batched_tokens), (4.0, 8192));
         assert!(timing_for(WorkloadKind::Cold, Some(-1.0), None).is_err());
+    }
+
+    #[test]
+    fn measure_window_table() {
+        let agentic = default_timing(WorkloadKind::Agentic);
+        let paced = default_timing(WorkloadKind::Paced);
+        // The default warm-up: 90 % of the steady-state population live, longer than the mean
+        // session (agentic 17.5 turns × (0.64 s decode + ~3 s ÷ 4 think) ≈ 24 s, paced 5.5 ×
+        // 0.32 s + 4.5 × 35 s ÷ 8 ≈ 21 s) and shorter than the longest.
+        let wa = default_warmup_s(WorkloadKind::Agentic, &agentic, 0);
+        let wp = default_warmup_s(WorkloadKind::Paced, &paced, 0);
+        assert!((25.0..=40.0).contains(&wa), "agentic warm-up {wa}");
+        assert!((22.0..=36.0).contains(&wp), "paced warm-up {wp}");
+        assert_eq!(wa.fract(), 0.0);
+        for (kind, t, w) in [
+            (WorkloadKind::Agentic, agentic, wa),
+            (WorkloadKind::Paced, paced, wp),
+        ] {
+            let g = crate::workload::gen::GenConfig {
+                seed: 0,
+                duration_s: 256.0,
+                think_divisor: t.sim_speedup,
+                block_size: 16,
+            };
+            let plan = match kind {
+                WorkloadKind::Agentic => crate::workload::gen::agentic(&g, 1.0),
+                _ => crate::workload::gen::paced(&g, 1.0),
+            };
+            let share = crate::workload::population_share_at(
+                &plan.sessions,
+                SIM_DEFAULT_ITL_MS / t.sim_speedup,
+                w * 1000.0,
+            );
+            let before = crate::workload::population_share_at(
+                &plan.sessions,
+                SIM_DEFAULT_ITL_MS / t.sim_speedup,
+                (w - 1.0) * 1000.0,
+            );
+            assert!(
+                share >= WARMUP_POPULATION_SHARE && before < WARMUP_POPULATION_SHARE,
+                "{kind:?}: {before} {share}"
+            );
+            let mean = crate::workload::mean_session_span_ms(
+                &plan.sessions,
+                SIM_DEFAULT_ITL_MS / t.sim_speedup,
+            ) / 1000.0;
+            assert!(w > mean, "{kind:?}: warm-up {w} s, mean session {mean} s");
+        }
+        // (kind, override, real engines) → (warm-up, arrivals, turn deadline, steady)
+        type Case = (WorkloadKind, Option<f64>, bool, (f64, f64, f64, bool));
+        let cases: Vec<Case> = vec![
+            (WorkloadKind::Trace, None, false, (0.0, 20.0, 30.0, false)),
+            (
+                WorkloadKind::Cold,
+                Some(50.0),
+                false,
+                (0.0, 20.0, 30.0, false),
+            ),
+            (WorkloadKind::Siblings, None, true, (0.0, 20.0, 30.0, false)),
+            (
+                WorkloadKind::Agentic,
+                None,
+                false,
+                (wa, wa + 20.0, wa + 20.0, true),
+            ),
+            (
+                WorkloadKind::Agentic,
+                Some(40.0),
+                false,
+                (40.0, 60.0, 60.0, true),
+            ),
+            (
+                WorkloadKind::Agentic,
+                Some(-1.0),
+                false,
+                (0.0, 20.0, 20.0, true),
+            ),
+            (WorkloadKind::Agentic, None, true, (0.0, 20.0, 20.0, true)),
+            (
+                WorkloadKind::Paced,
+                Some(60.0),
+                true,
+                (60.0, 80.0, 80.0, true),
+            ),
+        ];
+        for (kind, over, real, (warm, arr, dl, steady)) in cases {
+            let t = default_timing(kind);
+            let w = window_for(kind, &t, 0, 20.0, over, real);
+            assert_eq!(
+                (w.warmup_s, w.arrivals_s(), w.turn_deadline_s(), w.steady),
+                (warm, arr, dl, steady),
+                "{kind:?} {over:?} {real}"
+            );
+        }
+        // Which records count: scheduled inside the window (steady), everything (otherwise).
+        let rec = |scheduled_ms: f64| RequestRecord {
+            scheduled_ms,
+            ..Default::default()
+        };
+        let recs: Vec<RequestRecord> = [0.0, 9_999.0, 10_000.0, 15_000.0, 29_999.0]
+            .map(rec)
+            .to_vec();
+        let steady = MeasureWindow {
+            warmup_s: 10.0,
+            window_s: 20.0,
+            steady: true,
+        };
+        let (counted, warm) = window_records(&recs, &steady);
+        assert_eq!(
+            (
+                counted.iter().map(|r| r.scheduled_ms).collect::<Vec<_>>(),
+                warm
+            ),
+            (vec![10_000.0, 15_000.0, 29_999.0], 2)
+        );
+        let plain = MeasureWindow {
+            steady: false,
+            ..steady
+        };
+        assert_eq!(window_records(&recs, &plain).0.len(), 5);
+        // turns/s is the counted requests over the window.
+        let p = PointResult {
+            requests: 3,
+            ..Default::default()
+        }
+        .with_window(steady, 2, 7);
+        assert_eq!(
+            (p.turns_per_s, p.warmup_requests, p.cut_turns),
+            (Some(0.15), 2, 7)
+        );
+        assert_eq!(
+            PointResult::default()
+                .with_window(MeasureWindow::default(), 0, 0)
+                .turns_per_s,
+            None
+        );
+    }
+
+    #[test]
+    fn point_ceiling_counts_the_window_against_its_history() {
+        let g = crate::workload::gen::GenConfig {
+            seed: 3,
+            duration_s: 20.0,
+            think_divisor: 4.0,
+            block_size: 16,
+        };
+        let plan = crate::workload::gen::agentic(&g, 1.0);
+        // Every planned turn sent at its planned time: the window [10 s, 30 s) and its history.
+        let recs: Vec<RequestRecord> = plan
+            .sessions
+            .iter()
+            .flat_map(|s| {
+                s.planned_times_ms()
+                    .into_iter()
+                    .enumerate()
+                    .map(move |(t, at)| RequestRecord {
+                        session: Some(s.id.clone()),
+                        turn: Some(t as u32),
+                        scheduled_ms: at,
+                        sent_ms: at,
+                        ..Default::default()
+                    })
+            })
+            .filter(|r| r.scheduled_ms < 30_000.0)
+            .collect();
+        let w = MeasureWindow {
+            warmup_s: 10.0,
+            window_s: 20.0,
+            steady: true,
+        };
+        let (rate, c, skipped) = point_ceiling(&plan, &recs, &w, 16);
+        let counted = recs.iter().filter(|r| r.scheduled_ms >= 10_000.0).count() as u64;
+        assert_eq!((c.requests, skipped), (counted, 0));
+        assert!(rate > 0.0 && rate == c.token_rate());
+        // Without its history the same window's ceiling is lower: the warm-up's prompts (shared
+        // system prompts, earlier turns) are what the window reuses.
+        let window_only: Vec<RequestRecord> = recs
+            .iter()
+            .filter(|r| r.scheduled_ms >= 10_000.0)
+            .cloned()
+            .collect();
+        let (alone, _, _) = point_ceiling(&plan, &window_only, &w, 16);
+        assert!(alone < rate, "{alone} < {rate}");
+        // All sent, none in a warm-up: the plan's own ceiling over the same prompts.
+        let all = MeasureWindow { warmup_s: 0.0, ..w };
+        let every: Vec<RequestRecord> = plan
+            .sessions
+            .iter()
+            .flat_map(|s| {
+                s.planned_times_ms()
+                    .into_iter()
+                    .enumerate()
+                    .map(move |(t, at)| RequestRecord {
+                        session: Some(s.id.clone()),
+                        turn: Some(t as u32),
+                        scheduled_ms: at,
+                        sent_ms: at,
+                        ..Default::default()
+                    })
+            })
+            .collect();
+        assert_eq!(point_ceiling(&plan, &every, &all, 16).1, plan.ceiling);
+        // A record without a session is skipped and counted; a plain point uses the plan's.
+        let (_, _, skipped) = point_ceiling(&plan, &[RequestRecord::default()], &w, 16);
+        assert_eq!(skipped, 1);
+        let plain = MeasureWindow { steady: false, ..w };
+        assert_eq!(
+            point_ceiling(&plan, &[], &plain, 16),
+            (plan.ceiling_rate(), plan.ceiling, 0)
+        );
     }
 
     #[test]

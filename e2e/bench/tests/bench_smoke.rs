@@ -109,7 +109,12 @@ fn a_small_sweep_measures_marks_and_reports_every_point() {
         for p in &w.points {
             assert_eq!(p.error, None, "{} {} {}", w.workload, p.policy, p.rate);
             let recs = read_all(std::io::BufReader::new(std::fs::File::open(out.join("sweep").join(&p.dir).join("results.jsonl")).unwrap())).unwrap();
-            assert_eq!(recs.len(), p.requests, "{}: every request recorded", p.dir);
+            assert_eq!(recs.len(), p.requests + p.warmup_requests, "{}: every request recorded", p.dir);
+            if w.workload == "agentic" {
+                // Steady state: a warm-up before the window, whose requests are sent and not counted.
+                assert!(p.window.steady && p.window.warmup_s > 0.0 && p.warmup_requests > 0, "{}: {:?} {}", p.dir, p.window, p.warmup_requests);
+                assert!(p.turns_per_s.is_some_and(|t| t > 0.0) && p.ceiling_counts.is_some_and(|c| c.requests as usize == p.requests), "{}", p.dir);
+            }
             assert!(p.requests > 0 && p.ok * 10 >= p.requests * 9, "{}: {} of {} ok", p.dir, p.ok, p.requests);
             assert!(p.ceiling.is_some() && p.engine_hit_rate.is_some() && p.usage_hit_rate.is_some(), "{}", p.dir);
             assert!(p.machine.cpu_busy_mean.is_some() && p.machine.sim_cpu_s.is_some(), "{}: machine sampled", p.dir);

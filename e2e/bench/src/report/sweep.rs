@@ -15,7 +15,7 @@ use super::targets::{
     POLICY_KVMESH_APPROXIMATE, POLICY_KVMESH_PRECISE, POLICY_LEAST_REQUEST, POLICY_RING_HASH,
     POLICY_ROUND_ROBIN,
 };
-use crate::sweep::{PointResult, Saturation};
+use crate::sweep::{MeasureWindow, PointResult, Saturation};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 
@@ -32,6 +32,9 @@ pub struct WorkloadSweep {
     /// older `sweep.json`).
     #[serde(default)]
     pub fleet: String,
+    /// The points' warm-up and measured window.
+    #[serde(default)]
+    pub window: MeasureWindow,
     /// round_robin's saturation, when found.
     pub saturation: Option<Saturation>,
     /// What happened in the search (e.g. gave up after N steps).
@@ -260,12 +263,15 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
             } else {
                 None
             };
+            let at = match p.turns_per_s.filter(|_| p.window.steady) {
+                Some(t) => format!("{lp:.3} {} ({t:.1} turns/s)", w.rate_unit),
+                None => format!("{lp:.3} {}", w.rate_unit),
+            };
             let _ = writeln!(
                 md,
-                "| {} | {:.3} {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 w.workload,
-                lp,
-                w.rate_unit,
+                at,
                 policy,
                 pct(vhit),
                 pct(p.usage_hit_rate.filter(|_| valid)),
@@ -284,6 +290,15 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
         let _ = writeln!(md, "\n### Workload `{}`\n\n{}.\n", w.workload, w.describe);
         if !w.fleet.is_empty() {
             let _ = writeln!(md, "Engines: {}.\n", w.fleet);
+        }
+        if w.window.steady {
+            let _ = writeln!(
+                md,
+                "Steady state: sessions arrive at the rate ({}) from the start of a **{:.0}-s warm-up**, then a **{:.0}-s window**; \
+                 only requests scheduled in the window count (requests = the window's; warm-up = sent before it, history for the \
+                 caches and the ceiling), engine counters and CPU are deltas over the window, turns due after it are cut.\n",
+                w.rate_unit, w.window.warmup_s, w.window.window_s
+            );
         }
         match &w.saturation {
             Some(s) => {
@@ -309,10 +324,10 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
                 "\n![TTFT p90 vs rate]({a}) ![engine hit rate vs rate]({b})"
             );
         }
-        let _ = writeln!(md, "\n| policy | rate | requests | ok | rejected | failed | TTFT p50/p90/p99 ms | ITL p50/p90 ms | out tok/s | hit counters / usage / ceiling | preempt | load max/mean | CPU mean/max | lateness p90 ms | sim CPU-s / 1k req | point |");
+        let _ = writeln!(md, "\n| policy | rate | requests (warm-up / cut) | turns/s | ok | rejected | failed | TTFT p50/p90/p99 ms | ITL p50/p90 ms | out tok/s | hit counters / usage / ceiling | preempt | load max/mean | CPU mean/max | lateness p90 ms | sim CPU-s / 1k req | point |");
         let _ = writeln!(
             md,
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for p in &w.points {
             let mut status = match (&p.error, p.invalid.is_empty()) {
@@ -325,10 +340,15 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
             }
             let _ = writeln!(
                 md,
-                "| {} | {:.3} | {} | {} | {} | {} | {} / {} / {} | {} / {} | {:.0} | {} / {} / {} | {} | {} | {} / {} | {} | {} | {} |",
+                "| {} | {:.3} | {} | {} | {} | {} | {} | {} / {} / {} | {} / {} | {:.0} | {} / {} / {} | {} | {} | {} / {} | {} | {} | {} |",
                 p.policy,
                 p.rate,
-                p.requests,
+                if p.window.steady {
+                    format!("{} ({} / {})", p.requests, p.warmup_requests, p.cut_turns)
+                } else {
+                    p.requests.to_string()
+                },
+                f(p.turns_per_s, 1),
                 p.ok,
                 p.rejected,
                 p.failed,
@@ -390,6 +410,7 @@ mod tests {
             describe: "d".into(),
             rate_unit: "requests/s".into(),
             fleet: "vllm-sim `--speedup 8`".into(),
+            window: MeasureWindow::default(),
             saturation: Some(Saturation {
                 rate: 5.0,
                 light_p90_ms: 100.0,
@@ -457,5 +478,47 @@ mod tests {
         // Every point is listed, invalid ones marked.
         assert_eq!(md.matches("| kvmesh_precise | 4.000 |").count(), 1);
         assert!(md.contains("invalid: CPU 95% > 85%"));
+        assert!(
+            !md.contains("Steady state"),
+            "no warm-up on the plain workloads"
+        );
+    }
+
+    #[test]
+    fn steady_state_points_state_their_window_and_turns() {
+        let win = MeasureWindow {
+            warmup_s: 24.0,
+            window_s: 20.0,
+            steady: true,
+        };
+        let mut w = sweep(true);
+        w.workload = "agentic".into();
+        w.rate_unit = "sessions/s".into();
+        w.window = win;
+        w.points = w
+            .points
+            .into_iter()
+            .map(|p| PointResult { requests: 300, ..p }.with_window(win, 120, 45))
+            .collect();
+        let md = render(
+            &SweepReport {
+                settings: vec![],
+                workloads: vec![w],
+            },
+            false,
+        );
+        assert!(
+            md.contains("**24-s warm-up**, then a **20-s window**"),
+            "{md}"
+        );
+        // The headline's load point states turns/s (300 requests / 20 s); each point its counts.
+        assert!(
+            md.contains("| agentic | 4.000 sessions/s (15.0 turns/s) | round_robin |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| kvmesh_precise | 4.000 | 300 (120 / 45) | 15.0 |"),
+            "{md}"
+        );
     }
 }

@@ -94,6 +94,12 @@ impl WorkloadKind {
         matches!(self, Self::Trace | Self::Agentic | Self::Paced)
     }
 
+    /// Whether a point measures steady state after a warm-up (`crate::sweep::MeasureWindow`):
+    /// the multi-turn workloads whose sessions outlive a point's window.
+    pub fn steady_state(self) -> bool {
+        matches!(self, Self::Agentic | Self::Paced)
+    }
+
     /// What the rate of a sweep point counts.
     pub fn rate_unit(self) -> &'static str {
         match self {
@@ -331,6 +337,82 @@ pub fn sessions_ceiling(sessions: &[Session], block_size: usize) -> Ceiling {
     ceiling_of(&segs)
 }
 
+/// One prompt that was sent: its session id, turn, send time and whether it is measured (scheduled
+/// inside the point's window) or history (warm-up).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SentPrompt<'a> {
+    /// `Session::id`.
+    pub session: &'a str,
+    /// Turn index within the session.
+    pub turn: usize,
+    /// When it was sent, ms from the start of the point.
+    pub sent_ms: f64,
+    /// Counted in the ceiling (inside the window) or history only.
+    pub counted: bool,
+}
+
+/// The ceiling of the prompts actually sent, in send order: every sent prompt (warm-up included)
+/// is history, only `counted` ones are counted — what a perfect router could have reused of the
+/// window's requests given everything sent before them. Prompts naming an unknown session or turn
+/// are skipped; the second value counts them.
+pub fn ceiling_with_history(sessions: &[Session], sent: &[SentPrompt<'_>], block_size: usize) -> (Ceiling, usize) {
+    let by_id: std::collections::HashMap<&str, &Session> = sessions.iter().map(|s| (s.id.as_str(), s)).collect();
+    let mut order: Vec<&SentPrompt<'_>> = sent.iter().collect();
+    order.sort_by(|a, b| a.sent_ms.total_cmp(&b.sent_ms).then(a.session.cmp(b.session)).then(a.turn.cmp(&b.turn)));
+    let mut seen: HashSet<u64> = HashSet::new();
+    let mut c = Ceiling::default();
+    let mut unknown = 0;
+    for p in order {
+        let Some(s) = by_id.get(p.session).filter(|s| p.turn < s.turns.len()) else {
+            unknown += 1;
+            continue;
+        };
+        let segs = segments(s, p.turn, block_size);
+        if p.counted {
+            c.requests += 1;
+            for &(id, w) in &segs {
+                c.blocks_total += 1;
+                c.tokens_total += w;
+                if seen.contains(&id) {
+                    c.blocks_reused += 1;
+                    c.tokens_reused += w;
+                }
+            }
+        }
+        seen.extend(segs.iter().map(|&(id, _)| id));
+    }
+    (c, unknown)
+}
+
+/// A session's planned length in time, ms: its think times plus `ms_per_output_token` × each
+/// turn's `max_tokens` (the decode; queueing and prefill left out).
+pub fn session_span_ms(s: &Session, ms_per_output_token: f64) -> f64 {
+    s.turns
+        .iter()
+        .enumerate()
+        .map(|(i, t)| if i > 0 { t.think_ms.max(0.0) } else { 0.0 } + f64::from(t.max_tokens) * ms_per_output_token)
+        .sum()
+}
+
+/// Mean [`session_span_ms`] over `sessions` (0 for none).
+pub fn mean_session_span_ms(sessions: &[Session], ms_per_output_token: f64) -> f64 {
+    if sessions.is_empty() {
+        return 0.0;
+    }
+    sessions.iter().map(|s| session_span_ms(s, ms_per_output_token)).sum::<f64>() / sessions.len() as f64
+}
+
+/// With sessions arriving at a constant rate from time 0, the share of the steady-state
+/// population of live sessions present at `t_ms`: Σ min(span, t) / Σ span (1 for no sessions).
+pub fn population_share_at(sessions: &[Session], ms_per_output_token: f64, t_ms: f64) -> f64 {
+    let spans: Vec<f64> = sessions.iter().map(|s| session_span_ms(s, ms_per_output_token)).collect();
+    let total: f64 = spans.iter().sum();
+    if total <= 0.0 {
+        return 1.0;
+    }
+    spans.iter().map(|&l| l.min(t_ms.max(0.0))).sum::<f64>() / total
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,6 +541,84 @@ mod tests {
         assert!(s.body(2, "m").is_none());
         assert_eq!(s.path(), "/v1/chat/completions");
         assert_eq!(s.planned_times_ms(), vec![0.0, 5.0]);
+    }
+
+    #[test]
+    fn ceiling_with_history_table() {
+        // One conversation growing 32 → 64 tokens (two 16-token blocks a turn), another sharing
+        // its first block only.
+        let a: Vec<u32> = (0..64).collect();
+        let mut b = a.clone();
+        b[20] = 999;
+        let sessions = vec![
+            tok_session("a", 0.0, a.clone(), &[32, 64]),
+            tok_session("b", 0.0, b, &[32]),
+        ];
+        let p = |session: &'static str, turn: usize, sent_ms: f64, counted: bool| SentPrompt {
+            session,
+            turn,
+            sent_ms,
+            counted,
+        };
+        type Case = (&'static str, Vec<SentPrompt<'static>>, (u64, u64, u64), usize);
+        let cases: Vec<Case> = vec![
+            ("nothing sent", vec![], (0, 0, 0), 0),
+            // Everything counted, send order: a0 (32 new), b0 (16 reused of 32), a1 (32 reused of 64).
+            (
+                "no warm-up",
+                vec![p("a", 0, 0.0, true), p("b", 0, 1.0, true), p("a", 1, 2.0, true)],
+                (3, 48, 128),
+                0,
+            ),
+            // a0 in the warm-up: history only; the window's a1 reuses it, b0 reuses block 0.
+            (
+                "warm-up is history",
+                vec![p("a", 0, 0.0, false), p("b", 0, 1.0, true), p("a", 1, 2.0, true)],
+                (2, 48, 96),
+                0,
+            ),
+            // Order is send time, not the slice's order.
+            (
+                "sorted by send time",
+                vec![p("a", 1, 2.0, true), p("a", 0, 0.0, false)],
+                (1, 32, 64),
+                0,
+            ),
+            // A turn never sent is no history: a1 alone reuses nothing.
+            ("cut turn is not history", vec![p("a", 1, 2.0, true)], (1, 0, 64), 0),
+            (
+                "unknown session and turn skipped",
+                vec![p("zz", 0, 0.0, true), p("a", 5, 0.0, true), p("a", 0, 1.0, true)],
+                (1, 0, 32),
+                2,
+            ),
+        ];
+        for (name, sent, (requests, reused, total), unknown) in cases {
+            let (c, u) = ceiling_with_history(&sessions, &sent, 16);
+            assert_eq!((c.requests, c.tokens_reused, c.tokens_total), (requests, reused, total), "{name}");
+            assert_eq!(u, unknown, "{name}");
+        }
+        // With nothing in the warm-up and the planned order, it is the plan's ceiling.
+        let all: Vec<SentPrompt<'_>> = vec![p("a", 0, 0.0, true), p("b", 0, 0.0, true), p("a", 1, 10.0, true)];
+        assert_eq!(ceiling_with_history(&sessions, &all, 16).0, sessions_ceiling(&sessions, 16));
+    }
+
+    #[test]
+    fn session_spans_and_population_share() {
+        // Turns of 4 output tokens at 10 ms each (40 ms) and 10 ms think times.
+        let one = tok_session("x", 0.0, vec![1; 4], &[4]);
+        let three = tok_session("y", 0.0, vec![1; 4], &[2, 3, 4]);
+        assert_eq!(session_span_ms(&one, 10.0), 40.0);
+        assert_eq!(session_span_ms(&three, 10.0), 3.0 * 40.0 + 2.0 * 10.0);
+        let both = vec![one, three];
+        assert_eq!(mean_session_span_ms(&both, 10.0), (40.0 + 140.0) / 2.0);
+        assert_eq!(mean_session_span_ms(&[], 10.0), 0.0);
+        // Spans 40 and 140: at t = 40 the live population is (40 + 40) / 180 of its steady size.
+        let cases = [(0.0, 0.0), (40.0, 80.0 / 180.0), (100.0, 140.0 / 180.0), (140.0, 1.0), (1e9, 1.0)];
+        for (t, want) in cases {
+            assert!((population_share_at(&both, 10.0, t) - want).abs() < 1e-12, "t = {t}");
+        }
+        assert_eq!(population_share_at(&[], 10.0, 5.0), 1.0);
     }
 
     #[test]

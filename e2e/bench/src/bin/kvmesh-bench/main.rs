@@ -134,9 +134,16 @@ struct Args {
     /// Sweep: policies, comma-separated; round_robin always runs (its ladder finds the saturation).
     #[arg(long, default_value = "round_robin,least_request,ring_hash,kvmesh_approximate,kvmesh_precise,kvmesh_precise_session")]
     sweep_policies: String,
-    /// Sweep: arrivals of one point span this many seconds (turns stop at 1.5 × it).
+    /// Sweep: the measured window of one point, s. Single-turn and trace points: arrivals span it
+    /// (turns stop at 1.5 × it). agentic and paced: sessions arrive from the warm-up's start,
+    /// only requests scheduled in the window count, no turn is sent after it.
     #[arg(long, default_value_t = 30.0)]
     sweep_duration_s: f64,
+    /// Sweep: warm-up of the agentic and paced points before their window, s (default: the
+    /// workload's mean session length in wall-clock time, `sweep::default_warmup_s`; 0 on real
+    /// engines).
+    #[arg(long)]
+    sweep_warmup_s: Option<f64>,
     /// Sweep: round_robin's ladder multiplies the rate by this per step.
     #[arg(long, default_value_t = 2.0)]
     sweep_factor: f64,
@@ -259,6 +266,9 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
     if !(a.sweep_sim_speedup.is_none_or(|x| x > 0.0) && a.sweep_prefill_tokens_per_s.is_none_or(|x| x > 0.0) && a.sweep_duration_s > 0.0 && a.sweep_trace_window_ms > 0.0) {
         bail!("--sweep-sim-speedup, --sweep-prefill-tokens-per-s, --sweep-duration-s and --sweep-trace-window-ms must be > 0");
     }
+    if !a.sweep_warmup_s.is_none_or(|w| w >= 0.0 && w.is_finite()) {
+        bail!("--sweep-warmup-s must be >= 0");
+    }
     let workloads = WorkloadKind::parse_list(&a.sweep_workloads).map_err(anyhow::Error::msg)?;
     let mut policies = Policy::parse_list(&a.sweep_policies).map_err(anyhow::Error::msg)?;
     policies.retain(|p| *p != Policy::RoundRobin);
@@ -363,8 +373,16 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
     let settings = vec![
         fleet_line,
         format!(
-            "each point: a fresh stack, caches reset, arrivals over {} s (turns stop at {} s), at most {} requests in flight, seed {}",
-            a.sweep_duration_s, a.sweep_duration_s * 1.5, a.sweep_max_in_flight, a.sweep_seed
+            "each point: a fresh stack, caches reset, at most {} requests in flight, seed {}; trace, siblings, cold: arrivals over {} s, turns stop at {} s, every request counted; agentic, paced (steady state): sessions arrive at the rate from the start of a warm-up ({}), then a measured window of {} s — only requests *scheduled* in the window count (TTFT, hit rates from `cached_tokens`, load), engine counters, CPU and simulator CPU are deltas over the window, no turn due after it is sent (cut, counted), and the ceiling counts the window's requests with everything sent before as history; their rate is sessions/s, turns/s stated per point",
+            a.sweep_max_in_flight,
+            a.sweep_seed,
+            a.sweep_duration_s,
+            a.sweep_duration_s * 1.5,
+            match a.sweep_warmup_s {
+                Some(w) => format!("{w} s, `--sweep-warmup-s`"),
+                None => "the workload's mean session length in wall-clock time, each workload's section".into(),
+            },
+            a.sweep_duration_s
         ),
         rates_line,
         validity,
@@ -383,6 +401,7 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
         fractions,
         start_rate: a.sweep_start_rate,
         duration_s: a.sweep_duration_s,
+        warmup_s: a.sweep_warmup_s,
         seed: a.sweep_seed,
         sim_speedup: a.sweep_sim_speedup,
         prefill_tokens_per_s: a.sweep_prefill_tokens_per_s,

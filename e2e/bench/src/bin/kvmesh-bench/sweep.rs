@@ -19,9 +19,9 @@ use kvmesh_bench::record::read_all;
 use kvmesh_bench::report::sweep::{plot_files, SweepReport, WorkloadSweep};
 use kvmesh_bench::sink::Sink;
 use kvmesh_bench::sweep::{
-    default_start_rate, invalid_reasons_real_engines, next_ladder_rate, policy_rates,
-    summarize_point, timing_for, FleetTiming, LadderStep, MachineSample, PointResult, RatePoint,
-    SweepConfig,
+    default_start_rate, invalid_reasons_real_engines, next_ladder_rate, point_ceiling,
+    policy_rates, summarize_point, timing_for, window_for, window_records, FleetTiming, LadderStep,
+    MachineSample, MeasureWindow, PointResult, RatePoint, SweepConfig,
 };
 use kvmesh_bench::trace::TraceRecord;
 use kvmesh_bench::workload::{gen, trace as wtrace, Plan, WorkloadKind};
@@ -49,8 +49,11 @@ pub struct SweepArgs {
     pub fractions: Vec<f64>,
     /// Overrides the estimated first ladder rate (all workloads).
     pub start_rate: Option<f64>,
-    /// Arrivals in `[0, duration)`.
+    /// The measured window of a point, s: arrivals in `[0, duration)` for the plain workloads,
+    /// in `[0, warm-up + duration)` for the steady-state ones (`sweep::MeasureWindow`).
     pub duration_s: f64,
+    /// `--sweep-warmup-s`: the steady-state workloads' warm-up (`None`: `sweep::default_warmup_s`).
+    pub warmup_s: Option<f64>,
     pub seed: u64,
     /// `--sweep-sim-speedup` / `--sweep-prefill-tokens-per-s` for every workload; `None`: each
     /// workload's default timing (`sweep::default_timing`).
@@ -66,10 +69,16 @@ pub struct SweepArgs {
     pub settings: Vec<String>,
 }
 
-fn plan_for(a: &SweepArgs, fleet: &Fleet, kind: WorkloadKind, rate: f64) -> Plan {
+fn plan_for(
+    a: &SweepArgs,
+    fleet: &Fleet,
+    kind: WorkloadKind,
+    rate: f64,
+    window: &MeasureWindow,
+) -> Plan {
     let g = gen::GenConfig {
         seed: a.seed,
-        duration_s: a.duration_s,
+        duration_s: window.arrivals_s(),
         think_divisor: fleet.sim_speedup,
         block_size: fleet.block_size as usize,
     };
@@ -77,7 +86,7 @@ fn plan_for(a: &SweepArgs, fleet: &Fleet, kind: WorkloadKind, rate: f64) -> Plan
         WorkloadKind::Trace => wtrace::plan(
             &a.trace_records,
             &wtrace::TraceConfig {
-                duration_s: a.duration_s,
+                duration_s: window.arrivals_s(),
                 ..a.trace_cfg
             },
             rate,
@@ -100,9 +109,15 @@ fn fmt_elapsed(d: Duration) -> String {
     format!("{}m{:02}s", s / 60, s % 60)
 }
 
+/// One workload's point settings: its fleet and its window.
+struct PointSpec<'a> {
+    fleet: &'a Fleet,
+    window: MeasureWindow,
+}
+
 async fn measure(
     a: &SweepArgs,
-    fleet: &Fleet,
+    spec: &PointSpec<'_>,
     kind: WorkloadKind,
     policy: Policy,
     rate: f64,
@@ -112,9 +127,17 @@ async fn measure(
     progress.point += 1;
     let dir_rel = format!("{}/{}/r{:.4}", kind.name(), policy.name(), rate);
     let dir = out.join(&dir_rel);
-    let plan = Arc::new(plan_for(a, fleet, kind, rate));
+    let plan = Arc::new(plan_for(a, spec.fleet, kind, rate, &spec.window));
+    let warm = if spec.window.warmup_s > 0.0 {
+        format!(
+            " | warm-up {:.0} s, window {:.0} s",
+            spec.window.warmup_s, spec.window.window_s
+        )
+    } else {
+        String::new()
+    };
     eprintln!(
-        "[bench] point {} | {} | {} | {:.3} {} | {} requests planned | elapsed {}",
+        "[bench] point {} | {} | {} | {:.3} {} | {} requests planned{warm} | elapsed {}",
         progress.point,
         kind.name(),
         policy.name(),
@@ -125,7 +148,7 @@ async fn measure(
     );
     match measure_inner(
         a,
-        fleet,
+        spec,
         kind,
         policy,
         plan,
@@ -151,6 +174,7 @@ async fn measure(
                 rate,
                 dir: dir_rel,
                 error: Some(crate::run::one_line(&format!("{e:#}"), 300)),
+                window: spec.window,
                 ..Default::default()
             }
         }
@@ -160,7 +184,7 @@ async fn measure(
 #[allow(clippy::too_many_arguments)]
 async fn measure_inner(
     a: &SweepArgs,
-    fleet: &Fleet,
+    spec: &PointSpec<'_>,
     kind: WorkloadKind,
     policy: Policy,
     plan: Arc<Plan>,
@@ -169,6 +193,7 @@ async fn measure_inner(
     started: Instant,
     point: usize,
 ) -> Result<PointResult> {
+    let (fleet, window) = (spec.fleet, spec.window);
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let Prepared {
         stack,
@@ -217,27 +242,67 @@ async fn measure_inner(
             );
         }
     });
-    let sampler = Sampler::start(CPU_SAMPLE_EVERY);
     let cfg = PlanRunConfig {
         base_url: base,
         model,
         session_header: header,
         request_timeout: fleet.request_timeout,
         max_in_flight: a.max_in_flight,
-        turn_deadline: Duration::from_secs_f64(a.duration_s * 1.5),
+        turn_deadline: Duration::from_secs_f64(window.turn_deadline_s()),
     };
     let run_started = Instant::now();
-    let stats = run_plan(client.clone(), cfg, plan.clone(), sink.sender(), done).await;
+    // The window opens after the warm-up: the engines' counters, the machine's CPU and the
+    // simulators' ticks are taken from there (immediately when there is no warm-up). No turn is
+    // due after the window's end, so the scrape after the run closes it.
+    let window_open = async {
+        if window.warmup_s <= 0.0 {
+            return (
+                None,
+                Sampler::start(CPU_SAMPLE_EVERY),
+                ticks_before,
+                run_started,
+            );
+        }
+        tokio::time::sleep_until(
+            tokio::time::Instant::from_std(run_started) + Duration::from_secs_f64(window.warmup_s),
+        )
+        .await;
+        let opened = Instant::now();
+        let scrape = scrape_all(&stack, &client, policy.is_kvmesh()).await;
+        (
+            Some(scrape),
+            Sampler::start(CPU_SAMPLE_EVERY),
+            ticks(&pids),
+            opened,
+        )
+    };
+    let (stats, (at_window, sampler, ticks_before, opened)) = tokio::join!(
+        run_plan(client.clone(), cfg, plan.clone(), sink.sender(), done),
+        window_open
+    );
     let (cpu_mean, cpu_max) = sampler.finish();
-    let run_wall_s = run_started.elapsed().as_secs_f64();
+    let run_wall_s = opened.elapsed().as_secs_f64();
     ticker.abort();
     let ticks_after = ticks(&pids);
     let sunk = sink.close().await?;
     let after = scrape_all(&stack, &client, policy.is_kvmesh()).await?;
+    let before = match at_window {
+        Some(scrape) => scrape.context("scraping the counters at the window's start")?,
+        None => before,
+    };
     let c = counters(&stack, &before, &after, policy.is_kvmesh());
     drop(stack);
     std::fs::write(dir.join("counters.json"), serde_json::to_string_pretty(&c)?)?;
-    let records = read_all(std::io::BufReader::new(std::fs::File::open(&results)?))?;
+    let all_records = read_all(std::io::BufReader::new(std::fs::File::open(&results)?))?;
+    let (records, warmup_requests) = window_records(&all_records, &window);
+    let (ceiling_rate, ceiling, skipped) =
+        point_ceiling(&plan, &all_records, &window, fleet.block_size as usize);
+    if skipped > 0 {
+        tracing::warn!(
+            skipped,
+            "records naming no planned turn left out of the ceiling"
+        );
+    }
     let machine = MachineSample {
         cpu_busy_mean: cpu_mean,
         cpu_busy_max: cpu_max,
@@ -253,10 +318,11 @@ async fn measure_inner(
         dir_rel,
         &records,
         Some(&c),
-        Some((plan.ceiling_rate(), plan.ceiling)),
+        Some((ceiling_rate, ceiling)),
         machine,
         &worker_ids,
-    );
+    )
+    .with_window(window, warmup_requests, stats.cut_turns);
     if !fleet.engine_groups.is_empty() {
         // The engines are the CPU load here: bound everything else instead (see the lib's rule).
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
@@ -283,7 +349,11 @@ async fn measure_inner(
         policy = policy.name(),
         rate = plan.rate,
         requests = sunk.written,
+        window_requests = p.requests,
+        warmup_requests,
         cut_turns = stats.cut_turns,
+        turns_per_s = p.turns_per_s.unwrap_or(f64::NAN),
+        ceiling = ceiling_rate,
         wall_s = stats.wall.as_secs_f64(),
         ttft_p90_ms = p.ttft_p90_ms.unwrap_or(f64::NAN),
         engine_hit_rate = p.engine_hit_rate.unwrap_or(f64::NAN),
@@ -375,6 +445,18 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
         } else {
             (workload_fleet(&shared_fleet, &timing), timing.describe())
         };
+        let window = window_for(
+            kind,
+            &timing,
+            a.seed,
+            a.duration_s,
+            a.warmup_s,
+            a.vllm.is_some(),
+        );
+        let spec = PointSpec {
+            fleet: &fleet,
+            window,
+        };
         let fleet = &fleet;
         let start_rate = a
             .start_rate
@@ -391,6 +473,7 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
             describe: kind.describe().into(),
             rate_unit: kind.rate_unit().into(),
             fleet: fleet_note,
+            window,
             ..Default::default()
         });
         let wi = report.workloads.len() - 1;
@@ -407,7 +490,7 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
                     continue;
                 }
                 for &rate in &a.fixed_rates {
-                    let p = measure(a, fleet, kind, policy, rate, &out, &mut progress).await;
+                    let p = measure(a, &spec, kind, policy, rate, &out, &mut progress).await;
                     report.workloads[wi].points.push(p);
                     save(&report, &out)?;
                 }
@@ -421,7 +504,7 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
                 LadderStep::Measure(rate) => {
                     let p = measure(
                         a,
-                        fleet,
+                        &spec,
                         kind,
                         Policy::RoundRobin,
                         rate,
@@ -477,7 +560,7 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
                 }
             }
             for rate in todo {
-                let p = measure(a, fleet, kind, policy, rate, &out, &mut progress).await;
+                let p = measure(a, &spec, kind, policy, rate, &out, &mut progress).await;
                 report.workloads[wi].points.push(p);
                 save(&report, &out)?;
             }
