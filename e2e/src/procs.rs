@@ -162,6 +162,29 @@ impl Drop for Proc {
     }
 }
 
+/// A process stopped by SIGSTOP (it keeps its sockets and answers nothing: a hung peer), resumed
+/// by SIGCONT when dropped, so a failing test or benchmark never leaves it stopped.
+pub struct Paused(u32);
+
+impl Paused {
+    /// Stops process `pid`.
+    pub fn stop(pid: u32) -> anyhow::Result<Self> {
+        kill(Pid::from_raw(i32::try_from(pid)?), Signal::SIGSTOP).with_context(|| format!("SIGSTOP {pid}"))?;
+        Ok(Self(pid))
+    }
+
+    /// Resumes it now (SIGCONT).
+    pub fn resume(self) {}
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.0) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+        }
+    }
+}
+
 /// A free TCP port on 127.0.0.1 (bound and released; for programs that cannot bind port 0 themselves).
 pub fn free_port() -> anyhow::Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;

@@ -12,9 +12,8 @@ use futures::StreamExt;
 use kvmesh_core::headers;
 use kvmesh_e2e::client::{filler, post_json};
 use kvmesh_e2e::poll;
+use kvmesh_e2e::procs::Paused;
 use kvmesh_e2e::stack::{Stack, StackSpec};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use serde_json::json;
 
 const REQUESTS: u64 = 300;
@@ -31,20 +30,6 @@ const ENVOY_CX_BOUND: u32 = MAX_INDEXER_CONNECTIONS + 2;
 async fn indexer_cluster_stat(c: &reqwest::Client, admin: &str, stat: &str) -> Option<u64> {
     let text = c.get(format!("{admin}/stats?filter=^cluster\\.kvmesh_indexer\\.{stat}$")).send().await.ok()?.text().await.ok()?;
     text.lines().find_map(|l| l.split_once(": ").and_then(|(_, v)| v.trim().parse().ok()))
-}
-
-fn signal(pid: u32, sig: Signal) -> anyhow::Result<()> {
-    kill(Pid::from_raw(i32::try_from(pid)?), sig)?;
-    Ok(())
-}
-
-/// Resumes a stopped process when dropped, so a failing test still tears down cleanly.
-struct Resume(u32);
-
-impl Drop for Resume {
-    fn drop(&mut self) {
-        let _ = signal(self.0, Signal::SIGCONT);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -64,8 +49,8 @@ async fn a_hung_indexer_trips_the_breaker_and_routing_resumes() -> anyhow::Resul
     assert!(r.header(headers::DEBUG_FALLBACK).is_none(), "fallback before the hang: {:?}", r.header(headers::DEBUG_FALLBACK));
 
     let pid = stack.indexer.as_ref().map(|p| p.pid()).ok_or_else(|| anyhow::anyhow!("no indexer"))?;
-    signal(pid, Signal::SIGSTOP)?;
-    let resume = Resume(pid);
+    // Resumed when dropped, so a failing test still tears down cleanly.
+    let paused = Paused::stop(pid)?;
 
     // Sample the connections to the indexer while the burst runs.
     let max_active = Arc::new(AtomicU64::new(0));
@@ -112,7 +97,7 @@ async fn a_hung_indexer_trips_the_breaker_and_routing_resumes() -> anyhow::Resul
     );
 
     // Resumed: within about one open window a probe closes the breaker and the indexer routes again.
-    drop(resume);
+    paused.resume();
     let resumed = Instant::now();
     let mut i = 10_000;
     poll::until("routing by the indexer resumes after SIGCONT", || {

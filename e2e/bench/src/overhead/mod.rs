@@ -5,11 +5,14 @@
 //! - `gateway` (pure): the kvmesh bootstrap plus a filter-less twin listener, canned routes and
 //!   an access log with Envoy's own per-request timestamps;
 //! - `summary` (pure): samples → the report's rows (differences of same-run percentiles);
+//! - `hung` (pure): the hung-indexer case (SIGSTOP, breaker open, SIGCONT) judged against its
+//!   targets and rendered;
 //! - `drive` (I/O): tagged requests, the closed loop, reading the access log.
 //!
 //! The orchestrator (`kvmesh-bench`, `overhead` part) starts the stack and sequences them.
 
 pub mod drive;
 pub mod gateway;
+pub mod hung;
 pub mod plan;
 pub mod summary;

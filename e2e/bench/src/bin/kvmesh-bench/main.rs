@@ -585,6 +585,7 @@ async fn bench(a: Args) -> Result<()> {
                 ran += usize::from(!r.cases.is_empty());
                 manifest.overhead = r.cases;
                 manifest.overhead_notes = Some(r.notes);
+                manifest.extra_sections.extend(r.sections);
             }
             Err(e) => {
                 tracing::error!(error = format!("{e:#}"), "overhead did not run");

@@ -16,17 +16,25 @@
 //!    the canned route (nothing forwarded; the filter and indexer still do all their work). Around
 //!    each kvmesh round (until the indexer is idle again) the indexer's CPU time and answered
 //!    routes are read: route throughput per indexer core.
+//! 7. The indexer hung (issue 14.3, last: it disturbs the stack): SIGSTOP, requests until the
+//!    filter's breaker is seen open, interleaved latency samples as in step 4, a concurrent burst;
+//!    Envoy's connections to the indexer sampled throughout; SIGCONT (also on any error: the
+//!    guard's drop), then the time until a request is routed by the indexer again.
 
 use crate::run::Fleet;
 use anyhow::{bail, Context, Result};
 use kvmesh_bench::chat::History;
 use kvmesh_bench::client::{build_client, discover_model};
-use kvmesh_bench::manifest::OverheadCase;
+use kvmesh_bench::manifest::{ExtraSection, OverheadCase};
 use kvmesh_bench::overhead::drive::cpu_ticks;
 use kvmesh_bench::overhead::drive::{
     access_entries, closed_loop, indexer_timers, settle, settle_cpu, tagged,
 };
 use kvmesh_bench::overhead::gateway::add_plain_path;
+use kvmesh_bench::overhead::hung::{
+    self, hung_route, open_streak, Burst, HungIndexer, HungRoute, HUNG_CASE, HUNG_PROMPT_TOKENS,
+    OPEN_STREAK,
+};
 use kvmesh_bench::overhead::plan::{
     base_conversation, base_seed, cases, cold_request, cold_seed, cold_template, next_turn,
     shared_prefix_request, shared_prefix_seed, Case, Kind, Shape, Size,
@@ -34,11 +42,12 @@ use kvmesh_bench::overhead::plan::{
 use kvmesh_bench::overhead::summary::{summarize, Path as Way, Rate, Sample};
 use kvmesh_bench::policy::Policy;
 use kvmesh_e2e::envoy_config::{render_bootstrap, BootstrapVars, BootstrapWorker};
-use kvmesh_e2e::procs::{free_port, Proc};
+use kvmesh_e2e::procs::{free_port, Paused, Proc};
 use kvmesh_e2e::stack::{envoy_binary, wasm_path, EnvoyPolicy, Stack, StackSpec};
 use std::collections::{HashMap, HashSet};
 use std::io::Write as _;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -66,6 +75,8 @@ pub struct OverheadArgs {
 pub struct OverheadRun {
     pub cases: Vec<OverheadCase>,
     pub notes: String,
+    /// Report sections of their own (the hung-indexer case).
+    pub sections: Vec<ExtraSection>,
 }
 
 /// Deadline of one latency sample or priming request.
@@ -80,6 +91,20 @@ const SETTLE_ROUND: Duration = Duration::from_secs(120);
 const IDLE_TICKS: u64 = 2;
 /// Warm-up requests per path.
 const WARMUP: usize = 16;
+/// Envoy's worker threads (`--concurrency`): one filter breaker and one connection pool to the
+/// indexer each.
+const ENVOY_CONCURRENCY: u32 = 2;
+/// Seed phase of the hung-indexer case's requests (the latency phase is 0, warm-up 9, the
+/// requests/s rounds 1 + 2 × round + path).
+const HUNG_PHASE: u64 = 1 << 20;
+/// Closed-loop clients of the burst while the indexer hangs (the issue's concurrency).
+const HUNG_BURST_CONCURRENCY: usize = 50;
+/// Longest burst while the indexer hangs (the requests/s round length when shorter).
+const HUNG_BURST: Duration = Duration::from_secs(2);
+/// How often Envoy's connections to the indexer are read during the hang.
+const CX_EVERY: Duration = Duration::from_millis(20);
+/// Between resume probes after SIGCONT.
+const RESUME_EVERY: Duration = Duration::from_millis(10);
 
 fn spec(args: &OverheadArgs, fleet: &Fleet, dir: &Path) -> StackSpec {
     let mut spec = StackSpec::aggregate(fleet.workers);
@@ -155,7 +180,9 @@ async fn swap_envoy(stack: &mut Stack) -> Result<(u16, std::path::PathBuf)> {
     let mut cmd = std::process::Command::new(envoy_binary()?);
     cmd.arg("-c")
         .arg(&path)
-        .args(["--disable-hot-restart", "--concurrency", "2", "-l", "info"]);
+        .args(["--disable-hot-restart", "--concurrency"])
+        .arg(ENVOY_CONCURRENCY.to_string())
+        .args(["-l", "info"]);
     cmd.args(["--file-flush-interval-msec", "100"])
         .arg("--log-path")
         .arg(dir.join("envoy-overhead-app.log"));
@@ -354,6 +381,208 @@ fn request_for(
     }
 }
 
+/// Peak `upstream_cx_active` of Envoy's indexer cluster, read every [`CX_EVERY`] until `stop`.
+fn sample_indexer_connections(
+    client: reqwest::Client,
+    admin: String,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Option<u64>> {
+    let url =
+        format!("{admin}/stats/prometheus?filter=^cluster\\.kvmesh_indexer\\.upstream_cx_active$");
+    tokio::spawn(async move {
+        let peak = AtomicU64::new(0);
+        let mut read = false;
+        while !stop.load(Ordering::Relaxed) {
+            let text = async { client.get(&url).send().await.ok()?.text().await.ok() };
+            let n = tokio::time::timeout(Duration::from_secs(2), text)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|t| kvmesh_e2e::prom::Metrics::parse(&t).ok())
+                .and_then(|m| {
+                    m.select(
+                        "envoy_cluster_upstream_cx_active",
+                        &[("envoy_cluster_name", "kvmesh_indexer")],
+                    )
+                    .next()
+                    .map(|s| s.value)
+                });
+            if let Some(n) = n.filter(|n| n.is_finite() && *n >= 0.0) {
+                read = true;
+                peak.fetch_max(n as u64, Ordering::Relaxed);
+            }
+            tokio::time::sleep(CX_EVERY).await;
+        }
+        read.then(|| peak.load(Ordering::Relaxed))
+    })
+}
+
+/// The hung-indexer case (step 7): returns the measurements and the case's samples.
+async fn hung_indexer(
+    stack: &Stack,
+    client: &reqwest::Client,
+    urls: &Urls,
+    model: &str,
+    args: &OverheadArgs,
+    access_log: &Path,
+    shape: &Shape,
+) -> Result<(HungIndexer, Vec<Sample>)> {
+    let pid = stack
+        .indexer
+        .as_ref()
+        .map(Proc::pid)
+        .context("the stack has no indexer")?;
+    let template = cold_template(HUNG_PROMPT_TOKENS, shape);
+    let request = |phase: u64, n: u64| {
+        body(
+            &cold_request(&template, cold_seed(args.seed, phase, 0, n)),
+            model,
+        )
+    };
+    let mut h = HungIndexer {
+        indexer_timeout_ms: args
+            .indexer_timeout_ms
+            .unwrap_or(kvmesh_core::filter_config::DEFAULT_INDEXER_TIMEOUT_MS),
+        connection_bound: u64::from(
+            kvmesh_e2e::envoy_config::DEFAULT_INDEXER_MAX_CONNECTIONS + ENVOY_CONCURRENCY,
+        ),
+        ..Default::default()
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let paused = Paused::stop(pid)?;
+    let sampler = sample_indexer_connections(client.clone(), stack.admin(""), Arc::clone(&stop));
+    tracing::info!(pid, "overhead: indexer stopped (SIGSTOP)");
+
+    // Until the breaker is seen open: every call before waits for the deadline.
+    let hung_at = Instant::now();
+    let deadline = hung_at + kvmesh_e2e::poll::patience();
+    let mut streak = 0;
+    while streak < OPEN_STREAK && Instant::now() < deadline {
+        let id = format!("hung-open-{}", h.opening_requests);
+        let o = tagged(
+            client,
+            &urls.kvmesh,
+            request(HUNG_PHASE, h.opening_requests),
+            &id,
+            SAMPLE_TIMEOUT,
+        )
+        .await;
+        h.opening_requests += 1;
+        streak = open_streak(streak, o.fallback.as_deref());
+    }
+    h.opening_ms = (streak >= OPEN_STREAK).then(|| hung_at.elapsed().as_secs_f64() * 1e3);
+
+    // With the breaker open: interleaved samples as in the latency phase.
+    let mut samples = Vec::new();
+    if h.opening_ms.is_some() {
+        for n in 0..args.samples as u64 {
+            let order = if n % 2 == 0 {
+                [Way::Kvmesh, Way::Plain]
+            } else {
+                [Way::Plain, Way::Kvmesh]
+            };
+            for way in order {
+                let id = format!("{HUNG_CASE}-{n}-{}", way.tag());
+                let b = request(HUNG_PHASE + 1, 2 * n + u64::from(way == Way::Plain));
+                let o = tagged(client, urls.of(way), b, &id, SAMPLE_TIMEOUT).await;
+                if way == Way::Kvmesh {
+                    match hung_route(o.fallback.as_deref()) {
+                        HungRoute::Skipped => h.skipped += 1,
+                        HungRoute::Waited => h.waited += 1,
+                        HungRoute::Other => {}
+                    }
+                }
+                samples.push(Sample {
+                    case: HUNG_CASE.to_string(),
+                    path: Some(way),
+                    n,
+                    id,
+                    ttft_ms: o.ttft.map(|d| d.as_secs_f64() * 1e3),
+                    status: o.status,
+                    worker: o.worker,
+                    fallback: o.fallback,
+                    prompt_tokens: o.usage.and_then(|u| u.prompt_tokens),
+                    error: o.error,
+                    ..Default::default()
+                });
+            }
+        }
+    }
+
+    // Concurrency against the hung indexer: the connections must stay bounded.
+    if args.rps_seconds > 0.0 {
+        let make = {
+            let (template, model, seed) = (template.clone(), model.to_string(), args.seed);
+            Arc::new(move |n: u64| {
+                body(
+                    &cold_request(&template, cold_seed(seed, HUNG_PHASE + 2, 0, n)),
+                    &model,
+                )
+            })
+        };
+        let length = HUNG_BURST.min(Duration::from_secs_f64(args.rps_seconds));
+        let r = closed_loop(
+            client,
+            &urls.kvmesh,
+            HUNG_BURST_CONCURRENCY,
+            length,
+            RPS_TIMEOUT,
+            make,
+        )
+        .await;
+        h.burst = Some(Burst {
+            concurrency: HUNG_BURST_CONCURRENCY as u64,
+            ok: r.ok,
+            failed: r.failed,
+            fallbacks: r.fallbacks,
+            seconds: r.seconds,
+        });
+    }
+
+    // SIGCONT, then the first request the indexer routes.
+    paused.resume();
+    let resumed = Instant::now();
+    let mut n = 0u64;
+    while resumed.elapsed() < kvmesh_e2e::poll::patience() {
+        let o = tagged(
+            client,
+            &urls.kvmesh,
+            request(HUNG_PHASE + 3, n),
+            &format!("hung-resume-{n}"),
+            SAMPLE_TIMEOUT,
+        )
+        .await;
+        n += 1;
+        if o.error.is_none() && o.fallback.is_none() && o.decision_mode.is_some() {
+            h.resume_ms = Some(resumed.elapsed().as_secs_f64() * 1e3);
+            break;
+        }
+        tokio::time::sleep(RESUME_EVERY).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    h.max_indexer_connections = sampler.await.ok().flatten();
+    tracing::info!(
+        opening_requests = h.opening_requests,
+        opening_ms = h.opening_ms,
+        skipped = h.skipped,
+        waited = h.waited,
+        max_indexer_connections = h.max_indexer_connections,
+        resume_ms = h.resume_ms,
+        "overhead: indexer hang measured"
+    );
+
+    let want: HashSet<String> = samples.iter().map(|s| s.id.clone()).collect();
+    let entries = access_entries(access_log, &want, kvmesh_e2e::poll::patience()).await;
+    for s in &mut samples {
+        if let Some(e) = entries.get(&s.id) {
+            s.gateway_ms = e.gateway_ms();
+            s.request_ms = e.req_us.map(|us| us / 1000.0);
+        }
+    }
+    h.latency = summarize(HUNG_CASE, &samples, None, None);
+    Ok((h, samples))
+}
+
 /// Runs the overhead part; writes `<out>/overhead/{samples.jsonl,stack/}`.
 pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Result<OverheadRun> {
     let dir = out.join("overhead");
@@ -486,12 +715,7 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
             None => missing_log += 1,
         }
     }
-    let samples_path = dir.join("samples.jsonl");
-    let mut f = std::io::BufWriter::new(std::fs::File::create(&samples_path)?);
-    for s in &samples {
-        writeln!(f, "{}", serde_json::to_string(s)?)?;
-    }
-    f.flush()?;
+    write_jsonl(&dir.join("samples.jsonl"), &samples)?;
     let latency_s = latency_start.elapsed().as_secs_f64();
 
     let mut rates: HashMap<(String, &'static str), Rate> = HashMap::new();
@@ -579,7 +803,22 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
             }
         }
     }
+    let hung = hung_indexer(&stack, &client, &urls, &model, args, &access_log, &shape).await;
     drop(stack);
+    let hung_section = match hung {
+        Ok((h, hung_samples)) => {
+            write_jsonl(&dir.join("hung-samples.jsonl"), &hung_samples)?;
+            std::fs::write(dir.join("hung.json"), serde_json::to_string_pretty(&h)?)?;
+            hung::render(&h) + "\nPer-request samples: `overhead/hung-samples.jsonl`; figures: `overhead/hung.json`."
+        }
+        Err(e) => {
+            tracing::error!(
+                error = format!("{e:#}"),
+                "overhead: the hung-indexer case did not run"
+            );
+            format!("**did not run**: {e:#}")
+        }
+    };
 
     let mut out_cases = Vec::new();
     let mut missing = Vec::new();
@@ -648,5 +887,21 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
     Ok(OverheadRun {
         cases: out_cases,
         notes,
+        sections: vec![ExtraSection {
+            title: "Router overhead with the indexer hung (SIGSTOP)".into(),
+            markdown: hung_section,
+        }],
     })
+}
+
+/// Writes one JSON line per sample.
+fn write_jsonl(path: &Path, samples: &[Sample]) -> Result<()> {
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+    );
+    for s in samples {
+        writeln!(f, "{}", serde_json::to_string(s)?)?;
+    }
+    f.flush()?;
+    Ok(())
 }
