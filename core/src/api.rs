@@ -6,7 +6,8 @@
 //! `prefill_overloaded` (a `429`/`503` from the prefill leg: the client must back off) is meant for
 //! the client; every other answer (`no_decode_worker`, `tokenizer`, `overloaded_shed`,
 //! `request_timeout`, a 4xx …) means "route without me" and the filter falls back.
-//! `POST /v1/done`: a [`DoneReport`]. `GET /v1/fleet`: a [`FleetSnapshot`].
+//! `POST /v1/done`: a [`DoneReport`], or a batch of them (a JSON array, at most
+//! [`MAX_DONE_BATCH`]; [`parse_done_body`]). `GET /v1/fleet`: a [`FleetSnapshot`].
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -298,6 +299,21 @@ pub struct DoneReport {
     pub booking_id: Option<String>,
 }
 
+/// Most reports one `POST /v1/done` carries. The filter sends reports that waited while a call was
+/// out as one array (one call per batch instead of per request: an HTTP call costs Envoy about as
+/// much CPU as the request it reports on).
+pub const MAX_DONE_BATCH: usize = 64;
+
+/// Reads a `/v1/done` body: one [`DoneReport`] object, or an array of them (a batch; the caller
+/// bounds its length by [`MAX_DONE_BATCH`]).
+pub fn parse_done_body(body: &[u8]) -> Result<Vec<DoneReport>, serde_json::Error> {
+    if body.trim_ascii_start().starts_with(b"[") {
+        serde_json::from_slice(body)
+    } else {
+        serde_json::from_slice(body).map(|one| vec![one])
+    }
+}
+
 /// A worker's role in the fleet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -396,6 +412,21 @@ mod tests {
         assert_eq!(d.reason_codes, vec![ReasonCode::SessionPin, ReasonCode::Other]);
         assert_eq!(ReasonCode::join(&d.reason_codes), "session_pin,other");
         assert_eq!(ReasonCode::parse_list(" best_overlap, disagg_uncached ,"), vec![ReasonCode::BestOverlap, ReasonCode::DisaggUncached]);
+    }
+
+    #[test]
+    fn done_bodies_are_one_report_or_a_batch() {
+        let one = r#"{"request_id":"a","outcome":"success","booking_id":"b1"}"#;
+        let parsed = parse_done_body(one.as_bytes()).unwrap();
+        assert_eq!(parsed.len(), 1);
+        assert_eq!((parsed[0].request_id.as_str(), parsed[0].booking_id.as_deref()), ("a", Some("b1")));
+        let batch = format!(" \n[{one},{{\"request_id\":\"b\",\"outcome\":\"aborted\"}}]");
+        let parsed = parse_done_body(batch.as_bytes()).unwrap();
+        assert_eq!(parsed.iter().map(|r| (r.request_id.as_str(), r.outcome)).collect::<Vec<_>>(), [("a", Outcome::Success), ("b", Outcome::Aborted)]);
+        assert_eq!(parse_done_body(b"[]").unwrap(), vec![]);
+        for bad in [&b"{}"[..], b"[{}]", b"[1]", b"", b"nope", br#"{"request_id":"a","outcome":"success"} x"#] {
+            assert!(parse_done_body(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
     }
 
     #[test]

@@ -76,7 +76,8 @@ pub struct RequestFlow {
     endpoint: Option<Endpoint>,
     session: Option<(SessionKey, SessionSource)>,
     buffered: usize,
-    body: Vec<u8>,
+    /// The client's body while the route call is out (shared with the call: a splice needs it).
+    body: Rc<Vec<u8>>,
     route_started_ns: u64,
     /// Measures TTFT at the first response byte against the decision's prediction.
     ttft: TtftProbe,
@@ -103,7 +104,7 @@ impl RequestFlow {
             endpoint: None,
             session: None,
             buffered: 0,
-            body: Vec::new(),
+            body: Rc::default(),
             route_started_ns: 0,
             ttft: TtftProbe::default(),
             route: RouteLabel::Unrouted,
@@ -221,7 +222,8 @@ impl RequestFlow {
         };
         self.session = request::peeked_session_key(&self.head, &parsed, self.config.derive_session_keys);
         self.ttft.set_stream(parsed.stream);
-        let call = request::route_call(&self.config, &self.request_id, endpoint, self.session, &self.head, body.clone());
+        let body = Rc::new(body);
+        let call = request::route_call(&self.config, &self.request_id, endpoint, self.session, &self.head, Rc::clone(&body));
         self.body = body;
         self.phase = Phase::Routing;
         self.route_started_ns = now_ns;
@@ -277,7 +279,7 @@ impl RequestFlow {
                 self.phase = Phase::Rejected;
                 self.rejected_status = Some(status);
                 self.report_done = Some(DoneTarget::default());
-                self.body = Vec::new();
+                self.body = Rc::default();
                 effects.push(Effect::SendResponse {
                     status,
                     headers: vec![
@@ -379,7 +381,7 @@ impl RequestFlow {
             effects.push(Effect::QueueDone(DoneReport { request_id: self.request_id.clone(), endpoint, outcome, status, booking_id }));
         }
         self.phase = Phase::Finished;
-        self.body = Vec::new();
+        self.body = Rc::default();
         effects
     }
 
@@ -441,7 +443,7 @@ impl RequestFlow {
         }
         self.report_done = Some(DoneTarget { endpoint: Some(d.endpoint), booking_id: d.booking_id });
         self.phase = Phase::Forwarded;
-        self.body = Vec::new();
+        self.body = Rc::default();
         effects
     }
 
@@ -489,7 +491,7 @@ impl RequestFlow {
             FallbackPick::Unrouted(_) => self.route = RouteLabel::Unrouted,
         }
         self.phase = Phase::Forwarded;
-        self.body = Vec::new();
+        self.body = Rc::default();
         effects
     }
 }

@@ -6,6 +6,8 @@
 //! Operator overrides count only when [`override_trust`] says the request is trusted (it carries
 //! the configured `override_secret`); otherwise the flow strips them and counts the refusal.
 
+use std::rc::Rc;
+
 use kvmesh_core::api::{DONE_PATH, FLEET_PATH, ROUTE_PATH};
 use kvmesh_core::headers;
 use kvmesh_core::openai::{Endpoint, OpenAiRequest, RequestPeek};
@@ -121,12 +123,14 @@ pub fn peeked_session_key(head: &RequestHead, request: &RequestPeek, derive: boo
     request.conversation_anchor.map(|a| (SessionKey(a), SessionSource::Prefix))
 }
 
-/// An HTTP call through Envoy (`dispatch_http_call`).
+/// An HTTP call through Envoy (`dispatch_http_call`). The body is shared, not copied: the
+/// `/v1/route` body is the client's, which the flow keeps for a splice while the call is out
+/// (`dispatch_http_call` copies it out of the VM; that copy the ABI forces).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpCall {
     pub upstream: String,
     pub headers: Vec<(String, String)>,
-    pub body: Option<Vec<u8>>,
+    pub body: Option<Rc<Vec<u8>>>,
     pub timeout_ms: u64,
 }
 
@@ -144,11 +148,16 @@ impl HttpCall {
         }
     }
 
-    fn with_json_body(mut self, body: Vec<u8>) -> Self {
+    fn with_json_body(mut self, body: Rc<Vec<u8>>) -> Self {
         self.headers.push(("content-type".into(), "application/json".into()));
         self.headers.push(("content-length".into(), body.len().to_string()));
         self.body = Some(body);
         self
+    }
+
+    /// The body's bytes, if the call has one.
+    pub fn body(&self) -> Option<&[u8]> {
+        self.body.as_deref().map(Vec::as_slice)
     }
 
     /// The value of header `name`, for tests and logs.
@@ -157,15 +166,15 @@ impl HttpCall {
     }
 }
 
-/// `POST /v1/route` with the client's body unchanged and the metadata in headers; the overrides
-/// only when `head`'s are trusted ([`override_trust`]).
+/// `POST /v1/route` with the client's body unchanged (shared with the flow, not copied) and the
+/// metadata in headers; the overrides only when `head`'s are trusted ([`override_trust`]).
 pub fn route_call(
     config: &FilterConfig,
     request_id: &str,
     endpoint: Endpoint,
     session: Option<(SessionKey, SessionSource)>,
     head: &RequestHead,
-    body: Vec<u8>,
+    body: Rc<Vec<u8>>,
 ) -> HttpCall {
     let mut call = HttpCall::new(config, "POST", ROUTE_PATH, config.indexer_timeout_ms);
     call.headers.push((headers::REQUEST_ID.into(), request_id.into()));
@@ -186,7 +195,7 @@ pub fn route_call(
 
 /// `POST /v1/done` with a JSON [`kvmesh_core::api::DoneReport`].
 pub fn done_call(config: &FilterConfig, report_json: Vec<u8>) -> HttpCall {
-    HttpCall::new(config, "POST", DONE_PATH, config.background_timeout_ms).with_json_body(report_json)
+    HttpCall::new(config, "POST", DONE_PATH, config.background_timeout_ms).with_json_body(Rc::new(report_json))
 }
 
 /// `GET /v1/fleet`.

@@ -5,13 +5,14 @@
 //! The bookkeeping is [`crate::background`]'s ([`DoneQueue`], [`FleetSchedule`]); this module
 //! drives it with host calls through [`Host`]: it drains the singleton's shared queue into the
 //! bounded local queue, starts a poll when one is due, stores a valid answer in shared data for
-//! every VM of the `vm_id`, and keeps at most `done_max_in_flight` `/v1/done` calls out.
+//! every VM of the `vm_id`, and keeps at most `done_max_in_flight` `/v1/done` calls out, each
+//! carrying a batch of the reports that waited ([`DoneQueue::next_batch`]).
 
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::rc::Rc;
 
-use crate::background::{decode_done, encode_done, parse_fleet_answer, DoneQueue, FleetSchedule, FLEET_KEY, MAX_FLEET_BYTES};
+use crate::background::{decode_done, encode_done_batch, parse_fleet_answer, DoneQueue, FleetSchedule, FLEET_KEY, MAX_FLEET_BYTES};
 use crate::config::FilterConfig;
 use crate::host_api::{Host, HostError};
 use crate::metric_ids::MetricIds;
@@ -25,7 +26,8 @@ pub struct BackgroundTasks {
     metrics: Rc<MetricIds>,
     fleet: FleetSchedule,
     done: Rc<RefCell<DoneQueue>>,
-    done_calls: HashSet<u32>,
+    /// `/v1/done` calls out: token → reports in the batch.
+    done_calls: HashMap<u32, u64>,
     /// The shared queue this context drains (singleton service only).
     shared_queue: Option<u32>,
 }
@@ -41,7 +43,7 @@ impl BackgroundTasks {
         shared_queue: Option<u32>,
     ) -> Self {
         let fleet = FleetSchedule::new(config.fleet_refresh_ms);
-        Self { host, config, metrics, fleet, done, done_calls: HashSet::new(), shared_queue }
+        Self { host, config, metrics, fleet, done, done_calls: HashMap::new(), shared_queue }
     }
 
     /// Periodic work: drain, poll when due, dispatch.
@@ -64,7 +66,7 @@ impl BackgroundTasks {
         if self.fleet.take_answer(token) {
             let body = if body_size == 0 { Vec::new() } else { self.host.call_response_body(MAX_FLEET_BYTES + 1) };
             self.store_fleet(status, &body);
-        } else if self.done_calls.remove(&token) {
+        } else if let Some(reports) = self.done_calls.remove(&token) {
             if let Ok(mut q) = self.done.try_borrow_mut() {
                 q.call_finished();
             }
@@ -75,7 +77,7 @@ impl BackgroundTasks {
             if result == DoneResult::Failed {
                 log::debug!("/v1/done answered {status:?}");
             }
-            self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(result), 1));
+            self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(result), reports));
             self.pump_done();
         }
     }
@@ -141,27 +143,30 @@ impl BackgroundTasks {
         }
     }
 
-    /// Dispatches queued reports while call slots are free.
+    /// Dispatches queued reports, a batch per call, while [`DoneQueue::next_batch`] has one.
     fn pump_done(&mut self) {
         loop {
-            let next = match self.done.try_borrow_mut() {
-                Ok(mut q) => q.next_to_send(),
-                Err(_) => None,
+            let batch = match self.done.try_borrow_mut() {
+                Ok(mut q) => q.next_batch(),
+                Err(_) => Vec::new(),
             };
-            let Some(report) = next else { return };
-            let dispatched = encode_done(&report)
-                .ok_or_else(|| HostError("serialising a done report failed".to_owned()))
+            if batch.is_empty() {
+                return;
+            }
+            let reports = batch.len() as u64;
+            let dispatched = encode_done_batch(&batch)
+                .ok_or_else(|| HostError("serialising done reports failed".to_owned()))
                 .and_then(|json| self.host.dispatch(&done_call(&self.config, json)));
             match dispatched {
                 Ok(token) => {
-                    self.done_calls.insert(token);
+                    self.done_calls.insert(token, reports);
                 }
                 Err(status) => {
                     if let Ok(mut q) = self.done.try_borrow_mut() {
                         q.call_finished();
                     }
                     self.metrics.host_call_failed("dispatch_http_call(/v1/done)", &status);
-                    self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Failed), 1));
+                    self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Failed), reports));
                 }
             }
         }

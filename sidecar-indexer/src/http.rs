@@ -143,14 +143,31 @@ async fn done(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let raw = body(&state, "done", raw)?;
-    let report: DoneReport = serde_json::from_slice(&raw).map_err(|e| {
-        state
-            .metrics
-            .bad_requests
-            .with_label_values(&["done", "bad_json"])
-            .inc();
-        ApiError::bad_request("bad_json", format!("not a DoneReport: {e}"))
-    })?;
+    // One report (an object), or a batch (an array): the filter sends what waited as one call.
+    let max = kvmesh_core::api::MAX_DONE_BATCH;
+    let reports = kvmesh_core::api::parse_done_body(&raw)
+        .map_err(|e| format!("not a DoneReport or an array of them: {e}"))
+        .and_then(|r| match r.len() <= max {
+            true => Ok(r),
+            false => Err(format!("{} reports in one batch (at most {max})", r.len())),
+        })
+        .map_err(|message| {
+            state
+                .metrics
+                .bad_requests
+                .with_label_values(&["done", "bad_json"])
+                .inc();
+            ApiError::bad_request("bad_json", message)
+        })?;
+    let released = reports.iter().filter(|r| release_done(&state, r)).count();
+    if raw.trim_ascii_start().starts_with(b"[") {
+        return Ok(Json(serde_json::json!({ "released": released })));
+    }
+    Ok(Json(serde_json::json!({ "released": released == 1 })))
+}
+
+/// Releases the booking one done report names; whether there was one.
+fn release_done(state: &AppState, report: &DoneReport) -> bool {
     // By the booking id the decision carried; a report without one (an older filter) releases the
     // oldest booking made under its request id.
     let released = {
@@ -189,7 +206,7 @@ async fn done(
             if released.is_some() { "true" } else { "false" },
         ])
         .inc();
-    Ok(Json(serde_json::json!({ "released": released.is_some() })))
+    released.is_some()
 }
 
 async fn fleet(State(state): State<Arc<AppState>>) -> Json<kvmesh_core::api::FleetSnapshot> {

@@ -863,3 +863,35 @@ async fn reload_keeps_unchanged_workers_and_drops_removed_ones() {
         "same config: nothing to do"
     );
 }
+
+/// The filter sends the done reports that waited while a call was out as one array.
+#[tokio::test]
+async fn a_batch_of_done_reports_releases_each_booking() {
+    let svc = service("");
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(route_ok(&svc, "/v1/completions", &tokens_body(8 + i), &[]).await.booking_id.unwrap());
+    }
+    assert_eq!(active(&svc).iter().map(|(_, n)| n).sum::<u64>(), 3);
+    let report = |id: &str| kvmesh_core::api::DoneReport {
+        request_id: "r".into(),
+        endpoint: None,
+        outcome: kvmesh_core::api::Outcome::Success,
+        status: Some(200),
+        booking_id: Some(id.to_owned()),
+    };
+    // Two of the three, and one made up: two released.
+    let batch = vec![report(&ids[0]), report("kvb-00000000-1"), report(&ids[2])];
+    let post = |body: Vec<u8>| Request::post(DONE_PATH).body(Body::from(body)).unwrap();
+    let (status, body) = call(&svc, post(serde_json::to_vec(&batch).unwrap())).await;
+    assert_eq!((status, String::from_utf8_lossy(&body).as_ref()), (StatusCode::OK, r#"{"released":2}"#));
+    assert_eq!(active(&svc).iter().map(|(_, n)| n).sum::<u64>(), 1);
+    let (status, body) = call(&svc, post(serde_json::to_vec(&vec![report(&ids[1])]).unwrap())).await;
+    assert_eq!((status, String::from_utf8_lossy(&body).as_ref()), (StatusCode::OK, r#"{"released":1}"#));
+    assert!(all_idle(&svc), "{:?}", active(&svc));
+    // Bounded: a batch past MAX_DONE_BATCH, or one unreadable report, is refused whole.
+    let too_many = vec![report(&ids[0]); kvmesh_core::api::MAX_DONE_BATCH + 1];
+    assert_eq!(call(&svc, post(serde_json::to_vec(&too_many).unwrap())).await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(call(&svc, post(br#"[{"request_id":"r","outcome":"success"},{}]"#.to_vec())).await.0, StatusCode::BAD_REQUEST);
+    assert!(svc.state.metrics.render().contains(r#"kvmesh_done_reports_total{matched="true",outcome="success"} 3"#));
+}

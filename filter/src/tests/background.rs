@@ -12,17 +12,38 @@ fn done_queue_bounds_pending_and_in_flight() {
     let mut q = DoneQueue::new(3, 2);
     assert!(q.offer(report("a")) && q.offer(report("b")) && q.offer(report("c")));
     assert!(!q.offer(report("d")), "full queue drops");
-    assert_eq!(q.next_to_send().unwrap().request_id, "a");
-    assert_eq!(q.next_to_send().unwrap().request_id, "b");
-    assert_eq!(q.next_to_send(), None, "two in flight");
+    let ids = |b: Vec<DoneReport>| b.into_iter().map(|r| r.request_id).collect::<Vec<_>>();
+    assert_eq!(ids(q.next_batch()), ["a", "b", "c"], "nothing out: everything waiting goes in one call");
+    assert_eq!(q.in_flight(), 1);
+    assert!(q.next_batch().is_empty(), "nothing waits");
     assert!(q.offer(report("e")));
+    assert!(q.next_batch().is_empty(), "a call is out and the batch is not full: e waits for its answer");
     q.call_finished();
-    assert_eq!(q.next_to_send().unwrap().request_id, "c");
+    assert_eq!(ids(q.next_batch()), ["e"]);
     q.call_finished();
     q.call_finished();
+    assert_eq!(q.in_flight(), 0, "never below zero");
+    assert_eq!(q.pending(), 0);
+}
+
+#[test]
+fn full_batches_go_out_up_to_max_in_flight() {
+    let n = 3 * MAX_DONE_BATCH + 1;
+    let mut q = DoneQueue::new(n, 2);
+    for i in 0..n {
+        assert!(q.offer(report(&i.to_string())));
+    }
+    let first = q.next_batch();
+    assert_eq!((first.len(), first[0].request_id.as_str()), (MAX_DONE_BATCH, "0"), "a batch is bounded, oldest first");
+    let second = q.next_batch();
+    assert_eq!((second.len(), second[0].request_id.as_str()), (MAX_DONE_BATCH, "64"), "a full batch does not wait for the answer");
+    assert!(q.next_batch().is_empty(), "max_in_flight calls out");
     q.call_finished();
-    assert_eq!(q.in_flight(), 0);
-    assert_eq!(q.next_to_send().unwrap().request_id, "e");
+    assert_eq!(q.next_batch().len(), MAX_DONE_BATCH);
+    assert!(q.next_batch().is_empty());
+    q.call_finished();
+    q.call_finished();
+    assert_eq!(q.next_batch().len(), 1, "the rest once no call is out");
     assert_eq!(q.pending(), 0);
 }
 
@@ -57,6 +78,8 @@ fn fleet_answers() {
 #[test]
 fn done_round_trip() {
     let r = report("x");
-    assert_eq!(decode_done(&encode_done(&r).unwrap()), Some(r));
+    assert_eq!(decode_done(&encode_done(&r).unwrap()), Some(r.clone()));
     assert_eq!(decode_done(b"{"), None);
+    let batch = vec![r, report("y")];
+    assert_eq!(kvmesh_core::api::parse_done_body(&encode_done_batch(&batch).unwrap()).unwrap(), batch, "what the indexer reads");
 }

@@ -91,7 +91,8 @@ fn decision(kv: Value) -> Vec<u8> {
 fn routed_disagg_request_end_to_end() {
     let config = FilterConfig { debug_headers: true, ..FilterConfig::default() };
     let (mut f, call) = to_route_call(config, CHAT);
-    assert_eq!(call.body.as_deref(), Some(CHAT.as_bytes()), "the original body goes to the indexer");
+    assert_eq!(call.body(), Some(CHAT.as_bytes()), "the original body goes to the indexer");
+    assert!(call.body.as_ref().is_some_and(|b| Rc::ptr_eq(b, &f.body)), "the flow keeps the call's body for the splice: shared, not copied");
     assert_eq!(call.header("x-request-id"), Some("rid-1"));
     assert!(call.header("x-kvmesh-session").is_some_and(|v| v.ends_with(";source=prefix")), "derived keys are on by default");
 

@@ -96,7 +96,7 @@ fn route_call_carries_metadata_and_body() {
     let config = FilterConfig::default();
     let head = RequestHead { override_worker: Some("w9".into()), override_mode: Some("disagg".into()), ..Default::default() };
     let key = session::from_header_value("s");
-    let call = route_call(&config, "rid", Endpoint::ChatCompletions, Some((key, SessionSource::Header)), &head, b"{}".to_vec());
+    let call = route_call(&config, "rid", Endpoint::ChatCompletions, Some((key, SessionSource::Header)), &head, b"{}".to_vec().into());
     assert_eq!(call.upstream, "kvmesh_indexer");
     assert_eq!(call.header(":path"), Some("/v1/route"));
     assert_eq!(call.header(":method"), Some("POST"));
@@ -106,14 +106,14 @@ fn route_call_carries_metadata_and_body() {
     assert_eq!(call.header("x-kvmesh-session"), Some(session::encode_header(key, SessionSource::Header).as_str()));
     assert_eq!(call.header("content-length"), Some("2"));
     assert_eq!(call.header("x-kvmesh-worker"), None, "overrides are off by default");
-    assert_eq!(call.body.as_deref(), Some(&b"{}"[..]));
+    assert_eq!(call.body(), Some(&b"{}"[..]));
     assert_eq!(call.timeout_ms, 100);
 
     let config = FilterConfig { allow_overrides: true, override_secret: "0123456789abcdef".into(), ..config };
-    let call = route_call(&config, "rid", Endpoint::Completions, None, &head, Vec::new());
+    let call = route_call(&config, "rid", Endpoint::Completions, None, &head, Default::default());
     assert_eq!(call.header("x-kvmesh-worker"), None, "overrides on, but this request sent no secret");
     let head = RequestHead { override_secret: Some(b"0123456789abcdef".to_vec()), sent_override_secret: true, ..head };
-    let call = route_call(&config, "rid", Endpoint::Completions, None, &head, Vec::new());
+    let call = route_call(&config, "rid", Endpoint::Completions, None, &head, Default::default());
     assert_eq!(call.header("x-kvmesh-worker"), Some("w9"));
     assert_eq!(call.header("x-kvmesh-mode"), Some("disagg"));
     assert_eq!(call.header("x-kvmesh-session"), None);

@@ -3,12 +3,13 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use kvmesh_core::api::{DoneReport, Outcome, DONE_PATH, FLEET_PATH};
+use kvmesh_core::api::{DoneReport, Outcome, DONE_PATH, FLEET_PATH, MAX_DONE_BATCH};
 
 use super::*;
 use crate::background::DONE_QUEUE;
 use crate::host_api::fake::{Fail, FakeHost};
 use crate::metrics::InternalError;
+use crate::request::HttpCall;
 
 const VM: &str = "kvmesh";
 
@@ -94,28 +95,56 @@ fn never_polls_when_refresh_is_off() {
     assert!(r.host.calls().is_empty());
 }
 
+fn batch_of(call: &HttpCall) -> Vec<String> {
+    let reports: Vec<DoneReport> = serde_json::from_slice(call.body().unwrap()).unwrap();
+    reports.into_iter().map(|r| r.request_id).collect()
+}
+
+#[test]
+fn done_reports_that_wait_for_an_answer_go_as_one_call() {
+    let mut r = rig(r#"{"done_max_in_flight": 2, "fleet_refresh_ms": 0}"#, false);
+    r.done.borrow_mut().offer(report("a"));
+    r.tasks.on_tick();
+    let sent = r.host.tokens_to(DONE_PATH);
+    assert_eq!(sent.len(), 1, "a lone report goes at once");
+    let first = &r.host.calls()[0].1;
+    assert_eq!(first.upstream, "kvmesh_indexer");
+    assert_eq!(batch_of(first), ["a"]);
+    for id in ["b", "c", "d"] {
+        r.done.borrow_mut().offer(report(id));
+        r.tasks.on_tick();
+    }
+    assert_eq!(r.host.tokens_to(DONE_PATH).len(), 1, "they wait for the call out");
+    r.host.answer(Some(200), br#"{"released":true}"#);
+    r.tasks.on_http_call_response(sent[0], 1, 0);
+    let sent = r.host.tokens_to(DONE_PATH);
+    assert_eq!(sent.len(), 2, "the answer sends what waited");
+    assert_eq!(batch_of(&r.host.calls()[1].1), ["b", "c", "d"]);
+    r.tasks.on_http_call_response(9999, 1, 0);
+    assert_eq!(r.host.tokens_to(DONE_PATH).len(), 2, "unknown tokens are ignored");
+    r.host.answer(None, b"");
+    r.tasks.on_http_call_response(sent[1], 0, 0);
+    assert_eq!(r.host.value(Metric::DoneReports(DoneResult::Sent)), 1, "counted per report");
+    assert_eq!(r.host.value(Metric::DoneReports(DoneResult::Failed)), 3);
+    assert_eq!((r.done.borrow().pending(), r.done.borrow().in_flight()), (0, 0));
+}
+
 #[test]
 fn done_calls_stay_within_max_in_flight() {
-    let mut r = rig(r#"{"done_max_in_flight": 2, "fleet_refresh_ms": 0}"#, false);
-    for id in ["a", "b", "c", "d"] {
-        assert!(r.done.borrow_mut().offer(report(id)));
+    let mut r = rig(r#"{"done_max_in_flight": 2, "done_queue_capacity": 1000, "fleet_refresh_ms": 0}"#, false);
+    let n = 4 * MAX_DONE_BATCH;
+    for i in 0..n {
+        assert!(r.done.borrow_mut().offer(report(&i.to_string())));
     }
     r.tasks.on_tick();
     let sent = r.host.tokens_to(DONE_PATH);
-    assert_eq!(sent.len(), 2, "two slots");
-    let first = &r.host.calls()[0].1;
-    assert_eq!(first.upstream, "kvmesh_indexer");
-    assert_eq!(serde_json::from_slice::<DoneReport>(first.body.as_deref().unwrap()).unwrap(), report("a"));
-    r.host.answer(Some(204), b"");
+    assert_eq!(sent.len(), 2, "two slots, a full batch each");
+    assert!(r.host.calls().iter().all(|(_, c)| batch_of(c).len() == MAX_DONE_BATCH));
+    r.host.answer(Some(200), b"{}");
     r.tasks.on_http_call_response(sent[0], 1, 0);
-    assert_eq!(r.host.tokens_to(DONE_PATH).len(), 3, "an answer frees a slot and sends the next");
-    r.tasks.on_http_call_response(9999, 1, 0);
-    assert_eq!(r.host.tokens_to(DONE_PATH).len(), 3, "unknown tokens are ignored");
-    r.host.answer(None, b"");
-    r.tasks.on_http_call_response(sent[1], 0, 0);
-    assert_eq!(r.host.value(Metric::DoneReports(DoneResult::Sent)), 1);
-    assert_eq!(r.host.value(Metric::DoneReports(DoneResult::Failed)), 1);
-    assert_eq!((r.done.borrow().pending(), r.done.borrow().in_flight()), (0, 2));
+    assert_eq!(r.host.tokens_to(DONE_PATH).len(), 3, "an answer frees a slot and sends the next batch");
+    assert_eq!(r.host.value(Metric::DoneReports(DoneResult::Sent)), MAX_DONE_BATCH as i64);
+    assert_eq!((r.done.borrow().pending(), r.done.borrow().in_flight()), (MAX_DONE_BATCH, 2));
 }
 
 #[test]
@@ -139,10 +168,11 @@ fn draining_the_shared_queue_respects_the_local_bound() {
     r.tasks.on_queue_ready();
     assert_eq!(r.host.queue_len(DONE_QUEUE), Some(0));
     // a and b fill the local queue, c overflows it and the garbage is unreadable: both dropped;
-    // then a is sent (one slot) and b waits.
+    // then a and b are sent, one call.
     assert_eq!(r.host.value(Metric::DoneReports(DoneResult::Dropped)), 2);
     assert_eq!(r.host.tokens_to(DONE_PATH).len(), 1);
-    assert_eq!(r.done.borrow().pending(), 1);
+    assert_eq!(batch_of(&r.host.calls()[0].1), ["a", "b"]);
+    assert_eq!(r.done.borrow().pending(), 0);
 
     r.host.set_failing(Fail::Dequeue, true);
     r.tasks.on_queue_ready();
