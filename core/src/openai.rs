@@ -122,6 +122,12 @@ impl std::error::Error for ParseError {}
 
 /// Reads `body` as a request to `endpoint`.
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<OpenAiRequest, ParseError> {
+    // A chat body in one streaming pass, messages decoded straight from the body (`peek`).
+    if endpoint == Endpoint::ChatCompletions {
+        if let Some(read) = peek::read_chat(body) {
+            return read;
+        }
+    }
     // No raw fields: copying them out would copy the whole body once more.
     parse_fields(endpoint, body, false).map(|(req, _)| req)
 }

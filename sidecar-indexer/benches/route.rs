@@ -4,6 +4,11 @@
 //! and continuations right after a burst of 200 cold ~32k-token chats (shed beyond
 //! `routing.max_concurrent_routes`).
 //! Prints `FIGURE …` lines with p50/p99. `cargo bench -p kvmesh-indexer --bench route`.
+//! `KVMESH_ROUTE_BENCH_ONLY=<case>[,<case>…]` runs only the named cases (`continuation`, `cold`,
+//! `after_burst`, `cold_chat_32k`, `cold_chat_128k`, `cold_document_32k`, `cold_document_128k`,
+//! `shared_prefix_48k`, `concurrent_64`) and `KVMESH_ROUTE_BENCH_SAMPLES=<n>` takes n samples of
+//! each: instruction counts under `valgrind --tool=callgrind` (repeatable on a loaded machine) are
+//! read as the difference of two runs with different n.
 //! With `KVMESH_BENCH_FIGURES=<file>` each figure is also appended to that file as one JSON line,
 //! for the benchmark report (`make bench`).
 
@@ -84,6 +89,16 @@ async fn status(app: axum::Router, body: String) -> anyhow::Result<u16> {
 mod figures;
 use figures::emit;
 
+/// Whether case `name` runs (`KVMESH_ROUTE_BENCH_ONLY`, default all).
+fn runs(name: &str) -> bool {
+    std::env::var("KVMESH_ROUTE_BENCH_ONLY").map_or(true, |only| only.split(',').any(|c| c.trim() == name))
+}
+
+/// The samples of a case: `default`, or `KVMESH_ROUTE_BENCH_SAMPLES`.
+fn samples_or(default: usize) -> usize {
+    std::env::var("KVMESH_ROUTE_BENCH_SAMPLES").ok().and_then(|s| s.parse().ok()).filter(|&n| n > 0).unwrap_or(default)
+}
+
 fn pcts(mut v: Vec<Duration>) -> (f64, f64) {
     v.sort_unstable();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -101,37 +116,62 @@ fn main() -> anyhow::Result<()> {
     let svc = Service::start_with_tokenizer(config, None, Arc::new(MapEnv::default()), tok)?;
     let app = router(svc.state.clone());
     let mut rng = StdRng::seed_from_u64(42);
-    let samples = 200;
+    let samples = samples_or(200);
 
     // Warm: one long conversation whose history was routed; each sample adds a new user turn.
     let history = conversation(&mut rng, 8000);
     let rendered = template.render(&history, true)?;
     let n_tokens = plain.encode_fast(rendered.as_str(), false).map(|e| e.len()).map_err(anyhow::Error::msg)?;
-    rt.block_on(route(&app, body(&history)))?;
-    // As the engine's KV events would: worker w0 holds the routed history.
-    hold(&svc, &plain, &template, &history)?;
-    let mut warm = Vec::new();
-    for i in 0..samples {
-        let mut m = history.clone();
-        m.push(ChatMessage { role: "assistant".into(), content: text(&mut rng, 60) });
-        m.push(ChatMessage { role: "user".into(), content: format!("follow-up {i}: {}", text(&mut rng, 40)) });
-        warm.push(rt.block_on(route(&app, body(&m)))?);
+    if runs("continuation") || runs("after_burst") {
+        rt.block_on(route(&app, body(&history)))?;
+        // As the engine's KV events would: worker w0 holds the routed history.
+        hold(&svc, &plain, &template, &history)?;
+    }
+    if runs("continuation") {
+        let mut warm = Vec::new();
+        for i in 0..samples {
+            let mut m = history.clone();
+            m.push(ChatMessage { role: "assistant".into(), content: text(&mut rng, 60) });
+            m.push(ChatMessage { role: "user".into(), content: format!("follow-up {i}: {}", text(&mut rng, 40)) });
+            warm.push(rt.block_on(route(&app, body(&m)))?);
+        }
+        let (w50, w99) = pcts(warm);
+        println!("FIGURE route chat continuation ~{n_tokens} tokens, earlier turns seen: p50 {w50:.3} ms, p99 {w99:.3} ms ({samples} samples)");
+        emit(serde_json::json!({"bench": "route", "figure": "route", "name": "continuation", "tokens": n_tokens, "p50_ms": w50, "p99_ms": w99, "samples": samples}));
     }
 
     // Cold: a fresh conversation each time (nothing cached), and plain tokenizers on the same text.
-    let mut cold = Vec::new();
-    let mut plain_times = Vec::new();
-    for _ in 0..samples / 4 {
-        let m = conversation(&mut rng, 8000);
-        let text = template.render(&m, true)?;
-        let t = Instant::now();
-        black_box(plain.encode_fast(text.as_str(), false).map(|e| e.len()).unwrap_or(0));
-        plain_times.push(t.elapsed());
-        cold.push(rt.block_on(route(&app, body(&m)))?);
+    if runs("cold") {
+        let n = samples_or(samples / 4);
+        let mut cold = Vec::new();
+        let mut plain_times = Vec::new();
+        for _ in 0..n {
+            let m = conversation(&mut rng, 8000);
+            let text = template.render(&m, true)?;
+            let t = Instant::now();
+            black_box(plain.encode_fast(text.as_str(), false).map(|e| e.len()).unwrap_or(0));
+            plain_times.push(t.elapsed());
+            cold.push(rt.block_on(route(&app, body(&m)))?);
+        }
+        let (c50, c99) = pcts(cold);
+        let (p50, p99) = pcts(plain_times);
+        println!("FIGURE route cold chat ~{n_tokens} tokens: p50 {c50:.3} ms, p99 {c99:.3} ms ({n} samples)");
+        println!("FIGURE plain tokenizers encode of the same cold text: p50 {p50:.3} ms, p99 {p99:.3} ms");
+        for (name, p50, p99) in [("cold", c50, c99), ("plain_tokenizers", p50, p99)] {
+            emit(serde_json::json!({"bench": "route", "figure": "route", "name": name, "tokens": n_tokens, "p50_ms": p50, "p99_ms": p99, "samples": n}));
+        }
     }
-    // After a burst (issue 14 item 7): 200 cold ~32k-token chats at once, most shed; then the
-    // time until the admitted (and abandoned) work has drained, and warm continuations again.
-    let burst: Vec<String> = (0..200).map(|_| body(&conversation(&mut rng, 32_000))).collect();
+    if runs("after_burst") {
+        after_burst(&rt, &app, &svc, &history, n_tokens, samples, &mut rng)?;
+    }
+    long_prompts(&rt, &app, &svc, &plain, &template, &mut rng)?;
+    Ok(())
+}
+
+/// Issue 14 item 7: 200 cold ~32k-token chats at once, most shed; then the time until the admitted
+/// (and abandoned) work has drained, and warm continuations of `history` again.
+fn after_burst(rt: &tokio::runtime::Runtime, app: &axum::Router, svc: &Service, history: &[ChatMessage], n_tokens: usize, samples: usize, rng: &mut StdRng) -> anyhow::Result<()> {
+    let burst: Vec<String> = (0..200).map(|_| body(&conversation(rng, 32_000))).collect();
     let burst_started = Instant::now();
     let answers = rt.block_on(async {
         let calls: Vec<_> = burst.into_iter().map(|b| tokio::spawn(status(app.clone(), b))).collect();
@@ -150,10 +190,10 @@ fn main() -> anyhow::Result<()> {
     let drained = burst_started.elapsed();
     let mut after = Vec::new();
     for i in 0..samples {
-        let mut m = history.clone();
-        m.push(ChatMessage { role: "assistant".into(), content: text(&mut rng, 60) });
-        m.push(ChatMessage { role: "user".into(), content: format!("after the burst {i}: {}", text(&mut rng, 40)) });
-        after.push(rt.block_on(route(&app, body(&m)))?);
+        let mut m = history.to_vec();
+        m.push(ChatMessage { role: "assistant".into(), content: text(rng, 60) });
+        m.push(ChatMessage { role: "user".into(), content: format!("after the burst {i}: {}", text(rng, 40)) });
+        after.push(rt.block_on(route(app, body(&m)))?);
     }
     let (a50, a99) = pcts(after);
     println!(
@@ -162,16 +202,6 @@ fn main() -> anyhow::Result<()> {
         drained.as_secs_f64()
     );
     emit(serde_json::json!({"bench": "route", "figure": "route", "name": "after_burst", "tokens": n_tokens, "p50_ms": a50, "p99_ms": a99, "samples": samples, "shed": answers, "drained_s": drained.as_secs_f64()}));
-    let (w50, w99) = pcts(warm);
-    let (c50, c99) = pcts(cold);
-    let (p50, p99) = pcts(plain_times);
-    println!("FIGURE route chat continuation ~{n_tokens} tokens, earlier turns seen: p50 {w50:.3} ms, p99 {w99:.3} ms ({samples} samples)");
-    println!("FIGURE route cold chat ~{n_tokens} tokens: p50 {c50:.3} ms, p99 {c99:.3} ms ({} samples)", samples / 4);
-    println!("FIGURE plain tokenizers encode of the same cold text: p50 {p50:.3} ms, p99 {p99:.3} ms");
-    for (name, p50, p99, n) in [("continuation", w50, w99, samples), ("cold", c50, c99, samples / 4), ("plain_tokenizers", p50, p99, samples / 4)] {
-        emit(serde_json::json!({"bench": "route", "figure": "route", "name": name, "tokens": n_tokens, "p50_ms": p50, "p99_ms": p99, "samples": n}));
-    }
-    long_prompts(&rt, &app, &svc, &plain, &template, &mut rng)?;
     Ok(())
 }
 
@@ -206,6 +236,10 @@ fn document(rng: &mut StdRng, tokens: usize) -> Vec<ChatMessage> {
 fn long_prompts(rt: &tokio::runtime::Runtime, app: &axum::Router, svc: &Service, plain: &tokenizers::Tokenizer, template: &kvmesh_tokens::ChatTemplate, rng: &mut StdRng) -> anyhow::Result<()> {
     let count = |m: &[ChatMessage]| -> anyhow::Result<usize> { Ok(plain.encode_fast(template.render(m, true)?.as_str(), false).map_err(anyhow::Error::msg)?.len()) };
     for (name, target, samples, doc) in [("cold_chat_32k", 32_000, 20, false), ("cold_chat_128k", 128_000, 10, false), ("cold_document_32k", 32_000, 20, true), ("cold_document_128k", 128_000, 10, true)] {
+        if !runs(name) {
+            continue;
+        }
+        let samples = samples_or(samples);
         let convs: Vec<Vec<ChatMessage>> = (0..samples).map(|_| if doc { document(rng, target) } else { conversation(rng, target) }).collect();
         let tokens = count(&convs[0])?;
         let bodies: Vec<String> = convs.iter().map(|m| body(m)).collect();
@@ -228,13 +262,27 @@ fn long_prompts(rt: &tokio::runtime::Runtime, app: &axum::Router, svc: &Service,
     }
 
     // 48k-token shared prefix (Dynamo's tokenizer-prefix-cache case): held by w0; each call adds a turn.
+    if !runs("shared_prefix_48k") && !runs("concurrent_64") {
+        return Ok(());
+    }
     let prefix = conversation(rng, 48_000);
     rt.block_on(route(app, body(&prefix)))?;
     let tokens = hold(svc, plain, template, &prefix)?;
-    let samples = 100;
+    if runs("shared_prefix_48k") {
+        shared_prefix(rt, app, &prefix, tokens, rng)?;
+    }
+    if runs("concurrent_64") {
+        concurrent(rt, app, &prefix, rng)?;
+    }
+    Ok(())
+}
+
+/// The held 48k-token prefix with a new turn per call: latency and routes/s from one caller.
+fn shared_prefix(rt: &tokio::runtime::Runtime, app: &axum::Router, prefix: &[ChatMessage], tokens: usize, rng: &mut StdRng) -> anyhow::Result<()> {
+    let samples = samples_or(100);
     let bodies: Vec<String> = (0..samples)
         .map(|i| {
-            let mut m = prefix.clone();
+            let mut m = prefix.to_vec();
             m.push(ChatMessage { role: "assistant".into(), content: text(rng, 60) });
             m.push(ChatMessage { role: "user".into(), content: format!("turn {i}: {}", text(rng, 40)) });
             body(&m)
@@ -250,9 +298,13 @@ fn long_prompts(rt: &tokio::runtime::Runtime, app: &axum::Router, svc: &Service,
     println!("FIGURE route 48k shared prefix + new turn ~{tokens} tokens: p50 {p50:.3} ms, p99 {p99:.3} ms, {rps:.0} routes/s from one caller ({samples} samples)");
     emit(serde_json::json!({"bench": "route", "figure": "route", "name": "shared_prefix_48k", "tokens": tokens, "p50_ms": p50, "p99_ms": p99, "samples": samples, "routes_per_s": rps}));
 
-    // 64 concurrent callers: 48 continue the held 48k prefix, 16 send cold 8k chats.
+    Ok(())
+}
+
+/// 64 concurrent callers: 48 continue the held 48k `prefix`, 16 send cold 8k chats.
+fn concurrent(rt: &tokio::runtime::Runtime, app: &axum::Router, prefix: &[ChatMessage], rng: &mut StdRng) -> anyhow::Result<()> {
     let callers = 64;
-    let per_caller = 8;
+    let per_caller = samples_or(8);
     let mut work: Vec<(bool, String)> = Vec::new();
     for c in 0..callers {
         for i in 0..per_caller {
@@ -260,7 +312,7 @@ fn long_prompts(rt: &tokio::runtime::Runtime, app: &axum::Router, svc: &Service,
             let m = if cold {
                 conversation(rng, 8000)
             } else {
-                let mut m = prefix.clone();
+                let mut m = prefix.to_vec();
                 m.push(ChatMessage { role: "assistant".into(), content: text(rng, 60) });
                 m.push(ChatMessage { role: "user".into(), content: format!("caller {c} turn {i}: {}", text(rng, 40)) });
                 m

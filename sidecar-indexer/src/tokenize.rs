@@ -34,7 +34,7 @@ mod split;
 
 use std::path::Path;
 
-use kvmesh_core::hashing::{chain, local_block_hash, LocalBlockHash, SequenceHash};
+use kvmesh_core::hashing::{chain, LocalBlockHash, SequenceHash};
 use kvmesh_core::openai::{Prompt, RequestInput};
 use kvmesh_tokens::{ChatTemplate, Tokenizer, TokensError};
 use parking_lot::Mutex;
@@ -168,7 +168,7 @@ impl Partial {
         }
         while (self.locals.len() + 1) * self.block_size <= self.ids.len() {
             let at = self.locals.len() * self.block_size;
-            let local = local_block_hash(&self.ids[at..at + self.block_size], self.seed);
+            let local = crate::index::block_hash(&self.ids[at..at + self.block_size], self.seed);
             self.chains.push(chain(self.chains.last().copied(), local));
             self.locals.push(local);
         }

@@ -44,9 +44,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvmesh_core::hashing::{self, SequenceHash};
 
-use slots::{block_hash, BlockSlot, RefSlot, U64Hasher, AGE_NEW, AGE_USED};
+use slots::{BlockSlot, RefSlot, U64Hasher, AGE_NEW, AGE_USED};
 pub use recovery::{RoutedPrompts, DEFAULT_RECOVERY_BLOCKS};
 pub use slots::BlockRef;
+/// The one-shot block hash (the tokenizer hashes a prompt's blocks with it too).
+pub(crate) use slots::block_hash;
 use table::Table;
 use workers::{Bitmaps, Holders, AGE_MASK, AGE_SHIFT};
 pub use workers::{WorkerSlot, MAX_SLOT};

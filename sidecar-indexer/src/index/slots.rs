@@ -105,7 +105,7 @@ pub(super) const AGE_USED: u64 = 2;
 /// [`hashing::local_block_hash`] (the same value: XXH3-64 of the tokens as little-endian u32)
 /// one-shot over a stack buffer: the streaming hasher behind that function allocates and derives a
 /// seeded secret on every call, a third of the cost of applying a block.
-pub(super) fn block_hash(tokens: &[u32], seed: u64) -> hashing::LocalBlockHash {
+pub(crate) fn block_hash(tokens: &[u32], seed: u64) -> hashing::LocalBlockHash {
     let mut buf = [0u8; 1024];
     let Some(bytes) = buf.get_mut(..tokens.len() * 4) else { return hashing::local_block_hash(tokens, seed) };
     for (b, t) in bytes.chunks_exact_mut(4).zip(tokens) {
