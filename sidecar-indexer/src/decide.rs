@@ -37,7 +37,7 @@ use crate::config::{RoutingConfig, SessionPlacement};
 use crate::modes::{choose_mode, ModeInput};
 pub use pick::overloaded;
 pub(crate) use pick::{fallbacks, pick, score, Scored};
-pub use plan::{Basis, DecideError, Leg, Plan, RouteInput, WorkerView};
+pub use plan::{Basis, DecideError, Leg, Plan, RouteInput, WorkerView, BASES};
 
 /// Decides where the request goes and in which mode.
 pub fn decide<R: Rng + ?Sized>(
@@ -328,7 +328,7 @@ fn finish(
 ) -> Plan {
     let w = s.w;
     let mut reason_codes = pre.to_vec();
-    reason_codes.push(basis.code());
+    reason_codes.push(basis);
     Plan {
         worker: w.id.to_owned(),
         endpoint: w.endpoint.to_owned(),

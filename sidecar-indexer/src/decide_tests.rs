@@ -135,7 +135,7 @@ fn choices_and_reasons() {
             (plan.worker.as_str(), plan.basis, plan.reason.as_str()),
             (c.want, c.basis, c.reason)
         );
-        assert_eq!(plan.reason_codes, [c.basis.code()]);
+        assert_eq!(plan.reason_codes, [c.basis]);
         assert_eq!(plan.mode, Mode::Aggregate);
         assert_eq!(plan.isl_blocks, 40);
         assert!(!plan.fallbacks.contains(&plan.endpoint));
@@ -328,7 +328,7 @@ fn sessions_stay_home_until_another_worker_is_faster_by_the_margin() {
             "{home_q} {other_q}: {}",
             plan.reason
         );
-        assert_eq!(plan.reason_codes, [basis.code()], "{}", plan.reason);
+        assert_eq!(plan.reason_codes, [basis], "{}", plan.reason);
     }
 }
 
@@ -607,6 +607,7 @@ proptest! {
         let other_s = (other_q as f64 + 640.0) / TPS;
         let gain = home_s - other_s;
         let moved = plan.worker == "w2";
+        prop_assert!(BASES.contains(&plan.basis) && plan.reason_codes.contains(&plan.basis), "{:?} {:?}", plan.basis, plan.reason_codes);
         let margin = (margin_ms / 1000.0).max(rel * home_s);
         if (gain - margin).abs() > 1e-9 {
             prop_assert_eq!(moved, gain > margin, "gain {} margin {}: {}", gain, margin, plan.reason);
@@ -621,6 +622,7 @@ proptest! {
         let plan = decide(&input(640), &workers, &cfg, &mut StdRng::seed_from_u64(seed)).unwrap();
         let fastest = workers.iter().map(|w| (w.timing.queued_tokens + 640.0 - f64::from(w.overlap_blocks.min(39)) * 16.0) / TPS * 1000.0).fold(f64::INFINITY, f64::min);
         prop_assert!(plan.predicted_ttft_ms <= fastest + cfg.near_tie_ms.max(cfg.near_tie_fraction * fastest) + 1e-6, "{} vs {}", plan.predicted_ttft_ms, fastest);
+        prop_assert!(BASES.contains(&plan.basis) && plan.reason_codes == [plan.basis], "{:?} {:?}", plan.basis, plan.reason_codes);
     }
 }
 

@@ -71,38 +71,21 @@ impl RouteInput<'_> {
     }
 }
 
-/// Why the worker was chosen (the `basis` metric label): the worker-choice subset of [`ReasonCode`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Basis {
-    Override,
-    /// A session stayed at its home.
-    SessionPin,
-    /// A session left its home: another worker was faster by more than the margin.
-    SessionMoved,
-    /// A session's home is over an `overload_*` guard.
-    PinOverloaded,
-    BestOverlap,
-    LowestCost,
-}
+/// Why the worker was chosen (the `basis` metric label): one of the worker-choice reason codes
+/// ([`BASES`]), the decision's code for its choice — one name for the label and the code.
+pub type Basis = ReasonCode;
 
-impl Basis {
-    /// The decision's reason code for this basis (the same snake_case name as the label).
-    pub fn code(self) -> ReasonCode {
-        match self {
-            Self::Override => ReasonCode::Override,
-            Self::SessionPin => ReasonCode::SessionPin,
-            Self::SessionMoved => ReasonCode::SessionMoved,
-            Self::PinOverloaded => ReasonCode::PinOverloaded,
-            Self::BestOverlap => ReasonCode::BestOverlap,
-            Self::LowestCost => ReasonCode::LowestCost,
-        }
-    }
-
-    /// The metric label: its reason code's name.
-    pub fn as_str(self) -> &'static str {
-        self.code().as_str()
-    }
-}
+/// The codes a [`Basis`] takes: `x-kvmesh-worker` honoured, a session stayed home, a session left
+/// it (another worker faster by more than the margin), its home over an `overload_*` guard, the
+/// fastest worker holding the most of the prompt, the fastest otherwise.
+pub const BASES: [Basis; 6] = [
+    ReasonCode::Override,
+    ReasonCode::SessionPin,
+    ReasonCode::SessionMoved,
+    ReasonCode::PinOverloaded,
+    ReasonCode::BestOverlap,
+    ReasonCode::LowestCost,
+];
 
 /// Work the async shell must do before answering: a prefill leg, or a migration handshake.
 #[derive(Debug, Clone, PartialEq, Eq)]
