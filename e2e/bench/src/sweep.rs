@@ -293,12 +293,7 @@ pub fn point_ceiling(
         })
         .collect();
     let (c, unknown) = ceiling_with_history(&plan.sessions, &sent, block_size);
-    let rate = if plan.ceiling_block_weighted {
-        c.block_rate()
-    } else {
-        c.token_rate()
-    };
-    (rate, c, skipped + unknown)
+    (c.token_rate(), c, skipped + unknown)
 }
 
 /// The default warm-up of a workload, s: the first whole second at which sessions arriving at a

@@ -107,7 +107,6 @@ fn finish(kind: WorkloadKind, rate: f64, sessions: Vec<Session>, cfg: &GenConfig
         rate,
         sessions,
         ceiling,
-        ceiling_block_weighted: false,
         ceiling_unit: unit,
     }
 }

@@ -15,10 +15,12 @@
 //! **Ceiling.** Infinite cache, perfect routing, caches empty at the start: a prompt segment hits
 //! iff the same prefix (chain of segments up to and including it) was in an earlier prompt. For
 //! chat prompts a segment is one message weighted by its content bytes; for token prompts it is
-//! one engine block (`block_size` tokens, the last one partial) weighted by its tokens. The
-//! trace keeps its own block-weighted ceiling (`crate::ceiling::intrinsic`). Prompts are ordered
-//! by their planned send time (start + think times, engine time not known in advance), which is
-//! exact within a session and for the first use of a shared prefix.
+//! one engine block (`block_size` tokens, the last one partial) weighted by its tokens — the
+//! trace too (the engines count tokens in their blocks, not the trace's 512-token blocks). Prompts
+//! are ordered by their planned send time (start + think times, engine time not known in
+//! advance), which is exact within a session and for the first use of a shared prefix; the
+//! steady-state points count their window against the prompts actually sent before it
+//! ([`ceiling_with_history`]).
 //!
 //! Generators live in `gen` (agentic chat, sibling bursts, paced sessions, cold single-turn) and
 //! `trace` (the Mooncake conversation trace); all randomness is SplitMix64 from a seed.
@@ -243,9 +245,7 @@ pub struct Plan {
     pub sessions: Vec<Session>,
     /// The intrinsic ceiling of exactly these prompts.
     pub ceiling: Ceiling,
-    /// Whether the ceiling's reference is block-weighted (trace) or unit-weighted (the others).
-    pub ceiling_block_weighted: bool,
-    /// What the ceiling's units are (`tokens`, `content bytes`, `512-token trace blocks`).
+    /// What the ceiling's units are (`tokens`, `content bytes`, `tokens in engine blocks`).
     pub ceiling_unit: &'static str,
 }
 
@@ -255,13 +255,10 @@ impl Plan {
         self.sessions.iter().map(|s| s.turns.len()).sum()
     }
 
-    /// The ceiling the report compares engine hit rates with.
+    /// The ceiling the report compares engine hit rates with: weighted like the engines count
+    /// (tokens; content bytes for chat prompts, whose tokens the client does not know).
     pub fn ceiling_rate(&self) -> f64 {
-        if self.ceiling_block_weighted {
-            self.ceiling.block_rate()
-        } else {
-            self.ceiling.token_rate()
-        }
+        self.ceiling.token_rate()
     }
 }
 

@@ -415,6 +415,7 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
             anchor_block: a.anchor_block,
             max_output_tokens: a.sweep_max_output_tokens,
             window_ms: a.sweep_trace_window_ms,
+            block_size: a.block_size as usize,
         },
         settings,
     };

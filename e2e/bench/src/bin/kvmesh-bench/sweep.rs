@@ -87,6 +87,7 @@ fn plan_for(
             &a.trace_records,
             &wtrace::TraceConfig {
                 duration_s: window.arrivals_s(),
+                block_size: fleet.block_size as usize,
                 ..a.trace_cfg
             },
             rate,
