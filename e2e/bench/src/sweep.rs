@@ -174,8 +174,10 @@ pub fn arrival_cost_tokens(kind: WorkloadKind) -> f64 {
         // 17.5 turns a session; each adds ~2.4 KB (60 % tool turns of 1–6 KB), and a turn
         // round_robin sends to a worker that did not serve the session's previous turn (3 of 4)
         // misses the history since the last turn it did serve (~3.3 turns on average over a
-        // session, the task message too when it served none): ~140 KB ≈ 26k tokens a session.
-        WorkloadKind::Agentic => 26_000.0,
+        // session, the task message too when it served none): ~140 KB ≈ 26k tokens a session
+        // counted; measured 22k a session at 0.4 sessions/s and 15k at 1.2 (the closed loop
+        // throttles), 20k assumed.
+        WorkloadKind::Agentic => 20_000.0,
         // 5.5 turns a session, ~1 KB added a turn after a 200–600-word first message, the same
         // round_robin misses: ~16 KB ≈ 3,000 tokens a session (at 3 turns the same count gives
         // 1,700; 1,500 was measured for ~3 turns a session at 15-s points without warm-up).
