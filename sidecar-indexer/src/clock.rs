@@ -9,9 +9,11 @@
 //! test on a paused runtime (`#[tokio::test(start_paused = true)]`, tokio's `test-util`, a
 //! dev-dependency only) it moves only by `tokio::time::advance` or when every task waits on a
 //! timer, so a test can step the expiry ticker, TTLs and scrape timing by minutes without waiting.
-//! Outside a runtime (the applier and listener threads) it is the system's monotonic clock, which a
-//! paused test clock never runs behind. Durations that only feed latency histograms keep
-//! `Instant::now()`: under a paused clock they would read 0.
+//! Outside a runtime (the listener threads: the replay deadline) it is the system's monotonic
+//! clock, which a paused test clock never runs behind. The applier thread reads no clock for the
+//! approximate-mode TTL: blocks carry the route call's `now`, and the expiry ticker's pass sends
+//! its `now` (`ApplierMsg::Expire`). Durations that only feed latency histograms, and the
+//! applier's log and gauge throttles, keep `Instant::now()`: under a paused clock they would read 0.
 //!
 //! Randomness: [`Entropy::Os`] in production (a fresh booking-id nonce per process, an OS-seeded
 //! tie-break RNG); [`Entropy::Seeded`] in tests, so a run's nonce and tie-breaks repeat.

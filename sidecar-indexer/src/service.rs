@@ -514,8 +514,10 @@ pub(crate) async fn expiry_loop(svc: Arc<Service>) {
     }
 }
 
-/// One expiry pass at `now`: releases, counts and logs what never reported done.
+/// One expiry pass at `now`: releases, counts and logs what never reported done, and has the
+/// applier drop approximate-mode blocks past `approx_ttl_secs` (a full queue: the next pass).
 pub(crate) fn expire_load(state: &AppState, now: Instant) {
+    let _ = state.applier.try_send(crate::events::applier::ApplierMsg::Expire { now });
     let expired = state.load.lock().expire(now);
     if expired.timeout > 0 {
         state

@@ -257,6 +257,39 @@ async fn the_expiry_ticker_releases_only_bookings_older_than_load_expiry_secs() 
 }
 
 #[tokio::test(start_paused = true)]
+async fn approximate_blocks_expire_on_the_clock_routes_read() {
+    // The blocks a decision records are stamped on the indexer's clock and expired by the
+    // service's ticker passes on it: a paused clock steps the TTL without waiting.
+    let svc = service("mode = \"approximate\"\napprox_ttl_secs = 60");
+    let prompt = || body(7000..7040);
+    let first = route(&svc, prompt()).await;
+    done(&svc, &first).await;
+    svc.barrier();
+    let overlap = |svc: &Arc<Service>| {
+        let (svc, b) = (svc.clone(), prompt());
+        async move {
+            let d = route(&svc, b).await;
+            done(&svc, &d).await;
+            (d.worker, d.overlap_blocks)
+        }
+    };
+    // Held within the TTL (a pass at 59 s keeps them), routed to where they are.
+    tokio::time::advance(std::time::Duration::from_secs(59)).await;
+    crate::service::expire_load(&svc.state, crate::clock::now());
+    svc.barrier();
+    let (worker, held) = overlap(&svc).await;
+    assert_eq!(worker, first.worker);
+    assert!(held > 0, "learned from its own decision: {held}");
+    svc.barrier();
+    // That route re-stamped them at 59 s; a pass past 59 + 60 s drops them.
+    tokio::time::advance(std::time::Duration::from_secs(61)).await;
+    crate::service::expire_load(&svc.state, crate::clock::now());
+    svc.barrier();
+    assert_eq!(overlap(&svc).await.1, 0, "gone after the TTL");
+    assert!(svc.state.metrics.approx_expired.get() > 0, "counted");
+}
+
+#[tokio::test(start_paused = true)]
 async fn speculative_holdings_leave_the_gauge_after_their_ttl() {
     let svc = service("speculative_ttl_ms = 2000");
     let slot = svc.state.fleet.read().workers[0].ranks[0].slot;

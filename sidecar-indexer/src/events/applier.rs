@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
+use std::sync::mpsc::{Receiver, RecvError, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,8 +34,11 @@ pub enum ApplierMsg {
     Batch { slot: WorkerSlot, seq: u64, batch: EventBatch },
     /// Forget what `slot` holds (a gap replay could not cover, an engine restart, rewiring).
     Clear { slot: WorkerSlot, reason: &'static str },
-    /// Approximate mode: `slot` was routed these blocks at `at`.
+    /// Approximate mode: `slot` was routed these blocks at `at` (the indexer's clock).
     Approx { slot: WorkerSlot, chains: Vec<SequenceHash>, at: Instant },
+    /// Approximate mode: drop the blocks routed `approx_ttl` or longer before `now` (sent by the
+    /// service's expiry ticker, on the indexer's clock: `crate::clock`).
+    Expire { now: Instant },
     /// New bounds and block size after a reload.
     Configure(ApplierConfig),
     /// Answered once everything queued before it is applied (tests, orderly reloads).
@@ -108,7 +111,7 @@ impl Applier {
     /// Runs until every sender is gone.
     pub fn run(mut self, rx: Receiver<ApplierMsg>) {
         loop {
-            match rx.recv_timeout(Duration::from_millis(500)) {
+            match rx.recv() {
                 Ok(first) => {
                     let mut barriers = Vec::new();
                     {
@@ -127,10 +130,8 @@ impl Applier {
                         let _ = b.send(());
                     }
                 }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvError) => return,
             }
-            self.expire_approx();
         }
     }
 
@@ -165,6 +166,7 @@ impl Applier {
                     self.metrics.approx_expired.inc_by(evicted.len() as u64);
                 }
             }
+            ApplierMsg::Expire { now } => self.expire_approx(index, now),
             ApplierMsg::Configure(c) => {
                 self.config = c;
                 index.set_limits(c.max_entries, c.max_blocks_per_worker);
@@ -255,17 +257,10 @@ impl Applier {
         }
     }
 
-    fn expire_approx(&mut self) {
-        let expired = self.approx.expire(Instant::now());
-        if expired.is_empty() {
-            return;
-        }
-        let lock = self.index.clone();
-        let mut index = lock.write();
-        for (slot, chains) in expired {
+    fn expire_approx(&mut self, index: &mut KvIndex, now: Instant) {
+        for (slot, chains) in self.approx.expire(now) {
             index.remove(slot, &chains);
             self.metrics.approx_expired.inc_by(chains.len() as u64);
         }
-        self.publish_gauges(&index, false);
     }
 }

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::applier::ApplierMsg;
 use super::apply::ApplyReport;
@@ -490,12 +490,12 @@ impl Listener {
         dealer
             .send_multipart([&b""[..], &start[..]], 0)
             .map_err(|e| e.to_string())?;
-        let deadline = Instant::now() + self.spec.replay_timeout;
+        let deadline = crate::clock::now() + self.spec.replay_timeout;
         let mut out = Vec::new();
         let (max_frame, max_bytes) = (self.limits.max_frame(), self.limits.replay_max());
         let mut held = 0usize;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.saturating_duration_since(crate::clock::now());
             if left.is_zero() {
                 if out.is_empty() {
                     return Err(format!("no reply within {:?}", self.spec.replay_timeout));

@@ -6,8 +6,6 @@
 //! hands it to `/v1/done` (its id rides in the decision) or to expiry. [`settle`] also records
 //! everything a served decision changes: the session maps, approximate-mode blocks and metrics.
 
-use std::time::Instant;
-
 use kvmesh_core::api::RouteDecision;
 use kvmesh_core::hashing::{LocalBlockHash, SequenceHash};
 
@@ -132,7 +130,7 @@ pub fn settle(state: &AppState, req: &RouteRequest, record: Record, mut decision
         }
     }
     if let Some(slot) = record.approx_slot {
-        if !record.chains.is_empty() && state.applier.try_send(ApplierMsg::Approx { slot, chains: record.chains, at: Instant::now() }).is_err() {
+        if !record.chains.is_empty() && state.applier.try_send(ApplierMsg::Approx { slot, chains: record.chains, at: crate::clock::now() }).is_err() {
             m.kv_ignored.with_label_values(&[decision.worker.as_str(), "queue_full"]).inc();
         }
     }
