@@ -1164,8 +1164,8 @@ mod tests {
             block_size: 16,
         };
         let plan = crate::workload::gen::agentic(&g, 1.0);
-        // Every planned turn sent at its planned time: the window [10 s, 30 s) and its history.
-        let recs: Vec<RequestRecord> = plan
+        // Every planned turn sent at its planned time.
+        let every: Vec<RequestRecord> = plan
             .sessions
             .iter()
             .flat_map(|s| {
@@ -1180,7 +1180,12 @@ mod tests {
                         ..Default::default()
                     })
             })
+            .collect();
+        // The window [10 s, 30 s) and its history.
+        let recs: Vec<RequestRecord> = every
+            .iter()
             .filter(|r| r.scheduled_ms < 30_000.0)
+            .cloned()
             .collect();
         let w = MeasureWindow {
             warmup_s: 10.0,
@@ -1202,22 +1207,6 @@ mod tests {
         assert!(alone < rate, "{alone} < {rate}");
         // All sent, none in a warm-up: the plan's own ceiling over the same prompts.
         let all = MeasureWindow { warmup_s: 0.0, ..w };
-        let every: Vec<RequestRecord> = plan
-            .sessions
-            .iter()
-            .flat_map(|s| {
-                s.planned_times_ms()
-                    .into_iter()
-                    .enumerate()
-                    .map(move |(t, at)| RequestRecord {
-                        session: Some(s.id.clone()),
-                        turn: Some(t as u32),
-                        scheduled_ms: at,
-                        sent_ms: at,
-                        ..Default::default()
-                    })
-            })
-            .collect();
         assert_eq!(point_ceiling(&plan, &every, &all, 16).1, plan.ceiling);
         // A record without a session is skipped and counted; a plain point uses the plan's.
         let (_, _, skipped) = point_ceiling(&plan, &[RequestRecord::default()], &w, 16);

@@ -300,17 +300,28 @@ pub fn ceiling_of<'a, I>(prompts: I) -> Ceiling
 where
     I: IntoIterator<Item = &'a Segments>,
 {
+    counted_ceiling(prompts.into_iter().map(|p| (p, true)))
+}
+
+/// [`ceiling_of`] over `(prompt, counted)`: every prompt is history for the ones after it, only
+/// the counted ones are counted.
+fn counted_ceiling<'a, I>(prompts: I) -> Ceiling
+where
+    I: IntoIterator<Item = (&'a Segments, bool)>,
+{
     let mut seen: HashSet<u64> = HashSet::new();
     let mut c = Ceiling::default();
-    for p in prompts {
-        c.requests += 1;
-        // A chain id seen before means the whole prefix up to it was sent before.
-        for &(id, w) in p {
-            c.blocks_total += 1;
-            c.tokens_total += w;
-            if seen.contains(&id) {
-                c.blocks_reused += 1;
-                c.tokens_reused += w;
+    for (p, counted) in prompts {
+        if counted {
+            c.requests += 1;
+            // A chain id seen before means the whole prefix up to it was sent before.
+            for &(id, w) in p {
+                c.blocks_total += 1;
+                c.tokens_total += w;
+                if seen.contains(&id) {
+                    c.blocks_reused += 1;
+                    c.tokens_reused += w;
+                }
             }
         }
         seen.extend(p.iter().map(|&(id, _)| id));
@@ -356,29 +367,15 @@ pub fn ceiling_with_history(sessions: &[Session], sent: &[SentPrompt<'_>], block
     let by_id: std::collections::HashMap<&str, &Session> = sessions.iter().map(|s| (s.id.as_str(), s)).collect();
     let mut order: Vec<&SentPrompt<'_>> = sent.iter().collect();
     order.sort_by(|a, b| a.sent_ms.total_cmp(&b.sent_ms).then(a.session.cmp(b.session)).then(a.turn.cmp(&b.turn)));
-    let mut seen: HashSet<u64> = HashSet::new();
-    let mut c = Ceiling::default();
     let mut unknown = 0;
+    let mut prompts: Vec<(Segments, bool)> = Vec::with_capacity(order.len());
     for p in order {
-        let Some(s) = by_id.get(p.session).filter(|s| p.turn < s.turns.len()) else {
-            unknown += 1;
-            continue;
-        };
-        let segs = segments(s, p.turn, block_size);
-        if p.counted {
-            c.requests += 1;
-            for &(id, w) in &segs {
-                c.blocks_total += 1;
-                c.tokens_total += w;
-                if seen.contains(&id) {
-                    c.blocks_reused += 1;
-                    c.tokens_reused += w;
-                }
-            }
+        match by_id.get(p.session).filter(|s| p.turn < s.turns.len()) {
+            Some(s) => prompts.push((segments(s, p.turn, block_size), p.counted)),
+            None => unknown += 1,
         }
-        seen.extend(segs.iter().map(|&(id, _)| id));
     }
-    (c, unknown)
+    (counted_ceiling(prompts.iter().map(|(segs, counted)| (segs, *counted))), unknown)
 }
 
 /// A session's planned length in time, ms: its think times plus `ms_per_output_token` × each
