@@ -7,7 +7,7 @@
 
 use super::plan::{BENCH_ID_HEADER, UPSTREAM_HEADER, UPSTREAM_NONE};
 use super::gateway::{parse_access_line, AccessEntry};
-use super::summary::{IndexerTimers, Rate};
+use super::summary::{IndexerTimers, Rate, Sample};
 use crate::client::{send_streaming, Outcome};
 use futures::StreamExt;
 use kvmesh_core::headers::DEBUG_FALLBACK;
@@ -160,6 +160,24 @@ pub async fn access_entries(path: &Path, want: &HashSet<String>, patience: Durat
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Fills each sample's gateway and request-side times from Envoy's access log (waiting up to
+/// `patience` for its lines); returns how many samples had no line.
+pub async fn join_access_log(path: &Path, samples: &mut [Sample], patience: Duration) -> usize {
+    let want: HashSet<String> = samples.iter().map(|s| s.id.clone()).collect();
+    let entries = access_entries(path, &want, patience).await;
+    let mut missing = 0;
+    for s in samples {
+        match entries.get(&s.id) {
+            Some(e) => {
+                s.gateway_ms = e.gateway_ms();
+                s.request_ms = e.req_us.map(|us| us / 1000.0);
+            }
+            None => missing += 1,
+        }
+    }
+    missing
 }
 
 #[cfg(test)]

@@ -74,6 +74,30 @@ pub struct Sample {
 }
 
 impl Sample {
+    /// Sample `n` of `case` on `path`, as the client measured it (gateway and indexer times are
+    /// joined later).
+    pub fn measured(
+        case: String,
+        path: Path,
+        n: u64,
+        id: String,
+        o: crate::client::Outcome,
+    ) -> Self {
+        Self {
+            case,
+            path: Some(path),
+            n,
+            id,
+            ttft_ms: o.ttft.map(|d| d.as_secs_f64() * 1e3),
+            status: o.status,
+            worker: o.worker,
+            fallback: o.fallback,
+            prompt_tokens: o.usage.and_then(|u| u.prompt_tokens),
+            error: o.error,
+            ..Default::default()
+        }
+    }
+
     /// Success with both measurements present.
     pub fn usable(&self) -> bool {
         self.error.is_none() && self.gateway_ms.is_some()

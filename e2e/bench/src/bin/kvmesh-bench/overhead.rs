@@ -28,7 +28,7 @@ use kvmesh_bench::client::{build_client, discover_model};
 use kvmesh_bench::manifest::{ExtraSection, OverheadCase};
 use kvmesh_bench::overhead::drive::cpu_ticks;
 use kvmesh_bench::overhead::drive::{
-    access_entries, closed_loop, indexer_timers, settle, settle_cpu, tagged,
+    closed_loop, indexer_timers, join_access_log, settle, settle_cpu, tagged,
 };
 use kvmesh_bench::overhead::gateway::add_plain_path;
 use kvmesh_bench::overhead::hung::{
@@ -44,7 +44,7 @@ use kvmesh_bench::policy::Policy;
 use kvmesh_e2e::envoy_config::{render_bootstrap, BootstrapVars, BootstrapWorker};
 use kvmesh_e2e::procs::{free_port, Paused, Proc};
 use kvmesh_e2e::stack::{envoy_binary, wasm_path, EnvoyPolicy, Stack, StackSpec};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -492,19 +492,7 @@ async fn hung_indexer(
                         HungRoute::Other => {}
                     }
                 }
-                samples.push(Sample {
-                    case: HUNG_CASE.to_string(),
-                    path: Some(way),
-                    n,
-                    id,
-                    ttft_ms: o.ttft.map(|d| d.as_secs_f64() * 1e3),
-                    status: o.status,
-                    worker: o.worker,
-                    fallback: o.fallback,
-                    prompt_tokens: o.usage.and_then(|u| u.prompt_tokens),
-                    error: o.error,
-                    ..Default::default()
-                });
+                samples.push(Sample::measured(HUNG_CASE.to_string(), way, n, id, o));
             }
         }
     }
@@ -571,14 +559,7 @@ async fn hung_indexer(
         "overhead: indexer hang measured"
     );
 
-    let want: HashSet<String> = samples.iter().map(|s| s.id.clone()).collect();
-    let entries = access_entries(access_log, &want, kvmesh_e2e::poll::patience()).await;
-    for s in &mut samples {
-        if let Some(e) = entries.get(&s.id) {
-            s.gateway_ms = e.gateway_ms();
-            s.request_ms = e.req_us.map(|us| us / 1000.0);
-        }
-    }
+    join_access_log(access_log, &mut samples, kvmesh_e2e::poll::patience()).await;
     h.latency = summarize(HUNG_CASE, &samples, None, None);
     Ok((h, samples))
 }
@@ -680,17 +661,7 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
                     tokenize_ms: share.and_then(|s| s.tokenize_ms),
                     match_ms: share.and_then(|s| s.match_ms),
                     score_ms: share.and_then(|s| s.score_ms),
-                    case: case.name(),
-                    path: Some(way),
-                    n,
-                    id,
-                    ttft_ms: o.ttft.map(|d| d.as_secs_f64() * 1e3),
-                    status: o.status,
-                    worker: o.worker,
-                    fallback: o.fallback,
-                    prompt_tokens: o.usage.and_then(|u| u.prompt_tokens),
-                    error: o.error,
-                    ..Default::default()
+                    ..Sample::measured(case.name(), way, n, id, o)
                 });
             }
         }
@@ -703,18 +674,8 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
             );
         }
     }
-    let want: HashSet<String> = samples.iter().map(|s| s.id.clone()).collect();
-    let entries = access_entries(&access_log, &want, kvmesh_e2e::poll::patience()).await;
-    let mut missing_log = 0usize;
-    for s in &mut samples {
-        match entries.get(&s.id) {
-            Some(e) => {
-                s.gateway_ms = e.gateway_ms();
-                s.request_ms = e.req_us.map(|us| us / 1000.0);
-            }
-            None => missing_log += 1,
-        }
-    }
+    let missing_log =
+        join_access_log(&access_log, &mut samples, kvmesh_e2e::poll::patience()).await;
     write_jsonl(&dir.join("samples.jsonl"), &samples)?;
     let latency_s = latency_start.elapsed().as_secs_f64();
 
