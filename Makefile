@@ -80,7 +80,7 @@ run: setup wasm ## Serve a KV-aware gateway on 127.0.0.1:8080 over local simulat
 demo: ## `make run` on the disaggregated example fleet (2 prefill + 2 decode workers, disaggregation, local continuations, KV migration)
 	$(MAKE) run FLEET=envoy/fleets/disagg.toml
 
-bench: ## Load sweep of five workloads × six policies (≤ 80 min in all), router overhead, indexer microbenchmarks → bench-out/report.md
+bench: ## Load sweep of five workloads × six policies (≤ 90 min in all; agentic and paced after a warm-up), router overhead, indexer microbenchmarks → bench-out/report.md
 	$(MAKE) build PROFILE=release
 	mkdir -p bench-out/indexer
 	rm -f bench-out/indexer/figures.jsonl

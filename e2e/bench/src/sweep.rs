@@ -214,22 +214,29 @@ const MAX_WARMUP_S: f64 = 600.0;
 /// `warmup_s` before the measured window opens, so that when it opens the population of live
 /// sessions and the engines' caches are near steady state; only requests *scheduled* inside
 /// `[warmup_s, warmup_s + window_s)` count, and no turn due at or after the window's end is sent
-/// (it is cut and counted). The other workloads keep the plain point: arrivals over `window_s`,
-/// every request counted, turns until 1.5 × `window_s`.
+/// (it is cut and counted). The other workloads, and a steady-state one without warm-up (real
+/// engines by default, `--sweep-warmup-s 0`), keep the plain point: arrivals over `window_s`,
+/// every request counted, turns until 1.5 × `window_s`; `steady` still has the ceiling counted
+/// over the prompts actually sent ([`point_ceiling`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct MeasureWindow {
     /// Arrivals before the window, s (0: none).
     pub warmup_s: f64,
     /// The measured window, s (`--sweep-duration-s`).
     pub window_s: f64,
-    /// Whether the steady-state rules apply (count only the window; cut turns at its end).
+    /// Whether the workload is a steady-state one (its ceiling counts the prompts sent).
     pub steady: bool,
 }
 
 impl MeasureWindow {
+    /// Whether the point has a warm-up before its window (steady-state workloads only).
+    pub fn has_warmup(&self) -> bool {
+        self.steady && self.warmup_s > 0.0
+    }
+
     /// Sessions start in `[0, arrivals_s)`.
     pub fn arrivals_s(&self) -> f64 {
-        if self.steady {
+        if self.has_warmup() {
             self.warmup_s + self.window_s
         } else {
             self.window_s
@@ -238,7 +245,7 @@ impl MeasureWindow {
 
     /// No turn due later than this (s from the point's start) is sent.
     pub fn turn_deadline_s(&self) -> f64 {
-        if self.steady {
+        if self.has_warmup() {
             self.warmup_s + self.window_s
         } else {
             1.5 * self.window_s
@@ -247,7 +254,7 @@ impl MeasureWindow {
 
     /// Whether a request scheduled at `scheduled_ms` counts in the point's statistics.
     pub fn counts(&self, scheduled_ms: f64) -> bool {
-        !self.steady || scheduled_ms >= self.warmup_s * 1000.0
+        !self.has_warmup() || scheduled_ms >= self.warmup_s * 1000.0
     }
 
     /// The time the counted requests were scheduled over, s (the turns/s denominator).
@@ -1092,9 +1099,10 @@ mod tests {
                 WorkloadKind::Agentic,
                 Some(-1.0),
                 false,
-                (0.0, 20.0, 20.0, true),
+                (0.0, 20.0, 30.0, true),
             ),
-            (WorkloadKind::Agentic, None, true, (0.0, 20.0, 20.0, true)),
+            // Without a warm-up: the plain point (the ceiling still over the prompts sent).
+            (WorkloadKind::Agentic, None, true, (0.0, 20.0, 30.0, true)),
             (
                 WorkloadKind::Paced,
                 Some(60.0),

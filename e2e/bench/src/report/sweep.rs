@@ -263,7 +263,7 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
             } else {
                 None
             };
-            let at = match p.turns_per_s.filter(|_| p.window.steady) {
+            let at = match p.turns_per_s.filter(|_| p.window.has_warmup()) {
                 Some(t) => format!("{lp:.3} {} ({t:.1} turns/s)", w.rate_unit),
                 None => format!("{lp:.3} {}", w.rate_unit),
             };
@@ -291,7 +291,7 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
         if !w.fleet.is_empty() {
             let _ = writeln!(md, "Engines: {}.\n", w.fleet);
         }
-        if w.window.steady {
+        if w.window.has_warmup() {
             let _ = writeln!(
                 md,
                 "Steady state: sessions arrive at the rate ({}) from the start of a **{:.0}-s warm-up**, then a **{:.0}-s window**; \
@@ -343,7 +343,7 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
                 "| {} | {:.3} | {} | {} | {} | {} | {} | {} / {} / {} | {} / {} | {:.0} | {} / {} / {} | {} | {} | {} / {} | {} | {} | {} |",
                 p.policy,
                 p.rate,
-                if p.window.steady {
+                if p.window.has_warmup() {
                     format!("{} ({} / {})", p.requests, p.warmup_requests, p.cut_turns)
                 } else {
                     p.requests.to_string()

@@ -256,7 +256,7 @@ async fn measure_inner(
     // simulators' ticks are taken from there (immediately when there is no warm-up). No turn is
     // due after the window's end, so the scrape after the run closes it.
     let window_open = async {
-        if window.warmup_s <= 0.0 {
+        if !window.has_warmup() {
             return (
                 None,
                 Sampler::start(CPU_SAMPLE_EVERY),
