@@ -181,7 +181,7 @@ mod tests {
         let cfg = RoutingConfig::default();
         let ttl = secs(cfg.kv_home_ttl_secs);
         // (home before, booked, served, when) → (moved, home after)
-        let table: [(Option<&str>, &str, &str, Duration, bool, Option<&str>); 5] = [
+        let table = [
             (Some("w0"), "w0", "w1", secs(1), true, Some("w1")),
             (Some("w0"), "w0", "w0", secs(1), false, Some("w0")),
             (Some("w2"), "w0", "w1", secs(1), false, Some("w2")),
