@@ -1,4 +1,6 @@
-//! Unit tests of `crate::splice`.
+//! Unit tests of `crate::splice`: the adapter from a decision's `Value` to the core's JSON editor.
+//! The editor itself (insert / replace / duplicates / escaped keys, every error, prefixes and
+//! noise, bytes copied as written, edit-then-parse) is tested once, in `core/src/json_edit_tests.rs`.
 
 use super::*;
 use serde_json::json;
@@ -10,55 +12,21 @@ fn splice(body: &str, value: Value) -> Result<String, SpliceError> {
 }
 
 #[test]
-fn table() {
+fn a_value_is_written_compactly_inserted_or_replacing() {
     let v = json!({"remote_host": "10.0.0.1", "do_remote_prefill": true});
     let vt = r#"{"do_remote_prefill":true,"remote_host":"10.0.0.1"}"#;
-    let cases: Vec<(&str, String)> = vec![
-        // insert
-        (r#"{}"#, format!(r#"{{"{KEY}":{vt}}}"#)),
-        ("{ \n }", format!("{{\"{KEY}\":{vt} \n }}")),
+    for (body, want) in [
         (r#"{"a":1}"#, format!(r#"{{"{KEY}":{vt},"a":1}}"#)),
-        ("  {\"a\" : 1.50e3 , \"b\":[1,{\"c\":\"}\"}]}\n", format!("  {{\"{KEY}\":{vt},\"a\" : 1.50e3 , \"b\":[1,{{\"c\":\"}}\"}}]}}\n")),
-        // a nested key of the same name is not top level
-        (r#"{"x":{"kv_transfer_params":1}}"#, format!(r#"{{"{KEY}":{vt},"x":{{"kv_transfer_params":1}}}}"#)),
-        // a string value mentioning the key is not a key
-        (r#"{"p":"\"kv_transfer_params\":2"}"#, format!(r#"{{"{KEY}":{vt},"p":"\"kv_transfer_params\":2"}}"#)),
-        // replace, keeping surrounding whitespace and order
         (r#"{"a":1,"kv_transfer_params":null,"b":2}"#, format!(r#"{{"a":1,"{KEY}":{vt},"b":2}}"#)),
-        (r#"{"kv_transfer_params" :  {"old":[1,2,{"}":"]"}]}  ,"b":2}"#, format!(r#"{{"{KEY}" :  {vt}  ,"b":2}}"#)),
-        (r#"{"a":"x","kv_transfer_params":"s\"}"}"#, format!(r#"{{"a":"x","{KEY}":{vt}}}"#)),
-        (r#"{"kv_transfer_params":true}"#, format!(r#"{{"{KEY}":{vt}}}"#)),
-        // escaped spelling of the same key
-        (r#"{"kv\u005ftransfer_params":0}"#, format!(r#"{{"kv\u005ftransfer_params":{vt}}}"#)),
-        // duplicates: both replaced
-        (r#"{"kv_transfer_params":1,"kv_transfer_params":2}"#, format!(r#"{{"{KEY}":{vt},"{KEY}":{vt}}}"#)),
-    ];
-    for (body, want) in cases {
+    ] {
         assert_eq!(splice(body, v.clone()).as_deref(), Ok(want.as_str()), "{body}");
     }
 }
 
 #[test]
-fn errors() {
-    // The filter parsed the body as JSON before asking the indexer; these only must not splice.
-    for body in ["", "[1]", "\"s\"", "{", "{\"a\"", "{\"a\":}", "{\"a\":[1,2}", "{\"a\":1 2}", "{}x", "{\"a\":1}{}"] {
-        assert!(splice(body, json!(1)).is_err(), "{body}");
-    }
+fn a_body_that_is_no_object_is_not_spliced() {
     assert_eq!(splice("[1]", json!(1)), Err(SpliceError::NotAnObject));
-}
-
-#[test]
-fn never_panics_on_prefixes_of_valid_json() {
-    let body = r#"{"model":"m","messages":[{"role":"user","content":"a \"quoted\" {brace}"}],"kv_transfer_params":{"a":[1,2]},"n":-1.5e-3}"#;
-    for end in 0..=body.len() {
-        let _ = splice_top_level(&body.as_bytes()[..end], KEY, &json!(null));
-    }
-    let mut noisy = body.as_bytes().to_vec();
-    for i in 0..noisy.len() {
-        noisy[i] ^= 0x5a;
-        let _ = splice_top_level(&noisy, KEY, &json!(null));
-        noisy[i] ^= 0x5a;
-    }
+    assert!(matches!(splice("{\"a\":", json!(1)), Err(SpliceError::NotJson { .. })));
 }
 
 #[test]
@@ -76,11 +44,4 @@ fn result_parses_to_the_original_plus_the_key() {
         want[KEY] = params.clone();
         assert_eq!(serde_json::from_slice::<Value>(&out).unwrap(), want, "{body}");
     }
-}
-
-#[test]
-fn unicode_is_copied_byte_for_byte() {
-    let body = "{\"prompt\":\"héllo ✓ \\ud83d\\ude00\"}";
-    let out = splice(body, json!(null)).unwrap();
-    assert!(out.ends_with("\"prompt\":\"héllo ✓ \\ud83d\\ude00\"}"));
 }
