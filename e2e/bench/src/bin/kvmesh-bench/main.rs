@@ -144,6 +144,11 @@ struct Args {
     /// engines).
     #[arg(long)]
     sweep_warmup_s: Option<f64>,
+    /// Sweep: the measured window of every policy's load-point run, s (default: the trace's at
+    /// least 60 s, whose heavy-tailed prompt sizes make a short window's load max/mean noise;
+    /// the other workloads' `--sweep-duration-s`).
+    #[arg(long)]
+    sweep_load_point_window_s: Option<f64>,
     /// Sweep: round_robin's ladder multiplies the rate by this per step.
     #[arg(long, default_value_t = 2.0)]
     sweep_factor: f64,
@@ -268,6 +273,9 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
     }
     if !a.sweep_warmup_s.is_none_or(|w| w >= 0.0 && w.is_finite()) {
         bail!("--sweep-warmup-s must be >= 0");
+    }
+    if !a.sweep_load_point_window_s.is_none_or(|w| w > 0.0 && w.is_finite()) {
+        bail!("--sweep-load-point-window-s must be > 0");
     }
     let workloads = WorkloadKind::parse_list(&a.sweep_workloads).map_err(anyhow::Error::msg)?;
     let mut policies = Policy::parse_list(&a.sweep_policies).map_err(anyhow::Error::msg)?;
@@ -402,6 +410,7 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
         start_rate: a.sweep_start_rate,
         duration_s: a.sweep_duration_s,
         warmup_s: a.sweep_warmup_s,
+        load_point_window_s: a.sweep_load_point_window_s,
         seed: a.sweep_seed,
         sim_speedup: a.sweep_sim_speedup,
         prefill_tokens_per_s: a.sweep_prefill_tokens_per_s,

@@ -19,9 +19,9 @@ use kvmesh_bench::record::read_all;
 use kvmesh_bench::report::sweep::{plot_files, SweepReport, WorkloadSweep};
 use kvmesh_bench::sink::Sink;
 use kvmesh_bench::sweep::{
-    default_start_rate, invalid_reasons_real_engines, next_ladder_rate, point_ceiling,
-    policy_rates, summarize_point, timing_for, window_for, window_records, FleetTiming, LadderStep,
-    MachineSample, MeasureWindow, PointResult, RatePoint, SweepConfig,
+    default_start_rate, invalid_reasons_real_engines, load_point_window_s, next_ladder_rate,
+    point_ceiling, policy_rates, summarize_point, timing_for, window_for, window_records,
+    FleetTiming, LadderStep, MachineSample, MeasureWindow, PointResult, RatePoint, SweepConfig,
 };
 use kvmesh_bench::trace::TraceRecord;
 use kvmesh_bench::workload::{gen, trace as wtrace, Plan, WorkloadKind};
@@ -54,6 +54,8 @@ pub struct SweepArgs {
     pub duration_s: f64,
     /// `--sweep-warmup-s`: the steady-state workloads' warm-up (`None`: `sweep::default_warmup_s`).
     pub warmup_s: Option<f64>,
+    /// `--sweep-load-point-window-s`: the load point's window (`None`: `sweep::load_point_window_s`).
+    pub load_point_window_s: Option<f64>,
     pub seed: u64,
     /// `--sweep-sim-speedup` / `--sweep-prefill-tokens-per-s` for every workload; `None`: each
     /// workload's default timing (`sweep::default_timing`).
@@ -537,6 +539,15 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
                 rr.iter().map(|p| p.rate).collect()
             }
         };
+        // The headline's point runs its own window (longer for the trace's heavy-tailed prompts).
+        let load_point = sat.map(|s| s.load_point());
+        let load_point_spec = PointSpec {
+            fleet,
+            window: MeasureWindow {
+                window_s: load_point_window_s(kind, a.duration_s, a.load_point_window_s),
+                ..window
+            },
+        };
         for &policy in &a.policies {
             if !kind.has_sessions() && policy.uses_session_header() && policy != Policy::RoundRobin
             {
@@ -561,7 +572,13 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
                 }
             }
             for rate in todo {
-                let p = measure(a, &spec, kind, policy, rate, &out, &mut progress).await;
+                let at_load_point = load_point.is_some_and(|lp| (rate - lp).abs() <= 1e-9 * lp);
+                let spec = if at_load_point {
+                    &load_point_spec
+                } else {
+                    &spec
+                };
+                let p = measure(a, spec, kind, policy, rate, &out, &mut progress).await;
                 report.workloads[wi].points.push(p);
                 save(&report, &out)?;
             }
