@@ -88,7 +88,7 @@ pub struct FilterConfig {
     pub fleet_refresh_ms: u64,
     /// Deadline of background calls (`/v1/fleet`, `/v1/done`).
     pub background_timeout_ms: u64,
-    /// `per_worker` only: tick period that flushes queued done reports.
+    /// Tick period of every filter root, which flushes its queued done reports.
     pub done_flush_ms: u64,
     /// Done reports waiting for dispatch, per background context; more are dropped and counted.
     pub done_queue_capacity: usize,

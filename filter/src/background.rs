@@ -2,7 +2,7 @@
 //!
 //! Envoy cancels an HTTP call when the context that made it is destroyed, and a request's context is
 //! destroyed right when the request ends — exactly when its done report is due. So requests only
-//! *queue* reports; a long-lived root context (the singleton service, or each worker's filter root)
+//! *queue* reports; a long-lived root context (each worker thread's filter root)
 //! dispatches them. Both pieces here are pure bookkeeping with explicit bounds: [`DoneQueue`] caps
 //! waiting reports and concurrent calls (overflow is dropped and counted, never grows memory) and
 //! batches the reports that wait while a call is out (one `/v1/done` per batch: in Envoy an HTTP
@@ -16,8 +16,6 @@ use kvmesh_core::api::{DoneReport, FleetSnapshot, MAX_DONE_BATCH};
 /// Shared-data key of the last fleet snapshot (JSON), written by whoever polls, read by every VM
 /// with the same `vm_id`.
 pub const FLEET_KEY: &str = "kvmesh.fleet.v1";
-/// Shared queue of done reports (JSON), registered by the singleton service.
-pub const DONE_QUEUE: &str = "kvmesh.done.v1";
 /// Largest `/v1/fleet` answer accepted.
 pub const MAX_FLEET_BYTES: usize = 1024 * 1024;
 
@@ -145,19 +143,9 @@ pub fn decode_fleet(bytes: &[u8]) -> Result<FleetSnapshot, FleetError> {
     serde_json::from_slice(bytes).map_err(|e| FleetError::Invalid(e.to_string()))
 }
 
-/// Encodes a done report for the shared queue.
-pub fn encode_done(report: &DoneReport) -> Option<Vec<u8>> {
-    serde_json::to_vec(report).ok()
-}
-
 /// Encodes a batch as the `/v1/done` body: a JSON array ([`kvmesh_core::api::parse_done_body`]).
 pub fn encode_done_batch(reports: &[DoneReport]) -> Option<Vec<u8>> {
     serde_json::to_vec(reports).ok()
-}
-
-/// Decodes a report taken from the shared queue.
-pub fn decode_done(bytes: &[u8]) -> Option<DoneReport> {
-    serde_json::from_slice(bytes).ok()
 }
 
 #[cfg(test)]

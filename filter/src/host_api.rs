@@ -1,10 +1,10 @@
 //! The narrow interface between the filter's root-level logic and its host: the few host calls
-//! that logic needs — the clock, HTTP callouts to the indexer, shared data and shared queues,
-//! metrics and the tick period — and nothing else.
+//! that logic needs — the clock, HTTP callouts to the indexer, shared data, metrics and the tick
+//! period — and nothing else.
 //!
-//! Why a trait: the root role matrix ([`crate::roles`]), the done sink and the fleet cache
+//! Why a trait: the root role matrix ([`crate::roles`]), the done queue and the fleet cache
 //! ([`crate::shared`]) and the background dispatcher ([`crate::tasks`]) make decisions about host
-//! results (a queue that is not registered yet, a CAS that did not change, a dispatch that failed),
+//! results (a CAS that did not change, a dispatch that failed, a tick that could not be set),
 //! and those decisions need native tests. `host::adapter` (wasm only) implements it over
 //! `proxy_wasm::hostcalls`; [`fake`] (tests only) is an in-memory host that records what it was
 //! asked. Logging is not in the trait: the modules log through the `log` facade, which the
@@ -42,14 +42,6 @@ pub trait Host {
     fn get_shared_data(&self, key: &str) -> Result<SharedData, HostError>;
     /// Stores `value` under `key` (no CAS check).
     fn set_shared_data(&self, key: &str, value: &[u8]) -> Result<(), HostError>;
-
-    /// Registers the shared queue `name` in this VM's `vm_id`; its id.
-    fn register_shared_queue(&self, name: &str) -> Result<u32, HostError>;
-    /// The id of queue `name` registered in `vm_id`, if any.
-    fn resolve_shared_queue(&self, vm_id: &str, name: &str) -> Result<Option<u32>, HostError>;
-    fn enqueue_shared_queue(&self, queue: u32, value: &[u8]) -> Result<(), HostError>;
-    /// The next value of the queue, or None when it is empty.
-    fn dequeue_shared_queue(&self, queue: u32) -> Result<Option<Vec<u8>>, HostError>;
 
     /// Defines (or finds: the same name gives the same stat) a metric; its id.
     fn define_metric(&self, kind: MetricKind, name: &str) -> Result<u32, HostError>;

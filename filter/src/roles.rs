@@ -5,8 +5,13 @@
 //!
 //! | root | `singleton` | `per_worker` |
 //! |---|---|---|
-//! | [`crate::SERVICE_ROOT_ID`] (bootstrap singleton) | registers the done queue, drains it, polls the fleet, sends `/v1/done` | idle: every filter root does its own background work (a singleton would only poll twice) |
-//! | any other (filter root, one per worker thread) | creates HTTP contexts; done reports go to the singleton's shared queue | creates HTTP contexts; polls the fleet and flushes its own bounded done queue on its tick |
+//! | [`crate::SERVICE_ROOT_ID`] (bootstrap singleton) | polls the fleet | idle: every filter root does its own background work (a singleton would only poll twice) |
+//! | any other (filter root, one per worker thread) | creates HTTP contexts; flushes its own bounded done queue on its tick | creates HTTP contexts; polls the fleet and flushes its own bounded done queue on its tick |
+//!
+//! Done reports never leave their worker thread: each filter root sends its thread's reports as
+//! batched `/v1/done` calls every `done_flush_ms`. (Through the singleton's shared queue every
+//! report woke Envoy's main thread and cost it a callout: a quarter of the gateway's CPU per
+//! request.)
 //!
 //! [`configure_root`] turns the matrix into a [`RootState`] with host calls through [`Host`], so
 //! every cell is tested natively against the test double.
@@ -14,21 +19,21 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use crate::background::{DoneQueue, DONE_QUEUE};
+use crate::background::DoneQueue;
 use crate::config::{Background as Mode, FilterConfig};
 use crate::host_api::Host;
 use crate::metric_ids::MetricIds;
-use crate::shared::{DoneSink, Shared};
+use crate::shared::Shared;
 use crate::tasks::BackgroundTasks;
 
 /// What a root context does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RootRole {
-    /// The singleton service in `singleton` mode: the done queue and the fleet poll.
+    /// The singleton service in `singleton` mode: the fleet poll.
     Service,
     /// The singleton service in `per_worker` mode: nothing.
     IdleService,
-    /// A filter root whose done reports go to the singleton's queue.
+    /// A filter root that flushes its own done queue (`singleton`: the singleton polls).
     Filter,
     /// A filter root that polls and flushes its own done queue (`per_worker`).
     FilterWithBackground,
@@ -81,36 +86,24 @@ pub fn configure_from_bytes(host: Rc<dyn Host>, bytes: Option<&[u8]>, context_id
     }
 }
 
-/// Configures a root of `root_id` in `vm_id` (see the module's matrix). Host failures (queue
-/// registration, tick period) are logged and counted; the root still configures.
+/// Configures a root of `root_id` in `vm_id` (see the module's matrix). A failure to set the tick
+/// period is logged; the root still configures.
 pub fn configure_root(host: Rc<dyn Host>, config: FilterConfig, context_id: u32, root_id: &str, vm_id: &str) -> RootState {
     let config = Rc::new(config);
     let metrics = Rc::new(MetricIds::define(Rc::clone(&host)));
     let local_done = Rc::new(RefCell::new(DoneQueue::new(config.done_queue_capacity, config.done_max_in_flight)));
     let role = RootRole::of(root_id, config.background);
-    let tasks = |shared_queue| {
-        BackgroundTasks::new(Rc::clone(&host), Rc::clone(&config), Rc::clone(&metrics), Rc::clone(&local_done), shared_queue)
+    let tasks = |polls_fleet| {
+        BackgroundTasks::new(Rc::clone(&host), Rc::clone(&config), Rc::clone(&metrics), Rc::clone(&local_done), polls_fleet)
     };
     let (shared, tasks, tick_ms) = match role {
         RootRole::IdleService => (None, None, None),
-        RootRole::Service => {
-            let queue = match host.register_shared_queue(DONE_QUEUE) {
-                Ok(q) => Some(q),
-                Err(status) => {
-                    metrics.host_call_failed("register_shared_queue", &status);
-                    None
-                }
-            };
-            (None, Some(tasks(queue)), config.tick_period_ms(false))
-        }
+        RootRole::Service => (None, Some(tasks(true)), config.tick_period_ms(false)),
         RootRole::Filter | RootRole::FilterWithBackground => {
-            let (done, tasks, tick) = if role == RootRole::Filter {
-                (DoneSink::shared_queue(vm_id), None, None)
-            } else {
-                (DoneSink::Local(Rc::clone(&local_done)), Some(tasks(None)), config.tick_period_ms(true))
-            };
-            let shared = Shared::new(Rc::clone(&host), Rc::clone(&config), Rc::clone(&metrics), done);
-            (Some(Rc::new(shared)), tasks, tick)
+            let polls = role == RootRole::FilterWithBackground;
+            let tick = if polls { config.tick_period_ms(true) } else { Some(config.done_flush_ms) };
+            let shared = Shared::new(Rc::clone(&host), Rc::clone(&config), Rc::clone(&metrics), Rc::clone(&local_done));
+            (Some(Rc::new(shared)), Some(tasks(polls)), tick)
         }
     };
     if let Some(ms) = tick_ms {

@@ -2,10 +2,9 @@
 //! configuration, the metric ids, the `/v1/route` circuit breaker, the endpoint ledger, the done
 //! sink and the fleet cache.
 //!
-//! * The **done sink** is where a finished request's report goes: in `singleton` mode the shared
-//!   queue the singleton service registered (resolved lazily — the singleton may configure after
-//!   this root; a missing queue is warned about once and every report is dropped and counted), in
-//!   `per_worker` mode this thread's own bounded queue that the root's tick flushes.
+//! * The **done queue** is where a finished request's report goes: this thread's own bounded
+//!   queue, which the root's tick flushes as batched `/v1/done` calls (in both background modes:
+//!   a report never wakes another thread).
 //! * The **fleet cache** holds the last snapshot read from shared data and parses it again only
 //!   when its CAS changes (the fallback path runs per request; the snapshot changes once a poll).
 //!
@@ -13,12 +12,12 @@
 //! that would conflict (never expected) degrades to "no breaker", "no reorder" or "no fleet"
 //! instead of panicking.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use kvmesh_core::api::{DoneReport, FleetSnapshot};
 
-use crate::background::{decode_fleet, encode_done, DoneQueue, DONE_QUEUE, FLEET_KEY};
+use crate::background::{decode_fleet, DoneQueue, FLEET_KEY};
 use crate::breaker::{transition_metric, Admit, Breaker, CallHealth};
 use crate::config::FilterConfig;
 use crate::endpoints::{EndpointHealth, HealthEvent};
@@ -27,28 +26,14 @@ use crate::host_api::Host;
 use crate::metric_ids::MetricIds;
 use crate::metrics::{BreakerState, DoneResult, InternalError, Metric, MetricUpdate};
 
-/// Where HTTP contexts put their done reports.
-pub enum DoneSink {
-    /// The singleton's shared queue in `vm_id`, resolved on first use and again after a failure.
-    SharedQueue { vm_id: String, queue: Cell<Option<u32>>, warned: Cell<bool> },
-    /// This worker's own bounded queue, flushed by the root's tick.
-    Local(Rc<RefCell<DoneQueue>>),
-}
-
-impl DoneSink {
-    /// The singleton's queue in `vm_id`, not resolved yet.
-    pub fn shared_queue(vm_id: &str) -> Self {
-        Self::SharedQueue { vm_id: vm_id.to_owned(), queue: Cell::new(None), warned: Cell::new(false) }
-    }
-}
-
 /// What a filter root shares with its HTTP contexts.
 pub struct Shared {
     pub config: Rc<FilterConfig>,
     pub metrics: Rc<MetricIds>,
     host: Rc<dyn Host>,
     fleet_cache: RefCell<Option<(u32, Rc<FleetSnapshot>)>>,
-    done: DoneSink,
+    /// This worker's bounded done queue, flushed by the root's tick.
+    done: Rc<RefCell<DoneQueue>>,
     /// This worker thread's `/v1/route` circuit breaker.
     breaker: RefCell<Breaker>,
     /// This worker thread's passive health of engine endpoints.
@@ -57,7 +42,7 @@ pub struct Shared {
 
 impl Shared {
     /// A filter root's state, with a fresh breaker and endpoint ledger from `config`.
-    pub fn new(host: Rc<dyn Host>, config: Rc<FilterConfig>, metrics: Rc<MetricIds>, done: DoneSink) -> Self {
+    pub fn new(host: Rc<dyn Host>, config: Rc<FilterConfig>, metrics: Rc<MetricIds>, done: Rc<RefCell<DoneQueue>>) -> Self {
         let breaker = RefCell::new(Breaker::new(config.breaker_failures, config.breaker_open_ms));
         let endpoints = RefCell::new(EndpointHealth::new(config.endpoint_failures, config.endpoint_ejection_ms));
         Self { config, metrics, host, fleet_cache: RefCell::new(None), done, breaker, endpoints }
@@ -112,33 +97,9 @@ impl Shared {
         self.metrics.apply(transition_metric(state));
     }
 
-    /// Hands a report to the background dispatcher, counting a drop when that is impossible.
+    /// Hands a report to the root's done queue, counting a drop when it is full.
     pub fn queue_done(&self, report: DoneReport) {
-        let accepted = match &self.done {
-            DoneSink::Local(queue) => queue.try_borrow_mut().is_ok_and(|mut q| q.offer(report)),
-            DoneSink::SharedQueue { vm_id, queue, warned } => {
-                let id = queue.get().or_else(|| self.host.resolve_shared_queue(vm_id, DONE_QUEUE).ok().flatten());
-                queue.set(id);
-                match (id, encode_done(&report)) {
-                    (Some(id), Some(bytes)) => match self.host.enqueue_shared_queue(id, &bytes) {
-                        Ok(()) => true,
-                        Err(status) => {
-                            queue.set(None);
-                            self.metrics.host_call_failed("enqueue_shared_queue", &status);
-                            false
-                        }
-                    },
-                    (None, _) => {
-                        if !warned.replace(true) {
-                            log::warn!("no `{DONE_QUEUE}` queue in vm_id `{vm_id}`: is the kvmesh singleton service configured? done reports are dropped");
-                        }
-                        false
-                    }
-                    (Some(_), None) => false,
-                }
-            }
-        };
-        if !accepted {
+        if !self.done.try_borrow_mut().is_ok_and(|mut q| q.offer(report)) {
             self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Dropped), 1));
         }
     }

@@ -3,8 +3,8 @@
 //! lives as long as the VM, so Envoy never cancels them with a request.
 //!
 //! The bookkeeping is [`crate::background`]'s ([`DoneQueue`], [`FleetSchedule`]); this module
-//! drives it with host calls through [`Host`]: it drains the singleton's shared queue into the
-//! bounded local queue, starts a poll when one is due, stores a valid answer in shared data for
+//! drives it with host calls through [`Host`]: it starts a poll when one is due (when this root
+//! polls: the singleton, or every filter root in `per_worker` mode), stores a valid answer in shared data for
 //! every VM of the `vm_id`, and keeps at most `done_max_in_flight` `/v1/done` calls out, each
 //! carrying a batch of the reports that waited ([`DoneQueue::next_batch`]).
 
@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use crate::background::{decode_done, encode_done_batch, parse_fleet_answer, DoneQueue, FleetSchedule, FLEET_KEY, MAX_FLEET_BYTES};
+use crate::background::{encode_done_batch, parse_fleet_answer, DoneQueue, FleetSchedule, FLEET_KEY, MAX_FLEET_BYTES};
 use crate::config::FilterConfig;
 use crate::host_api::{Host, HostError};
 use crate::metric_ids::MetricIds;
@@ -28,34 +28,19 @@ pub struct BackgroundTasks {
     done: Rc<RefCell<DoneQueue>>,
     /// `/v1/done` calls out: token → reports in the batch.
     done_calls: HashMap<u32, u64>,
-    /// The shared queue this context drains (singleton service only).
-    shared_queue: Option<u32>,
 }
 
 impl BackgroundTasks {
-    /// `done` is shared with the HTTP contexts in per-worker mode; `shared_queue` is the queue the
-    /// singleton registered.
-    pub fn new(
-        host: Rc<dyn Host>,
-        config: Rc<FilterConfig>,
-        metrics: Rc<MetricIds>,
-        done: Rc<RefCell<DoneQueue>>,
-        shared_queue: Option<u32>,
-    ) -> Self {
-        let fleet = FleetSchedule::new(config.fleet_refresh_ms);
-        Self { host, config, metrics, fleet, done, done_calls: HashMap::new(), shared_queue }
+    /// `done` is the queue this root's HTTP contexts fill (a filter root's; the singleton's stays
+    /// empty); `polls_fleet` says whether this root polls `/v1/fleet`.
+    pub fn new(host: Rc<dyn Host>, config: Rc<FilterConfig>, metrics: Rc<MetricIds>, done: Rc<RefCell<DoneQueue>>, polls_fleet: bool) -> Self {
+        let fleet = FleetSchedule::new(if polls_fleet { config.fleet_refresh_ms } else { 0 });
+        Self { host, config, metrics, fleet, done, done_calls: HashMap::new() }
     }
 
-    /// Periodic work: drain, poll when due, dispatch.
+    /// Periodic work: poll when due, dispatch.
     pub fn on_tick(&mut self) {
-        self.drain_shared_queue();
         self.poll_fleet_if_due();
-        self.pump_done();
-    }
-
-    /// The singleton's shared queue has reports.
-    pub fn on_queue_ready(&mut self) {
-        self.drain_shared_queue();
         self.pump_done();
     }
 
@@ -118,27 +103,6 @@ impl BackgroundTasks {
                 self.fleet.failed_to_start(now);
                 self.metrics.host_call_failed("dispatch_http_call(/v1/fleet)", &status);
                 self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Failed), 1));
-            }
-        }
-    }
-
-    /// Moves every queued report from the shared queue into the bounded local queue.
-    fn drain_shared_queue(&mut self) {
-        let Some(queue) = self.shared_queue else { return };
-        let Ok(mut done) = self.done.try_borrow_mut() else { return };
-        loop {
-            match self.host.dequeue_shared_queue(queue) {
-                Ok(Some(bytes)) => {
-                    let accepted = decode_done(&bytes).is_some_and(|report| done.offer(report));
-                    if !accepted {
-                        self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Dropped), 1));
-                    }
-                }
-                Ok(None) => break,
-                Err(status) => {
-                    self.metrics.host_call_failed("dequeue_shared_queue", &status);
-                    break;
-                }
             }
         }
     }

@@ -49,22 +49,6 @@ impl Host for ProxyWasmHost {
         hostcalls::set_shared_data(key, Some(value), None).map_err(err)
     }
 
-    fn register_shared_queue(&self, name: &str) -> Result<u32, HostError> {
-        hostcalls::register_shared_queue(name).map_err(err)
-    }
-
-    fn resolve_shared_queue(&self, vm_id: &str, name: &str) -> Result<Option<u32>, HostError> {
-        hostcalls::resolve_shared_queue(vm_id, name).map_err(err)
-    }
-
-    fn enqueue_shared_queue(&self, queue: u32, value: &[u8]) -> Result<(), HostError> {
-        hostcalls::enqueue_shared_queue(queue, Some(value)).map_err(err)
-    }
-
-    fn dequeue_shared_queue(&self, queue: u32) -> Result<Option<Vec<u8>>, HostError> {
-        hostcalls::dequeue_shared_queue(queue).map_err(err)
-    }
-
     fn define_metric(&self, kind: MetricKind, name: &str) -> Result<u32, HostError> {
         let kind = match kind {
             MetricKind::Counter => MetricType::Counter,

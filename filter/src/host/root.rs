@@ -1,6 +1,6 @@
 //! Root contexts: the proxy-wasm glue of [`crate::roles`]. A root reads its configuration bytes and
 //! its `plugin_root_id` / `plugin_vm_id`, lets [`configure_from_bytes`] decide its role and state,
-//! and forwards ticks, queue and call callbacks to the [`crate::tasks::BackgroundTasks`] it runs.
+//! and forwards ticks and call callbacks to the [`crate::tasks::BackgroundTasks`] it runs.
 
 use std::rc::Rc;
 
@@ -58,12 +58,6 @@ impl RootContext for Root {
     fn on_tick(&mut self) {
         if let Some(tasks) = self.state.as_mut().and_then(|s| s.tasks.as_mut()) {
             tasks.on_tick();
-        }
-    }
-
-    fn on_queue_ready(&mut self, _queue_id: u32) {
-        if let Some(tasks) = self.state.as_mut().and_then(|s| s.tasks.as_mut()) {
-            tasks.on_queue_ready();
         }
     }
 

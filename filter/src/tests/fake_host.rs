@@ -1,11 +1,11 @@
 //! The test double of [`Host`]: an in-memory host that behaves like the parts of Envoy the
 //! root-level logic uses — tokens count up, shared data keeps a CAS that grows on every write,
-//! queues belong to a `vm_id`, the same metric name gives the same id — records every call made,
-//! and fails the calls a test tells it to fail. One `FakeHost` stands for one Envoy: roots that
-//! share it share its data, queues and stats, as roots of one `vm_id` do.
+//! the same metric name gives the same id — records every call made, and fails the calls a test
+//! tells it to fail. One `FakeHost` stands for one Envoy: roots that share it share its data and
+//! stats, as roots of one `vm_id` do.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use super::{Host, HostError, SharedData};
 use crate::metrics::{Metric, MetricKind};
@@ -16,17 +16,7 @@ use crate::request::HttpCall;
 pub enum Fail {
     Dispatch,
     SetSharedData,
-    RegisterQueue,
-    Enqueue,
-    Dequeue,
     SetTick,
-}
-
-#[derive(Debug)]
-struct Queue {
-    vm_id: String,
-    name: String,
-    items: VecDeque<Vec<u8>>,
 }
 
 #[derive(Debug)]
@@ -42,29 +32,25 @@ struct Stat {
 /// An in-memory Envoy.
 #[derive(Debug)]
 pub struct FakeHost {
-    vm_id: String,
     now_ns: Cell<u64>,
     next_token: Cell<u32>,
     calls: RefCell<Vec<(u32, HttpCall)>>,
     response: RefCell<(Option<u16>, Vec<u8>)>,
     shared: RefCell<BTreeMap<String, (Vec<u8>, u32)>>,
-    queues: RefCell<Vec<Queue>>,
     stats: RefCell<Vec<Stat>>,
     tick_ms: Cell<Option<u64>>,
     failing: RefCell<Vec<Fail>>,
 }
 
 impl FakeHost {
-    /// An Envoy whose VMs run in `vm_id`, at time 1 s.
-    pub fn new(vm_id: &str) -> Self {
+    /// An Envoy at time 1 s.
+    pub fn new() -> Self {
         Self {
-            vm_id: vm_id.to_owned(),
             now_ns: Cell::new(1_000_000_000),
             next_token: Cell::new(1),
             calls: RefCell::new(Vec::new()),
             response: RefCell::new((None, Vec::new())),
             shared: RefCell::new(BTreeMap::new()),
-            queues: RefCell::new(Vec::new()),
             stats: RefCell::new(Vec::new()),
             tick_ms: Cell::new(None),
             failing: RefCell::new(Vec::new()),
@@ -115,11 +101,6 @@ impl FakeHost {
     /// Shared data under `key` and its CAS.
     pub fn shared_data(&self, key: &str) -> Option<(Vec<u8>, u32)> {
         self.shared.borrow().get(key).cloned()
-    }
-
-    /// Items waiting in queue `name` of this host's vm_id.
-    pub fn queue_len(&self, name: &str) -> Option<usize> {
-        self.queues.borrow().iter().find(|q| q.vm_id == self.vm_id && q.name == name).map(|q| q.items.len())
     }
 
     /// A counter's total (or a gauge's value); 0 when never defined.
@@ -180,35 +161,6 @@ impl Host for FakeHost {
         let cas = shared.get(key).map_or(1, |(_, cas)| cas + 1);
         shared.insert(key.to_owned(), (value.to_vec(), cas));
         Ok(())
-    }
-
-    fn register_shared_queue(&self, name: &str) -> Result<u32, HostError> {
-        self.check(Fail::RegisterQueue)?;
-        let mut queues = self.queues.borrow_mut();
-        if let Some(i) = queues.iter().position(|q| q.vm_id == self.vm_id && q.name == name) {
-            return Ok(i as u32 + 1);
-        }
-        queues.push(Queue { vm_id: self.vm_id.clone(), name: name.to_owned(), items: VecDeque::new() });
-        Ok(queues.len() as u32)
-    }
-
-    fn resolve_shared_queue(&self, vm_id: &str, name: &str) -> Result<Option<u32>, HostError> {
-        Ok(self.queues.borrow().iter().position(|q| q.vm_id == vm_id && q.name == name).map(|i| i as u32 + 1))
-    }
-
-    fn enqueue_shared_queue(&self, queue: u32, value: &[u8]) -> Result<(), HostError> {
-        self.check(Fail::Enqueue)?;
-        let mut queues = self.queues.borrow_mut();
-        let q = queues.get_mut(queue as usize - 1).ok_or_else(|| HostError("NotFound".into()))?;
-        q.items.push_back(value.to_vec());
-        Ok(())
-    }
-
-    fn dequeue_shared_queue(&self, queue: u32) -> Result<Option<Vec<u8>>, HostError> {
-        self.check(Fail::Dequeue)?;
-        let mut queues = self.queues.borrow_mut();
-        let q = queues.get_mut(queue as usize - 1).ok_or_else(|| HostError("NotFound".into()))?;
-        Ok(q.items.pop_front())
     }
 
     fn define_metric(&self, kind: MetricKind, name: &str) -> Result<u32, HostError> {

@@ -9,7 +9,7 @@ use super::*;
 use crate::background::FLEET_KEY;
 use crate::flow::FleetSource;
 use crate::host_api::fake::{Fail, FakeHost};
-use crate::metrics::{DoneResult, FleetResult, InternalError, Metric};
+use crate::metrics::{DoneResult, FleetResult, Metric};
 
 const VM: &str = "kvmesh";
 
@@ -49,33 +49,34 @@ fn the_role_matrix() {
 
 #[test]
 fn what_each_role_configures() {
-    // (root_id, config, role, shares with HTTP contexts, runs background, tick, registers the queue)
+    // (root_id, config, role, shares with HTTP contexts, runs background, tick)
     let cases = [
-        // The tick is capped (MAX_TICK_MS) so a slower fleet period still flushes reports promptly.
-        (crate::SERVICE_ROOT_ID, r#"{}"#, RootRole::Service, false, true, Some(crate::config::MAX_TICK_MS), true),
-        (crate::SERVICE_ROOT_ID, r#"{"fleet_refresh_ms": 100}"#, RootRole::Service, false, true, Some(100), true),
-        (crate::SERVICE_ROOT_ID, r#"{"fleet_refresh_ms": 0}"#, RootRole::Service, false, true, None, true),
-        (crate::SERVICE_ROOT_ID, r#"{"background": "per_worker"}"#, RootRole::IdleService, false, false, None, false),
-        ("filter", r#"{}"#, RootRole::Filter, true, false, None, false),
-        ("filter", r#"{"background": "per_worker"}"#, RootRole::FilterWithBackground, true, true, Some(20), false),
-        ("filter", r#"{"background": "per_worker", "fleet_refresh_ms": 0, "done_flush_ms": 50}"#, RootRole::FilterWithBackground, true, true, Some(50), false),
+        // The tick is capped (MAX_TICK_MS) so a slower fleet period still polls promptly.
+        (crate::SERVICE_ROOT_ID, r#"{}"#, RootRole::Service, false, true, Some(crate::config::MAX_TICK_MS)),
+        (crate::SERVICE_ROOT_ID, r#"{"fleet_refresh_ms": 100}"#, RootRole::Service, false, true, Some(100)),
+        (crate::SERVICE_ROOT_ID, r#"{"fleet_refresh_ms": 0}"#, RootRole::Service, false, true, None),
+        (crate::SERVICE_ROOT_ID, r#"{"background": "per_worker"}"#, RootRole::IdleService, false, false, None),
+        // A filter root flushes its own done reports in both modes.
+        ("filter", r#"{}"#, RootRole::Filter, true, true, Some(20)),
+        ("filter", r#"{"done_flush_ms": 5, "fleet_refresh_ms": 100}"#, RootRole::Filter, true, true, Some(5)),
+        ("filter", r#"{"background": "per_worker"}"#, RootRole::FilterWithBackground, true, true, Some(20)),
+        ("filter", r#"{"background": "per_worker", "fleet_refresh_ms": 0, "done_flush_ms": 50}"#, RootRole::FilterWithBackground, true, true, Some(50)),
     ];
-    for (root_id, json, role, shares, background, tick, registers) in cases {
-        let host = Rc::new(FakeHost::new(VM));
+    for (root_id, json, role, shares, background, tick) in cases {
+        let host = Rc::new(FakeHost::new());
         let state = root(&host, root_id, json);
         assert_eq!(state.role, role, "{root_id} {json}");
         assert_eq!(state.shared.is_some(), shares, "{root_id} {json}: shared");
         assert_eq!(state.tasks.is_some(), background, "{root_id} {json}: background");
         assert_eq!(state.tick_ms, tick, "{root_id} {json}: tick");
         assert_eq!(host.tick_ms(), tick, "{root_id} {json}: tick period set on the host");
-        assert_eq!(host.queue_len(DONE_QUEUE).is_some(), registers, "{root_id} {json}: done queue");
         assert_eq!(host.stat_count(), Metric::all().len(), "every metric defined at configuration");
     }
 }
 
 #[test]
 fn refused_configuration_configures_nothing() {
-    let host = Rc::new(FakeHost::new(VM));
+    let host = Rc::new(FakeHost::new());
     assert!(configure_from_bytes(Rc::clone(&host) as Rc<dyn Host>, Some(br#"{"no_such_field": 1}"#), 1, "filter", VM).is_none());
     assert_eq!(host.stat_count(), 0);
     let state = configure_from_bytes(Rc::clone(&host) as Rc<dyn Host>, None, 1, "filter", VM).unwrap();
@@ -83,36 +84,32 @@ fn refused_configuration_configures_nothing() {
 }
 
 #[test]
-fn host_failures_at_configuration_are_counted_not_fatal() {
-    let host = Rc::new(FakeHost::new(VM));
-    host.set_failing(Fail::RegisterQueue, true);
+fn a_tick_that_cannot_be_set_is_not_fatal() {
+    let host = Rc::new(FakeHost::new());
     host.set_failing(Fail::SetTick, true);
     let mut service = root(&host, crate::SERVICE_ROOT_ID, "{}");
-    assert_eq!(host.value(Metric::InternalErrors(InternalError::HostCall)), 1, "register_shared_queue");
     assert_eq!(host.tick_ms(), None);
-    // Without its queue the service still polls the fleet.
+    // Without its tick the service still polls the fleet when ticked.
     service.tasks.as_mut().unwrap().on_tick();
     assert_eq!(host.tokens_to(FLEET_PATH).len(), 1);
 }
 
 #[test]
-fn singleton_mode_reports_travel_from_a_filter_root_through_the_shared_queue() {
-    let host = Rc::new(FakeHost::new(VM));
-    // The filter root configures first: its queue is resolved lazily.
-    let filter = root(&host, "filter", "{}");
-    let shared = filter.shared.unwrap();
-    shared.queue_done(report("early"));
-    assert_eq!(host.value(Metric::DoneReports(DoneResult::Dropped)), 1, "no singleton yet: dropped");
-
+fn singleton_mode_filter_roots_send_their_own_reports_and_the_singleton_polls() {
+    let host = Rc::new(FakeHost::new());
     let mut service = root(&host, crate::SERVICE_ROOT_ID, "{}");
+    let mut filter = root(&host, "filter", "{}");
+    let shared = Rc::clone(filter.shared.as_ref().unwrap());
     shared.queue_done(report("a"));
     shared.queue_done(report("b"));
-    assert_eq!(host.queue_len(DONE_QUEUE), Some(2));
-    let tasks = service.tasks.as_mut().unwrap();
-    tasks.on_queue_ready();
-    assert_eq!(host.queue_len(DONE_QUEUE), Some(0), "drained");
+    service.tasks.as_mut().unwrap().on_tick();
+    assert!(host.tokens_to(DONE_PATH).is_empty(), "the singleton sends no reports");
+    assert_eq!(host.tokens_to(FLEET_PATH).len(), 1, "the singleton polls the fleet");
+    let tasks = filter.tasks.as_mut().unwrap();
+    tasks.on_tick();
+    assert_eq!(host.tokens_to(FLEET_PATH).len(), 1, "a filter root does not poll in singleton mode");
     let done = host.tokens_to(DONE_PATH);
-    assert_eq!(done.len(), 1, "what waited in the queue goes as one batch");
+    assert_eq!(done.len(), 1, "what waited since the last tick goes as one batch");
     let bodies = |token: u32| -> Vec<DoneReport> {
         let calls = host.calls();
         let call = calls.iter().find(|(t, _)| *t == token).map(|(_, c)| c.clone()).unwrap();
@@ -122,22 +119,22 @@ fn singleton_mode_reports_travel_from_a_filter_root_through_the_shared_queue() {
     host.answer(Some(200), b"");
     tasks.on_http_call_response(done[0], 1, 0);
     shared.queue_done(report("c"));
-    tasks.on_queue_ready();
+    tasks.on_tick();
     let done = host.tokens_to(DONE_PATH);
-    assert_eq!(bodies(done[1]), vec![report("c")], "nothing out: a lone report goes at once");
+    assert_eq!(bodies(done[1]), vec![report("c")]);
     host.answer(Some(500), b"");
     tasks.on_http_call_response(done[1], 1, 0);
     assert_eq!(host.value(Metric::DoneReports(DoneResult::Sent)), 2);
     assert_eq!(host.value(Metric::DoneReports(DoneResult::Failed)), 1);
-    assert_eq!(host.value(Metric::DoneReports(DoneResult::Dropped)), 1);
+    assert_eq!(host.value(Metric::DoneReports(DoneResult::Dropped)), 0);
 }
 
 #[test]
 fn per_worker_mode_each_filter_root_polls_and_flushes_its_own_queue() {
     let json = r#"{"background": "per_worker", "fleet_refresh_ms": 100}"#;
-    let host = Rc::new(FakeHost::new(VM));
+    let host = Rc::new(FakeHost::new());
     let service = root(&host, crate::SERVICE_ROOT_ID, json);
-    assert!(service.tasks.is_none() && host.queue_len(DONE_QUEUE).is_none(), "idle singleton");
+    assert!(service.tasks.is_none() && service.tick_ms.is_none(), "idle singleton");
     let mut a = root(&host, "filter", json);
     let mut b = root(&host, "filter", json);
     let (shared_a, shared_b) = (Rc::clone(a.shared.as_ref().unwrap()), Rc::clone(b.shared.as_ref().unwrap()));

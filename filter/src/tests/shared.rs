@@ -1,4 +1,4 @@
-//! Unit tests of `crate::shared`: the done sink, the fleet cache, and the breaker and endpoint
+//! Unit tests of `crate::shared`: the done queue, the fleet cache, and the breaker and endpoint
 //! ledger as seen through metrics.
 
 use std::rc::Rc;
@@ -6,16 +6,18 @@ use std::rc::Rc;
 use kvmesh_core::api::{FleetWorker, Outcome, Role, WorkerLoad};
 
 use super::*;
-use crate::host_api::fake::{Fail, FakeHost};
+use crate::host_api::fake::FakeHost;
 use crate::metrics::FleetResult;
-
-const VM: &str = "kvmesh";
 
 fn report(id: &str) -> DoneReport {
     DoneReport { request_id: id.into(), endpoint: None, outcome: Outcome::Aborted, status: None, booking_id: Some("bk-7".into()) }
 }
 
-fn shared_with(host: &Rc<FakeHost>, json: &str, done: DoneSink) -> Shared {
+fn queue() -> Rc<RefCell<DoneQueue>> {
+    Rc::new(RefCell::new(DoneQueue::new(16, 1)))
+}
+
+fn shared_with(host: &Rc<FakeHost>, json: &str, done: Rc<RefCell<DoneQueue>>) -> Shared {
     let config = Rc::new(FilterConfig::from_bytes(Some(json.as_bytes())).unwrap());
     let dyn_host: Rc<dyn Host> = Rc::clone(host) as Rc<dyn Host>;
     let metrics = Rc::new(MetricIds::define(Rc::clone(&dyn_host)));
@@ -30,10 +32,10 @@ fn fleet(n: usize, generation: u64) -> Vec<u8> {
 }
 
 #[test]
-fn local_sink_is_bounded_and_counts_drops() {
-    let host = Rc::new(FakeHost::new(VM));
+fn the_done_queue_is_bounded_and_counts_drops() {
+    let host = Rc::new(FakeHost::new());
     let queue = Rc::new(RefCell::new(DoneQueue::new(2, 1)));
-    let shared = shared_with(&host, "{}", DoneSink::Local(Rc::clone(&queue)));
+    let shared = shared_with(&host, "{}", Rc::clone(&queue));
     for id in ["a", "b", "c"] {
         shared.queue_done(report(id));
     }
@@ -42,42 +44,9 @@ fn local_sink_is_bounded_and_counts_drops() {
 }
 
 #[test]
-fn shared_queue_sink_resolves_late_and_again_after_a_failure() {
-    let host = Rc::new(FakeHost::new(VM));
-    let shared = shared_with(&host, "{}", DoneSink::shared_queue(VM));
-    shared.queue_done(report("a"));
-    shared.queue_done(report("b"));
-    assert_eq!(host.value(Metric::DoneReports(DoneResult::Dropped)), 2, "no queue registered: both dropped");
-
-    host.register_shared_queue(DONE_QUEUE).unwrap();
-    shared.queue_done(report("c"));
-    assert_eq!(host.queue_len(DONE_QUEUE), Some(1), "found once the singleton registered it");
-
-    host.set_failing(Fail::Enqueue, true);
-    shared.queue_done(report("d"));
-    assert_eq!(host.value(Metric::DoneReports(DoneResult::Dropped)), 3);
-    assert_eq!(host.value(Metric::InternalErrors(InternalError::HostCall)), 1);
-    host.set_failing(Fail::Enqueue, false);
-    shared.queue_done(report("e"));
-    assert_eq!(host.queue_len(DONE_QUEUE), Some(2));
-    let (bytes, _) = (host.dequeue_shared_queue(1).unwrap().unwrap(), ());
-    assert_eq!(crate::background::decode_done(&bytes), Some(report("c")), "the queue carries the report as JSON");
-}
-
-#[test]
-fn a_queue_in_another_vm_is_not_used() {
-    let host = Rc::new(FakeHost::new("other_vm"));
-    host.register_shared_queue(DONE_QUEUE).unwrap();
-    let shared = shared_with(&host, "{}", DoneSink::shared_queue(VM));
-    shared.queue_done(report("a"));
-    assert_eq!(host.queue_len(DONE_QUEUE), Some(0));
-    assert_eq!(host.value(Metric::DoneReports(DoneResult::Dropped)), 1);
-}
-
-#[test]
 fn fleet_cache_parses_again_only_when_the_cas_changes() {
-    let host = Rc::new(FakeHost::new(VM));
-    let shared = shared_with(&host, "{}", DoneSink::shared_queue(VM));
+    let host = Rc::new(FakeHost::new());
+    let shared = shared_with(&host, "{}", queue());
     assert!(shared.fleet().is_none(), "nothing stored");
     host.set_shared_data(FLEET_KEY, &fleet(2, 1)).unwrap();
     let first = shared.fleet().unwrap();
@@ -97,9 +66,9 @@ fn fleet_cache_parses_again_only_when_the_cas_changes() {
 #[test]
 fn breaker_transitions_and_ejections_are_counted() {
     use crate::metrics::BreakerState;
-    let host = Rc::new(FakeHost::new(VM));
+    let host = Rc::new(FakeHost::new());
     let json = r#"{"breaker_failures": 2, "breaker_open_ms": 100, "endpoint_failures": 2, "endpoint_ejection_ms": 1000}"#;
-    let shared = shared_with(&host, json, DoneSink::shared_queue(VM));
+    let shared = shared_with(&host, json, queue());
     let now = host.now_ns();
     assert_eq!(shared.admit_route_call(now), Admit::Call);
     shared.record_route_call(CallHealth::Failed, now);

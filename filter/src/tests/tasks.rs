@@ -6,12 +6,9 @@ use std::rc::Rc;
 use kvmesh_core::api::{DoneReport, Outcome, DONE_PATH, FLEET_PATH, MAX_DONE_BATCH};
 
 use super::*;
-use crate::background::DONE_QUEUE;
 use crate::host_api::fake::{Fail, FakeHost};
 use crate::metrics::InternalError;
 use crate::request::HttpCall;
-
-const VM: &str = "kvmesh";
 
 struct Rig {
     host: Rc<FakeHost>,
@@ -19,14 +16,13 @@ struct Rig {
     tasks: BackgroundTasks,
 }
 
-fn rig(json: &str, shared_queue: bool) -> Rig {
-    let host = Rc::new(FakeHost::new(VM));
+fn rig(json: &str) -> Rig {
+    let host = Rc::new(FakeHost::new());
     let config = Rc::new(FilterConfig::from_bytes(Some(json.as_bytes())).unwrap());
     let dyn_host: Rc<dyn Host> = Rc::clone(&host) as Rc<dyn Host>;
     let metrics = Rc::new(MetricIds::define(Rc::clone(&dyn_host)));
     let done = Rc::new(RefCell::new(DoneQueue::new(config.done_queue_capacity, config.done_max_in_flight)));
-    let queue = shared_queue.then(|| host.register_shared_queue(DONE_QUEUE).unwrap());
-    let tasks = BackgroundTasks::new(dyn_host, config, metrics, Rc::clone(&done), queue);
+    let tasks = BackgroundTasks::new(dyn_host, config, metrics, Rc::clone(&done), true);
     Rig { host, done, tasks }
 }
 
@@ -40,7 +36,7 @@ fn fleet_answers_that_are_not_stored() {
     // (status, body, counts as)
     let cases: [(Option<u16>, &[u8]); 4] = [(None, b""), (Some(503), b"{}"), (Some(200), b"[1,2]"), (Some(200), &big)];
     for (status, body) in cases {
-        let mut r = rig(r#"{"fleet_refresh_ms": 100}"#, false);
+        let mut r = rig(r#"{"fleet_refresh_ms": 100}"#);
         r.tasks.on_tick();
         let token = r.host.tokens_to(FLEET_PATH)[0];
         r.host.answer(status, body);
@@ -53,7 +49,7 @@ fn fleet_answers_that_are_not_stored() {
 
 #[test]
 fn one_poll_in_flight_and_a_failed_dispatch_waits_a_period() {
-    let mut r = rig(r#"{"fleet_refresh_ms": 100}"#, false);
+    let mut r = rig(r#"{"fleet_refresh_ms": 100}"#);
     r.tasks.on_tick();
     r.host.advance_ms(500);
     r.tasks.on_tick();
@@ -75,7 +71,7 @@ fn one_poll_in_flight_and_a_failed_dispatch_waits_a_period() {
 
 #[test]
 fn a_fleet_that_cannot_be_stored_counts_as_failed() {
-    let mut r = rig(r#"{}"#, false);
+    let mut r = rig(r#"{}"#);
     r.tasks.on_tick();
     let token = r.host.tokens_to(FLEET_PATH)[0];
     r.host.set_failing(Fail::SetSharedData, true);
@@ -88,7 +84,7 @@ fn a_fleet_that_cannot_be_stored_counts_as_failed() {
 
 #[test]
 fn never_polls_when_refresh_is_off() {
-    let mut r = rig(r#"{"fleet_refresh_ms": 0}"#, false);
+    let mut r = rig(r#"{"fleet_refresh_ms": 0}"#);
     r.tasks.on_tick();
     r.host.advance_ms(60_000);
     r.tasks.on_tick();
@@ -102,7 +98,7 @@ fn batch_of(call: &HttpCall) -> Vec<String> {
 
 #[test]
 fn done_reports_that_wait_for_an_answer_go_as_one_call() {
-    let mut r = rig(r#"{"done_max_in_flight": 2, "fleet_refresh_ms": 0}"#, false);
+    let mut r = rig(r#"{"done_max_in_flight": 2, "fleet_refresh_ms": 0}"#);
     r.done.borrow_mut().offer(report("a"));
     r.tasks.on_tick();
     let sent = r.host.tokens_to(DONE_PATH);
@@ -131,7 +127,7 @@ fn done_reports_that_wait_for_an_answer_go_as_one_call() {
 
 #[test]
 fn done_calls_stay_within_max_in_flight() {
-    let mut r = rig(r#"{"done_max_in_flight": 2, "done_queue_capacity": 1000, "fleet_refresh_ms": 0}"#, false);
+    let mut r = rig(r#"{"done_max_in_flight": 2, "done_queue_capacity": 1000, "fleet_refresh_ms": 0}"#);
     let n = 4 * MAX_DONE_BATCH;
     for i in 0..n {
         assert!(r.done.borrow_mut().offer(report(&i.to_string())));
@@ -149,32 +145,11 @@ fn done_calls_stay_within_max_in_flight() {
 
 #[test]
 fn a_failed_done_dispatch_frees_its_slot() {
-    let mut r = rig(r#"{"done_max_in_flight": 1, "fleet_refresh_ms": 0}"#, false);
+    let mut r = rig(r#"{"done_max_in_flight": 1, "fleet_refresh_ms": 0}"#);
     r.done.borrow_mut().offer(report("a"));
     r.done.borrow_mut().offer(report("b"));
     r.host.set_failing(Fail::Dispatch, true);
     r.tasks.on_tick();
     assert_eq!(r.host.value(Metric::DoneReports(DoneResult::Failed)), 2, "both tried, both failed");
     assert_eq!(r.done.borrow().in_flight(), 0);
-}
-
-#[test]
-fn draining_the_shared_queue_respects_the_local_bound() {
-    let mut r = rig(r#"{"done_queue_capacity": 2, "done_max_in_flight": 1, "fleet_refresh_ms": 0}"#, true);
-    for id in ["a", "b", "c"] {
-        r.host.enqueue_shared_queue(1, &serde_json::to_vec(&report(id)).unwrap()).unwrap();
-    }
-    r.host.enqueue_shared_queue(1, b"not a report").unwrap();
-    r.tasks.on_queue_ready();
-    assert_eq!(r.host.queue_len(DONE_QUEUE), Some(0));
-    // a and b fill the local queue, c overflows it and the garbage is unreadable: both dropped;
-    // then a and b are sent, one call.
-    assert_eq!(r.host.value(Metric::DoneReports(DoneResult::Dropped)), 2);
-    assert_eq!(r.host.tokens_to(DONE_PATH).len(), 1);
-    assert_eq!(batch_of(&r.host.calls()[0].1), ["a", "b"]);
-    assert_eq!(r.done.borrow().pending(), 0);
-
-    r.host.set_failing(Fail::Dequeue, true);
-    r.tasks.on_queue_ready();
-    assert_eq!(r.host.value(Metric::InternalErrors(InternalError::HostCall)), 1);
 }
