@@ -243,15 +243,16 @@ async fn engine_killed_and_restarted(stack: &mut Stack) -> anyhow::Result<()> {
     eprintln!("kill: w1 holds {} blocks in the index; SIGKILL to its process group", held.blocks_held);
     stack.kill_worker("w1")?;
 
-    // Meanwhile every request is served, by w0.
-    let mut served = BTreeMap::<String, u32>::new();
+    // Meanwhile every request is served: until a scrape marks w1 down the indexer may still decide
+    // w1, and Envoy retries the refused connection on w0. The header is the decision, not the host.
+    let mut decided = BTreeMap::<String, u32>::new();
     for i in 0..8 {
         let s = if i % 2 == 0 { session.clone() } else { format!("other-{i}") };
         let r = post_json(stack.client(), &url, &body, &[(headers::DEFAULT_SESSION_HEADER, &s)]).await?;
         assert_eq!(r.status, 200, "request {i} while w1 is down: {}", r.text);
-        *served.entry(r.header(headers::DEBUG_WORKER).or(r.header(headers::DEBUG_FALLBACK)).unwrap_or("?").to_owned()).or_default() += 1;
+        *decided.entry(r.header(headers::DEBUG_WORKER).or(r.header(headers::DEBUG_FALLBACK)).unwrap_or("?").to_owned()).or_default() += 1;
     }
-    eprintln!("while w1 is down: served by {served:?}");
+    eprintln!("while w1 is down: 8/8 answered 200; decided (or fallback) {decided:?}");
     let down = poll::until("the indexer marks w1 unhealthy", || async { index_view(stack, "w1").await.ok().filter(|v| !v.healthy) }).await?;
     eprintln!("w1 down: indexer says {down:?}");
     let r = post_json(stack.client(), &url, &body, &[(headers::DEFAULT_SESSION_HEADER, &session)]).await?;
