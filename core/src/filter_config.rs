@@ -48,9 +48,10 @@ pub const MAX_TICK_MS: u64 = 250;
 #[serde(rename_all = "snake_case")]
 pub enum Background {
     /// A bootstrap `envoy.bootstrap.wasm` singleton (root id `kvmesh_service`, same `vm_id`)
-    /// polls the fleet once for the whole Envoy and drains the shared done queue on `on_queue_ready`.
+    /// polls the fleet once for the whole Envoy; every worker thread's filter root flushes its own
+    /// done queue on its tick.
     Singleton,
-    /// Every worker thread's filter root polls the fleet and flushes its own done queue on its tick.
+    /// Every worker thread's filter root polls the fleet too (and flushes its done queue).
     /// For deployments that cannot add a bootstrap extension (Istio `WasmPlugin`).
     PerWorker,
 }
