@@ -122,6 +122,11 @@ impl RequestFlow {
         &self.request_id
     }
 
+    /// Whether the outcome is booked ([`Self::finish`] ran): later stream ends need no host reads.
+    pub fn is_finished(&self) -> bool {
+        self.phase == Phase::Finished
+    }
+
     /// Request headers: strip what clients must not set, decide whether to buffer the body.
     pub fn on_request_headers(&mut self, pairs: &[(String, Vec<u8>)], end_of_stream: bool, now_ns: u64) -> Step {
         if self.phase != Phase::Headers {

@@ -110,6 +110,10 @@ impl HttpFilter {
     }
 
     fn finish(&mut self) {
+        // `on_log` and `on_done` both end the stream; the second needs no property reads.
+        if self.flow.is_finished() {
+            return;
+        }
         let final_status = io::property_u64(&["response", "code"]).and_then(|c| u16::try_from(c).ok());
         // The host of the last upstream attempt (after retries), e.g. `10.0.0.2:8000`.
         let served = io::property_text(&["upstream", "address"]);

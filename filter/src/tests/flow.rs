@@ -120,7 +120,9 @@ fn routed_disagg_request_end_to_end() {
     assert!(debug.contains(&Effect::AddResponseHeader(headers::DEBUG_WORKER, "w2".into())));
     f.on_response_body(false);
     f.on_response_body(true);
+    assert!(!f.is_finished());
     let done = f.finish(None);
+    assert!(f.is_finished(), "the second stream end reads nothing from the host");
     assert_eq!(counted(&done, Metric::Requests(RouteLabel::Disagg, OutcomeLabel::Success)), 1);
     assert!(done.contains(&Effect::QueueDone(DoneReport {
         request_id: "rid-1".into(),
