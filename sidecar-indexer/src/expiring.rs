@@ -24,10 +24,15 @@ use std::time::{Duration, Instant};
 /// Stale queue records tolerated beyond the live ones before a compaction.
 const QUEUE_SLACK: usize = 1024;
 
+/// The maps' hasher: foldhash, seeded per process (`lru`'s hasher, already a dependency). Keys
+/// here are u64 hashes and ids inserted by the thousand per route call (speculative holdings);
+/// std's SipHash cost ~170 instructions per key there, a tenth of a long prompt's route.
+pub(crate) type FastHasher = lru::DefaultHasher;
+
 /// A bounded map whose entries expire `ttl` after their last insert.
 #[derive(Debug)]
 pub struct ExpiringMap<K, V> {
-    map: HashMap<K, (u64, V)>,
+    map: HashMap<K, (u64, V), FastHasher>,
     order: VecDeque<(u64, K)>,
     epoch: Option<Instant>,
     ttl: Duration,
@@ -38,7 +43,7 @@ impl<K: Hash + Eq + Clone, V> ExpiringMap<K, V> {
     /// An empty map whose entries expire `ttl` after their last insert, holding at most
     /// `max_entries` (at least 1) once the caller pops what is over the cap.
     pub fn new(ttl: Duration, max_entries: usize) -> Self {
-        Self { map: HashMap::new(), order: VecDeque::new(), epoch: None, ttl, max_entries: max_entries.max(1) }
+        Self { map: HashMap::default(), order: VecDeque::new(), epoch: None, ttl, max_entries: max_entries.max(1) }
     }
 
     /// New bounds (a reload); entries beyond them leave on the next pop.

@@ -24,7 +24,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -68,17 +68,14 @@ pub(super) fn read_chat(body: &[u8]) -> Option<Result<OpenAiRequest, ParseError>
 
 /// The top-level chat fields of `body` (later messages kept whole when `collect`).
 fn chat_fields(body: &[u8], collect: bool) -> Option<ChatFields> {
-    // Serde does not check the UTF-8 of strings it skips, the `Value` reading does: a body that is
-    // not UTF-8 is not JSON.
-    let text = std::str::from_utf8(body).ok()?;
     if !fast::depth_ok(body) {
         return None;
     }
-    let mut de = serde_json::Deserializer::from_str(text);
+    let mut de = serde_json::Deserializer::from_slice(body);
     let top = TopSeed { collect }.deserialize(&mut de);
     match top {
         // Trailing characters make the body invalid JSON, as `from_slice` says.
-        Ok(Top::Object(fields)) if de.end().is_ok() => Some(fields),
+        Ok(Top::Object(fields)) if de.end().is_ok() => Some(*fields),
         _ => None,
     }
 }
@@ -179,8 +176,13 @@ impl Anchor {
 
 // === one streaming pass of serde over the body ===
 
+/// A value passed over. Not serde's `IgnoredAny`: that does not check the UTF-8 of the strings it
+/// skips, and the `Value` reading calls a body that is not UTF-8 not JSON; a borrowed raw span is
+/// checked (only the skipped bytes: the strings that are read are checked as they are decoded).
+type Skip<'a> = &'a RawValue;
+
 enum Top {
-    Object(ChatFields),
+    Object(Box<ChatFields>),
     Other,
 }
 
@@ -226,7 +228,7 @@ impl<'de> DeserializeSeed<'de> for TopSeed {
                 Ok(Top::Other)
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Top, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                while seq.next_element::<Skip<'de>>()?.is_some() {}
                 Ok(Top::Other)
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top, A::Error> {
@@ -240,11 +242,11 @@ impl<'de> DeserializeSeed<'de> for TopSeed {
                         "max_completion_tokens" => f.max_completion_tokens = Some(map.next_value()?),
                         "cache_salt" if self.collect => f.cache_salt = Some(map.next_value()?),
                         _ => {
-                            map.next_value::<IgnoredAny>()?;
+                            map.next_value::<Skip<'de>>()?;
                         }
                     }
                 }
-                Ok(Top::Object(f))
+                Ok(Top::Object(Box::new(f)))
             }
         }
         d.deserialize_any(V { collect: self.collect })
@@ -277,7 +279,7 @@ impl<'de> Visitor<'de> for Messages {
         Ok(Err(ParseError::Missing { field: "messages" }))
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        while map.next_entry::<Key<'de>, Skip<'de>>()?.is_some() {}
         Ok(Err(NOT_A_LIST))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
@@ -292,18 +294,20 @@ impl<'de> Visitor<'de> for Messages {
                     None => break,
                 }
             } else if later_error.is_some() {
-                if seq.next_element::<IgnoredAny>()?.is_none() {
+                if seq.next_element::<Skip<'de>>()?.is_none() {
                     break;
                 }
             } else if self.collect {
-                match seq.next_element::<FullMessage>()? {
-                    Some(FullMessage(Ok(m))) => later.push(m),
-                    Some(FullMessage(Err(e))) => later_error = Some(e),
+                match seq.next_element::<MessageParts<'de, Content>>()? {
+                    Some(MessageParts(parts)) => match parts.and_then(|(role, content)| full_message(role, content)) {
+                        Ok(m) => later.push(m),
+                        Err(e) => later_error = Some(e),
+                    },
                     None => break,
                 }
             } else {
-                match seq.next_element::<LightMessage>()? {
-                    Some(LightMessage(r)) => later_error = r.err(),
+                match seq.next_element::<MessageParts<'de, &'de RawValue>>()? {
+                    Some(MessageParts(parts)) => later_error = parts.and_then(|(role, content)| check_message(role, content)).err(),
                     None => break,
                 }
             }
@@ -315,84 +319,50 @@ impl<'de> Visitor<'de> for Messages {
     }
 }
 
-/// A message past the anchor: its `role` and `content` kept raw (the last of a repeated key) and
-/// checked as `super::messages` checks them; nothing else is kept.
-struct LightMessage(Result<(), ParseError>);
+/// A message past the anchor: its `role` kept raw and its `content` read as `C` (the last of a
+/// repeated key each); nothing else is kept. Not an object: `NOT_OBJECT`.
+struct MessageParts<'de, C>(Result<(Option<&'de RawValue>, Option<C>), ParseError>);
 
-impl<'de> Deserialize<'de> for LightMessage {
+impl<'de, C: Deserialize<'de>> Deserialize<'de> for MessageParts<'de, C> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = LightMessage;
+        struct V<C>(std::marker::PhantomData<C>);
+        impl<'de, C: Deserialize<'de>> Visitor<'de> for V<C> {
+            type Value = MessageParts<'de, C>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a JSON value")
             }
-            other_values!(LightMessage(Err(NOT_OBJECT)));
-            fn visit_unit<E>(self) -> Result<LightMessage, E> {
-                Ok(LightMessage(Err(NOT_OBJECT)))
+            other_values!(MessageParts(Err(NOT_OBJECT)));
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(MessageParts(Err(NOT_OBJECT)))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<LightMessage, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(LightMessage(Err(NOT_OBJECT)))
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                while seq.next_element::<Skip<'de>>()?.is_some() {}
+                Ok(MessageParts(Err(NOT_OBJECT)))
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LightMessage, A::Error> {
-                let (mut role, mut content): (Option<&'de RawValue>, Option<&'de RawValue>) = (None, None);
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let (mut role, mut content) = (None, None);
                 while let Some(Key(k)) = map.next_key::<Key<'de>>()? {
                     match &*k {
                         "role" => role = Some(map.next_value()?),
                         "content" => content = Some(map.next_value()?),
                         _ => {
-                            map.next_value::<IgnoredAny>()?;
+                            map.next_value::<Skip<'de>>()?;
                         }
                     }
                 }
-                Ok(LightMessage(check_message(role, content)))
+                Ok(MessageParts(Ok((role, content))))
             }
         }
-        d.deserialize_any(V)
+        d.deserialize_any(V(std::marker::PhantomData))
     }
 }
 
-/// A message past the anchor, read whole: `role` kept raw and checked as `super::messages` checks
-/// it, `content` decoded straight to its flattened text (the last of a repeated key each).
-struct FullMessage(Result<ChatMessage, ParseError>);
-
-impl<'de> Deserialize<'de> for FullMessage {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = FullMessage;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON value")
-            }
-            other_values!(FullMessage(Err(NOT_OBJECT)));
-            fn visit_unit<E>(self) -> Result<FullMessage, E> {
-                Ok(FullMessage(Err(NOT_OBJECT)))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<FullMessage, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(FullMessage(Err(NOT_OBJECT)))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<FullMessage, A::Error> {
-                let (mut role, mut content): (Option<&'de RawValue>, Option<Content>) = (None, None);
-                while let Some(Key(k)) = map.next_key::<Key<'de>>()? {
-                    match &*k {
-                        "role" => role = Some(map.next_value()?),
-                        "content" => content = Some(map.next_value()?),
-                        _ => {
-                            map.next_value::<IgnoredAny>()?;
-                        }
-                    }
-                }
-                let role = role.filter(|r| first(r) == b'"').and_then(|r| serde_json::from_str::<String>(r.get()).ok());
-                let Some(role) = role else {
-                    return Ok(FullMessage(Err(ParseError::WrongType { field: "messages[].role", expected: "a string" })));
-                };
-                Ok(FullMessage(content.map_or(Ok(String::new()), |c| c.0).map(|content| ChatMessage { role, content })))
-            }
-        }
-        d.deserialize_any(V)
-    }
+/// A later message read whole (`super::messages`' checks, role first): the role decoded, the
+/// content already flattened by [`Content`].
+fn full_message(role: Option<&RawValue>, content: Option<Content>) -> Result<ChatMessage, ParseError> {
+    let role = role.filter(|r| first(r) == b'"').and_then(|r| serde_json::from_str::<String>(r.get()).ok());
+    let role = role.ok_or(ParseError::WrongType { field: "messages[].role", expected: "a string" })?;
+    content.map_or(Ok(String::new()), |c| c.0).map(|content| ChatMessage { role, content })
 }
 
 /// A message's `content` flattened to text as `super::messages` flattens it (null is empty).
@@ -430,7 +400,7 @@ impl<'de> Deserialize<'de> for Content {
                 Ok(Content(Ok(String::new())))
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Content, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                while map.next_entry::<Key<'de>, Skip<'de>>()?.is_some() {}
                 Ok(Content(Err(NOT_CONTENT)))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content, A::Error> {
@@ -558,6 +528,9 @@ mod tests {
         }
         // Not UTF-8 in a skipped field: not JSON, as the `Value` reading says.
         agree(b"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"user\",\"x\":\"\xff\"}],\"y\":\"\xfe\"}");
+        agree(b"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"user\",\"\xfe\":1}]}");
+        agree(b"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"user\",\"content\":[{\"type\":\"\xfe\"}]}]}");
+        agree(b"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"cache_salt\":\"\xff\"}");
         for depth in [126, 127, 128, 200] {
             let deep = format!(r#"{{"x":{}1{},"messages":[{{"role":"user","content":"a"}}]}}"#, "[".repeat(depth - 1), "]".repeat(depth - 1));
             agree(deep.as_bytes());

@@ -45,7 +45,7 @@ struct Routed {
 pub struct RoutedPrompts {
     ring: VecDeque<Routed>,
     /// (slot, local hash of block k ≥ 1) → (prompt id, k); the newest prompt wins.
-    by_local: HashMap<(WorkerSlot, u64), (u64, u32)>,
+    by_local: HashMap<(WorkerSlot, u64), (u64, u32), crate::expiring::FastHasher>,
     blocks: usize,
     max_blocks: usize,
     next: u64,
@@ -53,7 +53,7 @@ pub struct RoutedPrompts {
 
 impl Default for RoutedPrompts {
     fn default() -> Self {
-        Self { ring: VecDeque::new(), by_local: HashMap::new(), blocks: 0, max_blocks: DEFAULT_RECOVERY_BLOCKS, next: 0 }
+        Self { ring: VecDeque::new(), by_local: HashMap::default(), blocks: 0, max_blocks: DEFAULT_RECOVERY_BLOCKS, next: 0 }
     }
 }
 
