@@ -81,6 +81,13 @@ struct Args {
     /// its bound within warm-up.
     #[arg(long, default_value_t = 16_384)]
     recovery_blocks: usize,
+    /// The simulators' `--kv-events-buffer-steps` (each engine's replay ring, vLLM's
+    /// `buffer_steps`, default 10,000): small, so the replays a restarted indexer or a rejoining
+    /// worker asks for reach their largest within warm-up. At 10,000 the rings fill for ~25 min at
+    /// this load, each replay is larger than the one before, and each raised the indexer's
+    /// transient peak (the 18:32 run at e8b1b92: a 10,005-batch replay at 24 min, +10 MiB).
+    #[arg(long, default_value_t = 1_000)]
+    replay_steps: usize,
     /// Output directory.
     #[arg(long, default_value = "bench-out/soak")]
     out: PathBuf,
@@ -423,7 +430,12 @@ async fn main() -> Result<()> {
     let duration_s = a.minutes * 60.0;
     std::fs::create_dir_all(&a.out)?;
     let mut spec = StackSpec::aggregate(a.workers);
-    spec.sim_args = vec!["--num-gpu-blocks".into(), a.gpu_blocks.to_string()];
+    spec.sim_args = vec![
+        "--num-gpu-blocks".into(),
+        a.gpu_blocks.to_string(),
+        "--kv-events-buffer-steps".into(),
+        a.replay_steps.to_string(),
+    ];
     spec.release = a.release;
     spec.routing_toml = format!(
         "kv_home_ttl_secs = {}\nlocal_continuation_max_sessions = {}\ntokenize_cache_bytes = {}\nrecovery_max_blocks = {}\n",
