@@ -270,7 +270,8 @@ async fn malformed_requests_get_400_and_a_metric() {
     }
     let (status, _) = call(
         &svc,
-        Request::post(DONE_PATH).body(Body::from("[]")).unwrap(),
+        // A batch is an array of reports: one that is not a report makes it malformed.
+        Request::post(DONE_PATH).body(Body::from("[1]")).unwrap(),
     )
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
