@@ -29,9 +29,15 @@ pub const MAX_DECODED_BYTES_PER_FRAME_BYTE: usize = 512;
 /// A KV event payload: decode it; if it decodes, its size is bounded and it applies to an index
 /// (block sizes 4 and 16: matching and mismatching stores) without panicking.
 pub fn kv_batch(data: &[u8]) {
-    let Ok(batch) = decode_batch(data) else { return };
+    let Ok(batch) = decode_batch(data) else {
+        return;
+    };
     let bytes = batch.heap_bytes();
-    assert!(bytes <= MAX_DECODED_BYTES_PER_FRAME_BYTE * data.len() + 4096, "{} frame bytes decoded to {bytes} heap bytes", data.len());
+    assert!(
+        bytes <= MAX_DECODED_BYTES_PER_FRAME_BYTE * data.len() + 4096,
+        "{} frame bytes decoded to {bytes} heap bytes",
+        data.len()
+    );
     let mut index = KvIndex::new(1 << 12, 1 << 10);
     index.add_worker(0);
     for block_size in [4, 16] {
@@ -89,7 +95,10 @@ pub fn kv_frames(data: &[u8]) {
                     assert_eq!(s.next(), n.saturating_add(1));
                 }
                 Verdict::Gap { from, to } => {
-                    assert!(from < to && from == next && to == n, "gap {from}..{to} for {n} expecting {next}");
+                    assert!(
+                        from < to && from == next && to == n,
+                        "gap {from}..{to} for {n} expecting {next}"
+                    );
                     assert_eq!(s.next(), next, "a gap changes nothing until recovered");
                 }
                 Verdict::Duplicate => assert!(n < next),
@@ -115,8 +124,17 @@ pub fn kv_frames(data: &[u8]) {
 }
 
 /// Header names the filter reads, picked by a byte (any other byte: a name from the bytes).
-const HEADER_NAMES: [&str; 9] =
-    [":method", ":path", "content-length", "x-request-id", "x-session-id", "x-kvmesh-worker", "x-kvmesh-mode", "x-gateway-destination-endpoint", "x-other"];
+const HEADER_NAMES: [&str; 9] = [
+    ":method",
+    ":path",
+    "content-length",
+    "x-request-id",
+    "x-session-id",
+    "x-kvmesh-worker",
+    "x-kvmesh-mode",
+    "x-gateway-destination-endpoint",
+    "x-other",
+];
 
 /// The filter's view of a request: header pairs (`name byte, len u8, value…` repeated) then the
 /// body; the head, the session key and the `/v1/route` call built from them.
@@ -128,44 +146,82 @@ pub fn filter_request(data: &[u8]) {
             break; // the body starts
         }
         let n = usize::from(*len).min(tail.len());
-        let name = HEADER_NAMES.get(usize::from(*name) % 12).map_or_else(|| String::from_utf8_lossy(&tail[..n.min(8)]).to_lowercase(), |s| (*s).to_owned());
+        let name = HEADER_NAMES.get(usize::from(*name) % 12).map_or_else(
+            || String::from_utf8_lossy(&tail[..n.min(8)]).to_lowercase(),
+            |s| (*s).to_owned(),
+        );
         pairs.push((name, tail[..n].to_vec()));
         rest = &tail[n..];
     }
     let head = RequestHead::from_headers(&pairs, "x-session-id");
-    for v in [&head.request_id, &head.session_id, &head.override_worker, &head.override_mode].into_iter().flatten() {
-        assert!(!v.is_empty() && v.len() <= MAX_META_VALUE_BYTES, "header value of {} bytes kept", v.len());
+    for v in [
+        &head.request_id,
+        &head.session_id,
+        &head.override_worker,
+        &head.override_mode,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        assert!(
+            !v.is_empty() && v.len() <= MAX_META_VALUE_BYTES,
+            "header value of {} bytes kept",
+            v.len()
+        );
     }
     let config = FilterConfig::default();
     for endpoint in [Endpoint::Completions, Endpoint::ChatCompletions] {
         if let Ok(parsed) = openai::parse(endpoint, rest) {
             let key = request::session_key(&head, &parsed, true);
-            let call = request::route_call(&config, "id", endpoint, key, &head, std::rc::Rc::new(rest.to_vec()));
-            assert_eq!(call.body.as_deref().map(Vec::as_slice), Some(rest), "the route call carries the client's body unchanged");
+            let call = request::route_call(
+                &config,
+                "id",
+                endpoint,
+                key,
+                &head,
+                std::rc::Rc::new(rest.to_vec()),
+            );
+            assert_eq!(
+                call.body.as_deref().map(Vec::as_slice),
+                Some(rest),
+                "the route call carries the client's body unchanged"
+            );
         }
     }
 }
 
 /// The body splice: first byte picks the key, the rest is the body.
 pub fn filter_splice(data: &[u8]) {
-    let Some((k, body)) = data.split_first() else { return };
+    let Some((k, body)) = data.split_first() else {
+        return;
+    };
     let key = ["kv_transfer_params", "stream", "model", "", "a\"b"][usize::from(*k) % 5];
     let value = serde_json::json!({"do_remote_prefill": true, "remote_block_ids": [1, 2], "remote_host": "127.0.0.1"});
     let out = splice_top_level(body, key, &value);
-    let Ok(Value::Object(before)) = serde_json::from_slice::<Value>(body) else { return };
+    let Ok(Value::Object(before)) = serde_json::from_slice::<Value>(body) else {
+        return;
+    };
     // A valid object must splice, to a valid object with the key set and the rest unchanged.
     let out = match out {
         Ok(o) => o,
         Err(e) => panic!("valid object refused: {e}"),
     };
-    let Ok(Value::Object(after)) = serde_json::from_slice::<Value>(&out) else { panic!("splice made invalid JSON: {}", String::from_utf8_lossy(&out)) };
+    let Ok(Value::Object(after)) = serde_json::from_slice::<Value>(&out) else {
+        panic!(
+            "splice made invalid JSON: {}",
+            String::from_utf8_lossy(&out)
+        )
+    };
     assert_eq!(after.get(key), Some(&value), "key not set");
     for (k, v) in &before {
         if k != key {
             assert_eq!(after.get(k), Some(v), "key {k:?} changed");
         }
     }
-    assert_eq!(after.len(), before.len() + usize::from(!before.contains_key(key)));
+    assert_eq!(
+        after.len(),
+        before.len() + usize::from(!before.contains_key(key))
+    );
 }
 
 /// The `/v1/route` request as the indexer reads it: the body for both paths (`parse`, `parse_raw`,
@@ -182,7 +238,11 @@ pub fn route_request(data: &[u8]) {
     let _ = Endpoint::from_path(line);
     if let Some((key, source)) = session::parse_header(line) {
         let encoded = session::encode_header(key, source);
-        assert_eq!(session::parse_header(&encoded), Some((key, source)), "{line:?} → {encoded:?}");
+        assert_eq!(
+            session::parse_header(&encoded),
+            Some((key, source)),
+            "{line:?} → {encoded:?}"
+        );
     }
 }
 

@@ -42,15 +42,19 @@ struct Cli {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let fmt = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if cli.log_json {
         fmt.json().init();
     } else {
         fmt.init();
     }
     let env = Arc::new(ProcessEnv);
-    let mut config = Config::load(&cli.config, env.as_ref()).with_context(|| format!("loading {}", cli.config.display()))?;
+    let mut config = Config::load(&cli.config, env.as_ref())
+        .with_context(|| format!("loading {}", cli.config.display()))?;
     if let Some(listen) = cli.listen {
         config.listen = listen;
         config.validate()?;
@@ -63,22 +67,34 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     tracing::info!(version = env!("CARGO_PKG_VERSION"), git = option_env!("KVMESH_GIT_HASH").unwrap_or("unknown"), config = %cli.config.display(), "kvmesh-indexer starting");
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(run(config, cli.config, env))
 }
 
 async fn run(config: Config, path: PathBuf, env: Arc<ProcessEnv>) -> anyhow::Result<()> {
     let addr = config.listen_addr()?;
-    let svc = tokio::task::spawn_blocking(move || Service::start(config, Some(path), env)).await??;
+    let svc =
+        tokio::task::spawn_blocking(move || Service::start(config, Some(path), env)).await??;
     let metrics_addr = config_metrics_addr(&svc)?;
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
     let local = listener.local_addr()?;
     // The metrics listener (scrapers, probes) is bound before READY, so READY means both serve.
     let metrics_listener = match metrics_addr {
-        Some(m) => Some(tokio::net::TcpListener::bind(m).await.with_context(|| format!("binding metrics_listen {m}"))?),
+        Some(m) => Some(
+            tokio::net::TcpListener::bind(m)
+                .await
+                .with_context(|| format!("binding metrics_listen {m}"))?,
+        ),
         None => None,
     };
-    let metrics_local = metrics_listener.as_ref().map(tokio::net::TcpListener::local_addr).transpose()?;
+    let metrics_local = metrics_listener
+        .as_ref()
+        .map(tokio::net::TcpListener::local_addr)
+        .transpose()?;
     {
         let mut out = std::io::stdout().lock();
         match metrics_local {
@@ -97,7 +113,9 @@ async fn run(config: Config, path: PathBuf, env: Arc<ProcessEnv>) -> anyhow::Res
         });
     }
     svc.spawn_background();
-    axum::serve(listener, router(svc.state.clone())).with_graceful_shutdown(shutdown()).await?;
+    axum::serve(listener, router(svc.state.clone()))
+        .with_graceful_shutdown(shutdown())
+        .await?;
     tracing::info!("shut down");
     Ok(())
 }
