@@ -42,6 +42,12 @@ pub struct FakeHost {
     failing: RefCell<Vec<Fail>>,
 }
 
+impl Default for FakeHost {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl FakeHost {
     /// An Envoy at time 1 s.
     pub fn new() -> Self {
