@@ -143,9 +143,16 @@ pub fn decode_fleet(bytes: &[u8]) -> Result<FleetSnapshot, FleetError> {
     serde_json::from_slice(bytes).map_err(|e| FleetError::Invalid(e.to_string()))
 }
 
-/// Encodes a batch as the `/v1/done` body: a JSON array ([`kvmesh_core::api::parse_done_body`]).
+/// Encodes a batch as the `/v1/done` body ([`kvmesh_core::api::parse_done_body`]): a lone report
+/// as the bare object every indexer version takes, more as a JSON array. So during a rollout that
+/// upgrades the filter before the indexer, an older indexer (which answers 400 to an array) still
+/// gets every report that went alone — all of them at low load — and the rest are counted as
+/// `failed`.
 pub fn encode_done_batch(reports: &[DoneReport]) -> Option<Vec<u8>> {
-    serde_json::to_vec(reports).ok()
+    match reports {
+        [one] => serde_json::to_vec(one).ok(),
+        many => serde_json::to_vec(many).ok(),
+    }
 }
 
 #[cfg(test)]

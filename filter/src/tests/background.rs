@@ -78,5 +78,11 @@ fn fleet_answers() {
 #[test]
 fn a_batch_is_what_the_indexer_reads() {
     let batch = vec![report("x"), report("y")];
-    assert_eq!(kvmesh_core::api::parse_done_body(&encode_done_batch(&batch).unwrap()).unwrap(), batch, "what the indexer reads");
+    let body = encode_done_batch(&batch).unwrap();
+    assert!(body.starts_with(b"["), "more than one report: an array");
+    assert_eq!(kvmesh_core::api::parse_done_body(&body).unwrap(), batch, "what the indexer reads");
+    let lone = vec![report("z")];
+    let body = encode_done_batch(&lone).unwrap();
+    assert_eq!(serde_json::from_slice::<DoneReport>(&body).unwrap(), lone[0], "a lone report is the bare object older indexers read");
+    assert_eq!(kvmesh_core::api::parse_done_body(&body).unwrap(), lone);
 }
