@@ -81,28 +81,9 @@ pub fn choose_mode<R: Rng + ?Sized>(
     cfg: &RoutingConfig,
     rng: &mut R,
 ) -> ModeChoice {
-    let bs = u64::from(input.block_size.max(1));
-    let cached = (u64::from(decode.cached_blocks()) * bs).min(input.isl_tokens);
-    let uncached = input.isl_tokens - cached;
-    let full_blocks = kvmesh_core::router_metrics::isl_blocks(
-        usize::try_from(input.isl_tokens).unwrap_or(usize::MAX),
-        input.block_size,
-    );
-    let aggregate = |(reason, codes): (String, Vec<ReasonCode>),
-                     opportunity: Option<Opportunity>,
-                     local_continuation: bool| ModeChoice {
-        mode: Mode::Aggregate,
-        leg: None,
-        opportunity,
-        local_continuation,
-        uncached_tokens: uncached,
-        reason,
-        codes,
-    };
-    let t = cfg.min_remote_prefill_tokens;
-
+    let f = Facts::new(input, decode, cfg);
     if input.override_mode == Some(Mode::Aggregate) {
-        return aggregate(
+        return f.aggregate(
             (
                 "x-kvmesh-mode aggregate".to_owned(),
                 vec![ReasonCode::AggregateRequested],
@@ -111,6 +92,7 @@ pub fn choose_mode<R: Rng + ?Sized>(
             false,
         );
     }
+    // Every note says why an `x-kvmesh-mode` request was not honoured.
     let mut notes: Vec<String> = Vec::new();
     if input.override_mode == Some(Mode::DecodeFallback) {
         notes.push(
@@ -118,16 +100,114 @@ pub fn choose_mode<R: Rng + ?Sized>(
                 .to_owned(),
         );
     }
+    let opportunity = migration_opportunity(input, decode, workers, best, cfg, &f, &mut notes);
+    let prefill = if f.t > 0 || f.forced_disagg {
+        prefill_worker(input, decode, workers, f.full_blocks, cfg, rng)
+    } else {
+        None
+    };
+    if f.forced_disagg && prefill.is_none() {
+        notes.push("x-kvmesh-mode disagg: no healthy prefill worker".to_owned());
+    }
+    if let Some(choice) = migrate_choice(input, &f, cfg, &opportunity, prefill.is_some(), &notes) {
+        return choice;
+    }
+    if let Some(p) = prefill.filter(|_| f.forced_disagg || (f.needs_remote(f.uncached) && !f.local))
+    {
+        return disagg_choice(&f, decode, p, opportunity, &notes);
+    }
+    aggregate_choice(&f, decode, cfg, opportunity, notes)
+}
 
+/// What every step of the mode choice reads: the prompt's size against the decode worker's cache,
+/// the disaggregation threshold and the request's overrides.
+struct Facts {
+    /// Tokens per block (at least 1).
+    bs: u64,
+    /// Prompt tokens the decode worker does not cache.
+    uncached: u64,
+    /// The prompt's full blocks.
+    full_blocks: u32,
+    /// `min_remote_prefill_tokens` (0: disaggregation off).
+    t: u64,
+    /// A continuation that stays on its decode worker.
+    local: bool,
+    forced_migrate: bool,
+    forced_disagg: bool,
+}
+
+impl Facts {
+    fn new(input: &ModeInput<'_>, decode: &WorkerView<'_>, cfg: &RoutingConfig) -> Self {
+        let bs = u64::from(input.block_size.max(1));
+        let cached = (u64::from(decode.cached_blocks()) * bs).min(input.isl_tokens);
+        Facts {
+            bs,
+            uncached: input.isl_tokens - cached,
+            full_blocks: kvmesh_core::router_metrics::isl_blocks(
+                usize::try_from(input.isl_tokens).unwrap_or(usize::MAX),
+                input.block_size,
+            ),
+            t: cfg.min_remote_prefill_tokens,
+            local: cfg.local_continuations && input.continuation,
+            forced_migrate: input.override_mode == Some(Mode::Migrate),
+            forced_disagg: input.override_mode == Some(Mode::Disagg),
+        }
+    }
+
+    /// Whether `uncached` tokens reach the remote-prefill threshold.
+    fn needs_remote(&self, uncached: u64) -> bool {
+        self.t > 0 && uncached >= self.t
+    }
+
+    /// An aggregate choice with this reason.
+    fn aggregate(
+        &self,
+        (reason, codes): (String, Vec<ReasonCode>),
+        opportunity: Option<Opportunity>,
+        local_continuation: bool,
+    ) -> ModeChoice {
+        ModeChoice {
+            mode: Mode::Aggregate,
+            leg: None,
+            opportunity,
+            local_continuation,
+            uncached_tokens: self.uncached,
+            reason,
+            codes,
+        }
+    }
+}
+
+/// `reason` and `code`, followed by every note (each coded `ModeRequestIgnored`).
+fn with_notes(notes: &[String], reason: String, code: ReasonCode) -> (String, Vec<ReasonCode>) {
+    let mut codes = vec![code];
+    codes.extend(notes.iter().map(|_| ReasonCode::ModeRequestIgnored));
+    if notes.is_empty() {
+        (reason, codes)
+    } else {
+        (format!("{reason}; {}", notes.join("; ")), codes)
+    }
+}
+
+/// The migration opportunity worth counting (none while migration is `off`), with a note when a
+/// forced `migrate` cannot be honoured.
+fn migration_opportunity(
+    input: &ModeInput<'_>,
+    decode: &WorkerView<'_>,
+    workers: &[WorkerView<'_>],
+    best: Option<(&str, u32)>,
+    cfg: &RoutingConfig,
+    f: &Facts,
+    notes: &mut Vec<String>,
+) -> Option<Opportunity> {
     let opportunity = (cfg.kv_migration != KvMigration::Off)
-        .then(|| migration_source(input, decode, workers, best, full_blocks))
+        .then(|| migration_source(input, decode, workers, best, f.full_blocks))
         .flatten();
-    let forced_migrate = input.override_mode == Some(Mode::Migrate);
     let worth_moving =
-        |o: &Opportunity| u64::from(o.blocks_to_move()) * bs >= cfg.kv_migration_min_tokens;
+        |o: &Opportunity| u64::from(o.blocks_to_move()) * f.bs >= cfg.kv_migration_min_tokens;
     let opportunity =
-        opportunity.filter(|o| o.blocks_to_move() > 0 && (forced_migrate || worth_moving(o)));
-    if forced_migrate && (cfg.kv_migration != KvMigration::On || opportunity.is_none()) {
+        opportunity.filter(|o| o.blocks_to_move() > 0 && (f.forced_migrate || worth_moving(o)));
+    if f.forced_migrate && (cfg.kv_migration != KvMigration::On || opportunity.is_none()) {
         notes.push(match cfg.kv_migration {
             KvMigration::On => {
                 "x-kvmesh-mode migrate: no other decode worker holds more of the prompt".to_owned()
@@ -135,99 +215,113 @@ pub fn choose_mode<R: Rng + ?Sized>(
             m => format!("x-kvmesh-mode migrate: kv_migration is {}", m.as_str()),
         });
     }
+    opportunity
+}
 
-    let forced_disagg = input.override_mode == Some(Mode::Disagg);
-    let prefill = if t > 0 || forced_disagg {
-        prefill_worker(input, decode, workers, full_blocks, cfg, rng)
+/// A `migrate` choice when migration is `on`, there is an opportunity, and neither a forced
+/// `disagg` nor a disaggregation of what stays uncached after the move serves better.
+fn migrate_choice(
+    input: &ModeInput<'_>,
+    f: &Facts,
+    cfg: &RoutingConfig,
+    opportunity: &Option<Opportunity>,
+    has_prefill: bool,
+    notes: &[String],
+) -> Option<ModeChoice> {
+    let (Some(o), KvMigration::On) = (opportunity, cfg.kv_migration) else {
+        return None;
+    };
+    let left = input
+        .isl_tokens
+        .saturating_sub(u64::from(o.source_blocks) * f.bs);
+    let disagg_serves_better = !f.forced_migrate && has_prefill && !f.local && f.needs_remote(left);
+    if disagg_serves_better || f.forced_disagg {
+        return None;
+    }
+    let reason =
+        format!(
+        "migrate: {} holds {}/{} blocks{}, {} holds {}; {} pulls {} blocks instead of recomputing",
+        o.source,
+        o.source_blocks,
+        f.full_blocks,
+        if o.from_kv_home { " (session's kv_home)" } else { "" },
+        o.target,
+        o.target_blocks,
+        o.target,
+        o.blocks_to_move()
+    );
+    let (reason, codes) = with_notes(notes, reason, ReasonCode::Migrate);
+    Some(ModeChoice {
+        mode: Mode::Migrate,
+        leg: Some(Leg::MigrateFrom {
+            worker: o.source.clone(),
+            endpoint: o.source_endpoint.clone(),
+        }),
+        opportunity: opportunity.clone(),
+        local_continuation: false,
+        // The target computes only what the source does not hand over.
+        uncached_tokens: left.min(f.uncached),
+        reason,
+        codes,
+    })
+}
+
+/// A `disagg` choice: the prompt prefilled on `p`, decoded on `decode`.
+fn disagg_choice(
+    f: &Facts,
+    decode: &WorkerView<'_>,
+    p: &WorkerView<'_>,
+    opportunity: Option<Opportunity>,
+    notes: &[String],
+) -> ModeChoice {
+    let (why, code) = if f.forced_disagg {
+        (
+            "x-kvmesh-mode disagg".to_owned(),
+            ReasonCode::DisaggRequested,
+        )
     } else {
-        None
+        (
+            format!(
+                "{} uncached tokens >= min_remote_prefill_tokens {}",
+                f.uncached, f.t
+            ),
+            ReasonCode::DisaggUncached,
+        )
     };
-    if forced_disagg && prefill.is_none() {
-        notes.push("x-kvmesh-mode disagg: no healthy prefill worker".to_owned());
+    let reason = format!(
+        "disagg: {why}; prefill on {} (overlap {}/{} blocks), decode on {}",
+        p.id, p.overlap_blocks, f.full_blocks, decode.id
+    );
+    let (reason, codes) = with_notes(notes, reason, code);
+    ModeChoice {
+        mode: Mode::Disagg,
+        leg: Some(Leg::PrefillOn {
+            worker: p.id.to_owned(),
+            endpoint: p.endpoint.to_owned(),
+        }),
+        opportunity,
+        local_continuation: false,
+        uncached_tokens: f.uncached,
+        reason,
+        codes,
     }
-    let local = cfg.local_continuations && input.continuation;
-    let needs_remote = |uncached: u64| t > 0 && uncached >= t;
-    // Every note says why an `x-kvmesh-mode` request was not honoured.
-    let with_notes = |reason: String, code: ReasonCode| {
-        let mut codes = vec![code];
-        codes.extend(notes.iter().map(|_| ReasonCode::ModeRequestIgnored));
-        if notes.is_empty() {
-            (reason, codes)
-        } else {
-            (format!("{reason}; {}", notes.join("; ")), codes)
-        }
-    };
+}
 
-    if let (Some(o), KvMigration::On) = (&opportunity, cfg.kv_migration) {
-        let left = input
-            .isl_tokens
-            .saturating_sub(u64::from(o.source_blocks) * bs);
-        let disagg_serves_better =
-            !forced_migrate && prefill.is_some() && !local && needs_remote(left);
-        if !disagg_serves_better && !forced_disagg {
-            let reason = format!(
-                "migrate: {} holds {}/{full_blocks} blocks{}, {} holds {}; {} pulls {} blocks instead of recomputing",
-                o.source,
-                o.source_blocks,
-                if o.from_kv_home { " (session's kv_home)" } else { "" },
-                o.target,
-                o.target_blocks,
-                o.target,
-                o.blocks_to_move()
-            );
-            let (reason, codes) = with_notes(reason, ReasonCode::Migrate);
-            return ModeChoice {
-                mode: Mode::Migrate,
-                leg: Some(Leg::MigrateFrom {
-                    worker: o.source.clone(),
-                    endpoint: o.source_endpoint.clone(),
-                }),
-                opportunity: opportunity.clone(),
-                local_continuation: false,
-                // The target computes only what the source does not hand over.
-                uncached_tokens: left.min(uncached),
-                reason,
-                codes,
-            };
-        }
-    }
-
-    if let Some(p) = prefill.filter(|_| forced_disagg || (needs_remote(uncached) && !local)) {
-        let (why, code) = if forced_disagg {
-            (
-                "x-kvmesh-mode disagg".to_owned(),
-                ReasonCode::DisaggRequested,
-            )
-        } else {
-            (
-                format!("{uncached} uncached tokens >= min_remote_prefill_tokens {t}"),
-                ReasonCode::DisaggUncached,
-            )
-        };
-        let reason = format!(
-            "disagg: {why}; prefill on {} (overlap {}/{full_blocks} blocks), decode on {}",
-            p.id, p.overlap_blocks, decode.id
-        );
-        let (reason, codes) = with_notes(reason, code);
-        return ModeChoice {
-            mode: Mode::Disagg,
-            leg: Some(Leg::PrefillOn {
-                worker: p.id.to_owned(),
-                endpoint: p.endpoint.to_owned(),
-            }),
-            opportunity,
-            local_continuation: false,
-            uncached_tokens: uncached,
-            reason,
-            codes,
-        };
-    }
-
-    // A plain aggregate fleet adds nothing to the decode choice's reason.
+/// The aggregate choice when nothing moves: why not disagg (when disaggregation is on), a `dry`
+/// migration's opportunity, then the notes. A plain aggregate fleet adds nothing to the decode
+/// choice's reason.
+fn aggregate_choice(
+    f: &Facts,
+    decode: &WorkerView<'_>,
+    cfg: &RoutingConfig,
+    opportunity: Option<Opportunity>,
+    mut notes: Vec<String>,
+) -> ModeChoice {
+    let (t, uncached) = (f.t, f.uncached);
     let mut parts: Vec<String> = Vec::new();
     let mut codes: Vec<ReasonCode> = Vec::new();
     if t > 0 {
-        let (part, code) = if needs_remote(uncached) && local {
+        let (part, code) = if f.needs_remote(uncached) && f.local {
             (
                 format!(
                     "aggregate: local continuation, {uncached} uncached tokens >= {t} stay on {}",
@@ -235,7 +329,7 @@ pub fn choose_mode<R: Rng + ?Sized>(
                 ),
                 ReasonCode::LocalContinuation,
             )
-        } else if needs_remote(uncached) {
+        } else if f.needs_remote(uncached) {
             (
                 "aggregate: no healthy prefill worker".to_owned(),
                 ReasonCode::NoPrefillWorker,
@@ -260,12 +354,8 @@ pub fn choose_mode<R: Rng + ?Sized>(
     }
     codes.extend(notes.iter().map(|_| ReasonCode::ModeRequestIgnored));
     parts.append(&mut notes);
-    let reason = parts.join("; ");
-    aggregate(
-        (reason, codes),
-        opportunity,
-        local && needs_remote(uncached),
-    )
+    let local_continuation = f.local && f.needs_remote(uncached);
+    f.aggregate((parts.join("; "), codes), opportunity, local_continuation)
 }
 
 /// The migration source for `decode`, if another healthy decode worker holds more of the prompt
