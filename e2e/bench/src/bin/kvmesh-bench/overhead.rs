@@ -39,7 +39,7 @@ use kvmesh_bench::overhead::plan::{
     base_conversation, base_seed, cases, cold_request, cold_seed, cold_template, next_turn,
     shared_prefix_request, shared_prefix_seed, Case, Kind, Shape, Size,
 };
-use kvmesh_bench::overhead::summary::{summarize, Path as Way, Rate, Sample};
+use kvmesh_bench::overhead::summary::{summarize, IndexerTimers, Path as Way, Rate, Sample};
 use kvmesh_bench::policy::Policy;
 use kvmesh_e2e::envoy_config::{render_bootstrap, BootstrapVars, BootstrapWorker};
 use kvmesh_e2e::procs::{free_port, Paused, Proc};
@@ -570,21 +570,67 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let shape = Shape::default();
     let all_cases = cases(&args.sizes, &args.shared_prefixes);
-    let size_index = |c: &Case| {
-        let list = if c.kind == Kind::SharedPrefix {
-            &args.shared_prefixes
-        } else {
-            &args.sizes
-        };
-        list.iter().position(|s| *s == c.size).unwrap_or(0)
-    };
 
     tracing::info!(
         cases = all_cases.len(),
         samples = args.samples,
         "overhead: starting the stack"
     );
-    let mut stack = Stack::start(spec(args, fleet, &dir))
+    let Started {
+        stack,
+        access_log,
+        urls,
+        client,
+        model,
+    } = start(args, fleet, &dir).await?;
+    let (texts, prime_fallbacks) = prime_texts(&client, &urls, &model, args, &shape).await?;
+
+    let metrics_url = stack.indexer_url("/metrics");
+    let phase = Phase {
+        args,
+        client: &client,
+        urls: &urls,
+        model: &model,
+        shape: &shape,
+        texts: &texts,
+        metrics_url: &metrics_url,
+    };
+    let (mut samples, latency_start) = latency_samples(&phase, &all_cases).await;
+    let missing_log =
+        join_access_log(&access_log, &mut samples, kvmesh_e2e::poll::patience()).await;
+    write_jsonl(&dir.join("samples.jsonl"), &samples)?;
+    let latency_s = latency_start.elapsed().as_secs_f64();
+
+    let rates = rps_rounds(&phase, &all_cases, stack.indexer.as_ref().map(Proc::pid)).await;
+    let hung = hung_indexer(&stack, &client, &urls, &model, args, &access_log, &shape).await;
+    drop(stack);
+    let hung_section = hung_section(&dir, hung)?;
+
+    let (out_cases, missing) = case_summaries(&all_cases, &samples, &rates);
+    let mut notes = setup_notes(args, fleet, &shape, prime_fallbacks, latency_s, &rates);
+    notes.push_str(&missing_notes(missing_log, &missing));
+    Ok(OverheadRun {
+        cases: out_cases,
+        notes,
+        sections: vec![ExtraSection {
+            title: "Router overhead with the indexer hung (SIGSTOP)".into(),
+            markdown: hung_section,
+        }],
+    })
+}
+
+/// The started stack (its Envoy swapped for the two-listener one) and what talks to it.
+struct Started {
+    stack: Stack,
+    access_log: std::path::PathBuf,
+    urls: Urls,
+    client: reqwest::Client,
+    model: String,
+}
+
+/// Step 1: starts the stack, swaps its Envoy, finds the model.
+async fn start(args: &OverheadArgs, fleet: &Fleet, dir: &Path) -> Result<Started> {
+    let mut stack = Stack::start(spec(args, fleet, dir))
         .await
         .context("starting the overhead stack")?;
     let (plain_port, access_log) = swap_envoy(&mut stack).await?;
@@ -599,21 +645,32 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
             .await
             .map_err(anyhow::Error::msg)?,
     };
+    Ok(Started {
+        stack,
+        access_log,
+        urls,
+        client,
+        model,
+    })
+}
+
+/// Steps 2 and 3: warms both paths up, primes the bases and shared prefixes; the texts and the
+/// priming requests routed without the indexer.
+async fn prime_texts(
+    client: &reqwest::Client,
+    urls: &Urls,
+    model: &str,
+    args: &OverheadArgs,
+    shape: &Shape,
+) -> Result<(Arc<Texts>, u64)> {
     let cold: Vec<History> = args
         .sizes
         .iter()
-        .map(|s| cold_template(s.tokens, &shape))
+        .map(|s| cold_template(s.tokens, shape))
         .collect();
-    warm_up(
-        &client,
-        &urls,
-        &model,
-        &cold_template(512, &shape),
-        args.seed,
-    )
-    .await?;
+    warm_up(client, urls, model, &cold_template(512, shape), args.seed).await?;
     let started = Instant::now();
-    let (bases, shared, prime_fallbacks) = prime(&client, &urls, &model, args, &shape).await;
+    let (bases, shared, prime_fallbacks) = prime(client, urls, model, args, shape).await;
     let texts = Arc::new(Texts {
         cold,
         bases,
@@ -624,149 +681,215 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
         prime_fallbacks,
         "overhead: bases primed"
     );
+    Ok((texts, prime_fallbacks))
+}
 
+/// What the latency and requests/s phases share.
+struct Phase<'a> {
+    args: &'a OverheadArgs,
+    client: &'a reqwest::Client,
+    urls: &'a Urls,
+    model: &'a str,
+    shape: &'a Shape,
+    texts: &'a Arc<Texts>,
+    metrics_url: &'a str,
+}
+
+impl Phase<'_> {
+    /// The index of `c`'s size in its list (the shared-prefix sizes or the sizes).
+    fn size_index(&self, c: &Case) -> usize {
+        let list = if c.kind == Kind::SharedPrefix {
+            &self.args.shared_prefixes
+        } else {
+            &self.args.sizes
+        };
+        list.iter().position(|s| *s == c.size).unwrap_or(0)
+    }
+}
+
+/// The paths in the order sample or round `n` takes them (alternating).
+fn order(n: u64) -> [Way; 2] {
+    if n.is_multiple_of(2) {
+        [Way::Kvmesh, Way::Plain]
+    } else {
+        [Way::Plain, Way::Kvmesh]
+    }
+}
+
+/// Step 4: the interleaved latency samples, and when the sampling started.
+async fn latency_samples(p: &Phase<'_>, all_cases: &[Case]) -> (Vec<Sample>, Instant) {
     let mut samples: Vec<Sample> = Vec::new();
-    let metrics_url = stack.indexer_url("/metrics");
-    let mut timers = indexer_timers(&client, &metrics_url).await;
+    let mut timers = indexer_timers(p.client, p.metrics_url).await;
     let latency_start = Instant::now();
-    for n in 0..args.samples as u64 {
-        for case in &all_cases {
-            let order = if n % 2 == 0 {
-                [Way::Kvmesh, Way::Plain]
-            } else {
-                [Way::Plain, Way::Kvmesh]
-            };
-            for way in order {
-                let h = request_for(case, size_index(case), &texts, n, way, args, &shape);
-                let id = format!("{}-{n}-{}", case.name(), way.tag());
-                let o = tagged(&client, urls.of(way), body(&h, &model), &id, SAMPLE_TIMEOUT).await;
-                // Between samples, never during one: this request's share of the indexer's timers.
-                let mut share = None;
-                if way == Way::Kvmesh {
-                    // Wait for this request's tokenization to finish even when the filter gave up.
-                    let want = timers.map_or(0.0, |t| t.tokenizations + 1.0);
-                    let now = settle(
-                        &client,
-                        &metrics_url,
-                        want,
-                        Duration::from_millis(5),
-                        SETTLE_SAMPLE,
-                    )
-                    .await;
-                    share = now.zip(timers).and_then(|(n, b)| n.one_route_since(&b));
-                    timers = now;
-                }
-                samples.push(Sample {
-                    indexer_ms: share.map(|s| s.route_ms),
-                    tokenize_ms: share.and_then(|s| s.tokenize_ms),
-                    match_ms: share.and_then(|s| s.match_ms),
-                    score_ms: share.and_then(|s| s.score_ms),
-                    ..Sample::measured(case.name(), way, n, id, o)
-                });
+    for n in 0..p.args.samples as u64 {
+        for case in all_cases {
+            for way in order(n) {
+                samples.push(latency_sample(p, case, n, way, &mut timers).await);
             }
         }
         if (n + 1) % 25 == 0 {
             tracing::info!(
                 done = n + 1,
-                of = args.samples,
+                of = p.args.samples,
                 elapsed_s = latency_start.elapsed().as_secs_f64(),
                 "overhead: latency samples"
             );
         }
     }
-    let missing_log =
-        join_access_log(&access_log, &mut samples, kvmesh_e2e::poll::patience()).await;
-    write_jsonl(&dir.join("samples.jsonl"), &samples)?;
-    let latency_s = latency_start.elapsed().as_secs_f64();
+    (samples, latency_start)
+}
 
+/// One latency sample; a kvmesh one with its share of the indexer's timers (`timers`: the last
+/// reading, updated).
+async fn latency_sample(
+    p: &Phase<'_>,
+    case: &Case,
+    n: u64,
+    way: Way,
+    timers: &mut Option<IndexerTimers>,
+) -> Sample {
+    let h = request_for(case, p.size_index(case), p.texts, n, way, p.args, p.shape);
+    let id = format!("{}-{n}-{}", case.name(), way.tag());
+    let o = tagged(
+        p.client,
+        p.urls.of(way),
+        body(&h, p.model),
+        &id,
+        SAMPLE_TIMEOUT,
+    )
+    .await;
+    // Between samples, never during one: this request's share of the indexer's timers.
+    let mut share = None;
+    if way == Way::Kvmesh {
+        // Wait for this request's tokenization to finish even when the filter gave up.
+        let want = timers.map_or(0.0, |t| t.tokenizations + 1.0);
+        let now = settle(
+            p.client,
+            p.metrics_url,
+            want,
+            Duration::from_millis(5),
+            SETTLE_SAMPLE,
+        )
+        .await;
+        share = now.zip(*timers).and_then(|(n, b)| n.one_route_since(&b));
+        *timers = now;
+    }
+    Sample {
+        indexer_ms: share.map(|s| s.route_ms),
+        tokenize_ms: share.and_then(|s| s.tokenize_ms),
+        match_ms: share.and_then(|s| s.match_ms),
+        score_ms: share.and_then(|s| s.score_ms),
+        ..Sample::measured(case.name(), way, n, id, o)
+    }
+}
+
+/// Step 6: the requests/s rounds (none when `rps_seconds` or `rps_rounds` is 0), by case and path.
+async fn rps_rounds(
+    p: &Phase<'_>,
+    all_cases: &[Case],
+    indexer_pid: Option<u32>,
+) -> HashMap<(String, &'static str), Rate> {
     let mut rates: HashMap<(String, &'static str), Rate> = HashMap::new();
-    let indexer_pid = stack.indexer.as_ref().map(Proc::pid);
-    if args.rps_seconds > 0.0 && args.rps_rounds > 0 {
-        for case in &all_cases {
-            for round in 0..args.rps_rounds {
-                let order = if round % 2 == 0 {
-                    [Way::Kvmesh, Way::Plain]
-                } else {
-                    [Way::Plain, Way::Kvmesh]
-                };
-                for way in order {
-                    let (c, si, m, shape2, seed, k) = (
-                        case.clone(),
-                        size_index(case),
-                        model.clone(),
-                        shape.clone(),
-                        args.seed,
-                        args.bases,
-                    );
-                    let texts = texts.clone();
-                    let phase = 1 + round as u64 * 2 + u64::from(way == Way::Plain);
-                    let make = Arc::new(move |n: u64| {
-                        let h = match c.kind {
-                            Kind::Cold => {
-                                cold_request(&texts.cold[si], cold_seed(seed, phase, si, n))
-                            }
-                            Kind::Continuation => {
-                                let list = &texts.bases[si];
-                                next_turn(
-                                    &list[(n as usize) % list.len()],
-                                    (phase << 40) | n,
-                                    &shape2,
-                                )
-                            }
-                            // Salts 0 and 1 are the latency phase's; every round starts new conversations.
-                            Kind::SharedPrefix => {
-                                shared_prefix_request(&texts.shared[si], k, n, phase << 1, &shape2)
-                                    .0
-                            }
-                        };
-                        h.body(&m, 1, true).to_string().into_bytes()
-                    });
-                    let before = match (way, indexer_pid) {
-                        (Way::Kvmesh, Some(pid)) => indexer_timers(&client, &metrics_url)
-                            .await
-                            .zip(cpu_ticks(pid)),
-                        _ => None,
-                    };
-                    let mut r = closed_loop(
-                        &client,
-                        urls.of(way),
-                        args.rps_concurrency,
-                        Duration::from_secs_f64(args.rps_seconds),
-                        RPS_TIMEOUT,
-                        make,
-                    )
-                    .await;
-                    // Abandoned tokenizations (filter timeouts) must not run into the next round.
-                    let settled = match (way, indexer_pid) {
-                        (Way::Kvmesh, Some(pid)) => {
-                            settle_cpu(pid, Duration::from_millis(250), IDLE_TICKS, SETTLE_ROUND)
-                                .await
-                        }
-                        _ => Duration::ZERO,
-                    };
-                    // The round's indexer work, the tokenizations finished while settling included.
-                    if let (Some((t0, c0)), Some(pid)) = (before, indexer_pid) {
-                        if let Some((t1, c1)) = indexer_timers(&client, &metrics_url)
-                            .await
-                            .zip(cpu_ticks(pid))
-                        {
-                            r.indexer_routes = t1.routes - t0.routes;
-                            r.indexer_cpu_s = c1.saturating_sub(c0) as f64 / 100.0;
-                        }
-                    }
-                    tracing::info!(
-                        case = %case.name(), path = way.tag(), round, ok = r.ok, failed = r.failed, fallbacks = r.fallbacks,
-                        rps = r.per_second().unwrap_or(0.0), settle_s = settled.as_secs_f64(), indexer_routes = r.indexer_routes,
-                        indexer_cpu_s = r.indexer_cpu_s, "overhead: requests/s round"
-                    );
+    if p.args.rps_seconds > 0.0 && p.args.rps_rounds > 0 {
+        for case in all_cases {
+            for round in 0..p.args.rps_rounds {
+                for way in order(round as u64) {
+                    let r = rps_round(p, case, round, way, indexer_pid).await;
                     rates.entry((case.name(), way.tag())).or_default().add(r);
                 }
             }
         }
     }
-    let hung = hung_indexer(&stack, &client, &urls, &model, args, &access_log, &shape).await;
-    drop(stack);
-    let hung_section = match hung {
+    rates
+}
+
+/// The request bodies of one requests/s round: new conversations (or new content) per round
+/// and path.
+fn rps_bodies(
+    p: &Phase<'_>,
+    case: &Case,
+    round: usize,
+    way: Way,
+) -> Arc<impl Fn(u64) -> Vec<u8> + Send + Sync + 'static> {
+    let (c, si, m, shape2, seed, k) = (
+        case.clone(),
+        p.size_index(case),
+        p.model.to_string(),
+        p.shape.clone(),
+        p.args.seed,
+        p.args.bases,
+    );
+    let texts = p.texts.clone();
+    let phase = 1 + round as u64 * 2 + u64::from(way == Way::Plain);
+    Arc::new(move |n: u64| {
+        let h = match c.kind {
+            Kind::Cold => cold_request(&texts.cold[si], cold_seed(seed, phase, si, n)),
+            Kind::Continuation => {
+                let list = &texts.bases[si];
+                next_turn(&list[(n as usize) % list.len()], (phase << 40) | n, &shape2)
+            }
+            // Salts 0 and 1 are the latency phase's; every round starts new conversations.
+            Kind::SharedPrefix => {
+                shared_prefix_request(&texts.shared[si], k, n, phase << 1, &shape2).0
+            }
+        };
+        h.body(&m, 1, true).to_string().into_bytes()
+    })
+}
+
+/// One closed-loop round on one path; a kvmesh round with the indexer's routes and CPU time
+/// around it (until the indexer is idle again).
+async fn rps_round(
+    p: &Phase<'_>,
+    case: &Case,
+    round: usize,
+    way: Way,
+    indexer_pid: Option<u32>,
+) -> Rate {
+    let make = rps_bodies(p, case, round, way);
+    let before = match (way, indexer_pid) {
+        (Way::Kvmesh, Some(pid)) => indexer_timers(p.client, p.metrics_url)
+            .await
+            .zip(cpu_ticks(pid)),
+        _ => None,
+    };
+    let mut r = closed_loop(
+        p.client,
+        p.urls.of(way),
+        p.args.rps_concurrency,
+        Duration::from_secs_f64(p.args.rps_seconds),
+        RPS_TIMEOUT,
+        make,
+    )
+    .await;
+    // Abandoned tokenizations (filter timeouts) must not run into the next round.
+    let settled = match (way, indexer_pid) {
+        (Way::Kvmesh, Some(pid)) => {
+            settle_cpu(pid, Duration::from_millis(250), IDLE_TICKS, SETTLE_ROUND).await
+        }
+        _ => Duration::ZERO,
+    };
+    // The round's indexer work, the tokenizations finished while settling included.
+    if let (Some((t0, c0)), Some(pid)) = (before, indexer_pid) {
+        if let Some((t1, c1)) = indexer_timers(p.client, p.metrics_url)
+            .await
+            .zip(cpu_ticks(pid))
+        {
+            r.indexer_routes = t1.routes - t0.routes;
+            r.indexer_cpu_s = c1.saturating_sub(c0) as f64 / 100.0;
+        }
+    }
+    tracing::info!(
+        case = %case.name(), path = way.tag(), round, ok = r.ok, failed = r.failed, fallbacks = r.fallbacks,
+        rps = r.per_second().unwrap_or(0.0), settle_s = settled.as_secs_f64(), indexer_routes = r.indexer_routes,
+        indexer_cpu_s = r.indexer_cpu_s, "overhead: requests/s round"
+    );
+    r
+}
+
+/// Step 7's report section; writes `overhead/{hung-samples.jsonl,hung.json}` when the case ran.
+fn hung_section(dir: &Path, hung: Result<(HungIndexer, Vec<Sample>)>) -> Result<String> {
+    Ok(match hung {
         Ok((h, hung_samples)) => {
             write_jsonl(&dir.join("hung-samples.jsonl"), &hung_samples)?;
             std::fs::write(dir.join("hung.json"), serde_json::to_string_pretty(&h)?)?;
@@ -779,19 +902,39 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
             );
             format!("**did not run**: {e:#}")
         }
-    };
+    })
+}
 
+/// Every case's summary, and the names of the cases without usable samples.
+fn case_summaries(
+    all_cases: &[Case],
+    samples: &[Sample],
+    rates: &HashMap<(String, &'static str), Rate>,
+) -> (Vec<OverheadCase>, Vec<String>) {
     let mut out_cases = Vec::new();
     let mut missing = Vec::new();
-    for case in &all_cases {
+    for case in all_cases {
         let name = case.name();
         let k = rates.get(&(name.clone(), Way::Kvmesh.tag())).copied();
         let p = rates.get(&(name.clone(), Way::Plain.tag())).copied();
-        match summarize(&name, &samples, k, p) {
+        match summarize(&name, samples, k, p) {
             Some(c) => out_cases.push(c),
             None => missing.push(name),
         }
     }
+    (out_cases, missing)
+}
+
+/// The report's notes on the setup: the stack, the latency and requests/s phases, the shared
+/// prefixes.
+fn setup_notes(
+    args: &OverheadArgs,
+    fleet: &Fleet,
+    shape: &Shape,
+    prime_fallbacks: u64,
+    latency_s: f64,
+    rates: &HashMap<(String, &'static str), Rate>,
+) -> String {
     let rps_fallbacks: u64 = rates
         .iter()
         .filter(|((_, w), _)| *w == Way::Kvmesh.tag())
@@ -837,6 +980,12 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
             shape.shared_turns,
         ));
     }
+    notes
+}
+
+/// The report's notes on samples left out.
+fn missing_notes(missing_log: usize, missing: &[String]) -> String {
+    let mut notes = String::new();
     if missing_log > 0 {
         notes.push_str(&format!(
             " {missing_log} samples had no access-log line and were left out."
@@ -845,14 +994,7 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
     if !missing.is_empty() {
         notes.push_str(&format!(" No usable samples for: {}.", missing.join(", ")));
     }
-    Ok(OverheadRun {
-        cases: out_cases,
-        notes,
-        sections: vec![ExtraSection {
-            title: "Router overhead with the indexer hung (SIGSTOP)".into(),
-            markdown: hung_section,
-        }],
-    })
+    notes
 }
 
 /// Writes one JSON line per sample.
