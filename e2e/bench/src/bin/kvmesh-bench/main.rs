@@ -458,6 +458,38 @@ async fn bench(a: Args) -> Result<()> {
         bail!("--engines {} runs the load sweep only: pass --only sweep", a.engines);
     }
     let policies = if parts.policies { Policy::parse_list(&a.policies).map_err(anyhow::Error::msg)? } else { Vec::new() };
+    let overhead_args = overhead_args(&a)?;
+    let fleet = fleet(&a)?;
+
+    let mut manifest = RunManifest {
+        title: Some("kvmesh routing policies, side by side".into()),
+        speedup: Some(a.speedup),
+        cache_capacity_blocks: Some(a.num_gpu_blocks),
+        engine_block_size: Some(a.block_size),
+        commands: vec!["make bench".into(), command_line()],
+        ..Default::default()
+    };
+    let workload = if parts.policies { workload(&a, &mut manifest)? } else { None };
+
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let mut ran = 0usize;
+    if parts.sweep {
+        ran += sweep_part(&a, &fleet, parts, &mut manifest).await?;
+    }
+    if let Some(workload) = &workload {
+        ran += policies_part(policies, &fleet, workload, &a.out, &mut manifest).await?;
+    }
+    if parts.overhead {
+        ran += overhead_part(&a, &overhead_args, &fleet, parts, &mut manifest).await;
+    }
+    if let Some(path) = &a.indexer_figures {
+        manifest.extra_sections.push(indexer_figures(path));
+    }
+    write_report(&a, &manifest, ran)
+}
+
+/// The overhead part's settings from the flags.
+fn overhead_args(a: &Args) -> Result<OverheadArgs> {
     let overhead_args = OverheadArgs {
         sizes: parse_sizes(&a.overhead_sizes).map_err(anyhow::Error::msg)?,
         shared_prefixes: parse_optional_sizes(&a.overhead_shared_prefixes).map_err(anyhow::Error::msg)?,
@@ -473,11 +505,16 @@ async fn bench(a: Args) -> Result<()> {
     if !(a.overhead_sim_speedup.is_finite() && a.overhead_sim_speedup > 0.0 && a.overhead_rps_seconds >= 0.0) {
         bail!("--overhead-sim-speedup must be > 0 and --overhead-rps-seconds >= 0");
     }
+    Ok(overhead_args)
+}
+
+/// The fleet of the policies and overhead parts from the flags.
+fn fleet(a: &Args) -> Result<Fleet> {
     let session_mode = SessionHeaderMode::parse(&a.session_header_mode).map_err(anyhow::Error::msg)?;
     if !(a.speedup.is_finite() && a.speedup > 0.0 && a.request_timeout_s > 0.0) {
         bail!("--speedup and --request-timeout-s must be > 0");
     }
-    let fleet = Fleet {
+    Ok(Fleet {
         workers: a.workers,
         block_size: a.block_size,
         num_gpu_blocks: a.num_gpu_blocks,
@@ -491,27 +528,17 @@ async fn bench(a: Args) -> Result<()> {
         start_attempts: a.start_attempts,
         external: Vec::new(),
         engine_groups: Vec::new(),
-    };
+    })
+}
 
-    let mut manifest = RunManifest {
-        title: Some("kvmesh routing policies, side by side".into()),
-        speedup: Some(a.speedup),
-        cache_capacity_blocks: Some(a.num_gpu_blocks),
-        engine_block_size: Some(a.block_size),
-        commands: vec!["make bench".into(), command_line()],
-        ..Default::default()
-    };
-    let workload = match a.workload.as_str() {
-        _ if !parts.policies => None,
+/// The policies part's workload (`--workload`), described in the manifest.
+fn workload(a: &Args, manifest: &mut RunManifest) -> Result<Option<Workload>> {
+    Ok(match a.workload.as_str() {
         "trace" => {
             let path = a.trace.clone().unwrap_or_else(|| default_trace_path(std::env::var(TRACE_ENV).ok()));
             let file = std::fs::File::open(&path).with_context(|| format!("opening trace {}", path.display()))?;
             let records = trace::parse(std::io::BufReader::new(file))?;
-            let sel = Selection {
-                window_start_ms: a.window_start_ms,
-                window_ms: (a.window_ms > 0.0).then_some(a.window_ms),
-                first: a.first,
-            };
+            let sel = Selection { window_start_ms: a.window_start_ms, window_ms: (a.window_ms > 0.0).then_some(a.window_ms), first: a.first };
             let selected = sel.apply(&records);
             if selected.is_empty() {
                 bail!("the selection ({}) holds no request", sel.describe());
@@ -544,37 +571,48 @@ async fn bench(a: Args) -> Result<()> {
             Some(Workload::Chat(chat))
         }
         other => bail!("unknown --workload {other:?} (trace, chat)"),
-    };
+    })
+}
 
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    let mut ran = 0usize;
-    if parts.sweep {
-        let (sweep_fleet, sweep_args) = sweep_setup(&a, &fleet)?;
-        let report = sweep::run_sweep(&sweep_args, &sweep_fleet, &a.out).await?;
-        ran += report.workloads.iter().map(|w| w.points.iter().filter(|p| p.error.is_none()).count()).sum::<usize>();
-        let plots_ok = match plots::register_font(&a.font).map_err(|e| e.to_string()).and_then(|()| sweep::draw(&report, &a.out)) {
-            Ok(_) => true,
-            Err(e) => {
-                eprintln!("sweep plots: {e}");
-                false
-            }
-        };
-        manifest.extra_sections.push(kvmesh_bench::manifest::ExtraSection {
-            title: "Load sweep".into(),
-            markdown: kvmesh_bench::report::sweep::render(&report, plots_ok),
-        });
-        if !parts.policies {
-            manifest.title = Some("kvmesh load sweep".into());
-            manifest.workload = Some(format!("load sweep: {}", a.sweep_workloads));
-            manifest.window = Some("per point: see the sweep section".into());
-            manifest.speedup = None;
-            manifest.workers = (0..a.sweep_workers).map(|i| format!("w{i}")).collect();
-            manifest.cache_capacity_blocks = Some(a.sweep_num_gpu_blocks);
+/// Runs the load sweep and adds its section (a sweep-only run's manifest describes the sweep);
+/// returns the points that ran.
+async fn sweep_part(a: &Args, fleet: &Fleet, parts: Parts, manifest: &mut RunManifest) -> Result<usize> {
+    let (sweep_fleet, sweep_args) = sweep_setup(a, fleet)?;
+    let report = sweep::run_sweep(&sweep_args, &sweep_fleet, &a.out).await?;
+    let ran = report.workloads.iter().map(|w| w.points.iter().filter(|p| p.error.is_none()).count()).sum::<usize>();
+    let plots_ok = match plots::register_font(&a.font).map_err(|e| e.to_string()).and_then(|()| sweep::draw(&report, &a.out)) {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("sweep plots: {e}");
+            false
         }
+    };
+    manifest
+        .extra_sections
+        .push(kvmesh_bench::manifest::ExtraSection { title: "Load sweep".into(), markdown: kvmesh_bench::report::sweep::render(&report, plots_ok) });
+    if !parts.policies {
+        manifest.title = Some("kvmesh load sweep".into());
+        manifest.workload = Some(format!("load sweep: {}", a.sweep_workloads));
+        manifest.window = Some("per point: see the sweep section".into());
+        manifest.speedup = None;
+        manifest.workers = (0..a.sweep_workers).map(|i| format!("w{i}")).collect();
+        manifest.cache_capacity_blocks = Some(a.sweep_num_gpu_blocks);
     }
+    Ok(ran)
+}
+
+/// Runs every policy on `workload` and records each (a failed one as failed); returns the
+/// policies that ran.
+async fn policies_part(
+    policies: Vec<Policy>,
+    fleet: &Fleet,
+    workload: &Workload,
+    out: &std::path::Path,
+    manifest: &mut RunManifest,
+) -> Result<usize> {
+    let mut ran = 0usize;
     for policy in policies {
-        let Some(workload) = &workload else { break };
-        match run_policy(policy, &fleet, workload, &a.out).await {
+        match run_policy(policy, fleet, workload, out).await {
             Ok(r) => {
                 ran += 1;
                 if manifest.workers.is_empty() {
@@ -585,50 +623,60 @@ async fn bench(a: Args) -> Result<()> {
             }
             Err(e) => {
                 tracing::error!(policy = policy.name(), error = format!("{e:#}"), "policy did not run");
-                manifest.policies.push(failed_policy(policy, &a.out, &e)?);
+                manifest.policies.push(failed_policy(policy, out, &e)?);
             }
         }
     }
-    if parts.overhead {
-        match run_overhead(&overhead_args, &fleet, &a.out).await {
-            Ok(r) => {
-                ran += usize::from(!r.cases.is_empty());
-                manifest.overhead = r.cases;
-                manifest.overhead_notes = Some(r.notes);
-                manifest.extra_sections.extend(r.sections);
-            }
-            Err(e) => {
-                tracing::error!(error = format!("{e:#}"), "overhead did not run");
-                manifest.overhead_notes = Some(format!("**did not run**: {}", run::one_line(&format!("{e:#}"), 600)));
-            }
+    Ok(ran)
+}
+
+/// Runs the overhead part and records it (or why it did not run); returns 1 when it produced
+/// a case.
+async fn overhead_part(a: &Args, overhead_args: &OverheadArgs, fleet: &Fleet, parts: Parts, manifest: &mut RunManifest) -> usize {
+    let mut ran = 0usize;
+    match run_overhead(overhead_args, fleet, &a.out).await {
+        Ok(r) => {
+            ran += usize::from(!r.cases.is_empty());
+            manifest.overhead = r.cases;
+            manifest.overhead_notes = Some(r.notes);
+            manifest.extra_sections.extend(r.sections);
         }
-        if manifest.workers.is_empty() {
-            manifest.workers = (0..a.workers).map(|i| format!("w{i}")).collect();
-        }
-        if !parts.policies {
-            manifest.title = Some("kvmesh router overhead".into());
-            manifest.workload = Some(format!(
-                "router overhead only: chat prompts of {} tokens, cold and continuation; shared prefixes of {} tokens",
-                a.overhead_sizes, a.overhead_shared_prefixes
-            ));
-            manifest.window = Some("no trace replay".into());
-            manifest.speedup = None;
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "overhead did not run");
+            manifest.overhead_notes = Some(format!("**did not run**: {}", run::one_line(&format!("{e:#}"), 600)));
         }
     }
-    if let Some(path) = &a.indexer_figures {
-        // Unreadable figures must not cost the run its report: the section says what happened.
-        let section = match std::fs::read_to_string(path) {
-            Ok(text) => micro::section(&micro::parse(&text), &path.display().to_string()),
-            Err(e) => kvmesh_bench::manifest::ExtraSection {
-                title: micro::TITLE.into(),
-                markdown: format!("Not available: reading `{}`: {e}.", path.display()),
-            },
-        };
-        manifest.extra_sections.push(section);
+    if manifest.workers.is_empty() {
+        manifest.workers = (0..a.workers).map(|i| format!("w{i}")).collect();
     }
+    if !parts.policies {
+        manifest.title = Some("kvmesh router overhead".into());
+        manifest.workload = Some(format!(
+            "router overhead only: chat prompts of {} tokens, cold and continuation; shared prefixes of {} tokens",
+            a.overhead_sizes, a.overhead_shared_prefixes
+        ));
+        manifest.window = Some("no trace replay".into());
+        manifest.speedup = None;
+    }
+    ran
+}
+
+/// The indexer's microbenchmark section from `--indexer-figures`. Unreadable figures must not
+/// cost the run its report: the section says what happened.
+fn indexer_figures(path: &std::path::Path) -> kvmesh_bench::manifest::ExtraSection {
+    match std::fs::read_to_string(path) {
+        Ok(text) => micro::section(&micro::parse(&text), &path.display().to_string()),
+        Err(e) => kvmesh_bench::manifest::ExtraSection {
+            title: micro::TITLE.into(),
+            markdown: format!("Not available: reading `{}`: {e}.", path.display()),
+        },
+    }
+}
+
+/// Writes `run.json`, renders the report and prints its path; an error when nothing ran.
+fn write_report(a: &Args, manifest: &RunManifest, ran: usize) -> Result<()> {
     let manifest_path = a.out.join("run.json");
-    std::fs::write(&manifest_path, serde_json::to_string_pretty(&manifest)?)
-        .with_context(|| format!("writing {}", manifest_path.display()))?;
+    std::fs::write(&manifest_path, serde_json::to_string_pretty(manifest)?).with_context(|| format!("writing {}", manifest_path.display()))?;
     let written = generate(&manifest_path, &a.out, &a.font)?;
     println!("{}", written.markdown.display());
     if let Some(note) = &written.plot_note {
