@@ -15,7 +15,9 @@ const STREAMED: usize = 6;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_requests_record_measured_and_predicted_ttft() -> anyhow::Result<()> {
     let mut spec = StackSpec::aggregate(2);
-    spec.filter_config = json!({"debug_headers": true});
+    // Every streamed request must carry the indexer's prediction, so none may fall back on the
+    // route deadline: a debug indexer on a loaded 2-core CI machine can exceed the default 100 ms.
+    spec.filter_config = json!({"debug_headers": true, "indexer_timeout_ms": 5000});
     let stack = Stack::start(spec).await?;
     let url = stack.gateway("/v1/chat/completions");
     let counts = |m: &kvmesh_e2e::prom::Metrics| {

@@ -92,7 +92,7 @@ fn never_polls_when_refresh_is_off() {
 }
 
 fn batch_of(call: &HttpCall) -> Vec<String> {
-    let reports: Vec<DoneReport> = serde_json::from_slice(call.body().unwrap()).unwrap();
+    let reports = kvmesh_core::api::parse_done_body(call.body().unwrap()).unwrap();
     reports.into_iter().map(|r| r.request_id).collect()
 }
 
