@@ -108,6 +108,16 @@ impl StackSpec {
         base
     }
 
+    /// The filter's configuration has one definition (core's `FilterConfig`): a typo in a test's
+    /// `filter_config` is an error before anything starts, naming the key, not an Envoy that
+    /// refuses to load the filter.
+    pub fn check_filter_config(&self) -> anyhow::Result<()> {
+        let filter = self.filter_config_json().to_string();
+        kvmesh_core::filter_config::FilterConfig::from_bytes(Some(filter.as_bytes()))
+            .map(drop)
+            .map_err(|e| anyhow::anyhow!("the test's filter_config {filter}: {e}"))
+    }
+
     /// `n` aggregate workers (`both`), kvmesh routing, small cache, fast timing.
     pub fn aggregate(n: usize) -> Self {
         Self {
@@ -186,6 +196,7 @@ pub struct Stack {
 
 impl Stack {
     pub async fn start(spec: StackSpec) -> anyhow::Result<Self> {
+        spec.check_filter_config()?;
         let (dir, tmp) = match &spec.work_dir {
             Some(d) => {
                 std::fs::create_dir_all(d)?;
@@ -531,4 +542,19 @@ pub fn wasm_path() -> anyhow::Result<PathBuf> {
         bail!("{} not found: run `make wasm`", path.display());
     }
     Ok(path)
+}
+
+#[cfg(test)]
+mod filter_config_tests {
+    use super::StackSpec;
+
+    #[test]
+    fn a_typo_in_a_tests_filter_config_is_an_error_naming_it() {
+        let mut spec = StackSpec::aggregate(1);
+        spec.filter_config = serde_json::json!({"debug_headers": true, "indexer_timeout_ms": 500});
+        assert!(spec.check_filter_config().is_ok());
+        spec.filter_config = serde_json::json!({"debug_hedaers": true});
+        let err = spec.check_filter_config().unwrap_err().to_string();
+        assert!(err.contains("debug_hedaers"), "{err}");
+    }
 }

@@ -246,7 +246,7 @@ mod tests {
     #[test]
     fn envoy_validates_the_extended_bootstrap() {
         let (Ok(envoy), Ok(wasm)) = (kvmesh_e2e::stack::envoy_binary(), kvmesh_e2e::stack::wasm_path()) else {
-            eprintln!("SKIPPED: no Envoy binary or wasm filter (make setup && make wasm)");
+            kvmesh_e2e::skip_or_fail_in_ci("no Envoy binary or wasm filter (make setup && make wasm)").unwrap();
             return;
         };
         let dir = tempfile::tempdir().unwrap();
