@@ -144,9 +144,8 @@ struct Args {
     /// engines).
     #[arg(long)]
     sweep_warmup_s: Option<f64>,
-    /// Sweep: the measured window of every policy's load-point run, s (default: the trace's at
-    /// least 60 s, whose heavy-tailed prompt sizes make a short window's load max/mean noise;
-    /// the other workloads' `--sweep-duration-s`).
+    /// Sweep: the measured window of every policy's load-point run, s (default `--sweep-duration-s`,
+    /// the window the saturation search used; see `sweep::load_point_window_s` before changing it).
     #[arg(long)]
     sweep_load_point_window_s: Option<f64>,
     /// Sweep: round_robin's ladder multiplies the rate by this per step.

@@ -539,12 +539,12 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
                 rr.iter().map(|p| p.rate).collect()
             }
         };
-        // The headline's point runs its own window (longer for the trace's heavy-tailed prompts).
+        // The headline's point: the sweep's window unless `--sweep-load-point-window-s` sets one.
         let load_point = sat.map(|s| s.load_point());
         let load_point_spec = PointSpec {
             fleet,
             window: MeasureWindow {
-                window_s: load_point_window_s(kind, a.duration_s, a.load_point_window_s),
+                window_s: load_point_window_s(a.duration_s, a.load_point_window_s),
                 ..window
             },
         };
