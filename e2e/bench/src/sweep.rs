@@ -362,16 +362,6 @@ pub fn window_for(
     }
 }
 
-/// The measured window of a workload's load point, s: the point every headline number comes from.
-/// `--sweep-load-point-window-s` sets it for every workload; by default it is the sweep's window,
-/// the one the saturation search measured with. A longer window only at the load point measures
-/// another regime: on the trace (2026-12-01, 60 s at the 20-s ladder's load point) round_robin's
-/// TTFT p90 was 9.6 s against 1.4 s at light load, because a queue near saturation keeps growing
-/// past 20 s. A longer window must therefore be the whole ladder's (`--sweep-duration-s`).
-pub fn load_point_window_s(window_s: f64, overridden: Option<f64>) -> f64 {
-    overridden.unwrap_or(window_s)
-}
-
 /// How a sweep chooses its rates.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SweepConfig {
@@ -1441,10 +1431,5 @@ mod tests {
             "{:?}",
             p.invalid
         );
-    }
-    #[test]
-    fn the_load_point_runs_the_sweeps_window_unless_set() {
-        assert_eq!(load_point_window_s(20.0, None), 20.0);
-        assert_eq!(load_point_window_s(20.0, Some(60.0)), 60.0);
     }
 }

@@ -145,7 +145,7 @@ struct Args {
     #[arg(long)]
     sweep_warmup_s: Option<f64>,
     /// Sweep: the measured window of every policy's load-point run, s (default `--sweep-duration-s`,
-    /// the window the saturation search used; see `sweep::load_point_window_s` before changing it).
+    /// the window the saturation search used; see `SweepArgs::load_point_window_s` before changing it).
     #[arg(long)]
     sweep_load_point_window_s: Option<f64>,
     /// Sweep: round_robin's ladder multiplies the rate by this per step.
