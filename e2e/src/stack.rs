@@ -189,6 +189,9 @@ pub struct Stack {
     pub admin_port: u16,
     pub indexer_port: u16,
     pub fleet_path: PathBuf,
+    /// The workers the fleet file lists since the last `rewrite_fleet` (`None`: all of them): a
+    /// (re)started indexer waits for these, not for a worker that left.
+    listed: Option<std::collections::BTreeSet<String>>,
     dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
     http: reqwest::Client,
@@ -228,6 +231,7 @@ impl Stack {
             admin_port,
             indexer_port,
             fleet_path,
+            listed: None,
             dir,
             _tmp: tmp,
             http,
@@ -249,10 +253,11 @@ impl Stack {
         let mut proc = Proc::spawn("indexer", cmd, &self.dir)?;
         proc.wait_ready()?;
         self.indexer = Some(proc);
-        // Listening is not serving: wait until the indexer has seen every decode worker healthy,
-        // or the first requests get "no healthy decode-capable worker".
+        // Listening is not serving: wait until the indexer has seen every listed decode worker
+        // healthy, or the first requests get "no healthy decode-capable worker".
         let fleet_url = self.indexer_url(kvmesh_core::api::FLEET_PATH);
-        let decoders = self.workers.iter().filter(|w| w.role.decodes()).count();
+        let listed = |w: &&Worker| self.listed.as_ref().is_none_or(|l| l.contains(&w.id));
+        let decoders = self.workers.iter().filter(listed).filter(|w| w.role.decodes()).count();
         let client = self.http.clone();
         crate::poll::until("indexer sees every decode worker healthy", || {
             let client = client.clone();
@@ -280,6 +285,7 @@ impl Stack {
         let reloads = |m: &Metrics| m.sum("kvmesh_config_reloads_total", &[("result", "ok")]);
         let before = reloads(&self.scrape(&metrics_url).await?);
         std::fs::write(&self.fleet_path, text)?;
+        self.listed = Some(want.clone());
         let url = self.indexer_url(kvmesh_core::api::FLEET_PATH);
         let client = self.http.clone();
         crate::poll::until("indexer reloaded the fleet file", || {

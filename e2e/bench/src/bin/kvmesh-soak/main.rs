@@ -40,6 +40,10 @@ struct Args {
     /// Seconds between worker churn steps (a leave, then the join back).
     #[arg(long, default_value_t = 60.0)]
     churn_s: f64,
+    /// The index's size series (entries, blocks, bytes, summed worker blocks) are fitted only on
+    /// samples with the whole fleet listed and no churn step in the last this many seconds.
+    #[arg(long, default_value_t = 20.0)]
+    settle_s: f64,
     /// Indexer restarts at these fractions of the run.
     #[arg(long, value_delimiter = ',', default_value = "0.15,0.4")]
     restarts: Vec<f64>,
@@ -139,6 +143,15 @@ const INDEXER_GAUGES: &[Gauge] = &[
         "kvmesh_worker_active_requests",
         None,
     ),
+];
+
+/// The series that are the fleet's cache contents: judged on settled whole-fleet samples only
+/// (`plan::index_settled`).
+const INDEX_SIZE: &[&str] = &[
+    "index_bytes",
+    "index_entries",
+    "index_blocks",
+    "worker_blocks",
 ];
 
 fn is_bytes(name: &str) -> bool {
@@ -464,7 +477,11 @@ async fn main() -> Result<()> {
         .collect();
 
     let steps = plan::schedule(duration_s, a.churn_s, a.workers, &a.restarts);
-    let (mut next_step, mut next_sample) = (0usize, 0.0f64);
+    let sample_offset = plan::sample_offset_s(a.sample_s, a.churn_s);
+    let (mut next_step, mut next_sample) = (0usize, 0u64);
+    // When the last churn step (or an unasked indexer restart) ended; the samples fit to judge
+    // the index's size.
+    let (mut last_churn_end, mut settled_at) = (f64::NEG_INFINITY, Vec::new());
     let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     let (mut done, mut failed, mut crashes) = (Vec::new(), Vec::new(), Vec::new());
     let mut out_workers = BTreeSet::new();
@@ -485,26 +502,37 @@ async fn main() -> Result<()> {
                     failed.push(format!("{step:?} at {:.1} min: {e:#}", t / 60.0));
                 }
             }
+            last_churn_end = start.elapsed().as_secs_f64();
             if step == Churn::IndexerRestart {
-                last_restart = start.elapsed().as_secs_f64();
+                last_restart = last_churn_end;
             }
         }
         let t = start.elapsed().as_secs_f64();
-        if t >= next_sample || t >= duration_s {
+        if t >= plan::sample_time_s(next_sample, a.sample_s, sample_offset) || t >= duration_s {
             for name in dead(&mut stack) {
                 tracing::warn!(t_s = t, "{name} died");
                 crashes.push(format!("{name} exited at {:.1} min", t / 60.0));
                 if name == "indexer" {
                     stack.start_indexer().await?;
                     last_restart = start.elapsed().as_secs_f64();
+                    last_churn_end = last_restart;
                 } else if name == "envoy" {
                     break;
                 }
             }
+            let settled = plan::index_settled(
+                a.workers.saturating_sub(out_workers.len()),
+                a.workers,
+                t - last_churn_end,
+                a.settle_s,
+            );
+            if settled {
+                settled_at.push(t);
+            }
             sample(&stack, t, &mut series).await;
             let sent = load.tally.lock().map(|x| x.total()).unwrap_or(0);
-            tracing::info!(t_s = t.round(), requests = sent, "sample");
-            next_sample += a.sample_s;
+            tracing::info!(t_s = t.round(), requests = sent, settled, "sample");
+            next_sample += 1;
         }
         if t >= duration_s || crashes.iter().any(|c: &String| c.starts_with("envoy")) {
             break;
@@ -540,7 +568,11 @@ async fn main() -> Result<()> {
             };
             plan::fit(&Series {
                 name: name.clone(),
-                points: pts.clone(),
+                points: if INDEX_SIZE.contains(&name.as_str()) {
+                    plan::at_times(pts, &settled_at)
+                } else {
+                    pts.clone()
+                },
                 bound,
                 fit_from_s: from,
             })
@@ -559,7 +591,7 @@ async fn main() -> Result<()> {
     };
     let mut report = plan::render(&summary, is_bytes);
     report.push_str(&format!(
-        "\nSetup: {} vllm-sim workers with {} KV blocks each; the indexer's `kv_home_ttl_secs = {}`, `local_continuation_max_sessions = {}`, `tokenize_cache_bytes = {} MiB` and `recovery_max_blocks = {}` (so the session maps, the tokenization cache and orphan recovery's routed prompts reach their bounds); {} clients (think {} ms), {:.0} % of requests streamed and aborted; Envoy has no wasm memory stat: `{WASM_RSS}` and `{WASM_SIZE}` are the resident and committed bytes, summed over the VMs (`wasm_vms`), of the wasm linear memories found in Envoy's `/proc/<pid>/smaps` (each an anonymous read-write mapping directly below V8's ≥ 1 GiB inaccessible guard reservation); `{ENVOY_HEAP}` is Envoy's `server.memory_allocated`. Indexer series fitted from {:.1} min (its last restart at {:.1} min).\n",
+        "\nSetup: {} vllm-sim workers with {} KV blocks each; the indexer's `kv_home_ttl_secs = {}`, `local_continuation_max_sessions = {}`, `tokenize_cache_bytes = {} MiB` and `recovery_max_blocks = {}` (so the session maps, the tokenization cache and orphan recovery's routed prompts reach their bounds); {} clients (think {} ms), {:.0} % of requests streamed and aborted; Envoy has no wasm memory stat: `{WASM_RSS}` and `{WASM_SIZE}` are the resident and committed bytes, summed over the VMs (`wasm_vms`), of the wasm linear memories found in Envoy's `/proc/<pid>/smaps` (each an anonymous read-write mapping directly below V8's ≥ 1 GiB inaccessible guard reservation); `{ENVOY_HEAP}` is Envoy's `server.memory_allocated`. Samples at 0 and then every {:.0} s from {:.0} s (between churn steps); the index's size series ({}) are fitted only on the {} samples taken with the whole fleet listed and no churn step in the {:.0} s before. Indexer series fitted from {:.1} min (its last restart at {:.1} min).\n",
         a.workers,
         a.gpu_blocks,
         a.kv_home_ttl_s,
@@ -569,6 +601,11 @@ async fn main() -> Result<()> {
         a.clients,
         a.think_ms,
         a.abort_fraction * 100.0,
+        a.sample_s,
+        plan::sample_time_s(1, a.sample_s, sample_offset),
+        INDEX_SIZE.join(", "),
+        settled_at.len(),
+        a.settle_s,
         indexer_from / 60.0,
         last_restart / 60.0
     ));

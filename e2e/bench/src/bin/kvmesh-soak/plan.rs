@@ -67,6 +67,42 @@ pub fn schedule(
     out
 }
 
+/// When the samples fall: the first at 0, the rest every `sample_s` from half a churn period
+/// in, so that with `sample_s` = `churn_s` (the default) each sample lands midway between two
+/// churn steps rather than in the second a step runs (steps fall on multiples of `churn_s`).
+pub fn sample_offset_s(sample_s: f64, churn_s: f64) -> f64 {
+    if sample_s <= 0.0 || churn_s <= 0.0 {
+        return 0.0;
+    }
+    (churn_s / 2.0) % sample_s
+}
+
+/// The time of sample `k` (see [`sample_offset_s`]).
+pub fn sample_time_s(k: u64, sample_s: f64, offset_s: f64) -> f64 {
+    match k {
+        0 => 0.0,
+        _ if offset_s > 0.0 => offset_s + (k - 1) as f64 * sample_s,
+        _ => k as f64 * sample_s,
+    }
+}
+
+/// Whether a sample can judge the index's size: every worker of the fleet was listed and the last
+/// churn step ended at least `settle_s` before it (a join's replay or a leave's removal has
+/// landed). The index's counts are the fleet's cache contents, so only samples taken over the
+/// same fleet, settled, are comparable; a sample in the middle of churn sees a step half-applied.
+pub fn index_settled(listed: usize, fleet: usize, since_churn_s: f64, settle_s: f64) -> bool {
+    listed == fleet && since_churn_s >= settle_s
+}
+
+/// The points of `points` taken at one of `times` (the settled samples' times, as recorded).
+pub fn at_times(points: &[(f64, f64)], times: &[f64]) -> Vec<(f64, f64)> {
+    points
+        .iter()
+        .copied()
+        .filter(|p| times.contains(&p.0))
+        .collect()
+}
+
 /// How one request ended, as the load generator saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -403,6 +439,54 @@ mod tests {
         );
         // Fractions outside [0, 1) and one worker only: no churn of that kind.
         assert_eq!(schedule(300.0, 60.0, 1, &[1.0, -0.1]), vec![]);
+    }
+
+    #[test]
+    fn samples_fall_midway_between_churn_steps() {
+        // (sample_s, churn_s, expected offset, expected times of samples 0..4)
+        let cases: &[(f64, f64, f64, [f64; 4])] = &[
+            (60.0, 60.0, 30.0, [0.0, 30.0, 90.0, 150.0]),
+            (10.0, 60.0, 0.0, [0.0, 10.0, 20.0, 30.0]),
+            (60.0, 40.0, 20.0, [0.0, 20.0, 80.0, 140.0]),
+            (120.0, 60.0, 30.0, [0.0, 30.0, 150.0, 270.0]),
+            (20.0, 0.0, 0.0, [0.0, 20.0, 40.0, 60.0]),
+        ];
+        for &(sample_s, churn_s, offset, times) in cases {
+            let o = sample_offset_s(sample_s, churn_s);
+            assert_eq!(o, offset, "{sample_s} {churn_s}");
+            let got: Vec<f64> = (0..4).map(|k| sample_time_s(k, sample_s, o)).collect();
+            assert_eq!(got, times, "{sample_s} {churn_s}");
+            // Sampling every whole number of churn periods: no sample after the first
+            // coincides with a churn step.
+            if churn_s > 0.0 && sample_s % churn_s == 0.0 {
+                assert!(got[1..].iter().all(|t| t % churn_s != 0.0), "{got:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn index_is_judged_on_whole_settled_fleets_only() {
+        // (listed, fleet, seconds since the last churn step, settle, verdict)
+        let cases = [
+            (4, 4, 30.0, 20.0, true),
+            (4, 4, 20.0, 20.0, true),
+            (4, 4, 5.0, 20.0, false),
+            (3, 4, 30.0, 20.0, false),
+            (3, 4, 1e9, 20.0, false),
+        ];
+        for (listed, fleet, since, settle, want) in cases {
+            assert_eq!(
+                index_settled(listed, fleet, since, settle),
+                want,
+                "{listed}/{fleet} {since}"
+            );
+        }
+        let pts = [(0.0, 1.0), (30.0, 2.0), (90.0, 3.0), (150.0, 4.0)];
+        assert_eq!(
+            at_times(&pts, &[30.0, 150.0]),
+            vec![(30.0, 2.0), (150.0, 4.0)]
+        );
+        assert_eq!(at_times(&pts, &[]), vec![]);
     }
 
     #[test]
