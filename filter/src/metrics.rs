@@ -25,7 +25,8 @@ pub const FALLBACK_ROUTES: &str = "kvmesh_filter_fallback_routes_total";
 pub const UNROUTABLE: &str = "kvmesh_filter_unroutable_requests_total";
 /// Histogram: `/v1/route` round trip in milliseconds, answered or not.
 pub const ROUTE_LATENCY: &str = "kvmesh_filter_route_latency_milliseconds";
-/// Counter `{result}`: `/v1/done` reports sent (2xx), failed (call error/non-2xx) or dropped (queue full / no queue).
+/// Counter `{result}`: `/v1/done` reports sent (2xx), retried (a call carrying them got no answer
+/// or a 5xx: re-queued), failed (given up: 4xx, or the attempts cap) or dropped (queue full / no queue).
 pub const DONE_REPORTS: &str = "kvmesh_filter_done_reports_total";
 /// Counter `{result}`: `/v1/fleet` polls stored (`ok`) or not (`failed`).
 pub const FLEET_REFRESHES: &str = "kvmesh_filter_fleet_refreshes_total";
@@ -223,8 +224,11 @@ label_enum! {
     /// `result` of [`DONE_REPORTS`].
     DoneResult {
         Sent => "sent",
+        /// Given up: a 4xx, or [`crate::background::MAX_DONE_ATTEMPTS`] failed calls.
         Failed => "failed",
         Dropped => "dropped",
+        /// A call carrying it failed (no answer, 5xx, dispatch error): back in the queue.
+        Retried => "retried",
     }
 }
 

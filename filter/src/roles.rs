@@ -103,7 +103,8 @@ pub fn configure_root(host: Rc<dyn Host>, config: FilterConfig, context_id: u32,
             let polls = role == RootRole::FilterWithBackground;
             let tick = if polls { config.tick_period_ms(true) } else { Some(config.done_flush_ms) };
             let shared = Shared::new(Rc::clone(&host), Rc::clone(&config), Rc::clone(&metrics), Rc::clone(&local_done));
-            (Some(Rc::new(shared)), Some(tasks(polls)), tick)
+            let shared = Rc::new(shared);
+            (Some(Rc::clone(&shared)), Some(tasks(polls).gated_by(shared)), tick)
         }
     };
     if let Some(ms) = tick_ms {

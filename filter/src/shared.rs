@@ -63,6 +63,12 @@ impl Shared {
         admit
     }
 
+    /// Whether the breaker says the indexer is down (open, or half-open with its probe out): the
+    /// done flush then holds its reports (`crate::tasks`).
+    pub fn indexer_down(&self) -> bool {
+        self.breaker.try_borrow().is_ok_and(|b| b.is_open())
+    }
+
     /// Feeds a route call's outcome to the breaker.
     pub fn record_route_call(&self, health: CallHealth, now_ns: u64) {
         let Ok(mut breaker) = self.breaker.try_borrow_mut() else { return };

@@ -7,17 +7,31 @@
 //! polls: the singleton, or every filter root in `per_worker` mode), stores a valid answer in shared data for
 //! every VM of the `vm_id`, and keeps at most `done_max_in_flight` `/v1/done` calls out, each
 //! carrying a batch of the reports that waited ([`DoneQueue::next_batch`]).
+//!
+//! A done report is what releases a request's load at the indexer; one lost keeps that load
+//! booked for `load_expiry_secs` (600 s) and steers traffic away from a worker that is idle. So a
+//! call that got no answer (timeout, reset), a `5xx`, or that could not be dispatched puts its
+//! reports back at the front of the queue ([`DoneQueue::requeue`], counted `retried`): they ride
+//! the next batch, after a hold of `breaker_open_ms`, for at most
+//! [`crate::background::MAX_DONE_ATTEMPTS`] failed calls (then `failed`). A `4xx` is the indexer
+//! refusing the body (an indexer older than batching answers 400 to an array): not retried,
+//! `failed`. While this thread's `/v1/route` breaker is open (the indexer does not answer) the
+//! flush sends nothing and reports wait in the bounded queue instead of using up their attempts.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use crate::background::{encode_done_batch, parse_fleet_answer, DoneQueue, FleetSchedule, FLEET_KEY, MAX_FLEET_BYTES};
+use crate::background::{
+    encode_done_batch, parse_fleet_answer, DoneQueue, FleetSchedule, QueuedDone, FLEET_KEY,
+    MAX_FLEET_BYTES,
+};
 use crate::config::FilterConfig;
 use crate::host_api::{Host, HostError};
 use crate::metric_ids::MetricIds;
 use crate::metrics::{DoneResult, FleetResult, Metric, MetricUpdate};
 use crate::request::{done_call, fleet_call};
+use crate::shared::Shared;
 
 /// Fleet poller plus done dispatcher.
 pub struct BackgroundTasks {
@@ -26,16 +40,44 @@ pub struct BackgroundTasks {
     metrics: Rc<MetricIds>,
     fleet: FleetSchedule,
     done: Rc<RefCell<DoneQueue>>,
-    /// `/v1/done` calls out: token → reports in the batch.
-    done_calls: HashMap<u32, u64>,
+    /// `/v1/done` calls out: token → the batch it carries (kept to re-queue on failure; at most
+    /// `done_max_in_flight` × [`kvmesh_core::api::MAX_DONE_BATCH`] reports).
+    done_calls: HashMap<u32, Vec<QueuedDone>>,
+    /// The filter root whose `/v1/route` breaker gates the done flush (None: the singleton, whose
+    /// queue stays empty).
+    gate: Option<Rc<Shared>>,
 }
 
 impl BackgroundTasks {
     /// `done` is the queue this root's HTTP contexts fill (a filter root's; the singleton's stays
     /// empty); `polls_fleet` says whether this root polls `/v1/fleet`.
-    pub fn new(host: Rc<dyn Host>, config: Rc<FilterConfig>, metrics: Rc<MetricIds>, done: Rc<RefCell<DoneQueue>>, polls_fleet: bool) -> Self {
-        let fleet = FleetSchedule::new(if polls_fleet { config.fleet_refresh_ms } else { 0 });
-        Self { host, config, metrics, fleet, done, done_calls: HashMap::new() }
+    pub fn new(
+        host: Rc<dyn Host>,
+        config: Rc<FilterConfig>,
+        metrics: Rc<MetricIds>,
+        done: Rc<RefCell<DoneQueue>>,
+        polls_fleet: bool,
+    ) -> Self {
+        let fleet = FleetSchedule::new(if polls_fleet {
+            config.fleet_refresh_ms
+        } else {
+            0
+        });
+        Self {
+            host,
+            config,
+            metrics,
+            fleet,
+            done,
+            done_calls: HashMap::new(),
+            gate: None,
+        }
+    }
+
+    /// Holds the done flush while `shared`'s `/v1/route` breaker says the indexer is down.
+    pub fn gated_by(mut self, shared: Rc<Shared>) -> Self {
+        self.gate = Some(shared);
+        self
     }
 
     /// Periodic work: poll when due, dispatch.
@@ -47,22 +89,38 @@ impl BackgroundTasks {
     /// An answer to one of this context's calls (`num_headers == 0`: the call failed without a
     /// response). Tokens of other calls are ignored.
     pub fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
-        let status = if num_headers == 0 { None } else { self.host.call_response_status() };
+        let status = if num_headers == 0 {
+            None
+        } else {
+            self.host.call_response_status()
+        };
         if self.fleet.take_answer(token) {
-            let body = if body_size == 0 { Vec::new() } else { self.host.call_response_body(MAX_FLEET_BYTES + 1) };
+            let body = if body_size == 0 {
+                Vec::new()
+            } else {
+                self.host.call_response_body(MAX_FLEET_BYTES + 1)
+            };
             self.store_fleet(status, &body);
-        } else if let Some(reports) = self.done_calls.remove(&token) {
+        } else if let Some(batch) = self.done_calls.remove(&token) {
             if let Ok(mut q) = self.done.try_borrow_mut() {
                 q.call_finished();
             }
-            let result = match status {
-                Some(s) if (200..300).contains(&s) => DoneResult::Sent,
-                _ => DoneResult::Failed,
-            };
-            if result == DoneResult::Failed {
-                log::debug!("/v1/done answered {status:?}");
+            let reports = batch.len() as u64;
+            match status {
+                Some(s) if (200..300).contains(&s) => self.metrics.apply(MetricUpdate::Add(
+                    Metric::DoneReports(DoneResult::Sent),
+                    reports,
+                )),
+                None => self.retry_done(batch, "got no answer (timeout or reset)"),
+                Some(s) if s >= 500 => self.retry_done(batch, &format!("answered {s}")),
+                Some(s) => {
+                    log::warn!("/v1/done answered {s}: {reports} done reports refused, not retried (an indexer older than the filter answers 400 to a batch: upgrade the indexer first)");
+                    self.metrics.apply(MetricUpdate::Add(
+                        Metric::DoneReports(DoneResult::Failed),
+                        reports,
+                    ));
+                }
             }
-            self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(result), reports));
             self.pump_done();
         }
     }
@@ -76,18 +134,29 @@ impl BackgroundTasks {
                     .and_then(|bytes| self.host.set_shared_data(FLEET_KEY, &bytes));
                 match stored {
                     Ok(()) => {
-                        self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Ok), 1));
-                        self.metrics.apply(MetricUpdate::Record(Metric::FleetDecodeWorkers, decoders));
+                        self.metrics.apply(MetricUpdate::Add(
+                            Metric::FleetRefreshes(FleetResult::Ok),
+                            1,
+                        ));
+                        self.metrics
+                            .apply(MetricUpdate::Record(Metric::FleetDecodeWorkers, decoders));
                     }
                     Err(status) => {
-                        self.metrics.host_call_failed("set_shared_data(fleet)", &status);
-                        self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Failed), 1));
+                        self.metrics
+                            .host_call_failed("set_shared_data(fleet)", &status);
+                        self.metrics.apply(MetricUpdate::Add(
+                            Metric::FleetRefreshes(FleetResult::Failed),
+                            1,
+                        ));
                     }
                 }
             }
             Err(e) => {
                 log::debug!("fleet poll not stored: {e}");
-                self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Failed), 1));
+                self.metrics.apply(MetricUpdate::Add(
+                    Metric::FleetRefreshes(FleetResult::Failed),
+                    1,
+                ));
             }
         }
     }
@@ -101,36 +170,95 @@ impl BackgroundTasks {
             Ok(token) => self.fleet.started(now, token),
             Err(status) => {
                 self.fleet.failed_to_start(now);
-                self.metrics.host_call_failed("dispatch_http_call(/v1/fleet)", &status);
-                self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Failed), 1));
+                self.metrics
+                    .host_call_failed("dispatch_http_call(/v1/fleet)", &status);
+                self.metrics.apply(MetricUpdate::Add(
+                    Metric::FleetRefreshes(FleetResult::Failed),
+                    1,
+                ));
             }
         }
     }
 
-    /// Dispatches queued reports, a batch per call, while [`DoneQueue::next_batch`] has one.
+    /// Puts a failed call's reports back at the front of the queue (or gives them up) and counts
+    /// them. Sending a report twice is harmless (a call can time out here after the indexer
+    /// released its load): a report with a `booking_id` releases that booking, which the indexer
+    /// releases at most once; one without (its route answer was lost) releases the oldest live
+    /// booking of its request id, which is already gone unless another live request shares it.
+    fn retry_done(&mut self, batch: Vec<QueuedDone>, why: &str) {
+        let reports = batch.len() as u64;
+        let now = self.host.now_ns();
+        let hold_ns = self.config.breaker_open_ms.saturating_mul(1_000_000);
+        let Ok(requeued) = self
+            .done
+            .try_borrow_mut()
+            .map(|mut q| q.requeue(batch, now, hold_ns))
+        else {
+            self.metrics.apply(MetricUpdate::Add(
+                Metric::DoneReports(DoneResult::Failed),
+                reports,
+            ));
+            return;
+        };
+        log::info!(
+            "/v1/done {why}: {} of {reports} done reports re-queued for the next batch in {} ms, {} given up after {} attempts, {} dropped (queue full)",
+            requeued.retried,
+            self.config.breaker_open_ms,
+            requeued.given_up,
+            crate::background::MAX_DONE_ATTEMPTS,
+            requeued.dropped,
+        );
+        if requeued.given_up > 0 || requeued.dropped > 0 {
+            log::warn!("/v1/done: {} done reports lost (their load stays booked at the indexer until it expires)", requeued.given_up + requeued.dropped);
+        }
+        self.metrics.apply(MetricUpdate::Add(
+            Metric::DoneReports(DoneResult::Retried),
+            requeued.retried,
+        ));
+        self.metrics.apply(MetricUpdate::Add(
+            Metric::DoneReports(DoneResult::Failed),
+            requeued.given_up,
+        ));
+        self.metrics.apply(MetricUpdate::Add(
+            Metric::DoneReports(DoneResult::Dropped),
+            requeued.dropped,
+        ));
+    }
+
+    /// Dispatches queued reports, a batch per call, while [`DoneQueue::next_batch`] has one and the
+    /// gate's breaker is closed (open: the indexer does not answer; the reports wait).
     fn pump_done(&mut self) {
+        if self
+            .gate
+            .as_ref()
+            .is_some_and(|shared| shared.indexer_down())
+        {
+            return;
+        }
         loop {
+            let now = self.host.now_ns();
             let batch = match self.done.try_borrow_mut() {
-                Ok(mut q) => q.next_batch(),
+                Ok(mut q) => q.next_batch(now),
                 Err(_) => Vec::new(),
             };
             if batch.is_empty() {
                 return;
             }
-            let reports = batch.len() as u64;
             let dispatched = encode_done_batch(&batch)
                 .ok_or_else(|| HostError("serialising done reports failed".to_owned()))
                 .and_then(|json| self.host.dispatch(&done_call(&self.config, json)));
             match dispatched {
                 Ok(token) => {
-                    self.done_calls.insert(token, reports);
+                    self.done_calls.insert(token, batch);
                 }
                 Err(status) => {
                     if let Ok(mut q) = self.done.try_borrow_mut() {
                         q.call_finished();
                     }
-                    self.metrics.host_call_failed("dispatch_http_call(/v1/done)", &status);
-                    self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Failed), reports));
+                    self.metrics
+                        .host_call_failed("dispatch_http_call(/v1/done)", &status);
+                    // The hold it sets ends this loop.
+                    self.retry_done(batch, "could not be dispatched");
                 }
             }
         }

@@ -125,7 +125,8 @@ fn singleton_mode_filter_roots_send_their_own_reports_and_the_singleton_polls() 
     host.answer(Some(500), b"");
     tasks.on_http_call_response(done[1], 1, 0);
     assert_eq!(host.value(Metric::DoneReports(DoneResult::Sent)), 2);
-    assert_eq!(host.value(Metric::DoneReports(DoneResult::Failed)), 1);
+    assert_eq!(host.value(Metric::DoneReports(DoneResult::Retried)), 1, "a 5xx re-queues");
+    assert_eq!(host.value(Metric::DoneReports(DoneResult::Failed)), 0);
     assert_eq!(host.value(Metric::DoneReports(DoneResult::Dropped)), 0);
 }
 
@@ -167,4 +168,22 @@ fn per_worker_mode_each_filter_root_polls_and_flushes_its_own_queue() {
     host.advance_ms(100);
     a.tasks.as_mut().unwrap().on_tick();
     assert_eq!(host.tokens_to(FLEET_PATH).len(), 3);
+}
+
+#[test]
+fn a_filter_root_holds_its_done_reports_while_its_route_breaker_is_open() {
+    for mode in ["singleton", "per_worker"] {
+        let host = Rc::new(FakeHost::new());
+        let json = format!(r#"{{"background": "{mode}", "fleet_refresh_ms": 0, "breaker_failures": 1}}"#);
+        let mut filter = root(&host, "filter", &json);
+        let shared = Rc::clone(filter.shared.as_ref().unwrap());
+        shared.record_route_call(crate::breaker::CallHealth::Failed, host.now_ns());
+        shared.queue_done(report("a"));
+        let tasks = filter.tasks.as_mut().unwrap();
+        tasks.on_tick();
+        assert!(host.tokens_to(DONE_PATH).is_empty(), "{mode}: the root's own breaker gates its flush");
+        shared.record_route_call(crate::breaker::CallHealth::Answered, host.now_ns());
+        tasks.on_tick();
+        assert_eq!(host.tokens_to(DONE_PATH).len(), 1, "{mode}");
+    }
 }
