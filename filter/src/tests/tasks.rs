@@ -123,6 +123,11 @@ fn never_polls_when_refresh_is_off() {
     assert!(r.host.calls().is_empty());
 }
 
+/// (reports waiting, calls out).
+fn queued(r: &Rig) -> (usize, usize) {
+    (r.done.borrow().pending(), r.done.borrow().in_flight())
+}
+
 fn batch_of(call: &HttpCall) -> Vec<String> {
     let reports = kvmesh_core::api::parse_done_body(call.body().unwrap()).unwrap();
     reports.into_iter().map(|r| r.request_id).collect()
@@ -166,10 +171,7 @@ fn done_reports_that_wait_for_an_answer_go_as_one_call() {
         "counted per report"
     );
     assert_eq!(r.host.value(Metric::DoneReports(DoneResult::Failed)), 0);
-    assert_eq!(
-        (r.done.borrow().pending(), r.done.borrow().in_flight()),
-        (0, 0)
-    );
+    assert_eq!(queued(&r), (0, 0), "(pending, in flight)");
 }
 
 #[test]
@@ -199,10 +201,7 @@ fn done_calls_stay_within_max_in_flight() {
         r.host.value(Metric::DoneReports(DoneResult::Sent)),
         MAX_DONE_BATCH as i64
     );
-    assert_eq!(
-        (r.done.borrow().pending(), r.done.borrow().in_flight()),
-        (MAX_DONE_BATCH, 2)
-    );
+    assert_eq!(queued(&r), (MAX_DONE_BATCH, 2), "(pending, in flight)");
 }
 
 #[test]
@@ -317,10 +316,7 @@ fn a_report_that_keeps_failing_is_given_up_at_the_attempts_cap() {
         1,
         "counted failed once, when given up"
     );
-    assert_eq!(
-        (r.done.borrow().pending(), r.done.borrow().in_flight()),
-        (0, 0)
-    );
+    assert_eq!(queued(&r), (0, 0), "(pending, in flight)");
 }
 
 #[test]
