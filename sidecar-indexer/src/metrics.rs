@@ -26,6 +26,7 @@ pub const TOKENIZE_DURATION_SECONDS: &str = "kvmesh_tokenize_duration_seconds";
 pub const MATCH_DURATION_SECONDS: &str = "kvmesh_match_duration_seconds";
 pub const SCORE_DURATION_SECONDS: &str = "kvmesh_score_duration_seconds";
 pub const TOKENIZE_CACHE_SEGMENTS_TOTAL: &str = "kvmesh_tokenize_cache_segments_total";
+pub const TOKENIZE_MEMO_TOTAL: &str = "kvmesh_tokenize_memo_total";
 pub const TOKENIZE_TOKENS_TOTAL: &str = "kvmesh_tokenize_tokens_total";
 pub const TOKENIZE_BACKGROUND_TOTAL: &str = "kvmesh_tokenize_background_total";
 pub const DONE_REPORTS_TOTAL: &str = "kvmesh_done_reports_total";
@@ -111,6 +112,7 @@ pub const ALL: &[&str] = &[
     MATCH_DURATION_SECONDS,
     SCORE_DURATION_SECONDS,
     TOKENIZE_CACHE_SEGMENTS_TOTAL,
+    TOKENIZE_MEMO_TOTAL,
     TOKENIZE_TOKENS_TOTAL,
     TOKENIZE_BACKGROUND_TOTAL,
     DONE_REPORTS_TOTAL,
@@ -219,6 +221,8 @@ pub struct Metrics {
     pub score_duration: Histogram,
     /// labels: result (hit, miss).
     pub tokenize_cache: IntCounterVec,
+    /// labels: result (hit, miss): prompts resumed from the prefix memo, or with none to resume.
+    pub tokenize_memo: IntCounterVec,
     /// labels: kind (exact: tokenized on the request path, estimated: the rest of a prompt).
     pub tokenize_tokens: IntCounterVec,
     /// labels: result (done, skipped, failed): partly tokenized prompts finished off the request path.
@@ -410,6 +414,7 @@ impl Metrics {
             match_duration: duration(&r, MATCH_DURATION_SECONDS, "Time to hash a prompt's blocks and find per-worker overlaps")?,
             score_duration: duration(&r, SCORE_DURATION_SECONDS, "Time to score workers and decide")?,
             tokenize_cache: counter_vec(&r, TOKENIZE_CACHE_SEGMENTS_TOTAL, "Prompt segments served from / added to the tokenization cache", &["result"])?,
+            tokenize_memo: counter_vec(&r, TOKENIZE_MEMO_TOTAL, "Prompts whose tokenization resumed from a recently tokenized prefix (hit) or found none (miss)", &["result"])?,
             tokenize_tokens: counter_vec(&r, TOKENIZE_TOKENS_TOTAL, "Prompt tokens of routed requests: tokenized on the request path (exact) or estimated past the blocks any worker may hold", &["kind"])?,
             tokenize_background: counter_vec(&r, TOKENIZE_BACKGROUND_TOTAL, "Partly tokenized prompts finished off the request path for speculative holdings, by result", &["result"])?,
             done_reports: counter_vec(&r, DONE_REPORTS_TOTAL, "/v1/done reports by outcome and whether a booking matched", &["outcome", "matched"])?,
@@ -726,6 +731,7 @@ mod tests {
         m.route_errors.with_label_values(&["x"]).inc();
         m.bad_requests.with_label_values(&["route", "x"]).inc();
         m.tokenize_cache.with_label_values(&["hit"]).inc();
+        m.tokenize_memo.with_label_values(&["hit"]).inc();
         m.done_reports.with_label_values(&["success", "true"]).inc();
         m.load_expired.with_label_values(&["timeout"]).inc();
         for c in [

@@ -85,6 +85,7 @@ fn load_tokenizer(c: &Config) -> Result<PromptTokenizer, TokenizeError> {
         &c.model.bos_token,
         c.routing.tokenize_cache_bytes,
     )
+    .map(|t| t.with_memo_bytes(c.routing.tokenize_memo_bytes))
 }
 
 impl Service {
@@ -331,6 +332,7 @@ impl Service {
         }
         let new_tokenizer = if old.model != new.model
             || old.routing.tokenize_cache_bytes != new.routing.tokenize_cache_bytes
+            || old.routing.tokenize_memo_bytes != new.routing.tokenize_memo_bytes
         {
             let c = new.clone();
             let t = tokio::task::spawn_blocking(move || load_tokenizer(&c))

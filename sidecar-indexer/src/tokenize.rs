@@ -25,11 +25,23 @@
 //! pre-tokenizer only: a `tokenizer.json` whose normalizer or pre-tokenizer differs is never cut
 //! inside a piece (checked at load).
 //!
+//! **A warm route costs its new text** ([`memo`]). Most requests continue a prompt this indexer
+//! tokenized recently (the previous turn of the conversation, or a sibling on the same prefix).
+//! After each tokenization the state at its last added-token boundary — the prefix text, its ids,
+//! block hashes and ratio sample — and at the boundary before it (a chat prompt ends with its
+//! generation prompt's added token; the next request may continue before it) goes into a
+//! byte-bounded prefix memo (`routing.tokenize_memo_bytes`); a prompt probes its own
+//! boundaries from the end (O(1) each), and
+//! the first whose prefix text equals an entry's (compared in full) resumes there: the prefix's
+//! ids and chained block hashes are copied, and only the segments after it are looked up,
+//! encoded and hashed. The segment cache still serves pieces the memo does not cover.
+//!
 //! Submodules: [`split`] (cutting text at added tokens), [`chunk`] (the safe cut inside a piece),
-//! [`cache`] (the byte-bounded segment cache).
+//! [`cache`] (the byte-bounded segment cache), [`memo`] (the prefix memo).
 
 mod cache;
 mod chunk;
+pub mod memo;
 mod split;
 
 use std::path::Path;
@@ -42,6 +54,8 @@ use parking_lot::Mutex;
 pub use cache::CacheStats;
 use cache::SegmentCache;
 pub use chunk::{chunk_end, safe_cut, CHUNK_BYTES, MIN_SAMPLE_BYTES};
+pub use memo::DEFAULT_MEMO_BYTES;
+use memo::{MemoEntry, PrefixMemo, Tokenized};
 pub use split::{Segment, SegmentSplitter};
 
 /// Why a prompt could not be tokenized.
@@ -126,6 +140,17 @@ impl PromptTokens {
     }
 }
 
+/// A point of a tokenization just after an added token: where the prefix memo may resume.
+#[derive(Debug, Clone, Copy)]
+struct Boundary {
+    /// Bytes of the text before it.
+    at: usize,
+    /// Ids and ratio sample at it.
+    ids: usize,
+    sample_bytes: usize,
+    sample_tokens: usize,
+}
+
 /// Tokenization in progress: ids so far, their blocks, and the ratio sample.
 struct Partial {
     ids: Vec<u32>,
@@ -160,6 +185,73 @@ impl Partial {
             cold_bytes: 0,
             estimated_rest: 0,
         }
+    }
+
+    fn boundary(&self, at: usize) -> Boundary {
+        Boundary {
+            at,
+            ids: self.ids.len(),
+            sample_bytes: self.sample_bytes,
+            sample_tokens: self.sample_tokens,
+        }
+    }
+
+    /// Continues from a memo entry (`self` is empty): its ids, its block hashes when they were
+    /// hashed with this block size and seed (else they are hashed again from the ids), its sample.
+    fn resume(&mut self, e: &MemoEntry) {
+        self.ids.extend_from_slice(e.ids());
+        let t = &e.tokenized;
+        if t.block_size == self.block_size && t.seed == self.seed && self.block_size > 0 {
+            self.chains.extend_from_slice(e.chains());
+            self.locals.extend_from_slice(e.locals());
+        }
+        self.sample_bytes = e.sample_bytes;
+        self.sample_tokens = e.sample_tokens;
+    }
+
+    /// Memo entries for the prefixes of `text` up to `last` and (sharing its storage) `previous`.
+    fn memo_entries(
+        &mut self,
+        text: &str,
+        last: Boundary,
+        previous: Option<Boundary>,
+    ) -> Vec<MemoEntry> {
+        self.hash_new_blocks();
+        let blocks = |b: &Boundary| {
+            if self.block_size == 0 {
+                0
+            } else {
+                b.ids / self.block_size
+            }
+        };
+        let n = blocks(&last);
+        let (Some(t), Some(ids), Some(chains), Some(locals)) = (
+            text.get(..last.at),
+            self.ids.get(..last.ids),
+            self.chains.get(..n),
+            self.locals.get(..n),
+        ) else {
+            return Vec::new();
+        };
+        let tokenized = Tokenized {
+            text: t.into(),
+            ids: ids.into(),
+            block_size: self.block_size,
+            seed: self.seed,
+            chains: chains.into(),
+            locals: locals.into(),
+        };
+        std::iter::once(last)
+            .chain(previous)
+            .map(|b| MemoEntry {
+                tokenized: tokenized.clone(),
+                text_len: b.at,
+                ids: b.ids,
+                blocks: blocks(&b),
+                sample_bytes: b.sample_bytes,
+                sample_tokens: b.sample_tokens,
+            })
+            .collect()
     }
 
     fn hash_new_blocks(&mut self) {
@@ -234,17 +326,19 @@ impl Partial {
     }
 }
 
-/// The model's tokenizer and chat template with the incremental segment cache.
+/// The model's tokenizer and chat template with the incremental segment cache and prefix memo.
 pub struct PromptTokenizer {
     tokenizer: Tokenizer,
     template: ChatTemplate,
     splitter: SegmentSplitter,
     cache: Mutex<SegmentCache>,
+    memo: Mutex<PrefixMemo>,
 }
 
 impl PromptTokenizer {
     /// Loads `tokenizer_json` and the chat template (`None` = built-in DeepSeek). The cache holds at
-    /// most `cache_bytes` of segment text and ids.
+    /// most `cache_bytes` of segment text and ids; the prefix memo [`DEFAULT_MEMO_BYTES`] (see
+    /// [`Self::with_memo_bytes`]).
     pub fn load(
         tokenizer_json: &Path,
         chat_template: Option<&Path>,
@@ -268,6 +362,7 @@ impl PromptTokenizer {
             tracing::warn!("segment-wise tokenization disagrees with full encoding for this tokenizer; caching disabled");
             this.splitter = SegmentSplitter::none();
             this.cache.lock().max_bytes = 0;
+            this.memo.lock().set_max_bytes(0);
         }
         Ok(this)
     }
@@ -289,7 +384,20 @@ impl PromptTokenizer {
             template,
             splitter,
             cache: Mutex::new(cache),
+            memo: Mutex::new(PrefixMemo::new(DEFAULT_MEMO_BYTES)),
         }
+    }
+
+    /// The prefix memo's bound (`routing.tokenize_memo_bytes`; 0 = off). A tokenizer whose
+    /// segment-wise encoding failed the load check keeps it off.
+    pub fn with_memo_bytes(self, memo_bytes: usize) -> Self {
+        {
+            let mut memo = self.memo.lock();
+            if memo.enabled() {
+                memo.set_max_bytes(memo_bytes);
+            }
+        }
+        self
     }
 
     /// The plain tokenizer (no segment cache), for comparisons.
@@ -357,11 +465,81 @@ impl PromptTokenizer {
         stats: &mut CacheStats,
     ) -> Result<(), TokenizeError> {
         let mut segments = Vec::new();
-        self.splitter.split(text, &mut segments);
+        let mut ends = Vec::new();
+        self.splitter
+            .split_with_ends(text, &mut segments, &mut ends);
         out.ids.reserve(text.len().min(64 * 1024) / 3);
+        let resumed = self.resume_from_memo(text, &segments, &ends, out, stats);
+        let mut last = [None, resumed];
+        let start = segments
+            .iter()
+            .zip(&ends)
+            .position(|(_, &end)| resumed.is_some_and(|b| end > b.at))
+            .unwrap_or(if resumed.is_some() { segments.len() } else { 0 });
+        self.encode_segments(&segments, &ends, start, reach, out, &mut last, stats)?;
+        // Remembered: the last boundary reached, and the one before it (a chat prompt ends with
+        // the generation prompt's added token; the next request may continue before it, e.g.
+        // with a user turn after an assistant one). Nothing new when it resumed at the last.
+        if let [previous, Some(b)] = last {
+            if resumed.map_or(true, |r| b.at > r.at) && self.memo.lock().enabled() {
+                let entries = out.memo_entries(text, b, previous);
+                let mut memo = self.memo.lock();
+                for e in entries {
+                    memo.put(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Resumes `out` (empty) at the last boundary of `text` whose prefix the memo holds.
+    fn resume_from_memo(
+        &self,
+        text: &str,
+        segments: &[Segment<'_>],
+        ends: &[usize],
+        out: &mut Partial,
+        stats: &mut CacheStats,
+    ) -> Option<Boundary> {
+        let mut memo = self.memo.lock();
+        if !memo.enabled() || !out.ids.is_empty() {
+            return None;
+        }
+        let mut probed = false;
+        for (seg, &at) in segments.iter().zip(ends).rev() {
+            if !matches!(seg, Segment::Added(_)) {
+                continue;
+            }
+            probed = true;
+            if let Some(entry) = memo.get(text, at) {
+                drop(memo);
+                stats.memo_hits += 1;
+                out.resume(&entry);
+                return Some(out.boundary(at));
+            }
+        }
+        if probed {
+            stats.memo_misses += 1;
+        }
+        None
+    }
+
+    /// Encodes `segments[start..]` into `out` until the stop rule holds (module docs); `last`: the
+    /// last two boundaries reached (the last one second).
+    #[allow(clippy::too_many_arguments)]
+    fn encode_segments(
+        &self,
+        segments: &[Segment<'_>],
+        ends: &[usize],
+        start: usize,
+        reach: &mut Reach<'_>,
+        out: &mut Partial,
+        last: &mut [Option<Boundary>; 2],
+        stats: &mut CacheStats,
+    ) -> Result<(), TokenizeError> {
         // Text bytes after each segment, for the stop rule.
         let mut later_bytes = vec![0usize; segments.len()];
-        for i in (0..segments.len().saturating_sub(1)).rev() {
+        for i in (start..segments.len().saturating_sub(1)).rev() {
             later_bytes[i] = later_bytes[i + 1]
                 + if let Segment::Text(t) = segments[i + 1] {
                     t.len()
@@ -369,10 +547,11 @@ impl PromptTokenizer {
                     0
                 };
         }
-        for (i, seg) in segments.iter().enumerate() {
+        for (i, (seg, &seg_end)) in segments.iter().zip(ends).enumerate().skip(start) {
             let t = match *seg {
                 Segment::Added(id) => {
                     out.ids.push(id);
+                    *last = [last[1], Some(out.boundary(seg_end))];
                     continue;
                 }
                 Segment::Text(t) => t,
@@ -428,6 +607,11 @@ impl PromptTokenizer {
     /// Bytes currently held by the segment cache.
     pub fn cache_bytes(&self) -> usize {
         self.cache.lock().bytes
+    }
+
+    /// Bytes currently held by the prefix memo.
+    pub fn memo_bytes(&self) -> usize {
+        self.memo.lock().bytes()
     }
 }
 

@@ -9,6 +9,12 @@ fn load(cache_bytes: usize) -> PromptTokenizer {
         .unwrap_or_else(|e| panic!("{e} (run `make setup` for the DeepSeek tokenizer)"))
 }
 
+/// Without the prefix memo: for tests of the segment cache and of the stop rule (a memo hit
+/// gives exact ids past where tokenizing from scratch would stop).
+fn load_without_memo(cache_bytes: usize) -> PromptTokenizer {
+    load(cache_bytes).with_memo_bytes(0)
+}
+
 /// Text with every kind of boundary a BPE pre-tokenizer cares about: words, digit runs, CJK and
 /// kana runs, punctuation, whitespace runs, newlines, emoji, and added tokens written by users.
 fn random_text(rng: &mut StdRng, words: usize) -> String {
@@ -110,23 +116,184 @@ fn incremental_ids_equal_full_tokenization_over_many_conversations() {
 
 #[test]
 fn a_new_turn_only_tokenizes_its_new_segments() {
+    for memo in [false, true] {
+        let tok = if memo {
+            load(8 * 1024 * 1024)
+        } else {
+            load_without_memo(8 * 1024 * 1024)
+        };
+        let mut rng = StdRng::seed_from_u64(11);
+        let mut history = vec![
+            msg("system", random_text(&mut rng, 200)),
+            msg("user", "first question".into()),
+        ];
+        let mut stats = CacheStats::default();
+        tok.tokens(&RequestInput::Messages(history.clone()), &mut stats)
+            .unwrap();
+        history.push(msg("assistant", "an answer".into()));
+        history.push(msg("user", "a follow-up".into()));
+        let mut stats = CacheStats::default();
+        tok.tokens(&RequestInput::Messages(history), &mut stats)
+            .unwrap();
+        // New: the answer and the follow-up. Everything else comes from the memo (the whole
+        // previous prompt, no segment looked up) or, without it, from the segment cache.
+        assert_eq!(stats.misses, 2, "memo {memo}: {stats:?}");
+        if memo {
+            assert_eq!((stats.memo_hits, stats.hits), (1, 0), "{stats:?}");
+        } else {
+            assert!(stats.hits >= 2, "{stats:?}");
+            assert_eq!(stats.memo_hits + stats.memo_misses, 0, "{stats:?}");
+        }
+    }
+}
+
+/// Ids, chains and locals of a full encode of `rendered`.
+fn full_blocks(
+    tok: &PromptTokenizer,
+    rendered: &str,
+    block: usize,
+    seed: u64,
+) -> (
+    Vec<u32>,
+    Vec<SequenceHash>,
+    Vec<kvmesh_core::hashing::LocalBlockHash>,
+) {
+    let ids = tok.tokenizer().encode(rendered).unwrap();
+    let chains = kvmesh_core::hashing::sequence_hashes(&ids, block, seed);
+    let locals = kvmesh_core::hashing::local_block_hashes(&ids, block, seed);
+    (ids, chains, locals)
+}
+
+#[test]
+fn twenty_turns_resume_from_the_memo_with_the_ids_of_a_full_encode() {
     let tok = load(8 * 1024 * 1024);
-    let mut rng = StdRng::seed_from_u64(11);
-    let mut history = vec![
-        msg("system", random_text(&mut rng, 200)),
-        msg("user", "first question".into()),
-    ];
-    let mut stats = CacheStats::default();
-    tok.tokens(&RequestInput::Messages(history.clone()), &mut stats)
-        .unwrap();
-    history.push(msg("assistant", "an answer".into()));
-    history.push(msg("user", "a follow-up".into()));
-    let mut stats = CacheStats::default();
-    tok.tokens(&RequestInput::Messages(history), &mut stats)
-        .unwrap();
-    // New: the answer and the follow-up. Everything else comes from the cache.
-    assert_eq!(stats.misses, 2, "{stats:?}");
-    assert!(stats.hits >= 2, "{stats:?}");
+    let mut rng = StdRng::seed_from_u64(16);
+    let (mut turns, mut hits) = (0, 0);
+    for conversation in 0..6 {
+        let mut history = vec![msg("system", random_text(&mut rng, 40))];
+        for turn in 0..20 {
+            let n = rng.gen_range(1..50);
+            history.push(msg("user", random_text(&mut rng, n)));
+            let input = RequestInput::Messages(history.clone());
+            let rendered = tok.template.render(&history, true).unwrap();
+            // Mostly the route's block size; sometimes another one or a salt (hashed again from
+            // the memo's ids), sometimes plain ids.
+            let (block, seed) = match turn % 5 {
+                3 => (32, 1337),
+                4 => (16, 99),
+                _ => (16, 1337),
+            };
+            let mut stats = CacheStats::default();
+            let got = if turn % 7 == 6 {
+                let ids = tok.tokens(&input, &mut stats).unwrap();
+                assert_eq!(ids, tok.tokenizer().encode(&rendered).unwrap());
+                None
+            } else {
+                Some(
+                    tok.tokens_until(&input, &mut Reach::whole_blocks(block, seed), &mut stats)
+                        .unwrap(),
+                )
+            };
+            if let Some(got) = got {
+                let (ids, chains, locals) = full_blocks(&tok, &rendered, block, seed);
+                assert!(got.complete(), "conversation {conversation} turn {turn}");
+                assert_eq!(
+                    got.ids, ids,
+                    "conversation {conversation} turn {turn}: {rendered:?}"
+                );
+                assert_eq!(
+                    got.chains, chains,
+                    "conversation {conversation} turn {turn}"
+                );
+                assert_eq!(
+                    got.locals, locals,
+                    "conversation {conversation} turn {turn}"
+                );
+            }
+            // Every turn after the first resumes from the previous one's prompt.
+            let want = u64::from(turn > 0);
+            assert_eq!(
+                (stats.memo_hits, stats.memo_misses),
+                (want, 1 - want),
+                "conversation {conversation} turn {turn}: {stats:?}"
+            );
+            hits += stats.memo_hits;
+            turns += 1;
+            let n = rng.gen_range(1..40);
+            history.push(msg("assistant", random_text(&mut rng, n)));
+        }
+    }
+    assert_eq!((turns, hits), (120, 114));
+}
+
+#[test]
+fn siblings_and_edited_histories_resume_only_where_the_text_is_the_same() {
+    let tok = load(8 * 1024 * 1024);
+    let mut rng = StdRng::seed_from_u64(17);
+    let mut history = vec![msg("system", random_text(&mut rng, 40))];
+    for _ in 0..8 {
+        history.push(msg("user", random_text(&mut rng, 30)));
+        history.push(msg("assistant", random_text(&mut rng, 30)));
+    }
+    let check = |messages: &[ChatMessage], what: &str| -> CacheStats {
+        let mut stats = CacheStats::default();
+        let got = tok
+            .tokens_until(
+                &RequestInput::Messages(messages.to_vec()),
+                &mut Reach::whole_blocks(16, 1337),
+                &mut stats,
+            )
+            .unwrap();
+        let rendered = tok.template.render(messages, true).unwrap();
+        let (ids, chains, _) = full_blocks(&tok, &rendered, 16, 1337);
+        assert_eq!((got.ids, got.chains), (ids, chains), "{what}");
+        stats
+    };
+    check(&history, "the shared prefix");
+    // Siblings: different new turns on the same prefix, each resuming from it.
+    for i in 0..4 {
+        let mut m = history.clone();
+        m.push(msg(
+            "user",
+            format!("sibling {i}: {}", random_text(&mut rng, 20)),
+        ));
+        assert_eq!(check(&m, "sibling").memo_hits, 1);
+    }
+    // An edited earlier message (one character, and one that writes an added token into it):
+    // the memo may resume only before the edit, and the ids stay exact.
+    for edit in ["X", "<｜User｜>", "<｜Assistant｜>"] {
+        let mut m = history.clone();
+        m[5].content.insert_str(0, edit);
+        m.push(msg("user", "after an edit".into()));
+        check(&m, edit);
+    }
+    // A prompt that ends exactly at a remembered boundary, and the same prompt again.
+    check(&history, "the prefix again");
+    check(&history, "the prefix again");
+}
+
+#[test]
+fn completions_prompts_resume_from_the_memo_too() {
+    let tok = load(1 << 20);
+    let mut rng = StdRng::seed_from_u64(18);
+    let mut text = String::new();
+    for i in 0..10 {
+        text.push_str(&random_text(&mut rng, 30));
+        text.push_str("<｜end▁of▁sentence｜>");
+        let mut stats = CacheStats::default();
+        let ids = tok
+            .tokens(
+                &RequestInput::Prompt(Prompt::Text(text.clone())),
+                &mut stats,
+            )
+            .unwrap();
+        assert_eq!(ids, tok.tokenizer().encode(&text).unwrap(), "step {i}");
+        // random_text writes added tokens itself: every step after the first resumes somewhere.
+        if i > 0 {
+            assert_eq!(stats.memo_hits, 1, "step {i}: {stats:?}");
+        }
+    }
+    assert!(tok.memo_bytes() > 0 && tok.memo_bytes() <= DEFAULT_MEMO_BYTES);
 }
 
 #[test]
@@ -348,7 +515,7 @@ fn long_chat(rng: &mut StdRng, words: usize) -> RequestInput {
 
 #[test]
 fn a_cold_prompt_stops_after_its_first_unheld_block_and_its_sample() {
-    let tok = load(8 << 20);
+    let tok = load_without_memo(8 << 20);
     let mut rng = StdRng::seed_from_u64(21);
     let input = long_chat(&mut rng, 20_000);
     let full = tok.tokens(&input, &mut CacheStats::default()).unwrap();
@@ -464,7 +631,7 @@ fn token_prompts_are_whole_and_hashed() {
 #[test]
 fn a_tail_shorter_than_the_cold_work_is_tokenized_not_estimated() {
     // The disaggregation case: 1024 exact tokens needed of a ~1.7k-token cold prompt.
-    let tok = load(0);
+    let tok = load_without_memo(0);
     let mut rng = StdRng::seed_from_u64(44);
     let input = long_chat(&mut rng, 1400);
     let full = tok.tokens(&input, &mut CacheStats::default()).unwrap();

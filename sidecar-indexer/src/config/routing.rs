@@ -120,6 +120,8 @@ pub struct RoutingConfig {
     pub request_timeout_ms: u64,
     /// Memory bound of the incremental tokenization cache.
     pub tokenize_cache_bytes: usize,
+    /// Memory bound of the tokenization prefix memo (0 = off; tokenize.rs "A warm route costs its new text").
+    pub tokenize_memo_bytes: usize,
     /// Approximate mode: how long a routed prompt's blocks count as cached on the chosen worker.
     pub approx_ttl_secs: u64,
     /// Approximate mode: most blocks remembered per worker (oldest forgotten first).
@@ -217,6 +219,7 @@ impl Default for RoutingConfig {
             max_body_bytes: 16 * 1024 * 1024,
             request_timeout_ms: 15_000,
             tokenize_cache_bytes: 64 * 1024 * 1024,
+            tokenize_memo_bytes: crate::tokenize::DEFAULT_MEMO_BYTES,
             approx_ttl_secs: 120,
             approx_max_blocks_per_worker: 200_000,
             reload_poll_ms: 1000,

@@ -109,6 +109,8 @@ pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
         metrics.tokenize_duration.observe(t0.elapsed().as_secs_f64());
         metrics.tokenize_cache.with_label_values(&["hit"]).inc_by(stats.hits);
         metrics.tokenize_cache.with_label_values(&["miss"]).inc_by(stats.misses);
+        metrics.tokenize_memo.with_label_values(&["hit"]).inc_by(stats.memo_hits);
+        metrics.tokenize_memo.with_label_values(&["miss"]).inc_by(stats.memo_misses);
         if cancel.is_cancelled() {
             metrics.route_cancelled.with_label_values(&["tokenizing"]).inc();
             tracing::debug!("route caller left during tokenization; result dropped");

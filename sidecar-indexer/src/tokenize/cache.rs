@@ -43,6 +43,10 @@ impl SegmentCache {
 /// Cache effect of one tokenization, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheStats {
+    /// Segments served from / added to the segment cache.
     pub hits: u64,
     pub misses: u64,
+    /// Prompts resumed from the prefix memo, and prompts with an added token that found none.
+    pub memo_hits: u64,
+    pub memo_misses: u64,
 }

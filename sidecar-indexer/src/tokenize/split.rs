@@ -118,13 +118,30 @@ impl SegmentSplitter {
 
     /// The segments of `text`, in order; concatenated they are `text`.
     pub fn split<'a>(&self, text: &'a str, out: &mut Vec<Segment<'a>>) {
+        self.split_with_ends(text, out, &mut Vec::new());
+    }
+
+    /// [`Self::split`], and in `ends` the byte offset in `text` where each segment ends.
+    pub fn split_with_ends<'a>(
+        &self,
+        text: &'a str,
+        out: &mut Vec<Segment<'a>>,
+        ends: &mut Vec<usize>,
+    ) {
         out.clear();
+        ends.clear();
         let mut first = Vec::new();
-        split_with(self.raw.as_ref(), text, &mut first);
-        for seg in first {
+        let mut first_ends = Vec::new();
+        split_with(self.raw.as_ref(), text, 0, &mut first, &mut first_ends);
+        for (seg, end) in first.into_iter().zip(first_ends) {
             match seg {
-                Segment::Text(t) => split_with(self.normalized.as_ref(), t, out),
-                added => out.push(added),
+                Segment::Text(t) => {
+                    split_with(self.normalized.as_ref(), t, end - t.len(), out, ends)
+                }
+                added => {
+                    out.push(added);
+                    ends.push(end);
+                }
             }
         }
     }
@@ -142,10 +159,17 @@ fn automaton(tokens: Vec<AddedTokenDecl>) -> Result<Option<(AhoCorasick, Vec<u32
     Ok(Some((ac, ids)))
 }
 
-fn split_with<'a>(ac: Option<&(AhoCorasick, Vec<u32>)>, text: &'a str, out: &mut Vec<Segment<'a>>) {
+fn split_with<'a>(
+    ac: Option<&(AhoCorasick, Vec<u32>)>,
+    text: &'a str,
+    base: usize,
+    out: &mut Vec<Segment<'a>>,
+    ends: &mut Vec<usize>,
+) {
     let Some((ac, ids)) = ac else {
         if !text.is_empty() {
             out.push(Segment::Text(text));
+            ends.push(base + text.len());
         }
         return;
     };
@@ -153,11 +177,14 @@ fn split_with<'a>(ac: Option<&(AhoCorasick, Vec<u32>)>, text: &'a str, out: &mut
     for m in ac.find_iter(text) {
         if m.start() > at {
             out.push(Segment::Text(&text[at..m.start()]));
+            ends.push(base + m.start());
         }
         out.push(Segment::Added(ids[m.pattern().as_usize()]));
+        ends.push(base + m.end());
         at = m.end();
     }
     if at < text.len() {
         out.push(Segment::Text(&text[at..]));
+        ends.push(base + text.len());
     }
 }
