@@ -8,7 +8,8 @@
 //! `after_burst`, `cold_chat_32k`, `cold_chat_128k`, `cold_document_32k`, `cold_document_128k`,
 //! `shared_prefix_48k`, `concurrent_64`) and `KVMESH_ROUTE_BENCH_SAMPLES=<n>` takes n samples of
 //! each: instruction counts under `valgrind --tool=callgrind` (repeatable on a loaded machine) are
-//! read as the difference of two runs with different n.
+//! read as the difference of two runs with different n. `KVMESH_ROUTE_BENCH_MEMO=0` turns the
+//! tokenization prefix memo off (`routing.tokenize_memo_bytes = 0`), for its before/after.
 //! With `KVMESH_BENCH_FIGURES=<file>` each figure is also appended to that file as one JSON line,
 //! for the benchmark report (`make bench`).
 
@@ -108,7 +109,10 @@ fn pcts(mut v: Vec<Duration>) -> (f64, f64) {
 fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let path = kvmesh_tokens::default_tokenizer_path();
-    let tok = PromptTokenizer::load(&path, None, "<｜begin▁of▁sentence｜>", 64 << 20)?;
+    let mut tok = PromptTokenizer::load(&path, None, "<｜begin▁of▁sentence｜>", 64 << 20)?;
+    if std::env::var("KVMESH_ROUTE_BENCH_MEMO").is_ok_and(|v| v == "0") {
+        tok = tok.with_memo_bytes(0);
+    }
     let plain = tokenizers::Tokenizer::from_file(&path).map_err(anyhow::Error::msg)?;
     let template = kvmesh_tokens::ChatTemplate::deepseek()?;
     let config = Config::from_toml_str(&fleet(), &MapEnv::default())?;
@@ -123,7 +127,7 @@ fn main() -> anyhow::Result<()> {
     let rendered = template.render(&history, true)?;
     let n_tokens = plain.encode_fast(rendered.as_str(), false).map(|e| e.len()).map_err(anyhow::Error::msg)?;
     if runs("continuation") || runs("after_burst") {
-        rt.block_on(route(&app, body(&history)))?;
+        routed_whole(&rt, &app, &svc, body(&history))?;
         // As the engine's KV events would: worker w0 holds the routed history.
         hold(&svc, &plain, &template, &history)?;
     }
@@ -205,6 +209,21 @@ fn after_burst(rt: &tokio::runtime::Runtime, app: &axum::Router, svc: &Service, 
     Ok(())
 }
 
+/// Routes `body` (cold: tokenized only as far as it can match) and waits until its tokenization
+/// was finished off the request path (`kvmesh_tokenize_background_total`), as it is long before the
+/// conversation's next turn arrives: the prefix memo then holds the whole prompt.
+fn routed_whole(rt: &tokio::runtime::Runtime, app: &axum::Router, svc: &Service, body: String) -> anyhow::Result<()> {
+    let finished = || ["done", "skipped", "failed"].iter().map(|r| svc.state.metrics.tokenize_background.with_label_values(&[r]).get()).sum::<u64>();
+    let before = finished();
+    rt.block_on(route(app, body))?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while finished() == before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    anyhow::ensure!(finished() > before, "the background tokenization did not finish");
+    Ok(())
+}
+
 /// Records in the index that worker w0 holds `messages`' rendered prompt (what its engine's
 /// `BlockStored` events would say), so a continuation is warm in the index, not only in the cache.
 fn hold(svc: &Service, plain: &tokenizers::Tokenizer, template: &kvmesh_tokens::ChatTemplate, messages: &[ChatMessage]) -> anyhow::Result<usize> {
@@ -266,7 +285,7 @@ fn long_prompts(rt: &tokio::runtime::Runtime, app: &axum::Router, svc: &Service,
         return Ok(());
     }
     let prefix = conversation(rng, 48_000);
-    rt.block_on(route(app, body(&prefix)))?;
+    routed_whole(rt, app, svc, body(&prefix))?;
     let tokens = hold(svc, plain, template, &prefix)?;
     if runs("shared_prefix_48k") {
         shared_prefix(rt, app, &prefix, tokens, rng)?;

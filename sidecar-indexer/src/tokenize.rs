@@ -217,13 +217,7 @@ impl Partial {
         previous: Option<Boundary>,
     ) -> Vec<MemoEntry> {
         self.hash_new_blocks();
-        let blocks = |b: &Boundary| {
-            if self.block_size == 0 {
-                0
-            } else {
-                b.ids / self.block_size
-            }
-        };
+        let blocks = |b: &Boundary| b.ids.checked_div(self.block_size).unwrap_or(0);
         let n = blocks(&last);
         let (Some(t), Some(ids), Some(chains), Some(locals)) = (
             text.get(..last.at),
@@ -481,7 +475,7 @@ impl PromptTokenizer {
         // the generation prompt's added token; the next request may continue before it, e.g.
         // with a user turn after an assistant one). Nothing new when it resumed at the last.
         if let [previous, Some(b)] = last {
-            if resumed.map_or(true, |r| b.at > r.at) && self.memo.lock().enabled() {
+            if resumed.is_none_or(|r| b.at > r.at) && self.memo.lock().enabled() {
                 let entries = out.memo_entries(text, b, previous);
                 let mut memo = self.memo.lock();
                 for e in entries {
