@@ -273,6 +273,70 @@ fn siblings_and_edited_histories_resume_only_where_the_text_is_the_same() {
 }
 
 #[test]
+fn a_memo_hit_then_the_stop_rule_keeps_the_ids_exact() {
+    // The previous turn is remembered whole; the next one is held by nobody (the index lost it):
+    // the prefix comes from the memo, the held probe sees all its blocks at once, and what is
+    // tokenized past them stays a prefix of the full encode.
+    let tok = load(8 << 20);
+    let mut rng = StdRng::seed_from_u64(19);
+    let RequestInput::Messages(mut history) = long_chat(&mut rng, 6_000) else {
+        unreachable!("long_chat is a chat")
+    };
+    tok.tokens_until(
+        &RequestInput::Messages(history.clone()),
+        &mut Reach::whole_blocks(16, 1337),
+        &mut CacheStats::default(),
+    )
+    .unwrap();
+    history.push(msg("assistant", words_text(&mut rng, 50)));
+    history.push(msg("user", words_text(&mut rng, 3_000)));
+    let rendered = tok.template.render(&history, true).unwrap();
+    let (ids, chains, _) = full_blocks(&tok, &rendered, 16, 1337);
+    for held_blocks in [0usize, 100, usize::MAX] {
+        let mut probes = Vec::new();
+        let mut held = |c: &[SequenceHash]| {
+            probes.push(c.len());
+            c.len().min(held_blocks)
+        };
+        let mut stats = CacheStats::default();
+        let got = tok
+            .tokens_until(
+                &RequestInput::Messages(history.clone()),
+                &mut Reach::new(16, 1337, 0, &mut held),
+                &mut stats,
+            )
+            .unwrap();
+        assert_eq!(stats.memo_hits, 1, "held {held_blocks}: {stats:?}");
+        assert_eq!(&ids[..got.ids.len()], &got.ids[..], "held {held_blocks}");
+        assert_eq!(
+            &chains[..got.chains.len()],
+            &got.chains[..],
+            "held {held_blocks}"
+        );
+        // The first probe already sees every remembered block.
+        assert!(
+            probes[0] >= 6_000 / 16,
+            "held {held_blocks}: probes {probes:?}"
+        );
+        if held_blocks == usize::MAX {
+            assert!(got.complete() && got.ids == ids);
+        } else {
+            assert!(
+                !got.complete(),
+                "held {held_blocks}: the long new turn is estimated"
+            );
+            let err = (got.tokens() as f64 - ids.len() as f64) / ids.len() as f64;
+            assert!(
+                err.abs() < 0.05,
+                "held {held_blocks}: {} vs {}",
+                got.tokens(),
+                ids.len()
+            );
+        }
+    }
+}
+
+#[test]
 fn completions_prompts_resume_from_the_memo_too() {
     let tok = load(1 << 20);
     let mut rng = StdRng::seed_from_u64(18);
