@@ -325,13 +325,7 @@ fn a_memo_hit_then_the_stop_rule_keeps_the_ids_exact() {
                 !got.complete(),
                 "held {held_blocks}: the long new turn is estimated"
             );
-            let err = (got.tokens() as f64 - ids.len() as f64) / ids.len() as f64;
-            assert!(
-                err.abs() < 0.05,
-                "held {held_blocks}: {} vs {}",
-                got.tokens(),
-                ids.len()
-            );
+            assert_estimate_within(&got, ids.len(), 0.05, &format!("held {held_blocks}"));
         }
     }
 }
@@ -568,6 +562,16 @@ fn chunked_pieces_encode_like_the_whole() {
     }
 }
 
+/// The estimated length of `got` is within `bound` (relative) of the `full` token count.
+fn assert_estimate_within(got: &PromptTokens, full: usize, bound: f64, what: &str) {
+    let err = (got.tokens() as f64 - full as f64) / full as f64;
+    assert!(
+        err.abs() < bound,
+        "{what}: estimated {} vs {full} tokens",
+        got.tokens()
+    );
+}
+
 fn long_chat(rng: &mut StdRng, words: usize) -> RequestInput {
     RequestInput::Messages(vec![
         msg("system", "You answer from the document.".into()),
@@ -631,13 +635,7 @@ fn a_cold_prompt_stops_after_its_first_unheld_block_and_its_sample() {
             "held {held_blocks} past {past}: {} ids for {needed} needed",
             got.ids.len()
         );
-        let err = (got.tokens() as f64 - full.len() as f64) / full.len() as f64;
-        assert!(
-            err.abs() < 0.05,
-            "held {held_blocks}: estimated {} vs {} tokens",
-            got.tokens(),
-            full.len()
-        );
+        assert_estimate_within(&got, full.len(), 0.05, &format!("held {held_blocks}"));
     }
 }
 
