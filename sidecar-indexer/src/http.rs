@@ -174,7 +174,7 @@ fn release_done(state: &AppState, report: &DoneReport) -> bool {
         let mut load = state.load.lock();
         match report.booking_id.as_deref() {
             Some(wire) => load.parse_wire_id(wire).and_then(|id| load.release(id)),
-            None => load.release_request(&report.request_id),
+            None => load.release_request(&report.request_id, crate::clock::now()),
         }
     };
     // The report names the host that served (the filter reads Envoy's `upstream.address`); after

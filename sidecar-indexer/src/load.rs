@@ -43,7 +43,15 @@ pub struct Booking {
 pub struct Expired {
     pub timeout: u64,
     pub overflow: u64,
+    /// Booked after its request's `/v1/done` already came (released at once).
+    pub done_first: u64,
 }
+
+/// How long a `/v1/done` that matched no booking waits for its booking, and how many wait. A
+/// route call the filter gave up on (timeout, an indexer stopped and resumed) can be answered after
+/// the report the filter sent for it: without this, that booking would hold load until `expiry`.
+pub const EARLY_DONE_TTL: Duration = Duration::from_secs(60);
+pub const EARLY_DONE_MAX: usize = 4096;
 
 /// Booked load per booking and per worker.
 #[derive(Debug)]
@@ -52,6 +60,8 @@ pub struct LoadTracker {
     /// request id → its live bookings, oldest first (only for legacy `/v1/done` reports).
     by_request: HashMap<String, Vec<BookingId>>,
     per_worker: HashMap<String, WorkerLoad>,
+    /// Request ids whose `/v1/done` (without a booking id) matched nothing yet ([`EARLY_DONE_TTL`]).
+    early_done: ExpiringMap<String, ()>,
     next: u64,
     nonce: u32,
 }
@@ -66,6 +76,7 @@ impl LoadTracker {
             bookings: ExpiringMap::new(expiry, max_bookings),
             by_request: HashMap::new(),
             per_worker: HashMap::new(),
+            early_done: ExpiringMap::new(EARLY_DONE_TTL, EARLY_DONE_MAX),
             next: 0,
             nonce,
         }
@@ -91,6 +102,10 @@ impl LoadTracker {
         let b = Booking { worker: worker.to_owned(), blocks, prefill_tokens, at: now, request_id: request_id.map(str::to_owned), session: None };
         self.bookings.insert(id, b, now);
         let mut expired = self.expire(now);
+        if request_id.is_some_and(|r| self.early_done.remove(&r.to_owned()).is_some()) {
+            self.release(id);
+            expired.done_first += 1;
+        }
         while let Some((oldest, b)) = self.bookings.pop_over_cap() {
             self.unbook(oldest, &b);
             expired.overflow += 1;
@@ -140,10 +155,18 @@ impl LoadTracker {
         }
     }
 
-    /// Releases the oldest live booking made for `request_id` (reports without a booking id).
-    pub fn release_request(&mut self, request_id: &str) -> Option<Booking> {
-        let id = *self.by_request.get(request_id)?.first()?;
-        self.release(id)
+    /// Releases the oldest live booking made for `request_id` (reports without a booking id); when
+    /// there is none, the next booking under that id within [`EARLY_DONE_TTL`] is released as it
+    /// is made.
+    pub fn release_request(&mut self, request_id: &str, now: Instant) -> Option<Booking> {
+        match self.by_request.get(request_id).and_then(|ids| ids.first()).copied() {
+            Some(id) => self.release(id),
+            None => {
+                self.early_done.insert(request_id.to_owned(), (), now);
+                while self.early_done.pop_over_cap().is_some() {}
+                None
+            }
+        }
     }
 
     /// Releases every booking at least `expiry` old; never a younger one.
@@ -153,6 +176,7 @@ impl LoadTracker {
             self.unbook(id, &b);
             expired.timeout += 1;
         }
+        while self.early_done.pop_expired(now).is_some() {}
         expired
     }
 
@@ -238,11 +262,41 @@ mod tests {
         // Legacy reports by request id release one booking each, oldest first.
         let a = l.book("w0", 1, 0, Some("x"), t0).0;
         l.book("w1", 1, 0, Some("x"), t0);
-        assert_eq!(l.release_request("x").map(|b| b.worker), Some("w0".into()));
+        assert_eq!(l.release_request("x", t0).map(|b| b.worker), Some("w0".into()));
         assert_eq!(l.release(a), None);
-        assert_eq!(l.release_request("x").map(|b| b.worker), Some("w1".into()));
-        assert_eq!(l.release_request("x"), None);
+        assert_eq!(l.release_request("x", t0).map(|b| b.worker), Some("w1".into()));
         assert_eq!(l.tracked_entries(), 0);
+    }
+
+    #[test]
+    fn a_done_report_that_comes_before_its_booking_releases_it_as_it_is_made() {
+        // A route call the filter gave up on (the indexer was stopped), answered after SIGCONT,
+        // after the filter's report for it.
+        let t0 = Instant::now();
+        let mut l = LoadTracker::new(secs(600), 10, 7);
+        assert_eq!(l.release_request("late", t0), None);
+        let (id, expired) = l.book("w0", 4, 100, Some("late"), t0 + secs(1));
+        assert_eq!(expired.done_first, 1);
+        assert_eq!(l.worker("w0"), WorkerLoad::default(), "released at once");
+        assert_eq!(l.release(id), None, "and only once");
+        // The report is used up: the next booking under that id is booked.
+        let (_, expired) = l.book("w0", 4, 100, Some("late"), t0 + secs(2));
+        assert_eq!((expired.done_first, l.worker("w0").active_requests), (0, 1));
+        // An early report waits EARLY_DONE_TTL, no longer; other ids are not touched.
+        assert_eq!(l.release_request("gone", t0), None);
+        let (_, expired) = l.book("w1", 1, 0, Some("other"), t0 + secs(3));
+        assert_eq!(expired.done_first, 0);
+        let (_, expired) = l.book("w1", 1, 0, Some("gone"), t0 + EARLY_DONE_TTL + secs(1));
+        assert_eq!((expired.done_first, l.worker("w1").active_requests), (0, 2));
+        // Bounded: at most EARLY_DONE_MAX wait (the oldest forgotten first).
+        for i in 0..EARLY_DONE_MAX + 10 {
+            l.release_request(&format!("r{i}"), t0 + secs(100));
+        }
+        assert_eq!(l.early_done.len(), EARLY_DONE_MAX);
+        let (_, expired) = l.book("w2", 1, 0, Some("r0"), t0 + secs(101));
+        assert_eq!(expired.done_first, 0, "the oldest was forgotten");
+        let (_, expired) = l.book("w2", 1, 0, Some("r20"), t0 + secs(101));
+        assert_eq!(expired.done_first, 1);
     }
 
     #[test]
@@ -255,7 +309,7 @@ mod tests {
         let (b, _) = l.book("w0", 4, 0, Some("b"), t0 + secs(599));
         assert_eq!(l.expire(t0 + secs(600)), Expired::default());
         assert_eq!(l.worker("w0").active_blocks, 4);
-        assert_eq!(l.expire(t0 + secs(1199)), Expired { timeout: 1, overflow: 0 });
+        assert_eq!(l.expire(t0 + secs(1199)), Expired { timeout: 1, ..Expired::default() });
         assert_eq!(l.release(b), None);
         assert!(l.is_empty());
     }
@@ -267,7 +321,7 @@ mod tests {
         l.book("w0", 3, 0, None, t0);
         let (new, _) = l.book("w0", 4, 0, None, t0 + secs(5));
         assert_eq!(l.expire(t0 + secs(9)), Expired::default());
-        assert_eq!(l.expire(t0 + secs(10)), Expired { timeout: 1, overflow: 0 });
+        assert_eq!(l.expire(t0 + secs(10)), Expired { timeout: 1, ..Expired::default() });
         assert_eq!(l.worker("w0").active_blocks, 4);
         l.release(new);
         assert_eq!(l.expire(t0 + secs(100)), Expired::default(), "a released booking is not expired again");
@@ -325,6 +379,6 @@ mod tests {
         l.remove_worker("w0");
         assert_eq!(l.len(), 1);
         assert_eq!(l.worker("w0"), WorkerLoad::default());
-        assert_eq!(l.release_request("a"), None);
+        assert_eq!(l.release_request("a", t0), None);
     }
 }

@@ -35,6 +35,10 @@ impl<'a> BookingGuard<'a> {
         if expired.overflow > 0 {
             state.metrics.load_expired.with_label_values(&["overflow"]).inc_by(expired.overflow);
         }
+        if expired.done_first > 0 {
+            state.metrics.load_expired.with_label_values(&["done_first"]).inc_by(expired.done_first);
+            tracing::info!(request_id = request_id.unwrap_or("-"), worker, "booked after its /v1/done already came (a route call answered after the filter gave up on it); released at once");
+        }
         Self { state, id: Some(id), wire: load.wire_id(id), primary }
     }
 
