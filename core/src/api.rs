@@ -69,6 +69,9 @@ pub enum ReasonCode {
     OverrideIgnored,
     /// A session with no home yet (placed by prediction).
     NewSession,
+    /// A request opening a conversation was kept off workers carrying more than `session_balance`
+    /// × the fleet's mean recent prompt tokens.
+    Balanced,
     // The mode.
     /// `x-kvmesh-mode: aggregate`.
     AggregateRequested,
@@ -110,6 +113,7 @@ impl ReasonCode {
             Self::LowestCost => "lowest_cost",
             Self::OverrideIgnored => "override_ignored",
             Self::NewSession => "new_session",
+            Self::Balanced => "balanced",
             Self::AggregateRequested => "aggregate_requested",
             Self::BelowPrefillThreshold => "below_prefill_threshold",
             Self::LocalContinuation => "local_continuation",
@@ -126,7 +130,7 @@ impl ReasonCode {
     }
 
     /// Every code but [`Self::Other`].
-    pub const ALL: [Self; 19] = [
+    pub const ALL: [Self; 20] = [
         Self::Override,
         Self::SessionPin,
         Self::SessionMoved,
@@ -135,6 +139,7 @@ impl ReasonCode {
         Self::LowestCost,
         Self::OverrideIgnored,
         Self::NewSession,
+        Self::Balanced,
         Self::AggregateRequested,
         Self::BelowPrefillThreshold,
         Self::LocalContinuation,

@@ -81,6 +81,18 @@ pub struct OpenAiRequest {
     pub conversation_anchor: Option<u64>,
 }
 
+impl OpenAiRequest {
+    /// Whether the request opens a conversation: a chat whose messages carry no earlier turn (no
+    /// `assistant`, `tool` or `function` message), so no engine can hold its history yet. A
+    /// completions prompt has no turns to tell: false.
+    pub fn opens_conversation(&self) -> bool {
+        match &self.input {
+            RequestInput::Messages(m) => !m.iter().any(|m| matches!(m.role.as_str(), "assistant" | "tool" | "function")),
+            RequestInput::Prompt(_) => false,
+        }
+    }
+}
+
 /// Why a body cannot be read as a routable request. The request still goes to an engine, which
 /// answers it with its own error; these only explain why kvmesh did not route by content.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -328,6 +340,24 @@ mod tests {
     }
     fn chat(body: &str) -> Result<OpenAiRequest, ParseError> {
         parse(Endpoint::ChatCompletions, body.as_bytes())
+    }
+
+    #[test]
+    fn opening_a_conversation() {
+        let sys = r#"{"role":"system","content":"s"}"#;
+        let user = r#"{"role":"user","content":"u"}"#;
+        let cases = [
+            (format!("[{sys},{user}]"), true),
+            (format!("[{user}]"), true),
+            (format!("[{sys},{user},{{\"role\":\"assistant\",\"content\":\"a\"}},{user}]"), false),
+            (format!("[{sys},{user},{{\"role\":\"tool\",\"content\":\"t\"}}]"), false),
+            (format!("[{sys},{{\"role\":\"function\",\"content\":\"f\"}}]"), false),
+        ];
+        for (messages, opens) in cases {
+            let r = chat(&format!(r#"{{"messages":{messages}}}"#)).expect("chat");
+            assert_eq!(r.opens_conversation(), opens, "{messages}");
+        }
+        assert!(!completions(r#"{"prompt":"hi"}"#).expect("completions").opens_conversation());
     }
 
     #[test]

@@ -36,7 +36,7 @@ use rand::Rng;
 use crate::config::{RoutingConfig, SessionPlacement};
 use crate::modes::{choose_mode, ModeInput};
 pub use pick::overloaded;
-pub(crate) use pick::{fallbacks, pick, score, Scored};
+pub(crate) use pick::{balanced, fallbacks, pick, score, Scored};
 pub use plan::{Basis, DecideError, Leg, Plan, RouteInput, WorkerView, BASES};
 
 /// Decides where the request goes and in which mode.
@@ -179,7 +179,11 @@ fn decide_worker<R: Rng + ?Sized>(
             // the session elsewhere: so the home is the worker holding most of the prompt by the
             // index (its `kv_home`, else its rendezvous worker, when several hold as much), and
             // `kv_home` only when the index does not tell the workers apart. Without either (new,
-            // or forgotten) the session is placed by prediction.
+            // or forgotten) the session is placed by prediction. A request opening a conversation
+            // has no history anywhere: what the index shows of it is a prefix shared with other
+            // conversations (a system prompt), and pinning it to that prefix's holders is what
+            // piles every new conversation onto them; only its own `kv_home` (a retried first
+            // turn) is a home.
             SessionPlacement::Predicted | SessionPlacement::Sticky => {
                 let kv_home = input
                     .kv_home
@@ -189,7 +193,10 @@ fn decide_worker<R: Rng + ?Sized>(
                     .filter(|w| best_index > 0 && w.overlap_blocks == best_index)
                     .map(|w| w.id)
                     .collect();
-                if holders.is_empty() || holders.len() == candidates.len() {
+                if input.opens_conversation
+                    || holders.is_empty()
+                    || holders.len() == candidates.len()
+                {
                     kv_home
                 } else {
                     kv_home
@@ -209,16 +216,18 @@ fn decide_worker<R: Rng + ?Sized>(
                         .collect();
                     let best_other =
                         (!others.is_empty()).then(|| pick(&others, isl, None, cfg, rng).0);
-                    let gain = best_other.map_or(0.0, |o| home.ttft_s - o.ttft_s);
+                    let gain = best_other.map_or(0.0, |o| home.cost_s - o.cost_s);
                     let margin_s = (cfg.session_move_margin_ms / 1000.0)
                         .max(cfg.session_move_margin * home.ttft_s);
                     if let Some(o) = best_other.filter(|_| gain > margin_s) {
                         let reason = format!(
-                            "{prefix}session moved from {home_id} (source={src}): predicted {:.1} ms there {}, {} {:.1} ms (margin {:.1} ms); overlap {}/{isl} blocks{}",
+                            "{prefix}session moved from {home_id} (source={src}): predicted {:.1} ms there{} {}, {} {:.1} ms{} (margin {:.1} ms); overlap {}/{isl} blocks{}",
                             home.ms(),
+                            home.cost_note(),
                             load_note(&home),
                             o.w.id,
                             o.ms(),
+                            o.cost_note(),
                             margin_s * 1000.0,
                             o.w.overlap_blocks,
                             migrated_note(&o)
@@ -233,12 +242,13 @@ fn decide_worker<R: Rng + ?Sized>(
                         ));
                     }
                     let other = best_other.map_or(String::new(), |o| {
-                        format!(" (best other {} {:.1} ms)", o.w.id, o.ms())
+                        format!(" (best other {} {:.1} ms{})", o.w.id, o.ms(), o.cost_note())
                     });
                     let reason = format!(
-                        "{prefix}session pin {home_id} (source={src}): overlap {}/{isl} blocks, predicted {:.1} ms{other}",
+                        "{prefix}session pin {home_id} (source={src}): overlap {}/{isl} blocks, predicted {:.1} ms{}{other}",
                         home.w.overlap_blocks,
-                        home.ms()
+                        home.ms(),
+                        home.cost_note()
                     );
                     return Ok(finish(
                         input,
@@ -275,11 +285,24 @@ fn decide_worker<R: Rng + ?Sized>(
         prefix = format!("{prefix}new session: ");
     }
 
+    // A conversation's later turns follow its first: keep it off workers carrying more than their
+    // share of the recent load (`session_balance`).
+    let balanced = (input.opens_conversation && input.session.is_some())
+        .then(|| balanced(&guarded, cfg.session_balance))
+        .flatten();
+    let placeable: &[Scored<'_, '_>] = match &balanced {
+        Some((kept, note)) => {
+            pre.push(ReasonCode::Balanced);
+            prefix = format!("{prefix}{note}: ");
+            kept
+        }
+        None => &guarded,
+    };
     // A new session's near-tie preference: its rendezvous worker (see the module docs).
     let rendezvous_home = input
         .session
-        .and_then(|(key, _)| rendezvous::pick(key.0, guarded.iter().map(|s| s.w.id)));
-    let (chosen, inner, next) = pick(&guarded, isl, rendezvous_home, cfg, rng);
+        .and_then(|(key, _)| rendezvous::pick(key.0, placeable.iter().map(|s| s.w.id)));
+    let (chosen, inner, next) = pick(placeable, isl, rendezvous_home, cfg, rng);
     let max_cached = guarded
         .iter()
         .map(|s| s.w.cached_blocks())

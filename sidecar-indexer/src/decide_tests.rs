@@ -32,7 +32,9 @@ pub(crate) fn view(id: &'static str, overlap: u32, queued: u64) -> WorkerView<'s
             decode_batch: 0,
             prefill_tokens_per_s: TPS,
             decode_step_s: 0.02,
+            ..WorkerTiming::default()
         },
+        recent_tokens_per_s: 0.0,
     }
 }
 
@@ -46,6 +48,7 @@ fn input(tokens: usize) -> RouteInput<'static> {
         override_mode: None,
         continuation: false,
         kv_home: None,
+        opens_conversation: false,
     }
 }
 
@@ -406,6 +409,147 @@ fn new_sessions_go_where_predicted_fastest() {
 }
 
 #[test]
+fn a_conversation_opening_is_placed_by_cost_not_pinned_to_a_shared_prefix() {
+    // w1 holds 30 of 40 blocks — a system prompt other conversations share — and has 800 tokens
+    // queued: 96 ms; w2 holds nothing and is idle: 64 ms. A later turn of the session stays on w1
+    // (32 ms faster elsewhere is within the 50 ms margin); a first turn has no history anywhere
+    // and goes where it is cheapest.
+    let cfg = RoutingConfig::default();
+    let workers = vec![view("w1", 30, 800), view("w2", 0, 0)];
+    let later = decide(&session(640, None), &workers, &cfg, &mut rng()).unwrap();
+    assert_eq!(
+        (later.worker.as_str(), later.basis),
+        ("w1", Basis::SessionPin),
+        "{}",
+        later.reason
+    );
+    let first = RouteInput {
+        opens_conversation: true,
+        ..session(640, None)
+    };
+    let plan = decide(&first, &workers, &cfg, &mut rng()).unwrap();
+    assert_eq!(
+        (plan.worker.as_str(), plan.basis),
+        ("w2", Basis::LowestCost),
+        "{}",
+        plan.reason
+    );
+    assert_eq!(
+        plan.reason_codes,
+        [ReasonCode::NewSession, ReasonCode::LowestCost],
+        "{}",
+        plan.reason
+    );
+    // A retried first turn goes back to where it was served (its own `kv_home`).
+    let retried = RouteInput {
+        kv_home: Some("w1"),
+        ..first
+    };
+    let plan = decide(&retried, &workers, &cfg, &mut rng()).unwrap();
+    assert_eq!(
+        (plan.worker.as_str(), plan.basis),
+        ("w1", Basis::SessionPin),
+        "{}",
+        plan.reason
+    );
+}
+
+#[test]
+fn cost_prices_recompute_by_the_requests_behind_it() {
+    // (w1 queue, w2 queue, arrivals/s per worker, want); w1 holds 30 of 40 blocks, w2 nothing.
+    // 640 tokens, TPS 10k: recomputing the prompt is 64 ms of prefill.
+    let cases = [
+        // Idle fleet: w2 (64 ms) beats w1 (70 ms queue + 16 ms own).
+        (700, 0, 0.0, "w2"),
+        // 20 arrivals/s: w2's 64 ms recompute delays 20 × 0.064 = 1.3 requests by 64 ms (cost
+        // 146 ms); w1 computes 16 ms for the 1.7 behind it (cost 86 + 27.5 ms): the holder wins.
+        (700, 0, 20.0, "w1"),
+        // A long queue on the holder still loses: 2,000 queued tokens (216 + 69 ms) vs 146 ms.
+        (2000, 0, 20.0, "w2"),
+    ];
+    let cfg = RoutingConfig::default();
+    for (q1, q2, rate, want) in cases {
+        let mut w1 = view("w1", 30, q1);
+        let mut w2 = view("w2", 0, q2);
+        w1.timing.arrivals_per_s = rate;
+        w2.timing.arrivals_per_s = rate;
+        let plan = decide(&input(640), &[w1, w2], &cfg, &mut rng()).unwrap();
+        assert_eq!(plan.worker, want, "{q1} {q2} {rate}: {}", plan.reason);
+    }
+    // The work charge off (0): back to this request's TTFT alone.
+    let off = RoutingConfig {
+        work_charge: 0.0,
+        ..cfg
+    };
+    let mut w1 = view("w1", 30, 700);
+    let mut w2 = view("w2", 0, 0);
+    w1.timing.arrivals_per_s = 20.0;
+    w2.timing.arrivals_per_s = 20.0;
+    assert_eq!(
+        decide(&input(640), &[w1, w2], &off, &mut rng())
+            .unwrap()
+            .worker,
+        "w2"
+    );
+}
+
+#[test]
+fn a_conversation_opening_stays_off_workers_over_their_share_of_the_load() {
+    // w1 holds the shared system prompt (30 blocks) and was routed 3,000 prompt tokens/s
+    // recently, w2 and w3 1,000: mean 1,667, w1 1.8x. Share 1.1 keeps an opener off w1.
+    let mut w1 = view("w1", 30, 0);
+    w1.recent_tokens_per_s = 3000.0;
+    let mut w2 = view("w2", 0, 0);
+    w2.recent_tokens_per_s = 1000.0;
+    let mut w3 = view("w3", 0, 0);
+    w3.recent_tokens_per_s = 1000.0;
+    let workers = [w1, w2, w3];
+    let cfg = RoutingConfig::default();
+    let opener = RouteInput {
+        opens_conversation: true,
+        ..session(640, None)
+    };
+    let plan = decide(&opener, &workers, &cfg, &mut rng()).unwrap();
+    assert_ne!(plan.worker, "w1", "{}", plan.reason);
+    assert_eq!(
+        plan.reason_codes,
+        [
+            ReasonCode::NewSession,
+            ReasonCode::Balanced,
+            ReasonCode::LowestCost
+        ],
+        "{}",
+        plan.reason
+    );
+    assert!(
+        plan.reason.contains("balanced (w1 1.80x mean)"),
+        "{}",
+        plan.reason
+    );
+    // Not an opener (a request without a session, or a later turn): the load share is not read.
+    for req in [input(640), session(640, None)] {
+        let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
+        assert_eq!(plan.worker, "w1", "{}", plan.reason);
+        assert!(!plan.reason_codes.contains(&ReasonCode::Balanced));
+    }
+    // Off (0), or every worker over the share (nothing to balance to): by cost.
+    let off = RoutingConfig {
+        session_balance: 0.0,
+        ..cfg.clone()
+    };
+    assert_eq!(
+        decide(&opener, &workers, &off, &mut rng()).unwrap().worker,
+        "w1"
+    );
+    let all = RoutingConfig {
+        session_balance: 0.1,
+        ..cfg
+    };
+    let plan = decide(&opener, &workers, &all, &mut rng()).unwrap();
+    assert_eq!(plan.worker, "w1", "{}", plan.reason);
+}
+
+#[test]
 fn rendezvous_homes_agree_with_the_fleet_snapshot_pin() {
     let cfg = RoutingConfig {
         session_placement: SessionPlacement::Rendezvous,
@@ -615,13 +759,24 @@ proptest! {
     }
 
     #[test]
-    fn the_choice_is_within_the_near_tie_band_of_the_fastest(queues in proptest::collection::vec(0u64..20_000, 1..8), overlaps in proptest::collection::vec(0u32..45, 8), seed in 0u64..1000) {
+    fn the_choice_is_within_the_near_tie_band_of_the_cheapest(queues in proptest::collection::vec(0u64..20_000, 1..8), overlaps in proptest::collection::vec(0u32..45, 8), rate in 0.0f64..50.0, seed in 0u64..1000) {
         let ids = ["w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8"];
-        let workers: Vec<WorkerView<'static>> = queues.iter().enumerate().map(|(i, q)| view(ids[i], overlaps[i], *q)).collect();
+        let workers: Vec<WorkerView<'static>> = queues.iter().enumerate().map(|(i, q)| {
+            let mut w = view(ids[i], overlaps[i], *q);
+            w.timing.arrivals_per_s = rate;
+            w
+        }).collect();
         let cfg = RoutingConfig::default();
         let plan = decide(&input(640), &workers, &cfg, &mut StdRng::seed_from_u64(seed)).unwrap();
-        let fastest = workers.iter().map(|w| (w.timing.queued_tokens + 640.0 - f64::from(w.overlap_blocks.min(39)) * 16.0) / TPS * 1000.0).fold(f64::INFINITY, f64::min);
-        prop_assert!(plan.predicted_ttft_ms <= fastest + cfg.near_tie_ms.max(cfg.near_tie_fraction * fastest) + 1e-6, "{} vs {}", plan.predicted_ttft_ms, fastest);
+        // cost = ttft + rate × ttft × own prefill (no batch, no opener): computed here independently.
+        let cost = |w: &WorkerView<'_>| {
+            let own = 640.0 - f64::from(w.overlap_blocks.min(39)) * 16.0;
+            let ttft = (w.timing.queued_tokens + own) / TPS;
+            (ttft + rate * ttft * own / TPS) * 1000.0
+        };
+        let cheapest = workers.iter().map(cost).fold(f64::INFINITY, f64::min);
+        let chosen = workers.iter().find(|w| w.id == plan.worker).map(cost).unwrap();
+        prop_assert!(chosen <= cheapest + cfg.near_tie_ms.max(cfg.near_tie_fraction * cheapest) + 1e-6, "{} vs {}", chosen, cheapest);
         prop_assert!(BASES.contains(&plan.basis) && plan.reason_codes == [plan.basis], "{:?} {:?}", plan.basis, plan.reason_codes);
     }
 }

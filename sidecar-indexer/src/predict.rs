@@ -36,7 +36,18 @@ pub struct WorkerTiming {
     pub prefill_tokens_per_s: f64,
     /// Duration of one engine step's decode part (inter-token latency), seconds.
     pub decode_step_s: f64,
+    /// Requests expected to arrive at this worker per second: this indexer's recent route rate
+    /// over the fleet's decode workers ([`LoadOutlook`]). Prices the delay a request's own prefill
+    /// adds to the ones that will queue behind it ([`cost_s`]).
+    pub arrivals_per_s: f64,
+    /// Recent prefill utilization, 0..=[`MAX_UTILIZATION`]: the uncached tokens per second this
+    /// indexer booked there over its throughput ([`LoadOutlook`]).
+    pub utilization: f64,
 }
+
+/// Utilization is capped here in [`cost_s`] (1 / (1 − 0.9) = 10× at most): a measured rate at or
+/// above the throughput means a queue that grows until the rate falls, not an infinite cost.
+pub const MAX_UTILIZATION: f64 = 0.9;
 
 impl Default for WorkerTiming {
     fn default() -> Self {
@@ -45,6 +56,8 @@ impl Default for WorkerTiming {
             decode_batch: 0,
             prefill_tokens_per_s: 20_000.0,
             decode_step_s: 0.02,
+            arrivals_per_s: 0.0,
+            utilization: 0.0,
         }
     }
 }
@@ -62,6 +75,136 @@ pub fn ttft_s(timing: &WorkerTiming, own_tokens: f64, chunk_tokens: u64) -> f64 
         0.0
     };
     prefill + decode
+}
+
+/// What placing a request on a worker costs, in seconds ([`ttft_s`] is this request's part):
+///
+/// ```text
+/// cost = ttft + work_charge × behind × own_uncached_tokens / prefill_tokens_per_s
+/// behind = arrivals_per_s × ttft / (1 − utilization)
+/// ```
+///
+/// The second term is the delay this request's own prefill adds to the requests that will queue
+/// behind it: every request that arrives at that worker before its queue next runs empty starts
+/// that much later (FIFO). With the work ahead plus its own (its `ttft`) the queue stays busy for
+/// about ttft / (1 − utilization) — the busy period of a queue at that utilization — and
+/// `arrivals_per_s` requests arrive per second of it. The term is ~0 at light load and grows
+/// steeply near saturation, which is what makes a cache-rich worker with a queue beat an idle one
+/// that would recompute the whole prompt once the fleet is busy: recomputing is work the whole
+/// fleet pays for, not only this request.
+pub fn cost_s(timing: &WorkerTiming, ttft: f64, own_tokens: f64, work_charge: f64) -> f64 {
+    let own_prefill_s = own_tokens.max(0.0) / timing.prefill_tokens_per_s.max(1e-9);
+    let busy_s = ttft.max(0.0) / (1.0 - timing.utilization.clamp(0.0, MAX_UTILIZATION));
+    ttft + work_charge.max(0.0) * timing.arrivals_per_s.max(0.0) * busy_s * own_prefill_s
+}
+
+/// A rate that decays exponentially over a time constant: events (or amounts) per second.
+#[derive(Debug, Clone, Copy, Default)]
+struct DecayingRate {
+    /// Per second, as of `at`.
+    value: f64,
+    at: Option<Instant>,
+}
+
+impl DecayingRate {
+    fn at(&self, now: Instant, tau_s: f64) -> f64 {
+        self.at.map_or(0.0, |at| {
+            self.value * (-now.saturating_duration_since(at).as_secs_f64() / tau_s).exp()
+        })
+    }
+
+    fn add(&mut self, amount: f64, now: Instant, tau_s: f64) {
+        self.value = self.at(now, tau_s) + amount.max(0.0) / tau_s;
+        self.at = Some(now);
+    }
+}
+
+/// Recent load, exponentially weighted over a time constant: this indexer's route rate; per
+/// worker, the prompt tokens it routed there per second (the worker's share of the fleet's KV and
+/// decode work: a conversation's long history counts, cached or not) and the uncached tokens it
+/// booked there to prefill. At most one entry per worker in each, removed with the worker. Pure;
+/// the clock is passed in.
+#[derive(Debug)]
+pub struct LoadOutlook {
+    tau_s: f64,
+    routes: DecayingRate,
+    tokens: HashMap<String, DecayingRate>,
+    prefill: HashMap<String, DecayingRate>,
+}
+
+impl LoadOutlook {
+    /// An outlook weighting over `tau_s` seconds (clamped to ≥ 0.1 s).
+    pub fn new(tau_s: f64) -> Self {
+        Self {
+            tau_s: tau_s.max(0.1),
+            routes: DecayingRate::default(),
+            tokens: HashMap::new(),
+            prefill: HashMap::new(),
+        }
+    }
+
+    /// Changes the time constant (config reload); what was measured stays.
+    pub fn set_window(&mut self, tau_s: f64) {
+        self.tau_s = tau_s.max(0.1);
+    }
+
+    /// Counts a route of `prompt_tokens` to `worker` at `now`, whose `prefill_tokens` uncached
+    /// tokens `prefill_on` computes (the worker itself, or a disaggregated plan's prefill worker).
+    pub fn routed(
+        &mut self,
+        worker: &str,
+        prompt_tokens: f64,
+        prefill_on: &str,
+        prefill_tokens: f64,
+        now: Instant,
+    ) {
+        self.routes.add(1.0, now, self.tau_s);
+        self.tokens
+            .entry(worker.to_owned())
+            .or_default()
+            .add(prompt_tokens, now, self.tau_s);
+        self.prefill
+            .entry(prefill_on.to_owned())
+            .or_default()
+            .add(prefill_tokens, now, self.tau_s);
+    }
+
+    /// `worker`'s recent prefill utilization at throughput `tps`, 0..=[`MAX_UTILIZATION`].
+    pub fn utilization(&self, worker: &str, tps: f64, now: Instant) -> f64 {
+        let rate = self
+            .prefill
+            .get(worker)
+            .map_or(0.0, |r| r.at(now, self.tau_s));
+        (rate / tps.max(1e-9)).clamp(0.0, MAX_UTILIZATION)
+    }
+
+    /// Routes per second at `now`.
+    pub fn routes_per_s(&self, now: Instant) -> f64 {
+        self.routes.at(now, self.tau_s)
+    }
+
+    /// Prompt tokens per second routed to `worker` at `now`.
+    pub fn tokens_per_s(&self, worker: &str, now: Instant) -> f64 {
+        self.tokens
+            .get(worker)
+            .map_or(0.0, |r| r.at(now, self.tau_s))
+    }
+
+    /// Forgets the worker (it left the fleet).
+    pub fn remove_worker(&mut self, worker: &str) {
+        self.tokens.remove(worker);
+        self.prefill.remove(worker);
+    }
+
+    /// Entries tracked (at most two per worker).
+    pub fn len(&self) -> usize {
+        self.tokens.len() + self.prefill.len()
+    }
+
+    /// Whether no worker is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// The most leading blocks an engine can serve from cache for a prompt of `tokens` tokens: vLLM
@@ -266,7 +409,81 @@ mod tests {
             decode_batch: batch,
             prefill_tokens_per_s: 10_000.0,
             decode_step_s: 0.02,
+            ..WorkerTiming::default()
         }
+    }
+
+    #[test]
+    fn cost_table() {
+        // (arrivals/s, utilization, ttft s, own tokens, work charge, want s); throughput 10k
+        // tok/s, so 5,000 own tokens are 0.5 s of prefill.
+        let cases = [
+            (0.0, 0.0, 0.6, 5_000.0, 1.0, 0.6), // idle fleet: the TTFT alone
+            (2.0, 0.0, 0.6, 5_000.0, 1.0, 0.6 + 2.0 * 0.6 * 0.5), // 1.2 arrivals behind, 0.5 s each
+            (2.0, 0.5, 0.6, 5_000.0, 1.0, 0.6 + 2.0 * 1.2 * 0.5), // half busy: the queue stays busy 2× as long
+            (2.0, 0.99, 0.6, 5_000.0, 1.0, 0.6 + 2.0 * 6.0 * 0.5), // capped at 0.9: 10×
+            (2.0, 0.5, 0.6, 5_000.0, 0.0, 0.6),                   // work charge off
+            (2.0, 0.5, 0.6, 0.0, 1.0, 0.6), // all cached: adds nothing to others
+        ];
+        for (rate, util, ttft, own, charge, want) in cases {
+            let t = WorkerTiming {
+                arrivals_per_s: rate,
+                utilization: util,
+                ..timing(0.0, 0)
+            };
+            let got = cost_s(&t, ttft, own, charge);
+            assert!(
+                (got - want).abs() < 1e-9,
+                "{rate} {util} {ttft} {own} {charge}: {got} vs {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn outlook_rates_decay_over_the_window() {
+        let t0 = Instant::now();
+        let mut o = LoadOutlook::new(10.0);
+        assert_eq!((o.routes_per_s(t0), o.tokens_per_s("w0", t0)), (0.0, 0.0));
+        // 5 routes/s of 1,000 tokens to w0 for 60 s (6 time constants): 5 routes/s, 5,000 tokens/s.
+        for i in 0..300 {
+            o.routed(
+                "w0",
+                1000.0,
+                "w0",
+                400.0,
+                t0 + Duration::from_millis(200 * i),
+            );
+        }
+        let end = t0 + Duration::from_millis(200 * 299);
+        assert!(
+            (o.routes_per_s(end) - 5.0).abs() < 0.3,
+            "{}",
+            o.routes_per_s(end)
+        );
+        assert!(
+            (o.tokens_per_s("w0", end) - 5000.0).abs() < 300.0,
+            "{}",
+            o.tokens_per_s("w0", end)
+        );
+        assert_eq!(o.tokens_per_s("w1", end), 0.0);
+        // 2,000 uncached tokens/s on a 10k tokens/s worker: 0.2 busy; on a 1k one: capped.
+        assert!(
+            (o.utilization("w0", 10_000.0, end) - 0.2).abs() < 0.02,
+            "{}",
+            o.utilization("w0", 10_000.0, end)
+        );
+        assert_eq!(o.utilization("w0", 1_000.0, end), MAX_UTILIZATION);
+        assert_eq!(o.utilization("w1", 1_000.0, end), 0.0);
+        // Quiet for one time constant: ~1/e of it.
+        let later = end + Duration::from_secs(10);
+        assert!((o.routes_per_s(later) / o.routes_per_s(end) - (-1.0f64).exp()).abs() < 1e-9);
+        assert!(
+            (o.tokens_per_s("w0", later) / o.tokens_per_s("w0", end) - (-1.0f64).exp()).abs()
+                < 1e-9
+        );
+        assert_eq!(o.len(), 2);
+        o.remove_worker("w0");
+        assert!(o.is_empty());
     }
 
     #[test]

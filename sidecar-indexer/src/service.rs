@@ -474,7 +474,7 @@ impl Service {
         }
         for id in removed {
             self.state.load.lock().remove_worker(&id);
-            self.state.placement.lock().backlog.remove_worker(&id);
+            self.state.placement.lock().remove_worker(&id);
             self.state.metrics.forget_worker(&id);
         }
         self.state.load.lock().set_limits(

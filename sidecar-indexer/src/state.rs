@@ -26,7 +26,7 @@ use crate::events::listener::{ListenerHandle, ListenerStats};
 use crate::index::{KvIndex, OverlapScores, WorkerSlot};
 use crate::load::LoadTracker;
 use crate::metrics::Metrics;
-use crate::predict::{PrefillBacklog, WorkerTiming};
+use crate::predict::{LoadOutlook, PrefillBacklog, WorkerTiming};
 use crate::recent::Sessions;
 use crate::scrape::{CounterMirror, EngineSample, PrefillMeter};
 use crate::speculative::Speculative;
@@ -82,11 +82,13 @@ impl WorkerRuntime {
 /// Requests tracked per worker in the prefill backlog model (the oldest dropped beyond it).
 pub const BACKLOG_MAX_PER_WORKER: usize = 4096;
 
-/// What placement remembers between decisions: booked prefill draining per worker, and the blocks
-/// of recent decisions (speculative holdings). Both pure; the clock is passed in.
+/// What placement remembers between decisions: booked prefill draining per worker, the blocks of
+/// recent decisions (speculative holdings), and the recent route rate and queue times the cost
+/// reads. All pure; the clock is passed in.
 pub struct Placement {
     pub backlog: PrefillBacklog,
     pub speculative: Speculative,
+    pub outlook: LoadOutlook,
 }
 
 impl Placement {
@@ -98,7 +100,14 @@ impl Placement {
                 std::time::Duration::from_millis(r.speculative_ttl_ms),
                 r.speculative_max_blocks_per_worker,
             ),
+            outlook: LoadOutlook::new(r.load_outlook_window_s),
         }
+    }
+
+    /// Forgets a worker that left the fleet.
+    pub fn remove_worker(&mut self, id: &str) {
+        self.backlog.remove_worker(id);
+        self.outlook.remove_worker(id);
     }
 
     /// New bounds (a reload).
@@ -107,6 +116,7 @@ impl Placement {
             std::time::Duration::from_millis(r.speculative_ttl_ms),
             r.speculative_max_blocks_per_worker,
         );
+        self.outlook.set_window(r.load_outlook_window_s);
     }
 }
 
@@ -465,6 +475,13 @@ impl AppState {
     ) -> Vec<WorkerView<'a>> {
         let r = &cfg.routing;
         let placement = self.placement.lock();
+        let decoders = fleet
+            .workers
+            .iter()
+            .filter(|w| w.cfg.role.decodes() && w.gets_traffic())
+            .count()
+            .max(1);
+        let arrivals_per_s = placement.outlook.routes_per_s(now) / decoders as f64;
         fleet
             .workers
             .iter()
@@ -487,6 +504,7 @@ impl AppState {
                 let speculative = w.ranks.first().map_or(0, |rank| {
                     placement.speculative.overlap(rank.slot, chains, now)
                 });
+
                 WorkerView {
                     id: &w.cfg.id,
                     endpoint: &w.cfg.endpoint,
@@ -503,7 +521,10 @@ impl AppState {
                             .max(booked.active_requests.saturating_sub(ahead.requests)),
                         prefill_tokens_per_s: tps,
                         decode_step_s: w.decode_step_s(r),
+                        arrivals_per_s,
+                        utilization: placement.outlook.utilization(&w.cfg.id, tps, now),
                     },
+                    recent_tokens_per_s: placement.outlook.tokens_per_s(&w.cfg.id, now),
                 }
             })
             .collect()
@@ -521,6 +542,14 @@ impl AppState {
             _ => plan.worker.as_str(),
         };
         let mut placement = self.placement.lock();
+        let prompt_tokens = f64::from(plan.request_blocks) * f64::from(cfg.model.block_size);
+        placement.outlook.routed(
+            &plan.worker,
+            prompt_tokens,
+            prefill_on,
+            plan.uncached_tokens as f64,
+            now,
+        );
         if let Some(w) = worker(prefill_on) {
             placement.backlog.add(
                 prefill_on,

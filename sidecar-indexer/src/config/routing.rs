@@ -135,6 +135,17 @@ pub struct RoutingConfig {
     pub session_move_margin_ms: f64,
     /// Relative part of the move margin (fraction of the home's predicted TTFT).
     pub session_move_margin: f64,
+    /// Weight of the delay a request's own prefill adds to the requests expected to queue behind it
+    /// on the worker (`crate::predict::cost_s`); 0 scores by this request's predicted TTFT alone.
+    pub work_charge: f64,
+    /// A request opening a conversation is not placed on a worker that was routed more than this
+    /// multiple of the fleet's mean prompt tokens per second recently, unless every worker was
+    /// (0 = off): its later turns follow it, and a shared system prompt held by one worker would
+    /// otherwise draw every new conversation there.
+    pub session_balance: f64,
+    /// Time constant (seconds) of the recent route rate, per-worker prefill utilization and
+    /// prompt tokens per second the cost and `session_balance` read.
+    pub load_outlook_window_s: f64,
     /// Workers predicted within this many ms of the fastest (and `near_tie_fraction`) are a tie,
     /// broken at random, so gateway replicas with the same view do not herd onto one worker.
     pub near_tie_ms: f64,
@@ -226,6 +237,9 @@ impl Default for RoutingConfig {
             session_placement: SessionPlacement::Predicted,
             session_move_margin_ms: 50.0,
             session_move_margin: 0.25,
+            work_charge: 1.0,
+            session_balance: 1.1,
+            load_outlook_window_s: 10.0,
             near_tie_ms: 0.0,
             near_tie_fraction: 0.02,
             prefill_tokens_per_s: 20_000.0,
@@ -265,6 +279,8 @@ impl RoutingConfig {
                 self.session_move_margin_ms,
             ),
             ("routing.session_move_margin", self.session_move_margin),
+            ("routing.work_charge", self.work_charge),
+            ("routing.session_balance", self.session_balance),
             ("routing.near_tie_ms", self.near_tie_ms),
             ("routing.near_tie_fraction", self.near_tie_fraction),
             ("routing.decode_step_ms", self.decode_step_ms),
@@ -358,6 +374,7 @@ impl RoutingConfig {
                 "routing.prefill_tokens_per_s_max",
                 self.prefill_tokens_per_s_max,
             ),
+            ("routing.load_outlook_window_s", self.load_outlook_window_s),
         ];
         for (field, v) in rates {
             if !v.is_finite() || v <= 0.0 {

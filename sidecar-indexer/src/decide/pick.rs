@@ -7,7 +7,7 @@ use rand::Rng;
 
 use super::WorkerView;
 use crate::config::{KvMigration, RoutingConfig};
-use crate::predict::ttft_s;
+use crate::predict::{cost_s, ttft_s};
 
 /// Why `w` is overloaded under `cfg`, or None.
 pub fn overloaded(w: &WorkerView<'_>, cfg: &RoutingConfig) -> Option<String> {
@@ -32,6 +32,9 @@ pub(crate) struct Scored<'v, 'a> {
     pub w: &'v WorkerView<'a>,
     /// Predicted TTFT, seconds.
     pub ttft_s: f64,
+    /// What placing it there costs, seconds ([`cost_s`]): its TTFT plus what its prefill adds to
+    /// the requests behind it. The choice is by cost; the prediction reported is `ttft_s`.
+    pub cost_s: f64,
     /// Uncached tokens it would compute.
     pub own_tokens: u64,
     /// Blocks it would pull by KV migration instead of recomputing (`kv_migration = "on"`).
@@ -42,10 +45,23 @@ impl Scored<'_, '_> {
     pub(crate) fn ms(&self) -> f64 {
         self.ttft_s * 1000.0
     }
+
+    pub(crate) fn cost_ms(&self) -> f64 {
+        self.cost_s * 1000.0
+    }
+
+    /// `, cost 812.0 ms` when the cost is above the predicted TTFT by what one decimal shows.
+    pub(crate) fn cost_note(&self) -> String {
+        if self.cost_ms() - self.ms() >= 0.05 {
+            format!(", cost {:.1} ms", self.cost_ms())
+        } else {
+            String::new()
+        }
+    }
 }
 
 /// Scores `w`: its uncached tokens (crediting a migration from `best_index` when that is on and
-/// worth it) and the predicted TTFT.
+/// worth it), the predicted TTFT and the cost.
 pub(crate) fn score<'v, 'a>(
     w: &'v WorkerView<'a>,
     isl: u64,
@@ -65,9 +81,11 @@ pub(crate) fn score<'v, 'a>(
         cached = best_index;
     }
     let own_tokens = isl - (u64::from(cached) * bs).min(isl);
+    let ttft = ttft_s(&w.timing, own_tokens as f64, cfg.prefill_chunk_tokens);
     Scored {
         w,
-        ttft_s: ttft_s(&w.timing, own_tokens as f64, cfg.prefill_chunk_tokens),
+        ttft_s: ttft,
+        cost_s: cost_s(&w.timing, ttft, own_tokens as f64, cfg.work_charge),
         own_tokens,
         migrated_blocks,
     }
@@ -78,7 +96,7 @@ pub(crate) fn near(t: f64, min: f64, cfg: &RoutingConfig) -> bool {
     t - min <= (cfg.near_tie_ms / 1000.0).max(cfg.near_tie_fraction * min) + 1e-12
 }
 
-/// Picks the fastest of `set` (non-empty; `isl` = the prompt's full blocks, for the reason):
+/// Picks the cheapest of `set` by [`Scored::cost_s`] (non-empty; `isl` = the prompt's full blocks, for the reason):
 /// `prefer` when it is within the near-tie band, else one drawn uniformly from the band — no
 /// deterministic preference (such as the most index overlap) inside it, which is what makes gateway
 /// replicas that see the same index and events herd — or sampled with `temperature > 0`; returns
@@ -90,7 +108,7 @@ pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
     cfg: &RoutingConfig,
     rng: &mut R,
 ) -> (Scored<'v, 'a>, String, String) {
-    let times: Vec<f64> = set.iter().map(|s| s.ttft_s).collect();
+    let times: Vec<f64> = set.iter().map(|s| s.cost_s).collect();
     let min = times.iter().copied().fold(f64::INFINITY, f64::min);
     let max = times.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let sampled = cfg.temperature > 0.0 && max > min;
@@ -127,12 +145,12 @@ pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
         .iter()
         .filter(|o| o.w.id != s.w.id)
         .min_by(|a, b| {
-            a.ttft_s
-                .total_cmp(&b.ttft_s)
+            a.cost_s
+                .total_cmp(&b.cost_s)
                 .then_with(|| a.w.id.cmp(b.w.id))
         })
         .map_or(String::new(), |o| {
-            format!("; next {} {:.1} ms", o.w.id, o.ms())
+            format!("; next {} {:.1} ms{}", o.w.id, o.ms(), o.cost_note())
         });
     let temp = if sampled {
         format!("sampled at temperature {}: ", cfg.temperature)
@@ -167,16 +185,48 @@ pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
     } else {
         String::new()
     };
-    let reason = format!("{temp}{what}{spec}, predicted {:.1} ms{queued}", s.ms());
+    let reason = format!(
+        "{temp}{what}{spec}, predicted {:.1} ms{queued}{}",
+        s.ms(),
+        s.cost_note()
+    );
     (s, reason, next)
 }
 
-/// Endpoints of `set` other than `chosen`, fastest first.
+/// `set` without the workers routed more than `share` × its mean recent prompt tokens per second,
+/// and a note naming them (`balanced (w1 1.42x mean)`); None when `share` is 0, nothing was routed
+/// recently, or it would keep none or all of them.
+pub(crate) fn balanced<'v, 'a>(
+    set: &[Scored<'v, 'a>],
+    share: f64,
+) -> Option<(Vec<Scored<'v, 'a>>, String)> {
+    if share <= 0.0 || set.is_empty() {
+        return None;
+    }
+    let mean = set.iter().map(|s| s.w.recent_tokens_per_s).sum::<f64>() / set.len() as f64;
+    if mean <= 0.0 {
+        return None;
+    }
+    let (kept, over): (Vec<Scored<'v, 'a>>, Vec<Scored<'v, 'a>>) = set
+        .iter()
+        .copied()
+        .partition(|s| s.w.recent_tokens_per_s <= share * mean);
+    if kept.is_empty() || over.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = over
+        .iter()
+        .map(|s| format!("{} {:.2}x mean", s.w.id, s.w.recent_tokens_per_s / mean))
+        .collect();
+    Some((kept, format!("balanced ({})", names.join(", "))))
+}
+
+/// Endpoints of `set` other than `chosen`, cheapest first.
 pub(crate) fn fallbacks(set: &[Scored<'_, '_>], chosen: &str, n: usize) -> Vec<String> {
     let mut rest: Vec<&Scored<'_, '_>> = set.iter().filter(|s| s.w.id != chosen).collect();
     rest.sort_by(|a, b| {
-        a.ttft_s
-            .total_cmp(&b.ttft_s)
+        a.cost_s
+            .total_cmp(&b.cost_s)
             .then_with(|| a.w.id.cmp(b.w.id))
     });
     rest.into_iter()

@@ -27,6 +27,9 @@ pub struct WorkerView<'a> {
     pub waiting_requests: u64,
     /// Queued prefill, decode batch, throughput: the inputs of the predicted TTFT.
     pub timing: WorkerTiming,
+    /// Prompt tokens per second this indexer routed to it recently (`crate::predict::LoadOutlook`):
+    /// its share of the fleet's KV and decode work, for `session_balance`.
+    pub recent_tokens_per_s: f64,
 }
 
 impl WorkerView<'_> {
@@ -54,6 +57,9 @@ pub struct RouteInput<'a> {
     pub continuation: bool,
     /// The session's last decode worker, if remembered (`kv_home`).
     pub kv_home: Option<&'a str>,
+    /// The request opens a conversation (a chat with no earlier turn): no worker holds its
+    /// history, so it has no home by the index, and its later turns will follow it.
+    pub opens_conversation: bool,
 }
 
 impl RouteInput<'_> {

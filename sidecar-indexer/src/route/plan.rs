@@ -27,6 +27,8 @@ pub struct Prompt {
     /// The request, when only part of its prompt was tokenized: [`complete_later`] tokenizes the
     /// rest off the request path and credits its blocks to the chosen workers speculatively.
     pub partial: Option<OpenAiRequest>,
+    /// [`OpenAiRequest::opens_conversation`].
+    pub opens_conversation: bool,
 }
 
 /// Background completions ([`complete_later`]) running at most at once; beyond, they are skipped.
@@ -119,8 +121,9 @@ pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
         Some(tokens.map(|t| {
             metrics.tokenize_tokens.with_label_values(&["exact"]).inc_by(t.ids.len() as u64);
             metrics.tokenize_tokens.with_label_values(&["estimated"]).inc_by(t.estimated_rest as u64);
+            let opens_conversation = request.opens_conversation();
             let partial = (!t.complete()).then_some(request);
-            Prompt { tokens: t.tokens(), chains: t.chains, locals: t.locals, partial }
+            Prompt { tokens: t.tokens(), chains: t.chains, locals: t.locals, partial, opens_conversation }
         }))
     });
     match work.await {
@@ -169,6 +172,7 @@ pub fn decide_and_book<'a>(state: &'a AppState, cfg: &Config, req: &RouteRequest
         override_mode: req.override_mode,
         continuation,
         kv_home: kv_home.as_deref(),
+        opens_conversation: prompt.opens_conversation,
     };
     let fleet = state.fleet.read();
     let overlaps = fleet.overlaps(&scores);
