@@ -382,17 +382,10 @@ fn new_sessions_go_where_predicted_fastest() {
     // No home yet, or a home that left / is unhealthy: placed by prediction.
     for home in [None, Some("w9")] {
         let plan = decide(&session(640, home), &workers, &cfg, &mut rng()).unwrap();
-        assert_eq!(
-            (plan.worker.as_str(), plan.basis),
-            ("w2", Basis::LowestCost),
-            "{}",
-            plan.reason
-        );
-        assert_eq!(
-            plan.reason_codes,
-            [ReasonCode::NewSession, ReasonCode::LowestCost],
-            "{}",
-            plan.reason
+        assert_chose(
+            &plan,
+            "w2",
+            &[ReasonCode::NewSession, ReasonCode::LowestCost],
         );
     }
     // A deprecated `sticky` behaves the same.
@@ -408,6 +401,14 @@ fn new_sessions_go_where_predicted_fastest() {
     );
 }
 
+/// Asserts the plan's worker and reason codes (the last one its basis), with its reason in the
+/// message.
+fn assert_chose(plan: &Plan, worker: &str, codes: &[ReasonCode]) {
+    let got = (plan.worker.as_str(), plan.reason_codes.as_slice());
+    assert_eq!(got, (worker, codes), "{}", plan.reason);
+    assert_eq!(Some(&plan.basis), codes.last(), "{}", plan.reason);
+}
+
 #[test]
 fn a_conversation_opening_is_placed_by_cost_not_pinned_to_a_shared_prefix() {
     // w1 holds 30 of 40 blocks — a system prompt other conversations share — and has 800 tokens
@@ -416,41 +417,30 @@ fn a_conversation_opening_is_placed_by_cost_not_pinned_to_a_shared_prefix() {
     // and goes where it is cheapest.
     let cfg = RoutingConfig::default();
     let workers = vec![view("w1", 30, 800), view("w2", 0, 0)];
-    let later = decide(&session(640, None), &workers, &cfg, &mut rng()).unwrap();
-    assert_eq!(
-        (later.worker.as_str(), later.basis),
-        ("w1", Basis::SessionPin),
-        "{}",
-        later.reason
+    assert_chose(
+        &decide(&session(640, None), &workers, &cfg, &mut rng()).unwrap(),
+        "w1",
+        &[ReasonCode::SessionPin],
     );
     let first = RouteInput {
         opens_conversation: true,
         ..session(640, None)
     };
     let plan = decide(&first, &workers, &cfg, &mut rng()).unwrap();
-    assert_eq!(
-        (plan.worker.as_str(), plan.basis),
-        ("w2", Basis::LowestCost),
-        "{}",
-        plan.reason
-    );
-    assert_eq!(
-        plan.reason_codes,
-        [ReasonCode::NewSession, ReasonCode::LowestCost],
-        "{}",
-        plan.reason
+    assert_chose(
+        &plan,
+        "w2",
+        &[ReasonCode::NewSession, ReasonCode::LowestCost],
     );
     // A retried first turn goes back to where it was served (its own `kv_home`).
     let retried = RouteInput {
         kv_home: Some("w1"),
         ..first
     };
-    let plan = decide(&retried, &workers, &cfg, &mut rng()).unwrap();
-    assert_eq!(
-        (plan.worker.as_str(), plan.basis),
-        ("w1", Basis::SessionPin),
-        "{}",
-        plan.reason
+    assert_chose(
+        &decide(&retried, &workers, &cfg, &mut rng()).unwrap(),
+        "w1",
+        &[ReasonCode::SessionPin],
     );
 }
 
