@@ -11,17 +11,21 @@
 //! Every candidate is scored by its predicted TTFT for this request ([`crate::predict::ttft_s`]):
 //! the prefill queued ahead of it plus this request's uncached tokens there (overlap capped at
 //! ⌊(tokens − 1) / block_size⌋, the engine's last-block rule), divided by its throughput, plus its
-//! decode batch's share of the steps. Lowest wins; workers within the near-tie band
-//! (`near_tie_ms`, `near_tie_fraction`) of the fastest are drawn uniformly at random, so gateway
+//! decode batch's share of the steps — and chosen by its cost ([`crate::predict::cost_s`]): that
+//! TTFT plus the delay its own prefill adds to the requests that will queue behind it there.
+//! Lowest cost wins; workers within the near-tie band
+//! (`near_tie_ms`, `near_tie_fraction`) of the cheapest are drawn uniformly at random, so gateway
 //! replicas with the same view do not herd — except that a new session takes its rendezvous worker
 //! when that is among them, which is the worker the filter's fallback pins it to while the indexer
 //! is down, and the one every replica picks for it; `temperature > 0` samples
-//! p ∝ exp(−normalised time / temperature).
+//! p ∝ exp(−normalised cost / temperature).
 //! A session stays at its home (where its KV is: the worker holding most of the prompt by the
 //! index, which every gateway replica shares — this replica's `kv_home` only when the index does not
 //! tell workers apart; or its rendezvous worker with `session_placement = "rendezvous"`) unless another worker
-//! is predicted faster by more than the move margin (`session_move_margin_ms` and
-//! `session_move_margin` × the home's time): hysteresis, so it does not flap. The `overload_*`
+//! is cheaper by more than the move margin (`session_move_margin_ms` and
+//! `session_move_margin` × the home's time): hysteresis, so it does not flap. A request that opens a
+//! conversation has no home by the index (what it shows is a shared system prompt), and is kept off
+//! workers over `session_balance` × the mean recent load. The `overload_*`
 //! thresholds remain hard guards: an overloaded worker is a candidate only when every worker is.
 //!
 //! Submodules: [`plan`] (inputs and outputs), [`pick`] (scoring, guards, the near-tie draw).
