@@ -53,6 +53,7 @@ pub const INDEX_ENTRIES: &str = "kvmesh_index_entries";
 pub const INDEX_EVICTIONS_TOTAL: &str = "kvmesh_index_evictions_total";
 pub const INDEX_BYTES: &str = "kvmesh_index_bytes";
 pub const TOKENIZE_CACHE_BYTES: &str = "kvmesh_tokenize_cache_bytes";
+pub const TOKENIZE_MEMO_BYTES: &str = "kvmesh_tokenize_memo_bytes";
 pub const RECOVERY_BLOCKS: &str = "kvmesh_recovery_blocks";
 pub const WORKER_BLOCKS: &str = "kvmesh_worker_blocks";
 pub const WORKER_ACTIVE_REQUESTS: &str = "kvmesh_worker_active_requests";
@@ -137,6 +138,8 @@ pub const ALL: &[&str] = &[
     INDEX_ENTRIES,
     INDEX_EVICTIONS_TOTAL,
     INDEX_BYTES,
+    TOKENIZE_CACHE_BYTES,
+    TOKENIZE_MEMO_BYTES,
     WORKER_BLOCKS,
     WORKER_ACTIVE_REQUESTS,
     WORKER_ACTIVE_BLOCKS,
@@ -264,6 +267,8 @@ pub struct Metrics {
     pub index_bytes: IntGauge,
     /// Bytes held by the tokenization segment cache (≤ routing.tokenize_cache_bytes).
     pub tokenize_cache_bytes: IntGauge,
+    /// Bytes charged to the tokenization prefix memo (≤ routing.tokenize_memo_bytes).
+    pub tokenize_memo_bytes: IntGauge,
     /// Blocks of routed prompts remembered for orphan recovery (≤ routing.recovery_max_blocks).
     pub recovery_blocks: IntGauge,
     pub worker_blocks: IntGaugeVec,
@@ -441,6 +446,7 @@ impl Metrics {
             index_evictions,
             index_bytes: int_gauge(INDEX_BYTES, "Approximate heap bytes of the index")?,
             tokenize_cache_bytes: int_gauge(TOKENIZE_CACHE_BYTES, "Bytes held by the tokenization segment cache; bounded by routing.tokenize_cache_bytes")?,
+            tokenize_memo_bytes: int_gauge(TOKENIZE_MEMO_BYTES, "Bytes charged to the tokenization prefix memo; bounded by routing.tokenize_memo_bytes")?,
             recovery_blocks: int_gauge(RECOVERY_BLOCKS, "Blocks of routed prompts remembered for orphan recovery; bounded by routing.recovery_max_blocks")?,
             worker_blocks: gauge_vec(&r, WORKER_BLOCKS, "Blocks a worker holds according to its events", &["worker"])?,
             worker_active_requests: gauge_vec(&r, WORKER_ACTIVE_REQUESTS, "In-flight requests routed to the worker (booked load)", &["worker"])?,

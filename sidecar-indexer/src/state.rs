@@ -263,8 +263,10 @@ impl AppState {
             .set(self.gauges.entries.load(Ordering::Relaxed) as i64);
         m.index_bytes
             .set(self.gauges.bytes.load(Ordering::Relaxed) as i64);
-        m.tokenize_cache_bytes
-            .set(self.tokenizer.read().cache_bytes() as i64);
+        let tokenizer = self.tokenizer.read();
+        m.tokenize_cache_bytes.set(tokenizer.cache_bytes() as i64);
+        m.tokenize_memo_bytes.set(tokenizer.memo_bytes() as i64);
+        drop(tokenizer);
         m.recovery_blocks
             .set(self.index.read().recovery_blocks() as i64);
         let fleet = self.fleet.read();
