@@ -112,6 +112,18 @@ impl Breaker {
     pub fn is_open(&self) -> bool {
         !matches!(self.state, State::Closed { .. })
     }
+
+    /// Whether other calls to the indexer should wait at `now_ns`: inside the open window, or while
+    /// a half-open probe is out and not yet stale. Unlike [`Self::is_open`] this ends with the
+    /// window even when no route call comes to move the state: a worker thread that gets no more
+    /// requests must not hold its done reports forever.
+    pub fn holds_at(&self, now_ns: u64) -> bool {
+        match self.state {
+            State::Closed { .. } => false,
+            State::Open { until_ns } => now_ns < until_ns,
+            State::HalfOpen { probe_started_ns } => now_ns.saturating_sub(probe_started_ns) < self.open_ns,
+        }
+    }
 }
 
 /// The metric of a transition into `state`.

@@ -63,10 +63,10 @@ impl Shared {
         admit
     }
 
-    /// Whether the breaker says the indexer is down (open, or half-open with its probe out): the
-    /// done flush then holds its reports (`crate::tasks`).
-    pub fn indexer_down(&self) -> bool {
-        self.breaker.try_borrow().is_ok_and(|b| b.is_open())
+    /// Whether the breaker says the indexer is down at `now_ns` (inside its open window, or
+    /// half-open with a fresh probe out): the done flush then holds its reports (`crate::tasks`).
+    pub fn indexer_down(&self, now_ns: u64) -> bool {
+        self.breaker.try_borrow().is_ok_and(|b| b.holds_at(now_ns))
     }
 
     /// Feeds a route call's outcome to the breaker.

@@ -226,12 +226,15 @@ impl BackgroundTasks {
     }
 
     /// Dispatches queued reports, a batch per call, while [`DoneQueue::next_batch`] has one and the
-    /// gate's breaker is closed (open: the indexer does not answer; the reports wait).
+    /// gate's breaker does not hold ([`crate::breaker::Breaker::holds_at`]: inside its open window
+    /// the indexer does not answer and the reports wait; past it they go, a failure re-queueing
+    /// them, even if no route call came to probe — else a thread that gets no more requests after
+    /// a hang would hold its reports, and the indexer their bookings, until they expire).
     fn pump_done(&mut self) {
         if self
             .gate
             .as_ref()
-            .is_some_and(|shared| shared.indexer_down())
+            .is_some_and(|shared| shared.indexer_down(self.host.now_ns()))
         {
             return;
         }
