@@ -23,8 +23,8 @@ pub const MAX_FLEET_BYTES: usize = 1024 * 1024;
 
 /// How many failed calls a report rides before it is given up (counted `failed`): a report the
 /// indexer keeps refusing with a 5xx, or that never gets an answer while the breaker stays
-/// closed, must not loop forever. While the `/v1/route` breaker is open nothing is sent, so a hung
-/// indexer does not use up attempts (see [`crate::tasks`]).
+/// closed, must not loop forever. Inside the `/v1/route` breaker's open window nothing is sent,
+/// so a hung indexer seen by route calls does not use up attempts (see [`crate::tasks`]).
 pub const MAX_DONE_ATTEMPTS: u8 = 3;
 
 /// A report waiting for dispatch, with the number of calls that carried it and failed.
@@ -59,13 +59,7 @@ pub struct DoneQueue {
 impl DoneQueue {
     /// A queue holding at most `capacity` reports with at most `max_in_flight` calls outstanding.
     pub fn new(capacity: usize, max_in_flight: usize) -> Self {
-        Self {
-            pending: VecDeque::new(),
-            capacity: capacity.max(1),
-            in_flight: 0,
-            max_in_flight: max_in_flight.max(1),
-            hold_until_ns: 0,
-        }
+        Self { pending: VecDeque::new(), capacity: capacity.max(1), in_flight: 0, max_in_flight: max_in_flight.max(1), hold_until_ns: 0 }
     }
 
     /// Queues a report; false when full (the caller counts the drop).
@@ -73,10 +67,7 @@ impl DoneQueue {
         if self.pending.len() >= self.capacity {
             return false;
         }
-        self.pending.push_back(QueuedDone {
-            report,
-            failed_attempts: 0,
-        });
+        self.pending.push_back(QueuedDone { report, failed_attempts: 0 });
         true
     }
 
@@ -87,17 +78,11 @@ impl DoneQueue {
     /// Empty: nothing to send now.
     pub fn next_batch(&mut self, now_ns: u64) -> Vec<QueuedDone> {
         let full = self.pending.len() >= MAX_DONE_BATCH;
-        if self.pending.is_empty()
-            || now_ns < self.hold_until_ns
-            || self.in_flight >= self.max_in_flight
-            || (self.in_flight > 0 && !full)
-        {
+        if self.pending.is_empty() || now_ns < self.hold_until_ns || self.in_flight >= self.max_in_flight || (self.in_flight > 0 && !full) {
             return Vec::new();
         }
         self.in_flight += 1;
-        self.pending
-            .drain(..self.pending.len().min(MAX_DONE_BATCH))
-            .collect()
+        self.pending.drain(..self.pending.len().min(MAX_DONE_BATCH)).collect()
     }
 
     /// A call carrying `batch` failed at `now_ns` in a way worth retrying (no answer, a 5xx, or it
@@ -152,20 +137,12 @@ pub struct FleetSchedule {
 impl FleetSchedule {
     /// `period_ms == 0` disables polling.
     pub fn new(period_ms: u64) -> Self {
-        Self {
-            period_ns: period_ms.saturating_mul(1_000_000),
-            last_start_ns: None,
-            in_flight: None,
-        }
+        Self { period_ns: period_ms.saturating_mul(1_000_000), last_start_ns: None, in_flight: None }
     }
 
     /// Whether a poll should start at `now_ns` (the first one is due at once).
     pub fn due(&self, now_ns: u64) -> bool {
-        self.period_ns > 0
-            && self.in_flight.is_none()
-            && self
-                .last_start_ns
-                .is_none_or(|last| now_ns.saturating_sub(last) >= self.period_ns)
+        self.period_ns > 0 && self.in_flight.is_none() && self.last_start_ns.is_none_or(|last| now_ns.saturating_sub(last) >= self.period_ns)
     }
 
     /// A poll started at `now_ns` as call `token`.

@@ -15,17 +15,15 @@
 //! the next batch, after a hold of `breaker_open_ms`, for at most
 //! [`crate::background::MAX_DONE_ATTEMPTS`] failed calls (then `failed`). A `4xx` is the indexer
 //! refusing the body (an indexer older than batching answers 400 to an array): not retried,
-//! `failed`. While this thread's `/v1/route` breaker is open (the indexer does not answer) the
-//! flush sends nothing and reports wait in the bounded queue instead of using up their attempts.
+//! `failed`. Inside this thread's `/v1/route` breaker's open window (the indexer does not answer)
+//! the flush sends nothing and reports wait in the bounded queue instead of using up their
+//! attempts; past it they go, probe or not ([`crate::breaker::Breaker::holds_at`]).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use crate::background::{
-    encode_done_batch, parse_fleet_answer, DoneQueue, FleetSchedule, QueuedDone, FLEET_KEY,
-    MAX_FLEET_BYTES,
-};
+use crate::background::{encode_done_batch, parse_fleet_answer, DoneQueue, FleetSchedule, QueuedDone, FLEET_KEY, MAX_FLEET_BYTES};
 use crate::config::FilterConfig;
 use crate::host_api::{Host, HostError};
 use crate::metric_ids::MetricIds;
@@ -51,27 +49,9 @@ pub struct BackgroundTasks {
 impl BackgroundTasks {
     /// `done` is the queue this root's HTTP contexts fill (a filter root's; the singleton's stays
     /// empty); `polls_fleet` says whether this root polls `/v1/fleet`.
-    pub fn new(
-        host: Rc<dyn Host>,
-        config: Rc<FilterConfig>,
-        metrics: Rc<MetricIds>,
-        done: Rc<RefCell<DoneQueue>>,
-        polls_fleet: bool,
-    ) -> Self {
-        let fleet = FleetSchedule::new(if polls_fleet {
-            config.fleet_refresh_ms
-        } else {
-            0
-        });
-        Self {
-            host,
-            config,
-            metrics,
-            fleet,
-            done,
-            done_calls: HashMap::new(),
-            gate: None,
-        }
+    pub fn new(host: Rc<dyn Host>, config: Rc<FilterConfig>, metrics: Rc<MetricIds>, done: Rc<RefCell<DoneQueue>>, polls_fleet: bool) -> Self {
+        let fleet = FleetSchedule::new(if polls_fleet { config.fleet_refresh_ms } else { 0 });
+        Self { host, config, metrics, fleet, done, done_calls: HashMap::new(), gate: None }
     }
 
     /// Holds the done flush while `shared`'s `/v1/route` breaker says the indexer is down.
@@ -89,17 +69,9 @@ impl BackgroundTasks {
     /// An answer to one of this context's calls (`num_headers == 0`: the call failed without a
     /// response). Tokens of other calls are ignored.
     pub fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
-        let status = if num_headers == 0 {
-            None
-        } else {
-            self.host.call_response_status()
-        };
+        let status = if num_headers == 0 { None } else { self.host.call_response_status() };
         if self.fleet.take_answer(token) {
-            let body = if body_size == 0 {
-                Vec::new()
-            } else {
-                self.host.call_response_body(MAX_FLEET_BYTES + 1)
-            };
+            let body = if body_size == 0 { Vec::new() } else { self.host.call_response_body(MAX_FLEET_BYTES + 1) };
             self.store_fleet(status, &body);
         } else if let Some(batch) = self.done_calls.remove(&token) {
             if let Ok(mut q) = self.done.try_borrow_mut() {
@@ -107,18 +79,12 @@ impl BackgroundTasks {
             }
             let reports = batch.len() as u64;
             match status {
-                Some(s) if (200..300).contains(&s) => self.metrics.apply(MetricUpdate::Add(
-                    Metric::DoneReports(DoneResult::Sent),
-                    reports,
-                )),
+                Some(s) if (200..300).contains(&s) => self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Sent), reports)),
                 None => self.retry_done(batch, "got no answer (timeout or reset)"),
                 Some(s) if s >= 500 => self.retry_done(batch, &format!("answered {s}")),
                 Some(s) => {
                     log::warn!("/v1/done answered {s}: {reports} done reports refused, not retried (an indexer older than the filter answers 400 to a batch: upgrade the indexer first)");
-                    self.metrics.apply(MetricUpdate::Add(
-                        Metric::DoneReports(DoneResult::Failed),
-                        reports,
-                    ));
+                    self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Failed), reports));
                 }
             }
             self.pump_done();
@@ -134,29 +100,18 @@ impl BackgroundTasks {
                     .and_then(|bytes| self.host.set_shared_data(FLEET_KEY, &bytes));
                 match stored {
                     Ok(()) => {
-                        self.metrics.apply(MetricUpdate::Add(
-                            Metric::FleetRefreshes(FleetResult::Ok),
-                            1,
-                        ));
-                        self.metrics
-                            .apply(MetricUpdate::Record(Metric::FleetDecodeWorkers, decoders));
+                        self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Ok), 1));
+                        self.metrics.apply(MetricUpdate::Record(Metric::FleetDecodeWorkers, decoders));
                     }
                     Err(status) => {
-                        self.metrics
-                            .host_call_failed("set_shared_data(fleet)", &status);
-                        self.metrics.apply(MetricUpdate::Add(
-                            Metric::FleetRefreshes(FleetResult::Failed),
-                            1,
-                        ));
+                        self.metrics.host_call_failed("set_shared_data(fleet)", &status);
+                        self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Failed), 1));
                     }
                 }
             }
             Err(e) => {
                 log::debug!("fleet poll not stored: {e}");
-                self.metrics.apply(MetricUpdate::Add(
-                    Metric::FleetRefreshes(FleetResult::Failed),
-                    1,
-                ));
+                self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Failed), 1));
             }
         }
     }
@@ -170,12 +125,8 @@ impl BackgroundTasks {
             Ok(token) => self.fleet.started(now, token),
             Err(status) => {
                 self.fleet.failed_to_start(now);
-                self.metrics
-                    .host_call_failed("dispatch_http_call(/v1/fleet)", &status);
-                self.metrics.apply(MetricUpdate::Add(
-                    Metric::FleetRefreshes(FleetResult::Failed),
-                    1,
-                ));
+                self.metrics.host_call_failed("dispatch_http_call(/v1/fleet)", &status);
+                self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Failed), 1));
             }
         }
     }
@@ -189,15 +140,8 @@ impl BackgroundTasks {
         let reports = batch.len() as u64;
         let now = self.host.now_ns();
         let hold_ns = self.config.breaker_open_ms.saturating_mul(1_000_000);
-        let Ok(requeued) = self
-            .done
-            .try_borrow_mut()
-            .map(|mut q| q.requeue(batch, now, hold_ns))
-        else {
-            self.metrics.apply(MetricUpdate::Add(
-                Metric::DoneReports(DoneResult::Failed),
-                reports,
-            ));
+        let Ok(requeued) = self.done.try_borrow_mut().map(|mut q| q.requeue(batch, now, hold_ns)) else {
+            self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Failed), reports));
             return;
         };
         log::info!(
@@ -209,20 +153,14 @@ impl BackgroundTasks {
             requeued.dropped,
         );
         if requeued.given_up > 0 || requeued.dropped > 0 {
-            log::warn!("/v1/done: {} done reports lost (their load stays booked at the indexer until it expires)", requeued.given_up + requeued.dropped);
+            log::warn!(
+                "/v1/done: {} done reports lost (their load stays booked at the indexer until it expires)",
+                requeued.given_up + requeued.dropped
+            );
         }
-        self.metrics.apply(MetricUpdate::Add(
-            Metric::DoneReports(DoneResult::Retried),
-            requeued.retried,
-        ));
-        self.metrics.apply(MetricUpdate::Add(
-            Metric::DoneReports(DoneResult::Failed),
-            requeued.given_up,
-        ));
-        self.metrics.apply(MetricUpdate::Add(
-            Metric::DoneReports(DoneResult::Dropped),
-            requeued.dropped,
-        ));
+        self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Retried), requeued.retried));
+        self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Failed), requeued.given_up));
+        self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Dropped), requeued.dropped));
     }
 
     /// Dispatches queued reports, a batch per call, while [`DoneQueue::next_batch`] has one and the
@@ -231,11 +169,7 @@ impl BackgroundTasks {
     /// them, even if no route call came to probe — else a thread that gets no more requests after
     /// a hang would hold its reports, and the indexer their bookings, until they expire).
     fn pump_done(&mut self) {
-        if self
-            .gate
-            .as_ref()
-            .is_some_and(|shared| shared.indexer_down(self.host.now_ns()))
-        {
+        if self.gate.as_ref().is_some_and(|shared| shared.indexer_down(self.host.now_ns())) {
             return;
         }
         loop {
@@ -258,8 +192,7 @@ impl BackgroundTasks {
                     if let Ok(mut q) = self.done.try_borrow_mut() {
                         q.call_finished();
                     }
-                    self.metrics
-                        .host_call_failed("dispatch_http_call(/v1/done)", &status);
+                    self.metrics.host_call_failed("dispatch_http_call(/v1/done)", &status);
                     // The hold it sets ends this loop.
                     self.retry_done(batch, "could not be dispatched");
                 }

@@ -102,7 +102,8 @@ impl LoadTracker {
         let b = Booking { worker: worker.to_owned(), blocks, prefill_tokens, at: now, request_id: request_id.map(str::to_owned), session: None };
         self.bookings.insert(id, b, now);
         let mut expired = self.expire(now);
-        if request_id.is_some_and(|r| self.early_done.remove(&r.to_owned()).is_some()) {
+        // Almost always empty: no key is built for the lookup then.
+        if !self.early_done.is_empty() && request_id.is_some_and(|r| self.early_done.remove(&r.to_owned()).is_some()) {
             self.release(id);
             expired.done_first += 1;
         }

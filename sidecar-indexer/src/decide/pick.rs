@@ -108,12 +108,12 @@ pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
     cfg: &RoutingConfig,
     rng: &mut R,
 ) -> (Scored<'v, 'a>, String, String) {
-    let times: Vec<f64> = set.iter().map(|s| s.cost_s).collect();
-    let min = times.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = times.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let costs: Vec<f64> = set.iter().map(|s| s.cost_s).collect();
+    let min = costs.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = costs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let sampled = cfg.temperature > 0.0 && max > min;
     let index = if sampled {
-        let weights: Vec<f64> = times
+        let weights: Vec<f64> = costs
             .iter()
             .map(|t| (-((t - min) / (max - min)) / cfg.temperature).exp())
             .collect();
@@ -129,8 +129,8 @@ pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
         }
         chosen
     } else {
-        let tied: Vec<usize> = (0..times.len())
-            .filter(|&i| near(times[i], min, cfg))
+        let tied: Vec<usize> = (0..costs.len())
+            .filter(|&i| near(costs[i], min, cfg))
             .collect();
         match tied.iter().copied().find(|&i| Some(set[i].w.id) == prefer) {
             Some(preferred) => preferred,
