@@ -185,10 +185,43 @@ impl Drop for Paused {
     }
 }
 
-/// A free TCP port on 127.0.0.1 (bound and released; for programs that cannot bind port 0 themselves).
+/// A free TCP port on 127.0.0.1, for programs that cannot bind port 0 themselves.
+///
+/// Chosen below the kernel's ephemeral range, never by binding port 0: a port from the ephemeral
+/// range is free only until the kernel hands it out again, as the source port of any outgoing
+/// connection or to a simulator's own bind of port 0, and a program started a moment later then
+/// fails with "Address already in use" (CI saw Envoy do so). Nothing takes a port below that range
+/// unasked. A port this process has handed out is not handed out again, so tests running in
+/// parallel never share one; the scan starts at an offset that differs between processes.
 pub fn free_port() -> anyhow::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let (low, high) = (FREE_PORT_LOW, ephemeral_port_low().max(FREE_PORT_LOW + 1));
+    let span = u32::from(high - low);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let start = (std::process::id().wrapping_mul(7919) ^ nanos) % span;
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    for step in 0..span {
+        let port = low + u16::try_from((start + step) % span).unwrap_or(0);
+        if handed_out.contains(&port) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed_out.insert(port);
+            return Ok(port);
+        }
+    }
+    bail!("no free TCP port on 127.0.0.1 in {low}..{high} (below the ephemeral range)")
+}
+
+/// The lowest port [`free_port`] hands out: above the well-known and most registered service ports.
+const FREE_PORT_LOW: u16 = 20000;
+
+/// The first port of the kernel's ephemeral range (Linux's default when it cannot be read).
+fn ephemeral_port_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768)
 }
 
 /// Where the workspace's binaries are: `$KVMESH_BIN_DIR`, else `<target>/debug` (or `release`
@@ -215,4 +248,20 @@ pub fn binary(name: &str, release: bool) -> anyhow::Result<PathBuf> {
         bail!("{} not found: run `make build` (or `cargo build --bins`) first", path.display());
     }
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_bindable_and_below_the_ephemeral_range() {
+        let ports: Vec<u16> = (0..50).map(|_| free_port().expect("a free port")).collect();
+        let distinct: std::collections::BTreeSet<_> = ports.iter().collect();
+        assert_eq!(distinct.len(), ports.len(), "a port was handed out twice: {ports:?}");
+        for p in ports {
+            assert!((FREE_PORT_LOW..ephemeral_port_low().max(FREE_PORT_LOW + 1)).contains(&p), "{p} is outside the range");
+            std::net::TcpListener::bind(("127.0.0.1", p)).expect("the port is bindable");
+        }
+    }
 }
