@@ -22,17 +22,23 @@ impl FleetSource for NoFleet {
     }
 }
 
-/// A chat continuation: a system prompt and alternating turns, ~4 bytes per token of text.
+/// A chat continuation shaped like the overhead bench's (`kvmesh_bench::overhead::plan::Shape`):
+/// a 250-word system prompt, then user (120 words) and assistant (200 words) turns until about
+/// `tokens` tokens (1.1 per word), ending with a user message; ~6 bytes per word of text.
 fn chat_body(tokens: usize) -> Vec<u8> {
     let words = ["kv", "cache", "routing", "prefix", "engine", "token", "block", "worker", "envoy", "filter"];
     let text = |n: usize, seed: usize| (0..n).map(|i| words[(i * 7 + seed) % words.len()]).collect::<Vec<_>>().join(" ");
-    let mut messages = vec![serde_json::json!({"role": "system", "content": text(tokens / 4, 1)})];
-    let turns = 12;
-    for t in 0..turns {
-        let role = if t % 2 == 0 { "user" } else { "assistant" };
-        messages.push(serde_json::json!({"role": role, "content": text(tokens * 3 / 4 / turns, t)}));
+    let mut messages = vec![serde_json::json!({"role": "system", "content": text(250, 1)})];
+    let (mut total, mut t) = (250, 0);
+    while (total as f64) * 1.1 < tokens as f64 {
+        let (role, n) = if t % 2 == 0 { ("user", 120) } else { ("assistant", 200) };
+        messages.push(serde_json::json!({"role": role, "content": text(n, t)}));
+        total += n;
+        t += 1;
     }
-    messages.push(serde_json::json!({"role": "user", "content": "and now?"}));
+    if t % 2 == 0 {
+        messages.push(serde_json::json!({"role": "user", "content": "and now?"}));
+    }
     serde_json::to_vec(&serde_json::json!({"model": "m", "messages": messages, "stream": true, "max_tokens": 16})).unwrap_or_default()
 }
 

@@ -17,9 +17,10 @@ use std::rc::Rc;
 
 use kvmesh_core::api::{DoneReport, FleetSnapshot, Outcome, RouteDecision, ERROR_REASON_HEADER};
 use kvmesh_core::headers;
-use kvmesh_core::openai::{self, Endpoint};
+use kvmesh_core::openai::Endpoint;
 use kvmesh_core::session::{SessionKey, SessionSource};
 
+use crate::body;
 use crate::config::FilterConfig;
 use crate::breaker::CallHealth;
 use crate::decision::{self, Fallback, IndexerAnswer};
@@ -216,8 +217,8 @@ impl RequestFlow {
             Some(b) if !b.is_empty() => b,
             _ => return Step { effects: vec![self.unroutable(UnroutableReason::NoBody)], next: Next::Continue },
         };
-        // The light read: parse's verdict, `stream` and the anchor, without building the prompt.
-        let parsed = match openai::peek(endpoint, &body) {
+        // The light read: parse's verdict, `stream` and the anchor, mostly without serde (`body`).
+        let parsed = match body::read(endpoint, &body) {
             Ok(p) => p,
             Err(e) => {
                 log::debug!("ctx={} request_id={} unroutable body: {e}", self.context_id, self.request_id);

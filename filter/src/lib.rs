@@ -10,7 +10,7 @@
 //! is queued for a long-lived root context to send.
 //!
 //! Shape (after Kuadrant's wasm-shim): every decision lives in plain modules with no proxy-wasm
-//! import — [`config`], [`request`], [`decision`], [`splice`], [`fallback`], [`flow`],
+//! import — [`config`], [`request`], [`body`], [`decision`], [`splice`], [`fallback`], [`flow`],
 //! [`breaker`], [`endpoints`], [`background`], [`metrics`] — which take plain data and return [`effects::Effect`]s, tested
 //! natively with `cargo test`. Root-level logic — the role matrix ([`roles`]), the done sink and
 //! fleet cache ([`shared`]), the fleet poll and done dispatcher ([`tasks`]), metric ids
@@ -19,6 +19,7 @@
 //! Envoy: the real `Host` adapter and the proxy-wasm contexts.
 
 pub mod background;
+pub mod body;
 pub mod breaker;
 pub mod config;
 pub mod decision;

@@ -2,6 +2,7 @@
 
 use super::*;
 use kvmesh_core::api::{ErrorBody, FleetWorker, Role, WorkerLoad};
+use kvmesh_core::openai;
 use kvmesh_core::session;
 use crate::metrics::OverrideRefusal;
 use serde_json::{json, Value};
