@@ -5,7 +5,7 @@
 //! `routing.max_concurrent_routes`).
 //! Prints `FIGURE …` lines with p50/p99. `cargo bench -p kvmesh-indexer --bench route`.
 //! `KVMESH_ROUTE_BENCH_ONLY=<case>[,<case>…]` runs only the named cases (`continuation`, `cold`,
-//! `after_burst`, `cold_chat_32k`, `cold_chat_128k`, `cold_document_32k`, `cold_document_128k`,
+//! `after_burst`, `cold_chat_1k`, `cold_chat_32k`, `cold_chat_128k`, `cold_document_32k`, `cold_document_128k`,
 //! `shared_prefix_48k`, `concurrent_64`) and `KVMESH_ROUTE_BENCH_SAMPLES=<n>` takes n samples of
 //! each: instruction counts under `valgrind --tool=callgrind` (repeatable on a loaded machine) are
 //! read as the difference of two runs with different n. `KVMESH_ROUTE_BENCH_MEMO=0` turns the
@@ -249,12 +249,12 @@ fn document(rng: &mut StdRng, tokens: usize) -> Vec<ChatMessage> {
     vec![ChatMessage { role: "system".into(), content: "Answer from the document.".into() }, ChatMessage { role: "user".into(), content: doc }]
 }
 
-/// Issue 16: cold 32k / 128k-token chats (target p50 <= 3 ms), a 48k-token shared prefix with a new
+/// Issue 16: cold 1k (the fixed per-route cost) / 32k / 128k-token chats (target p50 <= 3 ms), a 48k-token shared prefix with a new
 /// turn (cost follows the turn; routes/s on one caller), and 64 concurrent callers mixing cold
 /// and warm routes (warm p99 must not be dragged up by cold ones).
 fn long_prompts(rt: &tokio::runtime::Runtime, app: &axum::Router, svc: &Service, plain: &tokenizers::Tokenizer, template: &kvmesh_tokens::ChatTemplate, rng: &mut StdRng) -> anyhow::Result<()> {
     let count = |m: &[ChatMessage]| -> anyhow::Result<usize> { Ok(plain.encode_fast(template.render(m, true)?.as_str(), false).map_err(anyhow::Error::msg)?.len()) };
-    for (name, target, samples, doc) in [("cold_chat_32k", 32_000, 20, false), ("cold_chat_128k", 128_000, 10, false), ("cold_document_32k", 32_000, 20, true), ("cold_document_128k", 128_000, 10, true)] {
+    for (name, target, samples, doc) in [("cold_chat_1k", 1_000, 50, false), ("cold_chat_32k", 32_000, 20, false), ("cold_chat_128k", 128_000, 10, false), ("cold_document_32k", 32_000, 20, true), ("cold_document_128k", 128_000, 10, true)] {
         if !runs(name) {
             continue;
         }

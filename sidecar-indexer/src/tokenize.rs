@@ -41,6 +41,7 @@
 
 mod cache;
 mod chunk;
+mod estimate;
 pub mod memo;
 mod split;
 
@@ -53,7 +54,8 @@ use parking_lot::Mutex;
 
 pub use cache::CacheStats;
 use cache::SegmentCache;
-pub use chunk::{chunk_end, safe_cut, CHUNK_BYTES, MIN_SAMPLE_BYTES};
+pub use chunk::{chunk_end, safe_cut, CHUNK_BYTES, FIRST_CHUNK_BYTES, MIN_SAMPLE_BYTES};
+pub use estimate::Shape;
 pub use memo::DEFAULT_MEMO_BYTES;
 use memo::{MemoEntry, PrefixMemo, Tokenized};
 pub use split::{Segment, SegmentSplitter};
@@ -123,8 +125,8 @@ pub struct PromptTokens {
     pub chains: Vec<SequenceHash>,
     /// Local hashes of the same blocks.
     pub locals: Vec<LocalBlockHash>,
-    /// Estimated tokens after `ids` (bytes left × the tokens per byte of the tokenized text, plus
-    /// the added tokens left); 0 exactly when `ids` is the whole prompt.
+    /// Estimated tokens after `ids` (the text left's byte classes, weighed as the tokenized text's
+    /// were, plus the added tokens left: `estimate.rs`); 0 exactly when `ids` is the whole prompt.
     pub estimated_rest: usize,
 }
 
@@ -292,20 +294,15 @@ impl Partial {
         })
     }
 
-    fn estimate_rest(&mut self, rest_of_piece: &str, later: &[Segment<'_>]) {
-        let (mut bytes, mut added) = (rest_of_piece.len(), 0usize);
-        for seg in later {
-            match seg {
-                Segment::Added(_) => added += 1,
-                Segment::Text(t) => bytes += t.len(),
-            }
-        }
-        let per_byte = self.sample_tokens as f64 / self.sample_bytes.max(1) as f64;
-        let text = if bytes == 0 {
-            0
-        } else {
-            ((bytes as f64 * per_byte).round() as usize).max(1)
-        };
+    /// Estimates the tokens after the stop: `sampled` is the text tokenized (added tokens apart;
+    /// its ids are the ratio sample), `rest` the text left and `added` the added tokens left.
+    fn estimate_rest<'t>(
+        &mut self,
+        sampled: impl Iterator<Item = &'t str>,
+        rest: impl Iterator<Item = &'t str>,
+        added: usize,
+    ) {
+        let text = estimate::estimate(Shape::of(sampled), self.sample_tokens, Shape::of(rest));
         self.estimated_rest = text + added;
     }
 
@@ -521,9 +518,9 @@ impl PromptTokenizer {
     /// Encodes `segments[start..]` into `out` until the stop rule holds (module docs); `last`: the
     /// last two boundaries reached (the last one second).
     #[allow(clippy::too_many_arguments)]
-    fn encode_segments(
+    fn encode_segments<'t>(
         &self,
-        segments: &[Segment<'_>],
+        segments: &[Segment<'t>],
         ends: &[usize],
         start: usize,
         reach: &mut Reach<'_>,
@@ -541,6 +538,10 @@ impl PromptTokenizer {
                     0
                 };
         }
+        // Text bytes encoded by this call: a call that may stop early starts with a small chunk
+        // and doubles it (`FIRST_CHUNK_BYTES`), so a cold prompt stops soon after its first block.
+        let mut fresh = 0usize;
+        let stops = reach.held.is_some();
         for (i, (seg, &seg_end)) in segments.iter().zip(ends).enumerate().skip(start) {
             let t = match *seg {
                 Segment::Added(id) => {
@@ -553,7 +554,11 @@ impl PromptTokenizer {
             let mut start = 0;
             while start < t.len() {
                 let end = if self.splitter.chunks() {
-                    chunk_end(t, start)
+                    let bytes = match stops {
+                        true => fresh.clamp(FIRST_CHUNK_BYTES, CHUNK_BYTES),
+                        false => CHUNK_BYTES,
+                    };
+                    chunk_end(t, start, bytes)
                 } else {
                     t.len()
                 };
@@ -561,10 +566,21 @@ impl PromptTokenizer {
                 let before = out.ids.len();
                 self.encode_piece(chunk, &mut out.ids, stats)?;
                 out.sample_bytes += chunk.len();
+                fresh += chunk.len();
                 out.sample_tokens += out.ids.len() - before;
                 start = end;
                 if out.reached_enough(reach, chunk.len(), t.len() - start + later_bytes[i]) {
-                    out.estimate_rest(&t[start..], &segments[i + 1..]);
+                    let text = |s: &Segment<'t>| match *s {
+                        Segment::Text(t) => Some(t),
+                        Segment::Added(_) => None,
+                    };
+                    let (before, after) = (&segments[..i], &segments[i + 1..]);
+                    let sampled = before.iter().filter_map(text).chain([&t[..start]]);
+                    let rest = [&t[start..]]
+                        .into_iter()
+                        .chain(after.iter().filter_map(text));
+                    let added = after.len() - after.iter().filter_map(text).count();
+                    out.estimate_rest(sampled, rest, added);
                     return Ok(());
                 }
             }

@@ -648,6 +648,11 @@ fn the_estimate_error_of_the_untokenized_rest() {
         ("bench words".into(), words_text(&mut rng, 30_000)),
         ("random boundaries".into(), random_text(&mut rng, 20_000)),
         ("cjk".into(), cjk_text(&mut rng, 20_000)),
+        // The sample (the first chunk) is English, most of the rest is not.
+        (
+            "words then cjk".into(),
+            words_text(&mut rng, 300) + &cjk_text(&mut rng, 20_000),
+        ),
     ];
     cases.extend(real_texts());
     let mut worst: f64 = 0.0;

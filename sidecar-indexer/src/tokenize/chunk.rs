@@ -2,13 +2,20 @@
 //! the same pre-tokens for the two halves as for the whole ([`safe_cut`]), so the ids of the chunks
 //! concatenated are the ids of the piece.
 
-/// Bytes after which a long piece is cut into a chunk, at the first [`safe_cut`] boundary. About
-/// 500 tokens of prose: the granularity at which tokenization stops past the held blocks.
+/// Bytes of the first chunk a tokenization that may stop early encodes. Its chunks grow with the
+/// text it has encoded (each about as long as all before it) up to [`CHUNK_BYTES`]: a cold prompt
+/// stops after ~60 tokens (its first block nobody holds), not after ~500, and a prompt held far
+/// costs a few more encode calls (256, 512, 1 KiB, then 2 KiB each; an encode call has a fixed
+/// cost of ~45k instructions, ~10 µs here). A tokenization of everything uses [`CHUNK_BYTES`].
+pub const FIRST_CHUNK_BYTES: usize = 256;
+
+/// Bytes after which a long piece is cut into a chunk, at the first [`safe_cut`] boundary: the
+/// granularity at which tokenization stops past the held blocks.
 pub const CHUNK_BYTES: usize = 2048;
 
 /// Text tokenized at least before the rest of a prompt may be estimated (unless it is all of it):
-/// the sample the bytes → tokens ratio is measured on.
-pub const MIN_SAMPLE_BYTES: usize = 2048;
+/// the sample that calibrates the estimate (`estimate.rs`).
+pub const MIN_SAMPLE_BYTES: usize = FIRST_CHUNK_BYTES;
 
 fn is_cjk(c: char) -> bool {
     matches!(c, '\u{4e00}'..='\u{9fa5}' | '\u{3040}'..='\u{309f}' | '\u{30a0}'..='\u{30ff}')
@@ -48,9 +55,9 @@ pub fn safe_cut(before: char, after: char) -> bool {
 }
 
 /// The end of the chunk of `text` starting at `start`: the first [`safe_cut`] boundary at or past
-/// `start + CHUNK_BYTES`, else the end of `text`.
-pub fn chunk_end(text: &str, start: usize) -> usize {
-    let mut at = start + CHUNK_BYTES;
+/// `start + bytes`, else the end of `text`.
+pub fn chunk_end(text: &str, start: usize, bytes: usize) -> usize {
+    let mut at = start + bytes;
     if at >= text.len() {
         return text.len();
     }
