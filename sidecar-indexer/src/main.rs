@@ -22,6 +22,18 @@ use kvmesh_indexer::service::Service;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Turns transparent huge pages off for this process (`prctl(PR_SET_THP_DISABLE)`), first thing in
+/// `main`, before any thread starts. mimalloc madvises its arena `MADV_HUGEPAGE`; with the kernel's
+/// THP mode at `madvise` (the common default) or `always`, the first touch of a 2 MiB range faults
+/// in a whole huge page, mimalloc's purges of freed 64 KiB pages split them, and khugepaged
+/// collapses partly-populated ranges back into full huge pages (filling up to 511 absent 4 KiB
+/// pages of 512 with zeros), so RSS rose in 2 MiB steps long after the heap stopped growing (the
+/// soak, e2e/bench/README.md "Soak"). The indexer's hot maps are a few MiB, so huge pages buy
+/// little TLB reach here.
+fn disable_transparent_huge_pages() -> nix::Result<()> {
+    nix::sys::prctl::set_thp_disable(true)
+}
+
 /// The kvmesh sidecar indexer.
 #[derive(Parser, Debug)]
 #[command(version, about)]
@@ -41,6 +53,7 @@ struct Cli {
 }
 
 fn main() -> anyhow::Result<()> {
+    let thp_off = disable_transparent_huge_pages();
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -61,6 +74,9 @@ fn main() -> anyhow::Result<()> {
     }
     for w in config.warnings() {
         tracing::warn!("{w}");
+    }
+    if let Err(e) = thp_off {
+        tracing::warn!(error = %e, "could not turn transparent huge pages off for this process; RSS may grow in 2 MiB steps");
     }
     if cli.check {
         println!("{}", toml::to_string_pretty(&config)?);
