@@ -81,6 +81,11 @@ struct Args {
     /// bound within warm-up (the default 64 MiB fills in hours at this load).
     #[arg(long, default_value_t = 2)]
     tokenize_cache_mib: usize,
+    /// The indexer's `tokenize_memo_bytes` (the prefix memo of tokenized prompts), MiB: small, so
+    /// the memo reaches its bound within warm-up (charged ~100 KB/s at this load, it fills 2 MiB
+    /// in ~20 s; the default 64 MiB would take ~11 min).
+    #[arg(long, default_value_t = 2)]
+    tokenize_memo_mib: usize,
     /// The indexer's `recovery_max_blocks` (orphan recovery's routed prompts): small, so it reaches
     /// its bound within warm-up.
     #[arg(long, default_value_t = 16_384)]
@@ -92,6 +97,12 @@ struct Args {
     /// transient peak (the 18:32 run at e8b1b92: a 10,005-batch replay at 24 min, +10 MiB).
     #[arg(long, default_value_t = 1_000)]
     replay_steps: usize,
+    /// Also trace the indexer every this many seconds (0 = off) into `trace.csv`, not judged: its
+    /// RSS, anonymous and file-backed resident bytes (`/proc/<pid>/smaps_rollup`), every gauge the
+    /// samples take and the event counters (`TRACE_COUNTERS`), and each churn step (`churn`
+    /// series: 1 leave, 2 join, 3 indexer restart) — to see what a step in RSS coincides with.
+    #[arg(long, default_value_t = 0.0)]
+    trace_s: f64,
     /// Output directory.
     #[arg(long, default_value = "bench-out/soak")]
     out: PathBuf,
@@ -112,6 +123,8 @@ const ENVOY_HEAP: &str = "envoy_heap_allocated_bytes";
 const WASM_RSS: &str = "wasm_vm_rss_bytes";
 const WASM_SIZE: &str = "wasm_vm_memory_size_bytes";
 const INDEXER_RSS: &str = "indexer_rss_bytes";
+const INDEXER_ANON: &str = "indexer_anon_bytes";
+const INDEXER_FILE: &str = "indexer_file_bytes";
 /// An indexer gauge the soak samples: series name, metric, label filter.
 struct Gauge(
     &'static str,
@@ -137,12 +150,32 @@ const INDEXER_GAUGES: &[Gauge] = &[
     ),
     Gauge("speculative_blocks", "kvmesh_speculative_blocks", None),
     Gauge("tokenize_cache_bytes", "kvmesh_tokenize_cache_bytes", None),
+    Gauge("tokenize_memo_bytes", "kvmesh_tokenize_memo_bytes", None),
     Gauge("recovery_blocks", "kvmesh_recovery_blocks", None),
     Gauge(
         "worker_active_requests",
         "kvmesh_worker_active_requests",
         None,
     ),
+];
+
+/// Counters the trace (`--trace-s`) takes besides [`INDEXER_GAUGES`]: what arrives on the event
+/// sockets and replays.
+const TRACE_COUNTERS: &[Gauge] = &[
+    Gauge("kv_batches_total", "kvmesh_kv_batches_total", None),
+    Gauge("kv_events_total", "kvmesh_kv_events_total", None),
+    Gauge("kv_replays_total", "kvmesh_kv_replays_total", None),
+    Gauge(
+        "kv_orphan_stores_total",
+        "kvmesh_kv_orphan_stores_total",
+        None,
+    ),
+    Gauge(
+        "kv_event_limits_total",
+        "kvmesh_kv_event_limits_total",
+        None,
+    ),
+    Gauge("route_inflight", "kvmesh_route_inflight", None),
 ];
 
 /// The series that are the fleet's cache contents: judged on settled whole-fleet samples only
@@ -293,6 +326,22 @@ async fn sample(stack: &Stack, t: f64, out: &mut BTreeMap<String, Vec<(f64, f64)
             put(ENVOY_HEAP, admin_stat(&text, "server.memory_allocated"));
         }
     }
+    sample_indexer(stack, t, out, &[INDEXER_GAUGES], false).await;
+}
+
+/// The indexer's RSS (with `rollup`, its anonymous and file-backed parts too) and `gauges`.
+async fn sample_indexer(
+    stack: &Stack,
+    t: f64,
+    out: &mut BTreeMap<String, Vec<(f64, f64)>>,
+    gauges: &[&[Gauge]],
+    rollup: bool,
+) {
+    let mut put = |name: &str, v: Option<f64>| {
+        if let Some(v) = v {
+            out.entry(name.to_owned()).or_default().push((t, v));
+        }
+    };
     if let Some(pid) = stack.indexer.as_ref().map(|p| p.pid()) {
         put(
             INDEXER_RSS,
@@ -301,9 +350,16 @@ async fn sample(stack: &Stack, t: f64, out: &mut BTreeMap<String, Vec<(f64, f64)
                 .and_then(plan::status_rss_bytes)
                 .map(|b| b as f64),
         );
+        if rollup {
+            let split = read_proc(pid, "smaps_rollup")
+                .as_deref()
+                .and_then(plan::rollup_anon_file_bytes);
+            put(INDEXER_ANON, split.map(|(anon, _)| anon as f64));
+            put(INDEXER_FILE, split.map(|(_, file)| file as f64));
+        }
     }
     if let Ok(m) = stack.scrape(&stack.indexer_url("/metrics")).await {
-        for Gauge(name, metric, label) in INDEXER_GAUGES {
+        for Gauge(name, metric, label) in gauges.iter().flat_map(|g| g.iter()) {
             let matching: Vec<(&str, &str)> = label.iter().copied().collect();
             if m.select(metric, &matching).next().is_some() {
                 put(name, Some(m.sum(metric, &matching)));
@@ -375,6 +431,16 @@ async fn churn(stack: &mut Stack, step: Churn, out: &mut BTreeSet<String>) -> Re
             Ok("indexer SIGKILLed and restarted (replay done)".to_owned())
         }
     }
+}
+
+/// A churn step in the trace: series `churn`, 1 leave, 2 join, 3 indexer restart.
+fn trace_step(trace: &mut BTreeMap<String, Vec<(f64, f64)>>, t: f64, step: Churn) {
+    let code = match step {
+        Churn::WorkerLeave(_) => 1.0,
+        Churn::WorkerJoin(_) => 2.0,
+        Churn::IndexerRestart => 3.0,
+    };
+    trace.entry("churn".to_owned()).or_default().push((t, code));
 }
 
 // === output ===
@@ -451,10 +517,11 @@ async fn main() -> Result<()> {
     ];
     spec.release = a.release;
     spec.routing_toml = format!(
-        "kv_home_ttl_secs = {}\nlocal_continuation_max_sessions = {}\ntokenize_cache_bytes = {}\nrecovery_max_blocks = {}\n",
+        "kv_home_ttl_secs = {}\nlocal_continuation_max_sessions = {}\ntokenize_cache_bytes = {}\ntokenize_memo_bytes = {}\nrecovery_max_blocks = {}\n",
         a.kv_home_ttl_s,
         a.continuation_cap,
         a.tokenize_cache_mib << 20,
+        a.tokenize_memo_mib << 20,
         a.recovery_blocks
     );
     spec.work_dir = Some(std::path::absolute(a.out.join("stack"))?);
@@ -486,6 +553,8 @@ async fn main() -> Result<()> {
     let (mut done, mut failed, mut crashes) = (Vec::new(), Vec::new(), Vec::new());
     let mut out_workers = BTreeSet::new();
     let mut last_restart = 0.0f64;
+    let (mut trace, mut next_trace) = (BTreeMap::new(), 0.0f64);
+    let trace_path = a.out.join("trace.csv");
     let start = Instant::now();
     loop {
         let t = start.elapsed().as_secs_f64();
@@ -495,6 +564,7 @@ async fn main() -> Result<()> {
             match churn(&mut stack, step, &mut out_workers).await {
                 Ok(what) => {
                     tracing::info!(t_s = t, "{what}");
+                    trace_step(&mut trace, t, step);
                     done.push((t, what));
                 }
                 Err(e) => {
@@ -533,6 +603,21 @@ async fn main() -> Result<()> {
             let sent = load.tally.lock().map(|x| x.total()).unwrap_or(0);
             tracing::info!(t_s = t.round(), requests = sent, settled, "sample");
             next_sample += 1;
+        }
+        if a.trace_s > 0.0 && t >= next_trace {
+            sample_indexer(
+                &stack,
+                t,
+                &mut trace,
+                &[INDEXER_GAUGES, TRACE_COUNTERS],
+                true,
+            )
+            .await;
+            next_trace = t + a.trace_s;
+            // Written as it goes: a run stopped early keeps its trace.
+            if let Err(e) = write_csv(&trace_path, &trace) {
+                tracing::warn!(error = %e, "trace not written");
+            }
         }
         if t >= duration_s || crashes.iter().any(|c: &String| c.starts_with("envoy")) {
             break;
@@ -591,12 +676,13 @@ async fn main() -> Result<()> {
     };
     let mut report = plan::render(&summary, is_bytes);
     report.push_str(&format!(
-        "\nSetup: {} vllm-sim workers with {} KV blocks each; the indexer's `kv_home_ttl_secs = {}`, `local_continuation_max_sessions = {}`, `tokenize_cache_bytes = {} MiB` and `recovery_max_blocks = {}` (so the session maps, the tokenization cache and orphan recovery's routed prompts reach their bounds); {} clients (think {} ms), {:.0} % of requests streamed and aborted; Envoy has no wasm memory stat: `{WASM_RSS}` and `{WASM_SIZE}` are the resident and committed bytes, summed over the VMs (`wasm_vms`), of the wasm linear memories found in Envoy's `/proc/<pid>/smaps` (each an anonymous read-write mapping directly below V8's ≥ 1 GiB inaccessible guard reservation); `{ENVOY_HEAP}` is Envoy's `server.memory_allocated`. Samples at 0 and then every {:.0} s from {:.0} s (between churn steps); the index's size series ({}) are fitted only on the {} samples taken with the whole fleet listed and no churn step in the {:.0} s before. Indexer series fitted from {:.1} min (its last restart at {:.1} min).\n",
+        "\nSetup: {} vllm-sim workers with {} KV blocks each; the indexer's `kv_home_ttl_secs = {}`, `local_continuation_max_sessions = {}`, `tokenize_cache_bytes = {} MiB`, `tokenize_memo_bytes = {} MiB` and `recovery_max_blocks = {}` (so the session maps, the tokenization cache and prefix memo and orphan recovery's routed prompts reach their bounds); {} clients (think {} ms), {:.0} % of requests streamed and aborted; Envoy has no wasm memory stat: `{WASM_RSS}` and `{WASM_SIZE}` are the resident and committed bytes, summed over the VMs (`wasm_vms`), of the wasm linear memories found in Envoy's `/proc/<pid>/smaps` (each an anonymous read-write mapping directly below V8's ≥ 1 GiB inaccessible guard reservation); `{ENVOY_HEAP}` is Envoy's `server.memory_allocated`. Samples at 0 and then every {:.0} s from {:.0} s (between churn steps); the index's size series ({}) are fitted only on the {} samples taken with the whole fleet listed and no churn step in the {:.0} s before. Indexer series fitted from {:.1} min (its last restart at {:.1} min).\n",
         a.workers,
         a.gpu_blocks,
         a.kv_home_ttl_s,
         a.continuation_cap,
         a.tokenize_cache_mib,
+        a.tokenize_memo_mib,
         a.recovery_blocks,
         a.clients,
         a.think_ms,

@@ -150,9 +150,26 @@ impl Tally {
 
 /// `VmRSS` of a `/proc/<pid>/status` text, in bytes.
 pub fn status_rss_bytes(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    kib_field_bytes(status, "VmRSS")
+}
+
+/// A `Key:   N kB` field of a `/proc` text (`status`, `smaps_rollup`), in bytes.
+pub fn kib_field_bytes(text: &str, key: &str) -> Option<u64> {
+    let line = text.lines().find(|l| {
+        l.strip_prefix(key)
+            .is_some_and(|rest| rest.starts_with(':'))
+    })?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// Resident bytes of a `/proc/<pid>/smaps_rollup` text split into anonymous memory (the heap,
+/// thread stacks: what an allocator holds) and the rest (file-backed: the binary's pages, shared
+/// libraries): `(anon, file)`.
+pub fn rollup_anon_file_bytes(rollup: &str) -> Option<(u64, u64)> {
+    let rss = kib_field_bytes(rollup, "Rss")?;
+    let anon = kib_field_bytes(rollup, "Anonymous")?;
+    Some((anon, rss.saturating_sub(anon)))
 }
 
 /// The wasm linear memories in a `/proc/<pid>/smaps` text (see [`V8_RESERVATION_MIN_BYTES`]).
@@ -550,6 +567,23 @@ Rss:                   0 kB
                 count: 2
             }
         );
+    }
+
+    #[test]
+    fn smaps_rollup_splits_anonymous_from_file_backed() {
+        let rollup = "55d0c0a00000-7ffd1c1fe000 ---p 00000000 00:00 0    [rollup]\n\
+                      Rss:              102400 kB\nPss:               90000 kB\n\
+                      Pss_Anon:          70000 kB\nAnonymous:         71680 kB\nSwap: 0 kB\n";
+        assert_eq!(
+            rollup_anon_file_bytes(rollup),
+            Some((71680 * 1024, 30720 * 1024))
+        );
+        // The key `Rss` does not match `RssAnon`; a missing field is None.
+        assert_eq!(
+            kib_field_bytes("RssAnon:\t 5 kB\nRss:\t 7 kB\n", "Rss"),
+            Some(7 * 1024)
+        );
+        assert_eq!(rollup_anon_file_bytes("Rss: 7 kB\n"), None);
     }
 
     #[test]
