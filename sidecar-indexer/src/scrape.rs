@@ -34,6 +34,10 @@ pub struct EngineSample {
     /// `vllm:inter_token_latency_seconds` (or older `vllm:time_per_output_token_seconds`) `_sum` and `_count`.
     pub itl_sum: Option<f64>,
     pub itl_count: Option<f64>,
+    /// `vllm:request_inference_time_seconds` histogram `_sum` and `_count` (scheduled → last
+    /// token, per finished request): how long before its finish a request's prefill may have run.
+    pub inference_time_sum: Option<f64>,
+    pub inference_count: Option<f64>,
 }
 
 /// Parses the metrics routing reads from a vLLM-compatible exposition (with the project's one
@@ -69,6 +73,8 @@ pub fn parse_engine_metrics(text: &str) -> EngineSample {
             "vllm:time_to_first_token_seconds_sum" => add(&mut s.ttft_sum),
             "vllm:inter_token_latency_seconds_sum" => add(&mut s.itl_sum),
             "vllm:inter_token_latency_seconds_count" => add(&mut s.itl_count),
+            "vllm:request_inference_time_seconds_sum" => add(&mut s.inference_time_sum),
+            "vllm:request_inference_time_seconds_count" => add(&mut s.inference_count),
             "vllm:time_per_output_token_seconds_sum" => add(&mut old_itl_sum),
             "vllm:time_per_output_token_seconds_count" => add(&mut old_itl_count),
             _ => {}
@@ -114,6 +120,9 @@ struct Delta {
     busy_s: f64,
     /// Wall time between the two scrapes (0 when the interval measured nothing).
     wall_s: f64,
+    /// Summed scheduled → last-token time of the requests that finished, and their count.
+    lifetime_s: f64,
+    finished: f64,
     itl_sum: f64,
     itl_count: f64,
 }
@@ -123,18 +132,20 @@ struct Delta {
 /// Throughput = Σ computed prompt tokens / Σ prefill busy time over the last `WINDOW` scrapes, where
 /// computed tokens = Δ`vllm:request_prefill_kv_computed_tokens_sum` (else Δ`vllm:prompt_tokens_total`
 /// − Δ`vllm:prompt_tokens_cached_total`, else − Δ`vllm:prefix_cache_hits_total`) and busy time =
-/// min(Σ wall time, Σ Δ`vllm:request_prefill_time_seconds_sum`) over the window (or, for engines
+/// min(Σ wall time + the mean Δ`vllm:request_inference_time_seconds` of the requests that finished
+/// in the window, Σ Δ`vllm:request_prefill_time_seconds_sum`) over the window (or, for engines
 /// without that histogram, Δ`time_to_first_token` − Δ`request_queue_time`): overlapping prefills
-/// of one batch are not counted twice, and a request whose prefill straddles scrapes (its time is
-/// recorded at once) is not cut. It is trusted once the
+/// of one batch are not counted twice, a request whose prefill straddles scrapes (its time is
+/// recorded at once) is not cut, and the prefills of requests finishing in the window, which ran
+/// partly before it, are not squeezed into its wall time (see `window_rate`). It is trusted once the
 /// window holds `min_tokens` computed tokens. Every error of a window reading is an under-read:
 /// the per-request prefill time of requests batched into one step overlaps (each counts the whole
 /// step), and a step that also decodes the running batch is longer than its prefill tokens cost
 /// (the predictor adds that decode part separately). So the meter reports the **highest** reading
 /// of the last `hold` (a peak hold): a busy worker whose prefills overlap keeps the throughput it
 /// showed when they did not, instead of looking several times slower than an idle one — which
-/// pushed sessions off the worker holding their KV. At saturation the wall-time bound makes a
-/// reading exact. vLLM records the prefill histogram and the computed tokens when a request
+/// pushed sessions off the worker holding their KV. At saturation the time bound makes a reading
+/// nearly exact. vLLM records the prefill histogram and the computed tokens when a request
 /// finishes, so single intervals disagree; the window evens that out.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PrefillMeter {
@@ -196,6 +207,12 @@ impl PrefillMeter {
             let mut d = Delta::default();
             if let (Some(tokens), Some(busy)) = (computed, busy) {
                 (d.tokens, d.busy_s, d.wall_s) = (tokens, busy, wall);
+                if let (Some(sum), Some(count)) = (
+                    inc(s.inference_time_sum, prev.inference_time_sum),
+                    inc(s.inference_count, prev.inference_count),
+                ) {
+                    (d.lifetime_s, d.finished) = (sum, count);
+                }
             }
             if let (Some(sum), Some(count)) = (
                 inc(s.itl_sum, prev.itl_sum),
@@ -241,11 +258,21 @@ impl PrefillMeter {
 
     /// The window's prefill tokens per second, when it holds at least `min_tokens` computed tokens
     /// with some busy time.
+    ///
+    /// The busy time is bounded by the time the window's requests can have prefilled in: its wall
+    /// time plus their mean scheduled → last-token time, as the engine records both tokens and
+    /// prefill time when a request finishes, so the prefills of requests finishing in the window
+    /// ran partly before it. Bounding by the wall time alone over-read a trace replay's windows by
+    /// up to 1.4×, and the peak hold kept each worker's luckiest over-read (measured 23–24.5k
+    /// tokens/s on simulators running at 20k), so the model steered new conversations to the
+    /// worker it believed fastest and its load grew to 1.37× the mean.
     fn window_rate(&self, min_tokens: f64) -> Option<f64> {
         let tokens: f64 = self.window.iter().map(|d| d.tokens).sum();
         let busy: f64 = self.window.iter().map(|d| d.busy_s).sum();
         let wall: f64 = self.window.iter().map(|d| d.wall_s).sum();
-        let busy = busy.min(wall);
+        let finished: f64 = self.window.iter().map(|d| d.finished).sum();
+        let lag = if finished > 0.0 { self.window.iter().map(|d| d.lifetime_s).sum::<f64>() / finished } else { 0.0 };
+        let busy = busy.min(wall + lag);
         (tokens >= min_tokens.max(1.0) && busy > 0.0).then(|| tokens / busy)
     }
 
@@ -403,6 +430,23 @@ vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum
             &sample(10.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)),
             at(1500), hold(1.0));
         assert_eq!(m.window_rate(1.0), Some(20_000.0));
+    }
+
+    #[test]
+    fn requests_that_prefilled_before_the_window_do_not_over_read() {
+        // Two 20k-token requests prefilled one after the other at 20k tokens/s (2 s in all), then
+        // decoded, and both finished within one 1 s interval: recorded at once, their prefill time
+        // exceeds the interval's wall time, though nothing overlapped.
+        let t0 = Instant::now();
+        let mut m = PrefillMeter::default();
+        let mut a = sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0));
+        (a.inference_time_sum, a.inference_count) = (Some(0.0), Some(0.0));
+        let mut b = sample(40_000.0, 0.0, Some(2.0), 0.0, 0.0, (0.0, 0.0));
+        (b.inference_time_sum, b.inference_count) = (Some(7.0), Some(2.0));
+        m.observe(&a, t0, hold(1.0));
+        m.observe(&b, t0 + Duration::from_secs(1), hold(1.0));
+        assert_eq!(m.window_rate(1.0), Some(20_000.0), "bounded by 1 s + their mean 3.5 s, not by 1 s (40k)");
+        assert_eq!(parse_engine_metrics("vllm:request_inference_time_seconds_sum 7\nvllm:request_inference_time_seconds_count 2\n").inference_count, Some(2.0));
     }
 
     #[test]
