@@ -1,13 +1,22 @@
-//! The filter's per-request work on one body, natively, for instruction counting:
-//! `valgrind --tool=callgrind target/wasm/examples/body_path [tokens] [requests]`
-//! (build: `cargo build -p kvmesh-filter --example body_path --profile wasm`).
+//! The filter's per-request work on one body, natively or in V8, for instruction counts and
+//! timings:
 //!
-//! Drives a request's whole life through [`RequestFlow`] — headers, body, the indexer's canned
-//! decision, the end — as Envoy does, for a chat continuation of about `tokens` tokens (default
-//! 8000), `requests` times (default 20). The body is copied in as the host read copies it.
-//! Instructions per request = callgrind's total ÷ `requests` (minus the one-off setup).
+//! * callgrind: `valgrind --tool=callgrind target/wasm/examples/body_path [tokens] [requests]`
+//!   (build: `cargo build -p kvmesh-filter --example body_path --profile wasm`); instructions per
+//!   request = (total at `requests` − total at 1) ÷ (`requests` − 1).
+//! * V8, the engine Envoy runs the filter in (TurboFan only, as proxy-wasm's V8 host sets it):
+//!   `cargo build -p kvmesh-filter --example body_path --profile wasm --target wasm32-wasip1`, then
+//!   `node --no-liftoff filter/examples/wasi_run.mjs target/wasm32-wasip1/wasm/examples/body_path.wasm 8000 3000`
+//!   (Node ≥ 20; the proxy-wasm host functions are stubs: only pure code runs).
+//!
+//! Drives a request's whole life through [`RequestFlow`] — headers, body, the indexer's decision
+//! (an answer the release indexer gave), the end — as Envoy does, for a chat continuation of about
+//! `tokens` tokens (default 8000), `requests` times (default 20), and prints the mean time per
+//! request of the body read (`on_body`) and of the answer (`on_route_answer`). The body is copied
+//! in as the host read copies it (outside the timed part).
 
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use kvmesh_core::api::FleetSnapshot;
 use kvmesh_filter::effects::Next;
@@ -54,22 +63,30 @@ fn main() {
         ("x-request-id".into(), b"rid-1".to_vec()),
         ("content-length".into(), body.len().to_string().into_bytes()),
     ];
-    let answer = br#"{"endpoint":"127.0.0.1:8001","fallbacks":["127.0.0.1:8002"],"worker":"w1","mode":"aggregate","overlap_blocks":480,"isl_blocks":500,"reason":"overlap","booking_id":"b1"}"#;
+    let answer = br#"{"endpoint":"127.0.0.1:38137","fallbacks":["127.0.0.1:37649"],"worker":"w0","mode":"aggregate","overlap_blocks":0,"isl_blocks":468,"kv_transfer_params":null,"reason":"overlap 0/468 blocks (best elsewhere 23), predicted 374.8 ms, cost 381.8 ms; next w1 704.7 ms, cost 717.7 ms","reason_codes":["lowest_cost"],"best_overlap_worker":null,"best_overlap_blocks":0,"peer_worker":null,"predicted_ttft_ms":374.75,"booking_id":"kvb-71d7f707-2"}"#;
     let mut calls = 0;
+    let (mut on_body, mut on_answer) = (Duration::ZERO, Duration::ZERO);
     for i in 0..requests {
         let mut flow = RequestFlow::new(config.clone(), i);
         flow.on_request_headers(&headers, false, 1);
         flow.on_request_body(body.len(), true);
         // The host's read: Envoy's buffer copied into the VM.
-        let step = flow.on_body(Some(body.clone()), 2);
+        let copy = body.clone();
+        let t = Instant::now();
+        let step = flow.on_body(Some(copy), 2);
+        on_body += t.elapsed();
         if let Next::Call(call) = step.next {
             calls += usize::from(call.body.is_some());
         }
+        let t = Instant::now();
         flow.on_route_answer(Some(200), answer, 3, &NoFleet);
+        on_answer += t.elapsed();
         flow.on_response_headers(Some(200), false);
         flow.on_response_data(10, 4);
         flow.on_response_body(true);
         flow.finish(Some(200));
     }
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / f64::from(requests.max(1));
     println!("{requests} requests of {} body bytes, {calls} route calls", body.len());
+    println!("per request: on_body {:.1} µs, on_route_answer {:.1} µs", per(on_body), per(on_answer));
 }
