@@ -54,7 +54,9 @@ use parking_lot::Mutex;
 
 pub use cache::CacheStats;
 use cache::SegmentCache;
-pub use chunk::{chunk_end, safe_cut, CHUNK_BYTES, FIRST_CHUNK_BYTES, MIN_SAMPLE_BYTES};
+pub use chunk::{
+    chunk_end, safe_cut, CHUNK_BYTES, FIRST_CHUNK_BYTES, MIN_ESTIMATED_BYTES, MIN_SAMPLE_BYTES,
+};
 pub use estimate::Shape;
 pub use memo::DEFAULT_MEMO_BYTES;
 use memo::{MemoEntry, PrefixMemo, Tokenized};
@@ -264,8 +266,9 @@ impl Partial {
 
     /// Whether the ids so far cover every block a worker may hold, the exact tokens asked past it,
     /// and the ratio sample, and the `rest_bytes` left are more than the text tokenized past the
-    /// held prefix (so a prompt is estimated only when that saves more than half of its cold
-    /// work; shorter tails are tokenized, exactly). `chunk_bytes`: the piece just tokenized.
+    /// held prefix and than [`MIN_ESTIMATED_BYTES`] (so a prompt is estimated only when that saves
+    /// more than half of its cold work and more than a background completion costs; shorter tails
+    /// are tokenized, exactly). `chunk_bytes`: the piece just tokenized.
     fn reached_enough(
         &mut self,
         reach: &mut Reach<'_>,
@@ -290,7 +293,7 @@ impl Partial {
         self.held.is_some_and(|h| {
             self.ids.len() >= h * self.block_size + reach.exact_past_held
                 && self.sample_bytes >= MIN_SAMPLE_BYTES
-                && rest_bytes > self.cold_bytes
+                && rest_bytes > self.cold_bytes.max(MIN_ESTIMATED_BYTES)
         })
     }
 

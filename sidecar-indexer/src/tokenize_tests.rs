@@ -733,3 +733,42 @@ fn a_tail_shorter_than_the_cold_work_is_tokenized_not_estimated() {
         full.len()
     );
 }
+
+#[test]
+fn a_short_new_turn_past_the_held_prefix_is_tokenized_whole() {
+    // A continuation: the history is held and remembered; its new turn (< MIN_ESTIMATED_BYTES,
+    // but longer than the first chunk) is encoded exactly rather than estimated.
+    let tok = load(8 << 20);
+    let mut rng = StdRng::seed_from_u64(45);
+    let RequestInput::Messages(mut history) = long_chat(&mut rng, 4_000) else {
+        unreachable!("long_chat is a chat")
+    };
+    let whole = RequestInput::Messages(history.clone());
+    let first = tok
+        .tokens_until(
+            &whole,
+            &mut Reach::whole_blocks(16, 1337),
+            &mut CacheStats::default(),
+        )
+        .unwrap();
+    history.push(msg("assistant", words_text(&mut rng, 80)));
+    history.push(msg("user", words_text(&mut rng, 60)));
+    let rendered = tok.template.render(&history, true).unwrap();
+    let tail = rendered.len() - tok.template.render(&history[..4], true).unwrap().len();
+    assert!(
+        (FIRST_CHUNK_BYTES..MIN_ESTIMATED_BYTES).contains(&tail),
+        "{tail}"
+    );
+    let (ids, _, _) = full_blocks(&tok, &rendered, 16, 1337);
+    let held_blocks = first.chains.len();
+    let mut held = |c: &[SequenceHash]| c.len().min(held_blocks);
+    let got = tok
+        .tokens_until(
+            &RequestInput::Messages(history),
+            &mut Reach::new(16, 1337, 0, &mut held),
+            &mut CacheStats::default(),
+        )
+        .unwrap();
+    assert!(got.complete(), "{} of {} ids", got.ids.len(), ids.len());
+    assert_eq!(got.ids, ids);
+}

@@ -13,6 +13,11 @@ pub const FIRST_CHUNK_BYTES: usize = 256;
 /// granularity at which tokenization stops past the held blocks.
 pub const CHUNK_BYTES: usize = 2048;
 
+/// Text left at least for a prompt's rest to be estimated rather than tokenized: a shorter tail
+/// (a continuation's new turn) costs less to encode than the background completion an estimated
+/// prompt starts (`route::plan::complete_later`), and keeps the prompt's length exact.
+pub const MIN_ESTIMATED_BYTES: usize = CHUNK_BYTES;
+
 /// Text tokenized at least before the rest of a prompt may be estimated (unless it is all of it):
 /// the sample that calibrates the estimate (`estimate.rs`).
 pub const MIN_SAMPLE_BYTES: usize = FIRST_CHUNK_BYTES;
