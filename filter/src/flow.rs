@@ -322,6 +322,13 @@ impl RequestFlow {
         self.ttft.on_response_bytes(self.response_status, bytes, now_ns)
     }
 
+    /// Whether [`Self::on_response_data`] can still record anything (the TTFT of a streamed
+    /// response before its first byte). Envoy calls the filter for every response chunk — one per
+    /// streamed token — and the clock is a host call: after the first byte it is not read.
+    pub fn awaits_first_byte(&self) -> bool {
+        self.phase != Phase::Rejected && self.ttft.pending()
+    }
+
     /// A response body chunk; the last one completes the response.
     pub fn on_response_body(&mut self, end_of_stream: bool) {
         self.response_complete |= end_of_stream;

@@ -61,6 +61,12 @@ impl TtftProbe {
         self.predicted_ms
     }
 
+    /// Whether a response byte can still record the TTFT (a streamed request whose first byte has
+    /// not come yet): the host reads its clock for a response chunk only then.
+    pub fn pending(&self) -> bool {
+        self.arrived_ns.is_some() && self.stream && !self.measured
+    }
+
     /// Response body bytes arrived at `now_ns`; `status` is the response's. The first non-empty
     /// chunk of a streamed 2xx response records the histograms; everything else records nothing.
     pub fn on_response_bytes(&mut self, status: Option<u16>, bytes: usize, now_ns: u64) -> Vec<Effect> {
@@ -112,9 +118,13 @@ mod tests {
     fn the_first_streamed_bytes_record_actual_predicted_and_ratio_once() {
         let mut p = probe(true, Some(40.0));
         assert!(p.on_response_bytes(Some(200), 0, 20_000_000).is_empty(), "an empty chunk is no token");
+        assert!(p.pending());
         let first = recorded(&p.on_response_bytes(Some(200), 120, 51_000_000));
         assert_eq!(first, vec![(Metric::Ttft, 50), (Metric::TtftPredicted, 40), (Metric::TtftRatio, 1250)]);
+        assert!(!p.pending(), "measured: later chunks need no clock");
         assert!(p.on_response_bytes(Some(200), 80, 90_000_000).is_empty(), "once per request");
+        assert!(!probe(false, None).pending(), "a non-streamed response is not measured");
+        assert!(!TtftProbe::default().pending(), "no arrival time, nothing to measure");
     }
 
     #[test]

@@ -176,8 +176,10 @@ impl HttpContext for HttpFilter {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let effects = self.flow.on_response_data(body_size, self.now_ns());
-        self.apply(effects);
+        if self.flow.awaits_first_byte() {
+            let effects = self.flow.on_response_data(body_size, self.now_ns());
+            self.apply(effects);
+        }
         self.flow.on_response_body(end_of_stream);
         Action::Continue
     }

@@ -482,7 +482,9 @@ fn ttft_is_measured_at_the_first_streamed_byte_against_the_prediction() {
     let debug = f.on_response_headers(Some(200), false);
     assert!(debug.contains(&Effect::AddResponseHeader(headers::DEBUG_PREDICTED_TTFT, "20.0".into())), "{debug:?}");
     assert!(f.on_response_data(0, 10_000_000).is_empty(), "no bytes, no token");
+    assert!(f.awaits_first_byte(), "the first byte is still to come");
     let first = f.on_response_data(64, 31_000_000);
+    assert!(!f.awaits_first_byte(), "after the first byte the host need not read its clock");
     assert_eq!(recorded(&first, Metric::Ttft), vec![30]);
     assert_eq!(recorded(&first, Metric::TtftPredicted), vec![20]);
     assert_eq!(recorded(&first, Metric::TtftRatio), vec![1500]);
