@@ -397,9 +397,13 @@ impl Listener {
                         && !clear_on_truncation);
                 if !reaches {
                     reached_back = false;
-                    tracing::warn!(worker = %w, rank, asked = from, got = ?first, "replay does not reach back to the gap");
                     if clear_on_truncation {
+                        tracing::warn!(worker = %w, rank, asked = from, got = ?first, "replay does not reach back to the gap");
                         self.resync("gap_unrecoverable");
+                    } else {
+                        // A first replay (start-up, join, engine restart): nothing to lose, the
+                        // engine's ring just holds only its last `buffer_steps` batches.
+                        tracing::info!(worker = %w, rank, asked = from, got = ?first, "the engine's replay ring starts after the asked batch: blocks it stored before are learnt only when stored again");
                     }
                     // The rest of the replay is judged from where the engine's ring starts.
                     ask = first.unwrap_or(from);
@@ -433,27 +437,40 @@ impl Listener {
                     };
                 }
                 RoundNext::AskAgain { from: again } => {
-                    let reason = if plan.apply < seqs.len() {
-                        "holes"
-                    } else {
-                        "no_end_marker"
-                    };
+                    let holes = plan.apply < seqs.len();
+                    let reason = if holes { "holes" } else { "no_end_marker" };
                     self.metrics
                         .kv_replay_rounds
                         .with_label_values(&[&w, reason])
                         .inc();
-                    tracing::warn!(
-                        worker = %w,
-                        rank,
-                        from,
-                        round,
-                        received = seqs.len(),
-                        applied = plan.apply,
-                        ended,
-                        ask_again = again,
-                        reason,
-                        "replay incomplete (the engine's replay socket dropped replies): asking again from the first missing batch"
-                    );
+                    if holes {
+                        tracing::warn!(
+                            worker = %w,
+                            rank,
+                            from,
+                            round,
+                            received = seqs.len(),
+                            applied = plan.apply,
+                            ended,
+                            ask_again = again,
+                            reason,
+                            "replay incomplete (the engine's replay socket dropped replies): asking again from the first missing batch"
+                        );
+                    } else {
+                        // Every batch that came is applied; only the end marker is missing (the
+                        // engine's ROUTER drops what its send queue, 1,000 by default, cannot
+                        // hold: a full ring of 1,000 loses just the marker) or it came late.
+                        tracing::info!(
+                            worker = %w,
+                            rank,
+                            from,
+                            round,
+                            received = seqs.len(),
+                            ask_again = again,
+                            reason,
+                            "replay round ended without the end marker, no batch missing: asking again from the next batch"
+                        );
+                    }
                     ask = again;
                 }
                 RoundNext::GiveUp => break,
