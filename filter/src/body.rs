@@ -93,6 +93,35 @@ impl<'a> Scanner<'a> {
         (self.depth <= MAX_DEPTH).then_some(())
     }
 
+    /// Past the closing bracket of the object or list being read.
+    fn close(&mut self) {
+        self.i += 1;
+        self.depth -= 1;
+    }
+
+    /// The `:` after a key, with the whitespace around it.
+    fn colon(&mut self) -> Option<()> {
+        self.ws();
+        self.eat(b':')?;
+        self.ws();
+        Some(())
+    }
+
+    /// After a member or an element: a `,` (consumed, with the whitespace after it) → `true`; the
+    /// closing `close` (left for the caller) → `false`; anything else declines.
+    fn more(&mut self, close: u8) -> Option<bool> {
+        self.ws();
+        match self.at()? {
+            b',' => {
+                self.i += 1;
+                self.ws();
+                Some(true)
+            }
+            c if c == close => Some(false),
+            _ => None,
+        }
+    }
+
     /// The top-level object; the body must end after it.
     fn top(&mut self) -> Option<Top> {
         self.ws();
@@ -103,9 +132,7 @@ impl<'a> Scanner<'a> {
         self.ws();
         loop {
             let key = self.key()?;
-            self.ws();
-            self.eat(b':')?;
-            self.ws();
+            self.colon()?;
             match key {
                 b"messages" if anchor.is_none() => anchor = Some(self.messages()?),
                 b"model" if !model => {
@@ -134,14 +161,8 @@ impl<'a> Scanner<'a> {
                 b"messages" | b"model" | b"stream" | b"max_tokens" | b"max_completion_tokens" => return None,
                 _ => self.value()?,
             }
-            self.ws();
-            match self.at()? {
-                b',' => {
-                    self.i += 1;
-                    self.ws();
-                }
-                b'}' => break,
-                _ => return None,
+            if !self.more(b'}')? {
+                break;
             }
         }
         self.i += 1;
@@ -177,19 +198,12 @@ impl<'a> Scanner<'a> {
                 Some(_) if role == Role::Absent || !content_ok => return None,
                 Some(_) => {}
             }
-            self.ws();
-            match self.at()? {
-                b',' => {
-                    self.i += 1;
-                    self.ws();
-                }
-                b']' => break,
-                _ => return None,
+            if !self.more(b']')? {
+                break;
             }
         }
         let end = anchor_end.unwrap_or(self.i);
-        self.i += 1;
-        self.depth -= 1;
+        self.close();
         Some((start, end))
     }
 
@@ -204,9 +218,7 @@ impl<'a> Scanner<'a> {
         if self.at()? != b'}' {
             loop {
                 let key = self.key()?;
-                self.ws();
-                self.eat(b':')?;
-                self.ws();
+                self.colon()?;
                 match key {
                     b"role" if role.is_none() => {
                         let start = self.i;
@@ -222,19 +234,12 @@ impl<'a> Scanner<'a> {
                     b"role" | b"content" => return None,
                     _ => self.value()?,
                 }
-                self.ws();
-                match self.at()? {
-                    b',' => {
-                        self.i += 1;
-                        self.ws();
-                    }
-                    b'}' => break,
-                    _ => return None,
+                if !self.more(b'}')? {
+                    break;
                 }
             }
         }
-        self.i += 1;
-        self.depth -= 1;
+        self.close();
         Some((role.unwrap_or(Role::Absent), content.unwrap_or(true)))
     }
 
@@ -263,23 +268,14 @@ impl<'a> Scanner<'a> {
                             return None;
                         }
                         self.string()?;
-                        self.ws();
-                        self.eat(b':')?;
-                        self.ws();
+                        self.colon()?;
                         self.value()?;
-                        self.ws();
-                        match self.at()? {
-                            b',' => {
-                                self.i += 1;
-                                self.ws();
-                            }
-                            b'}' => break,
-                            _ => return None,
+                        if !self.more(b'}')? {
+                            break;
                         }
                     }
                 }
-                self.i += 1;
-                self.depth -= 1;
+                self.close();
                 Some(())
             }
             b'[' => {
@@ -289,19 +285,12 @@ impl<'a> Scanner<'a> {
                 if self.at()? != b']' {
                     loop {
                         self.value()?;
-                        self.ws();
-                        match self.at()? {
-                            b',' => {
-                                self.i += 1;
-                                self.ws();
-                            }
-                            b']' => break,
-                            _ => return None,
+                        if !self.more(b']')? {
+                            break;
                         }
                     }
                 }
-                self.i += 1;
-                self.depth -= 1;
+                self.close();
                 Some(())
             }
             b't' => self.literal(b"true"),
