@@ -541,10 +541,11 @@ impl PromptTokenizer {
                     0
                 };
         }
-        // Text bytes encoded by this call: a call that may stop early starts with a small chunk
-        // and doubles it (`FIRST_CHUNK_BYTES`), so a cold prompt stops soon after its first block.
+        // Text bytes encoded by this call: it starts with a small chunk and doubles it
+        // (`FIRST_CHUNK_BYTES`), so a cold prompt stops soon after its first block; a whole
+        // tokenization cuts the same way, so a background completion finds the route's chunks in
+        // the segment cache.
         let mut fresh = 0usize;
-        let stops = reach.held.is_some();
         for (i, (seg, &seg_end)) in segments.iter().zip(ends).enumerate().skip(start) {
             let t = match *seg {
                 Segment::Added(id) => {
@@ -557,11 +558,7 @@ impl PromptTokenizer {
             let mut start = 0;
             while start < t.len() {
                 let end = if self.splitter.chunks() {
-                    let bytes = match stops {
-                        true => fresh.clamp(FIRST_CHUNK_BYTES, CHUNK_BYTES),
-                        false => CHUNK_BYTES,
-                    };
-                    chunk_end(t, start, bytes)
+                    chunk_end(t, start, fresh.clamp(FIRST_CHUNK_BYTES, CHUNK_BYTES))
                 } else {
                     t.len()
                 };

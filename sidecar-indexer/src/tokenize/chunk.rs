@@ -2,11 +2,12 @@
 //! the same pre-tokens for the two halves as for the whole ([`safe_cut`]), so the ids of the chunks
 //! concatenated are the ids of the piece.
 
-/// Bytes of the first chunk a tokenization that may stop early encodes. Its chunks grow with the
-/// text it has encoded (each about as long as all before it) up to [`CHUNK_BYTES`]: a cold prompt
-/// stops after ~60 tokens (its first block nobody holds), not after ~500, and a prompt held far
-/// costs a few more encode calls (256, 512, 1 KiB, then 2 KiB each; an encode call has a fixed
-/// cost of ~45k instructions, ~10 µs here). A tokenization of everything uses [`CHUNK_BYTES`].
+/// Bytes of the first chunk a tokenization encodes. Its chunks grow with the text it has encoded
+/// (each about as long as all before it) up to [`CHUNK_BYTES`]: a cold prompt stops after ~60
+/// tokens (its first block nobody holds), not after ~500, and a prompt tokenized further costs a
+/// few more encode calls (256, 512, 1 KiB, then 2 KiB each; an encode call has a fixed cost of
+/// ~45k instructions, ~10 µs here). The schedule restarts with each call (at its resume point), so
+/// a prompt's background completion cuts its first chunks as its route did and finds them cached.
 pub const FIRST_CHUNK_BYTES: usize = 256;
 
 /// Bytes after which a long piece is cut into a chunk, at the first [`safe_cut`] boundary: the
