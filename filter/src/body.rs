@@ -26,20 +26,27 @@ const MAX_DEPTH: usize = 100;
 /// Longest number the scanner accepts (no exponent: such a number is finite as an `f64`).
 const MAX_NUMBER_BYTES: usize = 100;
 
-/// Reads `body` as a request to `endpoint`: exactly [`openai::peek`]'s result.
-pub fn read(endpoint: Endpoint, body: &[u8]) -> Result<RequestPeek, ParseError> {
+/// Reads `body` as a request to `endpoint`: exactly [`openai::peek`]'s result — without the
+/// conversation anchor when `anchor` is false (the caller has no use for it: the request sent a
+/// session header, or key derivation is off), which spares digesting it: `conversation_anchor`
+/// is then `None`.
+pub fn read(endpoint: Endpoint, body: &[u8], anchor: bool) -> Result<RequestPeek, ParseError> {
     if endpoint == Endpoint::ChatCompletions {
-        if let Some(peek) = fast_chat(body) {
+        if let Some(peek) = fast_chat(body, anchor) {
             return Ok(peek);
         }
     }
-    openai::peek(endpoint, body)
+    openai::peek(endpoint, body).map(|p| if anchor { p } else { RequestPeek { conversation_anchor: None, ..p } })
 }
 
-/// The scan of a chat body: `Some` only for a body `peek` accepts, with its answer.
-pub(crate) fn fast_chat(body: &[u8]) -> Option<RequestPeek> {
-    let mut s = Scanner { b: body, i: 0, depth: 0 };
+/// The scan of a chat body: `Some` only for a body `peek` accepts, with its answer (the anchor
+/// only when `anchor`).
+pub(crate) fn fast_chat(body: &[u8], anchor: bool) -> Option<RequestPeek> {
+    let mut s = Scanner { b: body, i: 0, depth: 0, anchor };
     let top = s.top()?;
+    if !anchor {
+        return Some(RequestPeek { stream: top.stream, conversation_anchor: None });
+    }
     let (start, end) = top.anchor;
     // The anchor's messages as a body of their own: `peek` checks them as `parse` would and
     // digests them (the digest reads only these messages).
@@ -55,7 +62,7 @@ pub(crate) fn fast_chat(body: &[u8]) -> Option<RequestPeek> {
 struct Top {
     stream: bool,
     /// The bytes of `messages` from its first element to the end of the first user message (or
-    /// of the last message, when none is a user's).
+    /// of the last message, when none is a user's); unused without the anchor.
     anchor: (usize, usize),
 }
 
@@ -71,6 +78,9 @@ struct Scanner<'a> {
     b: &'a [u8],
     i: usize,
     depth: usize,
+    /// Whether the anchor is left to `peek` (for its digest); without, every message is checked
+    /// here as a later one is.
+    anchor: bool,
 }
 
 impl<'a> Scanner<'a> {
@@ -192,6 +202,7 @@ impl<'a> Scanner<'a> {
         loop {
             let (role, content_ok) = self.message()?;
             match anchor_end {
+                None if !self.anchor && (role == Role::Absent || !content_ok) => return None,
                 None if role == Role::User => anchor_end = Some(self.i),
                 // An anchor message: `peek` checks it with the anchor.
                 None => {}

@@ -218,7 +218,9 @@ impl RequestFlow {
             _ => return Step { effects: vec![self.unroutable(UnroutableReason::NoBody)], next: Next::Continue },
         };
         // The light read: parse's verdict, `stream` and the anchor, mostly without serde (`body`).
-        let parsed = match body::read(endpoint, &body) {
+        // The anchor only matters for a derived key: a session header wins over it.
+        let anchor = self.head.session_id.is_none() && self.config.derive_session_keys;
+        let parsed = match body::read(endpoint, &body, anchor) {
             Ok(p) => p,
             Err(e) => {
                 log::debug!("ctx={} request_id={} unroutable body: {e}", self.context_id, self.request_id);

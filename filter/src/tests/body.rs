@@ -3,13 +3,19 @@
 use super::*;
 use serde_json::json;
 
-/// `read` must equal `peek` on every body; returns whether the scan itself answered.
+/// `read` must equal `peek` on every body, with and without the anchor; returns whether the scan
+/// itself answered (with the anchor: without it, it answers at least as often).
 fn agrees(body: &[u8]) -> bool {
     let want = openai::peek(Endpoint::ChatCompletions, body);
-    assert_eq!(read(Endpoint::ChatCompletions, body), want, "{}", String::from_utf8_lossy(body));
-    let fast = fast_chat(body);
+    let unanchored = want.clone().map(|p| RequestPeek { conversation_anchor: None, ..p });
+    assert_eq!(read(Endpoint::ChatCompletions, body, true), want, "{}", String::from_utf8_lossy(body));
+    assert_eq!(read(Endpoint::ChatCompletions, body, false), unanchored, "without the anchor: {}", String::from_utf8_lossy(body));
+    let fast = fast_chat(body, true);
     if let Some(p) = &fast {
         assert_eq!(Ok(p), want.as_ref(), "the scan answered a body peek refuses: {}", String::from_utf8_lossy(body));
+    }
+    if let Some(p) = fast_chat(body, false) {
+        assert_eq!(Ok(&p), unanchored.as_ref(), "the scan without the anchor answered a body peek refuses: {}", String::from_utf8_lossy(body));
     }
     fast.is_some()
 }
@@ -39,6 +45,8 @@ fn the_scan_answers_common_chat_bodies_as_peek() {
     ];
     for (name, body) in cases {
         assert!(agrees(&body), "{name}: the scan declined a common body");
+        // Without the anchor every message is checked by the scan, so parts decline there.
+        assert_eq!(fast_chat(&body, false).is_some(), name != "anchor parts", "{name}: without the anchor");
     }
 }
 
@@ -100,7 +108,7 @@ fn the_scan_declines_what_it_does_not_know_and_peek_decides() {
 #[test]
 fn other_endpoints_are_peeks() {
     for body in [&br#"{"prompt":[1,2,3]}"#[..], br#"{"prompt":"hi","stream":true}"#, b"nope"] {
-        assert_eq!(read(Endpoint::Completions, body), openai::peek(Endpoint::Completions, body));
+        assert_eq!(read(Endpoint::Completions, body, true), openai::peek(Endpoint::Completions, body));
     }
 }
 
