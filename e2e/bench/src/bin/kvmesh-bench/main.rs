@@ -371,8 +371,18 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
     };
     let rates_line = if fixed_rates.is_empty() {
         format!(
-            "ladder: round_robin from the first rate × {} per step, at most {} steps, until its TTFT p90 > 3 × its light-load value; then every policy at {} × the saturation rate",
-            a.sweep_factor, a.sweep_max_steps, a.sweep_fractions
+            "ladder: round_robin from the first rate × {} per step, at most {} steps, until its TTFT p90 > 3 × its light-load value; then every policy at {} × the saturation rate; the load point (0.8 ×) measures {}",
+            a.sweep_factor,
+            a.sweep_max_steps,
+            a.sweep_fractions,
+            match a.sweep_load_point_window_s {
+                Some(w) => format!("a {w}-s window (`--sweep-load-point-window-s`)"),
+                None => format!(
+                    "the sweep's window, the trace's {} s (more requests of its heavy-tailed prompts), replaying {} s of trace time at the ladder's compression",
+                    a.sweep_duration_s.max(sweep::TRACE_LOAD_POINT_WINDOW_S),
+                    a.sweep_trace_window_ms / 1000.0 * a.sweep_duration_s.max(sweep::TRACE_LOAD_POINT_WINDOW_S) / a.sweep_duration_s
+                ),
+            }
         )
     } else {
         format!("rates: every policy at {fixed_rates:?} (`--sweep-rates`; no ladder, no saturation search, no load point)")
