@@ -152,16 +152,33 @@ fn skip_value(b: &[u8], i: usize, limit: usize) -> Option<usize> {
     }
 }
 
-/// End of the string starting at the quote at `i`.
+/// End of the string starting at the quote at `i`. Plain runs go 8 bytes per step ([`plain_word`]):
+/// chat bodies are mostly string content, and this scan ran at ~7 instructions per byte.
 fn skip_string(b: &[u8], i: usize) -> Option<usize> {
     let mut j = i + 1;
     loop {
+        while let Some(w) = b.get(j..j + 8).and_then(|w| <[u8; 8]>::try_from(w).ok()) {
+            if !plain_word(w) {
+                break;
+            }
+            j += 8;
+        }
         match b.get(j)? {
             b'"' => return Some(j + 1),
             b'\\' => j += 2,
             _ => j += 1,
         }
     }
+}
+
+/// Whether none of the 8 bytes of `w` is a quote or a backslash (the classic has-zero-byte test
+/// on `w` xor each, word at a time).
+fn plain_word(w: [u8; 8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([1; 8]);
+    const HIGHS: u64 = ONES << 7;
+    let x = u64::from_ne_bytes(w);
+    let zero_byte = |y: u64| y.wrapping_sub(ONES) & !y & HIGHS;
+    (zero_byte(x ^ (ONES * u64::from(b'"'))) | zero_byte(x ^ (ONES * u64::from(b'\\')))) == 0
 }
 
 /// The ids of `b` if it is exactly a non-empty flat list of integers in `0..2^32` (then valid
@@ -217,6 +234,35 @@ fn skip_ws(b: &[u8], mut i: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn skip_string_agrees_with_a_byte_by_byte_scan() {
+        let slow = |b: &[u8], i: usize| {
+            let mut j = i + 1;
+            loop {
+                match b.get(j)? {
+                    b'"' => return Some(j + 1),
+                    b'\\' => j += 2,
+                    _ => j += 1,
+                }
+            }
+        };
+        // Random placements of quotes, backslashes and multi-byte chars among plain bytes.
+        let alphabet: &[u8] = b"a\"\\\xc3\x80 ";
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..20_000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let len = (state % 40) as usize;
+            let mut b = vec![b'"'];
+            for k in 0..len {
+                let r = (state >> (k % 60)) as usize;
+                b.push(if r % 5 == 0 { alphabet[r / 5 % alphabet.len()] } else { b'x' });
+            }
+            assert_eq!(skip_string(&b, 0), slow(&b, 0), "{:?}", String::from_utf8_lossy(&b));
+        }
+    }
 
     #[test]
     fn flat_lists_of_u32_only() {
