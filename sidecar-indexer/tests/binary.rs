@@ -43,6 +43,13 @@ async fn serves_and_reloads() {
     let ix = p.field("http");
     assert!(!ix.ends_with(":0"), "READY reports the bound port: {ix}");
     assert_eq!(p.ready, format!("READY http={ix}"));
+    // Transparent huge pages are off for the process (src/main.rs: they made RSS move in 2 MiB steps
+    // in the soak). Kernels before 5.0 do not report the flag.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", p.pid())).unwrap();
+    match status.lines().find_map(|l| l.strip_prefix("THP_enabled:")) {
+        Some(v) => assert_eq!(v.trim(), "0", "THP_enabled in /proc/<pid>/status"),
+        None => eprintln!("this kernel does not report THP_enabled; not checked"),
+    }
     let http = reqwest::Client::new();
     for probe in ["/healthz", "/readyz", "/metrics", "/debug/workers"] {
         assert!(http.get(format!("http://{ix}{probe}")).send().await.unwrap().status().is_success(), "{probe}");
