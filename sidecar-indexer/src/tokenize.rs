@@ -17,9 +17,10 @@
 //! anything: tokenization goes piece by piece in prompt order, hashes each full block as it appears,
 //! asks a predicate how many leading blocks some worker holds, and stops once a block nobody holds
 //! has been reached (plus what the caller needs exactly: the disaggregation threshold's tokens past
-//! the held prefix). The rest of the prompt's length is estimated from the bytes → tokens ratio of
-//! what was tokenized. Long pieces (a document between two added tokens) are cut into chunks of
-//! about [`CHUNK_BYTES`] at boundaries where the pre-tokenizer provably gives the same pre-tokens for
+//! the held prefix). The rest of the prompt's length is estimated from its byte classes, weighed
+//! as the tokenized text's were ([`estimate`]). Long pieces (a document between two added tokens)
+//! are cut into chunks — [`FIRST_CHUNK_BYTES`] first, doubling up to [`CHUNK_BYTES`], so a cold
+//! prompt stops after a few blocks — at boundaries where the pre-tokenizer provably gives the same pre-tokens for
 //! the two halves as for the whole ([`safe_cut`]); BPE encodes each pre-token on its own, so the ids
 //! of the chunks concatenated are the ids of the piece. The cut rule is proved for the DeepSeek-V4
 //! pre-tokenizer only: a `tokenizer.json` whose normalizer or pre-tokenizer differs is never cut
@@ -37,7 +38,8 @@
 //! encoded and hashed. The segment cache still serves pieces the memo does not cover.
 //!
 //! Submodules: [`split`] (cutting text at added tokens), [`chunk`] (the safe cut inside a piece),
-//! [`cache`] (the byte-bounded segment cache), [`memo`] (the prefix memo).
+//! [`estimate`] (the untokenized rest's length), [`cache`] (the byte-bounded segment cache),
+//! [`memo`] (the prefix memo).
 
 mod cache;
 mod chunk;

@@ -258,7 +258,7 @@ mod tests {
             let mut b = vec![b'"'];
             for k in 0..len {
                 let r = (state >> (k % 60)) as usize;
-                b.push(if r % 5 == 0 { alphabet[r / 5 % alphabet.len()] } else { b'x' });
+                b.push(if r.is_multiple_of(5) { alphabet[r / 5 % alphabet.len()] } else { b'x' });
             }
             assert_eq!(skip_string(&b, 0), slow(&b, 0), "{:?}", String::from_utf8_lossy(&b));
         }
