@@ -272,6 +272,26 @@ fn siblings_and_edited_histories_resume_only_where_the_text_is_the_same() {
     check(&history, "the prefix again");
 }
 
+/// A [`long_chat`] of `words` tokenized whole (so the memo remembers it, in blocks of 16 with
+/// seed 1337): its messages and its block count.
+fn remembered_chat(
+    tok: &PromptTokenizer,
+    rng: &mut StdRng,
+    words: usize,
+) -> (Vec<ChatMessage>, usize) {
+    let RequestInput::Messages(history) = long_chat(rng, words) else {
+        unreachable!("long_chat is a chat")
+    };
+    let whole = tok
+        .tokens_until(
+            &RequestInput::Messages(history.clone()),
+            &mut Reach::whole_blocks(16, 1337),
+            &mut CacheStats::default(),
+        )
+        .unwrap();
+    (history, whole.chains.len())
+}
+
 #[test]
 fn a_memo_hit_then_the_stop_rule_keeps_the_ids_exact() {
     // The previous turn is remembered whole; the next one is held by nobody (the index lost it):
@@ -279,15 +299,7 @@ fn a_memo_hit_then_the_stop_rule_keeps_the_ids_exact() {
     // tokenized past them stays a prefix of the full encode.
     let tok = load(8 << 20);
     let mut rng = StdRng::seed_from_u64(19);
-    let RequestInput::Messages(mut history) = long_chat(&mut rng, 6_000) else {
-        unreachable!("long_chat is a chat")
-    };
-    tok.tokens_until(
-        &RequestInput::Messages(history.clone()),
-        &mut Reach::whole_blocks(16, 1337),
-        &mut CacheStats::default(),
-    )
-    .unwrap();
+    let (mut history, _) = remembered_chat(&tok, &mut rng, 6_000);
     history.push(msg("assistant", words_text(&mut rng, 50)));
     history.push(msg("user", words_text(&mut rng, 3_000)));
     let rendered = tok.template.render(&history, true).unwrap();
@@ -740,17 +752,7 @@ fn a_short_new_turn_past_the_held_prefix_is_tokenized_whole() {
     // but longer than the first chunk) is encoded exactly rather than estimated.
     let tok = load(8 << 20);
     let mut rng = StdRng::seed_from_u64(45);
-    let RequestInput::Messages(mut history) = long_chat(&mut rng, 4_000) else {
-        unreachable!("long_chat is a chat")
-    };
-    let whole = RequestInput::Messages(history.clone());
-    let first = tok
-        .tokens_until(
-            &whole,
-            &mut Reach::whole_blocks(16, 1337),
-            &mut CacheStats::default(),
-        )
-        .unwrap();
+    let (mut history, held_blocks) = remembered_chat(&tok, &mut rng, 4_000);
     history.push(msg("assistant", words_text(&mut rng, 80)));
     history.push(msg("user", words_text(&mut rng, 60)));
     let rendered = tok.template.render(&history, true).unwrap();
@@ -760,7 +762,6 @@ fn a_short_new_turn_past_the_held_prefix_is_tokenized_whole() {
         "{tail}"
     );
     let (ids, _, _) = full_blocks(&tok, &rendered, 16, 1337);
-    let held_blocks = first.chains.len();
     let mut held = |c: &[SequenceHash]| c.len().min(held_blocks);
     let got = tok
         .tokens_until(
