@@ -40,6 +40,10 @@ pub const MAX_OVERRIDE_SECRET_BYTES: usize = 256;
 /// indexer checks its leg deadlines against the fleet's value, else this one.
 pub const DEFAULT_INDEXER_TIMEOUT_MS: u64 = 100;
 
+/// Largest [`FilterConfig::placement_memory_slots`]: at most 264 bytes each, 1M slots bound the
+/// table at ~280 MB of Envoy's shared data.
+pub const MAX_PLACEMENT_MEMORY_SLOTS: usize = 1 << 20;
+
 /// Coarsest tick of a context that polls the fleet.
 pub const MAX_TICK_MS: u64 = 250;
 
@@ -105,6 +109,10 @@ pub struct FilterConfig {
     pub endpoint_failures: u32,
     /// How long such an endpoint stays at the end of the lists.
     pub endpoint_ejection_ms: u64,
+    /// Slots of the table remembering where the indexer last placed each session (process-wide, in
+    /// Envoy's shared data, each at most 264 bytes), so routing without the indexer keeps a session
+    /// on its worker; 0 = off (the fallback pins by rendezvous).
+    pub placement_memory_slots: usize,
 }
 
 impl Default for FilterConfig {
@@ -129,6 +137,7 @@ impl Default for FilterConfig {
             breaker_open_ms: 1000,
             endpoint_failures: 2,
             endpoint_ejection_ms: 10_000,
+            placement_memory_slots: 65_536,
         }
     }
 }
@@ -253,6 +262,9 @@ impl FilterConfig {
         }
         if !(100..=3_600_000).contains(&self.endpoint_ejection_ms) {
             return Err(bad("endpoint_ejection_ms", self.endpoint_ejection_ms, "must be within 100..=3600000"));
+        }
+        if self.placement_memory_slots > MAX_PLACEMENT_MEMORY_SLOTS {
+            return Err(bad("placement_memory_slots", self.placement_memory_slots, "must be 0 (off) or within 1..=1048576"));
         }
         Ok(self)
     }

@@ -5,6 +5,7 @@
 //! instead of mocking a host.
 
 use kvmesh_core::api::DoneReport;
+use kvmesh_core::session::SessionKey;
 
 use crate::breaker::CallHealth;
 use crate::metrics::MetricUpdate;
@@ -29,6 +30,8 @@ pub enum Effect {
     IndexerHealth(CallHealth),
     /// Tell the endpoint ledger how an upstream attempt on `endpoint` went.
     EndpointOutcome { endpoint: String, ok: bool },
+    /// Remember that the indexer placed session `key` on `worker` ([`crate::placement`]).
+    RememberPlacement { key: SessionKey, worker: String },
 }
 
 /// What the host does after applying a step's effects.

@@ -1,9 +1,12 @@
-//! Routing without the indexer: pin the session by rendezvous over the last fleet snapshot.
+//! Routing without the indexer: the session's last worker, else its rendezvous pin over the last
+//! fleet snapshot.
 //!
-//! The primary is [`FleetSnapshot::pin`] — the very function the indexer pins sessions with — so a
-//! conversation keeps its worker (and its KV cache) while the indexer is away and when it returns.
-//! The next workers of the same rendezvous ranking follow as retry fallbacks. Without a session key
-//! or a fleet the header stays unset and Envoy's fallback LB chooses.
+//! The primary is the worker the indexer last placed the session on, when the filter remembers
+//! it ([`crate::placement`]) and the fleet still lists it as a decode candidate: the conversation
+//! keeps its KV cache while the indexer is away and when it returns. Otherwise it is
+//! [`FleetSnapshot::pin`], a stable choice per session. The workers of the session's rendezvous
+//! ranking follow as retry fallbacks. Without a session key or a fleet the header stays unset and
+//! Envoy's fallback LB chooses.
 
 use kvmesh_core::api::{destination_header, FleetSnapshot};
 use kvmesh_core::rendezvous;
@@ -18,8 +21,9 @@ pub const PIN_FALLBACKS: usize = 2;
 /// What the local fallback does with a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FallbackPick {
-    /// Set `x-gateway-destination-endpoint: header`; `worker` is the pinned worker's id.
-    Pinned { worker: String, header: String },
+    /// Set `x-gateway-destination-endpoint: header`; `worker` is the pinned worker's id,
+    /// `remembered` whether it is the session's last placement rather than its rendezvous pin.
+    Pinned { worker: String, header: String, remembered: bool },
     /// Leave the header unset, for this reason.
     Unrouted(FallbackRoute),
 }
@@ -28,17 +32,20 @@ impl FallbackPick {
     /// The metric label of this pick.
     pub fn label(&self) -> FallbackRoute {
         match self {
+            Self::Pinned { remembered: true, .. } => FallbackRoute::Remembered,
             Self::Pinned { .. } => FallbackRoute::Pinned,
             Self::Unrouted(r) => *r,
         }
     }
 }
 
-/// Picks where a request goes without the indexer.
-pub fn pick(session: Option<SessionKey>, fleet: Option<&FleetSnapshot>) -> FallbackPick {
+/// Picks where a request goes without the indexer; `remembered` is the worker the indexer last
+/// placed the session on, if known.
+pub fn pick(session: Option<SessionKey>, fleet: Option<&FleetSnapshot>, remembered: Option<&str>) -> FallbackPick {
     let Some(key) = session else { return FallbackPick::Unrouted(FallbackRoute::NoSession) };
     let Some(fleet) = fleet else { return FallbackPick::Unrouted(FallbackRoute::NoFleet) };
-    let Some(pinned) = fleet.pin(key.0).filter(|w| is_endpoint(&w.endpoint)) else {
+    let last = remembered.and_then(|id| fleet.decode_candidates().find(|w| w.id == id)).filter(|w| is_endpoint(&w.endpoint));
+    let Some(pinned) = last.or_else(|| fleet.pin(key.0)).filter(|w| is_endpoint(&w.endpoint)) else {
         return FallbackPick::Unrouted(FallbackRoute::NoWorker);
     };
     let ranked = rendezvous::rank(key.0, fleet.decode_candidates().map(|w| w.id.as_str()));
@@ -49,7 +56,7 @@ pub fn pick(session: Option<SessionKey>, fleet: Option<&FleetSnapshot>) -> Fallb
         .map(|w| w.endpoint.as_str())
         .filter(|e| is_endpoint(e))
         .take(PIN_FALLBACKS);
-    FallbackPick::Pinned { worker: pinned.id.clone(), header: destination_header(&pinned.endpoint, fallbacks) }
+    FallbackPick::Pinned { worker: pinned.id.clone(), header: destination_header(&pinned.endpoint, fallbacks), remembered: last.is_some() }
 }
 
 #[cfg(test)]

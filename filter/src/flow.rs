@@ -46,6 +46,11 @@ pub trait FleetSource {
     fn reorder_endpoints(&self, list: &str) -> (String, usize) {
         (list.to_owned(), 0)
     }
+
+    /// The worker the indexer last placed session `key` on, if remembered ([`crate::placement`]).
+    fn placed(&self, _key: SessionKey) -> Option<String> {
+        None
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -456,6 +461,9 @@ impl RequestFlow {
             self.debug = decision::debug_headers(&d);
             self.debug.extend(self.ttft.prediction().map(|ms| (headers::DEBUG_PREDICTED_TTFT, format!("{ms:.1}"))));
         }
+        if let Some((key, _)) = self.session.filter(|_| self.config.placement_memory_slots > 0) {
+            effects.push(Effect::RememberPlacement { key, worker: d.worker.clone() });
+        }
         self.report_done = Some(DoneTarget { endpoint: Some(d.endpoint), booking_id: d.booking_id });
         self.phase = Phase::Forwarded;
         self.body = Rc::default();
@@ -465,7 +473,9 @@ impl RequestFlow {
     fn fallback(&mut self, fb: Fallback, fleet: &dyn FleetSource) -> Vec<Effect> {
         let reason = fb.reason;
         let snapshot = fleet.fleet();
-        let pick = fallback::pick(self.session.map(|(k, _)| k), snapshot.as_deref());
+        let session = self.session.map(|(k, _)| k);
+        let remembered = session.filter(|_| self.config.placement_memory_slots > 0).and_then(|k| fleet.placed(k));
+        let pick = fallback::pick(session, snapshot.as_deref(), remembered.as_deref());
         let line = format!(
             "ctx={} request_id={} indexer fallback reason={} code={} result={}",
             self.context_id,
@@ -495,7 +505,7 @@ impl RequestFlow {
             self.report_done = Some(DoneTarget { endpoint: pinned_endpoint, booking_id: fb.booking_id });
         }
         match pick {
-            FallbackPick::Pinned { worker, header } => {
+            FallbackPick::Pinned { worker, header, .. } => {
                 let header = self.steer(header, fleet);
                 effects.push(Effect::SetRequestHeader(headers::DESTINATION_ENDPOINT, header));
                 if self.config.debug_headers {

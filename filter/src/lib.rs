@@ -30,6 +30,7 @@ pub mod flow;
 pub mod host_api;
 pub mod metric_ids;
 pub mod metrics;
+pub mod placement;
 pub mod request;
 pub mod roles;
 pub mod shared;

@@ -155,7 +155,10 @@ label_enum! {
 label_enum! {
     /// `result` of [`FALLBACK_ROUTES`].
     FallbackRoute {
+        /// Pinned by rendezvous over the fleet snapshot.
         Pinned => "pinned",
+        /// Sent to the worker the indexer last placed the session on ([`crate::placement`]).
+        Remembered => "remembered",
         /// The request has no session key (no header, prefix keys off or prompt too short).
         NoSession => "no_session",
         /// No fleet snapshot stored yet.

@@ -5,6 +5,8 @@
 //! * The **done queue** is where a finished request's report goes: this thread's own bounded
 //!   queue, which the root's tick flushes as batched `/v1/done` calls (in both background modes:
 //!   a report never wakes another thread).
+//! * The **placement memory** is where the indexer last placed each session, process-wide in
+//!   shared data, for the local fallback ([`crate::placement`]).
 //! * The **fleet cache** holds the last snapshot read from shared data and parses it again only
 //!   when its CAS changes (the fallback path runs per request; the snapshot changes once a poll).
 //!
@@ -16,6 +18,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use kvmesh_core::api::{DoneReport, FleetSnapshot};
+use kvmesh_core::session::SessionKey;
 
 use crate::background::{decode_fleet, DoneQueue, FLEET_KEY};
 use crate::breaker::{transition_metric, Admit, Breaker, CallHealth};
@@ -25,6 +28,7 @@ use crate::flow::FleetSource;
 use crate::host_api::Host;
 use crate::metric_ids::MetricIds;
 use crate::metrics::{BreakerState, DoneResult, InternalError, Metric, MetricUpdate};
+use crate::placement;
 
 /// What a filter root shares with its HTTP contexts.
 pub struct Shared {
@@ -103,6 +107,15 @@ impl Shared {
         self.metrics.apply(transition_metric(state));
     }
 
+    /// Records that the indexer placed session `key` on `worker`, in its slot of the process-wide
+    /// table in shared data ([`crate::placement`]); a failed write is counted, never retried.
+    pub fn remember_placement(&self, key: SessionKey, worker: &str) {
+        let Some(value) = placement::encode(key, worker) else { return };
+        if let Err(e) = self.host.set_shared_data(&placement::slot_key(key, self.config.placement_memory_slots), &value) {
+            self.metrics.host_call_failed("set_shared_data(placement)", &e);
+        }
+    }
+
     /// Hands a report to the root's done queue, counting a drop when it is full.
     pub fn queue_done(&self, report: DoneReport) {
         if !self.done.try_borrow_mut().is_ok_and(|mut q| q.offer(report)) {
@@ -112,6 +125,11 @@ impl Shared {
 }
 
 impl FleetSource for Shared {
+    fn placed(&self, key: SessionKey) -> Option<String> {
+        let (value, _) = self.host.get_shared_data(&placement::slot_key(key, self.config.placement_memory_slots)).ok()?;
+        placement::decode(&value?, key).map(str::to_owned)
+    }
+
     fn reorder_endpoints(&self, list: &str) -> (String, usize) {
         match self.endpoints.try_borrow() {
             Ok(health) => health.reorder(list, self.host.now_ns()),

@@ -101,6 +101,10 @@ impl HttpFilter {
                     self.shared.record_endpoint(&endpoint, ok, self.now_ns());
                     continue;
                 }
+                Effect::RememberPlacement { key, worker } => {
+                    self.shared.remember_placement(key, &worker);
+                    continue;
+                }
             };
             if let Err(status) = result {
                 log::warn!("ctx={} request_id={} {what} failed", self.context_id, self.flow.request_id());

@@ -14,11 +14,11 @@ fn fleet(workers: Vec<FleetWorker>) -> FleetSnapshot {
 #[test]
 fn unrouted_reasons() {
     let f = fleet(vec![worker("p", "10.0.0.9:1", Role::Prefill, true), worker("d", "10.0.0.1:1", Role::Decode, false)]);
-    assert_eq!(pick(None, Some(&f)), FallbackPick::Unrouted(FallbackRoute::NoSession));
-    assert_eq!(pick(Some(SessionKey(1)), None), FallbackPick::Unrouted(FallbackRoute::NoFleet));
-    assert_eq!(pick(Some(SessionKey(1)), Some(&f)), FallbackPick::Unrouted(FallbackRoute::NoWorker));
+    assert_eq!(pick(None, Some(&f), None), FallbackPick::Unrouted(FallbackRoute::NoSession));
+    assert_eq!(pick(Some(SessionKey(1)), None, None), FallbackPick::Unrouted(FallbackRoute::NoFleet));
+    assert_eq!(pick(Some(SessionKey(1)), Some(&f), None), FallbackPick::Unrouted(FallbackRoute::NoWorker));
     let bad = fleet(vec![worker("d", "not-an-ip", Role::Decode, true)]);
-    assert_eq!(pick(Some(SessionKey(1)), Some(&bad)), FallbackPick::Unrouted(FallbackRoute::NoWorker));
+    assert_eq!(pick(Some(SessionKey(1)), Some(&bad), None), FallbackPick::Unrouted(FallbackRoute::NoWorker));
 }
 
 #[test]
@@ -29,7 +29,7 @@ fn pin_agrees_with_the_indexer_and_lists_ranked_fallbacks() {
             .collect(),
     );
     for key in 0..300u64 {
-        let FallbackPick::Pinned { worker, header } = pick(Some(SessionKey(key)), Some(&f)) else { panic!() };
+        let FallbackPick::Pinned { worker, header, remembered: false } = pick(Some(SessionKey(key)), Some(&f), None) else { panic!() };
         let indexer_pin = f.pin(key).unwrap();
         assert_eq!(worker, indexer_pin.id);
         let parts: Vec<&str> = header.split(',').collect();
@@ -45,5 +45,33 @@ fn pin_agrees_with_the_indexer_and_lists_ranked_fallbacks() {
 #[test]
 fn single_worker_has_no_fallbacks() {
     let f = fleet(vec![worker("only", "127.0.0.1:9", Role::Both, true)]);
-    assert_eq!(pick(Some(SessionKey(7)), Some(&f)), FallbackPick::Pinned { worker: "only".into(), header: "127.0.0.1:9".into() });
+    assert_eq!(
+        pick(Some(SessionKey(7)), Some(&f), None),
+        FallbackPick::Pinned { worker: "only".into(), header: "127.0.0.1:9".into(), remembered: false }
+    );
+}
+
+#[test]
+fn the_remembered_worker_comes_first_while_it_is_a_healthy_decode_candidate() {
+    let f = fleet(
+        (0..5)
+            .map(|i| worker(&format!("w{i}"), &format!("10.0.0.{i}:8000"), if i == 4 { Role::Prefill } else { Role::Decode }, i != 3))
+            .collect(),
+    );
+    for key in 0..100u64 {
+        let pin = f.pin(key).unwrap().id.clone();
+        let other = ["w0", "w1", "w2"].into_iter().find(|w| *w != pin).unwrap();
+        let FallbackPick::Pinned { worker, header, remembered: true } = pick(Some(SessionKey(key)), Some(&f), Some(other)) else { panic!() };
+        assert_eq!(worker, other);
+        let parts: Vec<&str> = header.split(',').collect();
+        assert_eq!(parts[0], format!("10.0.0.{}:8000", &other[1..]));
+        assert_eq!(parts.len(), 1 + PIN_FALLBACKS, "the rendezvous ranking follows, without the primary");
+        assert!(!parts[1..].contains(&parts[0]));
+        // Unhealthy, prefill-only or gone: the rendezvous pin, as without a memory.
+        for stale in ["w3", "w4", "w9"] {
+            assert_eq!(pick(Some(SessionKey(key)), Some(&f), Some(stale)), pick(Some(SessionKey(key)), Some(&f), None), "{stale}");
+        }
+    }
+    assert_eq!(pick(Some(SessionKey(1)), Some(&f), Some("w1")).label(), FallbackRoute::Remembered);
+    assert_eq!(pick(Some(SessionKey(1)), Some(&f), None).label(), FallbackRoute::Pinned);
 }

@@ -556,3 +556,44 @@ fn done_report_names_the_host_that_served_after_a_retry() {
         "{done:?}"
     );
 }
+
+/// A fleet whose placement memory is a map, as the shared-data table is for one process.
+struct Remembering(Fleet, std::cell::RefCell<std::collections::HashMap<u64, String>>);
+
+impl FleetSource for Remembering {
+    fn fleet(&self) -> Option<Rc<FleetSnapshot>> {
+        self.0.fleet()
+    }
+    fn placed(&self, key: SessionKey) -> Option<String> {
+        self.1.borrow().get(&key.0).cloned()
+    }
+}
+
+#[test]
+fn a_fallback_sends_the_session_where_the_indexer_last_placed_it() {
+    use crate::metrics::FallbackRoute;
+    let fleet = Remembering(fleet(), Default::default());
+    let key_of = |f: &RequestFlow| f.session.map(|(k, _)| k).unwrap();
+    // Turn 1: the indexer places the conversation on w2 (not necessarily its rendezvous pin).
+    let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
+    let key = key_of(&f);
+    let step = f.on_route_answer(Some(200), &decision(Value::Null), 0, &fleet);
+    let remembered: Vec<_> = step.effects.iter().filter(|e| matches!(e, Effect::RememberPlacement { .. })).collect();
+    assert_eq!(remembered, vec![&Effect::RememberPlacement { key, worker: "w2".into() }]);
+    fleet.1.borrow_mut().insert(key.0, "w2".into());
+    // Turn 2: the route call times out; the fallback keeps the conversation on w2, whatever the pin.
+    let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
+    let step = f.on_route_answer(Some(504), b"upstream request timeout", 100_000_000, &fleet);
+    assert_eq!(counted(&step.effects, Metric::FallbackRoutes(FallbackRoute::Remembered)), 1);
+    assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT).is_some_and(|h| h.starts_with("10.0.0.2:8000,")));
+    // Off: nothing remembered, nothing read; the fallback pins by rendezvous.
+    let off = FilterConfig { placement_memory_slots: 0, ..FilterConfig::default() };
+    let (mut f, _) = to_route_call(off.clone(), CHAT);
+    let step = f.on_route_answer(Some(200), &decision(Value::Null), 0, &fleet);
+    assert!(!step.effects.iter().any(|e| matches!(e, Effect::RememberPlacement { .. })));
+    let (mut f, _) = to_route_call(off, CHAT);
+    let step = f.on_route_answer(Some(504), b"upstream request timeout", 100_000_000, &fleet);
+    assert_eq!(counted(&step.effects, Metric::FallbackRoutes(FallbackRoute::Pinned)), 1);
+    let pin = fleet.0 .0.as_ref().unwrap().pin(key.0).unwrap().endpoint.clone();
+    assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT).is_some_and(|h| h.starts_with(&pin)));
+}
