@@ -11,6 +11,16 @@ fn fleet(workers: Vec<FleetWorker>) -> FleetSnapshot {
     FleetSnapshot { generation: 1, block_size: 16, workers }
 }
 
+/// `n` workers `w0..` at `10.0.0.<i>:8000`: the last prefill-only, the one before it unhealthy,
+/// the others healthy decode workers.
+fn ranked_fleet(n: usize) -> FleetSnapshot {
+    fleet(
+        (0..n)
+            .map(|i| worker(&format!("w{i}"), &format!("10.0.0.{i}:8000"), if i == n - 1 { Role::Prefill } else { Role::Decode }, i != n - 2))
+            .collect(),
+    )
+}
+
 #[test]
 fn unrouted_reasons() {
     let f = fleet(vec![worker("p", "10.0.0.9:1", Role::Prefill, true), worker("d", "10.0.0.1:1", Role::Decode, false)]);
@@ -23,11 +33,7 @@ fn unrouted_reasons() {
 
 #[test]
 fn pin_agrees_with_the_indexer_and_lists_ranked_fallbacks() {
-    let f = fleet(
-        (0..6)
-            .map(|i| worker(&format!("w{i}"), &format!("10.0.0.{i}:8000"), if i == 5 { Role::Prefill } else { Role::Decode }, i != 4))
-            .collect(),
-    );
+    let f = ranked_fleet(6);
     for key in 0..300u64 {
         let FallbackPick::Pinned { worker, header, remembered: false } = pick(Some(SessionKey(key)), Some(&f), None) else { panic!() };
         let indexer_pin = f.pin(key).unwrap();
@@ -53,11 +59,7 @@ fn single_worker_has_no_fallbacks() {
 
 #[test]
 fn the_remembered_worker_comes_first_while_it_is_a_healthy_decode_candidate() {
-    let f = fleet(
-        (0..5)
-            .map(|i| worker(&format!("w{i}"), &format!("10.0.0.{i}:8000"), if i == 4 { Role::Prefill } else { Role::Decode }, i != 3))
-            .collect(),
-    );
+    let f = ranked_fleet(5);
     for key in 0..100u64 {
         let pin = f.pin(key).unwrap().id.clone();
         let other = ["w0", "w1", "w2"].into_iter().find(|w| *w != pin).unwrap();
