@@ -31,38 +31,95 @@ pub struct Prompt {
     pub opens_conversation: bool,
 }
 
-/// Background completions ([`complete_later`]) running at most at once; beyond, they are skipped.
+/// Background completions ([`complete_later`]) queued or running at most at once; beyond, they are
+/// skipped. Also the number of threads that run them.
 pub const MAX_BACKGROUND_COMPLETIONS: usize = 2;
+
+/// The nice value of the background completions' threads: the lowest priority, so a completion
+/// (about one whole encode of a cold prompt, ~50 ms of CPU at 38k tokens) runs on CPU that route
+/// calls leave idle instead of sharing a core with them. On the blocking pool, at the route's own
+/// priority, two completions held both cores of a 2-core gateway and warm routes queued behind
+/// them (the route benchmark's 64 concurrent callers: warm p99 no lower than cold).
+pub const BACKGROUND_NICE: i32 = 19;
 
 static BACKGROUND: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Tokenizes the rest of a partly tokenized prompt on the blocking pool, after the decision was
-/// answered, and records all its blocks as speculative holdings of the plan's workers: siblings
-/// and the conversation's next turn, arriving before the engine's events, see the whole prompt
-/// there (not only the part the decision needed), and the tokenization cache holds it. At most
-/// [`MAX_BACKGROUND_COMPLETIONS`] run at once; beyond, the completion is skipped (the engine's
-/// events bring the same blocks a little later).
-pub fn complete_later(state: &Arc<AppState>, cfg: &Config, request: OpenAiRequest, plan: &Plan) {
+type Completion = Box<dyn FnOnce() + Send>;
+
+/// The background threads' queue, started on first use; `None` when no thread could be started
+/// (completions are then skipped: the engine's events bring the same blocks a little later).
+fn background_queue() -> Option<&'static std::sync::mpsc::SyncSender<Completion>> {
+    static QUEUE: std::sync::OnceLock<Option<std::sync::mpsc::SyncSender<Completion>>> = std::sync::OnceLock::new();
+    QUEUE
+        .get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Completion>(MAX_BACKGROUND_COMPLETIONS);
+            let rx = Arc::new(std::sync::Mutex::new(rx));
+            let mut started = 0;
+            for i in 0..MAX_BACKGROUND_COMPLETIONS {
+                let rx = rx.clone();
+                let spawned = std::thread::Builder::new().name(format!("kvmesh-complete-{i}")).spawn(move || {
+                    // Per thread on Linux: only this thread's priority drops.
+                    if let Err(e) = rustix::process::setpriority_process(None, BACKGROUND_NICE) {
+                        tracing::warn!(error = %e, "background tokenization thread keeps its priority: setpriority failed");
+                    }
+                    loop {
+                        // One thread waits in recv while holding the lock; the others wait for the lock.
+                        let next = rx.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).recv();
+                        match next {
+                            Ok(job) => job(),
+                            Err(_) => return,
+                        }
+                    }
+                });
+                match spawned {
+                    Ok(_) => started += 1,
+                    Err(e) => tracing::warn!(error = %e, "cannot start a background tokenization thread"),
+                }
+            }
+            (started > 0).then_some(tx)
+        })
+        .as_ref()
+}
+
+/// Runs `job` on a background completion thread (nice [`BACKGROUND_NICE`]) unless
+/// [`MAX_BACKGROUND_COMPLETIONS`] are already queued or running; `false` when it was skipped.
+fn run_in_background(job: impl FnOnce() + Send + 'static) -> bool {
     use std::sync::atomic::Ordering;
+    struct InFlight;
+    impl Drop for InFlight {
+        fn drop(&mut self) {
+            BACKGROUND.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
     if BACKGROUND.fetch_add(1, Ordering::AcqRel) >= MAX_BACKGROUND_COMPLETIONS {
         BACKGROUND.fetch_sub(1, Ordering::AcqRel);
-        state.metrics.tokenize_background.with_label_values(&["skipped"]).inc();
-        tracing::debug!("background tokenization skipped: {MAX_BACKGROUND_COMPLETIONS} running");
-        return;
+        return false;
     }
+    let in_flight = InFlight;
+    let job: Completion = Box::new(move || {
+        let _in_flight = in_flight;
+        job();
+    });
+    // A full queue cannot happen while the counter holds (at most as many jobs as threads); a
+    // failed send drops the job and its counter guard with it.
+    background_queue().is_some_and(|q| q.try_send(job).is_ok())
+}
+
+/// Tokenizes the rest of a partly tokenized prompt on a background thread, after the decision was
+/// answered, and records all its blocks as speculative holdings of the plan's workers: siblings
+/// and the conversation's next turn, arriving before the engine's events, see the whole prompt
+/// there (not only the part the decision needed), and the tokenization cache holds it. The
+/// threads run at the lowest priority ([`BACKGROUND_NICE`]); at most
+/// [`MAX_BACKGROUND_COMPLETIONS`] are queued or running at once; beyond, the completion is
+/// skipped (the engine's events bring the same blocks a little later).
+pub fn complete_later(state: &Arc<AppState>, cfg: &Config, request: OpenAiRequest, plan: &Plan) {
     let mut holders = vec![plan.worker.clone()];
     if let Some(crate::decide::Leg::PrefillOn { worker, .. }) = &plan.leg {
         holders.push(worker.clone());
     }
-    let (state, block_size) = (state.clone(), cfg.model.block_size as usize);
-    tokio::task::spawn_blocking(move || {
-        struct Running;
-        impl Drop for Running {
-            fn drop(&mut self) {
-                BACKGROUND.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-        let _running = Running;
+    let (shared, block_size) = (state.clone(), cfg.model.block_size as usize);
+    let queued = run_in_background(move || {
+        let state = shared;
         let tokenizer = state.tokenizer.read().clone();
         let seed = block_seed(None, request.cache_salt.as_deref());
         let whole = match tokenizer.tokens_until(&request.input, &mut Reach::whole_blocks(block_size, seed), &mut CacheStats::default()) {
@@ -81,6 +138,10 @@ pub fn complete_later(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
             placement.speculative.record(slot, &whole.chains, crate::clock::now());
         }
     });
+    if !queued {
+        state.metrics.tokenize_background.with_label_values(&["skipped"]).inc();
+        tracing::debug!("background tokenization skipped: {MAX_BACKGROUND_COMPLETIONS} queued or running");
+    }
 }
 
 /// Tokenizes and hashes on the blocking pool. The [`Permit`] moves into the blocking task and is
@@ -220,3 +281,32 @@ pub fn decide_and_book<'a>(state: &'a AppState, cfg: &Config, req: &RouteRequest
     Ok((plan, booking, record))
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_background_completion_runs_at_the_lowest_priority_off_the_callers_thread() {
+        let callers = rustix::process::getpriority_process(None).expect("getpriority");
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Other tests' route calls may hold both slots for a moment: retry until this job is queued.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let tx = tx.clone();
+            let queued = run_in_background(move || {
+                let _ = tx.send((std::thread::current().name().map(str::to_owned), rustix::process::getpriority_process(None)));
+            });
+            if queued {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no background slot came free in 30 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (thread, nice) = rx.recv_timeout(Duration::from_secs(30)).expect("the completion ran");
+        assert!(thread.is_some_and(|n| n.starts_with("kvmesh-complete-")), "ran on a background thread");
+        assert_eq!(nice.expect("getpriority"), BACKGROUND_NICE);
+        assert_eq!(rustix::process::getpriority_process(None).expect("getpriority"), callers, "only the background thread's priority dropped");
+    }
+}
