@@ -118,7 +118,11 @@ pub fn complete_later(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
         holders.push(worker.clone());
     }
     let (shared, block_size) = (state.clone(), cfg.model.block_size as usize);
+    // The record's stamp comes from the indexer's clock (`clock::now`, tokio's): inside the
+    // caller's runtime context, as on the blocking pool, so a paused test clock stamps it too.
+    let runtime = tokio::runtime::Handle::try_current().ok();
     let queued = run_in_background(move || {
+        let _runtime = runtime.as_ref().map(tokio::runtime::Handle::enter);
         let state = shared;
         let tokenizer = state.tokenizer.read().clone();
         let seed = block_seed(None, request.cache_salt.as_deref());
@@ -280,7 +284,6 @@ pub fn decide_and_book<'a>(state: &'a AppState, cfg: &Config, req: &RouteRequest
     };
     Ok((plan, booking, record))
 }
-
 
 #[cfg(test)]
 mod tests {
