@@ -90,13 +90,20 @@ async fn a_trapped_vm_neither_fails_requests_nor_lets_clients_pick_hosts() -> an
     let c = reqwest::Client::builder().pool_max_idle_per_host(1).build()?;
     let url = stack.gateway("/v1/completions");
     trap(&stack, &c, &url).await;
+    let reloads =
+        |stats: &str| -> u64 { stats.lines().find_map(|l| l.strip_prefix("wasm.kvmesh.vm_reload_success: ")?.trim().parse().ok()).unwrap_or(0) };
+    // A routed answer alone does not show the reload: a request that lands on the other worker
+    // thread (a new connection after the trap's 503) meets that thread's healthy VM. So keep
+    // sending until Envoy has counted a reload and the filter routes.
     let mut i = 1000;
-    poll::until("the filter routes again after the trap", || {
+    poll::until("a VM reload counted by Envoy, and the filter routing again", || {
         i += 1;
         let (c, url, b) = (c.clone(), url.clone(), body(i));
+        let stack = &stack;
         async move {
             let r = post_json(&c, &url, &b, &[]).await.ok()?;
-            (r.status == 200 && r.mode().is_some()).then_some(())
+            let reloaded = reloads(&wasm_stats(stack).await.ok()?);
+            (r.status == 200 && r.mode().is_some() && reloaded >= 1).then_some(())
         }
     })
     .await?;
@@ -104,7 +111,6 @@ async fn a_trapped_vm_neither_fails_requests_nor_lets_clients_pick_hosts() -> an
     eprintln!("FAIL_RELOAD, at the end:\n{stats}");
     let prom = stack.client().get(stack.admin("/stats/prometheus")).send().await?.text().await?;
     eprintln!("{}", prom.lines().filter(|l| l.contains("vm_reload")).collect::<Vec<_>>().join("\n"));
-    let reloaded: u64 = stats.lines().find_map(|l| l.strip_prefix("wasm.kvmesh.vm_reload_success: ")?.trim().parse().ok()).unwrap_or(0);
-    assert!(reloaded >= 1, "Envoy did not report a VM reload:\n{stats}");
+    assert!(reloads(&stats) >= 1, "Envoy did not report a VM reload:\n{stats}");
     Ok(())
 }
