@@ -70,7 +70,8 @@ pub enum ReasonCode {
     /// A session with no home yet (placed by prediction).
     NewSession,
     /// A request opening a conversation was kept off workers carrying more than `session_balance`
-    /// × the fleet's mean recent prompt tokens.
+    /// × the fleet's mean recent prompt tokens, or a request without a session off workers over
+    /// `request_balance` × that mean (and `request_balance_slack` requests its size above it).
     Balanced,
     // The mode.
     /// `x-kvmesh-mode: aggregate`.

@@ -25,7 +25,8 @@
 //! is cheaper by more than the move margin (`session_move_margin_ms` and
 //! `session_move_margin` × the home's time): hysteresis, so it does not flap. A request that opens a
 //! conversation has no home by the index (what it shows is a shared system prompt), and is kept off
-//! workers over `session_balance` × the mean recent load. The `overload_*`
+//! workers over `session_balance` × the mean recent load; a request without a session off workers over
+//! `request_balance` × that mean and `request_balance_slack` requests its size above it. The `overload_*`
 //! thresholds remain hard guards: an overloaded worker is a candidate only when every worker is.
 //!
 //! Submodules: [`plan`] (inputs and outputs), [`pick`] (scoring, guards, the near-tie draw).
@@ -40,7 +41,7 @@ use rand::Rng;
 use crate::config::{RoutingConfig, SessionPlacement};
 use crate::modes::{choose_mode, ModeInput};
 pub use pick::overloaded;
-pub(crate) use pick::{balanced, fallbacks, pick, score, Scored};
+pub(crate) use pick::{balanced, fallbacks, pick, score, Scored, ShareBound};
 pub use plan::{Basis, DecideError, Leg, Plan, RouteInput, WorkerView, BASES};
 
 /// Decides where the request goes and in which mode.
@@ -290,10 +291,31 @@ fn decide_worker<R: Rng + ?Sized>(
     }
 
     // A conversation's later turns follow its first: keep it off workers carrying more than their
-    // share of the recent load (`session_balance`).
-    let balanced = (input.opens_conversation && input.session.is_some())
-        .then(|| balanced(&guarded, cfg.session_balance))
-        .flatten();
+    // share of the recent load (`session_balance`). A request without a session is bounded more
+    // loosely (`request_balance`, with a slack of a few requests its size, so a few siblings still
+    // follow their prefix's holder) and only on workers busy now: each replica's share of a burst
+    // stays bounded on its own, so replicas whose near-tie draws or shared events favour one
+    // holder do not add up to a pile there, while a prompt repeated on an idle fleet stays where
+    // it is cached. The slack is in the recent rate's units: `slack` such prompts in the window.
+    let bound = match (input.session, input.opens_conversation) {
+        (Some(_), true) => Some(ShareBound {
+            of_mean: cfg.session_balance,
+            slack_tokens_per_s: 0.0,
+            only_when_busy: false,
+        }),
+        (Some(_), false) => None,
+        (None, _) => {
+            let prompt_tokens = f64::from(input.request_blocks()) * f64::from(input.block_size);
+            Some(ShareBound {
+                of_mean: cfg.request_balance,
+                slack_tokens_per_s: cfg.request_balance_slack * prompt_tokens
+                    / cfg.load_outlook_window_s,
+                only_when_busy: true,
+            })
+        }
+    };
+    let balanced =
+        bound.and_then(|b| balanced(&guarded, b, input.isl_tokens as u64, cfg));
     let placeable: &[Scored<'_, '_>] = match &balanced {
         Some((kept, note)) => {
             pre.push(ReasonCode::Balanced);

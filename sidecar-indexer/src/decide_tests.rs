@@ -516,13 +516,11 @@ fn a_conversation_opening_stays_off_workers_over_their_share_of_the_load() {
         "{}",
         plan.reason
     );
-    // Not an opener (a request without a session, or a later turn): the load share is not read.
-    for req in [input(640), session(640, None)] {
-        let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
-        assert_eq!(plan.worker, "w1", "{}", plan.reason);
-        assert!(!plan.reason_codes.contains(&ReasonCode::Balanced));
-    }
-    // Off (0), or every worker over the share (nothing to balance to): by cost.
+    // A later turn of a session: the load share is not read.
+    let plan = decide(&session(640, None), &workers, &cfg, &mut rng()).unwrap();
+    assert_eq!(plan.worker, "w1", "{}", plan.reason);
+    assert!(!plan.reason_codes.contains(&ReasonCode::Balanced));
+    // Off (0): by cost.
     let off = RoutingConfig {
         session_balance: 0.0,
         ..cfg.clone()
@@ -531,12 +529,80 @@ fn a_conversation_opening_stays_off_workers_over_their_share_of_the_load() {
         decide(&opener, &workers, &off, &mut rng()).unwrap().worker,
         "w1"
     );
-    let all = RoutingConfig {
-        session_balance: 0.1,
-        ..cfg
-    };
-    let plan = decide(&opener, &workers, &all, &mut rng()).unwrap();
+    // w2 and w3 busy (1,000 tokens queued, 164 ms): w1 is fastest even holding nothing (64 ms),
+    // so its share is not what draws the opener, and sending it elsewhere would only make it wait.
+    let mut busy = workers.clone();
+    for w in &mut busy[1..] {
+        w.timing.queued_tokens = 1000.0;
+    }
+    let plan = decide(&opener, &busy, &cfg, &mut rng()).unwrap();
     assert_eq!(plan.worker, "w1", "{}", plan.reason);
+    assert!(!plan.reason_codes.contains(&ReasonCode::Balanced));
+}
+
+#[test]
+fn a_request_without_a_session_follows_its_prefix_until_that_busy_worker_is_over_its_share() {
+    // Four workers; w1 holds the burst's prefix (30 of 40 blocks), so it is cheapest by far, and
+    // serves `in_flight` of its requests. Rates are prompt tokens/s over the 10 s window: one
+    // 640-token request = 64 tokens/s.
+    let fleet = |rates: [f64; 4], in_flight: u64| -> Vec<WorkerView<'static>> {
+        ["w1", "w2", "w3", "w4"]
+            .into_iter()
+            .zip(rates)
+            .map(|(id, r)| {
+                let mut w = view(id, if id == "w1" { 30 } else { 0 }, 0);
+                w.recent_tokens_per_s = r;
+                if id == "w1" {
+                    w.active_requests = in_flight;
+                }
+                w
+            })
+            .collect()
+    };
+    let cfg = RoutingConfig::default();
+    // The first sibling after the burst's first request follows it: w1 is 4x the mean, but
+    // within the slack of two such requests above the least routed.
+    let plan = decide(
+        &input(640),
+        &fleet([64.0, 0.0, 0.0, 0.0], 1),
+        &cfg,
+        &mut rng(),
+    )
+    .unwrap();
+    assert_eq!(plan.worker, "w1", "{}", plan.reason);
+    assert!(!plan.reason_codes.contains(&ReasonCode::Balanced));
+    // Six of the burst's nine so far on w1, four still in flight: 384 tokens/s, over 1.25 x the
+    // mean 144 and more than 128 (two requests) above the least routed, 64. The rest go
+    // elsewhere until w1 is back within its share.
+    let piled = fleet([384.0, 64.0, 64.0, 64.0], 4);
+    let plan = decide(&input(640), &piled, &cfg, &mut rng()).unwrap();
+    assert_ne!(plan.worker, "w1", "{}", plan.reason);
+    assert_eq!(
+        plan.reason_codes,
+        [ReasonCode::Balanced, ReasonCode::LowestCost],
+        "{}",
+        plan.reason
+    );
+    assert!(
+        plan.reason.contains("balanced (w1 2.67x mean)"),
+        "{}",
+        plan.reason
+    );
+    // Off, a slack wider than w1's lead over the least routed (320 tokens/s = 5 requests), or w1
+    // idle (a prompt repeated one at a time: nothing to balance now, its cache is there): by cost.
+    let off = RoutingConfig {
+        request_balance: 0.0,
+        ..cfg.clone()
+    };
+    let wide = RoutingConfig {
+        request_balance_slack: 6.0,
+        ..cfg.clone()
+    };
+    let idle = fleet([384.0, 64.0, 64.0, 64.0], 0);
+    for (workers, cfg) in [(&piled, &off), (&piled, &wide), (&idle, &cfg)] {
+        let plan = decide(&input(640), workers, cfg, &mut rng()).unwrap();
+        assert_eq!(plan.worker, "w1", "{}", plan.reason);
+    }
 }
 
 #[test]

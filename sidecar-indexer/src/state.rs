@@ -84,8 +84,8 @@ pub const BACKLOG_MAX_PER_WORKER: usize = 4096;
 
 /// What placement remembers between decisions: booked prefill draining per worker, the blocks of
 /// recent decisions (speculative holdings), and the recent route rate, per-worker utilization and
-/// prompt tokens per second that the cost and `session_balance` read. All pure; the clock is
-/// passed in.
+/// prompt tokens per second that the cost, `session_balance` and `request_balance` read. All
+/// pure; the clock is passed in.
 pub struct Placement {
     pub backlog: PrefillBacklog,
     pub speculative: Speculative,

@@ -139,12 +139,23 @@ pub struct RoutingConfig {
     /// on the worker (`crate::predict::cost_s`); 0 scores by this request's predicted TTFT alone.
     pub work_charge: f64,
     /// A request opening a conversation is not placed on a worker that was routed more than this
-    /// multiple of the fleet's mean prompt tokens per second recently, unless every worker was
-    /// (0 = off): its later turns follow it, and a shared system prompt held by one worker would
-    /// otherwise draw every new conversation there.
+    /// multiple of the fleet's mean prompt tokens per second recently, unless that worker is the
+    /// fastest even holding none of the prompt (0 = off): its later turns follow it, and a shared
+    /// system prompt held by one worker would otherwise draw every new conversation there.
     pub session_balance: f64,
+    /// A request without a session (a completions prompt, or a chat the filter derived no key for)
+    /// is not placed on a worker that is busy (requests in flight or queued) and was routed more
+    /// than this multiple of the fleet's mean prompt tokens per second recently and more than
+    /// `request_balance_slack` requests its size above the least routed worker, unless that worker
+    /// is the fastest even holding none of the prompt (0 = off). Each gateway replica bounds its
+    /// own share this way, so replicas that favour the same holder of a burst's prefix cannot add
+    /// up to a pile there.
+    pub request_balance: f64,
+    /// The absolute part of `request_balance`, in requests of this one's prompt size within
+    /// `load_outlook_window_s`, so a few siblings still follow the holder of their prefix.
+    pub request_balance_slack: f64,
     /// Time constant (seconds) of the recent route rate, per-worker prefill utilization and
-    /// prompt tokens per second the cost and `session_balance` read.
+    /// prompt tokens per second the cost, `session_balance` and `request_balance` read.
     pub load_outlook_window_s: f64,
     /// Workers predicted within this many ms of the fastest (and `near_tie_fraction`) are a tie,
     /// broken at random, so gateway replicas with the same view do not herd onto one worker.
@@ -239,6 +250,8 @@ impl Default for RoutingConfig {
             session_move_margin: 0.25,
             work_charge: 1.0,
             session_balance: 1.1,
+            request_balance: 1.25,
+            request_balance_slack: 2.0,
             load_outlook_window_s: 10.0,
             near_tie_ms: 0.0,
             near_tie_fraction: 0.02,
@@ -281,6 +294,8 @@ impl RoutingConfig {
             ("routing.session_move_margin", self.session_move_margin),
             ("routing.work_charge", self.work_charge),
             ("routing.session_balance", self.session_balance),
+            ("routing.request_balance", self.request_balance),
+            ("routing.request_balance_slack", self.request_balance_slack),
             ("routing.near_tie_ms", self.near_tie_ms),
             ("routing.near_tie_fraction", self.near_tie_fraction),
             ("routing.decode_step_ms", self.decode_step_ms),

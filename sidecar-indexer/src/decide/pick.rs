@@ -193,30 +193,64 @@ pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
     (s, reason, next)
 }
 
-/// `set` without the workers routed more than `share` × its mean recent prompt tokens per second,
-/// and a note naming them (`balanced (w1 1.42x mean)`); None when `share` is 0, nothing was routed
-/// recently, or it would keep none or all of them.
+/// How much of the recent load a worker may take before [`balanced`] keeps requests off it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ShareBound {
+    /// Multiple of the mean recent prompt tokens per second (0 = off).
+    pub of_mean: f64,
+    /// And this much above the least routed worker's (tokens per second).
+    pub slack_tokens_per_s: f64,
+    /// A worker with nothing in flight or queued is never over its share: the bound is about
+    /// load now (a burst), not about where a prompt was routed before.
+    pub only_when_busy: bool,
+}
+
+/// `set` without the workers over their share of the recent load ([`ShareBound`]), and a note
+/// naming them (`balanced (w1 1.42x mean)`). A worker over its share stays when it is cheaper than
+/// every other even holding none of the prompt (its cold cost, `prompt_tokens` uncached): then its
+/// holdings are not what draws the request, and sending it elsewhere would only make it wait.
+/// None when the bound is off, nothing was routed recently, or it would keep none or all of them.
 pub(crate) fn balanced<'v, 'a>(
     set: &[Scored<'v, 'a>],
-    share: f64,
+    bound: ShareBound,
+    prompt_tokens: u64,
+    cfg: &RoutingConfig,
 ) -> Option<(Vec<Scored<'v, 'a>>, String)> {
-    if share <= 0.0 || set.is_empty() {
+    if bound.of_mean <= 0.0 || set.is_empty() {
         return None;
     }
-    let mean = set.iter().map(|s| s.w.recent_tokens_per_s).sum::<f64>() / set.len() as f64;
+    let rate = |s: &Scored<'_, '_>| s.w.recent_tokens_per_s;
+    let mean = set.iter().map(rate).sum::<f64>() / set.len() as f64;
     if mean <= 0.0 {
         return None;
     }
-    let (kept, over): (Vec<Scored<'v, 'a>>, Vec<Scored<'v, 'a>>) = set
+    let least = set.iter().map(rate).fold(f64::INFINITY, f64::min);
+    let busy = |w: &WorkerView<'_>| w.active_requests > 0 || w.timing.queued_tokens > 0.0;
+    let over_share = |s: &Scored<'_, '_>| {
+        rate(s) > bound.of_mean * mean
+            && rate(s) - least > bound.slack_tokens_per_s.max(0.0)
+            && (!bound.only_when_busy || busy(s.w))
+    };
+    let cheapest_within = set
+        .iter()
+        .filter(|s| !over_share(s))
+        .map(|s| s.cost_s)
+        .fold(f64::INFINITY, f64::min);
+    let cold_cost_s = |w: &WorkerView<'_>| {
+        let uncached = prompt_tokens as f64;
+        let ttft = ttft_s(&w.timing, uncached, cfg.prefill_chunk_tokens);
+        cost_s(&w.timing, ttft, uncached, cfg.work_charge)
+    };
+    let (over, kept): (Vec<Scored<'v, 'a>>, Vec<Scored<'v, 'a>>) = set
         .iter()
         .copied()
-        .partition(|s| s.w.recent_tokens_per_s <= share * mean);
+        .partition(|s| over_share(s) && cold_cost_s(s.w) >= cheapest_within);
     if kept.is_empty() || over.is_empty() {
         return None;
     }
     let names: Vec<String> = over
         .iter()
-        .map(|s| format!("{} {:.2}x mean", s.w.id, s.w.recent_tokens_per_s / mean))
+        .map(|s| format!("{} {:.2}x mean", s.w.id, rate(s) / mean))
         .collect();
     Some((kept, format!("balanced ({})", names.join(", "))))
 }

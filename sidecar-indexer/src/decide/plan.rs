@@ -28,7 +28,7 @@ pub struct WorkerView<'a> {
     /// Queued prefill, decode batch, throughput: the inputs of the predicted TTFT.
     pub timing: WorkerTiming,
     /// Prompt tokens per second this indexer routed to it recently (`crate::predict::LoadOutlook`):
-    /// its share of the fleet's KV and decode work, for `session_balance`.
+    /// its share of the fleet's KV and decode work, for `session_balance` and `request_balance`.
     pub recent_tokens_per_s: f64,
 }
 
