@@ -543,7 +543,7 @@ fn a_conversation_opening_stays_off_workers_over_their_share_of_the_load() {
 #[test]
 fn a_request_without_a_session_follows_its_prefix_until_that_busy_worker_is_over_its_share() {
     // Four workers; w1 holds the burst's prefix (30 of 40 blocks), so it is cheapest by far, and
-    // serves `in_flight` of its requests. Rates are prompt tokens/s over the 10 s window: one
+    // serves `in_flight` of this replica's requests, the others none. Rates are prompt tokens/s over the 10 s window: one
     // 640-token request = 64 tokens/s.
     let fleet = |rates: [f64; 4], in_flight: u64| -> Vec<WorkerView<'static>> {
         ["w1", "w2", "w3", "w4"]
@@ -564,14 +564,14 @@ fn a_request_without_a_session_follows_its_prefix_until_that_busy_worker_is_over
     // within the slack of two such requests above the least routed.
     let plan = decide(
         &input(640),
-        &fleet([64.0, 0.0, 0.0, 0.0], 1),
+        &fleet([64.0, 0.0, 0.0, 0.0], 2),
         &cfg,
         &mut rng(),
     )
     .unwrap();
     assert_eq!(plan.worker, "w1", "{}", plan.reason);
     assert!(!plan.reason_codes.contains(&ReasonCode::Balanced));
-    // Six of the burst's nine so far on w1, four still in flight: 384 tokens/s, over 1.25 x the
+    // Six of the burst's nine so far on w1, four still in flight there: 384 tokens/s, over 1.25 x the
     // mean 144 and more than 128 (two requests) above the least routed, 64. The rest go
     // elsewhere until w1 is back within its share.
     let piled = fleet([384.0, 64.0, 64.0, 64.0], 4);
@@ -589,7 +589,8 @@ fn a_request_without_a_session_follows_its_prefix_until_that_busy_worker_is_over
         plan.reason
     );
     // Off, a slack wider than w1's lead over the least routed (320 tokens/s = 5 requests), or w1
-    // idle (a prompt repeated one at a time: nothing to balance now, its cache is there): by cost.
+    // serving one request (a prompt repeated one at a time, the last one's `/v1/done` not yet in:
+    // nothing to balance now, and its cache is there): by cost.
     let off = RoutingConfig {
         request_balance: 0.0,
         ..cfg.clone()
@@ -598,7 +599,7 @@ fn a_request_without_a_session_follows_its_prefix_until_that_busy_worker_is_over
         request_balance_slack: 6.0,
         ..cfg.clone()
     };
-    let idle = fleet([384.0, 64.0, 64.0, 64.0], 0);
+    let idle = fleet([384.0, 64.0, 64.0, 64.0], 1);
     for (workers, cfg) in [(&piled, &off), (&piled, &wide), (&idle, &cfg)] {
         let plan = decide(&input(640), workers, cfg, &mut rng()).unwrap();
         assert_eq!(plan.worker, "w1", "{}", plan.reason);

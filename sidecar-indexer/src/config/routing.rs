@@ -144,10 +144,11 @@ pub struct RoutingConfig {
     /// system prompt held by one worker would otherwise draw every new conversation there.
     pub session_balance: f64,
     /// A request without a session (a completions prompt, or a chat the filter derived no key for)
-    /// is not placed on a worker that is busy (requests in flight or queued) and was routed more
-    /// than this multiple of the fleet's mean prompt tokens per second recently and more than
-    /// `request_balance_slack` requests its size above the least routed worker, unless that worker
-    /// is the fastest even holding none of the prompt (0 = off). Each gateway replica bounds its
+    /// is not placed on a worker that is busy (more than one of this replica's requests in flight
+    /// beyond the least busy worker) and was routed more than this multiple of the fleet's mean
+    /// prompt tokens per second recently and more than `request_balance_slack` requests its size
+    /// above the least routed worker, unless that worker is the fastest even holding none of the
+    /// prompt (0 = off). Each gateway replica bounds its
     /// own share this way, so replicas that favour the same holder of a burst's prefix cannot add
     /// up to a pile there.
     pub request_balance: f64,

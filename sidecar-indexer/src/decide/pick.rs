@@ -200,8 +200,10 @@ pub(crate) struct ShareBound {
     pub of_mean: f64,
     /// And this much above the least routed worker's (tokens per second).
     pub slack_tokens_per_s: f64,
-    /// A worker with nothing in flight or queued is never over its share: the bound is about
-    /// load now (a burst), not about where a prompt was routed before.
+    /// Only a worker serving more than one request of this replica's more than the least busy
+    /// is over its share: the bound is about load now (a burst), not about where a prompt was
+    /// routed before (one request at a time leaves at most one in flight, its `/v1/done` racing
+    /// the next request).
     pub only_when_busy: bool,
 }
 
@@ -225,7 +227,8 @@ pub(crate) fn balanced<'v, 'a>(
         return None;
     }
     let least = set.iter().map(rate).fold(f64::INFINITY, f64::min);
-    let busy = |w: &WorkerView<'_>| w.active_requests > 0 || w.timing.queued_tokens > 0.0;
+    let least_busy = set.iter().map(|s| s.w.active_requests).min().unwrap_or(0);
+    let busy = |w: &WorkerView<'_>| w.active_requests > least_busy + 1;
     let over_share = |s: &Scored<'_, '_>| {
         rate(s) > bound.of_mean * mean
             && rate(s) - least > bound.slack_tokens_per_s.max(0.0)
