@@ -25,9 +25,10 @@
 //! is cheaper by more than the move margin (`session_move_margin_ms` and
 //! `session_move_margin` × the home's time): hysteresis, so it does not flap. A request that opens a
 //! conversation has no home by the index (what it shows is a shared system prompt), and is kept off
-//! workers over `session_balance` × the mean recent load; a request without a session off workers over
-//! `request_balance` × that mean and `request_balance_slack` requests its size above it. The `overload_*`
-//! thresholds remain hard guards: an overloaded worker is a candidate only when every worker is.
+//! workers over `session_balance` × the mean recent load; a request without a session, off busy
+//! workers over `request_balance` × that mean and `request_balance_slack` requests its size above
+//! the least routed. The `overload_*` thresholds remain hard guards: an overloaded worker is a
+//! candidate only when every worker is.
 //!
 //! Submodules: [`plan`] (inputs and outputs), [`pick`] (scoring, guards, the near-tie draw).
 
@@ -314,8 +315,7 @@ fn decide_worker<R: Rng + ?Sized>(
             })
         }
     };
-    let balanced =
-        bound.and_then(|b| balanced(&guarded, b, input.isl_tokens as u64, cfg));
+    let balanced = bound.and_then(|b| balanced(&guarded, b, input.isl_tokens as u64, cfg));
     let placeable: &[Scored<'_, '_>] = match &balanced {
         Some((kept, note)) => {
             pre.push(ReasonCode::Balanced);

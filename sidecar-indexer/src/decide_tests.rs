@@ -543,8 +543,8 @@ fn a_conversation_opening_stays_off_workers_over_their_share_of_the_load() {
 #[test]
 fn a_request_without_a_session_follows_its_prefix_until_that_busy_worker_is_over_its_share() {
     // Four workers; w1 holds the burst's prefix (30 of 40 blocks), so it is cheapest by far, and
-    // serves `in_flight` of this replica's requests, the others none. Rates are prompt tokens/s over the 10 s window: one
-    // 640-token request = 64 tokens/s.
+    // serves `in_flight` of this replica's requests, the others none. Rates are prompt tokens/s
+    // over the 10 s window: one 640-token request = 64 tokens/s.
     let fleet = |rates: [f64; 4], in_flight: u64| -> Vec<WorkerView<'static>> {
         ["w1", "w2", "w3", "w4"]
             .into_iter()
@@ -571,8 +571,8 @@ fn a_request_without_a_session_follows_its_prefix_until_that_busy_worker_is_over
     .unwrap();
     assert_eq!(plan.worker, "w1", "{}", plan.reason);
     assert!(!plan.reason_codes.contains(&ReasonCode::Balanced));
-    // Six of the burst's nine so far on w1, four still in flight there: 384 tokens/s, over 1.25 x the
-    // mean 144 and more than 128 (two requests) above the least routed, 64. The rest go
+    // Six of the burst's nine so far on w1, four still in flight there: 384 tokens/s, over 1.25 x
+    // the mean 144 and more than 128 (two requests) above the least routed, 64. The rest go
     // elsewhere until w1 is back within its share.
     let piled = fleet([384.0, 64.0, 64.0, 64.0], 4);
     let plan = decide(&input(640), &piled, &cfg, &mut rng()).unwrap();

@@ -148,9 +148,8 @@ pub struct RoutingConfig {
     /// beyond the least busy worker) and was routed more than this multiple of the fleet's mean
     /// prompt tokens per second recently and more than `request_balance_slack` requests its size
     /// above the least routed worker, unless that worker is the fastest even holding none of the
-    /// prompt (0 = off). Each gateway replica bounds its
-    /// own share this way, so replicas that favour the same holder of a burst's prefix cannot add
-    /// up to a pile there.
+    /// prompt (0 = off). Each gateway replica bounds its own share this way, so replicas that
+    /// favour the same holder of a burst's prefix cannot add up to a pile there.
     pub request_balance: f64,
     /// The absolute part of `request_balance`, in requests of this one's prompt size within
     /// `load_outlook_window_s`, so a few siblings still follow the holder of their prefix.

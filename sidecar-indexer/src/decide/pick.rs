@@ -81,14 +81,23 @@ pub(crate) fn score<'v, 'a>(
         cached = best_index;
     }
     let own_tokens = isl - (u64::from(cached) * bs).min(isl);
-    let ttft = ttft_s(&w.timing, own_tokens as f64, cfg.prefill_chunk_tokens);
+    let (ttft, cost) = ttft_and_cost_s(w, own_tokens, cfg);
     Scored {
         w,
         ttft_s: ttft,
-        cost_s: cost_s(&w.timing, ttft, own_tokens as f64, cfg.work_charge),
+        cost_s: cost,
         own_tokens,
         migrated_blocks,
     }
+}
+
+/// The predicted TTFT and the cost of `w` computing `own_tokens` uncached tokens.
+fn ttft_and_cost_s(w: &WorkerView<'_>, own_tokens: u64, cfg: &RoutingConfig) -> (f64, f64) {
+    let ttft = ttft_s(&w.timing, own_tokens as f64, cfg.prefill_chunk_tokens);
+    (
+        ttft,
+        cost_s(&w.timing, ttft, own_tokens as f64, cfg.work_charge),
+    )
 }
 
 /// Whether `t` (seconds) is within the near-tie band of the fastest `min`.
@@ -239,11 +248,7 @@ pub(crate) fn balanced<'v, 'a>(
         .filter(|s| !over_share(s))
         .map(|s| s.cost_s)
         .fold(f64::INFINITY, f64::min);
-    let cold_cost_s = |w: &WorkerView<'_>| {
-        let uncached = prompt_tokens as f64;
-        let ttft = ttft_s(&w.timing, uncached, cfg.prefill_chunk_tokens);
-        cost_s(&w.timing, ttft, uncached, cfg.work_charge)
-    };
+    let cold_cost_s = |w: &WorkerView<'_>| ttft_and_cost_s(w, prompt_tokens, cfg).1;
     let (over, kept): (Vec<Scored<'v, 'a>>, Vec<Scored<'v, 'a>>) = set
         .iter()
         .copied()
