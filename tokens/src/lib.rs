@@ -46,8 +46,7 @@ pub struct Tokenizer {
 impl Tokenizer {
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, TokensError> {
         let path = path.as_ref();
-        let inner = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| TokensError::Load { path: path.to_owned(), reason: e.to_string() })?;
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| TokensError::Load { path: path.to_owned(), reason: e.to_string() })?;
         Ok(Self { inner })
     }
 
@@ -97,8 +96,7 @@ impl ChatTemplate {
     /// `add_generation_prompt`).
     pub fn from_file(path: impl AsRef<Path>, bos_token: &str) -> Result<Self, TokensError> {
         let path = path.as_ref();
-        let source = std::fs::read_to_string(path)
-            .map_err(|e| TokensError::TemplateFile { path: path.to_owned(), reason: e.to_string() })?;
+        let source = std::fs::read_to_string(path).map_err(|e| TokensError::TemplateFile { path: path.to_owned(), reason: e.to_string() })?;
         Self::from_source(source, bos_token)
     }
 
@@ -253,7 +251,8 @@ mod tests {
         let t = ChatTemplate::from_source(src.into(), "<s>").unwrap();
         let out = t.render(&[msg("system", "  # be brief \n"), msg("user", " hi there ")], true).unwrap();
         assert_eq!(out, "<s>H[SYSTEM] # be brief|6[USER] hi there|41");
-        let strict = ChatTemplate::from_source("{% if messages[0].role != 'user' %}{{ raise_exception('user first') }}{% endif %}ok".into(), "").unwrap();
+        let strict =
+            ChatTemplate::from_source("{% if messages[0].role != 'user' %}{{ raise_exception('user first') }}{% endif %}ok".into(), "").unwrap();
         assert_eq!(strict.render(&[msg("user", "x")], true).unwrap(), "ok");
         let err = strict.render(&[msg("system", "x")], true).unwrap_err();
         assert!(err.to_string().contains("user first"), "{err}");

@@ -19,7 +19,7 @@ pub struct RouteRequest {
     pub override_mode: Option<Mode>,
     /// The client's `x-request-id`: logs, and `/v1/done` reports that carry no booking id. Never a key.
     pub request_id: Option<String>,
-        /// The client's body, unchanged (the legs cut it to one step).
+    /// The client's body, unchanged (the legs cut it to one step).
     pub body: Bytes,
 }
 
