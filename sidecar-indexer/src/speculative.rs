@@ -17,8 +17,8 @@
 //! were decided for that worker within the TTL, whatever became of the entries before it. A
 //! decision therefore writes only the blocks past what the worker already holds speculatively (and
 //! always its last block, which renews the prompt's own credit): rewriting a long shared prefix on
-//! every turn cost a map write, mostly a cache miss, per block — a third of the decision's time for
-//! a 48k-token continuation. The overlap is the end of the last held block, found by galloping back
+//! every turn cost a map write, mostly a cache miss, per block — three quarters of the decision
+//! step for a 48k-token continuation (0.31 → 0.08 ms in the overhead bench). The overlap is the end of the last held block, found by galloping back
 //! from the prompt's last block (the newest decisions wrote the prompt's last blocks) and bisecting:
 //! O(log n) lookups. Pure: the clock is passed in.
 
@@ -172,7 +172,7 @@ mod tests {
         s.record(1, &chains(0..1010), ms(2900));
         assert_eq!(s.overlap(1, &chains(0..1010), ms(4800)), 1010);
         assert_eq!(s.overlap(1, &chains(0..1010), ms(4900)), 0);
-        // A prompt held in the middle only (another conversation's tail): the end of that run.
+        // Expired blocks between live ones: the end of the last live run found.
         let mut t = Speculative::new(Duration::from_secs(2), 10_000);
         t.record(2, &chains(0..4), t0);
         t.record(2, &chains(0..8), ms(1000));
