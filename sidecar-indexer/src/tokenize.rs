@@ -605,7 +605,7 @@ impl PromptTokenizer {
             }
             None => {
                 stats.misses += 1;
-                let fresh = self.tokenizer.encode(piece)?;
+                let fresh = self.tokenizer.encode_piece(piece)?;
                 ids.extend_from_slice(&fresh);
                 let mut cache = self.cache.lock();
                 if cache.max_bytes > 0 {

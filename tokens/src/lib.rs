@@ -11,6 +11,9 @@ use std::path::{Path, PathBuf};
 
 use kvmesh_core::openai::{ChatMessage, Prompt, RequestInput};
 
+mod pieces;
+pub use pieces::{deepseek_pipeline, has_deepseek_pipeline};
+
 /// Environment variable naming the tokenizer.json to load by default.
 pub const TOKENIZER_ENV: &str = "KVMESH_TOKENIZER";
 
@@ -41,13 +44,37 @@ pub fn default_tokenizer_path() -> PathBuf {
 /// A loaded Hugging Face tokenizer. Cheap to share behind an `Arc`; encoding is `&self`.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// ASCII pieces straight to the BPE model, when the pipeline is DeepSeek-V4's ([`pieces`]).
+    ascii: Option<pieces::AsciiEncoder>,
 }
 
 impl Tokenizer {
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, TokensError> {
         let path = path.as_ref();
-        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| TokensError::Load { path: path.to_owned(), reason: e.to_string() })?;
-        Ok(Self { inner })
+        let load_error = |reason: String| TokensError::Load { path: path.to_owned(), reason };
+        let json = std::fs::read(path).map_err(|e| load_error(e.to_string()))?;
+        let inner = tokenizers::Tokenizer::from_bytes(&json).map_err(|e| load_error(e.to_string()))?;
+        let ascii = pieces::AsciiEncoder::for_tokenizer(&json, inner.get_model());
+        Ok(Self { inner, ascii })
+    }
+
+    /// Whether [`Self::encode_piece`] encodes ASCII text without `tokenizers`' pre-tokenizer.
+    pub fn encodes_ascii_directly(&self) -> bool {
+        self.ascii.is_some()
+    }
+
+    /// [`Self::encode`] of text that holds **no added token** (the caller cut the text at them, as
+    /// `tokenizers` does first): the same ids, for ASCII text of a DeepSeek-V4 tokenizer at a
+    /// fraction of the cost ([`pieces`]).
+    pub fn encode_piece(&self, text: &str) -> Result<Vec<u32>, TokensError> {
+        match &self.ascii {
+            Some(ascii) if text.is_ascii() => {
+                let mut ids = Vec::with_capacity(text.len() / 3);
+                ascii.encode(self.inner.get_model(), text, &mut ids)?;
+                Ok(ids)
+            }
+            _ => self.encode(text),
+        }
     }
 
     /// Token ids of `text`, special tokens in the text recognised, none added.

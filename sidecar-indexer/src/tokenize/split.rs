@@ -35,45 +35,6 @@ struct AddedTokenDecl {
 struct TokenizerFile {
     #[serde(default)]
     added_tokens: Vec<AddedTokenDecl>,
-    #[serde(default)]
-    normalizer: serde_json::Value,
-    #[serde(default)]
-    pre_tokenizer: serde_json::Value,
-}
-
-/// The DeepSeek-V4 `tokenizer.json` normalizer (none) and pre-tokenizer, for which [`safe_cut`](super::safe_cut) is
-/// proved: digits isolated in runs of 1–3, CJK/kana runs isolated, then the word regex, then bytes.
-fn deepseek_pre_tokenizer() -> (serde_json::Value, serde_json::Value) {
-    let split = |re: &str| serde_json::json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false});
-    let normalizer = serde_json::json!({"type": "Sequence", "normalizers": []});
-    let pre = serde_json::json!({"type": "Sequence", "pretokenizers": [
-        split(r"\p{N}{1,3}"),
-        split("[\u{4e00}-\u{9fa5}\u{3040}-\u{309f}\u{30a0}-\u{30ff}]+"),
-        split(WORD_REGEX),
-        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
-    ]});
-    (normalizer, pre)
-}
-
-/// The DeepSeek-V4 pre-tokenizer's word regex (third split), as written in its `tokenizer.json`.
-const WORD_REGEX: &str = concat!(
-    r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"##,
-    r"|[^",
-    "\r\n",
-    r"\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+",
-    r"| ?[\p{P}\p{S}]+[",
-    "\r\n",
-    "]*",
-    r"|\s*[",
-    "\r\n",
-    "]+",
-    r"|\s+(?!\S)|\s+",
-);
-
-/// Whether a `tokenizer.json`'s normalizer and pre-tokenizer are the ones [`safe_cut`](super::safe_cut) is proved for.
-fn cut_rule_applies(file: &TokenizerFile) -> bool {
-    let (normalizer, pre) = deepseek_pre_tokenizer();
-    file.normalizer == normalizer && file.pre_tokenizer == pre
 }
 
 impl SegmentSplitter {
@@ -89,7 +50,8 @@ impl SegmentSplitter {
         };
         let text = std::fs::read(path).map_err(|e| err(e.to_string()))?;
         let file: TokenizerFile = serde_json::from_slice(&text).map_err(|e| err(e.to_string()))?;
-        let chunks = cut_rule_applies(&file);
+        // The cut rule is proved for the DeepSeek-V4 normalizer and pre-tokenizer only.
+        let chunks = kvmesh_tokens::has_deepseek_pipeline(&text);
         if !chunks {
             tracing::info!("tokenizer's pre-tokenizer is not DeepSeek-V4's: pieces between added tokens are encoded whole");
         }
