@@ -11,59 +11,14 @@
 //! alternative (see its doc). The tests compare it with `tokenizers` exhaustively over short strings
 //! of a tricky alphabet and on generated text of every ASCII byte; the indexer also checks a probe
 //! at load. It is used only when the `tokenizer.json`'s normalizer and pre-tokenizer are exactly
-//! [`deepseek_pipeline`]'s, its model is BPE without dropout, and the text is ASCII and holds no
+//! `deepseek_pipeline()`'s, its model is BPE without dropout, and the text is ASCII and holds no
 //! added token (the caller cut it at them); anything else goes through `tokenizers`.
 
 use tokenizers::models::ModelWrapper;
 use tokenizers::Model;
 
+use crate::deepseek::{has_deepseek_pipeline, safe_cut};
 use crate::TokensError;
-
-/// The DeepSeek-V4 pre-tokenizer's word regex (its third split), as its `tokenizer.json` writes it.
-const WORD_REGEX: &str = concat!(
-    r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"##,
-    r"|[^",
-    "\r\n",
-    r"\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+",
-    r"| ?[\p{P}\p{S}]+[",
-    "\r\n",
-    "]*",
-    r"|\s*[",
-    "\r\n",
-    "]+",
-    r"|\s+(?!\S)|\s+",
-);
-
-/// The DeepSeek-V4 `tokenizer.json` normalizer (none) and pre-tokenizer, as JSON values: digits
-/// isolated in runs of 1–3, CJK/kana runs isolated, then the word regex, then bytes. The one
-/// definition both this module and the indexer's chunking rule are written for.
-pub fn deepseek_pipeline() -> (serde_json::Value, serde_json::Value) {
-    let split = |re: &str| serde_json::json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false});
-    let normalizer = serde_json::json!({"type": "Sequence", "normalizers": []});
-    let pre = serde_json::json!({"type": "Sequence", "pretokenizers": [
-        split(r"\p{N}{1,3}"),
-        split("[\u{4e00}-\u{9fa5}\u{3040}-\u{309f}\u{30a0}-\u{30ff}]+"),
-        split(WORD_REGEX),
-        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
-    ]});
-    (normalizer, pre)
-}
-
-/// Whether a `tokenizer.json` (its bytes) has [`deepseek_pipeline`]'s normalizer and pre-tokenizer.
-pub fn has_deepseek_pipeline(tokenizer_json: &[u8]) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Pipeline {
-        #[serde(default)]
-        normalizer: serde_json::Value,
-        #[serde(default)]
-        pre_tokenizer: serde_json::Value,
-    }
-    let Ok(file) = serde_json::from_slice::<Pipeline>(tokenizer_json) else {
-        return false;
-    };
-    let (normalizer, pre) = deepseek_pipeline();
-    file.normalizer == normalizer && file.pre_tokenizer == pre
-}
 
 /// Encodes ASCII pieces with the model's BPE directly.
 pub(crate) struct AsciiEncoder {
@@ -81,8 +36,50 @@ impl AsciiEncoder {
         (deterministic && has_deepseek_pipeline(tokenizer_json)).then(|| Self { byte_chars: ascii_byte_chars() })
     }
 
-    /// The ids of `text` (ASCII, no added token inside), appended to `ids`.
-    pub(crate) fn encode(&self, model: &ModelWrapper, text: &str, ids: &mut Vec<u32>) -> Result<(), TokensError> {
+    /// The ids of `text` (no added token inside), appended to `ids`: cut at every [`safe_cut`]
+    /// boundary, each ASCII stretch encoded directly and each stretch with a non-ASCII char (joined
+    /// with its non-ASCII neighbours) by `library`. Exact because the pre-tokenizer gives the same
+    /// pre-tokens for the parts as for the whole at those cuts.
+    pub(crate) fn encode(
+        &self,
+        model: &ModelWrapper,
+        text: &str,
+        ids: &mut Vec<u32>,
+        mut library: impl FnMut(&str, &mut Vec<u32>) -> Result<(), TokensError>,
+    ) -> Result<(), TokensError> {
+        if text.is_ascii() {
+            return self.encode_ascii(model, text, ids);
+        }
+        // `[library_from, start)`: non-ASCII stretches not yet encoded; `[start, at)`: the current stretch.
+        let (mut library_from, mut start, mut ascii) = (0, 0, true);
+        let mut finish = |start: usize, end: usize, ascii: bool, library_from: &mut usize, ids: &mut Vec<u32>| {
+            if !ascii {
+                return Ok(());
+            }
+            if *library_from < start {
+                library(&text[*library_from..start], ids)?;
+            }
+            *library_from = end;
+            self.encode_ascii(model, &text[start..end], ids)
+        };
+        let mut before = None;
+        for (at, c) in text.char_indices() {
+            if before.is_some_and(|b| safe_cut(b, c)) {
+                finish(start, at, ascii, &mut library_from, ids)?;
+                (start, ascii) = (at, true);
+            }
+            ascii &= c.is_ascii();
+            before = Some(c);
+        }
+        finish(start, text.len(), ascii, &mut library_from, ids)?;
+        if library_from < text.len() {
+            library(&text[library_from..], ids)?;
+        }
+        Ok(())
+    }
+
+    /// The ids of ASCII `text` (no added token inside), appended to `ids`.
+    fn encode_ascii(&self, model: &ModelWrapper, text: &str, ids: &mut Vec<u32>) -> Result<(), TokensError> {
         let mut word = String::new();
         let mut failed = None;
         pre_tokens(text.as_bytes(), |range| {

@@ -75,9 +75,14 @@ fn realistic_ascii_encodes_as_the_library_does() {
 }
 
 #[test]
-fn non_ascii_text_goes_through_the_library() {
-    let text = "naïve café — “quoted” 你好世界 カタカナ 123４５６";
-    assert_eq!(deepseek().encode_piece(text).unwrap(), deepseek().encode(text).unwrap());
+fn text_with_non_ascii_chars_encodes_as_the_library_does() {
+    for text in [
+        "naïve café — “quoted” 你好世界 カタカナ 123４５６",
+        "The router — unlike round robin — keeps “sessions” where their cache is.\nNext line: ok",
+        "é", "a é b", "\né\nx", "你好 world\nhello 世界", "emoji 🚀 at the end 🚀",
+    ] {
+        assert_eq!(deepseek().encode_piece(text).unwrap(), deepseek().encode(text).unwrap(), "{text:?}");
+    }
 }
 
 #[test]
@@ -108,6 +113,16 @@ proptest::proptest! {
     ) {
         proptest::prop_assume!(!holds_added_token(&text));
         proptest::prop_assert_eq!(direct_pre_tokens(&text), library_pre_tokens(&text));
+        proptest::prop_assert_eq!(deepseek().encode_piece(&text).unwrap(), deepseek().encode(&text).unwrap());
+    }
+
+    /// ASCII prose and code with non-ASCII chars anywhere (Latin accents, punctuation, CJK, kana,
+    /// full-width digits, emoji, non-ASCII whitespace and marks): the library's ids.
+    #[test]
+    fn mixed_text_encodes_as_the_library_does(
+        text in "([ -~]{1,12}|[\\n\\t ]{1,3}|[0-9]{1,4}|[éüñ—–“”’…•€°]|[你好世界路由]{1,3}|[カタひら]{1,2}|[０-９]{1,2}|🚀|[\\u{a0}\\u{3000}\\u{2028}]|e\\u{301}|\\PC){0,40}"
+    ) {
+        proptest::prop_assume!(!holds_added_token(&text));
         proptest::prop_assert_eq!(deepseek().encode_piece(&text).unwrap(), deepseek().encode(&text).unwrap());
     }
 }
