@@ -86,4 +86,3 @@ pub fn safe_cut(before: char, after: char) -> bool {
         || (before.is_ascii_alphabetic() && after == ' ')
         || (is_cjk(before) && !is_cjk(after))
 }
-

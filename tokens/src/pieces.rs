@@ -5,14 +5,19 @@
 //! regexes through Oniguruma; measured here, ~1.2 µs per token, most of it `malloc`/`free` and
 //! `memmove` — more than half of what the indexer spends on a route. For ASCII text the same four
 //! steps are a few byte-class tests ([`pre_tokens`]), so only the BPE merges are left to the
-//! library's model (which keeps its own word cache).
+//! library's model, and a pre-token seen before is one lookup in a bounded word cache
+//! ([`WORD_CACHE_ENTRIES`]). Text with non-ASCII chars is cut at [`safe_cut`] boundaries: its
+//! ASCII stretches go the same way, the others through `tokenizers` (and the same cache).
 //!
 //! Exactness: [`pre_tokens`] is the pre-tokenizer written out for ASCII, alternative by
 //! alternative (see its doc). The tests compare it with `tokenizers` exhaustively over short strings
 //! of a tricky alphabet and on generated text of every ASCII byte; the indexer also checks a probe
-//! at load. It is used only when the `tokenizer.json`'s normalizer and pre-tokenizer are exactly
-//! `deepseek_pipeline()`'s, its model is BPE without dropout, and the text is ASCII and holds no
-//! added token (the caller cut it at them); anything else goes through `tokenizers`.
+//! at load; text with non-ASCII chars on 256 generated mixes. It is used only when the
+//! `tokenizer.json`'s normalizer and pre-tokenizer are exactly `deepseek_pipeline()`'s and its
+//! model is BPE without dropout, for text that holds no added token (the caller cut it at them);
+//! anything else goes through `tokenizers`.
+
+use std::collections::HashMap;
 
 use tokenizers::models::ModelWrapper;
 use tokenizers::Model;
@@ -20,10 +25,25 @@ use tokenizers::Model;
 use crate::deepseek::{has_deepseek_pipeline, safe_cut};
 use crate::TokensError;
 
+/// Pre-tokens (and non-ASCII stretches between safe cuts) whose ids [`AsciiEncoder`] remembers;
+/// when full, it forgets them all and starts again (≤ 2¹⁶ × (64 B + the ids + ~50 B of map
+/// overhead): under ~10 MiB, ~4 MiB for prose).
+pub const WORD_CACHE_ENTRIES: usize = 1 << 16;
+
+/// Longer pre-tokens are encoded each time, not remembered.
+pub const MAX_CACHED_WORD_BYTES: usize = 64;
+
+/// The word cache's map: text bytes → their ids.
+type WordIds = HashMap<Box<[u8]>, Box<[u32]>, foldhash::fast::RandomState>;
+
 /// Encodes ASCII pieces with the model's BPE directly.
 pub(crate) struct AsciiEncoder {
     /// GPT-2's byte → char map (`bytes_to_unicode`) for the ASCII bytes, as ByteLevel applies it.
     byte_chars: [char; 128],
+    /// ASCII pre-token bytes → ids, and non-ASCII stretch bytes → ids (the two never share a
+    /// key). A hit costs a hash lookup, where the model's own cache clones the word and a string
+    /// per token (and stops taking words once it holds 10,000).
+    words: std::sync::RwLock<WordIds>,
 }
 
 impl AsciiEncoder {
@@ -33,13 +53,14 @@ impl AsciiEncoder {
             return None;
         };
         let deterministic = bpe.dropout.is_none_or(|p| p == 0.0);
-        (deterministic && has_deepseek_pipeline(tokenizer_json)).then(|| Self { byte_chars: ascii_byte_chars() })
+        (deterministic && has_deepseek_pipeline(tokenizer_json))
+            .then(|| Self { byte_chars: ascii_byte_chars(), words: std::sync::RwLock::new(HashMap::default()) })
     }
 
     /// The ids of `text` (no added token inside), appended to `ids`: cut at every [`safe_cut`]
-    /// boundary, each ASCII stretch encoded directly and each stretch with a non-ASCII char (joined
-    /// with its non-ASCII neighbours) by `library`. Exact because the pre-tokenizer gives the same
-    /// pre-tokens for the parts as for the whole at those cuts.
+    /// boundary, the ASCII stretches encoded directly and each stretch with a non-ASCII char by
+    /// `library` (or from the word cache: a stretch between two safe cuts encodes the same in any
+    /// text, as the pre-tokenizer gives the same pre-tokens for the parts as for the whole there).
     pub(crate) fn encode(
         &self,
         model: &ModelWrapper,
@@ -50,50 +71,103 @@ impl AsciiEncoder {
         if text.is_ascii() {
             return self.encode_ascii(model, text, ids);
         }
-        // `[library_from, start)`: non-ASCII stretches not yet encoded; `[start, at)`: the current stretch.
-        let (mut library_from, mut start, mut ascii) = (0, 0, true);
-        let mut finish = |start: usize, end: usize, ascii: bool, library_from: &mut usize, ids: &mut Vec<u32>| {
-            if !ascii {
+        // `[ascii_from, start)`: ASCII stretches not yet encoded; `[start, at)`: the current stretch.
+        let (mut ascii_from, mut start, mut ascii) = (0, 0, true);
+        let mut finish = |start: usize, end: usize, ascii: bool, ascii_from: &mut usize, ids: &mut Vec<u32>| {
+            if ascii {
                 return Ok(());
             }
-            if *library_from < start {
-                library(&text[*library_from..start], ids)?;
+            if *ascii_from < start {
+                self.encode_ascii(model, &text[*ascii_from..start], ids)?;
             }
-            *library_from = end;
-            self.encode_ascii(model, &text[start..end], ids)
+            *ascii_from = end;
+            self.encode_stretch(&text[start..end], ids, &mut library)
         };
         let mut before = None;
         for (at, c) in text.char_indices() {
             if before.is_some_and(|b| safe_cut(b, c)) {
-                finish(start, at, ascii, &mut library_from, ids)?;
+                finish(start, at, ascii, &mut ascii_from, ids)?;
                 (start, ascii) = (at, true);
             }
             ascii &= c.is_ascii();
             before = Some(c);
         }
-        finish(start, text.len(), ascii, &mut library_from, ids)?;
-        if library_from < text.len() {
-            library(&text[library_from..], ids)?;
+        finish(start, text.len(), ascii, &mut ascii_from, ids)?;
+        if ascii_from < text.len() {
+            self.encode_ascii(model, &text[ascii_from..], ids)?;
         }
         Ok(())
     }
 
+    /// A stretch between two safe cuts, with a non-ASCII char: from the word cache, else `library`.
+    fn encode_stretch(
+        &self,
+        stretch: &str,
+        ids: &mut Vec<u32>,
+        library: &mut impl FnMut(&str, &mut Vec<u32>) -> Result<(), TokensError>,
+    ) -> Result<(), TokensError> {
+        let key = stretch.as_bytes();
+        if let Some(hit) = self.words.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(key) {
+            ids.extend_from_slice(hit);
+            return Ok(());
+        }
+        let from = ids.len();
+        library(stretch, ids)?;
+        if key.len() <= MAX_CACHED_WORD_BYTES {
+            self.remember([(key, ids[from..].into())]);
+        }
+        Ok(())
+    }
+
+    /// Puts words and their ids in the word cache, starting it again when it is full.
+    fn remember<'k>(&self, learned: impl IntoIterator<Item = (&'k [u8], Box<[u32]>)>) {
+        let mut words = self.words.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (key, word_ids) in learned {
+            if words.len() >= WORD_CACHE_ENTRIES {
+                words.clear();
+            }
+            words.insert(key.into(), word_ids);
+        }
+    }
+
     /// The ids of ASCII `text` (no added token inside), appended to `ids`.
     fn encode_ascii(&self, model: &ModelWrapper, text: &str, ids: &mut Vec<u32>) -> Result<(), TokensError> {
+        let bytes = text.as_bytes();
+        let mut learned: Vec<(std::ops::Range<usize>, Box<[u32]>)> = Vec::new();
         let mut word = String::new();
         let mut failed = None;
-        pre_tokens(text.as_bytes(), |range| {
-            if failed.is_some() {
-                return;
-            }
-            word.clear();
-            word.extend(text.as_bytes()[range].iter().map(|&b| self.byte_chars[usize::from(b & 0x7f)]));
-            match model.tokenize(&word) {
-                Ok(tokens) => ids.extend(tokens.iter().map(|t| t.id)),
-                Err(e) => failed = Some(TokensError::Encode(e.to_string())),
-            }
-        });
-        failed.map_or(Ok(()), Err)
+        {
+            // One read lock for the whole text; what it lacked is inserted after it is released.
+            let words = self.words.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+            pre_tokens(bytes, |range| {
+                if let Some(hit) = words.get(&bytes[range.clone()]) {
+                    ids.extend_from_slice(hit);
+                    return;
+                }
+                if failed.is_some() {
+                    return;
+                }
+                word.clear();
+                word.extend(bytes[range.clone()].iter().map(|&b| self.byte_chars[usize::from(b & 0x7f)]));
+                match model.tokenize(&word) {
+                    Ok(tokens) => {
+                        let word_ids: Box<[u32]> = tokens.iter().map(|t| t.id).collect();
+                        ids.extend_from_slice(&word_ids);
+                        if range.len() <= MAX_CACHED_WORD_BYTES {
+                            learned.push((range, word_ids));
+                        }
+                    }
+                    Err(e) => failed = Some(TokensError::Encode(e.to_string())),
+                }
+            });
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if !learned.is_empty() {
+            self.remember(learned.into_iter().map(|(range, word_ids)| (&bytes[range], word_ids)));
+        }
+        Ok(())
     }
 }
 

@@ -65,7 +65,12 @@ fn realistic_ascii_encodes_as_the_library_does() {
         "fn main() {\n    let x = vec![1, 2, 3];\n    println!(\"{x:?}\"); // done\n}\n\n\n   ",
         "{\"role\": \"user\", \"content\": \"What's up?\"}, [1,22,333,4444,55555]   trailing  ",
         "   leading spaces, -dash, --double, ...ellipsis, $100.00, 50%, a_b_c, CamelCase, URL: https://x.io/a?b=c",
-        "\n\n\n", " ", "x", "1234567", "a  b   c    d\t\te \n f\r\ng", "<div class=\"x\">text</div> <|not added|>",
+        "\n\n\n",
+        " ",
+        "x",
+        "1234567",
+        "a  b   c    d\t\te \n f\r\ng",
+        "<div class=\"x\">text</div> <|not added|>",
     ];
     for text in texts {
         assert!(!holds_added_token(text), "{text:?}");
@@ -79,7 +84,11 @@ fn text_with_non_ascii_chars_encodes_as_the_library_does() {
     for text in [
         "naïve café — “quoted” 你好世界 カタカナ 123４５６",
         "The router — unlike round robin — keeps “sessions” where their cache is.\nNext line: ok",
-        "é", "a é b", "\né\nx", "你好 world\nhello 世界", "emoji 🚀 at the end 🚀",
+        "é",
+        "a é b",
+        "\né\nx",
+        "你好 world\nhello 世界",
+        "emoji 🚀 at the end 🚀",
     ] {
         assert_eq!(deepseek().encode_piece(text).unwrap(), deepseek().encode(text).unwrap(), "{text:?}");
     }
@@ -125,4 +134,31 @@ proptest::proptest! {
         proptest::prop_assume!(!holds_added_token(&text));
         proptest::prop_assert_eq!(deepseek().encode_piece(&text).unwrap(), deepseek().encode(&text).unwrap());
     }
+}
+
+/// The word cache answers repeats with the same ids and never holds more than its bound: it
+/// starts again when full.
+#[test]
+fn the_word_cache_is_exact_and_bounded() {
+    let tokenizer = Tokenizer::from_file(default_tokenizer_path()).unwrap();
+    let cached_words = || tokenizer.ascii.as_ref().unwrap().words.read().unwrap().len();
+    let text = "Repeated words, repeated ids: the the the cache cache.";
+    let first = tokenizer.encode_piece(text).unwrap();
+    assert!(cached_words() > 0);
+    assert_eq!(tokenizer.encode_piece(text).unwrap(), first);
+    assert_eq!(first, tokenizer.encode(text).unwrap());
+    // More distinct letter-only words than the cache holds (digits would be pre-tokens of their own).
+    let word = |mut n: usize| {
+        let mut w = String::from(" q");
+        for _ in 0..4 {
+            w.push(char::from(b'a' + (n % 26) as u8));
+            n /= 26;
+        }
+        w
+    };
+    let flood: String = (0..WORD_CACHE_ENTRIES + 100).map(word).collect();
+    tokenizer.encode_piece(&flood).unwrap();
+    assert!(cached_words() <= WORD_CACHE_ENTRIES, "{} words cached", cached_words());
+    assert!(cached_words() >= 100, "the cache starts again, it does not stop learning");
+    assert_eq!(tokenizer.encode_piece(text).unwrap(), first);
 }
