@@ -45,7 +45,8 @@ pub fn default_tokenizer_path() -> PathBuf {
 /// A loaded Hugging Face tokenizer. Cheap to share behind an `Arc`; encoding is `&self`.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
-    /// ASCII pieces straight to the BPE model, when the pipeline is DeepSeek-V4's ([`pieces`]).
+    /// Text between added tokens without the library's pre-tokenizer, when the pipeline is
+    /// DeepSeek-V4's ([`pieces`]).
     ascii: Option<pieces::AsciiEncoder>,
 }
 

@@ -71,28 +71,18 @@ impl AsciiEncoder {
         if text.is_ascii() {
             return self.encode_ascii(model, text, ids);
         }
-        // `[ascii_from, start)`: ASCII stretches not yet encoded; `[start, at)`: the current stretch.
-        let (mut ascii_from, mut start, mut ascii) = (0, 0, true);
-        let mut finish = |start: usize, end: usize, ascii: bool, ascii_from: &mut usize, ids: &mut Vec<u32>| {
+        // ASCII stretches before `ascii_from` are encoded; those after it wait to be encoded as one.
+        let mut ascii_from = 0;
+        for (stretch, ascii) in safe_stretches(text) {
             if ascii {
-                return Ok(());
+                continue;
             }
-            if *ascii_from < start {
-                self.encode_ascii(model, &text[*ascii_from..start], ids)?;
+            if ascii_from < stretch.start {
+                self.encode_ascii(model, &text[ascii_from..stretch.start], ids)?;
             }
-            *ascii_from = end;
-            self.encode_stretch(&text[start..end], ids, &mut library)
-        };
-        let mut before = None;
-        for (at, c) in text.char_indices() {
-            if before.is_some_and(|b| safe_cut(b, c)) {
-                finish(start, at, ascii, &mut ascii_from, ids)?;
-                (start, ascii) = (at, true);
-            }
-            ascii &= c.is_ascii();
-            before = Some(c);
+            ascii_from = stretch.end;
+            self.encode_stretch(&text[stretch], ids, &mut library)?;
         }
-        finish(start, text.len(), ascii, &mut ascii_from, ids)?;
         if ascii_from < text.len() {
             self.encode_ascii(model, &text[ascii_from..], ids)?;
         }
@@ -188,6 +178,25 @@ fn ascii_byte_chars() -> [char; 128] {
     map
 }
 
+/// The stretches of `text` between consecutive [`safe_cut`] boundaries, in order, each with
+/// whether it is all ASCII.
+fn safe_stretches(text: &str) -> impl Iterator<Item = (std::ops::Range<usize>, bool)> + '_ {
+    let mut chars = text.char_indices().peekable();
+    std::iter::from_fn(move || {
+        let (start, first) = chars.next()?;
+        let (mut before, mut ascii) = (first, first.is_ascii());
+        while let Some(&(at, c)) = chars.peek() {
+            if safe_cut(before, c) {
+                return Some((start..at, ascii));
+            }
+            ascii &= c.is_ascii();
+            before = c;
+            chars.next();
+        }
+        Some((start..text.len(), ascii))
+    })
+}
+
 // === the pre-tokenizer for ASCII ===
 
 fn is_letter(b: u8) -> bool {
@@ -277,10 +286,9 @@ fn word_match(piece: &[u8], at: usize) -> Option<usize> {
     let b = piece[at];
     let next = piece.get(at + 1).copied();
     let letters_after = |from: usize| run_end(piece, from, is_letter) - at;
-    if is_punct(b) && next.is_some_and(is_letter) {
-        return Some(letters_after(at + 1));
-    }
-    if !is_newline(b) && !is_letter(b) && !is_punct(b) && next.is_some_and(is_letter) {
+    // A1 (`b` punctuation) and A2 with its optional byte (`b` neither punctuation, newline nor
+    // letter) take the same letters after `b`.
+    if !is_newline(b) && !is_letter(b) && next.is_some_and(is_letter) {
         return Some(letters_after(at + 1));
     }
     if is_letter(b) {
