@@ -64,9 +64,19 @@ pub fn parse(text: &str) -> Result<Vec<Sample>, PromError> {
 
 /// Every sample of `text`, skipping lines that are not samples; also how many were skipped.
 pub fn parse_lossy(text: &str) -> (Vec<Sample>, usize) {
+    parse_lossy_where(text, |_| true)
+}
+
+/// [`parse_lossy`] of the lines whose metric name `wanted` accepts; the others are passed over
+/// unparsed (an engine's histogram buckets are most of its exposition, and a reader that sums
+/// values by name needs none of them).
+pub fn parse_lossy_where(text: &str, wanted: impl Fn(&str) -> bool) -> (Vec<Sample>, usize) {
     let mut out = Vec::new();
     let mut bad = 0;
     for raw in text.lines() {
+        if metric_name(raw).is_some_and(|name| !wanted(name)) {
+            continue;
+        }
         match parse_line(raw) {
             Ok(Some(s)) => out.push(s),
             Ok(None) => {}
@@ -76,18 +86,27 @@ pub fn parse_lossy(text: &str) -> (Vec<Sample>, usize) {
     (out, bad)
 }
 
+/// The metric name a sample line starts with (`None` for comments, blank lines and lines with
+/// nothing after the name).
+fn metric_name(raw: &str) -> Option<&str> {
+    let line = raw.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    line.find(|c: char| c == '{' || c.is_whitespace()).map(|end| &line[..end])
+}
+
 /// One line: `Ok(None)` for a comment or a blank line, the reason when it is not a sample.
 pub fn parse_line(raw: &str) -> Result<Option<Sample>, String> {
     let line = raw.trim();
     if line.is_empty() || line.starts_with('#') {
         return Ok(None);
     }
-    let name_end = line.find(|c: char| c == '{' || c.is_whitespace()).ok_or("no value")?;
-    let name = &line[..name_end];
+    let name = metric_name(line).ok_or("no value")?;
     if name.is_empty() {
         return Err("empty metric name".into());
     }
-    let mut rest = &line[name_end..];
+    let mut rest = &line[name.len()..];
     let mut labels = Vec::new();
     if let Some(after) = rest.strip_prefix('{') {
         let (parsed, tail) = parse_labels(after)?;
@@ -225,5 +244,20 @@ vllm:prefix_cache_hits_total{engine="1",model_name="deepseek"} 512
             assert_eq!((sum(&samples, "ok_total"), skipped), (Some(3.0), 1), "{bad}");
         }
         assert_eq!(parse("x abc").unwrap_err().to_string(), "metrics line 1: bad value \"abc\"");
+    }
+
+    #[test]
+    fn unwanted_names_are_passed_over_unparsed() {
+        let text = format!("{VLLM}h_bucket{{le=\"1\" 2\nh_sum 3\nbroken abc\n");
+        let wanted = |n: &str| !n.ends_with("_bucket") && !n.ends_with("_created");
+        let (samples, skipped) = parse_lossy_where(&text, wanted);
+        // The malformed bucket line is not read (not counted); a wanted malformed line is.
+        assert_eq!(skipped, 1);
+        let names: Vec<&str> = samples.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits_total", "h_sum"]);
+        // Wanted lines parse exactly as `parse_lossy` parses them.
+        let (all, _) = parse_lossy(&text);
+        let kept: Vec<&Sample> = all.iter().filter(|s| wanted(&s.name)).collect();
+        assert_eq!(samples.iter().collect::<Vec<_>>(), kept);
     }
 }

@@ -41,14 +41,18 @@ pub struct EngineSample {
 }
 
 /// Parses the metrics routing reads from a vLLM-compatible exposition (with the project's one
-/// parser, [`kvmesh_core::prom::parse_lossy`]: a line that is not a sample is skipped, never
-/// guessed; non-finite values are ignored).
+/// parser, [`kvmesh_core::prom::parse_lossy_where`]: a line that is not a sample is skipped, never
+/// guessed; non-finite values are ignored). Histogram buckets and `_created` lines, most of the
+/// text and read by nothing here, are passed over unparsed: during a burst of decisions the
+/// indexer scrapes every worker every `scrape_burst_min_interval_ms`.
 pub fn parse_engine_metrics(text: &str) -> EngineSample {
     let mut s = EngineSample::default();
     let mut old_hits = None;
     let mut old_queries = None;
     let (mut old_itl_sum, mut old_itl_count) = (None, None);
-    let (samples, _skipped) = kvmesh_core::prom::parse_lossy(text);
+    let (samples, _skipped) = kvmesh_core::prom::parse_lossy_where(text, |name| {
+        !name.ends_with("_bucket") && !name.ends_with("_created")
+    });
     for sample in &samples {
         let value = sample.value;
         if !value.is_finite() {

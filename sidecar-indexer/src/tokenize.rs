@@ -29,10 +29,11 @@
 //! **A warm route costs its new text** ([`memo`]). Most requests continue a prompt this indexer
 //! tokenized recently (the previous turn of the conversation, or a sibling on the same prefix).
 //! After each tokenization the state at its last added-token boundary — the prefix text, its ids,
-//! block hashes and ratio sample — and at the boundary before it (a chat prompt ends with its
-//! generation prompt's added token; the next request may continue before it) goes into a
-//! byte-bounded prefix memo (`routing.tokenize_memo_bytes`); a prompt probes its own
-//! boundaries from the end (O(1) each), and
+//! block hashes and ratio sample — at the boundary before it (a chat prompt ends with its
+//! generation prompt's added token; the next request may continue before it), and at the held
+//! prefix's edge (the last boundary before the first block no worker holds: what siblings and
+//! later turns share) goes into a byte-bounded prefix memo (`routing.tokenize_memo_bytes`); a
+//! prompt probes its own boundaries from the end (O(1) each), and
 //! the first whose prefix text equals an entry's (compared in full) resumes there: the prefix's
 //! ids and chained block hashes are copied, and only the segments after it are looked up,
 //! encoded and hashed. The segment cache still serves pieces the memo does not cover.
@@ -157,6 +158,38 @@ struct Boundary {
     sample_tokens: usize,
 }
 
+/// The boundaries one tokenization passed that the memo may keep (each shares its storage).
+#[derive(Debug, Default)]
+struct Reached {
+    /// The last boundary reached, and the one before it.
+    last: Option<Boundary>,
+    previous: Option<Boundary>,
+    /// The last boundary before the first block no worker holds: the end of the prefix some
+    /// engine has cached, which other requests share (siblings of a prompt, the next turns after
+    /// it) even when this request's own last boundaries are its alone.
+    held_edge: Option<Boundary>,
+}
+
+impl Reached {
+    fn pass(&mut self, b: Boundary) {
+        self.previous = self.last.replace(b);
+    }
+
+    /// The boundaries worth a memo entry: those past `resumed` (the memo has that one), each once.
+    fn worth_keeping(&self, resumed: Option<Boundary>) -> Vec<Boundary> {
+        let mut keep: Vec<Boundary> = Vec::with_capacity(3);
+        for b in [self.last, self.previous, self.held_edge]
+            .into_iter()
+            .flatten()
+        {
+            if resumed.is_none_or(|r| b.at > r.at) && keep.iter().all(|k| k.at != b.at) {
+                keep.push(b);
+            }
+        }
+        keep
+    }
+}
+
 /// Tokenization in progress: ids so far, their blocks, and the ratio sample.
 struct Partial {
     ids: Vec<u32>,
@@ -215,15 +248,14 @@ impl Partial {
         self.sample_tokens = e.sample_tokens;
     }
 
-    /// Memo entries for the prefixes of `text` up to `last` and (sharing its storage) `previous`.
-    fn memo_entries(
-        &mut self,
-        text: &str,
-        last: Boundary,
-        previous: Option<Boundary>,
-    ) -> Vec<MemoEntry> {
+    /// Memo entries for the prefixes of `text` up to each of `keep` (sharing one storage, up to
+    /// the furthest).
+    fn memo_entries(&mut self, text: &str, keep: &[Boundary]) -> Vec<MemoEntry> {
         self.hash_new_blocks();
         let blocks = |b: &Boundary| b.ids.checked_div(self.block_size).unwrap_or(0);
+        let Some(last) = keep.iter().copied().max_by_key(|b| b.at) else {
+            return Vec::new();
+        };
         let n = blocks(&last);
         let (Some(t), Some(ids), Some(chains), Some(locals)) = (
             text.get(..last.at),
@@ -241,13 +273,12 @@ impl Partial {
             chains: chains.into(),
             locals: locals.into(),
         };
-        std::iter::once(last)
-            .chain(previous)
+        keep.iter()
             .map(|b| MemoEntry {
                 tokenized: tokenized.clone(),
                 text_len: b.at,
                 ids: b.ids,
-                blocks: blocks(&b),
+                blocks: blocks(b),
                 sample_bytes: b.sample_bytes,
                 sample_tokens: b.sample_tokens,
             })
@@ -466,23 +497,25 @@ impl PromptTokenizer {
             .split_with_ends(text, &mut segments, &mut ends);
         out.ids.reserve(text.len().min(64 * 1024) / 3);
         let resumed = self.resume_from_memo(text, &segments, &ends, out, stats);
-        let mut last = [None, resumed];
+        let mut reached = Reached {
+            last: resumed,
+            ..Reached::default()
+        };
         let start = segments
             .iter()
             .zip(&ends)
             .position(|(_, &end)| resumed.is_some_and(|b| end > b.at))
             .unwrap_or(if resumed.is_some() { segments.len() } else { 0 });
-        self.encode_segments(&segments, &ends, start, reach, out, &mut last, stats)?;
-        // Remembered: the last boundary reached, and the one before it (a chat prompt ends with
-        // the generation prompt's added token; the next request may continue before it, e.g.
-        // with a user turn after an assistant one). Nothing new when it resumed at the last.
-        if let [previous, Some(b)] = last {
-            if resumed.is_none_or(|r| b.at > r.at) && self.memo.lock().enabled() {
-                let entries = out.memo_entries(text, b, previous);
-                let mut memo = self.memo.lock();
-                for e in entries {
-                    memo.put(e);
-                }
+        self.encode_segments(&segments, &ends, start, reach, out, &mut reached, stats)?;
+        // Remembered: the last boundary reached, the one before it (a chat prompt ends with the
+        // generation prompt's added token; the next request may continue before it, e.g. with a
+        // user turn after an assistant one), and the held prefix's edge — past where it resumed.
+        let keep = reached.worth_keeping(resumed);
+        if !keep.is_empty() && self.memo.lock().enabled() {
+            let entries = out.memo_entries(text, &keep);
+            let mut memo = self.memo.lock();
+            for e in entries {
+                memo.put(e);
             }
         }
         Ok(())
@@ -520,8 +553,8 @@ impl PromptTokenizer {
         None
     }
 
-    /// Encodes `segments[start..]` into `out` until the stop rule holds (module docs); `last`: the
-    /// last two boundaries reached (the last one second).
+    /// Encodes `segments[start..]` into `out` until the stop rule holds (module docs), noting the
+    /// boundaries it passes in `reached`.
     #[allow(clippy::too_many_arguments)]
     fn encode_segments<'t>(
         &self,
@@ -530,7 +563,7 @@ impl PromptTokenizer {
         start: usize,
         reach: &mut Reach<'_>,
         out: &mut Partial,
-        last: &mut [Option<Boundary>; 2],
+        reached: &mut Reached,
         stats: &mut CacheStats,
     ) -> Result<(), TokenizeError> {
         // Text bytes after each segment, for the stop rule.
@@ -552,7 +585,7 @@ impl PromptTokenizer {
             let t = match *seg {
                 Segment::Added(id) => {
                     out.ids.push(id);
-                    *last = [last[1], Some(out.boundary(seg_end))];
+                    reached.pass(out.boundary(seg_end));
                     continue;
                 }
                 Segment::Text(t) => t,
@@ -571,7 +604,13 @@ impl PromptTokenizer {
                 fresh += chunk.len();
                 out.sample_tokens += out.ids.len() - before;
                 start = end;
-                if out.reached_enough(reach, chunk.len(), t.len() - start + later_bytes[i]) {
+                let enough =
+                    out.reached_enough(reach, chunk.len(), t.len() - start + later_bytes[i]);
+                if out.held.is_some() && reached.held_edge.is_none() {
+                    // The first unheld block is in this chunk (or the added token before it).
+                    reached.held_edge = reached.last;
+                }
+                if enough {
                     let text = |s: &Segment<'t>| match *s {
                         Segment::Text(t) => Some(t),
                         Segment::Added(_) => None,

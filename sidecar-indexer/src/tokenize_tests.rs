@@ -773,3 +773,70 @@ fn a_short_new_turn_past_the_held_prefix_is_tokenized_whole() {
     assert!(got.complete(), "{} of {} ids", got.ids.len(), ids.len());
     assert_eq!(got.ids, ids);
 }
+
+#[test]
+fn siblings_of_an_estimated_prompt_resume_at_the_held_edge() {
+    // A prompt routed cold stops early (estimated), so the memo lacks its end; its siblings (the
+    // same history, each with its own new turn) are held up to that end once an engine cached it.
+    // The first sibling tokenizes the history again and leaves an entry at the held edge; the
+    // others resume there and encode only their own turn.
+    let tok = load(64 << 20);
+    let mut rng = StdRng::seed_from_u64(46);
+    let mut history = vec![msg("system", words_text(&mut rng, 250))];
+    for _ in 0..12 {
+        history.push(msg("user", words_text(&mut rng, 120)));
+        history.push(msg("assistant", words_text(&mut rng, 200)));
+    }
+    history.push(msg("user", words_text(&mut rng, 120)));
+    let mut cold = |_: &[SequenceHash]| 0;
+    let routed = tok
+        .tokens_until(
+            &RequestInput::Messages(history.clone()),
+            &mut Reach::new(16, 1337, 0, &mut cold),
+            &mut CacheStats::default(),
+        )
+        .unwrap();
+    assert!(!routed.complete(), "the cold prompt stops early");
+    let history_ids = load_without_memo(0)
+        .tokens(
+            &RequestInput::Messages(history.clone()),
+            &mut CacheStats::default(),
+        )
+        .unwrap();
+    let held_blocks = history_ids.len() / 16;
+    for sibling in 0..4 {
+        let mut h = history.clone();
+        h.push(msg("assistant", words_text(&mut rng, 60)));
+        h.push(msg("user", words_text(&mut rng, 40)));
+        let rendered = tok.template.render(&h, true).unwrap();
+        let (ids, chains, _) = full_blocks(&tok, &rendered, 16, 1337);
+        let mut held = |c: &[SequenceHash]| c.len().min(held_blocks);
+        let mut stats = CacheStats::default();
+        let got = tok
+            .tokens_until(
+                &RequestInput::Messages(h),
+                &mut Reach::new(16, 1337, 0, &mut held),
+                &mut stats,
+            )
+            .unwrap();
+        assert_eq!(
+            (&got.ids, &got.chains),
+            (&ids, &chains),
+            "sibling {sibling}"
+        );
+        assert_eq!(stats.memo_hits, 1, "sibling {sibling}");
+        if sibling == 0 {
+            assert!(
+                stats.hits + stats.misses > 20,
+                "the first sibling goes through the history: {stats:?}"
+            );
+        } else {
+            // Only the new turn's pieces: the assistant reply, the user message, nothing of the history.
+            assert_eq!(
+                (stats.hits, stats.misses),
+                (0, 3),
+                "sibling {sibling} resumed at the held edge"
+            );
+        }
+    }
+}

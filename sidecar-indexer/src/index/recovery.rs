@@ -37,6 +37,8 @@ pub const DEFAULT_RECOVERY_BLOCKS: usize = 262_144;
 struct Routed {
     id: u64,
     slot: WorkerSlot,
+    /// The first block looked up by its local hash (blocks before it were known on `slot`).
+    from: usize,
     chains: Arc<[SequenceHash]>,
     locals: Arc<[LocalBlockHash]>,
 }
@@ -58,17 +60,18 @@ impl Default for RoutedPrompts {
 }
 
 impl RoutedPrompts {
-    fn note(&mut self, slot: WorkerSlot, chains: Arc<[SequenceHash]>, locals: Arc<[LocalBlockHash]>) {
-        if chains.len() < 2 || chains.len() != locals.len() || chains.len() > self.max_blocks {
+    fn note(&mut self, slot: WorkerSlot, chains: Arc<[SequenceHash]>, locals: Arc<[LocalBlockHash]>, known: usize) {
+        if chains.len() < 2 || chains.len() != locals.len() || chains.len() > self.max_blocks || known >= chains.len() {
             return;
         }
         self.next += 1;
         let id = self.next;
-        for (k, l) in locals.iter().enumerate().skip(1) {
+        let from = known.max(1);
+        for (k, l) in locals.iter().enumerate().skip(from) {
             self.by_local.insert((slot, l.0), (id, k as u32));
         }
         self.blocks += chains.len();
-        self.ring.push_back(Routed { id, slot, chains, locals });
+        self.ring.push_back(Routed { id, slot, from, chains, locals });
         self.trim();
     }
 
@@ -76,7 +79,7 @@ impl RoutedPrompts {
         while self.blocks > self.max_blocks {
             let Some(old) = self.ring.pop_front() else { break };
             self.blocks -= old.chains.len();
-            for l in old.locals.iter().skip(1) {
+            for l in old.locals.iter().skip(old.from) {
                 if self.by_local.get(&(old.slot, l.0)).is_some_and(|(id, _)| *id == old.id) {
                     self.by_local.remove(&(old.slot, l.0));
                 }
@@ -104,10 +107,14 @@ pub(super) fn is_synthetic(key: u64, r: &BlockRef) -> bool {
 }
 
 impl KvIndex {
-    /// Remembers that a prompt with these chain and local block hashes was routed to `slot`.
-    /// Takes `&self` (the route path holds only the read lock); the applier reads it on orphans.
-    pub fn note_routed(&self, slot: WorkerSlot, chains: Arc<[SequenceHash]>, locals: Arc<[LocalBlockHash]>) {
-        self.routed.lock().note(slot, chains, locals);
+    /// Remembers that a prompt with these chain and local block hashes was routed to `slot`, where
+    /// the index knew its first `known` blocks. An orphan store starts where the engine's cache
+    /// ended, at or past what the index knew of it, so only blocks from `known` on are looked up
+    /// (a continuation notes its new turn's blocks, not its whole history's, and a prompt known
+    /// whole is not noted). Takes `&self` (the route path holds only the read lock); the applier
+    /// reads it on orphans.
+    pub fn note_routed(&self, slot: WorkerSlot, chains: Arc<[SequenceHash]>, locals: Arc<[LocalBlockHash]>, known: usize) {
+        self.routed.lock().note(slot, chains, locals, known);
     }
 
     /// Bounds the routed-prompt memory to `max_blocks` blocks.

@@ -437,9 +437,14 @@ fn slots_above_the_packed_limit_are_not_registered() {
 }
 
 fn note(idx: &KvIndex, slot: WorkerSlot, tokens: &[u32]) {
+    note_known(idx, slot, tokens, 0);
+}
+
+/// Notes a prompt routed to `slot` where the index knew its first `known` blocks.
+fn note_known(idx: &KvIndex, slot: WorkerSlot, tokens: &[u32], known: usize) {
     let chains: std::sync::Arc<[SequenceHash]> = sequence_hashes(tokens, BS, XXH3_SEED).into();
     let locals: std::sync::Arc<[kvmesh_core::hashing::LocalBlockHash]> = kvmesh_core::hashing::local_block_hashes(tokens, BS, XXH3_SEED).into();
-    idx.note_routed(slot, chains, locals);
+    idx.note_routed(slot, chains, locals, known);
 }
 
 #[test]
@@ -470,6 +475,25 @@ fn an_orphan_chained_to_a_routed_prompt_is_recovered() {
     assert_eq!(matches(&idx, &prefix), vec![]);
     assert_eq!(idx.worker_blocks(0), 0);
     assert_eq!((idx.entries(), idx.check_consistent()), (0, Ok(())));
+}
+
+#[test]
+fn only_blocks_past_what_the_index_knew_are_looked_up() {
+    // A continuation routed where the index knew its first 60 of 68 blocks: an orphan store
+    // starting at block 64 (the engine cached more than the index knew) is recovered; one
+    // starting inside the known part is not looked up (its parent was known when routed).
+    let mut idx = index_with(&[0]);
+    let prompt = toks(0..272);
+    note_known(&idx, 0, &prompt, 60);
+    assert_eq!(idx.store(0, Some(engine(0, 40)), &[engine(0, 41)], &prompt[164..168], BS, XXH3_SEED), StoreOutcome::Orphan);
+    let new: Vec<u64> = (64..68).map(|b| engine(0, b)).collect();
+    assert_eq!(idx.store(0, Some(engine(0, 63)), &new, &prompt[256..272], BS, XXH3_SEED), StoreOutcome::Recovered { blocks: 4 });
+    assert_eq!(matches(&idx, &prompt), vec![(0, 68)]);
+    // A prompt the index knew whole is not remembered at all.
+    let before = idx.recovery_blocks();
+    note_known(&idx, 0, &toks(1000..1064), 16);
+    assert_eq!(idx.recovery_blocks(), before);
+    assert_eq!(idx.check_consistent(), Ok(()));
 }
 
 #[test]

@@ -264,7 +264,13 @@ pub fn decide_and_book<'a>(state: &'a AppState, cfg: &Config, req: &RouteRequest
             Some(crate::decide::Leg::PrefillOn { worker, .. }) => Some(worker.as_str()),
             _ => None,
         };
-        fleet.workers.iter().filter(|w| w.cfg.id == plan.worker || Some(w.cfg.id.as_str()) == prefill).flat_map(|w| w.ranks.iter().map(|r| r.slot)).collect()
+        let known = |slot| scores.iter().find(|&&(s, _)| s == slot).map_or(0, |&(_, n)| n as usize);
+        fleet
+            .workers
+            .iter()
+            .filter(|w| w.cfg.id == plan.worker || Some(w.cfg.id.as_str()) == prefill)
+            .flat_map(|w| w.ranks.iter().map(|r| (r.slot, known(r.slot))))
+            .collect()
     } else {
         Vec::new()
     };

@@ -101,8 +101,9 @@ pub struct Record {
     pub session_key: Option<u64>,
     /// Approximate mode: where the prompt's blocks will be cached.
     pub approx_slot: Option<WorkerSlot>,
-    /// Precise mode: the slots whose orphan stores this prompt may explain.
-    pub recover_on: Vec<WorkerSlot>,
+    /// Precise mode: the slots whose orphan stores this prompt may explain, each with the blocks
+    /// the index knew there.
+    pub recover_on: Vec<(WorkerSlot, usize)>,
     pub chains: Vec<SequenceHash>,
     pub locals: Vec<LocalBlockHash>,
 }
@@ -129,8 +130,8 @@ pub fn settle(state: &AppState, req: &RouteRequest, record: Record, mut decision
     if !record.recover_on.is_empty() {
         let (chains, locals): (std::sync::Arc<[SequenceHash]>, std::sync::Arc<[LocalBlockHash]>) = (record.chains.as_slice().into(), record.locals.into());
         let index = state.index.read();
-        for slot in record.recover_on {
-            index.note_routed(slot, chains.clone(), locals.clone());
+        for (slot, known) in record.recover_on {
+            index.note_routed(slot, chains.clone(), locals.clone(), known);
         }
     }
     if let Some(slot) = record.approx_slot {
