@@ -774,6 +774,18 @@ async fn the_request_deadline_releases_a_stuck_leg_and_says_why() {
 }
 
 #[tokio::test]
+async fn short_prompts_tokenize_inline_long_ones_on_the_pool_with_exact_counts() {
+    let svc = service("");
+    for n in [8u32, 20_000] {
+        let body = tokens_body(n);
+        let inline = body.len() <= crate::route::plan::INLINE_TOKENIZE_MAX_BODY_BYTES;
+        assert_eq!(inline, n == 8, "{} bytes", body.len());
+        let d = route_ok(&svc, "/v1/completions", &body, &[]).await;
+        assert_eq!(d.isl_blocks, n / 4, "{n} tokens");
+    }
+}
+
+#[tokio::test]
 async fn calls_beyond_the_concurrency_bound_are_shed_fast() {
     let svc = service("max_concurrent_routes = 2");
     let state = &svc.state;

@@ -148,10 +148,19 @@ pub fn complete_later(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
     }
 }
 
-/// Tokenizes and hashes on the blocking pool. The [`Permit`] moves into the blocking task and is
-/// released when the work ends, not when the caller leaves; a task whose caller left before it
-/// started skips the work.
-pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiRequest, permit: Permit, cancel: Cancel) -> Result<Prompt, ApiError> {
+/// Largest `/v1/route` body whose prompt is tokenized on the calling task instead of the blocking
+/// pool. Most routes are short work (a continuation resumes from the memo, a cold prompt stops
+/// after its first unheld block), and the hop to the pool and back — waking a pool thread, then the
+/// caller's worker — cost more than the work: in the overhead bench's A/B the indexer's own p50 fell
+/// from 0.35–0.37 to 0.24–0.25 ms at 1k and its routes per CPU-second rose ~30 % (1k, 8k). The worst
+/// inline case, a 64 KiB prompt held by a worker but not in the memo, tokenizes ~16k tokens on the
+/// async worker; longer prompts keep the pool, so an async worker is never held longer.
+pub const INLINE_TOKENIZE_MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// Tokenizes and hashes, on the calling task when `inline` (see [`INLINE_TOKENIZE_MAX_BODY_BYTES`]),
+/// else on the blocking pool. The [`Permit`] is released when the work ends, not when the caller
+/// leaves; a pool task whose caller left before it started skips the work.
+pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiRequest, permit: Permit, cancel: Cancel, inline: bool) -> Result<Prompt, ApiError> {
     let block_size = cfg.model.block_size as usize;
     let exact_past_held = usize::try_from(cfg.routing.min_remote_prefill_tokens).unwrap_or(usize::MAX);
     let tokenizer = state.tokenizer.read().clone();
@@ -160,7 +169,7 @@ pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
     // Approximate mode has no engine events: what a decision records is all the index will know,
     // so its prompts are tokenized whole.
     let whole = cfg.routing.mode == IndexMode::Approximate;
-    let work = tokio::task::spawn_blocking(move || {
+    let work = move || {
         let _permit = permit;
         if cancel.is_cancelled() {
             metrics.route_cancelled.with_label_values(&["queued"]).inc();
@@ -190,8 +199,9 @@ pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
             let partial = (!t.complete()).then_some(request);
             Prompt { tokens: t.tokens(), chains: t.chains, locals: t.locals, partial, opens_conversation }
         }))
-    });
-    match work.await {
+    };
+    let done = if inline { Ok(work()) } else { tokio::task::spawn_blocking(work).await };
+    match done {
         Ok(Some(r)) => r.map_err(|e| ApiError::unavailable("tokenizer", e.to_string())),
         // Only reachable when the caller is gone: nobody reads this answer.
         Ok(None) => Err(ApiError::unavailable("cancelled", "the route call was cancelled")),

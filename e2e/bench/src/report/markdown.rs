@@ -239,7 +239,7 @@ fn render_overhead(s: &mut String, m: &RunManifest) {
          TTFT difference is shown as a cross-check (it includes the engines tokenizing the whole prompt on both sides). \
          \"Of which indexer / tokenize / match / score\" is the indexer's own timer for answering `/v1/route` and, within \
          it, rendering + tokenizing (with hashing blocks and checking how far they are held), `find_matches` and \
-         scoring (medians of per-request readings; outside the three: parsing the body, the hop to the tokenizing pool, \
+         scoring (medians of per-request readings; outside the three: parsing the body, the hop to the tokenizing pool for bodies over 64 KiB, \
          the HTTP stack); the rest of the kvmesh time is the filter and the loopback hop to the indexer. \
          Requests/s: one gateway, closed loop, canned response (no engine); the ratio is judged against the target \
          ≥ {RPS_RATIO_TARGET}× plain for every case, with at most {:.0}% of the case's kvmesh requests routed without \
