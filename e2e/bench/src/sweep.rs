@@ -39,7 +39,9 @@ use crate::ceiling::Ceiling;
 use crate::counters::PolicyCounters;
 use crate::record::RequestRecord;
 use crate::stats::{balance, percentile};
-use crate::workload::{ceiling_with_history, Plan, SentPrompt, WorkloadKind};
+use crate::workload::{
+    ceiling_with_history, fleet_lru, per_prompt_ceiling, planned_prompts, sent_prompts, Content, Plan, Segments, SentPrompt, WorkloadKind,
+};
 use serde::{Deserialize, Serialize};
 
 /// round_robin saturates where its TTFT p90 exceeds this multiple of its light-load p90.
@@ -285,8 +287,57 @@ pub fn point_ceiling(
     if !w.steady {
         return (plan.ceiling_rate(), plan.ceiling, 0);
     }
+    let (sent, skipped) = sent_of(records, w);
+    let (c, unknown) = ceiling_with_history(&plan.sessions, &sent, block_size);
+    (c.token_rate(), c, skipped + unknown)
+}
+
+/// The point's fleet-LRU reference, token-weighted (`workload::fleet_lru`): the same prompts as
+/// [`point_ceiling`]'s, in the same order, through one LRU cache of `capacity_tokens` (the fleet's
+/// blocks × block size). `None` for chat plans and for an empty point.
+pub fn point_fleet_lru(
+    plan: &Plan,
+    records: &[RequestRecord],
+    w: &MeasureWindow,
+    block_size: usize,
+    capacity_tokens: u64,
+) -> Option<f64> {
+    let prompts = token_prompts(plan, records, w, block_size)?;
+    let c = fleet_lru(prompts.iter().map(|(p, counted)| (p, *counted)), capacity_tokens);
+    (c.tokens_total > 0).then(|| c.token_rate())
+}
+
+/// The point's TTFT floor, p90 in wall-clock ms: each counted prompt's uncached tokens on an engine
+/// holding everything the ceiling counts as reused (`workload::per_prompt_ceiling`), prefilled
+/// alone at `t.prefill_tokens_per_s` and divided by the speed-up — no queue, no other request's
+/// prefill, so no router can give the point's p90 less. `None` for chat plans and an empty point.
+pub fn point_ttft_floor_p90_ms(plan: &Plan, records: &[RequestRecord], w: &MeasureWindow, block_size: usize, t: &FleetTiming) -> Option<f64> {
+    let prompts = token_prompts(plan, records, w, block_size)?;
+    let ms: Vec<f64> = per_prompt_ceiling(prompts.iter().map(|(p, counted)| (p, *counted)))
+        .iter()
+        .map(|c| (c.tokens_total - c.tokens_reused) as f64 / t.prefill_tokens_per_s * 1000.0 / t.sim_speedup)
+        .collect();
+    percentile(&ms, 90.0)
+}
+
+/// The prompts [`point_ceiling`] counts, as `(segments, counted)` in send order (planned order for
+/// a plain point): `None` unless every session is token content (chat segments weigh bytes).
+fn token_prompts(plan: &Plan, records: &[RequestRecord], w: &MeasureWindow, block_size: usize) -> Option<Vec<(Segments, bool)>> {
+    if !plan.sessions.iter().all(|s| matches!(s.content, Content::Tokens(_))) {
+        return None;
+    }
+    Some(if w.steady {
+        sent_prompts(&plan.sessions, &sent_of(records, w).0, block_size).0
+    } else {
+        planned_prompts(&plan.sessions, block_size).into_iter().map(|p| (p, true)).collect()
+    })
+}
+
+/// The records as sent prompts (counted when scheduled in the window), and how many name no
+/// session or turn.
+fn sent_of<'a>(records: &'a [RequestRecord], w: &MeasureWindow) -> (Vec<SentPrompt<'a>>, usize) {
     let mut skipped = 0;
-    let sent: Vec<SentPrompt<'_>> = records
+    let sent = records
         .iter()
         .filter_map(|r| match (r.session.as_deref(), r.turn) {
             (Some(session), Some(turn)) => Some(SentPrompt {
@@ -301,8 +352,7 @@ pub fn point_ceiling(
             }
         })
         .collect();
-    let (c, unknown) = ceiling_with_history(&plan.sessions, &sent, block_size);
-    (c.token_rate(), c, skipped + unknown)
+    (sent, skipped)
 }
 
 /// The default warm-up of a workload, s: the first whole second at which sessions arriving at a
@@ -622,6 +672,14 @@ pub struct PointResult {
     pub ceiling: Option<f64>,
     /// The ceiling's counts.
     pub ceiling_counts: Option<Ceiling>,
+    /// The fleet-LRU reference (token prompts only): what one LRU cache of the whole fleet's
+    /// capacity would hit of the same prompts (`workload::fleet_lru`).
+    #[serde(default)]
+    pub fleet_lru: Option<f64>,
+    /// The TTFT floor's p90, ms (token prompts on simulators, `point_ttft_floor_p90_ms`): no router
+    /// gives the point's TTFT p90 less.
+    #[serde(default)]
+    pub ttft_floor_p90_ms: Option<f64>,
     /// Max / mean prompt tokens per worker (idle workers count as 0).
     pub load_max_over_mean: Option<f64>,
     /// Client lateness (sent − scheduled) p90, ms.
@@ -688,6 +746,14 @@ impl PointResult {
     /// Engine hit rate ÷ ceiling.
     pub fn hit_over_ceiling(&self) -> Option<f64> {
         match (self.engine_hit_rate, self.ceiling) {
+            (Some(h), Some(c)) if c > 0.0 => Some(h / c),
+            _ => None,
+        }
+    }
+
+    /// The engines' hit rate ÷ the fleet-LRU reference.
+    pub fn hit_over_fleet_lru(&self) -> Option<f64> {
+        match (self.engine_hit_rate, self.fleet_lru) {
             (Some(h), Some(c)) if c > 0.0 => Some(h / c),
             _ => None,
         }
@@ -1224,6 +1290,37 @@ mod tests {
             point_ceiling(&plan, &[], &plain, 16),
             (plan.ceiling_rate(), plan.ceiling, 0)
         );
+    }
+
+    #[test]
+    fn fleet_lru_is_the_ceiling_with_room_for_everything_and_the_floor_is_uncached_prefill_alone() {
+        let rec = |ts: f64, input: u32, ids: &[u64]| crate::trace::TraceRecord { timestamp: ts, input_length: input, output_length: 4, hash_ids: ids.to_vec() };
+        // Conversation 1's second turn comes back after conversation 2's prompt.
+        let records = [rec(0.0, 1024, &[0, 1, 2]), rec(1000.0, 1024, &[0, 5, 6]), rec(2000.0, 1536, &[0, 1, 2, 3])];
+        let cfg = crate::workload::trace::TraceConfig::default();
+        let plan = crate::workload::trace::plan(&records, &cfg, 1000.0);
+        assert_eq!(plan.sessions.len(), 3);
+        let plain = MeasureWindow::default();
+        assert!(!plain.steady);
+        let lru = |capacity| point_fleet_lru(&plan, &[], &plain, 16, capacity);
+        let unbounded = lru(u64::MAX).unwrap();
+        assert!(unbounded > 0.0 && (unbounded - plan.ceiling_rate()).abs() < 1e-12, "{unbounded} vs {}", plan.ceiling_rate());
+        // Room for one prompt: conversation 2 pushes out turn 1's second block; its first (shared) hits.
+        let tight = lru(1024).unwrap();
+        assert!(0.0 < tight && tight < unbounded, "{tight} < {unbounded}");
+        assert_eq!(lru(0), Some(0.0));
+        // TTFT floor: uncached 1024, 512 (block 0 shared), 512 (turn 1's 1024 reused) tokens at
+        // 1,000 tokens/s, halved by a speed-up of 2.
+        let t = FleetTiming::new(1.0, 1000.0).unwrap();
+        let floor = point_ttft_floor_p90_ms(&plan, &[], &plain, 16, &t);
+        assert_eq!(floor, percentile(&[1024.0, 512.0, 512.0], 90.0));
+        let fast = FleetTiming::new(2.0, 1000.0).unwrap();
+        assert_eq!(point_ttft_floor_p90_ms(&plan, &[], &plain, 16, &fast), floor.map(|x| x / 2.0));
+        // Chat plans weigh messages by bytes: neither applies.
+        let g = crate::workload::gen::GenConfig { seed: 3, duration_s: 20.0, think_divisor: 4.0, block_size: 16 };
+        let chat = crate::workload::gen::agentic(&g, 1.0);
+        assert_eq!(point_fleet_lru(&chat, &[], &plain, 16, u64::MAX), None);
+        assert_eq!(point_ttft_floor_p90_ms(&chat, &[], &plain, 16, &t), None);
     }
 
     #[test]

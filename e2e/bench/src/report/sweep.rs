@@ -220,15 +220,19 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
         md,
         "Hit rates are the engines' own: counters (Σ `vllm:prefix_cache_hits_total` / Σ `…queries_total`) and, per request, \
          Σ `usage.prompt_tokens_details.cached_tokens` / Σ `prompt_tokens`. × ceiling uses the counters. Targets (issue 11) are judged on \
-         `kvmesh_precise` (as shipped) and only on valid points.\n"
+         `kvmesh_precise` (as shipped) and only on valid points. × fleet LRU (token workloads on simulators): the counters' hit rate ÷ \
+         what one LRU cache of the whole fleet's capacity would hit of the same prompts in the same order — the ceiling's cache is \
+         infinite, the engines' is not; near 1.0 the cache, not the placement, limits the hit rate (a reference, not a bound). \
+         TTFT floor (token workloads on simulators): p90 over the point's requests of each one's uncached tokens on an engine \
+         holding everything the ceiling counts as reused, prefilled alone at the engines' throughput — no router gives less.\n"
     );
-    let _ = writeln!(md, "| workload | load point | policy | hit (counters) | hit (usage) | × ceiling | TTFT p90 ms | ÷ round_robin | ÷ approximate | load max/mean | rejected | point | targets |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "| workload | load point | policy | hit (counters) | hit (usage) | × ceiling | × fleet LRU | TTFT p90 ms | ÷ round_robin | ÷ approximate | ÷ floor (floor ms) | load max/mean | rejected | point | targets |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for w in &r.workloads {
         let Some(lp) = w.load_point() else {
             let _ = writeln!(
                 md,
-                "| {} | not found ({}) | | | | | | | | | | | |",
+                "| {} | not found ({}) | | | | | | | | | | | | | |",
                 w.workload, w.note
             );
             continue;
@@ -269,16 +273,21 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
             };
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 w.workload,
                 at,
                 policy,
                 pct(vhit),
                 pct(p.usage_hit_rate.filter(|_| valid)),
                 f(vhit.and_then(|_| p.hit_over_ceiling()), 2),
+                f(vhit.and_then(|_| p.hit_over_fleet_lru()), 2),
                 f(vp90, 0),
                 f(ratio(vp90, rr), 2),
                 f(ratio(vp90, ap), 2),
+                match p.ttft_floor_p90_ms {
+                    Some(floor) => format!("{} ({floor:.0})", f(ratio(vp90, Some(floor)), 2)),
+                    None => f(None, 0),
+                },
                 f(p.load_max_over_mean.filter(|_| valid), 3),
                 pct(rejected),
                 status,
@@ -324,7 +333,7 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
                 "\n![TTFT p90 vs rate]({a}) ![engine hit rate vs rate]({b})"
             );
         }
-        let _ = writeln!(md, "\n| policy | rate | requests (warm-up / cut) | turns/s | ok | rejected | failed | TTFT p50/p90/p99 ms | ITL p50/p90 ms | out tok/s | hit counters / usage / ceiling | preempt | load max/mean | CPU mean/max | lateness p90 ms | sim CPU-s / 1k req | point |");
+        let _ = writeln!(md, "\n| policy | rate | requests (warm-up / cut) | turns/s | ok | rejected | failed | TTFT p50/p90/p99 ms | ITL p50/p90 ms | out tok/s | hit counters / usage / ceiling / fleet LRU | preempt | load max/mean | CPU mean/max | lateness p90 ms | sim CPU-s / 1k req | point |");
         let _ = writeln!(
             md,
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
@@ -340,7 +349,7 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
             }
             let _ = writeln!(
                 md,
-                "| {} | {:.3} | {} | {} | {} | {} | {} | {} / {} / {} | {} / {} | {:.0} | {} / {} / {} | {} | {} | {} / {} | {} | {} | {} |",
+                "| {} | {:.3} | {} | {} | {} | {} | {} | {} / {} / {} | {} / {} | {:.0} | {} / {} / {} / {} | {} | {} | {} / {} | {} | {} | {} |",
                 p.policy,
                 p.rate,
                 if p.window.has_warmup() {
@@ -361,6 +370,7 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
                 pct(p.engine_hit_rate),
                 pct(p.usage_hit_rate),
                 pct(p.ceiling),
+                pct(p.fleet_lru),
                 f(p.preemptions, 0),
                 f(p.load_max_over_mean, 3),
                 pct(p.machine.cpu_busy_mean),
@@ -390,6 +400,8 @@ mod tests {
             engine_hit_rate: Some(hit),
             usage_hit_rate: Some(hit),
             ceiling: Some(0.30),
+            fleet_lru: Some(0.25),
+            ttft_floor_p90_ms: Some(150.0),
             load_max_over_mean: Some(1.1),
             machine: MachineSample {
                 cpu_busy_mean: Some(0.5),
@@ -465,6 +477,9 @@ mod tests {
             md.contains("| trace | 4.000 requests/s | round_robin |"),
             "{md}"
         );
+        // approximate's hit 20.0 % ÷ ceiling 30 %, ÷ fleet LRU 25 %; the invalid point shows neither.
+        assert!(md.contains("| kvmesh_approximate | 20.0% | 20.0% | 0.67 | 0.80 | 300 | 0.75 | 1.00 | 2.00 (150) |"), "{md}");
+        assert!(md.contains("| 10.0% / 10.0% / 30.0% / 25.0% |"), "{md}");
         assert!(md.contains("**invalid**: CPU 95% > 85%"), "{md}");
         assert!(md.contains("not found (gave up after 3 steps)"));
         assert!(md.contains("sweep_trace_ttft_p90.png"));

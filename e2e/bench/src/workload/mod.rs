@@ -22,6 +22,18 @@
 //! steady-state points count their window against the prompts actually sent before it
 //! ([`ceiling_with_history`]).
 //!
+//! **Fleet-LRU reference.** The ceiling's cache is infinite; the engines' is not. For token
+//! prompts [`fleet_lru`] replays the same prompts in the same order through one LRU cache of the
+//! whole fleet's capacity — every worker's blocks pooled, nothing duplicated, every prompt routed
+//! to it. Under memory pressure that is what placement alone can be expected to reach: a router
+//! whose hits are near it is limited by the cache, not by where it sends requests. A reference,
+//! not a bound (LRU is not the optimal eviction, and per-worker caches evict differently).
+//!
+//! **TTFT floor.** [`per_prompt_ceiling`] gives each prompt's uncached tokens on an engine that
+//! holds everything the ceiling counts as reused; at the engines' prefill throughput, with no
+//! queue, that is the least time to first token any router can give it
+//! (`sweep::point_ttft_floor_p90_ms`).
+//!
 //! Generators live in `gen` (agentic chat, sibling bursts, paced sessions, cold single-turn) and
 //! `trace` (the Mooncake conversation trace); all randomness is SplitMix64 from a seed.
 
@@ -309,11 +321,27 @@ fn counted_ceiling<'a, I>(prompts: I) -> Ceiling
 where
     I: IntoIterator<Item = (&'a Segments, bool)>,
 {
+    per_prompt_ceiling(prompts).iter().fold(Ceiling::default(), |mut c, p| {
+        c.requests += p.requests;
+        c.blocks_total += p.blocks_total;
+        c.blocks_reused += p.blocks_reused;
+        c.tokens_total += p.tokens_total;
+        c.tokens_reused += p.tokens_reused;
+        c
+    })
+}
+
+/// The ceiling's counts of each counted prompt on its own, in order (every prompt is history for
+/// the ones after it): what an engine holding every earlier prompt would reuse of it.
+pub fn per_prompt_ceiling<'a, I>(prompts: I) -> Vec<Ceiling>
+where
+    I: IntoIterator<Item = (&'a Segments, bool)>,
+{
     let mut seen: HashSet<u64> = HashSet::new();
-    let mut c = Ceiling::default();
+    let mut out = Vec::new();
     for (p, counted) in prompts {
         if counted {
-            c.requests += 1;
+            let mut c = Ceiling { requests: 1, ..Ceiling::default() };
             // A chain id seen before means the whole prefix up to it was sent before.
             for &(id, w) in p {
                 c.blocks_total += 1;
@@ -323,14 +351,20 @@ where
                     c.tokens_reused += w;
                 }
             }
+            out.push(c);
         }
         seen.extend(p.iter().map(|&(id, _)| id));
     }
-    c
+    out
 }
 
 /// The ceiling of a set of sessions, prompts ordered by planned send time (ties: session order).
 pub fn sessions_ceiling(sessions: &[Session], block_size: usize) -> Ceiling {
+    ceiling_of(&planned_prompts(sessions, block_size))
+}
+
+/// Every planned prompt's segments, ordered by planned send time (ties: session order, turn).
+pub fn planned_prompts(sessions: &[Session], block_size: usize) -> Vec<Segments> {
     let mut order: Vec<(f64, usize, usize)> = Vec::new();
     for (i, s) in sessions.iter().enumerate() {
         for (t, at) in s.planned_times_ms().into_iter().enumerate() {
@@ -338,11 +372,10 @@ pub fn sessions_ceiling(sessions: &[Session], block_size: usize) -> Ceiling {
         }
     }
     order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    let segs: Vec<Segments> = order
+    order
         .iter()
         .map(|&(_, i, t)| segments(&sessions[i], t, block_size))
-        .collect();
-    ceiling_of(&segs)
+        .collect()
 }
 
 /// One prompt that was sent: its session id, turn, send time and whether it is measured (scheduled
@@ -364,6 +397,13 @@ pub struct SentPrompt<'a> {
 /// window's requests given everything sent before them. Prompts naming an unknown session or turn
 /// are skipped; the second value counts them.
 pub fn ceiling_with_history(sessions: &[Session], sent: &[SentPrompt<'_>], block_size: usize) -> (Ceiling, usize) {
+    let (prompts, unknown) = sent_prompts(sessions, sent, block_size);
+    (counted_ceiling(prompts.iter().map(|(segs, counted)| (segs, *counted))), unknown)
+}
+
+/// The segments of the prompts actually sent, in send order, each with whether it is counted;
+/// the second value counts prompts naming an unknown session or turn (left out).
+pub fn sent_prompts(sessions: &[Session], sent: &[SentPrompt<'_>], block_size: usize) -> (Vec<(Segments, bool)>, usize) {
     let by_id: std::collections::HashMap<&str, &Session> = sessions.iter().map(|s| (s.id.as_str(), s)).collect();
     let mut order: Vec<&SentPrompt<'_>> = sent.iter().collect();
     order.sort_by(|a, b| a.sent_ms.total_cmp(&b.sent_ms).then(a.session.cmp(b.session)).then(a.turn.cmp(&b.turn)));
@@ -375,7 +415,78 @@ pub fn ceiling_with_history(sessions: &[Session], sent: &[SentPrompt<'_>], block
             None => unknown += 1,
         }
     }
-    (counted_ceiling(prompts.iter().map(|(segs, counted)| (segs, *counted))), unknown)
+    (prompts, unknown)
+}
+
+/// The fleet-LRU reference (module doc) of token prompts in send order, counted like the ceiling:
+/// each counted prompt hits its leading segments still cached (weights are tokens, so
+/// `capacity_tokens` is the fleet's blocks × block size). Then all its segments are used, its
+/// first one last — vLLM frees a finished request's blocks tail first, so a prefix's head outlives
+/// its tail — and the least recently used are evicted until the cache fits. Memory: one entry per
+/// cached segment, at most `capacity_tokens` entries plus one prompt's.
+pub fn fleet_lru<'a, I>(prompts: I, capacity_tokens: u64) -> Ceiling
+where
+    I: IntoIterator<Item = (&'a Segments, bool)>,
+{
+    let mut lru = Lru::default();
+    let mut c = Ceiling::default();
+    for (p, counted) in prompts {
+        if counted {
+            c.requests += 1;
+            let leading = p.iter().take_while(|(id, _)| lru.contains(*id)).count();
+            for (i, &(_, w)) in p.iter().enumerate() {
+                c.blocks_total += 1;
+                c.tokens_total += w;
+                if i < leading {
+                    c.blocks_reused += 1;
+                    c.tokens_reused += w;
+                }
+            }
+        }
+        for &(id, w) in p.iter().rev() {
+            lru.touch(id, w);
+        }
+        lru.evict_to(capacity_tokens);
+    }
+    c
+}
+
+/// Segments by last use, weighted; [`fleet_lru`]'s cache.
+#[derive(Default)]
+struct Lru {
+    /// Segment id → (its last use, its weight).
+    entries: std::collections::HashMap<u64, (u64, u64)>,
+    /// Last use → segment id, oldest first.
+    by_use: std::collections::BTreeMap<u64, u64>,
+    clock: u64,
+    weight: u64,
+}
+
+impl Lru {
+    fn contains(&self, id: u64) -> bool {
+        self.entries.contains_key(&id)
+    }
+
+    fn touch(&mut self, id: u64, w: u64) {
+        self.clock += 1;
+        match self.entries.insert(id, (self.clock, w)) {
+            Some((used, old)) => {
+                self.by_use.remove(&used);
+                self.weight = self.weight - old + w;
+            }
+            None => self.weight += w,
+        }
+        self.by_use.insert(self.clock, id);
+    }
+
+    fn evict_to(&mut self, capacity: u64) {
+        while self.weight > capacity {
+            let Some((_, id)) = self.by_use.pop_first() else { break };
+            if let Some((_, w)) = self.entries.remove(&id) {
+                self.weight -= w;
+            }
+        }
+    }
 }
 
 /// A session's planned length in time, ms: its think times plus `ms_per_output_token` × each
@@ -535,6 +646,43 @@ mod tests {
         assert!(s.body(2, "m").is_none());
         assert_eq!(s.path(), "/v1/chat/completions");
         assert_eq!(s.planned_times_ms(), vec![0.0, 5.0]);
+    }
+
+    #[test]
+    fn fleet_lru_table() {
+        // a and b: 64 tokens each, four 16-token blocks, nothing shared; then a again.
+        let a: Vec<u32> = (0..64).collect();
+        let b: Vec<u32> = (100..164).collect();
+        let sessions = vec![
+            tok_session("a", 0.0, a.clone(), &[64]),
+            tok_session("b", 1.0, b, &[64]),
+            tok_session("a2", 2.0, a, &[64]),
+        ];
+        let prompts = planned_prompts(&sessions, 16);
+        let counted = || prompts.iter().map(|p| (p, true));
+        let cases: [(&str, u64, u64); 5] = [
+            // Everything fits: the ceiling's answer.
+            ("unbounded", u64::MAX, 64),
+            ("exactly both", 128, 64),
+            // b pushes out a's tail first (a's head was used last): a again hits its first two blocks.
+            ("tail evicted first", 96, 32),
+            // b evicts all of a.
+            ("one prompt fits", 64, 0),
+            ("no cache", 0, 0),
+        ];
+        for (name, capacity, reused) in cases {
+            let c = fleet_lru(counted(), capacity);
+            assert_eq!((c.requests, c.tokens_total, c.tokens_reused), (3, 192, reused), "{name}");
+        }
+        assert_eq!(fleet_lru(counted(), u64::MAX), sessions_ceiling(&sessions, 16), "unbounded = the ceiling");
+        // A head evicted while its tail stays: the prompt hits nothing (engines match leading
+        // blocks). [1, 2]; [2] alone (2 is now newer than 1); [9] evicts 1; [1, 2] again.
+        let synthetic: Vec<Segments> = vec![vec![(1, 16), (2, 16)], vec![(2, 16)], vec![(9, 16)], vec![(1, 16), (2, 16)]];
+        let c = fleet_lru(synthetic.iter().map(|p| (p, true)), 32);
+        assert_eq!(c.tokens_reused, 16, "only [2] hits");
+        // History is used but not counted.
+        let c = fleet_lru(prompts.iter().enumerate().map(|(i, p)| (p, i == 2)), 96);
+        assert_eq!((c.requests, c.tokens_total, c.tokens_reused), (1, 64, 32));
     }
 
     #[test]

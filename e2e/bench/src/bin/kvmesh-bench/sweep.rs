@@ -19,7 +19,7 @@ use kvmesh_bench::record::read_all;
 use kvmesh_bench::report::sweep::{plot_files, SweepReport, WorkloadSweep};
 use kvmesh_bench::sink::Sink;
 use kvmesh_bench::sweep::{
-    default_start_rate, invalid_reasons_real_engines, next_ladder_rate, point_ceiling,
+    default_start_rate, invalid_reasons_real_engines, next_ladder_rate, point_ceiling, point_fleet_lru, point_ttft_floor_p90_ms,
     policy_rates, summarize_point, timing_for, window_for, window_records, FleetTiming, LadderStep,
     MachineSample, MeasureWindow, PointResult, RatePoint, SweepConfig,
 };
@@ -126,10 +126,12 @@ fn fmt_elapsed(d: Duration) -> String {
     format!("{}m{:02}s", s / 60, s % 60)
 }
 
-/// One workload's point settings: its fleet and its window.
+/// One workload's point settings: its fleet, its window and the simulators' timing (`None` on
+/// real engines, which keep their own).
 struct PointSpec<'a> {
     fleet: &'a Fleet,
     window: MeasureWindow,
+    sim_timing: Option<FleetTiming>,
 }
 
 async fn measure(
@@ -340,6 +342,14 @@ async fn measure_inner(
         &worker_ids,
     )
     .with_window(window, warmup_requests, stats.cut_turns);
+    if let Some(t) = &spec.sim_timing {
+        // Real engines size their own caches and prefill at their own speed; the simulators have
+        // exactly `num_gpu_blocks` and the modelled throughput.
+        let capacity_tokens = fleet.workers as u64 * fleet.num_gpu_blocks * u64::from(fleet.block_size);
+        let block_size = fleet.block_size as usize;
+        p.fleet_lru = point_fleet_lru(&plan, &all_records, &window, block_size, capacity_tokens);
+        p.ttft_floor_p90_ms = point_ttft_floor_p90_ms(&plan, &all_records, &window, block_size, t);
+    }
     if !fleet.engine_groups.is_empty() {
         // The engines are the CPU load here: bound everything else instead (see the lib's rule).
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
@@ -371,6 +381,8 @@ async fn measure_inner(
         cut_turns = stats.cut_turns,
         turns_per_s = p.turns_per_s.unwrap_or(f64::NAN),
         ceiling = ceiling_rate,
+        fleet_lru = p.fleet_lru.unwrap_or(f64::NAN),
+        ttft_floor_p90_ms = p.ttft_floor_p90_ms.unwrap_or(f64::NAN),
         wall_s = stats.wall.as_secs_f64(),
         ttft_p90_ms = p.ttft_p90_ms.unwrap_or(f64::NAN),
         engine_hit_rate = p.engine_hit_rate.unwrap_or(f64::NAN),
@@ -473,6 +485,7 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
         let spec = PointSpec {
             fleet: &fleet,
             window,
+            sim_timing: a.vllm.is_none().then_some(timing),
         };
         let fleet = &fleet;
         let start_rate = a
@@ -566,6 +579,7 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
                 window_s: a.load_point_window_s.unwrap_or(default_window_s),
                 ..window
             },
+            ..spec
         };
         for &policy in &a.policies {
             if !kind.has_sessions() && policy.uses_session_header() && policy != Policy::RoundRobin
