@@ -157,10 +157,10 @@ pub fn complete_later(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
 /// async worker; longer prompts keep the pool, so an async worker is never held longer.
 pub const INLINE_TOKENIZE_MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// Tokenizes and hashes, on the calling task when `inline` (see [`INLINE_TOKENIZE_MAX_BODY_BYTES`]),
-/// else on the blocking pool. The [`Permit`] is released when the work ends, not when the caller
+/// Tokenizes and hashes, on the calling task when the route's body is at most
+/// [`INLINE_TOKENIZE_MAX_BODY_BYTES`], else on the blocking pool. The [`Permit`] is released when the work ends, not when the caller
 /// leaves; a pool task whose caller left before it started skips the work.
-pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiRequest, permit: Permit, cancel: Cancel, inline: bool) -> Result<Prompt, ApiError> {
+pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiRequest, permit: Permit, cancel: Cancel, body_bytes: usize) -> Result<Prompt, ApiError> {
     let block_size = cfg.model.block_size as usize;
     let exact_past_held = usize::try_from(cfg.routing.min_remote_prefill_tokens).unwrap_or(usize::MAX);
     let tokenizer = state.tokenizer.read().clone();
@@ -200,7 +200,7 @@ pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
             Prompt { tokens: t.tokens(), chains: t.chains, locals: t.locals, partial, opens_conversation }
         }))
     };
-    let done = if inline { Ok(work()) } else { tokio::task::spawn_blocking(work).await };
+    let done = if body_bytes <= INLINE_TOKENIZE_MAX_BODY_BYTES { Ok(work()) } else { tokio::task::spawn_blocking(work).await };
     match done {
         Ok(Some(r)) => r.map_err(|e| ApiError::unavailable("tokenizer", e.to_string())),
         // Only reachable when the caller is gone: nobody reads this answer.
