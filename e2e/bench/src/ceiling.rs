@@ -42,6 +42,16 @@ impl Ceiling {
     }
 }
 
+impl std::ops::AddAssign for Ceiling {
+    fn add_assign(&mut self, o: Self) {
+        self.requests += o.requests;
+        self.blocks_total += o.blocks_total;
+        self.blocks_reused += o.blocks_reused;
+        self.tokens_total += o.tokens_total;
+        self.tokens_reused += o.tokens_reused;
+    }
+}
+
 fn ratio(num: u64, den: u64) -> f64 {
     if den == 0 {
         0.0

@@ -321,14 +321,25 @@ fn counted_ceiling<'a, I>(prompts: I) -> Ceiling
 where
     I: IntoIterator<Item = (&'a Segments, bool)>,
 {
-    per_prompt_ceiling(prompts).iter().fold(Ceiling::default(), |mut c, p| {
-        c.requests += p.requests;
-        c.blocks_total += p.blocks_total;
-        c.blocks_reused += p.blocks_reused;
-        c.tokens_total += p.tokens_total;
-        c.tokens_reused += p.tokens_reused;
-        c
-    })
+    let mut c = Ceiling::default();
+    for p in per_prompt_ceiling(prompts) {
+        c += p;
+    }
+    c
+}
+
+/// One prompt's counts, segment `i` (chain id `id`) reused iff `reused(i, id)`.
+fn prompt_counts(p: &Segments, reused: impl Fn(usize, u64) -> bool) -> Ceiling {
+    let mut c = Ceiling { requests: 1, ..Ceiling::default() };
+    for (i, &(id, w)) in p.iter().enumerate() {
+        c.blocks_total += 1;
+        c.tokens_total += w;
+        if reused(i, id) {
+            c.blocks_reused += 1;
+            c.tokens_reused += w;
+        }
+    }
+    c
 }
 
 /// The ceiling's counts of each counted prompt on its own, in order (every prompt is history for
@@ -341,17 +352,8 @@ where
     let mut out = Vec::new();
     for (p, counted) in prompts {
         if counted {
-            let mut c = Ceiling { requests: 1, ..Ceiling::default() };
             // A chain id seen before means the whole prefix up to it was sent before.
-            for &(id, w) in p {
-                c.blocks_total += 1;
-                c.tokens_total += w;
-                if seen.contains(&id) {
-                    c.blocks_reused += 1;
-                    c.tokens_reused += w;
-                }
-            }
-            out.push(c);
+            out.push(prompt_counts(p, |_, id| seen.contains(&id)));
         }
         seen.extend(p.iter().map(|&(id, _)| id));
     }
@@ -432,16 +434,8 @@ where
     let mut c = Ceiling::default();
     for (p, counted) in prompts {
         if counted {
-            c.requests += 1;
             let leading = p.iter().take_while(|(id, _)| lru.contains(*id)).count();
-            for (i, &(_, w)) in p.iter().enumerate() {
-                c.blocks_total += 1;
-                c.tokens_total += w;
-                if i < leading {
-                    c.blocks_reused += 1;
-                    c.tokens_reused += w;
-                }
-            }
+            c += prompt_counts(p, |i, _| i < leading);
         }
         for &(id, w) in p.iter().rev() {
             lru.touch(id, w);
