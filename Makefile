@@ -18,7 +18,7 @@ else
 CARGO_PROFILE_FLAG :=
 endif
 
-.PHONY: help setup build wasm test run demo bench bench-quick bench-vllm lint validate clean setup-vllm test-vllm fuzz soak
+.PHONY: help setup build wasm test run demo bench bench-quick bench-vllm bench-aiperf lint validate clean setup-vllm test-vllm fuzz soak
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -94,6 +94,11 @@ bench-quick: ## Load sweep for iteration (≤ 10 min after the build): the trace
 bench-vllm: setup-vllm ## Load sweep on 2 real vLLM CPU engines (agentic, 3 policies, one rate, ~15 min; installs vLLM on first use) → bench-out/vllm/report.md
 	$(MAKE) build PROFILE=release
 	nice -n 19 target/release/kvmesh-bench --out bench-out/vllm --only sweep --engines vllm --sweep-workers 2 --block-size 32 --sweep-workloads agentic --sweep-policies round_robin,kvmesh_precise,least_request --sweep-rates 0.06 --sweep-duration-s 150 $(BENCH_ARGS)
+
+bench-aiperf: ## NVIDIA's aiperf as the client of each policy's gateway (5 policies, multi-turn chats sharing a system prompt, ~7 min; installs aiperf into .tools/aiperf on first use) → bench-out/aiperf/report.md
+	$(MAKE) build PROFILE=release
+	@scripts/setup-aiperf.sh >/dev/null
+	target/release/kvmesh-bench --out bench-out/aiperf --only aiperf $(BENCH_ARGS)
 
 lint: ## clippy with the workspace lints, wasm included
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

@@ -91,6 +91,13 @@ impl PolicyCounters {
         rate(hits, queries)
     }
 
+    /// Prompt tokens per engine (its prefix-cache queries), max ÷ mean over the fleet's engines;
+    /// `None` when none was queried.
+    pub fn load_max_over_mean(&self) -> Option<f64> {
+        let fleet: Vec<String> = self.engines.iter().map(|e| e.worker.clone()).collect();
+        crate::stats::balance(self.engines.iter().map(|e| (e.worker.as_str(), e.prefix_cache_queries)), &fleet).max_over_mean()
+    }
+
     /// Preemptions over the fleet.
     pub fn preemptions(&self) -> f64 {
         self.engines.iter().map(|e| e.preemptions).sum()
@@ -197,6 +204,14 @@ mod tests {
             assert_eq!(PolicyCounters { engines, router: None }.engine_hit_rate(), want);
         }
         assert_eq!(PolicyCounters::default().router_block_rate(), None);
+    }
+
+    #[test]
+    fn load_is_prompt_tokens_per_engine_max_over_mean() {
+        let eng = |w: &str, q: f64| EngineCounters { worker: w.into(), prefix_cache_queries: q, ..Default::default() };
+        let c = |engines| PolicyCounters { engines, router: None };
+        assert_eq!(c(vec![eng("w0", 300.0), eng("w1", 100.0)]).load_max_over_mean(), Some(1.5));
+        assert_eq!(c(vec![eng("w0", 0.0), eng("w1", 0.0)]).load_max_over_mean(), None);
     }
 
     #[test]

@@ -8,15 +8,17 @@
 //! - The report: manifest in, Markdown + PNG plots out (`manifest`, `stats`, `report`).
 //! - Router overhead against the same Envoy without the filter (`overhead`), and the indexer's
 //!   microbenchmark figures as a report section (`micro`).
+//! - NVIDIA's `aiperf` as an independent client of each policy's gateway (`aiperf`).
 //!
 //! - The load sweep (`sweep`, issue 12): five workloads with their ceilings (`workload`), the
 //!   plan driver (`plan_run`), machine CPU sampling (`cpu`), saturation search and validity.
 //!
 //! Pure modules (no I/O, injected RNG): `workload`, `sweep`, `trace`, `blocks`, `conversation`, `ceiling`, `rng`,
-//! `sse`, `stats`, `prom`, `counters`, `chat`, `record`, `manifest`, `micro`,
+//! `sse`, `stats`, `prom`, `counters`, `chat`, `aiperf`, `record`, `manifest`, `micro`,
 //! `overhead::{plan, gateway, summary}`, `report::{summary, targets, markdown}`. I/O lives in
 //! `cpu::Sampler`, `plan_run`, `client`, `sink`, `replay`, `chat_run`, `overhead::drive`, `report::plots` and `report::generate`.
 
+pub mod aiperf;
 pub mod blocks;
 pub mod ceiling;
 pub mod chat;

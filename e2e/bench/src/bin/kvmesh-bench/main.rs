@@ -10,12 +10,14 @@
 //! 10 minutes of the conversation trace on 8 workers whose KV capacity forces eviction.
 //! `--only policies` or `--only overhead` runs one part.
 
+mod aiperf;
 mod overhead;
 mod run;
 mod sweep;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use kvmesh_bench::aiperf::AiperfWorkload;
 use kvmesh_bench::ceiling::intrinsic;
 use kvmesh_bench::chat::ChatConfig;
 use kvmesh_bench::conversation::DEFAULT_ANCHOR_BLOCK;
@@ -124,9 +126,30 @@ struct Args {
     chat_system_prompt_words: usize,
 
     /// Parts to run, comma-separated: `sweep` (the load sweep: every workload × policy × rate),
-    /// `policies` (one replay under every policy, `--workload`), `overhead`.
+    /// `policies` (one replay under every policy, `--workload`), `overhead`, `aiperf` (NVIDIA's
+    /// aiperf as the client of every policy's gateway; `make bench-aiperf`).
     #[arg(long, default_value = "policies,overhead")]
     only: String,
+
+    /// aiperf: its executable (`scripts/setup-aiperf.sh` installs it there).
+    #[arg(long, default_value = ".tools/aiperf/venv/bin/aiperf")]
+    aiperf_bin: PathBuf,
+    /// aiperf: policies, comma-separated.
+    #[arg(long, default_value = "round_robin,least_request,ring_hash,kvmesh_approximate,kvmesh_precise")]
+    aiperf_policies: String,
+    /// aiperf: requests per second.
+    #[arg(long, default_value_t = AiperfWorkload::default().request_rate)]
+    aiperf_rate: f64,
+    /// aiperf: seconds of sending.
+    #[arg(long, default_value_t = AiperfWorkload::default().duration_s)]
+    aiperf_duration_s: f64,
+    /// aiperf: the simulators' modelled prefill throughput, tokens/s per worker (`--speedup 1`,
+    /// the sweep's workers and cache size).
+    #[arg(long, default_value_t = 5000.0)]
+    aiperf_prefill_tokens_per_s: f64,
+    /// aiperf: seed of its generated conversations.
+    #[arg(long, default_value_t = 0)]
+    aiperf_seed: u64,
 
     /// Sweep: workloads, comma-separated (trace, agentic, siblings, paced, cold).
     #[arg(long, default_value = "trace,agentic,siblings,paced,cold")]
@@ -244,20 +267,22 @@ struct Parts {
     sweep: bool,
     policies: bool,
     overhead: bool,
+    aiperf: bool,
 }
 
 impl Parts {
     fn parse(s: &str) -> Result<Self> {
-        let mut p = Parts { sweep: false, policies: false, overhead: false };
+        let mut p = Parts { sweep: false, policies: false, overhead: false, aiperf: false };
         for part in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
             match part {
                 "sweep" => p.sweep = true,
                 "policies" => p.policies = true,
                 "overhead" => p.overhead = true,
-                other => bail!("unknown --only part {other:?} (sweep, policies, overhead)"),
+                "aiperf" => p.aiperf = true,
+                other => bail!("unknown --only part {other:?} (sweep, policies, overhead, aiperf)"),
             }
         }
-        if !(p.sweep || p.policies || p.overhead) {
+        if !(p.sweep || p.policies || p.overhead || p.aiperf) {
             bail!("--only selects nothing");
         }
         Ok(p)
@@ -463,7 +488,7 @@ async fn main() -> Result<()> {
 
 async fn bench(a: Args) -> Result<()> {
     let parts = Parts::parse(&a.only)?;
-    if a.engines != "sim" && (parts.policies || parts.overhead) {
+    if a.engines != "sim" && (parts.policies || parts.overhead || parts.aiperf) {
         bail!("--engines {} runs the load sweep only: pass --only sweep", a.engines);
     }
     let policies = if parts.policies { Policy::parse_list(&a.policies).map_err(anyhow::Error::msg)? } else { Vec::new() };
@@ -490,6 +515,9 @@ async fn bench(a: Args) -> Result<()> {
     }
     if parts.overhead {
         ran += overhead_part(&a, &overhead_args, &fleet, parts, &mut manifest).await;
+    }
+    if parts.aiperf {
+        ran += aiperf_part(&a, &fleet, parts, &mut manifest).await?;
     }
     if let Some(path) = &a.indexer_figures {
         manifest.extra_sections.push(indexer_figures(path));
@@ -668,6 +696,38 @@ async fn overhead_part(a: &Args, overhead_args: &OverheadArgs, fleet: &Fleet, pa
         manifest.speedup = None;
     }
     ran
+}
+
+/// Runs the aiperf part on the sweep's fleet (workers, cache) at `--aiperf-prefill-tokens-per-s`
+/// and adds its section; returns the policies aiperf measured.
+async fn aiperf_part(a: &Args, fleet: &Fleet, parts: Parts, manifest: &mut RunManifest) -> Result<usize> {
+    let timing = kvmesh_bench::sweep::FleetTiming::new(1.0, a.aiperf_prefill_tokens_per_s).map_err(anyhow::Error::msg)?;
+    let base = Fleet { workers: a.sweep_workers, num_gpu_blocks: a.sweep_num_gpu_blocks, ..fleet.clone() };
+    let aiperf_fleet = sweep::workload_fleet(&base, &timing);
+    let fleet_note = format!(
+        "{} vllm-sim workers × {} blocks of {} tokens, {}",
+        aiperf_fleet.workers,
+        aiperf_fleet.num_gpu_blocks,
+        aiperf_fleet.block_size,
+        timing.describe()
+    );
+    let args = aiperf::AiperfArgs {
+        bin: a.aiperf_bin.clone(),
+        tokenizer_dir: aiperf::default_tokenizer_dir(),
+        policies: Policy::parse_list(&a.aiperf_policies).map_err(anyhow::Error::msg)?,
+        workload: AiperfWorkload { request_rate: a.aiperf_rate, duration_s: a.aiperf_duration_s, seed: a.aiperf_seed, ..AiperfWorkload::default() },
+    };
+    let (section, ran) = aiperf::run_aiperf(&args, &aiperf_fleet, &fleet_note, &a.out).await?;
+    manifest.extra_sections.push(section);
+    if !(parts.policies || parts.sweep || parts.overhead) {
+        manifest.title = Some("kvmesh under aiperf".into());
+        manifest.workload = Some("aiperf: see its section".into());
+        manifest.window = Some("aiperf's benchmark duration".into());
+        manifest.speedup = None;
+        manifest.workers = (0..a.sweep_workers).map(|i| format!("w{i}")).collect();
+        manifest.cache_capacity_blocks = Some(a.sweep_num_gpu_blocks);
+    }
+    Ok(ran)
 }
 
 /// The indexer's microbenchmark section from `--indexer-figures`. Unreadable figures must not

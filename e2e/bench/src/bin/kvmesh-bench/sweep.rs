@@ -394,7 +394,7 @@ async fn measure_inner(
 
 /// The fleet of one workload's simulated points: its timing's vllm-sim flags before the shared
 /// extra flags (`--sim-arg`; one that sets `--max-num-batched-tokens` itself wins).
-fn workload_fleet(base: &Fleet, t: &FleetTiming) -> Fleet {
+pub(crate) fn workload_fleet(base: &Fleet, t: &FleetTiming) -> Fleet {
     let mut sim_args = vec![
         "--prefill-tokens-per-s".to_string(),
         t.prefill_tokens_per_s.to_string(),

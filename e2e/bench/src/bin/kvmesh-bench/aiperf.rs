@@ -1,0 +1,120 @@
+//! The `aiperf` part: NVIDIA's aiperf as an independent client of each policy's gateway.
+//!
+//! Per policy: a fresh stack with caches reset, the engines' and the gateway's counters scraped,
+//! aiperf run to completion (its own process group, killed if it overruns its deadline or the
+//! bench stops), the counters scraped again, aiperf's summary export read. The machine's CPU is
+//! sampled over the run, as for the sweep's points.
+
+use crate::run::{counters, one_line, prepare_stack, scrape_all, Fleet, Prepared};
+use anyhow::{bail, Context, Result};
+use kvmesh_bench::aiperf::{parse_summary, render, AiperfRow, AiperfWorkload, SUMMARY_FILE, TITLE};
+use kvmesh_bench::cpu::Sampler;
+use kvmesh_bench::manifest::ExtraSection;
+use kvmesh_bench::policy::Policy;
+use kvmesh_e2e::procs::Proc;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Beyond the workload's duration and grace period: aiperf's own start-up (its services and the
+/// tokenizer load) and its export.
+const STARTUP_AND_EXPORT: Duration = Duration::from_secs(180);
+
+/// The part's settings.
+pub(crate) struct AiperfArgs {
+    pub bin: PathBuf,
+    pub tokenizer_dir: PathBuf,
+    pub policies: Vec<Policy>,
+    pub workload: AiperfWorkload,
+}
+
+/// The tokenizer aiperf counts with: the directory of the indexer's `tokenizer.json`
+/// (`KVMESH_TOKENIZER`, else `.tools/tokenizer/`, which also holds `tokenizer_config.json`).
+pub(crate) fn default_tokenizer_dir() -> PathBuf {
+    match std::env::var_os("KVMESH_TOKENIZER").map(PathBuf::from) {
+        Some(file) if !file.as_os_str().is_empty() => file.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+        _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/tokenizer"),
+    }
+}
+
+/// Runs every policy under aiperf; returns the report section (a policy that failed is a row
+/// saying why) and how many policies aiperf measured.
+pub(crate) async fn run_aiperf(args: &AiperfArgs, fleet: &Fleet, fleet_note: &str, out: &Path) -> Result<(ExtraSection, usize)> {
+    args.workload.validate().map_err(anyhow::Error::msg)?;
+    if !args.bin.is_file() {
+        bail!("aiperf not found at {} (`scripts/setup-aiperf.sh` installs it; `make bench-aiperf` runs it)", args.bin.display());
+    }
+    let version = aiperf_version(&args.bin);
+    let mut rows = Vec::new();
+    for &policy in &args.policies {
+        let row = match run_one(args, policy, fleet, out).await {
+            Ok(row) => row,
+            Err(e) => {
+                tracing::error!(policy = policy.name(), error = format!("{e:#}"), "aiperf run failed");
+                AiperfRow { policy: policy.name().into(), error: Some(one_line(&format!("{e:#}"), 300)), ..AiperfRow::default() }
+            }
+        };
+        rows.push(row);
+    }
+    let path = out.join("aiperf").join("rows.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&rows)?).with_context(|| format!("writing {}", path.display()))?;
+    let measured = rows.iter().filter(|r| r.summary.is_some()).count();
+    Ok((ExtraSection { title: TITLE.into(), markdown: render(&rows, &args.workload, fleet_note, &version) }, measured))
+}
+
+async fn run_one(args: &AiperfArgs, policy: Policy, fleet: &Fleet, out: &Path) -> Result<AiperfRow> {
+    let dir = out.join("aiperf").join(policy.name());
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let Prepared { stack, client, base, model, .. } = prepare_stack(policy, fleet, &dir).await?;
+    // As in the sweep: ring_hash and kvmesh_precise_session get the session header, the others
+    // run as shipped (aiperf's own `X-Correlation-ID` is read by none).
+    let session_header = policy.uses_session_header().then_some(fleet.session_header.as_str());
+    let export_dir = dir.join("export");
+    let aiperf_args = args.workload.args(&base, &model, &args.tokenizer_dir.to_string_lossy(), &export_dir.to_string_lossy(), session_header);
+    let before = scrape_all(&stack, &client, policy.is_kvmesh()).await?;
+    let sampler = Sampler::start(Duration::from_millis(500));
+    tracing::info!(policy = policy.name(), "running aiperf");
+    let mut cmd = Command::new(&args.bin);
+    // Not `HF_HUB_OFFLINE=1`: with it aiperf 0.13 resolves a local tokenizer directory as a hub
+    // snapshot and refuses it.
+    cmd.args(&aiperf_args).env("TOKENIZERS_PARALLELISM", "false");
+    let mut proc = Proc::spawn_group("aiperf", cmd, &dir)?;
+    let deadline = Instant::now() + Duration::from_secs_f64(args.workload.duration_s + args.workload.grace_s) + STARTUP_AND_EXPORT;
+    while proc.is_running() {
+        if Instant::now() > deadline {
+            proc.kill();
+            bail!("aiperf overran its deadline; log {}", proc.log_path().display());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (cpu_mean, _) = sampler.finish();
+    let after = scrape_all(&stack, &client, policy.is_kvmesh()).await?;
+    let c = counters(&stack, &before, &after, policy.is_kvmesh());
+    std::fs::write(dir.join("counters.json"), serde_json::to_string_pretty(&c)?)?;
+    drop(stack);
+    let summary_path = export_dir.join(SUMMARY_FILE);
+    let text = std::fs::read_to_string(&summary_path)
+        .with_context(|| format!("reading {} (aiperf log: {}):\n{}", summary_path.display(), proc.log_path().display(), proc.log_tail(20)))?;
+    let summary = parse_summary(&text).map_err(anyhow::Error::msg)?;
+    tracing::info!(policy = policy.name(), ttft_p90_ms = summary.ttft_p90_ms, engine_hit_rate = c.engine_hit_rate().unwrap_or(f64::NAN), "aiperf done");
+    Ok(AiperfRow {
+        policy: policy.name().into(),
+        summary: Some(summary),
+        engine_hit_rate: c.engine_hit_rate(),
+        load_max_over_mean: c.load_max_over_mean(),
+        cpu_mean,
+        error: None,
+    })
+}
+
+/// `aiperf --version`'s answer, or "(version unknown)".
+fn aiperf_version(bin: &Path) -> String {
+    Command::new(bin)
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.lines().rev().find(|l| !l.trim().is_empty()).map(|l| l.trim().to_string()))
+        .unwrap_or_else(|| "(version unknown)".into())
+}
