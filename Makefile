@@ -95,10 +95,15 @@ bench-vllm: setup-vllm ## Load sweep on 2 real vLLM CPU engines (agentic, 3 poli
 	$(MAKE) build PROFILE=release
 	nice -n 19 target/release/kvmesh-bench --out bench-out/vllm --only sweep --engines vllm --sweep-workers 2 --block-size 32 --sweep-workloads agentic --sweep-policies round_robin,kvmesh_precise,least_request --sweep-rates 0.06 --sweep-duration-s 150 $(BENCH_ARGS)
 
-bench-aiperf: ## NVIDIA's aiperf as the client of each policy's gateway (5 policies, multi-turn chats sharing a system prompt, ~7 min; installs aiperf into .tools/aiperf on first use) → bench-out/aiperf/report.md
+# `make bench-aiperf ENGINES=vllm`: 2 real vLLM CPU engines (started once), the workload at half
+# size and 0.6 requests/s for 240 s, four policies.
+AIPERF_VLLM_ARGS := --engines vllm --sweep-workers 2 --block-size 32 --aiperf-policies round_robin,least_request,ring_hash,kvmesh_precise --aiperf-rate 0.6 --aiperf-duration-s 240 --aiperf-scale 0.5
+
+bench-aiperf: ## NVIDIA's aiperf as the client of each policy's gateway (5 policies, multi-turn chats sharing a system prompt, ~7 min; ENGINES=vllm: 2 real vLLM CPU engines, ~25 min; installs aiperf into .tools/aiperf on first use) → bench-out/aiperf[-vllm]/report.md
 	$(MAKE) build PROFILE=release
+	$(if $(filter vllm,$(ENGINES)),@scripts/setup-vllm.sh >/dev/null,)
 	@scripts/setup-aiperf.sh >/dev/null
-	target/release/kvmesh-bench --out bench-out/aiperf --only aiperf $(BENCH_ARGS)
+	$(if $(filter vllm,$(ENGINES)),nice -n 19 ,)target/release/kvmesh-bench --only aiperf $(if $(filter vllm,$(ENGINES)),--out bench-out/aiperf-vllm $(AIPERF_VLLM_ARGS),--out bench-out/aiperf) $(BENCH_ARGS)
 
 lint: ## clippy with the workspace lints, wasm included
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

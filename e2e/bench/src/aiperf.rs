@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::sweep::MAX_CPU_BUSY;
+use crate::sweep::{MAX_CPU_BUSY, MAX_OTHER_CPU_BUSY};
 
 /// The file aiperf writes its aggregate metrics to, in `--output-artifact-dir`.
 pub const SUMMARY_FILE: &str = "profile_export_aiperf.json";
@@ -80,6 +80,22 @@ impl AiperfWorkload {
             return Err("aiperf workload: grace, think time and turn stddev must be >= 0".into());
         }
         Ok(())
+    }
+
+    /// Every token length multiplied by `factor` (> 0; each at least 1 token), for engines whose
+    /// prefill is slow: the shape of the workload stays, its size shrinks.
+    pub fn scaled(&self, factor: f64) -> Result<Self, String> {
+        if !(factor.is_finite() && factor > 0.0) {
+            return Err(format!("aiperf workload scale must be > 0 (got {factor})"));
+        }
+        let scale = |n: usize| ((n as f64 * factor).round() as usize).max(1);
+        Ok(Self {
+            system_prompt_tokens: scale(self.system_prompt_tokens),
+            user_context_tokens: scale(self.user_context_tokens),
+            turn_tokens: scale(self.turn_tokens),
+            output_tokens: scale(self.output_tokens),
+            ..self.clone()
+        })
     }
 
     /// `aiperf profile` arguments against `base_url` (the gateway); `session_header` names the
@@ -206,6 +222,10 @@ pub struct AiperfRow {
     pub load_max_over_mean: Option<f64>,
     /// Machine CPU busy fraction, mean over the run.
     pub cpu_mean: Option<f64>,
+    /// Why the figures cannot be compared (the sweep's CPU rules: [`crate::sweep::cpu_invalid_reason`]
+    /// on simulators, [`crate::sweep::cpu_invalid_reason_real_engines`] on real engines); empty: valid.
+    #[serde(default)]
+    pub invalid: Vec<String>,
     /// Why the run produced no figures.
     pub error: Option<String>,
 }
@@ -213,7 +233,7 @@ pub struct AiperfRow {
 impl AiperfRow {
     /// A row whose figures can be compared: aiperf ran and the machine was not saturated.
     pub fn valid(&self) -> bool {
-        self.summary.is_some() && self.cpu_mean.is_some_and(|c| c <= MAX_CPU_BUSY)
+        self.summary.is_some() && self.invalid.is_empty()
     }
 }
 
@@ -224,9 +244,10 @@ pub fn render(rows: &[AiperfRow], workload: &AiperfWorkload, fleet: &str, aiperf
     let num = |x: Option<f64>, d: usize| x.map_or("—".to_string(), |x| format!("{x:.d$}"));
     let baseline = rows.iter().find(|r| r.policy == crate::policy::Policy::RoundRobin.name() && r.valid()).and_then(|r| r.summary.as_ref());
     let mut md = format!(
-        "aiperf {aiperf_version} drives each policy's gateway (a fresh stack per policy, caches reset) and measures TTFT itself; the hit rate is the engines' own counters over the run, beside aiperf's reading of the responses' `usage`. Fleet: {fleet}. Workload: {}. A row is **invalid** when the machine's CPU (mean over the run) was above {:.0}%.\n\n",
+        "aiperf {aiperf_version} drives each policy's gateway (a fresh stack per policy, caches reset) and measures TTFT itself; the hit rate is the engines' own counters over the run, beside aiperf's reading of the responses' `usage`. Fleet: {fleet}. Workload: {}. A row is **invalid** when the machine's CPU (mean over the run) was above {:.0}% (over real engines: when the CPU outside the engines was above {:.0}%).\n\n",
         workload.describe(),
-        MAX_CPU_BUSY * 100.0
+        MAX_CPU_BUSY * 100.0,
+        MAX_OTHER_CPU_BUSY * 100.0
     );
     md.push_str("| policy | requests (errors) | req/s | TTFT p50 ms | **TTFT p90 ms** | TTFT p99 ms | p90 ÷ round_robin | **engine hit rate** | usage hit rate | load max/mean | CPU mean | valid |\n");
     md.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -254,7 +275,7 @@ pub fn render(rows: &[AiperfRow], workload: &AiperfWorkload, fleet: &str, aiperf
             pct(s.usage_cache_read),
             num(r.load_max_over_mean, 3),
             pct(r.cpu_mean),
-            if r.valid() { "valid" } else { "**invalid**" }
+            if r.valid() { "valid".to_string() } else { format!("**invalid**: {}", r.invalid.join("; ")) }
         ));
     }
     md
@@ -308,16 +329,22 @@ mod tests {
         assert_eq!(with.iter().position(|x| x == "--session-header").map(|i| with[i + 1].as_str()), Some("x-session-id"));
         assert!(w.validate().is_ok());
         assert!(AiperfWorkload { request_rate: 0.0, ..w.clone() }.validate().is_err());
-        assert!(AiperfWorkload { conversations: 0, ..w }.validate().is_err());
+        assert!(AiperfWorkload { conversations: 0, ..w.clone() }.validate().is_err());
+        let half = w.scaled(0.5).unwrap();
+        assert_eq!((half.system_prompt_tokens, half.user_context_tokens, half.turn_tokens, half.output_tokens), (2000, 500, 100, 32));
+        assert_eq!(half.request_rate, w.request_rate);
+        assert!(w.scaled(0.0).is_err());
     }
 
     fn row(policy: &str, p90: f64, cpu: f64) -> AiperfRow {
+        let invalid = crate::sweep::cpu_invalid_reason(Some(cpu)).into_iter().collect();
         AiperfRow {
             policy: policy.into(),
             summary: Some(AiperfSummary { requests: 100.0, errors: 0.0, ttft_p50_ms: p90 / 2.0, ttft_p90_ms: p90, ttft_p99_ms: p90 * 2.0, request_throughput: 2.0, usage_cache_read: Some(0.5) }),
             engine_hit_rate: Some(0.5),
             load_max_over_mean: Some(1.1),
             cpu_mean: Some(cpu),
+            invalid,
             error: None,
         }
     }
@@ -329,7 +356,7 @@ mod tests {
         let line = |p: &str| md.lines().find(|l| l.starts_with(&format!("| {p} |"))).unwrap().to_string();
         assert!(line("kvmesh_precise").contains("| 0.25 |"), "{md}");
         assert!(line("kvmesh_precise").ends_with("| valid |"));
-        assert!(line("ring_hash").contains("**invalid**"));
+        assert!(line("ring_hash").ends_with("| **invalid**: CPU 95% > 85% |"), "{md}");
         assert!(line("ring_hash").contains("| — |"), "no ratio for an invalid row: {md}");
         let failed = AiperfRow { policy: "least_request".into(), error: Some("aiperf exited 1".into()), ..AiperfRow::default() };
         let no_base = render(&[row("round_robin", 400.0, 0.99), failed], &w, "4 sims", "0.13.0");

@@ -567,24 +567,24 @@ pub fn policy_rates(cfg: &SweepConfig, sat: &Saturation) -> Vec<f64> {
 
 /// Why a point is invalid (empty: valid).
 pub fn invalid_reasons(cpu_busy_mean: Option<f64>, lateness_p90_ms: Option<f64>) -> Vec<String> {
-    let mut out = Vec::new();
+    [cpu_invalid_reason(cpu_busy_mean), lateness_invalid_reason(lateness_p90_ms)].into_iter().flatten().collect()
+}
+
+/// The machine-CPU rule of [`invalid_reasons`] (simulators: the whole machine's busy share).
+pub fn cpu_invalid_reason(cpu_busy_mean: Option<f64>) -> Option<String> {
     match cpu_busy_mean {
-        Some(c) if c > MAX_CPU_BUSY => out.push(format!(
-            "CPU {:.0}% > {:.0}%",
-            c * 100.0,
-            MAX_CPU_BUSY * 100.0
-        )),
-        None => out.push("CPU not sampled".into()),
-        _ => {}
+        Some(c) if c > MAX_CPU_BUSY => Some(format!("CPU {:.0}% > {:.0}%", c * 100.0, MAX_CPU_BUSY * 100.0)),
+        None => Some("CPU not sampled".into()),
+        _ => None,
     }
+}
+
+fn lateness_invalid_reason(lateness_p90_ms: Option<f64>) -> Option<String> {
     match lateness_p90_ms {
-        Some(l) if l > MAX_LATENESS_P90_MS => {
-            out.push(format!("lateness p90 {l:.1} ms > {MAX_LATENESS_P90_MS} ms"))
-        }
-        None => out.push("no request sent".into()),
-        _ => {}
+        Some(l) if l > MAX_LATENESS_P90_MS => Some(format!("lateness p90 {l:.1} ms > {MAX_LATENESS_P90_MS} ms")),
+        None => Some("no request sent".into()),
+        _ => None,
     }
-    out
 }
 
 /// Why a point over real engines is invalid (empty: valid). `engine_cpu_s`: CPU seconds of the
@@ -597,30 +597,24 @@ pub fn invalid_reasons_real_engines(
     cores: usize,
     lateness_p90_ms: Option<f64>,
 ) -> Vec<String> {
-    let mut out = Vec::new();
+    [cpu_invalid_reason_real_engines(cpu_busy_mean, engine_cpu_s, wall_s, cores), lateness_invalid_reason(lateness_p90_ms)]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// The machine-CPU rule of [`invalid_reasons_real_engines`]: the busy share outside the engines.
+pub fn cpu_invalid_reason_real_engines(cpu_busy_mean: Option<f64>, engine_cpu_s: Option<f64>, wall_s: f64, cores: usize) -> Option<String> {
     let machine_s = wall_s * cores as f64;
     match (cpu_busy_mean, engine_cpu_s) {
         (Some(busy), Some(eng)) if machine_s > 0.0 => {
             let other = (busy - eng / machine_s).max(0.0);
-            if other > MAX_OTHER_CPU_BUSY {
-                out.push(format!(
-                    "CPU outside the engines {:.0}% > {:.0}%",
-                    other * 100.0,
-                    MAX_OTHER_CPU_BUSY * 100.0
-                ));
-            }
+            (other > MAX_OTHER_CPU_BUSY)
+                .then(|| format!("CPU outside the engines {:.0}% > {:.0}%", other * 100.0, MAX_OTHER_CPU_BUSY * 100.0))
         }
-        (None, _) => out.push("CPU not sampled".into()),
-        _ => out.push("engine CPU not measured".into()),
+        (None, _) => Some("CPU not sampled".into()),
+        _ => Some("engine CPU not measured".into()),
     }
-    match lateness_p90_ms {
-        Some(l) if l > MAX_LATENESS_P90_MS => {
-            out.push(format!("lateness p90 {l:.1} ms > {MAX_LATENESS_P90_MS} ms"))
-        }
-        None => out.push("no request sent".into()),
-        _ => {}
-    }
-    out
 }
 
 /// Machine and process measurements taken during one point.

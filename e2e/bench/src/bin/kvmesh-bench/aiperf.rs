@@ -3,14 +3,16 @@
 //! Per policy: a fresh stack with caches reset, the engines' and the gateway's counters scraped,
 //! aiperf run to completion (its own process group, killed if it overruns its deadline or the
 //! bench stops), the counters scraped again, aiperf's summary export read. The machine's CPU is
-//! sampled over the run, as for the sweep's points.
+//! sampled over the run and judged by the sweep's rules (on real engines: the CPU outside them).
 
 use crate::run::{counters, one_line, prepare_stack, scrape_all, Fleet, Prepared};
+use crate::sweep::{group_ticks, TICKS_PER_S};
 use anyhow::{bail, Context, Result};
 use kvmesh_bench::aiperf::{parse_summary, render, AiperfRow, AiperfWorkload, SUMMARY_FILE, TITLE};
 use kvmesh_bench::cpu::Sampler;
 use kvmesh_bench::manifest::ExtraSection;
 use kvmesh_bench::policy::Policy;
+use kvmesh_bench::sweep::{cpu_invalid_reason, cpu_invalid_reason_real_engines};
 use kvmesh_e2e::procs::Proc;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -72,6 +74,8 @@ async fn run_one(args: &AiperfArgs, policy: Policy, fleet: &Fleet, out: &Path) -
     let export_dir = dir.join("export");
     let aiperf_args = args.workload.args(&base, &model, &args.tokenizer_dir.to_string_lossy(), &export_dir.to_string_lossy(), session_header);
     let before = scrape_all(&stack, &client, policy.is_kvmesh()).await?;
+    let engine_ticks_before = group_ticks(&fleet.engine_groups);
+    let started = Instant::now();
     let sampler = Sampler::start(Duration::from_millis(500));
     tracing::info!(policy = policy.name(), "running aiperf");
     let mut cmd = Command::new(&args.bin);
@@ -88,6 +92,17 @@ async fn run_one(args: &AiperfArgs, policy: Policy, fleet: &Fleet, out: &Path) -
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let (cpu_mean, _) = sampler.finish();
+    let invalid: Vec<String> = if fleet.engine_groups.is_empty() {
+        cpu_invalid_reason(cpu_mean).into_iter().collect()
+    } else {
+        // Real engines are the CPU load: bound everything else, as the sweep does.
+        let engine_cpu_s = match (engine_ticks_before, group_ticks(&fleet.engine_groups)) {
+            (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / TICKS_PER_S),
+            _ => None,
+        };
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        cpu_invalid_reason_real_engines(cpu_mean, engine_cpu_s, started.elapsed().as_secs_f64(), cores).into_iter().collect()
+    };
     let after = scrape_all(&stack, &client, policy.is_kvmesh()).await?;
     let c = counters(&stack, &before, &after, policy.is_kvmesh());
     std::fs::write(dir.join("counters.json"), serde_json::to_string_pretty(&c)?)?;
@@ -103,6 +118,7 @@ async fn run_one(args: &AiperfArgs, policy: Policy, fleet: &Fleet, out: &Path) -
         engine_hit_rate: c.engine_hit_rate(),
         load_max_over_mean: c.load_max_over_mean(),
         cpu_mean,
+        invalid,
         error: None,
     })
 }

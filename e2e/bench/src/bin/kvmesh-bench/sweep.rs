@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Linux user-space clock ticks per second (`/proc/<pid>/stat` units).
-const TICKS_PER_S: f64 = 100.0;
+pub(crate) const TICKS_PER_S: f64 = 100.0;
 /// CPU sampling interval during a point.
 const CPU_SAMPLE_EVERY: Duration = Duration::from_millis(500);
 /// Progress line interval.
@@ -423,6 +423,21 @@ fn save(report: &SweepReport, out: &Path) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
+/// Starts `fleet.workers` real vLLM engines (logs in `dir`) and points `fleet` at them: every
+/// stack started from it runs over them as external engines, and their process groups are the
+/// engines' CPU. They stop when the returned workers are dropped.
+pub(crate) async fn start_real_engines(fleet: &mut Fleet, opts: &VllmOptions, dir: &Path) -> Result<Vec<Worker>> {
+    std::fs::create_dir_all(dir)?;
+    let specs = StackSpec::aggregate(fleet.workers).workers;
+    eprintln!("[bench] starting {} real vLLM engines (logs in {})", specs.len(), dir.display());
+    let started = Instant::now();
+    let engines = kvmesh_e2e::vllm::start_workers(&specs, opts, fleet.block_size, dir).await?;
+    eprintln!("[bench] engines healthy after {}", fmt_elapsed(started.elapsed()));
+    fleet.external = engines.iter().map(Worker::external_spec).collect();
+    fleet.engine_groups = engines.iter().filter_map(|w| w.proc.as_ref().map(|p| p.pid())).collect();
+    Ok(engines)
+}
+
 /// Runs the sweep into `<out>/sweep/` and returns its report.
 pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<SweepReport> {
     let out = out.join("sweep");
@@ -432,29 +447,7 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
     let mut fleet = fleet.clone();
     let _engines = match &a.vllm {
         None => Vec::new(),
-        Some(opts) => {
-            let dir = out.join("engines");
-            std::fs::create_dir_all(&dir)?;
-            let specs = StackSpec::aggregate(fleet.workers).workers;
-            eprintln!(
-                "[bench] starting {} real vLLM engines (logs in {})",
-                specs.len(),
-                dir.display()
-            );
-            let started = Instant::now();
-            let engines =
-                kvmesh_e2e::vllm::start_workers(&specs, opts, fleet.block_size, &dir).await?;
-            eprintln!(
-                "[bench] engines healthy after {}",
-                fmt_elapsed(started.elapsed())
-            );
-            fleet.external = engines.iter().map(Worker::external_spec).collect();
-            fleet.engine_groups = engines
-                .iter()
-                .filter_map(|w| w.proc.as_ref().map(|p| p.pid()))
-                .collect();
-            engines
-        }
+        Some(opts) => start_real_engines(&mut fleet, opts, &out.join("engines")).await?,
     };
     let shared_fleet = fleet;
     let mut report = SweepReport {
@@ -621,7 +614,7 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
 }
 
 /// User + system CPU ticks of every process whose process group is one of `groups` (`/proc`).
-fn group_ticks(groups: &[u32]) -> Option<u64> {
+pub(crate) fn group_ticks(groups: &[u32]) -> Option<u64> {
     let mut total = 0u64;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Ok(text) = std::fs::read_to_string(entry.path().join("stat")) else {
