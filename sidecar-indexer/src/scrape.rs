@@ -177,8 +177,14 @@ const MAX_HELD: usize = 1024;
 /// Decode tokens the window must hold before its mean inter-token latency is trusted.
 pub const MIN_ITL_SAMPLES: f64 = 64.0;
 
-/// Scrape intervals the meter averages over (16 × the 500 ms default: 8 s).
+/// Scrape intervals the meter averages over (16 × the 500 ms default: 8 s) at least …
 const WINDOW: usize = 16;
+/// … and at most: a window reaches back, beyond [`WINDOW`], until it holds `min_tokens` computed
+/// tokens, so a worker that computes few tokens per 8 s (a slow engine, a light load of cached
+/// turns) is measured too instead of keeping the configured default. On two real vLLM CPU engines
+/// at 1 request/s the 8-s window never held 8,192 tokens: the default 20,000 tokens/s stood for
+/// engines ~7× slower, and predictions were 4–31× short (median 12×). 240 × 500 ms: 2 minutes.
+const MAX_WINDOW: usize = 240;
 
 impl PrefillMeter {
     /// Takes one scrape's sample; the throughput is trusted once the window holds `min_tokens`
@@ -225,7 +231,7 @@ impl PrefillMeter {
                 (d.itl_sum, d.itl_count) = (sum, count);
             }
             self.window.push_back(d);
-            while self.window.len() > WINDOW {
+            while self.window.len() > MAX_WINDOW {
                 self.window.pop_front();
             }
             if let Some(r) = self.window_rate(hold.min_tokens) {
@@ -261,7 +267,8 @@ impl PrefillMeter {
     }
 
     /// The window's prefill tokens per second, when it holds at least `min_tokens` computed tokens
-    /// with some busy time.
+    /// with some busy time. The window is the last [`WINDOW`] intervals, reaching further back
+    /// (up to [`MAX_WINDOW`]) only while it holds fewer than `min_tokens`.
     ///
     /// The busy time is bounded by the time the window's requests can have prefilled in: its wall
     /// time plus their mean scheduled → last-token time, as the engine records both tokens and
@@ -271,19 +278,24 @@ impl PrefillMeter {
     /// tokens/s on simulators running at 20k), so the model steered new conversations to the
     /// worker it believed fastest and its load grew to 1.37× the mean.
     fn window_rate(&self, min_tokens: f64) -> Option<f64> {
-        let tokens: f64 = self.window.iter().map(|d| d.tokens).sum();
-        let busy: f64 = self.window.iter().map(|d| d.busy_s).sum();
-        let wall: f64 = self.window.iter().map(|d| d.wall_s).sum();
-        let finished: f64 = self.window.iter().map(|d| d.finished).sum();
-        let lag = if finished > 0.0 { self.window.iter().map(|d| d.lifetime_s).sum::<f64>() / finished } else { 0.0 };
+        let min_tokens = min_tokens.max(1.0);
+        let (mut tokens, mut busy, mut wall, mut finished, mut lifetime) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for (k, d) in self.window.iter().rev().enumerate() {
+            if k >= WINDOW && tokens >= min_tokens {
+                break;
+            }
+            (tokens, busy, wall, finished, lifetime) =
+                (tokens + d.tokens, busy + d.busy_s, wall + d.wall_s, finished + d.finished, lifetime + d.lifetime_s);
+        }
+        let lag = if finished > 0.0 { lifetime / finished } else { 0.0 };
         let busy = busy.min(wall + lag);
-        (tokens >= min_tokens.max(1.0) && busy > 0.0).then(|| tokens / busy)
+        (tokens >= min_tokens && busy > 0.0).then(|| tokens / busy)
     }
 
     /// The window's mean inter-token latency (seconds), when it holds `min_tokens` decode tokens.
     fn window_step(&self, min_tokens: f64) -> Option<f64> {
-        let count: f64 = self.window.iter().map(|d| d.itl_count).sum();
-        let sum: f64 = self.window.iter().map(|d| d.itl_sum).sum();
+        let count: f64 = self.window.iter().rev().take(WINDOW).map(|d| d.itl_count).sum();
+        let sum: f64 = self.window.iter().rev().take(WINDOW).map(|d| d.itl_sum).sum();
         (count >= min_tokens.max(1.0)).then(|| sum / count)
     }
 }
@@ -469,8 +481,9 @@ vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum
             &sample(1500.0, 0.0, Some(0.3), 0.0, 0.0, (0.0, 0.0)),
             at(400), hold(1.0));
         assert_eq!(m.window_rate(1.0), Some(5000.0));
-        // Idle scrapes push the measurement out of the window; the last trusted one stays.
-        for k in 3..40 {
+        // Idle scrapes push the measurement out of the window (it reaches back at most
+        // MAX_WINDOW intervals); the last trusted one stays.
+        for k in 3..(MAX_WINDOW as u64 + 10) {
             m.observe(
                 &sample(1500.0, 0.0, Some(0.3), 0.0, 0.0, (0.0, 0.0)),
                 at(200 * k), hold(1000.0));
@@ -479,6 +492,34 @@ vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum
             (m.window_rate(1000.0), m.prefill_tokens_per_s()),
             (None, Some(5000.0))
         );
+    }
+
+    #[test]
+    fn a_slow_engine_is_measured_over_a_longer_window() {
+        // 300 computed tokens per 500 ms interval in 0.1 s of prefill (3,000 tokens/s): 16
+        // intervals hold 4,800 tokens, under the 8,192 a reading needs; the window reaches back
+        // until it holds them (28 intervals), and a fast engine's window stays 16 intervals.
+        let t0 = Instant::now();
+        let at = |k: u64| t0 + Duration::from_millis(500 * k);
+        let mut m = PrefillMeter::default();
+        let fed = |m: &mut PrefillMeter, k: u64| {
+            m.observe(&sample(300.0 * k as f64, 0.0, Some(0.1 * k as f64), 0.0, 0.0, (0.0, 0.0)), at(k), hold(8192.0));
+        };
+        for k in 0..=16 {
+            fed(&mut m, k);
+        }
+        assert_eq!(m.prefill_tokens_per_s(), None, "16 intervals hold 4,800 tokens");
+        for k in 17..=28 {
+            fed(&mut m, k);
+        }
+        assert_eq!(m.prefill_tokens_per_s().map(f64::round), Some(3_000.0));
+        // A fast engine: the newest 16 intervals already hold enough, older ones do not count.
+        let mut fast = PrefillMeter::default();
+        for k in 0..=40u64 {
+            let (tokens, busy) = if k <= 20 { (100.0 * k as f64, 0.1 * k as f64) } else { (2_000.0 + 1_000.0 * (k - 20) as f64, 2.0 + 0.05 * (k - 20) as f64) };
+            fast.observe(&sample(tokens, 0.0, Some(busy), 0.0, 0.0, (0.0, 0.0)), at(k), hold(8192.0));
+        }
+        assert_eq!(fast.window_rate(8192.0).map(f64::round), Some(20_000.0), "the last 16 intervals only");
     }
 
     #[test]

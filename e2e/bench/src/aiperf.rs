@@ -122,6 +122,9 @@ impl AiperfWorkload {
             "none",
             "--arrival-pattern",
             "poisson",
+            // Per-request response headers in `profile_export.jsonl`: the worker and, on kvmesh,
+            // the decision headers (reason, predicted TTFT) beside aiperf's own TTFT.
+            "--export-http-trace",
         ]
         .iter()
         .map(|s| s.to_string())
