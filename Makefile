@@ -99,7 +99,7 @@ bench-vllm: setup-vllm ## Load sweep on 2 real vLLM CPU engines (agentic, 3 poli
 # size and 0.6 requests/s for 240 s, four policies.
 AIPERF_VLLM_ARGS := --engines vllm --sweep-workers 2 --block-size 32 --aiperf-policies round_robin,least_request,ring_hash,kvmesh_precise --aiperf-rate 0.6 --aiperf-duration-s 240 --aiperf-scale 0.5
 
-bench-aiperf: ## NVIDIA's aiperf as the client of each policy's gateway (5 policies, multi-turn chats sharing a system prompt, ~7 min; ENGINES=vllm: 2 real vLLM CPU engines, ~25 min; installs aiperf into .tools/aiperf on first use) → bench-out/aiperf[-vllm]/report.md
+bench-aiperf: ## NVIDIA's aiperf as the client of each policy's gateway (5 policies, multi-turn chats sharing a system prompt, ~7 min; ENGINES=vllm: 2 real vLLM CPU engines, ~20 min; installs aiperf into .tools/aiperf on first use) → bench-out/aiperf[-vllm]/report.md
 	$(MAKE) build PROFILE=release
 	$(if $(filter vllm,$(ENGINES)),@scripts/setup-vllm.sh >/dev/null,)
 	@scripts/setup-aiperf.sh >/dev/null
