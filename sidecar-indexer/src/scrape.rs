@@ -133,7 +133,8 @@ struct Delta {
 
 /// A worker's measured prefill throughput and decode step time, from successive engine samples.
 ///
-/// Throughput = Σ computed prompt tokens / Σ prefill busy time over the last `WINDOW` scrapes, where
+/// Throughput = Σ computed prompt tokens / Σ prefill busy time over the last `WINDOW` scrapes (or
+/// more, up to `MAX_WINDOW`, while those hold fewer than `min_tokens`), where
 /// computed tokens = Δ`vllm:request_prefill_kv_computed_tokens_sum` (else Δ`vllm:prompt_tokens_total`
 /// − Δ`vllm:prompt_tokens_cached_total`, else − Δ`vllm:prefix_cache_hits_total`) and busy time =
 /// min(Σ wall time + the mean Δ`vllm:request_inference_time_seconds` of the requests that finished

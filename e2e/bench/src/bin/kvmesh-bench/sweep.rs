@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Linux user-space clock ticks per second (`/proc/<pid>/stat` units).
-pub(crate) const TICKS_PER_S: f64 = 100.0;
+const TICKS_PER_S: f64 = 100.0;
 /// CPU sampling interval during a point.
 const CPU_SAMPLE_EVERY: Duration = Duration::from_millis(500);
 /// Progress line interval.
@@ -325,10 +325,7 @@ async fn measure_inner(
     let machine = MachineSample {
         cpu_busy_mean: cpu_mean,
         cpu_busy_max: cpu_max,
-        sim_cpu_s: match (ticks_before, ticks_after) {
-            (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / TICKS_PER_S),
-            _ => None,
-        },
+        sim_cpu_s: cpu_s_between(ticks_before, ticks_after),
     };
     let mut p = summarize_point(
         kind.name(),
@@ -611,6 +608,11 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
         }
     }
     Ok(report)
+}
+
+/// CPU seconds between two tick readings (`None` when either is missing).
+pub(crate) fn cpu_s_between(before: Option<u64>, after: Option<u64>) -> Option<f64> {
+    Some(after?.saturating_sub(before?) as f64 / TICKS_PER_S)
 }
 
 /// User + system CPU ticks of every process whose process group is one of `groups` (`/proc`).
