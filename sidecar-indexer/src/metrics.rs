@@ -509,7 +509,7 @@ impl Metrics {
                 g
             },
             worker_prefill_tps: {
-                let g = GaugeVec::new(Opts::new(WORKER_PREFILL_TOKENS_PER_SECOND, "Prefill throughput the placement model uses for the worker (measured, else the default)"), &["worker"])?;
+                let g = GaugeVec::new(Opts::new(WORKER_PREFILL_TOKENS_PER_SECOND, "Prefill throughput the placement model uses for the worker (measured, else the median of its measured peers of its role, else the default)"), &["worker"])?;
                 r.register(Box::new(g.clone()))?;
                 g
             },

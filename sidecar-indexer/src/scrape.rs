@@ -143,7 +143,8 @@ struct Delta {
 /// of one batch are not counted twice, a request whose prefill straddles scrapes (its time is
 /// recorded at once) is not cut, and the prefills of requests finishing in the window, which ran
 /// partly before it, are not squeezed into its wall time (see `window_rate`). It is trusted once the
-/// window holds `min_tokens` computed tokens. Every error of a window reading is an under-read:
+/// window holds `min_tokens` computed tokens (before that, a window of [`FIRST_READING_MIN_TOKENS`]
+/// stands in). Every error of a window reading is an under-read:
 /// the per-request prefill time of requests batched into one step overlaps (each counts the whole
 /// step), and a step that also decodes the running batch is longer than its prefill tokens cost
 /// (the predictor adds that decode part separately). So the meter reports the **highest** reading
@@ -161,6 +162,8 @@ pub struct PrefillMeter {
     /// The last trusted measurements: kept while the window holds too little (an idle engine).
     rate: Option<f64>,
     step: Option<f64>,
+    /// Whether `rate` came from a full reading (`min_tokens`), not a [`FIRST_READING_MIN_TOKENS`] one.
+    rate_is_full: bool,
 }
 
 /// How the meter turns window readings into the throughput it reports.
@@ -187,9 +190,20 @@ const WINDOW: usize = 16;
 /// engines ~7× slower, and predictions were 4–31× short (median 12×). 240 × 500 ms: 2 minutes.
 const MAX_WINDOW: usize = 240;
 
+/// Until a window holds `min_tokens`, a window holding this many computed tokens (one prompt of a
+/// typical size) gives a first reading, replaced by the first full one. Without it a fresh indexer
+/// predicted on the configured default for as long as the first `min_tokens` took: on two real
+/// vLLM CPU engines (~3,000 tokens/s against the 20,000 default) that was the first 20 s under
+/// aiperf, in which the fluid FIFO drained each booked prefill ~7× too fast, so three new
+/// conversations arriving within 0.15 s all saw the same worker idle and queued there (TTFT 1.5–1.7
+/// s, predicted 65 ms). A first reading is mostly an under-read (one request's warm-up, or two
+/// overlapping), which spreads load rather than piling it.
+pub const FIRST_READING_MIN_TOKENS: f64 = 1024.0;
+
 impl PrefillMeter {
     /// Takes one scrape's sample; the throughput is trusted once the window holds `min_tokens`
-    /// computed tokens, and then kept until a newer window qualifies.
+    /// computed tokens, and then kept until a newer window qualifies. Before the first such
+    /// window, one holding [`FIRST_READING_MIN_TOKENS`] gives a first reading.
     pub fn observe(&mut self, s: &EngineSample, now: Instant, hold: MeterHold) {
         if let Some((prev, at)) = self.last.replace((*s, now)) {
             let inc = |new: Option<f64>, old: Option<f64>| match (new, old) {
@@ -249,7 +263,11 @@ impl PrefillMeter {
                 self.readings.pop_front();
             }
             if let Some(peak) = self.readings.iter().map(|(_, r)| *r).reduce(f64::max) {
-                self.rate = Some(peak);
+                (self.rate, self.rate_is_full) = (Some(peak), true);
+            } else if !self.rate_is_full {
+                if let Some(r) = self.window_rate(hold.min_tokens.min(FIRST_READING_MIN_TOKENS)) {
+                    self.rate = Some(r);
+                }
             }
             if let Some(t) = self.window_step(MIN_ITL_SAMPLES) {
                 self.step = Some(t);
@@ -509,10 +527,11 @@ vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum
         for k in 0..=16 {
             fed(&mut m, k);
         }
-        assert_eq!(m.prefill_tokens_per_s(), None, "16 intervals hold 4,800 tokens");
+        assert_eq!(m.window_rate(8192.0), None, "16 intervals hold 4,800 tokens");
         for k in 17..=28 {
             fed(&mut m, k);
         }
+        assert_eq!(m.window_rate(8192.0).map(f64::round), Some(3_000.0));
         assert_eq!(m.prefill_tokens_per_s().map(f64::round), Some(3_000.0));
         // A fast engine: the newest 16 intervals already hold enough, older ones do not count.
         let mut fast = PrefillMeter::default();
@@ -521,6 +540,48 @@ vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum
             fast.observe(&sample(tokens, 0.0, Some(busy), 0.0, 0.0, (0.0, 0.0)), at(k), hold(8192.0));
         }
         assert_eq!(fast.window_rate(8192.0).map(f64::round), Some(20_000.0), "the last 16 intervals only");
+    }
+
+    #[test]
+    fn a_first_reading_stands_in_until_a_full_window() {
+        // A slow engine: its first request, 2,600 tokens prefilled in 1.3 s (2,000 tokens/s,
+        // warm-up included) within 2 s, then 600 tokens per 1 s interval in 0.2 s (3,000 tokens/s).
+        let t0 = Instant::now();
+        let at = |k: u64| t0 + Duration::from_secs(k);
+        let mut m = PrefillMeter::default();
+        let (mut tokens, mut busy) = (0.0, 0.0);
+        m.observe(&sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)), at(0), hold(8192.0));
+        assert_eq!(m.prefill_tokens_per_s(), None, "nothing measured");
+        (tokens, busy) = (tokens + 2600.0, busy + 1.3);
+        m.observe(&sample(tokens, 0.0, Some(busy), 0.0, 0.0, (0.0, 0.0)), at(2), hold(8192.0));
+        assert_eq!(
+            m.prefill_tokens_per_s().map(f64::round),
+            Some(2_000.0),
+            "one prompt of {FIRST_READING_MIN_TOKENS} tokens or more gives a first reading"
+        );
+        let mut k = 2;
+        while m.window_rate(8192.0).is_none() {
+            k += 1;
+            (tokens, busy) = (tokens + 600.0, busy + 0.2);
+            m.observe(&sample(tokens, 0.0, Some(busy), 0.0, 0.0, (0.0, 0.0)), at(k), hold(8192.0));
+        }
+        // The full window (first request included) replaces the first reading.
+        let full = m.window_rate(8192.0);
+        assert_eq!(m.prefill_tokens_per_s(), full);
+        assert!(full.is_some_and(|r| r > 2_000.0 && r < 3_000.0), "{full:?}");
+        // After a full reading, small windows never stand in again: a lower one, 1,200 tokens in
+        // 1.2 s, after the hold forgot every reading, leaves the last full one.
+        for j in 1..=70 {
+            m.observe(&sample(tokens, 0.0, Some(busy), 0.0, 0.0, (0.0, 0.0)), at(k + j), hold(8192.0));
+        }
+        (tokens, busy) = (tokens + 1200.0, busy + 1.2);
+        m.observe(&sample(tokens, 0.0, Some(busy), 0.0, 0.0, (0.0, 0.0)), at(k + 71), hold(8192.0));
+        assert_eq!(m.prefill_tokens_per_s(), full);
+        // A window under FIRST_READING_MIN_TOKENS gives no first reading.
+        let mut fresh = PrefillMeter::default();
+        fresh.observe(&sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)), at(0), hold(8192.0));
+        fresh.observe(&sample(1000.0, 0.0, Some(0.5), 0.0, 0.0, (0.0, 0.0)), at(1), hold(8192.0));
+        assert_eq!(fresh.prefill_tokens_per_s(), None);
     }
 
     #[test]

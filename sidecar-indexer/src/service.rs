@@ -677,8 +677,7 @@ pub(crate) fn apply_scrapes(
                         .fetch_add(inc, Ordering::Relaxed);
                 }
                 w.meter.observe(&sample, now, cfg.routing.meter_hold());
-                let tps = w.prefill_tokens_per_s(&cfg.routing);
-                waiting.push((id.clone(), sample.waiting.max(0.0) as u64, tps));
+                waiting.push((id.clone(), sample.waiting.max(0.0) as u64));
                 w.engine = Some(sample);
                 w.scrape_failures = 0;
                 if !w.healthy {
@@ -703,6 +702,14 @@ pub(crate) fn apply_scrapes(
     if health_changed {
         fleet.generation += 1;
     }
+    fleet.remeasure();
+    let waiting: Vec<(String, u64, f64)> = waiting
+        .into_iter()
+        .filter_map(|(id, n)| {
+            let w = fleet.workers.iter().find(|w| w.cfg.id == id)?;
+            Some((id, n, fleet.prefill_tokens_per_s(w, &cfg.routing)))
+        })
+        .collect();
     // The engines' waiting requests that this indexer did not book join its prefill model, taken
     // after the fleet lock (lock order: fleet before placement, never both here).
     let unknown_tokens =

@@ -11,7 +11,7 @@ use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvmesh_core::api::{FleetSnapshot, FleetWorker, WorkerLoad};
+use kvmesh_core::api::{FleetSnapshot, FleetWorker, Role, WorkerLoad};
 use parking_lot::{Mutex, RwLock};
 use rand::rngs::StdRng;
 use serde::Serialize;
@@ -60,15 +60,6 @@ impl WorkerRuntime {
     /// Whether requests may go to it: healthy (scrapes answer) and routable (discovery).
     pub fn gets_traffic(&self) -> bool {
         self.healthy && self.routable
-    }
-
-    /// Prefill tokens/s the model uses: measured (clamped), else the configured default.
-    pub fn prefill_tokens_per_s(&self, r: &RoutingConfig) -> f64 {
-        self.meter
-            .prefill_tokens_per_s()
-            .map_or(r.prefill_tokens_per_s, |t| {
-                t.clamp(r.prefill_tokens_per_s_min, r.prefill_tokens_per_s_max)
-            })
     }
 
     /// Decode part of a step, seconds: the measured inter-token latency, else the configured one.
@@ -128,6 +119,8 @@ pub struct Fleet {
     pub workers: Vec<WorkerRuntime>,
     /// slot → index into `workers`.
     pub slot_owner: HashMap<WorkerSlot, usize>,
+    /// Per role, the median prefill throughput of its measured workers ([`Fleet::remeasure`]).
+    measured_prefill: Vec<(Role, f64)>,
 }
 
 impl Fleet {
@@ -138,6 +131,46 @@ impl Fleet {
             .iter()
             .enumerate()
             .flat_map(|(i, w)| w.ranks.iter().map(move |r| (r.slot, i)))
+            .collect();
+    }
+
+    /// Prefill tokens/s the model uses for `w`: its own measurement, else the median of the
+    /// measured workers of its role (a worker that just joined, or has not computed a prompt yet,
+    /// most likely runs on the same hardware as its peers), else the configured default; clamped.
+    /// Before, an unmeasured worker stood at the default: on an engine ~7× slower than it (real vLLM
+    /// on CPU) a worker joining a measured fleet looked 7× faster than its peers, and every session
+    /// whose recompute there was predicted cheaper moved to it.
+    pub fn prefill_tokens_per_s(&self, w: &WorkerRuntime, r: &RoutingConfig) -> f64 {
+        let peers = || {
+            self.measured_prefill
+                .iter()
+                .find(|(role, _)| *role == w.cfg.role)
+                .map(|(_, t)| *t)
+        };
+        w.meter
+            .prefill_tokens_per_s()
+            .or_else(peers)
+            .map_or(r.prefill_tokens_per_s, |t| {
+                t.clamp(r.prefill_tokens_per_s_min, r.prefill_tokens_per_s_max)
+            })
+    }
+
+    /// Recomputes, per role, the median throughput of the measured workers (after each scrape).
+    pub fn remeasure(&mut self) {
+        let mut by_role: Vec<(Role, Vec<f64>)> = Vec::new();
+        for w in &self.workers {
+            let Some(t) = w.meter.prefill_tokens_per_s() else { continue };
+            match by_role.iter_mut().find(|(role, _)| *role == w.cfg.role) {
+                Some((_, rates)) => rates.push(t),
+                None => by_role.push((w.cfg.role, vec![t])),
+            }
+        }
+        self.measured_prefill = by_role
+            .into_iter()
+            .map(|(role, mut rates)| {
+                rates.sort_by(f64::total_cmp);
+                (role, rates[rates.len() / 2])
+            })
             .collect();
     }
 
@@ -295,13 +328,13 @@ impl AppState {
                         .iter()
                         .find(|w| w.cfg.id == id)
                         .map_or(routing.prefill_tokens_per_s, |w| {
-                            w.prefill_tokens_per_s(&routing)
+                            fleet.prefill_tokens_per_s(w, &routing)
                         })
                 },
                 now,
             );
             for w in &fleet.workers {
-                let tps = w.prefill_tokens_per_s(&routing);
+                let tps = fleet.prefill_tokens_per_s(w, &routing);
                 let ahead = placement
                     .backlog
                     .ahead(&w.cfg.id, tps, now)
@@ -501,7 +534,7 @@ impl AppState {
                     .active_blocks
                     .checked_div(booked.active_requests)
                     .unwrap_or(r.unknown_request_blocks);
-                let tps = w.prefill_tokens_per_s(r);
+                let tps = fleet.prefill_tokens_per_s(w, r);
                 let ahead = placement.backlog.ahead(&w.cfg.id, tps, now);
                 let own_tokens = ahead.tokens.min(booked.prefill_tokens as f64);
                 let speculative = w.ranks.first().map_or(0, |rank| {
@@ -557,7 +590,7 @@ impl AppState {
             placement.backlog.add(
                 prefill_on,
                 plan.uncached_tokens as f64,
-                w.prefill_tokens_per_s(&cfg.routing),
+                fleet.prefill_tokens_per_s(w, &cfg.routing),
                 now,
             );
         }

@@ -439,3 +439,36 @@ async fn a_seeded_service_repeats_its_booking_ids_and_near_tie_draws() {
     let b = run(crate::clock::Entropy::Seeded(8)).await;
     assert_ne!(a[0].1, b[0].1, "another seed, another booking-id nonce");
 }
+
+#[tokio::test]
+async fn an_unmeasured_worker_takes_its_measured_peers_throughput() {
+    // w0 and w2 decode, w1 prefills. Only w0's engine has computed prompts (5,000 tokens in 1 s of
+    // prefill over 2 s): w2 takes w0's 5,000 tokens/s, not the 20,000 default; w1 (another role,
+    // maybe other hardware) keeps the default.
+    let text = "listen = \"127.0.0.1:0\"\n[model]\nname = \"m\"\nblock_size = 4\n[routing]\nscrape_interval_ms = 60000\nscrape_timeout_ms = 1000\n\
+         [[workers]]\nid = \"w0\"\nrole = \"decode\"\nendpoint = \"127.0.0.1:1\"\n[[workers]]\nid = \"w1\"\nrole = \"prefill\"\nendpoint = \"127.0.0.1:2\"\n\
+         [[workers]]\nid = \"w2\"\nrole = \"decode\"\nendpoint = \"127.0.0.1:3\"\n";
+    let config = Config::from_toml_str(text, &MapEnv::default()).unwrap();
+    let svc = Service::start_seeded(config, None, Arc::new(MapEnv::default()), tokenizer(), crate::clock::Entropy::Os).unwrap();
+    let cfg = svc.state.config();
+    let engine = |tokens: u32, prefill_s: f64| {
+        format!("vllm:prompt_tokens_total {tokens}\nvllm:prompt_tokens_cached_total 0\nvllm:request_prefill_time_seconds_sum {prefill_s}\n")
+    };
+    let t0 = crate::clock::now();
+    let tps = |svc: &Service| -> Vec<f64> {
+        let fleet = svc.state.fleet.read();
+        fleet.workers.iter().map(|w| fleet.prefill_tokens_per_s(w, &cfg.routing).round()).collect()
+    };
+    let idle = |id: &str| (id.to_string(), Ok(engine(0, 0.0)));
+    crate::service::apply_scrapes(&svc.state, &cfg, vec![("w0".into(), Ok(engine(0, 0.0))), idle("w1"), idle("w2")], t0);
+    assert_eq!(tps(&svc), vec![20_000.0; 3], "nothing measured: the default");
+    crate::service::apply_scrapes(
+        &svc.state,
+        &cfg,
+        vec![("w0".into(), Ok(engine(5000, 1.0))), idle("w1"), idle("w2")],
+        t0 + std::time::Duration::from_secs(2),
+    );
+    assert_eq!(tps(&svc), vec![5_000.0, 20_000.0, 5_000.0]);
+    let fleet = svc.state.fleet.read();
+    assert_eq!(fleet.workers[2].meter.prefill_tokens_per_s(), None, "w2 itself measured nothing");
+}

@@ -162,12 +162,14 @@ pub struct RoutingConfig {
     pub near_tie_ms: f64,
     /// Relative part of the near-tie band (fraction of the fastest predicted TTFT).
     pub near_tie_fraction: f64,
-    /// Prefill throughput (uncached tokens/s) assumed for a worker until it is measured.
+    /// Prefill throughput (uncached tokens/s) assumed for a worker until it, or a worker of its
+    /// role, is measured.
     pub prefill_tokens_per_s: f64,
     /// Clamp of the measured prefill throughput.
     pub prefill_tokens_per_s_min: f64,
     pub prefill_tokens_per_s_max: f64,
-    /// Computed prompt tokens the measurement window must hold before it replaces the default.
+    /// Computed prompt tokens the measurement window must hold before its reading is trusted
+    /// (until the first such window, one of `scrape::FIRST_READING_MIN_TOKENS` stands in).
     pub prefill_measure_min_tokens: u64,
     /// The measured throughput is the highest window reading of this many seconds (a peak hold:
     /// overlapping prefills and decode steps only ever lower a reading).
