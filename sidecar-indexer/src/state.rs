@@ -137,9 +137,10 @@ impl Fleet {
     /// Prefill tokens/s the model uses for `w`: its own measurement, else the median of the
     /// measured workers of its role (a worker that just joined, or has not computed a prompt yet,
     /// most likely runs on the same hardware as its peers), else the configured default; clamped.
-    /// Before, an unmeasured worker stood at the default: on an engine ~7× slower than it (real vLLM
-    /// on CPU) a worker joining a measured fleet looked 7× faster than its peers, and every session
-    /// whose recompute there was predicted cheaper moved to it.
+    /// Before, an unmeasured worker stood at the default: among engines ~7× slower than the default
+    /// (real vLLM on CPU) a worker joining a measured fleet looked 7× faster than its peers, and
+    /// every session whose recompute there was predicted cheaper moved to it. (With an even count
+    /// the upper of the two middle readings stands for the median.)
     pub fn prefill_tokens_per_s(&self, w: &WorkerRuntime, r: &RoutingConfig) -> f64 {
         let peers = || {
             self.measured_prefill
