@@ -119,12 +119,13 @@ pub struct Fleet {
     pub workers: Vec<WorkerRuntime>,
     /// slot → index into `workers`.
     pub slot_owner: HashMap<WorkerSlot, usize>,
-    /// Per role, the median prefill throughput of its measured workers ([`Fleet::remeasure`]).
+    /// Per role, the median prefill throughput of its measured workers: derived from the workers'
+    /// meters, refreshed where those change (each scrape round) and with membership ([`Fleet::reindex`]).
     measured_prefill: Vec<(Role, f64)>,
 }
 
 impl Fleet {
-    /// Rebuilds `slot_owner` after membership changes.
+    /// Rebuilds `slot_owner` and the per-role throughput medians after membership changes.
     pub fn reindex(&mut self) {
         self.slot_owner = self
             .workers
@@ -132,6 +133,7 @@ impl Fleet {
             .enumerate()
             .flat_map(|(i, w)| w.ranks.iter().map(move |r| (r.slot, i)))
             .collect();
+        self.remeasure();
     }
 
     /// Prefill tokens/s the model uses for `w`: its own measurement, else the median of the
@@ -156,7 +158,8 @@ impl Fleet {
             })
     }
 
-    /// Recomputes, per role, the median throughput of the measured workers (after each scrape).
+    /// Recomputes, per role, the median throughput of the measured workers (after each scrape
+    /// round and each membership change).
     pub fn remeasure(&mut self) {
         let mut by_role: Vec<(Role, Vec<f64>)> = Vec::new();
         for w in &self.workers {
