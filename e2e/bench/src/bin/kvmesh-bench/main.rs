@@ -173,6 +173,7 @@ struct Args {
     sweep_warmup_s: Option<f64>,
     /// Sweep: the measured window of every policy's load-point run, s (default `--sweep-duration-s`,
     /// the window the saturation search used; see `SweepArgs::load_point_window_s` before changing it).
+    /// With `--sweep-rates`, every fixed rate is measured with this window (one load point re-run alone).
     #[arg(long)]
     sweep_load_point_window_s: Option<f64>,
     /// Sweep: round_robin's ladder multiplies the rate by this per step.
@@ -427,7 +428,11 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
             }
         )
     } else {
-        format!("rates: every policy at {fixed_rates:?} (`--sweep-rates`; no ladder, no saturation search, no load point)")
+        let window = match a.sweep_load_point_window_s {
+            Some(w) => format!(", each a {w}-s window as a load point (`--sweep-load-point-window-s`)"),
+            None => String::new(),
+        };
+        format!("rates: every policy at {fixed_rates:?} (`--sweep-rates`; no ladder, no saturation search, no load point){window}")
     };
     let settings = vec![
         fleet_line,

@@ -502,6 +502,15 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
                 "fixed rates {:?} (`--sweep-rates`): no ladder, no saturation search, no load point",
                 a.fixed_rates
             );
+            // `--sweep-load-point-window-s` with fixed rates: measure them as a load point, so
+            // one `make bench` point can be re-run alone (same compression, same window).
+            let fixed_spec = PointSpec {
+                window: MeasureWindow {
+                    window_s: a.load_point_window_s.unwrap_or(window.window_s),
+                    ..window
+                },
+                ..spec
+            };
             for &policy in &a.policies {
                 if !kind.has_sessions()
                     && policy.uses_session_header()
@@ -510,7 +519,7 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
                     continue;
                 }
                 for &rate in &a.fixed_rates {
-                    let p = measure(a, &spec, kind, policy, rate, &out, &mut progress).await;
+                    let p = measure(a, &fixed_spec, kind, policy, rate, &out, &mut progress).await;
                     report.workloads[wi].points.push(p);
                     save(&report, &out)?;
                 }
