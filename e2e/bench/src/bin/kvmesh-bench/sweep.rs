@@ -55,7 +55,8 @@ pub struct SweepArgs {
     /// `--sweep-warmup-s`: the steady-state workloads' warm-up (`None`: `sweep::default_warmup_s`).
     pub warmup_s: Option<f64>,
     /// `--sweep-load-point-window-s`: the load point's window (`None`: `duration_s`, the window the
-    /// saturation search measured with, except the trace's: at least [`TRACE_LOAD_POINT_WINDOW_S`]).
+    /// saturation search measured with, except the trace's: at least [`TRACE_LOAD_POINT_WINDOW_S`]),
+    /// and when given, every `fixed_rates` point's.
     pub load_point_window_s: Option<f64>,
     pub seed: u64,
     /// `--sweep-sim-speedup` / `--sweep-prefill-tokens-per-s` for every workload; `None`: each
