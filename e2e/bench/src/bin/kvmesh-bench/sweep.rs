@@ -135,6 +135,19 @@ struct PointSpec<'a> {
     sim_timing: Option<FleetTiming>,
 }
 
+impl PointSpec<'_> {
+    /// The same point measured over `window_s` (a load point's window).
+    fn with_window_s(&self, window_s: f64) -> Self {
+        PointSpec {
+            window: MeasureWindow {
+                window_s,
+                ..self.window
+            },
+            ..*self
+        }
+    }
+}
+
 async fn measure(
     a: &SweepArgs,
     spec: &PointSpec<'_>,
@@ -505,13 +518,7 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
             );
             // `--sweep-load-point-window-s` with fixed rates: measure them as a load point, so
             // one `make bench` point can be re-run alone (same compression, same window).
-            let fixed_spec = PointSpec {
-                window: MeasureWindow {
-                    window_s: a.load_point_window_s.unwrap_or(window.window_s),
-                    ..window
-                },
-                ..spec
-            };
+            let fixed_spec = spec.with_window_s(a.load_point_window_s.unwrap_or(window.window_s));
             for &policy in &a.policies {
                 if !kind.has_sessions()
                     && policy.uses_session_header()
@@ -573,14 +580,7 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
             WorkloadKind::Trace => a.duration_s.max(TRACE_LOAD_POINT_WINDOW_S),
             _ => a.duration_s,
         };
-        let load_point_spec = PointSpec {
-            fleet,
-            window: MeasureWindow {
-                window_s: a.load_point_window_s.unwrap_or(default_window_s),
-                ..window
-            },
-            ..spec
-        };
+        let load_point_spec = spec.with_window_s(a.load_point_window_s.unwrap_or(default_window_s));
         for &policy in &a.policies {
             if !kind.has_sessions() && policy.uses_session_header() && policy != Policy::RoundRobin
             {
