@@ -71,7 +71,8 @@ pub enum ReasonCode {
     NewSession,
     /// A request opening a conversation was kept off workers carrying more than `session_balance`
     /// × the fleet's mean recent prompt tokens, or a request without a session off workers over
-    /// `request_balance` × that mean (and `request_balance_slack` requests its size above it).
+    /// `request_balance` × that mean (and `request_balance_slack` requests its size above it)
+    /// where that costs it no more than `request_balance_yield_ms` of predicted TTFT.
     Balanced,
     // The mode.
     /// `x-kvmesh-mode: aggregate`.

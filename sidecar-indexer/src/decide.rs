@@ -27,7 +27,7 @@
 //! conversation has no home by the index (what it shows is a shared system prompt), and is kept off
 //! workers over `session_balance` × the mean recent load; a request without a session, off busy
 //! workers over `request_balance` × that mean and `request_balance_slack` requests its size above
-//! the least routed. The `overload_*` thresholds remain hard guards: an overloaded worker is a
+//! the least routed, unless that costs it more than `request_balance_yield_ms` of predicted TTFT. The `overload_*` thresholds remain hard guards: an overloaded worker is a
 //! candidate only when every worker is.
 //!
 //! Submodules: [`plan`] (inputs and outputs), [`pick`] (scoring, guards, the near-tie draw).
@@ -303,6 +303,7 @@ fn decide_worker<R: Rng + ?Sized>(
             of_mean: cfg.session_balance,
             slack_tokens_per_s: 0.0,
             only_when_busy: false,
+            yield_s: f64::INFINITY,
         }),
         (Some(_), false) => None,
         (None, _) => {
@@ -312,15 +313,18 @@ fn decide_worker<R: Rng + ?Sized>(
                 slack_tokens_per_s: cfg.request_balance_slack * prompt_tokens
                     / cfg.load_outlook_window_s,
                 only_when_busy: true,
+                yield_s: cfg.request_balance_yield_ms / 1000.0,
             })
         }
     };
     let balanced = bound.and_then(|b| balanced(&guarded, b, input.isl_tokens as u64, cfg));
     let placeable: &[Scored<'_, '_>] = match &balanced {
-        Some((kept, note)) => {
-            pre.push(ReasonCode::Balanced);
-            prefix = format!("{prefix}{note}: ");
-            kept
+        Some(b) => {
+            if b.kept_off {
+                pre.push(ReasonCode::Balanced);
+            }
+            prefix = format!("{prefix}{}: ", b.note);
+            &b.kept
         }
         None => &guarded,
     };

@@ -607,6 +607,42 @@ fn a_request_without_a_session_follows_its_prefix_until_that_busy_worker_is_over
 }
 
 #[test]
+fn the_request_balance_yields_to_a_holder_that_saves_more_than_the_yield() {
+    // A 12,800-token prompt (800 blocks), 780 of them on w1: 320 tokens there (32 ms at 10k/s)
+    // against 1,280 ms anywhere else. w1 is over its share as in the burst above (six such
+    // requests' rate against one on each other worker, four in flight), but keeping this one off
+    // it would make it wait 1.2 s longer: the bound yields.
+    let piled: Vec<WorkerView<'static>> = ["w1", "w2", "w3", "w4"]
+        .into_iter()
+        .map(|id| {
+            let w1 = id == "w1";
+            let mut w = view(id, if w1 { 780 } else { 0 }, 0);
+            w.recent_tokens_per_s = if w1 { 7680.0 } else { 1280.0 };
+            w.active_requests = if w1 { 4 } else { 0 };
+            w
+        })
+        .collect();
+    let cfg = RoutingConfig::default();
+    let plan = decide(&input(12_800), &piled, &cfg, &mut rng()).unwrap();
+    assert_eq!(plan.worker, "w1", "{}", plan.reason);
+    assert!(!plan.reason_codes.contains(&ReasonCode::Balanced));
+    assert!(
+        plan.reason
+            .starts_with("balance yields (w1 2.67x mean saves 1248 ms): best overlap 780/800"),
+        "{}",
+        plan.reason
+    );
+    // With a yield above the saving the bound holds, as for the short prefix above.
+    let strict = RoutingConfig {
+        request_balance_yield_ms: 2000.0,
+        ..cfg
+    };
+    let plan = decide(&input(12_800), &piled, &strict, &mut rng()).unwrap();
+    assert_ne!(plan.worker, "w1", "{}", plan.reason);
+    assert!(plan.reason.contains("balanced (w1 2.67x mean)"), "{}", plan.reason);
+}
+
+#[test]
 fn rendezvous_homes_agree_with_the_fleet_snapshot_pin() {
     let cfg = RoutingConfig {
         session_placement: SessionPlacement::Rendezvous,

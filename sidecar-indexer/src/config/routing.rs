@@ -154,6 +154,10 @@ pub struct RoutingConfig {
     /// The absolute part of `request_balance`, in requests of this one's prompt size within
     /// `load_outlook_window_s`, so a few siblings still follow the holder of their prefix.
     pub request_balance_slack: f64,
+    /// `request_balance` yields when keeping a request off a worker over its share would make the
+    /// request's predicted TTFT longer by more than this (milliseconds): what that worker holds of
+    /// the prompt then saves more than the share is worth.
+    pub request_balance_yield_ms: f64,
     /// Time constant (seconds) of the recent route rate, per-worker prefill utilization and
     /// prompt tokens per second the cost, `session_balance` and `request_balance` read.
     pub load_outlook_window_s: f64,
@@ -254,6 +258,7 @@ impl Default for RoutingConfig {
             session_balance: 1.1,
             request_balance: 1.25,
             request_balance_slack: 2.0,
+            request_balance_yield_ms: 250.0,
             load_outlook_window_s: 10.0,
             near_tie_ms: 0.0,
             near_tie_fraction: 0.02,
@@ -298,6 +303,10 @@ impl RoutingConfig {
             ("routing.session_balance", self.session_balance),
             ("routing.request_balance", self.request_balance),
             ("routing.request_balance_slack", self.request_balance_slack),
+            (
+                "routing.request_balance_yield_ms",
+                self.request_balance_yield_ms,
+            ),
             ("routing.near_tie_ms", self.near_tie_ms),
             ("routing.near_tie_fraction", self.near_tie_fraction),
             ("routing.decode_step_ms", self.decode_step_ms),

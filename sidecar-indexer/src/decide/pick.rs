@@ -214,19 +214,38 @@ pub(crate) struct ShareBound {
     /// routed before (one request at a time leaves at most one in flight, its `/v1/done` racing
     /// the next request).
     pub only_when_busy: bool,
+    /// A worker over its share stays when keeping the request off it would make this request's
+    /// predicted TTFT longer than this (seconds) — what its holdings save is then worth more than
+    /// the share (`f64::INFINITY` = never).
+    pub yield_s: f64,
+}
+
+/// What [`balanced`] left of a candidate set.
+pub(crate) struct Balanced<'v, 'a> {
+    /// The candidates the request may go to.
+    pub kept: Vec<Scored<'v, 'a>>,
+    /// Whether any worker was kept off (reason code `balanced`), not only yielded to.
+    pub kept_off: bool,
+    /// `balanced (w1 1.42x mean)`, `balance yields (w2 1.31x mean saves 812 ms)`, or both.
+    pub note: String,
 }
 
 /// `set` without the workers over their share of the recent load ([`ShareBound`]), and a note
 /// naming them (`balanced (w1 1.42x mean)`). A worker over its share stays when it is cheaper than
 /// every other even holding none of the prompt (its cold cost, `prompt_tokens` uncached): then its
-/// holdings are not what draws the request, and sending it elsewhere would only make it wait.
-/// None when the bound is off, nothing was routed recently, or it would keep none or all of them.
+/// holdings are not what draws the request, and sending it elsewhere would only make it wait. It
+/// also stays, named in the note (`balance yields (w1 1.42x mean saves 812 ms)`), when the
+/// cheapest worker within its share is predicted slower for this request by more than
+/// [`ShareBound::yield_s`]: the bound spreads bursts of short shared prefixes, and is not worth
+/// recomputing a long one.
+/// None when the bound is off, nothing was routed recently, or it would keep none of them or
+/// leave every one in place without yielding.
 pub(crate) fn balanced<'v, 'a>(
     set: &[Scored<'v, 'a>],
     bound: ShareBound,
     prompt_tokens: u64,
     cfg: &RoutingConfig,
-) -> Option<(Vec<Scored<'v, 'a>>, String)> {
+) -> Option<Balanced<'v, 'a>> {
     if bound.of_mean <= 0.0 || set.is_empty() {
         return None;
     }
@@ -246,21 +265,44 @@ pub(crate) fn balanced<'v, 'a>(
     let cheapest_within = set
         .iter()
         .filter(|s| !over_share(s))
-        .map(|s| s.cost_s)
-        .fold(f64::INFINITY, f64::min);
+        .min_by(|a, b| a.cost_s.total_cmp(&b.cost_s))?;
     let cold_cost_s = |w: &WorkerView<'_>| ttft_and_cost_s(w, prompt_tokens, cfg).1;
-    let (over, kept): (Vec<Scored<'v, 'a>>, Vec<Scored<'v, 'a>>) = set
-        .iter()
-        .copied()
-        .partition(|s| over_share(s) && cold_cost_s(s.w) >= cheapest_within);
-    if kept.is_empty() || over.is_empty() {
+    let drawn_by_holdings =
+        |s: &Scored<'_, '_>| over_share(s) && cold_cost_s(s.w) >= cheapest_within.cost_s;
+    let saving_s = |s: &Scored<'_, '_>| cheapest_within.ttft_s - s.ttft_s;
+    let mut kept = Vec::with_capacity(set.len());
+    let mut off = Vec::new();
+    let mut yielded = Vec::new();
+    for s in set.iter().copied() {
+        if !drawn_by_holdings(&s) {
+            kept.push(s);
+        } else if saving_s(&s) > bound.yield_s {
+            yielded.push(format!(
+                "{} {:.2}x mean saves {:.0} ms",
+                s.w.id,
+                rate(&s) / mean,
+                saving_s(&s) * 1000.0
+            ));
+            kept.push(s);
+        } else {
+            off.push(format!("{} {:.2}x mean", s.w.id, rate(&s) / mean));
+        }
+    }
+    let mut notes = Vec::new();
+    if !off.is_empty() {
+        notes.push(format!("balanced ({})", off.join(", ")));
+    }
+    if !yielded.is_empty() {
+        notes.push(format!("balance yields ({})", yielded.join(", ")));
+    }
+    if notes.is_empty() {
         return None;
     }
-    let names: Vec<String> = over
-        .iter()
-        .map(|s| format!("{} {:.2}x mean", s.w.id, rate(s) / mean))
-        .collect();
-    Some((kept, format!("balanced ({})", names.join(", "))))
+    Some(Balanced {
+        kept,
+        kept_off: !off.is_empty(),
+        note: notes.join(", "),
+    })
 }
 
 /// Endpoints of `set` other than `chosen`, cheapest first.
