@@ -27,8 +27,9 @@
 //! conversation has no home by the index (what it shows is a shared system prompt), and is kept off
 //! workers over `session_balance` × the mean recent load; a request without a session, off busy
 //! workers over `request_balance` × that mean and `request_balance_slack` requests its size above
-//! the least routed, unless that costs it more than `request_balance_yield_ms` of predicted TTFT. The `overload_*` thresholds remain hard guards: an overloaded worker is a
-//! candidate only when every worker is.
+//! the least routed, unless that costs it more than `request_balance_yield_ms` of predicted TTFT.
+//! The `overload_*` thresholds remain hard guards: an overloaded worker is a candidate only when
+//! every worker is.
 //!
 //! Submodules: [`plan`] (inputs and outputs), [`pick`] (scoring, guards, the near-tie draw).
 
