@@ -269,23 +269,19 @@ pub(crate) fn balanced<'v, 'a>(
     let cold_cost_s = |w: &WorkerView<'_>| ttft_and_cost_s(w, prompt_tokens, cfg).1;
     let drawn_by_holdings =
         |s: &Scored<'_, '_>| over_share(s) && cold_cost_s(s.w) >= cheapest_within.cost_s;
-    let saving_s = |s: &Scored<'_, '_>| cheapest_within.ttft_s - s.ttft_s;
+    let share = |s: &Scored<'_, '_>| format!("{} {:.2}x mean", s.w.id, rate(s) / mean);
     let mut kept = Vec::with_capacity(set.len());
     let mut off = Vec::new();
     let mut yielded = Vec::new();
     for s in set.iter().copied() {
+        let saving_s = cheapest_within.ttft_s - s.ttft_s;
         if !drawn_by_holdings(&s) {
             kept.push(s);
-        } else if saving_s(&s) > bound.yield_s {
-            yielded.push(format!(
-                "{} {:.2}x mean saves {:.0} ms",
-                s.w.id,
-                rate(&s) / mean,
-                saving_s(&s) * 1000.0
-            ));
+        } else if saving_s > bound.yield_s {
+            yielded.push(format!("{} saves {:.0} ms", share(&s), saving_s * 1000.0));
             kept.push(s);
         } else {
-            off.push(format!("{} {:.2}x mean", s.w.id, rate(&s) / mean));
+            off.push(share(&s));
         }
     }
     let mut notes = Vec::new();
