@@ -279,13 +279,16 @@ impl Queue {
 #[derive(Debug)]
 pub struct PrefillBacklog {
     workers: HashMap<String, Queue>,
-    /// Exponentially weighted mean of the uncached tokens booked per request, per worker (one
-    /// entry per worker that was ever booked; removed with the worker).
-    typical: HashMap<String, f64>,
+    /// Mean of the uncached tokens booked per request and the bookings it has seen, per worker
+    /// (one entry per worker that was ever booked; removed with the worker).
+    typical: HashMap<String, (f64, u32)>,
     max_per_worker: usize,
 }
 
-/// Weight of the newest booking in [`PrefillBacklog::typical_tokens`] (about the last 10 count).
+/// Weight of the newest booking in [`PrefillBacklog::typical_tokens`] (about the last 10 count)
+/// once there have been 10; before that the plain mean of all of them, so the first booking (on a
+/// fresh fleet usually a cold one, many times a continuation's size) weighs as one of the first
+/// few, not as 0.9^k of the mean k bookings later.
 const TYPICAL_WEIGHT: f64 = 0.1;
 
 impl PrefillBacklog {
@@ -299,18 +302,16 @@ impl PrefillBacklog {
     }
 
     /// The uncached tokens of a typical request booked on `worker` (a weighted mean of the
-    /// recent ones), or None before the first booking.
+    /// recent ones, [`TYPICAL_WEIGHT`]), or None before the first booking.
     pub fn typical_tokens(&self, worker: &str) -> Option<f64> {
-        self.typical.get(worker).copied()
+        self.typical.get(worker).map(|&(mean, _)| mean)
     }
 
     /// Books `tokens` of prefill on `worker` at `now`; `tps` drains what was queued before.
     pub fn add(&mut self, worker: &str, tokens: f64, tps: f64, now: Instant) {
-        let mean = self
-            .typical
-            .entry(worker.to_owned())
-            .or_insert(tokens.max(0.0));
-        *mean += TYPICAL_WEIGHT * (tokens.max(0.0) - *mean);
+        let (mean, seen) = self.typical.entry(worker.to_owned()).or_insert((0.0, 0));
+        *seen = seen.saturating_add(1);
+        *mean += (1.0 / f64::from(*seen)).max(TYPICAL_WEIGHT) * (tokens.max(0.0) - *mean);
         let q = self.workers.entry(worker.to_owned()).or_default();
         q.settle(tps, now);
         if tokens > 0.0 {
@@ -610,7 +611,14 @@ mod tests {
         assert_eq!(b.typical_tokens("w0"), None);
         b.add("w0", 1000.0, 10_000.0, t0);
         assert_eq!(b.typical_tokens("w0"), Some(1000.0));
-        for _ in 0..60 {
+        // One cold opening, then continuations: the first few weigh alike (the plain mean), not
+        // the first as nine tenths of the mean.
+        for _ in 0..3 {
+            b.add("w0", 50.0, 10_000.0, t0);
+        }
+        let t = b.typical_tokens("w0").unwrap_or(f64::NAN);
+        assert!((287.4..287.6).contains(&t), "(1000 + 3 × 50) / 4, not 0.9³ × 1000 + …: {t}");
+        for _ in 0..57 {
             b.add("w0", 50.0, 10_000.0, t0);
         }
         let t = b.typical_tokens("w0").unwrap_or(f64::NAN);
