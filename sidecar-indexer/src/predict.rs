@@ -611,8 +611,8 @@ mod tests {
         assert_eq!(b.typical_tokens("w0"), None);
         b.add("w0", 1000.0, 10_000.0, t0);
         assert_eq!(b.typical_tokens("w0"), Some(1000.0));
-        // One cold opening, then continuations: the first few weigh alike (the plain mean), not
-        // the first as nine tenths of the mean.
+        // One cold opening, then continuations: the first few weigh alike (the plain mean); the
+        // first does not keep 0.9^k of the mean k bookings later.
         for _ in 0..3 {
             b.add("w0", 50.0, 10_000.0, t0);
         }
