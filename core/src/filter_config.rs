@@ -113,6 +113,13 @@ pub struct FilterConfig {
     /// Envoy's shared data, each at most 264 bytes), so routing without the indexer keeps a session
     /// on its worker; 0 = off (the fallback pins by rendezvous).
     pub placement_memory_slots: usize,
+    /// Requests whose body is at most this many bytes are routed by the filter alone, without the
+    /// `/v1/route` call: the session's remembered worker, else its rendezvous pin over the last
+    /// fleet (what the fallback does). Such a prompt can save little prefill (~4 bytes a token: 8 KiB
+    /// is ~2k tokens), and skipping the call removes most of the gateway's CPU per request; the
+    /// indexer then sees the request only through the engine's queue metrics and KV events. 0 = off
+    /// (every request asks the indexer); at most `max_body_bytes`.
+    pub local_route_max_body_bytes: usize,
 }
 
 impl Default for FilterConfig {
@@ -138,6 +145,7 @@ impl Default for FilterConfig {
             endpoint_failures: 2,
             endpoint_ejection_ms: 10_000,
             placement_memory_slots: 65_536,
+            local_route_max_body_bytes: 0,
         }
     }
 }
@@ -265,6 +273,9 @@ impl FilterConfig {
         }
         if self.placement_memory_slots > MAX_PLACEMENT_MEMORY_SLOTS {
             return Err(bad("placement_memory_slots", self.placement_memory_slots, "must be 0 (off) or within 1..=1048576"));
+        }
+        if self.local_route_max_body_bytes > self.max_body_bytes {
+            return Err(bad("local_route_max_body_bytes", self.local_route_max_body_bytes, "must be 0 (off) or at most `max_body_bytes`"));
         }
         Ok(self)
     }

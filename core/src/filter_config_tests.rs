@@ -29,6 +29,7 @@ fn full_config_round_trips() {
         override_secret: "0123456789abcdef-secret".into(),
         debug_headers: true,
         background: Background::PerWorker,
+        local_route_max_body_bytes: 8192,
         ..FilterConfig::default()
     };
     let json = serde_json::to_string(&cfg).unwrap();
@@ -55,6 +56,7 @@ fn refusals_name_the_field() {
         (r#"{"fleet_refresh_ms":5}"#, "fleet_refresh_ms"),
         (r#"{"done_queue_capacity":0}"#, "done_queue_capacity"),
         (r#"{"done_max_in_flight":0}"#, "done_max_in_flight"),
+        (r#"{"max_body_bytes":4096,"local_route_max_body_bytes":4097}"#, "local_route_max_body_bytes"),
         (r#"{"background":"sometimes"}"#, "unknown variant"),
         ("[1]", "invalid type"),
         ("{", "EOF"),

@@ -26,6 +26,9 @@ pub const DEBUG_WORKER: &str = "x-kvmesh-decision-worker";
 pub const DEBUG_OVERLAP_BLOCKS: &str = "x-kvmesh-overlap-blocks";
 pub const DEBUG_ISL_BLOCKS: &str = "x-kvmesh-isl-blocks";
 pub const DEBUG_REASON: &str = "x-kvmesh-decision-reason";
+/// The [`DEBUG_REASON`] of a request the filter routed alone for its short body
+/// (`local_route_max_body_bytes`): the indexer never saw it.
+pub const LOCAL_ROUTE_REASON: &str = "local_short_body";
 /// Response header (debug): the decision's `reason_codes`, comma-separated.
 pub const DEBUG_REASON_CODES: &str = "x-kvmesh-decision-reason-codes";
 /// The indexer's predicted time to first token for the chosen worker, milliseconds (one decimal).

@@ -73,7 +73,7 @@ fn main() {
         // The host's read: Envoy's buffer copied into the VM.
         let copy = body.clone();
         let t = Instant::now();
-        let step = flow.on_body(Some(copy), 2);
+        let step = flow.on_body(Some(copy), 2, &NoFleet);
         on_body += t.elapsed();
         if let Next::Call(call) = step.next {
             calls += usize::from(call.body.is_some());

@@ -4,6 +4,7 @@
 //! headers ──(routable POST)──▶ Buffering ──(end of body, parsed)──▶ Routing ──(answer)──▶ Forwarded
 //!    │                            │                                   ├──(prefill overload)──▶ Rejected
 //!    └──(anything else)──▶ Forwarded ◀──(too large / not JSON / …)───┘──(anything else)──▶ Forwarded (fallback)
+//!                                 └──(body ≤ local_route_max_body_bytes)──▶ Forwarded (routed locally, no call)
 //! ```
 //! Every callback of `host::http` maps to one method here that takes plain data (header pairs, body
 //! bytes, status, clock) and returns a [`Step`]. The only outside knowledge it asks for is the last
@@ -209,8 +210,10 @@ impl RequestFlow {
         Step::just(Next::ReadBody(self.buffered))
     }
 
-    /// The whole body (None if Envoy had none): parse, derive the session, ask the indexer.
-    pub fn on_body(&mut self, body: Option<Vec<u8>>, now_ns: u64) -> Step {
+    /// The whole body (None if Envoy had none): parse, derive the session, ask the indexer — or,
+    /// for a body of at most `local_route_max_body_bytes` without operator overrides, route it
+    /// here ([`Self::route_locally`]).
+    pub fn on_body(&mut self, body: Option<Vec<u8>>, now_ns: u64, fleet: &dyn FleetSource) -> Step {
         let (Phase::Buffering, Some(endpoint)) = (self.phase, self.endpoint) else {
             return Step::just(Next::Continue);
         };
@@ -235,6 +238,9 @@ impl RequestFlow {
         };
         self.session = request::peeked_session_key(&self.head, &parsed, self.config.derive_session_keys);
         self.ttft.set_stream(parsed.stream);
+        if body.len() <= self.config.local_route_max_body_bytes && !self.head.has_overrides() {
+            return Step { effects: self.route_locally(body.len(), fleet), next: Next::Continue };
+        }
         let body = Rc::new(body);
         let call = request::route_call(&self.config, &self.request_id, endpoint, self.session, &self.head, Rc::clone(&body));
         self.body = body;
@@ -472,10 +478,7 @@ impl RequestFlow {
 
     fn fallback(&mut self, fb: Fallback, fleet: &dyn FleetSource) -> Vec<Effect> {
         let reason = fb.reason;
-        let snapshot = fleet.fleet();
-        let session = self.session.map(|(k, _)| k);
-        let remembered = session.filter(|_| self.config.placement_memory_slots > 0).and_then(|k| fleet.placed(k));
-        let pick = fallback::pick(session, snapshot.as_deref(), remembered.as_deref());
+        let pick = self.local_pick(fleet);
         let line = format!(
             "ctx={} request_id={} indexer fallback reason={} code={} result={}",
             self.context_id,
@@ -497,13 +500,48 @@ impl RequestFlow {
         if self.config.debug_headers {
             self.debug = vec![(headers::DEBUG_FALLBACK, decision::header_safe(&fb.header_value()))];
         }
-        let pinned_endpoint = match &pick {
-            FallbackPick::Pinned { header, .. } => header.split(',').next().map(str::to_owned),
-            FallbackPick::Unrouted(_) => None,
-        };
         if fb.needs_done() {
+            let pinned_endpoint = match &pick {
+                FallbackPick::Pinned { header, .. } => header.split(',').next().map(str::to_owned),
+                FallbackPick::Unrouted(_) => None,
+            };
             self.report_done = Some(DoneTarget { endpoint: pinned_endpoint, booking_id: fb.booking_id });
         }
+        effects.extend(self.forward_pick(pick, fleet));
+        effects
+    }
+
+    /// Routes a short body without the `/v1/route` call, as the fallback would (the session's
+    /// remembered worker, else its pin). Nothing was booked at the indexer, so no done report.
+    fn route_locally(&mut self, body_len: usize, fleet: &dyn FleetSource) -> Vec<Effect> {
+        let pick = self.local_pick(fleet);
+        log::debug!(
+            "ctx={} request_id={} routed locally: body {body_len} bytes <= local_route_max_body_bytes {} result={}",
+            self.context_id,
+            self.request_id,
+            self.config.local_route_max_body_bytes,
+            pick.label().as_str()
+        );
+        if self.config.debug_headers {
+            self.debug = vec![(headers::DEBUG_REASON, headers::LOCAL_ROUTE_REASON.to_owned())];
+        }
+        let mut effects = vec![Effect::Metric(MetricUpdate::Add(Metric::LocalRoutes(pick.label()), 1))];
+        effects.extend(self.forward_pick(pick, fleet));
+        effects
+    }
+
+    /// Where the filter sends a request on its own: the worker the indexer last placed the
+    /// session on, else the session's rendezvous pin over the last fleet ([`fallback::pick`]).
+    fn local_pick(&self, fleet: &dyn FleetSource) -> FallbackPick {
+        let snapshot = fleet.fleet();
+        let session = self.session.map(|(k, _)| k);
+        let remembered = session.filter(|_| self.config.placement_memory_slots > 0).and_then(|k| fleet.placed(k));
+        fallback::pick(session, snapshot.as_deref(), remembered.as_deref())
+    }
+
+    /// Sets the destination of a local pick (none when it is unrouted) and ends routing.
+    fn forward_pick(&mut self, pick: FallbackPick, fleet: &dyn FleetSource) -> Vec<Effect> {
+        let mut effects = Vec::new();
         match pick {
             FallbackPick::Pinned { worker, header, .. } => {
                 let header = self.steer(header, fleet);

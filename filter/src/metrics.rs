@@ -21,6 +21,9 @@ pub const REQUESTS: &str = "kvmesh_filter_requests_total";
 pub const FALLBACKS: &str = "kvmesh_filter_fallbacks_total";
 /// Counter `{result}`: what the local fallback did (pinned by rendezvous, or why it could not).
 pub const FALLBACK_ROUTES: &str = "kvmesh_filter_fallback_routes_total";
+/// Counter `{result}`: requests routed by the filter alone by choice, their body being at most
+/// `local_route_max_body_bytes` (same `result` values as [`FALLBACK_ROUTES`]).
+pub const LOCAL_ROUTES: &str = "kvmesh_filter_local_routes_total";
 /// Counter `{reason}`: requests not routed by content (passed to Envoy's fallback LB untouched).
 pub const UNROUTABLE: &str = "kvmesh_filter_unroutable_requests_total";
 /// Histogram: `/v1/route` round trip in milliseconds, answered or not.
@@ -58,13 +61,14 @@ pub const ENVOY_WASM_VM_RELOAD_SUCCESS: &str = "envoy_wasm_kvmesh_vm_reload_succ
 pub const ENVOY_WASM_VM_RELOAD_FAILURE: &str = "envoy_wasm_kvmesh_vm_reload_failure";
 
 /// Every base name, for docs and drift tests.
-pub const ALL_NAMES: [&str; 18] = [
+pub const ALL_NAMES: [&str; 19] = [
     KV_OVERLAP_BLOCKS,
     KV_ISL_BLOCKS,
     KV_HIT_RATE,
     REQUESTS,
     FALLBACKS,
     FALLBACK_ROUTES,
+    LOCAL_ROUTES,
     UNROUTABLE,
     ROUTE_LATENCY,
     DONE_REPORTS,
@@ -274,6 +278,7 @@ pub enum Metric {
     Requests(RouteLabel, OutcomeLabel),
     Fallbacks(FallbackReason),
     FallbackRoutes(FallbackRoute),
+    LocalRoutes(FallbackRoute),
     Unroutable(UnroutableReason),
     RouteLatency,
     DoneReports(DoneResult),
@@ -311,6 +316,7 @@ impl Metric {
             Self::Requests(..) => REQUESTS,
             Self::Fallbacks(_) => FALLBACKS,
             Self::FallbackRoutes(_) => FALLBACK_ROUTES,
+            Self::LocalRoutes(_) => LOCAL_ROUTES,
             Self::Unroutable(_) => UNROUTABLE,
             Self::RouteLatency => ROUTE_LATENCY,
             Self::DoneReports(_) => DONE_REPORTS,
@@ -333,7 +339,7 @@ impl Metric {
                 vec![("mode", mode.as_str()), ("outcome", outcome.as_str())]
             }
             Self::Fallbacks(r) => vec![("reason", r.as_str())],
-            Self::FallbackRoutes(r) => vec![("result", r.as_str())],
+            Self::FallbackRoutes(r) | Self::LocalRoutes(r) => vec![("result", r.as_str())],
             Self::Unroutable(r) => vec![("reason", r.as_str())],
             Self::DoneReports(r) => vec![("result", r.as_str())],
             Self::FleetRefreshes(r) => vec![("result", r.as_str())],
@@ -371,6 +377,7 @@ impl Metric {
         }
         all.extend(FallbackReason::ALL.iter().map(|&r| Self::Fallbacks(r)));
         all.extend(FallbackRoute::ALL.iter().map(|&r| Self::FallbackRoutes(r)));
+        all.extend(FallbackRoute::ALL.iter().map(|&r| Self::LocalRoutes(r)));
         all.extend(UnroutableReason::ALL.iter().map(|&r| Self::Unroutable(r)));
         all.extend(DoneResult::ALL.iter().map(|&r| Self::DoneReports(r)));
         all.extend(FleetResult::ALL.iter().map(|&r| Self::FleetRefreshes(r)));

@@ -101,6 +101,10 @@ pub struct OverheadCase {
     /// Failed samples (both paths), left out of the percentiles.
     #[serde(default)]
     pub failed: Option<u64>,
+    /// The filter's `local_route_max_body_bytes` when the case ran with it (its requests routed
+    /// by the filter alone, not KV-aware): reported, never judged against the target.
+    #[serde(default)]
+    pub local_route_max_body_bytes: Option<usize>,
 }
 
 /// An extra Markdown section appended verbatim (e.g. indexer microbenchmarks).

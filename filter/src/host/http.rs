@@ -44,7 +44,7 @@ impl HttpFilter {
             Next::Pause => Action::Pause,
             Next::ReadBody(len) => {
                 let body = io::read_buffer(BufferType::HttpRequestBody, len);
-                let step = self.flow.on_body(body, self.now_ns());
+                let step = self.flow.on_body(body, self.now_ns(), self.shared.as_ref());
                 self.run(step)
             }
             Next::Call(call) => {

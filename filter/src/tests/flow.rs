@@ -75,7 +75,7 @@ fn to_route_call(config: FilterConfig, body: &str) -> (RequestFlow, request::Htt
     assert_eq!(f.on_request_headers(&chat_headers(), false, 1_000_000).next, Next::Pause);
     assert_eq!(f.on_request_body(10, false).next, Next::Pause);
     assert_eq!(f.on_request_body(body.len(), true).next, Next::ReadBody(body.len()));
-    let step = f.on_body(Some(body.as_bytes().to_vec()), 2_000_000);
+    let step = f.on_body(Some(body.as_bytes().to_vec()), 2_000_000, &fleet());
     let Next::Call(call) = step.next else { panic!("expected a route call, got {:?}", step.next) };
     (f, call)
 }
@@ -170,7 +170,7 @@ fn override_request(secret: Option<&str>) -> (Step, request::HttpCall) {
     let mut f = flow(FilterConfig { allow_overrides: true, override_secret: SECRET.into(), ..FilterConfig::default() });
     let step = f.on_request_headers(&h, false, 0);
     f.on_request_body(CHAT.len(), true);
-    let Next::Call(call) = f.on_body(Some(CHAT.as_bytes().to_vec()), 0).next else { panic!("no route call") };
+    let Next::Call(call) = f.on_body(Some(CHAT.as_bytes().to_vec()), 0, &fleet()).next else { panic!("no route call") };
     (step, call)
 }
 
@@ -217,7 +217,7 @@ fn unroutable_requests_pass_through_counted() {
         let mut effects = f.on_request_headers(&h, eos, 0).effects;
         if let Some(body) = body {
             assert_eq!(f.on_request_body(body.len(), true).next, Next::ReadBody(body.len()));
-            let step = f.on_body(Some(body.as_bytes().to_vec()), 0);
+            let step = f.on_body(Some(body.as_bytes().to_vec()), 0, &fleet());
             assert_eq!(step.next, Next::Continue, "{reason:?}");
             effects.extend(step.effects);
         }
@@ -287,7 +287,7 @@ fn fallbacks_pin_by_session_over_the_fleet() {
         h.extend(headers(&[("x-session-id", "conv-9")]));
         f.on_request_headers(&h, false, 0);
         f.on_request_body(CHAT.len(), true);
-        let Next::Call(call) = f.on_body(Some(CHAT.as_bytes().to_vec()), 0).next else { panic!() };
+        let Next::Call(call) = f.on_body(Some(CHAT.as_bytes().to_vec()), 0, &fleet()).next else { panic!() };
         assert_eq!(call.header("x-kvmesh-session"), Some(session::encode_header(key, SessionSource::Header).as_str()));
         let step = f.on_route_answer(status, body, 100_000_000, &fleet());
         assert_eq!(counted(&step.effects, Metric::Fallbacks(reason)), 1, "{reason:?}");
@@ -450,7 +450,7 @@ fn missing_request_id_is_generated_once_and_used_everywhere() {
     assert_eq!(id, "kvmesh-7-abc");
     assert_eq!(f.request_id(), id);
     f.on_request_body(14, true);
-    let Next::Call(call) = f.on_body(Some(br#"{"prompt":"x"}"#.to_vec()), 0).next else { panic!() };
+    let Next::Call(call) = f.on_body(Some(br#"{"prompt":"x"}"#.to_vec()), 0, &fleet()).next else { panic!() };
     assert_eq!(call.header("x-request-id"), Some(id.as_str()));
 }
 
@@ -596,4 +596,46 @@ fn a_fallback_sends_the_session_where_the_indexer_last_placed_it() {
     assert_eq!(counted(&step.effects, Metric::FallbackRoutes(FallbackRoute::Pinned)), 1);
     let pin = fleet.0 .0.as_ref().unwrap().pin(key.0).unwrap().endpoint.clone();
     assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT).is_some_and(|h| h.starts_with(&pin)));
+}
+
+#[test]
+fn a_short_body_is_routed_locally_without_the_indexer() {
+    use crate::metrics::FallbackRoute;
+    let fleet = Remembering(fleet(), Default::default());
+    let local = FilterConfig { local_route_max_body_bytes: CHAT.len(), debug_headers: true, ..FilterConfig::default() };
+    let start = |config: &FilterConfig, extra: &[(&str, &str)]| {
+        let mut f = flow(config.clone());
+        let mut h = chat_headers();
+        h.extend(headers(extra));
+        f.on_request_headers(&h, false, 0);
+        f.on_request_body(CHAT.len(), true);
+        let step = f.on_body(Some(CHAT.as_bytes().to_vec()), 0, &fleet);
+        (f, step)
+    };
+    // At the bound: no call; the conversation's rendezvous pin, counted as a local route, no done report.
+    let (mut f, step) = start(&local, &[]);
+    assert_eq!(step.next, Next::Continue, "no route call, nothing to wait for");
+    let key = f.session.map(|(k, _)| k).expect("a derived key");
+    let pin = fleet.0 .0.as_ref().unwrap().pin(key.0).unwrap().endpoint.clone();
+    assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT).is_some_and(|h| h.starts_with(&pin)));
+    assert_eq!(counted(&step.effects, Metric::LocalRoutes(FallbackRoute::Pinned)), 1);
+    assert!(!step.effects.iter().any(|e| matches!(e, Effect::Metric(MetricUpdate::Add(Metric::Fallbacks(_), _)))), "not a fallback: no alert");
+    let debug = f.on_response_headers(Some(200), true);
+    assert!(debug.contains(&Effect::AddResponseHeader(headers::DEBUG_REASON, headers::LOCAL_ROUTE_REASON.into())), "{debug:?}");
+    let done = f.finish(None);
+    assert_eq!(counted(&done, Metric::Requests(RouteLabel::Pinned, OutcomeLabel::Success)), 1);
+    assert!(!done.iter().any(|e| matches!(e, Effect::QueueDone(_))), "the indexer booked nothing");
+    // A session the indexer placed earlier (its body was longer then, or the knob was off) stays there.
+    fleet.1.borrow_mut().insert(key.0, "w2".into());
+    let (_, step) = start(&local, &[]);
+    assert_eq!(counted(&step.effects, Metric::LocalRoutes(FallbackRoute::Remembered)), 1);
+    assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT).is_some_and(|h| h.starts_with("10.0.0.2:8000")));
+    // One byte over the bound, or off (the default): the indexer decides.
+    let over = FilterConfig { local_route_max_body_bytes: CHAT.len() - 1, ..local.clone() };
+    assert!(matches!(start(&over, &[]).1.next, Next::Call(_)));
+    assert!(matches!(start(&FilterConfig::default(), &[]).1.next, Next::Call(_)));
+    // A trusted operator override is the indexer's to apply, whatever the size.
+    let trusted = FilterConfig { allow_overrides: true, override_secret: SECRET.into(), ..local };
+    let (_, step) = start(&trusted, &[("x-kvmesh-worker", "w3"), (headers::OVERRIDE_SECRET, SECRET)]);
+    assert!(matches!(step.next, Next::Call(_)));
 }

@@ -296,6 +296,7 @@ pub fn summarize(
                 .count() as u64,
         ),
         failed: Some(mine.iter().filter(|s| !s.usable()).count() as u64),
+        local_route_max_body_bytes: None,
     })
 }
 

@@ -262,6 +262,7 @@ fn render_overhead(s: &mut String, m: &RunManifest) {
     let pair = |a: Option<f64>, b: Option<f64>| format!("{} / {}", num(a, 3), num(b, 3));
     for c in &m.overhead {
         let ratio = match (rps_ratio(c), rps_met(c)) {
+            (Some(r), _) if c.local_route_max_body_bytes.is_some() => format!("{r:.3} (routed locally, not judged)"),
             (Some(r), true) => format!("{r:.3} met"),
             (Some(r), false) if r >= RPS_RATIO_TARGET => format!("{r:.3} **missed** (bought by routing without the indexer)"),
             (Some(r), false) => format!("{r:.3} **missed**"),
@@ -325,15 +326,18 @@ pub fn rps_met(c: &OverheadCase) -> bool {
 }
 
 /// The throughput target over every case: met only when every case was measured and met it.
-pub fn throughput_verdict(cases: &[OverheadCase]) -> String {
-    let measured: Vec<(&OverheadCase, f64)> = cases.iter().filter_map(|c| rps_ratio(c).map(|r| (c, r))).collect();
+pub fn throughput_verdict(all: &[OverheadCase]) -> String {
+    // Cases routed locally by configuration gave up KV-aware routing: shown, never judged.
+    let (local, cases): (Vec<&OverheadCase>, Vec<&OverheadCase>) = all.iter().partition(|c| c.local_route_max_body_bytes.is_some());
+    let local_line = local_route_line(&local);
+    let measured: Vec<(&OverheadCase, f64)> = cases.iter().filter_map(|c| rps_ratio(c).map(|r| (*c, r))).collect();
     let unmeasured: Vec<&str> = cases
         .iter()
         .filter(|c| rps_ratio(c).is_none())
         .map(|c| c.name.as_str())
         .collect();
     if measured.is_empty() {
-        return "not measured in this run.".into();
+        return format!("not measured in this run.{local_line}");
     }
     let missed: Vec<String> = measured
         .iter()
@@ -374,7 +378,18 @@ pub fn throughput_verdict(cases: &[OverheadCase]) -> String {
         }
     }
     out.push('.');
+    out.push_str(&local_line);
     out
+}
+
+/// The requests/s ratios of the cases run with `local_route_max_body_bytes`, as a sentence after
+/// the verdict (empty without such cases).
+fn local_route_line(local: &[&OverheadCase]) -> String {
+    let ratios: Vec<String> = local.iter().filter_map(|c| rps_ratio(c).map(|r| format!("`{}` {r:.3}×", c.name))).collect();
+    let Some(bytes) = local.iter().find_map(|c| c.local_route_max_body_bytes).filter(|_| !ratios.is_empty()) else {
+        return String::new();
+    };
+    format!(" With `local_route_max_body_bytes: {bytes}` (the filter routes these bodies alone, not KV-aware; not judged): {}.", ratios.join(", "))
 }
 
 /// The largest shared-prefix case's added p50 within this factor of the smallest's counts as flat
@@ -578,6 +593,15 @@ mod tests {
             "**missed** for 1 of 2 cases (`chat_48k_shared_prefix` 0.300× with 99% without the indexer); not measured: `chat_8k_cold`."
         );
         assert!(!rps_met(&cases[1]) && rps_met(&cases[2]));
+        let mut local = case("chat_1k_cold_local_route", Some(450.0), 1030.0, 0.1, 0.0);
+        local.local_route_max_body_bytes = Some(8192);
+        let mut with_local = cases.clone();
+        with_local.push(local);
+        assert_eq!(
+            throughput_verdict(&with_local),
+            "**missed** for 1 of 2 cases (`chat_48k_shared_prefix` 0.300× with 99% without the indexer); not measured: `chat_8k_cold`. \
+             With `local_route_max_body_bytes: 8192` (the filter routes these bodies alone, not KV-aware; not judged): `chat_1k_cold_local_route` 0.450×."
+        );
         cases[1].rps_kvmesh_fallback_share = Some(0.01);
         let line = prefix_scaling(&cases).unwrap();
         assert!(

@@ -257,6 +257,15 @@ struct Args {
     /// Overhead: the filter's indexer_timeout_ms (default: the filter's own default).
     #[arg(long)]
     overhead_indexer_timeout_ms: Option<u64>,
+    /// Overhead: sizes measured again, after the main run, on a stack whose filter routes bodies
+    /// of at most --overhead-local-route-max-body-bytes alone (cases `<case>_local_route`);
+    /// `none` = skip.
+    #[arg(long, default_value = "1k")]
+    overhead_local_sizes: String,
+    /// Overhead: the filter's local_route_max_body_bytes in the `_local_route` run (the main run
+    /// keeps the filter's default, off).
+    #[arg(long, default_value_t = 8192)]
+    overhead_local_route_max_body_bytes: usize,
     /// Overhead: seed of the generated conversations.
     #[arg(long, default_value_t = 0)]
     overhead_seed: u64,
@@ -559,6 +568,8 @@ fn overhead_args(a: &Args) -> Result<OverheadArgs> {
         rps_rounds: a.overhead_rps_rounds,
         rps_concurrency: a.overhead_rps_concurrency.max(1),
         indexer_timeout_ms: a.overhead_indexer_timeout_ms,
+        local_route_max_body_bytes: None,
+        hung_case: true,
         seed: a.overhead_seed,
     };
     if !(a.overhead_sim_speedup.is_finite() && a.overhead_sim_speedup > 0.0 && a.overhead_rps_seconds >= 0.0) {
@@ -705,6 +716,7 @@ async fn overhead_part(a: &Args, overhead_args: &OverheadArgs, fleet: &Fleet, pa
             manifest.overhead_notes = Some(format!("**did not run**: {}", run::one_line(&format!("{e:#}"), 600)));
         }
     }
+    ran += local_route_part(a, overhead_args, fleet, manifest).await;
     if manifest.workers.is_empty() {
         manifest.workers = (0..a.workers).map(|i| format!("w{i}")).collect();
     }
@@ -718,6 +730,53 @@ async fn overhead_part(a: &Args, overhead_args: &OverheadArgs, fleet: &Fleet, pa
         manifest.speedup = None;
     }
     ran
+}
+
+/// The overhead of `--overhead-local-sizes` again with the filter routing bodies of at most
+/// `--overhead-local-route-max-body-bytes` alone: its cases, named `<case>_local_route`, join the
+/// overhead table, its notes the overhead notes. Returns 1 when it produced a case.
+async fn local_route_part(a: &Args, overhead_args: &OverheadArgs, fleet: &Fleet, manifest: &mut RunManifest) -> usize {
+    let sizes = match parse_optional_sizes(&a.overhead_local_sizes) {
+        Ok(sizes) if !sizes.is_empty() => sizes,
+        Ok(_) => return 0,
+        Err(e) => {
+            tracing::error!(error = %e, "--overhead-local-sizes: the local-route overhead did not run");
+            return 0;
+        }
+    };
+    let args = OverheadArgs {
+        sizes,
+        shared_prefixes: Vec::new(),
+        local_route_max_body_bytes: Some(a.overhead_local_route_max_body_bytes),
+        hung_case: false,
+        ..overhead_args.clone()
+    };
+    let heading = format!(
+        "\n\n**`_local_route` cases**: the same cases on a fresh stack whose filter has `local_route_max_body_bytes: {}`, \
+         so it routes these bodies alone (the session's remembered worker, else its rendezvous pin) without the `/v1/route` \
+         call: not KV-aware routing, an operator's choice for short prompts (filter README, \"Routing short requests \
+         locally\"). ",
+        a.overhead_local_route_max_body_bytes
+    );
+    let notes = manifest.overhead_notes.get_or_insert_with(String::new);
+    match run_overhead(&args, fleet, &a.out.join("local-route")).await {
+        Ok(r) => {
+            notes.push_str(&heading);
+            notes.push_str(&r.notes);
+            let produced = usize::from(!r.cases.is_empty());
+            manifest.overhead.extend(r.cases.into_iter().map(|mut c| {
+                c.name.push_str("_local_route");
+                c.local_route_max_body_bytes = args.local_route_max_body_bytes;
+                c
+            }));
+            produced
+        }
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "the local-route overhead did not run");
+            notes.push_str(&format!("{heading}**did not run**: {}", run::one_line(&format!("{e:#}"), 600)));
+            0
+        }
+    }
 }
 
 /// Runs the aiperf part on the sweep's fleet (workers, cache) — simulators at

@@ -68,6 +68,10 @@ pub struct OverheadArgs {
     pub rps_concurrency: usize,
     /// The filter's `indexer_timeout_ms` (None: the filter's default).
     pub indexer_timeout_ms: Option<u64>,
+    /// The filter's `local_route_max_body_bytes` (None: the filter's default, off).
+    pub local_route_max_body_bytes: Option<usize>,
+    /// Whether step 7 (the indexer hung) runs.
+    pub hung_case: bool,
     pub seed: u64,
 }
 
@@ -122,6 +126,9 @@ fn spec(args: &OverheadArgs, fleet: &Fleet, dir: &Path) -> StackSpec {
     let mut filter = serde_json::json!({ "debug_headers": true });
     if let Some(t) = args.indexer_timeout_ms {
         filter["indexer_timeout_ms"] = t.into();
+    }
+    if let Some(b) = args.local_route_max_body_bytes {
+        filter["local_route_max_body_bytes"] = b.into();
     }
     spec.filter_config = filter;
     spec.session_header = fleet.session_header.clone();
@@ -231,7 +238,7 @@ impl Urls {
 }
 
 /// Warm both paths (connections, the filter's fleet snapshot); fails when the filter never
-/// routes through the indexer.
+/// routes through the indexer (or, for bodies it routes locally, never names a worker).
 async fn warm_up(
     client: &reqwest::Client,
     urls: &Urls,
@@ -258,7 +265,9 @@ async fn warm_up(
             .await;
             if let Some(e) = &o.error {
                 tracing::warn!(path = way.tag(), error = %e, "warm-up request failed");
-            } else if way == Way::Kvmesh && o.fallback.is_none() && o.decision_mode.is_some() {
+            } else if way == Way::Kvmesh && o.fallback.is_none() && (o.decision_mode.is_some() || o.decision_worker.is_some()) {
+                // A decision, or a local route (`local_route_max_body_bytes`) that found a worker:
+                // either way the filter has its fleet.
                 routed = true;
             }
         }
@@ -602,21 +611,20 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
     let latency_s = latency_start.elapsed().as_secs_f64();
 
     let rates = rps_rounds(&phase, &all_cases, stack.indexer.as_ref().map(Proc::pid)).await;
-    let hung = hung_indexer(&stack, &client, &urls, &model, args, &access_log, &shape).await;
+    let mut sections = Vec::new();
+    if args.hung_case {
+        let hung = hung_indexer(&stack, &client, &urls, &model, args, &access_log, &shape).await;
+        sections.push(ExtraSection {
+            title: "Router overhead with the indexer hung (SIGSTOP)".into(),
+            markdown: hung_section(&dir, hung)?,
+        });
+    }
     drop(stack);
-    let hung_section = hung_section(&dir, hung)?;
 
     let (out_cases, missing) = case_summaries(&all_cases, &samples, &rates);
     let mut notes = setup_notes(args, fleet, &shape, prime_fallbacks, latency_s, &rates);
     notes.push_str(&missing_notes(missing_log, &missing));
-    Ok(OverheadRun {
-        cases: out_cases,
-        notes,
-        sections: vec![ExtraSection {
-            title: "Router overhead with the indexer hung (SIGSTOP)".into(),
-            markdown: hung_section,
-        }],
-    })
+    Ok(OverheadRun { cases: out_cases, notes, sections })
 }
 
 /// The started stack (its Envoy swapped for the two-listener one) and what talks to it.
@@ -760,8 +768,10 @@ async fn latency_sample(
     .await;
     // Between samples, never during one: this request's share of the indexer's timers.
     let mut share = None;
-    if way == Way::Kvmesh {
-        // Wait for this request's tokenization to finish even when the filter gave up.
+    let local = o.decision_reason.as_deref() == Some(kvmesh_core::headers::LOCAL_ROUTE_REASON);
+    if way == Way::Kvmesh && !local {
+        // Wait for this request's tokenization to finish even when the filter gave up (a request
+        // the filter routed locally never reached the indexer: nothing to wait for).
         let want = timers.map_or(0.0, |t| t.tokenizations + 1.0);
         let now = settle(
             p.client,
@@ -953,7 +963,8 @@ fn setup_notes(
         fleet.workers,
         args.sim_speedup,
         fleet.num_gpu_blocks,
-        args.indexer_timeout_ms.map_or(", default `indexer_timeout_ms`".to_string(), |t| format!(", `indexer_timeout_ms: {t}`")),
+        args.indexer_timeout_ms.map_or(", default `indexer_timeout_ms`".to_string(), |t| format!(", `indexer_timeout_ms: {t}`"))
+            + &args.local_route_max_body_bytes.map_or(String::new(), |b| format!(", `local_route_max_body_bytes: {b}`")),
         args.samples,
         args.bases.max(1),
         shape.prime_step_tokens,
