@@ -762,7 +762,8 @@ async fn local_route_part(a: &Args, overhead_args: &OverheadArgs, fleet: &Fleet,
     match run_overhead(&args, fleet, &a.out.join("local-route")).await {
         Ok(r) => {
             notes.push_str(&heading);
-            notes.push_str(&r.notes);
+            // This run wrote under `<out>/local-route/`.
+            notes.push_str(&r.notes.replace("`overhead/samples.jsonl`", "`local-route/overhead/samples.jsonl`"));
             let produced = usize::from(!r.cases.is_empty());
             manifest.overhead.extend(r.cases.into_iter().map(|mut c| {
                 c.name.push_str("_local_route");
