@@ -570,6 +570,7 @@ fn overhead_args(a: &Args) -> Result<OverheadArgs> {
         indexer_timeout_ms: a.overhead_indexer_timeout_ms,
         local_route_max_body_bytes: None,
         hung_case: true,
+        dir: "overhead",
         seed: a.overhead_seed,
     };
     if !(a.overhead_sim_speedup.is_finite() && a.overhead_sim_speedup > 0.0 && a.overhead_rps_seconds >= 0.0) {
@@ -749,6 +750,7 @@ async fn local_route_part(a: &Args, overhead_args: &OverheadArgs, fleet: &Fleet,
         shared_prefixes: Vec::new(),
         local_route_max_body_bytes: Some(a.overhead_local_route_max_body_bytes),
         hung_case: false,
+        dir: "local-route/overhead",
         ..overhead_args.clone()
     };
     let heading = format!(
@@ -759,11 +761,10 @@ async fn local_route_part(a: &Args, overhead_args: &OverheadArgs, fleet: &Fleet,
         a.overhead_local_route_max_body_bytes
     );
     let notes = manifest.overhead_notes.get_or_insert_with(String::new);
-    match run_overhead(&args, fleet, &a.out.join("local-route")).await {
+    match run_overhead(&args, fleet, &a.out).await {
         Ok(r) => {
             notes.push_str(&heading);
-            // This run wrote under `<out>/local-route/`.
-            notes.push_str(&r.notes.replace("`overhead/samples.jsonl`", "`local-route/overhead/samples.jsonl`"));
+            notes.push_str(&r.notes);
             let produced = usize::from(!r.cases.is_empty());
             manifest.overhead.extend(r.cases.into_iter().map(|mut c| {
                 c.name.push_str("_local_route");

@@ -11,7 +11,7 @@
 //! 4. Latency: for sample n of every case in turn, one kvmesh and one plain request, one at a
 //!    time, the order alternating with n — drift and background work hit both paths alike.
 //!    `max_tokens: 1`, so the engine's part is tokenizing the prompt plus one step.
-//! 5. Join Envoy's access log (gateway time per request), write `overhead/samples.jsonl`.
+//! 5. Join Envoy's access log (gateway time per request), write `<dir>/samples.jsonl`.
 //! 6. Requests/s: per case, `rounds` × (kvmesh round, plain round), order alternating, against
 //!    the canned route (nothing forwarded; the filter and indexer still do all their work). Around
 //!    each kvmesh round (until the indexer is idle again) the indexer's CPU time and answered
@@ -72,6 +72,9 @@ pub struct OverheadArgs {
     pub local_route_max_body_bytes: Option<usize>,
     /// Whether step 7 (the indexer hung) runs.
     pub hung_case: bool,
+    /// Where under `--out` the run writes its samples and stack (`overhead`; the local-route run
+    /// `local-route/overhead`); the notes name its samples file by it.
+    pub dir: &'static str,
     pub seed: u64,
 }
 
@@ -573,9 +576,9 @@ async fn hung_indexer(
     Ok((h, samples))
 }
 
-/// Runs the overhead part; writes `<out>/overhead/{samples.jsonl,stack/}`.
+/// Runs the overhead part; writes `<out>/<args.dir>/{samples.jsonl,stack/}`.
 pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Result<OverheadRun> {
-    let dir = out.join("overhead");
+    let dir = out.join(args.dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let shape = Shape::default();
     let all_cases = cases(&args.sizes, &args.shared_prefixes);
@@ -959,7 +962,7 @@ fn setup_notes(
          (order alternating), {} continuation bases per size primed through kvmesh in steps of ≤ {} tokens ({} priming \
          requests routed without the indexer); {:.0} s. Requests/s: {} closed-loop clients, {} round(s) × {} s per path \
          and case, alternating, against a canned-response route (nothing forwarded, so the engines do not cap the rate; the \
-         filter and the indexer do all their work){}. Per-request samples: `overhead/samples.jsonl`.",
+         filter and the indexer do all their work){}. Per-request samples: `{}/samples.jsonl`.",
         fleet.workers,
         args.sim_speedup,
         fleet.num_gpu_blocks,
@@ -978,6 +981,7 @@ fn setup_notes(
         } else {
             String::new()
         },
+        args.dir,
     );
     if !args.shared_prefixes.is_empty() {
         notes.push_str(&format!(
