@@ -52,6 +52,7 @@ pub const INDEX_BLOCKS: &str = "kvmesh_index_blocks";
 pub const INDEX_ENTRIES: &str = "kvmesh_index_entries";
 pub const INDEX_EVICTIONS_TOTAL: &str = "kvmesh_index_evictions_total";
 pub const INDEX_BYTES: &str = "kvmesh_index_bytes";
+pub const INDEX_WRITE_HOLD_SECONDS: &str = "kvmesh_index_write_hold_seconds";
 pub const TOKENIZE_CACHE_BYTES: &str = "kvmesh_tokenize_cache_bytes";
 pub const TOKENIZE_MEMO_BYTES: &str = "kvmesh_tokenize_memo_bytes";
 pub const RECOVERY_BLOCKS: &str = "kvmesh_recovery_blocks";
@@ -138,6 +139,7 @@ pub const ALL: &[&str] = &[
     INDEX_ENTRIES,
     INDEX_EVICTIONS_TOTAL,
     INDEX_BYTES,
+    INDEX_WRITE_HOLD_SECONDS,
     TOKENIZE_CACHE_BYTES,
     TOKENIZE_MEMO_BYTES,
     WORKER_BLOCKS,
@@ -264,6 +266,7 @@ pub struct Metrics {
     pub index_blocks: IntGauge,
     pub index_entries: IntGauge,
     pub index_evictions: IntCounter,
+    pub index_write_hold: Histogram,
     pub index_bytes: IntGauge,
     /// Bytes held by the tokenization segment cache (≤ routing.tokenize_cache_bytes).
     pub tokenize_cache_bytes: IntGauge,
@@ -444,6 +447,7 @@ impl Metrics {
             index_blocks: int_gauge(INDEX_BLOCKS, "Distinct blocks in the index")?,
             index_entries: int_gauge(INDEX_ENTRIES, "(block, worker) entries in the index; bounded by routing.index_max_entries")?,
             index_evictions,
+            index_write_hold: duration(&r, INDEX_WRITE_HOLD_SECONDS, "Time the event applier kept route queries out of the index at a stretch (write lock taken or re-taken until yielded or released)")?,
             index_bytes: int_gauge(INDEX_BYTES, "Approximate heap bytes of the index")?,
             tokenize_cache_bytes: int_gauge(TOKENIZE_CACHE_BYTES, "Bytes held by the tokenization segment cache; bounded by routing.tokenize_cache_bytes")?,
             tokenize_memo_bytes: int_gauge(TOKENIZE_MEMO_BYTES, "Bytes charged to the tokenization prefix memo; bounded by routing.tokenize_memo_bytes")?,

@@ -42,56 +42,119 @@ pub struct ApplyReport {
     pub resynced: bool,
 }
 
-/// Applies `batch` for `slot`. `block_size` is the configured block size.
+/// Where applying a batch stands: the next event, and the next block within a `BlockStored`
+/// (a store is applied in pieces, see [`apply_step`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cursor {
+    event: usize,
+    block: usize,
+}
+
+/// What one [`apply_step`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    /// Where the next step starts; `None`: the batch is applied.
+    pub next: Option<Cursor>,
+    /// Blocks the step stored or removed (the applier's measure of work under the lock).
+    pub blocks: usize,
+}
+
+/// Applies `batch` for `slot` whole. `block_size` is the configured block size.
 pub fn apply_batch(index: &mut KvIndex, slot: WorkerSlot, batch: &EventBatch, block_size: u32) -> ApplyReport {
     let mut r = ApplyReport::default();
-    for event in &batch.events {
-        match event {
-            KvEvent::Stored { block_hashes, parent, token_ids, block_size: bs, lora_name, cache_salt, medium, group_idx } => {
+    let mut at = Some(Cursor::default());
+    while let Some(c) = at {
+        at = apply_step(index, slot, batch, block_size, c, usize::MAX, &mut r).next;
+    }
+    r
+}
+
+/// Blocks the step at `at` may store (what the tables must have room for), at most `max_blocks`.
+pub fn step_blocks(batch: &EventBatch, at: Cursor, max_blocks: usize) -> usize {
+    match batch.events.get(at.event) {
+        Some(KvEvent::Stored { block_hashes, .. }) => block_hashes.len().saturating_sub(at.block).min(max_blocks.max(1)),
+        _ => 0,
+    }
+}
+
+/// Applies one step of `batch` from `at`, adding to `r`: one event, or at most `max_blocks` blocks
+/// of a `BlockStored`. The pieces of a store are the store: each continues the chain from the
+/// previous piece's last engine hash, as if the engine had sent them as consecutive events, so
+/// the index ends the same whatever `max_blocks` is (tested); between pieces the applier lets
+/// route queries in. A `BlockRemoved` is one step whatever its length: its hashes are taken as a
+/// whole (`KvIndex::remove`).
+pub fn apply_step(index: &mut KvIndex, slot: WorkerSlot, batch: &EventBatch, block_size: u32, at: Cursor, max_blocks: usize, r: &mut ApplyReport) -> Step {
+    let next_event = (at.event + 1 < batch.events.len()).then_some(Cursor { event: at.event + 1, block: 0 });
+    let done = |blocks| Step { next: next_event, blocks };
+    let Some(event) = batch.events.get(at.event) else { return Step { next: None, blocks: 0 } };
+    match event {
+        KvEvent::Stored { block_hashes, parent, token_ids, block_size: bs, lora_name, cache_salt, medium, group_idx } => {
+            if at.block == 0 {
                 r.stored_events += 1;
                 if !main_tier(medium.as_deref(), *group_idx) {
                     r.ignored_events += 1;
-                    continue;
+                    return done(0);
                 }
                 if *bs != block_size {
                     r.block_size_mismatches += 1;
                     r.mismatched_block_size = Some(*bs);
-                    continue;
-                }
-                let seed = block_seed(lora_name.as_deref(), cache_salt.as_deref());
-                match index.store(slot, *parent, block_hashes, token_ids, block_size as usize, seed) {
-                    StoreOutcome::Stored { blocks } => r.stored_blocks += blocks as u64,
-                    StoreOutcome::Recovered { blocks } => {
-                        r.stored_blocks += blocks as u64;
-                        r.recovered_orphans += 1;
-                    }
-                    StoreOutcome::Orphan => r.orphan_stores += 1,
-                    StoreOutcome::Malformed => r.malformed_stores += 1,
-                    StoreOutcome::UnknownWorker => {}
-                    StoreOutcome::TooManyBlocks => {
-                        index.clear_worker(slot);
-                        r.resynced = true;
-                    }
+                    return done(0);
                 }
             }
-            KvEvent::Removed { block_hashes, medium, group_idx } => {
-                r.removed_events += 1;
-                if !main_tier(medium.as_deref(), *group_idx) {
-                    r.ignored_events += 1;
-                    continue;
+            let bs = block_size as usize;
+            let end = at.block + step_blocks(batch, at, max_blocks);
+            // A malformed store is refused whole, at its first piece (`KvIndex::store` checks
+            // each piece's tokens against its hashes, so slices of a malformed store could pass).
+            let tokens = if token_ids.len() == block_hashes.len() * bs { token_ids.get(at.block * bs..end * bs) } else { None };
+            let Some(tokens) = tokens else {
+                r.malformed_stores += 1;
+                return done(0);
+            };
+            let parent = if at.block == 0 { *parent } else { block_hashes.get(at.block - 1).copied() };
+            let seed = block_seed(lora_name.as_deref(), cache_salt.as_deref());
+            let piece = &block_hashes[at.block..end];
+            let more = (end < block_hashes.len()).then_some(Cursor { event: at.event, block: end });
+            match index.store(slot, parent, piece, tokens, bs, seed) {
+                StoreOutcome::Stored { blocks } => {
+                    r.stored_blocks += blocks as u64;
+                    return Step { next: more.or(next_event), blocks };
                 }
-                let unknown = index.remove(slot, block_hashes) as u64;
-                r.unknown_removes += unknown;
-                r.removed_blocks += block_hashes.len() as u64 - unknown;
+                StoreOutcome::Recovered { blocks } => {
+                    r.stored_blocks += blocks as u64;
+                    r.recovered_orphans += 1;
+                    return Step { next: more.or(next_event), blocks };
+                }
+                StoreOutcome::Orphan => r.orphan_stores += 1,
+                StoreOutcome::Malformed => r.malformed_stores += 1,
+                StoreOutcome::UnknownWorker => {}
+                StoreOutcome::TooManyBlocks => {
+                    index.clear_worker(slot);
+                    r.resynced = true;
+                }
             }
-            KvEvent::Cleared => {
-                r.cleared_events += 1;
-                index.clear_worker(slot);
+            done(piece.len())
+        }
+        KvEvent::Removed { block_hashes, medium, group_idx } => {
+            r.removed_events += 1;
+            if !main_tier(medium.as_deref(), *group_idx) {
+                r.ignored_events += 1;
+                return done(0);
             }
-            KvEvent::Unknown { .. } => r.unknown_events += 1,
+            let unknown = index.remove(slot, block_hashes) as u64;
+            r.unknown_removes += unknown;
+            r.removed_blocks += block_hashes.len() as u64 - unknown;
+            done(block_hashes.len())
+        }
+        KvEvent::Cleared => {
+            r.cleared_events += 1;
+            index.clear_worker(slot);
+            done(0)
+        }
+        KvEvent::Unknown { .. } => {
+            r.unknown_events += 1;
+            done(0)
         }
     }
-    r
 }
 
 fn main_tier(medium: Option<&str>, group_idx: Option<u32>) -> bool {
@@ -233,6 +296,75 @@ mod tests {
         assert_eq!((index.worker_blocks(0), index.entries()), (2, 2));
         assert_eq!(held(&index, &t), 1);
         assert_eq!(index.check_consistent(), Ok(()));
+    }
+
+    /// Applies `batches` with steps of at most `max_blocks` blocks.
+    fn apply_in_steps(index: &mut KvIndex, batches: &[EventBatch], max_blocks: usize) -> Vec<ApplyReport> {
+        batches
+            .iter()
+            .map(|b| {
+                let mut r = ApplyReport::default();
+                let mut at = Some(Cursor::default());
+                while let Some(c) = at {
+                    let step = apply_step(index, 0, b, 4, c, max_blocks, &mut r);
+                    let removal = matches!(b.events[c.event], KvEvent::Removed { .. });
+                    assert!(removal || step.blocks <= max_blocks, "a store step stays within its budget");
+                    at = step.next;
+                }
+                r
+            })
+            .collect()
+    }
+
+    proptest::proptest! {
+        // The applier applies a long store in pieces so that route queries wait for one piece, not
+        // the whole store: any piece size leaves the index, and the reports, as applying whole.
+        #[test]
+        fn a_store_applied_in_pieces_leaves_the_index_as_applied_whole(
+            ops in proptest::collection::vec((0u8..4, 1usize..24, proptest::num::u64::ANY), 1..40),
+            max_blocks in 1usize..9,
+        ) {
+            // An engine's history: stores continuing an earlier block (or from the root), duplicate
+            // stores, removals; a few malformed and wrong-size stores; batches of 1–3 events.
+            let mut next_hash = 1u64;
+            let mut known: Vec<u64> = Vec::new();
+            let mut events = Vec::new();
+            for (kind, len, pick) in ops {
+                let parent = (!known.is_empty() && pick % 3 != 0).then(|| known[(pick as usize / 3) % known.len()]);
+                match kind {
+                    0 | 1 => {
+                        let hashes: Vec<u64> = (0..len as u64).map(|i| next_hash + i).collect();
+                        next_hash += len as u64;
+                        known.extend(&hashes);
+                        let tokens: Vec<u32> = (0..len * 4).map(|i| (pick as u32).wrapping_add(i as u32 % 7)).collect();
+                        events.push(stored(hashes, parent, tokens, if pick % 17 == 0 { 8 } else { 4 }));
+                    }
+                    2 if !known.is_empty() => {
+                        let from = (pick as usize) % known.len();
+                        let hashes: Vec<u64> = known[from..].iter().take(len).copied().collect();
+                        events.push(KvEvent::Removed { block_hashes: hashes, medium: None, group_idx: None });
+                    }
+                    _ => events.push(stored(vec![next_hash], parent, vec![1, 2, 3], 4)),
+                }
+            }
+            let batches: Vec<EventBatch> = events.chunks(3).map(|c| batch(c.to_vec())).collect();
+            let fresh = || {
+                let mut index = KvIndex::new(10_000, 10_000);
+                index.add_worker(0);
+                index
+            };
+            let (mut whole, mut pieces) = (fresh(), fresh());
+            let whole_reports: Vec<ApplyReport> = batches.iter().map(|b| apply_batch(&mut whole, 0, b, 4)).collect();
+            let piece_reports = apply_in_steps(&mut pieces, &batches, max_blocks);
+            proptest::prop_assert_eq!(whole_reports, piece_reports);
+            let mut a = whole.worker_refs(0);
+            let mut b = pieces.worker_refs(0);
+            a.sort_by_key(|e| e.0);
+            b.sort_by_key(|e| e.0);
+            proptest::prop_assert_eq!(a, b);
+            proptest::prop_assert_eq!((whole.entries(), whole.blocks()), (pieces.entries(), pieces.blocks()));
+            proptest::prop_assert_eq!(pieces.check_consistent(), Ok(()));
+        }
     }
 
     #[test]

@@ -88,6 +88,13 @@ pub const MAX_SEEDS: usize = 1 << 20;
 /// Blocks of one event whose table lines are fetched together before any is changed.
 const CHUNK: usize = 16;
 
+/// Tables grown ahead of stores: built from `&self` ([`KvIndex::room_for`], while route queries
+/// go on under the read lock) and swapped in under the write lock ([`KvIndex::make_room`]).
+pub struct Room {
+    blocks: Option<Table<BlockSlot, 4>>,
+    map: Option<(WorkerSlot, Table<RefSlot, 2>)>,
+}
+
 /// The index. Writers need `&mut`; [`KvIndex::find_matches`] needs `&self` only.
 pub struct KvIndex {
     blocks: Table<BlockSlot, 4>,
@@ -207,6 +214,38 @@ impl KvIndex {
         self.seeds.push(seed);
         self.seed_ids.insert(seed, id);
         Some(id)
+    }
+
+    /// Whether storing `blocks` more blocks on `slot` would grow a table — rehash all its entries,
+    /// O(entries): milliseconds at a few hundred thousand blocks, a second at the default bound.
+    pub fn needs_room(&self, slot: WorkerSlot, blocks: usize) -> bool {
+        self.blocks.lines_for(blocks).is_some() || self.workers.get(slot as usize).is_some_and(|w| w.map.lines_for(blocks).is_some())
+    }
+
+    /// Copies of the tables that storing `blocks` more blocks on `slot` would grow, already grown
+    /// (`None`: none would). O(entries), from `&self`: the caller holds a lock that keeps writers
+    /// out until [`KvIndex::make_room`], and readers in.
+    pub fn room_for(&self, slot: WorkerSlot, blocks: usize) -> Option<Room> {
+        let grown_blocks = self.blocks.lines_for(blocks).map(|lines| self.blocks.rehashed(lines));
+        let grown_map = self.workers.get(slot as usize).and_then(|w| w.map.lines_for(blocks).map(|lines| (slot, w.map.rehashed(lines))));
+        (grown_blocks.is_some() || grown_map.is_some()).then_some(Room { blocks: grown_blocks, map: grown_map })
+    }
+
+    /// Swaps in the tables of `room`, which [`KvIndex::room_for`] built from this very state (no
+    /// write in between); returns the replaced tables, for the caller to free after it unlocks.
+    pub fn make_room(&mut self, room: Room) -> Room {
+        let mut old = Room { blocks: None, map: None };
+        if let Some(t) = room.blocks {
+            debug_assert_eq!(t.len(), self.blocks.len(), "the block table changed after room_for");
+            old.blocks = Some(std::mem::replace(&mut self.blocks, t));
+        }
+        if let Some((slot, t)) = room.map {
+            if let Some(w) = self.workers.get_mut(slot as usize) {
+                debug_assert_eq!(t.len(), w.map.len(), "the worker's map changed after room_for");
+                old.map = Some((slot, std::mem::replace(&mut w.map, t)));
+            }
+        }
+        old
     }
 
     /// Applies a `BlockStored`: `block_hashes[i]` covers `token_ids[i*bs..(i+1)*bs]`; the chain

@@ -80,6 +80,9 @@ impl Slot for RefSlot {
     fn occupied(&self) -> bool {
         self.r.seed & MAPPED != 0
     }
+    fn duplicate(&self) -> Self {
+        *self
+    }
 }
 
 /// A block table slot: chain hash → holders and age ([`workers`] layout; 0 = empty).
@@ -95,6 +98,11 @@ impl Slot for BlockSlot {
     }
     fn occupied(&self) -> bool {
         self.word.load(Ordering::Relaxed) != 0
+    }
+    /// Readers refresh the age under the read lock: a refresh racing the copy may be lost, which
+    /// only makes the block one CLOCK turn older.
+    fn duplicate(&self) -> Self {
+        Self { key: self.key, word: AtomicU64::new(self.word.load(Ordering::Relaxed)) }
     }
 }
 

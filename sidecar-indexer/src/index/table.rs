@@ -12,7 +12,9 @@
 //!
 //! Emptiness is the slot's own business ([`Slot::occupied`]): every 64-bit key, 0 included, is a
 //! valid key. The table grows at 3/4 load (doubling) and shrinks only when asked
-//! ([`Table::shrink_if_sparse`]).
+//! ([`Table::shrink_if_sparse`]). Growing rehashes every entry, O(len): a caller that must not do
+//! that while others wait asks [`Table::lines_for`] before inserting, builds the grown table from
+//! `&self` ([`Table::rehashed`], so readers may go on meanwhile) and swaps it in.
 
 /// One slot's contents.
 pub(crate) trait Slot: Default {
@@ -20,6 +22,8 @@ pub(crate) trait Slot: Default {
     fn key(&self) -> u64;
     /// Whether the slot holds an entry (a `Default` slot must not).
     fn occupied(&self) -> bool;
+    /// A copy of the slot, read through `&self` (for [`Table::rehashed`]).
+    fn duplicate(&self) -> Self;
 }
 
 /// `N` slots filling (at most) one cache line.
@@ -237,24 +241,50 @@ impl<S: Slot, const N: usize> Table<S, N> {
         std::mem::take(self)
     }
 
+    /// The line count `additional` more entries would grow the table to, or `None` when they fit
+    /// (each insert of [`Table::get_or_insert_with`] grows by doubling at 3/4 load).
+    pub(crate) fn lines_for(&self, additional: usize) -> Option<usize> {
+        let mut lines = self.lines.len();
+        // The same test as an insert's, for the last of the `additional` inserts.
+        while (self.len + additional) * 4 > lines * N * 3 {
+            lines = (lines * 2).max(MIN_LINES);
+        }
+        (lines != self.lines.len()).then_some(lines)
+    }
+
+    /// A copy of the table with `lines` lines (≥ what its entries need), built from `&self`.
+    pub(crate) fn rehashed(&self, lines: usize) -> Self {
+        let mut t = Self { lines: (0..lines).map(|_| Line::default()).collect(), len: 0 };
+        for s in self.iter() {
+            t.place(s.duplicate());
+        }
+        t
+    }
+
     fn resize(&mut self, lines: usize) {
         let old = std::mem::replace(&mut self.lines, (0..lines).map(|_| Line::default()).collect());
-        let total = self.slots();
+        self.len = 0;
         for line in old {
             for s in line.0 {
-                if !s.occupied() {
-                    continue;
+                if s.occupied() {
+                    self.place(s);
                 }
-                let mut pos = self.home(s.key());
-                while self.slot(pos).occupied() {
-                    pos += 1;
-                    if pos == total {
-                        pos = 0;
-                    }
-                }
-                *self.slot_mut(pos) = s;
             }
         }
+    }
+
+    /// Puts `s` (occupied, its key absent) at the first empty slot from its home.
+    fn place(&mut self, s: S) {
+        let total = self.slots();
+        let mut pos = self.home(s.key());
+        while self.slot(pos).occupied() {
+            pos += 1;
+            if pos == total {
+                pos = 0;
+            }
+        }
+        *self.slot_mut(pos) = s;
+        self.len += 1;
     }
 }
 
@@ -275,6 +305,9 @@ mod tests {
         }
         fn occupied(&self) -> bool {
             self.val != 0
+        }
+        fn duplicate(&self) -> Self {
+            *self
         }
     }
 
@@ -307,6 +340,32 @@ mod tests {
             assert_eq!(t.remove(*k).map(|s| s.val), model.remove(k));
         }
         check(&t, &model);
+    }
+
+    #[test]
+    fn a_table_grown_ahead_by_a_copy_takes_that_many_inserts_without_growing() {
+        let mut t: Table<Kv, 4> = Table::default();
+        let mut model = BTreeMap::new();
+        let mut key = 0u64;
+        for additional in [1usize, 5, 6, 7, 100, 1000, 3] {
+            match t.lines_for(additional) {
+                Some(lines) => {
+                    let copy = t.rehashed(lines);
+                    check(&copy, &model);
+                    t = copy;
+                }
+                None => assert!((t.len() + additional) * 4 <= t.slots() * 3, "fits without growing"),
+            }
+            let slots = t.slots();
+            for _ in 0..additional {
+                key += 1;
+                t.get_or_insert_with(key * 0x9e37_79b9, || Kv { key: key * 0x9e37_79b9, val: key });
+                model.insert(key * 0x9e37_79b9, key);
+            }
+            assert_eq!(t.slots(), slots, "{additional} inserts after room was made did not grow the table");
+            check(&t, &model);
+        }
+        assert_eq!(t.lines_for(0), None);
     }
 
     proptest::proptest! {
