@@ -76,8 +76,8 @@ impl MemoEntry {
         self.tokenized.locals.get(..self.blocks).unwrap_or_default()
     }
 
-    /// Bytes charged: the whole shared storage, even when another entry shares it (the bound
-    /// over-counts rather than under-counts).
+    /// Bytes of the whole storage the entry shares with the other entries of its tokenization
+    /// (charged once for all of them: [`PrefixMemo`]).
     fn cost(&self) -> usize {
         let t = &self.tokenized;
         t.text.len() + t.ids.len() * 4 + (t.chains.len() + t.locals.len()) * 8 + ENTRY_OVERHEAD
@@ -95,9 +95,15 @@ pub fn key(text: &str, len: usize) -> u64 {
     h.finish()
 }
 
-/// A byte-bounded LRU of prefix → [`MemoEntry`].
+/// A byte-bounded LRU of prefix → [`MemoEntry`]. The entries of one tokenization (up to three
+/// boundaries) share its storage, so the bound charges a storage once, when its first entry comes
+/// in, and frees it with its last: counting it per entry would fill the bound three times faster
+/// than memory.
 pub struct PrefixMemo {
     lru: lru::LruCache<u64, MemoEntry>,
+    /// Storage (its text's address: unique while an entry holds the `Arc`) → entries holding it,
+    /// and its cost.
+    storages: std::collections::HashMap<usize, (u32, usize)>,
     bytes: usize,
     max_bytes: usize,
 }
@@ -107,6 +113,7 @@ impl PrefixMemo {
     pub fn new(max_bytes: usize) -> Self {
         Self {
             lru: lru::LruCache::unbounded(),
+            storages: std::collections::HashMap::new(),
             bytes: 0,
             max_bytes,
         }
@@ -143,18 +150,41 @@ impl PrefixMemo {
             return;
         }
         let k = key(entry.text(), entry.text_len);
+        self.charge(&entry, cost);
         if let Some(old) = self.lru.put(k, entry) {
-            self.bytes -= old.cost();
+            self.release(&old);
         }
-        self.bytes += cost;
         self.evict();
     }
 
     fn evict(&mut self) {
         while self.bytes > self.max_bytes {
             match self.lru.pop_lru() {
-                Some((_, old)) => self.bytes -= old.cost(),
+                Some((_, old)) => self.release(&old),
                 None => break,
+            }
+        }
+    }
+
+    fn storage(entry: &MemoEntry) -> usize {
+        Arc::as_ptr(&entry.tokenized.text).cast::<u8>() as usize
+    }
+
+    fn charge(&mut self, entry: &MemoEntry, cost: usize) {
+        let held = self.storages.entry(Self::storage(entry)).or_insert((0, cost));
+        held.0 += 1;
+        if held.0 == 1 {
+            self.bytes += cost;
+        }
+    }
+
+    fn release(&mut self, entry: &MemoEntry) {
+        let id = Self::storage(entry);
+        if let Some(held) = self.storages.get_mut(&id) {
+            held.0 -= 1;
+            if held.0 == 0 {
+                self.bytes -= held.1;
+                self.storages.remove(&id);
             }
         }
     }
@@ -224,6 +254,26 @@ mod tests {
             .map(|e| (e.text().to_owned(), e.ids().to_vec(), e.chains().len()));
         assert_eq!(got, Some(("ab<e>".to_owned(), vec![1, 2, 3], 1)));
         assert_eq!(memo.get("ab<e><a>x", 8).map(|e| e.ids().len()), Some(4));
+    }
+
+    #[test]
+    fn entries_of_one_tokenization_are_charged_once() {
+        let mut memo = PrefixMemo::new(1 << 20);
+        let whole = entry("ab<e><a>", &[1, 2, 3, 4]);
+        let storage = whole.cost();
+        let boundaries = [3, 5, 8].map(|len| MemoEntry { text_len: len, ..whole.clone() });
+        for (i, e) in boundaries.iter().enumerate() {
+            memo.put(e.clone());
+            assert_eq!(memo.bytes(), storage, "after {} entries sharing one storage", i + 1);
+        }
+        memo.put(entry("other", &[9]));
+        assert_eq!(memo.bytes(), storage + entry("other", &[9]).cost());
+        // Evicting down to the newest entry frees the shared storage only with its last entry.
+        memo.set_max_bytes(entry("other", &[9]).cost());
+        assert_eq!(memo.bytes(), entry("other", &[9]).cost());
+        assert!(memo.get("ab<e><a>", 8).is_none());
+        memo.set_max_bytes(0);
+        assert_eq!(memo.bytes(), 0);
     }
 
     #[test]
