@@ -212,31 +212,24 @@ impl Applier {
     }
 
     fn handle(&mut self, w: &mut Writer<'_>, msg: ApplierMsg, barriers: &mut Vec<SyncSender<()>>) {
-        if let ApplierMsg::Batch { slot, seq, batch } = &msg {
-            return self.apply(w, *slot, *seq, batch);
-        }
-        if let ApplierMsg::Approx { slot, chains, .. } = &msg {
-            w.make_room(*slot, chains.len());
-        }
-        if let ApplierMsg::Permitted { permit, msg } = msg {
-            self.handle(w, *msg, barriers);
-            drop(permit);
-            return;
-        }
-        let index = w.index();
         match msg {
+            ApplierMsg::Batch { slot, seq, batch } => self.apply(w, slot, seq, &batch),
+            ApplierMsg::Permitted { permit, msg } => {
+                self.handle(w, *msg, barriers);
+                drop(permit);
+            }
             ApplierMsg::AddWorker { slot, label, stats } => {
-                index.add_worker(slot);
+                w.index().add_worker(slot);
                 self.slots.insert(slot, Slot { label, stats });
             }
             ApplierMsg::RemoveWorker { slot } => {
-                index.remove_worker(slot);
+                w.index().remove_worker(slot);
                 self.approx.forget_worker(slot);
                 self.slots.remove(&slot);
                 self.free_slots.lock().push(slot);
             }
             ApplierMsg::Clear { slot, reason } => {
-                index.clear_worker(slot);
+                w.index().clear_worker(slot);
                 self.approx.forget_worker(slot);
                 if let Some(s) = self.slots.get(&slot) {
                     tracing::info!(worker = %s.label, reason, "worker index state cleared");
@@ -246,22 +239,23 @@ impl Applier {
                 if !self.slots.contains_key(&slot) {
                     return;
                 }
+                w.make_room(slot, chains.len());
+                let index = w.index();
                 index.insert_chain(slot, &chains);
                 let evicted = self.approx.record(slot, &chains, at);
                 if !evicted.is_empty() {
                     index.remove(slot, &evicted);
                     self.metrics.approx_expired.inc_by(evicted.len() as u64);
                 }
+                w.spend(chains.len() + evicted.len());
             }
-            ApplierMsg::Expire { now } => self.expire_approx(index, now),
+            ApplierMsg::Expire { now } => self.expire_approx(w.index(), now),
             ApplierMsg::Configure(c) => {
                 self.config = c;
-                index.set_limits(c.max_entries, c.max_blocks_per_worker);
+                w.index().set_limits(c.max_entries, c.max_blocks_per_worker);
                 self.approx.set_limits(c.approx_ttl, c.approx_max_blocks_per_worker);
             }
             ApplierMsg::Barrier(tx) => barriers.push(tx),
-            // Handled above.
-            ApplierMsg::Batch { .. } | ApplierMsg::Permitted { .. } => {}
         }
     }
 
