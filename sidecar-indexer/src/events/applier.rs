@@ -137,19 +137,15 @@ impl<'a> Writer<'a> {
     /// a table under the write lock: the grown copies are built under an upgradable read (route
     /// queries go on; no other writer exists, so nothing changes) and swapped in after.
     fn make_room(&mut self, slot: WorkerSlot, blocks: usize) {
-        if !self.index().needs_room(slot, blocks) {
-            return;
-        }
+        let Some(growth) = self.index().growth(slot, blocks) else { return };
         let Some(guard) = self.guard.take() else { return };
         self.hold.observe(self.since.elapsed().as_secs_f64());
         let shared = RwLockWriteGuard::downgrade_to_upgradable(guard);
-        let room = shared.room_for(slot, blocks);
+        let room = shared.room_for(growth);
         let mut guard = RwLockUpgradableReadGuard::upgrade(shared);
         self.since = Instant::now();
         self.spent = 0;
-        if let Some(room) = room {
-            self.retired.push(guard.make_room(room));
-        }
+        self.retired.push(guard.make_room(room));
         self.guard = Some(guard);
     }
 }

@@ -88,6 +88,12 @@ pub const MAX_SEEDS: usize = 1 << 20;
 /// Blocks of one event whose table lines are fetched together before any is changed.
 const CHUNK: usize = 16;
 
+/// Which tables storing more blocks would grow, to how many lines ([`KvIndex::growth`]).
+pub struct Growth {
+    blocks: Option<usize>,
+    map: Option<(WorkerSlot, usize)>,
+}
+
 /// Tables grown ahead of stores: built from `&self` ([`KvIndex::room_for`], while route queries
 /// go on under the read lock) and swapped in under the write lock ([`KvIndex::make_room`]).
 pub struct Room {
@@ -216,19 +222,24 @@ impl KvIndex {
         Some(id)
     }
 
-    /// Whether storing `blocks` more blocks on `slot` would grow a table — rehash all its entries,
-    /// O(entries): milliseconds at a few hundred thousand blocks, a second at the default bound.
-    pub fn needs_room(&self, slot: WorkerSlot, blocks: usize) -> bool {
-        self.blocks.lines_for(blocks).is_some() || self.workers.get(slot as usize).is_some_and(|w| w.map.lines_for(blocks).is_some())
+    /// How storing `blocks` more blocks on `slot` would grow the tables (`None`: they fit). Cheap;
+    /// the growth itself rehashes every entry, O(entries): milliseconds at a few hundred thousand
+    /// blocks, a second at the default bound — [`KvIndex::room_for`] does it off the write lock.
+    pub fn growth(&self, slot: WorkerSlot, blocks: usize) -> Option<Growth> {
+        let growth = Growth {
+            blocks: self.blocks.lines_for(blocks),
+            map: self.workers.get(slot as usize).and_then(|w| w.map.lines_for(blocks)).map(|lines| (slot, lines)),
+        };
+        (growth.blocks.is_some() || growth.map.is_some()).then_some(growth)
     }
 
-    /// Copies of the tables that storing `blocks` more blocks on `slot` would grow, already grown
-    /// (`None`: none would). O(entries), from `&self`: the caller holds a lock that keeps writers
-    /// out until [`KvIndex::make_room`], and readers in.
-    pub fn room_for(&self, slot: WorkerSlot, blocks: usize) -> Option<Room> {
-        let grown_blocks = self.blocks.lines_for(blocks).map(|lines| self.blocks.rehashed(lines));
-        let grown_map = self.workers.get(slot as usize).and_then(|w| w.map.lines_for(blocks).map(|lines| (slot, w.map.rehashed(lines))));
-        (grown_blocks.is_some() || grown_map.is_some()).then_some(Room { blocks: grown_blocks, map: grown_map })
+    /// Copies of the tables `growth` names, already grown. O(entries), from `&self`: the caller
+    /// holds a lock that keeps writers out until [`KvIndex::make_room`], and readers in.
+    pub fn room_for(&self, growth: Growth) -> Room {
+        Room {
+            blocks: growth.blocks.map(|lines| self.blocks.rehashed(lines)),
+            map: growth.map.and_then(|(slot, lines)| self.workers.get(slot as usize).map(|w| (slot, w.map.rehashed(lines)))),
+        }
     }
 
     /// Swaps in the tables of `room`, which [`KvIndex::room_for`] built from this very state (no
