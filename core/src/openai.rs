@@ -10,14 +10,17 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde_json::value::RawValue;
 use serde_json::Value;
 
 mod fast;
 mod peek;
+mod resume;
 
 pub use peek::{peek, RequestPeek};
+pub use resume::{read_chat_from, ChatPrefix, ChatRead};
 
 /// Which OpenAI endpoint a request targets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,11 +55,12 @@ pub enum Prompt {
     Tokens(Vec<u32>),
 }
 
-/// One chat message with its content flattened to text.
+/// One chat message with its content flattened to text. Shared strings: a conversation's next
+/// turn is read from its last one (`resume`), which hands the earlier messages over by reference.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChatMessage {
-    pub role: String,
-    pub content: String,
+    pub role: Arc<str>,
+    pub content: Arc<str>,
 }
 
 /// What routing needs from a request body.
@@ -87,7 +91,7 @@ impl OpenAiRequest {
     /// completions prompt has no turns to tell: false.
     pub fn opens_conversation(&self) -> bool {
         match &self.input {
-            RequestInput::Messages(m) => !m.iter().any(|m| matches!(m.role.as_str(), "assistant" | "tool" | "function")),
+            RequestInput::Messages(m) => !m.iter().any(|m| matches!(&*m.role, "assistant" | "tool" | "function")),
             RequestInput::Prompt(_) => false,
         }
     }
@@ -306,7 +310,7 @@ fn messages(value: Option<&Value>) -> Result<Vec<ChatMessage>, ParseError> {
                     return Err(ParseError::WrongType { field: "messages[].content", expected: "a string or a list of parts" })
                 }
             };
-            Ok(ChatMessage { role, content })
+            Ok(ChatMessage { role: role.into(), content: content.into() })
         })
         .collect()
 }
@@ -408,8 +412,8 @@ mod tests {
         assert_eq!(r.max_tokens, Some(5));
         assert_eq!(r.model.as_deref(), Some("m"));
         let RequestInput::Messages(m) = r.input else { panic!("messages") };
-        assert_eq!(m[1].content, "a\nb");
-        assert_eq!(m[2].content, "");
+        assert_eq!(&*m[1].content, "a\nb");
+        assert_eq!(&*m[2].content, "");
     }
 
     /// The `Value` reading `parse_raw` must agree with.

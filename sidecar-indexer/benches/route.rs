@@ -9,7 +9,8 @@
 //! `shared_prefix_48k`, `concurrent_64`) and `KVMESH_ROUTE_BENCH_SAMPLES=<n>` takes n samples of
 //! each: instruction counts under `valgrind --tool=callgrind` (repeatable on a loaded machine) are
 //! read as the difference of two runs with different n. `KVMESH_ROUTE_BENCH_MEMO=0` turns the
-//! tokenization prefix memo off (`routing.tokenize_memo_bytes = 0`), for its before/after.
+//! tokenization prefix memo off (`routing.tokenize_memo_bytes = 0`), `KVMESH_ROUTE_BENCH_BODY_MEMO=0`
+//! the body memo (`routing.body_memo_bytes = 0`), for their before/after.
 //! With `KVMESH_BENCH_FIGURES=<file>` each figure is also appended to that file as one JSON line,
 //! for the benchmark report (`make bench`).
 
@@ -44,11 +45,11 @@ fn text(rng: &mut StdRng, words: usize) -> String {
 
 /// A conversation of about `tokens` tokens: a system prompt and alternating turns.
 fn conversation(rng: &mut StdRng, tokens: usize) -> Vec<ChatMessage> {
-    let mut m = vec![ChatMessage { role: "system".into(), content: text(rng, 400) }];
+    let mut m = vec![ChatMessage { role: "system".into(), content: text(rng, 400).into() }];
     let mut approx = 400;
     while approx < tokens {
-        m.push(ChatMessage { role: "user".into(), content: text(rng, 150) });
-        m.push(ChatMessage { role: "assistant".into(), content: text(rng, 250) });
+        m.push(ChatMessage { role: "user".into(), content: text(rng, 150).into() });
+        m.push(ChatMessage { role: "assistant".into(), content: text(rng, 250).into() });
         approx += 400;
     }
     m
@@ -115,7 +116,10 @@ fn main() -> anyhow::Result<()> {
     }
     let plain = tokenizers::Tokenizer::from_file(&path).map_err(anyhow::Error::msg)?;
     let template = kvmesh_tokens::ChatTemplate::deepseek()?;
-    let config = Config::from_toml_str(&fleet(), &MapEnv::default())?;
+    let mut config = Config::from_toml_str(&fleet(), &MapEnv::default())?;
+    if std::env::var("KVMESH_ROUTE_BENCH_BODY_MEMO").is_ok_and(|v| v == "0") {
+        config.routing.body_memo_bytes = 0;
+    }
     let _guard = rt.enter();
     let svc = Service::start_with_tokenizer(config, None, Arc::new(MapEnv::default()), tok)?;
     let app = router(svc.state.clone());
@@ -135,8 +139,8 @@ fn main() -> anyhow::Result<()> {
         let mut warm = Vec::new();
         for i in 0..samples {
             let mut m = history.clone();
-            m.push(ChatMessage { role: "assistant".into(), content: text(&mut rng, 60) });
-            m.push(ChatMessage { role: "user".into(), content: format!("follow-up {i}: {}", text(&mut rng, 40)) });
+            m.push(ChatMessage { role: "assistant".into(), content: text(&mut rng, 60).into() });
+            m.push(ChatMessage { role: "user".into(), content: format!("follow-up {i}: {}", text(&mut rng, 40)).into() });
             warm.push(rt.block_on(route(&app, body(&m)))?);
         }
         let (w50, w99) = pcts(warm);
@@ -195,8 +199,8 @@ fn after_burst(rt: &tokio::runtime::Runtime, app: &axum::Router, svc: &Service, 
     let mut after = Vec::new();
     for i in 0..samples {
         let mut m = history.to_vec();
-        m.push(ChatMessage { role: "assistant".into(), content: text(rng, 60) });
-        m.push(ChatMessage { role: "user".into(), content: format!("after the burst {i}: {}", text(rng, 40)) });
+        m.push(ChatMessage { role: "assistant".into(), content: text(rng, 60).into() });
+        m.push(ChatMessage { role: "user".into(), content: format!("after the burst {i}: {}", text(rng, 40)).into() });
         after.push(rt.block_on(route(app, body(&m)))?);
     }
     let (a50, a99) = pcts(after);
@@ -246,7 +250,7 @@ fn document(rng: &mut StdRng, tokens: usize) -> Vec<ChatMessage> {
         doc.push_str(&format!("[{tag:08x}-{words}]\n"));
         words += 50;
     }
-    vec![ChatMessage { role: "system".into(), content: "Answer from the document.".into() }, ChatMessage { role: "user".into(), content: doc }]
+    vec![ChatMessage { role: "system".into(), content: "Answer from the document.".into() }, ChatMessage { role: "user".into(), content: doc.into() }]
 }
 
 /// Issue 16: cold 1k (the fixed per-route cost) / 32k / 128k-token chats (target p50 <= 3 ms), a 48k-token shared prefix with a new
@@ -302,8 +306,8 @@ fn shared_prefix(rt: &tokio::runtime::Runtime, app: &axum::Router, prefix: &[Cha
     let bodies: Vec<String> = (0..samples)
         .map(|i| {
             let mut m = prefix.to_vec();
-            m.push(ChatMessage { role: "assistant".into(), content: text(rng, 60) });
-            m.push(ChatMessage { role: "user".into(), content: format!("turn {i}: {}", text(rng, 40)) });
+            m.push(ChatMessage { role: "assistant".into(), content: text(rng, 60).into() });
+            m.push(ChatMessage { role: "user".into(), content: format!("turn {i}: {}", text(rng, 40)).into() });
             body(&m)
         })
         .collect();
@@ -332,8 +336,8 @@ fn concurrent(rt: &tokio::runtime::Runtime, app: &axum::Router, prefix: &[ChatMe
                 conversation(rng, 8000)
             } else {
                 let mut m = prefix.to_vec();
-                m.push(ChatMessage { role: "assistant".into(), content: text(rng, 60) });
-                m.push(ChatMessage { role: "user".into(), content: format!("caller {c} turn {i}: {}", text(rng, 40)) });
+                m.push(ChatMessage { role: "assistant".into(), content: text(rng, 60).into() });
+                m.push(ChatMessage { role: "user".into(), content: format!("caller {c} turn {i}: {}", text(rng, 40)).into() });
                 m
             };
             work.push((cold, body(&m)));

@@ -203,6 +203,31 @@ async fn chat_requests_are_rendered_and_tokenized() {
     assert_eq!(d.overlap_blocks, 0);
 }
 
+/// A long conversation routed turn by turn: each later turn's body is read from where the last
+/// ended (the body memo) and routes as a whole read does (same blocks); a body that breaks the
+/// prefix is read whole, and a bad one still gets the whole read's 400.
+#[tokio::test]
+async fn a_long_conversations_next_turn_is_read_from_the_last() {
+    let memo = |svc: &Arc<Service>, r: &str| svc.state.metrics.body_memo.with_label_values(&[r]).get();
+    let (svc, off) = (service(""), service("body_memo_bytes = 0"));
+    let mut messages = vec![serde_json::json!({"role": "system", "content": "You answer questions about the long document below. ".repeat(200)})];
+    for turn in 0..4 {
+        messages.push(serde_json::json!({"role": "user", "content": format!("question {turn}: what does part {turn} say?")}));
+        let body = serde_json::json!({"model": "m", "messages": messages, "stream": true}).to_string();
+        let (d, whole) = (route_ok(&svc, "/v1/chat/completions", &body, &[]).await, route_ok(&off, "/v1/chat/completions", &body, &[]).await);
+        assert_eq!(d.isl_blocks, whole.isl_blocks, "turn {turn}");
+        assert_eq!((memo(&svc, "hit"), memo(&svc, "miss")), (turn, 1), "turn {turn}");
+        messages.push(serde_json::json!({"role": "assistant", "content": format!("part {turn} says {turn}")}));
+    }
+    assert_eq!(memo(&off, "hit") + memo(&off, "miss"), 0, "off: not looked up");
+    assert!(svc.state.body_memo.lock().bytes() > 0);
+    let body = serde_json::json!({"model": "m", "messages": messages, "stream": true}).to_string();
+    let broken = body.replace(r#""stream":true"#, r#""stream":"yes""#);
+    let (status, bytes) = call(&svc, route_req("/v1/chat/completions", &broken, &[])).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{}", String::from_utf8_lossy(&bytes));
+    assert_eq!(bytes, call(&off, route_req("/v1/chat/completions", &broken, &[])).await.1, "the whole read's error");
+}
+
 #[tokio::test]
 async fn malformed_requests_get_400_and_a_metric() {
     let svc = service("");

@@ -27,6 +27,7 @@ pub const MATCH_DURATION_SECONDS: &str = "kvmesh_match_duration_seconds";
 pub const SCORE_DURATION_SECONDS: &str = "kvmesh_score_duration_seconds";
 pub const TOKENIZE_CACHE_SEGMENTS_TOTAL: &str = "kvmesh_tokenize_cache_segments_total";
 pub const TOKENIZE_MEMO_TOTAL: &str = "kvmesh_tokenize_memo_total";
+pub const BODY_MEMO_TOTAL: &str = "kvmesh_body_memo_total";
 pub const TOKENIZE_TOKENS_TOTAL: &str = "kvmesh_tokenize_tokens_total";
 pub const TOKENIZE_BACKGROUND_TOTAL: &str = "kvmesh_tokenize_background_total";
 pub const DONE_REPORTS_TOTAL: &str = "kvmesh_done_reports_total";
@@ -55,6 +56,7 @@ pub const INDEX_BYTES: &str = "kvmesh_index_bytes";
 pub const INDEX_WRITE_HOLD_SECONDS: &str = "kvmesh_index_write_hold_seconds";
 pub const TOKENIZE_CACHE_BYTES: &str = "kvmesh_tokenize_cache_bytes";
 pub const TOKENIZE_MEMO_BYTES: &str = "kvmesh_tokenize_memo_bytes";
+pub const BODY_MEMO_BYTES: &str = "kvmesh_body_memo_bytes";
 pub const RECOVERY_BLOCKS: &str = "kvmesh_recovery_blocks";
 pub const WORKER_BLOCKS: &str = "kvmesh_worker_blocks";
 pub const WORKER_ACTIVE_REQUESTS: &str = "kvmesh_worker_active_requests";
@@ -115,6 +117,7 @@ pub const ALL: &[&str] = &[
     SCORE_DURATION_SECONDS,
     TOKENIZE_CACHE_SEGMENTS_TOTAL,
     TOKENIZE_MEMO_TOTAL,
+    BODY_MEMO_TOTAL,
     TOKENIZE_TOKENS_TOTAL,
     TOKENIZE_BACKGROUND_TOTAL,
     DONE_REPORTS_TOTAL,
@@ -142,6 +145,7 @@ pub const ALL: &[&str] = &[
     INDEX_WRITE_HOLD_SECONDS,
     TOKENIZE_CACHE_BYTES,
     TOKENIZE_MEMO_BYTES,
+    BODY_MEMO_BYTES,
     WORKER_BLOCKS,
     WORKER_ACTIVE_REQUESTS,
     WORKER_ACTIVE_BLOCKS,
@@ -228,6 +232,8 @@ pub struct Metrics {
     pub tokenize_cache: IntCounterVec,
     /// labels: result (hit, miss): prompts resumed from the prefix memo, or with none to resume.
     pub tokenize_memo: IntCounterVec,
+    /// labels: result (hit, miss): long chat bodies read from a held prefix, or whole.
+    pub body_memo: IntCounterVec,
     /// labels: kind (exact: tokenized on the request path, estimated: the rest of a prompt).
     pub tokenize_tokens: IntCounterVec,
     /// labels: result (done, skipped, failed): partly tokenized prompts finished off the request path.
@@ -272,6 +278,8 @@ pub struct Metrics {
     pub tokenize_cache_bytes: IntGauge,
     /// Bytes charged to the tokenization prefix memo (≤ routing.tokenize_memo_bytes).
     pub tokenize_memo_bytes: IntGauge,
+    /// Bytes charged to the body memo (≤ routing.body_memo_bytes).
+    pub body_memo_bytes: IntGauge,
     /// Blocks of routed prompts remembered for orphan recovery (≤ routing.recovery_max_blocks).
     pub recovery_blocks: IntGauge,
     pub worker_blocks: IntGaugeVec,
@@ -423,6 +431,7 @@ impl Metrics {
             score_duration: duration(&r, SCORE_DURATION_SECONDS, "Time to score workers and decide")?,
             tokenize_cache: counter_vec(&r, TOKENIZE_CACHE_SEGMENTS_TOTAL, "Prompt segments served from / added to the tokenization cache", &["result"])?,
             tokenize_memo: counter_vec(&r, TOKENIZE_MEMO_TOTAL, "Prompts whose tokenization resumed from a recently tokenized prefix (hit) or found none (miss)", &["result"])?,
+            body_memo: counter_vec(&r, BODY_MEMO_TOTAL, "Long chat bodies read from where their conversation's last body ended (hit) or read whole (miss)", &["result"])?,
             tokenize_tokens: counter_vec(&r, TOKENIZE_TOKENS_TOTAL, "Prompt tokens of routed requests: tokenized on the request path (exact) or estimated past the blocks any worker may hold", &["kind"])?,
             tokenize_background: counter_vec(&r, TOKENIZE_BACKGROUND_TOTAL, "Partly tokenized prompts finished off the request path for speculative holdings, by result", &["result"])?,
             done_reports: counter_vec(&r, DONE_REPORTS_TOTAL, "/v1/done reports by outcome and whether a booking matched", &["outcome", "matched"])?,
@@ -451,6 +460,7 @@ impl Metrics {
             index_bytes: int_gauge(INDEX_BYTES, "Approximate heap bytes of the index")?,
             tokenize_cache_bytes: int_gauge(TOKENIZE_CACHE_BYTES, "Bytes held by the tokenization segment cache; bounded by routing.tokenize_cache_bytes")?,
             tokenize_memo_bytes: int_gauge(TOKENIZE_MEMO_BYTES, "Bytes charged to the tokenization prefix memo; bounded by routing.tokenize_memo_bytes")?,
+            body_memo_bytes: int_gauge(BODY_MEMO_BYTES, "Bytes charged to the body memo (long chat bodies' read prefixes); bounded by routing.body_memo_bytes")?,
             recovery_blocks: int_gauge(RECOVERY_BLOCKS, "Blocks of routed prompts remembered for orphan recovery; bounded by routing.recovery_max_blocks")?,
             worker_blocks: gauge_vec(&r, WORKER_BLOCKS, "Blocks a worker holds according to its events", &["worker"])?,
             worker_active_requests: gauge_vec(&r, WORKER_ACTIVE_REQUESTS, "In-flight requests routed to the worker (booked load)", &["worker"])?,
@@ -742,6 +752,7 @@ mod tests {
         m.bad_requests.with_label_values(&["route", "x"]).inc();
         m.tokenize_cache.with_label_values(&["hit"]).inc();
         m.tokenize_memo.with_label_values(&["hit"]).inc();
+        m.body_memo.with_label_values(&["hit"]).inc();
         m.done_reports.with_label_values(&["success", "true"]).inc();
         m.load_expired.with_label_values(&["timeout"]).inc();
         for c in [

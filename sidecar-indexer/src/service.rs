@@ -168,6 +168,7 @@ impl Service {
             route_inflight: Default::default(),
             placement: Mutex::new(crate::state::Placement::new(routing)),
             decisions_since_scrape: Default::default(),
+            body_memo: Default::default(),
             scrape_soon: Default::default(),
         });
         let (frame, replay, queue) = event_limits(&config);
@@ -362,6 +363,8 @@ impl Service {
             .send(ApplierMsg::Configure(applier_config(&new)));
         let (frame, replay, queue) = event_limits(&new);
         self.event_limits.set(frame, replay, queue);
+        // A smaller body memo bound takes effect now (routes only shrink it when they keep one).
+        self.state.body_memo.lock().shrink_to(new.routing.body_memo_bytes);
         // Three steps, so the fleet lock is never held across a blocking send (registering a rank
         // sends to the applier's bounded queue, which may be full) nor across a listener's stop:
         // plan under the read lock, build new ranks with no lock held, then swap under the write

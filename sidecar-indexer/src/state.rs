@@ -222,6 +222,8 @@ pub struct AppState {
     pub route_inflight: Arc<std::sync::atomic::AtomicUsize>,
     /// Prefill backlog model and speculative holdings (placement by predicted TTFT).
     pub placement: Mutex<Placement>,
+    /// Recent long chat bodies' read prefixes (`crate::route::body_memo`).
+    pub body_memo: Mutex<crate::route::body_memo::BodyMemo>,
     /// Decisions placed since the current scrape round started, and the signal that asks the
     /// scrape loop for an early round once `scrape_burst_decisions` of them were placed.
     pub decisions_since_scrape: AtomicU64,
@@ -304,6 +306,7 @@ impl AppState {
         m.tokenize_cache_bytes.set(tokenizer.cache_bytes() as i64);
         m.tokenize_memo_bytes.set(tokenizer.memo_bytes() as i64);
         drop(tokenizer);
+        m.body_memo_bytes.set(self.body_memo.lock().bytes() as i64);
         m.recovery_blocks
             .set(self.index.read().recovery_blocks() as i64);
         let fleet = self.fleet.read();

@@ -80,7 +80,7 @@ fn random_text(rng: &mut StdRng, words: usize) -> String {
 fn msg(role: &str, content: String) -> ChatMessage {
     ChatMessage {
         role: role.into(),
-        content,
+        content: content.into(),
     }
 }
 
@@ -263,7 +263,7 @@ fn siblings_and_edited_histories_resume_only_where_the_text_is_the_same() {
     // the memo may resume only before the edit, and the ids stay exact.
     for edit in ["X", "<｜User｜>", "<｜Assistant｜>"] {
         let mut m = history.clone();
-        m[5].content.insert_str(0, edit);
+        m[5].content = format!("{edit}{}", m[5].content).into();
         m.push(msg("user", "after an edit".into()));
         check(&m, edit);
     }

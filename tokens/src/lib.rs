@@ -182,14 +182,14 @@ fn render_deepseek(bos_token: &str, messages: &[ChatMessage], add_generation_pro
     let len = bos_token.len() + ASSISTANT.len() + messages.iter().map(|m| m.content.len() + wrapping).sum::<usize>();
     let mut out = String::with_capacity(len);
     out.push_str(bos_token);
-    for (i, m) in messages.iter().filter(|m| m.role == "system").enumerate() {
+    for (i, m) in messages.iter().filter(|m| &*m.role == "system").enumerate() {
         if i > 0 {
             out.push_str("\n\n");
         }
         out.push_str(&m.content);
     }
     for m in messages {
-        let (open, close) = match m.role.as_str() {
+        let (open, close) = match &*m.role {
             "user" => (USER, ""),
             "assistant" => (ASSISTANT, END),
             "tool" => (TOOL_BEGIN, TOOL_END),

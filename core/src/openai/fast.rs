@@ -60,12 +60,75 @@ pub(super) struct PromptSpan {
 /// prompt is read as ids while it is scanned, so its bytes are visited once. A hint, checked by
 /// the caller.
 pub(super) fn prompt_span(b: &[u8]) -> Option<PromptSpan> {
+    let mut found = None;
+    top_level_values(b, |key, start| {
+        if key != b"prompt" {
+            return skip_value(b, start, MAX_DEPTH - 1);
+        }
+        let (ids, end) = match ids_at(b, start) {
+            Some((ids, end)) => (Some(ids), end),
+            None => (None, skip_value(b, start, MAX_DEPTH - 1)?),
+        };
+        found = Some(PromptSpan { start, end, ids });
+        Some(end)
+    })?;
+    found
+}
+
+/// Where a chat body's `messages` list sits: what a later body that extends the list shares with
+/// this one (`resume`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct MessagesSpan {
+    /// The list's `[`.
+    pub(super) open: usize,
+    /// One past the last byte of its last element (`open + 1` for an empty list).
+    pub(super) last_end: usize,
+}
+
+/// The span of the one top-level `"messages"` list of `body`, if `body` is an object whose keys
+/// contain no escapes, with exactly one `messages` key whose value is a list, that nests less than
+/// [`MAX_DEPTH`] deep (so [`depth_ok`] holds), and the scan understood it. Not validated: the
+/// caller's serde pass checks the JSON.
+pub(super) fn messages_span(b: &[u8]) -> Option<MessagesSpan> {
+    let mut found = None;
+    let mut repeated = false;
+    top_level_values(b, |key, start| {
+        if key != b"messages" {
+            return skip_value(b, start, MAX_DEPTH - 1);
+        }
+        repeated |= found.is_some();
+        if b.get(start) != Some(&b'[') {
+            return None;
+        }
+        let mut i = skip_ws(b, start + 1);
+        let mut last_end = start + 1;
+        if b.get(i) != Some(&b']') {
+            loop {
+                // Elements sit two deep: inside the body and the list.
+                last_end = skip_value(b, i, MAX_DEPTH - 2)?;
+                i = skip_ws(b, last_end);
+                match b.get(i)? {
+                    b',' => i = skip_ws(b, i + 1),
+                    b']' => break,
+                    _ => return None,
+                }
+            }
+        }
+        found = Some(MessagesSpan { open: start, last_end });
+        Some(i + 1)
+    })?;
+    found.filter(|_| !repeated)
+}
+
+/// Walks the top-level object `b`: `value(key, start)` gets each key (unescaped) and where its
+/// value starts, and returns where the value ends. `None` if `b` is not an object this scan
+/// understands (escaped keys, unbalanced, trailing bytes) or `value` declines.
+fn top_level_values(b: &[u8], mut value: impl FnMut(&[u8], usize) -> Option<usize>) -> Option<()> {
     let mut i = skip_ws(b, 0);
     if b.get(i) != Some(&b'{') {
         return None;
     }
     i = skip_ws(b, i + 1);
-    let mut found = None;
     if b.get(i) == Some(&b'}') {
         return None;
     }
@@ -87,17 +150,7 @@ pub(super) fn prompt_span(b: &[u8]) -> Option<PromptSpan> {
         if b.get(i) != Some(&b':') {
             return None;
         }
-        let start = skip_ws(b, i + 1);
-        let end = if key == b"prompt" {
-            let (ids, end) = match ids_at(b, start) {
-                Some((ids, end)) => (Some(ids), end),
-                None => (None, skip_value(b, start, MAX_DEPTH - 1)?),
-            };
-            found = Some(PromptSpan { start, end, ids });
-            end
-        } else {
-            skip_value(b, start, MAX_DEPTH - 1)?
-        };
+        let end = value(key, skip_ws(b, i + 1))?;
         i = skip_ws(b, end);
         match b.get(i)? {
             b',' => i = skip_ws(b, i + 1),
@@ -105,7 +158,7 @@ pub(super) fn prompt_span(b: &[u8]) -> Option<PromptSpan> {
             _ => return None,
         }
     }
-    (skip_ws(b, i + 1) == b.len()).then_some(found).flatten()
+    (skip_ws(b, i + 1) == b.len()).then_some(())
 }
 
 /// End of the JSON value starting at `i`, if it nests less than `limit` deep (not validated:
@@ -224,7 +277,7 @@ fn ids_at(b: &[u8], mut i: usize) -> Option<(Vec<u32>, usize)> {
     }
 }
 
-fn skip_ws(b: &[u8], mut i: usize) -> usize {
+pub(super) fn skip_ws(b: &[u8], mut i: usize) -> usize {
     while matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
         i += 1;
     }
@@ -290,6 +343,28 @@ mod tests {
         for (text, want) in cases {
             assert_eq!(flat_ids(text.as_bytes()).as_deref(), *want, "{text}");
         }
+    }
+
+    #[test]
+    fn messages_spans() {
+        // (body, the list's `[` .. its last element's end as text)
+        let cases: &[(&str, Option<&str>)] = &[
+            (r#"{"messages":[{"a":"]"},{"b":[1]} ],"x":1}"#, Some(r#"[{"a":"]"},{"b":[1]}"#)),
+            (r#"{"m":"\"messages\":[]","messages": [ ] }"#, Some("[")),
+            (r#"{"messages":[1],"messages":[2]}"#, None),
+            (r#"{"messages":{"a":1}}"#, None),
+            (r#"{"mess\u0061ges":[1]}"#, None),
+            (r#"{"messages":[1,]}"#, None),
+            (r#"{"messages":[1]} x"#, None),
+            (r#"{"x":1}"#, None),
+        ];
+        for (body, want) in cases {
+            let got = messages_span(body.as_bytes()).map(|s| &body[s.open..s.last_end]);
+            assert_eq!(got, *want, "{body}");
+        }
+        let deep = |d: usize| format!(r#"{{"messages":[{}1{}]}}"#, "[".repeat(d), "]".repeat(d));
+        assert!(messages_span(deep(MAX_DEPTH - 3).as_bytes()).is_some() && depth_ok(deep(MAX_DEPTH - 3).as_bytes()));
+        assert!(messages_span(deep(MAX_DEPTH - 2).as_bytes()).is_none() && !depth_ok(deep(MAX_DEPTH - 2).as_bytes()));
     }
 
     #[test]

@@ -23,6 +23,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -52,7 +53,7 @@ impl RequestPeek {
 /// and conversation anchor; the same error otherwise.
 pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<RequestPeek, ParseError> {
     if endpoint == Endpoint::ChatCompletions {
-        if let Some(fields) = chat_fields(body, false) {
+        if let Some(fields) = chat_fields(body, false, None) {
             return fields.verdict();
         }
     }
@@ -63,16 +64,32 @@ pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<RequestPeek, ParseError> 
 /// gives, or `None` when serde refuses the body (not JSON, not an object, too deep), which the
 /// caller then reads the `Value` way.
 pub(super) fn read_chat(body: &[u8]) -> Option<Result<OpenAiRequest, ParseError>> {
-    chat_fields(body, true).map(ChatFields::request)
+    chat_fields(body, true, None).map(|f| f.request())
 }
 
-/// The top-level chat fields of `body` (later messages kept whole when `collect`).
-fn chat_fields(body: &[u8], collect: bool) -> Option<ChatFields> {
-    if !fast::depth_ok(body) {
+/// [`read_chat`], continuing from `resume` (the messages read before the first element of the
+/// body's first `messages` list: [`super::resume`]), and also giving what the read messages are
+/// for a later body's resume (`None` when the read is not `Ok`). The caller has checked the depth
+/// ([`fast::messages_span`] found the body's list).
+pub(super) fn read_chat_keeping(body: &[u8], resume: Option<Anchor>) -> Option<(Result<OpenAiRequest, ParseError>, Option<Anchor>)> {
+    let fields = chat_fields(body, true, Some(resume.unwrap_or_default()))?;
+    let kept = match &fields.messages {
+        Some(Ok(anchor)) if anchor.later_error.is_none() => Some(anchor.clone()),
+        _ => None,
+    };
+    let read = fields.request();
+    let kept = kept.filter(|_| read.is_ok());
+    Some((read, kept))
+}
+
+/// The top-level chat fields of `body` (later messages kept whole when `collect`). With `resume`
+/// (depth checked by the caller), the first `messages` list continues from it.
+fn chat_fields(body: &[u8], collect: bool, resume: Option<Anchor>) -> Option<ChatFields> {
+    if resume.is_none() && !fast::depth_ok(body) {
         return None;
     }
     let mut de = serde_json::Deserializer::from_slice(body);
-    let top = TopSeed { collect }.deserialize(&mut de);
+    let top = TopSeed { collect, resume }.deserialize(&mut de);
     match top {
         // Trailing characters make the body invalid JSON, as `from_slice` says.
         Ok(Top::Object(fields)) if de.end().is_ok() => Some(*fields),
@@ -155,11 +172,12 @@ impl ChatFields {
 
 /// The messages up to and including the first user message, as values (what the anchor digest
 /// renders), and the first error among the later ones (checked without building them).
-struct Anchor {
-    values: Vec<Value>,
+#[derive(Debug, Clone, Default)]
+pub(super) struct Anchor {
+    pub(super) values: Vec<Value>,
     later_error: Option<ParseError>,
     /// The later messages, when collected (a whole read), else empty.
-    later: Vec<ChatMessage>,
+    pub(super) later: Vec<ChatMessage>,
 }
 
 impl Anchor {
@@ -207,9 +225,11 @@ macro_rules! other_values {
     };
 }
 
-/// The body; later messages are kept whole when `collect`.
+/// The body; later messages are kept whole when `collect`; the first `messages` list continues
+/// from `resume`.
 struct TopSeed {
     collect: bool,
+    resume: Option<Anchor>,
 }
 
 impl<'de> DeserializeSeed<'de> for TopSeed {
@@ -217,6 +237,7 @@ impl<'de> DeserializeSeed<'de> for TopSeed {
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Top, D::Error> {
         struct V {
             collect: bool,
+            resume: Option<Anchor>,
         }
         impl<'de> Visitor<'de> for V {
             type Value = Top;
@@ -231,11 +252,14 @@ impl<'de> DeserializeSeed<'de> for TopSeed {
                 while seq.next_element::<Skip<'de>>()?.is_some() {}
                 Ok(Top::Other)
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Top, A::Error> {
                 let mut f = ChatFields::default();
                 while let Some(Key(k)) = map.next_key::<Key<'de>>()? {
                     match &*k {
-                        "messages" => f.messages = Some(map.next_value_seed(Messages { collect: self.collect })?),
+                        "messages" => {
+                            let seed = Messages { collect: self.collect, resume: self.resume.take() };
+                            f.messages = Some(map.next_value_seed(seed)?);
+                        }
                         "model" => f.model = Some(map.next_value()?),
                         "stream" => f.stream = Some(map.next_value()?),
                         "max_tokens" => f.max_tokens = Some(map.next_value()?),
@@ -249,14 +273,15 @@ impl<'de> DeserializeSeed<'de> for TopSeed {
                 Ok(Top::Object(Box::new(f)))
             }
         }
-        d.deserialize_any(V { collect: self.collect })
+        d.deserialize_any(V { collect: self.collect, resume: self.resume })
     }
 }
 
 /// The `messages` value: values up to the first user message, then checked in passing (and kept
-/// as [`ChatMessage`]s when `collect`).
+/// as [`ChatMessage`]s when `collect`). With `resume`, a list's elements continue what it holds.
 struct Messages {
     collect: bool,
+    resume: Option<Anchor>,
 }
 
 impl<'de> DeserializeSeed<'de> for Messages {
@@ -283,9 +308,7 @@ impl<'de> Visitor<'de> for Messages {
         Ok(Err(NOT_A_LIST))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut values: Vec<Value> = Vec::new();
-        let mut later_error = None;
-        let mut later = Vec::new();
+        let Anchor { mut values, mut later_error, mut later } = self.resume.unwrap_or_default();
         loop {
             let user_seen = values.last().is_some_and(|m| m.get("role").and_then(Value::as_str) == Some("user"));
             if !user_seen {
@@ -362,11 +385,11 @@ impl<'de, C: Deserialize<'de>> Deserialize<'de> for MessageParts<'de, C> {
 fn full_message(role: Option<&RawValue>, content: Option<Content>) -> Result<ChatMessage, ParseError> {
     let role = role.filter(|r| first(r) == b'"').and_then(|r| serde_json::from_str::<String>(r.get()).ok());
     let role = role.ok_or(ParseError::WrongType { field: "messages[].role", expected: "a string" })?;
-    content.map_or(Ok(String::new()), |c| c.0).map(|content| ChatMessage { role, content })
+    content.map_or(Ok(Arc::from("")), |c| c.0).map(|content| ChatMessage { role: role.into(), content })
 }
 
 /// A message's `content` flattened to text as `super::messages` flattens it (null is empty).
-struct Content(Result<String, ParseError>);
+struct Content(Result<Arc<str>, ParseError>);
 
 const NOT_CONTENT: ParseError = ParseError::WrongType { field: "messages[].content", expected: "a string or a list of parts" };
 
@@ -391,13 +414,10 @@ impl<'de> Deserialize<'de> for Content {
                 Ok(Content(Err(NOT_CONTENT)))
             }
             fn visit_str<E>(self, s: &str) -> Result<Content, E> {
-                Ok(Content(Ok(s.to_owned())))
-            }
-            fn visit_string<E>(self, s: String) -> Result<Content, E> {
-                Ok(Content(Ok(s)))
+                Ok(Content(Ok(s.into())))
             }
             fn visit_unit<E>(self) -> Result<Content, E> {
-                Ok(Content(Ok(String::new())))
+                Ok(Content(Ok(Arc::from(""))))
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Content, A::Error> {
                 while map.next_entry::<Key<'de>, Skip<'de>>()?.is_some() {}
@@ -409,7 +429,7 @@ impl<'de> Deserialize<'de> for Content {
                 while let Some(p) = seq.next_element::<Value>()? {
                     parts.push(p);
                 }
-                Ok(Content(super::content_parts(&parts)))
+                Ok(Content(super::content_parts(&parts).map(Arc::from)))
             }
         }
         d.deserialize_any(V)

@@ -122,6 +122,9 @@ pub struct RoutingConfig {
     pub tokenize_cache_bytes: usize,
     /// Memory bound of the tokenization prefix memo (0 = off; tokenize.rs "A warm route costs its new text").
     pub tokenize_memo_bytes: usize,
+    /// Memory bound of the body memo: recent long chat bodies' read prefixes, so a conversation's
+    /// next turn is read from where the last ended (0 = off; route/body_memo.rs).
+    pub body_memo_bytes: usize,
     /// Approximate mode: how long a routed prompt's blocks count as cached on the chosen worker.
     pub approx_ttl_secs: u64,
     /// Approximate mode: most blocks remembered per worker (oldest forgotten first).
@@ -248,6 +251,7 @@ impl Default for RoutingConfig {
             request_timeout_ms: 15_000,
             tokenize_cache_bytes: 64 * 1024 * 1024,
             tokenize_memo_bytes: crate::tokenize::DEFAULT_MEMO_BYTES,
+            body_memo_bytes: crate::route::body_memo::DEFAULT_BODY_MEMO_BYTES,
             approx_ttl_secs: 120,
             approx_max_blocks_per_worker: 200_000,
             reload_poll_ms: 1000,

@@ -13,6 +13,7 @@
 //! booking guards, which release their load. Nothing here is keyed by the client's `x-request-id`.
 
 pub mod admission;
+pub mod body_memo;
 mod error;
 pub mod plan;
 pub mod request;
@@ -31,8 +32,11 @@ use crate::state::AppState;
 
 /// Answers one `/v1/route` call.
 pub async fn route(state: &Arc<AppState>, headers: &HeaderMap, body: Bytes) -> Result<RouteDecision, ApiError> {
-    let (req, parsed) = request::parse(headers, body)?;
     let cfg = state.config();
+    let (req, parsed) = request::parse(headers, body, &state.body_memo, cfg.routing.body_memo_bytes)?;
+    if let Some(hit) = req.body_memo_hit {
+        state.metrics.body_memo.with_label_values(&[if hit { "hit" } else { "miss" }]).inc();
+    }
     let permit = admission::admit(&state.route_inflight, cfg.routing.max_concurrent_routes, &state.metrics)?;
     let cancel = admission::Cancel::default();
     let armed = cancel.on_drop();

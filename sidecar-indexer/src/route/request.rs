@@ -1,4 +1,5 @@
 //! Step 1 of a route call (pure): the filter's headers and the client's body → a [`RouteRequest`].
+//! A long chat body is read from where its conversation's last body ended ([`BodyMemo`]).
 
 use axum::body::Bytes;
 use axum::http::HeaderMap;
@@ -6,7 +7,9 @@ use kvmesh_core::api::Mode;
 use kvmesh_core::openai::{self, OpenAiRequest};
 use kvmesh_core::session::{self, SessionKey, SessionSource};
 use kvmesh_core::headers;
+use parking_lot::Mutex;
 
+use super::body_memo::{BodyMemo, Held, MIN_BODY_BYTES};
 use super::ApiError;
 
 /// What a `/v1/route` call asks, parsed and checked; nothing here has touched shared state.
@@ -21,6 +24,9 @@ pub struct RouteRequest {
     pub request_id: Option<String>,
     /// The client's body, unchanged (the legs cut it to one step).
     pub body: Bytes,
+    /// Whether the body was read from a prefix the body memo held (`None`: not looked up —
+    /// short, not a chat, or the memo is off).
+    pub body_memo_hit: Option<bool>,
 }
 
 fn header<'a>(h: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
@@ -30,8 +36,9 @@ fn header<'a>(h: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError>
     }
 }
 
-/// Parses the route call's headers and body; the parsed body goes to tokenization by value.
-pub fn parse(h: &HeaderMap, body: Bytes) -> Result<(RouteRequest, OpenAiRequest), ApiError> {
+/// Parses the route call's headers and body; the parsed body goes to tokenization by value. A chat
+/// body of at least [`MIN_BODY_BYTES`] is read through `memo` (bounded by `memo_bytes`; 0 = off).
+pub fn parse(h: &HeaderMap, body: Bytes, memo: &Mutex<BodyMemo>, memo_bytes: usize) -> Result<(RouteRequest, OpenAiRequest), ApiError> {
     let path = header(h, headers::KVMESH_PATH)?.ok_or_else(|| ApiError::bad_request("missing_path", format!("missing {} header", headers::KVMESH_PATH)))?;
     let endpoint = openai::Endpoint::from_path(path)
         .ok_or_else(|| ApiError::bad_request("bad_path", format!("{} {path:?} is not a routable OpenAI path", headers::KVMESH_PATH)))?;
@@ -45,6 +52,25 @@ pub fn parse(h: &HeaderMap, body: Bytes) -> Result<(RouteRequest, OpenAiRequest)
         Some(m) => Some(Mode::parse(m).ok_or_else(|| ApiError::bad_request("bad_mode", format!("unknown mode {m:?} in {}", headers::OVERRIDE_MODE)))?),
     };
     let request_id = header(h, headers::REQUEST_ID)?.filter(|s| !s.is_empty()).map(str::to_owned);
-    let parsed = openai::parse(endpoint, &body).map_err(|e| ApiError::bad_request(e.reason(), e.to_string()))?;
-    Ok((RouteRequest { path: path.to_owned(), session, override_worker, override_mode, request_id, body }, parsed))
+    let remembered = endpoint == openai::Endpoint::ChatCompletions && body.len() >= MIN_BODY_BYTES && memo_bytes > 0;
+    let (parsed, body_memo_hit) = if remembered {
+        let (parsed, hit) = read_remembered(&body, session.map(|(key, _)| key), memo, memo_bytes);
+        (parsed, Some(hit))
+    } else {
+        (openai::parse(endpoint, &body), None)
+    };
+    let parsed = parsed.map_err(|e| ApiError::bad_request(e.reason(), e.to_string()))?;
+    Ok((RouteRequest { path: path.to_owned(), session, override_worker, override_mode, request_id, body, body_memo_hit }, parsed))
+}
+
+/// A chat body read from the longest prefix `memo` holds for it (or whole), its own prefix kept
+/// for the next turn; whether it continued a held prefix.
+fn read_remembered(body: &Bytes, session: Option<SessionKey>, memo: &Mutex<BodyMemo>, memo_bytes: usize) -> (Result<OpenAiRequest, openai::ParseError>, bool) {
+    let key = BodyMemo::key(body, session);
+    let held = memo.lock().find(key, body);
+    let read = openai::read_chat_from(body, held.as_ref().map(|h| (h.bytes(), &*h.prefix)));
+    if let Some(new) = read.prefix.and_then(|p| Held::new(body, p, !read.resumed)) {
+        memo.lock().keep(key, new, held.as_ref().filter(|_| read.resumed), memo_bytes);
+    }
+    (read.request, read.resumed)
 }

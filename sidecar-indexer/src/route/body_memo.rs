@@ -1,0 +1,239 @@
+//! The body memo: recent long chat bodies' read prefixes ([`ChatPrefix`]: the bytes through their
+//! last message, and those messages read), so the next turn of a conversation is read from where
+//! the last one ended and its read costs its new messages, not the conversation
+//! (`kvmesh_core::openai::read_chat_from`; issue 16.3: reading a 48k-token conversation's body was
+//! two thirds of its route).
+//!
+//! Keys are the hash of the route's session key (the filter's: the client's session header or
+//! the conversation's anchor) and the body's first [`HEAD_BYTES`] bytes: the bodies of one
+//! conversation share them, conversations that only share a system prompt do not. A key keeps its
+//! [`PER_KEY`] most recently used prefixes; a lookup takes the longest one whose last
+//! [`TAIL_BYTES`] bytes the body repeats at the same place (an O(1) check; the read compares the
+//! whole prefix and reads the body whole when it differs). A prefix read whole is a *root*:
+//! conversations that branch from it (many conversations on one long shared prefix) each continue
+//! it. A continued read replaces the prefix it continued unless that is a root, so a conversation
+//! holds its root and its latest turn however many turns it has. Bounded in bytes
+//! (`routing.body_memo_bytes`): the copied prefix bytes plus the messages read; least recently
+//! used keys go first.
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use kvmesh_core::openai::ChatPrefix;
+use kvmesh_core::session::SessionKey;
+
+/// Default bound of the memo's bytes (`routing.body_memo_bytes`): ~80 conversations of 48k tokens
+/// (≈ 200 KB of body and as much read text each), thousands of short ones.
+pub const DEFAULT_BODY_MEMO_BYTES: usize = 32 * 1024 * 1024;
+
+/// Bodies shorter than this are read whole and not kept: their read costs microseconds.
+pub const MIN_BODY_BYTES: usize = 8 * 1024;
+
+/// Leading bytes of a body that its key hashes (with the session).
+const HEAD_BYTES: usize = 256;
+
+/// Bytes at the end of a prefix compared before it is offered.
+const TAIL_BYTES: usize = 64;
+
+/// Prefixes kept per key (conversations on one anchor), most recent first.
+const PER_KEY: usize = 8;
+
+/// Bookkeeping bytes charged per prefix on top of its bytes and messages.
+const ENTRY_OVERHEAD: usize = 128;
+
+/// A kept prefix: the body it was read from (shared with the route call, not copied: a copy of a
+/// 200 KB body costs as much as reading the new turn), and what its first
+/// [`ChatPrefix::len`] bytes read to.
+#[derive(Debug, Clone)]
+pub struct Held {
+    pub body: Bytes,
+    pub prefix: Arc<ChatPrefix>,
+    /// Read whole, not continued from another prefix: never replaced by a continuation.
+    root: bool,
+}
+
+impl Held {
+    /// `body`'s prefix; `root` when the body was read whole (`None`: too short to be kept).
+    pub fn new(body: &Bytes, prefix: ChatPrefix, root: bool) -> Option<Self> {
+        (prefix.len() >= HEAD_BYTES && prefix.len() <= body.len()).then(|| Self { body: body.clone(), prefix: Arc::new(prefix), root })
+    }
+
+    /// The prefix's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        self.body.get(..self.prefix.len()).unwrap_or_default()
+    }
+
+    fn cost(&self) -> usize {
+        self.body.len() + self.prefix.heap_bytes() + ENTRY_OVERHEAD
+    }
+}
+
+/// Byte-bounded LRU of keys ([`BodyMemo::key`]) → their most recent prefixes.
+pub struct BodyMemo {
+    heads: lru::LruCache<u64, Vec<Held>>,
+    bytes: usize,
+}
+
+impl Default for BodyMemo {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl BodyMemo {
+    pub fn new() -> Self {
+        Self { heads: lru::LruCache::unbounded(), bytes: 0 }
+    }
+
+    /// The key of `body` routed with `session`.
+    pub fn key(body: &[u8], session: Option<SessionKey>) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        session.hash(&mut h);
+        body.get(..HEAD_BYTES).unwrap_or(body).hash(&mut h);
+        h.finish()
+    }
+
+    /// Bytes held (≤ the bound last given to [`Self::keep`]).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The longest kept prefix `body` may continue (its head and last bytes agree; the reader
+    /// compares the rest), now the key's most recently used.
+    pub fn find(&mut self, key: u64, body: &[u8]) -> Option<Held> {
+        let list = self.heads.get_mut(&key)?;
+        let (at, _) = list
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| {
+                let end = h.prefix.len();
+                body.get(end - TAIL_BYTES.min(end)..end) == h.bytes().get(end - TAIL_BYTES.min(end)..)
+            })
+            .max_by_key(|(_, h)| h.prefix.len())?;
+        let found = list.remove(at);
+        list.insert(0, found.clone());
+        Some(found)
+    }
+
+    /// Keeps `new` under `key`, in place of `continued` (the prefix its read continued, if any)
+    /// unless that is a root, within `max_bytes` (0: keeps nothing and drops all). A prefix of
+    /// more than a quarter of the bound is not kept.
+    pub fn keep(&mut self, key: u64, new: Held, continued: Option<&Held>, max_bytes: usize) {
+        let cost = new.cost();
+        if cost > max_bytes / 4 {
+            return self.shrink_to(max_bytes);
+        }
+        let list = self.heads.get_or_insert_mut(key, Vec::new);
+        let mut freed = 0;
+        if let Some(old) = continued.filter(|c| !c.root) {
+            list.retain(|h| {
+                let same = Arc::ptr_eq(&h.prefix, &old.prefix);
+                freed += if same { h.cost() } else { 0 };
+                !same
+            });
+        }
+        list.insert(0, new);
+        for dropped in list.drain(PER_KEY.min(list.len())..) {
+            freed += dropped.cost();
+        }
+        self.bytes = self.bytes + cost - freed;
+        self.shrink_to(max_bytes);
+    }
+
+    /// Drops least recently used keys until at most `max_bytes` are held.
+    pub fn shrink_to(&mut self, max_bytes: usize) {
+        while self.bytes > max_bytes {
+            match self.heads.pop_lru() {
+                Some((_, list)) => self.bytes -= list.iter().map(Held::cost).sum::<usize>(),
+                None => break,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvmesh_core::openai::read_chat_from;
+
+    /// A chat body: a long system prompt, then `turns` user/assistant pairs of conversation `c`.
+    fn chat(c: usize, turns: usize) -> Vec<u8> {
+        branch(0, c, turns)
+    }
+
+    /// [`chat`] after `shared` turns of conversation 999 (a prefix conversations branch from).
+    fn branch(shared: usize, c: usize, turns: usize) -> Vec<u8> {
+        let mut m = vec![serde_json::json!({"role": "system", "content": "s".repeat(10_000)})];
+        for t in 0..shared {
+            m.push(serde_json::json!({"role": "user", "content": format!("c999 t{t}")}));
+            m.push(serde_json::json!({"role": "assistant", "content": format!("reply {t}")}));
+        }
+        for t in 0..turns {
+            m.push(serde_json::json!({"role": "user", "content": format!("c{c} t{t}")}));
+            m.push(serde_json::json!({"role": "assistant", "content": format!("reply {t}")}));
+        }
+        serde_json::to_vec(&serde_json::json!({"messages": m, "stream": true})).unwrap_or_default()
+    }
+
+    /// Reads `body` through the memo as the route does; whether it continued a kept prefix.
+    fn read(memo: &mut BodyMemo, body: &[u8], max_bytes: usize) -> bool {
+        let body = Bytes::copy_from_slice(body);
+        let key = BodyMemo::key(&body, Some(SessionKey(7)));
+        let held = memo.find(key, &body);
+        let read = read_chat_from(&body, held.as_ref().map(|h| (h.bytes(), &*h.prefix)));
+        if let Some(new) = read.prefix.and_then(|p| Held::new(&body, p, !read.resumed)) {
+            memo.keep(key, new, held.as_ref().filter(|_| read.resumed), max_bytes);
+        }
+        read.resumed
+    }
+
+    #[test]
+    fn conversations_on_one_system_prompt_each_continue_their_own_prefix() {
+        let mut memo = BodyMemo::new();
+        let bound = 1 << 20;
+        // Four conversations, interleaved turn by turn: each first turn is read whole, the rest continue.
+        let resumed: Vec<bool> = (1..5).flat_map(|t| (0..4).map(move |c| (c, t))).map(|(c, t)| read(&mut memo, &chat(c, t), bound)).collect();
+        assert_eq!(resumed.iter().filter(|r| !**r).count(), 4, "{resumed:?}");
+        assert!(resumed[4..].iter().all(|r| *r), "{resumed:?}");
+        // Two entries per conversation however many turns: its root and its latest.
+        let held: usize = memo.heads.iter().map(|(_, l)| l.len()).sum();
+        assert_eq!(held, 8);
+        assert!(memo.bytes() <= bound);
+        // A short body is not the memo's business; one that differs inside every held prefix (not
+        // in their last bytes, which the lookup checks) is read whole.
+        let short = b"{\"messages\":[]}";
+        assert!(memo.find(BodyMemo::key(short, None), short).is_none());
+        let mut other = chat(0, 4);
+        other[1000] = b'X';
+        assert!(!read(&mut memo, &other, bound));
+    }
+
+    #[test]
+    fn conversations_branching_from_one_prefix_each_continue_it() {
+        let mut memo = BodyMemo::new();
+        let bound = 1 << 20;
+        assert!(!read(&mut memo, &branch(3, 0, 0), bound), "the shared prefix is read whole once");
+        for c in 0..12 {
+            for t in 1..4 {
+                assert!(read(&mut memo, &branch(3, c, t), bound), "conversation {c} turn {t}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_memo_stays_within_its_byte_bound() {
+        let mut memo = BodyMemo::new();
+        let one = chat(0, 1).len();
+        let bound = one * 6;
+        for c in 0..40 {
+            read(&mut memo, &chat(c, 1), bound);
+            assert!(memo.bytes() <= bound, "{} > {bound}", memo.bytes());
+        }
+        // More than a quarter of the bound: not kept.
+        read(&mut memo, &chat(99, 1), one);
+        assert!(memo.bytes() <= one);
+        read(&mut memo, &chat(1, 1), 0);
+        assert_eq!(memo.bytes(), 0);
+    }
+}
