@@ -45,6 +45,7 @@
 mod cache;
 mod chunk;
 mod estimate;
+pub mod ids;
 pub mod memo;
 mod split;
 
@@ -63,6 +64,7 @@ pub use chunk::{
 pub use estimate::Shape;
 pub use memo::DEFAULT_MEMO_BYTES;
 use memo::{MemoEntry, PrefixMemo, Tokenized};
+pub use ids::Ids;
 pub use split::{Segment, SegmentSplitter};
 
 /// Why a prompt could not be tokenized.
@@ -125,7 +127,7 @@ impl<'a> Reach<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PromptTokens {
     /// The prompt's first `ids.len()` token ids, exactly as a full encode gives them.
-    pub ids: Vec<u32>,
+    pub ids: Ids,
     /// Chain hashes of the full blocks of `ids`.
     pub chains: Vec<SequenceHash>,
     /// Local hashes of the same blocks.
@@ -175,8 +177,12 @@ impl Reached {
         self.previous = self.last.replace(b);
     }
 
-    /// The boundaries worth a memo entry: those past `resumed` (the memo has that one), each once.
-    fn worth_keeping(&self, resumed: Option<Boundary>) -> Vec<Boundary> {
+    /// The boundaries worth a memo entry: those past `resumed` (the memo has that one), each once;
+    /// none while the text past `resumed` is under [`REKEEP_FRACTION`] of the prefix before it.
+    fn worth_keeping(&self, resumed: Option<Boundary>, text_len: usize) -> Vec<Boundary> {
+        if resumed.is_some_and(|r| text_len.saturating_sub(r.at).saturating_mul(REKEEP_FRACTION) < r.at) {
+            return Vec::new();
+        }
         let mut keep: Vec<Boundary> = Vec::with_capacity(3);
         for b in [self.last, self.previous, self.held_edge]
             .into_iter()
@@ -190,9 +196,17 @@ impl Reached {
     }
 }
 
+/// A resumed prompt keeps new memo entries once its text past the resume point is at least this
+/// fraction (1/n) of the prefix before it. An entry copies its whole prefix (text, ids, hashes:
+/// ~650 KB at 48k tokens, in freshly faulted pages), so keeping one every turn made each turn of a
+/// long conversation cost its whole history; this way the copies cost at most n × the new text per
+/// turn, amortized, and a resume encodes at most 1/n of the prefix again (through the segment
+/// cache).
+const REKEEP_FRACTION: usize = 8;
+
 /// Tokenization in progress: ids so far, their blocks, and the ratio sample.
 struct Partial {
-    ids: Vec<u32>,
+    ids: Ids,
     block_size: usize,
     seed: u64,
     chains: Vec<SequenceHash>,
@@ -212,7 +226,7 @@ struct Partial {
 impl Partial {
     fn new(block_size: usize, seed: u64) -> Self {
         Self {
-            ids: Vec::new(),
+            ids: Ids::default(),
             block_size,
             seed,
             chains: Vec::new(),
@@ -235,11 +249,12 @@ impl Partial {
         }
     }
 
-    /// Continues from a memo entry (`self` is empty): its ids, its block hashes when they were
-    /// hashed with this block size and seed (else they are hashed again from the ids), its sample.
+    /// Continues from a memo entry (`self` is empty): its ids (shared), its block hashes when they
+    /// were hashed with this block size and seed (else they are hashed again from the ids), its
+    /// sample.
     fn resume(&mut self, e: &MemoEntry) {
-        self.ids.extend_from_slice(e.ids());
         let t = &e.tokenized;
+        self.ids = Ids::sharing(t.ids.clone(), e.ids().len());
         if t.block_size == self.block_size && t.seed == self.seed && self.block_size > 0 {
             self.chains.extend_from_slice(e.chains());
             self.locals.extend_from_slice(e.locals());
@@ -259,7 +274,7 @@ impl Partial {
         let n = blocks(&last);
         let (Some(t), Some(ids), Some(chains), Some(locals)) = (
             text.get(..last.at),
-            self.ids.get(..last.ids),
+            (last.ids <= self.ids.len()).then(|| self.ids.to_shared(last.ids)),
             self.chains.get(..n),
             self.locals.get(..n),
         ) else {
@@ -267,7 +282,7 @@ impl Partial {
         };
         let tokenized = Tokenized {
             text: t.into(),
-            ids: ids.into(),
+            ids,
             block_size: self.block_size,
             seed: self.seed,
             chains: chains.into(),
@@ -291,7 +306,7 @@ impl Partial {
         }
         while (self.locals.len() + 1) * self.block_size <= self.ids.len() {
             let at = self.locals.len() * self.block_size;
-            let local = crate::index::block_hash(&self.ids[at..at + self.block_size], self.seed);
+            let local = crate::index::block_hash(&self.ids.slice(at..at + self.block_size), self.seed);
             self.chains.push(chain(self.chains.last().copied(), local));
             self.locals.push(local);
         }
@@ -456,7 +471,7 @@ impl PromptTokenizer {
     ) -> Result<Vec<u32>, TokenizeError> {
         let mut out = Partial::new(0, 0);
         self.encode_until(text, &mut Reach::whole(), &mut out, stats)?;
-        Ok(out.ids)
+        Ok(out.ids.to_vec())
     }
 
     /// The prompt's token ids as far as a cache can match them, and an estimate of the rest
@@ -470,7 +485,7 @@ impl PromptTokenizer {
         let mut out = Partial::new(reach.block_size, reach.seed);
         match input {
             RequestInput::Prompt(Prompt::Tokens(ids)) => {
-                out.ids.clone_from(ids);
+                out.ids = Ids::from(ids.clone());
                 out.hash_new_blocks();
             }
             RequestInput::Prompt(Prompt::Text(text)) => {
@@ -495,8 +510,9 @@ impl PromptTokenizer {
         let mut ends = Vec::new();
         self.splitter
             .split_with_ends(text, &mut segments, &mut ends);
-        out.ids.reserve(text.len().min(64 * 1024) / 3);
         let resumed = self.resume_from_memo(text, &segments, &ends, out, stats);
+        let rest = text.len() - resumed.map_or(0, |b| b.at);
+        out.ids.own_mut().reserve(rest.min(64 * 1024) / 3);
         let mut reached = Reached {
             last: resumed,
             ..Reached::default()
@@ -510,7 +526,7 @@ impl PromptTokenizer {
         // Remembered: the last boundary reached, the one before it (a chat prompt ends with the
         // generation prompt's added token; the next request may continue before it, e.g. with a
         // user turn after an assistant one), and the held prefix's edge — past where it resumed.
-        let keep = reached.worth_keeping(resumed);
+        let keep = reached.worth_keeping(resumed, text.len());
         if !keep.is_empty() && self.memo.lock().enabled() {
             let entries = out.memo_entries(text, &keep);
             let mut memo = self.memo.lock();
@@ -584,7 +600,7 @@ impl PromptTokenizer {
         for (i, (seg, &seg_end)) in segments.iter().zip(ends).enumerate().skip(start) {
             let t = match *seg {
                 Segment::Added(id) => {
-                    out.ids.push(id);
+                    out.ids.own_mut().push(id);
                     reached.pass(out.boundary(seg_end));
                     continue;
                 }
@@ -599,7 +615,7 @@ impl PromptTokenizer {
                 };
                 let chunk = &t[start..end];
                 let before = out.ids.len();
-                self.encode_piece(chunk, &mut out.ids, stats)?;
+                self.encode_piece(chunk, out.ids.own_mut(), stats)?;
                 out.sample_bytes += chunk.len();
                 fresh += chunk.len();
                 out.sample_tokens += out.ids.len() - before;

@@ -198,7 +198,7 @@ fn twenty_turns_resume_from_the_memo_with_the_ids_of_a_full_encode() {
                 let (ids, chains, locals) = full_blocks(&tok, &rendered, block, seed);
                 assert!(got.complete(), "conversation {conversation} turn {turn}");
                 assert_eq!(
-                    got.ids, ids,
+                    got.ids.to_vec(), ids,
                     "conversation {conversation} turn {turn}: {rendered:?}"
                 );
                 assert_eq!(
@@ -246,7 +246,7 @@ fn siblings_and_edited_histories_resume_only_where_the_text_is_the_same() {
             .unwrap();
         let rendered = tok.template.render(messages, true).unwrap();
         let (ids, chains, _) = full_blocks(&tok, &rendered, 16, 1337);
-        assert_eq!((got.ids, got.chains), (ids, chains), "{what}");
+        assert_eq!((got.ids.to_vec(), got.chains), (ids, chains), "{what}");
         stats
     };
     check(&history, "the shared prefix");
@@ -319,7 +319,7 @@ fn a_memo_hit_then_the_stop_rule_keeps_the_ids_exact() {
             )
             .unwrap();
         assert_eq!(stats.memo_hits, 1, "held {held_blocks}: {stats:?}");
-        assert_eq!(&ids[..got.ids.len()], &got.ids[..], "held {held_blocks}");
+        assert_eq!(&ids[..got.ids.len()], &got.ids.to_vec()[..], "held {held_blocks}");
         assert_eq!(
             &chains[..got.chains.len()],
             &got.chains[..],
@@ -331,7 +331,7 @@ fn a_memo_hit_then_the_stop_rule_keeps_the_ids_exact() {
             "held {held_blocks}: probes {probes:?}"
         );
         if held_blocks == usize::MAX {
-            assert!(got.complete() && got.ids == ids);
+            assert!(got.complete() && got.ids.to_vec() == ids);
         } else {
             assert!(
                 !got.complete(),
@@ -622,15 +622,15 @@ fn a_cold_prompt_stops_after_its_first_unheld_block_and_its_sample() {
             .unwrap();
         assert_eq!(
             &full[..got.ids.len()],
-            &got.ids[..],
+            &got.ids.to_vec()[..],
             "held {held_blocks} past {past}: ids are a prefix of the full encode"
         );
         assert_eq!(
             got.chains,
-            kvmesh_core::hashing::sequence_hashes(&got.ids, block, 1337)
+            kvmesh_core::hashing::sequence_hashes(&got.ids.to_vec(), block, 1337)
         );
         if held_blocks == usize::MAX {
-            assert!(got.complete() && got.ids == full);
+            assert!(got.complete() && got.ids.to_vec() == full);
             continue;
         }
         assert!(!got.complete());
@@ -704,7 +704,7 @@ fn token_prompts_are_whole_and_hashed() {
         )
         .unwrap();
     assert!(got.complete());
-    assert_eq!((got.ids, got.chains.len(), got.locals.len()), (ids, 6, 6));
+    assert_eq!((got.ids.to_vec(), got.chains.len(), got.locals.len()), (ids, 6, 6));
 }
 
 #[test]
@@ -729,7 +729,7 @@ fn a_tail_shorter_than_the_cold_work_is_tokenized_not_estimated() {
         got.ids.len(),
         full.len()
     );
-    assert_eq!(got.ids, full);
+    assert_eq!(got.ids.to_vec(), full);
     // Without the threshold, the same prompt stops early (its rest is longer than its cold part).
     let got = tok
         .tokens_until(
@@ -771,7 +771,7 @@ fn a_short_new_turn_past_the_held_prefix_is_tokenized_whole() {
         )
         .unwrap();
     assert!(got.complete(), "{} of {} ids", got.ids.len(), ids.len());
-    assert_eq!(got.ids, ids);
+    assert_eq!(got.ids.to_vec(), ids);
 }
 
 #[test]
@@ -820,7 +820,7 @@ fn siblings_of_an_estimated_prompt_resume_at_the_held_edge() {
             )
             .unwrap();
         assert_eq!(
-            (&got.ids, &got.chains),
+            (&got.ids.to_vec(), &got.chains),
             (&ids, &chains),
             "sibling {sibling}"
         );
