@@ -40,7 +40,8 @@ pub async fn route(state: &Arc<AppState>, headers: &HeaderMap, body: Bytes) -> R
     let permit = admission::admit(&state.route_inflight, cfg.routing.max_concurrent_routes, &state.metrics)?;
     let cancel = admission::Cancel::default();
     let armed = cancel.on_drop();
-    let mut prompt = plan::tokenize(state, &cfg, parsed, permit, cancel, req.body.len()).await?;
+    let inline = plan::tokenize_inline(req.body.len(), req.body.len() - req.body_continued);
+    let mut prompt = plan::tokenize(state, &cfg, parsed, permit, cancel, inline).await?;
     let partial = prompt.partial.take();
     let (plan, booking, record) = plan::decide_and_book(state, &cfg, &req, prompt)?;
     if let Some(request) = partial {

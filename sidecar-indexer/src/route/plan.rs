@@ -157,10 +157,27 @@ pub fn complete_later(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
 /// async worker; longer prompts keep the pool, so an async worker is never held longer.
 pub const INLINE_TOKENIZE_MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// Tokenizes and hashes, on the calling task when the route's body is at most
-/// [`INLINE_TOKENIZE_MAX_BODY_BYTES`], else on the blocking pool. The [`Permit`] is released when the work ends, not when the caller
-/// leaves; a pool task whose caller left before it started skips the work.
-pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiRequest, permit: Permit, cancel: Cancel, body_bytes: usize) -> Result<Prompt, ApiError> {
+/// Largest body tokenized on the calling task when its read continued the conversation's last body
+/// (the body memo) and at most [`INLINE_TOKENIZE_MAX_BODY_BYTES`] of it is new: its tokenization
+/// resumes from the prefix memo, which holds the last turn (twice the body memo's bound), and
+/// encodes the new text. The pool's hop was a quarter of such a route at 48k tokens (README
+/// "Where it runs"). Were the prefix memo to miss, an async worker tokenizes at most this much
+/// (~64k tokens).
+pub const INLINE_TOKENIZE_MAX_CONTINUED_BODY_BYTES: usize = 256 * 1024;
+
+/// Whether a route's prompt is tokenized on the calling task: a body of at most
+/// [`INLINE_TOKENIZE_MAX_BODY_BYTES`], or of at most [`INLINE_TOKENIZE_MAX_CONTINUED_BODY_BYTES`]
+/// whose `fresh_bytes` (those past the prefix its read continued) are at most
+/// [`INLINE_TOKENIZE_MAX_BODY_BYTES`].
+pub fn tokenize_inline(body_bytes: usize, fresh_bytes: usize) -> bool {
+    body_bytes <= INLINE_TOKENIZE_MAX_BODY_BYTES
+        || (body_bytes <= INLINE_TOKENIZE_MAX_CONTINUED_BODY_BYTES && fresh_bytes <= INLINE_TOKENIZE_MAX_BODY_BYTES)
+}
+
+/// Tokenizes and hashes, on the calling task when [`tokenize_inline`] says so, else on the
+/// blocking pool. The [`Permit`] is released when the work ends, not when the caller leaves; a
+/// pool task whose caller left before it started skips the work.
+pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiRequest, permit: Permit, cancel: Cancel, inline: bool) -> Result<Prompt, ApiError> {
     let block_size = cfg.model.block_size as usize;
     let exact_past_held = usize::try_from(cfg.routing.min_remote_prefill_tokens).unwrap_or(usize::MAX);
     let tokenizer = state.tokenizer.read().clone();
@@ -200,7 +217,7 @@ pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
             Prompt { tokens: t.tokens(), chains: t.chains, locals: t.locals, partial, opens_conversation }
         }))
     };
-    let done = if body_bytes <= INLINE_TOKENIZE_MAX_BODY_BYTES { Ok(work()) } else { tokio::task::spawn_blocking(work).await };
+    let done = if inline { Ok(work()) } else { tokio::task::spawn_blocking(work).await };
     match done {
         Ok(Some(r)) => r.map_err(|e| ApiError::unavailable("tokenizer", e.to_string())),
         // Only reachable when the caller is gone: nobody reads this answer.
@@ -305,6 +322,22 @@ pub fn decide_and_book<'a>(state: &'a AppState, cfg: &Config, req: &RouteRequest
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn short_bodies_and_short_continuations_tokenize_inline() {
+        let (small, continued_max) = (INLINE_TOKENIZE_MAX_BODY_BYTES, INLINE_TOKENIZE_MAX_CONTINUED_BODY_BYTES);
+        // (body bytes, bytes past the continued prefix, inline)
+        for (body, fresh, inline) in [
+            (small, small, true),
+            (small + 1, small + 1, false),
+            (200_000, 600, true),
+            (200_000, small + 1, false),
+            (continued_max, small, true),
+            (continued_max + 1, 600, false),
+        ] {
+            assert_eq!(tokenize_inline(body, fresh), inline, "{body} bytes, {fresh} new");
+        }
+    }
 
     #[test]
     fn a_background_completion_runs_at_the_lowest_priority_off_the_callers_thread() {

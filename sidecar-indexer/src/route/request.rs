@@ -27,6 +27,8 @@ pub struct RouteRequest {
     /// Whether the body was read from a prefix the body memo held (`None`: not looked up —
     /// short, not a chat, or the memo is off).
     pub body_memo_hit: Option<bool>,
+    /// Bytes at the start of the body its read continued from a held prefix (0 when read whole).
+    pub body_continued: usize,
 }
 
 fn header<'a>(h: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
@@ -53,24 +55,25 @@ pub fn parse(h: &HeaderMap, body: Bytes, memo: &Mutex<BodyMemo>, memo_bytes: usi
     };
     let request_id = header(h, headers::REQUEST_ID)?.filter(|s| !s.is_empty()).map(str::to_owned);
     let remembered = endpoint == openai::Endpoint::ChatCompletions && body.len() >= MIN_BODY_BYTES && memo_bytes > 0;
-    let (parsed, body_memo_hit) = if remembered {
-        let (parsed, hit) = read_remembered(&body, session.map(|(key, _)| key), memo, memo_bytes);
-        (parsed, Some(hit))
+    let (parsed, body_memo_hit, body_continued) = if remembered {
+        let (parsed, continued) = read_remembered(&body, session.map(|(key, _)| key), memo, memo_bytes);
+        (parsed, Some(continued > 0), continued)
     } else {
-        (openai::parse(endpoint, &body), None)
+        (openai::parse(endpoint, &body), None, 0)
     };
     let parsed = parsed.map_err(|e| ApiError::bad_request(e.reason(), e.to_string()))?;
-    Ok((RouteRequest { path: path.to_owned(), session, override_worker, override_mode, request_id, body, body_memo_hit }, parsed))
+    Ok((RouteRequest { path: path.to_owned(), session, override_worker, override_mode, request_id, body, body_memo_hit, body_continued }, parsed))
 }
 
 /// A chat body read from the longest prefix `memo` holds for it (or whole), its own prefix kept
-/// for the next turn; whether it continued a held prefix.
-fn read_remembered(body: &Bytes, session: Option<SessionKey>, memo: &Mutex<BodyMemo>, memo_bytes: usize) -> (Result<OpenAiRequest, openai::ParseError>, bool) {
+/// for the next turn; how many of its bytes the read continued from a held prefix (0: read whole).
+fn read_remembered(body: &Bytes, session: Option<SessionKey>, memo: &Mutex<BodyMemo>, memo_bytes: usize) -> (Result<OpenAiRequest, openai::ParseError>, usize) {
     let key = BodyMemo::key(body, session);
     let held = memo.lock().find(key, body);
     let read = openai::read_chat_from(body, held.as_ref().map(|h| (h.bytes(), &*h.prefix)));
     if let Some(new) = read.prefix.and_then(|p| Held::new(body, p, !read.resumed)) {
         memo.lock().keep(key, new, held.as_ref().filter(|_| read.resumed), memo_bytes);
     }
-    (read.request, read.resumed)
+    let continued = held.filter(|_| read.resumed).map_or(0, |h| h.prefix.len());
+    (read.request, continued)
 }
