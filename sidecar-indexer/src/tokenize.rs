@@ -45,7 +45,7 @@
 mod cache;
 mod chunk;
 mod estimate;
-pub mod ids;
+mod ids;
 pub mod memo;
 mod split;
 

@@ -104,7 +104,6 @@ fn continued(body: &[u8], earlier: &[u8], prefix: &ChatPrefix) -> Option<ChatRea
     Some(ChatRead { request, resumed: true, prefix })
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -34,13 +34,13 @@ use crate::state::AppState;
 pub async fn route(state: &Arc<AppState>, headers: &HeaderMap, body: Bytes) -> Result<RouteDecision, ApiError> {
     let cfg = state.config();
     let (req, parsed) = request::parse(headers, body, &state.body_memo, cfg.routing.body_memo_bytes)?;
-    if let Some(hit) = req.body_memo_hit {
-        state.metrics.body_memo.with_label_values(&[if hit { "hit" } else { "miss" }]).inc();
+    if let Some(continued) = req.body_continued {
+        state.metrics.body_memo.with_label_values(&[if continued > 0 { "hit" } else { "miss" }]).inc();
     }
     let permit = admission::admit(&state.route_inflight, cfg.routing.max_concurrent_routes, &state.metrics)?;
     let cancel = admission::Cancel::default();
     let armed = cancel.on_drop();
-    let inline = plan::tokenize_inline(req.body.len(), req.body.len() - req.body_continued);
+    let inline = plan::tokenize_inline(req.body.len(), req.body.len() - req.body_continued.unwrap_or(0));
     let mut prompt = plan::tokenize(state, &cfg, parsed, permit, cancel, inline).await?;
     let partial = prompt.partial.take();
     let (plan, booking, record) = plan::decide_and_book(state, &cfg, &req, prompt)?;

@@ -24,11 +24,9 @@ pub struct RouteRequest {
     pub request_id: Option<String>,
     /// The client's body, unchanged (the legs cut it to one step).
     pub body: Bytes,
-    /// Whether the body was read from a prefix the body memo held (`None`: not looked up —
-    /// short, not a chat, or the memo is off).
-    pub body_memo_hit: Option<bool>,
-    /// Bytes at the start of the body its read continued from a held prefix (0 when read whole).
-    pub body_continued: usize,
+    /// Bytes at the start of the body its read continued from a prefix the body memo held (0: read
+    /// whole; `None`: not looked up — short, not a chat, or the memo is off).
+    pub body_continued: Option<usize>,
 }
 
 fn header<'a>(h: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
@@ -55,14 +53,14 @@ pub fn parse(h: &HeaderMap, body: Bytes, memo: &Mutex<BodyMemo>, memo_bytes: usi
     };
     let request_id = header(h, headers::REQUEST_ID)?.filter(|s| !s.is_empty()).map(str::to_owned);
     let remembered = endpoint == openai::Endpoint::ChatCompletions && body.len() >= MIN_BODY_BYTES && memo_bytes > 0;
-    let (parsed, body_memo_hit, body_continued) = if remembered {
+    let (parsed, body_continued) = if remembered {
         let (parsed, continued) = read_remembered(&body, session.map(|(key, _)| key), memo, memo_bytes);
-        (parsed, Some(continued > 0), continued)
+        (parsed, Some(continued))
     } else {
-        (openai::parse(endpoint, &body), None, 0)
+        (openai::parse(endpoint, &body), None)
     };
     let parsed = parsed.map_err(|e| ApiError::bad_request(e.reason(), e.to_string()))?;
-    Ok((RouteRequest { path: path.to_owned(), session, override_worker, override_mode, request_id, body, body_memo_hit, body_continued }, parsed))
+    Ok((RouteRequest { path: path.to_owned(), session, override_worker, override_mode, request_id, body, body_continued }, parsed))
 }
 
 /// A chat body read from the longest prefix `memo` holds for it (or whole), its own prefix kept
