@@ -71,8 +71,8 @@ pub(super) fn read_chat(body: &[u8]) -> Option<Result<OpenAiRequest, ParseError>
 /// body's first `messages` list: [`super::resume`]), and also giving what the read messages are
 /// for a later body's resume (`None` when the read is not `Ok`). The caller has checked the depth
 /// ([`fast::messages_span`] found the body's list).
-pub(super) fn read_chat_keeping(body: &[u8], resume: Option<Anchor>) -> Option<(Result<OpenAiRequest, ParseError>, Option<Anchor>)> {
-    let fields = chat_fields(body, true, Some(resume.unwrap_or_default()))?;
+pub(super) fn read_chat_keeping(body: &[u8], resume: Anchor) -> Option<(Result<OpenAiRequest, ParseError>, Option<Anchor>)> {
+    let fields = chat_fields(body, true, Some(resume))?;
     let kept = match &fields.messages {
         Some(Ok(anchor)) if anchor.later_error.is_none() => Some(anchor.clone()),
         _ => None,

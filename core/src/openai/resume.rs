@@ -72,7 +72,7 @@ pub fn read_chat_from(body: &[u8], earlier: Option<(&[u8], &ChatPrefix)>) -> Cha
         return read;
     }
     let whole = fast::messages_span(body).and_then(|span| {
-        let (request, anchor) = peek::read_chat_keeping(body, None)?;
+        let (request, anchor) = peek::read_chat_keeping(body, Anchor::default())?;
         let prefix = anchor.map(|anchor| ChatPrefix { open: span.open, end: span.last_end, anchor });
         Some(ChatRead { request, resumed: false, prefix })
     });
@@ -96,7 +96,7 @@ fn continued(body: &[u8], earlier: &[u8], prefix: &ChatPrefix) -> Option<ChatRea
     short.extend_from_slice(&body[..=open]);
     short.extend_from_slice(&body[rest..]);
     let span = fast::messages_span(&short).filter(|s| s.open == open)?;
-    let (request, anchor) = peek::read_chat_keeping(&short, Some(prefix.anchor.clone()))?;
+    let (request, anchor) = peek::read_chat_keeping(&short, prefix.anchor.clone())?;
     request.as_ref().ok()?;
     // The short body's bytes after its `[` are the body's from `rest` on.
     let last_end = if span.last_end == open + 1 { end } else { span.last_end - (open + 1) + rest };

@@ -20,7 +20,8 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use kvmesh_core::openai::ChatPrefix;
+use kvmesh_core::openai::{self, ChatPrefix, OpenAiRequest, ParseError};
+use parking_lot::Mutex;
 use kvmesh_core::session::SessionKey;
 
 /// Default bound of the memo's bytes (`routing.body_memo_bytes`): ~80 conversations of 48k tokens
@@ -67,6 +68,20 @@ impl Held {
     fn cost(&self) -> usize {
         self.body.len() + self.prefix.heap_bytes() + ENTRY_OVERHEAD
     }
+}
+
+/// A chat body read from the longest prefix `memo` holds for it (or whole), routed with `session`;
+/// its own prefix is kept for the next turn within `max_bytes`. Also: how many of its bytes the
+/// read continued from a held prefix (0: read whole).
+pub fn read_chat(memo: &Mutex<BodyMemo>, body: &Bytes, session: Option<SessionKey>, max_bytes: usize) -> (Result<OpenAiRequest, ParseError>, usize) {
+    let key = BodyMemo::key(body, session);
+    let held = memo.lock().find(key, body);
+    let read = openai::read_chat_from(body, held.as_ref().map(|h| (h.bytes(), &*h.prefix)));
+    if let Some(new) = read.prefix.and_then(|p| Held::new(body, p, !read.resumed)) {
+        memo.lock().keep(key, new, held.as_ref().filter(|_| read.resumed), max_bytes);
+    }
+    let continued = held.filter(|_| read.resumed).map_or(0, |h| h.prefix.len());
+    (read.request, continued)
 }
 
 /// Byte-bounded LRU of keys ([`BodyMemo::key`]) → their most recent prefixes.
@@ -155,7 +170,6 @@ impl BodyMemo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvmesh_core::openai::read_chat_from;
 
     /// A chat body: a long system prompt, then `turns` user/assistant pairs of conversation `c`.
     fn chat(c: usize, turns: usize) -> Vec<u8> {
@@ -178,14 +192,10 @@ mod tests {
 
     /// Reads `body` through the memo as the route does; whether it continued a kept prefix.
     fn read(memo: &mut BodyMemo, body: &[u8], max_bytes: usize) -> bool {
-        let body = Bytes::copy_from_slice(body);
-        let key = BodyMemo::key(&body, Some(SessionKey(7)));
-        let held = memo.find(key, &body);
-        let read = read_chat_from(&body, held.as_ref().map(|h| (h.bytes(), &*h.prefix)));
-        if let Some(new) = read.prefix.and_then(|p| Held::new(&body, p, !read.resumed)) {
-            memo.keep(key, new, held.as_ref().filter(|_| read.resumed), max_bytes);
-        }
-        read.resumed
+        let shared = Mutex::new(std::mem::take(memo));
+        let (_, continued) = read_chat(&shared, &Bytes::copy_from_slice(body), Some(SessionKey(7)), max_bytes);
+        *memo = shared.into_inner();
+        continued > 0
     }
 
     #[test]

@@ -9,7 +9,7 @@ use kvmesh_core::session::{self, SessionKey, SessionSource};
 use kvmesh_core::headers;
 use parking_lot::Mutex;
 
-use super::body_memo::{BodyMemo, Held, MIN_BODY_BYTES};
+use super::body_memo::{self, BodyMemo, MIN_BODY_BYTES};
 use super::ApiError;
 
 /// What a `/v1/route` call asks, parsed and checked; nothing here has touched shared state.
@@ -54,24 +54,11 @@ pub fn parse(h: &HeaderMap, body: Bytes, memo: &Mutex<BodyMemo>, memo_bytes: usi
     let request_id = header(h, headers::REQUEST_ID)?.filter(|s| !s.is_empty()).map(str::to_owned);
     let remembered = endpoint == openai::Endpoint::ChatCompletions && body.len() >= MIN_BODY_BYTES && memo_bytes > 0;
     let (parsed, body_continued) = if remembered {
-        let (parsed, continued) = read_remembered(&body, session.map(|(key, _)| key), memo, memo_bytes);
+        let (parsed, continued) = body_memo::read_chat(memo, &body, session.map(|(key, _)| key), memo_bytes);
         (parsed, Some(continued))
     } else {
         (openai::parse(endpoint, &body), None)
     };
     let parsed = parsed.map_err(|e| ApiError::bad_request(e.reason(), e.to_string()))?;
     Ok((RouteRequest { path: path.to_owned(), session, override_worker, override_mode, request_id, body, body_continued }, parsed))
-}
-
-/// A chat body read from the longest prefix `memo` holds for it (or whole), its own prefix kept
-/// for the next turn; how many of its bytes the read continued from a held prefix (0: read whole).
-fn read_remembered(body: &Bytes, session: Option<SessionKey>, memo: &Mutex<BodyMemo>, memo_bytes: usize) -> (Result<OpenAiRequest, openai::ParseError>, usize) {
-    let key = BodyMemo::key(body, session);
-    let held = memo.lock().find(key, body);
-    let read = openai::read_chat_from(body, held.as_ref().map(|h| (h.bytes(), &*h.prefix)));
-    if let Some(new) = read.prefix.and_then(|p| Held::new(body, p, !read.resumed)) {
-        memo.lock().keep(key, new, held.as_ref().filter(|_| read.resumed), memo_bytes);
-    }
-    let continued = held.filter(|_| read.resumed).map_or(0, |h| h.prefix.len());
-    (read.request, continued)
 }
