@@ -1,7 +1,8 @@
 //! The filter ↔ indexer API (loopback HTTP/1.1, versioned under `/v1`).
 //!
-//! `POST /v1/route`: the body is the client's original request body, unchanged; metadata rides in
-//! the headers named in [`crate::headers`]. `200` answers a [`RouteDecision`]. Every error answer is
+//! `POST /v1/route`: the body is the client's original request body, unchanged (or, under
+//! [`crate::headers::KVMESH_BODY_BASE`], its bytes after a base the indexer holds:
+//! [`crate::body_base`]); metadata rides in the headers named in [`crate::headers`]. `200` answers a [`RouteDecision`]. Every error answer is
 //! an [`ErrorBody`] whose `reason` (also the [`ERROR_REASON_HEADER`] header) is a stable code: only
 //! `prefill_overloaded` (a `429`/`503` from the prefill leg: the client must back off) is meant for
 //! the client; every other answer (`no_decode_worker`, `tokenizer`, `overloaded_shed`,
@@ -11,6 +12,8 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::body_base::BodyBase;
 
 pub const ROUTE_PATH: &str = "/v1/route";
 pub const DONE_PATH: &str = "/v1/done";
@@ -212,6 +215,10 @@ pub struct RouteDecision {
     /// indexer releases exactly that booking (client request ids are not unique).
     #[serde(default)]
     pub booking_id: Option<String>,
+    /// The request body's first bytes the indexer now holds: the next call for this conversation
+    /// may send only what follows them ([`crate::body_base`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_base: Option<BodyBase>,
 }
 
 impl RouteDecision {

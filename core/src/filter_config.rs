@@ -44,6 +44,10 @@ pub const DEFAULT_INDEXER_TIMEOUT_MS: u64 = 100;
 /// table at ~280 MB of Envoy's shared data.
 pub const MAX_PLACEMENT_MEMORY_SLOTS: usize = 1 << 20;
 
+/// Largest [`FilterConfig::body_base_slots`]: at most 200 bytes each, 1M slots bound the table
+/// at ~200 MB of Envoy's shared data.
+pub const MAX_BODY_BASE_SLOTS: usize = 1 << 20;
+
 /// Coarsest tick of a context that polls the fleet.
 pub const MAX_TICK_MS: u64 = 250;
 
@@ -120,6 +124,11 @@ pub struct FilterConfig {
     /// indexer then sees the request only through the engine's queue metrics and KV events. 0 = off
     /// (every request asks the indexer); at most `max_body_bytes`.
     pub local_route_max_body_bytes: usize,
+    /// Slots of the table remembering, per session, the body bases the indexer named
+    /// (`kvmesh_core::body_base`: a long conversation's body it holds), so the next route call
+    /// sends only the bytes after one (process-wide, in Envoy's shared data, each at most 200
+    /// bytes); 0 = off (every route call sends the whole body).
+    pub body_base_slots: usize,
 }
 
 impl Default for FilterConfig {
@@ -146,6 +155,7 @@ impl Default for FilterConfig {
             endpoint_ejection_ms: 10_000,
             placement_memory_slots: 65_536,
             local_route_max_body_bytes: 0,
+            body_base_slots: 8192,
         }
     }
 }
@@ -273,6 +283,9 @@ impl FilterConfig {
         }
         if self.placement_memory_slots > MAX_PLACEMENT_MEMORY_SLOTS {
             return Err(bad("placement_memory_slots", self.placement_memory_slots, "must be 0 (off) or within 1..=1048576"));
+        }
+        if self.body_base_slots > MAX_BODY_BASE_SLOTS {
+            return Err(bad("body_base_slots", self.body_base_slots, "must be 0 (off) or within 1..=1048576"));
         }
         if self.local_route_max_body_bytes > self.max_body_bytes {
             return Err(bad("local_route_max_body_bytes", self.local_route_max_body_bytes, "must be 0 (off) or at most `max_body_bytes`"));

@@ -10,6 +10,9 @@ pub const REQUEST_ID: &str = "x-request-id";
 pub const KVMESH_PATH: &str = "x-kvmesh-path";
 /// On `/v1/route`: `<16 hex digits>;source=<header|prefix>`, see [`crate::session::SessionKey`].
 pub const KVMESH_SESSION: &str = "x-kvmesh-session";
+/// On `/v1/route`: the body is only the bytes after this base of the indexer's
+/// ([`crate::body_base`]); absent, the body is the client's whole body.
+pub const KVMESH_BODY_BASE: &str = "x-kvmesh-body-base";
 /// Operator override (when enabled): pin this worker id.
 pub const OVERRIDE_WORKER: &str = "x-kvmesh-worker";
 /// Operator override (when enabled): force this mode (`aggregate`, `disagg`, …).

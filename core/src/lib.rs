@@ -7,6 +7,7 @@
 //! every function is deterministic and compiles for `wasm32-wasip1` as well as natively.
 
 pub mod api;
+pub mod body_base;
 pub mod filter_config;
 pub mod hashing;
 pub mod headers;

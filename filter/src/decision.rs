@@ -38,8 +38,8 @@ pub const MAX_CODE_BYTES: usize = 64;
 /// What the filter does with an indexer answer.
 #[derive(Debug, Clone, PartialEq)]
 pub enum IndexerAnswer {
-    /// Route as decided.
-    Route(RouteDecision),
+    /// Route as decided (boxed: a decision is several times the size of the other answers).
+    Route(Box<RouteDecision>),
     /// Send this status and the stable [`rejection_body`] to the client; `detail` is the
     /// indexer's message (header-safe, bounded), for the log only.
     Reject { status: u16, body: Vec<u8>, detail: String },
@@ -109,7 +109,7 @@ pub fn classify(status: Option<u16>, body: &[u8]) -> IndexerAnswer {
     };
     if status == 200 {
         return match serde_json::from_slice::<RouteDecision>(body) {
-            Ok(d) if is_endpoint(&d.endpoint) => IndexerAnswer::Route(d),
+            Ok(d) if is_endpoint(&d.endpoint) => IndexerAnswer::Route(Box::new(d)),
             _ => IndexerAnswer::Fallback(Fallback { booking_id: booking_id_of(body), ..Fallback::new(FallbackReason::BadResponse) }),
         };
     }

@@ -5,7 +5,10 @@
 //! instead of mocking a host.
 
 use kvmesh_core::api::DoneReport;
+use kvmesh_core::body_base::BodyBase;
 use kvmesh_core::session::SessionKey;
+
+use crate::body_bases::Remembered;
 
 use crate::breaker::CallHealth;
 use crate::metrics::MetricUpdate;
@@ -32,6 +35,9 @@ pub enum Effect {
     EndpointOutcome { endpoint: String, ok: bool },
     /// Remember that the indexer placed session `key` on `worker` ([`crate::placement`]).
     RememberPlacement { key: SessionKey, worker: String },
+    /// Update session `key`'s body bases ([`crate::body_bases::remember`]): `new` first, `used`
+    /// dropped.
+    RememberBodyBase { key: SessionKey, new: Option<Remembered>, used: Option<BodyBase> },
 }
 
 /// What the host does after applying a step's effects.

@@ -16,12 +16,14 @@
 
 use std::rc::Rc;
 
-use kvmesh_core::api::{DoneReport, FleetSnapshot, Outcome, RouteDecision, ERROR_REASON_HEADER};
+use kvmesh_core::api::{DoneReport, ErrorBody, FleetSnapshot, Outcome, RouteDecision, ERROR_REASON_HEADER};
+use kvmesh_core::body_base::{BodyBase, BASE_UNKNOWN, BASE_UNKNOWN_STATUS, MIN_BODY_BYTES};
 use kvmesh_core::headers;
 use kvmesh_core::openai::Endpoint;
 use kvmesh_core::session::{SessionKey, SessionSource};
 
 use crate::body;
+use crate::body_bases::{self, Remembered};
 use crate::config::FilterConfig;
 use crate::breaker::CallHealth;
 use crate::decision::{self, Fallback, IndexerAnswer};
@@ -29,7 +31,7 @@ use crate::effects::{Effect, Next, Step};
 use crate::endpoints;
 use crate::fallback::{self, FallbackPick};
 use crate::metrics::{
-    hit_rate_permille, FallbackReason, InternalError, Metric, MetricUpdate, OutcomeLabel, RouteLabel, UnroutableReason,
+    hit_rate_permille, FallbackReason, InternalError, Metric, MetricUpdate, OutcomeLabel, RouteBody, RouteLabel, UnroutableReason,
 };
 use crate::request::{self, OverrideTrust, RequestHead};
 use crate::splice;
@@ -51,6 +53,11 @@ pub trait FleetSource {
     /// The worker the indexer last placed session `key` on, if remembered ([`crate::placement`]).
     fn placed(&self, _key: SessionKey) -> Option<String> {
         None
+    }
+
+    /// The body bases the indexer named for session `key`, most recent first ([`crate::body_bases`]).
+    fn body_bases(&self, _key: SessionKey) -> Vec<Remembered> {
+        Vec::new()
     }
 }
 
@@ -85,6 +92,10 @@ pub struct RequestFlow {
     buffered: usize,
     /// The client's body while the route call is out (shared with the call: a splice needs it).
     body: Rc<Vec<u8>>,
+    /// The body base the route call out was sent after (it carried only the bytes past it).
+    sent_after: Option<BodyBase>,
+    /// The route call out is the whole body again, sent from the answer callback.
+    resending: bool,
     route_started_ns: u64,
     /// Measures TTFT at the first response byte against the decision's prediction.
     ttft: TtftProbe,
@@ -112,6 +123,8 @@ impl RequestFlow {
             session: None,
             buffered: 0,
             body: Rc::default(),
+            sent_after: None,
+            resending: false,
             route_started_ns: 0,
             ttft: TtftProbe::default(),
             route: RouteLabel::Unrouted,
@@ -241,12 +254,31 @@ impl RequestFlow {
         if body.len() <= self.config.local_route_max_body_bytes && !self.head.has_overrides() {
             return Step { effects: self.route_locally(body.len(), fleet), next: Next::Continue };
         }
-        let body = Rc::new(body);
-        let call = request::route_call(&self.config, &self.request_id, endpoint, self.session, &self.head, Rc::clone(&body));
-        self.body = body;
+        // A long conversation's body after a base the indexer holds: only the bytes past it.
+        self.sent_after = match self.session {
+            Some((key, _)) if self.config.body_base_slots > 0 && body.len() > MIN_BODY_BYTES => body_bases::choose(&fleet.body_bases(key), &body),
+            _ => None,
+        };
+        self.body = Rc::new(body);
         self.phase = Phase::Routing;
         self.route_started_ns = now_ns;
-        Step::just(Next::Call(call))
+        let sent = if self.sent_after.is_some() { RouteBody::Delta } else { RouteBody::Whole };
+        Step { effects: vec![Effect::Metric(MetricUpdate::Add(Metric::RouteBodies(sent), 1))], next: Next::Call(self.route_call()) }
+    }
+
+    /// The route call for the body held, after [`Self::sent_after`] if set.
+    fn route_call(&self) -> request::HttpCall {
+        let endpoint = self.endpoint.unwrap_or(Endpoint::ChatCompletions);
+        request::route_call(&self.config, &self.request_id, endpoint, self.session, &self.head, Rc::clone(&self.body), self.sent_after)
+    }
+
+    /// The session's body bases after `answer` to a call sent after [`Self::sent_after`]: the base
+    /// the answer names first, the one used dropped.
+    fn remember_body_base(&self, named: Option<BodyBase>) -> Option<Effect> {
+        let (key, _) = self.session?;
+        let new = named.and_then(|base| Remembered::new(base, &self.body));
+        (self.config.body_base_slots > 0 && (new.is_some() || self.sent_after.is_some()))
+            .then_some(Effect::RememberBodyBase { key, new, used: self.sent_after })
     }
 
     /// `dispatch_http_call` refused the route call: route without the indexer, right away.
@@ -256,6 +288,7 @@ impl RequestFlow {
         }
         let mut effects = vec![Effect::IndexerHealth(CallHealth::Failed)];
         effects.extend(self.fallback(Fallback::new(FallbackReason::DispatchFailed), fleet));
+        effects.extend(self.resume_if_resending());
         Step { effects, next: Next::Continue }
     }
 
@@ -264,8 +297,15 @@ impl RequestFlow {
         if self.phase != Phase::Routing {
             return Step::just(Next::Continue);
         }
-        let effects = self.fallback(Fallback::new(FallbackReason::BreakerOpen), fleet);
+        let mut effects = self.fallback(Fallback::new(FallbackReason::BreakerOpen), fleet);
+        effects.extend(self.resume_if_resending());
         Step { effects, next: Next::Continue }
+    }
+
+    /// A call that never went out leaves the request paused; in the body callback `Continue` goes
+    /// on, but a whole body resent from the answer callback must resume it as an effect.
+    fn resume_if_resending(&self) -> Option<Effect> {
+        self.resending.then_some(Effect::ResumeRequest)
     }
 
     /// The indexer's answer (status None = no headers). The request is paused; every path resumes
@@ -273,6 +313,16 @@ impl RequestFlow {
     pub fn on_route_answer(&mut self, status: Option<u16>, body: &[u8], now_ns: u64, fleet: &dyn FleetSource) -> Step {
         if self.phase != Phase::Routing {
             return Step::just(Next::Continue);
+        }
+        if self.sent_after.is_some() && status == Some(BASE_UNKNOWN_STATUS) && base_unknown(body) {
+            // The indexer no longer holds the base (evicted, restarted): forget it, send it all.
+            log::debug!("ctx={} request_id={} the indexer no longer holds the body base; sending the whole body", self.context_id, self.request_id);
+            let forget = self.remember_body_base(None);
+            self.sent_after = None;
+            self.resending = true;
+            let mut effects = vec![Effect::IndexerHealth(CallHealth::Answered), Effect::Metric(MetricUpdate::Add(Metric::RouteBodies(RouteBody::Resent), 1))];
+            effects.extend(forget);
+            return Step { effects, next: Next::Call(self.route_call()) };
         }
         let latency_ms = now_ns.saturating_sub(self.route_started_ns) / 1_000_000;
         let mut effects = vec![Effect::Metric(MetricUpdate::Record(Metric::RouteLatency, latency_ms))];
@@ -287,7 +337,10 @@ impl RequestFlow {
         };
         effects.push(Effect::IndexerHealth(health));
         match answer {
-            IndexerAnswer::Route(d) => effects.extend(self.apply(d, fleet)),
+            IndexerAnswer::Route(d) => {
+                effects.extend(self.remember_body_base(d.body_base));
+                effects.extend(self.apply(*d, fleet));
+            }
             IndexerAnswer::Reject { status, body, detail } => {
                 log::info!(
                     "ctx={} request_id={} indexer rejected the request with {status} reason={} detail={detail:?}",
@@ -557,6 +610,11 @@ impl RequestFlow {
         self.body = Rc::default();
         effects
     }
+}
+
+/// Whether an error answer's body says the indexer holds no such body base.
+fn base_unknown(body: &[u8]) -> bool {
+    serde_json::from_slice::<ErrorBody>(body).is_ok_and(|e| e.error.reason.as_deref() == Some(BASE_UNKNOWN))
 }
 
 #[cfg(test)]

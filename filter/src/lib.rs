@@ -20,6 +20,7 @@
 
 pub mod background;
 pub mod body;
+pub mod body_bases;
 pub mod breaker;
 pub mod config;
 pub mod decision;

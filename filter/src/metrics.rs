@@ -24,6 +24,10 @@ pub const FALLBACK_ROUTES: &str = "kvmesh_filter_fallback_routes_total";
 /// Counter `{result}`: requests routed by the filter alone by choice, their body being at most
 /// `local_route_max_body_bytes` (same `result` values as [`FALLBACK_ROUTES`]).
 pub const LOCAL_ROUTES: &str = "kvmesh_filter_local_routes_total";
+/// Counter `{result}`: `/v1/route` calls by the body they sent: `whole`, `delta` (only the bytes
+/// after a body base the indexer named, `kvmesh_core::body_base`), `resent` (a delta whose base the
+/// indexer no longer held, sent again whole).
+pub const ROUTE_BODIES: &str = "kvmesh_filter_route_bodies_total";
 /// Counter `{reason}`: requests not routed by content (passed to Envoy's fallback LB untouched).
 pub const UNROUTABLE: &str = "kvmesh_filter_unroutable_requests_total";
 /// Histogram: `/v1/route` round trip in milliseconds, answered or not.
@@ -61,7 +65,7 @@ pub const ENVOY_WASM_VM_RELOAD_SUCCESS: &str = "envoy_wasm_kvmesh_vm_reload_succ
 pub const ENVOY_WASM_VM_RELOAD_FAILURE: &str = "envoy_wasm_kvmesh_vm_reload_failure";
 
 /// Every base name, for docs and drift tests.
-pub const ALL_NAMES: [&str; 19] = [
+pub const ALL_NAMES: [&str; 20] = [
     KV_OVERLAP_BLOCKS,
     KV_ISL_BLOCKS,
     KV_HIT_RATE,
@@ -69,6 +73,7 @@ pub const ALL_NAMES: [&str; 19] = [
     FALLBACKS,
     FALLBACK_ROUTES,
     LOCAL_ROUTES,
+    ROUTE_BODIES,
     UNROUTABLE,
     ROUTE_LATENCY,
     DONE_REPORTS,
@@ -248,6 +253,18 @@ label_enum! {
 }
 
 label_enum! {
+    /// `result` of [`ROUTE_BODIES`].
+    RouteBody {
+        /// The client's whole body.
+        Whole => "whole",
+        /// Only the bytes after a body base the indexer named.
+        Delta => "delta",
+        /// The whole body again, after the indexer answered that it no longer held the base.
+        Resent => "resent",
+    }
+}
+
+label_enum! {
     /// `kind` of [`INTERNAL_ERRORS`].
     InternalError {
         /// `kv_transfer_params` could not be spliced; the request went on without them.
@@ -279,6 +296,7 @@ pub enum Metric {
     Fallbacks(FallbackReason),
     FallbackRoutes(FallbackRoute),
     LocalRoutes(FallbackRoute),
+    RouteBodies(RouteBody),
     Unroutable(UnroutableReason),
     RouteLatency,
     DoneReports(DoneResult),
@@ -317,6 +335,7 @@ impl Metric {
             Self::Fallbacks(_) => FALLBACKS,
             Self::FallbackRoutes(_) => FALLBACK_ROUTES,
             Self::LocalRoutes(_) => LOCAL_ROUTES,
+            Self::RouteBodies(_) => ROUTE_BODIES,
             Self::Unroutable(_) => UNROUTABLE,
             Self::RouteLatency => ROUTE_LATENCY,
             Self::DoneReports(_) => DONE_REPORTS,
@@ -340,6 +359,7 @@ impl Metric {
             }
             Self::Fallbacks(r) => vec![("reason", r.as_str())],
             Self::FallbackRoutes(r) | Self::LocalRoutes(r) => vec![("result", r.as_str())],
+            Self::RouteBodies(b) => vec![("result", b.as_str())],
             Self::Unroutable(r) => vec![("reason", r.as_str())],
             Self::DoneReports(r) => vec![("result", r.as_str())],
             Self::FleetRefreshes(r) => vec![("result", r.as_str())],
@@ -378,6 +398,7 @@ impl Metric {
         all.extend(FallbackReason::ALL.iter().map(|&r| Self::Fallbacks(r)));
         all.extend(FallbackRoute::ALL.iter().map(|&r| Self::FallbackRoutes(r)));
         all.extend(FallbackRoute::ALL.iter().map(|&r| Self::LocalRoutes(r)));
+        all.extend(RouteBody::ALL.iter().map(|&b| Self::RouteBodies(b)));
         all.extend(UnroutableReason::ALL.iter().map(|&r| Self::Unroutable(r)));
         all.extend(DoneResult::ALL.iter().map(|&r| Self::DoneReports(r)));
         all.extend(FleetResult::ALL.iter().map(|&r| Self::FleetRefreshes(r)));

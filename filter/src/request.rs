@@ -9,6 +9,7 @@
 use std::rc::Rc;
 
 use kvmesh_core::api::{DONE_PATH, FLEET_PATH, ROUTE_PATH};
+use kvmesh_core::body_base::BodyBase;
 use kvmesh_core::headers;
 use kvmesh_core::openai::{Endpoint, OpenAiRequest, RequestPeek};
 use kvmesh_core::session::{self, SessionKey, SessionSource};
@@ -131,6 +132,8 @@ pub struct HttpCall {
     pub upstream: String,
     pub headers: Vec<(String, String)>,
     pub body: Option<Rc<Vec<u8>>>,
+    /// Bytes of `body` not sent: a route call after a body base sends only what follows it.
+    pub body_from: usize,
     pub timeout_ms: u64,
 }
 
@@ -144,20 +147,23 @@ impl HttpCall {
                 (":authority".into(), config.indexer_authority.clone()),
             ],
             body: None,
+            body_from: 0,
             timeout_ms,
         }
     }
 
-    fn with_json_body(mut self, body: Rc<Vec<u8>>) -> Self {
+    /// `body`'s bytes from `from` on as the JSON body.
+    fn with_json_body(mut self, body: Rc<Vec<u8>>, from: usize) -> Self {
         self.headers.push(("content-type".into(), "application/json".into()));
-        self.headers.push(("content-length".into(), body.len().to_string()));
+        self.headers.push(("content-length".into(), body.len().saturating_sub(from).to_string()));
         self.body = Some(body);
+        self.body_from = from;
         self
     }
 
-    /// The body's bytes, if the call has one.
+    /// The bytes the call sends, if it has a body.
     pub fn body(&self) -> Option<&[u8]> {
-        self.body.as_deref().map(Vec::as_slice)
+        self.body.as_deref().map(|b| b.get(self.body_from..).unwrap_or_default())
     }
 
     /// The value of header `name`, for tests and logs.
@@ -166,8 +172,9 @@ impl HttpCall {
     }
 }
 
-/// `POST /v1/route` with the client's body unchanged (shared with the flow, not copied) and the
-/// metadata in headers; the overrides only when `head`'s are trusted ([`override_trust`]).
+/// `POST /v1/route` with the client's body unchanged (shared with the flow, not copied) — or, after
+/// a body base `body` starts with, only the bytes that follow it — and the metadata in headers; the
+/// overrides only when `head`'s are trusted ([`override_trust`]).
 pub fn route_call(
     config: &FilterConfig,
     request_id: &str,
@@ -175,6 +182,7 @@ pub fn route_call(
     session: Option<(SessionKey, SessionSource)>,
     head: &RequestHead,
     body: Rc<Vec<u8>>,
+    after: Option<BodyBase>,
 ) -> HttpCall {
     let mut call = HttpCall::new(config, "POST", ROUTE_PATH, config.indexer_timeout_ms);
     call.headers.push((headers::REQUEST_ID.into(), request_id.into()));
@@ -190,12 +198,15 @@ pub fn route_call(
             call.headers.push((headers::OVERRIDE_MODE.into(), mode.clone()));
         }
     }
-    call.with_json_body(body)
+    if let Some(base) = after {
+        call.headers.push((headers::KVMESH_BODY_BASE.into(), base.to_string()));
+    }
+    call.with_json_body(body, after.map_or(0, |b| b.len))
 }
 
 /// `POST /v1/done` with a JSON [`kvmesh_core::api::DoneReport`].
 pub fn done_call(config: &FilterConfig, report_json: Vec<u8>) -> HttpCall {
-    HttpCall::new(config, "POST", DONE_PATH, config.background_timeout_ms).with_json_body(Rc::new(report_json))
+    HttpCall::new(config, "POST", DONE_PATH, config.background_timeout_ms).with_json_body(Rc::new(report_json), 0)
 }
 
 /// `GET /v1/fleet`.

@@ -18,6 +18,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use kvmesh_core::api::{DoneReport, FleetSnapshot};
+use kvmesh_core::body_base::BodyBase;
 use kvmesh_core::session::SessionKey;
 
 use crate::background::{decode_fleet, DoneQueue, FLEET_KEY};
@@ -28,6 +29,7 @@ use crate::flow::FleetSource;
 use crate::host_api::Host;
 use crate::metric_ids::MetricIds;
 use crate::metrics::{BreakerState, DoneResult, InternalError, Metric, MetricUpdate};
+use crate::body_bases;
 use crate::placement;
 
 /// What a filter root shares with its HTTP contexts.
@@ -116,6 +118,18 @@ impl Shared {
         }
     }
 
+    /// Updates session `key`'s body bases in its slot of the process-wide table in shared data
+    /// ([`crate::body_bases`]). Read, changed, written without a CAS: a concurrent update of the
+    /// same slot may be lost, which costs a whole body on a later call, never a wrong one. A failed
+    /// write is counted, never retried.
+    pub fn remember_body_base(&self, key: SessionKey, new: Option<body_bases::Remembered>, used: Option<BodyBase>) {
+        let slot = body_bases::slot_key(key, self.config.body_base_slots);
+        let bases = body_bases::remember(self.body_bases(key), new, used);
+        if let Err(e) = self.host.set_shared_data(&slot, &body_bases::encode(key, &bases)) {
+            self.metrics.host_call_failed("set_shared_data(body base)", &e);
+        }
+    }
+
     /// Hands a report to the root's done queue, counting a drop when it is full.
     pub fn queue_done(&self, report: DoneReport) {
         if !self.done.try_borrow_mut().is_ok_and(|mut q| q.offer(report)) {
@@ -125,6 +139,13 @@ impl Shared {
 }
 
 impl FleetSource for Shared {
+    fn body_bases(&self, key: SessionKey) -> Vec<body_bases::Remembered> {
+        let Ok((Some(value), _)) = self.host.get_shared_data(&body_bases::slot_key(key, self.config.body_base_slots)) else {
+            return Vec::new();
+        };
+        body_bases::decode(&value, key)
+    }
+
     fn placed(&self, key: SessionKey) -> Option<String> {
         let (value, _) = self.host.get_shared_data(&placement::slot_key(key, self.config.placement_memory_slots)).ok()?;
         placement::decode(&value?, key).map(str::to_owned)

@@ -180,6 +180,7 @@ pub fn filter_request(data: &[u8]) {
                 key,
                 &head,
                 std::rc::Rc::new(rest.to_vec()),
+                None,
             );
             assert_eq!(
                 call.body.as_deref().map(Vec::as_slice),

@@ -117,6 +117,9 @@ async fn route(
             .metrics
             .route_duration
             .observe(started.elapsed().as_secs_f64()),
+        // Not a bad request: the filter's base was evicted; it sends the whole body next
+        // (`kvmesh_body_memo_total{result="base_unknown"}` counts it).
+        Err(e) if e.reason == kvmesh_core::body_base::BASE_UNKNOWN => {}
         Err(e) if e.status.is_client_error() && e.status != StatusCode::TOO_MANY_REQUESTS => state
             .metrics
             .bad_requests

@@ -231,6 +231,60 @@ async fn a_long_conversations_next_turn_is_read_from_the_last() {
 }
 
 #[tokio::test]
+async fn a_turn_sent_after_the_body_base_its_last_answer_named_routes_as_if_sent_whole() {
+    use kvmesh_core::body_base::BodyBase;
+    let memo = |svc: &Arc<Service>, r: &str| svc.state.metrics.body_memo.with_label_values(&[r]).get();
+    let (svc, whole) = (service("mode = \"approximate\""), service("mode = \"approximate\""));
+    let session = [(headers::KVMESH_SESSION, "00000000000000aa;source=header")];
+    let mut messages = vec![serde_json::json!({"role": "system", "content": "You answer questions about the long document below. ".repeat(200)})];
+    let mut named: Option<BodyBase> = None;
+    for turn in 0..4u64 {
+        messages.push(serde_json::json!({"role": "user", "content": format!("question {turn}: what does part {turn} say?")}));
+        let body = serde_json::json!({"model": "m", "messages": messages, "stream": true}).to_string();
+        let d = match named {
+            // The bytes after the base only, naming it.
+            Some(base) => {
+                let v = base.to_string();
+                let mut extra = session.to_vec();
+                extra.push((headers::KVMESH_BODY_BASE, v.as_str()));
+                route_ok(&svc, "/v1/chat/completions", &body[base.len..], &extra).await
+            }
+            None => route_ok(&svc, "/v1/chat/completions", &body, &session).await,
+        };
+        let w = route_ok(&whole, "/v1/chat/completions", &body, &session).await;
+        assert_eq!((d.isl_blocks, &d.worker), (w.isl_blocks, &w.worker), "turn {turn}");
+        let base = d.body_base.unwrap_or_else(|| panic!("turn {turn}: the answer names the body's kept prefix"));
+        assert_eq!(Some(base.len), body.rfind(']'), "turn {turn}: the body through its last message");
+        assert_eq!(base, BodyBase::of(base.memo_key, &body.as_bytes()[..base.len]));
+        assert_eq!(memo(&svc, "base_hit"), turn, "turn {turn}");
+        named = Some(base);
+        messages.push(serde_json::json!({"role": "assistant", "content": format!("part {turn} says {turn}")}));
+    }
+    // A base the indexer does not hold (another length; evicted; a restarted indexer): 409 with
+    // its reason, counted, not a bad request.
+    let Some(base) = named else { panic!("named") };
+    for unknown in [BodyBase { len: base.len - 1, ..base }, BodyBase { hash: base.hash ^ 1, ..base }] {
+        let v = unknown.to_string();
+        let (status, bytes) = call(&svc, route_req("/v1/chat/completions", r#"{"role":"user","content":"x"}]}"#, &[(headers::KVMESH_BODY_BASE, v.as_str())])).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{}", String::from_utf8_lossy(&bytes));
+        let err: kvmesh_core::api::ErrorBody = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(err.error.reason.as_deref(), Some(kvmesh_core::body_base::BASE_UNKNOWN));
+    }
+    assert_eq!(memo(&svc, "base_unknown"), 2);
+    assert_eq!(svc.state.metrics.bad_requests.with_label_values(&["route", kvmesh_core::body_base::BASE_UNKNOWN]).get(), 0);
+    // A malformed name is a bad request.
+    let (status, _) = call(&svc, route_req("/v1/chat/completions", "{}", &[(headers::KVMESH_BODY_BASE, "nope")])).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    // The memo off: no base named, and a named one is unknown.
+    let off = service("mode = \"approximate\"\nbody_memo_bytes = 0");
+    let body = serde_json::json!({"model": "m", "messages": messages, "stream": true}).to_string();
+    assert_eq!(route_ok(&off, "/v1/chat/completions", &body, &session).await.body_base, None);
+    let v = base.to_string();
+    let (status, _) = call(&off, route_req("/v1/chat/completions", &body[base.len..], &[(headers::KVMESH_BODY_BASE, v.as_str())])).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+}
+
+#[tokio::test]
 async fn malformed_requests_get_400_and_a_metric() {
     let svc = service("");
     let cases: Vec<(Request<Body>, StatusCode, &str)> = vec![

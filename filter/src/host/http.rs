@@ -105,6 +105,10 @@ impl HttpFilter {
                     self.shared.remember_placement(key, &worker);
                     continue;
                 }
+                Effect::RememberBodyBase { key, new, used } => {
+                    self.shared.remember_body_base(key, new, used);
+                    continue;
+                }
             };
             if let Err(status) = result {
                 log::warn!("ctx={} request_id={} {what} failed", self.context_id, self.flow.request_id());

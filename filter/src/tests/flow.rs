@@ -639,3 +639,127 @@ fn a_short_body_is_routed_locally_without_the_indexer() {
     let (_, step) = start(&trusted, &[("x-kvmesh-worker", "w3"), (headers::OVERRIDE_SECRET, SECRET)]);
     assert!(matches!(step.next, Next::Call(_)));
 }
+
+/// Remembers body bases as the shared table would (one list per session key).
+struct Bases(Fleet, std::cell::RefCell<std::collections::HashMap<u64, Vec<Remembered>>>);
+
+impl FleetSource for Bases {
+    fn fleet(&self) -> Option<Rc<FleetSnapshot>> {
+        self.0.fleet()
+    }
+    fn body_bases(&self, key: SessionKey) -> Vec<Remembered> {
+        self.1.borrow().get(&key.0).cloned().unwrap_or_default()
+    }
+}
+
+impl Bases {
+    fn apply(&self, effects: &[Effect]) {
+        for e in effects {
+            if let Effect::RememberBodyBase { key, new, used } = e {
+                let old = self.body_bases(*key);
+                self.1.borrow_mut().insert(key.0, body_bases::remember(old, *new, *used));
+            }
+        }
+    }
+}
+
+/// A chat body after `turns` turns on a long system prompt, and the length of its prefix through
+/// the last message (what the indexer's base covers).
+fn long_chat(turns: usize) -> (String, usize) {
+    let mut messages = vec![json!({"role": "system", "content": "s".repeat(10_000)})];
+    messages.extend((0..turns).map(|t| json!({"role": "user", "content": format!("turn {t}")})));
+    let body = serde_json::to_string(&json!({"messages": messages, "stream": true})).unwrap();
+    let end = body.rfind(']').unwrap();
+    (body, end)
+}
+
+fn start_with(fleet: &dyn FleetSource, config: &FilterConfig, body: &str) -> (RequestFlow, Step) {
+    let mut f = flow(config.clone());
+    let mut h = chat_headers();
+    h.push(("x-session-id".into(), b"conversation-1".to_vec()));
+    f.on_request_headers(&h, false, 0);
+    f.on_request_body(body.len(), true);
+    let step = f.on_body(Some(body.as_bytes().to_vec()), 0, fleet);
+    (f, step)
+}
+
+fn answer_naming(base: Option<BodyBase>) -> Vec<u8> {
+    let mut d: Value = serde_json::from_slice(&decision(Value::Null)).unwrap();
+    d["mode"] = json!("aggregate");
+    if let Some(b) = base {
+        d["body_base"] = json!(b.to_string());
+    }
+    serde_json::to_vec(&d).unwrap()
+}
+
+#[test]
+fn a_long_conversations_next_turn_is_sent_after_the_base_the_indexer_named() {
+    let fleet = Bases(fleet(), Default::default());
+    let config = FilterConfig::default();
+    // Turn 1: sent whole; the answer names the body's prefix the indexer kept.
+    let (turn1, end1) = long_chat(1);
+    let (mut f, step) = start_with(&fleet, &config, &turn1);
+    let Next::Call(call) = step.next else { panic!("a route call") };
+    assert_eq!((call.body(), call.header(headers::KVMESH_BODY_BASE)), (Some(turn1.as_bytes()), None));
+    assert_eq!(counted(&step.effects, Metric::RouteBodies(RouteBody::Whole)), 1);
+    let base1 = BodyBase::of(42, &turn1.as_bytes()[..end1]);
+    let step = f.on_route_answer(Some(200), &answer_naming(Some(base1)), 1_000_000, &fleet);
+    fleet.apply(&step.effects);
+    assert!(step.effects.contains(&Effect::ResumeRequest));
+    // Turn 2: only the bytes after the base, which it names; its answer's base replaces it.
+    let (turn2, end2) = long_chat(2);
+    let (mut f, step) = start_with(&fleet, &config, &turn2);
+    let Next::Call(call) = step.next else { panic!("a route call") };
+    assert_eq!(call.body(), Some(&turn2.as_bytes()[end1..]));
+    assert_eq!(call.header(headers::KVMESH_BODY_BASE), Some(base1.to_string().as_str()));
+    assert_eq!(counted(&step.effects, Metric::RouteBodies(RouteBody::Delta)), 1);
+    let base2 = BodyBase::of(42, &turn2.as_bytes()[..end2]);
+    fleet.apply(&f.on_route_answer(Some(200), &answer_naming(Some(base2)), 1_000_000, &fleet).effects);
+    assert_eq!(fleet.body_bases(f.session.unwrap().0).iter().map(|r| r.base).collect::<Vec<_>>(), vec![base2]);
+    // Turn 3: the indexer lost the base (restarted): 409, and the same call goes again, whole; the
+    // indexer was healthy, and the base is forgotten.
+    let (turn3, _) = long_chat(3);
+    let (mut f, step) = start_with(&fleet, &config, &turn3);
+    let Next::Call(call) = step.next else { panic!("a route call") };
+    assert_eq!(call.body(), Some(&turn3.as_bytes()[end2..]));
+    let lost = serde_json::to_vec(&ErrorBody::with_reason(409, "invalid_request_error", BASE_UNKNOWN, "gone")).unwrap();
+    let step = f.on_route_answer(Some(409), &lost, 1_000_000, &fleet);
+    fleet.apply(&step.effects);
+    let Next::Call(again) = step.next else { panic!("the call again, got {:?}", step.next) };
+    assert_eq!((again.body(), again.header(headers::KVMESH_BODY_BASE)), (Some(turn3.as_bytes()), None));
+    assert_eq!(counted(&step.effects, Metric::RouteBodies(RouteBody::Resent)), 1);
+    assert!(step.effects.contains(&Effect::IndexerHealth(CallHealth::Answered)));
+    assert!(!step.effects.contains(&Effect::ResumeRequest), "still waiting for the answer");
+    assert!(fleet.body_bases(f.session.unwrap().0).is_empty());
+    let step = f.on_route_answer(Some(200), &answer_naming(None), 2_000_000, &fleet);
+    assert!(step.effects.contains(&Effect::ResumeRequest));
+    // The resent call never goes out (breaker open, dispatch refused): the request resumes, routed
+    // locally — the answer callback's returned action means nothing.
+    for skipped in [true, false] {
+        let (mut f, _) = start_with(&fleet, &config, &turn3);
+        fleet.apply(&[Effect::RememberBodyBase { key: f.session.unwrap().0, new: Remembered::new(base2, turn2.as_bytes()), used: None }]);
+        let (mut f2, step) = start_with(&fleet, &config, &turn3);
+        assert!(matches!(step.next, Next::Call(ref c) if c.header(headers::KVMESH_BODY_BASE).is_some()));
+        let step = f2.on_route_answer(Some(409), &lost, 1_000_000, &fleet);
+        assert!(matches!(step.next, Next::Call(_)));
+        let step = if skipped { f2.on_call_skipped(&fleet) } else { f2.on_dispatch_failed(&fleet) };
+        assert!(step.effects.contains(&Effect::ResumeRequest), "skipped: {skipped}");
+        // In the body callback nothing changes: `Continue` goes on.
+        let step = if skipped { f.on_call_skipped(&fleet) } else { f.on_dispatch_failed(&fleet) };
+        assert!(!step.effects.contains(&Effect::ResumeRequest));
+    }
+    // A 409 to a whole body is an answer like any other error: the request falls back.
+    fleet.1.borrow_mut().clear();
+    let (mut f, _) = start_with(&fleet, &config, &turn3);
+    let step = f.on_route_answer(Some(409), &lost, 1_000_000, &fleet);
+    assert_eq!(step.next, Next::Continue);
+    assert!(step.effects.contains(&Effect::ResumeRequest));
+    // Off: nothing read, nothing remembered.
+    let off = FilterConfig { body_base_slots: 0, ..config };
+    fleet.apply(&[Effect::RememberBodyBase { key: f.session.unwrap().0, new: Remembered::new(base2, turn2.as_bytes()), used: None }]);
+    let (mut f, step) = start_with(&fleet, &off, &turn3);
+    let Next::Call(call) = step.next else { panic!("a route call") };
+    assert_eq!(call.body(), Some(turn3.as_bytes()));
+    let step = f.on_route_answer(Some(200), &answer_naming(Some(base2)), 1_000_000, &fleet);
+    assert!(!step.effects.iter().any(|e| matches!(e, Effect::RememberBodyBase { .. })));
+}

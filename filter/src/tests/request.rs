@@ -96,7 +96,7 @@ fn route_call_carries_metadata_and_body() {
     let config = FilterConfig::default();
     let head = RequestHead { override_worker: Some("w9".into()), override_mode: Some("disagg".into()), ..Default::default() };
     let key = session::from_header_value("s");
-    let call = route_call(&config, "rid", Endpoint::ChatCompletions, Some((key, SessionSource::Header)), &head, b"{}".to_vec().into());
+    let call = route_call(&config, "rid", Endpoint::ChatCompletions, Some((key, SessionSource::Header)), &head, b"{}".to_vec().into(), None);
     assert_eq!(call.upstream, "kvmesh_indexer");
     assert_eq!(call.header(":path"), Some("/v1/route"));
     assert_eq!(call.header(":method"), Some("POST"));
@@ -110,13 +110,26 @@ fn route_call_carries_metadata_and_body() {
     assert_eq!(call.timeout_ms, 100);
 
     let config = FilterConfig { allow_overrides: true, override_secret: "0123456789abcdef".into(), ..config };
-    let call = route_call(&config, "rid", Endpoint::Completions, None, &head, Default::default());
+    let call = route_call(&config, "rid", Endpoint::Completions, None, &head, Default::default(), None);
     assert_eq!(call.header("x-kvmesh-worker"), None, "overrides on, but this request sent no secret");
     let head = RequestHead { override_secret: Some(b"0123456789abcdef".to_vec()), sent_override_secret: true, ..head };
-    let call = route_call(&config, "rid", Endpoint::Completions, None, &head, Default::default());
+    let call = route_call(&config, "rid", Endpoint::Completions, None, &head, Default::default(), None);
     assert_eq!(call.header("x-kvmesh-worker"), Some("w9"));
     assert_eq!(call.header("x-kvmesh-mode"), Some("disagg"));
     assert_eq!(call.header("x-kvmesh-session"), None);
+}
+
+#[test]
+fn a_route_call_after_a_body_base_sends_only_what_follows_it() {
+    let config = FilterConfig::default();
+    let body = br#"{"messages":[{"role":"user","content":"one"},{"role":"user","content":"two"}]}"#.to_vec();
+    let base = kvmesh_core::body_base::BodyBase::of(9, &body[..44]);
+    let call = route_call(&config, "rid", Endpoint::ChatCompletions, None, &RequestHead::default(), body.clone().into(), Some(base));
+    assert_eq!(call.body(), Some(&body[44..]));
+    assert_eq!(call.header("content-length"), Some((body.len() - 44).to_string().as_str()));
+    assert_eq!(call.header("x-kvmesh-body-base"), Some(base.to_string().as_str()));
+    let whole = route_call(&config, "rid", Endpoint::ChatCompletions, None, &RequestHead::default(), body.clone().into(), None);
+    assert_eq!((whole.body(), whole.header("x-kvmesh-body-base")), (Some(&body[..]), None));
 }
 
 #[test]

@@ -153,6 +153,7 @@ impl Plan {
             peer_worker: None,
             predicted_ttft_ms: Some(self.predicted_ttft_ms),
             booking_id: None,
+            body_base: None,
         }
     }
 }

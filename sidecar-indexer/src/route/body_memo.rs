@@ -15,11 +15,15 @@
 //! holds its root and its latest turn however many turns it has. Bounded in bytes
 //! (`routing.body_memo_bytes`): the copied prefix bytes plus the messages read; least recently
 //! used keys go first.
+//!
+//! Each kept prefix is also a [`BodyBase`] the route's answer names: the filter's next call for
+//! the conversation may send only the bytes after it, and [`BodyMemo::base`] gives them back.
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use kvmesh_core::body_base::{self, BodyBase};
 use kvmesh_core::openai::{self, ChatPrefix, OpenAiRequest, ParseError};
 use parking_lot::Mutex;
 use kvmesh_core::session::SessionKey;
@@ -28,8 +32,7 @@ use kvmesh_core::session::SessionKey;
 /// (≈ 200 KB of body and as much read text each), thousands of short ones.
 pub const DEFAULT_BODY_MEMO_BYTES: usize = 32 * 1024 * 1024;
 
-/// Bodies shorter than this are read whole and not kept: their read costs microseconds.
-pub const MIN_BODY_BYTES: usize = 8 * 1024;
+pub use kvmesh_core::body_base::MIN_BODY_BYTES;
 
 /// Leading bytes of a body that its key hashes (with the session).
 const HEAD_BYTES: usize = 256;
@@ -52,12 +55,16 @@ pub struct Held {
     pub prefix: Arc<ChatPrefix>,
     /// Read whole, not continued from another prefix: never replaced by a continuation.
     root: bool,
+    /// [`body_base::hash`] of the prefix's bytes: its name as a [`BodyBase`].
+    hash: u128,
 }
 
 impl Held {
     /// `body`'s prefix; `root` when the body was read whole (`None`: too short to be kept).
     pub fn new(body: &Bytes, prefix: ChatPrefix, root: bool) -> Option<Self> {
-        (prefix.len() >= HEAD_BYTES && prefix.len() <= body.len()).then(|| Self { body: body.clone(), prefix: Arc::new(prefix), root })
+        let bytes = body.get(..prefix.len()).filter(|b| b.len() >= HEAD_BYTES)?;
+        let hash = body_base::hash(bytes);
+        Some(Self { body: body.clone(), prefix: Arc::new(prefix), root, hash })
     }
 
     /// The prefix's bytes.
@@ -70,18 +77,28 @@ impl Held {
     }
 }
 
+/// A chat body read through the memo ([`read_chat`]).
+#[derive(Debug)]
+pub struct BodyRead {
+    pub request: Result<OpenAiRequest, ParseError>,
+    /// Bytes at the body's start its read continued from a held prefix (0: read whole).
+    pub continued: usize,
+    /// The body's own prefix, kept for the next turn, as the answer names it.
+    pub kept: Option<BodyBase>,
+}
+
 /// A chat body read from the longest prefix `memo` holds for it (or whole), routed with `session`;
-/// its own prefix is kept for the next turn within `max_bytes`. Also: how many of its bytes the
-/// read continued from a held prefix (0: read whole).
-pub fn read_chat(memo: &Mutex<BodyMemo>, body: &Bytes, session: Option<SessionKey>, max_bytes: usize) -> (Result<OpenAiRequest, ParseError>, usize) {
+/// its own prefix is kept for the next turn within `max_bytes`.
+pub fn read_chat(memo: &Mutex<BodyMemo>, body: &Bytes, session: Option<SessionKey>, max_bytes: usize) -> BodyRead {
     let key = BodyMemo::key(body, session);
     let held = memo.lock().find(key, body);
     let read = openai::read_chat_from(body, held.as_ref().map(|h| (h.bytes(), &*h.prefix)));
-    if let Some(new) = read.prefix.and_then(|p| Held::new(body, p, !read.resumed)) {
-        memo.lock().keep(key, new, held.as_ref().filter(|_| read.resumed), max_bytes);
-    }
+    let kept = read.prefix.and_then(|p| Held::new(body, p, !read.resumed)).and_then(|new| {
+        let base = BodyBase { memo_key: key, len: new.prefix.len(), hash: new.hash };
+        memo.lock().keep(key, new, held.as_ref().filter(|_| read.resumed), max_bytes).then_some(base)
+    });
     let continued = held.filter(|_| read.resumed).map_or(0, |h| h.prefix.len());
-    (read.request, continued)
+    BodyRead { request: read.request, continued, kept }
 }
 
 /// Byte-bounded LRU of keys ([`BodyMemo::key`]) → their most recent prefixes.
@@ -114,6 +131,17 @@ impl BodyMemo {
         self.bytes
     }
 
+    /// The bytes of the held prefix `base` names (shared, not copied), now its key's most recently
+    /// used; `None` when no held prefix has that key, length and hash.
+    pub fn base(&mut self, base: &BodyBase) -> Option<Bytes> {
+        let list = self.heads.get_mut(&base.memo_key)?;
+        let at = list.iter().position(|h| h.prefix.len() == base.len && h.hash == base.hash)?;
+        let found = list.remove(at);
+        let bytes = found.body.slice(..found.prefix.len());
+        list.insert(0, found);
+        Some(bytes)
+    }
+
     /// The longest kept prefix `body` may continue (its head and last bytes agree; the reader
     /// compares the rest), now the key's most recently used.
     pub fn find(&mut self, key: u64, body: &[u8]) -> Option<Held> {
@@ -133,11 +161,12 @@ impl BodyMemo {
 
     /// Keeps `new` under `key`, in place of `continued` (the prefix its read continued, if any)
     /// unless that is a root, within `max_bytes` (0: keeps nothing and drops all). A prefix of
-    /// more than a quarter of the bound is not kept.
-    pub fn keep(&mut self, key: u64, new: Held, continued: Option<&Held>, max_bytes: usize) {
+    /// more than a quarter of the bound is not kept. Whether it was.
+    pub fn keep(&mut self, key: u64, new: Held, continued: Option<&Held>, max_bytes: usize) -> bool {
         let cost = new.cost();
         if cost > max_bytes / 4 {
-            return self.shrink_to(max_bytes);
+            self.shrink_to(max_bytes);
+            return false;
         }
         let list = self.heads.get_or_insert_mut(key, Vec::new);
         let mut freed = 0;
@@ -154,6 +183,7 @@ impl BodyMemo {
         }
         self.bytes = self.bytes + cost - freed;
         self.shrink_to(max_bytes);
+        self.heads.contains(&key)
     }
 
     /// Drops least recently used keys until at most `max_bytes` are held.
@@ -193,9 +223,9 @@ mod tests {
     /// Reads `body` through the memo as the route does; whether it continued a kept prefix.
     fn read(memo: &mut BodyMemo, body: &[u8], max_bytes: usize) -> bool {
         let shared = Mutex::new(std::mem::take(memo));
-        let (_, continued) = read_chat(&shared, &Bytes::copy_from_slice(body), Some(SessionKey(7)), max_bytes);
+        let read = read_chat(&shared, &Bytes::copy_from_slice(body), Some(SessionKey(7)), max_bytes);
         *memo = shared.into_inner();
-        continued > 0
+        read.continued > 0
     }
 
     #[test]

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::http::HeaderMap;
 use kvmesh_core::api::RouteDecision;
+use kvmesh_core::body_base::BASE_UNKNOWN;
 
 pub use error::ApiError;
 
@@ -33,6 +34,20 @@ use crate::state::AppState;
 /// Answers one `/v1/route` call.
 pub async fn route(state: &Arc<AppState>, headers: &HeaderMap, body: Bytes) -> Result<RouteDecision, ApiError> {
     let cfg = state.config();
+    let body = match request::with_base(headers, body, &state.body_memo, cfg.routing.max_body_bytes) {
+        Ok((body, based)) => {
+            if based {
+                state.metrics.body_memo.with_label_values(&["base_hit"]).inc();
+            }
+            body
+        }
+        Err(e) => {
+            if e.reason == BASE_UNKNOWN {
+                state.metrics.body_memo.with_label_values(&["base_unknown"]).inc();
+            }
+            return Err(e);
+        }
+    };
     let (req, parsed) = request::parse(headers, body, &state.body_memo, cfg.routing.body_memo_bytes)?;
     if let Some(continued) = req.body_continued {
         state.metrics.body_memo.with_label_values(&[if continued > 0 { "hit" } else { "miss" }]).inc();
@@ -52,7 +67,7 @@ pub async fn route(state: &Arc<AppState>, headers: &HeaderMap, body: Bytes) -> R
     let result = run::run(state, &cfg, plan, &legs, &booking).await;
     armed.disarm();
     match result {
-        Ok(decision) => Ok(settle::settle(state, &req, record, decision, booking)),
+        Ok(decision) => Ok(RouteDecision { body_base: req.body_base, ..settle::settle(state, &req, record, decision, booking) }),
         Err(e) => {
             booking.release();
             Err(e)

@@ -1,9 +1,11 @@
 //! Step 1 of a route call (pure): the filter's headers and the client's body → a [`RouteRequest`].
-//! A long chat body is read from where its conversation's last body ended ([`BodyMemo`]).
+//! A long chat body is read from where its conversation's last body ended ([`BodyMemo`]); a call
+//! that sent only the bytes after a body base gets them joined to the base first ([`with_base`]).
 
 use axum::body::Bytes;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 use kvmesh_core::api::Mode;
+use kvmesh_core::body_base::{BodyBase, BASE_UNKNOWN};
 use kvmesh_core::openai::{self, OpenAiRequest};
 use kvmesh_core::session::{self, SessionKey, SessionSource};
 use kvmesh_core::headers;
@@ -27,6 +29,8 @@ pub struct RouteRequest {
     /// Bytes at the start of the body its read continued from a prefix the body memo held (0: read
     /// whole; `None`: not looked up — short, not a chat, or the memo is off).
     pub body_continued: Option<usize>,
+    /// The body's prefix the memo kept, named for the answer: the next call may send what follows.
+    pub body_base: Option<BodyBase>,
 }
 
 fn header<'a>(h: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
@@ -53,12 +57,41 @@ pub fn parse(h: &HeaderMap, body: Bytes, memo: &Mutex<BodyMemo>, memo_bytes: usi
     };
     let request_id = header(h, headers::REQUEST_ID)?.filter(|s| !s.is_empty()).map(str::to_owned);
     let remembered = endpoint == openai::Endpoint::ChatCompletions && body.len() >= MIN_BODY_BYTES && memo_bytes > 0;
-    let (parsed, body_continued) = if remembered {
-        let (parsed, continued) = body_memo::read_chat(memo, &body, session.map(|(key, _)| key), memo_bytes);
-        (parsed, Some(continued))
+    let (parsed, body_continued, body_base) = if remembered {
+        let read = body_memo::read_chat(memo, &body, session.map(|(key, _)| key), memo_bytes);
+        (read.request, Some(read.continued), read.kept)
     } else {
-        (openai::parse(endpoint, &body), None)
+        (openai::parse(endpoint, &body), None, None)
     };
     let parsed = parsed.map_err(|e| ApiError::bad_request(e.reason(), e.to_string()))?;
-    Ok((RouteRequest { path: path.to_owned(), session, override_worker, override_mode, request_id, body, body_continued }, parsed))
+    Ok((RouteRequest { path: path.to_owned(), session, override_worker, override_mode, request_id, body, body_continued, body_base }, parsed))
+}
+
+/// The route call's whole body: `body` itself, or — under [`headers::KVMESH_BODY_BASE`] — the
+/// bytes of the base `memo` holds followed by `body` (at most `max_body_bytes` in all). Also
+/// whether a base was joined. `409` [`BASE_UNKNOWN`] when the memo no longer holds the base: the
+/// filter then sends the whole body.
+pub fn with_base(h: &HeaderMap, body: Bytes, memo: &Mutex<BodyMemo>, max_body_bytes: usize) -> Result<(Bytes, bool), ApiError> {
+    let Some(named) = header(h, headers::KVMESH_BODY_BASE)?.filter(|v| !v.is_empty()) else {
+        return Ok((body, false));
+    };
+    let base: BodyBase = named.parse().map_err(|e: kvmesh_core::body_base::BadBodyBase| ApiError::bad_request("bad_body_base", e.to_string()))?;
+    let held = memo.lock().base(&base).ok_or_else(|| ApiError {
+        status: StatusCode::CONFLICT,
+        kind: "invalid_request_error",
+        reason: BASE_UNKNOWN,
+        message: format!("no body base {base} held (evicted or never kept): send the whole body"),
+    })?;
+    if held.len() + body.len() > max_body_bytes {
+        return Err(ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            kind: "invalid_request_error",
+            reason: "body_too_large",
+            message: format!("the base's {} bytes and {} more exceed routing.max_body_bytes = {max_body_bytes}", held.len(), body.len()),
+        });
+    }
+    let mut whole = Vec::with_capacity(held.len() + body.len());
+    whole.extend_from_slice(&held);
+    whole.extend_from_slice(&body);
+    Ok((Bytes::from(whole), true))
 }
