@@ -9,7 +9,6 @@ use kvmesh_core::body_base::BodyBase;
 use kvmesh_core::session::SessionKey;
 
 use crate::body_bases::Remembered;
-
 use crate::breaker::CallHealth;
 use crate::metrics::MetricUpdate;
 use crate::request::HttpCall;

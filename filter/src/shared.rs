@@ -22,6 +22,7 @@ use kvmesh_core::body_base::BodyBase;
 use kvmesh_core::session::SessionKey;
 
 use crate::background::{decode_fleet, DoneQueue, FLEET_KEY};
+use crate::body_bases;
 use crate::breaker::{transition_metric, Admit, Breaker, CallHealth};
 use crate::config::FilterConfig;
 use crate::endpoints::{EndpointHealth, HealthEvent};
@@ -29,7 +30,6 @@ use crate::flow::FleetSource;
 use crate::host_api::Host;
 use crate::metric_ids::MetricIds;
 use crate::metrics::{BreakerState, DoneResult, InternalError, Metric, MetricUpdate};
-use crate::body_bases;
 use crate::placement;
 
 /// What a filter root shares with its HTTP contexts.

@@ -73,12 +73,7 @@ fn body(
 ) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         let err = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError {
-                status: StatusCode::PAYLOAD_TOO_LARGE,
-                kind: "invalid_request_error",
-                reason: "body_too_large",
-                message: e.body_text(),
-            }
+            ApiError::too_large(e.body_text())
         } else {
             ApiError::bad_request("bad_body", e.body_text())
         };

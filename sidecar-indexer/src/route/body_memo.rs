@@ -25,8 +25,8 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use kvmesh_core::body_base::{self, BodyBase};
 use kvmesh_core::openai::{self, ChatPrefix, OpenAiRequest, ParseError};
-use parking_lot::Mutex;
 use kvmesh_core::session::SessionKey;
+use parking_lot::Mutex;
 
 /// Default bound of the memo's bytes (`routing.body_memo_bytes`): ~80 conversations of 48k tokens
 /// (≈ 200 KB of body and as much read text each), thousands of short ones.
@@ -136,10 +136,8 @@ impl BodyMemo {
     pub fn base(&mut self, base: &BodyBase) -> Option<Bytes> {
         let list = self.heads.get_mut(&base.memo_key)?;
         let at = list.iter().position(|h| h.prefix.len() == base.len && h.hash == base.hash)?;
-        let found = list.remove(at);
-        let bytes = found.body.slice(..found.prefix.len());
-        list.insert(0, found);
-        Some(bytes)
+        let found = to_front(list, at);
+        Some(found.body.slice(..found.prefix.len()))
     }
 
     /// The longest kept prefix `body` may continue (its head and last bytes agree; the reader
@@ -154,9 +152,7 @@ impl BodyMemo {
                 body.get(end - TAIL_BYTES.min(end)..end) == h.bytes().get(end - TAIL_BYTES.min(end)..)
             })
             .max_by_key(|(_, h)| h.prefix.len())?;
-        let found = list.remove(at);
-        list.insert(0, found.clone());
-        Some(found)
+        Some(to_front(list, at).clone())
     }
 
     /// Keeps `new` under `key`, in place of `continued` (the prefix its read continued, if any)
@@ -195,6 +191,12 @@ impl BodyMemo {
             }
         }
     }
+}
+
+/// Moves a key's prefix `at` to the front of its list (most recently used) and returns it.
+fn to_front(list: &mut [Held], at: usize) -> &Held {
+    list[..=at].rotate_right(1);
+    &list[0]
 }
 
 #[cfg(test)]

@@ -26,6 +26,12 @@ impl ApiError {
         Self { status: StatusCode::BAD_REQUEST, kind: "invalid_request_error", reason, message: message.into() }
     }
 
+    /// 413: the body (or, for a call after a body base, the base and the body) is over
+    /// `routing.max_body_bytes`.
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self { status: StatusCode::PAYLOAD_TOO_LARGE, kind: "invalid_request_error", reason: "body_too_large", message: message.into() }
+    }
+
     /// 503: the indexer cannot answer this one now; the filter routes without it.
     pub fn unavailable(reason: &'static str, message: impl Into<String>) -> Self {
         Self { status: StatusCode::SERVICE_UNAVAILABLE, kind: "service_unavailable", reason, message: message.into() }

@@ -83,12 +83,7 @@ pub fn with_base(h: &HeaderMap, body: Bytes, memo: &Mutex<BodyMemo>, max_body_by
         message: format!("no body base {base} held (evicted or never kept): send the whole body"),
     })?;
     if held.len() + body.len() > max_body_bytes {
-        return Err(ApiError {
-            status: StatusCode::PAYLOAD_TOO_LARGE,
-            kind: "invalid_request_error",
-            reason: "body_too_large",
-            message: format!("the base's {} bytes and {} more exceed routing.max_body_bytes = {max_body_bytes}", held.len(), body.len()),
-        });
+        return Err(ApiError::too_large(format!("the base's {} bytes and {} more exceed routing.max_body_bytes = {max_body_bytes}", held.len(), body.len())));
     }
     let mut whole = Vec::with_capacity(held.len() + body.len());
     whole.extend_from_slice(&held);
