@@ -205,33 +205,18 @@ fn skip_value(b: &[u8], i: usize, limit: usize) -> Option<usize> {
     }
 }
 
-/// End of the string starting at the quote at `i`. Plain runs go 8 bytes per step ([`plain_word`]):
-/// chat bodies are mostly string content, and this scan ran at ~7 instructions per byte.
+/// End of the string starting at the quote at `i`. Chat bodies are mostly string content, so the
+/// next quote or backslash is found by `memchr2`, vectorised natively: [`messages_span`] of a
+/// 564-KB chat body took 26 µs, against 60 µs with the eight-bytes-a-step scan it replaced.
 fn skip_string(b: &[u8], i: usize) -> Option<usize> {
     let mut j = i + 1;
     loop {
-        while let Some(w) = b.get(j..j + 8).and_then(|w| <[u8; 8]>::try_from(w).ok()) {
-            if !plain_word(w) {
-                break;
-            }
-            j += 8;
-        }
+        j += memchr::memchr2(b'"', b'\\', b.get(j..)?)?;
         match b.get(j)? {
             b'"' => return Some(j + 1),
-            b'\\' => j += 2,
-            _ => j += 1,
+            _ => j += 2, // a backslash and the byte it escapes
         }
     }
-}
-
-/// Whether none of the 8 bytes of `w` is a quote or a backslash (the classic has-zero-byte test
-/// on `w` xor each, word at a time).
-fn plain_word(w: [u8; 8]) -> bool {
-    const ONES: u64 = u64::from_ne_bytes([1; 8]);
-    const HIGHS: u64 = ONES << 7;
-    let x = u64::from_ne_bytes(w);
-    let zero_byte = |y: u64| y.wrapping_sub(ONES) & !y & HIGHS;
-    (zero_byte(x ^ (ONES * u64::from(b'"'))) | zero_byte(x ^ (ONES * u64::from(b'\\')))) == 0
 }
 
 /// The ids of `b` if it is exactly a non-empty flat list of integers in `0..2^32` (then valid
