@@ -432,7 +432,7 @@ impl Metrics {
             match_duration: duration(&r, MATCH_DURATION_SECONDS, "Time to hash a prompt's blocks and find per-worker overlaps")?,
             score_duration: duration(&r, SCORE_DURATION_SECONDS, "Time to score workers and decide")?,
             tokenize_cache: counter_vec(&r, TOKENIZE_CACHE_SEGMENTS_TOTAL, "Prompt segments served from / added to the tokenization cache", &["result"])?,
-            tokenize_memo: counter_vec(&r, TOKENIZE_MEMO_TOTAL, "Prompts whose tokenization resumed from a recently tokenized prefix (hit) or found none (miss)", &["result"])?,
+            tokenize_memo: counter_vec(&r, TOKENIZE_MEMO_TOTAL, "Prompts whose tokenization resumed from a recently tokenized prefix, found after splitting the whole prompt (hit) or only its tail (tail_hit), or found none (miss)", &["result"])?,
             body_memo: counter_vec(&r, BODY_MEMO_TOTAL, "Long chat bodies read from where their conversation's last body ended (hit) or read whole (miss); route calls that sent only the bytes after a held body base (base_hit) or named one no longer held (base_unknown, answered 409)", &["result"])?,
             tokenize_tokens: counter_vec(&r, TOKENIZE_TOKENS_TOTAL, "Prompt tokens of routed requests: tokenized on the request path (exact) or estimated past the blocks any worker may hold", &["kind"])?,
             tokenize_background: counter_vec(&r, TOKENIZE_BACKGROUND_TOTAL, "Partly tokenized prompts finished off the request path for speculative holdings, by result", &["result"])?,

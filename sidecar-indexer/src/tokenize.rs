@@ -204,6 +204,14 @@ impl Reached {
 /// cache).
 const REKEEP_FRACTION: usize = 8;
 
+/// The part of a long prompt split first to find where the memo resumes it
+/// ([`PromptTokenizer::resume_from_tail`]): its last quarter, twice the [`REKEEP_FRACTION`]
+/// margin (splitting a 244-KB prompt at its added tokens took ~70 µs).
+const TAIL_FRACTION: usize = 4;
+
+/// Prompts shorter than this are split whole at once (a quarter's saving is a few µs).
+const MIN_TAIL_SPLIT_BYTES: usize = 32 * 1024;
+
 /// Tokenization in progress: ids so far, their blocks, and the ratio sample.
 struct Partial {
     ids: Ids,
@@ -508,9 +516,14 @@ impl PromptTokenizer {
     ) -> Result<(), TokenizeError> {
         let mut segments = Vec::new();
         let mut ends = Vec::new();
-        self.splitter
-            .split_with_ends(text, &mut segments, &mut ends);
-        let resumed = self.resume_from_memo(text, &segments, &ends, out, stats);
+        // `segments` are all of `text`'s, or (resumed from its tail) only those after `skipped`.
+        let (resumed, skipped) = match self.resume_from_tail(text, &mut segments, &mut ends, out, stats) {
+            Some(b) => (Some(b), b.at),
+            None => {
+                self.splitter.split_with_ends(text, &mut segments, &mut ends);
+                (self.resume_from_memo(text, &segments, &ends, out, stats), 0)
+            }
+        };
         let rest = text.len() - resumed.map_or(0, |b| b.at);
         out.ids.own_mut().reserve(rest.min(64 * 1024) / 3);
         let mut reached = Reached {
@@ -522,7 +535,8 @@ impl PromptTokenizer {
             .zip(&ends)
             .position(|(_, &end)| resumed.is_some_and(|b| end > b.at))
             .unwrap_or(if resumed.is_some() { segments.len() } else { 0 });
-        self.encode_segments(&segments, &ends, start, reach, out, &mut reached, stats)?;
+        let skipped = text.get(..skipped).unwrap_or_default();
+        self.encode_segments(skipped, &segments, &ends, start, reach, out, &mut reached, stats)?;
         // Remembered: the last boundary reached, the one before it (a chat prompt ends with the
         // generation prompt's added token; the next request may continue before it, e.g. with a
         // user turn after an assistant one), and the held prefix's edge — past where it resumed.
@@ -535,6 +549,43 @@ impl PromptTokenizer {
             }
         }
         Ok(())
+    }
+
+    /// [`Self::resume_from_memo`] for a long `text` without splitting all of it: splits only its
+    /// last [`TAIL_FRACTION`] into `segments` and `ends`, probes the added-token ends there, and
+    /// on a hit keeps only the segments after it. A hit there is exact: the memo compares the
+    /// prefix, and [`SegmentSplitter::cuts_at`] says why the split after it is `text`'s own. The
+    /// memo renews a conversation's entries once the text past them is an eighth of the prefix
+    /// ([`REKEEP_FRACTION`]), so its next turn finds one in the tail; a miss (a prompt branching
+    /// early from another) leaves the whole split to the caller.
+    fn resume_from_tail<'t>(
+        &self,
+        text: &'t str,
+        segments: &mut Vec<Segment<'t>>,
+        ends: &mut Vec<usize>,
+        out: &mut Partial,
+        stats: &mut CacheStats,
+    ) -> Option<Boundary> {
+        if text.len() < MIN_TAIL_SPLIT_BYTES || !out.ids.is_empty() || !self.memo.lock().enabled() {
+            return None;
+        }
+        let mut from = text.len() - text.len() / TAIL_FRACTION;
+        while !text.is_char_boundary(from) {
+            from -= 1;
+        }
+        self.splitter.split_from(text, from, segments, ends);
+        let mut memo = self.memo.lock();
+        let hit = segments.iter().zip(ends.iter()).enumerate().rev().find_map(|(k, (seg, &at))| {
+            let entry = matches!(seg, Segment::Added(_)).then(|| memo.get(text, at)).flatten()?;
+            self.splitter.cuts_at(text, at).then_some((k, at, entry))
+        });
+        drop(memo);
+        let (k, at, entry) = hit?;
+        stats.memo_tail_hits += 1;
+        out.resume(&entry);
+        segments.drain(..=k);
+        ends.drain(..=k);
+        Some(out.boundary(at))
     }
 
     /// Resumes `out` (empty) at the last boundary of `text` whose prefix the memo holds.
@@ -570,10 +621,12 @@ impl PromptTokenizer {
     }
 
     /// Encodes `segments[start..]` into `out` until the stop rule holds (module docs), noting the
-    /// boundaries it passes in `reached`.
+    /// boundaries it passes in `reached`. `skipped` is the text before `segments` (not split yet:
+    /// the estimate of an untokenized rest samples it, split then).
     #[allow(clippy::too_many_arguments)]
     fn encode_segments<'t>(
         &self,
+        skipped: &'t str,
         segments: &[Segment<'t>],
         ends: &[usize],
         start: usize,
@@ -632,7 +685,11 @@ impl PromptTokenizer {
                         Segment::Added(_) => None,
                     };
                     let (before, after) = (&segments[..i], &segments[i + 1..]);
-                    let sampled = before.iter().filter_map(text).chain([&t[..start]]);
+                    let mut head = Vec::new();
+                    if !skipped.is_empty() {
+                        self.splitter.split(skipped, &mut head);
+                    }
+                    let sampled = head.iter().chain(before).filter_map(text).chain([&t[..start]]);
                     let rest = [&t[start..]]
                         .into_iter()
                         .chain(after.iter().filter_map(text));

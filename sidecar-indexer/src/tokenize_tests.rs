@@ -840,3 +840,110 @@ fn siblings_of_an_estimated_prompt_resume_at_the_held_edge() {
         }
     }
 }
+
+// === resuming a long prompt from its tail ===
+
+#[test]
+fn long_conversations_resume_from_their_tail_with_the_ids_of_a_full_encode() {
+    let tok = load(8 << 20);
+    let mut rng = StdRng::seed_from_u64(23);
+    let (mut resumed, mut tail_hits) = (0, 0);
+    for conversation in 0..3 {
+        // A system prompt past MIN_TAIL_SPLIT_BYTES, then turns with added tokens written by users.
+        let mut history = vec![msg("system", words_text(&mut rng, 7_000))];
+        for turn in 0..12 {
+            let n = rng.gen_range(1..80);
+            history.push(msg("user", random_text(&mut rng, n)));
+            let rendered = tok.template.render(&history, true).unwrap();
+            assert!(rendered.len() >= MIN_TAIL_SPLIT_BYTES, "{}", rendered.len());
+            let mut stats = CacheStats::default();
+            let got = tok
+                .tokens_until(&RequestInput::Messages(history.clone()), &mut Reach::whole_blocks(16, 1337), &mut stats)
+                .unwrap();
+            let (ids, chains, locals) = full_blocks(&tok, &rendered, 16, 1337);
+            let what = format!("conversation {conversation} turn {turn}");
+            assert!(got.complete(), "{what}");
+            assert_eq!(got.ids.to_vec(), ids, "{what}");
+            assert_eq!((got.chains, got.locals), (chains, locals), "{what}");
+            if turn > 0 {
+                assert_eq!(stats.memo_hits + stats.memo_tail_hits, 1, "{what}: {stats:?}");
+                resumed += 1;
+            }
+            tail_hits += stats.memo_tail_hits;
+            let n = rng.gen_range(1..80);
+            history.push(msg("assistant", random_text(&mut rng, n)));
+        }
+    }
+    // The next turn's boundary lies in the last quarter: every resume found it there.
+    assert_eq!((resumed, tail_hits), (33, 33));
+}
+
+#[test]
+fn an_edit_in_a_long_prompt_resumes_only_where_the_text_is_the_same() {
+    let tok = load(8 << 20);
+    let mut rng = StdRng::seed_from_u64(24);
+    let mut history = vec![msg("system", words_text(&mut rng, 7_000))];
+    for _ in 0..6 {
+        history.push(msg("user", random_text(&mut rng, 30)));
+        history.push(msg("assistant", random_text(&mut rng, 30)));
+    }
+    let check = |messages: &[ChatMessage], what: &str| -> CacheStats {
+        let mut stats = CacheStats::default();
+        let got = tok
+            .tokens_until(&RequestInput::Messages(messages.to_vec()), &mut Reach::whole_blocks(16, 1337), &mut stats)
+            .unwrap();
+        let rendered = tok.template.render(messages, true).unwrap();
+        let (ids, chains, _) = full_blocks(&tok, &rendered, 16, 1337);
+        assert_eq!((got.ids.to_vec(), got.chains), (ids, chains), "{what}");
+        stats
+    };
+    check(&history, "the prefix");
+    let last = history.len() - 1;
+    // Edits in the tail (the last assistant message, or an added token written into it) and at
+    // the start (the system prompt): never a wrong id, wherever the memo resumes.
+    for (at, edit) in [(last, "X"), (last, "<｜User｜>"), (last, "<｜end▁of▁sentence｜>"), (0, "X"), (0, "<｜Assistant｜>")] {
+        let mut m = history.clone();
+        m[at].content = format!("{edit}{}", m[at].content).into();
+        m.push(msg("user", format!("after an edit of message {at}")));
+        let stats = check(&m, edit);
+        if at == 0 {
+            assert_eq!(stats.memo_hits + stats.memo_tail_hits, 0, "an edited system prompt shares no boundary: {stats:?}");
+        }
+    }
+    // A user turn that ends in a piece of an added token, then one that completes it.
+    let mut m = history.clone();
+    m.push(msg("user", "half <｜Assist".into()));
+    check(&m, "a piece of an added token");
+    m.push(msg("assistant", "ant｜> whole".into()));
+    m.push(msg("user", "next".into()));
+    check(&m, "the piece completed by the next message");
+}
+
+#[test]
+fn a_tail_resume_then_the_stop_rule_keeps_the_ids_exact_and_the_estimate_close() {
+    // As `a_memo_hit_then_the_stop_rule_keeps_the_ids_exact`, with a new turn short enough that
+    // the remembered boundary lies in the prompt's last quarter.
+    let tok = load(8 << 20);
+    let mut rng = StdRng::seed_from_u64(25);
+    let (mut history, _) = remembered_chat(&tok, &mut rng, 8_000);
+    history.push(msg("assistant", words_text(&mut rng, 50)));
+    history.push(msg("user", words_text(&mut rng, 1_500)));
+    let rendered = tok.template.render(&history, true).unwrap();
+    let (ids, chains, _) = full_blocks(&tok, &rendered, 16, 1337);
+    for held_blocks in [0usize, 100, usize::MAX] {
+        let mut held = |c: &[SequenceHash]| c.len().min(held_blocks);
+        let mut stats = CacheStats::default();
+        let got = tok
+            .tokens_until(&RequestInput::Messages(history.clone()), &mut Reach::new(16, 1337, 0, &mut held), &mut stats)
+            .unwrap();
+        assert_eq!(stats.memo_tail_hits, 1, "held {held_blocks}: {stats:?}");
+        assert_eq!(&ids[..got.ids.len()], &got.ids.to_vec()[..], "held {held_blocks}");
+        assert_eq!(&chains[..got.chains.len()], &got.chains[..], "held {held_blocks}");
+        if held_blocks == usize::MAX {
+            assert!(got.complete() && got.ids.to_vec() == ids);
+        } else {
+            assert!(!got.complete(), "held {held_blocks}: the new turn is estimated");
+            assert_estimate_within(&got, ids.len(), 0.05, &format!("held {held_blocks}"));
+        }
+    }
+}

@@ -203,6 +203,7 @@ pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
         metrics.tokenize_cache.with_label_values(&["hit"]).inc_by(stats.hits);
         metrics.tokenize_cache.with_label_values(&["miss"]).inc_by(stats.misses);
         metrics.tokenize_memo.with_label_values(&["hit"]).inc_by(stats.memo_hits);
+        metrics.tokenize_memo.with_label_values(&["tail_hit"]).inc_by(stats.memo_tail_hits);
         metrics.tokenize_memo.with_label_values(&["miss"]).inc_by(stats.memo_misses);
         if cancel.is_cancelled() {
             metrics.route_cancelled.with_label_values(&["tokenizing"]).inc();

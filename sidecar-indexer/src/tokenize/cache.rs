@@ -46,7 +46,10 @@ pub struct CacheStats {
     /// Segments served from / added to the segment cache.
     pub hits: u64,
     pub misses: u64,
-    /// Prompts resumed from the prefix memo, and prompts with an added token that found none.
+    /// Prompts resumed from the prefix memo after splitting them whole, after splitting only
+    /// their tail (`PromptTokenizer::resume_from_tail`), and prompts with an added token that
+    /// found none.
     pub memo_hits: u64,
+    pub memo_tail_hits: u64,
     pub memo_misses: u64,
 }

@@ -9,9 +9,11 @@
 //! before `len`: the leftmost-longest scan decides identically until a decision reads a byte at or
 //! past `len`, and the first such decision that differs picks a match that spans `len` in one of
 //! the texts — impossible, since a match ends at `len` in both and matches do not overlap. The
-//! caller probes only the boundaries of the new text's own split, and an entry is used only when
-//! its whole text equals the new text's prefix (compared byte for byte), so neither a key
-//! collision nor a different cut can give wrong ids. Chained block hashes make resuming the
+//! caller probes only boundaries of the new text's own split — or, splitting only a long text's
+//! tail, boundaries where no added token of the new text spans `len`
+//! (`SegmentSplitter::cuts_at`, which makes it one) — and an entry is used only when its whole
+//! text equals the new text's prefix (compared byte for byte), so neither a key collision nor a
+//! different cut can give wrong ids. Chained block hashes make resuming the
 //! hashing at the prefix exact: the next block's chain hash depends only on the last chain hash.
 //!
 //! Keys are cheap (the boundary's offset, the first and the last [`KEY_WINDOW`] bytes before it):
