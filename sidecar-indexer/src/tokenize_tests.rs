@@ -226,6 +226,19 @@ fn twenty_turns_resume_from_the_memo_with_the_ids_of_a_full_encode() {
     assert_eq!((turns, hits), (120, 114));
 }
 
+/// `messages` tokenized whole (blocks of 16, seed 1337), their ids and chains checked against a
+/// full encode's; the cache effect.
+fn checked(tok: &PromptTokenizer, messages: &[ChatMessage], what: &str) -> CacheStats {
+    let mut stats = CacheStats::default();
+    let got = tok
+        .tokens_until(&RequestInput::Messages(messages.to_vec()), &mut Reach::whole_blocks(16, 1337), &mut stats)
+        .unwrap();
+    let rendered = tok.template.render(messages, true).unwrap();
+    let (ids, chains, _) = full_blocks(tok, &rendered, 16, 1337);
+    assert_eq!((got.ids.to_vec(), got.chains), (ids, chains), "{what}");
+    stats
+}
+
 #[test]
 fn siblings_and_edited_histories_resume_only_where_the_text_is_the_same() {
     let tok = load(8 * 1024 * 1024);
@@ -235,20 +248,7 @@ fn siblings_and_edited_histories_resume_only_where_the_text_is_the_same() {
         history.push(msg("user", random_text(&mut rng, 30)));
         history.push(msg("assistant", random_text(&mut rng, 30)));
     }
-    let check = |messages: &[ChatMessage], what: &str| -> CacheStats {
-        let mut stats = CacheStats::default();
-        let got = tok
-            .tokens_until(
-                &RequestInput::Messages(messages.to_vec()),
-                &mut Reach::whole_blocks(16, 1337),
-                &mut stats,
-            )
-            .unwrap();
-        let rendered = tok.template.render(messages, true).unwrap();
-        let (ids, chains, _) = full_blocks(&tok, &rendered, 16, 1337);
-        assert_eq!((got.ids.to_vec(), got.chains), (ids, chains), "{what}");
-        stats
-    };
+    let check = |messages: &[ChatMessage], what: &str| checked(&tok, messages, what);
     check(&history, "the shared prefix");
     // Siblings: different new turns on the same prefix, each resuming from it.
     for i in 0..4 {
@@ -296,48 +296,44 @@ fn remembered_chat(
 fn a_memo_hit_then_the_stop_rule_keeps_the_ids_exact() {
     // The previous turn is remembered whole; the next one is held by nobody (the index lost it):
     // the prefix comes from the memo, the held probe sees all its blocks at once, and what is
-    // tokenized past them stays a prefix of the full encode.
+    // tokenized past them stays a prefix of the full encode. A long new turn puts the remembered
+    // boundary before the prompt's last quarter (found after a whole split); a short one in it
+    // (found splitting only the tail, and the estimate samples the prefix split then).
     let tok = load(8 << 20);
     let mut rng = StdRng::seed_from_u64(19);
-    let (mut history, _) = remembered_chat(&tok, &mut rng, 6_000);
-    history.push(msg("assistant", words_text(&mut rng, 50)));
-    history.push(msg("user", words_text(&mut rng, 3_000)));
-    let rendered = tok.template.render(&history, true).unwrap();
-    let (ids, chains, _) = full_blocks(&tok, &rendered, 16, 1337);
-    for held_blocks in [0usize, 100, usize::MAX] {
-        let mut probes = Vec::new();
-        let mut held = |c: &[SequenceHash]| {
-            probes.push(c.len());
-            c.len().min(held_blocks)
-        };
-        let mut stats = CacheStats::default();
-        let got = tok
-            .tokens_until(
-                &RequestInput::Messages(history.clone()),
-                &mut Reach::new(16, 1337, 0, &mut held),
-                &mut stats,
-            )
-            .unwrap();
-        assert_eq!(stats.memo_hits, 1, "held {held_blocks}: {stats:?}");
-        assert_eq!(&ids[..got.ids.len()], &got.ids.to_vec()[..], "held {held_blocks}");
-        assert_eq!(
-            &chains[..got.chains.len()],
-            &got.chains[..],
-            "held {held_blocks}"
-        );
-        // The first probe already sees every remembered block.
-        assert!(
-            probes[0] >= 6_000 / 16,
-            "held {held_blocks}: probes {probes:?}"
-        );
-        if held_blocks == usize::MAX {
-            assert!(got.complete() && got.ids.to_vec() == ids);
-        } else {
-            assert!(
-                !got.complete(),
-                "held {held_blocks}: the long new turn is estimated"
-            );
-            assert_estimate_within(&got, ids.len(), 0.05, &format!("held {held_blocks}"));
+    for (prefix_words, turn_words, tail) in [(6_000, 3_000, false), (8_000, 1_500, true)] {
+        let (mut history, _) = remembered_chat(&tok, &mut rng, prefix_words);
+        history.push(msg("assistant", words_text(&mut rng, 50)));
+        history.push(msg("user", words_text(&mut rng, turn_words)));
+        let rendered = tok.template.render(&history, true).unwrap();
+        let (ids, chains, _) = full_blocks(&tok, &rendered, 16, 1337);
+        for held_blocks in [0usize, 100, usize::MAX] {
+            let what = format!("prefix {prefix_words} words, held {held_blocks}");
+            let mut probes = Vec::new();
+            let mut held = |c: &[SequenceHash]| {
+                probes.push(c.len());
+                c.len().min(held_blocks)
+            };
+            let mut stats = CacheStats::default();
+            let got = tok
+                .tokens_until(
+                    &RequestInput::Messages(history.clone()),
+                    &mut Reach::new(16, 1337, 0, &mut held),
+                    &mut stats,
+                )
+                .unwrap();
+            let hits = if tail { (0, 1) } else { (1, 0) };
+            assert_eq!((stats.memo_hits, stats.memo_tail_hits), hits, "{what}: {stats:?}");
+            assert_eq!(&ids[..got.ids.len()], &got.ids.to_vec()[..], "{what}");
+            assert_eq!(&chains[..got.chains.len()], &got.chains[..], "{what}");
+            // The first probe already sees every remembered block.
+            assert!(probes[0] >= prefix_words / 16, "{what}: probes {probes:?}");
+            if held_blocks == usize::MAX {
+                assert!(got.complete() && got.ids.to_vec() == ids);
+            } else {
+                assert!(!got.complete(), "{what}: the new turn is estimated");
+                assert_estimate_within(&got, ids.len(), 0.05, &what);
+            }
         }
     }
 }
@@ -851,20 +847,12 @@ fn long_conversations_resume_from_their_tail_with_the_ids_of_a_full_encode() {
     for conversation in 0..3 {
         // A system prompt past MIN_TAIL_SPLIT_BYTES, then turns with added tokens written by users.
         let mut history = vec![msg("system", words_text(&mut rng, 7_000))];
+        assert!(history[0].content.len() >= MIN_TAIL_SPLIT_BYTES, "{}", history[0].content.len());
         for turn in 0..12 {
             let n = rng.gen_range(1..80);
             history.push(msg("user", random_text(&mut rng, n)));
-            let rendered = tok.template.render(&history, true).unwrap();
-            assert!(rendered.len() >= MIN_TAIL_SPLIT_BYTES, "{}", rendered.len());
-            let mut stats = CacheStats::default();
-            let got = tok
-                .tokens_until(&RequestInput::Messages(history.clone()), &mut Reach::whole_blocks(16, 1337), &mut stats)
-                .unwrap();
-            let (ids, chains, locals) = full_blocks(&tok, &rendered, 16, 1337);
             let what = format!("conversation {conversation} turn {turn}");
-            assert!(got.complete(), "{what}");
-            assert_eq!(got.ids.to_vec(), ids, "{what}");
-            assert_eq!((got.chains, got.locals), (chains, locals), "{what}");
+            let stats = checked(&tok, &history, &what);
             if turn > 0 {
                 assert_eq!(stats.memo_hits + stats.memo_tail_hits, 1, "{what}: {stats:?}");
                 resumed += 1;
@@ -887,16 +875,7 @@ fn an_edit_in_a_long_prompt_resumes_only_where_the_text_is_the_same() {
         history.push(msg("user", random_text(&mut rng, 30)));
         history.push(msg("assistant", random_text(&mut rng, 30)));
     }
-    let check = |messages: &[ChatMessage], what: &str| -> CacheStats {
-        let mut stats = CacheStats::default();
-        let got = tok
-            .tokens_until(&RequestInput::Messages(messages.to_vec()), &mut Reach::whole_blocks(16, 1337), &mut stats)
-            .unwrap();
-        let rendered = tok.template.render(messages, true).unwrap();
-        let (ids, chains, _) = full_blocks(&tok, &rendered, 16, 1337);
-        assert_eq!((got.ids.to_vec(), got.chains), (ids, chains), "{what}");
-        stats
-    };
+    let check = |messages: &[ChatMessage], what: &str| checked(&tok, messages, what);
     check(&history, "the prefix");
     let last = history.len() - 1;
     // Edits in the tail (the last assistant message, or an added token written into it) and at
@@ -917,33 +896,4 @@ fn an_edit_in_a_long_prompt_resumes_only_where_the_text_is_the_same() {
     m.push(msg("assistant", "ant｜> whole".into()));
     m.push(msg("user", "next".into()));
     check(&m, "the piece completed by the next message");
-}
-
-#[test]
-fn a_tail_resume_then_the_stop_rule_keeps_the_ids_exact_and_the_estimate_close() {
-    // As `a_memo_hit_then_the_stop_rule_keeps_the_ids_exact`, with a new turn short enough that
-    // the remembered boundary lies in the prompt's last quarter.
-    let tok = load(8 << 20);
-    let mut rng = StdRng::seed_from_u64(25);
-    let (mut history, _) = remembered_chat(&tok, &mut rng, 8_000);
-    history.push(msg("assistant", words_text(&mut rng, 50)));
-    history.push(msg("user", words_text(&mut rng, 1_500)));
-    let rendered = tok.template.render(&history, true).unwrap();
-    let (ids, chains, _) = full_blocks(&tok, &rendered, 16, 1337);
-    for held_blocks in [0usize, 100, usize::MAX] {
-        let mut held = |c: &[SequenceHash]| c.len().min(held_blocks);
-        let mut stats = CacheStats::default();
-        let got = tok
-            .tokens_until(&RequestInput::Messages(history.clone()), &mut Reach::new(16, 1337, 0, &mut held), &mut stats)
-            .unwrap();
-        assert_eq!(stats.memo_tail_hits, 1, "held {held_blocks}: {stats:?}");
-        assert_eq!(&ids[..got.ids.len()], &got.ids.to_vec()[..], "held {held_blocks}");
-        assert_eq!(&chains[..got.chains.len()], &got.chains[..], "held {held_blocks}");
-        if held_blocks == usize::MAX {
-            assert!(got.complete() && got.ids.to_vec() == ids);
-        } else {
-            assert!(!got.complete(), "held {held_blocks}: the new turn is estimated");
-            assert_estimate_within(&got, ids.len(), 0.05, &format!("held {held_blocks}"));
-        }
-    }
 }
