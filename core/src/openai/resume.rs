@@ -66,7 +66,8 @@ pub struct ChatRead {
 
 /// Reads chat `body`, continuing from `earlier` (an earlier body's bytes, at least its prefix's
 /// length, and that prefix) when `body` starts with the same bytes; the request equals
-/// `parse(ChatCompletions, body)` either way.
+/// `parse(ChatCompletions, body)` either way. A caller that knows `body` starts with the prefix's
+/// bytes (it joined them) passes `body` itself as the bytes: the same slice is not compared.
 pub fn read_chat_from(body: &[u8], earlier: Option<(&[u8], &ChatPrefix)>) -> ChatRead {
     if let Some(read) = earlier.and_then(|(bytes, prefix)| continued(body, bytes, prefix)) {
         return read;
@@ -82,7 +83,8 @@ pub fn read_chat_from(body: &[u8], earlier: Option<(&[u8], &ChatPrefix)>) -> Cha
 /// `body` read from `prefix` (of `earlier`), if it continues it and reads `Ok` that way.
 fn continued(body: &[u8], earlier: &[u8], prefix: &ChatPrefix) -> Option<ChatRead> {
     let (open, end) = (prefix.open, prefix.end);
-    if prefix.anchor.values.is_empty() || open >= end || body.get(..end)? != earlier.get(..end)? {
+    let (now, then) = (body.get(..end)?, earlier.get(..end)?);
+    if prefix.anchor.values.is_empty() || open >= end || !(std::ptr::eq(now, then) || now == then) {
         return None;
     }
     // After the prefix's last message: `,` and another element, or the list's `]`.
@@ -211,6 +213,8 @@ mod tests {
             if let Some(prefix) = &first.prefix {
                 let read = read_chat_from(&later, Some((&earlier, prefix)));
                 prop_assert_eq!(&read.request, &whole(&later));
+                // `later` starts with the prefix's bytes: passed itself, it is not compared.
+                prop_assert_eq!(&read_chat_from(&later, Some((&later, prefix))).request, &read.request);
                 if read.request.is_ok() && read_chat_from(&later, None).prefix.is_some() {
                     prop_assert!(read.resumed, "an Ok continuation is read from the prefix");
                 }

@@ -23,7 +23,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use kvmesh_core::body_base::{self, BodyBase};
+use kvmesh_core::body_base::BodyBase;
 use kvmesh_core::openai::{self, ChatPrefix, OpenAiRequest, ParseError};
 use kvmesh_core::session::SessionKey;
 use parking_lot::Mutex;
@@ -55,16 +55,17 @@ pub struct Held {
     pub prefix: Arc<ChatPrefix>,
     /// Read whole, not continued from another prefix: never replaced by a continuation.
     root: bool,
-    /// [`body_base::hash`] of the prefix's bytes: its name as a [`BodyBase`].
-    hash: u128,
+    /// Its name as the answer gives it: under `key`, the prefix's length and hash.
+    name: BodyBase,
 }
 
 impl Held {
-    /// `body`'s prefix; `root` when the body was read whole (`None`: too short to be kept).
-    pub fn new(body: &Bytes, prefix: ChatPrefix, root: bool) -> Option<Self> {
+    /// `body`'s prefix, kept under `key`; `root` when the body was read whole (`None`: too short
+    /// to be kept).
+    pub fn new(key: u64, body: &Bytes, prefix: ChatPrefix, root: bool) -> Option<Self> {
         let bytes = body.get(..prefix.len()).filter(|b| b.len() >= HEAD_BYTES)?;
-        let hash = body_base::hash(bytes);
-        Some(Self { body: body.clone(), prefix: Arc::new(prefix), root, hash })
+        let name = BodyBase::of(key, bytes);
+        Some(Self { body: body.clone(), prefix: Arc::new(prefix), root, name })
     }
 
     /// The prefix's bytes.
@@ -88,14 +89,18 @@ pub struct BodyRead {
 }
 
 /// A chat body read from the longest prefix `memo` holds for it (or whole), routed with `session`;
-/// its own prefix is kept for the next turn within `max_bytes`.
-pub fn read_chat(memo: &Mutex<BodyMemo>, body: &Bytes, session: Option<SessionKey>, max_bytes: usize) -> BodyRead {
+/// its own prefix is kept for the next turn within `max_bytes`. A body `joined` to a held base
+/// ([`super::request::with_base`]) starts with that base's bytes: it continues that prefix without
+/// a search, and its bytes, just copied from it, are not compared again.
+pub fn read_chat(memo: &Mutex<BodyMemo>, body: &Bytes, session: Option<SessionKey>, max_bytes: usize, joined: Option<Held>) -> BodyRead {
     let key = BodyMemo::key(body, session);
-    let held = memo.lock().find(key, body);
-    let read = openai::read_chat_from(body, held.as_ref().map(|h| (h.bytes(), &*h.prefix)));
-    let kept = read.prefix.and_then(|p| Held::new(body, p, !read.resumed)).and_then(|new| {
-        let base = BodyBase { memo_key: key, len: new.prefix.len(), hash: new.hash };
-        memo.lock().keep(key, new, held.as_ref().filter(|_| read.resumed), max_bytes).then_some(base)
+    let joined = joined.filter(|h| h.name.memo_key == key);
+    let based = joined.is_some();
+    let held = joined.or_else(|| memo.lock().find(key, body));
+    let read = openai::read_chat_from(body, held.as_ref().map(|h| (if based { body.as_ref() } else { h.bytes() }, &*h.prefix)));
+    let kept = read.prefix.and_then(|p| Held::new(key, body, p, !read.resumed)).and_then(|new| {
+        let name = new.name;
+        memo.lock().keep(key, new, held.as_ref().filter(|_| read.resumed), max_bytes).then_some(name)
     });
     let continued = held.filter(|_| read.resumed).map_or(0, |h| h.prefix.len());
     BodyRead { request: read.request, continued, kept }
@@ -131,13 +136,12 @@ impl BodyMemo {
         self.bytes
     }
 
-    /// The bytes of the held prefix `base` names (shared, not copied), now its key's most recently
-    /// used; `None` when no held prefix has that key, length and hash.
-    pub fn base(&mut self, base: &BodyBase) -> Option<Bytes> {
+    /// The held prefix `base` names, now its key's most recently used; `None` when no held prefix
+    /// has that key, length and hash.
+    pub fn base(&mut self, base: &BodyBase) -> Option<Held> {
         let list = self.heads.get_mut(&base.memo_key)?;
-        let at = list.iter().position(|h| h.prefix.len() == base.len && h.hash == base.hash)?;
-        let found = to_front(list, at);
-        Some(found.body.slice(..found.prefix.len()))
+        let at = list.iter().position(|h| h.name == *base)?;
+        Some(to_front(list, at).clone())
     }
 
     /// The longest kept prefix `body` may continue (its head and last bytes agree; the reader
@@ -225,7 +229,7 @@ mod tests {
     /// Reads `body` through the memo as the route does; whether it continued a kept prefix.
     fn read(memo: &mut BodyMemo, body: &[u8], max_bytes: usize) -> bool {
         let shared = Mutex::new(std::mem::take(memo));
-        let read = read_chat(&shared, &Bytes::copy_from_slice(body), Some(SessionKey(7)), max_bytes);
+        let read = read_chat(&shared, &Bytes::copy_from_slice(body), Some(SessionKey(7)), max_bytes, None);
         *memo = shared.into_inner();
         read.continued > 0
     }

@@ -35,10 +35,10 @@ use crate::state::AppState;
 pub async fn route(state: &Arc<AppState>, headers: &HeaderMap, body: Bytes) -> Result<RouteDecision, ApiError> {
     let cfg = state.config();
     let counted = |result: &str| state.metrics.body_memo.with_label_values(&[result]).inc();
-    let (body, _) = request::with_base(headers, body, &state.body_memo, cfg.routing.max_body_bytes)
-        .inspect(|&(_, based)| if based { counted("base_hit") })
+    let (body, joined) = request::with_base(headers, body, &state.body_memo, cfg.routing.max_body_bytes)
+        .inspect(|(_, joined)| if joined.is_some() { counted("base_hit") })
         .inspect_err(|e| if e.reason == BASE_UNKNOWN { counted("base_unknown") })?;
-    let (req, parsed) = request::parse(headers, body, &state.body_memo, cfg.routing.body_memo_bytes)?;
+    let (req, parsed) = request::parse(headers, body, joined, &state.body_memo, cfg.routing.body_memo_bytes)?;
     if let Some(continued) = req.body_continued {
         state.metrics.body_memo.with_label_values(&[if continued > 0 { "hit" } else { "miss" }]).inc();
     }

@@ -11,7 +11,7 @@ use kvmesh_core::session::{self, SessionKey, SessionSource};
 use kvmesh_core::headers;
 use parking_lot::Mutex;
 
-use super::body_memo::{self, BodyMemo, MIN_BODY_BYTES};
+use super::body_memo::{self, BodyMemo, Held, MIN_BODY_BYTES};
 use super::ApiError;
 
 /// What a `/v1/route` call asks, parsed and checked; nothing here has touched shared state.
@@ -41,8 +41,9 @@ fn header<'a>(h: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError>
 }
 
 /// Parses the route call's headers and body; the parsed body goes to tokenization by value. A chat
-/// body of at least [`MIN_BODY_BYTES`] is read through `memo` (bounded by `memo_bytes`; 0 = off).
-pub fn parse(h: &HeaderMap, body: Bytes, memo: &Mutex<BodyMemo>, memo_bytes: usize) -> Result<(RouteRequest, OpenAiRequest), ApiError> {
+/// body of at least [`MIN_BODY_BYTES`] is read through `memo` (bounded by `memo_bytes`; 0 = off),
+/// continuing the base it was `joined` to ([`with_base`]), if any.
+pub fn parse(h: &HeaderMap, body: Bytes, joined: Option<Held>, memo: &Mutex<BodyMemo>, memo_bytes: usize) -> Result<(RouteRequest, OpenAiRequest), ApiError> {
     let path = header(h, headers::KVMESH_PATH)?.ok_or_else(|| ApiError::bad_request("missing_path", format!("missing {} header", headers::KVMESH_PATH)))?;
     let endpoint = openai::Endpoint::from_path(path)
         .ok_or_else(|| ApiError::bad_request("bad_path", format!("{} {path:?} is not a routable OpenAI path", headers::KVMESH_PATH)))?;
@@ -58,7 +59,7 @@ pub fn parse(h: &HeaderMap, body: Bytes, memo: &Mutex<BodyMemo>, memo_bytes: usi
     let request_id = header(h, headers::REQUEST_ID)?.filter(|s| !s.is_empty()).map(str::to_owned);
     let remembered = endpoint == openai::Endpoint::ChatCompletions && body.len() >= MIN_BODY_BYTES && memo_bytes > 0;
     let (parsed, body_continued, body_base) = if remembered {
-        let read = body_memo::read_chat(memo, &body, session.map(|(key, _)| key), memo_bytes);
+        let read = body_memo::read_chat(memo, &body, session.map(|(key, _)| key), memo_bytes, joined);
         (read.request, Some(read.continued), read.kept)
     } else {
         (openai::parse(endpoint, &body), None, None)
@@ -68,12 +69,12 @@ pub fn parse(h: &HeaderMap, body: Bytes, memo: &Mutex<BodyMemo>, memo_bytes: usi
 }
 
 /// The route call's whole body: `body` itself, or — under [`headers::KVMESH_BODY_BASE`] — the
-/// bytes of the base `memo` holds followed by `body` (at most `max_body_bytes` in all). Also
-/// whether a base was joined. `409` [`BASE_UNKNOWN`] when the memo no longer holds the base: the
-/// filter then sends the whole body.
-pub fn with_base(h: &HeaderMap, body: Bytes, memo: &Mutex<BodyMemo>, max_body_bytes: usize) -> Result<(Bytes, bool), ApiError> {
+/// bytes of the base `memo` holds followed by `body` (at most `max_body_bytes` in all). Also the
+/// held base joined, for the read to continue. `409` [`BASE_UNKNOWN`] when the memo no longer
+/// holds the base: the filter then sends the whole body.
+pub fn with_base(h: &HeaderMap, body: Bytes, memo: &Mutex<BodyMemo>, max_body_bytes: usize) -> Result<(Bytes, Option<Held>), ApiError> {
     let Some(named) = header(h, headers::KVMESH_BODY_BASE)?.filter(|v| !v.is_empty()) else {
-        return Ok((body, false));
+        return Ok((body, None));
     };
     let base: BodyBase = named.parse().map_err(|e: kvmesh_core::body_base::BadBodyBase| ApiError::bad_request("bad_body_base", e.to_string()))?;
     let held = memo.lock().base(&base).ok_or_else(|| ApiError {
@@ -82,11 +83,12 @@ pub fn with_base(h: &HeaderMap, body: Bytes, memo: &Mutex<BodyMemo>, max_body_by
         reason: BASE_UNKNOWN,
         message: format!("no body base {base} held (evicted or never kept): send the whole body"),
     })?;
-    if held.len() + body.len() > max_body_bytes {
-        return Err(ApiError::too_large(format!("the base's {} bytes and {} more exceed routing.max_body_bytes = {max_body_bytes}", held.len(), body.len())));
+    let bytes = held.bytes();
+    if bytes.len() + body.len() > max_body_bytes {
+        return Err(ApiError::too_large(format!("the base's {} bytes and {} more exceed routing.max_body_bytes = {max_body_bytes}", bytes.len(), body.len())));
     }
-    let mut whole = Vec::with_capacity(held.len() + body.len());
-    whole.extend_from_slice(&held);
+    let mut whole = Vec::with_capacity(bytes.len() + body.len());
+    whole.extend_from_slice(bytes);
     whole.extend_from_slice(&body);
-    Ok((Bytes::from(whole), true))
+    Ok((Bytes::from(whole), Some(held)))
 }
