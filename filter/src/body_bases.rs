@@ -1,19 +1,19 @@
 //! The body bases the indexer named for each session ([`kvmesh_core::body_base`]), so a long
 //! conversation's next route call sends only the bytes after one instead of its whole body.
 //!
-//! Like the placement memory ([`crate::placement`]), a direct-mapped table in Envoy's shared data,
-//! one for every worker thread of the process (a turn handled by another thread finds it): slot
-//! `key mod slots` holds the session key and up to [`BASES_PER_SLOT`] bases, most recent first —
+//! Like the placement memory ([`crate::placement`]), a table of session slots in Envoy's shared
+//! data ([`crate::session_slots`]), each up to [`BASES_PER_SLOT`] bases, most recent first —
 //! several conversations can share a session key (a derived key is the conversation's anchor, and
 //! conversations branching from one long prefix share it). Each base keeps the last
 //! [`TAIL_BYTES`] bytes it covers: a body is hashed only against a base whose tail it repeats at
 //! the same place (an O(1) check), so the choice costs one hash of the base's bytes (~20 µs for
-//! 200 KB in the VM). A newer session in the same slot overwrites it; the slot's key is compared
-//! before use. Bounded by `body_base_slots` entries of at most [`MAX_SLOT_BYTES`] bytes. Pure
-//! encoding and choice here; the host calls are in `crate::shared`.
+//! 200 KB in the VM). Bounded by `body_base_slots` entries of at most [`MAX_SLOT_BYTES`] bytes.
+//! Pure encoding and choice here; the host calls are in `crate::shared`.
 
 use kvmesh_core::body_base::BodyBase;
 use kvmesh_core::session::SessionKey;
+
+use crate::session_slots;
 
 /// Shared-data key prefix of the table's slots.
 const SLOT_KEY_PREFIX: &str = "kvmesh.bodybase.";
@@ -49,15 +49,13 @@ impl Remembered {
 
 /// The shared-data key of `key`'s slot in a table of `slots` (> 0) slots.
 pub fn slot_key(key: SessionKey, slots: usize) -> String {
-    let slot = key.0 % (slots.max(1) as u64);
-    format!("{SLOT_KEY_PREFIX}{slot}")
+    session_slots::slot_key(SLOT_KEY_PREFIX, key, slots)
 }
 
-/// A slot's value: the session key (8 bytes, little-endian), then each base (memo key, length,
-/// hash, little-endian; its tail).
+/// A slot's value: the session key, then each base (memo key, length, hash, little-endian; its
+/// tail).
 pub fn encode(key: SessionKey, bases: &[Remembered]) -> Vec<u8> {
-    let mut value = Vec::with_capacity(8 + bases.len().min(BASES_PER_SLOT) * BASE_BYTES);
-    value.extend_from_slice(&key.0.to_le_bytes());
+    let mut value = session_slots::value(key, bases.len().min(BASES_PER_SLOT) * BASE_BYTES);
     for r in bases.iter().take(BASES_PER_SLOT) {
         value.extend_from_slice(&r.base.memo_key.to_le_bytes());
         value.extend_from_slice(&(r.base.len as u64).to_le_bytes());
@@ -70,8 +68,8 @@ pub fn encode(key: SessionKey, bases: &[Remembered]) -> Vec<u8> {
 /// The bases a slot's `value` remembers for `key`: none when the slot holds another session, or is
 /// empty or unreadable.
 pub fn decode(value: &[u8], key: SessionKey) -> Vec<Remembered> {
-    let Some((stored, rest)) = value.split_at_checked(8) else { return Vec::new() };
-    if stored != key.0.to_le_bytes() || rest.len() % BASE_BYTES != 0 || rest.len() > BASES_PER_SLOT * BASE_BYTES {
+    let Some(rest) = session_slots::payload(value, key) else { return Vec::new() };
+    if rest.len() % BASE_BYTES != 0 || rest.len() > BASES_PER_SLOT * BASE_BYTES {
         return Vec::new();
     }
     rest.chunks_exact(BASE_BYTES).filter_map(decode_one).collect()

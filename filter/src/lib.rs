@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod placement;
 pub mod request;
 pub mod roles;
+pub mod session_slots;
 pub mod shared;
 pub mod splice;
 pub mod tasks;
