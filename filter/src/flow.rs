@@ -324,8 +324,8 @@ impl RequestFlow {
             effects.extend(forget);
             return Step { effects, next: Next::Call(self.route_call()) };
         }
-        let latency_ms = now_ns.saturating_sub(self.route_started_ns) / 1_000_000;
-        let mut effects = vec![Effect::Metric(MetricUpdate::Record(Metric::RouteLatency, latency_ms))];
+        let latency_us = now_ns.saturating_sub(self.route_started_ns) / 1_000;
+        let mut effects = vec![Effect::Metric(MetricUpdate::Record(Metric::RouteLatency, latency_us))];
         let answer = if body.len() > decision::MAX_ANSWER_BYTES {
             IndexerAnswer::Fallback(Fallback::new(FallbackReason::BadResponse))
         } else {

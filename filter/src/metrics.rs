@@ -8,7 +8,7 @@
 //! defined (at zero) when the filter configures — dashboards see them before the first request.
 //!
 //! Envoy stats are integers: [`KV_HIT_RATE`] records per-mille ([`HIT_RATE_SCALE`]) and
-//! [`ROUTE_LATENCY`] milliseconds. Bucket bounds live in the bootstrap (`histogram_bucket_settings`).
+//! [`ROUTE_LATENCY`] microseconds. Bucket bounds live in the bootstrap (`histogram_bucket_settings`).
 
 /// The `router_kv_*` metrics are defined once in core, for the filter and the indexer alike.
 pub use kvmesh_core::router_metrics::{
@@ -31,7 +31,7 @@ pub const ROUTE_BODIES: &str = "kvmesh_filter_route_bodies_total";
 /// Counter `{reason}`: requests not routed by content (passed to Envoy's fallback LB untouched).
 pub const UNROUTABLE: &str = "kvmesh_filter_unroutable_requests_total";
 /// Histogram: `/v1/route` round trip in milliseconds, answered or not.
-pub const ROUTE_LATENCY: &str = "kvmesh_filter_route_latency_milliseconds";
+pub const ROUTE_LATENCY: &str = "kvmesh_filter_route_latency_microseconds";
 /// Counter `{result}`: `/v1/done` reports sent (2xx), retried (a call carrying them got no answer
 /// or a 5xx: re-queued), failed (given up: 4xx, or the attempts cap) or dropped (queue full / no queue).
 pub const DONE_REPORTS: &str = "kvmesh_filter_done_reports_total";

@@ -12,7 +12,7 @@
 //! [`crate::metrics::TTFT_PREDICTED`] and [`crate::metrics::TTFT_RATIO`] (measured requests whose
 //! decision carried a prediction). The ratio, actual / predicted in per-mille, is the calibration
 //! an operator reads: its median near 1000 is a calibrated model, its spread the model's error.
-//! The measurement includes the `/v1/route` round trip (`kvmesh_filter_route_latency_milliseconds`),
+//! The measurement includes the `/v1/route` round trip (`kvmesh_filter_route_latency_microseconds`),
 //! which the prediction does not; at ≈ 1 ms it matters only for predictions of a few ms.
 
 use crate::effects::Effect;

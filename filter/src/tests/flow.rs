@@ -98,7 +98,9 @@ fn routed_disagg_request_end_to_end() {
     assert!(call.header("x-kvmesh-session").is_some_and(|v| v.ends_with(";source=prefix")), "derived keys are on by default");
 
     let kv = json!({"do_remote_prefill": true, "remote_engine_id": "p1"});
-    let step = f.on_route_answer(Some(200), &decision(kv.clone()), 7_000_000, &fleet());
+    // Called at 2 ms (`to_route_call`), answered 0.75 ms later: recorded in microseconds, since a
+    // whole-millisecond sample would be 0.
+    let step = f.on_route_answer(Some(200), &decision(kv.clone()), 2_750_000, &fleet());
     let e = &step.effects;
     assert_eq!(header_set(e, "x-gateway-destination-endpoint").as_deref(), Some("10.0.0.2:8000,10.0.0.3:8000"));
     let Some(Effect::ReplaceRequestBody { original_len, body }) = e.iter().find(|e| matches!(e, Effect::ReplaceRequestBody { .. })) else {
@@ -113,7 +115,7 @@ fn routed_disagg_request_end_to_end() {
     assert_eq!(counted(e, Metric::OverlapBlocks), 3);
     assert_eq!(counted(e, Metric::IslBlocks), 4);
     assert_eq!(recorded(e, Metric::HitRate), vec![750]);
-    assert_eq!(recorded(e, Metric::RouteLatency), vec![5]);
+    assert_eq!(recorded(e, Metric::RouteLatency), vec![750]);
     assert_eq!(e.last(), Some(&Effect::ResumeRequest));
 
     let debug = f.on_response_headers(Some(200), false);
@@ -296,7 +298,7 @@ fn fallbacks_pin_by_session_over_the_fleet() {
         let header = header_set(&step.effects, headers::DESTINATION_ENDPOINT).unwrap();
         assert!(header.starts_with(&expected_pin), "{header}");
         assert_eq!(step.effects.last(), Some(&Effect::ResumeRequest));
-        assert_eq!(recorded(&step.effects, Metric::RouteLatency), vec![100]);
+        assert_eq!(recorded(&step.effects, Metric::RouteLatency), vec![100_000]);
         let debug = f.on_response_headers(Some(200), true);
         assert!(debug.contains(&Effect::AddResponseHeader(headers::DEBUG_FALLBACK, debug_value.into())), "{debug:?}");
         let done = f.finish(None);
