@@ -295,7 +295,7 @@ fn long_prompts(rt: &tokio::runtime::Runtime, app: &axum::Router, svc: &Service,
         shared_prefix(rt, app, &prefix, tokens, rng)?;
     }
     if runs("concurrent_64") {
-        concurrent(rt, app, &prefix, rng)?;
+        concurrency(rt, app, &prefix, rng)?;
     }
     Ok(())
 }
@@ -324,14 +324,54 @@ fn shared_prefix(rt: &tokio::runtime::Runtime, app: &axum::Router, prefix: &[Cha
     Ok(())
 }
 
-/// 64 concurrent callers: 48 continue the held 48k `prefix`, 16 send cold 8k chats.
-fn concurrent(rt: &tokio::runtime::Runtime, app: &axum::Router, prefix: &[ChatMessage], rng: &mut StdRng) -> anyhow::Result<()> {
-    let callers = 64;
+/// Callers continuing the held 48k prefix in the concurrency case.
+const WARM_CALLERS: usize = 48;
+/// Callers sending cold 8k chats beside them: with [`WARM_CALLERS`], 64 in all.
+const COLD_CALLERS: usize = 16;
+/// Rounds of (warm callers alone, then with the cold ones): alternating spreads drift and
+/// warm-up over both, which one round each did not (the first run was the slower as often as not).
+const CONCURRENCY_ROUNDS: usize = 2;
+
+/// Route latency under [`WARM_CALLERS`] + [`COLD_CALLERS`] concurrent callers, and of the same
+/// warm callers alone, [`CONCURRENCY_ROUNDS`] times alternated: whether cold routes drag the warm
+/// ones' p99 up is the ratio of the two warm figures. Emits `concurrent_64_warm`,
+/// `concurrent_64_cold` and `concurrent_48_warm_alone`.
+fn concurrency(rt: &tokio::runtime::Runtime, app: &axum::Router, prefix: &[ChatMessage], rng: &mut StdRng) -> anyhow::Result<()> {
+    let (mut alone, mut warm, mut cold, mut failed) = (Vec::new(), Vec::new(), Vec::new(), [0usize; 2]);
+    for _ in 0..CONCURRENCY_ROUNDS {
+        let (w, _, f) = concurrent(rt, app, prefix, rng, WARM_CALLERS, 0)?;
+        alone.extend(w);
+        failed[0] += f;
+        let (w, c, f) = concurrent(rt, app, prefix, rng, WARM_CALLERS, COLD_CALLERS)?;
+        warm.extend(w);
+        cold.extend(c);
+        failed[1] += f;
+    }
+    anyhow::ensure!(!alone.is_empty() && !warm.is_empty() && !cold.is_empty(), "every concurrent route failed");
+    let (n_alone, n_mixed) = (alone.len() + failed[0], warm.len() + cold.len() + failed[1]);
+    let (a50, a99) = pcts(alone);
+    let (w50, w99) = pcts(warm);
+    let (c50, c99) = pcts(cold);
+    println!("FIGURE route under {WARM_CALLERS} concurrent callers, all warm 48k continuations: p50 {a50:.3} ms, p99 {a99:.3} ms; {} shed or failed", failed[0]);
+    println!("FIGURE route under {} concurrent callers ({WARM_CALLERS} warm 48k continuations, {COLD_CALLERS} cold 8k chats): warm p50 {w50:.3} ms, p99 {w99:.3} ms; cold p50 {c50:.3} ms, p99 {c99:.3} ms; {} shed or failed", WARM_CALLERS + COLD_CALLERS, failed[1]);
+    println!("FIGURE warm routes with the cold callers beside them ÷ alone: p50 {:.2} ×, p99 {:.2} ×", w50 / a50, w99 / a99);
+    emit(serde_json::json!({"bench": "route", "figure": "route", "name": "concurrent_48_warm_alone", "p50_ms": a50, "p99_ms": a99, "samples": n_alone, "failed": failed[0]}));
+    emit(serde_json::json!({"bench": "route", "figure": "route", "name": "concurrent_64_warm", "p50_ms": w50, "p99_ms": w99, "samples": n_mixed, "failed": failed[1]}));
+    emit(serde_json::json!({"bench": "route", "figure": "route", "name": "concurrent_64_cold", "p50_ms": c50, "p99_ms": c99, "samples": n_mixed, "failed": failed[1]}));
+    Ok(())
+}
+
+/// One concurrent run: `warm` callers continue the held 48k `prefix` while `cold` more send cold
+/// 8k chats (every `(warm + cold) / cold`-th caller), all at once; the warm and the cold routes'
+/// latencies and the number shed or failed.
+fn concurrent(rt: &tokio::runtime::Runtime, app: &axum::Router, prefix: &[ChatMessage], rng: &mut StdRng, warm_callers: usize, cold_callers: usize) -> anyhow::Result<(Vec<Duration>, Vec<Duration>, usize)> {
+    let callers = warm_callers + cold_callers;
+    let cold_every = callers / cold_callers.max(1);
     let per_caller = samples_or(8);
     let mut work: Vec<(bool, String)> = Vec::new();
     for c in 0..callers {
         for i in 0..per_caller {
-            let cold = c % 4 == 0;
+            let cold = cold_callers > 0 && c % cold_every == 0 && c / cold_every < cold_callers;
             let m = if cold {
                 conversation(rng, 8000)
             } else {
@@ -370,11 +410,5 @@ fn concurrent(rt: &tokio::runtime::Runtime, app: &axum::Router, prefix: &[ChatMe
             (_, Err(_)) => failed += 1,
         }
     }
-    anyhow::ensure!(!warm.is_empty() && !cold.is_empty(), "every concurrent route failed");
-    let (w50, w99) = pcts(warm);
-    let (c50, c99) = pcts(cold);
-    println!("FIGURE route under {callers} concurrent callers (3/4 warm 48k continuations, 1/4 cold 8k chats): warm p50 {w50:.3} ms, p99 {w99:.3} ms; cold p50 {c50:.3} ms, p99 {c99:.3} ms; {failed} shed or failed");
-    emit(serde_json::json!({"bench": "route", "figure": "route", "name": "concurrent_64_warm", "p50_ms": w50, "p99_ms": w99, "samples": callers * per_caller, "failed": failed}));
-    emit(serde_json::json!({"bench": "route", "figure": "route", "name": "concurrent_64_cold", "p50_ms": c50, "p99_ms": c99, "samples": callers * per_caller, "failed": failed}));
-    Ok(())
+    Ok((warm, cold, failed))
 }

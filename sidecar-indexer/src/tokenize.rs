@@ -74,10 +74,17 @@ pub enum TokenizeError {
     Tokens(#[from] TokensError),
     #[error("cannot read added tokens from {path}: {reason}")]
     AddedTokens { path: String, reason: String },
+    /// The [`Reach::yielding`] hook asked to stop (work that yields to route calls gave up).
+    #[error("stopped: the tokenization yielded to other work for too long")]
+    GaveWay,
 }
 
 /// Leading blocks of a chain some worker holds.
 pub type HeldPrefix<'a> = dyn FnMut(&[SequenceHash]) -> usize + 'a;
+
+/// Called between chunks of a [`Reach::yielding`] tokenization; may wait; `false` stops it
+/// ([`TokenizeError::GaveWay`]).
+pub type Yield<'a> = dyn FnMut() -> bool + 'a;
 
 /// How far [`PromptTokenizer::tokens_until`] must tokenize.
 pub struct Reach<'a> {
@@ -90,6 +97,8 @@ pub struct Reach<'a> {
     pub exact_past_held: usize,
     /// Leading blocks of a chain some worker holds (index or speculative); `None`: tokenize all.
     held: Option<&'a mut HeldPrefix<'a>>,
+    /// Between chunks: lets other work go first ([`Self::yielding`]).
+    yield_now: Option<&'a mut Yield<'a>>,
 }
 
 impl<'a> Reach<'a> {
@@ -105,6 +114,7 @@ impl<'a> Reach<'a> {
             seed,
             exact_past_held,
             held: Some(held),
+            yield_now: None,
         }
     }
 
@@ -115,7 +125,15 @@ impl<'a> Reach<'a> {
             seed,
             exact_past_held: 0,
             held: None,
+            yield_now: None,
         }
+    }
+
+    /// Calls `yield_now` before each chunk it encodes (a chunk is at most [`CHUNK_BYTES`]), so
+    /// work off the request path can wait while route calls run; `false` stops the tokenization.
+    pub fn yielding(mut self, yield_now: &'a mut Yield<'a>) -> Self {
+        self.yield_now = Some(yield_now);
+        self
     }
 
     fn whole() -> Self {
@@ -667,6 +685,9 @@ impl PromptTokenizer {
                     t.len()
                 };
                 let chunk = &t[start..end];
+                if reach.yield_now.as_mut().is_some_and(|go_on| !go_on()) {
+                    return Err(TokenizeError::GaveWay);
+                }
                 let before = out.ids.len();
                 self.encode_piece(chunk, out.ids.own_mut(), stats)?;
                 out.sample_bytes += chunk.len();

@@ -897,3 +897,33 @@ fn an_edit_in_a_long_prompt_resumes_only_where_the_text_is_the_same() {
     m.push(msg("user", "next".into()));
     check(&m, "the piece completed by the next message");
 }
+
+#[test]
+fn a_yielding_tokenization_asks_before_each_chunk_and_stops_when_told() {
+    let tok = load_without_memo(1 << 20);
+    let mut rng = StdRng::seed_from_u64(31);
+    let messages = vec![msg("system", random_text(&mut rng, 2000)), msg("user", random_text(&mut rng, 300))];
+    let input = RequestInput::Messages(messages.clone());
+    let rendered = tok.template.render(&messages, true).unwrap();
+    let (ids, chains, _) = full_blocks(&tok, &rendered, 16, 1337);
+
+    // Let through: the ids are a full encode's, and it was asked once per chunk (several).
+    let mut asked = 0;
+    let mut go_on = || {
+        asked += 1;
+        true
+    };
+    let got = tok.tokens_until(&input, &mut Reach::whole_blocks(16, 1337).yielding(&mut go_on), &mut CacheStats::default()).unwrap();
+    assert_eq!((got.ids.to_vec(), got.chains), (ids, chains));
+    assert!(asked > 3, "asked {asked} times for {} bytes", rendered.len());
+
+    // Told to stop at the third chunk: it stops there, with the error that says so.
+    let mut asked = 0;
+    let mut stop_third = || {
+        asked += 1;
+        asked < 3
+    };
+    let stopped = tok.tokens_until(&input, &mut Reach::whole_blocks(16, 1337).yielding(&mut stop_third), &mut CacheStats::default());
+    assert!(matches!(stopped, Err(TokenizeError::GaveWay)), "{:?}", stopped.map(|t| t.ids.len()));
+    assert_eq!(asked, 3);
+}
