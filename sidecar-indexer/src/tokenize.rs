@@ -129,8 +129,9 @@ impl<'a> Reach<'a> {
         }
     }
 
-    /// Calls `yield_now` before each chunk it encodes (a chunk is at most [`CHUNK_BYTES`]), so
-    /// work off the request path can wait while route calls run; `false` stops the tokenization.
+    /// Calls `yield_now` before each chunk it encodes (at most [`CHUNK_BYTES`] of text where the
+    /// tokenizer's pieces may be cut, else a whole segment between added tokens), so work off the
+    /// request path can wait while route calls run; `false` stops the tokenization.
     pub fn yielding(mut self, yield_now: &'a mut Yield<'a>) -> Self {
         self.yield_now = Some(yield_now);
         self
