@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::Request;
 use criterion::black_box;
+use kvmesh_core::api::RouteDecision;
+use kvmesh_core::body_base::BodyBase;
+use kvmesh_core::headers;
 use kvmesh_core::openai::ChatMessage;
 use kvmesh_indexer::config::{Config, MapEnv};
 use kvmesh_indexer::http::router;
@@ -300,25 +303,62 @@ fn long_prompts(rt: &tokio::runtime::Runtime, app: &axum::Router, svc: &Service,
     Ok(())
 }
 
-/// The held 48k-token prefix with a new turn per call: latency and routes/s from one caller.
+/// Turns each conversation of the shared-prefix case grows on the prefix before the next one
+/// starts from it (as the overhead benchmark's `Shape::shared_turns`).
+const SHARED_TURNS: usize = 8;
+
+/// One route call as the filter makes it for a conversation's turn: its session key, and after
+/// the first turn only the bytes after the body base the last answer named. The call's time and
+/// the base this answer names.
+async fn route_turn(app: &axum::Router, body: &str, session: u64, base: Option<BodyBase>) -> anyhow::Result<(Duration, Option<BodyBase>)> {
+    let mut req = Request::post("/v1/route")
+        .header("x-kvmesh-path", "/v1/chat/completions")
+        .header(headers::KVMESH_SESSION, format!("{session:016x};source=header"))
+        .header("content-type", "application/json");
+    let sent = match base {
+        Some(b) if b.prefixes(body.as_bytes()) => {
+            req = req.header(headers::KVMESH_BODY_BASE, b.to_string());
+            body.get(b.len..).unwrap_or_default().to_owned()
+        }
+        _ => body.to_owned(),
+    };
+    let req = req.body(Body::from(sent))?;
+    let t = Instant::now();
+    let resp = app.clone().oneshot(req).await?;
+    anyhow::ensure!(resp.status().is_success(), "route answered {}", resp.status());
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await?;
+    let took = t.elapsed();
+    let decision: RouteDecision = serde_json::from_slice(&bytes)?;
+    Ok((took, decision.body_base))
+}
+
+/// Conversations growing on the held 48k-token prefix, [`SHARED_TURNS`] turns each, sent as the
+/// filter sends them ([`route_turn`]: the path the overhead benchmark's
+/// `chat_48k_shared_prefix` takes through Envoy): latency and routes/s from one caller.
 fn shared_prefix(rt: &tokio::runtime::Runtime, app: &axum::Router, prefix: &[ChatMessage], tokens: usize, rng: &mut StdRng) -> anyhow::Result<()> {
-    let samples = samples_or(100);
-    let bodies: Vec<String> = (0..samples)
-        .map(|i| {
-            let mut m = prefix.to_vec();
-            m.push(ChatMessage { role: "assistant".into(), content: text(rng, 60).into() });
-            m.push(ChatMessage { role: "user".into(), content: format!("turn {i}: {}", text(rng, 40)).into() });
-            body(&m)
-        })
-        .collect();
+    let samples = samples_or(96);
+    let mut bodies = Vec::with_capacity(samples);
+    let mut conversation = Vec::new();
+    for i in 0..samples {
+        if i % SHARED_TURNS == 0 {
+            conversation = prefix.to_vec();
+        }
+        conversation.push(ChatMessage { role: "assistant".into(), content: text(rng, 60).into() });
+        conversation.push(ChatMessage { role: "user".into(), content: format!("turn {i}: {}", text(rng, 40)).into() });
+        bodies.push((0x5eed_0000 + (i / SHARED_TURNS) as u64, body(&conversation)));
+    }
     let started = Instant::now();
-    let mut times = Vec::new();
-    for b in bodies {
-        times.push(rt.block_on(route(app, b))?);
+    let (mut times, mut base, mut deltas) = (Vec::new(), None, 0);
+    for (i, (session, b)) in bodies.iter().enumerate() {
+        let sent_after = if i % SHARED_TURNS == 0 { None } else { base };
+        deltas += usize::from(sent_after.is_some());
+        let (took, named) = rt.block_on(route_turn(app, b, *session, sent_after))?;
+        times.push(took);
+        base = named;
     }
     let rps = samples as f64 / started.elapsed().as_secs_f64();
     let (p50, p99) = pcts(times);
-    println!("FIGURE route 48k shared prefix + new turn ~{tokens} tokens: p50 {p50:.3} ms, p99 {p99:.3} ms, {rps:.0} routes/s from one caller ({samples} samples)");
+    println!("FIGURE route 48k shared prefix + new turn ~{tokens} tokens: p50 {p50:.3} ms, p99 {p99:.3} ms, {rps:.0} routes/s from one caller ({samples} samples, {SHARED_TURNS} turns per conversation, {deltas} sent after a body base)");
     emit(serde_json::json!({"bench": "route", "figure": "route", "name": "shared_prefix_48k", "tokens": tokens, "p50_ms": p50, "p99_ms": p99, "samples": samples, "routes_per_s": rps}));
 
     Ok(())
