@@ -867,6 +867,34 @@ async fn short_prompts_tokenize_inline_long_ones_on_the_pool_with_exact_counts()
 }
 
 #[tokio::test]
+async fn a_continued_long_conversation_tokenizes_inline_unless_the_memo_lost_its_prefix() {
+    let moved = |svc: &Arc<Service>| svc.state.metrics.tokenize_moved_to_pool.get();
+    let session = [(headers::KVMESH_SESSION, "00000000000000ab;source=header")];
+    let mut answers = Vec::new();
+    // Approximate mode tokenizes every prompt whole: turn 1 leaves all of its text in the memo.
+    for (memo, moved_on_turn_two) in [(crate::tokenize::DEFAULT_MEMO_BYTES, 0), (0, 1)] {
+        let config = Config::from_toml_str(&fleet_toml("mode = \"approximate\""), &MapEnv::default()).unwrap();
+        let svc = Service::start_with_tokenizer(config, None, Arc::new(MapEnv::default()), tokenizer().with_memo_bytes(memo)).unwrap();
+        // ~100 KB: past the inline bound, so turn 1 goes to the pool; turn 2 continues it.
+        let mut messages = vec![serde_json::json!({"role": "system", "content": "A long document about the mesh. ".repeat(3_000)})];
+        messages.push(serde_json::json!({"role": "user", "content": "What does it say?"}));
+        let mut turns = Vec::new();
+        for turn in 0..2 {
+            let body = serde_json::json!({"model": "m", "messages": messages, "stream": true}).to_string();
+            assert!(body.len() > crate::route::plan::INLINE_TOKENIZE_MAX_BODY_BYTES);
+            turns.push(route_ok(&svc, "/v1/chat/completions", &body, &session).await.isl_blocks);
+            let continued = svc.state.metrics.body_memo.with_label_values(&["hit"]).get();
+            assert_eq!((continued, moved(&svc)), (turn, if turn == 0 { 0 } else { moved_on_turn_two }), "memo {memo} B, turn {turn}: read continued, moved to the pool");
+            messages.push(serde_json::json!({"role": "assistant", "content": "It says the mesh routes."}));
+            messages.push(serde_json::json!({"role": "user", "content": "And then?"}));
+        }
+        answers.push(turns);
+    }
+    // Moved or not, the prompt was tokenized whole and exactly.
+    assert_eq!(answers[0], answers[1]);
+}
+
+#[tokio::test]
 async fn calls_beyond_the_concurrency_bound_are_shed_fast() {
     let svc = service("max_concurrent_routes = 2");
     let state = &svc.state;

@@ -30,6 +30,7 @@ pub const TOKENIZE_MEMO_TOTAL: &str = "kvmesh_tokenize_memo_total";
 pub const BODY_MEMO_TOTAL: &str = "kvmesh_body_memo_total";
 pub const TOKENIZE_TOKENS_TOTAL: &str = "kvmesh_tokenize_tokens_total";
 pub const TOKENIZE_BACKGROUND_TOTAL: &str = "kvmesh_tokenize_background_total";
+pub const TOKENIZE_MOVED_TO_POOL_TOTAL: &str = "kvmesh_tokenize_moved_to_pool_total";
 pub const DONE_REPORTS_TOTAL: &str = "kvmesh_done_reports_total";
 pub const LOAD_EXPIRED_TOTAL: &str = "kvmesh_load_expired_total";
 pub const KV_EVENTS_TOTAL: &str = "kvmesh_kv_events_total";
@@ -120,6 +121,7 @@ pub const ALL: &[&str] = &[
     BODY_MEMO_TOTAL,
     TOKENIZE_TOKENS_TOTAL,
     TOKENIZE_BACKGROUND_TOTAL,
+    TOKENIZE_MOVED_TO_POOL_TOTAL,
     DONE_REPORTS_TOTAL,
     LOAD_EXPIRED_TOTAL,
     KV_EVENTS_TOTAL,
@@ -240,6 +242,8 @@ pub struct Metrics {
     pub tokenize_tokens: IntCounterVec,
     /// labels: result (done, skipped, failed): partly tokenized prompts finished off the request path.
     pub tokenize_background: IntCounterVec,
+    /// Route tokenizations tried on the calling task that had more new text than it may encode.
+    pub tokenize_moved_to_pool: IntCounter,
     /// labels: outcome (success, error, aborted), matched (true, false).
     pub done_reports: IntCounterVec,
     /// labels: reason (timeout, overflow).
@@ -402,6 +406,11 @@ impl Metrics {
             "Approximate mode: (block, worker) entries forgotten by TTL or size bound",
         )?;
         r.register(Box::new(approx_expired.clone()))?;
+        let tokenize_moved_to_pool = IntCounter::new(
+            TOKENIZE_MOVED_TO_POOL_TOTAL,
+            "Route tokenizations tried on the calling task (a continued conversation) that found more new text past the prefix memo's resume point than it may encode there, and moved to the blocking pool",
+        )?;
+        r.register(Box::new(tokenize_moved_to_pool.clone()))?;
         let int_gauge = |name: &str, help: &str| -> prometheus::Result<IntGauge> {
             let g = IntGauge::new(name, help)?;
             r.register(Box::new(g.clone()))?;
@@ -478,6 +487,7 @@ impl Metrics {
             fleet_generation: int_gauge(FLEET_GENERATION, "Bumped when fleet membership or health changes")?,
             config_reloads: counter_vec(&r, CONFIG_RELOADS_TOTAL, "Config reloads by result", &["result"])?,
             approx_expired,
+            tokenize_moved_to_pool,
             prefill_legs: counter_vec(&r, PREFILL_LEGS_TOTAL, "Prefill legs of disaggregated requests by outcome", &["outcome"])?,
             prefill_fallbacks: counter_vec(&r, PREFILL_FALLBACKS_TOTAL, "Prefill legs that failed and were served on the decode worker, by reason", &["reason"])?,
             prefill_leg_duration: leg_duration(&r, PREFILL_LEG_DURATION_SECONDS, "Time of one prefill leg (send, remote prefill, answer)")?,

@@ -77,6 +77,10 @@ pub enum TokenizeError {
     /// The [`Reach::yielding`] hook asked to stop (work that yields to route calls gave up).
     #[error("stopped: the tokenization yielded to other work for too long")]
     GaveWay,
+    /// More text past where the prefix memo resumed the prompt than [`Reach::within`] allows:
+    /// nothing was encoded (the caller tokenizes it where longer work may run).
+    #[error("{fresh} bytes of text past the prefix memo's resume point, over this call's {budget}")]
+    OverBudget { fresh: usize, budget: usize },
 }
 
 /// Leading blocks of a chain some worker holds.
@@ -99,6 +103,8 @@ pub struct Reach<'a> {
     held: Option<&'a mut HeldPrefix<'a>>,
     /// Between chunks: lets other work go first ([`Self::yielding`]).
     yield_now: Option<&'a mut Yield<'a>>,
+    /// Text bytes past the prefix memo's resume point this call may encode ([`Self::within`]).
+    max_fresh_bytes: usize,
 }
 
 impl<'a> Reach<'a> {
@@ -115,6 +121,7 @@ impl<'a> Reach<'a> {
             exact_past_held,
             held: Some(held),
             yield_now: None,
+            max_fresh_bytes: usize::MAX,
         }
     }
 
@@ -126,6 +133,7 @@ impl<'a> Reach<'a> {
             exact_past_held: 0,
             held: None,
             yield_now: None,
+            max_fresh_bytes: usize::MAX,
         }
     }
 
@@ -134,6 +142,14 @@ impl<'a> Reach<'a> {
     /// request path can wait while route calls run; `false` stops the tokenization.
     pub fn yielding(mut self, yield_now: &'a mut Yield<'a>) -> Self {
         self.yield_now = Some(yield_now);
+        self
+    }
+
+    /// Refuses ([`TokenizeError::OverBudget`], before encoding anything) a prompt with more
+    /// than `max_fresh_bytes` of text past where the prefix memo resumes it: work bounded for a
+    /// caller that must not run long (an async worker), however long the prompt is.
+    pub fn within(mut self, max_fresh_bytes: usize) -> Self {
+        self.max_fresh_bytes = max_fresh_bytes;
         self
     }
 
@@ -544,6 +560,9 @@ impl PromptTokenizer {
             }
         };
         let rest = text.len() - resumed.map_or(0, |b| b.at);
+        if rest > reach.max_fresh_bytes {
+            return Err(TokenizeError::OverBudget { fresh: rest, budget: reach.max_fresh_bytes });
+        }
         out.ids.own_mut().reserve(rest.min(64 * 1024) / 3);
         let mut reached = Reached {
             last: resumed,

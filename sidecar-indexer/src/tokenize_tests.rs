@@ -927,3 +927,37 @@ fn a_yielding_tokenization_asks_before_each_chunk_and_stops_when_told() {
     assert!(matches!(stopped, Err(TokenizeError::GaveWay)), "{:?}", stopped.map(|t| t.ids.len()));
     assert_eq!(asked, 3);
 }
+
+#[test]
+fn a_budgeted_tokenization_refuses_more_new_text_than_its_budget_before_encoding_any() {
+    let tok = load(8 << 20);
+    let mut rng = StdRng::seed_from_u64(32);
+    let budget = 4 * 1024;
+    let mut history = vec![msg("system", words_text(&mut rng, 3_000))];
+    history.push(msg("user", random_text(&mut rng, 40)));
+    let within = |tok: &PromptTokenizer, messages: &[ChatMessage]| {
+        tok.tokens_until(&RequestInput::Messages(messages.to_vec()), &mut Reach::whole_blocks(16, 1337).within(budget), &mut CacheStats::default())
+    };
+    let rendered = |m: &[ChatMessage]| tok.template.render(m, true).unwrap();
+
+    // Nothing held: all of its text is new, over the budget; refused, and nothing was kept.
+    let memo_before = tok.memo_bytes();
+    let refused = within(&tok, &history);
+    let fresh = rendered(&history).len();
+    assert!(matches!(refused, Err(TokenizeError::OverBudget { fresh: f, budget: b }) if (f, b) == (fresh, budget)), "{:?}", refused.map(|t| t.ids.len()));
+    assert_eq!(tok.memo_bytes(), memo_before, "a refused tokenization keeps nothing in the memo");
+
+    // Tokenized whole once (as the pool does), its next turn resumes from the memo: a few hundred
+    // bytes are new, within the budget, and the ids are a full encode's.
+    checked(&tok, &history, "the conversation so far");
+    history.push(msg("assistant", random_text(&mut rng, 30)));
+    history.push(msg("user", random_text(&mut rng, 30)));
+    let (ids, chains, _) = full_blocks(&tok, &rendered(&history), 16, 1337);
+    let got = within(&tok, &history).expect("a short new turn is within the budget");
+    assert_eq!((got.ids.to_vec(), got.chains), (ids, chains));
+
+    // A long new turn past the same prefix is over it again.
+    history.push(msg("assistant", words_text(&mut rng, 2_000)));
+    history.push(msg("user", random_text(&mut rng, 10)));
+    assert!(matches!(within(&tok, &history), Err(TokenizeError::OverBudget { fresh, .. }) if fresh > budget && fresh < rendered(&history).len() / 2));
+}

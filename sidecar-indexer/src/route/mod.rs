@@ -45,7 +45,7 @@ pub async fn route(state: &Arc<AppState>, headers: &HeaderMap, body: Bytes) -> R
     let permit = admission::admit(&state.route_inflight, cfg.routing.max_concurrent_routes, &state.metrics)?;
     let cancel = admission::Cancel::default();
     let armed = cancel.on_drop();
-    let inline = plan::tokenize_inline(req.body.len(), req.body.len() - req.body_continued.unwrap_or(0));
+    let inline = plan::inline_budget(req.body.len(), req.body.len() - req.body_continued.unwrap_or(0));
     let mut prompt = plan::tokenize(state, &cfg, parsed, permit, cancel, inline).await?;
     let partial = prompt.partial.take();
     let (plan, booking, record) = plan::decide_and_book(state, &cfg, &req, prompt)?;

@@ -30,6 +30,8 @@ pub struct Prompt {
     pub partial: Option<OpenAiRequest>,
     /// [`OpenAiRequest::opens_conversation`].
     pub opens_conversation: bool,
+    /// The whole prompt was tokenized (no estimated rest).
+    complete: bool,
 }
 
 /// Background completions ([`complete_later`]) queued or running at most at once; beyond, they are
@@ -188,70 +190,117 @@ fn give_way(inflight: &AtomicUsize, waited: &mut Duration, max: Duration, step: 
 /// async worker; longer prompts keep the pool, so an async worker is never held longer.
 pub const INLINE_TOKENIZE_MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// Largest body tokenized on the calling task when its read continued the conversation's last body
-/// (the body memo) and at most [`INLINE_TOKENIZE_MAX_BODY_BYTES`] of it is new: its tokenization
+/// Largest body tried on the calling task when its read continued the conversation's last body
+/// (the body memo) and at most [`INLINE_TOKENIZE_MAX_BODY_BYTES`] of it is new. Its tokenization
 /// resumes from the prefix memo, which holds the last turn (twice the body memo's bound), and
-/// encodes the new text. The pool's hop was a quarter of such a route at 48k tokens (README
-/// "Where it runs"). Were the prefix memo to miss, an async worker tokenizes at most this much
-/// (~64k tokens).
-pub const INLINE_TOKENIZE_MAX_CONTINUED_BODY_BYTES: usize = 256 * 1024;
+/// encodes the new text; the try encodes at most [`INLINE_TOKENIZE_MAX_BODY_BYTES`] of text past
+/// where the memo resumed it ([`Reach::within`]) and otherwise hands the prompt to the pool
+/// untouched. What the try costs whatever the memo holds — rendering the template and splitting the
+/// text's last quarter — is ~0.1 ms at 300 KB. The pool's hop cost a 300 KB conversation's turn
+/// ~0.1–0.2 ms of its ~0.4 ms (the overhead bench's 48k shared prefix; README "Where it runs").
+pub const INLINE_TOKENIZE_MAX_CONTINUED_BODY_BYTES: usize = 1024 * 1024;
 
-/// Whether a route's prompt is tokenized on the calling task: a body of at most
-/// [`INLINE_TOKENIZE_MAX_BODY_BYTES`], or of at most [`INLINE_TOKENIZE_MAX_CONTINUED_BODY_BYTES`]
+/// Where a route's prompt is tokenized first: on the calling task with at most this many bytes of
+/// text to encode past the prefix memo's resume point (`usize::MAX`: all of it) — a body of at most
+/// [`INLINE_TOKENIZE_MAX_BODY_BYTES`], or one of at most [`INLINE_TOKENIZE_MAX_CONTINUED_BODY_BYTES`]
 /// whose `fresh_bytes` (those past the prefix its read continued) are at most
-/// [`INLINE_TOKENIZE_MAX_BODY_BYTES`].
-pub fn tokenize_inline(body_bytes: usize, fresh_bytes: usize) -> bool {
-    body_bytes <= INLINE_TOKENIZE_MAX_BODY_BYTES
-        || (body_bytes <= INLINE_TOKENIZE_MAX_CONTINUED_BODY_BYTES && fresh_bytes <= INLINE_TOKENIZE_MAX_BODY_BYTES)
+/// [`INLINE_TOKENIZE_MAX_BODY_BYTES`] — else `None`: on the blocking pool.
+pub fn inline_budget(body_bytes: usize, fresh_bytes: usize) -> Option<usize> {
+    if body_bytes <= INLINE_TOKENIZE_MAX_BODY_BYTES {
+        Some(usize::MAX)
+    } else if body_bytes <= INLINE_TOKENIZE_MAX_CONTINUED_BODY_BYTES && fresh_bytes <= INLINE_TOKENIZE_MAX_BODY_BYTES {
+        Some(INLINE_TOKENIZE_MAX_BODY_BYTES)
+    } else {
+        None
+    }
 }
 
-/// Tokenizes and hashes, on the calling task when [`tokenize_inline`] says so, else on the
-/// blocking pool. The [`Permit`] is released when the work ends, not when the caller leaves; a
-/// pool task whose caller left before it started skips the work.
-pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiRequest, permit: Permit, cancel: Cancel, inline: bool) -> Result<Prompt, ApiError> {
-    let block_size = cfg.model.block_size as usize;
-    let exact_past_held = usize::try_from(cfg.routing.min_remote_prefill_tokens).unwrap_or(usize::MAX);
-    let tokenizer = state.tokenizer.read().clone();
-    let metrics = state.metrics.clone();
-    let shared = state.clone();
-    // Approximate mode has no engine events: what a decision records is all the index will know,
-    // so its prompts are tokenized whole.
-    let whole = cfg.routing.mode == IndexMode::Approximate;
-    let work = move || {
-        let _permit = permit;
-        if cancel.is_cancelled() {
-            metrics.route_cancelled.with_label_values(&["queued"]).inc();
-            return None;
-        }
+/// One route's tokenization, runnable on the calling task or the blocking pool.
+struct Tokenizing {
+    state: Arc<AppState>,
+    request: OpenAiRequest,
+    block_size: usize,
+    exact_past_held: usize,
+    /// Approximate mode has no engine events: what a decision records is all the index will know,
+    /// so its prompts are tokenized whole.
+    whole: bool,
+}
+
+impl Tokenizing {
+    /// Tokenizes and hashes as far as some worker holds the prompt (tokenize.rs "only what can
+    /// match"), encoding at most `budget` bytes past the memo's resume point; counts what it did
+    /// unless it refused for the budget (then nothing was done).
+    fn run(&self, budget: usize) -> Result<Prompt, TokenizeError> {
+        let (state, metrics) = (&self.state, &self.state.metrics);
+        let tokenizer = state.tokenizer.read().clone();
         let t0 = Instant::now();
         let mut stats = CacheStats::default();
-        let seed = block_seed(None, request.cache_salt.as_deref());
-        // Tokenize as far as some worker holds the prompt (tokenize.rs "only what can match").
-        let mut held = |chains: &[SequenceHash]| if whole { chains.len() } else { held_prefix(&shared, chains, crate::clock::now()) };
-        let mut reach = Reach::new(block_size, seed, exact_past_held, &mut held);
-        let tokens = tokenizer.tokens_until(&request.input, &mut reach, &mut stats);
+        let seed = block_seed(None, self.request.cache_salt.as_deref());
+        let whole = self.whole;
+        let mut held = |chains: &[SequenceHash]| if whole { chains.len() } else { held_prefix(state, chains, crate::clock::now()) };
+        let mut reach = Reach::new(self.block_size, seed, self.exact_past_held, &mut held).within(budget);
+        let tokens = match tokenizer.tokens_until(&self.request.input, &mut reach, &mut stats) {
+            Err(e @ TokenizeError::OverBudget { .. }) => {
+                metrics.tokenize_moved_to_pool.inc();
+                return Err(e);
+            }
+            done => done,
+        };
         metrics.tokenize_duration.observe(t0.elapsed().as_secs_f64());
         metrics.tokenize_cache.with_label_values(&["hit"]).inc_by(stats.hits);
         metrics.tokenize_cache.with_label_values(&["miss"]).inc_by(stats.misses);
         metrics.tokenize_memo.with_label_values(&["hit"]).inc_by(stats.memo_hits);
         metrics.tokenize_memo.with_label_values(&["tail_hit"]).inc_by(stats.memo_tail_hits);
         metrics.tokenize_memo.with_label_values(&["miss"]).inc_by(stats.memo_misses);
+        let t = tokens?;
+        metrics.tokenize_tokens.with_label_values(&["exact"]).inc_by(t.ids.len() as u64);
+        metrics.tokenize_tokens.with_label_values(&["estimated"]).inc_by(t.estimated_rest as u64);
+        Ok(Prompt { tokens: t.tokens(), complete: t.complete(), partial: None, opens_conversation: self.request.opens_conversation(), chains: t.chains, locals: t.locals })
+    }
+
+    /// The prompt, with the request kept for [`complete_later`] when only part was tokenized.
+    fn finish(self, prompt: Prompt) -> Prompt {
+        let partial = (!prompt.complete).then_some(self.request);
+        Prompt { partial, ..prompt }
+    }
+}
+
+/// Tokenizes and hashes: first on the calling task when [`inline_budget`] allows (handing over to
+/// the pool, untouched, a prompt with more new text than the budget), else on the blocking pool.
+/// The [`Permit`] is released when the work ends, not when the caller leaves; a pool task whose
+/// caller left before it started skips the work.
+pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiRequest, permit: Permit, cancel: Cancel, inline: Option<usize>) -> Result<Prompt, ApiError> {
+    let job = Tokenizing {
+        state: state.clone(),
+        request,
+        block_size: cfg.model.block_size as usize,
+        exact_past_held: usize::try_from(cfg.routing.min_remote_prefill_tokens).unwrap_or(usize::MAX),
+        whole: cfg.routing.mode == IndexMode::Approximate,
+    };
+    let unavailable = |e: TokenizeError| ApiError::unavailable("tokenizer", e.to_string());
+    if let Some(budget) = inline {
+        match job.run(budget) {
+            Err(TokenizeError::OverBudget { fresh, budget }) => tracing::debug!(fresh, budget, "route tokenization moved to the blocking pool: more new text than an async worker may encode"),
+            done => return done.map(|p| job.finish(p)).map_err(unavailable),
+        }
+    }
+    let metrics = state.metrics.clone();
+    let work = move || {
+        let _permit = permit;
+        if cancel.is_cancelled() {
+            metrics.route_cancelled.with_label_values(&["queued"]).inc();
+            return None;
+        }
+        let done = job.run(usize::MAX);
         if cancel.is_cancelled() {
             metrics.route_cancelled.with_label_values(&["tokenizing"]).inc();
             tracing::debug!("route caller left during tokenization; result dropped");
             return None;
         }
-        Some(tokens.map(|t| {
-            metrics.tokenize_tokens.with_label_values(&["exact"]).inc_by(t.ids.len() as u64);
-            metrics.tokenize_tokens.with_label_values(&["estimated"]).inc_by(t.estimated_rest as u64);
-            let opens_conversation = request.opens_conversation();
-            let partial = (!t.complete()).then_some(request);
-            Prompt { tokens: t.tokens(), chains: t.chains, locals: t.locals, partial, opens_conversation }
-        }))
+        Some(done.map(|p| job.finish(p)))
     };
-    let done = if inline { Ok(work()) } else { tokio::task::spawn_blocking(work).await };
-    match done {
-        Ok(Some(r)) => r.map_err(|e| ApiError::unavailable("tokenizer", e.to_string())),
+    match tokio::task::spawn_blocking(work).await {
+        Ok(Some(r)) => r.map_err(unavailable),
         // Only reachable when the caller is gone: nobody reads this answer.
         Ok(None) => Err(ApiError::unavailable("cancelled", "the route call was cancelled")),
         Err(e) => Err(ApiError::unavailable("tokenizer", format!("tokenizer task failed: {e}"))),
@@ -358,16 +407,16 @@ mod tests {
     #[test]
     fn short_bodies_and_short_continuations_tokenize_inline() {
         let (small, continued_max) = (INLINE_TOKENIZE_MAX_BODY_BYTES, INLINE_TOKENIZE_MAX_CONTINUED_BODY_BYTES);
-        // (body bytes, bytes past the continued prefix, inline)
-        for (body, fresh, inline) in [
-            (small, small, true),
-            (small + 1, small + 1, false),
-            (200_000, 600, true),
-            (200_000, small + 1, false),
-            (continued_max, small, true),
-            (continued_max + 1, 600, false),
+        // (body bytes, bytes past the continued prefix, the inline try's budget)
+        for (body, fresh, budget) in [
+            (small, small, Some(usize::MAX)),
+            (small + 1, small + 1, None),
+            (300_000, 600, Some(small)),
+            (300_000, small + 1, None),
+            (continued_max, small, Some(small)),
+            (continued_max + 1, 600, None),
         ] {
-            assert_eq!(tokenize_inline(body, fresh), inline, "{body} bytes, {fresh} new");
+            assert_eq!(inline_budget(body, fresh), budget, "{body} bytes, {fresh} new");
         }
     }
 
