@@ -239,10 +239,11 @@ impl Reached {
 /// cache).
 const REKEEP_FRACTION: usize = 8;
 
-/// The part of a long prompt split first to find where the memo resumes it
-/// ([`PromptTokenizer::resume_from_tail`]): its last quarter, twice the [`REKEEP_FRACTION`]
-/// margin (splitting a 244-KB prompt at its added tokens took ~70 µs).
-const TAIL_FRACTION: usize = 4;
+/// The parts of a long prompt split, in turn, to find where the memo resumes it
+/// ([`PromptTokenizer::resume_from_tail`]): its last 1/32, where a conversation's next turns find
+/// the entry its last renewal kept while their new text is short, then its last quarter, twice the
+/// [`REKEEP_FRACTION`] margin (splitting a 244-KB prompt at its added tokens took ~70 µs).
+const TAIL_FRACTIONS: [usize; 2] = [32, 4];
 
 /// Prompts shorter than this are split whole at once (a quarter's saving is a few µs).
 const MIN_TAIL_SPLIT_BYTES: usize = 32 * 1024;
@@ -590,8 +591,8 @@ impl PromptTokenizer {
     }
 
     /// [`Self::resume_from_memo`] for a long `text` without splitting all of it: splits only its
-    /// last [`TAIL_FRACTION`] into `segments` and `ends`, probes the added-token ends there, and
-    /// on a hit keeps only the segments after it. A hit there is exact: the memo compares the
+    /// last part ([`TAIL_FRACTIONS`], the shorter first) into `segments` and `ends`, probes the
+    /// added-token ends there, and on a hit keeps only the segments after it. A hit there is exact: the memo compares the
     /// prefix, and [`SegmentSplitter::cuts_at`] says why the split after it is `text`'s own. The
     /// memo renews a conversation's entries once the text past them is an eighth of the prefix
     /// ([`REKEEP_FRACTION`]), so its next turn finds one in the tail; a miss (a prompt branching
@@ -607,18 +608,18 @@ impl PromptTokenizer {
         if text.len() < MIN_TAIL_SPLIT_BYTES || !out.ids.is_empty() || !self.memo.lock().enabled() {
             return None;
         }
-        let mut from = text.len() - text.len() / TAIL_FRACTION;
-        while !text.is_char_boundary(from) {
-            from -= 1;
-        }
-        self.splitter.split_from(text, from, segments, ends);
-        let mut memo = self.memo.lock();
-        let hit = segments.iter().zip(ends.iter()).enumerate().rev().find_map(|(k, (seg, &at))| {
-            let entry = matches!(seg, Segment::Added(_)).then(|| memo.get(text, at)).flatten()?;
-            self.splitter.cuts_at(text, at).then_some((k, at, entry))
-        });
-        drop(memo);
-        let (k, at, entry) = hit?;
+        let (k, at, entry) = TAIL_FRACTIONS.iter().find_map(|&fraction| {
+            let mut from = text.len() - text.len() / fraction;
+            while !text.is_char_boundary(from) {
+                from -= 1;
+            }
+            self.splitter.split_from(text, from, segments, ends);
+            let mut memo = self.memo.lock();
+            segments.iter().zip(ends.iter()).enumerate().rev().find_map(|(k, (seg, &at))| {
+                let entry = matches!(seg, Segment::Added(_)).then(|| memo.get(text, at)).flatten()?;
+                self.splitter.cuts_at(text, at).then_some((k, at, entry))
+            })
+        })?;
         stats.memo_tail_hits += 1;
         out.resume(&entry);
         segments.drain(..=k);

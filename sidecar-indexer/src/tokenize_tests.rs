@@ -867,6 +867,27 @@ fn long_conversations_resume_from_their_tail_with_the_ids_of_a_full_encode() {
 }
 
 #[test]
+fn a_turn_past_the_shortest_tail_resumes_from_the_longer_one() {
+    let tok = load(8 << 20);
+    let mut rng = StdRng::seed_from_u64(25);
+    let mut history = vec![msg("system", words_text(&mut rng, 7_000)), msg("user", random_text(&mut rng, 20))];
+    checked(&tok, &history, "the prefix");
+    let prefix = tok.template.render(&history, false).unwrap().len();
+    // A short turn ends within the last 1/32 of the text past the kept boundary; a long one
+    // (~1/10 of the prefix) only within the last quarter: both resume from the tail, exactly.
+    for (what, words) in [("a short turn", 20), ("a long turn", 1_000)] {
+        let mut m = history.clone();
+        m.push(msg("assistant", words_text(&mut rng, words)));
+        m.push(msg("user", random_text(&mut rng, 5)));
+        let past = tok.template.render(&m, true).unwrap().len() - prefix;
+        let whole = prefix + past;
+        assert_eq!((past < whole / 32, past < whole / 4), (words == 20, true), "{what}: {past} of {whole} bytes past the kept boundary");
+        let stats = checked(&tok, &m, what);
+        assert_eq!((stats.memo_tail_hits, stats.memo_hits), (1, 0), "{what}: {stats:?}");
+    }
+}
+
+#[test]
 fn an_edit_in_a_long_prompt_resumes_only_where_the_text_is_the_same() {
     let tok = load(8 << 20);
     let mut rng = StdRng::seed_from_u64(24);

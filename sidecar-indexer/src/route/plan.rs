@@ -196,7 +196,7 @@ pub const INLINE_TOKENIZE_MAX_BODY_BYTES: usize = 64 * 1024;
 /// encodes the new text; the try encodes at most [`INLINE_TOKENIZE_MAX_BODY_BYTES`] of text past
 /// where the memo resumed it ([`Reach::within`]) and otherwise hands the prompt to the pool
 /// untouched. What the try costs whatever the memo holds — rendering the template and splitting the
-/// text's last quarter — is ~0.1 ms at 300 KB. The pool's hop cost a 300 KB conversation's turn
+/// text's tail — is ~0.1 ms at 300 KB. The pool's hop cost a 300 KB conversation's turn
 /// ~0.1–0.2 ms of its ~0.4 ms (the overhead bench's 48k shared prefix; README "Where it runs").
 pub const INLINE_TOKENIZE_MAX_CONTINUED_BODY_BYTES: usize = 1024 * 1024;
 
