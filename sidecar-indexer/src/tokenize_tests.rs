@@ -870,7 +870,7 @@ fn long_conversations_resume_from_their_tail_with_the_ids_of_a_full_encode() {
 fn a_turn_past_the_shortest_tail_resumes_from_the_longer_one() {
     let tok = load(8 << 20);
     let mut rng = StdRng::seed_from_u64(25);
-    let mut history = vec![msg("system", words_text(&mut rng, 7_000)), msg("user", random_text(&mut rng, 20))];
+    let history = vec![msg("system", words_text(&mut rng, 7_000)), msg("user", random_text(&mut rng, 20))];
     checked(&tok, &history, "the prefix");
     let prefix = tok.template.render(&history, false).unwrap().len();
     // A short turn ends within the last 1/32 of the text past the kept boundary; a long one
