@@ -19,6 +19,16 @@
 //! a later message, nesting over 100 deep, a type `parse` refuses. So when it answers, the body is
 //! valid JSON that `parse` accepts, and the answer is `peek`'s (a test holds them equal on
 //! generated and mutated bodies).
+//!
+//! A long conversation's turn repeats its earlier messages byte for byte. Once the anchor is read,
+//! the scan asks its caller ([`Skip`]) whether the body starts with a body base the indexer holds
+//! (`kvmesh_core::body_base`; the caller hashes the base's bytes); if so, it goes on from the
+//! base's end and takes the messages before it as read. Why that keeps the answer `peek`'s: the
+//! indexer names a base only for a body it read `Ok`, with exactly one top-level `messages` list,
+//! no escaped key, and the base ending right after that list's last element; the same bytes put
+//! this scan in that list, right after an element, at the same offset; the anchor and every
+//! top-level field before the list are read here, and nothing after it is skipped. A 300 KB turn
+//! is then scanned over its head and its new messages only.
 
 use kvmesh_core::openai::{self, Endpoint, ParseError, RequestPeek};
 
@@ -28,13 +38,20 @@ const MAX_DEPTH: usize = 100;
 /// Longest number the scanner accepts (no exponent: such a number is finite as an `f64`).
 const MAX_NUMBER_BYTES: usize = 100;
 
+/// Asked once by the scan of a chat body, right after the conversation anchor's last message
+/// (right after the first message when the anchor was not asked for), with the anchor's digest
+/// (`None` when not asked for): the end of a body base the body starts with — checked by the
+/// caller, by its hash — to go on from, or `None` to read on.
+pub type Skip<'s> = dyn FnMut(Option<u64>) -> Option<usize> + 's;
+
 /// Reads `body` as a request to `endpoint`: exactly [`openai::peek`]'s result — without the
 /// conversation anchor when `anchor` is false (the caller has no use for it: the request sent a
 /// session header, or key derivation is off), which spares digesting it: `conversation_anchor`
-/// is then `None`.
-pub fn read(endpoint: Endpoint, body: &[u8], anchor: bool) -> Result<RequestPeek, ParseError> {
+/// is then `None`. A chat body's scan may go on from where `skip` says (module docs); a body the
+/// scan declines is read whole by `peek`, `skip` asked or not.
+pub fn read(endpoint: Endpoint, body: &[u8], anchor: bool, skip: &mut Skip<'_>) -> Result<RequestPeek, ParseError> {
     if endpoint == Endpoint::ChatCompletions {
-        if let Some(peek) = fast_chat(body, anchor) {
+        if let Some(peek) = fast_chat(body, anchor, skip) {
             return Ok(peek);
         }
     }
@@ -43,29 +60,27 @@ pub fn read(endpoint: Endpoint, body: &[u8], anchor: bool) -> Result<RequestPeek
 
 /// The scan of a chat body: `Some` only for a body `peek` accepts, with its answer (the anchor
 /// only when `anchor`).
-pub(crate) fn fast_chat(body: &[u8], anchor: bool) -> Option<RequestPeek> {
-    let mut s = Scanner { b: body, i: 0, depth: 0, anchor };
+pub(crate) fn fast_chat(body: &[u8], anchor: bool, skip: &mut Skip<'_>) -> Option<RequestPeek> {
+    let mut s = Scanner { b: body, i: 0, depth: 0, anchor, skip: Some(skip), digest: None };
     let top = s.top()?;
-    if !anchor {
-        return Some(RequestPeek { stream: top.stream, conversation_anchor: None });
-    }
-    let (start, end) = top.anchor;
-    // The anchor's messages as a body of their own: `peek` checks them as `parse` would and
-    // digests them (the digest reads only these messages).
+    Some(RequestPeek { stream: top.stream, conversation_anchor: s.digest.flatten() })
+}
+
+/// The digest of the anchor messages `body[start..end]` (the messages from the list's first
+/// element to the end of the first user message, or of the last message when none is a user's),
+/// as a body of their own: `peek` checks them as `parse` would and digests them (the digest reads
+/// only these messages). `None` when `peek` refuses them.
+fn anchor_digest(body: &[u8], start: usize, end: usize) -> Option<Option<u64>> {
     let mut anchor = Vec::with_capacity(end - start + 16);
     anchor.extend_from_slice(b"{\"messages\":[");
     anchor.extend_from_slice(body.get(start..end)?);
     anchor.extend_from_slice(b"]}");
-    let peeked = openai::peek(Endpoint::ChatCompletions, &anchor).ok()?;
-    Some(RequestPeek { stream: top.stream, conversation_anchor: peeked.conversation_anchor })
+    openai::peek(Endpoint::ChatCompletions, &anchor).ok().map(|p| p.conversation_anchor)
 }
 
 /// What the scan took from the top-level object.
 struct Top {
     stream: bool,
-    /// The bytes of `messages` from its first element to the end of the first user message (or
-    /// of the last message, when none is a user's); unused without the anchor.
-    anchor: (usize, usize),
 }
 
 /// A message's `role`, as far as the scan needs it.
@@ -76,16 +91,20 @@ enum Role {
     Other,
 }
 
-struct Scanner<'a> {
+struct Scanner<'a, 's> {
     b: &'a [u8],
     i: usize,
     depth: usize,
     /// Whether the anchor is left to `peek` (for its digest); without, every message is checked
     /// here as a later one is.
     anchor: bool,
+    /// Asked once where the scan may go on from ([`Skip`]); `None` once asked.
+    skip: Option<&'s mut Skip<'s>>,
+    /// The anchor's digest, once read (`Some(None)`: read, no digest).
+    digest: Option<Option<u64>>,
 }
 
-impl<'a> Scanner<'a> {
+impl<'a> Scanner<'a, '_> {
     fn at(&self) -> Option<u8> {
         self.b.get(self.i).copied()
     }
@@ -139,14 +158,17 @@ impl<'a> Scanner<'a> {
         self.ws();
         self.eat(b'{')?;
         self.enter()?;
-        let (mut anchor, mut stream) = (None, None);
+        let (mut messages, mut stream) = (false, None);
         let (mut model, mut max_tokens, mut max_completion_tokens) = (false, false, false);
         self.ws();
         loop {
             let key = self.key()?;
             self.colon()?;
             match key {
-                b"messages" if anchor.is_none() => anchor = Some(self.messages()?),
+                b"messages" if !messages => {
+                    messages = true;
+                    self.messages()?;
+                }
                 b"model" if !model => {
                     model = true;
                     match self.at()? {
@@ -182,7 +204,7 @@ impl<'a> Scanner<'a> {
         if self.i != self.b.len() {
             return None;
         }
-        Some(Top { stream: stream.unwrap_or(false), anchor: anchor? })
+        messages.then_some(Top { stream: stream.unwrap_or(false) })
     }
 
     /// A key without escapes, as its raw bytes (an escaped key could spell a key routing reads).
@@ -194,8 +216,9 @@ impl<'a> Scanner<'a> {
         self.b.get(start..self.i - 1)
     }
 
-    /// The `messages` list: the anchor's span; later messages checked as `parse` checks them.
-    fn messages(&mut self) -> Option<(usize, usize)> {
+    /// The `messages` list: the anchor digested (when asked for); later messages checked as
+    /// `parse` checks them, or taken as read up to where [`Skip`] says.
+    fn messages(&mut self) -> Option<()> {
         self.eat(b'[')?;
         self.enter()?;
         self.ws();
@@ -211,13 +234,31 @@ impl<'a> Scanner<'a> {
                 Some(_) if role == Role::Absent || !content_ok => return None,
                 Some(_) => {}
             }
+            if anchor_end.is_some() || !self.anchor {
+                self.skip_read_messages(start)?;
+            }
             if !self.more(b']')? {
                 break;
             }
         }
-        let end = anchor_end.unwrap_or(self.i);
+        if self.digest.is_none() {
+            // No user message: the anchor is every message.
+            self.digest = Some(if self.anchor { anchor_digest(self.b, start, self.i)? } else { None });
+        }
         self.close();
-        Some((start, end))
+        Some(())
+    }
+
+    /// Right after the anchor (the first message when it is not asked for), once: digests it and
+    /// asks [`Skip`] where to go on from; goes there if it is past here (module docs).
+    fn skip_read_messages(&mut self, start: usize) -> Option<()> {
+        let Some(skip) = self.skip.take() else { return Some(()) };
+        let digest = if self.anchor { anchor_digest(self.b, start, self.i)? } else { None };
+        self.digest = Some(digest);
+        if let Some(to) = skip(digest).filter(|&to| to > self.i && to <= self.b.len()) {
+            self.i = to;
+        }
+        Some(())
     }
 
     /// One message object: its role (a string without escapes, else the scan declines) and

@@ -240,8 +240,20 @@ impl RequestFlow {
         };
         // The light read: parse's verdict, `stream` and the anchor, mostly without serde (`body`).
         // The anchor only matters for a derived key: a session header wins over it.
-        let anchor = self.head.session_id.is_none() && self.config.derive_session_keys;
-        let parsed = match body::read(endpoint, &body, anchor) {
+        let derive = self.config.derive_session_keys;
+        let anchor = self.head.session_id.is_none() && derive;
+        // A long conversation's body after a base the indexer holds: only the bytes past it are
+        // sent, and the read goes on from the base's end (`body::Skip`), chosen once the anchor
+        // is read. `chosen`: the key it was chosen for, and the base.
+        let bases_on = self.config.body_base_slots > 0 && body.len() > MIN_BODY_BYTES;
+        let mut chosen = None;
+        let mut skip = |digest: Option<u64>| {
+            let key = request::anchored_session_key(&self.head, digest, derive).map(|(key, _)| key);
+            let base = key.filter(|_| bases_on).and_then(|key| body_bases::choose(&fleet.body_bases(key), &body));
+            chosen = Some((key, base));
+            base.map(|b| b.len)
+        };
+        let parsed = match body::read(endpoint, &body, anchor, &mut skip) {
             Ok(p) => p,
             Err(e) => {
                 log::debug!("ctx={} request_id={} unroutable body: {e}", self.context_id, self.request_id);
@@ -249,15 +261,15 @@ impl RequestFlow {
                 return Step { effects: vec![self.unroutable(reason)], next: Next::Continue };
             }
         };
-        self.session = request::peeked_session_key(&self.head, &parsed, self.config.derive_session_keys);
+        self.session = request::peeked_session_key(&self.head, &parsed, derive);
         self.ttft.set_stream(parsed.stream);
         if body.len() <= self.config.local_route_max_body_bytes && !self.head.has_overrides() {
             return Step { effects: self.route_locally(body.len(), fleet), next: Next::Continue };
         }
-        // A long conversation's body after a base the indexer holds: only the bytes past it.
-        self.sent_after = match self.session {
-            Some((key, _)) if self.config.body_base_slots > 0 && body.len() > MIN_BODY_BYTES => body_bases::choose(&fleet.body_bases(key), &body),
-            _ => None,
+        let key = self.session.map(|(key, _)| key);
+        self.sent_after = match chosen {
+            Some((chosen_for, base)) if chosen_for == key => base,
+            _ => key.filter(|_| bases_on).and_then(|key| body_bases::choose(&fleet.body_bases(key), &body)),
         };
         self.body = Rc::new(body);
         self.phase = Phase::Routing;

@@ -114,6 +114,11 @@ pub fn session_key(head: &RequestHead, request: &OpenAiRequest, derive: bool) ->
 /// [`session_key`] from the light read of the body ([`kvmesh_core::openai::peek`]), which the flow
 /// uses: the same key.
 pub fn peeked_session_key(head: &RequestHead, request: &RequestPeek, derive: bool) -> Option<(SessionKey, SessionSource)> {
+    anchored_session_key(head, request.conversation_anchor, derive)
+}
+
+/// [`session_key`] from the conversation anchor's digest alone (`None`: the request has none).
+pub fn anchored_session_key(head: &RequestHead, anchor: Option<u64>, derive: bool) -> Option<(SessionKey, SessionSource)> {
     if let Some(id) = &head.session_id {
         return Some((session::from_header_value(id), SessionSource::Header));
     }
@@ -121,7 +126,7 @@ pub fn peeked_session_key(head: &RequestHead, request: &RequestPeek, derive: boo
         return None;
     }
     // `session::derived_key` of the parsed request: the conversation anchor.
-    request.conversation_anchor.map(|a| (SessionKey(a), SessionSource::Prefix))
+    anchor.map(|a| (SessionKey(a), SessionSource::Prefix))
 }
 
 /// An HTTP call through Envoy (`dispatch_http_call`). The body is shared, not copied: the
