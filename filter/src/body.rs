@@ -62,8 +62,8 @@ pub fn read(endpoint: Endpoint, body: &[u8], anchor: bool, skip: &mut Skip<'_>) 
 /// only when `anchor`).
 pub(crate) fn fast_chat(body: &[u8], anchor: bool, skip: &mut Skip<'_>) -> Option<RequestPeek> {
     let mut s = Scanner { b: body, i: 0, depth: 0, anchor, skip: Some(skip), digest: None };
-    let top = s.top()?;
-    Some(RequestPeek { stream: top.stream, conversation_anchor: s.digest.flatten() })
+    let stream = s.top()?;
+    Some(RequestPeek { stream, conversation_anchor: s.digest })
 }
 
 /// The digest of the anchor messages `body[start..end]` (the messages from the list's first
@@ -76,11 +76,6 @@ fn anchor_digest(body: &[u8], start: usize, end: usize) -> Option<Option<u64>> {
     anchor.extend_from_slice(body.get(start..end)?);
     anchor.extend_from_slice(b"]}");
     openai::peek(Endpoint::ChatCompletions, &anchor).ok().map(|p| p.conversation_anchor)
-}
-
-/// What the scan took from the top-level object.
-struct Top {
-    stream: bool,
 }
 
 /// A message's `role`, as far as the scan needs it.
@@ -98,10 +93,10 @@ struct Scanner<'a, 's> {
     /// Whether the anchor is left to `peek` (for its digest); without, every message is checked
     /// here as a later one is.
     anchor: bool,
-    /// Asked once where the scan may go on from ([`Skip`]); `None` once asked.
+    /// Asked once where the scan may go on from ([`Skip`]), when the anchor is read; `None` after.
     skip: Option<&'s mut Skip<'s>>,
-    /// The anchor's digest, once read (`Some(None)`: read, no digest).
-    digest: Option<Option<u64>>,
+    /// The anchor's digest, once read (`None` without the anchor).
+    digest: Option<u64>,
 }
 
 impl<'a> Scanner<'a, '_> {
@@ -153,8 +148,8 @@ impl<'a> Scanner<'a, '_> {
         }
     }
 
-    /// The top-level object; the body must end after it.
-    fn top(&mut self) -> Option<Top> {
+    /// The top-level object (the body must end after it): its `stream`.
+    fn top(&mut self) -> Option<bool> {
         self.ws();
         self.eat(b'{')?;
         self.enter()?;
@@ -204,7 +199,7 @@ impl<'a> Scanner<'a, '_> {
         if self.i != self.b.len() {
             return None;
         }
-        messages.then_some(Top { stream: stream.unwrap_or(false) })
+        messages.then_some(stream.unwrap_or(false))
     }
 
     /// A key without escapes, as its raw bytes (an escaped key could spell a key routing reads).
@@ -241,9 +236,9 @@ impl<'a> Scanner<'a, '_> {
                 break;
             }
         }
-        if self.digest.is_none() {
+        if self.skip.is_some() && self.anchor {
             // No user message: the anchor is every message.
-            self.digest = Some(if self.anchor { anchor_digest(self.b, start, self.i)? } else { None });
+            self.digest = anchor_digest(self.b, start, self.i)?;
         }
         self.close();
         Some(())
@@ -253,9 +248,10 @@ impl<'a> Scanner<'a, '_> {
     /// asks [`Skip`] where to go on from; goes there if it is past here (module docs).
     fn skip_read_messages(&mut self, start: usize) -> Option<()> {
         let Some(skip) = self.skip.take() else { return Some(()) };
-        let digest = if self.anchor { anchor_digest(self.b, start, self.i)? } else { None };
-        self.digest = Some(digest);
-        if let Some(to) = skip(digest).filter(|&to| to > self.i && to <= self.b.len()) {
+        if self.anchor {
+            self.digest = anchor_digest(self.b, start, self.i)?;
+        }
+        if let Some(to) = skip(self.digest).filter(|&to| to > self.i && to <= self.b.len()) {
             self.i = to;
         }
         Some(())

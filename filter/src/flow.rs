@@ -246,10 +246,11 @@ impl RequestFlow {
         // sent, and the read goes on from the base's end (`body::Skip`), chosen once the anchor
         // is read. `chosen`: the key it was chosen for, and the base.
         let bases_on = self.config.body_base_slots > 0 && body.len() > MIN_BODY_BYTES;
+        let base_for = |key: Option<SessionKey>| key.filter(|_| bases_on).and_then(|key| body_bases::choose(&fleet.body_bases(key), &body));
         let mut chosen = None;
         let mut skip = |digest: Option<u64>| {
             let key = request::anchored_session_key(&self.head, digest, derive).map(|(key, _)| key);
-            let base = key.filter(|_| bases_on).and_then(|key| body_bases::choose(&fleet.body_bases(key), &body));
+            let base = base_for(key);
             chosen = Some((key, base));
             base.map(|b| b.len)
         };
@@ -269,7 +270,8 @@ impl RequestFlow {
         let key = self.session.map(|(key, _)| key);
         self.sent_after = match chosen {
             Some((chosen_for, base)) if chosen_for == key => base,
-            _ => key.filter(|_| bases_on).and_then(|key| body_bases::choose(&fleet.body_bases(key), &body)),
+            // The scan declined before the anchor (or read no chat): chosen here, as before.
+            _ => base_for(key),
         };
         self.body = Rc::new(body);
         self.phase = Phase::Routing;

@@ -72,15 +72,21 @@ fn fleet() -> String {
 }
 
 async fn route(app: &axum::Router, body: String) -> anyhow::Result<Duration> {
-    let req = Request::post("/v1/route")
-        .header("x-kvmesh-path", "/v1/chat/completions")
-        .header("content-type", "application/json")
-        .body(Body::from(body))?;
+    Ok(route_with(app, body, &[]).await?.0)
+}
+
+/// One chat route call with `extra` headers: its time (answer read) and the answer's bytes.
+async fn route_with(app: &axum::Router, body: String, extra: &[(&str, String)]) -> anyhow::Result<(Duration, axum::body::Bytes)> {
+    let mut req = Request::post("/v1/route").header("x-kvmesh-path", "/v1/chat/completions").header("content-type", "application/json");
+    for (name, value) in extra {
+        req = req.header(*name, value);
+    }
+    let req = req.body(Body::from(body))?;
     let t = Instant::now();
     let resp = app.clone().oneshot(req).await?;
     anyhow::ensure!(resp.status().is_success(), "route answered {}", resp.status());
-    let _ = axum::body::to_bytes(resp.into_body(), 1 << 20).await;
-    Ok(t.elapsed())
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await?;
+    Ok((t.elapsed(), bytes))
 }
 
 /// The status of one route call (a shed call is a 503).
@@ -311,23 +317,15 @@ const SHARED_TURNS: usize = 8;
 /// the first turn only the bytes after the body base the last answer named. The call's time and
 /// the base this answer names.
 async fn route_turn(app: &axum::Router, body: &str, session: u64, base: Option<BodyBase>) -> anyhow::Result<(Duration, Option<BodyBase>)> {
-    let mut req = Request::post("/v1/route")
-        .header("x-kvmesh-path", "/v1/chat/completions")
-        .header(headers::KVMESH_SESSION, format!("{session:016x};source=header"))
-        .header("content-type", "application/json");
+    let mut extra = vec![(headers::KVMESH_SESSION, format!("{session:016x};source=header"))];
     let sent = match base {
         Some(b) if b.prefixes(body.as_bytes()) => {
-            req = req.header(headers::KVMESH_BODY_BASE, b.to_string());
-            body.get(b.len..).unwrap_or_default().to_owned()
+            extra.push((headers::KVMESH_BODY_BASE, b.to_string()));
+            body.get(b.len..).unwrap_or_default()
         }
-        _ => body.to_owned(),
+        _ => body,
     };
-    let req = req.body(Body::from(sent))?;
-    let t = Instant::now();
-    let resp = app.clone().oneshot(req).await?;
-    anyhow::ensure!(resp.status().is_success(), "route answered {}", resp.status());
-    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await?;
-    let took = t.elapsed();
+    let (took, bytes) = route_with(app, sent.to_owned(), &extra).await?;
     let decision: RouteDecision = serde_json::from_slice(&bytes)?;
     Ok((took, decision.body_base))
 }

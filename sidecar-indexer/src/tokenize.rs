@@ -592,11 +592,11 @@ impl PromptTokenizer {
 
     /// [`Self::resume_from_memo`] for a long `text` without splitting all of it: splits only its
     /// last part ([`TAIL_FRACTIONS`], the shorter first) into `segments` and `ends`, probes the
-    /// added-token ends there, and on a hit keeps only the segments after it. A hit there is exact: the memo compares the
-    /// prefix, and [`SegmentSplitter::cuts_at`] says why the split after it is `text`'s own. The
-    /// memo renews a conversation's entries once the text past them is an eighth of the prefix
-    /// ([`REKEEP_FRACTION`]), so its next turn finds one in the tail; a miss (a prompt branching
-    /// early from another) leaves the whole split to the caller.
+    /// added-token ends there, and on a hit keeps only the segments after it. A hit there is
+    /// exact: the memo compares the prefix, and [`SegmentSplitter::cuts_at`] says why the split
+    /// after it is `text`'s own. The memo renews a conversation's entries once the text past them
+    /// is an eighth of the prefix ([`REKEEP_FRACTION`]), so its next turn finds one in the tail; a
+    /// miss (a prompt branching early from another) leaves the whole split to the caller.
     fn resume_from_tail<'t>(
         &self,
         text: &'t str,

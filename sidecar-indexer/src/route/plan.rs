@@ -16,7 +16,7 @@ use super::ApiError;
 use crate::config::{Config, IndexMode};
 use crate::decide::{decide, DecideError, Plan, RouteInput};
 use crate::state::AppState;
-use crate::tokenize::{CacheStats, Reach, TokenizeError};
+use crate::tokenize::{CacheStats, PromptTokens, Reach, TokenizeError};
 
 /// A prompt as the index sees it: the blocks of its tokenized part (every block a worker may hold,
 /// and what the disaggregation threshold needs exactly) and its length (estimated past them).
@@ -30,8 +30,6 @@ pub struct Prompt {
     pub partial: Option<OpenAiRequest>,
     /// [`OpenAiRequest::opens_conversation`].
     pub opens_conversation: bool,
-    /// The whole prompt was tokenized (no estimated rest).
-    complete: bool,
 }
 
 /// Background completions ([`complete_later`]) queued or running at most at once; beyond, they are
@@ -230,7 +228,7 @@ impl Tokenizing {
     /// Tokenizes and hashes as far as some worker holds the prompt (tokenize.rs "only what can
     /// match"), encoding at most `budget` bytes past the memo's resume point; counts what it did
     /// unless it refused for the budget (then nothing was done).
-    fn run(&self, budget: usize) -> Result<Prompt, TokenizeError> {
+    fn run(&self, budget: usize) -> Result<PromptTokens, TokenizeError> {
         let (state, metrics) = (&self.state, &self.state.metrics);
         let tokenizer = state.tokenizer.read().clone();
         let t0 = Instant::now();
@@ -255,13 +253,14 @@ impl Tokenizing {
         let t = tokens?;
         metrics.tokenize_tokens.with_label_values(&["exact"]).inc_by(t.ids.len() as u64);
         metrics.tokenize_tokens.with_label_values(&["estimated"]).inc_by(t.estimated_rest as u64);
-        Ok(Prompt { tokens: t.tokens(), complete: t.complete(), partial: None, opens_conversation: self.request.opens_conversation(), chains: t.chains, locals: t.locals })
+        Ok(t)
     }
 
-    /// The prompt, with the request kept for [`complete_later`] when only part was tokenized.
-    fn finish(self, prompt: Prompt) -> Prompt {
-        let partial = (!prompt.complete).then_some(self.request);
-        Prompt { partial, ..prompt }
+    /// The prompt `t` tokenized, with the request kept for [`complete_later`] when only part was.
+    fn finish(self, t: PromptTokens) -> Prompt {
+        let opens_conversation = self.request.opens_conversation();
+        let partial = (!t.complete()).then_some(self.request);
+        Prompt { tokens: t.tokens(), chains: t.chains, locals: t.locals, partial, opens_conversation }
     }
 }
 
@@ -281,7 +280,7 @@ pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
     if let Some(budget) = inline {
         match job.run(budget) {
             Err(TokenizeError::OverBudget { fresh, budget }) => tracing::debug!(fresh, budget, "route tokenization moved to the blocking pool: more new text than an async worker may encode"),
-            done => return done.map(|p| job.finish(p)).map_err(unavailable),
+            done => return done.map(|t| job.finish(t)).map_err(unavailable),
         }
     }
     let metrics = state.metrics.clone();
@@ -297,7 +296,7 @@ pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
             tracing::debug!("route caller left during tokenization; result dropped");
             return None;
         }
-        Some(done.map(|p| job.finish(p)))
+        Some(done.map(|t| job.finish(t)))
     };
     match tokio::task::spawn_blocking(work).await {
         Ok(Some(r)) => r.map_err(unavailable),
