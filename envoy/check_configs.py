@@ -87,6 +87,25 @@ def require_wasm(where):
 
 # === Kubernetes manifests ===
 
+def bootstrap_stats_config():
+    """`stats_config` of envoy/bootstrap.yaml.j2: the one definition the k8s and Istio copies must equal.
+
+    The block holds no Jinja: it runs from `stats_config:` to the next top-level line."""
+    lines = open(os.path.join(ENVOY_DIR, "bootstrap.yaml.j2")).read().splitlines()
+    start = lines.index("stats_config:")
+    end = next(i for i in range(start + 1, len(lines)) if lines[i] and not lines[i].startswith((" ", "#")))
+    return yaml.safe_load("\n".join(lines[start:end]))["stats_config"]
+
+
+def check_stats_config(path, what, got):
+    """The filter's metrics need the bootstrap's tags (labels) and histogram buckets wherever it runs."""
+    want = bootstrap_stats_config()
+    if got != want:
+        fail(path, f"{what} stats_config differs from envoy/bootstrap.yaml.j2's (stats_tags and histogram_bucket_settings must be the same)")
+    else:
+        ok(f"{what} stats_config identical to envoy/bootstrap.yaml.j2's")
+
+
 def check_k8s():
     k8s = os.path.join(ENVOY_DIR, "k8s")
     docs = {}
@@ -142,6 +161,7 @@ def check_k8s():
     if POD_WASM_PATH not in envoy_text:
         fail(env_path, f"envoy.yaml does not load {POD_WASM_PATH}")
     check_filter_chain(env_path, envoy_cfg)
+    check_stats_config(env_path, "k8s gateway envoy.yaml", envoy_cfg.get("stats_config"))
     listen_ports = {l["address"]["socket_address"]["port_value"] for l in envoy_cfg["static_resources"]["listeners"]}
     envoy_ports = {p["containerPort"] for p in containers["envoy"]["ports"]}
     if listen_ports != envoy_ports:
@@ -268,6 +288,8 @@ def check_indexer_toml(where, text):
 
 APPLY_TO = {"LISTENER", "FILTER_CHAIN", "NETWORK_FILTER", "HTTP_FILTER", "ROUTE_CONFIGURATION", "VIRTUAL_HOST",
             "HTTP_ROUTE", "CLUSTER", "EXTENSION_CONFIG", "BOOTSTRAP", "LISTENER_FILTER"}
+# The ConfigMap carrying the filter's stats_config into Istio's bootstrap (istio/gateway-bootstrap.yaml).
+GATEWAY_BOOTSTRAP = "kvmesh-gateway-bootstrap"
 OPERATIONS = {"MERGE", "ADD", "REMOVE", "INSERT_BEFORE", "INSERT_AFTER", "INSERT_FIRST", "REPLACE"}
 CONTEXTS = {"ANY", "SIDECAR_INBOUND", "SIDECAR_OUTBOUND", "GATEWAY", "WAYPOINT"}
 WASMPLUGIN_FIELDS = {"selector", "targetRef", "targetRefs", "url", "sha256", "imagePullPolicy", "imagePullSecret",
@@ -278,6 +300,7 @@ def check_istio(k8s_toml):
     istio = os.path.join(ENVOY_DIR, "istio")
     filters = {}
     plugin = None
+    stats = None
     for path in sorted(glob.glob(os.path.join(istio, "*.yaml"))):
         if path.endswith("gateway-indexer-patch.yaml"):
             check_gateway_patch(path)
@@ -290,6 +313,9 @@ def check_istio(k8s_toml):
             elif kind == "WasmPlugin":
                 check_wasmplugin(path, d)
                 plugin = (path, d)
+            elif kind == "ConfigMap" and d["metadata"]["name"] == GATEWAY_BOOTSTRAP:
+                stats = json.loads(d["data"]["custom_bootstrap.json"]).get("stats_config")
+                check_stats_config(path, "Istio gateway bootstrap override", stats)
             elif kind == "ConfigMap" and d["metadata"]["name"] == "kvmesh-indexer":
                 if d["data"]["indexer.toml"] != k8s_toml:
                     fail(path, "indexer.toml differs from envoy/k8s/indexer-configmap.yaml")
@@ -297,14 +323,14 @@ def check_istio(k8s_toml):
                     ok("Istio indexer.toml identical to the k8s one")
     mesh = filters.get("kvmesh-mesh")
     wasm = filters.get("kvmesh-wasm")
-    if mesh is None or wasm is None or plugin is None:
-        fail(istio, "expected EnvoyFilters kvmesh-mesh and kvmesh-wasm and WasmPlugin kvmesh")
+    if mesh is None or wasm is None or plugin is None or stats is None:
+        fail(istio, f"expected EnvoyFilters kvmesh-mesh and kvmesh-wasm, WasmPlugin kvmesh and ConfigMap {GATEWAY_BOOTSTRAP}")
         return
     if not require_wasm(istio):
         return
     ext = next(p["patch"]["value"] for p in wasm[1]["spec"]["configPatches"] if p["applyTo"] == "EXTENSION_CONFIG")
     check_wasm_plugin_config(wasm[0], ext["typed_config"]["config"])
-    envoy_validate(assemble_gateway(mesh[1], ext["typed_config"]), wasm[0], "Istio EnvoyFilter variant (mesh + wasm patches)")
+    envoy_validate(assemble_gateway(mesh[1], ext["typed_config"], stats), wasm[0], "Istio EnvoyFilter variant (mesh + wasm patches)")
     # The WasmPlugin as Istio would translate it (pluginConfig → JSON StringValue), plus the flag it
     # cannot carry, so the filter's parser judges the pluginConfig.
     spec = plugin[1]["spec"]
@@ -319,7 +345,7 @@ def check_istio(k8s_toml):
             "vm_config": {"runtime": "envoy.wasm.runtime.v8", "code": {"local": {"filename": WASM}}},
         },
     }
-    envoy_validate(assemble_gateway(mesh[1], translated), plugin[0], "Istio WasmPlugin variant (pluginConfig through the filter's parser)")
+    envoy_validate(assemble_gateway(mesh[1], translated, stats), plugin[0], "Istio WasmPlugin variant (pluginConfig through the filter's parser)")
 
 
 def check_envoyfilter(path, d):
@@ -369,6 +395,9 @@ def check_wasmplugin(path, d):
 
 def check_gateway_patch(path):
     d = load_all(path)[0]
+    override = d["spec"]["template"]["metadata"].get("annotations", {}).get("sidecar.istio.io/bootstrapOverride")
+    if override != GATEWAY_BOOTSTRAP:
+        fail(path, f"the gateway's sidecar.istio.io/bootstrapOverride is {override!r}, not {GATEWAY_BOOTSTRAP} (the filter's metric labels and buckets)")
     pod = d["spec"]["template"]["spec"]
     c = pod["containers"][0]
     check_probes(path, {c["name"]: c})
@@ -379,8 +408,8 @@ def check_gateway_patch(path):
     ok("Istio gateway indexer patch (probes, volumes)")
 
 
-def assemble_gateway(mesh, wasm_typed_config):
-    """An Envoy config equivalent to what the patches produce on an Istio gateway."""
+def assemble_gateway(mesh, wasm_typed_config, stats_config):
+    """An Envoy config equivalent to what the patches and the bootstrap override produce on an Istio gateway."""
     wasm = copy.deepcopy(wasm_typed_config)
     wasm["config"]["vm_config"]["code"] = {"local": {"filename": WASM}}
     patches = mesh["spec"]["configPatches"]
@@ -421,6 +450,7 @@ def assemble_gateway(mesh, wasm_typed_config):
     listener.update(copy.deepcopy(listener_merge))
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+        "stats_config": copy.deepcopy(stats_config),
         "static_resources": {"listeners": [listener], "clusters": [engines] + copy.deepcopy(added)},
     }
 

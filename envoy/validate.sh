@@ -21,7 +21,7 @@ command -v promtool >/dev/null || { echo "promtool missing: run make setup" >&2;
 manifests=(envoy/k8s/rbac.yaml envoy/k8s/envoy-configmap.yaml envoy/k8s/indexer-configmap.yaml
            envoy/k8s/deployment.yaml envoy/k8s/service.yaml envoy/k8s/pdb.yaml envoy/k8s/networkpolicy.yaml
            envoy/k8s/example-vllm.yaml envoy/istio/rbac.yaml envoy/istio/indexer-configmap.yaml
-           envoy/istio/networkpolicy.yaml)
+           envoy/istio/networkpolicy.yaml envoy/istio/gateway-bootstrap.yaml)
 for f in envoy/k8s/*.yaml envoy/istio/*.yaml; do
   case " ${manifests[*]} " in *" $f "*) ;; *)
     case "$f" in envoy/k8s/kustomization.yaml|envoy/istio/gateway-indexer-patch.yaml|envoy/istio/envoyfilter-*.yaml|envoy/istio/wasmplugin.yaml) ;;

@@ -68,7 +68,8 @@ fn readme_documents_every_metric() {
     }
 }
 
-/// Drift guard: the bootstrap turns every label into a Prometheus label and buckets both histograms.
+/// Drift guard: the bootstrap turns every label into a Prometheus label and buckets the histograms
+/// (`envoy/check_configs.py` keeps the k8s and Istio copies of its `stats_config` identical).
 #[test]
 fn bootstrap_extracts_every_label() {
     let template = include_str!("../../../envoy/bootstrap.yaml.j2");
