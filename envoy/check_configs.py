@@ -395,17 +395,23 @@ def check_wasmplugin(path, d):
 
 def check_gateway_patch(path):
     d = load_all(path)[0]
-    override = d["spec"]["template"]["metadata"].get("annotations", {}).get("sidecar.istio.io/bootstrapOverride")
-    if override != GATEWAY_BOOTSTRAP:
-        fail(path, f"the gateway's sidecar.istio.io/bootstrapOverride is {override!r}, not {GATEWAY_BOOTSTRAP} (the filter's metric labels and buckets)")
     pod = d["spec"]["template"]["spec"]
+    # istio-agent passes ISTIO_BOOTSTRAP_OVERRIDE to Envoy as --config-yaml (the filter's stats_config).
+    proxy = next((c for c in pod["containers"] if c["name"] == "istio-proxy"), {})
+    env = {e["name"]: e.get("value") for e in proxy.get("env", [])}
+    mounts = {m["name"]: m["mountPath"] for m in proxy.get("volumeMounts", [])}
+    by_cm = {v["configMap"]["name"]: v["name"] for v in pod["volumes"] if "configMap" in v}
+    mount = mounts.get(by_cm.get(GATEWAY_BOOTSTRAP))
+    want = f"{mount}/custom_bootstrap.json"
+    if mount is None or env.get("ISTIO_BOOTSTRAP_OVERRIDE") != want:
+        fail(path, f"istio-proxy must mount ConfigMap {GATEWAY_BOOTSTRAP} and name its custom_bootstrap.json in ISTIO_BOOTSTRAP_OVERRIDE (the filter's metric labels and buckets)")
     c = pod["containers"][0]
     check_probes(path, {c["name"]: c})
     vols = {v["name"] for v in pod["volumes"]}
-    for m in c["volumeMounts"]:
+    for m in c["volumeMounts"] + proxy.get("volumeMounts", []):
         if m["name"] not in vols:
             fail(path, f"mount {m['name']} has no volume")
-    ok("Istio gateway indexer patch (probes, volumes)")
+    ok("Istio gateway patch (indexer probes, volumes, the proxy's bootstrap override)")
 
 
 def assemble_gateway(mesh, wasm_typed_config, stats_config):
