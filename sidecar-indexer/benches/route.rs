@@ -25,6 +25,7 @@ use kvmesh_core::body_base::BodyBase;
 use kvmesh_core::headers;
 use kvmesh_core::openai::ChatMessage;
 use kvmesh_indexer::config::{Config, MapEnv};
+use kvmesh_indexer::route::plan;
 use kvmesh_indexer::http::router;
 use kvmesh_indexer::service::Service;
 use kvmesh_indexer::tokenize::PromptTokenizer;
@@ -223,17 +224,23 @@ fn after_burst(rt: &tokio::runtime::Runtime, app: &axum::Router, svc: &Service, 
 }
 
 /// Routes `body` (cold: tokenized only as far as it can match) and waits until its tokenization
-/// was finished off the request path (`kvmesh_tokenize_background_total`), as it is long before the
-/// conversation's next turn arrives: the prefix memo then holds the whole prompt.
+/// was finished off the request path, as it is long before the conversation's next turn arrives:
+/// the prefix memo then holds the whole prompt. Earlier cases' completions are waited out first:
+/// with the queue full, this one would be skipped (a 128k case's left the 48k prefix half
+/// tokenized, and the shared-prefix case's first turn then encoded it whole: p99 10 ms, not 1).
 fn routed_whole(rt: &tokio::runtime::Runtime, app: &axum::Router, svc: &Service, body: String) -> anyhow::Result<()> {
-    let finished = || ["done", "skipped", "failed"].iter().map(|r| svc.state.metrics.tokenize_background.with_label_values(&[r]).get()).sum::<u64>();
-    let before = finished();
+    let done = || svc.state.metrics.tokenize_background.with_label_values(&["done"]).get();
+    let idle = || {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        while plan::background_completions_in_flight() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        plan::background_completions_in_flight() == 0
+    };
+    anyhow::ensure!(idle(), "earlier background tokenizations did not finish");
+    let before = done();
     rt.block_on(route(app, body))?;
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while finished() == before && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    anyhow::ensure!(finished() > before, "the background tokenization did not finish");
+    anyhow::ensure!(idle() && done() > before, "the background tokenization did not finish");
     Ok(())
 }
 

@@ -91,6 +91,12 @@ fn background_queue() -> Option<&'static std::sync::mpsc::SyncSender<Completion>
         .as_ref()
 }
 
+/// Background completions queued or running now (the route bench waits for none before a case
+/// that needs its own prompt completed, so an earlier case's cannot make it skip).
+pub fn background_completions_in_flight() -> usize {
+    BACKGROUND.load(Ordering::Acquire)
+}
+
 /// Runs `job` on a background completion thread (nice [`BACKGROUND_NICE`]) unless
 /// [`MAX_BACKGROUND_COMPLETIONS`] are already queued or running; `false` when it was skipped.
 fn run_in_background(job: impl FnOnce() + Send + 'static) -> bool {
