@@ -17,6 +17,7 @@ passes or fails the run with a message naming the file and what is wrong. What i
   kvmesh binary, recorded by a rule, or is an engine (`vllm:`) metric.
 """
 import copy
+import functools
 import glob
 import json
 import os
@@ -87,6 +88,7 @@ def require_wasm(where):
 
 # === Kubernetes manifests ===
 
+@functools.cache
 def bootstrap_stats_config():
     """`stats_config` of envoy/bootstrap.yaml.j2: the one definition the k8s and Istio copies must equal.
 
@@ -99,8 +101,7 @@ def bootstrap_stats_config():
 
 def check_stats_config(path, what, got):
     """The filter's metrics need the bootstrap's tags (labels) and histogram buckets wherever it runs."""
-    want = bootstrap_stats_config()
-    if got != want:
+    if got != bootstrap_stats_config():
         fail(path, f"{what} stats_config differs from envoy/bootstrap.yaml.j2's (stats_tags and histogram_bucket_settings must be the same)")
     else:
         ok(f"{what} stats_config identical to envoy/bootstrap.yaml.j2's")
