@@ -11,18 +11,23 @@
 //! | `kvmesh_approximate` | override_host via the filter | indexer `mode = "approximate"` | **off** |
 //! | `kvmesh_precise` | override_host via the filter | indexer `mode = "precise"` | on |
 //! | `kvmesh_precise_session` | as `kvmesh_precise`, plus the workload's session header | indexer `mode = "precise"` | on |
+//! | `kvmesh_precise_local_short` | as `kvmesh_precise`; the filter routes bodies ≤ [`LOCAL_ROUTE_SHORT_BODY_BYTES`] alone | indexer `mode = "precise"` | on |
 //!
 //! The kvmesh policies run **as shipped**: the indexer's and the filter's default configuration
 //! (only `mode` is set, and the filter's `debug_headers` so records carry the decisions). In the
 //! load sweep only `ring_hash` and `kvmesh_precise_session` get the session header
 //! ([`Policy::uses_session_header`]), and only on workloads that have one.
+//! `kvmesh_precise_local_short` is the one policy not as shipped and not in the default sweep:
+//! it measures what the filter's `local_route_max_body_bytes` (off by default; it saves the
+//! `/v1/route` exchange of short requests) costs in placement on a workload.
 //!
 //! Approximate mode is the supported mode for engines that publish no KV events: the indexer
 //! learns what each worker probably caches from its own routing decisions, with a TTL
 //! (`approx_ttl_secs`) and a per-worker size bound (`approx_max_blocks_per_worker`).
 
 use crate::report::targets::{
-    POLICY_KVMESH_APPROXIMATE, POLICY_KVMESH_PRECISE, POLICY_KVMESH_PRECISE_SESSION, POLICY_LEAST_REQUEST, POLICY_RING_HASH, POLICY_ROUND_ROBIN,
+    POLICY_KVMESH_APPROXIMATE, POLICY_KVMESH_PRECISE, POLICY_KVMESH_PRECISE_LOCAL_SHORT, POLICY_KVMESH_PRECISE_SESSION, POLICY_LEAST_REQUEST,
+    POLICY_RING_HASH, POLICY_ROUND_ROBIN,
 };
 
 /// One routing policy under test.
@@ -40,17 +45,24 @@ pub enum Policy {
     KvmeshPrecise,
     /// kvmesh precise, the client sending an explicit session id.
     KvmeshPreciseSession,
+    /// kvmesh precise, the filter routing short bodies alone (`local_route_max_body_bytes`).
+    KvmeshPreciseLocalShort,
 }
+
+/// The filter's `local_route_max_body_bytes` in `kvmesh_precise_local_short` and in the overhead
+/// benchmark's `_local_route` cases: ~1.5–2k tokens of chat.
+pub const LOCAL_ROUTE_SHORT_BODY_BYTES: usize = 8192;
 
 impl Policy {
     /// Every policy, in report order.
-    pub const ALL: [Policy; 6] = [
+    pub const ALL: [Policy; 7] = [
         Self::RoundRobin,
         Self::LeastRequest,
         Self::RingHash,
         Self::KvmeshApproximate,
         Self::KvmeshPrecise,
         Self::KvmeshPreciseSession,
+        Self::KvmeshPreciseLocalShort,
     ];
 
     /// The name used in files, the report and on the command line.
@@ -62,6 +74,7 @@ impl Policy {
             Self::KvmeshApproximate => POLICY_KVMESH_APPROXIMATE,
             Self::KvmeshPrecise => POLICY_KVMESH_PRECISE,
             Self::KvmeshPreciseSession => POLICY_KVMESH_PRECISE_SESSION,
+            Self::KvmeshPreciseLocalShort => POLICY_KVMESH_PRECISE_LOCAL_SHORT,
         }
     }
 
@@ -90,7 +103,7 @@ impl Policy {
 
     /// True for the kvmesh policies (filter + indexer in the path).
     pub fn is_kvmesh(self) -> bool {
-        matches!(self, Self::KvmeshApproximate | Self::KvmeshPrecise | Self::KvmeshPreciseSession)
+        matches!(self, Self::KvmeshApproximate | Self::KvmeshPrecise | Self::KvmeshPreciseSession | Self::KvmeshPreciseLocalShort)
     }
 
     /// Whether the sweep sends this policy the workload's session header.
@@ -107,14 +120,25 @@ impl Policy {
     pub fn routing_toml(self) -> &'static str {
         match self {
             Self::KvmeshApproximate => "mode = \"approximate\"",
-            Self::KvmeshPrecise | Self::KvmeshPreciseSession => "mode = \"precise\"",
+            Self::KvmeshPrecise | Self::KvmeshPreciseSession | Self::KvmeshPreciseLocalShort => "mode = \"precise\"",
             _ => "",
         }
     }
 
-    /// One line for the report's policy notes.
-    pub fn describe(self) -> &'static str {
+    /// The filter's configuration under this policy (kvmesh policies): `debug_headers`, so records
+    /// carry the decisions, and what the policy sets beyond the defaults.
+    pub fn filter_config(self) -> serde_json::Value {
         match self {
+            Self::KvmeshPreciseLocalShort => {
+                serde_json::json!({ "debug_headers": true, "local_route_max_body_bytes": LOCAL_ROUTE_SHORT_BODY_BYTES })
+            }
+            _ => serde_json::json!({ "debug_headers": true }),
+        }
+    }
+
+    /// One line for the report's policy notes.
+    pub fn describe(self) -> String {
+        let line = match self {
             Self::RoundRobin => "Envoy ROUND_ROBIN over the fleet, no filter",
             Self::LeastRequest => "Envoy LEAST_REQUEST over the fleet, no filter",
             Self::RingHash => "Envoy RING_HASH on the session header (consistent hashing), no filter",
@@ -123,7 +147,13 @@ impl Policy {
             }
             Self::KvmeshPrecise => "kvmesh as shipped: filter + indexer in precise mode (index fed by the engines' KV events), default configuration",
             Self::KvmeshPreciseSession => "kvmesh precise as shipped, the client sending the workload's explicit session header",
-        }
+            Self::KvmeshPreciseLocalShort => {
+                return format!(
+                    "kvmesh precise, but the filter routes bodies of at most {LOCAL_ROUTE_SHORT_BODY_BYTES} bytes alone (local_route_max_body_bytes: the session's last worker, else its rendezvous pin; no /v1/route call)"
+                )
+            }
+        };
+        line.to_string()
     }
 }
 
@@ -197,10 +227,19 @@ mod tests {
     fn only_approximate_runs_without_events() {
         let without: Vec<Policy> = Policy::ALL.into_iter().filter(|p| !p.kv_events()).collect();
         assert_eq!(without, vec![Policy::KvmeshApproximate]);
-        assert_eq!(Policy::ALL.into_iter().filter(|p| p.is_kvmesh()).count(), 3);
+        assert_eq!(Policy::ALL.into_iter().filter(|p| p.is_kvmesh()).count(), 4);
         let with_header: Vec<Policy> = Policy::ALL.into_iter().filter(|p| p.uses_session_header()).collect();
         assert_eq!(with_header, vec![Policy::RingHash, Policy::KvmeshPreciseSession]);
         assert!(Policy::RoundRobin.routing_toml().is_empty());
+    }
+
+    #[test]
+    fn only_local_short_routes_bodies_alone() {
+        let local: Vec<Policy> = Policy::ALL.into_iter().filter(|p| p.filter_config().get("local_route_max_body_bytes").is_some()).collect();
+        assert_eq!(local, vec![Policy::KvmeshPreciseLocalShort]);
+        assert_eq!(Policy::KvmeshPreciseLocalShort.filter_config()["local_route_max_body_bytes"], LOCAL_ROUTE_SHORT_BODY_BYTES);
+        assert_eq!(Policy::KvmeshPreciseLocalShort.routing_toml(), Policy::KvmeshPrecise.routing_toml());
+        assert!(Policy::ALL.into_iter().filter(|p| p.is_kvmesh()).all(|p| p.filter_config()["debug_headers"] == true));
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub const POLICY_KVMESH_APPROXIMATE: &str = "kvmesh_approximate";
 pub const POLICY_KVMESH_PRECISE: &str = "kvmesh_precise";
 /// kvmesh precise with the workload's explicit session header (the sweep's extra row).
 pub const POLICY_KVMESH_PRECISE_SESSION: &str = "kvmesh_precise_session";
+/// kvmesh precise, the filter routing short bodies alone (opt-in sweep row, not judged).
+pub const POLICY_KVMESH_PRECISE_LOCAL_SHORT: &str = "kvmesh_precise_local_short";
 /// The overhead case the overhead target reads.
 pub const OVERHEAD_TARGET_CASE: &str = "chat_8k_continuation";
 /// The overhead target: added p50 at most this many milliseconds.

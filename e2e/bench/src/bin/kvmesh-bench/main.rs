@@ -159,6 +159,7 @@ struct Args {
     #[arg(long, default_value = "trace,agentic,siblings,paced,cold")]
     sweep_workloads: String,
     /// Sweep: policies, comma-separated; round_robin always runs (its ladder finds the saturation).
+    /// kvmesh_precise_local_short runs only when named.
     #[arg(long, default_value = "round_robin,least_request,ring_hash,kvmesh_approximate,kvmesh_precise,kvmesh_precise_session")]
     sweep_policies: String,
     /// Sweep: the measured window of one point, s. Single-turn and trace points: arrivals span it
@@ -264,7 +265,7 @@ struct Args {
     overhead_local_sizes: String,
     /// Overhead: the filter's local_route_max_body_bytes in the `_local_route` run (the main run
     /// keeps the filter's default, off).
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = kvmesh_bench::policy::LOCAL_ROUTE_SHORT_BODY_BYTES)]
     overhead_local_route_max_body_bytes: usize,
     /// Overhead: seed of the generated conversations.
     #[arg(long, default_value_t = 0)]
@@ -443,7 +444,7 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
         };
         format!("rates: every policy at {fixed_rates:?} (`--sweep-rates`; no ladder, no saturation search, no load point){window}")
     };
-    let settings = vec![
+    let mut settings = vec![
         fleet_line,
         format!(
             "each point: a fresh stack, caches reset, at most {} requests in flight, seed {}; trace, siblings, cold: arrivals over {} s, turns stop at {} s, every request counted; agentic, paced (steady state): sessions arrive at the rate from the start of a warm-up ({}), then a measured window of {} s — only requests *scheduled* in the window count (TTFT, hit rates from `cached_tokens`, load), engine counters, CPU and simulator CPU are deltas over the window, no turn due after it is sent (cut, counted), and the ceiling counts the window's requests with everything sent before as history; their rate is sessions/s, turns/s stated per point",
@@ -466,6 +467,9 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
         },
         "policies: round_robin, least_request (Envoy); ring_hash and kvmesh_precise_session get the workload's session header (trace, agentic, paced only); kvmesh_approximate and kvmesh_precise run as shipped (default configuration, no header)".into(),
     ];
+    if policies.contains(&Policy::KvmeshPreciseLocalShort) {
+        settings.push(format!("{}: {} (not judged)", Policy::KvmeshPreciseLocalShort.name(), Policy::KvmeshPreciseLocalShort.describe()));
+    }
     let args = sweep::SweepArgs {
         workloads,
         policies,

@@ -98,7 +98,7 @@ pub(crate) fn spec_for(policy: Policy, fleet: &Fleet, dir: &Path) -> StackSpec {
     spec.sim_args.extend(fleet.sim_args.iter().cloned());
     spec.kv_events = policy.kv_events();
     spec.routing_toml = policy.routing_toml().to_string();
-    spec.filter_config = serde_json::json!({ "debug_headers": true });
+    spec.filter_config = policy.filter_config();
     spec.session_header = fleet.session_header.clone();
     spec.release = fleet.release;
     spec.work_dir = Some(dir.join("stack"));
