@@ -138,22 +138,19 @@ impl Policy {
 
     /// One line for the report's policy notes.
     pub fn describe(self) -> String {
-        let line = match self {
-            Self::RoundRobin => "Envoy ROUND_ROBIN over the fleet, no filter",
-            Self::LeastRequest => "Envoy LEAST_REQUEST over the fleet, no filter",
-            Self::RingHash => "Envoy RING_HASH on the session header (consistent hashing), no filter",
+        match self {
+            Self::RoundRobin => "Envoy ROUND_ROBIN over the fleet, no filter".into(),
+            Self::LeastRequest => "Envoy LEAST_REQUEST over the fleet, no filter".into(),
+            Self::RingHash => "Envoy RING_HASH on the session header (consistent hashing), no filter".into(),
             Self::KvmeshApproximate => {
-                "kvmesh filter + indexer in approximate mode (engines publish no KV events; the index learns from its own decisions, with a TTL and a per-worker bound)), default configuration"
+                "kvmesh filter + indexer in approximate mode (engines publish no KV events; the index learns from its own decisions, with a TTL and a per-worker bound), default configuration".into()
             }
-            Self::KvmeshPrecise => "kvmesh as shipped: filter + indexer in precise mode (index fed by the engines' KV events), default configuration",
-            Self::KvmeshPreciseSession => "kvmesh precise as shipped, the client sending the workload's explicit session header",
-            Self::KvmeshPreciseLocalShort => {
-                return format!(
-                    "kvmesh precise, but the filter routes bodies of at most {LOCAL_ROUTE_SHORT_BODY_BYTES} bytes alone (local_route_max_body_bytes: the session's last worker, else its rendezvous pin; no /v1/route call)"
-                )
-            }
-        };
-        line.to_string()
+            Self::KvmeshPrecise => "kvmesh as shipped: filter + indexer in precise mode (index fed by the engines' KV events), default configuration".into(),
+            Self::KvmeshPreciseSession => "kvmesh precise as shipped, the client sending the workload's explicit session header".into(),
+            Self::KvmeshPreciseLocalShort => format!(
+                "kvmesh precise, but the filter routes bodies of at most {LOCAL_ROUTE_SHORT_BODY_BYTES} bytes alone (local_route_max_body_bytes: the session's last worker, else its rendezvous pin; no /v1/route call)"
+            ),
+        }
     }
 }
 
