@@ -229,7 +229,10 @@ impl RouteDecision {
 }
 
 /// `primary[,fallback…]`, skipping repeats of earlier entries.
-pub fn destination_header<'a>(primary: &str, fallbacks: impl IntoIterator<Item = &'a str>) -> String {
+pub fn destination_header<'a>(
+    primary: &str,
+    fallbacks: impl IntoIterator<Item = &'a str>,
+) -> String {
     let mut out = String::from(primary);
     let mut seen: Vec<&str> = vec![primary];
     for f in fallbacks {
@@ -266,12 +269,26 @@ pub const ERROR_REASON_HEADER: &str = "x-kvmesh-error";
 
 impl ErrorBody {
     pub fn new(code: u16, kind: &str, message: impl Into<String>) -> Self {
-        Self { error: ErrorDetail { message: message.into(), kind: kind.to_owned(), code, reason: None } }
+        Self {
+            error: ErrorDetail {
+                message: message.into(),
+                kind: kind.to_owned(),
+                code,
+                reason: None,
+            },
+        }
     }
 
     /// [`Self::new`] with the indexer's stable reason.
     pub fn with_reason(code: u16, kind: &str, reason: &str, message: impl Into<String>) -> Self {
-        Self { error: ErrorDetail { message: message.into(), kind: kind.to_owned(), code, reason: Some(reason.to_owned()) } }
+        Self {
+            error: ErrorDetail {
+                message: message.into(),
+                kind: kind.to_owned(),
+                code,
+                reason: Some(reason.to_owned()),
+            },
+        }
     }
 }
 
@@ -410,7 +427,8 @@ mod tests {
         let d: RouteDecision = serde_json::from_str(json).unwrap();
         assert_eq!(d.mode, Mode::DecodeFallback);
         assert_eq!(d.destination_header(), "10.0.0.1:8000,10.0.0.2:8000");
-        let back: RouteDecision = serde_json::from_str(&serde_json::to_string(&d).unwrap()).unwrap();
+        let back: RouteDecision =
+            serde_json::from_str(&serde_json::to_string(&d).unwrap()).unwrap();
         assert_eq!(back, d);
     }
 
@@ -425,7 +443,10 @@ mod tests {
         let d: RouteDecision = serde_json::from_str(json).unwrap();
         assert_eq!(d.reason_codes, vec![ReasonCode::SessionPin, ReasonCode::Other]);
         assert_eq!(ReasonCode::join(&d.reason_codes), "session_pin,other");
-        assert_eq!(ReasonCode::parse_list(" best_overlap, disagg_uncached ,"), vec![ReasonCode::BestOverlap, ReasonCode::DisaggUncached]);
+        assert_eq!(
+            ReasonCode::parse_list(" best_overlap, disagg_uncached ,"),
+            vec![ReasonCode::BestOverlap, ReasonCode::DisaggUncached]
+        );
     }
 
     #[test]
@@ -433,12 +454,25 @@ mod tests {
         let one = r#"{"request_id":"a","outcome":"success","booking_id":"b1"}"#;
         let parsed = parse_done_body(one.as_bytes()).unwrap();
         assert_eq!(parsed.len(), 1);
-        assert_eq!((parsed[0].request_id.as_str(), parsed[0].booking_id.as_deref()), ("a", Some("b1")));
+        assert_eq!(
+            (parsed[0].request_id.as_str(), parsed[0].booking_id.as_deref()),
+            ("a", Some("b1"))
+        );
         let batch = format!(" \n[{one},{{\"request_id\":\"b\",\"outcome\":\"aborted\"}}]");
         let parsed = parse_done_body(batch.as_bytes()).unwrap();
-        assert_eq!(parsed.iter().map(|r| (r.request_id.as_str(), r.outcome)).collect::<Vec<_>>(), [("a", Outcome::Success), ("b", Outcome::Aborted)]);
+        assert_eq!(
+            parsed.iter().map(|r| (r.request_id.as_str(), r.outcome)).collect::<Vec<_>>(),
+            [("a", Outcome::Success), ("b", Outcome::Aborted)]
+        );
         assert_eq!(parse_done_body(b"[]").unwrap(), vec![]);
-        for bad in [&b"{}"[..], b"[{}]", b"[1]", b"", b"nope", br#"{"request_id":"a","outcome":"success"} x"#] {
+        for bad in [
+            &b"{}"[..],
+            b"[{}]",
+            b"[1]",
+            b"",
+            b"nope",
+            br#"{"request_id":"a","outcome":"success"} x"#,
+        ] {
             assert!(parse_done_body(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
         }
     }
@@ -459,11 +493,22 @@ mod tests {
 
     #[test]
     fn pin_uses_healthy_decoders_only() {
-        let w = |id: &str, role, healthy| FleetWorker { id: id.into(), endpoint: format!("{id}:1"), role, healthy, load: WorkerLoad::default() };
+        let w = |id: &str, role, healthy| FleetWorker {
+            id: id.into(),
+            endpoint: format!("{id}:1"),
+            role,
+            healthy,
+            load: WorkerLoad::default(),
+        };
         let fleet = FleetSnapshot {
             generation: 1,
             block_size: 16,
-            workers: vec![w("p", Role::Prefill, true), w("d1", Role::Decode, true), w("d2", Role::Decode, false), w("b", Role::Both, true)],
+            workers: vec![
+                w("p", Role::Prefill, true),
+                w("d1", Role::Decode, true),
+                w("d2", Role::Decode, false),
+                w("b", Role::Both, true),
+            ],
         };
         for key in 0..500u64 {
             let pinned = fleet.pin(key).unwrap();

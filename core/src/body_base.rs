@@ -83,13 +83,20 @@ impl FromStr for BodyBase {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || BadBodyBase(s.chars().take(80).collect());
         let mut parts = s.trim().split('-');
-        let (Some(key), Some(len), Some(hash), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+        let (Some(key), Some(len), Some(hash), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
             return Err(bad());
         };
-        let hex = |p: &str, digits: usize| (p.len() == digits && p.bytes().all(|b| b.is_ascii_hexdigit())).then_some(());
+        let hex = |p: &str, digits: usize| {
+            (p.len() == digits && p.bytes().all(|b| b.is_ascii_hexdigit())).then_some(())
+        };
         hex(key, 16).ok_or_else(bad)?;
         hex(hash, 32).ok_or_else(bad)?;
-        let len = (!len.is_empty() && len.len() <= 12 && len.bytes().all(|b| b.is_ascii_digit())).then(|| len.parse().ok()).flatten().ok_or_else(bad)?;
+        let len = (!len.is_empty() && len.len() <= 12 && len.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| len.parse().ok())
+            .flatten()
+            .ok_or_else(bad)?;
         Ok(Self {
             memo_key: u64::from_str_radix(key, 16).map_err(|_| bad())?,
             len,
@@ -117,7 +124,10 @@ mod tests {
 
     #[test]
     fn a_base_reads_back_from_its_text() {
-        let base = BodyBase::of(0xdead_beef_0000_0001, b"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}");
+        let base = BodyBase::of(
+            0xdead_beef_0000_0001,
+            b"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}",
+        );
         let text = base.to_string();
         assert_eq!(text.len(), 16 + 1 + 2 + 1 + 32);
         assert_eq!(text.parse::<BodyBase>(), Ok(base));

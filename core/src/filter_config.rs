@@ -176,7 +176,9 @@ impl fmt::Display for ConfigError {
         match self {
             Self::NotUtf8 => f.write_str("plugin configuration is not UTF-8"),
             Self::Invalid(msg) => write!(f, "plugin configuration is not valid: {msg}"),
-            Self::InvalidValue { field, value, reason } => write!(f, "`{field}` = {value}: {reason}"),
+            Self::InvalidValue { field, value, reason } => {
+                write!(f, "`{field}` = {value}: {reason}")
+            }
         }
     }
 }
@@ -213,17 +215,35 @@ impl FilterConfig {
             ConfigError::InvalidValue { field, value: value.to_string(), reason }
         }
         if self.indexer_cluster.trim().is_empty() {
-            return Err(bad("indexer_cluster", &self.indexer_cluster, "must name an Envoy cluster"));
+            return Err(bad(
+                "indexer_cluster",
+                &self.indexer_cluster,
+                "must name an Envoy cluster",
+            ));
         }
-        if self.indexer_authority.trim().is_empty() || self.indexer_authority.contains(char::is_whitespace) {
-            return Err(bad("indexer_authority", &self.indexer_authority, "must be a non-empty host[:port]"));
+        if self.indexer_authority.trim().is_empty()
+            || self.indexer_authority.contains(char::is_whitespace)
+        {
+            return Err(bad(
+                "indexer_authority",
+                &self.indexer_authority,
+                "must be a non-empty host[:port]",
+            ));
         }
         if !(1..=60_000).contains(&self.indexer_timeout_ms) {
-            return Err(bad("indexer_timeout_ms", self.indexer_timeout_ms, "must be within 1..=60000"));
+            return Err(bad(
+                "indexer_timeout_ms",
+                self.indexer_timeout_ms,
+                "must be within 1..=60000",
+            ));
         }
         self.session_header = self.session_header.trim().to_ascii_lowercase();
         if !is_header_token(&self.session_header) {
-            return Err(bad("session_header", &self.session_header, "must be a non-empty HTTP header name"));
+            return Err(bad(
+                "session_header",
+                &self.session_header,
+                "must be a non-empty HTTP header name",
+            ));
         }
         let reserved = [
             headers::DESTINATION_ENDPOINT,
@@ -235,13 +255,23 @@ impl FilterConfig {
             headers::REQUEST_ID,
         ];
         if reserved.contains(&self.session_header.as_str()) {
-            return Err(bad("session_header", &self.session_header, "is a header kvmesh itself sets or strips"));
+            return Err(bad(
+                "session_header",
+                &self.session_header,
+                "is a header kvmesh itself sets or strips",
+            ));
         }
         if !self.override_secret.is_empty() {
             let len = self.override_secret.len();
-            if !(MIN_OVERRIDE_SECRET_BYTES..=MAX_OVERRIDE_SECRET_BYTES).contains(&len) || !self.override_secret.bytes().all(|b| b.is_ascii_graphic()) {
+            if !(MIN_OVERRIDE_SECRET_BYTES..=MAX_OVERRIDE_SECRET_BYTES).contains(&len)
+                || !self.override_secret.bytes().all(|b| b.is_ascii_graphic())
+            {
                 // The value itself is never echoed into an error (it ends up in logs).
-                return Err(bad("override_secret", format!("({len} bytes)"), "must be 16..=256 visible ASCII characters"));
+                return Err(bad(
+                    "override_secret",
+                    format!("({len} bytes)"),
+                    "must be 16..=256 visible ASCII characters",
+                ));
             }
         }
         if self.allow_overrides && self.override_secret.is_empty() {
@@ -255,40 +285,80 @@ impl FilterConfig {
             return Err(bad("max_body_bytes", self.max_body_bytes, "must be within 1..=268435456"));
         }
         if self.fleet_refresh_ms != 0 && !(100..=3_600_000).contains(&self.fleet_refresh_ms) {
-            return Err(bad("fleet_refresh_ms", self.fleet_refresh_ms, "must be 0 (off) or within 100..=3600000"));
+            return Err(bad(
+                "fleet_refresh_ms",
+                self.fleet_refresh_ms,
+                "must be 0 (off) or within 100..=3600000",
+            ));
         }
         if !(1..=60_000).contains(&self.background_timeout_ms) {
-            return Err(bad("background_timeout_ms", self.background_timeout_ms, "must be within 1..=60000"));
+            return Err(bad(
+                "background_timeout_ms",
+                self.background_timeout_ms,
+                "must be within 1..=60000",
+            ));
         }
         if !(1..=10_000).contains(&self.done_flush_ms) {
             return Err(bad("done_flush_ms", self.done_flush_ms, "must be within 1..=10000"));
         }
         if !(1..=1_000_000).contains(&self.done_queue_capacity) {
-            return Err(bad("done_queue_capacity", self.done_queue_capacity, "must be within 1..=1000000"));
+            return Err(bad(
+                "done_queue_capacity",
+                self.done_queue_capacity,
+                "must be within 1..=1000000",
+            ));
         }
         if !(1..=10_000).contains(&self.done_max_in_flight) {
-            return Err(bad("done_max_in_flight", self.done_max_in_flight, "must be within 1..=10000"));
+            return Err(bad(
+                "done_max_in_flight",
+                self.done_max_in_flight,
+                "must be within 1..=10000",
+            ));
         }
         if self.breaker_failures > 10_000 {
-            return Err(bad("breaker_failures", self.breaker_failures, "must be 0 (off) or within 1..=10000"));
+            return Err(bad(
+                "breaker_failures",
+                self.breaker_failures,
+                "must be 0 (off) or within 1..=10000",
+            ));
         }
         if !(10..=600_000).contains(&self.breaker_open_ms) {
             return Err(bad("breaker_open_ms", self.breaker_open_ms, "must be within 10..=600000"));
         }
         if self.endpoint_failures > 10_000 {
-            return Err(bad("endpoint_failures", self.endpoint_failures, "must be 0 (off) or within 1..=10000"));
+            return Err(bad(
+                "endpoint_failures",
+                self.endpoint_failures,
+                "must be 0 (off) or within 1..=10000",
+            ));
         }
         if !(100..=3_600_000).contains(&self.endpoint_ejection_ms) {
-            return Err(bad("endpoint_ejection_ms", self.endpoint_ejection_ms, "must be within 100..=3600000"));
+            return Err(bad(
+                "endpoint_ejection_ms",
+                self.endpoint_ejection_ms,
+                "must be within 100..=3600000",
+            ));
         }
         if self.placement_memory_slots > MAX_PLACEMENT_MEMORY_SLOTS {
-            return Err(bad("placement_memory_slots", self.placement_memory_slots, "must be 0 (off) or within 1..=1048576"));
+            return Err(bad(
+                "placement_memory_slots",
+                self.placement_memory_slots,
+                "must be 0 (off) or within 1..=1048576",
+            ));
         }
         if self.body_base_slots > MAX_BODY_BASE_SLOTS {
-            return Err(bad("body_base_slots", self.body_base_slots, "must be 0 (off) or within 1..=1048576"));
+            return Err(bad(
+                "body_base_slots",
+                self.body_base_slots,
+                "must be 0 (off) or within 1..=1048576",
+            ));
         }
         if self.local_route_max_body_bytes > self.max_body_bytes {
-            return Err(bad("local_route_max_body_bytes", self.local_route_max_body_bytes, "must be 0 (off) or at most `max_body_bytes`"));
+            return Err(bad(
+                "local_route_max_body_bytes",
+                self.local_route_max_body_bytes,
+                "must be 0 (off) or at most `max_body_bytes`",
+            ));
         }
         Ok(self)
     }
@@ -296,7 +366,9 @@ impl FilterConfig {
     /// Whether a request's override secret (its [`headers::OVERRIDE_SECRET`] value, if sent)
     /// makes its overrides trusted: overrides on and the secret matches.
     pub fn overrides_trusted(&self, sent_secret: Option<&[u8]>) -> bool {
-        self.allow_overrides && !self.override_secret.is_empty() && sent_secret.is_some_and(|s| secret_matches(s, self.override_secret.as_bytes()))
+        self.allow_overrides
+            && !self.override_secret.is_empty()
+            && sent_secret.is_some_and(|s| secret_matches(s, self.override_secret.as_bytes()))
     }
 
     /// The JSON the filter reads as its plugin configuration (every field, defaults included).
@@ -322,7 +394,9 @@ impl FilterConfig {
 /// RFC 9110 token characters, lowercase only (Envoy lowercases header names).
 fn is_header_token(name: &str) -> bool {
     !name.is_empty()
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b))
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b)
+        })
 }
 
 /// `sent == expected`, in time that depends only on the lengths (no early exit on the first

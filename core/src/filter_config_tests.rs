@@ -38,7 +38,10 @@ fn full_config_round_trips() {
 
 #[test]
 fn session_header_is_lowercased() {
-    assert_eq!(parse(r#"{"session_header":" X-Conversation "}"#).unwrap().session_header, "x-conversation");
+    assert_eq!(
+        parse(r#"{"session_header":" X-Conversation "}"#).unwrap().session_header,
+        "x-conversation"
+    );
 }
 
 #[test]
@@ -56,7 +59,10 @@ fn refusals_name_the_field() {
         (r#"{"fleet_refresh_ms":5}"#, "fleet_refresh_ms"),
         (r#"{"done_queue_capacity":0}"#, "done_queue_capacity"),
         (r#"{"done_max_in_flight":0}"#, "done_max_in_flight"),
-        (r#"{"max_body_bytes":4096,"local_route_max_body_bytes":4097}"#, "local_route_max_body_bytes"),
+        (
+            r#"{"max_body_bytes":4096,"local_route_max_body_bytes":4097}"#,
+            "local_route_max_body_bytes",
+        ),
         (r#"{"background":"sometimes"}"#, "unknown variant"),
         ("[1]", "invalid type"),
         ("{", "EOF"),

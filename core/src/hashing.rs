@@ -12,11 +12,15 @@ use twox_hash::XxHash3_64;
 pub const XXH3_SEED: u64 = 1337;
 
 /// The content hash of one full block of tokens (no parent).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct LocalBlockHash(pub u64);
 
 /// The hash of a block together with every block before it; the index key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct SequenceHash(pub u64);
 
 /// The seed for local block hashes: 1337, plus `XXH3(lora_name, 0)` and `XXH3(cache_salt, 1)`
@@ -110,7 +114,13 @@ mod tests {
     fn chain_vectors() {
         let tokens: Vec<u32> = (0..8).collect();
         let local = local_block_hashes(&tokens, 4, XXH3_SEED);
-        assert_eq!(local, vec![LocalBlockHash(9_143_094_415_614_847_814), LocalBlockHash(12_124_091_508_212_882_195)]);
+        assert_eq!(
+            local,
+            vec![
+                LocalBlockHash(9_143_094_415_614_847_814),
+                LocalBlockHash(12_124_091_508_212_882_195)
+            ]
+        );
         let seq = sequence_hashes(&tokens, 4, XXH3_SEED);
         assert_eq!(seq[0].0, local[0].0);
         assert_eq!(seq[1].0, 9_510_318_385_840_434_533);
@@ -135,8 +145,14 @@ mod tests {
         let salt = block_seed(None, Some("tenant"));
         assert_ne!(lora, XXH3_SEED);
         assert_ne!(salt, XXH3_SEED);
-        assert_eq!(block_seed(Some("adapter"), Some("tenant")), lora.wrapping_add(salt).wrapping_sub(XXH3_SEED));
-        assert_ne!(local_block_hash(&[1, 2, 3, 4], lora), local_block_hash(&[1, 2, 3, 4], XXH3_SEED));
+        assert_eq!(
+            block_seed(Some("adapter"), Some("tenant")),
+            lora.wrapping_add(salt).wrapping_sub(XXH3_SEED)
+        );
+        assert_ne!(
+            local_block_hash(&[1, 2, 3, 4], lora),
+            local_block_hash(&[1, 2, 3, 4], XXH3_SEED)
+        );
     }
 
     #[test]

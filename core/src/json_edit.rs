@@ -42,7 +42,9 @@ pub enum EditError {
 impl fmt::Display for EditError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::NotJson { line, column } => write!(f, "body is not valid JSON (line {line}, column {column})"),
+            Self::NotJson { line, column } => {
+                write!(f, "body is not valid JSON (line {line}, column {column})")
+            }
             Self::NotAnObject => write!(f, "body is not a JSON object"),
             Self::BadValue => write!(f, "new value is not one JSON value"),
         }
@@ -127,7 +129,11 @@ impl<'a> TopLevel<'a> {
     /// The raw JSON of the last occurrence of top-level `key` (the one `Value` keeps).
     pub fn get(&self, key: &str) -> Option<&'a str> {
         let body = self.body;
-        self.members.iter().rev().find(|m| m.key == key).and_then(|m| std::str::from_utf8(&body[m.value.clone()]).ok())
+        self.members
+            .iter()
+            .rev()
+            .find(|m| m.key == key)
+            .and_then(|m| std::str::from_utf8(&body[m.value.clone()]).ok())
     }
 
     /// Whether top-level `key` occurs.
@@ -156,7 +162,8 @@ impl<'a> TopLevel<'a> {
         }
         let rule = |key: &str| edits.iter().rev().find(|e| e.key() == key);
         let body = self.body;
-        let extra: usize = edits.iter().map(|e| e.key().len() + 4 + edit_value(e).map_or(0, str::len)).sum();
+        let extra: usize =
+            edits.iter().map(|e| e.key().len() + 4 + edit_value(e).map_or(0, str::len)).sum();
         let mut out = Vec::with_capacity(body.len() + extra);
         out.extend_from_slice(&body[..=self.open]);
         let mut parts = 0usize;
@@ -182,7 +189,9 @@ impl<'a> TopLevel<'a> {
         for m in &self.members {
             let new_value = match rule(&m.key) {
                 Some(Edit::Remove { .. }) => continue,
-                Some(Edit::Set { value, .. } | Edit::Replace { value, .. }) => Some(value.as_bytes()),
+                Some(Edit::Set { value, .. } | Edit::Replace { value, .. }) => {
+                    Some(value.as_bytes())
+                }
                 None => None,
             };
             if parts > 0 {
@@ -273,7 +282,10 @@ impl<'de> Deserialize<'de> for Entries<'de> {
                 }
                 Ok(Entries::Object(entries))
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Entries<'de>, A::Error> {
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Entries<'de>, A::Error> {
                 while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
                 Ok(Entries::Other)
             }

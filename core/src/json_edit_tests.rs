@@ -7,7 +7,10 @@ use serde_json::{json, Map, Value};
 const KEY: &str = "kv_transfer_params";
 
 fn set(key: &str, value: &str) -> Edit<'static> {
-    Edit::Set { key: Box::leak(key.to_owned().into_boxed_str()), value: Cow::Owned(value.to_owned()) }
+    Edit::Set {
+        key: Box::leak(key.to_owned().into_boxed_str()),
+        value: Cow::Owned(value.to_owned()),
+    }
 }
 
 fn run(body: &str, edits: &[Edit<'_>]) -> Result<String, EditError> {
@@ -22,20 +25,35 @@ fn set_table() {
         (r#"{}"#, format!(r#"{{"{KEY}":{vt}}}"#)),
         ("{ \n }", format!("{{\"{KEY}\":{vt} \n }}")),
         (r#"{"a":1}"#, format!(r#"{{"{KEY}":{vt},"a":1}}"#)),
-        ("  {\"a\" : 1.50e3 , \"b\":[1,{\"c\":\"}\"}]}\n", format!("  {{\"{KEY}\":{vt},\"a\" : 1.50e3 , \"b\":[1,{{\"c\":\"}}\"}}]}}\n")),
+        (
+            "  {\"a\" : 1.50e3 , \"b\":[1,{\"c\":\"}\"}]}\n",
+            format!("  {{\"{KEY}\":{vt},\"a\" : 1.50e3 , \"b\":[1,{{\"c\":\"}}\"}}]}}\n"),
+        ),
         // a nested key of the same name is not top level
-        (r#"{"x":{"kv_transfer_params":1}}"#, format!(r#"{{"{KEY}":{vt},"x":{{"kv_transfer_params":1}}}}"#)),
+        (
+            r#"{"x":{"kv_transfer_params":1}}"#,
+            format!(r#"{{"{KEY}":{vt},"x":{{"kv_transfer_params":1}}}}"#),
+        ),
         // a string value mentioning the key is not a key
-        (r#"{"p":"\"kv_transfer_params\":2"}"#, format!(r#"{{"{KEY}":{vt},"p":"\"kv_transfer_params\":2"}}"#)),
+        (
+            r#"{"p":"\"kv_transfer_params\":2"}"#,
+            format!(r#"{{"{KEY}":{vt},"p":"\"kv_transfer_params\":2"}}"#),
+        ),
         // replace, keeping surrounding whitespace and order
         (r#"{"a":1,"kv_transfer_params":null,"b":2}"#, format!(r#"{{"a":1,"{KEY}":{vt},"b":2}}"#)),
-        (r#"{"kv_transfer_params" :  {"old":[1,2,{"}":"]"}]}  ,"b":2}"#, format!(r#"{{"{KEY}" :  {vt}  ,"b":2}}"#)),
+        (
+            r#"{"kv_transfer_params" :  {"old":[1,2,{"}":"]"}]}  ,"b":2}"#,
+            format!(r#"{{"{KEY}" :  {vt}  ,"b":2}}"#),
+        ),
         (r#"{"a":"x","kv_transfer_params":"s\"}"}"#, format!(r#"{{"a":"x","{KEY}":{vt}}}"#)),
         (r#"{"kv_transfer_params":true}"#, format!(r#"{{"{KEY}":{vt}}}"#)),
         // escaped spelling of the same key: the spelling stays
         (r#"{"kv\u005ftransfer_params":0}"#, format!(r#"{{"kv\u005ftransfer_params":{vt}}}"#)),
         // duplicates: both replaced
-        (r#"{"kv_transfer_params":1,"kv_transfer_params":2}"#, format!(r#"{{"{KEY}":{vt},"{KEY}":{vt}}}"#)),
+        (
+            r#"{"kv_transfer_params":1,"kv_transfer_params":2}"#,
+            format!(r#"{{"{KEY}":{vt},"{KEY}":{vt}}}"#),
+        ),
     ];
     for (body, want) in cases {
         assert_eq!(run(body, &[set(KEY, vt)]).as_deref(), Ok(want.as_str()), "{body}");
@@ -62,10 +80,18 @@ fn replace_and_remove_table() {
         (r#"{"a":1}"#, vec![set("a", "5"), rm("a")], r#"{}"#),
         (r#"{"a":1}"#, vec![set("x", "5"), rm("x")], r#"{"a":1}"#),
         // inserts in edit order, then the kept members
-        (r#"{"a":1,"s":true}"#, vec![set("x", "1"), set("y", "2"), rm("s")], r#"{"x":1,"y":2,"a":1}"#),
+        (
+            r#"{"a":1,"s":true}"#,
+            vec![set("x", "1"), set("y", "2"), rm("s")],
+            r#"{"x":1,"y":2,"a":1}"#,
+        ),
         (r#"{"s":true}"#, vec![set("x", "1"), rm("s")], r#"{"x":1}"#),
         // numbers and escapes elsewhere are copied as written
-        (r#"{"n":1e3,"big":123456789012345678901234567890,"t":"\u00e9\n","s":1}"#, vec![rm("s")], r#"{"n":1e3,"big":123456789012345678901234567890,"t":"\u00e9\n"}"#),
+        (
+            r#"{"n":1e3,"big":123456789012345678901234567890,"t":"\u00e9\n","s":1}"#,
+            vec![rm("s")],
+            r#"{"n":1e3,"big":123456789012345678901234567890,"t":"\u00e9\n"}"#,
+        ),
     ];
     for (body, edits, want) in cases {
         assert_eq!(run(body, &edits).as_deref(), Ok(want), "{body} {edits:?}");
@@ -104,7 +130,10 @@ fn errors() {
     }
     assert_eq!(run("{}", &[set(KEY, "1 2")]), Err(EditError::BadValue));
     assert_eq!(run("{}", &[set(KEY, "")]), Err(EditError::BadValue));
-    assert_eq!(run("{}", &[Edit::Replace { key: KEY, value: Cow::Borrowed("{") }]), Err(EditError::BadValue));
+    assert_eq!(
+        run("{}", &[Edit::Replace { key: KEY, value: Cow::Borrowed("{") }]),
+        Err(EditError::BadValue)
+    );
     assert!(TopLevel::scan(b"\xff").is_err());
 }
 
@@ -154,14 +183,21 @@ fn json_tree() -> impl Strategy<Value = Value> {
     leaf.prop_recursive(3, 24, 5, |inner| {
         prop_oneof![
             proptest::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
-            proptest::collection::btree_map("[a-c]{1,2}", inner, 0..4).prop_map(|m| Value::Object(m.into_iter().collect())),
+            proptest::collection::btree_map("[a-c]{1,2}", inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
         ]
     })
 }
 
 /// Top-level keys are drawn from a small set, so edits hit, miss and nest alike.
 fn key() -> impl Strategy<Value = String> {
-    prop_oneof![Just("a".to_owned()), Just("b".to_owned()), Just(KEY.to_owned()), Just("k\"q".to_owned()), Just("é".to_owned())]
+    prop_oneof![
+        Just("a".to_owned()),
+        Just("b".to_owned()),
+        Just(KEY.to_owned()),
+        Just("k\"q".to_owned()),
+        Just("é".to_owned())
+    ]
 }
 
 #[derive(Debug, Clone)]
@@ -182,7 +218,11 @@ fn op() -> impl Strategy<Value = Op> {
 /// The edits on a parsed object: the meaning the byte editor must have. Only the last op of a key
 /// counts, as in [`TopLevel::apply`].
 fn edit_map(mut obj: Map<String, Value>, ops: &[Op]) -> Map<String, Value> {
-    let last = |k: &str| ops.iter().rev().find(|o| matches!(o, Op::Set(x, _) | Op::Replace(x, _) | Op::Remove(x) if x == k));
+    let last = |k: &str| {
+        ops.iter()
+            .rev()
+            .find(|o| matches!(o, Op::Set(x, _) | Op::Replace(x, _) | Op::Remove(x) if x == k))
+    };
     let mut done = std::collections::HashSet::new();
     for o in ops.iter().rev() {
         let k = match o {

@@ -91,7 +91,9 @@ impl OpenAiRequest {
     /// completions prompt has no turns to tell: false.
     pub fn opens_conversation(&self) -> bool {
         match &self.input {
-            RequestInput::Messages(m) => !m.iter().any(|m| matches!(&*m.role, "assistant" | "tool" | "function")),
+            RequestInput::Messages(m) => {
+                !m.iter().any(|m| matches!(&*m.role, "assistant" | "tool" | "function"))
+            }
             RequestInput::Prompt(_) => false,
         }
     }
@@ -103,8 +105,13 @@ impl OpenAiRequest {
 pub enum ParseError {
     NotJson,
     NotAnObject,
-    Missing { field: &'static str },
-    WrongType { field: &'static str, expected: &'static str },
+    Missing {
+        field: &'static str,
+    },
+    WrongType {
+        field: &'static str,
+        expected: &'static str,
+    },
     /// A batch of several prompts: the engine serves it, kvmesh does not route it by content.
     BatchPrompt,
 }
@@ -148,7 +155,6 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<OpenAiRequest, ParseErro
     parse_fields(endpoint, body, false).map(|(req, _)| req)
 }
 
-
 /// The top-level fields of a request body other than `prompt`, split but not parsed: a field's
 /// JSON is only deserialized when someone asks for it. Lets a reader that needs more than
 /// [`OpenAiRequest`] (the engine simulator's `kv_transfer_params`, `stream_options` …) read the
@@ -180,19 +186,34 @@ const PLACEHOLDER: &[u8] = b"[0]";
 /// the rest of the body is split into raw top-level fields and only the fields routing reads
 /// become `Value`s. A body serde cannot split (not an object, not JSON) is judged the `Value`
 /// way and has no raw fields.
-pub fn parse_raw(endpoint: Endpoint, body: &[u8]) -> Result<(OpenAiRequest, RawFields), ParseError> {
+pub fn parse_raw(
+    endpoint: Endpoint,
+    body: &[u8],
+) -> Result<(OpenAiRequest, RawFields), ParseError> {
     parse_fields(endpoint, body, true)
 }
 
 /// [`parse_raw`]; the raw fields are kept only when `keep_raw`.
-fn parse_fields(endpoint: Endpoint, body: &[u8], keep_raw: bool) -> Result<(OpenAiRequest, RawFields), ParseError> {
-    let keep = |fields: HashMap<Cow<'_, str>, &RawValue>| if keep_raw { RawFields::owned(fields) } else { RawFields::default() };
+fn parse_fields(
+    endpoint: Endpoint,
+    body: &[u8],
+    keep_raw: bool,
+) -> Result<(OpenAiRequest, RawFields), ParseError> {
+    let keep = |fields: HashMap<Cow<'_, str>, &RawValue>| {
+        if keep_raw {
+            RawFields::owned(fields)
+        } else {
+            RawFields::default()
+        }
+    };
     if endpoint == Endpoint::Completions {
         if let Some(done) = parse_flat_prompt(body, keep_raw) {
             return done;
         }
     }
-    let split = serde_json::from_slice::<HashMap<Cow<'_, str>, &RawValue>>(body).ok().filter(|_| fast::depth_ok(body));
+    let split = serde_json::from_slice::<HashMap<Cow<'_, str>, &RawValue>>(body)
+        .ok()
+        .filter(|_| fast::depth_ok(body));
     let Some(mut fields) = split else {
         let value: Value = serde_json::from_slice(body).map_err(|_| ParseError::NotJson)?;
         let obj = value.as_object().ok_or(ParseError::NotAnObject)?;
@@ -202,13 +223,26 @@ fn parse_fields(endpoint: Endpoint, body: &[u8], keep_raw: bool) -> Result<(Open
     let prompt = fields.remove("prompt");
     // Raw fields are valid JSON already, so reading one as a `Value` cannot fail.
     let as_value = |r: &RawValue| serde_json::from_str::<Value>(r.get()).ok().map(Cow::Owned);
-    let req = read(endpoint, |k| if k == "prompt" { prompt.and_then(as_value) } else { fields.get(k).and_then(|r| as_value(r)) }, None)?;
+    let req = read(
+        endpoint,
+        |k| {
+            if k == "prompt" {
+                prompt.and_then(as_value)
+            } else {
+                fields.get(k).and_then(|r| as_value(r))
+            }
+        },
+        None,
+    )?;
     Ok((req, keep(fields)))
 }
 
 /// The fast path of [`parse_raw`] for a completions body whose prompt is a flat list of ids;
 /// `None` when it does not apply (the general path then decides).
-fn parse_flat_prompt(body: &[u8], keep_raw: bool) -> Option<Result<(OpenAiRequest, RawFields), ParseError>> {
+fn parse_flat_prompt(
+    body: &[u8],
+    keep_raw: bool,
+) -> Option<Result<(OpenAiRequest, RawFields), ParseError>> {
     let fast::PromptSpan { start, end, ids } = fast::prompt_span(body)?;
     let ids = ids?;
     let mut rest = Vec::with_capacity(body.len() - (end - start) + PLACEHOLDER.len());
@@ -219,24 +253,39 @@ fn parse_flat_prompt(body: &[u8], keep_raw: bool) -> Option<Result<(OpenAiReques
     // serde must see the placeholder where the scan put it, as the last `prompt`: then the body
     // is valid JSON and this prompt is the one the `Value` path would read.
     let placeholder = fields.remove("prompt")?;
-    if placeholder.get().as_ptr() != rest[start..].as_ptr() || placeholder.get().as_bytes() != PLACEHOLDER {
+    if placeholder.get().as_ptr() != rest[start..].as_ptr()
+        || placeholder.get().as_bytes() != PLACEHOLDER
+    {
         return None;
     }
     let as_value = |r: &RawValue| serde_json::from_str::<Value>(r.get()).ok().map(Cow::Owned);
     let req = read(Endpoint::Completions, |k| fields.get(k).and_then(|r| as_value(r)), Some(ids));
-    Some(req.map(|req| (req, if keep_raw { RawFields::owned(fields) } else { RawFields::default() })))
+    Some(
+        req.map(|req| {
+            (req, if keep_raw { RawFields::owned(fields) } else { RawFields::default() })
+        }),
+    )
 }
 
 /// The request from its top-level fields (`field(key)`), in the order errors are reported.
-fn read<'v>(endpoint: Endpoint, field: impl Fn(&str) -> Option<Cow<'v, Value>>, tokens: Option<Vec<u32>>) -> Result<OpenAiRequest, ParseError> {
+fn read<'v>(
+    endpoint: Endpoint,
+    field: impl Fn(&str) -> Option<Cow<'v, Value>>,
+    tokens: Option<Vec<u32>>,
+) -> Result<OpenAiRequest, ParseError> {
     let (input, conversation_anchor) = match (endpoint, tokens) {
         (Endpoint::Completions, Some(ids)) => (RequestInput::Prompt(Prompt::Tokens(ids)), None),
-        (Endpoint::Completions, None) => (RequestInput::Prompt(prompt(field("prompt").as_deref())?), None),
+        (Endpoint::Completions, None) => {
+            (RequestInput::Prompt(prompt(field("prompt").as_deref())?), None)
+        }
         (Endpoint::ChatCompletions, _) => {
             let raw = field("messages");
             let parsed = messages(raw.as_deref())?;
             // `messages` accepted the value, so it is a non-empty list.
-            let anchor = raw.as_deref().and_then(Value::as_array).and_then(|items| crate::session::anchor_digest(items));
+            let anchor = raw
+                .as_deref()
+                .and_then(Value::as_array)
+                .and_then(|items| crate::session::anchor_digest(items));
             (RequestInput::Messages(parsed), anchor)
         }
     };
@@ -250,12 +299,24 @@ fn read<'v>(endpoint: Endpoint, field: impl Fn(&str) -> Option<Cow<'v, Value>>, 
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(ParseError::WrongType { field: "stream", expected: "a boolean" }),
     };
-    let max_tokens = match field("max_tokens").or_else(|| field("max_completion_tokens")).as_deref() {
+    let max_tokens = match field("max_tokens").or_else(|| field("max_completion_tokens")).as_deref()
+    {
         None | Some(Value::Null) => None,
-        Some(v) => Some(v.as_u64().ok_or(ParseError::WrongType { field: "max_tokens", expected: "a non-negative integer" })?),
+        Some(v) => Some(v.as_u64().ok_or(ParseError::WrongType {
+            field: "max_tokens",
+            expected: "a non-negative integer",
+        })?),
     };
     let cache_salt = field("cache_salt").as_deref().and_then(Value::as_str).map(str::to_owned);
-    Ok(OpenAiRequest { endpoint, model, input, stream, max_tokens, cache_salt, conversation_anchor })
+    Ok(OpenAiRequest {
+        endpoint,
+        model,
+        input,
+        stream,
+        max_tokens,
+        cache_salt,
+        conversation_anchor,
+    })
 }
 
 fn prompt(value: Option<&Value>) -> Result<Prompt, ParseError> {
@@ -264,12 +325,17 @@ fn prompt(value: Option<&Value>) -> Result<Prompt, ParseError> {
         None | Some(Value::Null) => Err(ParseError::Missing { field: FIELD }),
         Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
         Some(Value::Array(items)) => match items.as_slice() {
-            [] => Err(ParseError::WrongType { field: FIELD, expected: "a non-empty string or list" }),
+            [] => {
+                Err(ParseError::WrongType { field: FIELD, expected: "a non-empty string or list" })
+            }
             [Value::String(s)] => Ok(Prompt::Text(s.clone())),
             [Value::Array(inner)] => token_ids(inner).map(Prompt::Tokens),
             [Value::Number(_), ..] => token_ids(items).map(Prompt::Tokens),
             [Value::String(_) | Value::Array(_), ..] => Err(ParseError::BatchPrompt),
-            _ => Err(ParseError::WrongType { field: FIELD, expected: "a string, a list of token ids, or a one-element list of either" }),
+            _ => Err(ParseError::WrongType {
+                field: FIELD,
+                expected: "a string, a list of token ids, or a one-element list of either",
+            }),
         },
         Some(_) => Err(ParseError::WrongType { field: FIELD, expected: "a string or a list" }),
     }
@@ -291,12 +357,19 @@ fn messages(value: Option<&Value>) -> Result<Vec<ChatMessage>, ParseError> {
     let items = match value {
         None | Some(Value::Null) => return Err(ParseError::Missing { field: FIELD }),
         Some(Value::Array(items)) if !items.is_empty() => items,
-        Some(_) => return Err(ParseError::WrongType { field: FIELD, expected: "a non-empty list of messages" }),
+        Some(_) => {
+            return Err(ParseError::WrongType {
+                field: FIELD,
+                expected: "a non-empty list of messages",
+            })
+        }
     };
     items
         .iter()
         .map(|m| {
-            let obj = m.as_object().ok_or(ParseError::WrongType { field: FIELD, expected: "a list of objects" })?;
+            let obj = m
+                .as_object()
+                .ok_or(ParseError::WrongType { field: FIELD, expected: "a list of objects" })?;
             let role = obj
                 .get("role")
                 .and_then(Value::as_str)
@@ -307,7 +380,10 @@ fn messages(value: Option<&Value>) -> Result<Vec<ChatMessage>, ParseError> {
                 Some(Value::String(s)) => s.clone(),
                 Some(Value::Array(parts)) => content_parts(parts)?,
                 Some(_) => {
-                    return Err(ParseError::WrongType { field: "messages[].content", expected: "a string or a list of parts" })
+                    return Err(ParseError::WrongType {
+                        field: "messages[].content",
+                        expected: "a string or a list of parts",
+                    })
                 }
             };
             Ok(ChatMessage { role: role.into(), content: content.into() })
@@ -322,14 +398,20 @@ fn content_parts(parts: &[Value]) -> Result<String, ParseError> {
             Value::String(s) => texts.push(s.as_str()),
             Value::Object(obj) => {
                 if obj.get("type").and_then(Value::as_str).unwrap_or("text") == "text" {
-                    let text = obj
-                        .get("text")
-                        .and_then(Value::as_str)
-                        .ok_or(ParseError::WrongType { field: "messages[].content[].text", expected: "a string" })?;
+                    let text =
+                        obj.get("text").and_then(Value::as_str).ok_or(ParseError::WrongType {
+                            field: "messages[].content[].text",
+                            expected: "a string",
+                        })?;
                     texts.push(text);
                 }
             }
-            _ => return Err(ParseError::WrongType { field: "messages[].content", expected: "a list of parts" }),
+            _ => {
+                return Err(ParseError::WrongType {
+                    field: "messages[].content",
+                    expected: "a list of parts",
+                })
+            }
         }
     }
     Ok(texts.join("\n"))
@@ -367,7 +449,10 @@ mod tests {
     #[test]
     fn paths() {
         assert_eq!(Endpoint::from_path("/v1/completions"), Some(Endpoint::Completions));
-        assert_eq!(Endpoint::from_path("/v1/chat/completions?x=1"), Some(Endpoint::ChatCompletions));
+        assert_eq!(
+            Endpoint::from_path("/v1/chat/completions?x=1"),
+            Some(Endpoint::ChatCompletions)
+        );
         assert_eq!(Endpoint::from_path("/v1/models"), None);
     }
 
@@ -380,9 +465,21 @@ mod tests {
             (r#"{"prompt":[[4,5]]}"#, Ok(Prompt::Tokens(vec![4, 5]))),
             (r#"{"prompt":["a","b"]}"#, Err(ParseError::BatchPrompt)),
             (r#"{"prompt":[[1],[2]]}"#, Err(ParseError::BatchPrompt)),
-            (r#"{"prompt":[1,-2]}"#, Err(ParseError::WrongType { field: "prompt", expected: "token ids in 0..2^32" })),
-            (r#"{"prompt":[]}"#, Err(ParseError::WrongType { field: "prompt", expected: "a non-empty string or list" })),
-            (r#"{"prompt":7}"#, Err(ParseError::WrongType { field: "prompt", expected: "a string or a list" })),
+            (
+                r#"{"prompt":[1,-2]}"#,
+                Err(ParseError::WrongType { field: "prompt", expected: "token ids in 0..2^32" }),
+            ),
+            (
+                r#"{"prompt":[]}"#,
+                Err(ParseError::WrongType {
+                    field: "prompt",
+                    expected: "a non-empty string or list",
+                }),
+            ),
+            (
+                r#"{"prompt":7}"#,
+                Err(ParseError::WrongType { field: "prompt", expected: "a string or a list" }),
+            ),
             (r#"{"model":"m"}"#, Err(ParseError::Missing { field: "prompt" })),
         ];
         for (body, want) in cases {
@@ -474,18 +571,37 @@ mod tests {
         ];
         for depth in [125, 126, 127, 128, 200] {
             // The top-level object is one level; `x` adds `depth - 1` more.
-            let deep = format!(r#"{{"x":{}1{},"prompt":[1],"messages":[{{"role":"user","content":"a"}}]}}"#, "[".repeat(depth - 1), "]".repeat(depth - 1));
+            let deep = format!(
+                r#"{{"x":{}1{},"prompt":[1],"messages":[{{"role":"user","content":"a"}}]}}"#,
+                "[".repeat(depth - 1),
+                "]".repeat(depth - 1)
+            );
             for endpoint in [Endpoint::Completions, Endpoint::ChatCompletions] {
-                assert_eq!(parse(endpoint, deep.as_bytes()), via_value(endpoint, deep.as_bytes()), "depth {depth}");
+                assert_eq!(
+                    parse(endpoint, deep.as_bytes()),
+                    via_value(endpoint, deep.as_bytes()),
+                    "depth {depth}"
+                );
             }
         }
-        assert!(parse(Endpoint::Completions, format!(r#"{{"x":{}{},"prompt":[1]}}"#, "[".repeat(126), "]".repeat(126)).as_bytes()).is_ok());
+        assert!(parse(
+            Endpoint::Completions,
+            format!(r#"{{"x":{}{},"prompt":[1]}}"#, "[".repeat(126), "]".repeat(126)).as_bytes()
+        )
+        .is_ok());
         for body in bodies {
             for endpoint in [Endpoint::Completions, Endpoint::ChatCompletions] {
-                assert_eq!(parse(endpoint, body), via_value(endpoint, body), "{}", String::from_utf8_lossy(body));
+                assert_eq!(
+                    parse(endpoint, body),
+                    via_value(endpoint, body),
+                    "{}",
+                    String::from_utf8_lossy(body)
+                );
             }
         }
-        let (_, raw) = parse_raw(Endpoint::Completions, br#"{"prompt":[1],"kv_transfer_params":{"a":1}}"#).unwrap();
+        let (_, raw) =
+            parse_raw(Endpoint::Completions, br#"{"prompt":[1],"kv_transfer_params":{"a":1}}"#)
+                .unwrap();
         assert_eq!(raw.get("kv_transfer_params").map(RawValue::get), Some(r#"{"a":1}"#));
         assert!(raw.get("missing").is_none());
         assert!(raw.get("prompt").is_none());
@@ -505,7 +621,8 @@ mod tests {
         leaf.prop_recursive(3, 24, 6, |inner| {
             prop_oneof![
                 proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-                proptest::collection::btree_map("[a-z]{1,2}", inner, 0..3).prop_map(|m| Value::Object(m.into_iter().collect())),
+                proptest::collection::btree_map("[a-z]{1,2}", inner, 0..3)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
             ]
         })
     }
@@ -531,6 +648,11 @@ mod tests {
         assert_eq!(chat(r#"{"messages":"hi"}"#).unwrap_err().reason(), "wrong_type");
         assert_eq!(chat(r#"{"messages":[{"content":"x"}]}"#).unwrap_err().reason(), "wrong_type");
         assert_eq!(chat(r#"{}"#).unwrap_err().reason(), "missing_field");
-        assert_eq!(chat(r#"{"messages":[{"role":"user","content":"x"}],"stream":"yes"}"#).unwrap_err().reason(), "wrong_type");
+        assert_eq!(
+            chat(r#"{"messages":[{"role":"user","content":"x"}],"stream":"yes"}"#)
+                .unwrap_err()
+                .reason(),
+            "wrong_type"
+        );
     }
 }

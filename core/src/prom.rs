@@ -208,7 +208,11 @@ vllm:prefix_cache_hits_total{engine="1",model_name="deepseek"} 512
         assert_eq!(s[0].label("engine"), Some("0"));
         assert_eq!(s[1].name, "vllm:prefix_cache_queries_created");
         assert_eq!(sum(&s, "vllm:prefix_cache_hits_total"), Some(1536.0));
-        assert_eq!(sum(&s, "vllm:prefix_cache_queries_total"), Some(4096.0), "_created is not added");
+        assert_eq!(
+            sum(&s, "vllm:prefix_cache_queries_total"),
+            Some(4096.0),
+            "_created is not added"
+        );
         assert_eq!(sum(&s, "vllm:absent_total"), None);
     }
 
@@ -223,12 +227,18 @@ vllm:prefix_cache_hits_total{engine="1",model_name="deepseek"} 512
             (r#"h_bucket{le="+Inf"} +Inf"#, "h_bucket", &[("le", "+Inf")], f64::INFINITY),
             (r#"x{a="1",} 3"#, "x", &[("a", "1")], 3.0),
             ("  y\t-Inf  ", "y", &[], f64::NEG_INFINITY),
-            (r#"envoy_cluster_x{envoy_cluster_name="engines"} 7"#, "envoy_cluster_x", &[("envoy_cluster_name", "engines")], 7.0),
+            (
+                r#"envoy_cluster_x{envoy_cluster_name="engines"} 7"#,
+                "envoy_cluster_x",
+                &[("envoy_cluster_name", "engines")],
+                7.0,
+            ),
         ];
         for (line, name, labels, value) in cases {
             let s = parse(line).unwrap();
             assert_eq!(s[0].name, *name, "{line}");
-            let want: Vec<(String, String)> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            let want: Vec<(String, String)> =
+                labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
             assert_eq!(s[0].labels, want, "{line}");
             assert_eq!(s[0].value, *value, "{line}");
         }
@@ -237,7 +247,9 @@ vllm:prefix_cache_hits_total{engine="1",model_name="deepseek"} 512
 
     #[test]
     fn bad_lines_are_errors_with_line_numbers_or_skipped() {
-        for bad in ["x", "x{a=\"1\"", "x{a=1} 2", "x{a=\"1} 2", "x abc", "garbage line", "{a=\"1\"} 2"] {
+        for bad in
+            ["x", "x{a=\"1\"", "x{a=1} 2", "x{a=\"1} 2", "x abc", "garbage line", "{a=\"1\"} 2"]
+        {
             let err = parse(&format!("# ok\n{bad}\n")).unwrap_err();
             assert_eq!(err.line, 2, "{bad}");
             let (samples, skipped) = parse_lossy(&format!("# ok\nok_total 1\n{bad}\nok_total 2\n"));
@@ -254,7 +266,15 @@ vllm:prefix_cache_hits_total{engine="1",model_name="deepseek"} 512
         // The malformed bucket line is not read (not counted); a wanted malformed line is.
         assert_eq!(skipped, 1);
         let names: Vec<&str> = samples.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names, ["vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits_total", "h_sum"]);
+        assert_eq!(
+            names,
+            [
+                "vllm:prefix_cache_queries_total",
+                "vllm:prefix_cache_hits_total",
+                "vllm:prefix_cache_hits_total",
+                "h_sum"
+            ]
+        );
         // Wanted lines parse exactly as `parse_lossy` parses them.
         let (all, _) = parse_lossy(&text);
         let kept: Vec<&Sample> = all.iter().filter(|s| wanted(&s.name)).collect();

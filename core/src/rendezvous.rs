@@ -39,7 +39,8 @@ pub fn rank<'a, I>(key: u64, candidates: I) -> Vec<&'a str>
 where
     I: IntoIterator<Item = &'a str>,
 {
-    let mut scored: Vec<(u64, &str)> = candidates.into_iter().map(|id| (weight(key, id), id)).collect();
+    let mut scored: Vec<(u64, &str)> =
+        candidates.into_iter().map(|id| (weight(key, id), id)).collect();
     scored.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
     scored.into_iter().map(|(_, id)| id).collect()
 }
@@ -64,7 +65,10 @@ mod tests {
         let mut rev = w.clone();
         rev.reverse();
         for key in 0..1000u64 {
-            assert_eq!(pick(key, w.iter().map(String::as_str)), pick(key, rev.iter().map(String::as_str)));
+            assert_eq!(
+                pick(key, w.iter().map(String::as_str)),
+                pick(key, rev.iter().map(String::as_str))
+            );
         }
     }
 

@@ -22,9 +22,8 @@ pub const HIT_RATE_SCALE: u64 = 1000;
 
 /// [`HIT_RATE`]'s bucket bounds (per-mille). Bounds must be > 0 in Envoy: 0.5 is the "nothing
 /// cached" bucket (samples are integers).
-pub const HIT_RATE_BUCKETS: [f64; 13] = [
-    0.5, 100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0, 800.0, 900.0, 950.0, 990.0, 1000.0,
-];
+pub const HIT_RATE_BUCKETS: [f64; 13] =
+    [0.5, 100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0, 800.0, 900.0, 950.0, 990.0, 1000.0];
 
 /// The prompt's full blocks: the `isl_blocks` of a route decision and of [`ISL_BLOCKS_TOTAL`].
 pub fn isl_blocks(tokens: usize, block_size: u32) -> u32 {
@@ -78,10 +77,7 @@ mod tests {
     #[test]
     fn envoy_configs_use_the_same_buckets() {
         for (name, text) in [
-            (
-                "envoy/bootstrap.yaml.j2",
-                include_str!("../../envoy/bootstrap.yaml.j2"),
-            ),
+            ("envoy/bootstrap.yaml.j2", include_str!("../../envoy/bootstrap.yaml.j2")),
             (
                 "envoy/k8s/envoy-configmap.yaml",
                 include_str!("../../envoy/k8s/envoy-configmap.yaml"),

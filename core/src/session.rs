@@ -47,7 +47,8 @@ const HEADER_SEED: u64 = 0x6b76_6d65_7368_0010;
 const ANCHOR_SEED: u64 = 0x6b76_6d65_7368_0021;
 
 /// The message fields that identify a conversation, in rendering order.
-const MESSAGE_FIELDS: [&str; 6] = ["role", "name", "content", "tool_calls", "tool_call_id", "function_call"];
+const MESSAGE_FIELDS: [&str; 6] =
+    ["role", "name", "content", "tool_calls", "tool_call_id", "function_call"];
 
 /// A content part's fields that never identify it (prompt-caching hints clients move every turn).
 const IGNORED_PART_FIELDS: [&str; 1] = ["cache_control"];
@@ -89,7 +90,8 @@ pub fn derived_key(request: &OpenAiRequest) -> Option<SessionKey> {
 /// order) up to and including the first whose `role` is `"user"`, canonically rendered. None when
 /// no message is a user message. Total on any JSON: a non-object message renders as its value.
 pub fn anchor_digest(messages: &[Value]) -> Option<u64> {
-    let first_user = messages.iter().position(|m| m.get("role").and_then(Value::as_str) == Some("user"))?;
+    let first_user =
+        messages.iter().position(|m| m.get("role").and_then(Value::as_str) == Some("user"))?;
     let mut canon = Canonical(XxHash3_64::with_seed(ANCHOR_SEED));
     for m in &messages[..=first_user] {
         canon.message(m);
@@ -197,7 +199,11 @@ impl<H: Hasher> Canonical<H> {
                                     self.value(payload);
                                 }
                                 // An unknown part shape: all of it except the ignored fields.
-                                None => self.object(obj.iter().filter(|(k, _)| !IGNORED_PART_FIELDS.contains(&k.as_str())).map(|(k, v)| (k.as_str(), v))),
+                                None => self.object(
+                                    obj.iter()
+                                        .filter(|(k, _)| !IGNORED_PART_FIELDS.contains(&k.as_str()))
+                                        .map(|(k, v)| (k.as_str(), v)),
+                                ),
                             }
                         }
                         other => self.value(other),
@@ -283,7 +289,10 @@ mod tests {
 
     #[test]
     fn a_100_message_conversation_keeps_its_key_for_20_turns() {
-        let mut history = vec![msg("system", &"You are a coding agent. ".repeat(200)), msg("developer", "repo rules")];
+        let mut history = vec![
+            msg("system", &"You are a coding agent. ".repeat(200)),
+            msg("developer", "repo rules"),
+        ];
         history.push(json!({ "role": "user", "content": [{ "type": "text", "text": "fix the bug" }, { "type": "image_url", "image_url": { "url": "data:image/png;base64,AAAA" } }] }));
         while history.len() < 100 {
             let i = history.len();
@@ -299,8 +308,11 @@ mod tests {
     fn conversations_sharing_a_30kb_system_prompt_get_distinct_keys() {
         let system = "Shared policy text for every conversation of this application. ".repeat(480);
         assert!(system.len() >= 30_000);
-        let keys: HashSet<SessionKey> =
-            (0..64).map(|i| chat_key(&[msg("system", &system), msg("user", &format!("question {i}"))]).unwrap()).collect();
+        let keys: HashSet<SessionKey> = (0..64)
+            .map(|i| {
+                chat_key(&[msg("system", &system), msg("user", &format!("question {i}"))]).unwrap()
+            })
+            .collect();
         assert_eq!(keys.len(), 64);
     }
 
@@ -317,26 +329,93 @@ mod tests {
         let base = chat_key(&[msg("system", "s"), msg("user", "q")]);
         let cases: &[(&str, Vec<Value>, bool)] = &[
             ("same messages", vec![msg("system", "s"), msg("user", "q")], true),
-            ("later turns ignored", vec![msg("system", "s"), msg("user", "q"), msg("assistant", "a"), msg("user", "r")], true),
-            ("string = one text part", vec![msg("system", "s"), json!({"role": "user", "content": [{"type": "text", "text": "q"}]})], true),
-            ("bare string part", vec![msg("system", "s"), json!({"role": "user", "content": ["q"]})], true),
-            ("part without type is text", vec![msg("system", "s"), json!({"role": "user", "content": [{"text": "q"}]})], true),
-            ("cache_control ignored", vec![json!({"role": "system", "content": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}]}), msg("user", "q")], true),
-            ("other message fields ignored", vec![msg("system", "s"), json!({"role": "user", "content": "q", "metadata": {"t": 1}})], true),
-            ("null name ignored", vec![msg("system", "s"), json!({"role": "user", "content": "q", "name": null})], true),
+            (
+                "later turns ignored",
+                vec![msg("system", "s"), msg("user", "q"), msg("assistant", "a"), msg("user", "r")],
+                true,
+            ),
+            (
+                "string = one text part",
+                vec![
+                    msg("system", "s"),
+                    json!({"role": "user", "content": [{"type": "text", "text": "q"}]}),
+                ],
+                true,
+            ),
+            (
+                "bare string part",
+                vec![msg("system", "s"), json!({"role": "user", "content": ["q"]})],
+                true,
+            ),
+            (
+                "part without type is text",
+                vec![msg("system", "s"), json!({"role": "user", "content": [{"text": "q"}]})],
+                true,
+            ),
+            (
+                "cache_control ignored",
+                vec![
+                    json!({"role": "system", "content": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}]}),
+                    msg("user", "q"),
+                ],
+                true,
+            ),
+            (
+                "other message fields ignored",
+                vec![
+                    msg("system", "s"),
+                    json!({"role": "user", "content": "q", "metadata": {"t": 1}}),
+                ],
+                true,
+            ),
+            (
+                "null name ignored",
+                vec![msg("system", "s"), json!({"role": "user", "content": "q", "name": null})],
+                true,
+            ),
             ("system differs", vec![msg("system", "t"), msg("user", "q")], false),
             ("first user differs", vec![msg("system", "s"), msg("user", "q2")], false),
             ("role differs", vec![msg("developer", "s"), msg("user", "q")], false),
-            ("extra system message", vec![msg("system", "s"), msg("system", ""), msg("user", "q")], false),
-            ("name differs", vec![msg("system", "s"), json!({"role": "user", "content": "q", "name": "bob"})], false),
-            ("two parts vs one joined", vec![msg("system", "s"), json!({"role": "user", "content": [{"type": "text", "text": "q"}, {"type": "text", "text": ""}]})], false),
-            ("an image part", vec![msg("system", "s"), json!({"role": "user", "content": [{"type": "text", "text": "q"}, {"type": "image_url", "image_url": {"url": "http://127.0.0.1/a.png"}}]})], false),
-            ("a later user message ignored", vec![msg("system", "s"), msg("user", "q"), msg("user", "")], true),
+            (
+                "extra system message",
+                vec![msg("system", "s"), msg("system", ""), msg("user", "q")],
+                false,
+            ),
+            (
+                "name differs",
+                vec![msg("system", "s"), json!({"role": "user", "content": "q", "name": "bob"})],
+                false,
+            ),
+            (
+                "two parts vs one joined",
+                vec![
+                    msg("system", "s"),
+                    json!({"role": "user", "content": [{"type": "text", "text": "q"}, {"type": "text", "text": ""}]}),
+                ],
+                false,
+            ),
+            (
+                "an image part",
+                vec![
+                    msg("system", "s"),
+                    json!({"role": "user", "content": [{"type": "text", "text": "q"}, {"type": "image_url", "image_url": {"url": "http://127.0.0.1/a.png"}}]}),
+                ],
+                false,
+            ),
+            (
+                "a later user message ignored",
+                vec![msg("system", "s"), msg("user", "q"), msg("user", "")],
+                true,
+            ),
         ];
         for (what, messages, same) in cases {
             assert_eq!(chat_key(messages) == base, *same, "{what}");
         }
-        let image = |url: &str| chat_key(&[json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]})]);
+        let image = |url: &str| {
+            chat_key(&[
+                json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}),
+            ])
+        };
         assert_ne!(image("http://127.0.0.1/a.png"), image("http://127.0.0.1/b.png"));
     }
 
@@ -366,14 +445,27 @@ mod tests {
     fn no_derived_key_without_an_anchor() {
         assert_eq!(chat_key(&[msg("system", "s")]), None);
         assert_eq!(chat_key(&[msg("system", "s"), msg("assistant", "hello")]), None);
-        for body in [r#"{"prompt":"a long shared preamble"}"#, r#"{"prompt":[1,2,3,4,5,6,7,8]}"#, r#"{"prompt":[[1,2,3]]}"#] {
-            assert_eq!(derived_key(&parse(Endpoint::Completions, body.as_bytes()).unwrap()), None, "{body}");
+        for body in [
+            r#"{"prompt":"a long shared preamble"}"#,
+            r#"{"prompt":[1,2,3,4,5,6,7,8]}"#,
+            r#"{"prompt":[[1,2,3]]}"#,
+        ] {
+            assert_eq!(
+                derived_key(&parse(Endpoint::Completions, body.as_bytes()).unwrap()),
+                None,
+                "{body}"
+            );
         }
     }
 
     #[test]
     fn anchor_digest_is_total_on_odd_messages() {
-        let odd = [json!(1), json!(null), json!({"role": "user", "content": {"x": [1.5, true, null]}}), json!({"role": "user"})];
+        let odd = [
+            json!(1),
+            json!(null),
+            json!({"role": "user", "content": {"x": [1.5, true, null]}}),
+            json!({"role": "user"}),
+        ];
         assert!(anchor_digest(&odd).is_some());
         assert_eq!(anchor_digest(&[json!("user")]), None);
     }
@@ -417,13 +509,26 @@ mod tests {
             any::<bool>().prop_map(Value::Bool),
             any::<i64>().prop_map(Value::from),
             any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
-            prop_oneof![Just("user".to_owned()), Just("text".to_owned()), Just("type".to_owned()), "\\PC{0,6}"].prop_map(Value::String),
+            prop_oneof![
+                Just("user".to_owned()),
+                Just("text".to_owned()),
+                Just("type".to_owned()),
+                "\\PC{0,6}"
+            ]
+            .prop_map(Value::String),
         ];
         leaf.prop_recursive(4, 48, 6, |inner| {
             prop_oneof![
                 proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
                 proptest::collection::btree_map(
-                    prop_oneof![Just("role".to_owned()), Just("content".to_owned()), Just("type".to_owned()), Just("text".to_owned()), Just("tool_calls".to_owned()), "[a-z_]{1,8}"],
+                    prop_oneof![
+                        Just("role".to_owned()),
+                        Just("content".to_owned()),
+                        Just("type".to_owned()),
+                        Just("text".to_owned()),
+                        Just("tool_calls".to_owned()),
+                        "[a-z_]{1,8}"
+                    ],
                     inner,
                     0..5
                 )

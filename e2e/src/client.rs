@@ -35,7 +35,9 @@ impl Reply {
     }
     /// The decision's stable reason codes (`x-kvmesh-decision-reason-codes`); empty without one.
     pub fn reason_codes(&self) -> Vec<kvmesh_core::api::ReasonCode> {
-        self.header(headers::DEBUG_REASON_CODES).map(kvmesh_core::api::ReasonCode::parse_list).unwrap_or_default()
+        self.header(headers::DEBUG_REASON_CODES)
+            .map(kvmesh_core::api::ReasonCode::parse_list)
+            .unwrap_or_default()
     }
     pub fn overlap_blocks(&self) -> Option<u64> {
         self.header(headers::DEBUG_OVERLAP_BLOCKS)?.parse().ok()
@@ -52,13 +54,17 @@ impl Reply {
         sse_events(&self.text)
             .filter_map(|e| {
                 let c = e.pointer("/choices/0")?;
-                c.pointer("/delta/content").or_else(|| c.get("text")).and_then(Value::as_str).map(str::to_owned)
+                c.pointer("/delta/content")
+                    .or_else(|| c.get("text"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
             })
             .collect()
     }
     /// `usage.prompt_tokens_details.cached_tokens` of an SSE answer's usage chunk.
     pub fn stream_cached_tokens(&self) -> Option<u64> {
-        sse_events(&self.text).find_map(|e| e.pointer("/usage/prompt_tokens_details/cached_tokens")?.as_u64())
+        sse_events(&self.text)
+            .find_map(|e| e.pointer("/usage/prompt_tokens_details/cached_tokens")?.as_u64())
     }
     /// The assistant's reply text of a chat completion.
     pub fn chat_content(&self) -> Option<String> {
@@ -68,11 +74,18 @@ impl Reply {
 
 /// The JSON events of an SSE body (`data: {…}` lines; `[DONE]` and anything else skipped).
 pub fn sse_events(text: &str) -> impl Iterator<Item = Value> + '_ {
-    text.lines().filter_map(|l| l.strip_prefix("data: ")).filter_map(|d| serde_json::from_str(d).ok())
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str(d).ok())
 }
 
 /// POSTs `body` (raw bytes) to `url` with extra headers and reads the whole answer.
-pub async fn post_raw(client: &reqwest::Client, url: &str, body: impl Into<reqwest::Body>, extra: &[(&str, &str)]) -> anyhow::Result<Reply> {
+pub async fn post_raw(
+    client: &reqwest::Client,
+    url: &str,
+    body: impl Into<reqwest::Body>,
+    extra: &[(&str, &str)],
+) -> anyhow::Result<Reply> {
     let mut req = client.post(url).header("content-type", "application/json").body(body);
     for (k, v) in extra {
         req = req.header(*k, *v);
@@ -85,21 +98,28 @@ pub async fn post_raw(client: &reqwest::Client, url: &str, body: impl Into<reqwe
 }
 
 /// POSTs a JSON body.
-pub async fn post_json(client: &reqwest::Client, url: &str, body: &Value, extra: &[(&str, &str)]) -> anyhow::Result<Reply> {
+pub async fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    body: &Value,
+    extra: &[(&str, &str)],
+) -> anyhow::Result<Reply> {
     post_raw(client, url, serde_json::to_vec(body)?, extra).await
 }
 
 /// A chat request body.
 pub fn chat_body(messages: &[(String, String)], max_tokens: u32) -> Value {
-    let msgs: Vec<Value> = messages.iter().map(|(r, c)| serde_json::json!({"role": r, "content": c})).collect();
+    let msgs: Vec<Value> =
+        messages.iter().map(|(r, c)| serde_json::json!({"role": r, "content": c})).collect();
     serde_json::json!({"model": "deepseek-v4", "messages": msgs, "max_tokens": max_tokens})
 }
 
 /// Deterministic filler text of roughly `words` words, distinct per `seed`.
 pub fn filler(seed: u64, words: usize) -> String {
     const VOCAB: &[&str] = &[
-        "router", "cache", "prefix", "block", "worker", "engine", "token", "mesh", "envoy", "latency", "request",
-        "session", "decode", "prefill", "index", "event", "stream", "batch", "queue", "memory", "policy", "load",
+        "router", "cache", "prefix", "block", "worker", "engine", "token", "mesh", "envoy",
+        "latency", "request", "session", "decode", "prefill", "index", "event", "stream", "batch",
+        "queue", "memory", "policy", "load",
     ];
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     let mut out = String::with_capacity(words * 7);

@@ -96,7 +96,11 @@ pub fn render_bootstrap(vars: &BootstrapVars) -> Result<String, RenderError> {
     env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
     env.set_keep_trailing_newline(true);
     env.add_template("bootstrap.yaml.j2", TEMPLATE)?;
-    let filter = if vars.policy == "kvmesh" { filter_config(&vars.filter_config_json)? } else { FilterConfig::default() };
+    let filter = if vars.policy == "kvmesh" {
+        filter_config(&vars.filter_config_json)?
+    } else {
+        FilterConfig::default()
+    };
     let typed = BootstrapVars { filter_config_json: filter.to_json(), ..vars.clone() };
     // The client's override headers are stripped outside wasm too unless the filter honours them.
     let ctx = minijinja::context! { strip_overrides => !filter.allow_overrides, ..minijinja::Value::from_serialize(&typed) };
@@ -104,9 +108,17 @@ pub fn render_bootstrap(vars: &BootstrapVars) -> Result<String, RenderError> {
 }
 
 fn validate(v: &BootstrapVars) -> Result<(), RenderError> {
-    let bad = |name: &'static str, value: &str, reason: &'static str| RenderError::InvalidVar { name, value: value.to_owned(), reason };
+    let bad = |name: &'static str, value: &str, reason: &'static str| RenderError::InvalidVar {
+        name,
+        value: value.to_owned(),
+        reason,
+    };
     if !POLICIES.contains(&v.policy.as_str()) {
-        return Err(bad("policy", &v.policy, "must be kvmesh, round_robin, least_request or ring_hash"));
+        return Err(bad(
+            "policy",
+            &v.policy,
+            "must be kvmesh, round_robin, least_request or ring_hash",
+        ));
     }
     for (name, host) in [("listen_host", &v.listen_host), ("indexer_host", &v.indexer_host)] {
         if host.parse::<IpAddr>().is_err() {
@@ -124,7 +136,11 @@ fn validate(v: &BootstrapVars) -> Result<(), RenderError> {
             return Err(bad("workers[].port", "0", "must be a port"));
         }
     }
-    let token = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    let token = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+    };
     if !token(&v.session_header) {
         return Err(bad("session_header", &v.session_header, "must be a lowercase header name"));
     }
@@ -132,7 +148,11 @@ fn validate(v: &BootstrapVars) -> Result<(), RenderError> {
         return Err(bad("max_body_bytes", "0", "must be positive"));
     }
     if !WASM_FAILURE_POLICIES.contains(&v.wasm_failure_policy.as_str()) {
-        return Err(bad("wasm_failure_policy", &v.wasm_failure_policy, "must be FAIL_RELOAD or FAIL_OPEN"));
+        return Err(bad(
+            "wasm_failure_policy",
+            &v.wasm_failure_policy,
+            "must be FAIL_RELOAD or FAIL_OPEN",
+        ));
     }
     if v.indexer_max_connections == 0 {
         return Err(bad("indexer_max_connections", "0", "must be positive"));
@@ -174,7 +194,9 @@ mod tests {
 
     /// `$KVMESH_ENVOY`, else `.tools/bin/envoy`.
     fn envoy() -> Option<PathBuf> {
-        let path = std::env::var_os("KVMESH_ENVOY").map(PathBuf::from).unwrap_or_else(|| repo_root().join(".tools/bin/envoy"));
+        let path = std::env::var_os("KVMESH_ENVOY")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| repo_root().join(".tools/bin/envoy"));
         path.exists().then_some(path)
     }
 
@@ -190,7 +212,16 @@ mod tests {
         let target_dir = repo_root().join("target/validate-wasm");
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let status = Command::new(cargo)
-            .args(["build", "-p", "kvmesh-filter", "--target", "wasm32-wasip1", "--profile", "wasm", "--target-dir"])
+            .args([
+                "build",
+                "-p",
+                "kvmesh-filter",
+                "--target",
+                "wasm32-wasip1",
+                "--profile",
+                "wasm",
+                "--target-dir",
+            ])
             .arg(&target_dir)
             .current_dir(repo_root())
             .status()
@@ -202,7 +233,10 @@ mod tests {
     #[test]
     fn every_policy_renders_and_envoy_accepts_it() {
         let Some(envoy) = envoy() else {
-            crate::skip_or_fail_in_ci("no Envoy binary (set KVMESH_ENVOY or run `make setup`); rendering only").unwrap();
+            crate::skip_or_fail_in_ci(
+                "no Envoy binary (set KVMESH_ENVOY or run `make setup`); rendering only",
+            )
+            .unwrap();
             for policy in POLICIES {
                 render_bootstrap(&vars(policy, "/nonexistent.wasm")).unwrap();
             }
@@ -214,7 +248,11 @@ mod tests {
             let yaml = render_bootstrap(&vars(policy, &wasm.display().to_string())).unwrap();
             let path = dir.path().join(format!("{policy}.yaml"));
             std::fs::write(&path, &yaml).unwrap();
-            let out = Command::new(&envoy).args(["--mode", "validate", "-c"]).arg(&path).output().unwrap();
+            let out = Command::new(&envoy)
+                .args(["--mode", "validate", "-c"])
+                .arg(&path)
+                .output()
+                .unwrap();
             assert!(
                 out.status.success(),
                 "envoy rejected the {policy} bootstrap:\n{}\n{}\n---\n{yaml}",
@@ -227,35 +265,81 @@ mod tests {
     #[test]
     fn policies_differ_where_they_should() {
         let kvmesh = render_bootstrap(&vars("kvmesh", "/x.wasm")).unwrap();
-        assert!(kvmesh.contains("envoy.filters.http.wasm") && kvmesh.contains("envoy.bootstrap.wasm"));
-        assert!(kvmesh.contains("allow_on_headers_stop_iteration: true") && kvmesh.contains("failure_policy: FAIL_RELOAD"));
+        assert!(
+            kvmesh.contains("envoy.filters.http.wasm") && kvmesh.contains("envoy.bootstrap.wasm")
+        );
+        assert!(
+            kvmesh.contains("allow_on_headers_stop_iteration: true")
+                && kvmesh.contains("failure_policy: FAIL_RELOAD")
+        );
         assert!(kvmesh.contains("reload_config:"));
         assert!(kvmesh.contains("override_host") && kvmesh.contains("name: kvmesh_indexer"));
-        assert!(kvmesh.contains("max_request_bytes: 8388608"), "the buffer filter enforces the body limit");
-        let strip = kvmesh.find("remove: x-gateway-destination-endpoint").expect("the destination header is stripped outside wasm");
-        assert!(strip < kvmesh.find("envoy.filters.http.wasm").unwrap(), "the strip runs before the wasm filter");
-        assert!(kvmesh.contains("remove: x-kvmesh-worker"), "overrides off: stripped outside wasm too");
-        assert!(kvmesh.contains("max_connections: 256, max_pending_requests: 256"), "the indexer cluster is bounded");
+        assert!(
+            kvmesh.contains("max_request_bytes: 8388608"),
+            "the buffer filter enforces the body limit"
+        );
+        let strip = kvmesh
+            .find("remove: x-gateway-destination-endpoint")
+            .expect("the destination header is stripped outside wasm");
+        assert!(
+            strip < kvmesh.find("envoy.filters.http.wasm").unwrap(),
+            "the strip runs before the wasm filter"
+        );
+        assert!(
+            kvmesh.contains("remove: x-kvmesh-worker"),
+            "overrides off: stripped outside wasm too"
+        );
+        assert!(
+            kvmesh.contains("max_connections: 256, max_pending_requests: 256"),
+            "the indexer cluster is bounded"
+        );
         assert!(kvmesh.contains("outlier_detection:"));
-        assert!(kvmesh.contains("remove: x-kvmesh-override-secret"), "overrides off: no secret reaches the filter or an engine");
+        assert!(
+            kvmesh.contains("remove: x-kvmesh-override-secret"),
+            "overrides off: no secret reaches the filter or an engine"
+        );
         let mut with_overrides = vars("kvmesh", "/x.wasm");
-        with_overrides.filter_config_json = r#"{"allow_overrides":true,"override_secret":"0123456789abcdef-e2e"}"#.into();
+        with_overrides.filter_config_json =
+            r#"{"allow_overrides":true,"override_secret":"0123456789abcdef-e2e"}"#.into();
         let yaml = render_bootstrap(&with_overrides).unwrap();
-        assert!(yaml.contains("remove: x-gateway-destination-endpoint") && !yaml.contains("remove: x-kvmesh-worker"));
-        assert!(!yaml.contains("remove: x-kvmesh-override-secret"), "the filter reads the secret (and strips it)");
-        for (policy, lb) in [("round_robin", "round_robin.v3.RoundRobin"), ("least_request", "least_request.v3.LeastRequest"), ("ring_hash", "ring_hash.v3.RingHash")] {
+        assert!(
+            yaml.contains("remove: x-gateway-destination-endpoint")
+                && !yaml.contains("remove: x-kvmesh-worker")
+        );
+        assert!(
+            !yaml.contains("remove: x-kvmesh-override-secret"),
+            "the filter reads the secret (and strips it)"
+        );
+        for (policy, lb) in [
+            ("round_robin", "round_robin.v3.RoundRobin"),
+            ("least_request", "least_request.v3.LeastRequest"),
+            ("ring_hash", "ring_hash.v3.RingHash"),
+        ] {
             let yaml = render_bootstrap(&vars(policy, "")).unwrap();
             assert!(yaml.contains(lb), "{policy}");
-            assert!(!yaml.contains("envoy.filters.http.wasm") && !yaml.contains("policies.override_host") && !yaml.contains("name: kvmesh_indexer"), "{policy}");
-            assert!(yaml.contains("max_request_bytes: 8388608"), "{policy}: the buffer filter enforces the body limit");
-            assert_eq!(yaml.contains("header_name: \"x-session-id\""), policy == "ring_hash", "{policy}");
+            assert!(
+                !yaml.contains("envoy.filters.http.wasm")
+                    && !yaml.contains("policies.override_host")
+                    && !yaml.contains("name: kvmesh_indexer"),
+                "{policy}"
+            );
+            assert!(
+                yaml.contains("max_request_bytes: 8388608"),
+                "{policy}: the buffer filter enforces the body limit"
+            );
+            assert_eq!(
+                yaml.contains("header_name: \"x-session-id\""),
+                policy == "ring_hash",
+                "{policy}"
+            );
         }
     }
 
     #[test]
     fn filter_config_is_embedded_as_a_string() {
         let mut v = vars("kvmesh", "/x.wasm");
-        v.filter_config_json = r#"{"session_header":"X-S","indexer_authority":"it's-<\"quoted\">"}"#.into();
+        v.filter_config_json =
+            r#"{"session_header":"X-S","indexer_authority":"it's-<\"quoted\">"}"#.into();
         let yaml = render_bootstrap(&v).unwrap();
         let line = yaml.lines().find(|l| l.contains("google.protobuf.StringValue")).unwrap();
         let start = line.find("value: ").unwrap() + "value: ".len();
@@ -265,7 +349,11 @@ mod tests {
         let typed = filter_config(&v.filter_config_json).unwrap();
         assert_eq!(decoded, typed.to_json(), "rendered from the typed configuration");
         assert_eq!(typed.session_header, "x-s");
-        assert_eq!(FilterConfig::from_bytes(Some(decoded.as_bytes())).unwrap(), typed, "the filter reads back what was typed");
+        assert_eq!(
+            FilterConfig::from_bytes(Some(decoded.as_bytes())).unwrap(),
+            typed,
+            "the filter reads back what was typed"
+        );
     }
 
     #[test]

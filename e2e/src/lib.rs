@@ -28,7 +28,9 @@ fn ci_value(v: Option<&str>) -> bool {
 /// `SKIPPED` line on a developer's machine, an error in CI, where no test may pass by not running.
 pub fn skip_or_fail_in_ci(what: &str) -> anyhow::Result<()> {
     if in_ci() {
-        anyhow::bail!("{what}: missing in CI, where every test must run (`make setup` installs it)");
+        anyhow::bail!(
+            "{what}: missing in CI, where every test must run (`make setup` installs it)"
+        );
     }
     eprintln!("SKIPPED: {what}");
     Ok(())
@@ -38,7 +40,14 @@ pub fn skip_or_fail_in_ci(what: &str) -> anyhow::Result<()> {
 mod ci_tests {
     #[test]
     fn ci_is_any_value_but_empty_zero_or_false() {
-        for (v, want) in [(None, false), (Some(""), false), (Some("0"), false), (Some("false"), false), (Some("true"), true), (Some("1"), true)] {
+        for (v, want) in [
+            (None, false),
+            (Some(""), false),
+            (Some("0"), false),
+            (Some("false"), false),
+            (Some("true"), true),
+            (Some("1"), true),
+        ] {
             assert_eq!(super::ci_value(v), want, "{v:?}");
         }
     }

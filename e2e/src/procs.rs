@@ -34,7 +34,8 @@ impl Proc {
     /// print a `READY` line.
     pub fn spawn(name: &str, mut cmd: Command, log_dir: &Path) -> anyhow::Result<Self> {
         let log_path = log_dir.join(format!("{name}.log"));
-        let log = File::create(&log_path).with_context(|| format!("create {}", log_path.display()))?;
+        let log =
+            File::create(&log_path).with_context(|| format!("create {}", log_path.display()))?;
         let stderr = log.try_clone()?;
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
@@ -52,7 +53,14 @@ impl Proc {
                 let _ = writeln!(log_out, "{line}");
             }
         });
-        Ok(Self { name: name.to_owned(), child, log_path, ready_line: String::new(), ready_rx: Some(rx), group: false })
+        Ok(Self {
+            name: name.to_owned(),
+            child,
+            log_path,
+            ready_line: String::new(),
+            ready_rx: Some(rx),
+            group: false,
+        })
     }
 
     /// Like [`Self::spawn`], with the child in a new process group that [`Self::kill`] (and drop)
@@ -77,10 +85,16 @@ impl Proc {
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {
                     if let Some(status) = self.child.try_wait()? {
-                        bail!("{} exited with {status} before it was ready:\n{}", self.name, self.log_tail(40));
+                        bail!(
+                            "{} exited with {status} before it was ready:\n{}",
+                            self.name,
+                            self.log_tail(40)
+                        );
                     }
                 }
-                Err(_) => bail!("{} did not print READY in time:\n{}", self.name, self.log_tail(40)),
+                Err(_) => {
+                    bail!("{} did not print READY in time:\n{}", self.name, self.log_tail(40))
+                }
             }
         }
     }
@@ -157,7 +171,12 @@ impl Drop for Proc {
     fn drop(&mut self) {
         self.kill();
         if std::thread::panicking() {
-            eprintln!("---- {} log tail ({}) ----\n{}", self.name, self.log_path.display(), self.log_tail(60));
+            eprintln!(
+                "---- {} log tail ({}) ----\n{}",
+                self.name,
+                self.log_path.display(),
+                self.log_tail(60)
+            );
         }
     }
 }
@@ -169,7 +188,8 @@ pub struct Paused(u32);
 impl Paused {
     /// Stops process `pid`.
     pub fn stop(pid: u32) -> anyhow::Result<Self> {
-        kill(Pid::from_raw(i32::try_from(pid)?), Signal::SIGSTOP).with_context(|| format!("SIGSTOP {pid}"))?;
+        kill(Pid::from_raw(i32::try_from(pid)?), Signal::SIGSTOP)
+            .with_context(|| format!("SIGSTOP {pid}"))?;
         Ok(Self(pid))
     }
 
@@ -194,10 +214,13 @@ impl Drop for Paused {
 /// unasked. A port this process has handed out is not handed out again, so tests running in
 /// parallel never share one; the scan starts at an offset that differs between processes.
 pub fn free_port() -> anyhow::Result<u16> {
-    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
     let (low, high) = (FREE_PORT_LOW, ephemeral_port_low().max(FREE_PORT_LOW + 1));
     let span = u32::from(high - low);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
     let start = (std::process::id().wrapping_mul(7919) ^ nanos) % span;
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     for step in 0..span {
@@ -260,7 +283,10 @@ mod tests {
         let distinct: std::collections::BTreeSet<_> = ports.iter().collect();
         assert_eq!(distinct.len(), ports.len(), "a port was handed out twice: {ports:?}");
         for p in ports {
-            assert!((FREE_PORT_LOW..ephemeral_port_low().max(FREE_PORT_LOW + 1)).contains(&p), "{p} is outside the range");
+            assert!(
+                (FREE_PORT_LOW..ephemeral_port_low().max(FREE_PORT_LOW + 1)).contains(&p),
+                "{p} is outside the range"
+            );
             std::net::TcpListener::bind(("127.0.0.1", p)).expect("the port is bindable");
         }
     }

@@ -24,7 +24,11 @@ impl Metrics {
     }
 
     /// Samples of `name` matching the labels.
-    pub fn select<'a>(&'a self, name: &'a str, matching: &'a [(&'a str, &'a str)]) -> impl Iterator<Item = &'a Sample> + 'a {
+    pub fn select<'a>(
+        &'a self,
+        name: &'a str,
+        matching: &'a [(&'a str, &'a str)],
+    ) -> impl Iterator<Item = &'a Sample> + 'a {
         self.samples
             .iter()
             .filter(move |s| s.name == name && matching.iter().all(|(k, v)| s.label(k) == Some(v)))

@@ -120,10 +120,12 @@ impl Prometheus {
     /// Prometheus and waits until it reports ready.
     pub async fn start(stack: &Stack, opts: Options) -> anyhow::Result<Self> {
         let bin = binary()?;
-        let dir = std::fs::canonicalize(stack.dir()).with_context(|| format!("work dir {}", stack.dir().display()))?;
+        let dir = std::fs::canonicalize(stack.dir())
+            .with_context(|| format!("work dir {}", stack.dir().display()))?;
         let shipped = repo_root().join(RULES_PATH);
         let rules = if opts.fast_rules {
-            let text = std::fs::read_to_string(&shipped).with_context(|| format!("read {}", shipped.display()))?;
+            let text = std::fs::read_to_string(&shipped)
+                .with_context(|| format!("read {}", shipped.display()))?;
             let copy = dir.join("kvmesh-rules.yaml");
             std::fs::write(&copy, text.replace(SHIPPED_RULE_INTERVAL, "interval: 1s"))?;
             copy
@@ -178,7 +180,8 @@ impl Prometheus {
 
     /// Runs an instant query; Err on a parse or evaluation error, Ok(result array) otherwise.
     pub async fn query(&self, expr: &str) -> anyhow::Result<Vec<Value>> {
-        let resp = self.http.get(self.url("/api/v1/query")).query(&[("query", expr)]).send().await?;
+        let resp =
+            self.http.get(self.url("/api/v1/query")).query(&[("query", expr)]).send().await?;
         let body: Value = resp.json().await?;
         if body["status"] != "success" {
             bail!("{}: {}", body["errorType"], body["error"]);
@@ -207,7 +210,11 @@ mod tests {
 
     #[test]
     fn config_names_every_job_and_quotes_the_rules_path() {
-        let targets = ScrapeTargets { admin_port: 19901, indexer_port: 19100, engines: vec!["127.0.0.1:4001".into(), "127.0.0.1:4002".into()] };
+        let targets = ScrapeTargets {
+            admin_port: 19901,
+            indexer_port: 19100,
+            engines: vec!["127.0.0.1:4001".into(), "127.0.0.1:4002".into()],
+        };
         let cfg = config(&targets, Path::new("/tmp/run dir/kvmesh-rules.yaml"));
         for want in [
             "  - \"/tmp/run dir/kvmesh-rules.yaml\"\n",

@@ -54,7 +54,14 @@ pub struct WorkerSpec {
 
 impl WorkerSpec {
     pub fn new(id: impl Into<String>, role: Role) -> Self {
-        Self { id: id.into(), role, args: Vec::new(), endpoint: None, kv_events: None, kv_replay: None }
+        Self {
+            id: id.into(),
+            role,
+            args: Vec::new(),
+            endpoint: None,
+            kv_events: None,
+            kv_replay: None,
+        }
     }
 }
 
@@ -212,14 +219,22 @@ impl Stack {
         };
         let workers = match &spec.engines {
             crate::vllm::Engines::Sim => start_sims(&spec, &dir)?,
-            crate::vllm::Engines::Vllm(opts) => crate::vllm::start_workers(&spec.workers, opts, spec.block_size, &dir).await?,
+            crate::vllm::Engines::Vllm(opts) => {
+                crate::vllm::start_workers(&spec.workers, opts, spec.block_size, &dir).await?
+            }
             crate::vllm::Engines::External => crate::vllm::external_workers(&spec.workers)?,
         };
         let gateway_port = spec.ports.gateway.map_or_else(free_port, Ok)?;
         let admin_port = spec.ports.admin.map_or_else(free_port, Ok)?;
         let indexer_port = spec.ports.indexer.map_or_else(free_port, Ok)?;
         let fleet_path = dir.join("fleet.toml");
-        let fleet = fleet_toml(&spec, &workers.iter().collect::<Vec<_>>(), gateway_port, admin_port, indexer_port);
+        let fleet = fleet_toml(
+            &spec,
+            &workers.iter().collect::<Vec<_>>(),
+            gateway_port,
+            admin_port,
+            indexer_port,
+        );
         std::fs::write(&fleet_path, fleet)?;
         let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
         let mut stack = Self {
@@ -249,7 +264,9 @@ impl Stack {
             old.kill();
         }
         let mut cmd = Command::new(binary("kvmesh-indexer", self.spec.release)?);
-        cmd.arg("--config").arg(&self.fleet_path).args(["--listen", &format!("127.0.0.1:{}", self.indexer_port)]);
+        cmd.arg("--config")
+            .arg(&self.fleet_path)
+            .args(["--listen", &format!("127.0.0.1:{}", self.indexer_port)]);
         let mut proc = Proc::spawn("indexer", cmd, &self.dir)?;
         proc.wait_ready()?;
         self.indexer = Some(proc);
@@ -263,7 +280,8 @@ impl Stack {
             let client = client.clone();
             let url = fleet_url.clone();
             async move {
-                let fleet: kvmesh_core::api::FleetSnapshot = client.get(&url).send().await.ok()?.json().await.ok()?;
+                let fleet: kvmesh_core::api::FleetSnapshot =
+                    client.get(&url).send().await.ok()?.json().await.ok()?;
                 (fleet.decode_candidates().count() >= decoders).then_some(())
             }
         })
@@ -273,13 +291,27 @@ impl Stack {
 
     /// Rewrites the fleet file with the workers `keep` accepts and `routing_toml` as the `[routing]`
     /// table (the running indexer reloads it); returns once the indexer's fleet lists exactly them.
-    pub async fn rewrite_fleet(&mut self, keep: impl Fn(&Worker) -> bool, routing_toml: &str) -> anyhow::Result<()> {
+    pub async fn rewrite_fleet(
+        &mut self,
+        keep: impl Fn(&Worker) -> bool,
+        routing_toml: &str,
+    ) -> anyhow::Result<()> {
         self.spec.routing_toml = routing_toml.to_owned();
         // `&Worker` is not Send: the list must not live across an await.
         let (want, text) = {
             let listed: Vec<&Worker> = self.workers.iter().filter(|w| keep(w)).collect();
-            let want: std::collections::BTreeSet<String> = listed.iter().map(|w| w.id.clone()).collect();
-            (want, fleet_toml(&self.spec, &listed, self.gateway_port, self.admin_port, self.indexer_port))
+            let want: std::collections::BTreeSet<String> =
+                listed.iter().map(|w| w.id.clone()).collect();
+            (
+                want,
+                fleet_toml(
+                    &self.spec,
+                    &listed,
+                    self.gateway_port,
+                    self.admin_port,
+                    self.indexer_port,
+                ),
+            )
         };
         let metrics_url = self.indexer_url("/metrics");
         let reloads = |m: &Metrics| m.sum("kvmesh_config_reloads_total", &[("result", "ok")]);
@@ -289,14 +321,17 @@ impl Stack {
         let url = self.indexer_url(kvmesh_core::api::FLEET_PATH);
         let client = self.http.clone();
         crate::poll::until("indexer reloaded the fleet file", || {
-            let (client, url, metrics_url, want) = (client.clone(), url.clone(), metrics_url.clone(), want.clone());
+            let (client, url, metrics_url, want) =
+                (client.clone(), url.clone(), metrics_url.clone(), want.clone());
             async move {
                 let text = client.get(&metrics_url).send().await.ok()?.text().await.ok()?;
                 if reloads(&Metrics::parse(&text).ok()?) <= before {
                     return None;
                 }
-                let fleet: kvmesh_core::api::FleetSnapshot = client.get(&url).send().await.ok()?.json().await.ok()?;
-                let have: std::collections::BTreeSet<String> = fleet.workers.into_iter().map(|w| w.id).collect();
+                let fleet: kvmesh_core::api::FleetSnapshot =
+                    client.get(&url).send().await.ok()?.json().await.ok()?;
+                let have: std::collections::BTreeSet<String> =
+                    fleet.workers.into_iter().map(|w| w.id).collect();
                 (have == want).then_some(())
             }
         })
@@ -354,10 +389,21 @@ impl Stack {
         let path = self.dir.join("envoy.yaml");
         std::fs::write(&path, yaml)?;
         let mut cmd = Command::new(envoy);
-        cmd.arg("-c").arg(&path).args(["--disable-hot-restart", "--concurrency", "2", "-l", "info"]);
+        cmd.arg("-c").arg(&path).args([
+            "--disable-hot-restart",
+            "--concurrency",
+            "2",
+            "-l",
+            "info",
+        ]);
         // A drain (see `drain_envoy`) asks every connection to close at once and stops accepting
         // after ENVOY_DRAIN_TIME_S.
-        cmd.args(["--drain-strategy", "immediate", "--drain-time-s", &ENVOY_DRAIN_TIME_S.to_string()]);
+        cmd.args([
+            "--drain-strategy",
+            "immediate",
+            "--drain-time-s",
+            &ENVOY_DRAIN_TIME_S.to_string(),
+        ]);
         cmd.arg("--log-path").arg(self.dir.join("envoy-access.log"));
         self.envoy = Some(Proc::spawn("envoy", cmd, &self.dir)?);
         let ready = format!("http://127.0.0.1:{}/ready", self.admin_port);
@@ -394,7 +440,8 @@ impl Stack {
         let deadline = std::time::Instant::now() + bound;
         let active = loop {
             let text = self.http.get(&active_url).send().await?.text().await?;
-            let active: u64 = text.lines().find_map(|l| l.split_once(": ")?.1.trim().parse().ok()).unwrap_or(0);
+            let active: u64 =
+                text.lines().find_map(|l| l.split_once(": ")?.1.trim().parse().ok()).unwrap_or(0);
             if active == 0 || std::time::Instant::now() >= deadline {
                 break active;
             }
@@ -431,7 +478,13 @@ impl Stack {
     /// engine. Two replicas over one fleet, as a mesh runs them, each indexer fed by every worker.
     pub fn replica_spec(&self) -> StackSpec {
         let workers = self.workers.iter().map(Worker::external_spec).collect();
-        StackSpec { workers, engines: crate::vllm::Engines::External, ports: Ports::default(), work_dir: None, ..self.spec.clone() }
+        StackSpec {
+            workers,
+            engines: crate::vllm::Engines::External,
+            ports: Ports::default(),
+            work_dir: None,
+            ..self.spec.clone()
+        }
     }
 
     pub fn worker(&self, id: &str) -> anyhow::Result<&Worker> {
@@ -476,7 +529,12 @@ fn start_sims(spec: &StackSpec, dir: &Path) -> anyhow::Result<Vec<Worker>> {
         cmd.args(["--port", "0", "--id", &w.id, "--role", w.role.as_str()])
             .args(["--block-size", &spec.block_size.to_string()]);
         if spec.kv_events {
-            cmd.args(["--kv-events-endpoint", "tcp://127.0.0.1:*", "--kv-events-replay-endpoint", "tcp://127.0.0.1:*"]);
+            cmd.args([
+                "--kv-events-endpoint",
+                "tcp://127.0.0.1:*",
+                "--kv-events-replay-endpoint",
+                "tcp://127.0.0.1:*",
+            ]);
         }
         cmd.args(&spec.sim_args).args(&w.args);
         procs.push((w, Proc::spawn(&format!("sim-{}", w.id), cmd, dir)?));
@@ -501,7 +559,13 @@ fn start_sims(spec: &StackSpec, dir: &Path) -> anyhow::Result<Vec<Worker>> {
 pub const ENVOY_DRAIN_TIME_S: u64 = 2;
 
 /// The fleet file the indexer reads: one description for the indexer and the Envoy bootstrap.
-pub fn fleet_toml(spec: &StackSpec, workers: &[&Worker], gateway_port: u16, admin_port: u16, indexer_port: u16) -> String {
+pub fn fleet_toml(
+    spec: &StackSpec,
+    workers: &[&Worker],
+    gateway_port: u16,
+    admin_port: u16,
+    indexer_port: u16,
+) -> String {
     let mut out = format!(
         "listen = \"127.0.0.1:{indexer_port}\"\n\n[model]\nname = \"deepseek-v4\"\nblock_size = {}\n{}\n\n[gateway]\nlisten = \"127.0.0.1:{gateway_port}\"\nadmin = \"127.0.0.1:{admin_port}\"\n\n[routing]\n{}\n",
         spec.block_size, spec.model_toml, spec.routing_toml
@@ -512,7 +576,12 @@ pub fn fleet_toml(spec: &StackSpec, workers: &[&Worker], gateway_port: u16, admi
         }
     }
     for w in workers {
-        out.push_str(&format!("\n[[workers]]\nid = \"{}\"\nrole = \"{}\"\nendpoint = \"{}\"\n", w.id, w.role.as_str(), w.http));
+        out.push_str(&format!(
+            "\n[[workers]]\nid = \"{}\"\nrole = \"{}\"\nendpoint = \"{}\"\n",
+            w.id,
+            w.role.as_str(),
+            w.http
+        ));
         if let Some(ev) = &w.kv_events {
             out.push_str(&format!("kv_events = \"{ev}\"\n"));
         }
@@ -541,9 +610,9 @@ pub fn envoy_binary() -> anyhow::Result<PathBuf> {
 
 /// `$KVMESH_WASM`, else the `make wasm` output.
 pub fn wasm_path() -> anyhow::Result<PathBuf> {
-    let path = std::env::var_os("KVMESH_WASM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| crate::procs::repo_root().join("target/wasm32-wasip1/wasm/kvmesh_filter.wasm"));
+    let path = std::env::var_os("KVMESH_WASM").map(PathBuf::from).unwrap_or_else(|| {
+        crate::procs::repo_root().join("target/wasm32-wasip1/wasm/kvmesh_filter.wasm")
+    });
     if !path.exists() {
         bail!("{} not found: run `make wasm`", path.display());
     }

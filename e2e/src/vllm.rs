@@ -64,7 +64,15 @@ pub struct VllmOptions {
 impl Default for VllmOptions {
     fn default() -> Self {
         let n = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        Self { kv_cache_gib: 1, num_gpu_blocks: None, max_model_len: 8192, cores: (0..n).collect(), args: Vec::new(), model: None, dev_mode: false }
+        Self {
+            kv_cache_gib: 1,
+            num_gpu_blocks: None,
+            max_model_len: 8192,
+            cores: (0..n).collect(),
+            args: Vec::new(),
+            model: None,
+            dev_mode: false,
+        }
     }
 }
 
@@ -76,11 +84,19 @@ pub fn python() -> anyhow::Result<PathBuf> {
     }
     let root = repo_root();
     let py = root.join(".tools/vllm/venv/bin/python");
-    if py.exists() && root.join(".tools/vllm/.installed").exists() && model_dir().join("config.json").exists() {
+    if py.exists()
+        && root.join(".tools/vllm/.installed").exists()
+        && model_dir().join("config.json").exists()
+    {
         return Ok(py);
     }
-    eprintln!("vLLM is not installed yet: running scripts/setup-vllm.sh (about 4 GB, a few minutes)");
-    let status = Command::new(root.join("scripts/setup-vllm.sh")).stdout(std::process::Stdio::null()).status().context("run scripts/setup-vllm.sh")?;
+    eprintln!(
+        "vLLM is not installed yet: running scripts/setup-vllm.sh (about 4 GB, a few minutes)"
+    );
+    let status = Command::new(root.join("scripts/setup-vllm.sh"))
+        .stdout(std::process::Stdio::null())
+        .status()
+        .context("run scripts/setup-vllm.sh")?;
     if !status.success() || !py.exists() {
         bail!("scripts/setup-vllm.sh failed ({status})");
     }
@@ -108,7 +124,8 @@ pub const BENCH_MODEL_SHAPE: [(&str, u32); 6] = [
 
 /// The test model's `config.json` with [`BENCH_MODEL_SHAPE`] over it (pure).
 pub fn bench_model_config(test_config: &str) -> anyhow::Result<String> {
-    let mut c: serde_json::Value = serde_json::from_str(test_config).context("parsing the test model's config.json")?;
+    let mut c: serde_json::Value =
+        serde_json::from_str(test_config).context("parsing the test model's config.json")?;
     let obj = c.as_object_mut().context("config.json is not an object")?;
     for (k, v) in BENCH_MODEL_SHAPE {
         obj.insert(k.to_string(), serde_json::Value::from(v));
@@ -122,10 +139,12 @@ pub fn bench_model_dir() -> anyhow::Result<PathBuf> {
     python()?;
     let (src, dst) = (model_dir(), repo_root().join(".tools/vllm/bench-model"));
     std::fs::create_dir_all(&dst).with_context(|| format!("creating {}", dst.display()))?;
-    let test = std::fs::read_to_string(src.join("config.json")).with_context(|| format!("reading {}/config.json", src.display()))?;
+    let test = std::fs::read_to_string(src.join("config.json"))
+        .with_context(|| format!("reading {}/config.json", src.display()))?;
     std::fs::write(dst.join("config.json"), bench_model_config(&test)?)?;
     for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(src.join(f), dst.join(f)).with_context(|| format!("copying {f} into {}", dst.display()))?;
+        std::fs::copy(src.join(f), dst.join(f))
+            .with_context(|| format!("copying {f} into {}", dst.display()))?;
     }
     Ok(dst)
 }
@@ -137,7 +156,11 @@ pub fn chat_template() -> PathBuf {
 
 /// How long an engine may take to become healthy.
 pub fn startup_patience() -> Duration {
-    std::env::var(STARTUP_ENV).ok().and_then(|v| v.parse::<f64>().ok()).filter(|s| *s > 0.0).map_or(Duration::from_secs(300), Duration::from_secs_f64)
+    std::env::var(STARTUP_ENV)
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .map_or(Duration::from_secs(300), Duration::from_secs_f64)
 }
 
 /// The loopback ports of one engine.
@@ -169,14 +192,25 @@ impl EnginePorts {
 }
 
 /// The command line of engine number `index` (pure: no process started).
-pub fn command(python: &Path, opts: &VllmOptions, block_size: u32, index: usize, ports: EnginePorts) -> Command {
+pub fn command(
+    python: &Path,
+    opts: &VllmOptions,
+    block_size: u32,
+    index: usize,
+    ports: EnginePorts,
+) -> Command {
     let mut cmd = Command::new(python);
     cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
         .arg(opts.model.clone().unwrap_or_else(model_dir))
         .args(["--served-model-name", MODEL_NAME, "--load-format", "dummy", "--chat-template"])
         .arg(chat_template())
         .args(["--host", "127.0.0.1", "--port", &ports.http.to_string()])
-        .args(["--block-size", &block_size.to_string(), "--max-model-len", &opts.max_model_len.to_string()])
+        .args([
+            "--block-size",
+            &block_size.to_string(),
+            "--max-model-len",
+            &opts.max_model_len.to_string(),
+        ])
         .args(["--enable-prefix-caching", "--enable-prompt-tokens-details"])
         .arg("--kv-events-config")
         .arg(
@@ -209,9 +243,16 @@ pub fn command(python: &Path, opts: &VllmOptions, block_size: u32, index: usize,
 
 /// Starts one engine per worker of `workers` (all at once: start-up is mostly waiting) and waits
 /// until every one is healthy.
-pub async fn start_workers(workers: &[WorkerSpec], opts: &VllmOptions, block_size: u32, dir: &Path) -> anyhow::Result<Vec<Worker>> {
+pub async fn start_workers(
+    workers: &[WorkerSpec],
+    opts: &VllmOptions,
+    block_size: u32,
+    dir: &Path,
+) -> anyhow::Result<Vec<Worker>> {
     if !block_size.is_multiple_of(32) {
-        bail!("vLLM's CPU attention needs a block size that is a multiple of 32 (got {block_size})");
+        bail!(
+            "vLLM's CPU attention needs a block size that is a multiple of 32 (got {block_size})"
+        );
     }
     let python = python()?;
     let mut started = Vec::new();
@@ -241,8 +282,17 @@ pub fn external_workers(workers: &[WorkerSpec]) -> anyhow::Result<Vec<Worker>> {
     workers
         .iter()
         .map(|w| {
-            let http = w.endpoint.clone().with_context(|| format!("worker {}: an external engine needs an endpoint", w.id))?;
-            Ok(Worker { id: w.id.clone(), role: w.role, http, kv_events: w.kv_events.clone(), replay: w.kv_replay.clone(), proc: None })
+            let http = w.endpoint.clone().with_context(|| {
+                format!("worker {}: an external engine needs an endpoint", w.id)
+            })?;
+            Ok(Worker {
+                id: w.id.clone(),
+                role: w.role,
+                http,
+                kv_events: w.kv_events.clone(),
+                replay: w.kv_replay.clone(),
+                proc: None,
+            })
         })
         .collect()
 }
@@ -273,7 +323,11 @@ async fn wait_healthy(client: &reqwest::Client, w: &mut Worker) -> anyhow::Resul
 impl Stack {
     /// Kills worker `id`'s engine with SIGKILL (its whole process group: a crash, not a shutdown).
     pub fn kill_worker(&mut self, id: &str) -> anyhow::Result<()> {
-        let w = self.workers.iter_mut().find(|w| w.id == id).with_context(|| format!("no worker {id}"))?;
+        let w = self
+            .workers
+            .iter_mut()
+            .find(|w| w.id == id)
+            .with_context(|| format!("no worker {id}"))?;
         if let Some(mut p) = w.proc.take() {
             p.kill();
         }
@@ -282,9 +336,21 @@ impl Stack {
 
     /// Starts worker `id`'s real engine again on the same ports and waits until it is healthy.
     pub async fn restart_vllm_worker(&mut self, id: &str) -> anyhow::Result<()> {
-        let Engines::Vllm(opts) = self.spec.engines.clone() else { bail!("restart_vllm_worker needs real vLLM engines") };
-        let index = self.workers.iter().position(|w| w.id == id).with_context(|| format!("no worker {id}"))?;
-        let extra = self.spec.workers.iter().find(|w| w.id == id).map(|w| w.args.clone()).unwrap_or_default();
+        let Engines::Vllm(opts) = self.spec.engines.clone() else {
+            bail!("restart_vllm_worker needs real vLLM engines")
+        };
+        let index = self
+            .workers
+            .iter()
+            .position(|w| w.id == id)
+            .with_context(|| format!("no worker {id}"))?;
+        let extra = self
+            .spec
+            .workers
+            .iter()
+            .find(|w| w.id == id)
+            .map(|w| w.args.clone())
+            .unwrap_or_default();
         let python = python()?;
         let (block_size, dir) = (self.spec.block_size, self.dir().to_path_buf());
         let w = &mut self.workers[index];
@@ -305,22 +371,34 @@ mod tests {
 
     #[test]
     fn command_carries_vllms_cpu_flags_and_env() {
-        let opts = VllmOptions { num_gpu_blocks: Some(64), cores: vec![0, 1], ..VllmOptions::default() };
+        let opts =
+            VllmOptions { num_gpu_blocks: Some(64), cores: vec![0, 1], ..VllmOptions::default() };
         let ports = EnginePorts { http: 8001, events: 5557, replay: 5558 };
         let cmd = command(Path::new("/py"), &opts, 32, 3, ports);
         let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
-        let after = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+        let after =
+            |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
         assert_eq!(after("-m").as_deref(), Some("vllm.entrypoints.openai.api_server"));
         assert_eq!(after("--block-size").as_deref(), Some("32"));
         assert_eq!(after("--port").as_deref(), Some("8001"));
         assert_eq!(after("--num-gpu-blocks-override").as_deref(), Some("64"));
         assert_eq!(after("--load-format").as_deref(), Some("dummy"));
-        let ev: serde_json::Value = serde_json::from_str(&after("--kv-events-config").unwrap_or_default()).unwrap();
+        let ev: serde_json::Value =
+            serde_json::from_str(&after("--kv-events-config").unwrap_or_default()).unwrap();
         assert_eq!(ev["endpoint"], "tcp://*:5557");
         assert_eq!(ev["replay_endpoint"], "tcp://*:5558");
         assert!(args.iter().any(|a| a == "--enable-prompt-tokens-details"));
-        let env = |k: &str| cmd.get_envs().find(|(n, _)| *n == k).and_then(|(_, v)| v).map(|v| v.to_string_lossy().into_owned());
-        assert_eq!(env("VLLM_CPU_OMP_THREADS_BIND").as_deref(), Some("1"), "engine 3 of 2 cores: core 1");
+        let env = |k: &str| {
+            cmd.get_envs()
+                .find(|(n, _)| *n == k)
+                .and_then(|(_, v)| v)
+                .map(|v| v.to_string_lossy().into_owned())
+        };
+        assert_eq!(
+            env("VLLM_CPU_OMP_THREADS_BIND").as_deref(),
+            Some("1"),
+            "engine 3 of 2 cores: core 1"
+        );
         assert_eq!(env("VLLM_CPU_KVCACHE_SPACE").as_deref(), Some("1"));
         assert_eq!(env("VLLM_SERVER_DEV_MODE"), None, "dev mode only when asked");
         assert_eq!(after("--model"), Some(model_dir().to_string_lossy().into_owned()));
@@ -328,19 +406,25 @@ mod tests {
         let cmd = command(Path::new("/py"), &bench, 32, 0, ports);
         let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
         assert!(args.windows(2).any(|w| w[0] == "--model" && w[1] == "/m/bench"), "{args:?}");
-        assert!(cmd.get_envs().any(|(k, v)| k == "VLLM_SERVER_DEV_MODE" && v.is_some_and(|v| v == "1")));
+        assert!(cmd
+            .get_envs()
+            .any(|(k, v)| k == "VLLM_SERVER_DEV_MODE" && v.is_some_and(|v| v == "1")));
     }
 
     #[test]
     fn bench_model_is_the_test_model_resized() {
         let test = r#"{"architectures": ["LlamaForCausalLM"], "vocab_size": 129280, "hidden_size": 128, "head_dim": 64, "num_hidden_layers": 2}"#;
-        let got: serde_json::Value = serde_json::from_str(&bench_model_config(test).unwrap()).unwrap();
+        let got: serde_json::Value =
+            serde_json::from_str(&bench_model_config(test).unwrap()).unwrap();
         assert_eq!(got["vocab_size"], 129280, "the tokenizer's vocabulary stays");
         assert_eq!(got["architectures"][0], "LlamaForCausalLM");
         for (k, v) in BENCH_MODEL_SHAPE {
             assert_eq!(got[k], v, "{k}");
         }
-        assert_eq!(got["hidden_size"].as_u64(), Some(got["num_attention_heads"].as_u64().unwrap() * got["head_dim"].as_u64().unwrap()));
+        assert_eq!(
+            got["hidden_size"].as_u64(),
+            Some(got["num_attention_heads"].as_u64().unwrap() * got["head_dim"].as_u64().unwrap())
+        );
         assert!(bench_model_config("[1]").is_err());
         assert!(bench_model_config("not json").is_err());
     }
@@ -352,7 +436,10 @@ mod tests {
         w.endpoint = Some("127.0.0.1:8000".into());
         w.kv_events = Some("tcp://127.0.0.1:5557".into());
         let got = external_workers(&[w]).unwrap();
-        assert_eq!((got[0].http.as_str(), got[0].kv_events.as_deref(), got[0].replay.as_deref()), ("127.0.0.1:8000", Some("tcp://127.0.0.1:5557"), None));
+        assert_eq!(
+            (got[0].http.as_str(), got[0].kv_events.as_deref(), got[0].replay.as_deref()),
+            ("127.0.0.1:8000", Some("tcp://127.0.0.1:5557"), None)
+        );
         assert!(got[0].proc.is_none());
     }
 }

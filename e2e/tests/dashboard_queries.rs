@@ -26,7 +26,9 @@ const MUST_BE_FINITE: &str = "KV hit rate";
 
 /// Grafana variables → concrete values for this Prometheus.
 fn substitute(expr: &str) -> String {
-    expr.replace("$__rate_interval", RATE_WINDOW).replace("$gateway_job", "kvmesh-gateway").replace("$indexer_job", "kvmesh-indexer")
+    expr.replace("$__rate_interval", RATE_WINDOW)
+        .replace("$gateway_job", "kvmesh-gateway")
+        .replace("$indexer_job", "kvmesh-indexer")
 }
 
 fn dashboard_targets() -> anyhow::Result<Vec<(String, String)>> {
@@ -39,7 +41,11 @@ fn dashboard_targets() -> anyhow::Result<Vec<(String, String)>> {
             stack.extend(children);
         }
         for t in panel["targets"].as_array().into_iter().flatten() {
-            let title = format!("{} [{}]", panel["title"].as_str().unwrap_or("?"), t["refId"].as_str().unwrap_or("?"));
+            let title = format!(
+                "{} [{}]",
+                panel["title"].as_str().unwrap_or("?"),
+                t["refId"].as_str().unwrap_or("?")
+            );
             out.push((title, t["expr"].as_str().context("target without expr")?.to_owned()));
         }
     }
@@ -48,7 +54,11 @@ fn dashboard_targets() -> anyhow::Result<Vec<(String, String)>> {
 
 fn recording_rules() -> anyhow::Result<Vec<String>> {
     let text = std::fs::read_to_string(repo_root().join("envoy/prometheus/kvmesh-rules.yaml"))?;
-    let mut names: Vec<String> = text.lines().filter_map(|l| l.trim().strip_prefix("- record: ")).map(|s| s.trim().to_owned()).collect();
+    let mut names: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- record: "))
+        .map(|s| s.trim().to_owned())
+        .collect();
     names.dedup();
     Ok(names)
 }
@@ -59,14 +69,23 @@ async fn send_traffic(stack: &Stack) -> anyhow::Result<()> {
     let completions = stack.gateway("/v1/completions");
     let shared = filler(7, 600);
     for i in 0..24u64 {
-        let prompt = if i % 2 == 0 { format!("{shared} {}", filler(i, 30)) } else { filler(500 + i, 80) };
-        let r = post_json(&c, &completions, &json!({"model": "deepseek-v4", "prompt": prompt, "max_tokens": 4}), &[]).await?;
+        let prompt =
+            if i % 2 == 0 { format!("{shared} {}", filler(i, 30)) } else { filler(500 + i, 80) };
+        let r = post_json(
+            &c,
+            &completions,
+            &json!({"model": "deepseek-v4", "prompt": prompt, "max_tokens": 4}),
+            &[],
+        )
+        .await?;
         anyhow::ensure!(r.status == 200, "completion {i}: {} {}", r.status, r.text);
     }
     let chat = stack.gateway("/v1/chat/completions");
     let mut messages = vec![("user".to_owned(), filler(99, 200))];
     for turn in 0..3 {
-        let r = post_json(&c, &chat, &chat_body(&messages, 8), &[("x-session-id", "dashboard-check")]).await?;
+        let r =
+            post_json(&c, &chat, &chat_body(&messages, 8), &[("x-session-id", "dashboard-check")])
+                .await?;
         anyhow::ensure!(r.status == 200, "chat turn {turn}: {} {}", r.status, r.text);
         messages.push(("assistant".to_owned(), r.chat_content().unwrap_or_default()));
         messages.push(("user".to_owned(), filler(100 + turn, 20)));
@@ -88,7 +107,8 @@ async fn every_dashboard_query_and_recording_rule_returns_data() -> anyhow::Resu
     poll::until("every worker healthy in the indexer's fleet", || async {
         let fleet: Value = stack.client().get(&fleet_url).send().await.ok()?.json().await.ok()?;
         let workers = fleet["workers"].as_array()?;
-        (workers.len() == stack.workers.len() && workers.iter().all(|w| w["healthy"] == true)).then_some(())
+        (workers.len() == stack.workers.len() && workers.iter().all(|w| w["healthy"] == true))
+            .then_some(())
     })
     .await?;
     // A baseline sample of every job before the traffic, so rate() sees the increase.
@@ -104,7 +124,15 @@ async fn every_dashboard_query_and_recording_rule_returns_data() -> anyhow::Resu
     let after = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs_f64();
     poll::until("a scrape of every job after the traffic", || async {
         let r = prom.query("min by (job) (timestamp(up == 1))").await.ok()?;
-        let fresh = r.iter().filter(|s| s["value"][1].as_str().and_then(|v| v.parse::<f64>().ok()).is_some_and(|t| t > after + 1.0)).count();
+        let fresh = r
+            .iter()
+            .filter(|s| {
+                s["value"][1]
+                    .as_str()
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .is_some_and(|t| t > after + 1.0)
+            })
+            .count();
         (fresh == 3).then_some(())
     })
     .await?;
@@ -143,7 +171,15 @@ async fn every_dashboard_query_and_recording_rule_returns_data() -> anyhow::Resu
                 Err(e) => failures.push(format!("{title}: error {e}\n    {expr}")),
                 Ok(r) if r.is_empty() => still.push((title, expr)),
                 Ok(r) => {
-                    let finite = r.iter().filter(|s| s["value"][1].as_str().and_then(|v| v.parse::<f64>().ok()).is_some_and(f64::is_finite)).count();
+                    let finite = r
+                        .iter()
+                        .filter(|s| {
+                            s["value"][1]
+                                .as_str()
+                                .and_then(|v| v.parse::<f64>().ok())
+                                .is_some_and(f64::is_finite)
+                        })
+                        .count();
                     // The headline panel must show numbers, not NaN: a stack that routes nothing would
                     // otherwise pass with 0/0.
                     if finite == 0 && title.starts_with(MUST_BE_FINITE) {
@@ -163,8 +199,18 @@ async fn every_dashboard_query_and_recording_rule_returns_data() -> anyhow::Resu
     }
     if !pending.is_empty() {
         // Say what the stack did export, so a missing series is easy to tell from a wrong query.
-        let names = prom.query("count by (__name__, job) ({job=~\"kvmesh-.*\"})").await.unwrap_or_default();
-        let mut names: Vec<String> = names.iter().map(|s| format!("{}/{}", s["metric"]["job"].as_str().unwrap_or("?"), s["metric"]["__name__"].as_str().unwrap_or("?"))).collect();
+        let names =
+            prom.query("count by (__name__, job) ({job=~\"kvmesh-.*\"})").await.unwrap_or_default();
+        let mut names: Vec<String> = names
+            .iter()
+            .map(|s| {
+                format!(
+                    "{}/{}",
+                    s["metric"]["job"].as_str().unwrap_or("?"),
+                    s["metric"]["__name__"].as_str().unwrap_or("?")
+                )
+            })
+            .collect();
         names.sort();
         for (title, expr) in &pending {
             failures.push(format!("{title}: no data\n    {expr}"));

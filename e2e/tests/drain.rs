@@ -43,7 +43,10 @@ async fn a_drain_lets_every_stream_finish() -> anyhow::Result<()> {
         }));
     }
     for _ in 0..STREAMS {
-        started_rx.recv().await.ok_or_else(|| anyhow::anyhow!("a stream ended before its first chunk"))?;
+        started_rx
+            .recv()
+            .await
+            .ok_or_else(|| anyhow::anyhow!("a stream ended before its first chunk"))?;
     }
 
     // Every stream is mid-flight: drain (what SIGTERM to kvmesh-stack runs).
@@ -51,10 +54,22 @@ async fn a_drain_lets_every_stream_finish() -> anyhow::Result<()> {
     assert_eq!(still_active, 0, "the drain gave up with requests still active");
     for (i, s) in streams.into_iter().enumerate() {
         let text = s.await??;
-        assert!(text.trim_end().ends_with("data: [DONE]"), "stream {i} was cut:\n{}", &text[text.len().saturating_sub(300)..]);
+        assert!(
+            text.trim_end().ends_with("data: [DONE]"),
+            "stream {i} was cut:\n{}",
+            &text[text.len().saturating_sub(300)..]
+        );
     }
     // The gateway is gone afterwards: no new request is accepted.
-    let after = reqwest::Client::new().post(&url).json(&json!({"prompt": "x", "max_tokens": 1})).send().await;
-    assert!(after.is_err(), "Envoy still accepts requests after the drain: {:?}", after.map(|r| r.status()));
+    let after = reqwest::Client::new()
+        .post(&url)
+        .json(&json!({"prompt": "x", "max_tokens": 1}))
+        .send()
+        .await;
+    assert!(
+        after.is_err(),
+        "Envoy still accepts requests after the drain: {:?}",
+        after.map(|r| r.status())
+    );
     Ok(())
 }

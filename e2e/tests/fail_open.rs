@@ -22,14 +22,20 @@ async fn all_served_by_fallback(stack: &Stack, seed: u64) -> anyhow::Result<Vec<
         assert_eq!(r.status, 200, "request {i} not served: {}", r.text);
         assert!(r.worker().is_some(), "request {i} was not answered by an engine");
         let fallback = r.header(headers::DEBUG_FALLBACK).unwrap_or_default().to_owned();
-        assert!(fallback.starts_with("indexer_error"), "request {i}: x-kvmesh-fallback = {fallback:?}");
+        assert!(
+            fallback.starts_with("indexer_error"),
+            "request {i}: x-kvmesh-fallback = {fallback:?}"
+        );
         seen.push(fallback);
     }
     Ok(seen)
 }
 
 async fn indexer_error_fallbacks(stack: &Stack) -> anyhow::Result<f64> {
-    Ok(stack.envoy_metrics().await?.sum("kvmesh_filter_fallbacks_total", &[("reason", "indexer_error")]))
+    Ok(stack
+        .envoy_metrics()
+        .await?
+        .sum("kvmesh_filter_fallbacks_total", &[("reason", "indexer_error")]))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -38,7 +44,10 @@ async fn an_unrenderable_chat_template_fails_open() -> anyhow::Result<()> {
     // A method no Jinja flavour has: the indexer fails at render time, on every chat request. The
     // engines keep their own (built-in) template, so they serve the same requests.
     let template = dir.path().join("broken.jinja");
-    std::fs::write(&template, "{% for m in messages %}{{ m['content'].kvmesh_no_such_method() }}{% endfor %}")?;
+    std::fs::write(
+        &template,
+        "{% for m in messages %}{{ m['content'].kvmesh_no_such_method() }}{% endfor %}",
+    )?;
     let mut spec = StackSpec::aggregate(2);
     spec.filter_config = json!({"debug_headers": true});
     spec.model_toml = format!("chat_template = {}", toml_string(&template.display().to_string()));
@@ -52,19 +61,36 @@ async fn an_unrenderable_chat_template_fails_open() -> anyhow::Result<()> {
         .json(&chat_body(&[("user".into(), "hello".into())], 4))
         .send()
         .await?;
-    assert!(!direct.status().is_success(), "the indexer rendered a template it should not: {}", direct.status());
+    assert!(
+        !direct.status().is_success(),
+        "the indexer rendered a template it should not: {}",
+        direct.status()
+    );
     let _: kvmesh_core::api::ErrorBody = direct.json().await?;
 
     let before = indexer_error_fallbacks(&stack).await?;
     let seen = all_served_by_fallback(&stack, 100).await?;
     let after = indexer_error_fallbacks(&stack).await?;
-    assert!(after - before >= REQUESTS as f64, "fallbacks{{reason=indexer_error}} went {before} → {after}");
+    assert!(
+        after - before >= REQUESTS as f64,
+        "fallbacks{{reason=indexer_error}} went {before} → {after}"
+    );
     assert!(seen.iter().all(|h| h.contains("code=")), "the indexer's code is reported: {seen:?}");
 
     // Completions (token ids need no template) are still routed by the indexer.
-    let r = post_json(stack.client(), &stack.gateway("/v1/completions"), &json!({"prompt": filler(7, 60), "max_tokens": 2}), &[]).await?;
+    let r = post_json(
+        stack.client(),
+        &stack.gateway("/v1/completions"),
+        &json!({"prompt": filler(7, 60), "max_tokens": 2}),
+        &[],
+    )
+    .await?;
     assert_eq!(r.status, 200, "{}", r.text);
-    assert!(r.header(headers::DEBUG_FALLBACK).is_none(), "completions should not fall back: {:?}", r.header(headers::DEBUG_FALLBACK));
+    assert!(
+        r.header(headers::DEBUG_FALLBACK).is_none(),
+        "completions should not fall back: {:?}",
+        r.header(headers::DEBUG_FALLBACK)
+    );
     Ok(())
 }
 
@@ -80,7 +106,10 @@ async fn no_healthy_decode_worker_fails_open() -> anyhow::Result<()> {
     let before = indexer_error_fallbacks(&stack).await?;
     let seen = all_served_by_fallback(&stack, 200).await?;
     let after = indexer_error_fallbacks(&stack).await?;
-    assert!(after - before >= REQUESTS as f64, "fallbacks{{reason=indexer_error}} went {before} → {after}");
+    assert!(
+        after - before >= REQUESTS as f64,
+        "fallbacks{{reason=indexer_error}} went {before} → {after}"
+    );
     assert!(seen.iter().all(|h| h == "indexer_error; code=no_decode_worker"), "{seen:?}");
     Ok(())
 }

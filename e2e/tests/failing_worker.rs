@@ -27,7 +27,11 @@ async fn a_fast_failing_worker_stops_attracting_traffic() -> anyhow::Result<()> 
     let c = stack.client().clone();
     let bad = stack.worker("w3")?;
     let bad_endpoint = bad.http.clone();
-    let r = c.post(bad.url("/admin/faults")).json(&json!({"fail_next_count": 1_000_000, "fail_next_status": 500})).send().await?;
+    let r = c
+        .post(bad.url("/admin/faults"))
+        .json(&json!({"fail_next_count": 1_000_000, "fail_next_status": 500}))
+        .send()
+        .await?;
     assert!(r.status().is_success(), "{}", r.text().await?);
     // Its metrics still answer: the indexer keeps it healthy.
     assert!(c.get(bad.url("/metrics")).send().await?.status().is_success());
@@ -36,7 +40,8 @@ async fn a_fast_failing_worker_stops_attracting_traffic() -> anyhow::Result<()> 
     let statuses: Vec<u16> = futures::stream::iter(0..REQUESTS)
         .map(|i| {
             let (c, url) = (c.clone(), url.clone());
-            let body = json!({"model": "deepseek-v4", "prompt": filler(500 + i, 80), "max_tokens": 2});
+            let body =
+                json!({"model": "deepseek-v4", "prompt": filler(500 + i, 80), "max_tokens": 2});
             async move { post_json(&c, &url, &body, &[]).await.map(|r| r.status).unwrap_or(0) }
         })
         .buffer_unordered(CONCURRENCY)
@@ -48,9 +53,14 @@ async fn a_fast_failing_worker_stops_attracting_traffic() -> anyhow::Result<()> 
     for w in &stack.workers {
         total += attempts(&stack, &w.http).await?;
     }
-    eprintln!("{ok}/{REQUESTS} succeeded; the failing worker got {to_bad} of {total} upstream attempts");
+    eprintln!(
+        "{ok}/{REQUESTS} succeeded; the failing worker got {to_bad} of {total} upstream attempts"
+    );
     assert!(ok * 100 >= REQUESTS * 95, "only {ok} of {REQUESTS} requests succeeded");
-    assert!(to_bad * 100 <= REQUESTS * 5, "the failing worker got {to_bad} attempts (> 5 % of {REQUESTS})");
+    assert!(
+        to_bad * 100 <= REQUESTS * 5,
+        "the failing worker got {to_bad} attempts (> 5 % of {REQUESTS})"
+    );
     let ejections = stack.envoy_metrics().await?.sum("kvmesh_filter_endpoint_ejections_total", &[]);
     assert!(ejections >= 1.0, "the filter never ejected the failing endpoint");
     Ok(())

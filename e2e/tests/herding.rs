@@ -39,7 +39,8 @@ const MIN_STAYING: f64 = 0.90;
 const CONVERSATION_STAGGER: std::time::Duration = std::time::Duration::from_millis(100);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_gateways_spread_a_shared_burst_and_keep_conversations_in_place() -> anyhow::Result<()> {
+async fn two_gateways_spread_a_shared_burst_and_keep_conversations_in_place() -> anyhow::Result<()>
+{
     let mut spec = StackSpec::aggregate(WORKERS);
     spec.filter_config = json!({"debug_headers": true});
     let a = Stack::start(spec).await?;
@@ -65,8 +66,11 @@ async fn two_gateways_spread_a_shared_burst_and_keep_conversations_in_place() ->
         *by_header.entry(r.worker().unwrap_or("?").to_owned()).or_default() += 1;
     }
     let after = served_by_engine(&a).await?;
-    let by_engine: BTreeMap<String, u64> =
-        after.iter().map(|(w, n)| (w.clone(), n - before.get(w).copied().unwrap_or(0))).filter(|(_, n)| *n > 0).collect();
+    let by_engine: BTreeMap<String, u64> = after
+        .iter()
+        .map(|(w, n)| (w.clone(), n - before.get(w).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
     assert_eq!(by_engine, by_header, "the engines' own counters and their response headers agree");
     let reasons: Vec<&str> = replies.iter().filter_map(Reply::reason).collect();
     let busiest = by_header.values().copied().max().unwrap_or(0);
@@ -87,20 +91,38 @@ async fn two_gateways_spread_a_shared_burst_and_keep_conversations_in_place() ->
         let system = system.clone();
         async move {
             tokio::time::sleep(CONVERSATION_STAGGER * c as u32).await;
-            let mut history = vec![("system".to_owned(), system), ("user".to_owned(), filler(7_100 + c as u64, 300))];
+            let mut history = vec![
+                ("system".to_owned(), system),
+                ("user".to_owned(), filler(7_100 + c as u64, 300)),
+            ];
             let mut served = Vec::new();
             for turn in 0..TURNS {
                 let gw = gateways[(c + turn) % 2];
-                let reply = post_json(gw.client(), &gw.gateway("/v1/chat/completions"), &chat_body(&history, 16), &[]).await?;
-                anyhow::ensure!(reply.status == 200, "conversation {c} turn {turn}: {} {}", reply.status, reply.text);
-                served.push((reply.worker().unwrap_or("?").to_owned(), reply.reason().unwrap_or_default().to_owned()));
+                let reply = post_json(
+                    gw.client(),
+                    &gw.gateway("/v1/chat/completions"),
+                    &chat_body(&history, 16),
+                    &[],
+                )
+                .await?;
+                anyhow::ensure!(
+                    reply.status == 200,
+                    "conversation {c} turn {turn}: {} {}",
+                    reply.status,
+                    reply.text
+                );
+                served.push((
+                    reply.worker().unwrap_or("?").to_owned(),
+                    reply.reason().unwrap_or_default().to_owned(),
+                ));
                 history.push(("assistant".to_owned(), reply.chat_content().unwrap_or_default()));
                 history.push(("user".to_owned(), filler(8_000 + (c * TURNS + turn) as u64, 40)));
             }
             Ok::<_, anyhow::Error>(served)
         }
     });
-    let served: Vec<Vec<(String, String)>> = join_all(conversations).await.into_iter().collect::<anyhow::Result<_>>()?;
+    let served: Vec<Vec<(String, String)>> =
+        join_all(conversations).await.into_iter().collect::<anyhow::Result<_>>()?;
     let mut staying = 0usize;
     let mut homes: BTreeMap<String, usize> = BTreeMap::new();
     for turns in &served {
@@ -108,7 +130,11 @@ async fn two_gateways_spread_a_shared_burst_and_keep_conversations_in_place() ->
         for (w, _) in turns {
             *counts.entry(w.as_str()).or_default() += 1;
         }
-        let (home, n) = counts.iter().max_by_key(|(_, n)| **n).map(|(w, n)| (w.to_string(), *n)).unwrap_or_default();
+        let (home, n) = counts
+            .iter()
+            .max_by_key(|(_, n)| **n)
+            .map(|(w, n)| (w.to_string(), *n))
+            .unwrap_or_default();
         staying += n;
         *homes.entry(home).or_default() += 1;
     }
@@ -116,9 +142,16 @@ async fn two_gateways_spread_a_shared_burst_and_keep_conversations_in_place() ->
     let moves: Vec<String> = served
         .iter()
         .enumerate()
-        .flat_map(|(c, t)| t.windows(2).enumerate().filter(|(_, w)| w[0].0 != w[1].0).map(move |(i, w)| format!("c{c} t{}: {} -> {} ({})", i + 1, w[0].0, w[1].0, w[1].1)))
+        .flat_map(|(c, t)| {
+            t.windows(2).enumerate().filter(|(_, w)| w[0].0 != w[1].0).map(move |(i, w)| {
+                format!("c{c} t{}: {} -> {} ({})", i + 1, w[0].0, w[1].0, w[1].1)
+            })
+        })
         .collect();
-    eprintln!("conversations alternating gateways: {:.0} % of turns on their worker; homes {homes:?}", share * 100.0);
+    eprintln!(
+        "conversations alternating gateways: {:.0} % of turns on their worker; homes {homes:?}",
+        share * 100.0
+    );
     if share < MIN_STAYING {
         failures.push(format!(
             "conversations alternating gateways kept {:.0} % of their turns on their worker (< {:.0} %); homes {homes:?}; moves {moves:?}",
@@ -127,7 +160,9 @@ async fn two_gateways_spread_a_shared_burst_and_keep_conversations_in_place() ->
         ));
     }
     if homes.len() < 2 {
-        failures.push(format!("every conversation lived on one worker ({homes:?}): staying there shows nothing"));
+        failures.push(format!(
+            "every conversation lived on one worker ({homes:?}): staying there shows nothing"
+        ));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     Ok(())

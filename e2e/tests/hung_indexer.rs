@@ -28,7 +28,14 @@ const ENVOY_CX_BOUND: u32 = MAX_INDEXER_CONNECTIONS + 2;
 
 /// `cluster.kvmesh_indexer.<stat>` from Envoy's admin `/stats`.
 async fn indexer_cluster_stat(c: &reqwest::Client, admin: &str, stat: &str) -> Option<u64> {
-    let text = c.get(format!("{admin}/stats?filter=^cluster\\.kvmesh_indexer\\.{stat}$")).send().await.ok()?.text().await.ok()?;
+    let text = c
+        .get(format!("{admin}/stats?filter=^cluster\\.kvmesh_indexer\\.{stat}$"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
     text.lines().find_map(|l| l.split_once(": ").and_then(|(_, v)| v.trim().parse().ok()))
 }
 
@@ -46,9 +53,14 @@ async fn a_hung_indexer_trips_the_breaker_and_routing_resumes() -> anyhow::Resul
     // Routed by the indexer while it is well.
     let r = post_json(&c, &url, &body(0), &[]).await?;
     assert_eq!(r.status, 200, "{}", r.text);
-    assert!(r.header(headers::DEBUG_FALLBACK).is_none(), "fallback before the hang: {:?}", r.header(headers::DEBUG_FALLBACK));
+    assert!(
+        r.header(headers::DEBUG_FALLBACK).is_none(),
+        "fallback before the hang: {:?}",
+        r.header(headers::DEBUG_FALLBACK)
+    );
 
-    let pid = stack.indexer.as_ref().map(|p| p.pid()).ok_or_else(|| anyhow::anyhow!("no indexer"))?;
+    let pid =
+        stack.indexer.as_ref().map(|p| p.pid()).ok_or_else(|| anyhow::anyhow!("no indexer"))?;
     // Resumed when dropped, so a failing test still tears down cleanly.
     let paused = Paused::stop(pid)?;
 
@@ -56,7 +68,8 @@ async fn a_hung_indexer_trips_the_breaker_and_routing_resumes() -> anyhow::Resul
     let max_active = Arc::new(AtomicU64::new(0));
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = {
-        let (c, admin, max_active, done) = (c.clone(), admin.clone(), Arc::clone(&max_active), Arc::clone(&done));
+        let (c, admin, max_active, done) =
+            (c.clone(), admin.clone(), Arc::clone(&max_active), Arc::clone(&done));
         tokio::spawn(async move {
             while !done.load(Ordering::Relaxed) {
                 if let Some(n) = indexer_cluster_stat(&c, &admin, "upstream_cx_active").await {
@@ -76,20 +89,31 @@ async fn a_hung_indexer_trips_the_breaker_and_routing_resumes() -> anyhow::Resul
         .await;
     done.store(true, Ordering::Relaxed);
     sampler.await?;
-    let failed: Vec<String> = statuses.iter().filter_map(|s| match s {
-        Ok(200) => None,
-        Ok(s) => Some(s.to_string()),
-        Err(e) => Some(e.to_string()),
-    }).collect();
-    assert!(failed.is_empty(), "{} of {REQUESTS} requests failed with the indexer hung: {failed:?}", failed.len());
+    let failed: Vec<String> = statuses
+        .iter()
+        .filter_map(|s| match s {
+            Ok(200) => None,
+            Ok(s) => Some(s.to_string()),
+            Err(e) => Some(e.to_string()),
+        })
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {REQUESTS} requests failed with the indexer hung: {failed:?}",
+        failed.len()
+    );
 
     let m = stack.envoy_metrics().await?;
     let opened = m.sum("kvmesh_filter_breaker_transitions_total", &[("state", "open")]);
     let skipped = m.sum("kvmesh_filter_fallbacks_total", &[("reason", "breaker_open")]);
-    let waited = m.sum("kvmesh_filter_fallbacks_total", &[("reason", "timeout")]) + m.sum("kvmesh_filter_fallbacks_total", &[("reason", "reset")]);
+    let waited = m.sum("kvmesh_filter_fallbacks_total", &[("reason", "timeout")])
+        + m.sum("kvmesh_filter_fallbacks_total", &[("reason", "reset")]);
     eprintln!("breaker openings {opened}, calls skipped {skipped}, calls that waited for the deadline {waited}, max indexer connections {}", max_active.load(Ordering::Relaxed));
     assert!(opened >= 1.0, "the breaker never opened");
-    assert!(skipped >= (REQUESTS / 2) as f64, "only {skipped} of {REQUESTS} requests skipped the hung indexer");
+    assert!(
+        skipped >= (REQUESTS / 2) as f64,
+        "only {skipped} of {REQUESTS} requests skipped the hung indexer"
+    );
     let max_active = max_active.load(Ordering::Relaxed);
     assert!(
         max_active <= u64::from(ENVOY_CX_BOUND),
@@ -111,14 +135,18 @@ async fn a_hung_indexer_trips_the_breaker_and_routing_resumes() -> anyhow::Resul
     .await?;
     eprintln!("routing resumed {:?} after SIGCONT", resumed.elapsed());
     let m = stack.envoy_metrics().await?;
-    assert!(m.sum("kvmesh_filter_breaker_transitions_total", &[("state", "closed")]) >= 1.0, "the breaker never closed");
+    assert!(
+        m.sum("kvmesh_filter_breaker_transitions_total", &[("state", "closed")]) >= 1.0,
+        "the breaker never closed"
+    );
 
     // Nothing booked during the hang stays booked.
     let fleet_url = stack.indexer_url(kvmesh_core::api::FLEET_PATH);
     poll::until("every worker's active_requests back to 0 after the hang", || {
         let (c, url) = (c.clone(), fleet_url.clone());
         async move {
-            let f: kvmesh_core::api::FleetSnapshot = c.get(&url).send().await.ok()?.json().await.ok()?;
+            let f: kvmesh_core::api::FleetSnapshot =
+                c.get(&url).send().await.ok()?.json().await.ok()?;
             f.workers.iter().all(|w| w.load.active_requests == 0).then_some(())
         }
     })

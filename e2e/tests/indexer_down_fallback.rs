@@ -25,9 +25,13 @@ async fn requests_survive_the_indexer_and_precise_routing_resumes() -> anyhow::R
     let mut off_pin = 0;
     for s in 0..8u64 {
         let sid = format!("session-{s}");
-        let r = post_json(&c, &url, &body(s, 1), &[(headers::DEFAULT_SESSION_HEADER, sid.as_str())]).await?;
+        let r =
+            post_json(&c, &url, &body(s, 1), &[(headers::DEFAULT_SESSION_HEADER, sid.as_str())])
+                .await?;
         assert_eq!(r.status, 200, "{}", r.text);
-        let pin = rendezvous::pick(session::from_header_value(&sid).0, ids.iter().map(String::as_str)).map(str::to_owned);
+        let pin =
+            rendezvous::pick(session::from_header_value(&sid).0, ids.iter().map(String::as_str))
+                .map(str::to_owned);
         off_pin += usize::from(r.worker().map(str::to_owned) != pin);
         home.insert(s, r.worker().unwrap_or_default().to_owned());
     }
@@ -39,13 +43,24 @@ async fn requests_survive_the_indexer_and_precise_routing_resumes() -> anyhow::R
     // Indexer down: everything still succeeds, and sessions stay home.
     for s in 0..8u64 {
         let sid = format!("session-{s}");
-        let r = post_json(&c, &url, &body(s, 2), &[(headers::DEFAULT_SESSION_HEADER, sid.as_str())]).await?;
+        let r =
+            post_json(&c, &url, &body(s, 2), &[(headers::DEFAULT_SESSION_HEADER, sid.as_str())])
+                .await?;
         assert_eq!(r.status, 200, "indexer down: {}", r.text);
-        assert_eq!(r.worker(), Some(home[&s].as_str()), "session {sid} lost its worker while the indexer was down");
-        assert!(r.header(headers::DEBUG_FALLBACK).is_some(), "expected the fallback header while the indexer is down");
+        assert_eq!(
+            r.worker(),
+            Some(home[&s].as_str()),
+            "session {sid} lost its worker while the indexer was down"
+        );
+        assert!(
+            r.header(headers::DEBUG_FALLBACK).is_some(),
+            "expected the fallback header while the indexer is down"
+        );
     }
     for i in 0..6u64 {
-        let r = post_json(&c, &url, &json!({"prompt": filler(70_000 + i, 50), "max_tokens": 2}), &[]).await?;
+        let r =
+            post_json(&c, &url, &json!({"prompt": filler(70_000 + i, 50), "max_tokens": 2}), &[])
+                .await?;
         assert_eq!(r.status, 200, "sessionless request with the indexer down: {}", r.text);
     }
     let fallbacks = stack.envoy_metrics().await?;
@@ -66,15 +81,32 @@ async fn requests_survive_the_indexer_and_precise_routing_resumes() -> anyhow::R
         let (c, route, done_url) = (c.clone(), route.clone(), done_url.clone());
         let b = body(3, 1);
         async move {
-            let r = c.post(&route).header(headers::KVMESH_PATH, "/v1/completions").header(headers::REQUEST_ID, "probe").json(&b).send().await.ok()?;
+            let r = c
+                .post(&route)
+                .header(headers::KVMESH_PATH, "/v1/completions")
+                .header(headers::REQUEST_ID, "probe")
+                .json(&b)
+                .send()
+                .await
+                .ok()?;
             let d: kvmesh_core::api::RouteDecision = r.json().await.ok()?;
-            let done = kvmesh_core::api::DoneReport { request_id: "probe".into(), endpoint: Some(d.endpoint.clone()), outcome: kvmesh_core::api::Outcome::Success, status: Some(200), booking_id: d.booking_id.clone() };
+            let done = kvmesh_core::api::DoneReport {
+                request_id: "probe".into(),
+                endpoint: Some(d.endpoint.clone()),
+                outcome: kvmesh_core::api::Outcome::Success,
+                status: Some(200),
+                booking_id: d.booking_id.clone(),
+            };
             c.post(&done_url).json(&done).send().await.ok()?.error_for_status().ok()?;
             (d.overlap_blocks > 0).then_some(d)
         }
     })
     .await?;
-    assert_eq!(decision.worker, home[&3], "the rebuilt index should send session 3's prefix home: {}", decision.reason);
+    assert_eq!(
+        decision.worker, home[&3],
+        "the rebuilt index should send session 3's prefix home: {}",
+        decision.reason
+    );
 
     // And through the gateway, without the fallback. Each Envoy worker thread has its own breaker,
     // and one that opened during the outage skips the indexer until its open window ends and a
@@ -85,7 +117,9 @@ async fn requests_survive_the_indexer_and_precise_routing_resumes() -> anyhow::R
     let r = poll::until("session 3 routed through the indexer again", || {
         let (c, url, b) = (c.clone(), url.clone(), body(3, 1));
         async move {
-            let r = post_json(&c, &url, &b, &[(headers::DEFAULT_SESSION_HEADER, "session-3")]).await.ok()?;
+            let r = post_json(&c, &url, &b, &[(headers::DEFAULT_SESSION_HEADER, "session-3")])
+                .await
+                .ok()?;
             (r.status == 200 && r.header(headers::DEBUG_FALLBACK).is_none()).then_some(r)
         }
     })

@@ -23,7 +23,9 @@ async fn active(stack: &Stack) -> Option<Vec<(String, u64)>> {
 }
 
 async fn until_idle(stack: &Stack, what: &str) -> anyhow::Result<()> {
-    poll::until(what, || async { active(stack).await.filter(|a| a.iter().all(|(_, n)| *n == 0)) }).await.map(|_| ())
+    poll::until(what, || async { active(stack).await.filter(|a| a.iter().all(|(_, n)| *n == 0)) })
+        .await
+        .map(|_| ())
 }
 
 async fn indexer_metric(stack: &Stack, name: &str, labels: &[(&str, &str)]) -> anyhow::Result<f64> {
@@ -49,18 +51,27 @@ async fn bookings_are_released_when_the_caller_goes_away() -> anyhow::Result<()>
         let (c, url) = (c.clone(), url.clone());
         tokio::spawn(async move { post_json(&c, &url, &chat(600, 1), &[]).await })
     };
-    poll::until("the prefill leg's booking", || async { active(&stack).await.filter(|a| a.iter().any(|(w, n)| w == "p0" && *n == 1)) }).await?;
+    poll::until("the prefill leg's booking", || async {
+        active(&stack).await.filter(|a| a.iter().any(|(w, n)| w == "p0" && *n == 1))
+    })
+    .await?;
     pending.abort();
     let _ = pending.await;
     until_idle(&stack, "every booking released after the client left").await?;
-    assert!(indexer_metric(&stack, "kvmesh_route_cancelled_total", &[("stage", "booked")]).await? >= 1.0);
+    assert!(
+        indexer_metric(&stack, "kvmesh_route_cancelled_total", &[("stage", "booked")]).await?
+            >= 1.0
+    );
 
     // 2. The filter gives up on the indexer (1.5 s < the 4 s leg) and routes without it: the
     //    client is served, and the abandoned route call leaves nothing booked.
     let r = post_json(&c, &url, &chat(600, 2), &[]).await?;
     assert_eq!(r.status, 200, "{}", r.text);
     until_idle(&stack, "every booking released after the filter's timeout").await?;
-    assert!(indexer_metric(&stack, "kvmesh_route_cancelled_total", &[("stage", "booked")]).await? >= 2.0);
+    assert!(
+        indexer_metric(&stack, "kvmesh_route_cancelled_total", &[("stage", "booked")]).await?
+            >= 2.0
+    );
     Ok(())
 }
 
@@ -73,7 +84,9 @@ async fn ten_clients_with_one_request_id_book_and_release_ten_times() -> anyhow:
     let calls: Vec<_> = (0..10u64)
         .map(|i| {
             let (c, url) = (stack.client().clone(), url.clone());
-            tokio::spawn(async move { post_json(&c, &url, &chat(200, 100 + i), &[("x-request-id", "the-same-id")]).await })
+            tokio::spawn(async move {
+                post_json(&c, &url, &chat(200, 100 + i), &[("x-request-id", "the-same-id")]).await
+            })
         })
         .collect();
     for call in calls {
@@ -83,12 +96,17 @@ async fn ten_clients_with_one_request_id_book_and_release_ten_times() -> anyhow:
     // Ten decisions, ten bookings, ten matched done reports, nothing left booked.
     until_idle(&stack, "all ten bookings released").await?;
     let matched = poll::until("ten matched done reports", || async {
-        let n = indexer_metric(&stack, "kvmesh_done_reports_total", &[("matched", "true")]).await.ok()?;
+        let n = indexer_metric(&stack, "kvmesh_done_reports_total", &[("matched", "true")])
+            .await
+            .ok()?;
         (n >= 10.0).then_some(n)
     })
     .await?;
     assert_eq!(matched, 10.0);
-    assert_eq!(indexer_metric(&stack, "kvmesh_done_reports_total", &[("matched", "false")]).await?, 0.0);
+    assert_eq!(
+        indexer_metric(&stack, "kvmesh_done_reports_total", &[("matched", "false")]).await?,
+        0.0
+    );
     assert_eq!(indexer_metric(&stack, "kvmesh_decisions_total", &[]).await?, 10.0);
     Ok(())
 }
@@ -98,7 +116,8 @@ fn tokens_prompt(tokens: &[u32]) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_an_indexer_restart_a_prefix_older_than_the_replay_buffer_is_learned_back() -> anyhow::Result<()> {
+async fn after_an_indexer_restart_a_prefix_older_than_the_replay_buffer_is_learned_back(
+) -> anyhow::Result<()> {
     // One worker whose replay buffer keeps only 4 batches.
     let mut spec = StackSpec::aggregate(1);
     spec.filter_config = json!({"debug_headers": true});
@@ -129,18 +148,23 @@ async fn after_an_indexer_restart_a_prefix_older_than_the_replay_buffer_is_learn
         overlaps.push(r.overlap_blocks().unwrap_or(0));
     }
     assert_eq!(overlaps[0], 0, "the first continuation is blind after the restart: {overlaps:?}");
-    assert!(overlaps.iter().any(|o| *o >= 64), "overlap never recovered within 10 continuations: {overlaps:?}");
+    assert!(
+        overlaps.iter().any(|o| *o >= 64),
+        "overlap never recovered within 10 continuations: {overlaps:?}"
+    );
     assert!(indexer_metric(&stack, "kvmesh_kv_orphan_recovered_total", &[]).await? >= 1.0);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_chat_template_calling_python_string_methods_is_routed_by_the_indexer() -> anyhow::Result<()> {
+async fn a_chat_template_calling_python_string_methods_is_routed_by_the_indexer(
+) -> anyhow::Result<()> {
     // The DeepSeek template with `.strip()` on every message, as many Hugging Face templates do;
     // the engines render with the same file.
     let dir = tempfile::tempdir()?;
     let template = dir.path().join("strip.jinja");
-    let source = include_str!("../../tokens/templates/deepseek.jinja").replace("{{ m.content }}", "{{ m.content.strip() }}");
+    let source = include_str!("../../tokens/templates/deepseek.jinja")
+        .replace("{{ m.content }}", "{{ m.content.strip() }}");
     anyhow::ensure!(source.contains(".strip()"), "the template changed shape");
     std::fs::write(&template, source)?;
     let mut spec = StackSpec::aggregate(2);
@@ -150,7 +174,10 @@ async fn a_chat_template_calling_python_string_methods_is_routed_by_the_indexer(
     let stack = Stack::start(spec).await?;
     let url = stack.gateway("/v1/chat/completions");
     let turn = |n: usize| {
-        let mut msgs = vec![json!({"role": "system", "content": format!("  {}  ", filler(7, 300))}), json!({"role": "user", "content": filler(8, 40)})];
+        let mut msgs = vec![
+            json!({"role": "system", "content": format!("  {}  ", filler(7, 300))}),
+            json!({"role": "user", "content": filler(8, 40)}),
+        ];
         for i in 0..n {
             msgs.push(json!({"role": "assistant", "content": filler(20 + i as u64, 20)}));
             msgs.push(json!({"role": "user", "content": filler(40 + i as u64, 20)}));
@@ -159,7 +186,11 @@ async fn a_chat_template_calling_python_string_methods_is_routed_by_the_indexer(
     };
     let first = post_json(stack.client(), &url, &turn(0), &[]).await?;
     assert_eq!(first.status, 200, "{}", first.text);
-    assert!(first.header("x-kvmesh-fallback").is_none(), "the filter fell back: {:?}", first.header("x-kvmesh-fallback"));
+    assert!(
+        first.header("x-kvmesh-fallback").is_none(),
+        "the filter fell back: {:?}",
+        first.header("x-kvmesh-fallback")
+    );
     assert_eq!(first.mode(), Some("aggregate"));
     // The next turn: the indexer's rendering agrees with the engine's, so it predicts the reuse.
     poll::until("the first turn's blocks in the index", || async {
@@ -167,6 +198,9 @@ async fn a_chat_template_calling_python_string_methods_is_routed_by_the_indexer(
         (r.status == 200 && r.overlap_blocks().unwrap_or(0) > 0).then_some(())
     })
     .await?;
-    assert_eq!(indexer_metric(&stack, "kvmesh_route_errors_total", &[("reason", "tokenizer")]).await?, 0.0);
+    assert_eq!(
+        indexer_metric(&stack, "kvmesh_route_errors_total", &[("reason", "tokenizer")]).await?,
+        0.0
+    );
     Ok(())
 }

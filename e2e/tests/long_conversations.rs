@@ -29,13 +29,23 @@ async fn a_long_conversations_turns_send_only_their_new_bytes() -> anyhow::Resul
         assert_eq!(r.status, 200, "turn {t}: {}", r.text);
         assert!(r.header(headers::DEBUG_FALLBACK).is_none(), "turn {t} routed by the indexer");
         if t > 0 {
-            assert!(r.overlap_blocks().unwrap_or(0) > 0, "turn {t} found its history: {:?}", r.reason());
+            assert!(
+                r.overlap_blocks().unwrap_or(0) > 0,
+                "turn {t} found its history: {:?}",
+                r.reason()
+            );
         }
         messages.push(json!({"role": "assistant", "content": filler(200 + t as u64, 10)}));
     }
     let envoy = stack.envoy_metrics().await?;
-    let bodies = |m: &kvmesh_e2e::prom::Metrics, result: &str| m.sum("kvmesh_filter_route_bodies_total", &[("result", result)]);
-    assert_eq!((bodies(&envoy, "whole"), bodies(&envoy, "delta")), (1.0, 3.0), "turns 2-4 sent after a base");
+    let bodies = |m: &kvmesh_e2e::prom::Metrics, result: &str| {
+        m.sum("kvmesh_filter_route_bodies_total", &[("result", result)])
+    };
+    assert_eq!(
+        (bodies(&envoy, "whole"), bodies(&envoy, "delta")),
+        (1.0, 3.0),
+        "turns 2-4 sent after a base"
+    );
     let indexer = stack.scrape(&stack.indexer_url("/metrics")).await?;
     assert_eq!(indexer.sum("kvmesh_body_memo_total", &[("result", "base_hit")]), 3.0);
 
@@ -46,7 +56,14 @@ async fn a_long_conversations_turns_send_only_their_new_bytes() -> anyhow::Resul
     let r = poll::until("a turn routed by the restarted indexer", || {
         let (c, url, body) = (c.clone(), url.clone(), body.clone());
         async move {
-            let r = post_json(&c, &url, &body, &[(headers::DEFAULT_SESSION_HEADER, "long-conversation")]).await.ok()?;
+            let r = post_json(
+                &c,
+                &url,
+                &body,
+                &[(headers::DEFAULT_SESSION_HEADER, "long-conversation")],
+            )
+            .await
+            .ok()?;
             assert_eq!(r.status, 200, "{}", r.text);
             r.header(headers::DEBUG_FALLBACK).is_none().then_some(r)
         }

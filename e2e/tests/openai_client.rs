@@ -10,7 +10,8 @@ async fn the_official_openai_client_works_through_the_gateway() -> anyhow::Resul
     let python = repo_root().join(".tools/venv/bin/python");
     anyhow::ensure!(python.exists(), "{} missing: run `make setup`", python.display());
     let script = repo_root().join("e2e/tests/openai_client.py");
-    let out = tokio::process::Command::new(python).arg(script).arg(stack.gateway("")).output().await?;
+    let out =
+        tokio::process::Command::new(python).arg(script).arg(stack.gateway("")).output().await?;
     assert!(
         out.status.success(),
         "openai client failed:\nstdout: {}\nstderr: {}",

@@ -19,12 +19,16 @@ async fn ten_turn_chat_lands_on_one_worker_and_reuses_its_cache() -> anyhow::Res
     let stack = Stack::start(spec).await?;
     let url = stack.gateway("/v1/chat/completions");
 
-    let mut history = vec![("system".to_owned(), filler(1, 300)), ("user".to_owned(), filler(2, 120))];
+    let mut history =
+        vec![("system".to_owned(), filler(1, 300)), ("user".to_owned(), filler(2, 120))];
     let mut home: Option<String> = None;
     let mut previous_isl = 0u64;
     for turn in 0..10 {
         let hits_before = match &home {
-            Some(w) => stack.scrape(&stack.worker(w)?.url("/metrics")).await?.sum("vllm:prefix_cache_hits_total", &[]),
+            Some(w) => stack
+                .scrape(&stack.worker(w)?.url("/metrics"))
+                .await?
+                .sum("vllm:prefix_cache_hits_total", &[]),
             None => 0.0,
         };
         let reply = post_json(stack.client(), &url, &chat_body(&history, 24), &[]).await?;
@@ -40,14 +44,21 @@ async fn ten_turn_chat_lands_on_one_worker_and_reuses_its_cache() -> anyhow::Res
                     overlap * 10 >= previous_isl * 9,
                     "turn {turn}: predicted overlap {overlap} blocks < 90% of previous turn's {previous_isl}"
                 );
-                let hits = stack.scrape(&stack.worker(h)?.url("/metrics")).await?.sum("vllm:prefix_cache_hits_total", &[]);
+                let hits = stack
+                    .scrape(&stack.worker(h)?.url("/metrics"))
+                    .await?
+                    .sum("vllm:prefix_cache_hits_total", &[]);
                 let engine_hit_tokens = (hits - hits_before) as u64;
                 assert!(
                     engine_hit_tokens * 10 >= previous_isl * BLOCK * 9,
                     "turn {turn}: engine hit {engine_hit_tokens} tokens, previous turn had {} block tokens",
                     previous_isl * BLOCK
                 );
-                assert_eq!(reply.cached_tokens(), Some(engine_hit_tokens), "usage.cached_tokens agrees with the counter");
+                assert_eq!(
+                    reply.cached_tokens(),
+                    Some(engine_hit_tokens),
+                    "usage.cached_tokens agrees with the counter"
+                );
             }
         }
         previous_isl = isl;
@@ -72,11 +83,16 @@ async fn conversations_sharing_a_system_prompt_are_not_collapsed() -> anyhow::Re
     let conversations = (0..8u64).map(|c| {
         let (system, url, stack) = (system.clone(), url.clone(), &stack);
         async move {
-            let mut history = vec![("system".to_owned(), system), ("user".to_owned(), filler(9_100 + c, 60))];
+            let mut history =
+                vec![("system".to_owned(), system), ("user".to_owned(), filler(9_100 + c, 60))];
             let mut workers = Vec::new();
             for turn in 0..2u64 {
                 let reply = post_json(stack.client(), &url, &chat_body(&history, 16), &[]).await?;
-                anyhow::ensure!(reply.status == 200, "conversation {c} turn {turn}: {}", reply.text);
+                anyhow::ensure!(
+                    reply.status == 200,
+                    "conversation {c} turn {turn}: {}",
+                    reply.text
+                );
                 workers.push(reply.worker().unwrap_or("?").to_owned());
                 history.push(("assistant".to_owned(), reply.chat_content().unwrap_or_default()));
                 history.push(("user".to_owned(), filler(9_200 + c * 2 + turn, 30)));
@@ -84,13 +100,17 @@ async fn conversations_sharing_a_system_prompt_are_not_collapsed() -> anyhow::Re
             Ok::<_, anyhow::Error>(workers)
         }
     });
-    let served: Vec<Vec<String>> = join_all(conversations).await.into_iter().collect::<anyhow::Result<_>>()?;
+    let served: Vec<Vec<String>> =
+        join_all(conversations).await.into_iter().collect::<anyhow::Result<_>>()?;
     let mut first_turns: BTreeMap<&str, usize> = BTreeMap::new();
     for w in &served {
         *first_turns.entry(w[0].as_str()).or_default() += 1;
     }
     assert_eq!(first_turns.len(), 2, "every conversation on one worker: {served:?}");
     let stayed = served.iter().filter(|w| w[0] == w[1]).count();
-    assert!(stayed >= 7, "only {stayed} of 8 conversations kept their worker on turn 2: {served:?}");
+    assert!(
+        stayed >= 7,
+        "only {stayed} of 8 conversations kept their worker on turn 2: {served:?}"
+    );
     Ok(())
 }

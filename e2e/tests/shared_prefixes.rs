@@ -30,14 +30,26 @@ async fn requests_follow_their_prefix() -> anyhow::Result<()> {
     let mut overridden = 0;
     for (n, (p, suffix)) in order.into_iter().enumerate() {
         let prompt = format!("{} {}", prefixes[p], filler(suffix, 20));
-        let reply = post_json(stack.client(), &url, &json!({"model": "deepseek-v4", "prompt": prompt, "max_tokens": 4}), &[]).await?;
+        let reply = post_json(
+            stack.client(),
+            &url,
+            &json!({"model": "deepseek-v4", "prompt": prompt, "max_tokens": 4}),
+            &[],
+        )
+        .await?;
         assert_eq!(reply.status, 200, "{}", reply.text);
         let worker = reply.worker().expect("x-sim-worker").to_owned();
         let seen = holders.entry(p).or_default();
         if !seen.is_empty() && !seen.contains(&worker) {
             let reason = reply.reason().unwrap_or_default().to_owned();
-            let by_load = reply.reason_codes().iter().any(|c| matches!(c, ReasonCode::LowestCost | ReasonCode::PinOverloaded));
-            assert!(by_load, "request {n} (prefix {p}) went to {worker}, holders {seen:?}, reason {reason:?}");
+            let by_load = reply
+                .reason_codes()
+                .iter()
+                .any(|c| matches!(c, ReasonCode::LowestCost | ReasonCode::PinOverloaded));
+            assert!(
+                by_load,
+                "request {n} (prefix {p}) went to {worker}, holders {seen:?}, reason {reason:?}"
+            );
             overridden += 1;
         }
         if !seen.is_empty() && seen.contains(&worker) {

@@ -16,12 +16,14 @@ async fn streams_pass_through_and_load_is_released() -> anyhow::Result<()> {
     spec.sim_args = vec!["--itl-ms".into(), "20".into(), "--speedup".into(), "1".into()];
     let stack = Stack::start(spec).await?;
     let c = stack.client().clone();
-    let body = json!({"model": "deepseek-v4", "prompt": filler(7, 100), "max_tokens": 12, "stream": true});
+    let body =
+        json!({"model": "deepseek-v4", "prompt": filler(7, 100), "max_tokens": 12, "stream": true});
 
     // Through the gateway.
     let resp = c.post(stack.gateway("/v1/completions")).json(&body).send().await?;
     assert_eq!(resp.status(), 200);
-    let worker = resp.headers().get(SIM_WORKER).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    let worker =
+        resp.headers().get(SIM_WORKER).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
     let mut pieces = 0;
     let mut via_gateway = Vec::new();
     let mut stream = resp.bytes_stream();
@@ -34,7 +36,13 @@ async fn streams_pass_through_and_load_is_released() -> anyhow::Result<()> {
     assert!(pieces >= 6, "the stream arrived in {pieces} pieces: buffered, not streamed");
 
     // The same request straight to that worker gives the same events (ids and timestamps aside).
-    let direct = c.post(stack.worker(&worker)?.url("/v1/completions")).json(&body).send().await?.text().await?;
+    let direct = c
+        .post(stack.worker(&worker)?.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await?
+        .text()
+        .await?;
     assert_eq!(sse_texts(&text), sse_texts(&direct), "the gateway changed the stream");
 
     // A client that goes away mid-stream.
@@ -55,8 +63,14 @@ async fn streams_pass_through_and_load_is_released() -> anyhow::Result<()> {
     })
     .await?;
     let m = stack.scrape(&stack.indexer_url("/metrics")).await?;
-    assert!(m.sum("kvmesh_done_reports_total", &[("outcome", "success")]) >= 1.0, "finished stream not reported");
-    assert!(m.sum("kvmesh_done_reports_total", &[("outcome", "aborted")]) >= 1.0, "aborted stream not reported");
+    assert!(
+        m.sum("kvmesh_done_reports_total", &[("outcome", "success")]) >= 1.0,
+        "finished stream not reported"
+    );
+    assert!(
+        m.sum("kvmesh_done_reports_total", &[("outcome", "aborted")]) >= 1.0,
+        "aborted stream not reported"
+    );
     Ok(())
 }
 
@@ -66,6 +80,8 @@ fn sse_texts(body: &str) -> Vec<String> {
         .filter_map(|l| l.strip_prefix("data: "))
         .filter(|d| *d != "[DONE]")
         .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
-        .map(|v| v.pointer("/choices/0/text").and_then(|t| t.as_str()).unwrap_or_default().to_owned())
+        .map(|v| {
+            v.pointer("/choices/0/text").and_then(|t| t.as_str()).unwrap_or_default().to_owned()
+        })
         .collect()
 }

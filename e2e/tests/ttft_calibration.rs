@@ -21,21 +21,36 @@ async fn streamed_requests_record_measured_and_predicted_ttft() -> anyhow::Resul
     let stack = Stack::start(spec).await?;
     let url = stack.gateway("/v1/chat/completions");
     let counts = |m: &kvmesh_e2e::prom::Metrics| {
-        ["kvmesh_filter_ttft_milliseconds_count", "kvmesh_filter_ttft_predicted_milliseconds_count", "kvmesh_filter_ttft_ratio_permille_count"]
-            .map(|name| m.sum(name, &[]))
+        [
+            "kvmesh_filter_ttft_milliseconds_count",
+            "kvmesh_filter_ttft_predicted_milliseconds_count",
+            "kvmesh_filter_ttft_ratio_permille_count",
+        ]
+        .map(|name| m.sum(name, &[]))
     };
     let before = counts(&stack.envoy_metrics().await?);
 
     for i in 0..STREAMED as u64 {
-        let mut body = chat_body(&[("system".into(), filler(1, 200)), ("user".into(), filler(100 + i, 40))], 4);
+        let mut body = chat_body(
+            &[("system".into(), filler(1, 200)), ("user".into(), filler(100 + i, 40))],
+            4,
+        );
         body["stream"] = json!(true);
         let r = post_json(stack.client(), &url, &body, &[]).await?;
         assert_eq!(r.status, 200, "{}", r.text);
-        let predicted: f64 = r.header(headers::DEBUG_PREDICTED_TTFT).unwrap_or_default().parse().map_err(|e| anyhow::anyhow!("request {i}: no usable {} header: {e}", headers::DEBUG_PREDICTED_TTFT))?;
+        let predicted: f64 =
+            r.header(headers::DEBUG_PREDICTED_TTFT).unwrap_or_default().parse().map_err(|e| {
+                anyhow::anyhow!(
+                    "request {i}: no usable {} header: {e}",
+                    headers::DEBUG_PREDICTED_TTFT
+                )
+            })?;
         assert!(predicted.is_finite() && predicted >= 0.0, "request {i}: predicted {predicted}");
     }
     // Not streamed: no sample.
-    let r = post_json(stack.client(), &url, &chat_body(&[("user".into(), filler(999, 40))], 4), &[]).await?;
+    let r =
+        post_json(stack.client(), &url, &chat_body(&[("user".into(), filler(999, 40))], 4), &[])
+            .await?;
     assert_eq!(r.status, 200, "{}", r.text);
 
     // Samples are recorded by the Envoy worker threads; the admin endpoint sees them on its next flush.
@@ -51,6 +66,9 @@ async fn streamed_requests_record_measured_and_predicted_ttft() -> anyhow::Resul
         }
     })
     .await?;
-    assert_eq!(got, [want; 3], "measured, predicted and ratio samples: one each per streamed request, none for the rest");
+    assert_eq!(
+        got, [want; 3],
+        "measured, predicted and ratio samples: one each per streamed request, none for the rest"
+    );
     Ok(())
 }

@@ -23,10 +23,19 @@ const CACHE_BLOCKS: u32 = 96;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_index_matches_evicting_real_engines() -> anyhow::Result<()> {
-    let stack = start(VllmOptions { num_gpu_blocks: Some(CACHE_BLOCKS), max_model_len: 2048, ..VllmOptions::default() }).await?;
-    let watches: Vec<(String, EventWatch)> =
-        stack.workers.iter().map(|w| Ok((w.id.clone(), EventWatch::start(w.kv_events.as_deref().unwrap_or_default())?))).collect::<anyhow::Result<_>>()?;
-    let watch_refs: Vec<(&str, &EventWatch)> = watches.iter().map(|(id, w)| (id.as_str(), w)).collect();
+    let stack = start(VllmOptions {
+        num_gpu_blocks: Some(CACHE_BLOCKS),
+        max_model_len: 2048,
+        ..VllmOptions::default()
+    })
+    .await?;
+    let watches: Vec<(String, EventWatch)> = stack
+        .workers
+        .iter()
+        .map(|w| Ok((w.id.clone(), EventWatch::start(w.kv_events.as_deref().unwrap_or_default())?)))
+        .collect::<anyhow::Result<_>>()?;
+    let watch_refs: Vec<(&str, &EventWatch)> =
+        watches.iter().map(|(id, w)| (id.as_str(), w)).collect();
 
     // 24 families × 4 prompts: a 4-block family prefix, then 3–6 blocks of their own (plain word ids).
     let mut rng = Rng::new(99);
@@ -40,7 +49,13 @@ async fn the_index_matches_evicting_real_engines() -> anyhow::Result<()> {
             let own = (3 + rng.below(4)) * BLOCK + rng.below(BLOCK);
             prompt.extend((0..own).map(|_| 1000 + rng.below(20_000) as u32));
             let body = json!({"model": MODEL_NAME, "prompt": prompt, "max_tokens": 4 + rng.below(40), "return_token_ids": true, "ignore_eos": true});
-            let r = post_json(stack.client(), &url, &body, &[(headers::DEFAULT_SESSION_HEADER, &format!("family-{family}-{member}"))]).await?;
+            let r = post_json(
+                stack.client(),
+                &url,
+                &body,
+                &[(headers::DEFAULT_SESSION_HEADER, &format!("family-{family}-{member}"))],
+            )
+            .await?;
             anyhow::ensure!(r.status == 200, "{} {}", r.status, r.text);
             let generated: Vec<u32> = r
                 .json()
@@ -72,7 +87,10 @@ async fn the_index_matches_evicting_real_engines() -> anyhow::Result<()> {
         distinct.len()
     );
     assert!(distinct.len() > 4 * CACHE_BLOCKS as usize, "the workload must evict");
-    assert!(held.iter().all(|(_, n)| *n <= u64::from(CACHE_BLOCKS)), "the index holds more than an engine can: {held:?}");
+    assert!(
+        held.iter().all(|(_, n)| *n <= u64::from(CACHE_BLOCKS)),
+        "the index holds more than an engine can: {held:?}"
+    );
 
     // Every sequence, on every worker: the index's overlap == the engine's hit.
     let (mut probes, mut equal, mut indexed_blocks) = (0, 0, 0);

@@ -24,7 +24,18 @@ fn trap_wasm() -> anyhow::Result<PathBuf> {
     let target_dir = repo_root().join("target/test-trap");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = Command::new(cargo)
-        .args(["build", "-p", "kvmesh-filter", "--target", "wasm32-wasip1", "--profile", "wasm", "--features", "test-trap", "--target-dir"])
+        .args([
+            "build",
+            "-p",
+            "kvmesh-filter",
+            "--target",
+            "wasm32-wasip1",
+            "--profile",
+            "wasm",
+            "--features",
+            "test-trap",
+            "--target-dir",
+        ])
         .arg(&target_dir)
         .current_dir(repo_root())
         .status()?;
@@ -41,7 +52,13 @@ async fn wasm_stats(stack: &Stack) -> anyhow::Result<String> {
 /// worker thread); the trapping requests themselves may fail.
 async fn trap(stack: &Stack, c: &reqwest::Client, url: &str) {
     for i in 0..3u64 {
-        let r = post_json(c, url, &json!({"prompt": filler(100 + i, 20), "max_tokens": 1}), &[("x-kvmesh-test-trap", "1")]).await;
+        let r = post_json(
+            c,
+            url,
+            &json!({"prompt": filler(100 + i, 20), "max_tokens": 1}),
+            &[("x-kvmesh-test-trap", "1")],
+        )
+        .await;
         eprintln!("trap request {i}: {:?}", r.as_ref().map(|r| r.status));
     }
     eprintln!("wasm stats after the traps:\n{}", wasm_stats(stack).await.unwrap_or_default());
@@ -71,18 +88,35 @@ async fn a_trapped_vm_neither_fails_requests_nor_lets_clients_pick_hosts() -> an
     let url = stack.gateway("/v1/completions");
     let target = stack.worker("w2")?.http.clone();
     let r = post_json(&c, &url, &body(0), &[]).await?;
-    assert!(r.status == 200 && r.mode().is_some(), "routed by the indexer before the trap: {} {}", r.status, r.text);
+    assert!(
+        r.status == 200 && r.mode().is_some(),
+        "routed by the indexer before the trap: {} {}",
+        r.status,
+        r.text
+    );
     trap(&stack, &c, &url).await;
     let (mut on_target, mut bypassed) = (0, 0);
     for i in 0..SPOOFED as u64 {
-        let r = post_json(&c, &url, &body(200 + i), &[(headers::DESTINATION_ENDPOINT, target.as_str())]).await?;
+        let r = post_json(
+            &c,
+            &url,
+            &body(200 + i),
+            &[(headers::DESTINATION_ENDPOINT, target.as_str())],
+        )
+        .await?;
         assert_eq!(r.status, 200, "request {i} after the trap: {}", r.text);
         on_target += usize::from(r.header(SIM_WORKER) == Some("w2"));
         bypassed += usize::from(r.mode().is_none() && r.header(headers::DEBUG_FALLBACK).is_none());
     }
     eprintln!("FAIL_OPEN: {bypassed}/{SPOOFED} requests bypassed the VM, {on_target}/{SPOOFED} spoofed requests on w2");
-    assert!(bypassed > 0, "no request bypassed the trapped VM: the test did not exercise the bypass");
-    assert!(on_target < SPOOFED, "every spoofed request went where the client said: the header reached the LB");
+    assert!(
+        bypassed > 0,
+        "no request bypassed the trapped VM: the test did not exercise the bypass"
+    );
+    assert!(
+        on_target < SPOOFED,
+        "every spoofed request went where the client said: the header reached the LB"
+    );
     drop(stack);
 
     // FAIL_RELOAD (the shipped default): the VM comes back and routes again; Envoy counts it.
@@ -90,8 +124,12 @@ async fn a_trapped_vm_neither_fails_requests_nor_lets_clients_pick_hosts() -> an
     let c = reqwest::Client::builder().pool_max_idle_per_host(1).build()?;
     let url = stack.gateway("/v1/completions");
     trap(&stack, &c, &url).await;
-    let reloads =
-        |stats: &str| -> u64 { stats.lines().find_map(|l| l.strip_prefix("wasm.kvmesh.vm_reload_success: ")?.trim().parse().ok()).unwrap_or(0) };
+    let reloads = |stats: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("wasm.kvmesh.vm_reload_success: ")?.trim().parse().ok())
+            .unwrap_or(0)
+    };
     // A routed answer alone does not show the reload: a request that lands on the other worker
     // thread (a new connection after the trap's 503) meets that thread's healthy VM. So keep
     // sending until Envoy has counted a reload and the filter routes.
@@ -110,7 +148,10 @@ async fn a_trapped_vm_neither_fails_requests_nor_lets_clients_pick_hosts() -> an
     let stats = wasm_stats(&stack).await?;
     eprintln!("FAIL_RELOAD, at the end:\n{stats}");
     let prom = stack.client().get(stack.admin("/stats/prometheus")).send().await?.text().await?;
-    eprintln!("{}", prom.lines().filter(|l| l.contains("vm_reload")).collect::<Vec<_>>().join("\n"));
+    eprintln!(
+        "{}",
+        prom.lines().filter(|l| l.contains("vm_reload")).collect::<Vec<_>>().join("\n")
+    );
     assert!(reloads(&stats) >= 1, "Envoy did not report a VM reload:\n{stats}");
     Ok(())
 }

@@ -35,8 +35,12 @@ impl FleetSource for NoFleet {
 /// a 250-word system prompt, then user (120 words) and assistant (200 words) turns until about
 /// `tokens` tokens (1.1 per word), ending with a user message; ~6 bytes per word of text.
 fn chat_body(tokens: usize) -> Vec<u8> {
-    let words = ["kv", "cache", "routing", "prefix", "engine", "token", "block", "worker", "envoy", "filter"];
-    let text = |n: usize, seed: usize| (0..n).map(|i| words[(i * 7 + seed) % words.len()]).collect::<Vec<_>>().join(" ");
+    let words = [
+        "kv", "cache", "routing", "prefix", "engine", "token", "block", "worker", "envoy", "filter",
+    ];
+    let text = |n: usize, seed: usize| {
+        (0..n).map(|i| words[(i * 7 + seed) % words.len()]).collect::<Vec<_>>().join(" ")
+    };
     let mut messages = vec![serde_json::json!({"role": "system", "content": text(250, 1)})];
     let (mut total, mut t) = (250, 0);
     while (total as f64) * 1.1 < tokens as f64 {
@@ -48,7 +52,10 @@ fn chat_body(tokens: usize) -> Vec<u8> {
     if t % 2 == 0 {
         messages.push(serde_json::json!({"role": "user", "content": "and now?"}));
     }
-    serde_json::to_vec(&serde_json::json!({"model": "m", "messages": messages, "stream": true, "max_tokens": 16})).unwrap_or_default()
+    serde_json::to_vec(
+        &serde_json::json!({"model": "m", "messages": messages, "stream": true, "max_tokens": 16}),
+    )
+    .unwrap_or_default()
 }
 
 fn main() {
@@ -88,5 +95,9 @@ fn main() {
     }
     let per = |d: Duration| d.as_secs_f64() * 1e6 / f64::from(requests.max(1));
     println!("{requests} requests of {} body bytes, {calls} route calls", body.len());
-    println!("per request: on_body {:.1} µs, on_route_answer {:.1} µs", per(on_body), per(on_answer));
+    println!(
+        "per request: on_body {:.1} µs, on_route_answer {:.1} µs",
+        per(on_body),
+        per(on_answer)
+    );
 }

@@ -59,7 +59,13 @@ pub struct DoneQueue {
 impl DoneQueue {
     /// A queue holding at most `capacity` reports with at most `max_in_flight` calls outstanding.
     pub fn new(capacity: usize, max_in_flight: usize) -> Self {
-        Self { pending: VecDeque::new(), capacity: capacity.max(1), in_flight: 0, max_in_flight: max_in_flight.max(1), hold_until_ns: 0 }
+        Self {
+            pending: VecDeque::new(),
+            capacity: capacity.max(1),
+            in_flight: 0,
+            max_in_flight: max_in_flight.max(1),
+            hold_until_ns: 0,
+        }
     }
 
     /// Queues a report; false when full (the caller counts the drop).
@@ -78,7 +84,11 @@ impl DoneQueue {
     /// Empty: nothing to send now.
     pub fn next_batch(&mut self, now_ns: u64) -> Vec<QueuedDone> {
         let full = self.pending.len() >= MAX_DONE_BATCH;
-        if self.pending.is_empty() || now_ns < self.hold_until_ns || self.in_flight >= self.max_in_flight || (self.in_flight > 0 && !full) {
+        if self.pending.is_empty()
+            || now_ns < self.hold_until_ns
+            || self.in_flight >= self.max_in_flight
+            || (self.in_flight > 0 && !full)
+        {
             return Vec::new();
         }
         self.in_flight += 1;
@@ -137,12 +147,18 @@ pub struct FleetSchedule {
 impl FleetSchedule {
     /// `period_ms == 0` disables polling.
     pub fn new(period_ms: u64) -> Self {
-        Self { period_ns: period_ms.saturating_mul(1_000_000), last_start_ns: None, in_flight: None }
+        Self {
+            period_ns: period_ms.saturating_mul(1_000_000),
+            last_start_ns: None,
+            in_flight: None,
+        }
     }
 
     /// Whether a poll should start at `now_ns` (the first one is due at once).
     pub fn due(&self, now_ns: u64) -> bool {
-        self.period_ns > 0 && self.in_flight.is_none() && self.last_start_ns.is_none_or(|last| now_ns.saturating_sub(last) >= self.period_ns)
+        self.period_ns > 0
+            && self.in_flight.is_none()
+            && self.last_start_ns.is_none_or(|last| now_ns.saturating_sub(last) >= self.period_ns)
     }
 
     /// A poll started at `now_ns` as call `token`.

@@ -49,13 +49,24 @@ pub type Skip<'s> = dyn FnMut(Option<u64>) -> Option<usize> + 's;
 /// session header, or key derivation is off), which spares digesting it: `conversation_anchor`
 /// is then `None`. A chat body's scan may go on from where `skip` says (module docs); a body the
 /// scan declines is read whole by `peek`, `skip` asked or not.
-pub fn read(endpoint: Endpoint, body: &[u8], anchor: bool, skip: &mut Skip<'_>) -> Result<RequestPeek, ParseError> {
+pub fn read(
+    endpoint: Endpoint,
+    body: &[u8],
+    anchor: bool,
+    skip: &mut Skip<'_>,
+) -> Result<RequestPeek, ParseError> {
     if endpoint == Endpoint::ChatCompletions {
         if let Some(peek) = fast_chat(body, anchor, skip) {
             return Ok(peek);
         }
     }
-    openai::peek(endpoint, body).map(|p| if anchor { p } else { RequestPeek { conversation_anchor: None, ..p } })
+    openai::peek(endpoint, body).map(|p| {
+        if anchor {
+            p
+        } else {
+            RequestPeek { conversation_anchor: None, ..p }
+        }
+    })
 }
 
 /// The scan of a chat body: `Some` only for a body `peek` accepts, with its answer (the anchor
@@ -187,7 +198,9 @@ impl<'a> Scanner<'a, '_> {
                     self.count_or_null()?;
                 }
                 // A repeated key routing reads: `peek` knows which one wins.
-                b"messages" | b"model" | b"stream" | b"max_tokens" | b"max_completion_tokens" => return None,
+                b"messages" | b"model" | b"stream" | b"max_tokens" | b"max_completion_tokens" => {
+                    return None
+                }
                 _ => self.value()?,
             }
             if !self.more(b'}')? {
@@ -275,7 +288,11 @@ impl<'a> Scanner<'a, '_> {
                         if self.at()? != b'"' || self.string_span()? {
                             return None;
                         }
-                        role = Some(if self.b.get(start..self.i)? == b"\"user\"" { Role::User } else { Role::Other });
+                        role = Some(if self.b.get(start..self.i)? == b"\"user\"" {
+                            Role::User
+                        } else {
+                            Role::Other
+                        });
                     }
                     b"content" if content.is_none() => {
                         content = Some(matches!(self.at()?, b'"' | b'n'));

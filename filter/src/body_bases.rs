@@ -89,7 +89,11 @@ fn decode_one(b: &[u8]) -> Option<Remembered> {
 pub fn choose(bases: &[Remembered], body: &[u8]) -> Option<BodyBase> {
     bases
         .iter()
-        .filter(|r| body.len() > r.base.len && r.base.len.checked_sub(TAIL_BYTES).and_then(|s| body.get(s..r.base.len)) == Some(&r.tail[..]))
+        .filter(|r| {
+            body.len() > r.base.len
+                && r.base.len.checked_sub(TAIL_BYTES).and_then(|s| body.get(s..r.base.len))
+                    == Some(&r.tail[..])
+        })
         .take(2)
         .find(|r| r.base.prefixes(body))
         .map(|r| r.base)
@@ -97,9 +101,17 @@ pub fn choose(bases: &[Remembered], body: &[u8]) -> Option<BodyBase> {
 
 /// The slot's bases after an answer: `new` (if any) first, without `used` (the base the call was
 /// sent after: the indexer replaced it by `new`, or no longer holds it), at most [`BASES_PER_SLOT`].
-pub fn remember(bases: Vec<Remembered>, new: Option<Remembered>, used: Option<BodyBase>) -> Vec<Remembered> {
+pub fn remember(
+    bases: Vec<Remembered>,
+    new: Option<Remembered>,
+    used: Option<BodyBase>,
+) -> Vec<Remembered> {
     new.into_iter()
-        .chain(bases.into_iter().filter(|r| Some(r.base) != used && Some(r.base) != new.map(|n| n.base)))
+        .chain(
+            bases
+                .into_iter()
+                .filter(|r| Some(r.base) != used && Some(r.base) != new.map(|n| n.base)),
+        )
         .take(BASES_PER_SLOT)
         .collect()
 }

@@ -52,7 +52,11 @@ pub struct Breaker {
 impl Breaker {
     /// Opens after `threshold` consecutive failures (0 = never) for `open_ms`.
     pub fn new(threshold: u32, open_ms: u64) -> Self {
-        Self { threshold, open_ns: open_ms.saturating_mul(1_000_000), state: State::Closed { failures: 0 } }
+        Self {
+            threshold,
+            open_ns: open_ms.saturating_mul(1_000_000),
+            state: State::Closed { failures: 0 },
+        }
     }
 
     /// Whether a route call may start at `now_ns`; a probe slot is taken when one is granted.
@@ -65,7 +69,9 @@ impl Breaker {
                 (Admit::Probe, Some(BreakerState::HalfOpen))
             }
             // A probe outstanding longer than a window was cancelled with its request: probe again.
-            State::HalfOpen { probe_started_ns } if now_ns.saturating_sub(probe_started_ns) >= self.open_ns => {
+            State::HalfOpen { probe_started_ns }
+                if now_ns.saturating_sub(probe_started_ns) >= self.open_ns =>
+            {
                 self.state = State::HalfOpen { probe_started_ns: now_ns };
                 (Admit::Probe, None)
             }
@@ -121,7 +127,9 @@ impl Breaker {
         match self.state {
             State::Closed { .. } => false,
             State::Open { until_ns } => now_ns < until_ns,
-            State::HalfOpen { probe_started_ns } => now_ns.saturating_sub(probe_started_ns) < self.open_ns,
+            State::HalfOpen { probe_started_ns } => {
+                now_ns.saturating_sub(probe_started_ns) < self.open_ns
+            }
         }
     }
 }

@@ -96,8 +96,12 @@ impl FallbackReason {
     pub fn health(self) -> Option<CallHealth> {
         match self {
             Self::BreakerOpen => None,
-            Self::DispatchFailed | Self::Reset | Self::Timeout | Self::Unavailable => Some(CallHealth::Failed),
-            Self::ServerError | Self::BadStatus | Self::BadResponse | Self::IndexerError => Some(CallHealth::Answered),
+            Self::DispatchFailed | Self::Reset | Self::Timeout | Self::Unavailable => {
+                Some(CallHealth::Failed)
+            }
+            Self::ServerError | Self::BadStatus | Self::BadResponse | Self::IndexerError => {
+                Some(CallHealth::Answered)
+            }
         }
     }
 }
@@ -110,7 +114,10 @@ pub fn classify(status: Option<u16>, body: &[u8]) -> IndexerAnswer {
     if status == 200 {
         return match serde_json::from_slice::<RouteDecision>(body) {
             Ok(d) if is_endpoint(&d.endpoint) => IndexerAnswer::Route(Box::new(d)),
-            _ => IndexerAnswer::Fallback(Fallback { booking_id: booking_id_of(body), ..Fallback::new(FallbackReason::BadResponse) }),
+            _ => IndexerAnswer::Fallback(Fallback {
+                booking_id: booking_id_of(body),
+                ..Fallback::new(FallbackReason::BadResponse)
+            }),
         };
     }
     if let Ok(err) = serde_json::from_slice::<ErrorBody>(body) {
@@ -123,15 +130,28 @@ pub fn classify(status: Option<u16>, body: &[u8]) -> IndexerAnswer {
             _ => false,
         };
         if designed_overload {
-            return IndexerAnswer::Reject { status, body: rejection_body(status), detail: header_safe(&err.error.message) };
+            return IndexerAnswer::Reject {
+                status,
+                body: rejection_body(status),
+                detail: header_safe(&err.error.message),
+            };
         }
         if (400..=599).contains(&status) {
-            let code = reason.map(sanitize_code).or_else(|| Some(sanitize_code(&err.error.kind))).filter(|c| !c.is_empty());
-            return IndexerAnswer::Fallback(Fallback { code, ..Fallback::new(FallbackReason::IndexerError) });
+            let code = reason
+                .map(sanitize_code)
+                .or_else(|| Some(sanitize_code(&err.error.kind)))
+                .filter(|c| !c.is_empty());
+            return IndexerAnswer::Fallback(Fallback {
+                code,
+                ..Fallback::new(FallbackReason::IndexerError)
+            });
         }
     }
     if status == 503 && is_envoy_unreachable(body) {
-        return IndexerAnswer::Fallback(Fallback { never_reached: true, ..Fallback::new(FallbackReason::Unavailable) });
+        return IndexerAnswer::Fallback(Fallback {
+            never_reached: true,
+            ..Fallback::new(FallbackReason::Unavailable)
+        });
     }
     let reason = match status {
         503 => FallbackReason::Unavailable,
@@ -147,14 +167,16 @@ pub fn classify(status: Option<u16>, body: &[u8]) -> IndexerAnswer {
 pub fn rejection_body(status: u16) -> Vec<u8> {
     let kind = if status == 429 { "rate_limit_exceeded" } else { "service_unavailable" };
     // A struct of strings and a number: serialisation cannot fail.
-    serde_json::to_vec(&ErrorBody::with_reason(status, kind, PREFILL_OVERLOADED, REJECTION_MESSAGE)).unwrap_or_default()
+    serde_json::to_vec(&ErrorBody::with_reason(status, kind, PREFILL_OVERLOADED, REJECTION_MESSAGE))
+        .unwrap_or_default()
 }
 
 /// Envoy's local-reply bodies for a call that never reached an upstream host.
 fn is_envoy_unreachable(body: &[u8]) -> bool {
     let text = String::from_utf8_lossy(&body[..body.len().min(512)]);
     text.starts_with("no healthy upstream")
-        || (text.starts_with("upstream connect error") && (text.contains("connection failure") || text.contains("overflow")))
+        || (text.starts_with("upstream connect error")
+            && (text.contains("connection failure") || text.contains("overflow")))
 }
 
 /// `booking_id` of a JSON object that is not a usable decision, if it names one.
@@ -184,7 +206,8 @@ pub fn is_endpoint(s: &str) -> bool {
 /// The `x-gateway-destination-endpoint` value of a decision and how many fallbacks were not
 /// `ip:port` and were left out (the primary was validated by [`classify`]).
 pub fn destination(decision: &RouteDecision) -> (String, usize) {
-    let valid: Vec<&str> = decision.fallbacks.iter().map(String::as_str).filter(|f| is_endpoint(f)).collect();
+    let valid: Vec<&str> =
+        decision.fallbacks.iter().map(String::as_str).filter(|f| is_endpoint(f)).collect();
     let dropped = decision.fallbacks.len() - valid.len();
     (destination_header(&decision.endpoint, valid), dropped)
 }
@@ -213,7 +236,8 @@ pub fn debug_headers(decision: &RouteDecision) -> Vec<(&'static str, String)> {
 
 /// `s` as a header value: visible ASCII and spaces only, at most [`MAX_DEBUG_VALUE_BYTES`].
 pub fn header_safe(s: &str) -> String {
-    let mut out: String = s.chars().map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' }).collect();
+    let mut out: String =
+        s.chars().map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' }).collect();
     out.truncate(MAX_DEBUG_VALUE_BYTES);
     out.trim().to_owned()
 }

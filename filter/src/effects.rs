@@ -19,9 +19,16 @@ pub enum Effect {
     RemoveRequestHeader(&'static str),
     SetRequestHeader(&'static str, String),
     /// Replace the whole buffered request body (`original_len` bytes) with `body`.
-    ReplaceRequestBody { original_len: usize, body: Vec<u8> },
+    ReplaceRequestBody {
+        original_len: usize,
+        body: Vec<u8>,
+    },
     /// Answer the client locally and end the request here.
-    SendResponse { status: u16, headers: Vec<(&'static str, String)>, body: Vec<u8> },
+    SendResponse {
+        status: u16,
+        headers: Vec<(&'static str, String)>,
+        body: Vec<u8>,
+    },
     /// Release a request paused while waiting for the indexer.
     ResumeRequest,
     AddResponseHeader(&'static str, String),
@@ -31,12 +38,22 @@ pub enum Effect {
     /// Tell the `/v1/route` circuit breaker how a call ended.
     IndexerHealth(CallHealth),
     /// Tell the endpoint ledger how an upstream attempt on `endpoint` went.
-    EndpointOutcome { endpoint: String, ok: bool },
+    EndpointOutcome {
+        endpoint: String,
+        ok: bool,
+    },
     /// Remember that the indexer placed session `key` on `worker` ([`crate::placement`]).
-    RememberPlacement { key: SessionKey, worker: String },
+    RememberPlacement {
+        key: SessionKey,
+        worker: String,
+    },
     /// Update session `key`'s body bases ([`crate::body_bases::remember`]): `new` first, `used`
     /// dropped.
-    RememberBodyBase { key: SessionKey, new: Option<Remembered>, used: Option<BodyBase> },
+    RememberBodyBase {
+        key: SessionKey,
+        new: Option<Remembered>,
+        used: Option<BodyBase>,
+    },
 }
 
 /// What the host does after applying a step's effects.

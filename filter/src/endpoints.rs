@@ -42,7 +42,11 @@ pub struct EndpointHealth {
 impl EndpointHealth {
     /// Ejects after `threshold` consecutive failures (0 = never) for `ejection_ms`.
     pub fn new(threshold: u32, ejection_ms: u64) -> Self {
-        Self { threshold, ejection_ns: ejection_ms.saturating_mul(1_000_000), entries: HashMap::new() }
+        Self {
+            threshold,
+            ejection_ns: ejection_ms.saturating_mul(1_000_000),
+            entries: HashMap::new(),
+        }
     }
 
     /// Records one attempt's outcome on `endpoint`.
@@ -84,7 +88,8 @@ impl EndpointHealth {
     /// `list` (`ip:port[,ip:port…]`) with ejected endpoints moved to the end, order otherwise
     /// kept; and how many were moved. Unchanged when none or all are ejected.
     pub fn reorder(&self, list: &str, now_ns: u64) -> (String, usize) {
-        let (healthy, ejected): (Vec<&str>, Vec<&str>) = list.split(',').partition(|e| !self.is_ejected(e, now_ns));
+        let (healthy, ejected): (Vec<&str>, Vec<&str>) =
+            list.split(',').partition(|e| !self.is_ejected(e, now_ns));
         if ejected.is_empty() || healthy.is_empty() {
             return (list.to_owned(), 0);
         }
@@ -107,7 +112,11 @@ impl EndpointHealth {
 /// What one finished request says about the endpoints it used: `primary` is the first endpoint
 /// the filter named (None when Envoy's LB chose), `served` the host of the last attempt
 /// (`upstream.address`), `status` the final response status. Returns `(endpoint, ok)` pairs.
-pub fn attempt_outcomes(primary: Option<&str>, served: Option<&str>, status: Option<u16>) -> Vec<(String, bool)> {
+pub fn attempt_outcomes(
+    primary: Option<&str>,
+    served: Option<&str>,
+    status: Option<u16>,
+) -> Vec<(String, bool)> {
     let mut out = Vec::new();
     let Some(status) = status else { return out };
     let failed = (500..=599).contains(&status);

@@ -41,11 +41,18 @@ impl FallbackPick {
 
 /// Picks where a request goes without the indexer; `remembered` is the worker the indexer last
 /// placed the session on, if known.
-pub fn pick(session: Option<SessionKey>, fleet: Option<&FleetSnapshot>, remembered: Option<&str>) -> FallbackPick {
+pub fn pick(
+    session: Option<SessionKey>,
+    fleet: Option<&FleetSnapshot>,
+    remembered: Option<&str>,
+) -> FallbackPick {
     let Some(key) = session else { return FallbackPick::Unrouted(FallbackRoute::NoSession) };
     let Some(fleet) = fleet else { return FallbackPick::Unrouted(FallbackRoute::NoFleet) };
-    let last = remembered.and_then(|id| fleet.decode_candidates().find(|w| w.id == id)).filter(|w| is_endpoint(&w.endpoint));
-    let Some(pinned) = last.or_else(|| fleet.pin(key.0)).filter(|w| is_endpoint(&w.endpoint)) else {
+    let last = remembered
+        .and_then(|id| fleet.decode_candidates().find(|w| w.id == id))
+        .filter(|w| is_endpoint(&w.endpoint));
+    let Some(pinned) = last.or_else(|| fleet.pin(key.0)).filter(|w| is_endpoint(&w.endpoint))
+    else {
         return FallbackPick::Unrouted(FallbackRoute::NoWorker);
     };
     let ranked = rendezvous::rank(key.0, fleet.decode_candidates().map(|w| w.id.as_str()));
@@ -56,7 +63,11 @@ pub fn pick(session: Option<SessionKey>, fleet: Option<&FleetSnapshot>, remember
         .map(|w| w.endpoint.as_str())
         .filter(|e| is_endpoint(e))
         .take(PIN_FALLBACKS);
-    FallbackPick::Pinned { worker: pinned.id.clone(), header: destination_header(&pinned.endpoint, fallbacks), remembered: last.is_some() }
+    FallbackPick::Pinned {
+        worker: pinned.id.clone(),
+        header: destination_header(&pinned.endpoint, fallbacks),
+        remembered: last.is_some(),
+    }
 }
 
 #[cfg(test)]

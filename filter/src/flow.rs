@@ -16,7 +16,9 @@
 
 use std::rc::Rc;
 
-use kvmesh_core::api::{DoneReport, ErrorBody, FleetSnapshot, Outcome, RouteDecision, ERROR_REASON_HEADER};
+use kvmesh_core::api::{
+    DoneReport, ErrorBody, FleetSnapshot, Outcome, RouteDecision, ERROR_REASON_HEADER,
+};
 use kvmesh_core::body_base::{BodyBase, BASE_UNKNOWN, BASE_UNKNOWN_STATUS, MIN_BODY_BYTES};
 use kvmesh_core::headers;
 use kvmesh_core::openai::Endpoint;
@@ -24,14 +26,15 @@ use kvmesh_core::session::{SessionKey, SessionSource};
 
 use crate::body;
 use crate::body_bases::{self, Remembered};
-use crate::config::FilterConfig;
 use crate::breaker::CallHealth;
+use crate::config::FilterConfig;
 use crate::decision::{self, Fallback, IndexerAnswer};
 use crate::effects::{Effect, Next, Step};
 use crate::endpoints;
 use crate::fallback::{self, FallbackPick};
 use crate::metrics::{
-    hit_rate_permille, FallbackReason, InternalError, Metric, MetricUpdate, OutcomeLabel, RouteBody, RouteLabel, UnroutableReason,
+    hit_rate_permille, FallbackReason, InternalError, Metric, MetricUpdate, OutcomeLabel,
+    RouteBody, RouteLabel, UnroutableReason,
 };
 use crate::request::{self, OverrideTrust, RequestHead};
 use crate::splice;
@@ -148,7 +151,12 @@ impl RequestFlow {
     }
 
     /// Request headers: strip what clients must not set, decide whether to buffer the body.
-    pub fn on_request_headers(&mut self, pairs: &[(String, Vec<u8>)], end_of_stream: bool, now_ns: u64) -> Step {
+    pub fn on_request_headers(
+        &mut self,
+        pairs: &[(String, Vec<u8>)],
+        end_of_stream: bool,
+        now_ns: u64,
+    ) -> Step {
         if self.phase != Phase::Headers {
             return Step::just(Next::Continue);
         }
@@ -163,7 +171,12 @@ impl RequestFlow {
             effects.push(Effect::RemoveRequestHeader(headers::OVERRIDE_SECRET));
         }
         if let OverrideTrust::Refused(reason) = request::override_trust(&self.config, &self.head) {
-            log::debug!("ctx={} request_id={:?} override refused: {}", self.context_id, self.head.request_id, reason.as_str());
+            log::debug!(
+                "ctx={} request_id={:?} override refused: {}",
+                self.context_id,
+                self.head.request_id,
+                reason.as_str()
+            );
             self.head.override_worker = None;
             self.head.override_mode = None;
             effects.push(Effect::RemoveRequestHeader(headers::OVERRIDE_WORKER));
@@ -206,7 +219,10 @@ impl RequestFlow {
         self.buffered = buffered;
         if buffered > self.config.max_body_bytes {
             self.phase = Phase::Forwarded;
-            return Step { effects: vec![self.unroutable(UnroutableReason::BodyTooLarge)], next: Next::Continue };
+            return Step {
+                effects: vec![self.unroutable(UnroutableReason::BodyTooLarge)],
+                next: Next::Continue,
+            };
         }
         if end_of_stream {
             Step::just(Next::ReadBody(buffered))
@@ -233,10 +249,18 @@ impl RequestFlow {
         self.phase = Phase::Forwarded;
         let body = match body {
             Some(b) if b.len() > self.config.max_body_bytes => {
-                return Step { effects: vec![self.unroutable(UnroutableReason::BodyTooLarge)], next: Next::Continue };
+                return Step {
+                    effects: vec![self.unroutable(UnroutableReason::BodyTooLarge)],
+                    next: Next::Continue,
+                };
             }
             Some(b) if !b.is_empty() => b,
-            _ => return Step { effects: vec![self.unroutable(UnroutableReason::NoBody)], next: Next::Continue },
+            _ => {
+                return Step {
+                    effects: vec![self.unroutable(UnroutableReason::NoBody)],
+                    next: Next::Continue,
+                }
+            }
         };
         // The light read: parse's verdict, `stream` and the anchor, mostly without serde (`body`).
         // The anchor only matters for a derived key: a session header wins over it.
@@ -246,7 +270,10 @@ impl RequestFlow {
         // sent, and the read goes on from the base's end (`body::Skip`), chosen once the anchor
         // is read. `chosen`: the key it was chosen for, and the base.
         let bases_on = self.config.body_base_slots > 0 && body.len() > MIN_BODY_BYTES;
-        let base_for = |key: Option<SessionKey>| key.filter(|_| bases_on).and_then(|key| body_bases::choose(&fleet.body_bases(key), &body));
+        let base_for = |key: Option<SessionKey>| {
+            key.filter(|_| bases_on)
+                .and_then(|key| body_bases::choose(&fleet.body_bases(key), &body))
+        };
         let mut chosen = None;
         let mut skip = |digest: Option<u64>| {
             let key = request::anchored_session_key(&self.head, digest, derive).map(|(key, _)| key);
@@ -257,7 +284,11 @@ impl RequestFlow {
         let parsed = match body::read(endpoint, &body, anchor, &mut skip) {
             Ok(p) => p,
             Err(e) => {
-                log::debug!("ctx={} request_id={} unroutable body: {e}", self.context_id, self.request_id);
+                log::debug!(
+                    "ctx={} request_id={} unroutable body: {e}",
+                    self.context_id,
+                    self.request_id
+                );
                 let reason = UnroutableReason::from_parse_error(&e);
                 return Step { effects: vec![self.unroutable(reason)], next: Next::Continue };
             }
@@ -277,13 +308,24 @@ impl RequestFlow {
         self.phase = Phase::Routing;
         self.route_started_ns = now_ns;
         let sent = if self.sent_after.is_some() { RouteBody::Delta } else { RouteBody::Whole };
-        Step { effects: vec![Effect::Metric(MetricUpdate::Add(Metric::RouteBodies(sent), 1))], next: Next::Call(self.route_call()) }
+        Step {
+            effects: vec![Effect::Metric(MetricUpdate::Add(Metric::RouteBodies(sent), 1))],
+            next: Next::Call(self.route_call()),
+        }
     }
 
     /// The route call for the body held, after [`Self::sent_after`] if set.
     fn route_call(&self) -> request::HttpCall {
         let endpoint = self.endpoint.unwrap_or(Endpoint::ChatCompletions);
-        request::route_call(&self.config, &self.request_id, endpoint, self.session, &self.head, Rc::clone(&self.body), self.sent_after)
+        request::route_call(
+            &self.config,
+            &self.request_id,
+            endpoint,
+            self.session,
+            &self.head,
+            Rc::clone(&self.body),
+            self.sent_after,
+        )
     }
 
     /// The session's body bases after `answer` to a call sent after [`Self::sent_after`]: the base
@@ -324,7 +366,13 @@ impl RequestFlow {
 
     /// The indexer's answer (status None = no headers). The request is paused; every path resumes
     /// it or answers it.
-    pub fn on_route_answer(&mut self, status: Option<u16>, body: &[u8], now_ns: u64, fleet: &dyn FleetSource) -> Step {
+    pub fn on_route_answer(
+        &mut self,
+        status: Option<u16>,
+        body: &[u8],
+        now_ns: u64,
+        fleet: &dyn FleetSource,
+    ) -> Step {
         if self.phase != Phase::Routing {
             return Step::just(Next::Continue);
         }
@@ -334,12 +382,16 @@ impl RequestFlow {
             let forget = self.remember_body_base(None);
             self.sent_after = None;
             self.resending = true;
-            let mut effects = vec![Effect::IndexerHealth(CallHealth::Answered), Effect::Metric(MetricUpdate::Add(Metric::RouteBodies(RouteBody::Resent), 1))];
+            let mut effects = vec![
+                Effect::IndexerHealth(CallHealth::Answered),
+                Effect::Metric(MetricUpdate::Add(Metric::RouteBodies(RouteBody::Resent), 1)),
+            ];
             effects.extend(forget);
             return Step { effects, next: Next::Call(self.route_call()) };
         }
         let latency_us = now_ns.saturating_sub(self.route_started_ns) / 1_000;
-        let mut effects = vec![Effect::Metric(MetricUpdate::Record(Metric::RouteLatency, latency_us))];
+        let mut effects =
+            vec![Effect::Metric(MetricUpdate::Record(Metric::RouteLatency, latency_us))];
         let answer = if body.len() > decision::MAX_ANSWER_BYTES {
             IndexerAnswer::Fallback(Fallback::new(FallbackReason::BadResponse))
         } else {
@@ -424,7 +476,11 @@ impl RequestFlow {
     /// saw (e.g. a 413 from the buffer filter in front of it).
     /// [`Self::finish`], first telling the endpoint ledger how the upstream attempts went:
     /// `served` is the host of the last attempt (`upstream.address`), when there was one.
-    pub fn finish_upstream(&mut self, final_status: Option<u16>, served: Option<&str>) -> Vec<Effect> {
+    pub fn finish_upstream(
+        &mut self,
+        final_status: Option<u16>,
+        served: Option<&str>,
+    ) -> Vec<Effect> {
         if self.phase == Phase::Finished {
             return Vec::new();
         }
@@ -434,10 +490,11 @@ impl RequestFlow {
         if let (Some(target), Some(host)) = (self.report_done.as_mut(), served) {
             target.endpoint = Some(host.to_owned());
         }
-        let mut effects: Vec<Effect> = endpoints::attempt_outcomes(self.primary.as_deref(), served, status)
-            .into_iter()
-            .map(|(endpoint, ok)| Effect::EndpointOutcome { endpoint, ok })
-            .collect();
+        let mut effects: Vec<Effect> =
+            endpoints::attempt_outcomes(self.primary.as_deref(), served, status)
+                .into_iter()
+                .map(|(endpoint, ok)| Effect::EndpointOutcome { endpoint, ok })
+                .collect();
         effects.extend(self.finish(final_status));
         effects
     }
@@ -471,7 +528,13 @@ impl RequestFlow {
                 OutcomeLabel::Rejected => (Outcome::Error, self.rejected_status),
                 OutcomeLabel::Aborted => (Outcome::Aborted, self.response_status),
             };
-            effects.push(Effect::QueueDone(DoneReport { request_id: self.request_id.clone(), endpoint, outcome, status, booking_id }));
+            effects.push(Effect::QueueDone(DoneReport {
+                request_id: self.request_id.clone(),
+                endpoint,
+                outcome,
+                status,
+                booking_id,
+            }));
         }
         self.phase = Phase::Finished;
         self.body = Rc::default();
@@ -482,14 +545,23 @@ impl RequestFlow {
     fn steer(&mut self, header: String, fleet: &dyn FleetSource) -> String {
         let (header, moved) = fleet.reorder_endpoints(&header);
         if moved > 0 {
-            log::debug!("ctx={} request_id={} {moved} ejected endpoint(s) moved to the end: {header}", self.context_id, self.request_id);
+            log::debug!(
+                "ctx={} request_id={} {moved} ejected endpoint(s) moved to the end: {header}",
+                self.context_id,
+                self.request_id
+            );
         }
         self.primary = header.split(',').next().map(str::to_owned);
         header
     }
 
     fn unroutable(&self, reason: UnroutableReason) -> Effect {
-        log::debug!("ctx={} request_id={} not routed by content: {}", self.context_id, self.request_id, reason.as_str());
+        log::debug!(
+            "ctx={} request_id={} not routed by content: {}",
+            self.context_id,
+            self.request_id,
+            reason.as_str()
+        );
         Effect::Metric(MetricUpdate::Add(Metric::Unroutable(reason), 1))
     }
 
@@ -498,23 +570,40 @@ impl RequestFlow {
         let header = self.steer(header, fleet);
         let mut effects = vec![Effect::SetRequestHeader(headers::DESTINATION_ENDPOINT, header)];
         if dropped > 0 {
-            effects.push(Effect::Metric(MetricUpdate::Add(Metric::InternalErrors(InternalError::InvalidFallbackEndpoint), dropped as u64)));
+            effects.push(Effect::Metric(MetricUpdate::Add(
+                Metric::InternalErrors(InternalError::InvalidFallbackEndpoint),
+                dropped as u64,
+            )));
         }
         if let Some(params) = d.kv_transfer_params.as_ref().filter(|p| !p.is_null()) {
             match splice::splice_top_level(&self.body, KV_TRANSFER_PARAMS, params) {
                 Ok(body) => {
                     if self.head.has_content_length {
-                        effects.push(Effect::SetRequestHeader("content-length", body.len().to_string()));
+                        effects.push(Effect::SetRequestHeader(
+                            "content-length",
+                            body.len().to_string(),
+                        ));
                     }
-                    effects.push(Effect::ReplaceRequestBody { original_len: self.body.len(), body });
+                    effects
+                        .push(Effect::ReplaceRequestBody { original_len: self.body.len(), body });
                 }
                 Err(e) => {
-                    log::warn!("ctx={} request_id={} kv_transfer_params not spliced: {e}", self.context_id, self.request_id);
-                    effects.push(Effect::Metric(MetricUpdate::Add(Metric::InternalErrors(InternalError::SpliceFailed), 1)));
+                    log::warn!(
+                        "ctx={} request_id={} kv_transfer_params not spliced: {e}",
+                        self.context_id,
+                        self.request_id
+                    );
+                    effects.push(Effect::Metric(MetricUpdate::Add(
+                        Metric::InternalErrors(InternalError::SpliceFailed),
+                        1,
+                    )));
                 }
             }
         }
-        effects.push(Effect::Metric(MetricUpdate::Add(Metric::OverlapBlocks, u64::from(d.overlap_blocks))));
+        effects.push(Effect::Metric(MetricUpdate::Add(
+            Metric::OverlapBlocks,
+            u64::from(d.overlap_blocks),
+        )));
         effects.push(Effect::Metric(MetricUpdate::Add(Metric::IslBlocks, u64::from(d.isl_blocks))));
         if let Some(rate) = hit_rate_permille(d.overlap_blocks, d.isl_blocks) {
             effects.push(Effect::Metric(MetricUpdate::Record(Metric::HitRate, rate)));
@@ -532,12 +621,17 @@ impl RequestFlow {
         self.route = decision::route_label(d.mode);
         if self.config.debug_headers {
             self.debug = decision::debug_headers(&d);
-            self.debug.extend(self.ttft.prediction().map(|ms| (headers::DEBUG_PREDICTED_TTFT, format!("{ms:.1}"))));
+            self.debug.extend(
+                self.ttft
+                    .prediction()
+                    .map(|ms| (headers::DEBUG_PREDICTED_TTFT, format!("{ms:.1}"))),
+            );
         }
         if let Some((key, _)) = self.session.filter(|_| self.config.placement_memory_slots > 0) {
             effects.push(Effect::RememberPlacement { key, worker: d.worker.clone() });
         }
-        self.report_done = Some(DoneTarget { endpoint: Some(d.endpoint), booking_id: d.booking_id });
+        self.report_done =
+            Some(DoneTarget { endpoint: Some(d.endpoint), booking_id: d.booking_id });
         self.phase = Phase::Forwarded;
         self.body = Rc::default();
         effects
@@ -572,7 +666,8 @@ impl RequestFlow {
                 FallbackPick::Pinned { header, .. } => header.split(',').next().map(str::to_owned),
                 FallbackPick::Unrouted(_) => None,
             };
-            self.report_done = Some(DoneTarget { endpoint: pinned_endpoint, booking_id: fb.booking_id });
+            self.report_done =
+                Some(DoneTarget { endpoint: pinned_endpoint, booking_id: fb.booking_id });
         }
         effects.extend(self.forward_pick(pick, fleet));
         effects
@@ -592,7 +687,8 @@ impl RequestFlow {
         if self.config.debug_headers {
             self.debug = vec![(headers::DEBUG_REASON, headers::LOCAL_ROUTE_REASON.to_owned())];
         }
-        let mut effects = vec![Effect::Metric(MetricUpdate::Add(Metric::LocalRoutes(pick.label()), 1))];
+        let mut effects =
+            vec![Effect::Metric(MetricUpdate::Add(Metric::LocalRoutes(pick.label()), 1))];
         effects.extend(self.forward_pick(pick, fleet));
         effects
     }
@@ -602,7 +698,9 @@ impl RequestFlow {
     fn local_pick(&self, fleet: &dyn FleetSource) -> FallbackPick {
         let snapshot = fleet.fleet();
         let session = self.session.map(|(k, _)| k);
-        let remembered = session.filter(|_| self.config.placement_memory_slots > 0).and_then(|k| fleet.placed(k));
+        let remembered = session
+            .filter(|_| self.config.placement_memory_slots > 0)
+            .and_then(|k| fleet.placed(k));
         fallback::pick(session, snapshot.as_deref(), remembered.as_deref())
     }
 
@@ -628,7 +726,8 @@ impl RequestFlow {
 
 /// Whether an error answer's body says the indexer holds no such body base.
 fn base_unknown(body: &[u8]) -> bool {
-    serde_json::from_slice::<ErrorBody>(body).is_ok_and(|e| e.error.reason.as_deref() == Some(BASE_UNKNOWN))
+    serde_json::from_slice::<ErrorBody>(body)
+        .is_ok_and(|e| e.error.reason.as_deref() == Some(BASE_UNKNOWN))
 }
 
 #[cfg(test)]

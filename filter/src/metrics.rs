@@ -403,17 +403,9 @@ impl Metric {
         all.extend(DoneResult::ALL.iter().map(|&r| Self::DoneReports(r)));
         all.extend(FleetResult::ALL.iter().map(|&r| Self::FleetRefreshes(r)));
         all.extend(InternalError::ALL.iter().map(|&k| Self::InternalErrors(k)));
-        all.extend(
-            BreakerState::ALL
-                .iter()
-                .map(|&s| Self::BreakerTransitions(s)),
-        );
+        all.extend(BreakerState::ALL.iter().map(|&s| Self::BreakerTransitions(s)));
         all.push(Self::EndpointEjections);
-        all.extend(
-            OverrideRefusal::ALL
-                .iter()
-                .map(|&r| Self::OverridesRefused(r)),
-        );
+        all.extend(OverrideRefusal::ALL.iter().map(|&r| Self::OverridesRefused(r)));
         all
     }
 }

@@ -52,11 +52,14 @@ impl RequestHead {
                 "content-length" => head.has_content_length = true,
                 headers::DESTINATION_ENDPOINT => head.client_destination = true,
                 headers::REQUEST_ID => head.request_id = text(value, MAX_META_VALUE_BYTES),
-                headers::OVERRIDE_WORKER => head.override_worker = text(value, MAX_META_VALUE_BYTES),
+                headers::OVERRIDE_WORKER => {
+                    head.override_worker = text(value, MAX_META_VALUE_BYTES)
+                }
                 headers::OVERRIDE_MODE => head.override_mode = text(value, MAX_META_VALUE_BYTES),
                 headers::OVERRIDE_SECRET => {
                     head.sent_override_secret = true;
-                    head.override_secret = (value.len() <= MAX_OVERRIDE_SECRET_BYTES).then(|| value.clone());
+                    head.override_secret =
+                        (value.len() <= MAX_OVERRIDE_SECRET_BYTES).then(|| value.clone());
                 }
                 n if n == session_header => head.session_id = text(value, MAX_META_VALUE_BYTES),
                 _ => {}
@@ -107,18 +110,30 @@ fn text(value: &[u8], max: usize) -> Option<String> {
 /// The session key: the explicit header wins, else (when `derive` is on) the key derived from the
 /// request — a chat's conversation anchor; completions have none. The indexer's pin and the local
 /// fallback both use the key returned here.
-pub fn session_key(head: &RequestHead, request: &OpenAiRequest, derive: bool) -> Option<(SessionKey, SessionSource)> {
+pub fn session_key(
+    head: &RequestHead,
+    request: &OpenAiRequest,
+    derive: bool,
+) -> Option<(SessionKey, SessionSource)> {
     peeked_session_key(head, &RequestPeek::of(request), derive)
 }
 
 /// [`session_key`] from the light read of the body ([`kvmesh_core::openai::peek`]), which the flow
 /// uses: the same key.
-pub fn peeked_session_key(head: &RequestHead, request: &RequestPeek, derive: bool) -> Option<(SessionKey, SessionSource)> {
+pub fn peeked_session_key(
+    head: &RequestHead,
+    request: &RequestPeek,
+    derive: bool,
+) -> Option<(SessionKey, SessionSource)> {
     anchored_session_key(head, request.conversation_anchor, derive)
 }
 
 /// [`session_key`] from the conversation anchor's digest alone (`None`: the request has none).
-pub fn anchored_session_key(head: &RequestHead, anchor: Option<u64>, derive: bool) -> Option<(SessionKey, SessionSource)> {
+pub fn anchored_session_key(
+    head: &RequestHead,
+    anchor: Option<u64>,
+    derive: bool,
+) -> Option<(SessionKey, SessionSource)> {
     if let Some(id) = &head.session_id {
         return Some((session::from_header_value(id), SessionSource::Header));
     }
@@ -211,7 +226,8 @@ pub fn route_call(
 
 /// `POST /v1/done` with a JSON [`kvmesh_core::api::DoneReport`].
 pub fn done_call(config: &FilterConfig, report_json: Vec<u8>) -> HttpCall {
-    HttpCall::new(config, "POST", DONE_PATH, config.background_timeout_ms).with_json_body(Rc::new(report_json), 0)
+    HttpCall::new(config, "POST", DONE_PATH, config.background_timeout_ms)
+        .with_json_body(Rc::new(report_json), 0)
 }
 
 /// `GET /v1/fleet`.

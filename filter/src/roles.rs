@@ -76,7 +76,13 @@ pub struct RootState {
 
 /// Parses the plugin configuration and configures the root; None (logged) when the configuration
 /// is refused, so `on_configure` returns false and Envoy rejects it.
-pub fn configure_from_bytes(host: Rc<dyn Host>, bytes: Option<&[u8]>, context_id: u32, root_id: &str, vm_id: &str) -> Option<RootState> {
+pub fn configure_from_bytes(
+    host: Rc<dyn Host>,
+    bytes: Option<&[u8]>,
+    context_id: u32,
+    root_id: &str,
+    vm_id: &str,
+) -> Option<RootState> {
     match FilterConfig::from_bytes(bytes) {
         Ok(config) => Some(configure_root(host, config, context_id, root_id, vm_id)),
         Err(e) => {
@@ -88,13 +94,28 @@ pub fn configure_from_bytes(host: Rc<dyn Host>, bytes: Option<&[u8]>, context_id
 
 /// Configures a root of `root_id` in `vm_id` (see the module's matrix). A failure to set the tick
 /// period is logged; the root still configures.
-pub fn configure_root(host: Rc<dyn Host>, config: FilterConfig, context_id: u32, root_id: &str, vm_id: &str) -> RootState {
+pub fn configure_root(
+    host: Rc<dyn Host>,
+    config: FilterConfig,
+    context_id: u32,
+    root_id: &str,
+    vm_id: &str,
+) -> RootState {
     let config = Rc::new(config);
     let metrics = Rc::new(MetricIds::define(Rc::clone(&host)));
-    let local_done = Rc::new(RefCell::new(DoneQueue::new(config.done_queue_capacity, config.done_max_in_flight)));
+    let local_done = Rc::new(RefCell::new(DoneQueue::new(
+        config.done_queue_capacity,
+        config.done_max_in_flight,
+    )));
     let role = RootRole::of(root_id, config.background);
     let tasks = |polls_fleet| {
-        BackgroundTasks::new(Rc::clone(&host), Rc::clone(&config), Rc::clone(&metrics), Rc::clone(&local_done), polls_fleet)
+        BackgroundTasks::new(
+            Rc::clone(&host),
+            Rc::clone(&config),
+            Rc::clone(&metrics),
+            Rc::clone(&local_done),
+            polls_fleet,
+        )
     };
     let (shared, tasks, tick_ms) = match role {
         RootRole::IdleService => (None, None, None),
@@ -102,7 +123,12 @@ pub fn configure_root(host: Rc<dyn Host>, config: FilterConfig, context_id: u32,
         RootRole::Filter | RootRole::FilterWithBackground => {
             let polls = role == RootRole::FilterWithBackground;
             let tick = if polls { config.tick_period_ms(true) } else { Some(config.done_flush_ms) };
-            let shared = Shared::new(Rc::clone(&host), Rc::clone(&config), Rc::clone(&metrics), Rc::clone(&local_done));
+            let shared = Shared::new(
+                Rc::clone(&host),
+                Rc::clone(&config),
+                Rc::clone(&metrics),
+                Rc::clone(&local_done),
+            );
             let shared = Rc::new(shared);
             (Some(Rc::clone(&shared)), Some(tasks(polls).gated_by(shared)), tick)
         }

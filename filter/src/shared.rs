@@ -48,9 +48,17 @@ pub struct Shared {
 
 impl Shared {
     /// A filter root's state, with a fresh breaker and endpoint ledger from `config`.
-    pub fn new(host: Rc<dyn Host>, config: Rc<FilterConfig>, metrics: Rc<MetricIds>, done: Rc<RefCell<DoneQueue>>) -> Self {
+    pub fn new(
+        host: Rc<dyn Host>,
+        config: Rc<FilterConfig>,
+        metrics: Rc<MetricIds>,
+        done: Rc<RefCell<DoneQueue>>,
+    ) -> Self {
         let breaker = RefCell::new(Breaker::new(config.breaker_failures, config.breaker_open_ms));
-        let endpoints = RefCell::new(EndpointHealth::new(config.endpoint_failures, config.endpoint_ejection_ms));
+        let endpoints = RefCell::new(EndpointHealth::new(
+            config.endpoint_failures,
+            config.endpoint_ejection_ms,
+        ));
         Self { config, metrics, host, fleet_cache: RefCell::new(None), done, breaker, endpoints }
     }
 
@@ -113,7 +121,10 @@ impl Shared {
     /// table in shared data ([`crate::placement`]); a failed write is counted, never retried.
     pub fn remember_placement(&self, key: SessionKey, worker: &str) {
         let Some(value) = placement::encode(key, worker) else { return };
-        if let Err(e) = self.host.set_shared_data(&placement::slot_key(key, self.config.placement_memory_slots), &value) {
+        if let Err(e) = self
+            .host
+            .set_shared_data(&placement::slot_key(key, self.config.placement_memory_slots), &value)
+        {
             self.metrics.host_call_failed("set_shared_data(placement)", &e);
         }
     }
@@ -122,7 +133,12 @@ impl Shared {
     /// ([`crate::body_bases`]). Read, changed, written without a CAS: a concurrent update of the
     /// same slot may be lost, which costs a whole body on a later call, never a wrong one. A failed
     /// write is counted, never retried.
-    pub fn remember_body_base(&self, key: SessionKey, new: Option<body_bases::Remembered>, used: Option<BodyBase>) {
+    pub fn remember_body_base(
+        &self,
+        key: SessionKey,
+        new: Option<body_bases::Remembered>,
+        used: Option<BodyBase>,
+    ) {
         let slot = body_bases::slot_key(key, self.config.body_base_slots);
         let bases = body_bases::remember(self.body_bases(key), new, used);
         if let Err(e) = self.host.set_shared_data(&slot, &body_bases::encode(key, &bases)) {
@@ -140,14 +156,19 @@ impl Shared {
 
 impl FleetSource for Shared {
     fn body_bases(&self, key: SessionKey) -> Vec<body_bases::Remembered> {
-        let Ok((Some(value), _)) = self.host.get_shared_data(&body_bases::slot_key(key, self.config.body_base_slots)) else {
+        let Ok((Some(value), _)) =
+            self.host.get_shared_data(&body_bases::slot_key(key, self.config.body_base_slots))
+        else {
             return Vec::new();
         };
         body_bases::decode(&value, key)
     }
 
     fn placed(&self, key: SessionKey) -> Option<String> {
-        let (value, _) = self.host.get_shared_data(&placement::slot_key(key, self.config.placement_memory_slots)).ok()?;
+        let (value, _) = self
+            .host
+            .get_shared_data(&placement::slot_key(key, self.config.placement_memory_slots))
+            .ok()?;
         placement::decode(&value?, key).map(str::to_owned)
     }
 
@@ -176,7 +197,10 @@ impl FleetSource for Shared {
             }
             Err(e) => {
                 log::warn!("stored fleet unreadable: {e}");
-                self.metrics.apply(MetricUpdate::Add(Metric::InternalErrors(InternalError::BadFleetData), 1));
+                self.metrics.apply(MetricUpdate::Add(
+                    Metric::InternalErrors(InternalError::BadFleetData),
+                    1,
+                ));
                 None
             }
         }

@@ -6,8 +6,8 @@
 //! one wins), or `"key":value` is inserted right after the opening brace; every other byte is
 //! copied unchanged. This module only adapts a decision's `Value` to it.
 
-use kvmesh_core::json_edit::{self, Edit};
 pub use kvmesh_core::json_edit::EditError as SpliceError;
+use kvmesh_core::json_edit::{self, Edit};
 use serde_json::Value;
 
 /// Returns `body` with top-level `key` set to `value`; an error when `body` is not a JSON object

@@ -23,7 +23,10 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use crate::background::{encode_done_batch, parse_fleet_answer, DoneQueue, FleetSchedule, QueuedDone, FLEET_KEY, MAX_FLEET_BYTES};
+use crate::background::{
+    encode_done_batch, parse_fleet_answer, DoneQueue, FleetSchedule, QueuedDone, FLEET_KEY,
+    MAX_FLEET_BYTES,
+};
 use crate::config::FilterConfig;
 use crate::host_api::{Host, HostError};
 use crate::metric_ids::MetricIds;
@@ -49,7 +52,13 @@ pub struct BackgroundTasks {
 impl BackgroundTasks {
     /// `done` is the queue this root's HTTP contexts fill (a filter root's; the singleton's stays
     /// empty); `polls_fleet` says whether this root polls `/v1/fleet`.
-    pub fn new(host: Rc<dyn Host>, config: Rc<FilterConfig>, metrics: Rc<MetricIds>, done: Rc<RefCell<DoneQueue>>, polls_fleet: bool) -> Self {
+    pub fn new(
+        host: Rc<dyn Host>,
+        config: Rc<FilterConfig>,
+        metrics: Rc<MetricIds>,
+        done: Rc<RefCell<DoneQueue>>,
+        polls_fleet: bool,
+    ) -> Self {
         let fleet = FleetSchedule::new(if polls_fleet { config.fleet_refresh_ms } else { 0 });
         Self { host, config, metrics, fleet, done, done_calls: HashMap::new(), gate: None }
     }
@@ -71,7 +80,11 @@ impl BackgroundTasks {
     pub fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
         let status = if num_headers == 0 { None } else { self.host.call_response_status() };
         if self.fleet.take_answer(token) {
-            let body = if body_size == 0 { Vec::new() } else { self.host.call_response_body(MAX_FLEET_BYTES + 1) };
+            let body = if body_size == 0 {
+                Vec::new()
+            } else {
+                self.host.call_response_body(MAX_FLEET_BYTES + 1)
+            };
             self.store_fleet(status, &body);
         } else if let Some(batch) = self.done_calls.remove(&token) {
             if let Ok(mut q) = self.done.try_borrow_mut() {
@@ -79,12 +92,15 @@ impl BackgroundTasks {
             }
             let reports = batch.len() as u64;
             match status {
-                Some(s) if (200..300).contains(&s) => self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Sent), reports)),
+                Some(s) if (200..300).contains(&s) => self
+                    .metrics
+                    .apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Sent), reports)),
                 None => self.retry_done(batch, "got no answer (timeout or reset)"),
                 Some(s) if s >= 500 => self.retry_done(batch, &format!("answered {s}")),
                 Some(s) => {
                     log::warn!("/v1/done answered {s}: {reports} done reports refused, not retried (an indexer older than the filter answers 400 to a batch: upgrade the indexer first)");
-                    self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Failed), reports));
+                    self.metrics
+                        .apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Failed), reports));
                 }
             }
             self.pump_done();
@@ -100,18 +116,24 @@ impl BackgroundTasks {
                     .and_then(|bytes| self.host.set_shared_data(FLEET_KEY, &bytes));
                 match stored {
                     Ok(()) => {
-                        self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Ok), 1));
-                        self.metrics.apply(MetricUpdate::Record(Metric::FleetDecodeWorkers, decoders));
+                        self.metrics
+                            .apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Ok), 1));
+                        self.metrics
+                            .apply(MetricUpdate::Record(Metric::FleetDecodeWorkers, decoders));
                     }
                     Err(status) => {
                         self.metrics.host_call_failed("set_shared_data(fleet)", &status);
-                        self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Failed), 1));
+                        self.metrics.apply(MetricUpdate::Add(
+                            Metric::FleetRefreshes(FleetResult::Failed),
+                            1,
+                        ));
                     }
                 }
             }
             Err(e) => {
                 log::debug!("fleet poll not stored: {e}");
-                self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Failed), 1));
+                self.metrics
+                    .apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Failed), 1));
             }
         }
     }
@@ -126,7 +148,8 @@ impl BackgroundTasks {
             Err(status) => {
                 self.fleet.failed_to_start(now);
                 self.metrics.host_call_failed("dispatch_http_call(/v1/fleet)", &status);
-                self.metrics.apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Failed), 1));
+                self.metrics
+                    .apply(MetricUpdate::Add(Metric::FleetRefreshes(FleetResult::Failed), 1));
             }
         }
     }
@@ -140,7 +163,8 @@ impl BackgroundTasks {
         let reports = batch.len() as u64;
         let now = self.host.now_ns();
         let hold_ns = self.config.breaker_open_ms.saturating_mul(1_000_000);
-        let Ok(requeued) = self.done.try_borrow_mut().map(|mut q| q.requeue(batch, now, hold_ns)) else {
+        let Ok(requeued) = self.done.try_borrow_mut().map(|mut q| q.requeue(batch, now, hold_ns))
+        else {
             self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Failed), reports));
             return;
         };
@@ -158,9 +182,12 @@ impl BackgroundTasks {
                 requeued.given_up + requeued.dropped
             );
         }
-        self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Retried), requeued.retried));
-        self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Failed), requeued.given_up));
-        self.metrics.apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Dropped), requeued.dropped));
+        self.metrics
+            .apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Retried), requeued.retried));
+        self.metrics
+            .apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Failed), requeued.given_up));
+        self.metrics
+            .apply(MetricUpdate::Add(Metric::DoneReports(DoneResult::Dropped), requeued.dropped));
     }
 
     /// Dispatches queued reports, a batch per call, while [`DoneQueue::next_batch`] has one and the

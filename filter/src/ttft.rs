@@ -53,7 +53,8 @@ impl TtftProbe {
 
     /// The decision's prediction; a negative, non-finite or absurd value is ignored.
     pub fn set_prediction(&mut self, predicted_ms: Option<f64>) {
-        self.predicted_ms = predicted_ms.filter(|p| p.is_finite() && (0.0..=MAX_PREDICTION_MS).contains(p));
+        self.predicted_ms =
+            predicted_ms.filter(|p| p.is_finite() && (0.0..=MAX_PREDICTION_MS).contains(p));
     }
 
     /// The prediction as kept (for the debug header and tests).
@@ -69,17 +70,33 @@ impl TtftProbe {
 
     /// Response body bytes arrived at `now_ns`; `status` is the response's. The first non-empty
     /// chunk of a streamed 2xx response records the histograms; everything else records nothing.
-    pub fn on_response_bytes(&mut self, status: Option<u16>, bytes: usize, now_ns: u64) -> Vec<Effect> {
+    pub fn on_response_bytes(
+        &mut self,
+        status: Option<u16>,
+        bytes: usize,
+        now_ns: u64,
+    ) -> Vec<Effect> {
         let Some(arrived) = self.arrived_ns else { return Vec::new() };
-        if self.measured || bytes == 0 || !self.stream || !status.is_some_and(|s| (200..300).contains(&s)) {
+        if self.measured
+            || bytes == 0
+            || !self.stream
+            || !status.is_some_and(|s| (200..300).contains(&s))
+        {
             return Vec::new();
         }
         self.measured = true;
         let actual_ms = now_ns.saturating_sub(arrived) as f64 / 1e6;
-        let mut effects = vec![Effect::Metric(MetricUpdate::Record(Metric::Ttft, actual_ms.round() as u64))];
+        let mut effects =
+            vec![Effect::Metric(MetricUpdate::Record(Metric::Ttft, actual_ms.round() as u64))];
         if let Some(predicted) = self.predicted_ms {
-            effects.push(Effect::Metric(MetricUpdate::Record(Metric::TtftPredicted, predicted.round() as u64)));
-            effects.push(Effect::Metric(MetricUpdate::Record(Metric::TtftRatio, ratio_permille(actual_ms, predicted))));
+            effects.push(Effect::Metric(MetricUpdate::Record(
+                Metric::TtftPredicted,
+                predicted.round() as u64,
+            )));
+            effects.push(Effect::Metric(MetricUpdate::Record(
+                Metric::TtftRatio,
+                ratio_permille(actual_ms, predicted),
+            )));
         }
         effects
     }
@@ -117,10 +134,16 @@ mod tests {
     #[test]
     fn the_first_streamed_bytes_record_actual_predicted_and_ratio_once() {
         let mut p = probe(true, Some(40.0));
-        assert!(p.on_response_bytes(Some(200), 0, 20_000_000).is_empty(), "an empty chunk is no token");
+        assert!(
+            p.on_response_bytes(Some(200), 0, 20_000_000).is_empty(),
+            "an empty chunk is no token"
+        );
         assert!(p.pending());
         let first = recorded(&p.on_response_bytes(Some(200), 120, 51_000_000));
-        assert_eq!(first, vec![(Metric::Ttft, 50), (Metric::TtftPredicted, 40), (Metric::TtftRatio, 1250)]);
+        assert_eq!(
+            first,
+            vec![(Metric::Ttft, 50), (Metric::TtftPredicted, 40), (Metric::TtftRatio, 1250)]
+        );
         assert!(!p.pending(), "measured: later chunks need no clock");
         assert!(p.on_response_bytes(Some(200), 80, 90_000_000).is_empty(), "once per request");
         assert!(!probe(false, None).pending(), "a non-streamed response is not measured");
@@ -143,7 +166,10 @@ mod tests {
     #[test]
     fn without_a_prediction_only_the_actual_ttft() {
         let mut p = probe(true, None);
-        assert_eq!(recorded(&p.on_response_bytes(Some(200), 1, 4_400_000)), vec![(Metric::Ttft, 3)]);
+        assert_eq!(
+            recorded(&p.on_response_bytes(Some(200), 1, 4_400_000)),
+            vec![(Metric::Ttft, 3)]
+        );
     }
 
     #[test]
@@ -160,6 +186,9 @@ mod tests {
     #[test]
     fn a_clock_going_backwards_records_zero() {
         let mut p = probe(true, Some(2.0));
-        assert_eq!(recorded(&p.on_response_bytes(Some(200), 1, 0)), vec![(Metric::Ttft, 0), (Metric::TtftPredicted, 2), (Metric::TtftRatio, 0)]);
+        assert_eq!(
+            recorded(&p.on_response_bytes(Some(200), 1, 0)),
+            vec![(Metric::Ttft, 0), (Metric::TtftPredicted, 2), (Metric::TtftRatio, 0)]
+        );
     }
 }

@@ -93,10 +93,12 @@ fn mutation() -> impl Strategy<Value = Mutation> {
         (any::<usize>(), any::<u8>()).prop_map(|(a, b)| Mutation::Flip(a, b)),
         (any::<usize>(), any::<u8>()).prop_map(|(a, b)| Mutation::Insert(a, b)),
         (any::<usize>(), 1usize..16).prop_map(|(a, n)| Mutation::Remove(a, n)),
-        (any::<usize>(), 1usize..32, any::<usize>()).prop_map(|(a, n, at)| Mutation::Duplicate(a, n, at)),
+        (any::<usize>(), 1usize..32, any::<usize>())
+            .prop_map(|(a, n, at)| Mutation::Duplicate(a, n, at)),
         (any::<usize>(), any::<usize>()).prop_map(|(a, i)| Mutation::Interesting(a, i)),
         any::<usize>().prop_map(Mutation::Truncate),
-        (any::<usize>(), any::<usize>(), any::<usize>()).prop_map(|(s, from, at)| Mutation::Splice(s, from, at)),
+        (any::<usize>(), any::<usize>(), any::<usize>())
+            .prop_map(|(s, from, at)| Mutation::Splice(s, from, at)),
     ]
 }
 
@@ -151,7 +153,9 @@ pub fn inputs(seeds: Vec<Vec<u8>>) -> BoxedStrategy<Vec<u8>> {
     }
     let n = seeds.len();
     let for_splice = seeds.clone();
-    let mutated = (0..n, proptest::collection::vec(mutation(), 0..8)).prop_map(move |(i, ms)| ms.iter().fold(for_splice[i].clone(), |v, m| apply(v, m, &for_splice)));
+    let mutated = (0..n, proptest::collection::vec(mutation(), 0..8)).prop_map(move |(i, ms)| {
+        ms.iter().fold(for_splice[i].clone(), |v, m| apply(v, m, &for_splice))
+    });
     prop_oneof![1 => arbitrary, 1 => proptest::sample::select(seeds), 8 => mutated].boxed()
 }
 
@@ -184,11 +188,17 @@ pub fn run(target: &Target, budget: Budget, seed: u64) -> Outcome {
             Budget::Cases(n) => n,
             Budget::Time(_) => 2000,
         };
-        let config = Config { cases, failure_persistence: None, max_shrink_iters: 4096, ..Config::default() };
+        let config = Config {
+            cases,
+            failure_persistence: None,
+            max_shrink_iters: 4096,
+            ..Config::default()
+        };
         let mut key = [0u8; 32];
         key[..8].copy_from_slice(&seed.to_le_bytes());
         key[8..16].copy_from_slice(&round.to_le_bytes());
-        let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &key));
+        let mut runner =
+            TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &key));
         let count = std::cell::Cell::new(0u64);
         let result = runner.run(&strategy, |input| {
             count.set(count.get() + 1);
@@ -198,8 +208,15 @@ pub fn run(target: &Target, budget: Budget, seed: u64) -> Outcome {
         executions += count.get();
         match result {
             Ok(()) => {}
-            Err(TestError::Fail(reason, input)) => return Outcome { executions, failure: Some((reason.to_string(), input)) },
-            Err(TestError::Abort(reason)) => return Outcome { executions, failure: Some((format!("aborted: {reason}"), Vec::new())) },
+            Err(TestError::Fail(reason, input)) => {
+                return Outcome { executions, failure: Some((reason.to_string(), input)) }
+            }
+            Err(TestError::Abort(reason)) => {
+                return Outcome {
+                    executions,
+                    failure: Some((format!("aborted: {reason}"), Vec::new())),
+                }
+            }
         }
         round += 1;
         match deadline {
@@ -212,7 +229,11 @@ pub fn run(target: &Target, budget: Budget, seed: u64) -> Outcome {
 /// Runs `target` once on `input` (a regression file), as a failure or not.
 pub fn replay(target: &Target, input: &[u8]) -> Result<(), TestCaseError> {
     std::panic::catch_unwind(|| (target.run)(input)).map_err(|e| {
-        let msg = e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_owned())).unwrap_or_default();
+        let msg = e
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_default();
         TestCaseError::fail(msg)
     })
 }

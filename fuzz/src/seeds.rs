@@ -32,7 +32,8 @@ pub fn kv_frames() -> Vec<Vec<u8>> {
         for message in [framed(&[b"kv", &seq, b]), framed(&[b"", &seq, b]), framed(&[&[0xff; 8]])] {
             let mut input = (message.len() as u16).to_be_bytes().to_vec();
             input.extend(message);
-            input.extend([0u8, 0, 0, 0, 0, 5, 1, 3, 0, 1, 0, 0xfd, 3, 0xff, 0, 0xff, 2, 0, 0, 0xfe]);
+            input
+                .extend([0u8, 0, 0, 0, 0, 5, 1, 3, 0, 1, 0, 0xfd, 3, 0xff, 0, 0xff, 2, 0, 0, 0xfe]);
             out.push(input);
         }
     }
@@ -59,7 +60,14 @@ pub fn route_bodies() -> Vec<Vec<u8>> {
 
 /// Header blocks (`name byte, len, value`) followed by a body, for the filter's request parser.
 pub fn filter_requests() -> Vec<Vec<u8>> {
-    let headers: [(u8, &[u8]); 6] = [(0, b"POST"), (1, b"/v1/chat/completions"), (3, b"req-1"), (4, b"session-42"), (5, b"w1"), (6, b"disagg")];
+    let headers: [(u8, &[u8]); 6] = [
+        (0, b"POST"),
+        (1, b"/v1/chat/completions"),
+        (3, b"req-1"),
+        (4, b"session-42"),
+        (5, b"w1"),
+        (6, b"disagg"),
+    ];
     route_bodies()
         .into_iter()
         .map(|body| {

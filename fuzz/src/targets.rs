@@ -154,14 +154,9 @@ pub fn filter_request(data: &[u8]) {
         rest = &tail[n..];
     }
     let head = RequestHead::from_headers(&pairs, "x-session-id");
-    for v in [
-        &head.request_id,
-        &head.session_id,
-        &head.override_worker,
-        &head.override_mode,
-    ]
-    .into_iter()
-    .flatten()
+    for v in [&head.request_id, &head.session_id, &head.override_worker, &head.override_mode]
+        .into_iter()
+        .flatten()
     {
         assert!(
             !v.is_empty() && v.len() <= MAX_META_VALUE_BYTES,
@@ -208,10 +203,7 @@ pub fn filter_splice(data: &[u8]) {
         Err(e) => panic!("valid object refused: {e}"),
     };
     let Ok(Value::Object(after)) = serde_json::from_slice::<Value>(&out) else {
-        panic!(
-            "splice made invalid JSON: {}",
-            String::from_utf8_lossy(&out)
-        )
+        panic!("splice made invalid JSON: {}", String::from_utf8_lossy(&out))
     };
     assert_eq!(after.get(key), Some(&value), "key not set");
     for (k, v) in &before {
@@ -219,10 +211,7 @@ pub fn filter_splice(data: &[u8]) {
             assert_eq!(after.get(k), Some(v), "key {k:?} changed");
         }
     }
-    assert_eq!(
-        after.len(),
-        before.len() + usize::from(!before.contains_key(key))
-    );
+    assert_eq!(after.len(), before.len() + usize::from(!before.contains_key(key)));
 }
 
 /// The `/v1/route` request as the indexer reads it: the body for both paths (`parse`, `parse_raw`,
@@ -239,11 +228,7 @@ pub fn route_request(data: &[u8]) {
     let _ = Endpoint::from_path(line);
     if let Some((key, source)) = session::parse_header(line) {
         let encoded = session::encode_header(key, source);
-        assert_eq!(
-            session::parse_header(&encoded),
-            Some((key, source)),
-            "{line:?} → {encoded:?}"
-        );
+        assert_eq!(session::parse_header(&encoded), Some((key, source)), "{line:?} → {encoded:?}");
     }
 }
 

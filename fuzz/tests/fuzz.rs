@@ -19,7 +19,11 @@ fn every_target_survives_a_short_run() {
         let out = run(t, Budget::Cases(cases()), 15);
         eprintln!("{:<16} {} executions", t.name, out.executions);
         if let Some((reason, input)) = out.failure {
-            failures.push(format!("{}: {reason}\n  input {:?}", t.name, String::from_utf8_lossy(&input)));
+            failures.push(format!(
+                "{}: {reason}\n  input {:?}",
+                t.name,
+                String::from_utf8_lossy(&input)
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -42,7 +46,8 @@ fn every_regression_input_runs_clean() {
         let Ok(dir) = std::fs::read_dir(regressions_dir(t.name)) else { continue };
         for entry in dir.flatten() {
             let input = std::fs::read(entry.path()).unwrap();
-            replay(t, &input).unwrap_or_else(|e| panic!("{} {}: {e}", t.name, entry.path().display()));
+            replay(t, &input)
+                .unwrap_or_else(|e| panic!("{} {}: {e}", t.name, entry.path().display()));
         }
     }
 }

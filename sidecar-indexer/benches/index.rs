@@ -51,7 +51,11 @@ use figures::emit;
 
 /// The loop criterion's `iter` times, run through `iter_custom` so the `(iterations, time)`
 /// samples can be kept for [`slope_s`].
-fn timed_loop(samples: &mut Vec<(u64, Duration)>, iters: u64, mut routine: impl FnMut()) -> Duration {
+fn timed_loop(
+    samples: &mut Vec<(u64, Duration)>,
+    iters: u64,
+    mut routine: impl FnMut(),
+) -> Duration {
     let start = Instant::now();
     for _ in 0..iters {
         routine();
@@ -75,7 +79,16 @@ fn random_tokens(rng: &mut StdRng, n: usize) -> Vec<u32> {
 }
 
 fn stored(hashes: Vec<u64>, parent: Option<u64>, tokens: Vec<u32>) -> KvEvent {
-    KvEvent::Stored { block_hashes: hashes, parent, token_ids: tokens, block_size: BS as u32, lora_name: None, cache_salt: None, medium: Some("GPU".into()), group_idx: None }
+    KvEvent::Stored {
+        block_hashes: hashes,
+        parent,
+        token_ids: tokens,
+        block_size: BS as u32,
+        lora_name: None,
+        cache_salt: None,
+        medium: Some("GPU".into()),
+        group_idx: None,
+    }
 }
 
 /// One worker's store-then-evict round: `chains` chains of `len` blocks, stored in batches of 16
@@ -86,14 +99,32 @@ fn round(rng: &mut StdRng, worker: u64, chains: usize, len: usize) -> Vec<EventB
     for c in 0..chains {
         let tokens = random_tokens(rng, len * BS);
         for (i, chunk) in tokens.chunks(16 * BS).enumerate() {
-            let hashes: Vec<u64> = (0..chunk.len() / BS).map(|b| (worker << 48) | ((c as u64) << 24) | (i * 16 + b) as u64 | (1 << 47)).collect();
-            let p = if i == 0 { None } else { Some((worker << 48) | ((c as u64) << 24) | (i * 16 - 1) as u64 | (1 << 47)) };
+            let hashes: Vec<u64> = (0..chunk.len() / BS)
+                .map(|b| (worker << 48) | ((c as u64) << 24) | (i * 16 + b) as u64 | (1 << 47))
+                .collect();
+            let p = if i == 0 {
+                None
+            } else {
+                Some((worker << 48) | ((c as u64) << 24) | (i * 16 - 1) as u64 | (1 << 47))
+            };
             all.extend(hashes.iter().copied());
-            batches.push(EventBatch { ts: 0.0, events: vec![stored(hashes, p, chunk.to_vec())], dp_rank: None });
+            batches.push(EventBatch {
+                ts: 0.0,
+                events: vec![stored(hashes, p, chunk.to_vec())],
+                dp_rank: None,
+            });
         }
     }
     for chunk in all.chunks(64) {
-        batches.push(EventBatch { ts: 0.0, events: vec![KvEvent::Removed { block_hashes: chunk.to_vec(), medium: None, group_idx: None }], dp_rank: None });
+        batches.push(EventBatch {
+            ts: 0.0,
+            events: vec![KvEvent::Removed {
+                block_hashes: chunk.to_vec(),
+                medium: None,
+                group_idx: None,
+            }],
+            dp_rank: None,
+        });
     }
     batches
 }
@@ -104,7 +135,8 @@ fn background(index: &mut KvIndex, rng: &mut StdRng, workers: u32, blocks: usize
         index.add_worker(w);
         for c in 0..blocks / 32 {
             let tokens = random_tokens(rng, 32 * BS);
-            let hashes: Vec<u64> = (0..32).map(|b| (u64::from(w) << 40) | ((c as u64) << 8) | b).collect();
+            let hashes: Vec<u64> =
+                (0..32).map(|b| (u64::from(w) << 40) | ((c as u64) << 8) | b).collect();
             index.store(w, None, &hashes, &tokens, BS, XXH3_SEED);
         }
     }
@@ -114,56 +146,73 @@ fn bench_apply(c: &mut Criterion) {
     let mut rng = StdRng::seed_from_u64(1);
     let mut index = KvIndex::new(100_000_000, 10_000_000);
     background(&mut index, &mut rng, 16, 50_000);
-    let rounds: Vec<(u32, Vec<EventBatch>)> = (0..16u32).map(|w| (w, round(&mut rng, u64::from(w), 4, 64))).collect();
-    let ops: u64 = rounds.iter().flat_map(|(_, b)| b).flat_map(|b| &b.events).map(|e| match e {
-        KvEvent::Stored { block_hashes, .. } | KvEvent::Removed { block_hashes, .. } => block_hashes.len() as u64,
-        _ => 0,
-    }).sum();
+    let rounds: Vec<(u32, Vec<EventBatch>)> =
+        (0..16u32).map(|w| (w, round(&mut rng, u64::from(w), 4, 64))).collect();
+    let ops: u64 = rounds
+        .iter()
+        .flat_map(|(_, b)| b)
+        .flat_map(|b| &b.events)
+        .map(|e| match e {
+            KvEvent::Stored { block_hashes, .. } | KvEvent::Removed { block_hashes, .. } => {
+                block_hashes.len() as u64
+            }
+            _ => 0,
+        })
+        .sum();
     let mut g = c.benchmark_group("apply");
     g.throughput(Throughput::Elements(ops));
     let mut samples: [Vec<(u64, Duration)>; 5] = Default::default();
     let [resident, msgpack, cached, decode_only, tree_only] = &mut samples;
     g.bench_function("decoded_block_ops_800k_resident", |b| {
-        b.iter_custom(|iters| timed_loop(resident, iters, || {
-            for (w, batches) in &rounds {
-                for batch in batches {
-                    black_box(apply_batch(&mut index, *w, batch, BS as u32));
-                }
-            }
-        }))
-    });
-    // The same rounds from msgpack bytes (what the listener thread decodes) for comparison.
-    let encoded: Vec<(u32, Vec<Vec<u8>>)> = rounds.iter().map(|(w, bs)| (*w, bs.iter().map(encode).collect())).collect();
-    g.bench_function("msgpack_decode_and_apply_block_ops_800k_resident", |b| {
-        b.iter_custom(|iters| timed_loop(msgpack, iters, || {
-            for (w, batches) in &encoded {
-                for bytes in batches {
-                    if let Ok(batch) = decode_batch(bytes) {
-                        black_box(apply_batch(&mut index, *w, &batch, BS as u32));
+        b.iter_custom(|iters| {
+            timed_loop(resident, iters, || {
+                for (w, batches) in &rounds {
+                    for batch in batches {
+                        black_box(apply_batch(&mut index, *w, batch, BS as u32));
                     }
                 }
-            }
-        }))
+            })
+        })
+    });
+    // The same rounds from msgpack bytes (what the listener thread decodes) for comparison.
+    let encoded: Vec<(u32, Vec<Vec<u8>>)> =
+        rounds.iter().map(|(w, bs)| (*w, bs.iter().map(encode).collect())).collect();
+    g.bench_function("msgpack_decode_and_apply_block_ops_800k_resident", |b| {
+        b.iter_custom(|iters| {
+            timed_loop(msgpack, iters, || {
+                for (w, batches) in &encoded {
+                    for bytes in batches {
+                        if let Ok(batch) = decode_batch(bytes) {
+                            black_box(apply_batch(&mut index, *w, &batch, BS as u32));
+                        }
+                    }
+                }
+            })
+        })
     });
     // Decoding alone: the typed decoder, and for comparison only the first step of the decoder it
     // replaced (reading each payload into an rmpv::Value tree, before any field was picked).
     g.bench_function("msgpack_decode_only_block_ops", |b| {
-        b.iter_custom(|iters| timed_loop(decode_only, iters, || {
-            for (_, batches) in &encoded {
-                for bytes in batches {
-                    let _ = black_box(decode_batch(bytes));
+        b.iter_custom(|iters| {
+            timed_loop(decode_only, iters, || {
+                for (_, batches) in &encoded {
+                    for bytes in batches {
+                        let _ = black_box(decode_batch(bytes));
+                    }
                 }
-            }
-        }))
+            })
+        })
     });
     g.bench_function("rmpv_value_tree_only_block_ops", |b| {
-        b.iter_custom(|iters| timed_loop(tree_only, iters, || {
-            for (_, batches) in &encoded {
-                for bytes in batches {
-                    let _ = black_box(rmpv::decode::read_value(&mut &bytes[..]));
+        b.iter_custom(|iters| {
+            timed_loop(tree_only, iters, || {
+                for (_, batches) in &encoded {
+                    for bytes in batches {
+                        let _ = black_box(rmpv::decode::read_value(&mut &bytes[..]));
+                    }
                 }
-            }
-        }))
+            })
+        })
     });
     // The same rounds against an otherwise empty index (tables stay in cache).
     let mut small = KvIndex::new(100_000_000, 10_000_000);
@@ -171,13 +220,15 @@ fn bench_apply(c: &mut Criterion) {
         small.add_worker(w);
     }
     g.bench_function("decoded_block_ops_cache_resident", |b| {
-        b.iter_custom(|iters| timed_loop(cached, iters, || {
-            for (w, batches) in &rounds {
-                for batch in batches {
-                    black_box(apply_batch(&mut small, *w, batch, BS as u32));
+        b.iter_custom(|iters| {
+            timed_loop(cached, iters, || {
+                for (w, batches) in &rounds {
+                    for batch in batches {
+                        black_box(apply_batch(&mut small, *w, batch, BS as u32));
+                    }
                 }
-            }
-        }))
+            })
+        })
     });
     g.finish();
     let names = [
@@ -189,7 +240,9 @@ fn bench_apply(c: &mut Criterion) {
     ];
     for (name, s) in names.into_iter().zip(&samples) {
         if let Some(per_iter) = slope_s(s) {
-            emit(serde_json::json!({"bench": "index", "figure": "apply", "name": name, "block_ops_per_s": ops as f64 / per_iter, "block_ops_per_iter": ops, "s_per_iter": per_iter}));
+            emit(
+                serde_json::json!({"bench": "index", "figure": "apply", "name": name, "block_ops_per_s": ops as f64 / per_iter, "block_ops_per_iter": ops, "s_per_iter": per_iter}),
+            );
         }
     }
 }
@@ -204,7 +257,10 @@ fn encode(batch: &EventBatch) -> Vec<u8> {
         .map(|e| match e {
             KvEvent::Stored { block_hashes, parent, token_ids, .. } => Value::Map(vec![
                 (s("type"), s("BlockStored")),
-                (s("block_hashes"), Value::Array(block_hashes.iter().map(|h| Value::from(*h)).collect())),
+                (
+                    s("block_hashes"),
+                    Value::Array(block_hashes.iter().map(|h| Value::from(*h)).collect()),
+                ),
                 (s("parent_block_hash"), parent.map_or(Value::Nil, Value::from)),
                 (s("token_ids"), Value::Array(token_ids.iter().map(|t| Value::from(*t)).collect())),
                 (s("block_size"), Value::from(BS as u64)),
@@ -214,14 +270,20 @@ fn encode(batch: &EventBatch) -> Vec<u8> {
             ]),
             KvEvent::Removed { block_hashes, .. } => Value::Map(vec![
                 (s("type"), s("BlockRemoved")),
-                (s("block_hashes"), Value::Array(block_hashes.iter().map(|h| Value::from(*h)).collect())),
+                (
+                    s("block_hashes"),
+                    Value::Array(block_hashes.iter().map(|h| Value::from(*h)).collect()),
+                ),
                 (s("medium"), s("GPU")),
             ]),
             _ => Value::Map(vec![(s("type"), s("AllBlocksCleared"))]),
         })
         .collect();
     let mut out = Vec::new();
-    let _ = rmpv::encode::write_value(&mut out, &Value::Array(vec![Value::from(1.0), Value::Array(events), Value::from(0)]));
+    let _ = rmpv::encode::write_value(
+        &mut out,
+        &Value::Array(vec![Value::from(1.0), Value::Array(events), Value::from(0)]),
+    );
     out
 }
 
@@ -246,10 +308,12 @@ fn realistic(workers: u32, len: usize) -> MatchScenario {
     for q in 0..64u64 {
         let mut tokens = system.clone();
         tokens.extend(random_tokens(&mut rng, (len - 8) * BS));
-        let holders = [(q as u32 * 4) % workers, (q as u32 * 4 + 1) % workers, (q as u32 * 4 + 2) % workers];
+        let holders =
+            [(q as u32 * 4) % workers, (q as u32 * 4 + 1) % workers, (q as u32 * 4 + 2) % workers];
         for (i, &w) in holders.iter().enumerate() {
             let n = if i == 0 { len } else { len / 2 };
-            let hashes: Vec<u64> = (0..n as u64).map(|b| (1 << 61) | (q << 32) | (u64::from(w) << 16) | b).collect();
+            let hashes: Vec<u64> =
+                (0..n as u64).map(|b| (1 << 61) | (q << 32) | (u64::from(w) << 16) | b).collect();
             index.store(w, None, &hashes, &tokens[..n * BS], BS, XXH3_SEED);
         }
         queries.push(sequence_hashes(&tokens, BS, XXH3_SEED));
@@ -267,7 +331,11 @@ fn everyone_holds_everything(workers: u32, len: usize) -> MatchScenario {
         let hashes: Vec<u64> = (0..len as u64).map(|b| (u64::from(w) << 32) | b).collect();
         index.store(w, None, &hashes, &tokens, BS, XXH3_SEED);
     }
-    MatchScenario { name: format!("{len}_blocks/{workers}_workers_all_hold_all"), index, queries: vec![sequence_hashes(&tokens, BS, XXH3_SEED)] }
+    MatchScenario {
+        name: format!("{len}_blocks/{workers}_workers_all_hold_all"),
+        index,
+        queries: vec![sequence_hashes(&tokens, BS, XXH3_SEED)],
+    }
 }
 
 /// p50, p99 and the most workers matched over `samples` queries. With `flush`, the caches (and TLB)
@@ -275,7 +343,11 @@ fn everyone_holds_everything(workers: u32, len: usize) -> MatchScenario {
 /// queries otherwise find their blocks in cache, while in production an index of ~1M blocks is in
 /// DRAM and other work runs between queries. The query's own hashes are then read back, as the
 /// caller has just computed them.
-fn percentiles(s: &MatchScenario, samples: usize, flush: Option<&[u64]>) -> (Duration, Duration, usize) {
+fn percentiles(
+    s: &MatchScenario,
+    samples: usize,
+    flush: Option<&[u64]>,
+) -> (Duration, Duration, usize) {
     let mut times = Vec::with_capacity(samples);
     let mut matched = 0;
     for i in 0..samples {
@@ -318,21 +390,34 @@ fn bench_find_matches(c: &mut Criterion) {
         if len == 512 {
             make_dirty(&mut s.index, workers);
             figures.push((format!("{}/all_dirty", s.name), percentiles(&s, 2_000, None)));
-            figures.push((format!("{}/all_dirty_cold", s.name), percentiles(&s, 500, Some(&flush))));
+            figures
+                .push((format!("{}/all_dirty_cold", s.name), percentiles(&s, 500, Some(&flush))));
         }
     }
     let worst = everyone_holds_everything(1000, 512);
-    g.bench_function(&worst.name, |b| b.iter(|| black_box(worst.index.find_matches(&worst.queries[0]))));
+    g.bench_function(&worst.name, |b| {
+        b.iter(|| black_box(worst.index.find_matches(&worst.queries[0])))
+    });
     figures.push((worst.name.clone(), percentiles(&worst, 5_000, None)));
     g.finish();
     for (name, (p50, p99, workers)) in figures {
-        println!("FIGURE find_matches {name}: p50 {:.2} µs, p99 {:.2} µs ({workers} workers matched)", p50.as_secs_f64() * 1e6, p99.as_secs_f64() * 1e6);
-        emit(serde_json::json!({"bench": "index", "figure": "find_matches", "name": name, "p50_us": p50.as_secs_f64() * 1e6, "p99_us": p99.as_secs_f64() * 1e6, "workers_matched": workers}));
+        println!(
+            "FIGURE find_matches {name}: p50 {:.2} µs, p99 {:.2} µs ({workers} workers matched)",
+            p50.as_secs_f64() * 1e6,
+            p99.as_secs_f64() * 1e6
+        );
+        emit(
+            serde_json::json!({"bench": "index", "figure": "find_matches", "name": name, "p50_us": p50.as_secs_f64() * 1e6, "p99_us": p99.as_secs_f64() * 1e6, "workers_matched": workers}),
+        );
     }
 }
 
 fn memory_figures() {
-    for (label, workers, holders) in [("1 holder per block", 16u32, 1u32), ("2 holders per block", 16, 2), ("8 holders per block (bitmap)", 1000, 8)] {
+    for (label, workers, holders) in [
+        ("1 holder per block", 16u32, 1u32),
+        ("2 holders per block", 16, 2),
+        ("8 holders per block (bitmap)", 1000, 8),
+    ] {
         let mut rng = StdRng::seed_from_u64(5);
         let before = LIVE.load(Ordering::Relaxed);
         let mut index = KvIndex::new(100_000_000, 10_000_000);
@@ -344,7 +429,8 @@ fn memory_figures() {
             let tokens = random_tokens(&mut rng, 32 * BS);
             for h in 0..holders {
                 let w = (c as u32 * 7 + h * 13) % workers;
-                let hashes: Vec<u64> = (0..32).map(|b| ((c as u64) << 16) | (u64::from(h) << 8) | b).collect();
+                let hashes: Vec<u64> =
+                    (0..32).map(|b| ((c as u64) << 16) | (u64::from(h) << 8) | b).collect();
                 index.store(w, None, &hashes, &tokens, BS, XXH3_SEED);
             }
         }
@@ -366,7 +452,11 @@ fn memory_figures() {
 }
 
 fn config() -> Criterion {
-    Criterion::default().sample_size(SAMPLE_SIZE).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2)).configure_from_args()
+    Criterion::default()
+        .sample_size(SAMPLE_SIZE)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .configure_from_args()
 }
 
 criterion_group! { name = benches; config = config(); targets = bench_apply, bench_find_matches }

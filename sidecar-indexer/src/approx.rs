@@ -25,11 +25,7 @@ pub struct ApproxTracker {
 impl ApproxTracker {
     /// A tracker forgetting blocks after `ttl`, remembering at most `max_per_worker` per worker.
     pub fn new(ttl: Duration, max_per_worker: usize) -> Self {
-        Self {
-            workers: HashMap::new(),
-            ttl,
-            max_per_worker: max_per_worker.max(1),
-        }
+        Self { workers: HashMap::new(), ttl, max_per_worker: max_per_worker.max(1) }
     }
 
     /// New bounds (a reload).

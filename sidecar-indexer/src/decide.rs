@@ -64,10 +64,7 @@ pub fn decide<R: Rng + ?Sized>(
         })
         .collect();
     let mut plan = decide_worker(input, &workers, cfg, rng)?;
-    let decode = workers
-        .iter()
-        .find(|w| w.id == plan.worker)
-        .ok_or(DecideError::NoDecodeWorker)?;
+    let decode = workers.iter().find(|w| w.id == plan.worker).ok_or(DecideError::NoDecodeWorker)?;
     let mode_input = ModeInput {
         isl_tokens: input.isl_tokens as u64,
         block_size: input.block_size,
@@ -98,22 +95,10 @@ fn decide_worker<R: Rng + ?Sized>(
 ) -> Result<Plan, DecideError> {
     let isl = input.full_blocks();
     let candidates: Vec<&WorkerView<'_>> = workers.iter().filter(|w| w.candidate()).collect();
-    let best_index = candidates
-        .iter()
-        .map(|w| w.overlap_blocks)
-        .max()
-        .unwrap_or(0);
+    let best_index = candidates.iter().map(|w| w.overlap_blocks).max().unwrap_or(0);
     let scored: Vec<Scored<'_, '_>> = candidates
         .iter()
-        .map(|w| {
-            score(
-                w,
-                input.isl_tokens as u64,
-                input.block_size,
-                best_index,
-                cfg,
-            )
-        })
+        .map(|w| score(w, input.isl_tokens as u64, input.block_size, best_index, cfg))
         .collect();
     let mut prefix = String::new();
     // The codes of `prefix`'s clauses, in order.
@@ -125,13 +110,7 @@ fn decide_worker<R: Rng + ?Sized>(
             .find(|w| w.id == id)
             .ok_or_else(|| DecideError::UnknownOverrideWorker(id.to_owned()))?;
         if w.candidate() {
-            let s = score(
-                w,
-                input.isl_tokens as u64,
-                input.block_size,
-                best_index,
-                cfg,
-            );
+            let s = score(w, input.isl_tokens as u64, input.block_size, best_index, cfg);
             let reason = format!(
                 "override x-kvmesh-worker {}: overlap {}/{isl} blocks, predicted {:.1} ms",
                 w.id,
@@ -151,11 +130,7 @@ fn decide_worker<R: Rng + ?Sized>(
         prefix = format!(
             "override {} ignored ({}); ",
             w.id,
-            if w.healthy {
-                "cannot decode"
-            } else {
-                "unhealthy"
-            }
+            if w.healthy { "cannot decode" } else { "unhealthy" }
         );
     }
     if scored.is_empty() {
@@ -164,11 +139,8 @@ fn decide_worker<R: Rng + ?Sized>(
 
     // Hard guards: an overloaded worker is a candidate only when every worker is.
     let guarded: Vec<Scored<'_, '_>> = {
-        let ok: Vec<Scored<'_, '_>> = scored
-            .iter()
-            .copied()
-            .filter(|s| overloaded(s.w, cfg).is_none())
-            .collect();
+        let ok: Vec<Scored<'_, '_>> =
+            scored.iter().copied().filter(|s| overloaded(s.w, cfg).is_none()).collect();
         if ok.is_empty() {
             scored.clone()
         } else {
@@ -192,9 +164,7 @@ fn decide_worker<R: Rng + ?Sized>(
             // piles every new conversation onto them; only its own `kv_home` (a retried first
             // turn) is a home.
             SessionPlacement::Predicted | SessionPlacement::Sticky => {
-                let kv_home = input
-                    .kv_home
-                    .filter(|h| candidates.iter().any(|w| w.id == *h));
+                let kv_home = input.kv_home.filter(|h| candidates.iter().any(|w| w.id == *h));
                 let holders: Vec<&str> = candidates
                     .iter()
                     .filter(|w| best_index > 0 && w.overlap_blocks == best_index)
@@ -216,11 +186,8 @@ fn decide_worker<R: Rng + ?Sized>(
         if let Some(home_id) = home_id {
             match guarded.iter().find(|s| s.w.id == home_id) {
                 Some(&home) => {
-                    let others: Vec<Scored<'_, '_>> = guarded
-                        .iter()
-                        .copied()
-                        .filter(|s| s.w.id != home_id)
-                        .collect();
+                    let others: Vec<Scored<'_, '_>> =
+                        guarded.iter().copied().filter(|s| s.w.id != home_id).collect();
                     let best_other =
                         (!others.is_empty()).then(|| pick(&others, isl, None, cfg, rng).0);
                     let gain = best_other.map_or(0.0, |o| home.cost_s - o.cost_s);
@@ -334,17 +301,10 @@ fn decide_worker<R: Rng + ?Sized>(
         .session
         .and_then(|(key, _)| rendezvous::pick(key.0, placeable.iter().map(|s| s.w.id)));
     let (chosen, inner, next) = pick(placeable, isl, rendezvous_home, cfg, rng);
-    let max_cached = guarded
-        .iter()
-        .map(|s| s.w.cached_blocks())
-        .max()
-        .unwrap_or(0);
+    let max_cached = guarded.iter().map(|s| s.w.cached_blocks()).max().unwrap_or(0);
     let cached = chosen.w.cached_blocks();
-    let basis = if cached > 0 && cached == max_cached {
-        Basis::BestOverlap
-    } else {
-        Basis::LowestCost
-    };
+    let basis =
+        if cached > 0 && cached == max_cached { Basis::BestOverlap } else { Basis::LowestCost };
     Ok(finish(
         input,
         chosen,
@@ -407,11 +367,7 @@ fn finish(
 /// The worker holding most of the prompt per the index (the chosen one on a tie, else the smallest
 /// id); None when nobody holds block 0.
 fn best_overlap(candidates: &[&WorkerView<'_>], chosen: &str) -> Option<(String, u32)> {
-    let max = candidates
-        .iter()
-        .map(|w| w.overlap_blocks)
-        .max()
-        .filter(|m| *m > 0)?;
+    let max = candidates.iter().map(|w| w.overlap_blocks).max().filter(|m| *m > 0)?;
     let best = candidates
         .iter()
         .filter(|w| w.overlap_blocks == max)

@@ -14,11 +14,8 @@ pub(crate) fn view(id: &'static str, overlap: u32, queued: u64) -> WorkerView<'s
     WorkerView {
         id,
         endpoint: Box::leak(
-            format!(
-                "10.0.0.{}:8000",
-                id.trim_start_matches(|c: char| c.is_ascii_alphabetic())
-            )
-            .into_boxed_str(),
+            format!("10.0.0.{}:8000", id.trim_start_matches(|c: char| c.is_ascii_alphabetic()))
+                .into_boxed_str(),
         ),
         role: Role::Decode,
         healthy: true,
@@ -53,11 +50,7 @@ fn input(tokens: usize) -> RouteInput<'static> {
 }
 
 fn session(tokens: usize, kv_home: Option<&'static str>) -> RouteInput<'static> {
-    RouteInput {
-        session: Some((SessionKey(42), SessionSource::Header)),
-        kv_home,
-        ..input(tokens)
-    }
+    RouteInput { session: Some((SessionKey(42), SessionSource::Header)), kv_home, ..input(tokens) }
 }
 
 fn rng() -> StdRng {
@@ -94,9 +87,7 @@ fn predicted_ttft_table() {
             plan.predicted_ttft_ms
         );
         assert_eq!(
-            plan.into_decision()
-                .predicted_ttft_ms
-                .map(|x| (x * 1e6).round() / 1e6),
+            plan.into_decision().predicted_ttft_ms.map(|x| (x * 1e6).round() / 1e6),
             Some(want)
         );
     }
@@ -159,24 +150,13 @@ fn overlap_is_capped_by_the_last_block_rule_everywhere() {
         ..RoutingConfig::default()
     };
     // (tokens, held, want overlap)
-    for (tokens, held, want) in [
-        (640, 40, 39),
-        (641, 40, 40),
-        (639, 40, 39),
-        (16, 1, 0),
-        (2048, 128, 127),
-    ] {
+    for (tokens, held, want) in
+        [(640, 40, 39), (641, 40, 40), (639, 40, 39), (16, 1, 0), (2048, 128, 127)]
+    {
         let workers = [view("w1", held, 0), view("w2", 0, 100_000)];
         let plan = decide(&input(tokens), &workers, &cfg, &mut rng()).unwrap();
-        assert_eq!(
-            (plan.worker.as_str(), plan.overlap_blocks),
-            ("w1", want),
-            "{tokens} tokens"
-        );
-        assert_eq!(
-            plan.best_overlap,
-            (want > 0).then(|| ("w1".to_owned(), want))
-        );
+        assert_eq!((plan.worker.as_str(), plan.overlap_blocks), ("w1", want), "{tokens} tokens");
+        assert_eq!(plan.best_overlap, (want > 0).then(|| ("w1".to_owned(), want)));
         assert_eq!(plan.uncached_tokens, tokens as u64 - u64::from(want) * 16);
     }
     // A migration opportunity counts capped blocks too.
@@ -200,10 +180,7 @@ fn unhealthy_and_prefill_only_workers_get_no_traffic() {
         assert!(plan.fallbacks.is_empty());
     }
     let none = vec![workers[0].clone(), workers[1].clone()];
-    assert_eq!(
-        decide(&input(640), &none, &cfg, &mut rng()),
-        Err(DecideError::NoDecodeWorker)
-    );
+    assert_eq!(decide(&input(640), &none, &cfg, &mut rng()), Err(DecideError::NoDecodeWorker));
 }
 
 #[test]
@@ -214,9 +191,7 @@ fn near_ties_are_broken_at_random_and_temperature_spreads() {
     let mut r = rng();
     let mut seen = std::collections::BTreeMap::new();
     for _ in 0..200 {
-        *seen
-            .entry(decide(&input(64), &workers, &cfg, &mut r).unwrap().worker)
-            .or_insert(0) += 1;
+        *seen.entry(decide(&input(64), &workers, &cfg, &mut r).unwrap().worker).or_insert(0) += 1;
     }
     assert_eq!(
         seen.keys().cloned().collect::<Vec<_>>(),
@@ -225,22 +200,10 @@ fn near_ties_are_broken_at_random_and_temperature_spreads() {
     );
     assert!(seen.values().all(|n| *n > 50), "{seen:?}");
     // No band: the fastest always.
-    let strict = RoutingConfig {
-        near_tie_ms: 0.0,
-        near_tie_fraction: 0.0,
-        ..cfg.clone()
-    };
-    assert!(
-        (0..50).all(|_| decide(&input(64), &workers, &strict, &mut r)
-            .unwrap()
-            .worker
-            == "w1")
-    );
+    let strict = RoutingConfig { near_tie_ms: 0.0, near_tie_fraction: 0.0, ..cfg.clone() };
+    assert!((0..50).all(|_| decide(&input(64), &workers, &strict, &mut r).unwrap().worker == "w1"));
     // With temperature, the clearly best worker wins most but not all of the time.
-    let hot = RoutingConfig {
-        temperature: 0.5,
-        ..cfg
-    };
+    let hot = RoutingConfig { temperature: 0.5, ..cfg };
     let workers = vec![view("w1", 39, 0), view("w2", 0, 0)];
     let wins = (0..1000)
         .filter(|_| decide(&input(640), &workers, &hot, &mut r).unwrap().worker == "w1")
@@ -253,10 +216,8 @@ fn a_burst_spreads_by_the_booked_backlog() {
     // Each decision adds its prefill to the chosen worker's queue (what `AppState::placed` does):
     // 16 cold requests of 1000 tokens over 4 idle workers end 4 per worker.
     let cfg = RoutingConfig::default();
-    let mut workers: Vec<WorkerView<'static>> = ["w1", "w2", "w3", "w4"]
-        .iter()
-        .map(|id| view(id, 0, 0))
-        .collect();
+    let mut workers: Vec<WorkerView<'static>> =
+        ["w1", "w2", "w3", "w4"].iter().map(|id| view(id, 0, 0)).collect();
     let mut per = std::collections::BTreeMap::new();
     let mut r = rng();
     for _ in 0..16 {
@@ -286,10 +247,7 @@ fn near_ties_have_no_deterministic_preference_but_a_new_session_takes_its_rendez
     for k in 0..50u64 {
         let key = SessionKey(k.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let want = rendezvous::pick(key.0, idle.iter().map(|w| w.id)).unwrap();
-        let session = RouteInput {
-            session: Some((key, SessionSource::Prefix)),
-            ..input(640)
-        };
+        let session = RouteInput { session: Some((key, SessionSource::Prefix)), ..input(640) };
         assert_eq!(decide(&session, &idle, &cfg, &mut r).unwrap().worker, want);
     }
 }
@@ -348,10 +306,7 @@ fn a_session_weighs_recomputing_its_history_or_migrating_it() {
         plan.reason
     );
     // With migration on, w2 pulls the 999 blocks instead: 1.6 ms there, so it moves (and migrates).
-    let on = RoutingConfig {
-        kv_migration: KvMigration::On,
-        ..RoutingConfig::default()
-    };
+    let on = RoutingConfig { kv_migration: KvMigration::On, ..RoutingConfig::default() };
     let plan = decide(&req, &workers, &on, &mut rng()).unwrap();
     assert_eq!(
         (plan.worker.as_str(), plan.basis, plan.mode),
@@ -364,15 +319,8 @@ fn a_session_weighs_recomputing_its_history_or_migrating_it() {
         "{}",
         plan.reason
     );
-    assert!(
-        close(plan.predicted_ttft_ms, 1.6),
-        "{}",
-        plan.predicted_ttft_ms
-    );
-    assert_eq!(
-        plan.uncached_tokens, 16,
-        "the target computes only the tail"
-    );
+    assert!(close(plan.predicted_ttft_ms, 1.6), "{}", plan.predicted_ttft_ms);
+    assert_eq!(plan.uncached_tokens, 16, "the target computes only the tail");
 }
 
 #[test]
@@ -382,23 +330,11 @@ fn new_sessions_go_where_predicted_fastest() {
     // No home yet, or a home that left / is unhealthy: placed by prediction.
     for home in [None, Some("w9")] {
         let plan = decide(&session(640, home), &workers, &cfg, &mut rng()).unwrap();
-        assert_chose(
-            &plan,
-            "w2",
-            &[ReasonCode::NewSession, ReasonCode::LowestCost],
-        );
+        assert_chose(&plan, "w2", &[ReasonCode::NewSession, ReasonCode::LowestCost]);
     }
     // A deprecated `sticky` behaves the same.
-    let sticky = RoutingConfig {
-        session_placement: SessionPlacement::Sticky,
-        ..cfg
-    };
-    assert_eq!(
-        decide(&session(640, None), &workers, &sticky, &mut rng())
-            .unwrap()
-            .worker,
-        "w2"
-    );
+    let sticky = RoutingConfig { session_placement: SessionPlacement::Sticky, ..cfg };
+    assert_eq!(decide(&session(640, None), &workers, &sticky, &mut rng()).unwrap().worker, "w2");
 }
 
 /// Asserts the plan's worker and reason codes (the last one its basis), with its reason in the
@@ -422,21 +358,11 @@ fn a_conversation_opening_is_placed_by_cost_not_pinned_to_a_shared_prefix() {
         "w1",
         &[ReasonCode::SessionPin],
     );
-    let first = RouteInput {
-        opens_conversation: true,
-        ..session(640, None)
-    };
+    let first = RouteInput { opens_conversation: true, ..session(640, None) };
     let plan = decide(&first, &workers, &cfg, &mut rng()).unwrap();
-    assert_chose(
-        &plan,
-        "w2",
-        &[ReasonCode::NewSession, ReasonCode::LowestCost],
-    );
+    assert_chose(&plan, "w2", &[ReasonCode::NewSession, ReasonCode::LowestCost]);
     // A retried first turn goes back to where it was served (its own `kv_home`).
-    let retried = RouteInput {
-        kv_home: Some("w1"),
-        ..first
-    };
+    let retried = RouteInput { kv_home: Some("w1"), ..first };
     assert_chose(
         &decide(&retried, &workers, &cfg, &mut rng()).unwrap(),
         "w1",
@@ -467,20 +393,12 @@ fn cost_prices_recompute_by_the_requests_behind_it() {
         assert_eq!(plan.worker, want, "{q1} {q2} {rate}: {}", plan.reason);
     }
     // The work charge off (0): back to this request's TTFT alone.
-    let off = RoutingConfig {
-        work_charge: 0.0,
-        ..cfg
-    };
+    let off = RoutingConfig { work_charge: 0.0, ..cfg };
     let mut w1 = view("w1", 30, 700);
     let mut w2 = view("w2", 0, 0);
     w1.timing.arrivals_per_s = 20.0;
     w2.timing.arrivals_per_s = 20.0;
-    assert_eq!(
-        decide(&input(640), &[w1, w2], &off, &mut rng())
-            .unwrap()
-            .worker,
-        "w2"
-    );
+    assert_eq!(decide(&input(640), &[w1, w2], &off, &mut rng()).unwrap().worker, "w2");
 }
 
 #[test]
@@ -495,40 +413,23 @@ fn a_conversation_opening_stays_off_workers_over_their_share_of_the_load() {
     w3.recent_tokens_per_s = 1000.0;
     let workers = [w1, w2, w3];
     let cfg = RoutingConfig::default();
-    let opener = RouteInput {
-        opens_conversation: true,
-        ..session(640, None)
-    };
+    let opener = RouteInput { opens_conversation: true, ..session(640, None) };
     let plan = decide(&opener, &workers, &cfg, &mut rng()).unwrap();
     assert_ne!(plan.worker, "w1", "{}", plan.reason);
     assert_eq!(
         plan.reason_codes,
-        [
-            ReasonCode::NewSession,
-            ReasonCode::Balanced,
-            ReasonCode::LowestCost
-        ],
+        [ReasonCode::NewSession, ReasonCode::Balanced, ReasonCode::LowestCost],
         "{}",
         plan.reason
     );
-    assert!(
-        plan.reason.contains("balanced (w1 1.80x mean)"),
-        "{}",
-        plan.reason
-    );
+    assert!(plan.reason.contains("balanced (w1 1.80x mean)"), "{}", plan.reason);
     // A later turn of a session: the load share is not read.
     let plan = decide(&session(640, None), &workers, &cfg, &mut rng()).unwrap();
     assert_eq!(plan.worker, "w1", "{}", plan.reason);
     assert!(!plan.reason_codes.contains(&ReasonCode::Balanced));
     // Off (0): by cost.
-    let off = RoutingConfig {
-        session_balance: 0.0,
-        ..cfg.clone()
-    };
-    assert_eq!(
-        decide(&opener, &workers, &off, &mut rng()).unwrap().worker,
-        "w1"
-    );
+    let off = RoutingConfig { session_balance: 0.0, ..cfg.clone() };
+    assert_eq!(decide(&opener, &workers, &off, &mut rng()).unwrap().worker, "w1");
     // w2 and w3 busy (1,000 tokens queued, 164 ms): w1 is fastest even holding nothing (64 ms),
     // so its share is not what draws the opener, and sending it elsewhere would only make it wait.
     let mut busy = workers.clone();
@@ -562,13 +463,7 @@ fn a_request_without_a_session_follows_its_prefix_until_that_busy_worker_is_over
     let cfg = RoutingConfig::default();
     // The first sibling after the burst's first request follows it: w1 is 4x the mean, but
     // within the slack of two such requests above the least routed.
-    let plan = decide(
-        &input(640),
-        &fleet([64.0, 0.0, 0.0, 0.0], 2),
-        &cfg,
-        &mut rng(),
-    )
-    .unwrap();
+    let plan = decide(&input(640), &fleet([64.0, 0.0, 0.0, 0.0], 2), &cfg, &mut rng()).unwrap();
     assert_eq!(plan.worker, "w1", "{}", plan.reason);
     assert!(!plan.reason_codes.contains(&ReasonCode::Balanced));
     // Six of the burst's nine so far on w1, four still in flight there: 384 tokens/s, over 1.25 x
@@ -583,22 +478,12 @@ fn a_request_without_a_session_follows_its_prefix_until_that_busy_worker_is_over
         "{}",
         plan.reason
     );
-    assert!(
-        plan.reason.contains("balanced (w1 2.67x mean)"),
-        "{}",
-        plan.reason
-    );
+    assert!(plan.reason.contains("balanced (w1 2.67x mean)"), "{}", plan.reason);
     // Off, a slack wider than w1's lead over the least routed (320 tokens/s = 5 requests), or w1
     // serving one request (a prompt repeated one at a time, the last one's `/v1/done` not yet in:
     // nothing to balance now, and its cache is there): by cost.
-    let off = RoutingConfig {
-        request_balance: 0.0,
-        ..cfg.clone()
-    };
-    let wide = RoutingConfig {
-        request_balance_slack: 6.0,
-        ..cfg.clone()
-    };
+    let off = RoutingConfig { request_balance: 0.0, ..cfg.clone() };
+    let wide = RoutingConfig { request_balance_slack: 6.0, ..cfg.clone() };
     let idle = fleet([384.0, 64.0, 64.0, 64.0], 1);
     for (workers, cfg) in [(&piled, &off), (&piled, &wide), (&idle, &cfg)] {
         let plan = decide(&input(640), workers, cfg, &mut rng()).unwrap();
@@ -633,10 +518,7 @@ fn the_request_balance_yields_to_a_holder_that_saves_more_than_the_yield() {
         plan.reason
     );
     // With a yield above the saving the bound holds, as for the short prefix above.
-    let strict = RoutingConfig {
-        request_balance_yield_ms: 2000.0,
-        ..cfg
-    };
+    let strict = RoutingConfig { request_balance_yield_ms: 2000.0, ..cfg };
     let plan = decide(&input(12_800), &piled, &strict, &mut rng()).unwrap();
     assert_ne!(plan.worker, "w1", "{}", plan.reason);
     assert!(plan.reason.contains("balanced (w1 2.67x mean)"), "{}", plan.reason);
@@ -648,32 +530,19 @@ fn rendezvous_homes_agree_with_the_fleet_snapshot_pin() {
         session_placement: SessionPlacement::Rendezvous,
         ..RoutingConfig::default()
     };
-    let mut workers: Vec<WorkerView<'static>> = ["w1", "w2", "w3", "w4", "w5"]
-        .iter()
-        .map(|id| view(id, 0, 0))
-        .collect();
+    let mut workers: Vec<WorkerView<'static>> =
+        ["w1", "w2", "w3", "w4", "w5"].iter().map(|id| view(id, 0, 0)).collect();
     workers[1].healthy = false;
     workers[3].role = Role::Prefill;
     workers[4].role = Role::Both;
     let snapshot = fleet(&workers);
     for k in 0..500u64 {
         let key = SessionKey(kvmesh_core::hashing::xxh3(&k.to_le_bytes(), 0));
-        let req = RouteInput {
-            session: Some((key, SessionSource::Prefix)),
-            ..input(640)
-        };
+        let req = RouteInput { session: Some((key, SessionSource::Prefix)), ..input(640) };
         let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
-        assert_eq!(
-            Some(plan.worker.as_str()),
-            snapshot.pin(key.0).map(|w| w.id.as_str())
-        );
+        assert_eq!(Some(plan.worker.as_str()), snapshot.pin(key.0).map(|w| w.id.as_str()));
         assert_eq!(plan.basis, Basis::SessionPin);
-        assert_eq!(
-            plan.reason_codes,
-            [ReasonCode::SessionPin],
-            "{}",
-            plan.reason
-        );
+        assert_eq!(plan.reason_codes, [ReasonCode::SessionPin], "{}", plan.reason);
         assert!(plan.reason.contains("(source=prefix)"), "{}", plan.reason);
     }
 }
@@ -684,25 +553,17 @@ fn removing_a_worker_moves_only_its_rendezvous_sessions() {
         session_placement: SessionPlacement::Rendezvous,
         ..RoutingConfig::default()
     };
-    let all: Vec<WorkerView<'static>> = ["w1", "w2", "w3", "w4"]
-        .iter()
-        .map(|id| view(id, 0, 0))
-        .collect();
+    let all: Vec<WorkerView<'static>> =
+        ["w1", "w2", "w3", "w4"].iter().map(|id| view(id, 0, 0)).collect();
     let without: Vec<WorkerView<'static>> = all.iter().filter(|w| w.id != "w3").cloned().collect();
     let mut moved = 0;
     for k in 0..2000u64 {
         let key = SessionKey(kvmesh_core::hashing::xxh3(&k.to_le_bytes(), 9));
-        let req = RouteInput {
-            session: Some((key, SessionSource::Header)),
-            ..input(64)
-        };
+        let req = RouteInput { session: Some((key, SessionSource::Header)), ..input(64) };
         let before = decide(&req, &all, &cfg, &mut rng()).unwrap().worker;
         let after = decide(&req, &without, &cfg, &mut rng()).unwrap().worker;
         if before != "w3" {
-            assert_eq!(
-                before, after,
-                "session {k} moved although its worker stayed"
-            );
+            assert_eq!(before, after, "session {k} moved although its worker stayed");
         } else {
             moved += 1;
         }
@@ -712,26 +573,15 @@ fn removing_a_worker_moves_only_its_rendezvous_sessions() {
 
 #[test]
 fn an_overloaded_home_is_left_and_says_why() {
-    let cfg = RoutingConfig {
-        overload_waiting_requests: 8,
-        ..RoutingConfig::default()
-    };
+    let cfg = RoutingConfig { overload_waiting_requests: 8, ..RoutingConfig::default() };
     // w1 is home (it holds most of the prompt, and served it last) and over the guard.
     let mut workers: Vec<WorkerView<'static>> =
         vec![view("w1", 30, 0), view("w2", 0, 0), view("w3", 20, 0)];
     workers[0].waiting_requests = 9;
     let req = session(640, Some("w1"));
     let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
-    assert_eq!(
-        (plan.worker.as_str(), plan.basis),
-        ("w3", Basis::PinOverloaded)
-    );
-    assert_eq!(
-        plan.reason_codes,
-        [ReasonCode::PinOverloaded],
-        "{}",
-        plan.reason
-    );
+    assert_eq!((plan.worker.as_str(), plan.basis), ("w3", Basis::PinOverloaded));
+    assert_eq!(plan.reason_codes, [ReasonCode::PinOverloaded], "{}", plan.reason);
     // The prose says which guard: the debug header is where an operator reads it.
     assert!(
         plan.reason.starts_with(
@@ -757,28 +607,19 @@ fn an_overloaded_home_is_left_and_says_why() {
         w.waiting_requests = 100;
     }
     let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
-    assert_eq!(
-        (plan.worker.as_str(), plan.basis),
-        ("w1", Basis::SessionPin)
-    );
+    assert_eq!((plan.worker.as_str(), plan.basis), ("w1", Basis::SessionPin));
 }
 
 #[test]
 fn overrides() {
     let cfg = RoutingConfig::default();
     let mut workers = vec![view("w1", 39, 0), view("w2", 0, 0)];
-    let req = RouteInput {
-        override_worker: Some("w2"),
-        ..input(640)
-    };
+    let req = RouteInput { override_worker: Some("w2"), ..input(640) };
     let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
     assert_eq!((plan.worker.as_str(), plan.basis), ("w2", Basis::Override));
     assert_eq!(plan.reason_codes, [ReasonCode::Override], "{}", plan.reason);
     assert_eq!(plan.best_overlap, Some(("w1".into(), 39)));
-    let bad = RouteInput {
-        override_worker: Some("w9"),
-        ..input(640)
-    };
+    let bad = RouteInput { override_worker: Some("w9"), ..input(640) };
     assert_eq!(
         decide(&bad, &workers, &cfg, &mut rng()),
         Err(DecideError::UnknownOverrideWorker("w9".into()))
@@ -792,10 +633,7 @@ fn overrides() {
         "{}",
         plan.reason
     );
-    let mode = RouteInput {
-        override_mode: Some(Mode::Disagg),
-        ..input(640)
-    };
+    let mode = RouteInput { override_mode: Some(Mode::Disagg), ..input(640) };
     let plan = decide(&mode, &workers, &cfg, &mut rng()).unwrap();
     assert_eq!(plan.mode, Mode::Aggregate);
     assert_eq!(
@@ -821,8 +659,7 @@ fn decision_carries_best_overlap_block_counts_and_speculation_apart() {
         "speculation is never index overlap"
     );
     assert!(
-        plan.reason
-            .contains("overlap 10/40 blocks (best elsewhere 30) (+8 speculative)"),
+        plan.reason.contains("overlap 10/40 blocks (best elsewhere 30) (+8 speculative)"),
         "{}",
         plan.reason
     );
@@ -881,21 +718,11 @@ fn a_session_home_is_where_the_shared_index_says_its_kv_is() {
     let cfg = RoutingConfig::default();
     let workers = [view("w1", 5, 0), view("w2", 30, 0), view("w3", 0, 0)];
     let plan = decide(&session(640, Some("w1")), &workers, &cfg, &mut rng()).unwrap();
-    assert_eq!(
-        (plan.worker.as_str(), plan.basis),
-        ("w2", Basis::SessionPin),
-        "{}",
-        plan.reason
-    );
+    assert_eq!((plan.worker.as_str(), plan.basis), ("w2", Basis::SessionPin), "{}", plan.reason);
     // When the index does not tell workers apart, this replica's memory decides.
     let even = [view("w1", 30, 0), view("w2", 30, 0), view("w3", 30, 0)];
     let plan = decide(&session(640, Some("w3")), &even, &cfg, &mut rng()).unwrap();
-    assert_eq!(
-        (plan.worker.as_str(), plan.basis),
-        ("w3", Basis::SessionPin),
-        "{}",
-        plan.reason
-    );
+    assert_eq!((plan.worker.as_str(), plan.basis), ("w3", Basis::SessionPin), "{}", plan.reason);
 }
 
 /// Drift guard: the README's "Decision reasons" table names every reason code.

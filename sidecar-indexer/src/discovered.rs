@@ -19,7 +19,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kvmesh_discovery::{Change, DiscoveredWorker, MemberStatus, MembershipUpdate, SkipReason, Skipped};
+use kvmesh_discovery::{
+    Change, DiscoveredWorker, MemberStatus, MembershipUpdate, SkipReason, Skipped,
+};
 
 use crate::config::{Config, WorkerConfig};
 
@@ -41,7 +43,10 @@ pub const ERROR_REASONS: [&str; 4] = ["client", "start", "apply", "ended"];
 
 /// `kvmesh_discovery_skipped_endpoints{reason}` labels: discovery's own reasons, then ours.
 pub fn skip_reasons() -> impl Iterator<Item = &'static str> {
-    SkipReason::ALL.into_iter().map(SkipReason::as_str).chain([LEFT_OUT_STATIC_ID, LEFT_OUT_INVALID])
+    SkipReason::ALL
+        .into_iter()
+        .map(SkipReason::as_str)
+        .chain([LEFT_OUT_STATIC_ID, LEFT_OUT_INVALID])
 }
 
 /// The metric label of a change.
@@ -153,7 +158,8 @@ impl Merged {
 /// The effective fleet: `file` plus every discovered worker that fits (see the module docs).
 pub fn merge(file: &Config, fleet: &DiscoveredFleet) -> Merged {
     let mut config = file.clone();
-    let statics: BTreeMap<&str, &WorkerConfig> = file.workers.iter().map(|w| (w.id.as_str(), w)).collect();
+    let statics: BTreeMap<&str, &WorkerConfig> =
+        file.workers.iter().map(|w| (w.id.as_str(), w)).collect();
     // Each discovered worker is checked by the same validation a file entry gets, alone beside the
     // file's settings, so one bad endpoint costs that worker only.
     let mut probe = Config { workers: Vec::with_capacity(1), ..file.clone() };
@@ -163,13 +169,21 @@ pub fn merge(file: &Config, fleet: &DiscoveredFleet) -> Merged {
     for member in fleet.members() {
         let id = &member.worker.id;
         if let Some(s) = statics.get(id.as_str()) {
-            left_out.push(LeftOut { id: id.clone(), reason: LEFT_OUT_STATIC_ID, detail: format!("static worker at {}", s.endpoint) });
+            left_out.push(LeftOut {
+                id: id.clone(),
+                reason: LEFT_OUT_STATIC_ID,
+                detail: format!("static worker at {}", s.endpoint),
+            });
             continue;
         }
         probe.workers.clear();
         probe.workers.push(worker_config(&member.worker));
         if let Err(e) = probe.validate() {
-            left_out.push(LeftOut { id: id.clone(), reason: LEFT_OUT_INVALID, detail: e.to_string() });
+            left_out.push(LeftOut {
+                id: id.clone(),
+                reason: LEFT_OUT_INVALID,
+                detail: e.to_string(),
+            });
             continue;
         }
         config.workers.append(&mut probe.workers);

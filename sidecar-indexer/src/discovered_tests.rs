@@ -16,7 +16,9 @@ block_size = 16
 fn file(statics: &[(&str, &str)]) -> Config {
     let mut text = FILE.to_owned();
     for (id, endpoint) in statics {
-        text.push_str(&format!("[[workers]]\nid = \"{id}\"\nrole = \"decode\"\nendpoint = \"{endpoint}\"\n"));
+        text.push_str(&format!(
+            "[[workers]]\nid = \"{id}\"\nrole = \"decode\"\nendpoint = \"{endpoint}\"\n"
+        ));
     }
     Config::from_toml_str(&text, &MapEnv::default()).unwrap()
 }
@@ -81,11 +83,21 @@ fn merge_table() {
             want_skipped: vec![],
         },
         Case {
-            name: "discovered workers follow the static ones; not ready and draining get no traffic",
+            name:
+                "discovered workers follow the static ones; not ready and draining get no traffic",
             statics: vec![("s0", "127.0.0.1:1")],
-            members: vec![member("a", "10.0.0.1", 'r'), member("b", "10.0.0.2", 'n'), member("c", "10.0.0.3", 'd')],
+            members: vec![
+                member("a", "10.0.0.1", 'r'),
+                member("b", "10.0.0.2", 'n'),
+                member("c", "10.0.0.3", 'd'),
+            ],
             skipped: vec![],
-            want_workers: vec![("s0", "127.0.0.1:1"), ("a", "10.0.0.1:8000"), ("b", "10.0.0.2:8000"), ("c", "10.0.0.3:8000")],
+            want_workers: vec![
+                ("s0", "127.0.0.1:1"),
+                ("a", "10.0.0.1:8000"),
+                ("b", "10.0.0.2:8000"),
+                ("c", "10.0.0.3:8000"),
+            ],
             want_unroutable: vec!["b", "c"],
             want_left_out: vec![],
             want_statuses: (1, 1, 1),
@@ -94,7 +106,11 @@ fn merge_table() {
         Case {
             name: "a static id wins over a discovered one, even a draining one",
             statics: vec![("a", "127.0.0.1:1"), ("c", "127.0.0.1:3")],
-            members: vec![member("a", "10.0.0.1", 'r'), member("b", "10.0.0.2", 'r'), member("c", "10.0.0.3", 'd')],
+            members: vec![
+                member("a", "10.0.0.1", 'r'),
+                member("b", "10.0.0.2", 'r'),
+                member("c", "10.0.0.3", 'd'),
+            ],
             skipped: vec![],
             want_workers: vec![("a", "127.0.0.1:1"), ("c", "127.0.0.1:3"), ("b", "10.0.0.2:8000")],
             want_unroutable: vec![],
@@ -136,10 +152,16 @@ fn merge_table() {
         m.config.validate().unwrap_or_else(|e| panic!("{}: merged config invalid: {e}", c.name));
         let unroutable: Vec<&str> = m.unroutable.iter().map(String::as_str).collect();
         assert_eq!(unroutable, c.want_unroutable, "{}: unroutable", c.name);
-        let left: Vec<(&str, &str)> = m.left_out.iter().map(|l| (l.id.as_str(), l.reason)).collect();
+        let left: Vec<(&str, &str)> =
+            m.left_out.iter().map(|l| (l.id.as_str(), l.reason)).collect();
         assert_eq!(left, c.want_left_out, "{}: left out", c.name);
         let (r, n, d) = c.want_statuses;
-        assert_eq!((m.statuses["routable"], m.statuses["not_ready"], m.statuses["draining"]), (r, n, d), "{}: statuses", c.name);
+        assert_eq!(
+            (m.statuses["routable"], m.statuses["not_ready"], m.statuses["draining"]),
+            (r, n, d),
+            "{}: statuses",
+            c.name
+        );
         assert_eq!(m.discovered(), r + n + d, "{}", c.name);
         for reason in skip_reasons() {
             let want = c.want_skipped.iter().find(|(k, _)| *k == reason).map_or(0, |(_, n)| *n);
@@ -156,23 +178,59 @@ fn discovered_entries_are_fleet_file_entries() {
     assert_eq!(w.events_endpoint(0).as_deref(), Some("tcp://10.244.1.17:5557"));
     assert_eq!(w.replay_endpoint(0).as_deref(), Some("tcp://10.244.1.17:5558"));
     assert_eq!((w.dp_ranks, w.kv_events_bind, w.kv_topic.as_str()), (1, false, ""));
-    let v6 = DiscoveredWorker { endpoint: "[fd00::17]:8000".into(), kv_events: "tcp://[fd00::17]:5557".into(), kv_replay: None, ..worker("v6", "x") };
-    let m = merge(&file(&[]), &fleet(vec![MemberStatus { worker: v6.clone(), routable: true, drop_at: None }], vec![]));
+    let v6 = DiscoveredWorker {
+        endpoint: "[fd00::17]:8000".into(),
+        kv_events: "tcp://[fd00::17]:5557".into(),
+        kv_replay: None,
+        ..worker("v6", "x")
+    };
+    let m = merge(
+        &file(&[]),
+        &fleet(vec![MemberStatus { worker: v6.clone(), routable: true, drop_at: None }], vec![]),
+    );
     assert!(m.left_out.is_empty(), "{:?}", m.left_out);
-    assert_eq!(m.config.workers, vec![worker_config(&v6)], "IPv6 endpoints pass the fleet validation");
+    assert_eq!(
+        m.config.workers,
+        vec![worker_config(&v6)],
+        "IPv6 endpoints pass the fleet validation"
+    );
 }
 
 /// The real membership state machine drives the merge through a flap within the grace period and
 /// a departure past it: the effective fleet changes only on join and leave; routability in between.
 #[test]
 fn membership_sequences_become_fleet_changes() {
-    type Step = (u64, Option<Vec<(&'static str, &'static str, bool)>>, &'static [&'static str], &'static [&'static str], &'static [&'static str]);
+    type Step = (
+        u64,
+        Option<Vec<(&'static str, &'static str, bool)>>,
+        &'static [&'static str],
+        &'static [&'static str],
+        &'static [&'static str],
+    );
     // (seconds, view (None = clock only), change kinds, workers in the fleet, unroutable)
     let steps: Vec<Step> = vec![
-        (0, Some(vec![("a", "10.0.0.1", true), ("b", "10.0.0.2", true)]), &["joined", "joined"], &["s0", "a", "b"], &[]),
+        (
+            0,
+            Some(vec![("a", "10.0.0.1", true), ("b", "10.0.0.2", true)]),
+            &["joined", "joined"],
+            &["s0", "a", "b"],
+            &[],
+        ),
         (5, Some(vec![("a", "10.0.0.1", true)]), &["unroutable"], &["s0", "a", "b"], &["b"]),
-        (10, Some(vec![("a", "10.0.0.1", true), ("b", "10.0.0.2", true)]), &["routable"], &["s0", "a", "b"], &[]),
-        (11, Some(vec![("a", "10.0.0.1", true), ("b", "10.0.0.2", false)]), &["unroutable"], &["s0", "a", "b"], &["b"]),
+        (
+            10,
+            Some(vec![("a", "10.0.0.1", true), ("b", "10.0.0.2", true)]),
+            &["routable"],
+            &["s0", "a", "b"],
+            &[],
+        ),
+        (
+            11,
+            Some(vec![("a", "10.0.0.1", true), ("b", "10.0.0.2", false)]),
+            &["unroutable"],
+            &["s0", "a", "b"],
+            &["b"],
+        ),
         (12, Some(vec![("a", "10.0.0.1", true)]), &["unroutable"], &["s0", "a", "b"], &["b"]),
         (41, None, &[], &["s0", "a", "b"], &["b"]),
         (42, None, &["left"], &["s0", "a"], &[]),
@@ -194,7 +252,12 @@ fn membership_sequences_become_fleet_changes() {
             }
             None => membership.expire(now),
         };
-        let update = MembershipUpdate { generation: generation as u64 + 1, changes, workers: membership.members().cloned().collect(), skipped: vec![] };
+        let update = MembershipUpdate {
+            generation: generation as u64 + 1,
+            changes,
+            workers: membership.members().cloned().collect(),
+            skipped: vec![],
+        };
         let got: Vec<&str> = discovered.apply(update).iter().map(change_kind).collect();
         assert_eq!(got, kinds, "t={at}: changes");
         let m = merge(&f, &discovered);
@@ -211,7 +274,8 @@ fn membership_sequences_become_fleet_changes() {
 #[test]
 fn labels_cover_every_variant() {
     assert_eq!(skip_reasons().count(), SkipReason::ALL.len() + 2);
-    let statuses: Vec<&str> = ['r', 'n', 'd'].iter().map(|s| status_of(&member("a", "10.0.0.1", *s))).collect();
+    let statuses: Vec<&str> =
+        ['r', 'n', 'd'].iter().map(|s| status_of(&member("a", "10.0.0.1", *s))).collect();
     assert_eq!(statuses, STATUSES);
 }
 
@@ -239,10 +303,18 @@ fn the_table_parses_into_the_discovery_config() {
 #[test]
 fn bad_tables_are_config_errors_naming_the_field() {
     let cases: &[(&str, &str, &str)] = &[
-        ("grace_period_ms = 500", "grace_period_ms = 3600001", "discovery.kubernetes.grace_period_ms"),
+        (
+            "grace_period_ms = 500",
+            "grace_period_ms = 3600001",
+            "discovery.kubernetes.grace_period_ms",
+        ),
         ("service = \"vllm\"", "service = \"Not_A_Service\"", "discovery.kubernetes.service"),
         ("service = \"vllm\"", "", "discovery.kubernetes.service"),
-        ("grace_period_ms = 500", "grace_period_ms = 500\nmax_workers = 0", "discovery.kubernetes.max_workers"),
+        (
+            "grace_period_ms = 500",
+            "grace_period_ms = 500\nmax_workers = 0",
+            "discovery.kubernetes.max_workers",
+        ),
     ];
     for (from, to, field) in cases {
         let text = format!("{FILE}{}", TABLE.replacen(from, to, 1));

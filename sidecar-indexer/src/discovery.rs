@@ -46,7 +46,11 @@ impl DiscoveryLink {
     /// A link for a service started from `file` (nothing discovered yet).
     pub fn new(file: &Config) -> Self {
         Self {
-            state: tokio::sync::Mutex::new(LinkState { file: file.clone(), fleet: DiscoveredFleet::default(), left_out: BTreeSet::new() }),
+            state: tokio::sync::Mutex::new(LinkState {
+                file: file.clone(),
+                fleet: DiscoveredFleet::default(),
+                left_out: BTreeSet::new(),
+            }),
             unroutable: RwLock::new(BTreeSet::new()),
         }
     }
@@ -85,7 +89,10 @@ pub async fn reload_file(svc: &Arc<Service>, file: Config) -> Result<bool, Servi
 
 /// Applies one membership update: counts its changes, reloads if the effective fleet changed,
 /// flips routability. Returns whether anything changed.
-pub async fn apply_update(svc: &Arc<Service>, update: MembershipUpdate) -> Result<bool, ServiceError> {
+pub async fn apply_update(
+    svc: &Arc<Service>,
+    update: MembershipUpdate,
+) -> Result<bool, ServiceError> {
     let m = &svc.state.metrics.discovery;
     let mut st = svc.discovery.state.lock().await;
     let generation = update.generation;
@@ -98,7 +105,11 @@ pub async fn apply_update(svc: &Arc<Service>, update: MembershipUpdate) -> Resul
     let merged = merge(&st.file, &st.fleet);
     *svc.discovery.unroutable.write() = merged.unroutable.clone();
     // Unroutable / Routable alone change no config: no reload, only the flags below.
-    let reload = if *svc.state.config() != merged.config { svc.reload(merged.config.clone()).await } else { Ok(false) };
+    let reload = if *svc.state.config() != merged.config {
+        svc.reload(merged.config.clone()).await
+    } else {
+        Ok(false)
+    };
     let flipped = set_routability(&svc.state, &merged.unroutable);
     report(svc, &mut st, &merged);
     let reloaded = reload?;

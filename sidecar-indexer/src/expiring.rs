@@ -43,7 +43,13 @@ impl<K: Hash + Eq + Clone, V> ExpiringMap<K, V> {
     /// An empty map whose entries expire `ttl` after their last insert, holding at most
     /// `max_entries` (at least 1) once the caller pops what is over the cap.
     pub fn new(ttl: Duration, max_entries: usize) -> Self {
-        Self { map: HashMap::default(), order: VecDeque::new(), epoch: None, ttl, max_entries: max_entries.max(1) }
+        Self {
+            map: HashMap::default(),
+            order: VecDeque::new(),
+            epoch: None,
+            ttl,
+            max_entries: max_entries.max(1),
+        }
     }
 
     /// New bounds (a reload); entries beyond them leave on the next pop.

@@ -77,11 +77,7 @@ fn body(
         } else {
             ApiError::bad_request("bad_body", e.body_text())
         };
-        state
-            .metrics
-            .bad_requests
-            .with_label_values(&[endpoint, err.reason])
-            .inc();
+        state.metrics.bad_requests.with_label_values(&[endpoint, err.reason]).inc();
         err
     })
 }
@@ -96,30 +92,23 @@ async fn route(
     // Our own deadline (inside the layer's), so the answer carries a reason; the dropped call
     // releases whatever it booked.
     let deadline = Duration::from_millis(state.config().routing.request_timeout_ms);
-    let result =
-        match tokio::time::timeout(deadline, crate::route::route(&state, &headers, raw)).await {
-            Ok(r) => r,
-            Err(_) => Err(ApiError::unavailable(
-                "request_timeout",
-                format!(
-                    "no decision within routing.request_timeout_ms = {} ms",
-                    deadline.as_millis()
-                ),
-            )),
-        };
+    let result = match tokio::time::timeout(deadline, crate::route::route(&state, &headers, raw))
+        .await
+    {
+        Ok(r) => r,
+        Err(_) => Err(ApiError::unavailable(
+            "request_timeout",
+            format!("no decision within routing.request_timeout_ms = {} ms", deadline.as_millis()),
+        )),
+    };
     match &result {
-        Ok(_) => state
-            .metrics
-            .route_duration
-            .observe(started.elapsed().as_secs_f64()),
+        Ok(_) => state.metrics.route_duration.observe(started.elapsed().as_secs_f64()),
         // Not a bad request: the filter's base was evicted; it sends the whole body next
         // (`kvmesh_body_memo_total{result="base_unknown"}` counts it).
         Err(e) if e.reason == kvmesh_core::body_base::BASE_UNKNOWN => {}
-        Err(e) if e.status.is_client_error() && e.status != StatusCode::TOO_MANY_REQUESTS => state
-            .metrics
-            .bad_requests
-            .with_label_values(&["route", e.reason])
-            .inc(),
+        Err(e) if e.status.is_client_error() && e.status != StatusCode::TOO_MANY_REQUESTS => {
+            state.metrics.bad_requests.with_label_values(&["route", e.reason]).inc()
+        }
         Err(e) => {
             let c = state.metrics.route_errors.with_label_values(&[e.reason]);
             c.inc();
@@ -150,11 +139,7 @@ async fn done(
             false => Err(format!("{} reports in one batch (at most {max})", r.len())),
         })
         .map_err(|message| {
-            state
-                .metrics
-                .bad_requests
-                .with_label_values(&["done", "bad_json"])
-                .inc();
+            state.metrics.bad_requests.with_label_values(&["done", "bad_json"]).inc();
             ApiError::bad_request("bad_json", message)
         })?;
     let released = reports.iter().filter(|r| release_done(&state, r)).count();
@@ -181,15 +166,27 @@ fn release_done(state: &AppState, report: &DoneReport) -> bool {
     if let (Some(b), Some(served)) = (&released, report.endpoint.as_deref()) {
         let (booked_at, served_by) = {
             let fleet = state.fleet.read();
-            let booked_at = fleet.workers.iter().find(|w| w.cfg.id == b.worker).map(|w| w.cfg.endpoint.clone());
-            let served_by = fleet.workers.iter().find(|w| w.cfg.endpoint == served && w.cfg.role.decodes()).map(|w| w.cfg.id.clone());
+            let booked_at =
+                fleet.workers.iter().find(|w| w.cfg.id == b.worker).map(|w| w.cfg.endpoint.clone());
+            let served_by = fleet
+                .workers
+                .iter()
+                .find(|w| w.cfg.endpoint == served && w.cfg.role.decodes())
+                .map(|w| w.cfg.id.clone());
             (booked_at, served_by)
         };
         if booked_at.as_deref().is_some_and(|e| e != served) {
             tracing::debug!(request_id = %report.request_id, booked = %b.worker, served, "served by another host than booked; the booking is released");
             // The session's KV is where the request was served: its next turn goes there.
-            if let (Some(session), Some(to), kvmesh_core::api::Outcome::Success) = (b.session, served_by, report.outcome) {
-                if state.sessions.lock().served_elsewhere(session, &b.worker, &to, crate::clock::now()) {
+            if let (Some(session), Some(to), kvmesh_core::api::Outcome::Success) =
+                (b.session, served_by, report.outcome)
+            {
+                if state.sessions.lock().served_elsewhere(
+                    session,
+                    &b.worker,
+                    &to,
+                    crate::clock::now(),
+                ) {
                     state.metrics.kv_home_moves.inc();
                     tracing::info!(request_id = %report.request_id, from = %b.worker, to = %to, "a retry served the session on another worker; its kv_home follows");
                 }
@@ -213,10 +210,7 @@ async fn fleet(State(state): State<Arc<AppState>>) -> Json<kvmesh_core::api::Fle
 
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     state.refresh_gauges();
-    (
-        [("content-type", "text/plain; version=0.0.4")],
-        state.metrics.render(),
-    )
+    ([("content-type", "text/plain; version=0.0.4")], state.metrics.render())
 }
 
 /// Ready when the index reflects the engines (start-up replays done) and at least one healthy,
@@ -226,10 +220,7 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     if !waiting.is_empty() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "waiting for the start-up replay of: {}\n",
-                waiting.join(", ")
-            ),
+            format!("waiting for the start-up replay of: {}\n", waiting.join(", ")),
         )
             .into_response();
     }
@@ -241,10 +232,7 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
             "no decode-capable worker is healthy and routable"
         };
         tracing::debug!(workers = snapshot.workers.len(), "not ready: {why}");
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("no_decode_worker: {why}\n"),
-        )
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("no_decode_worker: {why}\n"))
             .into_response();
     }
     (StatusCode::OK, "ready\n").into_response()

@@ -57,13 +57,7 @@ fn service(extra_routing: &str) -> Arc<Service> {
 async fn call(svc: &Arc<Service>, req: Request<Body>) -> (StatusCode, Vec<u8>) {
     let resp = router(svc.state.clone()).oneshot(req).await.unwrap();
     let status = resp.status();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .unwrap()
-        .to_bytes()
-        .to_vec();
+    let body = resp.into_body().collect().await.unwrap().to_bytes().to_vec();
     (status, body)
 }
 
@@ -82,12 +76,7 @@ async fn route_ok(
     extra: &[(&str, &str)],
 ) -> RouteDecision {
     let (status, bytes) = call(svc, route_req(path, body, extra)).await;
-    assert_eq!(
-        status,
-        StatusCode::OK,
-        "{}",
-        String::from_utf8_lossy(&bytes)
-    );
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
     serde_json::from_slice(&bytes).unwrap()
 }
 
@@ -98,13 +87,7 @@ fn tokens_body(n: u32) -> String {
 
 fn slot_of(svc: &Service, worker: &str) -> u32 {
     let fleet = svc.state.fleet.read();
-    fleet
-        .workers
-        .iter()
-        .find(|w| w.cfg.id == worker)
-        .unwrap()
-        .ranks[0]
-        .slot
+    fleet.workers.iter().find(|w| w.cfg.id == worker).unwrap().ranks[0].slot
 }
 
 #[tokio::test]
@@ -126,22 +109,10 @@ async fn routes_to_the_worker_holding_the_prefix() {
         }],
         dp_rank: None,
     };
-    svc.state
-        .applier
-        .send(ApplierMsg::Batch {
-            slot: slot_of(&svc, "w1"),
-            seq: 0,
-            batch,
-        })
-        .unwrap();
+    svc.state.applier.send(ApplierMsg::Batch { slot: slot_of(&svc, "w1"), seq: 0, batch }).unwrap();
     svc.barrier();
-    let d = route_ok(
-        &svc,
-        "/v1/completions",
-        &tokens_body(10),
-        &[(headers::REQUEST_ID, "r1")],
-    )
-    .await;
+    let d =
+        route_ok(&svc, "/v1/completions", &tokens_body(10), &[(headers::REQUEST_ID, "r1")]).await;
     assert_eq!(d.worker, "w1");
     assert_eq!(d.endpoint, "127.0.0.1:2");
     assert_eq!((d.overlap_blocks, d.isl_blocks), (2, 2));
@@ -155,9 +126,7 @@ async fn routes_to_the_worker_holding_the_prefix() {
     assert_eq!(d.best_overlap_worker.as_deref(), Some("w1"));
     // The booked load shows in the fleet snapshot and leaves with /v1/done.
     let fleet: FleetSnapshot = serde_json::from_slice(
-        &call(&svc, Request::get(FLEET_PATH).body(Body::empty()).unwrap())
-            .await
-            .1,
+        &call(&svc, Request::get(FLEET_PATH).body(Body::empty()).unwrap()).await.1,
     )
     .unwrap();
     let w1 = fleet.workers.iter().find(|w| w.id == "w1").unwrap();
@@ -174,9 +143,7 @@ async fn routes_to_the_worker_holding_the_prefix() {
     );
     assert_eq!(svc.state.snapshot().workers[1].load.active_requests, 0);
     let text = String::from_utf8(
-        call(&svc, Request::get("/metrics").body(Body::empty()).unwrap())
-            .await
-            .1,
+        call(&svc, Request::get("/metrics").body(Body::empty()).unwrap()).await.1,
     )
     .unwrap();
     assert!(text.contains("router_kv_overlap_blocks_total 2"), "{text}");
@@ -196,10 +163,7 @@ async fn chat_requests_are_rendered_and_tokenized() {
     let tok = tokenizer();
     let text =
         "<｜begin▁of▁sentence｜>be brief<｜User｜>Hello there, how are you today?<｜Assistant｜>";
-    assert_eq!(
-        d.isl_blocks as usize,
-        tok.tokenizer().encode(text).unwrap().len() / 4
-    );
+    assert_eq!(d.isl_blocks as usize, tok.tokenizer().encode(text).unwrap().len() / 4);
     assert_eq!(d.overlap_blocks, 0);
 }
 
@@ -210,16 +174,26 @@ async fn chat_requests_are_rendered_and_tokenized() {
 /// depends on the background completions' timing).
 #[tokio::test]
 async fn a_long_conversations_next_turn_is_read_from_the_last() {
-    let memo = |svc: &Arc<Service>, r: &str| svc.state.metrics.body_memo.with_label_values(&[r]).get();
-    let (svc, off) = (service("mode = \"approximate\""), service("mode = \"approximate\"\nbody_memo_bytes = 0"));
-    let mut messages = vec![serde_json::json!({"role": "system", "content": "You answer questions about the long document below. ".repeat(200)})];
+    let memo =
+        |svc: &Arc<Service>, r: &str| svc.state.metrics.body_memo.with_label_values(&[r]).get();
+    let (svc, off) =
+        (service("mode = \"approximate\""), service("mode = \"approximate\"\nbody_memo_bytes = 0"));
+    let mut messages = vec![
+        serde_json::json!({"role": "system", "content": "You answer questions about the long document below. ".repeat(200)}),
+    ];
     for turn in 0..4 {
         messages.push(serde_json::json!({"role": "user", "content": format!("question {turn}: what does part {turn} say?")}));
-        let body = serde_json::json!({"model": "m", "messages": messages, "stream": true}).to_string();
-        let (d, whole) = (route_ok(&svc, "/v1/chat/completions", &body, &[]).await, route_ok(&off, "/v1/chat/completions", &body, &[]).await);
+        let body =
+            serde_json::json!({"model": "m", "messages": messages, "stream": true}).to_string();
+        let (d, whole) = (
+            route_ok(&svc, "/v1/chat/completions", &body, &[]).await,
+            route_ok(&off, "/v1/chat/completions", &body, &[]).await,
+        );
         assert_eq!(d.isl_blocks, whole.isl_blocks, "turn {turn}");
         assert_eq!((memo(&svc, "hit"), memo(&svc, "miss")), (turn, 1), "turn {turn}");
-        messages.push(serde_json::json!({"role": "assistant", "content": format!("part {turn} says {turn}")}));
+        messages.push(
+            serde_json::json!({"role": "assistant", "content": format!("part {turn} says {turn}")}),
+        );
     }
     assert_eq!(memo(&off, "hit") + memo(&off, "miss"), 0, "off: not looked up");
     assert!(svc.state.body_memo.lock().bytes() > 0);
@@ -227,20 +201,28 @@ async fn a_long_conversations_next_turn_is_read_from_the_last() {
     let broken = body.replace(r#""stream":true"#, r#""stream":"yes""#);
     let (status, bytes) = call(&svc, route_req("/v1/chat/completions", &broken, &[])).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{}", String::from_utf8_lossy(&bytes));
-    assert_eq!(bytes, call(&off, route_req("/v1/chat/completions", &broken, &[])).await.1, "the whole read's error");
+    assert_eq!(
+        bytes,
+        call(&off, route_req("/v1/chat/completions", &broken, &[])).await.1,
+        "the whole read's error"
+    );
 }
 
 #[tokio::test]
 async fn a_turn_sent_after_the_body_base_its_last_answer_named_routes_as_if_sent_whole() {
     use kvmesh_core::body_base::BodyBase;
-    let memo = |svc: &Arc<Service>, r: &str| svc.state.metrics.body_memo.with_label_values(&[r]).get();
+    let memo =
+        |svc: &Arc<Service>, r: &str| svc.state.metrics.body_memo.with_label_values(&[r]).get();
     let (svc, whole) = (service("mode = \"approximate\""), service("mode = \"approximate\""));
     let session = [(headers::KVMESH_SESSION, "00000000000000aa;source=header")];
-    let mut messages = vec![serde_json::json!({"role": "system", "content": "You answer questions about the long document below. ".repeat(200)})];
+    let mut messages = vec![
+        serde_json::json!({"role": "system", "content": "You answer questions about the long document below. ".repeat(200)}),
+    ];
     let mut named: Option<BodyBase> = None;
     for turn in 0..4u64 {
         messages.push(serde_json::json!({"role": "user", "content": format!("question {turn}: what does part {turn} say?")}));
-        let body = serde_json::json!({"model": "m", "messages": messages, "stream": true}).to_string();
+        let body =
+            serde_json::json!({"model": "m", "messages": messages, "stream": true}).to_string();
         let d = match named {
             // The bytes after the base only, naming it.
             Some(base) => {
@@ -253,34 +235,69 @@ async fn a_turn_sent_after_the_body_base_its_last_answer_named_routes_as_if_sent
         };
         let w = route_ok(&whole, "/v1/chat/completions", &body, &session).await;
         assert_eq!((d.isl_blocks, &d.worker), (w.isl_blocks, &w.worker), "turn {turn}");
-        let base = d.body_base.unwrap_or_else(|| panic!("turn {turn}: the answer names the body's kept prefix"));
-        assert_eq!(Some(base.len), body.rfind(']'), "turn {turn}: the body through its last message");
+        let base = d
+            .body_base
+            .unwrap_or_else(|| panic!("turn {turn}: the answer names the body's kept prefix"));
+        assert_eq!(
+            Some(base.len),
+            body.rfind(']'),
+            "turn {turn}: the body through its last message"
+        );
         assert_eq!(base, BodyBase::of(base.memo_key, &body.as_bytes()[..base.len]));
         assert_eq!(memo(&svc, "base_hit"), turn, "turn {turn}");
         named = Some(base);
-        messages.push(serde_json::json!({"role": "assistant", "content": format!("part {turn} says {turn}")}));
+        messages.push(
+            serde_json::json!({"role": "assistant", "content": format!("part {turn} says {turn}")}),
+        );
     }
     // A base the indexer does not hold (another length; evicted; a restarted indexer): 409 with
     // its reason, counted, not a bad request.
     let Some(base) = named else { panic!("named") };
-    for unknown in [BodyBase { len: base.len - 1, ..base }, BodyBase { hash: base.hash ^ 1, ..base }] {
+    for unknown in
+        [BodyBase { len: base.len - 1, ..base }, BodyBase { hash: base.hash ^ 1, ..base }]
+    {
         let v = unknown.to_string();
-        let (status, bytes) = call(&svc, route_req("/v1/chat/completions", r#"{"role":"user","content":"x"}]}"#, &[(headers::KVMESH_BODY_BASE, v.as_str())])).await;
+        let (status, bytes) = call(
+            &svc,
+            route_req(
+                "/v1/chat/completions",
+                r#"{"role":"user","content":"x"}]}"#,
+                &[(headers::KVMESH_BODY_BASE, v.as_str())],
+            ),
+        )
+        .await;
         assert_eq!(status, StatusCode::CONFLICT, "{}", String::from_utf8_lossy(&bytes));
         let err: kvmesh_core::api::ErrorBody = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(err.error.reason.as_deref(), Some(kvmesh_core::body_base::BASE_UNKNOWN));
     }
     assert_eq!(memo(&svc, "base_unknown"), 2);
-    assert_eq!(svc.state.metrics.bad_requests.with_label_values(&["route", kvmesh_core::body_base::BASE_UNKNOWN]).get(), 0);
+    assert_eq!(
+        svc.state
+            .metrics
+            .bad_requests
+            .with_label_values(&["route", kvmesh_core::body_base::BASE_UNKNOWN])
+            .get(),
+        0
+    );
     // A malformed name is a bad request.
-    let (status, _) = call(&svc, route_req("/v1/chat/completions", "{}", &[(headers::KVMESH_BODY_BASE, "nope")])).await;
+    let (status, _) =
+        call(&svc, route_req("/v1/chat/completions", "{}", &[(headers::KVMESH_BODY_BASE, "nope")]))
+            .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     // The memo off: no base named, and a named one is unknown.
     let off = service("mode = \"approximate\"\nbody_memo_bytes = 0");
     let body = serde_json::json!({"model": "m", "messages": messages, "stream": true}).to_string();
     assert_eq!(route_ok(&off, "/v1/chat/completions", &body, &session).await.body_base, None);
     let v = base.to_string();
-    let (status, _) = call(&off, route_req("/v1/chat/completions", &body[base.len..], &[(headers::KVMESH_BODY_BASE, v.as_str())])).await;
+    let (status, _) = call(
+        &off,
+        route_req(
+            "/v1/chat/completions",
+            &body[base.len..],
+            &[(headers::KVMESH_BODY_BASE, v.as_str())],
+        ),
+    )
+    .await;
     assert_eq!(status, StatusCode::CONFLICT);
 }
 
@@ -288,21 +305,13 @@ async fn a_turn_sent_after_the_body_base_its_last_answer_named_routes_as_if_sent
 async fn malformed_requests_get_400_and_a_metric() {
     let svc = service("");
     let cases: Vec<(Request<Body>, StatusCode, &str)> = vec![
-        (
-            route_req("/v1/completions", "{not json", &[]),
-            StatusCode::BAD_REQUEST,
-            "not_json",
-        ),
+        (route_req("/v1/completions", "{not json", &[]), StatusCode::BAD_REQUEST, "not_json"),
         (
             route_req("/v1/completions", r#"{"prompt":["a","b"]}"#, &[]),
             StatusCode::BAD_REQUEST,
             "batch_prompt",
         ),
-        (
-            route_req("/v1/models", "{}", &[]),
-            StatusCode::BAD_REQUEST,
-            "bad_path",
-        ),
+        (route_req("/v1/models", "{}", &[]), StatusCode::BAD_REQUEST, "bad_path"),
         (
             Request::post(ROUTE_PATH).body(Body::from("{}")).unwrap(),
             StatusCode::BAD_REQUEST,
@@ -318,20 +327,12 @@ async fn malformed_requests_get_400_and_a_metric() {
             "bad_session",
         ),
         (
-            route_req(
-                "/v1/completions",
-                &tokens_body(8),
-                &[(headers::OVERRIDE_MODE, "fast")],
-            ),
+            route_req("/v1/completions", &tokens_body(8), &[(headers::OVERRIDE_MODE, "fast")]),
             StatusCode::BAD_REQUEST,
             "bad_mode",
         ),
         (
-            route_req(
-                "/v1/completions",
-                &tokens_body(8),
-                &[(headers::OVERRIDE_WORKER, "nobody")],
-            ),
+            route_req("/v1/completions", &tokens_body(8), &[(headers::OVERRIDE_WORKER, "nobody")]),
             StatusCode::BAD_REQUEST,
             "unknown_override_worker",
         ),
@@ -363,11 +364,7 @@ async fn bodies_are_bounded() {
     let svc = service("max_body_bytes = 64");
     let (status, _) = call(&svc, route_req("/v1/completions", &tokens_body(100), &[])).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert!(svc
-        .state
-        .metrics
-        .render()
-        .contains(r#"reason="body_too_large""#));
+    assert!(svc.state.metrics.render().contains(r#"reason="body_too_large""#));
 }
 
 #[tokio::test]
@@ -385,19 +382,11 @@ async fn session_pin_matches_the_fleet_snapshot_and_override_wins() {
             &[(headers::KVMESH_SESSION, &header)],
         )
         .await;
-        assert_eq!(
-            Some(d.worker.as_str()),
-            snapshot.pin(key.0).map(|w| w.id.as_str())
-        );
+        assert_eq!(Some(d.worker.as_str()), snapshot.pin(key.0).map(|w| w.id.as_str()));
         assert_eq!(d.reason_codes, [ReasonCode::SessionPin], "{}", d.reason);
     }
-    let d = route_ok(
-        &svc,
-        "/v1/completions",
-        &tokens_body(8),
-        &[(headers::OVERRIDE_WORKER, "w0")],
-    )
-    .await;
+    let d = route_ok(&svc, "/v1/completions", &tokens_body(8), &[(headers::OVERRIDE_WORKER, "w0")])
+        .await;
     assert_eq!(d.worker, "w0");
     assert_eq!(d.reason_codes, [ReasonCode::Override], "{}", d.reason);
 }
@@ -405,49 +394,29 @@ async fn session_pin_matches_the_fleet_snapshot_and_override_wins() {
 #[tokio::test]
 async fn approximate_mode_learns_from_its_own_decisions() {
     let svc = service("mode = \"approximate\"");
-    let first = route_ok(
-        &svc,
-        "/v1/completions",
-        &tokens_body(12),
-        &[(headers::REQUEST_ID, "first")],
-    )
-    .await;
+    let first =
+        route_ok(&svc, "/v1/completions", &tokens_body(12), &[(headers::REQUEST_ID, "first")])
+            .await;
     assert_eq!(first.overlap_blocks, 0);
     svc.barrier();
     for i in 0..5 {
         // Release each request's load so only the overlap tells the workers apart.
         let done = format!(
             r#"{{"request_id":"{}","outcome":"success"}}"#,
-            if i == 0 {
-                "first".to_owned()
-            } else {
-                format!("r{}", i - 1)
-            }
+            if i == 0 { "first".to_owned() } else { format!("r{}", i - 1) }
         );
         assert_eq!(
-            call(
-                &svc,
-                Request::post(DONE_PATH).body(Body::from(done)).unwrap()
-            )
-            .await
-            .0,
+            call(&svc, Request::post(DONE_PATH).body(Body::from(done)).unwrap()).await.0,
             StatusCode::OK
         );
         let id = format!("r{i}");
-        let again = route_ok(
-            &svc,
-            "/v1/completions",
-            &tokens_body(16),
-            &[(headers::REQUEST_ID, &id)],
-        )
-        .await;
+        let again =
+            route_ok(&svc, "/v1/completions", &tokens_body(16), &[(headers::REQUEST_ID, &id)])
+                .await;
         svc.barrier();
         // The first repeat finds the 3 blocks learned from the 12-token prompt; later ones hold all 4,
         // but a 16-token prompt can hit at most 3 (the engine computes the last token).
-        assert_eq!(
-            (again.worker.as_str(), again.overlap_blocks),
-            (first.worker.as_str(), 3)
-        );
+        assert_eq!((again.worker.as_str(), again.overlap_blocks), (first.worker.as_str(), 3));
     }
     assert_eq!(
         svc.state
@@ -467,22 +436,15 @@ async fn approximate_mode_learns_from_its_own_decisions() {
 async fn probes_and_debug() {
     let svc = service("");
     assert_eq!(
-        call(&svc, Request::get("/healthz").body(Body::empty()).unwrap())
-            .await
-            .0,
+        call(&svc, Request::get("/healthz").body(Body::empty()).unwrap()).await.0,
         StatusCode::OK
     );
     assert_eq!(
-        call(&svc, Request::get("/readyz").body(Body::empty()).unwrap())
-            .await
-            .0,
+        call(&svc, Request::get("/readyz").body(Body::empty()).unwrap()).await.0,
         StatusCode::OK
     );
-    let (status, body) = call(
-        &svc,
-        Request::get("/debug/workers").body(Body::empty()).unwrap(),
-    )
-    .await;
+    let (status, body) =
+        call(&svc, Request::get("/debug/workers").body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::OK);
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v.as_array().map(Vec::len), Some(3));
@@ -491,9 +453,7 @@ async fn probes_and_debug() {
         ("/debug/blocks?worker=zz", StatusCode::NOT_FOUND),
         ("/debug/blocks", StatusCode::BAD_REQUEST),
     ] {
-        let got = call(&svc, Request::get(uri).body(Body::empty()).unwrap())
-            .await
-            .0;
+        let got = call(&svc, Request::get(uri).body(Body::empty()).unwrap()).await.0;
         assert_eq!(got, want, "{uri}");
     }
 }
@@ -514,9 +474,7 @@ async fn no_decode_worker_is_a_503() {
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
     // The reason is machine-readable twice: a header and the body's error.reason.
     assert_eq!(
-        resp.headers()
-            .get(kvmesh_core::api::ERROR_REASON_HEADER)
-            .and_then(|v| v.to_str().ok()),
+        resp.headers().get(kvmesh_core::api::ERROR_REASON_HEADER).and_then(|v| v.to_str().ok()),
         Some("no_decode_worker")
     );
     let err: kvmesh_core::api::ErrorBody =
@@ -549,10 +507,7 @@ async fn an_empty_fleet_is_not_ready() {
     let (status, body) = call(&svc, Request::get("/readyz").body(Body::empty()).unwrap()).await;
     assert_eq!(
         (status, String::from_utf8_lossy(&body).as_ref()),
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no_decode_worker: the fleet is empty\n"
-        )
+        (StatusCode::SERVICE_UNAVAILABLE, "no_decode_worker: the fleet is empty\n")
     );
 }
 
@@ -564,21 +519,14 @@ fn done_req(request_id: &str, booking_id: Option<&str>) -> Request<Body> {
         status: Some(200),
         booking_id: booking_id.map(str::to_owned),
     };
-    Request::post(DONE_PATH)
-        .body(Body::from(serde_json::to_vec(&report).unwrap()))
-        .unwrap()
+    Request::post(DONE_PATH).body(Body::from(serde_json::to_vec(&report).unwrap())).unwrap()
 }
 
 #[tokio::test]
 async fn done_from_another_host_releases_the_booked_workers_load() {
     let svc = service("");
-    let d = route_ok(
-        &svc,
-        "/v1/completions",
-        &tokens_body(8),
-        &[(headers::REQUEST_ID, "retried")],
-    )
-    .await;
+    let d = route_ok(&svc, "/v1/completions", &tokens_body(8), &[(headers::REQUEST_ID, "retried")])
+        .await;
     let other = svc
         .state
         .snapshot()
@@ -595,19 +543,14 @@ async fn done_from_another_host_releases_the_booked_workers_load() {
         status: Some(200),
         booking_id: d.booking_id.clone(),
     };
-    let req = Request::post(DONE_PATH)
-        .body(Body::from(serde_json::to_vec(&report).unwrap()))
-        .unwrap();
+    let req =
+        Request::post(DONE_PATH).body(Body::from(serde_json::to_vec(&report).unwrap())).unwrap();
     let (status, body) = call(&svc, req).await;
     assert_eq!(
         (status, String::from_utf8_lossy(&body).as_ref()),
         (StatusCode::OK, r#"{"released":true}"#)
     );
-    assert!(
-        all_idle(&svc),
-        "the booked worker's load is released: {:?}",
-        active(&svc)
-    );
+    assert!(all_idle(&svc), "the booked worker's load is released: {:?}", active(&svc));
 }
 
 #[tokio::test]
@@ -616,32 +559,16 @@ async fn a_retry_served_elsewhere_moves_the_sessions_kv_home() {
     let key = kvmesh_core::session::from_header_value("retried-conversation");
     let header = session::encode_header(key, session::SessionSource::Header);
     let home = |svc: &Service| {
-        svc.state
-            .sessions
-            .lock()
-            .kv_home
-            .get(key.0, crate::clock::now())
-            .map(|w| w.to_string())
+        svc.state.sessions.lock().kv_home.get(key.0, crate::clock::now()).map(|w| w.to_string())
     };
     let moves = |svc: &Service| svc.state.metrics.kv_home_moves.get();
     let workers = svc.state.snapshot().workers;
-    let endpoint = |id: &str| {
-        workers
-            .iter()
-            .find(|w| w.id == id)
-            .map(|w| w.endpoint.clone())
-            .unwrap()
-    };
+    let endpoint =
+        |id: &str| workers.iter().find(|w| w.id == id).map(|w| w.endpoint.clone()).unwrap();
     let turn = |n: u32| {
         let (svc, header, body) = (&svc, &header, tokens_body(8 + n));
         async move {
-            route_ok(
-                svc,
-                "/v1/completions",
-                &body,
-                &[(headers::KVMESH_SESSION, header)],
-            )
-            .await
+            route_ok(svc, "/v1/completions", &body, &[(headers::KVMESH_SESSION, header)]).await
         }
     };
     let report = |d: &RouteDecision, endpoint: String, outcome| kvmesh_core::api::DoneReport {
@@ -652,9 +579,7 @@ async fn a_retry_served_elsewhere_moves_the_sessions_kv_home() {
         booking_id: d.booking_id.clone(),
     };
     let send = |r: kvmesh_core::api::DoneReport| {
-        Request::post(DONE_PATH)
-            .body(Body::from(serde_json::to_vec(&r).unwrap()))
-            .unwrap()
+        Request::post(DONE_PATH).body(Body::from(serde_json::to_vec(&r).unwrap())).unwrap()
     };
 
     // (served by: the booked worker, the other decode worker, the prefill-only worker, an unknown
@@ -687,28 +612,15 @@ async fn a_retry_served_elsewhere_moves_the_sessions_kv_home() {
             "{served}"
         );
         let want = if moved { other } else { d.worker.as_str() };
-        assert_eq!(
-            home(&svc).as_deref(),
-            Some(want),
-            "served by {served}, {outcome:?}"
-        );
+        assert_eq!(home(&svc).as_deref(), Some(want), "served by {served}, {outcome:?}");
         assert_eq!(moves(&svc) - before, u64::from(moved), "{served}");
     }
-    assert!(svc
-        .state
-        .metrics
-        .render()
-        .contains("kvmesh_kv_home_moves_total 1"));
+    assert!(svc.state.metrics.render().contains("kvmesh_kv_home_moves_total 1"));
     assert!(all_idle(&svc), "{:?}", active(&svc));
 }
 
 fn active(svc: &Service) -> Vec<(String, u64)> {
-    svc.state
-        .snapshot()
-        .workers
-        .into_iter()
-        .map(|w| (w.id, w.load.active_requests))
-        .collect()
+    svc.state.snapshot().workers.into_iter().map(|w| (w.id, w.load.active_requests)).collect()
 }
 
 fn all_idle(svc: &Service) -> bool {
@@ -747,14 +659,9 @@ async fn one_client_request_id_ten_bookings_ten_releases() {
     }
     assert!(all_idle(&svc), "{:?}", active(&svc));
     // Each id releases once; an id from another process (or made up) releases nothing.
+    assert_eq!(call(&svc, done_req("same-id", Some(&ids[0]))).await.1, br#"{"released":false}"#);
     assert_eq!(
-        call(&svc, done_req("same-id", Some(&ids[0]))).await.1,
-        br#"{"released":false}"#
-    );
-    assert_eq!(
-        call(&svc, done_req("same-id", Some("kvb-00000000-1")))
-            .await
-            .1,
+        call(&svc, done_req("same-id", Some("kvb-00000000-1"))).await.1,
         br#"{"released":false}"#
     );
     assert!(svc
@@ -769,10 +676,7 @@ use crate::legs::tests::silent_worker;
 async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !cond() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -792,24 +696,14 @@ async fn a_call_dropped_during_its_prefill_leg_leaks_no_booking() {
         tokio::spawn(async move {
             call(
                 &svc,
-                route_req(
-                    "/v1/completions",
-                    &tokens_body(64),
-                    &[(headers::REQUEST_ID, "gone")],
-                ),
+                route_req("/v1/completions", &tokens_body(64), &[(headers::REQUEST_ID, "gone")]),
             )
             .await
         })
     };
     // Both bookings exist while the leg waits: the decode worker's and the prefill leg's.
     until("the leg's booking", || svc.state.load.lock().len() == 2).await;
-    assert_eq!(
-        active(&svc)
-            .iter()
-            .find(|(id, _)| id == "p0")
-            .map(|(_, n)| *n),
-        Some(1)
-    );
+    assert_eq!(active(&svc).iter().find(|(id, _)| id == "p0").map(|(_, n)| *n), Some(1));
     pending.abort();
     let _ = pending.await;
     until("every booking released", || all_idle(&svc)).await;
@@ -845,9 +739,7 @@ async fn the_request_deadline_releases_a_stuck_leg_and_says_why() {
         .unwrap();
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
-        resp.headers()
-            .get(kvmesh_core::api::ERROR_REASON_HEADER)
-            .and_then(|v| v.to_str().ok()),
+        resp.headers().get(kvmesh_core::api::ERROR_REASON_HEADER).and_then(|v| v.to_str().ok()),
         Some("request_timeout")
     );
     assert!(all_idle(&svc), "{:?}", active(&svc));
@@ -873,19 +765,36 @@ async fn a_continued_long_conversation_tokenizes_inline_unless_the_memo_lost_its
     let mut answers = Vec::new();
     // Approximate mode tokenizes every prompt whole: turn 1 leaves all of its text in the memo.
     for (memo, moved_on_turn_two) in [(crate::tokenize::DEFAULT_MEMO_BYTES, 0), (0, 1)] {
-        let config = Config::from_toml_str(&fleet_toml("mode = \"approximate\""), &MapEnv::default()).unwrap();
-        let svc = Service::start_with_tokenizer(config, None, Arc::new(MapEnv::default()), tokenizer().with_memo_bytes(memo)).unwrap();
+        let config =
+            Config::from_toml_str(&fleet_toml("mode = \"approximate\""), &MapEnv::default())
+                .unwrap();
+        let svc = Service::start_with_tokenizer(
+            config,
+            None,
+            Arc::new(MapEnv::default()),
+            tokenizer().with_memo_bytes(memo),
+        )
+        .unwrap();
         // ~100 KB: past the inline bound, so turn 1 goes to the pool; turn 2 continues it.
-        let mut messages = vec![serde_json::json!({"role": "system", "content": "A long document about the mesh. ".repeat(3_000)})];
+        let mut messages = vec![
+            serde_json::json!({"role": "system", "content": "A long document about the mesh. ".repeat(3_000)}),
+        ];
         messages.push(serde_json::json!({"role": "user", "content": "What does it say?"}));
         let mut turns = Vec::new();
         for turn in 0..2 {
-            let body = serde_json::json!({"model": "m", "messages": messages, "stream": true}).to_string();
+            let body =
+                serde_json::json!({"model": "m", "messages": messages, "stream": true}).to_string();
             assert!(body.len() > crate::route::plan::INLINE_TOKENIZE_MAX_BODY_BYTES);
             turns.push(route_ok(&svc, "/v1/chat/completions", &body, &session).await.isl_blocks);
             let continued = svc.state.metrics.body_memo.with_label_values(&["hit"]).get();
-            assert_eq!((continued, moved(&svc)), (turn, if turn == 0 { 0 } else { moved_on_turn_two }), "memo {memo} B, turn {turn}: read continued, moved to the pool");
-            messages.push(serde_json::json!({"role": "assistant", "content": "It says the mesh routes."}));
+            assert_eq!(
+                (continued, moved(&svc)),
+                (turn, if turn == 0 { 0 } else { moved_on_turn_two }),
+                "memo {memo} B, turn {turn}: read continued, moved to the pool"
+            );
+            messages.push(
+                serde_json::json!({"role": "assistant", "content": "It says the mesh routes."}),
+            );
             messages.push(serde_json::json!({"role": "user", "content": "And then?"}));
         }
         answers.push(turns);
@@ -907,9 +816,7 @@ async fn calls_beyond_the_concurrency_bound_are_shed_fast() {
         .unwrap();
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
-        resp.headers()
-            .get(kvmesh_core::api::ERROR_REASON_HEADER)
-            .and_then(|v| v.to_str().ok()),
+        resp.headers().get(kvmesh_core::api::ERROR_REASON_HEADER).and_then(|v| v.to_str().ok()),
         Some("overloaded_shed")
     );
     assert!(state
@@ -942,11 +849,7 @@ async fn reload_keeps_unchanged_workers_and_drops_removed_ones() {
         };
         svc.state
             .applier
-            .send(ApplierMsg::Batch {
-                slot: slot_of(svc, worker),
-                seq: 0,
-                batch,
-            })
+            .send(ApplierMsg::Batch { slot: slot_of(svc, worker), seq: 0, batch })
             .unwrap();
     };
     stored(&svc, "w0");
@@ -963,27 +866,14 @@ async fn reload_keeps_unchanged_workers_and_drops_removed_ones() {
     let new = Config::from_toml_str(&text, &MapEnv::default()).unwrap();
     assert!(svc.reload(new.clone()).await.unwrap());
     svc.barrier();
-    let ids: Vec<String> = svc
-        .state
-        .snapshot()
-        .workers
-        .iter()
-        .map(|w| w.id.clone())
-        .collect();
+    let ids: Vec<String> = svc.state.snapshot().workers.iter().map(|w| w.id.clone()).collect();
     assert_eq!(ids, vec!["w0", "w2", "p0"]);
     assert!(svc.state.snapshot().generation > gen);
     let chains =
         kvmesh_core::hashing::sequence_hashes(&(1000..1004).collect::<Vec<_>>(), 4, XXH3_SEED);
     let m = svc.state.index.read().find_matches(&chains);
-    assert_eq!(
-        m,
-        vec![(slot_of(&svc, "w0"), 1)],
-        "w0 kept its blocks; w1's left with it"
-    );
-    assert!(
-        !svc.reload(new).await.unwrap(),
-        "same config: nothing to do"
-    );
+    assert_eq!(m, vec![(slot_of(&svc, "w0"), 1)], "w0 kept its blocks; w1's left with it");
+    assert!(!svc.reload(new).await.unwrap(), "same config: nothing to do");
 }
 
 /// The filter sends the done reports that waited while a call was out as one array.
@@ -992,7 +882,9 @@ async fn a_batch_of_done_reports_releases_each_booking() {
     let svc = service("");
     let mut ids = Vec::new();
     for i in 0..3 {
-        ids.push(route_ok(&svc, "/v1/completions", &tokens_body(8 + i), &[]).await.booking_id.unwrap());
+        ids.push(
+            route_ok(&svc, "/v1/completions", &tokens_body(8 + i), &[]).await.booking_id.unwrap(),
+        );
     }
     assert_eq!(active(&svc).iter().map(|(_, n)| n).sum::<u64>(), 3);
     let report = |id: &str| kvmesh_core::api::DoneReport {
@@ -1006,14 +898,31 @@ async fn a_batch_of_done_reports_releases_each_booking() {
     let batch = vec![report(&ids[0]), report("kvb-00000000-1"), report(&ids[2])];
     let post = |body: Vec<u8>| Request::post(DONE_PATH).body(Body::from(body)).unwrap();
     let (status, body) = call(&svc, post(serde_json::to_vec(&batch).unwrap())).await;
-    assert_eq!((status, String::from_utf8_lossy(&body).as_ref()), (StatusCode::OK, r#"{"released":2}"#));
+    assert_eq!(
+        (status, String::from_utf8_lossy(&body).as_ref()),
+        (StatusCode::OK, r#"{"released":2}"#)
+    );
     assert_eq!(active(&svc).iter().map(|(_, n)| n).sum::<u64>(), 1);
-    let (status, body) = call(&svc, post(serde_json::to_vec(&vec![report(&ids[1])]).unwrap())).await;
-    assert_eq!((status, String::from_utf8_lossy(&body).as_ref()), (StatusCode::OK, r#"{"released":1}"#));
+    let (status, body) =
+        call(&svc, post(serde_json::to_vec(&vec![report(&ids[1])]).unwrap())).await;
+    assert_eq!(
+        (status, String::from_utf8_lossy(&body).as_ref()),
+        (StatusCode::OK, r#"{"released":1}"#)
+    );
     assert!(all_idle(&svc), "{:?}", active(&svc));
     // Bounded: a batch past MAX_DONE_BATCH, or one unreadable report, is refused whole.
     let too_many = vec![report(&ids[0]); kvmesh_core::api::MAX_DONE_BATCH + 1];
-    assert_eq!(call(&svc, post(serde_json::to_vec(&too_many).unwrap())).await.0, StatusCode::BAD_REQUEST);
-    assert_eq!(call(&svc, post(br#"[{"request_id":"r","outcome":"success"},{}]"#.to_vec())).await.0, StatusCode::BAD_REQUEST);
-    assert!(svc.state.metrics.render().contains(r#"kvmesh_done_reports_total{matched="true",outcome="success"} 3"#));
+    assert_eq!(
+        call(&svc, post(serde_json::to_vec(&too_many).unwrap())).await.0,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        call(&svc, post(br#"[{"request_id":"r","outcome":"success"},{}]"#.to_vec())).await.0,
+        StatusCode::BAD_REQUEST
+    );
+    assert!(svc
+        .state
+        .metrics
+        .render()
+        .contains(r#"kvmesh_done_reports_total{matched="true",outcome="success"} 3"#));
 }

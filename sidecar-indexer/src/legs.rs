@@ -130,7 +130,8 @@ pub fn leg_body(kind: LegKind, client_body: &[u8]) -> Result<Vec<u8>, LegFailure
 }
 
 /// Words an engine uses when a 503 means "come back later" rather than "I am broken".
-const OVERLOAD_WORDS: [&str; 8] = ["overload", "capacity", "busy", "queue", "too many", "rate limit", "exhausted", "retry"];
+const OVERLOAD_WORDS: [&str; 8] =
+    ["overload", "capacity", "busy", "queue", "too many", "rate limit", "exhausted", "retry"];
 
 /// Classifies a complete HTTP answer.
 pub fn classify_answer(status: u16, retry_after: bool, body: &[u8]) -> LegResult {
@@ -139,7 +140,10 @@ pub fn classify_answer(status: u16, retry_after: bool, body: &[u8]) -> LegResult
         200..=299 => match serde_json::from_slice::<Value>(body) {
             Ok(Value::Object(mut o)) => match o.remove("kv_transfer_params") {
                 Some(p @ Value::Object(_)) => LegResult::Params(p),
-                _ => LegResult::failed(LegFailure::NoKvTransferParams, "answer has no kv_transfer_params object"),
+                _ => LegResult::failed(
+                    LegFailure::NoKvTransferParams,
+                    "answer has no kv_transfer_params object",
+                ),
             },
             _ => LegResult::failed(LegFailure::BadResponse, "answer is not a JSON object"),
         },
@@ -153,7 +157,9 @@ pub fn classify_answer(status: u16, retry_after: bool, body: &[u8]) -> LegResult
                 LegResult::failed(LegFailure::Http5xx, format!("HTTP 503: {m}"))
             }
         }
-        500..=599 => LegResult::failed(LegFailure::Http5xx, format!("HTTP {status}: {}", message())),
+        500..=599 => {
+            LegResult::failed(LegFailure::Http5xx, format!("HTTP {status}: {}", message()))
+        }
         _ => LegResult::failed(LegFailure::Http4xx, format!("HTTP {status}: {}", message())),
     }
 }
@@ -197,7 +203,10 @@ pub async fn run(
         let mut answer = Vec::new();
         while let Some(chunk) = resp.chunk().await.map_err(|e| transport(&e))? {
             if answer.len() + chunk.len() > MAX_ANSWER_BYTES {
-                return Err(LegResult::failed(LegFailure::BadResponse, format!("answer larger than {MAX_ANSWER_BYTES} bytes")));
+                return Err(LegResult::failed(
+                    LegFailure::BadResponse,
+                    format!("answer larger than {MAX_ANSWER_BYTES} bytes"),
+                ));
             }
             answer.extend_from_slice(&chunk);
         }
@@ -205,7 +214,10 @@ pub async fn run(
     };
     match tokio::time::timeout(deadline, exchange).await {
         Ok(Ok(r) | Err(r)) => r,
-        Err(_) => LegResult::failed(LegFailure::Timeout, format!("no answer within {} ms", deadline.as_millis())),
+        Err(_) => LegResult::failed(
+            LegFailure::Timeout,
+            format!("no answer within {} ms", deadline.as_millis()),
+        ),
     }
 }
 
@@ -246,8 +258,14 @@ pub(crate) mod tests {
 
     #[test]
     fn migration_body_asks_for_a_producer_step() {
-        let b = body(LegKind::Migration, json!({"prompt": [1, 2, 3], "kv_transfer_params": {"do_remote_prefill": true}}));
-        assert_eq!(b, json!({"prompt": [1, 2, 3], "max_tokens": 1, "stream": false, "kv_migration_source": true}));
+        let b = body(
+            LegKind::Migration,
+            json!({"prompt": [1, 2, 3], "kv_transfer_params": {"do_remote_prefill": true}}),
+        );
+        assert_eq!(
+            b,
+            json!({"prompt": [1, 2, 3], "max_tokens": 1, "stream": false, "kv_migration_source": true})
+        );
         assert_eq!(leg_body(LegKind::Migration, b"[1]"), Err(LegFailure::BadRequestBody));
         assert_eq!(leg_body(LegKind::Prefill, b"{"), Err(LegFailure::BadRequestBody));
     }
@@ -269,24 +287,41 @@ pub(crate) mod tests {
         let params = json!({"do_remote_prefill": true, "remote_block_ids": [1]});
         let ok = json!({"id": "x", "kv_transfer_params": params}).to_string();
         assert_eq!(classify_answer(200, false, ok.as_bytes()), LegResult::Params(params));
-        let err = |m: &str| json!({"error": {"message": m, "type": "ServiceUnavailableError", "code": 503}}).to_string();
+        let err = |m: &str| {
+            json!({"error": {"message": m, "type": "ServiceUnavailableError", "code": 503}})
+                .to_string()
+        };
         let fails = |r: LegResult| match r {
             LegResult::Failed { failure, .. } => Some(failure),
             _ => None,
         };
         let cases: [(u16, bool, String, Option<LegFailure>); 9] = [
             (200, false, json!({"id": "x"}).to_string(), Some(LegFailure::NoKvTransferParams)),
-            (200, false, json!({"kv_transfer_params": null}).to_string(), Some(LegFailure::NoKvTransferParams)),
+            (
+                200,
+                false,
+                json!({"kv_transfer_params": null}).to_string(),
+                Some(LegFailure::NoKvTransferParams),
+            ),
             (200, false, "not json".into(), Some(LegFailure::BadResponse)),
             (500, false, err("boom"), Some(LegFailure::Http5xx)),
-            (503, false, "upstream connect error or disconnect/reset before headers".into(), Some(LegFailure::Http5xx)),
+            (
+                503,
+                false,
+                "upstream connect error or disconnect/reset before headers".into(),
+                Some(LegFailure::Http5xx),
+            ),
             (503, false, err("engine is shutting down"), Some(LegFailure::Http5xx)),
             (400, false, err("bad"), Some(LegFailure::Http4xx)),
             (503, true, err("engine is shutting down"), None),
             (503, false, err("waiting queue is full"), None),
         ];
         for (status, retry_after, body, want) in cases {
-            assert_eq!(fails(classify_answer(status, retry_after, body.as_bytes())), want, "{status} {body}");
+            assert_eq!(
+                fails(classify_answer(status, retry_after, body.as_bytes())),
+                want,
+                "{status} {body}"
+            );
         }
         assert_eq!(
             classify_answer(429, false, err("slow down").as_bytes()),
@@ -312,10 +347,28 @@ pub(crate) mod tests {
         let client = reqwest::Client::new();
         // A port nobody listens on: bind one, learn it, close it.
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let r = run(&client, LegKind::Prefill, &format!("127.0.0.1:{port}"), "/v1/completions", "r1", b"{}", Duration::from_secs(2)).await;
+        let r = run(
+            &client,
+            LegKind::Prefill,
+            &format!("127.0.0.1:{port}"),
+            "/v1/completions",
+            "r1",
+            b"{}",
+            Duration::from_secs(2),
+        )
+        .await;
         assert!(matches!(r, LegResult::Failed { failure: LegFailure::Refused, .. }), "{r:?}");
         let (addr, hold) = silent_worker().await;
-        let r = run(&client, LegKind::Prefill, &addr.to_string(), "/v1/completions", "r1", b"{}", Duration::from_millis(200)).await;
+        let r = run(
+            &client,
+            LegKind::Prefill,
+            &addr.to_string(),
+            "/v1/completions",
+            "r1",
+            b"{}",
+            Duration::from_millis(200),
+        )
+        .await;
         assert!(matches!(r, LegResult::Failed { failure: LegFailure::Timeout, .. }), "{r:?}");
         hold.abort();
     }

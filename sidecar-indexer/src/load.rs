@@ -89,7 +89,14 @@ impl LoadTracker {
 
     /// Books `blocks` and `prefill_tokens` on `worker`; a new id every call. Bookings must be made
     /// in time order (`now` never earlier than a previous call's), which `Instant::now()` gives.
-    pub fn book(&mut self, worker: &str, blocks: u64, prefill_tokens: u64, request_id: Option<&str>, now: Instant) -> (BookingId, Expired) {
+    pub fn book(
+        &mut self,
+        worker: &str,
+        blocks: u64,
+        prefill_tokens: u64,
+        request_id: Option<&str>,
+        now: Instant,
+    ) -> (BookingId, Expired) {
         self.next += 1;
         let id = BookingId(self.next);
         let w = self.per_worker.entry(worker.to_owned()).or_default();
@@ -99,11 +106,20 @@ impl LoadTracker {
         if let Some(r) = request_id {
             self.by_request.entry(r.to_owned()).or_default().push(id);
         }
-        let b = Booking { worker: worker.to_owned(), blocks, prefill_tokens, at: now, request_id: request_id.map(str::to_owned), session: None };
+        let b = Booking {
+            worker: worker.to_owned(),
+            blocks,
+            prefill_tokens,
+            at: now,
+            request_id: request_id.map(str::to_owned),
+            session: None,
+        };
         self.bookings.insert(id, b, now);
         let mut expired = self.expire(now);
         // Almost always empty: no key is built for the lookup then.
-        if !self.early_done.is_empty() && request_id.is_some_and(|r| self.early_done.remove(&r.to_owned()).is_some()) {
+        if !self.early_done.is_empty()
+            && request_id.is_some_and(|r| self.early_done.remove(&r.to_owned()).is_some())
+        {
             self.release(id);
             expired.done_first += 1;
         }
@@ -202,7 +218,8 @@ impl LoadTracker {
 
     /// Drops every booking on `worker` (it left the fleet).
     pub fn remove_worker(&mut self, worker: &str) {
-        let gone: Vec<BookingId> = self.bookings.iter().filter(|(_, b)| b.worker == worker).map(|(id, _)| *id).collect();
+        let gone: Vec<BookingId> =
+            self.bookings.iter().filter(|(_, b)| b.worker == worker).map(|(id, _)| *id).collect();
         for id in gone {
             self.release(id);
         }
@@ -240,7 +257,15 @@ mod tests {
         let (r1, _) = l.book("w0", 10, 100, Some("r1"), t0);
         let (r2, _) = l.book("w0", 5, 50, None, t0);
         l.book("w1", 1, 0, None, t0);
-        assert_eq!(l.worker("w0"), WorkerLoad { active_requests: 2, active_blocks: 15, prefill_tokens: 150, waiting_requests: 0 });
+        assert_eq!(
+            l.worker("w0"),
+            WorkerLoad {
+                active_requests: 2,
+                active_blocks: 15,
+                prefill_tokens: 150,
+                waiting_requests: 0
+            }
+        );
         assert_eq!(l.release(r1).map(|b| b.blocks), Some(10));
         assert_eq!(l.release(r1), None, "released exactly once");
         assert_eq!(l.worker("w0").active_blocks, 5);
@@ -253,7 +278,9 @@ mod tests {
     fn one_request_id_books_and_releases_separately() {
         let t0 = Instant::now();
         let mut l = LoadTracker::new(secs(60), 100, 7);
-        let ids: Vec<BookingId> = (0..10).map(|i| l.book(if i % 2 == 0 { "w0" } else { "w1" }, 1, 0, Some("same"), t0).0).collect();
+        let ids: Vec<BookingId> = (0..10)
+            .map(|i| l.book(if i % 2 == 0 { "w0" } else { "w1" }, 1, 0, Some("same"), t0).0)
+            .collect();
         assert_eq!(l.len(), 10);
         for id in &ids {
             assert!(l.release(*id).is_some());
@@ -325,7 +352,11 @@ mod tests {
         assert_eq!(l.expire(t0 + secs(10)), Expired { timeout: 1, ..Expired::default() });
         assert_eq!(l.worker("w0").active_blocks, 4);
         l.release(new);
-        assert_eq!(l.expire(t0 + secs(100)), Expired::default(), "a released booking is not expired again");
+        assert_eq!(
+            l.expire(t0 + secs(100)),
+            Expired::default(),
+            "a released booking is not expired again"
+        );
     }
 
     #[test]
@@ -339,7 +370,11 @@ mod tests {
             assert!(l.release(id).is_some());
         }
         assert_eq!(l.len(), 1);
-        assert_eq!(l.tracked_entries(), 2, "the live booking and its request-id entry, nothing per released one");
+        assert_eq!(
+            l.tracked_entries(),
+            2,
+            "the live booking and its request-id entry, nothing per released one"
+        );
         assert!(l.bookings.queue_len() <= 2 + 1024 + 1, "stale queue records are compacted away");
         assert_eq!(l.worker("w1"), WorkerLoad::default());
         assert!(l.release(held).is_some());

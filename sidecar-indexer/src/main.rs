@@ -57,9 +57,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if cli.log_json {
         fmt.json().init();
     } else {
@@ -83,9 +81,7 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     tracing::info!(version = env!("CARGO_PKG_VERSION"), git = option_env!("KVMESH_GIT_HASH").unwrap_or("unknown"), config = %cli.config.display(), "kvmesh-indexer starting");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(run(config, cli.config, env))
 }
 
@@ -94,9 +90,8 @@ async fn run(config: Config, path: PathBuf, env: Arc<ProcessEnv>) -> anyhow::Res
     let svc =
         tokio::task::spawn_blocking(move || Service::start(config, Some(path), env)).await??;
     let metrics_addr = config_metrics_addr(&svc)?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding {addr}"))?;
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
     let local = listener.local_addr()?;
     // The metrics listener (scrapers, probes) is bound before READY, so READY means both serve.
     let metrics_listener = match metrics_addr {
@@ -107,10 +102,8 @@ async fn run(config: Config, path: PathBuf, env: Arc<ProcessEnv>) -> anyhow::Res
         ),
         None => None,
     };
-    let metrics_local = metrics_listener
-        .as_ref()
-        .map(tokio::net::TcpListener::local_addr)
-        .transpose()?;
+    let metrics_local =
+        metrics_listener.as_ref().map(tokio::net::TcpListener::local_addr).transpose()?;
     {
         let mut out = std::io::stdout().lock();
         match metrics_local {
@@ -129,9 +122,7 @@ async fn run(config: Config, path: PathBuf, env: Arc<ProcessEnv>) -> anyhow::Res
         });
     }
     svc.spawn_background();
-    axum::serve(listener, router(svc.state.clone()))
-        .with_graceful_shutdown(shutdown())
-        .await?;
+    axum::serve(listener, router(svc.state.clone())).with_graceful_shutdown(shutdown()).await?;
     tracing::info!("shut down");
     Ok(())
 }

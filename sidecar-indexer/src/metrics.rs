@@ -187,32 +187,17 @@ pub const ALL: &[&str] = &[
 /// `kvmesh_kv_event_limits_total` reasons: a live frame above `event_max_frame_bytes` (the worker is
 /// resynced), a replayed one (the replay fails), a replay above `replay_max_bytes` (fails), and a
 /// listener that had to wait for `event_queue_bytes` (backpressure, nothing lost).
-pub const KV_EVENT_LIMIT_REASONS: [&str; 4] = [
-    "frame_too_large",
-    "replay_frame_too_large",
-    "replay_too_large",
-    "queue_bytes_full",
-];
+pub const KV_EVENT_LIMIT_REASONS: [&str; 4] =
+    ["frame_too_large", "replay_frame_too_large", "replay_too_large", "queue_bytes_full"];
 /// `kvmesh_kv_resyncs_total` reasons.
-pub const KV_RESYNC_REASONS: [&str; 5] = [
-    "gap_unrecoverable",
-    "engine_restart",
-    "too_many_blocks",
-    "events_rewired",
-    "frame_too_large",
-];
+pub const KV_RESYNC_REASONS: [&str; 5] =
+    ["gap_unrecoverable", "engine_restart", "too_many_blocks", "events_rewired", "frame_too_large"];
 
 /// `kvmesh_prefill_legs_total` outcomes.
 pub const PREFILL_LEG_OUTCOMES: [&str; 3] = ["ok", "fallback", "overloaded"];
 /// `kvmesh_migrations_total` outcomes (`dry_run` counts would-migrate decisions in dry mode).
-pub const MIGRATION_OUTCOMES: [&str; 6] = [
-    "ok",
-    "dry_run",
-    "handshake_timeout",
-    "handshake_failed",
-    "source_overloaded",
-    "source_gone",
-];
+pub const MIGRATION_OUTCOMES: [&str; 6] =
+    ["ok", "dry_run", "handshake_timeout", "handshake_failed", "source_overloaded", "source_gone"];
 
 /// The indexer's metrics.
 pub struct Metrics {
@@ -381,9 +366,7 @@ impl Metrics {
         // process_resident_memory_bytes, process_virtual_memory_bytes, process_open_fds,
         // process_max_fds, process_cpu_seconds_total, process_start_time_seconds, process_threads.
         #[cfg(target_os = "linux")]
-        r.register(Box::new(
-            prometheus::process_collector::ProcessCollector::for_self(),
-        ))?;
+        r.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
         let hit_rate = Histogram::with_opts(
             HistogramOpts::new(ROUTER_KV_HIT_RATE, "Predicted KV hit rate per routed request in per-mille (overlap_blocks * 1000 / isl_blocks); sum/count/1000 is request-weighted")
                 .buckets(kvmesh_core::router_metrics::HIT_RATE_BUCKETS.to_vec()),
@@ -552,17 +535,13 @@ impl Metrics {
             m.prefill_legs.with_label_values(&[o]).inc_by(0);
         }
         for f in crate::legs::LegFailure::ALL {
-            m.prefill_fallbacks
-                .with_label_values(&[f.reason()])
-                .inc_by(0);
+            m.prefill_fallbacks.with_label_values(&[f.reason()]).inc_by(0);
         }
         for o in MIGRATION_OUTCOMES {
             m.migrations.with_label_values(&[o]).inc_by(0);
         }
         for source in ["index", "kv_home"] {
-            m.migration_opportunities
-                .with_label_values(&[source])
-                .inc_by(0);
+            m.migration_opportunities.with_label_values(&[source]).inc_by(0);
         }
         Ok(m)
     }
@@ -588,24 +567,16 @@ impl Metrics {
             c.with_label_values(&[worker]).inc_by(0);
         }
         for reason in KV_RESYNC_REASONS {
-            self.kv_resyncs
-                .with_label_values(&[worker, reason])
-                .inc_by(0);
+            self.kv_resyncs.with_label_values(&[worker, reason]).inc_by(0);
         }
         for reason in KV_EVENT_LIMIT_REASONS {
-            self.kv_event_limits
-                .with_label_values(&[worker, reason])
-                .inc_by(0);
+            self.kv_event_limits.with_label_values(&[worker, reason]).inc_by(0);
         }
         for outcome in ["complete", "truncated", "failed"] {
-            self.kv_replays
-                .with_label_values(&[worker, outcome])
-                .inc_by(0);
+            self.kv_replays.with_label_values(&[worker, outcome]).inc_by(0);
         }
         for reason in ["holes", "no_end_marker"] {
-            self.kv_replay_rounds
-                .with_label_values(&[worker, reason])
-                .inc_by(0);
+            self.kv_replay_rounds.with_label_values(&[worker, reason]).inc_by(0);
         }
     }
 
@@ -639,10 +610,7 @@ impl Metrics {
             let _ = c.remove_label_values(&[worker]);
         }
         let pairs: [(&IntCounterVec, &[&str]); 8] = [
-            (
-                &self.kv_events,
-                &["stored", "removed", "cleared", "unknown"],
-            ),
+            (&self.kv_events, &["stored", "removed", "cleared", "unknown"]),
             (&self.kv_replay_rounds, &["holes", "no_end_marker"]),
             (&self.kv_blocks, &["stored", "removed"]),
             (&self.kv_replays, &["complete", "truncated", "failed"]),
@@ -757,9 +725,7 @@ mod tests {
     fn every_metric_is_registered_and_named_as_declared() {
         let m = Metrics::new().unwrap();
         // Touch labelled families so they appear in the output.
-        m.decisions
-            .with_label_values(&["aggregate", "best_overlap"])
-            .inc();
+        m.decisions.with_label_values(&["aggregate", "best_overlap"]).inc();
         m.route_errors.with_label_values(&["x"]).inc();
         m.bad_requests.with_label_values(&["route", "x"]).inc();
         m.tokenize_cache.with_label_values(&["hit"]).inc();
@@ -810,17 +776,12 @@ mod tests {
         m.config_reloads.with_label_values(&["ok"]).inc();
         m.tokenize_tokens.with_label_values(&["exact"]).inc();
         m.tokenize_background.with_label_values(&["done"]).inc();
-        m.migration_opportunities
-            .with_label_values(&["index"])
-            .inc();
+        m.migration_opportunities.with_label_values(&["index"]).inc();
         m.sessions_tracked.with_label_values(&["kv_home"]).set(1);
         m.discovery.init_series();
         let text = m.render();
         for name in ALL {
-            assert!(
-                text.contains(&format!("# TYPE {name} ")),
-                "{name} missing from exposition"
-            );
+            assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing from exposition");
         }
         m.forget_worker("w");
         assert!(!m.render().contains("worker=\"w\""));
@@ -829,10 +790,7 @@ mod tests {
     #[test]
     fn names_follow_conventions() {
         for name in ALL {
-            assert!(
-                name.starts_with("kvmesh_") || name.starts_with("router_kv_"),
-                "{name}"
-            );
+            assert!(name.starts_with("kvmesh_") || name.starts_with("router_kv_"), "{name}");
         }
     }
 }

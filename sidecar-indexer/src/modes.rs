@@ -84,10 +84,7 @@ pub fn choose_mode<R: Rng + ?Sized>(
     let f = Facts::new(input, decode, cfg);
     if input.override_mode == Some(Mode::Aggregate) {
         return f.aggregate(
-            (
-                "x-kvmesh-mode aggregate".to_owned(),
-                vec![ReasonCode::AggregateRequested],
-            ),
+            ("x-kvmesh-mode aggregate".to_owned(), vec![ReasonCode::AggregateRequested]),
             None,
             false,
         );
@@ -231,15 +228,12 @@ fn migrate_choice(
     let (Some(o), KvMigration::On) = (opportunity, cfg.kv_migration) else {
         return None;
     };
-    let left = input
-        .isl_tokens
-        .saturating_sub(u64::from(o.source_blocks) * f.bs);
+    let left = input.isl_tokens.saturating_sub(u64::from(o.source_blocks) * f.bs);
     let disagg_serves_better = !f.forced_migrate && has_prefill && !f.local && f.needs_remote(left);
     if disagg_serves_better || f.forced_disagg {
         return None;
     }
-    let reason =
-        format!(
+    let reason = format!(
         "migrate: {} holds {}/{} blocks{}, {} holds {}; {} pulls {} blocks instead of recomputing",
         o.source,
         o.source_blocks,
@@ -275,16 +269,10 @@ fn disagg_choice(
     notes: &[String],
 ) -> ModeChoice {
     let (why, code) = if f.forced_disagg {
-        (
-            "x-kvmesh-mode disagg".to_owned(),
-            ReasonCode::DisaggRequested,
-        )
+        ("x-kvmesh-mode disagg".to_owned(), ReasonCode::DisaggRequested)
     } else {
         (
-            format!(
-                "{} uncached tokens >= min_remote_prefill_tokens {}",
-                f.uncached, f.t
-            ),
+            format!("{} uncached tokens >= min_remote_prefill_tokens {}", f.uncached, f.t),
             ReasonCode::DisaggUncached,
         )
     };
@@ -295,10 +283,7 @@ fn disagg_choice(
     let (reason, codes) = with_notes(notes, reason, code);
     ModeChoice {
         mode: Mode::Disagg,
-        leg: Some(Leg::PrefillOn {
-            worker: p.id.to_owned(),
-            endpoint: p.endpoint.to_owned(),
-        }),
+        leg: Some(Leg::PrefillOn { worker: p.id.to_owned(), endpoint: p.endpoint.to_owned() }),
         opportunity,
         local_continuation: false,
         uncached_tokens: f.uncached,
@@ -330,10 +315,7 @@ fn aggregate_choice(
                 ReasonCode::LocalContinuation,
             )
         } else if f.needs_remote(uncached) {
-            (
-                "aggregate: no healthy prefill worker".to_owned(),
-                ReasonCode::NoPrefillWorker,
-            )
+            ("aggregate: no healthy prefill worker".to_owned(), ReasonCode::NoPrefillWorker)
         } else {
             (
                 format!("aggregate: {uncached} uncached tokens < min_remote_prefill_tokens {t}"),
@@ -367,11 +349,8 @@ fn migration_source(
     best: Option<(&str, u32)>,
     full_blocks: u32,
 ) -> Option<Opportunity> {
-    let healthy_decoder = |id: &str| {
-        workers
-            .iter()
-            .find(|w| w.id == id && w.healthy && w.role.decodes())
-    };
+    let healthy_decoder =
+        |id: &str| workers.iter().find(|w| w.id == id && w.healthy && w.role.decodes());
     let make = |w: &WorkerView<'_>, source_blocks: u32, from_kv_home: bool| Opportunity {
         source: w.id.to_owned(),
         source_endpoint: w.endpoint.to_owned(),

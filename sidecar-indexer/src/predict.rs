@@ -159,22 +159,13 @@ impl LoadOutlook {
         now: Instant,
     ) {
         self.routes.add(1.0, now, self.tau_s);
-        self.tokens
-            .entry(worker.to_owned())
-            .or_default()
-            .add(prompt_tokens, now, self.tau_s);
-        self.prefill
-            .entry(prefill_on.to_owned())
-            .or_default()
-            .add(prefill_tokens, now, self.tau_s);
+        self.tokens.entry(worker.to_owned()).or_default().add(prompt_tokens, now, self.tau_s);
+        self.prefill.entry(prefill_on.to_owned()).or_default().add(prefill_tokens, now, self.tau_s);
     }
 
     /// `worker`'s recent prefill utilization at throughput `tps`, 0..=[`MAX_UTILIZATION`].
     pub fn utilization(&self, worker: &str, tps: f64, now: Instant) -> f64 {
-        let rate = self
-            .prefill
-            .get(worker)
-            .map_or(0.0, |r| r.at(now, self.tau_s));
+        let rate = self.prefill.get(worker).map_or(0.0, |r| r.at(now, self.tau_s));
         (rate / tps.max(1e-9)).clamp(0.0, MAX_UTILIZATION)
     }
 
@@ -185,9 +176,7 @@ impl LoadOutlook {
 
     /// Prompt tokens per second routed to `worker` at `now`.
     pub fn tokens_per_s(&self, worker: &str, now: Instant) -> f64 {
-        self.tokens
-            .get(worker)
-            .map_or(0.0, |r| r.at(now, self.tau_s))
+        self.tokens.get(worker).map_or(0.0, |r| r.at(now, self.tau_s))
     }
 
     /// Forgets the worker (it left the fleet).
@@ -246,9 +235,9 @@ struct Queue {
 impl Queue {
     /// How many front items `tps × (now − at)` tokens finish, and what is left of the next one.
     fn drained(&self, tps: f64, now: Instant) -> (usize, f64) {
-        let mut budget = self.at.map_or(0.0, |at| {
-            now.saturating_duration_since(at).as_secs_f64() * tps.max(0.0)
-        });
+        let mut budget = self
+            .at
+            .map_or(0.0, |at| now.saturating_duration_since(at).as_secs_f64() * tps.max(0.0));
         let mut gone = 0;
         for item in &self.items {
             if budget < item.tokens {
@@ -315,10 +304,7 @@ impl PrefillBacklog {
         let q = self.workers.entry(worker.to_owned()).or_default();
         q.settle(tps, now);
         if tokens > 0.0 {
-            q.items.push_back(Item {
-                tokens,
-                unseen: false,
-            });
+            q.items.push_back(Item { tokens, unseen: false });
         }
         while q.items.len() > self.max_per_worker {
             q.items.pop_front();
@@ -337,20 +323,14 @@ impl PrefillBacklog {
         tps: f64,
         now: Instant,
     ) {
-        let typical = self
-            .typical_tokens(worker)
-            .unwrap_or(fallback_tokens)
-            .max(0.0);
+        let typical = self.typical_tokens(worker).unwrap_or(fallback_tokens).max(0.0);
         // A queue left empty here is dropped by the next `compact`.
         let q = self.workers.entry(worker.to_owned()).or_default();
         q.settle(tps, now);
         q.items.retain(|i| !i.unseen);
         let unseen = engine_waiting.saturating_sub(q.own_requests() as u64);
         if unseen > 0 && typical > 0.0 {
-            q.items.push_back(Item {
-                tokens: unseen as f64 * typical,
-                unseen: true,
-            });
+            q.items.push_back(Item { tokens: unseen as f64 * typical, unseen: true });
         }
     }
 
@@ -427,11 +407,7 @@ mod tests {
             (2.0, 0.5, 0.6, 0.0, 1.0, 0.6), // all cached: adds nothing to others
         ];
         for (rate, util, ttft, own, charge, want) in cases {
-            let t = WorkerTiming {
-                arrivals_per_s: rate,
-                utilization: util,
-                ..timing(0.0, 0)
-            };
+            let t = WorkerTiming { arrivals_per_s: rate, utilization: util, ..timing(0.0, 0) };
             let got = cost_s(&t, ttft, own, charge);
             assert!(
                 (got - want).abs() < 1e-9,
@@ -447,20 +423,10 @@ mod tests {
         assert_eq!((o.routes_per_s(t0), o.tokens_per_s("w0", t0)), (0.0, 0.0));
         // 5 routes/s of 1,000 tokens to w0 for 60 s (6 time constants): 5 routes/s, 5,000 tokens/s.
         for i in 0..300 {
-            o.routed(
-                "w0",
-                1000.0,
-                "w0",
-                400.0,
-                t0 + Duration::from_millis(200 * i),
-            );
+            o.routed("w0", 1000.0, "w0", 400.0, t0 + Duration::from_millis(200 * i));
         }
         let end = t0 + Duration::from_millis(200 * 299);
-        assert!(
-            (o.routes_per_s(end) - 5.0).abs() < 0.3,
-            "{}",
-            o.routes_per_s(end)
-        );
+        assert!((o.routes_per_s(end) - 5.0).abs() < 0.3, "{}", o.routes_per_s(end));
         assert!(
             (o.tokens_per_s("w0", end) - 5000.0).abs() < 300.0,
             "{}",
@@ -499,10 +465,7 @@ mod tests {
         ];
         for (queued, batch, own, chunk, want) in cases {
             let got = ttft_s(&timing(queued, batch), own, chunk);
-            assert!(
-                (got - want).abs() < 1e-9,
-                "{queued} {batch} {own} {chunk}: {got} != {want}"
-            );
+            assert!((got - want).abs() < 1e-9, "{queued} {batch} {own} {chunk}: {got} != {want}");
         }
     }
 
@@ -522,11 +485,7 @@ mod tests {
             (650, 16, 40),
         ];
         for (tokens, bs, want) in cases {
-            assert_eq!(
-                max_cached_blocks(tokens, bs),
-                want,
-                "{tokens} tokens, block {bs}"
-            );
+            assert_eq!(max_cached_blocks(tokens, bs), want, "{tokens} tokens, block {bs}");
         }
     }
 
@@ -539,27 +498,15 @@ mod tests {
         b.add("w0", 2000.0, 10_000.0, s(50)); // the first is half done
         assert_eq!(
             b.ahead("w0", 10_000.0, s(50)),
-            Ahead {
-                tokens: 2500.0,
-                requests: 2,
-                unseen_tokens: 0.0
-            }
+            Ahead { tokens: 2500.0, requests: 2, unseen_tokens: 0.0 }
         );
         assert_eq!(
             b.ahead("w0", 10_000.0, s(100)),
-            Ahead {
-                tokens: 2000.0,
-                requests: 1,
-                unseen_tokens: 0.0
-            }
+            Ahead { tokens: 2000.0, requests: 1, unseen_tokens: 0.0 }
         );
         assert_eq!(
             b.ahead("w0", 10_000.0, s(250)),
-            Ahead {
-                tokens: 500.0,
-                requests: 1,
-                unseen_tokens: 0.0
-            }
+            Ahead { tokens: 500.0, requests: 1, unseen_tokens: 0.0 }
         );
         assert_eq!(b.ahead("w0", 10_000.0, s(300)), Ahead::default());
         assert_eq!(b.ahead("w1", 10_000.0, s(0)), Ahead::default());
@@ -582,25 +529,16 @@ mod tests {
         // An own booking at 50 ms queues behind them (FIFO).
         b.add("w0", 1000.0, tps, s(50));
         let a = b.ahead("w0", tps, s(100));
-        assert_eq!(
-            (a.tokens.round(), a.requests, a.unseen_tokens.round()),
-            (1000.0, 1, 0.0)
-        );
+        assert_eq!((a.tokens.round(), a.requests, a.unseen_tokens.round()), (1000.0, 1, 0.0));
         // The next scrape (120 ms) sees 3 waiting: one is our own, 2 are someone else's, at the
         // typical size of our bookings there (our one booking: 1000 tokens), behind ours.
         b.reconcile("w0", 3, 500.0, tps, s(120));
         let a = b.ahead("w0", tps, s(120));
-        assert_eq!(
-            (a.tokens.round(), a.requests, a.unseen_tokens.round()),
-            (800.0, 1, 2000.0)
-        );
+        assert_eq!((a.tokens.round(), a.requests, a.unseen_tokens.round()), (800.0, 1, 2000.0));
         // A scrape that sees only our own request replaces the unseen part with nothing.
         b.reconcile("w0", 1, 500.0, tps, s(130));
         let a = b.ahead("w0", tps, s(130));
-        assert_eq!(
-            (a.tokens.round(), a.requests, a.unseen_tokens),
-            (700.0, 1, 0.0)
-        );
+        assert_eq!((a.tokens.round(), a.requests, a.unseen_tokens), (700.0, 1, 0.0));
         assert_eq!(b.len(), 1, "unseen requests are not bookings");
     }
 

@@ -78,15 +78,27 @@ impl Sessions {
     /// Empty maps bounded as `cfg` says.
     pub fn new(cfg: &RoutingConfig, now: Instant) -> Self {
         Self {
-            continuations: RecentMap::new(Duration::from_secs(cfg.local_continuation_ttl_secs), cfg.local_continuation_max_sessions, now),
-            kv_home: RecentMap::new(Duration::from_secs(cfg.kv_home_ttl_secs), cfg.kv_home_max_sessions, now),
+            continuations: RecentMap::new(
+                Duration::from_secs(cfg.local_continuation_ttl_secs),
+                cfg.local_continuation_max_sessions,
+                now,
+            ),
+            kv_home: RecentMap::new(
+                Duration::from_secs(cfg.kv_home_ttl_secs),
+                cfg.kv_home_max_sessions,
+                now,
+            ),
         }
     }
 
     /// New bounds (a reload).
     pub fn set_limits(&mut self, cfg: &RoutingConfig) {
-        self.continuations.set_limits(Duration::from_secs(cfg.local_continuation_ttl_secs), cfg.local_continuation_max_sessions);
-        self.kv_home.set_limits(Duration::from_secs(cfg.kv_home_ttl_secs), cfg.kv_home_max_sessions);
+        self.continuations.set_limits(
+            Duration::from_secs(cfg.local_continuation_ttl_secs),
+            cfg.local_continuation_max_sessions,
+        );
+        self.kv_home
+            .set_limits(Duration::from_secs(cfg.kv_home_ttl_secs), cfg.kv_home_max_sessions);
     }
 
     /// Records that `session` was served by `worker` now.
@@ -103,7 +115,13 @@ impl Sessions {
     /// `session`'s request, booked on `booked`, was served by `served` (Envoy retried to another
     /// host): its KV is there now. Moves the home unless it no longer is `booked` (expired, or a
     /// later turn was placed elsewhere); returns whether it moved.
-    pub fn served_elsewhere(&mut self, session: u64, booked: &str, served: &str, now: Instant) -> bool {
+    pub fn served_elsewhere(
+        &mut self,
+        session: u64,
+        booked: &str,
+        served: &str,
+        now: Instant,
+    ) -> bool {
         if booked == served || self.kv_home.get(session, now).is_none_or(|h| &**h != booked) {
             return false;
         }
@@ -128,7 +146,11 @@ mod tests {
         assert_eq!(m.get(1, t0 + secs(9)), Some(&"w1"));
         assert_eq!(m.get(1, t0 + secs(10)), None);
         m.touch(1, "w2", t0 + secs(8));
-        assert_eq!(m.get(1, t0 + secs(17)), Some(&"w2"), "a touch renews the TTL and replaces the value");
+        assert_eq!(
+            m.get(1, t0 + secs(17)),
+            Some(&"w2"),
+            "a touch renews the TTL and replaces the value"
+        );
         m.touch(2, "w3", t0 + secs(30));
         assert_eq!(m.len(), 1, "the expired key was pruned by a later touch");
     }
@@ -194,8 +216,16 @@ mod tests {
                 s.served(7, h, t0);
             }
             let now = t0 + at;
-            assert_eq!(s.served_elsewhere(7, booked, served, now), moved, "{before:?} {booked} {served} {at:?}");
-            assert_eq!(s.kv_home.get(7, now).map(|w| &**w), after, "{before:?} {booked} {served} {at:?}");
+            assert_eq!(
+                s.served_elsewhere(7, booked, served, now),
+                moved,
+                "{before:?} {booked} {served} {at:?}"
+            );
+            assert_eq!(
+                s.kv_home.get(7, now).map(|w| &**w),
+                after,
+                "{before:?} {booked} {served} {at:?}"
+            );
             assert_eq!(s.kv_home.get(8, now), None, "other sessions untouched");
         }
     }

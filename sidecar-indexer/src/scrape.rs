@@ -239,10 +239,9 @@ impl PrefillMeter {
                     (d.lifetime_s, d.finished) = (sum, count);
                 }
             }
-            if let (Some(sum), Some(count)) = (
-                inc(s.itl_sum, prev.itl_sum),
-                inc(s.itl_count, prev.itl_count),
-            ) {
+            if let (Some(sum), Some(count)) =
+                (inc(s.itl_sum, prev.itl_sum), inc(s.itl_count, prev.itl_count))
+            {
                 (d.itl_sum, d.itl_count) = (sum, count);
             }
             self.window.push_back(d);
@@ -298,13 +297,19 @@ impl PrefillMeter {
     /// worker it believed fastest and its load grew to 1.37× the mean.
     fn window_rate(&self, min_tokens: f64) -> Option<f64> {
         let min_tokens = min_tokens.max(1.0);
-        let (mut tokens, mut busy, mut wall, mut finished, mut lifetime) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        let (mut tokens, mut busy, mut wall, mut finished, mut lifetime) =
+            (0.0, 0.0, 0.0, 0.0, 0.0);
         for (k, d) in self.window.iter().rev().enumerate() {
             if k >= WINDOW && tokens >= min_tokens {
                 break;
             }
-            (tokens, busy, wall, finished, lifetime) =
-                (tokens + d.tokens, busy + d.busy_s, wall + d.wall_s, finished + d.finished, lifetime + d.lifetime_s);
+            (tokens, busy, wall, finished, lifetime) = (
+                tokens + d.tokens,
+                busy + d.busy_s,
+                wall + d.wall_s,
+                finished + d.finished,
+                lifetime + d.lifetime_s,
+            );
         }
         let lag = if finished > 0.0 { lifetime / finished } else { 0.0 };
         let busy = busy.min(wall + lag);
@@ -365,12 +370,7 @@ vllm:request_prefill_time_seconds_count{engine=\"0\"} 3\nvllm:request_queue_time
 vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum 2\nvllm:time_per_output_token_seconds_count 100\n";
         let s = parse_engine_metrics(text);
         assert_eq!(
-            (
-                s.prompt_tokens,
-                s.prefill_time_sum,
-                s.queue_time_sum,
-                s.ttft_sum
-            ),
+            (s.prompt_tokens, s.prefill_time_sum, s.queue_time_sum, s.ttft_sum),
             (Some(5000.0), Some(0.5), Some(0.1), Some(0.7))
         );
         assert_eq!((s.itl_sum, s.itl_count), (Some(2.0), Some(100.0)));
@@ -444,26 +444,22 @@ vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum
         let t0 = Instant::now();
         let at = |ms| t0 + std::time::Duration::from_millis(ms);
         let mut m = PrefillMeter::default();
-        m.observe(
-            &sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)),
-            at(0), hold(1.0));
+        m.observe(&sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)), at(0), hold(1.0));
         assert_eq!(m.window_rate(1.0), None, "one sample is no interval");
         // 12k prompt tokens, 2k of them cached: 10k computed in 0.4 s of prefill.
-        m.observe(
-            &sample(12_000.0, 2_000.0, Some(0.4), 9.0, 9.0, (1.0, 50.0)),
-            at(500), hold(1.0));
+        m.observe(&sample(12_000.0, 2_000.0, Some(0.4), 9.0, 9.0, (1.0, 50.0)), at(500), hold(1.0));
         assert_eq!(m.window_rate(20_000.0), None, "not enough measured yet");
         assert_eq!(m.window_rate(4096.0), Some(25_000.0));
         assert_eq!(m.window_step(16.0), Some(0.02));
         // Overlapping prefills (sum 3.4 s in 1 s of wall time) are bounded by the wall time.
         m.observe(
             &sample(22_000.0, 2_000.0, Some(3.4), 9.0, 9.0, (1.0, 50.0)),
-            at(1000), hold(1.0));
+            at(1000),
+            hold(1.0),
+        );
         assert_eq!(m.window_rate(1.0), Some(20_000.0));
         // A reset (engine restart) says nothing for that interval.
-        m.observe(
-            &sample(10.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)),
-            at(1500), hold(1.0));
+        m.observe(&sample(10.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)), at(1500), hold(1.0));
         assert_eq!(m.window_rate(1.0), Some(20_000.0));
     }
 
@@ -480,7 +476,11 @@ vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum
         (b.inference_time_sum, b.inference_count) = (Some(7.0), Some(2.0));
         m.observe(&a, t0, hold(1.0));
         m.observe(&b, t0 + Duration::from_secs(1), hold(1.0));
-        assert_eq!(m.window_rate(1.0), Some(20_000.0), "bounded by 1 s + their mean 3.5 s, not by 1 s (40k)");
+        assert_eq!(
+            m.window_rate(1.0),
+            Some(20_000.0),
+            "bounded by 1 s + their mean 3.5 s, not by 1 s (40k)"
+        );
         assert_eq!(parse_engine_metrics("vllm:request_inference_time_seconds_sum 7\nvllm:request_inference_time_seconds_count 2\n").inference_count, Some(2.0));
     }
 
@@ -490,27 +490,20 @@ vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum
         let t0 = Instant::now();
         let at = |ms| t0 + std::time::Duration::from_millis(ms);
         let mut m = PrefillMeter::default();
-        m.observe(
-            &sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)),
-            at(0), hold(1.0));
-        m.observe(
-            &sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)),
-            at(200), hold(1.0));
-        m.observe(
-            &sample(1500.0, 0.0, Some(0.3), 0.0, 0.0, (0.0, 0.0)),
-            at(400), hold(1.0));
+        m.observe(&sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)), at(0), hold(1.0));
+        m.observe(&sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0)), at(200), hold(1.0));
+        m.observe(&sample(1500.0, 0.0, Some(0.3), 0.0, 0.0, (0.0, 0.0)), at(400), hold(1.0));
         assert_eq!(m.window_rate(1.0), Some(5000.0));
         // Idle scrapes push the measurement out of the window (it reaches back at most
         // MAX_WINDOW intervals); the last trusted one stays.
         for k in 3..(MAX_WINDOW as u64 + 10) {
             m.observe(
                 &sample(1500.0, 0.0, Some(0.3), 0.0, 0.0, (0.0, 0.0)),
-                at(200 * k), hold(1000.0));
+                at(200 * k),
+                hold(1000.0),
+            );
         }
-        assert_eq!(
-            (m.window_rate(1000.0), m.prefill_tokens_per_s()),
-            (None, Some(5000.0))
-        );
+        assert_eq!((m.window_rate(1000.0), m.prefill_tokens_per_s()), (None, Some(5000.0)));
     }
 
     #[test]
@@ -522,7 +515,11 @@ vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum
         let at = |k: u64| t0 + Duration::from_millis(500 * k);
         let mut m = PrefillMeter::default();
         let fed = |m: &mut PrefillMeter, k: u64| {
-            m.observe(&sample(300.0 * k as f64, 0.0, Some(0.1 * k as f64), 0.0, 0.0, (0.0, 0.0)), at(k), hold(8192.0));
+            m.observe(
+                &sample(300.0 * k as f64, 0.0, Some(0.1 * k as f64), 0.0, 0.0, (0.0, 0.0)),
+                at(k),
+                hold(8192.0),
+            );
         };
         for k in 0..=16 {
             fed(&mut m, k);
@@ -536,10 +533,22 @@ vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum
         // A fast engine: the newest 16 intervals already hold enough, older ones do not count.
         let mut fast = PrefillMeter::default();
         for k in 0..=40u64 {
-            let (tokens, busy) = if k <= 20 { (100.0 * k as f64, 0.1 * k as f64) } else { (2_000.0 + 1_000.0 * (k - 20) as f64, 2.0 + 0.05 * (k - 20) as f64) };
-            fast.observe(&sample(tokens, 0.0, Some(busy), 0.0, 0.0, (0.0, 0.0)), at(k), hold(8192.0));
+            let (tokens, busy) = if k <= 20 {
+                (100.0 * k as f64, 0.1 * k as f64)
+            } else {
+                (2_000.0 + 1_000.0 * (k - 20) as f64, 2.0 + 0.05 * (k - 20) as f64)
+            };
+            fast.observe(
+                &sample(tokens, 0.0, Some(busy), 0.0, 0.0, (0.0, 0.0)),
+                at(k),
+                hold(8192.0),
+            );
         }
-        assert_eq!(fast.window_rate(8192.0).map(f64::round), Some(20_000.0), "the last 16 intervals only");
+        assert_eq!(
+            fast.window_rate(8192.0).map(f64::round),
+            Some(20_000.0),
+            "the last 16 intervals only"
+        );
     }
 
     #[test]
@@ -572,7 +581,11 @@ vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum
         // After a full reading, small windows never stand in again: a lower one, 1,200 tokens in
         // 1.2 s, after the hold forgot every reading, leaves the last full one.
         for j in 1..=70 {
-            m.observe(&sample(tokens, 0.0, Some(busy), 0.0, 0.0, (0.0, 0.0)), at(k + j), hold(8192.0));
+            m.observe(
+                &sample(tokens, 0.0, Some(busy), 0.0, 0.0, (0.0, 0.0)),
+                at(k + j),
+                hold(8192.0),
+            );
         }
         (tokens, busy) = (tokens + 1200.0, busy + 1.2);
         m.observe(&sample(tokens, 0.0, Some(busy), 0.0, 0.0, (0.0, 0.0)), at(k + 71), hold(8192.0));
@@ -612,7 +625,9 @@ vllm:time_to_first_token_seconds_sum 0.7\nvllm:time_per_output_token_seconds_sum
         m.observe(&sample(0.0, 0.0, None, 1.0, 0.5, (0.0, 0.0)), t0, hold(1.0));
         m.observe(
             &sample(8_000.0, 0.0, None, 1.6, 0.7, (0.0, 0.0)),
-            t0 + std::time::Duration::from_secs(1), hold(1.0));
+            t0 + std::time::Duration::from_secs(1),
+            hold(1.0),
+        );
         let tps = m.window_rate(1.0).unwrap();
         assert!((tps - 20_000.0).abs() < 1e-6, "{tps}");
         assert_eq!(m.window_step(1.0), None);

@@ -61,11 +61,7 @@ pub struct Service {
 }
 
 fn event_limits(c: &Config) -> (usize, usize, usize) {
-    (
-        c.routing.event_max_frame_bytes,
-        c.routing.replay_max_bytes,
-        c.routing.event_queue_bytes,
-    )
+    (c.routing.event_max_frame_bytes, c.routing.replay_max_bytes, c.routing.event_queue_bytes)
 }
 
 fn applier_config(c: &Config) -> ApplierConfig {
@@ -123,9 +119,7 @@ impl Service {
             config.routing.index_max_entries,
             config.routing.max_blocks_per_worker,
         )));
-        index
-            .read()
-            .set_recovery_blocks(config.routing.recovery_max_blocks);
+        index.read().set_recovery_blocks(config.routing.recovery_max_blocks);
         let gauges = Arc::new(IndexGauges::default());
         let free_slots = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = sync_channel(config.routing.event_queue_batches);
@@ -136,9 +130,7 @@ impl Service {
             free_slots.clone(),
             applier_config(&config),
         );
-        std::thread::Builder::new()
-            .name("kv-applier".into())
-            .spawn(move || applier.run(rx))?;
+        std::thread::Builder::new().name("kv-applier".into()).spawn(move || applier.run(rx))?;
         let routing = &config.routing;
         let state = Arc::new(AppState {
             // The nonce keeps this process's booking ids apart from a previous process's.
@@ -161,9 +153,7 @@ impl Service {
             started: clock::now(),
             sessions: Mutex::new(Sessions::new(routing, clock::now())),
             // Legs carry their own deadline (tokio timeout); idle connections to workers are reused.
-            legs: reqwest::Client::builder()
-                .pool_max_idle_per_host(32)
-                .build()?,
+            legs: reqwest::Client::builder().pool_max_idle_per_host(32).build()?,
             dry_runs: Default::default(),
             route_inflight: Default::default(),
             placement: Mutex::new(crate::state::Placement::new(routing)),
@@ -182,11 +172,8 @@ impl Service {
             reload_lock: tokio::sync::Mutex::new(()),
             discovery: crate::discovery::DiscoveryLink::new(&config),
         });
-        let workers: Vec<WorkerRuntime> = config
-            .workers
-            .iter()
-            .map(|w| svc.add_worker(w, &config))
-            .collect::<Result<_, _>>()?;
+        let workers: Vec<WorkerRuntime> =
+            config.workers.iter().map(|w| svc.add_worker(w, &config)).collect::<Result<_, _>>()?;
         {
             let mut fleet = svc.state.fleet.write();
             fleet.workers = workers;
@@ -204,9 +191,8 @@ impl Service {
 
     fn add_worker(&self, w: &WorkerConfig, config: &Config) -> Result<WorkerRuntime, ServiceError> {
         self.state.metrics.register_worker(&w.id);
-        let ranks = (0..w.dp_ranks)
-            .map(|rank| self.add_rank(w, rank, config))
-            .collect::<Result<_, _>>()?;
+        let ranks =
+            (0..w.dp_ranks).map(|rank| self.add_rank(w, rank, config)).collect::<Result<_, _>>()?;
         Ok(WorkerRuntime {
             cfg: w.clone(),
             ranks,
@@ -259,12 +245,7 @@ impl Service {
                 None
             }
         };
-        Ok(RankRuntime {
-            rank,
-            slot,
-            stats,
-            listener,
-        })
+        Ok(RankRuntime { rank, slot, stats, listener })
     }
 
     /// Stops a rank's listener (blocking until its thread is gone) and removes it from the index.
@@ -272,10 +253,7 @@ impl Service {
         if let Some(l) = r.listener.take() {
             l.stop();
         }
-        let _ = self
-            .state
-            .applier
-            .send(ApplierMsg::RemoveWorker { slot: r.slot });
+        let _ = self.state.applier.send(ApplierMsg::RemoveWorker { slot: r.slot });
     }
 
     /// Waits until the applier has applied everything queued so far.
@@ -307,11 +285,7 @@ impl Service {
         let _guard = self.reload_lock.lock().await;
         let old = self.state.config();
         if *old == new {
-            self.state
-                .metrics
-                .config_reloads
-                .with_label_values(&["unchanged"])
-                .inc();
+            self.state.metrics.config_reloads.with_label_values(&["unchanged"]).inc();
             return Ok(false);
         }
         let result = self.clone().apply_reload(old, new).await;
@@ -357,10 +331,7 @@ impl Service {
     ) -> Result<(), ServiceError> {
         let rewire_all =
             old.model.block_size != new.model.block_size || old.routing.mode != new.routing.mode;
-        let _ = self
-            .state
-            .applier
-            .send(ApplierMsg::Configure(applier_config(&new)));
+        let _ = self.state.applier.send(ApplierMsg::Configure(applier_config(&new)));
         let (frame, replay, queue) = event_limits(&new);
         self.event_limits.set(frame, replay, queue);
         // A smaller body memo bound takes effect now (routes only shrink it when they keep one).
@@ -385,10 +356,7 @@ impl Service {
         };
         let added: Vec<&WorkerConfig> = {
             let fleet = self.state.fleet.read();
-            new.workers
-                .iter()
-                .filter(|w| !fleet.workers.iter().any(|o| o.cfg.id == w.id))
-                .collect()
+            new.workers.iter().filter(|w| !fleet.workers.iter().any(|o| o.cfg.id == w.id)).collect()
         };
         let mut failure = None;
         let mut fresh_ranks: HashMap<String, Vec<RankRuntime>> = HashMap::new();
@@ -484,10 +452,7 @@ impl Service {
             Duration::from_secs(new.routing.load_expiry_secs),
             new.routing.max_bookings,
         );
-        self.state
-            .index
-            .read()
-            .set_recovery_blocks(new.routing.recovery_max_blocks);
+        self.state.index.read().set_recovery_blocks(new.routing.recovery_max_blocks);
         self.state.sessions.lock().set_limits(&new.routing);
         self.state.placement.lock().set_limits(&new.routing);
         if let Some(t) = tokenizer {
@@ -525,11 +490,7 @@ pub(crate) fn expire_load(state: &AppState, now: Instant) {
     let _ = state.applier.try_send(crate::events::applier::ApplierMsg::Expire { now });
     let expired = state.load.lock().expire(now);
     if expired.timeout > 0 {
-        state
-            .metrics
-            .load_expired
-            .with_label_values(&["timeout"])
-            .inc_by(expired.timeout);
+        state.metrics.load_expired.with_label_values(&["timeout"]).inc_by(expired.timeout);
         tracing::info!(
             requests = expired.timeout,
             "released load of requests that never reported done"
@@ -574,11 +535,7 @@ async fn reload_loop(svc: Arc<Service>) {
         match svc.reload_from_file().await {
             Ok(changed) => tracing::info!(signal = by_signal, changed, "config reload checked"),
             Err(e) => {
-                svc.state
-                    .metrics
-                    .config_reloads
-                    .with_label_values(&["error"])
-                    .inc();
+                svc.state.metrics.config_reloads.with_label_values(&["error"]).inc();
                 tracing::error!(error = %e, path = %path.display(), "config reload refused; keeping the running configuration");
             }
         }
@@ -674,10 +631,7 @@ pub(crate) fn apply_scrapes(
                 if let Some(q) = sample.queries {
                     let inc = w.queries.advance(q) as u64;
                     m.engine_queries.with_label_values(&[&id]).inc_by(inc);
-                    state
-                        .engine_totals
-                        .queries
-                        .fetch_add(inc, Ordering::Relaxed);
+                    state.engine_totals.queries.fetch_add(inc, Ordering::Relaxed);
                 }
                 w.meter.observe(&sample, now, cfg.routing.meter_hold());
                 waiting.push((id.clone(), sample.waiting.max(0.0) as u64));
@@ -720,8 +674,6 @@ pub(crate) fn apply_scrapes(
     drop(fleet);
     let mut placement = state.placement.lock();
     for (id, waiting, tps) in waiting {
-        placement
-            .backlog
-            .reconcile(&id, waiting, unknown_tokens, tps, now);
+        placement.backlog.reconcile(&id, waiting, unknown_tokens, tps, now);
     }
 }

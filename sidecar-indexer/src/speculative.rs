@@ -48,8 +48,7 @@ impl Speculative {
     /// New bounds (a reload).
     pub fn set_limits(&mut self, ttl: Duration, max_per_worker: usize) {
         self.enabled = !ttl.is_zero();
-        self.tracker
-            .set_limits(ttl.max(Duration::from_millis(1)), max_per_worker);
+        self.tracker.set_limits(ttl.max(Duration::from_millis(1)), max_per_worker);
     }
 
     /// Records that `slot` was chosen for a prompt with `chains` at `now`; forgets expired entries.
@@ -75,11 +74,7 @@ impl Speculative {
         if !self.enabled || chains.is_empty() || self.tracker.is_empty(slot) {
             return 0;
         }
-        let holds = |i: usize| {
-            chains
-                .get(i)
-                .is_some_and(|c| self.tracker.holds(slot, c.0, now))
-        };
+        let holds = |i: usize| chains.get(i).is_some_and(|c| self.tracker.holds(slot, c.0, now));
         // Gallop back from the last block to a held one, remembering the nearest unheld one above.
         let (mut held, mut unheld, mut step) = (chains.len() - 1, chains.len(), 1);
         while !holds(held) {
@@ -148,11 +143,7 @@ mod tests {
         }
         assert_eq!(s.overlap(1, &chains(0..10), ms(2000)), 0, "expired");
         s.record(2, &chains(0..1), ms(2000));
-        assert_eq!(
-            s.len(),
-            1,
-            "expired entries are forgotten on the next record"
-        );
+        assert_eq!(s.len(), 1, "expired entries are forgotten on the next record");
     }
 
     #[test]
@@ -193,17 +184,10 @@ mod tests {
         assert_eq!((off.overlap(1, &chains(0..10), t0), off.len()), (0, 0));
         let mut small = Speculative::new(Duration::from_secs(2), 8);
         for i in 0..10 {
-            small.record(
-                1,
-                &chains(i * 100..i * 100 + 4),
-                t0 + Duration::from_millis(i),
-            );
+            small.record(1, &chains(i * 100..i * 100 + 4), t0 + Duration::from_millis(i));
         }
         assert!(small.len() <= 8);
-        assert_eq!(
-            small.overlap(1, &chains(900..904), t0 + Duration::from_millis(10)),
-            4
-        );
+        assert_eq!(small.overlap(1, &chains(900..904), t0 + Duration::from_millis(10)), 4);
         small.forget_worker(1);
         assert!(small.is_empty());
     }

@@ -64,9 +64,7 @@ impl WorkerRuntime {
 
     /// Decode part of a step, seconds: the measured inter-token latency, else the configured one.
     pub fn decode_step_s(&self, r: &RoutingConfig) -> f64 {
-        self.meter
-            .decode_step_s()
-            .unwrap_or(r.decode_step_ms / 1000.0)
+        self.meter.decode_step_s().unwrap_or(r.decode_step_ms / 1000.0)
     }
 }
 
@@ -144,18 +142,11 @@ impl Fleet {
     /// every session whose recompute there was predicted cheaper moved to it. (With an even count
     /// the upper of the two middle readings stands for the median.)
     pub fn prefill_tokens_per_s(&self, w: &WorkerRuntime, r: &RoutingConfig) -> f64 {
-        let peers = || {
-            self.measured_prefill
-                .iter()
-                .find(|(role, _)| *role == w.cfg.role)
-                .map(|(_, t)| *t)
-        };
-        w.meter
-            .prefill_tokens_per_s()
-            .or_else(peers)
-            .map_or(r.prefill_tokens_per_s, |t| {
-                t.clamp(r.prefill_tokens_per_s_min, r.prefill_tokens_per_s_max)
-            })
+        let peers =
+            || self.measured_prefill.iter().find(|(role, _)| *role == w.cfg.role).map(|(_, t)| *t);
+        w.meter.prefill_tokens_per_s().or_else(peers).map_or(r.prefill_tokens_per_s, |t| {
+            t.clamp(r.prefill_tokens_per_s_min, r.prefill_tokens_per_s_max)
+        })
     }
 
     /// Recomputes, per role, the median throughput of the measured workers (after each scrape
@@ -285,9 +276,7 @@ impl AppState {
             .iter()
             .filter(|w| {
                 w.cfg.kv_events.is_some()
-                    && w.ranks
-                        .iter()
-                        .any(|r| !r.stats.synced.load(Ordering::Relaxed))
+                    && w.ranks.iter().any(|r| !r.stats.synced.load(Ordering::Relaxed))
             })
             .map(|w| w.cfg.id.clone())
             .collect()
@@ -296,19 +285,15 @@ impl AppState {
     /// Refreshes the gauges that are cheaper to read at scrape time than to keep current.
     pub fn refresh_gauges(&self) {
         let m = &self.metrics;
-        m.index_blocks
-            .set(self.gauges.blocks.load(Ordering::Relaxed) as i64);
-        m.index_entries
-            .set(self.gauges.entries.load(Ordering::Relaxed) as i64);
-        m.index_bytes
-            .set(self.gauges.bytes.load(Ordering::Relaxed) as i64);
+        m.index_blocks.set(self.gauges.blocks.load(Ordering::Relaxed) as i64);
+        m.index_entries.set(self.gauges.entries.load(Ordering::Relaxed) as i64);
+        m.index_bytes.set(self.gauges.bytes.load(Ordering::Relaxed) as i64);
         let tokenizer = self.tokenizer.read();
         m.tokenize_cache_bytes.set(tokenizer.cache_bytes() as i64);
         m.tokenize_memo_bytes.set(tokenizer.memo_bytes() as i64);
         drop(tokenizer);
         m.body_memo_bytes.set(self.body_memo.lock().bytes() as i64);
-        m.recovery_blocks
-            .set(self.index.read().recovery_blocks() as i64);
+        m.recovery_blocks.set(self.index.read().recovery_blocks() as i64);
         let fleet = self.fleet.read();
         m.fleet_generation.set(fleet.generation as i64);
         let now_ts = std::time::SystemTime::now()
@@ -318,9 +303,7 @@ impl AppState {
             let index = self.index.read();
             for w in &fleet.workers {
                 let blocks: usize = w.ranks.iter().map(|r| index.worker_blocks(r.slot)).sum();
-                m.worker_blocks
-                    .with_label_values(&[&w.cfg.id])
-                    .set(blocks as i64);
+                m.worker_blocks.with_label_values(&[&w.cfg.id]).set(blocks as i64);
             }
         }
         let load = self.load.lock();
@@ -347,12 +330,8 @@ impl AppState {
                     .ahead(&w.cfg.id, tps, now)
                     .tokens
                     .min(load.worker(&w.cfg.id).prefill_tokens as f64);
-                m.worker_prefill_tps
-                    .with_label_values(&[&w.cfg.id])
-                    .set(tps);
-                m.worker_queued_prefill
-                    .with_label_values(&[&w.cfg.id])
-                    .set(ahead);
+                m.worker_prefill_tps.with_label_values(&[&w.cfg.id]).set(tps);
+                m.worker_queued_prefill.with_label_values(&[&w.cfg.id]).set(ahead);
             }
             placement.speculative.expire(now);
             m.speculative_blocks.set(placement.speculative.len() as i64);
@@ -360,35 +339,16 @@ impl AppState {
         for w in &fleet.workers {
             let id = w.cfg.id.as_str();
             let l = load.worker(id);
-            m.worker_active_requests
-                .with_label_values(&[id])
-                .set(l.active_requests as i64);
-            m.worker_active_blocks
-                .with_label_values(&[id])
-                .set(l.active_blocks as i64);
-            m.worker_prefill_tokens
-                .with_label_values(&[id])
-                .set(l.prefill_tokens as i64);
-            m.worker_healthy
-                .with_label_values(&[id])
-                .set(i64::from(w.gets_traffic()));
+            m.worker_active_requests.with_label_values(&[id]).set(l.active_requests as i64);
+            m.worker_active_blocks.with_label_values(&[id]).set(l.active_blocks as i64);
+            m.worker_prefill_tokens.with_label_values(&[id]).set(l.prefill_tokens as i64);
+            m.worker_healthy.with_label_values(&[id]).set(i64::from(w.gets_traffic()));
             if let Some(e) = w.engine {
-                m.worker_running
-                    .with_label_values(&[id])
-                    .set(e.running as i64);
-                m.worker_waiting
-                    .with_label_values(&[id])
-                    .set(e.waiting as i64);
+                m.worker_running.with_label_values(&[id]).set(e.running as i64);
+                m.worker_waiting.with_label_values(&[id]).set(e.waiting as i64);
             }
-            if let Some(ts) = w
-                .ranks
-                .iter()
-                .filter_map(|r| r.stats.last_ts())
-                .reduce(f64::max)
-            {
-                m.kv_event_lag
-                    .with_label_values(&[id])
-                    .set((now_ts - ts).max(0.0));
+            if let Some(ts) = w.ranks.iter().filter_map(|r| r.stats.last_ts()).reduce(f64::max) {
+                m.kv_event_lag.with_label_values(&[id]).set((now_ts - ts).max(0.0));
             }
         }
         {
@@ -396,9 +356,7 @@ impl AppState {
             m.sessions_tracked
                 .with_label_values(&["continuations"])
                 .set(sessions.continuations.len() as i64);
-            m.sessions_tracked
-                .with_label_values(&["kv_home"])
-                .set(sessions.kv_home.len() as i64);
+            m.sessions_tracked.with_label_values(&["kv_home"]).set(sessions.kv_home.len() as i64);
         }
         let isl = m.isl_blocks.get();
         if isl > 0 {
@@ -409,9 +367,7 @@ impl AppState {
         let q = self.engine_totals.queries.load(Ordering::Relaxed);
         if q > 0 {
             let h = self.engine_totals.hits.load(Ordering::Relaxed);
-            m.kv_block_hit_rate
-                .with_label_values(&["engine"])
-                .set(h as f64 / q as f64);
+            m.kv_block_hit_rate.with_label_values(&["engine"]).set(h as f64 / q as f64);
         }
     }
 
@@ -531,9 +487,9 @@ impl AppState {
             .zip(overlaps)
             .map(|(w, &overlap)| {
                 let booked: WorkerLoad = load.worker(&w.cfg.id);
-                let (running, waiting) = w.engine.map_or((0, 0), |e| {
-                    (e.running.max(0.0) as u64, e.waiting.max(0.0) as u64)
-                });
+                let (running, waiting) = w
+                    .engine
+                    .map_or((0, 0), |e| (e.running.max(0.0) as u64, e.waiting.max(0.0) as u64));
                 // Requests the engine runs that this indexer did not route (other gateways, direct
                 // traffic) still load it: count them at the mean booked size, or a configured guess.
                 let unseen = (running + waiting).saturating_sub(booked.active_requests);
@@ -544,9 +500,10 @@ impl AppState {
                 let tps = fleet.prefill_tokens_per_s(w, r);
                 let ahead = placement.backlog.ahead(&w.cfg.id, tps, now);
                 let own_tokens = ahead.tokens.min(booked.prefill_tokens as f64);
-                let speculative = w.ranks.first().map_or(0, |rank| {
-                    placement.speculative.overlap(rank.slot, chains, now)
-                });
+                let speculative = w
+                    .ranks
+                    .first()
+                    .map_or(0, |rank| placement.speculative.overlap(rank.slot, chains, now));
 
                 WorkerView {
                     id: &w.cfg.id,
@@ -620,8 +577,7 @@ impl AppState {
         }
         let m = &self.metrics;
         m.predicted_ttft.observe(plan.predicted_ttft_ms / 1000.0);
-        m.speculative_overlap_blocks
-            .inc_by(u64::from(plan.speculative_extra_blocks));
+        m.speculative_overlap_blocks.inc_by(u64::from(plan.speculative_extra_blocks));
         m.speculative_blocks.set(held as i64);
     }
 }

@@ -35,14 +35,7 @@ fn seeded(extra_routing: &str, entropy: crate::clock::Entropy) -> Arc<Service> {
          [[workers]]\nid = \"w0\"\nrole = \"decode\"\nendpoint = \"127.0.0.1:1\"\n[[workers]]\nid = \"w1\"\nrole = \"both\"\nendpoint = \"127.0.0.1:2\"\n"
     );
     let config = Config::from_toml_str(&text, &MapEnv::default()).unwrap();
-    Service::start_seeded(
-        config,
-        None,
-        Arc::new(MapEnv::default()),
-        tokenizer(),
-        entropy,
-    )
-    .unwrap()
+    Service::start_seeded(config, None, Arc::new(MapEnv::default()), tokenizer(), entropy).unwrap()
 }
 
 fn body(ids: impl Iterator<Item = u32>) -> String {
@@ -68,17 +61,9 @@ async fn done(svc: &Arc<Service>, d: &RouteDecision) {
         status: Some(200),
         booking_id: d.booking_id.clone(),
     };
-    let req = Request::post(DONE_PATH)
-        .body(Body::from(serde_json::to_vec(&report).unwrap()))
-        .unwrap();
-    assert_eq!(
-        router(svc.state.clone())
-            .oneshot(req)
-            .await
-            .unwrap()
-            .status(),
-        StatusCode::OK
-    );
+    let req =
+        Request::post(DONE_PATH).body(Body::from(serde_json::to_vec(&report).unwrap())).unwrap();
+    assert_eq!(router(svc.state.clone()).oneshot(req).await.unwrap().status(), StatusCode::OK);
 }
 
 fn metric(svc: &Service, line: &str) -> bool {
@@ -94,27 +79,16 @@ async fn a_sibling_follows_the_speculative_holdings_of_its_prefix() {
     done(&svc, &first).await; // served: nothing queued any more, only the blocks are fresh
     let sibling = route(&svc, body((1000..1400).chain(5000..5020))).await;
     assert_eq!(sibling.worker, first.worker, "{}", sibling.reason);
-    assert_eq!(
-        sibling.overlap_blocks, 0,
-        "speculation is never reported as index overlap"
-    );
+    assert_eq!(sibling.overlap_blocks, 0, "speculation is never reported as index overlap");
     // Its speculative holdings make it the worker holding the most; the metric counts them.
-    assert_eq!(
-        sibling.reason_codes,
-        [ReasonCode::BestOverlap],
-        "{}",
-        sibling.reason
-    );
+    assert_eq!(sibling.reason_codes, [ReasonCode::BestOverlap], "{}", sibling.reason);
     assert!(
         sibling.predicted_ttft_ms.is_some_and(|ms| ms < 5.0),
         "{:?}",
         sibling.predicted_ttft_ms
     );
     assert!(metric(&svc, "kvmesh_speculative_overlap_blocks_total 100"));
-    assert!(
-        metric(&svc, "router_kv_overlap_blocks_total 0"),
-        "engine-truth counter untouched"
-    );
+    assert!(metric(&svc, "router_kv_overlap_blocks_total 0"), "engine-truth counter untouched");
     assert!(metric(&svc, "kvmesh_predicted_ttft_seconds_count 2"));
 }
 
@@ -125,16 +99,8 @@ async fn without_speculation_the_sibling_sees_nothing() {
     done(&svc, &first).await;
     let sibling = route(&svc, body((1000..1400).chain(5000..5020))).await;
     // Nothing cached anywhere: the fastest worker, not one holding the most.
-    assert_eq!(
-        sibling.reason_codes,
-        [ReasonCode::LowestCost],
-        "{}",
-        sibling.reason
-    );
-    assert_eq!(
-        (sibling.overlap_blocks, sibling.best_overlap_blocks),
-        (0, 0)
-    );
+    assert_eq!(sibling.reason_codes, [ReasonCode::LowestCost], "{}", sibling.reason);
+    assert_eq!((sibling.overlap_blocks, sibling.best_overlap_blocks), (0, 0));
     assert!(metric(&svc, "kvmesh_speculative_overlap_blocks_total 0"));
 }
 
@@ -151,34 +117,21 @@ async fn booked_prefill_spreads_a_cold_burst_and_done_drains_it() {
     }
     // Each booking queues its prefill on its worker, so the next one goes to the other (give or
     // take a near tie while the first drains).
-    assert!(
-        per.len() == 2 && per.values().all(|n| (4..=6).contains(n)),
-        "{per:?}"
-    );
+    assert!(per.len() == 2 && per.values().all(|n| (4..=6).contains(n)), "{per:?}");
     // Queued prefill ahead shows in the prediction: the first request saw idle workers, and every
     // prompt is as long and as uncached as the first.
     let idle = decisions[0].predicted_ttft_ms.unwrap();
     assert!(
-        decisions
-            .iter()
-            .skip(1)
-            .any(|d| d.predicted_ttft_ms.unwrap() > idle + 1.0),
+        decisions.iter().skip(1).any(|d| d.predicted_ttft_ms.unwrap() > idle + 1.0),
         "{:?}",
-        decisions
-            .iter()
-            .map(|d| (&d.reason, d.predicted_ttft_ms))
-            .collect::<Vec<_>>()
+        decisions.iter().map(|d| (&d.reason, d.predicted_ttft_ms)).collect::<Vec<_>>()
     );
     for d in &decisions {
         done(&svc, d).await;
     }
     // Released bookings leave nothing queued, whatever the drain model still holds.
     let d = route(&svc, body(900_000..902_000)).await;
-    assert!(
-        (d.predicted_ttft_ms.unwrap() - idle).abs() < 1e-6,
-        "{} vs idle {idle}",
-        d.reason
-    );
+    assert!((d.predicted_ttft_ms.unwrap() - idle).abs() < 1e-6, "{} vs idle {idle}", d.reason);
 }
 
 #[tokio::test]
@@ -188,11 +141,7 @@ async fn engine_requests_this_replica_did_not_book_count_as_queued_work() {
     {
         let mut fleet = svc.state.fleet.write();
         let w0 = fleet.workers.iter_mut().find(|w| w.cfg.id == "w0").unwrap();
-        w0.engine = Some(EngineSample {
-            waiting: 6.0,
-            running: 2.0,
-            ..EngineSample::default()
-        });
+        w0.engine = Some(EngineSample { waiting: 6.0, running: 2.0, ..EngineSample::default() });
     }
     for i in 0..6u32 {
         let d = route(&svc, body(i * 10_000..i * 10_000 + 400)).await;
@@ -226,15 +175,9 @@ fn active(svc: &Service, worker: &str) -> u64 {
 #[tokio::test(start_paused = true)]
 async fn the_expiry_ticker_releases_only_bookings_older_than_load_expiry_secs() {
     let svc = service("load_expiry_secs = 600");
-    svc.state
-        .load
-        .lock()
-        .book("w0", 4, 16, Some("old"), crate::clock::now());
+    svc.state.load.lock().book("w0", 4, 16, Some("old"), crate::clock::now());
     tokio::time::advance(std::time::Duration::from_secs(300)).await;
-    svc.state
-        .load
-        .lock()
-        .book("w1", 4, 16, Some("young"), crate::clock::now());
+    svc.state.load.lock().book("w1", 4, 16, Some("young"), crate::clock::now());
     tokio::time::advance(std::time::Duration::from_secs(299)).await;
     // The ticker's pass at 599 s releases nothing.
     crate::service::expire_load(&svc.state, crate::clock::now());
@@ -243,16 +186,10 @@ async fn the_expiry_ticker_releases_only_bookings_older_than_load_expiry_secs() 
     tokio::time::advance(std::time::Duration::from_secs(2)).await;
     until("the old booking expired", || active(&svc, "w0") == 0).await;
     assert_eq!(active(&svc, "w1"), 1, "a booking 301 s old is not expired");
-    assert!(metric(
-        &svc,
-        "kvmesh_load_expired_total{reason=\"timeout\"} 1"
-    ));
+    assert!(metric(&svc, "kvmesh_load_expired_total{reason=\"timeout\"} 1"));
     tokio::time::advance(std::time::Duration::from_secs(300)).await;
     until("the young booking expired", || active(&svc, "w1") == 0).await;
-    assert!(metric(
-        &svc,
-        "kvmesh_load_expired_total{reason=\"timeout\"} 2"
-    ));
+    assert!(metric(&svc, "kvmesh_load_expired_total{reason=\"timeout\"} 2"));
     ticker.abort();
 }
 
@@ -293,27 +230,14 @@ async fn approximate_blocks_expire_on_the_clock_routes_read() {
 async fn speculative_holdings_leave_the_gauge_after_their_ttl() {
     let svc = service("speculative_ttl_ms = 2000");
     let slot = svc.state.fleet.read().workers[0].ranks[0].slot;
-    let chains = [
-        kvmesh_core::hashing::SequenceHash(1),
-        kvmesh_core::hashing::SequenceHash(2),
-    ];
-    svc.state
-        .placement
-        .lock()
-        .speculative
-        .record(slot, &chains, crate::clock::now());
+    let chains = [kvmesh_core::hashing::SequenceHash(1), kvmesh_core::hashing::SequenceHash(2)];
+    svc.state.placement.lock().speculative.record(slot, &chains, crate::clock::now());
     tokio::time::advance(std::time::Duration::from_millis(1999)).await;
     svc.state.refresh_gauges();
-    assert!(
-        metric(&svc, "kvmesh_speculative_blocks 2"),
-        "held within the TTL"
-    );
+    assert!(metric(&svc, "kvmesh_speculative_blocks 2"), "held within the TTL");
     tokio::time::advance(std::time::Duration::from_millis(2)).await;
     svc.state.refresh_gauges();
-    assert!(
-        metric(&svc, "kvmesh_speculative_blocks 0"),
-        "gone after the TTL"
-    );
+    assert!(metric(&svc, "kvmesh_speculative_blocks 0"), "gone after the TTL");
 }
 
 #[tokio::test(start_paused = true)]
@@ -321,38 +245,18 @@ async fn sessions_expire_on_the_clock_routes_read() {
     let svc = service("");
     let ttl = svc.state.config().routing.kv_home_ttl_secs;
     let k = 42u64;
-    svc.state
-        .sessions
-        .lock()
-        .served(k, "w1", crate::clock::now());
+    svc.state.sessions.lock().served(k, "w1", crate::clock::now());
     assert_eq!(
-        svc.state
-            .sessions
-            .lock()
-            .kv_home
-            .get(k, crate::clock::now())
-            .map(|w| &**w),
+        svc.state.sessions.lock().kv_home.get(k, crate::clock::now()).map(|w| &**w),
         Some("w1")
     );
     tokio::time::advance(std::time::Duration::from_secs(ttl.saturating_sub(1))).await;
     assert!(
-        svc.state
-            .sessions
-            .lock()
-            .kv_home
-            .get(k, crate::clock::now())
-            .is_some(),
+        svc.state.sessions.lock().kv_home.get(k, crate::clock::now()).is_some(),
         "kept within its TTL"
     );
     tokio::time::advance(std::time::Duration::from_secs(2)).await;
-    assert_eq!(
-        svc.state
-            .sessions
-            .lock()
-            .kv_home
-            .get(k, crate::clock::now()),
-        None
-    );
+    assert_eq!(svc.state.sessions.lock().kv_home.get(k, crate::clock::now()), None);
 }
 
 #[tokio::test(start_paused = true)]
@@ -363,21 +267,12 @@ async fn unanswered_scrapes_make_a_worker_unhealthy_then_one_answer_heals_it() {
     let svc = service("");
     let generation = svc.state.fleet.read().generation;
     let scraper = tokio::spawn(crate::service::scrape_loop(svc.clone()));
-    until("both workers unhealthy", || {
-        svc.state.fleet.read().workers.iter().all(|w| !w.healthy)
-    })
-    .await;
+    until("both workers unhealthy", || svc.state.fleet.read().workers.iter().all(|w| !w.healthy))
+        .await;
     scraper.abort();
     let fleet = svc.state.fleet.read();
-    assert!(fleet
-        .workers
-        .iter()
-        .all(|w| w.scrape_failures >= 3 && w.engine.is_none()));
-    assert_eq!(
-        fleet.generation,
-        generation + 1,
-        "one round flipped both: one generation"
-    );
+    assert!(fleet.workers.iter().all(|w| w.scrape_failures >= 3 && w.engine.is_none()));
+    assert_eq!(fleet.generation, generation + 1, "one round flipped both: one generation");
     drop(fleet);
     assert!(svc.state.snapshot().decode_candidates().next().is_none());
 
@@ -396,10 +291,7 @@ async fn unanswered_scrapes_make_a_worker_unhealthy_then_one_answer_heals_it() {
 
 #[test]
 fn scrape_failures_below_the_limit_keep_a_worker_and_the_generation() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let svc = rt.block_on(async { service("unhealthy_after_failures = 2") });
     let cfg = svc.state.config();
     let generation = svc.state.fleet.read().generation;
@@ -410,10 +302,7 @@ fn scrape_failures_below_the_limit_keep_a_worker_and_the_generation() {
     crate::service::apply_scrapes(&svc.state, &cfg, fail(), crate::clock::now());
     assert!(!svc.state.fleet.read().workers[0].healthy);
     assert_eq!(svc.state.fleet.read().generation, generation + 1);
-    assert!(metric(
-        &svc,
-        "kvmesh_engine_scrapes_total{result=\"error\",worker=\"w0\"} 2"
-    ));
+    assert!(metric(&svc, "kvmesh_engine_scrapes_total{result=\"error\",worker=\"w0\"} 2"));
 }
 
 #[tokio::test]
@@ -449,7 +338,14 @@ async fn an_unmeasured_worker_takes_its_measured_peers_throughput() {
          [[workers]]\nid = \"w0\"\nrole = \"decode\"\nendpoint = \"127.0.0.1:1\"\n[[workers]]\nid = \"w1\"\nrole = \"prefill\"\nendpoint = \"127.0.0.1:2\"\n\
          [[workers]]\nid = \"w2\"\nrole = \"decode\"\nendpoint = \"127.0.0.1:3\"\n";
     let config = Config::from_toml_str(text, &MapEnv::default()).unwrap();
-    let svc = Service::start_seeded(config, None, Arc::new(MapEnv::default()), tokenizer(), crate::clock::Entropy::Os).unwrap();
+    let svc = Service::start_seeded(
+        config,
+        None,
+        Arc::new(MapEnv::default()),
+        tokenizer(),
+        crate::clock::Entropy::Os,
+    )
+    .unwrap();
     let cfg = svc.state.config();
     let engine = |tokens: u32, prefill_s: f64| {
         format!("vllm:prompt_tokens_total {tokens}\nvllm:prompt_tokens_cached_total 0\nvllm:request_prefill_time_seconds_sum {prefill_s}\n")
@@ -460,7 +356,12 @@ async fn an_unmeasured_worker_takes_its_measured_peers_throughput() {
         fleet.workers.iter().map(|w| fleet.prefill_tokens_per_s(w, &cfg.routing).round()).collect()
     };
     let idle = |id: &str| (id.to_string(), Ok(engine(0, 0.0)));
-    crate::service::apply_scrapes(&svc.state, &cfg, vec![("w0".into(), Ok(engine(0, 0.0))), idle("w1"), idle("w2")], t0);
+    crate::service::apply_scrapes(
+        &svc.state,
+        &cfg,
+        vec![("w0".into(), Ok(engine(0, 0.0))), idle("w1"), idle("w2")],
+        t0,
+    );
     assert_eq!(tps(&svc), vec![20_000.0; 3], "nothing measured: the default");
     crate::service::apply_scrapes(
         &svc.state,

@@ -62,9 +62,9 @@ pub use chunk::{
     chunk_end, safe_cut, CHUNK_BYTES, FIRST_CHUNK_BYTES, MIN_ESTIMATED_BYTES, MIN_SAMPLE_BYTES,
 };
 pub use estimate::Shape;
+pub use ids::Ids;
 pub use memo::DEFAULT_MEMO_BYTES;
 use memo::{MemoEntry, PrefixMemo, Tokenized};
-pub use ids::Ids;
 pub use split::{Segment, SegmentSplitter};
 
 /// Why a prompt could not be tokenized.
@@ -79,7 +79,9 @@ pub enum TokenizeError {
     GaveWay,
     /// More text past where the prefix memo resumed the prompt than [`Reach::within`] allows:
     /// nothing was encoded (the caller tokenizes it where longer work may run).
-    #[error("{fresh} bytes of text past the prefix memo's resume point, over this call's {budget}")]
+    #[error(
+        "{fresh} bytes of text past the prefix memo's resume point, over this call's {budget}"
+    )]
     OverBudget { fresh: usize, budget: usize },
 }
 
@@ -215,14 +217,13 @@ impl Reached {
     /// The boundaries worth a memo entry: those past `resumed` (the memo has that one), each once;
     /// none while the text past `resumed` is under [`REKEEP_FRACTION`] of the prefix before it.
     fn worth_keeping(&self, resumed: Option<Boundary>, text_len: usize) -> Vec<Boundary> {
-        if resumed.is_some_and(|r| text_len.saturating_sub(r.at).saturating_mul(REKEEP_FRACTION) < r.at) {
+        if resumed
+            .is_some_and(|r| text_len.saturating_sub(r.at).saturating_mul(REKEEP_FRACTION) < r.at)
+        {
             return Vec::new();
         }
         let mut keep: Vec<Boundary> = Vec::with_capacity(3);
-        for b in [self.last, self.previous, self.held_edge]
-            .into_iter()
-            .flatten()
-        {
+        for b in [self.last, self.previous, self.held_edge].into_iter().flatten() {
             if resumed.is_none_or(|r| b.at > r.at) && keep.iter().all(|k| k.at != b.at) {
                 keep.push(b);
             }
@@ -350,7 +351,8 @@ impl Partial {
         }
         while (self.locals.len() + 1) * self.block_size <= self.ids.len() {
             let at = self.locals.len() * self.block_size;
-            let local = crate::index::block_hash(&self.ids.slice(at..at + self.block_size), self.seed);
+            let local =
+                crate::index::block_hash(&self.ids.slice(at..at + self.block_size), self.seed);
             self.chains.push(chain(self.chains.last().copied(), local));
             self.locals.push(local);
         }
@@ -460,11 +462,8 @@ impl PromptTokenizer {
         splitter: SegmentSplitter,
         cache_bytes: usize,
     ) -> Self {
-        let cache = SegmentCache {
-            lru: lru::LruCache::unbounded(),
-            bytes: 0,
-            max_bytes: cache_bytes,
-        };
+        let cache =
+            SegmentCache { lru: lru::LruCache::unbounded(), bytes: 0, max_bytes: cache_bytes };
         Self {
             tokenizer,
             template,
@@ -553,22 +552,20 @@ impl PromptTokenizer {
         let mut segments = Vec::new();
         let mut ends = Vec::new();
         // `segments` are all of `text`'s, or (resumed from its tail) only those after `skipped`.
-        let (resumed, skipped) = match self.resume_from_tail(text, &mut segments, &mut ends, out, stats) {
-            Some(b) => (Some(b), b.at),
-            None => {
-                self.splitter.split_with_ends(text, &mut segments, &mut ends);
-                (self.resume_from_memo(text, &segments, &ends, out, stats), 0)
-            }
-        };
+        let (resumed, skipped) =
+            match self.resume_from_tail(text, &mut segments, &mut ends, out, stats) {
+                Some(b) => (Some(b), b.at),
+                None => {
+                    self.splitter.split_with_ends(text, &mut segments, &mut ends);
+                    (self.resume_from_memo(text, &segments, &ends, out, stats), 0)
+                }
+            };
         let rest = text.len() - resumed.map_or(0, |b| b.at);
         if rest > reach.max_fresh_bytes {
             return Err(TokenizeError::OverBudget { fresh: rest, budget: reach.max_fresh_bytes });
         }
         out.ids.own_mut().reserve(rest.min(64 * 1024) / 3);
-        let mut reached = Reached {
-            last: resumed,
-            ..Reached::default()
-        };
+        let mut reached = Reached { last: resumed, ..Reached::default() };
         let start = segments
             .iter()
             .zip(&ends)
@@ -616,7 +613,8 @@ impl PromptTokenizer {
             self.splitter.split_from(text, from, segments, ends);
             let mut memo = self.memo.lock();
             segments.iter().zip(ends.iter()).enumerate().rev().find_map(|(k, (seg, &at))| {
-                let entry = matches!(seg, Segment::Added(_)).then(|| memo.get(text, at)).flatten()?;
+                let entry =
+                    matches!(seg, Segment::Added(_)).then(|| memo.get(text, at)).flatten()?;
                 self.splitter.cuts_at(text, at).then_some((k, at, entry))
             })
         })?;
@@ -678,11 +676,7 @@ impl PromptTokenizer {
         let mut later_bytes = vec![0usize; segments.len()];
         for i in (start..segments.len().saturating_sub(1)).rev() {
             later_bytes[i] = later_bytes[i + 1]
-                + if let Segment::Text(t) = segments[i + 1] {
-                    t.len()
-                } else {
-                    0
-                };
+                + if let Segment::Text(t) = segments[i + 1] { t.len() } else { 0 };
         }
         // Text bytes encoded by this call: it starts with a small chunk and doubles it
         // (`FIRST_CHUNK_BYTES`), so a cold prompt stops soon after its first block; a whole
@@ -732,9 +726,7 @@ impl PromptTokenizer {
                         self.splitter.split(skipped, &mut head);
                     }
                     let sampled = head.iter().chain(before).filter_map(text).chain([&t[..start]]);
-                    let rest = [&t[start..]]
-                        .into_iter()
-                        .chain(after.iter().filter_map(text));
+                    let rest = [&t[start..]].into_iter().chain(after.iter().filter_map(text));
                     let added = after.len() - after.iter().filter_map(text).count();
                     out.estimate_rest(sampled, rest, added);
                     return Ok(());

@@ -78,10 +78,7 @@ fn random_text(rng: &mut StdRng, words: usize) -> String {
 }
 
 fn msg(role: &str, content: String) -> ChatMessage {
-    ChatMessage {
-        role: role.into(),
-        content: content.into(),
-    }
+    ChatMessage { role: role.into(), content: content.into() }
 }
 
 #[test]
@@ -102,10 +99,7 @@ fn incremental_ids_equal_full_tokenization_over_many_conversations() {
             let incremental = tok.tokens(&input, &mut stats).unwrap();
             let rendered = tok.template.render(&history, true).unwrap();
             let full = tok.tokenizer().encode(&rendered).unwrap();
-            assert_eq!(
-                incremental, full,
-                "conversation {conversation}: {rendered:?}"
-            );
+            assert_eq!(incremental, full, "conversation {conversation}: {rendered:?}");
             turns_checked += 1;
             let n = rng.gen_range(1..40);
             history.push(msg("assistant", random_text(&mut rng, n)));
@@ -117,24 +111,16 @@ fn incremental_ids_equal_full_tokenization_over_many_conversations() {
 #[test]
 fn a_new_turn_only_tokenizes_its_new_segments() {
     for memo in [false, true] {
-        let tok = if memo {
-            load(8 * 1024 * 1024)
-        } else {
-            load_without_memo(8 * 1024 * 1024)
-        };
+        let tok = if memo { load(8 * 1024 * 1024) } else { load_without_memo(8 * 1024 * 1024) };
         let mut rng = StdRng::seed_from_u64(11);
-        let mut history = vec![
-            msg("system", random_text(&mut rng, 200)),
-            msg("user", "first question".into()),
-        ];
+        let mut history =
+            vec![msg("system", random_text(&mut rng, 200)), msg("user", "first question".into())];
         let mut stats = CacheStats::default();
-        tok.tokens(&RequestInput::Messages(history.clone()), &mut stats)
-            .unwrap();
+        tok.tokens(&RequestInput::Messages(history.clone()), &mut stats).unwrap();
         history.push(msg("assistant", "an answer".into()));
         history.push(msg("user", "a follow-up".into()));
         let mut stats = CacheStats::default();
-        tok.tokens(&RequestInput::Messages(history), &mut stats)
-            .unwrap();
+        tok.tokens(&RequestInput::Messages(history), &mut stats).unwrap();
         // New: the answer and the follow-up. Everything else comes from the memo (the whole
         // previous prompt, no segment looked up) or, without it, from the segment cache.
         assert_eq!(stats.misses, 2, "memo {memo}: {stats:?}");
@@ -153,11 +139,7 @@ fn full_blocks(
     rendered: &str,
     block: usize,
     seed: u64,
-) -> (
-    Vec<u32>,
-    Vec<SequenceHash>,
-    Vec<kvmesh_core::hashing::LocalBlockHash>,
-) {
+) -> (Vec<u32>, Vec<SequenceHash>, Vec<kvmesh_core::hashing::LocalBlockHash>) {
     let ids = tok.tokenizer().encode(rendered).unwrap();
     let chains = kvmesh_core::hashing::sequence_hashes(&ids, block, seed);
     let locals = kvmesh_core::hashing::local_block_hashes(&ids, block, seed);
@@ -198,17 +180,12 @@ fn twenty_turns_resume_from_the_memo_with_the_ids_of_a_full_encode() {
                 let (ids, chains, locals) = full_blocks(&tok, &rendered, block, seed);
                 assert!(got.complete(), "conversation {conversation} turn {turn}");
                 assert_eq!(
-                    got.ids.to_vec(), ids,
+                    got.ids.to_vec(),
+                    ids,
                     "conversation {conversation} turn {turn}: {rendered:?}"
                 );
-                assert_eq!(
-                    got.chains, chains,
-                    "conversation {conversation} turn {turn}"
-                );
-                assert_eq!(
-                    got.locals, locals,
-                    "conversation {conversation} turn {turn}"
-                );
+                assert_eq!(got.chains, chains, "conversation {conversation} turn {turn}");
+                assert_eq!(got.locals, locals, "conversation {conversation} turn {turn}");
             }
             // Every turn after the first resumes from the previous one's prompt.
             let want = u64::from(turn > 0);
@@ -231,7 +208,11 @@ fn twenty_turns_resume_from_the_memo_with_the_ids_of_a_full_encode() {
 fn checked(tok: &PromptTokenizer, messages: &[ChatMessage], what: &str) -> CacheStats {
     let mut stats = CacheStats::default();
     let got = tok
-        .tokens_until(&RequestInput::Messages(messages.to_vec()), &mut Reach::whole_blocks(16, 1337), &mut stats)
+        .tokens_until(
+            &RequestInput::Messages(messages.to_vec()),
+            &mut Reach::whole_blocks(16, 1337),
+            &mut stats,
+        )
         .unwrap();
     let rendered = tok.template.render(messages, true).unwrap();
     let (ids, chains, _) = full_blocks(tok, &rendered, 16, 1337);
@@ -253,10 +234,7 @@ fn siblings_and_edited_histories_resume_only_where_the_text_is_the_same() {
     // Siblings: different new turns on the same prefix, each resuming from it.
     for i in 0..4 {
         let mut m = history.clone();
-        m.push(msg(
-            "user",
-            format!("sibling {i}: {}", random_text(&mut rng, 20)),
-        ));
+        m.push(msg("user", format!("sibling {i}: {}", random_text(&mut rng, 20))));
         assert_eq!(check(&m, "sibling").memo_hits, 1);
     }
     // An edited earlier message (one character, and one that writes an added token into it):
@@ -347,12 +325,8 @@ fn completions_prompts_resume_from_the_memo_too() {
         text.push_str(&random_text(&mut rng, 30));
         text.push_str("<｜end▁of▁sentence｜>");
         let mut stats = CacheStats::default();
-        let ids = tok
-            .tokens(
-                &RequestInput::Prompt(Prompt::Text(text.clone())),
-                &mut stats,
-            )
-            .unwrap();
+        let ids =
+            tok.tokens(&RequestInput::Prompt(Prompt::Text(text.clone())), &mut stats).unwrap();
         assert_eq!(ids, tok.tokenizer().encode(&text).unwrap(), "step {i}");
         // random_text writes added tokens itself: every step after the first resumes somewhere.
         if i > 0 {
@@ -367,16 +341,10 @@ fn completions_text_and_token_prompts() {
     let tok = load(1024 * 1024);
     let mut stats = CacheStats::default();
     let text = "<｜begin▁of▁sentence｜>Hello, world! 12345 你好";
-    let ids = tok
-        .tokens(&RequestInput::Prompt(Prompt::Text(text.into())), &mut stats)
-        .unwrap();
+    let ids = tok.tokens(&RequestInput::Prompt(Prompt::Text(text.into())), &mut stats).unwrap();
     assert_eq!(ids, tok.tokenizer().encode(text).unwrap());
-    let passthrough = tok
-        .tokens(
-            &RequestInput::Prompt(Prompt::Tokens(vec![5, 6, 7])),
-            &mut stats,
-        )
-        .unwrap();
+    let passthrough =
+        tok.tokens(&RequestInput::Prompt(Prompt::Tokens(vec![5, 6, 7])), &mut stats).unwrap();
     assert_eq!(passthrough, vec![5, 6, 7]);
 }
 
@@ -427,11 +395,7 @@ fn real_texts() -> Vec<(String, String)> {
         "e2e/sim/README.md",
     ]
     .iter()
-    .filter_map(|p| {
-        std::fs::read_to_string(root.join(p))
-            .ok()
-            .map(|t| (p.to_string(), t))
-    })
+    .filter_map(|p| std::fs::read_to_string(root.join(p)).ok().map(|t| (p.to_string(), t)))
     .collect()
 }
 
@@ -466,9 +430,7 @@ fn cjk_text(rng: &mut StdRng, chars: usize) -> String {
         "GPU",
         "路由",
     ];
-    (0..chars)
-        .map(|_| PIECES[rng.gen_range(0..PIECES.len())])
-        .collect()
+    (0..chars).map(|_| PIECES[rng.gen_range(0..PIECES.len())]).collect()
 }
 
 #[test]
@@ -498,9 +460,8 @@ fn every_safe_cut_gives_the_ids_of_the_whole() {
     let tok = load(0);
     let plain = tok.tokenizer();
     let mut rng = StdRng::seed_from_u64(5);
-    let mut texts: Vec<String> = (0..6)
-        .map(|_| random_text(&mut rng, 120).replace("<｜", "<|"))
-        .collect();
+    let mut texts: Vec<String> =
+        (0..6).map(|_| random_text(&mut rng, 120).replace("<｜", "<|")).collect();
     texts.push(words_text(&mut rng, 300));
     texts.push(cjk_text(&mut rng, 300));
     for (_, t) in real_texts() {
@@ -514,11 +475,7 @@ fn every_safe_cut_gives_the_ids_of_the_whole() {
             if prev.is_some_and(|b| safe_cut(b, c)) {
                 let mut split = plain.encode(&text[..p]).unwrap();
                 split.extend(plain.encode(&text[p..]).unwrap());
-                assert_eq!(
-                    split, whole,
-                    "cut before byte {p} ({:?}|{:?}) of {text:?}",
-                    prev, c
-                );
+                assert_eq!(split, whole, "cut before byte {p} ({:?}|{:?}) of {text:?}", prev, c);
                 cuts += 1;
             }
             prev = Some(c);
@@ -526,20 +483,12 @@ fn every_safe_cut_gives_the_ids_of_the_whole() {
     }
     assert!(cuts > 500, "only {cuts} cuts checked");
     // The rule is not vacuous: boundaries it refuses do change the ids.
-    for (text, p) in [
-        ("a b", 2),
-        ("x  \ny", 2),
-        ("12345", 2),
-        ("你好世界", 6),
-        ("\n\n", 1),
-        ("ab!", 2),
-    ] {
+    for (text, p) in
+        [("a b", 2), ("x  \ny", 2), ("12345", 2), ("你好世界", 6), ("\n\n", 1), ("ab!", 2)]
+    {
         let mut split = plain.encode(&text[..p]).unwrap();
         split.extend(plain.encode(&text[p..]).unwrap());
-        let (b, a) = (
-            text[..p].chars().next_back().unwrap(),
-            text[p..].chars().next().unwrap(),
-        );
+        let (b, a) = (text[..p].chars().next_back().unwrap(), text[p..].chars().next().unwrap());
         assert!(!safe_cut(b, a), "{text:?} at {p}");
         if split != plain.encode(text).unwrap() {
             cuts += 1;
@@ -560,12 +509,7 @@ fn chunked_pieces_encode_like_the_whole() {
         for text in &texts {
             assert!(text.len() > 2 * CHUNK_BYTES);
             let ids = tok.encode_text(text, &mut CacheStats::default()).unwrap();
-            assert_eq!(
-                ids,
-                tok.tokenizer().encode(text).unwrap(),
-                "{}",
-                &text[..200]
-            );
+            assert_eq!(ids, tok.tokenizer().encode(text).unwrap(), "{}", &text[..200]);
         }
     }
 }
@@ -573,11 +517,7 @@ fn chunked_pieces_encode_like_the_whole() {
 /// The estimated length of `got` is within `bound` (relative) of the `full` token count.
 fn assert_estimate_within(got: &PromptTokens, full: usize, bound: f64, what: &str) {
     let err = (got.tokens() as f64 - full as f64) / full as f64;
-    assert!(
-        err.abs() < bound,
-        "{what}: estimated {} vs {full} tokens",
-        got.tokens()
-    );
+    assert!(err.abs() < bound, "{what}: estimated {} vs {full} tokens", got.tokens());
 }
 
 fn long_chat(rng: &mut StdRng, words: usize) -> RequestInput {
@@ -597,13 +537,7 @@ fn a_cold_prompt_stops_after_its_first_unheld_block_and_its_sample() {
     let full = tok.tokens(&input, &mut CacheStats::default()).unwrap();
     let block = 16;
     // (held blocks reported, exact tokens asked past them)
-    for (held_blocks, past) in [
-        (0usize, 0usize),
-        (0, 1024),
-        (40, 0),
-        (40, 3000),
-        (usize::MAX, 0),
-    ] {
+    for (held_blocks, past) in [(0usize, 0usize), (0, 1024), (40, 0), (40, 3000), (usize::MAX, 0)] {
         let mut calls = 0;
         let mut held = |c: &[SequenceHash]| {
             calls += 1;
@@ -657,10 +591,7 @@ fn the_estimate_error_of_the_untokenized_rest() {
         ("random boundaries".into(), random_text(&mut rng, 20_000)),
         ("cjk".into(), cjk_text(&mut rng, 20_000)),
         // The sample (the first chunk) is English, most of the rest is not.
-        (
-            "words then cjk".into(),
-            words_text(&mut rng, 300) + &cjk_text(&mut rng, 20_000),
-        ),
+        ("words then cjk".into(), words_text(&mut rng, 300) + &cjk_text(&mut rng, 20_000)),
     ];
     cases.extend(real_texts());
     let mut worst: f64 = 0.0;
@@ -719,20 +650,11 @@ fn a_tail_shorter_than_the_cold_work_is_tokenized_not_estimated() {
             &mut CacheStats::default(),
         )
         .unwrap();
-    assert!(
-        got.complete(),
-        "{} of {} tokenized",
-        got.ids.len(),
-        full.len()
-    );
+    assert!(got.complete(), "{} of {} tokenized", got.ids.len(), full.len());
     assert_eq!(got.ids.to_vec(), full);
     // Without the threshold, the same prompt stops early (its rest is longer than its cold part).
     let got = tok
-        .tokens_until(
-            &input,
-            &mut Reach::new(16, 1337, 0, &mut cold),
-            &mut CacheStats::default(),
-        )
+        .tokens_until(&input, &mut Reach::new(16, 1337, 0, &mut cold), &mut CacheStats::default())
         .unwrap();
     assert!(
         !got.complete() && got.ids.len() < full.len() / 2,
@@ -753,10 +675,7 @@ fn a_short_new_turn_past_the_held_prefix_is_tokenized_whole() {
     history.push(msg("user", words_text(&mut rng, 60)));
     let rendered = tok.template.render(&history, true).unwrap();
     let tail = rendered.len() - tok.template.render(&history[..4], true).unwrap().len();
-    assert!(
-        (FIRST_CHUNK_BYTES..MIN_ESTIMATED_BYTES).contains(&tail),
-        "{tail}"
-    );
+    assert!((FIRST_CHUNK_BYTES..MIN_ESTIMATED_BYTES).contains(&tail), "{tail}");
     let (ids, _, _) = full_blocks(&tok, &rendered, 16, 1337);
     let mut held = |c: &[SequenceHash]| c.len().min(held_blocks);
     let got = tok
@@ -794,10 +713,7 @@ fn siblings_of_an_estimated_prompt_resume_at_the_held_edge() {
         .unwrap();
     assert!(!routed.complete(), "the cold prompt stops early");
     let history_ids = load_without_memo(0)
-        .tokens(
-            &RequestInput::Messages(history.clone()),
-            &mut CacheStats::default(),
-        )
+        .tokens(&RequestInput::Messages(history.clone()), &mut CacheStats::default())
         .unwrap();
     let held_blocks = history_ids.len() / 16;
     for sibling in 0..4 {
@@ -815,11 +731,7 @@ fn siblings_of_an_estimated_prompt_resume_at_the_held_edge() {
                 &mut stats,
             )
             .unwrap();
-        assert_eq!(
-            (&got.ids.to_vec(), &got.chains),
-            (&ids, &chains),
-            "sibling {sibling}"
-        );
+        assert_eq!((&got.ids.to_vec(), &got.chains), (&ids, &chains), "sibling {sibling}");
         assert_eq!(stats.memo_hits, 1, "sibling {sibling}");
         if sibling == 0 {
             assert!(
@@ -870,7 +782,8 @@ fn long_conversations_resume_from_their_tail_with_the_ids_of_a_full_encode() {
 fn a_turn_past_the_shortest_tail_resumes_from_the_longer_one() {
     let tok = load(8 << 20);
     let mut rng = StdRng::seed_from_u64(25);
-    let history = vec![msg("system", words_text(&mut rng, 7_000)), msg("user", random_text(&mut rng, 20))];
+    let history =
+        vec![msg("system", words_text(&mut rng, 7_000)), msg("user", random_text(&mut rng, 20))];
     checked(&tok, &history, "the prefix");
     let prefix = tok.template.render(&history, false).unwrap().len();
     // A short turn ends within the last 1/32 of the text past the kept boundary; a long one
@@ -881,7 +794,11 @@ fn a_turn_past_the_shortest_tail_resumes_from_the_longer_one() {
         m.push(msg("user", random_text(&mut rng, 5)));
         let past = tok.template.render(&m, true).unwrap().len() - prefix;
         let whole = prefix + past;
-        assert_eq!((past < whole / 32, past < whole / 4), (words == 20, true), "{what}: {past} of {whole} bytes past the kept boundary");
+        assert_eq!(
+            (past < whole / 32, past < whole / 4),
+            (words == 20, true),
+            "{what}: {past} of {whole} bytes past the kept boundary"
+        );
         let stats = checked(&tok, &m, what);
         assert_eq!((stats.memo_tail_hits, stats.memo_hits), (1, 0), "{what}: {stats:?}");
     }
@@ -901,13 +818,23 @@ fn an_edit_in_a_long_prompt_resumes_only_where_the_text_is_the_same() {
     let last = history.len() - 1;
     // Edits in the tail (the last assistant message, or an added token written into it) and at
     // the start (the system prompt): never a wrong id, wherever the memo resumes.
-    for (at, edit) in [(last, "X"), (last, "<｜User｜>"), (last, "<｜end▁of▁sentence｜>"), (0, "X"), (0, "<｜Assistant｜>")] {
+    for (at, edit) in [
+        (last, "X"),
+        (last, "<｜User｜>"),
+        (last, "<｜end▁of▁sentence｜>"),
+        (0, "X"),
+        (0, "<｜Assistant｜>"),
+    ] {
         let mut m = history.clone();
         m[at].content = format!("{edit}{}", m[at].content).into();
         m.push(msg("user", format!("after an edit of message {at}")));
         let stats = check(&m, edit);
         if at == 0 {
-            assert_eq!(stats.memo_hits + stats.memo_tail_hits, 0, "an edited system prompt shares no boundary: {stats:?}");
+            assert_eq!(
+                stats.memo_hits + stats.memo_tail_hits,
+                0,
+                "an edited system prompt shares no boundary: {stats:?}"
+            );
         }
     }
     // A user turn that ends in a piece of an added token, then one that completes it.
@@ -923,7 +850,8 @@ fn an_edit_in_a_long_prompt_resumes_only_where_the_text_is_the_same() {
 fn a_yielding_tokenization_asks_before_each_chunk_and_stops_when_told() {
     let tok = load_without_memo(1 << 20);
     let mut rng = StdRng::seed_from_u64(31);
-    let messages = vec![msg("system", random_text(&mut rng, 2000)), msg("user", random_text(&mut rng, 300))];
+    let messages =
+        vec![msg("system", random_text(&mut rng, 2000)), msg("user", random_text(&mut rng, 300))];
     let input = RequestInput::Messages(messages.clone());
     let rendered = tok.template.render(&messages, true).unwrap();
     let (ids, chains, _) = full_blocks(&tok, &rendered, 16, 1337);
@@ -934,7 +862,13 @@ fn a_yielding_tokenization_asks_before_each_chunk_and_stops_when_told() {
         asked += 1;
         true
     };
-    let got = tok.tokens_until(&input, &mut Reach::whole_blocks(16, 1337).yielding(&mut go_on), &mut CacheStats::default()).unwrap();
+    let got = tok
+        .tokens_until(
+            &input,
+            &mut Reach::whole_blocks(16, 1337).yielding(&mut go_on),
+            &mut CacheStats::default(),
+        )
+        .unwrap();
     assert_eq!((got.ids.to_vec(), got.chains), (ids, chains));
     assert!(asked > 3, "asked {asked} times for {} bytes", rendered.len());
 
@@ -944,7 +878,11 @@ fn a_yielding_tokenization_asks_before_each_chunk_and_stops_when_told() {
         asked += 1;
         asked < 3
     };
-    let stopped = tok.tokens_until(&input, &mut Reach::whole_blocks(16, 1337).yielding(&mut stop_third), &mut CacheStats::default());
+    let stopped = tok.tokens_until(
+        &input,
+        &mut Reach::whole_blocks(16, 1337).yielding(&mut stop_third),
+        &mut CacheStats::default(),
+    );
     assert!(matches!(stopped, Err(TokenizeError::GaveWay)), "{:?}", stopped.map(|t| t.ids.len()));
     assert_eq!(asked, 3);
 }
@@ -957,7 +895,11 @@ fn a_budgeted_tokenization_refuses_more_new_text_than_its_budget_before_encoding
     let mut history = vec![msg("system", words_text(&mut rng, 3_000))];
     history.push(msg("user", random_text(&mut rng, 40)));
     let within = |tok: &PromptTokenizer, messages: &[ChatMessage]| {
-        tok.tokens_until(&RequestInput::Messages(messages.to_vec()), &mut Reach::whole_blocks(16, 1337).within(budget), &mut CacheStats::default())
+        tok.tokens_until(
+            &RequestInput::Messages(messages.to_vec()),
+            &mut Reach::whole_blocks(16, 1337).within(budget),
+            &mut CacheStats::default(),
+        )
     };
     let rendered = |m: &[ChatMessage]| tok.template.render(m, true).unwrap();
 
@@ -965,7 +907,11 @@ fn a_budgeted_tokenization_refuses_more_new_text_than_its_budget_before_encoding
     let memo_before = tok.memo_bytes();
     let refused = within(&tok, &history);
     let fresh = rendered(&history).len();
-    assert!(matches!(refused, Err(TokenizeError::OverBudget { fresh: f, budget: b }) if (f, b) == (fresh, budget)), "{:?}", refused.map(|t| t.ids.len()));
+    assert!(
+        matches!(refused, Err(TokenizeError::OverBudget { fresh: f, budget: b }) if (f, b) == (fresh, budget)),
+        "{:?}",
+        refused.map(|t| t.ids.len())
+    );
     assert_eq!(tok.memo_bytes(), memo_before, "a refused tokenization keeps nothing in the memo");
 
     // Tokenized whole once (as the pool does), its next turn resumes from the memo: a few hundred
@@ -980,5 +926,7 @@ fn a_budgeted_tokenization_refuses_more_new_text_than_its_budget_before_encoding
     // A long new turn past the same prefix is over it again.
     history.push(msg("assistant", words_text(&mut rng, 2_000)));
     history.push(msg("user", random_text(&mut rng, 10)));
-    assert!(matches!(within(&tok, &history), Err(TokenizeError::OverBudget { fresh, .. }) if fresh > budget && fresh < rendered(&history).len() / 2));
+    assert!(
+        matches!(within(&tok, &history), Err(TokenizeError::OverBudget { fresh, .. }) if fresh > budget && fresh < rendered(&history).len() / 2)
+    );
 }

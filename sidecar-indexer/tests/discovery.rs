@@ -49,7 +49,11 @@ struct Collection {
 
 impl Collection {
     fn new(lists: &[&str], watches: Vec<mpsc::UnboundedReceiver<String>>) -> Arc<Self> {
-        Arc::new(Self { lists: Mutex::new(lists.iter().map(|f| fixture(f)).collect()), last: Mutex::new(String::new()), watches: Mutex::new(watches.into()) })
+        Arc::new(Self {
+            lists: Mutex::new(lists.iter().map(|f| fixture(f)).collect()),
+            last: Mutex::new(String::new()),
+            watches: Mutex::new(watches.into()),
+        })
     }
 
     fn respond(&self, query: Option<String>) -> Body {
@@ -138,15 +142,28 @@ struct Harness {
 /// Service from the fleet file; discovery follows the fake API server (lists: all three pods, then
 /// a re-list without `vllm-decode-1`).
 async fn start(grace_ms: u64, slice_watches: usize) -> Harness {
-    let (txs, rxs): (Vec<_>, Vec<_>) = (0..slice_watches).map(|_| mpsc::unbounded_channel()).unzip();
-    let addr = fake_api(Collection::new(&["slices-list-1.json", "slices-list-2.json"], rxs), Collection::new(&["pods-list.json"], vec![])).await;
+    let (txs, rxs): (Vec<_>, Vec<_>) =
+        (0..slice_watches).map(|_| mpsc::unbounded_channel()).unzip();
+    let addr = fake_api(
+        Collection::new(&["slices-list-1.json", "slices-list-2.json"], rxs),
+        Collection::new(&["pods-list.json"], vec![]),
+    )
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fleet.toml");
     std::fs::write(&path, fleet_file(grace_ms, "")).unwrap();
     let config = Config::load(&path, &MapEnv::default()).unwrap();
     let discovery = config.discovery.kubernetes.clone().unwrap();
-    let svc = Service::start_with_tokenizer(config, Some(path.clone()), Arc::new(MapEnv::default()), tokenizer()).unwrap();
-    let client = kube::Client::try_from(kube::Config::new(format!("http://{addr}").parse().unwrap())).unwrap();
+    let svc = Service::start_with_tokenizer(
+        config,
+        Some(path.clone()),
+        Arc::new(MapEnv::default()),
+        tokenizer(),
+    )
+    .unwrap();
+    let client =
+        kube::Client::try_from(kube::Config::new(format!("http://{addr}").parse().unwrap()))
+            .unwrap();
     let rx = kvmesh_discovery::spawn(client, discovery).unwrap();
     tokio::spawn(kvmesh_indexer::discovery::follow(svc.clone(), rx));
     Harness { svc, watches: txs, path, _dir: dir }
@@ -182,7 +199,11 @@ async fn joined(svc: &Arc<Service>) {
     })
     .await;
     let f = fleet(svc);
-    assert_eq!(f[1], ("vllm-prefill-0".into(), "127.0.0.1:2".into(), true), "the static entry keeps its id");
+    assert_eq!(
+        f[1],
+        ("vllm-prefill-0".into(), "127.0.0.1:2".into(), true),
+        "the static entry keeps its id"
+    );
     assert_eq!(f[3], ("vllm-decode-1".into(), "10.244.2.23:8000".into(), true));
     assert!(metric(svc, r#"kvmesh_discovery_skipped_endpoints{reason="static_id"} 1"#));
     assert!(metric(svc, r#"kvmesh_discovery_workers{status="routable"} 2"#));
@@ -204,7 +225,10 @@ fn cache_on_decode_1(svc: &Service) {
         }],
         dp_rank: None,
     };
-    svc.state.applier.send(ApplierMsg::Batch { slot: slot(svc, "vllm-decode-1").unwrap(), seq: 0, batch }).unwrap();
+    svc.state
+        .applier
+        .send(ApplierMsg::Batch { slot: slot(svc, "vllm-decode-1").unwrap(), seq: 0, batch })
+        .unwrap();
     svc.barrier();
 }
 
@@ -231,7 +255,10 @@ async fn route(svc: &Service) -> RouteDecision {
         .body(Body::from(format!(r#"{{"model":"m","prompt":[{}]}}"#, ids.join(","))))
         .unwrap();
     let d: RouteDecision = serde_json::from_slice(&call(svc, req).await).unwrap();
-    let done = format!(r#"{{"request_id":"r","endpoint":"{}","outcome":"success","status":200}}"#, d.endpoint);
+    let done = format!(
+        r#"{{"request_id":"r","endpoint":"{}","outcome":"success","status":200}}"#,
+        d.endpoint
+    );
     call(svc, axum::http::Request::post(DONE_PATH).body(Body::from(done)).unwrap()).await;
     d
 }
@@ -267,14 +294,28 @@ async fn a_flap_within_the_grace_period_keeps_the_index_and_skips_routing_meanwh
     let d = route(svc).await;
     assert_ne!(d.worker, "vllm-decode-1", "no traffic while it is out");
     assert_eq!(d.overlap_blocks, 0, "{}", d.reason);
-    assert!(svc.state.debug_workers().iter().any(|w| w.id == "vllm-decode-1" && !w.routable && w.healthy));
+    assert!(svc
+        .state
+        .debug_workers()
+        .iter()
+        .any(|w| w.id == "vllm-decode-1" && !w.routable && w.healthy));
     assert!(metric(svc, r#"kvmesh_discovery_workers{status="draining"} 1"#));
     assert!(metric(svc, r#"kvmesh_discovery_changes_total{kind="unroutable"} 1"#));
     svc.state.refresh_gauges();
-    assert!(metric(svc, r#"kvmesh_worker_healthy{worker="vllm-decode-1"} 0"#), "the traffic gauge says no traffic");
+    assert!(
+        metric(svc, r#"kvmesh_worker_healthy{worker="vllm-decode-1"} 0"#),
+        "the traffic gauge says no traffic"
+    );
 
     // A file reload meanwhile keeps the discovered workers, and vllm-decode-1 still out.
-    std::fs::write(&h.path, fleet_file(60_000, "[[workers]]\nid = \"s1\"\nrole = \"decode\"\nendpoint = \"127.0.0.1:3\"\n")).unwrap();
+    std::fs::write(
+        &h.path,
+        fleet_file(
+            60_000,
+            "[[workers]]\nid = \"s1\"\nrole = \"decode\"\nendpoint = \"127.0.0.1:3\"\n",
+        ),
+    )
+    .unwrap();
     assert!(svc.reload_from_file().await.unwrap());
     let ids: Vec<String> = fleet(svc).into_iter().map(|w| w.0).collect();
     assert_eq!(ids, ["s0", "vllm-prefill-0", "s1", "vllm-decode-0", "vllm-decode-1"]);
@@ -311,7 +352,11 @@ async fn a_pod_gone_past_the_grace_period_leaves_with_its_blocks() {
         let svc = svc.clone();
         async move {
             let ids: Vec<String> = fleet(&svc).into_iter().map(|w| w.0).collect();
-            if ids == ["s0", "vllm-prefill-0", "vllm-decode-0"] { Ok(()) } else { Err(format!("{ids:?}")) }
+            if ids == ["s0", "vllm-prefill-0", "vllm-decode-0"] {
+                Ok(())
+            } else {
+                Err(format!("{ids:?}"))
+            }
         }
     })
     .await;
@@ -345,10 +390,14 @@ async fn without_a_cluster_the_binary_counts_the_error_and_serves_its_static_wor
     let path = dir.path().join("fleet.toml");
     std::fs::write(&path, fleet_file(30_000, "")).unwrap();
 
-    let out = Command::new(indexer_binary()).arg("--config").arg(&path).arg("--check").output().unwrap();
+    let out =
+        Command::new(indexer_binary()).arg("--config").arg(&path).arg("--check").output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let printed = String::from_utf8_lossy(&out.stdout);
-    assert!(printed.contains("[discovery.kubernetes]") && printed.contains("grace_period_ms = 30000"), "{printed}");
+    assert!(
+        printed.contains("[discovery.kubernetes]") && printed.contains("grace_period_ms = 30000"),
+        "{printed}"
+    );
 
     // No in-cluster service account, no kubeconfig: kube cannot build a client.
     let mut cmd = Command::new(indexer_binary());
@@ -361,8 +410,19 @@ async fn without_a_cluster_the_binary_counts_the_error_and_serves_its_static_wor
     eventually("the client error is counted", || {
         let (http, ix) = (http.clone(), ix.clone());
         async move {
-            let text = http.get(format!("http://{ix}/metrics")).send().await.map_err(|e| e.to_string())?.text().await.map_err(|e| e.to_string())?;
-            if text.contains("kvmesh_discovery_errors_total{reason=\"client\"} 1") { Ok(()) } else { Err("not yet".into()) }
+            let text = http
+                .get(format!("http://{ix}/metrics"))
+                .send()
+                .await
+                .map_err(|e| e.to_string())?
+                .text()
+                .await
+                .map_err(|e| e.to_string())?;
+            if text.contains("kvmesh_discovery_errors_total{reason=\"client\"} 1") {
+                Ok(())
+            } else {
+                Err("not yet".into())
+            }
         }
     })
     .await;

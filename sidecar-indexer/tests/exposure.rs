@@ -36,15 +36,29 @@ async fn metrics_listener_serves_metrics_and_probes_only() {
         assert_eq!(status(&http, &metrics, probe).await, 200, "{probe} on metrics_listen");
     }
     for hidden in ["/v1/fleet", "/debug/workers", "/debug/blocks?worker=w0"] {
-        assert_eq!(status(&http, &metrics, hidden).await, 404, "{hidden} must not be on metrics_listen");
+        assert_eq!(
+            status(&http, &metrics, hidden).await,
+            404,
+            "{hidden} must not be on metrics_listen"
+        );
     }
     let post = http.post(format!("http://{metrics}/v1/done")).body("{}").send().await.unwrap();
     assert_eq!(post.status().as_u16(), 404, "/v1/done must not be on metrics_listen");
-    let text = http.get(format!("http://{metrics}/metrics")).send().await.unwrap().text().await.unwrap();
-    for family in ["process_resident_memory_bytes", "process_virtual_memory_bytes", "process_open_fds", "kvmesh_kv_event_limits_total"] {
+    let text =
+        http.get(format!("http://{metrics}/metrics")).send().await.unwrap().text().await.unwrap();
+    for family in [
+        "process_resident_memory_bytes",
+        "process_virtual_memory_bytes",
+        "process_open_fds",
+        "kvmesh_kv_event_limits_total",
+    ] {
         assert!(text.contains(&format!("# TYPE {family} ")), "{family} missing from /metrics");
     }
-    let rss = text.lines().find_map(|l| l.strip_prefix("process_resident_memory_bytes ")).and_then(|v| v.parse::<f64>().ok()).unwrap();
+    let rss = text
+        .lines()
+        .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap();
     assert!(rss > 1e6, "resident memory {rss} bytes");
     // The API listener is on loopback: it serves /v1/* and, by default, /debug/*.
     assert_eq!(status(&http, &api, "/v1/fleet").await, 200);

@@ -16,7 +16,10 @@ use std::process::Command;
 use common::{eventually, indexer_binary, Proc};
 use serde_json::{json, Value};
 
-const VOCAB: &[&str] = &["router", "cache", "prefix", "block", "worker", "engine", "token", "mesh", "envoy", "latency", "session", "decode", "prefill", "index"];
+const VOCAB: &[&str] = &[
+    "router", "cache", "prefix", "block", "worker", "engine", "token", "mesh", "envoy", "latency",
+    "session", "decode", "prefill", "index",
+];
 
 /// About `words` words of deterministic text, different for each `seed`.
 fn text(seed: u64, words: usize) -> String {
@@ -43,8 +46,17 @@ fn chat(messages: &[(&str, String)]) -> String {
 }
 
 async fn post(http: &reqwest::Client, ix: &str, body: String) -> (u16, Option<String>) {
-    match http.post(format!("http://{ix}/v1/route")).header("x-kvmesh-path", "/v1/chat/completions").body(body).send().await {
-        Ok(r) => (r.status().as_u16(), r.headers().get("x-kvmesh-error").and_then(|v| v.to_str().ok()).map(str::to_owned)),
+    match http
+        .post(format!("http://{ix}/v1/route"))
+        .header("x-kvmesh-path", "/v1/chat/completions")
+        .body(body)
+        .send()
+        .await
+    {
+        Ok(r) => (
+            r.status().as_u16(),
+            r.headers().get("x-kvmesh-error").and_then(|v| v.to_str().ok()).map(str::to_owned),
+        ),
         Err(e) => panic!("route call failed: {e}"),
     }
 }
@@ -55,7 +67,11 @@ fn metric(text: &str, series: &str) -> Option<f64> {
 
 fn peak_rss_bytes(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
     kb * 1024
 }
 
@@ -73,8 +89,11 @@ async fn a_burst_of_cold_long_chats_is_shed_and_memory_stays_bounded() {
     let http = reqwest::Client::builder().pool_max_idle_per_host(256).build().unwrap();
 
     // ~32k tokens each: a system prompt and a question, all different (cold).
-    let conversation = |i: u64| vec![("system", text(i * 2 + 1, 26_000)), ("user", text(i * 2 + 2, 200))];
-    let probe: Value = common::route_path(&http, &ix, "/v1/chat/completions", chat(&conversation(1_000_000))).await;
+    let conversation =
+        |i: u64| vec![("system", text(i * 2 + 1, 26_000)), ("user", text(i * 2 + 2, 200))];
+    let probe: Value =
+        common::route_path(&http, &ix, "/v1/chat/completions", chat(&conversation(1_000_000)))
+            .await;
     let tokens = probe["isl_blocks"].as_u64().unwrap() * 16;
     assert!((30_000..40_000).contains(&tokens), "a chat of {tokens} tokens");
     let burst: Vec<_> = (0..200u64)
@@ -96,14 +115,26 @@ async fn a_burst_of_cold_long_chats_is_shed_and_memory_stays_bounded() {
     }
     assert!(shed > 0, "the burst was never shed ({} served)", served.len());
     assert!(!served.is_empty(), "nothing was admitted");
-    let metrics = http.get(format!("http://{ix}/metrics")).send().await.unwrap().text().await.unwrap();
-    assert_eq!(metric(&metrics, "kvmesh_route_errors_total{reason=\"overloaded_shed\"}"), Some(f64::from(shed)), "{metrics}");
+    let metrics =
+        http.get(format!("http://{ix}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert_eq!(
+        metric(&metrics, "kvmesh_route_errors_total{reason=\"overloaded_shed\"}"),
+        Some(f64::from(shed)),
+        "{metrics}"
+    );
     let rss = peak_rss_bytes(p.pid());
     assert!(rss < 1 << 30, "peak RSS {rss} bytes");
 
     // Drained (abandoned tokenizations included), warm continuations are admitted again.
     eventually("the route work to drain", || async {
-        let m = http.get(format!("http://{ix}/metrics")).send().await.map_err(|e| e.to_string())?.text().await.map_err(|e| e.to_string())?;
+        let m = http
+            .get(format!("http://{ix}/metrics"))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .text()
+            .await
+            .map_err(|e| e.to_string())?;
         match metric(&m, "kvmesh_route_inflight") {
             Some(0.0) => Ok(()),
             v => Err(format!("in flight: {v:?}")),

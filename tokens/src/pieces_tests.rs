@@ -16,7 +16,11 @@ fn library_pre_tokens(text: &str) -> Vec<std::ops::Range<usize>> {
     let pre = deepseek().inner.get_pre_tokenizer().unwrap();
     let mut pretokenized = PreTokenizedString::from(text);
     pre.pre_tokenize(&mut pretokenized).unwrap();
-    pretokenized.get_splits(OffsetReferential::Original, OffsetType::Byte).into_iter().map(|(_, (start, end), _)| start..end).collect()
+    pretokenized
+        .get_splits(OffsetReferential::Original, OffsetType::Byte)
+        .into_iter()
+        .map(|(_, (start, end), _)| start..end)
+        .collect()
 }
 
 fn direct_pre_tokens(text: &str) -> Vec<std::ops::Range<usize>> {
@@ -75,7 +79,11 @@ fn realistic_ascii_encodes_as_the_library_does() {
     for text in texts {
         assert!(!holds_added_token(text), "{text:?}");
         assert_eq!(direct_pre_tokens(text), library_pre_tokens(text), "{text:?}");
-        assert_eq!(deepseek().encode_piece(text).unwrap(), deepseek().encode(text).unwrap(), "{text:?}");
+        assert_eq!(
+            deepseek().encode_piece(text).unwrap(),
+            deepseek().encode(text).unwrap(),
+            "{text:?}"
+        );
     }
 }
 
@@ -90,7 +98,11 @@ fn text_with_non_ascii_chars_encodes_as_the_library_does() {
         "你好 world\nhello 世界",
         "emoji 🚀 at the end 🚀",
     ] {
-        assert_eq!(deepseek().encode_piece(text).unwrap(), deepseek().encode(text).unwrap(), "{text:?}");
+        assert_eq!(
+            deepseek().encode_piece(text).unwrap(),
+            deepseek().encode(text).unwrap(),
+            "{text:?}"
+        );
     }
 }
 
@@ -99,16 +111,21 @@ fn another_pipeline_is_not_encoded_directly() {
     let json = std::fs::read(default_tokenizer_path()).unwrap();
     assert!(has_deepseek_pipeline(&json));
     let mut file: serde_json::Value = serde_json::from_slice(&json).unwrap();
-    file["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = serde_json::json!(r"\p{N}{1,4}");
+    file["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] =
+        serde_json::json!(r"\p{N}{1,4}");
     let changed = serde_json::to_vec(&file).unwrap();
     assert!(!has_deepseek_pipeline(&changed));
-    let path = std::env::temp_dir().join(format!("kvmesh-tokens-pieces-{}.json", std::process::id()));
+    let path =
+        std::env::temp_dir().join(format!("kvmesh-tokens-pieces-{}.json", std::process::id()));
     std::fs::write(&path, &changed).unwrap();
     let tokenizer = Tokenizer::from_file(&path);
     std::fs::remove_file(&path).unwrap();
     let tokenizer = tokenizer.unwrap();
     assert!(!tokenizer.encodes_ascii_directly());
-    assert_eq!(tokenizer.encode_piece("year 12345").unwrap(), tokenizer.encode("year 12345").unwrap());
+    assert_eq!(
+        tokenizer.encode_piece("year 12345").unwrap(),
+        tokenizer.encode("year 12345").unwrap()
+    );
 }
 
 proptest::proptest! {

@@ -348,8 +348,14 @@ mod tests {
             assert_eq!(got, *want, "{body}");
         }
         let deep = |d: usize| format!(r#"{{"messages":[{}1{}]}}"#, "[".repeat(d), "]".repeat(d));
-        assert!(messages_span(deep(MAX_DEPTH - 3).as_bytes()).is_some() && depth_ok(deep(MAX_DEPTH - 3).as_bytes()));
-        assert!(messages_span(deep(MAX_DEPTH - 2).as_bytes()).is_none() && !depth_ok(deep(MAX_DEPTH - 2).as_bytes()));
+        assert!(
+            messages_span(deep(MAX_DEPTH - 3).as_bytes()).is_some()
+                && depth_ok(deep(MAX_DEPTH - 3).as_bytes())
+        );
+        assert!(
+            messages_span(deep(MAX_DEPTH - 2).as_bytes()).is_none()
+                && !depth_ok(deep(MAX_DEPTH - 2).as_bytes())
+        );
     }
 
     #[test]
@@ -361,7 +367,10 @@ mod tests {
         assert_eq!(p.ids.as_deref(), Some(&[5, 6][..]));
         assert_eq!(prompt_span(br#"{"prompt":[5.5]}"#).unwrap().ids, None);
         assert_eq!(span(r#"{"prompt":[1,2]}"#), Some("[1,2]"));
-        assert_eq!(span(r#" { "model" : "m,}" , "prompt" : [1, 2] , "x":{"a":[1,{"b":"]"}]} } "#), Some("[1, 2]"));
+        assert_eq!(
+            span(r#" { "model" : "m,}" , "prompt" : [1, 2] , "x":{"a":[1,{"b":"]"}]} } "#),
+            Some("[1, 2]")
+        );
         assert_eq!(span(r#"{"prompt":"a\"b","prompt":[3]}"#), Some("[3]"), "the last key wins");
         assert_eq!(span(r#"{"prompt":[1],"prompt":"text"}"#), Some("\"text\""));
         assert_eq!(span(r#"{"pro\u006dpt":[1]}"#), None);

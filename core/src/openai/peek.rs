@@ -71,7 +71,10 @@ pub(super) fn read_chat(body: &[u8]) -> Option<Result<OpenAiRequest, ParseError>
 /// body's first `messages` list: [`super::resume`]), and also giving what the read messages are
 /// for a later body's resume (`None` when the read is not `Ok`). The caller has checked the depth
 /// ([`fast::messages_span`] found the body's list).
-pub(super) fn read_chat_keeping(body: &[u8], resume: Anchor) -> Option<(Result<OpenAiRequest, ParseError>, Option<Anchor>)> {
+pub(super) fn read_chat_keeping(
+    body: &[u8],
+    resume: Anchor,
+) -> Option<(Result<OpenAiRequest, ParseError>, Option<Anchor>)> {
     let fields = chat_fields(body, true, Some(resume))?;
     let kept = match &fields.messages {
         Some(Ok(anchor)) if anchor.later_error.is_none() => Some(anchor.clone()),
@@ -120,12 +123,19 @@ impl ChatFields {
         let stream = match self.stream {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => b,
-            Some(_) => return Err(ParseError::WrongType { field: "stream", expected: "a boolean" }),
+            Some(_) => {
+                return Err(ParseError::WrongType { field: "stream", expected: "a boolean" })
+            }
         };
         match self.max_tokens.or(self.max_completion_tokens) {
             None | Some(Value::Null) => {}
             Some(v) if v.as_u64().is_some() => {}
-            Some(_) => return Err(ParseError::WrongType { field: "max_tokens", expected: "a non-negative integer" }),
+            Some(_) => {
+                return Err(ParseError::WrongType {
+                    field: "max_tokens",
+                    expected: "a non-negative integer",
+                })
+            }
         }
         Ok(RequestPeek { stream, conversation_anchor })
     }
@@ -148,11 +158,16 @@ impl ChatFields {
         let stream = match self.stream {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => b,
-            Some(_) => return Err(ParseError::WrongType { field: "stream", expected: "a boolean" }),
+            Some(_) => {
+                return Err(ParseError::WrongType { field: "stream", expected: "a boolean" })
+            }
         };
         let max_tokens = match self.max_tokens.or(self.max_completion_tokens) {
             None | Some(Value::Null) => None,
-            Some(v) => Some(v.as_u64().ok_or(ParseError::WrongType { field: "max_tokens", expected: "a non-negative integer" })?),
+            Some(v) => Some(v.as_u64().ok_or(ParseError::WrongType {
+                field: "max_tokens",
+                expected: "a non-negative integer",
+            })?),
         };
         let cache_salt = match self.cache_salt {
             Some(Value::String(s)) => Some(s),
@@ -257,13 +272,16 @@ impl<'de> DeserializeSeed<'de> for TopSeed {
                 while let Some(Key(k)) = map.next_key::<Key<'de>>()? {
                     match &*k {
                         "messages" => {
-                            let seed = Messages { collect: self.collect, resume: self.resume.take() };
+                            let seed =
+                                Messages { collect: self.collect, resume: self.resume.take() };
                             f.messages = Some(map.next_value_seed(seed)?);
                         }
                         "model" => f.model = Some(map.next_value()?),
                         "stream" => f.stream = Some(map.next_value()?),
                         "max_tokens" => f.max_tokens = Some(map.next_value()?),
-                        "max_completion_tokens" => f.max_completion_tokens = Some(map.next_value()?),
+                        "max_completion_tokens" => {
+                            f.max_completion_tokens = Some(map.next_value()?)
+                        }
                         "cache_salt" if self.collect => f.cache_salt = Some(map.next_value()?),
                         _ => {
                             map.next_value::<Skip<'de>>()?;
@@ -291,8 +309,10 @@ impl<'de> DeserializeSeed<'de> for Messages {
     }
 }
 
-const NOT_A_LIST: ParseError = ParseError::WrongType { field: "messages", expected: "a non-empty list of messages" };
-const NOT_OBJECT: ParseError = ParseError::WrongType { field: "messages", expected: "a list of objects" };
+const NOT_A_LIST: ParseError =
+    ParseError::WrongType { field: "messages", expected: "a non-empty list of messages" };
+const NOT_OBJECT: ParseError =
+    ParseError::WrongType { field: "messages", expected: "a list of objects" };
 
 impl<'de> Visitor<'de> for Messages {
     type Value = Result<Anchor, ParseError>;
@@ -310,7 +330,9 @@ impl<'de> Visitor<'de> for Messages {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let Anchor { mut values, mut later_error, mut later } = self.resume.unwrap_or_default();
         loop {
-            let user_seen = values.last().is_some_and(|m| m.get("role").and_then(Value::as_str) == Some("user"));
+            let user_seen = values
+                .last()
+                .is_some_and(|m| m.get("role").and_then(Value::as_str) == Some("user"));
             if !user_seen {
                 match seq.next_element::<Value>()? {
                     Some(v) => values.push(v),
@@ -322,15 +344,20 @@ impl<'de> Visitor<'de> for Messages {
                 }
             } else if self.collect {
                 match seq.next_element::<MessageParts<'de, Content>>()? {
-                    Some(MessageParts(parts)) => match parts.and_then(|(role, content)| full_message(role, content)) {
-                        Ok(m) => later.push(m),
-                        Err(e) => later_error = Some(e),
-                    },
+                    Some(MessageParts(parts)) => {
+                        match parts.and_then(|(role, content)| full_message(role, content)) {
+                            Ok(m) => later.push(m),
+                            Err(e) => later_error = Some(e),
+                        }
+                    }
                     None => break,
                 }
             } else {
                 match seq.next_element::<MessageParts<'de, &'de RawValue>>()? {
-                    Some(MessageParts(parts)) => later_error = parts.and_then(|(role, content)| check_message(role, content)).err(),
+                    Some(MessageParts(parts)) => {
+                        later_error =
+                            parts.and_then(|(role, content)| check_message(role, content)).err()
+                    }
                     None => break,
                 }
             }
@@ -382,16 +409,25 @@ impl<'de, C: Deserialize<'de>> Deserialize<'de> for MessageParts<'de, C> {
 
 /// A later message read whole (`super::messages`' checks, role first): the role decoded, the
 /// content already flattened by [`Content`].
-fn full_message(role: Option<&RawValue>, content: Option<Content>) -> Result<ChatMessage, ParseError> {
-    let role = role.filter(|r| first(r) == b'"').and_then(|r| serde_json::from_str::<String>(r.get()).ok());
-    let role = role.ok_or(ParseError::WrongType { field: "messages[].role", expected: "a string" })?;
-    content.map_or(Ok(Arc::from("")), |c| c.0).map(|content| ChatMessage { role: role.into(), content })
+fn full_message(
+    role: Option<&RawValue>,
+    content: Option<Content>,
+) -> Result<ChatMessage, ParseError> {
+    let role = role
+        .filter(|r| first(r) == b'"')
+        .and_then(|r| serde_json::from_str::<String>(r.get()).ok());
+    let role =
+        role.ok_or(ParseError::WrongType { field: "messages[].role", expected: "a string" })?;
+    content
+        .map_or(Ok(Arc::from("")), |c| c.0)
+        .map(|content| ChatMessage { role: role.into(), content })
 }
 
 /// A message's `content` flattened to text as `super::messages` flattens it (null is empty).
 struct Content(Result<Arc<str>, ParseError>);
 
-const NOT_CONTENT: ParseError = ParseError::WrongType { field: "messages[].content", expected: "a string or a list of parts" };
+const NOT_CONTENT: ParseError =
+    ParseError::WrongType { field: "messages[].content", expected: "a string or a list of parts" };
 
 impl<'de> Deserialize<'de> for Content {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -450,23 +486,37 @@ fn check_message(role: Option<&RawValue>, content: Option<&RawValue>) -> Result<
         None => Ok(()),
         Some(c) if c.get() == "null" || first(c) == b'"' => Ok(()),
         Some(c) if first(c) == b'[' => content_parts(c),
-        Some(_) => Err(ParseError::WrongType { field: "messages[].content", expected: "a string or a list of parts" }),
+        Some(_) => Err(ParseError::WrongType {
+            field: "messages[].content",
+            expected: "a string or a list of parts",
+        }),
     }
 }
 
 /// `super::content_parts`' checks, on the raw list (a second reading, of list contents only).
 fn content_parts(content: &RawValue) -> Result<(), ParseError> {
-    let not_parts = ParseError::WrongType { field: "messages[].content", expected: "a list of parts" };
-    let parts: Vec<&RawValue> = serde_json::from_str(content.get()).map_err(|_| not_parts.clone())?;
+    let not_parts =
+        ParseError::WrongType { field: "messages[].content", expected: "a list of parts" };
+    let parts: Vec<&RawValue> =
+        serde_json::from_str(content.get()).map_err(|_| not_parts.clone())?;
     for part in parts {
         match first(part) {
             b'"' => {}
             b'{' => {
-                let obj: HashMap<Cow<'_, str>, &RawValue> = serde_json::from_str(part.get()).map_err(|_| not_parts.clone())?;
+                let obj: HashMap<Cow<'_, str>, &RawValue> =
+                    serde_json::from_str(part.get()).map_err(|_| not_parts.clone())?;
                 // A missing or non-string `type` counts as text.
-                let kind = obj.get("type").filter(|t| first(t) == b'"').and_then(|t| serde_json::from_str::<String>(t.get()).ok());
-                if kind.as_deref().unwrap_or("text") == "text" && obj.get("text").is_none_or(|t| first(t) != b'"') {
-                    return Err(ParseError::WrongType { field: "messages[].content[].text", expected: "a string" });
+                let kind = obj
+                    .get("type")
+                    .filter(|t| first(t) == b'"')
+                    .and_then(|t| serde_json::from_str::<String>(t.get()).ok());
+                if kind.as_deref().unwrap_or("text") == "text"
+                    && obj.get("text").is_none_or(|t| first(t) != b'"')
+                {
+                    return Err(ParseError::WrongType {
+                        field: "messages[].content[].text",
+                        expected: "a string",
+                    });
                 }
             }
             _ => return Err(not_parts),
@@ -491,9 +541,19 @@ mod tests {
     fn agree(body: &[u8]) {
         for endpoint in [Endpoint::ChatCompletions, Endpoint::Completions] {
             let want = parse(endpoint, body).map(|r| RequestPeek::of(&r));
-            assert_eq!(peek(endpoint, body), want, "{endpoint:?} {}", String::from_utf8_lossy(body));
+            assert_eq!(
+                peek(endpoint, body),
+                want,
+                "{endpoint:?} {}",
+                String::from_utf8_lossy(body)
+            );
         }
-        assert_eq!(parse(Endpoint::ChatCompletions, body), via_value(body), "{}", String::from_utf8_lossy(body));
+        assert_eq!(
+            parse(Endpoint::ChatCompletions, body),
+            via_value(body),
+            "{}",
+            String::from_utf8_lossy(body)
+        );
     }
 
     #[test]
@@ -552,7 +612,11 @@ mod tests {
         agree(b"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"user\",\"content\":[{\"type\":\"\xfe\"}]}]}");
         agree(b"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"cache_salt\":\"\xff\"}");
         for depth in [126, 127, 128, 200] {
-            let deep = format!(r#"{{"x":{}1{},"messages":[{{"role":"user","content":"a"}}]}}"#, "[".repeat(depth - 1), "]".repeat(depth - 1));
+            let deep = format!(
+                r#"{{"x":{}1{},"messages":[{{"role":"user","content":"a"}}]}}"#,
+                "[".repeat(depth - 1),
+                "]".repeat(depth - 1)
+            );
             agree(deep.as_bytes());
         }
     }
@@ -564,13 +628,26 @@ mod tests {
             (0u64..300).prop_map(Value::from),
             (-5i64..5).prop_map(Value::from),
             Just(json!(1.5)),
-            prop_oneof![Just("user"), Just("system"), Just("text"), Just("image_url"), Just("a")].prop_map(|s| Value::String(s.into())),
+            prop_oneof![Just("user"), Just("system"), Just("text"), Just("image_url"), Just("a")]
+                .prop_map(|s| Value::String(s.into())),
         ];
         leaf.prop_recursive(3, 24, 5, |inner| {
             prop_oneof![
                 proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-                proptest::collection::btree_map(prop_oneof![Just("role"), Just("content"), Just("type"), Just("text"), Just("x")], inner, 0..4)
-                    .prop_map(|m| Value::Object(m.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())),
+                proptest::collection::btree_map(
+                    prop_oneof![
+                        Just("role"),
+                        Just("content"),
+                        Just("type"),
+                        Just("text"),
+                        Just("x")
+                    ],
+                    inner,
+                    0..4
+                )
+                .prop_map(|m| Value::Object(
+                    m.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+                )),
             ]
         })
     }

@@ -13,8 +13,8 @@
 
 use serde_json::Value;
 
-use super::peek::{self, Anchor};
 use super::fast::{self, skip_ws};
+use super::peek::{self, Anchor};
 use super::{ChatMessage, Endpoint, OpenAiRequest, ParseError};
 
 /// What a chat body's read leaves for a later body that continues its messages: where its
@@ -49,7 +49,12 @@ impl ChatPrefix {
                     _ => 0,
                 }
         }
-        let later: usize = self.anchor.later.iter().map(|m| m.role.len() + m.content.len() + std::mem::size_of::<ChatMessage>()).sum();
+        let later: usize = self
+            .anchor
+            .later
+            .iter()
+            .map(|m| m.role.len() + m.content.len() + std::mem::size_of::<ChatMessage>())
+            .sum();
         later + self.anchor.values.iter().map(value_bytes).sum::<usize>()
     }
 }
@@ -74,10 +79,15 @@ pub fn read_chat_from(body: &[u8], earlier: Option<(&[u8], &ChatPrefix)>) -> Cha
     }
     let whole = fast::messages_span(body).and_then(|span| {
         let (request, anchor) = peek::read_chat_keeping(body, Anchor::default())?;
-        let prefix = anchor.map(|anchor| ChatPrefix { open: span.open, end: span.last_end, anchor });
+        let prefix =
+            anchor.map(|anchor| ChatPrefix { open: span.open, end: span.last_end, anchor });
         Some(ChatRead { request, resumed: false, prefix })
     });
-    whole.unwrap_or_else(|| ChatRead { request: super::parse(Endpoint::ChatCompletions, body), resumed: false, prefix: None })
+    whole.unwrap_or_else(|| ChatRead {
+        request: super::parse(Endpoint::ChatCompletions, body),
+        resumed: false,
+        prefix: None,
+    })
 }
 
 /// `body` read from `prefix` (of `earlier`), if it continues it and reads `Ok` that way.
@@ -169,14 +179,18 @@ mod tests {
     #[test]
     fn a_next_turn_is_read_from_where_the_last_ended() {
         let m = |r: &str, c: &str| json!({"role": r, "content": c}).to_string();
-        let (before, after) = (vec!["\"model\":\"m\"".to_owned()], vec!["\"stream\":true".to_owned()]);
+        let (before, after) =
+            (vec!["\"model\":\"m\"".to_owned()], vec!["\"stream\":true".to_owned()]);
         let turn1 = vec![m("system", "be brief"), m("user", "hi")];
         let turn2 = [turn1.clone(), vec![m("assistant", "hello"), m("user", "more")]].concat();
         let (b1, b2) = (body(&before, &turn1, ",", &after), body(&before, &turn2, ",", &after));
         let first = read_chat_from(&b1, None);
         assert!(!first.resumed);
         let prefix = first.prefix.expect("a plain chat body leaves a prefix");
-        assert!(b1[..prefix.len()].ends_with(turn1[1].as_bytes()) && b1[prefix.len()] == b']', "ends at the last message");
+        assert!(
+            b1[..prefix.len()].ends_with(turn1[1].as_bytes()) && b1[prefix.len()] == b']',
+            "ends at the last message"
+        );
         let second = read_chat_from(&b2, Some((&b1, &prefix)));
         assert!(second.resumed);
         assert_eq!(second.request, whole(&b2));

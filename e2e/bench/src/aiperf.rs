@@ -69,12 +69,18 @@ impl Default for AiperfWorkload {
 impl AiperfWorkload {
     /// Checks the settings aiperf would refuse or that would measure nothing.
     pub fn validate(&self) -> Result<(), String> {
-        let positive = [("request rate", self.request_rate), ("duration", self.duration_s), ("turns", self.turns_mean)];
+        let positive = [
+            ("request rate", self.request_rate),
+            ("duration", self.duration_s),
+            ("turns", self.turns_mean),
+        ];
         if let Some((name, _)) = positive.iter().find(|(_, x)| !(x.is_finite() && *x > 0.0)) {
             return Err(format!("aiperf workload: {name} must be > 0"));
         }
         if self.conversations == 0 || self.output_tokens == 0 || self.turn_tokens == 0 {
-            return Err("aiperf workload: conversations, turn tokens and output tokens must be > 0".into());
+            return Err(
+                "aiperf workload: conversations, turn tokens and output tokens must be > 0".into(),
+            );
         }
         if !(self.grace_s >= 0.0 && self.turn_delay_ms >= 0.0 && self.turns_stddev >= 0.0) {
             return Err("aiperf workload: grace, think time and turn stddev must be >= 0".into());
@@ -101,7 +107,14 @@ impl AiperfWorkload {
     /// `aiperf profile` arguments against `base_url` (the gateway); `session_header` names the
     /// header that carries aiperf's per-conversation id (ring_hash's key), else aiperf sends its
     /// default `X-Correlation-ID`, which no policy here reads.
-    pub fn args(&self, base_url: &str, model: &str, tokenizer_dir: &str, out_dir: &str, session_header: Option<&str>) -> Vec<String> {
+    pub fn args(
+        &self,
+        base_url: &str,
+        model: &str,
+        tokenizer_dir: &str,
+        out_dir: &str,
+        session_header: Option<&str>,
+    ) -> Vec<String> {
         let mut a: Vec<String> = [
             "profile",
             "--model",
@@ -205,9 +218,13 @@ pub struct AiperfSummary {
 /// Reads aiperf's summary export. Metrics are objects with an `avg` (counts, rates) or
 /// percentiles (`p50`, …); an absent error count is zero errors.
 pub fn parse_summary(json: &str) -> Result<AiperfSummary, String> {
-    let v: Value = serde_json::from_str(json).map_err(|e| format!("aiperf summary is not JSON: {e}"))?;
-    let field = |metric: &str, stat: &str| v.get(metric).and_then(|m| m.get(stat)).and_then(Value::as_f64);
-    let need = |metric: &str, stat: &str| field(metric, stat).ok_or_else(|| format!("aiperf summary has no {metric}.{stat}"));
+    let v: Value =
+        serde_json::from_str(json).map_err(|e| format!("aiperf summary is not JSON: {e}"))?;
+    let field =
+        |metric: &str, stat: &str| v.get(metric).and_then(|m| m.get(stat)).and_then(Value::as_f64);
+    let need = |metric: &str, stat: &str| {
+        field(metric, stat).ok_or_else(|| format!("aiperf summary has no {metric}.{stat}"))
+    };
     Ok(AiperfSummary {
         requests: need("request_count", "avg")?,
         errors: field("error_request_count", "avg").unwrap_or(0.0),
@@ -215,7 +232,8 @@ pub fn parse_summary(json: &str) -> Result<AiperfSummary, String> {
         ttft_p90_ms: need("time_to_first_token", "p90")?,
         ttft_p99_ms: need("time_to_first_token", "p99")?,
         request_throughput: need("request_throughput", "avg")?,
-        usage_cache_read: field("overall_usage_prompt_cache_read_pct", "avg").map(|pct| pct / 100.0),
+        usage_cache_read: field("overall_usage_prompt_cache_read_pct", "avg")
+            .map(|pct| pct / 100.0),
     })
 }
 
@@ -247,10 +265,18 @@ impl AiperfRow {
 
 /// The report section: one row per policy, TTFT ratios against round_robin's (when it is a valid
 /// row of the same run).
-pub fn render(rows: &[AiperfRow], workload: &AiperfWorkload, fleet: &str, aiperf_version: &str) -> String {
+pub fn render(
+    rows: &[AiperfRow],
+    workload: &AiperfWorkload,
+    fleet: &str,
+    aiperf_version: &str,
+) -> String {
     let pct = |x: Option<f64>| x.map_or("—".to_string(), |x| format!("{:.1}%", x * 100.0));
     let num = |x: Option<f64>, d: usize| x.map_or("—".to_string(), |x| format!("{x:.d$}"));
-    let baseline = rows.iter().find(|r| r.policy == crate::policy::Policy::RoundRobin.name() && r.valid()).and_then(|r| r.summary.as_ref());
+    let baseline = rows
+        .iter()
+        .find(|r| r.policy == crate::policy::Policy::RoundRobin.name() && r.valid())
+        .and_then(|r| r.summary.as_ref());
     let mut md = format!(
         "aiperf {aiperf_version} drives each policy's gateway (a fresh stack per policy, caches reset) and measures TTFT itself; the hit rate is the engines' own counters over the run, beside aiperf's reading of the responses' `usage`. Fleet: {fleet}. Workload: {}. A row is **invalid** when the machine's CPU (mean over the run) was above {:.0}% (over real engines: when the CPU outside the engines was above {:.0}%).\n\n",
         workload.describe(),
@@ -268,7 +294,9 @@ pub fn render(rows: &[AiperfRow], workload: &AiperfWorkload, fleet: &str, aiperf
             ));
             continue;
         };
-        let ratio = baseline.filter(|b| b.ttft_p90_ms > 0.0 && r.valid()).map(|b| s.ttft_p90_ms / b.ttft_p90_ms);
+        let ratio = baseline
+            .filter(|b| b.ttft_p90_ms > 0.0 && r.valid())
+            .map(|b| s.ttft_p90_ms / b.ttft_p90_ms);
         md.push_str(&format!(
             "| {} | {:.0} ({:.0}) | {:.2} | {:.0} | **{:.0}** | {:.0} | {} | **{}** | {} | {} | {} | {} |\n",
             r.policy,
@@ -319,7 +347,8 @@ mod tests {
         let e = parse_summary(r#"{"request_count": {"avg": 3}}"#).unwrap_err();
         assert!(e.contains("time_to_first_token.p50"), "{e}");
         assert!(parse_summary("not json").unwrap_err().contains("not JSON"));
-        let with_errors = EXPORT.replace(r#""error_request_count": null"#, r#""error_request_count": {"avg": 4.0}"#);
+        let with_errors = EXPORT
+            .replace(r#""error_request_count": null"#, r#""error_request_count": {"avg": 4.0}"#);
         assert_eq!(parse_summary(&with_errors).unwrap().errors, 4.0);
     }
 
@@ -334,12 +363,23 @@ mod tests {
         assert_eq!(after("--url").as_deref(), Some("http://127.0.0.1:1"));
         assert!(!a.iter().any(|x| x == "--session-header"));
         let with = w.args("u", "m", "t", "o", Some("x-session-id"));
-        assert_eq!(with.iter().position(|x| x == "--session-header").map(|i| with[i + 1].as_str()), Some("x-session-id"));
+        assert_eq!(
+            with.iter().position(|x| x == "--session-header").map(|i| with[i + 1].as_str()),
+            Some("x-session-id")
+        );
         assert!(w.validate().is_ok());
         assert!(AiperfWorkload { request_rate: 0.0, ..w.clone() }.validate().is_err());
         assert!(AiperfWorkload { conversations: 0, ..w.clone() }.validate().is_err());
         let half = w.scaled(0.5).unwrap();
-        assert_eq!((half.system_prompt_tokens, half.user_context_tokens, half.turn_tokens, half.output_tokens), (2000, 500, 100, 32));
+        assert_eq!(
+            (
+                half.system_prompt_tokens,
+                half.user_context_tokens,
+                half.turn_tokens,
+                half.output_tokens
+            ),
+            (2000, 500, 100, 32)
+        );
         assert_eq!(half.request_rate, w.request_rate);
         assert!(w.scaled(0.0).is_err());
     }
@@ -348,7 +388,15 @@ mod tests {
         let invalid = crate::sweep::cpu_invalid_reason(Some(cpu)).into_iter().collect();
         AiperfRow {
             policy: policy.into(),
-            summary: Some(AiperfSummary { requests: 100.0, errors: 0.0, ttft_p50_ms: p90 / 2.0, ttft_p90_ms: p90, ttft_p99_ms: p90 * 2.0, request_throughput: 2.0, usage_cache_read: Some(0.5) }),
+            summary: Some(AiperfSummary {
+                requests: 100.0,
+                errors: 0.0,
+                ttft_p50_ms: p90 / 2.0,
+                ttft_p90_ms: p90,
+                ttft_p99_ms: p90 * 2.0,
+                request_throughput: 2.0,
+                usage_cache_read: Some(0.5),
+            }),
             engine_hit_rate: Some(0.5),
             load_max_over_mean: Some(1.1),
             cpu_mean: Some(cpu),
@@ -360,15 +408,32 @@ mod tests {
     #[test]
     fn ratios_are_against_a_valid_round_robin_and_saturated_rows_are_marked() {
         let w = AiperfWorkload::default();
-        let md = render(&[row("round_robin", 400.0, 0.5), row("kvmesh_precise", 100.0, 0.5), row("ring_hash", 200.0, 0.95)], &w, "4 sims", "0.13.0");
-        let line = |p: &str| md.lines().find(|l| l.starts_with(&format!("| {p} |"))).unwrap().to_string();
+        let md = render(
+            &[
+                row("round_robin", 400.0, 0.5),
+                row("kvmesh_precise", 100.0, 0.5),
+                row("ring_hash", 200.0, 0.95),
+            ],
+            &w,
+            "4 sims",
+            "0.13.0",
+        );
+        let line =
+            |p: &str| md.lines().find(|l| l.starts_with(&format!("| {p} |"))).unwrap().to_string();
         assert!(line("kvmesh_precise").contains("| 0.25 |"), "{md}");
         assert!(line("kvmesh_precise").ends_with("| valid |"));
         assert!(line("ring_hash").ends_with("| **invalid**: CPU 95% > 85% |"), "{md}");
         assert!(line("ring_hash").contains("| — |"), "no ratio for an invalid row: {md}");
-        let failed = AiperfRow { policy: "least_request".into(), error: Some("aiperf exited 1".into()), ..AiperfRow::default() };
+        let failed = AiperfRow {
+            policy: "least_request".into(),
+            error: Some("aiperf exited 1".into()),
+            ..AiperfRow::default()
+        };
         let no_base = render(&[row("round_robin", 400.0, 0.99), failed], &w, "4 sims", "0.13.0");
-        assert!(no_base.contains("| least_request | **did not run**: aiperf exited 1 |"), "{no_base}");
+        assert!(
+            no_base.contains("| least_request | **did not run**: aiperf exited 1 |"),
+            "{no_base}"
+        );
         assert!(!no_base.contains("| 1.00 |"), "an invalid round_robin is no baseline: {no_base}");
     }
 }

@@ -53,7 +53,12 @@ mod tests {
     use super::*;
 
     fn rec(input: u32, ids: &[u64]) -> TraceRecord {
-        TraceRecord { timestamp: 0.0, input_length: input, output_length: 1, hash_ids: ids.to_vec() }
+        TraceRecord {
+            timestamp: 0.0,
+            input_length: input,
+            output_length: 1,
+            hash_ids: ids.to_vec(),
+        }
     }
 
     #[test]

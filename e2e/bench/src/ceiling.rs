@@ -91,9 +91,14 @@ where
 mod tests {
     use super::*;
     use crate::trace::{parse, Selection};
-    
+
     fn rec(input: u32, ids: &[u64]) -> TraceRecord {
-        TraceRecord { timestamp: 0.0, input_length: input, output_length: 1, hash_ids: ids.to_vec() }
+        TraceRecord {
+            timestamp: 0.0,
+            input_length: input,
+            output_length: 1,
+            hash_ids: ids.to_vec(),
+        }
     }
 
     #[test]
@@ -106,7 +111,12 @@ mod tests {
         }
         let cases = vec![
             Case { name: "empty", recs: vec![], blocks: (0, 0), tokens: (0, 0) },
-            Case { name: "single", recs: vec![rec(1024, &[0, 1])], blocks: (0, 2), tokens: (0, 1024) },
+            Case {
+                name: "single",
+                recs: vec![rec(1024, &[0, 1])],
+                blocks: (0, 2),
+                tokens: (0, 1024),
+            },
             Case {
                 name: "growing conversation",
                 recs: vec![rec(1024, &[0, 1]), rec(1300, &[0, 1, 2]), rec(1600, &[0, 1, 2, 3])],

@@ -51,8 +51,15 @@ pub async fn run_chat(
     let t0 = Instant::now();
     for id in 0..cfg.sessions {
         let Ok(permit) = slots.clone().acquire_owned().await else { break };
-        let (client, run, cfg, prompts, seq, url, sink) =
-            (client.clone(), run.clone(), cfg.clone(), prompts.clone(), seq.clone(), url.clone(), sink.clone());
+        let (client, run, cfg, prompts, seq, url, sink) = (
+            client.clone(),
+            run.clone(),
+            cfg.clone(),
+            prompts.clone(),
+            seq.clone(),
+            url.clone(),
+            sink.clone(),
+        );
         tokio::spawn(async move {
             let plan = plan_session(&cfg, id);
             let system = prompts.get(plan.system_prompt).map(String::as_str).unwrap_or_default();
@@ -60,26 +67,52 @@ pub async fn run_chat(
             for (turn, tp) in plan.turns.iter().enumerate() {
                 let cap = |mean: f64| mean * MAX_THINK_FACTOR;
                 let mean = if turn == 0 { cfg.start_stagger_ms } else { cfg.think_time_ms };
-                tokio::time::sleep(Duration::from_secs_f64(tp.delay_ms.min(cap(mean)).max(0.0) / 1000.0)).await;
+                tokio::time::sleep(Duration::from_secs_f64(
+                    tp.delay_ms.min(cap(mean)).max(0.0) / 1000.0,
+                ))
+                .await;
                 history.push_user(&tp.user);
                 let scheduled_ms = t0.elapsed().as_secs_f64() * 1000.0;
                 let index = seq.fetch_add(1, Ordering::Relaxed);
-                let extra: Vec<(String, String)> =
-                    run.session_header.iter().map(|h| (h.clone(), plan.session_id.clone())).collect();
+                let extra: Vec<(String, String)> = run
+                    .session_header
+                    .iter()
+                    .map(|h| (h.clone(), plan.session_id.clone()))
+                    .collect();
                 let body = history.body(&run.model, cfg.max_tokens, run.ignore_eos);
                 let (record, reply) = match serde_json::to_vec(&body) {
                     Ok(bytes) => {
-                        let mut o = send_streaming(&client, &url, bytes, &extra, run.request_timeout).await;
+                        let mut o =
+                            send_streaming(&client, &url, bytes, &extra, run.request_timeout).await;
                         let reply = std::mem::take(&mut o.text);
-                        (to_record(index, scheduled_ms, scheduled_ms, u64::from(cfg.max_tokens), o), reply)
+                        (
+                            to_record(
+                                index,
+                                scheduled_ms,
+                                scheduled_ms,
+                                u64::from(cfg.max_tokens),
+                                o,
+                            ),
+                            reply,
+                        )
                     }
                     Err(e) => (
-                        RequestRecord { index, scheduled_ms, sent_ms: scheduled_ms, error: Some(format!("encoding body: {e}")), ..Default::default() },
+                        RequestRecord {
+                            index,
+                            scheduled_ms,
+                            sent_ms: scheduled_ms,
+                            error: Some(format!("encoding body: {e}")),
+                            ..Default::default()
+                        },
                         String::new(),
                     ),
                 };
                 let ok = record.ok();
-                let record = RequestRecord { session: Some(plan.session_id.clone()), turn: Some(turn as u32), ..record };
+                let record = RequestRecord {
+                    session: Some(plan.session_id.clone()),
+                    turn: Some(turn as u32),
+                    ..record
+                };
                 // A closed sink means the run is being torn down.
                 let _ = sink.send(record).await;
                 if !ok {

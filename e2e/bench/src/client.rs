@@ -51,7 +51,10 @@ pub struct Outcome {
 }
 
 /// Builds the shared HTTP client. `max_idle` bounds pooled idle connections.
-pub fn build_client(connect_timeout: Duration, max_idle: usize) -> Result<reqwest::Client, reqwest::Error> {
+pub fn build_client(
+    connect_timeout: Duration,
+    max_idle: usize,
+) -> Result<reqwest::Client, reqwest::Error> {
     reqwest::Client::builder()
         .connect_timeout(connect_timeout)
         .pool_max_idle_per_host(max_idle)
@@ -70,7 +73,8 @@ fn capture_headers(out: &mut Outcome, h: &HeaderMap) {
     out.overlap_blocks = header_str(h, headers::DEBUG_OVERLAP_BLOCKS).and_then(|v| v.parse().ok());
     out.isl_blocks = header_str(h, headers::DEBUG_ISL_BLOCKS).and_then(|v| v.parse().ok());
     out.fallback = header_str(h, headers::DEBUG_FALLBACK);
-    out.predicted_ttft_ms = header_str(h, headers::DEBUG_PREDICTED_TTFT).and_then(|v| v.parse().ok());
+    out.predicted_ttft_ms =
+        header_str(h, headers::DEBUG_PREDICTED_TTFT).and_then(|v| v.parse().ok());
     out.decision_reason = header_str(h, headers::DEBUG_REASON);
 }
 
@@ -85,7 +89,9 @@ pub async fn send_streaming(
 ) -> Outcome {
     let mut out = Outcome::default();
     let start = Instant::now();
-    let finished = tokio::time::timeout(deadline, drive(client, url, body, extra_headers, start, &mut out)).await;
+    let finished =
+        tokio::time::timeout(deadline, drive(client, url, body, extra_headers, start, &mut out))
+            .await;
     if finished.is_err() {
         out.error = Some(format!("timeout after {:.1}s", deadline.as_secs_f64()));
     }
@@ -101,7 +107,8 @@ async fn drive(
     start: Instant,
     out: &mut Outcome,
 ) {
-    let mut req = client.post(url).header(reqwest::header::CONTENT_TYPE, "application/json").body(body);
+    let mut req =
+        client.post(url).header(reqwest::header::CONTENT_TYPE, "application/json").body(body);
     for (k, v) in extra_headers {
         req = req.header(k.as_str(), v.as_str());
     }
@@ -120,14 +127,19 @@ async fn drive(
         let mut buf = Vec::new();
         while let Some(chunk) = stream.next().await {
             match chunk {
-                Ok(b) => buf.extend_from_slice(&b[..b.len().min(MAX_ERROR_BODY.saturating_sub(buf.len()))]),
+                Ok(b) => buf
+                    .extend_from_slice(&b[..b.len().min(MAX_ERROR_BODY.saturating_sub(buf.len()))]),
                 Err(_) => break,
             }
             if buf.len() >= MAX_ERROR_BODY {
                 break;
             }
         }
-        out.error = Some(format!("HTTP {}: {}", out.status.unwrap_or(0), String::from_utf8_lossy(&buf).trim()));
+        out.error = Some(format!(
+            "HTTP {}: {}",
+            out.status.unwrap_or(0),
+            String::from_utf8_lossy(&buf).trim()
+        ));
         return;
     }
     let mut parser = SseParser::new();
@@ -188,7 +200,11 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Asks `GET {base}/v1/models` for the first model id (used when `--model` is not given).
-pub async fn discover_model(client: &reqwest::Client, base: &str, deadline: Duration) -> Result<String, String> {
+pub async fn discover_model(
+    client: &reqwest::Client,
+    base: &str,
+    deadline: Duration,
+) -> Result<String, String> {
     let url = format!("{}/v1/models", base.trim_end_matches('/'));
     let fut = async {
         let resp = client.get(&url).send().await.map_err(|e| error_chain(&e))?;

@@ -24,12 +24,7 @@ pub const DEFAULT_ANCHOR_BLOCK: usize = 1;
 
 /// The conversation key of a request: `hash_ids[anchor]`, or its last id when shorter.
 pub fn key(record: &TraceRecord, anchor: usize) -> u64 {
-    record
-        .hash_ids
-        .get(anchor)
-        .or_else(|| record.hash_ids.last())
-        .copied()
-        .unwrap_or(0)
+    record.hash_ids.get(anchor).or_else(|| record.hash_ids.last()).copied().unwrap_or(0)
 }
 
 /// The session header value for a request: `conv-<key>`.
@@ -121,7 +116,12 @@ mod tests {
             (&[], 1, 0),
         ];
         for (ids, anchor, want) in cases {
-            let r = TraceRecord { timestamp: 0.0, input_length: 1, output_length: 1, hash_ids: ids.to_vec() };
+            let r = TraceRecord {
+                timestamp: 0.0,
+                input_length: 1,
+                output_length: 1,
+                hash_ids: ids.to_vec(),
+            };
             assert_eq!(key(&r, *anchor), *want, "{ids:?} @ {anchor}");
         }
         assert_eq!(session_id(&rec(&[0, 42, 1]), 1), "conv-42");

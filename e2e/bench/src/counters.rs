@@ -95,7 +95,11 @@ impl PolicyCounters {
     /// `None` when none was queried.
     pub fn load_max_over_mean(&self) -> Option<f64> {
         let fleet: Vec<String> = self.engines.iter().map(|e| e.worker.clone()).collect();
-        crate::stats::balance(self.engines.iter().map(|e| (e.worker.as_str(), e.prefix_cache_queries)), &fleet).max_over_mean()
+        crate::stats::balance(
+            self.engines.iter().map(|e| (e.worker.as_str(), e.prefix_cache_queries)),
+            &fleet,
+        )
+        .max_over_mean()
     }
 
     /// Preemptions over the fleet.
@@ -128,7 +132,12 @@ fn delta(before: &[Sample], after: &[Sample], name: &str) -> Option<f64> {
 
 /// One engine's counters between two scrapes of its `/metrics`. Missing metrics count as 0
 /// deltas (a simulator that never saw a request may not export them yet).
-pub fn engine_delta(worker: &str, endpoint: Option<&str>, before: &[Sample], after: &[Sample]) -> EngineCounters {
+pub fn engine_delta(
+    worker: &str,
+    endpoint: Option<&str>,
+    before: &[Sample],
+    after: &[Sample],
+) -> EngineCounters {
     EngineCounters {
         worker: worker.to_string(),
         endpoint: endpoint.map(String::from),
@@ -140,7 +149,11 @@ pub fn engine_delta(worker: &str, endpoint: Option<&str>, before: &[Sample], aft
 
 /// The router's counters between two scrapes of Envoy's `/stats/prometheus`; `None` when the
 /// gateway exports no kvmesh metrics (a plain Envoy policy).
-pub fn router_delta(before: &[Sample], after: &[Sample], hit_rate_scale: f64) -> Option<RouterCounters> {
+pub fn router_delta(
+    before: &[Sample],
+    after: &[Sample],
+    hit_rate_scale: f64,
+) -> Option<RouterCounters> {
     let overlap = delta(before, after, ROUTER_OVERLAP_BLOCKS);
     let isl = delta(before, after, ROUTER_ISL_BLOCKS);
     if overlap.is_none() && isl.is_none() {
@@ -167,8 +180,16 @@ mod tests {
         let before = parse("vllm:prefix_cache_hits_total{engine=\"0\"} 100\nvllm:prefix_cache_queries_total{engine=\"0\"} 400\n").unwrap();
         let after = parse("vllm:prefix_cache_hits_total{engine=\"0\"} 300\nvllm:prefix_cache_hits_total{engine=\"1\"} 50\nvllm:prefix_cache_queries_total{engine=\"0\"} 900\n").unwrap();
         let e = engine_delta("w0", Some("127.0.0.1:1"), &before, &after);
-        assert_eq!((e.prefix_cache_hits, e.prefix_cache_queries, e.preemptions), (250.0, 500.0, 0.0));
-        let pre = engine_delta("w0", None, &parse("vllm:num_preemptions_total 2").unwrap(), &parse("vllm:num_preemptions_total 5").unwrap());
+        assert_eq!(
+            (e.prefix_cache_hits, e.prefix_cache_queries, e.preemptions),
+            (250.0, 500.0, 0.0)
+        );
+        let pre = engine_delta(
+            "w0",
+            None,
+            &parse("vllm:num_preemptions_total 2").unwrap(),
+            &parse("vllm:num_preemptions_total 5").unwrap(),
+        );
         assert_eq!(pre.preemptions, 3.0);
         let empty = engine_delta("w1", None, &[], &[]);
         assert_eq!((empty.prefix_cache_hits, empty.prefix_cache_queries), (0.0, 0.0));
@@ -176,7 +197,9 @@ mod tests {
 
     #[test]
     fn router_delta_accepts_envoy_prefix_and_absence() {
-        let before = parse("envoy_router_kv_overlap_blocks_total 10\nenvoy_router_kv_isl_blocks_total 20\n").unwrap();
+        let before =
+            parse("envoy_router_kv_overlap_blocks_total 10\nenvoy_router_kv_isl_blocks_total 20\n")
+                .unwrap();
         let after = parse(
             "envoy_router_kv_overlap_blocks_total 40\nenvoy_router_kv_isl_blocks_total 80\n\
              router_kv_hit_rate_sum 150\nrouter_kv_hit_rate_count 3\n",
@@ -194,7 +217,13 @@ mod tests {
 
     #[test]
     fn rates_table() {
-        let eng = |h: f64, q: f64| EngineCounters { worker: "w".into(), endpoint: None, prefix_cache_hits: h, prefix_cache_queries: q, ..Default::default() };
+        let eng = |h: f64, q: f64| EngineCounters {
+            worker: "w".into(),
+            endpoint: None,
+            prefix_cache_hits: h,
+            prefix_cache_queries: q,
+            ..Default::default()
+        };
         let cases = [
             (vec![], None),
             (vec![eng(0.0, 0.0)], None),
@@ -208,7 +237,11 @@ mod tests {
 
     #[test]
     fn load_is_prompt_tokens_per_engine_max_over_mean() {
-        let eng = |w: &str, q: f64| EngineCounters { worker: w.into(), prefix_cache_queries: q, ..Default::default() };
+        let eng = |w: &str, q: f64| EngineCounters {
+            worker: w.into(),
+            prefix_cache_queries: q,
+            ..Default::default()
+        };
         let c = |engines| PolicyCounters { engines, router: None };
         assert_eq!(c(vec![eng("w0", 300.0), eng("w1", 100.0)]).load_max_over_mean(), Some(1.5));
         assert_eq!(c(vec![eng("w0", 0.0), eng("w1", 0.0)]).load_max_over_mean(), None);

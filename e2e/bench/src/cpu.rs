@@ -22,21 +22,15 @@ pub struct CpuTimes {
 /// Parses the aggregate `cpu` line of `/proc/stat`.
 pub fn parse_proc_stat(text: &str) -> Option<CpuTimes> {
     let line = text.lines().find(|l| l.starts_with("cpu "))?;
-    let v: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .map(|x| x.parse().ok())
-        .collect::<Option<Vec<_>>>()?;
+    let v: Vec<u64> =
+        line.split_whitespace().skip(1).map(|x| x.parse().ok()).collect::<Option<Vec<_>>>()?;
     if v.len() < 4 {
         return None;
     }
     // user nice system idle iowait irq softirq steal (guest is already inside user).
     let total: u64 = v.iter().take(8).sum();
     let idle = v[3] + v.get(4).copied().unwrap_or(0);
-    Some(CpuTimes {
-        busy: total.saturating_sub(idle),
-        total,
-    })
+    Some(CpuTimes { busy: total.saturating_sub(idle), total })
 }
 
 /// Busy fraction between two readings (`None` when no time passed).
@@ -86,11 +80,7 @@ impl Sampler {
             (Some(a), Some(b)) => busy_between(a, b),
             _ => None,
         };
-        let max = self
-            .samples
-            .lock()
-            .ok()
-            .and_then(|v| v.iter().copied().reduce(f64::max));
+        let max = self.samples.lock().ok().and_then(|v| v.iter().copied().reduce(f64::max));
         (mean, max)
     }
 }

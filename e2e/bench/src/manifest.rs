@@ -185,7 +185,8 @@ impl RunManifest {
     pub fn load(path: &Path) -> Result<Self, ManifestError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ManifestError::Io { path: path.to_path_buf(), source })?;
-        serde_json::from_str(&text).map_err(|source| ManifestError::Json { path: path.to_path_buf(), source })
+        serde_json::from_str(&text)
+            .map_err(|source| ManifestError::Json { path: path.to_path_buf(), source })
     }
 }
 
@@ -204,8 +205,10 @@ mod tests {
 
     #[test]
     fn minimal_manifest_parses_with_defaults() {
-        let m: RunManifest =
-            serde_json::from_str(r#"{"policies":[{"name":"round_robin","results":"rr/results.jsonl"}]}"#).unwrap();
+        let m: RunManifest = serde_json::from_str(
+            r#"{"policies":[{"name":"round_robin","results":"rr/results.jsonl"}]}"#,
+        )
+        .unwrap();
         assert_eq!(m.policies.len(), 1);
         assert_eq!(m.policies[0].counters, None);
         assert!(m.workers.is_empty() && m.commands.is_empty() && m.overhead.is_empty());
@@ -223,8 +226,18 @@ mod tests {
         let m = RunManifest {
             title: Some("t".into()),
             speedup: Some(4.0),
-            ceiling: Some(Ceiling { requests: 1, blocks_total: 2, blocks_reused: 1, tokens_total: 3, tokens_reused: 1 }),
-            policies: vec![PolicyEntry { name: "p".into(), results: "p.jsonl".into(), ..Default::default() }],
+            ceiling: Some(Ceiling {
+                requests: 1,
+                blocks_total: 2,
+                blocks_reused: 1,
+                tokens_total: 3,
+                tokens_reused: 1,
+            }),
+            policies: vec![PolicyEntry {
+                name: "p".into(),
+                results: "p.jsonl".into(),
+                ..Default::default()
+            }],
             ..Default::default()
         };
         let back: RunManifest = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();

@@ -59,10 +59,7 @@ pub fn parse(text: &str) -> Figures {
 }
 
 fn get<'a>(f: &'a Figures, figure: &str, name: &str) -> Option<&'a Value> {
-    f.lines
-        .iter()
-        .rev()
-        .find(|v| v["figure"] == figure && v["name"] == name)
+    f.lines.iter().rev().find(|v| v["figure"] == figure && v["name"] == name)
 }
 
 fn num(v: &Value, key: &str) -> Option<f64> {
@@ -74,11 +71,7 @@ fn verdict(measured: Option<f64>, bound: f64, at_least: bool) -> String {
     match measured {
         Some(m) if bound > 0.0 => {
             let ok = if at_least { m >= bound } else { m <= bound };
-            format!(
-                "**{}** ({:.2}× the bound)",
-                if ok { "met" } else { "missed" },
-                m / bound
-            )
+            format!("**{}** ({:.2}× the bound)", if ok { "met" } else { "missed" }, m / bound)
         }
         _ => "not measured".into(),
     }
@@ -98,9 +91,7 @@ fn concurrency_note(
     alone: Option<&Value>,
 ) -> Option<String> {
     let w99 = num(warm?, "p99_ms")?;
-    let mut parts = vec![format!(
-        "Under 64 concurrent callers warm routes' p99 is {w99:.3} ms"
-    )];
+    let mut parts = vec![format!("Under 64 concurrent callers warm routes' p99 is {w99:.3} ms")];
     if let Some(a99) = alone.and_then(|v| num(v, "p99_ms")).filter(|x| *x > 0.0) {
         parts.push(format!(
             "{:.2}× the same 48 warm callers' without the cold ones (p99 {a99:.3} ms: what the cold routes drag up)",
@@ -114,10 +105,7 @@ fn concurrency_note(
         ));
     }
     if let Some(c50) = cold.and_then(|v| num(v, "p50_ms")).filter(|x| *x > 0.0) {
-        parts.push(format!(
-            "{:.2}× the cold routes' p50 ({c50:.3} ms) beside them",
-            w99 / c50
-        ));
+        parts.push(format!("{:.2}× the cold routes' p50 ({c50:.3} ms) beside them", w99 / c50));
     }
     Some(format!(
         "{}. Both callers share the machine's 2 cores, so some rise is contention, not queueing.",
@@ -170,17 +158,9 @@ pub fn section(f: &Figures, source: &str) -> ExtraSection {
         };
         used.push(v);
         let rate = num(v, "block_ops_per_s");
-        let fig = rate.map_or("n/a".into(), |r| {
-            format!("**{:.2} M block-ops/s**", r / 1e6)
-        });
+        let fig = rate.map_or("n/a".into(), |r| format!("**{:.2} M block-ops/s**", r / 1e6));
         if targeted {
-            row(
-                &mut s,
-                what,
-                fig,
-                "≥ 5 M/s",
-                verdict(rate, APPLY_TARGET, true),
-            );
+            row(&mut s, what, fig, "≥ 5 M/s", verdict(rate, APPLY_TARGET, true));
         } else {
             row(&mut s, what, fig, "", String::new());
         }
@@ -196,23 +176,14 @@ pub fn section(f: &Figures, source: &str) -> ExtraSection {
         );
         let what = format!("`find_matches` {}", scenario(name));
         if name == FIND_TARGET_CASE {
-            row(
-                &mut s,
-                &what,
-                fig,
-                "p99 ≤ 10 µs",
-                verdict(p99, FIND_P99_TARGET_US, false),
-            );
+            row(&mut s, &what, fig, "p99 ≤ 10 µs", verdict(p99, FIND_P99_TARGET_US, false));
         } else {
             row(&mut s, &what, fig, "", String::new());
         }
     }
     for v in f.lines.iter().filter(|v| v["figure"] == "memory") {
         used.push(v);
-        let fig = match (
-            num(v, "bytes_per_entry"),
-            num(v, "estimated_bytes_per_entry"),
-        ) {
+        let fig = match (num(v, "bytes_per_entry"), num(v, "estimated_bytes_per_entry")) {
             (Some(a), Some(e)) => {
                 format!("**{a:.0} B** per (block, worker) entry ({e:.0} B estimated)")
             }
@@ -241,31 +212,15 @@ pub fn section(f: &Figures, source: &str) -> ExtraSection {
             "`/v1/route`, the same size cold (nothing cached)",
             Some(("p50 ≤ 3 ms", COLD_ROUTE_P50_TARGET_MS)),
         ),
-        (
-            "plain_tokenizers",
-            "plain `tokenizers` encode of the same cold text, same run",
-            None,
-        ),
-        (
-            "cold_chat_32k",
-            "`/v1/route`, cold chat",
-            Some(("p50 ≤ 3 ms", COLD_ROUTE_P50_TARGET_MS)),
-        ),
+        ("plain_tokenizers", "plain `tokenizers` encode of the same cold text, same run", None),
+        ("cold_chat_32k", "`/v1/route`, cold chat", Some(("p50 ≤ 3 ms", COLD_ROUTE_P50_TARGET_MS))),
         (
             "cold_chat_128k",
             "`/v1/route`, cold chat",
             Some(("p50 ≤ 3 ms", COLD_ROUTE_P50_TARGET_MS)),
         ),
-        (
-            "cold_document_32k",
-            "`/v1/route`, cold one-message document",
-            None,
-        ),
-        (
-            "cold_document_128k",
-            "`/v1/route`, cold one-message document",
-            None,
-        ),
+        ("cold_document_32k", "`/v1/route`, cold one-message document", None),
+        ("cold_document_128k", "`/v1/route`, cold one-message document", None),
     ];
     for (name, what, target) in route {
         let Some(v) = get(f, "route", name) else {
@@ -274,23 +229,17 @@ pub fn section(f: &Figures, source: &str) -> ExtraSection {
         used.push(v);
         let p50 = num(v, "p50_ms");
         let tokens = num(v, "tokens").map_or(String::new(), |t| format!(" (~{t:.0} tokens)"));
-        let fig = format!(
-            "p50 **{}** ms, p99 {} ms",
-            fmt3(p50),
-            fmt3(num(v, "p99_ms"))
-        );
-        let (label, verdict) = target.map_or(("", String::new()), |(label, bound)| {
-            (label, verdict(p50, bound, false))
-        });
+        let fig = format!("p50 **{}** ms, p99 {} ms", fmt3(p50), fmt3(num(v, "p99_ms")));
+        let (label, verdict) = target
+            .map_or(("", String::new()), |(label, bound)| (label, verdict(p50, bound, false)));
         row(&mut s, &format!("{what}{tokens}"), fig, label, verdict);
     }
     let solo = get(f, "route", "shared_prefix_48k");
     if let Some(v) = solo {
         used.push(v);
         let tokens = num(v, "tokens").map_or(String::new(), |t| format!(" (~{t:.0} tokens held)"));
-        let rate = num(v, "routes_per_s").map_or(String::new(), |r| {
-            format!(", {r:.0} routes/s from one caller")
-        });
+        let rate = num(v, "routes_per_s")
+            .map_or(String::new(), |r| format!(", {r:.0} routes/s from one caller"));
         let fig = format!(
             "p50 **{}** ms, p99 {} ms{rate}",
             fmt3(num(v, "p50_ms")),
@@ -326,17 +275,20 @@ pub fn section(f: &Figures, source: &str) -> ExtraSection {
     let alone = get(f, "route", "concurrent_48_warm_alone");
     if let Some(v) = alone {
         used.push(v);
-        let fig = format!("p50 **{}** ms, p99 **{}** ms", fmt3(num(v, "p50_ms")), fmt3(num(v, "p99_ms")));
-        row(&mut s, "`/v1/route` under the same 48 warm callers alone (no cold ones)", fig, "", String::new());
+        let fig =
+            format!("p50 **{}** ms, p99 **{}** ms", fmt3(num(v, "p50_ms")), fmt3(num(v, "p99_ms")));
+        row(
+            &mut s,
+            "`/v1/route` under the same 48 warm callers alone (no cold ones)",
+            fig,
+            "",
+            String::new(),
+        );
     }
     if let Some(line) = concurrency_note(warm, cold, solo, alone) {
         let _ = writeln!(s, "\n{line}\n");
     }
-    for v in f
-        .lines
-        .iter()
-        .filter(|v| !used.iter().any(|u| std::ptr::eq(*u, *v)))
-    {
+    for v in f.lines.iter().filter(|v| !used.iter().any(|u| std::ptr::eq(*u, *v))) {
         let what = format!(
             "{} {} {}",
             v["bench"].as_str().unwrap_or("?"),
@@ -356,16 +308,9 @@ pub fn section(f: &Figures, source: &str) -> ExtraSection {
          reported, never asserted; on a shared 2-core machine figures vary by ±30% run to run."
     );
     if !f.bad_lines.is_empty() {
-        let _ = writeln!(
-            s,
-            "\nLines that were not figures (ignored): {:?}.",
-            f.bad_lines
-        );
+        let _ = writeln!(s, "\nLines that were not figures (ignored): {:?}.", f.bad_lines);
     }
-    ExtraSection {
-        title: TITLE.into(),
-        markdown: s,
-    }
+    ExtraSection { title: TITLE.into(), markdown: s }
 }
 
 #[cfg(test)]
@@ -420,10 +365,7 @@ not json
         ] {
             assert!(md.contains(want), "missing {want:?} in\n{md}");
         }
-        assert!(
-            !md.contains("concurrent_64_warm"),
-            "known figures are not listed raw: {md}"
-        );
+        assert!(!md.contains("concurrent_64_warm"), "known figures are not listed raw: {md}");
     }
 
     #[test]

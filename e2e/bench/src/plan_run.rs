@@ -74,7 +74,8 @@ pub async fn run_plan(
             let mut due = t0_tokio + Duration::from_secs_f64(s.start_ms.max(0.0) / 1000.0);
             for (t, turn) in s.turns.iter().enumerate() {
                 if t > 0 {
-                    due = tokio::time::Instant::now() + Duration::from_secs_f64(turn.think_ms.max(0.0) / 1000.0);
+                    due = tokio::time::Instant::now()
+                        + Duration::from_secs_f64(turn.think_ms.max(0.0) / 1000.0);
                 }
                 if due.duration_since(t0_tokio) > cfg.turn_deadline {
                     cut.fetch_add((s.turns.len() - t) as u64, Ordering::Relaxed);
@@ -90,8 +91,15 @@ pub async fn run_plan(
                 let body = s.body(t, &cfg.model).map(|b| serde_json::to_vec(&b));
                 let record = match body {
                     Some(Ok(bytes)) => {
-                        let o = send_streaming(&client, &url, bytes, &extra, cfg.request_timeout).await;
-                        to_record(index, scheduled_ms, sent_ms, u64::from(turn.max_tokens.max(1)), o)
+                        let o =
+                            send_streaming(&client, &url, bytes, &extra, cfg.request_timeout).await;
+                        to_record(
+                            index,
+                            scheduled_ms,
+                            sent_ms,
+                            u64::from(turn.max_tokens.max(1)),
+                            o,
+                        )
                     }
                     other => RequestRecord {
                         index,
@@ -130,8 +138,5 @@ pub async fn run_plan(
     for t in tasks {
         let _ = t.await;
     }
-    PlanRunStats {
-        wall: t0.elapsed(),
-        cut_turns: cut.load(Ordering::Relaxed),
-    }
+    PlanRunStats { wall: t0.elapsed(), cut_turns: cut.load(Ordering::Relaxed) }
 }

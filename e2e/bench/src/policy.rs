@@ -26,8 +26,8 @@
 //! (`approx_ttl_secs`) and a per-worker size bound (`approx_max_blocks_per_worker`).
 
 use crate::report::targets::{
-    POLICY_KVMESH_APPROXIMATE, POLICY_KVMESH_PRECISE, POLICY_KVMESH_PRECISE_LOCAL_SHORT, POLICY_KVMESH_PRECISE_SESSION, POLICY_LEAST_REQUEST,
-    POLICY_RING_HASH, POLICY_ROUND_ROBIN,
+    POLICY_KVMESH_APPROXIMATE, POLICY_KVMESH_PRECISE, POLICY_KVMESH_PRECISE_LOCAL_SHORT,
+    POLICY_KVMESH_PRECISE_SESSION, POLICY_LEAST_REQUEST, POLICY_RING_HASH, POLICY_ROUND_ROBIN,
 };
 
 /// One routing policy under test.
@@ -103,7 +103,13 @@ impl Policy {
 
     /// True for the kvmesh policies (filter + indexer in the path).
     pub fn is_kvmesh(self) -> bool {
-        matches!(self, Self::KvmeshApproximate | Self::KvmeshPrecise | Self::KvmeshPreciseSession | Self::KvmeshPreciseLocalShort)
+        matches!(
+            self,
+            Self::KvmeshApproximate
+                | Self::KvmeshPrecise
+                | Self::KvmeshPreciseSession
+                | Self::KvmeshPreciseLocalShort
+        )
     }
 
     /// Whether the sweep sends this policy the workload's session header.
@@ -120,7 +126,9 @@ impl Policy {
     pub fn routing_toml(self) -> &'static str {
         match self {
             Self::KvmeshApproximate => "mode = \"approximate\"",
-            Self::KvmeshPrecise | Self::KvmeshPreciseSession | Self::KvmeshPreciseLocalShort => "mode = \"precise\"",
+            Self::KvmeshPrecise | Self::KvmeshPreciseSession | Self::KvmeshPreciseLocalShort => {
+                "mode = \"precise\""
+            }
             _ => "",
         }
     }
@@ -225,18 +233,31 @@ mod tests {
         let without: Vec<Policy> = Policy::ALL.into_iter().filter(|p| !p.kv_events()).collect();
         assert_eq!(without, vec![Policy::KvmeshApproximate]);
         assert_eq!(Policy::ALL.into_iter().filter(|p| p.is_kvmesh()).count(), 4);
-        let with_header: Vec<Policy> = Policy::ALL.into_iter().filter(|p| p.uses_session_header()).collect();
+        let with_header: Vec<Policy> =
+            Policy::ALL.into_iter().filter(|p| p.uses_session_header()).collect();
         assert_eq!(with_header, vec![Policy::RingHash, Policy::KvmeshPreciseSession]);
         assert!(Policy::RoundRobin.routing_toml().is_empty());
     }
 
     #[test]
     fn only_local_short_routes_bodies_alone() {
-        let local: Vec<Policy> = Policy::ALL.into_iter().filter(|p| p.filter_config().get("local_route_max_body_bytes").is_some()).collect();
+        let local: Vec<Policy> = Policy::ALL
+            .into_iter()
+            .filter(|p| p.filter_config().get("local_route_max_body_bytes").is_some())
+            .collect();
         assert_eq!(local, vec![Policy::KvmeshPreciseLocalShort]);
-        assert_eq!(Policy::KvmeshPreciseLocalShort.filter_config()["local_route_max_body_bytes"], LOCAL_ROUTE_SHORT_BODY_BYTES);
-        assert_eq!(Policy::KvmeshPreciseLocalShort.routing_toml(), Policy::KvmeshPrecise.routing_toml());
-        assert!(Policy::ALL.into_iter().filter(|p| p.is_kvmesh()).all(|p| p.filter_config()["debug_headers"] == true));
+        assert_eq!(
+            Policy::KvmeshPreciseLocalShort.filter_config()["local_route_max_body_bytes"],
+            LOCAL_ROUTE_SHORT_BODY_BYTES
+        );
+        assert_eq!(
+            Policy::KvmeshPreciseLocalShort.routing_toml(),
+            Policy::KvmeshPrecise.routing_toml()
+        );
+        assert!(Policy::ALL
+            .into_iter()
+            .filter(|p| p.is_kvmesh())
+            .all(|p| p.filter_config()["debug_headers"] == true));
     }
 
     #[test]
@@ -251,7 +272,13 @@ mod tests {
 
     #[test]
     fn shell_quote_table() {
-        for (arg, want) in [("--first", "--first"), ("a b", "'a b'"), ("it's", "'it'\\''s'"), ("", "''"), ("x=1,y", "x=1,y")] {
+        for (arg, want) in [
+            ("--first", "--first"),
+            ("a b", "'a b'"),
+            ("it's", "'it'\\''s'"),
+            ("", "''"),
+            ("x=1,y", "x=1,y"),
+        ] {
             assert_eq!(shell_quote(arg), want);
         }
     }

@@ -45,7 +45,12 @@ pub struct ReplayConfig {
 }
 
 /// The request body of one trace request.
-pub fn trace_body(req: &Indexed, model: &str, token_seed: u64, ignore_eos: bool) -> serde_json::Value {
+pub fn trace_body(
+    req: &Indexed,
+    model: &str,
+    token_seed: u64,
+    ignore_eos: bool,
+) -> serde_json::Value {
     let prompt = blocks::prompt(&req.record, token_seed);
     let mut body = json!({
         "model": model,
@@ -61,7 +66,13 @@ pub fn trace_body(req: &Indexed, model: &str, token_seed: u64, ignore_eos: bool)
 }
 
 /// Turns an outcome into a record (shared with the chat driver).
-pub fn to_record(index: u64, scheduled_ms: f64, sent_ms: f64, max_tokens: u64, o: Outcome) -> RequestRecord {
+pub fn to_record(
+    index: u64,
+    scheduled_ms: f64,
+    sent_ms: f64,
+    max_tokens: u64,
+    o: Outcome,
+) -> RequestRecord {
     let usage = o.usage.unwrap_or_default();
     RequestRecord {
         index,
@@ -121,8 +132,15 @@ pub async fn run_trace(
             let extra: Vec<(String, String)> = session.iter().cloned().collect();
             let record = match serde_json::to_vec(&body) {
                 Ok(bytes) => {
-                    let outcome = send_streaming(&client, &url, bytes, &extra, cfg.request_timeout).await;
-                    to_record(req.index as u64, offset, sent_ms, u64::from(req.record.output_length.max(1)), outcome)
+                    let outcome =
+                        send_streaming(&client, &url, bytes, &extra, cfg.request_timeout).await;
+                    to_record(
+                        req.index as u64,
+                        offset,
+                        sent_ms,
+                        u64::from(req.record.output_length.max(1)),
+                        outcome,
+                    )
                 }
                 Err(e) => RequestRecord {
                     index: req.index as u64,
@@ -156,7 +174,12 @@ mod tests {
     fn trace_body_carries_tokens_and_streaming_options() {
         let req = Indexed {
             index: 4,
-            record: TraceRecord { timestamp: 0.0, input_length: 600, output_length: 0, hash_ids: vec![0, 1] },
+            record: TraceRecord {
+                timestamp: 0.0,
+                input_length: 600,
+                output_length: 0,
+                hash_ids: vec![0, 1],
+            },
         };
         let b = trace_body(&req, "m", 0, true);
         assert_eq!(b["prompt"].as_array().unwrap().len(), 600);

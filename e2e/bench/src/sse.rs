@@ -135,7 +135,9 @@ pub fn interpret(data: &str) -> Chunk {
     }
     let v: Value = match serde_json::from_str(data) {
         Ok(v) => v,
-        Err(e) => return Chunk { error: Some(format!("malformed SSE data: {e}")), ..Default::default() },
+        Err(e) => {
+            return Chunk { error: Some(format!("malformed SSE data: {e}")), ..Default::default() }
+        }
     };
     let mut chunk = Chunk::default();
     if let Some(err) = v.get("error") {
@@ -157,7 +159,9 @@ pub fn interpret(data: &str) -> Chunk {
         chunk.usage = Some(Usage {
             prompt_tokens: u.get("prompt_tokens").and_then(Value::as_u64),
             completion_tokens: u.get("completion_tokens").and_then(Value::as_u64),
-            cached_tokens: u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64),
+            cached_tokens: u
+                .pointer("/prompt_tokens_details/cached_tokens")
+                .and_then(Value::as_u64),
         });
     }
     chunk
@@ -200,26 +204,43 @@ mod tests {
     fn interpret_table() {
         let cases: &[(&str, Chunk)] = &[
             ("[DONE]", Chunk { done: true, ..Default::default() }),
-            (r#"{"choices":[{"index":0,"text":"hi"}]}"#, Chunk { text: "hi".into(), ..Default::default() }),
+            (
+                r#"{"choices":[{"index":0,"text":"hi"}]}"#,
+                Chunk { text: "hi".into(), ..Default::default() },
+            ),
             (r#"{"choices":[{"index":0,"text":""}]}"#, Chunk::default()),
             (r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#, Chunk::default()),
             (r#"{"choices":[{"delta":{"role":"assistant"}}]}"#, Chunk::default()),
-            (r#"{"choices":[{"delta":{"content":"Hel"}}]}"#, Chunk { text: "Hel".into(), ..Default::default() }),
+            (
+                r#"{"choices":[{"delta":{"content":"Hel"}}]}"#,
+                Chunk { text: "Hel".into(), ..Default::default() },
+            ),
             (
                 r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":8}}}"#,
                 Chunk {
-                    usage: Some(Usage { prompt_tokens: Some(10), completion_tokens: Some(3), cached_tokens: Some(8) }),
+                    usage: Some(Usage {
+                        prompt_tokens: Some(10),
+                        completion_tokens: Some(3),
+                        cached_tokens: Some(8),
+                    }),
                     ..Default::default()
                 },
             ),
             (
                 r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":3,"prompt_tokens_details":null}}"#,
                 Chunk {
-                    usage: Some(Usage { prompt_tokens: Some(10), completion_tokens: Some(3), cached_tokens: None }),
+                    usage: Some(Usage {
+                        prompt_tokens: Some(10),
+                        completion_tokens: Some(3),
+                        cached_tokens: None,
+                    }),
                     ..Default::default()
                 },
             ),
-            (r#"{"choices":[{"text":"x"}],"usage":null}"#, Chunk { text: "x".into(), ..Default::default() }),
+            (
+                r#"{"choices":[{"text":"x"}],"usage":null}"#,
+                Chunk { text: "x".into(), ..Default::default() },
+            ),
             (
                 r#"{"error":{"message":"overloaded","type":"x","code":503}}"#,
                 Chunk { error: Some("overloaded".into()), ..Default::default() },

@@ -89,7 +89,15 @@ mod tests {
     #[test]
     fn percentile_table() {
         let v: Vec<f64> = (1..=10).map(f64::from).collect();
-        let cases = [(0.0, 1.0), (10.0, 1.0), (50.0, 5.0), (90.0, 9.0), (99.0, 10.0), (100.0, 10.0), (55.0, 6.0)];
+        let cases = [
+            (0.0, 1.0),
+            (10.0, 1.0),
+            (50.0, 5.0),
+            (90.0, 9.0),
+            (99.0, 10.0),
+            (100.0, 10.0),
+            (55.0, 6.0),
+        ];
         for (p, want) in cases {
             assert_eq!(percentile(&v, p), Some(want), "p{p}");
         }

@@ -40,7 +40,8 @@ use crate::counters::PolicyCounters;
 use crate::record::RequestRecord;
 use crate::stats::{balance, percentile};
 use crate::workload::{
-    ceiling_with_history, fleet_lru, per_prompt_ceiling, planned_prompts, sent_prompts, Content, Plan, Segments, SentPrompt, WorkloadKind,
+    ceiling_with_history, fleet_lru, per_prompt_ceiling, planned_prompts, sent_prompts, Content,
+    Plan, Segments, SentPrompt, WorkloadKind,
 };
 use serde::{Deserialize, Serialize};
 
@@ -96,11 +97,7 @@ impl FleetTiming {
         let chunk = (SIM_DEFAULT_BATCHED_TOKENS as f64 * prefill_tokens_per_s
             / SIM_DEFAULT_PREFILL_TPS)
             .round();
-        Self {
-            sim_speedup,
-            prefill_tokens_per_s,
-            max_num_batched_tokens: (chunk as usize).max(16),
-        }
+        Self { sim_speedup, prefill_tokens_per_s, max_num_batched_tokens: (chunk as usize).max(16) }
     }
 
     /// One worker's prefill throughput in wall-clock time: modelled tokens/s × speed-up.
@@ -311,18 +308,32 @@ pub fn point_fleet_lru(
 /// holding everything the ceiling counts as reused (`workload::per_prompt_ceiling`), prefilled
 /// alone at `t.prefill_tokens_per_s` and divided by the speed-up — no queue, no other request's
 /// prefill, so no router can give the point's p90 less. `None` for chat plans and an empty point.
-pub fn point_ttft_floor_p90_ms(plan: &Plan, records: &[RequestRecord], w: &MeasureWindow, block_size: usize, t: &FleetTiming) -> Option<f64> {
+pub fn point_ttft_floor_p90_ms(
+    plan: &Plan,
+    records: &[RequestRecord],
+    w: &MeasureWindow,
+    block_size: usize,
+    t: &FleetTiming,
+) -> Option<f64> {
     let prompts = token_prompts(plan, records, w, block_size)?;
     let ms: Vec<f64> = per_prompt_ceiling(prompts.iter().map(|(p, counted)| (p, *counted)))
         .iter()
-        .map(|c| (c.tokens_total - c.tokens_reused) as f64 / t.prefill_tokens_per_s * 1000.0 / t.sim_speedup)
+        .map(|c| {
+            (c.tokens_total - c.tokens_reused) as f64 / t.prefill_tokens_per_s * 1000.0
+                / t.sim_speedup
+        })
         .collect();
     percentile(&ms, 90.0)
 }
 
 /// The prompts [`point_ceiling`] counts, as `(segments, counted)` in send order (planned order for
 /// a plain point): `None` unless every session is token content (chat segments weigh bytes).
-fn token_prompts(plan: &Plan, records: &[RequestRecord], w: &MeasureWindow, block_size: usize) -> Option<Vec<(Segments, bool)>> {
+fn token_prompts(
+    plan: &Plan,
+    records: &[RequestRecord],
+    w: &MeasureWindow,
+    block_size: usize,
+) -> Option<Vec<(Segments, bool)>> {
     if !plan.sessions.iter().all(|s| matches!(s.content, Content::Tokens(_))) {
         return None;
     }
@@ -405,11 +416,7 @@ pub fn window_for(
         (true, None) if real_engines => 0.0,
         (true, None) => default_warmup_s(kind, t, seed),
     };
-    MeasureWindow {
-        warmup_s,
-        window_s,
-        steady,
-    }
+    MeasureWindow { warmup_s, window_s, steady }
 }
 
 /// How a sweep chooses its rates.
@@ -438,11 +445,7 @@ impl SweepConfig {
         if self.max_steps < 2 {
             return Err("--sweep-max-steps must be >= 2 (light load and one more)".into());
         }
-        if !self
-            .fractions
-            .iter()
-            .any(|f| (f - LOAD_POINT_FRACTION).abs() < 1e-9)
-        {
+        if !self.fractions.iter().any(|f| (f - LOAD_POINT_FRACTION).abs() < 1e-9) {
             return Err(format!(
                 "--sweep-fractions must contain the load point {LOAD_POINT_FRACTION}"
             ));
@@ -511,11 +514,7 @@ pub fn saturation_rate(points: &[RatePoint]) -> Option<Saturation> {
     let valid: Vec<RatePoint> = points.iter().copied().filter(|p| p.valid).collect();
     if valid.len() >= 2 {
         if let Some((rate, light)) = crossing(&valid) {
-            return Some(Saturation {
-                rate,
-                light_p90_ms: light,
-                from_invalid_points: false,
-            });
+            return Some(Saturation { rate, light_p90_ms: light, from_invalid_points: false });
         }
         if valid.len() == points.len() {
             return None;
@@ -550,11 +549,7 @@ pub fn next_ladder_rate(cfg: &SweepConfig, points: &[RatePoint]) -> LadderStep {
         return LadderStep::GaveUp;
     }
     let last = points.iter().map(|p| p.rate).fold(0.0, f64::max);
-    LadderStep::Measure(if points.is_empty() {
-        cfg.start_rate
-    } else {
-        last * cfg.factor
-    })
+    LadderStep::Measure(if points.is_empty() { cfg.start_rate } else { last * cfg.factor })
 }
 
 /// The rates every policy is measured at: the fractions of the saturation rate, ascending.
@@ -567,13 +562,18 @@ pub fn policy_rates(cfg: &SweepConfig, sat: &Saturation) -> Vec<f64> {
 
 /// Why a point is invalid (empty: valid).
 pub fn invalid_reasons(cpu_busy_mean: Option<f64>, lateness_p90_ms: Option<f64>) -> Vec<String> {
-    [cpu_invalid_reason(cpu_busy_mean), lateness_invalid_reason(lateness_p90_ms)].into_iter().flatten().collect()
+    [cpu_invalid_reason(cpu_busy_mean), lateness_invalid_reason(lateness_p90_ms)]
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// The machine-CPU rule of [`invalid_reasons`] (simulators: the whole machine's busy share).
 pub fn cpu_invalid_reason(cpu_busy_mean: Option<f64>) -> Option<String> {
     match cpu_busy_mean {
-        Some(c) if c > MAX_CPU_BUSY => Some(format!("CPU {:.0}% > {:.0}%", c * 100.0, MAX_CPU_BUSY * 100.0)),
+        Some(c) if c > MAX_CPU_BUSY => {
+            Some(format!("CPU {:.0}% > {:.0}%", c * 100.0, MAX_CPU_BUSY * 100.0))
+        }
         None => Some("CPU not sampled".into()),
         _ => None,
     }
@@ -581,7 +581,9 @@ pub fn cpu_invalid_reason(cpu_busy_mean: Option<f64>) -> Option<String> {
 
 fn lateness_invalid_reason(lateness_p90_ms: Option<f64>) -> Option<String> {
     match lateness_p90_ms {
-        Some(l) if l > MAX_LATENESS_P90_MS => Some(format!("lateness p90 {l:.1} ms > {MAX_LATENESS_P90_MS} ms")),
+        Some(l) if l > MAX_LATENESS_P90_MS => {
+            Some(format!("lateness p90 {l:.1} ms > {MAX_LATENESS_P90_MS} ms"))
+        }
         None => Some("no request sent".into()),
         _ => None,
     }
@@ -597,20 +599,33 @@ pub fn invalid_reasons_real_engines(
     cores: usize,
     lateness_p90_ms: Option<f64>,
 ) -> Vec<String> {
-    [cpu_invalid_reason_real_engines(cpu_busy_mean, engine_cpu_s, wall_s, cores), lateness_invalid_reason(lateness_p90_ms)]
-        .into_iter()
-        .flatten()
-        .collect()
+    [
+        cpu_invalid_reason_real_engines(cpu_busy_mean, engine_cpu_s, wall_s, cores),
+        lateness_invalid_reason(lateness_p90_ms),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 /// The machine-CPU rule of [`invalid_reasons_real_engines`]: the busy share outside the engines.
-pub fn cpu_invalid_reason_real_engines(cpu_busy_mean: Option<f64>, engine_cpu_s: Option<f64>, wall_s: f64, cores: usize) -> Option<String> {
+pub fn cpu_invalid_reason_real_engines(
+    cpu_busy_mean: Option<f64>,
+    engine_cpu_s: Option<f64>,
+    wall_s: f64,
+    cores: usize,
+) -> Option<String> {
     let machine_s = wall_s * cores as f64;
     match (cpu_busy_mean, engine_cpu_s) {
         (Some(busy), Some(eng)) if machine_s > 0.0 => {
             let other = (busy - eng / machine_s).max(0.0);
-            (other > MAX_OTHER_CPU_BUSY)
-                .then(|| format!("CPU outside the engines {:.0}% > {:.0}%", other * 100.0, MAX_OTHER_CPU_BUSY * 100.0))
+            (other > MAX_OTHER_CPU_BUSY).then(|| {
+                format!(
+                    "CPU outside the engines {:.0}% > {:.0}%",
+                    other * 100.0,
+                    MAX_OTHER_CPU_BUSY * 100.0
+                )
+            })
         }
         (None, _) => Some("CPU not sampled".into()),
         _ => Some("engine CPU not measured".into()),
@@ -782,23 +797,11 @@ pub fn summarize_point(
             _ => None,
         })
         .collect();
-    let lateness: Vec<f64> = records
-        .iter()
-        .map(|r| (r.sent_ms - r.scheduled_ms).max(0.0))
-        .collect();
-    let start = records
-        .iter()
-        .map(|r| r.sent_ms)
-        .fold(f64::INFINITY, f64::min);
-    let end = records
-        .iter()
-        .map(|r| r.sent_ms + r.e2e_ms)
-        .fold(f64::NEG_INFINITY, f64::max);
-    let span_s = if end > start {
-        (end - start) / 1000.0
-    } else {
-        0.0
-    };
+    let lateness: Vec<f64> =
+        records.iter().map(|r| (r.sent_ms - r.scheduled_ms).max(0.0)).collect();
+    let start = records.iter().map(|r| r.sent_ms).fold(f64::INFINITY, f64::min);
+    let end = records.iter().map(|r| r.sent_ms + r.e2e_ms).fold(f64::NEG_INFINITY, f64::max);
+    let span_s = if end > start { (end - start) / 1000.0 } else { 0.0 };
     let out_tokens: u64 = ok.iter().filter_map(|r| r.output_tokens).sum();
     let (mut cached, mut prompt) = (0u64, 0u64);
     for r in ok.iter().filter(|r| r.cached_tokens.is_some()) {
@@ -807,9 +810,7 @@ pub fn summarize_point(
     }
     let load = balance(
         ok.iter().filter_map(|r| {
-            r.worker
-                .as_deref()
-                .map(|w| (w, r.prompt_tokens.or(r.input_tokens).unwrap_or(0) as f64))
+            r.worker.as_deref().map(|w| (w, r.prompt_tokens.or(r.input_tokens).unwrap_or(0) as f64))
         }),
         fleet,
     );
@@ -828,11 +829,7 @@ pub fn summarize_point(
         ttft_p99_ms: percentile(&ttft, 99.0),
         itl_p50_ms: percentile(&itl, 50.0),
         itl_p90_ms: percentile(&itl, 90.0),
-        output_tokens_per_s: if span_s > 0.0 {
-            out_tokens as f64 / span_s
-        } else {
-            0.0
-        },
+        output_tokens_per_s: if span_s > 0.0 { out_tokens as f64 / span_s } else { 0.0 },
         engine_hit_rate: counters.and_then(PolicyCounters::engine_hit_rate),
         usage_hit_rate: (prompt > 0).then(|| cached as f64 / prompt as f64),
         preemptions: counters.map(PolicyCounters::preemptions),
@@ -858,11 +855,7 @@ mod tests {
     use crate::counters::EngineCounters;
 
     fn pt(rate: f64, p90: f64, valid: bool) -> RatePoint {
-        RatePoint {
-            rate,
-            p90_ms: Some(p90),
-            valid,
-        }
+        RatePoint { rate, p90_ms: Some(p90), valid }
     }
 
     fn cfg() -> SweepConfig {
@@ -880,49 +873,29 @@ mod tests {
         let cases: Vec<Case> = vec![
             (
                 "never crosses",
-                vec![
-                    pt(1.0, 100.0, true),
-                    pt(2.0, 150.0, true),
-                    pt(4.0, 290.0, true),
-                ],
+                vec![pt(1.0, 100.0, true), pt(2.0, 150.0, true), pt(4.0, 290.0, true)],
                 None,
             ),
             // Threshold 300: between 2 (150) and 4 (450) → 2 + 2 × 150/300 = 3.
             (
                 "interpolated",
-                vec![
-                    pt(1.0, 100.0, true),
-                    pt(2.0, 150.0, true),
-                    pt(4.0, 450.0, true),
-                ],
+                vec![pt(1.0, 100.0, true), pt(2.0, 150.0, true), pt(4.0, 450.0, true)],
                 Some((3.0, false)),
             ),
             (
                 "order does not matter",
-                vec![
-                    pt(4.0, 450.0, true),
-                    pt(1.0, 100.0, true),
-                    pt(2.0, 150.0, true),
-                ],
+                vec![pt(4.0, 450.0, true), pt(1.0, 100.0, true), pt(2.0, 150.0, true)],
                 Some((3.0, false)),
             ),
             (
                 "first crossing wins",
-                vec![
-                    pt(1.0, 100.0, true),
-                    pt(2.0, 400.0, true),
-                    pt(4.0, 200.0, true),
-                ],
+                vec![pt(1.0, 100.0, true), pt(2.0, 400.0, true), pt(4.0, 200.0, true)],
                 Some((1.0 + 200.0 / 300.0, false)),
             ),
             // The invalid point is skipped: 1 → 4 gives 1 + 3 × 200/350.
             (
                 "invalid points skipped",
-                vec![
-                    pt(1.0, 100.0, true),
-                    pt(2.0, 9999.0, false),
-                    pt(4.0, 450.0, true),
-                ],
+                vec![pt(1.0, 100.0, true), pt(2.0, 9999.0, false), pt(4.0, 450.0, true)],
                 Some((1.0 + 3.0 * 200.0 / 350.0, false)),
             ),
             (
@@ -944,11 +917,7 @@ mod tests {
         // Nothing succeeded at the second rate: saturated there.
         let s = saturation_rate(&[
             pt(1.0, 100.0, true),
-            RatePoint {
-                rate: 2.0,
-                p90_ms: None,
-                valid: true,
-            },
+            RatePoint { rate: 2.0, p90_ms: None, valid: true },
         ])
         .unwrap();
         assert_eq!(s.rate, 2.0);
@@ -959,21 +928,14 @@ mod tests {
     fn ladder_drives_until_saturated_or_bounded() {
         let c = cfg();
         assert_eq!(next_ladder_rate(&c, &[]), LadderStep::Measure(1.0));
-        assert_eq!(
-            next_ladder_rate(&c, &[pt(1.0, 100.0, true)]),
-            LadderStep::Measure(2.0)
-        );
+        assert_eq!(next_ladder_rate(&c, &[pt(1.0, 100.0, true)]), LadderStep::Measure(2.0));
         assert_eq!(
             next_ladder_rate(&c, &[pt(1.0, 100.0, true), pt(2.0, 120.0, true)]),
             LadderStep::Measure(4.0)
         );
         match next_ladder_rate(
             &c,
-            &[
-                pt(1.0, 100.0, true),
-                pt(2.0, 120.0, true),
-                pt(4.0, 600.0, true),
-            ],
+            &[pt(1.0, 100.0, true), pt(2.0, 120.0, true), pt(4.0, 600.0, true)],
         ) {
             LadderStep::Saturated(s) => {
                 assert!((s.rate - (2.0 + 2.0 * 180.0 / 480.0)).abs() < 1e-9)
@@ -1012,10 +974,7 @@ mod tests {
             let t = default_timing(kind);
             // One full chunk costs the simulator default's modelled time (0.41 s) at any prefill.
             let chunk_s = t.max_num_batched_tokens as f64 / t.prefill_tokens_per_s;
-            assert!(
-                (chunk_s - 8192.0 / 20_000.0).abs() < 0.002,
-                "{kind:?}: {chunk_s}"
-            );
+            assert!((chunk_s - 8192.0 / 20_000.0).abs() < 0.002, "{kind:?}: {chunk_s}");
             // Engine time dominates: round_robin is estimated to saturate at a rate whose
             // arrivals the client and the machine serve validly (measured at 20-s points:
             // agentic ≤ 19 sessions/s, paced ≤ 55 sessions/s valid; the others saturated).
@@ -1046,37 +1005,17 @@ mod tests {
         let p = default_timing(WorkloadKind::Paced);
         assert_eq!(p.sim_speedup, 8.0);
         assert_eq!(p.real_prefill_tps(), 8_000.0);
-        assert_eq!(
-            FleetTiming::new(1.0, 20_000.0).map(|t| t.max_num_batched_tokens),
-            Ok(8192)
-        );
-        assert_eq!(
-            FleetTiming::new(1.0, 5_000.0).map(|t| t.max_num_batched_tokens),
-            Ok(2048)
-        );
-        assert_eq!(
-            default_timing(WorkloadKind::Agentic).max_num_batched_tokens,
-            819
-        );
-        assert_eq!(
-            FleetTiming::new(1.0, 10.0).map(|t| t.max_num_batched_tokens),
-            Ok(16),
-            "floor"
-        );
-        for (s, p) in [
-            (0.0, 1.0),
-            (1.0, 0.0),
-            (f64::NAN, 1.0),
-            (1.0, f64::INFINITY),
-        ] {
+        assert_eq!(FleetTiming::new(1.0, 20_000.0).map(|t| t.max_num_batched_tokens), Ok(8192));
+        assert_eq!(FleetTiming::new(1.0, 5_000.0).map(|t| t.max_num_batched_tokens), Ok(2048));
+        assert_eq!(default_timing(WorkloadKind::Agentic).max_num_batched_tokens, 819);
+        assert_eq!(FleetTiming::new(1.0, 10.0).map(|t| t.max_num_batched_tokens), Ok(16), "floor");
+        for (s, p) in [(0.0, 1.0), (1.0, 0.0), (f64::NAN, 1.0), (1.0, f64::INFINITY)] {
             assert!(FleetTiming::new(s, p).is_err(), "{s} {p}");
         }
         assert!(
             p.describe().contains("÷ 8") && p.describe().contains("--max-num-batched-tokens 410")
         );
-        assert!(default_timing(WorkloadKind::Trace)
-            .describe()
-            .contains("wall-clock time"));
+        assert!(default_timing(WorkloadKind::Trace).describe().contains("wall-clock time"));
         // Overrides apply field by field; the chunk follows the prefill.
         assert_eq!(timing_for(WorkloadKind::Paced, None, None), Ok(p));
         let o = timing_for(WorkloadKind::Paced, Some(1.0), None).unwrap();
@@ -1098,10 +1037,8 @@ mod tests {
         assert!((25.0..=40.0).contains(&wa), "agentic warm-up {wa}");
         assert!((22.0..=36.0).contains(&wp), "paced warm-up {wp}");
         assert_eq!(wa.fract(), 0.0);
-        for (kind, t, w) in [
-            (WorkloadKind::Agentic, agentic, wa),
-            (WorkloadKind::Paced, paced, wp),
-        ] {
+        for (kind, t, w) in [(WorkloadKind::Agentic, agentic, wa), (WorkloadKind::Paced, paced, wp)]
+        {
             let g = crate::workload::gen::GenConfig {
                 seed: 0,
                 duration_s: 256.0,
@@ -1136,39 +1073,14 @@ mod tests {
         type Case = (WorkloadKind, Option<f64>, bool, (f64, f64, f64, bool));
         let cases: Vec<Case> = vec![
             (WorkloadKind::Trace, None, false, (0.0, 20.0, 30.0, false)),
-            (
-                WorkloadKind::Cold,
-                Some(50.0),
-                false,
-                (0.0, 20.0, 30.0, false),
-            ),
+            (WorkloadKind::Cold, Some(50.0), false, (0.0, 20.0, 30.0, false)),
             (WorkloadKind::Siblings, None, true, (0.0, 20.0, 30.0, false)),
-            (
-                WorkloadKind::Agentic,
-                None,
-                false,
-                (wa, wa + 20.0, wa + 20.0, true),
-            ),
-            (
-                WorkloadKind::Agentic,
-                Some(40.0),
-                false,
-                (40.0, 60.0, 60.0, true),
-            ),
-            (
-                WorkloadKind::Agentic,
-                Some(-1.0),
-                false,
-                (0.0, 20.0, 30.0, true),
-            ),
+            (WorkloadKind::Agentic, None, false, (wa, wa + 20.0, wa + 20.0, true)),
+            (WorkloadKind::Agentic, Some(40.0), false, (40.0, 60.0, 60.0, true)),
+            (WorkloadKind::Agentic, Some(-1.0), false, (0.0, 20.0, 30.0, true)),
             // Without a warm-up: the plain point (the ceiling still over the prompts sent).
             (WorkloadKind::Agentic, None, true, (0.0, 20.0, 30.0, true)),
-            (
-                WorkloadKind::Paced,
-                Some(60.0),
-                true,
-                (60.0, 80.0, 80.0, true),
-            ),
+            (WorkloadKind::Paced, Some(60.0), true, (60.0, 80.0, 80.0, true)),
         ];
         for (kind, over, real, (warm, arr, dl, steady)) in cases {
             let t = default_timing(kind);
@@ -1180,45 +1092,22 @@ mod tests {
             );
         }
         // Which records count: scheduled inside the window (steady), everything (otherwise).
-        let rec = |scheduled_ms: f64| RequestRecord {
-            scheduled_ms,
-            ..Default::default()
-        };
-        let recs: Vec<RequestRecord> = [0.0, 9_999.0, 10_000.0, 15_000.0, 29_999.0]
-            .map(rec)
-            .to_vec();
-        let steady = MeasureWindow {
-            warmup_s: 10.0,
-            window_s: 20.0,
-            steady: true,
-        };
+        let rec = |scheduled_ms: f64| RequestRecord { scheduled_ms, ..Default::default() };
+        let recs: Vec<RequestRecord> =
+            [0.0, 9_999.0, 10_000.0, 15_000.0, 29_999.0].map(rec).to_vec();
+        let steady = MeasureWindow { warmup_s: 10.0, window_s: 20.0, steady: true };
         let (counted, warm) = window_records(&recs, &steady);
         assert_eq!(
-            (
-                counted.iter().map(|r| r.scheduled_ms).collect::<Vec<_>>(),
-                warm
-            ),
+            (counted.iter().map(|r| r.scheduled_ms).collect::<Vec<_>>(), warm),
             (vec![10_000.0, 15_000.0, 29_999.0], 2)
         );
-        let plain = MeasureWindow {
-            steady: false,
-            ..steady
-        };
+        let plain = MeasureWindow { steady: false, ..steady };
         assert_eq!(window_records(&recs, &plain).0.len(), 5);
         // turns/s is the counted requests over the window.
-        let p = PointResult {
-            requests: 3,
-            ..Default::default()
-        }
-        .with_window(steady, 2, 7);
+        let p = PointResult { requests: 3, ..Default::default() }.with_window(steady, 2, 7);
+        assert_eq!((p.turns_per_s, p.warmup_requests, p.cut_turns), (Some(0.15), 2, 7));
         assert_eq!(
-            (p.turns_per_s, p.warmup_requests, p.cut_turns),
-            (Some(0.15), 2, 7)
-        );
-        assert_eq!(
-            PointResult::default()
-                .with_window(MeasureWindow::default(), 0, 0)
-                .turns_per_s,
+            PointResult::default().with_window(MeasureWindow::default(), 0, 0).turns_per_s,
             None
         );
     }
@@ -1237,40 +1126,27 @@ mod tests {
             .sessions
             .iter()
             .flat_map(|s| {
-                s.planned_times_ms()
-                    .into_iter()
-                    .enumerate()
-                    .map(move |(t, at)| RequestRecord {
-                        session: Some(s.id.clone()),
-                        turn: Some(t as u32),
-                        scheduled_ms: at,
-                        sent_ms: at,
-                        ..Default::default()
-                    })
+                s.planned_times_ms().into_iter().enumerate().map(move |(t, at)| RequestRecord {
+                    session: Some(s.id.clone()),
+                    turn: Some(t as u32),
+                    scheduled_ms: at,
+                    sent_ms: at,
+                    ..Default::default()
+                })
             })
             .collect();
         // The window [10 s, 30 s) and its history.
-        let recs: Vec<RequestRecord> = every
-            .iter()
-            .filter(|r| r.scheduled_ms < 30_000.0)
-            .cloned()
-            .collect();
-        let w = MeasureWindow {
-            warmup_s: 10.0,
-            window_s: 20.0,
-            steady: true,
-        };
+        let recs: Vec<RequestRecord> =
+            every.iter().filter(|r| r.scheduled_ms < 30_000.0).cloned().collect();
+        let w = MeasureWindow { warmup_s: 10.0, window_s: 20.0, steady: true };
         let (rate, c, skipped) = point_ceiling(&plan, &recs, &w, 16);
         let counted = recs.iter().filter(|r| r.scheduled_ms >= 10_000.0).count() as u64;
         assert_eq!((c.requests, skipped), (counted, 0));
         assert!(rate > 0.0 && rate == c.token_rate());
         // Without its history the same window's ceiling is lower: the warm-up's prompts (shared
         // system prompts, earlier turns) are what the window reuses.
-        let window_only: Vec<RequestRecord> = recs
-            .iter()
-            .filter(|r| r.scheduled_ms >= 10_000.0)
-            .cloned()
-            .collect();
+        let window_only: Vec<RequestRecord> =
+            recs.iter().filter(|r| r.scheduled_ms >= 10_000.0).cloned().collect();
         let (alone, _, _) = point_ceiling(&plan, &window_only, &w, 16);
         assert!(alone < rate, "{alone} < {rate}");
         // All sent, none in a warm-up: the plan's own ceiling over the same prompts.
@@ -1280,17 +1156,23 @@ mod tests {
         let (_, _, skipped) = point_ceiling(&plan, &[RequestRecord::default()], &w, 16);
         assert_eq!(skipped, 1);
         let plain = MeasureWindow { steady: false, ..w };
-        assert_eq!(
-            point_ceiling(&plan, &[], &plain, 16),
-            (plan.ceiling_rate(), plan.ceiling, 0)
-        );
+        assert_eq!(point_ceiling(&plan, &[], &plain, 16), (plan.ceiling_rate(), plan.ceiling, 0));
     }
 
     #[test]
     fn fleet_lru_is_the_ceiling_with_room_for_everything_and_the_floor_is_uncached_prefill_alone() {
-        let rec = |ts: f64, input: u32, ids: &[u64]| crate::trace::TraceRecord { timestamp: ts, input_length: input, output_length: 4, hash_ids: ids.to_vec() };
+        let rec = |ts: f64, input: u32, ids: &[u64]| crate::trace::TraceRecord {
+            timestamp: ts,
+            input_length: input,
+            output_length: 4,
+            hash_ids: ids.to_vec(),
+        };
         // Conversation 1's second turn comes back after conversation 2's prompt.
-        let records = [rec(0.0, 1024, &[0, 1, 2]), rec(1000.0, 1024, &[0, 5, 6]), rec(2000.0, 1536, &[0, 1, 2, 3])];
+        let records = [
+            rec(0.0, 1024, &[0, 1, 2]),
+            rec(1000.0, 1024, &[0, 5, 6]),
+            rec(2000.0, 1536, &[0, 1, 2, 3]),
+        ];
         let cfg = crate::workload::trace::TraceConfig::default();
         let plan = crate::workload::trace::plan(&records, &cfg, 1000.0);
         assert_eq!(plan.sessions.len(), 3);
@@ -1298,7 +1180,11 @@ mod tests {
         assert!(!plain.steady);
         let lru = |capacity| point_fleet_lru(&plan, &[], &plain, 16, capacity);
         let unbounded = lru(u64::MAX).unwrap();
-        assert!(unbounded > 0.0 && (unbounded - plan.ceiling_rate()).abs() < 1e-12, "{unbounded} vs {}", plan.ceiling_rate());
+        assert!(
+            unbounded > 0.0 && (unbounded - plan.ceiling_rate()).abs() < 1e-12,
+            "{unbounded} vs {}",
+            plan.ceiling_rate()
+        );
         // Room for one prompt: conversation 2 pushes out turn 1's second block; its first (shared) hits.
         let tight = lru(1024).unwrap();
         assert!(0.0 < tight && tight < unbounded, "{tight} < {unbounded}");
@@ -1311,7 +1197,12 @@ mod tests {
         let fast = FleetTiming::new(2.0, 1000.0).unwrap();
         assert_eq!(point_ttft_floor_p90_ms(&plan, &[], &plain, 16, &fast), floor.map(|x| x / 2.0));
         // Chat plans weigh messages by bytes: neither applies.
-        let g = crate::workload::gen::GenConfig { seed: 3, duration_s: 20.0, think_divisor: 4.0, block_size: 16 };
+        let g = crate::workload::gen::GenConfig {
+            seed: 3,
+            duration_s: 20.0,
+            think_divisor: 4.0,
+            block_size: 16,
+        };
         let chat = crate::workload::gen::agentic(&g, 1.0);
         assert_eq!(point_fleet_lru(&chat, &[], &plain, 16, u64::MAX), None);
         assert_eq!(point_ttft_floor_p90_ms(&chat, &[], &plain, 16, &t), None);
@@ -1321,26 +1212,11 @@ mod tests {
     fn config_validation() {
         assert!(cfg().validate().is_ok());
         for bad in [
-            SweepConfig {
-                start_rate: 0.0,
-                ..cfg()
-            },
-            SweepConfig {
-                factor: 1.0,
-                ..cfg()
-            },
-            SweepConfig {
-                max_steps: 1,
-                ..cfg()
-            },
-            SweepConfig {
-                fractions: vec![0.5, 1.0],
-                ..cfg()
-            },
-            SweepConfig {
-                fractions: vec![0.8, -1.0],
-                ..cfg()
-            },
+            SweepConfig { start_rate: 0.0, ..cfg() },
+            SweepConfig { factor: 1.0, ..cfg() },
+            SweepConfig { max_steps: 1, ..cfg() },
+            SweepConfig { fractions: vec![0.5, 1.0], ..cfg() },
+            SweepConfig { fractions: vec![0.8, -1.0], ..cfg() },
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
@@ -1376,42 +1252,10 @@ mod tests {
                 Some(1.0),
                 0,
             ),
-            (
-                "rest = 0.60 − 100/200 = 0.10",
-                Some(0.60),
-                Some(100.0),
-                100.0,
-                2,
-                Some(1.0),
-                0,
-            ),
-            (
-                "rest exactly at the bound",
-                Some(0.75),
-                Some(100.0),
-                100.0,
-                2,
-                Some(10.0),
-                0,
-            ),
-            (
-                "rest 0.30 > 0.25",
-                Some(0.80),
-                Some(100.0),
-                100.0,
-                2,
-                Some(1.0),
-                1,
-            ),
-            (
-                "idle engines, busy machine",
-                Some(0.90),
-                Some(0.0),
-                100.0,
-                2,
-                Some(1.0),
-                1,
-            ),
+            ("rest = 0.60 − 100/200 = 0.10", Some(0.60), Some(100.0), 100.0, 2, Some(1.0), 0),
+            ("rest exactly at the bound", Some(0.75), Some(100.0), 100.0, 2, Some(10.0), 0),
+            ("rest 0.30 > 0.25", Some(0.80), Some(100.0), 100.0, 2, Some(1.0), 1),
+            ("idle engines, busy machine", Some(0.90), Some(0.0), 100.0, 2, Some(1.0), 1),
             (
                 "engine ticks above the sampled busy share floor at 0",
                 Some(0.40),
@@ -1421,15 +1265,7 @@ mod tests {
                 Some(1.0),
                 0,
             ),
-            (
-                "late client",
-                Some(0.50),
-                Some(100.0),
-                100.0,
-                2,
-                Some(10.5),
-                1,
-            ),
+            ("late client", Some(0.50), Some(100.0), 100.0, 2, Some(10.5), 1),
             ("both", Some(0.99), Some(10.0), 100.0, 2, Some(50.0), 2),
             ("no CPU sample", None, Some(10.0), 100.0, 2, Some(1.0), 1),
             ("no engine CPU", Some(0.5), None, 100.0, 2, Some(1.0), 1),
@@ -1517,10 +1353,6 @@ mod tests {
         assert_eq!(p.load_max_over_mean, Some(2.0));
         assert_eq!(p.lateness_p90_ms, Some(30.0));
         assert_eq!(p.sim_cpu_s_per_1k, Some(400.0));
-        assert!(
-            !p.valid() && p.invalid.iter().any(|r| r.contains("lateness")),
-            "{:?}",
-            p.invalid
-        );
+        assert!(!p.valid() && p.invalid.iter().any(|r| r.contains("lateness")), "{:?}", p.invalid);
     }
 }

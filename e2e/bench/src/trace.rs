@@ -183,7 +183,12 @@ mod tests {
     use super::*;
 
     fn rec(ts: f64, input: u32, ids: &[u64]) -> TraceRecord {
-        TraceRecord { timestamp: ts, input_length: input, output_length: 10, hash_ids: ids.to_vec() }
+        TraceRecord {
+            timestamp: ts,
+            input_length: input,
+            output_length: 10,
+            hash_ids: ids.to_vec(),
+        }
     }
 
     #[test]
@@ -238,7 +243,10 @@ mod tests {
             (Selection::default(), &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]),
             (Selection { first: Some(3), ..Default::default() }, &[0, 1, 2]),
             (Selection { window_ms: Some(2500.0), ..Default::default() }, &[0, 1, 2]),
-            (Selection { window_start_ms: Some(4000.0), window_ms: Some(2000.0), first: None }, &[4, 5]),
+            (
+                Selection { window_start_ms: Some(4000.0), window_ms: Some(2000.0), first: None },
+                &[4, 5],
+            ),
             (Selection { window_start_ms: Some(8500.0), window_ms: None, first: None }, &[9]),
             (Selection { window_start_ms: Some(1000.0), window_ms: None, first: Some(2) }, &[1, 2]),
         ];

@@ -19,14 +19,14 @@
 // An integration-test crate: a panic is how a helper fails the test, as in #[test] bodies.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use serde_json::Value;
 use kvmesh_bench::counters::PolicyCounters;
 use kvmesh_bench::manifest::RunManifest;
 use kvmesh_bench::record::read_all;
 use kvmesh_bench::report::sweep::SweepReport;
+use serde_json::Value;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::process::{Child, Command, ExitStatus};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 const REQUESTS: usize = 200;
@@ -74,33 +74,65 @@ fn run_timeout() -> Duration {
 
 /// Runs `kvmesh-bench` with `args` into `out`; panics with the log tail unless it succeeds.
 fn run_bench(tag: &str, out: &PathBuf, args: &[&str]) {
-    let log_path = std::env::temp_dir().join(format!("kvmesh-bench-smoke-{tag}-{}.log", std::process::id()));
+    let log_path =
+        std::env::temp_dir().join(format!("kvmesh-bench-smoke-{tag}-{}.log", std::process::id()));
     let log = std::fs::File::create(&log_path).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvmesh-bench"));
     cmd.arg("--out").arg(out).args(args).stdout(log.try_clone().unwrap()).stderr(log);
     let mut bench = Bench(cmd.spawn().unwrap());
     let status = bench.wait(run_timeout());
     let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
-    let tail: String = log_text.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
-    let status = status.unwrap_or_else(|| panic!("kvmesh-bench did not finish in {:?}:\n{tail}", run_timeout()));
+    let tail: String = log_text
+        .lines()
+        .rev()
+        .take(40)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect::<Vec<_>>()
+        .join("\n");
+    let status = status
+        .unwrap_or_else(|| panic!("kvmesh-bench did not finish in {:?}:\n{tail}", run_timeout()));
     assert!(status.success(), "kvmesh-bench failed ({status}):\n{tail}");
 }
 
 #[test]
 fn a_small_sweep_measures_marks_and_reports_every_point() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let out: PathBuf = std::env::temp_dir().join(format!("kvmesh-bench-sweep-smoke-{}", std::process::id()));
+    let out: PathBuf =
+        std::env::temp_dir().join(format!("kvmesh-bench-sweep-smoke-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     run_bench(
         "sweep",
         &out,
         &[
-            "--only", "sweep", "--sweep-workloads", "siblings,agentic", "--sweep-policies", "round_robin,kvmesh_precise",
-            "--sweep-max-steps", "2", "--sweep-factor", "3", "--sweep-fractions", "0.8", "--sweep-duration-s", "4",
-            "--sweep-start-rate", "0.5", "--sweep-workers", "2", "--sweep-sim-speedup", "20", "--request-timeout-s", "60",
+            "--only",
+            "sweep",
+            "--sweep-workloads",
+            "siblings,agentic",
+            "--sweep-policies",
+            "round_robin,kvmesh_precise",
+            "--sweep-max-steps",
+            "2",
+            "--sweep-factor",
+            "3",
+            "--sweep-fractions",
+            "0.8",
+            "--sweep-duration-s",
+            "4",
+            "--sweep-start-rate",
+            "0.5",
+            "--sweep-workers",
+            "2",
+            "--sweep-sim-speedup",
+            "20",
+            "--request-timeout-s",
+            "60",
         ],
     );
-    let report: SweepReport = serde_json::from_str(&std::fs::read_to_string(out.join("sweep/sweep.json")).unwrap()).unwrap();
+    let report: SweepReport =
+        serde_json::from_str(&std::fs::read_to_string(out.join("sweep/sweep.json")).unwrap())
+            .unwrap();
     let names: Vec<&str> = report.workloads.iter().map(|w| w.workload.as_str()).collect();
     assert_eq!(names, ["siblings", "agentic"]);
     for w in &report.workloads {
@@ -109,25 +141,68 @@ fn a_small_sweep_measures_marks_and_reports_every_point() {
         assert!(rr >= 2, "{}: the ladder measured round_robin twice at least", w.workload);
         for p in &w.points {
             assert_eq!(p.error, None, "{} {} {}", w.workload, p.policy, p.rate);
-            let recs = read_all(std::io::BufReader::new(std::fs::File::open(out.join("sweep").join(&p.dir).join("results.jsonl")).unwrap())).unwrap();
-            assert_eq!(recs.len(), p.requests + p.warmup_requests, "{}: every request recorded", p.dir);
+            let recs = read_all(std::io::BufReader::new(
+                std::fs::File::open(out.join("sweep").join(&p.dir).join("results.jsonl")).unwrap(),
+            ))
+            .unwrap();
+            assert_eq!(
+                recs.len(),
+                p.requests + p.warmup_requests,
+                "{}: every request recorded",
+                p.dir
+            );
             if w.workload == "agentic" {
                 // Steady state: a warm-up before the window, whose requests are sent and not counted.
-                assert!(p.window.steady && p.window.warmup_s > 0.0 && p.warmup_requests > 0, "{}: {:?} {}", p.dir, p.window, p.warmup_requests);
-                assert!(p.turns_per_s.is_some_and(|t| t > 0.0) && p.ceiling_counts.is_some_and(|c| c.requests as usize == p.requests), "{}", p.dir);
+                assert!(
+                    p.window.steady && p.window.warmup_s > 0.0 && p.warmup_requests > 0,
+                    "{}: {:?} {}",
+                    p.dir,
+                    p.window,
+                    p.warmup_requests
+                );
+                assert!(
+                    p.turns_per_s.is_some_and(|t| t > 0.0)
+                        && p.ceiling_counts.is_some_and(|c| c.requests as usize == p.requests),
+                    "{}",
+                    p.dir
+                );
             }
-            assert!(p.requests > 0 && p.ok * 10 >= p.requests * 9, "{}: {} of {} ok", p.dir, p.ok, p.requests);
-            assert!(p.ceiling.is_some() && p.engine_hit_rate.is_some() && p.usage_hit_rate.is_some(), "{}", p.dir);
-            assert!(p.machine.cpu_busy_mean.is_some() && p.machine.sim_cpu_s.is_some(), "{}: machine sampled", p.dir);
+            assert!(
+                p.requests > 0 && p.ok * 10 >= p.requests * 9,
+                "{}: {} of {} ok",
+                p.dir,
+                p.ok,
+                p.requests
+            );
+            assert!(
+                p.ceiling.is_some() && p.engine_hit_rate.is_some() && p.usage_hit_rate.is_some(),
+                "{}",
+                p.dir
+            );
+            assert!(
+                p.machine.cpu_busy_mean.is_some() && p.machine.sim_cpu_s.is_some(),
+                "{}: machine sampled",
+                p.dir
+            );
             assert!(p.lateness_p90_ms.is_some(), "{}", p.dir);
             assert_eq!(p.valid(), p.invalid.is_empty(), "{}", p.dir);
         }
     }
     let siblings = &report.workloads[0];
-    assert!(siblings.points.iter().all(|p| p.ceiling.is_some_and(|c| c > 0.5)), "bursts of ≥ 4 identical prompts reuse ≥ 3/4");
+    assert!(
+        siblings.points.iter().all(|p| p.ceiling.is_some_and(|c| c > 0.5)),
+        "bursts of ≥ 4 identical prompts reuse ≥ 3/4"
+    );
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
-    assert!(md.contains("## Load sweep") && md.contains("### Headline at the load point") && md.contains("### Workload `agentic`"), "{md}");
-    for png in ["sweep_siblings_ttft_p90.png", "sweep_siblings_hit_rate.png", "sweep_agentic_ttft_p90.png"] {
+    assert!(
+        md.contains("## Load sweep")
+            && md.contains("### Headline at the load point")
+            && md.contains("### Workload `agentic`"),
+        "{md}"
+    );
+    for png in
+        ["sweep_siblings_ttft_p90.png", "sweep_siblings_hit_rate.png", "sweep_agentic_ttft_p90.png"]
+    {
         assert!(out.join(png).exists(), "{png} written");
     }
     let _ = std::fs::remove_dir_all(&out);
@@ -136,28 +211,69 @@ fn a_small_sweep_measures_marks_and_reports_every_point() {
 #[test]
 fn two_policies_replay_the_trace_and_write_the_report() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let out: PathBuf = std::env::temp_dir().join(format!("kvmesh-bench-smoke-{}", std::process::id()));
+    let out: PathBuf =
+        std::env::temp_dir().join(format!("kvmesh-bench-smoke-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
-    let log = std::fs::File::create(std::env::temp_dir().join(format!("kvmesh-bench-smoke-{}.log", std::process::id()))).unwrap();
-    let figures = std::env::temp_dir().join(format!("kvmesh-bench-smoke-{}-figures.jsonl", std::process::id()));
+    let log = std::fs::File::create(
+        std::env::temp_dir().join(format!("kvmesh-bench-smoke-{}.log", std::process::id())),
+    )
+    .unwrap();
+    let figures = std::env::temp_dir()
+        .join(format!("kvmesh-bench-smoke-{}-figures.jsonl", std::process::id()));
     std::fs::write(&figures, "{\"bench\":\"route\",\"figure\":\"route\",\"name\":\"continuation\",\"p50_ms\":0.5,\"p99_ms\":0.9}\n").unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvmesh-bench"));
     cmd.arg("--out")
         .arg(&out)
         .args(["--policies", "round_robin,kvmesh_precise", "--first", &REQUESTS.to_string()])
-        .args(["--workers", "2", "--speedup", "50", "--num-gpu-blocks", "16384", "--request-timeout-s", "120"])
-        .args(["--overhead-sizes", "1k", "--overhead-shared-prefixes", "1k", "--overhead-samples", &OVERHEAD_SAMPLES.to_string(), "--overhead-bases", "1"])
-        .args(["--overhead-rps-seconds", "0.5", "--overhead-rps-rounds", "1", "--overhead-rps-concurrency", "2"])
+        .args([
+            "--workers",
+            "2",
+            "--speedup",
+            "50",
+            "--num-gpu-blocks",
+            "16384",
+            "--request-timeout-s",
+            "120",
+        ])
+        .args([
+            "--overhead-sizes",
+            "1k",
+            "--overhead-shared-prefixes",
+            "1k",
+            "--overhead-samples",
+            &OVERHEAD_SAMPLES.to_string(),
+            "--overhead-bases",
+            "1",
+        ])
+        .args([
+            "--overhead-rps-seconds",
+            "0.5",
+            "--overhead-rps-rounds",
+            "1",
+            "--overhead-rps-concurrency",
+            "2",
+        ])
         .arg("--indexer-figures")
         .arg(&figures)
         .stdout(log.try_clone().unwrap())
         .stderr(log);
     let mut bench = Bench(cmd.spawn().unwrap());
     let status = bench.wait(run_timeout());
-    let log_text = std::fs::read_to_string(std::env::temp_dir().join(format!("kvmesh-bench-smoke-{}.log", std::process::id())))
-        .unwrap_or_default();
-    let tail: String = log_text.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
-    let status = status.unwrap_or_else(|| panic!("kvmesh-bench did not finish in {:?}:\n{tail}", run_timeout()));
+    let log_text = std::fs::read_to_string(
+        std::env::temp_dir().join(format!("kvmesh-bench-smoke-{}.log", std::process::id())),
+    )
+    .unwrap_or_default();
+    let tail: String = log_text
+        .lines()
+        .rev()
+        .take(40)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect::<Vec<_>>()
+        .join("\n");
+    let status = status
+        .unwrap_or_else(|| panic!("kvmesh-bench did not finish in {:?}:\n{tail}", run_timeout()));
     assert!(status.success(), "kvmesh-bench failed ({status}):\n{tail}");
 
     let manifest = RunManifest::load(&out.join("run.json")).unwrap();
@@ -171,26 +287,52 @@ fn two_policies_replay_the_trace_and_write_the_report() {
         assert_eq!(recs.len(), REQUESTS, "{}: every request is recorded", p.name);
         let ok = recs.iter().filter(|r| r.ok()).count();
         assert!(ok * 10 >= REQUESTS * 9, "{}: only {ok} of {REQUESTS} succeeded", p.name);
-        assert!(recs.iter().filter(|r| r.ok()).all(|r| r.worker.is_some() && r.prompt_tokens.is_some()), "{}", p.name);
-        let counters: PolicyCounters =
-            serde_json::from_str(&std::fs::read_to_string(out.join(p.counters.as_ref().unwrap())).unwrap()).unwrap();
+        assert!(
+            recs.iter().filter(|r| r.ok()).all(|r| r.worker.is_some() && r.prompt_tokens.is_some()),
+            "{}",
+            p.name
+        );
+        let counters: PolicyCounters = serde_json::from_str(
+            &std::fs::read_to_string(out.join(p.counters.as_ref().unwrap())).unwrap(),
+        )
+        .unwrap();
         let queried: f64 = counters.engines.iter().map(|e| e.prefix_cache_queries).sum();
         assert!(queried > 0.0, "{}: engines counted prefix-cache queries", p.name);
-        assert_eq!(counters.router.is_some(), p.name == "kvmesh_precise", "{}: router counters only for kvmesh", p.name);
+        assert_eq!(
+            counters.router.is_some(),
+            p.name == "kvmesh_precise",
+            "{}: router counters only for kvmesh",
+            p.name
+        );
     }
     let names: Vec<&str> = manifest.overhead.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(
         names,
-        ["chat_1k_cold", "chat_1k_continuation", "chat_1k_shared_prefix", "chat_1k_cold_local_route", "chat_1k_continuation_local_route"],
+        [
+            "chat_1k_cold",
+            "chat_1k_continuation",
+            "chat_1k_shared_prefix",
+            "chat_1k_cold_local_route",
+            "chat_1k_continuation_local_route"
+        ],
         "{:?}",
         manifest.overhead_notes
     );
     for c in &manifest.overhead {
-        assert_eq!(c.samples, Some(OVERHEAD_SAMPLES), "{}: every sample measured on both paths", c.name);
+        assert_eq!(
+            c.samples,
+            Some(OVERHEAD_SAMPLES),
+            "{}: every sample measured on both paths",
+            c.name
+        );
         assert!(c.prompt_tokens.is_some_and(|t| t > 500.0), "{}: ~1k-token prompts", c.name);
         assert!(c.rps_kvmesh.is_some() && c.rps_plain.is_some(), "{}: requests/s measured", c.name);
         if !c.name.ends_with("_local_route") {
-            assert!(c.routes_per_indexer_core.is_some(), "{}: the indexer's CPU read around its requests/s round", c.name);
+            assert!(
+                c.routes_per_indexer_core.is_some(),
+                "{}: the indexer's CPU read around its requests/s round",
+                c.name
+            );
         }
     }
     let samples = std::fs::read_to_string(out.join("overhead/samples.jsonl")).unwrap();
@@ -198,9 +340,16 @@ fn two_policies_replay_the_trace_and_write_the_report() {
     // Through real Envoy: with `local_route_max_body_bytes` the filter answered every 1k request
     // itself (its debug reason says so, and the indexer's timers never moved for them).
     let local = std::fs::read_to_string(out.join("local-route/overhead/samples.jsonl")).unwrap();
-    let kvmesh: Vec<Value> = local.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).filter(|s| s["path"] == "kvmesh").collect();
+    let kvmesh: Vec<Value> = local
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|s| s["path"] == "kvmesh")
+        .collect();
     assert_eq!(kvmesh.len() as u64, 2 * OVERHEAD_SAMPLES, "two cases on the kvmesh path");
-    assert!(kvmesh.iter().all(|s| s["indexer_ms"].is_null()), "routed without the indexer: {kvmesh:?}");
+    assert!(
+        kvmesh.iter().all(|s| s["indexer_ms"].is_null()),
+        "routed without the indexer: {kvmesh:?}"
+    );
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("| kvmesh_precise |") && md.contains("## Targets"), "{md}");
     assert!(md.contains("## Router overhead") && md.contains("| chat_1k_continuation |"), "{md}");

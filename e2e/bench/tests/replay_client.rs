@@ -38,13 +38,14 @@ struct Seen {
 }
 
 fn sse(events: Vec<String>, stall_first: bool) -> Body {
-    let stream = futures::stream::unfold((events.into_iter(), stall_first), |(mut it, stall)| async move {
-        if stall {
-            tokio::time::sleep(Duration::from_secs(30)).await;
-        }
-        let ev = it.next()?;
-        Some((Ok::<_, Infallible>(Bytes::from(ev)), (it, false)))
-    });
+    let stream =
+        futures::stream::unfold((events.into_iter(), stall_first), |(mut it, stall)| async move {
+            if stall {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            }
+            let ev = it.next()?;
+            Some((Ok::<_, Infallible>(Bytes::from(ev)), (it, false)))
+        });
     Body::from_stream(stream)
 }
 
@@ -52,18 +53,31 @@ fn stream_response(n_prompt: usize, max_tokens: u32, reply: &str, worker: &str) 
     let mut events = Vec::new();
     let chat = reply.starts_with("reply");
     if chat {
-        events.push(format!("data: {}\n\n", json!({"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})));
+        events.push(format!(
+            "data: {}\n\n",
+            json!({"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})
+        ));
     }
     let mut cut = false;
     let mut stall = false;
     match max_tokens {
-        UNAVAILABLE => return (StatusCode::SERVICE_UNAVAILABLE, [("x-sim-worker", worker)], "overloaded").into_response(),
+        UNAVAILABLE => {
+            return (StatusCode::SERVICE_UNAVAILABLE, [("x-sim-worker", worker)], "overloaded")
+                .into_response()
+        }
         STALL => stall = true,
         CUT => cut = true,
-        ERROR_EVENT => events.push(format!("data: {}\n\n", json!({"error":{"message":"engine died","code":500}}))),
+        ERROR_EVENT => events
+            .push(format!("data: {}\n\n", json!({"error":{"message":"engine died","code":500}}))),
         _ => {}
     }
-    let piece = |t: &str| if chat { json!({"choices":[{"index":0,"delta":{"content":t}}]}) } else { json!({"choices":[{"index":0,"text":t}]}) };
+    let piece = |t: &str| {
+        if chat {
+            json!({"choices":[{"index":0,"delta":{"content":t}}]})
+        } else {
+            json!({"choices":[{"index":0,"text":t}]})
+        }
+    };
     events.push(format!("data: {}\n\n", piece(reply)));
     if !cut {
         events.push(format!(
@@ -82,7 +96,11 @@ fn stream_response(n_prompt: usize, max_tokens: u32, reply: &str, worker: &str) 
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
-async fn completions(State(seen): State<Seen>, headers: HeaderMap, Json(body): Json<Value>) -> Response {
+async fn completions(
+    State(seen): State<Seen>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
     let n = body["prompt"].as_array().map(Vec::len).unwrap_or(0);
     let max = body["max_tokens"].as_u64().unwrap_or(1) as u32;
     let worker = if n % 2 == 0 { "w0" } else { "w1" };
@@ -102,7 +120,12 @@ async fn serve() -> (String, Seen) {
     let app = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
-        .route("/v1/models", get(|| async { Json(json!({"object":"list","data":[{"id":"sim-model","object":"model"}]})) }))
+        .route(
+            "/v1/models",
+            get(|| async {
+                Json(json!({"object":"list","data":[{"id":"sim-model","object":"model"}]}))
+            }),
+        )
         .with_state(seen.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -113,7 +136,15 @@ async fn serve() -> (String, Seen) {
 }
 
 fn req(index: usize, ts: f64, input: u32, output: u32, ids: &[u64]) -> Indexed {
-    Indexed { index, record: TraceRecord { timestamp: ts, input_length: input, output_length: output, hash_ids: ids.to_vec() } }
+    Indexed {
+        index,
+        record: TraceRecord {
+            timestamp: ts,
+            input_length: input,
+            output_length: output,
+            hash_ids: ids.to_vec(),
+        },
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,10 +184,16 @@ async fn trace_replay_records_every_request_including_failures() {
     let ok = &recs[0];
     assert!(ok.ok(), "{ok:?}");
     assert_eq!(ok.worker.as_deref(), Some("w0"));
-    assert_eq!((ok.prompt_tokens, ok.cached_tokens, ok.output_tokens), (Some(1024), Some(512), Some(5)));
+    assert_eq!(
+        (ok.prompt_tokens, ok.cached_tokens, ok.output_tokens),
+        (Some(1024), Some(512), Some(5))
+    );
     assert_eq!((ok.input_tokens, ok.max_tokens), (Some(1024), 5));
     assert_eq!(ok.session.as_deref(), Some("conv-1"));
-    assert_eq!((ok.overlap_blocks, ok.isl_blocks, ok.decision_mode.as_deref()), (Some(1), Some(2), Some("aggregate")));
+    assert_eq!(
+        (ok.overlap_blocks, ok.isl_blocks, ok.decision_mode.as_deref()),
+        (Some(1), Some(2), Some("aggregate"))
+    );
     assert!(ok.ttft_ms.unwrap() <= ok.e2e_ms);
     assert_eq!(recs[1].worker.as_deref(), Some("w0"));
     assert!(recs[2].error.as_deref().unwrap().starts_with("timeout after"), "{:?}", recs[2]);
@@ -169,8 +206,10 @@ async fn trace_replay_records_every_request_including_failures() {
 
     // Both conversation-1 requests carried the same session header and the shared token prefix.
     let bodies = seen.bodies.lock().unwrap().clone();
-    let conv1: Vec<&(HeaderMap, Value)> =
-        bodies.iter().filter(|(h, _)| h.get("x-session-id").is_some_and(|v| v == "conv-1")).collect();
+    let conv1: Vec<&(HeaderMap, Value)> = bodies
+        .iter()
+        .filter(|(h, _)| h.get("x-session-id").is_some_and(|v| v == "conv-1"))
+        .collect();
     assert_eq!(conv1.len(), 2);
     let p0 = conv1[0].1["prompt"].as_array().unwrap();
     let p1 = conv1[1].1["prompt"].as_array().unwrap();
@@ -209,15 +248,19 @@ async fn chat_sessions_append_the_streamed_reply() {
     run_chat(client, run, cfg, sink.sender()).await;
     let stats = sink.close().await.unwrap();
     assert_eq!((stats.written, stats.failed), (9, 0));
-    let recs: Vec<RequestRecord> = read_all(std::io::BufReader::new(std::fs::File::open(&out).unwrap())).unwrap();
+    let recs: Vec<RequestRecord> =
+        read_all(std::io::BufReader::new(std::fs::File::open(&out).unwrap())).unwrap();
     assert!(recs.iter().all(|r| r.ok() && r.ttft_ms.is_some() && r.session.is_some()));
     let mut indices: Vec<u64> = recs.iter().map(|r| r.index).collect();
     indices.sort_unstable();
     assert_eq!(indices, (0..9).collect::<Vec<u64>>());
 
     let bodies = seen.bodies.lock().unwrap().clone();
-    let session0: Vec<&Value> =
-        bodies.iter().filter(|(h, _)| h.get("x-session-id").is_some_and(|v| v == "chat-7-0")).map(|(_, b)| b).collect();
+    let session0: Vec<&Value> = bodies
+        .iter()
+        .filter(|(h, _)| h.get("x-session-id").is_some_and(|v| v == "chat-7-0"))
+        .map(|(_, b)| b)
+        .collect();
     assert_eq!(session0.len(), 3);
     let last = session0[2]["messages"].as_array().unwrap();
     // system, user, assistant, user, assistant, user

@@ -52,7 +52,13 @@ fn write_run(dir: &Path) -> PathBuf {
         let counters = PolicyCounters {
             engines: workers
                 .iter()
-                .map(|w| EngineCounters { worker: w.clone(), endpoint: None, prefix_cache_hits: hit * 1000.0, prefix_cache_queries: 1000.0, ..Default::default() })
+                .map(|w| EngineCounters {
+                    worker: w.clone(),
+                    endpoint: None,
+                    prefix_cache_hits: hit * 1000.0,
+                    prefix_cache_queries: 1000.0,
+                    ..Default::default()
+                })
                 .collect(),
             router: name.starts_with("kvmesh").then(|| RouterCounters {
                 overlap_blocks: hit * 1.05 * 100.0,
@@ -62,7 +68,8 @@ fn write_run(dir: &Path) -> PathBuf {
                 hit_rate_scale: 1.0,
             }),
         };
-        std::fs::write(pdir.join("counters.json"), serde_json::to_string(&counters).unwrap()).unwrap();
+        std::fs::write(pdir.join("counters.json"), serde_json::to_string(&counters).unwrap())
+            .unwrap();
         entries.push(PolicyEntry {
             name: name.to_string(),
             results: PathBuf::from(format!("{name}/results.jsonl")),
@@ -78,10 +85,20 @@ fn write_run(dir: &Path) -> PathBuf {
         workers,
         cache_capacity_blocks: Some(2048),
         engine_block_size: Some(16),
-        ceiling: Some(Ceiling { requests: 300, blocks_total: 1000, blocks_reused: 284, tokens_total: 1000, tokens_reused: 289 }),
+        ceiling: Some(Ceiling {
+            requests: 300,
+            blocks_total: 1000,
+            blocks_reused: 284,
+            tokens_total: 1000,
+            tokens_reused: 289,
+        }),
         commands: vec!["kvmesh-report --manifest run.json".into()],
         policies: entries,
-        overhead: vec![OverheadCase { name: "chat_8k_continuation".into(), p50_added_ms: 0.7, ..Default::default() }],
+        overhead: vec![OverheadCase {
+            name: "chat_8k_continuation".into(),
+            p50_added_ms: 0.7,
+            ..Default::default()
+        }],
         overhead_notes: None,
         extra_sections: vec![],
     };

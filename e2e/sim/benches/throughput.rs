@@ -39,11 +39,17 @@ fn ids(seed: u64, n: usize) -> Vec<u32> {
 fn scenarios(len: usize) -> Vec<Scenario> {
     let shared = ids(7, len * 3 / 4);
     vec![
-        Scenario { name: "miss", prompts: (0..256).map(|i| ids(1000 + i, len)).collect(), max_tokens: 1 },
+        Scenario {
+            name: "miss",
+            prompts: (0..256).map(|i| ids(1000 + i, len)).collect(),
+            max_tokens: 1,
+        },
         Scenario { name: "hit", prompts: vec![ids(1, len)], max_tokens: 1 },
         Scenario {
             name: "mixed",
-            prompts: (0..256).map(|i| shared.iter().copied().chain(ids(5000 + i, len - shared.len())).collect()).collect(),
+            prompts: (0..256)
+                .map(|i| shared.iter().copied().chain(ids(5000 + i, len - shared.len())).collect())
+                .collect(),
             max_tokens: 16,
         },
     ]
@@ -64,8 +70,22 @@ impl Drop for Proc {
 
 fn spawn_sim() -> anyhow::Result<(Proc, bool)> {
     let exe = env!("CARGO_BIN_EXE_vllm-sim");
-    let args = ["--speedup", "1000000", "--threads", "1", "--kv-events-endpoint", "tcp://127.0.0.1:*", "--max-waiting-requests", "100000"];
-    let pinned = Command::new("taskset").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    let args = [
+        "--speedup",
+        "1000000",
+        "--threads",
+        "1",
+        "--kv-events-endpoint",
+        "tcp://127.0.0.1:*",
+        "--max-waiting-requests",
+        "100000",
+    ];
+    let pinned = Command::new("taskset")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
     let mut cmd = if pinned {
         let mut c = Command::new("taskset");
         c.args(["-c", "0", exe]);
@@ -73,11 +93,17 @@ fn spawn_sim() -> anyhow::Result<(Proc, bool)> {
     } else {
         Command::new(exe)
     };
-    let mut child = cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().context("spawn vllm-sim")?;
+    let mut child = cmd
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("spawn vllm-sim")?;
     let stdout = child.stdout.take().context("stdout")?;
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line)?;
-    let field = |k: &str| line.split_whitespace().find_map(|kv| kv.strip_prefix(k)).map(str::to_owned);
+    let field =
+        |k: &str| line.split_whitespace().find_map(|kv| kv.strip_prefix(k)).map(str::to_owned);
     let (Some(http), Some(kv_events)) = (field("http="), field("kv_events=")) else {
         let _ = child.kill();
         bail!("no READY line: {line:?}");
@@ -103,22 +129,36 @@ struct Outcome {
     batches: u64,
 }
 
-async fn load(url: String, bodies: Arc<Vec<bytes::Bytes>>, concurrency: usize, warmup: Duration, window: Duration, pid: u32) -> anyhow::Result<Outcome> {
+async fn load(
+    url: String,
+    bodies: Arc<Vec<bytes::Bytes>>,
+    concurrency: usize,
+    warmup: Duration,
+    window: Duration,
+    pid: u32,
+) -> anyhow::Result<Outcome> {
     let client = reqwest::Client::builder().pool_max_idle_per_host(concurrency).build()?;
     let measuring = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
-    let (ok, errors, latency_us) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (ok, errors, latency_us) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let mut tasks = Vec::new();
     for t in 0..concurrency {
         let (client, url, bodies) = (client.clone(), url.clone(), bodies.clone());
-        let (measuring, stop, ok, errors, latency_us) = (measuring.clone(), stop.clone(), ok.clone(), errors.clone(), latency_us.clone());
+        let (measuring, stop, ok, errors, latency_us) =
+            (measuring.clone(), stop.clone(), ok.clone(), errors.clone(), latency_us.clone());
         tasks.push(tokio::spawn(async move {
             let mut i = t;
             while !stop.load(Ordering::Relaxed) {
                 let body = bodies[i % bodies.len()].clone();
                 i += concurrency;
                 let start = Instant::now();
-                let res = client.post(&url).header("content-type", "application/json").body(body).send().await;
+                let res = client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await;
                 let good = match res {
                     Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
                     Err(_) => false,
@@ -147,8 +187,16 @@ async fn load(url: String, bodies: Arc<Vec<bytes::Bytes>>, concurrency: usize, w
         let _ = t.await;
     }
     let ok = ok.load(Ordering::Relaxed);
-    let mean_latency_ms = if ok > 0 { latency_us.load(Ordering::Relaxed) as f64 / ok as f64 / 1000.0 } else { 0.0 };
-    Ok(Outcome { ok, errors: errors.load(Ordering::Relaxed), secs, cpu, mean_latency_ms, batches: 0 })
+    let mean_latency_ms =
+        if ok > 0 { latency_us.load(Ordering::Relaxed) as f64 / ok as f64 / 1000.0 } else { 0.0 };
+    Ok(Outcome {
+        ok,
+        errors: errors.load(Ordering::Relaxed),
+        secs,
+        cpu,
+        mean_latency_ms,
+        batches: 0,
+    })
 }
 
 fn main() -> anyhow::Result<()> {
@@ -156,16 +204,23 @@ fn main() -> anyhow::Result<()> {
     let secs = env_num("KVMESH_BENCH_SECS", 8);
     let concurrency = env_num("KVMESH_BENCH_CONCURRENCY", 64) as usize;
     let len = env_num("KVMESH_BENCH_PROMPT_TOKENS", 8192) as usize;
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     println!("vllm-sim throughput: {len}-token token-id prompts, {concurrency} concurrent keep-alive connections, {secs} s per scenario");
     println!("| scenario | output tokens | req/s | sim CPU (cores) | req/s per sim CPU-second | mean latency ms | errors | event batches |");
     println!("|---|---|---|---|---|---|---|---|");
     let only = std::env::var("KVMESH_BENCH_SCENARIOS").ok();
-    for sc in scenarios(len).into_iter().filter(|s| only.as_deref().is_none_or(|o| o.split(',').any(|n| n == s.name))) {
+    for sc in scenarios(len)
+        .into_iter()
+        .filter(|s| only.as_deref().is_none_or(|o| o.split(',').any(|n| n == s.name)))
+    {
         let bodies: Vec<bytes::Bytes> = sc
             .prompts
             .iter()
-            .map(|p| serde_json::to_vec(&serde_json::json!({"prompt": p, "max_tokens": sc.max_tokens})).map(bytes::Bytes::from))
+            .map(|p| {
+                serde_json::to_vec(&serde_json::json!({"prompt": p, "max_tokens": sc.max_tokens}))
+                    .map(bytes::Bytes::from)
+            })
             .collect::<Result<_, _>>()?;
         let (sim, pinned) = spawn_sim()?;
         eprintln!("scenario {}: vllm-sim pid {}", sc.name, sim.child.id());
@@ -188,16 +243,29 @@ fn main() -> anyhow::Result<()> {
             })
         };
         let url = format!("http://{}/v1/completions", sim.http);
-        let out = runtime.block_on(load(url, Arc::new(bodies), concurrency, Duration::from_secs(2), Duration::from_secs(secs), sim.child.id()))?;
+        let out = runtime.block_on(load(
+            url,
+            Arc::new(bodies),
+            concurrency,
+            Duration::from_secs(2),
+            Duration::from_secs(secs),
+            sim.child.id(),
+        ))?;
         counting.store(false, Ordering::Relaxed);
         let _ = counter.join();
         let out = Outcome { batches: batches.load(Ordering::Relaxed), ..out };
         let rps = out.ok as f64 / out.secs;
         let (cpu, per_cpu) = match out.cpu {
-            Some(c) if c > 0.0 => (format!("{c:.2}{}", if pinned { " (pinned to CPU 0)" } else { "" }), format!("{:.0}", rps / c)),
+            Some(c) if c > 0.0 => (
+                format!("{c:.2}{}", if pinned { " (pinned to CPU 0)" } else { "" }),
+                format!("{:.0}", rps / c),
+            ),
             _ => ("n/a".into(), "n/a".into()),
         };
-        println!("| {} | {} | {rps:.0} | {cpu} | {per_cpu} | {:.1} | {} | {} |", sc.name, sc.max_tokens, out.mean_latency_ms, out.errors, out.batches);
+        println!(
+            "| {} | {} | {rps:.0} | {cpu} | {per_cpu} | {:.1} | {} | {} |",
+            sc.name, sc.max_tokens, out.mean_latency_ms, out.errors, out.batches
+        );
         drop(sim);
     }
     Ok(())

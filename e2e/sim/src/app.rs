@@ -35,9 +35,13 @@ pub fn ready_line(id: &str, http: &str, kv_events: Option<&str>, replay: Option<
 }
 
 /// Runs the simulator until `shutdown` resolves. `args` must have passed `validate`.
-pub async fn run(args: Args, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn run(
+    args: Args,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
-    let tokenizer_path = args.tokenizer.clone().unwrap_or_else(kvmesh_tokens::default_tokenizer_path);
+    let tokenizer_path =
+        args.tokenizer.clone().unwrap_or_else(kvmesh_tokens::default_tokenizer_path);
     let tokenizer = Arc::new(kvmesh_tokens::Tokenizer::from_file(&tokenizer_path)?);
     let tokenizer_ms = started.elapsed().as_millis() as u64;
     let template = Arc::new(match &args.chat_template {
@@ -47,10 +51,18 @@ pub async fn run(args: Args, shutdown: impl std::future::Future<Output = ()>) ->
     let vocab = Arc::new(OutputVocab::from_tokenizer(&tokenizer, args.output_vocab_size)?);
     tracing::info!(tokenizer = %tokenizer_path.display(), tokenizer_ms, reply_words = vocab.len(), load_ms = started.elapsed().as_millis() as u64, "model files loaded");
 
-    let listener = TcpListener::bind((args.host, args.port)).await.with_context(|| format!("binding {}:{}", args.host, args.port))?;
+    let listener = TcpListener::bind((args.host, args.port))
+        .await
+        .with_context(|| format!("binding {}:{}", args.host, args.port))?;
     let addr = listener.local_addr()?;
     let id = args.id.clone().unwrap_or_else(|| format!("sim-{}", addr.port()));
-    let metrics = Arc::new(Metrics::new(&args.model, args.dp_rank, args.block_size, args.num_gpu_blocks, args.max_model_len()));
+    let metrics = Arc::new(Metrics::new(
+        &args.model,
+        args.dp_rank,
+        args.block_size,
+        args.num_gpu_blocks,
+        args.max_model_len(),
+    ));
     let faults = Arc::new(FaultState::new(args.initial_faults()?));
 
     let (sink, endpoints): (Box<dyn EventSink>, _) = match args.publisher_config() {
@@ -60,10 +72,17 @@ pub async fn run(args: Args, shutdown: impl std::future::Future<Output = ()>) ->
         }
         None => (Box::new(NullSink), None),
     };
-    let pull_client = PullClient::new(Duration::from_millis(args.nixl_pull_timeout_ms), args.block_size)?;
+    let pull_client =
+        PullClient::new(Duration::from_millis(args.nixl_pull_timeout_ms), args.block_size)?;
     let engine = engine::spawn(
         Scheduler::new(args.scheduler_config(), vocab.clone()),
-        EngineParts { sink, metrics: metrics.clone(), pull_client, nixl_us_per_block: args.nixl_us_per_block, queue: args.engine_queue },
+        EngineParts {
+            sink,
+            metrics: metrics.clone(),
+            pull_client,
+            nixl_us_per_block: args.nixl_us_per_block,
+            queue: args.engine_queue,
+        },
     );
 
     let kv_events = endpoints.as_ref().map(|e| e.pub_endpoint.clone());
@@ -85,7 +104,8 @@ pub async fn run(args: Args, shutdown: impl std::future::Future<Output = ()>) ->
         speedup: args.speedup,
     };
     let (vanish_tx, vanish_rx) = mpsc::unbounded_channel();
-    let worker_header = AppState::worker_header(&id).context("the worker id must be a valid HTTP header value")?;
+    let worker_header =
+        AppState::worker_header(&id).context("the worker id must be a valid HTTP header value")?;
     let vocab_size = u32::try_from(tokenizer.vocab_size()).unwrap_or(u32::MAX);
     let state = AppState {
         info,

@@ -222,21 +222,41 @@ impl Args {
         match self.max_model_len {
             Some(0) => return Err(invalid("max-model-len", 0, "must be positive")),
             Some(n) if n > capacity => {
-                return Err(invalid("max-model-len", n, "exceeds the KV cache (num_gpu_blocks × block_size)"));
+                return Err(invalid(
+                    "max-model-len",
+                    n,
+                    "exceeds the KV cache (num_gpu_blocks × block_size)",
+                ));
             }
             _ => {}
         }
-        for (field, v) in [("max-num-seqs", self.max_num_seqs), ("max-num-batched-tokens", self.max_num_batched_tokens), ("max-waiting-requests", self.max_waiting_requests), ("threads", self.threads), ("engine-queue", self.engine_queue), ("kv-events-buffer-steps", self.kv_events_buffer_steps), ("kv-events-queue", self.kv_events_queue), ("default-max-tokens", self.default_max_tokens as usize)] {
+        for (field, v) in [
+            ("max-num-seqs", self.max_num_seqs),
+            ("max-num-batched-tokens", self.max_num_batched_tokens),
+            ("max-waiting-requests", self.max_waiting_requests),
+            ("threads", self.threads),
+            ("engine-queue", self.engine_queue),
+            ("kv-events-buffer-steps", self.kv_events_buffer_steps),
+            ("kv-events-queue", self.kv_events_queue),
+            ("default-max-tokens", self.default_max_tokens as usize),
+        ] {
             if v == 0 {
                 return Err(invalid(field, v, "must be positive"));
             }
         }
-        for (field, v) in [("prefill-tokens-per-s", self.prefill_tokens_per_s), ("speedup", self.speedup)] {
+        for (field, v) in
+            [("prefill-tokens-per-s", self.prefill_tokens_per_s), ("speedup", self.speedup)]
+        {
             if !(v.is_finite() && v > 0.0) {
                 return Err(invalid(field, v, "must be a positive number"));
             }
         }
-        for (field, v) in [("itl-ms", self.itl_ms), ("contention", self.contention), ("kv-transfer-timeout-s", self.kv_transfer_timeout_s), ("nixl-us-per-block", self.nixl_us_per_block)] {
+        for (field, v) in [
+            ("itl-ms", self.itl_ms),
+            ("contention", self.contention),
+            ("kv-transfer-timeout-s", self.kv_transfer_timeout_s),
+            ("nixl-us-per-block", self.nixl_us_per_block),
+        ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(invalid(field, v, "must be a non-negative number"));
             }
@@ -366,7 +386,15 @@ mod tests {
 
     #[test]
     fn fault_flags_build_the_initial_faults() {
-        let a = parse(&["--fail-prefill-status", "503", "--drop-seqs", "2..4", "--pause-events", "--fail-next-count", "3"]);
+        let a = parse(&[
+            "--fail-prefill-status",
+            "503",
+            "--drop-seqs",
+            "2..4",
+            "--pause-events",
+            "--fail-next-count",
+            "3",
+        ]);
         let f = a.initial_faults().unwrap();
         assert_eq!(f.fail_prefill_status, Some(503));
         assert_eq!(f.drop_seqs, Some(SeqRange { start: 2, end: 4 }));

@@ -23,7 +23,9 @@ use crate::events::{EventBatch, EventSink};
 use crate::metrics::Metrics;
 use crate::nixl::PullClient;
 use crate::pool::{CachedBlock, InUse};
-use crate::sched::{Emit, Finished, NewRequest, PullError, ReqId, RequestError, Scheduler, StepOutput};
+use crate::sched::{
+    Emit, Finished, NewRequest, PullError, ReqId, RequestError, Scheduler, StepOutput,
+};
 
 /// How early a step may be completed instead of slept for.
 pub const SLACK: Duration = Duration::from_millis(1);
@@ -60,7 +62,11 @@ pub enum Command {
     /// `GET /admin/cache`.
     Dump(oneshot::Sender<CacheDump>),
     /// A consumer pulls a hold of ours.
-    ServePull { transfer_id: String, block_ids: Vec<u32>, reply: oneshot::Sender<Result<Vec<Vec<u32>>, PullError>> },
+    ServePull {
+        transfer_id: String,
+        block_ids: Vec<u32>,
+        reply: oneshot::Sender<Result<Vec<Vec<u32>>, PullError>>,
+    },
     /// One of our pulls finished.
     PullDone { id: ReqId, result: Result<Vec<Vec<u32>>, String> },
 }
@@ -141,7 +147,12 @@ impl EngineHandle {
 
     /// Queues `req` (its `id` from [`next_id`](Self::next_id)); `arrived` starts its TTFT and
     /// latency clocks.
-    pub async fn submit(&self, req: NewRequest, stream: bool, arrived: std::time::Instant) -> Result<RequestStream, EngineGone> {
+    pub async fn submit(
+        &self,
+        req: NewRequest,
+        stream: bool,
+        arrived: std::time::Instant,
+    ) -> Result<RequestStream, EngineGone> {
         let (tx, rx) = mpsc::unbounded_channel();
         let id = req.id;
         let client = Client { tx, stream, arrived, first_token: false, tokens: Vec::new() };
@@ -164,9 +175,16 @@ impl EngineHandle {
     }
 
     /// Serves a consumer's pull of one of our holds.
-    pub async fn serve_pull(&self, transfer_id: String, block_ids: Vec<u32>) -> Result<Result<Vec<Vec<u32>>, PullError>, EngineGone> {
+    pub async fn serve_pull(
+        &self,
+        transfer_id: String,
+        block_ids: Vec<u32>,
+    ) -> Result<Result<Vec<Vec<u32>>, PullError>, EngineGone> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(Command::ServePull { transfer_id, block_ids, reply }).await.map_err(|_| EngineGone)?;
+        self.tx
+            .send(Command::ServePull { transfer_id, block_ids, reply })
+            .await
+            .map_err(|_| EngineGone)?;
         rx.await.map_err(|_| EngineGone)
     }
 }
@@ -318,10 +336,12 @@ impl Driver {
                 Emit::Token { id, token } => {
                     // A token followed by its request's end travels as one event.
                     let last = match emits.peek() {
-                        Some(Emit::Finished { id: next, .. }) if *next == id => match emits.next() {
-                            Some(Emit::Finished { done, .. }) => Some(done),
-                            _ => None,
-                        },
+                        Some(Emit::Finished { id: next, .. }) if *next == id => {
+                            match emits.next() {
+                                Some(Emit::Finished { done, .. }) => Some(done),
+                                _ => None,
+                            }
+                        }
                         _ => None,
                     };
                     self.token(id, token, last);
@@ -329,7 +349,11 @@ impl Driver {
                 Emit::Finished { id, done } => {
                     if let Some(c) = self.clients.remove(&id) {
                         self.parts.metrics.e2e.observe(c.arrived.elapsed().as_secs_f64());
-                        let ev = if c.stream { ReqEvent::Finished(done) } else { ReqEvent::Done(c.tokens, done) };
+                        let ev = if c.stream {
+                            ReqEvent::Finished(done)
+                        } else {
+                            ReqEvent::Done(c.tokens, done)
+                        };
                         let _ = c.tx.send(ev);
                     }
                 }
@@ -338,7 +362,11 @@ impl Driver {
                     tracing::debug!(request = id, first_block, blocks = block_ids.len(), producer = %source.request_id, "NIXL pull");
                     let client = self.parts.pull_client.clone();
                     let tx = self.tx.clone();
-                    let cost = self.sched.config().timing.transfer(block_ids.len(), self.parts.nixl_us_per_block);
+                    let cost = self
+                        .sched
+                        .config()
+                        .timing
+                        .transfer(block_ids.len(), self.parts.nixl_us_per_block);
                     tokio::spawn(async move {
                         let result = client.pull(&source, &block_ids).await;
                         if result.is_ok() {
@@ -392,7 +420,12 @@ impl Driver {
     }
 
     fn mirror(&self) {
-        self.parts.metrics.update_engine(self.sched.stats(), self.sched.num_running(), self.sched.num_waiting(), self.sched.kv_usage());
+        self.parts.metrics.update_engine(
+            self.sched.stats(),
+            self.sched.num_running(),
+            self.sched.num_waiting(),
+            self.sched.kv_usage(),
+        );
     }
 }
 

@@ -13,7 +13,9 @@ use crate::sched::{FinishReason, KvLoadFailurePolicy, KvRole, NewRequest, Schedu
 use crate::timing::TimingModel;
 
 fn engine(sink: MemorySink) -> (EngineHandle, Arc<Metrics>) {
-    let vocab = Arc::new(OutputVocab::from_words((0..32).map(|i| (1000 + i, format!(" w{i}"))).collect()).unwrap());
+    let vocab = Arc::new(
+        OutputVocab::from_words((0..32).map(|i| (1000 + i, format!(" w{i}"))).collect()).unwrap(),
+    );
     let cfg = SchedulerConfig {
         block_size: 16,
         num_gpu_blocks: 64,
@@ -21,7 +23,13 @@ fn engine(sink: MemorySink) -> (EngineHandle, Arc<Metrics>) {
         max_num_batched_tokens: 512,
         max_waiting: 8,
         max_model_len: 1024,
-        timing: TimingModel { prefill_tokens_per_s: 1000.0, itl_s: 0.010, contention: 0.0, max_num_seqs: 8, speedup: 1.0 },
+        timing: TimingModel {
+            prefill_tokens_per_s: 1000.0,
+            itl_s: 0.010,
+            contention: 0.0,
+            max_num_seqs: 8,
+            speedup: 1.0,
+        },
         kv_load_failure_policy: KvLoadFailurePolicy::Fail,
         kv_transfer_timeout: Duration::from_secs(30),
     };
@@ -65,7 +73,12 @@ async fn steps_take_their_modelled_time_and_events_come_first() {
     assert_eq!(batches.len(), 1);
     assert_eq!(
         batches[0].events,
-        vec![KvEvent::BlockStored { block_hashes: chain(&prompt, 16, None), parent_block_hash: None, token_ids: prompt.clone(), block_size: 16 }]
+        vec![KvEvent::BlockStored {
+            block_hashes: chain(&prompt, 16, None),
+            parent_block_hash: None,
+            token_ids: prompt.clone(),
+            block_size: 16
+        }]
     );
 
     // Two decode steps of 10 ms each.

@@ -106,7 +106,9 @@ pub struct FaultPatch {
 }
 
 /// Distinguishes an absent field (`None`) from an explicit `null` (`Some(None)`).
-fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
+fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
     Option::<T>::deserialize(d).map(Some)
 }
 
@@ -147,7 +149,8 @@ impl Faults {
             next.fail_prefill_status = v.map(|s| status("fail_prefill_status", s)).transpose()?;
         }
         if let Some(v) = patch.fail_migration_source_status {
-            next.fail_migration_source_status = v.map(|s| status("fail_migration_source_status", s)).transpose()?;
+            next.fail_migration_source_status =
+                v.map(|s| status("fail_migration_source_status", s)).transpose()?;
         }
         if let Some(v) = patch.fail_next_count {
             next.fail_next_count = v;
@@ -231,11 +234,20 @@ mod tests {
     fn patches_change_only_what_they_name() {
         let mut f = Faults::default();
         f.apply(&patch(r#"{"fail_prefill_status":503,"extra_latency_ms":20}"#).unwrap()).unwrap();
-        f.apply(&patch(r#"{"drop_seqs":{"start":3,"end":5},"fail_next_count":2,"fail_next_status":429}"#).unwrap()).unwrap();
+        f.apply(
+            &patch(
+                r#"{"drop_seqs":{"start":3,"end":5},"fail_next_count":2,"fail_next_status":429}"#,
+            )
+            .unwrap(),
+        )
+        .unwrap();
         assert_eq!(f.fail_prefill_status, Some(503));
         assert_eq!(f.extra_latency_ms, 20);
         assert_eq!(f.drop_seqs, Some(SeqRange { start: 3, end: 5 }));
-        assert_eq!((f.take_fail_next(), f.take_fail_next(), f.take_fail_next()), (Some(429), Some(429), None));
+        assert_eq!(
+            (f.take_fail_next(), f.take_fail_next(), f.take_fail_next()),
+            (Some(429), Some(429), None)
+        );
         f.apply(&patch(r#"{"fail_prefill_status":null,"drop_seqs":null}"#).unwrap()).unwrap();
         assert_eq!((f.fail_prefill_status, f.drop_seqs, f.extra_latency_ms), (None, None, 20));
         f.apply(&patch(r#"{"clear":true,"pause_events":true}"#).unwrap()).unwrap();
@@ -246,8 +258,14 @@ mod tests {
     fn invalid_patches_change_nothing() {
         let mut f = Faults::default();
         for (json, want) in [
-            (r#"{"extra_latency_ms":5,"fail_prefill_status":200}"#, FaultError::Status { field: "fail_prefill_status", value: 200 }),
-            (r#"{"fail_next_status":999}"#, FaultError::Status { field: "fail_next_status", value: 999 }),
+            (
+                r#"{"extra_latency_ms":5,"fail_prefill_status":200}"#,
+                FaultError::Status { field: "fail_prefill_status", value: 200 },
+            ),
+            (
+                r#"{"fail_next_status":999}"#,
+                FaultError::Status { field: "fail_next_status", value: 999 },
+            ),
             (r#"{"drop_seqs":{"start":5,"end":3}}"#, FaultError::Range { start: 5, end: 3 }),
         ] {
             assert_eq!(f.apply(&patch(json).unwrap()), Err(want));

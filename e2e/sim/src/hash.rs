@@ -52,7 +52,12 @@ fn low64(digest: &[u8]) -> u64 {
 ///
 /// `out.len()` must equal `from_block`; the salt applies to block 0 only. Hashes are computed
 /// once per block, so extending a request's chain as it generates tokens is O(new blocks).
-pub fn extend_chain(out: &mut Vec<BlockHash>, tokens: &[u32], block_size: usize, salt: Option<&str>) {
+pub fn extend_chain(
+    out: &mut Vec<BlockHash>,
+    tokens: &[u32],
+    block_size: usize,
+    salt: Option<&str>,
+) {
     let full = tokens.len() / block_size;
     for i in out.len()..full {
         let parent = if i == 0 { ROOT_PARENT } else { out[i - 1] };
@@ -114,7 +119,8 @@ mod tests {
     fn unlike_the_router_hash() {
         let toks: Vec<u32> = (0..16).collect();
         let seed = kvmesh_core::hashing::block_seed(None, None);
-        let router: Vec<u64> = kvmesh_core::hashing::sequence_hashes(&toks, 16, seed).iter().map(|h| h.0).collect();
+        let router: Vec<u64> =
+            kvmesh_core::hashing::sequence_hashes(&toks, 16, seed).iter().map(|h| h.0).collect();
         assert_ne!(chain(&toks, 16, None), router);
     }
 }

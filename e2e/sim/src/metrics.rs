@@ -124,14 +124,20 @@ pub const ALL: &[&str] = &[
 ];
 
 /// vLLM's TTFT buckets (seconds; `vllm/v1/metrics/buckets.py`).
-const TTFT_BUCKETS: &[f64] =
-    &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0];
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
 /// vLLM's request-latency buckets (seconds), shared by the e2e, queue, prefill, decode and
 /// inference histograms.
-const E2E_BUCKETS: &[f64] = &[0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0];
+const E2E_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
 
 /// vLLM's tokens-per-step buckets.
-const ITERATION_TOKENS_BUCKETS: &[f64] = &[1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0];
+const ITERATION_TOKENS_BUCKETS: &[f64] =
+    &[1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0];
 
 /// vLLM's `request_tokens` buckets: 1, 2, 5, 10, 20, 50, … up to `max` (`build_1_2_5_buckets`).
 pub fn buckets_1_2_5(max: usize) -> Vec<f64> {
@@ -172,7 +178,11 @@ pub struct Histogram {
 
 impl Histogram {
     fn new(bounds: &[f64]) -> Self {
-        Self { bounds: bounds.to_vec(), counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(), sum_nano: AtomicU64::new(0) }
+        Self {
+            bounds: bounds.to_vec(),
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_nano: AtomicU64::new(0),
+        }
     }
 
     /// Records one observation.
@@ -278,7 +288,13 @@ pub struct Metrics {
 impl Metrics {
     /// Metrics for model `model_name`, engine (DP rank) `engine`, cache geometry for
     /// `cache_config_info`, `max_model_len` for the token-count buckets.
-    pub fn new(model_name: &str, engine: u32, block_size: usize, num_gpu_blocks: u32, max_model_len: usize) -> Self {
+    pub fn new(
+        model_name: &str,
+        engine: u32,
+        block_size: usize,
+        num_gpu_blocks: u32,
+        max_model_len: usize,
+    ) -> Self {
         let model = model_name.replace('\\', "\\\\").replace('"', "\\\"");
         Self {
             labels: format!("model_name=\"{model}\",engine=\"{engine}\""),
@@ -329,18 +345,58 @@ impl Metrics {
         let gauge = |o: &mut String, name: &str, help: &str, v: f64| {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{l}}} {v}");
         };
-        gauge(&mut o, NUM_REQUESTS_RUNNING, "Number of requests in model execution batches.", self.running.load(Relaxed) as f64);
-        gauge(&mut o, NUM_REQUESTS_WAITING, "Number of requests waiting to be processed.", self.waiting.load(Relaxed) as f64);
-        gauge(&mut o, KV_CACHE_USAGE_PERC, "KV-cache usage. 1 means 100 percent usage.", f64::from_bits(self.kv_usage_bits.load(Relaxed)));
+        gauge(
+            &mut o,
+            NUM_REQUESTS_RUNNING,
+            "Number of requests in model execution batches.",
+            self.running.load(Relaxed) as f64,
+        );
+        gauge(
+            &mut o,
+            NUM_REQUESTS_WAITING,
+            "Number of requests waiting to be processed.",
+            self.waiting.load(Relaxed) as f64,
+        );
+        gauge(
+            &mut o,
+            KV_CACHE_USAGE_PERC,
+            "KV-cache usage. 1 means 100 percent usage.",
+            f64::from_bits(self.kv_usage_bits.load(Relaxed)),
+        );
         let counter = |o: &mut String, name: &str, help: &str, v: u64| {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{l}}} {v}");
         };
-        counter(&mut o, PREFIX_CACHE_QUERIES, "Prefix cache queries, in terms of number of queried tokens.", s.prefix_queries);
-        counter(&mut o, PREFIX_CACHE_HITS, "Prefix cache hits, in terms of number of cached tokens.", s.prefix_hits);
-        counter(&mut o, EXTERNAL_PREFIX_CACHE_QUERIES, "External prefix cache queries from KV connector (tokens).", s.external_queries);
-        counter(&mut o, EXTERNAL_PREFIX_CACHE_HITS, "External prefix cache hits from KV connector (tokens).", s.external_hits);
+        counter(
+            &mut o,
+            PREFIX_CACHE_QUERIES,
+            "Prefix cache queries, in terms of number of queried tokens.",
+            s.prefix_queries,
+        );
+        counter(
+            &mut o,
+            PREFIX_CACHE_HITS,
+            "Prefix cache hits, in terms of number of cached tokens.",
+            s.prefix_hits,
+        );
+        counter(
+            &mut o,
+            EXTERNAL_PREFIX_CACHE_QUERIES,
+            "External prefix cache queries from KV connector (tokens).",
+            s.external_queries,
+        );
+        counter(
+            &mut o,
+            EXTERNAL_PREFIX_CACHE_HITS,
+            "External prefix cache hits from KV connector (tokens).",
+            s.external_hits,
+        );
         counter(&mut o, PROMPT_TOKENS, "Number of prefill tokens processed.", s.prompt_tokens);
-        counter(&mut o, PROMPT_TOKENS_CACHED, "Number of cached prompt tokens (local + external).", s.prompt_tokens_cached);
+        counter(
+            &mut o,
+            PROMPT_TOKENS_CACHED,
+            "Number of cached prompt tokens (local + external).",
+            s.prompt_tokens_cached,
+        );
         let _ = writeln!(o, "# HELP {PROMPT_TOKENS_BY_SOURCE} Number of prompt tokens by source.\n# TYPE {PROMPT_TOKENS_BY_SOURCE} counter");
         let local_hit = s.prompt_tokens_cached.saturating_sub(s.prompt_tokens_external);
         for (source, v) in [
@@ -350,15 +406,31 @@ impl Metrics {
         ] {
             let _ = writeln!(o, "{PROMPT_TOKENS_BY_SOURCE}{{{l},source=\"{source}\"}} {v}");
         }
-        counter(&mut o, GENERATION_TOKENS, "Number of generation tokens processed.", s.generation_tokens);
-        counter(&mut o, NUM_PREEMPTIONS, "Cumulative number of preemption from the engine.", s.preemptions);
+        counter(
+            &mut o,
+            GENERATION_TOKENS,
+            "Number of generation tokens processed.",
+            s.generation_tokens,
+        );
+        counter(
+            &mut o,
+            NUM_PREEMPTIONS,
+            "Cumulative number of preemption from the engine.",
+            s.preemptions,
+        );
         let _ = writeln!(o, "# HELP {REQUEST_SUCCESS} Count of successfully processed requests.\n# TYPE {REQUEST_SUCCESS} counter");
-        let _ = writeln!(o, "{REQUEST_SUCCESS}{{{l},finished_reason=\"length\"}} {}", s.finished_length);
-        let _ = writeln!(o, "{REQUEST_SUCCESS}{{{l},finished_reason=\"stop\"}} {}", s.finished_stop);
+        let _ = writeln!(
+            o,
+            "{REQUEST_SUCCESS}{{{l},finished_reason=\"length\"}} {}",
+            s.finished_length
+        );
+        let _ =
+            writeln!(o, "{REQUEST_SUCCESS}{{{l},finished_reason=\"stop\"}} {}", s.finished_stop);
         // vLLM creates a series per FinishReason. Client disconnects are not counted (vLLM's
         // output processor drops aborted requests without stats); no model, so no repetition.
         let _ = writeln!(o, "{REQUEST_SUCCESS}{{{l},finished_reason=\"abort\"}} 0");
-        let _ = writeln!(o, "{REQUEST_SUCCESS}{{{l},finished_reason=\"error\"}} {}", s.finished_error);
+        let _ =
+            writeln!(o, "{REQUEST_SUCCESS}{{{l},finished_reason=\"error\"}} {}", s.finished_error);
         let _ = writeln!(o, "{REQUEST_SUCCESS}{{{l},finished_reason=\"repetition\"}} 0");
         let _ = writeln!(o, "# HELP {TIME_TO_FIRST_TOKEN} Histogram of time to first token in seconds.\n# TYPE {TIME_TO_FIRST_TOKEN} histogram");
         self.ttft.render(&mut o, TIME_TO_FIRST_TOKEN, l);
@@ -366,33 +438,93 @@ impl Metrics {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} histogram");
             h.render(o, name, l);
         };
-        histogram(&mut o, E2E_REQUEST_LATENCY, "Histogram of e2e request latency in seconds.", &self.e2e);
-        histogram(&mut o, REQUEST_QUEUE_TIME, "Histogram of time spent in WAITING phase for request.", &self.queue_time);
-        histogram(&mut o, REQUEST_INFERENCE_TIME, "Histogram of time spent in RUNNING phase for request.", &self.inference_time);
-        histogram(&mut o, REQUEST_PREFILL_TIME, "Histogram of time spent in PREFILL phase for request.", &self.prefill_time);
-        histogram(&mut o, REQUEST_DECODE_TIME, "Histogram of time spent in DECODE phase for request.", &self.decode_time);
+        histogram(
+            &mut o,
+            E2E_REQUEST_LATENCY,
+            "Histogram of e2e request latency in seconds.",
+            &self.e2e,
+        );
+        histogram(
+            &mut o,
+            REQUEST_QUEUE_TIME,
+            "Histogram of time spent in WAITING phase for request.",
+            &self.queue_time,
+        );
+        histogram(
+            &mut o,
+            REQUEST_INFERENCE_TIME,
+            "Histogram of time spent in RUNNING phase for request.",
+            &self.inference_time,
+        );
+        histogram(
+            &mut o,
+            REQUEST_PREFILL_TIME,
+            "Histogram of time spent in PREFILL phase for request.",
+            &self.prefill_time,
+        );
+        histogram(
+            &mut o,
+            REQUEST_DECODE_TIME,
+            "Histogram of time spent in DECODE phase for request.",
+            &self.decode_time,
+        );
         histogram(
             &mut o,
             REQUEST_PREFILL_KV_COMPUTED,
             "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
             &self.prefill_kv_computed,
         );
-        histogram(&mut o, ITERATION_TOKENS, "Histogram of number of tokens per engine_step.", &self.iteration_tokens);
+        histogram(
+            &mut o,
+            ITERATION_TOKENS,
+            "Histogram of number of tokens per engine_step.",
+            &self.iteration_tokens,
+        );
         let _ = writeln!(o, "# HELP {CACHE_CONFIG_INFO} Information of the LLMEngine CacheConfig\n# TYPE {CACHE_CONFIG_INFO} gauge");
         let _ = writeln!(o, "{CACHE_CONFIG_INFO}{{{}}} 1", self.cache_info);
 
-        counter(&mut o, REQUESTS_ABORTED, "Requests cancelled because the client went away.", s.aborted);
-        counter(&mut o, KV_LOAD_FAILURES, "NIXL pulls that failed or returned other tokens.", s.kv_load_failures);
+        counter(
+            &mut o,
+            REQUESTS_ABORTED,
+            "Requests cancelled because the client went away.",
+            s.aborted,
+        );
+        counter(
+            &mut o,
+            KV_LOAD_FAILURES,
+            "NIXL pulls that failed or returned other tokens.",
+            s.kv_load_failures,
+        );
         counter(&mut o, ENGINE_STEPS, "Engine steps executed.", s.steps);
-        counter(&mut o, KV_REPLAY_REQUESTS, "KV-event replay requests served.", self.replays.load(Relaxed));
-        counter(&mut o, PREEMPTED_REQUESTS, "Re-admissions of preempted requests (vLLM PrefixCacheStats.preempted_requests).", s.preempted_admissions);
+        counter(
+            &mut o,
+            KV_REPLAY_REQUESTS,
+            "KV-event replay requests served.",
+            self.replays.load(Relaxed),
+        );
+        counter(
+            &mut o,
+            PREEMPTED_REQUESTS,
+            "Re-admissions of preempted requests (vLLM PrefixCacheStats.preempted_requests).",
+            s.preempted_admissions,
+        );
         counter(&mut o, PREEMPTED_QUERIES, "Prompt tokens re-admitted preempted requests looked up (not in vllm:prefix_cache_queries).", s.preempted_queries);
-        counter(&mut o, PREEMPTED_HITS, "Prompt tokens re-admitted preempted requests hit (not in vllm:prefix_cache_hits).", s.preempted_hits);
+        counter(
+            &mut o,
+            PREEMPTED_HITS,
+            "Prompt tokens re-admitted preempted requests hit (not in vllm:prefix_cache_hits).",
+            s.preempted_hits,
+        );
         let family = |o: &mut String, name: &str, help: &str, c: &LabeledCounter| {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
             c.render(o, name, l);
         };
-        family(&mut o, REQUESTS_REJECTED, "Requests answered with an error, by reason.", &self.rejected);
+        family(
+            &mut o,
+            REQUESTS_REJECTED,
+            "Requests answered with an error, by reason.",
+            &self.rejected,
+        );
         family(&mut o, FAULTS_INJECTED, "Faults injected, by kind.", &self.faults);
         family(&mut o, KV_EVENT_BATCHES, "KV event batches by outcome.", &self.event_batches);
         family(&mut o, NIXL_PULLS, "NIXL pulls made as a consumer, by outcome.", &self.pulls);
@@ -410,19 +542,31 @@ mod tests {
     #[test]
     fn renders_every_metric_with_vllm_labels() {
         let m = Metrics::new("deepseek-v4", 0, 16, 100, 1600);
-        m.update_engine(SchedStats { prefix_queries: 32, prefix_hits: 16, ..SchedStats::default() }, 2, 1, 0.25);
+        m.update_engine(
+            SchedStats { prefix_queries: 32, prefix_hits: 16, ..SchedStats::default() },
+            2,
+            1,
+            0.25,
+        );
         m.ttft.observe(0.003);
         m.rejected.inc("bad_request");
         let text = m.render();
         for name in ALL {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
         }
-        assert!(text.contains("vllm:prefix_cache_hits_total{model_name=\"deepseek-v4\",engine=\"0\"} 16\n"));
+        assert!(text.contains(
+            "vllm:prefix_cache_hits_total{model_name=\"deepseek-v4\",engine=\"0\"} 16\n"
+        ));
         assert!(text.contains("vllm:prompt_tokens_by_source_total{model_name=\"deepseek-v4\",engine=\"0\",source=\"local_compute\"} 0\n"));
-        assert!(text.contains("vllm:num_requests_running{model_name=\"deepseek-v4\",engine=\"0\"} 2\n"));
-        assert!(text.contains("vllm:kv_cache_usage_perc{model_name=\"deepseek-v4\",engine=\"0\"} 0.25\n"));
+        assert!(
+            text.contains("vllm:num_requests_running{model_name=\"deepseek-v4\",engine=\"0\"} 2\n")
+        );
+        assert!(text
+            .contains("vllm:kv_cache_usage_perc{model_name=\"deepseek-v4\",engine=\"0\"} 0.25\n"));
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"deepseek-v4\",engine=\"0\",le=\"0.005\"} 1\n"));
-        assert!(text.contains("vllm:time_to_first_token_seconds_count{model_name=\"deepseek-v4\",engine=\"0\"} 1\n"));
+        assert!(text.contains(
+            "vllm:time_to_first_token_seconds_count{model_name=\"deepseek-v4\",engine=\"0\"} 1\n"
+        ));
         assert!(text.contains("kvmesh_sim_requests_rejected_total{model_name=\"deepseek-v4\",engine=\"0\",reason=\"bad_request\"} 1\n"));
         assert!(text.contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"100\""));
         // Integral bounds as prometheus_client writes them.
@@ -442,8 +586,13 @@ mod tests {
             assert_eq!(buckets_1_2_5(*max), *want, "max {max}");
         }
         let huge = buckets_1_2_5(usize::MAX);
-        assert!(huge.windows(2).all(|w| w[0] < w[1]) && huge.len() > 50, "terminates without overflow, increasing");
-        for (b, want) in [(1.0, "1.0"), (0.005, "0.005"), (2560.0, "2560.0"), (0.3, "0.3"), (16384.0, "16384.0")] {
+        assert!(
+            huge.windows(2).all(|w| w[0] < w[1]) && huge.len() > 50,
+            "terminates without overflow, increasing"
+        );
+        for (b, want) in
+            [(1.0, "1.0"), (0.005, "0.005"), (2560.0, "2560.0"), (0.3, "0.3"), (16384.0, "16384.0")]
+        {
             assert_eq!(le_label(b), want);
         }
     }
@@ -455,8 +604,11 @@ mod tests {
         let readme = include_str!("../README.md");
         let section = readme.split("\n## Metrics\n").nth(1).expect("README has a Metrics section");
         let section = section.split("\n## ").next().unwrap_or(section);
-        let rows: std::collections::BTreeSet<&str> =
-            section.lines().filter_map(|l| l.strip_prefix("| `")).filter_map(|l| l.split('`').next()).collect();
+        let rows: std::collections::BTreeSet<&str> = section
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|l| l.split('`').next())
+            .collect();
         let exported: std::collections::BTreeSet<&str> = ALL.iter().copied().collect();
         assert_eq!(rows, exported, "README.md metrics table vs metrics::ALL");
     }

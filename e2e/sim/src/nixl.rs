@@ -68,12 +68,17 @@ pub fn parse_params(params: Option<&Value>) -> Result<TransferRequest, TransferP
     };
     let (decode, prefill) = (flag("do_remote_decode")?, flag("do_remote_prefill")?);
     match (decode, prefill) {
-        (true, true) => Err(TransferParamsError("do_remote_decode and do_remote_prefill are both true".into())),
+        (true, true) => {
+            Err(TransferParamsError("do_remote_decode and do_remote_prefill are both true".into()))
+        }
         (true, false) => Ok(TransferRequest::Produce),
         (false, false) => Ok(TransferRequest::None),
         (false, true) => {
             let text = |k: &str| {
-                obj.get(k).and_then(Value::as_str).map(str::to_owned).ok_or_else(|| TransferParamsError(format!("`{k}` must be a string")))
+                obj.get(k)
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+                    .ok_or_else(|| TransferParamsError(format!("`{k}` must be a string")))
             };
             let port = obj
                 .get("remote_port")
@@ -83,15 +88,23 @@ pub fn parse_params(params: Option<&Value>) -> Result<TransferRequest, TransferP
             let block_ids = obj
                 .get("remote_block_ids")
                 .and_then(Value::as_array)
-                .ok_or_else(|| TransferParamsError("`remote_block_ids` must be a list of block ids".into()))?
+                .ok_or_else(|| {
+                    TransferParamsError("`remote_block_ids` must be a list of block ids".into())
+                })?
                 .iter()
                 .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
                 .collect::<Option<Vec<u32>>>()
-                .ok_or_else(|| TransferParamsError("`remote_block_ids` must be a list of block ids".into()))?;
+                .ok_or_else(|| {
+                    TransferParamsError("`remote_block_ids` must be a list of block ids".into())
+                })?;
             Ok(TransferRequest::Consume(RemoteSource {
                 host: text("remote_host")?,
                 port,
-                engine_id: obj.get("remote_engine_id").and_then(Value::as_str).unwrap_or_default().to_owned(),
+                engine_id: obj
+                    .get("remote_engine_id")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
                 request_id: text("remote_request_id")?,
                 block_ids,
             }))
@@ -128,7 +141,11 @@ impl PullClient {
     }
 
     /// Reads `block_ids` from `source` (and so releases its hold). Errors are reasons for logs.
-    pub async fn pull(&self, source: &RemoteSource, block_ids: &[u32]) -> Result<Vec<Vec<u32>>, String> {
+    pub async fn pull(
+        &self,
+        source: &RemoteSource,
+        block_ids: &[u32],
+    ) -> Result<Vec<Vec<u32>>, String> {
         let host = if source.host.contains(':') && !source.host.starts_with('[') {
             format!("[{}]", source.host)
         } else {
@@ -140,15 +157,23 @@ impl PullClient {
             remote_block_ids: block_ids.to_vec(),
             remote_engine_id: Some(source.engine_id.clone()).filter(|s| !s.is_empty()),
         };
-        let resp = self.http.post(&url).json(&body).send().await.map_err(|e| format!("{url}: {e}"))?;
+        let resp =
+            self.http.post(&url).json(&body).send().await.map_err(|e| format!("{url}: {e}"))?;
         let status = resp.status();
         if !status.is_success() {
             let text = resp.text().await.unwrap_or_default();
-            return Err(format!("{url}: HTTP {status}: {}", text.chars().take(200).collect::<String>()));
+            return Err(format!(
+                "{url}: HTTP {status}: {}",
+                text.chars().take(200).collect::<String>()
+            ));
         }
-        let got: PullResponse = resp.json().await.map_err(|e| format!("{url}: bad pull response: {e}"))?;
+        let got: PullResponse =
+            resp.json().await.map_err(|e| format!("{url}: bad pull response: {e}"))?;
         if got.block_size != self.block_size {
-            return Err(format!("producer block size {} != ours {}", got.block_size, self.block_size));
+            return Err(format!(
+                "producer block size {} != ours {}",
+                got.block_size, self.block_size
+            ));
         }
         if got.blocks.len() != block_ids.len() {
             return Err(format!("asked for {} blocks, got {}", block_ids.len(), got.blocks.len()));
@@ -168,14 +193,24 @@ mod tests {
         assert_eq!(ok(Value::Null), TransferRequest::None);
         // The toy proxy's prefill-leg shape.
         assert_eq!(
-            ok(json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null, "remote_block_ids": null, "remote_host": null, "remote_port": null})),
+            ok(
+                json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null, "remote_block_ids": null, "remote_host": null, "remote_port": null})
+            ),
             TransferRequest::Produce
         );
-        let consume = ok(json!({"do_remote_prefill": true, "do_remote_decode": false, "remote_block_ids": [3, 4], "remote_engine_id": "p",
-            "remote_request_id": "x", "remote_host": "127.0.0.1", "remote_port": 8000, "tp_size": 1}));
+        let consume = ok(
+            json!({"do_remote_prefill": true, "do_remote_decode": false, "remote_block_ids": [3, 4], "remote_engine_id": "p",
+            "remote_request_id": "x", "remote_host": "127.0.0.1", "remote_port": 8000, "tp_size": 1}),
+        );
         assert_eq!(
             consume,
-            TransferRequest::Consume(RemoteSource { host: "127.0.0.1".into(), port: 8000, engine_id: "p".into(), request_id: "x".into(), block_ids: vec![3, 4] })
+            TransferRequest::Consume(RemoteSource {
+                host: "127.0.0.1".into(),
+                port: 8000,
+                engine_id: "p".into(),
+                request_id: "x".into(),
+                block_ids: vec![3, 4]
+            })
         );
         for bad in [
             json!(1),
@@ -190,7 +225,8 @@ mod tests {
 
     #[test]
     fn response_shape() {
-        let t = TransferOut { transfer_id: "sim-1-7".into(), block_ids: vec![1, 2], num_tokens: 20 };
+        let t =
+            TransferOut { transfer_id: "sim-1-7".into(), block_ids: vec![1, 2], num_tokens: 20 };
         let v = response_params(&t, "sim-1", "127.0.0.1", 9000);
         assert_eq!(
             v,

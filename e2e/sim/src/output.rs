@@ -110,11 +110,17 @@ pub fn splitmix64(state: &mut u64) -> u64 {
 /// hash of its last full block (which covers every token before it) mixed with the tokens of the
 /// partial tail and the length — so the same prompt always gets the same reply, at no extra pass
 /// over the prompt.
-pub fn seed_for(prompt: &[u32], full_block_hashes: &[u64], block_size: usize, explicit: Option<u64>) -> u64 {
+pub fn seed_for(
+    prompt: &[u32],
+    full_block_hashes: &[u64],
+    block_size: usize,
+    explicit: Option<u64>,
+) -> u64 {
     if let Some(s) = explicit {
         return s;
     }
-    let mut state = full_block_hashes.last().copied().unwrap_or(0x5eed) ^ (prompt.len() as u64).rotate_left(32);
+    let mut state =
+        full_block_hashes.last().copied().unwrap_or(0x5eed) ^ (prompt.len() as u64).rotate_left(32);
     let mut seed = splitmix64(&mut state);
     for &t in &prompt[(full_block_hashes.len() * block_size).min(prompt.len())..] {
         state ^= u64::from(t);
@@ -152,14 +158,25 @@ mod tests {
         let seed = |p: &[u32]| seed_for(p, &crate::hash::chain(p, 4, None), 4, None);
         assert_eq!(seed(&[1, 2, 3]), seed(&[1, 2, 3]));
         assert_ne!(seed(&[1, 2, 3]), seed(&[1, 2, 4]));
-        assert_ne!(seed(&[1, 2, 3, 4, 5]), seed(&[9, 2, 3, 4, 5]), "full blocks count through their hash");
+        assert_ne!(
+            seed(&[1, 2, 3, 4, 5]),
+            seed(&[9, 2, 3, 4, 5]),
+            "full blocks count through their hash"
+        );
         assert_ne!(seed(&[1, 2, 3, 4]), seed(&[1, 2, 3, 4, 5]));
         assert_eq!(seed_for(&[1], &[], 4, Some(42)), 42);
     }
 
     #[test]
     fn plain_words_only() {
-        for (text, ok) in [(" house", true), ("house", false), (" Ho", false), (" ab", false), (" <x>", false), (" abcdefghijk", false)] {
+        for (text, ok) in [
+            (" house", true),
+            ("house", false),
+            (" Ho", false),
+            (" ab", false),
+            (" <x>", false),
+            (" abcdefghijk", false),
+        ] {
             assert_eq!(is_plain_word(text), ok, "{text:?}");
         }
         assert!(OutputVocab::from_words(vec![(1, " a".into())]).is_err());

@@ -229,14 +229,21 @@ impl BlockPool {
     /// Caches `blocks[from..to]` under `hashes[from..to]` (the request's block table and hash
     /// chain), recording one `BlockStored` per contiguous run of newly cached blocks. Blocks
     /// whose hash is already cached elsewhere stay uncached copies.
-    pub fn cache_blocks(&mut self, blocks: &[BlockId], hashes: &[BlockHash], from: usize, to: usize) {
+    pub fn cache_blocks(
+        &mut self,
+        blocks: &[BlockId],
+        hashes: &[BlockHash],
+        from: usize,
+        to: usize,
+    ) {
         let to = to.min(blocks.len()).min(hashes.len());
         let mut run_start: Option<usize> = None;
         for i in from..to {
             let id = blocks[i];
             let h = hashes[i];
             let full = self.meta[id as usize].len as usize == self.block_size;
-            let fresh = full && self.meta[id as usize].hash.is_none() && !self.cached.contains_key(&h);
+            let fresh =
+                full && self.meta[id as usize].hash.is_none() && !self.cached.contains_key(&h);
             if fresh {
                 let m = &mut self.meta[id as usize];
                 m.hash = Some(h);

@@ -24,7 +24,12 @@ fn admit(pool: &mut BlockPool, tokens: &[u32]) -> (Vec<BlockId>, usize) {
 }
 
 fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> KvEvent {
-    KvEvent::BlockStored { block_hashes: hashes.to_vec(), parent_block_hash: parent, token_ids: tokens.to_vec(), block_size: BS as u32 }
+    KvEvent::BlockStored {
+        block_hashes: hashes.to_vec(),
+        parent_block_hash: parent,
+        token_ids: tokens.to_vec(),
+        block_size: BS as u32,
+    }
 }
 
 #[test]
@@ -70,10 +75,7 @@ fn eviction_is_lru_in_free_order_and_only_on_reuse() {
     let hc = chain(&c, BS, None);
     assert_eq!(
         pool.take_events(),
-        vec![
-            KvEvent::BlockRemoved { block_hashes: vec![ha[1], ha[0]] },
-            stored(&hc, None, &c),
-        ]
+        vec![KvEvent::BlockRemoved { block_hashes: vec![ha[1], ha[0]] }, stored(&hc, None, &c),]
     );
     assert_eq!(pool.lookup(&chain(&b, BS, None)).blocks, 2);
     assert_eq!(pool.lookup(&ha).blocks, 0);
@@ -160,9 +162,19 @@ fn dump_lists_cached_blocks_in_chain_order_with_parents() {
     assert_eq!(dump.len(), 2);
     assert_eq!(
         dump[0],
-        CachedBlock { block_id: blocks[0], block_hash: ha[0], parent_block_hash: None, position: 0, token_ids: vec![0, 1, 2, 3], ref_cnt: 1 }
+        CachedBlock {
+            block_id: blocks[0],
+            block_hash: ha[0],
+            parent_block_hash: None,
+            position: 0,
+            token_ids: vec![0, 1, 2, 3],
+            ref_cnt: 1
+        }
     );
-    assert_eq!((dump[1].parent_block_hash, dump[1].position, dump[1].token_ids.as_slice()), (Some(ha[0]), 1, &[4, 5, 6, 7][..]));
+    assert_eq!(
+        (dump[1].parent_block_hash, dump[1].position, dump[1].token_ids.as_slice()),
+        (Some(ha[0]), 1, &[4, 5, 6, 7][..])
+    );
     // The partial third block is written but not cached.
     assert_eq!(pool.block_tokens(blocks[2]), &[8, 9]);
 }

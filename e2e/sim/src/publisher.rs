@@ -95,10 +95,7 @@ pub struct ReplayRing {
 impl ReplayRing {
     /// An empty ring keeping `cap` batches.
     pub fn new(cap: usize) -> Self {
-        Self {
-            cap: cap.max(1),
-            batches: VecDeque::with_capacity(cap.clamp(1, 1 << 16)),
-        }
+        Self { cap: cap.max(1), batches: VecDeque::with_capacity(cap.clamp(1, 1 << 16)) }
     }
 
     /// Appends a batch, dropping the oldest beyond capacity.
@@ -149,10 +146,7 @@ impl EventSink for ZmqSink {
         self.next_seq += 1;
         self.ring.lock().push(seq, payload.clone());
         if drop.is_some_and(|r| r.contains(seq)) {
-            tracing::info!(
-                seq,
-                "fault: KV event batch kept for replay but not published"
-            );
+            tracing::info!(seq, "fault: KV event batch kept for replay but not published");
             self.metrics.event_batches.inc("dropped_fault");
             return;
         }
@@ -173,11 +167,7 @@ fn zerr<'a>(
     what: &'static str,
     endpoint: &'a str,
 ) -> impl FnOnce(zmq::Error) -> PublisherError + 'a {
-    move |source| PublisherError::Zmq {
-        what,
-        endpoint: endpoint.to_owned(),
-        source,
-    }
+    move |source| PublisherError::Zmq { what, endpoint: endpoint.to_owned(), source }
 }
 
 /// Binds the sockets, starts the PUB and replay threads, returns the sink and where it bound.
@@ -187,18 +177,10 @@ pub fn start(
     metrics: Arc<Metrics>,
 ) -> Result<(ZmqSink, BoundEndpoints), PublisherError> {
     let ctx = zmq::Context::new();
-    let publisher = ctx
-        .socket(zmq::PUB)
-        .map_err(zerr("socket", &cfg.endpoint))?;
-    publisher
-        .set_sndhwm(cfg.hwm)
-        .map_err(zerr("sndhwm", &cfg.endpoint))?;
-    publisher
-        .set_linger(0)
-        .map_err(zerr("linger", &cfg.endpoint))?;
-    publisher
-        .bind(&cfg.endpoint)
-        .map_err(zerr("bind", &cfg.endpoint))?;
+    let publisher = ctx.socket(zmq::PUB).map_err(zerr("socket", &cfg.endpoint))?;
+    publisher.set_sndhwm(cfg.hwm).map_err(zerr("sndhwm", &cfg.endpoint))?;
+    publisher.set_linger(0).map_err(zerr("linger", &cfg.endpoint))?;
+    publisher.bind(&cfg.endpoint).map_err(zerr("bind", &cfg.endpoint))?;
     let pub_endpoint = last_endpoint(&publisher).unwrap_or_else(|| cfg.endpoint.clone());
 
     let ring = Arc::new(Mutex::new(ReplayRing::new(cfg.buffer_steps)));
@@ -206,9 +188,7 @@ pub fn start(
     if let Some(ep) = &cfg.replay_endpoint {
         let router = ctx.socket(zmq::ROUTER).map_err(zerr("socket", ep))?;
         router.set_linger(0).map_err(zerr("linger", ep))?;
-        router
-            .set_sndhwm(REPLAY_SNDHWM)
-            .map_err(zerr("sndhwm", ep))?;
+        router.set_sndhwm(REPLAY_SNDHWM).map_err(zerr("sndhwm", ep))?;
         router.bind(ep).map_err(zerr("bind", ep))?;
         replay_endpoint = Some(last_endpoint(&router).unwrap_or_else(|| ep.clone()));
         let ring = ring.clone();
@@ -237,13 +217,7 @@ pub fn start(
         faults,
         metrics,
     };
-    Ok((
-        sink,
-        BoundEndpoints {
-            pub_endpoint,
-            replay_endpoint,
-        },
-    ))
+    Ok((sink, BoundEndpoints { pub_endpoint, replay_endpoint }))
 }
 
 fn last_endpoint(s: &zmq::Socket) -> Option<String> {
@@ -286,15 +260,10 @@ fn replay_loop(
             }
         };
         let Ok(start) = <[u8; 8]>::try_from(start.as_slice()).map(u64::from_be_bytes) else {
-            tracing::warn!(
-                len = start.len(),
-                "replay request without an 8-byte sequence ignored"
-            );
+            tracing::warn!(len = start.len(), "replay request without an 8-byte sequence ignored");
             continue;
         };
-        metrics
-            .replays
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        metrics.replays.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let batches = ring.lock().from(start);
         tracing::info!(start, batches = batches.len(), "serving KV event replay");
         let send = |seq: &[u8], payload: &[u8]| -> Result<(), zmq::Error> {
@@ -333,11 +302,7 @@ mod tests {
         }
         let seqs = |v: Vec<(u64, Bytes)>| v.into_iter().map(|(s, _)| s).collect::<Vec<_>>();
         assert_eq!(seqs(r.from(3)), [3, 4]);
-        assert_eq!(
-            seqs(r.from(0)),
-            [2, 3, 4],
-            "older than kept: from the oldest"
-        );
+        assert_eq!(seqs(r.from(0)), [2, 3, 4], "older than kept: from the oldest");
         assert!(r.from(9).is_empty());
         assert!(ReplayRing::new(2).from(0).is_empty());
     }

@@ -21,7 +21,12 @@ const REBIND_PATIENCE: Duration = Duration::from_secs(10);
 
 /// Serves `app` on `listener` until `shutdown` resolves; each `vanish` message closes the
 /// listener and all connections for that long.
-pub async fn serve(listener: TcpListener, app: Router, mut vanish: mpsc::UnboundedReceiver<Duration>, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    mut vanish: mpsc::UnboundedReceiver<Duration>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     let addr = listener.local_addr()?;
     let mut listener = Some(listener);
     let (cut_tx, _) = watch::channel(0u64);

@@ -49,7 +49,13 @@ mod tests {
     use super::*;
 
     fn model(speedup: f64) -> TimingModel {
-        TimingModel { prefill_tokens_per_s: 1000.0, itl_s: 0.02, contention: 1.0, max_num_seqs: 5, speedup }
+        TimingModel {
+            prefill_tokens_per_s: 1000.0,
+            itl_s: 0.02,
+            contention: 1.0,
+            max_num_seqs: 5,
+            speedup,
+        }
     }
 
     #[test]
@@ -57,12 +63,12 @@ mod tests {
         let m = model(1.0);
         let cases: &[(u64, u32, u32, f64)] = &[
             (0, 0, 0, 0.0),
-            (500, 0, 1, 0.5),     // pure prefill
-            (0, 1, 1, 0.02),      // one sequence decoding
-            (0, 5, 5, 0.04),      // full batch: ITL × (1 + contention)
-            (0, 3, 3, 0.03),      // half way
-            (1000, 2, 3, 1.03),   // chunked prefill plus decodes
-            (0, 9, 9, 0.04),      // beyond max_num_seqs: capped
+            (500, 0, 1, 0.5),   // pure prefill
+            (0, 1, 1, 0.02),    // one sequence decoding
+            (0, 5, 5, 0.04),    // full batch: ITL × (1 + contention)
+            (0, 3, 3, 0.03),    // half way
+            (1000, 2, 3, 1.03), // chunked prefill plus decodes
+            (0, 9, 9, 0.04),    // beyond max_num_seqs: capped
         ];
         for &(p, d, b, want) in cases {
             let got = m.step(p, d, b).as_secs_f64();

@@ -65,11 +65,17 @@ impl<T, E: std::fmt::Display> Wire<T> for Result<T, E> {
 }
 
 /// Encodes `batch` as vLLM's `KVEventBatch` payload for data-parallel rank `dp_rank`.
-pub fn encode_batch(batch: &EventBatch, dp_rank: u32, layout: Layout) -> Result<Vec<u8>, WireError> {
+pub fn encode_batch(
+    batch: &EventBatch,
+    dp_rank: u32,
+    layout: Layout,
+) -> Result<Vec<u8>, WireError> {
     let mut cap = 32;
     for e in &batch.events {
         cap += match e {
-            KvEvent::BlockStored { block_hashes, token_ids, .. } => 96 + 9 * block_hashes.len() + 5 * token_ids.len(),
+            KvEvent::BlockStored { block_hashes, token_ids, .. } => {
+                96 + 9 * block_hashes.len() + 5 * token_ids.len()
+            }
             KvEvent::BlockRemoved { block_hashes } => 48 + 9 * block_hashes.len(),
             KvEvent::AllBlocksCleared => 24,
         };
@@ -89,7 +95,8 @@ pub fn encode_batch(batch: &EventBatch, dp_rank: u32, layout: Layout) -> Result<
 }
 
 fn len32(n: usize) -> Result<u32, WireError> {
-    u32::try_from(n).map_err(|_| WireError(format!("array of {n} elements is too long for msgpack")))
+    u32::try_from(n)
+        .map_err(|_| WireError(format!("array of {n} elements is too long for msgpack")))
 }
 
 fn encode_map_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
@@ -270,7 +277,13 @@ mod tests {
         let stored = &evs[0];
         assert_eq!(stored.as_map().unwrap().len(), 8);
         assert_eq!(get(stored, "type").and_then(Value::as_str), Some("BlockStored"));
-        let hs: Vec<u64> = get(stored, "block_hashes").unwrap().as_array().unwrap().iter().map(|h| h.as_u64().unwrap()).collect();
+        let hs: Vec<u64> = get(stored, "block_hashes")
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h.as_u64().unwrap())
+            .collect();
         assert_eq!(hs, [u64::MAX - 1, 7]);
         assert!(get(stored, "parent_block_hash").unwrap().is_nil());
         assert_eq!(get(stored, "token_ids").unwrap().as_array().unwrap().len(), 8);
@@ -301,7 +314,10 @@ mod tests {
         assert_eq!(stored[6].as_str(), Some("GPU"));
         assert!(stored[7..].iter().all(Value::is_nil));
         let removed = evs[1].as_array().unwrap();
-        assert_eq!((removed.len(), removed[0].as_str(), removed[2].as_str()), (4, Some("BlockRemoved"), Some("GPU")));
+        assert_eq!(
+            (removed.len(), removed[0].as_str(), removed[2].as_str()),
+            (4, Some("BlockRemoved"), Some("GPU"))
+        );
         assert_eq!(evs[2].as_array().unwrap().len(), 1);
     }
 
@@ -309,10 +325,18 @@ mod tests {
     fn parent_hash_is_an_unsigned_integer() {
         let b = EventBatch {
             ts: 0.0,
-            events: vec![KvEvent::BlockStored { block_hashes: vec![1], parent_block_hash: Some(u64::MAX), token_ids: vec![0], block_size: 1 }],
+            events: vec![KvEvent::BlockStored {
+                block_hashes: vec![1],
+                parent_block_hash: Some(u64::MAX),
+                token_ids: vec![0],
+                block_size: 1,
+            }],
         };
         let v = decode(&encode_batch(&b, 0, Layout::Legacy).unwrap());
-        assert_eq!(v.as_array().unwrap()[1].as_array().unwrap()[0].as_array().unwrap()[2].as_u64(), Some(u64::MAX));
+        assert_eq!(
+            v.as_array().unwrap()[1].as_array().unwrap()[0].as_array().unwrap()[2].as_u64(),
+            Some(u64::MAX)
+        );
     }
 
     #[test]

@@ -25,8 +25,22 @@ fn holds(sim: &Sim) -> u64 {
 #[test]
 fn producer_to_consumer_transfer() {
     let producer = Sim::spawn(&["--role", "prefill", "--speedup", "100"]);
-    let consumer = Sim::spawn(&["--role", "decode", "--speedup", "100", "--kv-events-endpoint", "tcp://127.0.0.1:*"]);
-    let recomputer = Sim::spawn(&["--role", "decode", "--speedup", "100", "--kv-load-failure-policy", "recompute"]);
+    let consumer = Sim::spawn(&[
+        "--role",
+        "decode",
+        "--speedup",
+        "100",
+        "--kv-events-endpoint",
+        "tcp://127.0.0.1:*",
+    ]);
+    let recomputer = Sim::spawn(&[
+        "--role",
+        "decode",
+        "--speedup",
+        "100",
+        "--kv-load-failure-policy",
+        "recompute",
+    ]);
     let mut sub = Subscriber::connect(consumer.kv_events.as_deref().unwrap(), None, "", true);
     poll("the consumer's event stream", || {
         assert_eq!(consumer.post("/reset_prefix_cache", &json!({})).0, 200);
@@ -56,10 +70,16 @@ fn producer_to_consumer_transfer() {
 
     // Decode leg: the consumer pulls the 100 tokens' blocks instead of computing them.
     let hits_before = consumer.metric("vllm:prefix_cache_hits_total");
-    let (status, d) = consumer.post("/v1/completions", &json!({"prompt": ids, "max_tokens": 4, "kv_transfer_params": params}));
+    let (status, d) = consumer.post(
+        "/v1/completions",
+        &json!({"prompt": ids, "max_tokens": 4, "kv_transfer_params": params}),
+    );
     assert_eq!(status, 200, "{d}");
     assert_eq!(d["usage"]["completion_tokens"], 4);
-    assert_eq!(d["usage"]["prompt_tokens_details"]["cached_tokens"], 99, "all but the last prompt token");
+    assert_eq!(
+        d["usage"]["prompt_tokens_details"]["cached_tokens"], 99,
+        "all but the last prompt token"
+    );
     assert_eq!(consumer.metric("vllm:prefix_cache_hits_total") - hits_before, 99.0);
     assert_eq!(consumer.metric("vllm:external_prefix_cache_hits_total"), 100.0);
     assert_eq!(consumer.metric("kvmesh_sim_nixl_pulls_total"), 1.0);
@@ -68,15 +88,36 @@ fn producer_to_consumer_transfer() {
 
     // The consumer caches the pulled full blocks as its own and says so.
     let h = chain(&ids, BS, None);
-    sub.until("the consumer's BlockStored for the pulled blocks", |s| s.model.blocks.contains_key(&h[5]));
-    let stored: Vec<Ev> = sub.applied.iter().flat_map(|(_, e, _)| e.clone()).filter(|e| matches!(e, Ev::Stored { .. })).collect();
-    assert_eq!(stored[0], Ev::Stored { hashes: h[..6].to_vec(), parent: None, tokens: ids[..96].to_vec(), block_size: BS });
+    sub.until("the consumer's BlockStored for the pulled blocks", |s| {
+        s.model.blocks.contains_key(&h[5])
+    });
+    let stored: Vec<Ev> = sub
+        .applied
+        .iter()
+        .flat_map(|(_, e, _)| e.clone())
+        .filter(|e| matches!(e, Ev::Stored { .. }))
+        .collect();
+    assert_eq!(
+        stored[0],
+        Ev::Stored {
+            hashes: h[..6].to_vec(),
+            parent: None,
+            tokens: ids[..96].to_vec(),
+            block_size: BS
+        }
+    );
 
     // The hold is gone: pulling again fails. Policy `fail` → 500; `recompute` → computed locally.
-    let (status, again) = consumer.post("/v1/completions", &json!({"prompt": prompt(60), "max_tokens": 2, "kv_transfer_params": params}));
+    let (status, again) = consumer.post(
+        "/v1/completions",
+        &json!({"prompt": prompt(60), "max_tokens": 2, "kv_transfer_params": params}),
+    );
     assert_eq!(status, 500, "{again}");
     assert_eq!(consumer.metric("kvmesh_sim_kv_load_failures_total"), 1.0);
-    let (status, local) = recomputer.post("/v1/completions", &json!({"prompt": ids, "max_tokens": 2, "kv_transfer_params": params}));
+    let (status, local) = recomputer.post(
+        "/v1/completions",
+        &json!({"prompt": ids, "max_tokens": 2, "kv_transfer_params": params}),
+    );
     assert_eq!(status, 200, "{local}");
     assert_eq!(local["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     assert_eq!(recomputer.metric("vllm:external_prefix_cache_hits_total"), 0.0);
@@ -91,10 +132,16 @@ fn a_decode_worker_is_a_migration_source_for_one_step() {
     assert_eq!(status, 200);
 
     // The handshake: one step on the source, whatever max_tokens says; it holds the blocks.
-    let (status, m) = source.post("/v1/completions", &json!({"prompt": turn1, "max_tokens": 50, "kv_migration_source": true}));
+    let (status, m) = source.post(
+        "/v1/completions",
+        &json!({"prompt": turn1, "max_tokens": 50, "kv_migration_source": true}),
+    );
     assert_eq!(status, 200, "{m}");
     assert_eq!(m["usage"]["completion_tokens"], 1);
-    assert_eq!(m["usage"]["prompt_tokens_details"]["cached_tokens"], 96, "the source already cached the conversation");
+    assert_eq!(
+        m["usage"]["prompt_tokens_details"]["cached_tokens"], 96,
+        "the source already cached the conversation"
+    );
     let params: Value = m["kv_transfer_params"].clone();
     assert_eq!(params["remote_engine_id"], source.id.as_str());
     assert_eq!(holds(&source), 1);
@@ -103,7 +150,10 @@ fn a_decode_worker_is_a_migration_source_for_one_step() {
     // computes only the new ones.
     let mut turn2 = turn1.clone();
     turn2.extend(20_000..20_020);
-    let (status, t) = target.post("/v1/completions", &json!({"prompt": turn2, "max_tokens": 2, "kv_transfer_params": params}));
+    let (status, t) = target.post(
+        "/v1/completions",
+        &json!({"prompt": turn2, "max_tokens": 2, "kv_transfer_params": params}),
+    );
     assert_eq!(status, 200, "{t}");
     assert_eq!(t["usage"]["prompt_tokens_details"]["cached_tokens"], 100);
     assert_eq!(holds(&source), 0);
@@ -111,6 +161,9 @@ fn a_decode_worker_is_a_migration_source_for_one_step() {
     // A failing migration source (injected) answers with the configured status.
     let (status, _) = source.post("/admin/faults", &json!({"fail_migration_source_status": 503}));
     assert_eq!(status, 200);
-    let (status, _) = source.post("/v1/completions", &json!({"prompt": turn1, "max_tokens": 1, "kv_migration_source": true}));
+    let (status, _) = source.post(
+        "/v1/completions",
+        &json!({"prompt": turn1, "max_tokens": 1, "kv_migration_source": true}),
+    );
     assert_eq!(status, 503);
 }

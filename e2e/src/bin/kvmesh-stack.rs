@@ -90,7 +90,11 @@ async fn main() -> anyhow::Result<()> {
         EngineKind::Vllm => {
             // vLLM's CPU attention needs a block size that is a multiple of 32.
             spec.block_size = 32;
-            spec.engines = Engines::Vllm(VllmOptions { kv_cache_gib: args.vllm_kv_cache_gib, args: args.vllm_args.clone(), ..VllmOptions::default() });
+            spec.engines = Engines::Vllm(VllmOptions {
+                kv_cache_gib: args.vllm_kv_cache_gib,
+                args: args.vllm_args.clone(),
+                ..VllmOptions::default()
+            });
         }
         EngineKind::External => {
             if args.fleet.is_none() {
@@ -103,7 +107,11 @@ async fn main() -> anyhow::Result<()> {
         apply_fleet_file(&mut spec, path)?;
     }
     spec.sim_args.extend(args.sim_args.iter().cloned());
-    spec.ports = Ports { gateway: Some(args.gateway_port), admin: Some(args.admin_port), indexer: Some(args.indexer_port) };
+    spec.ports = Ports {
+        gateway: Some(args.gateway_port),
+        admin: Some(args.admin_port),
+        indexer: Some(args.indexer_port),
+    };
     spec.release = args.release;
     spec.work_dir = Some(args.work_dir.clone());
     // Signals are watched from the start: a Ctrl-C while the workers are still starting must stop
@@ -116,7 +124,13 @@ async fn main() -> anyhow::Result<()> {
         _ = term.recv() => return stop_while_starting(start).await,
     };
     let prom = if args.prometheus {
-        Some(Prometheus::start(&stack, prometheus::Options { port: Some(args.prometheus_port), fast_rules: false }).await?)
+        Some(
+            Prometheus::start(
+                &stack,
+                prometheus::Options { port: Some(args.prometheus_port), fast_rules: false },
+            )
+            .await?,
+        )
     } else {
         None
     };
@@ -124,19 +138,33 @@ async fn main() -> anyhow::Result<()> {
     println!("kvmesh is up.");
     println!("  gateway (OpenAI API)  {}", stack.gateway(""));
     println!("  envoy admin           {}", stack.admin(""));
-    println!("  indexer               {}   (/v1/fleet, /metrics, /debug/workers)", stack.indexer_url(""));
+    println!(
+        "  indexer               {}   (/v1/fleet, /metrics, /debug/workers)",
+        stack.indexer_url("")
+    );
     for w in &stack.workers {
         let engine = match args.engines {
             EngineKind::Sim => "vllm-sim",
             EngineKind::Vllm => "vLLM",
             EngineKind::External => "external",
         };
-        println!("  worker {:<6} {:<8} {engine:<8} http://{}  events {}", w.id, w.role.as_str(), w.http, w.kv_events.as_deref().unwrap_or("-"));
+        println!(
+            "  worker {:<6} {:<8} {engine:<8} http://{}  events {}",
+            w.id,
+            w.role.as_str(),
+            w.http,
+            w.kv_events.as_deref().unwrap_or("-")
+        );
     }
     println!("  fleet file            {}", stack.fleet_path.display());
     println!("  logs                  {}", stack.dir().display());
     if let Some(prom) = &prom {
-        println!("  prometheus            {}   (1 s scrapes, rules {}, data {})", prom.url(""), prometheus::RULES_PATH, prom.storage().display());
+        println!(
+            "  prometheus            {}   (1 s scrapes, rules {}, data {})",
+            prom.url(""),
+            prometheus::RULES_PATH,
+            prom.storage().display()
+        );
     }
     println!();
     println!("Try:");
@@ -170,7 +198,9 @@ async fn main() -> anyhow::Result<()> {
     let mut stack = stack;
     match stack.drain_envoy(std::time::Duration::from_secs(DRAIN_BOUND_S)).await {
         Ok(0) => println!("envoy drained"),
-        Ok(active) => println!("envoy stopped after {DRAIN_BOUND_S} s with {active} requests still active"),
+        Ok(active) => {
+            println!("envoy stopped after {DRAIN_BOUND_S} s with {active} requests still active")
+        }
         Err(e) => println!("envoy drain failed ({e}); stopping it"),
     }
     drop(stack);
@@ -184,7 +214,10 @@ const DRAIN_BOUND_S: u64 = 30;
 /// The operator's queries, each as PromQL (for the web UI) and as a `curl` against the HTTP API.
 fn print_queries(prom: &Prometheus) {
     println!();
-    println!("Query the metrics (in the web UI at {}, or with curl), after some traffic:", prom.url(""));
+    println!(
+        "Query the metrics (in the web UI at {}, or with curl), after some traffic:",
+        prom.url("")
+    );
     for (what, expr) in OPERATOR_QUERIES {
         println!("  # {what}");
         println!("  {expr}");
@@ -193,7 +226,9 @@ fn print_queries(prom: &Prometheus) {
 }
 
 /// Aborts a stack that is still starting; its processes die with the task.
-async fn stop_while_starting(start: tokio::task::JoinHandle<anyhow::Result<Stack>>) -> anyhow::Result<()> {
+async fn stop_while_starting(
+    start: tokio::task::JoinHandle<anyhow::Result<Stack>>,
+) -> anyhow::Result<()> {
     println!("stopping while starting…");
     start.abort();
     // A start blocked on a READY line notices the abort at its next await; either way the stack
@@ -205,8 +240,11 @@ async fn stop_while_starting(start: tokio::task::JoinHandle<anyhow::Result<Stack
 /// Takes the workers, block size, `[routing]`, `[filter]` and `[gateway]` settings of a fleet file.
 fn apply_fleet_file(spec: &mut StackSpec, path: &PathBuf) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
-    let doc: toml::Table = toml::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
-    if let Some(bs) = doc.get("model").and_then(|m| m.get("block_size")).and_then(toml::Value::as_integer) {
+    let doc: toml::Table =
+        toml::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
+    if let Some(bs) =
+        doc.get("model").and_then(|m| m.get("block_size")).and_then(toml::Value::as_integer)
+    {
         spec.block_size = u32::try_from(bs).context("model.block_size")?;
     }
     if let Some(routing) = doc.get("routing").and_then(toml::Value::as_table) {
@@ -220,7 +258,10 @@ fn apply_fleet_file(spec: &mut StackSpec, path: &PathBuf) -> anyhow::Result<()> 
             spec.sim_args = sim.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect();
         }
     }
-    let workers = doc.get("workers").and_then(toml::Value::as_array).context("fleet file has no [[workers]]")?;
+    let workers = doc
+        .get("workers")
+        .and_then(toml::Value::as_array)
+        .context("fleet file has no [[workers]]")?;
     spec.workers = workers
         .iter()
         .map(|w| {

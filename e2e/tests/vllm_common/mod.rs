@@ -26,7 +26,11 @@ pub async fn start(opts: VllmOptions) -> anyhow::Result<Stack> {
     spec.filter_config = json!({"debug_headers": true});
     let started = Instant::now();
     let stack = Stack::start(spec).await?;
-    eprintln!("real-vLLM stack up in {:.0} s (logs in {})", started.elapsed().as_secs_f64(), stack.dir().display());
+    eprintln!(
+        "real-vLLM stack up in {:.0} s (logs in {})",
+        started.elapsed().as_secs_f64(),
+        stack.dir().display()
+    );
     Ok(stack)
 }
 
@@ -44,8 +48,18 @@ pub struct IndexView {
 
 /// What the indexer reports about worker `id`.
 pub async fn index_view(stack: &Stack, id: &str) -> anyhow::Result<IndexView> {
-    let all: Value = stack.client().get(stack.indexer_url("/debug/workers")).send().await?.error_for_status()?.json().await?;
-    let w = all.as_array().and_then(|ws| ws.iter().find(|w| w["id"] == id)).with_context(|| format!("indexer does not list {id}: {all}"))?;
+    let all: Value = stack
+        .client()
+        .get(stack.indexer_url("/debug/workers"))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let w = all
+        .as_array()
+        .and_then(|ws| ws.iter().find(|w| w["id"] == id))
+        .with_context(|| format!("indexer does not list {id}: {all}"))?;
     let r = &w["ranks"][0];
     let n = |v: &Value| v.as_u64().unwrap_or(0);
     Ok(IndexView {
@@ -60,7 +74,12 @@ pub async fn index_view(stack: &Stack, id: &str) -> anyhow::Result<IndexView> {
 }
 
 /// The index's overlap for `worker` on a request to `path` (a route call with an operator override).
-pub async fn index_overlap(stack: &Stack, worker: &str, path: &str, body: &Value) -> anyhow::Result<u64> {
+pub async fn index_overlap(
+    stack: &Stack,
+    worker: &str,
+    path: &str,
+    body: &Value,
+) -> anyhow::Result<u64> {
     let r = stack
         .client()
         .post(stack.indexer_url(ROUTE_PATH))
@@ -70,11 +89,21 @@ pub async fn index_overlap(stack: &Stack, worker: &str, path: &str, body: &Value
         .body(serde_json::to_vec(body)?)
         .send()
         .await?;
-    anyhow::ensure!(r.status().is_success(), "route call failed: {}", r.text().await.unwrap_or_default());
+    anyhow::ensure!(
+        r.status().is_success(),
+        "route call failed: {}",
+        r.text().await.unwrap_or_default()
+    );
     let d: RouteDecision = r.json().await?;
     anyhow::ensure!(d.worker == worker, "override ignored: {d:?}");
     // Nothing is sent for this decision: release the load it booked.
-    let done = DoneReport { request_id: "probe".into(), endpoint: None, outcome: Outcome::Aborted, status: None, booking_id: d.booking_id.clone() };
+    let done = DoneReport {
+        request_id: "probe".into(),
+        endpoint: None,
+        outcome: Outcome::Aborted,
+        status: None,
+        booking_id: d.booking_id.clone(),
+    };
     stack.client().post(stack.indexer_url(DONE_PATH)).json(&done).send().await?;
     Ok(u64::from(d.overlap_blocks))
 }
@@ -97,7 +126,11 @@ impl EventWatch {
         sub.set_subscribe(b"")?;
         sub.set_rcvtimeo(100)?;
         sub.connect(endpoint)?;
-        let (last_seq, last_at_ms, batches) = (Arc::new(AtomicI64::new(-1)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (last_seq, last_at_ms, batches) = (
+            Arc::new(AtomicI64::new(-1)),
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicU64::new(0)),
+        );
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let epoch = Instant::now();
         let (s, a, b, st) = (last_seq.clone(), last_at_ms.clone(), batches.clone(), stop.clone());
@@ -105,7 +138,9 @@ impl EventWatch {
             let _ctx = ctx;
             while !st.load(Ordering::Relaxed) {
                 let Ok(frames) = sub.recv_multipart(0) else { continue };
-                if let Some(seq) = frames.get(1).and_then(|f| <[u8; 8]>::try_from(f.as_slice()).ok()) {
+                if let Some(seq) =
+                    frames.get(1).and_then(|f| <[u8; 8]>::try_from(f.as_slice()).ok())
+                {
                     s.store(i64::from_be_bytes(seq), Ordering::Relaxed);
                     a.store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
                     b.fetch_add(1, Ordering::Relaxed);
@@ -126,7 +161,9 @@ impl EventWatch {
 
     /// Time since the last batch arrived (since the start when none has).
     pub fn quiet_for(&self) -> Duration {
-        self.epoch.elapsed().saturating_sub(Duration::from_millis(self.last_at_ms.load(Ordering::Relaxed)))
+        self.epoch
+            .elapsed()
+            .saturating_sub(Duration::from_millis(self.last_at_ms.load(Ordering::Relaxed)))
     }
 }
 
@@ -255,5 +292,8 @@ pub fn awkward_conversation(rng: &mut Rng) -> Vec<Value> {
 /// `usage` of a JSON answer as (prompt_tokens, cached_tokens).
 pub fn usage(body: &Value) -> Option<(u64, u64)> {
     let u = body.get("usage")?;
-    Some((u["prompt_tokens"].as_u64()?, u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0)))
+    Some((
+        u["prompt_tokens"].as_u64()?,
+        u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0),
+    ))
 }

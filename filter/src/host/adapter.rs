@@ -28,9 +28,16 @@ impl Host for ProxyWasmHost {
     }
 
     fn dispatch(&self, call: &HttpCall) -> Result<u32, HostError> {
-        let headers: Vec<(&str, &str)> = call.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
-        hostcalls::dispatch_http_call(&call.upstream, headers, call.body(), Vec::new(), Duration::from_millis(call.timeout_ms))
-            .map_err(err)
+        let headers: Vec<(&str, &str)> =
+            call.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        hostcalls::dispatch_http_call(
+            &call.upstream,
+            headers,
+            call.body(),
+            Vec::new(),
+            Duration::from_millis(call.timeout_ms),
+        )
+        .map_err(err)
     }
 
     fn call_response_status(&self) -> Option<u16> {

@@ -58,7 +58,9 @@ impl HttpFilter {
                         Action::Pause
                     }
                     Err(status) => {
-                        self.shared.metrics.host_call_failed("dispatch_http_call(/v1/route)", &status);
+                        self.shared
+                            .metrics
+                            .host_call_failed("dispatch_http_call(/v1/route)", &status);
                         let step = self.flow.on_dispatch_failed(self.shared.as_ref());
                         self.run(step)
                     }
@@ -70,21 +72,31 @@ impl HttpFilter {
     fn apply(&self, effects: Vec<Effect>) {
         for effect in effects {
             let (what, result) = match effect {
-                Effect::RemoveRequestHeader(name) => ("remove request header", hostcalls::remove_map_value(MapType::HttpRequestHeaders, name)),
-                Effect::SetRequestHeader(name, value) => {
-                    ("set request header", hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(&value)))
-                }
-                Effect::ReplaceRequestBody { original_len, body } => {
-                    ("replace request body", hostcalls::set_buffer(BufferType::HttpRequestBody, 0, original_len, &body))
-                }
+                Effect::RemoveRequestHeader(name) => (
+                    "remove request header",
+                    hostcalls::remove_map_value(MapType::HttpRequestHeaders, name),
+                ),
+                Effect::SetRequestHeader(name, value) => (
+                    "set request header",
+                    hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(&value)),
+                ),
+                Effect::ReplaceRequestBody { original_len, body } => (
+                    "replace request body",
+                    hostcalls::set_buffer(BufferType::HttpRequestBody, 0, original_len, &body),
+                ),
                 Effect::SendResponse { status, headers, body } => {
-                    let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
-                    ("send response", hostcalls::send_http_response(u32::from(status), headers, Some(&body)))
+                    let headers: Vec<(&str, &str)> =
+                        headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+                    (
+                        "send response",
+                        hostcalls::send_http_response(u32::from(status), headers, Some(&body)),
+                    )
                 }
                 Effect::ResumeRequest => ("resume request", hostcalls::resume_http_request()),
-                Effect::AddResponseHeader(name, value) => {
-                    ("add response header", hostcalls::add_map_value(MapType::HttpResponseHeaders, name, &value))
-                }
+                Effect::AddResponseHeader(name, value) => (
+                    "add response header",
+                    hostcalls::add_map_value(MapType::HttpResponseHeaders, name, &value),
+                ),
                 Effect::Metric(update) => {
                     self.shared.metrics.apply(update);
                     continue;
@@ -111,8 +123,14 @@ impl HttpFilter {
                 }
             };
             if let Err(status) = result {
-                log::warn!("ctx={} request_id={} {what} failed", self.context_id, self.flow.request_id());
-                self.shared.metrics.host_call_failed(what, &crate::host_api::HostError(format!("{status:?}")));
+                log::warn!(
+                    "ctx={} request_id={} {what} failed",
+                    self.context_id,
+                    self.flow.request_id()
+                );
+                self.shared
+                    .metrics
+                    .host_call_failed(what, &crate::host_api::HostError(format!("{status:?}")));
             }
         }
     }
@@ -122,7 +140,8 @@ impl HttpFilter {
         if self.flow.is_finished() {
             return;
         }
-        let final_status = io::property_u64(&["response", "code"]).and_then(|c| u16::try_from(c).ok());
+        let final_status =
+            io::property_u64(&["response", "code"]).and_then(|c| u16::try_from(c).ok());
         // The host of the last upstream attempt (after retries), e.g. `10.0.0.2:8000`.
         let served = io::property_text(&["upstream", "address"]);
         let effects = self.flow.finish_upstream(final_status, served.as_deref());
@@ -131,17 +150,25 @@ impl HttpFilter {
 }
 
 impl Context for HttpFilter {
-    fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
         if self.route_token != Some(token_id) {
             return;
         }
         self.route_token = None;
-        let status = if num_headers == 0 { None } else { io::status_of(MapType::HttpCallResponseHeaders) };
+        let status =
+            if num_headers == 0 { None } else { io::status_of(MapType::HttpCallResponseHeaders) };
         let body = if body_size == 0 {
             Vec::new()
         } else {
             // One byte over the bound is enough for the flow to see "too large".
-            io::read_buffer(BufferType::HttpCallResponseBody, body_size.min(MAX_ANSWER_BYTES + 1)).unwrap_or_default()
+            io::read_buffer(BufferType::HttpCallResponseBody, body_size.min(MAX_ANSWER_BYTES + 1))
+                .unwrap_or_default()
         };
         let step = self.flow.on_route_answer(status, &body, self.now_ns(), self.shared.as_ref());
         // Outside a stream callback the returned action means nothing; resuming is an effect.
@@ -159,7 +186,10 @@ impl HttpContext for HttpFilter {
         let pairs = io::header_pairs(MapType::HttpRequestHeaders);
         #[cfg(feature = "test-trap")]
         if pairs.iter().any(|(name, _)| name == TEST_TRAP_HEADER) {
-            log::warn!("ctx={} {TEST_TRAP_HEADER}: trapping the VM on purpose (test-trap build)", self.context_id);
+            log::warn!(
+                "ctx={} {TEST_TRAP_HEADER}: trapping the VM on purpose (test-trap build)",
+                self.context_id
+            );
             core::arch::wasm32::unreachable();
         }
         let step = self.flow.on_request_headers(&pairs, end_of_stream, self.now_ns());

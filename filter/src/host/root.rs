@@ -26,7 +26,13 @@ impl Root {
 }
 
 impl Context for Root {
-    fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
         if let Some(tasks) = self.state.as_mut().and_then(|s| s.tasks.as_mut()) {
             tasks.on_http_call_response(token_id, num_headers, body_size);
         }
@@ -42,11 +48,19 @@ impl RootContext for Root {
         let bytes = if plugin_configuration_size == 0 {
             None
         } else {
-            hostcalls::get_buffer(BufferType::PluginConfiguration, 0, plugin_configuration_size).ok().flatten()
+            hostcalls::get_buffer(BufferType::PluginConfiguration, 0, plugin_configuration_size)
+                .ok()
+                .flatten()
         };
         let root_id = io::property_string("plugin_root_id").unwrap_or_default();
         let vm_id = io::property_string("plugin_vm_id").unwrap_or_default();
-        match configure_from_bytes(Rc::new(ProxyWasmHost), bytes.as_deref(), self.context_id, &root_id, &vm_id) {
+        match configure_from_bytes(
+            Rc::new(ProxyWasmHost),
+            bytes.as_deref(),
+            self.context_id,
+            &root_id,
+            &vm_id,
+        ) {
             Some(state) => {
                 self.state = Some(state);
                 true

@@ -8,20 +8,43 @@ use serde_json::json;
 fn agrees(body: &[u8]) -> bool {
     let want = openai::peek(Endpoint::ChatCompletions, body);
     let unanchored = want.clone().map(|p| RequestPeek { conversation_anchor: None, ..p });
-    assert_eq!(read(Endpoint::ChatCompletions, body, true, &mut |_| None), want, "{}", String::from_utf8_lossy(body));
-    assert_eq!(read(Endpoint::ChatCompletions, body, false, &mut |_| None), unanchored, "without the anchor: {}", String::from_utf8_lossy(body));
+    assert_eq!(
+        read(Endpoint::ChatCompletions, body, true, &mut |_| None),
+        want,
+        "{}",
+        String::from_utf8_lossy(body)
+    );
+    assert_eq!(
+        read(Endpoint::ChatCompletions, body, false, &mut |_| None),
+        unanchored,
+        "without the anchor: {}",
+        String::from_utf8_lossy(body)
+    );
     let fast = fast_chat(body, true, &mut |_| None);
     if let Some(p) = &fast {
-        assert_eq!(Ok(p), want.as_ref(), "the scan answered a body peek refuses: {}", String::from_utf8_lossy(body));
+        assert_eq!(
+            Ok(p),
+            want.as_ref(),
+            "the scan answered a body peek refuses: {}",
+            String::from_utf8_lossy(body)
+        );
     }
     if let Some(p) = fast_chat(body, false, &mut |_| None) {
-        assert_eq!(Ok(&p), unanchored.as_ref(), "the scan without the anchor answered a body peek refuses: {}", String::from_utf8_lossy(body));
+        assert_eq!(
+            Ok(&p),
+            unanchored.as_ref(),
+            "the scan without the anchor answered a body peek refuses: {}",
+            String::from_utf8_lossy(body)
+        );
     }
     fast.is_some()
 }
 
 fn chat(turns: usize) -> serde_json::Value {
-    let mut messages = vec![json!({"role": "system", "content": "You are terse. ünïcødé ✓"}), json!({"role": "user", "content": "first"})];
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are terse. ünïcødé ✓"}),
+        json!({"role": "user", "content": "first"}),
+    ];
     for t in 0..turns {
         messages.push(json!({"role": "assistant", "content": format!("reply {t} \"quoted\" \\ back\nslash \u{1F600}")}));
         messages.push(json!({"role": "user", "content": format!("question {t}"), "name": "u"}));
@@ -46,7 +69,11 @@ fn the_scan_answers_common_chat_bodies_as_peek() {
     for (name, body) in cases {
         assert!(agrees(&body), "{name}: the scan declined a common body");
         // Without the anchor every message is checked by the scan, so parts decline there.
-        assert_eq!(fast_chat(&body, false, &mut |_| None).is_some(), name != "anchor parts", "{name}: without the anchor");
+        assert_eq!(
+            fast_chat(&body, false, &mut |_| None).is_some(),
+            name != "anchor parts",
+            "{name}: without the anchor"
+        );
     }
 }
 
@@ -99,16 +126,27 @@ fn the_scan_declines_what_it_does_not_know_and_peek_decides() {
     for (name, body) in cases {
         assert!(!agrees(body), "{name}: the scan should have left this body to peek");
     }
-    let deep = format!("{{\"messages\":[{{\"role\":\"user\"}}],\"a\":{}{}}}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+    let deep = format!(
+        "{{\"messages\":[{{\"role\":\"user\"}}],\"a\":{}{}}}",
+        "[".repeat(MAX_DEPTH),
+        "]".repeat(MAX_DEPTH)
+    );
     assert!(!agrees(deep.as_bytes()), "nesting past MAX_DEPTH");
-    let shallow = format!("{{\"messages\":[{{\"role\":\"user\"}}],\"a\":{}{}}}", "[".repeat(MAX_DEPTH - 1), "]".repeat(MAX_DEPTH - 1));
+    let shallow = format!(
+        "{{\"messages\":[{{\"role\":\"user\"}}],\"a\":{}{}}}",
+        "[".repeat(MAX_DEPTH - 1),
+        "]".repeat(MAX_DEPTH - 1)
+    );
     assert!(agrees(shallow.as_bytes()), "nesting within MAX_DEPTH");
 }
 
 #[test]
 fn other_endpoints_are_peeks() {
     for body in [&br#"{"prompt":[1,2,3]}"#[..], br#"{"prompt":"hi","stream":true}"#, b"nope"] {
-        assert_eq!(read(Endpoint::Completions, body, true, &mut |_| None), openai::peek(Endpoint::Completions, body));
+        assert_eq!(
+            read(Endpoint::Completions, body, true, &mut |_| None),
+            openai::peek(Endpoint::Completions, body)
+        );
     }
 }
 
@@ -171,17 +209,28 @@ fn a_skip_to_a_body_base_end_reads_on_from_there_with_peeks_answer() {
         json!({"role": "assistant", "content": [{"type": "text", "text": "parts"}]}),
         json!({"role": "user", "content": "second"}),
     ];
-    let turn1 = serde_json::to_vec(&json!({"model": "m", "messages": messages, "stream": true})).unwrap_or_default();
+    let turn1 = serde_json::to_vec(&json!({"model": "m", "messages": messages, "stream": true}))
+        .unwrap_or_default();
     let base_end = turn1.iter().rposition(|&c| c == b']').unwrap_or_default();
     messages.push(json!({"role": "assistant", "content": "reply"}));
     messages.push(json!({"role": "user", "content": "third"}));
-    let body = serde_json::to_vec(&json!({"model": "m", "messages": messages, "stream": true})).unwrap_or_default();
+    let body = serde_json::to_vec(&json!({"model": "m", "messages": messages, "stream": true}))
+        .unwrap_or_default();
     assert_eq!(body.get(..base_end), turn1.get(..base_end), "turn 2 starts with turn 1's base");
     let want = openai::peek(Endpoint::ChatCompletions, &body);
-    assert!(fast_chat(&body, true, &mut |_| None).is_none(), "read whole, the scan declines the parts");
+    assert!(
+        fast_chat(&body, true, &mut |_| None).is_none(),
+        "read whole, the scan declines the parts"
+    );
 
     for anchor in [true, false] {
-        let want = want.clone().map(|p| if anchor { p } else { RequestPeek { conversation_anchor: None, ..p } });
+        let want = want.clone().map(|p| {
+            if anchor {
+                p
+            } else {
+                RequestPeek { conversation_anchor: None, ..p }
+            }
+        });
         // Asked once, with the anchor's digest: the scan goes on from the base's end and answers.
         let mut asked = Vec::new();
         let got = fast_chat(&body, anchor, &mut |digest| {
@@ -189,11 +238,23 @@ fn a_skip_to_a_body_base_end_reads_on_from_there_with_peeks_answer() {
             Some(base_end)
         });
         assert_eq!(got.as_ref(), want.as_ref().ok(), "anchor {anchor}");
-        assert_eq!(asked, vec![want.as_ref().ok().and_then(|p| p.conversation_anchor)], "anchor {anchor}");
+        assert_eq!(
+            asked,
+            vec![want.as_ref().ok().and_then(|p| p.conversation_anchor)],
+            "anchor {anchor}"
+        );
         // An offset not after an element declines (then `peek` reads it whole); one not past the
         // scan's place is not taken.
         assert_eq!(fast_chat(&body, anchor, &mut |_| Some(base_end - 1)), None, "anchor {anchor}");
-        assert_eq!(read(Endpoint::ChatCompletions, &body, anchor, &mut |_| Some(base_end - 1)), want, "anchor {anchor}");
-        assert_eq!(fast_chat(&body, anchor, &mut |_| Some(1)), None, "anchor {anchor}: read on, the parts declined");
+        assert_eq!(
+            read(Endpoint::ChatCompletions, &body, anchor, &mut |_| Some(base_end - 1)),
+            want,
+            "anchor {anchor}"
+        );
+        assert_eq!(
+            fast_chat(&body, anchor, &mut |_| Some(1)),
+            None,
+            "anchor {anchor}: read on, the parts declined"
+        );
     }
 }

@@ -4,9 +4,12 @@ use super::*;
 
 /// A conversation's body after `turns` turns: a long system prompt, then one message per turn.
 fn body(conversation: usize, turns: usize) -> Vec<u8> {
-    let mut b = format!("{{\"messages\":[{{\"role\":\"system\",\"content\":\"{}\"}}", "s".repeat(9000));
+    let mut b =
+        format!("{{\"messages\":[{{\"role\":\"system\",\"content\":\"{}\"}}", "s".repeat(9000));
     for t in 0..turns {
-        b.push_str(&format!(",{{\"role\":\"user\",\"content\":\"conversation {conversation} turn {t}\"}}"));
+        b.push_str(&format!(
+            ",{{\"role\":\"user\",\"content\":\"conversation {conversation} turn {t}\"}}"
+        ));
     }
     b.push_str("],\"stream\":true}");
     b.into_bytes()
@@ -28,7 +31,11 @@ fn a_slot_remembers_its_session_and_nothing_else() {
     assert_eq!(decode(&value, key), bases);
     assert!(decode(&value, SessionKey(key.0 + 1)).is_empty(), "another session in the same slot");
     for bad in [&[][..], &value[..7], &value[..8 + BASE_BYTES - 1], &value[..value.len() - 1]] {
-        assert!(decode(bad, key).is_empty(), "a torn value of {} bytes reads as nothing", bad.len());
+        assert!(
+            decode(bad, key).is_empty(),
+            "a torn value of {} bytes reads as nothing",
+            bad.len()
+        );
     }
     let five: Vec<Remembered> = (0..5).map(|c| base_of(&body(c, 1), c as u64)).collect();
     assert_eq!(decode(&encode(key, &five), key).len(), BASES_PER_SLOT, "bounded");

@@ -25,9 +25,16 @@ fn label(answer: IndexerAnswer, body: &[u8]) -> String {
     match answer {
         IndexerAnswer::Route(_) => "route".to_owned(),
         IndexerAnswer::Reject { status, body: b, detail } => {
-            assert_eq!(b, rejection_body(status), "a rejection sends the stable body, not the indexer's");
+            assert_eq!(
+                b,
+                rejection_body(status),
+                "a rejection sends the stable body, not the indexer's"
+            );
             let sent: ErrorBody = serde_json::from_slice(&b).unwrap();
-            assert_eq!((sent.error.code, sent.error.reason.as_deref()), (status, Some(PREFILL_OVERLOADED)));
+            assert_eq!(
+                (sent.error.code, sent.error.reason.as_deref()),
+                (status, Some(PREFILL_OVERLOADED))
+            );
             assert_eq!(sent.error.message, REJECTION_MESSAGE);
             assert_eq!(detail, "message", "the indexer's message is kept for the log");
             assert!(!body.is_empty());
@@ -51,18 +58,50 @@ fn classification_table() {
         (Some(503), err(503, "service_unavailable", Some("prefill_overloaded")), "reject:503"),
         (Some(429), err(429, "rate_limit_exceeded", None), "reject:429"),
         // Every other indexer error fails open, with the indexer's code.
-        (Some(503), err(503, "service_unavailable", Some("no_decode_worker")), "fallback:indexer_error; code=no_decode_worker"),
-        (Some(503), err(503, "service_unavailable", Some("tokenizer")), "fallback:indexer_error; code=tokenizer"),
-        (Some(503), err(503, "service_unavailable", Some("overloaded_shed")), "fallback:indexer_error; code=overloaded_shed"),
-        (Some(429), err(429, "rate_limit_exceeded", Some("overloaded_shed")), "fallback:indexer_error; code=overloaded_shed"),
-        (Some(503), err(503, "service_unavailable", None), "fallback:indexer_error; code=service_unavailable"),
-        (Some(400), err(400, "invalid_request_error", Some("bad_session")), "fallback:indexer_error; code=bad_session"),
-        (Some(500), err(500, "internal", Some("Weird Code\r\n")), "fallback:indexer_error; code=weird_code"),
+        (
+            Some(503),
+            err(503, "service_unavailable", Some("no_decode_worker")),
+            "fallback:indexer_error; code=no_decode_worker",
+        ),
+        (
+            Some(503),
+            err(503, "service_unavailable", Some("tokenizer")),
+            "fallback:indexer_error; code=tokenizer",
+        ),
+        (
+            Some(503),
+            err(503, "service_unavailable", Some("overloaded_shed")),
+            "fallback:indexer_error; code=overloaded_shed",
+        ),
+        (
+            Some(429),
+            err(429, "rate_limit_exceeded", Some("overloaded_shed")),
+            "fallback:indexer_error; code=overloaded_shed",
+        ),
+        (
+            Some(503),
+            err(503, "service_unavailable", None),
+            "fallback:indexer_error; code=service_unavailable",
+        ),
+        (
+            Some(400),
+            err(400, "invalid_request_error", Some("bad_session")),
+            "fallback:indexer_error; code=bad_session",
+        ),
+        (
+            Some(500),
+            err(500, "internal", Some("Weird Code\r\n")),
+            "fallback:indexer_error; code=weird_code",
+        ),
         // Envoy speaking for an absent indexer.
         (Some(429), b"slow down".to_vec(), "fallback:bad_status"),
         (Some(503), b"no healthy upstream".to_vec(), "fallback:unavailable"),
         (Some(503), vec![], "fallback:unavailable"),
-        (Some(503), b"upstream connect error or disconnect/reset before headers".to_vec(), "fallback:unavailable"),
+        (
+            Some(503),
+            b"upstream connect error or disconnect/reset before headers".to_vec(),
+            "fallback:unavailable",
+        ),
         (Some(504), b"upstream request timeout".to_vec(), "fallback:timeout"),
         (Some(502), vec![], "fallback:server_error"),
         (Some(404), vec![], "fallback:bad_status"),
@@ -70,7 +109,12 @@ fn classification_table() {
         (Some(200), err(200, "odd", Some("x")), "fallback:bad_response"),
     ];
     for (status, body, want) in cases {
-        assert_eq!(label(classify(status, &body), &body), want, "{status:?} {}", String::from_utf8_lossy(&body));
+        assert_eq!(
+            label(classify(status, &body), &body),
+            want,
+            "{status:?} {}",
+            String::from_utf8_lossy(&body)
+        );
     }
 }
 
@@ -106,7 +150,12 @@ fn calls_that_never_reached_the_indexer_need_no_done() {
     ];
     for (body, needs_done) in cases {
         let IndexerAnswer::Fallback(fb) = classify(Some(503), body) else { panic!() };
-        assert_eq!((fb.reason, fb.needs_done()), (FallbackReason::Unavailable, needs_done), "{}", String::from_utf8_lossy(body));
+        assert_eq!(
+            (fb.reason, fb.needs_done()),
+            (FallbackReason::Unavailable, needs_done),
+            "{}",
+            String::from_utf8_lossy(body)
+        );
     }
 }
 
@@ -119,17 +168,23 @@ fn an_unusable_decision_keeps_its_booking_id() {
 
 #[test]
 fn destination_drops_invalid_fallbacks() {
-    let IndexerAnswer::Route(d) = classify(Some(200), &decision_json("10.0.0.1:8000")) else { panic!() };
+    let IndexerAnswer::Route(d) = classify(Some(200), &decision_json("10.0.0.1:8000")) else {
+        panic!()
+    };
     assert_eq!(destination(&d), ("10.0.0.1:8000,10.0.0.2:8000,[::1]:9".to_owned(), 1));
     assert_eq!(route_label(d.mode), RouteLabel::Disagg);
 }
 
 #[test]
 fn debug_headers_are_safe() {
-    let IndexerAnswer::Route(d) = classify(Some(200), &decision_json("10.0.0.1:8000")) else { panic!() };
+    let IndexerAnswer::Route(d) = classify(Some(200), &decision_json("10.0.0.1:8000")) else {
+        panic!()
+    };
     let h = debug_headers(&d);
     assert!(h.contains(&(headers::DEBUG_REASON, "best overlap??x".to_owned())));
-    assert!(h.contains(&(headers::DEBUG_REASON_CODES, "best_overlap,disagg_uncached,other".to_owned())));
+    assert!(
+        h.contains(&(headers::DEBUG_REASON_CODES, "best_overlap,disagg_uncached,other".to_owned()))
+    );
     assert!(h.contains(&(headers::DEBUG_OVERLAP_BLOCKS, "3".to_owned())));
     assert_eq!(header_safe(&"é".repeat(400)).len(), MAX_DEBUG_VALUE_BYTES);
 }

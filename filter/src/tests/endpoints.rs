@@ -12,9 +12,17 @@ fn consecutive_failures_eject_for_a_window() {
     assert_eq!(h.record("a:1", false, 2 * MS), None);
     assert_eq!(h.record("a:1", false, 3 * MS), Some(HealthEvent::Ejected));
     assert!(h.is_ejected("a:1", 4 * MS) && !h.is_ejected("b:1", 4 * MS));
-    assert_eq!(h.record("a:1", false, 5 * MS), None, "failures of attempts already under way are no news");
+    assert_eq!(
+        h.record("a:1", false, 5 * MS),
+        None,
+        "failures of attempts already under way are no news"
+    );
     assert!(!h.is_ejected("a:1", 1003 * MS), "the window ended");
-    assert_eq!(h.record("a:1", false, 1004 * MS), Some(HealthEvent::Ejected), "one more failure after the window ejects again");
+    assert_eq!(
+        h.record("a:1", false, 1004 * MS),
+        Some(HealthEvent::Ejected),
+        "one more failure after the window ejects again"
+    );
     assert!(h.record("a:1", true, 2100 * MS).is_none() && !h.is_ejected("a:1", 2100 * MS));
     assert_eq!(h.record("a:1", false, 2200 * MS), None, "a success reset the streak");
 }
@@ -67,7 +75,12 @@ fn attempt_outcomes_table() {
         (Some("a:1"), Some("a:1"), None, vec![]),
     ];
     for (primary, served, status, want) in cases {
-        let want: Vec<(String, bool)> = want.into_iter().map(|(e, ok)| (e.to_owned(), ok)).collect();
-        assert_eq!(attempt_outcomes(primary, served, status), want, "{primary:?} {served:?} {status:?}");
+        let want: Vec<(String, bool)> =
+            want.into_iter().map(|(e, ok)| (e.to_owned(), ok)).collect();
+        assert_eq!(
+            attempt_outcomes(primary, served, status),
+            want,
+            "{primary:?} {served:?} {status:?}"
+        );
     }
 }

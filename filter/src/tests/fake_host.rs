@@ -118,7 +118,11 @@ impl FakeHost {
     /// A histogram's samples.
     pub fn samples(&self, metric: Metric) -> Vec<u64> {
         let name = metric.stat_name();
-        self.stats.borrow().iter().find(|s| s.name == name).map_or_else(Vec::new, |s| s.samples.clone())
+        self.stats
+            .borrow()
+            .iter()
+            .find(|s| s.name == name)
+            .map_or_else(Vec::new, |s| s.samples.clone())
     }
 
     /// How many distinct stats were defined.

@@ -1,10 +1,10 @@
 //! Scenario tests of [`super::RequestFlow`]: a request's whole life, callback by callback.
 
 use super::*;
+use crate::metrics::OverrideRefusal;
 use kvmesh_core::api::{ErrorBody, FleetWorker, Role, WorkerLoad};
 use kvmesh_core::openai;
 use kvmesh_core::session;
-use crate::metrics::OverrideRefusal;
 use serde_json::{json, Value};
 
 struct Fleet(Option<Rc<FleetSnapshot>>);
@@ -35,7 +35,12 @@ fn headers(list: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
 }
 
 fn chat_headers() -> Vec<(String, Vec<u8>)> {
-    headers(&[(":method", "POST"), (":path", "/v1/chat/completions"), ("x-request-id", "rid-1"), ("content-length", "70")])
+    headers(&[
+        (":method", "POST"),
+        (":path", "/v1/chat/completions"),
+        ("x-request-id", "rid-1"),
+        ("content-length", "70"),
+    ])
 }
 
 fn flow(config: FilterConfig) -> RequestFlow {
@@ -93,17 +98,28 @@ fn routed_disagg_request_end_to_end() {
     let config = FilterConfig { debug_headers: true, ..FilterConfig::default() };
     let (mut f, call) = to_route_call(config, CHAT);
     assert_eq!(call.body(), Some(CHAT.as_bytes()), "the original body goes to the indexer");
-    assert!(call.body.as_ref().is_some_and(|b| Rc::ptr_eq(b, &f.body)), "the flow keeps the call's body for the splice: shared, not copied");
+    assert!(
+        call.body.as_ref().is_some_and(|b| Rc::ptr_eq(b, &f.body)),
+        "the flow keeps the call's body for the splice: shared, not copied"
+    );
     assert_eq!(call.header("x-request-id"), Some("rid-1"));
-    assert!(call.header("x-kvmesh-session").is_some_and(|v| v.ends_with(";source=prefix")), "derived keys are on by default");
+    assert!(
+        call.header("x-kvmesh-session").is_some_and(|v| v.ends_with(";source=prefix")),
+        "derived keys are on by default"
+    );
 
     let kv = json!({"do_remote_prefill": true, "remote_engine_id": "p1"});
     // Called at 2 ms (`to_route_call`), answered 0.75 ms later: recorded in microseconds, since a
     // whole-millisecond sample would be 0.
     let step = f.on_route_answer(Some(200), &decision(kv.clone()), 2_750_000, &fleet());
     let e = &step.effects;
-    assert_eq!(header_set(e, "x-gateway-destination-endpoint").as_deref(), Some("10.0.0.2:8000,10.0.0.3:8000"));
-    let Some(Effect::ReplaceRequestBody { original_len, body }) = e.iter().find(|e| matches!(e, Effect::ReplaceRequestBody { .. })) else {
+    assert_eq!(
+        header_set(e, "x-gateway-destination-endpoint").as_deref(),
+        Some("10.0.0.2:8000,10.0.0.3:8000")
+    );
+    let Some(Effect::ReplaceRequestBody { original_len, body }) =
+        e.iter().find(|e| matches!(e, Effect::ReplaceRequestBody { .. }))
+    else {
         panic!("no body replacement: {e:?}")
     };
     assert_eq!(*original_len, CHAT.len());
@@ -141,7 +157,10 @@ fn routed_disagg_request_end_to_end() {
 fn aggregate_decision_leaves_the_body_alone() {
     let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
     let step = f.on_route_answer(Some(200), &decision(Value::Null), 3_000_000, &fleet());
-    assert!(!step.effects.iter().any(|e| matches!(e, Effect::ReplaceRequestBody { .. } | Effect::SetRequestHeader("content-length", _))));
+    assert!(!step.effects.iter().any(|e| matches!(
+        e,
+        Effect::ReplaceRequestBody { .. } | Effect::SetRequestHeader("content-length", _)
+    )));
     assert!(f.on_response_headers(Some(200), true).is_empty(), "debug headers off by default");
     let done = f.finish(None);
     assert_eq!(counted(&done, Metric::Requests(RouteLabel::Disagg, OutcomeLabel::Success)), 1);
@@ -150,7 +169,10 @@ fn aggregate_decision_leaves_the_body_alone() {
 #[test]
 fn client_destination_is_stripped_and_overrides_follow_config() {
     let mut h = chat_headers();
-    h.extend(headers(&[("x-gateway-destination-endpoint", "6.6.6.6:1"), ("x-kvmesh-worker", "w3")]));
+    h.extend(headers(&[
+        ("x-gateway-destination-endpoint", "6.6.6.6:1"),
+        ("x-kvmesh-worker", "w3"),
+    ]));
     let mut f = flow(FilterConfig::default());
     let step = f.on_request_headers(&h, false, 0);
     for name in [headers::DESTINATION_ENDPOINT, headers::OVERRIDE_WORKER, headers::OVERRIDE_MODE] {
@@ -169,10 +191,16 @@ fn override_request(secret: Option<&str>) -> (Step, request::HttpCall) {
     if let Some(s) = secret {
         h.extend(headers(&[(headers::OVERRIDE_SECRET, s)]));
     }
-    let mut f = flow(FilterConfig { allow_overrides: true, override_secret: SECRET.into(), ..FilterConfig::default() });
+    let mut f = flow(FilterConfig {
+        allow_overrides: true,
+        override_secret: SECRET.into(),
+        ..FilterConfig::default()
+    });
     let step = f.on_request_headers(&h, false, 0);
     f.on_request_body(CHAT.len(), true);
-    let Next::Call(call) = f.on_body(Some(CHAT.as_bytes().to_vec()), 0, &fleet()).next else { panic!("no route call") };
+    let Next::Call(call) = f.on_body(Some(CHAT.as_bytes().to_vec()), 0, &fleet()).next else {
+        panic!("no route call")
+    };
     (step, call)
 }
 
@@ -188,12 +216,25 @@ fn overrides_are_honoured_only_with_the_secret() {
     for (secret, honoured, refusal) in cases {
         let (step, call) = override_request(*secret);
         assert_eq!(call.header("x-kvmesh-worker"), honoured.then_some("w3"), "{secret:?}");
-        assert_eq!(call.header(headers::OVERRIDE_SECRET), None, "the secret never reaches the indexer");
-        let stripped = step.effects.contains(&Effect::RemoveRequestHeader(headers::OVERRIDE_WORKER));
+        assert_eq!(
+            call.header(headers::OVERRIDE_SECRET),
+            None,
+            "the secret never reaches the indexer"
+        );
+        let stripped =
+            step.effects.contains(&Effect::RemoveRequestHeader(headers::OVERRIDE_WORKER));
         assert_eq!(stripped, !honoured, "{secret:?}");
-        assert_eq!(step.effects.contains(&Effect::RemoveRequestHeader(headers::OVERRIDE_SECRET)), secret.is_some(), "{secret:?}");
+        assert_eq!(
+            step.effects.contains(&Effect::RemoveRequestHeader(headers::OVERRIDE_SECRET)),
+            secret.is_some(),
+            "{secret:?}"
+        );
         for r in OverrideRefusal::ALL {
-            assert_eq!(counted(&step.effects, Metric::OverridesRefused(*r)), u64::from(Some(*r) == *refusal), "{secret:?} {r:?}");
+            assert_eq!(
+                counted(&step.effects, Metric::OverridesRefused(*r)),
+                u64::from(Some(*r) == *refusal),
+                "{secret:?} {r:?}"
+            );
         }
     }
 }
@@ -205,14 +246,29 @@ fn unroutable_requests_pass_through_counted() {
     type Case<'a> = (Vec<(String, Vec<u8>)>, bool, Option<&'a str>, UnroutableReason);
     let cases: Vec<Case> = vec![
         (post("/v1/models"), false, None, UnroutableReason::UnknownPath),
-        (headers(&[(":method", "GET"), (":path", "/v1/completions")]), true, None, UnroutableReason::Method),
+        (
+            headers(&[(":method", "GET"), (":path", "/v1/completions")]),
+            true,
+            None,
+            UnroutableReason::Method,
+        ),
         (post("/v1/completions"), true, None, UnroutableReason::NoBody),
         (post("/v1/completions"), false, Some("not json"), UnroutableReason::NotJson),
         (post("/v1/completions"), false, Some("[1]"), UnroutableReason::NotAnObject),
         (post("/v1/completions"), false, Some(r#"{"model":"m"}"#), UnroutableReason::MissingField),
         (post("/v1/completions"), false, Some(r#"{"prompt":7}"#), UnroutableReason::WrongType),
-        (post("/v1/completions"), false, Some(r#"{"prompt":["a","b"]}"#), UnroutableReason::BatchPrompt),
-        (post("/v1/chat/completions"), false, Some(r#"{"messages":[{"role":"user","content":"x"}"#), UnroutableReason::NotJson),
+        (
+            post("/v1/completions"),
+            false,
+            Some(r#"{"prompt":["a","b"]}"#),
+            UnroutableReason::BatchPrompt,
+        ),
+        (
+            post("/v1/chat/completions"),
+            false,
+            Some(r#"{"messages":[{"role":"user","content":"x"}"#),
+            UnroutableReason::NotJson,
+        ),
     ];
     for (h, eos, body, reason) in cases {
         let mut f = flow(FilterConfig::default());
@@ -228,7 +284,10 @@ fn unroutable_requests_pass_through_counted() {
         f.on_response_headers(Some(400), false);
         let done = f.finish(None);
         assert_eq!(counted(&done, Metric::Requests(RouteLabel::Unrouted, OutcomeLabel::Error)), 1);
-        assert!(!done.iter().any(|e| matches!(e, Effect::QueueDone(_))), "the indexer never saw it");
+        assert!(
+            !done.iter().any(|e| matches!(e, Effect::QueueDone(_))),
+            "the indexer never saw it"
+        );
     }
 }
 
@@ -264,24 +323,90 @@ fn trailers_end_the_body() {
 
 #[test]
 fn fallbacks_pin_by_session_over_the_fleet() {
-    let config = FilterConfig { session_header: "x-session-id".into(), debug_headers: true, ..FilterConfig::default() };
+    let config = FilterConfig {
+        session_header: "x-session-id".into(),
+        debug_headers: true,
+        ..FilterConfig::default()
+    };
     let key = session::from_header_value("conv-9");
     let expected_pin = fleet().0.unwrap().pin(key.0).unwrap().endpoint.clone();
-    let no_worker = serde_json::to_vec(&ErrorBody::with_reason(503, "service_unavailable", "no_decode_worker", "no healthy decode worker")).unwrap();
-    let template = serde_json::to_vec(&ErrorBody::with_reason(503, "service_unavailable", "tokenizer", "chat template: unknown method strip")).unwrap();
+    let no_worker = serde_json::to_vec(&ErrorBody::with_reason(
+        503,
+        "service_unavailable",
+        "no_decode_worker",
+        "no healthy decode worker",
+    ))
+    .unwrap();
+    let template = serde_json::to_vec(&ErrorBody::with_reason(
+        503,
+        "service_unavailable",
+        "tokenizer",
+        "chat template: unknown method strip",
+    ))
+    .unwrap();
     let booked_json = br#"{"endpoint":"nowhere","booking_id":"b-9"}"#;
     // (status, body, reason, debug header, health, done report's booking id if one is due)
-    type Case<'a> = (Option<u16>, &'a [u8], FallbackReason, &'a str, CallHealth, Option<Option<&'a str>>);
+    type Case<'a> =
+        (Option<u16>, &'a [u8], FallbackReason, &'a str, CallHealth, Option<Option<&'a str>>);
     let answers: Vec<Case> = vec![
         (None, b"", FallbackReason::Reset, "reset", CallHealth::Failed, Some(None)),
-        (Some(504), b"upstream request timeout", FallbackReason::Timeout, "timeout", CallHealth::Failed, Some(None)),
-        (Some(503), b"", FallbackReason::Unavailable, "unavailable", CallHealth::Failed, Some(None)),
-        (Some(503), b"no healthy upstream", FallbackReason::Unavailable, "unavailable", CallHealth::Failed, None),
-        (Some(500), b"boom", FallbackReason::ServerError, "server_error", CallHealth::Answered, Some(None)),
+        (
+            Some(504),
+            b"upstream request timeout",
+            FallbackReason::Timeout,
+            "timeout",
+            CallHealth::Failed,
+            Some(None),
+        ),
+        (
+            Some(503),
+            b"",
+            FallbackReason::Unavailable,
+            "unavailable",
+            CallHealth::Failed,
+            Some(None),
+        ),
+        (
+            Some(503),
+            b"no healthy upstream",
+            FallbackReason::Unavailable,
+            "unavailable",
+            CallHealth::Failed,
+            None,
+        ),
+        (
+            Some(500),
+            b"boom",
+            FallbackReason::ServerError,
+            "server_error",
+            CallHealth::Answered,
+            Some(None),
+        ),
         (Some(404), b"", FallbackReason::BadStatus, "bad_status", CallHealth::Answered, Some(None)),
-        (Some(200), booked_json, FallbackReason::BadResponse, "bad_response", CallHealth::Answered, Some(Some("b-9"))),
-        (Some(503), &no_worker, FallbackReason::IndexerError, "indexer_error; code=no_decode_worker", CallHealth::Answered, None),
-        (Some(503), &template, FallbackReason::IndexerError, "indexer_error; code=tokenizer", CallHealth::Answered, None),
+        (
+            Some(200),
+            booked_json,
+            FallbackReason::BadResponse,
+            "bad_response",
+            CallHealth::Answered,
+            Some(Some("b-9")),
+        ),
+        (
+            Some(503),
+            &no_worker,
+            FallbackReason::IndexerError,
+            "indexer_error; code=no_decode_worker",
+            CallHealth::Answered,
+            None,
+        ),
+        (
+            Some(503),
+            &template,
+            FallbackReason::IndexerError,
+            "indexer_error; code=tokenizer",
+            CallHealth::Answered,
+            None,
+        ),
     ];
     for (status, body, reason, debug_value, health, done_booking) in answers {
         let mut f = flow(config.clone());
@@ -289,26 +414,47 @@ fn fallbacks_pin_by_session_over_the_fleet() {
         h.extend(headers(&[("x-session-id", "conv-9")]));
         f.on_request_headers(&h, false, 0);
         f.on_request_body(CHAT.len(), true);
-        let Next::Call(call) = f.on_body(Some(CHAT.as_bytes().to_vec()), 0, &fleet()).next else { panic!() };
-        assert_eq!(call.header("x-kvmesh-session"), Some(session::encode_header(key, SessionSource::Header).as_str()));
+        let Next::Call(call) = f.on_body(Some(CHAT.as_bytes().to_vec()), 0, &fleet()).next else {
+            panic!()
+        };
+        assert_eq!(
+            call.header("x-kvmesh-session"),
+            Some(session::encode_header(key, SessionSource::Header).as_str())
+        );
         let step = f.on_route_answer(status, body, 100_000_000, &fleet());
         assert_eq!(counted(&step.effects, Metric::Fallbacks(reason)), 1, "{reason:?}");
         assert!(step.effects.contains(&Effect::IndexerHealth(health)), "{reason:?}");
-        assert_eq!(counted(&step.effects, Metric::FallbackRoutes(crate::metrics::FallbackRoute::Pinned)), 1);
+        assert_eq!(
+            counted(&step.effects, Metric::FallbackRoutes(crate::metrics::FallbackRoute::Pinned)),
+            1
+        );
         let header = header_set(&step.effects, headers::DESTINATION_ENDPOINT).unwrap();
         assert!(header.starts_with(&expected_pin), "{header}");
         assert_eq!(step.effects.last(), Some(&Effect::ResumeRequest));
         assert_eq!(recorded(&step.effects, Metric::RouteLatency), vec![100_000]);
         let debug = f.on_response_headers(Some(200), true);
-        assert!(debug.contains(&Effect::AddResponseHeader(headers::DEBUG_FALLBACK, debug_value.into())), "{debug:?}");
+        assert!(
+            debug.contains(&Effect::AddResponseHeader(headers::DEBUG_FALLBACK, debug_value.into())),
+            "{debug:?}"
+        );
         let done = f.finish(None);
         assert_eq!(counted(&done, Metric::Requests(RouteLabel::Pinned, OutcomeLabel::Success)), 1);
-        let reports: Vec<&DoneReport> = done.iter().filter_map(|e| if let Effect::QueueDone(r) = e { Some(r) } else { None }).collect();
+        let reports: Vec<&DoneReport> = done
+            .iter()
+            .filter_map(|e| if let Effect::QueueDone(r) = e { Some(r) } else { None })
+            .collect();
         match done_booking {
-            None => assert!(reports.is_empty(), "{reason:?}: the indexer answered an error, it booked nothing"),
+            None => assert!(
+                reports.is_empty(),
+                "{reason:?}: the indexer answered an error, it booked nothing"
+            ),
             Some(booking) => {
                 assert_eq!(reports.len(), 1, "{reason:?}: the indexer may have booked it");
-                assert_eq!(reports[0].endpoint.as_deref(), Some(expected_pin.as_str()), "{reason:?}");
+                assert_eq!(
+                    reports[0].endpoint.as_deref(),
+                    Some(expected_pin.as_str()),
+                    "{reason:?}"
+                );
                 assert_eq!((reports[0].outcome, reports[0].status), (Outcome::Success, Some(200)));
                 assert_eq!(reports[0].booking_id.as_deref(), booking, "{reason:?}");
             }
@@ -319,7 +465,8 @@ fn fallbacks_pin_by_session_over_the_fleet() {
 #[test]
 fn fallback_without_session_or_fleet_leaves_the_header_unset() {
     use crate::metrics::FallbackRoute;
-    let (mut f, _) = to_route_call(FilterConfig { derive_session_keys: false, ..FilterConfig::default() }, CHAT);
+    let (mut f, _) =
+        to_route_call(FilterConfig { derive_session_keys: false, ..FilterConfig::default() }, CHAT);
     let step = f.on_route_answer(Some(503), b"down", 0, &fleet());
     assert_eq!(counted(&step.effects, Metric::FallbackRoutes(FallbackRoute::NoSession)), 1);
     assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT).is_none());
@@ -329,7 +476,10 @@ fn fallback_without_session_or_fleet_leaves_the_header_unset() {
     assert_eq!(counted(&step.effects, Metric::FallbackRoutes(FallbackRoute::NoFleet)), 1);
     assert_eq!(step.effects.last(), Some(&Effect::ResumeRequest));
     f.on_response_headers(Some(200), true);
-    assert_eq!(counted(&f.finish(None), Metric::Requests(RouteLabel::Unrouted, OutcomeLabel::Success)), 1);
+    assert_eq!(
+        counted(&f.finish(None), Metric::Requests(RouteLabel::Unrouted, OutcomeLabel::Success)),
+        1
+    );
 }
 
 #[test]
@@ -337,8 +487,16 @@ fn prefix_session_reaches_the_indexer_and_the_pin() {
     let (mut f, call) = to_route_call(FilterConfig::default(), CHAT);
     let req = openai::parse(Endpoint::ChatCompletions, CHAT.as_bytes()).unwrap();
     let key = session::derived_key(&req).unwrap();
-    assert_eq!(call.header("x-kvmesh-session"), Some(session::encode_header(key, SessionSource::Prefix).as_str()));
-    let Some(Effect::SetRequestHeader(_, header)) = f.on_dispatch_failed(&fleet()).effects.into_iter().find(|e| matches!(e, Effect::SetRequestHeader(..))) else {
+    assert_eq!(
+        call.header("x-kvmesh-session"),
+        Some(session::encode_header(key, SessionSource::Prefix).as_str())
+    );
+    let Some(Effect::SetRequestHeader(_, header)) = f
+        .on_dispatch_failed(&fleet())
+        .effects
+        .into_iter()
+        .find(|e| matches!(e, Effect::SetRequestHeader(..)))
+    else {
         panic!()
     };
     assert!(header.starts_with(&fleet().0.unwrap().pin(key.0).unwrap().endpoint));
@@ -351,11 +509,22 @@ fn skipped_call_falls_back_without_resuming_or_done() {
     let step = f.on_call_skipped(&fleet());
     assert_eq!(step.next, Next::Continue);
     assert_eq!(counted(&step.effects, Metric::Fallbacks(FallbackReason::BreakerOpen)), 1);
-    assert!(!step.effects.iter().any(|e| matches!(e, Effect::ResumeRequest | Effect::IndexerHealth(_))), "no call, no news for the breaker");
-    assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT).is_some(), "pinned by the prefix key");
+    assert!(
+        !step.effects.iter().any(|e| matches!(e, Effect::ResumeRequest | Effect::IndexerHealth(_))),
+        "no call, no news for the breaker"
+    );
+    assert!(
+        header_set(&step.effects, headers::DESTINATION_ENDPOINT).is_some(),
+        "pinned by the prefix key"
+    );
     let debug = f.on_response_headers(Some(200), true);
-    assert!(debug.contains(&Effect::AddResponseHeader(headers::DEBUG_FALLBACK, "breaker_open".into())));
-    assert!(!f.finish(None).iter().any(|e| matches!(e, Effect::QueueDone(_))), "the indexer never saw it");
+    assert!(
+        debug.contains(&Effect::AddResponseHeader(headers::DEBUG_FALLBACK, "breaker_open".into()))
+    );
+    assert!(
+        !f.finish(None).iter().any(|e| matches!(e, Effect::QueueDone(_))),
+        "the indexer never saw it"
+    );
 }
 
 #[test]
@@ -390,13 +559,27 @@ fn dispatch_failure_falls_back_without_resuming() {
 #[test]
 fn indexer_rejection_goes_to_the_client() {
     let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
-    let body = serde_json::to_vec(&ErrorBody::new(429, "rate_limit_exceeded", "prefill capacity exhausted")).unwrap();
+    let body = serde_json::to_vec(&ErrorBody::new(
+        429,
+        "rate_limit_exceeded",
+        "prefill capacity exhausted",
+    ))
+    .unwrap();
     let step = f.on_route_answer(Some(429), &body, 0, &fleet());
-    let Some(Effect::SendResponse { status, body: sent, headers: h }) = step.effects.iter().find(|e| matches!(e, Effect::SendResponse { .. })) else {
+    let Some(Effect::SendResponse { status, body: sent, headers: h }) =
+        step.effects.iter().find(|e| matches!(e, Effect::SendResponse { .. }))
+    else {
         panic!("{:?}", step.effects)
     };
-    assert_eq!((*status, sent), (429, &decision::rejection_body(429)), "the client gets the stable body");
-    assert!(!String::from_utf8_lossy(sent).contains("prefill capacity exhausted"), "the indexer's text stays in the log");
+    assert_eq!(
+        (*status, sent),
+        (429, &decision::rejection_body(429)),
+        "the client gets the stable body"
+    );
+    assert!(
+        !String::from_utf8_lossy(sent).contains("prefill capacity exhausted"),
+        "the indexer's text stays in the log"
+    );
     assert!(h.contains(&("content-type", "application/json".to_owned())));
     assert!(h.contains(&(ERROR_REASON_HEADER, "prefill_overloaded".to_owned())));
     assert!(!step.effects.contains(&Effect::ResumeRequest));
@@ -430,8 +613,14 @@ fn outcomes() {
             f.on_response_body(complete);
         }
         let done = f.finish(None);
-        assert_eq!(counted(&done, Metric::Requests(RouteLabel::Disagg, label)), 1, "{status:?} {complete}");
-        assert!(done.iter().any(|e| matches!(e, Effect::QueueDone(r) if r.outcome == outcome && r.status == status)));
+        assert_eq!(
+            counted(&done, Metric::Requests(RouteLabel::Disagg, label)),
+            1,
+            "{status:?} {complete}"
+        );
+        assert!(done.iter().any(
+            |e| matches!(e, Effect::QueueDone(r) if r.outcome == outcome && r.status == status)
+        ));
     }
 }
 
@@ -441,18 +630,28 @@ fn abort_while_waiting_for_the_indexer_still_reports_done() {
     let done = f.finish(None);
     assert_eq!(counted(&done, Metric::Requests(RouteLabel::Unrouted, OutcomeLabel::Aborted)), 1);
     assert!(done.iter().any(|e| matches!(e, Effect::QueueDone(r) if r.endpoint.is_none() && r.outcome == Outcome::Aborted)));
-    assert_eq!(f.on_route_answer(Some(200), &decision(Value::Null), 0, &fleet()).effects, vec![], "late answers are ignored");
+    assert_eq!(
+        f.on_route_answer(Some(200), &decision(Value::Null), 0, &fleet()).effects,
+        vec![],
+        "late answers are ignored"
+    );
 }
 
 #[test]
 fn missing_request_id_is_generated_once_and_used_everywhere() {
     let mut f = flow(FilterConfig::default());
-    let step = f.on_request_headers(&headers(&[(":method", "POST"), (":path", "/v1/completions")]), false, 0xabc);
+    let step = f.on_request_headers(
+        &headers(&[(":method", "POST"), (":path", "/v1/completions")]),
+        false,
+        0xabc,
+    );
     let id = header_set(&step.effects, headers::REQUEST_ID).unwrap();
     assert_eq!(id, "kvmesh-7-abc");
     assert_eq!(f.request_id(), id);
     f.on_request_body(14, true);
-    let Next::Call(call) = f.on_body(Some(br#"{"prompt":"x"}"#.to_vec()), 0, &fleet()).next else { panic!() };
+    let Next::Call(call) = f.on_body(Some(br#"{"prompt":"x"}"#.to_vec()), 0, &fleet()).next else {
+        panic!()
+    };
     assert_eq!(call.header("x-request-id"), Some(id.as_str()));
 }
 
@@ -470,7 +669,10 @@ fn a_local_reply_the_filter_never_saw_counts_as_an_error() {
     let done = f.finish(Some(413));
     assert_eq!(counted(&done, Metric::Requests(RouteLabel::Unrouted, OutcomeLabel::Error)), 1);
     let mut f = flow(FilterConfig::default());
-    assert_eq!(counted(&f.finish(Some(0)), Metric::Requests(RouteLabel::Unrouted, OutcomeLabel::Aborted)), 1);
+    assert_eq!(
+        counted(&f.finish(Some(0)), Metric::Requests(RouteLabel::Unrouted, OutcomeLabel::Aborted)),
+        1
+    );
 }
 
 #[test]
@@ -482,7 +684,10 @@ fn ttft_is_measured_at_the_first_streamed_byte_against_the_prediction() {
     answer["predicted_ttft_ms"] = json!(20.0);
     f.on_route_answer(Some(200), &serde_json::to_vec(&answer).unwrap(), 3_000_000, &fleet());
     let debug = f.on_response_headers(Some(200), false);
-    assert!(debug.contains(&Effect::AddResponseHeader(headers::DEBUG_PREDICTED_TTFT, "20.0".into())), "{debug:?}");
+    assert!(
+        debug.contains(&Effect::AddResponseHeader(headers::DEBUG_PREDICTED_TTFT, "20.0".into())),
+        "{debug:?}"
+    );
     assert!(f.on_response_data(0, 10_000_000).is_empty(), "no bytes, no token");
     assert!(f.awaits_first_byte(), "the first byte is still to come");
     let first = f.on_response_data(64, 31_000_000);
@@ -493,10 +698,13 @@ fn ttft_is_measured_at_the_first_streamed_byte_against_the_prediction() {
     assert!(f.on_response_data(64, 40_000_000).is_empty(), "once per request");
 
     // Without a prediction: no debug header, only the measured TTFT.
-    let (mut f, _) = to_route_call(FilterConfig { debug_headers: true, ..FilterConfig::default() }, CHAT);
+    let (mut f, _) =
+        to_route_call(FilterConfig { debug_headers: true, ..FilterConfig::default() }, CHAT);
     f.on_route_answer(Some(200), &decision(Value::Null), 3_000_000, &fleet());
     let debug = f.on_response_headers(Some(200), false);
-    assert!(!debug.iter().any(|e| matches!(e, Effect::AddResponseHeader(n, _) if *n == headers::DEBUG_PREDICTED_TTFT)));
+    assert!(!debug.iter().any(
+        |e| matches!(e, Effect::AddResponseHeader(n, _) if *n == headers::DEBUG_PREDICTED_TTFT)
+    ));
     let first = f.on_response_data(1, 5_000_000);
     assert_eq!(recorded(&first, Metric::Ttft), vec![4]);
     assert!(recorded(&first, Metric::TtftRatio).is_empty());
@@ -518,8 +726,16 @@ impl FleetSource for Ejecting {
 #[test]
 fn ejected_endpoints_go_last_and_attempts_are_reported() {
     let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
-    let step = f.on_route_answer(Some(200), &decision(Value::Null), 0, &Ejecting(fleet(), "10.0.0.2:8000"));
-    assert_eq!(header_set(&step.effects, headers::DESTINATION_ENDPOINT).as_deref(), Some("10.0.0.3:8000,10.0.0.2:8000"));
+    let step = f.on_route_answer(
+        Some(200),
+        &decision(Value::Null),
+        0,
+        &Ejecting(fleet(), "10.0.0.2:8000"),
+    );
+    assert_eq!(
+        header_set(&step.effects, headers::DESTINATION_ENDPOINT).as_deref(),
+        Some("10.0.0.3:8000,10.0.0.2:8000")
+    );
     f.on_response_headers(Some(200), false);
     f.on_response_body(true);
     // Envoy served it on the primary: one good attempt.
@@ -580,14 +796,16 @@ fn a_fallback_sends_the_session_where_the_indexer_last_placed_it() {
     let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
     let key = key_of(&f);
     let step = f.on_route_answer(Some(200), &decision(Value::Null), 0, &fleet);
-    let remembered: Vec<_> = step.effects.iter().filter(|e| matches!(e, Effect::RememberPlacement { .. })).collect();
+    let remembered: Vec<_> =
+        step.effects.iter().filter(|e| matches!(e, Effect::RememberPlacement { .. })).collect();
     assert_eq!(remembered, vec![&Effect::RememberPlacement { key, worker: "w2".into() }]);
     fleet.1.borrow_mut().insert(key.0, "w2".into());
     // Turn 2: the route call times out; the fallback keeps the conversation on w2, whatever the pin.
     let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
     let step = f.on_route_answer(Some(504), b"upstream request timeout", 100_000_000, &fleet);
     assert_eq!(counted(&step.effects, Metric::FallbackRoutes(FallbackRoute::Remembered)), 1);
-    assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT).is_some_and(|h| h.starts_with("10.0.0.2:8000,")));
+    assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT)
+        .is_some_and(|h| h.starts_with("10.0.0.2:8000,")));
     // Off: nothing remembered, nothing read; the fallback pins by rendezvous.
     let off = FilterConfig { placement_memory_slots: 0, ..FilterConfig::default() };
     let (mut f, _) = to_route_call(off.clone(), CHAT);
@@ -597,14 +815,19 @@ fn a_fallback_sends_the_session_where_the_indexer_last_placed_it() {
     let step = f.on_route_answer(Some(504), b"upstream request timeout", 100_000_000, &fleet);
     assert_eq!(counted(&step.effects, Metric::FallbackRoutes(FallbackRoute::Pinned)), 1);
     let pin = fleet.0 .0.as_ref().unwrap().pin(key.0).unwrap().endpoint.clone();
-    assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT).is_some_and(|h| h.starts_with(&pin)));
+    assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT)
+        .is_some_and(|h| h.starts_with(&pin)));
 }
 
 #[test]
 fn a_short_body_is_routed_locally_without_the_indexer() {
     use crate::metrics::FallbackRoute;
     let fleet = Remembering(fleet(), Default::default());
-    let local = FilterConfig { local_route_max_body_bytes: CHAT.len(), debug_headers: true, ..FilterConfig::default() };
+    let local = FilterConfig {
+        local_route_max_body_bytes: CHAT.len(),
+        debug_headers: true,
+        ..FilterConfig::default()
+    };
     let start = |config: &FilterConfig, extra: &[(&str, &str)]| {
         let mut f = flow(config.clone());
         let mut h = chat_headers();
@@ -619,11 +842,24 @@ fn a_short_body_is_routed_locally_without_the_indexer() {
     assert_eq!(step.next, Next::Continue, "no route call, nothing to wait for");
     let key = f.session.map(|(k, _)| k).expect("a derived key");
     let pin = fleet.0 .0.as_ref().unwrap().pin(key.0).unwrap().endpoint.clone();
-    assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT).is_some_and(|h| h.starts_with(&pin)));
+    assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT)
+        .is_some_and(|h| h.starts_with(&pin)));
     assert_eq!(counted(&step.effects, Metric::LocalRoutes(FallbackRoute::Pinned)), 1);
-    assert!(!step.effects.iter().any(|e| matches!(e, Effect::Metric(MetricUpdate::Add(Metric::Fallbacks(_), _)))), "not a fallback: no alert");
+    assert!(
+        !step
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::Metric(MetricUpdate::Add(Metric::Fallbacks(_), _)))),
+        "not a fallback: no alert"
+    );
     let debug = f.on_response_headers(Some(200), true);
-    assert!(debug.contains(&Effect::AddResponseHeader(headers::DEBUG_REASON, headers::LOCAL_ROUTE_REASON.into())), "{debug:?}");
+    assert!(
+        debug.contains(&Effect::AddResponseHeader(
+            headers::DEBUG_REASON,
+            headers::LOCAL_ROUTE_REASON.into()
+        )),
+        "{debug:?}"
+    );
     let done = f.finish(None);
     assert_eq!(counted(&done, Metric::Requests(RouteLabel::Pinned, OutcomeLabel::Success)), 1);
     assert!(!done.iter().any(|e| matches!(e, Effect::QueueDone(_))), "the indexer booked nothing");
@@ -631,14 +867,16 @@ fn a_short_body_is_routed_locally_without_the_indexer() {
     fleet.1.borrow_mut().insert(key.0, "w2".into());
     let (_, step) = start(&local, &[]);
     assert_eq!(counted(&step.effects, Metric::LocalRoutes(FallbackRoute::Remembered)), 1);
-    assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT).is_some_and(|h| h.starts_with("10.0.0.2:8000")));
+    assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT)
+        .is_some_and(|h| h.starts_with("10.0.0.2:8000")));
     // One byte over the bound, or off (the default): the indexer decides.
     let over = FilterConfig { local_route_max_body_bytes: CHAT.len() - 1, ..local.clone() };
     assert!(matches!(start(&over, &[]).1.next, Next::Call(_)));
     assert!(matches!(start(&FilterConfig::default(), &[]).1.next, Next::Call(_)));
     // A trusted operator override is the indexer's to apply, whatever the size.
     let trusted = FilterConfig { allow_overrides: true, override_secret: SECRET.into(), ..local };
-    let (_, step) = start(&trusted, &[("x-kvmesh-worker", "w3"), (headers::OVERRIDE_SECRET, SECRET)]);
+    let (_, step) =
+        start(&trusted, &[("x-kvmesh-worker", "w3"), (headers::OVERRIDE_SECRET, SECRET)]);
     assert!(matches!(step.next, Next::Call(_)));
 }
 
@@ -702,7 +940,10 @@ fn a_long_conversations_next_turn_is_sent_after_the_base_the_indexer_named() {
     let (turn1, end1) = long_chat(1);
     let (mut f, step) = start_with(&fleet, &config, &turn1);
     let Next::Call(call) = step.next else { panic!("a route call") };
-    assert_eq!((call.body(), call.header(headers::KVMESH_BODY_BASE)), (Some(turn1.as_bytes()), None));
+    assert_eq!(
+        (call.body(), call.header(headers::KVMESH_BODY_BASE)),
+        (Some(turn1.as_bytes()), None)
+    );
     assert_eq!(counted(&step.effects, Metric::RouteBodies(RouteBody::Whole)), 1);
     let base1 = BodyBase::of(42, &turn1.as_bytes()[..end1]);
     let step = f.on_route_answer(Some(200), &answer_naming(Some(base1)), 1_000_000, &fleet);
@@ -716,19 +957,33 @@ fn a_long_conversations_next_turn_is_sent_after_the_base_the_indexer_named() {
     assert_eq!(call.header(headers::KVMESH_BODY_BASE), Some(base1.to_string().as_str()));
     assert_eq!(counted(&step.effects, Metric::RouteBodies(RouteBody::Delta)), 1);
     let base2 = BodyBase::of(42, &turn2.as_bytes()[..end2]);
-    fleet.apply(&f.on_route_answer(Some(200), &answer_naming(Some(base2)), 1_000_000, &fleet).effects);
-    assert_eq!(fleet.body_bases(f.session.unwrap().0).iter().map(|r| r.base).collect::<Vec<_>>(), vec![base2]);
+    fleet.apply(
+        &f.on_route_answer(Some(200), &answer_naming(Some(base2)), 1_000_000, &fleet).effects,
+    );
+    assert_eq!(
+        fleet.body_bases(f.session.unwrap().0).iter().map(|r| r.base).collect::<Vec<_>>(),
+        vec![base2]
+    );
     // Turn 3: the indexer lost the base (restarted): 409, and the same call goes again, whole; the
     // indexer was healthy, and the base is forgotten.
     let (turn3, _) = long_chat(3);
     let (mut f, step) = start_with(&fleet, &config, &turn3);
     let Next::Call(call) = step.next else { panic!("a route call") };
     assert_eq!(call.body(), Some(&turn3.as_bytes()[end2..]));
-    let lost = serde_json::to_vec(&ErrorBody::with_reason(409, "invalid_request_error", BASE_UNKNOWN, "gone")).unwrap();
+    let lost = serde_json::to_vec(&ErrorBody::with_reason(
+        409,
+        "invalid_request_error",
+        BASE_UNKNOWN,
+        "gone",
+    ))
+    .unwrap();
     let step = f.on_route_answer(Some(409), &lost, 1_000_000, &fleet);
     fleet.apply(&step.effects);
     let Next::Call(again) = step.next else { panic!("the call again, got {:?}", step.next) };
-    assert_eq!((again.body(), again.header(headers::KVMESH_BODY_BASE)), (Some(turn3.as_bytes()), None));
+    assert_eq!(
+        (again.body(), again.header(headers::KVMESH_BODY_BASE)),
+        (Some(turn3.as_bytes()), None)
+    );
     assert_eq!(counted(&step.effects, Metric::RouteBodies(RouteBody::Resent)), 1);
     assert!(step.effects.contains(&Effect::IndexerHealth(CallHealth::Answered)));
     assert!(!step.effects.contains(&Effect::ResumeRequest), "still waiting for the answer");
@@ -739,9 +994,15 @@ fn a_long_conversations_next_turn_is_sent_after_the_base_the_indexer_named() {
     // locally — the answer callback's returned action means nothing.
     for skipped in [true, false] {
         let (mut f, _) = start_with(&fleet, &config, &turn3);
-        fleet.apply(&[Effect::RememberBodyBase { key: f.session.unwrap().0, new: Remembered::new(base2, turn2.as_bytes()), used: None }]);
+        fleet.apply(&[Effect::RememberBodyBase {
+            key: f.session.unwrap().0,
+            new: Remembered::new(base2, turn2.as_bytes()),
+            used: None,
+        }]);
         let (mut f2, step) = start_with(&fleet, &config, &turn3);
-        assert!(matches!(step.next, Next::Call(ref c) if c.header(headers::KVMESH_BODY_BASE).is_some()));
+        assert!(
+            matches!(step.next, Next::Call(ref c) if c.header(headers::KVMESH_BODY_BASE).is_some())
+        );
         let step = f2.on_route_answer(Some(409), &lost, 1_000_000, &fleet);
         assert!(matches!(step.next, Next::Call(_)));
         let step = if skipped { f2.on_call_skipped(&fleet) } else { f2.on_dispatch_failed(&fleet) };
@@ -758,7 +1019,11 @@ fn a_long_conversations_next_turn_is_sent_after_the_base_the_indexer_named() {
     assert!(step.effects.contains(&Effect::ResumeRequest));
     // Off: nothing read, nothing remembered.
     let off = FilterConfig { body_base_slots: 0, ..config };
-    fleet.apply(&[Effect::RememberBodyBase { key: f.session.unwrap().0, new: Remembered::new(base2, turn2.as_bytes()), used: None }]);
+    fleet.apply(&[Effect::RememberBodyBase {
+        key: f.session.unwrap().0,
+        new: Remembered::new(base2, turn2.as_bytes()),
+        used: None,
+    }]);
     let (mut f, step) = start_with(&fleet, &off, &turn3);
     let Next::Call(call) = step.next else { panic!("a route call") };
     assert_eq!(call.body(), Some(turn3.as_bytes()));

@@ -10,11 +10,7 @@ fn stat_names_are_unique_and_shaped_for_stats_tags() {
     assert_eq!(names.len(), all.len());
     for m in &all {
         let name = m.stat_name();
-        assert!(
-            name.bytes()
-                .all(|b| b.is_ascii_lowercase() || b == b'_' || b == b'.'),
-            "{name}"
-        );
+        assert!(name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_' || b == b'.'), "{name}");
         assert!(ALL_NAMES.contains(&m.base()));
         for (label, _) in m.labels() {
             assert!(LABELS.contains(&label));
@@ -24,10 +20,7 @@ fn stat_names_are_unique_and_shaped_for_stats_tags() {
         Metric::Requests(RouteLabel::Disagg, OutcomeLabel::Success).stat_name(),
         "kvmesh_filter_requests_total.mode.disagg.outcome.success"
     );
-    assert_eq!(
-        Metric::OverlapBlocks.stat_name(),
-        "router_kv_overlap_blocks_total"
-    );
+    assert_eq!(Metric::OverlapBlocks.stat_name(), "router_kv_overlap_blocks_total");
 }
 
 #[test]
@@ -39,12 +32,7 @@ fn every_base_name_is_defined() {
 #[test]
 fn counters_end_in_total() {
     for m in Metric::all() {
-        assert_eq!(
-            m.kind() == MetricKind::Counter,
-            m.base().ends_with("_total"),
-            "{}",
-            m.base()
-        );
+        assert_eq!(m.kind() == MetricKind::Counter, m.base().ends_with("_total"), "{}", m.base());
     }
 }
 
@@ -53,17 +41,11 @@ fn counters_end_in_total() {
 fn readme_documents_every_metric() {
     let readme = include_str!("../../README.md");
     for name in ALL_NAMES {
-        assert!(
-            readme.contains(&format!("`{name}")),
-            "README misses metric {name}"
-        );
+        assert!(readme.contains(&format!("`{name}")), "README misses metric {name}");
     }
     for m in Metric::all() {
         for (label, value) in m.labels() {
-            assert!(
-                readme.contains(&format!("`{value}`")),
-                "README misses {label}={value}"
-            );
+            assert!(readme.contains(&format!("`{value}`")), "README misses {label}={value}");
         }
     }
 }

@@ -22,9 +22,14 @@ fn a_slot_remembers_its_session_and_nothing_else() {
 #[test]
 fn slots_are_bounded_by_the_table_size() {
     let slots = 16;
-    let keys: std::collections::BTreeSet<String> =
-        (0..1000u64).map(|k| slot_key(SessionKey(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)), slots)).collect();
+    let keys: std::collections::BTreeSet<String> = (0..1000u64)
+        .map(|k| slot_key(SessionKey(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)), slots))
+        .collect();
     assert_eq!(keys.len(), slots);
     assert_eq!(slot_key(SessionKey(17), slots), "kvmesh.placed.1");
-    assert_eq!(slot_key(SessionKey(5), 0), "kvmesh.placed.0", "a zero-sized table is one slot, never a division by zero");
+    assert_eq!(
+        slot_key(SessionKey(5), 0),
+        "kvmesh.placed.0",
+        "a zero-sized table is one slot, never a division by zero"
+    );
 }

@@ -3,7 +3,9 @@
 
 use std::rc::Rc;
 
-use kvmesh_core::api::{DoneReport, FleetSnapshot, FleetWorker, Outcome, Role, WorkerLoad, DONE_PATH, FLEET_PATH};
+use kvmesh_core::api::{
+    DoneReport, FleetSnapshot, FleetWorker, Outcome, Role, WorkerLoad, DONE_PATH, FLEET_PATH,
+};
 
 use super::*;
 use crate::background::FLEET_KEY;
@@ -22,12 +24,24 @@ fn root(host: &Rc<FakeHost>, root_id: &str, json: &str) -> RootState {
 }
 
 fn report(id: &str) -> DoneReport {
-    DoneReport { request_id: id.into(), endpoint: Some("10.0.0.1:8000".into()), outcome: Outcome::Success, status: Some(200), booking_id: None }
+    DoneReport {
+        request_id: id.into(),
+        endpoint: Some("10.0.0.1:8000".into()),
+        outcome: Outcome::Success,
+        status: Some(200),
+        booking_id: None,
+    }
 }
 
 fn fleet_json(workers: usize) -> Vec<u8> {
     let workers = (0..workers)
-        .map(|i| FleetWorker { id: format!("w{i}"), endpoint: format!("10.0.0.{i}:8000"), role: Role::Both, healthy: true, load: WorkerLoad::default() })
+        .map(|i| FleetWorker {
+            id: format!("w{i}"),
+            endpoint: format!("10.0.0.{i}:8000"),
+            role: Role::Both,
+            healthy: true,
+            load: WorkerLoad::default(),
+        })
         .collect();
     serde_json::to_vec(&FleetSnapshot { generation: 1, block_size: 16, workers }).unwrap()
 }
@@ -52,15 +66,64 @@ fn what_each_role_configures() {
     // (root_id, config, role, shares with HTTP contexts, runs background, tick)
     let cases = [
         // The tick is capped (MAX_TICK_MS) so a slower fleet period still polls promptly.
-        (crate::SERVICE_ROOT_ID, r#"{}"#, RootRole::Service, false, true, Some(crate::config::MAX_TICK_MS)),
-        (crate::SERVICE_ROOT_ID, r#"{"fleet_refresh_ms": 100}"#, RootRole::Service, false, true, Some(100)),
-        (crate::SERVICE_ROOT_ID, r#"{"fleet_refresh_ms": 0}"#, RootRole::Service, false, true, None),
-        (crate::SERVICE_ROOT_ID, r#"{"background": "per_worker"}"#, RootRole::IdleService, false, false, None),
+        (
+            crate::SERVICE_ROOT_ID,
+            r#"{}"#,
+            RootRole::Service,
+            false,
+            true,
+            Some(crate::config::MAX_TICK_MS),
+        ),
+        (
+            crate::SERVICE_ROOT_ID,
+            r#"{"fleet_refresh_ms": 100}"#,
+            RootRole::Service,
+            false,
+            true,
+            Some(100),
+        ),
+        (
+            crate::SERVICE_ROOT_ID,
+            r#"{"fleet_refresh_ms": 0}"#,
+            RootRole::Service,
+            false,
+            true,
+            None,
+        ),
+        (
+            crate::SERVICE_ROOT_ID,
+            r#"{"background": "per_worker"}"#,
+            RootRole::IdleService,
+            false,
+            false,
+            None,
+        ),
         // A filter root flushes its own done reports in both modes.
         ("filter", r#"{}"#, RootRole::Filter, true, true, Some(20)),
-        ("filter", r#"{"done_flush_ms": 5, "fleet_refresh_ms": 100}"#, RootRole::Filter, true, true, Some(5)),
-        ("filter", r#"{"background": "per_worker"}"#, RootRole::FilterWithBackground, true, true, Some(20)),
-        ("filter", r#"{"background": "per_worker", "fleet_refresh_ms": 0, "done_flush_ms": 50}"#, RootRole::FilterWithBackground, true, true, Some(50)),
+        (
+            "filter",
+            r#"{"done_flush_ms": 5, "fleet_refresh_ms": 100}"#,
+            RootRole::Filter,
+            true,
+            true,
+            Some(5),
+        ),
+        (
+            "filter",
+            r#"{"background": "per_worker"}"#,
+            RootRole::FilterWithBackground,
+            true,
+            true,
+            Some(20),
+        ),
+        (
+            "filter",
+            r#"{"background": "per_worker", "fleet_refresh_ms": 0, "done_flush_ms": 50}"#,
+            RootRole::FilterWithBackground,
+            true,
+            true,
+            Some(50),
+        ),
     ];
     for (root_id, json, role, shares, background, tick) in cases {
         let host = Rc::new(FakeHost::new());
@@ -77,9 +140,17 @@ fn what_each_role_configures() {
 #[test]
 fn refused_configuration_configures_nothing() {
     let host = Rc::new(FakeHost::new());
-    assert!(configure_from_bytes(Rc::clone(&host) as Rc<dyn Host>, Some(br#"{"no_such_field": 1}"#), 1, "filter", VM).is_none());
+    assert!(configure_from_bytes(
+        Rc::clone(&host) as Rc<dyn Host>,
+        Some(br#"{"no_such_field": 1}"#),
+        1,
+        "filter",
+        VM
+    )
+    .is_none());
     assert_eq!(host.stat_count(), 0);
-    let state = configure_from_bytes(Rc::clone(&host) as Rc<dyn Host>, None, 1, "filter", VM).unwrap();
+    let state =
+        configure_from_bytes(Rc::clone(&host) as Rc<dyn Host>, None, 1, "filter", VM).unwrap();
     assert_eq!(state.role, RootRole::Filter, "no configuration is all defaults");
 }
 
@@ -107,7 +178,11 @@ fn singleton_mode_filter_roots_send_their_own_reports_and_the_singleton_polls() 
     assert_eq!(host.tokens_to(FLEET_PATH).len(), 1, "the singleton polls the fleet");
     let tasks = filter.tasks.as_mut().unwrap();
     tasks.on_tick();
-    assert_eq!(host.tokens_to(FLEET_PATH).len(), 1, "a filter root does not poll in singleton mode");
+    assert_eq!(
+        host.tokens_to(FLEET_PATH).len(),
+        1,
+        "a filter root does not poll in singleton mode"
+    );
     let done = host.tokens_to(DONE_PATH);
     assert_eq!(done.len(), 1, "what waited since the last tick goes as one batch");
     let bodies = |token: u32| -> Vec<DoneReport> {
@@ -138,7 +213,8 @@ fn per_worker_mode_each_filter_root_polls_and_flushes_its_own_queue() {
     assert!(service.tasks.is_none() && service.tick_ms.is_none(), "idle singleton");
     let mut a = root(&host, "filter", json);
     let mut b = root(&host, "filter", json);
-    let (shared_a, shared_b) = (Rc::clone(a.shared.as_ref().unwrap()), Rc::clone(b.shared.as_ref().unwrap()));
+    let (shared_a, shared_b) =
+        (Rc::clone(a.shared.as_ref().unwrap()), Rc::clone(b.shared.as_ref().unwrap()));
 
     // A report waits in its own thread's queue until that root's tick.
     shared_a.queue_done(report("from-a"));
@@ -174,14 +250,18 @@ fn per_worker_mode_each_filter_root_polls_and_flushes_its_own_queue() {
 fn a_filter_root_holds_its_done_reports_while_its_route_breaker_is_open() {
     for mode in ["singleton", "per_worker"] {
         let host = Rc::new(FakeHost::new());
-        let json = format!(r#"{{"background": "{mode}", "fleet_refresh_ms": 0, "breaker_failures": 1}}"#);
+        let json =
+            format!(r#"{{"background": "{mode}", "fleet_refresh_ms": 0, "breaker_failures": 1}}"#);
         let mut filter = root(&host, "filter", &json);
         let shared = Rc::clone(filter.shared.as_ref().unwrap());
         shared.record_route_call(crate::breaker::CallHealth::Failed, host.now_ns());
         shared.queue_done(report("a"));
         let tasks = filter.tasks.as_mut().unwrap();
         tasks.on_tick();
-        assert!(host.tokens_to(DONE_PATH).is_empty(), "{mode}: the root's own breaker gates its flush");
+        assert!(
+            host.tokens_to(DONE_PATH).is_empty(),
+            "{mode}: the root's own breaker gates its flush"
+        );
         shared.record_route_call(crate::breaker::CallHealth::Answered, host.now_ns());
         tasks.on_tick();
         assert_eq!(host.tokens_to(DONE_PATH).len(), 1, "{mode}");

@@ -10,7 +10,13 @@ use crate::host_api::fake::FakeHost;
 use crate::metrics::FleetResult;
 
 fn report(id: &str) -> DoneReport {
-    DoneReport { request_id: id.into(), endpoint: None, outcome: Outcome::Aborted, status: None, booking_id: Some("bk-7".into()) }
+    DoneReport {
+        request_id: id.into(),
+        endpoint: None,
+        outcome: Outcome::Aborted,
+        status: None,
+        booking_id: Some("bk-7".into()),
+    }
 }
 
 fn queue() -> Rc<RefCell<DoneQueue>> {
@@ -26,7 +32,13 @@ fn shared_with(host: &Rc<FakeHost>, json: &str, done: Rc<RefCell<DoneQueue>>) ->
 
 fn fleet(n: usize, generation: u64) -> Vec<u8> {
     let workers = (0..n)
-        .map(|i| FleetWorker { id: format!("w{i}"), endpoint: format!("10.0.0.{i}:8000"), role: Role::Decode, healthy: true, load: WorkerLoad::default() })
+        .map(|i| FleetWorker {
+            id: format!("w{i}"),
+            endpoint: format!("10.0.0.{i}:8000"),
+            role: Role::Decode,
+            healthy: true,
+            load: WorkerLoad::default(),
+        })
         .collect();
     serde_json::to_vec(&FleetSnapshot { generation, block_size: 16, workers }).unwrap()
 }
@@ -60,7 +72,11 @@ fn fleet_cache_parses_again_only_when_the_cas_changes() {
     host.set_shared_data(FLEET_KEY, b"not a fleet").unwrap();
     assert!(shared.fleet().is_none());
     assert_eq!(host.value(Metric::InternalErrors(InternalError::BadFleetData)), 1);
-    assert_eq!(host.value(Metric::FleetRefreshes(FleetResult::Failed)), 0, "reading is not polling");
+    assert_eq!(
+        host.value(Metric::FleetRefreshes(FleetResult::Failed)),
+        0,
+        "reading is not polling"
+    );
 }
 
 #[test]
@@ -84,7 +100,14 @@ fn breaker_transitions_and_ejections_are_counted() {
     shared.record_endpoint("10.0.0.1:8000", false, now);
     shared.record_endpoint("10.0.0.1:8000", false, now);
     assert_eq!(host.value(Metric::EndpointEjections), 1);
-    assert_eq!(shared.reorder_endpoints("10.0.0.1:8000,10.0.0.2:8000"), ("10.0.0.2:8000,10.0.0.1:8000".to_owned(), 1));
+    assert_eq!(
+        shared.reorder_endpoints("10.0.0.1:8000,10.0.0.2:8000"),
+        ("10.0.0.2:8000,10.0.0.1:8000".to_owned(), 1)
+    );
     host.advance_ms(1000);
-    assert_eq!(shared.reorder_endpoints("10.0.0.1:8000,10.0.0.2:8000").1, 0, "the host's clock ends the ejection");
+    assert_eq!(
+        shared.reorder_endpoints("10.0.0.1:8000,10.0.0.2:8000").1,
+        0,
+        "the host's clock ends the ejection"
+    );
 }

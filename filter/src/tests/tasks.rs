@@ -22,7 +22,10 @@ fn rig(json: &str) -> Rig {
     let config = Rc::new(FilterConfig::from_bytes(Some(json.as_bytes())).unwrap());
     let dyn_host: Rc<dyn Host> = Rc::clone(&host) as Rc<dyn Host>;
     let metrics = Rc::new(MetricIds::define(Rc::clone(&dyn_host)));
-    let done = Rc::new(RefCell::new(DoneQueue::new(config.done_queue_capacity, config.done_max_in_flight)));
+    let done = Rc::new(RefCell::new(DoneQueue::new(
+        config.done_queue_capacity,
+        config.done_max_in_flight,
+    )));
     let tasks = BackgroundTasks::new(dyn_host, config, metrics, Rc::clone(&done), true);
     Rig { host, done, tasks }
 }
@@ -41,7 +44,8 @@ fn report(id: &str) -> DoneReport {
 fn fleet_answers_that_are_not_stored() {
     let big = vec![b' '; MAX_FLEET_BYTES + 1];
     // (status, body, counts as)
-    let cases: [(Option<u16>, &[u8]); 4] = [(None, b""), (Some(503), b"{}"), (Some(200), b"[1,2]"), (Some(200), &big)];
+    let cases: [(Option<u16>, &[u8]); 4] =
+        [(None, b""), (Some(503), b"{}"), (Some(200), b"[1,2]"), (Some(200), &big)];
     for (status, body) in cases {
         let mut r = rig(r#"{"fleet_refresh_ms": 100}"#);
         r.tasks.on_tick();
@@ -139,7 +143,8 @@ fn done_reports_that_wait_for_an_answer_go_as_one_call() {
 
 #[test]
 fn done_calls_stay_within_max_in_flight() {
-    let mut r = rig(r#"{"done_max_in_flight": 2, "done_queue_capacity": 1000, "fleet_refresh_ms": 0}"#);
+    let mut r =
+        rig(r#"{"done_max_in_flight": 2, "done_queue_capacity": 1000, "fleet_refresh_ms": 0}"#);
     let n = 4 * MAX_DONE_BATCH;
     for i in 0..n {
         assert!(r.done.borrow_mut().offer(report(&i.to_string())));
@@ -150,7 +155,11 @@ fn done_calls_stay_within_max_in_flight() {
     assert!(r.host.calls().iter().all(|(_, c)| batch_of(c).len() == MAX_DONE_BATCH));
     r.host.answer(Some(200), b"{}");
     r.tasks.on_http_call_response(sent[0], 1, 0);
-    assert_eq!(r.host.tokens_to(DONE_PATH).len(), 3, "an answer frees a slot and sends the next batch");
+    assert_eq!(
+        r.host.tokens_to(DONE_PATH).len(),
+        3,
+        "an answer frees a slot and sends the next batch"
+    );
     assert_eq!(r.host.value(Metric::DoneReports(DoneResult::Sent)), MAX_DONE_BATCH as i64);
     assert_eq!(queued(&r), (MAX_DONE_BATCH, 2), "(pending, in flight)");
 }
@@ -162,12 +171,20 @@ fn a_failed_done_dispatch_frees_its_slot() {
     r.done.borrow_mut().offer(report("b"));
     r.host.set_failing(Fail::Dispatch, true);
     r.tasks.on_tick();
-    assert_eq!(r.host.value(Metric::DoneReports(DoneResult::Retried)), 2, "both tried, both back in the queue");
+    assert_eq!(
+        r.host.value(Metric::DoneReports(DoneResult::Retried)),
+        2,
+        "both tried, both back in the queue"
+    );
     assert_eq!(r.host.value(Metric::DoneReports(DoneResult::Failed)), 0);
     assert_eq!(r.done.borrow().in_flight(), 0);
     assert_eq!(r.done.borrow().pending(), 2);
     r.tasks.on_tick();
-    assert_eq!(r.host.value(Metric::DoneReports(DoneResult::Retried)), 2, "held: no retry before breaker_open_ms");
+    assert_eq!(
+        r.host.value(Metric::DoneReports(DoneResult::Retried)),
+        2,
+        "held: no retry before breaker_open_ms"
+    );
     r.host.set_failing(Fail::Dispatch, false);
     r.host.advance_ms(1000);
     r.tasks.on_tick();
@@ -202,11 +219,19 @@ fn how_a_done_answer_is_counted_and_whether_it_is_retried() {
         r.tasks.on_tick();
         answer_done(&mut r, status);
         assert_eq!(r.host.value(Metric::DoneReports(counted)), 2, "{status:?}");
-        let others: i64 = DoneResult::ALL.iter().filter(|&&d| d != counted).map(|&d| r.host.value(Metric::DoneReports(d))).sum();
+        let others: i64 = DoneResult::ALL
+            .iter()
+            .filter(|&&d| d != counted)
+            .map(|&d| r.host.value(Metric::DoneReports(d)))
+            .sum();
         assert_eq!(others, 0, "{status:?} counted once");
         r.done.borrow_mut().offer(report("c"));
         r.tasks.on_tick();
-        assert_eq!(r.host.tokens_to(DONE_PATH).len(), usize::from(!retried) + 1, "{status:?}: a retry waits for the hold");
+        assert_eq!(
+            r.host.tokens_to(DONE_PATH).len(),
+            usize::from(!retried) + 1,
+            "{status:?}: a retry waits for the hold"
+        );
         r.host.advance_ms(100);
         r.tasks.on_tick();
         let calls = r.host.calls();
@@ -223,20 +248,36 @@ fn a_report_that_keeps_failing_is_given_up_at_the_attempts_cap() {
     r.done.borrow_mut().offer(report("a"));
     for attempt in 1..=crate::background::MAX_DONE_ATTEMPTS {
         r.tasks.on_tick();
-        assert_eq!(r.host.tokens_to(DONE_PATH).len(), usize::from(attempt), "attempt {attempt} sent");
+        assert_eq!(
+            r.host.tokens_to(DONE_PATH).len(),
+            usize::from(attempt),
+            "attempt {attempt} sent"
+        );
         answer_done(&mut r, if attempt % 2 == 0 { Some(502) } else { None });
         r.host.advance_ms(100);
     }
     r.tasks.on_tick();
-    assert_eq!(r.host.tokens_to(DONE_PATH).len(), usize::from(crate::background::MAX_DONE_ATTEMPTS), "not sent again");
-    assert_eq!(r.host.value(Metric::DoneReports(DoneResult::Retried)), i64::from(crate::background::MAX_DONE_ATTEMPTS) - 1);
-    assert_eq!(r.host.value(Metric::DoneReports(DoneResult::Failed)), 1, "counted failed once, when given up");
+    assert_eq!(
+        r.host.tokens_to(DONE_PATH).len(),
+        usize::from(crate::background::MAX_DONE_ATTEMPTS),
+        "not sent again"
+    );
+    assert_eq!(
+        r.host.value(Metric::DoneReports(DoneResult::Retried)),
+        i64::from(crate::background::MAX_DONE_ATTEMPTS) - 1
+    );
+    assert_eq!(
+        r.host.value(Metric::DoneReports(DoneResult::Failed)),
+        1,
+        "counted failed once, when given up"
+    );
     assert_eq!(queued(&r), (0, 0), "(pending, in flight)");
 }
 
 #[test]
 fn retried_reports_keep_the_queue_bound() {
-    let mut r = rig(r#"{"fleet_refresh_ms": 0, "done_queue_capacity": 4, "done_max_in_flight": 1}"#);
+    let mut r =
+        rig(r#"{"fleet_refresh_ms": 0, "done_queue_capacity": 4, "done_max_in_flight": 1}"#);
     for id in ["a", "b", "c"] {
         r.done.borrow_mut().offer(report(id));
     }
@@ -256,12 +297,26 @@ fn retried_reports_keep_the_queue_bound() {
 #[test]
 fn the_done_flush_holds_while_the_route_breaker_is_open() {
     let host = Rc::new(FakeHost::new());
-    let config = Rc::new(FilterConfig::from_bytes(Some(br#"{"fleet_refresh_ms": 0, "breaker_failures": 2, "breaker_open_ms": 100}"#)).unwrap());
+    let config = Rc::new(
+        FilterConfig::from_bytes(Some(
+            br#"{"fleet_refresh_ms": 0, "breaker_failures": 2, "breaker_open_ms": 100}"#,
+        ))
+        .unwrap(),
+    );
     let dyn_host: Rc<dyn Host> = Rc::clone(&host) as Rc<dyn Host>;
     let metrics = Rc::new(MetricIds::define(Rc::clone(&dyn_host)));
-    let done = Rc::new(RefCell::new(DoneQueue::new(config.done_queue_capacity, config.done_max_in_flight)));
-    let shared = Rc::new(Shared::new(Rc::clone(&dyn_host), Rc::clone(&config), Rc::clone(&metrics), Rc::clone(&done)));
-    let mut tasks = BackgroundTasks::new(dyn_host, config, metrics, Rc::clone(&done), false).gated_by(Rc::clone(&shared));
+    let done = Rc::new(RefCell::new(DoneQueue::new(
+        config.done_queue_capacity,
+        config.done_max_in_flight,
+    )));
+    let shared = Rc::new(Shared::new(
+        Rc::clone(&dyn_host),
+        Rc::clone(&config),
+        Rc::clone(&metrics),
+        Rc::clone(&done),
+    ));
+    let mut tasks = BackgroundTasks::new(dyn_host, config, metrics, Rc::clone(&done), false)
+        .gated_by(Rc::clone(&shared));
     for _ in 0..2 {
         shared.record_route_call(CallHealth::Failed, host.now_ns());
     }
@@ -270,7 +325,10 @@ fn the_done_flush_holds_while_the_route_breaker_is_open() {
         host.advance_ms(20);
         tasks.on_tick();
     }
-    assert!(host.tokens_to(DONE_PATH).is_empty(), "nothing sent to an indexer the breaker says is down");
+    assert!(
+        host.tokens_to(DONE_PATH).is_empty(),
+        "nothing sent to an indexer the breaker says is down"
+    );
     assert_eq!(done.borrow().pending(), 1, "the report waits, not failed");
     assert_eq!(host.value(Metric::DoneReports(DoneResult::Failed)), 0);
     host.advance_ms(30);

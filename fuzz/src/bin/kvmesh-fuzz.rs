@@ -14,11 +14,18 @@ use kvmesh_fuzz::{regressions_dir, run, Budget, TARGETS};
 
 fn main() -> anyhow::Result<()> {
     let mut budget = Budget::Time(Duration::from_secs(60));
-    let mut seed: u64 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let mut seed: u64 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     let mut names = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        let mut value = || args.next().context("missing value").and_then(|v| v.parse::<u64>().context("not a number"));
+        let mut value = || {
+            args.next()
+                .context("missing value")
+                .and_then(|v| v.parse::<u64>().context("not a number"))
+        };
         match a.as_str() {
             "--seconds" => budget = Budget::Time(Duration::from_secs(value()?)),
             "--cases" => budget = Budget::Cases(u32::try_from(value()?)?),
@@ -43,7 +50,8 @@ fn main() -> anyhow::Result<()> {
             name => names.push(name.to_owned()),
         }
     }
-    let chosen: Vec<_> = TARGETS.iter().filter(|t| names.is_empty() || names.iter().any(|n| n == t.name)).collect();
+    let chosen: Vec<_> =
+        TARGETS.iter().filter(|t| names.is_empty() || names.iter().any(|n| n == t.name)).collect();
     if chosen.is_empty() {
         bail!("no such target: {names:?} (--list)");
     }
@@ -56,7 +64,12 @@ fn main() -> anyhow::Result<()> {
         let out = run(t, budget, seed);
         let secs = started.elapsed().as_secs_f64();
         match &out.failure {
-            None => println!("{:<16} {:>10} executions in {secs:>6.1} s ({:.0}/s), no failure", t.name, out.executions, out.executions as f64 / secs.max(1e-9)),
+            None => println!(
+                "{:<16} {:>10} executions in {secs:>6.1} s ({:.0}/s), no failure",
+                t.name,
+                out.executions,
+                out.executions as f64 / secs.max(1e-9)
+            ),
             Some((reason, input)) => {
                 failed += 1;
                 let dir = regressions_dir(t.name);
@@ -75,5 +88,7 @@ fn main() -> anyhow::Result<()> {
 
 /// A short stable name for an input.
 fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+    bytes
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
 }

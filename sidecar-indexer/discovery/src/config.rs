@@ -145,7 +145,9 @@ impl DiscoveryConfig {
 fn role_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Role>, D::Error> {
     match Option::<String>::deserialize(d)?.as_deref() {
         None | Some("none") => Ok(None),
-        Some(other) => Role::deserialize(serde::de::value::StrDeserializer::<D::Error>::new(other)).map(Some),
+        Some(other) => {
+            Role::deserialize(serde::de::value::StrDeserializer::<D::Error>::new(other)).map(Some)
+        }
     }
 }
 
@@ -180,7 +182,11 @@ fn check_port(field: &'static str, port: &PortRef) -> Result<(), ConfigError> {
     if ok {
         Ok(())
     } else {
-        Err(ConfigError::InvalidValue { field, value: format!("{port:?}"), reason: "must be a port number > 0 or a port name" })
+        Err(ConfigError::InvalidValue {
+            field,
+            value: format!("{port:?}"),
+            reason: "must be a port number > 0 or a port name",
+        })
     }
 }
 
@@ -217,7 +223,10 @@ mod tests {
             ("role_label", DiscoveryConfig { role_label: " ".into(), ..base() }),
             ("http_port", DiscoveryConfig { http_port: String::new(), ..base() }),
             ("kv_events_port", DiscoveryConfig { kv_events_port: PortRef::Number(0), ..base() }),
-            ("kv_replay_port", DiscoveryConfig { kv_replay_port: Some(PortRef::Name(String::new())), ..base() }),
+            (
+                "kv_replay_port",
+                DiscoveryConfig { kv_replay_port: Some(PortRef::Name(String::new())), ..base() },
+            ),
             ("grace_period_ms", DiscoveryConfig { grace_period_ms: MAX_GRACE_MS + 1, ..base() }),
             ("max_workers", DiscoveryConfig { max_workers: 0, ..base() }),
             ("channel_capacity", DiscoveryConfig { channel_capacity: 0, ..base() }),
@@ -242,10 +251,19 @@ mod tests {
         assert!(serde_json::from_str::<DiscoveryConfig>(r#"{"service":"vllm","grace":1}"#).is_err());
         let roles: Vec<Option<Role>> = ["\"none\"", "\"prefill\"", "\"both\""]
             .iter()
-            .map(|r| serde_json::from_str::<DiscoveryConfig>(&format!(r#"{{"service":"vllm","default_role":{r}}}"#)).unwrap().default_role)
+            .map(|r| {
+                serde_json::from_str::<DiscoveryConfig>(&format!(
+                    r#"{{"service":"vllm","default_role":{r}}}"#
+                ))
+                .unwrap()
+                .default_role
+            })
             .collect();
         assert_eq!(roles, [None, Some(Role::Prefill), Some(Role::Both)]);
-        assert!(serde_json::from_str::<DiscoveryConfig>(r#"{"service":"vllm","default_role":"turbo"}"#).is_err());
+        assert!(serde_json::from_str::<DiscoveryConfig>(
+            r#"{"service":"vllm","default_role":"turbo"}"#
+        )
+        .is_err());
     }
 
     #[test]
@@ -259,7 +277,8 @@ mod tests {
             let text = serde_json::to_string(&cfg).unwrap();
             assert_eq!(serde_json::from_str::<DiscoveryConfig>(&text).unwrap(), cfg, "{text}");
         }
-        let none: DiscoveryConfig = serde_json::from_str(r#"{"service":"vllm","kv_replay_port":"none"}"#).unwrap();
+        let none: DiscoveryConfig =
+            serde_json::from_str(r#"{"service":"vllm","kv_replay_port":"none"}"#).unwrap();
         assert_eq!(none.kv_replay_port, None);
     }
 }

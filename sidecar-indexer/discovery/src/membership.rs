@@ -85,7 +85,10 @@ impl Membership {
         for (id, obs) in &view.workers {
             let Some(member) = self.members.get_mut(id) else {
                 changes.push(Change::Joined { worker: obs.worker.clone(), routable: obs.ready });
-                self.members.insert(id.clone(), MemberStatus { worker: obs.worker.clone(), routable: obs.ready, drop_at: None });
+                self.members.insert(
+                    id.clone(),
+                    MemberStatus { worker: obs.worker.clone(), routable: obs.ready, drop_at: None },
+                );
                 continue;
             };
             let moved = member.worker.endpoint != obs.worker.endpoint
@@ -94,7 +97,8 @@ impl Membership {
             if moved {
                 changes.push(Change::Left { id: id.clone() });
                 changes.push(Change::Joined { worker: obs.worker.clone(), routable: obs.ready });
-                *member = MemberStatus { worker: obs.worker.clone(), routable: obs.ready, drop_at: None };
+                *member =
+                    MemberStatus { worker: obs.worker.clone(), routable: obs.ready, drop_at: None };
                 continue;
             }
             if member.worker.role != obs.worker.role {
@@ -112,7 +116,9 @@ impl Membership {
                     member.routable = false;
                     changes.push(Change::Unroutable { id: id.clone(), drop_at: None });
                 }
-                (false, false) if was_pending_drop => changes.push(Change::Unroutable { id: id.clone(), drop_at: None }),
+                (false, false) if was_pending_drop => {
+                    changes.push(Change::Unroutable { id: id.clone(), drop_at: None })
+                }
                 _ => {}
             }
         }
@@ -208,23 +214,39 @@ mod tests {
             (
                 "flap within grace loses nothing",
                 vec![
-                    (0, Some(vec![("a", "10.0.0.1", true), ("b", "10.0.0.2", true)]), vec!["joined a true", "joined b true"]),
+                    (
+                        0,
+                        Some(vec![("a", "10.0.0.1", true), ("b", "10.0.0.2", true)]),
+                        vec!["joined a true", "joined b true"],
+                    ),
                     (5, Some(vec![("a", "10.0.0.1", true)]), vec!["unroutable b 35"]),
                     (20, None, vec![]),
-                    (21, Some(vec![("a", "10.0.0.1", true), ("b", "10.0.0.2", true)]), vec!["routable b"]),
+                    (
+                        21,
+                        Some(vec![("a", "10.0.0.1", true), ("b", "10.0.0.2", true)]),
+                        vec!["routable b"],
+                    ),
                     (100, None, vec![]),
                 ],
             ),
             (
                 "gone past grace is removed once",
                 vec![
-                    (0, Some(vec![("a", "10.0.0.1", true), ("b", "10.0.0.2", true)]), vec!["joined a true", "joined b true"]),
+                    (
+                        0,
+                        Some(vec![("a", "10.0.0.1", true), ("b", "10.0.0.2", true)]),
+                        vec!["joined a true", "joined b true"],
+                    ),
                     (5, Some(vec![("a", "10.0.0.1", true)]), vec!["unroutable b 35"]),
                     (10, Some(vec![("a", "10.0.0.1", true)]), vec![]),
                     (34, None, vec![]),
                     (35, None, vec!["left b"]),
                     (36, Some(vec![("a", "10.0.0.1", true)]), vec![]),
-                    (40, Some(vec![("a", "10.0.0.1", true), ("b", "10.0.0.2", true)]), vec!["joined b true"]),
+                    (
+                        40,
+                        Some(vec![("a", "10.0.0.1", true), ("b", "10.0.0.2", true)]),
+                        vec!["joined b true"],
+                    ),
                 ],
             ),
             (
@@ -273,7 +295,8 @@ mod tests {
             Change::Joined { worker, routable } => format!("joined {} {routable}", worker.id),
             Change::Updated { worker } => format!("updated {} {}", worker.id, worker.role.as_str()),
             Change::Unroutable { id, drop_at } => {
-                let at = drop_at.map_or("-".to_owned(), |t| t.duration_since(start).as_secs().to_string());
+                let at = drop_at
+                    .map_or("-".to_owned(), |t| t.duration_since(start).as_secs().to_string());
                 format!("unroutable {id} {at}")
             }
             Change::Routable { id } => format!("routable {id}"),
@@ -317,7 +340,13 @@ mod tests {
         let mut m = Membership::new(Duration::ZERO);
         m.observe(&view(&[("a", "10.0.0.1", true)]), t0);
         let changes = m.observe(&View::default(), t0);
-        assert_eq!(changes, vec![Change::Unroutable { id: "a".into(), drop_at: Some(t0) }, Change::Left { id: "a".into() }]);
+        assert_eq!(
+            changes,
+            vec![
+                Change::Unroutable { id: "a".into(), drop_at: Some(t0) },
+                Change::Left { id: "a".into() }
+            ]
+        );
         assert!(m.is_empty());
     }
 }

@@ -8,8 +8,8 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::Metadata;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::Metadata;
 
 /// One step of a list/watch, independent of the client library (the watcher converts
 /// kube-runtime's `Event` into this; tests convert recorded API responses).
@@ -112,7 +112,10 @@ mod tests {
     use k8s_openapi::api::core::v1::Pod;
 
     fn pod(name: &str) -> Pod {
-        Pod { metadata: ObjectMeta { name: Some(name.into()), ..ObjectMeta::default() }, ..Pod::default() }
+        Pod {
+            metadata: ObjectMeta { name: Some(name.into()), ..ObjectMeta::default() },
+            ..Pod::default()
+        }
     }
 
     fn names(set: &ObjectSet<Pod>) -> Vec<String> {
@@ -123,7 +126,9 @@ mod tests {
     fn relist_swaps_in_atomically() {
         let mut set = ObjectSet::default();
         assert!(!set.synced());
-        for ev in [ObjectEvent::ListStart, ObjectEvent::Listed(pod("a")), ObjectEvent::Listed(pod("b"))] {
+        for ev in
+            [ObjectEvent::ListStart, ObjectEvent::Listed(pod("a")), ObjectEvent::Listed(pod("b"))]
+        {
             assert!(!set.apply(ev));
         }
         assert!(set.is_empty(), "nothing visible before the list completes");
@@ -142,7 +147,10 @@ mod tests {
     #[test]
     fn watch_events_update_the_view() {
         let mut set = ObjectSet::default();
-        assert!(!set.apply(ObjectEvent::Applied(pod("early"))), "not synced yet: no change reported");
+        assert!(
+            !set.apply(ObjectEvent::Applied(pod("early"))),
+            "not synced yet: no change reported"
+        );
         set.apply(ObjectEvent::ListStart);
         set.apply(ObjectEvent::ListDone);
         assert!(set.apply(ObjectEvent::Applied(pod("a"))));

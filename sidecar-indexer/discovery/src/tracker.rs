@@ -44,11 +44,22 @@ impl Tracker {
     /// A tracker for a validated configuration.
     pub fn new(cfg: DiscoveryConfig) -> Self {
         let membership = Membership::new(cfg.grace());
-        Self { cfg, slices: ObjectSet::default(), pods: ObjectSet::default(), membership, generation: 0, skipped: Vec::new() }
+        Self {
+            cfg,
+            slices: ObjectSet::default(),
+            pods: ObjectSet::default(),
+            membership,
+            generation: 0,
+            skipped: Vec::new(),
+        }
     }
 
     /// An EndpointSlice event at `now`.
-    pub fn on_slice(&mut self, event: ObjectEvent<EndpointSlice>, now: Instant) -> Option<MembershipUpdate> {
+    pub fn on_slice(
+        &mut self,
+        event: ObjectEvent<EndpointSlice>,
+        now: Instant,
+    ) -> Option<MembershipUpdate> {
         let changed = self.slices.apply(event);
         self.reconcile(changed, now)
     }

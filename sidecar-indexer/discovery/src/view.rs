@@ -111,7 +111,11 @@ pub struct View {
 }
 
 /// Joins the slices with the pods into a [`View`].
-pub fn observe(slices: &ObjectSet<EndpointSlice>, pods: &ObjectSet<Pod>, cfg: &DiscoveryConfig) -> View {
+pub fn observe(
+    slices: &ObjectSet<EndpointSlice>,
+    pods: &ObjectSet<Pod>,
+    cfg: &DiscoveryConfig,
+) -> View {
     let mut view = View::default();
     for slice in slices.iter() {
         for ep in slice.endpoints.iter().flatten() {
@@ -139,8 +143,17 @@ fn merge(view: &mut View, obs: Observed, max_workers: usize) {
     view.workers.insert(obs.worker.id.clone(), obs);
 }
 
-fn worker_of(slice: &EndpointSlice, ep: &Endpoint, pods: &ObjectSet<Pod>, cfg: &DiscoveryConfig) -> Result<Observed, Skipped> {
-    let pod_name = ep.target_ref.as_ref().filter(|r| r.kind.as_deref() == Some("Pod")).and_then(|r| r.name.clone());
+fn worker_of(
+    slice: &EndpointSlice,
+    ep: &Endpoint,
+    pods: &ObjectSet<Pod>,
+    cfg: &DiscoveryConfig,
+) -> Result<Observed, Skipped> {
+    let pod_name = ep
+        .target_ref
+        .as_ref()
+        .filter(|r| r.kind.as_deref() == Some("Pod"))
+        .and_then(|r| r.name.clone());
     let target = pod_name
         .clone()
         .or_else(|| ep.addresses.first().cloned())
@@ -151,8 +164,13 @@ fn worker_of(slice: &EndpointSlice, ep: &Endpoint, pods: &ObjectSet<Pod>, cfg: &
     if slice.address_type == "FQDN" {
         return Err(skip(SkipReason::FqdnAddress));
     }
-    let ip: IpAddr = ep.addresses.first().and_then(|a| a.parse().ok()).ok_or_else(|| skip(SkipReason::BadAddress))?;
-    let http_port = named_port(slice, &cfg.http_port).ok_or_else(|| skip(SkipReason::NoHttpPort))?;
+    let ip: IpAddr = ep
+        .addresses
+        .first()
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| skip(SkipReason::BadAddress))?;
+    let http_port =
+        named_port(slice, &cfg.http_port).ok_or_else(|| skip(SkipReason::NoHttpPort))?;
     let kv_port = resolve(slice, &cfg.kv_events_port).ok_or_else(|| skip(SkipReason::NoKvPort))?;
     let replay_port = match &cfg.kv_replay_port {
         Some(p) => Some(resolve(slice, p).ok_or_else(|| skip(SkipReason::NoKvPort))?),

@@ -42,7 +42,10 @@ pub async fn default_client() -> Result<Client, DiscoveryError> {
 /// Validates `cfg`, starts the watcher on the current tokio runtime and returns the update channel.
 /// The first update (generation 1) arrives once both initial lists are complete. The task ends when
 /// the receiver is dropped.
-pub fn spawn(client: Client, cfg: DiscoveryConfig) -> Result<mpsc::Receiver<MembershipUpdate>, DiscoveryError> {
+pub fn spawn(
+    client: Client,
+    cfg: DiscoveryConfig,
+) -> Result<mpsc::Receiver<MembershipUpdate>, DiscoveryError> {
     let cfg = cfg.validated()?;
     let (tx, rx) = mpsc::channel(cfg.channel_capacity);
     tokio::spawn(run(client, cfg, tx));
@@ -60,9 +63,16 @@ pub async fn run(client: Client, cfg: DiscoveryConfig, tx: mpsc::Sender<Membersh
     let slices_api: Api<EndpointSlice> = Api::namespaced(client.clone(), &cfg.namespace);
     let pods_api: Api<Pod> = Api::namespaced(client, &cfg.namespace);
     let slice_cfg = watcher::Config::default().labels(&cfg.slice_selector());
-    let pod_cfg = if cfg.pod_selector.is_empty() { watcher::Config::default() } else { watcher::Config::default().labels(&cfg.pod_selector) };
-    let slices = watcher::watcher(slices_api, slice_cfg).default_backoff().map(|ev| Input::Slice(Box::new(ev)));
-    let pods = watcher::watcher(pods_api, pod_cfg).default_backoff().map(|ev| Input::Pod(Box::new(ev)));
+    let pod_cfg = if cfg.pod_selector.is_empty() {
+        watcher::Config::default()
+    } else {
+        watcher::Config::default().labels(&cfg.pod_selector)
+    };
+    let slices = watcher::watcher(slices_api, slice_cfg)
+        .default_backoff()
+        .map(|ev| Input::Slice(Box::new(ev)));
+    let pods =
+        watcher::watcher(pods_api, pod_cfg).default_backoff().map(|ev| Input::Pod(Box::new(ev)));
     // Boxed: kube's watcher streams are not `Unpin`.
     let mut inputs = futures::stream::select(slices.boxed(), pods.boxed());
     info!(namespace = %cfg.namespace, service = %cfg.service, pod_selector = %cfg.pod_selector, "kubernetes discovery started");
@@ -136,10 +146,15 @@ fn log_update(update: &MembershipUpdate) {
     );
     for change in &update.changes {
         match change {
-            Change::Joined { worker, routable } => info!(worker = %worker.id, endpoint = %worker.endpoint, role = worker.role.as_str(), routable, "worker joined"),
-            Change::Updated { worker } => info!(worker = %worker.id, role = worker.role.as_str(), "worker role changed"),
+            Change::Joined { worker, routable } => {
+                info!(worker = %worker.id, endpoint = %worker.endpoint, role = worker.role.as_str(), routable, "worker joined")
+            }
+            Change::Updated { worker } => {
+                info!(worker = %worker.id, role = worker.role.as_str(), "worker role changed")
+            }
             Change::Unroutable { id, drop_at } => {
-                let drop_in_ms = drop_at.map(|t| t.saturating_duration_since(Instant::now()).as_millis());
+                let drop_in_ms =
+                    drop_at.map(|t| t.saturating_duration_since(Instant::now()).as_millis());
                 info!(worker = %id, ?drop_in_ms, "worker not routable");
             }
             Change::Routable { id } => info!(worker = %id, "worker routable again"),

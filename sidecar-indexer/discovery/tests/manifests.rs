@@ -13,7 +13,9 @@ fn repo_file(rel: &str) -> String {
 }
 
 fn docs(rel: &str) -> Vec<serde_yaml::Value> {
-    serde_yaml::Deserializer::from_str(&repo_file(rel)).map(|d| serde_yaml::Value::deserialize(d).unwrap()).collect()
+    serde_yaml::Deserializer::from_str(&repo_file(rel))
+        .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+        .collect()
 }
 
 use serde::Deserialize;
@@ -35,7 +37,10 @@ fn shipped_discovery_config_is_valid_and_matches_the_example_fleet() {
         assert_eq!(cfg.kv_replay_port, Some(PortRef::Number(5558)), "{cm}");
         // The example engines expose exactly these ports and labels.
         let example = repo_file("envoy/k8s/example-vllm.yaml");
-        assert!(example.contains(&format!("name: {}, port: 8000", cfg.http_port)), "{cm}: http port name");
+        assert!(
+            example.contains(&format!("name: {}, port: 8000", cfg.http_port)),
+            "{cm}: http port name"
+        );
         assert!(example.contains(&format!("{}: decode", cfg.role_label)), "{cm}: role label");
         assert!(example.contains(&cfg.pod_selector.replace('=', ": ")), "{cm}: pod selector");
     }
@@ -48,15 +53,31 @@ fn rbac_grants_what_the_watcher_lists_and_watches() {
         assert_eq!(role["metadata"]["namespace"], "llm", "{rbac}");
         let mut grants: Vec<(String, String, Vec<String>)> = Vec::new();
         for rule in role["rules"].as_sequence().unwrap() {
-            let verbs: Vec<String> = rule["verbs"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()).collect();
+            let verbs: Vec<String> = rule["verbs"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_owned())
+                .collect();
             for g in rule["apiGroups"].as_sequence().unwrap() {
                 for r in rule["resources"].as_sequence().unwrap() {
-                    grants.push((g.as_str().unwrap().to_owned(), r.as_str().unwrap().to_owned(), verbs.clone()));
+                    grants.push((
+                        g.as_str().unwrap().to_owned(),
+                        r.as_str().unwrap().to_owned(),
+                        verbs.clone(),
+                    ));
                 }
             }
         }
         grants.sort();
         let lw = vec!["list".to_owned(), "watch".to_owned()];
-        assert_eq!(grants, vec![("".into(), "pods".into(), lw.clone()), ("discovery.k8s.io".into(), "endpointslices".into(), lw)], "{rbac}");
+        assert_eq!(
+            grants,
+            vec![
+                ("".into(), "pods".into(), lw.clone()),
+                ("discovery.k8s.io".into(), "endpointslices".into(), lw)
+            ],
+            "{rbac}"
+        );
     }
 }

@@ -13,7 +13,9 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::List;
 use kvmesh_core::api::Role;
-use kvmesh_discovery::{Change, DiscoveryConfig, MembershipUpdate, ObjectEvent, PortRef, SkipReason, Tracker};
+use kvmesh_discovery::{
+    Change, DiscoveryConfig, MembershipUpdate, ObjectEvent, PortRef, SkipReason, Tracker,
+};
 use serde::de::DeserializeOwned;
 
 fn fixture(name: &str) -> String {
@@ -25,7 +27,8 @@ fn list<K>(name: &str) -> Vec<ObjectEvent<K>>
 where
     K: k8s_openapi::ListableResource + DeserializeOwned + Clone,
 {
-    let list: List<K> = serde_json::from_str(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let list: List<K> =
+        serde_json::from_str(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     let mut events = vec![ObjectEvent::ListStart];
     events.extend(list.items.into_iter().map(ObjectEvent::Listed));
     events.push(ObjectEvent::ListDone);
@@ -53,11 +56,22 @@ fn watch(name: &str) -> Vec<ObjectEvent<EndpointSlice>> {
 }
 
 fn cfg() -> DiscoveryConfig {
-    DiscoveryConfig { namespace: "llm".into(), service: "vllm".into(), ..DiscoveryConfig::default() }.validated().unwrap()
+    DiscoveryConfig {
+        namespace: "llm".into(),
+        service: "vllm".into(),
+        ..DiscoveryConfig::default()
+    }
+    .validated()
+    .unwrap()
 }
 
 /// Feeds slice events at `now`, collecting every update.
-fn feed_slices(t: &mut Tracker, events: Vec<ObjectEvent<EndpointSlice>>, now: Instant, out: &mut Vec<MembershipUpdate>) {
+fn feed_slices(
+    t: &mut Tracker,
+    events: Vec<ObjectEvent<EndpointSlice>>,
+    now: Instant,
+    out: &mut Vec<MembershipUpdate>,
+) {
     for ev in events {
         out.extend(t.on_slice(ev, now));
     }
@@ -89,14 +103,44 @@ fn initial_list_announces_every_pod_with_its_role() {
     let got: Vec<(&str, Role, &str, &str, Option<&str>, bool)> = u
         .workers
         .iter()
-        .map(|m| (m.worker.id.as_str(), m.worker.role, m.worker.endpoint.as_str(), m.worker.kv_events.as_str(), m.worker.kv_replay.as_deref(), m.routable))
+        .map(|m| {
+            (
+                m.worker.id.as_str(),
+                m.worker.role,
+                m.worker.endpoint.as_str(),
+                m.worker.kv_events.as_str(),
+                m.worker.kv_replay.as_deref(),
+                m.routable,
+            )
+        })
         .collect();
     assert_eq!(
         got,
         vec![
-            ("vllm-decode-0", Role::Decode, "10.244.1.17:8000", "tcp://10.244.1.17:5557", Some("tcp://10.244.1.17:5558"), true),
-            ("vllm-decode-1", Role::Decode, "10.244.2.23:8000", "tcp://10.244.2.23:5557", Some("tcp://10.244.2.23:5558"), true),
-            ("vllm-prefill-0", Role::Prefill, "10.244.3.9:8000", "tcp://10.244.3.9:5557", Some("tcp://10.244.3.9:5558"), true),
+            (
+                "vllm-decode-0",
+                Role::Decode,
+                "10.244.1.17:8000",
+                "tcp://10.244.1.17:5557",
+                Some("tcp://10.244.1.17:5558"),
+                true
+            ),
+            (
+                "vllm-decode-1",
+                Role::Decode,
+                "10.244.2.23:8000",
+                "tcp://10.244.2.23:5557",
+                Some("tcp://10.244.2.23:5558"),
+                true
+            ),
+            (
+                "vllm-prefill-0",
+                Role::Prefill,
+                "10.244.3.9:8000",
+                "tcp://10.244.3.9:5557",
+                Some("tcp://10.244.3.9:5558"),
+                true
+            ),
         ]
     );
     assert_eq!(u.changes.len(), 3);
@@ -117,7 +161,10 @@ fn relist_that_briefly_drops_a_pod_loses_nothing() {
     feed_slices(&mut t, list("slices-list-2.json"), relist_at, &mut out);
     assert_eq!(
         changes(&out),
-        vec![Change::Unroutable { id: "vllm-decode-1".into(), drop_at: Some(relist_at + Duration::from_secs(30)) }]
+        vec![Change::Unroutable {
+            id: "vllm-decode-1".into(),
+            drop_at: Some(relist_at + Duration::from_secs(30))
+        }]
     );
     let member = t.membership().get("vllm-decode-1").unwrap();
     assert!(!member.routable);
@@ -127,7 +174,12 @@ fn relist_that_briefly_drops_a_pod_loses_nothing() {
     out.extend(t.on_tick(relist_at + Duration::from_secs(29)));
     assert!(changes(&out).is_empty());
 
-    feed_slices(&mut t, watch("slices-watch-2.jsonl"), relist_at + Duration::from_secs(29), &mut out);
+    feed_slices(
+        &mut t,
+        watch("slices-watch-2.jsonl"),
+        relist_at + Duration::from_secs(29),
+        &mut out,
+    );
     assert_eq!(changes(&out), vec![Change::Routable { id: "vllm-decode-1".into() }]);
     assert_eq!(t.next_deadline(), None);
 
@@ -152,14 +204,20 @@ fn pod_gone_past_the_grace_period_leaves() {
     // It comes back later: a new member whose blocks will be rebuilt from its events.
     out.clear();
     feed_slices(&mut t, watch("slices-watch-2.jsonl"), t0 + Duration::from_secs(31), &mut out);
-    assert!(matches!(changes(&out).as_slice(), [Change::Joined { worker, routable: true }] if worker.id == "vllm-decode-1"));
+    assert!(
+        matches!(changes(&out).as_slice(), [Change::Joined { worker, routable: true }] if worker.id == "vllm-decode-1")
+    );
 }
 
 #[test]
 fn a_deleted_slice_makes_its_pods_unroutable() {
     let t0 = Instant::now();
     let (mut t, mut out) = started(t0);
-    let slice = serde_json::from_str::<k8s_openapi::List<EndpointSlice>>(&fixture("slices-list-1.json")).unwrap().items.remove(0);
+    let slice =
+        serde_json::from_str::<k8s_openapi::List<EndpointSlice>>(&fixture("slices-list-1.json"))
+            .unwrap()
+            .items
+            .remove(0);
     out.clear();
     out.extend(t.on_slice(ObjectEvent::Deleted(slice), t0));
     let ch = changes(&out);
@@ -169,7 +227,12 @@ fn a_deleted_slice_makes_its_pods_unroutable() {
 
 #[test]
 fn edge_cases_from_a_recorded_mixed_list() {
-    let cases: Vec<(&str, DiscoveryConfig, Vec<(&str, Role, &str, bool)>, Vec<(&str, SkipReason)>)> = vec![
+    let cases: Vec<(
+        &str,
+        DiscoveryConfig,
+        Vec<(&str, Role, &str, bool)>,
+        Vec<(&str, SkipReason)>,
+    )> = vec![
         (
             "defaults",
             cfg(),
@@ -181,7 +244,11 @@ fn edge_cases_from_a_recorded_mixed_list() {
                 ("vllm-prefill-0", Role::Prefill, "10.244.3.9:8000", true),
                 ("vllm-v6-0", Role::Both, "[fd00:10:244::17]:8000", true),
             ],
-            vec![("vllm-nohttp-0", SkipReason::NoHttpPort), ("vllm-ghost-0", SkipReason::UnknownPod), ("vllm-odd-0", SkipReason::BadRole)],
+            vec![
+                ("vllm-nohttp-0", SkipReason::NoHttpPort),
+                ("vllm-ghost-0", SkipReason::UnknownPod),
+                ("vllm-odd-0", SkipReason::BadRole),
+            ],
         ),
         (
             "no default role",
@@ -219,7 +286,10 @@ fn edge_cases_from_a_recorded_mixed_list() {
         (
             "capped at two workers",
             DiscoveryConfig { max_workers: 2, ..cfg() },
-            vec![("vllm-decode-0", Role::Decode, "10.244.1.17:8000", true), ("vllm-decode-1", Role::Decode, "10.244.2.23:8000", false)],
+            vec![
+                ("vllm-decode-0", Role::Decode, "10.244.1.17:8000", true),
+                ("vllm-decode-1", Role::Decode, "10.244.2.23:8000", false),
+            ],
             vec![
                 ("vllm-nohttp-0", SkipReason::NoHttpPort),
                 ("vllm-ghost-0", SkipReason::UnknownPod),
@@ -240,10 +310,14 @@ fn edge_cases_from_a_recorded_mixed_list() {
         }
         feed_slices(&mut t, list("slices-list-mixed.json"), now, &mut out);
         let u = out.last().unwrap_or_else(|| panic!("{name}: no update"));
-        let got: Vec<(&str, Role, &str, bool)> =
-            u.workers.iter().map(|m| (m.worker.id.as_str(), m.worker.role, m.worker.endpoint.as_str(), m.routable)).collect();
+        let got: Vec<(&str, Role, &str, bool)> = u
+            .workers
+            .iter()
+            .map(|m| (m.worker.id.as_str(), m.worker.role, m.worker.endpoint.as_str(), m.routable))
+            .collect();
         assert_eq!(got, workers, "{name}: workers");
-        let got: Vec<(&str, SkipReason)> = u.skipped.iter().map(|s| (s.target.as_str(), s.reason)).collect();
+        let got: Vec<(&str, SkipReason)> =
+            u.skipped.iter().map(|s| (s.target.as_str(), s.reason)).collect();
         assert_eq!(got, skipped, "{name}: skipped");
     }
 }
@@ -251,7 +325,11 @@ fn edge_cases_from_a_recorded_mixed_list() {
 #[test]
 fn kv_endpoints_follow_named_ports_and_ipv6() {
     let now = Instant::now();
-    let cfg = DiscoveryConfig { kv_events_port: PortRef::Name("kv-events".into()), kv_replay_port: None, ..cfg() };
+    let cfg = DiscoveryConfig {
+        kv_events_port: PortRef::Name("kv-events".into()),
+        kv_replay_port: None,
+        ..cfg()
+    };
     let mut t = Tracker::new(cfg.validated().unwrap());
     for ev in list::<Pod>("pods-list-mixed.json") {
         t.on_pod(ev, now);
@@ -267,8 +345,13 @@ fn kv_endpoints_follow_named_ports_and_ipv6() {
 fn a_pod_relabelled_to_another_role_is_updated_in_place() {
     let t0 = Instant::now();
     let (mut t, _) = started(t0);
-    let mut pod = serde_json::from_str::<k8s_openapi::List<Pod>>(&fixture("pods-list.json")).unwrap().items.remove(2);
+    let mut pod = serde_json::from_str::<k8s_openapi::List<Pod>>(&fixture("pods-list.json"))
+        .unwrap()
+        .items
+        .remove(2);
     pod.metadata.labels.get_or_insert_default().insert("kvmesh.io/role".into(), "both".into());
     let out: Vec<MembershipUpdate> = t.on_pod(ObjectEvent::Applied(pod), t0).into_iter().collect();
-    assert!(matches!(changes(&out).as_slice(), [Change::Updated { worker }] if worker.id == "vllm-prefill-0" && worker.role == Role::Both));
+    assert!(
+        matches!(changes(&out).as_slice(), [Change::Updated { worker }] if worker.id == "vllm-prefill-0" && worker.role == Role::Both)
+    );
 }

@@ -57,7 +57,8 @@ impl Script {
         }
         match self.watches.lock().unwrap().pop_front() {
             Some(text) => {
-                let lines: Vec<Result<Bytes, Infallible>> = text.lines().map(|l| Ok(Bytes::from(format!("{l}\n")))).collect();
+                let lines: Vec<Result<Bytes, Infallible>> =
+                    text.lines().map(|l| Ok(Bytes::from(format!("{l}\n")))).collect();
                 Body::from_stream(futures::stream::iter(lines))
             }
             // An idle watch: the connection stays open without events.
@@ -108,15 +109,21 @@ fn cfg(grace_ms: u64) -> DiscoveryConfig {
 }
 
 /// Receives updates until `done` holds for the changes seen so far, with a deadline.
-async fn collect_until(rx: &mut mpsc::Receiver<MembershipUpdate>, done: impl Fn(&[Change]) -> bool) -> anyhow::Result<Vec<MembershipUpdate>> {
+async fn collect_until(
+    rx: &mut mpsc::Receiver<MembershipUpdate>,
+    done: impl Fn(&[Change]) -> bool,
+) -> anyhow::Result<Vec<MembershipUpdate>> {
     let mut updates = Vec::new();
     let deadline = tokio::time::Instant::now() + kvmesh_e2e::poll::patience();
     loop {
-        let all: Vec<Change> = updates.iter().flat_map(|u: &MembershipUpdate| u.changes.clone()).collect();
+        let all: Vec<Change> =
+            updates.iter().flat_map(|u: &MembershipUpdate| u.changes.clone()).collect();
         if done(&all) {
             return Ok(updates);
         }
-        let next = tokio::time::timeout_at(deadline, rx.recv()).await.context("timed out waiting for membership updates")?;
+        let next = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .context("timed out waiting for membership updates")?;
         updates.push(next.context("watcher ended")?);
     }
 }
@@ -128,7 +135,9 @@ fn rendered(updates: &[MembershipUpdate]) -> Vec<String> {
         .map(|c| match c {
             Change::Joined { worker, routable } => format!("joined {} {routable}", worker.id),
             Change::Updated { worker } => format!("updated {}", worker.id),
-            Change::Unroutable { id, drop_at } => format!("unroutable {id} drop={}", drop_at.is_some()),
+            Change::Unroutable { id, drop_at } => {
+                format!("unroutable {id} drop={}", drop_at.is_some())
+            }
             Change::Routable { id } => format!("routable {id}"),
             Change::Left { id } => format!("left {id}"),
         })
@@ -138,12 +147,17 @@ fn rendered(updates: &[MembershipUpdate]) -> Vec<String> {
 #[tokio::test]
 async fn watcher_survives_a_flapping_relist() -> anyhow::Result<()> {
     let api = fake_api(
-        Script::new(&["slices-list-1.json", "slices-list-2.json"], &["slices-watch-1.jsonl", "slices-watch-2.jsonl"]),
+        Script::new(
+            &["slices-list-1.json", "slices-list-2.json"],
+            &["slices-watch-1.jsonl", "slices-watch-2.jsonl"],
+        ),
         Script::new(&["pods-list.json"], &[]),
     )
     .await?;
     let mut rx = kvmesh_discovery::spawn(client(api.addr)?, cfg(60_000))?;
-    let updates = collect_until(&mut rx, |c| c.contains(&Change::Routable { id: "vllm-decode-1".into() })).await?;
+    let updates =
+        collect_until(&mut rx, |c| c.contains(&Change::Routable { id: "vllm-decode-1".into() }))
+            .await?;
     assert_eq!(
         rendered(&updates),
         [
@@ -161,10 +175,22 @@ async fn watcher_survives_a_flapping_relist() -> anyhow::Result<()> {
 
     // The watcher asked for the Service's slices and the configured pods, and re-listed after 410.
     let slice_queries = api.slices.queries.lock().unwrap().clone();
-    assert!(slice_queries.iter().all(|q| q.contains("labelSelector=kubernetes.io%2Fservice-name%3Dvllm")), "{slice_queries:?}");
-    assert_eq!(slice_queries.iter().filter(|q| !q.contains("watch=")).count(), 2, "list, then one re-list: {slice_queries:?}");
+    assert!(
+        slice_queries
+            .iter()
+            .all(|q| q.contains("labelSelector=kubernetes.io%2Fservice-name%3Dvllm")),
+        "{slice_queries:?}"
+    );
+    assert_eq!(
+        slice_queries.iter().filter(|q| !q.contains("watch=")).count(),
+        2,
+        "list, then one re-list: {slice_queries:?}"
+    );
     let pod_queries = api.pods.queries.lock().unwrap().clone();
-    assert!(pod_queries.iter().all(|q| q.contains("labelSelector=app.kubernetes.io%2Fname%3Dvllm")), "{pod_queries:?}");
+    assert!(
+        pod_queries.iter().all(|q| q.contains("labelSelector=app.kubernetes.io%2Fname%3Dvllm")),
+        "{pod_queries:?}"
+    );
     Ok(())
 }
 
@@ -177,7 +203,9 @@ async fn watcher_drops_a_pod_after_the_grace_period() -> anyhow::Result<()> {
     .await?;
     let started = std::time::Instant::now();
     let mut rx = kvmesh_discovery::spawn(client(api.addr)?, cfg(300))?;
-    let updates = collect_until(&mut rx, |c| c.contains(&Change::Left { id: "vllm-decode-1".into() })).await?;
+    let updates =
+        collect_until(&mut rx, |c| c.contains(&Change::Left { id: "vllm-decode-1".into() }))
+            .await?;
     assert!(started.elapsed() >= Duration::from_millis(300), "left only after the grace period");
     assert_eq!(
         rendered(&updates)[3..],
@@ -190,7 +218,8 @@ async fn watcher_drops_a_pod_after_the_grace_period() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
-async fn an_unreachable_api_server_announces_nothing_and_ends_with_the_receiver() -> anyhow::Result<()> {
+async fn an_unreachable_api_server_announces_nothing_and_ends_with_the_receiver(
+) -> anyhow::Result<()> {
     // A port nobody listens on: every list fails, kube backs off, the tracker never syncs.
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse()?;

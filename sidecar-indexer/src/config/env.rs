@@ -20,9 +20,8 @@ pub struct ProcessEnv;
 
 impl EnvSource for ProcessEnv {
     fn vars_with_prefix(&self, prefix: &str) -> Vec<(String, String)> {
-        let mut out: Vec<(String, String)> = std::env::vars()
-            .filter(|(k, _)| k.starts_with(prefix))
-            .collect();
+        let mut out: Vec<(String, String)> =
+            std::env::vars().filter(|(k, _)| k.starts_with(prefix)).collect();
         out.sort();
         out
     }
@@ -35,12 +34,7 @@ pub struct MapEnv(pub BTreeMap<String, String>);
 impl MapEnv {
     /// An environment holding exactly `pairs`.
     pub fn new<const N: usize>(pairs: [(&str, &str); N]) -> Self {
-        Self(
-            pairs
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-        )
+        Self(pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect())
     }
 }
 
@@ -75,31 +69,26 @@ pub(super) fn apply_env(doc: &mut toml::Table, env: &dyn EnvSource) -> Result<()
         };
         let table = match &section {
             None => &mut *doc,
-            Some(s) => match doc
-                .entry(s.clone())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
-            {
-                toml::Value::Table(t) => t,
-                _ => {
-                    return Err(ConfigError::Env {
-                        var,
-                        reason: format!("[{s}] is not a table in the file"),
-                    })
+            Some(s) => {
+                match doc.entry(s.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                {
+                    toml::Value::Table(t) => t,
+                    _ => {
+                        return Err(ConfigError::Env {
+                            var,
+                            reason: format!("[{s}] is not a table in the file"),
+                        })
+                    }
                 }
-            },
+            }
         };
         let path = match &section {
             None => key.clone(),
             Some(s) => format!("{s}.{key}"),
         };
-        let template = table
-            .get(&key)
-            .cloned()
-            .or_else(|| defaults.get(&path).cloned());
-        let value = typed_like(template.as_ref(), &raw).map_err(|reason| ConfigError::Env {
-            var: var.clone(),
-            reason,
-        })?;
+        let template = table.get(&key).cloned().or_else(|| defaults.get(&path).cloned());
+        let value = typed_like(template.as_ref(), &raw)
+            .map_err(|reason| ConfigError::Env { var: var.clone(), reason })?;
         table.insert(key, value);
     }
     Ok(())

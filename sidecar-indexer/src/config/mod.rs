@@ -40,11 +40,7 @@ pub enum ConfigError {
     #[error("environment variable {var}: {reason}")]
     Env { var: String, reason: String },
     #[error("invalid {field} = {value:?}: {reason}")]
-    InvalidValue {
-        field: String,
-        value: String,
-        reason: String,
-    },
+    InvalidValue { field: String, value: String, reason: String },
 }
 
 fn invalid(
@@ -129,9 +125,7 @@ fn default_bos() -> String {
 impl ModelConfig {
     /// The tokenizer file to load.
     pub fn tokenizer_path(&self) -> PathBuf {
-        self.tokenizer
-            .clone()
-            .unwrap_or_else(kvmesh_tokens::default_tokenizer_path)
+        self.tokenizer.clone().unwrap_or_else(kvmesh_tokens::default_tokenizer_path)
     }
 }
 
@@ -149,9 +143,8 @@ pub struct GatewayConfig {
 impl Config {
     /// Parses TOML text, applies `KVMESH_*` overrides from `env`, and validates.
     pub fn from_toml_str(text: &str, env: &dyn EnvSource) -> Result<Self, ConfigError> {
-        let doc: toml::Table = text
-            .parse()
-            .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        let doc: toml::Table =
+            text.parse().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
         Self::from_table(doc, env)
     }
 
@@ -165,10 +158,8 @@ impl Config {
 
     /// Reads `path` (`.yaml`/`.yml` as YAML, anything else as TOML).
     pub fn load(path: &Path, env: &dyn EnvSource) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
-            path: path.to_owned(),
-            reason: e.to_string(),
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::Io { path: path.to_owned(), reason: e.to_string() })?;
         match path.extension().and_then(|e| e.to_str()) {
             Some("yaml" | "yml") => Self::from_yaml_str(&text, env),
             _ => Self::from_toml_str(&text, env),
@@ -194,14 +185,13 @@ impl Config {
 
     /// Whether `/debug/*` is served (see [`Config::debug_endpoints`]).
     pub fn debug_enabled(&self) -> bool {
-        self.debug_endpoints.unwrap_or_else(|| self.listen_addr().is_ok_and(|a| a.ip().is_loopback()))
+        self.debug_endpoints
+            .unwrap_or_else(|| self.listen_addr().is_ok_and(|a| a.ip().is_loopback()))
     }
 
     /// The listen address, parsed (validated at load, so this only fails on hand-built configs).
     pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
-        self.listen
-            .parse()
-            .map_err(|_| invalid("listen", &self.listen, "must be ip:port"))
+        self.listen.parse().map_err(|_| invalid("listen", &self.listen, "must be ip:port"))
     }
 
     /// Checks every value; the first problem is returned.
@@ -217,14 +207,12 @@ impl Config {
             return Err(invalid("model.name", &m.name, "must not be empty"));
         }
         if m.block_size == 0 || m.block_size > 4096 {
-            return Err(invalid(
-                "model.block_size",
-                m.block_size,
-                "must be in 1..=4096",
-            ));
+            return Err(invalid("model.block_size", m.block_size, "must be in 1..=4096"));
         }
         self.filter.clone().validated().map_err(|e| match e {
-            filter_config::ConfigError::InvalidValue { field, value, reason } => invalid(format!("filter.{field}"), value, reason),
+            filter_config::ConfigError::InvalidValue { field, value, reason } => {
+                invalid(format!("filter.{field}"), value, reason)
+            }
             other => ConfigError::Parse(format!("[filter]: {other}")),
         })?;
         self.routing.validate()?;
@@ -260,11 +248,7 @@ impl Config {
         let d = RoutingConfig::default();
         for (knob, v, default) in [
             ("overlap_credit", r.overlap_credit, d.overlap_credit),
-            (
-                "prefill_load_scale",
-                r.prefill_load_scale,
-                d.prefill_load_scale,
-            ),
+            ("prefill_load_scale", r.prefill_load_scale, d.prefill_load_scale),
         ] {
             if v != default {
                 out.push(format!("routing.{knob} is no longer used: workers are compared by predicted time to first token"));

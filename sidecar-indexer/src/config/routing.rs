@@ -298,19 +298,13 @@ impl RoutingConfig {
             ("routing.overlap_credit", self.overlap_credit),
             ("routing.prefill_load_scale", self.prefill_load_scale),
             ("routing.temperature", self.temperature),
-            (
-                "routing.session_move_margin_ms",
-                self.session_move_margin_ms,
-            ),
+            ("routing.session_move_margin_ms", self.session_move_margin_ms),
             ("routing.session_move_margin", self.session_move_margin),
             ("routing.work_charge", self.work_charge),
             ("routing.session_balance", self.session_balance),
             ("routing.request_balance", self.request_balance),
             ("routing.request_balance_slack", self.request_balance_slack),
-            (
-                "routing.request_balance_yield_ms",
-                self.request_balance_yield_ms,
-            ),
+            ("routing.request_balance_yield_ms", self.request_balance_yield_ms),
             ("routing.near_tie_ms", self.near_tie_ms),
             ("routing.near_tie_fraction", self.near_tie_fraction),
             ("routing.decode_step_ms", self.decode_step_ms),
@@ -322,67 +316,34 @@ impl RoutingConfig {
         }
         let positive = [
             ("routing.load_expiry_secs", self.load_expiry_secs),
-            (
-                "routing.prefill_measure_hold_s",
-                self.prefill_measure_hold_s,
-            ),
+            ("routing.prefill_measure_hold_s", self.prefill_measure_hold_s),
             ("routing.max_bookings", self.max_bookings as u64),
             ("routing.index_max_entries", self.index_max_entries as u64),
-            (
-                "routing.max_blocks_per_worker",
-                self.max_blocks_per_worker as u64,
-            ),
-            (
-                "routing.event_queue_batches",
-                self.event_queue_batches as u64,
-            ),
+            ("routing.max_blocks_per_worker", self.max_blocks_per_worker as u64),
+            ("routing.event_queue_batches", self.event_queue_batches as u64),
             ("routing.event_queue_bytes", self.event_queue_bytes as u64),
-            (
-                "routing.event_max_frame_bytes",
-                self.event_max_frame_bytes as u64,
-            ),
+            ("routing.event_max_frame_bytes", self.event_max_frame_bytes as u64),
             ("routing.replay_max_bytes", self.replay_max_bytes as u64),
             ("routing.replay_timeout_ms", self.replay_timeout_ms),
             ("routing.scrape_interval_ms", self.scrape_interval_ms),
             ("routing.scrape_timeout_ms", self.scrape_timeout_ms),
-            (
-                "routing.scrape_burst_min_interval_ms",
-                self.scrape_burst_min_interval_ms,
-            ),
+            ("routing.scrape_burst_min_interval_ms", self.scrape_burst_min_interval_ms),
             ("routing.max_body_bytes", self.max_body_bytes as u64),
             ("routing.request_timeout_ms", self.request_timeout_ms),
             ("routing.approx_ttl_secs", self.approx_ttl_secs),
-            (
-                "routing.approx_max_blocks_per_worker",
-                self.approx_max_blocks_per_worker as u64,
-            ),
+            ("routing.approx_max_blocks_per_worker", self.approx_max_blocks_per_worker as u64),
             ("routing.reload_poll_ms", self.reload_poll_ms),
             ("routing.prefill_timeout_ms", self.prefill_timeout_ms),
-            (
-                "routing.local_continuation_ttl_secs",
-                self.local_continuation_ttl_secs,
-            ),
+            ("routing.local_continuation_ttl_secs", self.local_continuation_ttl_secs),
             (
                 "routing.local_continuation_max_sessions",
                 self.local_continuation_max_sessions as u64,
             ),
-            (
-                "routing.kv_migration_timeout_ms",
-                self.kv_migration_timeout_ms,
-            ),
-            (
-                "routing.kv_migration_log_every",
-                self.kv_migration_log_every,
-            ),
+            ("routing.kv_migration_timeout_ms", self.kv_migration_timeout_ms),
+            ("routing.kv_migration_log_every", self.kv_migration_log_every),
             ("routing.kv_home_ttl_secs", self.kv_home_ttl_secs),
-            (
-                "routing.kv_home_max_sessions",
-                self.kv_home_max_sessions as u64,
-            ),
-            (
-                "routing.max_concurrent_routes",
-                self.max_concurrent_routes as u64,
-            ),
+            ("routing.kv_home_max_sessions", self.kv_home_max_sessions as u64),
+            ("routing.max_concurrent_routes", self.max_concurrent_routes as u64),
             ("routing.prefill_chunk_tokens", self.prefill_chunk_tokens),
             (
                 "routing.speculative_max_blocks_per_worker",
@@ -395,15 +356,9 @@ impl RoutingConfig {
             }
         }
         let rates = [
-            (
-                "routing.prefill_tokens_per_s_min",
-                self.prefill_tokens_per_s_min,
-            ),
+            ("routing.prefill_tokens_per_s_min", self.prefill_tokens_per_s_min),
             ("routing.prefill_tokens_per_s", self.prefill_tokens_per_s),
-            (
-                "routing.prefill_tokens_per_s_max",
-                self.prefill_tokens_per_s_max,
-            ),
+            ("routing.prefill_tokens_per_s_max", self.prefill_tokens_per_s_max),
             ("routing.load_outlook_window_s", self.load_outlook_window_s),
         ];
         for (field, v) in rates {

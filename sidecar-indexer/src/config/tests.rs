@@ -38,21 +38,12 @@ fn parses_the_contract_example() {
     assert_eq!(c.listen, "127.0.0.1:9100");
     assert_eq!(c.model.block_size, 16);
     assert_eq!(c.gateway.listen.as_deref(), Some("127.0.0.1:8080"));
-    assert_eq!(
-        c.gateway.extra.get("cluster").and_then(|v| v.as_str()),
-        Some("engines")
-    );
+    assert_eq!(c.gateway.extra.get("cluster").and_then(|v| v.as_str()), Some("engines"));
     assert_eq!(c.routing.overlap_credit, 1.5);
     assert_eq!(c.routing.prefill_load_scale, 1.0);
     assert_eq!(c.workers.len(), 2);
-    assert_eq!(
-        c.workers[0].events_endpoint(1).as_deref(),
-        Some("tcp://127.0.0.1:5558")
-    );
-    assert_eq!(
-        c.workers[0].replay_endpoint(1).as_deref(),
-        Some("tcp://127.0.0.1:5559")
-    );
+    assert_eq!(c.workers[0].events_endpoint(1).as_deref(), Some("tcp://127.0.0.1:5558"));
+    assert_eq!(c.workers[0].replay_endpoint(1).as_deref(), Some("tcp://127.0.0.1:5559"));
     assert_eq!(c.workers[1].role, Role::Prefill);
     assert_eq!(c.workers[1].dp_ranks, 1);
 }
@@ -77,8 +68,8 @@ fn env_overrides_file_values_with_typing() {
 
 #[test]
 fn bad_env_values_are_named() {
-    let err = Config::from_toml_str(FLEET, &env([("KVMESH_ROUTING_MAX_FALLBACKS", "many")]))
-        .unwrap_err();
+    let err =
+        Config::from_toml_str(FLEET, &env([("KVMESH_ROUTING_MAX_FALLBACKS", "many")])).unwrap_err();
     assert!(
         matches!(err, ConfigError::Env { ref var, .. } if var == "KVMESH_ROUTING_MAX_FALLBACKS"),
         "{err}"
@@ -109,7 +100,10 @@ fn placement_knobs_are_validated_and_superseded_ones_warn() {
         }
     }
     let c = load("speculative_ttl_ms = 0\nsession_placement = \"rendezvous\"").unwrap();
-    assert_eq!((c.routing.speculative_ttl_ms, c.routing.session_placement), (0, SessionPlacement::Rendezvous));
+    assert_eq!(
+        (c.routing.speculative_ttl_ms, c.routing.session_placement),
+        (0, SessionPlacement::Rendezvous)
+    );
     assert!(c.warnings().is_empty());
     assert_eq!(load("").unwrap().routing.session_placement, SessionPlacement::Predicted);
     let old = load("session_placement = \"sticky\"\noverlap_credit = 2.0").unwrap();
@@ -121,28 +115,12 @@ fn placement_knobs_are_validated_and_superseded_ones_warn() {
 fn invalid_values_are_refused_with_field_and_reason() {
     let cases: &[(&str, &str, &str)] = &[
         ("block_size = 16", "block_size = 0", "model.block_size"),
-        (
-            "listen = \"127.0.0.1:9100\"",
-            "listen = \"nowhere\"",
-            "listen",
-        ),
-        (
-            "endpoint = \"127.0.0.1:8100\"",
-            "endpoint = \"localhost\"",
-            "workers[0].endpoint",
-        ),
+        ("listen = \"127.0.0.1:9100\"", "listen = \"nowhere\"", "listen"),
+        ("endpoint = \"127.0.0.1:8100\"", "endpoint = \"localhost\"", "workers[0].endpoint"),
         ("id = \"p0\"", "id = \"w0\"", "workers[1].id"),
         ("dp_ranks = 2", "dp_ranks = 0", "workers[0].dp_ranks"),
-        (
-            "kv_events = \"tcp://127.0.0.1:5557\"",
-            "kv_events = \"udp://x\"",
-            "workers[0].kv_events",
-        ),
-        (
-            "overlap_credit = 1.5",
-            "overlap_credit = -1.0",
-            "routing.overlap_credit",
-        ),
+        ("kv_events = \"tcp://127.0.0.1:5557\"", "kv_events = \"udp://x\"", "workers[0].kv_events"),
+        ("overlap_credit = 1.5", "overlap_credit = -1.0", "routing.overlap_credit"),
         (
             "mode = \"precise\"",
             "mode = \"precise\"\nindex_max_entries = 0",
@@ -162,14 +140,17 @@ fn invalid_values_are_refused_with_field_and_reason() {
 
 #[test]
 fn unknown_keys_are_errors_but_gateway_is_open() {
-    let err =
-        Config::from_toml_str(&FLEET.replace("overlap_credit", "overlap_credt"), &env([]))
-            .unwrap_err();
+    let err = Config::from_toml_str(&FLEET.replace("overlap_credit", "overlap_credt"), &env([]))
+        .unwrap_err();
     assert!(matches!(err, ConfigError::Parse(_)));
     let with_filter = format!("{FLEET}\n[filter]\nsession_header = \"x-conversation\"\n");
     let c = Config::from_toml_str(&with_filter, &env([])).unwrap();
     assert_eq!(c.filter.session_header, "x-conversation");
-    assert_eq!(c.filter.indexer_timeout_ms, kvmesh_core::filter_config::DEFAULT_INDEXER_TIMEOUT_MS, "the filter's own default");
+    assert_eq!(
+        c.filter.indexer_timeout_ms,
+        kvmesh_core::filter_config::DEFAULT_INDEXER_TIMEOUT_MS,
+        "the filter's own default"
+    );
 }
 
 #[test]
@@ -185,7 +166,9 @@ fn the_filter_table_is_checked_by_the_filter_config() {
         ("background = \"sometimes\"", "sometimes"),
     ];
     for (lines, needle) in cases {
-        let err = Config::from_toml_str(&format!("{FLEET}\n[filter]\n{lines}\n"), &env([])).unwrap_err().to_string();
+        let err = Config::from_toml_str(&format!("{FLEET}\n[filter]\n{lines}\n"), &env([]))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(needle), "{lines}: {err}");
         assert!(!err.contains("short\""), "the secret is never echoed: {err}");
     }
@@ -222,17 +205,13 @@ fn the_shipped_fleets_load_without_warnings() {
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "toml") {
-            let c = Config::load(&path, &env([]))
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let c =
+                Config::load(&path, &env([])).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert_eq!(c.warnings(), Vec::<String>::new(), "{}", path.display());
             seen += 1;
         }
     }
-    assert!(
-        seen >= 2,
-        "expected local.toml and disagg.toml in {}",
-        dir.display()
-    );
+    assert!(seen >= 2, "expected local.toml and disagg.toml in {}", dir.display());
 }
 
 #[test]
@@ -250,56 +229,30 @@ fn leg_deadlines_are_checked_against_the_filter_and_the_api() {
         1,
         "the filter's 100 ms default cannot cover a 10 s prefill leg"
     );
-    assert!(with(
-        "min_remote_prefill_tokens = 1",
-        "indexer_timeout_ms = 12000"
-    )
-    .unwrap()
-    .warnings()
-    .is_empty());
-    let migration = with(
-        "kv_migration = \"on\"\nkv_migration_timeout_ms = 500",
-        "indexer_timeout_ms = 400",
-    )
-    .unwrap();
+    assert!(with("min_remote_prefill_tokens = 1", "indexer_timeout_ms = 12000")
+        .unwrap()
+        .warnings()
+        .is_empty());
+    let migration =
+        with("kv_migration = \"on\"\nkv_migration_timeout_ms = 500", "indexer_timeout_ms = 400")
+            .unwrap();
     assert!(
         migration.warnings()[0].contains("routing.kv_migration_timeout_ms 500"),
         "{:?}",
         migration.warnings()
     );
-    assert_eq!(
-        with("local_continuations = true", "")
-            .unwrap()
-            .warnings()
-            .len(),
-        1
-    );
-    let too_long = with(
-        "min_remote_prefill_tokens = 1\nprefill_timeout_ms = 20000",
-        "",
-    )
-    .unwrap_err();
-    assert!(
-        too_long.to_string().contains("routing.prefill_timeout_ms"),
-        "{too_long}"
-    );
+    assert_eq!(with("local_continuations = true", "").unwrap().warnings().len(), 1);
+    let too_long =
+        with("min_remote_prefill_tokens = 1\nprefill_timeout_ms = 20000", "").unwrap_err();
+    assert!(too_long.to_string().contains("routing.prefill_timeout_ms"), "{too_long}");
     let bad_mode = with("kv_migration = \"sometimes\"", "").unwrap_err();
     assert!(matches!(bad_mode, ConfigError::Parse(_)), "{bad_mode}");
 }
 
 #[test]
 fn offsets_follow_vllm() {
-    assert_eq!(
-        offset_endpoint("tcp://10.0.0.1:5557", 3).as_deref(),
-        Some("tcp://10.0.0.1:5560")
-    );
-    assert_eq!(
-        offset_endpoint("ipc:///tmp/ev", 1).as_deref(),
-        Some("ipc:///tmp/ev_dp1")
-    );
+    assert_eq!(offset_endpoint("tcp://10.0.0.1:5557", 3).as_deref(), Some("tcp://10.0.0.1:5560"));
+    assert_eq!(offset_endpoint("ipc:///tmp/ev", 1).as_deref(), Some("ipc:///tmp/ev_dp1"));
     assert_eq!(offset_endpoint("tcp://h:65535", 1), None);
-    assert_eq!(
-        offset_endpoint("tcp://h:x", 0).as_deref(),
-        Some("tcp://h:x")
-    );
+    assert_eq!(offset_endpoint("tcp://h:x", 0).as_deref(), Some("tcp://h:x"));
 }

@@ -41,15 +41,11 @@ fn one() -> u32 {
 impl WorkerConfig {
     /// The events endpoint of `rank` (port + rank).
     pub fn events_endpoint(&self, rank: u32) -> Option<String> {
-        self.kv_events
-            .as_deref()
-            .and_then(|e| offset_endpoint(e, rank))
+        self.kv_events.as_deref().and_then(|e| offset_endpoint(e, rank))
     }
     /// The replay endpoint of `rank` (port + rank).
     pub fn replay_endpoint(&self, rank: u32) -> Option<String> {
-        self.kv_replay
-            .as_deref()
-            .and_then(|e| offset_endpoint(e, rank))
+        self.kv_replay.as_deref().and_then(|e| offset_endpoint(e, rank))
     }
     /// Whether the event wiring (not the HTTP side) of two versions of a worker differs.
     pub fn events_differ(&self, other: &WorkerConfig) -> bool {
@@ -82,11 +78,7 @@ pub(super) fn validate_workers(workers: &[WorkerConfig]) -> Result<(), ConfigErr
     for (i, w) in workers.iter().enumerate() {
         let field = |k: &str| format!("workers[{i}].{k}");
         if w.id.trim().is_empty() || w.id.contains(char::is_whitespace) {
-            return Err(invalid(
-                field("id"),
-                &w.id,
-                "must be non-empty without whitespace",
-            ));
+            return Err(invalid(field("id"), &w.id, "must be non-empty without whitespace"));
         }
         if !seen.insert(w.id.as_str()) {
             return Err(invalid(field("id"), &w.id, "duplicate worker id"));
@@ -95,23 +87,12 @@ pub(super) fn validate_workers(workers: &[WorkerConfig]) -> Result<(), ConfigErr
             return Err(invalid(field("endpoint"), &w.endpoint, "must be ip:port"));
         }
         if w.dp_ranks == 0 || w.dp_ranks > 1024 {
-            return Err(invalid(
-                field("dp_ranks"),
-                w.dp_ranks,
-                "must be in 1..=1024",
-            ));
+            return Err(invalid(field("dp_ranks"), w.dp_ranks, "must be in 1..=1024"));
         }
         for (key, ep) in [("kv_events", &w.kv_events), ("kv_replay", &w.kv_replay)] {
             let Some(ep) = ep else { continue };
-            if !["tcp://", "ipc://", "inproc://"]
-                .iter()
-                .any(|s| ep.starts_with(s))
-            {
-                return Err(invalid(
-                    field(key),
-                    ep,
-                    "must start with tcp://, ipc:// or inproc://",
-                ));
+            if !["tcp://", "ipc://", "inproc://"].iter().any(|s| ep.starts_with(s)) {
+                return Err(invalid(field(key), ep, "must start with tcp://, ipc:// or inproc://"));
             }
             if (0..w.dp_ranks).any(|r| offset_endpoint(ep, r).is_none()) {
                 return Err(invalid(
@@ -155,15 +136,9 @@ impl DiscoverySection {
         };
         match k.clone().validated() {
             Ok(_) => Ok(()),
-            Err(kvmesh_discovery::ConfigError::InvalidValue {
-                field,
-                value,
-                reason,
-            }) => Err(invalid(
-                format!("discovery.kubernetes.{field}"),
-                value,
-                reason,
-            )),
+            Err(kvmesh_discovery::ConfigError::InvalidValue { field, value, reason }) => {
+                Err(invalid(format!("discovery.kubernetes.{field}"), value, reason))
+            }
         }
     }
 }

@@ -13,11 +13,7 @@ use crate::predict::{cost_s, ttft_s};
 pub fn overloaded(w: &WorkerView<'_>, cfg: &RoutingConfig) -> Option<String> {
     let checks = [
         ("active_blocks", w.active_blocks, cfg.overload_active_blocks),
-        (
-            "active_requests",
-            w.active_requests,
-            cfg.overload_active_requests,
-        ),
+        ("active_requests", w.active_requests, cfg.overload_active_requests),
         ("waiting", w.waiting_requests, cfg.overload_waiting_requests),
     ];
     checks
@@ -82,22 +78,13 @@ pub(crate) fn score<'v, 'a>(
     }
     let own_tokens = isl - (u64::from(cached) * bs).min(isl);
     let (ttft, cost) = ttft_and_cost_s(w, own_tokens, cfg);
-    Scored {
-        w,
-        ttft_s: ttft,
-        cost_s: cost,
-        own_tokens,
-        migrated_blocks,
-    }
+    Scored { w, ttft_s: ttft, cost_s: cost, own_tokens, migrated_blocks }
 }
 
 /// The predicted TTFT and the cost of `w` computing `own_tokens` uncached tokens.
 fn ttft_and_cost_s(w: &WorkerView<'_>, own_tokens: u64, cfg: &RoutingConfig) -> (f64, f64) {
     let ttft = ttft_s(&w.timing, own_tokens as f64, cfg.prefill_chunk_tokens);
-    (
-        ttft,
-        cost_s(&w.timing, ttft, own_tokens as f64, cfg.work_charge),
-    )
+    (ttft, cost_s(&w.timing, ttft, own_tokens as f64, cfg.work_charge))
 }
 
 /// Whether `t` (seconds) is within the near-tie band of the fastest `min`.
@@ -122,10 +109,8 @@ pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
     let max = costs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let sampled = cfg.temperature > 0.0 && max > min;
     let index = if sampled {
-        let weights: Vec<f64> = costs
-            .iter()
-            .map(|t| (-((t - min) / (max - min)) / cfg.temperature).exp())
-            .collect();
+        let weights: Vec<f64> =
+            costs.iter().map(|t| (-((t - min) / (max - min)) / cfg.temperature).exp()).collect();
         let total: f64 = weights.iter().sum();
         let mut x = rng.gen::<f64>() * total;
         let mut chosen = weights.len() - 1;
@@ -138,29 +123,18 @@ pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
         }
         chosen
     } else {
-        let tied: Vec<usize> = (0..costs.len())
-            .filter(|&i| near(costs[i], min, cfg))
-            .collect();
+        let tied: Vec<usize> = (0..costs.len()).filter(|&i| near(costs[i], min, cfg)).collect();
         match tied.iter().copied().find(|&i| Some(set[i].w.id) == prefer) {
             Some(preferred) => preferred,
-            None => tied
-                .get(rng.gen_range(0..tied.len().max(1)))
-                .copied()
-                .unwrap_or(0),
+            None => tied.get(rng.gen_range(0..tied.len().max(1))).copied().unwrap_or(0),
         }
     };
     let s = set[index];
     let next = set
         .iter()
         .filter(|o| o.w.id != s.w.id)
-        .min_by(|a, b| {
-            a.cost_s
-                .total_cmp(&b.cost_s)
-                .then_with(|| a.w.id.cmp(b.w.id))
-        })
-        .map_or(String::new(), |o| {
-            format!("; next {} {:.1} ms{}", o.w.id, o.ms(), o.cost_note())
-        });
+        .min_by(|a, b| a.cost_s.total_cmp(&b.cost_s).then_with(|| a.w.id.cmp(b.w.id)))
+        .map_or(String::new(), |o| format!("; next {} {:.1} ms{}", o.w.id, o.ms(), o.cost_note()));
     let temp = if sampled {
         format!("sampled at temperature {}: ", cfg.temperature)
     } else {
@@ -174,31 +148,18 @@ pub(crate) fn pick<'v, 'a, R: Rng + ?Sized>(
     } else if s.w.cached_blocks() == max_cached {
         format!("best overlap {}/{isl} blocks", s.w.cached_blocks())
     } else {
-        format!(
-            "overlap {}/{isl} blocks (best elsewhere {max_cached})",
-            s.w.cached_blocks()
-        )
+        format!("overlap {}/{isl} blocks (best elsewhere {max_cached})", s.w.cached_blocks())
     };
     let spec = if s.w.speculative_blocks > s.w.overlap_blocks {
-        format!(
-            " (+{} speculative)",
-            s.w.speculative_blocks - s.w.overlap_blocks
-        )
+        format!(" (+{} speculative)", s.w.speculative_blocks - s.w.overlap_blocks)
     } else {
         String::new()
     };
     // Short: the reason travels in a 256-byte debug header together with the mode's part.
     let queued = s.w.timing.queued_tokens.round();
-    let queued = if queued > 0.0 {
-        format!(" after {queued} queued tokens")
-    } else {
-        String::new()
-    };
-    let reason = format!(
-        "{temp}{what}{spec}, predicted {:.1} ms{queued}{}",
-        s.ms(),
-        s.cost_note()
-    );
+    let queued =
+        if queued > 0.0 { format!(" after {queued} queued tokens") } else { String::new() };
+    let reason = format!("{temp}{what}{spec}, predicted {:.1} ms{queued}{}", s.ms(), s.cost_note());
     (s, reason, next)
 }
 
@@ -262,10 +223,8 @@ pub(crate) fn balanced<'v, 'a>(
             && rate(s) - least > bound.slack_tokens_per_s.max(0.0)
             && (!bound.only_when_busy || busy(s.w))
     };
-    let cheapest_within = set
-        .iter()
-        .filter(|s| !over_share(s))
-        .min_by(|a, b| a.cost_s.total_cmp(&b.cost_s))?;
+    let cheapest_within =
+        set.iter().filter(|s| !over_share(s)).min_by(|a, b| a.cost_s.total_cmp(&b.cost_s))?;
     let cold_cost_s = |w: &WorkerView<'_>| ttft_and_cost_s(w, prompt_tokens, cfg).1;
     let drawn_by_holdings =
         |s: &Scored<'_, '_>| over_share(s) && cold_cost_s(s.w) >= cheapest_within.cost_s;
@@ -294,23 +253,12 @@ pub(crate) fn balanced<'v, 'a>(
     if notes.is_empty() {
         return None;
     }
-    Some(Balanced {
-        kept,
-        kept_off: !off.is_empty(),
-        note: notes.join(", "),
-    })
+    Some(Balanced { kept, kept_off: !off.is_empty(), note: notes.join(", ") })
 }
 
 /// Endpoints of `set` other than `chosen`, cheapest first.
 pub(crate) fn fallbacks(set: &[Scored<'_, '_>], chosen: &str, n: usize) -> Vec<String> {
     let mut rest: Vec<&Scored<'_, '_>> = set.iter().filter(|s| s.w.id != chosen).collect();
-    rest.sort_by(|a, b| {
-        a.cost_s
-            .total_cmp(&b.cost_s)
-            .then_with(|| a.w.id.cmp(b.w.id))
-    });
-    rest.into_iter()
-        .take(n)
-        .map(|s| s.w.endpoint.to_owned())
-        .collect()
+    rest.sort_by(|a, b| a.cost_s.total_cmp(&b.cost_s).then_with(|| a.w.id.cmp(b.w.id)));
+    rest.into_iter().take(n).map(|s| s.w.endpoint.to_owned()).collect()
 }

@@ -112,7 +112,14 @@ struct Writer<'a> {
 
 impl<'a> Writer<'a> {
     fn new(lock: &'a RwLock<KvIndex>, hold: &'a prometheus::Histogram) -> Self {
-        Self { lock, guard: Some(lock.write()), spent: 0, since: Instant::now(), hold, retired: Vec::new() }
+        Self {
+            lock,
+            guard: Some(lock.write()),
+            spent: 0,
+            since: Instant::now(),
+            hold,
+            retired: Vec::new(),
+        }
     }
 
     fn index(&mut self) -> &mut KvIndex {
@@ -263,7 +270,8 @@ impl Applier {
         let mut at = Some(Cursor::default());
         while let Some(c) = at {
             w.make_room(slot, step_blocks(batch, c, HOLD_BLOCKS));
-            let step = apply_step(w.index(), slot, batch, self.config.block_size, c, HOLD_BLOCKS, &mut r);
+            let step =
+                apply_step(w.index(), slot, batch, self.config.block_size, c, HOLD_BLOCKS, &mut r);
             w.spend(step.blocks);
             at = step.next;
         }
@@ -275,7 +283,12 @@ impl Applier {
     fn report(&mut self, w: &str, slot: WorkerSlot, r: &ApplyReport) {
         let m = &self.metrics;
         m.kv_batches.with_label_values(&[w]).inc();
-        for (kind, n) in [("stored", r.stored_events), ("removed", r.removed_events), ("cleared", r.cleared_events), ("unknown", r.unknown_events)] {
+        for (kind, n) in [
+            ("stored", r.stored_events),
+            ("removed", r.removed_events),
+            ("cleared", r.cleared_events),
+            ("unknown", r.unknown_events),
+        ] {
             if n > 0 {
                 m.kv_events.with_label_values(&[w, kind]).inc_by(n);
             }
@@ -294,7 +307,11 @@ impl Applier {
         }
         if r.malformed_stores > 0 {
             m.kv_ignored.with_label_values(&[w, "malformed"]).inc_by(r.malformed_stores);
-            tracing::warn!(worker = w, stores = r.malformed_stores, "BlockStored with token ids not covering its block hashes; skipped");
+            tracing::warn!(
+                worker = w,
+                stores = r.malformed_stores,
+                "BlockStored with token ids not covering its block hashes; skipped"
+            );
         }
         if r.recovered_orphans > 0 {
             m.kv_orphan_recovered.with_label_values(&[w]).inc_by(r.recovered_orphans);
@@ -302,12 +319,19 @@ impl Applier {
         }
         if r.orphan_stores > 0 {
             m.kv_orphan_stores.with_label_values(&[w]).inc_by(r.orphan_stores);
-            tracing::debug!(worker = w, stores = r.orphan_stores, "BlockStored with unknown parent; not indexed");
+            tracing::debug!(
+                worker = w,
+                stores = r.orphan_stores,
+                "BlockStored with unknown parent; not indexed"
+            );
         }
         if r.block_size_mismatches > 0 {
             m.kv_block_size_mismatch.with_label_values(&[w]).inc_by(r.block_size_mismatches);
             let now = Instant::now();
-            let due = self.last_mismatch_log.get(&slot).is_none_or(|t| now.duration_since(*t) >= Duration::from_secs(10));
+            let due = self
+                .last_mismatch_log
+                .get(&slot)
+                .is_none_or(|t| now.duration_since(*t) >= Duration::from_secs(10));
             if due {
                 self.last_mismatch_log.insert(slot, now);
                 tracing::error!(
@@ -335,7 +359,9 @@ impl Applier {
         }
         // The byte estimate walks every entry: at most every 10 s.
         let now = Instant::now();
-        if force_bytes || self.last_bytes_at.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10)) {
+        if force_bytes
+            || self.last_bytes_at.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10))
+        {
             self.last_bytes_at = Some(now);
             self.gauges.bytes.store(index.approx_bytes() as u64, Ordering::Relaxed);
         }
@@ -361,23 +387,50 @@ mod tests {
     fn a_long_store_is_applied_in_short_write_stretches() {
         let metrics = Arc::new(Metrics::new().expect("metrics"));
         let index = Arc::new(RwLock::new(KvIndex::new(1 << 20, 1 << 20)));
-        let config = ApplierConfig { block_size: 4, max_entries: 1 << 20, max_blocks_per_worker: 1 << 20, approx_ttl: Duration::from_secs(60), approx_max_blocks_per_worker: 1000 };
-        let applier = Applier::new(index.clone(), metrics.clone(), Arc::default(), Arc::default(), config);
+        let config = ApplierConfig {
+            block_size: 4,
+            max_entries: 1 << 20,
+            max_blocks_per_worker: 1 << 20,
+            approx_ttl: Duration::from_secs(60),
+            approx_max_blocks_per_worker: 1000,
+        };
+        let applier =
+            Applier::new(index.clone(), metrics.clone(), Arc::default(), Arc::default(), config);
         let (tx, rx) = sync_channel(16);
         let thread = std::thread::spawn(move || applier.run(rx));
-        tx.send(ApplierMsg::AddWorker { slot: 0, label: "w0".into(), stats: Arc::default() }).expect("send");
+        tx.send(ApplierMsg::AddWorker { slot: 0, label: "w0".into(), stats: Arc::default() })
+            .expect("send");
         let blocks = 3_000usize;
         let tokens: Vec<u32> = (0..blocks as u32 * 4).collect();
-        let store = KvEvent::Stored { block_hashes: (1..=blocks as u64).collect(), parent: None, token_ids: tokens.clone(), block_size: 4, lora_name: None, cache_salt: None, medium: None, group_idx: None };
-        tx.send(ApplierMsg::Batch { slot: 0, seq: 0, batch: EventBatch { ts: 0.0, events: vec![store], dp_rank: None } }).expect("send");
+        let store = KvEvent::Stored {
+            block_hashes: (1..=blocks as u64).collect(),
+            parent: None,
+            token_ids: tokens.clone(),
+            block_size: 4,
+            lora_name: None,
+            cache_salt: None,
+            medium: None,
+            group_idx: None,
+        };
+        tx.send(ApplierMsg::Batch {
+            slot: 0,
+            seq: 0,
+            batch: EventBatch { ts: 0.0, events: vec![store], dp_rank: None },
+        })
+        .expect("send");
         let (done_tx, done_rx) = sync_channel(1);
         tx.send(ApplierMsg::Barrier(done_tx)).expect("send");
         done_rx.recv_timeout(Duration::from_secs(30)).expect("applied");
         drop(tx);
         thread.join().expect("applier thread");
 
-        let chains = kvmesh_core::hashing::sequence_hashes(&tokens, 4, kvmesh_core::hashing::XXH3_SEED);
-        assert_eq!(index.read().find_matches(&chains), vec![(0, blocks as u32)], "the whole store is held");
+        let chains =
+            kvmesh_core::hashing::sequence_hashes(&tokens, 4, kvmesh_core::hashing::XXH3_SEED);
+        assert_eq!(
+            index.read().find_matches(&chains),
+            vec![(0, blocks as u32)],
+            "the whole store is held"
+        );
         // One stretch per HOLD_BLOCKS blocks, plus one per table growth (the empty tables grow
         // before the first piece and again as they fill), plus the last.
         let stretches = metrics.index_write_hold.get_sample_count() as usize;

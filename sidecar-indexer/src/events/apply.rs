@@ -60,7 +60,12 @@ pub struct Step {
 }
 
 /// Applies `batch` for `slot` whole. `block_size` is the configured block size.
-pub fn apply_batch(index: &mut KvIndex, slot: WorkerSlot, batch: &EventBatch, block_size: u32) -> ApplyReport {
+pub fn apply_batch(
+    index: &mut KvIndex,
+    slot: WorkerSlot,
+    batch: &EventBatch,
+    block_size: u32,
+) -> ApplyReport {
     let mut r = ApplyReport::default();
     let mut at = Some(Cursor::default());
     while let Some(c) = at {
@@ -72,7 +77,9 @@ pub fn apply_batch(index: &mut KvIndex, slot: WorkerSlot, batch: &EventBatch, bl
 /// Blocks the step at `at` may store (what the tables must have room for), at most `max_blocks`.
 pub fn step_blocks(batch: &EventBatch, at: Cursor, max_blocks: usize) -> usize {
     match batch.events.get(at.event) {
-        Some(KvEvent::Stored { block_hashes, .. }) => block_hashes.len().saturating_sub(at.block).min(max_blocks.max(1)),
+        Some(KvEvent::Stored { block_hashes, .. }) => {
+            block_hashes.len().saturating_sub(at.block).min(max_blocks.max(1))
+        }
         _ => 0,
     }
 }
@@ -83,12 +90,30 @@ pub fn step_blocks(batch: &EventBatch, at: Cursor, max_blocks: usize) -> usize {
 /// the index ends the same whatever `max_blocks` is (tested); between pieces the applier lets
 /// route queries in. A `BlockRemoved` is one step whatever its length: its hashes are taken as a
 /// whole (`KvIndex::remove`).
-pub fn apply_step(index: &mut KvIndex, slot: WorkerSlot, batch: &EventBatch, block_size: u32, at: Cursor, max_blocks: usize, r: &mut ApplyReport) -> Step {
-    let next_event = (at.event + 1 < batch.events.len()).then_some(Cursor { event: at.event + 1, block: 0 });
+pub fn apply_step(
+    index: &mut KvIndex,
+    slot: WorkerSlot,
+    batch: &EventBatch,
+    block_size: u32,
+    at: Cursor,
+    max_blocks: usize,
+    r: &mut ApplyReport,
+) -> Step {
+    let next_event =
+        (at.event + 1 < batch.events.len()).then_some(Cursor { event: at.event + 1, block: 0 });
     let done = |blocks| Step { next: next_event, blocks };
     let Some(event) = batch.events.get(at.event) else { return Step { next: None, blocks: 0 } };
     match event {
-        KvEvent::Stored { block_hashes, parent, token_ids, block_size: bs, lora_name, cache_salt, medium, group_idx } => {
+        KvEvent::Stored {
+            block_hashes,
+            parent,
+            token_ids,
+            block_size: bs,
+            lora_name,
+            cache_salt,
+            medium,
+            group_idx,
+        } => {
             if at.block == 0 {
                 r.stored_events += 1;
                 if !main_tier(medium.as_deref(), *group_idx) {
@@ -105,12 +130,17 @@ pub fn apply_step(index: &mut KvIndex, slot: WorkerSlot, batch: &EventBatch, blo
             let end = at.block + step_blocks(batch, at, max_blocks);
             // A malformed store is refused whole, at its first piece (`KvIndex::store` checks
             // each piece's tokens against its hashes, so slices of a malformed store could pass).
-            let tokens = if token_ids.len() == block_hashes.len() * bs { token_ids.get(at.block * bs..end * bs) } else { None };
+            let tokens = if token_ids.len() == block_hashes.len() * bs {
+                token_ids.get(at.block * bs..end * bs)
+            } else {
+                None
+            };
             let Some(tokens) = tokens else {
                 r.malformed_stores += 1;
                 return done(0);
             };
-            let parent = if at.block == 0 { *parent } else { block_hashes.get(at.block - 1).copied() };
+            let parent =
+                if at.block == 0 { *parent } else { block_hashes.get(at.block - 1).copied() };
             let seed = block_seed(lora_name.as_deref(), cache_salt.as_deref());
             let piece = &block_hashes[at.block..end];
             let more = (end < block_hashes.len()).then_some(Cursor { event: at.event, block: end });
@@ -201,7 +231,12 @@ mod tests {
                 "block size mismatch refused",
                 vec![stored(vec![1], None, t[..8].to_vec(), 8)],
                 0,
-                ApplyReport { stored_events: 1, block_size_mismatches: 1, mismatched_block_size: Some(8), ..Default::default() },
+                ApplyReport {
+                    stored_events: 1,
+                    block_size_mismatches: 1,
+                    mismatched_block_size: Some(8),
+                    ..Default::default()
+                },
             ),
             (
                 "orphan",
@@ -226,15 +261,30 @@ mod tests {
             ),
             (
                 "store, remove one, unknown remove",
-                vec![stored(vec![1, 2], None, t.clone(), 4), KvEvent::Removed { block_hashes: vec![2, 9], medium: None, group_idx: None }],
+                vec![
+                    stored(vec![1, 2], None, t.clone(), 4),
+                    KvEvent::Removed { block_hashes: vec![2, 9], medium: None, group_idx: None },
+                ],
                 1,
-                ApplyReport { stored_events: 1, stored_blocks: 2, removed_events: 1, removed_blocks: 1, unknown_removes: 1, ..Default::default() },
+                ApplyReport {
+                    stored_events: 1,
+                    stored_blocks: 2,
+                    removed_events: 1,
+                    removed_blocks: 1,
+                    unknown_removes: 1,
+                    ..Default::default()
+                },
             ),
             (
                 "cleared",
                 vec![stored(vec![1, 2], None, t.clone(), 4), KvEvent::Cleared],
                 0,
-                ApplyReport { stored_events: 1, stored_blocks: 2, cleared_events: 1, ..Default::default() },
+                ApplyReport {
+                    stored_events: 1,
+                    stored_blocks: 2,
+                    cleared_events: 1,
+                    ..Default::default()
+                },
             ),
             (
                 "unknown event",
@@ -280,7 +330,11 @@ mod tests {
         for &s in &received {
             apply_batch(&mut across, 0, &history[s as usize], 4);
         }
-        assert_eq!(across.worker_blocks(0), 3, "blocks 1, 2 and 3 although the engine holds 1 and 3");
+        assert_eq!(
+            across.worker_blocks(0),
+            3,
+            "blocks 1, 2 and 3 although the engine holds 1 and 3"
+        );
         assert_eq!(held(&across, &t), 2);
         // The listener's rule: the run before the hole, then (the live stream shows the gap from
         // 1) the replay from the hole. The index ends as the engine.
@@ -299,7 +353,11 @@ mod tests {
     }
 
     /// Applies `batches` with steps of at most `max_blocks` blocks.
-    fn apply_in_steps(index: &mut KvIndex, batches: &[EventBatch], max_blocks: usize) -> Vec<ApplyReport> {
+    fn apply_in_steps(
+        index: &mut KvIndex,
+        batches: &[EventBatch],
+        max_blocks: usize,
+    ) -> Vec<ApplyReport> {
         batches
             .iter()
             .map(|b| {
@@ -308,7 +366,10 @@ mod tests {
                 while let Some(c) = at {
                     let step = apply_step(index, 0, b, 4, c, max_blocks, &mut r);
                     let removal = matches!(b.events[c.event], KvEvent::Removed { .. });
-                    assert!(removal || step.blocks <= max_blocks, "a store step stays within its budget");
+                    assert!(
+                        removal || step.blocks <= max_blocks,
+                        "a store step stays within its budget"
+                    );
                     at = step.next;
                 }
                 r
@@ -372,7 +433,8 @@ mod tests {
         let mut index = KvIndex::new(1000, 2);
         index.add_worker(0);
         let t: Vec<u32> = (0..12).collect();
-        let r = apply_batch(&mut index, 0, &batch(vec![stored(vec![1, 2, 3], None, t.clone(), 4)]), 4);
+        let r =
+            apply_batch(&mut index, 0, &batch(vec![stored(vec![1, 2, 3], None, t.clone(), 4)]), 4);
         assert!(r.resynced);
         assert_eq!(held(&index, &t), 0);
     }

@@ -109,7 +109,12 @@ const WAIT_SLICE: Duration = Duration::from_millis(100);
 impl ByteBudget {
     /// A budget of `limit` bytes.
     pub fn new(limit: usize) -> Self {
-        Self { limit: AtomicUsize::new(limit), used: Mutex::new(0), freed: Condvar::new(), waiting: AtomicUsize::new(0) }
+        Self {
+            limit: AtomicUsize::new(limit),
+            used: Mutex::new(0),
+            freed: Condvar::new(),
+            waiting: AtomicUsize::new(0),
+        }
     }
 
     /// Changes the limit; waiters re-check at once.
@@ -202,7 +207,8 @@ mod tests {
         let stop = Arc::new(AtomicBool::new(false));
         let held = granted(acquire(&l, 90, &stop));
         let (l2, stop2) = (l.clone(), stop.clone());
-        let waiter = std::thread::spawn(move || matches!(acquire(&l2, 20, &stop2), Acquired::AfterWait(_)));
+        let waiter =
+            std::thread::spawn(move || matches!(acquire(&l2, 20, &stop2), Acquired::AfterWait(_)));
         // The waiter cannot finish while 90 of 100 bytes are held; releasing lets it through.
         while l.queue.waiting() == 0 {
             std::thread::yield_now();

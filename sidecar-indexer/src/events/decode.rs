@@ -53,10 +53,18 @@ impl EventBatch {
             .events
             .iter()
             .map(|e| match e {
-                KvEvent::Stored { block_hashes, token_ids, lora_name, cache_salt, medium, .. } => {
-                    block_hashes.capacity() * 8 + token_ids.capacity() * 4 + strings(lora_name) + strings(cache_salt) + strings(medium)
+                KvEvent::Stored {
+                    block_hashes, token_ids, lora_name, cache_salt, medium, ..
+                } => {
+                    block_hashes.capacity() * 8
+                        + token_ids.capacity() * 4
+                        + strings(lora_name)
+                        + strings(cache_salt)
+                        + strings(medium)
                 }
-                KvEvent::Removed { block_hashes, medium, .. } => block_hashes.capacity() * 8 + strings(medium),
+                KvEvent::Removed { block_hashes, medium, .. } => {
+                    block_hashes.capacity() * 8 + strings(medium)
+                }
                 KvEvent::Cleared => 0,
                 KvEvent::Unknown { tag } => tag.capacity(),
             })
@@ -141,7 +149,9 @@ fn read_batch(rd: &mut Reader<'_>) -> Result<Deferred<EventBatch>, MsgpackError>
                 match read_key(rd, child)? {
                     Some("ts") if ts.is_none() => ts = Some(read_ts(rd, child)?),
                     Some("events") if events.is_none() => events = Some(read_events(rd, child)?),
-                    Some("data_parallel_rank") if rank.is_none() => rank = Some(read_rank(rd, child)?),
+                    Some("data_parallel_rank") if rank.is_none() => {
+                        rank = Some(read_rank(rd, child)?)
+                    }
                     _ => rd.skip(child)?,
                 }
             }
@@ -170,7 +180,11 @@ fn read_key<'a>(rd: &mut Reader<'a>, depth: u16) -> Result<Option<&'a str>, Msgp
 }
 
 /// Reads one value that must be a scalar for `f`; containers are skipped and give `f(None)`.
-fn scalar<'a, T>(rd: &mut Reader<'a>, depth: u16, f: impl FnOnce(Option<Head<'a>>) -> T) -> Result<T, MsgpackError> {
+fn scalar<'a, T>(
+    rd: &mut Reader<'a>,
+    depth: u16,
+    f: impl FnOnce(Option<Head<'a>>) -> T,
+) -> Result<T, MsgpackError> {
     let (head, child) = rd.head(depth)?;
     match head {
         Head::Array(_) | Head::Map(_) => {
@@ -200,7 +214,10 @@ fn read_rank(rd: &mut Reader<'_>, depth: u16) -> Result<Deferred<Option<u32>>, M
 }
 
 /// The events array: outer Deferred = "must be an array", inner = the first bad event.
-fn read_events(rd: &mut Reader<'_>, depth: u16) -> Result<Deferred<Deferred<Vec<KvEvent>>>, MsgpackError> {
+fn read_events(
+    rd: &mut Reader<'_>,
+    depth: u16,
+) -> Result<Deferred<Deferred<Vec<KvEvent>>>, MsgpackError> {
     let (head, child) = rd.head(depth)?;
     let Head::Array(n) = head else {
         rd.skip_rest(head, child)?;
@@ -300,7 +317,9 @@ fn read_event(rd: &mut Reader<'_>, depth: u16) -> Result<Deferred<KvEvent>, Msgp
             for _ in 0..n {
                 let key = read_key(rd, child)?;
                 match key {
-                    Some("type") if raw.tag.is_none() => raw.tag = Some(read_opt_string(rd, child)?),
+                    Some("type") if raw.tag.is_none() => {
+                        raw.tag = Some(read_opt_string(rd, child)?)
+                    }
                     Some(k) => match field_by_name(k) {
                         Some(f) if !raw.has(f) => raw.read(f, rd, child)?,
                         _ => rd.skip(child)?,
@@ -325,7 +344,12 @@ fn read_opt_string(rd: &mut Reader<'_>, depth: u16) -> Result<Option<String>, Ms
 }
 
 /// An optional small integer: nil is none, anything but an integer in u32 range an error.
-fn read_opt_u32(rd: &mut Reader<'_>, depth: u16, event: &'static str, field: &'static str) -> Result<Deferred<Option<u32>>, MsgpackError> {
+fn read_opt_u32(
+    rd: &mut Reader<'_>,
+    depth: u16,
+    event: &'static str,
+    field: &'static str,
+) -> Result<Deferred<Option<u32>>, MsgpackError> {
     scalar(rd, depth, |h| match h {
         Some(Head::Nil) => Ok(None),
         Some(Head::Uint(u)) if u32::try_from(u).is_ok() => Ok(Some(u as u32)),
@@ -350,7 +374,13 @@ fn hash_of(head: Head<'_>) -> Option<u64> {
 }
 
 /// An array whose elements each map through `item` (None = the element is refused).
-fn read_array<T>(rd: &mut Reader<'_>, depth: u16, item: impl Fn(Head<'_>) -> Option<T>, not_array: DecodeError, bad_item: DecodeError) -> Result<Deferred<Vec<T>>, MsgpackError> {
+fn read_array<T>(
+    rd: &mut Reader<'_>,
+    depth: u16,
+    item: impl Fn(Head<'_>) -> Option<T>,
+    not_array: DecodeError,
+    bad_item: DecodeError,
+) -> Result<Deferred<Vec<T>>, MsgpackError> {
     let (head, child) = rd.head(depth)?;
     let Head::Array(n) = head else {
         rd.skip_rest(head, child)?;
@@ -413,15 +443,27 @@ impl RawEvent {
     /// Reads field `f`. Error texts name the event the tag says (a map's tag may come later: the
     /// texts are fixed up in [`RawEvent::assemble`]).
     fn read(&mut self, f: Field, rd: &mut Reader<'_>, depth: u16) -> Result<(), MsgpackError> {
-        let field_err = |field: &'static str, reason: &'static str| DecodeError::Field { event: "", field, reason };
+        let field_err = |field: &'static str, reason: &'static str| DecodeError::Field {
+            event: "",
+            field,
+            reason,
+        };
         match f {
             Field::BlockHashes => {
-                self.block_hashes = Some(read_array(rd, depth, hash_of, field_err("block_hashes", "must be an array"), field_err("block_hashes", "hash must be an integer or bytes"))?);
+                self.block_hashes = Some(read_array(
+                    rd,
+                    depth,
+                    hash_of,
+                    field_err("block_hashes", "must be an array"),
+                    field_err("block_hashes", "hash must be an integer or bytes"),
+                )?);
             }
             Field::Parent => {
                 self.parent = Some(scalar(rd, depth, |h| match h {
                     Some(Head::Nil) => Ok(None),
-                    Some(h) => hash_of(h).map(Some).ok_or_else(|| field_err("parent_block_hash", "must be an integer or bytes")),
+                    Some(h) => hash_of(h).map(Some).ok_or_else(|| {
+                        field_err("parent_block_hash", "must be an integer or bytes")
+                    }),
                     None => Err(field_err("parent_block_hash", "must be an integer or bytes")),
                 })?);
             }
@@ -430,7 +472,13 @@ impl RawEvent {
                     Head::Uint(u) => u32::try_from(u).ok(),
                     _ => None,
                 };
-                self.token_ids = Some(read_array(rd, depth, token, field_err("token_ids", "must be an array"), field_err("token_ids", "must be token ids in 0..2^32"))?);
+                self.token_ids = Some(read_array(
+                    rd,
+                    depth,
+                    token,
+                    field_err("token_ids", "must be an array"),
+                    field_err("token_ids", "must be token ids in 0..2^32"),
+                )?);
             }
             Field::BlockSize => self.block_size = Some(read_opt_u32(rd, depth, "", "block_size")?),
             Field::GroupIdx => self.group_idx = Some(read_opt_u32(rd, depth, "", "group_idx")?),
@@ -447,19 +495,33 @@ impl RawEvent {
             DecodeError::Field { field, reason, .. } => DecodeError::Field { event, field, reason },
             other => other,
         };
-        let Some(Some(tag)) = self.tag else { return Err(DecodeError::Batch("event without a type tag")) };
+        let Some(Some(tag)) = self.tag else {
+            return Err(DecodeError::Batch("event without a type tag"));
+        };
         let string = |s: Option<Option<String>>| s.flatten();
         match tag.as_str() {
             "BlockStored" => {
                 // A nil field counts as absent.
-                let block_hashes = self.block_hashes.unwrap_or(Err(DecodeError::Field { event, field: "block_hashes", reason: "must be an array" })).map_err(name)?;
+                let block_hashes = self
+                    .block_hashes
+                    .unwrap_or(Err(DecodeError::Field {
+                        event,
+                        field: "block_hashes",
+                        reason: "must be an array",
+                    }))
+                    .map_err(name)?;
                 let parent = self.parent.unwrap_or(Ok(None)).map_err(name)?;
-                let token_ids = self.token_ids.unwrap_or(Err(DecodeError::Field { event, field: "token_ids", reason: "must be an array" })).map_err(name)?;
-                let block_size = self
-                    .block_size
-                    .unwrap_or(Ok(None))
-                    .map_err(name)?
-                    .ok_or(DecodeError::Field { event, field: "block_size", reason: "is required" })?;
+                let token_ids = self
+                    .token_ids
+                    .unwrap_or(Err(DecodeError::Field {
+                        event,
+                        field: "token_ids",
+                        reason: "must be an array",
+                    }))
+                    .map_err(name)?;
+                let block_size = self.block_size.unwrap_or(Ok(None)).map_err(name)?.ok_or(
+                    DecodeError::Field { event, field: "block_size", reason: "is required" },
+                )?;
                 Ok(KvEvent::Stored {
                     block_hashes,
                     parent,
@@ -472,7 +534,14 @@ impl RawEvent {
                 })
             }
             "BlockRemoved" => Ok(KvEvent::Removed {
-                block_hashes: self.block_hashes.unwrap_or(Err(DecodeError::Field { event, field: "block_hashes", reason: "must be an array" })).map_err(name)?,
+                block_hashes: self
+                    .block_hashes
+                    .unwrap_or(Err(DecodeError::Field {
+                        event,
+                        field: "block_hashes",
+                        reason: "must be an array",
+                    }))
+                    .map_err(name)?,
                 medium: string(self.medium),
                 group_idx: self.group_idx.unwrap_or(Ok(None)).map_err(name)?,
             }),

@@ -88,7 +88,13 @@ fn malformed_payloads_are_typed_errors() {
         (&[0x92, 0xa1, b'x', 0x90], "batch: ts must be a number"),
         (&[0x92, 0x01, 0x01], "batch: events must be an array"),
         // [1, [["BlockStored", 5]]]: block_hashes is not an array
-        (&[0x92, 0x01, 0x91, 0x92, 0xab, b'B', b'l', b'o', b'c', b'k', b'S', b't', b'o', b'r', b'e', b'd', 0x05], "BlockStored.block_hashes: must be an array"),
+        (
+            &[
+                0x92, 0x01, 0x91, 0x92, 0xab, b'B', b'l', b'o', b'c', b'k', b'S', b't', b'o', b'r',
+                b'e', b'd', 0x05,
+            ],
+            "BlockStored.block_hashes: must be an array",
+        ),
         // [1, [[7]]]: no tag
         (&[0x92, 0x01, 0x91, 0x91, 0x07], "batch: event without a type tag"),
     ];
@@ -102,11 +108,16 @@ fn malformed_payloads_are_typed_errors() {
 fn store_with_negative_token_is_refused() {
     // [1, [["BlockStored", [1], nil, [-1], 1]]]
     let bytes = [
-        0x92, 0x01, 0x91, 0x95, 0xab, b'B', b'l', b'o', b'c', b'k', b'S', b't', b'o', b'r', b'e', b'd', 0x91, 0x01, 0xc0, 0x91, 0xff, 0x01,
+        0x92, 0x01, 0x91, 0x95, 0xab, b'B', b'l', b'o', b'c', b'k', b'S', b't', b'o', b'r', b'e',
+        b'd', 0x91, 0x01, 0xc0, 0x91, 0xff, 0x01,
     ];
     assert_eq!(
         decode_batch(&bytes).unwrap_err(),
-        DecodeError::Field { event: "BlockStored", field: "token_ids", reason: "must be token ids in 0..2^32" }
+        DecodeError::Field {
+            event: "BlockStored",
+            field: "token_ids",
+            reason: "must be token ids in 0..2^32"
+        }
     );
 }
 
@@ -119,10 +130,13 @@ mod reference {
     /// from it. Kept as the oracle the typed decoder must equal.
     pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, DecodeError> {
         let mut cursor = payload;
-        let value = rmpv::decode::read_value(&mut cursor).map_err(|e| DecodeError::Msgpack(e.to_string()))?;
+        let value = rmpv::decode::read_value(&mut cursor)
+            .map_err(|e| DecodeError::Msgpack(e.to_string()))?;
         let (ts, events, rank) = match &value {
             Value::Array(items) => (items.first(), items.get(1), items.get(2)),
-            Value::Map(_) => (get(&value, "ts"), get(&value, "events"), get(&value, "data_parallel_rank")),
+            Value::Map(_) => {
+                (get(&value, "ts"), get(&value, "events"), get(&value, "data_parallel_rank"))
+            }
             _ => return Err(DecodeError::Batch("not an array or map")),
         };
         let ts = match ts {
@@ -131,10 +145,16 @@ mod reference {
             Some(v) if v.as_i64().is_some() => v.as_i64().unwrap_or(0) as f64,
             _ => return Err(DecodeError::Batch("ts must be a number")),
         };
-        let Some(Value::Array(raw_events)) = events else { return Err(DecodeError::Batch("events must be an array")) };
+        let Some(Value::Array(raw_events)) = events else {
+            return Err(DecodeError::Batch("events must be an array"));
+        };
         let dp_rank = match rank {
             None | Some(Value::Nil) => None,
-            Some(v) => Some(v.as_u64().and_then(|r| u32::try_from(r).ok()).ok_or(DecodeError::Batch("dp rank must be an integer"))?),
+            Some(v) => Some(
+                v.as_u64()
+                    .and_then(|r| u32::try_from(r).ok())
+                    .ok_or(DecodeError::Batch("dp rank must be an integer"))?,
+            ),
         };
         let events = raw_events.iter().map(decode_event).collect::<Result<Vec<_>, _>>()?;
         Ok(EventBatch { ts, events, dp_rank })
@@ -142,7 +162,9 @@ mod reference {
 
     fn get<'a>(map: &'a Value, key: &str) -> Option<&'a Value> {
         match map {
-            Value::Map(pairs) => pairs.iter().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v),
+            Value::Map(pairs) => {
+                pairs.iter().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v)
+            }
             _ => None,
         }
     }
@@ -168,9 +190,12 @@ mod reference {
 
         fn hashes(&self, position: usize, field: &'static str) -> Result<Vec<u64>, DecodeError> {
             match self.field(position, field) {
-                Some(Value::Array(items)) => {
-                    items.iter().map(|h| hash(h).ok_or_else(|| self.err(field, "hash must be an integer or bytes"))).collect()
-                }
+                Some(Value::Array(items)) => items
+                    .iter()
+                    .map(|h| {
+                        hash(h).ok_or_else(|| self.err(field, "hash must be an integer or bytes"))
+                    })
+                    .collect(),
                 _ => Err(self.err(field, "must be an array")),
             }
         }
@@ -179,10 +204,18 @@ mod reference {
             self.field(position, field).and_then(Value::as_str).map(str::to_owned)
         }
 
-        fn opt_u32(&self, position: usize, field: &'static str) -> Result<Option<u32>, DecodeError> {
+        fn opt_u32(
+            &self,
+            position: usize,
+            field: &'static str,
+        ) -> Result<Option<u32>, DecodeError> {
             match self.field(position, field) {
                 None => Ok(None),
-                Some(v) => v.as_u64().and_then(|n| u32::try_from(n).ok()).map(Some).ok_or_else(|| self.err(field, "must be a small integer")),
+                Some(v) => v
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .map(Some)
+                    .ok_or_else(|| self.err(field, "must be a small integer")),
             }
         }
     }
@@ -215,7 +248,9 @@ mod reference {
                 let block_hashes = f.hashes(0, "block_hashes")?;
                 let parent = match f.field(1, "parent_block_hash") {
                     None => None,
-                    Some(p) => Some(hash(p).ok_or_else(|| f.err("parent_block_hash", "must be an integer or bytes"))?),
+                    Some(p) => Some(hash(p).ok_or_else(|| {
+                        f.err("parent_block_hash", "must be an integer or bytes")
+                    })?),
                 };
                 let token_ids = match f.field(2, "token_ids") {
                     Some(Value::Array(items)) => items
@@ -225,7 +260,9 @@ mod reference {
                         .ok_or_else(|| f.err("token_ids", "must be token ids in 0..2^32"))?,
                     _ => return Err(f.err("token_ids", "must be an array")),
                 };
-                let block_size = f.opt_u32(3, "block_size")?.ok_or_else(|| f.err("block_size", "is required"))?;
+                let block_size = f
+                    .opt_u32(3, "block_size")?
+                    .ok_or_else(|| f.err("block_size", "is required"))?;
                 // Positions after the tag: 4 lora_id, 5 medium, 6 lora_name, 7 extra_keys, 8 group_idx.
                 Ok(KvEvent::Stored {
                     block_hashes,
@@ -290,7 +327,9 @@ mod equivalence {
             "[a-zA-Z_]{0,6}".prop_map(Value::from),
             proptest::collection::vec(any::<u8>(), 0..12).prop_map(Value::from),
             Just(Value::Ext(1, vec![0, 1])),
-            Just(Value::String(rmpv::Utf8String::from(String::from_utf8_lossy(&[0xff, 0xfe]).into_owned()))),
+            Just(Value::String(rmpv::Utf8String::from(
+                String::from_utf8_lossy(&[0xff, 0xfe]).into_owned()
+            ))),
         ]
     }
 
@@ -332,15 +371,31 @@ mod equivalence {
 
     /// Positional fields (tag first), cut to any length: SGLang and older vLLM send fewer.
     fn array_event() -> impl Strategy<Value = Value> {
-        (tag(), hashes(), hash_value(), tokens(), small(), small(), maybe_str(), maybe_str(), scalar(), small(), scalar(), 0usize..12).prop_map(
-            |(tag, bh, parent, tok, bs, lora_id, medium, lora, extra, group, tail, len)| {
-                let removed_like = vec![tag.clone(), bh.clone(), medium.clone(), group.clone(), tail.clone()];
-                let stored_like = vec![tag, bh, parent, tok, bs, lora_id, medium, lora, extra, group, tail];
-                let mut v = if len % 3 == 0 { removed_like } else { stored_like };
-                v.truncate(len);
-                Value::Array(v)
-            },
+        (
+            tag(),
+            hashes(),
+            hash_value(),
+            tokens(),
+            small(),
+            small(),
+            maybe_str(),
+            maybe_str(),
+            scalar(),
+            small(),
+            scalar(),
+            0usize..12,
         )
+            .prop_map(
+                |(tag, bh, parent, tok, bs, lora_id, medium, lora, extra, group, tail, len)| {
+                    let removed_like =
+                        vec![tag.clone(), bh.clone(), medium.clone(), group.clone(), tail.clone()];
+                    let stored_like =
+                        vec![tag, bh, parent, tok, bs, lora_id, medium, lora, extra, group, tail];
+                    let mut v = if len % 3 == 0 { removed_like } else { stored_like };
+                    v.truncate(len);
+                    Value::Array(v)
+                },
+            )
     }
 
     /// Named fields in any order, with duplicates and unknown keys.
@@ -356,14 +411,17 @@ mod equivalence {
             Just("group_idx").prop_flat_map(|k| small().prop_map(move |v| (k, v))),
             Just("extra_keys").prop_flat_map(|k| scalar().prop_map(move |v| (k, v))),
         ];
-        (tag(), proptest::collection::vec(pair, 0..10), any::<bool>(), any::<usize>()).prop_map(|(tag, pairs, typed, at)| {
-            let mut m: Vec<(Value, Value)> = pairs.into_iter().map(|(k, v)| (Value::from(k), v)).collect();
-            if typed {
-                let at = at % (m.len() + 1);
-                m.insert(at, (Value::from("type"), tag));
-            }
-            Value::Map(m)
-        })
+        (tag(), proptest::collection::vec(pair, 0..10), any::<bool>(), any::<usize>()).prop_map(
+            |(tag, pairs, typed, at)| {
+                let mut m: Vec<(Value, Value)> =
+                    pairs.into_iter().map(|(k, v)| (Value::from(k), v)).collect();
+                if typed {
+                    let at = at % (m.len() + 1);
+                    m.insert(at, (Value::from("type"), tag));
+                }
+                Value::Map(m)
+            },
+        )
     }
 
     fn event() -> impl Strategy<Value = Value> {
@@ -373,20 +431,28 @@ mod equivalence {
     fn batch() -> impl Strategy<Value = Value> {
         let ts = prop_oneof![6 => any::<f64>().prop_map(Value::from), 1 => scalar()];
         let events = prop_oneof![8 => proptest::collection::vec(event(), 0..6).prop_map(Value::Array), 1 => scalar()];
-        let rank = prop_oneof![4 => (0u64..4).prop_map(Value::from), 2 => Just(Value::Nil), 1 => scalar()];
-        (ts, events, rank, 0usize..5, any::<bool>(), any::<usize>()).prop_map(|(ts, events, rank, len, map, rot)| {
-            if map {
-                let mut pairs = vec![(Value::from("ts"), ts), (Value::from("events"), events), (Value::from("data_parallel_rank"), rank), (Value::from("x"), Value::Nil)];
-                pairs.truncate(len.max(2));
-                let n = pairs.len();
-                pairs.rotate_left(rot % n);
-                Value::Map(pairs)
-            } else {
-                let mut items = vec![ts, events, rank, Value::from("extra")];
-                items.truncate(len);
-                Value::Array(items)
-            }
-        })
+        let rank =
+            prop_oneof![4 => (0u64..4).prop_map(Value::from), 2 => Just(Value::Nil), 1 => scalar()];
+        (ts, events, rank, 0usize..5, any::<bool>(), any::<usize>()).prop_map(
+            |(ts, events, rank, len, map, rot)| {
+                if map {
+                    let mut pairs = vec![
+                        (Value::from("ts"), ts),
+                        (Value::from("events"), events),
+                        (Value::from("data_parallel_rank"), rank),
+                        (Value::from("x"), Value::Nil),
+                    ];
+                    pairs.truncate(len.max(2));
+                    let n = pairs.len();
+                    pairs.rotate_left(rot % n);
+                    Value::Map(pairs)
+                } else {
+                    let mut items = vec![ts, events, rank, Value::from("extra")];
+                    items.truncate(len);
+                    Value::Array(items)
+                }
+            },
+        )
     }
 
     proptest! {
@@ -416,7 +482,9 @@ mod equivalence {
 
     #[test]
     fn the_fixtures_decode_the_same() {
-        for f in ["batch_array.msgpack", "batch_map.msgpack", "batch_v09.msgpack", "batch_bytes.msgpack"] {
+        for f in
+            ["batch_array.msgpack", "batch_map.msgpack", "batch_v09.msgpack", "batch_bytes.msgpack"]
+        {
             same(&fixture(f)).unwrap();
         }
     }
@@ -456,4 +524,3 @@ mod equivalence {
         }
     }
 }
-

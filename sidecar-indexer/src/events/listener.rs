@@ -95,8 +95,7 @@ impl ListenerStats {
         self.last_seq.store(seq, Ordering::Relaxed);
         self.batches.fetch_add(1, Ordering::Relaxed);
         self.last_ts_bits.store(ts.to_bits(), Ordering::Relaxed);
-        self.orphan_stores
-            .fetch_add(r.orphan_stores, Ordering::Relaxed);
+        self.orphan_stores.fetch_add(r.orphan_stores, Ordering::Relaxed);
     }
     /// The last applied sequence number.
     pub fn last_seq(&self) -> Option<u64> {
@@ -150,10 +149,7 @@ pub fn spawn(
         };
         l.run();
     })?;
-    Ok(ListenerHandle {
-        stop,
-        thread: Some(thread),
-    })
+    Ok(ListenerHandle { stop, thread: Some(thread) })
 }
 
 struct Listener {
@@ -261,10 +257,7 @@ impl Listener {
             Verdict::Duplicate => {}
             Verdict::Gap { from, to } => {
                 self.stats.gaps.fetch_add(1, Ordering::Relaxed);
-                self.metrics
-                    .kv_gaps
-                    .with_label_values(&[&self.spec.worker])
-                    .inc();
+                self.metrics.kv_gaps.with_label_values(&[&self.spec.worker]).inc();
                 tracing::warn!(worker = %self.spec.worker, rank = self.spec.rank, missing_from = from, missing_to = to, "KV event sequence gap; replaying");
                 match self.replay(from, true) {
                     Replay::Complete | Replay::Truncated => {}
@@ -300,15 +293,9 @@ impl Listener {
 
     fn resync(&mut self, reason: &'static str) {
         self.stats.resyncs.fetch_add(1, Ordering::Relaxed);
-        self.metrics
-            .kv_resyncs
-            .with_label_values(&[&self.spec.worker, reason])
-            .inc();
+        self.metrics.kv_resyncs.with_label_values(&[&self.spec.worker, reason]).inc();
         tracing::warn!(worker = %self.spec.worker, rank = self.spec.rank, reason, "clearing the worker's index state; it rebuilds from new events");
-        let _ = self.tx.send(ApplierMsg::Clear {
-            slot: self.spec.slot,
-            reason,
-        });
+        let _ = self.tx.send(ApplierMsg::Clear { slot: self.spec.slot, reason });
     }
 
     fn send(&mut self, n: u64, payload: &[u8]) {
@@ -323,33 +310,20 @@ impl Listener {
                     }
                     Acquired::Stopped => return,
                 };
-                let msg = ApplierMsg::Batch {
-                    slot: self.spec.slot,
-                    seq: n,
-                    batch,
-                };
-                let _ = self.tx.send(ApplierMsg::Permitted {
-                    permit,
-                    msg: Box::new(msg),
-                });
+                let msg = ApplierMsg::Batch { slot: self.spec.slot, seq: n, batch };
+                let _ = self.tx.send(ApplierMsg::Permitted { permit, msg: Box::new(msg) });
             }
             Err(e) => self.decode_error(&e.to_string()),
         }
     }
 
     fn limit_hit(&self, reason: &'static str) {
-        self.metrics
-            .kv_event_limits
-            .with_label_values(&[&self.spec.worker, reason])
-            .inc();
+        self.metrics.kv_event_limits.with_label_values(&[&self.spec.worker, reason]).inc();
     }
 
     fn decode_error(&self, why: &str) {
         self.stats.decode_errors.fetch_add(1, Ordering::Relaxed);
-        self.metrics
-            .kv_decode_errors
-            .with_label_values(&[&self.spec.worker])
-            .inc();
+        self.metrics.kv_decode_errors.with_label_values(&[&self.spec.worker]).inc();
         tracing::warn!(worker = %self.spec.worker, rank = self.spec.rank, error = why, "undecodable KV event message skipped");
     }
 
@@ -368,16 +342,9 @@ impl Listener {
                 Err(e) => {
                     tracing::warn!(worker = %w, rank, from, ask, round, error = %e, "replay failed");
                     self.dealer = None; // stale replies must not leak into the next replay
-                    self.metrics
-                        .kv_replays
-                        .with_label_values(&[&w, "failed"])
-                        .inc();
+                    self.metrics.kv_replays.with_label_values(&[&w, "failed"]).inc();
                     // Nothing of this round was sent; earlier rounds' batches were.
-                    return if round == 0 {
-                        Replay::Failed
-                    } else {
-                        Replay::Truncated
-                    };
+                    return if round == 0 { Replay::Failed } else { Replay::Truncated };
                 }
                 Ok(r) => r,
             };
@@ -420,29 +387,15 @@ impl Listener {
             self.seq.replayed(last);
             match plan.next {
                 RoundNext::Done => {
-                    let outcome = if reached_back {
-                        "complete"
-                    } else {
-                        "truncated"
-                    };
-                    self.metrics
-                        .kv_replays
-                        .with_label_values(&[&w, outcome])
-                        .inc();
+                    let outcome = if reached_back { "complete" } else { "truncated" };
+                    self.metrics.kv_replays.with_label_values(&[&w, outcome]).inc();
                     tracing::info!(worker = %w, rank, from, batches = sent, rounds = round + 1, complete = reached_back, "replay done");
-                    return if reached_back {
-                        Replay::Complete
-                    } else {
-                        Replay::Truncated
-                    };
+                    return if reached_back { Replay::Complete } else { Replay::Truncated };
                 }
                 RoundNext::AskAgain { from: again } => {
                     let holes = plan.apply < seqs.len();
                     let reason = if holes { "holes" } else { "no_end_marker" };
-                    self.metrics
-                        .kv_replay_rounds
-                        .with_label_values(&[&w, reason])
-                        .inc();
+                    self.metrics.kv_replay_rounds.with_label_values(&[&w, reason]).inc();
                     if holes {
                         tracing::warn!(
                             worker = %w,
@@ -476,10 +429,7 @@ impl Listener {
                 RoundNext::GiveUp => break,
             }
         }
-        self.metrics
-            .kv_replays
-            .with_label_values(&[&w, "truncated"])
-            .inc();
+        self.metrics.kv_replays.with_label_values(&[&w, "truncated"]).inc();
         tracing::warn!(worker = %w, rank, from, batches = sent, through = ?self.seq.last(), "replay still incomplete; the next live batch shows the rest as a gap");
         Replay::Truncated
     }
@@ -495,8 +445,7 @@ impl Listener {
             let d = self.ctx.socket(zmq::DEALER).map_err(|e| e.to_string())?;
             d.set_linger(0).map_err(|e| e.to_string())?;
             d.set_rcvhwm(RCVHWM).map_err(|e| e.to_string())?;
-            d.set_maxmsgsize(zmq_limit(self.limits.max_frame()))
-                .map_err(|e| e.to_string())?;
+            d.set_maxmsgsize(zmq_limit(self.limits.max_frame())).map_err(|e| e.to_string())?;
             d.connect(&endpoint).map_err(|e| e.to_string())?;
             self.dealer = Some(d);
         }
@@ -504,9 +453,7 @@ impl Listener {
             return Err("no replay socket".into());
         };
         let start = from.to_be_bytes();
-        dealer
-            .send_multipart([&b""[..], &start[..]], 0)
-            .map_err(|e| e.to_string())?;
+        dealer.send_multipart([&b""[..], &start[..]], 0).map_err(|e| e.to_string())?;
         let deadline = crate::clock::now() + self.spec.replay_timeout;
         let mut out = Vec::new();
         let (max_frame, max_bytes) = (self.limits.max_frame(), self.limits.replay_max());
@@ -521,16 +468,9 @@ impl Listener {
             }
             // Once replies flow, a pause of REPLAY_IDLE ends the round: the engine sends a replay
             // in one burst, so its end marker was dropped (asking again is always safe).
-            let wait = if out.is_empty() {
-                left
-            } else {
-                left.min(REPLAY_IDLE)
-            };
+            let wait = if out.is_empty() { left } else { left.min(REPLAY_IDLE) };
             let ready = dealer
-                .poll(
-                    zmq::POLLIN,
-                    wait.as_millis().clamp(1, i64::MAX as u128) as i64,
-                )
+                .poll(zmq::POLLIN, wait.as_millis().clamp(1, i64::MAX as u128) as i64)
                 .map_err(|e| e.to_string())?;
             if ready == 0 {
                 if !out.is_empty() && wait == REPLAY_IDLE {
@@ -582,11 +522,8 @@ fn zmq_limit(bytes: usize) -> i64 {
 /// starts with an empty delimiter (dropped); then `[seq, payload]`, `[topic, seq, payload]` or the
 /// end marker `[0xFF×8]` (with or without a payload frame).
 pub fn replay_frames(frames: &[Vec<u8>]) -> Result<Option<(u64, &[u8])>, String> {
-    let frames: Vec<&[u8]> = frames
-        .iter()
-        .map(Vec::as_slice)
-        .skip_while(|f| f.is_empty())
-        .collect();
+    let frames: Vec<&[u8]> =
+        frames.iter().map(Vec::as_slice).skip_while(|f| f.is_empty()).collect();
     let (seq_bytes, payload) = match frames.as_slice() {
         [seq, payload] => (*seq, *payload),
         [_topic, seq, payload] => (*seq, *payload),
@@ -596,9 +533,8 @@ pub fn replay_frames(frames: &[Vec<u8>]) -> Result<Option<(u64, &[u8])>, String>
     if seq_bytes == END_SEQ {
         return Ok(None);
     }
-    let seq: [u8; 8] = seq_bytes
-        .try_into()
-        .map_err(|_| "replay sequence is not 8 bytes".to_owned())?;
+    let seq: [u8; 8] =
+        seq_bytes.try_into().map_err(|_| "replay sequence is not 8 bytes".to_owned())?;
     Ok(Some((u64::from_be_bytes(seq), payload)))
 }
 
@@ -668,19 +604,11 @@ mod tests {
                 limits.clone(),
             )
             .unwrap();
-            Self {
-                pubsock,
-                rx,
-                metrics,
-                limits,
-                handle: Some(handle),
-            }
+            Self { pubsock, rx, metrics, limits, handle: Some(handle) }
         }
 
         fn publish(&self, seq: u64, payload: &[u8]) {
-            self.pubsock
-                .send_multipart([&b"t"[..], &seq.to_be_bytes()[..], payload], 0)
-                .unwrap();
+            self.pubsock.send_multipart([&b"t"[..], &seq.to_be_bytes()[..], payload], 0).unwrap();
         }
 
         /// Publishes batch 0 until the subscription is up and it arrives (the slow-joiner race).
@@ -699,15 +627,9 @@ mod tests {
         /// The next message that is not a copy of batch 0 or its restart-clear (from `join`).
         fn next(&self) -> ApplierMsg {
             loop {
-                let m = self
-                    .rx
-                    .recv_timeout(Duration::from_secs(10))
-                    .expect("a message");
+                let m = self.rx.recv_timeout(Duration::from_secs(10)).expect("a message");
                 match &m {
-                    ApplierMsg::Clear {
-                        reason: "engine_restart",
-                        ..
-                    } => {}
+                    ApplierMsg::Clear { reason: "engine_restart", .. } => {}
                     ApplierMsg::Permitted { msg, .. }
                         if matches!(**msg, ApplierMsg::Batch { seq: 0, .. }) => {}
                     _ => return m,
@@ -716,10 +638,7 @@ mod tests {
         }
 
         fn limit_hits(&self, reason: &str) -> u64 {
-            self.metrics
-                .kv_event_limits
-                .with_label_values(&["w", reason])
-                .get()
+            self.metrics.kv_event_limits.with_label_values(&["w", reason]).get()
         }
     }
 
@@ -776,9 +695,7 @@ mod tests {
                         .unwrap();
                 }
                 if end {
-                    router
-                        .send_multipart([&id[..], &b""[..], &END_SEQ[..], &b""[..]], 0)
-                        .unwrap();
+                    router.send_multipart([&id[..], &b""[..], &END_SEQ[..], &b""[..]], 0).unwrap();
                 }
             }
             starts
@@ -819,23 +736,9 @@ mod tests {
                 topic: String::new(),
                 replay_timeout,
             };
-            let handle = spawn(
-                ctx,
-                spec,
-                tx,
-                stats.clone(),
-                metrics.clone(),
-                Arc::new(limits),
-            )
-            .unwrap();
-            Self {
-                pubsock,
-                metrics,
-                stats,
-                rx,
-                handle,
-                server,
-            }
+            let handle =
+                spawn(ctx, spec, tx, stats.clone(), metrics.clone(), Arc::new(limits)).unwrap();
+            Self { pubsock, metrics, stats, rx, handle, server }
         }
 
         /// Waits for the start-up replay; the batch numbers it sent on.
@@ -843,11 +746,7 @@ mod tests {
             while !self.stats.synced.load(Ordering::Relaxed) {
                 std::thread::yield_now();
             }
-            self.rx
-                .try_iter()
-                .filter_map(unwrap_batch)
-                .map(|b| b.0)
-                .collect()
+            self.rx.try_iter().filter_map(unwrap_batch).map(|b| b.0).collect()
         }
     }
 
@@ -855,24 +754,10 @@ mod tests {
         name: &str,
         limits: EventLimits,
         batches: Vec<Vec<u8>>,
-    ) -> (
-        Arc<Metrics>,
-        Arc<ListenerStats>,
-        Receiver<ApplierMsg>,
-        ListenerHandle,
-        ReplayServer,
-    ) {
-        let numbered = batches
-            .into_iter()
-            .enumerate()
-            .map(|(i, b)| (i as u64, b))
-            .collect();
-        let r = ReplayRig::new(
-            name,
-            limits,
-            vec![(numbered, true)],
-            Duration::from_secs(10),
-        );
+    ) -> (Arc<Metrics>, Arc<ListenerStats>, Receiver<ApplierMsg>, ListenerHandle, ReplayServer)
+    {
+        let numbered = batches.into_iter().enumerate().map(|(i, b)| (i as u64, b)).collect();
+        let r = ReplayRig::new(name, limits, vec![(numbered, true)], Duration::from_secs(10));
         std::mem::forget(r.pubsock); // lives as long as the context the listener holds
         (r.metrics, r.stats, r.rx, r.handle, r.server)
     }
@@ -887,19 +772,9 @@ mod tests {
         while !stats.synced.load(Ordering::Relaxed) {
             std::thread::yield_now();
         }
-        let seqs: Vec<u64> = rx
-            .try_iter()
-            .filter_map(unwrap_batch)
-            .map(|b| b.0)
-            .collect();
+        let seqs: Vec<u64> = rx.try_iter().filter_map(unwrap_batch).map(|b| b.0).collect();
         assert_eq!(seqs, vec![0, 1, 2]);
-        assert_eq!(
-            metrics
-                .kv_replays
-                .with_label_values(&["w", "complete"])
-                .get(),
-            1
-        );
+        assert_eq!(metrics.kv_replays.with_label_values(&["w", "complete"]).get(), 1);
         handle.stop();
         server.join().unwrap();
     }
@@ -934,11 +809,7 @@ mod tests {
             (&m.kv_resyncs, "gap_unrecoverable", 0), // the worker is not cleared
         ];
         for (counter, label, want) in counts {
-            assert_eq!(
-                counter.with_label_values(&["w", label]).get(),
-                want,
-                "{label}"
-            );
+            assert_eq!(counter.with_label_values(&["w", label]).get(), want, "{label}");
         }
         // The next live batch (4; published until the subscription is up) is applied in order.
         let mut live = Vec::new();
@@ -976,17 +847,8 @@ mod tests {
             0,
             "nothing of a refused replay is applied"
         );
-        assert_eq!(
-            metrics
-                .kv_event_limits
-                .with_label_values(&["w", "replay_too_large"])
-                .get(),
-            1
-        );
-        assert_eq!(
-            metrics.kv_replays.with_label_values(&["w", "failed"]).get(),
-            1
-        );
+        assert_eq!(metrics.kv_event_limits.with_label_values(&["w", "replay_too_large"]).get(), 1);
+        assert_eq!(metrics.kv_replays.with_label_values(&["w", "failed"]).get(), 1);
         handle.stop();
         server.join().unwrap();
     }
@@ -1003,10 +865,7 @@ mod tests {
         }
         assert_eq!(rx.try_iter().filter_map(unwrap_batch).count(), 0);
         assert_eq!(
-            metrics
-                .kv_event_limits
-                .with_label_values(&["w", "replay_frame_too_large"])
-                .get(),
+            metrics.kv_event_limits.with_label_values(&["w", "replay_frame_too_large"]).get(),
             1
         );
         handle.stop();
@@ -1029,13 +888,7 @@ mod tests {
             "the batch after the oversized one applies"
         );
         assert_eq!(rig.limit_hits("frame_too_large"), 1);
-        assert_eq!(
-            rig.metrics
-                .kv_resyncs
-                .with_label_values(&["w", "frame_too_large"])
-                .get(),
-            1
-        );
+        assert_eq!(rig.metrics.kv_resyncs.with_label_values(&["w", "frame_too_large"]).get(), 1);
     }
 
     #[test]
@@ -1049,10 +902,7 @@ mod tests {
         while rig.limits.queue.waiting() == 0 {
             std::thread::yield_now();
         }
-        assert!(
-            rig.rx.try_recv().is_err(),
-            "batch 2 waits while batch 1 holds the budget"
-        );
+        assert!(rig.rx.try_recv().is_err(), "batch 2 waits while batch 1 holds the budget");
         let used = rig.limits.queue.used();
         assert_eq!(
             unwrap_batch(first).map(|b| (b.0, b.1)),

@@ -7,6 +7,6 @@ pub mod applier;
 pub mod apply;
 pub mod budget;
 pub mod decode;
-pub mod msgpack;
 pub mod listener;
+pub mod msgpack;
 pub mod sequencer;

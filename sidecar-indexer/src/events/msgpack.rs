@@ -73,7 +73,11 @@ impl<'a> Reader<'a> {
     }
 
     fn take(&mut self, n: usize) -> Result<&'a [u8], MsgpackError> {
-        let end = self.pos.checked_add(n).filter(|e| *e <= self.buf.len()).ok_or(MsgpackError::Truncated)?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|e| *e <= self.buf.len())
+            .ok_or(MsgpackError::Truncated)?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -273,7 +277,10 @@ mod tests {
         assert_eq!(Reader::new(&[0xa5, b'a']).skip(MAX_DEPTH), Err(MsgpackError::Truncated));
         assert_eq!(Reader::new(&[0x92, 0x01]).skip(MAX_DEPTH), Err(MsgpackError::Truncated));
         // A huge announced length never allocates: it runs out of bytes.
-        assert_eq!(Reader::new(&[0xdd, 0xff, 0xff, 0xff, 0xff]).skip(MAX_DEPTH), Err(MsgpackError::Truncated));
+        assert_eq!(
+            Reader::new(&[0xdd, 0xff, 0xff, 0xff, 0xff]).skip(MAX_DEPTH),
+            Err(MsgpackError::Truncated)
+        );
         let deep = vec![0x91u8; 600];
         assert_eq!(Reader::new(&deep).skip(MAX_DEPTH), Err(MsgpackError::TooDeep));
     }

@@ -67,29 +67,17 @@ pub enum RoundNext {
 /// passes the first number that arrived as `ask`.
 pub fn plan_round(ask: u64, seqs: &[u64], ended: bool, round: u32, max_rounds: u32) -> Round {
     if seqs.first().is_some_and(|&f| f != ask) {
-        return Round {
-            apply: 0,
-            next: RoundNext::GiveUp,
-        };
+        return Round { apply: 0, next: RoundNext::GiveUp };
     }
     let apply = contiguous_run(seqs);
     if ended && apply == seqs.len() {
-        return Round {
-            apply,
-            next: RoundNext::Done,
-        };
+        return Round { apply, next: RoundNext::Done };
     }
     if apply == 0 || round.saturating_add(1) >= max_rounds {
-        return Round {
-            apply,
-            next: RoundNext::GiveUp,
-        };
+        return Round { apply, next: RoundNext::GiveUp };
     }
     let from = seqs[..apply].last().map_or(ask, |l| l.saturating_add(1));
-    Round {
-        apply,
-        next: RoundNext::AskAgain { from },
-    }
+    Round { apply, next: RoundNext::AskAgain { from } }
 }
 
 /// What to do with a live batch.
@@ -143,10 +131,7 @@ impl Sequencer {
             return Verdict::Apply;
         }
         if seq > next {
-            return Verdict::Gap {
-                from: next,
-                to: seq,
-            };
+            return Verdict::Gap { from: next, to: seq };
         }
         if self.replayed_through.is_some_and(|r| seq <= r) {
             return Verdict::Duplicate;
@@ -244,13 +229,7 @@ mod tests {
     #[test]
     fn the_largest_sequence_number_does_not_overflow() {
         let mut s = Sequencer::new();
-        assert_eq!(
-            s.on_live(u64::MAX),
-            Verdict::Gap {
-                from: 0,
-                to: u64::MAX
-            }
-        );
+        assert_eq!(s.on_live(u64::MAX), Verdict::Gap { from: 0, to: u64::MAX });
         s.skip_to(u64::MAX); // the expected number saturates at the top: the counter stays there
         assert_eq!(s.on_live(u64::MAX), Verdict::Apply);
         s.replayed(Some(u64::MAX));
@@ -311,15 +290,7 @@ mod tests {
             (2, &[2, 4], true, 3, 4, 1, GiveUp), // out of rounds
             (2, &[2, 3], false, 3, 4, 2, GiveUp),
             (2, &[3, 4], true, 1, 4, 0, GiveUp), // the ring moved past the ask
-            (
-                u64::MAX - 1,
-                &[u64::MAX - 1, u64::MAX],
-                false,
-                0,
-                4,
-                2,
-                AskAgain { from: u64::MAX },
-            ),
+            (u64::MAX - 1, &[u64::MAX - 1, u64::MAX], false, 0, 4, 2, AskAgain { from: u64::MAX }),
         ];
         for (ask, seqs, ended, round, max, apply, next) in cases {
             assert_eq!(

@@ -103,7 +103,9 @@ impl KvIndex {
         // Every active worker holds blocks 0..=lo.
         let mut lo = 0usize;
         let mut from = 1;
-        while let Some((mut hi, mut hi_word)) = self.bracket(&wave, from, active.as_ref(), first, counts, &mut lo) {
+        while let Some((mut hi, mut hi_word)) =
+            self.bracket(&wave, from, active.as_ref(), first, counts, &mut lo)
+        {
             while hi - lo > 1 {
                 wave.clear();
                 let gap = hi - lo;
@@ -112,13 +114,16 @@ impl KvIndex {
                     wave.push(lo + gap * i / (ways + 1));
                 }
                 self.probe(chains, &mut wave, !counts);
-                if let Some((h, w)) = self.bracket(&wave, 0, active.as_ref(), first, counts, &mut lo) {
+                if let Some((h, w)) =
+                    self.bracket(&wave, 0, active.as_ref(), first, counts, &mut lo)
+                {
                     (hi, hi_word) = (h, w);
                 }
             }
             // Block `hi` is the first some active worker lacks: those hold exactly `hi` blocks.
             std::hint::black_box(self.bitmap_touch(first) ^ self.bitmap_touch(hi_word));
-            let a = active.get_or_insert_with(|| Active::from_holders(&Holders::of(first, &self.bitmaps)));
+            let a = active
+                .get_or_insert_with(|| Active::from_holders(&Holders::of(first, &self.bitmaps)));
             if hi_word == 0 {
                 a.for_each(|s| scores.push((s, hi as u32)));
                 return scores;
@@ -146,7 +151,15 @@ impl KvIndex {
     /// scan. With `counts` (no dirty worker anywhere, see `find_matches`) holder counts are
     /// compared — with block 0's (`first`) while `active` is not materialised, as no worker
     /// dropped out yet.
-    fn bracket(&self, wave: &Wave, from: usize, active: Option<&Active>, first: u64, counts: bool, lo: &mut usize) -> Option<(usize, u64)> {
+    fn bracket(
+        &self,
+        wave: &Wave,
+        from: usize,
+        active: Option<&Active>,
+        first: u64,
+        counts: bool,
+        lo: &mut usize,
+    ) -> Option<(usize, u64)> {
         let len = active.map_or(workers::count(first), Active::len);
         for i in from..wave.len {
             let word = wave.words[i];
@@ -177,7 +190,9 @@ impl KvIndex {
     /// they point to.
     fn probe(&self, chains: &[SequenceHash], wave: &mut Wave, bitmaps: bool) {
         let n = wave.len;
-        std::hint::black_box(wave.at[..n].iter().fold(0, |a, &j| a ^ self.blocks.touch(chains[j].0)));
+        std::hint::black_box(
+            wave.at[..n].iter().fold(0, |a, &j| a ^ self.blocks.touch(chains[j].0)),
+        );
         for i in 0..n {
             wave.words[i] = self.lookup(chains[wave.at[i]].0).unwrap_or(0);
         }
@@ -206,7 +221,11 @@ impl KvIndex {
         let mut active: Option<Active> = None;
         let mut depth = 0u32;
         let n = chains.len();
-        let touch = |from: usize| chains[from..(from + LOOKAHEAD).min(n)].iter().fold(0, |a, c| a ^ self.blocks.touch(c.0));
+        let touch = |from: usize| {
+            chains[from..(from + LOOKAHEAD).min(n)]
+                .iter()
+                .fold(0, |a, c| a ^ self.blocks.touch(c.0))
+        };
         std::hint::black_box(touch(0));
         let mut words = [0u64; LOOKAHEAD];
         for start in (0..n).step_by(LOOKAHEAD) {
@@ -215,7 +234,11 @@ impl KvIndex {
                 *w = self.lookup(c.0).unwrap_or(0);
             }
             // Fetch the next stretch while this one is examined.
-            std::hint::black_box(words[..end - start].iter().fold(if end < n { touch(end) } else { 0 }, |a, w| a ^ self.bitmap_touch(*w)));
+            std::hint::black_box(
+                words[..end - start]
+                    .iter()
+                    .fold(if end < n { touch(end) } else { 0 }, |a, w| a ^ self.bitmap_touch(*w)),
+            );
             for &word in &words[..end - start] {
                 if word == 0 {
                     if let Some(a) = &active {

@@ -44,11 +44,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvmesh_core::hashing::{self, SequenceHash};
 
-use slots::{BlockSlot, RefSlot, U64Hasher, AGE_NEW, AGE_USED};
 pub use recovery::{RoutedPrompts, DEFAULT_RECOVERY_BLOCKS};
-pub use slots::BlockRef;
 /// The one-shot block hash (the tokenizer hashes a prompt's blocks with it too).
 pub(crate) use slots::block_hash;
+pub use slots::BlockRef;
+use slots::{BlockSlot, RefSlot, U64Hasher, AGE_NEW, AGE_USED};
 use table::Table;
 use workers::{Bitmaps, Holders, AGE_MASK, AGE_SHIFT};
 pub use workers::{WorkerSlot, MAX_SLOT};
@@ -228,7 +228,11 @@ impl KvIndex {
     pub fn growth(&self, slot: WorkerSlot, blocks: usize) -> Option<Growth> {
         let growth = Growth {
             blocks: self.blocks.lines_for(blocks),
-            map: self.workers.get(slot as usize).and_then(|w| w.map.lines_for(blocks)).map(|lines| (slot, lines)),
+            map: self
+                .workers
+                .get(slot as usize)
+                .and_then(|w| w.map.lines_for(blocks))
+                .map(|lines| (slot, lines)),
         };
         (growth.blocks.is_some() || growth.map.is_some()).then_some(growth)
     }
@@ -238,7 +242,9 @@ impl KvIndex {
     pub fn room_for(&self, growth: Growth) -> Room {
         Room {
             blocks: growth.blocks.map(|lines| self.blocks.rehashed(lines)),
-            map: growth.map.and_then(|(slot, lines)| self.workers.get(slot as usize).map(|w| (slot, w.map.rehashed(lines)))),
+            map: growth.map.and_then(|(slot, lines)| {
+                self.workers.get(slot as usize).map(|w| (slot, w.map.rehashed(lines)))
+            }),
         }
     }
 
@@ -306,7 +312,10 @@ impl KvIndex {
         let mut parent_engine = parent;
         for (engines, hashes) in block_hashes.chunks(CHUNK).zip(chains.chunks(CHUNK)) {
             let map = &self.workers[slot as usize].map;
-            let touched = engines.iter().zip(hashes).fold(0, |a, (e, c)| a ^ map.touch(*e) ^ self.blocks.touch(*c));
+            let touched = engines
+                .iter()
+                .zip(hashes)
+                .fold(0, |a, (e, c)| a ^ map.touch(*e) ^ self.blocks.touch(*c));
             std::hint::black_box(touched);
             for (engine, chain) in engines.iter().zip(hashes) {
                 self.hold_engine(slot, *engine, parent_engine, SequenceHash(*chain), seed_id);
@@ -364,7 +373,8 @@ impl KvIndex {
                         Some(i + 1)
                     } else {
                         let idx = sorted.get_or_insert_with(|| {
-                            let mut v: Vec<(u64, usize)> = gone.iter().enumerate().map(|(i, (h, _))| (*h, i)).collect();
+                            let mut v: Vec<(u64, usize)> =
+                                gone.iter().enumerate().map(|(i, (h, _))| (*h, i)).collect();
                             v.sort_unstable();
                             v
                         });
@@ -381,10 +391,18 @@ impl KvIndex {
         }
         let interior = gone.iter().any(|(_, r)| r.kids > 0);
         // Synthetic ancestors (orphan recovery) leave with their last child.
-        let parents: Vec<u64> = gone.iter().filter_map(|(_, r)| r.parent()).filter(|p| w.map.get(*p).is_some_and(|s| recovery::is_synthetic(*p, &s.r) && s.r.kids == 0)).collect();
+        let parents: Vec<u64> = gone
+            .iter()
+            .filter_map(|(_, r)| r.parent())
+            .filter(|p| {
+                w.map.get(*p).is_some_and(|s| recovery::is_synthetic(*p, &s.r) && s.r.kids == 0)
+            })
+            .collect();
         let now_empty = w.map.len() == 0;
         for chunk in gone.chunks(CHUNK) {
-            std::hint::black_box(chunk.iter().fold(0, |a, (_, r)| a ^ self.blocks.touch(r.chain.0)));
+            std::hint::black_box(
+                chunk.iter().fold(0, |a, (_, r)| a ^ self.blocks.touch(r.chain.0)),
+            );
             for (_, r) in chunk {
                 self.unhold(r.chain.0, slot);
             }
@@ -412,7 +430,9 @@ impl KvIndex {
         let mut new = Vec::new();
         let mut parent: Option<u64> = None;
         for c in chains {
-            let (s, _) = w.map.get_or_insert_with(c.0, || RefSlot { key: c.0, r: BlockRef::new(*c, parent, 0) });
+            let (s, _) = w
+                .map
+                .get_or_insert_with(c.0, || RefSlot { key: c.0, r: BlockRef::new(*c, parent, 0) });
             if s.r.refs == 0 {
                 s.r.refs = 1;
                 new.push(c.0);
@@ -429,9 +449,19 @@ impl KvIndex {
         StoreOutcome::Stored { blocks: chains.len() }
     }
 
-    fn hold_engine(&mut self, slot: WorkerSlot, engine: u64, parent: Option<u64>, chain: SequenceHash, seed: u32) {
+    fn hold_engine(
+        &mut self,
+        slot: WorkerSlot,
+        engine: u64,
+        parent: Option<u64>,
+        chain: SequenceHash,
+        seed: u32,
+    ) {
         let w = &mut self.workers[slot as usize];
-        let (s, _) = w.map.get_or_insert_with(engine, || RefSlot { key: engine, r: BlockRef::new(chain, parent, seed) });
+        let (s, _) = w.map.get_or_insert_with(engine, || RefSlot {
+            key: engine,
+            r: BlockRef::new(chain, parent, seed),
+        });
         let r = &mut s.r;
         let stale = if r.chain != chain {
             // The engine reused a hash for different content: the old mapping is stale.
@@ -456,7 +486,10 @@ impl KvIndex {
     }
 
     fn hold(&mut self, chain: u64, slot: WorkerSlot) {
-        let (s, new) = self.blocks.get_or_insert_with(chain, || BlockSlot { key: chain, word: AtomicU64::new(workers::single(slot, AGE_NEW)) });
+        let (s, new) = self.blocks.get_or_insert_with(chain, || BlockSlot {
+            key: chain,
+            word: AtomicU64::new(workers::single(slot, AGE_NEW)),
+        });
         self.entries += 1;
         if new {
             return;
@@ -539,7 +572,9 @@ impl KvIndex {
 
     /// Whether `slot` holds block `chain` in the index.
     pub fn holds(&self, slot: WorkerSlot, chain: SequenceHash) -> bool {
-        self.blocks.get(chain.0).is_some_and(|s| Holders::of(s.word.load(Ordering::Relaxed), &self.bitmaps).contains(slot))
+        self.blocks.get(chain.0).is_some_and(|s| {
+            Holders::of(s.word.load(Ordering::Relaxed), &self.bitmaps).contains(slot)
+        })
     }
 
     /// The bookkeeping the soak watches from outside (kvmesh_index_entries against the summed
@@ -553,9 +588,15 @@ impl KvIndex {
         for s in self.blocks.iter() {
             Holders::of(s.word.load(Ordering::Relaxed), &self.bitmaps).for_each(|slot| {
                 pairs += 1;
-                let listed = self.workers.get(slot as usize).is_some_and(|w| w.active && w.map.iter().any(|r| r.r.chain.0 == s.key));
+                let listed = self
+                    .workers
+                    .get(slot as usize)
+                    .is_some_and(|w| w.active && w.map.iter().any(|r| r.r.chain.0 == s.key));
                 if !listed && err.is_none() {
-                    err = Some(format!("block {:#x} is held by slot {slot}, which does not list it", s.key));
+                    err = Some(format!(
+                        "block {:#x} is held by slot {slot}, which does not list it",
+                        s.key
+                    ));
                 }
             });
         }
@@ -563,23 +604,34 @@ impl KvIndex {
             return Err(e);
         }
         if pairs != self.entries {
-            return Err(format!("entries = {} but the table holds {pairs} (block, worker) pairs", self.entries));
+            return Err(format!(
+                "entries = {} but the table holds {pairs} (block, worker) pairs",
+                self.entries
+            ));
         }
         Ok(())
     }
 
     /// `slot`'s engine hashes with what they map to (debug and tests).
     pub fn worker_refs(&self, slot: WorkerSlot) -> Vec<(u64, BlockRef)> {
-        self.workers.get(slot as usize).map_or_else(Vec::new, |w| w.map.iter().map(|s| (s.key, s.r)).collect())
+        self.workers
+            .get(slot as usize)
+            .map_or_else(Vec::new, |w| w.map.iter().map(|s| (s.key, s.r)).collect())
     }
 
     /// Heap bytes held (tables, bitmap arena, per-worker tables, seeds) — what is allocated, at
     /// capacity, not an estimate per entry.
     pub fn approx_bytes(&self) -> usize {
-        let mut total = self.blocks.bytes() + self.bitmaps.bytes() + self.workers.capacity() * std::mem::size_of::<WorkerBlocks>();
+        let mut total = self.blocks.bytes()
+            + self.bitmaps.bytes()
+            + self.workers.capacity() * std::mem::size_of::<WorkerBlocks>();
         total += self.workers.iter().map(|w| w.map.bytes()).sum::<usize>();
         // hashbrown: one control byte plus the (key, value) slot per bucket.
-        total + self.seeds.capacity() * 8 + self.seed_ids.capacity() * 13 + self.dirty_words.capacity() * 8 + self.scratch.capacity() * 8
+        total
+            + self.seeds.capacity() * 8
+            + self.seed_ids.capacity() * 13
+            + self.dirty_words.capacity() * 8
+            + self.scratch.capacity() * 8
     }
 }
 

@@ -55,13 +55,29 @@ pub struct RoutedPrompts {
 
 impl Default for RoutedPrompts {
     fn default() -> Self {
-        Self { ring: VecDeque::new(), by_local: HashMap::default(), blocks: 0, max_blocks: DEFAULT_RECOVERY_BLOCKS, next: 0 }
+        Self {
+            ring: VecDeque::new(),
+            by_local: HashMap::default(),
+            blocks: 0,
+            max_blocks: DEFAULT_RECOVERY_BLOCKS,
+            next: 0,
+        }
     }
 }
 
 impl RoutedPrompts {
-    fn note(&mut self, slot: WorkerSlot, chains: Arc<[SequenceHash]>, locals: Arc<[LocalBlockHash]>, known: usize) {
-        if chains.len() < 2 || chains.len() != locals.len() || chains.len() > self.max_blocks || known >= chains.len() {
+    fn note(
+        &mut self,
+        slot: WorkerSlot,
+        chains: Arc<[SequenceHash]>,
+        locals: Arc<[LocalBlockHash]>,
+        known: usize,
+    ) {
+        if chains.len() < 2
+            || chains.len() != locals.len()
+            || chains.len() > self.max_blocks
+            || known >= chains.len()
+        {
             return;
         }
         self.next += 1;
@@ -113,7 +129,13 @@ impl KvIndex {
     /// (a continuation notes its new turn's blocks, not its whole history's, and a prompt known
     /// whole is not noted). Takes `&self` (the route path holds only the read lock); the applier
     /// reads it on orphans.
-    pub fn note_routed(&self, slot: WorkerSlot, chains: Arc<[SequenceHash]>, locals: Arc<[LocalBlockHash]>, known: usize) {
+    pub fn note_routed(
+        &self,
+        slot: WorkerSlot,
+        chains: Arc<[SequenceHash]>,
+        locals: Arc<[LocalBlockHash]>,
+        known: usize,
+    ) {
         self.routed.lock().note(slot, chains, locals, known);
     }
 
@@ -132,7 +154,14 @@ impl KvIndex {
     /// For an orphan store on `slot` chained to the unknown engine hash `parent`: maps `parent` and
     /// its ancestors from a routed prompt that agrees with the stored blocks, and returns the
     /// parent's chain hash (then the store goes on as usual), or None.
-    pub(super) fn recover_parent(&mut self, slot: WorkerSlot, parent: u64, token_ids: &[u32], block_size: usize, seed: u64) -> Option<SequenceHash> {
+    pub(super) fn recover_parent(
+        &mut self,
+        slot: WorkerSlot,
+        parent: u64,
+        token_ids: &[u32],
+        block_size: usize,
+        seed: u64,
+    ) -> Option<SequenceHash> {
         let routed = self.routed.get_mut();
         let first = token_ids.get(..block_size)?;
         let (prompt, k) = routed.find(slot, block_hash(first, seed))?;
@@ -140,7 +169,10 @@ impl KvIndex {
             return None;
         }
         // The following stored blocks must be the prompt's next ones too (as far as it goes).
-        let agrees = token_ids.chunks_exact(block_size).zip(prompt.locals.iter().skip(k)).all(|(t, l)| block_hash(t, seed) == *l);
+        let agrees = token_ids
+            .chunks_exact(block_size)
+            .zip(prompt.locals.iter().skip(k))
+            .all(|(t, l)| block_hash(t, seed) == *l);
         if !agrees {
             return None;
         }
@@ -151,7 +183,9 @@ impl KvIndex {
         let mut new = Vec::new();
         for (j, c) in chains.iter().enumerate() {
             let key = if j + 1 == k { parent } else { c.0 ^ SYNTHETIC };
-            let (s, _) = w.map.get_or_insert_with(key, || RefSlot { key, r: BlockRef::new(*c, up, seed_id) });
+            let (s, _) = w
+                .map
+                .get_or_insert_with(key, || RefSlot { key, r: BlockRef::new(*c, up, seed_id) });
             if s.r.chain != *c {
                 // The key already names other content (a synthetic key colliding): give up.
                 return None;

@@ -19,7 +19,8 @@ impl Hasher for U64Hasher {
     }
     fn write(&mut self, bytes: &[u8]) {
         for b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(*b)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+            self.0 =
+                (self.0.rotate_left(5) ^ u64::from(*b)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
         }
     }
     fn write_u64(&mut self, n: u64) {
@@ -69,7 +70,10 @@ pub(super) struct RefSlot {
 
 impl Default for RefSlot {
     fn default() -> Self {
-        Self { key: 0, r: BlockRef { chain: SequenceHash(0), parent: 0, seed: 0, refs: 0, kids: 0 } }
+        Self {
+            key: 0,
+            r: BlockRef { chain: SequenceHash(0), parent: 0, seed: 0, refs: 0, kids: 0 },
+        }
     }
 }
 
@@ -115,10 +119,11 @@ pub(super) const AGE_USED: u64 = 2;
 /// seeded secret on every call, a third of the cost of applying a block.
 pub(crate) fn block_hash(tokens: &[u32], seed: u64) -> hashing::LocalBlockHash {
     let mut buf = [0u8; 1024];
-    let Some(bytes) = buf.get_mut(..tokens.len() * 4) else { return hashing::local_block_hash(tokens, seed) };
+    let Some(bytes) = buf.get_mut(..tokens.len() * 4) else {
+        return hashing::local_block_hash(tokens, seed);
+    };
     for (b, t) in bytes.chunks_exact_mut(4).zip(tokens) {
         b.copy_from_slice(&t.to_le_bytes());
     }
     hashing::LocalBlockHash(hashing::xxh3(bytes, seed))
 }
-

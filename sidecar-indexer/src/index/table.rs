@@ -155,7 +155,11 @@ impl<S: Slot, const N: usize> Table<S, N> {
 
     /// The entry for `key`, inserting `make()` (which must be occupied, with that key) if absent.
     /// Returns the slot and whether it was inserted.
-    pub(crate) fn get_or_insert_with(&mut self, key: u64, make: impl FnOnce() -> S) -> (&mut S, bool) {
+    pub(crate) fn get_or_insert_with(
+        &mut self,
+        key: u64,
+        make: impl FnOnce() -> S,
+    ) -> (&mut S, bool) {
         if (self.len + 1) * 4 > self.slots() * 3 {
             if let Some(p) = self.find(key) {
                 return (self.slot_mut(p), false);
@@ -354,7 +358,9 @@ mod tests {
                     check(&copy, &model);
                     t = copy;
                 }
-                None => assert!((t.len() + additional) * 4 <= t.slots() * 3, "fits without growing"),
+                None => {
+                    assert!((t.len() + additional) * 4 <= t.slots() * 3, "fits without growing")
+                }
             }
             let slots = t.slots();
             for _ in 0..additional {
@@ -362,7 +368,11 @@ mod tests {
                 t.get_or_insert_with(key * 0x9e37_79b9, || Kv { key: key * 0x9e37_79b9, val: key });
                 model.insert(key * 0x9e37_79b9, key);
             }
-            assert_eq!(t.slots(), slots, "{additional} inserts after room was made did not grow the table");
+            assert_eq!(
+                t.slots(),
+                slots,
+                "{additional} inserts after room was made did not grow the table"
+            );
             check(&t, &model);
         }
         assert_eq!(t.lines_for(0), None);

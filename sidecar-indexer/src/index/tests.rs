@@ -31,9 +31,25 @@ fn store_then_match_prefixes() {
     let mut idx = index_with(&[0, 1]);
     // Worker 0: blocks 0..4 in one store. Worker 1: blocks 0..2 then 2..3 chained by parent.
     let t = toks(0..16);
-    assert_eq!(idx.store(0, None, &[engine(0, 0), engine(0, 1), engine(0, 2), engine(0, 3)], &t, BS, XXH3_SEED), StoreOutcome::Stored { blocks: 4 });
-    assert_eq!(idx.store(1, None, &[engine(1, 0), engine(1, 1)], &t[..8], BS, XXH3_SEED), StoreOutcome::Stored { blocks: 2 });
-    assert_eq!(idx.store(1, Some(engine(1, 1)), &[engine(1, 2)], &t[8..12], BS, XXH3_SEED), StoreOutcome::Stored { blocks: 1 });
+    assert_eq!(
+        idx.store(
+            0,
+            None,
+            &[engine(0, 0), engine(0, 1), engine(0, 2), engine(0, 3)],
+            &t,
+            BS,
+            XXH3_SEED
+        ),
+        StoreOutcome::Stored { blocks: 4 }
+    );
+    assert_eq!(
+        idx.store(1, None, &[engine(1, 0), engine(1, 1)], &t[..8], BS, XXH3_SEED),
+        StoreOutcome::Stored { blocks: 2 }
+    );
+    assert_eq!(
+        idx.store(1, Some(engine(1, 1)), &[engine(1, 2)], &t[8..12], BS, XXH3_SEED),
+        StoreOutcome::Stored { blocks: 1 }
+    );
     assert_eq!(matches(&idx, &t), vec![(0, 4), (1, 3)]);
     assert_eq!(matches(&idx, &t[..9]), vec![(0, 2), (1, 2)], "partial last block is not hashed");
     assert_eq!(matches(&idx, &toks(100..116)), vec![]);
@@ -118,7 +134,10 @@ fn clear_and_remove_worker_drop_only_that_worker() {
     idx.clear_worker(0);
     assert_eq!(matches(&idx, &t), vec![(1, 2)]);
     // A cleared worker stays registered and can store again.
-    assert_eq!(idx.store(0, None, &[9], &t[..4], BS, XXH3_SEED), StoreOutcome::Stored { blocks: 1 });
+    assert_eq!(
+        idx.store(0, None, &[9], &t[..4], BS, XXH3_SEED),
+        StoreOutcome::Stored { blocks: 1 }
+    );
     idx.remove_worker(1);
     assert_eq!(matches(&idx, &t), vec![(0, 1)]);
     assert_eq!(idx.store(1, None, &[1], &t[..4], BS, XXH3_SEED), StoreOutcome::UnknownWorker);
@@ -173,14 +192,20 @@ fn memory_bound_evicts_least_recently_used_blocks() {
     assert!(idx.evictions() >= 4);
     assert_eq!(matches(&idx, &hot), vec![(0, 2)]);
     // Evicted blocks keep their mapping, so a child of one still chains (and is found by its hash).
-    assert_eq!(idx.store(0, Some(100), &[200], &toks(5000..5004), BS, XXH3_SEED), StoreOutcome::Stored { blocks: 1 });
+    assert_eq!(
+        idx.store(0, Some(100), &[200], &toks(5000..5004), BS, XXH3_SEED),
+        StoreOutcome::Stored { blocks: 1 }
+    );
 }
 
 #[test]
 fn per_worker_bound_asks_for_a_resync() {
     let mut idx = KvIndex::new(1_000, 3);
     idx.add_worker(0);
-    assert_eq!(idx.store(0, None, &[1, 2, 3, 4], &toks(0..16), BS, XXH3_SEED), StoreOutcome::TooManyBlocks);
+    assert_eq!(
+        idx.store(0, None, &[1, 2, 3, 4], &toks(0..16), BS, XXH3_SEED),
+        StoreOutcome::TooManyBlocks
+    );
 }
 
 #[test]
@@ -256,7 +281,8 @@ proptest::proptest! {
 
 /// The canonical prompt of the model tests: blocks of engine hashes 0, 1, 2, … chained in order.
 fn canonical_chains(len: u64) -> Vec<SequenceHash> {
-    let block_tokens = |e: u64| -> Vec<u32> { (0..BS as u32).map(|i| (e as u32) * 10 + i).collect() };
+    let block_tokens =
+        |e: u64| -> Vec<u32> { (0..BS as u32).map(|i| (e as u32) * 10 + i).collect() };
     let tokens: Vec<u32> = (0..len).flat_map(block_tokens).collect();
     sequence_hashes(&tokens, BS, XXH3_SEED)
 }
@@ -332,11 +358,14 @@ fn one_shot_block_hash_equals_cores_streaming_hash() {
     for n in [0usize, 1, 3, 4, 16, 59, 60, 61, 64, 128, 255, 256, 257, 1000] {
         let tokens: Vec<u32> = (0..n as u32).map(|t| t.wrapping_mul(2_654_435_761)).collect();
         for seed in seeds {
-            assert_eq!(block_hash(&tokens, seed), hashing::local_block_hash(&tokens, seed), "{n} tokens, seed {seed}");
+            assert_eq!(
+                block_hash(&tokens, seed),
+                hashing::local_block_hash(&tokens, seed),
+                "{n} tokens, seed {seed}"
+            );
         }
     }
 }
-
 
 #[test]
 fn clock_keeps_used_blocks_and_counts_evictions() {
@@ -401,7 +430,14 @@ fn removing_workers_one_by_one_frees_their_entries_and_bitmaps() {
         idx.store(w, None, &hashes, &shared, BS, XXH3_SEED);
         // And a private 4-block chain.
         let own = toks(1000 * (w + 1)..1000 * (w + 1) + 16);
-        idx.store(w, None, &[engine(w, 100), engine(w, 101), engine(w, 102), engine(w, 103)], &own, BS, XXH3_SEED);
+        idx.store(
+            w,
+            None,
+            &[engine(w, 100), engine(w, 101), engine(w, 102), engine(w, 103)],
+            &own,
+            BS,
+            XXH3_SEED,
+        );
     }
     assert_eq!((idx.blocks(), idx.entries()), (8 + 6 * 4, 6 * 12));
     let full = idx.approx_bytes();
@@ -415,7 +451,10 @@ fn removing_workers_one_by_one_frees_their_entries_and_bitmaps() {
         if left <= 3 {
             assert_eq!(idx.bitmaps.bytes(), 0, "three holders fit inline");
         }
-        assert_eq!(idx.store(w, None, &[1], &shared[..4], BS, XXH3_SEED), StoreOutcome::UnknownWorker);
+        assert_eq!(
+            idx.store(w, None, &[1], &shared[..4], BS, XXH3_SEED),
+            StoreOutcome::UnknownWorker
+        );
     }
     assert!(idx.approx_bytes() < full, "tables shrink once empty");
 }
@@ -424,7 +463,10 @@ fn removing_workers_one_by_one_frees_their_entries_and_bitmaps() {
 fn slots_above_the_packed_limit_are_not_registered() {
     let mut idx = KvIndex::new(1_000, 1_000);
     idx.add_worker(MAX_SLOT + 1);
-    assert_eq!(idx.store(MAX_SLOT + 1, None, &[1], &toks(0..4), BS, XXH3_SEED), StoreOutcome::UnknownWorker);
+    assert_eq!(
+        idx.store(MAX_SLOT + 1, None, &[1], &toks(0..4), BS, XXH3_SEED),
+        StoreOutcome::UnknownWorker
+    );
     idx.add_worker(MAX_SLOT);
     for w in 0..4 {
         idx.add_worker(w);
@@ -443,7 +485,8 @@ fn note(idx: &KvIndex, slot: WorkerSlot, tokens: &[u32]) {
 /// Notes a prompt routed to `slot` where the index knew its first `known` blocks.
 fn note_known(idx: &KvIndex, slot: WorkerSlot, tokens: &[u32], known: usize) {
     let chains: std::sync::Arc<[SequenceHash]> = sequence_hashes(tokens, BS, XXH3_SEED).into();
-    let locals: std::sync::Arc<[kvmesh_core::hashing::LocalBlockHash]> = kvmesh_core::hashing::local_block_hashes(tokens, BS, XXH3_SEED).into();
+    let locals: std::sync::Arc<[kvmesh_core::hashing::LocalBlockHash]> =
+        kvmesh_core::hashing::local_block_hashes(tokens, BS, XXH3_SEED).into();
     idx.note_routed(slot, chains, locals, known);
 }
 
@@ -455,16 +498,30 @@ fn an_orphan_chained_to_a_routed_prompt_is_recovered() {
     let mut idx = index_with(&[0, 1]);
     let prefix = toks(0..256);
     let continuation = toks(0..272);
-    assert_eq!(idx.store(0, Some(engine(0, 63)), &[engine(0, 64)], &continuation[256..260], BS, XXH3_SEED), StoreOutcome::Orphan, "nothing routed yet");
+    assert_eq!(
+        idx.store(0, Some(engine(0, 63)), &[engine(0, 64)], &continuation[256..260], BS, XXH3_SEED),
+        StoreOutcome::Orphan,
+        "nothing routed yet"
+    );
     note(&idx, 1, &continuation);
-    assert_eq!(idx.store(0, Some(engine(0, 63)), &[engine(0, 64)], &continuation[256..260], BS, XXH3_SEED), StoreOutcome::Orphan, "routed to another worker");
+    assert_eq!(
+        idx.store(0, Some(engine(0, 63)), &[engine(0, 64)], &continuation[256..260], BS, XXH3_SEED),
+        StoreOutcome::Orphan,
+        "routed to another worker"
+    );
     note(&idx, 0, &continuation);
     let new: Vec<u64> = (64..68).map(|b| engine(0, b)).collect();
-    assert_eq!(idx.store(0, Some(engine(0, 63)), &new, &continuation[256..272], BS, XXH3_SEED), StoreOutcome::Recovered { blocks: 4 });
+    assert_eq!(
+        idx.store(0, Some(engine(0, 63)), &new, &continuation[256..272], BS, XXH3_SEED),
+        StoreOutcome::Recovered { blocks: 4 }
+    );
     assert_eq!(matches(&idx, &continuation), vec![(0, 68)], "the whole chain is known again");
     assert_eq!(matches(&idx, &prefix), vec![(0, 64)]);
     // Later stores chain as usual from the recovered blocks.
-    assert_eq!(idx.store(0, Some(engine(0, 67)), &[engine(0, 68)], &toks(272..276), BS, XXH3_SEED), StoreOutcome::Stored { blocks: 1 });
+    assert_eq!(
+        idx.store(0, Some(engine(0, 67)), &[engine(0, 68)], &toks(272..276), BS, XXH3_SEED),
+        StoreOutcome::Stored { blocks: 1 }
+    );
     // The engine evicts the tail first: its real blocks, then the recovered parent; the synthetic
     // ancestors leave with their last child, so nothing stale stays behind.
     let tail: Vec<u64> = (64..69).rev().map(|b| engine(0, b)).collect();
@@ -485,9 +542,15 @@ fn only_blocks_past_what_the_index_knew_are_looked_up() {
     let mut idx = index_with(&[0]);
     let prompt = toks(0..272);
     note_known(&idx, 0, &prompt, 60);
-    assert_eq!(idx.store(0, Some(engine(0, 40)), &[engine(0, 41)], &prompt[164..168], BS, XXH3_SEED), StoreOutcome::Orphan);
+    assert_eq!(
+        idx.store(0, Some(engine(0, 40)), &[engine(0, 41)], &prompt[164..168], BS, XXH3_SEED),
+        StoreOutcome::Orphan
+    );
     let new: Vec<u64> = (64..68).map(|b| engine(0, b)).collect();
-    assert_eq!(idx.store(0, Some(engine(0, 63)), &new, &prompt[256..272], BS, XXH3_SEED), StoreOutcome::Recovered { blocks: 4 });
+    assert_eq!(
+        idx.store(0, Some(engine(0, 63)), &new, &prompt[256..272], BS, XXH3_SEED),
+        StoreOutcome::Recovered { blocks: 4 }
+    );
     assert_eq!(matches(&idx, &prompt), vec![(0, 68)]);
     // A prompt the index knew whole is not remembered at all.
     let before = idx.recovery_blocks();
@@ -504,9 +567,15 @@ fn an_orphan_that_disagrees_with_the_routed_prompt_stays_an_orphan() {
     // Block 8's content matches, block 9's does not: not this prompt's continuation.
     let mut stored = routed[32..40].to_vec();
     stored[5] = 9999;
-    assert_eq!(idx.store(0, Some(engine(0, 7)), &[engine(0, 8), engine(0, 9)], &stored, BS, XXH3_SEED), StoreOutcome::Orphan);
+    assert_eq!(
+        idx.store(0, Some(engine(0, 7)), &[engine(0, 8), engine(0, 9)], &stored, BS, XXH3_SEED),
+        StoreOutcome::Orphan
+    );
     // A store whose first block is the prompt's block 0 has no parent to learn.
-    assert_eq!(idx.store(0, Some(engine(0, 99)), &[engine(0, 0)], &routed[..4], BS, XXH3_SEED), StoreOutcome::Orphan);
+    assert_eq!(
+        idx.store(0, Some(engine(0, 99)), &[engine(0, 0)], &routed[..4], BS, XXH3_SEED),
+        StoreOutcome::Orphan
+    );
     assert_eq!(idx.worker_blocks(0), 0);
 }
 
@@ -522,5 +591,8 @@ fn routed_prompt_memory_is_bounded_by_blocks() {
     let mut idx = idx;
     // The oldest prompts are forgotten: their continuations cannot be recovered any more.
     assert_eq!(idx.store(0, Some(1), &[2], &toks(4..8), BS, XXH3_SEED), StoreOutcome::Orphan);
-    assert_eq!(idx.store(0, Some(1), &[2], &toks(49_004..49_008), BS, XXH3_SEED), StoreOutcome::Recovered { blocks: 1 });
+    assert_eq!(
+        idx.store(0, Some(1), &[2], &toks(49_004..49_008), BS, XXH3_SEED),
+        StoreOutcome::Recovered { blocks: 1 }
+    );
 }

@@ -57,7 +57,8 @@ impl Bitmaps {
         let count = self.words.len() / self.stride.max(1);
         let mut words = vec![0u64; count * stride];
         for i in 0..count {
-            words[i * stride..i * stride + self.stride].copy_from_slice(&self.words[i * self.stride..(i + 1) * self.stride]);
+            words[i * stride..i * stride + self.stride]
+                .copy_from_slice(&self.words[i * self.stride..(i + 1) * self.stride]);
         }
         self.words = words;
         self.stride = stride;
@@ -112,7 +113,10 @@ pub(crate) enum Holders<'a> {
     /// The block word itself: up to three slot fields, unused ones all ones (never a valid slot,
     /// so a slot is looked up by comparing all three fields without decoding).
     Inline(u64),
-    Bits { words: &'a [u64], count: u32 },
+    Bits {
+        words: &'a [u64],
+        count: u32,
+    },
 }
 
 impl<'a> Holders<'a> {
@@ -120,7 +124,10 @@ impl<'a> Holders<'a> {
     #[inline]
     pub(crate) fn of(word: u64, bitmaps: &'a Bitmaps) -> Self {
         if word & BITMAP != 0 {
-            return Self::Bits { words: bitmaps.get(word as u32), count: ((word & COUNT_MASK) >> COUNT_SHIFT) as u32 };
+            return Self::Bits {
+                words: bitmaps.get(word as u32),
+                count: ((word & COUNT_MASK) >> COUNT_SHIFT) as u32,
+            };
         }
         Self::Inline(word)
     }
@@ -149,7 +156,10 @@ impl<'a> Holders<'a> {
     /// Calls `f` for every holder, ascending for bitmaps.
     pub(crate) fn for_each(&self, mut f: impl FnMut(WorkerSlot)) {
         match self {
-            Self::Inline(word) => (0..INLINE).map(|i| field(*word, i)).take_while(|&x| x != NONE).for_each(|x| f(x as WorkerSlot)),
+            Self::Inline(word) => (0..INLINE)
+                .map(|i| field(*word, i))
+                .take_while(|&x| x != NONE)
+                .for_each(|x| f(x as WorkerSlot)),
             Self::Bits { words, .. } => for_each_bit(words, &mut f),
         }
     }
@@ -287,7 +297,9 @@ impl Active {
     /// The holders of the first block.
     pub(crate) fn from_holders(h: &Holders<'_>) -> Self {
         match h {
-            Holders::Bits { words, count } if *count as usize >= LIST => Self::Bits { words: words.to_vec(), count: *count },
+            Holders::Bits { words, count } if *count as usize >= LIST => {
+                Self::Bits { words: words.to_vec(), count: *count }
+            }
             _ => {
                 let mut ids = [0; LIST];
                 let mut len = 0;
@@ -343,7 +355,9 @@ impl Active {
                 }
                 for (i, w) in words.iter_mut().enumerate() {
                     let gone = match h {
-                        Holders::Bits { words: other, .. } => *w & !other.get(i).copied().unwrap_or(0),
+                        Holders::Bits { words: other, .. } => {
+                            *w & !other.get(i).copied().unwrap_or(0)
+                        }
                         Holders::Inline(_) => {
                             let mut keep = 0u64;
                             h.for_each(|s| {

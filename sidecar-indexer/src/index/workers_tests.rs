@@ -32,7 +32,8 @@ fn grows_to_a_bitmap_and_back_keeping_the_age() {
         (false, 999),
     ];
     for &(add, slot) in ops {
-        let changed = if add { insert(&mut word, slot, &mut b) } else { remove(&mut word, slot, &mut b) };
+        let changed =
+            if add { insert(&mut word, slot, &mut b) } else { remove(&mut word, slot, &mut b) };
         let model_changed = if add { model.insert(slot) } else { model.remove(&slot) };
         assert_eq!(changed, model_changed, "{add} {slot}");
         assert_eq!(holders(word, &b), model, "{add} {slot}");

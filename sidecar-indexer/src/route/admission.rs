@@ -27,7 +27,11 @@ impl Drop for Permit {
 }
 
 /// Admits one call when fewer than `limit` are in flight, else sheds it.
-pub fn admit(inflight: &Arc<AtomicUsize>, limit: usize, metrics: &Arc<Metrics>) -> Result<Permit, ApiError> {
+pub fn admit(
+    inflight: &Arc<AtomicUsize>,
+    limit: usize,
+    metrics: &Arc<Metrics>,
+) -> Result<Permit, ApiError> {
     let prev = inflight.fetch_add(1, Ordering::AcqRel);
     let permit = Permit { inflight: inflight.clone(), metrics: metrics.clone() };
     if prev >= limit {

@@ -92,15 +92,26 @@ pub struct BodyRead {
 /// its own prefix is kept for the next turn within `max_bytes`. A body `joined` to a held base
 /// ([`super::request::with_base`]) starts with that base's bytes: it continues that prefix without
 /// a search, and its bytes, just copied from it, are not compared again.
-pub fn read_chat(memo: &Mutex<BodyMemo>, body: &Bytes, session: Option<SessionKey>, max_bytes: usize, joined: Option<Held>) -> BodyRead {
+pub fn read_chat(
+    memo: &Mutex<BodyMemo>,
+    body: &Bytes,
+    session: Option<SessionKey>,
+    max_bytes: usize,
+    joined: Option<Held>,
+) -> BodyRead {
     let key = BodyMemo::key(body, session);
     let joined = joined.filter(|h| h.name.memo_key == key);
     let based = joined.is_some();
     let held = joined.or_else(|| memo.lock().find(key, body));
-    let read = openai::read_chat_from(body, held.as_ref().map(|h| (if based { body.as_ref() } else { h.bytes() }, &*h.prefix)));
+    let read = openai::read_chat_from(
+        body,
+        held.as_ref().map(|h| (if based { body.as_ref() } else { h.bytes() }, &*h.prefix)),
+    );
     let kept = read.prefix.and_then(|p| Held::new(key, body, p, !read.resumed)).and_then(|new| {
         let name = new.name;
-        memo.lock().keep(key, new, held.as_ref().filter(|_| read.resumed), max_bytes).then_some(name)
+        memo.lock()
+            .keep(key, new, held.as_ref().filter(|_| read.resumed), max_bytes)
+            .then_some(name)
     });
     let continued = held.filter(|_| read.resumed).map_or(0, |h| h.prefix.len());
     BodyRead { request: read.request, continued, kept }
@@ -153,7 +164,8 @@ impl BodyMemo {
             .enumerate()
             .filter(|(_, h)| {
                 let end = h.prefix.len();
-                body.get(end - TAIL_BYTES.min(end)..end) == h.bytes().get(end - TAIL_BYTES.min(end)..)
+                body.get(end - TAIL_BYTES.min(end)..end)
+                    == h.bytes().get(end - TAIL_BYTES.min(end)..)
             })
             .max_by_key(|(_, h)| h.prefix.len())?;
         Some(to_front(list, at).clone())
@@ -162,7 +174,13 @@ impl BodyMemo {
     /// Keeps `new` under `key`, in place of `continued` (the prefix its read continued, if any)
     /// unless that is a root, within `max_bytes` (0: keeps nothing and drops all). A prefix of
     /// more than a quarter of the bound is not kept. Whether it was.
-    pub fn keep(&mut self, key: u64, new: Held, continued: Option<&Held>, max_bytes: usize) -> bool {
+    pub fn keep(
+        &mut self,
+        key: u64,
+        new: Held,
+        continued: Option<&Held>,
+        max_bytes: usize,
+    ) -> bool {
         let cost = new.cost();
         if cost > max_bytes / 4 {
             self.shrink_to(max_bytes);
@@ -229,7 +247,8 @@ mod tests {
     /// Reads `body` through the memo as the route does; whether it continued a kept prefix.
     fn read(memo: &mut BodyMemo, body: &[u8], max_bytes: usize) -> bool {
         let shared = Mutex::new(std::mem::take(memo));
-        let read = read_chat(&shared, &Bytes::copy_from_slice(body), Some(SessionKey(7)), max_bytes, None);
+        let read =
+            read_chat(&shared, &Bytes::copy_from_slice(body), Some(SessionKey(7)), max_bytes, None);
         *memo = shared.into_inner();
         read.continued > 0
     }
@@ -239,7 +258,10 @@ mod tests {
         let mut memo = BodyMemo::new();
         let bound = 1 << 20;
         // Four conversations, interleaved turn by turn: each first turn is read whole, the rest continue.
-        let resumed: Vec<bool> = (1..5).flat_map(|t| (0..4).map(move |c| (c, t))).map(|(c, t)| read(&mut memo, &chat(c, t), bound)).collect();
+        let resumed: Vec<bool> = (1..5)
+            .flat_map(|t| (0..4).map(move |c| (c, t)))
+            .map(|(c, t)| read(&mut memo, &chat(c, t), bound))
+            .collect();
         assert_eq!(resumed.iter().filter(|r| !**r).count(), 4, "{resumed:?}");
         assert!(resumed[4..].iter().all(|r| *r), "{resumed:?}");
         // Two entries per conversation however many turns: its root and its latest.

@@ -23,24 +23,40 @@ pub struct ApiError {
 impl ApiError {
     /// 400: the request cannot be routed as sent.
     pub fn bad_request(reason: &'static str, message: impl Into<String>) -> Self {
-        Self { status: StatusCode::BAD_REQUEST, kind: "invalid_request_error", reason, message: message.into() }
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            reason,
+            message: message.into(),
+        }
     }
 
     /// 413: the body (or, for a call after a body base, the base and the body) is over
     /// `routing.max_body_bytes`.
     pub fn too_large(message: impl Into<String>) -> Self {
-        Self { status: StatusCode::PAYLOAD_TOO_LARGE, kind: "invalid_request_error", reason: "body_too_large", message: message.into() }
+        Self {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            kind: "invalid_request_error",
+            reason: "body_too_large",
+            message: message.into(),
+        }
     }
 
     /// 503: the indexer cannot answer this one now; the filter routes without it.
     pub fn unavailable(reason: &'static str, message: impl Into<String>) -> Self {
-        Self { status: StatusCode::SERVICE_UNAVAILABLE, kind: "service_unavailable", reason, message: message.into() }
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            kind: "service_unavailable",
+            reason,
+            message: message.into(),
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorBody::with_reason(self.status.as_u16(), self.kind, self.reason, self.message);
+        let body =
+            ErrorBody::with_reason(self.status.as_u16(), self.kind, self.reason, self.message);
         let mut resp = (self.status, Json(body)).into_response();
         resp.headers_mut().insert(ERROR_REASON_HEADER, HeaderValue::from_static(self.reason));
         resp

@@ -32,20 +32,40 @@ pub use error::ApiError;
 use crate::state::AppState;
 
 /// Answers one `/v1/route` call.
-pub async fn route(state: &Arc<AppState>, headers: &HeaderMap, body: Bytes) -> Result<RouteDecision, ApiError> {
+pub async fn route(
+    state: &Arc<AppState>,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<RouteDecision, ApiError> {
     let cfg = state.config();
     let counted = |result: &str| state.metrics.body_memo.with_label_values(&[result]).inc();
-    let (body, joined) = request::with_base(headers, body, &state.body_memo, cfg.routing.max_body_bytes)
-        .inspect(|(_, joined)| if joined.is_some() { counted("base_hit") })
-        .inspect_err(|e| if e.reason == BASE_UNKNOWN { counted("base_unknown") })?;
-    let (req, parsed) = request::parse(headers, body, joined, &state.body_memo, cfg.routing.body_memo_bytes)?;
+    let (body, joined) =
+        request::with_base(headers, body, &state.body_memo, cfg.routing.max_body_bytes)
+            .inspect(|(_, joined)| {
+                if joined.is_some() {
+                    counted("base_hit")
+                }
+            })
+            .inspect_err(|e| {
+                if e.reason == BASE_UNKNOWN {
+                    counted("base_unknown")
+                }
+            })?;
+    let (req, parsed) =
+        request::parse(headers, body, joined, &state.body_memo, cfg.routing.body_memo_bytes)?;
     if let Some(continued) = req.body_continued {
-        state.metrics.body_memo.with_label_values(&[if continued > 0 { "hit" } else { "miss" }]).inc();
+        state
+            .metrics
+            .body_memo
+            .with_label_values(&[if continued > 0 { "hit" } else { "miss" }])
+            .inc();
     }
-    let permit = admission::admit(&state.route_inflight, cfg.routing.max_concurrent_routes, &state.metrics)?;
+    let permit =
+        admission::admit(&state.route_inflight, cfg.routing.max_concurrent_routes, &state.metrics)?;
     let cancel = admission::Cancel::default();
     let armed = cancel.on_drop();
-    let inline = plan::inline_budget(req.body.len(), req.body.len() - req.body_continued.unwrap_or(0));
+    let inline =
+        plan::inline_budget(req.body.len(), req.body.len() - req.body_continued.unwrap_or(0));
     let mut prompt = plan::tokenize(state, &cfg, parsed, permit, cancel, inline).await?;
     let partial = prompt.partial.take();
     let (plan, booking, record) = plan::decide_and_book(state, &cfg, &req, prompt)?;
@@ -53,11 +73,19 @@ pub async fn route(state: &Arc<AppState>, headers: &HeaderMap, body: Bytes) -> R
         plan::complete_later(state, &cfg, request, &plan);
     }
     let leg_id = format!("{}-leg", booking.wire_id());
-    let legs = run::LegRequest { leg_id: &leg_id, request_id: req.request_id.as_deref().unwrap_or(""), path: &req.path, body: &req.body };
+    let legs = run::LegRequest {
+        leg_id: &leg_id,
+        request_id: req.request_id.as_deref().unwrap_or(""),
+        path: &req.path,
+        body: &req.body,
+    };
     let result = run::run(state, &cfg, plan, &legs, &booking).await;
     armed.disarm();
     match result {
-        Ok(decision) => Ok(RouteDecision { body_base: req.body_base, ..settle::settle(state, &req, record, decision, booking) }),
+        Ok(decision) => Ok(RouteDecision {
+            body_base: req.body_base,
+            ..settle::settle(state, &req, record, decision, booking)
+        }),
         Err(e) => {
             booking.release();
             Err(e)

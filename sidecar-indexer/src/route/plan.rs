@@ -59,7 +59,8 @@ type Completion = Box<dyn FnOnce() + Send>;
 /// The background threads' queue, started on first use; `None` when no thread could be started
 /// (completions are then skipped: the engine's events bring the same blocks a little later).
 fn background_queue() -> Option<&'static std::sync::mpsc::SyncSender<Completion>> {
-    static QUEUE: std::sync::OnceLock<Option<std::sync::mpsc::SyncSender<Completion>>> = std::sync::OnceLock::new();
+    static QUEUE: std::sync::OnceLock<Option<std::sync::mpsc::SyncSender<Completion>>> =
+        std::sync::OnceLock::new();
     QUEUE
         .get_or_init(|| {
             let (tx, rx) = std::sync::mpsc::sync_channel::<Completion>(MAX_BACKGROUND_COMPLETIONS);
@@ -143,12 +144,21 @@ pub fn complete_later(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
         let tokenizer = state.tokenizer.read().clone();
         let seed = block_seed(None, request.cache_salt.as_deref());
         let mut waited = Duration::ZERO;
-        let mut go_on = || give_way(&state.route_inflight, &mut waited, BACKGROUND_MAX_WAIT, BACKGROUND_WAIT_STEP);
-        let whole = match tokenizer.tokens_until(&request.input, &mut Reach::whole_blocks(block_size, seed).yielding(&mut go_on), &mut CacheStats::default()) {
+        let mut go_on = || {
+            give_way(&state.route_inflight, &mut waited, BACKGROUND_MAX_WAIT, BACKGROUND_WAIT_STEP)
+        };
+        let whole = match tokenizer.tokens_until(
+            &request.input,
+            &mut Reach::whole_blocks(block_size, seed).yielding(&mut go_on),
+            &mut CacheStats::default(),
+        ) {
             Ok(t) => t,
             Err(TokenizeError::GaveWay) => {
                 state.metrics.tokenize_background.with_label_values(&["gave_way"]).inc();
-                tracing::debug!(waited_ms = BACKGROUND_MAX_WAIT.as_millis() as u64, "background tokenization gave way to route calls");
+                tracing::debug!(
+                    waited_ms = BACKGROUND_MAX_WAIT.as_millis() as u64,
+                    "background tokenization gave way to route calls"
+                );
                 return;
             }
             Err(e) => {
@@ -159,7 +169,13 @@ pub fn complete_later(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
         };
         state.metrics.tokenize_background.with_label_values(&["done"]).inc();
         let fleet = state.fleet.read();
-        let slots: Vec<_> = fleet.workers.iter().filter(|w| holders.contains(&w.cfg.id)).filter_map(|w| w.ranks.first()).map(|r| r.slot).collect();
+        let slots: Vec<_> = fleet
+            .workers
+            .iter()
+            .filter(|w| holders.contains(&w.cfg.id))
+            .filter_map(|w| w.ranks.first())
+            .map(|r| r.slot)
+            .collect();
         let mut placement = state.placement.lock();
         for slot in slots {
             placement.speculative.record(slot, &whole.chains, crate::clock::now());
@@ -167,7 +183,9 @@ pub fn complete_later(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
     });
     if !queued {
         state.metrics.tokenize_background.with_label_values(&["skipped"]).inc();
-        tracing::debug!("background tokenization skipped: {MAX_BACKGROUND_COMPLETIONS} queued or running");
+        tracing::debug!(
+            "background tokenization skipped: {MAX_BACKGROUND_COMPLETIONS} queued or running"
+        );
     }
 }
 
@@ -212,7 +230,9 @@ pub const INLINE_TOKENIZE_MAX_CONTINUED_BODY_BYTES: usize = 1024 * 1024;
 pub fn inline_budget(body_bytes: usize, fresh_bytes: usize) -> Option<usize> {
     if body_bytes <= INLINE_TOKENIZE_MAX_BODY_BYTES {
         Some(usize::MAX)
-    } else if body_bytes <= INLINE_TOKENIZE_MAX_CONTINUED_BODY_BYTES && fresh_bytes <= INLINE_TOKENIZE_MAX_BODY_BYTES {
+    } else if body_bytes <= INLINE_TOKENIZE_MAX_CONTINUED_BODY_BYTES
+        && fresh_bytes <= INLINE_TOKENIZE_MAX_BODY_BYTES
+    {
         Some(INLINE_TOKENIZE_MAX_BODY_BYTES)
     } else {
         None
@@ -241,8 +261,15 @@ impl Tokenizing {
         let mut stats = CacheStats::default();
         let seed = block_seed(None, self.request.cache_salt.as_deref());
         let whole = self.whole;
-        let mut held = |chains: &[SequenceHash]| if whole { chains.len() } else { held_prefix(state, chains, crate::clock::now()) };
-        let mut reach = Reach::new(self.block_size, seed, self.exact_past_held, &mut held).within(budget);
+        let mut held = |chains: &[SequenceHash]| {
+            if whole {
+                chains.len()
+            } else {
+                held_prefix(state, chains, crate::clock::now())
+            }
+        };
+        let mut reach =
+            Reach::new(self.block_size, seed, self.exact_past_held, &mut held).within(budget);
         let tokens = match tokenizer.tokens_until(&self.request.input, &mut reach, &mut stats) {
             Err(e @ TokenizeError::OverBudget { .. }) => {
                 metrics.tokenize_moved_to_pool.inc();
@@ -266,7 +293,13 @@ impl Tokenizing {
     fn finish(self, t: PromptTokens) -> Prompt {
         let opens_conversation = self.request.opens_conversation();
         let partial = (!t.complete()).then_some(self.request);
-        Prompt { tokens: t.tokens(), chains: t.chains, locals: t.locals, partial, opens_conversation }
+        Prompt {
+            tokens: t.tokens(),
+            chains: t.chains,
+            locals: t.locals,
+            partial,
+            opens_conversation,
+        }
     }
 }
 
@@ -274,12 +307,20 @@ impl Tokenizing {
 /// the pool, untouched, a prompt with more new text than the budget), else on the blocking pool.
 /// The [`Permit`] is released when the work ends, not when the caller leaves; a pool task whose
 /// caller left before it started skips the work.
-pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiRequest, permit: Permit, cancel: Cancel, inline: Option<usize>) -> Result<Prompt, ApiError> {
+pub async fn tokenize(
+    state: &Arc<AppState>,
+    cfg: &Config,
+    request: OpenAiRequest,
+    permit: Permit,
+    cancel: Cancel,
+    inline: Option<usize>,
+) -> Result<Prompt, ApiError> {
     let job = Tokenizing {
         state: state.clone(),
         request,
         block_size: cfg.model.block_size as usize,
-        exact_past_held: usize::try_from(cfg.routing.min_remote_prefill_tokens).unwrap_or(usize::MAX),
+        exact_past_held: usize::try_from(cfg.routing.min_remote_prefill_tokens)
+            .unwrap_or(usize::MAX),
         whole: cfg.routing.mode == IndexMode::Approximate,
     };
     let unavailable = |e: TokenizeError| ApiError::unavailable("tokenizer", e.to_string());
@@ -315,19 +356,31 @@ pub async fn tokenize(state: &Arc<AppState>, cfg: &Config, request: OpenAiReques
 /// Leading blocks of `chains` some worker holds, in the index or speculatively: how far tokenizing
 /// must go. Locks the index, then the fleet and placement (the order `decide_and_book` uses).
 fn held_prefix(state: &AppState, chains: &[SequenceHash], now: Instant) -> usize {
-    let indexed = state.index.read().find_matches(chains).iter().map(|&(_, n)| n).max().unwrap_or(0) as usize;
+    let indexed =
+        state.index.read().find_matches(chains).iter().map(|&(_, n)| n).max().unwrap_or(0) as usize;
     if indexed >= chains.len() {
         return indexed;
     }
     let fleet = state.fleet.read();
     let placement = state.placement.lock();
-    let speculative = fleet.workers.iter().filter_map(|w| w.ranks.first()).map(|r| placement.speculative.overlap(r.slot, chains, now)).max().unwrap_or(0) as usize;
+    let speculative = fleet
+        .workers
+        .iter()
+        .filter_map(|w| w.ranks.first())
+        .map(|r| placement.speculative.overlap(r.slot, chains, now))
+        .max()
+        .unwrap_or(0) as usize;
     indexed.max(speculative)
 }
 
 /// Matches the prompt, decides and books the chosen worker; the booking is released if the call
 /// is dropped before it settles.
-pub fn decide_and_book<'a>(state: &'a AppState, cfg: &Config, req: &RouteRequest, prompt: Prompt) -> Result<(Plan, BookingGuard<'a>, Record), ApiError> {
+pub fn decide_and_book<'a>(
+    state: &'a AppState,
+    cfg: &Config,
+    req: &RouteRequest,
+    prompt: Prompt,
+) -> Result<(Plan, BookingGuard<'a>, Record), ApiError> {
     let t_match = Instant::now();
     let scores = state.index.read().find_matches(&prompt.chains);
     state.metrics.match_duration.observe(t_match.elapsed().as_secs_f64());
@@ -365,14 +418,31 @@ pub fn decide_and_book<'a>(state: &'a AppState, cfg: &Config, req: &RouteRequest
         _ => ApiError::unavailable(e.reason(), e.to_string()),
     })?;
     // A remote prefill leaves the decode worker only the KV pull; its prefill is booked on P.
-    let prefill_tokens = if plan.mode == kvmesh_core::api::Mode::Disagg { 0 } else { plan.uncached_tokens };
-    let booking = BookingGuard::book(state, &mut load, &plan.worker, u64::from(plan.request_blocks), prefill_tokens, req.request_id.as_deref(), true);
+    let prefill_tokens =
+        if plan.mode == kvmesh_core::api::Mode::Disagg { 0 } else { plan.uncached_tokens };
+    let booking = BookingGuard::book(
+        state,
+        &mut load,
+        &plan.worker,
+        u64::from(plan.request_blocks),
+        prefill_tokens,
+        req.request_id.as_deref(),
+        true,
+    );
     let approx_slot = (cfg.routing.mode == IndexMode::Approximate)
-        .then(|| fleet.workers.iter().find(|w| w.cfg.id == plan.worker).and_then(|w| w.ranks.first().map(|r| r.slot)))
+        .then(|| {
+            fleet
+                .workers
+                .iter()
+                .find(|w| w.cfg.id == plan.worker)
+                .and_then(|w| w.ranks.first().map(|r| r.slot))
+        })
         .flatten();
     // Precise mode, a prompt the index does not know whole: remember it for the workers that will
     // store its blocks, so their stores can be chained even if its prefix is unknown here.
-    let recover_on: Vec<_> = if cfg.routing.mode == IndexMode::Precise && plan.overlap_blocks < plan.isl_blocks {
+    let recover_on: Vec<_> = if cfg.routing.mode == IndexMode::Precise
+        && plan.overlap_blocks < plan.isl_blocks
+    {
         let prefill = match &plan.leg {
             Some(crate::decide::Leg::PrefillOn { worker, .. }) => Some(worker.as_str()),
             _ => None,
@@ -411,7 +481,8 @@ mod tests {
 
     #[test]
     fn short_bodies_and_short_continuations_tokenize_inline() {
-        let (small, continued_max) = (INLINE_TOKENIZE_MAX_BODY_BYTES, INLINE_TOKENIZE_MAX_CONTINUED_BODY_BYTES);
+        let (small, continued_max) =
+            (INLINE_TOKENIZE_MAX_BODY_BYTES, INLINE_TOKENIZE_MAX_CONTINUED_BODY_BYTES);
         // (body bytes, bytes past the continued prefix, the inline try's budget)
         for (body, fresh, budget) in [
             (small, small, Some(usize::MAX)),
@@ -442,13 +513,19 @@ mod tests {
                 inflight.store(0, Ordering::Release);
             })
         };
-        assert!(give_way(&inflight, &mut waited, Duration::from_secs(30), step), "the route ended: go on");
+        assert!(
+            give_way(&inflight, &mut waited, Duration::from_secs(30), step),
+            "the route ended: go on"
+        );
         assert!(waited >= Duration::from_millis(1), "it waited for the route ({waited:?})");
         release.join().expect("the releasing thread");
 
         inflight.store(1, Ordering::Release);
         let mut waited = Duration::ZERO;
-        assert!(!give_way(&inflight, &mut waited, max, step), "routes in flight throughout: give up");
+        assert!(
+            !give_way(&inflight, &mut waited, max, step),
+            "routes in flight throughout: give up"
+        );
         assert!(waited >= max, "after the whole budget ({waited:?})");
     }
 
@@ -461,7 +538,10 @@ mod tests {
         loop {
             let tx = tx.clone();
             let queued = run_in_background(move || {
-                let _ = tx.send((std::thread::current().name().map(str::to_owned), rustix::process::getpriority_process(None)));
+                let _ = tx.send((
+                    std::thread::current().name().map(str::to_owned),
+                    rustix::process::getpriority_process(None),
+                ));
             });
             if queued {
                 break;
@@ -470,8 +550,15 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         let (thread, nice) = rx.recv_timeout(Duration::from_secs(30)).expect("the completion ran");
-        assert!(thread.is_some_and(|n| n.starts_with("kvmesh-complete-")), "ran on a background thread");
+        assert!(
+            thread.is_some_and(|n| n.starts_with("kvmesh-complete-")),
+            "ran on a background thread"
+        );
         assert_eq!(nice.expect("getpriority"), BACKGROUND_NICE);
-        assert_eq!(rustix::process::getpriority_process(None).expect("getpriority"), callers, "only the background thread's priority dropped");
+        assert_eq!(
+            rustix::process::getpriority_process(None).expect("getpriority"),
+            callers,
+            "only the background thread's priority dropped"
+        );
     }
 }

@@ -6,9 +6,9 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 use kvmesh_core::api::Mode;
 use kvmesh_core::body_base::{BodyBase, BASE_UNKNOWN};
+use kvmesh_core::headers;
 use kvmesh_core::openai::{self, OpenAiRequest};
 use kvmesh_core::session::{self, SessionKey, SessionSource};
-use kvmesh_core::headers;
 use parking_lot::Mutex;
 
 use super::body_memo::{self, BodyMemo, Held, MIN_BODY_BYTES};
@@ -36,47 +36,94 @@ pub struct RouteRequest {
 fn header<'a>(h: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
     match h.get(name) {
         None => Ok(None),
-        Some(v) => v.to_str().map(|s| Some(s.trim())).map_err(|_| ApiError::bad_request("bad_header", format!("header {name} is not visible ASCII"))),
+        Some(v) => v.to_str().map(|s| Some(s.trim())).map_err(|_| {
+            ApiError::bad_request("bad_header", format!("header {name} is not visible ASCII"))
+        }),
     }
 }
 
 /// Parses the route call's headers and body; the parsed body goes to tokenization by value. A chat
 /// body of at least [`MIN_BODY_BYTES`] is read through `memo` (bounded by `memo_bytes`; 0 = off),
 /// continuing the base it was `joined` to ([`with_base`]), if any.
-pub fn parse(h: &HeaderMap, body: Bytes, joined: Option<Held>, memo: &Mutex<BodyMemo>, memo_bytes: usize) -> Result<(RouteRequest, OpenAiRequest), ApiError> {
-    let path = header(h, headers::KVMESH_PATH)?.ok_or_else(|| ApiError::bad_request("missing_path", format!("missing {} header", headers::KVMESH_PATH)))?;
-    let endpoint = openai::Endpoint::from_path(path)
-        .ok_or_else(|| ApiError::bad_request("bad_path", format!("{} {path:?} is not a routable OpenAI path", headers::KVMESH_PATH)))?;
+pub fn parse(
+    h: &HeaderMap,
+    body: Bytes,
+    joined: Option<Held>,
+    memo: &Mutex<BodyMemo>,
+    memo_bytes: usize,
+) -> Result<(RouteRequest, OpenAiRequest), ApiError> {
+    let path = header(h, headers::KVMESH_PATH)?.ok_or_else(|| {
+        ApiError::bad_request("missing_path", format!("missing {} header", headers::KVMESH_PATH))
+    })?;
+    let endpoint = openai::Endpoint::from_path(path).ok_or_else(|| {
+        ApiError::bad_request(
+            "bad_path",
+            format!("{} {path:?} is not a routable OpenAI path", headers::KVMESH_PATH),
+        )
+    })?;
     let session = match header(h, headers::KVMESH_SESSION)? {
         None | Some("") => None,
-        Some(v) => Some(session::parse_header(v).ok_or_else(|| ApiError::bad_request("bad_session", format!("cannot parse {} {v:?}", headers::KVMESH_SESSION)))?),
+        Some(v) => Some(session::parse_header(v).ok_or_else(|| {
+            ApiError::bad_request(
+                "bad_session",
+                format!("cannot parse {} {v:?}", headers::KVMESH_SESSION),
+            )
+        })?),
     };
-    let override_worker = header(h, headers::OVERRIDE_WORKER)?.filter(|s| !s.is_empty()).map(str::to_owned);
+    let override_worker =
+        header(h, headers::OVERRIDE_WORKER)?.filter(|s| !s.is_empty()).map(str::to_owned);
     let override_mode = match header(h, headers::OVERRIDE_MODE)? {
         None | Some("") => None,
-        Some(m) => Some(Mode::parse(m).ok_or_else(|| ApiError::bad_request("bad_mode", format!("unknown mode {m:?} in {}", headers::OVERRIDE_MODE)))?),
+        Some(m) => Some(Mode::parse(m).ok_or_else(|| {
+            ApiError::bad_request(
+                "bad_mode",
+                format!("unknown mode {m:?} in {}", headers::OVERRIDE_MODE),
+            )
+        })?),
     };
     let request_id = header(h, headers::REQUEST_ID)?.filter(|s| !s.is_empty()).map(str::to_owned);
-    let remembered = endpoint == openai::Endpoint::ChatCompletions && body.len() >= MIN_BODY_BYTES && memo_bytes > 0;
+    let remembered = endpoint == openai::Endpoint::ChatCompletions
+        && body.len() >= MIN_BODY_BYTES
+        && memo_bytes > 0;
     let (parsed, body_continued, body_base) = if remembered {
-        let read = body_memo::read_chat(memo, &body, session.map(|(key, _)| key), memo_bytes, joined);
+        let read =
+            body_memo::read_chat(memo, &body, session.map(|(key, _)| key), memo_bytes, joined);
         (read.request, Some(read.continued), read.kept)
     } else {
         (openai::parse(endpoint, &body), None, None)
     };
     let parsed = parsed.map_err(|e| ApiError::bad_request(e.reason(), e.to_string()))?;
-    Ok((RouteRequest { path: path.to_owned(), session, override_worker, override_mode, request_id, body, body_continued, body_base }, parsed))
+    Ok((
+        RouteRequest {
+            path: path.to_owned(),
+            session,
+            override_worker,
+            override_mode,
+            request_id,
+            body,
+            body_continued,
+            body_base,
+        },
+        parsed,
+    ))
 }
 
 /// The route call's whole body: `body` itself, or — under [`headers::KVMESH_BODY_BASE`] — the
 /// bytes of the base `memo` holds followed by `body` (at most `max_body_bytes` in all). Also the
 /// held base joined, for the read to continue. `409` [`BASE_UNKNOWN`] when the memo no longer
 /// holds the base: the filter then sends the whole body.
-pub fn with_base(h: &HeaderMap, body: Bytes, memo: &Mutex<BodyMemo>, max_body_bytes: usize) -> Result<(Bytes, Option<Held>), ApiError> {
+pub fn with_base(
+    h: &HeaderMap,
+    body: Bytes,
+    memo: &Mutex<BodyMemo>,
+    max_body_bytes: usize,
+) -> Result<(Bytes, Option<Held>), ApiError> {
     let Some(named) = header(h, headers::KVMESH_BODY_BASE)?.filter(|v| !v.is_empty()) else {
         return Ok((body, None));
     };
-    let base: BodyBase = named.parse().map_err(|e: kvmesh_core::body_base::BadBodyBase| ApiError::bad_request("bad_body_base", e.to_string()))?;
+    let base: BodyBase = named.parse().map_err(|e: kvmesh_core::body_base::BadBodyBase| {
+        ApiError::bad_request("bad_body_base", e.to_string())
+    })?;
     let held = memo.lock().base(&base).ok_or_else(|| ApiError {
         status: StatusCode::CONFLICT,
         kind: "invalid_request_error",
@@ -85,7 +132,11 @@ pub fn with_base(h: &HeaderMap, body: Bytes, memo: &Mutex<BodyMemo>, max_body_by
     })?;
     let bytes = held.bytes();
     if bytes.len() + body.len() > max_body_bytes {
-        return Err(ApiError::too_large(format!("the base's {} bytes and {} more exceed routing.max_body_bytes = {max_body_bytes}", bytes.len(), body.len())));
+        return Err(ApiError::too_large(format!(
+            "the base's {} bytes and {} more exceed routing.max_body_bytes = {max_body_bytes}",
+            bytes.len(),
+            body.len()
+        )));
     }
     let mut whole = Vec::with_capacity(bytes.len() + body.len());
     whole.extend_from_slice(bytes);

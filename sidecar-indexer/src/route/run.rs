@@ -44,13 +44,23 @@ pub struct LegRequest<'a> {
 
 /// Runs `plan`'s leg (if any) and returns the decision; an overloaded prefill worker is an error
 /// carrying its status for the client (the caller releases `booking` then).
-pub async fn run(state: &AppState, cfg: &Config, plan: Plan, req: &LegRequest<'_>, booking: &BookingGuard<'_>) -> Result<RouteDecision, ApiError> {
+pub async fn run(
+    state: &AppState,
+    cfg: &Config,
+    plan: Plan,
+    req: &LegRequest<'_>,
+    booking: &BookingGuard<'_>,
+) -> Result<RouteDecision, ApiError> {
     count_opportunity(state, cfg, &plan);
     let leg = plan.leg.clone();
     let decision = match leg {
         None => plan.into_decision(),
-        Some(Leg::PrefillOn { worker, endpoint }) => prefill(state, cfg, plan, &worker, &endpoint, req, booking).await?,
-        Some(Leg::MigrateFrom { worker, endpoint }) => migrate(state, cfg, plan, &worker, &endpoint, req).await,
+        Some(Leg::PrefillOn { worker, endpoint }) => {
+            prefill(state, cfg, plan, &worker, &endpoint, req, booking).await?
+        }
+        Some(Leg::MigrateFrom { worker, endpoint }) => {
+            migrate(state, cfg, plan, &worker, &endpoint, req).await
+        }
     };
     Ok(decision)
 }
@@ -59,7 +69,9 @@ pub async fn run(state: &AppState, cfg: &Config, plan: Plan, req: &LegRequest<'_
 fn count_opportunity(state: &AppState, cfg: &Config, plan: &Plan) {
     let Some(o) = &plan.opportunity else { return };
     let m = &state.metrics;
-    m.migration_opportunities.with_label_values(&[if o.from_kv_home { "kv_home" } else { "index" }]).inc();
+    m.migration_opportunities
+        .with_label_values(&[if o.from_kv_home { "kv_home" } else { "index" }])
+        .inc();
     m.migration_opportunity_blocks.inc_by(u64::from(o.blocks_to_move()));
     if cfg.routing.kv_migration == KvMigration::Dry {
         m.migrations.with_label_values(&["dry_run"]).inc();
@@ -89,16 +101,37 @@ fn still_serving(state: &AppState, worker: &str) -> bool {
     state.fleet.read().workers.iter().any(|w| w.cfg.id == worker && w.gets_traffic())
 }
 
-async fn prefill(state: &AppState, cfg: &Config, plan: Plan, worker: &str, endpoint: &str, req: &LegRequest<'_>, booking: &BookingGuard<'_>) -> Result<RouteDecision, ApiError> {
+async fn prefill(
+    state: &AppState,
+    cfg: &Config,
+    plan: Plan,
+    worker: &str,
+    endpoint: &str,
+    req: &LegRequest<'_>,
+    booking: &BookingGuard<'_>,
+) -> Result<RouteDecision, ApiError> {
     let m = &state.metrics;
-    let leg = BookingGuard::book_leg(state, worker, u64::from(plan.request_blocks), plan.uncached_tokens);
+    let leg =
+        BookingGuard::book_leg(state, worker, u64::from(plan.request_blocks), plan.uncached_tokens);
     let started = Instant::now();
     let deadline = Duration::from_millis(cfg.routing.prefill_timeout_ms);
-    let mut result = legs::run(&state.legs, LegKind::Prefill, endpoint, req.path, req.leg_id, req.body, deadline).await;
+    let mut result = legs::run(
+        &state.legs,
+        LegKind::Prefill,
+        endpoint,
+        req.path,
+        req.leg_id,
+        req.body,
+        deadline,
+    )
+    .await;
     leg.release();
     m.prefill_leg_duration.observe(started.elapsed().as_secs_f64());
     if matches!(result, LegResult::Params(_)) && !still_serving(state, worker) {
-        result = LegResult::Failed { failure: LegFailure::WorkerGone, detail: "left the fleet or turned unhealthy during the leg".into() };
+        result = LegResult::Failed {
+            failure: LegFailure::WorkerGone,
+            detail: "left the fleet or turned unhealthy during the leg".into(),
+        };
     }
     match result {
         LegResult::Params(params) => {
@@ -112,8 +145,19 @@ async fn prefill(state: &AppState, cfg: &Config, plan: Plan, worker: &str, endpo
             m.prefill_legs.with_label_values(&["overloaded"]).inc();
             tracing::warn!(request_id = req.request_id, prefill = worker, status, message = %message, "prefill worker overloaded: the client gets {status}");
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-            let kind = if status == StatusCode::TOO_MANY_REQUESTS { "rate_limit_exceeded" } else { "service_unavailable" };
-            Err(ApiError { status, kind, reason: "prefill_overloaded", message: format!("prefill worker {worker} is out of capacity ({message}); retry later") })
+            let kind = if status == StatusCode::TOO_MANY_REQUESTS {
+                "rate_limit_exceeded"
+            } else {
+                "service_unavailable"
+            };
+            Err(ApiError {
+                status,
+                kind,
+                reason: "prefill_overloaded",
+                message: format!(
+                    "prefill worker {worker} is out of capacity ({message}); retry later"
+                ),
+            })
         }
         LegResult::Failed { failure, detail } => {
             m.prefill_legs.with_label_values(&["fallback"]).inc();
@@ -130,21 +174,44 @@ async fn prefill(state: &AppState, cfg: &Config, plan: Plan, worker: &str, endpo
             booking.set_prefill_tokens(plan.uncached_tokens);
             let mut d = plan.into_decision();
             d.mode = Mode::DecodeFallback;
-            d.reason = format!("{}; prefill on {worker} failed ({}): served on the decode worker", d.reason, failure.reason());
+            d.reason = format!(
+                "{}; prefill on {worker} failed ({}): served on the decode worker",
+                d.reason,
+                failure.reason()
+            );
             d.reason_codes.push(kvmesh_core::api::ReasonCode::PrefillLegFailed);
             Ok(d)
         }
     }
 }
 
-async fn migrate(state: &AppState, cfg: &Config, plan: Plan, source: &str, endpoint: &str, req: &LegRequest<'_>) -> RouteDecision {
+async fn migrate(
+    state: &AppState,
+    cfg: &Config,
+    plan: Plan,
+    source: &str,
+    endpoint: &str,
+    req: &LegRequest<'_>,
+) -> RouteDecision {
     let m = &state.metrics;
     let started = Instant::now();
     let deadline = Duration::from_millis(cfg.routing.kv_migration_timeout_ms);
-    let mut result = legs::run(&state.legs, LegKind::Migration, endpoint, req.path, req.leg_id, req.body, deadline).await;
+    let mut result = legs::run(
+        &state.legs,
+        LegKind::Migration,
+        endpoint,
+        req.path,
+        req.leg_id,
+        req.body,
+        deadline,
+    )
+    .await;
     m.migration_handshake_duration.observe(started.elapsed().as_secs_f64());
     if matches!(result, LegResult::Params(_)) && !still_serving(state, source) {
-        result = LegResult::Failed { failure: LegFailure::WorkerGone, detail: "left the fleet or turned unhealthy during the handshake".into() };
+        result = LegResult::Failed {
+            failure: LegFailure::WorkerGone,
+            detail: "left the fleet or turned unhealthy during the handshake".into(),
+        };
     }
     let (outcome, why) = match result {
         LegResult::Params(params) => {
@@ -157,13 +224,18 @@ async fn migrate(state: &AppState, cfg: &Config, plan: Plan, source: &str, endpo
         LegResult::Overloaded { message, .. } => ("source_overloaded", message),
         LegResult::Failed { failure: LegFailure::Timeout, detail } => ("handshake_timeout", detail),
         LegResult::Failed { failure: LegFailure::WorkerGone, detail } => ("source_gone", detail),
-        LegResult::Failed { failure, detail } => ("handshake_failed", format!("{}: {detail}", failure.reason())),
+        LegResult::Failed { failure, detail } => {
+            ("handshake_failed", format!("{}: {detail}", failure.reason()))
+        }
     };
     m.migrations.with_label_values(&[outcome]).inc();
     tracing::warn!(request_id = req.request_id, source, target = %plan.worker, outcome, detail = %why, "KV migration handshake failed; the target recomputes");
     let mut d = plan.into_decision();
     d.mode = Mode::Aggregate;
-    d.reason = format!("{}; migration handshake on {source} failed ({outcome}): {} recomputes", d.reason, d.worker);
+    d.reason = format!(
+        "{}; migration handshake on {source} failed ({outcome}): {} recomputes",
+        d.reason, d.worker
+    );
     d.reason_codes.push(kvmesh_core::api::ReasonCode::MigrationFailed);
     d
 }

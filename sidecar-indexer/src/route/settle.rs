@@ -27,8 +27,17 @@ pub struct BookingGuard<'a> {
 
 impl<'a> BookingGuard<'a> {
     /// Books on `worker` under the held `load` lock and counts what the booking expired.
-    pub fn book(state: &'a AppState, load: &mut LoadTracker, worker: &str, blocks: u64, prefill_tokens: u64, request_id: Option<&str>, primary: bool) -> Self {
-        let (id, expired) = load.book(worker, blocks, prefill_tokens, request_id, crate::clock::now());
+    pub fn book(
+        state: &'a AppState,
+        load: &mut LoadTracker,
+        worker: &str,
+        blocks: u64,
+        prefill_tokens: u64,
+        request_id: Option<&str>,
+        primary: bool,
+    ) -> Self {
+        let (id, expired) =
+            load.book(worker, blocks, prefill_tokens, request_id, crate::clock::now());
         if expired.timeout > 0 {
             state.metrics.load_expired.with_label_values(&["timeout"]).inc_by(expired.timeout);
         }
@@ -36,7 +45,11 @@ impl<'a> BookingGuard<'a> {
             state.metrics.load_expired.with_label_values(&["overflow"]).inc_by(expired.overflow);
         }
         if expired.done_first > 0 {
-            state.metrics.load_expired.with_label_values(&["done_first"]).inc_by(expired.done_first);
+            state
+                .metrics
+                .load_expired
+                .with_label_values(&["done_first"])
+                .inc_by(expired.done_first);
             tracing::info!(request_id = request_id.unwrap_or("-"), worker, "booked after its /v1/done already came (a route call answered after the filter gave up on it); released at once");
         }
         Self { state, id: Some(id), wire: load.wire_id(id), primary }
@@ -109,7 +122,13 @@ pub struct Record {
 }
 
 /// Settles a served decision: keeps its booking (id in the decision) and records it.
-pub fn settle(state: &AppState, req: &RouteRequest, record: Record, mut decision: RouteDecision, booking: BookingGuard<'_>) -> RouteDecision {
+pub fn settle(
+    state: &AppState,
+    req: &RouteRequest,
+    record: Record,
+    mut decision: RouteDecision,
+    booking: BookingGuard<'_>,
+) -> RouteDecision {
     if let Some(k) = record.session_key {
         booking.set_session(k);
     }
@@ -119,7 +138,9 @@ pub fn settle(state: &AppState, req: &RouteRequest, record: Record, mut decision
     if record.local_continuation {
         m.local_continuations.inc();
     }
-    if let Some(permille) = kvmesh_core::router_metrics::hit_rate_permille(decision.overlap_blocks, decision.isl_blocks) {
+    if let Some(permille) =
+        kvmesh_core::router_metrics::hit_rate_permille(decision.overlap_blocks, decision.isl_blocks)
+    {
         m.hit_rate.observe(permille as f64);
         m.overlap_blocks.inc_by(u64::from(decision.overlap_blocks));
         m.isl_blocks.inc_by(u64::from(decision.isl_blocks));
@@ -128,14 +149,24 @@ pub fn settle(state: &AppState, req: &RouteRequest, record: Record, mut decision
         state.sessions.lock().served(k, &decision.worker, crate::clock::now());
     }
     if !record.recover_on.is_empty() {
-        let (chains, locals): (std::sync::Arc<[SequenceHash]>, std::sync::Arc<[LocalBlockHash]>) = (record.chains.as_slice().into(), record.locals.into());
+        let (chains, locals): (std::sync::Arc<[SequenceHash]>, std::sync::Arc<[LocalBlockHash]>) =
+            (record.chains.as_slice().into(), record.locals.into());
         let index = state.index.read();
         for (slot, known) in record.recover_on {
             index.note_routed(slot, chains.clone(), locals.clone(), known);
         }
     }
     if let Some(slot) = record.approx_slot {
-        if !record.chains.is_empty() && state.applier.try_send(ApplierMsg::Approx { slot, chains: record.chains, at: crate::clock::now() }).is_err() {
+        if !record.chains.is_empty()
+            && state
+                .applier
+                .try_send(ApplierMsg::Approx {
+                    slot,
+                    chains: record.chains,
+                    at: crate::clock::now(),
+                })
+                .is_err()
+        {
             m.kv_ignored.with_label_values(&[decision.worker.as_str(), "queue_full"]).inc();
         }
     }

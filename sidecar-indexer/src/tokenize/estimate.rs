@@ -91,15 +91,7 @@ mod tests {
     #[test]
     fn classes_are_counted_per_byte_and_char() {
         let s = Shape::of(["ab 12", "你好é", ""]);
-        assert_eq!(
-            s,
-            Shape {
-                bytes: 5 + 6 + 2,
-                ascii: 5,
-                digits: 2,
-                wide: 3
-            }
-        );
+        assert_eq!(s, Shape { bytes: 5 + 6 + 2, ascii: 5, digits: 2, wide: 3 });
     }
 
     #[test]
@@ -125,10 +117,7 @@ mod tests {
         let sample = Shape::of(["y".repeat(400).as_str()]);
         let cjk = Shape::of(["你".repeat(1000).as_str()]);
         let at_prior = (400.0 * PER_ASCII) as usize;
-        assert_eq!(
-            estimate(sample, at_prior, cjk),
-            (1000.0 * PER_WIDE) as usize
-        );
+        assert_eq!(estimate(sample, at_prior, cjk), (1000.0 * PER_WIDE) as usize);
     }
 
     #[test]

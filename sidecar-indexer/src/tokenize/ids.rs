@@ -48,18 +48,24 @@ impl Ids {
 
     /// The two parts, shared first.
     fn parts(&self) -> impl Iterator<Item = &u32> {
-        let shared = self.shared.as_deref().and_then(|s| s.get(..self.shared_len)).unwrap_or_default();
+        let shared =
+            self.shared.as_deref().and_then(|s| s.get(..self.shared_len)).unwrap_or_default();
         shared.iter().chain(&self.own)
     }
 
     /// Ids `range` (within [`Self::len`]), borrowed unless it spans both parts.
     pub fn slice(&self, range: std::ops::Range<usize>) -> Cow<'_, [u32]> {
-        let shared = self.shared.as_deref().and_then(|s| s.get(..self.shared_len)).unwrap_or_default();
+        let shared =
+            self.shared.as_deref().and_then(|s| s.get(..self.shared_len)).unwrap_or_default();
         if range.end <= shared.len() {
             return Cow::Borrowed(shared.get(range).unwrap_or_default());
         }
         if range.start >= shared.len() {
-            return Cow::Borrowed(self.own.get(range.start - shared.len()..range.end - shared.len()).unwrap_or_default());
+            return Cow::Borrowed(
+                self.own
+                    .get(range.start - shared.len()..range.end - shared.len())
+                    .unwrap_or_default(),
+            );
         }
         Cow::Owned(self.parts().skip(range.start).take(range.len()).copied().collect())
     }
@@ -89,10 +95,18 @@ mod tests {
         ids.own_mut().extend([6, 7]);
         assert_eq!(ids.to_vec(), vec![1, 2, 3, 6, 7]);
         assert_eq!(ids.len(), 5);
-        for (range, want) in [(0..2, vec![1, 2]), (3..5, vec![6, 7]), (1..4, vec![2, 3, 6]), (0..5, vec![1, 2, 3, 6, 7])] {
+        for (range, want) in [
+            (0..2, vec![1, 2]),
+            (3..5, vec![6, 7]),
+            (1..4, vec![2, 3, 6]),
+            (0..5, vec![1, 2, 3, 6, 7]),
+        ] {
             assert_eq!(ids.slice(range.clone()).to_vec(), want, "{range:?}");
         }
-        assert!(matches!(ids.slice(0..3), Cow::Borrowed(_)) && matches!(ids.slice(3..5), Cow::Borrowed(_)));
+        assert!(
+            matches!(ids.slice(0..3), Cow::Borrowed(_))
+                && matches!(ids.slice(3..5), Cow::Borrowed(_))
+        );
         assert_eq!(&*ids.to_shared(4), &[1, 2, 3, 6]);
         assert_eq!(ids, Ids::from(vec![1, 2, 3, 6, 7]));
         let whole: Arc<[u32]> = Arc::from(vec![9, 8]);

@@ -243,12 +243,7 @@ mod tests {
     fn entries_sharing_one_tokenization_give_their_own_prefix() {
         let mut memo = PrefixMemo::new(1 << 20);
         let whole = entry("ab<e><a>", &[1, 2, 3, 4]);
-        let before_last = MemoEntry {
-            text_len: 5,
-            ids: 3,
-            blocks: 1,
-            ..whole.clone()
-        };
+        let before_last = MemoEntry { text_len: 5, ids: 3, blocks: 1, ..whole.clone() };
         memo.put(whole);
         memo.put(before_last);
         let got = memo
@@ -282,9 +277,8 @@ mod tests {
     fn the_memo_stays_within_its_byte_bound() {
         let bound = 4096;
         let mut memo = PrefixMemo::new(bound);
-        let texts: Vec<String> = (0..100)
-            .map(|i| format!("prefix {i} {}", "z".repeat(i * 3)))
-            .collect();
+        let texts: Vec<String> =
+            (0..100).map(|i| format!("prefix {i} {}", "z".repeat(i * 3))).collect();
         for t in &texts {
             memo.put(entry(t, &[1, 2, 3]));
             assert!(memo.bytes() <= bound, "{} > {bound}", memo.bytes());

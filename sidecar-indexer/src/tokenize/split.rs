@@ -74,11 +74,7 @@ impl SegmentSplitter {
 
     /// A splitter that never splits (whole-text encoding).
     pub fn none() -> Self {
-        Self {
-            raw: None,
-            normalized: None,
-            chunks: false,
-        }
+        Self { raw: None, normalized: None, chunks: false }
     }
 
     /// Whether long pieces are cut into chunks at [`safe_cut`](super::safe_cut) boundaries.
@@ -101,7 +97,9 @@ impl SegmentSplitter {
             let reach = t.every.max_pattern_len().saturating_sub(1);
             let from = at.saturating_sub(reach);
             let window = bytes.get(from..bytes.len().min(at + reach)).unwrap_or_default();
-            !t.every.find_overlapping_iter(window).any(|m| from + m.start() < at && from + m.end() > at)
+            !t.every
+                .find_overlapping_iter(window)
+                .any(|m| from + m.start() < at && from + m.end() > at)
         })
     }
 
@@ -132,7 +130,13 @@ impl SegmentSplitter {
         ends.clear();
         let mut first = Vec::new();
         let mut first_ends = Vec::new();
-        split_with(self.raw.as_ref(), text.get(from..).unwrap_or_default(), from, &mut first, &mut first_ends);
+        split_with(
+            self.raw.as_ref(),
+            text.get(from..).unwrap_or_default(),
+            from,
+            &mut first,
+            &mut first_ends,
+        );
         for (seg, end) in first.into_iter().zip(first_ends) {
             match seg {
                 Segment::Text(t) => {
@@ -158,7 +162,11 @@ fn automaton(tokens: Vec<AddedTokenDecl>) -> Result<Option<AddedTokens>, String>
             .build(tokens.iter().map(|t| t.content.as_str()))
             .map_err(|e| e.to_string())
     };
-    Ok(Some(AddedTokens { cut: build(MatchKind::LeftmostLongest)?, every: build(MatchKind::Standard)?, ids }))
+    Ok(Some(AddedTokens {
+        cut: build(MatchKind::LeftmostLongest)?,
+        every: build(MatchKind::Standard)?,
+        ids,
+    }))
 }
 
 fn split_with<'a>(
@@ -208,7 +216,11 @@ mod tests {
             {"id": 5, "content": "BB", "normalized": true},
             {"id": 6, "content": "B<A", "normalized": true},
         ]});
-        let dir = std::env::temp_dir().join(format!("kvmesh-split-{}-{:?}", std::process::id(), std::thread::current().id()));
+        let dir = std::env::temp_dir().join(format!(
+            "kvmesh-split-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("tokenizer.json");
         std::fs::write(&path, json.to_string()).unwrap();
@@ -224,11 +236,21 @@ mod tests {
     }
 
     /// `text`'s segments as `earlier`'s up to `at`, then a split of `text[at..]` alone.
-    fn resumed<'a>(s: &SegmentSplitter, earlier: &'a str, text: &'a str, at: usize) -> Vec<Segment<'a>> {
+    fn resumed<'a>(
+        s: &SegmentSplitter,
+        earlier: &'a str,
+        text: &'a str,
+        at: usize,
+    ) -> Vec<Segment<'a>> {
         let (before, ends) = split_all(s, earlier);
         let (mut after, mut after_ends) = (Vec::new(), Vec::new());
         s.split_from(text, at, &mut after, &mut after_ends);
-        let mut joined: Vec<Segment<'a>> = before.into_iter().zip(ends).take_while(|&(_, end)| end <= at).map(|(seg, _)| seg).collect();
+        let mut joined: Vec<Segment<'a>> = before
+            .into_iter()
+            .zip(ends)
+            .take_while(|&(_, end)| end <= at)
+            .map(|(seg, _)| seg)
+            .collect();
         // The earlier text's pieces before `at` are the same bytes as `text`'s.
         joined.extend(after);
         joined
@@ -243,7 +265,9 @@ mod tests {
         assert_ne!(split_all(&s, "<A>B").0, resumed(&s, "<A>x", "<A>B", 3));
         // A token starting before the cut and ending past it: `A>B<` over "xy<A>B<".
         assert!(!s.cuts_at("<A>B<", 3) && !s.cuts_at("xyB<A", 3) && !s.cuts_at("xB<A", 2));
-        assert!(s.cuts_at("<A>x", 3) && s.cuts_at("xy", 2) && s.cuts_at("xy", 0) && s.cuts_at("", 0));
+        assert!(
+            s.cuts_at("<A>x", 3) && s.cuts_at("xy", 2) && s.cuts_at("xy", 0) && s.cuts_at("", 0)
+        );
         assert!(SegmentSplitter::none().cuts_at("<A>B", 3));
     }
 

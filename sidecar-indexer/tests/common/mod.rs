@@ -131,13 +131,22 @@ where
 
 /// `POST /v1/route` on the indexer at `ix` for a `/v1/completions` body, as request `req-1`; the
 /// answer decoded as `T` (a `RouteDecision` or a JSON `Value`).
-pub async fn route<T: serde::de::DeserializeOwned>(http: &reqwest::Client, ix: impl std::fmt::Display, body: impl Into<reqwest::Body>) -> T {
+pub async fn route<T: serde::de::DeserializeOwned>(
+    http: &reqwest::Client,
+    ix: impl std::fmt::Display,
+    body: impl Into<reqwest::Body>,
+) -> T {
     route_path(http, ix, "/v1/completions", body).await
 }
 
 /// [`route`] for a body sent to the OpenAI `path`.
 #[allow(dead_code)]
-pub async fn route_path<T: serde::de::DeserializeOwned>(http: &reqwest::Client, ix: impl std::fmt::Display, path: &str, body: impl Into<reqwest::Body>) -> T {
+pub async fn route_path<T: serde::de::DeserializeOwned>(
+    http: &reqwest::Client,
+    ix: impl std::fmt::Display,
+    path: &str,
+    body: impl Into<reqwest::Body>,
+) -> T {
     http.post(format!("http://{ix}{}", kvmesh_core::api::ROUTE_PATH))
         .header(kvmesh_core::headers::KVMESH_PATH, path)
         .header(kvmesh_core::headers::REQUEST_ID, "req-1")

@@ -18,7 +18,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 #[derive(Parser, Debug)]
-#[command(name = "kvmesh-replay", version, about = "Replay a Mooncake trace or a chat workload through a gateway")]
+#[command(
+    name = "kvmesh-replay",
+    version,
+    about = "Replay a Mooncake trace or a chat workload through a gateway"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -142,9 +146,12 @@ struct AnalyzeArgs {
 
 fn load_window(w: &WindowArgs) -> Result<(PathBuf, Vec<trace::Indexed>, Selection)> {
     let path = w.trace.clone().unwrap_or_else(|| default_trace_path(std::env::var(TRACE_ENV).ok()));
-    let file = std::fs::File::open(&path).with_context(|| format!("opening trace {}", path.display()))?;
-    let records = trace::parse(std::io::BufReader::new(file)).with_context(|| format!("trace {}", path.display()))?;
-    let sel = Selection { window_start_ms: w.window_start_ms, window_ms: w.window_ms, first: w.first };
+    let file =
+        std::fs::File::open(&path).with_context(|| format!("opening trace {}", path.display()))?;
+    let records = trace::parse(std::io::BufReader::new(file))
+        .with_context(|| format!("trace {}", path.display()))?;
+    let sel =
+        Selection { window_start_ms: w.window_start_ms, window_ms: w.window_ms, first: w.first };
     let selected = sel.apply(&records);
     Ok((path, selected, sel))
 }
@@ -156,9 +163,11 @@ async fn client_and_model(c: &Common) -> Result<(reqwest::Client, String)> {
     let client = build_client(Duration::from_secs_f64(c.connect_timeout_s), 1024)?;
     let model = match &c.model {
         Some(m) => m.clone(),
-        None => discover_model(&client, &c.url, Duration::from_secs_f64(c.request_timeout_s.min(30.0)))
-            .await
-            .map_err(|e| anyhow::anyhow!("no --model given and discovery failed: {e}"))?,
+        None => {
+            discover_model(&client, &c.url, Duration::from_secs_f64(c.request_timeout_s.min(30.0)))
+                .await
+                .map_err(|e| anyhow::anyhow!("no --model given and discovery failed: {e}"))?
+        }
     };
     Ok((client, model))
 }
@@ -177,9 +186,12 @@ fn print_summary(out: &Path, stats: kvmesh_bench::sink::SinkStats, wall: Duratio
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    tracing_subscriber::fmt().with_env_filter(
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-    ).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Analyze(a) => {

@@ -7,7 +7,11 @@ use kvmesh_bench::report::{generate, plots};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
-#[command(name = "kvmesh-report", version, about = "Render the benchmark report from a run manifest")]
+#[command(
+    name = "kvmesh-report",
+    version,
+    about = "Render the benchmark report from a run manifest"
+)]
 struct Cli {
     /// The run manifest (run.json); paths inside it are relative to its directory.
     #[arg(long, default_value = "bench-out/run.json")]
@@ -22,14 +26,15 @@ struct Cli {
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let out = cli
-        .out
-        .clone()
-        .unwrap_or_else(|| cli.manifest.parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from(".")));
+    let out = cli.out.clone().unwrap_or_else(|| {
+        cli.manifest.parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."))
+    });
     let written = generate(&cli.manifest, &out, &cli.font)?;
     println!("{}", written.markdown.display());
     for p in &written.plots {

@@ -5,8 +5,8 @@
 //! `concurrency` clients in a closed loop for a fixed time against the canned route; every
 //! request has a deadline, so a round always ends.
 
-use super::plan::{BENCH_ID_HEADER, UPSTREAM_HEADER, UPSTREAM_NONE};
 use super::gateway::{parse_access_line, AccessEntry};
+use super::plan::{BENCH_ID_HEADER, UPSTREAM_HEADER, UPSTREAM_NONE};
 use super::summary::{IndexerTimers, Rate, Sample};
 use crate::client::{send_streaming, Outcome};
 use futures::StreamExt;
@@ -18,12 +18,24 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Sends one streaming request tagged with `id` and measures it.
-pub async fn tagged(client: &reqwest::Client, url: &str, body: Vec<u8>, id: &str, deadline: Duration) -> Outcome {
-    send_streaming(client, url, body, &[(BENCH_ID_HEADER.to_string(), id.to_string())], deadline).await
+pub async fn tagged(
+    client: &reqwest::Client,
+    url: &str,
+    body: Vec<u8>,
+    id: &str,
+    deadline: Duration,
+) -> Outcome {
+    send_streaming(client, url, body, &[(BENCH_ID_HEADER.to_string(), id.to_string())], deadline)
+        .await
 }
 
 /// One closed-loop request against the canned route: `(ok, routed without the indexer)`.
-async fn canned(client: &reqwest::Client, url: &str, body: Vec<u8>, deadline: Duration) -> (bool, bool) {
+async fn canned(
+    client: &reqwest::Client,
+    url: &str,
+    body: Vec<u8>,
+    deadline: Duration,
+) -> (bool, bool) {
     let fut = async {
         let resp = client
             .post(url)
@@ -62,7 +74,8 @@ where
     let stop_at = start + duration;
     let mut tasks = Vec::with_capacity(concurrency);
     for _ in 0..concurrency.max(1) {
-        let (client, url, next, body) = (client.clone(), url.to_string(), next.clone(), body.clone());
+        let (client, url, next, body) =
+            (client.clone(), url.to_string(), next.clone(), body.clone());
         tasks.push(tokio::spawn(async move {
             let mut r = Rate::default();
             while Instant::now() < stop_at {
@@ -99,7 +112,13 @@ pub async fn indexer_timers(client: &reqwest::Client, metrics_url: &str) -> Opti
 /// `patience` runs out (then the last reading). A latency sample's tokenization runs to the end
 /// on the indexer's blocking pool even when the filter gave up (its timeout); waiting for it
 /// keeps one sample's leftovers out of the next.
-pub async fn settle(client: &reqwest::Client, metrics_url: &str, tokenizations: f64, every: Duration, patience: Duration) -> Option<IndexerTimers> {
+pub async fn settle(
+    client: &reqwest::Client,
+    metrics_url: &str,
+    tokenizations: f64,
+    every: Duration,
+    patience: Duration,
+) -> Option<IndexerTimers> {
     let deadline = Instant::now() + patience;
     loop {
         let t = indexer_timers(client, metrics_url).await;
@@ -130,7 +149,12 @@ pub fn parse_stat_ticks(stat: &str) -> Option<u64> {
 /// `patience` runs out; returns how long it waited. The filter gives up on the indexer after its
 /// timeout, but the indexer finishes the tokenizations it started (on its blocking pool, all at
 /// once); waiting keeps one requests/s round's leftovers out of the next round.
-pub async fn settle_cpu(pid: u32, window: Duration, max_ticks: u64, patience: Duration) -> Duration {
+pub async fn settle_cpu(
+    pid: u32,
+    window: Duration,
+    max_ticks: u64,
+    patience: Duration,
+) -> Duration {
     let start = Instant::now();
     while start.elapsed() < patience {
         let Some(before) = cpu_ticks(pid) else { break };
@@ -145,7 +169,11 @@ pub async fn settle_cpu(pid: u32, window: Duration, max_ticks: u64, patience: Du
 
 /// Reads Envoy's access log until every id in `want` has a line (Envoy flushes the file
 /// periodically) or `patience` runs out; returns what was found.
-pub async fn access_entries(path: &Path, want: &HashSet<String>, patience: Duration) -> HashMap<String, AccessEntry> {
+pub async fn access_entries(
+    path: &Path,
+    want: &HashSet<String>,
+    patience: Duration,
+) -> HashMap<String, AccessEntry> {
     let deadline = Instant::now() + patience;
     loop {
         let found: HashMap<String, AccessEntry> = std::fs::read_to_string(path)

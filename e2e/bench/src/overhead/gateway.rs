@@ -93,9 +93,16 @@ fn prepare_routes(hcm: &mut Value, name: &str, cluster: Option<&str>) -> Result<
 
 /// Adds the plain listener on `plain_port`, its cluster, the canned routes and the access log
 /// (written to `access_log_path`) to the rendered kvmesh bootstrap.
-pub fn add_plain_path(bootstrap: &Value, plain_port: u16, access_log_path: &str) -> Result<Value, ShapeError> {
+pub fn add_plain_path(
+    bootstrap: &Value,
+    plain_port: u16,
+    access_log_path: &str,
+) -> Result<Value, ShapeError> {
     let mut b = bootstrap.clone();
-    let listeners = b.pointer_mut("/static_resources/listeners").and_then(Value::as_array_mut).ok_or(ShapeError("listeners"))?;
+    let listeners = b
+        .pointer_mut("/static_resources/listeners")
+        .and_then(Value::as_array_mut)
+        .ok_or(ShapeError("listeners"))?;
     let kvmesh = listeners.first_mut().ok_or(ShapeError("listener"))?;
     let mut plain = kvmesh.clone();
     {
@@ -104,7 +111,9 @@ pub fn add_plain_path(bootstrap: &Value, plain_port: u16, access_log_path: &str)
         prepare_routes(hcm, ROUTE_KVMESH, None)?;
     }
     plain["name"] = json!("plain_listener");
-    *plain.pointer_mut("/address/socket_address/port_value").ok_or(ShapeError("listener port"))? = json!(plain_port);
+    *plain
+        .pointer_mut("/address/socket_address/port_value")
+        .ok_or(ShapeError("listener port"))? = json!(plain_port);
     {
         let hcm = hcm_mut(&mut plain)?;
         hcm["stat_prefix"] = json!("plain");
@@ -119,8 +128,12 @@ pub fn add_plain_path(bootstrap: &Value, plain_port: u16, access_log_path: &str)
     }
     listeners.push(plain);
 
-    let clusters = b.pointer_mut("/static_resources/clusters").and_then(Value::as_array_mut).ok_or(ShapeError("clusters"))?;
-    let engines = clusters.iter().find(|c| c["name"] == "engines").ok_or(ShapeError("engines cluster"))?;
+    let clusters = b
+        .pointer_mut("/static_resources/clusters")
+        .and_then(Value::as_array_mut)
+        .ok_or(ShapeError("clusters"))?;
+    let engines =
+        clusters.iter().find(|c| c["name"] == "engines").ok_or(ShapeError("engines cluster"))?;
     let mut twin = engines.clone();
     twin["name"] = json!(PLAIN_CLUSTER);
     twin["load_assignment"]["cluster_name"] = json!(PLAIN_CLUSTER);
@@ -187,7 +200,13 @@ mod tests {
             indexer_port: 19100,
             wasm_path: wasm.into(),
             filter_config_json: r#"{"session_header":"x-session-id","debug_headers":true}"#.into(),
-            workers: (0..2).map(|i| BootstrapWorker { id: format!("w{i}"), host: "127.0.0.1".into(), port: 18001 + i }).collect(),
+            workers: (0..2)
+                .map(|i| BootstrapWorker {
+                    id: format!("w{i}"),
+                    host: "127.0.0.1".into(),
+                    port: 18001 + i,
+                })
+                .collect(),
             max_body_bytes: 8 << 20,
             policy: "kvmesh".into(),
             session_header: "x-session-id".into(),
@@ -208,10 +227,19 @@ mod tests {
         let listeners = b["static_resources"]["listeners"].as_array().unwrap();
         assert_eq!(listeners.len(), 2);
         let filters = |l: &Value| -> Vec<String> {
-            l.pointer("/filter_chains/0/filters/0/typed_config/http_filters").unwrap().as_array().unwrap()
-                .iter().map(|f| f["name"].as_str().unwrap().to_string()).collect()
+            l.pointer("/filter_chains/0/filters/0/typed_config/http_filters")
+                .unwrap()
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["name"].as_str().unwrap().to_string())
+                .collect()
         };
-        assert_eq!(filters(&listeners[0]), filters(&before["static_resources"]["listeners"][0]), "kvmesh chain untouched");
+        assert_eq!(
+            filters(&listeners[0]),
+            filters(&before["static_resources"]["listeners"][0]),
+            "kvmesh chain untouched"
+        );
         assert!(filters(&listeners[0]).contains(&"envoy.filters.http.wasm".to_string()));
         // The twin is the kvmesh chain (buffer, header stripping, …) minus the wasm filter.
         let mut want = filters(&listeners[0]);
@@ -219,8 +247,14 @@ mod tests {
         assert_eq!(filters(&listeners[1]), want);
         assert_eq!(want.last().map(String::as_str), Some("envoy.filters.http.router"));
         assert_eq!(listeners[1]["address"]["socket_address"]["port_value"], 18081);
-        for (l, name, cluster) in [(&listeners[0], ROUTE_KVMESH, "engines"), (&listeners[1], ROUTE_PLAIN, PLAIN_CLUSTER)] {
-            let routes = l.pointer("/filter_chains/0/filters/0/typed_config/route_config/virtual_hosts/0/routes").unwrap();
+        for (l, name, cluster) in
+            [(&listeners[0], ROUTE_KVMESH, "engines"), (&listeners[1], ROUTE_PLAIN, PLAIN_CLUSTER)]
+        {
+            let routes = l
+                .pointer(
+                    "/filter_chains/0/filters/0/typed_config/route_config/virtual_hosts/0/routes",
+                )
+                .unwrap();
             assert_eq!(routes[0]["name"], ROUTE_CANNED);
             assert_eq!(routes[1]["name"], name);
             assert_eq!(routes[1]["route"]["cluster"], cluster);
@@ -229,8 +263,14 @@ mod tests {
         let clusters = b["static_resources"]["clusters"].as_array().unwrap();
         let twin = clusters.iter().find(|c| c["name"] == PLAIN_CLUSTER).unwrap();
         let engines = clusters.iter().find(|c| c["name"] == "engines").unwrap();
-        assert_eq!(twin["load_assignment"]["endpoints"], engines["load_assignment"]["endpoints"], "same simulators");
-        assert!(twin.to_string().contains("least_request") && !twin.to_string().contains("override_host"));
+        assert_eq!(
+            twin["load_assignment"]["endpoints"], engines["load_assignment"]["endpoints"],
+            "same simulators"
+        );
+        assert!(
+            twin.to_string().contains("least_request")
+                && !twin.to_string().contains("override_host")
+        );
     }
 
     #[test]
@@ -238,24 +278,46 @@ mod tests {
         let mut v = vars("");
         v.policy = "round_robin".into();
         let plain: Value = serde_yaml::from_str(&render_bootstrap(&v).unwrap()).unwrap();
-        assert!(add_plain_path(&plain, 1, "/tmp/a.log").unwrap_err().to_string().contains("wasm filter"));
+        assert!(add_plain_path(&plain, 1, "/tmp/a.log")
+            .unwrap_err()
+            .to_string()
+            .contains("wasm filter"));
         assert!(add_plain_path(&json!({}), 1, "/tmp/a.log").is_err());
     }
 
     /// Envoy itself accepts the result (skipped without an Envoy binary and the wasm filter).
     #[test]
     fn envoy_validates_the_extended_bootstrap() {
-        let (Ok(envoy), Ok(wasm)) = (kvmesh_e2e::stack::envoy_binary(), kvmesh_e2e::stack::wasm_path()) else {
-            kvmesh_e2e::skip_or_fail_in_ci("no Envoy binary or wasm filter (make setup && make wasm)").unwrap();
+        let (Ok(envoy), Ok(wasm)) =
+            (kvmesh_e2e::stack::envoy_binary(), kvmesh_e2e::stack::wasm_path())
+        else {
+            kvmesh_e2e::skip_or_fail_in_ci(
+                "no Envoy binary or wasm filter (make setup && make wasm)",
+            )
+            .unwrap();
             return;
         };
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("access.log");
-        let b = add_plain_path(&kvmesh_bootstrap(&wasm.display().to_string()), 18081, &log.display().to_string()).unwrap();
+        let b = add_plain_path(
+            &kvmesh_bootstrap(&wasm.display().to_string()),
+            18081,
+            &log.display().to_string(),
+        )
+        .unwrap();
         let path = dir.path().join("envoy.yaml");
         std::fs::write(&path, b.to_string()).unwrap();
-        let out = std::process::Command::new(envoy).args(["--mode", "validate", "-c"]).arg(&path).output().unwrap();
-        assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let out = std::process::Command::new(envoy)
+            .args(["--mode", "validate", "-c"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     #[test]
@@ -264,7 +326,9 @@ mod tests {
         assert_eq!(e.id, "c-1-k");
         assert_eq!(e.route, ROUTE_KVMESH);
         assert_eq!(e.gateway_ms(), Some(0.852));
-        let canned = parse_access_line(r#"{"id":"x","route":"canned","req_us":null,"resp_us":null}"#).unwrap();
+        let canned =
+            parse_access_line(r#"{"id":"x","route":"canned","req_us":null,"resp_us":null}"#)
+                .unwrap();
         assert_eq!(canned.gateway_ms(), None);
         assert!(parse_access_line(r#"{"id":null,"route":"kvmesh"}"#).is_none());
         assert!(parse_access_line(r#"{"id":"-"}"#).is_none());

@@ -103,11 +103,7 @@ pub fn open_streak(streak: u64, fallback: Option<&str>) -> u64 {
 }
 
 fn judged(target: String, met: Option<bool>, measured: String) -> Judged {
-    Judged {
-        target,
-        met,
-        measured,
-    }
+    Judged { target, met, measured }
 }
 
 /// The three targets, judged.
@@ -119,25 +115,17 @@ pub fn targets(h: &HungIndexer) -> Vec<Judged> {
         latency.map_or("n/a".into(), |c| format!("{:.3} ms", c.p50_added_ms)),
     );
     let bounded = judged(
-        format!(
-            "connections to the hung indexer ≤ Envoy's bound ({})",
-            h.connection_bound
-        ),
+        format!("connections to the hung indexer ≤ Envoy's bound ({})", h.connection_bound),
         h.max_indexer_connections.map(|n| n <= h.connection_bound),
-        h.max_indexer_connections
-            .map_or("n/a".into(), |n| match &h.burst {
-                Some(b) => format!("peak {n}, {} concurrent clients at most", b.concurrency),
-                None => format!("peak {n}"),
-            }),
+        h.max_indexer_connections.map_or("n/a".into(), |n| match &h.burst {
+            Some(b) => format!("peak {n}, {} concurrent clients at most", b.concurrency),
+            None => format!("peak {n}"),
+        }),
     );
     let resumed = judged(
-        format!(
-            "routing resumes ≤ {:.0} s after SIGCONT",
-            RESUME_TARGET_MS / 1000.0
-        ),
+        format!("routing resumes ≤ {:.0} s after SIGCONT", RESUME_TARGET_MS / 1000.0),
         Some(h.resume_ms.is_some_and(|ms| ms <= RESUME_TARGET_MS)),
-        h.resume_ms
-            .map_or("not within the patience".into(), |ms| format!("{ms:.0} ms")),
+        h.resume_ms.map_or("not within the patience".into(), |ms| format!("{ms:.0} ms")),
     );
     vec![added, bounded, resumed]
 }
@@ -196,13 +184,7 @@ pub fn render(h: &HungIndexer) -> String {
     }
     let _ = writeln!(s);
     for t in targets(h) {
-        let _ = writeln!(
-            s,
-            "Target: {}: {} ({}).\n",
-            t.target,
-            verdict(t.met),
-            t.measured
-        );
+        let _ = writeln!(s, "Target: {}: {} ({}).\n", t.target, verdict(t.met), t.measured);
     }
     s
 }
@@ -245,10 +227,7 @@ mod tests {
             (hung(Some(10.0), Some(259), Some(2000.5)), [Some(false); 3]),
             (hung(Some(9.99), Some(258), Some(2000.0)), [Some(true); 3]),
             (hung(None, None, Some(10.0)), [None, None, Some(true)]),
-            (
-                hung(Some(1.0), Some(3), None),
-                [Some(true), Some(true), Some(false)],
-            ),
+            (hung(Some(1.0), Some(3), None), [Some(true), Some(true), Some(false)]),
         ];
         for (h, want) in table {
             let got: Vec<Option<bool>> = targets(&h).iter().map(|t| t.met).collect();
@@ -269,21 +248,11 @@ mod tests {
         ] {
             assert!(md.contains(want), "missing {want:?} in:\n{md}");
         }
-        let never = HungIndexer {
-            opening_ms: None,
-            resume_ms: None,
-            ..hung(None, None, None)
-        };
+        let never = HungIndexer { opening_ms: None, resume_ms: None, ..hung(None, None, None) };
         let md = render(&never);
         assert!(md.contains("**never seen open** (8 requests sent)"), "{md}");
-        assert!(
-            md.contains("added p50 with the breaker open < 10 ms: not measured (n/a)"),
-            "{md}"
-        );
-        assert!(
-            md.contains("after SIGCONT: **missed** (not within the patience)"),
-            "{md}"
-        );
+        assert!(md.contains("added p50 with the breaker open < 10 ms: not measured (n/a)"), "{md}");
+        assert!(md.contains("after SIGCONT: **missed** (not within the patience)"), "{md}");
     }
 
     #[test]

@@ -74,22 +74,16 @@ pub fn parse_sizes(s: &str) -> Result<Vec<Size>, String> {
             Some(d) => (d, 1024),
             None => (lower.as_str(), 1),
         };
-        let n: usize = digits
-            .parse()
-            .map_err(|_| format!("bad size {part:?} (e.g. 1k, 8k, 32k, 1000)"))?;
+        let n: usize =
+            digits.parse().map_err(|_| format!("bad size {part:?} (e.g. 1k, 8k, 32k, 1000)"))?;
         let tokens = n.saturating_mul(mult);
         if !(256..=MAX_TOKENS).contains(&tokens) {
-            return Err(format!(
-                "size {part:?} must be within 256..={MAX_TOKENS} tokens"
-            ));
+            return Err(format!("size {part:?} must be within 256..={MAX_TOKENS} tokens"));
         }
         if out.iter().any(|x| x.label == lower) {
             return Err(format!("size {part:?} given twice"));
         }
-        out.push(Size {
-            label: lower,
-            tokens,
-        });
+        out.push(Size { label: lower, tokens });
     }
     if out.is_empty() {
         return Err("no overhead size given".into());
@@ -125,17 +119,9 @@ impl Case {
 pub fn cases(sizes: &[Size], shared: &[Size]) -> Vec<Case> {
     let mut out: Vec<Case> = sizes
         .iter()
-        .flat_map(|s| {
-            [Kind::Cold, Kind::Continuation].map(|kind| Case {
-                size: s.clone(),
-                kind,
-            })
-        })
+        .flat_map(|s| [Kind::Cold, Kind::Continuation].map(|kind| Case { size: s.clone(), kind }))
         .collect();
-    out.extend(shared.iter().map(|s| Case {
-        size: s.clone(),
-        kind: Kind::SharedPrefix,
-    }));
+    out.extend(shared.iter().map(|s| Case { size: s.clone(), kind: Kind::SharedPrefix }));
     out
 }
 
@@ -206,10 +192,7 @@ pub struct Base {
 /// first word (the seed is written into the system prompt's opening).
 pub fn base_conversation(seed: u64, tokens: usize, shape: &Shape) -> Base {
     let mut rng = SplitMix64::new(mix(seed, 0xBA5E));
-    let system = format!(
-        "Session {seed:016x}. {}",
-        text(&mut rng, shape.system_words)
-    );
+    let system = format!("Session {seed:016x}. {}", text(&mut rng, shape.system_words));
     let mut h = History::new(&system);
     let target = (tokens as f64 - shape.tail_tokens())
         .max(shape.tokens(shape.system_words) + shape.tokens(8));
@@ -246,10 +229,7 @@ pub fn next_turn(base: &History, seed: u64, shape: &Shape) -> History {
     let mut rng = SplitMix64::new(mix(seed, 0x7A11));
     let mut h = base.clone();
     h.push_assistant(&text(&mut rng, shape.tail_assistant_words));
-    h.push_user(&format!(
-        "Follow-up {seed:x}: {}",
-        text(&mut rng, shape.tail_user_words)
-    ));
+    h.push_user(&format!("Follow-up {seed:x}: {}", text(&mut rng, shape.tail_user_words)));
     h
 }
 
@@ -274,10 +254,7 @@ pub fn shared_prefix_request(
     for i in 0..=t {
         let mut rng = SplitMix64::new(mix(mix(mix(salt, 0x5AED), id), i));
         h.push_assistant(&text(&mut rng, shape.tail_assistant_words));
-        h.push_user(&format!(
-            "Turn {id:x}.{i}: {}",
-            text(&mut rng, shape.tail_user_words)
-        ));
+        h.push_user(&format!("Turn {id:x}.{i}: {}", text(&mut rng, shape.tail_user_words)));
     }
     (h, t)
 }
@@ -294,11 +271,7 @@ const COLD_TEMPLATE_SEED: u64 = 0xC01D;
 /// the same shape as a continuation of the same size, shortened by what the tags add.
 pub fn cold_template(tokens: usize, shape: &Shape) -> History {
     let make = |t: usize| {
-        next_turn(
-            &base_conversation(COLD_TEMPLATE_SEED, t, shape).base,
-            COLD_TEMPLATE_SEED,
-            shape,
-        )
+        next_turn(&base_conversation(COLD_TEMPLATE_SEED, t, shape).base, COLD_TEMPLATE_SEED, shape)
     };
     let tags = make(tokens).len() as f64 * shape.cold_tag_tokens;
     make((tokens as f64 - tags).max(256.0) as usize)
@@ -321,11 +294,7 @@ pub fn tag(seed: u64) -> String {
 pub fn cold_request(template: &History, seed: u64) -> History {
     let t = tag(seed);
     History::from_messages(
-        template
-            .messages()
-            .iter()
-            .map(|(r, c)| (r.clone(), format!("{t}: {c}")))
-            .collect(),
+        template.messages().iter().map(|(r, c)| (r.clone(), format!("{t}: {c}"))).collect(),
     )
 }
 
@@ -341,10 +310,7 @@ pub fn cold_seed(run_seed: u64, phase: u64, size_index: usize, n: u64) -> u64 {
 
 /// Estimated prompt tokens of a history (for tests and sanity checks; the engines report the truth).
 pub fn estimate_tokens(h: &History, shape: &Shape) -> f64 {
-    h.messages()
-        .iter()
-        .map(|(_, c)| shape.tokens(c.split_whitespace().count()))
-        .sum()
+    h.messages().iter().map(|(_, c)| shape.tokens(c.split_whitespace().count())).sum()
 }
 
 #[cfg(test)]
@@ -354,10 +320,7 @@ mod tests {
     #[test]
     fn sizes_parse() {
         let s = parse_sizes("1k, 8K,32k").unwrap();
-        assert_eq!(
-            s.iter().map(|x| x.tokens).collect::<Vec<_>>(),
-            [1024, 8192, 32768]
-        );
+        assert_eq!(s.iter().map(|x| x.tokens).collect::<Vec<_>>(), [1024, 8192, 32768]);
         assert_eq!(s[1].label, "8k");
         assert_eq!(parse_sizes("1000").unwrap()[0].tokens, 1000);
         for bad in ["", "x", "8k,8k", "100", "1024k"] {
@@ -368,23 +331,15 @@ mod tests {
     #[test]
     fn case_names_match_the_target() {
         let names = |sizes: &str, shared: &str| -> Vec<String> {
-            cases(
-                &parse_sizes(sizes).unwrap(),
-                &parse_optional_sizes(shared).unwrap(),
-            )
-            .iter()
-            .map(Case::name)
-            .collect()
+            cases(&parse_sizes(sizes).unwrap(), &parse_optional_sizes(shared).unwrap())
+                .iter()
+                .map(Case::name)
+                .collect()
         };
         let plain = names("1k,8k", "none");
         assert_eq!(
             plain,
-            [
-                "chat_1k_cold",
-                "chat_1k_continuation",
-                "chat_8k_cold",
-                "chat_8k_continuation"
-            ]
+            ["chat_1k_cold", "chat_1k_continuation", "chat_8k_cold", "chat_8k_continuation"]
         );
         assert!(plain.contains(&crate::report::targets::OVERHEAD_TARGET_CASE.to_string()));
         let shared = names("1k", "8k,48k");
@@ -407,10 +362,7 @@ mod tests {
         let shape = Shape::default();
         let prefix = base_conversation(shared_prefix_seed(0, 1), 48 * 1024, &shape).base;
         let est = estimate_tokens(&prefix, &shape);
-        assert!(
-            (est - 48.0 * 1024.0).abs() < 0.05 * 48.0 * 1024.0,
-            "prefix estimated {est}"
-        );
+        assert!((est - 48.0 * 1024.0).abs() < 0.05 * 48.0 * 1024.0, "prefix estimated {est}");
         let k = 4usize;
         let turns = shape.shared_turns as u64;
         let req = |n: u64| shared_prefix_request(&prefix, k, n, 9, &shape);
@@ -421,21 +373,13 @@ mod tests {
                 *prefix.messages(),
                 "{n}: starts with the prefix"
             );
-            assert_eq!(
-                h.len(),
-                prefix.len() + 2 * (t as usize + 1),
-                "{n}: turn {t}"
-            );
+            assert_eq!(h.len(), prefix.len() + 2 * (t as usize + 1), "{n}: turn {t}");
             assert_eq!(t, (n / k as u64) % turns);
             // The same conversation's previous turn is a prefix of this one (the conversation grows).
             if t > 0 {
                 let (prev, pt) = req(n - k as u64);
                 assert_eq!(pt, t - 1);
-                assert_eq!(
-                    h.messages()[..prev.len()],
-                    *prev.messages(),
-                    "{n}: extends turn {pt}"
-                );
+                assert_eq!(h.messages()[..prev.len()], *prev.messages(), "{n}: extends turn {pt}");
             }
             // The new text per request is one turn, the size of a continuation's.
             let added = estimate_tokens(&h, &shape) - estimate_tokens(&prefix, &shape);
@@ -445,9 +389,8 @@ mod tests {
             );
         }
         // Every request is distinct: a new generation of conversations starts after `turns` turns.
-        let all: std::collections::HashSet<Vec<(String, String)>> = (0..3 * k as u64 * turns)
-            .map(|n| req(n).0.messages().to_vec())
-            .collect();
+        let all: std::collections::HashSet<Vec<(String, String)>> =
+            (0..3 * k as u64 * turns).map(|n| req(n).0.messages().to_vec()).collect();
         assert_eq!(all.len(), 3 * k * turns as usize);
         assert_ne!(
             shared_prefix_request(&prefix, k, 0, 1, &shape).0,
@@ -491,12 +434,7 @@ mod tests {
         assert_eq!(a, cold_request(&template, 1));
         let b = cold_request(&template, 2);
         assert_eq!(a.len(), template.len());
-        for ((ma, mb), mt) in a
-            .messages()
-            .iter()
-            .zip(b.messages())
-            .zip(template.messages())
-        {
+        for ((ma, mb), mt) in a.messages().iter().zip(b.messages()).zip(template.messages()) {
             assert_eq!(ma.0, mt.0);
             assert!(
                 ma.1 != mb.1 && ma.1 != mt.1 && ma.1[..8] != mb.1[..8],

@@ -233,11 +233,7 @@ impl Rate {
 }
 
 fn values(samples: &[&Sample], path: Path, f: impl Fn(&Sample) -> Option<f64>) -> Vec<f64> {
-    samples
-        .iter()
-        .filter(|s| s.path == Some(path) && s.usable())
-        .filter_map(|s| f(s))
-        .collect()
+    samples.iter().filter(|s| s.path == Some(path) && s.usable()).filter_map(|s| f(s)).collect()
 }
 
 fn diff(k: &[f64], p: &[f64], q: f64) -> Option<f64> {
@@ -291,9 +287,8 @@ pub fn summarize(
         match_p50_ms: percentile(&matching, 50.0),
         score_p50_ms: percentile(&scoring, 50.0),
         fallbacks: Some(
-            mine.iter()
-                .filter(|s| s.path == Some(Path::Kvmesh) && s.fallback.is_some())
-                .count() as u64,
+            mine.iter().filter(|s| s.path == Some(Path::Kvmesh) && s.fallback.is_some()).count()
+                as u64,
         ),
         failed: Some(mine.iter().filter(|s| !s.usable()).count() as u64),
         local_route_max_body_bytes: None,
@@ -319,12 +314,7 @@ mod tests {
     fn added_latency_is_a_difference_of_percentiles() {
         let mut v = Vec::new();
         for i in 0..100 {
-            v.push(s(
-                "c",
-                Path::Kvmesh,
-                1.0 + i as f64 / 100.0,
-                20.0 + i as f64,
-            ));
+            v.push(s("c", Path::Kvmesh, 1.0 + i as f64 / 100.0, 20.0 + i as f64));
             v.push(s("c", Path::Plain, 0.1, 19.0 + i as f64));
         }
         v.push(Sample {
@@ -333,16 +323,9 @@ mod tests {
             error: Some("HTTP 500".into()),
             ..Default::default()
         });
-        v.push(Sample {
-            fallback: Some("timeout".into()),
-            ..s("c", Path::Kvmesh, 100.0, 120.0)
-        });
+        v.push(Sample { fallback: Some("timeout".into()), ..s("c", Path::Kvmesh, 100.0, 120.0) });
         v.push(s("other", Path::Plain, 50.0, 50.0));
-        for (i, x) in v
-            .iter_mut()
-            .filter(|x| x.path == Some(Path::Kvmesh))
-            .enumerate()
-        {
+        for (i, x) in v.iter_mut().filter(|x| x.path == Some(Path::Kvmesh)).enumerate() {
             x.indexer_ms = Some(i as f64);
         }
         let r = Rate {
@@ -353,31 +336,17 @@ mod tests {
             indexer_routes: 330.0,
             indexer_cpu_s: 1.5,
         };
-        let c = summarize(
-            "c",
-            &v,
-            Some(r),
-            Some(Rate {
-                ok: 600,
-                seconds: 3.0,
-                ..Default::default()
-            }),
-        )
-        .unwrap();
+        let c =
+            summarize("c", &v, Some(r), Some(Rate { ok: 600, seconds: 3.0, ..Default::default() }))
+                .unwrap();
         // 101 kvmesh samples (the fallback's 100 ms included): rank 51 = 1.50; p99 rank 100 = 1.99.
         assert!((c.p50_added_ms - (1.5 - 0.1)).abs() < 1e-9, "{c:?}");
-        assert!(
-            (c.p99_added_ms.unwrap() - (1.99 - 0.1)).abs() < 1e-9,
-            "{c:?}"
-        );
+        assert!((c.p99_added_ms.unwrap() - (1.99 - 0.1)).abs() < 1e-9, "{c:?}");
         assert_eq!(c.kvmesh_p50_ms, Some(1.5));
         assert_eq!(c.plain_p99_ms, Some(0.1));
         // 101 kvmesh TTFTs (the fallback's counts): nearest rank 51 = 70; plain rank 50 = 68.
         assert!((c.client_p50_added_ms.unwrap() - 2.0).abs() < 1e-9, "{c:?}");
-        assert_eq!(
-            (c.fallbacks, c.failed, c.samples),
-            (Some(1), Some(1), Some(100))
-        );
+        assert_eq!((c.fallbacks, c.failed, c.samples), (Some(1), Some(1), Some(100)));
         assert_eq!(
             (c.rps_kvmesh, c.rps_plain, c.rps_kvmesh_fallback_share),
             (Some(100.0), Some(200.0), Some(0.1))
@@ -409,21 +378,14 @@ mod tests {
         let b = IndexerTimers::from_scrape(&scrape(0.5012, 11.0, 0.2004, 11.0)).unwrap();
         let share = b.one_route_since(&a).unwrap();
         let (route, tok) = (share.route_ms, share.tokenize_ms);
-        assert!(
-            (route - 1.2).abs() < 1e-6 && (tok.unwrap() - 0.4).abs() < 1e-6,
-            "{route} {tok:?}"
-        );
+        assert!((route - 1.2).abs() < 1e-6 && (tok.unwrap() - 0.4).abs() < 1e-6, "{route} {tok:?}");
         assert!(
             (share.match_ms.unwrap() - 0.12).abs() < 1e-6
                 && (share.score_ms.unwrap() - 0.24).abs() < 1e-6,
             "{share:?}"
         );
         let c = IndexerTimers::from_scrape(&scrape(0.6, 13.0, 0.3, 12.0)).unwrap();
-        assert_eq!(
-            c.one_route_since(&b),
-            None,
-            "two routes in between: not attributable"
-        );
+        assert_eq!(c.one_route_since(&b), None, "two routes in between: not attributable");
         let d = IndexerTimers::from_scrape(&scrape(0.7, 14.0, 0.3, 12.0)).unwrap();
         assert_eq!(
             d.one_route_since(&c).map(|x| (x.tokenize_ms, x.score_ms)),
@@ -439,13 +401,7 @@ mod tests {
         assert!(summarize("c", &v, None, None).is_none());
         let mut r = Rate::default();
         assert_eq!(r.per_second(), None);
-        r.add(Rate {
-            ok: 5,
-            failed: 1,
-            fallbacks: 2,
-            seconds: 0.5,
-            ..Default::default()
-        });
+        r.add(Rate { ok: 5, failed: 1, fallbacks: 2, seconds: 0.5, ..Default::default() });
         assert_eq!(
             (r.routes_per_indexer_core(), r.indexer_cores()),
             (None, None),
@@ -460,9 +416,6 @@ mod tests {
             indexer_cpu_s: 0.25,
         });
         assert_eq!((r.per_second(), r.failed, r.fallbacks), (Some(10.0), 1, 2));
-        assert_eq!(
-            (r.routes_per_indexer_core(), r.indexer_cores()),
-            (Some(48.0), Some(0.25))
-        );
+        assert_eq!((r.routes_per_indexer_core(), r.indexer_cores()), (Some(48.0), Some(0.25)));
     }
 }

@@ -5,7 +5,10 @@
 //! counts, failures, overhead, extra sections). Absent numbers print as `n/a`, never as 0.
 
 use super::summary::{PolicySummary, RateSource, SourcedRate};
-use super::targets::{TargetResult, Verdict, OVERHEAD_P99_TARGET_MS, OVERHEAD_TARGET_CASE, OVERHEAD_TARGET_MS, RPS_RATIO_TARGET};
+use super::targets::{
+    TargetResult, Verdict, OVERHEAD_P99_TARGET_MS, OVERHEAD_TARGET_CASE, OVERHEAD_TARGET_MS,
+    RPS_RATIO_TARGET,
+};
 use crate::manifest::OverheadCase;
 use crate::manifest::RunManifest;
 use std::fmt::Write as _;
@@ -38,7 +41,9 @@ fn num(v: Option<f64>, digits: usize) -> String {
 fn sourced(v: Option<SourcedRate>) -> String {
     match v {
         Some(SourcedRate { value, source: RateSource::Counters }) => pct(Some(value)),
-        Some(SourcedRate { value, source: RateSource::DebugHeaders }) => format!("{} ᵈ", pct(Some(value))),
+        Some(SourcedRate { value, source: RateSource::DebugHeaders }) => {
+            format!("{} ᵈ", pct(Some(value)))
+        }
         None => "n/a".into(),
     }
 }
@@ -52,7 +57,12 @@ fn verdict(v: &Verdict) -> String {
 }
 
 /// Renders the whole report.
-pub fn render(m: &RunManifest, summaries: &[PolicySummary], targets: &[TargetResult], plots: &PlotLinks) -> String {
+pub fn render(
+    m: &RunManifest,
+    summaries: &[PolicySummary],
+    targets: &[TargetResult],
+    plots: &PlotLinks,
+) -> String {
     let mut s = String::new();
     // Writing to a String cannot fail; the results are ignored on purpose.
     let _ = writeln!(s, "# {}\n", m.title.as_deref().unwrap_or("kvmesh benchmark report"));
@@ -60,10 +70,16 @@ pub fn render(m: &RunManifest, summaries: &[PolicySummary], targets: &[TargetRes
     let _ = writeln!(s, "| workload | {} |", m.workload.as_deref().unwrap_or("not stated"));
     let _ = writeln!(s, "| window | {} |", m.window.as_deref().unwrap_or("not stated"));
     let _ = writeln!(s, "| speed-up | {} |", num(m.speedup, 2));
-    let fleet = if m.workers.is_empty() { "not stated".to_string() } else { format!("{} workers ({})", m.workers.len(), m.workers.join(", ")) };
+    let fleet = if m.workers.is_empty() {
+        "not stated".to_string()
+    } else {
+        format!("{} workers ({})", m.workers.len(), m.workers.join(", "))
+    };
     let _ = writeln!(s, "| fleet | {fleet} |");
     let cap = match (m.cache_capacity_blocks, m.engine_block_size) {
-        (Some(c), Some(b)) => format!("{c} blocks × {b} tokens = {} tokens per worker", c * u64::from(b)),
+        (Some(c), Some(b)) => {
+            format!("{c} blocks × {b} tokens = {} tokens per worker", c * u64::from(b))
+        }
         (Some(c), None) => format!("{c} blocks per worker"),
         _ => "not stated".into(),
     };
@@ -90,13 +106,26 @@ pub fn render(m: &RunManifest, summaries: &[PolicySummary], targets: &[TargetRes
     }
 
     // Without a single-replay comparison only the overhead target can be judged here.
-    let shown: Vec<&TargetResult> =
-        targets.iter().filter(|t| !summaries.is_empty() || t.target.starts_with("router overhead")).collect();
+    let shown: Vec<&TargetResult> = targets
+        .iter()
+        .filter(|t| !summaries.is_empty() || t.target.starts_with("router overhead"))
+        .collect();
     if !summaries.is_empty() || !m.overhead.is_empty() {
         let _ = writeln!(s, "\n## Targets\n\nGoals from the issue, reported, never asserted. What limits the missed ones on the reference run is analysed in e2e/bench/README.md (\"Latest results, and why targets are missed\").\n");
-        let _ = writeln!(s, "| target | measured | reference | verdict | note |\n|---|---|---|---|---|");
+        let _ = writeln!(
+            s,
+            "| target | measured | reference | verdict | note |\n|---|---|---|---|---|"
+        );
         for t in shown {
-            let _ = writeln!(s, "| {} | {} | {} | {} | {} |", t.target, t.measured, t.reference, verdict(&t.verdict), t.note);
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} |",
+                t.target,
+                t.measured,
+                t.reference,
+                verdict(&t.verdict),
+                t.note
+            );
         }
     }
 
@@ -105,7 +134,12 @@ pub fn render(m: &RunManifest, summaries: &[PolicySummary], targets: &[TargetRes
 }
 
 /// Cache hits, latency and throughput, load balance: the per-policy sections.
-fn render_policies(s: &mut String, m: &RunManifest, summaries: &[PolicySummary], plots: &PlotLinks) {
+fn render_policies(
+    s: &mut String,
+    m: &RunManifest,
+    summaries: &[PolicySummary],
+    plots: &PlotLinks,
+) {
     let _ = writeln!(s, "\n## Cache hits\n");
     let _ = writeln!(s, "| policy | engine hit rate (block-weighted) | vs ceiling | router predicted, block-weighted | router predicted, request-weighted | cached tokens from usage | engine preemptions |");
     let _ = writeln!(s, "|---|---|---|---|---|---|---|");
@@ -145,8 +179,17 @@ fn render_policies(s: &mut String, m: &RunManifest, summaries: &[PolicySummary],
         let _ = writeln!(
             s,
             "| {} | {} / {} | {} | {} | {} | {} | {} | {:.2} | {:.0} | {} |",
-            p.name, p.ok, p.requests, ms(p.ttft.p50), ms(p.ttft.p90), ms(p.ttft.p99), ms(p.e2e.p50), ms(p.e2e.p99),
-            p.requests_per_s, p.output_tokens_per_s, ms(p.send_lag.p99)
+            p.name,
+            p.ok,
+            p.requests,
+            ms(p.ttft.p50),
+            ms(p.ttft.p90),
+            ms(p.ttft.p99),
+            ms(p.e2e.p50),
+            ms(p.e2e.p99),
+            p.requests_per_s,
+            p.output_tokens_per_s,
+            ms(p.send_lag.p99)
         );
     }
     let _ = writeln!(
@@ -187,17 +230,24 @@ fn render_policies(s: &mut String, m: &RunManifest, summaries: &[PolicySummary],
 }
 
 fn render_details(s: &mut String, m: &RunManifest, summaries: &[PolicySummary]) {
-    let mut workers: Vec<&String> = summaries.iter().flat_map(|p| p.requests_balance.per_worker.keys()).collect();
+    let mut workers: Vec<&String> =
+        summaries.iter().flat_map(|p| p.requests_balance.per_worker.keys()).collect();
     workers.sort();
     workers.dedup();
     if !workers.is_empty() {
         let _ = writeln!(s, "\n## Requests per worker\n");
-        let _ = writeln!(s, "| policy | {} |", workers.iter().map(|w| w.as_str()).collect::<Vec<_>>().join(" | "));
+        let _ = writeln!(
+            s,
+            "| policy | {} |",
+            workers.iter().map(|w| w.as_str()).collect::<Vec<_>>().join(" | ")
+        );
         let _ = writeln!(s, "|---|{}", "---|".repeat(workers.len()));
         for p in summaries {
             let cells: Vec<String> = workers
                 .iter()
-                .map(|w| format!("{:.0}", p.requests_balance.per_worker.get(*w).copied().unwrap_or(0.0)))
+                .map(|w| {
+                    format!("{:.0}", p.requests_balance.per_worker.get(*w).copied().unwrap_or(0.0))
+                })
                 .collect();
             let _ = writeln!(s, "| {} | {} |", p.name, cells.join(" | "));
         }
@@ -213,7 +263,8 @@ fn render_details(s: &mut String, m: &RunManifest, summaries: &[PolicySummary]) 
         }
     }
     render_overhead(s, m);
-    let notes: Vec<_> = m.policies.iter().filter_map(|p| p.notes.as_ref().map(|n| (p.name.as_str(), n))).collect();
+    let notes: Vec<_> =
+        m.policies.iter().filter_map(|p| p.notes.as_ref().map(|n| (p.name.as_str(), n))).collect();
     if !notes.is_empty() {
         let _ = writeln!(s, "\n## Policy notes\n");
         for (name, n) in notes {
@@ -262,9 +313,13 @@ fn render_overhead(s: &mut String, m: &RunManifest) {
     let pair = |a: Option<f64>, b: Option<f64>| format!("{} / {}", num(a, 3), num(b, 3));
     for c in &m.overhead {
         let ratio = match (rps_ratio(c), rps_met(c)) {
-            (Some(r), _) if c.local_route_max_body_bytes.is_some() => format!("{r:.3} (routed locally, not judged)"),
+            (Some(r), _) if c.local_route_max_body_bytes.is_some() => {
+                format!("{r:.3} (routed locally, not judged)")
+            }
             (Some(r), true) => format!("{r:.3} met"),
-            (Some(r), false) if r >= RPS_RATIO_TARGET => format!("{r:.3} **missed** (bought by routing without the indexer)"),
+            (Some(r), false) if r >= RPS_RATIO_TARGET => {
+                format!("{r:.3} **missed** (bought by routing without the indexer)")
+            }
             (Some(r), false) => format!("{r:.3} **missed**"),
             (None, _) => "n/a".into(),
         };
@@ -302,7 +357,11 @@ fn render_overhead(s: &mut String, m: &RunManifest) {
         ),
         None => writeln!(s, "\nTarget: added p50 ≤ {OVERHEAD_TARGET_MS} ms and p99 ≤ {OVERHEAD_P99_TARGET_MS} ms for `{OVERHEAD_TARGET_CASE}`: not measured in this run."),
     };
-    let _ = writeln!(s, "\nTarget: requests/s per gateway ≥ {RPS_RATIO_TARGET}× plain Envoy for every case: {}", throughput_verdict(&m.overhead));
+    let _ = writeln!(
+        s,
+        "\nTarget: requests/s per gateway ≥ {RPS_RATIO_TARGET}× plain Envoy for every case: {}",
+        throughput_verdict(&m.overhead)
+    );
     if let Some(line) = prefix_scaling(&m.overhead) {
         let _ = writeln!(s, "\n{line}");
     }
@@ -323,20 +382,20 @@ pub const RPS_MAX_FALLBACK_SHARE: f64 = 0.01;
 /// Whether one case meets the throughput target: ratio ≥ [`RPS_RATIO_TARGET`] with at most
 /// [`RPS_MAX_FALLBACK_SHARE`] of its requests routed without the indexer.
 pub fn rps_met(c: &OverheadCase) -> bool {
-    rps_ratio(c).is_some_and(|r| r >= RPS_RATIO_TARGET) && c.rps_kvmesh_fallback_share.unwrap_or(0.0) <= RPS_MAX_FALLBACK_SHARE
+    rps_ratio(c).is_some_and(|r| r >= RPS_RATIO_TARGET)
+        && c.rps_kvmesh_fallback_share.unwrap_or(0.0) <= RPS_MAX_FALLBACK_SHARE
 }
 
 /// The throughput target over every case: met only when every case was measured and met it.
 pub fn throughput_verdict(all: &[OverheadCase]) -> String {
     // Cases routed locally by configuration gave up KV-aware routing: shown, never judged.
-    let (local, cases): (Vec<&OverheadCase>, Vec<&OverheadCase>) = all.iter().partition(|c| c.local_route_max_body_bytes.is_some());
+    let (local, cases): (Vec<&OverheadCase>, Vec<&OverheadCase>) =
+        all.iter().partition(|c| c.local_route_max_body_bytes.is_some());
     let local_line = local_route_line(&local);
-    let measured: Vec<(&OverheadCase, f64)> = cases.iter().filter_map(|c| rps_ratio(c).map(|r| (*c, r))).collect();
-    let unmeasured: Vec<&str> = cases
-        .iter()
-        .filter(|c| rps_ratio(c).is_none())
-        .map(|c| c.name.as_str())
-        .collect();
+    let measured: Vec<(&OverheadCase, f64)> =
+        cases.iter().filter_map(|c| rps_ratio(c).map(|r| (*c, r))).collect();
+    let unmeasured: Vec<&str> =
+        cases.iter().filter(|c| rps_ratio(c).is_none()).map(|c| c.name.as_str()).collect();
     if measured.is_empty() {
         return format!("not measured in this run.{local_line}");
     }
@@ -344,19 +403,15 @@ pub fn throughput_verdict(all: &[OverheadCase]) -> String {
         .iter()
         .filter(|(c, _)| !rps_met(c))
         .map(|(c, r)| match c.rps_kvmesh_fallback_share {
-            Some(f) if f > RPS_MAX_FALLBACK_SHARE => format!("`{}` {r:.3}× with {:.0}% without the indexer", c.name, f * 100.0),
+            Some(f) if f > RPS_MAX_FALLBACK_SHARE => {
+                format!("`{}` {r:.3}× with {:.0}% without the indexer", c.name, f * 100.0)
+            }
             _ => format!("`{}` {r:.3}×", c.name),
         })
         .collect();
-    let worst = measured
-        .iter()
-        .map(|(_, r)| *r)
-        .fold(f64::INFINITY, f64::min);
+    let worst = measured.iter().map(|(_, r)| *r).fold(f64::INFINITY, f64::min);
     let mut out = if missed.is_empty() {
-        format!(
-            "**met** for all {} measured cases (lowest {worst:.3}×)",
-            measured.len()
-        )
+        format!("**met** for all {} measured cases (lowest {worst:.3}×)", measured.len())
     } else {
         format!(
             "**missed** for {} of {} cases ({})",
@@ -368,11 +423,7 @@ pub fn throughput_verdict(all: &[OverheadCase]) -> String {
     if !unmeasured.is_empty() {
         out.push_str(&format!(
             "; not measured: {}",
-            unmeasured
-                .iter()
-                .map(|n| format!("`{n}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            unmeasured.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
         ));
         if missed.is_empty() {
             out = out.replacen("**met**", "**not judged** (cases missing), met", 1);
@@ -386,8 +437,13 @@ pub fn throughput_verdict(all: &[OverheadCase]) -> String {
 /// The requests/s ratios of the cases run with `local_route_max_body_bytes`, as a sentence after
 /// the verdict (empty without such cases).
 fn local_route_line(local: &[&OverheadCase]) -> String {
-    let ratios: Vec<String> = local.iter().filter_map(|c| rps_ratio(c).map(|r| format!("`{}` {r:.3}×", c.name))).collect();
-    let Some(bytes) = local.iter().find_map(|c| c.local_route_max_body_bytes).filter(|_| !ratios.is_empty()) else {
+    let ratios: Vec<String> = local
+        .iter()
+        .filter_map(|c| rps_ratio(c).map(|r| format!("`{}` {r:.3}×", c.name)))
+        .collect();
+    let Some(bytes) =
+        local.iter().find_map(|c| c.local_route_max_body_bytes).filter(|_| !ratios.is_empty())
+    else {
         return String::new();
     };
     format!(" With `local_route_max_body_bytes: {bytes}` (the filter routes these bodies alone, not KV-aware; not judged): {}.", ratios.join(", "))
@@ -400,15 +456,10 @@ pub const PREFIX_FLAT_FACTOR: f64 = 1.5;
 /// Whether kvmesh's cost on a shared prefix follows the new turn, not the prefix: the added p50
 /// (and the indexer's p50) of the smallest and the largest shared-prefix case side by side.
 pub fn prefix_scaling(cases: &[OverheadCase]) -> Option<String> {
-    let mut shared: Vec<&OverheadCase> = cases
-        .iter()
-        .filter(|c| c.name.ends_with("_shared_prefix"))
-        .collect();
-    shared.sort_by(|a, b| {
-        a.prompt_tokens
-            .unwrap_or(0.0)
-            .total_cmp(&b.prompt_tokens.unwrap_or(0.0))
-    });
+    let mut shared: Vec<&OverheadCase> =
+        cases.iter().filter(|c| c.name.ends_with("_shared_prefix")).collect();
+    shared
+        .sort_by(|a, b| a.prompt_tokens.unwrap_or(0.0).total_cmp(&b.prompt_tokens.unwrap_or(0.0)));
     let (small, large) = (shared.first()?, shared.last()?);
     if std::ptr::eq(*small, *large) {
         return None;
@@ -425,13 +476,14 @@ pub fn prefix_scaling(cases: &[OverheadCase]) -> Option<String> {
         }
     };
     let indexer = match (small.indexer_p50_ms, large.indexer_p50_ms) {
-        (Some(a), Some(b)) => format!(
-            "; the indexer's own p50 {a:.3} → {b:.3} ms ({})",
-            factor(a, b)
-        ),
+        (Some(a), Some(b)) => {
+            format!("; the indexer's own p50 {a:.3} → {b:.3} ms ({})", factor(a, b))
+        }
         _ => String::new(),
     };
-    let judged = if small.p50_added_ms > 0.0 && large.p50_added_ms / small.p50_added_ms <= PREFIX_FLAT_FACTOR + 1e-9 {
+    let judged = if small.p50_added_ms > 0.0
+        && large.p50_added_ms / small.p50_added_ms <= PREFIX_FLAT_FACTOR + 1e-9
+    {
         "**follows the turn**"
     } else {
         "**grows with the prefix**"
@@ -448,14 +500,20 @@ pub fn prefix_scaling(cases: &[OverheadCase]) -> Option<String> {
     ))
 }
 
-
 /// "met: 0.420 ms, 0.58 ms under the bound" / "missed: 1.300 ms, 0.30 ms (1.30×) over the bound".
 pub fn overhead_verdict(added_ms: f64, bound_ms: f64) -> String {
     let margin = bound_ms - added_ms;
     if margin >= 0.0 {
-        format!("**met** — {added_ms:.3} ms, {margin:.3} ms under the bound ({:.2}× it)", added_ms / bound_ms)
+        format!(
+            "**met** — {added_ms:.3} ms, {margin:.3} ms under the bound ({:.2}× it)",
+            added_ms / bound_ms
+        )
     } else {
-        format!("**missed** — {added_ms:.3} ms, {:.3} ms over the bound ({:.2}× it)", -margin, added_ms / bound_ms)
+        format!(
+            "**missed** — {added_ms:.3} ms, {:.3} ms over the bound ({:.2}× it)",
+            -margin,
+            added_ms / bound_ms
+        )
     }
 }
 
@@ -471,8 +529,20 @@ mod tests {
     #[test]
     fn report_states_the_run_and_every_policy() {
         let recs = vec![
-            RequestRecord { index: 0, ttft_ms: Some(12.0), e2e_ms: 40.0, status: Some(200), worker: Some("w0".into()), ..Default::default() },
-            RequestRecord { index: 1, e2e_ms: 3.0, error: Some("timeout after 1s".into()), ..Default::default() },
+            RequestRecord {
+                index: 0,
+                ttft_ms: Some(12.0),
+                e2e_ms: 40.0,
+                status: Some(200),
+                worker: Some("w0".into()),
+                ..Default::default()
+            },
+            RequestRecord {
+                index: 1,
+                e2e_ms: 3.0,
+                error: Some("timeout after 1s".into()),
+                ..Default::default()
+            },
         ];
         let m = RunManifest {
             workload: Some("trace.jsonl".into()),
@@ -481,15 +551,32 @@ mod tests {
             workers: vec!["w0".into(), "w1".into()],
             cache_capacity_blocks: Some(1000),
             engine_block_size: Some(16),
-            ceiling: Some(Ceiling { requests: 2, blocks_total: 10, blocks_reused: 3, tokens_total: 10, tokens_reused: 3 }),
+            ceiling: Some(Ceiling {
+                requests: 2,
+                blocks_total: 10,
+                blocks_reused: 3,
+                tokens_total: 10,
+                tokens_reused: 3,
+            }),
             commands: vec!["kvmesh-bench --first 2".into()],
-            policies: vec![PolicyEntry { name: "round_robin".into(), notes: Some("envoy rr".into()), ..Default::default() }],
-            extra_sections: vec![ExtraSection { title: "Microbenchmarks".into(), markdown: "none yet".into() }],
+            policies: vec![PolicyEntry {
+                name: "round_robin".into(),
+                notes: Some("envoy rr".into()),
+                ..Default::default()
+            }],
+            extra_sections: vec![ExtraSection {
+                title: "Microbenchmarks".into(),
+                markdown: "none yet".into(),
+            }],
             ..Default::default()
         };
         let sums = vec![summarize("round_robin", &recs, None, &m.workers)];
         let targets = evaluate(&sums, m.ceiling.as_ref(), &m.overhead);
-        let plots = PlotLinks { ttft_cdf: Some("ttft_cdf.png".into()), note: Some("font missing".into()), ..Default::default() };
+        let plots = PlotLinks {
+            ttft_cdf: Some("ttft_cdf.png".into()),
+            note: Some("font missing".into()),
+            ..Default::default()
+        };
         let md = render(&m, &sums, &targets, &plots);
         for want in [
             "| speed-up | 8.00 |",
@@ -535,8 +622,15 @@ mod tests {
             ..Default::default()
         };
         let md = render(&m, &[], &evaluate(&[], None, &m.overhead), &PlotLinks::default());
-        assert!(md.contains("No single-replay policy comparison in this run") && !md.contains("## Cache hits"), "{md}");
-        assert!(!md.contains("precise engine hit rate"), "only the overhead target without a replay: {md}");
+        assert!(
+            md.contains("No single-replay policy comparison in this run")
+                && !md.contains("## Cache hits"),
+            "{md}"
+        );
+        assert!(
+            !md.contains("precise engine hit rate"),
+            "only the overhead target without a replay: {md}"
+        );
         for want in [
             "## Router overhead",
             "4 workers",
@@ -551,10 +645,15 @@ mod tests {
         m.overhead.pop();
         let md = render(&m, &[], &evaluate(&[], None, &m.overhead), &PlotLinks::default());
         assert!(md.contains("`chat_8k_continuation`: not measured in this run"), "{md}");
-        assert!(overhead_verdict(1.3, OVERHEAD_TARGET_MS).starts_with("**missed** — 1.300 ms, 0.300 ms over the bound (1.30× it)"));
-        assert!(overhead_verdict(2.6, OVERHEAD_P99_TARGET_MS).starts_with("**missed** — 2.600 ms, 0.600 ms over the bound (1.30× it)"));
+        assert!(overhead_verdict(1.3, OVERHEAD_TARGET_MS)
+            .starts_with("**missed** — 1.300 ms, 0.300 ms over the bound (1.30× it)"));
+        assert!(overhead_verdict(2.6, OVERHEAD_P99_TARGET_MS)
+            .starts_with("**missed** — 2.600 ms, 0.600 ms over the bound (1.30× it)"));
         assert!(!md.contains("Shared prefix, cost per new turn"), "no shared-prefix case: {md}");
-        let failed = RunManifest { overhead_notes: Some("**did not run**: boom".into()), ..Default::default() };
+        let failed = RunManifest {
+            overhead_notes: Some("**did not run**: boom".into()),
+            ..Default::default()
+        };
         assert!(render(&failed, &[], &[], &PlotLinks::default()).contains("**did not run**: boom"));
     }
 
@@ -583,10 +682,7 @@ mod tests {
             "**missed** for 1 of 3 cases (`chat_8k_cold` 0.016×)."
         );
         cases[0].rps_kvmesh = Some(250.0);
-        assert_eq!(
-            throughput_verdict(&cases),
-            "**met** for all 3 measured cases (lowest 0.250×)."
-        );
+        assert_eq!(throughput_verdict(&cases), "**met** for all 3 measured cases (lowest 0.250×).");
         cases[0].rps_kvmesh = None;
         assert_eq!(throughput_verdict(&cases), "**not judged** (cases missing), met for all 2 measured cases (lowest 0.300×); not measured: `chat_8k_cold`.");
         assert_eq!(throughput_verdict(&cases[..1]), "not measured in this run.");
@@ -611,25 +707,17 @@ mod tests {
             line.starts_with("Shared prefix, cost per new turn: added p50 `chat_8k_shared_prefix` 0.600 ms → `chat_48k_shared_prefix` 0.900 ms (1.50×) (6.0× the prompt); the indexer's own p50 0.400 → 0.500 ms (1.25×): **follows the turn** (flat = within 1.5× of the smallest prefix's)."),
             "{line}"
         );
-        assert_eq!(
-            prefix_scaling(&cases[..2]),
-            None,
-            "one shared-prefix case: nothing to compare"
-        );
+        assert_eq!(prefix_scaling(&cases[..2]), None, "one shared-prefix case: nothing to compare");
         let mut grows = cases.clone();
         grows[1].p50_added_ms = 0.91;
         let line = prefix_scaling(&grows).unwrap();
-        assert!(line.contains("0.910 ms (1.52×) (6.0× the prompt)") && line.contains(": **grows with the prefix**"), "{line}");
-        let m = RunManifest {
-            overhead: cases,
-            ..Default::default()
-        };
-        let md = render(
-            &m,
-            &[],
-            &evaluate(&[], None, &m.overhead),
-            &PlotLinks::default(),
+        assert!(
+            line.contains("0.910 ms (1.52×) (6.0× the prompt)")
+                && line.contains(": **grows with the prefix**"),
+            "{line}"
         );
+        let m = RunManifest { overhead: cases, ..Default::default() };
+        let md = render(&m, &[], &evaluate(&[], None, &m.overhead), &PlotLinks::default());
         assert!(
             md.contains("| 0.300 met | 1234 (0.46) |") && md.contains("| n/a | 1234 (0.46) |"),
             "{md}"
@@ -638,6 +726,9 @@ mod tests {
         let mut fell_back = m.clone();
         fell_back.overhead[1].rps_kvmesh_fallback_share = Some(0.5);
         let md = render(&fell_back, &[], &[], &PlotLinks::default());
-        assert!(md.contains("| 0.300 **missed** (bought by routing without the indexer) |"), "{md}");
+        assert!(
+            md.contains("| 0.300 **missed** (bought by routing without the indexer) |"),
+            "{md}"
+        );
     }
 }

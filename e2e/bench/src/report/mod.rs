@@ -72,13 +72,18 @@ pub struct ReportOutput {
 fn load_counters(path: &Path) -> Result<PolicyCounters, ReportError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ReportError::Counters { path: path.to_path_buf(), reason: e.to_string() })?;
-    serde_json::from_str(&text).map_err(|e| ReportError::Counters { path: path.to_path_buf(), reason: e.to_string() })
+    serde_json::from_str(&text)
+        .map_err(|e| ReportError::Counters { path: path.to_path_buf(), reason: e.to_string() })
 }
 
 /// Reads the manifest at `manifest_path` and its inputs, writes `report.md` and the plots into
 /// `out_dir`. `font` is the TTF for plot text; when it cannot be loaded the report is written
 /// without plots and says so.
-pub fn generate(manifest_path: &Path, out_dir: &Path, font: &Path) -> Result<ReportOutput, ReportError> {
+pub fn generate(
+    manifest_path: &Path,
+    out_dir: &Path,
+    font: &Path,
+) -> Result<ReportOutput, ReportError> {
     let manifest = RunManifest::load(manifest_path)?;
     let base = manifest_path.parent().unwrap_or(Path::new("."));
     let mut summaries = Vec::with_capacity(manifest.policies.len());
@@ -96,11 +101,13 @@ pub fn generate(manifest_path: &Path, out_dir: &Path, font: &Path) -> Result<Rep
     }
     let targets = targets::evaluate(&summaries, manifest.ceiling.as_ref(), &manifest.overhead);
 
-    std::fs::create_dir_all(out_dir).map_err(|source| ReportError::Write { path: out_dir.to_path_buf(), source })?;
+    std::fs::create_dir_all(out_dir)
+        .map_err(|source| ReportError::Write { path: out_dir.to_path_buf(), source })?;
     let (links, plots, note) = draw_all(out_dir, &summaries, &manifest, font);
     let md = markdown::render(&manifest, &summaries, &targets, &links);
     let md_path = out_dir.join(REPORT_MD);
-    std::fs::write(&md_path, md).map_err(|source| ReportError::Write { path: md_path.clone(), source })?;
+    std::fs::write(&md_path, md)
+        .map_err(|source| ReportError::Write { path: md_path.clone(), source })?;
     Ok(ReportOutput { markdown: md_path, plots, plot_note: note })
 }
 

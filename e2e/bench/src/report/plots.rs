@@ -57,9 +57,11 @@ pub enum PlotError {
 /// kept for the life of the process, as plotters requires.
 pub fn register_font(path: &Path) -> Result<(), PlotError> {
     let shown = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| PlotError::FontRead { path: shown.clone(), source })?;
+    let bytes = std::fs::read(path)
+        .map_err(|source| PlotError::FontRead { path: shown.clone(), source })?;
     let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-    plotters::style::register_font(FONT, FontStyle::Normal, bytes).map_err(|_| PlotError::FontInvalid { path: shown })
+    plotters::style::register_font(FONT, FontStyle::Normal, bytes)
+        .map_err(|_| PlotError::FontInvalid { path: shown })
 }
 
 fn draw_err<E: std::fmt::Debug>(file: &Path) -> impl Fn(E) -> PlotError + '_ {
@@ -106,7 +108,8 @@ fn color(i: usize) -> RGBColor {
 /// TTFT CDF per policy, log-scaled time axis.
 pub fn ttft_cdf(path: &Path, summaries: &[PolicySummary]) -> Result<(), PlotError> {
     let err = draw_err(path);
-    let all: Vec<f64> = summaries.iter().flat_map(|s| s.ttft_sorted.iter().copied()).filter(|x| *x > 0.0).collect();
+    let all: Vec<f64> =
+        summaries.iter().flat_map(|s| s.ttft_sorted.iter().copied()).filter(|x| *x > 0.0).collect();
     let lo = all.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = all.iter().copied().fold(0.0_f64, f64::max);
     let (lo, hi) = if lo.is_finite() && hi > lo { (lo * 0.9, hi * 1.1) } else { (0.1, 10_000.0) };
@@ -127,7 +130,8 @@ pub fn ttft_cdf(path: &Path, summaries: &[PolicySummary]) -> Result<(), PlotErro
         .draw()
         .map_err(&err)?;
     for (i, s) in summaries.iter().enumerate() {
-        let pts: Vec<(f64, f64)> = cdf(&s.ttft_sorted, 400).into_iter().filter(|(x, _)| *x > 0.0).collect();
+        let pts: Vec<(f64, f64)> =
+            cdf(&s.ttft_sorted, 400).into_iter().filter(|(x, _)| *x > 0.0).collect();
         let c = color(i);
         chart
             .draw_series(LineSeries::new(pts, c.stroke_width(2)))
@@ -139,7 +143,11 @@ pub fn ttft_cdf(path: &Path, summaries: &[PolicySummary]) -> Result<(), PlotErro
 }
 
 /// Engine hit rate and router-predicted block-weighted rate per policy, with the ceiling line.
-pub fn hit_rate(path: &Path, summaries: &[PolicySummary], ceiling: Option<f64>) -> Result<(), PlotError> {
+pub fn hit_rate(
+    path: &Path,
+    summaries: &[PolicySummary],
+    ceiling: Option<f64>,
+) -> Result<(), PlotError> {
     let err = draw_err(path);
     let n = summaries.len().max(1);
     let top = summaries
@@ -166,7 +174,11 @@ pub fn hit_rate(path: &Path, summaries: &[PolicySummary], ceiling: Option<f64>) 
         .x_labels(n * 2 + 1)
         .x_label_formatter(&|x| {
             let i = x.floor() as usize;
-            if (x - x.floor() - 0.5).abs() < 0.01 { names.get(i).cloned().unwrap_or_default() } else { String::new() }
+            if (x - x.floor() - 0.5).abs() < 0.01 {
+                names.get(i).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
         })
         .y_label_formatter(&|y| format!("{:.0}%", y * 100.0))
         .y_desc("hit rate (block-weighted)")
@@ -177,15 +189,21 @@ pub fn hit_rate(path: &Path, summaries: &[PolicySummary], ceiling: Option<f64>) 
     let router = color(1);
     chart
         .draw_series(summaries.iter().enumerate().filter_map(|(i, s)| {
-            s.engine_hit_rate.map(|h| Rectangle::new([(i as f64 + 0.12, 0.0), (i as f64 + 0.48, h)], engine.filled()))
+            s.engine_hit_rate.map(|h| {
+                Rectangle::new([(i as f64 + 0.12, 0.0), (i as f64 + 0.48, h)], engine.filled())
+            })
         }))
         .map_err(&err)?
         .label("engine (counters)")
         .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], engine.filled()));
     chart
         .draw_series(summaries.iter().enumerate().filter_map(|(i, s)| {
-            s.router_block_rate
-                .map(|r| Rectangle::new([(i as f64 + 0.52, 0.0), (i as f64 + 0.88, r.value)], router.filled()))
+            s.router_block_rate.map(|r| {
+                Rectangle::new(
+                    [(i as f64 + 0.52, 0.0), (i as f64 + 0.88, r.value)],
+                    router.filled(),
+                )
+            })
         }))
         .map_err(&err)?
         .label("router predicted")
@@ -230,7 +248,11 @@ pub fn requests_per_worker(path: &Path, summaries: &[PolicySummary]) -> Result<(
         .x_labels(nw * 2 + 1)
         .x_label_formatter(&|x| {
             let i = x.floor() as usize;
-            if (x - x.floor() - 0.5).abs() < 0.01 { labels.get(i).cloned().unwrap_or_default() } else { String::new() }
+            if (x - x.floor() - 0.5).abs() < 0.01 {
+                labels.get(i).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
         })
         .y_label_formatter(&|y| format!("{y:.0}"))
         .y_desc("successful requests")
@@ -276,7 +298,12 @@ pub fn vs_rate(
 ) -> Result<(), PlotError> {
     let err = draw_err(path);
     let xs: Vec<f64> = series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).collect();
-    let ys: Vec<f64> = series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).chain(reference.map(|r| r.0)).filter(|y| y.is_finite()).collect();
+    let ys: Vec<f64> = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .chain(reference.map(|r| r.0))
+        .filter(|y| y.is_finite())
+        .collect();
     let x_hi = xs.iter().copied().fold(0.0_f64, f64::max).max(1e-3) * 1.05;
     let y_hi = ys.iter().copied().fold(0.0_f64, f64::max).max(1e-3) * 1.1;
     let y_lo = ys.iter().copied().filter(|y| *y > 0.0).fold(f64::INFINITY, f64::min);
@@ -292,11 +319,22 @@ pub fn vs_rate(
     macro_rules! body {
         ($chart:expr) => {{
             let mut chart = $chart;
-            chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).label_style((FONT, 14)).draw().map_err(&err)?;
+            chart
+                .configure_mesh()
+                .x_desc(x_desc)
+                .y_desc(y_desc)
+                .label_style((FONT, 14))
+                .draw()
+                .map_err(&err)?;
             if let Some((y, label)) = reference {
                 let dash = BLACK.mix(0.6);
                 chart
-                    .draw_series(DashedLineSeries::new(vec![(0.0, y), (x_hi, y)], 8, 6, dash.stroke_width(1)))
+                    .draw_series(DashedLineSeries::new(
+                        vec![(0.0, y), (x_hi, y)],
+                        8,
+                        6,
+                        dash.stroke_width(1),
+                    ))
                     .map_err(&err)?
                     .label(label.to_string())
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], dash));
@@ -308,16 +346,22 @@ pub fn vs_rate(
                     .draw_series(LineSeries::new(pts.iter().map(|p| (p.0, p.1)), c.stroke_width(2)))
                     .map_err(&err)?
                     .label(s.label.clone())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
+                    });
                 chart
-                    .draw_series(pts.iter().map(|p| Circle::new((p.0, p.1), 4, if p.2 { c.filled() } else { c.stroke_width(1) })))
+                    .draw_series(pts.iter().map(|p| {
+                        Circle::new((p.0, p.1), 4, if p.2 { c.filled() } else { c.stroke_width(1) })
+                    }))
                     .map_err(&err)?;
             }
             finish(&mut chart, &root, SeriesLabelPosition::UpperLeft, &err)
         }};
     }
     if log_y && y_lo.is_finite() && y_hi > y_lo {
-        body!(builder.build_cartesian_2d(0.0..x_hi, (y_lo * 0.8..y_hi * 1.2).log_scale()).map_err(&err)?)
+        body!(builder
+            .build_cartesian_2d(0.0..x_hi, (y_lo * 0.8..y_hi * 1.2).log_scale())
+            .map_err(&err)?)
     } else {
         body!(builder.build_cartesian_2d(0.0..x_hi, 0.0..y_hi).map_err(&err)?)
     }

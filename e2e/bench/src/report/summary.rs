@@ -106,7 +106,12 @@ fn ratio_opt(num: f64, den: f64) -> Option<f64> {
 
 /// Summarises one policy. `fleet` lists the fleet's worker ids (idle ones count as 0 in the
 /// balance); workers that only appear in the records are added.
-pub fn summarize(name: &str, records: &[RequestRecord], counters: Option<&PolicyCounters>, fleet: &[String]) -> PolicySummary {
+pub fn summarize(
+    name: &str,
+    records: &[RequestRecord],
+    counters: Option<&PolicyCounters>,
+    fleet: &[String],
+) -> PolicySummary {
     let ok: Vec<&RequestRecord> = records.iter().filter(|r| r.ok()).collect();
     let mut errors: BTreeMap<String, usize> = BTreeMap::new();
     for r in records.iter().filter(|r| !r.ok()) {
@@ -119,7 +124,8 @@ pub fn summarize(name: &str, records: &[RequestRecord], counters: Option<&Policy
 
     let ttft_sorted = sorted(&ok.iter().filter_map(|r| r.ttft_ms).collect::<Vec<_>>());
     let e2e_sorted = sorted(&ok.iter().map(|r| r.e2e_ms).collect::<Vec<_>>());
-    let lag_sorted = sorted(&records.iter().map(|r| (r.sent_ms - r.scheduled_ms).max(0.0)).collect::<Vec<_>>());
+    let lag_sorted =
+        sorted(&records.iter().map(|r| (r.sent_ms - r.scheduled_ms).max(0.0)).collect::<Vec<_>>());
 
     let start = records.iter().map(|r| r.sent_ms).fold(f64::INFINITY, f64::min);
     let end = records.iter().map(|r| r.sent_ms + r.e2e_ms).fold(f64::NEG_INFINITY, f64::max);
@@ -157,8 +163,10 @@ pub fn summarize(name: &str, records: &[RequestRecord], counters: Option<&Policy
             *modes.entry(m.clone()).or_default() += 1;
         }
     }
-    let from_headers = |v: Option<f64>| v.map(|value| SourcedRate { value, source: RateSource::DebugHeaders });
-    let from_counters = |v: Option<f64>| v.map(|value| SourcedRate { value, source: RateSource::Counters });
+    let from_headers =
+        |v: Option<f64>| v.map(|value| SourcedRate { value, source: RateSource::DebugHeaders });
+    let from_counters =
+        |v: Option<f64>| v.map(|value| SourcedRate { value, source: RateSource::Counters });
     let router_block_rate = from_counters(counters.and_then(PolicyCounters::router_block_rate))
         .or_else(|| from_headers(ratio_opt(ov as f64, isl as f64)));
     let router_request_rate = from_counters(counters.and_then(PolicyCounters::router_request_rate))
@@ -213,9 +221,23 @@ mod tests {
 
     #[test]
     fn summarizes_latency_throughput_balance_and_errors() {
-        let mut recs: Vec<RequestRecord> = (0..10).map(|i| ok(i, if i < 6 { "w0" } else { "w1" }, (i + 1) as f64, 100.0)).collect();
-        recs.push(RequestRecord { index: 10, sent_ms: 50.0, e2e_ms: 5.0, error: Some("timeout".into()), ..Default::default() });
-        recs.push(RequestRecord { index: 11, sent_ms: 60.0, e2e_ms: 5.0, status: Some(503), ..Default::default() });
+        let mut recs: Vec<RequestRecord> = (0..10)
+            .map(|i| ok(i, if i < 6 { "w0" } else { "w1" }, (i + 1) as f64, 100.0))
+            .collect();
+        recs.push(RequestRecord {
+            index: 10,
+            sent_ms: 50.0,
+            e2e_ms: 5.0,
+            error: Some("timeout".into()),
+            ..Default::default()
+        });
+        recs.push(RequestRecord {
+            index: 11,
+            sent_ms: 60.0,
+            e2e_ms: 5.0,
+            status: Some(503),
+            ..Default::default()
+        });
         let fleet = vec!["w0".to_string(), "w1".to_string(), "w2".to_string()];
         let s = summarize("rr", &recs, None, &fleet);
         assert_eq!((s.requests, s.ok, s.failed), (12, 10, 2));
@@ -247,18 +269,39 @@ mod tests {
         b.isl_blocks = Some(4);
         let recs = vec![a, b];
         let s = summarize("p", &recs, None, &[]);
-        assert_eq!(s.router_block_rate, Some(SourcedRate { value: 3.0 / 8.0, source: RateSource::DebugHeaders }));
-        assert_eq!(s.router_request_rate, Some(SourcedRate { value: 0.375, source: RateSource::DebugHeaders }));
+        assert_eq!(
+            s.router_block_rate,
+            Some(SourcedRate { value: 3.0 / 8.0, source: RateSource::DebugHeaders })
+        );
+        assert_eq!(
+            s.router_request_rate,
+            Some(SourcedRate { value: 0.375, source: RateSource::DebugHeaders })
+        );
         assert_eq!(s.modes["aggregate"], 1);
         assert_eq!(s.fallbacks["timeout"], 1);
 
         let counters = PolicyCounters {
-            engines: vec![EngineCounters { worker: "w0".into(), endpoint: None, prefix_cache_hits: 30.0, prefix_cache_queries: 100.0, ..Default::default() }],
-            router: Some(RouterCounters { overlap_blocks: 1.0, isl_blocks: 2.0, hit_rate_sum: 0.9, hit_rate_count: 3.0, hit_rate_scale: 1.0 }),
+            engines: vec![EngineCounters {
+                worker: "w0".into(),
+                endpoint: None,
+                prefix_cache_hits: 30.0,
+                prefix_cache_queries: 100.0,
+                ..Default::default()
+            }],
+            router: Some(RouterCounters {
+                overlap_blocks: 1.0,
+                isl_blocks: 2.0,
+                hit_rate_sum: 0.9,
+                hit_rate_count: 3.0,
+                hit_rate_scale: 1.0,
+            }),
         };
         let s = summarize("p", &recs, Some(&counters), &[]);
         assert_eq!(s.engine_hit_rate, Some(0.3));
-        assert_eq!(s.router_block_rate, Some(SourcedRate { value: 0.5, source: RateSource::Counters }));
+        assert_eq!(
+            s.router_block_rate,
+            Some(SourcedRate { value: 0.5, source: RateSource::Counters })
+        );
         assert_eq!(s.router_request_rate.map(|r| r.source), Some(RateSource::Counters));
     }
 

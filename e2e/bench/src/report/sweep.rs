@@ -96,11 +96,7 @@ fn judge(target: String, value: Option<f64>, bound: f64, at_least: bool) -> Judg
             met: Some(if at_least { v >= bound } else { v <= bound }),
             measured: format!("{v:.2}"),
         },
-        _ => Judged {
-            target,
-            met: None,
-            measured: "n/a".into(),
-        },
+        _ => Judged { target, met: None, measured: "n/a".into() },
     }
 }
 
@@ -165,13 +161,11 @@ pub fn targets(w: &WorkloadSweep) -> Vec<Judged> {
 }
 
 fn f(v: Option<f64>, digits: usize) -> String {
-    v.map(|x| format!("{x:.digits$}"))
-        .unwrap_or_else(|| "—".into())
+    v.map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "—".into())
 }
 
 fn pct(v: Option<f64>) -> String {
-    v.map(|x| format!("{:.1}%", x * 100.0))
-        .unwrap_or_else(|| "—".into())
+    v.map(|x| format!("{:.1}%", x * 100.0)).unwrap_or_else(|| "—".into())
 }
 
 fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
@@ -200,10 +194,7 @@ fn verdicts(j: &[Judged]) -> String {
 
 /// Plot file names of a workload: (TTFT p90 vs rate, hit rate vs rate).
 pub fn plot_files(workload: &str) -> (String, String) {
-    (
-        format!("sweep_{workload}_ttft_p90.png"),
-        format!("sweep_{workload}_hit_rate.png"),
-    )
+    (format!("sweep_{workload}_ttft_p90.png"), format!("sweep_{workload}_hit_rate.png"))
 }
 
 /// The sweep section (Markdown). `plots` says whether the plot files were written.
@@ -212,10 +203,8 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
     for s in &r.settings {
         let _ = writeln!(md, "- {s}");
     }
-    let _ = writeln!(
-        md,
-        "\n### Headline at the load point (0.8 × round_robin's saturation rate)\n"
-    );
+    let _ =
+        writeln!(md, "\n### Headline at the load point (0.8 × round_robin's saturation rate)\n");
     let _ = writeln!(
         md,
         "Hit rates are the engines' own: counters (Σ `vllm:prefix_cache_hits_total` / Σ `…queries_total`) and, per request, \
@@ -244,29 +233,17 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
                 continue;
             };
             let valid = p.valid();
-            let (vp90, vhit) = if valid {
-                (p.ttft_p90_ms, p.engine_hit_rate)
-            } else {
-                (None, None)
-            };
+            let (vp90, vhit) =
+                if valid { (p.ttft_p90_ms, p.engine_hit_rate) } else { (None, None) };
             let status = if valid {
                 "valid".to_string()
             } else {
-                format!(
-                    "**invalid**: {}",
-                    p.error.clone().unwrap_or_else(|| p.invalid.join(", "))
-                )
+                format!("**invalid**: {}", p.error.clone().unwrap_or_else(|| p.invalid.join(", ")))
             };
-            let t = if policy == POLICY_KVMESH_PRECISE {
-                verdicts(&targets(w))
-            } else {
-                String::new()
-            };
-            let rejected = if p.requests > 0 {
-                Some(p.rejected as f64 / p.requests as f64)
-            } else {
-                None
-            };
+            let t =
+                if policy == POLICY_KVMESH_PRECISE { verdicts(&targets(w)) } else { String::new() };
+            let rejected =
+                if p.requests > 0 { Some(p.rejected as f64 / p.requests as f64) } else { None };
             let at = match p.turns_per_s.filter(|_| p.window.has_warmup()) {
                 Some(t) => format!("{lp:.3} {} ({t:.1} turns/s)", w.rate_unit),
                 None => format!("{lp:.3} {}", w.rate_unit),
@@ -328,16 +305,11 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
         }
         if plots {
             let (a, b) = plot_files(&w.workload);
-            let _ = writeln!(
-                md,
-                "\n![TTFT p90 vs rate]({a}) ![engine hit rate vs rate]({b})"
-            );
+            let _ = writeln!(md, "\n![TTFT p90 vs rate]({a}) ![engine hit rate vs rate]({b})");
         }
         let _ = writeln!(md, "\n| policy | rate | requests (warm-up / cut) | turns/s | ok | rejected | failed | TTFT p50/p90/p99 ms | ITL p50/p90 ms | out tok/s | hit counters / usage / ceiling / fleet LRU | preempt | load max/mean | CPU mean/max | lateness p90 ms | sim CPU-s / 1k req | point |");
-        let _ = writeln!(
-            md,
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-        );
+        let _ =
+            writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for p in &w.points {
             let mut status = match (&p.error, p.invalid.is_empty()) {
                 (Some(e), _) => format!("did not run: {e}"),
@@ -403,15 +375,8 @@ mod tests {
             fleet_lru: Some(0.25),
             ttft_floor_p90_ms: Some(150.0),
             load_max_over_mean: Some(1.1),
-            machine: MachineSample {
-                cpu_busy_mean: Some(0.5),
-                ..Default::default()
-            },
-            invalid: if valid {
-                vec![]
-            } else {
-                vec!["CPU 95% > 85%".into()]
-            },
+            machine: MachineSample { cpu_busy_mean: Some(0.5), ..Default::default() },
+            invalid: if valid { vec![] } else { vec!["CPU 95% > 85%".into()] },
             ..Default::default()
         }
     }
@@ -447,10 +412,7 @@ mod tests {
         // 0.28 / 0.30 = 0.93 ≥ 0.90; 180/400 = 0.45 ≤ 0.5; 180/300 = 0.6 ≤ 0.8; 1.1 ≤ 1.25.
         assert!(t.iter().all(|j| j.met == Some(true)), "{t:?}");
         let t = targets(&sweep(false));
-        assert!(
-            t.iter().all(|j| j.met.is_none()),
-            "an invalid point is not judged: {t:?}"
-        );
+        assert!(t.iter().all(|j| j.met.is_none()), "an invalid point is not judged: {t:?}");
         let mut cold = sweep(true);
         cold.workload = "cold".into();
         assert_eq!(targets(&cold)[0].met, None, "least_request not measured");
@@ -473,10 +435,7 @@ mod tests {
         };
         let md = render(&r, true);
         assert!(md.contains("- speed-up 1"));
-        assert!(
-            md.contains("| trace | 4.000 requests/s | round_robin |"),
-            "{md}"
-        );
+        assert!(md.contains("| trace | 4.000 requests/s | round_robin |"), "{md}");
         // approximate's hit 20.0 % ÷ ceiling 30 %, ÷ fleet LRU 25 %; the invalid point shows neither.
         assert!(md.contains("| kvmesh_approximate | 20.0% | 20.0% | 0.67 | 0.80 | 300 | 0.75 | 1.00 | 2.00 (150) |"), "{md}");
         assert!(md.contains("| 10.0% / 10.0% / 30.0% / 25.0% |"), "{md}");
@@ -484,28 +443,17 @@ mod tests {
         assert!(md.contains("not found (gave up after 3 steps)"));
         assert!(md.contains("sweep_trace_ttft_p90.png"));
         // The workload's engine timing is stated in its section; none for the one without.
-        assert_eq!(
-            md.matches("Engines: vllm-sim `--speedup 8`.").count(),
-            1,
-            "{md}"
-        );
+        assert_eq!(md.matches("Engines: vllm-sim `--speedup 8`.").count(), 1, "{md}");
         assert_eq!(md.matches("Engines:").count(), 1);
         // Every point is listed, invalid ones marked.
         assert_eq!(md.matches("| kvmesh_precise | 4.000 |").count(), 1);
         assert!(md.contains("invalid: CPU 95% > 85%"));
-        assert!(
-            !md.contains("Steady state"),
-            "no warm-up on the plain workloads"
-        );
+        assert!(!md.contains("Steady state"), "no warm-up on the plain workloads");
     }
 
     #[test]
     fn steady_state_points_state_their_window_and_turns() {
-        let win = MeasureWindow {
-            warmup_s: 24.0,
-            window_s: 20.0,
-            steady: true,
-        };
+        let win = MeasureWindow { warmup_s: 24.0, window_s: 20.0, steady: true };
         let mut w = sweep(true);
         w.workload = "agentic".into();
         w.rate_unit = "sessions/s".into();
@@ -515,25 +463,10 @@ mod tests {
             .into_iter()
             .map(|p| PointResult { requests: 300, ..p }.with_window(win, 120, 45))
             .collect();
-        let md = render(
-            &SweepReport {
-                settings: vec![],
-                workloads: vec![w],
-            },
-            false,
-        );
-        assert!(
-            md.contains("**24-s warm-up**, then a **20-s window**"),
-            "{md}"
-        );
+        let md = render(&SweepReport { settings: vec![], workloads: vec![w] }, false);
+        assert!(md.contains("**24-s warm-up**, then a **20-s window**"), "{md}");
         // The headline's load point states turns/s (300 requests / 20 s); each point its counts.
-        assert!(
-            md.contains("| agentic | 4.000 sessions/s (15.0 turns/s) | round_robin |"),
-            "{md}"
-        );
-        assert!(
-            md.contains("| kvmesh_precise | 4.000 | 300 (120 / 45) | 15.0 |"),
-            "{md}"
-        );
+        assert!(md.contains("| agentic | 4.000 sessions/s (15.0 turns/s) | round_robin |"), "{md}");
+        assert!(md.contains("| kvmesh_precise | 4.000 | 300 (120 / 45) | 15.0 |"), "{md}");
     }
 }

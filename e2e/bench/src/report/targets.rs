@@ -92,15 +92,28 @@ fn fmt_opt(v: Option<f64>, unit: &str, digits: usize) -> String {
 }
 
 /// Evaluates all targets against the summaries (looked up by policy name).
-pub fn evaluate(summaries: &[PolicySummary], ceiling: Option<&Ceiling>, overhead: &[OverheadCase]) -> Vec<TargetResult> {
+pub fn evaluate(
+    summaries: &[PolicySummary],
+    ceiling: Option<&Ceiling>,
+    overhead: &[OverheadCase],
+) -> Vec<TargetResult> {
     let find = |name: &str| summaries.iter().find(|s| s.name == name);
     let precise = find(POLICY_KVMESH_PRECISE);
-    let missing = |name: &str| if find(name).is_none() { format!("policy {name} not in this run") } else { String::new() };
+    let missing = |name: &str| {
+        if find(name).is_none() {
+            format!("policy {name} not in this run")
+        } else {
+            String::new()
+        }
+    };
     let mut out = Vec::new();
     // When precise placed every request exactly where approximate did, its extra knowledge did
     // not change a single decision (session pins decided): the reader should know that.
     let same_placement = match (precise, find(POLICY_KVMESH_APPROXIMATE)) {
-        (Some(p), Some(a)) if !p.requests_balance.per_worker.is_empty() && p.requests_balance.per_worker == a.requests_balance.per_worker => {
+        (Some(p), Some(a))
+            if !p.requests_balance.per_worker.is_empty()
+                && p.requests_balance.per_worker == a.requests_balance.per_worker =>
+        {
             format!("{POLICY_KVMESH_PRECISE} placed requests exactly as {POLICY_KVMESH_APPROXIMATE} (same requests per worker): session pins decided placement, not the index")
         }
         _ => String::new(),
@@ -123,14 +136,18 @@ pub fn evaluate(summaries: &[PolicySummary], ceiling: Option<&Ceiling>, overhead
         verdict: judge(hit, ceil, 0.90, true),
         note: [
             missing(POLICY_KVMESH_PRECISE),
-            if ceiling.is_none() { "no ceiling (not a trace workload)".into() } else { String::new() },
+            if ceiling.is_none() {
+                "no ceiling (not a trace workload)".into()
+            } else {
+                String::new()
+            },
             preempted,
             same_placement.clone(),
         ]
-            .into_iter()
-            .filter(|s| !s.is_empty())
-            .collect::<Vec<_>>()
-            .join("; "),
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join("; "),
     });
 
     let p90 = |name: &str| find(name).and_then(|s| s.ttft.p90);
@@ -140,11 +157,19 @@ pub fn evaluate(summaries: &[PolicySummary], ceiling: Option<&Ceiling>, overhead
             measured: fmt_opt(p90(POLICY_KVMESH_PRECISE), " ms", 1),
             reference: fmt_opt(p90(other), " ms", 1),
             verdict: judge(p90(POLICY_KVMESH_PRECISE), p90(other), bound, false),
-            note: [missing(POLICY_KVMESH_PRECISE), missing(other), if other == POLICY_KVMESH_APPROXIMATE { same_placement.clone() } else { String::new() }]
-                .into_iter()
-                .filter(|s| !s.is_empty())
-                .collect::<Vec<_>>()
-                .join("; "),
+            note: [
+                missing(POLICY_KVMESH_PRECISE),
+                missing(other),
+                if other == POLICY_KVMESH_APPROXIMATE {
+                    same_placement.clone()
+                } else {
+                    String::new()
+                },
+            ]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join("; "),
         });
     }
 
@@ -158,7 +183,10 @@ pub fn evaluate(summaries: &[PolicySummary], ceiling: Option<&Ceiling>, overhead
     });
 
     let case = overhead.iter().find(|c| c.name == OVERHEAD_TARGET_CASE);
-    for (quantile, measured, bound) in [("p50", case.map(|c| c.p50_added_ms), OVERHEAD_TARGET_MS), ("p99", case.and_then(|c| c.p99_added_ms), OVERHEAD_P99_TARGET_MS)] {
+    for (quantile, measured, bound) in [
+        ("p50", case.map(|c| c.p50_added_ms), OVERHEAD_TARGET_MS),
+        ("p99", case.and_then(|c| c.p99_added_ms), OVERHEAD_P99_TARGET_MS),
+    ] {
         out.push(TargetResult {
             target: format!("router overhead {quantile} ≤ {bound} ms (8k-token chat continuation)"),
             measured: fmt_opt(measured, " ms", 3),
@@ -197,7 +225,13 @@ mod tests {
             })
             .collect();
         let c = PolicyCounters {
-            engines: vec![EngineCounters { worker: "w0".into(), endpoint: None, prefix_cache_hits: hits, prefix_cache_queries: 100.0, preemptions: 2.0 }],
+            engines: vec![EngineCounters {
+                worker: "w0".into(),
+                endpoint: None,
+                prefix_cache_hits: hits,
+                prefix_cache_queries: 100.0,
+                preemptions: 2.0,
+            }],
             router: None,
         };
         summarize(name, &recs, Some(&c), &[])
@@ -225,24 +259,52 @@ mod tests {
             policy(POLICY_KVMESH_APPROXIMATE, 50.0, 20.0, &["w0", "w1"]),
             policy(POLICY_KVMESH_PRECISE, 45.0, 27.0, &["w0", "w0", "w0", "w1"]),
         ];
-        let ceiling = Ceiling { requests: 1, blocks_total: 100, blocks_reused: 28, tokens_total: 1, tokens_reused: 0 };
-        let overhead = vec![OverheadCase { name: OVERHEAD_TARGET_CASE.into(), p50_added_ms: 0.4, p99_added_ms: Some(2.4), ..Default::default() }];
+        let ceiling = Ceiling {
+            requests: 1,
+            blocks_total: 100,
+            blocks_reused: 28,
+            tokens_total: 1,
+            tokens_reused: 0,
+        };
+        let overhead = vec![OverheadCase {
+            name: OVERHEAD_TARGET_CASE.into(),
+            p50_added_ms: 0.4,
+            p99_added_ms: Some(2.4),
+            ..Default::default()
+        }];
         let t = evaluate(&sums, Some(&ceiling), &overhead);
         assert_eq!(t.len(), 6);
-        assert!(matches!(t[0].verdict, Verdict::Met { ratio } if (ratio - 27.0 / 28.0).abs() < 1e-9));
+        assert!(
+            matches!(t[0].verdict, Verdict::Met { ratio } if (ratio - 27.0 / 28.0).abs() < 1e-9)
+        );
         assert!(t[0].note.contains("2 preemptions"), "{}", t[0].note);
         assert!(matches!(t[1].verdict, Verdict::Met { ratio } if (ratio - 0.45).abs() < 1e-9));
         assert!(matches!(t[2].verdict, Verdict::Missed { ratio } if (ratio - 0.9).abs() < 1e-9));
         assert!(matches!(t[3].verdict, Verdict::Missed { ratio } if (ratio - 1.5).abs() < 1e-9));
         assert!(matches!(t[4].verdict, Verdict::Met { .. }));
-        assert!(matches!(t[5].verdict, Verdict::Missed { ratio } if (ratio - 1.2).abs() < 1e-9), "p99 2.4 ms against 2 ms");
+        assert!(
+            matches!(t[5].verdict, Verdict::Missed { ratio } if (ratio - 1.2).abs() < 1e-9),
+            "p99 2.4 ms against 2 ms"
+        );
         assert_eq!(t[5].note, "0.400 ms over the bound");
-        assert!(!t[0].note.contains("placed requests exactly"), "different placements: {}", t[0].note);
+        assert!(
+            !t[0].note.contains("placed requests exactly"),
+            "different placements: {}",
+            t[0].note
+        );
         // Precise placing exactly as approximate is said on the hit-rate and the approximate TTFT targets.
-        let same = vec![policy(POLICY_KVMESH_APPROXIMATE, 50.0, 20.0, &["w0", "w1"]), policy(POLICY_KVMESH_PRECISE, 45.0, 20.0, &["w1", "w0"])];
+        let same = vec![
+            policy(POLICY_KVMESH_APPROXIMATE, 50.0, 20.0, &["w0", "w1"]),
+            policy(POLICY_KVMESH_PRECISE, 45.0, 20.0, &["w1", "w0"]),
+        ];
         let t = evaluate(&same, Some(&ceiling), &overhead);
         assert!(t[0].note.contains("session pins decided placement"), "{}", t[0].note);
-        assert!(t[2].note.contains("session pins decided placement") && !t[1].note.contains("session pins"), "{:?}", (&t[1].note, &t[2].note));
+        assert!(
+            t[2].note.contains("session pins decided placement")
+                && !t[1].note.contains("session pins"),
+            "{:?}",
+            (&t[1].note, &t[2].note)
+        );
     }
 
     #[test]
@@ -250,6 +312,8 @@ mod tests {
         let t = evaluate(&[], None, &[]);
         assert!(t.iter().all(|r| r.verdict == Verdict::NotMeasured));
         assert!(t[0].note.contains("kvmesh_precise"));
-        assert!(t[4].note.contains(OVERHEAD_TARGET_CASE) && t[5].note.contains(OVERHEAD_TARGET_CASE));
+        assert!(
+            t[4].note.contains(OVERHEAD_TARGET_CASE) && t[5].note.contains(OVERHEAD_TARGET_CASE)
+        );
     }
 }

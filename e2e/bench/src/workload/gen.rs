@@ -32,12 +32,7 @@ pub struct GenConfig {
 
 impl Default for GenConfig {
     fn default() -> Self {
-        Self {
-            seed: 0,
-            duration_s: 60.0,
-            think_divisor: 1.0,
-            block_size: 16,
-        }
+        Self { seed: 0, duration_s: 60.0, think_divisor: 1.0, block_size: 16 }
     }
 }
 
@@ -100,15 +95,15 @@ pub fn agentic_system_prompts(seed: u64) -> Vec<String> {
         .collect()
 }
 
-fn finish(kind: WorkloadKind, rate: f64, sessions: Vec<Session>, cfg: &GenConfig, unit: &'static str) -> Plan {
+fn finish(
+    kind: WorkloadKind,
+    rate: f64,
+    sessions: Vec<Session>,
+    cfg: &GenConfig,
+    unit: &'static str,
+) -> Plan {
     let ceiling = sessions_ceiling(&sessions, cfg.block_size);
-    Plan {
-        kind,
-        rate,
-        sessions,
-        ceiling,
-        ceiling_unit: unit,
-    }
+    Plan { kind, rate, sessions, ceiling, ceiling_unit: unit }
 }
 
 /// Agentic chat at `rate` new conversations per second.
@@ -127,17 +122,14 @@ pub fn agentic(cfg: &GenConfig, rate: f64) -> Plan {
                 ChatMsg::new("user", format!("Task {}-{i}: {}", cfg.seed, text(&mut rng, words))),
             ];
             let n_turns = rng.range_u64(5, 31) as usize;
-            let mut turns = vec![Turn {
-                upto: msgs.len(),
-                think_ms: 0.0,
-                max_tokens: 128,
-            }];
+            let mut turns = vec![Turn { upto: msgs.len(), think_ms: 0.0, max_tokens: 128 }];
             for k in 1..n_turns {
                 let think_s;
                 if rng.next_f64() < 0.6 {
                     let id = format!("call_{i}_{k}");
                     let tool = TOOLS[rng.range_u64(0, TOOLS.len() as u64) as usize];
-                    let mut call = ChatMsg::new("assistant", format!("I will use {tool} for step {k}."));
+                    let mut call =
+                        ChatMsg::new("assistant", format!("I will use {tool} for step {k}."));
                     call.tool_call = Some((
                         id.clone(),
                         tool.to_string(),
@@ -187,11 +179,7 @@ pub fn siblings(cfg: &GenConfig, rate: f64) -> Plan {
                 id: format!("burst-{}-{b}-{k}", cfg.seed),
                 start_ms,
                 content: Content::Tokens(ids.clone()),
-                turns: vec![Turn {
-                    upto: len,
-                    think_ms: 0.0,
-                    max_tokens: 64,
-                }],
+                turns: vec![Turn { upto: len, think_ms: 0.0, max_tokens: 64 }],
             });
         }
     }
@@ -200,9 +188,8 @@ pub fn siblings(cfg: &GenConfig, rate: f64) -> Plan {
 
 /// Paced sessions at `rate` new sessions per second.
 pub fn paced(cfg: &GenConfig, rate: f64) -> Plan {
-    let prompts: Vec<String> = (0..PACED_SYSTEM_PROMPTS)
-        .map(|i| system_prompt(cfg.seed, 0x9A, i, 2048))
-        .collect();
+    let prompts: Vec<String> =
+        (0..PACED_SYSTEM_PROMPTS).map(|i| system_prompt(cfg.seed, 0x9A, i, 2048)).collect();
     let mut arr = SplitMix64::new(mix(cfg.seed, 0x9A9A));
     let sessions = arrivals(&mut arr, rate, cfg.duration_s)
         .into_iter()
@@ -213,25 +200,20 @@ pub fn paced(cfg: &GenConfig, rate: f64) -> Plan {
             let words = rng.range_u64(200, 601) as usize;
             let mut msgs = vec![
                 ChatMsg::new("system", prompts[sys].clone()),
-                ChatMsg::new("user", format!("Session {}-{i}: {}", cfg.seed, text(&mut rng, words))),
+                ChatMsg::new(
+                    "user",
+                    format!("Session {}-{i}: {}", cfg.seed, text(&mut rng, words)),
+                ),
             ];
             let n_turns = rng.range_u64(3, 9) as usize;
-            let mut turns = vec![Turn {
-                upto: msgs.len(),
-                think_ms: 0.0,
-                max_tokens: 128,
-            }];
+            let mut turns = vec![Turn { upto: msgs.len(), think_ms: 0.0, max_tokens: 128 }];
             for _ in 1..n_turns {
                 let reply_words = rng.range_u64(40, 120) as usize;
                 msgs.push(ChatMsg::new("assistant", text(&mut rng, reply_words)));
                 let user_words = rng.range_u64(20, 100) as usize;
                 msgs.push(ChatMsg::new("user", text(&mut rng, user_words)));
                 let think_ms = uniform(&mut rng, 10.0, 60.0) * 1000.0 / cfg.think_divisor.max(1e-9);
-                turns.push(Turn {
-                    upto: msgs.len(),
-                    think_ms,
-                    max_tokens: 128,
-                });
+                turns.push(Turn { upto: msgs.len(), think_ms, max_tokens: 128 });
             }
             Session {
                 id: format!("paced-{}-{i}", cfg.seed),
@@ -257,11 +239,7 @@ pub fn cold(cfg: &GenConfig, rate: f64) -> Plan {
                 id: format!("cold-{}-{i}", cfg.seed),
                 start_ms,
                 content: Content::Tokens(tokens(&mut rng, len)),
-                turns: vec![Turn {
-                    upto: len,
-                    think_ms: 0.0,
-                    max_tokens: 64,
-                }],
+                turns: vec![Turn { upto: len, think_ms: 0.0, max_tokens: 64 }],
             }
         })
         .collect();
@@ -273,12 +251,7 @@ mod tests {
     use super::*;
 
     fn cfg() -> GenConfig {
-        GenConfig {
-            seed: 7,
-            duration_s: 60.0,
-            think_divisor: 4.0,
-            block_size: 16,
-        }
+        GenConfig { seed: 7, duration_s: 60.0, think_divisor: 4.0, block_size: 16 }
     }
 
     #[test]
@@ -286,7 +259,9 @@ mod tests {
         let mut r = SplitMix64::new(1);
         let a = arrivals(&mut r, 10.0, 100.0);
         assert!((800..1200).contains(&a.len()), "{}", a.len());
-        assert!(a.windows(2).all(|w| w[0] <= w[1]) && a.iter().all(|&t| (0.0..100_000.0).contains(&t)));
+        assert!(
+            a.windows(2).all(|w| w[0] <= w[1]) && a.iter().all(|&t| (0.0..100_000.0).contains(&t))
+        );
         assert!(arrivals(&mut r, 0.0, 10.0).is_empty());
         assert!(arrivals(&mut r, f64::NAN, 10.0).is_empty());
     }
@@ -334,13 +309,9 @@ mod tests {
         let mut total = 0u64;
         let mut i = 0;
         while i < p.sessions.len() {
-            let Content::Tokens(ids) = &p.sessions[i].content else {
-                panic!("tokens")
-            };
-            let n = p.sessions[i..]
-                .iter()
-                .take_while(|s| s.content == p.sessions[i].content)
-                .count();
+            let Content::Tokens(ids) = &p.sessions[i].content else { panic!("tokens") };
+            let n =
+                p.sessions[i..].iter().take_while(|s| s.content == p.sessions[i].content).count();
             assert!((4..=8).contains(&n));
             assert!((2048..=8192).contains(&ids.len()));
             want_reused += (n as u64 - 1) * ids.len() as u64;
@@ -367,10 +338,9 @@ mod tests {
     #[test]
     fn cold_has_nothing_to_reuse() {
         let p = cold(&cfg(), 2.0);
-        assert!(p
-            .sessions
-            .iter()
-            .all(|s| matches!(&s.content, Content::Tokens(t) if (4096..=16384).contains(&t.len()))));
+        assert!(p.sessions.iter().all(
+            |s| matches!(&s.content, Content::Tokens(t) if (4096..=16384).contains(&t.len()))
+        ));
         assert_eq!(p.ceiling.tokens_reused, 0);
         assert_eq!(p.ceiling_rate(), 0.0);
         assert!(p.requests() > 60);

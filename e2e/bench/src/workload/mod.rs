@@ -64,7 +64,8 @@ pub enum WorkloadKind {
 
 impl WorkloadKind {
     /// Every workload, in report order.
-    pub const ALL: [WorkloadKind; 5] = [Self::Trace, Self::Agentic, Self::Siblings, Self::Paced, Self::Cold];
+    pub const ALL: [WorkloadKind; 5] =
+        [Self::Trace, Self::Agentic, Self::Siblings, Self::Paced, Self::Cold];
 
     /// Name in files, flags and the report.
     pub fn name(self) -> &'static str {
@@ -80,10 +81,7 @@ impl WorkloadKind {
     /// Parses a name.
     pub fn parse(s: &str) -> Result<Self, String> {
         Self::ALL.into_iter().find(|k| k.name() == s.trim()).ok_or_else(|| {
-            format!(
-                "unknown workload {s:?}; known: {}",
-                Self::ALL.map(Self::name).join(", ")
-            )
+            format!("unknown workload {s:?}; known: {}", Self::ALL.map(Self::name).join(", "))
         })
     }
 
@@ -151,12 +149,7 @@ pub struct ChatMsg {
 impl ChatMsg {
     /// A plain message.
     pub fn new(role: &'static str, content: String) -> Self {
-        Self {
-            role,
-            content,
-            tool_call: None,
-            tool_call_id: None,
-        }
+        Self { role, content, tool_call: None, tool_call_id: None }
     }
 
     fn to_json(&self) -> Value {
@@ -217,9 +210,12 @@ impl Session {
     pub fn body(&self, t: usize, model: &str) -> Option<Value> {
         let turn = self.turns.get(t)?;
         let mut body = match &self.content {
-            Content::Tokens(ids) => json!({"model": model, "prompt": &ids[..turn.upto.min(ids.len())]}),
+            Content::Tokens(ids) => {
+                json!({"model": model, "prompt": &ids[..turn.upto.min(ids.len())]})
+            }
             Content::Chat(msgs) => {
-                let m: Vec<Value> = msgs[..turn.upto.min(msgs.len())].iter().map(ChatMsg::to_json).collect();
+                let m: Vec<Value> =
+                    msgs[..turn.upto.min(msgs.len())].iter().map(ChatMsg::to_json).collect();
                 json!({"model": model, "messages": m})
             }
         };
@@ -374,10 +370,7 @@ pub fn planned_prompts(sessions: &[Session], block_size: usize) -> Vec<Segments>
         }
     }
     order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    order
-        .iter()
-        .map(|&(_, i, t)| segments(&sessions[i], t, block_size))
-        .collect()
+    order.iter().map(|&(_, i, t)| segments(&sessions[i], t, block_size)).collect()
 }
 
 /// One prompt that was sent: its session id, turn, send time and whether it is measured (scheduled
@@ -398,17 +391,28 @@ pub struct SentPrompt<'a> {
 /// is history, only `counted` ones are counted — what a perfect router could have reused of the
 /// window's requests given everything sent before them. Prompts naming an unknown session or turn
 /// are skipped; the second value counts them.
-pub fn ceiling_with_history(sessions: &[Session], sent: &[SentPrompt<'_>], block_size: usize) -> (Ceiling, usize) {
+pub fn ceiling_with_history(
+    sessions: &[Session],
+    sent: &[SentPrompt<'_>],
+    block_size: usize,
+) -> (Ceiling, usize) {
     let (prompts, unknown) = sent_prompts(sessions, sent, block_size);
     (counted_ceiling(prompts.iter().map(|(segs, counted)| (segs, *counted))), unknown)
 }
 
 /// The segments of the prompts actually sent, in send order, each with whether it is counted;
 /// the second value counts prompts naming an unknown session or turn (left out).
-pub fn sent_prompts(sessions: &[Session], sent: &[SentPrompt<'_>], block_size: usize) -> (Vec<(Segments, bool)>, usize) {
-    let by_id: std::collections::HashMap<&str, &Session> = sessions.iter().map(|s| (s.id.as_str(), s)).collect();
+pub fn sent_prompts(
+    sessions: &[Session],
+    sent: &[SentPrompt<'_>],
+    block_size: usize,
+) -> (Vec<(Segments, bool)>, usize) {
+    let by_id: std::collections::HashMap<&str, &Session> =
+        sessions.iter().map(|s| (s.id.as_str(), s)).collect();
     let mut order: Vec<&SentPrompt<'_>> = sent.iter().collect();
-    order.sort_by(|a, b| a.sent_ms.total_cmp(&b.sent_ms).then(a.session.cmp(b.session)).then(a.turn.cmp(&b.turn)));
+    order.sort_by(|a, b| {
+        a.sent_ms.total_cmp(&b.sent_ms).then(a.session.cmp(b.session)).then(a.turn.cmp(&b.turn))
+    });
     let mut unknown = 0;
     let mut prompts: Vec<(Segments, bool)> = Vec::with_capacity(order.len());
     for p in order {
@@ -498,13 +502,15 @@ pub fn mean_session_span_ms(sessions: &[Session], ms_per_output_token: f64) -> f
     if sessions.is_empty() {
         return 0.0;
     }
-    sessions.iter().map(|s| session_span_ms(s, ms_per_output_token)).sum::<f64>() / sessions.len() as f64
+    sessions.iter().map(|s| session_span_ms(s, ms_per_output_token)).sum::<f64>()
+        / sessions.len() as f64
 }
 
 /// With sessions arriving at a constant rate from time 0, the share of the steady-state
 /// population of live sessions present at `t_ms`: Σ min(span, t) / Σ span (1 for no sessions).
 pub fn population_share_at(sessions: &[Session], ms_per_output_token: f64, t_ms: f64) -> f64 {
-    let spans: Vec<f64> = sessions.iter().map(|s| session_span_ms(s, ms_per_output_token)).collect();
+    let spans: Vec<f64> =
+        sessions.iter().map(|s| session_span_ms(s, ms_per_output_token)).collect();
     let total: f64 = spans.iter().sum();
     if total <= 0.0 {
         return 1.0;
@@ -521,14 +527,7 @@ mod tests {
             id: id.into(),
             start_ms: start,
             content: Content::Tokens(ids),
-            turns: uptos
-                .iter()
-                .map(|&u| Turn {
-                    upto: u,
-                    think_ms: 10.0,
-                    max_tokens: 4,
-                })
-                .collect(),
+            turns: uptos.iter().map(|&u| Turn { upto: u, think_ms: 10.0, max_tokens: 4 }).collect(),
         }
     }
 
@@ -554,17 +553,9 @@ mod tests {
         b[40] = 999; // diverges in block 2 (of 16-token blocks)
         let cases: Vec<(&str, Vec<Session>, (u64, u64))> = vec![
             ("nothing", vec![], (0, 0)),
-            (
-                "one prompt is all misses",
-                vec![tok_session("s", 0.0, a.clone(), &[64])],
-                (0, 64),
-            ),
+            ("one prompt is all misses", vec![tok_session("s", 0.0, a.clone(), &[64])], (0, 64)),
             // Turn 2 reuses turn 1's 32 tokens; its own last 32 are new.
-            (
-                "growing session",
-                vec![tok_session("s", 0.0, a.clone(), &[32, 64])],
-                (32, 96),
-            ),
+            ("growing session", vec![tok_session("s", 0.0, a.clone(), &[32, 64])], (32, 96)),
             // The same prompt twice: the second is all hits.
             (
                 "siblings",
@@ -606,16 +597,8 @@ mod tests {
             start_ms: 0.0,
             content: Content::Chat(msgs.clone()),
             turns: vec![
-                Turn {
-                    upto: 2,
-                    think_ms: 0.0,
-                    max_tokens: 1,
-                },
-                Turn {
-                    upto: 4,
-                    think_ms: 5.0,
-                    max_tokens: 1,
-                },
+                Turn { upto: 2, think_ms: 0.0, max_tokens: 1 },
+                Turn { upto: 4, think_ms: 5.0, max_tokens: 1 },
             ],
         };
         // Another conversation sharing only the system prompt, sent between the two turns.
@@ -625,11 +608,7 @@ mod tests {
             id: "d".into(),
             start_ms: 1.0,
             content: Content::Chat(other_msgs),
-            turns: vec![Turn {
-                upto: 2,
-                think_ms: 0.0,
-                max_tokens: 1,
-            }],
+            turns: vec![Turn { upto: 2, think_ms: 0.0, max_tokens: 1 }],
         };
         let c = sessions_ceiling(&[s.clone(), o], 16);
         // Prompts: [S,u1] (102 new), [S,zz] (100 reused), [S,u1,a1,u2u2] (102 reused of 108).
@@ -668,10 +647,15 @@ mod tests {
             let c = fleet_lru(counted(), capacity);
             assert_eq!((c.requests, c.tokens_total, c.tokens_reused), (3, 192, reused), "{name}");
         }
-        assert_eq!(fleet_lru(counted(), u64::MAX), sessions_ceiling(&sessions, 16), "unbounded = the ceiling");
+        assert_eq!(
+            fleet_lru(counted(), u64::MAX),
+            sessions_ceiling(&sessions, 16),
+            "unbounded = the ceiling"
+        );
         // A head evicted while its tail stays: the prompt hits nothing (engines match leading
         // blocks). [1, 2]; [2] alone (2 is now newer than 1); [9] evicts 1; [1, 2] again.
-        let synthetic: Vec<Segments> = vec![vec![(1, 16), (2, 16)], vec![(2, 16)], vec![(9, 16)], vec![(1, 16), (2, 16)]];
+        let synthetic: Vec<Segments> =
+            vec![vec![(1, 16), (2, 16)], vec![(2, 16)], vec![(9, 16)], vec![(1, 16), (2, 16)]];
         let c = fleet_lru(synthetic.iter().map(|p| (p, true)), 32);
         assert_eq!(c.tokens_reused, 16, "only [2] hits");
         // History is used but not counted.
@@ -686,10 +670,8 @@ mod tests {
         let a: Vec<u32> = (0..64).collect();
         let mut b = a.clone();
         b[20] = 999;
-        let sessions = vec![
-            tok_session("a", 0.0, a.clone(), &[32, 64]),
-            tok_session("b", 0.0, b, &[32]),
-        ];
+        let sessions =
+            vec![tok_session("a", 0.0, a.clone(), &[32, 64]), tok_session("b", 0.0, b, &[32])];
         let p = |session: &'static str, turn: usize, sent_ms: f64, counted: bool| SentPrompt {
             session,
             turn,
@@ -731,11 +713,16 @@ mod tests {
         ];
         for (name, sent, (requests, reused, total), unknown) in cases {
             let (c, u) = ceiling_with_history(&sessions, &sent, 16);
-            assert_eq!((c.requests, c.tokens_reused, c.tokens_total), (requests, reused, total), "{name}");
+            assert_eq!(
+                (c.requests, c.tokens_reused, c.tokens_total),
+                (requests, reused, total),
+                "{name}"
+            );
             assert_eq!(u, unknown, "{name}");
         }
         // With nothing in the warm-up and the planned order, it is the plan's ceiling.
-        let all: Vec<SentPrompt<'_>> = vec![p("a", 0, 0.0, true), p("b", 0, 0.0, true), p("a", 1, 10.0, true)];
+        let all: Vec<SentPrompt<'_>> =
+            vec![p("a", 0, 0.0, true), p("b", 0, 0.0, true), p("a", 1, 10.0, true)];
         assert_eq!(ceiling_with_history(&sessions, &all, 16).0, sessions_ceiling(&sessions, 16));
     }
 
@@ -750,7 +737,8 @@ mod tests {
         assert_eq!(mean_session_span_ms(&both, 10.0), (40.0 + 140.0) / 2.0);
         assert_eq!(mean_session_span_ms(&[], 10.0), 0.0);
         // Spans 40 and 140: at t = 40 the live population is (40 + 40) / 180 of its steady size.
-        let cases = [(0.0, 0.0), (40.0, 80.0 / 180.0), (100.0, 140.0 / 180.0), (140.0, 1.0), (1e9, 1.0)];
+        let cases =
+            [(0.0, 0.0), (40.0, 80.0 / 180.0), (100.0, 140.0 / 180.0), (140.0, 1.0), (1e9, 1.0)];
         for (t, want) in cases {
             assert!((population_share_at(&both, 10.0, t) - want).abs() < 1e-12, "t = {t}");
         }

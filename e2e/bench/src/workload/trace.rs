@@ -67,11 +67,18 @@ fn keep_hash(key: u64) -> f64 {
 /// The plan of one point: `window_ms` of the trace in `duration_s`, thinned to `rate` requests/s.
 pub fn plan(records: &[TraceRecord], cfg: &TraceConfig, rate: f64) -> Plan {
     let t0 = records.first().map(|r| r.timestamp).unwrap_or(0.0);
-    let window: Vec<&TraceRecord> = records.iter().take_while(|r| r.timestamp - t0 < cfg.window_ms).collect();
+    let window: Vec<&TraceRecord> =
+        records.iter().take_while(|r| r.timestamp - t0 < cfg.window_ms).collect();
     let compression = cfg.window_ms / (cfg.duration_s * 1000.0).max(1e-9);
-    let share = if window.is_empty() || rate.is_nan() || rate <= 0.0 { 0.0 } else { rate * cfg.duration_s / window.len() as f64 };
-    let selected: Vec<&TraceRecord> =
-        window.into_iter().filter(|r| keep_hash(conversation::key(r, cfg.anchor_block)) < share).collect();
+    let share = if window.is_empty() || rate.is_nan() || rate <= 0.0 {
+        0.0
+    } else {
+        rate * cfg.duration_s / window.len() as f64
+    };
+    let selected: Vec<&TraceRecord> = window
+        .into_iter()
+        .filter(|r| keep_hash(conversation::key(r, cfg.anchor_block)) < share)
+        .collect();
     let sessions: Vec<Session> = selected
         .iter()
         .map(|r| {
@@ -81,7 +88,11 @@ pub fn plan(records: &[TraceRecord], cfg: &TraceConfig, rate: f64) -> Plan {
                 id: conversation::session_id(r, cfg.anchor_block),
                 start_ms: (r.timestamp - t0) / compression,
                 content: Content::Tokens(ids),
-                turns: vec![Turn { upto, think_ms: 0.0, max_tokens: r.output_length.clamp(1, cfg.max_output_tokens.max(1)) }],
+                turns: vec![Turn {
+                    upto,
+                    think_ms: 0.0,
+                    max_tokens: r.output_length.clamp(1, cfg.max_output_tokens.max(1)),
+                }],
             }
         })
         .collect();
@@ -110,9 +121,15 @@ mod tests {
     #[test]
     fn thinning_keeps_whole_conversations_at_the_rate() {
         // 40 conversations × 5 requests over 100 s of trace time.
-        let recs: Vec<TraceRecord> =
-            (0u32..200).map(|i| rec(f64::from(i) * 500.0, &[0, 1000 + u64::from(i % 40), 5000 + u64::from(i)])).collect();
-        let cfg = TraceConfig { duration_s: 10.0, window_ms: 100_000.0, max_output_tokens: 64, ..Default::default() };
+        let recs: Vec<TraceRecord> = (0u32..200)
+            .map(|i| rec(f64::from(i) * 500.0, &[0, 1000 + u64::from(i % 40), 5000 + u64::from(i)]))
+            .collect();
+        let cfg = TraceConfig {
+            duration_s: 10.0,
+            window_ms: 100_000.0,
+            max_output_tokens: 64,
+            ..Default::default()
+        };
         let full = plan(&recs, &cfg, 20.0);
         assert_eq!(full.sessions.len(), 200, "rate × duration = everything");
         assert_eq!(full.sessions[3].start_ms, 150.0, "100 s of trace in 10 s");
@@ -127,12 +144,17 @@ mod tests {
         assert!(per_key.values().all(|&n| n == 5), "{per_key:?}");
         // Higher rates keep a superset; the ceiling stays the trace's structure.
         let quarter = plan(&recs, &cfg, 5.0);
-        let ids = |p: &Plan| p.sessions.iter().map(|s| s.id.clone()).collect::<std::collections::HashSet<_>>();
+        let ids = |p: &Plan| {
+            p.sessions.iter().map(|s| s.id.clone()).collect::<std::collections::HashSet<_>>()
+        };
         assert!(ids(&quarter).is_subset(&ids(&half)));
         // Per kept conversation of 5: block 0 shared by all (first use misses), block 1 reused 4
         // times; each 512-token trace block is 32 engine blocks of 16.
         let k = per_key.len() as u64;
-        assert_eq!((half.ceiling.blocks_reused, half.ceiling.blocks_total), (32 * (5 * k - 1 + 4 * k), 32 * 15 * k));
+        assert_eq!(
+            (half.ceiling.blocks_reused, half.ceiling.blocks_total),
+            (32 * (5 * k - 1 + 4 * k), 32 * 15 * k)
+        );
         assert_eq!(half.ceiling.tokens_total, 512 * 15 * k);
         assert_eq!(half.ceiling_rate(), half.ceiling.token_rate());
         assert!(plan(&recs, &cfg, 0.0).sessions.is_empty());
@@ -154,15 +176,32 @@ mod tests {
         ];
         for (name, a, b, reused) in cases {
             let recs = vec![
-                TraceRecord { timestamp: 0.0, input_length: a, output_length: 1, hash_ids: vec![7, 8] },
-                TraceRecord { timestamp: 1.0, input_length: b, output_length: 1, hash_ids: vec![7, 8] },
+                TraceRecord {
+                    timestamp: 0.0,
+                    input_length: a,
+                    output_length: 1,
+                    hash_ids: vec![7, 8],
+                },
+                TraceRecord {
+                    timestamp: 1.0,
+                    input_length: b,
+                    output_length: 1,
+                    hash_ids: vec![7, 8],
+                },
             ];
             let cfg = TraceConfig { duration_s: 10.0, window_ms: 10_000.0, ..Default::default() };
             let p = plan(&recs, &cfg, 100.0);
             assert_eq!(p.sessions.len(), 2, "{name}");
-            assert_eq!((p.ceiling.tokens_reused, p.ceiling.tokens_total), (reused, u64::from(a + b)), "{name}");
+            assert_eq!(
+                (p.ceiling.tokens_reused, p.ceiling.tokens_total),
+                (reused, u64::from(a + b)),
+                "{name}"
+            );
             let trace = crate::ceiling::intrinsic(&recs);
-            assert!(p.ceiling.token_rate() <= trace.token_rate() + 1e-12, "{name}: never above the trace's token-weighted count");
+            assert!(
+                p.ceiling.token_rate() <= trace.token_rate() + 1e-12,
+                "{name}: never above the trace's token-weighted count"
+            );
         }
     }
 }

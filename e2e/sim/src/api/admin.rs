@@ -30,14 +30,25 @@ pub async fn health() -> StatusCode {
 
 /// `GET /metrics`.
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
-    ([(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"))], st.metrics.render()).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        st.metrics.render(),
+    )
+        .into_response()
 }
 
 /// `POST /reset_prefix_cache`: `AllBlocksCleared`; 409 while blocks are in use (vLLM refuses too).
 pub async fn reset_prefix_cache(State(st): State<Arc<AppState>>) -> Result<StatusCode, ApiError> {
     match st.engine.reset().await.map_err(|_| engine_gone())? {
         Ok(()) => Ok(StatusCode::OK),
-        Err(e) => Err(ApiError::new(StatusCode::CONFLICT, "other", format!("Failed to reset prefix cache: {e}"))),
+        Err(e) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "other",
+            format!("Failed to reset prefix cache: {e}"),
+        )),
     }
 }
 
@@ -47,8 +58,12 @@ pub async fn get_faults(State(st): State<Arc<AppState>>) -> Response {
 }
 
 /// `POST /admin/faults`: applies a patch, answers the new state, then vanishes if asked.
-pub async fn post_faults(State(st): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
-    let patch: FaultPatch = serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("fault patch: {e}")))?;
+pub async fn post_faults(
+    State(st): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let patch: FaultPatch = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("fault patch: {e}")))?;
     let faults = st.faults.apply(&patch).map_err(|e| ApiError::bad_request(e.to_string()))?;
     tracing::info!(?faults, vanish_ms = ?patch.vanish_ms, "faults changed");
     if let Some(ms) = patch.vanish_ms.filter(|&ms| ms > 0) {
@@ -65,7 +80,8 @@ pub async fn post_faults(State(st): State<Arc<AppState>>, body: Bytes) -> Result
 /// `GET /admin/cache`: every cached block (shape in the README).
 pub async fn cache(State(st): State<Arc<AppState>>) -> Result<Response, ApiError> {
     let dump = st.engine.dump().await.map_err(|_| engine_gone())?;
-    let mut v = serde_json::to_value(&dump).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "other", e.to_string()))?;
+    let mut v = serde_json::to_value(&dump)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "other", e.to_string()))?;
     if let Some(obj) = v.as_object_mut() {
         obj.insert("worker".into(), json!(st.info.id));
         obj.insert("dp_rank".into(), json!(st.info.dp_rank));
@@ -80,14 +96,23 @@ pub async fn info(State(st): State<Arc<AppState>>) -> Response {
 
 /// `POST /internal/nixl/pull`: a consumer reads a hold of ours (and releases it).
 pub async fn nixl_pull(State(st): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
-    let req: PullRequest = serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("pull request: {e}")))?;
+    let req: PullRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("pull request: {e}")))?;
     if let Some(engine) = req.remote_engine_id.as_deref().filter(|e| *e != st.info.id) {
         return Err(ApiError::bad_request(format!("this is engine {}, not {engine}", st.info.id)));
     }
-    let result = st.engine.serve_pull(req.remote_request_id, req.remote_block_ids).await.map_err(|_| engine_gone())?;
+    let result = st
+        .engine
+        .serve_pull(req.remote_request_id, req.remote_block_ids)
+        .await
+        .map_err(|_| engine_gone())?;
     match result {
-        Ok(blocks) => Ok(Json(PullResponse { block_size: st.info.block_size, blocks }).into_response()),
-        Err(e @ PullError::UnknownTransfer(_)) => Err(ApiError::new(StatusCode::NOT_FOUND, "other", e.to_string())),
+        Ok(blocks) => {
+            Ok(Json(PullResponse { block_size: st.info.block_size, blocks }).into_response())
+        }
+        Err(e @ PullError::UnknownTransfer(_)) => {
+            Err(ApiError::new(StatusCode::NOT_FOUND, "other", e.to_string()))
+        }
         Err(e @ PullError::ForeignBlock { .. }) => Err(ApiError::bad_request(e.to_string())),
     }
 }

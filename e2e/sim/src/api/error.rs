@@ -23,7 +23,12 @@ pub struct ApiError {
 impl ApiError {
     /// A 400 `BadRequestError`.
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self { status: StatusCode::BAD_REQUEST, reason: "bad_request", message: message.into(), param: None }
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            reason: "bad_request",
+            message: message.into(),
+            param: None,
+        }
     }
 
     /// Names the request field at fault (`error.param`).

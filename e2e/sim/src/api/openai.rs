@@ -31,12 +31,20 @@ use crate::sched::Finished;
 static ANON: AtomicU64 = AtomicU64::new(1);
 
 /// `POST /v1/completions`.
-pub async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+pub async fn completions(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     handle(st, Endpoint::Completions, headers, body).await
 }
 
 /// `POST /v1/chat/completions`.
-pub async fn chat_completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+pub async fn chat_completions(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     handle(st, Endpoint::ChatCompletions, headers, body).await
 }
 
@@ -51,7 +59,12 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
     }))
 }
 
-async fn handle(st: Arc<AppState>, endpoint: Endpoint, headers: HeaderMap, body: Bytes) -> Response {
+async fn handle(
+    st: Arc<AppState>,
+    endpoint: Endpoint,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     match serve(&st, endpoint, &headers, &body).await {
         Ok(resp) => resp,
         Err(e) => {
@@ -66,7 +79,12 @@ fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-async fn serve(st: &Arc<AppState>, endpoint: Endpoint, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
+async fn serve(
+    st: &Arc<AppState>,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     if let Some(status) = st.faults.take_fail_next() {
         st.metrics.faults.inc("fail_next");
@@ -106,11 +124,24 @@ async fn serve(st: &Arc<AppState>, endpoint: Endpoint, headers: &HeaderMap, body
         Endpoint::Completions => "cmpl",
         Endpoint::ChatCompletions => "chatcmpl",
     };
-    let meta = Meta { id: format!("{prefix}-{rid}"), created: unix_now(), model: st.info.model.clone(), endpoint };
+    let meta = Meta {
+        id: format!("{prefix}-{rid}"),
+        created: unix_now(),
+        model: st.info.model.clone(),
+        endpoint,
+    };
 
-    let mut stream = st.engine.submit(req, shape.stream, arrived).await.map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_gone", e.to_string()))?;
+    let mut stream = st.engine.submit(req, shape.stream, arrived).await.map_err(|e| {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_gone", e.to_string())
+    })?;
     let first = match stream.next().await {
-        None => return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_gone", "the engine has stopped")),
+        None => {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "engine_gone",
+                "the engine has stopped",
+            ))
+        }
         Some(ReqEvent::Failed(e)) => return Err(e.into()),
         Some(ev) => ev,
     };
@@ -121,7 +152,13 @@ async fn serve(st: &Arc<AppState>, endpoint: Endpoint, headers: &HeaderMap, body
     }
 }
 
-async fn whole(st: &AppState, meta: &Meta, shape: &RequestShape, mut stream: RequestStream, first: ReqEvent) -> Result<Response, ApiError> {
+async fn whole(
+    st: &AppState,
+    meta: &Meta,
+    shape: &RequestShape,
+    mut stream: RequestStream,
+    first: ReqEvent,
+) -> Result<Response, ApiError> {
     let mut tokens = Vec::new();
     let mut ev = Some(first);
     let done: Finished = loop {
@@ -137,12 +174,20 @@ async fn whole(st: &AppState, meta: &Meta, shape: &RequestShape, mut stream: Req
             }
             Some(ReqEvent::Finished(done)) => break done,
             Some(ReqEvent::Failed(e)) => return Err(e.into()),
-            None => return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_gone", "the engine has stopped")),
+            None => {
+                return Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "engine_gone",
+                    "the engine has stopped",
+                ))
+            }
         }
         ev = stream.next().await;
     };
     let params = match (&done.transfer, shape.transfer) {
-        (Some(t), true) => Some(response_params(t, &st.info.id, &st.info.advertise_host, st.info.port)),
+        (Some(t), true) => {
+            Some(response_params(t, &st.info.id, &st.info.advertise_host, st.info.port))
+        }
         _ => None,
     };
     let body = response::full_body(
@@ -157,7 +202,8 @@ async fn whole(st: &AppState, meta: &Meta, shape: &RequestShape, mut stream: Req
         },
     )
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "other", e.to_string()))?;
-    Ok(([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response())
+    Ok(([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body)
+        .into_response())
 }
 
 /// The state of one SSE stream.
@@ -237,7 +283,13 @@ impl Sse {
     }
 }
 
-fn sse(st: Arc<AppState>, meta: Meta, shape: RequestShape, stream: RequestStream, first: ReqEvent) -> Response {
+fn sse(
+    st: Arc<AppState>,
+    meta: Meta,
+    shape: RequestShape,
+    stream: RequestStream,
+    first: ReqEvent,
+) -> Response {
     let state = Sse {
         vocab: st.vocab.clone(),
         meta,
@@ -252,7 +304,10 @@ fn sse(st: Arc<AppState>, meta: Meta, shape: RequestShape, stream: RequestStream
         Some((Ok::<_, Infallible>(chunk), s))
     });
     (
-        [(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream")), (header::CACHE_CONTROL, HeaderValue::from_static("no-cache"))],
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream")),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
         Body::from_stream(body),
     )
         .into_response()

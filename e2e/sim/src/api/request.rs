@@ -27,10 +27,15 @@ struct Extras {
     return_token_ids: bool,
 }
 
-fn typed<T: serde::de::DeserializeOwned>(field: &str, v: Option<Value>) -> Result<Option<T>, ApiError> {
+fn typed<T: serde::de::DeserializeOwned>(
+    field: &str,
+    v: Option<Value>,
+) -> Result<Option<T>, ApiError> {
     match v {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => serde_json::from_value(v).map(Some).map_err(|e| ApiError::bad_request(format!("field `{field}`: {e}"))),
+        Some(v) => serde_json::from_value(v)
+            .map(Some)
+            .map_err(|e| ApiError::bad_request(format!("field `{field}`: {e}"))),
     }
 }
 
@@ -41,19 +46,29 @@ impl Extras {
         let field = |k: &str| raw.get(k).and_then(|r| serde_json::from_str::<Value>(r.get()).ok());
         let include_usage = match field("stream_options") {
             None | Some(Value::Null) => false,
-            Some(Value::Object(o)) => typed::<bool>("stream_options.include_usage", o.get("include_usage").cloned())?.unwrap_or(false),
-            Some(_) => return Err(ApiError::bad_request("field `stream_options` must be an object")),
+            Some(Value::Object(o)) => {
+                typed::<bool>("stream_options.include_usage", o.get("include_usage").cloned())?
+                    .unwrap_or(false)
+            }
+            Some(_) => {
+                return Err(ApiError::bad_request("field `stream_options` must be an object"))
+            }
         };
         // Accepted for compatibility (replies always run to `max_tokens` when it is given), but
         // type-checked.
         typed::<bool>("ignore_eos", field("ignore_eos"))?;
         Ok(Self {
             kv_transfer_params: field("kv_transfer_params"),
-            kv_migration_source: typed::<bool>("kv_migration_source", field("kv_migration_source"))?.unwrap_or(false),
+            kv_migration_source: typed::<bool>(
+                "kv_migration_source",
+                field("kv_migration_source"),
+            )?
+            .unwrap_or(false),
             include_usage,
             seed: typed("seed", field("seed"))?,
             n: typed("n", field("n"))?,
-            return_token_ids: typed::<bool>("return_token_ids", field("return_token_ids"))?.unwrap_or(false),
+            return_token_ids: typed::<bool>("return_token_ids", field("return_token_ids"))?
+                .unwrap_or(false),
         })
     }
 }
@@ -143,7 +158,9 @@ pub struct RequestShape {
 /// Parses and tokenizes `body`; every problem is a 400 (404 for another model).
 pub async fn prepare(st: &AppState, endpoint: Endpoint, body: &[u8]) -> Result<Prepared, ApiError> {
     let (req, raw) = openai::parse_raw(endpoint, body).map_err(|e| match e {
-        openai::ParseError::BatchPrompt => ApiError::bad_request("batched prompts are not supported by vllm-sim: send one prompt per request"),
+        openai::ParseError::BatchPrompt => ApiError::bad_request(
+            "batched prompts are not supported by vllm-sim: send one prompt per request",
+        ),
         e => ApiError::bad_request(e.to_string()),
     })?;
     let extras = Extras::read(&raw)?;
@@ -167,19 +184,25 @@ pub async fn prepare(st: &AppState, endpoint: Endpoint, body: &[u8]) -> Result<P
     if prompt.is_empty() {
         return Err(ApiError::bad_request("The prompt cannot be empty"));
     }
-    let mut transfer = match parse_params(extras.kv_transfer_params.as_ref()).map_err(|e| ApiError::bad_request(e.to_string()))? {
+    let mut transfer = match parse_params(extras.kv_transfer_params.as_ref())
+        .map_err(|e| ApiError::bad_request(e.to_string()))?
+    {
         TransferRequest::None => Transfer::None,
         TransferRequest::Produce => Transfer::Prefill,
         TransferRequest::Consume(source) => Transfer::Consume(source),
     };
     if extras.kv_migration_source {
         if transfer != Transfer::None {
-            return Err(ApiError::bad_request("kv_migration_source cannot be combined with kv_transfer_params"));
+            return Err(ApiError::bad_request(
+                "kv_migration_source cannot be combined with kv_transfer_params",
+            ));
         }
         transfer = Transfer::MigrationSource;
     }
     if req.stream && matches!(transfer, Transfer::Prefill | Transfer::MigrationSource) {
-        return Err(ApiError::bad_request("a KV producer request (do_remote_decode / kv_migration_source) cannot stream"));
+        return Err(ApiError::bad_request(
+            "a KV producer request (do_remote_decode / kv_migration_source) cannot stream",
+        ));
     }
     let explicit_seed = extras.seed.map(|s| s as u64);
     let block_size = st.info.block_size;
@@ -195,7 +218,8 @@ pub async fn prepare(st: &AppState, endpoint: Endpoint, body: &[u8]) -> Result<P
             (n as u32, FinishReason::Stop)
         }
     };
-    let (max_tokens, finish_reason) = fit_context(st.info.max_model_len, prompt.len(), from_text, max_tokens, finish_reason)?;
+    let (max_tokens, finish_reason) =
+        fit_context(st.info.max_model_len, prompt.len(), from_text, max_tokens, finish_reason)?;
     Ok(Prepared {
         hashes,
         stream: req.stream,
@@ -239,7 +263,8 @@ pub fn fit_context(
 }
 
 fn max_tokens_zero() -> ApiError {
-    ApiError::bad_request("max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)").with_param("max_tokens")
+    ApiError::bad_request("max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)")
+        .with_param("max_tokens")
 }
 
 async fn tokenize(st: &AppState, input: RequestInput) -> Result<Vec<u32>, ApiError> {
@@ -251,17 +276,22 @@ async fn tokenize(st: &AppState, input: RequestInput) -> Result<Vec<u32>, ApiErr
             return Ok(ids);
         }
         RequestInput::Prompt(Prompt::Text(t)) => t,
-        RequestInput::Messages(m) => {
-            st.template.render(&m, true).map_err(|e| ApiError::bad_request(format!("cannot apply the chat template: {e}")))?
-        }
+        RequestInput::Messages(m) => st
+            .template
+            .render(&m, true)
+            .map_err(|e| ApiError::bad_request(format!("cannot apply the chat template: {e}")))?,
     };
     let encoded = if text.len() <= INLINE_TOKENIZE_BYTES {
         st.tokenizer.encode(&text)
     } else {
         let tok = st.tokenizer.clone();
-        tokio::task::spawn_blocking(move || tok.encode(&text))
-            .await
-            .map_err(|e| ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "other", format!("tokenizer task: {e}")))?
+        tokio::task::spawn_blocking(move || tok.encode(&text)).await.map_err(|e| {
+            ApiError::new(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "other",
+                format!("tokenizer task: {e}"),
+            )
+        })?
     };
     encoded.map_err(|e| ApiError::bad_request(format!("cannot tokenize the prompt: {e}")))
 }
@@ -282,16 +312,34 @@ mod tests {
             (64, 56, false, 8, Length, (8, Length)),
         ];
         for &(max, prompt, text, mt, finish, want) in ok {
-            assert_eq!(fit_context(max, prompt, text, mt, finish).map_err(|e| e.message), Ok(want), "{max} {prompt} {mt}");
+            assert_eq!(
+                fit_context(max, prompt, text, mt, finish).map_err(|e| e.message),
+                Ok(want),
+                "{max} {prompt} {mt}"
+            );
         }
         let err: &[(usize, usize, bool, &str, &str)] = &[
-            (64, 64, true, "max_tokens", "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"),
+            (
+                64,
+                64,
+                true,
+                "max_tokens",
+                "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+            ),
             (64, 80, true, "input_tokens", "your prompt contains at least 65 input tokens"),
-            (64, 80, false, "input_tokens", "your prompt contains 80 input tokens, which exceeds this limit"),
+            (
+                64,
+                80,
+                false,
+                "input_tokens",
+                "your prompt contains 80 input tokens, which exceeds this limit",
+            ),
             (64, 65, false, "input_tokens", "contains at least 65 input tokens"),
         ];
         for &(max, prompt, text, param, needle) in err {
-            let e = fit_context(max, prompt, text, 1, Length).err().unwrap_or_else(|| panic!("{max} {prompt} must fail"));
+            let e = fit_context(max, prompt, text, 1, Length)
+                .err()
+                .unwrap_or_else(|| panic!("{max} {prompt} must fail"));
             assert_eq!((e.status.as_u16(), e.param), (400, Some(param)));
             assert!(e.message.contains(needle), "{:?} lacks {needle:?}", e.message);
             assert!(e.message.contains("maximum context length is 64") || param == "max_tokens");

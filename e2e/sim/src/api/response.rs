@@ -62,7 +62,10 @@ impl Usage {
             prompt_tokens: f.prompt_tokens,
             total_tokens: f.prompt_tokens + f.completion_tokens,
             completion_tokens: f.completion_tokens,
-            prompt_tokens_details: PromptDetails { cached_tokens: f.cached_tokens, created_cache_tokens: created },
+            prompt_tokens_details: PromptDetails {
+                cached_tokens: f.cached_tokens,
+                created_cache_tokens: created,
+            },
         }
     }
 }
@@ -130,8 +133,22 @@ struct Delta<'a> {
     content: Option<&'a str>,
 }
 
-fn body<'a, C>(meta: &'a Meta, chunk: bool, choices: C, usage: Option<Usage>, kv_transfer_params: Option<&'a Value>) -> Body<'a, C> {
-    Body { id: &meta.id, object: meta.object(chunk), created: meta.created, model: &meta.model, choices, usage, kv_transfer_params }
+fn body<'a, C>(
+    meta: &'a Meta,
+    chunk: bool,
+    choices: C,
+    usage: Option<Usage>,
+    kv_transfer_params: Option<&'a Value>,
+) -> Body<'a, C> {
+    Body {
+        id: &meta.id,
+        object: meta.object(chunk),
+        created: meta.created,
+        model: &meta.model,
+        choices,
+        usage,
+        kv_transfer_params,
+    }
 }
 
 /// Everything a non-streaming body needs.
@@ -149,30 +166,51 @@ pub struct Full<'a> {
 }
 
 /// The single JSON body of a non-streaming response.
-pub fn full_body(meta: &Meta, vocab: &OutputVocab, f: Full<'_>) -> Result<Vec<u8>, serde_json::Error> {
+pub fn full_body(
+    meta: &Meta,
+    vocab: &OutputVocab,
+    f: Full<'_>,
+) -> Result<Vec<u8>, serde_json::Error> {
     let mut text = String::with_capacity(f.tokens.len() * 8);
     vocab.append_text(f.tokens, &mut text);
     let finish = Some(f.done.reason.as_str());
     let ids = f.return_token_ids.then_some(f.tokens);
     let usage = Some(Usage::new(f.done, meta.endpoint));
     match meta.endpoint {
-        Endpoint::Completions => serde_json::to_vec(&body(meta, false, [TextChoice {
-            index: 0,
-            text: &text,
-            logprobs: None,
-            finish_reason: finish,
-            stop_reason: None,
-            token_ids: ids,
-            prompt_token_ids: f.prompt_token_ids,
-        }], usage, f.kv_transfer_params)),
-        Endpoint::ChatCompletions => serde_json::to_vec(&body(meta, false, [ChatChoice {
-            index: 0,
-            message: ChatMessage { role: "assistant", content: &text, reasoning_content: None, tool_calls: [] },
-            logprobs: None,
-            finish_reason: finish,
-            stop_reason: None,
-            token_ids: ids,
-        }], usage, f.kv_transfer_params)),
+        Endpoint::Completions => serde_json::to_vec(&body(
+            meta,
+            false,
+            [TextChoice {
+                index: 0,
+                text: &text,
+                logprobs: None,
+                finish_reason: finish,
+                stop_reason: None,
+                token_ids: ids,
+                prompt_token_ids: f.prompt_token_ids,
+            }],
+            usage,
+            f.kv_transfer_params,
+        )),
+        Endpoint::ChatCompletions => serde_json::to_vec(&body(
+            meta,
+            false,
+            [ChatChoice {
+                index: 0,
+                message: ChatMessage {
+                    role: "assistant",
+                    content: &text,
+                    reasoning_content: None,
+                    tool_calls: [],
+                },
+                logprobs: None,
+                finish_reason: finish,
+                stop_reason: None,
+                token_ids: ids,
+            }],
+            usage,
+            f.kv_transfer_params,
+        )),
     }
 }
 
@@ -193,7 +231,13 @@ pub fn chat_role_chunk(meta: &Meta, out: &mut Vec<u8>) -> Result<(), serde_json:
             object: meta.object(true),
             created: meta.created,
             model: &meta.model,
-            choices: [ChatDeltaChoice { index: 0, delta: Delta { role: Some("assistant"), content: Some("") }, logprobs: None, finish_reason: None, token_ids: None }],
+            choices: [ChatDeltaChoice {
+                index: 0,
+                delta: Delta { role: Some("assistant"), content: Some("") },
+                logprobs: None,
+                finish_reason: None,
+                token_ids: None,
+            }],
             usage: None,
             kv_transfer_params: None,
         },
@@ -201,7 +245,14 @@ pub fn chat_role_chunk(meta: &Meta, out: &mut Vec<u8>) -> Result<(), serde_json:
 }
 
 /// The chunk of one generated token (`finish` set on the last one).
-pub fn token_chunk(meta: &Meta, vocab: &OutputVocab, token: u32, finish: Option<FinishReason>, with_id: bool, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+pub fn token_chunk(
+    meta: &Meta,
+    vocab: &OutputVocab,
+    token: u32,
+    finish: Option<FinishReason>,
+    with_id: bool,
+    out: &mut Vec<u8>,
+) -> Result<(), serde_json::Error> {
     let text = vocab.text(token);
     let finish_reason = finish.map(FinishReason::as_str);
     let ids = [token];
@@ -209,32 +260,92 @@ pub fn token_chunk(meta: &Meta, vocab: &OutputVocab, token: u32, finish: Option<
     match meta.endpoint {
         Endpoint::Completions => push_event(
             out,
-            &body(meta, true, [TextChoice { index: 0, text, logprobs: None, finish_reason, stop_reason: None, token_ids, prompt_token_ids: None }], None, None),
+            &body(
+                meta,
+                true,
+                [TextChoice {
+                    index: 0,
+                    text,
+                    logprobs: None,
+                    finish_reason,
+                    stop_reason: None,
+                    token_ids,
+                    prompt_token_ids: None,
+                }],
+                None,
+                None,
+            ),
         ),
         Endpoint::ChatCompletions => push_event(
             out,
-            &body(meta, true, [ChatDeltaChoice { index: 0, delta: Delta { role: None, content: Some(text) }, logprobs: None, finish_reason, token_ids }], None, None),
+            &body(
+                meta,
+                true,
+                [ChatDeltaChoice {
+                    index: 0,
+                    delta: Delta { role: None, content: Some(text) },
+                    logprobs: None,
+                    finish_reason,
+                    token_ids,
+                }],
+                None,
+                None,
+            ),
         ),
     }
 }
 
 /// A chunk that only ends the choice (no text), for an end without a final token.
-pub fn finish_chunk(meta: &Meta, finish: FinishReason, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+pub fn finish_chunk(
+    meta: &Meta,
+    finish: FinishReason,
+    out: &mut Vec<u8>,
+) -> Result<(), serde_json::Error> {
     let finish_reason = Some(finish.as_str());
     match meta.endpoint {
         Endpoint::Completions => push_event(
             out,
-            &body(meta, true, [TextChoice { index: 0, text: "", logprobs: None, finish_reason, stop_reason: None, token_ids: None, prompt_token_ids: None }], None, None),
+            &body(
+                meta,
+                true,
+                [TextChoice {
+                    index: 0,
+                    text: "",
+                    logprobs: None,
+                    finish_reason,
+                    stop_reason: None,
+                    token_ids: None,
+                    prompt_token_ids: None,
+                }],
+                None,
+                None,
+            ),
         ),
         Endpoint::ChatCompletions => push_event(
             out,
-            &body(meta, true, [ChatDeltaChoice { index: 0, delta: Delta { role: None, content: Some("") }, logprobs: None, finish_reason, token_ids: None }], None, None),
+            &body(
+                meta,
+                true,
+                [ChatDeltaChoice {
+                    index: 0,
+                    delta: Delta { role: None, content: Some("") },
+                    logprobs: None,
+                    finish_reason,
+                    token_ids: None,
+                }],
+                None,
+                None,
+            ),
         ),
     }
 }
 
 /// The usage chunk (`choices: []`) sent with `stream_options.include_usage`.
-pub fn usage_chunk(meta: &Meta, done: &Finished, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+pub fn usage_chunk(
+    meta: &Meta,
+    done: &Finished,
+    out: &mut Vec<u8>,
+) -> Result<(), serde_json::Error> {
     push_event(
         out,
         &Body {
@@ -271,14 +382,33 @@ mod tests {
     }
 
     fn done() -> Finished {
-        Finished { reason: FinishReason::Length, prompt_tokens: 10, completion_tokens: 2, cached_tokens: 8, created_cache_tokens: 0, prefill_computed_tokens: 2, transfer: None, phases: PhaseTimes::default() }
+        Finished {
+            reason: FinishReason::Length,
+            prompt_tokens: 10,
+            completion_tokens: 2,
+            cached_tokens: 8,
+            created_cache_tokens: 0,
+            prefill_computed_tokens: 2,
+            transfer: None,
+            phases: PhaseTimes::default(),
+        }
     }
 
     #[test]
     fn completion_body() {
         let v: Value = serde_json::from_slice(
-            &full_body(&meta(Endpoint::Completions), &vocab(), Full { tokens: &[100, 101], done: &done(), kv_transfer_params: None, return_token_ids: true, prompt_token_ids: Some(&[1, 2]) })
-                .unwrap(),
+            &full_body(
+                &meta(Endpoint::Completions),
+                &vocab(),
+                Full {
+                    tokens: &[100, 101],
+                    done: &done(),
+                    kv_transfer_params: None,
+                    return_token_ids: true,
+                    prompt_token_ids: Some(&[1, 2]),
+                },
+            )
+            .unwrap(),
         )
         .unwrap();
         assert_eq!(v["object"], "text_completion");
@@ -286,7 +416,10 @@ mod tests {
         assert_eq!(v["choices"][0]["finish_reason"], "length");
         assert_eq!(v["choices"][0]["token_ids"], serde_json::json!([100, 101]));
         assert_eq!(v["choices"][0]["prompt_token_ids"], serde_json::json!([1, 2]));
-        assert_eq!(v["usage"], serde_json::json!({"prompt_tokens": 10, "total_tokens": 12, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 8, "created_cache_tokens": null}}));
+        assert_eq!(
+            v["usage"],
+            serde_json::json!({"prompt_tokens": 10, "total_tokens": 12, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 8, "created_cache_tokens": null}})
+        );
         assert!(v.get("kv_transfer_params").is_none());
     }
 
@@ -294,15 +427,28 @@ mod tests {
     fn chat_body_with_transfer_params() {
         let params = serde_json::json!({"do_remote_prefill": true});
         let v: Value = serde_json::from_slice(
-            &full_body(&meta(Endpoint::ChatCompletions), &vocab(), Full { tokens: &[102], done: &done(), kv_transfer_params: Some(&params), return_token_ids: false, prompt_token_ids: None })
-                .unwrap(),
+            &full_body(
+                &meta(Endpoint::ChatCompletions),
+                &vocab(),
+                Full {
+                    tokens: &[102],
+                    done: &done(),
+                    kv_transfer_params: Some(&params),
+                    return_token_ids: false,
+                    prompt_token_ids: None,
+                },
+            )
+            .unwrap(),
         )
         .unwrap();
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(v["choices"][0]["message"]["role"], "assistant");
         assert_eq!(v["choices"][0]["message"]["content"], " w2");
         assert_eq!(v["kv_transfer_params"], params);
-        assert_eq!(v["usage"]["prompt_tokens_details"]["created_cache_tokens"], 0, "chat carries vLLM's created_cache_tokens");
+        assert_eq!(
+            v["usage"]["prompt_tokens_details"]["created_cache_tokens"], 0,
+            "chat carries vLLM's created_cache_tokens"
+        );
     }
 
     #[test]
@@ -317,7 +463,8 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         let events: Vec<&str> = text.split("\n\n").filter(|s| !s.is_empty()).collect();
         assert_eq!(events.len(), 5);
-        let parse = |e: &str| serde_json::from_str::<Value>(e.strip_prefix("data: ").unwrap()).unwrap();
+        let parse =
+            |e: &str| serde_json::from_str::<Value>(e.strip_prefix("data: ").unwrap()).unwrap();
         assert_eq!(parse(events[0])["choices"][0]["delta"]["role"], "assistant");
         assert_eq!(parse(events[1])["choices"][0]["delta"]["content"], " w3");
         assert!(parse(events[1])["choices"][0]["finish_reason"].is_null());

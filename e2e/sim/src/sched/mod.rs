@@ -199,7 +199,12 @@ impl Scheduler {
         }
         let requested = req.prompt.len() + req.max_tokens as usize;
         if requested > self.cfg.max_model_len {
-            return Err(RequestError::TooLong { max_model_len: self.cfg.max_model_len, requested, prompt: req.prompt.len(), max_tokens: req.max_tokens });
+            return Err(RequestError::TooLong {
+                max_model_len: self.cfg.max_model_len,
+                requested,
+                prompt: req.prompt.len(),
+                max_tokens: req.max_tokens,
+            });
         }
         if self.num_waiting() >= self.cfg.max_waiting {
             return Err(RequestError::QueueFull { limit: self.cfg.max_waiting });
@@ -318,7 +323,8 @@ impl Scheduler {
                 r.first_token_at = Some(end);
                 let cached = r.cached_tokens.unwrap_or(0).min(r.num_prompt);
                 // A consumer's cached tokens beyond its local hits came over NIXL.
-                let external = if r.remote == Remote::Done { cached.saturating_sub(r.local_hit) } else { 0 };
+                let external =
+                    if r.remote == Remote::Done { cached.saturating_sub(r.local_hit) } else { 0 };
                 self.stats.prompt_tokens += r.num_prompt as u64;
                 self.stats.prompt_tokens_cached += cached as u64;
                 self.stats.prompt_tokens_external += external as u64;
@@ -344,7 +350,9 @@ impl Scheduler {
         }
         // vLLM's NIXL connector hands blocks over only for a length-capped finish.
         let transfer = match (r.producer, reason) {
-            (Some(transfer_id), FinishReason::Length) => Some(self.hold(transfer_id, r.blocks, r.num_computed)),
+            (Some(transfer_id), FinishReason::Length) => {
+                Some(self.hold(transfer_id, r.blocks, r.num_computed))
+            }
             _ => {
                 self.pool.free(&r.blocks);
                 None
@@ -357,8 +365,11 @@ impl Scheduler {
                 prompt_tokens: r.num_prompt as u32,
                 completion_tokens: r.generated,
                 cached_tokens: r.cached_tokens.unwrap_or(0) as u32,
-                created_cache_tokens: (r.num_prompt / self.cfg.block_size * self.cfg.block_size).saturating_sub(r.cached_tokens.unwrap_or(0)) as u32,
-                prefill_computed_tokens: r.num_prompt.saturating_sub(r.cached_tokens.unwrap_or(0)) as u32,
+                created_cache_tokens: (r.num_prompt / self.cfg.block_size * self.cfg.block_size)
+                    .saturating_sub(r.cached_tokens.unwrap_or(0))
+                    as u32,
+                prefill_computed_tokens: r.num_prompt.saturating_sub(r.cached_tokens.unwrap_or(0))
+                    as u32,
                 transfer,
                 phases: phases(r.queued_at, r.scheduled_at, r.first_token_at, now),
             },
@@ -531,9 +542,19 @@ impl Scheduler {
 /// A finished request's vLLM phase intervals (`FinishedRequestStats`): queued = first SCHEDULED −
 /// QUEUED, prefill = first token − first SCHEDULED, decode = last token − first token, inference =
 /// last token − first SCHEDULED. Preemptions fall inside the phase they interrupted.
-fn phases(queued: Duration, scheduled: Option<Duration>, first_token: Option<Duration>, last_token: Duration) -> PhaseTimes {
+fn phases(
+    queued: Duration,
+    scheduled: Option<Duration>,
+    first_token: Option<Duration>,
+    last_token: Duration,
+) -> PhaseTimes {
     let scheduled = scheduled.unwrap_or(queued).max(queued);
     let first = first_token.unwrap_or(last_token).max(scheduled);
     let last = last_token.max(first);
-    PhaseTimes { queued: scheduled - queued, prefill: first - scheduled, decode: last - first, inference: last - scheduled }
+    PhaseTimes {
+        queued: scheduled - queued,
+        prefill: first - scheduled,
+        decode: last - first,
+        inference: last - scheduled,
+    }
 }

@@ -33,10 +33,19 @@ pub enum PullError {
 
 impl Scheduler {
     /// Keeps `blocks` referenced for a consumer; returns what the response advertises.
-    pub(super) fn hold(&mut self, transfer_id: String, blocks: Vec<BlockId>, num_tokens: usize) -> TransferOut {
+    pub(super) fn hold(
+        &mut self,
+        transfer_id: String,
+        blocks: Vec<BlockId>,
+        num_tokens: usize,
+    ) -> TransferOut {
         // Only full blocks and the tail holding computed tokens are useful to a consumer.
         let useful = num_tokens.div_ceil(self.cfg.block_size).min(blocks.len());
-        let out = TransferOut { transfer_id: transfer_id.clone(), block_ids: blocks[..useful].to_vec(), num_tokens };
+        let out = TransferOut {
+            transfer_id: transfer_id.clone(),
+            block_ids: blocks[..useful].to_vec(),
+            num_tokens,
+        };
         let expires = self.now_hint + self.cfg.kv_transfer_timeout;
         if let Some(old) = self.holds.insert(transfer_id.clone(), Hold { blocks, expires }) {
             self.pool.free(&old.blocks); // a reused transfer id: the older hold is dead anyway
@@ -70,8 +79,15 @@ impl Scheduler {
 
     /// Serves a consumer's pull: the token ids of `block_ids` (each must belong to the hold),
     /// then releases the whole hold, as a NIXL read followed by the consumer's notification.
-    pub fn serve_pull(&mut self, transfer_id: &str, block_ids: &[u32]) -> Result<Vec<Vec<u32>>, PullError> {
-        let hold = self.holds.remove(transfer_id).ok_or_else(|| PullError::UnknownTransfer(transfer_id.to_owned()))?;
+    pub fn serve_pull(
+        &mut self,
+        transfer_id: &str,
+        block_ids: &[u32],
+    ) -> Result<Vec<Vec<u32>>, PullError> {
+        let hold = self
+            .holds
+            .remove(transfer_id)
+            .ok_or_else(|| PullError::UnknownTransfer(transfer_id.to_owned()))?;
         let result = block_ids
             .iter()
             .map(|&b| {
@@ -94,7 +110,9 @@ impl Scheduler {
     pub(super) fn start_pull(&mut self, id: ReqId, out: &mut StepOutput) -> bool {
         let bs = self.cfg.block_size;
         let Some(r) = self.reqs.get_mut(&id) else { return true };
-        let Remote::Pending(source) = std::mem::replace(&mut r.remote, Remote::Done) else { return true };
+        let Remote::Pending(source) = std::mem::replace(&mut r.remote, Remote::Done) else {
+            return true;
+        };
         let prompt_blocks = r.num_prompt.div_ceil(bs);
         let max_hit = ((r.num_prompt - 1) / bs).min(r.hashes.len());
         let hit = self.pool.lookup(&r.hashes[..max_hit]);
@@ -120,7 +138,8 @@ impl Scheduler {
         self.stats.prefix_hits += hit_tokens as u64;
         self.stats.external_queries += (r.num_prompt - hit_tokens) as u64;
         let end = prompt_blocks.min(source.block_ids.len());
-        let block_ids = source.block_ids.get(hit.blocks..end).map(<[u32]>::to_vec).unwrap_or_default();
+        let block_ids =
+            source.block_ids.get(hit.blocks..end).map(<[u32]>::to_vec).unwrap_or_default();
         self.waiting.pop_front();
         self.remote_waiting += 1;
         out.emits.push(Emit::Pull { id, source, first_block: hit.blocks, block_ids });
@@ -129,7 +148,12 @@ impl Scheduler {
 
     /// The result of a consumer's pull: the token ids of each pulled block, in order from the
     /// `first_block` the `Emit::Pull` named, or why the pull failed.
-    pub fn pull_done(&mut self, id: ReqId, result: Result<Vec<Vec<u32>>, String>, out: &mut StepOutput) {
+    pub fn pull_done(
+        &mut self,
+        id: ReqId,
+        result: Result<Vec<Vec<u32>>, String>,
+        out: &mut StepOutput,
+    ) {
         let bs = self.cfg.block_size;
         let Some(r) = self.reqs.get_mut(&id) else { return }; // cancelled meanwhile
         if r.state != State::RemoteWait {
@@ -137,7 +161,8 @@ impl Scheduler {
         }
         self.remote_waiting = self.remote_waiting.saturating_sub(1);
         let first = r.local_hit / bs;
-        let verdict = result.and_then(|blocks| usable_prefix(r, first, bs, &blocks).map(|lens| (lens, blocks)));
+        let verdict = result
+            .and_then(|blocks| usable_prefix(r, first, bs, &blocks).map(|lens| (lens, blocks)));
         match verdict {
             Ok((lens, blocks)) => {
                 let mut pulled = 0;
@@ -183,7 +208,12 @@ impl Scheduler {
 /// usable: a block must hold this prompt's tokens at its position; a partial block (the
 /// producer's tail, e.g. a migration source's shorter conversation) ends the usable run, and
 /// tokens beyond this prompt are ignored.
-fn usable_prefix(r: &Request, first: usize, bs: usize, blocks: &[Vec<u32>]) -> Result<Vec<usize>, String> {
+fn usable_prefix(
+    r: &Request,
+    first: usize,
+    bs: usize,
+    blocks: &[Vec<u32>],
+) -> Result<Vec<usize>, String> {
     let mut lens = Vec::with_capacity(blocks.len());
     for (j, toks) in blocks.iter().enumerate() {
         let start = (first + j) * bs;
@@ -192,7 +222,10 @@ fn usable_prefix(r: &Request, first: usize, bs: usize, blocks: &[Vec<u32>]) -> R
         }
         let n = toks.len().min(bs).min(r.num_prompt - start);
         if n == 0 || toks[..n] != r.tokens[start..start + n] {
-            return Err(format!("pulled block {} does not hold this prompt's tokens from {start}", first + j));
+            return Err(format!(
+                "pulled block {} does not hold this prompt's tokens from {start}",
+                first + j
+            ));
         }
         lens.push(n);
         if n < bs {

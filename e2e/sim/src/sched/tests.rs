@@ -8,7 +8,9 @@ const BS: usize = 4;
 const MS: Duration = Duration::from_millis(1);
 
 fn vocab() -> Arc<OutputVocab> {
-    Arc::new(OutputVocab::from_words((0..32).map(|i| (1000 + i, format!(" w{i}"))).collect()).unwrap())
+    Arc::new(
+        OutputVocab::from_words((0..32).map(|i| (1000 + i, format!(" w{i}"))).collect()).unwrap(),
+    )
 }
 
 fn cfg(blocks: u32) -> SchedulerConfig {
@@ -19,7 +21,13 @@ fn cfg(blocks: u32) -> SchedulerConfig {
         max_num_batched_tokens: 64,
         max_waiting: 16,
         max_model_len: 256,
-        timing: TimingModel { prefill_tokens_per_s: 1000.0, itl_s: 0.010, contention: 0.0, max_num_seqs: 8, speedup: 1.0 },
+        timing: TimingModel {
+            prefill_tokens_per_s: 1000.0,
+            itl_s: 0.010,
+            contention: 0.0,
+            max_num_seqs: 8,
+            speedup: 1.0,
+        },
         kv_load_failure_policy: KvLoadFailurePolicy::Fail,
         kv_transfer_timeout: Duration::from_secs(5),
     }
@@ -94,8 +102,14 @@ fn prefill_then_decode_with_generated_token_blocks() {
     // 10 prompt tokens at 1000/s, then one 10 ms decode step per further token.
     assert_eq!(toks.iter().map(|(t, _)| *t).collect::<Vec<_>>(), [10 * MS, 20 * MS, 30 * MS]);
     let done = log.finished(1).unwrap();
-    assert_eq!((done.prompt_tokens, done.completion_tokens, done.cached_tokens, done.reason), (10, 3, 0, FinishReason::Length));
-    assert_eq!(done.created_cache_tokens, 8, "the two full prompt blocks were computed and cached here");
+    assert_eq!(
+        (done.prompt_tokens, done.completion_tokens, done.cached_tokens, done.reason),
+        (10, 3, 0, FinishReason::Length)
+    );
+    assert_eq!(
+        done.created_cache_tokens, 8,
+        "the two full prompt blocks were computed and cached here"
+    );
 
     // The prompt's two full blocks, then the block completed by two generated tokens (the third
     // token is sampled last and never computed).
@@ -106,8 +120,18 @@ fn prefill_then_decode_with_generated_token_blocks() {
     assert_eq!(
         log.events(),
         vec![
-            KvEvent::BlockStored { block_hashes: h.clone(), parent_block_hash: None, token_ids: prompt[..8].to_vec(), block_size: 4 },
-            KvEvent::BlockStored { block_hashes: vec![hs[2]], parent_block_hash: Some(h[1]), token_ids: seq[8..12].to_vec(), block_size: 4 },
+            KvEvent::BlockStored {
+                block_hashes: h.clone(),
+                parent_block_hash: None,
+                token_ids: prompt[..8].to_vec(),
+                block_size: 4
+            },
+            KvEvent::BlockStored {
+                block_hashes: vec![hs[2]],
+                parent_block_hash: Some(h[1]),
+                token_ids: seq[8..12].to_vec(),
+                block_size: 4
+            },
         ]
     );
     assert_eq!(s.num_running() + s.num_waiting(), 0);
@@ -160,7 +184,10 @@ fn max_num_seqs_bounds_the_batch_and_the_rest_wait() {
     assert_eq!((s.num_running(), s.num_waiting()), (2, 1));
     let mut log = Log::default();
     run(&mut s, Duration::ZERO, Duration::from_secs(1), &mut log);
-    assert!(log.tokens(3)[0].0 > log.tokens(1)[1].0, "the third starts after one of the first two ends");
+    assert!(
+        log.tokens(3)[0].0 > log.tokens(1)[1].0,
+        "the third starts after one of the first two ends"
+    );
     assert!((1..=3).all(|id| log.finished(id).is_some()));
 }
 
@@ -218,7 +245,10 @@ fn admission_limits() {
     c.max_waiting = 1;
     let mut s = Scheduler::new(c, vocab());
     assert_eq!(s.submit(req(1, &[], 1)), Err(RequestError::EmptyPrompt));
-    assert!(matches!(s.submit(req(1, &[1; 250], 10)), Err(RequestError::TooLong { requested: 260, .. })));
+    assert!(matches!(
+        s.submit(req(1, &[1; 250], 10)),
+        Err(RequestError::TooLong { requested: 260, .. })
+    ));
     s.submit(req(1, &[1; 4], 1)).unwrap();
     assert_eq!(s.submit(req(2, &[1; 4], 1)), Err(RequestError::QueueFull { limit: 1 }));
 }
@@ -235,13 +265,19 @@ fn a_producer_holds_its_blocks_until_pulled() {
     let mut log = Log::default();
     run(&mut s, Duration::ZERO, Duration::from_secs(1), &mut log);
     let xfer = log.finished(1).unwrap().transfer.unwrap();
-    assert_eq!((xfer.transfer_id.as_str(), xfer.block_ids.len(), xfer.num_tokens), ("xfer-1", 3, 10));
+    assert_eq!(
+        (xfer.transfer_id.as_str(), xfer.block_ids.len(), xfer.num_tokens),
+        ("xfer-1", 3, 10)
+    );
     assert_eq!(s.num_holds(), 1);
     assert!(s.kv_usage() > 0.0);
     let got = s.serve_pull("xfer-1", &xfer.block_ids).unwrap();
     assert_eq!(got, vec![prompt[0..4].to_vec(), prompt[4..8].to_vec(), prompt[8..10].to_vec()]);
     assert_eq!(s.kv_usage(), 0.0);
-    assert_eq!(s.serve_pull("xfer-1", &xfer.block_ids), Err(nixl::PullError::UnknownTransfer("xfer-1".into())));
+    assert_eq!(
+        s.serve_pull("xfer-1", &xfer.block_ids),
+        Err(nixl::PullError::UnknownTransfer("xfer-1".into()))
+    );
 }
 
 #[test]
@@ -262,7 +298,13 @@ fn an_unpulled_hold_expires() {
 }
 
 fn consumer(id: ReqId, prompt: &[u32], block_ids: Vec<u32>) -> NewRequest {
-    let source = RemoteSource { host: "h".into(), port: 1, engine_id: "p".into(), request_id: "xfer".into(), block_ids };
+    let source = RemoteSource {
+        host: "h".into(),
+        port: 1,
+        engine_id: "p".into(),
+        request_id: "xfer".into(),
+        block_ids,
+    };
     NewRequest { kv: KvRole::Consumer { source }, ..req(id, prompt, 2) }
 }
 
@@ -270,7 +312,9 @@ fn pull_of(log: &Log) -> (ReqId, usize, Vec<u32>) {
     log.emits
         .iter()
         .find_map(|(_, e)| match e {
-            Emit::Pull { id, first_block, block_ids, .. } => Some((*id, *first_block, block_ids.clone())),
+            Emit::Pull { id, first_block, block_ids, .. } => {
+                Some((*id, *first_block, block_ids.clone()))
+            }
             _ => None,
         })
         .expect("a pull")
@@ -288,7 +332,11 @@ fn a_consumer_pulls_caches_and_counts_the_blocks_as_hits() {
     assert!(log.tokens(1).is_empty(), "nothing runs before the KV arrives");
 
     let mut out = StepOutput::default();
-    s.pull_done(1, Ok(vec![prompt[0..4].to_vec(), prompt[4..8].to_vec(), prompt[8..10].to_vec()]), &mut out);
+    s.pull_done(
+        1,
+        Ok(vec![prompt[0..4].to_vec(), prompt[4..8].to_vec(), prompt[8..10].to_vec()]),
+        &mut out,
+    );
     let t = Duration::from_millis(100);
     run(&mut s, t, Duration::from_secs(2), &mut log);
     // One token (the last prompt token) is computed before the first output token.
@@ -296,9 +344,20 @@ fn a_consumer_pulls_caches_and_counts_the_blocks_as_hits() {
     let done = log.finished(1).unwrap();
     assert_eq!(done.cached_tokens, 9);
     let h = chain(&prompt, BS, None);
-    assert_eq!(log.events()[0], KvEvent::BlockStored { block_hashes: h, parent_block_hash: None, token_ids: prompt[..8].to_vec(), block_size: 4 });
+    assert_eq!(
+        log.events()[0],
+        KvEvent::BlockStored {
+            block_hashes: h,
+            parent_block_hash: None,
+            token_ids: prompt[..8].to_vec(),
+            block_size: 4
+        }
+    );
     let st = s.stats();
-    assert_eq!((st.prefix_queries, st.prefix_hits, st.external_queries, st.external_hits), (10, 9, 10, 10));
+    assert_eq!(
+        (st.prefix_queries, st.prefix_hits, st.external_queries, st.external_hits),
+        (10, 9, 10, 10)
+    );
     // By source, as vLLM's prompt_tokens_by_source: 1 computed, 0 local hits, 9 pulled.
     assert_eq!((st.prompt_tokens, st.prompt_tokens_cached, st.prompt_tokens_external), (10, 9, 9));
 }
@@ -338,9 +397,16 @@ fn failed_pulls_follow_the_policy() {
         assert_eq!(s.stats().kv_load_failures, 1);
         match policy {
             KvLoadFailurePolicy::Fail => {
-                assert!(log.emits.iter().any(|(_, e)| matches!(e, Emit::Failed { id: 1, error: RequestError::KvLoadFailed(_) })));
+                assert!(log.emits.iter().any(|(_, e)| matches!(
+                    e,
+                    Emit::Failed { id: 1, error: RequestError::KvLoadFailed(_) }
+                )));
                 assert_eq!(s.kv_usage(), 0.0);
-                assert_eq!(s.stats().finished_error, 1, "counted as vLLM's finished_reason=\"error\"");
+                assert_eq!(
+                    s.stats().finished_error,
+                    1,
+                    "counted as vLLM's finished_reason=\"error\""
+                );
             }
             KvLoadFailurePolicy::Recompute => {
                 let done = log.finished(1).unwrap();
@@ -361,7 +427,11 @@ fn a_migration_source_tail_shorter_than_the_consumer_prompt_is_used_up_to_its_en
     run(&mut s, Duration::ZERO, Duration::from_secs(1), &mut log);
     let mut out = StepOutput::default();
     // The producer's conversation was 10 tokens: its third block holds 2 tokens.
-    s.pull_done(1, Ok(vec![prompt[0..4].to_vec(), prompt[4..8].to_vec(), prompt[8..10].to_vec()]), &mut out);
+    s.pull_done(
+        1,
+        Ok(vec![prompt[0..4].to_vec(), prompt[4..8].to_vec(), prompt[8..10].to_vec()]),
+        &mut out,
+    );
     run(&mut s, Duration::ZERO, Duration::from_secs(1), &mut log);
     assert_eq!(log.finished(1).unwrap().cached_tokens, 10);
 }
@@ -377,10 +447,20 @@ fn a_preempted_requests_readmission_is_counted_apart_from_prefix_cache_queries_a
     run(&mut s, Duration::ZERO, Duration::from_secs(10), &mut log);
     let st = s.stats();
     assert!(st.preemptions > 0, "the workload must preempt");
-    assert_eq!((st.prefix_queries, st.prefix_hits), (16, 0), "two first admissions of 8 tokens, nothing cached yet");
+    assert_eq!(
+        (st.prefix_queries, st.prefix_hits),
+        (16, 0),
+        "two first admissions of 8 tokens, nothing cached yet"
+    );
     assert_eq!(st.preempted_admissions, st.preemptions, "every preempted request came back once");
-    assert!(st.preempted_queries > 8, "a re-admission looks up its prompt and the tokens it generated");
-    assert!(st.preempted_hits > 0 && st.preempted_hits.is_multiple_of(BS as u64), "it re-hits its own blocks: {st:?}");
+    assert!(
+        st.preempted_queries > 8,
+        "a re-admission looks up its prompt and the tokens it generated"
+    );
+    assert!(
+        st.preempted_hits > 0 && st.preempted_hits.is_multiple_of(BS as u64),
+        "it re-hits its own blocks: {st:?}"
+    );
     assert!(st.preempted_hits < st.preempted_queries);
     // cached_tokens in usage is the first admission's, as vLLM's `num_cached_tokens`.
     for id in [1, 2] {
@@ -403,10 +483,21 @@ fn phase_times_follow_vllms_definitions() {
     run(&mut s, Duration::ZERO, Duration::from_secs(10), &mut log);
     // 1: scheduled at 0, 10 prompt tokens at 1000/s → first token at 10 ms, two 10 ms decodes.
     let p1 = log.finished(1).unwrap().phases;
-    assert_eq!(p1, PhaseTimes { queued: Duration::ZERO, prefill: 10 * MS, decode: 20 * MS, inference: 30 * MS });
+    assert_eq!(
+        p1,
+        PhaseTimes {
+            queued: Duration::ZERO,
+            prefill: 10 * MS,
+            decode: 20 * MS,
+            inference: 30 * MS
+        }
+    );
     // 2: waits for 1 to finish (30 ms), 6 tokens (6 ms), one decode (10 ms).
     let p2 = log.finished(2).unwrap().phases;
-    assert_eq!(p2, PhaseTimes { queued: 30 * MS, prefill: 6 * MS, decode: 10 * MS, inference: 16 * MS });
+    assert_eq!(
+        p2,
+        PhaseTimes { queued: 30 * MS, prefill: 6 * MS, decode: 10 * MS, inference: 16 * MS }
+    );
 }
 
 #[test]

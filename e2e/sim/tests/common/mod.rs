@@ -58,7 +58,8 @@ impl Sim {
                 let _ = tx.send(line);
             }
         });
-        let mut sim = Sim { child, id: String::new(), http: String::new(), kv_events: None, replay: None };
+        let mut sim =
+            Sim { child, id: String::new(), http: String::new(), kv_events: None, replay: None };
         let line = match rx.recv_timeout(patience()) {
             Ok(line) => line,
             Err(e) => {
@@ -66,8 +67,12 @@ impl Sim {
                 panic!("no READY line from vllm-sim {args:?}: {e} (exit status {status:?})");
             }
         };
-        let fields: HashMap<&str, &str> =
-            line.strip_prefix("READY ").expect("READY line").split(' ').filter_map(|kv| kv.split_once('=')).collect();
+        let fields: HashMap<&str, &str> = line
+            .strip_prefix("READY ")
+            .expect("READY line")
+            .split(' ')
+            .filter_map(|kv| kv.split_once('='))
+            .collect();
         sim.id = fields["id"].to_owned();
         sim.http = fields["http"].to_owned();
         sim.kv_events = fields.get("kv_events").map(|s| s.to_string());
@@ -100,7 +105,8 @@ impl Sim {
 
     /// The value of a metric series (all series of `name` summed), 0 if absent.
     pub fn metric(&self, name: &str) -> f64 {
-        let text = client().get(self.url("/metrics")).send().expect("metrics").text().expect("text");
+        let text =
+            client().get(self.url("/metrics")).send().expect("metrics").text().expect("text");
         metric_value(&text, name)
     }
 
@@ -109,8 +115,16 @@ impl Sim {
         let dump = self.get("/admin/cache");
         let mut m = Model::default();
         for b in dump["blocks"].as_array().expect("blocks") {
-            let tokens = b["token_ids"].as_array().expect("ids").iter().map(|t| t.as_u64().expect("id") as u32).collect();
-            m.blocks.insert(b["block_hash"].as_u64().expect("hash"), (b["parent_block_hash"].as_u64(), tokens));
+            let tokens = b["token_ids"]
+                .as_array()
+                .expect("ids")
+                .iter()
+                .map(|t| t.as_u64().expect("id") as u32)
+                .collect();
+            m.blocks.insert(
+                b["block_hash"].as_u64().expect("hash"),
+                (b["parent_block_hash"].as_u64(), tokens),
+            );
         }
         m
     }
@@ -131,7 +145,8 @@ pub fn client() -> reqwest::blocking::Client {
 /// Sums the series of `name` in Prometheus text (the project's one parser, strict: a line the
 /// simulator emits that is not a sample fails the test), 0 if absent.
 pub fn metric_value(text: &str, name: &str) -> f64 {
-    let samples = kvmesh_core::prom::parse(text).expect("the simulator's /metrics is valid exposition");
+    let samples =
+        kvmesh_core::prom::parse(text).expect("the simulator's /metrics is valid exposition");
     kvmesh_core::prom::sum(&samples, name).unwrap_or(0.0)
 }
 
@@ -161,18 +176,31 @@ pub fn decode_batch(payload: &[u8], maps: bool) -> (f64, Vec<Ev>, u64) {
         .map(|e| {
             if maps {
                 let map = e.as_map().expect("current layout: map events");
-                let get = |k: &str| map.iter().find(|(key, _)| key.as_str() == Some(k)).map(|(_, v)| v.clone());
+                let get = |k: &str| {
+                    map.iter().find(|(key, _)| key.as_str() == Some(k)).map(|(_, v)| v.clone())
+                };
                 match get("type").and_then(|t| t.as_str().map(str::to_owned)).as_deref() {
                     Some("BlockStored") => {
-                        assert_eq!(get("medium").and_then(|m| m.as_str().map(str::to_owned)).as_deref(), Some("GPU"));
+                        assert_eq!(
+                            get("medium").and_then(|m| m.as_str().map(str::to_owned)).as_deref(),
+                            Some("GPU")
+                        );
                         Ev::Stored {
                             hashes: u64s(&get("block_hashes").expect("hashes")),
                             parent: get("parent_block_hash").and_then(|p| p.as_u64()),
-                            tokens: u64s(&get("token_ids").expect("ids")).into_iter().map(|t| t as u32).collect(),
-                            block_size: get("block_size").and_then(|b| b.as_u64()).expect("block size") as usize,
+                            tokens: u64s(&get("token_ids").expect("ids"))
+                                .into_iter()
+                                .map(|t| t as u32)
+                                .collect(),
+                            block_size: get("block_size")
+                                .and_then(|b| b.as_u64())
+                                .expect("block size")
+                                as usize,
                         }
                     }
-                    Some("BlockRemoved") => Ev::Removed { hashes: u64s(&get("block_hashes").expect("hashes")) },
+                    Some("BlockRemoved") => {
+                        Ev::Removed { hashes: u64s(&get("block_hashes").expect("hashes")) }
+                    }
                     Some("AllBlocksCleared") => Ev::Cleared,
                     other => panic!("unknown event type {other:?}"),
                 }
@@ -217,7 +245,10 @@ impl Model {
                 let mut parent = *parent;
                 for (i, h) in hashes.iter().enumerate() {
                     let toks = tokens[i * block_size..(i + 1) * block_size].to_vec();
-                    assert!(self.blocks.insert(*h, (parent, toks)).is_none(), "block {h} stored twice");
+                    assert!(
+                        self.blocks.insert(*h, (parent, toks)).is_none(),
+                        "block {h} stored twice"
+                    );
                     parent = Some(*h);
                 }
             }
@@ -263,7 +294,17 @@ impl Subscriber {
         sub.set_subscribe(topic.as_bytes()).expect("subscribe");
         sub.set_rcvtimeo(100).expect("rcvtimeo");
         sub.connect(endpoint).expect("connect");
-        Self { ctx, sub, replay: replay.map(str::to_owned), maps, last_seq: None, model: Model::default(), applied: Vec::new(), topic: topic.as_bytes().to_vec(), ranks: Vec::new() }
+        Self {
+            ctx,
+            sub,
+            replay: replay.map(str::to_owned),
+            maps,
+            last_seq: None,
+            model: Model::default(),
+            applied: Vec::new(),
+            topic: topic.as_bytes().to_vec(),
+            ranks: Vec::new(),
+        }
     }
 
     /// Receives whatever arrives within ~100 ms; true if something was applied.
@@ -299,7 +340,9 @@ impl Subscriber {
     pub fn replay_from(&mut self, from: u64, until: u64) {
         let ep = self.replay.clone().expect("a gap without a replay endpoint");
         let dealer = self.ctx.socket(zmq::DEALER).expect("DEALER");
-        dealer.set_rcvtimeo(i32::try_from(patience().as_millis()).unwrap_or(i32::MAX)).expect("rcvtimeo");
+        dealer
+            .set_rcvtimeo(i32::try_from(patience().as_millis()).unwrap_or(i32::MAX))
+            .expect("rcvtimeo");
         dealer.connect(&ep).expect("connect replay");
         dealer.send_multipart([&b""[..], &from.to_be_bytes()], 0).expect("replay request");
         loop {

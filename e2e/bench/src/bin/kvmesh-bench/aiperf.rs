@@ -34,14 +34,21 @@ pub(crate) struct AiperfArgs {
 /// (`KVMESH_TOKENIZER`, else `.tools/tokenizer/`, which also holds `tokenizer_config.json`).
 pub(crate) fn default_tokenizer_dir() -> PathBuf {
     match std::env::var_os("KVMESH_TOKENIZER").map(PathBuf::from) {
-        Some(file) if !file.as_os_str().is_empty() => file.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+        Some(file) if !file.as_os_str().is_empty() => {
+            file.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+        }
         _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/tokenizer"),
     }
 }
 
 /// Runs every policy under aiperf; returns the report section (a policy that failed is a row
 /// saying why) and how many policies aiperf measured.
-pub(crate) async fn run_aiperf(args: &AiperfArgs, fleet: &Fleet, fleet_note: &str, out: &Path) -> Result<(ExtraSection, usize)> {
+pub(crate) async fn run_aiperf(
+    args: &AiperfArgs,
+    fleet: &Fleet,
+    fleet_note: &str,
+    out: &Path,
+) -> Result<(ExtraSection, usize)> {
     args.workload.validate().map_err(anyhow::Error::msg)?;
     if !args.bin.is_file() {
         bail!("aiperf not found at {} (`scripts/setup-aiperf.sh` installs it; `make bench-aiperf` runs it)", args.bin.display());
@@ -52,19 +59,39 @@ pub(crate) async fn run_aiperf(args: &AiperfArgs, fleet: &Fleet, fleet_note: &st
         let row = match run_one(args, policy, fleet, out).await {
             Ok(row) => row,
             Err(e) => {
-                tracing::error!(policy = policy.name(), error = format!("{e:#}"), "aiperf run failed");
-                AiperfRow { policy: policy.name().into(), error: Some(one_line(&format!("{e:#}"), 300)), ..AiperfRow::default() }
+                tracing::error!(
+                    policy = policy.name(),
+                    error = format!("{e:#}"),
+                    "aiperf run failed"
+                );
+                AiperfRow {
+                    policy: policy.name().into(),
+                    error: Some(one_line(&format!("{e:#}"), 300)),
+                    ..AiperfRow::default()
+                }
             }
         };
         rows.push(row);
     }
     let path = out.join("aiperf").join("rows.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&rows)?).with_context(|| format!("writing {}", path.display()))?;
+    std::fs::write(&path, serde_json::to_string_pretty(&rows)?)
+        .with_context(|| format!("writing {}", path.display()))?;
     let measured = rows.iter().filter(|r| r.summary.is_some()).count();
-    Ok((ExtraSection { title: TITLE.into(), markdown: render(&rows, &args.workload, fleet_note, &version) }, measured))
+    Ok((
+        ExtraSection {
+            title: TITLE.into(),
+            markdown: render(&rows, &args.workload, fleet_note, &version),
+        },
+        measured,
+    ))
 }
 
-async fn run_one(args: &AiperfArgs, policy: Policy, fleet: &Fleet, out: &Path) -> Result<AiperfRow> {
+async fn run_one(
+    args: &AiperfArgs,
+    policy: Policy,
+    fleet: &Fleet,
+    out: &Path,
+) -> Result<AiperfRow> {
     let dir = out.join("aiperf").join(policy.name());
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let Prepared { stack, client, base, model, .. } = prepare_stack(policy, fleet, &dir).await?;
@@ -72,7 +99,13 @@ async fn run_one(args: &AiperfArgs, policy: Policy, fleet: &Fleet, out: &Path) -
     // run as shipped (aiperf's own `X-Correlation-ID` is read by none).
     let session_header = policy.uses_session_header().then_some(fleet.session_header.as_str());
     let export_dir = dir.join("export");
-    let aiperf_args = args.workload.args(&base, &model, &args.tokenizer_dir.to_string_lossy(), &export_dir.to_string_lossy(), session_header);
+    let aiperf_args = args.workload.args(
+        &base,
+        &model,
+        &args.tokenizer_dir.to_string_lossy(),
+        &export_dir.to_string_lossy(),
+        session_header,
+    );
     let before = scrape_all(&stack, &client, policy.is_kvmesh()).await?;
     let engine_ticks_before = group_ticks(&fleet.engine_groups);
     let started = Instant::now();
@@ -83,7 +116,9 @@ async fn run_one(args: &AiperfArgs, policy: Policy, fleet: &Fleet, out: &Path) -
     // snapshot and refuses it.
     cmd.args(&aiperf_args).env("TOKENIZERS_PARALLELISM", "false");
     let mut proc = Proc::spawn_group("aiperf", cmd, &dir)?;
-    let deadline = Instant::now() + Duration::from_secs_f64(args.workload.duration_s + args.workload.grace_s) + STARTUP_AND_EXPORT;
+    let deadline = Instant::now()
+        + Duration::from_secs_f64(args.workload.duration_s + args.workload.grace_s)
+        + STARTUP_AND_EXPORT;
     while proc.is_running() {
         if Instant::now() > deadline {
             proc.kill();
@@ -98,17 +133,35 @@ async fn run_one(args: &AiperfArgs, policy: Policy, fleet: &Fleet, out: &Path) -
         // Real engines are the CPU load: bound everything else, as the sweep does.
         let engine_cpu_s = cpu_s_between(engine_ticks_before, group_ticks(&fleet.engine_groups));
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        cpu_invalid_reason_real_engines(cpu_mean, engine_cpu_s, started.elapsed().as_secs_f64(), cores).into_iter().collect()
+        cpu_invalid_reason_real_engines(
+            cpu_mean,
+            engine_cpu_s,
+            started.elapsed().as_secs_f64(),
+            cores,
+        )
+        .into_iter()
+        .collect()
     };
     let after = scrape_all(&stack, &client, policy.is_kvmesh()).await?;
     let c = counters(&stack, &before, &after, policy.is_kvmesh());
     std::fs::write(dir.join("counters.json"), serde_json::to_string_pretty(&c)?)?;
     drop(stack);
     let summary_path = export_dir.join(SUMMARY_FILE);
-    let text = std::fs::read_to_string(&summary_path)
-        .with_context(|| format!("reading {} (aiperf log: {}):\n{}", summary_path.display(), proc.log_path().display(), proc.log_tail(20)))?;
+    let text = std::fs::read_to_string(&summary_path).with_context(|| {
+        format!(
+            "reading {} (aiperf log: {}):\n{}",
+            summary_path.display(),
+            proc.log_path().display(),
+            proc.log_tail(20)
+        )
+    })?;
     let summary = parse_summary(&text).map_err(anyhow::Error::msg)?;
-    tracing::info!(policy = policy.name(), ttft_p90_ms = summary.ttft_p90_ms, engine_hit_rate = c.engine_hit_rate().unwrap_or(f64::NAN), "aiperf done");
+    tracing::info!(
+        policy = policy.name(),
+        ttft_p90_ms = summary.ttft_p90_ms,
+        engine_hit_rate = c.engine_hit_rate().unwrap_or(f64::NAN),
+        "aiperf done"
+    );
     Ok(AiperfRow {
         policy: policy.name().into(),
         summary: Some(summary),

@@ -34,13 +34,20 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Parser, Debug)]
-#[command(name = "kvmesh-bench", version, about = "Replay one workload through every routing policy and write a report")]
+#[command(
+    name = "kvmesh-bench",
+    version,
+    about = "Replay one workload through every routing policy and write a report"
+)]
 struct Args {
     /// Output directory (results, counters, stack logs, run.json, report.md, plots).
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
     /// Policies to run, comma-separated, in report order.
-    #[arg(long, default_value = "round_robin,least_request,ring_hash,kvmesh_approximate,kvmesh_precise")]
+    #[arg(
+        long,
+        default_value = "round_robin,least_request,ring_hash,kvmesh_approximate,kvmesh_precise"
+    )]
     policies: String,
     /// Workload: `trace` (Mooncake replay) or `chat` (multi-turn text sessions).
     #[arg(long, default_value = "trace")]
@@ -135,7 +142,10 @@ struct Args {
     #[arg(long, default_value = ".tools/aiperf/venv/bin/aiperf")]
     aiperf_bin: PathBuf,
     /// aiperf: policies, comma-separated.
-    #[arg(long, default_value = "round_robin,least_request,ring_hash,kvmesh_approximate,kvmesh_precise")]
+    #[arg(
+        long,
+        default_value = "round_robin,least_request,ring_hash,kvmesh_approximate,kvmesh_precise"
+    )]
     aiperf_policies: String,
     /// aiperf: requests per second.
     #[arg(long, default_value_t = AiperfWorkload::default().request_rate)]
@@ -160,7 +170,10 @@ struct Args {
     sweep_workloads: String,
     /// Sweep: policies, comma-separated; round_robin always runs (its ladder finds the saturation).
     /// kvmesh_precise_local_short runs only when named.
-    #[arg(long, default_value = "round_robin,least_request,ring_hash,kvmesh_approximate,kvmesh_precise,kvmesh_precise_session")]
+    #[arg(
+        long,
+        default_value = "round_robin,least_request,ring_hash,kvmesh_approximate,kvmesh_precise,kvmesh_precise_session"
+    )]
     sweep_policies: String,
     /// Sweep: the measured window of one point, s. Single-turn and trace points: arrivals span it
     /// (turns stop at 1.5 × it). agentic and paced: sessions arrive from the warm-up's start,
@@ -337,7 +350,11 @@ fn vllm_fleet(workers: usize, block_size: u32, opts: &VllmOptions) -> String {
 /// The sweep's fleet (its own defaults: few workers, low speed-up, long modelled prefill) and plan.
 fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
     use kvmesh_bench::workload::{trace::TraceConfig, WorkloadKind};
-    if !(a.sweep_sim_speedup.is_none_or(|x| x > 0.0) && a.sweep_prefill_tokens_per_s.is_none_or(|x| x > 0.0) && a.sweep_duration_s > 0.0 && a.sweep_trace_window_ms > 0.0) {
+    if !(a.sweep_sim_speedup.is_none_or(|x| x > 0.0)
+        && a.sweep_prefill_tokens_per_s.is_none_or(|x| x > 0.0)
+        && a.sweep_duration_s > 0.0
+        && a.sweep_trace_window_ms > 0.0)
+    {
         bail!("--sweep-sim-speedup, --sweep-prefill-tokens-per-s, --sweep-duration-s and --sweep-trace-window-ms must be > 0");
     }
     if !a.sweep_warmup_s.is_none_or(|w| w >= 0.0 && w.is_finite()) {
@@ -366,8 +383,10 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
         ..fleet.clone()
     };
     let trace_records = if workloads.contains(&WorkloadKind::Trace) {
-        let path = a.trace.clone().unwrap_or_else(|| default_trace_path(std::env::var(TRACE_ENV).ok()));
-        let file = std::fs::File::open(&path).with_context(|| format!("opening trace {}", path.display()))?;
+        let path =
+            a.trace.clone().unwrap_or_else(|| default_trace_path(std::env::var(TRACE_ENV).ok()));
+        let file = std::fs::File::open(&path)
+            .with_context(|| format!("opening trace {}", path.display()))?;
         let all = trace::parse(std::io::BufReader::new(file))?;
         let start = a.window_start_ms.unwrap_or(f64::NEG_INFINITY);
         all.into_iter().filter(|r| r.timestamp >= start).collect()
@@ -439,7 +458,9 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
         )
     } else {
         let window = match a.sweep_load_point_window_s {
-            Some(w) => format!(", each a {w}-s window as a load point (`--sweep-load-point-window-s`)"),
+            Some(w) => {
+                format!(", each a {w}-s window as a load point (`--sweep-load-point-window-s`)")
+            }
             None => String::new(),
         };
         format!("rates: every policy at {fixed_rates:?} (`--sweep-rates`; no ladder, no saturation search, no load point){window}")
@@ -468,7 +489,11 @@ fn sweep_setup(a: &Args, fleet: &Fleet) -> Result<(Fleet, sweep::SweepArgs)> {
         "policies: round_robin, least_request (Envoy); ring_hash and kvmesh_precise_session get the workload's session header (trace, agentic, paced only); kvmesh_approximate and kvmesh_precise run as shipped (default configuration, no header)".into(),
     ];
     if policies.contains(&Policy::KvmeshPreciseLocalShort) {
-        settings.push(format!("{}: {} (not judged)", Policy::KvmeshPreciseLocalShort.name(), Policy::KvmeshPreciseLocalShort.describe()));
+        settings.push(format!(
+            "{}: {} (not judged)",
+            Policy::KvmeshPreciseLocalShort.name(),
+            Policy::KvmeshPreciseLocalShort.describe()
+        ));
     }
     let args = sweep::SweepArgs {
         workloads,
@@ -507,7 +532,9 @@ fn command_line() -> String {
 #[tokio::main]
 async fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let a = Args::parse();
@@ -524,9 +551,16 @@ async fn main() -> Result<()> {
 async fn bench(a: Args) -> Result<()> {
     let parts = Parts::parse(&a.only)?;
     if a.engines != "sim" && (parts.policies || parts.overhead) {
-        bail!("--engines {} runs the load sweep and aiperf only: pass --only sweep or --only aiperf", a.engines);
+        bail!(
+            "--engines {} runs the load sweep and aiperf only: pass --only sweep or --only aiperf",
+            a.engines
+        );
     }
-    let policies = if parts.policies { Policy::parse_list(&a.policies).map_err(anyhow::Error::msg)? } else { Vec::new() };
+    let policies = if parts.policies {
+        Policy::parse_list(&a.policies).map_err(anyhow::Error::msg)?
+    } else {
+        Vec::new()
+    };
     let overhead_args = overhead_args(&a)?;
     let fleet = fleet(&a)?;
 
@@ -564,7 +598,8 @@ async fn bench(a: Args) -> Result<()> {
 fn overhead_args(a: &Args) -> Result<OverheadArgs> {
     let overhead_args = OverheadArgs {
         sizes: parse_sizes(&a.overhead_sizes).map_err(anyhow::Error::msg)?,
-        shared_prefixes: parse_optional_sizes(&a.overhead_shared_prefixes).map_err(anyhow::Error::msg)?,
+        shared_prefixes: parse_optional_sizes(&a.overhead_shared_prefixes)
+            .map_err(anyhow::Error::msg)?,
         samples: a.overhead_samples.max(1),
         bases: a.overhead_bases.max(1),
         sim_speedup: a.overhead_sim_speedup,
@@ -577,7 +612,10 @@ fn overhead_args(a: &Args) -> Result<OverheadArgs> {
         dir: "overhead",
         seed: a.overhead_seed,
     };
-    if !(a.overhead_sim_speedup.is_finite() && a.overhead_sim_speedup > 0.0 && a.overhead_rps_seconds >= 0.0) {
+    if !(a.overhead_sim_speedup.is_finite()
+        && a.overhead_sim_speedup > 0.0
+        && a.overhead_rps_seconds >= 0.0)
+    {
         bail!("--overhead-sim-speedup must be > 0 and --overhead-rps-seconds >= 0");
     }
     Ok(overhead_args)
@@ -585,7 +623,8 @@ fn overhead_args(a: &Args) -> Result<OverheadArgs> {
 
 /// The fleet of the policies and overhead parts from the flags.
 fn fleet(a: &Args) -> Result<Fleet> {
-    let session_mode = SessionHeaderMode::parse(&a.session_header_mode).map_err(anyhow::Error::msg)?;
+    let session_mode =
+        SessionHeaderMode::parse(&a.session_header_mode).map_err(anyhow::Error::msg)?;
     if !(a.speedup.is_finite() && a.speedup > 0.0 && a.request_timeout_s > 0.0) {
         bail!("--speedup and --request-timeout-s must be > 0");
     }
@@ -610,10 +649,18 @@ fn fleet(a: &Args) -> Result<Fleet> {
 fn workload(a: &Args, manifest: &mut RunManifest) -> Result<Option<Workload>> {
     Ok(match a.workload.as_str() {
         "trace" => {
-            let path = a.trace.clone().unwrap_or_else(|| default_trace_path(std::env::var(TRACE_ENV).ok()));
-            let file = std::fs::File::open(&path).with_context(|| format!("opening trace {}", path.display()))?;
+            let path = a
+                .trace
+                .clone()
+                .unwrap_or_else(|| default_trace_path(std::env::var(TRACE_ENV).ok()));
+            let file = std::fs::File::open(&path)
+                .with_context(|| format!("opening trace {}", path.display()))?;
             let records = trace::parse(std::io::BufReader::new(file))?;
-            let sel = Selection { window_start_ms: a.window_start_ms, window_ms: (a.window_ms > 0.0).then_some(a.window_ms), first: a.first };
+            let sel = Selection {
+                window_start_ms: a.window_start_ms,
+                window_ms: (a.window_ms > 0.0).then_some(a.window_ms),
+                first: a.first,
+            };
             let selected = sel.apply(&records);
             if selected.is_empty() {
                 bail!("the selection ({}) holds no request", sel.describe());
@@ -651,20 +698,33 @@ fn workload(a: &Args, manifest: &mut RunManifest) -> Result<Option<Workload>> {
 
 /// Runs the load sweep and adds its section (a sweep-only run's manifest describes the sweep);
 /// returns the points that ran.
-async fn sweep_part(a: &Args, fleet: &Fleet, parts: Parts, manifest: &mut RunManifest) -> Result<usize> {
+async fn sweep_part(
+    a: &Args,
+    fleet: &Fleet,
+    parts: Parts,
+    manifest: &mut RunManifest,
+) -> Result<usize> {
     let (sweep_fleet, sweep_args) = sweep_setup(a, fleet)?;
     let report = sweep::run_sweep(&sweep_args, &sweep_fleet, &a.out).await?;
-    let ran = report.workloads.iter().map(|w| w.points.iter().filter(|p| p.error.is_none()).count()).sum::<usize>();
-    let plots_ok = match plots::register_font(&a.font).map_err(|e| e.to_string()).and_then(|()| sweep::draw(&report, &a.out)) {
+    let ran = report
+        .workloads
+        .iter()
+        .map(|w| w.points.iter().filter(|p| p.error.is_none()).count())
+        .sum::<usize>();
+    let plots_ok = match plots::register_font(&a.font)
+        .map_err(|e| e.to_string())
+        .and_then(|()| sweep::draw(&report, &a.out))
+    {
         Ok(_) => true,
         Err(e) => {
             eprintln!("sweep plots: {e}");
             false
         }
     };
-    manifest
-        .extra_sections
-        .push(kvmesh_bench::manifest::ExtraSection { title: "Load sweep".into(), markdown: kvmesh_bench::report::sweep::render(&report, plots_ok) });
+    manifest.extra_sections.push(kvmesh_bench::manifest::ExtraSection {
+        title: "Load sweep".into(),
+        markdown: kvmesh_bench::report::sweep::render(&report, plots_ok),
+    });
     if !parts.policies {
         manifest.title = Some("kvmesh load sweep".into());
         manifest.workload = Some(format!("load sweep: {}", a.sweep_workloads));
@@ -693,11 +753,20 @@ async fn policies_part(
                 if manifest.workers.is_empty() {
                     manifest.workers = r.worker_ids;
                 }
-                tracing::info!(policy = policy.name(), requests = r.requests, failed = r.failed, "recorded");
+                tracing::info!(
+                    policy = policy.name(),
+                    requests = r.requests,
+                    failed = r.failed,
+                    "recorded"
+                );
                 manifest.policies.push(r.entry);
             }
             Err(e) => {
-                tracing::error!(policy = policy.name(), error = format!("{e:#}"), "policy did not run");
+                tracing::error!(
+                    policy = policy.name(),
+                    error = format!("{e:#}"),
+                    "policy did not run"
+                );
                 manifest.policies.push(failed_policy(policy, out, &e)?);
             }
         }
@@ -707,7 +776,13 @@ async fn policies_part(
 
 /// Runs the overhead part and records it (or why it did not run); returns 1 when it produced
 /// a case.
-async fn overhead_part(a: &Args, overhead_args: &OverheadArgs, fleet: &Fleet, parts: Parts, manifest: &mut RunManifest) -> usize {
+async fn overhead_part(
+    a: &Args,
+    overhead_args: &OverheadArgs,
+    fleet: &Fleet,
+    parts: Parts,
+    manifest: &mut RunManifest,
+) -> usize {
     let mut ran = 0usize;
     match run_overhead(overhead_args, fleet, &a.out).await {
         Ok(r) => {
@@ -718,7 +793,8 @@ async fn overhead_part(a: &Args, overhead_args: &OverheadArgs, fleet: &Fleet, pa
         }
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "overhead did not run");
-            manifest.overhead_notes = Some(format!("**did not run**: {}", run::one_line(&format!("{e:#}"), 600)));
+            manifest.overhead_notes =
+                Some(format!("**did not run**: {}", run::one_line(&format!("{e:#}"), 600)));
         }
     }
     ran += local_route_part(a, overhead_args, fleet, manifest).await;
@@ -740,7 +816,12 @@ async fn overhead_part(a: &Args, overhead_args: &OverheadArgs, fleet: &Fleet, pa
 /// The overhead of `--overhead-local-sizes` again with the filter routing bodies of at most
 /// `--overhead-local-route-max-body-bytes` alone: its cases, named `<case>_local_route`, join the
 /// overhead table, its notes the overhead notes. Returns 1 when it produced a case.
-async fn local_route_part(a: &Args, overhead_args: &OverheadArgs, fleet: &Fleet, manifest: &mut RunManifest) -> usize {
+async fn local_route_part(
+    a: &Args,
+    overhead_args: &OverheadArgs,
+    fleet: &Fleet,
+    manifest: &mut RunManifest,
+) -> usize {
     let sizes = match parse_optional_sizes(&a.overhead_local_sizes) {
         Ok(sizes) if !sizes.is_empty() => sizes,
         Ok(_) => return 0,
@@ -779,7 +860,10 @@ async fn local_route_part(a: &Args, overhead_args: &OverheadArgs, fleet: &Fleet,
         }
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "the local-route overhead did not run");
-            notes.push_str(&format!("{heading}**did not run**: {}", run::one_line(&format!("{e:#}"), 600)));
+            notes.push_str(&format!(
+                "{heading}**did not run**: {}",
+                run::one_line(&format!("{e:#}"), 600)
+            ));
             0
         }
     }
@@ -788,22 +872,51 @@ async fn local_route_part(a: &Args, overhead_args: &OverheadArgs, fleet: &Fleet,
 /// Runs the aiperf part on the sweep's fleet (workers, cache) — simulators at
 /// `--aiperf-prefill-tokens-per-s`, or real vLLM engines started once for all policies
 /// (`--engines vllm`) — and adds its section; returns the policies aiperf measured.
-async fn aiperf_part(a: &Args, fleet: &Fleet, parts: Parts, manifest: &mut RunManifest) -> Result<usize> {
-    let mut aiperf_fleet = Fleet { workers: a.sweep_workers, num_gpu_blocks: a.sweep_num_gpu_blocks, ..fleet.clone() };
+async fn aiperf_part(
+    a: &Args,
+    fleet: &Fleet,
+    parts: Parts,
+    manifest: &mut RunManifest,
+) -> Result<usize> {
+    let mut aiperf_fleet =
+        Fleet { workers: a.sweep_workers, num_gpu_blocks: a.sweep_num_gpu_blocks, ..fleet.clone() };
     // Real engines live until the part returns.
     let (_engines, fleet_note) = match vllm_options(a)? {
         None => {
-            let timing = kvmesh_bench::sweep::FleetTiming::new(1.0, a.aiperf_prefill_tokens_per_s).map_err(anyhow::Error::msg)?;
+            let timing = kvmesh_bench::sweep::FleetTiming::new(1.0, a.aiperf_prefill_tokens_per_s)
+                .map_err(anyhow::Error::msg)?;
             aiperf_fleet = sweep::workload_fleet(&aiperf_fleet, &timing);
-            let note = format!("{} vllm-sim workers × {} blocks of {} tokens, {}", aiperf_fleet.workers, aiperf_fleet.num_gpu_blocks, aiperf_fleet.block_size, timing.describe());
+            let note = format!(
+                "{} vllm-sim workers × {} blocks of {} tokens, {}",
+                aiperf_fleet.workers,
+                aiperf_fleet.num_gpu_blocks,
+                aiperf_fleet.block_size,
+                timing.describe()
+            );
             (Vec::new(), note)
         }
         Some(opts) => {
-            let engines = sweep::start_real_engines(&mut aiperf_fleet, &opts, &a.out.join("aiperf").join("engines")).await?;
-            (engines, format!("{}; started once, prefix caches reset before every policy", vllm_fleet(aiperf_fleet.workers, aiperf_fleet.block_size, &opts)))
+            let engines = sweep::start_real_engines(
+                &mut aiperf_fleet,
+                &opts,
+                &a.out.join("aiperf").join("engines"),
+            )
+            .await?;
+            (
+                engines,
+                format!(
+                    "{}; started once, prefix caches reset before every policy",
+                    vllm_fleet(aiperf_fleet.workers, aiperf_fleet.block_size, &opts)
+                ),
+            )
         }
     };
-    let mut workload = AiperfWorkload { request_rate: a.aiperf_rate, duration_s: a.aiperf_duration_s, seed: a.aiperf_seed, ..AiperfWorkload::default() };
+    let mut workload = AiperfWorkload {
+        request_rate: a.aiperf_rate,
+        duration_s: a.aiperf_duration_s,
+        seed: a.aiperf_seed,
+        ..AiperfWorkload::default()
+    };
     if let Some(scale) = a.aiperf_scale {
         workload = workload.scaled(scale).map_err(anyhow::Error::msg)?;
     }
@@ -841,7 +954,8 @@ fn indexer_figures(path: &std::path::Path) -> kvmesh_bench::manifest::ExtraSecti
 /// Writes `run.json`, renders the report and prints its path; an error when nothing ran.
 fn write_report(a: &Args, manifest: &RunManifest, ran: usize) -> Result<()> {
     let manifest_path = a.out.join("run.json");
-    std::fs::write(&manifest_path, serde_json::to_string_pretty(manifest)?).with_context(|| format!("writing {}", manifest_path.display()))?;
+    std::fs::write(&manifest_path, serde_json::to_string_pretty(manifest)?)
+        .with_context(|| format!("writing {}", manifest_path.display()))?;
     let written = generate(&manifest_path, &a.out, &a.font)?;
     println!("{}", written.markdown.display());
     if let Some(note) = &written.plot_note {

@@ -156,10 +156,8 @@ async fn swap_envoy(stack: &mut Stack) -> Result<(u16, std::path::PathBuf)> {
             .iter()
             .filter(|w| w.role.decodes())
             .map(|w| {
-                let (host, port) = w
-                    .http
-                    .rsplit_once(':')
-                    .with_context(|| format!("bad address {}", w.http))?;
+                let (host, port) =
+                    w.http.rsplit_once(':').with_context(|| format!("bad address {}", w.http))?;
                 Ok(BootstrapWorker {
                     id: w.id.clone(),
                     host: host.to_string(),
@@ -205,16 +203,10 @@ async fn swap_envoy(stack: &mut Stack) -> Result<(u16, std::path::PathBuf)> {
             break;
         }
         if !proc.is_running() {
-            bail!(
-                "envoy (overhead bootstrap) exited before it was ready:\n{}",
-                proc.log_tail(60)
-            );
+            bail!("envoy (overhead bootstrap) exited before it was ready:\n{}", proc.log_tail(60));
         }
         if Instant::now() > deadline {
-            bail!(
-                "envoy (overhead bootstrap) not ready in time:\n{}",
-                proc.log_tail(60)
-            );
+            bail!("envoy (overhead bootstrap) not ready in time:\n{}", proc.log_tail(60));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -268,7 +260,10 @@ async fn warm_up(
             .await;
             if let Some(e) = &o.error {
                 tracing::warn!(path = way.tag(), error = %e, "warm-up request failed");
-            } else if way == Way::Kvmesh && o.fallback.is_none() && (o.decision_mode.is_some() || o.decision_worker.is_some()) {
+            } else if way == Way::Kvmesh
+                && o.fallback.is_none()
+                && (o.decision_mode.is_some() || o.decision_worker.is_some())
+            {
                 // A decision, or a local route (`local_route_max_body_bytes`) that found a worker:
                 // either way the filter has its fleet.
                 routed = true;
@@ -330,14 +325,7 @@ async fn prime(
     let mut shared = Vec::new();
     for (si, size) in args.shared_prefixes.iter().enumerate() {
         let base = base_conversation(shared_prefix_seed(args.seed, si), size.tokens, shape);
-        fallbacks += prime_one(
-            client,
-            urls,
-            model,
-            &base,
-            &format!("shared-{}", size.label),
-        )
-        .await;
+        fallbacks += prime_one(client, urls, model, &base, &format!("shared-{}", size.label)).await;
         shared.push(base.base);
     }
     (all, shared, fallbacks)
@@ -365,12 +353,7 @@ fn request_for(
         // Distinct content per request and path: neither path's request warms the other's.
         Kind::Cold => cold_request(
             &texts.cold[size_index],
-            cold_seed(
-                args.seed,
-                0,
-                size_index,
-                2 * n + u64::from(way == Way::Plain),
-            ),
+            cold_seed(args.seed, 0, size_index, 2 * n + u64::from(way == Way::Plain)),
         ),
         Kind::Continuation => {
             let list = &bases[size_index];
@@ -439,17 +422,10 @@ async fn hung_indexer(
     access_log: &Path,
     shape: &Shape,
 ) -> Result<(HungIndexer, Vec<Sample>)> {
-    let pid = stack
-        .indexer
-        .as_ref()
-        .map(Proc::pid)
-        .context("the stack has no indexer")?;
+    let pid = stack.indexer.as_ref().map(Proc::pid).context("the stack has no indexer")?;
     let template = cold_template(HUNG_PROMPT_TOKENS, shape);
     let request = |phase: u64, n: u64| {
-        body(
-            &cold_request(&template, cold_seed(args.seed, phase, 0, n)),
-            model,
-        )
+        body(&cold_request(&template, cold_seed(args.seed, phase, 0, n)), model)
     };
     let mut h = HungIndexer {
         indexer_timeout_ms: args
@@ -488,11 +464,8 @@ async fn hung_indexer(
     let mut samples = Vec::new();
     if h.opening_ms.is_some() {
         for n in 0..args.samples as u64 {
-            let order = if n % 2 == 0 {
-                [Way::Kvmesh, Way::Plain]
-            } else {
-                [Way::Plain, Way::Kvmesh]
-            };
+            let order =
+                if n % 2 == 0 { [Way::Kvmesh, Way::Plain] } else { [Way::Plain, Way::Kvmesh] };
             for way in order {
                 let id = format!("{HUNG_CASE}-{n}-{}", way.tag());
                 let b = request(HUNG_PHASE + 1, 2 * n + u64::from(way == Way::Plain));
@@ -514,22 +487,13 @@ async fn hung_indexer(
         let make = {
             let (template, model, seed) = (template.clone(), model.to_string(), args.seed);
             Arc::new(move |n: u64| {
-                body(
-                    &cold_request(&template, cold_seed(seed, HUNG_PHASE + 2, 0, n)),
-                    &model,
-                )
+                body(&cold_request(&template, cold_seed(seed, HUNG_PHASE + 2, 0, n)), &model)
             })
         };
         let length = HUNG_BURST.min(Duration::from_secs_f64(args.rps_seconds));
-        let r = closed_loop(
-            client,
-            &urls.kvmesh,
-            HUNG_BURST_CONCURRENCY,
-            length,
-            RPS_TIMEOUT,
-            make,
-        )
-        .await;
+        let r =
+            closed_loop(client, &urls.kvmesh, HUNG_BURST_CONCURRENCY, length, RPS_TIMEOUT, make)
+                .await;
         h.burst = Some(Burst {
             concurrency: HUNG_BURST_CONCURRENCY as u64,
             ok: r.ok,
@@ -583,18 +547,8 @@ pub async fn run_overhead(args: &OverheadArgs, fleet: &Fleet, out: &Path) -> Res
     let shape = Shape::default();
     let all_cases = cases(&args.sizes, &args.shared_prefixes);
 
-    tracing::info!(
-        cases = all_cases.len(),
-        samples = args.samples,
-        "overhead: starting the stack"
-    );
-    let Started {
-        stack,
-        access_log,
-        urls,
-        client,
-        model,
-    } = start(args, fleet, &dir).await?;
+    tracing::info!(cases = all_cases.len(), samples = args.samples, "overhead: starting the stack");
+    let Started { stack, access_log, urls, client, model } = start(args, fleet, &dir).await?;
     let (texts, prime_fallbacks) = prime_texts(&client, &urls, &model, args, &shape).await?;
 
     let metrics_url = stack.indexer_url("/metrics");
@@ -641,9 +595,8 @@ struct Started {
 
 /// Step 1: starts the stack, swaps its Envoy, finds the model.
 async fn start(args: &OverheadArgs, fleet: &Fleet, dir: &Path) -> Result<Started> {
-    let mut stack = Stack::start(spec(args, fleet, dir))
-        .await
-        .context("starting the overhead stack")?;
+    let mut stack =
+        Stack::start(spec(args, fleet, dir)).await.context("starting the overhead stack")?;
     let (plain_port, access_log) = swap_envoy(&mut stack).await?;
     let urls = Urls {
         kvmesh: stack.gateway("/v1/chat/completions"),
@@ -656,13 +609,7 @@ async fn start(args: &OverheadArgs, fleet: &Fleet, dir: &Path) -> Result<Started
             .await
             .map_err(anyhow::Error::msg)?,
     };
-    Ok(Started {
-        stack,
-        access_log,
-        urls,
-        client,
-        model,
-    })
+    Ok(Started { stack, access_log, urls, client, model })
 }
 
 /// Steps 2 and 3: warms both paths up, primes the bases and shared prefixes; the texts and the
@@ -674,19 +621,11 @@ async fn prime_texts(
     args: &OverheadArgs,
     shape: &Shape,
 ) -> Result<(Arc<Texts>, u64)> {
-    let cold: Vec<History> = args
-        .sizes
-        .iter()
-        .map(|s| cold_template(s.tokens, shape))
-        .collect();
+    let cold: Vec<History> = args.sizes.iter().map(|s| cold_template(s.tokens, shape)).collect();
     warm_up(client, urls, model, &cold_template(512, shape), args.seed).await?;
     let started = Instant::now();
     let (bases, shared, prime_fallbacks) = prime(client, urls, model, args, shape).await;
-    let texts = Arc::new(Texts {
-        cold,
-        bases,
-        shared,
-    });
+    let texts = Arc::new(Texts { cold, bases, shared });
     tracing::info!(
         prime_s = started.elapsed().as_secs_f64(),
         prime_fallbacks,
@@ -761,14 +700,7 @@ async fn latency_sample(
 ) -> Sample {
     let h = request_for(case, p.size_index(case), p.texts, n, way, p.args, p.shape);
     let id = format!("{}-{n}-{}", case.name(), way.tag());
-    let o = tagged(
-        p.client,
-        p.urls.of(way),
-        body(&h, p.model),
-        &id,
-        SAMPLE_TIMEOUT,
-    )
-    .await;
+    let o = tagged(p.client, p.urls.of(way), body(&h, p.model), &id, SAMPLE_TIMEOUT).await;
     // Between samples, never during one: this request's share of the indexer's timers.
     let mut share = None;
     let local = o.decision_reason.as_deref() == Some(kvmesh_core::headers::LOCAL_ROUTE_REASON);
@@ -776,14 +708,8 @@ async fn latency_sample(
         // Wait for this request's tokenization to finish even when the filter gave up (a request
         // the filter routed locally never reached the indexer: nothing to wait for).
         let want = timers.map_or(0.0, |t| t.tokenizations + 1.0);
-        let now = settle(
-            p.client,
-            p.metrics_url,
-            want,
-            Duration::from_millis(5),
-            SETTLE_SAMPLE,
-        )
-        .await;
+        let now =
+            settle(p.client, p.metrics_url, want, Duration::from_millis(5), SETTLE_SAMPLE).await;
         share = now.zip(*timers).and_then(|(n, b)| n.one_route_since(&b));
         *timers = now;
     }
@@ -861,9 +787,9 @@ async fn rps_round(
 ) -> Rate {
     let make = rps_bodies(p, case, round, way);
     let before = match (way, indexer_pid) {
-        (Way::Kvmesh, Some(pid)) => indexer_timers(p.client, p.metrics_url)
-            .await
-            .zip(cpu_ticks(pid)),
+        (Way::Kvmesh, Some(pid)) => {
+            indexer_timers(p.client, p.metrics_url).await.zip(cpu_ticks(pid))
+        }
         _ => None,
     };
     let mut r = closed_loop(
@@ -884,10 +810,7 @@ async fn rps_round(
     };
     // The round's indexer work, the tokenizations finished while settling included.
     if let (Some((t0, c0)), Some(pid)) = (before, indexer_pid) {
-        if let Some((t1, c1)) = indexer_timers(p.client, p.metrics_url)
-            .await
-            .zip(cpu_ticks(pid))
-        {
+        if let Some((t1, c1)) = indexer_timers(p.client, p.metrics_url).await.zip(cpu_ticks(pid)) {
             r.indexer_routes = t1.routes - t0.routes;
             r.indexer_cpu_s = c1.saturating_sub(c0) as f64 / 100.0;
         }
@@ -948,11 +871,8 @@ fn setup_notes(
     latency_s: f64,
     rates: &HashMap<(String, &'static str), Rate>,
 ) -> String {
-    let rps_fallbacks: u64 = rates
-        .iter()
-        .filter(|((_, w), _)| *w == Way::Kvmesh.tag())
-        .map(|(_, r)| r.fallbacks)
-        .sum();
+    let rps_fallbacks: u64 =
+        rates.iter().filter(|((_, w), _)| *w == Way::Kvmesh.tag()).map(|(_, r)| r.fallbacks).sum();
     let rps_failed: u64 = rates.values().map(|r| r.failed).sum();
     let mut notes = format!(
         "{} vllm-sim workers (`--speedup {}`, KV capacity {} blocks, KV events on), the indexer in precise mode, one Envoy \
@@ -1002,9 +922,8 @@ fn setup_notes(
 fn missing_notes(missing_log: usize, missing: &[String]) -> String {
     let mut notes = String::new();
     if missing_log > 0 {
-        notes.push_str(&format!(
-            " {missing_log} samples had no access-log line and were left out."
-        ));
+        notes
+            .push_str(&format!(" {missing_log} samples had no access-log line and were left out."));
     }
     if !missing.is_empty() {
         notes.push_str(&format!(" No usable samples for: {}.", missing.join(", ")));

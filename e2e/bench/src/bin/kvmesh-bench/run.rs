@@ -122,17 +122,27 @@ pub(crate) struct Scrape {
     indexer: Vec<Sample>,
 }
 
-pub(crate) async fn scrape_all(stack: &Stack, client: &reqwest::Client, kvmesh: bool) -> Result<Scrape> {
+pub(crate) async fn scrape_all(
+    stack: &Stack,
+    client: &reqwest::Client,
+    kvmesh: bool,
+) -> Result<Scrape> {
     let mut engines = Vec::with_capacity(stack.workers.len());
     for w in &stack.workers {
         engines.push(scrape(client, &w.url("/metrics")).await?);
     }
     let envoy = scrape(client, &stack.admin("/stats/prometheus")).await?;
-    let indexer = if kvmesh { scrape(client, &stack.indexer_url("/metrics")).await? } else { Vec::new() };
+    let indexer =
+        if kvmesh { scrape(client, &stack.indexer_url("/metrics")).await? } else { Vec::new() };
     Ok(Scrape { engines, envoy, indexer })
 }
 
-pub(crate) fn counters(stack: &Stack, before: &Scrape, after: &Scrape, kvmesh: bool) -> PolicyCounters {
+pub(crate) fn counters(
+    stack: &Stack,
+    before: &Scrape,
+    after: &Scrape,
+    kvmesh: bool,
+) -> PolicyCounters {
     let engines = stack
         .workers
         .iter()
@@ -162,11 +172,20 @@ pub(crate) async fn start_stack(policy: Policy, fleet: &Fleet, dir: &Path) -> Re
         match Stack::start(spec_for(policy, fleet, dir)).await {
             Ok(stack) => return Ok(stack),
             Err(e) if attempt < attempts => {
-                tracing::warn!(policy = policy.name(), attempt, error = format!("{e:#}"), "stack did not start; retrying");
+                tracing::warn!(
+                    policy = policy.name(),
+                    attempt,
+                    error = format!("{e:#}"),
+                    "stack did not start; retrying"
+                );
                 attempt += 1;
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }
-            Err(e) => return Err(e.context(format!("starting the {} stack ({attempt} attempts)", policy.name()))),
+            Err(e) => {
+                return Err(
+                    e.context(format!("starting the {} stack ({attempt} attempts)", policy.name()))
+                )
+            }
         }
     }
 }
@@ -198,7 +217,9 @@ pub(crate) async fn prepare_stack(policy: Policy, fleet: &Fleet, dir: &Path) -> 
     let base = stack.gateway("");
     let model = match &fleet.model {
         Some(m) => m.clone(),
-        None => discover_model(&client, &base, Duration::from_secs(30)).await.map_err(anyhow::Error::msg)?,
+        None => discover_model(&client, &base, Duration::from_secs(30))
+            .await
+            .map_err(anyhow::Error::msg)?,
     };
     Ok(Prepared { stack, worker_ids, client, base, model })
 }
@@ -207,26 +228,43 @@ pub(crate) async fn prepare_stack(policy: Policy, fleet: &Fleet, dir: &Path) -> 
 /// block, so nothing new is cached) so that the engine publishes the reset's event.
 async fn flush_reset(client: &reqwest::Client, engines: &[WorkerSpec]) -> Result<()> {
     for w in engines {
-        let base = w.endpoint.as_deref().with_context(|| format!("external engine {} without endpoint", w.id))?;
+        let base = w
+            .endpoint
+            .as_deref()
+            .with_context(|| format!("external engine {} without endpoint", w.id))?;
         let url = |path: &str| format!("http://{base}{path}");
-        client.post(url("/reset_prefix_cache")).send().await?.error_for_status().with_context(|| format!("resetting {}", w.id))?;
-        let body = serde_json::json!({ "model": kvmesh_e2e::vllm::MODEL_NAME, "prompt": "x", "max_tokens": 1 });
-        tokio::time::timeout(Duration::from_secs(60), client.post(url("/v1/completions")).json(&body).send())
-            .await
-            .with_context(|| format!("flush request to {}: timeout", w.id))??
+        client
+            .post(url("/reset_prefix_cache"))
+            .send()
+            .await?
             .error_for_status()
-            .with_context(|| format!("flush request to {}", w.id))?;
+            .with_context(|| format!("resetting {}", w.id))?;
+        let body = serde_json::json!({ "model": kvmesh_e2e::vllm::MODEL_NAME, "prompt": "x", "max_tokens": 1 });
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            client.post(url("/v1/completions")).json(&body).send(),
+        )
+        .await
+        .with_context(|| format!("flush request to {}: timeout", w.id))??
+        .error_for_status()
+        .with_context(|| format!("flush request to {}", w.id))?;
     }
     Ok(())
 }
 
 /// Runs one policy and writes `<out>/<policy>/{results.jsonl,counters.json}`.
-pub async fn run_policy(policy: Policy, fleet: &Fleet, workload: &Workload, out: &Path) -> Result<PolicyRun> {
+pub async fn run_policy(
+    policy: Policy,
+    fleet: &Fleet,
+    workload: &Workload,
+    out: &Path,
+) -> Result<PolicyRun> {
     let dir = out.join(policy.name());
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let results = dir.join("results.jsonl");
     let counters_path = dir.join("counters.json");
-    let Prepared { stack, worker_ids, client, base, model } = prepare_stack(policy, fleet, &dir).await?;
+    let Prepared { stack, worker_ids, client, base, model } =
+        prepare_stack(policy, fleet, &dir).await?;
     let session_header = fleet.session_mode.sends(policy).then(|| fleet.session_header.clone());
     let before = scrape_all(&stack, &client, policy.is_kvmesh()).await?;
 
@@ -263,8 +301,12 @@ pub async fn run_policy(policy: Policy, fleet: &Fleet, workload: &Workload, out:
     std::fs::write(&counters_path, serde_json::to_string_pretty(&c)?)
         .with_context(|| format!("writing {}", counters_path.display()))?;
     tracing::info!(
-        policy = policy.name(), requests = stats.written, failed = stats.failed, wall_s = wall.as_secs_f64(),
-        engine_hit_rate = c.engine_hit_rate().unwrap_or(f64::NAN), "policy done"
+        policy = policy.name(),
+        requests = stats.written,
+        failed = stats.failed,
+        wall_s = wall.as_secs_f64(),
+        engine_hit_rate = c.engine_hit_rate().unwrap_or(f64::NAN),
+        "policy done"
     );
     drop(stack);
     Ok(PolicyRun {
@@ -272,7 +314,11 @@ pub async fn run_policy(policy: Policy, fleet: &Fleet, workload: &Workload, out:
             name: policy.name().to_string(),
             results: rel(policy, "results.jsonl"),
             counters: Some(rel(policy, "counters.json")),
-            notes: Some(format!("{}; replay wall time {:.1} s", policy.describe(), wall.as_secs_f64())),
+            notes: Some(format!(
+                "{}; replay wall time {:.1} s",
+                policy.describe(),
+                wall.as_secs_f64()
+            )),
         },
         worker_ids,
         requests: stats.written,

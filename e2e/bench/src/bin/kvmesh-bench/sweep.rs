@@ -19,9 +19,10 @@ use kvmesh_bench::record::read_all;
 use kvmesh_bench::report::sweep::{plot_files, SweepReport, WorkloadSweep};
 use kvmesh_bench::sink::Sink;
 use kvmesh_bench::sweep::{
-    default_start_rate, invalid_reasons_real_engines, next_ladder_rate, point_ceiling, point_fleet_lru, point_ttft_floor_p90_ms,
-    policy_rates, summarize_point, timing_for, window_for, window_records, FleetTiming, LadderStep,
-    MachineSample, MeasureWindow, PointResult, RatePoint, SweepConfig,
+    default_start_rate, invalid_reasons_real_engines, next_ladder_rate, point_ceiling,
+    point_fleet_lru, point_ttft_floor_p90_ms, policy_rates, summarize_point, timing_for,
+    window_for, window_records, FleetTiming, LadderStep, MachineSample, MeasureWindow, PointResult,
+    RatePoint, SweepConfig,
 };
 use kvmesh_bench::trace::TraceRecord;
 use kvmesh_bench::workload::{gen, trace as wtrace, Plan, WorkloadKind};
@@ -138,13 +139,7 @@ struct PointSpec<'a> {
 impl PointSpec<'_> {
     /// The same point measured over `window_s` (a load point's window).
     fn with_window_s(&self, window_s: f64) -> Self {
-        PointSpec {
-            window: MeasureWindow {
-                window_s,
-                ..self.window
-            },
-            ..*self
-        }
+        PointSpec { window: MeasureWindow { window_s, ..self.window }, ..*self }
     }
 }
 
@@ -162,10 +157,7 @@ async fn measure(
     let dir = out.join(&dir_rel);
     let plan = Arc::new(plan_for(a, spec.fleet, kind, rate, &spec.window));
     let warm = if spec.window.warmup_s > 0.0 {
-        format!(
-            " | warm-up {:.0} s, window {:.0} s",
-            spec.window.warmup_s, spec.window.window_s
-        )
+        format!(" | warm-up {:.0} s, window {:.0} s", spec.window.warmup_s, spec.window.window_s)
     } else {
         String::new()
     };
@@ -228,21 +220,13 @@ async fn measure_inner(
 ) -> Result<PointResult> {
     let (fleet, window) = (spec.fleet, spec.window);
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let Prepared {
-        stack,
-        worker_ids,
-        client,
-        base,
-        model,
-    } = prepare_stack(policy, fleet, dir).await?;
+    let Prepared { stack, worker_ids, client, base, model } =
+        prepare_stack(policy, fleet, dir).await?;
     let header =
         (policy.uses_session_header() && kind.has_sessions()).then(|| fleet.session_header.clone());
     let before = scrape_all(&stack, &client, policy.is_kvmesh()).await?;
-    let pids: Vec<u32> = stack
-        .workers
-        .iter()
-        .filter_map(|w| w.proc.as_ref().map(|p| p.pid()))
-        .collect();
+    let pids: Vec<u32> =
+        stack.workers.iter().filter_map(|w| w.proc.as_ref().map(|p| p.pid())).collect();
     // Simulators: one process each. Real engines: every process of each engine's group.
     let ticks = |pids: &[u32]| {
         if fleet.engine_groups.is_empty() {
@@ -256,14 +240,8 @@ async fn measure_inner(
     let sink = Sink::create(&results, 1_000_000)?;
     let done = Arc::new(AtomicU64::new(0));
     let total = plan.requests();
-    let (d, p_start, name, pol, rate, unit) = (
-        done.clone(),
-        Instant::now(),
-        kind.name(),
-        policy.name(),
-        plan.rate,
-        kind.rate_unit(),
-    );
+    let (d, p_start, name, pol, rate, unit) =
+        (done.clone(), Instant::now(), kind.name(), policy.name(), plan.rate, kind.rate_unit());
     let ticker = tokio::spawn(async move {
         loop {
             tokio::time::sleep(PROGRESS_EVERY).await;
@@ -289,12 +267,7 @@ async fn measure_inner(
     // due after the window's end, so the scrape after the run closes it.
     let window_open = async {
         if !window.has_warmup() {
-            return (
-                None,
-                Sampler::start(CPU_SAMPLE_EVERY),
-                ticks_before,
-                run_started,
-            );
+            return (None, Sampler::start(CPU_SAMPLE_EVERY), ticks_before, run_started);
         }
         tokio::time::sleep_until(
             tokio::time::Instant::from_std(run_started) + Duration::from_secs_f64(window.warmup_s),
@@ -302,17 +275,10 @@ async fn measure_inner(
         .await;
         let opened = Instant::now();
         let scrape = scrape_all(&stack, &client, policy.is_kvmesh()).await;
-        (
-            Some(scrape),
-            Sampler::start(CPU_SAMPLE_EVERY),
-            ticks(&pids),
-            opened,
-        )
+        (Some(scrape), Sampler::start(CPU_SAMPLE_EVERY), ticks(&pids), opened)
     };
-    let (stats, (at_window, sampler, ticks_before, opened)) = tokio::join!(
-        run_plan(client.clone(), cfg, plan.clone(), sink.sender(), done),
-        window_open
-    );
+    let (stats, (at_window, sampler, ticks_before, opened)) =
+        tokio::join!(run_plan(client.clone(), cfg, plan.clone(), sink.sender(), done), window_open);
     let (cpu_mean, cpu_max) = sampler.finish();
     let run_wall_s = opened.elapsed().as_secs_f64();
     ticker.abort();
@@ -331,10 +297,7 @@ async fn measure_inner(
     let (ceiling_rate, ceiling, skipped) =
         point_ceiling(&plan, &all_records, &window, fleet.block_size as usize);
     if skipped > 0 {
-        tracing::warn!(
-            skipped,
-            "records naming no planned turn left out of the ceiling"
-        );
+        tracing::warn!(skipped, "records naming no planned turn left out of the ceiling");
     }
     let machine = MachineSample {
         cpu_busy_mean: cpu_mean,
@@ -356,7 +319,8 @@ async fn measure_inner(
     if let Some(t) = &spec.sim_timing {
         // Real engines size their own caches and prefill at their own speed; the simulators have
         // exactly `num_gpu_blocks` and the modelled throughput.
-        let capacity_tokens = fleet.workers as u64 * fleet.num_gpu_blocks * u64::from(fleet.block_size);
+        let capacity_tokens =
+            fleet.workers as u64 * fleet.num_gpu_blocks * u64::from(fleet.block_size);
         let block_size = fleet.block_size as usize;
         p.fleet_lru = point_fleet_lru(&plan, &all_records, &window, block_size, capacity_tokens);
         p.ttft_floor_p90_ms = point_ttft_floor_p90_ms(&plan, &all_records, &window, block_size, t);
@@ -375,9 +339,7 @@ async fn measure_inner(
         // what each engine's counters say it was asked to prefill (prompt tokens queried), the same
         // measure for every policy.
         p.load_max_over_mean = kvmesh_bench::stats::balance(
-            c.engines
-                .iter()
-                .map(|e| (e.worker.as_str(), e.prefix_cache_queries)),
+            c.engines.iter().map(|e| (e.worker.as_str(), e.prefix_cache_queries)),
             &worker_ids,
         )
         .max_over_mean();
@@ -406,26 +368,14 @@ async fn measure_inner(
 /// The fleet of one workload's simulated points: its timing's vllm-sim flags before the shared
 /// extra flags (`--sim-arg`; one that sets `--max-num-batched-tokens` itself wins).
 pub(crate) fn workload_fleet(base: &Fleet, t: &FleetTiming) -> Fleet {
-    let mut sim_args = vec![
-        "--prefill-tokens-per-s".to_string(),
-        t.prefill_tokens_per_s.to_string(),
-    ];
-    if !base
-        .sim_args
-        .iter()
-        .any(|a| a.starts_with("--max-num-batched-tokens"))
-    {
-        sim_args.extend([
-            "--max-num-batched-tokens".to_string(),
-            t.max_num_batched_tokens.to_string(),
-        ]);
+    let mut sim_args =
+        vec!["--prefill-tokens-per-s".to_string(), t.prefill_tokens_per_s.to_string()];
+    if !base.sim_args.iter().any(|a| a.starts_with("--max-num-batched-tokens")) {
+        sim_args
+            .extend(["--max-num-batched-tokens".to_string(), t.max_num_batched_tokens.to_string()]);
     }
     sim_args.extend(base.sim_args.iter().cloned());
-    Fleet {
-        sim_speedup: t.sim_speedup,
-        sim_args,
-        ..base.clone()
-    }
+    Fleet { sim_speedup: t.sim_speedup, sim_args, ..base.clone() }
 }
 
 fn save(report: &SweepReport, out: &Path) -> Result<()> {
@@ -437,7 +387,11 @@ fn save(report: &SweepReport, out: &Path) -> Result<()> {
 /// Starts `fleet.workers` real vLLM engines (logs in `dir`) and points `fleet` at them: every
 /// stack started from it runs over them as external engines, and their process groups are the
 /// engines' CPU. They stop when the returned workers are dropped.
-pub(crate) async fn start_real_engines(fleet: &mut Fleet, opts: &VllmOptions, dir: &Path) -> Result<Vec<Worker>> {
+pub(crate) async fn start_real_engines(
+    fleet: &mut Fleet,
+    opts: &VllmOptions,
+    dir: &Path,
+) -> Result<Vec<Worker>> {
     std::fs::create_dir_all(dir)?;
     let specs = StackSpec::aggregate(fleet.workers).workers;
     eprintln!("[bench] starting {} real vLLM engines (logs in {})", specs.len(), dir.display());
@@ -461,14 +415,8 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
         Some(opts) => start_real_engines(&mut fleet, opts, &out.join("engines")).await?,
     };
     let shared_fleet = fleet;
-    let mut report = SweepReport {
-        settings: a.settings.clone(),
-        workloads: Vec::new(),
-    };
-    let mut progress = Progress {
-        started: Instant::now(),
-        point: 0,
-    };
+    let mut report = SweepReport { settings: a.settings.clone(), workloads: Vec::new() };
+    let mut progress = Progress { started: Instant::now(), point: 0 };
     for &kind in &a.workloads {
         // Real engines keep their own timing (and think times run at wall-clock speed).
         let timing =
@@ -478,23 +426,12 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
         } else {
             (workload_fleet(&shared_fleet, &timing), timing.describe())
         };
-        let window = window_for(
-            kind,
-            &timing,
-            a.seed,
-            a.duration_s,
-            a.warmup_s,
-            a.vllm.is_some(),
-        );
-        let spec = PointSpec {
-            fleet: &fleet,
-            window,
-            sim_timing: a.vllm.is_none().then_some(timing),
-        };
+        let window = window_for(kind, &timing, a.seed, a.duration_s, a.warmup_s, a.vllm.is_some());
+        let spec =
+            PointSpec { fleet: &fleet, window, sim_timing: a.vllm.is_none().then_some(timing) };
         let fleet = &fleet;
-        let start_rate = a
-            .start_rate
-            .unwrap_or_else(|| default_start_rate(kind, &timing, fleet.workers));
+        let start_rate =
+            a.start_rate.unwrap_or_else(|| default_start_rate(kind, &timing, fleet.workers));
         let cfg = SweepConfig {
             start_rate,
             factor: a.ladder_factor,
@@ -539,16 +476,8 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
         let sat = loop {
             match next_ladder_rate(&cfg, &rr) {
                 LadderStep::Measure(rate) => {
-                    let p = measure(
-                        a,
-                        &spec,
-                        kind,
-                        Policy::RoundRobin,
-                        rate,
-                        &out,
-                        &mut progress,
-                    )
-                    .await;
+                    let p = measure(a, &spec, kind, Policy::RoundRobin, rate, &out, &mut progress)
+                        .await;
                     rr.push(RatePoint {
                         rate,
                         p90_ms: p.ttft_p90_ms.filter(|_| p.error.is_none()),
@@ -606,11 +535,7 @@ pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<Sweep
             }
             for rate in todo {
                 let at_load_point = load_point.is_some_and(|lp| (rate - lp).abs() <= 1e-9 * lp);
-                let spec = if at_load_point {
-                    &load_point_spec
-                } else {
-                    &spec
-                };
+                let spec = if at_load_point { &load_point_spec } else { &spec };
                 let p = measure(a, spec, kind, policy, rate, &out, &mut progress).await;
                 report.workloads[wi].points.push(p);
                 save(&report, &out)?;
@@ -716,12 +641,7 @@ mod tests {
         assert_eq!(parse_pid_stat(line), Some((31657, 1290)));
         let odd = "26274 (VLLM::Engine (core) x) R 31657 31657 31657 0 -1 0 0 0 0 0 7 3 0 0 39 19 1 0 1 0";
         assert_eq!(parse_pid_stat(odd), Some((31657, 10)));
-        for bad in [
-            "",
-            "12 (x)",
-            "12 (x) S 1 abc 1 0 -1 0 0 0 0 0 1 2",
-            "no paren S 1 2 3",
-        ] {
+        for bad in ["", "12 (x)", "12 (x) S 1 abc 1 0 -1 0 0 0 0 0 1 2", "no paren S 1 2 3"] {
             assert_eq!(parse_pid_stat(bad), None, "{bad:?}");
         }
     }

@@ -26,10 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "kvmesh-soak",
-    about = "Soak a kvmesh stack under churn and judge its memory"
-)]
+#[command(name = "kvmesh-soak", about = "Soak a kvmesh stack under churn and judge its memory")]
 struct Args {
     /// Length of the run in minutes.
     #[arg(long, default_value_t = 30.0)]
@@ -126,11 +123,7 @@ const INDEXER_RSS: &str = "indexer_rss_bytes";
 const INDEXER_ANON: &str = "indexer_anon_bytes";
 const INDEXER_FILE: &str = "indexer_file_bytes";
 /// An indexer gauge the soak samples: series name, metric, label filter.
-struct Gauge(
-    &'static str,
-    &'static str,
-    Option<(&'static str, &'static str)>,
-);
+struct Gauge(&'static str, &'static str, Option<(&'static str, &'static str)>);
 /// The indexer's gauges of bounded maps (and the in-flight bookings).
 const INDEXER_GAUGES: &[Gauge] = &[
     Gauge("index_bytes", "kvmesh_index_bytes", None),
@@ -138,25 +131,13 @@ const INDEXER_GAUGES: &[Gauge] = &[
     Gauge("index_blocks", "kvmesh_index_blocks", None),
     // Summed over the listed workers: above it, `index_entries` holds entries no listed worker owns.
     Gauge("worker_blocks", "kvmesh_worker_blocks", None),
-    Gauge(
-        "sessions_continuations",
-        "kvmesh_sessions_tracked",
-        Some(("set", "continuations")),
-    ),
-    Gauge(
-        "sessions_kv_home",
-        "kvmesh_sessions_tracked",
-        Some(("set", "kv_home")),
-    ),
+    Gauge("sessions_continuations", "kvmesh_sessions_tracked", Some(("set", "continuations"))),
+    Gauge("sessions_kv_home", "kvmesh_sessions_tracked", Some(("set", "kv_home"))),
     Gauge("speculative_blocks", "kvmesh_speculative_blocks", None),
     Gauge("tokenize_cache_bytes", "kvmesh_tokenize_cache_bytes", None),
     Gauge("tokenize_memo_bytes", "kvmesh_tokenize_memo_bytes", None),
     Gauge("recovery_blocks", "kvmesh_recovery_blocks", None),
-    Gauge(
-        "worker_active_requests",
-        "kvmesh_worker_active_requests",
-        None,
-    ),
+    Gauge("worker_active_requests", "kvmesh_worker_active_requests", None),
 ];
 
 /// Counters the trace (`--trace-s`) takes besides [`INDEXER_GAUGES`]: what arrives on the event
@@ -165,27 +146,14 @@ const TRACE_COUNTERS: &[Gauge] = &[
     Gauge("kv_batches_total", "kvmesh_kv_batches_total", None),
     Gauge("kv_events_total", "kvmesh_kv_events_total", None),
     Gauge("kv_replays_total", "kvmesh_kv_replays_total", None),
-    Gauge(
-        "kv_orphan_stores_total",
-        "kvmesh_kv_orphan_stores_total",
-        None,
-    ),
-    Gauge(
-        "kv_event_limits_total",
-        "kvmesh_kv_event_limits_total",
-        None,
-    ),
+    Gauge("kv_orphan_stores_total", "kvmesh_kv_orphan_stores_total", None),
+    Gauge("kv_event_limits_total", "kvmesh_kv_event_limits_total", None),
     Gauge("route_inflight", "kvmesh_route_inflight", None),
 ];
 
 /// The series that are the fleet's cache contents: judged on settled whole-fleet samples only
 /// (`plan::index_settled`).
-const INDEX_SIZE: &[&str] = &[
-    "index_bytes",
-    "index_entries",
-    "index_blocks",
-    "worker_blocks",
-];
+const INDEX_SIZE: &[&str] = &["index_bytes", "index_entries", "index_blocks", "worker_blocks"];
 
 fn is_bytes(name: &str) -> bool {
     name.ends_with("_bytes")
@@ -224,10 +192,7 @@ async fn client_loop(load: Arc<Load>, id: u64, seed: u64) {
             if load.stop.load(Ordering::Relaxed) {
                 return;
             }
-            msgs.push((
-                "user".to_owned(),
-                filler(rng.next_u64(), rng.range_u64(20, 80) as usize),
-            ));
+            msgs.push(("user".to_owned(), filler(rng.next_u64(), rng.range_u64(20, 80) as usize)));
             let body = chat_body(&msgs, 16);
             let headers = [(load.session_header.as_str(), session.as_str())];
             let answer = if rng.next_f64() < load.abort_fraction {
@@ -246,10 +211,7 @@ async fn client_loop(load: Arc<Load>, id: u64, seed: u64) {
                     }
                 }
             };
-            msgs.push((
-                "assistant".to_owned(),
-                answer.unwrap_or_else(|| "ok".to_owned()),
-            ));
+            msgs.push(("assistant".to_owned(), answer.unwrap_or_else(|| "ok".to_owned())));
             tokio::time::sleep(load.think).await;
         }
     }
@@ -286,13 +248,7 @@ fn read_proc(pid: u32, file: &str) -> Option<String> {
 
 /// `name: value` from Envoy's admin `/stats` text.
 fn admin_stat(text: &str, name: &str) -> Option<f64> {
-    text.lines().find_map(|l| {
-        l.strip_prefix(name)?
-            .strip_prefix(": ")?
-            .trim()
-            .parse()
-            .ok()
-    })
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(": ")?.trim().parse().ok())
 }
 
 async fn sample(stack: &Stack, t: f64, out: &mut BTreeMap<String, Vec<(f64, f64)>>) {
@@ -304,10 +260,7 @@ async fn sample(stack: &Stack, t: f64, out: &mut BTreeMap<String, Vec<(f64, f64)
     if let Some(pid) = stack.envoy.as_ref().map(|p| p.pid()) {
         put(
             ENVOY_RSS,
-            read_proc(pid, "status")
-                .as_deref()
-                .and_then(plan::status_rss_bytes)
-                .map(|b| b as f64),
+            read_proc(pid, "status").as_deref().and_then(plan::status_rss_bytes).map(|b| b as f64),
         );
         let wasm = read_proc(pid, "smaps")
             .map(|s| plan::wasm_memories(&s, plan::V8_RESERVATION_MIN_BYTES))
@@ -316,11 +269,8 @@ async fn sample(stack: &Stack, t: f64, out: &mut BTreeMap<String, Vec<(f64, f64)
         put(WASM_SIZE, (wasm.count > 0).then_some(wasm.size as f64));
         put("wasm_vms", (wasm.count > 0).then_some(wasm.count as f64));
     }
-    if let Ok(r) = stack
-        .client()
-        .get(stack.admin("/stats?filter=^server\\.memory_allocated$"))
-        .send()
-        .await
+    if let Ok(r) =
+        stack.client().get(stack.admin("/stats?filter=^server\\.memory_allocated$")).send().await
     {
         if let Ok(text) = r.text().await {
             put(ENVOY_HEAP, admin_stat(&text, "server.memory_allocated"));
@@ -345,15 +295,11 @@ async fn sample_indexer(
     if let Some(pid) = stack.indexer.as_ref().map(|p| p.pid()) {
         put(
             INDEXER_RSS,
-            read_proc(pid, "status")
-                .as_deref()
-                .and_then(plan::status_rss_bytes)
-                .map(|b| b as f64),
+            read_proc(pid, "status").as_deref().and_then(plan::status_rss_bytes).map(|b| b as f64),
         );
         if rollup {
-            let split = read_proc(pid, "smaps_rollup")
-                .as_deref()
-                .and_then(plan::rollup_anon_file_bytes);
+            let split =
+                read_proc(pid, "smaps_rollup").as_deref().and_then(plan::rollup_anon_file_bytes);
             put(INDEXER_ANON, split.map(|(anon, _)| anon as f64));
             put(INDEXER_FILE, split.map(|(_, file)| file as f64));
         }
@@ -370,12 +316,7 @@ async fn sample_indexer(
 
 /// Wasm VM reloads (traps) so far.
 async fn vm_reloads(stack: &Stack) -> f64 {
-    let Ok(r) = stack
-        .client()
-        .get(stack.admin("/stats?filter=vm_reload"))
-        .send()
-        .await
-    else {
+    let Ok(r) = stack.client().get(stack.admin("/stats?filter=vm_reload")).send().await else {
         return 0.0;
     };
     let text = r.text().await.unwrap_or_default();
@@ -406,11 +347,7 @@ async fn churn(stack: &mut Stack, step: Churn, out: &mut BTreeSet<String>) -> Re
     let routing = stack.spec.routing_toml.clone();
     match step {
         Churn::WorkerLeave(i) | Churn::WorkerJoin(i) => {
-            let id = stack
-                .workers
-                .get(i)
-                .map(|w| w.id.clone())
-                .context("no such worker")?;
+            let id = stack.workers.get(i).map(|w| w.id.clone()).context("no such worker")?;
             let leave = matches!(step, Churn::WorkerLeave(_));
             if leave {
                 out.insert(id.clone());
@@ -418,9 +355,7 @@ async fn churn(stack: &mut Stack, step: Churn, out: &mut BTreeSet<String>) -> Re
                 out.remove(&id);
             }
             let keep = out.clone();
-            stack
-                .rewrite_fleet(|w| !keep.contains(&w.id), &routing)
-                .await?;
+            stack.rewrite_fleet(|w| !keep.contains(&w.id), &routing).await?;
             Ok(format!(
                 "worker {id} {} (fleet file reloaded)",
                 if leave { "left" } else { "joined" }
@@ -475,15 +410,7 @@ fn plots(
             .collect()
     };
     let mem = out.join("soak_memory.png");
-    vs_rate(
-        &mem,
-        "kvmesh soak: memory",
-        "minutes",
-        "MiB",
-        &lines(true),
-        false,
-        None,
-    )?;
+    vs_rate(&mem, "kvmesh soak: memory", "minutes", "MiB", &lines(true), false, None)?;
     let gauges = out.join("soak_gauges.png");
     vs_rate(
         &gauges,
@@ -531,17 +458,14 @@ async fn main() -> Result<()> {
     let load = Arc::new(Load {
         gateway: stack.gateway("/v1/chat/completions"),
         session_header: stack.spec.session_header.clone(),
-        client: reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()?,
+        client: reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?,
         tally: Mutex::new(Tally::default()),
         stop: AtomicBool::new(false),
         abort_fraction: a.abort_fraction,
         think: Duration::from_millis(a.think_ms),
     });
-    let clients: Vec<_> = (0..a.clients)
-        .map(|i| tokio::spawn(client_loop(load.clone(), i, a.seed)))
-        .collect();
+    let clients: Vec<_> =
+        (0..a.clients).map(|i| tokio::spawn(client_loop(load.clone(), i, a.seed))).collect();
 
     let steps = plan::schedule(duration_s, a.churn_s, a.workers, &a.restarts);
     let sample_offset = plan::sample_offset_s(a.sample_s, a.churn_s);
@@ -605,14 +529,7 @@ async fn main() -> Result<()> {
             next_sample += 1;
         }
         if a.trace_s > 0.0 && t >= next_trace {
-            sample_indexer(
-                &stack,
-                t,
-                &mut trace,
-                &[INDEXER_GAUGES, TRACE_COUNTERS],
-                true,
-            )
-            .await;
+            sample_indexer(&stack, t, &mut trace, &[INDEXER_GAUGES, TRACE_COUNTERS], true).await;
             next_trace = t + a.trace_s;
             // Written as it goes: a run stopped early keeps its trace.
             if let Err(e) = write_csv(&trace_path, &trace) {
@@ -641,10 +558,7 @@ async fn main() -> Result<()> {
             let bound = if is_bytes(name) {
                 Bound::MibPer10Min(a.bound_mib_per_10min)
             } else {
-                Bound::RelativePer10Min {
-                    fraction: a.bound_count_fraction,
-                    floor: 50.0,
-                }
+                Bound::RelativePer10Min { fraction: a.bound_count_fraction, floor: 50.0 }
             };
             let from = if name.starts_with("envoy") || name.starts_with("wasm") {
                 warm
@@ -707,9 +621,7 @@ async fn main() -> Result<()> {
                 report.push_str(&format!(
                     "\n![{}]({})\n",
                     f.display(),
-                    f.file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_default()
+                    f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
                 ));
             }
         }

@@ -44,11 +44,7 @@ pub fn schedule(
             let w = (k / 2) % workers;
             out.push((
                 t,
-                if k.is_multiple_of(2) {
-                    Churn::WorkerLeave(w)
-                } else {
-                    Churn::WorkerJoin(w)
-                },
+                if k.is_multiple_of(2) { Churn::WorkerLeave(w) } else { Churn::WorkerJoin(w) },
             ));
             k += 1;
             t += period_s;
@@ -96,11 +92,7 @@ pub fn index_settled(listed: usize, fleet: usize, since_churn_s: f64, settle_s: 
 
 /// The points of `points` taken at one of `times` (the settled samples' times, as recorded).
 pub fn at_times(points: &[(f64, f64)], times: &[f64]) -> Vec<(f64, f64)> {
-    points
-        .iter()
-        .copied()
-        .filter(|p| times.contains(&p.0))
-        .collect()
+    points.iter().copied().filter(|p| times.contains(&p.0)).collect()
 }
 
 /// How one request ended, as the load generator saw it.
@@ -139,11 +131,7 @@ impl Tally {
     }
     /// Requests that were not aborted by us and got no 2xx answer.
     pub fn unanswered(&self) -> u64 {
-        self.by_status
-            .iter()
-            .filter(|(s, _)| !(200..300).contains(*s))
-            .map(|(_, n)| n)
-            .sum::<u64>()
+        self.by_status.iter().filter(|(s, _)| !(200..300).contains(*s)).map(|(_, n)| n).sum::<u64>()
             + self.transport_errors
     }
 }
@@ -155,10 +143,8 @@ pub fn status_rss_bytes(status: &str) -> Option<u64> {
 
 /// A `Key:   N kB` field of a `/proc` text (`status`, `smaps_rollup`), in bytes.
 pub fn kib_field_bytes(text: &str, key: &str) -> Option<u64> {
-    let line = text.lines().find(|l| {
-        l.strip_prefix(key)
-            .is_some_and(|rest| rest.starts_with(':'))
-    })?;
+    let line =
+        text.lines().find(|l| l.strip_prefix(key).is_some_and(|rest| rest.starts_with(':')))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }
@@ -192,10 +178,9 @@ pub fn wasm_memories(smaps: &str, min_guard: u64) -> WasmMemories {
         let mut parts = line.split_whitespace();
         let Some(first) = parts.next() else { continue };
         if first == "Rss:" {
-            if let (Some(m), Some(kb)) = (
-                maps.last_mut(),
-                parts.next().and_then(|v| v.parse::<u64>().ok()),
-            ) {
+            if let (Some(m), Some(kb)) =
+                (maps.last_mut(), parts.next().and_then(|v| v.parse::<u64>().ok()))
+            {
                 m.4 = kb * 1024;
             }
             continue;
@@ -282,17 +267,9 @@ pub struct Fit {
 /// Fits `s` and judges it. A window with fewer than 3 samples passes nothing: it fails, so a run
 /// too short to tell says so.
 pub fn fit(s: &Series) -> Fit {
-    let window: Vec<(f64, f64)> = s
-        .points
-        .iter()
-        .copied()
-        .filter(|p| p.0 >= s.fit_from_s)
-        .collect();
-    let slope10 = if window.len() >= 3 {
-        slope(&window).map(|v| v * 600.0)
-    } else {
-        None
-    };
+    let window: Vec<(f64, f64)> =
+        s.points.iter().copied().filter(|p| p.0 >= s.fit_from_s).collect();
+    let slope10 = if window.len() >= 3 { slope(&window).map(|v| v * 600.0) } else { None };
     let mean = if window.is_empty() {
         0.0
     } else {
@@ -349,11 +326,7 @@ fn show(v: f64, bytes: bool) -> String {
 /// The text report.
 pub fn render(s: &Summary, is_bytes: impl Fn(&str) -> bool) -> String {
     let mut o = String::new();
-    let _ = writeln!(
-        o,
-        "# kvmesh soak: {}",
-        if s.pass() { "PASS" } else { "FAIL" }
-    );
+    let _ = writeln!(o, "# kvmesh soak: {}", if s.pass() { "PASS" } else { "FAIL" });
     let _ = writeln!(
         o,
         "\n{:.1} min, a sample every {:.0} s; slopes are least squares over the samples after the first {:.0} % of the run (indexer series: of its last lifetime).",
@@ -392,11 +365,7 @@ pub fn render(s: &Summary, is_bytes: impl Fn(&str) -> bool) -> String {
         );
     }
     let t = &s.tally;
-    let statuses: Vec<String> = t
-        .by_status
-        .iter()
-        .map(|(k, v)| format!("{k}: {v}"))
-        .collect();
+    let statuses: Vec<String> = t.by_status.iter().map(|(k, v)| format!("{k}: {v}")).collect();
     let _ = writeln!(
         o,
         "\nRequests: {} sent; answers by status {{{}}}; aborted by us (stream dropped after the first chunk): {}; transport errors: {}; unanswered (non-2xx or none, excluding ours): {}.",
@@ -410,18 +379,10 @@ pub fn render(s: &Summary, is_bytes: impl Fn(&str) -> bool) -> String {
         o,
         "\nCrashes: {}{}",
         s.crashes.len(),
-        if s.crashes.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", s.crashes.join("; "))
-        }
+        if s.crashes.is_empty() { String::new() } else { format!(" ({})", s.crashes.join("; ")) }
     );
-    let _ = writeln!(
-        o,
-        "\nChurn: {} steps done, {} failed.",
-        s.churn_done.len(),
-        s.churn_failed.len()
-    );
+    let _ =
+        writeln!(o, "\nChurn: {} steps done, {} failed.", s.churn_done.len(), s.churn_failed.len());
     for (t, what) in &s.churn_done {
         let _ = writeln!(o, "- {:>6.1} min {what}", t / 60.0);
     }
@@ -450,10 +411,7 @@ mod tests {
         );
         // An odd number of slots: the trailing leave is dropped.
         let s = schedule(240.0, 60.0, 3, &[]);
-        assert_eq!(
-            s,
-            vec![(60.0, Churn::WorkerLeave(0)), (120.0, Churn::WorkerJoin(0))]
-        );
+        assert_eq!(s, vec![(60.0, Churn::WorkerLeave(0)), (120.0, Churn::WorkerJoin(0))]);
         // Fractions outside [0, 1) and one worker only: no churn of that kind.
         assert_eq!(schedule(300.0, 60.0, 1, &[1.0, -0.1]), vec![]);
     }
@@ -499,10 +457,7 @@ mod tests {
             );
         }
         let pts = [(0.0, 1.0), (30.0, 2.0), (90.0, 3.0), (150.0, 4.0)];
-        assert_eq!(
-            at_times(&pts, &[30.0, 150.0]),
-            vec![(30.0, 2.0), (150.0, 4.0)]
-        );
+        assert_eq!(at_times(&pts, &[30.0, 150.0]), vec![(30.0, 2.0), (150.0, 4.0)]);
         assert_eq!(at_times(&pts, &[]), vec![]);
     }
 
@@ -523,10 +478,7 @@ mod tests {
 
     #[test]
     fn reads_vmrss_and_large_anonymous_mappings() {
-        assert_eq!(
-            status_rss_bytes("Name:\tenvoy\nVmRSS:\t  123456 kB\n"),
-            Some(123456 * 1024)
-        );
+        assert_eq!(status_rss_bytes("Name:\tenvoy\nVmRSS:\t  123456 kB\n"), Some(123456 * 1024));
         assert_eq!(status_rss_bytes("Name:\tenvoy\n"), None);
         // A thread stack (8 MiB), then a wasm memory (1 MiB) and its guard, a file mapping, a
         // second memory, and a large reservation with nothing committed below it.
@@ -561,11 +513,7 @@ Rss:                   0 kB
 ";
         assert_eq!(
             wasm_memories(smaps, V8_RESERVATION_MIN_BYTES),
-            WasmMemories {
-                rss: (96 + 512) * 1024,
-                size: 3 * 1024 * 1024,
-                count: 2
-            }
+            WasmMemories { rss: (96 + 512) * 1024, size: 3 * 1024 * 1024, count: 2 }
         );
     }
 
@@ -574,15 +522,9 @@ Rss:                   0 kB
         let rollup = "55d0c0a00000-7ffd1c1fe000 ---p 00000000 00:00 0    [rollup]\n\
                       Rss:              102400 kB\nPss:               90000 kB\n\
                       Pss_Anon:          70000 kB\nAnonymous:         71680 kB\nSwap: 0 kB\n";
-        assert_eq!(
-            rollup_anon_file_bytes(rollup),
-            Some((71680 * 1024, 30720 * 1024))
-        );
+        assert_eq!(rollup_anon_file_bytes(rollup), Some((71680 * 1024, 30720 * 1024)));
         // The key `Rss` does not match `RssAnon`; a missing field is None.
-        assert_eq!(
-            kib_field_bytes("RssAnon:\t 5 kB\nRss:\t 7 kB\n", "Rss"),
-            Some(7 * 1024)
-        );
+        assert_eq!(kib_field_bytes("RssAnon:\t 5 kB\nRss:\t 7 kB\n", "Rss"), Some(7 * 1024));
         assert_eq!(rollup_anon_file_bytes("Rss: 7 kB\n"), None);
     }
 
@@ -600,15 +542,12 @@ Rss:                   0 kB
     #[test]
     fn fit_judges_only_the_window_after_warmup() {
         // Grows 10 MiB/min during warm-up, then flat with jitter.
-        let mut points: Vec<(f64, f64)> = (0..3)
-            .map(|i| (i as f64 * 60.0, i as f64 * 10.0 * MIB))
-            .collect();
-        points.extend((3..10).map(|i| {
-            (
-                i as f64 * 60.0,
-                30.0 * MIB + if i % 2 == 0 { 0.1 * MIB } else { 0.0 },
-            )
-        }));
+        let mut points: Vec<(f64, f64)> =
+            (0..3).map(|i| (i as f64 * 60.0, i as f64 * 10.0 * MIB)).collect();
+        points.extend(
+            (3..10)
+                .map(|i| (i as f64 * 60.0, 30.0 * MIB + if i % 2 == 0 { 0.1 * MIB } else { 0.0 })),
+        );
         let flat = Series {
             name: "envoy_rss".into(),
             points: points.clone(),
@@ -618,15 +557,11 @@ Rss:                   0 kB
         let f = fit(&flat);
         assert!(f.pass, "{f:?}");
         assert_eq!(f.samples_fitted, 7);
-        let whole = Series {
-            fit_from_s: 0.0,
-            ..flat
-        };
+        let whole = Series { fit_from_s: 0.0, ..flat };
         assert!(!fit(&whole).pass);
         // A leak of 0.5 MiB/min after warm-up fails the 1 MiB/10 min bound.
-        let leak: Vec<(f64, f64)> = (0..10)
-            .map(|i| (i as f64 * 60.0, 30.0 * MIB + i as f64 * 0.5 * MIB))
-            .collect();
+        let leak: Vec<(f64, f64)> =
+            (0..10).map(|i| (i as f64 * 60.0, 30.0 * MIB + i as f64 * 0.5 * MIB)).collect();
         assert!(
             !fit(&Series {
                 name: "x".into(),
@@ -648,27 +583,17 @@ Rss:                   0 kB
 
     #[test]
     fn relative_bound_scales_with_the_mean() {
-        let points: Vec<(f64, f64)> = (0..10)
-            .map(|i| (i as f64 * 60.0, 1000.0 + i as f64))
-            .collect();
+        let points: Vec<(f64, f64)> =
+            (0..10).map(|i| (i as f64 * 60.0, 1000.0 + i as f64)).collect();
         // +10 per 10 min on a mean ~1005: within 5 % (+0 floor).
         let s = Series {
             name: "entries".into(),
             points,
-            bound: Bound::RelativePer10Min {
-                fraction: 0.05,
-                floor: 0.0,
-            },
+            bound: Bound::RelativePer10Min { fraction: 0.05, floor: 0.0 },
             fit_from_s: 0.0,
         };
         assert!(fit(&s).pass);
-        let s = Series {
-            bound: Bound::RelativePer10Min {
-                fraction: 0.005,
-                floor: 0.0,
-            },
-            ..s
-        };
+        let s = Series { bound: Bound::RelativePer10Min { fraction: 0.005, floor: 0.0 }, ..s };
         assert!(!fit(&s).pass);
     }
 
