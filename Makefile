@@ -105,7 +105,15 @@ bench-aiperf: ## NVIDIA's aiperf as the client of each policy's gateway (5 polic
 	@scripts/setup-aiperf.sh >/dev/null
 	$(if $(filter vllm,$(ENGINES)),nice -n 19 ,)target/release/kvmesh-bench --only aiperf $(if $(filter vllm,$(ENGINES)),--out bench-out/aiperf-vllm $(AIPERF_VLLM_ARGS),--out bench-out/aiperf) $(BENCH_ARGS)
 
-lint: ## clippy with the workspace lints, wasm included
+# cargo-machete (unused dependencies) is installed into .tools/cargo on first use, pinned.
+MACHETE := .tools/cargo/bin/cargo-machete
+$(MACHETE):
+	$(CARGO) install --quiet --locked --root .tools/cargo cargo-machete@0.9.2
+
+lint: $(MACHETE) ## rustfmt check, import cycles, unused dependencies, clippy with the workspace lints (wasm included)
+	$(CARGO) fmt --all -- --check
+	python3 scripts/module-cycles.py
+	$(MACHETE)
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p kvmesh-filter --target wasm32-wasip1 -- -D warnings
 
