@@ -221,14 +221,8 @@ pub struct RouteDecision {
     pub body_base: Option<BodyBase>,
 }
 
-impl RouteDecision {
-    /// The `x-gateway-destination-endpoint` value: primary first, then fallbacks, no duplicates.
-    pub fn destination_header(&self) -> String {
-        destination_header(&self.endpoint, self.fallbacks.iter().map(String::as_str))
-    }
-}
-
-/// `primary[,fallback…]`, skipping repeats of earlier entries.
+/// The `x-gateway-destination-endpoint` value, `primary[,fallback…]`: primary first, skipping
+/// repeats of earlier entries.
 pub fn destination_header<'a>(
     primary: &str,
     fallbacks: impl IntoIterator<Item = &'a str>,
@@ -426,7 +420,10 @@ mod tests {
             "overlap_blocks":3,"isl_blocks":4,"kv_transfer_params":null,"reason":"prefill leg failed: 500"}"#;
         let d: RouteDecision = serde_json::from_str(json).unwrap();
         assert_eq!(d.mode, Mode::DecodeFallback);
-        assert_eq!(d.destination_header(), "10.0.0.1:8000,10.0.0.2:8000");
+        assert_eq!(
+            destination_header(&d.endpoint, d.fallbacks.iter().map(String::as_str)),
+            "10.0.0.1:8000,10.0.0.2:8000"
+        );
         let back: RouteDecision =
             serde_json::from_str(&serde_json::to_string(&d).unwrap()).unwrap();
         assert_eq!(back, d);
