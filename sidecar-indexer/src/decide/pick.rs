@@ -1,11 +1,11 @@
 //! Scoring and picking: each candidate's predicted TTFT for this request ([`score`]), the hard
 //! overload guards ([`overloaded`]), the near-tie / temperature draw among the fastest ([`pick`])
 //! and the fallback order. Shared by the decode choice ([`super::decide`]) and the prefill-worker
-//! choice ([`crate::modes`]).
+//! choice ([`super::mode`]).
 
 use rand::Rng;
 
-use super::WorkerView;
+use super::plan::WorkerView;
 use crate::config::{KvMigration, RoutingConfig};
 use crate::predict::{cost_s, ttft_s};
 

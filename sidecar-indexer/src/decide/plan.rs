@@ -5,7 +5,6 @@
 use kvmesh_core::api::{Mode, ReasonCode, Role, RouteDecision};
 use kvmesh_core::session::{SessionKey, SessionSource};
 
-use crate::modes::Opportunity;
 use crate::predict::{max_cached_blocks, WorkerTiming};
 
 /// One worker as the decision sees it.
@@ -155,6 +154,26 @@ impl Plan {
             booking_id: None,
             body_base: None,
         }
+    }
+}
+
+/// A would-migrate decision: counted in every migration mode but `off`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Opportunity {
+    pub source: String,
+    pub source_endpoint: String,
+    pub target: String,
+    /// Leading blocks the source holds (the whole prompt's full blocks when it comes from `kv_home`).
+    pub source_blocks: u32,
+    pub target_blocks: u32,
+    /// Whether the source came from `kv_home` rather than the index.
+    pub from_kv_home: bool,
+}
+
+impl Opportunity {
+    /// Blocks the target would pull instead of recomputing.
+    pub fn blocks_to_move(&self) -> u32 {
+        self.source_blocks.saturating_sub(self.target_blocks)
     }
 }
 

@@ -21,8 +21,9 @@
 use kvmesh_core::api::{Mode, ReasonCode};
 use rand::Rng;
 
+use super::pick::{pick, score};
+use super::plan::{Leg, Opportunity, WorkerView};
 use crate::config::{KvMigration, RoutingConfig};
-use crate::decide::{pick, score, Leg, WorkerView};
 
 /// What the mode choice needs besides the workers.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,26 +35,6 @@ pub struct ModeInput<'a> {
     /// The session's last decode worker, if remembered.
     pub kv_home: Option<&'a str>,
     pub override_mode: Option<Mode>,
-}
-
-/// A would-migrate decision: counted in every migration mode but `off`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Opportunity {
-    pub source: String,
-    pub source_endpoint: String,
-    pub target: String,
-    /// Leading blocks the source holds (the whole prompt's full blocks when it comes from `kv_home`).
-    pub source_blocks: u32,
-    pub target_blocks: u32,
-    /// Whether the source came from `kv_home` rather than the index.
-    pub from_kv_home: bool,
-}
-
-impl Opportunity {
-    /// Blocks the target would pull instead of recomputing.
-    pub fn blocks_to_move(&self) -> u32 {
-        self.source_blocks.saturating_sub(self.target_blocks)
-    }
 }
 
 /// The mode part of a plan.
@@ -391,5 +372,5 @@ fn prefill_worker<'a, 'b, R: Rng + ?Sized>(
 }
 
 #[cfg(test)]
-#[path = "modes_tests.rs"]
+#[path = "mode_tests.rs"]
 mod tests;

@@ -728,7 +728,7 @@ fn a_session_home_is_where_the_shared_index_says_its_kv_is() {
 /// Drift guard: the README's "Decision reasons" table names every reason code.
 #[test]
 fn readme_documents_every_reason_code() {
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../../README.md");
     for c in ReasonCode::ALL {
         assert!(
             readme.contains(&format!("`{}`", c.as_str())),

@@ -4,7 +4,7 @@
 //! overrides, and a view of every worker (role, health, overlap with this prompt, speculative
 //! overlap, booked load, and its [`WorkerTiming`]: prefill queued ahead, decode batch, measured
 //! throughput). Output: a [`Plan`] — the worker, fallbacks, mode, the numbers behind the choice, the
-//! predicted time to first token and a human reason. The mode ([`crate::modes`]) may name a [`Leg`]
+//! predicted time to first token and a human reason. The mode ([`mode`]) may name a [`Leg`]
 //! the async shell runs before answering: a prefill leg on a prefill worker, or a migration
 //! handshake on the decode worker that holds the blocks.
 //!
@@ -31,8 +31,10 @@
 //! The `overload_*` thresholds remain hard guards: an overloaded worker is a candidate only when
 //! every worker is.
 //!
-//! Submodules: [`plan`] (inputs and outputs), [`pick`] (scoring, guards, the near-tie draw).
+//! Submodules: [`plan`] (inputs and outputs), [`pick`] (scoring, guards, the near-tie draw),
+//! [`mode`] (the mode once the decode worker is chosen).
 
+mod mode;
 mod pick;
 mod plan;
 
@@ -41,10 +43,10 @@ use kvmesh_core::rendezvous;
 use rand::Rng;
 
 use crate::config::{RoutingConfig, SessionPlacement};
-use crate::modes::{choose_mode, ModeInput};
+use mode::{choose_mode, ModeInput};
 pub use pick::overloaded;
 pub(crate) use pick::{balanced, fallbacks, pick, score, Scored, ShareBound};
-pub use plan::{Basis, DecideError, Leg, Plan, RouteInput, WorkerView, BASES};
+pub use plan::{Basis, DecideError, Leg, Opportunity, Plan, RouteInput, WorkerView, BASES};
 
 /// Decides where the request goes and in which mode.
 pub fn decide<R: Rng + ?Sized>(
@@ -376,5 +378,4 @@ fn best_overlap(candidates: &[&WorkerView<'_>], chosen: &str) -> Option<(String,
 }
 
 #[cfg(test)]
-#[path = "decide_tests.rs"]
 pub(crate) mod tests;
