@@ -1,52 +1,52 @@
-//! The routing decision: pure, synchronous, with the random source passed in.
+//! The routing decision: pure and synchronous, with the random source passed in (no I/O, no
+//! clock: every time-dependent number arrives in the [`WorkerView`]s).
 //!
-//! Input: the request's size in tokens, its session key (if the filter sent one), operator
-//! overrides, and a view of every worker (role, health, overlap with this prompt, speculative
-//! overlap, booked load, and its [`WorkerTiming`]: prefill queued ahead, decode batch, measured
-//! throughput). Output: a [`Plan`] — the worker, fallbacks, mode, the numbers behind the choice, the
-//! predicted time to first token and a human reason. The mode ([`mode`]) may name a [`Leg`]
-//! the async shell runs before answering: a prefill leg on a prefill worker, or a migration
-//! handshake on the decode worker that holds the blocks.
+//! Input: the request ([`RouteInput`]: its size in tokens, its session key, operator overrides)
+//! and a view of every worker (role, health, overlap with this prompt, speculative overlap, booked
+//! load, and its [`crate::predict::WorkerTiming`]). Output: a [`Plan`] — the worker (by name and
+//! by its index in the views), fallbacks, mode, the numbers behind the choice, the predicted time
+//! to first token, and the reason as prose and codes. The mode may name a [`Leg`] the async shell
+//! runs before answering: a prefill leg on a prefill worker, or a migration handshake on the
+//! decode worker that holds the blocks.
 //!
-//! Every candidate is scored by its predicted TTFT for this request ([`crate::predict::ttft_s`]):
-//! the prefill queued ahead of it plus this request's uncached tokens there (overlap capped at
-//! ⌊(tokens − 1) / block_size⌋, the engine's last-block rule), divided by its throughput, plus its
-//! decode batch's share of the steps — and chosen by its cost ([`crate::predict::cost_s`]): that
-//! TTFT plus the delay its own prefill adds to the requests that will queue behind it there.
-//! Lowest cost wins; workers within the near-tie band
-//! (`near_tie_ms`, `near_tie_fraction`) of the cheapest are drawn uniformly at random, so gateway
-//! replicas with the same view do not herd — except that a new session takes its rendezvous worker
-//! when that is among them, which is the worker the filter's fallback pins it to while the indexer
-//! is down, and the one every replica picks for it; `temperature > 0` samples
-//! p ∝ exp(−normalised cost / temperature).
-//! A session stays at its home (where its KV is: the worker holding most of the prompt by the
-//! index, which every gateway replica shares — this replica's `kv_home` only when the index does not
-//! tell workers apart; or its rendezvous worker with `session_placement = "rendezvous"`) unless another worker
-//! is cheaper by more than the move margin (`session_move_margin_ms` and
-//! `session_move_margin` × the home's time): hysteresis, so it does not flap. A request that opens a
-//! conversation has no home by the index (what it shows is a shared system prompt), and is kept off
-//! workers over `session_balance` × the mean recent load; a request without a session, off busy
-//! workers over `request_balance` × that mean and `request_balance_slack` requests its size above
-//! the least routed, unless that costs it more than `request_balance_yield_ms` of predicted TTFT.
-//! The `overload_*` thresholds remain hard guards: an overloaded worker is a candidate only when
-//! every worker is.
+//! [`decide`] is a few named stages, each in its own module and each returning a typed reason
+//! ([`reason`]); the reason is worded once, by [`reason::render`], when the plan is assembled:
 //!
-//! Submodules: [`plan`] (inputs and outputs), [`pick`] (scoring, guards, the near-tie draw),
-//! [`mode`] (the mode once the decode worker is chosen).
+//! 1. [`score`]: every decode candidate's predicted TTFT and cost for this request (the overlap
+//!    capped first by the engine's last-block rule), and the hard `overload_*` guards — an
+//!    overloaded worker is a candidate only when every worker is.
+//! 2. [`overrides`]: `x-kvmesh-worker` naming a candidate decides alone.
+//! 3. [`home`]: a session stays where its KV is unless another worker is cheaper by more than the
+//!    move margin (hysteresis), and leaves a home over a guard.
+//! 4. [`balance`]: a request opening a conversation, or one without a session, is kept off workers
+//!    carrying more than their share of the recent load.
+//! 5. [`pick`]: the cheapest by cost, near ties drawn at random (a new session prefers its
+//!    rendezvous worker among them), or sampled with `temperature > 0`.
+//! 6. [`mode`]: `aggregate`, conditional `disagg` or `migrate`, for the chosen worker.
+//!
+//! Stages name workers by their index in the views ([`score::Scored::at`]); ids are matched only
+//! where they come from outside the views (`x-kvmesh-worker`, `kv_home`, the rendezvous hash).
+//! [`plan`] holds the types the shell reads and writes.
 
+mod balance;
+mod home;
 mod mode;
+mod overrides;
 mod pick;
 mod plan;
+mod reason;
+mod score;
 
-use kvmesh_core::api::{Mode, ReasonCode};
-use kvmesh_core::rendezvous;
 use rand::Rng;
 
-use crate::config::{RoutingConfig, SessionPlacement};
-use mode::{choose_mode, ModeInput};
-pub use pick::overloaded;
-pub(crate) use pick::{balanced, fallbacks, pick, score, Scored, ShareBound};
+use crate::config::RoutingConfig;
+
+use mode::{choose_mode, ModeChoice, ModeInput};
+use overrides::Override;
 pub use plan::{Basis, DecideError, Leg, Opportunity, Plan, RouteInput, WorkerView, BASES};
+use reason::{Choice, WorkerReason};
+use score::{fallbacks, guarded, rendezvous_among, Candidates};
+pub use score::{overloaded, Guard, Overload};
 
 /// Decides where the request goes and in which mode.
 pub fn decide<R: Rng + ?Sized>(
@@ -65,8 +65,10 @@ pub fn decide<R: Rng + ?Sized>(
             ..w.clone()
         })
         .collect();
-    let mut plan = decide_worker(input, &workers, cfg, rng)?;
-    let decode = workers.iter().find(|w| w.id == plan.worker).ok_or(DecideError::NoDecodeWorker)?;
+    let cands = score::candidates(input, &workers, cfg);
+    let worker = choose_worker(input, &workers, &cands, cfg, rng)?;
+    let chosen = worker.reason.choice.chosen();
+    let best = best_overlap(&cands, chosen.at);
     let mode_input = ModeInput {
         isl_tokens: input.isl_tokens as u64,
         block_size: input.block_size,
@@ -74,307 +76,122 @@ pub fn decide<R: Rng + ?Sized>(
         kv_home: input.kv_home,
         override_mode: input.override_mode,
     };
-    let best = plan.best_overlap.as_ref().map(|(id, b)| (id.as_str(), *b));
-    let m = choose_mode(&mode_input, decode, &workers, best, cfg, rng);
-    plan.mode = m.mode;
-    plan.leg = m.leg;
-    plan.opportunity = m.opportunity;
-    plan.local_continuation = m.local_continuation;
-    plan.uncached_tokens = m.uncached_tokens;
-    if !m.reason.is_empty() {
-        plan.reason = format!("{}; {}", plan.reason, m.reason);
-    }
-    plan.reason_codes.extend(m.codes);
-    Ok(plan)
+    let mode = choose_mode(&mode_input, chosen.at, &workers, best, cfg, rng)
+        .ok_or(DecideError::NoDecodeWorker)?;
+    Ok(assemble(input, &workers, worker, best, mode))
 }
 
-/// Chooses the decode worker (the plan's mode is `aggregate` until [`choose_mode`] runs).
-fn decide_worker<R: Rng + ?Sized>(
+/// The decode worker's choice, its reason and its fallbacks.
+struct WorkerChoice<'v, 'a> {
+    reason: WorkerReason<'v, 'a>,
+    fallbacks: Vec<String>,
+}
+
+/// Stages 2–5 over the scored candidates: the override, the session's home, balance, the pick.
+fn choose_worker<'v, 'a, R: Rng + ?Sized>(
     input: &RouteInput<'_>,
-    workers: &[WorkerView<'_>],
+    workers: &'v [WorkerView<'a>],
+    cands: &Candidates<'v, 'a>,
     cfg: &RoutingConfig,
     rng: &mut R,
-) -> Result<Plan, DecideError> {
-    let isl = input.full_blocks();
-    let candidates: Vec<&WorkerView<'_>> = workers.iter().filter(|w| w.candidate()).collect();
-    let best_index = candidates.iter().map(|w| w.overlap_blocks).max().unwrap_or(0);
-    let scored: Vec<Scored<'_, '_>> = candidates
-        .iter()
-        .map(|w| score(w, input.isl_tokens as u64, input.block_size, best_index, cfg))
-        .collect();
-    let mut prefix = String::new();
-    // The codes of `prefix`'s clauses, in order.
-    let mut pre: Vec<ReasonCode> = Vec::new();
-
-    if let Some(id) = input.override_worker {
-        let w = workers
-            .iter()
-            .find(|w| w.id == id)
-            .ok_or_else(|| DecideError::UnknownOverrideWorker(id.to_owned()))?;
-        if w.candidate() {
-            let s = score(w, input.isl_tokens as u64, input.block_size, best_index, cfg);
-            let reason = format!(
-                "override x-kvmesh-worker {}: overlap {}/{isl} blocks, predicted {:.1} ms",
-                w.id,
-                w.overlap_blocks,
-                s.ms()
-            );
-            return Ok(finish(
-                input,
-                s,
-                fallbacks(&scored, w.id, cfg.max_fallbacks),
-                Basis::Override,
-                (reason, &pre),
-                &candidates,
-            ));
+) -> Result<WorkerChoice<'v, 'a>, DecideError> {
+    let n = cfg.max_fallbacks;
+    let override_ignored = match overrides::override_worker(input, workers, cands)? {
+        Override::Honoured(s) => {
+            let reason = WorkerReason {
+                override_ignored: None,
+                new_session: false,
+                balance: None,
+                choice: Choice::Override(s),
+            };
+            return Ok(WorkerChoice { reason, fallbacks: fallbacks(&cands.scored, s.at, n) });
         }
-        pre.push(ReasonCode::OverrideIgnored);
-        prefix = format!(
-            "override {} ignored ({}); ",
-            w.id,
-            if w.healthy { "cannot decode" } else { "unhealthy" }
-        );
-    }
-    if scored.is_empty() {
+        Override::Ignored(ignored) => Some(ignored),
+        Override::Absent => None,
+    };
+    if cands.scored.is_empty() {
         return Err(DecideError::NoDecodeWorker);
     }
-
-    // Hard guards: an overloaded worker is a candidate only when every worker is.
-    let guarded: Vec<Scored<'_, '_>> = {
-        let ok: Vec<Scored<'_, '_>> =
-            scored.iter().copied().filter(|s| overloaded(s.w, cfg).is_none()).collect();
-        if ok.is_empty() {
-            scored.clone()
-        } else {
-            ok
+    let guarded = guarded(&cands.scored, cfg);
+    let mut new_session = false;
+    if let Some(session) = input.session {
+        match home::home(input, session, cands, &guarded, cfg, rng) {
+            Some(choice) => {
+                // A session at or leaving its home falls back to any candidate; one that left an
+                // overloaded home falls back within the guards, as a pick does.
+                let pool = match choice {
+                    Choice::PinOverloaded { .. } => guarded.as_slice(),
+                    _ => cands.scored.as_slice(),
+                };
+                let fallbacks = fallbacks(pool, choice.chosen().at, n);
+                let reason = WorkerReason { override_ignored, new_session, balance: None, choice };
+                return Ok(WorkerChoice { reason, fallbacks });
+            }
+            None => new_session = true,
         }
-    };
-
-    if let Some((key, source)) = input.session {
-        let home_id = match cfg.session_placement {
-            SessionPlacement::Rendezvous => {
-                rendezvous::pick(key.0, candidates.iter().map(|w| w.id))
-            }
-            // Where its KV is. The index is shared truth — every gateway replica consumes the same
-            // events — while `kv_home` is this replica's memory, stale once another replica served
-            // the session elsewhere: so the home is the worker holding most of the prompt by the
-            // index (its `kv_home`, else its rendezvous worker, when several hold as much), and
-            // `kv_home` only when the index does not tell the workers apart. Without either (new,
-            // or forgotten) the session is placed by prediction. A request opening a conversation
-            // has no history anywhere: what the index shows of it is a prefix shared with other
-            // conversations (a system prompt), and pinning it to that prefix's holders is what
-            // piles every new conversation onto them; only its own `kv_home` (a retried first
-            // turn) is a home.
-            SessionPlacement::Predicted | SessionPlacement::Sticky => {
-                let kv_home = input.kv_home.filter(|h| candidates.iter().any(|w| w.id == *h));
-                let holders: Vec<&str> = candidates
-                    .iter()
-                    .filter(|w| best_index > 0 && w.overlap_blocks == best_index)
-                    .map(|w| w.id)
-                    .collect();
-                if input.opens_conversation
-                    || holders.is_empty()
-                    || holders.len() == candidates.len()
-                {
-                    kv_home
-                } else {
-                    kv_home
-                        .filter(|h| holders.contains(h))
-                        .or_else(|| rendezvous::pick(key.0, holders.iter().copied()))
-                }
-            }
-        };
-        let src = source.as_str();
-        if let Some(home_id) = home_id {
-            match guarded.iter().find(|s| s.w.id == home_id) {
-                Some(&home) => {
-                    let others: Vec<Scored<'_, '_>> =
-                        guarded.iter().copied().filter(|s| s.w.id != home_id).collect();
-                    let best_other =
-                        (!others.is_empty()).then(|| pick(&others, isl, None, cfg, rng).0);
-                    let gain = best_other.map_or(0.0, |o| home.cost_s - o.cost_s);
-                    let margin_s = (cfg.session_move_margin_ms / 1000.0)
-                        .max(cfg.session_move_margin * home.ttft_s);
-                    if let Some(o) = best_other.filter(|_| gain > margin_s) {
-                        let reason = format!(
-                            "{prefix}session moved from {home_id} (source={src}): predicted {:.1} ms there{} {}, {} {:.1} ms{} (margin {:.1} ms); overlap {}/{isl} blocks{}",
-                            home.ms(),
-                            home.cost_note(),
-                            load_note(&home),
-                            o.w.id,
-                            o.ms(),
-                            o.cost_note(),
-                            margin_s * 1000.0,
-                            o.w.overlap_blocks,
-                            migrated_note(&o)
-                        );
-                        return Ok(finish(
-                            input,
-                            o,
-                            fallbacks(&scored, o.w.id, cfg.max_fallbacks),
-                            Basis::SessionMoved,
-                            (reason, &pre),
-                            &candidates,
-                        ));
-                    }
-                    let other = best_other.map_or(String::new(), |o| {
-                        format!(" (best other {} {:.1} ms{})", o.w.id, o.ms(), o.cost_note())
-                    });
-                    let reason = format!(
-                        "{prefix}session pin {home_id} (source={src}): overlap {}/{isl} blocks, predicted {:.1} ms{}{other}",
-                        home.w.overlap_blocks,
-                        home.ms(),
-                        home.cost_note()
-                    );
-                    return Ok(finish(
-                        input,
-                        home,
-                        fallbacks(&scored, home_id, cfg.max_fallbacks),
-                        Basis::SessionPin,
-                        (reason, &pre),
-                        &candidates,
-                    ));
-                }
-                None => {
-                    let why = candidates
-                        .iter()
-                        .find(|w| w.id == home_id)
-                        .and_then(|w| overloaded(w, cfg))
-                        .unwrap_or_default();
-                    let (chosen, inner, _) = pick(&guarded, isl, None, cfg, rng);
-                    let reason = format!(
-                        "{prefix}home {home_id} overloaded ({why}); chose {}: {inner}",
-                        chosen.w.id
-                    );
-                    return Ok(finish(
-                        input,
-                        chosen,
-                        fallbacks(&guarded, chosen.w.id, cfg.max_fallbacks),
-                        Basis::PinOverloaded,
-                        (reason, &pre),
-                        &candidates,
-                    ));
-                }
-            }
-        }
-        pre.push(ReasonCode::NewSession);
-        prefix = format!("{prefix}new session: ");
     }
-
-    // A conversation's later turns follow its first: keep it off workers carrying more than their
-    // share of the recent load (`session_balance`). A request without a session is bounded more
-    // loosely (`request_balance`, with a slack of a few requests its size, so a few siblings still
-    // follow their prefix's holder) and only on workers busy now: each replica's share of a burst
-    // stays bounded on its own, so replicas whose near-tie draws or shared events favour one
-    // holder do not add up to a pile there, while a prompt repeated on an idle fleet stays where
-    // it is cached. The slack is in the recent rate's units: `slack` such prompts in the window.
-    let bound = match (input.session, input.opens_conversation) {
-        (Some(_), true) => Some(ShareBound {
-            of_mean: cfg.session_balance,
-            slack_tokens_per_s: 0.0,
-            only_when_busy: false,
-            yield_s: f64::INFINITY,
-        }),
-        (Some(_), false) => None,
-        (None, _) => {
-            let prompt_tokens = f64::from(input.request_blocks()) * f64::from(input.block_size);
-            Some(ShareBound {
-                of_mean: cfg.request_balance,
-                slack_tokens_per_s: cfg.request_balance_slack * prompt_tokens
-                    / cfg.load_outlook_window_s,
-                only_when_busy: true,
-                yield_s: cfg.request_balance_yield_ms / 1000.0,
-            })
-        }
-    };
-    let balanced = bound.and_then(|b| balanced(&guarded, b, input.isl_tokens as u64, cfg));
-    let placeable: &[Scored<'_, '_>] = match &balanced {
-        Some(b) => {
-            if b.kept_off {
-                pre.push(ReasonCode::Balanced);
-            }
-            prefix = format!("{prefix}{}: ", b.note);
-            &b.kept
-        }
-        None => &guarded,
-    };
-    // A new session's near-tie preference: its rendezvous worker (see the module docs).
-    let rendezvous_home = input
-        .session
-        .and_then(|(key, _)| rendezvous::pick(key.0, placeable.iter().map(|s| s.w.id)));
-    let (chosen, inner, next) = pick(placeable, isl, rendezvous_home, cfg, rng);
+    let balanced = balance::balance(input, &guarded, cfg);
+    let placeable = balanced.as_ref().map_or(guarded.as_slice(), |b| b.kept.as_slice());
+    // A new session's near-tie preference: its rendezvous worker, where the filter's fallback pins
+    // it while the indexer is down and where every gateway replica puts it.
+    let prefer = input.session.and_then(|(key, _)| rendezvous_among(key.0, placeable));
+    let draw = pick::pick(placeable, prefer.map(|s| s.at), cfg, rng);
     let max_cached = guarded.iter().map(|s| s.w.cached_blocks()).max().unwrap_or(0);
-    let cached = chosen.w.cached_blocks();
-    let basis =
-        if cached > 0 && cached == max_cached { Basis::BestOverlap } else { Basis::LowestCost };
-    Ok(finish(
-        input,
-        chosen,
-        fallbacks(&guarded, chosen.w.id, cfg.max_fallbacks),
-        basis,
-        (format!("{prefix}{inner}{next}"), &pre),
-        &candidates,
-    ))
-}
-
-/// What a prediction rests on, compactly (the reason travels in a 256-byte header).
-fn load_note(s: &Scored<'_, '_>) -> String {
-    let t = &s.w.timing;
-    format!(
-        "[{:.0} queued + {} own tokens at {:.0} tok/s, batch {}]",
-        t.queued_tokens, s.own_tokens, t.prefill_tokens_per_s, t.decode_batch
-    )
-}
-
-fn migrated_note(s: &Scored<'_, '_>) -> String {
-    if s.migrated_blocks > 0 {
-        format!(", {} blocks migrated", s.migrated_blocks)
+    let cached = draw.chosen.w.cached_blocks();
+    let choice = if cached > 0 && cached == max_cached {
+        Choice::BestOverlap(draw)
     } else {
-        String::new()
-    }
+        Choice::LowestCost(draw)
+    };
+    let reason =
+        WorkerReason { override_ignored, new_session, balance: balanced.map(|b| b.note), choice };
+    Ok(WorkerChoice { reason, fallbacks: fallbacks(&guarded, draw.chosen.at, n) })
 }
 
-fn finish(
+/// The view index and blocks of the candidate holding most of the prompt by the index (the chosen
+/// one on a tie, else the smallest id); None when nobody holds block 0.
+fn best_overlap(cands: &Candidates<'_, '_>, chosen: usize) -> Option<(usize, u32)> {
+    let max = Some(cands.best_index).filter(|m| *m > 0)?;
+    let best = cands
+        .scored
+        .iter()
+        .filter(|s| s.w.overlap_blocks == max)
+        .min_by_key(|s| (s.at != chosen, s.w.id))?;
+    Some((best.at, max))
+}
+
+/// The plan: the chosen worker's numbers, its mode, and the reason rendered — the one place the
+/// typed reasons become prose and codes.
+fn assemble(
     input: &RouteInput<'_>,
-    s: Scored<'_, '_>,
-    fallbacks: Vec<String>,
-    basis: Basis,
-    (reason, pre): (String, &[ReasonCode]),
-    candidates: &[&WorkerView<'_>],
+    workers: &[WorkerView<'_>],
+    worker: WorkerChoice<'_, '_>,
+    best: Option<(usize, u32)>,
+    mode: ModeChoice<'_, '_>,
 ) -> Plan {
-    let w = s.w;
-    let mut reason_codes = pre.to_vec();
-    reason_codes.push(basis);
+    let s = worker.reason.choice.chosen();
+    let (reason, reason_codes) =
+        reason::render(input.full_blocks(), &worker.reason, &mode.reason, &mode.notes);
     Plan {
-        worker: w.id.to_owned(),
-        endpoint: w.endpoint.to_owned(),
-        fallbacks,
-        mode: Mode::Aggregate,
-        overlap_blocks: w.overlap_blocks,
-        speculative_extra_blocks: w.speculative_blocks.saturating_sub(w.overlap_blocks),
+        worker_index: s.at,
+        worker: s.w.id.to_owned(),
+        endpoint: s.w.endpoint.to_owned(),
+        fallbacks: worker.fallbacks,
+        mode: mode.mode,
+        overlap_blocks: s.w.overlap_blocks,
+        speculative_extra_blocks: s.w.speculative_blocks.saturating_sub(s.w.overlap_blocks),
         isl_blocks: input.full_blocks(),
         request_blocks: input.request_blocks(),
-        best_overlap: best_overlap(candidates, w.id),
-        basis,
+        best_overlap: best.and_then(|(at, blocks)| Some((workers.get(at)?.id.to_owned(), blocks))),
+        basis: worker.reason.choice.basis(),
         reason,
         reason_codes,
-        leg: None,
-        opportunity: None,
-        local_continuation: false,
-        uncached_tokens: s.own_tokens,
+        leg: mode.leg,
+        opportunity: mode.opportunity,
+        local_continuation: mode.local_continuation,
+        uncached_tokens: mode.uncached_tokens,
         predicted_ttft_ms: s.ms(),
     }
-}
-
-/// The worker holding most of the prompt per the index (the chosen one on a tie, else the smallest
-/// id); None when nobody holds block 0.
-fn best_overlap(candidates: &[&WorkerView<'_>], chosen: &str) -> Option<(String, u32)> {
-    let max = candidates.iter().map(|w| w.overlap_blocks).max().filter(|m| *m > 0)?;
-    let best = candidates
-        .iter()
-        .filter(|w| w.overlap_blocks == max)
-        .min_by_key(|w| (w.id != chosen, w.id))?;
-    Some((best.id.to_owned(), max))
 }
 
 #[cfg(test)]

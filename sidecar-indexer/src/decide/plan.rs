@@ -1,6 +1,8 @@
 //! What a routing decision reads and returns: the worker views and request it is made from, the
 //! [`Plan`] it produces (turned into the wire [`RouteDecision`]), why the worker was chosen
-//! ([`Basis`]), the [`Leg`] the shell may have to run first, and why no decision could be made.
+//! ([`Basis`]), the [`Leg`] the shell may have to run first, a would-migrate [`Opportunity`], and
+//! why no decision could be made. The types the shell reads and writes, and nothing that decides:
+//! every stage of the decision imports this module, and it imports none of them.
 
 use kvmesh_core::api::{Mode, ReasonCode, Role, RouteDecision};
 use kvmesh_core::session::{SessionKey, SessionSource};
@@ -104,6 +106,8 @@ pub enum Leg {
 /// The decision, before the shell turns it into a [`RouteDecision`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
+    /// The chosen worker's index in the worker views [`super::decide`] was given.
+    pub worker_index: usize,
     pub worker: String,
     pub endpoint: String,
     pub fallbacks: Vec<String>,
@@ -114,8 +118,12 @@ pub struct Plan {
     pub speculative_extra_blocks: u32,
     pub isl_blocks: u32,
     pub request_blocks: u32,
+    /// The candidate holding most of the prompt by the index (the chosen one on a tie), and how
+    /// many blocks; None when nobody holds block 0.
     pub best_overlap: Option<(String, u32)>,
     pub basis: Basis,
+    /// Why, in words: every stage's typed reason rendered once, when the plan is assembled
+    /// (`decide::reason::render`); the shell appends a leg's outcome.
     pub reason: String,
     /// One code per clause of `reason` (the wire's `reason_codes`).
     pub reason_codes: Vec<ReasonCode>,

@@ -1,7 +1,8 @@
 use super::*;
-use crate::config::KvMigration;
+use crate::config::{KvMigration, SessionPlacement};
 use crate::predict::WorkerTiming;
-use kvmesh_core::api::{FleetSnapshot, FleetWorker, ReasonCode, Role, WorkerLoad};
+use kvmesh_core::api::{FleetSnapshot, FleetWorker, Mode, ReasonCode, Role, WorkerLoad};
+use kvmesh_core::rendezvous;
 use kvmesh_core::session::{SessionKey, SessionSource};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
