@@ -1,11 +1,12 @@
 //! What a routing decision reads and returns: the worker views and request it is made from, the
 //! [`Plan`] it produces (turned into the wire [`RouteDecision`]), why the worker was chosen
-//! ([`Basis`]), the [`Leg`] the shell may have to run first, and why no decision could be made.
+//! ([`Basis`]), the [`Leg`] the shell may have to run first, a would-migrate [`Opportunity`], and
+//! why no decision could be made. The types the shell reads and writes, and nothing that decides:
+//! every stage of the decision imports this module, and it imports none of them.
 
 use kvmesh_core::api::{Mode, ReasonCode, Role, RouteDecision};
 use kvmesh_core::session::{SessionKey, SessionSource};
 
-use crate::modes::Opportunity;
 use crate::predict::{max_cached_blocks, WorkerTiming};
 
 /// One worker as the decision sees it.
@@ -105,6 +106,8 @@ pub enum Leg {
 /// The decision, before the shell turns it into a [`RouteDecision`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
+    /// The chosen worker's index in the worker views [`super::decide`] was given.
+    pub worker_index: usize,
     pub worker: String,
     pub endpoint: String,
     pub fallbacks: Vec<String>,
@@ -115,8 +118,12 @@ pub struct Plan {
     pub speculative_extra_blocks: u32,
     pub isl_blocks: u32,
     pub request_blocks: u32,
+    /// The candidate holding most of the prompt by the index (the chosen one on a tie), and how
+    /// many blocks; None when nobody holds block 0.
     pub best_overlap: Option<(String, u32)>,
     pub basis: Basis,
+    /// Why, in words: every stage's typed reason rendered once, when the plan is assembled
+    /// (`decide::reason::render`); the shell appends a leg's outcome.
     pub reason: String,
     /// One code per clause of `reason` (the wire's `reason_codes`).
     pub reason_codes: Vec<ReasonCode>,
@@ -155,6 +162,26 @@ impl Plan {
             booking_id: None,
             body_base: None,
         }
+    }
+}
+
+/// A would-migrate decision: counted in every migration mode but `off`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Opportunity {
+    pub source: String,
+    pub source_endpoint: String,
+    pub target: String,
+    /// Leading blocks the source holds (the whole prompt's full blocks when it comes from `kv_home`).
+    pub source_blocks: u32,
+    pub target_blocks: u32,
+    /// Whether the source came from `kv_home` rather than the index.
+    pub from_kv_home: bool,
+}
+
+impl Opportunity {
+    /// Blocks the target would pull instead of recomputing.
+    pub fn blocks_to_move(&self) -> u32 {
+        self.source_blocks.saturating_sub(self.target_blocks)
     }
 }
 

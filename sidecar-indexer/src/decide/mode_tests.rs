@@ -1,6 +1,7 @@
+use super::super::reason::mode_clauses;
 use super::*;
 use crate::decide::tests::view;
-use kvmesh_core::api::Role;
+use kvmesh_core::api::{ReasonCode, Role};
 use rand::{rngs::StdRng, SeedableRng};
 
 /// 40 full blocks of 16 tokens.
@@ -32,18 +33,41 @@ fn migration_cfg(mode: KvMigration, min_tokens: u64) -> RoutingConfig {
     }
 }
 
+/// A mode choice as the tests read it: the stage's outcome with its reason rendered.
+struct Rendered {
+    mode: Mode,
+    leg: Option<Leg>,
+    opportunity: Option<Opportunity>,
+    local_continuation: bool,
+    reason: String,
+    codes: Vec<ReasonCode>,
+}
+
 fn run(
     input: &ModeInput<'_>,
     decode: &str,
     workers: &[WorkerView<'_>],
     best: Option<(&str, u32)>,
     cfg: &RoutingConfig,
-) -> ModeChoice {
-    let d = workers.iter().find(|w| w.id == decode).unwrap();
-    choose_mode(input, d, workers, best, cfg, &mut StdRng::seed_from_u64(7))
+) -> Rendered {
+    let at = |id: &str| workers.iter().position(|w| w.id == id).unwrap();
+    let best = best.map(|(id, blocks)| (at(id), blocks));
+    let c =
+        choose_mode(input, at(decode), workers, best, cfg, &mut StdRng::seed_from_u64(7)).unwrap();
+    let full_blocks =
+        kvmesh_core::router_metrics::isl_blocks(input.isl_tokens as usize, input.block_size);
+    let (reason, codes) = mode_clauses(full_blocks, &c.reason, &c.notes);
+    Rendered {
+        mode: c.mode,
+        leg: c.leg,
+        opportunity: c.opportunity,
+        local_continuation: c.local_continuation,
+        reason,
+        codes,
+    }
 }
 
-fn leg_worker(c: &ModeChoice) -> Option<&str> {
+fn leg_worker(c: &Rendered) -> Option<&str> {
     match &c.leg {
         Some(Leg::PrefillOn { worker, .. } | Leg::MigrateFrom { worker, .. }) => Some(worker),
         None => None,

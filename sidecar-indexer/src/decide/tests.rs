@@ -1,7 +1,8 @@
 use super::*;
-use crate::config::KvMigration;
+use crate::config::{KvMigration, SessionPlacement};
 use crate::predict::WorkerTiming;
-use kvmesh_core::api::{FleetSnapshot, FleetWorker, ReasonCode, Role, WorkerLoad};
+use kvmesh_core::api::{FleetSnapshot, FleetWorker, Mode, ReasonCode, Role, WorkerLoad};
+use kvmesh_core::rendezvous;
 use kvmesh_core::session::{SessionKey, SessionSource};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
@@ -728,7 +729,7 @@ fn a_session_home_is_where_the_shared_index_says_its_kv_is() {
 /// Drift guard: the README's "Decision reasons" table names every reason code.
 #[test]
 fn readme_documents_every_reason_code() {
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../../README.md");
     for c in ReasonCode::ALL {
         assert!(
             readme.contains(&format!("`{}`", c.as_str())),

@@ -1,12 +1,13 @@
-//! Which mode a request runs in once its decode worker is chosen: `aggregate`, conditional `disagg`
-//! (a prefill leg on a prefill worker) or `migrate` (the decode worker pulls the blocks another
-//! decode worker holds). Pure: the async shell ([`crate::legs`]) runs the leg the plan names and
-//! turns failures into `decode_fallback` or recompute.
+//! Stage: the mode, once the decode worker is chosen: `aggregate`, conditional `disagg` (a prefill
+//! leg on a prefill worker) or `migrate` (the decode worker pulls the blocks another decode worker
+//! holds). Pure: the async shell ([`crate::legs`]) runs the leg the plan names and turns failures
+//! into `decode_fallback` or recompute. Returns a typed [`ModeReason`] and the notes on any
+//! `x-kvmesh-mode` it could not honour; [`super::reason::render`] words them.
 //!
 //! The rules, in order (README "Modes"):
 //! 1. `x-kvmesh-mode: aggregate` → aggregate. `disagg` / `migrate` force that mode when it is
 //!    possible at all (a prefill worker exists / some other decode worker holds more blocks and
-//!    migration is `on`); otherwise the reason says why not.
+//!    migration is `on`); otherwise a note says why not.
 //! 2. Migration opportunity: the worker holding most of the prompt (`best_overlap_worker`), or the
 //!    session's last home when the index knows nothing better (`kv_home`, the index may lag), is
 //!    not the chosen worker and the blocks to move reach `kv_migration_min_tokens`. `dry` counts it
@@ -18,11 +19,14 @@
 //!    continuation (a session seen recently stays on its decode worker whatever its length).
 //! 4. Otherwise aggregate.
 
-use kvmesh_core::api::{Mode, ReasonCode};
+use kvmesh_core::api::Mode;
 use rand::Rng;
 
+use super::pick::pick;
+use super::plan::{Leg, Opportunity, WorkerView};
+use super::reason::{ModeNote, ModeReason, Threshold};
+use super::score::score;
 use crate::config::{KvMigration, RoutingConfig};
-use crate::decide::{pick, score, Leg, WorkerView};
 
 /// What the mode choice needs besides the workers.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,29 +40,8 @@ pub struct ModeInput<'a> {
     pub override_mode: Option<Mode>,
 }
 
-/// A would-migrate decision: counted in every migration mode but `off`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Opportunity {
-    pub source: String,
-    pub source_endpoint: String,
-    pub target: String,
-    /// Leading blocks the source holds (the whole prompt's full blocks when it comes from `kv_home`).
-    pub source_blocks: u32,
-    pub target_blocks: u32,
-    /// Whether the source came from `kv_home` rather than the index.
-    pub from_kv_home: bool,
-}
-
-impl Opportunity {
-    /// Blocks the target would pull instead of recomputing.
-    pub fn blocks_to_move(&self) -> u32 {
-        self.source_blocks.saturating_sub(self.target_blocks)
-    }
-}
-
 /// The mode part of a plan.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ModeChoice {
+pub(crate) struct ModeChoice<'v, 'a> {
     pub mode: Mode,
     pub leg: Option<Leg>,
     pub opportunity: Option<Opportunity>,
@@ -66,54 +49,48 @@ pub struct ModeChoice {
     pub local_continuation: bool,
     /// Prompt tokens the decode worker does not cache.
     pub uncached_tokens: u64,
-    pub reason: String,
-    /// One code per clause of `reason`, in order.
-    pub codes: Vec<ReasonCode>,
+    pub reason: ModeReason<'v, 'a>,
+    /// Why an `x-kvmesh-mode` request was not honoured, in the order found.
+    pub notes: Vec<ModeNote>,
 }
 
-/// Chooses the mode for a request whose decode worker is `decode`; `best` is the decode-capable
-/// worker holding most of the prompt (from the index), if any holds block 0.
-pub fn choose_mode<R: Rng + ?Sized>(
+/// Chooses the mode for a request whose decode worker is view `decode` of `workers`; `best` is the
+/// view index and blocks of the decode-capable worker holding most of the prompt (by the index),
+/// if any holds block 0.
+pub(crate) fn choose_mode<'v, 'a, R: Rng + ?Sized>(
     input: &ModeInput<'_>,
-    decode: &WorkerView<'_>,
-    workers: &[WorkerView<'_>],
-    best: Option<(&str, u32)>,
+    decode: usize,
+    workers: &'v [WorkerView<'a>],
+    best: Option<(usize, u32)>,
     cfg: &RoutingConfig,
     rng: &mut R,
-) -> ModeChoice {
-    let f = Facts::new(input, decode, cfg);
+) -> Option<ModeChoice<'v, 'a>> {
+    let d = workers.get(decode)?;
+    let f = Facts::new(input, d, cfg);
     if input.override_mode == Some(Mode::Aggregate) {
-        return f.aggregate(
-            ("x-kvmesh-mode aggregate".to_owned(), vec![ReasonCode::AggregateRequested]),
-            None,
-            false,
-        );
+        return Some(f.aggregate(ModeReason::AggregateRequested, None, false, Vec::new()));
     }
-    // Every note says why an `x-kvmesh-mode` request was not honoured.
-    let mut notes: Vec<String> = Vec::new();
+    let mut notes: Vec<ModeNote> = Vec::new();
     if input.override_mode == Some(Mode::DecodeFallback) {
-        notes.push(
-            "x-kvmesh-mode decode_fallback is an outcome, not a mode to ask for; ignored"
-                .to_owned(),
-        );
+        notes.push(ModeNote::DecodeFallbackAsked);
     }
     let opportunity = migration_opportunity(input, decode, workers, best, cfg, &f, &mut notes);
     let prefill = if f.t > 0 || f.forced_disagg {
-        prefill_worker(input, decode, workers, f.full_blocks, cfg, rng)
+        prefill_worker(input, decode, workers, cfg, rng)
     } else {
         None
     };
     if f.forced_disagg && prefill.is_none() {
-        notes.push("x-kvmesh-mode disagg: no healthy prefill worker".to_owned());
+        notes.push(ModeNote::NoPrefillWorker);
     }
     if let Some(choice) = migrate_choice(input, &f, cfg, &opportunity, prefill.is_some(), &notes) {
-        return choice;
+        return Some(choice);
     }
     if let Some(p) = prefill.filter(|_| f.forced_disagg || (f.needs_remote(f.uncached) && !f.local))
     {
-        return disagg_choice(&f, decode, p, opportunity, &notes);
+        return Some(disagg_choice(&f, d, p, opportunity, notes));
     }
-    aggregate_choice(&f, decode, cfg, opportunity, notes)
+    Some(aggregate_choice(&f, d, cfg, opportunity, notes))
 }
 
 /// What every step of the mode choice reads: the prompt's size against the decode worker's cache,
@@ -156,13 +133,14 @@ impl Facts {
         self.t > 0 && uncached >= self.t
     }
 
-    /// An aggregate choice with this reason.
-    fn aggregate(
+    /// An aggregate choice for this reason.
+    fn aggregate<'v, 'a>(
         &self,
-        (reason, codes): (String, Vec<ReasonCode>),
+        reason: ModeReason<'v, 'a>,
         opportunity: Option<Opportunity>,
         local_continuation: bool,
-    ) -> ModeChoice {
+        notes: Vec<ModeNote>,
+    ) -> ModeChoice<'v, 'a> {
         ModeChoice {
             mode: Mode::Aggregate,
             leg: None,
@@ -170,19 +148,8 @@ impl Facts {
             local_continuation,
             uncached_tokens: self.uncached,
             reason,
-            codes,
+            notes,
         }
-    }
-}
-
-/// `reason` and `code`, followed by every note (each coded `ModeRequestIgnored`).
-fn with_notes(notes: &[String], reason: String, code: ReasonCode) -> (String, Vec<ReasonCode>) {
-    let mut codes = vec![code];
-    codes.extend(notes.iter().map(|_| ReasonCode::ModeRequestIgnored));
-    if notes.is_empty() {
-        (reason, codes)
-    } else {
-        (format!("{reason}; {}", notes.join("; ")), codes)
     }
 }
 
@@ -190,12 +157,12 @@ fn with_notes(notes: &[String], reason: String, code: ReasonCode) -> (String, Ve
 /// forced `migrate` cannot be honoured.
 fn migration_opportunity(
     input: &ModeInput<'_>,
-    decode: &WorkerView<'_>,
+    decode: usize,
     workers: &[WorkerView<'_>],
-    best: Option<(&str, u32)>,
+    best: Option<(usize, u32)>,
     cfg: &RoutingConfig,
     f: &Facts,
-    notes: &mut Vec<String>,
+    notes: &mut Vec<ModeNote>,
 ) -> Option<Opportunity> {
     let opportunity = (cfg.kv_migration != KvMigration::Off)
         .then(|| migration_source(input, decode, workers, best, f.full_blocks))
@@ -206,10 +173,8 @@ fn migration_opportunity(
         opportunity.filter(|o| o.blocks_to_move() > 0 && (f.forced_migrate || worth_moving(o)));
     if f.forced_migrate && (cfg.kv_migration != KvMigration::On || opportunity.is_none()) {
         notes.push(match cfg.kv_migration {
-            KvMigration::On => {
-                "x-kvmesh-mode migrate: no other decode worker holds more of the prompt".to_owned()
-            }
-            m => format!("x-kvmesh-mode migrate: kv_migration is {}", m.as_str()),
+            KvMigration::On => ModeNote::NothingToMigrate,
+            m => ModeNote::MigrationNotOn(m),
         });
     }
     opportunity
@@ -217,14 +182,14 @@ fn migration_opportunity(
 
 /// A `migrate` choice when migration is `on`, there is an opportunity, and neither a forced
 /// `disagg` nor a disaggregation of what stays uncached after the move serves better.
-fn migrate_choice(
+fn migrate_choice<'v, 'a>(
     input: &ModeInput<'_>,
     f: &Facts,
     cfg: &RoutingConfig,
     opportunity: &Option<Opportunity>,
     has_prefill: bool,
-    notes: &[String],
-) -> Option<ModeChoice> {
+    notes: &[ModeNote],
+) -> Option<ModeChoice<'v, 'a>> {
     let (Some(o), KvMigration::On) = (opportunity, cfg.kv_migration) else {
         return None;
     };
@@ -233,163 +198,127 @@ fn migrate_choice(
     if disagg_serves_better || f.forced_disagg {
         return None;
     }
-    let reason = format!(
-        "migrate: {} holds {}/{} blocks{}, {} holds {}; {} pulls {} blocks instead of recomputing",
-        o.source,
-        o.source_blocks,
-        f.full_blocks,
-        if o.from_kv_home { " (session's kv_home)" } else { "" },
-        o.target,
-        o.target_blocks,
-        o.target,
-        o.blocks_to_move()
-    );
-    let (reason, codes) = with_notes(notes, reason, ReasonCode::Migrate);
     Some(ModeChoice {
         mode: Mode::Migrate,
         leg: Some(Leg::MigrateFrom {
             worker: o.source.clone(),
             endpoint: o.source_endpoint.clone(),
         }),
-        opportunity: opportunity.clone(),
+        opportunity: Some(o.clone()),
         local_continuation: false,
         // The target computes only what the source does not hand over.
         uncached_tokens: left.min(f.uncached),
-        reason,
-        codes,
+        reason: ModeReason::Migrate(o.clone()),
+        notes: notes.to_vec(),
     })
 }
 
 /// A `disagg` choice: the prompt prefilled on `p`, decoded on `decode`.
-fn disagg_choice(
+fn disagg_choice<'v, 'a>(
     f: &Facts,
-    decode: &WorkerView<'_>,
-    p: &WorkerView<'_>,
+    decode: &'v WorkerView<'a>,
+    p: &'v WorkerView<'a>,
     opportunity: Option<Opportunity>,
-    notes: &[String],
-) -> ModeChoice {
-    let (why, code) = if f.forced_disagg {
-        ("x-kvmesh-mode disagg".to_owned(), ReasonCode::DisaggRequested)
-    } else {
-        (
-            format!("{} uncached tokens >= min_remote_prefill_tokens {}", f.uncached, f.t),
-            ReasonCode::DisaggUncached,
-        )
-    };
-    let reason = format!(
-        "disagg: {why}; prefill on {} (overlap {}/{} blocks), decode on {}",
-        p.id, p.overlap_blocks, f.full_blocks, decode.id
-    );
-    let (reason, codes) = with_notes(notes, reason, code);
+    notes: Vec<ModeNote>,
+) -> ModeChoice<'v, 'a> {
     ModeChoice {
         mode: Mode::Disagg,
         leg: Some(Leg::PrefillOn { worker: p.id.to_owned(), endpoint: p.endpoint.to_owned() }),
         opportunity,
         local_continuation: false,
         uncached_tokens: f.uncached,
-        reason,
-        codes,
+        reason: ModeReason::Disagg {
+            requested: f.forced_disagg,
+            uncached: f.uncached,
+            threshold: f.t,
+            prefill: p,
+            decode,
+        },
+        notes,
     }
 }
 
-/// The aggregate choice when nothing moves: why not disagg (when disaggregation is on), a `dry`
-/// migration's opportunity, then the notes. A plain aggregate fleet adds nothing to the decode
-/// choice's reason.
-fn aggregate_choice(
+/// The aggregate choice when nothing moves: why not disagg (when disaggregation is on) and a `dry`
+/// migration's opportunity. A plain aggregate fleet adds nothing to the decode choice's reason.
+fn aggregate_choice<'v, 'a>(
     f: &Facts,
-    decode: &WorkerView<'_>,
+    decode: &'v WorkerView<'a>,
     cfg: &RoutingConfig,
     opportunity: Option<Opportunity>,
-    mut notes: Vec<String>,
-) -> ModeChoice {
+    notes: Vec<ModeNote>,
+) -> ModeChoice<'v, 'a> {
     let (t, uncached) = (f.t, f.uncached);
-    let mut parts: Vec<String> = Vec::new();
-    let mut codes: Vec<ReasonCode> = Vec::new();
-    if t > 0 {
-        let (part, code) = if f.needs_remote(uncached) && f.local {
-            (
-                format!(
-                    "aggregate: local continuation, {uncached} uncached tokens >= {t} stay on {}",
-                    decode.id
-                ),
-                ReasonCode::LocalContinuation,
-            )
+    let threshold = (t > 0).then(|| {
+        if f.needs_remote(uncached) && f.local {
+            Threshold::LocalContinuation { uncached, threshold: t, decode: decode.id }
         } else if f.needs_remote(uncached) {
-            ("aggregate: no healthy prefill worker".to_owned(), ReasonCode::NoPrefillWorker)
+            Threshold::NoPrefillWorker
         } else {
-            (
-                format!("aggregate: {uncached} uncached tokens < min_remote_prefill_tokens {t}"),
-                ReasonCode::BelowPrefillThreshold,
-            )
-        };
-        parts.push(part);
-        codes.push(code);
-    }
-    if let (Some(o), KvMigration::Dry) = (&opportunity, cfg.kv_migration) {
-        parts.push(format!(
-            "dry-run migration {}->{} of {} blocks",
-            o.source,
-            o.target,
-            o.blocks_to_move()
-        ));
-        codes.push(ReasonCode::MigrateDryRun);
-    }
-    codes.extend(notes.iter().map(|_| ReasonCode::ModeRequestIgnored));
-    parts.append(&mut notes);
+            Threshold::Below { uncached, threshold: t }
+        }
+    });
+    let dry_run = opportunity.clone().filter(|_| cfg.kv_migration == KvMigration::Dry);
     let local_continuation = f.local && f.needs_remote(uncached);
-    f.aggregate((parts.join("; "), codes), opportunity, local_continuation)
+    f.aggregate(
+        ModeReason::Aggregate { threshold, dry_run },
+        opportunity,
+        local_continuation,
+        notes,
+    )
 }
 
-/// The migration source for `decode`, if another healthy decode worker holds more of the prompt
-/// (by the index) or is the session's remembered home while the index shows nothing better.
+/// The migration source for view `decode`, if another healthy decode worker holds more of the
+/// prompt (by the index) or is the session's remembered home while the index shows nothing better.
 fn migration_source(
     input: &ModeInput<'_>,
-    decode: &WorkerView<'_>,
+    decode: usize,
     workers: &[WorkerView<'_>],
-    best: Option<(&str, u32)>,
+    best: Option<(usize, u32)>,
     full_blocks: u32,
 ) -> Option<Opportunity> {
-    let healthy_decoder =
-        |id: &str| workers.iter().find(|w| w.id == id && w.healthy && w.role.decodes());
+    let d = workers.get(decode)?;
+    let healthy_decoder = |w: &&WorkerView<'_>| w.healthy && w.role.decodes();
     let make = |w: &WorkerView<'_>, source_blocks: u32, from_kv_home: bool| Opportunity {
         source: w.id.to_owned(),
         source_endpoint: w.endpoint.to_owned(),
-        target: decode.id.to_owned(),
+        target: d.id.to_owned(),
         source_blocks,
-        target_blocks: decode.overlap_blocks,
+        target_blocks: d.overlap_blocks,
         from_kv_home,
     };
-    if let Some((id, blocks)) =
-        best.filter(|(id, blocks)| *id != decode.id && *blocks > decode.overlap_blocks)
+    if let Some((at, blocks)) =
+        best.filter(|&(at, blocks)| at != decode && blocks > d.overlap_blocks)
     {
-        return healthy_decoder(id).map(|w| make(w, blocks, false));
+        return workers.get(at).filter(healthy_decoder).map(|w| make(w, blocks, false));
     }
-    let home = healthy_decoder(input.kv_home.filter(|h| *h != decode.id)?)?;
-    (home.overlap_blocks <= decode.overlap_blocks).then(|| make(home, full_blocks, true))
+    // `kv_home` is an id this replica remembered: the one lookup by id, from outside the views.
+    let home_id = input.kv_home.filter(|h| *h != d.id)?;
+    let home = workers.iter().filter(healthy_decoder).find(|w| w.id == home_id)?;
+    (home.overlap_blocks <= d.overlap_blocks).then(|| make(home, full_blocks, true))
 }
 
 /// The prefill worker for a remote prefill: the healthy prefill-capable worker other than the
 /// decode worker with the lowest predicted prefill time, as for decode choices (its overlap, the
 /// legs queued on it, its throughput; near ties at random).
-fn prefill_worker<'a, 'b, R: Rng + ?Sized>(
+fn prefill_worker<'v, 'a, R: Rng + ?Sized>(
     input: &ModeInput<'_>,
-    decode: &WorkerView<'_>,
-    workers: &'b [WorkerView<'a>],
-    full_blocks: u32,
+    decode: usize,
+    workers: &'v [WorkerView<'a>],
     cfg: &RoutingConfig,
     rng: &mut R,
-) -> Option<&'b WorkerView<'a>> {
+) -> Option<&'v WorkerView<'a>> {
     let set: Vec<_> = workers
         .iter()
-        .filter(|w| w.healthy && w.role.prefills() && w.id != decode.id)
-        .map(|w| score(w, input.isl_tokens, input.block_size, 0, cfg))
+        .enumerate()
+        .filter(|&(at, w)| w.healthy && w.role.prefills() && at != decode)
+        .map(|(at, w)| score(at, w, input.isl_tokens, input.block_size, 0, cfg))
         .collect();
     if set.is_empty() {
         return None;
     }
-    Some(pick(&set, full_blocks, None, cfg, rng).0.w)
+    Some(pick(&set, None, cfg, rng).chosen.w)
 }
 
 #[cfg(test)]
-#[path = "modes_tests.rs"]
+#[path = "mode_tests.rs"]
 mod tests;

@@ -1,0 +1,179 @@
+//! What every stage ranks by: each candidate's predicted TTFT and cost for this request
+//! ([`score`], from [`crate::predict`]), the hard `overload_*` guards ([`overloaded`], [`guarded`])
+//! and the fallback order. Computed once per request ([`candidates`]); the stages compare these
+//! numbers and never compute them again.
+//!
+//! A [`Scored`] candidate carries its index in the worker views the decision was given (`at`):
+//! that is how stages, reasons and the plan name it, so nothing looks a worker up again by id.
+
+use std::fmt;
+
+use kvmesh_core::rendezvous;
+
+use super::plan::{RouteInput, WorkerView};
+use crate::config::{KvMigration, RoutingConfig};
+use crate::predict::{cost_s, ttft_s};
+
+/// An `overload_*` guard a worker is over: which one, its value and the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overload {
+    pub guard: Guard,
+    pub value: u64,
+    pub limit: u64,
+}
+
+/// The three hard guards, in the order they are checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard {
+    /// `overload_active_blocks`.
+    ActiveBlocks,
+    /// `overload_active_requests`.
+    ActiveRequests,
+    /// `overload_waiting_requests`.
+    Waiting,
+}
+
+impl Guard {
+    /// The name the reason shows (`waiting 9 >= 8`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ActiveBlocks => "active_blocks",
+            Self::ActiveRequests => "active_requests",
+            Self::Waiting => "waiting",
+        }
+    }
+}
+
+impl fmt::Display for Overload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} >= {}", self.guard.as_str(), self.value, self.limit)
+    }
+}
+
+/// The first `overload_*` guard `w` is over under `cfg` (a limit of 0 is off), or None.
+pub fn overloaded(w: &WorkerView<'_>, cfg: &RoutingConfig) -> Option<Overload> {
+    [
+        (Guard::ActiveBlocks, w.active_blocks, cfg.overload_active_blocks),
+        (Guard::ActiveRequests, w.active_requests, cfg.overload_active_requests),
+        (Guard::Waiting, w.waiting_requests, cfg.overload_waiting_requests),
+    ]
+    .into_iter()
+    .find(|&(_, value, limit)| limit > 0 && value >= limit)
+    .map(|(guard, value, limit)| Overload { guard, value, limit })
+}
+
+/// A worker with its prediction for this request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Scored<'v, 'a> {
+    /// Its index in the worker views the decision was given.
+    pub at: usize,
+    pub w: &'v WorkerView<'a>,
+    /// Predicted TTFT, seconds.
+    pub ttft_s: f64,
+    /// What placing it there costs, seconds ([`cost_s`]): its TTFT plus what its prefill adds to
+    /// the requests behind it. The choice is by cost; the prediction reported is `ttft_s`.
+    pub cost_s: f64,
+    /// Uncached tokens it would compute.
+    pub own_tokens: u64,
+    /// Blocks it would pull by KV migration instead of recomputing (`kv_migration = "on"`).
+    pub migrated_blocks: u32,
+}
+
+impl Scored<'_, '_> {
+    /// The predicted TTFT, milliseconds.
+    pub(crate) fn ms(&self) -> f64 {
+        self.ttft_s * 1000.0
+    }
+}
+
+/// Scores `w` (view `at`): its uncached tokens (crediting a migration from `best_index` when that
+/// is on and worth it), the predicted TTFT and the cost.
+pub(crate) fn score<'v, 'a>(
+    at: usize,
+    w: &'v WorkerView<'a>,
+    isl: u64,
+    block_size: u32,
+    best_index: u32,
+    cfg: &RoutingConfig,
+) -> Scored<'v, 'a> {
+    let bs = u64::from(block_size.max(1));
+    let mut cached = w.cached_blocks();
+    let mut migrated_blocks = 0;
+    let movable = best_index.saturating_sub(w.overlap_blocks);
+    if cfg.kv_migration == KvMigration::On
+        && best_index > cached
+        && u64::from(movable) * bs >= cfg.kv_migration_min_tokens
+    {
+        migrated_blocks = best_index - cached;
+        cached = best_index;
+    }
+    let own_tokens = isl - (u64::from(cached) * bs).min(isl);
+    let (ttft, cost) = ttft_and_cost_s(w, own_tokens, cfg);
+    Scored { at, w, ttft_s: ttft, cost_s: cost, own_tokens, migrated_blocks }
+}
+
+/// The predicted TTFT and the cost of `w` computing `own_tokens` uncached tokens.
+pub(crate) fn ttft_and_cost_s(
+    w: &WorkerView<'_>,
+    own_tokens: u64,
+    cfg: &RoutingConfig,
+) -> (f64, f64) {
+    let ttft = ttft_s(&w.timing, own_tokens as f64, cfg.prefill_chunk_tokens);
+    (ttft, cost_s(&w.timing, ttft, own_tokens as f64, cfg.work_charge))
+}
+
+/// The decode candidates of one request: healthy decode-capable workers, in view order, scored.
+pub(crate) struct Candidates<'v, 'a> {
+    pub scored: Vec<Scored<'v, 'a>>,
+    /// The most leading blocks any candidate holds by the index (what a migration can bring).
+    pub best_index: u32,
+}
+
+/// Scores every decode candidate among `workers` for `input`.
+pub(crate) fn candidates<'v, 'a>(
+    input: &RouteInput<'_>,
+    workers: &'v [WorkerView<'a>],
+    cfg: &RoutingConfig,
+) -> Candidates<'v, 'a> {
+    let best_index =
+        workers.iter().filter(|w| w.candidate()).map(|w| w.overlap_blocks).max().unwrap_or(0);
+    let scored = workers
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| w.candidate())
+        .map(|(at, w)| score(at, w, input.isl_tokens as u64, input.block_size, best_index, cfg))
+        .collect();
+    Candidates { scored, best_index }
+}
+
+impl<'v, 'a> Candidates<'v, 'a> {
+    /// The candidate at view index `at`, if `at` is one.
+    pub(crate) fn get(&self, at: usize) -> Option<Scored<'v, 'a>> {
+        self.scored.iter().find(|s| s.at == at).copied()
+    }
+}
+
+/// `set` without the workers over an `overload_*` guard — or all of it when every one is over.
+pub(crate) fn guarded<'v, 'a>(set: &[Scored<'v, 'a>], cfg: &RoutingConfig) -> Vec<Scored<'v, 'a>> {
+    let ok: Vec<Scored<'v, 'a>> =
+        set.iter().copied().filter(|s| overloaded(s.w, cfg).is_none()).collect();
+    if ok.is_empty() {
+        set.to_vec()
+    } else {
+        ok
+    }
+}
+
+/// The member of `set` that `key` pins to by rendezvous hashing over their ids
+/// ([`rendezvous::pick`], the function the filter's fallback calls), if `set` is not empty.
+pub(crate) fn rendezvous_among<'v, 'a>(key: u64, set: &[Scored<'v, 'a>]) -> Option<Scored<'v, 'a>> {
+    let id = rendezvous::pick(key, set.iter().map(|s| s.w.id))?;
+    set.iter().find(|s| s.w.id == id).copied()
+}
+
+/// Endpoints of `set` other than view `chosen`, cheapest first (`n` at most).
+pub(crate) fn fallbacks(set: &[Scored<'_, '_>], chosen: usize, n: usize) -> Vec<String> {
+    let mut rest: Vec<&Scored<'_, '_>> = set.iter().filter(|s| s.at != chosen).collect();
+    rest.sort_by(|a, b| a.cost_s.total_cmp(&b.cost_s).then_with(|| a.w.id.cmp(b.w.id)));
+    rest.into_iter().take(n).map(|s| s.w.endpoint.to_owned()).collect()
+}
