@@ -6,7 +6,7 @@
 //! parts for string-format chat templates: text parts separated by `"\n"`, other parts skipped.
 //! What the flattening drops (non-text parts, tool calls, names) still identifies a conversation,
 //! so a chat body's conversation anchor is digested here, while the raw messages are at hand
-//! ([`OpenAiRequest::conversation_anchor`], rendering owned by [`crate::session`]).
+//! ([`OpenAiRequest::conversation_anchor`], rendered by [`anchor`]).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -15,6 +15,7 @@ use std::sync::Arc;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+pub mod anchor;
 mod fast;
 mod peek;
 mod resume;
@@ -79,7 +80,7 @@ pub struct OpenAiRequest {
     pub max_tokens: Option<u64>,
     /// vLLM's per-request prefix-cache salt; changes the block hash seed.
     pub cache_salt: Option<String>,
-    /// Chat only: [`crate::session::anchor_digest`] of the raw messages — the conversation up to
+    /// Chat only: [`anchor::anchor_digest`] of the raw messages — the conversation up to
     /// and including its first user message, canonically rendered. None for completions and for
     /// chat without a user message.
     pub conversation_anchor: Option<u64>,
@@ -285,7 +286,7 @@ fn read<'v>(
             let anchor = raw
                 .as_deref()
                 .and_then(Value::as_array)
-                .and_then(|items| crate::session::anchor_digest(items));
+                .and_then(|items| anchor::anchor_digest(items));
             (RequestInput::Messages(parsed), anchor)
         }
     };

@@ -220,8 +220,8 @@ pub struct Metrics {
     /// labels: result (hit, miss): prompts resumed from the prefix memo, or with none to resume.
     pub tokenize_memo: IntCounterVec,
     /// labels: result (hit, miss: long chat bodies read from a held prefix, or whole; base_hit,
-    /// base_unknown: route calls that sent only the bytes after a body base, joined to it or
-    /// answered 409).
+    /// base_unknown, base_other_session: route calls that sent only the bytes after a body base,
+    /// joined to it or answered 409 — not held, or held for another session).
     pub body_memo: IntCounterVec,
     /// labels: kind (exact: tokenized on the request path, estimated: the rest of a prompt).
     pub tokenize_tokens: IntCounterVec,
@@ -425,7 +425,7 @@ impl Metrics {
             score_duration: duration(&r, SCORE_DURATION_SECONDS, "Time to score workers and decide")?,
             tokenize_cache: counter_vec(&r, TOKENIZE_CACHE_SEGMENTS_TOTAL, "Prompt segments served from / added to the tokenization cache", &["result"])?,
             tokenize_memo: counter_vec(&r, TOKENIZE_MEMO_TOTAL, "Prompts whose tokenization resumed from a recently tokenized prefix, found after splitting the whole prompt (hit) or only its tail (tail_hit), or found none (miss)", &["result"])?,
-            body_memo: counter_vec(&r, BODY_MEMO_TOTAL, "Long chat bodies read from where their conversation's last body ended (hit) or read whole (miss); route calls that sent only the bytes after a held body base (base_hit) or named one no longer held (base_unknown, answered 409)", &["result"])?,
+            body_memo: counter_vec(&r, BODY_MEMO_TOTAL, "Long chat bodies read from where their conversation's last body ended (hit) or read whole (miss); route calls that sent only the bytes after a held body base (base_hit) or named one no longer held (base_unknown) or held for another session (base_other_session), both answered 409", &["result"])?,
             tokenize_tokens: counter_vec(&r, TOKENIZE_TOKENS_TOTAL, "Prompt tokens of routed requests: tokenized on the request path (exact) or estimated past the blocks any worker may hold", &["kind"])?,
             tokenize_background: counter_vec(&r, TOKENIZE_BACKGROUND_TOTAL, "Partly tokenized prompts finished off the request path for speculative holdings, by result", &["result"])?,
             done_reports: counter_vec(&r, DONE_REPORTS_TOTAL, "/v1/done reports by outcome and whether a booking matched", &["outcome", "matched"])?,

@@ -8,7 +8,7 @@
 //! then flattened) — which for an 8k-token chat continuation is most of the filter's per-request
 //! work. Here serde reads the body in one streaming pass and keeps almost nothing: the messages
 //! up to the first user message — the conversation anchor, usually a handful — become `Value`s
-//! for [`crate::session::anchor_digest`] and are checked as `parse` checks them; every later
+//! for [`super::anchor::anchor_digest`] and are checked as `parse` checks them; every later
 //! message keeps only its `role` and `content` as borrowed [`RawValue`] spans, type-checked by
 //! their first byte (valid JSON already: a value starting with `"` is a string); every other field
 //! is skipped. Completions bodies and bodies serde refuses (not JSON, not an object) are
@@ -149,7 +149,7 @@ impl ChatFields {
             return Err(e);
         }
         messages.extend(anchor.later);
-        let conversation_anchor = values.as_array().and_then(|v| crate::session::anchor_digest(v));
+        let conversation_anchor = values.as_array().and_then(|v| super::anchor::anchor_digest(v));
         let model = match self.model {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s),
@@ -203,7 +203,7 @@ impl Anchor {
         if let Some(e) = self.later_error {
             return Err(e);
         }
-        Ok(values.as_array().and_then(|v| crate::session::anchor_digest(v)))
+        Ok(values.as_array().and_then(|v| super::anchor::anchor_digest(v)))
     }
 }
 

@@ -17,7 +17,10 @@
 //! used keys go first.
 //!
 //! Each kept prefix is also a [`BodyBase`] the route's answer names: the filter's next call for
-//! the conversation may send only the bytes after it, and [`BodyMemo::base`] gives them back.
+//! the conversation may send only the bytes after it, and [`BodyMemo::base`] gives them back — to
+//! a call of the session it was kept under only: a base named under another session is refused
+//! ([`BaseRefusal::OtherSession`], answered 409 as an unknown base), so one session's call can
+//! never be joined to another's bytes (issue 43.4).
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -57,15 +60,23 @@ pub struct Held {
     root: bool,
     /// Its name as the answer gives it: under `key`, the prefix's length and hash.
     name: BodyBase,
+    /// The session of the route call it was kept for: the only one it is given back to.
+    session: Option<SessionKey>,
 }
 
 impl Held {
-    /// `body`'s prefix, kept under `key`; `root` when the body was read whole (`None`: too short
-    /// to be kept).
-    pub fn new(key: u64, body: &Bytes, prefix: ChatPrefix, root: bool) -> Option<Self> {
+    /// `body`'s prefix, kept under `key` for a call of `session`; `root` when the body was read
+    /// whole (`None`: too short to be kept).
+    pub fn new(
+        key: u64,
+        session: Option<SessionKey>,
+        body: &Bytes,
+        prefix: ChatPrefix,
+        root: bool,
+    ) -> Option<Self> {
         let bytes = body.get(..prefix.len()).filter(|b| b.len() >= HEAD_BYTES)?;
         let name = BodyBase::of(key, bytes);
-        Some(Self { body: body.clone(), prefix: Arc::new(prefix), root, name })
+        Some(Self { body: body.clone(), prefix: Arc::new(prefix), root, name, session })
     }
 
     /// The prefix's bytes.
@@ -107,14 +118,36 @@ pub fn read_chat(
         body,
         held.as_ref().map(|h| (if based { body.as_ref() } else { h.bytes() }, &*h.prefix)),
     );
-    let kept = read.prefix.and_then(|p| Held::new(key, body, p, !read.resumed)).and_then(|new| {
-        let name = new.name;
-        memo.lock()
-            .keep(key, new, held.as_ref().filter(|_| read.resumed), max_bytes)
-            .then_some(name)
-    });
+    let kept =
+        read.prefix.and_then(|p| Held::new(key, session, body, p, !read.resumed)).and_then(|new| {
+            let name = new.name;
+            memo.lock()
+                .keep(key, new, held.as_ref().filter(|_| read.resumed), max_bytes)
+                .then_some(name)
+        });
     let continued = held.filter(|_| read.resumed).map_or(0, |h| h.prefix.len());
     BodyRead { request: read.request, continued, kept }
+}
+
+/// Why [`BodyMemo::base`] gives no prefix; both are answered `409` `body_base_unknown` (the
+/// filter then sends the whole body) and counted apart
+/// (`kvmesh_body_memo_total{result="base_unknown"|"base_other_session"}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BaseRefusal {
+    /// No held prefix has that name: never kept, evicted, or the indexer restarted.
+    Unknown,
+    /// The named prefix was kept for a route call of another session.
+    OtherSession,
+}
+
+impl BaseRefusal {
+    /// The `result` label of `kvmesh_body_memo_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Unknown => "base_unknown",
+            Self::OtherSession => "base_other_session",
+        }
+    }
 }
 
 /// Byte-bounded LRU of keys ([`BodyMemo::key`]) → their most recent prefixes.
@@ -147,12 +180,22 @@ impl BodyMemo {
         self.bytes
     }
 
-    /// The held prefix `base` names, now its key's most recently used; `None` when no held prefix
-    /// has that key, length and hash.
-    pub fn base(&mut self, base: &BodyBase) -> Option<Held> {
-        let list = self.heads.get_mut(&base.memo_key)?;
-        let at = list.iter().position(|h| h.name == *base)?;
-        Some(to_front(list, at).clone())
+    /// The held prefix `base` names, for a route call of `session`, now its key's most recently
+    /// used. Refused when no held prefix has that key, length and hash, or when the one that has
+    /// was kept for another session (then it is left as it was).
+    pub fn base(
+        &mut self,
+        base: &BodyBase,
+        session: Option<SessionKey>,
+    ) -> Result<Held, BaseRefusal> {
+        let list = self.heads.peek_mut(&base.memo_key).ok_or(BaseRefusal::Unknown)?;
+        let at = list.iter().position(|h| h.name == *base).ok_or(BaseRefusal::Unknown)?;
+        if list[at].session != session {
+            return Err(BaseRefusal::OtherSession);
+        }
+        self.heads.promote(&base.memo_key);
+        let list = self.heads.get_mut(&base.memo_key).ok_or(BaseRefusal::Unknown)?;
+        Ok(to_front(list, at).clone())
     }
 
     /// The longest kept prefix `body` may continue (its head and last bytes agree; the reader
@@ -287,6 +330,26 @@ mod tests {
                 assert!(read(&mut memo, &branch(3, c, t), bound), "conversation {c} turn {t}");
             }
         }
+    }
+
+    #[test]
+    fn a_base_is_given_back_to_its_own_session_only() {
+        let memo = Mutex::new(BodyMemo::new());
+        let body = Bytes::from(chat(0, 2));
+        let mine = Some(SessionKey(7));
+        let read = read_chat(&memo, &body, mine, 1 << 20, None);
+        let Some(base) = read.kept else { panic!("a long chat body's prefix is kept") };
+        let mut memo = memo.into_inner();
+        for other in [Some(SessionKey(8)), None] {
+            assert_eq!(
+                memo.base(&base, other).map(|h| h.name),
+                Err(BaseRefusal::OtherSession),
+                "{other:?}"
+            );
+        }
+        assert_eq!(memo.base(&base, mine).map(|h| h.name), Ok(base));
+        let unknown = BodyBase { len: base.len + 1, ..base };
+        assert_eq!(memo.base(&unknown, mine).map(|h| h.name), Err(BaseRefusal::Unknown));
     }
 
     #[test]

@@ -25,7 +25,6 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::http::HeaderMap;
 use kvmesh_core::api::RouteDecision;
-use kvmesh_core::body_base::BASE_UNKNOWN;
 
 pub use error::ApiError;
 
@@ -40,17 +39,7 @@ pub async fn route(
     let cfg = state.config();
     let counted = |result: &str| state.metrics.body_memo.with_label_values(&[result]).inc();
     let (body, joined) =
-        request::with_base(headers, body, &state.body_memo, cfg.routing.max_body_bytes)
-            .inspect(|(_, joined)| {
-                if joined.is_some() {
-                    counted("base_hit")
-                }
-            })
-            .inspect_err(|e| {
-                if e.reason == BASE_UNKNOWN {
-                    counted("base_unknown")
-                }
-            })?;
+        request::with_base(headers, body, &state.body_memo, cfg.routing.max_body_bytes, counted)?;
     let (req, parsed) =
         request::parse(headers, body, joined, &state.body_memo, cfg.routing.body_memo_bytes)?;
     if let Some(continued) = req.body_continued {

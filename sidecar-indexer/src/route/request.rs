@@ -11,7 +11,7 @@ use kvmesh_core::openai::{self, OpenAiRequest};
 use kvmesh_core::session::{self, SessionKey, SessionSource};
 use parking_lot::Mutex;
 
-use super::body_memo::{self, BodyMemo, Held, MIN_BODY_BYTES};
+use super::body_memo::{self, BaseRefusal, BodyMemo, Held, MIN_BODY_BYTES};
 use super::ApiError;
 
 /// What a `/v1/route` call asks, parsed and checked; nothing here has touched shared state.
@@ -42,6 +42,19 @@ fn header<'a>(h: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError>
     }
 }
 
+/// The route call's session (`x-kvmesh-session`), if it names one.
+fn session_of(h: &HeaderMap) -> Result<Option<(SessionKey, SessionSource)>, ApiError> {
+    match header(h, headers::KVMESH_SESSION)? {
+        None | Some("") => Ok(None),
+        Some(v) => session::parse_header(v).map(Some).ok_or_else(|| {
+            ApiError::bad_request(
+                "bad_session",
+                format!("cannot parse {} {v:?}", headers::KVMESH_SESSION),
+            )
+        }),
+    }
+}
+
 /// Parses the route call's headers and body; the parsed body goes to tokenization by value. A chat
 /// body of at least [`MIN_BODY_BYTES`] is read through `memo` (bounded by `memo_bytes`; 0 = off),
 /// continuing the base it was `joined` to ([`with_base`]), if any.
@@ -61,15 +74,7 @@ pub fn parse(
             format!("{} {path:?} is not a routable OpenAI path", headers::KVMESH_PATH),
         )
     })?;
-    let session = match header(h, headers::KVMESH_SESSION)? {
-        None | Some("") => None,
-        Some(v) => Some(session::parse_header(v).ok_or_else(|| {
-            ApiError::bad_request(
-                "bad_session",
-                format!("cannot parse {} {v:?}", headers::KVMESH_SESSION),
-            )
-        })?),
-    };
+    let session = session_of(h)?;
     let override_worker =
         header(h, headers::OVERRIDE_WORKER)?.filter(|s| !s.is_empty()).map(str::to_owned);
     let override_mode = match header(h, headers::OVERRIDE_MODE)? {
@@ -110,13 +115,17 @@ pub fn parse(
 
 /// The route call's whole body: `body` itself, or — under [`headers::KVMESH_BODY_BASE`] — the
 /// bytes of the base `memo` holds followed by `body` (at most `max_body_bytes` in all). Also the
-/// held base joined, for the read to continue. `409` [`BASE_UNKNOWN`] when the memo no longer
-/// holds the base: the filter then sends the whole body.
+/// held base joined, for the read to continue. `409` [`BASE_UNKNOWN`] when the memo does not hold
+/// the base for this call's session — evicted, never kept, or kept for another session (a base
+/// belongs to one session: `kvmesh_core::body_base`) — and the filter then sends the whole body.
+/// `counted` gets the `kvmesh_body_memo_total` result of a call that named a base: `base_hit`,
+/// or the refusal's [`BaseRefusal::label`].
 pub fn with_base(
     h: &HeaderMap,
     body: Bytes,
     memo: &Mutex<BodyMemo>,
     max_body_bytes: usize,
+    counted: impl Fn(&'static str),
 ) -> Result<(Bytes, Option<Held>), ApiError> {
     let Some(named) = header(h, headers::KVMESH_BODY_BASE)?.filter(|v| !v.is_empty()) else {
         return Ok((body, None));
@@ -124,11 +133,21 @@ pub fn with_base(
     let base: BodyBase = named.parse().map_err(|e: kvmesh_core::body_base::BadBodyBase| {
         ApiError::bad_request("bad_body_base", e.to_string())
     })?;
-    let held = memo.lock().base(&base).ok_or_else(|| ApiError {
-        status: StatusCode::CONFLICT,
-        kind: "invalid_request_error",
-        reason: BASE_UNKNOWN,
-        message: format!("no body base {base} held (evicted or never kept): send the whole body"),
+    let session = session_of(h)?.map(|(key, _)| key);
+    let held = memo.lock().base(&base, session).map_err(|refusal| {
+        counted(refusal.label());
+        let why = match refusal {
+            BaseRefusal::Unknown => "evicted or never kept",
+            BaseRefusal::OtherSession => "it was named under another session",
+        };
+        ApiError {
+            status: StatusCode::CONFLICT,
+            kind: "invalid_request_error",
+            reason: BASE_UNKNOWN,
+            message: format!(
+                "no body base {base} held for this session ({why}): send the whole body"
+            ),
+        }
     })?;
     let bytes = held.bytes();
     if bytes.len() + body.len() > max_body_bytes {
@@ -138,6 +157,7 @@ pub fn with_base(
             body.len()
         )));
     }
+    counted("base_hit");
     let mut whole = Vec::with_capacity(bytes.len() + body.len());
     whole.extend_from_slice(bytes);
     whole.extend_from_slice(&body);
