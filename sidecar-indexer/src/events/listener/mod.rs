@@ -50,7 +50,6 @@ pub use super::stats::ListenerStats;
 use super::watch::Watch;
 use crate::index::WorkerSlot;
 use crate::metrics::Metrics;
-use replay::Replay;
 
 /// Where one listener reads from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -267,10 +266,9 @@ impl Listener {
                 self.stats.gaps.fetch_add(1, Ordering::Relaxed);
                 self.metrics.kv_gaps.with_label_values(&[&self.spec.worker]).inc();
                 tracing::warn!(worker = %self.spec.worker, rank = self.spec.rank, missing_from = from, missing_to = to, "KV event sequence gap; replaying");
-                match self.replay(from, true) {
-                    Replay::Complete | Replay::Truncated => {}
-                    Replay::Failed => self.resync("gap_unrecoverable"),
-                }
+                // A failed replay sent nothing: `after_recovery` then finds the gap still open
+                // and clears the worker, once (clearing here as well counted every such gap twice).
+                self.replay(from, true);
                 self.after_recovery(n, payload);
             }
             Verdict::Restart { seq } => {

@@ -314,6 +314,19 @@ fn a_replayed_frame_above_the_frame_bound_fails_the_replay() {
 }
 
 #[test]
+fn a_gap_without_a_replay_socket_clears_the_worker_once_and_the_stream_goes_on() {
+    let rig = Rig::new("gap-no-replay", 1 << 20, 1 << 20);
+    rig.join();
+    rig.publish(5, &batch(1)); // 1..=4 lost, nothing can replay them
+    match rig.next() {
+        ApplierMsg::Clear { reason, .. } => assert_eq!(reason, "gap_unrecoverable"),
+        _ => panic!("expected a clear"),
+    }
+    assert_eq!(unwrap_batch(rig.next()).map(|b| b.0), Some(5), "cleared once, then batch 5");
+    assert_eq!(rig.metrics.kv_resyncs.with_label_values(&["w", "gap_unrecoverable"]).get(), 1);
+}
+
+#[test]
 fn an_oversized_live_frame_resyncs_the_worker_and_the_stream_goes_on() {
     let rig = Rig::new("oversized", 200, 1 << 20);
     rig.join();
