@@ -16,7 +16,7 @@ use kvmesh_filter::splice::splice_top_level;
 use kvmesh_indexer::config::{Config, MapEnv};
 use kvmesh_indexer::events::apply::apply_batch;
 use kvmesh_indexer::events::decode::decode_batch;
-use kvmesh_indexer::events::listener::{replay_frames, split_frames};
+use kvmesh_indexer::events::frames::{replay_frames, split_frames};
 use kvmesh_indexer::events::sequencer::{Sequencer, Verdict};
 use kvmesh_indexer::index::KvIndex;
 use kvmesh_indexer::scrape::parse_engine_metrics;

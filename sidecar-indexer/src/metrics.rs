@@ -67,6 +67,7 @@ pub const WORKER_RUNNING_REQUESTS: &str = "kvmesh_worker_running_requests";
 pub const WORKER_WAITING_REQUESTS: &str = "kvmesh_worker_waiting_requests";
 pub const WORKER_HEALTHY: &str = "kvmesh_worker_healthy";
 pub const ENGINE_SCRAPES_TOTAL: &str = "kvmesh_engine_scrapes_total";
+pub const ENGINE_SCRAPE_TOO_LARGE_TOTAL: &str = "kvmesh_engine_scrape_too_large_total";
 pub const ENGINE_PREFIX_CACHE_HITS_TOTAL: &str = "kvmesh_engine_prefix_cache_hits_total";
 pub const ENGINE_PREFIX_CACHE_QUERIES_TOTAL: &str = "kvmesh_engine_prefix_cache_queries_total";
 pub const KV_BLOCK_HIT_RATE: &str = "kvmesh_kv_block_hit_rate";
@@ -156,6 +157,7 @@ pub const ALL: &[&str] = &[
     WORKER_WAITING_REQUESTS,
     WORKER_HEALTHY,
     ENGINE_SCRAPES_TOTAL,
+    ENGINE_SCRAPE_TOO_LARGE_TOTAL,
     ENGINE_PREFIX_CACHE_HITS_TOTAL,
     ENGINE_PREFIX_CACHE_QUERIES_TOTAL,
     KV_BLOCK_HIT_RATE,
@@ -282,6 +284,8 @@ pub struct Metrics {
     pub worker_healthy: IntGaugeVec,
     /// labels: worker, result (ok, error).
     pub engine_scrapes: IntCounterVec,
+    /// labels: worker: scrapes refused for a body above `routing.scrape_max_body_bytes`.
+    pub engine_scrape_too_large: IntCounterVec,
     pub engine_hits: IntCounterVec,
     pub engine_queries: IntCounterVec,
     /// labels: source (router, engine): block-weighted hit rate since the indexer started.
@@ -464,6 +468,7 @@ impl Metrics {
             worker_waiting: gauge_vec(&r, WORKER_WAITING_REQUESTS, "vllm:num_requests_waiting from the last scrape", &["worker"])?,
             worker_healthy: gauge_vec(&r, WORKER_HEALTHY, "1 when the worker gets traffic (its /metrics answers)", &["worker"])?,
             engine_scrapes: counter_vec(&r, ENGINE_SCRAPES_TOTAL, "Engine /metrics scrapes by result", &["worker", "result"])?,
+            engine_scrape_too_large: counter_vec(&r, ENGINE_SCRAPE_TOO_LARGE_TOTAL, "Engine /metrics scrapes refused for a body above routing.scrape_max_body_bytes", &["worker"])?,
             engine_hits: counter_vec(&r, ENGINE_PREFIX_CACHE_HITS_TOTAL, "Mirror of the engine's vllm:prefix_cache_hits_total (tokens) since indexer start", &["worker"])?,
             engine_queries: counter_vec(&r, ENGINE_PREFIX_CACHE_QUERIES_TOTAL, "Mirror of the engine's vllm:prefix_cache_queries_total (tokens) since indexer start", &["worker"])?,
             kv_block_hit_rate,
@@ -606,6 +611,7 @@ impl Metrics {
             &self.kv_unknown_removes,
             &self.engine_hits,
             &self.engine_queries,
+            &self.engine_scrape_too_large,
         ] {
             let _ = c.remove_label_values(&[worker]);
         }
@@ -616,7 +622,7 @@ impl Metrics {
             (&self.kv_replays, &["complete", "truncated", "failed"]),
             (&self.kv_resyncs, &KV_RESYNC_REASONS),
             (&self.kv_event_limits, &KV_EVENT_LIMIT_REASONS),
-            (&self.kv_ignored, &["tier", "malformed", "queue_full"]),
+            (&self.kv_ignored, &["tier", "malformed", "queue_full", "seed_table_full"]),
             (&self.engine_scrapes, &["ok", "error"]),
         ];
         for (vec, second) in pairs {
@@ -743,6 +749,7 @@ mod tests {
             &m.kv_unknown_removes,
             &m.engine_hits,
             &m.engine_queries,
+            &m.engine_scrape_too_large,
         ] {
             c.with_label_values(&["w"]).inc();
         }

@@ -565,18 +565,13 @@ pub(crate) async fn scrape_loop(svc: Arc<Service>) {
             .collect();
         let started = clock::now();
         svc.state.decisions_since_scrape.store(0, Ordering::Relaxed);
+        let max_body = cfg.routing.scrape_max_body_bytes;
         let results = futures::future::join_all(targets.into_iter().map(|(id, endpoint)| {
-            let client = client.clone();
+            let (client, metrics) = (client.clone(), &svc.state.metrics);
             async move {
-                let res = async {
-                    let resp = client
-                        .get(format!("http://{endpoint}/metrics"))
-                        .timeout(timeout)
-                        .send()
-                        .await?
-                        .error_for_status()?;
-                    resp.text().await
-                }
+                let res = crate::scrape::body::fetch_metrics(
+                    &client, &endpoint, timeout, max_body, &id, metrics,
+                )
                 .await;
                 (id, res.map_err(|e| e.to_string()))
             }

@@ -107,6 +107,9 @@ pub struct RoutingConfig {
     /// Engine `/metrics` scrape period, and its per-scrape timeout.
     pub scrape_interval_ms: u64,
     pub scrape_timeout_ms: u64,
+    /// Largest engine `/metrics` body read; a bigger one fails the scrape
+    /// ([`crate::scrape::body`]).
+    pub scrape_max_body_bytes: usize,
     /// After this many decisions since a scrape round started, the next round starts early
     /// (0 = only at the interval): a burst is otherwise placed on one stale view of the engines.
     pub scrape_burst_decisions: u64,
@@ -244,6 +247,7 @@ impl Default for RoutingConfig {
             replay_timeout_ms: 2000,
             scrape_interval_ms: 500,
             scrape_timeout_ms: 400,
+            scrape_max_body_bytes: 8 * 1024 * 1024,
             scrape_burst_decisions: 8,
             scrape_burst_min_interval_ms: 50,
             unhealthy_after_failures: 3,
@@ -327,6 +331,7 @@ impl RoutingConfig {
             ("routing.replay_timeout_ms", self.replay_timeout_ms),
             ("routing.scrape_interval_ms", self.scrape_interval_ms),
             ("routing.scrape_timeout_ms", self.scrape_timeout_ms),
+            ("routing.scrape_max_body_bytes", self.scrape_max_body_bytes as u64),
             ("routing.scrape_burst_min_interval_ms", self.scrape_burst_min_interval_ms),
             ("routing.max_body_bytes", self.max_body_bytes as u64),
             ("routing.request_timeout_ms", self.request_timeout_ms),

@@ -25,7 +25,7 @@ use parking_lot::{Mutex, RwLock, RwLockUpgradableReadGuard, RwLockWriteGuard};
 use super::apply::{apply_step, step_blocks, ApplyReport, Cursor};
 use super::budget::QueuePermit;
 use super::decode::EventBatch;
-use super::listener::ListenerStats;
+use super::stats::ListenerStats;
 use crate::approx::ApproxTracker;
 use crate::index::{KvIndex, Room, WorkerSlot};
 use crate::metrics::Metrics;
@@ -311,6 +311,15 @@ impl Applier {
                 worker = w,
                 stores = r.malformed_stores,
                 "BlockStored with token ids not covering its block hashes; skipped"
+            );
+        }
+        if r.seed_refusals > 0 {
+            m.kv_ignored.with_label_values(&[w, "seed_table_full"]).inc_by(r.seed_refusals);
+            tracing::warn!(
+                worker = w,
+                stores = r.seed_refusals,
+                max_seeds = crate::index::MAX_SEEDS,
+                "BlockStored with a new LoRA/cache_salt seed while the index's seed table is full of seeds in use; skipped"
             );
         }
         if r.recovered_orphans > 0 {

@@ -36,6 +36,9 @@ pub struct ApplyReport {
     pub mismatched_block_size: Option<u32>,
     /// Stores with token ids not covering their hashes.
     pub malformed_stores: u64,
+    /// Stores refused because their seed (LoRA × `cache_salt`) is new and the index's seed table
+    /// is full of seeds in use.
+    pub seed_refusals: u64,
     /// Events for another tier or cache group.
     pub ignored_events: u64,
     /// The worker exceeded `max_blocks_per_worker` and was cleared.
@@ -156,6 +159,7 @@ pub fn apply_step(
                 }
                 StoreOutcome::Orphan => r.orphan_stores += 1,
                 StoreOutcome::Malformed => r.malformed_stores += 1,
+                StoreOutcome::SeedTableFull => r.seed_refusals += 1,
                 StoreOutcome::UnknownWorker => {}
                 StoreOutcome::TooManyBlocks => {
                     index.clear_worker(slot);

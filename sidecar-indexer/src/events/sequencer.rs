@@ -101,6 +101,9 @@ pub struct Sequencer {
     next: Option<u64>,
     /// Highest number delivered by the last replay: live copies up to it are duplicates.
     replayed_through: Option<u64>,
+    /// The position is unknown (the connection was lost with the worker cleared): the next live
+    /// batch is taken as is, whatever its number.
+    take_next: bool,
 }
 
 impl Sequencer {
@@ -121,6 +124,10 @@ impl Sequencer {
 
     /// Classifies live batch `seq`. `Apply` and `Restart` advance the state as if it was applied.
     pub fn on_live(&mut self, seq: u64) -> Verdict {
+        if std::mem::take(&mut self.take_next) {
+            self.skip_to(seq);
+            return Verdict::Apply;
+        }
         let next = self.next();
         if seq == next {
             self.next = Some(seq.saturating_add(1));
@@ -149,6 +156,15 @@ impl Sequencer {
             }
             self.replayed_through = Some(last);
         }
+    }
+
+    /// Forgets the position: the worker was cleared and the batches since the last one seen are
+    /// lost without a way to replay them (libzmq refused a frame and closed the connection: the
+    /// refused batch would be in any replay too), so the next live batch applies whatever its
+    /// number — no gap, no replay.
+    pub fn resume_at_next_live(&mut self) {
+        self.take_next = true;
+        self.replayed_through = None;
     }
 
     /// Gives up on a gap that could not be replayed: continue after `seq` (the caller cleared the worker).
@@ -181,6 +197,21 @@ mod tests {
         assert_eq!(s.on_live(4), Verdict::Duplicate);
         assert_eq!(s.on_live(6), Verdict::Duplicate);
         assert_eq!(s.on_live(7), Verdict::Apply);
+    }
+
+    #[test]
+    fn after_resume_at_next_live_any_number_applies_and_order_resumes_from_it() {
+        let mut s = Sequencer::new();
+        for i in 0..5 {
+            s.on_live(i);
+        }
+        s.resume_at_next_live();
+        assert_eq!(s.on_live(9), Verdict::Apply, "forward, no gap");
+        assert_eq!(s.on_live(10), Verdict::Apply);
+        assert_eq!(s.on_live(12), Verdict::Gap { from: 11, to: 12 }, "then in order again");
+        s.resume_at_next_live();
+        assert_eq!(s.on_live(3), Verdict::Apply, "backward, no restart");
+        assert_eq!(s.last(), Some(3));
     }
 
     #[test]

@@ -30,25 +30,34 @@
 //!   marks its holders dirty). The mappings are bounded per worker by `max_blocks_per_worker` (the
 //!   caller resyncs beyond it).
 //!
+//! * Local-hash seeds (LoRA × `cache_salt`, client-chosen) are kept once in [`seeds`] and named by
+//!   id from each mapping; ids no mapping uses are reclaimed, so cycled salts cannot fill it.
+//! * Tables grow off the write lock ([`growth`]).
+//!
 //! Everything here is synchronous and free of I/O; the applier thread owns writes.
 
+#[cfg(test)]
+mod consistency;
+mod growth;
 mod matching;
 mod recovery;
+mod seeds;
 mod slots;
 mod table;
 mod workers;
 
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvmesh_core::hashing::{self, SequenceHash};
 
+pub use growth::{Growth, Room};
 pub use recovery::{RoutedPrompts, DEFAULT_RECOVERY_BLOCKS};
+use seeds::SeedTable;
+pub use seeds::MAX_SEEDS;
 /// The one-shot block hash (the tokenizer hashes a prompt's blocks with it too).
 pub(crate) use slots::block_hash;
 pub use slots::BlockRef;
-use slots::{BlockSlot, RefSlot, U64Hasher, AGE_NEW, AGE_USED};
+use slots::{BlockSlot, RefSlot, AGE_NEW, AGE_USED};
 use table::Table;
 use workers::{Bitmaps, Holders, AGE_MASK, AGE_SHIFT};
 pub use workers::{WorkerSlot, MAX_SLOT};
@@ -71,8 +80,11 @@ pub enum StoreOutcome {
     Recovered { blocks: usize },
     /// The parent engine hash is unknown: nothing stored.
     Orphan,
-    /// The token ids do not cover `block_hashes × block_size`, or the seed table is full: nothing stored.
+    /// The token ids do not cover `block_hashes × block_size`: nothing stored.
     Malformed,
+    /// The store's seed (LoRA × `cache_salt`) is new and the seed table is full of seeds in use
+    /// ([`seeds`]): nothing stored.
+    SeedTableFull,
     /// The worker now claims more than `max_blocks_per_worker` blocks: the caller must resync it.
     TooManyBlocks,
     /// The slot is not registered (a stale event after the worker left): nothing stored.
@@ -82,24 +94,8 @@ pub enum StoreOutcome {
 /// Per-prompt leading-match counts: `(slot, blocks)` for every worker holding at least block 0.
 pub type OverlapScores = Vec<(WorkerSlot, u32)>;
 
-/// Most distinct local-hash seeds (LoRA × cache salt combinations) remembered.
-pub const MAX_SEEDS: usize = 1 << 20;
-
 /// Blocks of one event whose table lines are fetched together before any is changed.
 const CHUNK: usize = 16;
-
-/// Which tables storing more blocks would grow, to how many lines ([`KvIndex::growth`]).
-pub struct Growth {
-    blocks: Option<usize>,
-    map: Option<(WorkerSlot, usize)>,
-}
-
-/// Tables grown ahead of stores: built from `&self` ([`KvIndex::room_for`], while route queries
-/// go on under the read lock) and swapped in under the write lock ([`KvIndex::make_room`]).
-pub struct Room {
-    blocks: Option<Table<BlockSlot, 4>>,
-    map: Option<(WorkerSlot, Table<RefSlot, 2>)>,
-}
 
 /// The index. Writers need `&mut`; [`KvIndex::find_matches`] needs `&self` only.
 pub struct KvIndex {
@@ -108,8 +104,8 @@ pub struct KvIndex {
     /// The CLOCK hand: a slot position in `blocks`.
     hand: usize,
     workers: Vec<WorkerBlocks>,
-    seeds: Vec<u64>,
-    seed_ids: HashMap<u64, u32, BuildHasherDefault<U64Hasher>>,
+    /// Local-hash seeds by id, reclaimed when no mapping uses them ([`seeds`]).
+    seeds: SeedTable,
     /// Bitmap of dirty worker slots (mirrors `WorkerBlocks::dirty`) for a word-wise check.
     dirty_words: Vec<u64>,
     max_entries: usize,
@@ -126,15 +122,12 @@ impl KvIndex {
     /// An empty index bounded to `max_entries` (block, worker) pairs and `max_blocks_per_worker`
     /// engine-hash mappings per worker.
     pub fn new(max_entries: usize, max_blocks_per_worker: usize) -> Self {
-        let mut seed_ids = HashMap::default();
-        seed_ids.insert(hashing::XXH3_SEED, 0);
         Self {
             blocks: Table::default(),
             bitmaps: Bitmaps::default(),
             hand: 0,
             workers: Vec::new(),
-            seeds: vec![hashing::XXH3_SEED],
-            seed_ids,
+            seeds: SeedTable::new(MAX_SEEDS),
             dirty_words: Vec::new(),
             max_entries: max_entries.max(1),
             max_blocks_per_worker: max_blocks_per_worker.max(1),
@@ -180,6 +173,9 @@ impl KvIndex {
         let Some(w) = self.workers.get_mut(slot as usize) else { return };
         let map = w.map.take();
         let chains: Vec<u64> = map.iter().map(|s| s.r.chain.0).collect();
+        for s in map.iter() {
+            self.seeds.release(s.r.seed_id());
+        }
         drop(map);
         for chunk in chains.chunks(CHUNK) {
             std::hint::black_box(chunk.iter().fold(0, |a, c| a ^ self.blocks.touch(*c)));
@@ -209,60 +205,14 @@ impl KvIndex {
         }
     }
 
-    fn seed_id(&mut self, seed: u64) -> Option<u32> {
-        if let Some(&id) = self.seed_ids.get(&seed) {
-            return Some(id);
-        }
-        if self.seeds.len() >= MAX_SEEDS {
-            return None;
-        }
-        let id = self.seeds.len() as u32;
-        self.seeds.push(seed);
-        self.seed_ids.insert(seed, id);
-        Some(id)
+    /// New seeds refused because the seed table was full of seeds in use, since start.
+    pub fn seed_refusals(&self) -> u64 {
+        self.seeds.refusals()
     }
 
-    /// How storing `blocks` more blocks on `slot` would grow the tables (`None`: they fit). Cheap;
-    /// the growth itself rehashes every entry, O(entries): milliseconds at a few hundred thousand
-    /// blocks, a second at the default bound — [`KvIndex::room_for`] does it off the write lock.
-    pub fn growth(&self, slot: WorkerSlot, blocks: usize) -> Option<Growth> {
-        let growth = Growth {
-            blocks: self.blocks.lines_for(blocks),
-            map: self
-                .workers
-                .get(slot as usize)
-                .and_then(|w| w.map.lines_for(blocks))
-                .map(|lines| (slot, lines)),
-        };
-        (growth.blocks.is_some() || growth.map.is_some()).then_some(growth)
-    }
-
-    /// Copies of the tables `growth` names, already grown. O(entries), from `&self`: the caller
-    /// holds a lock that keeps writers out until [`KvIndex::make_room`], and readers in.
-    pub fn room_for(&self, growth: Growth) -> Room {
-        Room {
-            blocks: growth.blocks.map(|lines| self.blocks.rehashed(lines)),
-            map: growth.map.and_then(|(slot, lines)| {
-                self.workers.get(slot as usize).map(|w| (slot, w.map.rehashed(lines)))
-            }),
-        }
-    }
-
-    /// Swaps in the tables of `room`, which [`KvIndex::room_for`] built from this very state (no
-    /// write in between); returns the replaced tables, for the caller to free after it unlocks.
-    pub fn make_room(&mut self, room: Room) -> Room {
-        let mut old = Room { blocks: None, map: None };
-        if let Some(t) = room.blocks {
-            debug_assert_eq!(t.len(), self.blocks.len(), "the block table changed after room_for");
-            old.blocks = Some(std::mem::replace(&mut self.blocks, t));
-        }
-        if let Some((slot, t)) = room.map {
-            if let Some(w) = self.workers.get_mut(slot as usize) {
-                debug_assert_eq!(t.len(), w.map.len(), "the worker's map changed after room_for");
-                old.map = Some((slot, std::mem::replace(&mut w.map, t)));
-            }
-        }
-        old
+    /// Seeds in the seed table (the unsalted one included).
+    pub fn seeds(&self) -> usize {
+        self.seeds.len()
     }
 
     /// Applies a `BlockStored`: `block_hashes[i]` covers `token_ids[i*bs..(i+1)*bs]`; the chain
@@ -296,11 +246,11 @@ impl KvIndex {
                 },
             },
         };
-        let seed_id = match seed_id.or_else(|| self.seed_id(root_seed)) {
+        let seed_id = match seed_id.or_else(|| self.seeds.intern(root_seed)) {
             Some(id) => id,
-            None => return StoreOutcome::Malformed,
+            None => return StoreOutcome::SeedTableFull,
         };
-        let seed = self.seeds[seed_id as usize];
+        let seed = self.seeds.seed(seed_id);
         // Hash first (pure compute), so each chunk's table lines can be fetched together below.
         let mut chains = std::mem::take(&mut self.scratch);
         chains.clear();
@@ -405,6 +355,7 @@ impl KvIndex {
             );
             for (_, r) in chunk {
                 self.unhold(r.chain.0, slot);
+                self.seeds.release(r.seed_id());
             }
         }
         let now_empty = if parents.is_empty() {
@@ -458,14 +409,19 @@ impl KvIndex {
         seed: u32,
     ) {
         let w = &mut self.workers[slot as usize];
-        let (s, _) = w.map.get_or_insert_with(engine, || RefSlot {
+        let (s, new) = w.map.get_or_insert_with(engine, || RefSlot {
             key: engine,
             r: BlockRef::new(chain, parent, seed),
         });
         let r = &mut s.r;
+        if new {
+            self.seeds.retain(seed);
+        }
         let stale = if r.chain != chain {
             // The engine reused a hash for different content: the old mapping is stale.
             let old = r.chain.0;
+            self.seeds.release(r.seed_id());
+            self.seeds.retain(seed);
             *r = BlockRef::new(chain, parent, seed);
             Some(old)
         } else {
@@ -577,41 +533,6 @@ impl KvIndex {
         })
     }
 
-    /// The bookkeeping the soak watches from outside (kvmesh_index_entries against the summed
-    /// kvmesh_worker_blocks), checked from inside (tests): `entries` is the number of (block,
-    /// worker) pairs in the table, and every pair is backed by a mapping of a registered worker —
-    /// nothing is held that no worker lists.
-    #[cfg(test)]
-    pub(crate) fn check_consistent(&self) -> Result<(), String> {
-        let mut pairs = 0;
-        let mut err = None;
-        for s in self.blocks.iter() {
-            Holders::of(s.word.load(Ordering::Relaxed), &self.bitmaps).for_each(|slot| {
-                pairs += 1;
-                let listed = self
-                    .workers
-                    .get(slot as usize)
-                    .is_some_and(|w| w.active && w.map.iter().any(|r| r.r.chain.0 == s.key));
-                if !listed && err.is_none() {
-                    err = Some(format!(
-                        "block {:#x} is held by slot {slot}, which does not list it",
-                        s.key
-                    ));
-                }
-            });
-        }
-        if let Some(e) = err {
-            return Err(e);
-        }
-        if pairs != self.entries {
-            return Err(format!(
-                "entries = {} but the table holds {pairs} (block, worker) pairs",
-                self.entries
-            ));
-        }
-        Ok(())
-    }
-
     /// `slot`'s engine hashes with what they map to (debug and tests).
     pub fn worker_refs(&self, slot: WorkerSlot) -> Vec<(u64, BlockRef)> {
         self.workers
@@ -627,11 +548,7 @@ impl KvIndex {
             + self.workers.capacity() * std::mem::size_of::<WorkerBlocks>();
         total += self.workers.iter().map(|w| w.map.bytes()).sum::<usize>();
         // hashbrown: one control byte plus the (key, value) slot per bucket.
-        total
-            + self.seeds.capacity() * 8
-            + self.seed_ids.capacity() * 13
-            + self.dirty_words.capacity() * 8
-            + self.scratch.capacity() * 8
+        total + self.seeds.bytes() + self.dirty_words.capacity() * 8 + self.scratch.capacity() * 8
     }
 }
 

@@ -177,15 +177,18 @@ impl KvIndex {
             return None;
         }
         let chains: Vec<SequenceHash> = prompt.chains[..k].to_vec();
-        let seed_id = self.seed_id(seed)?;
+        let seed_id = self.seeds.intern(seed)?;
         let w = self.workers.get_mut(slot as usize).filter(|w| w.active)?;
         let mut up: Option<u64> = None;
         let mut new = Vec::new();
         for (j, c) in chains.iter().enumerate() {
             let key = if j + 1 == k { parent } else { c.0 ^ SYNTHETIC };
-            let (s, _) = w
+            let (s, inserted) = w
                 .map
                 .get_or_insert_with(key, || RefSlot { key, r: BlockRef::new(*c, up, seed_id) });
+            if inserted {
+                self.seeds.retain(seed_id);
+            }
             if s.r.chain != *c {
                 // The key already names other content (a synthetic key colliding): give up.
                 return None;
@@ -216,6 +219,7 @@ impl KvIndex {
                 continue;
             }
             w.map.remove_at(pos);
+            self.seeds.release(r.seed_id());
             if let Some(up) = r.parent() {
                 if let Some(u) = w.map.get_mut(up) {
                     if u.r.kids != u16::MAX {

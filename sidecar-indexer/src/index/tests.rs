@@ -159,6 +159,42 @@ fn seeds_separate_salted_chains_and_children_inherit_the_seed() {
 }
 
 #[test]
+fn salts_cycled_by_clients_cannot_fill_the_seed_table_for_good() {
+    // Issue 43.6: every new cache_salt an engine reports took a seed id for ever; once the table
+    // was full every new salt's store was refused. Ids no mapping uses are reclaimed now.
+    let mut idx = index_with(&[0, 1]);
+    idx.seeds = seeds::SeedTable::new(3); // the unsalted seed and two salts
+    let salt = |i: u32| hashing::block_seed(None, Some(&format!("client-{i}")));
+    let t = toks(0..8);
+    assert!(matches!(idx.store(0, None, &[1], &t[..4], BS, salt(1)), StoreOutcome::Stored { .. }));
+    assert!(matches!(idx.store(1, None, &[1], &t[..4], BS, salt(2)), StoreOutcome::Stored { .. }));
+    // A child inherits its parent's seed: no new seed, and its mapping counts for the seed.
+    assert!(matches!(
+        idx.store(0, Some(1), &[2], &t[4..], BS, XXH3_SEED),
+        StoreOutcome::Stored { .. }
+    ));
+    assert_eq!(idx.store(0, None, &[3], &t[..4], BS, salt(3)), StoreOutcome::SeedTableFull);
+    assert_eq!(idx.seed_refusals(), 1);
+    idx.remove(0, &[1]);
+    assert_eq!(
+        idx.store(0, None, &[3], &t[..4], BS, salt(3)),
+        StoreOutcome::SeedTableFull,
+        "salt 1 still has a block (the child)"
+    );
+    idx.remove(0, &[2]);
+    assert!(matches!(idx.store(0, None, &[3], &t[..4], BS, salt(3)), StoreOutcome::Stored { .. }));
+    idx.clear_worker(1);
+    assert!(matches!(idx.store(1, None, &[4], &t[..4], BS, salt(4)), StoreOutcome::Stored { .. }));
+    assert_eq!(idx.seeds(), 3);
+    assert_eq!(idx.check_consistent(), Ok(()));
+    // What is stored under a reused id matches under its own seed only.
+    let mut m = idx.find_matches(&sequence_hashes(&t[..4], BS, salt(4)));
+    m.sort_unstable();
+    assert_eq!(m, vec![(1, 1)]);
+    assert_eq!(idx.find_matches(&sequence_hashes(&t[..4], BS, salt(2))), vec![]);
+}
+
+#[test]
 fn many_workers_use_bitmaps_and_still_match_exactly() {
     let slots: Vec<WorkerSlot> = (0..200).collect();
     let mut idx = index_with(&slots);
