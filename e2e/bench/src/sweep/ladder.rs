@@ -1,7 +1,12 @@
 //! Which rates to measure: round_robin's ladder, its saturation crossing, and every policy's
 //! rates as fractions of it.
 
-use super::*;
+use serde::{Deserialize, Serialize};
+
+/// round_robin saturates where its TTFT p90 exceeds this multiple of its light-load p90.
+pub const SATURATION_FACTOR: f64 = 3.0;
+/// The headline's load point, as a fraction of round_robin's saturation rate.
+pub const LOAD_POINT_FRACTION: f64 = 0.8;
 
 /// How a sweep chooses its rates.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

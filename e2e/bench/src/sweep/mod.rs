@@ -35,16 +35,6 @@
 //!   the window's requests with everything sent before as history
 //!   (`workload::ceiling_with_history`).
 
-use crate::ceiling::Ceiling;
-use crate::counters::PolicyCounters;
-use crate::record::RequestRecord;
-use crate::stats::{balance, percentile};
-use crate::workload::{
-    ceiling_with_history, fleet_lru, per_prompt_ceiling, scheduled_prompts, sent_prompts, Content,
-    Schedule, Segments, SentPrompt, WorkloadKind,
-};
-use serde::{Deserialize, Serialize};
-
 mod ladder;
 mod point;
 mod timing;
@@ -56,20 +46,6 @@ pub use point::*;
 pub use timing::*;
 pub use validity::*;
 pub use window::*;
-
-/// round_robin saturates where its TTFT p90 exceeds this multiple of its light-load p90.
-pub const SATURATION_FACTOR: f64 = 3.0;
-/// The headline's load point, as a fraction of round_robin's saturation rate.
-pub const LOAD_POINT_FRACTION: f64 = 0.8;
-/// A point is invalid when the machine's mean CPU use over it is above this (0..1).
-pub const MAX_CPU_BUSY: f64 = 0.85;
-/// A point is invalid when the client's lateness p90 is above this, ms.
-pub const MAX_LATENESS_P90_MS: f64 = 10.0;
-/// Real engines: a point is invalid when everything except the engines used more than this
-/// fraction of the machine on average (0..1; 0.25 = half a core of two).
-pub const MAX_OTHER_CPU_BUSY: f64 = 0.25;
-/// HTTP statuses that mean "rejected for load" (engine queue full, rate limited).
-pub const REJECT_STATUSES: [u16; 2] = [429, 503];
 
 #[cfg(test)]
 mod tests;

@@ -1,7 +1,16 @@
 //! One point's summary: the machine sample, the per-point result the report reads, and
 //! [`summarize_point`] from its records and counters.
 
-use super::*;
+use super::validity::invalid_reasons;
+use super::window::MeasureWindow;
+use crate::ceiling::Ceiling;
+use crate::counters::PolicyCounters;
+use crate::record::RequestRecord;
+use crate::stats::{balance, percentile};
+use serde::{Deserialize, Serialize};
+
+/// HTTP statuses that mean "rejected for load" (engine queue full, rate limited).
+pub const REJECT_STATUSES: [u16; 2] = [429, 503];
 
 /// Machine and process measurements taken during one point.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]

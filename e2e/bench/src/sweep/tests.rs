@@ -1,19 +1,18 @@
 //! Unit tests of the sweep's decisions and numbers (a simulated fleet, no I/O).
 
 use super::*;
-use crate::counters::EngineCounters;
+use crate::ceiling::Ceiling;
+use crate::counters::{EngineCounters, PolicyCounters};
+use crate::record::RequestRecord;
+use crate::stats::percentile;
+use crate::workload::WorkloadKind;
 
 fn pt(rate: f64, p90: f64, valid: bool) -> RatePoint {
     RatePoint { rate, p90_ms: Some(p90), valid }
 }
 
 fn cfg() -> SweepConfig {
-    SweepConfig {
-        start_rate: 1.0,
-        factor: 2.0,
-        max_steps: 5,
-        fractions: vec![0.4, 0.8, 1.0, 1.3],
-    }
+    SweepConfig { start_rate: 1.0, factor: 2.0, max_steps: 5, fractions: vec![0.4, 0.8, 1.0, 1.3] }
 }
 
 #[test]
@@ -82,10 +81,8 @@ fn ladder_drives_until_saturated_or_bounded() {
         next_ladder_rate(&c, &[pt(1.0, 100.0, true), pt(2.0, 120.0, true)]),
         LadderStep::Measure(4.0)
     );
-    match next_ladder_rate(
-        &c,
-        &[pt(1.0, 100.0, true), pt(2.0, 120.0, true), pt(4.0, 600.0, true)],
-    ) {
+    match next_ladder_rate(&c, &[pt(1.0, 100.0, true), pt(2.0, 120.0, true), pt(4.0, 600.0, true)])
+    {
         LadderStep::Saturated(s) => {
             assert!((s.rate - (2.0 + 2.0 * 180.0 / 480.0)).abs() < 1e-9)
         }
@@ -161,9 +158,7 @@ fn fleet_timing_table() {
     for (s, p) in [(0.0, 1.0), (1.0, 0.0), (f64::NAN, 1.0), (1.0, f64::INFINITY)] {
         assert!(FleetTiming::new(s, p).is_err(), "{s} {p}");
     }
-    assert!(
-        p.describe().contains("÷ 8") && p.describe().contains("--max-num-batched-tokens 410")
-    );
+    assert!(p.describe().contains("÷ 8") && p.describe().contains("--max-num-batched-tokens 410"));
     assert!(default_timing(WorkloadKind::Trace).describe().contains("wall-clock time"));
     // Overrides apply field by field; the chunk follows the prefill.
     assert_eq!(timing_for(WorkloadKind::Paced, None, None), Ok(p));
@@ -186,8 +181,7 @@ fn measure_window_table() {
     assert!((25.0..=40.0).contains(&wa), "agentic warm-up {wa}");
     assert!((22.0..=36.0).contains(&wp), "paced warm-up {wp}");
     assert_eq!(wa.fract(), 0.0);
-    for (kind, t, w) in [(WorkloadKind::Agentic, agentic, wa), (WorkloadKind::Paced, paced, wp)]
-    {
+    for (kind, t, w) in [(WorkloadKind::Agentic, agentic, wa), (WorkloadKind::Paced, paced, wp)] {
         let g = crate::workload::gen::GenConfig {
             seed: 0,
             duration_s: 256.0,
@@ -242,8 +236,7 @@ fn measure_window_table() {
     }
     // Which records count: scheduled inside the window (steady), everything (otherwise).
     let rec = |scheduled_ms: f64| RequestRecord { scheduled_ms, ..Default::default() };
-    let recs: Vec<RequestRecord> =
-        [0.0, 9_999.0, 10_000.0, 15_000.0, 29_999.0].map(rec).to_vec();
+    let recs: Vec<RequestRecord> = [0.0, 9_999.0, 10_000.0, 15_000.0, 29_999.0].map(rec).to_vec();
     let steady = MeasureWindow { warmup_s: 10.0, window_s: 20.0, steady: true };
     let (counted, warm) = window_records(&recs, &steady);
     assert_eq!(
@@ -305,7 +298,10 @@ fn point_ceiling_counts_the_window_against_its_history() {
     let (_, _, skipped) = point_ceiling(&schedule, &[RequestRecord::default()], &w, 16);
     assert_eq!(skipped, 1);
     let plain = MeasureWindow { steady: false, ..w };
-    assert_eq!(point_ceiling(&schedule, &[], &plain, 16), (schedule.ceiling_rate(), schedule.ceiling, 0));
+    assert_eq!(
+        point_ceiling(&schedule, &[], &plain, 16),
+        (schedule.ceiling_rate(), schedule.ceiling, 0)
+    );
 }
 
 #[test]
@@ -392,15 +388,7 @@ fn validity_rules() {
 fn validity_rules_on_real_engines() {
     // (machine busy, engine CPU-s, wall s, cores, lateness p90, reasons)
     let cases = [
-        (
-            "engines take the whole machine: valid",
-            Some(1.0),
-            Some(200.0),
-            100.0,
-            2,
-            Some(1.0),
-            0,
-        ),
+        ("engines take the whole machine: valid", Some(1.0), Some(200.0), 100.0, 2, Some(1.0), 0),
         ("rest = 0.60 − 100/200 = 0.10", Some(0.60), Some(100.0), 100.0, 2, Some(1.0), 0),
         ("rest exactly at the bound", Some(0.75), Some(100.0), 100.0, 2, Some(10.0), 0),
         ("rest 0.30 > 0.25", Some(0.80), Some(100.0), 100.0, 2, Some(1.0), 1),
@@ -422,11 +410,7 @@ fn validity_rules_on_real_engines() {
         ("nothing sent", Some(0.5), Some(100.0), 100.0, 2, None, 1),
     ];
     for (name, busy, eng, wall, cores, late, n) in cases {
-        assert_eq!(
-            invalid_reasons_real_engines(busy, eng, wall, cores, late).len(),
-            n,
-            "{name}"
-        );
+        assert_eq!(invalid_reasons_real_engines(busy, eng, wall, cores, late).len(), n, "{name}");
     }
     // The machine rule alone would call the first case invalid; this one must not.
     assert_eq!(invalid_reasons(Some(1.0), Some(1.0)).len(), 1);
@@ -476,11 +460,8 @@ fn point_summary() {
         tokens_total: 10,
         tokens_reused: 4,
     };
-    let m = MachineSample {
-        cpu_busy_mean: Some(0.5),
-        cpu_busy_max: Some(0.7),
-        sim_cpu_s: Some(2.0),
-    };
+    let m =
+        MachineSample { cpu_busy_mean: Some(0.5), cpu_busy_max: Some(0.7), sim_cpu_s: Some(2.0) };
     let p = summarize_point(
         "trace",
         "round_robin",

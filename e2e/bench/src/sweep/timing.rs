@@ -1,7 +1,8 @@
 //! The simulated engines' timing per workload and the ladder's first rate: what one arrival
 //! costs round_robin in uncached prefill, and the fleet's real-time prefill throughput.
 
-use super::*;
+use crate::workload::WorkloadKind;
+use serde::{Deserialize, Serialize};
 
 /// vllm-sim's default prefill throughput, uncached prompt tokens per modelled second.
 pub const SIM_DEFAULT_PREFILL_TPS: f64 = 20_000.0;

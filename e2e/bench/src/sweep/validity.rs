@@ -1,7 +1,13 @@
 //! Which points are valid: the machine's CPU (outside the engines, on real engines) and the
 //! client's lateness.
 
-use super::*;
+/// A point is invalid when the machine's mean CPU use over it is above this (0..1).
+pub const MAX_CPU_BUSY: f64 = 0.85;
+/// A point is invalid when the client's lateness p90 is above this, ms.
+pub const MAX_LATENESS_P90_MS: f64 = 10.0;
+/// Real engines: a point is invalid when everything except the engines used more than this
+/// fraction of the machine on average (0..1; 0.25 = half a core of two).
+pub const MAX_OTHER_CPU_BUSY: f64 = 0.25;
 
 /// Why a point is invalid (empty: valid).
 pub fn invalid_reasons(cpu_busy_mean: Option<f64>, lateness_p90_ms: Option<f64>) -> Vec<String> {

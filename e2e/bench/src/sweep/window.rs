@@ -1,7 +1,15 @@
 //! When a point's requests count (the steady-state warm-up and window) and the figures counted
 //! over them: the ceiling with history, the fleet-LRU estimate, the TTFT floor.
 
-use super::*;
+use super::timing::FleetTiming;
+use crate::ceiling::Ceiling;
+use crate::record::RequestRecord;
+use crate::stats::percentile;
+use crate::workload::{
+    ceiling_with_history, fleet_lru, per_prompt_ceiling, scheduled_prompts, sent_prompts, Content,
+    Schedule, Segments, SentPrompt, WorkloadKind,
+};
+use serde::{Deserialize, Serialize};
 
 /// vllm-sim's default inter-token latency (`--itl-ms`), modelled ms per decode step at a small batch.
 pub const SIM_DEFAULT_ITL_MS: f64 = 20.0;
@@ -151,7 +159,10 @@ pub(super) fn token_prompts(
 
 /// The records as sent prompts (counted when scheduled in the window), and how many name no
 /// session or turn.
-pub(super) fn sent_of<'a>(records: &'a [RequestRecord], w: &MeasureWindow) -> (Vec<SentPrompt<'a>>, usize) {
+pub(super) fn sent_of<'a>(
+    records: &'a [RequestRecord],
+    w: &MeasureWindow,
+) -> (Vec<SentPrompt<'a>>, usize) {
     let mut skipped = 0;
     let sent = records
         .iter()
