@@ -80,30 +80,36 @@ run: setup wasm ## Serve a KV-aware gateway on 127.0.0.1:8080 over local simulat
 demo: ## `make run` on the disaggregated example fleet (2 prefill + 2 decode workers, disaggregation, local continuations, KV migration)
 	$(MAKE) run FLEET=envoy/fleets/disagg.toml
 
+# Extra kvmesh-bench flags: BENCH_ARGS goes to every invocation of a bench target (shared flags,
+# e.g. --block-size; for bench-quick, bench-vllm and bench-aiperf also that subcommand's own);
+# `make bench` runs two parts and a report step, so their own flags go in SWEEP_ARGS and
+# OVERHEAD_ARGS (e2e/bench/README.md, "The orchestrator").
 bench: ## Load sweep of five workloads × six policies (≤ 90 min in all; agentic and paced after a warm-up), router overhead, indexer microbenchmarks → bench-out/report.md
 	$(MAKE) build PROFILE=release
 	mkdir -p bench-out/indexer
 	rm -f bench-out/indexer/figures.jsonl
 	KVMESH_BENCH_FIGURES=$(CURDIR)/bench-out/indexer/figures.jsonl $(CARGO) bench -p kvmesh-indexer --bench index --bench route
-	target/release/kvmesh-bench --out bench-out --only sweep,overhead --sweep-duration-s 20 --sweep-max-steps 5 --overhead-samples 100 --indexer-figures bench-out/indexer/figures.jsonl $(BENCH_ARGS)
+	target/release/kvmesh-bench sweep --out bench-out --duration-s 20 --max-steps 5 $(BENCH_ARGS) $(SWEEP_ARGS)
+	target/release/kvmesh-bench overhead --out bench-out --samples 100 $(BENCH_ARGS) $(OVERHEAD_ARGS)
+	target/release/kvmesh-bench report --out bench-out --parts sweep,overhead --indexer-figures bench-out/indexer/figures.jsonl $(BENCH_ARGS)
 
 bench-quick: ## Load sweep for iteration (≤ 10 min after the build): the trace, three rates, three policies → bench-out/quick/report.md
 	$(MAKE) build PROFILE=release
-	target/release/kvmesh-bench --out bench-out/quick --only sweep --sweep-workloads trace --sweep-policies round_robin,kvmesh_approximate,kvmesh_precise --sweep-factor 2 --sweep-max-steps 4 --sweep-fractions 0.5,0.8,1.2 --sweep-duration-s 20 $(BENCH_ARGS)
+	target/release/kvmesh-bench sweep --out bench-out/quick --workloads trace --policies round_robin,kvmesh_approximate,kvmesh_precise --factor 2 --max-steps 4 --fractions 0.5,0.8,1.2 --duration-s 20 $(BENCH_ARGS)
 
 bench-vllm: setup-vllm ## Load sweep on 2 real vLLM CPU engines (agentic, 3 policies, one rate, ~15 min; installs vLLM on first use) → bench-out/vllm/report.md
 	$(MAKE) build PROFILE=release
-	nice -n 19 target/release/kvmesh-bench --out bench-out/vllm --only sweep --engines vllm --sweep-workers 2 --block-size 32 --sweep-workloads agentic --sweep-policies round_robin,kvmesh_precise,least_request --sweep-rates 0.06 --sweep-duration-s 150 $(BENCH_ARGS)
+	nice -n 19 target/release/kvmesh-bench sweep --out bench-out/vllm --engines vllm --workers 2 --block-size 32 --workloads agentic --policies round_robin,kvmesh_precise,least_request --rates 0.06 --duration-s 150 $(BENCH_ARGS)
 
 # `make bench-aiperf ENGINES=vllm`: 2 real vLLM CPU engines (started once), the workload at half
 # size and 0.6 requests/s for 240 s, four policies.
-AIPERF_VLLM_ARGS := --engines vllm --sweep-workers 2 --block-size 32 --aiperf-policies round_robin,least_request,ring_hash,kvmesh_precise --aiperf-rate 0.6 --aiperf-duration-s 240 --aiperf-scale 0.5
+AIPERF_VLLM_ARGS := --engines vllm --workers 2 --block-size 32 --policies round_robin,least_request,ring_hash,kvmesh_precise --rate 0.6 --duration-s 240 --scale 0.5
 
 bench-aiperf: ## NVIDIA's aiperf as the client of each policy's gateway (5 policies, multi-turn chats sharing a system prompt, ~7 min; ENGINES=vllm: 2 real vLLM CPU engines, ~20 min; installs aiperf into .tools/aiperf on first use) → bench-out/aiperf[-vllm]/report.md
 	$(MAKE) build PROFILE=release
 	$(if $(filter vllm,$(ENGINES)),@scripts/setup-vllm.sh >/dev/null,)
 	@scripts/setup-aiperf.sh >/dev/null
-	$(if $(filter vllm,$(ENGINES)),nice -n 19 ,)target/release/kvmesh-bench --only aiperf $(if $(filter vllm,$(ENGINES)),--out bench-out/aiperf-vllm $(AIPERF_VLLM_ARGS),--out bench-out/aiperf) $(BENCH_ARGS)
+	$(if $(filter vllm,$(ENGINES)),nice -n 19 ,)target/release/kvmesh-bench aiperf $(if $(filter vllm,$(ENGINES)),--out bench-out/aiperf-vllm $(AIPERF_VLLM_ARGS),--out bench-out/aiperf) $(BENCH_ARGS)
 
 # cargo-machete (unused dependencies) is installed into .tools/cargo on first use, pinned.
 MACHETE := .tools/cargo/bin/cargo-machete

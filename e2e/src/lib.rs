@@ -14,6 +14,7 @@ pub mod prom;
 pub mod prometheus;
 pub mod stack;
 pub mod vllm;
+pub mod worker;
 
 /// Whether this run is CI's (`CI` set and not `false`/`0`, as CI systems and `.ci/run` set it).
 pub fn in_ci() -> bool {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::procs::{free_port, repo_root, Proc};
-use crate::stack::{Stack, Worker, WorkerSpec};
+use crate::worker::{Worker, WorkerSpec};
 
 /// Environment variable: the Python that runs vLLM (skips the install check).
 pub const PYTHON_ENV: &str = "KVMESH_VLLM_PYTHON";
@@ -320,49 +320,25 @@ async fn wait_healthy(client: &reqwest::Client, w: &mut Worker) -> anyhow::Resul
     }
 }
 
-impl Stack {
-    /// Kills worker `id`'s engine with SIGKILL (its whole process group: a crash, not a shutdown).
-    pub fn kill_worker(&mut self, id: &str) -> anyhow::Result<()> {
-        let w = self
-            .workers
-            .iter_mut()
-            .find(|w| w.id == id)
-            .with_context(|| format!("no worker {id}"))?;
-        if let Some(mut p) = w.proc.take() {
-            p.kill();
-        }
-        Ok(())
+/// Starts the real engine of worker `w` (the fleet's `index`-th, with its own `extra` flags)
+/// again on the same ports, after killing what is left of it, and waits until it is healthy.
+pub async fn restart_worker(
+    w: &mut Worker,
+    opts: &VllmOptions,
+    block_size: u32,
+    index: usize,
+    extra: Vec<String>,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let python = python()?;
+    if let Some(mut p) = w.proc.take() {
+        p.kill();
     }
-
-    /// Starts worker `id`'s real engine again on the same ports and waits until it is healthy.
-    pub async fn restart_vllm_worker(&mut self, id: &str) -> anyhow::Result<()> {
-        let Engines::Vllm(opts) = self.spec.engines.clone() else {
-            bail!("restart_vllm_worker needs real vLLM engines")
-        };
-        let index = self
-            .workers
-            .iter()
-            .position(|w| w.id == id)
-            .with_context(|| format!("no worker {id}"))?;
-        let extra = self
-            .spec
-            .workers
-            .iter()
-            .find(|w| w.id == id)
-            .map(|w| w.args.clone())
-            .unwrap_or_default();
-        let python = python()?;
-        let (block_size, dir) = (self.spec.block_size, self.dir().to_path_buf());
-        let w = &mut self.workers[index];
-        if let Some(mut p) = w.proc.take() {
-            p.kill();
-        }
-        let mut cmd = command(&python, &opts, block_size, index, EnginePorts::of(w)?);
-        cmd.args(extra);
-        w.proc = Some(Proc::spawn_group(&format!("vllm-{id}-restarted"), cmd, &dir)?);
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
-        wait_healthy(&client, w).await
-    }
+    let mut cmd = command(&python, opts, block_size, index, EnginePorts::of(w)?);
+    cmd.args(extra);
+    w.proc = Some(Proc::spawn_group(&format!("vllm-{}-restarted", w.id), cmd, dir)?);
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+    wait_healthy(&client, w).await
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ impl FleetSource for NoFleet {
     }
 }
 
-/// A chat continuation shaped like the overhead bench's (`kvmesh_bench::overhead::plan::Shape`):
+/// A chat continuation shaped like the overhead bench's (`kvmesh_bench::overhead::cases::Shape`):
 /// a 250-word system prompt, then user (120 words) and assistant (200 words) turns until about
 /// `tokens` tokens (1.1 per word), ending with a user message; ~6 bytes per word of text.
 fn chat_body(tokens: usize) -> Vec<u8> {

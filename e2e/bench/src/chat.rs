@@ -5,10 +5,10 @@
 //! every session runs several turns, each turn appends a fresh user message to the history,
 //! the **assistant's actual reply text** is appended after the turn, and the next turn waits an
 //! exponentially distributed **think time**. Everything random comes from SplitMix64 seeded by
-//! `(seed, session)`, so a session's plan does not depend on timing or on other sessions.
+//! `(seed, session)`, so a session's script does not depend on timing or on other sessions.
 //!
 //! Text is pseudo-English built from a fixed word list: cheap, deterministic, and tokenized by
-//! a real BPE into a realistic ~1.3 tokens per word. This module is pure: plans and request
+//! a real BPE into a realistic ~1.3 tokens per word. This module is pure: scripts and request
 //! bodies; the driver that sends them lives in `chat_run`.
 
 use crate::rng::{mix, SplitMix64};
@@ -296,18 +296,18 @@ pub fn system_prompts(cfg: &ChatConfig) -> Vec<String> {
         .collect()
 }
 
-/// One planned turn.
+/// One scripted turn.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TurnPlan {
+pub struct TurnScript {
     /// The user's message.
     pub user: String,
     /// Think time before this turn is sent (after the previous reply; stagger for turn 0), ms.
     pub delay_ms: f64,
 }
 
-/// One planned session.
+/// One scripted session: its system prompt and turns.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SessionPlan {
+pub struct SessionScript {
     /// Session number, 0-based.
     pub id: usize,
     /// Session id sent in the session header: `chat-<seed>-<id>`.
@@ -315,11 +315,11 @@ pub struct SessionPlan {
     /// Which shared system prompt.
     pub system_prompt: usize,
     /// The turns.
-    pub turns: Vec<TurnPlan>,
+    pub turns: Vec<TurnScript>,
 }
 
-/// Plans session `id` (depends only on the config and `id`).
-pub fn plan_session(cfg: &ChatConfig, id: usize) -> SessionPlan {
+/// Scripts session `id` (depends only on the config and `id`).
+pub fn script_session(cfg: &ChatConfig, id: usize) -> SessionScript {
     let mut rng = SplitMix64::new(mix(cfg.seed, id as u64));
     let system_prompt = rng.range_u64(0, cfg.system_prompts.max(1) as u64) as usize;
     let n_turns = rng.range_u64(u64::from(cfg.turns_min), u64::from(cfg.turns_max) + 1) as u32;
@@ -327,10 +327,10 @@ pub fn plan_session(cfg: &ChatConfig, id: usize) -> SessionPlan {
         .map(|t| {
             let delay_ms =
                 if t == 0 { rng.exp(cfg.start_stagger_ms) } else { rng.exp(cfg.think_time_ms) };
-            TurnPlan { user: text(&mut rng, cfg.user_words), delay_ms }
+            TurnScript { user: text(&mut rng, cfg.user_words), delay_ms }
         })
         .collect();
-    SessionPlan { id, session_id: format!("chat-{}-{id}", cfg.seed), system_prompt, turns }
+    SessionScript { id, session_id: format!("chat-{}-{id}", cfg.seed), system_prompt, turns }
 }
 
 /// A conversation's history (OpenAI chat messages).
@@ -417,12 +417,12 @@ mod tests {
     }
 
     #[test]
-    fn session_plans_are_per_session_deterministic_and_bounded() {
+    fn session_scripts_are_per_session_deterministic_and_bounded() {
         let cfg = ChatConfig { turns_min: 2, turns_max: 4, ..Default::default() };
         let mut used_prompts = std::collections::HashSet::new();
         for id in 0..50 {
-            let a = plan_session(&cfg, id);
-            assert_eq!(a, plan_session(&cfg, id));
+            let a = script_session(&cfg, id);
+            assert_eq!(a, script_session(&cfg, id));
             assert!((2..=4).contains(&a.turns.len()));
             assert!(a.turns.iter().all(|t| t.delay_ms >= 0.0 && !t.user.is_empty()));
             assert_eq!(a.session_id, format!("chat-0-{id}"));

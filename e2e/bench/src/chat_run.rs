@@ -7,7 +7,7 @@
 //! client holds). Every request has the deadline; think times are capped at
 //! [`MAX_THINK_FACTOR`] × their mean, so the run is bounded.
 
-use crate::chat::{plan_session, system_prompts, ChatConfig, History};
+use crate::chat::{script_session, system_prompts, ChatConfig, History};
 use crate::client::send_streaming;
 use crate::record::RequestRecord;
 use crate::replay::{to_record, MAX_CONCURRENCY};
@@ -61,10 +61,10 @@ pub async fn run_chat(
             sink.clone(),
         );
         tokio::spawn(async move {
-            let plan = plan_session(&cfg, id);
-            let system = prompts.get(plan.system_prompt).map(String::as_str).unwrap_or_default();
+            let script = script_session(&cfg, id);
+            let system = prompts.get(script.system_prompt).map(String::as_str).unwrap_or_default();
             let mut history = History::new(system);
-            for (turn, tp) in plan.turns.iter().enumerate() {
+            for (turn, tp) in script.turns.iter().enumerate() {
                 let cap = |mean: f64| mean * MAX_THINK_FACTOR;
                 let mean = if turn == 0 { cfg.start_stagger_ms } else { cfg.think_time_ms };
                 tokio::time::sleep(Duration::from_secs_f64(
@@ -77,7 +77,7 @@ pub async fn run_chat(
                 let extra: Vec<(String, String)> = run
                     .session_header
                     .iter()
-                    .map(|h| (h.clone(), plan.session_id.clone()))
+                    .map(|h| (h.clone(), script.session_id.clone()))
                     .collect();
                 let body = history.body(&run.model, cfg.max_tokens, run.ignore_eos);
                 let (record, reply) = match serde_json::to_vec(&body) {
@@ -109,7 +109,7 @@ pub async fn run_chat(
                 };
                 let ok = record.ok();
                 let record = RequestRecord {
-                    session: Some(plan.session_id.clone()),
+                    session: Some(script.session_id.clone()),
                     turn: Some(turn as u32),
                     ..record
                 };

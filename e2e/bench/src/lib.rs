@@ -8,15 +8,16 @@
 //! - The report: manifest in, Markdown + PNG plots out (`manifest`, `stats`, `report`).
 //! - Router overhead against the same Envoy without the filter (`overhead`), and the indexer's
 //!   microbenchmark figures as a report section (`micro`).
+//! - How the `kvmesh-bench` subcommands' parts compose into one report (`parts`).
 //! - NVIDIA's `aiperf` as an independent client of each policy's gateway (`aiperf`).
 //!
 //! - The load sweep (`sweep`, issue 12): five workloads with their ceilings (`workload`), the
-//!   plan driver (`plan_run`), machine CPU sampling (`cpu`), saturation search and validity.
+//!   schedule driver (`schedule_run`), machine CPU sampling (`cpu`), saturation search and validity.
 //!
 //! Pure modules (no I/O, injected RNG): `workload`, `sweep`, `trace`, `blocks`, `conversation`, `ceiling`, `rng`,
-//! `sse`, `stats`, `prom`, `counters`, `chat`, `aiperf`, `record`, `manifest`, `micro`,
-//! `overhead::{plan, gateway, summary}`, `report::{summary, targets, markdown}`. I/O lives in
-//! `cpu::Sampler`, `plan_run`, `client`, `sink`, `replay`, `chat_run`, `overhead::drive`, `report::plots` and `report::generate`.
+//! `sse`, `stats`, `prom`, `counters`, `chat`, `aiperf`, `record`, `manifest`, `parts`, `micro`,
+//! `overhead::{cases, gateway, summary}`, `report::{summary, targets, markdown}`. I/O lives in
+//! `cpu::Sampler`, `schedule_run`, `client`, `sink`, `replay`, `chat_run`, `overhead::drive`, `report::plots` and `report::generate`.
 
 pub mod aiperf;
 pub mod blocks;
@@ -30,8 +31,9 @@ pub mod cpu;
 pub mod manifest;
 pub mod micro;
 pub mod overhead;
-pub mod plan_run;
+pub mod parts;
 pub mod policy;
+pub mod schedule_run;
 pub use kvmesh_e2e::prom;
 pub mod record;
 pub mod replay;

@@ -1,12 +1,12 @@
-//! Smoke run of the whole benchmark (issue 6, item 6): `kvmesh-bench` replays the first 200
-//! requests of the conversation trace through two policies (Envoy round_robin and kvmesh
+//! Smoke run of the whole benchmark (issue 6, item 6): `kvmesh-bench policies` replays the first
+//! 200 requests of the conversation trace through two policies (Envoy round_robin and kvmesh
 //! precise) on real processes — vllm-sim workers, the indexer, Envoy with the filter — then
-//! measures the router overhead on a few ~1k-token samples (kvmesh and the plain twin listener
-//! of the same Envoy) and writes the report with an indexer-figures section read from a small
-//! file. It checks that the tool works end to end, not how fast anything is: no timing
+//! `kvmesh-bench overhead` measures the router overhead on a few ~1k-token samples (kvmesh and
+//! the plain twin listener of the same Envoy) into the same directory, and `kvmesh-bench report`
+//! writes one report of both with an indexer-figures section read from a small file. It checks that the tool works end to end, not how fast anything is: no timing
 //! assertions.
 //!
-//! A second run exercises the load sweep (`--only sweep`): two workloads (sibling bursts and
+//! A second run exercises the load sweep (`kvmesh-bench sweep`): two workloads (sibling bursts and
 //! agentic chat), round_robin's two-step ladder and kvmesh precise, 4-second points, and checks
 //! that every point ran, was recorded, sampled and marked, and that the sweep section, the
 //! headline and the plots were written. The two runs take turns (a lock), never two stacks at
@@ -106,25 +106,24 @@ fn a_small_sweep_measures_marks_and_reports_every_point() {
         "sweep",
         &out,
         &[
-            "--only",
             "sweep",
-            "--sweep-workloads",
+            "--workloads",
             "siblings,agentic",
-            "--sweep-policies",
+            "--policies",
             "round_robin,kvmesh_precise",
-            "--sweep-max-steps",
+            "--max-steps",
             "2",
-            "--sweep-factor",
+            "--factor",
             "3",
-            "--sweep-fractions",
+            "--fractions",
             "0.8",
-            "--sweep-duration-s",
+            "--duration-s",
             "4",
-            "--sweep-start-rate",
+            "--start-rate",
             "0.5",
-            "--sweep-workers",
+            "--workers",
             "2",
-            "--sweep-sim-speedup",
+            "--sim-speedup",
             "20",
             "--request-timeout-s",
             "60",
@@ -214,18 +213,19 @@ fn two_policies_replay_the_trace_and_write_the_report() {
     let out: PathBuf =
         std::env::temp_dir().join(format!("kvmesh-bench-smoke-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
-    let log = std::fs::File::create(
-        std::env::temp_dir().join(format!("kvmesh-bench-smoke-{}.log", std::process::id())),
-    )
-    .unwrap();
     let figures = std::env::temp_dir()
         .join(format!("kvmesh-bench-smoke-{}-figures.jsonl", std::process::id()));
     std::fs::write(&figures, "{\"bench\":\"route\",\"figure\":\"route\",\"name\":\"continuation\",\"p50_ms\":0.5,\"p99_ms\":0.9}\n").unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvmesh-bench"));
-    cmd.arg("--out")
-        .arg(&out)
-        .args(["--policies", "round_robin,kvmesh_precise", "--first", &REQUESTS.to_string()])
-        .args([
+    // Two parts into one `--out`, then one report of both (as `make bench` does with the sweep).
+    run_bench(
+        "policies",
+        &out,
+        &[
+            "policies",
+            "--policies",
+            "round_robin,kvmesh_precise",
+            "--first",
+            &REQUESTS.to_string(),
             "--workers",
             "2",
             "--speedup",
@@ -234,47 +234,41 @@ fn two_policies_replay_the_trace_and_write_the_report() {
             "16384",
             "--request-timeout-s",
             "120",
-        ])
-        .args([
-            "--overhead-sizes",
-            "1k",
-            "--overhead-shared-prefixes",
-            "1k",
-            "--overhead-samples",
-            &OVERHEAD_SAMPLES.to_string(),
-            "--overhead-bases",
-            "1",
-        ])
-        .args([
-            "--overhead-rps-seconds",
-            "0.5",
-            "--overhead-rps-rounds",
-            "1",
-            "--overhead-rps-concurrency",
+        ],
+    );
+    run_bench(
+        "overhead",
+        &out,
+        &[
+            "overhead",
+            "--workers",
             "2",
-        ])
-        .arg("--indexer-figures")
-        .arg(&figures)
-        .stdout(log.try_clone().unwrap())
-        .stderr(log);
-    let mut bench = Bench(cmd.spawn().unwrap());
-    let status = bench.wait(run_timeout());
-    let log_text = std::fs::read_to_string(
-        std::env::temp_dir().join(format!("kvmesh-bench-smoke-{}.log", std::process::id())),
-    )
-    .unwrap_or_default();
-    let tail: String = log_text
-        .lines()
-        .rev()
-        .take(40)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect::<Vec<_>>()
-        .join("\n");
-    let status = status
-        .unwrap_or_else(|| panic!("kvmesh-bench did not finish in {:?}:\n{tail}", run_timeout()));
-    assert!(status.success(), "kvmesh-bench failed ({status}):\n{tail}");
+            "--num-gpu-blocks",
+            "16384",
+            "--request-timeout-s",
+            "120",
+            "--sizes",
+            "1k",
+            "--shared-prefixes",
+            "1k",
+            "--samples",
+            &OVERHEAD_SAMPLES.to_string(),
+            "--bases",
+            "1",
+            "--rps-seconds",
+            "0.5",
+            "--rps-rounds",
+            "1",
+            "--rps-concurrency",
+            "2",
+        ],
+    );
+    let figures_arg = figures.to_string_lossy().into_owned();
+    run_bench(
+        "report",
+        &out,
+        &["report", "--parts", "policies,overhead", "--indexer-figures", &figures_arg],
+    );
 
     let manifest = RunManifest::load(&out.join("run.json")).unwrap();
     assert_eq!(manifest.workers.len(), 2);

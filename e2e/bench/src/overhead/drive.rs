@@ -5,8 +5,8 @@
 //! `concurrency` clients in a closed loop for a fixed time against the canned route; every
 //! request has a deadline, so a round always ends.
 
+use super::cases::{BENCH_ID_HEADER, UPSTREAM_HEADER, UPSTREAM_NONE};
 use super::gateway::{parse_access_line, AccessEntry};
-use super::plan::{BENCH_ID_HEADER, UPSTREAM_HEADER, UPSTREAM_NONE};
 use super::summary::{IndexerTimers, Rate, Sample};
 use crate::client::{send_streaming, Outcome};
 use futures::StreamExt;

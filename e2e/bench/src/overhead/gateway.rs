@@ -17,7 +17,7 @@
 //!   response byte → first byte sent to the client (the response-header callbacks). Their sum is
 //!   the time the gateway holds a request, and the engine's time is in neither.
 
-use super::plan::{BENCH_ID_HEADER, UPSTREAM_HEADER, UPSTREAM_NONE};
+use super::cases::{BENCH_ID_HEADER, UPSTREAM_HEADER, UPSTREAM_NONE};
 use serde_json::{json, Value};
 
 /// Route name of the forwarding route on the kvmesh listener.

@@ -1,7 +1,7 @@
 //! Router overhead: latency kvmesh adds against the same Envoy without the filter, and the
 //! requests/s one gateway sustains with and without it, measured in the same run.
 //!
-//! - `plan` (pure): cases (size × cold/continuation) and the chat requests they send;
+//! - `cases` (pure): the cases (size × cold/continuation) and the chat requests they send;
 //! - `gateway` (pure): the kvmesh bootstrap plus a filter-less twin listener, canned routes and
 //!   an access log with Envoy's own per-request timestamps;
 //! - `summary` (pure): samples → the report's rows (differences of same-run percentiles);
@@ -9,10 +9,10 @@
 //!   targets and rendered;
 //! - `drive` (I/O): tagged requests, the closed loop, reading the access log.
 //!
-//! The orchestrator (`kvmesh-bench`, `overhead` part) starts the stack and sequences them.
+//! The orchestrator (`kvmesh-bench overhead`) starts the stack and sequences them.
 
+pub mod cases;
 pub mod drive;
 pub mod gateway;
 pub mod hung;
-pub mod plan;
 pub mod summary;

@@ -1,6 +1,6 @@
 //! Generators of the synthetic workloads (pure, SplitMix64 from the seed).
 //!
-//! Each takes the point's rate and duration and returns a [`Plan`] whose sessions start in
+//! Each takes the point's rate and duration and returns a [`Schedule`] whose sessions start in
 //! `[0, duration)`: Poisson arrivals (exponential gaps) of conversations, bursts or requests.
 //! Think times are modelled time, divided by `think_divisor` (the simulators' speed-up) so that
 //! load and engine time keep their ratio at any speed-up. Session `i`'s content depends only on
@@ -13,7 +13,7 @@
 //! | paced | sessions/s | 3–8, think 10–60 s | one of 4 system prompts of ~2 KB + a 200–600-word first message |
 //! | cold | requests/s | 1 | distinct 4–16k random token ids |
 
-use super::{sessions_ceiling, ChatMsg, Content, Plan, Session, Turn, WorkloadKind};
+use super::{sessions_ceiling, ChatMsg, Content, Schedule, Session, Turn, WorkloadKind};
 use crate::chat::text;
 use crate::rng::{mix, SplitMix64};
 
@@ -101,13 +101,13 @@ fn finish(
     sessions: Vec<Session>,
     cfg: &GenConfig,
     unit: &'static str,
-) -> Plan {
+) -> Schedule {
     let ceiling = sessions_ceiling(&sessions, cfg.block_size);
-    Plan { kind, rate, sessions, ceiling, ceiling_unit: unit }
+    Schedule { kind, rate, sessions, ceiling, ceiling_unit: unit }
 }
 
 /// Agentic chat at `rate` new conversations per second.
-pub fn agentic(cfg: &GenConfig, rate: f64) -> Plan {
+pub fn agentic(cfg: &GenConfig, rate: f64) -> Schedule {
     let prompts = agentic_system_prompts(cfg.seed);
     let mut arr = SplitMix64::new(mix(cfg.seed, 0xA6A6));
     let sessions = arrivals(&mut arr, rate, cfg.duration_s)
@@ -166,7 +166,7 @@ pub fn agentic(cfg: &GenConfig, rate: f64) -> Plan {
 }
 
 /// Sibling bursts at `rate` bursts per second: 4–8 identical single-turn requests each.
-pub fn siblings(cfg: &GenConfig, rate: f64) -> Plan {
+pub fn siblings(cfg: &GenConfig, rate: f64) -> Schedule {
     let mut arr = SplitMix64::new(mix(cfg.seed, 0x51B5));
     let mut sessions = Vec::new();
     for (b, start_ms) in arrivals(&mut arr, rate, cfg.duration_s).into_iter().enumerate() {
@@ -187,7 +187,7 @@ pub fn siblings(cfg: &GenConfig, rate: f64) -> Plan {
 }
 
 /// Paced sessions at `rate` new sessions per second.
-pub fn paced(cfg: &GenConfig, rate: f64) -> Plan {
+pub fn paced(cfg: &GenConfig, rate: f64) -> Schedule {
     let prompts: Vec<String> =
         (0..PACED_SYSTEM_PROMPTS).map(|i| system_prompt(cfg.seed, 0x9A, i, 2048)).collect();
     let mut arr = SplitMix64::new(mix(cfg.seed, 0x9A9A));
@@ -227,7 +227,7 @@ pub fn paced(cfg: &GenConfig, rate: f64) -> Plan {
 }
 
 /// Cold single-turn requests at `rate` per second: distinct 4–16k-token prompts.
-pub fn cold(cfg: &GenConfig, rate: f64) -> Plan {
+pub fn cold(cfg: &GenConfig, rate: f64) -> Schedule {
     let mut arr = SplitMix64::new(mix(cfg.seed, 0xC01D));
     let sessions = arrivals(&mut arr, rate, cfg.duration_s)
         .into_iter()

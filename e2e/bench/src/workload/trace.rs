@@ -20,16 +20,16 @@
 //! against 16.80 % (token-weighted 19.09 %, 17.08 %); and a trace block first sent cut short
 //! (a shorter prompt) and later whole counts as reused whole there, while an engine can only hit
 //! the part that was sent. A rate above
-//! `requests in the window / duration` keeps everything and is capped there (the plan's `rate`
+//! `requests in the window / duration` keeps everything and is capped there (the schedule's `rate`
 //! says what was offered).
 
-use super::{Content, Plan, Session, Turn, WorkloadKind};
+use super::{Content, Schedule, Session, Turn, WorkloadKind};
 use crate::blocks;
 use crate::conversation;
 use crate::rng::mix;
 use crate::trace::TraceRecord;
 
-/// How the trace becomes a point's plan.
+/// How the trace becomes a point's schedule.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TraceConfig {
     /// Requests due in `[0, duration_s)` after compression are kept.
@@ -64,8 +64,8 @@ fn keep_hash(key: u64) -> f64 {
     mix(key, 0x7ACE) as f64 / 18_446_744_073_709_551_616.0
 }
 
-/// The plan of one point: `window_ms` of the trace in `duration_s`, thinned to `rate` requests/s.
-pub fn plan(records: &[TraceRecord], cfg: &TraceConfig, rate: f64) -> Plan {
+/// The schedule of one point: `window_ms` of the trace in `duration_s`, thinned to `rate` requests/s.
+pub fn schedule(records: &[TraceRecord], cfg: &TraceConfig, rate: f64) -> Schedule {
     let t0 = records.first().map(|r| r.timestamp).unwrap_or(0.0);
     let window: Vec<&TraceRecord> =
         records.iter().take_while(|r| r.timestamp - t0 < cfg.window_ms).collect();
@@ -96,7 +96,7 @@ pub fn plan(records: &[TraceRecord], cfg: &TraceConfig, rate: f64) -> Plan {
             }
         })
         .collect();
-    Plan {
+    Schedule {
         kind: WorkloadKind::Trace,
         rate,
         ceiling: super::sessions_ceiling(&sessions, cfg.block_size),
@@ -130,11 +130,11 @@ mod tests {
             max_output_tokens: 64,
             ..Default::default()
         };
-        let full = plan(&recs, &cfg, 20.0);
+        let full = schedule(&recs, &cfg, 20.0);
         assert_eq!(full.sessions.len(), 200, "rate × duration = everything");
         assert_eq!(full.sessions[3].start_ms, 150.0, "100 s of trace in 10 s");
         assert!(full.sessions.iter().all(|s| s.turns[0].max_tokens == 64));
-        let half = plan(&recs, &cfg, 10.0);
+        let half = schedule(&recs, &cfg, 10.0);
         assert!((60..=140).contains(&half.sessions.len()), "about half: {}", half.sessions.len());
         // Whole conversations: each kept key keeps all 5 of its requests.
         let mut per_key = std::collections::HashMap::<String, usize>::new();
@@ -143,8 +143,8 @@ mod tests {
         }
         assert!(per_key.values().all(|&n| n == 5), "{per_key:?}");
         // Higher rates keep a superset; the ceiling stays the trace's structure.
-        let quarter = plan(&recs, &cfg, 5.0);
-        let ids = |p: &Plan| {
+        let quarter = schedule(&recs, &cfg, 5.0);
+        let ids = |p: &Schedule| {
             p.sessions.iter().map(|s| s.id.clone()).collect::<std::collections::HashSet<_>>()
         };
         assert!(ids(&quarter).is_subset(&ids(&half)));
@@ -157,8 +157,8 @@ mod tests {
         );
         assert_eq!(half.ceiling.tokens_total, 512 * 15 * k);
         assert_eq!(half.ceiling_rate(), half.ceiling.token_rate());
-        assert!(plan(&recs, &cfg, 0.0).sessions.is_empty());
-        assert!(plan(&[], &cfg, 1.0).sessions.is_empty());
+        assert!(schedule(&recs, &cfg, 0.0).sessions.is_empty());
+        assert!(schedule(&[], &cfg, 1.0).sessions.is_empty());
     }
 
     #[test]
@@ -190,7 +190,7 @@ mod tests {
                 },
             ];
             let cfg = TraceConfig { duration_s: 10.0, window_ms: 10_000.0, ..Default::default() };
-            let p = plan(&recs, &cfg, 100.0);
+            let p = schedule(&recs, &cfg, 100.0);
             assert_eq!(p.sessions.len(), 2, "{name}");
             assert_eq!(
                 (p.ceiling.tokens_reused, p.ceiling.tokens_total),

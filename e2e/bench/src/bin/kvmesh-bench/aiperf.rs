@@ -1,16 +1,17 @@
-//! The `aiperf` part: NVIDIA's aiperf as an independent client of each policy's gateway.
+//! `kvmesh-bench aiperf`: NVIDIA's aiperf as an independent client of each policy's gateway.
 //!
 //! Per policy: a fresh stack with caches reset, the engines' and the gateway's counters scraped,
 //! aiperf run to completion (its own process group, killed if it overruns its deadline or the
 //! bench stops), the counters scraped again, aiperf's summary export read. The machine's CPU is
 //! sampled over the run and judged by the sweep's rules (on real engines: the CPU outside them).
 
+use crate::common::{vllm_fleet, Common};
 use crate::run::{counters, one_line, prepare_stack, scrape_all, Fleet, Prepared};
 use crate::sweep::{cpu_s_between, group_ticks};
 use anyhow::{bail, Context, Result};
 use kvmesh_bench::aiperf::{parse_summary, render, AiperfRow, AiperfWorkload, SUMMARY_FILE, TITLE};
 use kvmesh_bench::cpu::Sampler;
-use kvmesh_bench::manifest::ExtraSection;
+use kvmesh_bench::manifest::{ExtraSection, RunManifest};
 use kvmesh_bench::policy::Policy;
 use kvmesh_bench::sweep::{cpu_invalid_reason, cpu_invalid_reason_real_engines};
 use kvmesh_e2e::procs::Proc;
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 const STARTUP_AND_EXPORT: Duration = Duration::from_secs(180);
 
 /// The part's settings.
-pub(crate) struct AiperfArgs {
+pub(crate) struct AiperfSettings {
     pub bin: PathBuf,
     pub tokenizer_dir: PathBuf,
     pub policies: Vec<Policy>,
@@ -44,7 +45,7 @@ pub(crate) fn default_tokenizer_dir() -> PathBuf {
 /// Runs every policy under aiperf; returns the report section (a policy that failed is a row
 /// saying why) and how many policies aiperf measured.
 pub(crate) async fn run_aiperf(
-    args: &AiperfArgs,
+    args: &AiperfSettings,
     fleet: &Fleet,
     fleet_note: &str,
     out: &Path,
@@ -87,7 +88,7 @@ pub(crate) async fn run_aiperf(
 }
 
 async fn run_one(
-    args: &AiperfArgs,
+    args: &AiperfSettings,
     policy: Policy,
     fleet: &Fleet,
     out: &Path,
@@ -183,4 +184,105 @@ fn aiperf_version(bin: &Path) -> String {
         .and_then(|o| String::from_utf8(o.stdout).ok())
         .and_then(|s| s.lines().rev().find(|l| !l.trim().is_empty()).map(|l| l.trim().to_string()))
         .unwrap_or_else(|| "(version unknown)".into())
+}
+
+/// `kvmesh-bench aiperf` flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct AiperfArgs {
+    /// aiperf's executable (`scripts/setup-aiperf.sh` installs it there).
+    #[arg(long, default_value = ".tools/aiperf/venv/bin/aiperf")]
+    bin: PathBuf,
+    /// Policies, comma-separated.
+    #[arg(
+        long,
+        default_value = "round_robin,least_request,ring_hash,kvmesh_approximate,kvmesh_precise"
+    )]
+    policies: String,
+    /// Requests per second.
+    #[arg(long, default_value_t = AiperfWorkload::default().request_rate)]
+    rate: f64,
+    /// Seconds of sending.
+    #[arg(long, default_value_t = AiperfWorkload::default().duration_s)]
+    duration_s: f64,
+    /// Workers (simulated, or real engines with `--engines vllm`).
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    /// KV capacity per simulated worker, blocks.
+    #[arg(long, default_value_t = 16_384)]
+    num_gpu_blocks: u64,
+    /// The simulators' modelled prefill throughput, tokens/s per worker (`--speedup 1`).
+    #[arg(long, default_value_t = 5000.0)]
+    prefill_tokens_per_s: f64,
+    /// Seed of aiperf's generated conversations.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Multiplies every token length of the workload (system prompt, context, turns, output),
+    /// e.g. 0.5 for real CPU engines, whose prefill is slow.
+    #[arg(long)]
+    scale: Option<f64>,
+}
+
+/// Runs the aiperf part on its fleet — simulators at `--prefill-tokens-per-s`, or real vLLM
+/// engines started once for all policies (`--engines vllm`); returns the manifest of this part
+/// alone and the policies aiperf measured.
+pub(crate) async fn run(common: &Common, a: &AiperfArgs) -> Result<(RunManifest, usize)> {
+    let mut aiperf_fleet = common.fleet(a.workers, a.num_gpu_blocks, 1.0)?;
+    // Real engines live until the part returns.
+    let (_engines, fleet_note) = match common.vllm_options()? {
+        None => {
+            let timing = kvmesh_bench::sweep::FleetTiming::new(1.0, a.prefill_tokens_per_s)
+                .map_err(anyhow::Error::msg)?;
+            aiperf_fleet = crate::sweep::workload_fleet(&aiperf_fleet, &timing);
+            let note = format!(
+                "{} vllm-sim workers × {} blocks of {} tokens, {}",
+                aiperf_fleet.workers,
+                aiperf_fleet.num_gpu_blocks,
+                aiperf_fleet.block_size,
+                timing.describe()
+            );
+            (Vec::new(), note)
+        }
+        Some(opts) => {
+            let engines = crate::sweep::start_real_engines(
+                &mut aiperf_fleet,
+                &opts,
+                &common.out.join("aiperf").join("engines"),
+            )
+            .await?;
+            (
+                engines,
+                format!(
+                    "{}; started once, prefix caches reset before every policy",
+                    vllm_fleet(aiperf_fleet.workers, aiperf_fleet.block_size, &opts)
+                ),
+            )
+        }
+    };
+    let mut workload = AiperfWorkload {
+        request_rate: a.rate,
+        duration_s: a.duration_s,
+        seed: a.seed,
+        ..AiperfWorkload::default()
+    };
+    if let Some(scale) = a.scale {
+        workload = workload.scaled(scale).map_err(anyhow::Error::msg)?;
+    }
+    let settings = AiperfSettings {
+        bin: a.bin.clone(),
+        tokenizer_dir: default_tokenizer_dir(),
+        policies: Policy::parse_list(&a.policies).map_err(anyhow::Error::msg)?,
+        workload,
+    };
+    let (section, ran) = run_aiperf(&settings, &aiperf_fleet, &fleet_note, &common.out).await?;
+    let manifest = RunManifest {
+        title: Some("kvmesh under aiperf".into()),
+        workload: Some("aiperf: see its section".into()),
+        window: Some("aiperf's benchmark duration".into()),
+        workers: (0..a.workers).map(|i| format!("w{i}")).collect(),
+        cache_capacity_blocks: Some(a.num_gpu_blocks),
+        engine_block_size: Some(common.block_size),
+        extra_sections: vec![section],
+        ..Default::default()
+    };
+    Ok((manifest, ran))
 }

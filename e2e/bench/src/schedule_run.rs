@@ -1,4 +1,4 @@
-//! Sweep-point driver: runs a [`Plan`] against the gateway, one record per request (thin I/O).
+//! Sweep-point driver: runs a [`Schedule`] against the gateway, one record per request (thin I/O).
 //!
 //! Each session is a task that sleeps until its start, then runs its turns closed loop: turn
 //! `k + 1` is due `think_ms` after turn `k` completed. At most `max_in_flight` requests are in
@@ -10,15 +10,15 @@
 use crate::client::send_streaming;
 use crate::record::RequestRecord;
 use crate::replay::{to_record, MAX_CONCURRENCY};
-use crate::workload::{Content, Plan};
+use crate::workload::{Content, Schedule};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Semaphore};
 
-/// How to run a plan.
+/// How to run a schedule.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PlanRunConfig {
+pub struct ScheduleRunConfig {
     /// Gateway base URL.
     pub base_url: String,
     /// `model` of every request.
@@ -35,33 +35,33 @@ pub struct PlanRunConfig {
 
 /// What a run did.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct PlanRunStats {
+pub struct ScheduleRunStats {
     /// Wall time.
     pub wall: Duration,
     /// Turns not sent because `turn_deadline` passed.
     pub cut_turns: u64,
 }
 
-/// Runs `plan`; records go to `sink`, `done` is incremented per finished request.
-pub async fn run_plan(
+/// Runs `schedule`; records go to `sink`, `done` is incremented per finished request.
+pub async fn run_schedule(
     client: reqwest::Client,
-    cfg: PlanRunConfig,
-    plan: Arc<Plan>,
+    cfg: ScheduleRunConfig,
+    schedule: Arc<Schedule>,
     sink: mpsc::Sender<RequestRecord>,
     done: Arc<AtomicU64>,
-) -> PlanRunStats {
+) -> ScheduleRunStats {
     let slots = Arc::new(Semaphore::new(cfg.max_in_flight.clamp(1, MAX_CONCURRENCY)));
     let seq = Arc::new(AtomicU64::new(0));
     let cut = Arc::new(AtomicU64::new(0));
     let cfg = Arc::new(cfg);
     let t0 = Instant::now();
     let t0_tokio = tokio::time::Instant::from_std(t0);
-    let mut tasks = Vec::with_capacity(plan.sessions.len());
-    for i in 0..plan.sessions.len() {
-        let (client, cfg, plan, sink, done, slots, seq, cut) = (
+    let mut tasks = Vec::with_capacity(schedule.sessions.len());
+    for i in 0..schedule.sessions.len() {
+        let (client, cfg, schedule, sink, done, slots, seq, cut) = (
             client.clone(),
             cfg.clone(),
-            plan.clone(),
+            schedule.clone(),
             sink.clone(),
             done.clone(),
             slots.clone(),
@@ -69,7 +69,7 @@ pub async fn run_plan(
             cut.clone(),
         );
         tasks.push(tokio::spawn(async move {
-            let Some(s) = plan.sessions.get(i) else { return };
+            let Some(s) = schedule.sessions.get(i) else { return };
             let url = format!("{}{}", cfg.base_url.trim_end_matches('/'), s.path());
             let mut due = t0_tokio + Duration::from_secs_f64(s.start_ms.max(0.0) / 1000.0);
             for (t, turn) in s.turns.iter().enumerate() {
@@ -138,5 +138,5 @@ pub async fn run_plan(
     for t in tasks {
         let _ = t.await;
     }
-    PlanRunStats { wall: t0.elapsed(), cut_turns: cut.load(Ordering::Relaxed) }
+    ScheduleRunStats { wall: t0.elapsed(), cut_turns: cut.load(Ordering::Relaxed) }
 }

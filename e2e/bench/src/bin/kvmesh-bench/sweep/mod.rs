@@ -1,36 +1,32 @@
 //! The load sweep (issue 12): per workload, round_robin's ladder to its saturation, then every
 //! policy at fractions of that rate (the load point 0.8 × included), each point on a fresh stack.
 //!
-//! A point: generate the workload's plan at the rate (pure, `workload`), start the policy's
+//! A point: generate the workload's schedule at the rate (pure, `workload`), start the policy's
 //! stack, reset the caches, scrape, start the CPU sampler and read the simulators' CPU ticks, run
-//! the plan (`plan_run`) while a ticker prints progress, scrape again, stop the stack, write
+//! the schedule (`schedule_run`) while a ticker prints progress, scrape again, stop the stack, write
 //! `<out>/sweep/<workload>/<policy>/r<rate>/{results.jsonl,counters.json}` and summarise it
 //! (`sweep::summarize_point`). After every point `sweep.json` is rewritten, so an interrupted run
 //! keeps what it measured. The decisions (next ladder rate, saturation, which rates) are the
 //! pure functions of `kvmesh_bench::sweep`.
 
-use crate::run::{counters, prepare_stack, scrape_all, Fleet, Prepared};
+pub mod command;
+mod point;
+
+use point::{fmt_elapsed, measure, PointSpec, Progress};
+
+use crate::run::Fleet;
 use anyhow::{Context, Result};
-use kvmesh_bench::cpu::Sampler;
-use kvmesh_bench::overhead::drive::cpu_ticks;
-use kvmesh_bench::plan_run::{run_plan, PlanRunConfig};
 use kvmesh_bench::policy::Policy;
-use kvmesh_bench::record::read_all;
 use kvmesh_bench::report::sweep::{plot_files, SweepReport, WorkloadSweep};
-use kvmesh_bench::sink::Sink;
 use kvmesh_bench::sweep::{
-    default_start_rate, invalid_reasons_real_engines, next_ladder_rate, point_ceiling,
-    point_fleet_lru, point_ttft_floor_p90_ms, policy_rates, summarize_point, timing_for,
-    window_for, window_records, FleetTiming, LadderStep, MachineSample, MeasureWindow, PointResult,
-    RatePoint, SweepConfig,
+    default_start_rate, next_ladder_rate, policy_rates, timing_for, window_for, FleetTiming,
+    LadderStep, PointResult, RatePoint, SweepConfig,
 };
 use kvmesh_bench::trace::TraceRecord;
-use kvmesh_bench::workload::{gen, trace as wtrace, Plan, WorkloadKind};
+use kvmesh_bench::workload::{trace as wtrace, WorkloadKind};
 use kvmesh_e2e::stack::{StackSpec, Worker};
 use kvmesh_e2e::vllm::VllmOptions;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Linux user-space clock ticks per second (`/proc/<pid>/stat` units).
@@ -41,7 +37,7 @@ const CPU_SAMPLE_EVERY: Duration = Duration::from_millis(500);
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 /// What the sweep runs.
-pub struct SweepArgs {
+pub struct SweepSettings {
     pub workloads: Vec<WorkloadKind>,
     /// Policies; round_robin is always run first (the ladder).
     pub policies: Vec<Policy>,
@@ -78,292 +74,11 @@ pub struct SweepArgs {
 /// max 126k tokens): a 20-s window at its load point holds ~80 requests, and load max/mean is then
 /// mostly which window was drawn (over random 81-request windows of the trace, round robin's median
 /// is 1.27 and even least-tokens-first placement's p90 1.18; over 240 requests 1.15 and 1.06). The
-/// longer window replays proportionally more trace time (`plan_for`), so the traffic is the
+/// longer window replays proportionally more trace time (`schedule_for`), so the traffic is the
 /// ladder's: measured 2026-12-02 at the 20-s ladder's load point (3.50 requests/s), round_robin's
 /// TTFT p90 was 2.59 s over 60 s against 2.50 s over 20 s. (Without that scaling, 60 s replaying
 /// the ladder's 300 s of trace, it was 9.6 s: a third of the compression, another workload.)
 pub const TRACE_LOAD_POINT_WINDOW_S: f64 = 60.0;
-
-fn plan_for(
-    a: &SweepArgs,
-    fleet: &Fleet,
-    kind: WorkloadKind,
-    rate: f64,
-    window: &MeasureWindow,
-) -> Plan {
-    let g = gen::GenConfig {
-        seed: a.seed,
-        duration_s: window.arrivals_s(),
-        think_divisor: fleet.sim_speedup,
-        block_size: fleet.block_size as usize,
-    };
-    match kind {
-        // A longer window replays proportionally more trace time: the ladder's compression, so the
-        // load point is 0.8 × the saturation rate of the same traffic.
-        WorkloadKind::Trace => wtrace::plan(
-            &a.trace_records,
-            &wtrace::TraceConfig {
-                duration_s: window.arrivals_s(),
-                window_ms: a.trace_cfg.window_ms * window.arrivals_s() / a.duration_s,
-                block_size: fleet.block_size as usize,
-                ..a.trace_cfg
-            },
-            rate,
-        ),
-        WorkloadKind::Agentic => gen::agentic(&g, rate),
-        WorkloadKind::Siblings => gen::siblings(&g, rate),
-        WorkloadKind::Paced => gen::paced(&g, rate),
-        WorkloadKind::Cold => gen::cold(&g, rate),
-    }
-}
-
-/// Progress shared with the ticker.
-struct Progress {
-    started: Instant,
-    point: usize,
-}
-
-fn fmt_elapsed(d: Duration) -> String {
-    let s = d.as_secs();
-    format!("{}m{:02}s", s / 60, s % 60)
-}
-
-/// One workload's point settings: its fleet, its window and the simulators' timing (`None` on
-/// real engines, which keep their own).
-struct PointSpec<'a> {
-    fleet: &'a Fleet,
-    window: MeasureWindow,
-    sim_timing: Option<FleetTiming>,
-}
-
-impl PointSpec<'_> {
-    /// The same point measured over `window_s` (a load point's window).
-    fn with_window_s(&self, window_s: f64) -> Self {
-        PointSpec { window: MeasureWindow { window_s, ..self.window }, ..*self }
-    }
-}
-
-async fn measure(
-    a: &SweepArgs,
-    spec: &PointSpec<'_>,
-    kind: WorkloadKind,
-    policy: Policy,
-    rate: f64,
-    out: &Path,
-    progress: &mut Progress,
-) -> PointResult {
-    progress.point += 1;
-    let dir_rel = format!("{}/{}/r{:.4}", kind.name(), policy.name(), rate);
-    let dir = out.join(&dir_rel);
-    let plan = Arc::new(plan_for(a, spec.fleet, kind, rate, &spec.window));
-    let warm = if spec.window.warmup_s > 0.0 {
-        format!(" | warm-up {:.0} s, window {:.0} s", spec.window.warmup_s, spec.window.window_s)
-    } else {
-        String::new()
-    };
-    eprintln!(
-        "[bench] point {} | {} | {} | {:.3} {} | {} requests planned{warm} | elapsed {}",
-        progress.point,
-        kind.name(),
-        policy.name(),
-        rate,
-        kind.rate_unit(),
-        plan.requests(),
-        fmt_elapsed(progress.started.elapsed())
-    );
-    match measure_inner(
-        a,
-        spec,
-        kind,
-        policy,
-        plan,
-        &dir,
-        &dir_rel,
-        progress.started,
-        progress.point,
-    )
-    .await
-    {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::error!(
-                workload = kind.name(),
-                policy = policy.name(),
-                rate,
-                error = format!("{e:#}"),
-                "point did not run"
-            );
-            PointResult {
-                workload: kind.name().into(),
-                policy: policy.name().into(),
-                rate,
-                dir: dir_rel,
-                error: Some(crate::run::one_line(&format!("{e:#}"), 300)),
-                window: spec.window,
-                ..Default::default()
-            }
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn measure_inner(
-    a: &SweepArgs,
-    spec: &PointSpec<'_>,
-    kind: WorkloadKind,
-    policy: Policy,
-    plan: Arc<Plan>,
-    dir: &Path,
-    dir_rel: &str,
-    started: Instant,
-    point: usize,
-) -> Result<PointResult> {
-    let (fleet, window) = (spec.fleet, spec.window);
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let Prepared { stack, worker_ids, client, base, model } =
-        prepare_stack(policy, fleet, dir).await?;
-    let header =
-        (policy.uses_session_header() && kind.has_sessions()).then(|| fleet.session_header.clone());
-    let before = scrape_all(&stack, &client, policy.is_kvmesh()).await?;
-    let pids: Vec<u32> =
-        stack.workers.iter().filter_map(|w| w.proc.as_ref().map(|p| p.pid())).collect();
-    // Simulators: one process each. Real engines: every process of each engine's group.
-    let ticks = |pids: &[u32]| {
-        if fleet.engine_groups.is_empty() {
-            pids.iter().map(|&p| cpu_ticks(p)).sum::<Option<u64>>()
-        } else {
-            group_ticks(&fleet.engine_groups)
-        }
-    };
-    let ticks_before = ticks(&pids);
-    let results = dir.join("results.jsonl");
-    let sink = Sink::create(&results, 1_000_000)?;
-    let done = Arc::new(AtomicU64::new(0));
-    let total = plan.requests();
-    let (d, p_start, name, pol, rate, unit) =
-        (done.clone(), Instant::now(), kind.name(), policy.name(), plan.rate, kind.rate_unit());
-    let ticker = tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(PROGRESS_EVERY).await;
-            eprintln!(
-                "[bench] point {point} | {name} | {pol} | {rate:.3} {unit} | {}/{total} requests | point {} | elapsed {}",
-                d.load(Ordering::Relaxed),
-                fmt_elapsed(p_start.elapsed()),
-                fmt_elapsed(started.elapsed())
-            );
-        }
-    });
-    let cfg = PlanRunConfig {
-        base_url: base,
-        model,
-        session_header: header,
-        request_timeout: fleet.request_timeout,
-        max_in_flight: a.max_in_flight,
-        turn_deadline: Duration::from_secs_f64(window.turn_deadline_s()),
-    };
-    let run_started = Instant::now();
-    // The window opens after the warm-up: the engines' counters, the machine's CPU and the
-    // simulators' ticks are taken from there (immediately when there is no warm-up). No turn is
-    // due after the window's end, so the scrape after the run closes it.
-    let window_open = async {
-        if !window.has_warmup() {
-            return (None, Sampler::start(CPU_SAMPLE_EVERY), ticks_before, run_started);
-        }
-        tokio::time::sleep_until(
-            tokio::time::Instant::from_std(run_started) + Duration::from_secs_f64(window.warmup_s),
-        )
-        .await;
-        let opened = Instant::now();
-        let scrape = scrape_all(&stack, &client, policy.is_kvmesh()).await;
-        (Some(scrape), Sampler::start(CPU_SAMPLE_EVERY), ticks(&pids), opened)
-    };
-    let (stats, (at_window, sampler, ticks_before, opened)) =
-        tokio::join!(run_plan(client.clone(), cfg, plan.clone(), sink.sender(), done), window_open);
-    let (cpu_mean, cpu_max) = sampler.finish();
-    let run_wall_s = opened.elapsed().as_secs_f64();
-    ticker.abort();
-    let ticks_after = ticks(&pids);
-    let sunk = sink.close().await?;
-    let after = scrape_all(&stack, &client, policy.is_kvmesh()).await?;
-    let before = match at_window {
-        Some(scrape) => scrape.context("scraping the counters at the window's start")?,
-        None => before,
-    };
-    let c = counters(&stack, &before, &after, policy.is_kvmesh());
-    drop(stack);
-    std::fs::write(dir.join("counters.json"), serde_json::to_string_pretty(&c)?)?;
-    let all_records = read_all(std::io::BufReader::new(std::fs::File::open(&results)?))?;
-    let (records, warmup_requests) = window_records(&all_records, &window);
-    let (ceiling_rate, ceiling, skipped) =
-        point_ceiling(&plan, &all_records, &window, fleet.block_size as usize);
-    if skipped > 0 {
-        tracing::warn!(skipped, "records naming no planned turn left out of the ceiling");
-    }
-    let machine = MachineSample {
-        cpu_busy_mean: cpu_mean,
-        cpu_busy_max: cpu_max,
-        sim_cpu_s: cpu_s_between(ticks_before, ticks_after),
-    };
-    let mut p = summarize_point(
-        kind.name(),
-        policy.name(),
-        plan.rate,
-        dir_rel,
-        &records,
-        Some(&c),
-        Some((ceiling_rate, ceiling)),
-        machine,
-        &worker_ids,
-    )
-    .with_window(window, warmup_requests, stats.cut_turns);
-    if let Some(t) = &spec.sim_timing {
-        // Real engines size their own caches and prefill at their own speed; the simulators have
-        // exactly `num_gpu_blocks` and the modelled throughput.
-        let capacity_tokens =
-            fleet.workers as u64 * fleet.num_gpu_blocks * u64::from(fleet.block_size);
-        let block_size = fleet.block_size as usize;
-        p.fleet_lru = point_fleet_lru(&plan, &all_records, &window, block_size, capacity_tokens);
-        p.ttft_floor_p90_ms = point_ttft_floor_p90_ms(&plan, &all_records, &window, block_size, t);
-    }
-    if !fleet.engine_groups.is_empty() {
-        // The engines are the CPU load here: bound everything else instead (see the lib's rule).
-        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        p.invalid = invalid_reasons_real_engines(
-            cpu_mean,
-            machine.sim_cpu_s,
-            run_wall_s,
-            cores,
-            p.lateness_p90_ms,
-        );
-        // Real vLLM names no worker in its responses, so Envoy-routed records carry none: load is
-        // what each engine's counters say it was asked to prefill (prompt tokens queried), the same
-        // measure for every policy.
-        p.load_max_over_mean = kvmesh_bench::stats::balance(
-            c.engines.iter().map(|e| (e.worker.as_str(), e.prefix_cache_queries)),
-            &worker_ids,
-        )
-        .max_over_mean();
-    }
-    tracing::info!(
-        workload = kind.name(),
-        policy = policy.name(),
-        rate = plan.rate,
-        requests = sunk.written,
-        window_requests = p.requests,
-        warmup_requests,
-        cut_turns = stats.cut_turns,
-        turns_per_s = p.turns_per_s.unwrap_or(f64::NAN),
-        ceiling = ceiling_rate,
-        fleet_lru = p.fleet_lru.unwrap_or(f64::NAN),
-        ttft_floor_p90_ms = p.ttft_floor_p90_ms.unwrap_or(f64::NAN),
-        wall_s = stats.wall.as_secs_f64(),
-        ttft_p90_ms = p.ttft_p90_ms.unwrap_or(f64::NAN),
-        engine_hit_rate = p.engine_hit_rate.unwrap_or(f64::NAN),
-        valid = p.valid(),
-        "point done"
-    );
-    Ok(p)
-}
 
 /// The fleet of one workload's simulated points: its timing's vllm-sim flags before the shared
 /// extra flags (`--sim-arg`; one that sets `--max-num-batched-tokens` itself wins).
@@ -404,7 +119,7 @@ pub(crate) async fn start_real_engines(
 }
 
 /// Runs the sweep into `<out>/sweep/` and returns its report.
-pub async fn run_sweep(a: &SweepArgs, fleet: &Fleet, out: &Path) -> Result<SweepReport> {
+pub async fn run_sweep(a: &SweepSettings, fleet: &Fleet, out: &Path) -> Result<SweepReport> {
     let out = out.join("sweep");
     std::fs::create_dir_all(&out)?;
     // Real engines start once (a minute each) and live until the sweep returns; every point's
