@@ -226,7 +226,7 @@ impl Stack {
         cmd.arg("-c").arg(&path).args([
             "--disable-hot-restart",
             "--concurrency",
-            "2",
+            &self.spec.envoy_concurrency.to_string(),
             "-l",
             "info",
         ]);

@@ -6,14 +6,28 @@
 //!   strips it outside the VM (without the strip every spoofed request lands on the named worker);
 //! - Envoy's wasm stats show the failure (what the `KvmeshWasmFilterFailed` alert reads);
 //! - the VM comes back (FAIL_RELOAD) and requests are routed by the indexer again.
+//!
+//!
+//! Issue 43 T5, `#[ignore]`d because it fails today (run it with `--ignored`): requests paused in
+//! the VM when it traps (waiting for a stopped indexer, on the one worker thread of an Envoy run
+//! with `--concurrency 1`) must all be answered within 5 s and leave no booking. Observed on Envoy
+//! 1.40: Envoy never resumes a stream whose VM failed (the dead VM's call answers are dropped), so
+//! they wait for the listener's stream idle timeout (300 s by default); the listener's
+//! `request_timeout` does not fire for them (3 s set, `downstream_rq_timeout` stayed 0 for 40 s);
+//! a 4 s `stream_idle_timeout` answers all 8 with 503 (`wasm_fail_stream`) 4.0 s after the trap,
+//! but it would also cut any response slower than that to its first byte. And when the indexer
+//! resumes it answers the 8 abandoned calls into closed connections and keeps their 8 bookings
+//! (nothing will send their `/v1/done`; they expire after `load_expiry_secs`).
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use kvmesh_core::headers;
 use kvmesh_e2e::client::{filler, post_json, SIM_WORKER};
 use kvmesh_e2e::poll;
-use kvmesh_e2e::procs::repo_root;
+use kvmesh_e2e::procs::{repo_root, Paused};
 use kvmesh_e2e::stack::{Stack, StackSpec};
 use serde_json::json;
 
@@ -41,6 +55,18 @@ fn trap_wasm() -> anyhow::Result<PathBuf> {
         .status()?;
     anyhow::ensure!(status.success(), "building the test-trap filter failed");
     Ok(target_dir.join("wasm32-wasip1/wasm/kvmesh_filter.wasm"))
+}
+
+/// Points the harness at the trapping filter, built once per test binary (the harness reads the
+/// module path from the environment; every test here wants the same module).
+fn use_trap_wasm() -> anyhow::Result<()> {
+    static BUILT: Mutex<bool> = Mutex::new(false);
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if !*built {
+        std::env::set_var("KVMESH_WASM", trap_wasm()?);
+        *built = true;
+    }
+    Ok(())
 }
 
 /// Envoy's stats whose name mentions wasm, as `name: value` lines.
@@ -77,9 +103,7 @@ fn body(i: u64) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trapped_vm_neither_fails_requests_nor_lets_clients_pick_hosts() -> anyhow::Result<()> {
-    let wasm = trap_wasm()?;
-    // This test binary runs this one test: the harness reads the module path from the environment.
-    std::env::set_var("KVMESH_WASM", &wasm);
+    use_trap_wasm()?;
 
     // FAIL_OPEN: the trapped VM is bypassed, so only the strip outside wasm stands between a
     // client's destination header and the load balancer.
@@ -153,5 +177,126 @@ async fn a_trapped_vm_neither_fails_requests_nor_lets_clients_pick_hosts() -> an
         prom.lines().filter(|l| l.contains("vm_reload")).collect::<Vec<_>>().join("\n")
     );
     assert!(reloads(&stats) >= 1, "Envoy did not report a VM reload:\n{stats}");
+    Ok(())
+}
+
+/// Requests paused in the VM when it traps.
+const PAUSED: usize = 8;
+/// T5 (issue 43): every paused request is answered this soon after the trap — far below the
+/// 300 s stream idle timeout that ends them today.
+const ANSWERED_WITHIN: Duration = Duration::from_secs(5);
+
+/// One Envoy stat by its exact name, from the admin `/stats`.
+async fn envoy_stat(stack: &Stack, name: &str) -> Option<u64> {
+    let url = stack.admin(&format!("/stats?filter=^{}$", name.replace('.', "\\.")));
+    let text = stack.client().get(url).send().await.ok()?.text().await.ok()?;
+    text.lines().find_map(|l| l.split_once(": ").and_then(|(_, v)| v.trim().parse().ok()))
+}
+
+/// The indexer's bookings: in-flight routed requests summed over workers.
+async fn bookings(stack: &Stack) -> Option<f64> {
+    let m = stack.scrape(&stack.indexer_url("/metrics")).await.ok()?;
+    Some(m.sum("kvmesh_worker_active_requests", &[]))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "issue 43 T5: fails on Envoy 1.40 today (paused streams wait for the stream idle timeout; abandoned calls keep their bookings), see the module docs"]
+async fn requests_paused_in_a_trapping_vm_are_answered_fast_and_leak_no_booking(
+) -> anyhow::Result<()> {
+    use_trap_wasm()?;
+    let mut spec = StackSpec::aggregate(2);
+    // A long route deadline and a breaker that never opens: the requests stay paused on the call.
+    spec.filter_config =
+        json!({"debug_headers": true, "indexer_timeout_ms": 30000, "breaker_failures": 1000});
+    spec.envoy_concurrency = 1;
+    let stack = &Stack::start(spec).await?;
+    let url = stack.gateway("/v1/completions");
+    // No client timeout: a hang shows as one.
+    let c = reqwest::Client::new();
+    let r = post_json(&c, &url, &body(0), &[]).await?;
+    assert!(
+        r.status == 200 && r.mode().is_some(),
+        "routed before the trap: {} {}",
+        r.status,
+        r.text
+    );
+    // Its /v1/done has released its booking before the indexer stops.
+    poll::until("the first request's booking released", || async move {
+        (bookings(stack).await? == 0.0).then_some(())
+    })
+    .await?;
+
+    let pid =
+        stack.indexer.as_ref().map(|p| p.pid()).ok_or_else(|| anyhow::anyhow!("no indexer"))?;
+    let paused = Paused::stop(pid)?;
+    let calls_before =
+        envoy_stat(stack, "cluster.kvmesh_indexer.upstream_rq_total").await.unwrap_or(0);
+    let waiting: Vec<_> = (0..PAUSED as u64)
+        .map(|i| {
+            let (c, url) = (c.clone(), url.clone());
+            tokio::spawn(async move {
+                let r = post_json(&c, &url, &body(10 + i), &[]).await;
+                (r, Instant::now())
+            })
+        })
+        .collect();
+    poll::until("every request paused on its route call to the stopped indexer", || async move {
+        let now = envoy_stat(stack, "cluster.kvmesh_indexer.upstream_rq_total").await?;
+        (now >= calls_before + PAUSED as u64).then_some(())
+    })
+    .await?;
+
+    // One worker thread: the trap kills the VM those requests wait in.
+    let trapped_at = Instant::now();
+    let trap = tokio::spawn({
+        let (c, url) = (reqwest::Client::new(), url.clone());
+        async move {
+            post_json(&c, &url, &body(99), &[("x-kvmesh-test-trap", "1")]).await.map(|r| r.status)
+        }
+    });
+    let mut statuses = Vec::new();
+    for (i, handle) in waiting.into_iter().enumerate() {
+        let left = ANSWERED_WITHIN.saturating_sub(trapped_at.elapsed());
+        let Ok(joined) = tokio::time::timeout(left, handle).await else {
+            for stat in ["active", "timeout", "idle_timeout"] {
+                let name = format!("http.kvmesh.downstream_rq_{stat}");
+                eprintln!("{name} = {:?}", envoy_stat(stack, &name).await);
+            }
+            anyhow::bail!(
+                "paused request {i} not answered {ANSWERED_WITHIN:?} after the trap (a stream \
+                 paused in a dead VM is never resumed: it waits for the stream idle timeout)"
+            );
+        };
+        let (reply, at) = joined?;
+        let reply = reply?;
+        eprintln!(
+            "paused request {i}: {} after {:?} from the trap, {:?}",
+            reply.status,
+            at.saturating_duration_since(trapped_at),
+            reply.text
+        );
+        statuses.push(reply.status);
+    }
+    eprintln!("the trapping request: {:?}", trap.await?);
+    eprintln!("wasm stats after the trap:\n{}", wasm_stats(stack).await.unwrap_or_default());
+    // Answered by an engine or with a fast error; which one is logged above.
+    assert!(statuses.iter().all(|&s| s != 0), "answers: {statuses:?}");
+    // The indexer resumes: the abandoned calls book nothing that stays.
+    drop(paused);
+    poll::until("the indexer's bookings back to 0 after it resumes", || async move {
+        let b = bookings(stack).await?;
+        eprintln!("bookings: {b}");
+        (b == 0.0).then_some(())
+    })
+    .await?;
+    // And the reloaded VM routes again.
+    poll::until("the filter routing again after the reload", || {
+        let (c, url) = (c.clone(), url.clone());
+        async move {
+            let r = post_json(&c, &url, &body(200), &[]).await.ok()?;
+            (r.status == 200 && r.mode().is_some()).then_some(())
+        }
+    })
+    .await?;
     Ok(())
 }

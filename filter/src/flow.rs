@@ -184,7 +184,7 @@ impl RequestFlow {
             effects.push(Effect::Metric(MetricUpdate::Add(Metric::OverridesRefused(reason), 1)));
         }
         self.request_id = match &self.head.request_id {
-            Some(id) => id.clone(),
+            Some(id) => self.name_for_indexer(id, &mut effects),
             None => {
                 // Envoy generates x-request-id unless told not to; make one so route and done agree.
                 let id = format!("kvmesh-{:x}-{:x}", self.context_id, now_ns);
@@ -553,6 +553,20 @@ impl RequestFlow {
         }
         self.primary = header.split(',').next().map(str::to_owned);
         header
+    }
+
+    /// The client's `x-request-id` as the filter and the indexer name the request
+    /// ([`crate::request_id`]): percent-encoded (logged, counted) unless it is header text.
+    fn name_for_indexer(&self, id: &str, effects: &mut Vec<Effect>) -> String {
+        let Some(encoded) = crate::request_id::encoded_for_indexer(id) else {
+            return id.to_owned();
+        };
+        log::debug!(
+            "ctx={} request_id={encoded} the client's x-request-id is not visible ASCII: named by its percent-encoding (the engine gets it unchanged)",
+            self.context_id
+        );
+        effects.push(Effect::Metric(MetricUpdate::Add(Metric::RequestIdsEncoded, 1)));
+        encoded
     }
 
     fn unroutable(&self, reason: UnroutableReason) -> Effect {

@@ -33,6 +33,7 @@ pub mod metric_ids;
 pub mod metrics;
 pub mod placement;
 pub mod request;
+pub mod request_id;
 pub mod roles;
 pub mod session_slots;
 pub mod shared;

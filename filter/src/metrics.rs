@@ -47,6 +47,10 @@ pub const BREAKER_TRANSITIONS: &str = "kvmesh_filter_breaker_transitions_total";
 pub const ENDPOINT_EJECTIONS: &str = "kvmesh_filter_endpoint_ejections_total";
 /// Counter `{reason}`: requests whose `x-kvmesh-worker` / `x-kvmesh-mode` were stripped, not honoured.
 pub const OVERRIDES_REFUSED: &str = "kvmesh_filter_overrides_refused_total";
+/// Counter: requests whose `x-request-id` was not visible ASCII, so the filter named them by its
+/// percent-encoded form in logs, `/v1/route` and `/v1/done` (`crate::request_id`; the engine still
+/// gets the client's header).
+pub const REQUEST_IDS_ENCODED: &str = "kvmesh_filter_request_ids_encoded_total";
 
 /// Histogram: time to first token in milliseconds, from the request's arrival at the filter to the
 /// first response body byte of a streamed 2xx response (`crate::ttft`).
@@ -65,7 +69,7 @@ pub const ENVOY_WASM_VM_RELOAD_SUCCESS: &str = "envoy_wasm_kvmesh_vm_reload_succ
 pub const ENVOY_WASM_VM_RELOAD_FAILURE: &str = "envoy_wasm_kvmesh_vm_reload_failure";
 
 /// Every base name, for docs and drift tests.
-pub const ALL_NAMES: [&str; 20] = [
+pub const ALL_NAMES: [&str; 21] = [
     KV_OVERLAP_BLOCKS,
     KV_ISL_BLOCKS,
     KV_HIT_RATE,
@@ -86,6 +90,7 @@ pub const ALL_NAMES: [&str; 20] = [
     BREAKER_TRANSITIONS,
     ENDPOINT_EJECTIONS,
     OVERRIDES_REFUSED,
+    REQUEST_IDS_ENCODED,
 ];
 
 /// Every label name; each needs a `stats_tags` entry in the bootstrap.
@@ -309,6 +314,7 @@ pub enum Metric {
     BreakerTransitions(BreakerState),
     EndpointEjections,
     OverridesRefused(OverrideRefusal),
+    RequestIdsEncoded,
 }
 
 impl Metric {
@@ -348,6 +354,7 @@ impl Metric {
             Self::BreakerTransitions(_) => BREAKER_TRANSITIONS,
             Self::EndpointEjections => ENDPOINT_EJECTIONS,
             Self::OverridesRefused(_) => OVERRIDES_REFUSED,
+            Self::RequestIdsEncoded => REQUEST_IDS_ENCODED,
         }
     }
 
@@ -406,6 +413,7 @@ impl Metric {
         all.extend(BreakerState::ALL.iter().map(|&s| Self::BreakerTransitions(s)));
         all.push(Self::EndpointEjections);
         all.extend(OverrideRefusal::ALL.iter().map(|&r| Self::OverridesRefused(r)));
+        all.push(Self::RequestIdsEncoded);
         all
     }
 }

@@ -66,6 +66,8 @@ pub struct StackSpec {
     pub indexer_max_connections: u32,
     /// The wasm filter's `failure_policy` (bootstrap `wasm_failure_policy`).
     pub wasm_failure_policy: String,
+    /// Envoy's worker threads (`--concurrency`).
+    pub envoy_concurrency: usize,
 }
 
 impl StackSpec {
@@ -109,6 +111,7 @@ impl StackSpec {
             engines: crate::vllm::Engines::Sim,
             indexer_max_connections: crate::envoy_config::DEFAULT_INDEXER_MAX_CONNECTIONS,
             wasm_failure_policy: crate::envoy_config::DEFAULT_WASM_FAILURE_POLICY.to_owned(),
+            envoy_concurrency: 2,
         }
     }
 

@@ -10,9 +10,8 @@
 //! `plan.rs`; this file only drives processes, HTTP and files. Output in `--out`: `report.md`,
 //! `samples.csv`, `soak_memory.png`, `soak_gauges.png`. Exits non-zero when the verdict fails.
 //!
-//! Over 600 lines: one driver for one long run — flags, the stack, the load clients, the churn
-//! steps, sampling and the files — kept whole while the soak gains a feature in parallel work;
-//! its split (clients, churn, sampling) is due once that lands.
+//! Over 600 lines: the driver is one sequence (load, churn, sampling, output) that reads best
+//! in one place; everything that can be unit-tested is in `plan.rs`.
 
 mod plan;
 

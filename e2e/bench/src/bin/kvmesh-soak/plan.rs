@@ -396,6 +396,47 @@ pub fn render(s: &Summary, is_bytes: impl Fn(&str) -> bool) -> String {
     o
 }
 
+/// What the body bases did over a run (counters read at its end).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BodyBases {
+    /// The filter's route calls that sent the whole body, only the bytes after a base, or the
+    /// whole body again after a `409`.
+    pub whole: f64,
+    pub delta: f64,
+    pub resent: f64,
+    /// The indexer's memo reads since its last restart: continued from a held body, read whole,
+    /// a named base no longer held.
+    pub memo_hit: f64,
+    pub memo_miss: f64,
+    pub base_unknown: f64,
+}
+
+/// The report's body-base section: the counters and the body memo's memory (last and peak of the
+/// `body_memo_bytes` samples).
+pub fn render_body_bases(b: &BodyBases, memo: Option<&Vec<(f64, f64)>>) -> String {
+    let calls = b.whole + b.delta + b.resent;
+    let share = if calls > 0.0 { 100.0 * b.delta / calls } else { 0.0 };
+    let mut out = format!(
+        "\nBody bases: {calls:.0} route calls, {:.0} sent only the bytes after a body base ({share:.1} %), {:.0} the whole body, {:.0} resent whole after a 409; the indexer's body memo (since its last restart): {:.0} continued, {:.0} read whole, {:.0} bases unknown.",
+        b.delta, b.whole, b.resent, b.memo_hit, b.memo_miss, b.base_unknown
+    );
+    match memo.filter(|pts| !pts.is_empty()) {
+        Some(pts) => {
+            let last = pts.last().map_or(0.0, |p| p.1);
+            let peak = pts.iter().map(|p| p.1).fold(0.0, f64::max);
+            let _ = write!(
+                out,
+                " Body memo memory (`kvmesh_body_memo_bytes`): {:.2} MiB at the end, {:.2} MiB peak.",
+                last / MIB,
+                peak / MIB
+            );
+        }
+        None => out.push_str(" Body memo memory: not sampled."),
+    }
+    out.push('\n');
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -634,5 +675,26 @@ Rss:                   0 kB
         s.crashes.push("envoy exited".into());
         assert!(!s.pass());
         assert!(render(&s, |_| true).contains("Crashes: 1 (envoy exited)"));
+    }
+
+    #[test]
+    fn the_body_base_section_gives_the_delta_share_and_the_memo_memory() {
+        let b = BodyBases {
+            whole: 30.0,
+            delta: 60.0,
+            resent: 10.0,
+            memo_hit: 55.0,
+            memo_miss: 40.0,
+            base_unknown: 10.0,
+        };
+        let memo = vec![(0.0, 0.0), (60.0, 2.5 * MIB), (120.0, 2.0 * MIB)];
+        let text = render_body_bases(&b, Some(&memo));
+        assert!(
+            text.contains("100 route calls, 60 sent only the bytes after a body base (60.0 %)"),
+            "{text}"
+        );
+        assert!(text.contains("10 resent whole after a 409"), "{text}");
+        assert!(text.contains("2.00 MiB at the end, 2.50 MiB peak"), "{text}");
+        assert!(render_body_bases(&BodyBases::default(), None).contains("not sampled"));
     }
 }
