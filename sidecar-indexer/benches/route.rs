@@ -26,7 +26,6 @@ use kvmesh_core::headers;
 use kvmesh_core::openai::ChatMessage;
 use kvmesh_indexer::config::{Config, MapEnv};
 use kvmesh_indexer::http::router;
-use kvmesh_indexer::route::plan;
 use kvmesh_indexer::service::Service;
 use kvmesh_indexer::tokenize::PromptTokenizer;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -316,10 +315,10 @@ fn routed_whole(
     let done = || svc.state.metrics.tokenize_background.with_label_values(&["done"]).get();
     let idle = || {
         let deadline = Instant::now() + Duration::from_secs(600);
-        while plan::background_completions_in_flight() > 0 && Instant::now() < deadline {
+        while svc.state.background.in_flight() > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
-        plan::background_completions_in_flight() == 0
+        svc.state.background.in_flight() == 0
     };
     anyhow::ensure!(idle(), "earlier background tokenizations did not finish");
     let before = done();

@@ -16,9 +16,11 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use kvmesh_core::api::{DoneReport, RouteDecision, DONE_PATH, FLEET_PATH, ROUTE_PATH};
+use kvmesh_core::api::{RouteDecision, DONE_PATH, FLEET_PATH, ROUTE_PATH};
 use tower_http::timeout::TimeoutLayer;
 
+use crate::route::bookings;
+use crate::route::record::{Endpoint, RouteMetrics};
 use crate::state::AppState;
 
 pub use crate::route::ApiError;
@@ -68,7 +70,7 @@ pub fn metrics_router(state: Arc<AppState>) -> Router {
 
 fn body(
     state: &AppState,
-    endpoint: &'static str,
+    endpoint: Endpoint,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
@@ -77,7 +79,7 @@ fn body(
         } else {
             ApiError::bad_request("bad_body", e.body_text())
         };
-        state.metrics.bad_requests.with_label_values(&[endpoint, err.reason]).inc();
+        RouteMetrics(&state.metrics).bad_request(endpoint, err.reason);
         err
     })
 }
@@ -88,34 +90,34 @@ async fn route(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<RouteDecision>, ApiError> {
     let started = Instant::now();
-    let raw = body(&state, "route", raw)?;
+    let raw = body(&state, Endpoint::Route, raw)?;
+    let cfg = state.config();
     // Our own deadline (inside the layer's), so the answer carries a reason; the dropped call
     // releases whatever it booked.
-    let deadline = Duration::from_millis(state.config().routing.request_timeout_ms);
-    let result = match tokio::time::timeout(deadline, crate::route::route(&state, &headers, raw))
-        .await
-    {
+    let deadline = Duration::from_millis(cfg.routing.request_timeout_ms);
+    let call = crate::route::route(&state, cfg, &headers, raw);
+    let result = match tokio::time::timeout(deadline, call).await {
         Ok(r) => r,
         Err(_) => Err(ApiError::unavailable(
             "request_timeout",
             format!("no decision within routing.request_timeout_ms = {} ms", deadline.as_millis()),
         )),
     };
+    let metrics = RouteMetrics(&state.metrics);
     match &result {
-        Ok(_) => state.metrics.route_duration.observe(started.elapsed().as_secs_f64()),
+        Ok(_) => metrics.answered(started.elapsed()),
         // Not a bad request: the filter's base was evicted; it sends the whole body next
         // (`kvmesh_body_memo_total{result="base_unknown"}` counts it).
         Err(e) if e.reason == kvmesh_core::body_base::BASE_UNKNOWN => {}
         Err(e) if e.status.is_client_error() && e.status != StatusCode::TOO_MANY_REQUESTS => {
-            state.metrics.bad_requests.with_label_values(&["route", e.reason]).inc()
+            metrics.bad_request(Endpoint::Route, e.reason)
         }
         Err(e) => {
-            let c = state.metrics.route_errors.with_label_values(&[e.reason]);
-            c.inc();
+            let seen = metrics.failed(e);
             // Every failure is counted; its log line is sampled (1st, 2nd, 4th, 8th … of a reason),
             // so a fleet-wide fault is named in the log without flooding it.
-            if c.get().is_power_of_two() {
-                tracing::warn!(status = e.status.as_u16(), reason = e.reason, seen = c.get(), message = %e.message, "route call failed; the filter routes without the indexer");
+            if seen.is_power_of_two() {
+                tracing::warn!(status = e.status.as_u16(), reason = e.reason, seen, message = %e.message, "route call failed; the filter routes without the indexer");
             }
         }
     }
@@ -129,7 +131,7 @@ async fn done(
     State(state): State<Arc<AppState>>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let raw = body(&state, "done", raw)?;
+    let raw = body(&state, Endpoint::Done, raw)?;
     // One report (an object), or a batch (an array): the filter sends what waited as one call.
     let max = kvmesh_core::api::MAX_DONE_BATCH;
     let reports = kvmesh_core::api::parse_done_body(&raw)
@@ -139,69 +141,14 @@ async fn done(
             false => Err(format!("{} reports in one batch (at most {max})", r.len())),
         })
         .map_err(|message| {
-            state.metrics.bad_requests.with_label_values(&["done", "bad_json"]).inc();
+            RouteMetrics(&state.metrics).bad_request(Endpoint::Done, "bad_json");
             ApiError::bad_request("bad_json", message)
         })?;
-    let released = reports.iter().filter(|r| release_done(&state, r)).count();
+    let released = reports.iter().filter(|r| bookings::release_reported(&state, r)).count();
     if raw.trim_ascii_start().starts_with(b"[") {
         return Ok(Json(serde_json::json!({ "released": released })));
     }
     Ok(Json(serde_json::json!({ "released": released == 1 })))
-}
-
-/// Releases the booking one done report names; whether there was one.
-fn release_done(state: &AppState, report: &DoneReport) -> bool {
-    // By the booking id the decision carried; a report without one (an older filter) releases the
-    // oldest booking made under its request id.
-    let released = {
-        let mut load = state.load.lock();
-        match report.booking_id.as_deref() {
-            Some(wire) => load.parse_wire_id(wire).and_then(|id| load.release(id)),
-            None => load.release_request(&report.request_id, crate::clock::now()),
-        }
-    };
-    // The report names the host that served (the filter reads Envoy's `upstream.address`); after
-    // a retry or a fallback to another host that is not the booked worker. The booking released is
-    // the one made, by its id: the booked worker's load is what the booking added.
-    if let (Some(b), Some(served)) = (&released, report.endpoint.as_deref()) {
-        let (booked_at, served_by) = {
-            let fleet = state.fleet.read();
-            let booked_at =
-                fleet.workers.iter().find(|w| w.cfg.id == b.worker).map(|w| w.cfg.endpoint.clone());
-            let served_by = fleet
-                .workers
-                .iter()
-                .find(|w| w.cfg.endpoint == served && w.cfg.role.decodes())
-                .map(|w| w.cfg.id.clone());
-            (booked_at, served_by)
-        };
-        if booked_at.as_deref().is_some_and(|e| e != served) {
-            tracing::debug!(request_id = %report.request_id, booked = %b.worker, served, "served by another host than booked; the booking is released");
-            // The session's KV is where the request was served: its next turn goes there.
-            if let (Some(session), Some(to), kvmesh_core::api::Outcome::Success) =
-                (b.session, served_by, report.outcome)
-            {
-                if state.sessions.lock().served_elsewhere(
-                    session,
-                    &b.worker,
-                    &to,
-                    crate::clock::now(),
-                ) {
-                    state.metrics.kv_home_moves.inc();
-                    tracing::info!(request_id = %report.request_id, from = %b.worker, to = %to, "a retry served the session on another worker; its kv_home follows");
-                }
-            }
-        }
-    }
-    state
-        .metrics
-        .done_reports
-        .with_label_values(&[
-            report.outcome.as_str(),
-            if released.is_some() { "true" } else { "false" },
-        ])
-        .inc();
-    released.is_some()
 }
 
 async fn fleet(State(state): State<Arc<AppState>>) -> Json<kvmesh_core::api::FleetSnapshot> {

@@ -132,9 +132,10 @@ async fn routes_to_the_worker_holding_the_prefix() {
     let w1 = fleet.workers.iter().find(|w| w.id == "w1").unwrap();
     assert_eq!((w1.load.active_requests, w1.load.active_blocks), (1, 3));
     let done = Request::post(DONE_PATH)
-        .body(Body::from(
-            r#"{"request_id":"r1","endpoint":"127.0.0.1:2","outcome":"success","status":200}"#,
-        ))
+        .body(Body::from(format!(
+            r#"{{"request_id":"r1","endpoint":"127.0.0.1:2","outcome":"success","status":200,"booking_id":"{}"}}"#,
+            d.booking_id.as_deref().unwrap()
+        )))
         .unwrap();
     let (status, body) = call(&svc, done).await;
     assert_eq!(
@@ -399,11 +400,13 @@ async fn approximate_mode_learns_from_its_own_decisions() {
             .await;
     assert_eq!(first.overlap_blocks, 0);
     svc.barrier();
+    let mut previous = first.clone();
     for i in 0..5 {
         // Release each request's load so only the overlap tells the workers apart.
         let done = format!(
-            r#"{{"request_id":"{}","outcome":"success"}}"#,
-            if i == 0 { "first".to_owned() } else { format!("r{}", i - 1) }
+            r#"{{"request_id":"{}","outcome":"success","booking_id":"{}"}}"#,
+            if i == 0 { "first".to_owned() } else { format!("r{}", i - 1) },
+            previous.booking_id.as_deref().unwrap()
         );
         assert_eq!(
             call(&svc, Request::post(DONE_PATH).body(Body::from(done)).unwrap()).await.0,
@@ -414,6 +417,7 @@ async fn approximate_mode_learns_from_its_own_decisions() {
             route_ok(&svc, "/v1/completions", &tokens_body(16), &[(headers::REQUEST_ID, &id)])
                 .await;
         svc.barrier();
+        previous = again.clone();
         // The first repeat finds the 3 blocks learned from the 12-token prompt; later ones hold all 4,
         // but a 16-token prompt can hit at most 3 (the engine computes the last token).
         assert_eq!((again.worker.as_str(), again.overlap_blocks), (first.worker.as_str(), 3));
@@ -671,6 +675,29 @@ async fn one_client_request_id_ten_bookings_ten_releases() {
         .contains(r#"kvmesh_done_reports_total{matched="true",outcome="success"} 10"#));
 }
 
+#[tokio::test]
+async fn a_done_report_without_a_booking_id_releases_nothing_even_under_a_live_request_id() {
+    // Clients may reuse an `x-request-id`: a report naming only it must not release a booking
+    // (DESIGN.md), not the live one under that id nor, as an early report, the next one.
+    let svc = service("");
+    let d = route_ok(&svc, "/v1/completions", &tokens_body(8), &[(headers::REQUEST_ID, "reused")])
+        .await;
+    assert_eq!(call(&svc, done_req("reused", None)).await.1, br#"{"released":false}"#);
+    assert_eq!(active(&svc).iter().map(|(_, n)| n).sum::<u64>(), 1, "still booked");
+    // A report that comes first does not wait to release the next booking under its id.
+    assert_eq!(call(&svc, done_req("early", None)).await.1, br#"{"released":false}"#);
+    let next =
+        route_ok(&svc, "/v1/completions", &tokens_body(8), &[(headers::REQUEST_ID, "early")]).await;
+    assert_eq!(active(&svc).iter().map(|(_, n)| n).sum::<u64>(), 2, "both booked");
+    let text = svc.state.metrics.render();
+    assert!(text.contains("kvmesh_done_without_booking_id_total 2"), "{text}");
+    for b in [&d, &next] {
+        let (_, body) = call(&svc, done_req("any", b.booking_id.as_deref())).await;
+        assert_eq!(body, br#"{"released":true}"#);
+    }
+    assert!(all_idle(&svc), "{:?}", active(&svc));
+}
+
 use crate::legs::tests::silent_worker;
 
 async fn until(what: &str, mut cond: impl FnMut() -> bool) {
@@ -751,7 +778,7 @@ async fn short_prompts_tokenize_inline_long_ones_on_the_pool_with_exact_counts()
     let svc = service("");
     for n in [8u32, 20_000] {
         let body = tokens_body(n);
-        let inline = body.len() <= crate::route::plan::INLINE_TOKENIZE_MAX_BODY_BYTES;
+        let inline = body.len() <= crate::route::prompt::INLINE_TOKENIZE_MAX_BODY_BYTES;
         assert_eq!(inline, n == 8, "{} bytes", body.len());
         let d = route_ok(&svc, "/v1/completions", &body, &[]).await;
         assert_eq!(d.isl_blocks, n / 4, "{n} tokens");
@@ -784,7 +811,7 @@ async fn a_continued_long_conversation_tokenizes_inline_unless_the_memo_lost_its
         for turn in 0..2 {
             let body =
                 serde_json::json!({"model": "m", "messages": messages, "stream": true}).to_string();
-            assert!(body.len() > crate::route::plan::INLINE_TOKENIZE_MAX_BODY_BYTES);
+            assert!(body.len() > crate::route::prompt::INLINE_TOKENIZE_MAX_BODY_BYTES);
             turns.push(route_ok(&svc, "/v1/chat/completions", &body, &session).await.isl_blocks);
             let continued = svc.state.metrics.body_memo.with_label_values(&["hit"]).get();
             assert_eq!(

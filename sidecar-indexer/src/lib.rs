@@ -4,8 +4,8 @@
 //! Dynamo-compatible chain hashes, tokenizes prompts exactly as the engines do, and answers the wasm
 //! filter's `/v1/route` with a scored decision. Layout: pure logic in [`config`], [`index`],
 //! [`events`] (decode, sequencer, apply), [`tokenize`], [`decide`], [`predict`], [`speculative`], [`load`], [`recent`], [`approx`] (all three on one [`expiring`] map), [`scrape`], [`discovered`];
-//! the thin shells that do I/O in [`events::listener`], [`events::applier`], [`state`], [`route`] (a route call: plan → run → settle), [`http`],
-//! [`service`], [`discovery`]; their time and randomness come from [`clock`]. Guardrails (README): `decide` is pure; no lock is held across `.await`; an unknown
+//! the thin shells that do I/O in [`events::listener`], [`events::applier`], [`state`], [`route`] (a route call: prompt → plan → run → settle; bookings and per-route metrics each in one module), [`http`],
+//! [`service`] (the one owner of fleet changes, with its child [`service::discovery`]); their time and randomness come from [`clock`]. Guardrails (README): `decide` is pure; no lock is held across `.await`; an unknown
 //! parent is counted and refused, never guessed; every queue, map, cache and body is bounded.
 
 pub mod approx;
@@ -13,7 +13,6 @@ pub mod clock;
 pub mod config;
 pub mod decide;
 pub mod discovered;
-pub mod discovery;
 pub mod events;
 pub mod expiring;
 pub mod http;

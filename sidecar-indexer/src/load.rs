@@ -1,8 +1,9 @@
 //! The load each worker carries, as the indexer booked it from its own decisions.
 //!
-//! A routed request books its prompt blocks and uncached prompt tokens on the chosen worker under a
+//! The pure ledger: `crate::route::bookings` is its one caller that books and releases. A routed
+//! request books its prompt blocks and uncached prompt tokens on the chosen worker under a
 //! [`BookingId`] the indexer issues (never the client's `x-request-id`, which two clients may
-//! share); the id rides in the decision and `/v1/done` releases by it. A booking whose `/v1/done`
+//! share); the id rides in the decision and `/v1/done` releases by it, and only by it. A booking whose `/v1/done`
 //! never comes (filter crash, lost report) is released after `expiry`, and at most `max_bookings`
 //! are tracked (the oldest is released first beyond it), so the tracker is bounded in time and
 //! memory. The bookings are the shared [`ExpiringMap`] (booking id → booking, oldest first): a
@@ -31,7 +32,7 @@ pub struct Booking {
     pub blocks: u64,
     pub prefill_tokens: u64,
     pub at: Instant,
-    /// The client's `x-request-id`, for reports from filters that do not echo the booking id.
+    /// The client's `x-request-id`, for log lines only (never a key: clients may reuse it).
     pub request_id: Option<String>,
     /// The request's session key, set when its decision is settled: `/v1/done` moves the
     /// session's `kv_home` when another host served.
@@ -43,25 +44,13 @@ pub struct Booking {
 pub struct Expired {
     pub timeout: u64,
     pub overflow: u64,
-    /// Booked after its request's `/v1/done` already came (released at once).
-    pub done_first: u64,
 }
-
-/// How long a `/v1/done` that matched no booking waits for its booking, and how many wait. A
-/// route call the filter gave up on (timeout, an indexer stopped and resumed) can be answered after
-/// the report the filter sent for it: without this, that booking would hold load until `expiry`.
-pub const EARLY_DONE_TTL: Duration = Duration::from_secs(60);
-pub const EARLY_DONE_MAX: usize = 4096;
 
 /// Booked load per booking and per worker.
 #[derive(Debug)]
 pub struct LoadTracker {
     bookings: ExpiringMap<BookingId, Booking>,
-    /// request id → its live bookings, oldest first (only for legacy `/v1/done` reports).
-    by_request: HashMap<String, Vec<BookingId>>,
     per_worker: HashMap<String, WorkerLoad>,
-    /// Request ids whose `/v1/done` (without a booking id) matched nothing yet ([`EARLY_DONE_TTL`]).
-    early_done: ExpiringMap<String, ()>,
     next: u64,
     nonce: u32,
 }
@@ -74,9 +63,7 @@ impl LoadTracker {
     pub fn new(expiry: Duration, max_bookings: usize, nonce: u32) -> Self {
         Self {
             bookings: ExpiringMap::new(expiry, max_bookings),
-            by_request: HashMap::new(),
             per_worker: HashMap::new(),
-            early_done: ExpiringMap::new(EARLY_DONE_TTL, EARLY_DONE_MAX),
             next: 0,
             nonce,
         }
@@ -103,9 +90,6 @@ impl LoadTracker {
         w.active_requests += 1;
         w.active_blocks += blocks;
         w.prefill_tokens += prefill_tokens;
-        if let Some(r) = request_id {
-            self.by_request.entry(r.to_owned()).or_default().push(id);
-        }
         let b = Booking {
             worker: worker.to_owned(),
             blocks,
@@ -116,15 +100,8 @@ impl LoadTracker {
         };
         self.bookings.insert(id, b, now);
         let mut expired = self.expire(now);
-        // Almost always empty: no key is built for the lookup then.
-        if !self.early_done.is_empty()
-            && request_id.is_some_and(|r| self.early_done.remove(&r.to_owned()).is_some())
-        {
-            self.release(id);
-            expired.done_first += 1;
-        }
-        while let Some((oldest, b)) = self.bookings.pop_over_cap() {
-            self.unbook(oldest, &b);
+        while let Some((_, b)) = self.bookings.pop_over_cap() {
+            self.unbook(&b);
             expired.overflow += 1;
         }
         (id, expired)
@@ -151,49 +128,26 @@ impl LoadTracker {
     /// Releases `id`; the booking when it was live.
     pub fn release(&mut self, id: BookingId) -> Option<Booking> {
         let b = self.bookings.remove(&id)?;
-        self.unbook(id, &b);
+        self.unbook(&b);
         Some(b)
     }
 
-    /// Takes a booking that left the map off its worker's load and its request id's list.
-    fn unbook(&mut self, id: BookingId, b: &Booking) {
+    /// Takes a booking that left the map off its worker's load.
+    fn unbook(&mut self, b: &Booking) {
         if let Some(w) = self.per_worker.get_mut(&b.worker) {
             w.active_requests = w.active_requests.saturating_sub(1);
             w.active_blocks = w.active_blocks.saturating_sub(b.blocks);
             w.prefill_tokens = w.prefill_tokens.saturating_sub(b.prefill_tokens);
-        }
-        if let Some(r) = &b.request_id {
-            if let Some(ids) = self.by_request.get_mut(r) {
-                ids.retain(|i| *i != id);
-                if ids.is_empty() {
-                    self.by_request.remove(r);
-                }
-            }
-        }
-    }
-
-    /// Releases the oldest live booking made for `request_id` (reports without a booking id); when
-    /// there is none, the next booking under that id within [`EARLY_DONE_TTL`] is released as it
-    /// is made.
-    pub fn release_request(&mut self, request_id: &str, now: Instant) -> Option<Booking> {
-        match self.by_request.get(request_id).and_then(|ids| ids.first()).copied() {
-            Some(id) => self.release(id),
-            None => {
-                self.early_done.insert(request_id.to_owned(), (), now);
-                while self.early_done.pop_over_cap().is_some() {}
-                None
-            }
         }
     }
 
     /// Releases every booking at least `expiry` old; never a younger one.
     pub fn expire(&mut self, now: Instant) -> Expired {
         let mut expired = Expired::default();
-        while let Some((id, b)) = self.bookings.pop_expired(now) {
-            self.unbook(id, &b);
+        while let Some((_, b)) = self.bookings.pop_expired(now) {
+            self.unbook(&b);
             expired.timeout += 1;
         }
-        while self.early_done.pop_expired(now).is_some() {}
         expired
     }
 
@@ -234,11 +188,6 @@ impl LoadTracker {
     /// Whether nothing is booked.
     pub fn is_empty(&self) -> bool {
         self.bookings.is_empty()
-    }
-
-    /// Entries held for ordering and legacy lookups (bounded by [`Self::len`]; for tests).
-    pub fn tracked_entries(&self) -> usize {
-        self.bookings.len() + self.by_request.values().map(Vec::len).sum::<usize>()
     }
 }
 
@@ -287,44 +236,6 @@ mod tests {
         }
         assert!(l.is_empty());
         assert_eq!((l.worker("w0").active_requests, l.worker("w1").active_requests), (0, 0));
-        // Legacy reports by request id release one booking each, oldest first.
-        let a = l.book("w0", 1, 0, Some("x"), t0).0;
-        l.book("w1", 1, 0, Some("x"), t0);
-        assert_eq!(l.release_request("x", t0).map(|b| b.worker), Some("w0".into()));
-        assert_eq!(l.release(a), None);
-        assert_eq!(l.release_request("x", t0).map(|b| b.worker), Some("w1".into()));
-        assert_eq!(l.tracked_entries(), 0);
-    }
-
-    #[test]
-    fn a_done_report_that_comes_before_its_booking_releases_it_as_it_is_made() {
-        // A route call the filter gave up on (the indexer was stopped), answered after SIGCONT,
-        // after the filter's report for it.
-        let t0 = Instant::now();
-        let mut l = LoadTracker::new(secs(600), 10, 7);
-        assert_eq!(l.release_request("late", t0), None);
-        let (id, expired) = l.book("w0", 4, 100, Some("late"), t0 + secs(1));
-        assert_eq!(expired.done_first, 1);
-        assert_eq!(l.worker("w0"), WorkerLoad::default(), "released at once");
-        assert_eq!(l.release(id), None, "and only once");
-        // The report is used up: the next booking under that id is booked.
-        let (_, expired) = l.book("w0", 4, 100, Some("late"), t0 + secs(2));
-        assert_eq!((expired.done_first, l.worker("w0").active_requests), (0, 1));
-        // An early report waits EARLY_DONE_TTL, no longer; other ids are not touched.
-        assert_eq!(l.release_request("gone", t0), None);
-        let (_, expired) = l.book("w1", 1, 0, Some("other"), t0 + secs(3));
-        assert_eq!(expired.done_first, 0);
-        let (_, expired) = l.book("w1", 1, 0, Some("gone"), t0 + EARLY_DONE_TTL + secs(1));
-        assert_eq!((expired.done_first, l.worker("w1").active_requests), (0, 2));
-        // Bounded: at most EARLY_DONE_MAX wait (the oldest forgotten first).
-        for i in 0..EARLY_DONE_MAX + 10 {
-            l.release_request(&format!("r{i}"), t0 + secs(100));
-        }
-        assert_eq!(l.early_done.len(), EARLY_DONE_MAX);
-        let (_, expired) = l.book("w2", 1, 0, Some("r0"), t0 + secs(101));
-        assert_eq!(expired.done_first, 0, "the oldest was forgotten");
-        let (_, expired) = l.book("w2", 1, 0, Some("r20"), t0 + secs(101));
-        assert_eq!(expired.done_first, 1);
     }
 
     #[test]
@@ -369,12 +280,7 @@ mod tests {
             assert_eq!(expired, Expired::default());
             assert!(l.release(id).is_some());
         }
-        assert_eq!(l.len(), 1);
-        assert_eq!(
-            l.tracked_entries(),
-            2,
-            "the live booking and its request-id entry, nothing per released one"
-        );
+        assert_eq!(l.len(), 1, "the live booking, nothing per released one");
         assert!(l.bookings.queue_len() <= 2 + 1024 + 1, "stale queue records are compacted away");
         assert_eq!(l.worker("w1"), WorkerLoad::default());
         assert!(l.release(held).is_some());
@@ -415,6 +321,5 @@ mod tests {
         l.remove_worker("w0");
         assert_eq!(l.len(), 1);
         assert_eq!(l.worker("w0"), WorkerLoad::default());
-        assert_eq!(l.release_request("a", t0), None);
     }
 }

@@ -32,6 +32,7 @@ pub const TOKENIZE_TOKENS_TOTAL: &str = "kvmesh_tokenize_tokens_total";
 pub const TOKENIZE_BACKGROUND_TOTAL: &str = "kvmesh_tokenize_background_total";
 pub const TOKENIZE_MOVED_TO_POOL_TOTAL: &str = "kvmesh_tokenize_moved_to_pool_total";
 pub const DONE_REPORTS_TOTAL: &str = "kvmesh_done_reports_total";
+pub const DONE_WITHOUT_BOOKING_ID_TOTAL: &str = "kvmesh_done_without_booking_id_total";
 pub const LOAD_EXPIRED_TOTAL: &str = "kvmesh_load_expired_total";
 pub const KV_EVENTS_TOTAL: &str = "kvmesh_kv_events_total";
 pub const KV_BLOCKS_TOTAL: &str = "kvmesh_kv_blocks_total";
@@ -97,7 +98,7 @@ pub const WORKER_QUEUED_PREFILL_TOKENS: &str = "kvmesh_worker_queued_prefill_tok
 pub const PROCESS_RESIDENT_MEMORY_BYTES: &str = "process_resident_memory_bytes";
 pub const PROCESS_START_TIME_SECONDS: &str = "process_start_time_seconds";
 
-// Kubernetes discovery (discovery.rs): see [`DiscoveryMetrics`].
+// Kubernetes discovery (service/discovery.rs): see [`DiscoveryMetrics`].
 pub const DISCOVERY_UPDATES_TOTAL: &str = "kvmesh_discovery_updates_total";
 pub const DISCOVERY_CHANGES_TOTAL: &str = "kvmesh_discovery_changes_total";
 pub const DISCOVERY_WORKERS: &str = "kvmesh_discovery_workers";
@@ -124,6 +125,7 @@ pub const ALL: &[&str] = &[
     TOKENIZE_BACKGROUND_TOTAL,
     TOKENIZE_MOVED_TO_POOL_TOTAL,
     DONE_REPORTS_TOTAL,
+    DONE_WITHOUT_BOOKING_ID_TOTAL,
     LOAD_EXPIRED_TOTAL,
     KV_EVENTS_TOTAL,
     KV_BLOCKS_TOTAL,
@@ -233,6 +235,8 @@ pub struct Metrics {
     pub tokenize_moved_to_pool: IntCounter,
     /// labels: outcome (success, error, aborted), matched (true, false).
     pub done_reports: IntCounterVec,
+    /// `/v1/done` reports without a booking id: nothing released (never by the client's request id).
+    pub done_without_booking_id: IntCounter,
     /// labels: reason (timeout, overflow).
     pub load_expired: IntCounterVec,
     /// labels: worker, type (stored, removed, cleared, unknown).
@@ -433,6 +437,11 @@ impl Metrics {
             tokenize_tokens: counter_vec(&r, TOKENIZE_TOKENS_TOTAL, "Prompt tokens of routed requests: tokenized on the request path (exact) or estimated past the blocks any worker may hold", &["kind"])?,
             tokenize_background: counter_vec(&r, TOKENIZE_BACKGROUND_TOTAL, "Partly tokenized prompts finished off the request path for speculative holdings, by result", &["result"])?,
             done_reports: counter_vec(&r, DONE_REPORTS_TOTAL, "/v1/done reports by outcome and whether a booking matched", &["outcome", "matched"])?,
+            done_without_booking_id: {
+                let c = IntCounter::new(DONE_WITHOUT_BOOKING_ID_TOTAL, "/v1/done reports without a booking id: nothing released (bookings are released only by the id the indexer issued)")?;
+                r.register(Box::new(c.clone()))?;
+                c
+            },
             load_expired: counter_vec(&r, LOAD_EXPIRED_TOTAL, "Booked request loads released without /v1/done", &["reason"])?,
             kv_events: counter_vec(&r, KV_EVENTS_TOTAL, "KV events received by worker and type", &["worker", "type"])?,
             kv_blocks: counter_vec(&r, KV_BLOCKS_TOTAL, "Blocks stored / removed in the index by worker", &["worker", "op"])?,
@@ -633,7 +642,7 @@ impl Metrics {
     }
 }
 
-/// Kubernetes discovery (`discovery.rs`). The families are always registered; their labelled series
+/// Kubernetes discovery (`service/discovery.rs`). The families are always registered; their labelled series
 /// are created at zero when discovery starts ([`DiscoveryMetrics::init_series`]), so an indexer
 /// without `[discovery.kubernetes]` exports no discovery series but the two unlabelled ones.
 pub struct DiscoveryMetrics {

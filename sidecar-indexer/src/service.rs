@@ -7,8 +7,15 @@
 //! nothing they queued lands after the removal); added workers get slots and listeners; workers whose
 //! event wiring changed are cleared and re-subscribed; workers that only changed endpoint or role keep
 //! their index state. A new block size or index mode rewires every worker. `listen` needs a restart.
-//! Kubernetes-discovered workers ([`crate::discovery`]) reach the fleet through this same reload, as
-//! file config + discovered workers, and a file reload keeps them.
+//! The service is the one owner of fleet changes: Kubernetes-discovered workers ([`discovery`], its
+//! child) reach the fleet through this same reload, as file config + discovered workers, and a
+//! file reload keeps them.
+//!
+//! Over 600 lines: start-up, the reload transaction (plan under the read lock, register, swap)
+//! and the background loops that feed it stay together; the engine scrape loop is the next to
+//! move, beside `scrape.rs` (whose owner bounds its body).
+
+pub mod discovery;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -56,8 +63,8 @@ pub struct Service {
     config_path: Option<PathBuf>,
     env: Arc<dyn EnvSource>,
     reload_lock: tokio::sync::Mutex<()>,
-    /// The file's config and the discovered workers; the effective config merges both (discovery.rs).
-    pub(crate) discovery: crate::discovery::DiscoveryLink,
+    /// The file's config and the discovered workers; the effective config merges both (service/discovery.rs).
+    pub(crate) discovery: discovery::DiscoveryLink,
 }
 
 fn event_limits(c: &Config) -> (usize, usize, usize) {
@@ -146,7 +153,6 @@ impl Service {
             tokenizer: RwLock::new(Arc::new(tokenizer)),
             metrics,
             applier: tx,
-            rng: Mutex::new(entropy.rng()),
             engine_totals: Default::default(),
             free_slots,
             next_slot: Mutex::new(0),
@@ -156,10 +162,11 @@ impl Service {
             legs: reqwest::Client::builder().pool_max_idle_per_host(32).build()?,
             dry_runs: Default::default(),
             route_inflight: Default::default(),
-            placement: Mutex::new(crate::state::Placement::new(routing)),
+            placement: Mutex::new(crate::state::Placement::new(routing, entropy.rng())),
             decisions_since_scrape: Default::default(),
             body_memo: Default::default(),
             scrape_soon: Default::default(),
+            background: Default::default(),
         });
         let (frame, replay, queue) = event_limits(&config);
         let event_limits = Arc::new(EventLimits::new(frame, replay, queue));
@@ -170,7 +177,7 @@ impl Service {
             config_path,
             env,
             reload_lock: tokio::sync::Mutex::new(()),
-            discovery: crate::discovery::DiscoveryLink::new(&config),
+            discovery: discovery::DiscoveryLink::new(&config),
         });
         let workers: Vec<WorkerRuntime> =
             config.workers.iter().map(|w| svc.add_worker(w, &config)).collect::<Result<_, _>>()?;
@@ -276,8 +283,8 @@ impl Service {
         let mut new = parsed?;
         // A --listen override outlives reloads: the socket cannot move anyway.
         new.listen = self.state.config().listen.clone();
-        // Discovered workers outlive file reloads: the new file is merged with them (discovery.rs).
-        crate::discovery::reload_file(self, new).await
+        // Discovered workers outlive file reloads: the new file is merged with them (service/discovery.rs).
+        discovery::reload_file(self, new).await
     }
 
     /// Applies a validated configuration (see the module docs). Returns whether anything changed.
@@ -444,7 +451,7 @@ impl Service {
             self.retire_rank(r);
         }
         for id in removed {
-            self.state.load.lock().remove_worker(&id);
+            crate::route::bookings::forget_worker(&self.state, &id);
             self.state.placement.lock().remove_worker(&id);
             self.state.metrics.forget_worker(&id);
         }
@@ -466,7 +473,7 @@ impl Service {
     /// Background work: Kubernetes discovery (with `[discovery.kubernetes]`), engine scrapes, load
     /// expiry and (with a config path) reload on change or SIGHUP. Runs until the process ends.
     pub fn spawn_background(self: &Arc<Self>) {
-        crate::discovery::spawn(self);
+        discovery::spawn(self);
         tokio::spawn(scrape_loop(self.clone()));
         tokio::spawn(expiry_loop(self.clone()));
         if self.config_path.is_some() {
@@ -488,14 +495,7 @@ pub(crate) async fn expiry_loop(svc: Arc<Service>) {
 /// applier drop approximate-mode blocks past `approx_ttl_secs` (a full queue: the next pass).
 pub(crate) fn expire_load(state: &AppState, now: Instant) {
     let _ = state.applier.try_send(crate::events::applier::ApplierMsg::Expire { now });
-    let expired = state.load.lock().expire(now);
-    if expired.timeout > 0 {
-        state.metrics.load_expired.with_label_values(&["timeout"]).inc_by(expired.timeout);
-        tracing::info!(
-            requests = expired.timeout,
-            "released load of requests that never reported done"
-        );
-    }
+    crate::route::bookings::expire(state, now);
 }
 
 fn file_stamp(path: &Path) -> Option<(SystemTime, u64)> {

@@ -1,4 +1,5 @@
-//! Shared state of a running indexer and the views the API builds from it.
+//! Shared state of a running indexer and the read-only views the debug and fleet endpoints build
+//! from it (a route call's logic is `crate::route`'s).
 //!
 //! Locks, and the rule that keeps them simple: every lock here is held for a bounded, synchronous
 //! stretch and never across an `.await` (parking_lot guards are not `Send`, so the compiler holds us
@@ -16,17 +17,13 @@ use parking_lot::{Mutex, RwLock};
 use rand::rngs::StdRng;
 use serde::Serialize;
 
-use kvmesh_core::api::Mode;
-use kvmesh_core::hashing::SequenceHash;
-
 use crate::config::{Config, IndexMode, RoutingConfig, WorkerConfig};
-use crate::decide::{Leg, Plan, WorkerView};
 use crate::events::applier::{ApplierMsg, IndexGauges};
 use crate::events::listener::{ListenerHandle, ListenerStats};
 use crate::index::{KvIndex, OverlapScores, WorkerSlot};
 use crate::load::LoadTracker;
 use crate::metrics::Metrics;
-use crate::predict::{LoadOutlook, PrefillBacklog, WorkerTiming};
+use crate::predict::{LoadOutlook, PrefillBacklog};
 use crate::recent::Sessions;
 use crate::scrape::{CounterMirror, EngineSample, PrefillMeter};
 use crate::speculative::Speculative;
@@ -50,7 +47,7 @@ pub struct WorkerRuntime {
     pub hits: CounterMirror,
     pub queries: CounterMirror,
     /// False while discovery says the worker must get no traffic (not ready, or vanished and in
-    /// its grace period); its index, events and load stay (`crate::discovery`). Static workers: true.
+    /// its grace period); its index, events and load stay (`crate::service::discovery`). Static workers: true.
     pub routable: bool,
     /// Measured prefill throughput and decode step time, from its scrapes.
     pub meter: PrefillMeter,
@@ -73,18 +70,21 @@ pub const BACKLOG_MAX_PER_WORKER: usize = 4096;
 
 /// What placement remembers between decisions: booked prefill draining per worker, the blocks of
 /// recent decisions (speculative holdings), and the recent route rate, per-worker utilization and
-/// prompt tokens per second that the cost, `session_balance` and `request_balance` read. All
-/// pure; the clock is passed in.
+/// prompt tokens per second that the cost, `session_balance` and `request_balance` read; and the
+/// decisions' randomness (near-tie draws), taken under the same lock. All pure; the clock is
+/// passed in.
 pub struct Placement {
     pub backlog: PrefillBacklog,
     pub speculative: Speculative,
     pub outlook: LoadOutlook,
+    pub rng: StdRng,
 }
 
 impl Placement {
-    /// Empty, bounded by `r`.
-    pub fn new(r: &RoutingConfig) -> Self {
+    /// Empty, bounded by `r`, drawing from `rng`.
+    pub fn new(r: &RoutingConfig, rng: StdRng) -> Self {
         Self {
+            rng,
             backlog: PrefillBacklog::new(BACKLOG_MAX_PER_WORKER),
             speculative: Speculative::new(
                 std::time::Duration::from_millis(r.speculative_ttl_ms),
@@ -198,7 +198,6 @@ pub struct AppState {
     pub tokenizer: RwLock<Arc<PromptTokenizer>>,
     pub metrics: Arc<Metrics>,
     pub applier: SyncSender<ApplierMsg>,
-    pub rng: Mutex<StdRng>,
     pub engine_totals: EngineTotals,
     pub free_slots: Arc<Mutex<Vec<WorkerSlot>>>,
     pub next_slot: Mutex<WorkerSlot>,
@@ -211,7 +210,7 @@ pub struct AppState {
     pub dry_runs: AtomicU64,
     /// `/v1/route` calls being worked on (`crate::route::admission`).
     pub route_inflight: Arc<std::sync::atomic::AtomicUsize>,
-    /// Prefill backlog model and speculative holdings (placement by predicted TTFT).
+    /// Prefill backlog model, speculative holdings and the decisions' randomness.
     pub placement: Mutex<Placement>,
     /// Recent long chat bodies' read prefixes (`crate::route::body_memo`).
     pub body_memo: Mutex<crate::route::body_memo::BodyMemo>,
@@ -219,6 +218,9 @@ pub struct AppState {
     /// scrape loop for an early round once `scrape_burst_decisions` of them were placed.
     pub decisions_since_scrape: AtomicU64,
     pub scrape_soon: tokio::sync::Notify,
+    /// The threads that finish partly tokenized prompts off the request path
+    /// (`crate::route::background`).
+    pub background: crate::route::background::Background,
 }
 
 impl AppState {
@@ -454,131 +456,6 @@ impl AppState {
                 })
                 .collect(),
         )
-    }
-
-    /// The decision's view of every worker for one prompt with `chains`, at `now`.
-    ///
-    /// Timing per worker: throughput measured (else the default); prefill ahead = the booked
-    /// backlog still draining (at most the uncached tokens of its live bookings) plus what is left
-    /// of the requests the last scrape found waiting beyond this indexer's own not-yet-prefilled
-    /// ones ([`crate::predict::PrefillBacklog::reconcile`]); decode batch = the engine's running
-    /// requests, or the booked ones past prefill when that is more (the scrape lags).
-    pub fn views<'a>(
-        &self,
-        fleet: &'a Fleet,
-        overlaps: &[u32],
-        load: &LoadTracker,
-        chains: &[SequenceHash],
-        cfg: &Config,
-        now: Instant,
-    ) -> Vec<WorkerView<'a>> {
-        let r = &cfg.routing;
-        let placement = self.placement.lock();
-        let decoders = fleet
-            .workers
-            .iter()
-            .filter(|w| w.cfg.role.decodes() && w.gets_traffic())
-            .count()
-            .max(1);
-        let arrivals_per_s = placement.outlook.routes_per_s(now) / decoders as f64;
-        fleet
-            .workers
-            .iter()
-            .zip(overlaps)
-            .map(|(w, &overlap)| {
-                let booked: WorkerLoad = load.worker(&w.cfg.id);
-                let (running, waiting) = w
-                    .engine
-                    .map_or((0, 0), |e| (e.running.max(0.0) as u64, e.waiting.max(0.0) as u64));
-                // Requests the engine runs that this indexer did not route (other gateways, direct
-                // traffic) still load it: count them at the mean booked size, or a configured guess.
-                let unseen = (running + waiting).saturating_sub(booked.active_requests);
-                let per_request = booked
-                    .active_blocks
-                    .checked_div(booked.active_requests)
-                    .unwrap_or(r.unknown_request_blocks);
-                let tps = fleet.prefill_tokens_per_s(w, r);
-                let ahead = placement.backlog.ahead(&w.cfg.id, tps, now);
-                let own_tokens = ahead.tokens.min(booked.prefill_tokens as f64);
-                let speculative = w
-                    .ranks
-                    .first()
-                    .map_or(0, |rank| placement.speculative.overlap(rank.slot, chains, now));
-
-                WorkerView {
-                    id: &w.cfg.id,
-                    endpoint: &w.cfg.endpoint,
-                    role: w.cfg.role,
-                    healthy: w.gets_traffic(),
-                    overlap_blocks: overlap,
-                    speculative_blocks: speculative,
-                    active_blocks: booked.active_blocks + unseen * per_request,
-                    active_requests: booked.active_requests,
-                    waiting_requests: waiting,
-                    timing: WorkerTiming {
-                        queued_tokens: own_tokens + ahead.unseen_tokens,
-                        decode_batch: running
-                            .max(booked.active_requests.saturating_sub(ahead.requests)),
-                        prefill_tokens_per_s: tps,
-                        decode_step_s: w.decode_step_s(r),
-                        arrivals_per_s,
-                        utilization: placement.outlook.utilization(&w.cfg.id, tps, now),
-                    },
-                    recent_tokens_per_s: placement.outlook.tokens_per_s(&w.cfg.id, now),
-                }
-            })
-            .collect()
-    }
-
-    /// Records a decision for the next ones: its prefill joins the backlog of the worker that
-    /// computes it (the prefill worker of a `disagg` plan, else the decode worker), its blocks
-    /// become speculative holdings of the workers that will hold them, and the prediction and the
-    /// speculative credit are counted.
-    pub fn placed(&self, plan: &Plan, chains: &[SequenceHash], cfg: &Config, now: Instant) {
-        let fleet = self.fleet.read();
-        let worker = |id: &str| fleet.workers.iter().find(|w| w.cfg.id == id);
-        let prefill_on = match (&plan.leg, plan.mode) {
-            (Some(Leg::PrefillOn { worker, .. }), Mode::Disagg) => worker.as_str(),
-            _ => plan.worker.as_str(),
-        };
-        let mut placement = self.placement.lock();
-        let prompt_tokens = f64::from(plan.request_blocks) * f64::from(cfg.model.block_size);
-        placement.outlook.routed(
-            &plan.worker,
-            prompt_tokens,
-            prefill_on,
-            plan.uncached_tokens as f64,
-            now,
-        );
-        if let Some(w) = worker(prefill_on) {
-            placement.backlog.add(
-                prefill_on,
-                plan.uncached_tokens as f64,
-                fleet.prefill_tokens_per_s(w, &cfg.routing),
-                now,
-            );
-        }
-        let mut holders = vec![plan.worker.as_str()];
-        if prefill_on != plan.worker {
-            holders.push(prefill_on);
-        }
-        for id in holders {
-            if let Some(slot) = worker(id).and_then(|w| w.ranks.first()).map(|r| r.slot) {
-                placement.speculative.record(slot, chains, now);
-            }
-        }
-        let held = placement.speculative.len();
-        drop(placement);
-        // A burst of decisions between scrapes is placed on a stale view of the engines' queues
-        // (other gateway replicas load them unseen): ask for an early scrape.
-        let burst = cfg.routing.scrape_burst_decisions;
-        if burst > 0 && self.decisions_since_scrape.fetch_add(1, Ordering::Relaxed) + 1 >= burst {
-            self.scrape_soon.notify_one();
-        }
-        let m = &self.metrics;
-        m.predicted_ttft.observe(plan.predicted_ttft_ms / 1000.0);
-        m.speculative_overlap_blocks.inc_by(u64::from(plan.speculative_extra_blocks));
-        m.speculative_blocks.set(held as i64);
     }
 }
 

@@ -1,5 +1,5 @@
-//! Placement through the real service (`router(state).oneshot`): the views `AppState` builds, the
-//! backlog and speculative holdings `AppState::placed` records, and the decisions they lead to.
+//! Placement through the real service (`router(state).oneshot`): the views `route::plan` builds, the
+//! backlog and speculative holdings `route::plan` records, and the decisions they lead to.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};

@@ -165,7 +165,7 @@ async fn start(grace_ms: u64, slice_watches: usize) -> Harness {
         kube::Client::try_from(kube::Config::new(format!("http://{addr}").parse().unwrap()))
             .unwrap();
     let rx = kvmesh_discovery::spawn(client, discovery).unwrap();
-    tokio::spawn(kvmesh_indexer::discovery::follow(svc.clone(), rx));
+    tokio::spawn(kvmesh_indexer::service::discovery::follow(svc.clone(), rx));
     Harness { svc, watches: txs, path, _dir: dir }
 }
 
@@ -256,8 +256,9 @@ async fn route(svc: &Service) -> RouteDecision {
         .unwrap();
     let d: RouteDecision = serde_json::from_slice(&call(svc, req).await).unwrap();
     let done = format!(
-        r#"{{"request_id":"r","endpoint":"{}","outcome":"success","status":200}}"#,
-        d.endpoint
+        r#"{{"request_id":"r","endpoint":"{}","outcome":"success","status":200,"booking_id":"{}"}}"#,
+        d.endpoint,
+        d.booking_id.as_deref().unwrap()
     );
     call(svc, axum::http::Request::post(DONE_PATH).body(Body::from(done)).unwrap()).await;
     d

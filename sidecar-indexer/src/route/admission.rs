@@ -10,6 +10,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use super::record::RouteMetrics;
 use super::ApiError;
 use crate::metrics::Metrics;
 
@@ -22,7 +23,7 @@ pub struct Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         let now = self.inflight.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
-        self.metrics.route_inflight.set(now as i64);
+        RouteMetrics(&self.metrics).inflight(now);
     }
 }
 
@@ -38,7 +39,7 @@ pub fn admit(
         drop(permit);
         return Err(ApiError::unavailable("overloaded_shed", format!("{limit} route calls in flight (routing.max_concurrent_routes): shed; route without the indexer")));
     }
-    metrics.route_inflight.set(prev as i64 + 1);
+    RouteMetrics(metrics).inflight(prev + 1);
     Ok(permit)
 }
 

@@ -140,16 +140,6 @@ pub enum BaseRefusal {
     OtherSession,
 }
 
-impl BaseRefusal {
-    /// The `result` label of `kvmesh_body_memo_total`.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Unknown => "base_unknown",
-            Self::OtherSession => "base_other_session",
-        }
-    }
-}
-
 /// Byte-bounded LRU of keys ([`BodyMemo::key`]) → their most recent prefixes.
 pub struct BodyMemo {
     heads: lru::LruCache<u64, Vec<Held>>,

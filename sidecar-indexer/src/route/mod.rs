@@ -2,20 +2,28 @@
 //!
 //! 1. [`request`] (pure): the filter's headers and the client's body → a [`request::RouteRequest`].
 //! 2. [`admission`]: at most `routing.max_concurrent_routes` calls worked on; beyond it, shed.
-//! 3. [`plan`]: tokens and block chains on the blocking pool (cancellable), matches in the index,
-//!    the pure [`crate::decide::decide`], and the booking — one hold of the fleet and load locks.
-//! 4. [`run`] (the only I/O): the prefill leg or the migration handshake the plan names.
-//! 5. [`settle`]: the one place that books, releases and records (the booking guard, the session
-//!    maps, the metrics).
+//! 3. [`prompt`]: tokens and block chains, inline or on the blocking pool (cancellable).
+//! 4. [`plan`]: matches in the index, the workers' views, the pure [`crate::decide::decide`], the
+//!    booking and the placement record — one hold of the fleet, load and placement locks.
+//! 5. [`run`] (the only I/O): the prefill leg or the migration handshake the plan names.
+//! 6. [`settle`]: commits the booking and records the decision (session maps, blocks learned).
+//!
+//! Around them: [`bookings`] is the only module that books, keeps and releases load (`/v1/done`
+//! and expiry included); [`record`] is the only one that writes per-route metrics;
+//! [`background`] finishes partly tokenized prompts off the request path.
 //!
 //! Cancellation is safe at every `.await`: a dropped call (client gone, the filter's timeout, the
 //! request deadline) sets its cancel flag so queued tokenization skips itself, and drops its
-//! booking guards, which release their load. Nothing here is keyed by the client's `x-request-id`.
+//! bookings, which release their load. Nothing here is keyed by the client's `x-request-id`.
 
 pub mod admission;
+pub mod background;
 pub mod body_memo;
+pub mod bookings;
 mod error;
 pub mod plan;
+pub mod prompt;
+pub mod record;
 pub mod request;
 pub mod run;
 pub mod settle;
@@ -28,38 +36,38 @@ use kvmesh_core::api::RouteDecision;
 
 pub use error::ApiError;
 
+use crate::config::Config;
 use crate::state::AppState;
+use record::{BodyMemoResult, RouteMetrics};
 
-/// Answers one `/v1/route` call.
+/// Answers one `/v1/route` call under the configuration `cfg` (read once per call).
 pub async fn route(
     state: &Arc<AppState>,
+    cfg: Arc<Config>,
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<RouteDecision, ApiError> {
-    let cfg = state.config();
-    let counted = |result: &str| state.metrics.body_memo.with_label_values(&[result]).inc();
+    let metrics = RouteMetrics(&state.metrics);
     let (body, joined) =
-        request::with_base(headers, body, &state.body_memo, cfg.routing.max_body_bytes, counted)?;
+        request::with_base(headers, body, &state.body_memo, cfg.routing.max_body_bytes, |result| {
+            metrics.body_memo(result)
+        })?;
     let (req, parsed) =
         request::parse(headers, body, joined, &state.body_memo, cfg.routing.body_memo_bytes)?;
     if let Some(continued) = req.body_continued {
-        state
-            .metrics
-            .body_memo
-            .with_label_values(&[if continued > 0 { "hit" } else { "miss" }])
-            .inc();
+        metrics.body_memo(if continued > 0 { BodyMemoResult::Hit } else { BodyMemoResult::Miss });
     }
     let permit =
         admission::admit(&state.route_inflight, cfg.routing.max_concurrent_routes, &state.metrics)?;
     let cancel = admission::Cancel::default();
     let armed = cancel.on_drop();
     let inline =
-        plan::inline_budget(req.body.len(), req.body.len() - req.body_continued.unwrap_or(0));
-    let mut prompt = plan::tokenize(state, &cfg, parsed, permit, cancel, inline).await?;
+        prompt::inline_budget(req.body.len(), req.body.len() - req.body_continued.unwrap_or(0));
+    let mut prompt = prompt::tokenize(state, &cfg, parsed, permit, cancel, inline).await?;
     let partial = prompt.partial.take();
     let (plan, booking, record) = plan::decide_and_book(state, &cfg, &req, prompt)?;
     if let Some(request) = partial {
-        plan::complete_later(state, &cfg, request, &plan);
+        prompt::complete_later(state, &cfg, request, &plan);
     }
     let leg_id = format!("{}-leg", booking.wire_id());
     let legs = run::LegRequest {

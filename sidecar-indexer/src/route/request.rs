@@ -12,6 +12,7 @@ use kvmesh_core::session::{self, SessionKey, SessionSource};
 use parking_lot::Mutex;
 
 use super::body_memo::{self, BaseRefusal, BodyMemo, Held, MIN_BODY_BYTES};
+use super::record::BodyMemoResult;
 use super::ApiError;
 
 /// What a `/v1/route` call asks, parsed and checked; nothing here has touched shared state.
@@ -118,14 +119,14 @@ pub fn parse(
 /// held base joined, for the read to continue. `409` [`BASE_UNKNOWN`] when the memo does not hold
 /// the base for this call's session — evicted, never kept, or kept for another session (a base
 /// belongs to one session: `kvmesh_core::body_base`) — and the filter then sends the whole body.
-/// `counted` gets the `kvmesh_body_memo_total` result of a call that named a base: `base_hit`,
-/// or the refusal's [`BaseRefusal::label`].
+/// `counted` gets the `kvmesh_body_memo_total` result of a call that named a base: a hit, or
+/// the refusal's.
 pub fn with_base(
     h: &HeaderMap,
     body: Bytes,
     memo: &Mutex<BodyMemo>,
     max_body_bytes: usize,
-    counted: impl Fn(&'static str),
+    counted: impl Fn(BodyMemoResult),
 ) -> Result<(Bytes, Option<Held>), ApiError> {
     let Some(named) = header(h, headers::KVMESH_BODY_BASE)?.filter(|v| !v.is_empty()) else {
         return Ok((body, None));
@@ -135,7 +136,7 @@ pub fn with_base(
     })?;
     let session = session_of(h)?.map(|(key, _)| key);
     let held = memo.lock().base(&base, session).map_err(|refusal| {
-        counted(refusal.label());
+        counted(refusal.into());
         let why = match refusal {
             BaseRefusal::Unknown => "evicted or never kept",
             BaseRefusal::OtherSession => "it was named under another session",
@@ -157,7 +158,7 @@ pub fn with_base(
             body.len()
         )));
     }
-    counted("base_hit");
+    counted(BodyMemoResult::BaseHit);
     let mut whole = Vec::with_capacity(bytes.len() + body.len());
     whole.extend_from_slice(bytes);
     whole.extend_from_slice(&body);

@@ -10,8 +10,8 @@
 //! the gateway's health: leg errors are counted and logged, never surfaced by `/healthz`.
 //!
 //! Load: the decode worker is booked by the plan step (without the prompt's prefill tokens when the
-//! prefill runs remotely); the prefill worker carries the leg's own [`BookingGuard`] while it runs,
-//! released when the leg ends or the call is dropped. A fallback moves the prefill onto the decode
+//! prefill runs remotely); the prefill worker carries the leg's booking, a child of the request's
+//! ([`Booking::leg`]), while it runs, released when the leg ends or the call is dropped. A fallback moves the prefill onto the decode
 //! worker's booking; a rejection is released by the caller. The legs send the indexer's booking id
 //! as `X-Request-Id`, never the client's, so two clients sending one id cannot pair each other's
 //! NIXL transfers.
@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use kvmesh_core::api::{Mode, RouteDecision};
 
-use super::settle::BookingGuard;
+use super::bookings::Booking;
+use super::record::{Migration, PrefillLeg, RouteMetrics};
 use super::ApiError;
 use crate::config::{Config, KvMigration};
 use crate::decide::{Leg, Plan};
@@ -49,7 +50,7 @@ pub async fn run(
     cfg: &Config,
     plan: Plan,
     req: &LegRequest<'_>,
-    booking: &BookingGuard<'_>,
+    booking: &Booking<'_>,
 ) -> Result<RouteDecision, ApiError> {
     count_opportunity(state, cfg, &plan);
     let leg = plan.leg.clone();
@@ -68,13 +69,10 @@ pub async fn run(
 /// Counts (and in dry mode logs, sampled) a would-migrate decision.
 fn count_opportunity(state: &AppState, cfg: &Config, plan: &Plan) {
     let Some(o) = &plan.opportunity else { return };
-    let m = &state.metrics;
-    m.migration_opportunities
-        .with_label_values(&[if o.from_kv_home { "kv_home" } else { "index" }])
-        .inc();
-    m.migration_opportunity_blocks.inc_by(u64::from(o.blocks_to_move()));
+    let m = RouteMetrics(&state.metrics);
+    m.migration_opportunity(o.from_kv_home, o.blocks_to_move());
     if cfg.routing.kv_migration == KvMigration::Dry {
-        m.migrations.with_label_values(&["dry_run"]).inc();
+        m.migration(Migration::DryRun);
         let n = state.dry_runs.fetch_add(1, Ordering::Relaxed);
         if n.is_multiple_of(cfg.routing.kv_migration_log_every.max(1)) {
             log_opportunity(o, n + 1, cfg.routing.kv_migration_log_every);
@@ -108,11 +106,10 @@ async fn prefill(
     worker: &str,
     endpoint: &str,
     req: &LegRequest<'_>,
-    booking: &BookingGuard<'_>,
+    booking: &Booking<'_>,
 ) -> Result<RouteDecision, ApiError> {
-    let m = &state.metrics;
-    let leg =
-        BookingGuard::book_leg(state, worker, u64::from(plan.request_blocks), plan.uncached_tokens);
+    let m = RouteMetrics(&state.metrics);
+    let leg = booking.leg(worker, u64::from(plan.request_blocks), plan.uncached_tokens);
     let started = Instant::now();
     let deadline = Duration::from_millis(cfg.routing.prefill_timeout_ms);
     let mut result = legs::run(
@@ -126,7 +123,7 @@ async fn prefill(
     )
     .await;
     leg.release();
-    m.prefill_leg_duration.observe(started.elapsed().as_secs_f64());
+    m.prefill_leg_took(started.elapsed());
     if matches!(result, LegResult::Params(_)) && !still_serving(state, worker) {
         result = LegResult::Failed {
             failure: LegFailure::WorkerGone,
@@ -135,14 +132,14 @@ async fn prefill(
     }
     match result {
         LegResult::Params(params) => {
-            m.prefill_legs.with_label_values(&["ok"]).inc();
+            m.prefill_leg(PrefillLeg::Ok);
             let mut d = plan.into_decision();
             d.kv_transfer_params = Some(params);
             d.peer_worker = Some(worker.to_owned());
             Ok(d)
         }
         LegResult::Overloaded { status, message } => {
-            m.prefill_legs.with_label_values(&["overloaded"]).inc();
+            m.prefill_leg(PrefillLeg::Overloaded);
             tracing::warn!(request_id = req.request_id, prefill = worker, status, message = %message, "prefill worker overloaded: the client gets {status}");
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
             let kind = if status == StatusCode::TOO_MANY_REQUESTS {
@@ -160,8 +157,7 @@ async fn prefill(
             })
         }
         LegResult::Failed { failure, detail } => {
-            m.prefill_legs.with_label_values(&["fallback"]).inc();
-            m.prefill_fallbacks.with_label_values(&[failure.reason()]).inc();
+            m.prefill_leg(PrefillLeg::Fallback(failure.reason()));
             tracing::warn!(
                 request_id = req.request_id,
                 prefill = worker,
@@ -193,7 +189,7 @@ async fn migrate(
     endpoint: &str,
     req: &LegRequest<'_>,
 ) -> RouteDecision {
-    let m = &state.metrics;
+    let m = RouteMetrics(&state.metrics);
     let started = Instant::now();
     let deadline = Duration::from_millis(cfg.routing.kv_migration_timeout_ms);
     let mut result = legs::run(
@@ -206,7 +202,7 @@ async fn migrate(
         deadline,
     )
     .await;
-    m.migration_handshake_duration.observe(started.elapsed().as_secs_f64());
+    m.migration_handshake(started.elapsed());
     if matches!(result, LegResult::Params(_)) && !still_serving(state, source) {
         result = LegResult::Failed {
             failure: LegFailure::WorkerGone,
@@ -215,20 +211,25 @@ async fn migrate(
     }
     let (outcome, why) = match result {
         LegResult::Params(params) => {
-            m.migrations.with_label_values(&["ok"]).inc();
+            m.migration(Migration::Ok);
             let mut d = plan.into_decision();
             d.kv_transfer_params = Some(params);
             d.peer_worker = Some(source.to_owned());
             return d;
         }
-        LegResult::Overloaded { message, .. } => ("source_overloaded", message),
-        LegResult::Failed { failure: LegFailure::Timeout, detail } => ("handshake_timeout", detail),
-        LegResult::Failed { failure: LegFailure::WorkerGone, detail } => ("source_gone", detail),
+        LegResult::Overloaded { message, .. } => (Migration::SourceOverloaded, message),
+        LegResult::Failed { failure: LegFailure::Timeout, detail } => {
+            (Migration::HandshakeTimeout, detail)
+        }
+        LegResult::Failed { failure: LegFailure::WorkerGone, detail } => {
+            (Migration::SourceGone, detail)
+        }
         LegResult::Failed { failure, detail } => {
-            ("handshake_failed", format!("{}: {detail}", failure.reason()))
+            (Migration::HandshakeFailed, format!("{}: {detail}", failure.reason()))
         }
     };
-    m.migrations.with_label_values(&[outcome]).inc();
+    m.migration(outcome);
+    let outcome = outcome.as_str();
     tracing::warn!(request_id = req.request_id, source, target = %plan.worker, outcome, detail = %why, "KV migration handshake failed; the target recomputes");
     let mut d = plan.into_decision();
     d.mode = Mode::Aggregate;

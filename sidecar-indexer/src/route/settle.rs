@@ -1,111 +1,18 @@
-//! Step 4 of a route call: the one place that books, releases and records.
-//!
-//! [`BookingGuard`] is the only way route code books load: it releases the booking when dropped,
-//! so a call cancelled anywhere after booking (client gone, filter timeout, request deadline while
-//! a prefill leg runs) leaks nothing. A booking outlives the call only through [`settle`], which
-//! hands it to `/v1/done` (its id rides in the decision) or to expiry. [`settle`] also records
-//! everything a served decision changes: the session maps, approximate-mode blocks and metrics.
+//! Step 5 of a route call: settles a served decision — commits its booking (the id rides in the
+//! decision; [`super::bookings`] owns it from there) and records what the decision changes: the
+//! session maps, the blocks approximate mode and orphan recovery learn, and its metrics (through
+//! [`super::record`]).
 
 use kvmesh_core::api::RouteDecision;
 use kvmesh_core::hashing::{LocalBlockHash, SequenceHash};
 
+use super::bookings::Booking;
+use super::record::RouteMetrics;
 use super::request::RouteRequest;
 use crate::decide::Basis;
 use crate::events::applier::ApplierMsg;
 use crate::index::WorkerSlot;
-use crate::load::{BookingId, LoadTracker};
 use crate::state::AppState;
-
-/// A live booking owned by a route call; released on drop unless settled.
-pub struct BookingGuard<'a> {
-    state: &'a AppState,
-    id: Option<BookingId>,
-    wire: String,
-    /// The call's own booking (counted as a cancellation when dropped), not a leg's.
-    primary: bool,
-}
-
-impl<'a> BookingGuard<'a> {
-    /// Books on `worker` under the held `load` lock and counts what the booking expired.
-    pub fn book(
-        state: &'a AppState,
-        load: &mut LoadTracker,
-        worker: &str,
-        blocks: u64,
-        prefill_tokens: u64,
-        request_id: Option<&str>,
-        primary: bool,
-    ) -> Self {
-        let (id, expired) =
-            load.book(worker, blocks, prefill_tokens, request_id, crate::clock::now());
-        if expired.timeout > 0 {
-            state.metrics.load_expired.with_label_values(&["timeout"]).inc_by(expired.timeout);
-        }
-        if expired.overflow > 0 {
-            state.metrics.load_expired.with_label_values(&["overflow"]).inc_by(expired.overflow);
-        }
-        if expired.done_first > 0 {
-            state
-                .metrics
-                .load_expired
-                .with_label_values(&["done_first"])
-                .inc_by(expired.done_first);
-            tracing::info!(request_id = request_id.unwrap_or("-"), worker, "booked after its /v1/done already came (a route call answered after the filter gave up on it); released at once");
-        }
-        Self { state, id: Some(id), wire: load.wire_id(id), primary }
-    }
-
-    /// Books a leg's load on `worker` (taking the load lock).
-    pub fn book_leg(state: &'a AppState, worker: &str, blocks: u64, prefill_tokens: u64) -> Self {
-        let mut load = state.load.lock();
-        Self::book(state, &mut load, worker, blocks, prefill_tokens, None, false)
-    }
-
-    /// The id as the decision carries it.
-    pub fn wire_id(&self) -> &str {
-        &self.wire
-    }
-
-    /// The booked worker now prefills `tokens` itself (a failed remote prefill).
-    pub fn set_prefill_tokens(&self, tokens: u64) {
-        if let Some(id) = self.id {
-            self.state.load.lock().set_prefill_tokens(id, tokens);
-        }
-    }
-
-    /// Tags the booking with the request's session (`/v1/done` re-homes it when another host served).
-    pub fn set_session(&self, session: u64) {
-        if let Some(id) = self.id {
-            self.state.load.lock().set_session(id, session);
-        }
-    }
-
-    /// Releases the booking now (a leg ended, a rejected call).
-    pub fn release(mut self) {
-        if let Some(id) = self.id.take() {
-            self.state.load.lock().release(id);
-        }
-    }
-
-    /// Keeps the booking past the call: `/v1/done` or expiry releases it.
-    fn keep(mut self) -> String {
-        self.id = None;
-        std::mem::take(&mut self.wire)
-    }
-}
-
-impl Drop for BookingGuard<'_> {
-    fn drop(&mut self) {
-        let Some(id) = self.id.take() else { return };
-        let released = self.state.load.lock().release(id);
-        if self.primary {
-            self.state.metrics.route_cancelled.with_label_values(&["booked"]).inc();
-            if let Some(b) = released {
-                tracing::info!(worker = %b.worker, booking_id = %self.wire, request_id = b.request_id.as_deref().unwrap_or(""), "route call dropped before its answer (caller gone); its booking is released");
-            }
-        }
-    }
-}
 
 /// What the plan step leaves for settling.
 pub struct Record {
@@ -127,24 +34,11 @@ pub fn settle(
     req: &RouteRequest,
     record: Record,
     mut decision: RouteDecision,
-    booking: BookingGuard<'_>,
+    booking: Booking<'_>,
 ) -> RouteDecision {
-    if let Some(k) = record.session_key {
-        booking.set_session(k);
-    }
-    decision.booking_id = Some(booking.keep());
-    let m = &state.metrics;
-    m.decisions.with_label_values(&[decision.mode.as_str(), record.basis.as_str()]).inc();
-    if record.local_continuation {
-        m.local_continuations.inc();
-    }
-    if let Some(permille) =
-        kvmesh_core::router_metrics::hit_rate_permille(decision.overlap_blocks, decision.isl_blocks)
-    {
-        m.hit_rate.observe(permille as f64);
-        m.overlap_blocks.inc_by(u64::from(decision.overlap_blocks));
-        m.isl_blocks.inc_by(u64::from(decision.isl_blocks));
-    }
+    decision.booking_id = Some(booking.commit());
+    let m = RouteMetrics(&state.metrics);
+    m.decided(&decision, record.basis, record.local_continuation);
     if let Some(k) = record.session_key {
         state.sessions.lock().served(k, &decision.worker, crate::clock::now());
     }
@@ -167,7 +61,7 @@ pub fn settle(
                 })
                 .is_err()
         {
-            m.kv_ignored.with_label_values(&[decision.worker.as_str(), "queue_full"]).inc();
+            m.approx_dropped(&decision.worker);
         }
     }
     tracing::debug!(
