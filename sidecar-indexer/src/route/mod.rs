@@ -48,10 +48,13 @@ pub async fn route(
     body: Bytes,
 ) -> Result<RouteDecision, ApiError> {
     let metrics = RouteMetrics(&state.metrics);
-    let (body, joined) =
-        request::with_base(headers, body, &state.body_memo, cfg.routing.max_body_bytes, |result| {
-            metrics.body_memo(result)
-        })?;
+    let (body, joined) = request::with_base(
+        headers,
+        body,
+        &state.body_memo,
+        cfg.routing.max_body_bytes,
+        |result| metrics.body_memo(result),
+    )?;
     let (req, parsed) =
         request::parse(headers, body, joined, &state.body_memo, cfg.routing.body_memo_bytes)?;
     if let Some(continued) = req.body_continued {
