@@ -20,12 +20,6 @@ pub mod index;
 pub mod legs;
 pub mod load;
 pub mod metrics;
-/// The path `route::run` still names for [`decide::Opportunity`]: the mode choice moved into
-/// [`decide`] (issue 42). An alias, not a module of its own; it goes once `route::run` imports
-/// `crate::decide::Opportunity`.
-pub mod modes {
-    pub use crate::decide::Opportunity;
-}
 pub mod predict;
 pub mod recent;
 pub mod route;

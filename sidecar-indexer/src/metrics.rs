@@ -86,7 +86,7 @@ pub const MIGRATION_HANDSHAKE_DURATION_SECONDS: &str =
 pub const LOCAL_CONTINUATIONS_TOTAL: &str = "kvmesh_local_continuations_total";
 pub const KV_HOME_MOVES_TOTAL: &str = "kvmesh_kv_home_moves_total";
 pub const SESSIONS_TRACKED: &str = "kvmesh_sessions_tracked";
-// Placement by predicted time (decide.rs, predict.rs, speculative.rs).
+// Placement by predicted time (decide/, predict.rs, speculative.rs).
 pub const PREDICTED_TTFT_SECONDS: &str = "kvmesh_predicted_ttft_seconds";
 pub const SPECULATIVE_OVERLAP_BLOCKS_TOTAL: &str = "kvmesh_speculative_overlap_blocks_total";
 pub const SPECULATIVE_BLOCKS: &str = "kvmesh_speculative_blocks";

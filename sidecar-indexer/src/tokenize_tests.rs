@@ -390,12 +390,16 @@ fn real_texts() -> Vec<(String, String)> {
         "README.md",
         "sidecar-indexer/README.md",
         "filter/README.md",
-        "sidecar-indexer/src/decide.rs",
+        "sidecar-indexer/src/decide/mod.rs",
         "core/src/openai.rs",
         "e2e/sim/README.md",
     ]
     .iter()
-    .filter_map(|p| std::fs::read_to_string(root.join(p)).ok().map(|t| (p.to_string(), t)))
+    .map(|p| {
+        // A moved file fails here rather than silently shrinking the sample.
+        let text = std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+        (p.to_string(), text)
+    })
     .collect()
 }
 

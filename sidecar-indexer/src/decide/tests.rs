@@ -214,7 +214,7 @@ fn near_ties_are_broken_at_random_and_temperature_spreads() {
 
 #[test]
 fn a_burst_spreads_by_the_booked_backlog() {
-    // Each decision adds its prefill to the chosen worker's queue (what `AppState::placed` does):
+    // Each decision adds its prefill to the chosen worker's queue (what the route plan's placement record does):
     // 16 cold requests of 1000 tokens over 4 idle workers end 4 per worker.
     let cfg = RoutingConfig::default();
     let mut workers: Vec<WorkerView<'static>> =

@@ -26,9 +26,9 @@ use super::bookings::Booking;
 use super::record::{Migration, PrefillLeg, RouteMetrics};
 use super::ApiError;
 use crate::config::{Config, KvMigration};
+use crate::decide::Opportunity;
 use crate::decide::{Leg, Plan};
 use crate::legs::{self, LegFailure, LegKind, LegResult};
-use crate::modes::Opportunity;
 use crate::state::AppState;
 
 /// What the request is, for the leg's body and its id.
