@@ -13,6 +13,9 @@
 //! the body memo (`routing.body_memo_bytes = 0`), for their before/after.
 //! With `KVMESH_BENCH_FIGURES=<file>` each figure is also appended to that file as one JSON line,
 //! for the benchmark report (`make bench`).
+//!
+//! Over 600 lines: one bench binary holds every route case with its set-up, so that `make bench`
+//! runs them in one process with one warmed tokenizer; each case is a function of its own.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

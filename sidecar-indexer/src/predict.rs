@@ -21,6 +21,9 @@
 //! they made every worker another replica had just loaded look busy for a whole scrape interval
 //! while this replica's own bookings on one worker drained, so both replicas herded onto it.
 //! Everything here is pure; the clock is passed in.
+//!
+//! Over 600 lines: the TTFT model, the last-block cap and the backlog drain model are one cost
+//! model read together; about a third of the file is their unit tests.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;

@@ -41,6 +41,10 @@
 //! Submodules: [`split`] (cutting text at added tokens), [`chunk`] (the safe cut inside a piece),
 //! [`estimate`] (the untokenized rest's length), [`cache`] (the byte-bounded segment cache),
 //! [`memo`] (the prefix memo).
+//!
+//! Over 600 lines: `PromptTokenizer` and its partial-tokenization state machine (`Partial`,
+//! `Reached`, `Reach`) share invariants that read best in one file; the independent parts are the
+//! submodules above.
 
 mod cache;
 mod chunk;

@@ -5,6 +5,9 @@
 //! as `prometheus_client` exposes vLLM's. Scheduler counters are mirrored from the engine's
 //! cumulative [`SchedStats`] after every step (one short lock); latency histograms and the
 //! simulator's own `kvmesh_sim_*` counters are atomics written where things happen.
+//!
+//! Over 600 lines: every vLLM metric the simulator exports is declared and rendered here, in one
+//! place, so that its names and labels can be checked against vLLM's in one read.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
