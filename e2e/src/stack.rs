@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use kvmesh_core::api::Role;
 
-use crate::envoy_config::{render_bootstrap, BootstrapVars, BootstrapWorker};
+use crate::envoy_config::{render_bootstrap_with, BootstrapVars, BootstrapWorker};
 use crate::procs::{binary, free_port, Proc};
 use crate::prom::Metrics;
 
@@ -101,6 +101,8 @@ pub struct StackSpec {
     pub indexer_max_connections: u32,
     /// The wasm filter's `failure_policy` (bootstrap `wasm_failure_policy`).
     pub wasm_failure_policy: String,
+    /// Envoy's overload manager settings (heap budget, client connections).
+    pub envoy_limits: crate::envoy_config::EnvoyLimits,
 }
 
 impl StackSpec {
@@ -144,6 +146,7 @@ impl StackSpec {
             engines: crate::vllm::Engines::Sim,
             indexer_max_connections: crate::envoy_config::DEFAULT_INDEXER_MAX_CONNECTIONS,
             wasm_failure_policy: crate::envoy_config::DEFAULT_WASM_FAILURE_POLICY.to_owned(),
+            envoy_limits: crate::envoy_config::EnvoyLimits::default(),
         }
     }
 
@@ -385,7 +388,7 @@ impl Stack {
             indexer_max_connections: self.spec.indexer_max_connections,
             wasm_failure_policy: self.spec.wasm_failure_policy.clone(),
         };
-        let yaml = render_bootstrap(&vars)?;
+        let yaml = render_bootstrap_with(&vars, &self.spec.envoy_limits)?;
         let path = self.dir.join("envoy.yaml");
         std::fs::write(&path, yaml)?;
         let mut cmd = Command::new(envoy);
