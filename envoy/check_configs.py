@@ -118,7 +118,8 @@ CLIENT_ROUTER_HEADERS = {
     "x-envoy-upstream-stream-duration-ms",
 }
 # The overload actions every shipped Envoy config takes on its fixed heap monitor.
-OVERLOAD_ACTIONS = {"envoy.overload_actions.shrink_heap", "envoy.overload_actions.stop_accepting_requests"}
+OVERLOAD_ACTIONS = {"envoy.overload_actions.reset_high_memory_stream", "envoy.overload_actions.shrink_heap",
+                    "envoy.overload_actions.stop_accepting_requests"}
 FIXED_HEAP = "envoy.resource_monitors.fixed_heap"
 
 
@@ -136,6 +137,8 @@ def check_overload_manager(path, what, om, memory_limit_bytes=None):
     if memory_limit_bytes is not None and budget >= memory_limit_bytes:
         fail(path, f"{what}: heap budget {budget} is not below the container's memory limit {memory_limit_bytes}")
     triggered = {a["name"] for a in om.get("actions", []) if any(t.get("name") == FIXED_HEAP for t in a.get("triggers", []))}
+    if "envoy.overload_actions.reset_high_memory_stream" in triggered and not om.get("buffer_factory_config"):
+        fail(path, f"{what}: reset_high_memory_stream needs buffer_factory_config (streams are not tracked without it)")
     if OVERLOAD_ACTIONS - triggered:
         fail(path, f"{what}: overload actions {sorted(OVERLOAD_ACTIONS - triggered)} missing on the heap monitor")
     else:
