@@ -107,6 +107,75 @@ def check_stats_config(path, what, got):
         ok(f"{what} stats_config identical to envoy/bootstrap.yaml.j2's")
 
 
+# Router headers a client could use to steer Envoy's retries and timeouts. Every shipped config
+# strips them before any filter runs (a header_mutation filter), so the route's retry policy and
+# the filter's per-request `x-envoy-max-retries: 0` (a request carrying kv_transfer_params) hold
+# whatever x-forwarded-for says about the client.
+CLIENT_ROUTER_HEADERS = {
+    "x-envoy-retry-on", "x-envoy-retry-grpc-on", "x-envoy-max-retries", "x-envoy-retriable-status-codes",
+    "x-envoy-retriable-header-names", "x-envoy-upstream-rq-timeout-ms", "x-envoy-upstream-rq-per-try-timeout-ms",
+    "x-envoy-hedge-on-per-try-timeout", "x-envoy-upstream-rq-timeout-alt-response", "x-envoy-expected-rq-timeout-ms",
+    "x-envoy-upstream-stream-duration-ms",
+}
+# The overload actions every shipped Envoy config takes on its fixed heap monitor.
+OVERLOAD_ACTIONS = {"envoy.overload_actions.reset_high_memory_stream", "envoy.overload_actions.shrink_heap",
+                    "envoy.overload_actions.stop_accepting_requests"}
+FIXED_HEAP = "envoy.resource_monitors.fixed_heap"
+
+
+def check_overload_manager(path, what, om, memory_limit_bytes=None):
+    """Bodies are buffered whole (8 MiB each): Envoy needs a heap budget with shrink-heap and
+    stop-accepting-requests actions, below its container's memory limit."""
+    if not isinstance(om, dict):
+        fail(path, f"{what}: no overload_manager (a flood of large bodies could OOM-kill Envoy)")
+        return
+    heap = next((m for m in om.get("resource_monitors", []) if m.get("name") == FIXED_HEAP), None)
+    budget = int((heap or {}).get("typed_config", {}).get("max_heap_size_bytes", 0))
+    if not budget:
+        fail(path, f"{what}: overload_manager has no {FIXED_HEAP} monitor with max_heap_size_bytes")
+        return
+    if memory_limit_bytes is not None and budget >= memory_limit_bytes:
+        fail(path, f"{what}: heap budget {budget} is not below the container's memory limit {memory_limit_bytes}")
+    triggered = {a["name"] for a in om.get("actions", []) if any(t.get("name") == FIXED_HEAP for t in a.get("triggers", []))}
+    if "envoy.overload_actions.reset_high_memory_stream" in triggered and not om.get("buffer_factory_config"):
+        fail(path, f"{what}: reset_high_memory_stream needs buffer_factory_config (streams are not tracked without it)")
+    if OVERLOAD_ACTIONS - triggered:
+        fail(path, f"{what}: overload actions {sorted(OVERLOAD_ACTIONS - triggered)} missing on the heap monitor")
+    else:
+        ok(f"{what}: overload manager (heap budget {budget >> 20} MiB, {', '.join(sorted(a.rsplit('.', 1)[1] for a in triggered))})")
+
+
+def check_router_headers_stripped(path, what, removed):
+    missing = CLIENT_ROUTER_HEADERS - set(removed)
+    if missing:
+        fail(path, f"{what}: the header_mutation strip does not remove the client's {sorted(missing)}")
+    else:
+        ok(f"{what}: client-sent router headers stripped before any filter ({len(CLIENT_ROUTER_HEADERS)})")
+
+
+def memory_bytes(q):
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+    for u, m in units.items():
+        if str(q).endswith(u):
+            return int(float(str(q)[:-2]) * m)
+    return int(q)
+
+
+def check_bootstrap_template():
+    """envoy/bootstrap.yaml.j2 (local runs, tests, benchmarks): the same overload manager and strip
+    list (rendering and `envoy --mode validate` of every policy: e2e/src/envoy_config.rs tests)."""
+    path = os.path.join(ENVOY_DIR, "bootstrap.yaml.j2")
+    text = open(path).read()
+    lines = text.splitlines()
+    start = lines.index("overload_manager:")
+    end = next(i for i in range(start + 1, len(lines)) if lines[i] and not lines[i].startswith((" ", "#")))
+    block = "\n".join(lines[start:end]).replace("{{ max_heap_bytes }}", "805306368").replace("{{ max_downstream_connections }}", "4096")
+    check_overload_manager(path, "bootstrap.yaml.j2", yaml.safe_load(block)["overload_manager"])
+    m = re.search(r"set client_router_headers = \[(.*?)\]", text, re.S)
+    listed = re.findall(r'"([^"]+)"', m.group(1)) if m else []
+    check_router_headers_stripped(path, "bootstrap.yaml.j2", listed)
+
+
 def check_k8s():
     k8s = os.path.join(ENVOY_DIR, "k8s")
     docs = {}
@@ -163,6 +232,8 @@ def check_k8s():
         fail(env_path, f"envoy.yaml does not load {POD_WASM_PATH}")
     check_filter_chain(env_path, envoy_cfg)
     check_stats_config(env_path, "k8s gateway envoy.yaml", envoy_cfg.get("stats_config"))
+    limit = containers["envoy"].get("resources", {}).get("limits", {}).get("memory")
+    check_overload_manager(env_path, "k8s gateway envoy.yaml", envoy_cfg.get("overload_manager"), memory_bytes(limit) if limit else None)
     listen_ports = {l["address"]["socket_address"]["port_value"] for l in envoy_cfg["static_resources"]["listeners"]}
     envoy_ports = {p["containerPort"] for p in containers["envoy"]["ports"]}
     if listen_ports != envoy_ports:
@@ -186,6 +257,43 @@ def check_k8s():
     return toml_text
 
 
+# Who may reach an engine's ports (envoy/k8s/example-vllm.yaml): the gateway pods, the Istio
+# ingress gateway pods, other engines, Prometheus' namespaces. An engine's API has no
+# authentication; reachable from anywhere in the pod network, it could be called around the gateway.
+ENGINE_PEERS = [
+    {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "kvmesh-gateway"}}},
+    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "istio-system"}},
+     "podSelector": {"matchLabels": {"istio": "ingressgateway"}}},
+    {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "vllm"}}},
+    {"namespaceSelector": {"matchLabels": {"kvmesh.io/metrics-scraper": "true"}}},
+]
+
+
+def check_engine_network_policy(path):
+    """Every port of the example engines is covered by a NetworkPolicy selecting them whose every
+    rule names its peers, each one of ENGINE_PEERS (no empty `from`, no ipBlock)."""
+    docs = load_all(path)
+    pods = [d["spec"]["template"] for d in docs if d.get("kind") in ("StatefulSet", "Deployment")]
+    policies = [d for d in docs if d.get("kind") == "NetworkPolicy"]
+    for tpl in pods:
+        labels = tpl["metadata"]["labels"]
+        ports = {p["containerPort"] for c in tpl["spec"]["containers"] for p in c.get("ports", [])}
+        selecting = [np for np in policies if np["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()
+                     and "Ingress" in np["spec"].get("policyTypes", ["Ingress"])]
+        if not selecting:
+            fail(path, f"engine pods {labels} have no ingress NetworkPolicy: their ports {sorted(ports)} are open to the pod network")
+            continue
+        for np in selecting:
+            for i, rule in enumerate(np["spec"].get("ingress", [])):
+                peers = rule.get("from")
+                if not peers:
+                    fail(path, f"NetworkPolicy {np['metadata']['name']} ingress[{i}] admits every source")
+                for peer in peers or []:
+                    if peer not in ENGINE_PEERS:
+                        fail(path, f"NetworkPolicy {np['metadata']['name']} ingress[{i}] admits {peer}")
+        ok(f"engine pods {labels.get('kvmesh.io/role', '')}: ports {sorted(ports)} reachable only from the gateways, engines and Prometheus")
+
+
 def check_discovery_role(path, role):
     need = {("discovery.k8s.io", "endpointslices"), ("", "pods")}
     have = set()
@@ -199,6 +307,13 @@ def check_discovery_role(path, role):
             fail(path, f"Role {role['metadata']['name']} grants more than reads: {sorted(extra)}")
     if not need <= have:
         fail(path, f"Role {role['metadata']['name']} lacks list/watch on {sorted(need - have)}")
+
+
+# What each probe means (envoy/README.md § Probes). Liveness: the process works — Envoy's own
+# server state (/ready) or the indexer's HTTP loop (/healthz), never an engine. Readiness: this
+# gateway can route — Envoy is up and configured (/ready), the indexer's fleet is known (/readyz,
+# which stays 200 while every engine is unhealthy: the filter's fallback still routes).
+READINESS_PATHS = {"/ready", "/readyz"}
 
 
 def check_probes(path, containers):
@@ -218,6 +333,8 @@ def check_probes(path, containers):
                 fail(path, f"{name}.{kind} uses port {get['port']} the container does not declare")
             if kind == "livenessProbe" and get["path"] not in allowed_liveness:
                 fail(path, f"{name}.livenessProbe {get['path']} may depend on engine health")
+            if kind == "readinessProbe" and get["path"] not in READINESS_PATHS:
+                fail(path, f"{name}.readinessProbe {get['path']} is not one whose meaning is documented ({sorted(READINESS_PATHS)})")
         if "resources" not in c or "requests" not in c["resources"]:
             fail(path, f"container {name} has no resource requests")
 
@@ -257,6 +374,7 @@ def check_strip_before_wasm(path, http_filters):
     removed = {m.get("remove") for m in hm.get("mutations", {}).get("request_mutations", [])}
     if "x-gateway-destination-endpoint" not in removed:
         fail(path, "the header_mutation filter does not remove x-gateway-destination-endpoint")
+    check_router_headers_stripped(path, os.path.basename(path), removed)
 
 
 def cluster_endpoint_port(cfg, name):
@@ -302,6 +420,7 @@ def check_istio(k8s_toml):
     filters = {}
     plugin = None
     stats = None
+    overload = None
     for path in sorted(glob.glob(os.path.join(istio, "*.yaml"))):
         if path.endswith("gateway-indexer-patch.yaml"):
             check_gateway_patch(path)
@@ -315,8 +434,11 @@ def check_istio(k8s_toml):
                 check_wasmplugin(path, d)
                 plugin = (path, d)
             elif kind == "ConfigMap" and d["metadata"]["name"] == GATEWAY_BOOTSTRAP:
-                stats = json.loads(d["data"]["custom_bootstrap.json"]).get("stats_config")
+                override = json.loads(d["data"]["custom_bootstrap.json"])
+                stats = override.get("stats_config")
                 check_stats_config(path, "Istio gateway bootstrap override", stats)
+                overload = override.get("overload_manager")
+                check_overload_manager(path, "Istio gateway bootstrap override", overload, 1 << 30)
             elif kind == "ConfigMap" and d["metadata"]["name"] == "kvmesh-indexer":
                 if d["data"]["indexer.toml"] != k8s_toml:
                     fail(path, "indexer.toml differs from envoy/k8s/indexer-configmap.yaml")
@@ -331,7 +453,7 @@ def check_istio(k8s_toml):
         return
     ext = next(p["patch"]["value"] for p in wasm[1]["spec"]["configPatches"] if p["applyTo"] == "EXTENSION_CONFIG")
     check_wasm_plugin_config(wasm[0], ext["typed_config"]["config"])
-    envoy_validate(assemble_gateway(mesh[1], ext["typed_config"], stats), wasm[0], "Istio EnvoyFilter variant (mesh + wasm patches)")
+    envoy_validate(assemble_gateway(mesh[1], ext["typed_config"], stats, overload), wasm[0], "Istio EnvoyFilter variant (mesh + wasm patches)")
     # The WasmPlugin as Istio would translate it (pluginConfig → JSON StringValue), plus the flag it
     # cannot carry, so the filter's parser judges the pluginConfig.
     spec = plugin[1]["spec"]
@@ -346,7 +468,7 @@ def check_istio(k8s_toml):
             "vm_config": {"runtime": "envoy.wasm.runtime.v8", "code": {"local": {"filename": WASM}}},
         },
     }
-    envoy_validate(assemble_gateway(mesh[1], translated, stats), plugin[0], "Istio WasmPlugin variant (pluginConfig through the filter's parser)")
+    envoy_validate(assemble_gateway(mesh[1], translated, stats, overload), plugin[0], "Istio WasmPlugin variant (pluginConfig through the filter's parser)")
 
 
 def check_envoyfilter(path, d):
@@ -415,7 +537,7 @@ def check_gateway_patch(path):
     ok("Istio gateway patch (indexer probes, volumes, the proxy's bootstrap override)")
 
 
-def assemble_gateway(mesh, wasm_typed_config, stats_config):
+def assemble_gateway(mesh, wasm_typed_config, stats_config, overload_manager=None):
     """An Envoy config equivalent to what the patches and the bootstrap override produce on an Istio gateway."""
     wasm = copy.deepcopy(wasm_typed_config)
     wasm["config"]["vm_config"]["code"] = {"local": {"filename": WASM}}
@@ -429,6 +551,7 @@ def assemble_gateway(mesh, wasm_typed_config, stats_config):
     removed = {m.get("remove") for f in strip for m in f["typed_config"].get("mutations", {}).get("request_mutations", [])}
     if "x-gateway-destination-endpoint" not in removed:
         fail(os.path.join(ENVOY_DIR, "istio", "envoyfilter-mesh.yaml"), "no header_mutation filter strips x-gateway-destination-endpoint before the wasm filter")
+    check_router_headers_stripped(os.path.join(ENVOY_DIR, "istio", "envoyfilter-mesh.yaml"), "Istio kvmesh-mesh", removed)
     engines = {
         "name": "outbound|8000||vllm.llm.svc.cluster.local",
         "type": "STATIC",
@@ -455,11 +578,14 @@ def assemble_gateway(mesh, wasm_typed_config, stats_config):
         }]}],
     }
     listener.update(copy.deepcopy(listener_merge))
-    return {
+    assembled = {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
         "stats_config": copy.deepcopy(stats_config),
         "static_resources": {"listeners": [listener], "clusters": [engines] + copy.deepcopy(added)},
     }
+    if overload_manager is not None:
+        assembled["overload_manager"] = copy.deepcopy(overload_manager)
+    return assembled
 
 
 # === Dockerfile, OCI packaging ===
@@ -628,7 +754,9 @@ def exported_metric_names():
 
 
 def main():
+    check_bootstrap_template()
     toml_text = check_k8s()
+    check_engine_network_policy(os.path.join(ENVOY_DIR, "k8s", "example-vllm.yaml"))
     check_istio(toml_text)
     check_dockerfile()
     check_oci()

@@ -62,6 +62,32 @@ pub struct BootstrapVars {
     pub wasm_failure_policy: String,
 }
 
+/// Envoy's overload manager settings (template variables of their own, so callers that build
+/// [`BootstrapVars`] need not spell them out: [`render_bootstrap`] uses the defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct EnvoyLimits {
+    /// The fixed heap budget, bytes (tcmalloc's heap; the wasm VMs' memory is outside it).
+    pub max_heap_bytes: u64,
+    /// The bound on client connections.
+    pub max_downstream_connections: u64,
+}
+
+impl Default for EnvoyLimits {
+    fn default() -> Self {
+        Self {
+            max_heap_bytes: DEFAULT_MAX_HEAP_BYTES,
+            max_downstream_connections: DEFAULT_MAX_DOWNSTREAM_CONNECTIONS,
+        }
+    }
+}
+
+/// Envoy's heap budget in the shipped Kubernetes config: 768 MiB of a 1 GiB container limit (the
+/// wasm VMs' memory, stacks and the binary are outside the heap the monitor reads).
+pub const DEFAULT_MAX_HEAP_BYTES: u64 = 768 << 20;
+
+/// The shipped bound on client connections per Envoy.
+pub const DEFAULT_MAX_DOWNSTREAM_CONNECTIONS: u64 = 4096;
+
 /// The failure policies the template accepts.
 pub const WASM_FAILURE_POLICIES: [&str; 2] = ["FAIL_RELOAD", "FAIL_OPEN"];
 
@@ -87,9 +113,24 @@ pub fn filter_config(json: &str) -> Result<FilterConfig, RenderError> {
     Ok(FilterConfig::from_bytes(Some(json.as_bytes()))?)
 }
 
-/// Renders the bootstrap YAML.
+/// Renders the bootstrap YAML with the default [`EnvoyLimits`].
 pub fn render_bootstrap(vars: &BootstrapVars) -> Result<String, RenderError> {
+    render_bootstrap_with(vars, &EnvoyLimits::default())
+}
+
+/// Renders the bootstrap YAML with the overload manager's `limits`.
+pub fn render_bootstrap_with(
+    vars: &BootstrapVars,
+    limits: &EnvoyLimits,
+) -> Result<String, RenderError> {
     validate(vars)?;
+    if limits.max_heap_bytes < 64 << 20 || limits.max_downstream_connections == 0 {
+        return Err(RenderError::InvalidVar {
+            name: "max_heap_bytes",
+            value: format!("{limits:?}"),
+            reason: "the heap budget must be at least 64 MiB and connections at least 1",
+        });
+    }
     let mut env = minijinja::Environment::new();
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
     // minijinja would JSON-escape every `{{ }}` of a `*.yaml.j2`; the template quotes with `tojson` itself.
@@ -103,7 +144,12 @@ pub fn render_bootstrap(vars: &BootstrapVars) -> Result<String, RenderError> {
     };
     let typed = BootstrapVars { filter_config_json: filter.to_json(), ..vars.clone() };
     // The client's override headers are stripped outside wasm too unless the filter honours them.
-    let ctx = minijinja::context! { strip_overrides => !filter.allow_overrides, ..minijinja::Value::from_serialize(&typed) };
+    let ctx = minijinja::context! {
+        strip_overrides => !filter.allow_overrides,
+        max_heap_bytes => limits.max_heap_bytes,
+        max_downstream_connections => limits.max_downstream_connections,
+        ..minijinja::Value::from_serialize(&typed)
+    };
     Ok(env.get_template("bootstrap.yaml.j2")?.render(ctx)?)
 }
 

@@ -8,6 +8,7 @@
 
 pub mod client;
 pub mod envoy_config;
+pub mod manifests;
 pub mod poll;
 pub mod procs;
 pub mod prom;

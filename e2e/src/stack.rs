@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use crate::envoy_config::{render_bootstrap, BootstrapVars, BootstrapWorker};
+use crate::envoy_config::{render_bootstrap_with, BootstrapVars, BootstrapWorker};
 use crate::procs::{binary, free_port, Proc};
 use crate::prom::Metrics;
 pub use crate::worker::{Worker, WorkerSpec};
@@ -219,7 +219,7 @@ impl Stack {
             indexer_max_connections: self.spec.indexer_max_connections,
             wasm_failure_policy: self.spec.wasm_failure_policy.clone(),
         };
-        let yaml = render_bootstrap(&vars)?;
+        let yaml = render_bootstrap_with(&vars, &self.spec.envoy_limits)?;
         let path = self.dir.join("envoy.yaml");
         std::fs::write(&path, yaml)?;
         let mut cmd = Command::new(envoy);

@@ -1,19 +1,41 @@
-//! Rollouts must not cut streams. Envoy exits at once on SIGTERM, so the gateway drains first:
-//! `kvmesh-stack` on SIGTERM (and the Kubernetes preStop hook) asks Envoy for a graceful listener
-//! drain, waits until no request is active (bounded), then stops it. 20 long streaming requests
-//! in flight when the drain starts all complete.
+//! Rollouts must not cut streams. Envoy exits at once on SIGTERM, so before the kubelet sends it
+//! the Envoy container's preStop hook asks Envoy for a graceful listener drain. This test runs that
+//! hook — the command in `envoy/k8s/deployment.yaml`, read from the file, only its admin port
+//! pointed at this stack's Envoy — while 20 long streaming requests are in flight: every stream
+//! completes, and the listener stops accepting connections (after the harness's `--drain-time-s`)
+//! while Envoy is still running, before the SIGTERM that follows the hook.
 
+use std::process::Command;
 use std::time::Duration;
 
 use futures::StreamExt;
 use kvmesh_e2e::client::filler;
+use kvmesh_e2e::manifests::{envoy_prestop_command, SHIPPED_ENVOY_ADMIN_PORT};
+use kvmesh_e2e::poll;
+use kvmesh_e2e::procs::Proc;
 use kvmesh_e2e::stack::{Stack, StackSpec};
 use serde_json::json;
 
 const STREAMS: u64 = 20;
 
+/// The shipped preStop command with its admin address pointed at `admin_port`.
+fn prestop_hook(admin_port: u16) -> anyhow::Result<Command> {
+    let shipped = envoy_prestop_command()?;
+    let (from, to) =
+        (format!("127.0.0.1/{SHIPPED_ENVOY_ADMIN_PORT}"), format!("127.0.0.1/{admin_port}"));
+    anyhow::ensure!(
+        shipped.iter().any(|a| a.contains(&from)),
+        "the shipped preStop hook no longer talks to {from}: {shipped:?}"
+    );
+    let argv: Vec<String> = shipped.iter().map(|a| a.replace(&from, &to)).collect();
+    let (program, args) = argv.split_first().ok_or_else(|| anyhow::anyhow!("empty preStop"))?;
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    Ok(cmd)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_drain_lets_every_stream_finish() -> anyhow::Result<()> {
+async fn the_shipped_prestop_hook_lets_every_stream_finish() -> anyhow::Result<()> {
     let mut spec = StackSpec::aggregate(2);
     // Real-time decoding: 80 tokens at 20 ms each keep every stream open well into the drain.
     spec.sim_args = vec!["--itl-ms".into(), "20".into(), "--speedup".into(), "1".into()];
@@ -49,9 +71,9 @@ async fn a_drain_lets_every_stream_finish() -> anyhow::Result<()> {
             .ok_or_else(|| anyhow::anyhow!("a stream ended before its first chunk"))?;
     }
 
-    // Every stream is mid-flight: drain (what SIGTERM to kvmesh-stack runs).
-    let still_active = stack.drain_envoy(Duration::from_secs(60)).await?;
-    assert_eq!(still_active, 0, "the drain gave up with requests still active");
+    // Every stream is mid-flight: the kubelet runs the preStop hook (its process group is killed
+    // when the test ends; the hook's trailing sleep only holds off the SIGTERM).
+    let hook = Proc::spawn_group("prestop", prestop_hook(stack.admin_port)?, stack.dir())?;
     for (i, s) in streams.into_iter().enumerate() {
         let text = s.await??;
         assert!(
@@ -60,16 +82,17 @@ async fn a_drain_lets_every_stream_finish() -> anyhow::Result<()> {
             &text[text.len().saturating_sub(300)..]
         );
     }
-    // The gateway is gone afterwards: no new request is accepted.
-    let after = reqwest::Client::new()
-        .post(&url)
-        .json(&json!({"prompt": "x", "max_tokens": 1}))
-        .send()
-        .await;
-    assert!(
-        after.is_err(),
-        "Envoy still accepts requests after the drain: {:?}",
-        after.map(|r| r.status())
-    );
+    // The hook drained the listener: it stops accepting connections while Envoy still runs.
+    let gateway = format!("127.0.0.1:{}", stack.gateway_port);
+    poll::until("the gateway listener to stop accepting after the preStop hook", || {
+        let gateway = gateway.clone();
+        async move { tokio::net::TcpStream::connect(&gateway).await.is_err().then_some(()) }
+    })
+    .await?;
+    let envoy = stack.envoy.as_mut().ok_or_else(|| anyhow::anyhow!("no envoy"))?;
+    assert!(envoy.is_running(), "Envoy exited during the hook:\n{}", envoy.log_tail(40));
+    drop(hook);
+    // Then the kubelet's SIGTERM.
+    envoy.terminate(Duration::from_secs(5));
     Ok(())
 }

@@ -160,8 +160,12 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     ([("content-type", "text/plain; version=0.0.4")], state.metrics.render())
 }
 
-/// Ready when the index reflects the engines (start-up replays done) and at least one healthy,
-/// routable decode-capable worker exists: with none, every route call would fail.
+/// Readiness means "this gateway can route": the start-up replays are done and the fleet is
+/// known (non-empty). Engine health is not part of it: with every worker unhealthy (scrapes failing
+/// fleet-wide, say) route calls answer 503 and the filter's fallback still routes every request, so
+/// taking every gateway replica out of its Service would only turn that fallback into an outage.
+/// That degraded state answers 200 with a `degraded:` body and a warning (the per-worker
+/// `kvmesh_worker_healthy` gauges and `kvmesh_engine_scrapes_total{result="error"}` show it).
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let waiting = state.not_ready();
     if !waiting.is_empty() {
@@ -172,14 +176,21 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
             .into_response();
     }
     let snapshot = state.snapshot();
+    if snapshot.workers.is_empty() {
+        tracing::debug!("not ready: the fleet is empty");
+        return (StatusCode::SERVICE_UNAVAILABLE, "no_decode_worker: the fleet is empty\n")
+            .into_response();
+    }
     if snapshot.decode_candidates().next().is_none() {
-        let why = if snapshot.workers.is_empty() {
-            "the fleet is empty"
-        } else {
-            "no decode-capable worker is healthy and routable"
-        };
-        tracing::debug!(workers = snapshot.workers.len(), "not ready: {why}");
-        return (StatusCode::SERVICE_UNAVAILABLE, format!("no_decode_worker: {why}\n"))
+        tracing::warn!(
+            workers = snapshot.workers.len(),
+            "no decode-capable worker is healthy: route calls fail and the filter's fallback \
+             routes; staying ready"
+        );
+        return (
+            StatusCode::OK,
+            "degraded: no decode-capable worker is healthy; the filter's fallback routes\n",
+        )
             .into_response();
     }
     (StatusCode::OK, "ready\n").into_response()

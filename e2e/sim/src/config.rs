@@ -285,6 +285,7 @@ impl Args {
             pause_events: Some(f.pause_events),
             drop_seqs: Some(f.drop_seqs),
             vanish_ms: None,
+            ..FaultPatch::default()
         };
         let mut faults = Faults::default();
         faults.apply(&patch)?;

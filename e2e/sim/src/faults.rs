@@ -60,6 +60,11 @@ pub struct Faults {
     pub pause_events: bool,
     /// Sequence numbers numbered and kept for replay but not sent on the PUB socket.
     pub drop_seqs: Option<SeqRange>,
+    /// Answer `GET /metrics` with this status (a scrape that fails while the engine serves).
+    pub fail_metrics_status: Option<u16>,
+    /// Fail requests that pulled KV from a producer (`do_remote_prefill`) with this status, after
+    /// the pull (the producer's hold is spent: a retry elsewhere cannot pull it again).
+    pub fail_after_pull_status: Option<u16>,
 }
 
 impl Default for Faults {
@@ -72,6 +77,8 @@ impl Default for Faults {
             extra_latency_ms: 0,
             pause_events: false,
             drop_seqs: None,
+            fail_metrics_status: None,
+            fail_after_pull_status: None,
         }
     }
 }
@@ -100,6 +107,12 @@ pub struct FaultPatch {
     /// See [`Faults::drop_seqs`]; `null` clears.
     #[serde(default, deserialize_with = "nullable")]
     pub drop_seqs: Option<Option<SeqRange>>,
+    /// See [`Faults::fail_metrics_status`]; `null` clears.
+    #[serde(default, deserialize_with = "nullable")]
+    pub fail_metrics_status: Option<Option<u16>>,
+    /// See [`Faults::fail_after_pull_status`]; `null` clears.
+    #[serde(default, deserialize_with = "nullable")]
+    pub fail_after_pull_status: Option<Option<u16>>,
     /// Close the HTTP listener and every connection for this many ms, then listen again on the
     /// same port (an action; not part of the state).
     pub vanish_ms: Option<u64>,
@@ -171,6 +184,13 @@ impl Faults {
                 }
             }
             next.drop_seqs = v;
+        }
+        if let Some(v) = patch.fail_metrics_status {
+            next.fail_metrics_status = v.map(|s| status("fail_metrics_status", s)).transpose()?;
+        }
+        if let Some(v) = patch.fail_after_pull_status {
+            next.fail_after_pull_status =
+                v.map(|s| status("fail_after_pull_status", s)).transpose()?;
         }
         *self = next;
         Ok(())
@@ -250,6 +270,9 @@ mod tests {
         );
         f.apply(&patch(r#"{"fail_prefill_status":null,"drop_seqs":null}"#).unwrap()).unwrap();
         assert_eq!((f.fail_prefill_status, f.drop_seqs, f.extra_latency_ms), (None, None, 20));
+        f.apply(&patch(r#"{"fail_metrics_status":503,"fail_after_pull_status":500}"#).unwrap())
+            .unwrap();
+        assert_eq!((f.fail_metrics_status, f.fail_after_pull_status), (Some(503), Some(500)));
         f.apply(&patch(r#"{"clear":true,"pause_events":true}"#).unwrap()).unwrap();
         assert_eq!(f, Faults { pause_events: true, ..Faults::default() });
     }

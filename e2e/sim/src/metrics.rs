@@ -320,7 +320,7 @@ impl Metrics {
                 "reason",
                 &["bad_request", "model_not_found", "too_long", "queue_full", "kv_load_failed", "fault", "engine_gone", "other"],
             ),
-            faults: LabeledCounter::new("fault", &["fail_prefill", "fail_migration_source", "fail_next", "extra_latency", "vanish"]),
+            faults: LabeledCounter::new("fault", &["fail_prefill", "fail_migration_source", "fail_next", "extra_latency", "vanish", "fail_metrics", "fail_after_pull"]),
             event_batches: LabeledCounter::new("outcome", &["published", "dropped_fault", "dropped_queue_full", "paused", "encode_error"]),
             replays: AtomicU64::new(0),
             pulls: LabeledCounter::new("outcome", &["ok", "failed"]),

@@ -68,6 +68,8 @@ pub struct StackSpec {
     pub wasm_failure_policy: String,
     /// Envoy's worker threads (`--concurrency`).
     pub envoy_concurrency: usize,
+    /// Envoy's overload manager settings (heap budget, client connections).
+    pub envoy_limits: crate::envoy_config::EnvoyLimits,
 }
 
 impl StackSpec {
@@ -112,6 +114,7 @@ impl StackSpec {
             indexer_max_connections: crate::envoy_config::DEFAULT_INDEXER_MAX_CONNECTIONS,
             wasm_failure_policy: crate::envoy_config::DEFAULT_WASM_FAILURE_POLICY.to_owned(),
             envoy_concurrency: 2,
+            envoy_limits: crate::envoy_config::EnvoyLimits::default(),
         }
     }
 

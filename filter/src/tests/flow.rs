@@ -128,6 +128,7 @@ fn routed_disagg_request_end_to_end() {
     assert_eq!(sent["messages"][0]["content"], "hello");
     assert!(body.ends_with(&CHAT.as_bytes()[1..]), "the rest of the body is byte-identical");
     assert_eq!(header_set(e, "content-length"), Some(body.len().to_string()));
+    assert_eq!(header_set(e, "x-envoy-max-retries").as_deref(), Some("0"), "no retry re-pulls KV");
     assert_eq!(counted(e, Metric::OverlapBlocks), 3);
     assert_eq!(counted(e, Metric::IslBlocks), 4);
     assert_eq!(recorded(e, Metric::HitRate), vec![750]);
@@ -159,7 +160,8 @@ fn aggregate_decision_leaves_the_body_alone() {
     let step = f.on_route_answer(Some(200), &decision(Value::Null), 3_000_000, &fleet());
     assert!(!step.effects.iter().any(|e| matches!(
         e,
-        Effect::ReplaceRequestBody { .. } | Effect::SetRequestHeader("content-length", _)
+        Effect::ReplaceRequestBody { .. }
+            | Effect::SetRequestHeader("content-length" | "x-envoy-max-retries", _)
     )));
     assert!(f.on_response_headers(Some(200), true).is_empty(), "debug headers off by default");
     let done = f.finish(None);

@@ -30,6 +30,10 @@ pub async fn health() -> StatusCode {
 
 /// `GET /metrics`.
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    if let Some(status) = st.faults.get().fail_metrics_status {
+        st.metrics.faults.inc("fail_metrics");
+        return ApiError::fault(status, "fail_metrics").into_response();
+    }
     (
         [(
             header::CONTENT_TYPE,

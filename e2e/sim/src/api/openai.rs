@@ -112,6 +112,7 @@ async fn serve(
         tokio::time::sleep(std::time::Duration::from_millis(faults.extra_latency_ms)).await;
     }
 
+    let pulls = matches!(prepared.transfer, Transfer::Consume(_));
     let rid = headers
         .get(kvmesh_core::headers::REQUEST_ID)
         .and_then(|v| v.to_str().ok())
@@ -145,6 +146,11 @@ async fn serve(
         Some(ReqEvent::Failed(e)) => return Err(e.into()),
         Some(ev) => ev,
     };
+    // The first event comes after the pull: the producer's hold is spent.
+    if let Some(status) = st.faults.get().fail_after_pull_status.filter(|_| pulls) {
+        st.metrics.faults.inc("fail_after_pull");
+        return Err(ApiError::fault(status, "fail_after_pull"));
+    }
     if shape.stream {
         Ok(sse(st.clone(), meta, shape, stream, first))
     } else {
