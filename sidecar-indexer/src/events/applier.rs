@@ -203,7 +203,7 @@ impl Applier {
                             n += 1;
                             next = if n < DRAIN { rx.try_recv().ok() } else { None };
                         }
-                        self.publish_gauges(w.index(), false);
+                        self.publish_gauges(w.index());
                     }
                     for b in barriers {
                         let _ = b.send(());
@@ -358,7 +358,7 @@ impl Applier {
         }
     }
 
-    fn publish_gauges(&mut self, index: &KvIndex, force_bytes: bool) {
+    fn publish_gauges(&mut self, index: &KvIndex) {
         self.gauges.blocks.store(index.blocks() as u64, Ordering::Relaxed);
         self.gauges.entries.store(index.entries() as u64, Ordering::Relaxed);
         let evictions = index.evictions();
@@ -368,9 +368,7 @@ impl Applier {
         }
         // The byte estimate walks every entry: at most every 10 s.
         let now = Instant::now();
-        if force_bytes
-            || self.last_bytes_at.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10))
-        {
+        if self.last_bytes_at.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10)) {
             self.last_bytes_at = Some(now);
             self.gauges.bytes.store(index.approx_bytes() as u64, Ordering::Relaxed);
         }
