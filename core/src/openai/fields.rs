@@ -1,8 +1,8 @@
 //! The top-level request fields routing reads besides the input (`prompt` / `messages`), defined
 //! once: their keys, their checks, in the order their errors are reported. Every reading of a body
 //! — the `Value` reading ([`super::parse`]), the streaming pass ([`super::peek`]) and the filter's
-//! byte scan ([`super::scan`]) — finds these keys its own way and hands their values here, so
-//! adding a field (a LoRA adapter named by `model`, a new sampling knob that changes the route) is
+//! byte scan ([`super::scan`], which checks each key's [`Kind`] on the bytes) — finds these keys
+//! its own way and hands their values here, so adding a field (a LoRA adapter named by `model`, a new sampling knob that changes the route) is
 //! one change, in this file.
 
 use std::borrow::Cow;
@@ -11,19 +11,32 @@ use serde_json::Value;
 
 use super::ParseError;
 
-/// The keys [`scalars`] reads, each with whether a wrong type makes the body unroutable (a reader
-/// that only wants the verdict may skip the others).
-pub(super) const KEYS: [(&str, bool); 5] = [
-    ("model", true),
-    ("stream", true),
-    ("max_tokens", true),
-    ("max_completion_tokens", true),
-    ("cache_salt", false),
+/// What a field must hold for the body to be routable (`null` always counts as absent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// A string.
+    Text,
+    /// A boolean.
+    Flag,
+    /// An integer `as_u64` reads.
+    Count,
+    /// Anything: a wrong type is not an error (a reader that only wants the verdict skips it).
+    Any,
+}
+
+/// The keys [`scalars`] reads, with what each must hold ([`scalars`] checks exactly that; the
+/// filter's scan checks it on the bytes, without building values).
+pub(super) const KEYS: [(&str, Kind); 5] = [
+    ("model", Kind::Text),
+    ("stream", Kind::Flag),
+    ("max_tokens", Kind::Count),
+    ("max_completion_tokens", Kind::Count),
+    ("cache_salt", Kind::Any),
 ];
 
-/// The index of `key` in [`KEYS`], if routing reads it.
-pub(super) fn index(key: &str) -> Option<usize> {
-    KEYS.iter().position(|(k, _)| *k == key)
+/// The index of `key` (its unescaped bytes) in [`KEYS`], if routing reads it.
+pub(super) fn index(key: &[u8]) -> Option<usize> {
+    KEYS.iter().position(|(k, _)| k.as_bytes() == key)
 }
 
 /// What routing reads from those fields.
@@ -72,6 +85,6 @@ pub(super) struct Collected(pub(super) [Option<Value>; KEYS.len()]);
 impl Collected {
     /// [`scalars`] of what was collected.
     pub(super) fn scalars(&self) -> Result<Scalars, ParseError> {
-        scalars(|k| index(k).and_then(|i| self.0[i].as_ref()).map(Cow::Borrowed))
+        scalars(|k| index(k.as_bytes()).and_then(|i| self.0[i].as_ref()).map(Cow::Borrowed))
     }
 }

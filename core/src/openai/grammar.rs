@@ -8,7 +8,7 @@
 //!   when the scan answers), so it accepts only a subset of valid JSON it can vouch for and
 //!   declines (`None`) everything else — a control character or invalid UTF-8 in a string, a
 //!   surrogate `\u` escape, a number with an exponent or over [`MAX_NUMBER_BYTES`], nesting past
-//!   the cursor's depth — leaving those bodies to serde.
+//!   [`MAX_DEPTH`] — leaving those bodies to serde.
 //! * **lenient** ([`skip_string`], [`skip_value`]): a span is a hint that serde checks afterwards,
 //!   so only where the value ends matters; a backslash escapes the next byte, whatever it is.
 //!
@@ -18,6 +18,9 @@
 //! also spots the non-ASCII bytes whose UTF-8 it must check); lenient jumps to the next quote or
 //! backslash with `memchr2`, vectorised natively ([`fast::messages_span`](super::fast) of a 564-KB
 //! chat body: 26 µs, against 60 µs stepping eight bytes at a time).
+
+/// Nesting the strict cursor follows at most (serde_json's limit is 128; deeper bodies go to serde).
+pub const MAX_DEPTH: usize = 100;
 
 /// Longest number the strict cursor accepts (no exponent: such a number is finite as an `f64`).
 pub const MAX_NUMBER_BYTES: usize = 100;
@@ -92,13 +95,12 @@ pub struct Cursor<'a> {
     pub b: &'a [u8],
     pub i: usize,
     depth: usize,
-    max_depth: usize,
 }
 
 impl<'a> Cursor<'a> {
-    /// At the start of `b`, following nesting at most `max_depth` deep.
-    pub fn new(b: &'a [u8], max_depth: usize) -> Self {
-        Self { b, i: 0, depth: 0, max_depth }
+    /// At the start of `b`.
+    pub fn new(b: &'a [u8]) -> Self {
+        Self { b, i: 0, depth: 0 }
     }
 
     pub fn at(&self) -> Option<u8> {
@@ -113,16 +115,17 @@ impl<'a> Cursor<'a> {
         (self.at()? == c).then(|| self.i += 1)
     }
 
-    /// One level deeper (after an opening bracket); declines past the depth bound.
+    /// One level deeper (after an opening bracket); declines past [`MAX_DEPTH`].
     pub fn enter(&mut self) -> Option<()> {
         self.depth += 1;
-        (self.depth <= self.max_depth).then_some(())
+        (self.depth <= MAX_DEPTH).then_some(())
     }
 
     /// Past the closing bracket of the object or list being read.
     pub fn close(&mut self) {
         self.i += 1;
-        self.depth = self.depth.saturating_sub(1);
+        // Every close follows its enter.
+        self.depth -= 1;
     }
 
     /// The `:` after a key, with the whitespace around it.
@@ -350,7 +353,7 @@ mod tests {
         let (mut accepted, mut total) = (0, 0);
         for _ in 0..20_000 {
             let b = random_string(&mut state);
-            let mut cursor = Cursor::new(&b, 4);
+            let mut cursor = Cursor::new(&b);
             let strict = cursor.string().map(|()| cursor.i);
             // The only surrogate escape here is a lone leading one, which serde refuses too.
             let end = skip_string(&b, 0).unwrap_or(0);

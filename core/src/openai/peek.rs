@@ -233,8 +233,8 @@ impl<'de> DeserializeSeed<'de> for TopSeed {
                             f.messages = Some(map.next_value_seed(seed)?);
                         }
                         // A field only a whole read needs is skipped by a verdict.
-                        key => match fields::index(key)
-                            .filter(|&i| self.collect || fields::KEYS[i].1)
+                        key => match fields::index(key.as_bytes())
+                            .filter(|&i| self.collect || fields::KEYS[i].1 != fields::Kind::Any)
                         {
                             Some(i) => f.scalars.0[i] = Some(map.next_value()?),
                             None => {

@@ -30,12 +30,12 @@
 //! anchor and every top-level field before the list are read here, and nothing after it is
 //! skipped. A 300 KB turn is then scanned over its head and its new messages only.
 
-use super::fields;
+use super::fields::{self, Kind};
 use super::grammar::Cursor;
 use super::{peek, Endpoint, ParseError, RequestPeek};
 
-/// Nesting the scanner follows at most (serde_json's limit is 128; deeper bodies go to `peek`).
-pub const MAX_DEPTH: usize = 100;
+/// Nesting the scanner follows at most (deeper bodies go to `peek`).
+pub use super::grammar::MAX_DEPTH;
 
 /// Asked once by the scan of a chat body, right after the conversation anchor's last message
 /// (right after the first message when the anchor was not asked for), with the anchor's digest
@@ -71,7 +71,7 @@ pub(super) fn read(
 /// The scan of a chat body: `Some` only for a body `peek` accepts, with its answer (the anchor
 /// only when `anchor`).
 pub fn fast_chat(body: &[u8], anchor: bool, skip: &mut Skip<'_>) -> Option<RequestPeek> {
-    let mut s = Scanner { c: Cursor::new(body, MAX_DEPTH), anchor, skip: Some(skip), digest: None };
+    let mut s = Scanner { c: Cursor::new(body), anchor, skip: Some(skip), digest: None };
     let stream = s.top()?;
     Some(RequestPeek { stream, conversation_anchor: s.digest })
 }
@@ -86,25 +86,6 @@ fn anchor_digest(body: &[u8], start: usize, end: usize) -> Option<Option<u64>> {
     anchor.extend_from_slice(body.get(start..end)?);
     anchor.extend_from_slice(b"]}");
     peek(Endpoint::ChatCompletions, &anchor).ok().map(|p| p.conversation_anchor)
-}
-
-/// A value the strict cursor accepted, as a `Value`: the shapes routing fields take (a literal, an
-/// unescaped string, a short unsigned integer) built directly, the rest by serde (the same value:
-/// this is serde's reading of those shapes, without its set-up for a few bytes).
-fn value_of(span: &[u8]) -> Option<serde_json::Value> {
-    use serde_json::Value;
-    match span {
-        b"true" => Some(Value::Bool(true)),
-        b"false" => Some(Value::Bool(false)),
-        b"null" => Some(Value::Null),
-        [b'"', text @ .., b'"'] if !text.contains(&b'\\') => {
-            std::str::from_utf8(text).ok().map(|t| Value::String(t.to_owned()))
-        }
-        digits if (1..=19).contains(&digits.len()) && digits.iter().all(u8::is_ascii_digit) => {
-            std::str::from_utf8(digits).ok()?.parse::<u64>().ok().map(Value::from)
-        }
-        _ => serde_json::from_slice(span).ok(),
-    }
 }
 
 /// A message's `role`, as far as the scan needs it.
@@ -127,33 +108,30 @@ struct Scanner<'a, 's> {
 }
 
 impl Scanner<'_, '_> {
-    /// The top-level object (the body must end after it): its `stream`. The fields routing checks
-    /// ([`fields::KEYS`]) are kept as spans (a repeated one declines: `peek` knows which wins) and
-    /// checked at the end by [`fields::scalars`], as every reading checks them.
+    /// The top-level object (the body must end after it): its `stream`. Each field routing checks
+    /// ([`fields::KEYS`]) is checked for its [`fields::Kind`] on the bytes (a repeated one declines:
+    /// `peek` knows which wins); a value `fields::scalars` would refuse declines too.
     fn top(&mut self) -> Option<bool> {
         self.c.ws();
         self.c.eat(b'{')?;
         self.c.enter()?;
-        let mut messages = false;
-        let mut spans: [Option<(usize, usize)>; fields::KEYS.len()] = Default::default();
+        let (mut messages, mut stream) = (false, false);
+        let mut seen = [false; fields::KEYS.len()];
         self.c.ws();
         loop {
             let key = self.c.key()?;
             self.c.colon()?;
-            let checked = std::str::from_utf8(key)
-                .ok()
-                .and_then(fields::index)
-                .filter(|&i| fields::KEYS[i].1);
+            let checked = fields::index(key).filter(|&i| fields::KEYS[i].1 != Kind::Any);
             match (key, checked) {
                 (b"messages", _) if !messages => {
                     messages = true;
                     self.messages()?;
                 }
                 (b"messages", _) => return None,
-                (_, Some(i)) if spans[i].is_none() => {
-                    let start = self.c.i;
-                    self.c.value()?;
-                    spans[i] = Some((start, self.c.i));
+                (_, Some(i)) if !seen[i] => {
+                    seen[i] = true;
+                    let on = self.kind(fields::KEYS[i].1)?;
+                    stream |= key == b"stream" && on;
                 }
                 (_, Some(_)) => return None,
                 _ => self.c.value()?,
@@ -164,16 +142,27 @@ impl Scanner<'_, '_> {
         }
         self.c.i += 1;
         self.c.ws();
-        if self.c.i != self.c.b.len() || !messages {
-            return None;
-        }
-        let mut collected = fields::Collected::default();
-        for (value, span) in collected.0.iter_mut().zip(spans) {
-            if let Some((start, end)) = span {
-                *value = Some(value_of(self.c.b.get(start..end)?)?);
+        (self.c.i == self.c.b.len() && messages).then_some(stream)
+    }
+
+    /// A value of `kind` or `null`: whether it is `true`.
+    fn kind(&mut self, kind: Kind) -> Option<bool> {
+        let c = &mut self.c;
+        match (kind, c.at()?) {
+            (_, b'n') => c.literal(b"null").map(|()| false),
+            (Kind::Text, b'"') => c.string().map(|()| false),
+            (Kind::Flag, b't') => c.literal(b"true").map(|()| true),
+            (Kind::Flag, b'f') => c.literal(b"false").map(|()| false),
+            // At most 19 digits, no sign, fraction or exponent: `as_u64` reads it.
+            (Kind::Count, _) => {
+                let start = c.i;
+                c.number()?;
+                let digits = c.b.get(start..c.i)?;
+                (digits.len() <= 19 && digits.iter().all(u8::is_ascii_digit)).then_some(false)
             }
+            (Kind::Any, _) => c.value().map(|()| false),
+            _ => None,
         }
-        collected.scalars().ok().map(|s| s.stream)
     }
 
     /// The `messages` list: the anchor digested (when asked for); later messages checked as
