@@ -11,10 +11,15 @@
 //! * a later call whose body starts with exactly those bytes ([`BodyBase::prefixes`]) may send only
 //!   the rest, naming the base in [`crate::headers::KVMESH_BODY_BASE`];
 //! * the indexer answers such a call as it would the whole body, or `409` with reason
-//!   [`BASE_UNKNOWN`] when it no longer holds the base (evicted, restarted): the caller then sends
-//!   the whole body. Never a wrong body: the indexer serves a base only if the name's length and
-//!   hash are those of the bytes it holds, and the filter sends a delta only after hashing its
-//!   body's own first `len` bytes to the same value.
+//!   [`BASE_UNKNOWN`] when it does not hold the base for the call's session (evicted, restarted, or
+//!   kept for another session: a base belongs to the session it was kept for): the caller then
+//!   sends the whole body (memo churn: one more route call, counted on both sides). Never a wrong
+//!   body: the indexer serves a base only if the name's key, length and hash are those of bytes it
+//!   holds for that session, and the filter sends a delta only after hashing its body's own first
+//!   `len` bytes to the same value;
+//! * both sides resume their read of the body at the base's end rather than reading what they
+//!   read before: the indexer from the prefix it held, the filter's scan from the base's end
+//!   ([`crate::openai::Body`]). The README of `kvmesh-core` has the protocol in prose.
 
 use std::fmt;
 use std::str::FromStr;

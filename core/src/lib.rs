@@ -3,7 +3,7 @@
 //! The filter's fallback pin and the indexer's session pin pick the same worker only because both
 //! call [`rendezvous::pick`]; the indexer's block index matches Dynamo's only because it hashes with
 //! [`hashing`]; the filter and the indexer read the same request the same way only because both
-//! parse it with [`openai`]. Nothing here performs I/O, reads a clock or draws a random number, so
+//! read it through [`openai::Body`]. Nothing here performs I/O, reads a clock or draws a random number, so
 //! every function is deterministic and compiles for `wasm32-wasip1` as well as natively.
 
 pub mod api;

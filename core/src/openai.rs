@@ -1,8 +1,10 @@
 //! Lenient reading of OpenAI `/v1/completions` and `/v1/chat/completions` request bodies.
 //!
-//! Only the fields routing needs are read; unknown fields are ignored. The filter (for session keys)
-//! and the indexer (for tokenization) both read requests through [`parse`], so they can never
-//! disagree about what the prompt is. Chat content given as parts is joined the way vLLM joins text
+//! Only the fields routing needs are read ([`fields`]); unknown fields are ignored. Every caller —
+//! the filter (for session keys), the indexer (for tokenization), the engine simulator — reads a
+//! body through one entry point, [`Body`], which picks the reading for what the caller needs and
+//! resumes from a known prefix where there is one (`reader`'s table); every reading gives this
+//! module's [`parse`] verdict, so they can never disagree about what the prompt is. Chat content given as parts is joined the way vLLM joins text
 //! parts for string-format chat templates: text parts separated by `"\n"`, other parts skipped.
 //! What the flattening drops (non-text parts, tool calls, names) still identifies a conversation,
 //! so a chat body's conversation anchor is digested here, while the raw messages are at hand
@@ -17,11 +19,17 @@ use serde_json::Value;
 
 pub mod anchor;
 mod fast;
+mod fields;
+mod grammar;
 mod peek;
+mod reader;
 mod resume;
+pub mod scan;
 
 pub use peek::{peek, RequestPeek};
+pub use reader::Body;
 pub use resume::{read_chat_from, ChatPrefix, ChatRead};
+pub use scan::Skip;
 
 /// Which OpenAI endpoint a request targets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -290,25 +298,7 @@ fn read<'v>(
             (RequestInput::Messages(parsed), anchor)
         }
     };
-    let model = match field("model").as_deref() {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err(ParseError::WrongType { field: "model", expected: "a string" }),
-    };
-    let stream = match field("stream").as_deref() {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(ParseError::WrongType { field: "stream", expected: "a boolean" }),
-    };
-    let max_tokens = match field("max_tokens").or_else(|| field("max_completion_tokens")).as_deref()
-    {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(v.as_u64().ok_or(ParseError::WrongType {
-            field: "max_tokens",
-            expected: "a non-negative integer",
-        })?),
-    };
-    let cache_salt = field("cache_salt").as_deref().and_then(Value::as_str).map(str::to_owned);
+    let fields::Scalars { model, stream, max_tokens, cache_salt } = fields::scalars(field)?;
     Ok(OpenAiRequest {
         endpoint,
         model,

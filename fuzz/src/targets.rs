@@ -166,8 +166,12 @@ pub fn filter_request(data: &[u8]) {
     }
     let config = FilterConfig::default();
     for endpoint in [Endpoint::Completions, Endpoint::ChatCompletions] {
-        if let Ok(parsed) = openai::parse(endpoint, rest) {
-            let key = request::session_key(&head, &parsed, true);
+        // The filter's read; a skip to anywhere in the body must not panic either (the scan takes
+        // only an offset right after an element, else reads on or declines).
+        let body = openai::Body::new(endpoint, rest);
+        let _ = body.peek(true, &mut |_| Some(rest.len() / 2));
+        if let Ok(peeked) = body.peek(true, &mut |_| None) {
+            let key = request::peeked_session_key(&head, &peeked, true);
             let call = request::route_call(
                 &config,
                 "id",
@@ -214,14 +218,19 @@ pub fn filter_splice(data: &[u8]) {
     assert_eq!(after.len(), before.len() + usize::from(!before.contains_key(key)));
 }
 
-/// The `/v1/route` request as the indexer reads it: the body for both paths (`parse`, `parse_raw`,
-/// the derived session key) and the first line as an `x-kvmesh-session` header.
+/// The `/v1/route` request as the indexer reads it: the body for both paths (`openai::Body`'s
+/// whole reads, raw fields, and a read resumed from the body's own prefix; the derived session key) and the first line as an `x-kvmesh-session` header.
 pub fn route_request(data: &[u8]) {
     for endpoint in [Endpoint::Completions, Endpoint::ChatCompletions] {
         if let Ok(r) = openai::parse(endpoint, data) {
             let _ = session::derived_key(&r);
         }
-        let _ = openai::parse_raw(endpoint, data);
+        let body = openai::Body::new(endpoint, data);
+        let _ = body.request_with_raw();
+        // The body memo's read: whole, then a body continuing it from its own prefix.
+        if let Some(prefix) = body.request_from(None).prefix {
+            let _ = body.request_from(Some((data, &prefix)));
+        }
     }
     let text = String::from_utf8_lossy(data);
     let line = text.lines().next().unwrap_or("");

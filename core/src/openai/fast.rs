@@ -10,7 +10,10 @@
 //! finds the placeholder exactly where the scan put it, as the value of the last `"prompt"` key.
 //! That check makes the fast path give the same answer as the `Value` path on every input: if
 //! anything is unusual (escaped keys, invalid JSON, a float, an empty list, an id of 2^32…),
-//! the fast path declines and the `Value` path decides.
+//! the fast path declines and the `Value` path decides. Values and strings are stepped over with
+//! the shared grammar's lenient functions ([`super::grammar`]).
+
+use super::grammar::{skip_string, skip_value, skip_ws};
 
 /// serde_json refuses documents nested this deep (its recursion limit), but skipping a field as
 /// a raw value does not check it, so both paths check it here.
@@ -161,64 +164,6 @@ fn top_level_values(b: &[u8], mut value: impl FnMut(&[u8], usize) -> Option<usiz
     (skip_ws(b, i + 1) == b.len()).then_some(())
 }
 
-/// End of the JSON value starting at `i`, if it nests less than `limit` deep (not validated:
-/// serde checks the body afterwards).
-fn skip_value(b: &[u8], i: usize, limit: usize) -> Option<usize> {
-    match b.get(i)? {
-        b'"' => skip_string(b, i),
-        b'[' | b'{' => {
-            let mut depth = 0usize;
-            let mut j = i;
-            loop {
-                match b.get(j)? {
-                    b'"' => {
-                        j = skip_string(b, j)?;
-                        continue;
-                    }
-                    b'[' | b'{' => {
-                        depth += 1;
-                        if depth >= limit {
-                            return None;
-                        }
-                    }
-                    b']' | b'}' => {
-                        depth = depth.saturating_sub(1);
-                        if depth == 0 {
-                            return Some(j + 1);
-                        }
-                    }
-                    _ => {}
-                }
-                j += 1;
-            }
-        }
-        _ => {
-            let mut j = i;
-            while let Some(c) = b.get(j) {
-                if matches!(c, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r') {
-                    break;
-                }
-                j += 1;
-            }
-            (j > i).then_some(j)
-        }
-    }
-}
-
-/// End of the string starting at the quote at `i`. Chat bodies are mostly string content, so the
-/// next quote or backslash is found by `memchr2`, vectorised natively: [`messages_span`] of a
-/// 564-KB chat body took 26 µs, against 60 µs with the eight-bytes-a-step scan it replaced.
-fn skip_string(b: &[u8], i: usize) -> Option<usize> {
-    let mut j = i + 1;
-    loop {
-        j += memchr::memchr2(b'"', b'\\', b.get(j..)?)?;
-        match b.get(j)? {
-            b'"' => return Some(j + 1),
-            _ => j += 2, // a backslash and the byte it escapes
-        }
-    }
-}
-
 /// The ids of `b` if it is exactly a non-empty flat list of integers in `0..2^32` (then valid
 /// JSON by construction), surrounded by JSON whitespace at most.
 #[cfg(test)]
@@ -260,13 +205,6 @@ fn ids_at(b: &[u8], mut i: usize) -> Option<(Vec<u32>, usize)> {
             _ => return None, // `.`/`e` of a float, or garbage
         }
     }
-}
-
-pub(super) fn skip_ws(b: &[u8], mut i: usize) -> usize {
-    while matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-        i += 1;
-    }
-    i
 }
 
 #[cfg(test)]

@@ -30,7 +30,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::{fast, parse, ChatMessage, Endpoint, OpenAiRequest, ParseError, RequestInput};
+use super::anchor::anchor_digest;
+use super::{fast, fields, parse, ChatMessage, Endpoint, OpenAiRequest, ParseError, RequestInput};
 use crate::json_edit::Key;
 
 /// What the filter needs from a routable body.
@@ -104,11 +105,8 @@ fn chat_fields(body: &[u8], collect: bool, resume: Option<Anchor>) -> Option<Cha
 #[derive(Default)]
 struct ChatFields {
     messages: Option<Result<Anchor, ParseError>>,
-    model: Option<Value>,
-    stream: Option<Value>,
-    max_tokens: Option<Value>,
-    max_completion_tokens: Option<Value>,
-    cache_salt: Option<Value>,
+    /// The other fields routing reads ([`fields::KEYS`]).
+    scalars: fields::Collected,
 }
 
 impl ChatFields {
@@ -116,27 +114,7 @@ impl ChatFields {
     fn verdict(self) -> Result<RequestPeek, ParseError> {
         let anchor = self.messages.unwrap_or(Err(ParseError::Missing { field: "messages" }))?;
         let conversation_anchor = anchor.digest()?;
-        match self.model {
-            None | Some(Value::Null | Value::String(_)) => {}
-            Some(_) => return Err(ParseError::WrongType { field: "model", expected: "a string" }),
-        }
-        let stream = match self.stream {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => b,
-            Some(_) => {
-                return Err(ParseError::WrongType { field: "stream", expected: "a boolean" })
-            }
-        };
-        match self.max_tokens.or(self.max_completion_tokens) {
-            None | Some(Value::Null) => {}
-            Some(v) if v.as_u64().is_some() => {}
-            Some(_) => {
-                return Err(ParseError::WrongType {
-                    field: "max_tokens",
-                    expected: "a non-negative integer",
-                })
-            }
-        }
+        let stream = self.scalars.scalars()?.stream;
         Ok(RequestPeek { stream, conversation_anchor })
     }
 
@@ -149,30 +127,8 @@ impl ChatFields {
             return Err(e);
         }
         messages.extend(anchor.later);
-        let conversation_anchor = values.as_array().and_then(|v| super::anchor::anchor_digest(v));
-        let model = match self.model {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s),
-            Some(_) => return Err(ParseError::WrongType { field: "model", expected: "a string" }),
-        };
-        let stream = match self.stream {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => b,
-            Some(_) => {
-                return Err(ParseError::WrongType { field: "stream", expected: "a boolean" })
-            }
-        };
-        let max_tokens = match self.max_tokens.or(self.max_completion_tokens) {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(v.as_u64().ok_or(ParseError::WrongType {
-                field: "max_tokens",
-                expected: "a non-negative integer",
-            })?),
-        };
-        let cache_salt = match self.cache_salt {
-            Some(Value::String(s)) => Some(s),
-            _ => None,
-        };
+        let conversation_anchor = values.as_array().and_then(|v| anchor_digest(v));
+        let fields::Scalars { model, stream, max_tokens, cache_salt } = self.scalars.scalars()?;
         Ok(OpenAiRequest {
             endpoint: Endpoint::ChatCompletions,
             model,
@@ -203,7 +159,7 @@ impl Anchor {
         if let Some(e) = self.later_error {
             return Err(e);
         }
-        Ok(values.as_array().and_then(|v| super::anchor::anchor_digest(v)))
+        Ok(values.as_array().and_then(|v| anchor_digest(v)))
     }
 }
 
@@ -276,16 +232,15 @@ impl<'de> DeserializeSeed<'de> for TopSeed {
                                 Messages { collect: self.collect, resume: self.resume.take() };
                             f.messages = Some(map.next_value_seed(seed)?);
                         }
-                        "model" => f.model = Some(map.next_value()?),
-                        "stream" => f.stream = Some(map.next_value()?),
-                        "max_tokens" => f.max_tokens = Some(map.next_value()?),
-                        "max_completion_tokens" => {
-                            f.max_completion_tokens = Some(map.next_value()?)
-                        }
-                        "cache_salt" if self.collect => f.cache_salt = Some(map.next_value()?),
-                        _ => {
-                            map.next_value::<Skip<'de>>()?;
-                        }
+                        // A field only a whole read needs is skipped by a verdict.
+                        key => match fields::index(key.as_bytes())
+                            .filter(|&i| self.collect || fields::KEYS[i].1 != fields::Kind::Any)
+                        {
+                            Some(i) => f.scalars.0[i] = Some(map.next_value()?),
+                            None => {
+                                map.next_value::<Skip<'de>>()?;
+                            }
+                        },
                     }
                 }
                 Ok(Top::Object(Box::new(f)))

@@ -13,7 +13,8 @@
 
 use serde_json::Value;
 
-use super::fast::{self, skip_ws};
+use super::fast;
+use super::grammar::skip_ws;
 use super::peek::{self, Anchor};
 use super::{ChatMessage, Endpoint, OpenAiRequest, ParseError};
 

@@ -1,7 +1,7 @@
 //! The body memo: recent long chat bodies' read prefixes ([`ChatPrefix`]: the bytes through their
 //! last message, and those messages read), so the next turn of a conversation is read from where
 //! the last one ended and its read costs its new messages, not the conversation
-//! (`kvmesh_core::openai::read_chat_from`; issue 16.3: reading a 48k-token conversation's body was
+//! (`kvmesh_core::openai::Body::request_from`; issue 16.3: reading a 48k-token conversation's body was
 //! two thirds of its route).
 //!
 //! Keys are the hash of the route's session key (the filter's: the client's session header or
@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use kvmesh_core::body_base::BodyBase;
-use kvmesh_core::openai::{self, ChatPrefix, OpenAiRequest, ParseError};
+use kvmesh_core::openai::{self, ChatPrefix, Endpoint, OpenAiRequest, ParseError};
 use kvmesh_core::session::SessionKey;
 use parking_lot::Mutex;
 
@@ -114,8 +114,7 @@ pub fn read_chat(
     let joined = joined.filter(|h| h.name.memo_key == key);
     let based = joined.is_some();
     let held = joined.or_else(|| memo.lock().find(key, body));
-    let read = openai::read_chat_from(
-        body,
+    let read = openai::Body::new(Endpoint::ChatCompletions, body).request_from(
         held.as_ref().map(|h| (if based { body.as_ref() } else { h.bytes() }, &*h.prefix)),
     );
     let kept =

@@ -96,7 +96,7 @@ pub fn parse(
             body_memo::read_chat(memo, &body, session.map(|(key, _)| key), memo_bytes, joined);
         (read.request, Some(read.continued), read.kept)
     } else {
-        (openai::parse(endpoint, &body), None, None)
+        (openai::Body::new(endpoint, &body).request(), None, None)
     };
     let parsed = parsed.map_err(|e| ApiError::bad_request(e.reason(), e.to_string()))?;
     Ok((
