@@ -87,6 +87,17 @@ pub fn filter_config(json: &str) -> Result<FilterConfig, RenderError> {
     Ok(FilterConfig::from_bytes(Some(json.as_bytes()))?)
 }
 
+/// Shortest stream idle timeout of a request the filter holds (the template's `kvmesh_held`
+/// route): a client's body may pause this long between chunks.
+pub const MIN_HELD_IDLE_TIMEOUT_MS: u64 = 4000;
+
+/// The stream idle timeout of a request the filter holds: longer than its longest pause (two
+/// route calls, when the first one's body base was unknown, each bounded by `indexer_timeout_ms`),
+/// at least [`MIN_HELD_IDLE_TIMEOUT_MS`]. What answers a request held in a VM that traps.
+pub fn held_idle_timeout_ms(filter: &FilterConfig) -> u64 {
+    (2 * filter.indexer_timeout_ms + 1000).max(MIN_HELD_IDLE_TIMEOUT_MS)
+}
+
 /// Renders the bootstrap YAML.
 pub fn render_bootstrap(vars: &BootstrapVars) -> Result<String, RenderError> {
     validate(vars)?;
@@ -103,7 +114,12 @@ pub fn render_bootstrap(vars: &BootstrapVars) -> Result<String, RenderError> {
     };
     let typed = BootstrapVars { filter_config_json: filter.to_json(), ..vars.clone() };
     // The client's override headers are stripped outside wasm too unless the filter honours them.
-    let ctx = minijinja::context! { strip_overrides => !filter.allow_overrides, ..minijinja::Value::from_serialize(&typed) };
+    let ctx = minijinja::context! {
+        strip_overrides => !filter.allow_overrides,
+        // A protobuf Duration: seconds ("4.000s"), never "ms".
+        held_idle_timeout => format!("{:.3}s", held_idle_timeout_ms(&filter) as f64 / 1000.0),
+        ..minijinja::Value::from_serialize(&typed)
+    };
     Ok(env.get_template("bootstrap.yaml.j2")?.render(ctx)?)
 }
 
