@@ -352,6 +352,24 @@ mod tests {
     }
 
     #[test]
+    fn requests_the_filter_holds_get_a_short_idle_timeout_under_fail_reload_only() {
+        let mut v = vars("kvmesh", "/x.wasm");
+        v.filter_config_json = r#"{"indexer_timeout_ms": 2500}"#.into();
+        let yaml = render_bootstrap(&v).unwrap();
+        let held = yaml.find("name: kvmesh_held").expect("the held route");
+        assert!(held < yaml.find("retry_policy:").unwrap(), "the held route comes first");
+        assert!(yaml.contains("idle_timeout: 6.000s"), "2 x 2.5 s + 1 s:\n{yaml}");
+        assert!(
+            yaml.contains("idle_timeout: 300s") && yaml.contains("- remove: x-kvmesh-released")
+        );
+        assert_eq!(held_idle_timeout_ms(&FilterConfig::default()), MIN_HELD_IDLE_TIMEOUT_MS);
+        // FAIL_OPEN: a bypassed VM releases nothing, so no held route; nor without the filter.
+        v.wasm_failure_policy = "FAIL_OPEN".into();
+        assert!(!render_bootstrap(&v).unwrap().contains("kvmesh_held"));
+        assert!(!render_bootstrap(&vars("round_robin", "")).unwrap().contains("kvmesh_held"));
+    }
+
+    #[test]
     fn filter_config_is_embedded_as_a_string() {
         let mut v = vars("kvmesh", "/x.wasm");
         v.filter_config_json =
