@@ -352,6 +352,28 @@ def check_filter_chain(path, cfg):
         wasm = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.wasm")["typed_config"]["config"]
         check_wasm_plugin_config(path, wasm)
         check_strip_before_wasm(path, hcm["http_filters"])
+        check_held_route(path, hcm)
+
+
+def check_held_route(path, hcm):
+    """A request the wasm filter still holds has no x-kvmesh-released: the first route matches
+    that, with a short idle timeout (it answers requests paused in a VM that traps); the route of
+    released requests sets its idle timeout explicitly (Envoy keeps the held one otherwise) and
+    removes the header before the engine; clients cannot send the header."""
+    routes = [r for vh in hcm.get("route_config", {}).get("virtual_hosts", []) for r in vh.get("routes", [])]
+    held = [r for r in routes if r.get("name") == "kvmesh_held"]
+    if not held or routes[0] is not held[0]:
+        fail(path, "no `kvmesh_held` route first in the route table (see envoy/README.md, wasm trap)")
+        return
+    absent = [h for h in held[0]["match"].get("headers", []) if h.get("name") == "x-kvmesh-released" and h.get("present_match") is False]
+    if not absent or "idle_timeout" not in held[0].get("route", {}):
+        fail(path, "the kvmesh_held route must match requests without x-kvmesh-released and set an idle_timeout")
+    for r in routes[1:]:
+        if "idle_timeout" not in r.get("route", {}) or "x-kvmesh-released" not in r.get("request_headers_to_remove", []):
+            fail(path, f"route {r.get('match')}: after kvmesh_held, set idle_timeout and remove x-kvmesh-released")
+    strip = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.header_mutation")["typed_config"]
+    if "x-kvmesh-released" not in {m.get("remove") for m in strip.get("mutations", {}).get("request_mutations", [])}:
+        fail(path, "the header_mutation filter does not remove a client's x-kvmesh-released")
 
 
 def check_wasm_plugin_config(path, wasm):

@@ -13,6 +13,18 @@ pub const KVMESH_SESSION: &str = "x-kvmesh-session";
 /// On `/v1/route`: the body is only the bytes after this base of the indexer's
 /// ([`crate::body_base`]); absent, the body is the client's whole body.
 pub const KVMESH_BODY_BASE: &str = "x-kvmesh-body-base";
+/// On `/v1/route`: when the filter stops waiting for the answer, as unix milliseconds (the call's
+/// start plus `indexer_timeout_ms`). The indexer refuses a call it starts past this instant
+/// (`caller_gone`): its caller has stopped waiting, so nothing would ever release its booking.
+/// Envoy and the indexer read the same host clock (the indexer is a sidecar of the same pod or
+/// machine); a skewed clock only turns some route calls into the filter's fallback.
+pub const KVMESH_ROUTE_DEADLINE: &str = "x-kvmesh-route-deadline-ms";
+/// Set by the filter on every request it lets go (routed, fallen back or not routable): Envoy's
+/// route table matches it to pick the route with the normal stream idle timeout, while a request
+/// without it — one the filter still holds — is on a route with a short one, so a request held in
+/// a VM that traps is answered within seconds instead of waiting out the normal idle timeout.
+/// Envoy strips any client-sent value before the filter; the route removes it before the engine.
+pub const RELEASED: &str = "x-kvmesh-released";
 /// Operator override (when enabled): pin this worker id.
 pub const OVERRIDE_WORKER: &str = "x-kvmesh-worker";
 /// Operator override (when enabled): force this mode (`aggregate`, `disagg`, …).

@@ -113,6 +113,17 @@ pub fn filter_config(json: &str) -> Result<FilterConfig, RenderError> {
     Ok(FilterConfig::from_bytes(Some(json.as_bytes()))?)
 }
 
+/// Shortest stream idle timeout of a request the filter holds (the template's `kvmesh_held`
+/// route): a client's body may pause this long between chunks.
+pub const MIN_HELD_IDLE_TIMEOUT_MS: u64 = 4000;
+
+/// The stream idle timeout of a request the filter holds: longer than its longest pause (two
+/// route calls, when the first one's body base was unknown, each bounded by `indexer_timeout_ms`),
+/// at least [`MIN_HELD_IDLE_TIMEOUT_MS`]. What answers a request held in a VM that traps.
+pub fn held_idle_timeout_ms(filter: &FilterConfig) -> u64 {
+    (2 * filter.indexer_timeout_ms + 1000).max(MIN_HELD_IDLE_TIMEOUT_MS)
+}
+
 /// Renders the bootstrap YAML with the default [`EnvoyLimits`].
 pub fn render_bootstrap(vars: &BootstrapVars) -> Result<String, RenderError> {
     render_bootstrap_with(vars, &EnvoyLimits::default())
@@ -148,6 +159,8 @@ pub fn render_bootstrap_with(
         strip_overrides => !filter.allow_overrides,
         max_heap_bytes => limits.max_heap_bytes,
         max_downstream_connections => limits.max_downstream_connections,
+        // A protobuf Duration: seconds ("4.000s"), never "ms".
+        held_idle_timeout => format!("{:.3}s", held_idle_timeout_ms(&filter) as f64 / 1000.0),
         ..minijinja::Value::from_serialize(&typed)
     };
     Ok(env.get_template("bootstrap.yaml.j2")?.render(ctx)?)
@@ -379,6 +392,24 @@ mod tests {
                 "{policy}"
             );
         }
+    }
+
+    #[test]
+    fn requests_the_filter_holds_get_a_short_idle_timeout_under_fail_reload_only() {
+        let mut v = vars("kvmesh", "/x.wasm");
+        v.filter_config_json = r#"{"indexer_timeout_ms": 2500}"#.into();
+        let yaml = render_bootstrap(&v).unwrap();
+        let held = yaml.find("name: kvmesh_held").expect("the held route");
+        assert!(held < yaml.find("retry_policy:").unwrap(), "the held route comes first");
+        assert!(yaml.contains("idle_timeout: 6.000s"), "2 x 2.5 s + 1 s:\n{yaml}");
+        assert!(
+            yaml.contains("idle_timeout: 300s") && yaml.contains("- remove: x-kvmesh-released")
+        );
+        assert_eq!(held_idle_timeout_ms(&FilterConfig::default()), MIN_HELD_IDLE_TIMEOUT_MS);
+        // FAIL_OPEN: a bypassed VM releases nothing, so no held route; nor without the filter.
+        v.wasm_failure_policy = "FAIL_OPEN".into();
+        assert!(!render_bootstrap(&v).unwrap().contains("kvmesh_held"));
+        assert!(!render_bootstrap(&vars("round_robin", "")).unwrap().contains("kvmesh_held"));
     }
 
     #[test]

@@ -117,6 +117,8 @@ pub struct RequestFlow {
     debug: Vec<(&'static str, String)>,
     response_status: Option<u16>,
     response_complete: bool,
+    /// [`Self::release_marker`] has been handed out.
+    marked_released: bool,
 }
 
 impl RequestFlow {
@@ -143,7 +145,23 @@ impl RequestFlow {
             debug: Vec::new(),
             response_status: None,
             response_complete: false,
+            marked_released: false,
         }
+    }
+
+    /// Once the filter lets the request go on (routed, fallen back, routed locally or not
+    /// routable), the header that moves it onto Envoy's route with the normal stream idle timeout
+    /// ([`headers::RELEASED`]); `None` before, after, and for a request answered here. The host
+    /// asks after every step and applies it first: the header edit makes Envoy pick the route
+    /// again before the router runs. While the filter holds the request it stays on a route with a
+    /// short idle timeout, which is what answers it if the VM traps meanwhile (Envoy never resumes
+    /// a stream paused in a failed VM).
+    pub fn release_marker(&mut self) -> Option<Effect> {
+        if self.phase != Phase::Forwarded || self.marked_released {
+            return None;
+        }
+        self.marked_released = true;
+        Some(Effect::SetRequestHeader(headers::RELEASED, "1".to_owned()))
     }
 
     /// The request id used on `/v1/route` and `/v1/done` (and in logs).
@@ -316,14 +334,14 @@ impl RequestFlow {
         let sent = if self.sent_after.is_some() { RouteBody::Delta } else { RouteBody::Whole };
         Step {
             effects: vec![Effect::Metric(MetricUpdate::Add(Metric::RouteBodies(sent), 1))],
-            next: Next::Call(self.route_call()),
+            next: Next::Call(self.route_call(now_ns)),
         }
     }
 
-    /// The route call for the body held, after [`Self::sent_after`] if set.
-    fn route_call(&self) -> request::HttpCall {
+    /// The route call for the body held, after [`Self::sent_after`] if set, sent at `now_ns`.
+    fn route_call(&self, now_ns: u64) -> request::HttpCall {
         let endpoint = self.endpoint.unwrap_or(Endpoint::ChatCompletions);
-        request::route_call(
+        let mut call = request::route_call(
             &self.config,
             &self.request_id,
             endpoint,
@@ -331,7 +349,9 @@ impl RequestFlow {
             &self.head,
             Rc::clone(&self.body),
             self.sent_after,
-        )
+        );
+        request::stamp_route_deadline(&mut call, &self.config, now_ns);
+        call
     }
 
     /// The session's body bases after `answer` to a call sent after [`Self::sent_after`]: the base
@@ -393,7 +413,7 @@ impl RequestFlow {
                 Effect::Metric(MetricUpdate::Add(Metric::RouteBodies(RouteBody::Resent), 1)),
             ];
             effects.extend(forget);
-            return Step { effects, next: Next::Call(self.route_call()) };
+            return Step { effects, next: Next::Call(self.route_call(now_ns)) };
         }
         let latency_us = now_ns.saturating_sub(self.route_started_ns) / 1_000;
         let mut effects =

@@ -224,6 +224,17 @@ pub fn route_call(
     call.with_json_body(body, after.map_or(0, |b| b.len))
 }
 
+/// Stamps a route call sent at `now_ns` (the host's wall clock, unix ns) with the instant this
+/// filter stops waiting for it (`indexer_timeout_ms` later): the indexer books nothing for a call
+/// it only starts after that (a stalled indexer's backlog, the calls of a VM that trapped). No
+/// clock (0): no deadline, rather than one in 1970 that refuses every call.
+pub fn stamp_route_deadline(call: &mut HttpCall, config: &FilterConfig, now_ns: u64) {
+    if now_ns > 0 {
+        let deadline_ms = now_ns / 1_000_000 + config.indexer_timeout_ms;
+        call.headers.push((headers::KVMESH_ROUTE_DEADLINE.into(), deadline_ms.to_string()));
+    }
+}
+
 /// `POST /v1/done` with a JSON [`kvmesh_core::api::DoneReport`].
 pub fn done_call(config: &FilterConfig, report_json: Vec<u8>) -> HttpCall {
     HttpCall::new(config, "POST", DONE_PATH, config.background_timeout_ms)

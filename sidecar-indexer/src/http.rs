@@ -92,16 +92,29 @@ async fn route(
     let started = Instant::now();
     let raw = body(&state, Endpoint::Route, raw)?;
     let cfg = state.config();
+    // The wall clock (not `clock::now`): the caller's deadline is unix time on the host's clock.
+    let now_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let gone = crate::route::request::refuse_if_caller_gone(&headers, now_unix_ms);
     // Our own deadline (inside the layer's), so the answer carries a reason; the dropped call
     // releases whatever it booked.
     let deadline = Duration::from_millis(cfg.routing.request_timeout_ms);
-    let call = crate::route::route(&state, cfg, &headers, raw);
-    let result = match tokio::time::timeout(deadline, call).await {
-        Ok(r) => r,
-        Err(_) => Err(ApiError::unavailable(
-            "request_timeout",
-            format!("no decision within routing.request_timeout_ms = {} ms", deadline.as_millis()),
-        )),
+    let result = match gone {
+        Err(e) => Err(e),
+        Ok(()) => {
+            let call = crate::route::route(&state, cfg, &headers, raw);
+            match tokio::time::timeout(deadline, call).await {
+                Ok(r) => r,
+                Err(_) => Err(ApiError::unavailable(
+                    "request_timeout",
+                    format!(
+                        "no decision within routing.request_timeout_ms = {} ms",
+                        deadline.as_millis()
+                    ),
+                )),
+            }
+        }
     };
     let metrics = RouteMetrics(&state.metrics);
     match &result {

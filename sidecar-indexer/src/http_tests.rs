@@ -953,3 +953,43 @@ async fn a_batch_of_done_reports_releases_each_booking() {
         .render()
         .contains(r#"kvmesh_done_reports_total{matched="true",outcome="success"} 3"#));
 }
+
+#[tokio::test]
+async fn a_call_started_past_its_callers_deadline_books_nothing() {
+    let svc = service("");
+    let now_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+            as u64;
+    // The filter's caller stopped waiting a second ago (its call timed out, or its VM trapped):
+    // refused, nothing booked.
+    let past = (now_ms - 1000).to_string();
+    let (status, bytes) = call(
+        &svc,
+        route_req(
+            "/v1/completions",
+            &tokens_body(64),
+            &[(headers::KVMESH_ROUTE_DEADLINE, past.as_str())],
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{}", String::from_utf8_lossy(&bytes));
+    assert!(String::from_utf8_lossy(&bytes).contains(crate::route::request::CALLER_GONE));
+    assert!(all_idle(&svc), "a refused call booked: {:?}", active(&svc));
+    assert!(svc
+        .state
+        .metrics
+        .render()
+        .contains("kvmesh_route_errors_total{reason=\"caller_gone\"} 1"));
+    // A caller still waiting (and one that sends no deadline) is routed and booked as before.
+    let future = (now_ms + 60_000).to_string();
+    let d = route_ok(
+        &svc,
+        "/v1/completions",
+        &tokens_body(64),
+        &[(headers::KVMESH_ROUTE_DEADLINE, future.as_str())],
+    )
+    .await;
+    assert!(d.booking_id.is_some());
+    route_ok(&svc, "/v1/completions", &tokens_body(64), &[]).await;
+    assert_eq!(svc.state.load.lock().len(), 2);
+}

@@ -37,7 +37,10 @@ impl HttpFilter {
     }
 
     /// Applies a step's effects, then follows its `next` until the flow waits or continues.
-    fn run(&mut self, step: Step) -> Action {
+    fn run(&mut self, mut step: Step) -> Action {
+        if let Some(marker) = self.flow.release_marker() {
+            step.effects.insert(0, marker);
+        }
         self.apply(step.effects);
         match step.next {
             Next::Continue => Action::Continue,

@@ -1032,3 +1032,42 @@ fn a_long_conversations_next_turn_is_sent_after_the_base_the_indexer_named() {
     let step = f.on_route_answer(Some(200), &answer_naming(Some(base2)), 1_000_000, &fleet);
     assert!(!step.effects.iter().any(|e| matches!(e, Effect::RememberBodyBase { .. })));
 }
+
+#[test]
+fn the_release_marker_comes_once_when_the_filter_lets_the_request_go() {
+    let released = Effect::SetRequestHeader(headers::RELEASED, "1".to_owned());
+    // Routed: nothing while the request is held (buffering, waiting for the indexer), once after.
+    let mut f = flow(FilterConfig::default());
+    f.on_request_headers(&chat_headers(), false, 1_000_000);
+    assert_eq!(f.release_marker(), None, "held while buffering");
+    let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
+    assert_eq!(f.release_marker(), None, "held while the route call is out");
+    f.on_route_answer(Some(200), &decision(json!(null)), 2_500_000, &fleet());
+    assert_eq!(f.release_marker(), Some(released.clone()));
+    assert_eq!(f.release_marker(), None, "once");
+    // Fallen back (the indexer failed): released too.
+    let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
+    f.on_route_answer(Some(503), b"", 2_500_000, &fleet());
+    assert_eq!(f.release_marker(), Some(released.clone()));
+    // A body the filter cannot read, and a request it never routes (GET), go on released.
+    let mut f = flow(FilterConfig::default());
+    f.on_request_headers(&chat_headers(), false, 1_000_000);
+    f.on_body(Some(b"{not json".to_vec()), 2_000_000, &fleet());
+    assert_eq!(f.release_marker(), Some(released.clone()));
+    let mut f = flow(FilterConfig::default());
+    f.on_request_headers(&headers(&[(":method", "GET"), (":path", "/v1/models")]), true, 1);
+    assert_eq!(f.release_marker(), Some(released));
+    // Answered here (the indexer's designed rejection): nothing to release.
+    let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);
+    let body = serde_json::to_vec(&ErrorBody::new(429, "rate_limit_exceeded", "full")).unwrap();
+    f.on_route_answer(Some(429), &body, 2_500_000, &fleet());
+    assert_eq!(f.release_marker(), None);
+}
+
+#[test]
+fn the_route_call_says_when_the_filter_stops_waiting() {
+    let config = FilterConfig { indexer_timeout_ms: 250, ..FilterConfig::default() };
+    // Sent at 2 ms past the epoch on the host's wall clock (`to_route_call`).
+    let (_, call) = to_route_call(config, CHAT);
+    assert_eq!(call.header(headers::KVMESH_ROUTE_DEADLINE), Some("252"));
+}

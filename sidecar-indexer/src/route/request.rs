@@ -43,6 +43,32 @@ fn header<'a>(h: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError>
     }
 }
 
+/// Refuses a call that starts after its caller stopped waiting (`x-kvmesh-route-deadline-ms`, unix
+/// ms, on the same host clock as `now_unix_ms`): a filter whose call timed out, or whose VM
+/// trapped, resets the call, and a call queued behind a stalled indexer would otherwise book a
+/// request whose `/v1/done` never comes (it would hold its load until `load_expiry_secs`). A
+/// missing or unreadable deadline is no deadline.
+pub fn refuse_if_caller_gone(h: &HeaderMap, now_unix_ms: u64) -> Result<(), ApiError> {
+    let deadline = h
+        .get(headers::KVMESH_ROUTE_DEADLINE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match deadline {
+        Some(deadline) if now_unix_ms > deadline => Err(ApiError::unavailable(
+            CALLER_GONE,
+            format!(
+                "the call started {} ms after its caller's deadline ({} = {deadline}): nothing booked",
+                now_unix_ms - deadline,
+                headers::KVMESH_ROUTE_DEADLINE
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The reason of a call refused by [`refuse_if_caller_gone`].
+pub const CALLER_GONE: &str = "caller_gone";
+
 /// The route call's session (`x-kvmesh-session`), if it names one.
 fn session_of(h: &HeaderMap) -> Result<Option<(SessionKey, SessionSource)>, ApiError> {
     match header(h, headers::KVMESH_SESSION)? {

@@ -3,7 +3,9 @@
 //! every bounded map the indexer exports, to show memory flat after warm-up.
 //!
 //! Churn: a worker leaves and comes back by fleet-file rewrites (the indexer reloads the file),
-//! sessions start and end (each client runs sessions of 1–6 turns), the small `--num-gpu-blocks`
+//! sessions start and end (each client runs sessions of 1–6 turns; `--long-fraction` of them are
+//! long conversations of 8–16 turns over a system prompt longer than a body base's minimum, so
+//! their turns after the first send only what follows the body base), the small `--num-gpu-blocks`
 //! makes the engines evict, the indexer is SIGKILLed and restarted, and a fraction of requests
 //! stream and are dropped after the first chunk. Kubernetes discovery is not exercised (it needs an
 //! API server). Pure parts (schedule, tally, `/proc` parsing, slope, verdict, report) are in
@@ -86,6 +88,14 @@ struct Args {
     /// in ~20 s; the default 64 MiB would take ~11 min).
     #[arg(long, default_value_t = 2)]
     tokenize_memo_mib: usize,
+    /// The indexer's `body_memo_bytes` (long chat bodies held as body bases), MiB: small, so the
+    /// memo reaches its bound within warm-up.
+    #[arg(long, default_value_t = 2)]
+    body_memo_mib: usize,
+    /// Fraction of sessions that are long conversations: a system prompt of ~12 KiB (above the
+    /// body base minimum, `kvmesh_core::body_base::MIN_BODY_BYTES`) and 8–16 turns.
+    #[arg(long, default_value_t = 0.25)]
+    long_fraction: f64,
     /// The indexer's `recovery_max_blocks` (orphan recovery's routed prompts): small, so it reaches
     /// its bound within warm-up.
     #[arg(long, default_value_t = 16_384)]
@@ -139,6 +149,7 @@ const INDEXER_GAUGES: &[Gauge] = &[
     Gauge("speculative_blocks", "kvmesh_speculative_blocks", None),
     Gauge("tokenize_cache_bytes", "kvmesh_tokenize_cache_bytes", None),
     Gauge("tokenize_memo_bytes", "kvmesh_tokenize_memo_bytes", None),
+    Gauge("body_memo_bytes", "kvmesh_body_memo_bytes", None),
     Gauge("recovery_blocks", "kvmesh_recovery_blocks", None),
     Gauge("worker_active_requests", "kvmesh_worker_active_requests", None),
 ];
@@ -171,6 +182,7 @@ struct Load {
     tally: Mutex<Tally>,
     stop: AtomicBool,
     abort_fraction: f64,
+    long_fraction: f64,
     think: Duration,
 }
 
@@ -182,15 +194,24 @@ impl Load {
     }
 }
 
-/// One client: sessions one after the other, 1–6 turns each, over 8 shared system prompts.
+/// Words of a long conversation's system prompt: ~12 KiB of filler, above the body base minimum.
+const LONG_SYSTEM_WORDS: usize = 1_800;
+
+/// One client: sessions one after the other, 1–6 turns each over 8 shared system prompts, or
+/// (`long_fraction` of them) 8–16 turns over one of 4 long ones.
 async fn client_loop(load: Arc<Load>, id: u64, seed: u64) {
     let mut rng = SplitMix64::new(mix(seed, id));
     let mut n = 0u64;
     while !load.stop.load(Ordering::Relaxed) {
         n += 1;
         let session = format!("soak-{id}-{n}");
-        let turns = rng.range_u64(1, 7);
-        let mut msgs = vec![("system".to_owned(), filler(rng.range_u64(0, 8), 120))];
+        let long = rng.next_f64() < load.long_fraction;
+        let (turns, system) = if long {
+            (rng.range_u64(8, 17), filler(100 + rng.range_u64(0, 4), LONG_SYSTEM_WORDS))
+        } else {
+            (rng.range_u64(1, 7), filler(rng.range_u64(0, 8), 120))
+        };
+        let mut msgs = vec![("system".to_owned(), system)];
         for _ in 0..turns {
             if load.stop.load(Ordering::Relaxed) {
                 return;
@@ -315,6 +336,30 @@ async fn sample_indexer(
             }
         }
     }
+}
+
+/// What the body bases did over the run: the filter's route calls by the body they sent
+/// (`kvmesh_filter_route_bodies_total{result}`) and the indexer's memo reads
+/// (`kvmesh_body_memo_total{result}`, since its last restart).
+async fn body_bases(stack: &Stack) -> plan::BodyBases {
+    let mut out = plan::BodyBases::default();
+    if let Ok(m) = stack.envoy_metrics().await {
+        for (k, v) in
+            [("whole", &mut out.whole), ("delta", &mut out.delta), ("resent", &mut out.resent)]
+        {
+            *v = m.sum("kvmesh_filter_route_bodies_total", &[("result", k)]);
+        }
+    }
+    if let Ok(m) = stack.scrape(&stack.indexer_url("/metrics")).await {
+        for (k, v) in [
+            ("hit", &mut out.memo_hit),
+            ("miss", &mut out.memo_miss),
+            ("base_unknown", &mut out.base_unknown),
+        ] {
+            *v = m.sum("kvmesh_body_memo_total", &[("result", k)]);
+        }
+    }
+    out
 }
 
 /// Wasm VM reloads (traps) so far.
@@ -447,11 +492,12 @@ async fn main() -> Result<()> {
     ];
     spec.release = a.release;
     spec.routing_toml = format!(
-        "kv_home_ttl_secs = {}\nlocal_continuation_max_sessions = {}\ntokenize_cache_bytes = {}\ntokenize_memo_bytes = {}\nrecovery_max_blocks = {}\n",
+        "kv_home_ttl_secs = {}\nlocal_continuation_max_sessions = {}\ntokenize_cache_bytes = {}\ntokenize_memo_bytes = {}\nbody_memo_bytes = {}\nrecovery_max_blocks = {}\n",
         a.kv_home_ttl_s,
         a.continuation_cap,
         a.tokenize_cache_mib << 20,
         a.tokenize_memo_mib << 20,
+        a.body_memo_mib << 20,
         a.recovery_blocks
     );
     spec.work_dir = Some(std::path::absolute(a.out.join("stack"))?);
@@ -465,6 +511,7 @@ async fn main() -> Result<()> {
         tally: Mutex::new(Tally::default()),
         stop: AtomicBool::new(false),
         abort_fraction: a.abort_fraction,
+        long_fraction: a.long_fraction,
         think: Duration::from_millis(a.think_ms),
     });
     let clients: Vec<_> =
@@ -548,6 +595,7 @@ async fn main() -> Result<()> {
     for c in clients {
         let _ = c.await;
     }
+    let bases = body_bases(&stack).await;
     let reloads = vm_reloads(&stack).await;
     if reloads > 0.0 {
         crashes.push(format!("{reloads} wasm VM reloads (filter traps)"));
@@ -593,17 +641,19 @@ async fn main() -> Result<()> {
     };
     let mut report = plan::render(&summary, is_bytes);
     report.push_str(&format!(
-        "\nSetup: {} vllm-sim workers with {} KV blocks each; the indexer's `kv_home_ttl_secs = {}`, `local_continuation_max_sessions = {}`, `tokenize_cache_bytes = {} MiB`, `tokenize_memo_bytes = {} MiB` and `recovery_max_blocks = {}` (so the session maps, the tokenization cache and prefix memo and orphan recovery's routed prompts reach their bounds); {} clients (think {} ms), {:.0} % of requests streamed and aborted; Envoy has no wasm memory stat: `{WASM_RSS}` and `{WASM_SIZE}` are the resident and committed bytes, summed over the VMs (`wasm_vms`), of the wasm linear memories found in Envoy's `/proc/<pid>/smaps` (each an anonymous read-write mapping directly below V8's ≥ 1 GiB inaccessible guard reservation); `{ENVOY_HEAP}` is Envoy's `server.memory_allocated`. Samples at 0 and then every {:.0} s from {:.0} s (between churn steps); the index's size series ({}) are fitted only on the {} samples taken with the whole fleet listed and no churn step in the {:.0} s before. Indexer series fitted from {:.1} min (its last restart at {:.1} min).\n",
+        "\nSetup: {} vllm-sim workers with {} KV blocks each; the indexer's `kv_home_ttl_secs = {}`, `local_continuation_max_sessions = {}`, `tokenize_cache_bytes = {} MiB`, `tokenize_memo_bytes = {} MiB`, `body_memo_bytes = {} MiB` and `recovery_max_blocks = {}` (so the session maps, the tokenization cache, prefix memo and body memo and orphan recovery's routed prompts reach their bounds); {} clients (think {} ms), {:.0} % of requests streamed and aborted, {:.0} % of sessions long conversations (8–16 turns over a ~12 KiB system prompt: body bases); Envoy has no wasm memory stat: `{WASM_RSS}` and `{WASM_SIZE}` are the resident and committed bytes, summed over the VMs (`wasm_vms`), of the wasm linear memories found in Envoy's `/proc/<pid>/smaps` (each an anonymous read-write mapping directly below V8's ≥ 1 GiB inaccessible guard reservation); `{ENVOY_HEAP}` is Envoy's `server.memory_allocated`. Samples at 0 and then every {:.0} s from {:.0} s (between churn steps); the index's size series ({}) are fitted only on the {} samples taken with the whole fleet listed and no churn step in the {:.0} s before. Indexer series fitted from {:.1} min (its last restart at {:.1} min).\n",
         a.workers,
         a.gpu_blocks,
         a.kv_home_ttl_s,
         a.continuation_cap,
         a.tokenize_cache_mib,
         a.tokenize_memo_mib,
+        a.body_memo_mib,
         a.recovery_blocks,
         a.clients,
         a.think_ms,
         a.abort_fraction * 100.0,
+        a.long_fraction * 100.0,
         a.sample_s,
         plan::sample_time_s(1, a.sample_s, sample_offset),
         INDEX_SIZE.join(", "),
@@ -612,6 +662,7 @@ async fn main() -> Result<()> {
         indexer_from / 60.0,
         last_restart / 60.0
     ));
+    report.push_str(&plan::render_body_bases(&bases, series.get("body_memo_bytes")));
     write_csv(&a.out.join("samples.csv"), &series)?;
     let font = a
         .font
