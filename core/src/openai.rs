@@ -9,6 +9,9 @@
 //! What the flattening drops (non-text parts, tool calls, names) still identifies a conversation,
 //! so a chat body's conversation anchor is digested here, while the raw messages are at hand
 //! ([`OpenAiRequest::conversation_anchor`], rendered by [`anchor`]).
+//!
+//! Over 600 lines: about 240 of them are the unit tests of the request types and the flattening;
+//! the code itself is under 420.
 
 use std::borrow::Cow;
 use std::collections::HashMap;

@@ -13,6 +13,11 @@
 //! rejection. [`RequestFlow::finish`] runs once, at stream end or destruction, and books the
 //! outcome; whenever the indexer may have booked the request (a decision, a rejection, a call
 //! still out, or a fallback after an answer was lost) it queues a `/v1/done` echoing the booking id.
+//!
+//! Over 600 lines: one request's state machine, every phase of which reads and writes the same
+//! `RequestFlow` fields; its pure steps live in their own modules (body, splice, decision,
+//! fallback, placement) and its tests in `tests/flow.rs`. Splitting the phases apart would spread
+//! one invariant (who books, who reports done) over several files.
 
 use std::rc::Rc;
 
