@@ -26,21 +26,19 @@ impl SweepConfig {
     /// Checks the bounds; the message names the offending setting.
     pub fn validate(&self) -> Result<(), String> {
         if !(self.start_rate > 0.0 && self.start_rate.is_finite()) {
-            return Err("--sweep-start-rate must be > 0".into());
+            return Err("--start-rate must be > 0".into());
         }
         if !(self.factor > 1.0 && self.factor.is_finite()) {
-            return Err("--sweep-factor must be > 1".into());
+            return Err("--factor must be > 1".into());
         }
         if self.max_steps < 2 {
-            return Err("--sweep-max-steps must be >= 2 (light load and one more)".into());
+            return Err("--max-steps must be >= 2 (light load and one more)".into());
         }
         if !self.fractions.iter().any(|f| (f - LOAD_POINT_FRACTION).abs() < 1e-9) {
-            return Err(format!(
-                "--sweep-fractions must contain the load point {LOAD_POINT_FRACTION}"
-            ));
+            return Err(format!("--fractions must contain the load point {LOAD_POINT_FRACTION}"));
         }
         if self.fractions.iter().any(|f| !(*f > 0.0 && f.is_finite())) {
-            return Err("--sweep-fractions must be > 0".into());
+            return Err("--fractions must be > 0".into());
         }
         Ok(())
     }

@@ -22,7 +22,7 @@
 //!   ([`invalid_reasons_real_engines`]).
 //! - **Fleet timing per workload.** Each workload gets the simulated engines' timing that makes
 //!   engine time, not the machine's CPU or the client's in-flight bound, saturate round_robin
-//!   ([`default_timing`]; `--sweep-sim-speedup` / `--sweep-prefill-tokens-per-s` override it for
+//!   ([`default_timing`]; `--sim-speedup` / `--prefill-tokens-per-s` override it for
 //!   every workload). The step budget (`--max-num-batched-tokens`) follows the prefill throughput
 //!   so that one full prefill chunk always costs the same modelled engine time as the
 //!   simulator's defaults (8,192 tokens at 20,000 tokens/s: 0.41 s) — otherwise a slower engine

@@ -29,10 +29,10 @@ impl FleetTiming {
     /// The timing for a speed-up and a modelled prefill throughput (both > 0, finite).
     pub fn new(sim_speedup: f64, prefill_tokens_per_s: f64) -> Result<Self, String> {
         if !(sim_speedup > 0.0 && sim_speedup.is_finite()) {
-            return Err("--sweep-sim-speedup must be > 0".into());
+            return Err("--sim-speedup must be > 0".into());
         }
         if !(prefill_tokens_per_s > 0.0 && prefill_tokens_per_s.is_finite()) {
-            return Err("--sweep-prefill-tokens-per-s must be > 0".into());
+            return Err("--prefill-tokens-per-s must be > 0".into());
         }
         Ok(Self::scaled(sim_speedup, prefill_tokens_per_s))
     }
@@ -89,8 +89,8 @@ pub fn default_timing(kind: WorkloadKind) -> FleetTiming {
     FleetTiming::scaled(speedup, prefill)
 }
 
-/// `kind`'s timing with the command line's overrides (`--sweep-sim-speedup`,
-/// `--sweep-prefill-tokens-per-s`, each for every workload) over [`default_timing`].
+/// `kind`'s timing with the command line's overrides (`--sim-speedup`,
+/// `--prefill-tokens-per-s`, each for every workload) over [`default_timing`].
 pub fn timing_for(
     kind: WorkloadKind,
     sim_speedup: Option<f64>,

@@ -27,14 +27,14 @@ const MAX_WARMUP_S: f64 = 600.0;
 /// sessions and the engines' caches are near steady state; only requests *scheduled* inside
 /// `[warmup_s, warmup_s + window_s)` count, and no turn due at or after the window's end is sent
 /// (it is cut and counted). The other workloads, and a steady-state one without warm-up (real
-/// engines by default, `--sweep-warmup-s 0`), keep the plain point: arrivals over `window_s`,
+/// engines by default, `--warmup-s 0`), keep the plain point: arrivals over `window_s`,
 /// every request counted, turns until 1.5 × `window_s`; `steady` still has the ceiling counted
 /// over the prompts actually sent ([`point_ceiling`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct MeasureWindow {
     /// Arrivals before the window, s (0: none).
     pub warmup_s: f64,
-    /// The measured window, s (`--sweep-duration-s`).
+    /// The measured window, s (`--duration-s`).
     pub window_s: f64,
     /// Whether the workload is a steady-state one (its ceiling counts the prompts sent).
     pub steady: bool,
@@ -215,7 +215,7 @@ pub fn default_warmup_s(kind: WorkloadKind, t: &FleetTiming, seed: u64) -> f64 {
     w
 }
 
-/// A point's window: `--sweep-warmup-s` (`warmup_override`) or [`default_warmup_s`] for the
+/// A point's window: `--warmup-s` (`warmup_override`) or [`default_warmup_s`] for the
 /// steady-state workloads (on real engines, whose timing the sweep does not set, 0 unless given).
 pub fn window_for(
     kind: WorkloadKind,

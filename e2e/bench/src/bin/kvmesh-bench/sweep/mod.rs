@@ -49,20 +49,20 @@ pub struct SweepSettings {
     /// The measured window of a point, s: arrivals in `[0, duration)` for the plain workloads,
     /// in `[0, warm-up + duration)` for the steady-state ones (`sweep::MeasureWindow`).
     pub duration_s: f64,
-    /// `--sweep-warmup-s`: the steady-state workloads' warm-up (`None`: `sweep::default_warmup_s`).
+    /// `--warmup-s`: the steady-state workloads' warm-up (`None`: `sweep::default_warmup_s`).
     pub warmup_s: Option<f64>,
-    /// `--sweep-load-point-window-s`: the load point's window (`None`: `duration_s`, the window the
+    /// `--load-point-window-s`: the load point's window (`None`: `duration_s`, the window the
     /// saturation search measured with, except the trace's: at least [`TRACE_LOAD_POINT_WINDOW_S`]),
     /// and when given, every `fixed_rates` point's.
     pub load_point_window_s: Option<f64>,
     pub seed: u64,
-    /// `--sweep-sim-speedup` / `--sweep-prefill-tokens-per-s` for every workload; `None`: each
+    /// `--sim-speedup` / `--prefill-tokens-per-s` for every workload; `None`: each
     /// workload's default timing (`sweep::default_timing`).
     pub sim_speedup: Option<f64>,
     pub prefill_tokens_per_s: Option<f64>,
     pub max_in_flight: usize,
     pub trace_records: Vec<TraceRecord>,
-    /// Rates every policy runs at (`--sweep-rates`): non-empty skips the ladder.
+    /// Rates every policy runs at (`--rates`): non-empty skips the ladder.
     pub fixed_rates: Vec<f64>,
     /// Real vLLM engines, started once for the whole sweep (`--engines vllm`); `None`: vllm-sim.
     pub vllm: Option<VllmOptions>,
@@ -165,10 +165,10 @@ pub async fn run_sweep(a: &SweepSettings, fleet: &Fleet, out: &Path) -> Result<S
         let wi = report.workloads.len() - 1;
         if !a.fixed_rates.is_empty() {
             report.workloads[wi].note = format!(
-                "fixed rates {:?} (`--sweep-rates`): no ladder, no saturation search, no load point",
+                "fixed rates {:?} (`--rates`): no ladder, no saturation search, no load point",
                 a.fixed_rates
             );
-            // `--sweep-load-point-window-s` with fixed rates: measure them as a load point, so
+            // `--load-point-window-s` with fixed rates: measure them as a load point, so
             // one `make bench` point can be re-run alone (same compression, same window).
             let fixed_spec = spec.with_window_s(a.load_point_window_s.unwrap_or(window.window_s));
             for &policy in &a.policies {
@@ -218,7 +218,7 @@ pub async fn run_sweep(a: &SweepSettings, fleet: &Fleet, out: &Path) -> Result<S
             }
         };
         // The headline's point: the sweep's window (the trace's at least TRACE_LOAD_POINT_WINDOW_S)
-        // unless `--sweep-load-point-window-s` sets one.
+        // unless `--load-point-window-s` sets one.
         let load_point = sat.map(|s| s.load_point());
         let default_window_s = match kind {
             WorkloadKind::Trace => a.duration_s.max(TRACE_LOAD_POINT_WINDOW_S),
