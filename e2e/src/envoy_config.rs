@@ -225,7 +225,8 @@ fn validate(v: &BootstrapVars) -> Result<(), RenderError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::{Path, PathBuf};
+    use crate::procs::repo_root;
+    use std::path::PathBuf;
     use std::process::Command;
 
     fn vars(policy: &str, wasm_path: &str) -> BootstrapVars {
@@ -247,10 +248,6 @@ mod tests {
         }
     }
 
-    fn repo_root() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-    }
-
     /// `$KVMESH_ENVOY`, else `.tools/bin/envoy`.
     fn envoy() -> Option<PathBuf> {
         let path = std::env::var_os("KVMESH_ENVOY")
@@ -268,25 +265,8 @@ mod tests {
         if made.exists() {
             return made;
         }
-        let target_dir = repo_root().join("target/validate-wasm");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
-            .args([
-                "build",
-                "-p",
-                "kvmesh-filter",
-                "--target",
-                "wasm32-wasip1",
-                "--profile",
-                "wasm",
-                "--target-dir",
-            ])
-            .arg(&target_dir)
-            .current_dir(repo_root())
-            .status()
-            .expect("run cargo to build the wasm filter");
-        assert!(status.success(), "building kvmesh_filter.wasm failed");
-        target_dir.join("wasm32-wasip1/wasm/kvmesh_filter.wasm")
+        crate::procs::build_filter_wasm(&repo_root().join("target/validate-wasm"), &[])
+            .expect("build the wasm filter")
     }
 
     #[test]

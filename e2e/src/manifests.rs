@@ -2,18 +2,13 @@
 //! so that end-to-end tests exercise the manifests' own probes and hooks rather than a copy of
 //! them that could drift (the readiness probe each container uses, the Envoy preStop command).
 
-use std::path::PathBuf;
-
 use anyhow::Context;
 use serde_yaml::Value;
 
+use crate::procs::repo_root;
+
 /// The gateway Deployment, relative to the repository root.
 pub const GATEWAY_DEPLOYMENT: &str = "envoy/k8s/deployment.yaml";
-
-/// The repository root (this crate lives in `<root>/e2e`).
-pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 fn containers() -> anyhow::Result<Vec<Value>> {
     let path = repo_root().join(GATEWAY_DEPLOYMENT);

@@ -264,6 +264,20 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
 }
 
+/// Builds the wasm filter with `features` into `target_dir` (never over the `make wasm` artifact),
+/// returning the module's path: for tests that need a module of their own or none was built.
+pub fn build_filter_wasm(target_dir: &Path, features: &[&str]) -> anyhow::Result<PathBuf> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "-p", "kvmesh-filter", "--target", "wasm32-wasip1", "--profile", "wasm"]);
+    if !features.is_empty() {
+        cmd.arg("--features").arg(features.join(","));
+    }
+    let status = cmd.arg("--target-dir").arg(target_dir).current_dir(repo_root()).status()?;
+    anyhow::ensure!(status.success(), "building kvmesh_filter.wasm ({features:?}) failed");
+    Ok(target_dir.join("wasm32-wasip1/wasm/kvmesh_filter.wasm"))
+}
+
 /// A workspace binary, with a clear error when it has not been built.
 pub fn binary(name: &str, release: bool) -> anyhow::Result<PathBuf> {
     let path = bin_dir(release).join(name);

@@ -17,14 +17,13 @@
 //! routed, or not routable by the filter — is not cut.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use kvmesh_core::headers;
 use kvmesh_e2e::client::{filler, post_json, SIM_WORKER};
 use kvmesh_e2e::poll;
-use kvmesh_e2e::procs::{repo_root, Paused};
+use kvmesh_e2e::procs::{build_filter_wasm, repo_root, Paused};
 use kvmesh_e2e::stack::{Stack, StackSpec};
 use serde_json::json;
 
@@ -32,26 +31,7 @@ const SPOOFED: usize = 12;
 
 /// Builds the trapping filter into `target/test-trap` (never over the shipped artifact).
 fn trap_wasm() -> anyhow::Result<PathBuf> {
-    let target_dir = repo_root().join("target/test-trap");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = Command::new(cargo)
-        .args([
-            "build",
-            "-p",
-            "kvmesh-filter",
-            "--target",
-            "wasm32-wasip1",
-            "--profile",
-            "wasm",
-            "--features",
-            "test-trap",
-            "--target-dir",
-        ])
-        .arg(&target_dir)
-        .current_dir(repo_root())
-        .status()?;
-    anyhow::ensure!(status.success(), "building the test-trap filter failed");
-    Ok(target_dir.join("wasm32-wasip1/wasm/kvmesh_filter.wasm"))
+    build_filter_wasm(&repo_root().join("target/test-trap"), &["test-trap"])
 }
 
 /// Points the harness at the trapping filter, built once per test binary (the harness reads the
