@@ -11,6 +11,8 @@
 //! [`MAX_DONE_BATCH`]; [`parse_done_body`]). `GET /v1/fleet`: a [`FleetSnapshot`].
 
 use serde::{Deserialize, Serialize};
+
+pub use crate::models::FleetModel;
 use serde_json::Value;
 
 use crate::body_base::BodyBase;
@@ -251,6 +253,9 @@ pub struct ErrorDetail {
     #[serde(rename = "type")]
     pub kind: String,
     pub code: u16,
+    /// The request field the error is about (vLLM sets `"model"` on its unknown-model 404).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub param: Option<String>,
     /// The indexer's stable, machine-readable reason (`no_decode_worker`, `tokenizer`,
     /// `overloaded_shed`, …; the `reason` label of its metrics), which the filter reports in
     /// `x-kvmesh-fallback` when it routes without the answer. Also sent as [`ERROR_REASON_HEADER`].
@@ -268,6 +273,7 @@ impl ErrorBody {
                 message: message.into(),
                 kind: kind.to_owned(),
                 code,
+                param: None,
                 reason: None,
             },
         }
@@ -280,6 +286,7 @@ impl ErrorBody {
                 message: message.into(),
                 kind: kind.to_owned(),
                 code,
+                param: None,
                 reason: Some(reason.to_owned()),
             },
         }
@@ -383,6 +390,9 @@ pub struct FleetWorker {
     /// `ip:port` of the worker's OpenAI HTTP server.
     pub endpoint: String,
     pub role: Role,
+    /// The base model it serves (a name in [`FleetSnapshot::models`]).
+    #[serde(default)]
+    pub model: String,
     pub healthy: bool,
     #[serde(default)]
     pub load: WorkerLoad,
@@ -393,19 +403,29 @@ pub struct FleetWorker {
 pub struct FleetSnapshot {
     /// Bumped whenever membership or health changes.
     pub generation: u64,
+    /// The default (first) model's block size.
     pub block_size: u32,
+    /// The base models served, the default first (see [`crate::models`]).
+    #[serde(default)]
+    pub models: Vec<FleetModel>,
     pub workers: Vec<FleetWorker>,
 }
 
 impl FleetSnapshot {
-    /// Healthy workers that can decode: the candidates of a session pin.
+    /// Healthy workers that can decode, of any model.
     pub fn decode_candidates(&self) -> impl Iterator<Item = &FleetWorker> {
         self.workers.iter().filter(|w| w.healthy && w.role.decodes())
     }
 
-    /// The worker a session key pins to, by rendezvous over [`Self::decode_candidates`].
-    pub fn pin(&self, key: u64) -> Option<&FleetWorker> {
-        let id = crate::rendezvous::pick(key, self.decode_candidates().map(|w| w.id.as_str()))?;
+    /// Healthy workers that can decode requests for base model `model`: the candidates of a pin.
+    pub fn model_candidates<'a>(&'a self, model: &'a str) -> impl Iterator<Item = &'a FleetWorker> {
+        self.decode_candidates().filter(move |w| w.model == model)
+    }
+
+    /// The worker a session key pins to among base model `model`'s workers, by rendezvous over
+    /// [`Self::model_candidates`] (the indexer's session pin ranks the same set the same way).
+    pub fn pin(&self, key: u64, model: &str) -> Option<&FleetWorker> {
+        let id = crate::rendezvous::pick(key, self.model_candidates(model).map(|w| w.id.as_str()))?;
         self.workers.iter().find(|w| w.id == id)
     }
 }
@@ -489,27 +509,32 @@ mod tests {
     }
 
     #[test]
-    fn pin_uses_healthy_decoders_only() {
-        let w = |id: &str, role, healthy| FleetWorker {
+    fn pin_uses_the_models_healthy_decoders_only() {
+        let w = |id: &str, model: &str, role, healthy| FleetWorker {
             id: id.into(),
             endpoint: format!("{id}:1"),
             role,
+            model: model.into(),
             healthy,
             load: WorkerLoad::default(),
         };
         let fleet = FleetSnapshot {
             generation: 1,
             block_size: 16,
+            models: Vec::new(),
             workers: vec![
-                w("p", Role::Prefill, true),
-                w("d1", Role::Decode, true),
-                w("d2", Role::Decode, false),
-                w("b", Role::Both, true),
+                w("p", "m", Role::Prefill, true),
+                w("d1", "m", Role::Decode, true),
+                w("d2", "m", Role::Decode, false),
+                w("b", "m", Role::Both, true),
+                w("other", "n", Role::Both, true),
             ],
         };
         for key in 0..500u64 {
-            let pinned = fleet.pin(key).unwrap();
+            let pinned = fleet.pin(key, "m").unwrap();
             assert!(pinned.id == "d1" || pinned.id == "b");
+            assert_eq!(fleet.pin(key, "n").unwrap().id, "other");
+            assert!(fleet.pin(key, "none").is_none());
         }
     }
 }

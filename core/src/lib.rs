@@ -12,6 +12,7 @@ pub mod filter_config;
 pub mod hashing;
 pub mod headers;
 pub mod json_edit;
+pub mod models;
 pub mod openai;
 pub mod prom;
 pub mod rendezvous;

@@ -51,7 +51,10 @@ pub fn pick(
     let last = remembered
         .and_then(|id| fleet.decode_candidates().find(|w| w.id == id))
         .filter(|w| is_endpoint(&w.endpoint));
-    let Some(pinned) = last.or_else(|| fleet.pin(key.0)).filter(|w| is_endpoint(&w.endpoint))
+    // Until the filter reads the request's model: the default (first) model's workers.
+    let model = fleet.models.first().map_or("", |m| m.name.as_str());
+    let Some(pinned) =
+        last.or_else(|| fleet.pin(key.0, model)).filter(|w| is_endpoint(&w.endpoint))
     else {
         return FallbackPick::Unrouted(FallbackRoute::NoWorker);
     };

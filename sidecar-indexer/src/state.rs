@@ -242,12 +242,18 @@ impl AppState {
 
     /// `GET /v1/fleet`.
     pub fn snapshot(&self) -> FleetSnapshot {
-        let block_size = self.config.read().model.block_size;
+        let model = self.config.read().model.clone();
         let fleet = self.fleet.read();
         let load = self.load.lock();
         FleetSnapshot {
             generation: fleet.generation,
-            block_size,
+            block_size: model.block_size,
+            models: vec![kvmesh_core::api::FleetModel {
+                name: model.name.clone(),
+                aliases: Vec::new(),
+                adapters: Vec::new(),
+                block_size: model.block_size,
+            }],
             workers: fleet
                 .workers
                 .iter()
@@ -258,6 +264,7 @@ impl AppState {
                         id: w.cfg.id.clone(),
                         endpoint: w.cfg.endpoint.clone(),
                         role: w.cfg.role,
+                        model: model.name.clone(),
                         healthy: w.gets_traffic(),
                         load: l,
                     }

@@ -8,13 +8,14 @@ fn worker(id: &str, endpoint: &str, role: Role, healthy: bool) -> FleetWorker {
         id: id.into(),
         endpoint: endpoint.into(),
         role,
+        model: String::new(),
         healthy,
         load: WorkerLoad::default(),
     }
 }
 
 fn fleet(workers: Vec<FleetWorker>) -> FleetSnapshot {
-    FleetSnapshot { generation: 1, block_size: 16, workers }
+    FleetSnapshot { generation: 1, block_size: 16, models: Vec::new(), workers }
 }
 
 /// `n` workers `w0..` at `10.0.0.<i>:8000`: the last prefill-only, the one before it unhealthy,
@@ -65,7 +66,7 @@ fn pin_agrees_with_the_indexer_and_lists_ranked_fallbacks() {
         else {
             panic!()
         };
-        let indexer_pin = f.pin(key).unwrap();
+        let indexer_pin = f.pin(key, "").unwrap();
         assert_eq!(worker, indexer_pin.id);
         let parts: Vec<&str> = header.split(',').collect();
         assert_eq!(parts.len(), 1 + PIN_FALLBACKS);
@@ -98,7 +99,7 @@ fn single_worker_has_no_fallbacks() {
 fn the_remembered_worker_comes_first_while_it_is_a_healthy_decode_candidate() {
     let f = ranked_fleet(5);
     for key in 0..100u64 {
-        let pin = f.pin(key).unwrap().id.clone();
+        let pin = f.pin(key, "").unwrap().id.clone();
         let other = ["w0", "w1", "w2"].into_iter().find(|w| *w != pin).unwrap();
         let FallbackPick::Pinned { worker, header, remembered: true } =
             pick(Some(SessionKey(key)), Some(&f), Some(other))

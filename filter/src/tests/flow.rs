@@ -21,11 +21,17 @@ fn fleet() -> Fleet {
             id: format!("w{i}"),
             endpoint: format!("10.0.0.{i}:8000"),
             role: Role::Decode,
+            model: String::new(),
             healthy: true,
             load: WorkerLoad::default(),
         })
         .collect();
-    Fleet(Some(Rc::new(FleetSnapshot { generation: 1, block_size: 16, workers })))
+    Fleet(Some(Rc::new(FleetSnapshot {
+        generation: 1,
+        block_size: 16,
+        models: Vec::new(),
+        workers,
+    })))
 }
 
 const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hello"}],"stream":true}"#;
@@ -331,7 +337,7 @@ fn fallbacks_pin_by_session_over_the_fleet() {
         ..FilterConfig::default()
     };
     let key = session::from_header_value("conv-9");
-    let expected_pin = fleet().0.unwrap().pin(key.0).unwrap().endpoint.clone();
+    let expected_pin = fleet().0.unwrap().pin(key.0, "").unwrap().endpoint.clone();
     let no_worker = serde_json::to_vec(&ErrorBody::with_reason(
         503,
         "service_unavailable",
@@ -501,7 +507,7 @@ fn prefix_session_reaches_the_indexer_and_the_pin() {
     else {
         panic!()
     };
-    assert!(header.starts_with(&fleet().0.unwrap().pin(key.0).unwrap().endpoint));
+    assert!(header.starts_with(&fleet().0.unwrap().pin(key.0, "").unwrap().endpoint));
 }
 
 #[test]
@@ -816,7 +822,7 @@ fn a_fallback_sends_the_session_where_the_indexer_last_placed_it() {
     let (mut f, _) = to_route_call(off, CHAT);
     let step = f.on_route_answer(Some(504), b"upstream request timeout", 100_000_000, &fleet);
     assert_eq!(counted(&step.effects, Metric::FallbackRoutes(FallbackRoute::Pinned)), 1);
-    let pin = fleet.0 .0.as_ref().unwrap().pin(key.0).unwrap().endpoint.clone();
+    let pin = fleet.0 .0.as_ref().unwrap().pin(key.0, "").unwrap().endpoint.clone();
     assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT)
         .is_some_and(|h| h.starts_with(&pin)));
 }
@@ -843,7 +849,7 @@ fn a_short_body_is_routed_locally_without_the_indexer() {
     let (mut f, step) = start(&local, &[]);
     assert_eq!(step.next, Next::Continue, "no route call, nothing to wait for");
     let key = f.session.map(|(k, _)| k).expect("a derived key");
-    let pin = fleet.0 .0.as_ref().unwrap().pin(key.0).unwrap().endpoint.clone();
+    let pin = fleet.0 .0.as_ref().unwrap().pin(key.0, "").unwrap().endpoint.clone();
     assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT)
         .is_some_and(|h| h.starts_with(&pin)));
     assert_eq!(counted(&step.effects, Metric::LocalRoutes(FallbackRoute::Pinned)), 1);

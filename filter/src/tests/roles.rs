@@ -39,11 +39,18 @@ fn fleet_json(workers: usize) -> Vec<u8> {
             id: format!("w{i}"),
             endpoint: format!("10.0.0.{i}:8000"),
             role: Role::Both,
+            model: String::new(),
             healthy: true,
             load: WorkerLoad::default(),
         })
         .collect();
-    serde_json::to_vec(&FleetSnapshot { generation: 1, block_size: 16, workers }).unwrap()
+    serde_json::to_vec(&FleetSnapshot {
+        generation: 1,
+        block_size: 16,
+        models: Vec::new(),
+        workers,
+    })
+    .unwrap()
 }
 
 #[test]

@@ -36,11 +36,13 @@ fn fleet(n: usize, generation: u64) -> Vec<u8> {
             id: format!("w{i}"),
             endpoint: format!("10.0.0.{i}:8000"),
             role: Role::Decode,
+            model: String::new(),
             healthy: true,
             load: WorkerLoad::default(),
         })
         .collect();
-    serde_json::to_vec(&FleetSnapshot { generation, block_size: 16, workers }).unwrap()
+    serde_json::to_vec(&FleetSnapshot { generation, block_size: 16, models: Vec::new(), workers })
+        .unwrap()
 }
 
 #[test]

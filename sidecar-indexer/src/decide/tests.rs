@@ -257,12 +257,14 @@ fn fleet(workers: &[WorkerView<'_>]) -> FleetSnapshot {
     FleetSnapshot {
         generation: 1,
         block_size: 16,
+        models: Vec::new(),
         workers: workers
             .iter()
             .map(|w| FleetWorker {
                 id: w.id.into(),
                 endpoint: w.endpoint.into(),
                 role: w.role,
+                model: String::new(),
                 healthy: w.healthy,
                 load: WorkerLoad::default(),
             })
@@ -541,7 +543,7 @@ fn rendezvous_homes_agree_with_the_fleet_snapshot_pin() {
         let key = SessionKey(kvmesh_core::hashing::xxh3(&k.to_le_bytes(), 0));
         let req = RouteInput { session: Some((key, SessionSource::Prefix)), ..input(640) };
         let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
-        assert_eq!(Some(plan.worker.as_str()), snapshot.pin(key.0).map(|w| w.id.as_str()));
+        assert_eq!(Some(plan.worker.as_str()), snapshot.pin(key.0, "").map(|w| w.id.as_str()));
         assert_eq!(plan.basis, Basis::SessionPin);
         assert_eq!(plan.reason_codes, [ReasonCode::SessionPin], "{}", plan.reason);
         assert!(plan.reason.contains("(source=prefix)"), "{}", plan.reason);

@@ -1,0 +1,177 @@
+//! The fleet's models as the filter and the indexer both see them: base models with their aliases
+//! and LoRA adapters, how a request's `model` field selects one ([`resolve`]), and the answer for a
+//! model nobody serves ([`not_found`]).
+//!
+//! One definition, because the two sides must agree: the indexer routes a request within the
+//! workers of the base model [`resolve`] names, and with the indexer down the filter pins it within
+//! the same workers from its last fleet snapshot. Names follow vLLM: a request without `model` is
+//! for the default model (vLLM serves its first served name); a name that is neither a base model,
+//! an alias nor an adapter is vLLM's 404 (`param: "model"`), never a request to a random worker.
+//! "All model names, including base and LoRA names, must be unique" (GIE's rule, kept here): a
+//! fleet that repeats a name is refused where it is loaded, so resolution is never ambiguous.
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::{ErrorBody, ErrorDetail};
+
+/// One base model of the fleet, as `GET /v1/fleet` carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetModel {
+    /// The base model's served name (what its engines report in `/v1/models`).
+    pub name: String,
+    /// Other names requests may use for it (no adapter).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
+    /// LoRA adapters served on it (configured or discovered from the engines' `/v1/models`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adapters: Vec<String>,
+    /// Tokens per KV block of its engines.
+    pub block_size: u32,
+}
+
+/// What a request's `model` selects: a base model, and the adapter when it names one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelRef<'a> {
+    /// The base model whose workers may serve the request.
+    pub base: &'a str,
+    /// The LoRA adapter, when the request names one (its KV is keyed by this name).
+    pub adapter: Option<&'a str>,
+}
+
+/// A `model` no entry of the fleet serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownModel(pub String);
+
+impl std::fmt::Display for UnknownModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the model `{}` does not exist", self.0)
+    }
+}
+
+impl std::error::Error for UnknownModel {}
+
+/// Resolves a request's `model` against `models`: a base name or an alias selects that base model,
+/// an adapter name its base model with the adapter; no `model` (or an empty one) selects the first
+/// model, the default. `Err` for a name nobody serves, or for any request when `models` is empty.
+pub fn resolve<'a>(
+    models: &'a [FleetModel],
+    requested: Option<&str>,
+) -> Result<ModelRef<'a>, UnknownModel> {
+    let unknown = || UnknownModel(requested.unwrap_or_default().to_owned());
+    let Some(name) = requested.filter(|n| !n.is_empty()) else {
+        return models
+            .first()
+            .map(|m| ModelRef { base: &m.name, adapter: None })
+            .ok_or_else(unknown);
+    };
+    for m in models {
+        if m.name == name || m.aliases.iter().any(|a| a == name) {
+            return Ok(ModelRef { base: &m.name, adapter: None });
+        }
+        if let Some(a) = m.adapters.iter().find(|a| *a == name) {
+            return Ok(ModelRef { base: &m.name, adapter: Some(a) });
+        }
+    }
+    Err(unknown())
+}
+
+/// The names `models` repeat (across base names, aliases and adapters), each once: a fleet with
+/// any is ambiguous and is refused where it is loaded.
+pub fn duplicate_names(models: &[FleetModel]) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut dup = Vec::new();
+    let names = models
+        .iter()
+        .flat_map(|m| std::iter::once(&m.name).chain(m.aliases.iter()).chain(m.adapters.iter()));
+    for n in names {
+        if !seen.insert(n.as_str()) && !dup.contains(n) {
+            dup.push(n.clone());
+        }
+    }
+    dup
+}
+
+/// The stable reason of the unknown-model answer (metrics label, `x-kvmesh-error`).
+pub const UNKNOWN_MODEL_REASON: &str = "unknown_model";
+
+/// vLLM's answer for a model it does not serve (HTTP 404):
+/// `{"error": {"message": "The model `x` does not exist.", "type": "NotFoundError", "param": "model", "code": 404}}`,
+/// with kvmesh's stable reason added.
+pub fn not_found(requested: &str) -> ErrorBody {
+    ErrorBody {
+        error: ErrorDetail {
+            message: format!("The model `{requested}` does not exist."),
+            kind: "NotFoundError".to_owned(),
+            code: 404,
+            param: Some("model".to_owned()),
+            reason: Some(UNKNOWN_MODEL_REASON.to_owned()),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fleet() -> Vec<FleetModel> {
+        vec![
+            FleetModel {
+                name: "base-a".into(),
+                aliases: vec!["a".into()],
+                adapters: vec!["a-sql".into(), "a-chat".into()],
+                block_size: 16,
+            },
+            FleetModel {
+                name: "base-b".into(),
+                aliases: vec![],
+                adapters: vec!["b-code".into()],
+                block_size: 32,
+            },
+        ]
+    }
+
+    #[test]
+    fn names_aliases_and_adapters_resolve_to_their_base() {
+        let m = fleet();
+        let r = |n| resolve(&m, n);
+        assert_eq!(r(Some("base-a")), Ok(ModelRef { base: "base-a", adapter: None }));
+        assert_eq!(r(Some("a")), Ok(ModelRef { base: "base-a", adapter: None }));
+        assert_eq!(r(Some("a-chat")), Ok(ModelRef { base: "base-a", adapter: Some("a-chat") }));
+        assert_eq!(r(Some("b-code")), Ok(ModelRef { base: "base-b", adapter: Some("b-code") }));
+        assert_eq!(r(Some("base-b")), Ok(ModelRef { base: "base-b", adapter: None }));
+    }
+
+    #[test]
+    fn no_model_is_the_default_and_an_unknown_one_is_refused() {
+        let m = fleet();
+        assert_eq!(resolve(&m, None), Ok(ModelRef { base: "base-a", adapter: None }));
+        assert_eq!(resolve(&m, Some("")), Ok(ModelRef { base: "base-a", adapter: None }));
+        assert_eq!(resolve(&m, Some("gpt-4")), Err(UnknownModel("gpt-4".into())));
+        assert_eq!(resolve(&m, Some("BASE-A")), Err(UnknownModel("BASE-A".into())));
+        assert_eq!(resolve(&[], None), Err(UnknownModel(String::new())));
+    }
+
+    #[test]
+    fn repeated_names_are_found_once() {
+        let mut m = fleet();
+        assert!(duplicate_names(&m).is_empty());
+        m[1].aliases = vec!["a-sql".into(), "base-a".into()];
+        m[1].adapters.push("a-sql".into());
+        assert_eq!(duplicate_names(&m), vec!["a-sql".to_owned(), "base-a".to_owned()]);
+    }
+
+    #[test]
+    fn not_found_is_vllms_shape() {
+        let body = serde_json::to_value(not_found("gpt-4")).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"error": {
+                "message": "The model `gpt-4` does not exist.",
+                "type": "NotFoundError",
+                "param": "model",
+                "code": 404,
+                "reason": "unknown_model",
+            }})
+        );
+    }
+}
