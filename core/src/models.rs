@@ -109,6 +109,32 @@ pub fn not_found(requested: &str) -> ErrorBody {
     }
 }
 
+/// `GET /v1/models` as vLLM answers it, for the whole fleet: each base model (`parent: null`),
+/// its aliases as models of their own (vLLM lists each `--served-model-name`), and each adapter
+/// with `parent` = its base model. `created` is the caller's clock (seconds since the epoch).
+pub fn models_list(models: &[FleetModel], created: u64) -> serde_json::Value {
+    let entry = |id: &str, root: &str, parent: Option<&str>| {
+        serde_json::json!({
+            "id": id,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": root,
+            "parent": parent,
+        })
+    };
+    let data: Vec<_> = models
+        .iter()
+        .flat_map(|m| {
+            let base =
+                std::iter::once(&m.name).chain(m.aliases.iter()).map(|n| entry(n, &m.name, None));
+            let adapters = m.adapters.iter().map(|a| entry(a, a, Some(&m.name)));
+            base.chain(adapters).collect::<Vec<_>>()
+        })
+        .collect();
+    serde_json::json!({ "object": "list", "data": data })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,6 +184,30 @@ mod tests {
         m[1].aliases = vec!["a-sql".into(), "base-a".into()];
         m[1].adapters.push("a-sql".into());
         assert_eq!(duplicate_names(&m), vec!["a-sql".to_owned(), "base-a".to_owned()]);
+    }
+
+    #[test]
+    fn the_model_list_names_every_base_alias_and_adapter() {
+        let list = models_list(&fleet(), 7);
+        let ids: Vec<_> = list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["id"].as_str().unwrap(), e["parent"].as_str()))
+            .collect();
+        assert_eq!(
+            ids,
+            vec![
+                ("base-a", None),
+                ("a", None),
+                ("a-sql", Some("base-a")),
+                ("a-chat", Some("base-a")),
+                ("base-b", None),
+                ("b-code", Some("base-b")),
+            ]
+        );
+        assert_eq!(list["object"], "list");
+        assert_eq!(list["data"][0]["created"], 7);
     }
 
     #[test]
