@@ -352,10 +352,41 @@ def check_filter_chain(path, cfg):
         wasm = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.wasm")["typed_config"]["config"]
         check_wasm_plugin_config(path, wasm)
         check_strip_before_wasm(path, hcm["http_filters"])
-        check_held_route(path, hcm)
+        check_held_route(path, hcm, wasm)
 
 
-def check_held_route(path, hcm):
+def rust_const(rel_path, name):
+    """An integer constant as the Rust source defines it (one definition: the checks read it)."""
+    m = re.search(rf"pub const {name}: u64 = ([0-9_]+);", open(os.path.join(ROOT, rel_path)).read())
+    if m is None:
+        raise SystemExit(f"{rel_path}: no `pub const {name}: u64`")
+    return int(m.group(1).replace("_", ""))
+
+
+def seconds(duration):
+    """An Envoy duration string (`4s`, `4.500s`) in seconds."""
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)s", str(duration).strip())
+    return float(m.group(1)) if m else None
+
+
+def check_held_idle_timeout(path, held, wasm):
+    """The held route's idle timeout must outlast the filter's longest pause: two route calls, each
+    bounded by its `indexer_timeout_ms` (`e2e/src/envoy_config.rs::held_idle_timeout_ms`, which
+    renders the template). A hand-written config (the Kubernetes one) can drift from its own
+    `indexer_timeout_ms`: then requests still waiting for a slow indexer are cut."""
+    try:
+        filter_cfg = json.loads(wasm.get("configuration", {}).get("value", "{}"))
+    except json.JSONDecodeError as e:
+        fail(path, f"the wasm filter's configuration is not JSON: {e}")
+        return
+    timeout_ms = filter_cfg.get("indexer_timeout_ms", rust_const("core/src/filter_config.rs", "DEFAULT_INDEXER_TIMEOUT_MS"))
+    need = max(2 * timeout_ms + 1000, rust_const("e2e/src/envoy_config.rs", "MIN_HELD_IDLE_TIMEOUT_MS")) / 1000
+    have = seconds(held.get("route", {}).get("idle_timeout"))
+    if have is None or have < need:
+        fail(path, f"kvmesh_held idle_timeout {held.get('route', {}).get('idle_timeout')} < {need:g}s (2 x indexer_timeout_ms {timeout_ms} + 1 s, at least the template's minimum)")
+
+
+def check_held_route(path, hcm, wasm):
     """A request the wasm filter still holds has no x-kvmesh-released: the first route matches
     that, with a short idle timeout (it answers requests paused in a VM that traps); the route of
     released requests sets its idle timeout explicitly (Envoy keeps the held one otherwise) and
@@ -368,6 +399,8 @@ def check_held_route(path, hcm):
     absent = [h for h in held[0]["match"].get("headers", []) if h.get("name") == "x-kvmesh-released" and h.get("present_match") is False]
     if not absent or "idle_timeout" not in held[0].get("route", {}):
         fail(path, "the kvmesh_held route must match requests without x-kvmesh-released and set an idle_timeout")
+    else:
+        check_held_idle_timeout(path, held[0], wasm)
     for r in routes[1:]:
         if "idle_timeout" not in r.get("route", {}) or "x-kvmesh-released" not in r.get("request_headers_to_remove", []):
             fail(path, f"route {r.get('match')}: after kvmesh_held, set idle_timeout and remove x-kvmesh-released")
