@@ -396,7 +396,10 @@ def check_held_route(path, hcm, wasm):
     if not held or routes[0] is not held[0]:
         fail(path, "no `kvmesh_held` route first in the route table (see envoy/README.md, wasm trap)")
         return
-    absent = [h for h in held[0]["match"].get("headers", []) if h.get("name") == "x-kvmesh-released" and h.get("present_match") is False]
+    # "Header absent" is `present_match: false`, or (as Istio translates `withoutHeaders`)
+    # `present_match: true` inverted.
+    absent = [h for h in held[0]["match"].get("headers", []) if h.get("name") == "x-kvmesh-released"
+              and (h.get("present_match") is False or (h.get("present_match") is True and h.get("invert_match") is True))]
     if not absent or "idle_timeout" not in held[0].get("route", {}):
         fail(path, "the kvmesh_held route must match requests without x-kvmesh-released and set an idle_timeout")
     else:
@@ -476,6 +479,7 @@ def check_istio(k8s_toml):
     plugin = None
     stats = None
     overload = None
+    vs = None
     for path in sorted(glob.glob(os.path.join(istio, "*.yaml"))):
         if path.endswith("gateway-indexer-patch.yaml"):
             check_gateway_patch(path)
@@ -488,6 +492,10 @@ def check_istio(k8s_toml):
             elif kind == "WasmPlugin":
                 check_wasmplugin(path, d)
                 plugin = (path, d)
+            elif kind == "VirtualService":
+                if d.get("apiVersion") not in {"networking.istio.io/v1", "networking.istio.io/v1beta1"}:
+                    fail(path, f"VirtualService apiVersion {d.get('apiVersion')}")
+                vs = (path, d)
             elif kind == "ConfigMap" and d["metadata"]["name"] == GATEWAY_BOOTSTRAP:
                 override = json.loads(d["data"]["custom_bootstrap.json"])
                 stats = override.get("stats_config")
@@ -501,14 +509,17 @@ def check_istio(k8s_toml):
                     ok("Istio indexer.toml identical to the k8s one")
     mesh = filters.get("kvmesh-mesh")
     wasm = filters.get("kvmesh-wasm")
-    if mesh is None or wasm is None or plugin is None or stats is None:
-        fail(istio, f"expected EnvoyFilters kvmesh-mesh and kvmesh-wasm, WasmPlugin kvmesh and ConfigMap {GATEWAY_BOOTSTRAP}")
+    if mesh is None or wasm is None or plugin is None or stats is None or vs is None:
+        fail(istio, f"expected EnvoyFilters kvmesh-mesh and kvmesh-wasm, WasmPlugin kvmesh, VirtualService kvmesh-llm and ConfigMap {GATEWAY_BOOTSTRAP}")
         return
     if not require_wasm(istio):
         return
     ext = next(p["patch"]["value"] for p in wasm[1]["spec"]["configPatches"] if p["applyTo"] == "EXTENSION_CONFIG")
     check_wasm_plugin_config(wasm[0], ext["typed_config"]["config"])
-    envoy_validate(assemble_gateway(mesh[1], ext["typed_config"], stats, overload), wasm[0], "Istio EnvoyFilter variant (mesh + wasm patches)")
+    assembled = assemble_gateway(mesh[1], ext["typed_config"], stats, overload, vs[1])
+    hcm = assembled["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    check_held_route(vs[0], hcm, ext["typed_config"]["config"])
+    envoy_validate(assembled, wasm[0], "Istio EnvoyFilter variant (mesh + wasm patches, the VirtualService's routes)")
     # The WasmPlugin as Istio would translate it (pluginConfig → JSON StringValue), plus the flag it
     # cannot carry, so the filter's parser judges the pluginConfig.
     spec = plugin[1]["spec"]
@@ -523,7 +534,7 @@ def check_istio(k8s_toml):
             "vm_config": {"runtime": "envoy.wasm.runtime.v8", "code": {"local": {"filename": WASM}}},
         },
     }
-    envoy_validate(assemble_gateway(mesh[1], translated, stats, overload), plugin[0], "Istio WasmPlugin variant (pluginConfig through the filter's parser)")
+    envoy_validate(assemble_gateway(mesh[1], translated, stats, overload, vs[1]), plugin[0], "Istio WasmPlugin variant (pluginConfig through the filter's parser)")
 
 
 def check_envoyfilter(path, d):
@@ -592,8 +603,46 @@ def check_gateway_patch(path):
     ok("Istio gateway patch (indexer probes, volumes, the proxy's bootstrap override)")
 
 
-def assemble_gateway(mesh, wasm_typed_config, stats_config, overload_manager=None):
-    """An Envoy config equivalent to what the patches and the bootstrap override produce on an Istio gateway."""
+def merged(base, patch):
+    """`patch` merged into `base` as an EnvoyFilter MERGE does (messages recursively, scalars replaced)."""
+    out = copy.deepcopy(base)
+    for k, v in patch.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def istio_routes(vs, cluster, patches):
+    """The Envoy routes Istio generates for the VirtualService's `http` list (a route is named after
+    its `http[].name`; `withoutHeaders` is an inverted presence match; `headers.request.remove`
+    and `retries` carried over), with the EnvoyFilter's HTTP_ROUTE MERGE patches applied by name."""
+    routes = []
+    for h in vs["spec"]["http"]:
+        matches = h.get("match") or [{}]
+        for m in matches:
+            headers = [{"name": n, "present_match": True, "invert_match": True} for n in m.get("withoutHeaders", {})]
+            route = {"name": h["name"], "match": {"prefix": "/", **({"headers": headers} if headers else {})},
+                     "route": {"cluster": cluster}}
+            remove = h.get("headers", {}).get("request", {}).get("remove", [])
+            if remove:
+                route["request_headers_to_remove"] = list(remove)
+            if "retries" in h:
+                route["route"]["retry_policy"] = {"retry_on": h["retries"]["retryOn"], "num_retries": h["retries"]["attempts"]}
+            routes.append(route)
+    for p in patches:
+        if p["applyTo"] != "HTTP_ROUTE":
+            continue
+        name = p["match"]["routeConfiguration"]["vhost"]["route"]["name"]
+        hit = [i for i, r in enumerate(routes) if r["name"] == name]
+        if not hit:
+            fail(os.path.join(ENVOY_DIR, "istio", "envoyfilter-mesh.yaml"), f"HTTP_ROUTE patch for {name!r}: no such route in the VirtualService")
+        for i in hit:
+            routes[i] = merged(routes[i], p["patch"]["value"])
+    return routes
+
+
+def assemble_gateway(mesh, wasm_typed_config, stats_config, overload_manager=None, vs=None):
+    """An Envoy config equivalent to what the patches, the bootstrap override and the VirtualService
+    produce on an Istio gateway."""
     wasm = copy.deepcopy(wasm_typed_config)
     wasm["config"]["vm_config"]["code"] = {"local": {"filename": WASM}}
     patches = mesh["spec"]["configPatches"]
@@ -623,8 +672,8 @@ def assemble_gateway(mesh, wasm_typed_config, stats_config, overload_manager=Non
             "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
                 "stat_prefix": "outbound_0.0.0.0_8080",
-                "route_config": {"name": "http.8080", "virtual_hosts": [{"name": "llm", "domains": ["*"], "routes": [
-                    {"match": {"prefix": "/"}, "route": {"cluster": engines["name"]}}]}]},
+                "route_config": {"name": "http.8080", "virtual_hosts": [{"name": "llm", "domains": ["*"], "routes":
+                    istio_routes(vs, engines["name"], patches) if vs else [{"match": {"prefix": "/"}, "route": {"cluster": engines["name"]}}]}]},
                 "http_filters": first_filters + [
                     {"name": "kvmesh", "typed_config": wasm},
                     {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
