@@ -11,8 +11,6 @@
 //! [`MAX_DONE_BATCH`]; [`parse_done_body`]). `GET /v1/fleet`: a [`FleetSnapshot`].
 
 use serde::{Deserialize, Serialize};
-
-pub use crate::models::FleetModel;
 use serde_json::Value;
 
 use crate::body_base::BodyBase;
@@ -396,6 +394,21 @@ pub struct FleetWorker {
     pub healthy: bool,
     #[serde(default)]
     pub load: WorkerLoad,
+}
+
+/// One base model of the fleet, as `GET /v1/fleet` carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetModel {
+    /// The base model's served name (what its engines report in `/v1/models`).
+    pub name: String,
+    /// Other names requests may use for it (no adapter).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
+    /// LoRA adapters served on it (configured or discovered from the engines' `/v1/models`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adapters: Vec<String>,
+    /// Tokens per KV block of its engines.
+    pub block_size: u32,
 }
 
 /// `GET /v1/fleet`: the workers as the indexer sees them now. The filter keeps the last one.

@@ -10,24 +10,8 @@
 //! "All model names, including base and LoRA names, must be unique" (GIE's rule, kept here): a
 //! fleet that repeats a name is refused where it is loaded, so resolution is never ambiguous.
 
-use serde::{Deserialize, Serialize};
-
+pub use crate::api::FleetModel;
 use crate::api::{ErrorBody, ErrorDetail};
-
-/// One base model of the fleet, as `GET /v1/fleet` carries it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FleetModel {
-    /// The base model's served name (what its engines report in `/v1/models`).
-    pub name: String,
-    /// Other names requests may use for it (no adapter).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub aliases: Vec<String>,
-    /// LoRA adapters served on it (configured or discovered from the engines' `/v1/models`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub adapters: Vec<String>,
-    /// Tokens per KV block of its engines.
-    pub block_size: u32,
-}
 
 /// What a request's `model` selects: a base model, and the adapter when it names one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
