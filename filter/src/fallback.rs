@@ -1,7 +1,9 @@
 //! Routing without the indexer: the session's last worker, else its rendezvous pin over the last
-//! fleet snapshot.
+//! fleet snapshot, within the workers of the request's base model.
 //!
-//! The primary is the worker the indexer last placed the session on, when the filter remembers
+//! The request's `model` is resolved against the snapshot's models first ([`crate::models`]): a
+//! model nobody serves is answered 404 (vLLM's body), never sent to a worker of another model;
+//! every worker named (primary and fallbacks) serves the base model. The primary is the worker the indexer last placed the session on, when the filter remembers
 //! it ([`crate::placement`]) and the fleet still lists it as a decode candidate: the conversation
 //! keeps its KV cache while the indexer is away and when it returns. Otherwise it is
 //! [`FleetSnapshot::pin`], a stable choice per session. The workers of the session's rendezvous
@@ -14,6 +16,7 @@ use kvmesh_core::session::SessionKey;
 
 use crate::decision::is_endpoint;
 use crate::metrics::FallbackRoute;
+use crate::models;
 
 /// Retry candidates listed after the pinned worker.
 pub const PIN_FALLBACKS: usize = 2;
@@ -26,6 +29,8 @@ pub enum FallbackPick {
     Pinned { worker: String, header: String, remembered: bool },
     /// Leave the header unset, for this reason.
     Unrouted(FallbackRoute),
+    /// The snapshot serves no such model (the request's `model`, as sent): answer vLLM's 404.
+    UnknownModel(String),
 }
 
 impl FallbackPick {
@@ -35,30 +40,35 @@ impl FallbackPick {
             Self::Pinned { remembered: true, .. } => FallbackRoute::Remembered,
             Self::Pinned { .. } => FallbackRoute::Pinned,
             Self::Unrouted(r) => *r,
+            Self::UnknownModel(_) => FallbackRoute::UnknownModel,
         }
     }
 }
 
-/// Picks where a request goes without the indexer; `remembered` is the worker the indexer last
-/// placed the session on, if known.
+/// Picks where a request for `requested` (its `model` field) goes without the indexer;
+/// `remembered` is the worker the indexer last placed the session on, if known.
 pub fn pick(
     session: Option<SessionKey>,
     fleet: Option<&FleetSnapshot>,
     remembered: Option<&str>,
+    requested: Option<&str>,
 ) -> FallbackPick {
+    let model = match fleet.map(|f| models::base_model(f, requested)) {
+        Some(Err(unknown)) => return FallbackPick::UnknownModel(unknown.0),
+        Some(Ok(base)) => base,
+        None => "",
+    };
     let Some(key) = session else { return FallbackPick::Unrouted(FallbackRoute::NoSession) };
     let Some(fleet) = fleet else { return FallbackPick::Unrouted(FallbackRoute::NoFleet) };
     let last = remembered
-        .and_then(|id| fleet.decode_candidates().find(|w| w.id == id))
+        .and_then(|id| fleet.model_candidates(model).find(|w| w.id == id))
         .filter(|w| is_endpoint(&w.endpoint));
-    // Until the filter reads the request's model: the default (first) model's workers.
-    let model = fleet.models.first().map_or("", |m| m.name.as_str());
     let Some(pinned) =
         last.or_else(|| fleet.pin(key.0, model)).filter(|w| is_endpoint(&w.endpoint))
     else {
         return FallbackPick::Unrouted(FallbackRoute::NoWorker);
     };
-    let ranked = rendezvous::rank(key.0, fleet.decode_candidates().map(|w| w.id.as_str()));
+    let ranked = rendezvous::rank(key.0, fleet.model_candidates(model).map(|w| w.id.as_str()));
     let fallbacks = ranked
         .into_iter()
         .filter(|id| *id != pinned.id)

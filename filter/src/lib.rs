@@ -11,7 +11,7 @@
 //!
 //! Shape (after Kuadrant's wasm-shim): every decision lives in plain modules with no proxy-wasm
 //! import — [`config`], [`request`], [`body`], [`decision`], [`splice`], [`fallback`], [`flow`],
-//! [`breaker`], [`endpoints`], [`background`], [`metrics`] — which take plain data and return [`effects::Effect`]s, tested
+//! [`breaker`], [`endpoints`], [`background`], [`metrics`], [`models`] — which take plain data and return [`effects::Effect`]s, tested
 //! natively with `cargo test`. Root-level logic — the role matrix ([`roles`]), the done sink and
 //! fleet cache ([`shared`]), the fleet poll and done dispatcher ([`tasks`]), metric ids
 //! ([`metric_ids`]) — calls the host only through the narrow [`host_api::Host`] trait and is tested
@@ -31,6 +31,7 @@ pub mod flow;
 pub mod host_api;
 pub mod metric_ids;
 pub mod metrics;
+pub mod models;
 pub mod placement;
 pub mod request;
 pub mod request_id;

@@ -41,18 +41,18 @@ fn unrouted_reasons() {
         worker("p", "10.0.0.9:1", Role::Prefill, true),
         worker("d", "10.0.0.1:1", Role::Decode, false),
     ]);
-    assert_eq!(pick(None, Some(&f), None), FallbackPick::Unrouted(FallbackRoute::NoSession));
+    assert_eq!(pick(None, Some(&f), None, None), FallbackPick::Unrouted(FallbackRoute::NoSession));
     assert_eq!(
-        pick(Some(SessionKey(1)), None, None),
+        pick(Some(SessionKey(1)), None, None, None),
         FallbackPick::Unrouted(FallbackRoute::NoFleet)
     );
     assert_eq!(
-        pick(Some(SessionKey(1)), Some(&f), None),
+        pick(Some(SessionKey(1)), Some(&f), None, None),
         FallbackPick::Unrouted(FallbackRoute::NoWorker)
     );
     let bad = fleet(vec![worker("d", "not-an-ip", Role::Decode, true)]);
     assert_eq!(
-        pick(Some(SessionKey(1)), Some(&bad), None),
+        pick(Some(SessionKey(1)), Some(&bad), None, None),
         FallbackPick::Unrouted(FallbackRoute::NoWorker)
     );
 }
@@ -62,7 +62,7 @@ fn pin_agrees_with_the_indexer_and_lists_ranked_fallbacks() {
     let f = ranked_fleet(6);
     for key in 0..300u64 {
         let FallbackPick::Pinned { worker, header, remembered: false } =
-            pick(Some(SessionKey(key)), Some(&f), None)
+            pick(Some(SessionKey(key)), Some(&f), None, None)
         else {
             panic!()
         };
@@ -86,7 +86,7 @@ fn pin_agrees_with_the_indexer_and_lists_ranked_fallbacks() {
 fn single_worker_has_no_fallbacks() {
     let f = fleet(vec![worker("only", "127.0.0.1:9", Role::Both, true)]);
     assert_eq!(
-        pick(Some(SessionKey(7)), Some(&f), None),
+        pick(Some(SessionKey(7)), Some(&f), None, None),
         FallbackPick::Pinned {
             worker: "only".into(),
             header: "127.0.0.1:9".into(),
@@ -102,7 +102,7 @@ fn the_remembered_worker_comes_first_while_it_is_a_healthy_decode_candidate() {
         let pin = f.pin(key, "").unwrap().id.clone();
         let other = ["w0", "w1", "w2"].into_iter().find(|w| *w != pin).unwrap();
         let FallbackPick::Pinned { worker, header, remembered: true } =
-            pick(Some(SessionKey(key)), Some(&f), Some(other))
+            pick(Some(SessionKey(key)), Some(&f), Some(other), None)
         else {
             panic!()
         };
@@ -118,12 +118,15 @@ fn the_remembered_worker_comes_first_while_it_is_a_healthy_decode_candidate() {
         // Unhealthy, prefill-only or gone: the rendezvous pin, as without a memory.
         for stale in ["w3", "w4", "w9"] {
             assert_eq!(
-                pick(Some(SessionKey(key)), Some(&f), Some(stale)),
-                pick(Some(SessionKey(key)), Some(&f), None),
+                pick(Some(SessionKey(key)), Some(&f), Some(stale), None),
+                pick(Some(SessionKey(key)), Some(&f), None, None),
                 "{stale}"
             );
         }
     }
-    assert_eq!(pick(Some(SessionKey(1)), Some(&f), Some("w1")).label(), FallbackRoute::Remembered);
-    assert_eq!(pick(Some(SessionKey(1)), Some(&f), None).label(), FallbackRoute::Pinned);
+    assert_eq!(
+        pick(Some(SessionKey(1)), Some(&f), Some("w1"), None).label(),
+        FallbackRoute::Remembered
+    );
+    assert_eq!(pick(Some(SessionKey(1)), Some(&f), None, None).label(), FallbackRoute::Pinned);
 }

@@ -1,0 +1,2 @@
+//! Unit tests of `crate::models`.
+use super::*;
