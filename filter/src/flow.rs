@@ -906,3 +906,7 @@ fn base_unknown(body: &[u8]) -> bool {
 #[cfg(test)]
 #[path = "tests/flow.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "tests/flow_models.rs"]
+mod model_tests;

@@ -144,3 +144,7 @@ impl std::fmt::Debug for MetricIds {
             .finish()
     }
 }
+
+#[cfg(test)]
+#[path = "tests/metric_ids.rs"]
+mod tests;

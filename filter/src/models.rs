@@ -77,4 +77,4 @@ pub fn models_list(fleet: &FleetSnapshot, now_secs: u64, request_id: &str) -> Op
 
 #[cfg(test)]
 #[path = "tests/models.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -130,3 +130,77 @@ fn the_remembered_worker_comes_first_while_it_is_a_healthy_decode_candidate() {
     );
     assert_eq!(pick(Some(SessionKey(1)), Some(&f), None, None).label(), FallbackRoute::Pinned);
 }
+
+#[test]
+fn the_pin_and_its_fallbacks_stay_within_the_requests_base_model() {
+    // Six workers of two models, interleaved, one of each model unhealthy.
+    let mut f = crate::models::tests::two_models();
+    f.workers = (0..8)
+        .map(|i| {
+            let mut w = worker(&format!("w{i}"), &format!("10.0.0.{i}:8000"), Role::Both, i < 6);
+            w.model = if i % 2 == 0 { "base-a" } else { "base-b" }.into();
+            w
+        })
+        .collect();
+    let serves = |endpoint: &str, base: &str| {
+        f.workers.iter().any(|w| w.endpoint == endpoint && w.model == base && w.healthy)
+    };
+    for key in 0..300u64 {
+        for (requested, base) in [
+            (Some("base-a"), "base-a"),
+            (Some("a"), "base-a"),
+            (Some("a-sql"), "base-a"),
+            (None, "base-a"),
+            (Some("b-code"), "base-b"),
+            (Some("base-b"), "base-b"),
+        ] {
+            let FallbackPick::Pinned { worker, header, .. } =
+                pick(Some(SessionKey(key)), Some(&f), None, requested)
+            else {
+                panic!("{requested:?}")
+            };
+            assert_eq!(worker, f.pin(key, base).unwrap().id, "the indexer's pin within {base}");
+            let parts: Vec<&str> = header.split(',').collect();
+            assert_eq!(parts.len(), 1 + PIN_FALLBACKS, "three healthy workers of {base}");
+            assert!(parts.iter().all(|e| serves(e, base)), "{header} outside {base}");
+        }
+    }
+}
+
+#[test]
+fn a_remembered_worker_of_another_model_is_not_followed() {
+    let mut f = crate::models::tests::two_models();
+    for w in &mut f.workers {
+        w.role = Role::Decode;
+    }
+    // w2 serves base-b: a base-a request remembered there pins within base-a instead.
+    let pinned = pick(Some(SessionKey(5)), Some(&f), Some("w2"), Some("base-a"));
+    assert_eq!(pinned, pick(Some(SessionKey(5)), Some(&f), None, Some("base-a")));
+    assert_eq!(pinned.label(), FallbackRoute::Pinned);
+    let remembered = pick(Some(SessionKey(5)), Some(&f), Some("w2"), Some("b-code"));
+    assert_eq!(remembered.label(), FallbackRoute::Remembered);
+}
+
+#[test]
+fn an_unknown_model_is_refused_with_or_without_a_session_but_not_without_a_fleet() {
+    let f = crate::models::tests::two_models();
+    for session in [None, Some(SessionKey(3))] {
+        let p = pick(session, Some(&f), None, Some("gpt-4"));
+        assert_eq!(p, FallbackPick::UnknownModel("gpt-4".into()));
+        assert_eq!(p.label(), FallbackRoute::UnknownModel);
+    }
+    // No snapshot yet: nothing to resolve against; Envoy's LB, as before.
+    assert_eq!(
+        pick(Some(SessionKey(3)), None, None, Some("gpt-4")),
+        FallbackPick::Unrouted(FallbackRoute::NoFleet)
+    );
+    // A model whose workers are all down: no worker, not a 404.
+    let mut down = f.clone();
+    for w in &mut down.workers {
+        w.healthy = w.model != "base-b";
+    }
+    assert_eq!(
+        pick(Some(SessionKey(3)), Some(&down), None, Some("b-code")),
+        FallbackPick::Unrouted(FallbackRoute::NoWorker)
+    );
+}
