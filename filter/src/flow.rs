@@ -6,21 +6,21 @@
 //!    └──(anything else)──▶ Forwarded ◀──(too large / not JSON / …)───┘──(anything else)──▶ Forwarded (fallback)
 //!                                 └──(body ≤ local_route_max_body_bytes)──▶ Forwarded (routed locally, no call)
 //! ```
-//! The filter answers some requests itself (`Answered`): `GET /v1/models` from the last fleet
-//! snapshot, and a model nobody serves (vLLM's 404) — said by the indexer, or, routing without it,
-//! by the snapshot ([`crate::models`]). The request's base model labels its metrics
-//! ([`RequestFlow::model`]).
 //! Every callback of `host::http` maps to one method here that takes plain data (header pairs, body
 //! bytes, status, clock) and returns a [`Step`]. The only outside knowledge it asks for is the last
-//! fleet snapshot, through [`FleetSource`], and only on the fallback path. Whatever happens, the
-//! request goes on (`Continue` / `ResumeRequest`) — except the indexer's designed prefill-overload
-//! rejection. [`RequestFlow::finish`] runs once, at stream end or destruction, and books the
-//! outcome; whenever the indexer may have booked the request (a decision, a rejection, a call
-//! still out, or a fallback after an answer was lost) it queues a `/v1/done` echoing the booking id.
+//! fleet snapshot, through [`FleetSource`]: for the body's model (its label; its workers on the
+//! fallback path) and for `GET /v1/models`. Whatever happens, the request goes on (`Continue` /
+//! `ResumeRequest`) — except the indexer's designed prefill-overload rejection and the filter's
+//! own answers (`Answered`: `GET /v1/models` from the last fleet snapshot, and vLLM's 404 for a
+//! model nobody serves, said by the indexer or, routing without it, by the snapshot:
+//! [`crate::models`]). The request's base model labels its metrics ([`RequestFlow::model`]).
+//! [`RequestFlow::finish`] runs once, at stream end or destruction, and books the outcome; whenever
+//! the indexer may have booked the request (a decision, a rejection, a call still out, or a
+//! fallback after an answer was lost) it queues a `/v1/done` echoing the booking id.
 //!
 //! Over 600 lines: one request's state machine, every phase of which reads and writes the same
 //! `RequestFlow` fields; its pure steps live in their own modules (body, splice, decision,
-//! fallback, placement) and its tests in `tests/flow.rs`. Splitting the phases apart would spread
+//! fallback, models, placement) and its tests in `tests/flow.rs` and `tests/flow_models.rs`. Splitting the phases apart would spread
 //! one invariant (who books, who reports done) over several files.
 
 use std::rc::Rc;
@@ -880,7 +880,8 @@ impl RequestFlow {
     /// the request is never forwarded.
     fn answer_unknown_model(&mut self, why: LocalAnswer) -> Vec<Effect> {
         let requested = self.requested_model.as_deref().unwrap_or_default();
-        log::info!(
+        // Debug: the name is the client's (counted, and the indexer logs its own refusals).
+        log::debug!(
             "ctx={} request_id={} unknown model {requested:?} ({}): answered 404",
             self.context_id,
             self.request_id,
