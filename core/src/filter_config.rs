@@ -133,10 +133,10 @@ pub struct FilterConfig {
     /// sends only the bytes after one (process-wide, in Envoy's shared data, each at most 200
     /// bytes); 0 = off (every route call sends the whole body).
     pub body_base_slots: usize,
-    /// Distinct `model` label values of the filter's per-request metrics (base models, first come
-    /// first labelled, per worker thread); requests for further models are counted under `other`,
-    /// those whose model is not known under `unknown`. 0 = every known model under `other`; at
-    /// most [`MAX_MODEL_LABELS_LIMIT`].
+    /// Base models with a `model` label of their own on the filter's routing metrics: the fleet's
+    /// first ones (its order, the default first); requests for the others are counted under
+    /// `other`, those whose model is not known under `unknown`. Also each worker thread's bound on
+    /// distinct values. 0 = every known model under `other`; at most [`MAX_MODEL_LABELS_LIMIT`].
     pub max_model_labels: usize,
 }
 

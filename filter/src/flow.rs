@@ -135,7 +135,8 @@ pub struct RequestFlow {
     marked_released: bool,
     /// The body's `model`, as sent.
     requested_model: Option<String>,
-    /// The base model labelling this request's metrics (None: not known).
+    /// The base model labelling this request's metrics, `other` past the fleet's first
+    /// `max_model_labels` (None: not known; [`models::label_model`]).
     model: Option<String>,
 }
 
@@ -872,7 +873,9 @@ impl RequestFlow {
     /// Reads the body's `model`: kept for a local pick, and resolved against the last fleet
     /// snapshot for the metrics' `model` label.
     fn note_model(&mut self, requested: Option<String>, fleet: &dyn FleetSource) {
-        self.model = models::label_model(fleet.fleet().as_deref(), requested.as_deref());
+        let max_labels = self.config.max_model_labels;
+        self.model =
+            models::label_model(fleet.fleet().as_deref(), requested.as_deref(), max_labels);
         self.requested_model = requested;
     }
 

@@ -8,9 +8,10 @@
 //! defined (at zero) when the filter configures — dashboards see them before the first request.
 //!
 //! The one open label is `model` (the request's base model, [`Metric::by_model`] families only):
-//! its values are the base models the filter meets, first come first labelled up to the
-//! `max_model_labels` bound, then `other`; `unknown` when the filter does not know the model
-//! ([`ModelLabels`]). It comes last in the stat name, its value reduced to `[A-Za-z0-9_-]`
+//! the fleet's first `max_model_labels` base models, `other` for the rest
+//! (`crate::models::label_model`), `unknown` when the filter does not know the model; each VM
+//! also labels at most `max_model_labels` values, first come ([`ModelLabels`]), so a changing
+//! fleet cannot grow the series without bound. It comes last in the stat name, its value reduced to `[A-Za-z0-9_-]`
 //! ([`model_label_value`]: a dot would split it), and a model's series are defined (at zero)
 //! when its label is first used.
 //!

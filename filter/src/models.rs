@@ -11,6 +11,7 @@ use kvmesh_core::headers;
 use kvmesh_core::models::{self, UnknownModel, UNKNOWN_MODEL_REASON};
 
 use crate::effects::Effect;
+use crate::metrics::OTHER_MODEL_LABEL;
 
 /// The gateway's model list path.
 pub const MODELS_PATH: &str = "/v1/models";
@@ -34,11 +35,20 @@ pub fn base_model<'a>(
     models::resolve(&fleet.models, requested).map(|m| m.base)
 }
 
-/// The base model a request's metrics are labelled with: [`base_model`] when known (and not the
-/// unnamed model of a snapshot without models), else none (`model="unknown"`).
-pub fn label_model(fleet: Option<&FleetSnapshot>, requested: Option<&str>) -> Option<String> {
-    let base = base_model(fleet?, requested).ok()?;
-    (!base.is_empty()).then(|| base.to_owned())
+/// What a request's metrics are labelled with ([`crate::metrics::ModelLabels`]): its base model
+/// ([`base_model`]) when it is one of the snapshot's first `max_labels` models (the fleet's order,
+/// the default first: the same set on every worker thread and every gateway), `other` past them;
+/// none (`unknown`) when the filter does not know it (no snapshot, an unknown model, a snapshot
+/// without models).
+pub fn label_model(
+    fleet: Option<&FleetSnapshot>,
+    requested: Option<&str>,
+    max_labels: usize,
+) -> Option<String> {
+    let fleet = fleet?;
+    let base = base_model(fleet, requested).ok().filter(|b| !b.is_empty())?;
+    let rank = fleet.models.iter().position(|m| m.name == base)?;
+    Some(if rank < max_labels { base.to_owned() } else { OTHER_MODEL_LABEL.to_owned() })
 }
 
 /// vLLM's 404 for a model nobody serves (`kvmesh_core::models::not_found`: message, type

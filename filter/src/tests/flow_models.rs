@@ -233,4 +233,10 @@ fn a_routed_request_is_labelled_with_its_base_model() {
     assert_eq!(f.model(), None);
     let (f, _) = read(FilterConfig::default(), Some("base-b"), &Fleet(None));
     assert_eq!(f.model(), None);
+    // Past the fleet's first `max_model_labels` models: `other`.
+    let one = FilterConfig { max_model_labels: 1, ..FilterConfig::default() };
+    let (f, _) = read(one.clone(), Some("b-code"), &fleet());
+    assert_eq!(f.model(), Some("other"));
+    let (f, _) = read(one, Some("a"), &fleet());
+    assert_eq!(f.model(), Some("base-a"));
 }

@@ -66,12 +66,17 @@ fn base_model_follows_core_resolution_and_keeps_old_snapshots_working() {
 #[test]
 fn the_metrics_label_is_the_base_model_or_none() {
     let f = two_models();
-    assert_eq!(label_model(Some(&f), Some("a-chat")).as_deref(), Some("base-a"));
-    assert_eq!(label_model(Some(&f), None).as_deref(), Some("base-a"));
-    assert_eq!(label_model(Some(&f), Some("gpt-4")), None, "unknown model");
-    assert_eq!(label_model(None, Some("base-a")), None, "no snapshot");
+    assert_eq!(label_model(Some(&f), Some("a-chat"), 16).as_deref(), Some("base-a"));
+    assert_eq!(label_model(Some(&f), None, 16).as_deref(), Some("base-a"));
+    assert_eq!(label_model(Some(&f), Some("b-code"), 16).as_deref(), Some("base-b"));
+    assert_eq!(label_model(Some(&f), Some("gpt-4"), 16), None, "unknown model");
+    assert_eq!(label_model(None, Some("base-a"), 16), None, "no snapshot");
     let old = FleetSnapshot { models: Vec::new(), ..two_models() };
-    assert_eq!(label_model(Some(&old), Some("base-a")), None, "snapshot without models");
+    assert_eq!(label_model(Some(&old), Some("base-a"), 16), None, "snapshot without models");
+    // The bound follows the fleet's order (the same everywhere), not the order requests come in.
+    assert_eq!(label_model(Some(&f), Some("b-code"), 1).as_deref(), Some("other"));
+    assert_eq!(label_model(Some(&f), Some("a"), 1).as_deref(), Some("base-a"));
+    assert_eq!(label_model(Some(&f), Some("a"), 0).as_deref(), Some("other"));
 }
 
 #[test]
