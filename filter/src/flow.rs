@@ -29,6 +29,7 @@ use kvmesh_core::api::{
     DoneReport, ErrorBody, FleetSnapshot, Outcome, RouteDecision, ERROR_REASON_HEADER,
 };
 use kvmesh_core::body_base::{BodyBase, BASE_UNKNOWN, BASE_UNKNOWN_STATUS, MIN_BODY_BYTES};
+use kvmesh_core::hashing::xxh3;
 use kvmesh_core::headers;
 use kvmesh_core::openai::Endpoint;
 use kvmesh_core::session::{SessionKey, SessionSource};
@@ -845,7 +846,8 @@ impl RequestFlow {
             .filter(|_| self.config.placement_memory_slots > 0)
             .and_then(|k| fleet.placed(k));
         let requested = self.requested_model.as_deref();
-        fallback::pick(session, snapshot.as_deref(), remembered.as_deref(), requested)
+        let request_key = xxh3(self.request_id.as_bytes(), 0);
+        fallback::pick(session, snapshot.as_deref(), remembered.as_deref(), requested, request_key)
     }
 
     /// Sets the destination of a local pick (none when it is unrouted) and ends routing.

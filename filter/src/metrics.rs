@@ -11,9 +11,9 @@
 //! the fleet's first `max_model_labels` base models, `other` for the rest
 //! (`crate::models::label_model`), `unknown` when the filter does not know the model; each VM
 //! also labels at most `max_model_labels` values, first come ([`ModelLabels`]), so a changing
-//! fleet cannot grow the series without bound. It comes last in the stat name, its value reduced to `[A-Za-z0-9_-]`
-//! ([`model_label_value`]: a dot would split it), and a model's series are defined (at zero)
-//! when its label is first used.
+//! fleet cannot grow the series without bound. It comes last in the stat name, its value reduced
+//! to `[A-Za-z0-9_-]` ([`model_label_value`]: a dot would split it), and a model's series are
+//! defined (at zero) when its label is first used.
 //!
 //! Envoy stats are integers: [`KV_HIT_RATE`] records per-mille ([`HIT_RATE_SCALE`]) and
 //! [`ROUTE_LATENCY`] microseconds. Bucket bounds live in the bootstrap (`histogram_bucket_settings`).
@@ -195,7 +195,11 @@ label_enum! {
         Pinned => "pinned",
         /// Sent to the worker the indexer last placed the session on ([`crate::placement`]).
         Remembered => "remembered",
-        /// The request has no session key (no header, prefix keys off or prompt too short).
+        /// No session key, but some healthy worker serves another model: spread over the
+        /// request's model's workers by its request id (Envoy's LB could pick another model's).
+        Spread => "spread",
+        /// The request has no session key (no header, prefix keys off or prompt too short), and
+        /// every healthy worker serves its model: Envoy's LB chooses.
         NoSession => "no_session",
         /// No fleet snapshot stored yet.
         NoFleet => "no_fleet",

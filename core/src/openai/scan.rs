@@ -7,7 +7,7 @@
 //! with this scan the whole flow takes 0.27 M instead of 0.71 M on the overhead bench's shape
 //! (`filter/examples/body_path.rs`). Here the strict [`Cursor`] of the shared grammar
 //! ([`super::grammar`]) reads the common shape instead: it checks the body is JSON, reads `stream`
-//! and the types `parse` checks (`model`, `max_tokens`, each later message's `role` and `content`)
+//! and `model` and the types `parse` checks (`model`, `max_tokens`, each later message's `role` and `content`)
 //! from borrowed spans, and hands only the conversation anchor — the messages up to the first user
 //! message, usually a system prompt and one question — to `peek`, as a body of its own, for the
 //! anchor's checks and digest (or nothing at all when no derived session key is needed: then the

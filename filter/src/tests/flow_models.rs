@@ -240,3 +240,26 @@ fn a_routed_request_is_labelled_with_its_base_model() {
     let (f, _) = read(one, Some("a"), &fleet());
     assert_eq!(f.model(), Some("base-a"));
 }
+
+#[test]
+fn a_request_without_a_session_stays_within_its_model_on_the_fallback() {
+    let snapshot = two_models();
+    for rid in ["r-1", "r-2", "r-3", "r-4"] {
+        let mut f = flow(FilterConfig::default());
+        let head: Vec<(String, Vec<u8>)> =
+            [(":method", "POST"), (":path", "/v1/completions"), ("x-request-id", rid)]
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec()))
+                .collect();
+        let body = br#"{"model":"b-code","prompt":[1,2,3]}"#.to_vec();
+        f.on_request_headers(&head, false, 1);
+        f.on_request_body(body.len(), true);
+        f.on_body(Some(body), 2, &fleet());
+        assert_eq!(f.session, None, "completions derive no session key");
+        let step = f.on_route_answer(None, b"", 3, &fleet());
+        assert_eq!(counted(&step.effects, Metric::FallbackRoutes(FallbackRoute::Spread)), 1);
+        let header = destination(&step.effects).expect("pinned within base-b");
+        assert_eq!(header, "10.0.0.2:8000", "base-b's one worker, never base-a's");
+        assert!(snapshot.workers.iter().any(|w| w.endpoint == header && w.model == "base-b"));
+    }
+}
