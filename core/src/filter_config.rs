@@ -48,6 +48,10 @@ pub const MAX_PLACEMENT_MEMORY_SLOTS: usize = 1 << 20;
 /// at ~200 MB of Envoy's shared data.
 pub const MAX_BODY_BASE_SLOTS: usize = 1 << 20;
 
+/// Largest [`FilterConfig::max_model_labels`]: each model label adds about 50 Envoy stats (the
+/// model-labelled families of the filter's metrics).
+pub const MAX_MODEL_LABELS_LIMIT: usize = 256;
+
 /// Coarsest tick of a context that polls the fleet.
 pub const MAX_TICK_MS: u64 = 250;
 
@@ -129,6 +133,11 @@ pub struct FilterConfig {
     /// sends only the bytes after one (process-wide, in Envoy's shared data, each at most 200
     /// bytes); 0 = off (every route call sends the whole body).
     pub body_base_slots: usize,
+    /// Base models with a `model` label of their own on the filter's routing metrics: the fleet's
+    /// first ones (its order, the default first); requests for the others are counted under
+    /// `other`, those whose model is not known under `unknown`. Also each worker thread's bound on
+    /// distinct values. 0 = every known model under `other`; at most [`MAX_MODEL_LABELS_LIMIT`].
+    pub max_model_labels: usize,
 }
 
 impl Default for FilterConfig {
@@ -156,6 +165,7 @@ impl Default for FilterConfig {
             placement_memory_slots: 65_536,
             local_route_max_body_bytes: 0,
             body_base_slots: 8192,
+            max_model_labels: 16,
         }
     }
 }
@@ -351,6 +361,13 @@ impl FilterConfig {
                 "body_base_slots",
                 self.body_base_slots,
                 "must be 0 (off) or within 1..=1048576",
+            ));
+        }
+        if self.max_model_labels > MAX_MODEL_LABELS_LIMIT {
+            return Err(bad(
+                "max_model_labels",
+                self.max_model_labels,
+                "must be within 0..=256 (0: every model under `other`)",
             ));
         }
         if self.local_route_max_body_bytes > self.max_body_bytes {

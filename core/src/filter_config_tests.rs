@@ -18,6 +18,13 @@ fn empty_and_absent_mean_defaults() {
     assert_eq!(d.session_header, "x-session-id");
     assert!(d.derive_session_keys, "derived session keys are on by default");
     assert!(!d.allow_overrides && !d.debug_headers);
+    assert_eq!(d.max_model_labels, 16);
+}
+
+#[test]
+fn model_labels_can_be_none_up_to_the_limit() {
+    assert_eq!(parse(r#"{"max_model_labels":0}"#).unwrap().max_model_labels, 0);
+    assert_eq!(parse(r#"{"max_model_labels":256}"#).unwrap().max_model_labels, 256);
 }
 
 #[test]
@@ -30,6 +37,7 @@ fn full_config_round_trips() {
         debug_headers: true,
         background: Background::PerWorker,
         local_route_max_body_bytes: 8192,
+        max_model_labels: 3,
         ..FilterConfig::default()
     };
     let json = serde_json::to_string(&cfg).unwrap();
@@ -59,6 +67,8 @@ fn refusals_name_the_field() {
         (r#"{"fleet_refresh_ms":5}"#, "fleet_refresh_ms"),
         (r#"{"done_queue_capacity":0}"#, "done_queue_capacity"),
         (r#"{"done_max_in_flight":0}"#, "done_max_in_flight"),
+        (r#"{"max_model_labels":257}"#, "max_model_labels"),
+        (r#"{"max_model_labels":-1}"#, "invalid value"),
         (
             r#"{"max_body_bytes":4096,"local_route_max_body_bytes":4097}"#,
             "local_route_max_body_bytes",

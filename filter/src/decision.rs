@@ -4,6 +4,9 @@
 //! `503` with a plain-text body, a missed deadline a `504`, a reset zero headers. So the status alone
 //! cannot tell the indexer's deliberate refusal from Envoy saying nobody answered; the body decides.
 //!
+//! A model nobody serves is not routing's to fix: the indexer's 404 `unknown_model` makes the filter
+//! answer the client vLLM's 404 ([`IndexerAnswer::UnknownModel`]), never forward the request.
+//!
 //! Routing is an optimisation, so exactly one indexer answer reaches the client: the designed
 //! prefill overload (a `429`, or a `503` whose [`ErrorBody`] reason is `prefill_overloaded`; resource
 //! exhaustion must make the client back off), and even that one only as a status, the stable
@@ -16,6 +19,7 @@ use std::net::SocketAddr;
 
 use kvmesh_core::api::{destination_header, ErrorBody, Mode, ReasonCode, RouteDecision};
 use kvmesh_core::headers;
+use kvmesh_core::models::UNKNOWN_MODEL_REASON;
 
 use crate::breaker::CallHealth;
 use crate::metrics::{FallbackReason, RouteLabel};
@@ -43,6 +47,9 @@ pub enum IndexerAnswer {
     /// Send this status and the stable [`rejection_body`] to the client; `detail` is the
     /// indexer's message (header-safe, bounded), for the log only.
     Reject { status: u16, body: Vec<u8>, detail: String },
+    /// The indexer's 404 `unknown_model`: nobody serves the request's `model`. The filter answers
+    /// the client vLLM's 404 itself ([`crate::models::not_found`]) and never forwards the request.
+    UnknownModel,
     /// Route without the indexer.
     Fallback(Fallback),
 }
@@ -129,6 +136,9 @@ pub fn classify(status: Option<u16>, body: &[u8]) -> IndexerAnswer {
             503 => reason == Some(PREFILL_OVERLOADED),
             _ => false,
         };
+        if status == 404 && reason == Some(UNKNOWN_MODEL_REASON) {
+            return IndexerAnswer::UnknownModel;
+        }
         if designed_overload {
             return IndexerAnswer::Reject {
                 status,

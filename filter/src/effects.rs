@@ -67,6 +67,9 @@ pub enum Next {
     ReadBody(usize),
     /// Dispatch this call and report the result to the flow; pause on success.
     Call(HttpCall),
+    /// Hand the flow the last fleet snapshot to answer `GET /v1/models` from
+    /// (`RequestFlow::on_models_list`).
+    ListModels,
 }
 
 /// Effects to apply, then the next step.

@@ -8,15 +8,19 @@
 //! ```
 //! Every callback of `host::http` maps to one method here that takes plain data (header pairs, body
 //! bytes, status, clock) and returns a [`Step`]. The only outside knowledge it asks for is the last
-//! fleet snapshot, through [`FleetSource`], and only on the fallback path. Whatever happens, the
-//! request goes on (`Continue` / `ResumeRequest`) — except the indexer's designed prefill-overload
-//! rejection. [`RequestFlow::finish`] runs once, at stream end or destruction, and books the
-//! outcome; whenever the indexer may have booked the request (a decision, a rejection, a call
-//! still out, or a fallback after an answer was lost) it queues a `/v1/done` echoing the booking id.
+//! fleet snapshot, through [`FleetSource`]: for the body's model (its label; its workers on the
+//! fallback path) and for `GET /v1/models`. Whatever happens, the request goes on (`Continue` /
+//! `ResumeRequest`) — except the indexer's designed prefill-overload rejection and the filter's
+//! own answers (`Answered`: `GET /v1/models` from the last fleet snapshot, and vLLM's 404 for a
+//! model nobody serves, said by the indexer or, routing without it, by the snapshot:
+//! [`crate::models`]). The request's base model labels its metrics ([`RequestFlow::model`]).
+//! [`RequestFlow::finish`] runs once, at stream end or destruction, and books the outcome; whenever
+//! the indexer may have booked the request (a decision, a rejection, a call still out, or a
+//! fallback after an answer was lost) it queues a `/v1/done` echoing the booking id.
 //!
 //! Over 600 lines: one request's state machine, every phase of which reads and writes the same
 //! `RequestFlow` fields; its pure steps live in their own modules (body, splice, decision,
-//! fallback, placement) and its tests in `tests/flow.rs`. Splitting the phases apart would spread
+//! fallback, models, placement) and its tests in `tests/flow.rs` and `tests/flow_models.rs`. Splitting the phases apart would spread
 //! one invariant (who books, who reports done) over several files.
 
 use std::rc::Rc;
@@ -25,6 +29,7 @@ use kvmesh_core::api::{
     DoneReport, ErrorBody, FleetSnapshot, Outcome, RouteDecision, ERROR_REASON_HEADER,
 };
 use kvmesh_core::body_base::{BodyBase, BASE_UNKNOWN, BASE_UNKNOWN_STATUS, MIN_BODY_BYTES};
+use kvmesh_core::hashing::xxh3;
 use kvmesh_core::headers;
 use kvmesh_core::openai::Endpoint;
 use kvmesh_core::session::{SessionKey, SessionSource};
@@ -38,9 +43,10 @@ use crate::effects::{Effect, Next, Step};
 use crate::endpoints;
 use crate::fallback::{self, FallbackPick};
 use crate::metrics::{
-    hit_rate_permille, FallbackReason, InternalError, Metric, MetricUpdate, OutcomeLabel,
-    RouteBody, RouteLabel, UnroutableReason,
+    hit_rate_permille, FallbackReason, InternalError, LocalAnswer, Metric, MetricUpdate,
+    OutcomeLabel, RouteBody, RouteLabel, UnroutableReason,
 };
+use crate::models;
 use crate::request::{self, OverrideTrust, RequestHead};
 use crate::splice;
 use crate::ttft::TtftProbe;
@@ -82,6 +88,10 @@ enum Phase {
     Routing,
     Forwarded,
     Rejected,
+    /// `GET /v1/models`, waiting for the host to hand over the fleet ([`Next::ListModels`]).
+    Listing,
+    /// Answered by the filter itself (model list, unknown model), with this status.
+    Answered(u16),
     Finished,
 }
 
@@ -124,6 +134,11 @@ pub struct RequestFlow {
     response_complete: bool,
     /// [`Self::release_marker`] has been handed out.
     marked_released: bool,
+    /// The body's `model`, as sent.
+    requested_model: Option<String>,
+    /// The base model labelling this request's metrics, `other` past the fleet's first
+    /// `max_model_labels` (None: not known; [`models::label_model`]).
+    model: Option<String>,
 }
 
 impl RequestFlow {
@@ -151,6 +166,8 @@ impl RequestFlow {
             response_status: None,
             response_complete: false,
             marked_released: false,
+            requested_model: None,
+            model: None,
         }
     }
 
@@ -167,6 +184,12 @@ impl RequestFlow {
         }
         self.marked_released = true;
         Some(Effect::SetRequestHeader(headers::RELEASED, "1".to_owned()))
+    }
+
+    /// The base model this request's metrics are labelled with (None: `model="unknown"`): known
+    /// once the body is read, from the last fleet snapshot.
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_deref()
     }
 
     /// The request id used on `/v1/route` and `/v1/done` (and in logs).
@@ -222,6 +245,10 @@ impl RequestFlow {
             }
         };
         self.endpoint = Endpoint::from_path(&self.head.path);
+        if models::is_models_list(&self.head.method, &self.head.path) {
+            self.phase = Phase::Listing;
+            return Step { effects, next: Next::ListModels };
+        }
         let unroutable = if self.endpoint.is_none() {
             Some(UnroutableReason::UnknownPath)
         } else if self.head.method != "POST" {
@@ -238,6 +265,39 @@ impl RequestFlow {
         }
         self.phase = Phase::Buffering;
         Step { effects, next: Next::Pause }
+    }
+
+    /// `GET /v1/models` ([`Next::ListModels`]): answered from the last fleet snapshot's models
+    /// (`now_ns`: wall clock, for `created`); without a snapshot (or models in it) it goes to an
+    /// engine, as any path the filter does not route.
+    pub fn on_models_list(&mut self, fleet: &dyn FleetSource, now_ns: u64) -> Step {
+        if self.phase != Phase::Listing {
+            return Step::just(Next::Continue);
+        }
+        let snapshot = fleet.fleet();
+        let answer = snapshot
+            .as_deref()
+            .and_then(|f| models::models_list(f, now_ns / 1_000_000_000, &self.request_id));
+        let Some(answer) = answer else {
+            self.phase = Phase::Forwarded;
+            return Step {
+                effects: vec![self.unroutable(UnroutableReason::UnknownPath)],
+                next: Next::Continue,
+            };
+        };
+        log::debug!(
+            "ctx={} request_id={} GET /v1/models answered from the fleet snapshot",
+            self.context_id,
+            self.request_id
+        );
+        self.phase = Phase::Answered(200);
+        Step {
+            effects: vec![
+                Effect::Metric(MetricUpdate::Add(Metric::LocalAnswers(LocalAnswer::ModelsList), 1)),
+                answer,
+            ],
+            next: Next::Pause,
+        }
     }
 
     /// A body chunk arrived; `buffered` is the size Envoy holds so far.
@@ -324,8 +384,10 @@ impl RequestFlow {
         };
         self.session = request::peeked_session_key(&self.head, &parsed, derive);
         self.ttft.set_stream(parsed.stream);
+        self.note_model(parsed.model, fleet);
         if body.len() <= self.config.local_route_max_body_bytes && !self.head.has_overrides() {
-            return Step { effects: self.route_locally(body.len(), fleet), next: Next::Continue };
+            let effects = self.route_locally(body.len(), fleet);
+            return Step { effects, next: self.after_local_pick() };
         }
         let key = self.session.map(|(key, _)| key);
         self.sent_after = match chosen {
@@ -376,7 +438,7 @@ impl RequestFlow {
         let mut effects = vec![Effect::IndexerHealth(CallHealth::Failed)];
         effects.extend(self.fallback(Fallback::new(FallbackReason::DispatchFailed), fleet));
         effects.extend(self.resume_if_resending());
-        Step { effects, next: Next::Continue }
+        Step { effects, next: self.after_local_pick() }
     }
 
     /// The circuit breaker is open: route without asking the indexer.
@@ -386,13 +448,28 @@ impl RequestFlow {
         }
         let mut effects = self.fallback(Fallback::new(FallbackReason::BreakerOpen), fleet);
         effects.extend(self.resume_if_resending());
-        Step { effects, next: Next::Continue }
+        Step { effects, next: self.after_local_pick() }
     }
 
     /// A call that never went out leaves the request paused; in the body callback `Continue` goes
     /// on, but a whole body resent from the answer callback must resume it as an effect.
     fn resume_if_resending(&self) -> Option<Effect> {
-        self.resending.then_some(Effect::ResumeRequest)
+        (self.resending && !self.answered()).then_some(Effect::ResumeRequest)
+    }
+
+    /// Whether the filter answered the request itself.
+    fn answered(&self) -> bool {
+        matches!(self.phase, Phase::Answered(_))
+    }
+
+    /// What a stream callback returns after a local pick: `Continue`, or `Pause` when the pick
+    /// answered the client (a local reply must not let the request go on).
+    fn after_local_pick(&self) -> Next {
+        if self.answered() {
+            Next::Pause
+        } else {
+            Next::Continue
+        }
     }
 
     /// The indexer's answer (status None = no headers). The request is paused; every path resumes
@@ -430,7 +507,9 @@ impl RequestFlow {
         };
         let health = match &answer {
             IndexerAnswer::Fallback(fb) => fb.reason.health().unwrap_or(CallHealth::Answered),
-            IndexerAnswer::Route(_) | IndexerAnswer::Reject { .. } => CallHealth::Answered,
+            IndexerAnswer::Route(_)
+            | IndexerAnswer::Reject { .. }
+            | IndexerAnswer::UnknownModel => CallHealth::Answered,
         };
         effects.push(Effect::IndexerHealth(health));
         match answer {
@@ -460,9 +539,15 @@ impl RequestFlow {
                 });
                 return Step { effects, next: Next::Continue };
             }
+            IndexerAnswer::UnknownModel => {
+                effects.extend(self.answer_unknown_model(LocalAnswer::UnknownModel));
+                return Step { effects, next: Next::Continue };
+            }
             IndexerAnswer::Fallback(reason) => effects.extend(self.fallback(reason, fleet)),
         }
-        effects.push(Effect::ResumeRequest);
+        if !self.answered() {
+            effects.push(Effect::ResumeRequest);
+        }
         Step { effects, next: Next::Continue }
     }
 
@@ -470,7 +555,7 @@ impl RequestFlow {
     pub fn on_response_headers(&mut self, status: Option<u16>, end_of_stream: bool) -> Vec<Effect> {
         self.response_status = status;
         self.response_complete |= end_of_stream;
-        if !self.config.debug_headers || self.phase == Phase::Rejected {
+        if !self.config.debug_headers || self.answered_here() {
             return Vec::new();
         }
         self.debug.iter().map(|(n, v)| Effect::AddResponseHeader(n, v.clone())).collect()
@@ -479,7 +564,7 @@ impl RequestFlow {
     /// Response body bytes arrived (`bytes` in this chunk): the first ones of a streamed 2xx
     /// response record the TTFT histograms (`crate::ttft`).
     pub fn on_response_data(&mut self, bytes: usize, now_ns: u64) -> Vec<Effect> {
-        if self.phase == Phase::Rejected {
+        if self.answered_here() {
             return Vec::new();
         }
         self.ttft.on_response_bytes(self.response_status, bytes, now_ns)
@@ -489,7 +574,12 @@ impl RequestFlow {
     /// response before its first byte). Envoy calls the filter for every response chunk — one per
     /// streamed token — and the clock is a host call: after the first byte it is not read.
     pub fn awaits_first_byte(&self) -> bool {
-        self.phase != Phase::Rejected && self.ttft.pending()
+        !self.answered_here() && self.ttft.pending()
+    }
+
+    /// Whether the response is the filter's own (a relayed rejection or a local answer).
+    fn answered_here(&self) -> bool {
+        self.phase == Phase::Rejected || self.answered()
     }
 
     /// A response body chunk; the last one completes the response.
@@ -544,6 +634,14 @@ impl RequestFlow {
         }
         let outcome = if self.phase == Phase::Rejected {
             OutcomeLabel::Rejected
+        } else if let Phase::Answered(status) = self.phase {
+            // The filter's own reply: whole as sent, whatever Envoy reports of it.
+            self.response_status = Some(status);
+            if (200..300).contains(&status) {
+                OutcomeLabel::Success
+            } else {
+                OutcomeLabel::Error
+            }
         } else {
             match (self.response_status, self.response_complete) {
                 (Some(s), true) if (200..300).contains(&s) => OutcomeLabel::Success,
@@ -710,7 +808,7 @@ impl RequestFlow {
         if fb.needs_done() {
             let pinned_endpoint = match &pick {
                 FallbackPick::Pinned { header, .. } => header.split(',').next().map(str::to_owned),
-                FallbackPick::Unrouted(_) => None,
+                FallbackPick::Unrouted(_) | FallbackPick::UnknownModel(_) => None,
             };
             self.report_done =
                 Some(DoneTarget { endpoint: pinned_endpoint, booking_id: fb.booking_id });
@@ -747,7 +845,9 @@ impl RequestFlow {
         let remembered = session
             .filter(|_| self.config.placement_memory_slots > 0)
             .and_then(|k| fleet.placed(k));
-        fallback::pick(session, snapshot.as_deref(), remembered.as_deref())
+        let requested = self.requested_model.as_deref();
+        let request_key = xxh3(self.request_id.as_bytes(), 0);
+        fallback::pick(session, snapshot.as_deref(), remembered.as_deref(), requested, request_key)
     }
 
     /// Sets the destination of a local pick (none when it is unrouted) and ends routing.
@@ -763,10 +863,43 @@ impl RequestFlow {
                 self.route = RouteLabel::Pinned;
             }
             FallbackPick::Unrouted(_) => self.route = RouteLabel::Unrouted,
+            FallbackPick::UnknownModel(_) => {
+                return self.answer_unknown_model(LocalAnswer::UnknownModelLocal);
+            }
         }
         self.phase = Phase::Forwarded;
         self.body = Rc::default();
         effects
+    }
+
+    /// Reads the body's `model`: kept for a local pick, and resolved against the last fleet
+    /// snapshot for the metrics' `model` label.
+    fn note_model(&mut self, requested: Option<String>, fleet: &dyn FleetSource) {
+        let max_labels = self.config.max_model_labels;
+        self.model =
+            models::label_model(fleet.fleet().as_deref(), requested.as_deref(), max_labels);
+        self.requested_model = requested;
+    }
+
+    /// Answers vLLM's 404 for the request's `model` (`why`: who said nobody serves it), counted;
+    /// the request is never forwarded.
+    fn answer_unknown_model(&mut self, why: LocalAnswer) -> Vec<Effect> {
+        let requested = self.requested_model.as_deref().unwrap_or_default();
+        // Debug: the name is the client's (counted, and the indexer logs its own refusals).
+        log::debug!(
+            "ctx={} request_id={} unknown model {requested:?} ({}): answered 404",
+            self.context_id,
+            self.request_id,
+            why.as_str()
+        );
+        self.phase = Phase::Answered(404);
+        self.route = RouteLabel::Unrouted;
+        self.body = Rc::default();
+        self.debug.clear();
+        vec![
+            Effect::Metric(MetricUpdate::Add(Metric::LocalAnswers(why), 1)),
+            models::not_found(requested, &self.request_id),
+        ]
     }
 }
 
@@ -779,3 +912,7 @@ fn base_unknown(body: &[u8]) -> bool {
 #[cfg(test)]
 #[path = "tests/flow.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "tests/flow_models.rs"]
+mod model_tests;

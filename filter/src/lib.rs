@@ -5,18 +5,21 @@
 //! session key, ask the sidecar indexer (`POST /v1/route`), then set
 //! `x-gateway-destination-endpoint` for Envoy's `override_host` load balancer and splice
 //! `kv_transfer_params` into the body when the decision carries them. Without an answer it pins the
-//! session by rendezvous over the last `/v1/fleet` snapshot — the same function the indexer pins
-//! with — or leaves the choice to Envoy's fallback LB. When the response ends, a `/v1/done` report
-//! is queued for a long-lived root context to send.
+//! session by rendezvous over the request's model's workers in the last `/v1/fleet` snapshot — the
+//! same function the indexer pins with — or leaves the choice to Envoy's fallback LB. A model
+//! nobody serves gets vLLM's 404 from the filter ([`models`]), and `GET /v1/models` is answered
+//! from the snapshot. When the response ends, a `/v1/done` report is queued for a long-lived root
+//! context to send.
 //!
 //! Shape (after Kuadrant's wasm-shim): every decision lives in plain modules with no proxy-wasm
 //! import — [`config`], [`request`], [`body`], [`decision`], [`splice`], [`fallback`], [`flow`],
-//! [`breaker`], [`endpoints`], [`background`], [`metrics`] — which take plain data and return [`effects::Effect`]s, tested
-//! natively with `cargo test`. Root-level logic — the role matrix ([`roles`]), the done sink and
-//! fleet cache ([`shared`]), the fleet poll and done dispatcher ([`tasks`]), metric ids
-//! ([`metric_ids`]) — calls the host only through the narrow [`host_api::Host`] trait and is tested
-//! natively against its test double. The `host` module (wasm only) is the one place that calls
-//! Envoy: the real `Host` adapter and the proxy-wasm contexts.
+//! [`breaker`], [`endpoints`], [`background`], [`metrics`], [`models`] — which take plain data and
+//! return [`effects::Effect`]s, tested natively with `cargo test`. Root-level logic — the role
+//! matrix ([`roles`]), the done sink and fleet cache ([`shared`]), the fleet poll and done
+//! dispatcher ([`tasks`]), metric ids ([`metric_ids`]) — calls the host only through the narrow
+//! [`host_api::Host`] trait and is tested natively against its test double. The `host` module
+//! (wasm only) is the one place that calls Envoy: the real `Host` adapter and the proxy-wasm
+//! contexts.
 
 pub mod background;
 pub mod body;
@@ -31,6 +34,7 @@ pub mod flow;
 pub mod host_api;
 pub mod metric_ids;
 pub mod metrics;
+pub mod models;
 pub mod placement;
 pub mod request;
 pub mod request_id;

@@ -7,6 +7,14 @@
 //! `envoy_` prefix. Label values are closed enums, so cardinality is fixed and every series is
 //! defined (at zero) when the filter configures — dashboards see them before the first request.
 //!
+//! The one open label is `model` (the request's base model, [`Metric::by_model`] families only):
+//! the fleet's first `max_model_labels` base models, `other` for the rest
+//! (`crate::models::label_model`), `unknown` when the filter does not know the model; each VM
+//! also labels at most `max_model_labels` values, first come ([`ModelLabels`]), so a changing
+//! fleet cannot grow the series without bound. It comes last in the stat name, its value reduced
+//! to `[A-Za-z0-9_-]` ([`model_label_value`]: a dot would split it), and a model's series are
+//! defined (at zero) when its label is first used.
+//!
 //! Envoy stats are integers: [`KV_HIT_RATE`] records per-mille ([`HIT_RATE_SCALE`]) and
 //! [`ROUTE_LATENCY`] microseconds. Bucket bounds live in the bootstrap (`histogram_bucket_settings`).
 
@@ -61,6 +69,11 @@ pub const TTFT_PREDICTED: &str = "kvmesh_filter_ttft_predicted_milliseconds";
 /// Histogram: actual / predicted TTFT in per-mille (1000 = as predicted): the model's calibration.
 pub const TTFT_RATIO: &str = "kvmesh_filter_ttft_ratio_permille";
 
+/// Counter `{reason}`: requests the filter answered itself, never forwarded: an unknown model
+/// (the indexer's 404, or the filter's own resolution against its last fleet snapshot when it
+/// routes without the indexer) and `GET /v1/models` from the last fleet snapshot.
+pub const LOCAL_ANSWERS: &str = "kvmesh_filter_local_answers_total";
+
 /// Envoy's own counter (not defined by the filter) of VM reloads of the wasm filter named `kvmesh`
 /// after a trap (`failure_policy: FAIL_RELOAD`), as `/stats/prometheus` prints it. Read by the
 /// `KvmeshWasmFilterCrashed` alert.
@@ -69,7 +82,7 @@ pub const ENVOY_WASM_VM_RELOAD_SUCCESS: &str = "envoy_wasm_kvmesh_vm_reload_succ
 pub const ENVOY_WASM_VM_RELOAD_FAILURE: &str = "envoy_wasm_kvmesh_vm_reload_failure";
 
 /// Every base name, for docs and drift tests.
-pub const ALL_NAMES: [&str; 21] = [
+pub const ALL_NAMES: [&str; 22] = [
     KV_OVERLAP_BLOCKS,
     KV_ISL_BLOCKS,
     KV_HIT_RATE,
@@ -91,10 +104,19 @@ pub const ALL_NAMES: [&str; 21] = [
     ENDPOINT_EJECTIONS,
     OVERRIDES_REFUSED,
     REQUEST_IDS_ENCODED,
+    LOCAL_ANSWERS,
 ];
 
 /// Every label name; each needs a `stats_tags` entry in the bootstrap.
-pub const LABELS: [&str; 6] = ["mode", "outcome", "reason", "result", "kind", "state"];
+pub const LABELS: [&str; 7] = ["mode", "outcome", "reason", "result", "kind", "state", "model"];
+
+/// The `model` value of a request whose base model the filter does not know (no fleet snapshot
+/// yet, an unknown model, a body it could not read).
+pub const UNKNOWN_MODEL_LABEL: &str = "unknown";
+/// The `model` value of the base models past `max_model_labels`.
+pub const OTHER_MODEL_LABEL: &str = "other";
+/// Longest `model` label value; a longer name is cut (names come from the fleet file).
+pub const MAX_MODEL_LABEL_BYTES: usize = 64;
 
 macro_rules! label_enum {
     ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
@@ -173,12 +195,18 @@ label_enum! {
         Pinned => "pinned",
         /// Sent to the worker the indexer last placed the session on ([`crate::placement`]).
         Remembered => "remembered",
-        /// The request has no session key (no header, prefix keys off or prompt too short).
+        /// No session key, but some healthy worker serves another model: spread over the
+        /// request's model's workers by its request id (Envoy's LB could pick another model's).
+        Spread => "spread",
+        /// The request has no session key (no header, prefix keys off or prompt too short), and
+        /// every healthy worker serves its model: Envoy's LB chooses.
         NoSession => "no_session",
         /// No fleet snapshot stored yet.
         NoFleet => "no_fleet",
-        /// The fleet has no healthy decode worker.
+        /// The fleet has no healthy decode worker (of the request's model).
         NoWorker => "no_worker",
+        /// The fleet serves no such model: answered 404 (vLLM's body), never forwarded.
+        UnknownModel => "unknown_model",
     }
 }
 
@@ -234,6 +262,19 @@ label_enum! {
         NoSecret => "no_secret",
         /// The secret did not match `override_secret` (or was longer than any valid one).
         BadSecret => "bad_secret",
+    }
+}
+
+label_enum! {
+    /// `reason` of [`LOCAL_ANSWERS`].
+    LocalAnswer {
+        /// The indexer answered `/v1/route` 404 `unknown_model`: relayed as vLLM's 404.
+        UnknownModel => "unknown_model",
+        /// Routing without the indexer (fallback, or a body routed locally), the last fleet
+        /// snapshot serves no such model: vLLM's 404.
+        UnknownModelLocal => "unknown_model_local",
+        /// `GET /v1/models` answered from the last fleet snapshot.
+        ModelsList => "models_list",
     }
 }
 
@@ -315,6 +356,7 @@ pub enum Metric {
     EndpointEjections,
     OverridesRefused(OverrideRefusal),
     RequestIdsEncoded,
+    LocalAnswers(LocalAnswer),
 }
 
 impl Metric {
@@ -355,7 +397,27 @@ impl Metric {
             Self::EndpointEjections => ENDPOINT_EJECTIONS,
             Self::OverridesRefused(_) => OVERRIDES_REFUSED,
             Self::RequestIdsEncoded => REQUEST_IDS_ENCODED,
+            Self::LocalAnswers(_) => LOCAL_ANSWERS,
         }
+    }
+
+    /// Whether the family carries the `model` label: the per-request routing metrics. (Not the
+    /// ones counted before the body is read, nor the per-VM ones.)
+    pub fn by_model(self) -> bool {
+        matches!(
+            self,
+            Self::OverlapBlocks
+                | Self::IslBlocks
+                | Self::HitRate
+                | Self::Requests(..)
+                | Self::Fallbacks(_)
+                | Self::FallbackRoutes(_)
+                | Self::LocalRoutes(_)
+                | Self::RouteLatency
+                | Self::Ttft
+                | Self::TtftPredicted
+                | Self::TtftRatio
+        )
     }
 
     /// `(label, value)` pairs in name order.
@@ -373,11 +435,23 @@ impl Metric {
             Self::InternalErrors(k) => vec![("kind", k.as_str())],
             Self::BreakerTransitions(s) => vec![("state", s.as_str())],
             Self::OverridesRefused(r) => vec![("reason", r.as_str())],
+            Self::LocalAnswers(r) => vec![("reason", r.as_str())],
             _ => Vec::new(),
         }
     }
 
-    /// The name passed to `define_metric`: `base[.label.value…]`.
+    /// The name passed to `define_metric` for `model` (a [`model_label_value`]): the stat name
+    /// with `.model.<model>` last, for a [`Self::by_model`] family; the stat name otherwise.
+    pub fn stat_name_for(self, model: &str) -> String {
+        let mut name = self.stat_name();
+        if self.by_model() {
+            name.push_str(".model.");
+            name.push_str(model);
+        }
+        name
+    }
+
+    /// `base[.label.value…]`, without the `model` label ([`Self::stat_name_for`] adds it).
     pub fn stat_name(self) -> String {
         let mut name = self.base().to_owned();
         for (label, value) in self.labels() {
@@ -414,7 +488,74 @@ impl Metric {
         all.push(Self::EndpointEjections);
         all.extend(OverrideRefusal::ALL.iter().map(|&r| Self::OverridesRefused(r)));
         all.push(Self::RequestIdsEncoded);
+        all.extend(LocalAnswer::ALL.iter().map(|&r| Self::LocalAnswers(r)));
         all
+    }
+}
+
+/// A `model` label value: the base model's name with every byte outside `[A-Za-z0-9_-]` as `_`
+/// (a dot would end the value in the stat name), at most [`MAX_MODEL_LABEL_BYTES`]; an empty
+/// name is [`UNKNOWN_MODEL_LABEL`].
+pub fn model_label_value(base: &str) -> String {
+    let mut out: String = base
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
+        .take(MAX_MODEL_LABEL_BYTES)
+        .collect();
+    if out.is_empty() {
+        out.push_str(UNKNOWN_MODEL_LABEL);
+    }
+    out
+}
+
+/// The `model` label values of one VM, bounded: [`UNKNOWN_MODEL_LABEL`] and [`OTHER_MODEL_LABEL`],
+/// then up to `max` base models in the order they are first seen; later ones are `other`. A
+/// value is its index here ([`Self::slot`]), so the metric ids can be keyed by it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelLabels {
+    names: Vec<String>,
+    max: usize,
+}
+
+/// [`ModelLabels::slot`] of a request whose model is not known.
+pub const UNKNOWN_SLOT: usize = 0;
+/// [`ModelLabels::slot`] of the models past the bound.
+pub const OTHER_SLOT: usize = 1;
+
+impl ModelLabels {
+    /// No model labelled yet; at most `max` will be.
+    pub fn new(max: usize) -> Self {
+        Self { names: vec![UNKNOWN_MODEL_LABEL.to_owned(), OTHER_MODEL_LABEL.to_owned()], max }
+    }
+
+    /// The slot of base model `base` (None: not known), labelling it when it is new and the bound
+    /// allows; `true` when this call labelled it (its series are to be defined).
+    pub fn slot(&mut self, base: Option<&str>) -> (usize, bool) {
+        let Some(base) = base else { return (UNKNOWN_SLOT, false) };
+        let value = model_label_value(base);
+        if let Some(i) = self.names.iter().position(|n| *n == value) {
+            return (i, false);
+        }
+        if self.names.len() - 2 >= self.max {
+            return (OTHER_SLOT, false);
+        }
+        self.names.push(value);
+        (self.names.len() - 1, true)
+    }
+
+    /// The label value of `slot` ([`UNKNOWN_MODEL_LABEL`] for a slot never handed out).
+    pub fn name(&self, slot: usize) -> &str {
+        self.names.get(slot).map_or(UNKNOWN_MODEL_LABEL, String::as_str)
+    }
+
+    /// How many base models are labelled (at most the bound).
+    pub fn labelled(&self) -> usize {
+        self.names.len() - 2
+    }
+
+    /// The bound (`max_model_labels`).
+    pub fn max(&self) -> usize {
+        self.max
     }
 }
 
@@ -425,6 +566,15 @@ pub enum MetricUpdate {
     Add(Metric, u64),
     /// Record a histogram sample or set a gauge.
     Record(Metric, u64),
+}
+
+impl MetricUpdate {
+    /// The metric updated.
+    pub fn metric(self) -> Metric {
+        match self {
+            Self::Add(m, _) | Self::Record(m, _) => m,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -102,7 +102,7 @@ pub fn configure_root(
     vm_id: &str,
 ) -> RootState {
     let config = Rc::new(config);
-    let metrics = Rc::new(MetricIds::define(Rc::clone(&host)));
+    let metrics = Rc::new(MetricIds::define(Rc::clone(&host), config.max_model_labels));
     let local_done = Rc::new(RefCell::new(DoneQueue::new(
         config.done_queue_capacity,
         config.done_max_in_flight,

@@ -44,12 +44,19 @@ pub struct RequestPeek {
     pub stream: bool,
     /// As [`super::OpenAiRequest::conversation_anchor`].
     pub conversation_anchor: Option<u64>,
+    /// `model` (absent or null: none), which selects the model's workers
+    /// ([`crate::models::resolve`]).
+    pub model: Option<String>,
 }
 
 impl RequestPeek {
     /// The peek of a fully parsed request.
     pub fn of(request: &super::OpenAiRequest) -> Self {
-        Self { stream: request.stream, conversation_anchor: request.conversation_anchor }
+        Self {
+            stream: request.stream,
+            conversation_anchor: request.conversation_anchor,
+            model: request.model.clone(),
+        }
     }
 }
 
@@ -117,8 +124,8 @@ impl ChatFields {
     fn verdict(self) -> Result<RequestPeek, ParseError> {
         let anchor = self.messages.unwrap_or(Err(ParseError::Missing { field: "messages" }))?;
         let conversation_anchor = anchor.digest()?;
-        let stream = self.scalars.scalars()?.stream;
-        Ok(RequestPeek { stream, conversation_anchor })
+        let fields::Scalars { stream, model, .. } = self.scalars.scalars()?;
+        Ok(RequestPeek { stream, conversation_anchor, model })
     }
 
     /// `super::read`'s chat request, in its order of errors (messages kept by a collecting pass).

@@ -7,7 +7,7 @@
 //! with this scan the whole flow takes 0.27 M instead of 0.71 M on the overhead bench's shape
 //! (`filter/examples/body_path.rs`). Here the strict [`Cursor`] of the shared grammar
 //! ([`super::grammar`]) reads the common shape instead: it checks the body is JSON, reads `stream`
-//! and the types `parse` checks (`model`, `max_tokens`, each later message's `role` and `content`)
+//! and `model` and the types `parse` checks (`model`, `max_tokens`, each later message's `role` and `content`)
 //! from borrowed spans, and hands only the conversation anchor — the messages up to the first user
 //! message, usually a system prompt and one question — to `peek`, as a body of its own, for the
 //! anchor's checks and digest (or nothing at all when no derived session key is needed: then the
@@ -71,9 +71,10 @@ pub(super) fn read(
 /// The scan of a chat body: `Some` only for a body `peek` accepts, with its answer (the anchor
 /// only when `anchor`).
 pub fn fast_chat(body: &[u8], anchor: bool, skip: &mut Skip<'_>) -> Option<RequestPeek> {
-    let mut s = Scanner { c: Cursor::new(body), anchor, skip: Some(skip), digest: None };
+    let mut s =
+        Scanner { c: Cursor::new(body), anchor, skip: Some(skip), digest: None, model: None };
     let stream = s.top()?;
-    Some(RequestPeek { stream, conversation_anchor: s.digest })
+    Some(RequestPeek { stream, conversation_anchor: s.digest, model: s.model })
 }
 
 /// The digest of the anchor messages `body[start..end]` (the messages from the list's first
@@ -105,6 +106,8 @@ struct Scanner<'a, 's> {
     skip: Option<&'s mut Skip<'s>>,
     /// The anchor's digest, once read (`None` without the anchor).
     digest: Option<u64>,
+    /// `model`, once read (a string; absent or null: none).
+    model: Option<String>,
 }
 
 impl Scanner<'_, '_> {
@@ -130,8 +133,12 @@ impl Scanner<'_, '_> {
                 (b"messages", _) => return None,
                 (_, Some(i)) if !seen[i] => {
                     seen[i] = true;
+                    let start = self.c.i;
                     let on = self.kind(fields::KEYS[i].1)?;
                     stream |= key == b"stream" && on;
+                    if key == b"model" {
+                        self.model = self.text(start)?;
+                    }
                 }
                 (_, Some(_)) => return None,
                 _ => self.c.value()?,
@@ -163,6 +170,16 @@ impl Scanner<'_, '_> {
             (Kind::Any, _) => c.value().map(|()| false),
             _ => None,
         }
+    }
+
+    /// The string (or `null`: none) [`Self::kind`] just stepped over from `start`, decoded; a
+    /// model name is short, so serde decodes its escapes.
+    fn text(&self, start: usize) -> Option<Option<String>> {
+        let span = self.c.b.get(start..self.c.i)?;
+        if span.first() == Some(&b'n') {
+            return Some(None);
+        }
+        serde_json::from_slice::<String>(span).ok().map(Some)
     }
 
     /// The `messages` list: the anchor digested (when asked for); later messages checked as

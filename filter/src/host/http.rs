@@ -50,6 +50,10 @@ impl HttpFilter {
                 let step = self.flow.on_body(body, self.now_ns(), self.shared.as_ref());
                 self.run(step)
             }
+            Next::ListModels => {
+                let step = self.flow.on_models_list(self.shared.as_ref(), self.now_ns());
+                self.run(step)
+            }
             Next::Call(call) => {
                 if self.shared.admit_route_call(self.now_ns()) == Admit::Skip {
                     let step = self.flow.on_call_skipped(self.shared.as_ref());
@@ -101,7 +105,7 @@ impl HttpFilter {
                     hostcalls::add_map_value(MapType::HttpResponseHeaders, name, &value),
                 ),
                 Effect::Metric(update) => {
-                    self.shared.metrics.apply(update);
+                    self.shared.metrics.apply_for(update, self.flow.model());
                     continue;
                 }
                 Effect::QueueDone(report) => {

@@ -258,3 +258,34 @@ fn a_skip_to_a_body_base_end_reads_on_from_there_with_peeks_answer() {
         );
     }
 }
+
+/// `model` (issue 44: it selects the workers) comes out of the scan as `parse` reads it, wherever
+/// it stands and however it is escaped, without sending the body to `peek`.
+#[test]
+fn the_scan_reads_the_model() {
+    let msgs = r#""messages":[{"role":"user","content":"hi"}]"#;
+    let cases: [(String, Option<&str>); 6] = [
+        (format!(r#"{{"model":"base-a",{msgs}}}"#), Some("base-a")),
+        (format!(r#"{{{msgs},"model":"a-sql","stream":true}}"#), Some("a-sql")),
+        (format!(r#"{{"model":"q\/w\u00e9\"n",{msgs}}}"#), Some("q/wé\"n")),
+        (format!(r#"{{"model":null,{msgs}}}"#), None),
+        (format!(r#"{{"model":"",{msgs}}}"#), Some("")),
+        (format!(r#"{{{msgs}}}"#), None),
+    ];
+    for (body, model) in cases {
+        assert!(agrees(body.as_bytes()), "the scan answers {body}");
+        let read = read(Endpoint::ChatCompletions, body.as_bytes(), true, &mut |_| None).unwrap();
+        assert_eq!(read.model.as_deref(), model, "{body}");
+        let parsed =
+            openai::Body::new(Endpoint::ChatCompletions, body.as_bytes()).request().unwrap();
+        assert_eq!(read.model, parsed.model);
+    }
+    // A model that is not a string is `parse`'s error, as before.
+    let wrong = format!(r#"{{"model":7,{msgs}}}"#);
+    assert!(!agrees(wrong.as_bytes()));
+    assert!(read(Endpoint::ChatCompletions, wrong.as_bytes(), true, &mut |_| None).is_err());
+    // Completions bodies are read by `peek`, `model` included.
+    let completion = br#"{"model":"b-code","prompt":[1,2,3]}"#;
+    let read = read(Endpoint::Completions, completion, false, &mut |_| None).unwrap();
+    assert_eq!(read.model.as_deref(), Some("b-code"));
+}

@@ -40,6 +40,7 @@ fn label(answer: IndexerAnswer, body: &[u8]) -> String {
             assert!(!body.is_empty());
             format!("reject:{status}")
         }
+        IndexerAnswer::UnknownModel => "unknown_model".to_owned(),
         IndexerAnswer::Fallback(fb) => format!("fallback:{}", fb.header_value()),
     }
 }
@@ -93,6 +94,24 @@ fn classification_table() {
             err(500, "internal", Some("Weird Code\r\n")),
             "fallback:indexer_error; code=weird_code",
         ),
+        // A model nobody serves: the indexer's 404 `unknown_model` (vLLM's body) is answered.
+        (
+            Some(404),
+            serde_json::to_vec(&kvmesh_core::models::not_found("gpt-4")).unwrap(),
+            "unknown_model",
+        ),
+        // Only as a 404 with that reason: anything else is an indexer error, a plain 404 a bad status.
+        (
+            Some(400),
+            serde_json::to_vec(&kvmesh_core::models::not_found("gpt-4")).unwrap(),
+            "fallback:indexer_error; code=unknown_model",
+        ),
+        (
+            Some(404),
+            err(404, "NotFoundError", Some("no_such_route")),
+            "fallback:indexer_error; code=no_such_route",
+        ),
+        (Some(404), b"not found".to_vec(), "fallback:bad_status"),
         // Envoy speaking for an absent indexer.
         (Some(429), b"slow down".to_vec(), "fallback:bad_status"),
         (Some(503), b"no healthy upstream".to_vec(), "fallback:unavailable"),

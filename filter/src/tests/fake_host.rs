@@ -115,6 +115,25 @@ impl FakeHost {
         self.stats.borrow().iter().find(|s| s.name == name).map_or(0, |s| s.value)
     }
 
+    /// The total of the stat named `name` (a counter; a gauge's value); 0 when never defined.
+    pub fn value_named(&self, name: &str) -> i64 {
+        self.stats.borrow().iter().find(|s| s.name == name).map_or(0, |s| s.value)
+    }
+
+    /// Whether a stat named `name` was defined.
+    pub fn defines(&self, name: &str) -> bool {
+        self.stats.borrow().iter().any(|s| s.name == name)
+    }
+
+    /// The samples of the histogram named `name`.
+    pub fn samples_named(&self, name: &str) -> Vec<u64> {
+        self.stats
+            .borrow()
+            .iter()
+            .find(|s| s.name == name)
+            .map_or_else(Vec::new, |s| s.samples.clone())
+    }
+
     /// A histogram's samples.
     pub fn samples(&self, metric: Metric) -> Vec<u64> {
         let name = metric.stat_name();

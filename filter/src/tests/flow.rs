@@ -1061,7 +1061,13 @@ fn the_release_marker_comes_once_when_the_filter_lets_the_request_go() {
     f.on_body(Some(b"{not json".to_vec()), 2_000_000, &fleet());
     assert_eq!(f.release_marker(), Some(released.clone()));
     let mut f = flow(FilterConfig::default());
+    f.on_request_headers(&headers(&[(":method", "GET"), (":path", "/health")]), true, 1);
+    assert_eq!(f.release_marker(), Some(released.clone()));
+    // `GET /v1/models` without a fleet snapshot goes to an engine, released.
+    let mut f = flow(FilterConfig::default());
     f.on_request_headers(&headers(&[(":method", "GET"), (":path", "/v1/models")]), true, 1);
+    assert_eq!(f.release_marker(), None, "held until the fleet is asked");
+    f.on_models_list(&Fleet(None), 2);
     assert_eq!(f.release_marker(), Some(released));
     // Answered here (the indexer's designed rejection): nothing to release.
     let (mut f, _) = to_route_call(FilterConfig::default(), CHAT);

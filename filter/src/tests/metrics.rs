@@ -68,3 +68,62 @@ fn bootstrap_extracts_every_label() {
         );
     }
 }
+
+#[test]
+fn model_labels_are_bounded_first_come() {
+    let mut l = ModelLabels::new(2);
+    assert_eq!(l.slot(None), (UNKNOWN_SLOT, false));
+    assert_eq!(l.slot(Some("b")), (2, true));
+    assert_eq!(l.slot(Some("a")), (3, true));
+    assert_eq!(l.slot(Some("b")), (2, false));
+    assert_eq!(l.slot(Some("c")), (OTHER_SLOT, false), "past the bound");
+    assert_eq!(l.slot(Some("a")), (3, false), "labelled ones keep their label");
+    assert_eq!(l.labelled(), 2);
+    assert_eq!(
+        (l.name(UNKNOWN_SLOT), l.name(OTHER_SLOT), l.name(2), l.name(3)),
+        ("unknown", "other", "b", "a")
+    );
+    assert_eq!(l.name(99), "unknown");
+    // Names that reduce to the same value share it; `unknown` / `other` are those buckets.
+    let mut l = ModelLabels::new(4);
+    assert_eq!(l.slot(Some("m.1")), (2, true));
+    assert_eq!(l.slot(Some("m/1")), (2, false));
+    assert_eq!(l.slot(Some("other")), (OTHER_SLOT, false));
+    assert_eq!(l.slot(Some("")), (UNKNOWN_SLOT, false));
+    assert_eq!(ModelLabels::new(0).slot(Some("m")), (OTHER_SLOT, false));
+}
+
+#[test]
+fn model_label_values_are_one_stat_name_segment() {
+    assert_eq!(model_label_value("deepseek-v4"), "deepseek-v4");
+    assert_eq!(model_label_value("Qwen/Qwen2.5-7B"), "Qwen_Qwen2_5-7B");
+    assert_eq!(model_label_value("é x"), "__x");
+    assert_eq!(model_label_value(""), "unknown");
+    assert_eq!(model_label_value(&"x".repeat(100)).len(), MAX_MODEL_LABEL_BYTES);
+    assert_eq!(
+        Metric::Requests(RouteLabel::Pinned, OutcomeLabel::Error).stat_name_for("m-1"),
+        "kvmesh_filter_requests_total.mode.pinned.outcome.error.model.m-1"
+    );
+    assert_eq!(Metric::HitRate.stat_name_for("m"), "router_kv_hit_rate.model.m");
+    assert_eq!(
+        Metric::DoneReports(DoneResult::Sent).stat_name_for("m"),
+        "kvmesh_filter_done_reports_total.result.sent",
+        "no model label on a per-VM metric"
+    );
+}
+
+/// The bootstrap's `model` rule takes the label off the end of every model-labelled stat name.
+#[test]
+fn the_bootstrap_model_rule_is_the_last_pair() {
+    let template = include_str!("../../../envoy/bootstrap.yaml.j2");
+    assert!(template.contains(
+        r"regex: '^wasmcustom\.(?:kvmesh_filter|router_kv)_[a-z_]+(?:\.[a-z_]+\.[a-z_]+)*(\.model\.([A-Za-z0-9_-]+))$'"
+    ));
+    for m in Metric::all().into_iter().filter(|m| m.by_model()) {
+        let base = m.base();
+        assert!(
+            base.starts_with("kvmesh_filter_") || base.starts_with("router_kv_"),
+            "{base} outside the model rule's prefixes"
+        );
+    }
+}

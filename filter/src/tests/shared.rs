@@ -26,7 +26,7 @@ fn queue() -> Rc<RefCell<DoneQueue>> {
 fn shared_with(host: &Rc<FakeHost>, json: &str, done: Rc<RefCell<DoneQueue>>) -> Shared {
     let config = Rc::new(FilterConfig::from_bytes(Some(json.as_bytes())).unwrap());
     let dyn_host: Rc<dyn Host> = Rc::clone(host) as Rc<dyn Host>;
-    let metrics = Rc::new(MetricIds::define(Rc::clone(&dyn_host)));
+    let metrics = Rc::new(MetricIds::define(Rc::clone(&dyn_host), 16));
     Shared::new(dyn_host, config, metrics, done)
 }
 

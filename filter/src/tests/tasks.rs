@@ -21,7 +21,7 @@ fn rig(json: &str) -> Rig {
     let host = Rc::new(FakeHost::new());
     let config = Rc::new(FilterConfig::from_bytes(Some(json.as_bytes())).unwrap());
     let dyn_host: Rc<dyn Host> = Rc::clone(&host) as Rc<dyn Host>;
-    let metrics = Rc::new(MetricIds::define(Rc::clone(&dyn_host)));
+    let metrics = Rc::new(MetricIds::define(Rc::clone(&dyn_host), 16));
     let done = Rc::new(RefCell::new(DoneQueue::new(
         config.done_queue_capacity,
         config.done_max_in_flight,
@@ -304,7 +304,7 @@ fn the_done_flush_holds_while_the_route_breaker_is_open() {
         .unwrap(),
     );
     let dyn_host: Rc<dyn Host> = Rc::clone(&host) as Rc<dyn Host>;
-    let metrics = Rc::new(MetricIds::define(Rc::clone(&dyn_host)));
+    let metrics = Rc::new(MetricIds::define(Rc::clone(&dyn_host), 16));
     let done = Rc::new(RefCell::new(DoneQueue::new(
         config.done_queue_capacity,
         config.done_max_in_flight,
