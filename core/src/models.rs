@@ -75,6 +75,30 @@ pub fn duplicate_names(models: &[FleetModel]) -> Vec<String> {
     dup
 }
 
+/// The `model` label value of a request whose base model is not known (no fleet snapshot yet, an
+/// unknown model, a body that could not be read).
+pub const UNKNOWN_MODEL_LABEL: &str = "unknown";
+/// The `model` label value of the base models past a label bound.
+pub const OTHER_MODEL_LABEL: &str = "other";
+/// Longest `model` label value; a longer name is cut (names come from the fleet file).
+pub const MAX_MODEL_LABEL_BYTES: usize = 64;
+
+/// A base model's `model` metric label, the same in the filter and the indexer so their series
+/// join: the name with every character outside `[A-Za-z0-9_-]` as `_` (a dot would end the value
+/// in an Envoy stat name), at most [`MAX_MODEL_LABEL_BYTES`]; an empty name is
+/// [`UNKNOWN_MODEL_LABEL`].
+pub fn metric_label(base: &str) -> String {
+    let mut out: String = base
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
+        .take(MAX_MODEL_LABEL_BYTES)
+        .collect();
+    if out.is_empty() {
+        out.push_str(UNKNOWN_MODEL_LABEL);
+    }
+    out
+}
+
 /// The stable reason of the unknown-model answer (metrics label, `x-kvmesh-error`).
 pub const UNKNOWN_MODEL_REASON: &str = "unknown_model";
 

@@ -110,13 +110,10 @@ pub const ALL_NAMES: [&str; 22] = [
 /// Every label name; each needs a `stats_tags` entry in the bootstrap.
 pub const LABELS: [&str; 7] = ["mode", "outcome", "reason", "result", "kind", "state", "model"];
 
-/// The `model` value of a request whose base model the filter does not know (no fleet snapshot
-/// yet, an unknown model, a body it could not read).
-pub const UNKNOWN_MODEL_LABEL: &str = "unknown";
-/// The `model` value of the base models past `max_model_labels`.
-pub const OTHER_MODEL_LABEL: &str = "other";
-/// Longest `model` label value; a longer name is cut (names come from the fleet file).
-pub const MAX_MODEL_LABEL_BYTES: usize = 64;
+pub use kvmesh_core::models::{
+    metric_label as model_label_value, MAX_MODEL_LABEL_BYTES, OTHER_MODEL_LABEL,
+    UNKNOWN_MODEL_LABEL,
+};
 
 macro_rules! label_enum {
     ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
@@ -491,21 +488,6 @@ impl Metric {
         all.extend(LocalAnswer::ALL.iter().map(|&r| Self::LocalAnswers(r)));
         all
     }
-}
-
-/// A `model` label value: the base model's name with every byte outside `[A-Za-z0-9_-]` as `_`
-/// (a dot would end the value in the stat name), at most [`MAX_MODEL_LABEL_BYTES`]; an empty
-/// name is [`UNKNOWN_MODEL_LABEL`].
-pub fn model_label_value(base: &str) -> String {
-    let mut out: String = base
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
-        .take(MAX_MODEL_LABEL_BYTES)
-        .collect();
-    if out.is_empty() {
-        out.push_str(UNKNOWN_MODEL_LABEL);
-    }
-    out
 }
 
 /// The `model` label values of one VM, bounded: [`UNKNOWN_MODEL_LABEL`] and [`OTHER_MODEL_LABEL`],
