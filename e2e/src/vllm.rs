@@ -8,7 +8,9 @@
 //! weights) with prefix caching, `cached_tokens` in usage, and KV events with replay on loopback
 //! ports picked here. Each engine runs in its own process group (vLLM forks an engine core and a
 //! worker), pinned to one core with `VLLM_CPU_OMP_THREADS_BIND`, and the whole group is killed when
-//! its [`Proc`] is dropped. vLLM prints no READY line: an engine is ready when `GET /health` answers
+//! its [`Proc`] is dropped. [`VllmOptions`] can name another model directory and served name and
+//! add LoRA adapters; [`start_engines`] starts engines of different models side by side (the
+//! multi-model test's fleet). vLLM prints no READY line: an engine is ready when `GET /health` answers
 //! 200, which takes 40–60 s on this class of machine (`KVMESH_VLLM_STARTUP_S`, default 300).
 
 use std::path::{Path, PathBuf};

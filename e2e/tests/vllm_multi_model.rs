@@ -71,9 +71,8 @@ async fn two_models_and_two_adapters_on_real_vllm() -> anyhow::Result<()> {
         );
     }
     assert_eq!(equal, turns.len(), "predicted != cached on some turn");
-    for (model, turn, ..) in turns.iter().filter(|t| t.1 > 0 && t.4 == 0) {
-        panic!("{model} continuation turn {turn} missed its own history");
-    }
+    let missed: Vec<_> = turns.iter().filter(|t| t.1 > 0 && t.4 == 0).collect();
+    assert!(missed.is_empty(), "continuation turns that missed their own history: {missed:?}");
 
     // 4. The event streams and the gateway's model list.
     settle(&stack, &watches).await?;
@@ -129,10 +128,11 @@ async fn start() -> anyhow::Result<(Stack, tempfile::TempDir)> {
     // The harness writes a one-model fleet file: replace it with the two models and restart the
     // indexer on it (Envoy's cluster already lists both workers).
     let fleet = multi_model_fleet(&stack)?;
+    eprintln!("engines up in {:.0} s; the fleet file:\n{fleet}", started.elapsed().as_secs_f64());
     std::fs::write(&stack.fleet_path, &fleet)?;
     stack.restart_indexer().await?;
     eprintln!(
-        "real-vLLM multi-model stack up in {:.0} s (logs in {}); fleet file:\n{fleet}",
+        "real-vLLM multi-model stack up in {:.0} s (logs in {})",
         started.elapsed().as_secs_f64(),
         dir.path().display()
     );
@@ -217,8 +217,8 @@ async fn conversation(
     Ok(turns)
 }
 
-/// 3. A prompt the base model has cached (its system prompt and first turn), sent under
-/// `adapter`: predicted and served as a miss; sent again: a hit of the same size both ways.
+/// 3. A prompt the base model has cached (its system prompt and first turn), sent under an
+///    adapter: predicted and served as a miss; sent again: a hit of the same size both ways.
 async fn base_prompt_misses_under(
     stack: &Stack,
     watches: &[(&str, &EventWatch)],
@@ -243,13 +243,11 @@ async fn base_prompt_misses_under(
     assert_eq!((miss.1, miss.2), (0, 0), "a base-model prompt under {adapter} is a full miss");
     let hit = send(stack, watches, &under, &session, "w0", BLOCK_A).await?.0;
     assert_eq!(hit.2, again.2, "under {adapter} the prompt hits as it did under the base model");
-    Ok([
-        (format!("{adapter} (base prompt)"), 0, miss),
-        (format!("{adapter} (base prompt)"), 1, hit),
-    ]
-    .into_iter()
-    .map(|(m, t, (w, p, c, n))| (m, t, w, p, c, n))
-    .collect())
+    let label = |m: &str| format!("{m} (the base prompt)");
+    Ok([(label(MODEL_NAME), 1, again), (label(adapter), 0, miss), (label(adapter), 1, hit)]
+        .into_iter()
+        .map(|(m, t, (w, p, c, n))| (m, t, w, p, c, n))
+        .collect())
 }
 
 /// Sends one chat request through the gateway once the index has caught up with the engines;
