@@ -6,8 +6,8 @@
 //! `deepseek-v4-mini` (another size of the architecture, block size 64). The indexer reads a fleet
 //! file with both models (`[[models]]`, each worker's `model`). Checked against what the engines
 //! themselves report:
-//! 1. the engines: `/v1/models` lists the adapters with `parent`, and
-//!    `vllm:lora_requests_info{max_lora, running_lora_adapters, waiting_lora_adapters}` exists;
+//! 1. the engines: `/v1/models` lists the adapters with `parent`, and after the adapters' traffic
+//!    `vllm:lora_requests_info{max_lora, running_lora_adapters, waiting_lora_adapters}` named each;
 //! 2. per model and per adapter, a multi-turn conversation through the gateway: every turn goes to
 //!    its model's worker and its predicted overlap × the model's block size == `cached_tokens`
 //!    (every continuation turn hits its history);
@@ -44,7 +44,7 @@ async fn two_models_and_two_adapters_on_real_vllm() -> anyhow::Result<()> {
     let w1 = EventWatch::start(stack.workers[1].kv_events.as_deref().unwrap_or_default())?;
     let watches = [("w0", &w0), ("w1", &w1)];
 
-    engines_serve_the_adapters(&stack).await?;
+    engines_list_the_adapters(&stack).await?;
 
     // 2 and 3. One system prompt for every conversation: under the base model, each adapter and
     // the other model the same text must be kept apart.
@@ -73,6 +73,8 @@ async fn two_models_and_two_adapters_on_real_vllm() -> anyhow::Result<()> {
     assert_eq!(equal, turns.len(), "predicted != cached on some turn");
     let missed: Vec<_> = turns.iter().filter(|t| t.1 > 0 && t.4 == 0).collect();
     assert!(missed.is_empty(), "continuation turns that missed their own history: {missed:?}");
+
+    adapters_were_reported(&stack).await?;
 
     // 4. The event streams and the gateway's model list.
     settle(&stack, &watches).await?;
@@ -167,8 +169,8 @@ fn multi_model_fleet(stack: &Stack) -> anyhow::Result<String> {
     Ok(toml::to_string(&fleet)?)
 }
 
-/// 1. What the engines say about the adapters (the facts vllm-sim mirrors).
-async fn engines_serve_the_adapters(stack: &Stack) -> anyhow::Result<()> {
+/// 1. The engine lists its adapters, their `parent` its base model (the facts vllm-sim mirrors).
+async fn engines_list_the_adapters(stack: &Stack) -> anyhow::Result<()> {
     let w0 = stack.worker("w0")?;
     let models: Value = stack.client().get(w0.url("/v1/models")).send().await?.json().await?;
     let data = models["data"].as_array().cloned().unwrap_or_default();
@@ -179,16 +181,30 @@ async fn engines_serve_the_adapters(stack: &Stack) -> anyhow::Result<()> {
     for a in LORA_ADAPTERS {
         assert_eq!(parent_of(a), Some(Some(MODEL_NAME.to_owned())), "{models}");
     }
+    let listed: Vec<(&str, &str)> = data
+        .iter()
+        .map(|m| (m["id"].as_str().unwrap_or("?"), m["parent"].as_str().unwrap_or("-")))
+        .collect();
+    eprintln!("w0 /v1/models (id, parent): {listed:?}");
+    Ok(())
+}
+
+/// 1. After the adapters' requests, `vllm:lora_requests_info` (set at each scheduler step, so
+///    absent before the first) has had a series naming each adapter, with `max_lora` = the slots.
+async fn adapters_were_reported(stack: &Stack) -> anyhow::Result<()> {
+    let w0 = stack.worker("w0")?;
     let text = stack.client().get(w0.url("/metrics")).send().await?.text().await?;
     let info: Vec<&str> =
         text.lines().filter(|l| l.starts_with("vllm:lora_requests_info{")).collect();
-    eprintln!("w0 /v1/models: {data:?}\nw0 lora info: {info:?}");
-    assert!(
-        info.iter().any(|l| l.contains("max_lora=\"2\"")
-            && l.contains("running_lora_adapters=")
-            && l.contains("waiting_lora_adapters=")),
-        "{info:?}"
-    );
+    eprintln!("w0 vllm:lora_requests_info series: {info:#?}");
+    for a in LORA_ADAPTERS {
+        assert!(
+            info.iter().any(|l| l.contains("max_lora=\"2\"")
+                && l.contains("running_lora_adapters=\"")
+                && l.contains(a)),
+            "{a}: {info:?}"
+        );
+    }
     Ok(())
 }
 
