@@ -11,6 +11,8 @@
 # Also writes .tools/vllm/model/ (a tiny dummy model: config.json + the DeepSeek-V4 tokenizer files,
 # served with `--load-format dummy`, so no weights are needed). The chat template is the indexer's own
 # (tokens/templates/deepseek.jinja), passed to vLLM with `--chat-template` by whoever starts it.
+# Also writes .tools/vllm/model-mini/ (a second dummy model, for the multi-model tests) and two random
+# LoRA adapters of the first model under .tools/vllm/lora/ (scripts/make-lora-adapters.py).
 # Prints `.tools/vllm/venv/bin/python` on stdout when done; progress goes to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -99,4 +101,22 @@ for f in tokenizer.json tokenizer_config.json; do
   [ -e "$tok/$f" ] || { say "missing $tok/$f: run scripts/setup.sh first"; exit 1; }
   cp -L "$tok/$f" "$model/$f"
 done
+
+# The second base model of the multi-model tests (served as `deepseek-v4-mini`, block size 64 there):
+# another size of the same architecture (hidden 256, 3 layers, 4 query / 2 KV heads of 64), so its
+# engine differs from the first in shape and cache layout, with the same tokenizer (the only one
+# offline).
+mini="$DIR/model-mini"
+mkdir -p "$mini"
+sed -e 's/"hidden_size": 128/"hidden_size": 256/' \
+    -e 's/"intermediate_size": 256/"intermediate_size": 512/' \
+    -e 's/"num_hidden_layers": 2/"num_hidden_layers": 3/' \
+    -e 's/"num_attention_heads": 2/"num_attention_heads": 4/' \
+    -e 's/"num_key_value_heads": 1/"num_key_value_heads": 2/' \
+    "$model/config.json" > "$mini/config.json"
+cp "$model/tokenizer.json" "$model/tokenizer_config.json" "$mini/"
+
+# Two LoRA adapters of the first model (random weights, PEFT format, rank 8 on q_proj/v_proj),
+# written locally: .tools/vllm/lora/<name>/.
+"$VENV/bin/python" scripts/make-lora-adapters.py "$model" "$DIR/lora" ds4-sql ds4-chat >&2
 echo "$VENV/bin/python"

@@ -8,7 +8,9 @@
 //! weights) with prefix caching, `cached_tokens` in usage, and KV events with replay on loopback
 //! ports picked here. Each engine runs in its own process group (vLLM forks an engine core and a
 //! worker), pinned to one core with `VLLM_CPU_OMP_THREADS_BIND`, and the whole group is killed when
-//! its [`Proc`] is dropped. vLLM prints no READY line: an engine is ready when `GET /health` answers
+//! its [`Proc`] is dropped. [`VllmOptions`] can name another model directory and served name and
+//! add LoRA adapters; [`start_engines`] starts engines of different models side by side (the
+//! multi-model test's fleet). vLLM prints no READY line: an engine is ready when `GET /health` answers
 //! 200, which takes 40–60 s on this class of machine (`KVMESH_VLLM_STARTUP_S`, default 300).
 
 use std::path::{Path, PathBuf};
@@ -26,6 +28,12 @@ pub const PYTHON_ENV: &str = "KVMESH_VLLM_PYTHON";
 pub const STARTUP_ENV: &str = "KVMESH_VLLM_STARTUP_S";
 /// The model name the engines serve (the fleet's `[model] name`).
 pub const MODEL_NAME: &str = "deepseek-v4";
+/// The second base model of the multi-model tests ([`mini_model_dir`]).
+pub const MINI_MODEL_NAME: &str = "deepseek-v4-mini";
+/// The LoRA adapters of [`MODEL_NAME`] that `scripts/setup-vllm.sh` writes ([`lora_dir`]).
+pub const LORA_ADAPTERS: [&str; 2] = ["ds4-sql", "ds4-chat"];
+/// The rank of those adapters (vLLM's `--max-lora-rank` must be at least this).
+pub const LORA_RANK: u32 = 8;
 
 /// What a stack's workers are.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -59,6 +67,15 @@ pub struct VllmOptions {
     /// `VLLM_SERVER_DEV_MODE=1`: vLLM serves `POST /reset_prefix_cache` only in dev mode, and the
     /// bench resets the engines' caches between points (loopback engines only).
     pub dev_mode: bool,
+    /// `--served-model-name` (`None`: [`MODEL_NAME`]).
+    pub served_model_name: Option<String>,
+    /// LoRA adapters served beside the base model, `(name, directory)` (empty: no
+    /// `--enable-lora`). vLLM lists them in `/v1/models` with `parent` = the served model name.
+    pub lora_modules: Vec<(String, PathBuf)>,
+    /// `--max-loras`: adapters resident at once (`None`: vLLM's default, 1). Only with adapters.
+    pub max_loras: Option<u32>,
+    /// `--max-lora-rank` (only with adapters; at least the adapters' rank).
+    pub max_lora_rank: u32,
 }
 
 impl Default for VllmOptions {
@@ -72,6 +89,10 @@ impl Default for VllmOptions {
             args: Vec::new(),
             model: None,
             dev_mode: false,
+            served_model_name: None,
+            lora_modules: Vec::new(),
+            max_loras: None,
+            max_lora_rank: LORA_RANK,
         }
     }
 }
@@ -87,11 +108,14 @@ pub fn python() -> anyhow::Result<PathBuf> {
     if py.exists()
         && root.join(".tools/vllm/.installed").exists()
         && model_dir().join("config.json").exists()
+        && mini_model_dir().join("config.json").exists()
+        && LORA_ADAPTERS.iter().all(|a| lora_dir(a).join("adapter_model.safetensors").exists())
     {
         return Ok(py);
     }
     eprintln!(
-        "vLLM is not installed yet: running scripts/setup-vllm.sh (about 4 GB, a few minutes)"
+        "vLLM or its test models are not installed yet: running scripts/setup-vllm.sh (the first \
+         time about 4 GB, a few minutes)"
     );
     let status = Command::new(root.join("scripts/setup-vllm.sh"))
         .stdout(std::process::Stdio::null())
@@ -106,6 +130,19 @@ pub fn python() -> anyhow::Result<PathBuf> {
 /// The dummy model directory `scripts/setup-vllm.sh` writes.
 pub fn model_dir() -> PathBuf {
     repo_root().join(".tools/vllm/model")
+}
+
+/// The second dummy model `scripts/setup-vllm.sh` writes (served as [`MINI_MODEL_NAME`]): another
+/// size of the test model's architecture (hidden 256, 3 layers, 4 query / 2 KV heads of 64), same
+/// tokenizer.
+pub fn mini_model_dir() -> PathBuf {
+    repo_root().join(".tools/vllm/model-mini")
+}
+
+/// The directory of LoRA adapter `name` of the test model (PEFT files with random weights,
+/// written by `scripts/make-lora-adapters.py` from `scripts/setup-vllm.sh`).
+pub fn lora_dir(name: &str) -> PathBuf {
+    repo_root().join(".tools/vllm/lora").join(name)
 }
 
 /// The bench's dummy model: the test model's architecture and tokenizer at a size whose prefill
@@ -202,7 +239,9 @@ pub fn command(
     let mut cmd = Command::new(python);
     cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
         .arg(opts.model.clone().unwrap_or_else(model_dir))
-        .args(["--served-model-name", MODEL_NAME, "--load-format", "dummy", "--chat-template"])
+        .arg("--served-model-name")
+        .arg(opts.served_model_name.as_deref().unwrap_or(MODEL_NAME))
+        .args(["--load-format", "dummy", "--chat-template"])
         .arg(chat_template())
         .args(["--host", "127.0.0.1", "--port", &ports.http.to_string()])
         .args([
@@ -224,6 +263,16 @@ pub fn command(
         );
     if let Some(n) = opts.num_gpu_blocks {
         cmd.args(["--num-gpu-blocks-override", &n.to_string()]);
+    }
+    if !opts.lora_modules.is_empty() {
+        cmd.args(["--enable-lora", "--max-lora-rank", &opts.max_lora_rank.to_string()]);
+        if let Some(n) = opts.max_loras {
+            cmd.args(["--max-loras", &n.to_string()]);
+        }
+        cmd.arg("--lora-modules");
+        for (name, dir) in &opts.lora_modules {
+            cmd.arg(format!("{name}={}", dir.display()));
+        }
     }
     cmd.args(&opts.args);
     cmd.env("VLLM_CPU_KVCACHE_SPACE", opts.kv_cache_gib.to_string())
@@ -249,16 +298,27 @@ pub async fn start_workers(
     block_size: u32,
     dir: &Path,
 ) -> anyhow::Result<Vec<Worker>> {
-    if !block_size.is_multiple_of(32) {
+    let engines: Vec<_> = workers.iter().map(|w| (w, opts, block_size)).collect();
+    start_engines(&engines, dir).await
+}
+
+/// Like [`start_workers`], each engine with its own options and block size: a fleet of several
+/// base models (engine `i` is still pinned to core `cores[i % cores.len()]` of its options).
+pub async fn start_engines(
+    engines: &[(&WorkerSpec, &VllmOptions, u32)],
+    dir: &Path,
+) -> anyhow::Result<Vec<Worker>> {
+    if let Some((w, _, b)) = engines.iter().find(|(_, _, b)| !b.is_multiple_of(32)) {
         bail!(
-            "vLLM's CPU attention needs a block size that is a multiple of 32 (got {block_size})"
+            "vLLM's CPU attention needs a block size that is a multiple of 32 (worker {}: {b})",
+            w.id
         );
     }
     let python = python()?;
     let mut started = Vec::new();
-    for (i, w) in workers.iter().enumerate() {
+    for (i, (w, opts, block_size)) in engines.iter().enumerate() {
         let ports = EnginePorts::free()?;
-        let mut cmd = command(&python, opts, block_size, i, ports);
+        let mut cmd = command(&python, opts, *block_size, i, ports);
         cmd.args(&w.args);
         let proc = Proc::spawn_group(&format!("vllm-{}", w.id), cmd, dir)?;
         started.push(Worker {
@@ -385,6 +445,39 @@ mod tests {
         assert!(cmd
             .get_envs()
             .any(|(k, v)| k == "VLLM_SERVER_DEV_MODE" && v.is_some_and(|v| v == "1")));
+    }
+
+    #[test]
+    fn command_serves_the_named_model_and_its_adapters() {
+        let ports = EnginePorts { http: 8001, events: 5557, replay: 5558 };
+        let args_of = |opts: &VllmOptions| -> Vec<String> {
+            let cmd = command(Path::new("/py"), opts, 64, 0, ports);
+            cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect()
+        };
+        let plain = args_of(&VllmOptions::default());
+        let after = |args: &[String], flag: &str| {
+            args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned()
+        };
+        assert_eq!(after(&plain, "--served-model-name").as_deref(), Some(MODEL_NAME));
+        assert!(!plain.iter().any(|a| a.contains("lora")), "no LoRA flags by default: {plain:?}");
+        let opts = VllmOptions {
+            served_model_name: Some(MINI_MODEL_NAME.into()),
+            model: Some(PathBuf::from("/m/mini")),
+            lora_modules: vec![("a1".into(), "/l/a1".into()), ("a2".into(), "/l/a2".into())],
+            max_loras: Some(2),
+            ..VllmOptions::default()
+        };
+        let args = args_of(&opts);
+        assert_eq!(after(&args, "--served-model-name").as_deref(), Some(MINI_MODEL_NAME));
+        assert_eq!(after(&args, "--model").as_deref(), Some("/m/mini"));
+        assert!(args.iter().any(|a| a == "--enable-lora"), "{args:?}");
+        assert_eq!(after(&args, "--max-lora-rank"), Some(LORA_RANK.to_string()));
+        assert_eq!(after(&args, "--max-loras").as_deref(), Some("2"));
+        let at = args.iter().position(|a| a == "--lora-modules").unwrap_or(usize::MAX);
+        assert_eq!(
+            args.get(at + 1..at + 3),
+            Some(&["a1=/l/a1".to_owned(), "a2=/l/a2".to_owned()][..])
+        );
     }
 
     #[test]

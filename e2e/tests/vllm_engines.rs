@@ -276,7 +276,7 @@ async fn streaming_and_errors(stack: &Stack) -> anyhow::Result<()> {
     // vllm-sim answers the same prompt with the same message and param.
     let tok = kvmesh_tokens::Tokenizer::from_file(kvmesh_tokens::default_tokenizer_path())?;
     let rendered = kvmesh_tokens::ChatTemplate::deepseek()?.render(
-        &[kvmesh_core::openai::ChatMessage { role: "user".into(), content: long.clone() }],
+        &[kvmesh_core::openai::ChatMessage { role: "user".into(), content: long.clone().into() }],
         true,
     )?;
     let n = tok.encode(&rendered)?.len();
