@@ -53,8 +53,8 @@ pub enum ReqEvent {
 /// Engine commands.
 #[derive(Debug)]
 pub enum Command {
-    /// Queue a request; its events go to the client.
-    Submit(NewRequest, Client),
+    /// Queue a request; its events go to the client (boxed: far larger than the other commands).
+    Submit(Box<NewRequest>, Client),
     /// The client went away.
     Cancel(ReqId),
     /// `POST /reset_prefix_cache`.
@@ -160,7 +160,7 @@ impl EngineHandle {
         let (tx, rx) = mpsc::unbounded_channel();
         let id = req.id;
         let client = Client { tx, stream, arrived, first_token: false, tokens: Vec::new() };
-        self.tx.send(Command::Submit(req, client)).await.map_err(|_| EngineGone)?;
+        self.tx.send(Command::Submit(Box::new(req), client)).await.map_err(|_| EngineGone)?;
         Ok(RequestStream { id, rx, tx: self.tx.clone(), done: false })
     }
 
@@ -274,7 +274,7 @@ impl Driver {
         match cmd {
             Command::Submit(req, client) => {
                 let id = req.id;
-                match self.sched.submit_at(req, self.start.elapsed()) {
+                match self.sched.submit_at(*req, self.start.elapsed()) {
                     Ok(()) => {
                         self.clients.insert(id, client);
                     }

@@ -36,15 +36,12 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 }
 
 fn refused(e: LoraError) -> ApiError {
-    let status = match e {
-        LoraError::NotFound(_) | LoraError::UnknownModel(_) => StatusCode::NOT_FOUND,
-        _ => StatusCode::BAD_REQUEST,
-    };
-    let err = ApiError::new(status, "bad_request", e.to_string());
-    if status == StatusCode::BAD_REQUEST {
-        err.with_kind("InvalidUserInput")
-    } else {
-        err
+    match e {
+        LoraError::NotFound(_) | LoraError::UnknownModel(_) => {
+            ApiError::new(StatusCode::NOT_FOUND, "model_not_found", e.to_string())
+        }
+        _ => ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.to_string())
+            .with_kind("InvalidUserInput"),
     }
 }
 
@@ -52,9 +49,29 @@ fn engine_gone() -> ApiError {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_gone", "the engine has stopped")
 }
 
+/// Counts a refused load or unload (`kvmesh_sim_requests_rejected_total`) and answers it.
+fn counted(st: &AppState, r: Result<String, ApiError>) -> Result<String, ApiError> {
+    if let Err(e) = &r {
+        st.metrics.rejected.inc(e.reason);
+        tracing::info!(status = %e.status, message = %e.message, "LoRA adapter request refused");
+    }
+    r
+}
+
 /// `POST /v1/load_lora_adapter {"lora_name", "lora_path", "load_inplace"?}`.
 pub async fn load(State(st): State<Arc<AppState>>, body: Bytes) -> Result<String, ApiError> {
-    let req: LoadRequest = parse(&body)?;
+    let r = load_adapter(&st, &body).await;
+    counted(&st, r)
+}
+
+/// `POST /v1/unload_lora_adapter {"lora_name"}`. Requests already queued for the adapter finish.
+pub async fn unload(State(st): State<Arc<AppState>>, body: Bytes) -> Result<String, ApiError> {
+    let r = unload_adapter(&st, &body).await;
+    counted(&st, r)
+}
+
+async fn load_adapter(st: &AppState, body: &[u8]) -> Result<String, ApiError> {
+    let req: LoadRequest = parse(body)?;
     let adapter = st
         .models
         .write()
@@ -65,9 +82,8 @@ pub async fn load(State(st): State<Arc<AppState>>, body: Bytes) -> Result<String
     Ok(format!("Success: LoRA adapter '{}' added successfully.", adapter.name))
 }
 
-/// `POST /v1/unload_lora_adapter {"lora_name"}`. Requests already queued for the adapter finish.
-pub async fn unload(State(st): State<Arc<AppState>>, body: Bytes) -> Result<String, ApiError> {
-    let req: UnloadRequest = parse(&body)?;
+async fn unload_adapter(st: &AppState, body: &[u8]) -> Result<String, ApiError> {
+    let req: UnloadRequest = parse(body)?;
     let adapter = st.models.write().unload(&req.lora_name).map_err(refused)?;
     st.engine.adapter(adapter.id, false).await.map_err(|_| engine_gone())?;
     tracing::info!(name = %adapter.name, id = adapter.id, "LoRA adapter unloaded");

@@ -13,7 +13,7 @@ impl Scheduler {
         let names = |ids: &mut dyn Iterator<Item = &ReqId>| {
             let mut out: Vec<Arc<str>> = Vec::new();
             for a in ids.filter_map(|id| self.reqs.get(id)?.lora.as_ref()) {
-                if !out.iter().any(|n| *n == a.name) {
+                if !out.contains(&a.name) {
                     out.push(a.name.clone());
                 }
             }
