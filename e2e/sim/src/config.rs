@@ -73,7 +73,7 @@ pub struct Args {
     /// Adapters kept in CPU memory (informational; vLLM requires ≥ --max-loras) [default: --max-loras].
     #[arg(long)]
     pub max_cpu_loras: Option<usize>,
-    /// Largest adapter rank (accepted for vLLM command-line parity; informational).
+    /// Largest adapter rank (accepted, and ignored, for vLLM command-line parity).
     #[arg(long, default_value_t = 16)]
     pub max_lora_rank: usize,
     /// Time to load one adapter into a GPU slot when a step needs it, milliseconds (divided by --speedup).

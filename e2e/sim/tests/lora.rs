@@ -252,10 +252,11 @@ fn max_loras_makes_other_adapters_wait_and_a_swap_costs_the_load_time() {
     assert!(t.elapsed() >= Duration::from_millis(300), "{:?}", t.elapsed());
     assert_eq!(loads(), 1.0);
 
-    // A long a1 request runs; an a2 request must wait for the slot, a base request must not.
+    // A long a1 request (200 tokens × 10 ms) runs; an a2 request must wait for the slot, a base
+    // request must not.
     std::thread::scope(|s| {
         let long = s.spawn(|| {
-            let r = complete(&sim, Some("a1"), &prompt, 80);
+            let r = complete(&sim, Some("a1"), &prompt, 200);
             (r.0, Instant::now())
         });
         poll("the a1 request to run", || (lora_now(&sim).0 == "a1").then_some(()));
