@@ -56,13 +56,18 @@ pub async fn run(
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
     let addr = listener.local_addr()?;
     let id = args.id.clone().unwrap_or_else(|| format!("sim-{}", addr.port()));
-    let metrics = Arc::new(Metrics::new(
-        &args.model,
+    let mut metrics = Metrics::new(
+        args.model_name(),
         args.dp_rank,
         args.block_size,
         args.num_gpu_blocks,
         args.max_model_len(),
-    ));
+    );
+    if args.enable_lora {
+        metrics = metrics.with_lora(args.max_loras);
+    }
+    let metrics = Arc::new(metrics);
+    let models = args.registry()?;
     let faults = Arc::new(FaultState::new(args.initial_faults()?));
 
     let (sink, endpoints): (Box<dyn EventSink>, _) = match args.publisher_config() {
@@ -74,8 +79,14 @@ pub async fn run(
     };
     let pull_client =
         PullClient::new(Duration::from_millis(args.nixl_pull_timeout_ms), args.block_size)?;
+    let mut sched = Scheduler::new(args.scheduler_config(), vocab.clone());
+    for e in models.adapters() {
+        // vLLM loads `--lora-modules` through `add_lora`, which activates each in turn.
+        sched.adapter_loaded(e.adapter.id);
+        tracing::info!(name = %e.adapter.name, id = e.adapter.id, path = %e.path, parent = %e.parent, "LoRA adapter loaded");
+    }
     let engine = engine::spawn(
-        Scheduler::new(args.scheduler_config(), vocab.clone()),
+        sched,
         EngineParts {
             sink,
             metrics: metrics.clone(),
@@ -89,7 +100,12 @@ pub async fn run(
     let replay = endpoints.as_ref().and_then(|e| e.replay_endpoint.clone());
     let info = Info {
         id: id.clone(),
-        model: args.model.clone(),
+        model: args.model_name().to_owned(),
+        served_model_names: args.served_model_name.clone(),
+        enable_lora: args.enable_lora,
+        max_loras: args.max_loras,
+        max_cpu_loras: args.max_cpu_loras(),
+        lora_load_ms: args.lora_load_ms,
         role: args.role,
         http: addr.to_string(),
         advertise_host: args.advertise_host(),
@@ -110,6 +126,7 @@ pub async fn run(
     let state = AppState {
         info,
         engine,
+        models: parking_lot::RwLock::new(models),
         tokenizer,
         template,
         vocab,
@@ -127,6 +144,7 @@ pub async fn run(
         version = env!("CARGO_PKG_VERSION"),
         id = %id, http = %addr, kv_events = ?kv_events, replay = ?replay, role = ?args.role,
         block_size = args.block_size, num_gpu_blocks = args.num_gpu_blocks, speedup = args.speedup,
+        models = ?args.served_model_name, enable_lora = args.enable_lora, max_loras = args.max_loras,
         "vllm-sim ready"
     );
     {

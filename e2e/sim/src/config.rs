@@ -13,6 +13,7 @@ use std::time::Duration;
 use clap::{Args as ClapArgs, Parser, ValueEnum};
 
 use crate::faults::{FaultError, FaultPatch, Faults, SeqRange};
+use crate::lora::{LoraModule, Registry, MAX_ADAPTERS};
 use crate::publisher::PublisherConfig;
 use crate::sched::{KvLoadFailurePolicy, SchedulerConfig};
 use crate::timing::TimingModel;
@@ -54,9 +55,30 @@ pub struct Args {
     /// Worker id: `x-sim-worker` header, `remote_engine_id`, logs [default: sim-<http port>].
     #[arg(long)]
     pub id: Option<String>,
-    /// Served model name (`model` in requests must match it when given).
-    #[arg(long, default_value = "deepseek-v4")]
-    pub model: String,
+    /// Served model name(s), as vLLM: a request's `model` must be one of them or a loaded LoRA
+    /// adapter (else 404); the first names responses and the `model_name` metric label.
+    /// `--model` is accepted as an alias.
+    #[arg(long = "served-model-name", alias = "model", num_args = 1.., default_value = "deepseek-v4")]
+    pub served_model_name: Vec<String>,
+    /// Serve LoRA adapters (`--lora-modules`, `POST /v1/load_lora_adapter`, `max_loras` slots).
+    #[arg(long)]
+    pub enable_lora: bool,
+    /// Adapters loaded at start: `name=path` or vLLM's JSON `{"name","path","base_model_name"}`
+    /// (needs --enable-lora).
+    #[arg(long, num_args = 1.., value_name = "NAME=PATH|JSON")]
+    pub lora_modules: Vec<LoraModule>,
+    /// Distinct adapters one batch may run (GPU adapter slots).
+    #[arg(long, default_value_t = 1)]
+    pub max_loras: usize,
+    /// Adapters kept in CPU memory (informational; vLLM requires ≥ --max-loras) [default: --max-loras].
+    #[arg(long)]
+    pub max_cpu_loras: Option<usize>,
+    /// Largest adapter rank (accepted, and ignored, for vLLM command-line parity).
+    #[arg(long, default_value_t = 16)]
+    pub max_lora_rank: usize,
+    /// Time to load one adapter into a GPU slot when a step needs it, milliseconds (divided by --speedup).
+    #[arg(long, default_value_t = 20.0)]
+    pub lora_load_ms: f64,
     /// Hugging Face tokenizer.json [default: $KVMESH_TOKENIZER, else <repo>/.tools/tokenizer/tokenizer.json].
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
@@ -203,6 +225,9 @@ pub enum ConfigError {
     /// A fault flag.
     #[error(transparent)]
     Fault(#[from] FaultError),
+    /// A `--lora-modules` entry that cannot be loaded (e.g. a duplicate name).
+    #[error("--lora-modules: {0}")]
+    Lora(String),
 }
 
 fn invalid(field: &'static str, value: impl ToString, reason: &'static str) -> ConfigError {
@@ -261,6 +286,26 @@ impl Args {
                 return Err(invalid(field, v, "must be a non-negative number"));
             }
         }
+        if self.served_model_name.iter().any(String::is_empty) {
+            return Err(invalid("served-model-name", "\"\"", "must not be empty"));
+        }
+        if !self.lora_modules.is_empty() && !self.enable_lora {
+            return Err(invalid("lora-modules", "set", "needs --enable-lora"));
+        }
+        if self.max_loras == 0 {
+            return Err(invalid("max-loras", 0, "must be positive"));
+        }
+        if let Some(n) = self.max_cpu_loras.filter(|&n| n < self.max_loras) {
+            return Err(invalid("max-cpu-loras", n, "must be at least --max-loras"));
+        }
+        if !(self.lora_load_ms.is_finite() && self.lora_load_ms >= 0.0) {
+            return Err(invalid(
+                "lora-load-ms",
+                self.lora_load_ms,
+                "must be a non-negative number",
+            ));
+        }
+        self.registry().map_err(|e| ConfigError::Lora(e.to_string()))?;
         if self.kv_events_replay_endpoint.is_some() && self.kv_events_endpoint.is_none() {
             return Err(invalid("kv-events-replay-endpoint", "set", "needs --kv-events-endpoint"));
         }
@@ -320,7 +365,28 @@ impl Args {
             timing: self.timing(),
             kv_load_failure_policy: self.kv_load_failure_policy,
             kv_transfer_timeout: Duration::from_secs_f64(self.kv_transfer_timeout_s),
+            max_loras: self.enable_lora.then_some(self.max_loras),
+            lora_load_ms: self.lora_load_ms,
         }
+    }
+
+    /// The served models with the `--lora-modules` loaded in order (as vLLM's `init_static_loras`).
+    pub fn registry(&self) -> Result<Registry, crate::lora::LoraError> {
+        let mut r = Registry::new(self.served_model_name.clone(), MAX_ADAPTERS);
+        for m in &self.lora_modules {
+            r.load(&m.name, &m.path, m.base_model_name.as_deref(), false)?;
+        }
+        Ok(r)
+    }
+
+    /// The first served name (responses' `model`, the metrics' `model_name`).
+    pub fn model_name(&self) -> &str {
+        self.served_model_name.first().map_or("", String::as_str)
+    }
+
+    /// `--max-cpu-loras` or its default, `--max-loras`.
+    pub fn max_cpu_loras(&self) -> usize {
+        self.max_cpu_loras.unwrap_or(self.max_loras)
     }
 
     /// The publisher's settings, when events are enabled.
@@ -379,10 +445,45 @@ mod tests {
             &["--kv-events-replay-endpoint", "tcp://127.0.0.1:*"],
             &["--fail-prefill-status", "200"],
             &["--max-num-seqs", "0"],
+            &["--lora-modules", "a=/p"],
+            &["--enable-lora", "--lora-modules", "a=/p", "a=/q"],
+            &["--enable-lora", "--max-loras", "0"],
+            &["--enable-lora", "--max-loras", "2", "--max-cpu-loras", "1"],
+            &["--lora-load-ms=-1"],
         ] {
             assert!(parse(args).validate().is_err(), "{args:?}");
         }
         assert!(Args::try_parse_from(["vllm-sim", "--drop-seqs", "5..1"]).is_err());
+    }
+
+    #[test]
+    fn served_names_and_lora_modules() {
+        let a = parse(&[]);
+        assert_eq!((a.model_name(), a.enable_lora, a.max_loras), ("deepseek-v4", false, 1));
+        assert_eq!(a.scheduler_config().max_loras, None);
+        let a = parse(&[
+            "--served-model-name",
+            "ds4",
+            "deepseek-v4",
+            "--enable-lora",
+            "--lora-modules",
+            "sql=/a/sql",
+            r#"{"name":"chat","path":"/a/chat","base_model_name":"deepseek-v4"}"#,
+            "--max-loras",
+            "2",
+        ]);
+        a.validate().unwrap();
+        assert_eq!(a.served_model_name, ["ds4", "deepseek-v4"]);
+        assert_eq!((a.scheduler_config().max_loras, a.max_cpu_loras()), (Some(2), 2));
+        let r = a.registry().unwrap();
+        let rows: Vec<(&str, u32, &str)> = r
+            .adapters()
+            .iter()
+            .map(|e| (&*e.adapter.name, e.adapter.id, e.parent.as_str()))
+            .collect();
+        assert_eq!(rows, [("sql", 1, "ds4"), ("chat", 2, "deepseek-v4")]);
+        // `--model` still names the served model.
+        assert_eq!(parse(&["--model", "m"]).model_name(), "m");
     }
 
     #[test]

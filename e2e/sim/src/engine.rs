@@ -53,8 +53,8 @@ pub enum ReqEvent {
 /// Engine commands.
 #[derive(Debug)]
 pub enum Command {
-    /// Queue a request; its events go to the client.
-    Submit(NewRequest, Client),
+    /// Queue a request; its events go to the client (boxed: far larger than the other commands).
+    Submit(Box<NewRequest>, Client),
     /// The client went away.
     Cancel(ReqId),
     /// `POST /reset_prefix_cache`.
@@ -69,6 +69,8 @@ pub enum Command {
     },
     /// One of our pulls finished.
     PullDone { id: ReqId, result: Result<Vec<Vec<u32>>, String> },
+    /// A LoRA adapter was loaded (true: it takes a GPU slot) or unloaded (false: it leaves it).
+    Adapter { id: u32, loaded: bool },
 }
 
 /// Where a request's events go, and what the engine measures for it.
@@ -94,6 +96,8 @@ pub struct CacheDump {
     pub num_transfer_holds: usize,
     /// Every cached block, by chain position then hash.
     pub blocks: Vec<CachedBlock>,
+    /// Ids (`lora_id`) of the LoRA adapters in a GPU slot (empty without LoRA).
+    pub lora_slots: Vec<u32>,
 }
 
 /// The engine is gone (its task ended).
@@ -156,7 +160,7 @@ impl EngineHandle {
         let (tx, rx) = mpsc::unbounded_channel();
         let id = req.id;
         let client = Client { tx, stream, arrived, first_token: false, tokens: Vec::new() };
-        self.tx.send(Command::Submit(req, client)).await.map_err(|_| EngineGone)?;
+        self.tx.send(Command::Submit(Box::new(req), client)).await.map_err(|_| EngineGone)?;
         Ok(RequestStream { id, rx, tx: self.tx.clone(), done: false })
     }
 
@@ -172,6 +176,11 @@ impl EngineHandle {
         let (tx, rx) = oneshot::channel();
         self.tx.send(Command::Dump(tx)).await.map_err(|_| EngineGone)?;
         rx.await.map_err(|_| EngineGone)
+    }
+
+    /// Tells the engine an adapter was loaded (`true`) or unloaded (`false`).
+    pub async fn adapter(&self, id: u32, loaded: bool) -> Result<(), EngineGone> {
+        self.tx.send(Command::Adapter { id, loaded }).await.map_err(|_| EngineGone)
     }
 
     /// Serves a consumer's pull of one of our holds.
@@ -265,7 +274,7 @@ impl Driver {
         match cmd {
             Command::Submit(req, client) => {
                 let id = req.id;
-                match self.sched.submit_at(req, self.start.elapsed()) {
+                match self.sched.submit_at(*req, self.start.elapsed()) {
                     Ok(()) => {
                         self.clients.insert(id, client);
                     }
@@ -293,6 +302,7 @@ impl Driver {
                     num_free_blocks: self.sched.num_free_blocks(),
                     num_transfer_holds: self.sched.num_holds(),
                     blocks: self.sched.dump_cache(),
+                    lora_slots: self.sched.resident_adapters(),
                 });
             }
             Command::ServePull { transfer_id, block_ids, reply } => {
@@ -307,6 +317,8 @@ impl Driver {
                 self.sched.pull_done(id, result, &mut out);
                 self.dispatch(out);
             }
+            Command::Adapter { id, loaded: true } => self.sched.adapter_loaded(id),
+            Command::Adapter { id, loaded: false } => self.sched.adapter_unloaded(id),
         }
         self.mirror();
     }
@@ -420,12 +432,18 @@ impl Driver {
     }
 
     fn mirror(&self) {
-        self.parts.metrics.update_engine(
+        let m = &self.parts.metrics;
+        m.update_engine(
             self.sched.stats(),
             self.sched.num_running(),
             self.sched.num_waiting(),
             self.sched.kv_usage(),
         );
+        if m.lora_enabled() {
+            let (running, waiting) = self.sched.lora_adapters();
+            let ts = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+            m.set_lora_info(&running.join(","), &waiting.join(","), ts);
+        }
     }
 }
 

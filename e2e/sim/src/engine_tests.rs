@@ -32,6 +32,8 @@ fn engine(sink: MemorySink) -> (EngineHandle, Arc<Metrics>) {
         },
         kv_load_failure_policy: KvLoadFailurePolicy::Fail,
         kv_transfer_timeout: Duration::from_secs(30),
+        max_loras: None,
+        lora_load_ms: 0.0,
     };
     let metrics = Arc::new(Metrics::new("m", 0, 16, 64, 1024));
     let parts = EngineParts {
@@ -50,6 +52,7 @@ fn req(h: &EngineHandle, prompt: &[u32], max_tokens: u32) -> NewRequest {
         prompt: prompt.to_vec(),
         hashes: chain(prompt, 16, None),
         salt: None,
+        lora: None,
         max_tokens,
         finish_reason: FinishReason::Length,
         seed: 1,
@@ -77,7 +80,8 @@ async fn steps_take_their_modelled_time_and_events_come_first() {
             block_hashes: chain(&prompt, 16, None),
             parent_block_hash: None,
             token_ids: prompt.clone(),
-            block_size: 16
+            block_size: 16,
+            lora: None,
         }]
     );
 

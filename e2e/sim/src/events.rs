@@ -12,8 +12,9 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::hash::BlockHash;
+use crate::lora::Adapter;
 
-/// One cache event, vLLM's `KVCacheEvent` union. Medium is always `"GPU"`; LoRA is not modelled.
+/// One cache event, vLLM's `KVCacheEvent` union. Medium is always `"GPU"`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvEvent {
     /// Full blocks of one request newly cached in one step, in chain order.
@@ -26,6 +27,8 @@ pub enum KvEvent {
         token_ids: Vec<u32>,
         /// Tokens per block.
         block_size: u32,
+        /// The request's LoRA adapter (`lora_id`, `lora_name` on the wire); `None` = base model.
+        lora: Option<Adapter>,
     },
     /// Cached blocks whose slots were reused (evicted).
     BlockRemoved {

@@ -4,8 +4,10 @@
 //! publishes the low 64 bits of the SHA-256 digest. The simulator does the same, deliberately
 //! unlike the router's XXH3 chain (`kvmesh_core::hashing`): engine hashes are opaque ids on the
 //! wire, and nothing downstream may lean on them being equal to its own. The chain input is
-//! `be_u64(parent) ‖ le_u32(token)…` and, for the first block only, the request's `cache_salt`
-//! bytes (vLLM folds the salt into the first block's extra keys, so it flows down the chain).
+//! `be_u64(parent) ‖ le_u32(token)…`, then the block's extra keys in vLLM's order
+//! (`generate_block_hash_extra_keys`): the LoRA adapter's name on every block of an adapter
+//! request, then the request's `cache_salt` on the first block only (it flows down the chain). So
+//! an adapter's blocks never share a hash with another adapter's or the base model's.
 //! The root parent is a fixed constant (vLLM's `NONE_HASH` with a fixed `PYTHONHASHSEED`), so
 //! every run and every simulator instance agrees.
 
@@ -19,8 +21,14 @@ pub type BlockHash = u64;
 /// `parent_block_hash` is nil on the wire).
 pub const ROOT_PARENT: BlockHash = 0x6b76_6d65_7368_5f73; // "kvmesh_s"
 
-/// The hash of one block given its parent, its tokens and (first block only) the cache salt.
-pub fn block_hash(parent: BlockHash, tokens: &[u32], salt: Option<&str>) -> BlockHash {
+/// The hash of one block given its parent, its tokens, the adapter (every block) and the cache
+/// salt (pass it for the first block only).
+pub fn block_hash(
+    parent: BlockHash,
+    tokens: &[u32],
+    lora: Option<&str>,
+    salt: Option<&str>,
+) -> BlockHash {
     let mut h = Sha256::new();
     h.update(parent.to_be_bytes());
     // One update per block rather than per token: the digest sees the same byte string.
@@ -31,6 +39,10 @@ pub fn block_hash(parent: BlockHash, tokens: &[u32], salt: Option<&str>) -> Bloc
             dst.copy_from_slice(&t.to_le_bytes());
         }
         h.update(&buf[..n]);
+    }
+    if let Some(lora) = lora.filter(|s| !s.is_empty()) {
+        h.update(b"\x00lora\x00");
+        h.update(lora.as_bytes());
     }
     if let Some(salt) = salt.filter(|s| !s.is_empty()) {
         h.update(b"\x00salt\x00");
@@ -50,29 +62,41 @@ fn low64(digest: &[u8]) -> u64 {
 /// Appends to `out` the hashes of the full blocks of `tokens[from_block * block_size..]`,
 /// continuing the chain whose hashes are already in `out[..from_block]`.
 ///
-/// `out.len()` must equal `from_block`; the salt applies to block 0 only. Hashes are computed
-/// once per block, so extending a request's chain as it generates tokens is O(new blocks).
+/// `out.len()` must equal `from_block`; `lora` keys every block, the salt block 0 only. Hashes
+/// are computed once per block, so extending a request's chain as it generates tokens is
+/// O(new blocks).
 pub fn extend_chain(
     out: &mut Vec<BlockHash>,
     tokens: &[u32],
     block_size: usize,
+    lora: Option<&str>,
     salt: Option<&str>,
 ) {
     let full = tokens.len() / block_size;
     for i in out.len()..full {
         let parent = if i == 0 { ROOT_PARENT } else { out[i - 1] };
         let block = &tokens[i * block_size..(i + 1) * block_size];
-        out.push(block_hash(parent, block, if i == 0 { salt } else { None }));
+        out.push(block_hash(parent, block, lora, if i == 0 { salt } else { None }));
     }
 }
 
-/// The hashes of every full block of `tokens`.
-pub fn chain(tokens: &[u32], block_size: usize, salt: Option<&str>) -> Vec<BlockHash> {
+/// The hashes of every full block of an adapter's (`lora`) or the base model's (`None`) prompt.
+pub fn chain_for(
+    tokens: &[u32],
+    block_size: usize,
+    lora: Option<&str>,
+    salt: Option<&str>,
+) -> Vec<BlockHash> {
     let mut out = Vec::with_capacity(tokens.len() / block_size.max(1));
     if block_size > 0 {
-        extend_chain(&mut out, tokens, block_size, salt);
+        extend_chain(&mut out, tokens, block_size, lora, salt);
     }
     out
+}
+
+/// The hashes of every full block of a base-model prompt.
+pub fn chain(tokens: &[u32], block_size: usize, salt: Option<&str>) -> Vec<BlockHash> {
+    chain_for(tokens, block_size, None, salt)
 }
 
 #[cfg(test)]
@@ -86,7 +110,7 @@ mod tests {
         bytes.extend_from_slice(&[1, 0, 0, 0, 2, 0, 0, 0]);
         let d = Sha256::digest(&bytes);
         let want = u64::from_be_bytes(d[24..32].try_into().unwrap());
-        assert_eq!(block_hash(ROOT_PARENT, &[1, 2], None), want);
+        assert_eq!(block_hash(ROOT_PARENT, &[1, 2], None, None), want);
     }
 
     #[test]
@@ -94,15 +118,15 @@ mod tests {
         let toks: Vec<u32> = (0..10).collect();
         let h = chain(&toks, 4, None);
         assert_eq!(h.len(), 2);
-        assert_eq!(h[0], block_hash(ROOT_PARENT, &[0, 1, 2, 3], None));
-        assert_eq!(h[1], block_hash(h[0], &[4, 5, 6, 7], None));
+        assert_eq!(h[0], block_hash(ROOT_PARENT, &[0, 1, 2, 3], None, None));
+        assert_eq!(h[1], block_hash(h[0], &[4, 5, 6, 7], None, None));
     }
 
     #[test]
     fn extend_continues_the_chain() {
         let toks: Vec<u32> = (0..20).collect();
         let mut h = chain(&toks[..9], 4, Some("s"));
-        extend_chain(&mut h, &toks, 4, Some("s"));
+        extend_chain(&mut h, &toks, 4, None, Some("s"));
         assert_eq!(h, chain(&toks, 4, Some("s")));
     }
 
@@ -113,6 +137,24 @@ mod tests {
         let b = chain(&toks, 4, Some("tenant"));
         assert_ne!(a[0], b[0]);
         assert_ne!(a[1], b[1]);
+    }
+
+    #[test]
+    fn adapters_key_every_block_apart_from_each_other_and_the_base() {
+        let toks: Vec<u32> = (0..8).collect();
+        let base = chain(&toks, 4, None);
+        let a = chain_for(&toks, 4, Some("a1"), None);
+        let b = chain_for(&toks, 4, Some("a2"), None);
+        for i in 0..2 {
+            assert!(base[i] != a[i] && a[i] != b[i] && base[i] != b[i], "block {i}");
+        }
+        // Block 1 differs by the adapter key itself, not only through its parent.
+        assert_ne!(block_hash(base[0], &toks[4..], Some("a1"), None), base[1]);
+        // The adapter key comes first, then the salt (on block 0 only).
+        let salted = chain_for(&toks, 4, Some("a1"), Some("s"));
+        assert_eq!(salted[0], block_hash(ROOT_PARENT, &toks[..4], Some("a1"), Some("s")));
+        assert_eq!(salted[1], block_hash(salted[0], &toks[4..], Some("a1"), None));
+        assert_ne!(salted[0], a[0]);
     }
 
     #[test]

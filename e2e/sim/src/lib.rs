@@ -17,6 +17,7 @@ pub mod events;
 pub mod faults;
 pub mod free_queue;
 pub mod hash;
+pub mod lora;
 pub mod metrics;
 pub mod nixl;
 pub mod output;

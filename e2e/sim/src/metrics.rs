@@ -61,6 +61,12 @@ pub const REQUEST_PREFILL_KV_COMPUTED: &str = "vllm:request_prefill_kv_computed_
 pub const ITERATION_TOKENS: &str = "vllm:iteration_tokens_total";
 /// `vllm:cache_config_info` (gauge 1; labels `block_size`, `num_gpu_blocks`, …).
 pub const CACHE_CONFIG_INFO: &str = "vllm:cache_config_info";
+/// `vllm:lora_requests_info` (gauge, LoRA only): one series per distinct
+/// `{max_lora, waiting_lora_adapters, running_lora_adapters}` label set, valued with the wall-clock
+/// time it was last seen (vLLM's `set_to_current_time()`); the newest series is the current state.
+pub const LORA_REQUESTS_INFO: &str = "vllm:lora_requests_info";
+/// `kvmesh_sim_lora_loads_total` (counter): adapters loaded into a GPU slot by a step.
+pub const LORA_LOADS: &str = "kvmesh_sim_lora_loads_total";
 /// `kvmesh_sim_requests_aborted_total` (counter): requests cancelled because the client left.
 pub const REQUESTS_ABORTED: &str = "kvmesh_sim_requests_aborted_total";
 /// `kvmesh_sim_requests_rejected_total{reason}` (counter): requests answered with an error.
@@ -112,6 +118,8 @@ pub const ALL: &[&str] = &[
     REQUEST_PREFILL_KV_COMPUTED,
     ITERATION_TOKENS,
     CACHE_CONFIG_INFO,
+    LORA_REQUESTS_INFO,
+    LORA_LOADS,
     REQUESTS_ABORTED,
     REQUESTS_REJECTED,
     FAULTS_INJECTED,
@@ -251,10 +259,44 @@ impl LabeledCounter {
     }
 }
 
+/// Most `vllm:lora_requests_info` series kept (vLLM keeps every label set it ever saw); past it
+/// the series seen longest ago is dropped.
+pub const MAX_LORA_INFO_SERIES: usize = 64;
+
+/// A float as Python's `prometheus_client` writes it (`floatToGoString`): `repr`, switched to an
+/// exponent above 1e6 (`1.733591234567e+09`), so a sample reads exactly like a real vLLM's.
+pub fn go_float(v: f64) -> String {
+    let mut s = format!("{v}");
+    if v.is_finite() && !s.contains(['.', 'e']) {
+        s.push_str(".0");
+    }
+    match s.find('.') {
+        Some(dot) if v > 0.0 && dot > 6 && !s.contains('e') => {
+            let digits = format!("{}{}", &s[1..dot], &s[dot + 1..]);
+            let mantissa = format!("{}.{digits}", &s[..1]);
+            format!("{}e+0{}", mantissa.trim_end_matches(['0', '.']), dot - 1)
+        }
+        _ => s,
+    }
+}
+
+/// The `vllm:lora_requests_info` series: `(running, waiting, last seen)` in first-seen order.
+#[derive(Debug)]
+struct LoraInfo {
+    max_lora: usize,
+    series: Mutex<Vec<(String, String, f64)>>,
+}
+
+/// A label value escaped for the text exposition.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
 /// Gauges and counters of one simulator.
 #[derive(Debug)]
 pub struct Metrics {
     labels: String,
+    lora: Option<LoraInfo>,
     cache_info: String,
     sched: Mutex<SchedStats>,
     running: AtomicU64,
@@ -301,6 +343,7 @@ impl Metrics {
         let model = model_name.replace('\\', "\\\\").replace('"', "\\\"");
         Self {
             labels: format!("model_name=\"{model}\",engine=\"{engine}\""),
+            lora: None,
             cache_info: format!(
                 "block_size=\"{block_size}\",num_gpu_blocks=\"{num_gpu_blocks}\",num_cpu_blocks=\"0\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"{engine}\""
             ),
@@ -325,6 +368,36 @@ impl Metrics {
             replays: AtomicU64::new(0),
             pulls: LabeledCounter::new("outcome", &["ok", "failed"]),
         }
+    }
+
+    /// Exports `vllm:lora_requests_info` with `max_lora` = `max_loras` (LoRA enabled).
+    pub fn with_lora(mut self, max_loras: usize) -> Self {
+        self.lora = Some(LoraInfo { max_lora: max_loras, series: Mutex::new(Vec::new()) });
+        self
+    }
+
+    /// True when `vllm:lora_requests_info` is exported.
+    pub fn lora_enabled(&self) -> bool {
+        self.lora.is_some()
+    }
+
+    /// Marks the series of the adapters now running and waiting (comma-separated names) as seen
+    /// at `ts` (seconds since the epoch), as vLLM does after each step.
+    pub fn set_lora_info(&self, running: &str, waiting: &str, ts: f64) {
+        let Some(info) = &self.lora else { return };
+        let mut series = info.series.lock();
+        if let Some(s) = series.iter_mut().find(|(r, w, _)| r == running && w == waiting) {
+            s.2 = ts;
+            return;
+        }
+        if series.len() >= MAX_LORA_INFO_SERIES {
+            let oldest =
+                series.iter().enumerate().min_by(|a, b| a.1 .2.total_cmp(&b.1 .2)).map(|(i, _)| i);
+            if let Some(i) = oldest {
+                series.remove(i);
+            }
+        }
+        series.push((running.to_owned(), waiting.to_owned(), ts));
     }
 
     /// Mirrors the engine's state after a step.
@@ -485,6 +558,27 @@ impl Metrics {
         );
         let _ = writeln!(o, "# HELP {CACHE_CONFIG_INFO} Information of the LLMEngine CacheConfig\n# TYPE {CACHE_CONFIG_INFO} gauge");
         let _ = writeln!(o, "{CACHE_CONFIG_INFO}{{{}}} 1", self.cache_info);
+        if let Some(info) = &self.lora {
+            // vLLM declares the labels max_lora, waiting_lora_adapters, running_lora_adapters
+            // (no model_name / engine: LoRA is refused with data parallelism).
+            let _ = writeln!(o, "# HELP {LORA_REQUESTS_INFO} Running stats on lora requests.\n# TYPE {LORA_REQUESTS_INFO} gauge");
+            for (running, waiting, ts) in info.series.lock().iter() {
+                let _ = writeln!(
+                    o,
+                    "{LORA_REQUESTS_INFO}{{max_lora=\"{}\",waiting_lora_adapters=\"{}\",running_lora_adapters=\"{}\"}} {}",
+                    info.max_lora,
+                    escape(waiting),
+                    escape(running),
+                    go_float(*ts)
+                );
+            }
+        }
+        counter(
+            &mut o,
+            LORA_LOADS,
+            "LoRA adapters loaded into a GPU slot by a step.",
+            s.lora_loads,
+        );
 
         counter(
             &mut o,
@@ -544,7 +638,8 @@ mod tests {
 
     #[test]
     fn renders_every_metric_with_vllm_labels() {
-        let m = Metrics::new("deepseek-v4", 0, 16, 100, 1600);
+        let m = Metrics::new("deepseek-v4", 0, 16, 100, 1600).with_lora(2);
+        m.set_lora_info("a1", "", 1_733_591_234.5);
         m.update_engine(
             SchedStats { prefix_queries: 32, prefix_hits: 16, ..SchedStats::default() },
             2,
@@ -575,6 +670,46 @@ mod tests {
         // Integral bounds as prometheus_client writes them.
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"deepseek-v4\",engine=\"0\",le=\"1.0\"} 1\n"));
         assert!(text.contains("vllm:request_prefill_kv_computed_tokens_bucket{model_name=\"deepseek-v4\",engine=\"0\",le=\"1000.0\"} 0\n"));
+        assert!(text.contains("vllm:lora_requests_info{max_lora=\"2\",waiting_lora_adapters=\"\",running_lora_adapters=\"a1\"} 1.7335912345e+09\n"));
+        assert!(!Metrics::new("m", 0, 16, 100, 1600).render().contains(LORA_REQUESTS_INFO));
+    }
+
+    #[test]
+    fn lora_info_keeps_one_series_per_label_set_valued_by_when_it_was_last_seen() {
+        let m = Metrics::new("m", 0, 16, 100, 1600).with_lora(1);
+        m.set_lora_info("", "", 10.0);
+        m.set_lora_info("a", "b", 11.0);
+        m.set_lora_info("", "", 12.0);
+        let text = m.render();
+        let rows: Vec<&str> = text.lines().filter(|l| l.starts_with(LORA_REQUESTS_INFO)).collect();
+        assert_eq!(
+            rows,
+            [
+                "vllm:lora_requests_info{max_lora=\"1\",waiting_lora_adapters=\"\",running_lora_adapters=\"\"} 12.0",
+                "vllm:lora_requests_info{max_lora=\"1\",waiting_lora_adapters=\"b\",running_lora_adapters=\"a\"} 11.0",
+            ]
+        );
+        for i in 0..(MAX_LORA_INFO_SERIES + 5) {
+            m.set_lora_info(&format!("r{i}"), "", 100.0 + i as f64);
+        }
+        let text = m.render();
+        let n = text.lines().filter(|l| l.starts_with(LORA_REQUESTS_INFO)).count();
+        assert_eq!(n, MAX_LORA_INFO_SERIES, "bounded; the oldest go first");
+        assert!(!text.contains("running_lora_adapters=\"r0\""));
+        assert!(text.contains(&format!("running_lora_adapters=\"r{}\"", MAX_LORA_INFO_SERIES + 4)));
+    }
+
+    #[test]
+    fn floats_read_like_prometheus_client() {
+        for (v, want) in [
+            (1_733_591_234.567, "1.733591234567e+09"),
+            (1_733_591_234.0, "1.733591234e+09"),
+            (12.0, "12.0"),
+            (0.25, "0.25"),
+            (123_456.5, "123456.5"),
+        ] {
+            assert_eq!(go_float(v), want, "{v}");
+        }
     }
 
     #[test]

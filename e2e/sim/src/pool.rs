@@ -23,6 +23,7 @@ use serde::Serialize;
 use crate::events::KvEvent;
 use crate::free_queue::{BlockId, FreeQueue};
 use crate::hash::BlockHash;
+use crate::lora::Adapter;
 
 /// Block hashes are uniformly distributed already; hashing them again would be wasted work.
 #[derive(Default)]
@@ -76,6 +77,8 @@ pub struct CachedBlock {
     pub position: u32,
     /// The block's `block_size` token ids.
     pub token_ids: Vec<u32>,
+    /// The LoRA adapter whose request cached it (its hash is keyed by it); `null` = base model.
+    pub lora_name: Option<String>,
     /// Requests (or NIXL holds) referencing the block; 0 = evictable.
     pub ref_cnt: u32,
 }
@@ -93,6 +96,8 @@ pub struct InUse {
 pub struct BlockPool {
     block_size: usize,
     meta: Vec<Meta>,
+    /// The adapter name of each cached slot (apart from `Meta`, which stays `Copy`).
+    lora: Vec<Option<std::sync::Arc<str>>>,
     tokens: Vec<u32>,
     free: FreeQueue,
     cached: HashIndex,
@@ -105,6 +110,7 @@ impl BlockPool {
         Self {
             block_size,
             meta: vec![Meta::default(); num_blocks as usize],
+            lora: vec![None; num_blocks as usize],
             tokens: vec![0; num_blocks as usize * block_size],
             free: FreeQueue::full(num_blocks),
             cached: HashIndex::default(),
@@ -191,6 +197,7 @@ impl BlockPool {
             if let Some(h) = m.hash.take() {
                 self.cached.remove(&h);
                 evicted.push(h);
+                self.lora[id as usize] = None;
             }
             *m = Meta { ref_cnt: 1, ..Meta::default() };
             out.push(id);
@@ -227,14 +234,15 @@ impl BlockPool {
     }
 
     /// Caches `blocks[from..to]` under `hashes[from..to]` (the request's block table and hash
-    /// chain), recording one `BlockStored` per contiguous run of newly cached blocks. Blocks
-    /// whose hash is already cached elsewhere stay uncached copies.
+    /// chain, keyed by its adapter `lora`), recording one `BlockStored` per contiguous run of
+    /// newly cached blocks. Blocks whose hash is already cached elsewhere stay uncached copies.
     pub fn cache_blocks(
         &mut self,
         blocks: &[BlockId],
         hashes: &[BlockHash],
         from: usize,
         to: usize,
+        lora: Option<&Adapter>,
     ) {
         let to = to.min(blocks.len()).min(hashes.len());
         let mut run_start: Option<usize> = None;
@@ -250,17 +258,25 @@ impl BlockPool {
                 m.parent = if i == 0 { None } else { Some(hashes[i - 1]) };
                 m.position = i as u32;
                 self.cached.insert(h, id);
+                self.lora[id as usize] = lora.map(|a| a.name.clone());
                 run_start.get_or_insert(i);
             } else if let Some(s) = run_start.take() {
-                self.record_stored(blocks, hashes, s, i);
+                self.record_stored(blocks, hashes, s, i, lora);
             }
         }
         if let Some(s) = run_start {
-            self.record_stored(blocks, hashes, s, to);
+            self.record_stored(blocks, hashes, s, to, lora);
         }
     }
 
-    fn record_stored(&mut self, blocks: &[BlockId], hashes: &[BlockHash], from: usize, to: usize) {
+    fn record_stored(
+        &mut self,
+        blocks: &[BlockId],
+        hashes: &[BlockHash],
+        from: usize,
+        to: usize,
+        lora: Option<&Adapter>,
+    ) {
         let mut token_ids = Vec::with_capacity((to - from) * self.block_size);
         for &id in &blocks[from..to] {
             token_ids.extend_from_slice(self.block_tokens(id));
@@ -270,6 +286,7 @@ impl BlockPool {
             parent_block_hash: if from == 0 { None } else { Some(hashes[from - 1]) },
             token_ids,
             block_size: self.block_size as u32,
+            lora: lora.cloned(),
         });
     }
 
@@ -295,6 +312,7 @@ impl BlockPool {
         for m in &mut self.meta {
             *m = Meta::default();
         }
+        self.lora.iter_mut().for_each(|l| *l = None);
         self.cached.clear();
         self.free = FreeQueue::full(self.meta.len() as u32);
         self.events.push(KvEvent::AllBlocksCleared);
@@ -319,6 +337,10 @@ impl BlockPool {
                     parent_block_hash: m.parent,
                     position: m.position,
                     token_ids: self.block_tokens(id).to_vec(),
+                    lora_name: self
+                        .lora
+                        .get(id as usize)
+                        .and_then(|l| l.as_deref().map(str::to_owned)),
                     ref_cnt: m.ref_cnt,
                 })
             })

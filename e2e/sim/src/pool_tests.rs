@@ -19,7 +19,7 @@ fn admit(pool: &mut BlockPool, tokens: &[u32]) -> (Vec<BlockId>, usize) {
         let end = ((i + 1) * BS).min(tokens.len());
         pool.write_tokens(id, 0, &tokens[i * BS..end]);
     }
-    pool.cache_blocks(&blocks, &hashes, hit.blocks, hashes.len());
+    pool.cache_blocks(&blocks, &hashes, hit.blocks, hashes.len(), None);
     (blocks, hit.blocks)
 }
 
@@ -29,6 +29,7 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> KvEvent {
         parent_block_hash: parent,
         token_ids: tokens.to_vec(),
         block_size: BS as u32,
+        lora: None,
     }
 }
 
@@ -127,7 +128,7 @@ fn a_second_copy_of_a_cached_hash_stays_uncached() {
     pool.acquire_cached(&ha[..1], &mut blocks);
     assert!(pool.allocate(1, &mut blocks));
     pool.write_tokens(blocks[1], 0, &a[4..8]);
-    pool.cache_blocks(&blocks, &ha, 1, 2);
+    pool.cache_blocks(&blocks, &ha, 1, 2, None);
     assert!(pool.take_events().is_empty());
     assert_eq!(pool.num_cached(), 2);
     assert!(pool.dump().iter().all(|b| b.block_id != blocks[1]));
@@ -168,6 +169,7 @@ fn dump_lists_cached_blocks_in_chain_order_with_parents() {
             parent_block_hash: None,
             position: 0,
             token_ids: vec![0, 1, 2, 3],
+            lora_name: None,
             ref_cnt: 1
         }
     );

@@ -6,7 +6,9 @@
 //! at a full batch, like llm-d-inference-sim's `time-factor-under-load − 1`). Prefill chunks and
 //! decodes in one step add up, which is how a long prompt delays everyone's next token (chunked
 //! prefill interference). Every duration is divided by `speedup`. Cached prompt tokens cost
-//! nothing, which is the effect a KV-aware router is built to exploit.
+//! nothing, which is the effect a KV-aware router is built to exploit. A step that runs a LoRA
+//! adapter not in a GPU slot first loads it (`--lora-load-ms` each), which is what an
+//! adapter-aware router avoids by sending an adapter where it is resident.
 
 use std::time::Duration;
 
@@ -36,6 +38,11 @@ impl TimingModel {
             s += self.itl_s * (1.0 + self.contention * load);
         }
         Duration::from_secs_f64((s / self.speedup).max(0.0))
+    }
+
+    /// Loading `adapters` LoRA adapters into GPU slots at `ms_each`, sped up like everything else.
+    pub fn lora_loads(&self, adapters: usize, ms_each: f64) -> Duration {
+        Duration::from_secs_f64((adapters as f64 * ms_each / 1e3 / self.speedup).max(0.0))
     }
 
     /// A NIXL transfer of `blocks` blocks at `us_per_block`, sped up like everything else.
@@ -80,5 +87,6 @@ mod tests {
     fn speedup_divides_everything() {
         assert!((model(100.0).step(1000, 1, 1).as_secs_f64() - 0.0102).abs() < 1e-9);
         assert!((model(10.0).transfer(100, 50.0).as_secs_f64() - 0.0005).abs() < 1e-12);
+        assert!((model(10.0).lora_loads(2, 25.0).as_secs_f64() - 0.005).abs() < 1e-12);
     }
 }

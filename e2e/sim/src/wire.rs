@@ -9,6 +9,7 @@
 //! `BlockStored` costs one pass over its ids.
 
 use crate::events::{EventBatch, KvEvent};
+use crate::lora::Adapter;
 
 /// Which event encoding to emit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -73,8 +74,10 @@ pub fn encode_batch(
     let mut cap = 32;
     for e in &batch.events {
         cap += match e {
-            KvEvent::BlockStored { block_hashes, token_ids, .. } => {
-                96 + 9 * block_hashes.len() + 5 * token_ids.len()
+            KvEvent::BlockStored { block_hashes, token_ids, lora, .. } => {
+                96 + 9 * block_hashes.len()
+                    + 5 * token_ids.len()
+                    + lora.as_ref().map_or(0, |a| 8 + a.name.len())
             }
             KvEvent::BlockRemoved { block_hashes } => 48 + 9 * block_hashes.len(),
             KvEvent::AllBlocksCleared => 24,
@@ -101,7 +104,7 @@ fn len32(n: usize) -> Result<u32, WireError> {
 
 fn encode_map_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
     match e {
-        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size } => {
+        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, lora } => {
             rmp::encode::write_map_len(w, 8).wire()?;
             key_str(w, "type", "BlockStored")?;
             rmp::encode::write_str(w, "block_hashes").wire()?;
@@ -113,10 +116,10 @@ fn encode_map_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
             rmp::encode::write_str(w, "block_size").wire()?;
             rmp::encode::write_uint(w, u64::from(*block_size)).wire()?;
             rmp::encode::write_str(w, "lora_id").wire()?;
-            rmp::encode::write_nil(w).wire()?;
+            lora_id(w, lora.as_ref())?;
             key_str(w, "medium", MEDIUM_GPU)?;
             rmp::encode::write_str(w, "lora_name").wire()?;
-            rmp::encode::write_nil(w).wire()?;
+            lora_name(w, lora.as_ref())?;
         }
         KvEvent::BlockRemoved { block_hashes } => {
             rmp::encode::write_map_len(w, 3).wire()?;
@@ -135,7 +138,7 @@ fn encode_map_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
 
 fn encode_array_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
     match e {
-        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size } => {
+        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, lora } => {
             // tag, block_hashes, parent, token_ids, block_size, lora_id, medium, lora_name,
             // extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window
             rmp::encode::write_array_len(w, 12).wire()?;
@@ -144,9 +147,10 @@ fn encode_array_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
             opt_u64(w, *parent_block_hash)?;
             tokens(w, token_ids)?;
             rmp::encode::write_uint(w, u64::from(*block_size)).wire()?;
-            rmp::encode::write_nil(w).wire()?;
+            lora_id(w, lora.as_ref())?;
             rmp::encode::write_str(w, MEDIUM_GPU).wire()?;
-            for _ in 0..5 {
+            lora_name(w, lora.as_ref())?;
+            for _ in 0..4 {
                 rmp::encode::write_nil(w).wire()?;
             }
         }
@@ -164,6 +168,22 @@ fn encode_array_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
         }
     }
     Ok(())
+}
+
+/// vLLM's `lora_id` (`lora_request.adapter_id`, the adapter's int id), nil for the base model.
+fn lora_id(w: &mut Vec<u8>, lora: Option<&Adapter>) -> Result<(), WireError> {
+    match lora {
+        Some(a) => rmp::encode::write_uint(w, u64::from(a.id)).map(|_| ()).wire(),
+        None => rmp::encode::write_nil(w).wire(),
+    }
+}
+
+/// vLLM's `lora_name`, nil for the base model.
+fn lora_name(w: &mut Vec<u8>, lora: Option<&Adapter>) -> Result<(), WireError> {
+    match lora {
+        Some(a) => rmp::encode::write_str(w, &a.name).wire(),
+        None => rmp::encode::write_nil(w).wire(),
+    }
 }
 
 fn key_str(w: &mut Vec<u8>, key: &str, value: &str) -> Result<(), WireError> {
@@ -255,9 +275,17 @@ mod tests {
                     parent_block_hash: None,
                     token_ids: vec![1, 2, 3, 4, 5, 6, 7, 8],
                     block_size: 4,
+                    lora: None,
                 },
                 KvEvent::BlockRemoved { block_hashes: vec![9] },
                 KvEvent::AllBlocksCleared,
+                KvEvent::BlockStored {
+                    block_hashes: vec![11],
+                    parent_block_hash: Some(7),
+                    token_ids: vec![1, 2, 3, 4],
+                    block_size: 4,
+                    lora: Some(Adapter { id: 3, name: "sql".into() }),
+                },
             ],
         }
     }
@@ -295,6 +323,11 @@ mod tests {
         assert_eq!(get(&evs[1], "medium").and_then(Value::as_str), Some("GPU"));
         assert_eq!(evs[2].as_map().unwrap().len(), 1);
         assert_eq!(get(&evs[2], "type").and_then(Value::as_str), Some("AllBlocksCleared"));
+        let adapter = &evs[3];
+        assert_eq!(adapter.as_map().unwrap().len(), 8);
+        assert_eq!(get(adapter, "lora_id").and_then(Value::as_u64), Some(3));
+        assert_eq!(get(adapter, "lora_name").and_then(Value::as_str), Some("sql"));
+        assert_eq!(get(adapter, "parent_block_hash").and_then(Value::as_u64), Some(7));
     }
 
     #[test]
@@ -319,6 +352,11 @@ mod tests {
             (4, Some("BlockRemoved"), Some("GPU"))
         );
         assert_eq!(evs[2].as_array().unwrap().len(), 1);
+        let adapter = evs[3].as_array().unwrap();
+        assert_eq!(adapter.len(), 12);
+        assert_eq!((adapter[5].as_u64(), adapter[6].as_str()), (Some(3), Some("GPU")));
+        assert_eq!(adapter[7].as_str(), Some("sql"));
+        assert!(adapter[8..].iter().all(Value::is_nil));
     }
 
     #[test]
@@ -330,6 +368,7 @@ mod tests {
                 parent_block_hash: Some(u64::MAX),
                 token_ids: vec![0],
                 block_size: 1,
+                lora: None,
             }],
         };
         let v = decode(&encode_batch(&b, 0, Layout::Legacy).unwrap());

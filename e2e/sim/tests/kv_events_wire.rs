@@ -88,7 +88,8 @@ fn run(layout: &str) {
             hashes: ha.clone(),
             parent: None,
             tokens: a[..8].to_vec(),
-            block_size: BS
+            block_size: BS,
+            lora: None,
         }]
     );
 
@@ -115,13 +116,15 @@ fn run(layout: &str) {
                 hashes: vec![hb[2]],
                 parent: Some(hb[1]),
                 tokens: seq[8..12].to_vec(),
-                block_size: BS
+                block_size: BS,
+                lora: None,
             },
             Ev::Stored {
                 hashes: vec![hb[3]],
                 parent: Some(hb[2]),
                 tokens: seq[12..16].to_vec(),
-                block_size: BS
+                block_size: BS,
+                lora: None,
             },
         ]
     );

@@ -103,7 +103,8 @@ fn producer_to_consumer_transfer() {
             hashes: h[..6].to_vec(),
             parent: None,
             tokens: ids[..96].to_vec(),
-            block_size: BS
+            block_size: BS,
+            lora: None,
         }
     );
 

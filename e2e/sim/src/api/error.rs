@@ -18,6 +18,8 @@ pub struct ApiError {
     pub message: String,
     /// vLLM's `error.param`: the request field at fault (`input_tokens`, `max_tokens`), else null.
     pub param: Option<&'static str>,
+    /// vLLM's `error.type` where it is not the status's usual one (`InvalidUserInput`).
+    pub kind: Option<&'static str>,
 }
 
 impl ApiError {
@@ -28,6 +30,7 @@ impl ApiError {
             reason: "bad_request",
             message: message.into(),
             param: None,
+            kind: None,
         }
     }
 
@@ -43,15 +46,32 @@ impl ApiError {
         self
     }
 
+    /// Another `error.type`.
+    pub fn with_kind(mut self, kind: &'static str) -> Self {
+        self.kind = Some(kind);
+        self
+    }
+
     /// Any status, with a metric reason.
     pub fn new(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { status, reason, message: message.into(), param: None }
+        Self { status, reason, message: message.into(), param: None, kind: None }
+    }
+
+    /// vLLM's unknown-model 404: `NotFoundError`, `param: "model"`.
+    pub fn unknown_model(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "model_not_found", message).with_param("model")
     }
 
     /// An injected fault.
     pub fn fault(status: u16, what: &str) -> Self {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        Self { status, reason: "fault", message: format!("injected fault: {what}"), param: None }
+        Self {
+            status,
+            reason: "fault",
+            message: format!("injected fault: {what}"),
+            param: None,
+            kind: None,
+        }
     }
 }
 
@@ -69,7 +89,8 @@ fn kind(status: StatusCode) -> &'static str {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         // vLLM's shape: {"error": {"message", "type", "param", "code"}}.
-        let body = ErrorBody::new(self.status.as_u16(), kind(self.status), self.message);
+        let kind = self.kind.unwrap_or_else(|| kind(self.status));
+        let body = ErrorBody::new(self.status.as_u16(), kind, self.message);
         let mut v = serde_json::to_value(&body).unwrap_or_default();
         if let Some(e) = v.get_mut("error").and_then(serde_json::Value::as_object_mut) {
             e.insert("param".into(), self.param.map_or(serde_json::Value::Null, Into::into));
@@ -88,6 +109,6 @@ impl From<RequestError> for ApiError {
             RequestError::KvLoadFailed(_) => (StatusCode::INTERNAL_SERVER_ERROR, "kv_load_failed"),
             RequestError::Duplicate(_) => (StatusCode::INTERNAL_SERVER_ERROR, "other"),
         };
-        Self { status, reason, message: e.to_string(), param: None }
+        Self { status, reason, message: e.to_string(), param: None, kind: None }
     }
 }

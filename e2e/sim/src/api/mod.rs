@@ -6,6 +6,7 @@
 
 mod admin;
 mod error;
+mod lora;
 mod openai;
 pub mod request;
 mod response;
@@ -36,8 +37,18 @@ pub const WORKER_HEADER: &str = "x-sim-worker";
 pub struct Info {
     /// Worker id.
     pub id: String,
-    /// Served model name.
+    /// The first served model name (responses' `model`, the `model_name` metric label).
     pub model: String,
+    /// Every `--served-model-name`.
+    pub served_model_names: Vec<String>,
+    /// LoRA enabled (`--enable-lora`).
+    pub enable_lora: bool,
+    /// GPU adapter slots (`--max-loras`).
+    pub max_loras: usize,
+    /// CPU adapter cache (`--max-cpu-loras`, informational).
+    pub max_cpu_loras: usize,
+    /// Modelled adapter load time, ms (before the speedup).
+    pub lora_load_ms: f64,
     /// Role in a disaggregated fleet.
     pub role: Role,
     /// HTTP `ip:port`.
@@ -70,6 +81,8 @@ pub struct AppState {
     pub info: Info,
     /// The engine.
     pub engine: EngineHandle,
+    /// Served base names and loaded LoRA adapters.
+    pub models: parking_lot::RwLock<crate::lora::Registry>,
     /// The model's tokenizer.
     pub tokenizer: Arc<kvmesh_tokens::Tokenizer>,
     /// The chat template.
@@ -98,10 +111,16 @@ impl AppState {
     }
 }
 
-/// The application router.
+/// The application router. The LoRA load/unload routes exist only with `--enable-lora` (vLLM
+/// registers them only with `VLLM_ALLOW_RUNTIME_LORA_UPDATING`; elsewhere they are a 404).
 pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
-    Router::new()
-        .route("/v1/completions", post(openai::completions))
+    let mut app = Router::new();
+    if state.info.enable_lora {
+        app = app
+            .route("/v1/load_lora_adapter", post(lora::load))
+            .route("/v1/unload_lora_adapter", post(lora::unload));
+    }
+    app.route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/models", get(openai::models))
         .route("/health", get(admin::health))

@@ -48,15 +48,27 @@ pub async fn chat_completions(
     handle(st, Endpoint::ChatCompletions, headers, body).await
 }
 
-/// `GET /v1/models`.
+/// `GET /v1/models`, as vLLM's `show_available_models`: each served name (`root` = the model,
+/// `parent: null`), then each loaded adapter in load order (`root` = its path, `parent` = its
+/// base model, no `max_model_len`).
 pub async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": st.info.model, "object": "model", "created": unix_now(), "owned_by": "vllm",
-            "root": st.info.model, "parent": null, "max_model_len": st.info.max_model_len,
-        }],
-    }))
+    let created = unix_now();
+    let models = st.models.read();
+    let card = |id: &str, root: &str, parent: Option<&str>, max_model_len: Option<usize>| {
+        json!({
+            "id": id, "object": "model", "created": created, "owned_by": "vllm",
+            "root": root, "parent": parent, "max_model_len": max_model_len,
+        })
+    };
+    let mut data: Vec<Value> = models
+        .base_names()
+        .iter()
+        .map(|n| card(n, &st.info.model, None, Some(st.info.max_model_len)))
+        .collect();
+    data.extend(
+        models.adapters().iter().map(|e| card(&e.adapter.name, &e.path, Some(&e.parent), None)),
+    );
+    Json(json!({"object": "list", "data": data}))
 }
 
 async fn handle(
@@ -120,6 +132,8 @@ async fn serve(
         .unwrap_or_else(|| format!("{}-{:x}", st.info.id, ANON.fetch_add(1, Ordering::Relaxed)));
     let id = st.engine.next_id();
     let transfer_id = format!("{}-{id}", st.info.id);
+    let prepared_model =
+        prepared.lora.as_ref().map_or_else(|| st.info.model.clone(), |a| a.name.to_string());
     let (req, shape) = prepared.into_new_request(id, transfer_id);
     let prefix = match endpoint {
         Endpoint::Completions => "cmpl",
@@ -128,7 +142,8 @@ async fn serve(
     let meta = Meta {
         id: format!("{prefix}-{rid}"),
         created: unix_now(),
-        model: st.info.model.clone(),
+        // vLLM answers with the adapter's name for an adapter request, else the first served name.
+        model: prepared_model,
         endpoint,
     };
 

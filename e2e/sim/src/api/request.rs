@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::{ApiError, AppState};
 use crate::hash;
+use crate::lora::Adapter;
 use crate::nixl::{parse_params, TransferRequest};
 use crate::output::{seed_for, splitmix64};
 use crate::sched::{FinishReason, KvRole, NewRequest, RemoteSource};
@@ -101,6 +102,8 @@ pub struct Prepared {
     pub hashes: Vec<u64>,
     /// `cache_salt`.
     pub salt: Option<String>,
+    /// The LoRA adapter the request's `model` names (`None`: the base model).
+    pub lora: Option<Adapter>,
     /// Tokens to generate.
     pub max_tokens: u32,
     /// Reported when `max_tokens` is reached.
@@ -131,6 +134,7 @@ impl Prepared {
             prompt: self.prompt,
             hashes: self.hashes,
             salt: self.salt,
+            lora: self.lora,
             max_tokens: self.max_tokens,
             finish_reason: self.finish_reason,
             seed: self.seed,
@@ -155,7 +159,8 @@ pub struct RequestShape {
     pub transfer: bool,
 }
 
-/// Parses and tokenizes `body`; every problem is a 400 (404 for another model).
+/// Parses and tokenizes `body`; every problem is a 400 (404 for a model that is neither a served
+/// name nor a loaded adapter, in vLLM's shape).
 pub async fn prepare(st: &AppState, endpoint: Endpoint, body: &[u8]) -> Result<Prepared, ApiError> {
     let (req, raw) = openai::parse_raw(endpoint, body).map_err(|e| match e {
         openai::ParseError::BatchPrompt => ApiError::bad_request(
@@ -164,15 +169,11 @@ pub async fn prepare(st: &AppState, endpoint: Endpoint, body: &[u8]) -> Result<P
         e => ApiError::bad_request(e.to_string()),
     })?;
     let extras = Extras::read(&raw)?;
-    if let Some(model) = &req.model {
-        if *model != st.info.model {
-            return Err(ApiError::new(
-                axum::http::StatusCode::NOT_FOUND,
-                "model_not_found",
-                format!("The model `{model}` does not exist."),
-            ));
-        }
-    }
+    let lora = st
+        .models
+        .read()
+        .resolve(req.model.as_deref())
+        .map_err(|e| ApiError::unknown_model(e.to_string()))?;
     if extras.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request("n > 1 is not supported by vllm-sim"));
     }
@@ -206,7 +207,8 @@ pub async fn prepare(st: &AppState, endpoint: Endpoint, body: &[u8]) -> Result<P
     }
     let explicit_seed = extras.seed.map(|s| s as u64);
     let block_size = st.info.block_size;
-    let hashes = hash::chain(&prompt, block_size, req.cache_salt.as_deref());
+    let lora_name = lora.as_ref().map(|a| &*a.name);
+    let hashes = hash::chain_for(&prompt, block_size, lora_name, req.cache_salt.as_deref());
     let seed = seed_for(&prompt, &hashes, block_size, explicit_seed);
     let (max_tokens, finish_reason) = match (req.max_tokens, &transfer) {
         // A migration source is a producer for exactly one step.
@@ -227,6 +229,7 @@ pub async fn prepare(st: &AppState, endpoint: Endpoint, body: &[u8]) -> Result<P
         return_token_ids: extras.return_token_ids,
         prompt,
         salt: req.cache_salt,
+        lora,
         max_tokens,
         finish_reason,
         seed,

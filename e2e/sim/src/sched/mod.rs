@@ -12,10 +12,19 @@
 //! preempts the most recently admitted request (its blocks are freed; it restarts from its
 //! prefix hits), and no waiting request is admitted in a step that preempted.
 //!
+//! LoRA (`max_loras` set): a waiting request whose adapter would make more than `max_loras`
+//! distinct adapters in the batch is skipped (it keeps its place; later requests may go first, as
+//! in vLLM), and a step whose batch runs an adapter not in a GPU slot lasts `lora_load_ms` longer
+//! per such adapter ([`crate::lora::Slots`]).
+//!
 //! The clock is an argument (`now`, time since the engine started) and the only randomness is
 //! each request's seeded token stream, so every test is deterministic. NIXL producer holds and
-//! consumer pulls live in `nixl.rs`.
+//! consumer pulls live in `nixl.rs`, the LoRA bookkeeping in `lora.rs`.
+//!
+//! Over 600 lines: `schedule` → `admit` → `prepare` → `complete` is one state machine over the
+//! same request table; split across files it would have to expose its invariants.
 
+mod lora;
 mod nixl;
 mod types;
 
@@ -32,6 +41,7 @@ pub use types::*;
 use crate::events::KvEvent;
 use crate::free_queue::BlockId;
 use crate::hash::{extend_chain, BlockHash};
+use crate::lora::{Adapter, Slots};
 use crate::output::OutputVocab;
 use crate::pool::{BlockPool, CachedBlock, InUse};
 use crate::timing::TimingModel;
@@ -57,6 +67,10 @@ pub struct SchedulerConfig {
     pub kv_load_failure_policy: KvLoadFailurePolicy,
     /// How long a producer holds blocks nobody pulls.
     pub kv_transfer_timeout: Duration,
+    /// LoRA GPU slots (`--max-loras`); `None`: LoRA disabled.
+    pub max_loras: Option<usize>,
+    /// Time to load one adapter into a slot, milliseconds (divided by the speedup).
+    pub lora_load_ms: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +96,7 @@ struct Request {
     generated: u32,
     hashes: Vec<BlockHash>,
     salt: Option<String>,
+    lora: Option<Adapter>,
     blocks: Vec<BlockId>,
     /// `blocks[..num_cached_blocks]` have been offered to the cache.
     num_cached_blocks: usize,
@@ -130,13 +145,17 @@ pub struct Scheduler {
     /// The `now` of the latest `step` (holds created while completing a step expire from it).
     now_hint: Duration,
     stats: SchedStats,
+    /// Adapters in GPU slots (LoRA enabled).
+    slots: Option<Slots>,
 }
 
 impl Scheduler {
     /// An idle engine with an empty cache.
     pub fn new(cfg: SchedulerConfig, vocab: Arc<OutputVocab>) -> Self {
         let pool = BlockPool::new(cfg.num_gpu_blocks, cfg.block_size);
+        let slots = cfg.max_loras.map(Slots::new);
         Self {
+            slots,
             cfg,
             vocab,
             pool,
@@ -230,6 +249,7 @@ impl Scheduler {
                 generated: 0,
                 hashes: req.hashes,
                 salt: req.salt,
+                lora: req.lora,
                 blocks: Vec::new(),
                 num_cached_blocks: 0,
                 state: State::Waiting,
@@ -406,7 +426,10 @@ impl Scheduler {
             i += 1;
         }
 
-        // 2. Waiting requests, FIFO, while the batch and the budget have room.
+        // 2. Waiting requests, FIFO, while the batch and the budget have room. A request whose
+        // adapter has no slot in this batch is set aside and keeps its place in the queue.
+        let mut batch_loras = self.running_adapters(&work);
+        let mut skipped: Vec<ReqId> = Vec::new();
         while !preempted && budget > 0 && self.running.len() < self.cfg.max_num_seqs {
             let Some(&id) = self.waiting.front() else { break };
             let Some(r) = self.reqs.get(&id) else {
@@ -419,7 +442,18 @@ impl Scheduler {
                 }
                 continue;
             }
+            let lora = r.lora.as_ref().map(|a| a.id);
+            if let (Some(max), Some(lora)) = (self.cfg.max_loras, lora) {
+                if !crate::lora::fits(max, &batch_loras, lora) {
+                    self.waiting.pop_front();
+                    skipped.push(id);
+                    continue;
+                }
+            }
             let Some(n) = self.admit(id, budget) else { break };
+            if let Some(lora) = lora.filter(|l| !batch_loras.contains(l)) {
+                batch_loras.push(lora);
+            }
             self.waiting.pop_front();
             self.running.push(id);
             if let Some(r) = self.reqs.get_mut(&id) {
@@ -431,11 +465,22 @@ impl Scheduler {
             prefill_tokens += n as u64;
         }
 
+        for id in skipped.into_iter().rev() {
+            self.waiting.push_front(id);
+        }
+
         if work.is_empty() {
             return;
         }
         let batch = u32::try_from(work.len()).unwrap_or(u32::MAX);
-        let end = now + self.cfg.timing.step(prefill_tokens, decodes, batch);
+        let mut end = now + self.cfg.timing.step(prefill_tokens, decodes, batch);
+        if let Some(slots) = &mut self.slots {
+            let loads = slots.activate(&batch_loras);
+            if loads > 0 {
+                self.stats.lora_loads += loads as u64;
+                end += self.cfg.timing.lora_loads(loads, self.cfg.lora_load_ms);
+            }
+        }
         let events = self.pool.take_events();
         self.inflight = Some(Inflight { end, work, events });
     }
@@ -532,8 +577,15 @@ impl Scheduler {
         }
         let full = to / bs;
         if full > r.num_cached_blocks {
-            extend_chain(&mut r.hashes, &r.tokens[..full * bs], bs, r.salt.as_deref());
-            self.pool.cache_blocks(&r.blocks, &r.hashes, r.num_cached_blocks, full);
+            let lora = r.lora.as_ref().map(|a| &*a.name);
+            extend_chain(&mut r.hashes, &r.tokens[..full * bs], bs, lora, r.salt.as_deref());
+            self.pool.cache_blocks(
+                &r.blocks,
+                &r.hashes,
+                r.num_cached_blocks,
+                full,
+                r.lora.as_ref(),
+            );
             r.num_cached_blocks = full;
         }
     }

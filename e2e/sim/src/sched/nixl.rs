@@ -176,7 +176,13 @@ impl Scheduler {
                 let computed = (r.local_hit + pulled).min(r.num_prompt - 1);
                 let full = computed / bs;
                 if full > r.num_cached_blocks {
-                    self.pool.cache_blocks(&r.blocks, &r.hashes, r.num_cached_blocks, full);
+                    self.pool.cache_blocks(
+                        &r.blocks,
+                        &r.hashes,
+                        r.num_cached_blocks,
+                        full,
+                        r.lora.as_ref(),
+                    );
                     r.num_cached_blocks = full;
                 }
                 self.stats.external_hits += pulled as u64;

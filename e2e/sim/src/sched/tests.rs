@@ -30,6 +30,8 @@ fn cfg(blocks: u32) -> SchedulerConfig {
         },
         kv_load_failure_policy: KvLoadFailurePolicy::Fail,
         kv_transfer_timeout: Duration::from_secs(5),
+        max_loras: None,
+        lora_load_ms: 0.0,
     }
 }
 
@@ -39,6 +41,7 @@ fn req(id: ReqId, prompt: &[u32], max_tokens: u32) -> NewRequest {
         prompt: prompt.to_vec(),
         hashes: chain(prompt, BS, None),
         salt: None,
+        lora: None,
         max_tokens,
         finish_reason: FinishReason::Length,
         seed: 7,
@@ -124,13 +127,15 @@ fn prefill_then_decode_with_generated_token_blocks() {
                 block_hashes: h.clone(),
                 parent_block_hash: None,
                 token_ids: prompt[..8].to_vec(),
-                block_size: 4
+                block_size: 4,
+                lora: None,
             },
             KvEvent::BlockStored {
                 block_hashes: vec![hs[2]],
                 parent_block_hash: Some(h[1]),
                 token_ids: seq[8..12].to_vec(),
-                block_size: 4
+                block_size: 4,
+                lora: None,
             },
         ]
     );
@@ -350,7 +355,8 @@ fn a_consumer_pulls_caches_and_counts_the_blocks_as_hits() {
             block_hashes: h,
             parent_block_hash: None,
             token_ids: prompt[..8].to_vec(),
-            block_size: 4
+            block_size: 4,
+            lora: None,
         }
     );
     let st = s.stats();
@@ -533,4 +539,96 @@ fn steps_report_iteration_tokens_and_finishes_report_prefill_computed_tokens() {
     let st = s.stats();
     assert_eq!((st.prompt_tokens, st.prompt_tokens_cached), (20, 8));
     assert_eq!(st.prompt_tokens_external, 0, "local hits are not external");
+}
+
+fn lora_cfg(max_loras: usize) -> SchedulerConfig {
+    SchedulerConfig { max_loras: Some(max_loras), lora_load_ms: 50.0, ..cfg(64) }
+}
+
+fn adapter(id: u32) -> Adapter {
+    Adapter { id, name: format!("a{id}").into() }
+}
+
+/// A request for adapter `lora` (`None`: the base model), its hashes keyed by the adapter.
+fn lora_req(id: ReqId, prompt: &[u32], lora: Option<u32>) -> NewRequest {
+    let lora = lora.map(adapter);
+    let hashes = crate::hash::chain_for(prompt, BS, lora.as_ref().map(|a| &*a.name), None);
+    NewRequest { hashes, lora, ..req(id, prompt, 1) }
+}
+
+#[test]
+fn max_loras_bounds_the_batch_and_a_swap_costs_the_load_time() {
+    let mut s = Scheduler::new(lora_cfg(1), vocab());
+    let p: Vec<u32> = (0..8).collect();
+    s.submit(lora_req(1, &p, Some(1))).unwrap();
+    s.submit(lora_req(2, &p, Some(2))).unwrap();
+    s.submit(lora_req(3, &p, None)).unwrap();
+    let mut log = Log::default();
+    let mut out = StepOutput::default();
+    s.step(Duration::ZERO, &mut out);
+    // Request 2's adapter has no slot in this batch: it waits, and the base request behind it
+    // goes first. Running: a1 only; waiting: a2.
+    assert_eq!((s.num_running(), s.num_waiting()), (2, 1));
+    let (running, waiting) = s.lora_adapters();
+    assert_eq!((running, waiting), (vec![Arc::from("a1")], vec![Arc::from("a2")]));
+    let t0 = run(&mut s, Duration::ZERO, Duration::from_secs(10), &mut log);
+
+    // Step 1: 16 prompt tokens (16 ms) + loading a1 (50 ms). Step 2: 8 tokens + loading a2.
+    let t = |id| log.tokens(id)[0].0;
+    assert_eq!((t(1), t(3)), (66 * MS, 66 * MS));
+    assert_eq!(t(2), 66 * MS + 58 * MS);
+    assert_eq!(s.stats().lora_loads, 2);
+    assert_eq!(s.resident_adapters(), [2], "a2 took a1's only slot");
+    // Same prompt, three keys: nothing was shared, though 1 and 3 ran in one step.
+    for id in 1..=3 {
+        assert_eq!(log.finished(id).unwrap().cached_tokens, 0, "request {id}");
+    }
+    let stored: Vec<(Option<Adapter>, Vec<u64>)> = log
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            KvEvent::BlockStored { lora, block_hashes, .. } => Some((lora, block_hashes)),
+            _ => None,
+        })
+        .collect();
+    let want = |l: Option<u32>| {
+        let a = l.map(adapter);
+        let h = crate::hash::chain_for(&p, BS, a.as_ref().map(|a| &*a.name), None);
+        (a, h)
+    };
+    assert_eq!(stored, [want(Some(1)), want(None), want(Some(2))]);
+
+    // Each key hits only its own blocks; a resident adapter costs nothing, an evicted one reloads.
+    s.submit(lora_req(4, &p, Some(2))).unwrap();
+    let end = run(&mut s, t0, Duration::from_secs(10), &mut log);
+    assert_eq!(end - t0, 4 * MS, "4 uncached tokens, a2 resident");
+    assert_eq!(log.finished(4).unwrap().cached_tokens, 4);
+    s.submit(lora_req(5, &p, Some(1))).unwrap();
+    let t1 = run(&mut s, end, Duration::from_secs(10), &mut log);
+    assert_eq!(t1 - end, 54 * MS, "a1 reloaded");
+    assert_eq!(log.finished(5).unwrap().cached_tokens, 4);
+    assert_eq!(s.stats().lora_loads, 3);
+}
+
+#[test]
+fn loaded_adapters_take_a_slot_and_unloaded_ones_leave_it() {
+    let mut s = Scheduler::new(lora_cfg(2), vocab());
+    s.adapter_loaded(1);
+    s.adapter_loaded(2);
+    s.adapter_loaded(3); // evicts 1, the least recently used
+    assert_eq!(s.resident_adapters(), [2, 3]);
+    s.adapter_unloaded(2);
+    assert_eq!(s.resident_adapters(), [3]);
+    let p: Vec<u32> = (0..8).collect();
+    s.submit(lora_req(1, &p, Some(3))).unwrap();
+    s.submit(lora_req(2, &p, Some(4))).unwrap();
+    let mut log = Log::default();
+    let end = run(&mut s, Duration::ZERO, Duration::from_secs(10), &mut log);
+    // Two slots: both in one step; only adapter 4 is loaded.
+    assert_eq!(end, 16 * MS + 50 * MS);
+    assert_eq!(s.stats().lora_loads, 1);
+    // Without LoRA the calls are no-ops.
+    let mut plain = Scheduler::new(cfg(8), vocab());
+    plain.adapter_loaded(1);
+    assert!(plain.resident_adapters().is_empty());
 }

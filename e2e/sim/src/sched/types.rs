@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::free_queue::BlockId;
 use crate::hash::BlockHash;
+use crate::lora::Adapter;
 
 /// Scheduler-wide request id (assigned by the engine driver).
 pub type ReqId = u64;
@@ -72,6 +73,9 @@ pub struct NewRequest {
     pub hashes: Vec<BlockHash>,
     /// `cache_salt`, needed to extend the chain when the prompt is shorter than one block.
     pub salt: Option<String>,
+    /// The LoRA adapter the request names (`None`: the base model). Its name keys every block
+    /// hash (`hashes` must be `hash::chain_for(prompt, block_size, Some(name), salt)`).
+    pub lora: Option<Adapter>,
     /// Tokens to generate (≥ 1).
     pub max_tokens: u32,
     /// Reported when `max_tokens` is reached.
@@ -257,6 +261,8 @@ pub struct SchedStats {
     pub transfers_served: u64,
     /// Engine steps executed.
     pub steps: u64,
+    /// LoRA adapters loaded into a GPU slot by a step (each cost `lora_load_ms`).
+    pub lora_loads: u64,
 }
 
 /// What `kv_load_failure_policy` says to do when a pull fails.

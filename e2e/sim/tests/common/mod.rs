@@ -153,13 +153,33 @@ pub fn metric_value(text: &str, name: &str) -> f64 {
 /// A decoded KV event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ev {
-    Stored { hashes: Vec<u64>, parent: Option<u64>, tokens: Vec<u32>, block_size: usize },
-    Removed { hashes: Vec<u64> },
+    /// `lora`: `(lora_id, lora_name)` of an adapter's blocks, `None` for the base model's.
+    Stored {
+        hashes: Vec<u64>,
+        parent: Option<u64>,
+        tokens: Vec<u32>,
+        block_size: usize,
+        lora: Option<(u64, String)>,
+    },
+    Removed {
+        hashes: Vec<u64>,
+    },
     Cleared,
 }
 
 fn u64s(v: &rmpv::Value) -> Vec<u64> {
     v.as_array().expect("array").iter().map(|h| h.as_u64().expect("u64")).collect()
+}
+
+/// `lora_id` and `lora_name`: both set (an adapter) or both nil (the base model).
+fn lora_of(id: &rmpv::Value, name: &rmpv::Value) -> Option<(u64, String)> {
+    match (id.as_u64(), name.as_str()) {
+        (Some(id), Some(name)) => Some((id, name.to_owned())),
+        _ => {
+            assert!(id.is_nil() && name.is_nil(), "lora_id {id} and lora_name {name} disagree");
+            None
+        }
+    }
 }
 
 /// Decodes a batch payload, checking it uses the expected layout (`maps`: current).
@@ -196,6 +216,10 @@ pub fn decode_batch(payload: &[u8], maps: bool) -> (f64, Vec<Ev>, u64) {
                                 .and_then(|b| b.as_u64())
                                 .expect("block size")
                                 as usize,
+                            lora: lora_of(
+                                &get("lora_id").expect("lora_id is always present"),
+                                &get("lora_name").expect("lora_name is always present"),
+                            ),
                         }
                     }
                     Some("BlockRemoved") => {
@@ -215,6 +239,7 @@ pub fn decode_batch(payload: &[u8], maps: bool) -> (f64, Vec<Ev>, u64) {
                             parent: a[2].as_u64(),
                             tokens: u64s(&a[3]).into_iter().map(|t| t as u32).collect(),
                             block_size: a[4].as_u64().expect("block size") as usize,
+                            lora: lora_of(&a[5], &a[7]),
                         }
                     }
                     Some("BlockRemoved") => Ev::Removed { hashes: u64s(&a[1]) },
@@ -237,7 +262,7 @@ impl Model {
     /// Applies one event, checking it is consistent with what came before.
     pub fn apply(&mut self, ev: &Ev) {
         match ev {
-            Ev::Stored { hashes, parent, tokens, block_size } => {
+            Ev::Stored { hashes, parent, tokens, block_size, .. } => {
                 assert_eq!(tokens.len(), hashes.len() * block_size, "token_ids cover the blocks");
                 if let Some(p) = parent {
                     assert!(self.blocks.contains_key(p), "parent {p} of a stored block is unknown");
