@@ -373,6 +373,7 @@ async fn session_pin_matches_the_fleet_snapshot_and_override_wins() {
     // Rendezvous homes agree with the filter's fallback pin (the default places sessions by prediction).
     let svc = service("session_placement = \"rendezvous\"");
     let snapshot = svc.state.snapshot();
+    let model = snapshot.models[0].name.clone();
     for i in 0..50u64 {
         let key = kvmesh_core::session::from_header_value(&format!("conversation-{i}"));
         let header = session::encode_header(key, session::SessionSource::Header);
@@ -383,7 +384,7 @@ async fn session_pin_matches_the_fleet_snapshot_and_override_wins() {
             &[(headers::KVMESH_SESSION, &header)],
         )
         .await;
-        assert_eq!(Some(d.worker.as_str()), snapshot.pin(key.0, "").map(|w| w.id.as_str()));
+        assert_eq!(Some(d.worker.as_str()), snapshot.pin(key.0, &model).map(|w| w.id.as_str()));
         assert_eq!(d.reason_codes, [ReasonCode::SessionPin], "{}", d.reason);
     }
     let d = route_ok(&svc, "/v1/completions", &tokens_body(8), &[(headers::OVERRIDE_WORKER, "w0")])
