@@ -754,7 +754,14 @@ mod tests {
             AdapterCost::default(),
         );
         // (max_lora, running, waiting, booked, want for adapter "a")
-        let cases: [(Option<u32>, &[&str], &[&str], &[&str], AdapterCost); 11] = [
+        type Case = (
+            Option<u32>,
+            &'static [&'static str],
+            &'static [&'static str],
+            &'static [&'static str],
+            AdapterCost,
+        );
+        let cases: [Case; 11] = [
             (Some(2), &[], &[], &[], load), // idle engine: load into a free slot
             (Some(2), &["a"], &[], &[], none), // running: loaded, holds a slot
             (Some(2), &[], &["a"], &[], none), // waiting: loaded (or being) for a request

@@ -140,10 +140,8 @@ pub fn parse_engine_metrics(text: &str) -> EngineSample {
             "vllm:request_inference_time_seconds_count" => add(&mut s.inference_count),
             "vllm:time_per_output_token_seconds_sum" => add(&mut old_itl_sum),
             "vllm:time_per_output_token_seconds_count" => add(&mut old_itl_count),
-            "vllm:lora_requests_info" => {
-                if lora.is_none_or(|(newest, _)| value > newest) {
-                    lora = Some((value, sample));
-                }
+            "vllm:lora_requests_info" if lora.is_none_or(|(newest, _)| value > newest) => {
+                lora = Some((value, sample));
             }
             _ => {}
         }
