@@ -95,6 +95,8 @@ pub const SPECULATIVE_OVERLAP_BLOCKS_TOTAL: &str = "kvmesh_speculative_overlap_b
 pub const SPECULATIVE_BLOCKS: &str = "kvmesh_speculative_blocks";
 pub const WORKER_PREFILL_TOKENS_PER_SECOND: &str = "kvmesh_worker_prefill_tokens_per_second";
 pub const WORKER_QUEUED_PREFILL_TOKENS: &str = "kvmesh_worker_queued_prefill_tokens";
+pub const ADAPTER_LOADS_PREDICTED_TOTAL: &str = "kvmesh_adapter_loads_predicted_total";
+pub const ADAPTER_SLOT_WAITS_PREDICTED_TOTAL: &str = "kvmesh_adapter_slot_waits_predicted_total";
 
 // Exported by the prometheus crate's process collector (Linux), not declared by us: named here for
 // the rules that watch them (envoy/prometheus/kvmesh-rules.yaml) and the tests. Not in [`ALL`].
@@ -183,6 +185,8 @@ pub const ALL: &[&str] = &[
     SPECULATIVE_BLOCKS,
     WORKER_PREFILL_TOKENS_PER_SECOND,
     WORKER_QUEUED_PREFILL_TOKENS,
+    ADAPTER_LOADS_PREDICTED_TOTAL,
+    ADAPTER_SLOT_WAITS_PREDICTED_TOTAL,
     DISCOVERY_UPDATES_TOTAL,
     DISCOVERY_CHANGES_TOTAL,
     DISCOVERY_WORKERS,
@@ -326,6 +330,10 @@ pub struct Metrics {
     pub worker_prefill_tps: GaugeVec,
     /// labels: worker. Prefill tokens predicted ahead of a new request.
     pub worker_queued_prefill: GaugeVec,
+    /// labels: model. Routes placed on a worker predicted to load the request's LoRA adapter.
+    pub adapter_loads_predicted: IntCounterVec,
+    /// labels: model. Routes placed on a worker predicted to wait for a free LoRA slot.
+    pub adapter_slot_waits_predicted: IntCounterVec,
     /// Kubernetes discovery.
     pub discovery: DiscoveryMetrics,
 }
@@ -544,6 +552,8 @@ impl Metrics {
                 r.register(Box::new(g.clone()))?;
                 g
             },
+            adapter_loads_predicted: counter_vec(&r, ADAPTER_LOADS_PREDICTED_TOTAL, "Routes placed on a worker that must load the request's LoRA adapter (none running or waiting there, none just routed there), by base model", &["model"])?,
+            adapter_slot_waits_predicted: counter_vec(&r, ADAPTER_SLOT_WAITS_PREDICTED_TOTAL, "Routes placed on a worker whose max_lora slots other running adapters hold (the request waits for one), by base model", &["model"])?,
             discovery: DiscoveryMetrics::new(&r)?,
             registry: r,
         };
@@ -561,6 +571,16 @@ impl Metrics {
             m.migration_opportunities.with_label_values(&[source]).inc_by(0);
         }
         Ok(m)
+    }
+
+    /// Counts a route of base `model` whose adapter costs `cost` on the chosen worker.
+    pub fn adapter_placed(&self, model: &str, cost: crate::predict::AdapterCost) {
+        if cost.load {
+            self.adapter_loads_predicted.with_label_values(&[model]).inc();
+        }
+        if cost.wait_slot {
+            self.adapter_slot_waits_predicted.with_label_values(&[model]).inc();
+        }
     }
 
     /// Prometheus text exposition of everything.
@@ -797,6 +817,7 @@ mod tests {
         m.tokenize_background.with_label_values(&["done"]).inc();
         m.migration_opportunities.with_label_values(&["index"]).inc();
         m.sessions_tracked.with_label_values(&["kv_home"]).set(1);
+        m.adapter_placed("m", crate::predict::AdapterCost { load: true, wait_slot: true });
         m.discovery.init_series();
         let text = m.render();
         for name in ALL {

@@ -8,7 +8,13 @@
 //! ```text
 //! ttft = (queued_tokens + own_uncached_tokens) / prefill_tokens_per_s
 //!      + steps × decode_step_s      (steps = ⌈(queued + own) / prefill_chunk_tokens⌉, 0 with no batch)
+//!      + adapter_delay_s            (a LoRA request: loading its adapter, waiting for a slot)
 //! ```
+//!
+//! `adapter_delay_s` is [`AdapterCost`]'s: from the worker's `vllm:lora_requests_info` (running
+//! and waiting adapters, `max_lora` slots) and the adapters this indexer routed there since
+//! ([`AdapterBookings`]), it is `routing.adapter_load_ms` when the worker has no request for the
+//! adapter, plus [`slot_wait_s`] when other adapters hold every slot.
 //!
 //! `queued_tokens` comes from [`PrefillBacklog`]: the uncached tokens this indexer booked on the
 //! worker, drained at the worker's throughput since booking (the engine does not say when a request
@@ -22,11 +28,14 @@
 //! while this replica's own bookings on one worker drained, so both replicas herded onto it.
 //! Everything here is pure; the clock is passed in.
 //!
-//! Over 600 lines: the TTFT model, the last-block cap and the backlog drain model are one cost
-//! model read together; about a third of the file is their unit tests.
+//! Over 600 lines: the TTFT model, the last-block cap, the backlog drain model and the adapter
+//! cost are one cost model read together; about a third of the file is their unit tests.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::scrape::{EngineSample, LoraInfo, PrefillMeter};
 
 /// The numbers the model needs about one worker, all measured or derived before the decision.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -46,6 +55,9 @@ pub struct WorkerTiming {
     /// Recent prefill utilization, 0..=[`MAX_UTILIZATION`]: the uncached tokens per second this
     /// indexer booked there over its throughput ([`LoadOutlook`]).
     pub utilization: f64,
+    /// What this request's LoRA adapter adds before its prefill can start (loading it, waiting
+    /// for a slot), seconds: per request, set by the decision from [`AdapterCost`]; 0 without one.
+    pub adapter_delay_s: f64,
 }
 
 /// Utilization is capped here in [`cost_s`] (1 / (1 − 0.9) = 10× at most): a measured rate at or
@@ -61,13 +73,16 @@ impl Default for WorkerTiming {
             decode_step_s: 0.02,
             arrivals_per_s: 0.0,
             utilization: 0.0,
+            adapter_delay_s: 0.0,
         }
     }
 }
 
 /// Predicted TTFT in seconds of a request needing `own_tokens` uncached tokens on a worker with
 /// `timing`; `chunk_tokens` is the engine's token budget per step. Monotone non-decreasing in both
-/// `queued_tokens` and `own_tokens`, non-increasing in throughput.
+/// `queued_tokens` and `own_tokens`, non-increasing in throughput. The adapter delay adds to it: a
+/// load stalls the engine's step (so it also lengthens the busy period [`cost_s`] prices), a slot
+/// wait holds this request back.
 pub fn ttft_s(timing: &WorkerTiming, own_tokens: f64, chunk_tokens: u64) -> f64 {
     let work = timing.queued_tokens.max(0.0) + own_tokens.max(0.0);
     let prefill = work / timing.prefill_tokens_per_s.max(1e-9);
@@ -77,7 +92,152 @@ pub fn ttft_s(timing: &WorkerTiming, own_tokens: f64, chunk_tokens: u64) -> f64 
     } else {
         0.0
     };
-    prefill + decode
+    prefill + decode + timing.adapter_delay_s.max(0.0)
+}
+
+/// What a request's LoRA adapter costs on one worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdapterCost {
+    /// The worker must load the adapter: it has no request for it running or waiting, and this
+    /// indexer routed none there within `routing.adapter_booking_ttl_ms`.
+    pub load: bool,
+    /// Other adapters with running requests hold every `max_lora` slot: the request waits until
+    /// one frees (vLLM schedules no request whose adapter would exceed `max_loras` in the batch).
+    pub wait_slot: bool,
+}
+
+impl AdapterCost {
+    /// The delay before the request's prefill can start, seconds: `load_s` if it loads, plus the
+    /// worker's `slot_wait_s` if it waits for a slot (the load follows the wait).
+    pub fn delay_s(&self, load_s: f64, slot_wait_s: f64) -> f64 {
+        let load = if self.load { load_s.max(0.0) } else { 0.0 };
+        let wait = if self.wait_slot { slot_wait_s.max(0.0) } else { 0.0 };
+        load + wait
+    }
+}
+
+/// A worker's LoRA adapters as the cost reads them: the engine's last scrape, the adapters this
+/// indexer routed there since, and the expected wait for a slot there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerAdapters<'a> {
+    /// `vllm:lora_requests_info` of the last scrape (kept, as the rest of the sample, until the
+    /// worker counts as unreachable).
+    pub engine: &'a LoraInfo,
+    /// Adapters routed there within `routing.adapter_booking_ttl_ms` ([`AdapterBookings`]): the
+    /// engine shows them running only after the request arrived and a scrape ran, and a burst
+    /// placed meanwhile would otherwise see every worker without them.
+    pub booked: Vec<Arc<str>>,
+    /// Expected wait for a free slot, seconds ([`slot_wait_s`]).
+    pub slot_wait_s: f64,
+}
+
+impl<'a> WorkerAdapters<'a> {
+    /// The adapter state of a worker whose last scrape is `engine` (None without one, or without
+    /// `vllm:lora_requests_info`: unknown, nothing is charged), with `bookings` made there at `now`,
+    /// `meter` its measurements and `configured_wait_ms` the slot wait assumed until measured.
+    pub fn of(
+        worker: &str,
+        engine: Option<&'a EngineSample>,
+        meter: &PrefillMeter,
+        bookings: &AdapterBookings,
+        configured_wait_ms: f64,
+        now: Instant,
+    ) -> Option<Self> {
+        Some(Self {
+            engine: engine?.lora.as_ref()?,
+            booked: bookings.recent(worker, now),
+            slot_wait_s: slot_wait_s(meter.request_lifetime_s(), configured_wait_ms / 1000.0),
+        })
+    }
+
+    /// What a request for `adapter` costs here.
+    pub fn cost(&self, adapter: &str) -> AdapterCost {
+        let booked = |a: &str| self.booked.iter().any(|b| &**b == a);
+        let running = |a: &str| self.engine.running.iter().any(|r| r == a) || booked(a);
+        let resident = self.engine.holds(adapter) || booked(adapter);
+        // Slots taken by other adapters: running ones, and those just routed here (they will run).
+        let wait_slot = !running(adapter)
+            && self.engine.max_lora.is_some_and(|slots| {
+                let mut others: Vec<&str> =
+                    self.engine.running.iter().map(String::as_str).collect();
+                others.extend(self.booked.iter().map(|b| &**b));
+                others.sort_unstable();
+                others.dedup();
+                others.iter().filter(|a| **a != adapter).count() >= slots as usize
+            });
+        AdapterCost { load: !resident, wait_slot }
+    }
+}
+
+/// The expected wait for a LoRA slot on a worker whose running requests live `lifetime_s`
+/// (scheduled → last token, measured: [`PrefillMeter::request_lifetime_s`]) on average: half of
+/// it, the mean remaining time of a request seen at a random point of its run. A slot frees when
+/// the last running request of one of the adapters holding it finishes: later than that when an
+/// adapter has several, sooner when several slots can free. `configured_s` stands in until the
+/// lifetime is measured (`routing.adapter_slot_wait_ms`).
+pub fn slot_wait_s(lifetime_s: Option<f64>, configured_s: f64) -> f64 {
+    lifetime_s.filter(|l| l.is_finite() && *l >= 0.0).map_or(configured_s, |l| l / 2.0).max(0.0)
+}
+
+/// Adapters at most remembered per worker in [`AdapterBookings`] (the oldest dropped beyond).
+pub const ADAPTER_BOOKINGS_PER_WORKER: usize = 64;
+
+/// Adapters this indexer routed to each worker recently: each counts as running there for
+/// `ttl` (`routing.adapter_booking_ttl_ms`), until the engine's own `vllm:lora_requests_info`
+/// shows it. At most [`ADAPTER_BOOKINGS_PER_WORKER`] per worker, one entry per adapter; removed
+/// with the worker. Pure; the clock is passed in.
+#[derive(Debug, Default)]
+pub struct AdapterBookings {
+    ttl: Duration,
+    workers: HashMap<String, VecDeque<(Arc<str>, Instant)>>,
+}
+
+impl AdapterBookings {
+    /// Bookings that count for `ttl`.
+    pub fn new(ttl: Duration) -> Self {
+        Self { ttl, workers: HashMap::new() }
+    }
+
+    /// A new TTL (config reload); what was booked stays.
+    pub fn set_ttl(&mut self, ttl: Duration) {
+        self.ttl = ttl;
+    }
+
+    /// Records a request for `adapter` routed to `worker` at `now`.
+    pub fn routed(&mut self, worker: &str, adapter: &str, now: Instant) {
+        let ttl = self.ttl;
+        let q = self.workers.entry(worker.to_owned()).or_default();
+        q.retain(|(a, at)| &**a != adapter && now.saturating_duration_since(*at) < ttl);
+        q.push_back((Arc::from(adapter), now));
+        while q.len() > ADAPTER_BOOKINGS_PER_WORKER {
+            q.pop_front();
+        }
+    }
+
+    /// The adapters routed to `worker` within the TTL at `now`.
+    pub fn recent(&self, worker: &str, now: Instant) -> Vec<Arc<str>> {
+        self.workers.get(worker).map_or_else(Vec::new, |q| {
+            q.iter()
+                .filter(|(_, at)| now.saturating_duration_since(*at) < self.ttl)
+                .map(|(a, _)| Arc::clone(a))
+                .collect()
+        })
+    }
+
+    /// Forgets the worker (it left the fleet).
+    pub fn remove_worker(&mut self, worker: &str) {
+        self.workers.remove(worker);
+    }
+
+    /// Entries tracked over all workers (expired ones included until the worker's next booking).
+    pub fn len(&self) -> usize {
+        self.workers.values().map(VecDeque::len).sum()
+    }
+
+    /// Whether nothing is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// What placing a request on a worker costs, in seconds ([`ttft_s`] is this request's part):
@@ -385,7 +545,6 @@ impl PrefillBacklog {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use std::time::Duration;
 
     fn timing(queued: f64, batch: u64) -> WorkerTiming {
         WorkerTiming {
@@ -577,6 +736,105 @@ mod tests {
             b.add("w0", 100.0, 1.0, t0);
         }
         assert_eq!(b.len(), 3);
+        b.remove_worker("w0");
+        assert!(b.is_empty());
+    }
+
+    fn lora(max_lora: Option<u32>, running: &[&str], waiting: &[&str]) -> LoraInfo {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+        LoraInfo { max_lora, running: names(running), waiting: names(waiting) }
+    }
+
+    #[test]
+    fn adapter_cost_table() {
+        let (load, wait, both, none) = (
+            AdapterCost { load: true, wait_slot: false },
+            AdapterCost { load: false, wait_slot: true },
+            AdapterCost { load: true, wait_slot: true },
+            AdapterCost::default(),
+        );
+        // (max_lora, running, waiting, booked, want for adapter "a")
+        type Case = (
+            Option<u32>,
+            &'static [&'static str],
+            &'static [&'static str],
+            &'static [&'static str],
+            AdapterCost,
+        );
+        let cases: [Case; 11] = [
+            (Some(2), &[], &[], &[], load), // idle engine: load into a free slot
+            (Some(2), &["a"], &[], &[], none), // running: loaded, holds a slot
+            (Some(2), &[], &["a"], &[], none), // waiting: loaded (or being) for a request
+            (Some(2), &[], &[], &["a"], none), // just routed there: counts as running
+            (Some(1), &["b"], &[], &[], both), // the one slot held by b: load and wait
+            (Some(2), &["b"], &[], &[], load), // a second slot is free
+            (Some(2), &["b", "c"], &[], &[], both), // both held
+            (Some(1), &["b"], &["a"], &[], wait), // queued behind b: no load, but the wait
+            (Some(1), &["b"], &[], &["a"], none), // routed here: it will hold the slot
+            (Some(1), &[], &[], &["c"], both), // c just routed here takes the slot
+            (None, &["b", "c", "d"], &[], &[], load), // slots unknown: no wait is charged
+        ];
+        for (max_lora, running, waiting, booked, want) in cases {
+            let engine = lora(max_lora, running, waiting);
+            let w = WorkerAdapters {
+                engine: &engine,
+                booked: booked.iter().map(|b| Arc::from(*b)).collect(),
+                slot_wait_s: 2.0,
+            };
+            assert_eq!(w.cost("a"), want, "{max_lora:?} {running:?} {waiting:?} {booked:?}");
+        }
+        assert_eq!(load.delay_s(0.25, 2.0), 0.25);
+        assert_eq!(wait.delay_s(0.25, 2.0), 2.0);
+        assert_eq!(both.delay_s(0.25, 2.0), 2.25);
+        assert_eq!(none.delay_s(0.25, 2.0), 0.0);
+        // The delay is part of the predicted TTFT (and so of the cost).
+        let t = WorkerTiming { adapter_delay_s: 0.25, ..timing(0.0, 0) };
+        assert!((ttft_s(&t, 1000.0, 8192) - 0.35).abs() < 1e-9);
+    }
+
+    #[test]
+    fn slot_wait_is_half_the_measured_lifetime_else_the_configured_one() {
+        assert_eq!(slot_wait_s(Some(3.0), 2.0), 1.5);
+        assert_eq!(slot_wait_s(None, 2.0), 2.0);
+        assert_eq!(slot_wait_s(Some(f64::NAN), 2.0), 2.0);
+    }
+
+    #[test]
+    fn worker_adapters_need_the_engines_lora_info() {
+        let t0 = Instant::now();
+        let mut bookings = AdapterBookings::new(Duration::from_secs(2));
+        bookings.routed("w0", "a", t0);
+        let meter = PrefillMeter::default();
+        let plain = EngineSample::default();
+        let with = EngineSample { lora: Some(lora(Some(1), &[], &[])), ..EngineSample::default() };
+        assert_eq!(WorkerAdapters::of("w0", None, &meter, &bookings, 500.0, t0), None);
+        assert_eq!(WorkerAdapters::of("w0", Some(&plain), &meter, &bookings, 500.0, t0), None);
+        let w = WorkerAdapters::of("w0", Some(&with), &meter, &bookings, 500.0, t0);
+        let w = w.expect("LoRA info");
+        assert_eq!((w.booked, w.slot_wait_s), (vec![Arc::from("a")], 0.5));
+    }
+
+    #[test]
+    fn adapter_bookings_expire_and_are_bounded() {
+        let t0 = Instant::now();
+        let s = |ms| t0 + Duration::from_millis(ms);
+        let mut b = AdapterBookings::new(Duration::from_millis(1000));
+        b.routed("w0", "a", t0);
+        b.routed("w0", "b", s(600));
+        b.routed("w0", "a", s(700)); // refreshed, not repeated
+        assert_eq!(b.len(), 2);
+        let names = |v: Vec<Arc<str>>| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        assert_eq!(names(b.recent("w0", s(900))), ["b", "a"]);
+        assert_eq!(names(b.recent("w0", s(1650))), ["a"], "b expired at 1600 ms");
+        assert!(b.recent("w0", s(1700)).is_empty());
+        assert!(b.recent("w1", t0).is_empty());
+        b.set_ttl(Duration::ZERO);
+        assert!(b.recent("w0", s(700)).is_empty(), "a TTL of 0 is off");
+        b.set_ttl(Duration::from_secs(60));
+        for i in 0..ADAPTER_BOOKINGS_PER_WORKER + 10 {
+            b.routed("w0", &format!("x{i}"), s(800));
+        }
+        assert_eq!(b.len(), ADAPTER_BOOKINGS_PER_WORKER);
         b.remove_worker("w0");
         assert!(b.is_empty());
     }

@@ -23,7 +23,7 @@ use crate::events::listener::{ListenerHandle, ListenerStats};
 use crate::index::{KvIndex, OverlapScores, WorkerSlot};
 use crate::load::LoadTracker;
 use crate::metrics::Metrics;
-use crate::predict::{LoadOutlook, PrefillBacklog};
+use crate::predict::{AdapterBookings, LoadOutlook, PrefillBacklog};
 use crate::recent::Sessions;
 use crate::scrape::{CounterMirror, EngineSample, PrefillMeter};
 use crate::speculative::Speculative;
@@ -70,13 +70,14 @@ pub const BACKLOG_MAX_PER_WORKER: usize = 4096;
 
 /// What placement remembers between decisions: booked prefill draining per worker, the blocks of
 /// recent decisions (speculative holdings), and the recent route rate, per-worker utilization and
-/// prompt tokens per second that the cost, `session_balance` and `request_balance` read; and the
-/// decisions' randomness (near-tie draws), taken under the same lock. All pure; the clock is
-/// passed in.
+/// prompt tokens per second that the cost, `session_balance` and `request_balance` read; the
+/// LoRA adapters just routed to each worker; and the decisions' randomness (near-tie draws), taken
+/// under the same lock. All pure; the clock is passed in.
 pub struct Placement {
     pub backlog: PrefillBacklog,
     pub speculative: Speculative,
     pub outlook: LoadOutlook,
+    pub adapters: AdapterBookings,
     pub rng: StdRng,
 }
 
@@ -91,6 +92,9 @@ impl Placement {
                 r.speculative_max_blocks_per_worker,
             ),
             outlook: LoadOutlook::new(r.load_outlook_window_s),
+            adapters: AdapterBookings::new(std::time::Duration::from_millis(
+                r.adapter_booking_ttl_ms,
+            )),
         }
     }
 
@@ -98,6 +102,7 @@ impl Placement {
     pub fn remove_worker(&mut self, id: &str) {
         self.backlog.remove_worker(id);
         self.outlook.remove_worker(id);
+        self.adapters.remove_worker(id);
     }
 
     /// New bounds (a reload).
@@ -107,6 +112,7 @@ impl Placement {
             r.speculative_max_blocks_per_worker,
         );
         self.outlook.set_window(r.load_outlook_window_s);
+        self.adapters.set_ttl(std::time::Duration::from_millis(r.adapter_booking_ttl_ms));
     }
 }
 
@@ -259,7 +265,7 @@ impl AppState {
                 .iter()
                 .map(|w| {
                     let mut l = load.worker(&w.cfg.id);
-                    l.waiting_requests = w.engine.map_or(0, |e| e.waiting.max(0.0) as u64);
+                    l.waiting_requests = w.engine.as_ref().map_or(0, |e| e.waiting.max(0.0) as u64);
                     FleetWorker {
                         id: w.cfg.id.clone(),
                         endpoint: w.cfg.endpoint.clone(),
@@ -352,7 +358,7 @@ impl AppState {
             m.worker_active_blocks.with_label_values(&[id]).set(l.active_blocks as i64);
             m.worker_prefill_tokens.with_label_values(&[id]).set(l.prefill_tokens as i64);
             m.worker_healthy.with_label_values(&[id]).set(i64::from(w.gets_traffic()));
-            if let Some(e) = w.engine {
+            if let Some(e) = &w.engine {
                 m.worker_running.with_label_values(&[id]).set(e.running as i64);
                 m.worker_waiting.with_label_values(&[id]).set(e.waiting as i64);
             }
@@ -399,9 +405,9 @@ impl AppState {
                 routable: w.routable,
                 scrape_failures: w.scrape_failures,
                 load: load.worker(&w.cfg.id),
-                engine_running: w.engine.map(|e| e.running),
-                engine_waiting: w.engine.map(|e| e.waiting),
-                engine_kv_usage: w.engine.and_then(|e| e.kv_usage),
+                engine_running: w.engine.as_ref().map(|e| e.running),
+                engine_waiting: w.engine.as_ref().map(|e| e.waiting),
+                engine_kv_usage: w.engine.as_ref().and_then(|e| e.kv_usage),
                 ranks: w
                     .ranks
                     .iter()

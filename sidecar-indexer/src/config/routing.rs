@@ -222,6 +222,17 @@ pub struct RoutingConfig {
     /// Blocks of recently routed prompts remembered to chain orphan stores (a prefix the index
     /// missed, e.g. after a restart); about 40 B each.
     pub recovery_max_blocks: usize,
+    /// Time (ms) a worker takes to load a LoRA adapter it has no request for, added to a
+    /// request's predicted TTFT there (`crate::predict::AdapterCost`). Set it to the engines'
+    /// measured load time (`vllm-sim --lora-load-ms`).
+    pub adapter_load_ms: f64,
+    /// Wait (ms) for a free LoRA slot assumed on a worker whose `max_lora` slots are all held by
+    /// other running adapters, until its request lifetime is measured (then half of it:
+    /// `crate::predict::slot_wait_s`).
+    pub adapter_slot_wait_ms: f64,
+    /// How long an adapter this indexer routed to a worker counts as running there before the
+    /// engine's `vllm:lora_requests_info` shows it (0 = off).
+    pub adapter_booking_ttl_ms: u64,
 }
 
 impl Default for RoutingConfig {
@@ -292,6 +303,9 @@ impl Default for RoutingConfig {
             kv_home_max_sessions: 200_000,
             max_concurrent_routes: 32,
             recovery_max_blocks: 262_144,
+            adapter_load_ms: 250.0,
+            adapter_slot_wait_ms: 2000.0,
+            adapter_booking_ttl_ms: 2000,
         }
     }
 }
@@ -312,6 +326,8 @@ impl RoutingConfig {
             ("routing.near_tie_ms", self.near_tie_ms),
             ("routing.near_tie_fraction", self.near_tie_fraction),
             ("routing.decode_step_ms", self.decode_step_ms),
+            ("routing.adapter_load_ms", self.adapter_load_ms),
+            ("routing.adapter_slot_wait_ms", self.adapter_slot_wait_ms),
         ];
         for (field, v) in non_negative {
             if !v.is_finite() || v < 0.0 {

@@ -40,6 +40,7 @@ mod score;
 use rand::Rng;
 
 use crate::config::RoutingConfig;
+use crate::predict::WorkerTiming;
 
 use mode::{choose_mode, ModeChoice, ModeInput};
 use overrides::Override;
@@ -55,13 +56,18 @@ pub fn decide<R: Rng + ?Sized>(
     cfg: &RoutingConfig,
     rng: &mut R,
 ) -> Result<Plan, DecideError> {
-    // The last-block rule, once, for everything downstream (decision, metrics, modes).
+    // The last-block rule and the adapter's delay, once, for everything downstream (decision,
+    // metrics, modes).
     let cap = input.max_cached_blocks();
     let workers: Vec<WorkerView<'_>> = workers
         .iter()
         .map(|w| WorkerView {
             overlap_blocks: w.overlap_blocks.min(cap),
             speculative_blocks: w.speculative_blocks.min(cap),
+            timing: WorkerTiming {
+                adapter_delay_s: score::adapter_delay_s(input, w, cfg),
+                ..w.timing
+            },
             ..w.clone()
         })
         .collect();
@@ -191,6 +197,7 @@ fn assemble(
         local_continuation: mode.local_continuation,
         uncached_tokens: mode.uncached_tokens,
         predicted_ttft_ms: s.ms(),
+        adapter: score::adapter_cost(input, s.w),
     }
 }
 

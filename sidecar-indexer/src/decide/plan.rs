@@ -7,7 +7,7 @@
 use kvmesh_core::api::{Mode, ReasonCode, Role, RouteDecision};
 use kvmesh_core::session::{SessionKey, SessionSource};
 
-use crate::predict::{max_cached_blocks, WorkerTiming};
+use crate::predict::{max_cached_blocks, AdapterCost, WorkerAdapters, WorkerTiming};
 
 /// One worker as the decision sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,6 +31,9 @@ pub struct WorkerView<'a> {
     /// Prompt tokens per second this indexer routed to it recently (`crate::predict::LoadOutlook`):
     /// its share of the fleet's KV and decode work, for `session_balance` and `request_balance`.
     pub recent_tokens_per_s: f64,
+    /// Its LoRA adapters (running, waiting, slots, just routed); None when its engine does not say
+    /// (`vllm:lora_requests_info` absent): unknown, and an adapter costs nothing there.
+    pub adapters: Option<WorkerAdapters<'a>>,
 }
 
 impl WorkerView<'_> {
@@ -61,6 +64,9 @@ pub struct RouteInput<'a> {
     /// The request opens a conversation (a chat with no earlier turn): no worker holds its
     /// history, so it has no home by the index, and its later turns will follow it.
     pub opens_conversation: bool,
+    /// The LoRA adapter the request's `model` resolved to (`ModelRef::adapter`); None for a base
+    /// model. Priced by each worker's [`WorkerView::adapters`].
+    pub adapter: Option<&'a str>,
 }
 
 impl RouteInput<'_> {
@@ -136,6 +142,9 @@ pub struct Plan {
     pub uncached_tokens: u64,
     /// Predicted time to first token on the chosen worker, milliseconds.
     pub predicted_ttft_ms: f64,
+    /// What the request's adapter costs on the chosen worker (nothing without an adapter, or where
+    /// the engine does not say).
+    pub adapter: AdapterCost,
 }
 
 impl Plan {

@@ -1,6 +1,7 @@
 //! What every stage ranks by: each candidate's predicted TTFT and cost for this request
-//! ([`score`], from [`crate::predict`]), the hard `overload_*` guards ([`overloaded`], [`guarded`])
-//! and the fallback order. Computed once per request ([`candidates`]); the stages compare these
+//! ([`score`], from [`crate::predict`]; a LoRA request's adapter delay per worker,
+//! [`adapter_delay_s`]), the hard `overload_*` guards ([`overloaded`], [`guarded`]) and the
+//! fallback order. Computed once per request ([`candidates`]); the stages compare these
 //! numbers and never compute them again.
 //!
 //! A [`Scored`] candidate carries its index in the worker views the decision was given (`at`):
@@ -12,7 +13,7 @@ use kvmesh_core::rendezvous;
 
 use super::plan::{RouteInput, WorkerView};
 use crate::config::{KvMigration, RoutingConfig};
-use crate::predict::{cost_s, ttft_s};
+use crate::predict::{cost_s, ttft_s, AdapterCost};
 
 /// An `overload_*` guard a worker is over: which one, its value and the limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +61,26 @@ pub fn overloaded(w: &WorkerView<'_>, cfg: &RoutingConfig) -> Option<Overload> {
     .into_iter()
     .find(|&(_, value, limit)| limit > 0 && value >= limit)
     .map(|(guard, value, limit)| Overload { guard, value, limit })
+}
+
+/// What the request's adapter costs on `w` (nothing for a base-model request, or where the engine
+/// does not export its adapters).
+pub(crate) fn adapter_cost(input: &RouteInput<'_>, w: &WorkerView<'_>) -> AdapterCost {
+    match (input.adapter, &w.adapters) {
+        (Some(adapter), Some(adapters)) => adapters.cost(adapter),
+        _ => AdapterCost::default(),
+    }
+}
+
+/// The delay the request's adapter adds on `w` before its prefill, seconds: `adapter_load_ms` to
+/// load it, plus the worker's expected slot wait when other adapters hold every slot.
+pub(crate) fn adapter_delay_s(
+    input: &RouteInput<'_>,
+    w: &WorkerView<'_>,
+    cfg: &RoutingConfig,
+) -> f64 {
+    let slot_wait_s = w.adapters.as_ref().map_or(0.0, |a| a.slot_wait_s);
+    adapter_cost(input, w).delay_s(cfg.adapter_load_ms / 1000.0, slot_wait_s)
 }
 
 /// A worker with its prediction for this request.

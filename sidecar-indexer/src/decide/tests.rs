@@ -1,6 +1,7 @@
 use super::*;
 use crate::config::{KvMigration, SessionPlacement};
-use crate::predict::WorkerTiming;
+use crate::predict::{AdapterCost, WorkerAdapters, WorkerTiming};
+use crate::scrape::LoraInfo;
 use kvmesh_core::api::{FleetSnapshot, FleetWorker, Mode, ReasonCode, Role, WorkerLoad};
 use kvmesh_core::rendezvous;
 use kvmesh_core::session::{SessionKey, SessionSource};
@@ -33,6 +34,7 @@ pub(crate) fn view(id: &'static str, overlap: u32, queued: u64) -> WorkerView<'s
             ..WorkerTiming::default()
         },
         recent_tokens_per_s: 0.0,
+        adapters: None,
     }
 }
 
@@ -47,6 +49,7 @@ fn input(tokens: usize) -> RouteInput<'static> {
         continuation: false,
         kv_home: None,
         opens_conversation: false,
+        adapter: None,
     }
 }
 
@@ -738,5 +741,140 @@ fn readme_documents_every_reason_code() {
             "README misses reason code {}",
             c.as_str()
         );
+    }
+}
+
+/// `view` whose engine reports `running` and `waiting` adapters and `max_lora` slots, with
+/// `booked` adapters just routed there and a slot wait of 2 s.
+fn lora_view(
+    id: &'static str,
+    overlap: u32,
+    running: &[&str],
+    waiting: &[&str],
+    max_lora: u32,
+    booked: &[&str],
+) -> WorkerView<'static> {
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+    let engine = Box::leak(Box::new(LoraInfo {
+        max_lora: Some(max_lora),
+        running: names(running),
+        waiting: names(waiting),
+    }));
+    WorkerView {
+        adapters: Some(WorkerAdapters {
+            engine,
+            booked: booked.iter().map(|b| std::sync::Arc::from(*b)).collect(),
+            slot_wait_s: 2.0,
+        }),
+        ..view(id, overlap, 0)
+    }
+}
+
+/// 640 tokens (64 ms cold) under adapter `a`; `routing.adapter_load_ms` is 250 ms by default.
+fn for_adapter(tokens: usize) -> RouteInput<'static> {
+    RouteInput { adapter: Some("a"), ..input(tokens) }
+}
+
+#[test]
+fn an_adapter_request_prefers_a_worker_with_its_adapter_running_waiting_or_just_routed() {
+    let cfg = RoutingConfig::default();
+    for resident in [
+        lora_view("w2", 0, &["a"], &[], 2, &[]),
+        lora_view("w2", 0, &[], &["a"], 2, &[]),
+        lora_view("w2", 0, &["b"], &[], 2, &["a"]),
+    ] {
+        let workers = [lora_view("w1", 0, &["b"], &[], 2, &[]), resident.clone()];
+        for seed in 0..20 {
+            let plan = decide(&for_adapter(640), &workers, &cfg, &mut StdRng::seed_from_u64(seed))
+                .unwrap();
+            assert_eq!(plan.worker, "w2", "{resident:?}");
+            assert_eq!(plan.adapter, AdapterCost::default());
+            assert!(close(plan.predicted_ttft_ms, 64.0), "{}", plan.predicted_ttft_ms);
+        }
+        // On w1 alone it pays the load: 64 + 250 ms.
+        let plan = decide(&for_adapter(640), &workers[..1], &cfg, &mut rng()).unwrap();
+        assert_eq!(plan.adapter, AdapterCost { load: true, wait_slot: false });
+        assert!(close(plan.predicted_ttft_ms, 314.0), "{}", plan.predicted_ttft_ms);
+    }
+}
+
+#[test]
+fn an_adapter_load_is_paid_where_the_cache_saves_more() {
+    let cfg = RoutingConfig::default();
+    // 6,400 tokens: 640 ms cold. w1 holds 399 of its blocks (under the adapter) but must load
+    // it: 1.6 ms + 250 ms. w2 runs the adapter and holds nothing: 640 ms.
+    let workers = [lora_view("w1", 399, &[], &[], 2, &[]), lora_view("w2", 0, &["a"], &[], 2, &[])];
+    let plan = decide(&for_adapter(6400), &workers, &cfg, &mut rng()).unwrap();
+    assert_eq!(plan.worker, "w1");
+    assert_eq!(plan.adapter, AdapterCost { load: true, wait_slot: false });
+    assert!(close(plan.predicted_ttft_ms, 251.6), "{}", plan.predicted_ttft_ms);
+    // A slower load (1 s) tips it the other way.
+    let slow = RoutingConfig { adapter_load_ms: 1000.0, ..cfg };
+    let plan = decide(&for_adapter(6400), &workers, &slow, &mut rng()).unwrap();
+    assert_eq!((plan.worker.as_str(), plan.adapter), ("w2", AdapterCost::default()));
+}
+
+#[test]
+fn a_worker_whose_slots_other_adapters_hold_loses_to_one_with_a_free_slot() {
+    let cfg = RoutingConfig::default();
+    // Both must load `a`; w1's one slot is held by running `b` (and w3's by `c`, just routed
+    // there): they also wait for it (2 s). w2 has a free slot.
+    let workers = [
+        lora_view("w1", 10, &["b"], &[], 1, &[]),
+        lora_view("w2", 0, &["b"], &[], 2, &[]),
+        lora_view("w3", 10, &[], &[], 1, &["c"]),
+    ];
+    for seed in 0..20 {
+        let plan =
+            decide(&for_adapter(640), &workers, &cfg, &mut StdRng::seed_from_u64(seed)).unwrap();
+        assert_eq!(plan.worker, "w2");
+        assert_eq!(plan.adapter, AdapterCost { load: true, wait_slot: false });
+    }
+    let plan = decide(&for_adapter(640), &workers[..1], &cfg, &mut rng()).unwrap();
+    assert_eq!(plan.adapter, AdapterCost { load: true, wait_slot: true });
+    // 480 uncached tokens (48 ms) + 250 ms load + 2 s wait.
+    assert!(close(plan.predicted_ttft_ms, 2298.0), "{}", plan.predicted_ttft_ms);
+    // Waiting for a slot without loading: `a` is queued on w1 behind running `b`.
+    let queued = lora_view("w1", 0, &["b"], &["a"], 1, &[]);
+    let plan = decide(&for_adapter(640), &[queued], &cfg, &mut rng()).unwrap();
+    assert_eq!(plan.adapter, AdapterCost { load: false, wait_slot: true });
+    assert!(close(plan.predicted_ttft_ms, 2064.0), "{}", plan.predicted_ttft_ms);
+}
+
+#[test]
+fn an_engine_without_lora_info_charges_nothing() {
+    // An engine that does not export `vllm:lora_requests_info`: unknown, no cost.
+    let cfg = RoutingConfig::default();
+    let plan = decide(&for_adapter(640), &[view("w1", 0, 0)], &cfg, &mut rng()).unwrap();
+    assert_eq!(plan.adapter, AdapterCost::default());
+    assert!(close(plan.predicted_ttft_ms, 64.0));
+}
+
+proptest! {
+    /// A base-model request (no adapter) is decided exactly as before: the workers' adapter
+    /// state changes nothing.
+    #[test]
+    fn without_an_adapter_the_adapter_state_changes_nothing(
+        workers in proptest::collection::vec((0u32..40, 0u64..5000, 0usize..3, 0usize..3, 1u32..3, 0usize..3), 1..5),
+        tokens in 16usize..2000,
+        seed in 0u64..1000,
+    ) {
+        let cfg = RoutingConfig::default();
+        let ids = ["w0", "w1", "w2", "w3", "w4"];
+        let names = ["a", "b", "c"];
+        let plain: Vec<WorkerView<'static>> =
+            workers.iter().enumerate().map(|(i, &(o, q, ..))| view(ids[i], o, q)).collect();
+        let with: Vec<WorkerView<'static>> = workers
+            .iter()
+            .enumerate()
+            .map(|(i, &(o, _, r, w, max, b))| WorkerView {
+                timing: plain[i].timing,
+                active_blocks: plain[i].active_blocks,
+                ..lora_view(ids[i], o, &names[..r], &names[..w], max, &names[..b])
+            })
+            .collect();
+        let a = decide(&input(tokens), &plain, &cfg, &mut StdRng::seed_from_u64(seed)).unwrap();
+        let b = decide(&input(tokens), &with, &cfg, &mut StdRng::seed_from_u64(seed)).unwrap();
+        prop_assert_eq!(a, b);
     }
 }

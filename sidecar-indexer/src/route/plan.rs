@@ -18,7 +18,7 @@ use super::ApiError;
 use crate::config::{Config, IndexMode};
 use crate::decide::{decide, DecideError, Leg, Plan, RouteInput, WorkerView};
 use crate::load::LoadTracker;
-use crate::predict::WorkerTiming;
+use crate::predict::{WorkerAdapters, WorkerTiming};
 use crate::state::{AppState, Fleet, Placement};
 
 /// Matches the prompt, decides and books the chosen worker; the booking is released if the call
@@ -53,6 +53,8 @@ pub fn decide_and_book<'a>(
         continuation,
         kv_home: kv_home.as_deref(),
         opens_conversation: prompt.opens_conversation,
+        // The resolved model's LoRA adapter (issue 44: `ModelRef::adapter`), once resolved here.
+        adapter: None,
     };
     let fleet = state.fleet.read();
     let overlaps = fleet.overlaps(&scores);
@@ -105,7 +107,7 @@ pub fn decide_and_book<'a>(
         Vec::new()
     };
     // Backlog and speculative holdings for the next decisions (siblings see these blocks at once).
-    let held = placed(&mut placement, &fleet, &plan, &prompt.chains, cfg, now);
+    let held = placed(&mut placement, &fleet, &plan, input.adapter, &prompt.chains, cfg, now);
     drop(placement);
     drop(fleet);
     // A burst of decisions between scrapes is placed on a stale view of the engines' queues
@@ -115,6 +117,7 @@ pub fn decide_and_book<'a>(
         state.scrape_soon.notify_one();
     }
     metrics.placed(&plan, t_score.elapsed(), held);
+    state.metrics.adapter_placed(&cfg.model.name, plan.adapter);
     let record = Record {
         basis: plan.basis,
         local_continuation: plan.local_continuation,
@@ -153,8 +156,10 @@ pub fn views<'a>(
         .zip(overlaps)
         .map(|(w, &overlap)| {
             let booked: WorkerLoad = load.worker(&w.cfg.id);
-            let (running, waiting) =
-                w.engine.map_or((0, 0), |e| (e.running.max(0.0) as u64, e.waiting.max(0.0) as u64));
+            let (running, waiting) = w
+                .engine
+                .as_ref()
+                .map_or((0, 0), |e| (e.running.max(0.0) as u64, e.waiting.max(0.0) as u64));
             // Requests the engine runs that this indexer did not route (other gateways, direct
             // traffic) still load it: count them at the mean booked size, or a configured guess.
             let unseen = (running + waiting).saturating_sub(booked.active_requests);
@@ -188,8 +193,17 @@ pub fn views<'a>(
                     decode_step_s: w.decode_step_s(r),
                     arrivals_per_s,
                     utilization: placement.outlook.utilization(&w.cfg.id, tps, now),
+                    adapter_delay_s: 0.0, // per request: the decision prices the adapter
                 },
                 recent_tokens_per_s: placement.outlook.tokens_per_s(&w.cfg.id, now),
+                adapters: WorkerAdapters::of(
+                    &w.cfg.id,
+                    w.engine.as_ref(),
+                    &w.meter,
+                    &placement.adapters,
+                    r.adapter_slot_wait_ms,
+                    now,
+                ),
             }
         })
         .collect()
@@ -197,12 +211,13 @@ pub fn views<'a>(
 
 /// Records a decision for the next ones: its prefill joins the backlog of the worker that
 /// computes it (the prefill worker of a `disagg` plan, else the decode worker) and its blocks
-/// become speculative holdings of the workers that will hold them. Returns the speculative blocks
-/// held now.
+/// become speculative holdings of the workers that will hold them, as its LoRA `adapter` becomes
+/// theirs for the next decisions' adapter cost. Returns the speculative blocks held now.
 fn placed(
     placement: &mut Placement,
     fleet: &Fleet,
     plan: &Plan,
+    adapter: Option<&str>,
     chains: &[SequenceHash],
     cfg: &Config,
     now: Instant,
@@ -233,6 +248,9 @@ fn placed(
         holders.push(prefill_on);
     }
     for id in holders {
+        if let Some(adapter) = adapter {
+            placement.adapters.routed(id, adapter, now);
+        }
         if let Some(slot) = worker(id).and_then(|w| w.ranks.first()).map(|r| r.slot) {
             placement.speculative.record(slot, chains, now);
         }

@@ -4,8 +4,9 @@
 //! up), plus the counter mirror that turns successive raw engine counter values into increments that
 //! survive engine restarts (a value going down is a reset: the new value is the increment), and the
 //! [`PrefillMeter`] that turns successive samples into the worker's measured prefill throughput and
-//! decode step time (the inputs of [`crate::predict`]). Reading the answer within
-//! `routing.scrape_max_body_bytes` is [`body`]'s, the one part with I/O.
+//! decode step time (the inputs of [`crate::predict`]), and the engine's LoRA adapters
+//! ([`LoraInfo`], from `vllm:lora_requests_info`: the adapter part of the cost). Reading the answer
+//! within `routing.scrape_max_body_bytes` is [`body`]'s, the one part with I/O.
 
 pub mod body;
 
@@ -13,7 +14,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// What one scrape says.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineSample {
     pub running: f64,
     pub waiting: f64,
@@ -41,6 +42,59 @@ pub struct EngineSample {
     /// token, per finished request): how long before its finish a request's prefill may have run.
     pub inference_time_sum: Option<f64>,
     pub inference_count: Option<f64>,
+    /// `vllm:lora_requests_info`: the engine's LoRA adapters; None when it does not export it (no
+    /// `--enable-lora`, or not vLLM): the adapter cost is then unknown and nothing is charged.
+    pub lora: Option<LoraInfo>,
+}
+
+/// The engine's LoRA adapters as `vllm:lora_requests_info` says, as of its newest series.
+///
+/// vLLM sets that gauge to the current time under labels naming the adapters, so every change of
+/// state leaves a new series behind and the old ones stay (a scrape holds one per state seen):
+/// `vllm:lora_requests_info{max_lora="2",running_lora_adapters="a,b",waiting_lora_adapters="c"}
+/// 1.78e9`. The series with the largest value is the current state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoraInfo {
+    /// `max_lora` (`--max-loras`): adapters the running batch may hold at once (GPU slots); None
+    /// when the label is missing or not a number (the slot part of the cost is then off).
+    pub max_lora: Option<u32>,
+    /// Adapters with requests in the running batch (each holds a slot), at most [`MAX_LORA_NAMES`].
+    pub running: Vec<String>,
+    /// Adapters with requests waiting to be scheduled, at most [`MAX_LORA_NAMES`].
+    pub waiting: Vec<String>,
+}
+
+/// Adapter names kept per list of [`LoraInfo`] (the rest are dropped): the text comes from the
+/// engine, bounded only by `routing.scrape_max_body_bytes`, and `--max-loras` is single digits
+/// in practice.
+pub const MAX_LORA_NAMES: usize = 256;
+
+impl LoraInfo {
+    /// Whether `adapter` has requests running or waiting (loaded, or being loaded for them).
+    pub fn holds(&self, adapter: &str) -> bool {
+        self.running.iter().chain(&self.waiting).any(|a| a == adapter)
+    }
+
+    /// The current state from the labels of the newest `vllm:lora_requests_info` series.
+    /// vLLM v0 exported `max_lora="0"` without LoRA: that is no LoRA (None), not zero slots.
+    fn from_labels(sample: &kvmesh_core::prom::Sample) -> Option<Self> {
+        let names = |key: &str| -> Vec<String> {
+            let mut out: Vec<String> = Vec::new();
+            for name in sample.label(key).unwrap_or("").split(',').map(str::trim) {
+                if !name.is_empty() && out.len() < MAX_LORA_NAMES && !out.iter().any(|n| n == name)
+                {
+                    out.push(name.to_owned());
+                }
+            }
+            out
+        };
+        let max_lora = sample.label("max_lora").and_then(|v| v.trim().parse::<u32>().ok());
+        (max_lora != Some(0)).then(|| Self {
+            max_lora,
+            running: names("running_lora_adapters"),
+            waiting: names("waiting_lora_adapters"),
+        })
+    }
 }
 
 /// Parses the metrics routing reads from a vLLM-compatible exposition (with the project's one
@@ -51,6 +105,8 @@ pub struct EngineSample {
 pub fn parse_engine_metrics(text: &str) -> EngineSample {
     let mut s = EngineSample::default();
     let mut old_hits = None;
+    // The newest `vllm:lora_requests_info` series: its value is when vLLM last set it.
+    let mut lora: Option<(f64, &kvmesh_core::prom::Sample)> = None;
     let mut old_queries = None;
     let (mut old_itl_sum, mut old_itl_count) = (None, None);
     let (samples, _skipped) = kvmesh_core::prom::parse_lossy_where(text, |name| {
@@ -84,9 +140,13 @@ pub fn parse_engine_metrics(text: &str) -> EngineSample {
             "vllm:request_inference_time_seconds_count" => add(&mut s.inference_count),
             "vllm:time_per_output_token_seconds_sum" => add(&mut old_itl_sum),
             "vllm:time_per_output_token_seconds_count" => add(&mut old_itl_count),
+            "vllm:lora_requests_info" if lora.is_none_or(|(newest, _)| value > newest) => {
+                lora = Some((value, sample));
+            }
             _ => {}
         }
     }
+    s.lora = lora.and_then(|(_, sample)| LoraInfo::from_labels(sample));
     if s.itl_sum.is_none() {
         (s.itl_sum, s.itl_count) = (old_itl_sum, old_itl_count);
     }
@@ -165,6 +225,8 @@ pub struct PrefillMeter {
     /// The last trusted measurements: kept while the window holds too little (an idle engine).
     rate: Option<f64>,
     step: Option<f64>,
+    /// The last trusted mean request lifetime (scheduled → last token), seconds.
+    lifetime: Option<f64>,
     /// Whether `rate` came from a full reading (`min_tokens`), not a [`FIRST_READING_MIN_TOKENS`] one.
     rate_is_full: bool,
 }
@@ -183,6 +245,9 @@ const MAX_HELD: usize = 1024;
 
 /// Decode tokens the window must hold before its mean inter-token latency is trusted.
 pub const MIN_ITL_SAMPLES: f64 = 64.0;
+
+/// Finished requests the window must hold before their mean lifetime is trusted.
+pub const MIN_LIFETIME_SAMPLES: f64 = 4.0;
 
 /// Scrape intervals the meter averages over (16 × the 500 ms default: 8 s) at least …
 const WINDOW: usize = 16;
@@ -208,7 +273,7 @@ impl PrefillMeter {
     /// computed tokens, and then kept until a newer window qualifies. Before the first such
     /// window, one holding [`FIRST_READING_MIN_TOKENS`] gives a first reading.
     pub fn observe(&mut self, s: &EngineSample, now: Instant, hold: MeterHold) {
-        if let Some((prev, at)) = self.last.replace((*s, now)) {
+        if let Some((prev, at)) = self.last.replace((s.clone(), now)) {
             let inc = |new: Option<f64>, old: Option<f64>| match (new, old) {
                 (Some(n), Some(o)) if n >= o => Some(n - o),
                 _ => None, // absent, or a reset: this interval says nothing
@@ -274,6 +339,9 @@ impl PrefillMeter {
             if let Some(t) = self.window_step(MIN_ITL_SAMPLES) {
                 self.step = Some(t);
             }
+            if let Some(l) = self.window_lifetime(MIN_LIFETIME_SAMPLES) {
+                self.lifetime = Some(l);
+            }
         }
     }
 
@@ -285,6 +353,13 @@ impl PrefillMeter {
     /// Measured mean inter-token latency in seconds (the last window that held enough), if any.
     pub fn decode_step_s(&self) -> Option<f64> {
         self.step
+    }
+
+    /// Measured mean request lifetime in seconds, scheduled → last token
+    /// (`vllm:request_inference_time_seconds`, the last window that held enough), if any: how long
+    /// a running request keeps its LoRA slot ([`crate::predict::slot_wait_s`]).
+    pub fn request_lifetime_s(&self) -> Option<f64> {
+        self.lifetime
     }
 
     /// The window's prefill tokens per second, when it holds at least `min_tokens` computed tokens
@@ -317,6 +392,15 @@ impl PrefillMeter {
         let lag = if finished > 0.0 { lifetime / finished } else { 0.0 };
         let busy = busy.min(wall + lag);
         (tokens >= min_tokens && busy > 0.0).then(|| tokens / busy)
+    }
+
+    /// The window's mean request lifetime (seconds), when at least `min_finished` requests
+    /// finished in its last [`WINDOW`] intervals.
+    fn window_lifetime(&self, min_finished: f64) -> Option<f64> {
+        let recent = || self.window.iter().rev().take(WINDOW);
+        let finished: f64 = recent().map(|d| d.finished).sum();
+        let sum: f64 = recent().map(|d| d.lifetime_s).sum();
+        (finished >= min_finished.max(1.0)).then(|| sum / finished)
     }
 
     /// The window's mean inter-token latency (seconds), when it holds `min_tokens` decode tokens.

@@ -297,3 +297,89 @@ fn mirror_handles_resets() {
     assert_eq!(m.advance(20.0), 20.0);
     assert_eq!(m.advance(20.0), 0.0);
 }
+
+/// A vLLM exposition with LoRA on (`--enable-lora --max-loras 2`), as its `/metrics` prints it: the
+/// gauge is set to the current time under labels naming the adapters, so every state it went
+/// through stays a series; the newest (largest value) is the current one — here the second line,
+/// listed neither first nor last.
+const VLLM_LORA: &str = r#"
+# HELP vllm:lora_requests_info Running stats on lora requests.
+# TYPE vllm:lora_requests_info gauge
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1.7886264546318772e+09
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="adapter_ko,adapter_json",waiting_lora_adapters="adapter_sql"} 1.7886264577368872e+09
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="adapter_json",waiting_lora_adapters="adapter_json"} 1.7886264547073758e+09
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+"#;
+
+#[test]
+fn lora_info_is_the_newest_series() {
+    let s = parse_engine_metrics(VLLM_LORA);
+    assert_eq!(s.running, 3.0, "the rest of the sample is parsed as before");
+    let lora = s.lora.expect("LoRA on");
+    assert_eq!(
+        lora,
+        LoraInfo {
+            max_lora: Some(2),
+            running: vec!["adapter_ko".into(), "adapter_json".into()],
+            waiting: vec!["adapter_sql".into()],
+        }
+    );
+    assert!(lora.holds("adapter_sql") && lora.holds("adapter_ko") && !lora.holds("other"));
+    // The series order does not matter: the largest value wins.
+    let reversed: String = VLLM_LORA.lines().rev().map(|l| format!("{l}\n")).collect();
+    assert_eq!(parse_engine_metrics(&reversed).lora, Some(lora));
+}
+
+#[test]
+fn lora_info_edge_cases() {
+    // No LoRA: no gauge (vLLM v1), or v0's `max_lora="0"`: unknown, not zero slots.
+    assert_eq!(parse_engine_metrics("vllm:num_requests_running 1\n").lora, None);
+    let v0 = r#"vllm:lora_requests_info{max_lora="0",running_lora_adapters="",waiting_lora_adapters=""} 1.0"#;
+    assert_eq!(parse_engine_metrics(v0).lora, None);
+    // Idle with LoRA on: known, nothing running.
+    let idle = r#"vllm:lora_requests_info{max_lora="1",running_lora_adapters="",waiting_lora_adapters=""} 5.0"#;
+    assert_eq!(
+        parse_engine_metrics(idle).lora,
+        Some(LoraInfo { max_lora: Some(1), running: vec![], waiting: vec![] })
+    );
+    // No max_lora label (or not a number): the adapters are known, the slots are not. Names are
+    // trimmed, empty ones and repeats dropped; the other label order parses the same.
+    let odd =
+        r#"vllm:lora_requests_info{waiting_lora_adapters="c",running_lora_adapters="a, b,,a"} 2"#;
+    assert_eq!(
+        parse_engine_metrics(odd).lora,
+        Some(LoraInfo {
+            max_lora: None,
+            running: vec!["a".into(), "b".into()],
+            waiting: vec!["c".into()]
+        })
+    );
+    // A non-finite value is no series.
+    let nan = r#"vllm:lora_requests_info{max_lora="1",running_lora_adapters="x",waiting_lora_adapters=""} NaN"#;
+    assert_eq!(parse_engine_metrics(nan).lora, None);
+    // Bounded: at most MAX_LORA_NAMES names per list.
+    let many: Vec<String> = (0..MAX_LORA_NAMES + 10).map(|i| format!("a{i}")).collect();
+    let big = format!(
+        "vllm:lora_requests_info{{max_lora=\"4\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"\"}} 1\n",
+        many.join(",")
+    );
+    assert_eq!(parse_engine_metrics(&big).lora.map(|l| l.running.len()), Some(MAX_LORA_NAMES));
+}
+
+#[test]
+fn meter_measures_the_mean_request_lifetime() {
+    let t0 = Instant::now();
+    let mut m = PrefillMeter::default();
+    let with_lifetime = |sum: f64, count: f64| EngineSample {
+        inference_time_sum: Some(sum),
+        inference_count: Some(count),
+        ..sample(0.0, 0.0, Some(0.0), 0.0, 0.0, (0.0, 0.0))
+    };
+    m.observe(&with_lifetime(0.0, 0.0), t0, hold(1.0));
+    // Three finished (below MIN_LIFETIME_SAMPLES): not trusted yet.
+    m.observe(&with_lifetime(9.0, 3.0), t0 + Duration::from_secs(1), hold(1.0));
+    assert_eq!(m.request_lifetime_s(), None);
+    // Two more, 2 s each: 13 s over 5 requests.
+    m.observe(&with_lifetime(13.0, 5.0), t0 + Duration::from_secs(2), hold(1.0));
+    assert_eq!(m.request_lifetime_s(), Some(13.0 / 5.0));
+}
