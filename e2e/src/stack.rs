@@ -2,9 +2,10 @@
 //!
 //! One [`StackSpec`] describes the fleet; [`Stack::start`] starts the workers first (each binds port 0
 //! and reports its addresses), then writes the fleet file the indexer reads and renders the Envoy
-//! bootstrap from the same worker list, so the two can never disagree. Policies other than
-//! [`EnvoyPolicy::Kvmesh`] run Envoy alone with one of its own load balancers — the baselines the
-//! benchmark compares against.
+//! bootstrap from the same worker list, so the two can never disagree. A spec with several models
+//! (or LoRA adapters) starts each simulator for its worker's model and writes `[[models]]`.
+//! Policies other than [`EnvoyPolicy::Kvmesh`] run Envoy alone with one of its own load
+//! balancers — the baselines the benchmark compares against.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -56,6 +57,11 @@ impl Stack {
         let workers = match &spec.engines {
             crate::vllm::Engines::Sim => start_sims(&spec, &dir)?,
             crate::vllm::Engines::Vllm(opts) => {
+                // Real engines serve the one dummy model `vllm::start_workers` sets up; a fleet of
+                // several models there needs a model directory per base model.
+                if !spec.models.is_empty() {
+                    bail!("several models (StackSpec::models) run on simulators or external engines, not on engines this harness starts");
+                }
                 crate::vllm::start_workers(&spec.workers, opts, spec.block_size, &dir).await?
             }
             crate::vllm::Engines::External => crate::vllm::external_workers(&spec.workers)?,

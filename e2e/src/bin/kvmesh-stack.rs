@@ -149,17 +149,11 @@ async fn main() -> anyhow::Result<()> {
             EngineKind::Vllm => "vLLM",
             EngineKind::External => "external",
         };
-        let model = stack.spec.model(w.model.as_deref()).map_or(String::new(), |m| {
-            format!(
-                "  model {}{}",
-                m.name,
-                if m.adapters.is_empty() {
-                    String::new()
-                } else {
-                    format!(" + adapters {}", m.adapters.join(", "))
-                }
-            )
-        });
+        let model = match stack.spec.model(w.model.as_deref()) {
+            Some(m) if m.adapters.is_empty() => format!("  model {}", m.name),
+            Some(m) => format!("  model {} + adapters {}", m.name, m.adapters.join(", ")),
+            None => String::new(),
+        };
         println!(
             "  worker {:<6} {:<8} {engine:<8} http://{}  events {}{model}",
             w.id,
