@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 
 const A: &str = "deepseek-v4";
 const B: &str = "deepseek-v4-mini";
-const SECRET: &str = "multi-model-e2e";
+const SECRET: &str = "multi-model-e2e-override";
 
 /// Every name a request may use, with its base model.
 const NAMES: [(&str, &str); 6] =
