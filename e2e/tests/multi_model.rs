@@ -213,20 +213,23 @@ async fn gateway_lists_every_model(stack: &Stack) -> anyhow::Result<()> {
     let want = expected_models();
     let url = stack.gateway("/v1/models");
     let c = stack.client().clone();
-    let last = std::sync::Mutex::new(String::new());
     let listed = poll::until("the gateway's /v1/models lists the whole fleet", || {
-        let (c, url, want, last) = (c.clone(), url.clone(), want.clone(), &last);
+        let (c, url, want) = (c.clone(), url.clone(), want.clone());
         async move {
             let r = c.get(&url).send().await.ok()?;
             let from_engine = r.headers().contains_key(kvmesh_e2e::client::SIM_WORKER);
             let body: Value = r.json().await.ok()?;
-            *last.lock().ok()? = body.to_string();
             (!from_engine && model_ids(&body) == want).then_some(body)
         }
     })
     .await;
-    let listed =
-        listed.map_err(|e| anyhow::anyhow!("{e}; last answer {}", last.lock().unwrap()))?;
+    let listed = match listed {
+        Ok(listed) => listed,
+        Err(e) => {
+            let last = c.get(&url).send().await?.text().await?;
+            anyhow::bail!("{e}; the last answer: {last}");
+        }
+    };
     assert_eq!(listed["object"], "list");
     Ok(())
 }
