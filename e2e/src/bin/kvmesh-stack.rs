@@ -244,7 +244,7 @@ fn print_model_curls(stack: &Stack) {
     }
     if let Some((m, adapter)) = models.iter().find_map(|m| Some((m, m.adapters.first()?))) {
         println!("  # LoRA adapter {adapter}: on {}'s workers; its KV blocks are its own (send it twice: the second is a hit)", m.name);
-        println!("  {}", chat_curl(stack, adapter, "Write a SQL query that counts the rows of t."));
+        println!("  {}", chat_curl(stack, adapter, "You are a SQL assistant for a sales database with the tables customers, orders and products. Write a query that counts the orders of each customer in 2025, sorted by that count."));
     }
     println!("  # a model nobody serves: 404 from the gateway in vLLM's shape; no engine sees it");
     println!("  {}", chat_curl(stack, "no-such-model", "Hello!"));
