@@ -71,7 +71,7 @@ validate: build ## Validate Envoy, Istio, Kubernetes and Prometheus configs offl
 
 # `make run` is what a newcomer judges kvmesh by: release binaries (the build is paid once); tests stay on debug.
 RUN_PROFILE ?= release
-run: setup wasm ## Serve a KV-aware gateway on 127.0.0.1:8080 over local simulated workers, release build (FLEET=<file> for another fleet, ENGINES=vllm for real vLLM CPU engines, ENGINES=external FLEET=<file> for engines already running, PROMETHEUS=1 for Prometheus on :9090, RUN_PROFILE=debug for debug binaries)
+run: setup wasm ## Serve a KV-aware gateway on 127.0.0.1:8080 over local simulated workers, release build (FLEET=<file> for another fleet, e.g. FLEET=envoy/fleets/multi-model.toml: two models and three LoRA adapters, a curl per kind of request; ENGINES=vllm for real vLLM CPU engines, ENGINES=external FLEET=<file> for engines already running, PROMETHEUS=1 for Prometheus on :9090, RUN_PROFILE=debug for debug binaries)
 	@echo "make run: building $(RUN_PROFILE) binaries (the first build takes a few minutes)"
 	$(MAKE) --no-print-directory build PROFILE=$(RUN_PROFILE)
 	$(if $(filter vllm,$(ENGINES)),@scripts/setup-vllm.sh >/dev/null,)

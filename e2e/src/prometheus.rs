@@ -40,6 +40,14 @@ pub const OPERATOR_QUERIES: &[(&str, &str)] = &[
     ),
     ("routing decisions by mode and outcome", "sum by (mode, outcome) (rate(kvmesh_filter_requests_total[5m]))"),
     ("why the filter routed without the indexer (all 0: it never had to)", "sum by (reason) (rate(kvmesh_filter_fallbacks_total[5m]))"),
+    (
+        "router KV hit rate per base model (several models behind one gateway)",
+        r#"sum by (model) (rate(router_kv_overlap_blocks_total{job="kvmesh-gateway"}[5m])) / sum by (model) (rate(router_kv_isl_blocks_total{job="kvmesh-gateway"}[5m]))"#,
+    ),
+    (
+        "engine prefix-cache hit rate per served model",
+        "sum by (model_name) (rate(vllm:prefix_cache_hits_total[5m])) / sum by (model_name) (rate(vllm:prefix_cache_queries_total[5m]))",
+    ),
 ];
 
 /// How to start Prometheus.

@@ -2,9 +2,10 @@
 //!
 //! One [`StackSpec`] describes the fleet; [`Stack::start`] starts the workers first (each binds port 0
 //! and reports its addresses), then writes the fleet file the indexer reads and renders the Envoy
-//! bootstrap from the same worker list, so the two can never disagree. Policies other than
-//! [`EnvoyPolicy::Kvmesh`] run Envoy alone with one of its own load balancers — the baselines the
-//! benchmark compares against.
+//! bootstrap from the same worker list, so the two can never disagree. A spec with several models
+//! (or LoRA adapters) starts each simulator for its worker's model and writes `[[models]]`.
+//! Policies other than [`EnvoyPolicy::Kvmesh`] run Envoy alone with one of its own load
+//! balancers — the baselines the benchmark compares against.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,8 +18,9 @@ use crate::procs::{binary, free_port, Proc};
 use crate::prom::Metrics;
 pub use crate::worker::{Worker, WorkerSpec};
 
+mod fleet_file;
 mod spec;
-pub use spec::{EnvoyPolicy, Ports, StackSpec};
+pub use spec::{EnvoyPolicy, ModelSpec, Ports, StackSpec};
 
 /// A running stack. Dropping it kills every process.
 pub struct Stack {
@@ -41,6 +43,7 @@ pub struct Stack {
 impl Stack {
     pub async fn start(spec: StackSpec) -> anyhow::Result<Self> {
         spec.check_filter_config()?;
+        spec.check_models()?;
         let (dir, tmp) = match &spec.work_dir {
             Some(d) => {
                 std::fs::create_dir_all(d)?;
@@ -54,6 +57,11 @@ impl Stack {
         let workers = match &spec.engines {
             crate::vllm::Engines::Sim => start_sims(&spec, &dir)?,
             crate::vllm::Engines::Vllm(opts) => {
+                // Real engines serve the one dummy model `vllm::start_workers` sets up; a fleet of
+                // several models there needs a model directory per base model.
+                if !spec.models.is_empty() {
+                    bail!("several models (StackSpec::models) run on simulators or external engines, not on engines this harness starts");
+                }
                 crate::vllm::start_workers(&spec.workers, opts, spec.block_size, &dir).await?
             }
             crate::vllm::Engines::External => crate::vllm::external_workers(&spec.workers)?,
@@ -321,6 +329,14 @@ impl Stack {
         }
     }
 
+    /// The workers serving base model `model` (all of them in a single-model stack).
+    pub fn workers_of(&self, model: &str) -> Vec<&Worker> {
+        self.workers
+            .iter()
+            .filter(|w| self.spec.model(w.model.as_deref()).is_none_or(|m| m.name == model))
+            .collect()
+    }
+
     pub fn worker(&self, id: &str) -> anyhow::Result<&Worker> {
         self.workers.iter().find(|w| w.id == id).with_context(|| format!("no worker {id}"))
     }
@@ -393,10 +409,23 @@ impl Stack {
 fn start_sims(spec: &StackSpec, dir: &Path) -> anyhow::Result<Vec<Worker>> {
     let sim = binary("vllm-sim", spec.release)?;
     let mut procs = Vec::new();
+    let adapter_dir = dir.join("lora");
     for w in &spec.workers {
         let mut cmd = Command::new(&sim);
-        cmd.args(["--port", "0", "--id", &w.id, "--role", w.role.as_str()])
-            .args(["--block-size", &spec.block_size.to_string()]);
+        cmd.args(["--port", "0", "--id", &w.id, "--role", w.role.as_str()]);
+        match spec.model(w.model.as_deref()) {
+            Some(m) => {
+                // vLLM loads an adapter from its directory; the simulator only names it, but
+                // the path it is given exists either way.
+                for a in &m.adapters {
+                    std::fs::create_dir_all(adapter_dir.join(a))?;
+                }
+                cmd.args(m.engine_args(&adapter_dir));
+            }
+            None => {
+                cmd.args(["--block-size", &spec.block_size.to_string()]);
+            }
+        }
         if spec.kv_events {
             cmd.args([
                 "--kv-events-endpoint",
@@ -415,6 +444,7 @@ fn start_sims(spec: &StackSpec, dir: &Path) -> anyhow::Result<Vec<Worker>> {
         workers.push(Worker {
             id: w.id.clone(),
             role: w.role,
+            model: w.model.clone(),
             http,
             kv_events: proc.ready_field("kv_events").map(str::to_owned),
             replay: proc.ready_field("replay").map(str::to_owned),
@@ -428,6 +458,9 @@ fn start_sims(spec: &StackSpec, dir: &Path) -> anyhow::Result<Vec<Worker>> {
 pub const ENVOY_DRAIN_TIME_S: u64 = 2;
 
 /// The fleet file the indexer reads: one description for the indexer and the Envoy bootstrap.
+/// A single-model spec gets one `[model]` table; a spec with a model catalog
+/// ([`StackSpec::has_model_catalog`]) gets one `[[models]]` table per model and each worker's
+/// `model`.
 pub fn fleet_toml(
     spec: &StackSpec,
     workers: &[&Worker],
@@ -435,22 +468,41 @@ pub fn fleet_toml(
     admin_port: u16,
     indexer_port: u16,
 ) -> String {
-    let mut out = format!(
-        "listen = \"127.0.0.1:{indexer_port}\"\n\n[model]\nname = \"deepseek-v4\"\nblock_size = {}\n{}\n\n[gateway]\nlisten = \"127.0.0.1:{gateway_port}\"\nadmin = \"127.0.0.1:{admin_port}\"\n\n[routing]\n{}\n",
-        spec.block_size, spec.model_toml, spec.routing_toml
-    );
+    let catalog = spec.has_model_catalog();
+    let mut out = format!("listen = \"127.0.0.1:{indexer_port}\"\n\n");
+    if catalog {
+        out.push_str(&models_toml(&spec.models));
+    } else {
+        // One model without aliases or adapters: a `[model]` table, as every single-model
+        // fleet is written.
+        let (name, block_size, extra) = match spec.models.first() {
+            Some(m) => (m.name.as_str(), m.block_size, toml_lines(&m.extra_toml)),
+            None => ("deepseek-v4", spec.block_size, String::new()),
+        };
+        out.push_str(&format!(
+            "[model]\nname = {}\nblock_size = {block_size}\n{extra}{}\n",
+            toml_str(name),
+            spec.model_toml
+        ));
+    }
+    out.push_str(&format!(
+        "\n[gateway]\nlisten = \"127.0.0.1:{gateway_port}\"\nadmin = \"127.0.0.1:{admin_port}\"\n\n[routing]\n{}\n",
+        spec.routing_toml
+    ));
     if let Ok(filter) = toml::Value::try_from(spec.filter_config_json()) {
         if let Ok(text) = toml::to_string(&filter) {
             out.push_str(&format!("\n[filter]\n{text}"));
         }
     }
+    let default_model = spec.models.first().map(|m| m.name.as_str());
     for w in workers {
-        out.push_str(&format!(
-            "\n[[workers]]\nid = \"{}\"\nrole = \"{}\"\nendpoint = \"{}\"\n",
-            w.id,
-            w.role.as_str(),
-            w.http
-        ));
+        out.push_str(&format!("\n[[workers]]\nid = \"{}\"\n", w.id));
+        if catalog {
+            if let Some(model) = w.model.as_deref().or(default_model) {
+                out.push_str(&format!("model = {}\n", toml_str(model)));
+            }
+        }
+        out.push_str(&format!("role = \"{}\"\nendpoint = \"{}\"\n", w.role.as_str(), w.http));
         if let Some(ev) = &w.kv_events {
             out.push_str(&format!("kv_events = \"{ev}\"\n"));
         }
@@ -459,6 +511,43 @@ pub fn fleet_toml(
         }
     }
     out
+}
+
+/// The `[[models]]` tables of a fleet with a model catalog, the default model first.
+fn models_toml(models: &[ModelSpec]) -> String {
+    let list = |names: &[String]| {
+        let quoted: Vec<String> = names.iter().map(|n| toml_str(n)).collect();
+        format!("[{}]", quoted.join(", "))
+    };
+    let mut out = String::new();
+    for m in models {
+        out.push_str(&format!("[[models]]\nname = {}\n", toml_str(&m.name)));
+        if !m.aliases.is_empty() {
+            out.push_str(&format!("aliases = {}\n", list(&m.aliases)));
+        }
+        out.push_str(&format!("block_size = {}\n", m.block_size));
+        if !m.adapters.is_empty() {
+            out.push_str(&format!("adapters = {}\n", list(&m.adapters)));
+        }
+        out.push_str(&toml_lines(&m.extra_toml));
+        out.push('\n');
+    }
+    out
+}
+
+/// Extra lines for a table, ending in a newline (nothing when there are none).
+fn toml_lines(extra: &str) -> String {
+    let extra = extra.trim_end();
+    if extra.is_empty() {
+        String::new()
+    } else {
+        format!("{extra}\n")
+    }
+}
+
+/// `s` as a TOML basic string, quotes and escapes included.
+fn toml_str(s: &str) -> String {
+    toml::Value::String(s.to_owned()).to_string()
 }
 
 fn split_host_port(addr: &str) -> anyhow::Result<(String, u16)> {
@@ -486,4 +575,113 @@ pub fn wasm_path() -> anyhow::Result<PathBuf> {
         bail!("{} not found: run `make wasm`", path.display());
     }
     Ok(path)
+}
+
+#[cfg(test)]
+mod fleet_toml_tests {
+    use super::*;
+    use kvmesh_core::api::Role;
+
+    fn worker(id: &str, model: Option<&str>, n: u16) -> Worker {
+        Worker {
+            id: id.into(),
+            role: Role::Both,
+            model: model.map(str::to_owned),
+            http: format!("127.0.0.1:{}", 8100 + n),
+            kv_events: Some(format!("tcp://127.0.0.1:{}", 5557 + n)),
+            replay: None,
+            proc: None,
+        }
+    }
+
+    #[test]
+    fn a_single_model_fleet_is_one_model_table_and_plain_workers() {
+        let spec = StackSpec::aggregate(2);
+        let (w0, w1) = (worker("w0", None, 0), worker("w1", None, 1));
+        let text = fleet_toml(&spec, &[&w0, &w1], 1, 2, 3);
+        assert_eq!(
+            text,
+            "listen = \"127.0.0.1:3\"\n\n[model]\nname = \"deepseek-v4\"\nblock_size = 16\n\n\n\
+             [gateway]\nlisten = \"127.0.0.1:1\"\nadmin = \"127.0.0.1:2\"\n\n[routing]\n\n\n\
+             [filter]\nsession_header = \"x-session-id\"\n\n\
+             [[workers]]\nid = \"w0\"\nrole = \"both\"\nendpoint = \"127.0.0.1:8100\"\nkv_events = \"tcp://127.0.0.1:5557\"\n\n\
+             [[workers]]\nid = \"w1\"\nrole = \"both\"\nendpoint = \"127.0.0.1:8101\"\nkv_events = \"tcp://127.0.0.1:5558\"\n"
+        );
+    }
+
+    #[test]
+    fn several_models_are_a_catalog_and_every_worker_names_its_model() {
+        let mut a = ModelSpec::new("base-a", 16).aliases(&["a"]).adapters(&["a-sql", "a-chat"]);
+        a.extra_toml = "chat_template = \"/t.jinja\"".into();
+        let b = ModelSpec::new("base-b", 32).adapters(&["b-code"]);
+        let spec = StackSpec::multi_model(vec![a, b], 2);
+        spec.check_models().unwrap();
+        // A worker without a model serves the first one, and the fleet file says so.
+        let workers = [
+            worker("w0", None, 0),
+            worker("w1", Some("base-a"), 1),
+            worker("w2", Some("base-b"), 2),
+        ];
+        let text = fleet_toml(&spec, &workers.iter().collect::<Vec<_>>(), 1, 2, 3);
+        let doc: toml::Table = toml::from_str(&text).unwrap();
+        assert!(doc.get("model").is_none(), "[[models]] and [model] are exclusive:\n{text}");
+        let models = doc["models"].as_array().unwrap();
+        let names: Vec<&str> = models.iter().map(|m| m["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["base-a", "base-b"]);
+        assert_eq!(models[0]["block_size"].as_integer(), Some(16));
+        assert_eq!(models[1]["block_size"].as_integer(), Some(32));
+        assert_eq!(models[0]["aliases"].as_array().unwrap().len(), 1);
+        assert_eq!(models[0]["adapters"].as_array().unwrap().len(), 2);
+        assert_eq!(models[0]["chat_template"].as_str(), Some("/t.jinja"));
+        assert!(models[1].get("aliases").is_none());
+        let served: Vec<&str> = doc["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["model"].as_str().unwrap())
+            .collect();
+        assert_eq!(served, ["base-a", "base-a", "base-b"]);
+    }
+
+    #[test]
+    fn each_model_starts_its_engines_with_its_names_block_size_and_adapters() {
+        let a = ModelSpec::new("base-a", 16).aliases(&["a"]).adapters(&["a-sql", "a-chat"]);
+        let dir = Path::new("/lora");
+        assert_eq!(
+            a.engine_args(dir),
+            [
+                "--served-model-name",
+                "base-a",
+                "a",
+                "--block-size",
+                "16",
+                "--enable-lora",
+                "--lora-modules",
+                "a-sql=/lora/a-sql",
+                "a-chat=/lora/a-chat",
+                "--max-loras",
+                "2"
+            ]
+        );
+        let b = ModelSpec { max_loras: Some(1), ..ModelSpec::new("base-b", 32).adapters(&["x"]) };
+        assert!(b.engine_args(dir).ends_with(&["--max-loras".to_owned(), "1".to_owned()]));
+        assert_eq!(
+            ModelSpec::new("c", 32).engine_args(dir),
+            ["--served-model-name", "c", "--block-size", "32"]
+        );
+    }
+
+    #[test]
+    fn one_model_without_adapters_is_still_a_model_table() {
+        let mut m = ModelSpec::new("small", 32);
+        m.extra_toml = "tokenizer = \"/t.json\"\n".into();
+        let spec = StackSpec::multi_model(vec![m], 1);
+        assert!(!spec.has_model_catalog());
+        let w0 = worker("w0", Some("small"), 0);
+        let doc: toml::Table = toml::from_str(&fleet_toml(&spec, &[&w0], 1, 2, 3)).unwrap();
+        assert_eq!(doc["model"]["name"].as_str(), Some("small"));
+        assert_eq!(doc["model"]["block_size"].as_integer(), Some(32));
+        assert_eq!(doc["model"]["tokenizer"].as_str(), Some("/t.json"));
+        assert!(doc["workers"][0].get("model").is_none());
+    }
 }

@@ -324,6 +324,7 @@ pub async fn start_engines(
         started.push(Worker {
             id: w.id.clone(),
             role: w.role,
+            model: w.model.clone(),
             http: format!("127.0.0.1:{}", ports.http),
             kv_events: Some(format!("tcp://127.0.0.1:{}", ports.events)),
             replay: Some(format!("tcp://127.0.0.1:{}", ports.replay)),
@@ -348,6 +349,7 @@ pub fn external_workers(workers: &[WorkerSpec]) -> anyhow::Result<Vec<Worker>> {
             Ok(Worker {
                 id: w.id.clone(),
                 role: w.role,
+                model: w.model.clone(),
                 http,
                 kv_events: w.kv_events.clone(),
                 replay: w.kv_replay.clone(),

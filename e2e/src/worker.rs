@@ -13,6 +13,9 @@ use crate::procs::Proc;
 pub struct WorkerSpec {
     pub id: String,
     pub role: Role,
+    /// The base model it serves (a name in [`crate::stack::StackSpec::models`]); `None`: the
+    /// stack's first (default) model.
+    pub model: Option<String>,
     /// Extra `vllm-sim` (or vLLM) flags for this worker only.
     pub args: Vec<String>,
     /// An external engine's addresses (`Engines::External`; ignored otherwise).
@@ -26,6 +29,7 @@ impl WorkerSpec {
         Self {
             id: id.into(),
             role,
+            model: None,
             args: Vec::new(),
             endpoint: None,
             kv_events: None,
@@ -38,6 +42,8 @@ impl WorkerSpec {
 pub struct Worker {
     pub id: String,
     pub role: Role,
+    /// The base model it serves (`None`: the stack's first, default model).
+    pub model: Option<String>,
     /// `ip:port` of its OpenAI server.
     pub http: String,
     pub kv_events: Option<String>,
@@ -54,6 +60,7 @@ impl Worker {
     /// This running engine as an external worker of another stack (its addresses, nothing started).
     pub fn external_spec(&self) -> WorkerSpec {
         WorkerSpec {
+            model: self.model.clone(),
             endpoint: Some(self.http.clone()),
             kv_events: self.kv_events.clone(),
             kv_replay: self.replay.clone(),

@@ -13,9 +13,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use kvmesh_core::api::Role;
 use kvmesh_e2e::prometheus::{self, Prometheus, OPERATOR_QUERIES};
-use kvmesh_e2e::stack::{Ports, Stack, StackSpec, WorkerSpec};
+use kvmesh_e2e::stack::{Ports, Stack, StackSpec};
 use kvmesh_e2e::vllm::{Engines, VllmOptions};
 
 /// What serves the workers.
@@ -104,7 +103,9 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     if let Some(path) = &args.fleet {
-        apply_fleet_file(&mut spec, path)?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+        spec.apply_fleet_file(&text).with_context(|| format!("fleet file {}", path.display()))?;
     }
     spec.sim_args.extend(args.sim_args.iter().cloned());
     spec.ports = Ports {
@@ -148,8 +149,13 @@ async fn main() -> anyhow::Result<()> {
             EngineKind::Vllm => "vLLM",
             EngineKind::External => "external",
         };
+        let model = match stack.spec.model(w.model.as_deref()) {
+            Some(m) if m.adapters.is_empty() => format!("  model {}", m.name),
+            Some(m) => format!("  model {} + adapters {}", m.name, m.adapters.join(", ")),
+            None => String::new(),
+        };
         println!(
-            "  worker {:<6} {:<8} {engine:<8} http://{}  events {}",
+            "  worker {:<6} {:<8} {engine:<8} http://{}  events {}{model}",
             w.id,
             w.role.as_str(),
             w.http,
@@ -168,10 +174,11 @@ async fn main() -> anyhow::Result<()> {
     }
     println!();
     println!("Try:");
-    println!(
-        "  curl -s {} -H 'content-type: application/json' -d '{{\"model\":\"deepseek-v4\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":16}}' -D - ",
-        stack.gateway("/v1/chat/completions")
-    );
+    if stack.spec.has_model_catalog() {
+        print_model_curls(&stack);
+    } else {
+        println!("  {}", chat_curl(&stack, "deepseek-v4", "Hello!"));
+    }
     if stack.workers.iter().any(|w| w.role == kvmesh_core::api::Role::Prefill) {
         println!("  # a long prompt: disaggregated (prefill leg on a prefill worker, x-kvmesh-decision-mode: disagg);");
         println!("  # send it again with the answer appended and a new question: a local continuation on the same decode worker");
@@ -207,6 +214,44 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A chat request for `model` through the gateway, ready to paste (`-D -` shows the headers: the
+/// engine's `x-sim-worker` and the kvmesh decision headers).
+fn chat_curl(stack: &Stack, model: &str, content: &str) -> String {
+    format!(
+        "curl -s {} -H 'content-type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"{content}\"}}],\"max_tokens\":16}}' -D - ",
+        stack.gateway("/v1/chat/completions")
+    )
+}
+
+/// One `curl` for each kind of request a fleet with several models (or adapters) answers: each
+/// base model, an alias, an adapter (its base model's workers, its own KV), a model nobody serves
+/// (the gateway's 404, no engine sees it), and the gateway's `GET /v1/models`.
+fn print_model_curls(stack: &Stack) {
+    let models = &stack.spec.models;
+    for m in models {
+        let workers: Vec<&str> = stack.workers_of(&m.name).iter().map(|w| w.id.as_str()).collect();
+        println!(
+            "  # base model {} (block size {}): served by {}",
+            m.name,
+            m.block_size,
+            workers.join(", ")
+        );
+        println!("  {}", chat_curl(stack, &m.name, "Hello!"));
+    }
+    if let Some((m, alias)) = models.iter().find_map(|m| Some((m, m.aliases.first()?))) {
+        println!("  # alias {alias}: the same workers and cache as {}", m.name);
+        println!("  {}", chat_curl(stack, alias, "Hello!"));
+    }
+    if let Some((m, adapter)) = models.iter().find_map(|m| Some((m, m.adapters.first()?))) {
+        println!("  # LoRA adapter {adapter}: on {}'s workers; its KV blocks are its own (send it twice: the second is a hit)", m.name);
+        println!("  {}", chat_curl(stack, adapter, "You are a SQL assistant for a sales database with the tables customers, orders and products. Write a query that counts the orders of each customer in 2025, sorted by that count."));
+    }
+    println!("  # a model nobody serves: 404 from the gateway in vLLM's shape; no engine sees it");
+    println!("  {}", chat_curl(stack, "no-such-model", "Hello!"));
+    println!("  # every base model, alias and adapter (adapters with their parent), answered by the gateway");
+    println!("  curl -s {}", stack.gateway("/v1/models"));
+}
+
 /// Longest wait for in-flight requests when stopping on SIGTERM / Ctrl-C (Kubernetes gives the
 /// gateway pod 45 s; its preStop drains for 25 s).
 const DRAIN_BOUND_S: u64 = 30;
@@ -234,51 +279,5 @@ async fn stop_while_starting(
     // A start blocked on a READY line notices the abort at its next await; either way the stack
     // it built so far is dropped here.
     drop(start.await);
-    Ok(())
-}
-
-/// Takes the workers, block size, `[routing]`, `[filter]` and `[gateway]` settings of a fleet file.
-fn apply_fleet_file(spec: &mut StackSpec, path: &PathBuf) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
-    let doc: toml::Table =
-        toml::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
-    if let Some(bs) =
-        doc.get("model").and_then(|m| m.get("block_size")).and_then(toml::Value::as_integer)
-    {
-        spec.block_size = u32::try_from(bs).context("model.block_size")?;
-    }
-    if let Some(routing) = doc.get("routing").and_then(toml::Value::as_table) {
-        spec.routing_toml = toml::to_string(routing)?;
-    }
-    if let Some(filter) = doc.get("filter") {
-        spec.filter_config = serde_json::to_value(filter)?;
-    }
-    if let Some(gateway) = doc.get("gateway").and_then(toml::Value::as_table) {
-        if let Some(sim) = gateway.get("local_sim_args").and_then(toml::Value::as_array) {
-            spec.sim_args = sim.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect();
-        }
-    }
-    let workers = doc
-        .get("workers")
-        .and_then(toml::Value::as_array)
-        .context("fleet file has no [[workers]]")?;
-    spec.workers = workers
-        .iter()
-        .map(|w| {
-            let id = w.get("id").and_then(toml::Value::as_str).context("worker without id")?;
-            let role = match w.get("role").and_then(toml::Value::as_str).unwrap_or("both") {
-                "decode" => Role::Decode,
-                "prefill" => Role::Prefill,
-                "both" => Role::Both,
-                other => anyhow::bail!("worker {id}: unknown role {other}"),
-            };
-            let mut spec = WorkerSpec::new(id, role);
-            let field = |k: &str| w.get(k).and_then(toml::Value::as_str).map(str::to_owned);
-            spec.endpoint = field("endpoint");
-            spec.kv_events = field("kv_events");
-            spec.kv_replay = field("kv_replay");
-            Ok(spec)
-        })
-        .collect::<anyhow::Result<_>>()?;
     Ok(())
 }
