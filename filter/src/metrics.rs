@@ -163,6 +163,9 @@ label_enum! {
         IndexerError => "indexer_error",
         /// The circuit breaker is open after consecutive unanswered calls: the call was skipped.
         BreakerOpen => "breaker_open",
+        /// The body would pass the VM's `held_body_budget_bytes` (bodies already waiting for the
+        /// indexer on this worker thread): not read, no call made (`crate::body_budget`).
+        BodyBudget => "body_budget",
     }
 }
 
