@@ -121,6 +121,8 @@ CLIENT_ROUTER_HEADERS = {
 OVERLOAD_ACTIONS = {"envoy.overload_actions.reset_high_memory_stream", "envoy.overload_actions.shrink_heap",
                     "envoy.overload_actions.stop_accepting_requests"}
 FIXED_HEAP = "envoy.resource_monitors.fixed_heap"
+# HTTP/1 uploads in progress are not reset by reset_high_memory_stream: this load shed point cuts them.
+HTTP1_SHED = "envoy.load_shed_points.http1_server_abort_dispatch"
 
 
 def check_overload_manager(path, what, om, memory_limit_bytes=None):
@@ -139,6 +141,9 @@ def check_overload_manager(path, what, om, memory_limit_bytes=None):
     triggered = {a["name"] for a in om.get("actions", []) if any(t.get("name") == FIXED_HEAP for t in a.get("triggers", []))}
     if "envoy.overload_actions.reset_high_memory_stream" in triggered and not om.get("buffer_factory_config"):
         fail(path, f"{what}: reset_high_memory_stream needs buffer_factory_config (streams are not tracked without it)")
+    shed = {p["name"] for p in om.get("loadshed_points", []) if any(t.get("name") == FIXED_HEAP for t in p.get("triggers", []))}
+    if HTTP1_SHED not in shed:
+        fail(path, f"{what}: no {HTTP1_SHED} load shed point on the heap monitor (HTTP/1 uploads would grow the heap past its budget)")
     if OVERLOAD_ACTIONS - triggered:
         fail(path, f"{what}: overload actions {sorted(OVERLOAD_ACTIONS - triggered)} missing on the heap monitor")
     else:

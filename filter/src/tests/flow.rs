@@ -1190,3 +1190,57 @@ fn the_held_body_is_given_back_on_every_path() {
     f.on_body(None, 0, &fleet());
     assert_eq!(budget.held(), 0, "no body");
 }
+
+#[test]
+fn a_large_body_over_the_inflight_bound_is_refused_at_its_headers_and_small_ones_pass() {
+    let config = FilterConfig { max_body_bytes: 8 << 20, ..FilterConfig::default() };
+    let in_flight = BodyBudget::new(10 << 20);
+    let start = |len: usize| {
+        let mut f = flow(config.clone()).with_inflight_budget(Rc::clone(&in_flight));
+        let mut h = chat_headers();
+        h.retain(|(n, _)| n != "content-length");
+        h.push(("content-length".into(), len.to_string().into_bytes()));
+        let step = f.on_request_headers(&h, false, 0);
+        (f, step)
+    };
+    let (mut large, step) = start(8 << 20);
+    assert!(!step.effects.iter().any(|e| matches!(e, Effect::SendResponse { .. })));
+    assert_eq!(in_flight.held(), 8 << 20);
+
+    // A second large body would pass the bound: 503 at once, nothing else done.
+    let (mut refused, step) = start(3 << 20);
+    assert_eq!(step.next, Next::Pause);
+    let Some(Effect::SendResponse { status, headers: h, body }) =
+        step.effects.iter().find(|e| matches!(e, Effect::SendResponse { .. }))
+    else {
+        panic!("{:?}", step.effects)
+    };
+    assert_eq!(*status, 503);
+    assert!(h.contains(&(ERROR_REASON_HEADER, LARGE_BODIES_IN_FLIGHT.to_owned())));
+    assert!(h.contains(&("retry-after", "1".to_owned())));
+    let err: ErrorBody = serde_json::from_slice(body).unwrap();
+    assert_eq!(err.error.reason.as_deref(), Some(LARGE_BODIES_IN_FLIGHT));
+    assert_eq!(counted(&step.effects, Metric::LargeBodiesRefused), 1);
+    assert_eq!(refused.on_request_body(3 << 20, true).next, Next::Continue, "never read");
+    let done = refused.finish(Some(503));
+    assert_eq!(counted(&done, Metric::Requests(RouteLabel::Unrouted, OutcomeLabel::Rejected)), 1);
+    assert!(!done.iter().any(|e| matches!(e, Effect::QueueDone(_))));
+    assert_eq!(in_flight.held(), 8 << 20, "a refusal holds nothing");
+
+    // A small chat is admitted over the bound, and counted until it ends.
+    let (small, step) = start(3 << 20 >> 2);
+    assert!(!step.effects.iter().any(|e| matches!(e, Effect::SendResponse { .. })));
+    assert_eq!(in_flight.held(), (8 << 20) + (3 << 20 >> 2));
+    drop(small);
+    // The large one's end gives its bytes back: the next fits.
+    large.finish(Some(200));
+    assert_eq!(in_flight.held(), 0);
+    let (_next, step) = start(3 << 20);
+    assert!(!step.effects.iter().any(|e| matches!(e, Effect::SendResponse { .. })));
+
+    // Off: nothing counted.
+    let off = FilterConfig { max_inflight_body_bytes: 0, ..config.clone() };
+    let mut f = flow(off).with_inflight_budget(Rc::clone(&in_flight));
+    f.on_request_headers(&chat_headers(), false, 0);
+    assert_eq!(in_flight.held(), 3 << 20);
+}
