@@ -59,6 +59,10 @@ pub const DEFAULT_MAX_INFLIGHT_BODY_BYTES: usize = 128 * 1024 * 1024;
 /// tracks streams from the same size (`minimum_account_to_track_power_of_two: 20`).
 pub const INFLIGHT_EXEMPT_BODY_BYTES: usize = 1024 * 1024;
 
+/// The reason (`x-kvmesh-error`, the error body's `reason`) of the filter's 503 to a request
+/// refused by [`FilterConfig::max_inflight_body_bytes`].
+pub const LARGE_BODIES_IN_FLIGHT: &str = "large_bodies_in_flight";
+
 /// Largest [`FilterConfig::placement_memory_slots`]: at most 264 bytes each, 1M slots bound the
 /// table at ~280 MB of Envoy's shared data.
 pub const MAX_PLACEMENT_MEMORY_SLOTS: usize = 1 << 20;

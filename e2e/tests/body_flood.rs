@@ -20,6 +20,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use kvmesh_core::api::ERROR_REASON_HEADER;
+use kvmesh_core::filter_config::LARGE_BODIES_IN_FLIGHT;
 use kvmesh_e2e::client::{chat_body, filler, post_raw};
 use kvmesh_e2e::stack::{Stack, StackSpec};
 use serde_json::json;
@@ -29,6 +31,9 @@ const CLIENTS: usize = 64;
 const FLOOD: Duration = Duration::from_secs(30);
 /// Bounds the work whatever the machine's speed: at most this many requests per flood client.
 const MAX_PER_CLIENT: u64 = 12;
+/// The filter answers a large body past `max_inflight_body_bytes` at its headers, before the
+/// upload: within this even on a loaded machine (an upload of 8 MiB took up to ~20 s there).
+const FAST_REFUSAL: Duration = Duration::from_secs(5);
 /// A flood request that takes longer than this hangs.
 const HANG: Duration = Duration::from_secs(60);
 const MAX_BODY: usize = 8 << 20;
@@ -154,25 +159,36 @@ async fn a_flood_of_large_bodies_stays_within_memory_limits() -> anyhow::Result<
             let url = url.clone();
             async move {
                 let c = reqwest::Client::builder().timeout(HANG).build().ok();
-                let mut out = Vec::new();
-                for n in 0..MAX_PER_CLIENT {
-                    if started.elapsed() >= FLOOD {
-                        break;
-                    }
+                let (mut out, mut n, mut refused) = (Vec::new(), 0u64, 0u64);
+                // A request refused at its headers uploaded nothing: only uploads count against
+                // `MAX_PER_CLIENT`; after a refusal the client waits as `retry-after` says.
+                while n < MAX_PER_CLIENT && started.elapsed() < FLOOD {
                     // One client in eight starts with a body just over the limit.
                     let len =
                         if client % 8 == 7 && n == 0 { MAX_BODY + 1 } else { MAX_BODY - 2048 };
                     let t = Instant::now();
                     let (status, text) = match &c {
                         Some(c) => {
-                            match post_raw(c, &url, large_body(client * 100 + n, len), &[]).await {
-                                Ok(r) => (r.status, format!("{:.60}", r.text)),
+                            let body = large_body(client * 1000 + n * 50 + refused, len);
+                            match post_raw(c, &url, body, &[]).await {
+                                // The filter's refusal names itself; Envoy's answers by their body.
+                                Ok(r) => match r.headers.get(ERROR_REASON_HEADER) {
+                                    Some(v) => (r.status, v.to_str().unwrap_or("?").to_owned()),
+                                    None => (r.status, format!("{:.60}", r.text)),
+                                },
                                 Err(e) => (0, format!("{e:#}")),
                             }
                         }
                         None => (0, "no client".to_owned()),
                     };
+                    let at_headers = text == LARGE_BODIES_IN_FLIGHT;
                     out.push((status, t.elapsed(), text));
+                    if at_headers {
+                        refused += 1;
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    } else {
+                        n += 1;
+                    }
                 }
                 out
             }
@@ -195,13 +211,21 @@ async fn a_flood_of_large_bodies_stays_within_memory_limits() -> anyhow::Result<
             *texts.entry((*s, text.clone())).or_default() += 1;
         }
     }
+    let refusals: Vec<Duration> = flood
+        .iter()
+        .filter(|(s, _, text)| *s == 503 && text == LARGE_BODIES_IN_FLIGHT)
+        .map(|(_, d, _)| *d)
+        .collect();
+    let slowest = refusals.iter().max().copied().unwrap_or_default();
     let stats = stack.client().get(stack.admin("/stats?usedonly")).send().await?.text().await?;
     let shed = stat(&stats, SHED_COUNT);
     let body_budget = stat(&stats, "wasmcustom.kvmesh_filter_fallbacks_total.reason.body_budget");
     eprintln!(
-        "flood answers other than 200: {texts:?}; HTTP/1 uploads shed {shed}, requests refused \
+        "flood: the filter's refusals at the headers {}, slowest {:?}; answers other than 200: {texts:?}; HTTP/1 uploads shed {shed}, requests refused \
          (stop_accepting_requests) {}, streams reset {}; bodies over the held-body budget {body_budget}; \
          Envoy's /memory at the RSS peak: {}",
+        refusals.len(),
+        slowest,
         stat(&stats, "http.kvmesh.downstream_rq_overload_close").saturating_sub(shed),
         stat(&stats, "envoy.overload_actions.reset_high_memory_stream.count"),
         heap_peak.lock().map(|p| p.replace(char::is_whitespace, "")).unwrap_or_default()
@@ -233,6 +257,11 @@ async fn a_flood_of_large_bodies_stays_within_memory_limits() -> anyhow::Result<
     assert!(ok * 100 >= sent * 99, "only {ok} of {sent} small chats succeeded: {failures:?}");
     let bad: Vec<_> = by_status.keys().filter(|s| ![200, 413, 500, 503].contains(*s)).collect();
     assert!(bad.is_empty(), "flood requests ended otherwise (0 = hung or reset): {by_status:?}");
+    assert!(
+        slowest < FAST_REFUSAL,
+        "the filter's refusals at the headers took up to {slowest:?} ({} of them)",
+        refusals.len()
+    );
     // A 500 is Envoy's answer to an upload it shed (`SHED_COUNT`), never an engine's.
     let shed_answers = by_status.get(&500).map_or(0, |(n, _)| *n);
     assert!(

@@ -25,7 +25,7 @@ use kvmesh_core::api::{
     DoneReport, ErrorBody, FleetSnapshot, Outcome, RouteDecision, ERROR_REASON_HEADER,
 };
 use kvmesh_core::body_base::{BodyBase, BASE_UNKNOWN, BASE_UNKNOWN_STATUS, MIN_BODY_BYTES};
-use kvmesh_core::filter_config::INFLIGHT_EXEMPT_BODY_BYTES;
+use kvmesh_core::filter_config::{INFLIGHT_EXEMPT_BODY_BYTES, LARGE_BODIES_IN_FLIGHT};
 use kvmesh_core::headers;
 use kvmesh_core::openai::Endpoint;
 use kvmesh_core::session::{SessionKey, SessionSource};
@@ -56,9 +56,8 @@ pub const KV_TRANSFER_PARAMS: &str = "kv_transfer_params";
 /// before the filter runs, in every shipped config.)
 pub const ENVOY_MAX_RETRIES: &str = "x-envoy-max-retries";
 
-/// The status and reason of a request refused for `max_inflight_body_bytes`.
+/// The status of a request refused for `max_inflight_body_bytes`.
 pub const LARGE_BODIES_STATUS: u16 = 503;
-pub const LARGE_BODIES_IN_FLIGHT: &str = "large_bodies_in_flight";
 
 /// Gives the fallback the last fleet snapshot (shared data in Envoy, a fixture in tests).
 pub trait FleetSource {
