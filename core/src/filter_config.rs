@@ -48,21 +48,6 @@ pub const DEFAULT_HELD_BODY_BUDGET_BYTES: usize = 32 * 1024 * 1024;
 /// Largest accepted [`FilterConfig::held_body_budget_bytes`]: half a wasm32 VM's address space.
 pub const MAX_HELD_BODY_BUDGET_BYTES: usize = 2 * 1024 * 1024 * 1024;
 
-/// Default [`FilterConfig::max_inflight_body_bytes`]: sixteen 8 MiB bodies per worker thread.
-/// Envoy keeps a body until its response ends (the router holds it for retries), so 2 worker
-/// threads × 128 MiB of bodies, with Envoy's copies, stay within the shipped 768 MiB heap budget
-/// below the overload manager's thresholds.
-pub const DEFAULT_MAX_INFLIGHT_BODY_BYTES: usize = 128 * 1024 * 1024;
-
-/// Bodies of at most this many bytes are always admitted by [`FilterConfig::max_inflight_body_bytes`]
-/// (and counted): the bound turns away large uploads, never ordinary chats. Envoy's overload manager
-/// tracks streams from the same size (`minimum_account_to_track_power_of_two: 20`).
-pub const INFLIGHT_EXEMPT_BODY_BYTES: usize = 1024 * 1024;
-
-/// The reason (`x-kvmesh-error`, the error body's `reason`) of the filter's 503 to a request
-/// refused by [`FilterConfig::max_inflight_body_bytes`].
-pub const LARGE_BODIES_IN_FLIGHT: &str = "large_bodies_in_flight";
-
 /// Largest [`FilterConfig::placement_memory_slots`]: at most 264 bytes each, 1M slots bound the
 /// table at ~280 MB of Envoy's shared data.
 pub const MAX_PLACEMENT_MEMORY_SLOTS: usize = 1 << 20;
@@ -121,15 +106,6 @@ pub struct FilterConfig {
     /// the indexer (the session's remembered worker or header-keyed pin, else Envoy's fallback LB),
     /// counted as fallback reason `body_budget`. At least `max_body_bytes`, at most 2 GiB.
     pub held_body_budget_bytes: usize,
-    /// Bytes of request bodies (as their `content-length` announces) that the requests in flight
-    /// on one worker thread may carry, from their headers to the end of their stream: Envoy buffers
-    /// each body whole and keeps it until the response ends. A request announcing more than
-    /// [`INFLIGHT_EXEMPT_BODY_BYTES`] that would pass the bound is answered 503 at its headers,
-    /// before its body is uploaded (reason `large_bodies_in_flight`, `retry-after: 1`). Envoy's
-    /// overload manager cannot tell a large upload from a small chat: under a flood of large
-    /// bodies it refuses both, and it does not cut HTTP/1 uploads already accepted. 0 = off; else
-    /// at least `max_body_bytes`, at most 2 GiB.
-    pub max_inflight_body_bytes: usize,
     /// Where fleet polling and done-report dispatch run.
     pub background: Background,
     /// Period of the `GET /v1/fleet` poll; 0 = never poll (the local fallback then has no fleet).
@@ -183,7 +159,6 @@ impl Default for FilterConfig {
             debug_headers: false,
             max_body_bytes: 4 * 1024 * 1024,
             held_body_budget_bytes: DEFAULT_HELD_BODY_BUDGET_BYTES,
-            max_inflight_body_bytes: DEFAULT_MAX_INFLIGHT_BODY_BYTES,
             background: Background::Singleton,
             fleet_refresh_ms: 1000,
             background_timeout_ms: 1000,
@@ -332,16 +307,6 @@ impl FilterConfig {
                 "held_body_budget_bytes",
                 self.held_body_budget_bytes,
                 "must be at least `max_body_bytes` (else a body that size could never be routed) and at most 2147483648",
-            ));
-        }
-        if self.max_inflight_body_bytes != 0
-            && !(self.max_body_bytes..=MAX_HELD_BODY_BUDGET_BYTES)
-                .contains(&self.max_inflight_body_bytes)
-        {
-            return Err(bad(
-                "max_inflight_body_bytes",
-                self.max_inflight_body_bytes,
-                "must be 0 (off) or at least `max_body_bytes` and at most 2147483648",
             ));
         }
         if self.fleet_refresh_ms != 0 && !(100..=3_600_000).contains(&self.fleet_refresh_ms) {

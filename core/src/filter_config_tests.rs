@@ -25,7 +25,6 @@ fn empty_and_absent_mean_defaults() {
 fn the_held_body_budget_may_equal_the_largest_body() {
     let cfg = parse(r#"{"max_body_bytes":8388608,"held_body_budget_bytes":8388608}"#).unwrap();
     assert_eq!(cfg.held_body_budget_bytes, cfg.max_body_bytes);
-    assert_eq!(parse(r#"{"max_inflight_body_bytes":0}"#).unwrap().max_inflight_body_bytes, 0);
 }
 
 #[test]
@@ -73,7 +72,6 @@ fn refusals_name_the_field() {
         ),
         (r#"{"max_body_bytes":4096,"held_body_budget_bytes":4095}"#, "held_body_budget_bytes"),
         (r#"{"held_body_budget_bytes":4294967296}"#, "held_body_budget_bytes"),
-        (r#"{"max_body_bytes":4096,"max_inflight_body_bytes":4095}"#, "max_inflight_body_bytes"),
         (r#"{"background":"sometimes"}"#, "unknown variant"),
         ("[1]", "invalid type"),
         ("{", "EOF"),

@@ -10,10 +10,6 @@
 //! timeout, a local reply, a stream reset or the context's destruction — gives the bytes back, so
 //! no path can leak budget or release it twice.
 //!
-//! The same type bounds the bodies a worker thread's requests announce (`max_inflight_body_bytes`):
-//! Envoy buffers each whole until its response ends, so a request whose large body would pass
-//! that bound is answered 503 at its headers, before the upload (`RequestFlow`).
-//!
 //! Single-threaded (one budget per VM, shared by its HTTP contexts through `Rc`).
 
 use std::cell::Cell;
@@ -73,12 +69,6 @@ impl BodyBudget {
                 Err(Refused { wanted: bytes, held, limit: self.limit, nth })
             }
         }
-    }
-
-    /// Reserves `bytes` whether or not they fit (what is admitted anyway must still be counted).
-    pub fn reserve_over(self: &Rc<Self>, bytes: usize) -> Reservation {
-        self.held.set(self.held.get().saturating_add(bytes));
-        Reservation { budget: Rc::clone(self), bytes }
     }
 
     /// Bytes reserved now.

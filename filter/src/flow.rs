@@ -25,7 +25,6 @@ use kvmesh_core::api::{
     DoneReport, ErrorBody, FleetSnapshot, Outcome, RouteDecision, ERROR_REASON_HEADER,
 };
 use kvmesh_core::body_base::{BodyBase, BASE_UNKNOWN, BASE_UNKNOWN_STATUS, MIN_BODY_BYTES};
-use kvmesh_core::filter_config::{INFLIGHT_EXEMPT_BODY_BYTES, LARGE_BODIES_IN_FLIGHT};
 use kvmesh_core::headers;
 use kvmesh_core::openai::Endpoint;
 use kvmesh_core::session::{SessionKey, SessionSource};
@@ -55,9 +54,6 @@ pub const KV_TRANSFER_PARAMS: &str = "kv_transfer_params";
 /// pull it again (or fail to). The client gets the error instead. (Client-sent values are stripped
 /// before the filter runs, in every shipped config.)
 pub const ENVOY_MAX_RETRIES: &str = "x-envoy-max-retries";
-
-/// The status of a request refused for `max_inflight_body_bytes`.
-pub const LARGE_BODIES_STATUS: u16 = 503;
 
 /// Gives the fallback the last fleet snapshot (shared data in Envoy, a fixture in tests).
 pub trait FleetSource {
@@ -115,10 +111,6 @@ pub struct RequestFlow {
     /// read, given back with the body ([`Self::drop_body`]) or when the flow is dropped.
     budget: Rc<BodyBudget>,
     held: Option<Reservation>,
-    /// The worker thread's bound on announced body bytes in flight (`max_inflight_body_bytes`),
-    /// and this request's share of it, taken at its headers and given back at its end.
-    in_flight: Rc<BodyBudget>,
-    announced: Option<Reservation>,
     /// The body base the route call out was sent after (it carried only the bytes past it).
     sent_after: Option<BodyBase>,
     /// The route call out is the whole body again, sent from the answer callback.
@@ -144,7 +136,6 @@ impl RequestFlow {
     /// gives every flow of a VM the same one ([`Self::with_body_budget`]).
     pub fn new(config: Rc<FilterConfig>, context_id: u32) -> Self {
         let budget = BodyBudget::new(config.held_body_budget_bytes);
-        let in_flight = BodyBudget::new(config.max_inflight_body_bytes);
         Self {
             config,
             context_id,
@@ -157,8 +148,6 @@ impl RequestFlow {
             body: Rc::default(),
             budget,
             held: None,
-            in_flight,
-            announced: None,
             sent_after: None,
             resending: false,
             route_started_ns: 0,
@@ -177,12 +166,6 @@ impl RequestFlow {
     /// This flow reserves its body in `budget`, the one its VM's flows share.
     pub fn with_body_budget(mut self, budget: Rc<BodyBudget>) -> Self {
         self.budget = budget;
-        self
-    }
-
-    /// This flow counts its announced body in `in_flight`, the one its worker thread's flows share.
-    pub fn with_inflight_budget(mut self, in_flight: Rc<BodyBudget>) -> Self {
-        self.in_flight = in_flight;
         self
     }
 
@@ -268,68 +251,8 @@ impl RequestFlow {
             self.phase = Phase::Forwarded;
             return Step { effects, next: Next::Continue };
         }
-        if let Err(refused) = self.admit_body(pairs) {
-            effects.extend(self.refuse_large_body(refused));
-            return Step { effects, next: Next::Pause };
-        }
         self.phase = Phase::Buffering;
         Step { effects, next: Next::Pause }
-    }
-
-    /// Counts the body the request announces (`content-length`) against the worker thread's
-    /// `max_inflight_body_bytes`, until the request ends. Refused only for a body over
-    /// [`INFLIGHT_EXEMPT_BODY_BYTES`]: a small one is always admitted (and counted). A chunked
-    /// body announces nothing and is not counted.
-    fn admit_body(&mut self, pairs: &[(String, Vec<u8>)]) -> Result<(), Refused> {
-        if self.config.max_inflight_body_bytes == 0 {
-            return Ok(());
-        }
-        let Some(len) = request::content_length(pairs) else { return Ok(()) };
-        match self.in_flight.reserve(len) {
-            Ok(reservation) => self.announced = Some(reservation),
-            Err(refused) if len > INFLIGHT_EXEMPT_BODY_BYTES => return Err(refused),
-            // Small bodies pass over the bound: counted, so large ones wait for them too.
-            Err(_) => self.announced = Some(self.in_flight.reserve_over(len)),
-        }
-        Ok(())
-    }
-
-    /// Answers a request whose announced body would pass `max_inflight_body_bytes` with a 503
-    /// before its body is uploaded: Envoy holds every body whole until its response ends, and its
-    /// overload manager, past its heap budget, refuses small chats with the flood.
-    fn refuse_large_body(&mut self, refused: Refused) -> Vec<Effect> {
-        if refused.logged() {
-            log::warn!(
-                "ctx={} request_id={} answered 503: its body of {} bytes would pass max_inflight_body_bytes {} ({} announced by the requests in flight on this thread; refusal {})",
-                self.context_id,
-                self.request_id,
-                refused.wanted,
-                refused.limit,
-                refused.held,
-                refused.nth
-            );
-        }
-        self.phase = Phase::Rejected;
-        self.rejected_status = Some(LARGE_BODIES_STATUS);
-        let body = ErrorBody::with_reason(
-            LARGE_BODIES_STATUS,
-            "service_unavailable",
-            LARGE_BODIES_IN_FLIGHT,
-            "the gateway is carrying as many large request bodies as it can; retry shortly",
-        );
-        vec![
-            Effect::Metric(MetricUpdate::Add(Metric::LargeBodiesRefused, 1)),
-            Effect::SendResponse {
-                status: LARGE_BODIES_STATUS,
-                headers: vec![
-                    ("content-type", "application/json".to_owned()),
-                    ("retry-after", "1".to_owned()),
-                    (headers::REQUEST_ID, self.request_id.clone()),
-                    (ERROR_REASON_HEADER, LARGE_BODIES_IN_FLIGHT.to_owned()),
-                ],
-                body: serde_json::to_vec(&body).unwrap_or_default(),
-            },
-        ]
     }
 
     /// A body chunk arrived; `buffered` is the size Envoy holds so far.
@@ -706,7 +629,6 @@ impl RequestFlow {
         }
         self.phase = Phase::Finished;
         self.drop_body();
-        self.announced = None;
         effects
     }
 

@@ -51,9 +51,6 @@ pub const OVERRIDES_REFUSED: &str = "kvmesh_filter_overrides_refused_total";
 /// percent-encoded form in logs, `/v1/route` and `/v1/done` (`crate::request_id`; the engine still
 /// gets the client's header).
 pub const REQUEST_IDS_ENCODED: &str = "kvmesh_filter_request_ids_encoded_total";
-/// Counter: requests answered 503 at their headers because their announced body would pass the
-/// worker thread's `max_inflight_body_bytes` (`crate::body_budget`).
-pub const LARGE_BODIES_REFUSED: &str = "kvmesh_filter_large_bodies_refused_total";
 
 /// Histogram: time to first token in milliseconds, from the request's arrival at the filter to the
 /// first response body byte of a streamed 2xx response (`crate::ttft`).
@@ -72,7 +69,7 @@ pub const ENVOY_WASM_VM_RELOAD_SUCCESS: &str = "envoy_wasm_kvmesh_vm_reload_succ
 pub const ENVOY_WASM_VM_RELOAD_FAILURE: &str = "envoy_wasm_kvmesh_vm_reload_failure";
 
 /// Every base name, for docs and drift tests.
-pub const ALL_NAMES: [&str; 22] = [
+pub const ALL_NAMES: [&str; 21] = [
     KV_OVERLAP_BLOCKS,
     KV_ISL_BLOCKS,
     KV_HIT_RATE,
@@ -94,7 +91,6 @@ pub const ALL_NAMES: [&str; 22] = [
     ENDPOINT_EJECTIONS,
     OVERRIDES_REFUSED,
     REQUEST_IDS_ENCODED,
-    LARGE_BODIES_REFUSED,
 ];
 
 /// Every label name; each needs a `stats_tags` entry in the bootstrap.
@@ -322,7 +318,6 @@ pub enum Metric {
     EndpointEjections,
     OverridesRefused(OverrideRefusal),
     RequestIdsEncoded,
-    LargeBodiesRefused,
 }
 
 impl Metric {
@@ -363,7 +358,6 @@ impl Metric {
             Self::EndpointEjections => ENDPOINT_EJECTIONS,
             Self::OverridesRefused(_) => OVERRIDES_REFUSED,
             Self::RequestIdsEncoded => REQUEST_IDS_ENCODED,
-            Self::LargeBodiesRefused => LARGE_BODIES_REFUSED,
         }
     }
 
@@ -423,7 +417,6 @@ impl Metric {
         all.push(Self::EndpointEjections);
         all.extend(OverrideRefusal::ALL.iter().map(|&r| Self::OverridesRefused(r)));
         all.push(Self::RequestIdsEncoded);
-        all.push(Self::LargeBodiesRefused);
         all
     }
 }

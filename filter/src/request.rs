@@ -100,12 +100,6 @@ pub fn override_trust(config: &FilterConfig, head: &RequestHead) -> OverrideTrus
     }
 }
 
-/// The `content-length` a request announces, if it sends one that parses.
-pub fn content_length(pairs: &[(String, Vec<u8>)]) -> Option<usize> {
-    let (_, value) = pairs.iter().find(|(name, _)| name == "content-length")?;
-    std::str::from_utf8(value).ok()?.trim().parse().ok()
-}
-
 /// Trimmed, non-empty, at most `max` bytes; else None.
 fn text(value: &[u8], max: usize) -> Option<String> {
     let s = String::from_utf8_lossy(value);

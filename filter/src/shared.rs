@@ -47,8 +47,6 @@ pub struct Shared {
     endpoints: RefCell<EndpointHealth>,
     /// This VM's budget of request bodies held while their route calls are out.
     pub body_budget: Rc<BodyBudget>,
-    /// This worker thread's bound on announced body bytes in flight.
-    pub inflight_budget: Rc<BodyBudget>,
 }
 
 impl Shared {
@@ -65,7 +63,6 @@ impl Shared {
             config.endpoint_ejection_ms,
         ));
         let body_budget = BodyBudget::new(config.held_body_budget_bytes);
-        let inflight_budget = BodyBudget::new(config.max_inflight_body_bytes);
         Self {
             config,
             metrics,
@@ -75,7 +72,6 @@ impl Shared {
             breaker,
             endpoints,
             body_budget,
-            inflight_budget,
         }
     }
 

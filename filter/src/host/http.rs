@@ -29,8 +29,7 @@ pub struct HttpFilter {
 impl HttpFilter {
     pub fn new(context_id: u32, shared: Rc<Shared>) -> Self {
         let flow = RequestFlow::new(Rc::clone(&shared.config), context_id)
-            .with_body_budget(Rc::clone(&shared.body_budget))
-            .with_inflight_budget(Rc::clone(&shared.inflight_budget));
+            .with_body_budget(Rc::clone(&shared.body_budget));
         Self { context_id, shared, flow, route_token: None }
     }
 
