@@ -1143,7 +1143,8 @@ fn a_body_over_the_held_budget_is_not_read_and_is_routed_without_the_indexer() {
 fn the_held_body_is_given_back_on_every_path() {
     let budget = BodyBudget::new(1 << 20);
     let reject = serde_json::to_vec(&ErrorBody::new(429, "rate_limit_exceeded", "full")).unwrap();
-    let paths: Vec<(&str, Box<dyn Fn(&mut RequestFlow)>)> = vec![
+    type End = Box<dyn Fn(&mut RequestFlow)>;
+    let paths: Vec<(&str, End)> = vec![
         (
             "answer",
             Box::new(|f| {
