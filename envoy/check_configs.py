@@ -166,6 +166,16 @@ def memory_bytes(q):
     return int(q)
 
 
+def check_large_uploads_limited(path, what, text):
+    """Uploads over 1 MiB are rate-limited at their headers, before the buffer filter holds a body
+    (the overload manager cannot tell them from small chats)."""
+    limit, buffer = text.find("envoy.filters.http.local_ratelimit"), text.find("envoy.filters.http.buffer")
+    if limit < 0 or buffer < 0 or limit > buffer or "range_match: { start: 1048577" not in text:
+        fail(path, f"{what}: no local rate limit of uploads over 1 MiB (content-length range) before the buffer filter")
+    else:
+        ok(f"{what}: uploads over 1 MiB rate-limited before the buffer filter")
+
+
 def check_bootstrap_template():
     """envoy/bootstrap.yaml.j2 (local runs, tests, benchmarks): the same overload manager and strip
     list (rendering and `envoy --mode validate` of every policy: e2e/src/envoy_config.rs tests)."""
@@ -179,6 +189,7 @@ def check_bootstrap_template():
     m = re.search(r"set client_router_headers = \[(.*?)\]", text, re.S)
     listed = re.findall(r'"([^"]+)"', m.group(1)) if m else []
     check_router_headers_stripped(path, "bootstrap.yaml.j2", listed)
+    check_large_uploads_limited(path, "bootstrap.yaml.j2", text)
 
 
 def check_k8s():
@@ -236,6 +247,7 @@ def check_k8s():
     if POD_WASM_PATH not in envoy_text:
         fail(env_path, f"envoy.yaml does not load {POD_WASM_PATH}")
     check_filter_chain(env_path, envoy_cfg)
+    check_large_uploads_limited(env_path, "k8s gateway envoy.yaml", envoy_text)
     check_stats_config(env_path, "k8s gateway envoy.yaml", envoy_cfg.get("stats_config"))
     limit = containers["envoy"].get("resources", {}).get("limits", {}).get("memory")
     check_overload_manager(env_path, "k8s gateway envoy.yaml", envoy_cfg.get("overload_manager"), memory_bytes(limit) if limit else None)

@@ -329,6 +329,15 @@ mod tests {
             kvmesh.contains("max_request_bytes: 8388608"),
             "the buffer filter enforces the body limit"
         );
+        let rate_limit =
+            kvmesh.find("envoy.filters.http.local_ratelimit").expect("large uploads limited");
+        assert!(
+            rate_limit < kvmesh.find("envoy.filters.http.buffer").unwrap(),
+            "large uploads are refused at their headers, before the buffer filter holds a body"
+        );
+        assert!(kvmesh.contains("max_tokens: 16, tokens_per_fill: 16"));
+        let none = EnvoyLimits { large_bodies_per_s: 0, ..EnvoyLimits::default() };
+        assert!(render_bootstrap_with(&vars("kvmesh", "/x.wasm"), &none).is_err());
         let strip = kvmesh
             .find("remove: x-gateway-destination-endpoint")
             .expect("the destination header is stripped outside wasm");
