@@ -124,6 +124,8 @@ CLIENT_ROUTER_HEADERS = {
 OVERLOAD_ACTIONS = {"envoy.overload_actions.reset_high_memory_stream", "envoy.overload_actions.shrink_heap",
                     "envoy.overload_actions.stop_accepting_requests"}
 FIXED_HEAP = "envoy.resource_monitors.fixed_heap"
+# HTTP/1 uploads in progress are not reset by reset_high_memory_stream: this load shed point cuts them.
+HTTP1_SHED = "envoy.load_shed_points.http1_server_abort_dispatch"
 
 
 def check_overload_manager(path, what, om, memory_limit_bytes=None):
@@ -142,6 +144,9 @@ def check_overload_manager(path, what, om, memory_limit_bytes=None):
     triggered = {a["name"] for a in om.get("actions", []) if any(t.get("name") == FIXED_HEAP for t in a.get("triggers", []))}
     if "envoy.overload_actions.reset_high_memory_stream" in triggered and not om.get("buffer_factory_config"):
         fail(path, f"{what}: reset_high_memory_stream needs buffer_factory_config (streams are not tracked without it)")
+    shed = {p["name"] for p in om.get("loadshed_points", []) if any(t.get("name") == FIXED_HEAP for t in p.get("triggers", []))}
+    if HTTP1_SHED not in shed:
+        fail(path, f"{what}: no {HTTP1_SHED} load shed point on the heap monitor (HTTP/1 uploads would grow the heap past its budget)")
     if OVERLOAD_ACTIONS - triggered:
         fail(path, f"{what}: overload actions {sorted(OVERLOAD_ACTIONS - triggered)} missing on the heap monitor")
     else:
@@ -164,6 +169,16 @@ def memory_bytes(q):
     return int(q)
 
 
+def check_large_uploads_limited(path, what, text):
+    """Uploads over 1 MiB are rate-limited at their headers, before the buffer filter holds a body
+    (the overload manager cannot tell them from small chats)."""
+    limit, buffer = text.find("envoy.filters.http.local_ratelimit"), text.find("envoy.filters.http.buffer")
+    if limit < 0 or buffer < 0 or limit > buffer or "range_match: { start: 1048577" not in text:
+        fail(path, f"{what}: no local rate limit of uploads over 1 MiB (content-length range) before the buffer filter")
+    else:
+        ok(f"{what}: uploads over 1 MiB rate-limited before the buffer filter")
+
+
 def check_bootstrap_template():
     """envoy/bootstrap.yaml.j2 (local runs, tests, benchmarks): the same overload manager and strip
     list (rendering and `envoy --mode validate` of every policy: e2e/src/envoy_config.rs tests)."""
@@ -177,6 +192,7 @@ def check_bootstrap_template():
     m = re.search(r"set client_router_headers = \[(.*?)\]", text, re.S)
     listed = re.findall(r'"([^"]+)"', m.group(1)) if m else []
     check_router_headers_stripped(path, "bootstrap.yaml.j2", listed)
+    check_large_uploads_limited(path, "bootstrap.yaml.j2", text)
 
 
 def check_k8s():
@@ -234,6 +250,7 @@ def check_k8s():
     if POD_WASM_PATH not in envoy_text:
         fail(env_path, f"envoy.yaml does not load {POD_WASM_PATH}")
     check_filter_chain(env_path, envoy_cfg)
+    check_large_uploads_limited(env_path, "k8s gateway envoy.yaml", envoy_text)
     check_stats_config(env_path, "k8s gateway envoy.yaml", envoy_cfg.get("stats_config"))
     limit = containers["envoy"].get("resources", {}).get("limits", {}).get("memory")
     check_overload_manager(env_path, "k8s gateway envoy.yaml", envoy_cfg.get("overload_manager"), memory_bytes(limit) if limit else None)

@@ -40,6 +40,14 @@ pub const MAX_OVERRIDE_SECRET_BYTES: usize = 256;
 /// indexer checks its leg deadlines against the fleet's value, else this one.
 pub const DEFAULT_INDEXER_TIMEOUT_MS: u64 = 100;
 
+/// Default [`FilterConfig::held_body_budget_bytes`]: four 8 MiB bodies at once per worker
+/// thread. The shipped gateway runs 2 worker threads in a 1 GiB container whose heap budget is
+/// 768 MiB, so the VMs' held bodies (2 × 32 MiB) stay well inside the 256 MiB outside the heap.
+pub const DEFAULT_HELD_BODY_BUDGET_BYTES: usize = 32 * 1024 * 1024;
+
+/// Largest accepted [`FilterConfig::held_body_budget_bytes`]: half a wasm32 VM's address space.
+pub const MAX_HELD_BODY_BUDGET_BYTES: usize = 2 * 1024 * 1024 * 1024;
+
 /// Largest [`FilterConfig::placement_memory_slots`]: at most 264 bytes each, 1M slots bound the
 /// table at ~280 MB of Envoy's shared data.
 pub const MAX_PLACEMENT_MEMORY_SLOTS: usize = 1 << 20;
@@ -95,6 +103,13 @@ pub struct FilterConfig {
     pub debug_headers: bool,
     /// Largest body the filter reads and routes by content; larger ones pass through unrouted.
     pub max_body_bytes: usize,
+    /// Bytes of request bodies one worker thread's VM may hold at once while their route calls are
+    /// out (the filter copies a body into the VM to send it to the indexer). A VM's memory grows to
+    /// the most it held and never shrinks, outside Envoy's heap (and its overload manager), so this
+    /// bounds it: a body that would pass the budget is not read into the VM and is routed without
+    /// the indexer (the session's remembered worker or header-keyed pin, else Envoy's fallback LB),
+    /// counted as fallback reason `body_budget`. At least `max_body_bytes`, at most 2 GiB.
+    pub held_body_budget_bytes: usize,
     /// Where fleet polling and done-report dispatch run.
     pub background: Background,
     /// Period of the `GET /v1/fleet` poll; 0 = never poll (the local fallback then has no fleet).
@@ -152,6 +167,7 @@ impl Default for FilterConfig {
             override_secret: String::new(),
             debug_headers: false,
             max_body_bytes: 4 * 1024 * 1024,
+            held_body_budget_bytes: DEFAULT_HELD_BODY_BUDGET_BYTES,
             background: Background::Singleton,
             fleet_refresh_ms: 1000,
             background_timeout_ms: 1000,
@@ -293,6 +309,15 @@ impl FilterConfig {
         }
         if !(1..=MAX_BODY_BYTES_LIMIT).contains(&self.max_body_bytes) {
             return Err(bad("max_body_bytes", self.max_body_bytes, "must be within 1..=268435456"));
+        }
+        if !(self.max_body_bytes..=MAX_HELD_BODY_BUDGET_BYTES)
+            .contains(&self.held_body_budget_bytes)
+        {
+            return Err(bad(
+                "held_body_budget_bytes",
+                self.held_body_budget_bytes,
+                "must be at least `max_body_bytes` (else a body that size could never be routed) and at most 2147483648",
+            ));
         }
         if self.fleet_refresh_ms != 0 && !(100..=3_600_000).contains(&self.fleet_refresh_ms) {
             return Err(bad(

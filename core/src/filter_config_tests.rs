@@ -19,12 +19,19 @@ fn empty_and_absent_mean_defaults() {
     assert!(d.derive_session_keys, "derived session keys are on by default");
     assert!(!d.allow_overrides && !d.debug_headers);
     assert_eq!(d.max_model_labels, 16);
+    assert_eq!(d.held_body_budget_bytes, DEFAULT_HELD_BODY_BUDGET_BYTES);
 }
 
 #[test]
 fn model_labels_can_be_none_up_to_the_limit() {
     assert_eq!(parse(r#"{"max_model_labels":0}"#).unwrap().max_model_labels, 0);
     assert_eq!(parse(r#"{"max_model_labels":256}"#).unwrap().max_model_labels, 256);
+}
+
+#[test]
+fn the_held_body_budget_may_equal_the_largest_body() {
+    let cfg = parse(r#"{"max_body_bytes":8388608,"held_body_budget_bytes":8388608}"#).unwrap();
+    assert_eq!(cfg.held_body_budget_bytes, cfg.max_body_bytes);
 }
 
 #[test]
@@ -73,6 +80,8 @@ fn refusals_name_the_field() {
             r#"{"max_body_bytes":4096,"local_route_max_body_bytes":4097}"#,
             "local_route_max_body_bytes",
         ),
+        (r#"{"max_body_bytes":4096,"held_body_budget_bytes":4095}"#, "held_body_budget_bytes"),
+        (r#"{"held_body_budget_bytes":4294967296}"#, "held_body_budget_bytes"),
         (r#"{"background":"sometimes"}"#, "unknown variant"),
         ("[1]", "invalid type"),
         ("{", "EOF"),

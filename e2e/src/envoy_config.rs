@@ -70,6 +70,9 @@ pub struct EnvoyLimits {
     pub max_heap_bytes: u64,
     /// The bound on client connections.
     pub max_downstream_connections: u64,
+    /// Requests announcing a body over 1 MiB admitted per second (the local rate limit in front of
+    /// the buffer filter); more are answered 503 at their headers.
+    pub large_bodies_per_s: u64,
 }
 
 impl Default for EnvoyLimits {
@@ -77,6 +80,7 @@ impl Default for EnvoyLimits {
         Self {
             max_heap_bytes: DEFAULT_MAX_HEAP_BYTES,
             max_downstream_connections: DEFAULT_MAX_DOWNSTREAM_CONNECTIONS,
+            large_bodies_per_s: DEFAULT_LARGE_BODIES_PER_S,
         }
     }
 }
@@ -84,6 +88,10 @@ impl Default for EnvoyLimits {
 /// Envoy's heap budget in the shipped Kubernetes config: 768 MiB of a 1 GiB container limit (the
 /// wasm VMs' memory, stacks and the binary are outside the heap the monitor reads).
 pub const DEFAULT_MAX_HEAP_BYTES: u64 = 768 << 20;
+
+/// The shipped rate of large uploads (bodies over 1 MiB) per Envoy: 16 near-8 MiB bodies a second,
+/// each held until its response ends, stay well inside the 768 MiB heap budget.
+pub const DEFAULT_LARGE_BODIES_PER_S: u64 = 16;
 
 /// The shipped bound on client connections per Envoy.
 pub const DEFAULT_MAX_DOWNSTREAM_CONNECTIONS: u64 = 4096;
@@ -135,11 +143,14 @@ pub fn render_bootstrap_with(
     limits: &EnvoyLimits,
 ) -> Result<String, RenderError> {
     validate(vars)?;
-    if limits.max_heap_bytes < 64 << 20 || limits.max_downstream_connections == 0 {
+    if limits.max_heap_bytes < 64 << 20
+        || limits.max_downstream_connections == 0
+        || limits.large_bodies_per_s == 0
+    {
         return Err(RenderError::InvalidVar {
             name: "max_heap_bytes",
             value: format!("{limits:?}"),
-            reason: "the heap budget must be at least 64 MiB and connections at least 1",
+            reason: "the heap budget must be at least 64 MiB, connections and large bodies a second at least 1",
         });
     }
     let mut env = minijinja::Environment::new();
@@ -159,6 +170,7 @@ pub fn render_bootstrap_with(
         strip_overrides => !filter.allow_overrides,
         max_heap_bytes => limits.max_heap_bytes,
         max_downstream_connections => limits.max_downstream_connections,
+        large_bodies_per_s => limits.large_bodies_per_s,
         // A protobuf Duration: seconds ("4.000s"), never "ms".
         held_idle_timeout => format!("{:.3}s", held_idle_timeout_ms(&filter) as f64 / 1000.0),
         ..minijinja::Value::from_serialize(&typed)
@@ -317,6 +329,15 @@ mod tests {
             kvmesh.contains("max_request_bytes: 8388608"),
             "the buffer filter enforces the body limit"
         );
+        let rate_limit =
+            kvmesh.find("envoy.filters.http.local_ratelimit").expect("large uploads limited");
+        assert!(
+            rate_limit < kvmesh.find("envoy.filters.http.buffer").unwrap(),
+            "large uploads are refused at their headers, before the buffer filter holds a body"
+        );
+        assert!(kvmesh.contains("max_tokens: 16, tokens_per_fill: 16"));
+        let none = EnvoyLimits { large_bodies_per_s: 0, ..EnvoyLimits::default() };
+        assert!(render_bootstrap_with(&vars("kvmesh", "/x.wasm"), &none).is_err());
         let strip = kvmesh
             .find("remove: x-gateway-destination-endpoint")
             .expect("the destination header is stripped outside wasm");

@@ -95,14 +95,17 @@ impl FallbackReason {
     /// request timeout, a 5xx or an unreadable 200). Not when the call never left, was skipped,
     /// or the indexer answered a structured error (it books only what it answers with a decision).
     pub fn may_be_booked(self) -> bool {
-        !matches!(self, Self::DispatchFailed | Self::BreakerOpen | Self::IndexerError)
+        !matches!(
+            self,
+            Self::DispatchFailed | Self::BreakerOpen | Self::BodyBudget | Self::IndexerError
+        )
     }
 
     /// What this outcome says about the indexer's liveness (for the circuit breaker), or None
     /// when no call was made.
     pub fn health(self) -> Option<CallHealth> {
         match self {
-            Self::BreakerOpen => None,
+            Self::BreakerOpen | Self::BodyBudget => None,
             Self::DispatchFailed | Self::Reset | Self::Timeout | Self::Unavailable => {
                 Some(CallHealth::Failed)
             }

@@ -9,6 +9,7 @@ use kvmesh_core::body_base::BodyBase;
 use kvmesh_core::session::SessionKey;
 
 use crate::body_bases::Remembered;
+use crate::body_budget::Refused;
 use crate::breaker::CallHealth;
 use crate::metrics::MetricUpdate;
 use crate::request::HttpCall;
@@ -65,6 +66,9 @@ pub enum Next {
     Pause,
     /// Read the first `len` bytes of the buffered body and hand them to the flow.
     ReadBody(usize),
+    /// The body does not fit the VM's held-body budget: do not read it; hand the refusal and the
+    /// fleet to the flow (`RequestFlow::on_body_left`), which routes without the indexer.
+    LeaveBody(Refused),
     /// Dispatch this call and report the result to the flow; pause on success.
     Call(HttpCall),
     /// Hand the flow the last fleet snapshot to answer `GET /v1/models` from

@@ -36,6 +36,7 @@ use kvmesh_core::session::{SessionKey, SessionSource};
 
 use crate::body;
 use crate::body_bases::{self, Remembered};
+use crate::body_budget::{BodyBudget, Refused, Reservation};
 use crate::breaker::CallHealth;
 use crate::config::FilterConfig;
 use crate::decision::{self, Fallback, IndexerAnswer};
@@ -116,6 +117,10 @@ pub struct RequestFlow {
     buffered: usize,
     /// The client's body while the route call is out (shared with the call: a splice needs it).
     body: Rc<Vec<u8>>,
+    /// This VM's budget of held bodies, and this request's share of it: taken before the body is
+    /// read, given back with the body ([`Self::drop_body`]) or when the flow is dropped.
+    budget: Rc<BodyBudget>,
+    held: Option<Reservation>,
     /// The body base the route call out was sent after (it carried only the bytes past it).
     sent_after: Option<BodyBase>,
     /// The route call out is the whole body again, sent from the answer callback.
@@ -142,8 +147,10 @@ pub struct RequestFlow {
 }
 
 impl RequestFlow {
-    /// A fresh flow for HTTP context `context_id`.
+    /// A fresh flow for HTTP context `context_id`, with a budget of its own (tests); the filter
+    /// gives every flow of a VM the same one ([`Self::with_body_budget`]).
     pub fn new(config: Rc<FilterConfig>, context_id: u32) -> Self {
+        let budget = BodyBudget::new(config.held_body_budget_bytes);
         Self {
             config,
             context_id,
@@ -154,6 +161,8 @@ impl RequestFlow {
             session: None,
             buffered: 0,
             body: Rc::default(),
+            budget,
+            held: None,
             sent_after: None,
             resending: false,
             route_started_ns: 0,
@@ -169,6 +178,12 @@ impl RequestFlow {
             requested_model: None,
             model: None,
         }
+    }
+
+    /// This flow reserves its body in `budget`, the one its VM's flows share.
+    pub fn with_body_budget(mut self, budget: Rc<BodyBudget>) -> Self {
+        self.budget = budget;
+        self
     }
 
     /// Once the filter lets the request go on (routed, fallen back, routed locally or not
@@ -314,7 +329,7 @@ impl RequestFlow {
             };
         }
         if end_of_stream {
-            Step::just(Next::ReadBody(buffered))
+            self.read_body(buffered)
         } else {
             Step::just(Next::Pause)
         }
@@ -325,7 +340,63 @@ impl RequestFlow {
         if self.phase != Phase::Buffering {
             return Step::just(Next::Continue);
         }
-        Step::just(Next::ReadBody(self.buffered))
+        self.read_body(self.buffered)
+    }
+
+    /// The whole body is buffered (`len` bytes): read it into the VM if it fits the VM's
+    /// held-body budget (reserved until the body is dropped), else leave it unread.
+    fn read_body(&mut self, len: usize) -> Step {
+        match self.budget.reserve(len) {
+            Ok(reservation) => {
+                self.held = Some(reservation);
+                Step::just(Next::ReadBody(len))
+            }
+            Err(refused) => Step::just(Next::LeaveBody(refused)),
+        }
+    }
+
+    /// The body did not fit the held-body budget ([`Next::LeaveBody`]) and was not read: routed
+    /// without the indexer, as its fallback would, by the session header's key (a body's derived
+    /// key needs the body) — else Envoy's fallback LB chooses. Counted as fallback reason
+    /// `body_budget`; logged for the first refusal and one in [`crate::body_budget::LOG_EVERY`].
+    pub fn on_body_left(&mut self, refused: Refused, fleet: &dyn FleetSource) -> Step {
+        if self.phase != Phase::Buffering {
+            return Step::just(Next::Continue);
+        }
+        if refused.logged() {
+            log::warn!(
+                "ctx={} request_id={} body of {} bytes not read: {} of the VM's held_body_budget_bytes {} are held by requests waiting for the indexer; routed without the indexer (refusal {} on this thread)",
+                self.context_id,
+                self.request_id,
+                refused.wanted,
+                refused.held,
+                refused.limit,
+                refused.nth
+            );
+        }
+        // The body's `model` is not read: with several base models any pick could be a worker
+        // that does not serve it. Only a one-model fleet is routed without it.
+        if fleet.fleet().is_some_and(|f| f.models.len() > 1) {
+            self.phase = Phase::Answered(503);
+            self.route = RouteLabel::Unrouted;
+            self.drop_body();
+            self.debug.clear();
+            let effects = vec![
+                Effect::Metric(MetricUpdate::Add(Metric::Fallbacks(FallbackReason::BodyBudget), 1)),
+                Effect::Metric(MetricUpdate::Add(Metric::LocalAnswers(LocalAnswer::BodyBudget), 1)),
+                models::body_budget_busy(&self.request_id),
+            ];
+            return Step { effects, next: Next::Pause };
+        }
+        self.session = request::anchored_session_key(&self.head, None, false);
+        let effects = self.fallback(Fallback::new(FallbackReason::BodyBudget), fleet);
+        Step { effects, next: Next::Continue }
+    }
+
+    /// Drops the held body and gives its bytes back to the budget.
+    fn drop_body(&mut self) {
+        self.body = Rc::default();
+        self.held = None;
     }
 
     /// The whole body (None if Envoy had none): parse, derive the session, ask the indexer — or,
@@ -336,6 +407,8 @@ impl RequestFlow {
             return Step::just(Next::Continue);
         };
         self.phase = Phase::Forwarded;
+        // Given back on every early return below; kept only with a body held for the route call.
+        let reservation = self.held.take();
         let body = match body {
             Some(b) if b.len() > self.config.max_body_bytes => {
                 return Step {
@@ -396,6 +469,7 @@ impl RequestFlow {
             _ => base_for(key),
         };
         self.body = Rc::new(body);
+        self.held = reservation;
         self.phase = Phase::Routing;
         self.route_started_ns = now_ns;
         let sent = if self.sent_after.is_some() { RouteBody::Delta } else { RouteBody::Whole };
@@ -527,7 +601,7 @@ impl RequestFlow {
                 self.phase = Phase::Rejected;
                 self.rejected_status = Some(status);
                 self.report_done = Some(DoneTarget::default());
-                self.body = Rc::default();
+                self.drop_body();
                 effects.push(Effect::SendResponse {
                     status,
                     headers: vec![
@@ -666,7 +740,7 @@ impl RequestFlow {
             }));
         }
         self.phase = Phase::Finished;
-        self.body = Rc::default();
+        self.drop_body();
         effects
     }
 
@@ -777,7 +851,7 @@ impl RequestFlow {
         self.report_done =
             Some(DoneTarget { endpoint: Some(d.endpoint), booking_id: d.booking_id });
         self.phase = Phase::Forwarded;
-        self.body = Rc::default();
+        self.drop_body();
         effects
     }
 
@@ -792,8 +866,9 @@ impl RequestFlow {
             fb.code.as_deref().unwrap_or("-"),
             pick.label().as_str()
         );
-        // A skipped call is the breaker doing its job: its opening was logged once already.
-        if reason == FallbackReason::BreakerOpen {
+        // A skipped call is the breaker doing its job: its opening was logged once already; a
+        // body over the budget is logged, sampled, by `on_body_left`.
+        if matches!(reason, FallbackReason::BreakerOpen | FallbackReason::BodyBudget) {
             log::debug!("{line}");
         } else {
             log::info!("{line}");
@@ -868,7 +943,7 @@ impl RequestFlow {
             }
         }
         self.phase = Phase::Forwarded;
-        self.body = Rc::default();
+        self.drop_body();
         effects
     }
 
@@ -884,7 +959,7 @@ impl RequestFlow {
     /// Answers vLLM's 404 for the request's `model` (`why`: who said nobody serves it), counted;
     /// the request is never forwarded.
     fn answer_unknown_model(&mut self, why: LocalAnswer) -> Vec<Effect> {
-        let requested = self.requested_model.as_deref().unwrap_or_default();
+        let requested = self.requested_model.clone().unwrap_or_default();
         // Debug: the name is the client's (counted, and the indexer logs its own refusals).
         log::debug!(
             "ctx={} request_id={} unknown model {requested:?} ({}): answered 404",
@@ -894,11 +969,11 @@ impl RequestFlow {
         );
         self.phase = Phase::Answered(404);
         self.route = RouteLabel::Unrouted;
-        self.body = Rc::default();
+        self.drop_body();
         self.debug.clear();
         vec![
             Effect::Metric(MetricUpdate::Add(Metric::LocalAnswers(why), 1)),
-            models::not_found(requested, &self.request_id),
+            models::not_found(&requested, &self.request_id),
         ]
     }
 }

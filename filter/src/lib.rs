@@ -24,6 +24,7 @@
 pub mod background;
 pub mod body;
 pub mod body_bases;
+pub mod body_budget;
 pub mod breaker;
 pub mod config;
 pub mod decision;

@@ -182,6 +182,9 @@ label_enum! {
         IndexerError => "indexer_error",
         /// The circuit breaker is open after consecutive unanswered calls: the call was skipped.
         BreakerOpen => "breaker_open",
+        /// The body would pass the VM's `held_body_budget_bytes` (bodies already waiting for the
+        /// indexer on this worker thread): not read, no call made (`crate::body_budget`).
+        BodyBudget => "body_budget",
     }
 }
 
@@ -272,6 +275,9 @@ label_enum! {
         UnknownModelLocal => "unknown_model_local",
         /// `GET /v1/models` answered from the last fleet snapshot.
         ModelsList => "models_list",
+        /// A body past `held_body_budget_bytes` in a fleet of several base models: its `model`
+        /// was not read, so no worker is known to serve it; answered 503 with `retry-after`.
+        BodyBudget => "body_budget",
     }
 }
 

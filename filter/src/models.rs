@@ -68,6 +68,32 @@ pub fn not_found(requested: &str, request_id: &str) -> Effect {
     }
 }
 
+/// The answer to a body the VM has no room for when the fleet serves several base models: its
+/// `model` was not read, so any worker picked could be one that does not serve it. A 503 with
+/// `retry-after: 1`, in the OpenAI error shape, reason `body_budget`.
+pub fn body_budget_busy(request_id: &str) -> Effect {
+    let error = kvmesh_core::api::ErrorBody::with_reason(
+        503,
+        "ServiceUnavailableError",
+        BODY_BUDGET_REASON,
+        "the gateway is holding too many request bodies to read this one; retry",
+    );
+    let body = serde_json::to_vec(&error).unwrap_or_default();
+    Effect::SendResponse {
+        status: 503,
+        headers: vec![
+            ("content-type", "application/json".to_owned()),
+            ("retry-after", "1".to_owned()),
+            (headers::REQUEST_ID, request_id.to_owned()),
+            (ERROR_REASON_HEADER, BODY_BUDGET_REASON.to_owned()),
+        ],
+        body,
+    }
+}
+
+/// The stable reason of [`body_budget_busy`].
+pub const BODY_BUDGET_REASON: &str = "body_budget";
+
 /// `GET /v1/models` from the snapshot ([`kvmesh_core::models::models_list`], `created` =
 /// `now_secs`); None for a snapshot without models (the request then goes to an engine).
 pub fn models_list(fleet: &FleetSnapshot, now_secs: u64, request_id: &str) -> Option<Effect> {

@@ -23,6 +23,7 @@ use kvmesh_core::session::SessionKey;
 
 use crate::background::{decode_fleet, DoneQueue, FLEET_KEY};
 use crate::body_bases;
+use crate::body_budget::BodyBudget;
 use crate::breaker::{transition_metric, Admit, Breaker, CallHealth};
 use crate::config::FilterConfig;
 use crate::endpoints::{EndpointHealth, HealthEvent};
@@ -44,6 +45,8 @@ pub struct Shared {
     breaker: RefCell<Breaker>,
     /// This worker thread's passive health of engine endpoints.
     endpoints: RefCell<EndpointHealth>,
+    /// This VM's budget of request bodies held while their route calls are out.
+    pub body_budget: Rc<BodyBudget>,
 }
 
 impl Shared {
@@ -59,7 +62,17 @@ impl Shared {
             config.endpoint_failures,
             config.endpoint_ejection_ms,
         ));
-        Self { config, metrics, host, fleet_cache: RefCell::new(None), done, breaker, endpoints }
+        let body_budget = BodyBudget::new(config.held_body_budget_bytes);
+        Self {
+            config,
+            metrics,
+            host,
+            fleet_cache: RefCell::new(None),
+            done,
+            breaker,
+            endpoints,
+            body_budget,
+        }
     }
 
     /// The host this root's contexts call.

@@ -28,7 +28,8 @@ pub struct HttpFilter {
 
 impl HttpFilter {
     pub fn new(context_id: u32, shared: Rc<Shared>) -> Self {
-        let flow = RequestFlow::new(Rc::clone(&shared.config), context_id);
+        let flow = RequestFlow::new(Rc::clone(&shared.config), context_id)
+            .with_body_budget(Rc::clone(&shared.body_budget));
         Self { context_id, shared, flow, route_token: None }
     }
 
@@ -52,6 +53,10 @@ impl HttpFilter {
             }
             Next::ListModels => {
                 let step = self.flow.on_models_list(self.shared.as_ref(), self.now_ns());
+                self.run(step)
+            }
+            Next::LeaveBody(refused) => {
+                let step = self.flow.on_body_left(refused, self.shared.as_ref());
                 self.run(step)
             }
             Next::Call(call) => {

@@ -150,6 +150,7 @@ fn booking_and_breaker_semantics_per_reason() {
         (FallbackReason::BadResponse, true, Some(Answered)),
         (FallbackReason::IndexerError, false, Some(Answered)),
         (FallbackReason::BreakerOpen, false, None),
+        (FallbackReason::BodyBudget, false, None),
     ];
     assert_eq!(cases.len(), FallbackReason::ALL.len(), "every reason has a row");
     for (reason, booked, health) in cases {

@@ -1083,3 +1083,117 @@ fn the_route_call_says_when_the_filter_stops_waiting() {
     let (_, call) = to_route_call(config, CHAT);
     assert_eq!(call.header(headers::KVMESH_ROUTE_DEADLINE), Some("252"));
 }
+
+/// Drives a chat request to its route call with its body reserved in `budget`.
+fn held_in(budget: &Rc<BodyBudget>, body: &str) -> RequestFlow {
+    let mut f = flow(FilterConfig::default()).with_body_budget(Rc::clone(budget));
+    f.on_request_headers(&chat_headers(), false, 1_000_000);
+    assert_eq!(f.on_request_body(body.len(), true).next, Next::ReadBody(body.len()));
+    let step = f.on_body(Some(body.as_bytes().to_vec()), 2_000_000, &fleet());
+    assert!(matches!(step.next, Next::Call(_)), "{:?}", step.next);
+    f
+}
+
+#[test]
+fn a_body_over_the_held_budget_is_not_read_and_is_routed_without_the_indexer() {
+    use crate::metrics::FallbackRoute;
+    let budget = BodyBudget::new(CHAT.len() + 10);
+    let mut first = held_in(&budget, CHAT);
+    assert_eq!(budget.held(), CHAT.len());
+
+    // With a session header: pinned by the header's key, no call, nothing booked.
+    let config = FilterConfig { debug_headers: true, ..FilterConfig::default() };
+    let mut f = flow(config).with_body_budget(Rc::clone(&budget));
+    let mut with_session = chat_headers();
+    with_session.push(("x-session-id".into(), b"conv-9".to_vec()));
+    f.on_request_headers(&with_session, false, 0);
+    let Next::LeaveBody(refused) = f.on_request_body(CHAT.len(), true).next else {
+        panic!("the body should stay unread")
+    };
+    assert_eq!((refused.wanted, refused.held, refused.nth), (CHAT.len(), CHAT.len(), 1));
+    let step = f.on_body_left(refused, &fleet());
+    assert_eq!(step.next, Next::Continue);
+    let e = &step.effects;
+    assert_eq!(counted(e, Metric::Fallbacks(FallbackReason::BodyBudget)), 1);
+    assert_eq!(counted(e, Metric::FallbackRoutes(FallbackRoute::Pinned)), 1);
+    let key = session::from_header_value("conv-9");
+    let pin = fleet().0.unwrap().pin(key.0, "").unwrap().endpoint.clone();
+    assert!(header_set(e, headers::DESTINATION_ENDPOINT).is_some_and(|h| h.starts_with(&pin)));
+    assert!(!e.iter().any(|e| matches!(e, Effect::IndexerHealth(_) | Effect::ResumeRequest)));
+    assert_eq!(f.release_marker(), Some(Effect::SetRequestHeader(headers::RELEASED, "1".into())));
+    let debug = f.on_response_headers(Some(200), true);
+    assert!(
+        debug.contains(&Effect::AddResponseHeader(headers::DEBUG_FALLBACK, "body_budget".into()))
+    );
+    assert!(!f.finish(None).iter().any(|e| matches!(e, Effect::QueueDone(_))), "never booked");
+    assert_eq!(budget.held(), CHAT.len(), "a refusal holds nothing");
+
+    // Without one (its derived key would need the body): Envoy's LB chooses.
+    let mut f = flow(FilterConfig::default()).with_body_budget(Rc::clone(&budget));
+    f.on_request_headers(&chat_headers(), false, 0);
+    let Next::LeaveBody(refused) = f.on_request_body(CHAT.len(), true).next else { panic!() };
+    assert_eq!(refused.nth, 2);
+    let step = f.on_body_left(refused, &fleet());
+    assert_eq!(counted(&step.effects, Metric::FallbackRoutes(FallbackRoute::NoSession)), 1);
+    assert!(header_set(&step.effects, headers::DESTINATION_ENDPOINT).is_none());
+    assert_eq!(f.on_body_left(refused, &fleet()).effects, vec![], "once only");
+
+    // The first answer gives its bytes back: the next body fits again.
+    first.on_route_answer(Some(200), &decision(Value::Null), 3_000_000, &fleet());
+    assert_eq!(budget.held(), 0);
+    let _next = held_in(&budget, CHAT);
+    assert_eq!(budget.held(), CHAT.len());
+}
+
+#[test]
+fn the_held_body_is_given_back_on_every_path() {
+    let budget = BodyBudget::new(1 << 20);
+    let reject = serde_json::to_vec(&ErrorBody::new(429, "rate_limit_exceeded", "full")).unwrap();
+    type End = Box<dyn Fn(&mut RequestFlow)>;
+    let paths: Vec<(&str, End)> = vec![
+        (
+            "answer",
+            Box::new(|f| {
+                drop(f.on_route_answer(Some(200), &decision(json!({"a": 1})), 0, &fleet()))
+            }),
+        ),
+        ("timeout", Box::new(|f| drop(f.on_route_answer(Some(504), b"", 0, &fleet())))),
+        ("reset", Box::new(|f| drop(f.on_route_answer(None, b"", 0, &fleet())))),
+        ("rejection", Box::new(move |f| drop(f.on_route_answer(Some(429), &reject, 0, &fleet())))),
+        ("dispatch failure", Box::new(|f| drop(f.on_dispatch_failed(&fleet())))),
+        ("breaker open", Box::new(|f| drop(f.on_call_skipped(&fleet())))),
+        ("stream reset", Box::new(|f| drop(f.finish(None)))),
+    ];
+    for (path, end) in &paths {
+        let mut f = held_in(&budget, CHAT);
+        assert_eq!(budget.held(), CHAT.len(), "{path}: held while the call is out");
+        end(&mut f);
+        assert_eq!(budget.held(), 0, "{path}");
+        f.finish(Some(200));
+        drop(f);
+        assert_eq!(budget.held(), 0, "{path}: given back once");
+    }
+
+    // The context destroyed with the call out.
+    drop(held_in(&budget, CHAT));
+    assert_eq!(budget.held(), 0, "destroyed");
+
+    // Bodies read but never held: unroutable, routed locally.
+    let mut f = flow(FilterConfig::default()).with_body_budget(Rc::clone(&budget));
+    f.on_request_headers(&chat_headers(), false, 0);
+    f.on_request_body(8, true);
+    f.on_body(Some(b"not json".to_vec()), 0, &fleet());
+    assert_eq!(budget.held(), 0, "unroutable");
+    let local = FilterConfig { local_route_max_body_bytes: 4096, ..FilterConfig::default() };
+    let mut f = flow(local).with_body_budget(Rc::clone(&budget));
+    f.on_request_headers(&chat_headers(), false, 0);
+    f.on_request_body(CHAT.len(), true);
+    f.on_body(Some(CHAT.as_bytes().to_vec()), 0, &fleet());
+    assert_eq!(budget.held(), 0, "routed locally");
+    // Envoy had no body to give.
+    let mut f = flow(FilterConfig::default()).with_body_budget(Rc::clone(&budget));
+    f.on_request_headers(&chat_headers(), false, 0);
+    f.on_request_body(CHAT.len(), true);
+    f.on_body(None, 0, &fleet());
+    assert_eq!(budget.held(), 0, "no body");
+}

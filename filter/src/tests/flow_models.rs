@@ -263,3 +263,28 @@ fn a_request_without_a_session_stays_within_its_model_on_the_fallback() {
         assert!(snapshot.workers.iter().any(|w| w.endpoint == header && w.model == "base-b"));
     }
 }
+
+#[test]
+fn a_body_over_the_held_budget_in_a_fleet_of_several_models_is_a_503_not_a_guess() {
+    use crate::body_budget::BodyBudget;
+    // Room for nothing: the body is not read, so its `model` is unknown.
+    let budget = BodyBudget::new(0);
+    let body = chat(Some("model-b"));
+    let mut f = flow(FilterConfig::default()).with_body_budget(Rc::clone(&budget));
+    f.on_request_headers(&headers("POST", "/v1/chat/completions"), false, 0);
+    let Next::LeaveBody(refused) = f.on_request_body(body.len(), true).next else {
+        panic!("the body should stay unread")
+    };
+    let step = f.on_body_left(refused, &fleet());
+    assert_eq!(step.next, Next::Pause);
+    let (status, answer) = reply(&step.effects).expect("a local answer");
+    assert_eq!(status, 503);
+    let error: ErrorBody = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(error.error.reason.as_deref(), Some(crate::models::BODY_BUDGET_REASON));
+    assert!(step.effects.iter().any(|e| matches!(e,
+        Effect::SendResponse { headers, .. } if headers.iter().any(|(n, v)| *n == "retry-after" && v == "1"))));
+    assert_eq!(destination(&step.effects), None, "no worker guessed");
+    assert_eq!(counted(&step.effects, Metric::LocalAnswers(LocalAnswer::BodyBudget)), 1);
+    assert_eq!(counted(&step.effects, Metric::Fallbacks(FallbackReason::BodyBudget)), 1);
+    assert_eq!(budget.held(), 0);
+}
