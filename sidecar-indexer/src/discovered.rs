@@ -69,10 +69,12 @@ pub fn status_of(member: &MemberStatus) -> &'static str {
     }
 }
 
-/// The fleet-file entry for a discovered worker: one dp rank, connected SUB, every topic.
+/// The fleet-file entry for a discovered worker: one dp rank, connected SUB, every topic, the
+/// model of its pod's model label (validated like a file entry's by [`merge`]).
 pub fn worker_config(w: &DiscoveredWorker) -> WorkerConfig {
     WorkerConfig {
         id: w.id.clone(),
+        model: w.model.clone(),
         role: w.role,
         endpoint: w.endpoint.clone(),
         kv_events: Some(w.kv_events.clone()),

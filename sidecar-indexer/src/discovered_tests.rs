@@ -26,6 +26,7 @@ fn file(statics: &[(&str, &str)]) -> Config {
 fn worker(id: &str, ip: &str) -> DiscoveredWorker {
     DiscoveredWorker {
         id: id.into(),
+        model: None,
         role: Role::Decode,
         endpoint: format!("{ip}:8000"),
         kv_events: format!("tcp://{ip}:5557"),

@@ -222,6 +222,12 @@ pub struct RoutingConfig {
     /// Blocks of recently routed prompts remembered to chain orphan stores (a prefix the index
     /// missed, e.g. after a restart); about 40 B each.
     pub recovery_max_blocks: usize,
+    /// Distinct `adapter` label values of the per-adapter route metrics; adapters past it are
+    /// counted under `other` (label sets stay bounded however many adapters engines load).
+    pub max_adapter_labels: usize,
+    /// How often each worker's `GET /v1/models` is polled for the adapters it serves
+    /// (`crate::service::served`); 0 = never (only configured adapters are known).
+    pub served_models_poll_ms: u64,
 }
 
 impl Default for RoutingConfig {
@@ -292,6 +298,8 @@ impl Default for RoutingConfig {
             kv_home_max_sessions: 200_000,
             max_concurrent_routes: 32,
             recovery_max_blocks: 262_144,
+            max_adapter_labels: 32,
+            served_models_poll_ms: 30_000,
         }
     }
 }
@@ -378,6 +386,13 @@ impl RoutingConfig {
                 "routing.prefill_tokens_per_s",
                 self.prefill_tokens_per_s,
                 "must lie within routing.prefill_tokens_per_s_min ..= routing.prefill_tokens_per_s_max",
+            ));
+        }
+        if self.served_models_poll_ms != 0 && self.served_models_poll_ms < 1000 {
+            return Err(invalid(
+                "routing.served_models_poll_ms",
+                self.served_models_poll_ms,
+                "must be 0 (off) or at least 1000",
             ));
         }
         if self.scrape_timeout_ms > self.scrape_interval_ms {

@@ -15,6 +15,7 @@ use super::record::RouteMetrics;
 use super::request::RouteRequest;
 use super::settle::Record;
 use super::ApiError;
+use crate::catalog::RouteModel;
 use crate::config::{Config, IndexMode};
 use crate::decide::{decide, DecideError, Leg, Plan, RouteInput, WorkerView};
 use crate::load::LoadTracker;
@@ -27,6 +28,7 @@ pub fn decide_and_book<'a>(
     state: &'a AppState,
     cfg: &Config,
     req: &RouteRequest,
+    model: &RouteModel,
     prompt: Prompt,
 ) -> Result<(Plan, Booking<'a>, Record), ApiError> {
     let metrics = RouteMetrics(&state.metrics);
@@ -46,7 +48,7 @@ pub fn decide_and_book<'a>(
     };
     let input = RouteInput {
         isl_tokens: prompt.tokens,
-        block_size: cfg.model.block_size,
+        block_size: model.block_size(),
         session: req.session,
         override_worker: req.override_worker.as_deref(),
         override_mode: req.override_mode,
@@ -55,10 +57,25 @@ pub fn decide_and_book<'a>(
         opens_conversation: prompt.opens_conversation,
     };
     let fleet = state.fleet.read();
-    let overlaps = fleet.overlaps(&scores);
+    if let Some(other) = req
+        .override_worker
+        .as_deref()
+        .and_then(|id| fleet.workers.iter().find(|w| w.cfg.id == id && w.model != model.base()))
+    {
+        return Err(ApiError::bad_request(
+            OVERRIDE_OTHER_MODEL,
+            format!(
+                "override worker {} serves model {}, not {}",
+                other.cfg.id,
+                other.model,
+                model.base()
+            ),
+        ));
+    }
+    let overlaps = fleet.overlaps_in(&scores, model.base());
     let mut load = state.load.lock();
     let mut placement = state.placement.lock();
-    let views = views(&fleet, &overlaps, &load, &placement, &prompt.chains, cfg, now);
+    let views = views(&fleet, &overlaps, &load, &placement, &prompt.chains, cfg, model, now);
     let plan = decide(&input, &views, &cfg.routing, &mut placement.rng).map_err(|e| match e {
         DecideError::UnknownOverrideWorker(_) => ApiError::bad_request(e.reason(), e.to_string()),
         _ => ApiError::unavailable(e.reason(), e.to_string()),
@@ -105,7 +122,7 @@ pub fn decide_and_book<'a>(
         Vec::new()
     };
     // Backlog and speculative holdings for the next decisions (siblings see these blocks at once).
-    let held = placed(&mut placement, &fleet, &plan, &prompt.chains, cfg, now);
+    let held = placed(&mut placement, &fleet, &plan, &prompt.chains, cfg, model, now);
     drop(placement);
     drop(fleet);
     // A burst of decisions between scrapes is placed on a stale view of the engines' queues
@@ -123,11 +140,18 @@ pub fn decide_and_book<'a>(
         recover_on,
         chains: prompt.chains,
         locals: prompt.locals,
+        model: model.clone(),
     };
     Ok((plan, booking, record))
 }
 
-/// The decision's view of every worker for one prompt with `chains`, at `now`.
+/// The reason of a 400 for an override (`x-kvmesh-worker`) naming a worker of another model.
+pub const OVERRIDE_OTHER_MODEL: &str = "override_other_model";
+
+/// The decision's view of every worker of the request's base model (`model`) for one prompt with
+/// `chains`, at `now`: the only candidates of the decision, its prefill legs and migration
+/// sources, so no request is placed on a worker that does not serve its model. `overlaps` is in
+/// fleet order ([`Fleet::overlaps_in`]). `model.adapter` is the adapter the request names.
 ///
 /// Timing per worker: throughput measured (else the default); prefill ahead = the booked
 /// backlog still draining (at most the uncached tokens of its live bookings) plus what is left
@@ -141,6 +165,7 @@ pub fn views<'a>(
     placement: &Placement,
     chains: &[SequenceHash],
     cfg: &Config,
+    model: &RouteModel,
     now: Instant,
 ) -> Vec<WorkerView<'a>> {
     let r = &cfg.routing;
@@ -151,6 +176,7 @@ pub fn views<'a>(
         .workers
         .iter()
         .zip(overlaps)
+        .filter(|(w, _)| w.model == model.base())
         .map(|(w, &overlap)| {
             let booked: WorkerLoad = load.worker(&w.cfg.id);
             let (running, waiting) =
@@ -205,6 +231,7 @@ fn placed(
     plan: &Plan,
     chains: &[SequenceHash],
     cfg: &Config,
+    model: &RouteModel,
     now: Instant,
 ) -> usize {
     let worker = |id: &str| fleet.workers.iter().find(|w| w.cfg.id == id);
@@ -212,7 +239,7 @@ fn placed(
         (Some(Leg::PrefillOn { worker, .. }), Mode::Disagg) => worker.as_str(),
         _ => plan.worker.as_str(),
     };
-    let prompt_tokens = f64::from(plan.request_blocks) * f64::from(cfg.model.block_size);
+    let prompt_tokens = f64::from(plan.request_blocks) * f64::from(model.block_size());
     placement.outlook.routed(
         &plan.worker,
         prompt_tokens,
