@@ -385,7 +385,7 @@ async fn session_pin_matches_the_fleet_snapshot_and_override_wins() {
             &[(headers::KVMESH_SESSION, &header)],
         )
         .await;
-        assert_eq!(Some(d.worker.as_str()), snapshot.pin(key.0, "").map(|w| w.id.as_str()));
+        assert_eq!(Some(d.worker.as_str()), snapshot.pin(key.0, "m").map(|w| w.id.as_str()));
         assert_eq!(d.reason_codes, [ReasonCode::SessionPin], "{}", d.reason);
     }
     let d = route_ok(&svc, "/v1/completions", &tokens_body(8), &[(headers::OVERRIDE_WORKER, "w0")])

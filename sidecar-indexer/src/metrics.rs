@@ -834,6 +834,7 @@ mod tests {
         m.migration_opportunities.with_label_values(&["index"]).inc();
         m.sessions_tracked.with_label_values(&["kv_home"]).set(1);
         m.discovery.init_series();
+        m.init_model_series("m");
         let text = m.render();
         for name in ALL {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing from exposition");
