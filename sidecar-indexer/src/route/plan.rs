@@ -75,7 +75,8 @@ pub fn decide_and_book<'a>(
     let overlaps = fleet.overlaps_in(&scores, model.base());
     let mut load = state.load.lock();
     let mut placement = state.placement.lock();
-    let views = views(&fleet, &overlaps, &load, &placement, &prompt.chains, cfg, model, now);
+    let request = ViewOf { model, chains: &prompt.chains, overlaps: &overlaps };
+    let views = views(&fleet, &request, &load, &placement, cfg, now);
     let plan = decide(&input, &views, &cfg.routing, &mut placement.rng).map_err(|e| match e {
         DecideError::UnknownOverrideWorker(_) => ApiError::bad_request(e.reason(), e.to_string()),
         _ => ApiError::unavailable(e.reason(), e.to_string()),
@@ -148,10 +149,18 @@ pub fn decide_and_book<'a>(
 /// The reason of a 400 for an override (`x-kvmesh-worker`) naming a worker of another model.
 pub const OVERRIDE_OTHER_MODEL: &str = "override_other_model";
 
-/// The decision's view of every worker of the request's base model (`model`) for one prompt with
-/// `chains`, at `now`: the only candidates of the decision, its prefill legs and migration
-/// sources, so no request is placed on a worker that does not serve its model. `overlaps` is in
-/// fleet order ([`Fleet::overlaps_in`]). `model.adapter` is the adapter the request names.
+/// What [`views`] knows of the request: its resolved model (`model.adapter` is the adapter it
+/// names), its prompt's block chains, and per worker (fleet order, [`Fleet::overlaps_in`]) the
+/// leading blocks the index holds.
+pub struct ViewOf<'r> {
+    pub model: &'r RouteModel,
+    pub chains: &'r [SequenceHash],
+    pub overlaps: &'r [u32],
+}
+
+/// The decision's view of every worker of the request's base model for one prompt, at `now`: the
+/// only candidates of the decision, its prefill legs and migration sources, so no request is
+/// placed on a worker that does not serve its model.
 ///
 /// Timing per worker: throughput measured (else the default); prefill ahead = the booked
 /// backlog still draining (at most the uncached tokens of its live bookings) plus what is left
@@ -160,14 +169,13 @@ pub const OVERRIDE_OTHER_MODEL: &str = "override_other_model";
 /// requests, or the booked ones past prefill when that is more (the scrape lags).
 pub fn views<'a>(
     fleet: &'a Fleet,
-    overlaps: &[u32],
+    request: &ViewOf<'_>,
     load: &LoadTracker,
     placement: &Placement,
-    chains: &[SequenceHash],
     cfg: &Config,
-    model: &RouteModel,
     now: Instant,
 ) -> Vec<WorkerView<'a>> {
+    let ViewOf { model, chains, overlaps } = *request;
     let r = &cfg.routing;
     let decoders =
         fleet.workers.iter().filter(|w| w.cfg.role.decodes() && w.gets_traffic()).count().max(1);
