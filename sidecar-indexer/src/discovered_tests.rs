@@ -346,3 +346,31 @@ fn the_normalised_config_reads_back_the_same() {
     assert!(printed.contains("[discovery.kubernetes]"), "{printed}");
     assert_eq!(Config::from_toml_str(&printed, &MapEnv::default()).unwrap(), c, "{printed}");
 }
+
+#[test]
+fn a_pods_model_label_names_its_model_and_an_unknown_one_is_left_out() {
+    let text = "listen = \"127.0.0.1:9100\"\n[[models]]\nname = \"a\"\nblock_size = 16\n[[models]]\nname = \"b\"\nblock_size = 32\n";
+    let file = Config::from_toml_str(text, &MapEnv::default()).unwrap();
+    let labelled = |id: &str, ip: &str, model: Option<&str>| MemberStatus {
+        worker: DiscoveredWorker { model: model.map(str::to_owned), ..worker(id, ip) },
+        routable: true,
+        drop_at: None,
+    };
+    let m = merge(
+        &file,
+        &fleet(
+            vec![
+                labelled("p0", "10.0.0.1", Some("b")),
+                labelled("p1", "10.0.0.2", None),
+                labelled("p2", "10.0.0.3", Some("gpt-4")),
+            ],
+            vec![],
+        ),
+    );
+    let served: Vec<_> =
+        m.config.workers.iter().map(|w| (w.id.as_str(), m.config.worker_model(w))).collect();
+    assert_eq!(served, vec![("p0", "b"), ("p1", "a")]);
+    assert_eq!(m.left_out.len(), 1);
+    assert_eq!((m.left_out[0].id.as_str(), m.left_out[0].reason), ("p2", LEFT_OUT_INVALID));
+    assert!(m.left_out[0].detail.contains("workers[0].model"), "{}", m.left_out[0].detail);
+}
