@@ -232,7 +232,7 @@ pub struct Metrics {
     pub adapter_decisions: IntCounterVec,
     /// labels: model, reason (no_decode_worker, tokenizer, unknown_model …): route requests answered with an error.
     pub route_errors: IntCounterVec,
-    /// labels: result (ok, error, base_mismatch): polls of a worker's `GET /v1/models`.
+    /// labels: result (ok, error, base_mismatch, model_learned): polls of a worker's `GET /v1/models`.
     pub served_models_polls: IntCounterVec,
     /// labels: reason (collision, too_many): adapters an engine serves left out of the catalog.
     pub served_adapters_refused: IntCounterVec,
@@ -451,7 +451,7 @@ impl Metrics {
             decisions: counter_vec(&r, DECISIONS_TOTAL, "Routing decisions by base model, mode and basis", &["model", "mode", "basis"])?,
             adapter_decisions: counter_vec(&r, ADAPTER_DECISIONS_TOTAL, "Routing decisions for requests naming a LoRA adapter, by base model and adapter (past routing.max_adapter_labels adapters: other)", &["model", "adapter"])?,
             route_errors: counter_vec(&r, ROUTE_ERRORS_TOTAL, "Route requests the indexer could not answer with a decision, by base model (\"\" when none was resolved) and reason", &["model", "reason"])?,
-            served_models_polls: counter_vec(&r, SERVED_MODELS_POLLS_TOTAL, "Polls of a worker's GET /v1/models by result (ok, error, base_mismatch: the engine does not list the worker's configured model)", &["result"])?,
+            served_models_polls: counter_vec(&r, SERVED_MODELS_POLLS_TOTAL, "Polls of a worker's GET /v1/models by result (ok, error, base_mismatch: the engine does not list the worker's configured model; model_learned: a discovered worker without a model label moved to the one fleet model its engine serves)", &["result"])?,
             served_adapters_refused: counter_vec(&r, SERVED_ADAPTERS_REFUSED_TOTAL, "Adapters an engine serves that were left out of the catalog (collision: the name is another model's, alias's or adapter's; too_many: past the per-model bound), each counted once", &["reason"])?,
             bad_requests: counter_vec(&r, BAD_REQUESTS_TOTAL, "Malformed API requests answered with 4xx", &["endpoint", "reason"])?,
             route_duration: duration(&r, ROUTE_DURATION_SECONDS, "Time to answer /v1/route (parse, tokenize, match, score, and a prefill leg or migration handshake when the mode needs one)")?,

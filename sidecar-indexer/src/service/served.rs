@@ -8,7 +8,9 @@
 //! a model knows at most `crate::config::MAX_ADAPTERS_PER_MODEL` adapters. An engine whose list does
 //! not name the worker's configured model is counted (`kvmesh_served_models_polls_total{result=
 //! "base_mismatch"}`), logged, and none of its adapters are taken: the fleet file (or the pod's
-//! model label) says what it serves. An adapter whose name another entry of the catalog uses is
+//! model label) says what it serves — except a discovered worker whose pod has no model label:
+//! when its engine serves exactly one model of the fleet, it moves to that model
+//! (`result="model_learned"`). An adapter whose name another entry of the catalog uses is
 //! refused, logged and counted (`kvmesh_served_adapters_refused_total`). A failed poll keeps what
 //! the worker reported last.
 
@@ -70,6 +72,11 @@ pub fn adapters_of(listed: &EngineModels, model: &str) -> Option<Vec<String>> {
         }
     }
     Some(out)
+}
+
+/// The fleet's models (`names`) that `listed` serves.
+pub fn fleet_models<'n>(listed: &EngineModels, names: &'n [String]) -> Vec<&'n str> {
+    names.iter().filter(|n| listed.bases.contains(n)).map(String::as_str).collect()
 }
 
 /// `GET http://{endpoint}/v1/models`, at most [`MODELS_MAX_BODY_BYTES`], within `timeout`.
@@ -136,14 +143,17 @@ pub(crate) async fn poll_loop(svc: Arc<Service>) {
                 }
             }))
             .await;
-        apply(&svc, answers);
+        apply(&svc, answers).await;
         tokio::time::sleep(Duration::from_millis(every)).await;
     }
 }
 
-/// Takes one round of answers: per worker, its adapters (or why none were taken).
-fn apply(svc: &Service, answers: Vec<(String, String, Result<EngineModels, String>)>) {
+/// Takes one round of answers: per worker, its adapters (or why none were taken). A discovered
+/// worker whose pod has no model label and whose engine serves another model of the fleet (and
+/// not the default) moves to that model (`discovery::learn_model`).
+async fn apply(svc: &Arc<Service>, answers: Vec<(String, String, Result<EngineModels, String>)>) {
     let state = &svc.state;
+    let names: Vec<String> = state.config().models.iter().map(|m| m.name.clone()).collect();
     let m = &state.metrics;
     let mut changed = false;
     for (id, model, res) in answers {
@@ -156,6 +166,18 @@ fn apply(svc: &Service, answers: Vec<(String, String, Result<EngineModels, Strin
             }
         };
         let Some(adapters) = adapters_of(&listed, &model) else {
+            if let [only] = fleet_models(&listed, &names)[..] {
+                match super::discovery::learn_model(svc, &id, only).await {
+                    Ok(true) => {
+                        m.served_models_polls.with_label_values(&["model_learned"]).inc();
+                        continue;
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::error!(worker = %id, error = %e, "moving a discovered worker to the model its engine serves failed")
+                    }
+                }
+            }
             m.served_models_polls.with_label_values(&["base_mismatch"]).inc();
             tracing::warn!(worker = %id, model = %model, served = ?listed.bases, "the engine does not list the worker's model in /v1/models; its adapters are not taken (check the fleet's model or the pod's model label)");
             changed |= state.served.lock().served.by_worker.remove(&id).is_some();
@@ -194,6 +216,8 @@ mod tests {
         assert_eq!(listed.bases, vec!["deepseek-v4", "ds4"]);
         assert_eq!(adapters_of(&listed, "deepseek-v4").unwrap(), vec!["sql", "chat"]);
         assert_eq!(adapters_of(&listed, "small-chat"), None);
+        let names = ["small-chat".to_owned(), "ds4".to_owned(), "x".to_owned()];
+        assert_eq!(fleet_models(&listed, &names), vec!["ds4"]);
         assert!(parse_models(b"<html>").is_err());
         assert!(parse_models(br#"{"data":{}}"#).is_err());
     }
