@@ -2,8 +2,8 @@
 //! the engine scraper, the load-expiry ticker and configuration reloads.
 //!
 //! Reload semantics (SIGHUP or a changed file): the new file is parsed and validated in full (and a
-//! tokenizer loaded for every model whose tokenizer settings changed) before anything changes; a bad file changes nothing and is
-//! counted. Then: removed workers leave the index (their listeners are stopped and joined first, so
+//! tokenizer loaded for every model whose tokenizer settings changed) before anything changes; a
+//! bad file changes nothing and is counted. Then: removed workers leave the index (their listeners are stopped and joined first, so
 //! nothing they queued lands after the removal); added workers get slots and listeners; workers whose
 //! event wiring changed are cleared and re-subscribed; workers that only changed endpoint or role keep
 //! their index state. A model's new block size rewires its workers (so does a worker's new model);
