@@ -581,3 +581,24 @@ proptest::proptest! {
         }
     }
 }
+
+#[tokio::test]
+async fn a_models_new_block_size_clears_only_its_workers_and_refuses_old_sized_events() {
+    let svc = multi();
+    let prompt: Vec<u32> = (3000..3040).collect();
+    store(&svc, "w0", &prompt, None);
+    store(&svc, "w2", &prompt, None);
+    let held = |svc: &Service, id: &str| svc.state.debug_blocks(id).unwrap()[0].blocks.len();
+    assert_eq!((held(&svc, "w0"), held(&svc, "w2")), (10, 10));
+    let mut config = (*svc.state.config()).clone();
+    config.models[1].block_size = 8;
+    assert!(svc.reload(config).await.unwrap());
+    svc.barrier();
+    assert_eq!((held(&svc, "w0"), held(&svc, "w2")), (10, 0), "only model b's worker is cleared");
+    assert_eq!(svc.state.snapshot().models[1].block_size, 8);
+    // w2's engine still sending 4-token blocks: refused, counted under its model.
+    store(&svc, "w2", &prompt, None);
+    assert_eq!(held(&svc, "w2"), 0);
+    assert!(metric(&svc, "kvmesh_kv_block_size_mismatch_total{model=\"b\",worker=\"w2\"} 1"));
+    assert!(metric(&svc, "kvmesh_kv_block_size_mismatch_total{model=\"a\",worker=\"w0\"} 0"));
+}
