@@ -69,10 +69,12 @@ pub fn status_of(member: &MemberStatus) -> &'static str {
     }
 }
 
-/// The fleet-file entry for a discovered worker: one dp rank, connected SUB, every topic.
+/// The fleet-file entry for a discovered worker: one dp rank, connected SUB, every topic, the
+/// model of its pod's model label (validated like a file entry's by [`merge`]).
 pub fn worker_config(w: &DiscoveredWorker) -> WorkerConfig {
     WorkerConfig {
         id: w.id.clone(),
+        model: w.model.clone(),
         role: w.role,
         endpoint: w.endpoint.clone(),
         kv_events: Some(w.kv_events.clone()),
@@ -89,6 +91,9 @@ pub struct DiscoveredFleet {
     generation: u64,
     members: Vec<MemberStatus>,
     skipped: Vec<Skipped>,
+    /// Base models learned from the engines' own `GET /v1/models` for members whose pod has no
+    /// model label (`crate::service::served`); at most one per member, dropped when it leaves.
+    learned: BTreeMap<String, String>,
 }
 
 impl DiscoveredFleet {
@@ -97,7 +102,26 @@ impl DiscoveredFleet {
         self.generation = update.generation;
         self.members = update.workers;
         self.skipped = update.skipped;
+        let members = &self.members;
+        self.learned.retain(|id, _| members.iter().any(|m| &m.worker.id == id));
         update.changes
+    }
+
+    /// Records that member `id`'s engine serves base model `model`. Only for a member whose pod
+    /// has no model label (the label, like the file, is what the operator said); returns whether
+    /// it changed what the member serves.
+    pub fn learn(&mut self, id: &str, model: &str) -> bool {
+        let unlabelled = self.members.iter().any(|m| m.worker.id == id && m.worker.model.is_none());
+        if !unlabelled || self.learned.get(id).is_some_and(|m| m == model) {
+            return false;
+        }
+        self.learned.insert(id.to_owned(), model.to_owned());
+        true
+    }
+
+    /// The base model learned for member `id`, if any.
+    pub fn learned(&self, id: &str) -> Option<&str> {
+        self.learned.get(id).map(String::as_str)
     }
 
     /// Whether a first update arrived (discovery's initial lists completed).
@@ -177,7 +201,11 @@ pub fn merge(file: &Config, fleet: &DiscoveredFleet) -> Merged {
             continue;
         }
         probe.workers.clear();
-        probe.workers.push(worker_config(&member.worker));
+        let mut wc = worker_config(&member.worker);
+        if wc.model.is_none() {
+            wc.model = fleet.learned(id).map(str::to_owned);
+        }
+        probe.workers.push(wc);
         if let Err(e) = probe.validate() {
             left_out.push(LeftOut {
                 id: id.clone(),

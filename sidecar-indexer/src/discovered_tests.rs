@@ -26,6 +26,7 @@ fn file(statics: &[(&str, &str)]) -> Config {
 fn worker(id: &str, ip: &str) -> DiscoveredWorker {
     DiscoveredWorker {
         id: id.into(),
+        model: None,
         role: Role::Decode,
         endpoint: format!("{ip}:8000"),
         kv_events: format!("tcp://{ip}:5557"),
@@ -344,4 +345,61 @@ fn the_normalised_config_reads_back_the_same() {
     let printed = toml::to_string_pretty(&c).unwrap();
     assert!(printed.contains("[discovery.kubernetes]"), "{printed}");
     assert_eq!(Config::from_toml_str(&printed, &MapEnv::default()).unwrap(), c, "{printed}");
+}
+
+#[test]
+fn a_pods_model_label_names_its_model_and_an_unknown_one_is_left_out() {
+    let text = "listen = \"127.0.0.1:9100\"\n[[models]]\nname = \"a\"\nblock_size = 16\n[[models]]\nname = \"b\"\nblock_size = 32\n";
+    let file = Config::from_toml_str(text, &MapEnv::default()).unwrap();
+    let labelled = |id: &str, ip: &str, model: Option<&str>| MemberStatus {
+        worker: DiscoveredWorker { model: model.map(str::to_owned), ..worker(id, ip) },
+        routable: true,
+        drop_at: None,
+    };
+    let m = merge(
+        &file,
+        &fleet(
+            vec![
+                labelled("p0", "10.0.0.1", Some("b")),
+                labelled("p1", "10.0.0.2", None),
+                labelled("p2", "10.0.0.3", Some("gpt-4")),
+            ],
+            vec![],
+        ),
+    );
+    let served: Vec<_> =
+        m.config.workers.iter().map(|w| (w.id.as_str(), m.config.worker_model(w))).collect();
+    assert_eq!(served, vec![("p0", "b"), ("p1", "a")]);
+    assert_eq!(m.left_out.len(), 1);
+    assert_eq!((m.left_out[0].id.as_str(), m.left_out[0].reason), ("p2", LEFT_OUT_INVALID));
+    assert!(m.left_out[0].detail.contains("workers[0].model"), "{}", m.left_out[0].detail);
+}
+
+#[test]
+fn a_model_learned_from_the_engine_moves_only_an_unlabelled_pod() {
+    let text = "listen = \"127.0.0.1:9100\"\n[[models]]\nname = \"a\"\nblock_size = 16\n[[models]]\nname = \"b\"\nblock_size = 32\n";
+    let file = Config::from_toml_str(text, &MapEnv::default()).unwrap();
+    let member = |id: &str, ip: &str, model: Option<&str>| MemberStatus {
+        worker: DiscoveredWorker { model: model.map(str::to_owned), ..worker(id, ip) },
+        routable: true,
+        drop_at: None,
+    };
+    let mut f =
+        fleet(vec![member("p0", "10.0.0.1", None), member("p1", "10.0.0.2", Some("a"))], vec![]);
+    assert!(f.learn("p0", "b"));
+    assert!(!f.learn("p0", "b"), "nothing new");
+    assert!(!f.learn("p1", "b"), "the label wins");
+    assert!(!f.learn("static", "b"), "not a member");
+    let m = merge(&file, &f);
+    let served: Vec<_> =
+        m.config.workers.iter().map(|w| (w.id.as_str(), m.config.worker_model(w))).collect();
+    assert_eq!(served, vec![("p0", "b"), ("p1", "a")]);
+    // A member that left forgets what was learned.
+    f.apply(MembershipUpdate {
+        generation: 2,
+        changes: Vec::new(),
+        workers: vec![member("p1", "10.0.0.2", Some("a"))],
+        skipped: Vec::new(),
+    });
+    assert_eq!(f.learned("p0"), None);
 }

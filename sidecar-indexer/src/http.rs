@@ -1,5 +1,5 @@
-//! The HTTP API: `/v1/route`, `/v1/done`, `/v1/fleet`, `/metrics`, `/healthz`, `/readyz`,
-//! `/debug/workers`, `/debug/blocks`.
+//! The HTTP API: `/v1/route`, `/v1/done`, `/v1/fleet`, `/v1/models`, `/metrics`, `/healthz`,
+//! `/readyz`, `/debug/workers`, `/debug/blocks`.
 //!
 //! Handlers only: a route call's life (plan → run → settle) is [`crate::route`]'s. Every error is
 //! an [`ApiError`] (OpenAI-style JSON body with a stable `reason`, a status, a metric label);
@@ -36,6 +36,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(ROUTE_PATH, post(route))
         .route(DONE_PATH, post(done))
         .route(FLEET_PATH, get(fleet))
+        .route(MODELS_PATH, get(models))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz));
@@ -122,6 +123,14 @@ async fn route(
         // Not a bad request: the filter's base was evicted; it sends the whole body next
         // (`kvmesh_body_memo_total{result="base_unknown"}` counts it).
         Err(e) if e.reason == kvmesh_core::body_base::BASE_UNKNOWN => {}
+        // A model nobody serves: the client's mistake, but counted with the route errors (the
+        // filter answers the client vLLM's 404 and never forwards it); its log line sampled.
+        Err(e) if e.reason == kvmesh_core::models::UNKNOWN_MODEL_REASON => {
+            let seen = metrics.failed(e);
+            if seen.is_power_of_two() {
+                tracing::info!(seen, message = %e.message, "route call for a model the fleet does not serve: 404");
+            }
+        }
         Err(e) if e.status.is_client_error() && e.status != StatusCode::TOO_MANY_REQUESTS => {
             metrics.bad_request(Endpoint::Route, e.reason)
         }
@@ -166,6 +175,17 @@ async fn done(
 
 async fn fleet(State(state): State<Arc<AppState>>) -> Json<kvmesh_core::api::FleetSnapshot> {
     Json(state.snapshot())
+}
+
+/// `GET /v1/models`: every base model, alias and adapter of the catalog, in vLLM's shape
+/// (`kvmesh_core::models::models_list`, the filter's renderer too), for GIE gateways and debugging.
+pub const MODELS_PATH: &str = "/v1/models";
+
+async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Json(kvmesh_core::models::models_list(state.models().catalog(), created))
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
@@ -225,12 +245,12 @@ async fn debug_blocks(
     let Query(q) = q.map_err(|e| ApiError::bad_request("bad_query", e.body_text()))?;
     match state.debug_blocks(&q.worker) {
         Some(b) => Ok(Json(b).into_response()),
-        None => Err(ApiError {
-            status: StatusCode::NOT_FOUND,
-            kind: "not_found",
-            reason: "unknown_worker",
-            message: format!("no worker {:?}", q.worker),
-        }),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "unknown_worker",
+            format!("no worker {:?}", q.worker),
+        )),
     }
 }
 

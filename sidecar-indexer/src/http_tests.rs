@@ -147,11 +147,13 @@ async fn routes_to_the_worker_holding_the_prefix() {
         call(&svc, Request::get("/metrics").body(Body::empty()).unwrap()).await.1,
     )
     .unwrap();
-    assert!(text.contains("router_kv_overlap_blocks_total 2"), "{text}");
+    assert!(text.contains(r#"router_kv_overlap_blocks_total{model="m"} 2"#), "{text}");
     // Full blocks (10 tokens of 4: 2), as the filter counts them; the booked load above counts 3.
-    assert!(text.contains("router_kv_isl_blocks_total 2"), "{text}");
+    assert!(text.contains(r#"router_kv_isl_blocks_total{model="m"} 2"#), "{text}");
     assert!(
-        text.contains(r#"kvmesh_decisions_total{basis="best_overlap",mode="aggregate"} 1"#),
+        text.contains(
+            r#"kvmesh_decisions_total{basis="best_overlap",mode="aggregate",model="m"} 1"#
+        ),
         "{text}"
     );
 }
@@ -489,7 +491,7 @@ async fn no_decode_worker_is_a_503() {
         .state
         .metrics
         .render()
-        .contains(r#"kvmesh_route_errors_total{reason="no_decode_worker"} 1"#));
+        .contains(r#"kvmesh_route_errors_total{model="m",reason="no_decode_worker"} 1"#));
     // The gateway stays ready: the filter's fallback routes while no worker is healthy.
     let (status, body) = call(&svc, Request::get("/readyz").body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::OK);
@@ -850,7 +852,7 @@ async fn calls_beyond_the_concurrency_bound_are_shed_fast() {
     assert!(state
         .metrics
         .render()
-        .contains(r#"kvmesh_route_errors_total{reason="overloaded_shed"} 1"#));
+        .contains(r#"kvmesh_route_errors_total{model="m",reason="overloaded_shed"} 1"#));
     assert!(state.load.lock().is_empty(), "a shed call books nothing");
     drop(held);
     route_ok(&svc, "/v1/completions", &tokens_body(8), &[]).await;
@@ -980,7 +982,7 @@ async fn a_call_started_past_its_callers_deadline_books_nothing() {
         .state
         .metrics
         .render()
-        .contains("kvmesh_route_errors_total{reason=\"caller_gone\"} 1"));
+        .contains("kvmesh_route_errors_total{model=\"\",reason=\"caller_gone\"} 1"));
     // A caller still waiting (and one that sends no deadline) is routed and booked as before.
     let future = (now_ms + 60_000).to_string();
     let d = route_ok(

@@ -9,6 +9,7 @@
 //! parent is counted and refused, never guessed; every queue, map, cache and body is bounded.
 
 pub mod approx;
+pub mod catalog;
 pub mod clock;
 pub mod config;
 pub mod decide;

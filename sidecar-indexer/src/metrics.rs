@@ -10,10 +10,15 @@
 //!
 //! Over 600 lines: every metric of the binary is declared here and nowhere else (one definition,
 //! checked against the README's table by a test); the file is declarations, not logic.
+//!
+//! Per-route metrics carry `model`, the request's base model (bounded: models come from the
+//! config, at most `crate::config::MAX_MODELS`; "" before a model is known — a request refused
+//! before its body was read, or naming no model the fleet serves). Per-adapter counts carry
+//! `adapter`, bounded by `routing.max_adapter_labels` (past it: `other`).
 
 use prometheus::{
-    exponential_buckets, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    exponential_buckets, Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// The `router_kv_*` metrics are defined once in core (names, unit, buckets), for the filter too.
@@ -46,6 +51,9 @@ pub const KV_REPLAYS_TOTAL: &str = "kvmesh_kv_replays_total";
 pub const KV_REPLAY_ROUNDS_TOTAL: &str = "kvmesh_kv_replay_rounds_total";
 pub const KV_RESYNCS_TOTAL: &str = "kvmesh_kv_resyncs_total";
 pub const KV_BLOCK_SIZE_MISMATCH_TOTAL: &str = "kvmesh_kv_block_size_mismatch_total";
+pub const ADAPTER_DECISIONS_TOTAL: &str = "kvmesh_adapter_decisions_total";
+pub const SERVED_MODELS_POLLS_TOTAL: &str = "kvmesh_served_models_polls_total";
+pub const SERVED_ADAPTERS_REFUSED_TOTAL: &str = "kvmesh_served_adapters_refused_total";
 pub const KV_ORPHAN_STORES_TOTAL: &str = "kvmesh_kv_orphan_stores_total";
 pub const KV_ORPHAN_RECOVERED_TOTAL: &str = "kvmesh_kv_orphan_recovered_total";
 pub const ROUTE_INFLIGHT: &str = "kvmesh_route_inflight";
@@ -140,6 +148,9 @@ pub const ALL: &[&str] = &[
     KV_REPLAYS_TOTAL,
     KV_RESYNCS_TOTAL,
     KV_BLOCK_SIZE_MISMATCH_TOTAL,
+    ADAPTER_DECISIONS_TOTAL,
+    SERVED_MODELS_POLLS_TOTAL,
+    SERVED_ADAPTERS_REFUSED_TOTAL,
     KV_ORPHAN_STORES_TOTAL,
     KV_ORPHAN_RECOVERED_TOTAL,
     ROUTE_INFLIGHT,
@@ -213,13 +224,22 @@ pub const MIGRATION_OUTCOMES: [&str; 6] =
 /// The indexer's metrics.
 pub struct Metrics {
     registry: Registry,
-    pub hit_rate: Histogram,
-    pub overlap_blocks: IntCounter,
-    pub isl_blocks: IntCounter,
-    /// labels: mode, basis (why the worker was chosen: override, session_pin, pin_overloaded, best_overlap, lowest_cost).
+    /// labels: model.
+    pub hit_rate: HistogramVec,
+    /// labels: model.
+    pub overlap_blocks: IntCounterVec,
+    /// labels: model.
+    pub isl_blocks: IntCounterVec,
+    /// labels: model, mode, basis (why the worker was chosen: override, session_pin, pin_overloaded, best_overlap, lowest_cost).
     pub decisions: IntCounterVec,
-    /// labels: reason (no_decode_worker, tokenizer, index_unavailable …): route requests answered with an error.
+    /// labels: model, adapter (bounded by `routing.max_adapter_labels`, then `other`).
+    pub adapter_decisions: IntCounterVec,
+    /// labels: model, reason (no_decode_worker, tokenizer, unknown_model …): route requests answered with an error.
     pub route_errors: IntCounterVec,
+    /// labels: result (ok, error, base_mismatch, model_learned): polls of a worker's `GET /v1/models`.
+    pub served_models_polls: IntCounterVec,
+    /// labels: reason (collision, too_many): adapters an engine serves left out of the catalog.
+    pub served_adapters_refused: IntCounterVec,
     /// labels: endpoint (route, done), reason.
     pub bad_requests: IntCounterVec,
     pub route_duration: Histogram,
@@ -305,12 +325,12 @@ pub struct Metrics {
     /// labels: result (ok, error, unchanged).
     pub config_reloads: IntCounterVec,
     pub approx_expired: IntCounter,
-    /// labels: outcome (ok, fallback, overloaded).
+    /// labels: model, outcome (ok, fallback, overloaded).
     pub prefill_legs: IntCounterVec,
-    /// labels: reason (refused, timeout, reset, http_5xx, http_4xx, no_kv_transfer_params, bad_response, bad_request_body, worker_gone).
+    /// labels: model, reason (refused, timeout, reset, http_5xx, http_4xx, no_kv_transfer_params, bad_response, bad_request_body, worker_gone).
     pub prefill_fallbacks: IntCounterVec,
     pub prefill_leg_duration: Histogram,
-    /// labels: outcome (see [`MIGRATION_OUTCOMES`]).
+    /// labels: model, outcome (see [`MIGRATION_OUTCOMES`]).
     pub migrations: IntCounterVec,
     /// labels: source (index, kv_home).
     pub migration_opportunities: IntCounterVec,
@@ -386,18 +406,19 @@ impl Metrics {
         // process_max_fds, process_cpu_seconds_total, process_start_time_seconds, process_threads.
         #[cfg(target_os = "linux")]
         r.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
-        let hit_rate = Histogram::with_opts(
-            HistogramOpts::new(ROUTER_KV_HIT_RATE, "Predicted KV hit rate per routed request in per-mille (overlap_blocks * 1000 / isl_blocks); sum/count/1000 is request-weighted")
+        let hit_rate = HistogramVec::new(
+            HistogramOpts::new(ROUTER_KV_HIT_RATE, "Predicted KV hit rate per routed request in per-mille (overlap_blocks * 1000 / isl_blocks), by base model; sum/count/1000 is request-weighted")
                 .buckets(kvmesh_core::router_metrics::HIT_RATE_BUCKETS.to_vec()),
+            &["model"],
         )?;
         r.register(Box::new(hit_rate.clone()))?;
-        let overlap_blocks = IntCounter::new(
+        let overlap_blocks = counter_vec(
+            &r,
             ROUTER_KV_OVERLAP_BLOCKS_TOTAL,
-            "Predicted cached blocks of routed requests; divide by router_kv_isl_blocks_total for the block-weighted hit rate",
+            "Predicted cached blocks of routed requests, by base model; divide by router_kv_isl_blocks_total for the block-weighted hit rate",
+            &["model"],
         )?;
-        r.register(Box::new(overlap_blocks.clone()))?;
-        let isl_blocks = IntCounter::new(ROUTER_KV_ISL_BLOCKS_TOTAL, "Full prompt blocks (floor(tokens / block_size), the route answer's isl_blocks) of routed requests")?;
-        r.register(Box::new(isl_blocks.clone()))?;
+        let isl_blocks = counter_vec(&r, ROUTER_KV_ISL_BLOCKS_TOTAL, "Full prompt blocks (floor(tokens / block_size), the route answer's isl_blocks) of routed requests, by base model", &["model"])?;
         let index_evictions = IntCounter::new(
             INDEX_EVICTIONS_TOTAL,
             "Blocks evicted from the index by its memory bound",
@@ -435,8 +456,11 @@ impl Metrics {
             hit_rate,
             overlap_blocks,
             isl_blocks,
-            decisions: counter_vec(&r, DECISIONS_TOTAL, "Routing decisions by mode and basis", &["mode", "basis"])?,
-            route_errors: counter_vec(&r, ROUTE_ERRORS_TOTAL, "Route requests the indexer could not answer with a decision", &["reason"])?,
+            decisions: counter_vec(&r, DECISIONS_TOTAL, "Routing decisions by base model, mode and basis", &["model", "mode", "basis"])?,
+            adapter_decisions: counter_vec(&r, ADAPTER_DECISIONS_TOTAL, "Routing decisions for requests naming a LoRA adapter, by base model and adapter (past routing.max_adapter_labels adapters: other)", &["model", "adapter"])?,
+            route_errors: counter_vec(&r, ROUTE_ERRORS_TOTAL, "Route requests the indexer could not answer with a decision, by base model (\"\" when none was resolved) and reason", &["model", "reason"])?,
+            served_models_polls: counter_vec(&r, SERVED_MODELS_POLLS_TOTAL, "Polls of a worker's GET /v1/models by result (ok, error, base_mismatch: the engine does not list the worker's configured model; model_learned: a discovered worker without a model label moved to the one fleet model its engine serves)", &["result"])?,
+            served_adapters_refused: counter_vec(&r, SERVED_ADAPTERS_REFUSED_TOTAL, "Adapters an engine serves that were left out of the catalog (collision: the name is another model's, alias's or adapter's; too_many: past the per-model bound), each counted once", &["reason"])?,
             bad_requests: counter_vec(&r, BAD_REQUESTS_TOTAL, "Malformed API requests answered with 4xx", &["endpoint", "reason"])?,
             route_duration: duration(&r, ROUTE_DURATION_SECONDS, "Time to answer /v1/route (parse, tokenize, match, score, and a prefill leg or migration handshake when the mode needs one)")?,
             tokenize_duration: duration(&r, TOKENIZE_DURATION_SECONDS, "Time to render and tokenize one prompt")?,
@@ -462,7 +486,7 @@ impl Metrics {
             kv_replays: counter_vec(&r, KV_REPLAYS_TOTAL, "Replays from a worker's ROUTER socket by outcome", &["worker", "outcome"])?,
             kv_replay_rounds: counter_vec(&r, KV_REPLAY_ROUNDS_TOTAL, "Replays asked again from their first missing batch (replies dropped by the engine's ROUTER), by reason", &["worker", "reason"])?,
             kv_resyncs: counter_vec(&r, KV_RESYNCS_TOTAL, "Times a worker's index state was cleared and rebuilt, by reason", &["worker", "reason"])?,
-            kv_block_size_mismatch: counter_vec(&r, KV_BLOCK_SIZE_MISMATCH_TOTAL, "BlockStored events refused for a block size other than model.block_size", &["worker"])?,
+            kv_block_size_mismatch: counter_vec(&r, KV_BLOCK_SIZE_MISMATCH_TOTAL, "BlockStored events refused for a block size other than the block_size of the worker's model", &["worker", "model"])?,
             kv_orphan_stores: counter_vec(&r, KV_ORPHAN_STORES_TOTAL, "BlockStored events refused because their parent block is unknown", &["worker"])?,
             kv_orphan_recovered: counter_vec(&r, KV_ORPHAN_RECOVERED_TOTAL, "BlockStored events with an unknown parent indexed after all: the parent chain learned from a prompt routed to the worker", &["worker"])?,
             route_inflight: int_gauge(ROUTE_INFLIGHT, "/v1/route calls being worked on, abandoned tokenizations included (bounded by routing.max_concurrent_routes)")?,
@@ -496,10 +520,10 @@ impl Metrics {
             config_reloads: counter_vec(&r, CONFIG_RELOADS_TOTAL, "Config reloads by result", &["result"])?,
             approx_expired,
             tokenize_moved_to_pool,
-            prefill_legs: counter_vec(&r, PREFILL_LEGS_TOTAL, "Prefill legs of disaggregated requests by outcome", &["outcome"])?,
-            prefill_fallbacks: counter_vec(&r, PREFILL_FALLBACKS_TOTAL, "Prefill legs that failed and were served on the decode worker, by reason", &["reason"])?,
+            prefill_legs: counter_vec(&r, PREFILL_LEGS_TOTAL, "Prefill legs of disaggregated requests by base model and outcome", &["model", "outcome"])?,
+            prefill_fallbacks: counter_vec(&r, PREFILL_FALLBACKS_TOTAL, "Prefill legs that failed and were served on the decode worker, by base model and reason", &["model", "reason"])?,
             prefill_leg_duration: leg_duration(&r, PREFILL_LEG_DURATION_SECONDS, "Time of one prefill leg (send, remote prefill, answer)")?,
-            migrations: counter_vec(&r, MIGRATIONS_TOTAL, "KV migrations by outcome (dry_run: would have migrated)", &["outcome"])?,
+            migrations: counter_vec(&r, MIGRATIONS_TOTAL, "KV migrations by base model and outcome (dry_run: would have migrated)", &["model", "outcome"])?,
             migration_opportunities: counter_vec(
                 &r,
                 MIGRATION_OPPORTUNITIES_TOTAL,
@@ -557,16 +581,6 @@ impl Metrics {
             discovery: DiscoveryMetrics::new(&r)?,
             registry: r,
         };
-        // Alerts divide these: their series exist from the start, at zero.
-        for o in PREFILL_LEG_OUTCOMES {
-            m.prefill_legs.with_label_values(&[o]).inc_by(0);
-        }
-        for f in crate::legs::LegFailure::ALL {
-            m.prefill_fallbacks.with_label_values(&[f.reason()]).inc_by(0);
-        }
-        for o in MIGRATION_OUTCOMES {
-            m.migrations.with_label_values(&[o]).inc_by(0);
-        }
         for source in ["index", "kv_home"] {
             m.migration_opportunities.with_label_values(&[source]).inc_by(0);
         }
@@ -583,6 +597,24 @@ impl Metrics {
         }
     }
 
+    /// Creates base model `model`'s series that alerts divide at zero (their series exist from
+    /// the start). Called for every configured model at start and on reload.
+    pub fn init_model_series(&self, model: &str) {
+        for o in PREFILL_LEG_OUTCOMES {
+            self.prefill_legs.with_label_values(&[model, o]).inc_by(0);
+        }
+        for f in crate::legs::LegFailure::ALL {
+            self.prefill_fallbacks.with_label_values(&[model, f.reason()]).inc_by(0);
+        }
+        for o in MIGRATION_OUTCOMES {
+            self.migrations.with_label_values(&[model, o]).inc_by(0);
+        }
+        self.overlap_blocks.with_label_values(&[model]).inc_by(0);
+        self.isl_blocks.with_label_values(&[model]).inc_by(0);
+        self.adapter_loads_predicted.with_label_values(&[model]).inc_by(0);
+        self.adapter_slot_waits_predicted.with_label_values(&[model]).inc_by(0);
+    }
+
     /// Prometheus text exposition of everything.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
@@ -593,11 +625,11 @@ impl Metrics {
 
     /// Creates a joining worker's failure series at zero, so alerts and dashboards see "no gaps yet"
     /// instead of "no data" (a `rate()` over an absent series is empty, not 0).
-    pub fn register_worker(&self, worker: &str) {
+    pub fn register_worker(&self, worker: &str, model: &str) {
+        self.kv_block_size_mismatch.with_label_values(&[worker, model]).inc_by(0);
         for c in [
             &self.kv_decode_errors,
             &self.kv_gaps,
-            &self.kv_block_size_mismatch,
             &self.kv_orphan_stores,
             &self.kv_orphan_recovered,
         ] {
@@ -617,8 +649,9 @@ impl Metrics {
         }
     }
 
-    /// Drops every series labelled with `worker` (it left the fleet).
-    pub fn forget_worker(&self, worker: &str) {
+    /// Drops every series labelled with `worker`, which served `model` (it left the fleet).
+    pub fn forget_worker(&self, worker: &str, model: &str) {
+        let _ = self.kv_block_size_mismatch.remove_label_values(&[worker, model]);
         for g in [
             &self.worker_blocks,
             &self.worker_active_requests,
@@ -637,7 +670,6 @@ impl Metrics {
             &self.kv_batches,
             &self.kv_decode_errors,
             &self.kv_gaps,
-            &self.kv_block_size_mismatch,
             &self.kv_orphan_stores,
             &self.kv_orphan_recovered,
             &self.kv_unknown_removes,
@@ -746,16 +778,16 @@ mod tests {
     #[test]
     fn a_registered_worker_has_its_failure_series_at_zero() {
         let m = Metrics::new().unwrap();
-        m.register_worker("w7");
+        m.register_worker("w7", "m");
         let text = m.render();
         for line in [
             "kvmesh_kv_gaps_total{worker=\"w7\"} 0",
-            "kvmesh_kv_block_size_mismatch_total{worker=\"w7\"} 0",
+            "kvmesh_kv_block_size_mismatch_total{model=\"m\",worker=\"w7\"} 0",
             "kvmesh_kv_resyncs_total{reason=\"gap_unrecoverable\",worker=\"w7\"} 0",
         ] {
             assert!(text.contains(line), "missing {line}");
         }
-        m.forget_worker("w7");
+        m.forget_worker("w7", "m");
         assert!(!m.render().contains("w7"));
     }
 
@@ -763,8 +795,15 @@ mod tests {
     fn every_metric_is_registered_and_named_as_declared() {
         let m = Metrics::new().unwrap();
         // Touch labelled families so they appear in the output.
-        m.decisions.with_label_values(&["aggregate", "best_overlap"]).inc();
-        m.route_errors.with_label_values(&["x"]).inc();
+        m.decisions.with_label_values(&["m", "aggregate", "best_overlap"]).inc();
+        m.adapter_decisions.with_label_values(&["m", "a"]).inc();
+        m.hit_rate.with_label_values(&["m"]).observe(1.0);
+        m.overlap_blocks.with_label_values(&["m"]).inc();
+        m.isl_blocks.with_label_values(&["m"]).inc();
+        m.served_models_polls.with_label_values(&["ok"]).inc();
+        m.served_adapters_refused.with_label_values(&["collision"]).inc();
+        m.kv_block_size_mismatch.with_label_values(&["w", "m"]).inc();
+        m.route_errors.with_label_values(&["m", "x"]).inc();
         m.bad_requests.with_label_values(&["route", "x"]).inc();
         m.tokenize_cache.with_label_values(&["hit"]).inc();
         m.tokenize_memo.with_label_values(&["hit"]).inc();
@@ -775,7 +814,6 @@ mod tests {
             &m.kv_batches,
             &m.kv_decode_errors,
             &m.kv_gaps,
-            &m.kv_block_size_mismatch,
             &m.kv_orphan_stores,
             &m.kv_orphan_recovered,
             &m.kv_unknown_removes,
@@ -819,11 +857,12 @@ mod tests {
         m.sessions_tracked.with_label_values(&["kv_home"]).set(1);
         m.adapter_placed("m", crate::predict::AdapterCost { load: true, wait_slot: true });
         m.discovery.init_series();
+        m.init_model_series("m");
         let text = m.render();
         for name in ALL {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing from exposition");
         }
-        m.forget_worker("w");
+        m.forget_worker("w", "m");
         assert!(!m.render().contains("worker=\"w\""));
     }
 

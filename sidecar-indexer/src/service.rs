@@ -1,12 +1,13 @@
 //! Assembling and running an indexer: state, the applier thread, one listener per (worker, rank),
 //! the engine scraper, the load-expiry ticker and configuration reloads.
 //!
-//! Reload semantics (SIGHUP or a changed file): the new file is parsed and validated in full (and the
-//! tokenizer loaded if the model changed) before anything changes; a bad file changes nothing and is
-//! counted. Then: removed workers leave the index (their listeners are stopped and joined first, so
+//! Reload semantics (SIGHUP or a changed file): the new file is parsed and validated in full (and a
+//! tokenizer loaded for every model whose tokenizer settings changed) before anything changes; a
+//! bad file changes nothing and is counted. Then: removed workers leave the index (their listeners are stopped and joined first, so
 //! nothing they queued lands after the removal); added workers get slots and listeners; workers whose
 //! event wiring changed are cleared and re-subscribed; workers that only changed endpoint or role keep
-//! their index state. A new block size or index mode rewires every worker. `listen` needs a restart.
+//! their index state. A model's new block size rewires its workers (so does a worker's new model);
+//! a new index mode rewires every worker. `listen` needs a restart.
 //! The service is the one owner of fleet changes: Kubernetes-discovered workers ([`discovery`], its
 //! child) reach the fleet through this same reload, as file config + discovered workers, and a
 //! file reload keeps them.
@@ -16,6 +17,7 @@
 //! move, beside `scrape.rs` (whose owner bounds its body).
 
 pub mod discovery;
+pub mod served;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -26,8 +28,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::{Mutex, RwLock};
 
+use crate::catalog::{Models, Served};
 use crate::clock::{self, Entropy};
-use crate::config::{Config, ConfigError, EnvSource, IndexMode, WorkerConfig};
+use crate::config::{
+    Config, ConfigError, EnvSource, IndexMode, ModelConfig, RoutingConfig, WorkerConfig,
+};
 use crate::events::applier::{Applier, ApplierConfig, ApplierMsg, IndexGauges};
 use crate::events::budget::EventLimits;
 use crate::events::listener::{self, ListenerSpec, ListenerStats};
@@ -73,7 +78,6 @@ fn event_limits(c: &Config) -> (usize, usize, usize) {
 
 fn applier_config(c: &Config) -> ApplierConfig {
     ApplierConfig {
-        block_size: c.model.block_size,
         max_entries: c.routing.index_max_entries,
         max_blocks_per_worker: c.routing.max_blocks_per_worker,
         approx_ttl: Duration::from_secs(c.routing.approx_ttl_secs),
@@ -81,14 +85,26 @@ fn applier_config(c: &Config) -> ApplierConfig {
     }
 }
 
-fn load_tokenizer(c: &Config) -> Result<PromptTokenizer, TokenizeError> {
+/// Base model `m`'s tokenizer, its caches bounded by `r`.
+fn load_tokenizer(m: &ModelConfig, r: &RoutingConfig) -> Result<PromptTokenizer, TokenizeError> {
     PromptTokenizer::load(
-        &c.model.tokenizer_path(),
-        c.model.chat_template.as_deref(),
-        &c.model.bos_token,
-        c.routing.tokenize_cache_bytes,
+        &m.tokenizer_path(),
+        m.chat_template.as_deref(),
+        &m.bos_token,
+        r.tokenize_cache_bytes,
     )
-    .map(|t| t.with_memo_bytes(c.routing.tokenize_memo_bytes))
+    .map(|t| t.with_memo_bytes(r.tokenize_memo_bytes))
+}
+
+/// Whether worker `w` (in `old`) must be cleared and re-subscribed under `new`: its event wiring
+/// changed, the index mode changed, it serves another model now, or its model's block size changed.
+fn needs_rewire(old: &Config, new: &Config, was: &WorkerConfig, w: &WorkerConfig) -> bool {
+    let block_size =
+        |c: &Config, w: &WorkerConfig| c.model_named(c.worker_model(w)).map(|m| m.block_size);
+    old.routing.mode != new.routing.mode
+        || was.events_differ(w)
+        || old.worker_model(was) != new.worker_model(w)
+        || block_size(old, was) != block_size(new, w)
 }
 
 impl Service {
@@ -98,11 +114,12 @@ impl Service {
         config_path: Option<PathBuf>,
         env: Arc<dyn EnvSource>,
     ) -> Result<Arc<Self>, ServiceError> {
-        let tokenizer = load_tokenizer(&config)?;
+        let tokenizer = load_tokenizer(config.model(), &config.routing)?;
         Self::start_with_tokenizer(config, config_path, env, tokenizer)
     }
 
-    /// [`Service::start`] with an already loaded tokenizer (tests share one).
+    /// [`Service::start`] with the default model's tokenizer already loaded (tests share one); the
+    /// other models' are loaded from their files.
     pub fn start_with_tokenizer(
         config: Config,
         config_path: Option<PathBuf>,
@@ -122,6 +139,15 @@ impl Service {
         entropy: Entropy,
     ) -> Result<Arc<Self>, ServiceError> {
         let metrics = Arc::new(Metrics::new()?);
+        let mut given = Some(tokenizer);
+        let runtimes = crate::catalog::runtimes(&config, &[], |m| match given.take() {
+            Some(t) => Ok(t),
+            None => load_tokenizer(m, &config.routing),
+        })?;
+        for m in &config.models {
+            metrics.init_model_series(&m.name);
+        }
+        let (models, _) = Models::new(runtimes, &Served::default());
         let index = Arc::new(RwLock::new(KvIndex::new(
             config.routing.index_max_entries,
             config.routing.max_blocks_per_worker,
@@ -150,7 +176,8 @@ impl Service {
             fleet: RwLock::new(Fleet::default()),
             index,
             gauges,
-            tokenizer: RwLock::new(Arc::new(tokenizer)),
+            models: RwLock::new(Arc::new(models)),
+            served: Default::default(),
             metrics,
             applier: tx,
             engine_totals: Default::default(),
@@ -189,7 +216,7 @@ impl Service {
         }
         tracing::info!(
             workers = config.workers.len(),
-            block_size = config.model.block_size,
+            models = %config.models.iter().map(|m| format!("{} (block_size {})", m.name, m.block_size)).collect::<Vec<_>>().join(", "),
             mode = config.routing.mode.as_str(),
             "indexer started"
         );
@@ -197,11 +224,13 @@ impl Service {
     }
 
     fn add_worker(&self, w: &WorkerConfig, config: &Config) -> Result<WorkerRuntime, ServiceError> {
-        self.state.metrics.register_worker(&w.id);
+        let model = config.worker_model(w).to_owned();
+        self.state.metrics.register_worker(&w.id, &model);
         let ranks =
             (0..w.dp_ranks).map(|rank| self.add_rank(w, rank, config)).collect::<Result<_, _>>()?;
         Ok(WorkerRuntime {
             cfg: w.clone(),
+            model,
             ranks,
             healthy: true,
             scrape_failures: 0,
@@ -221,9 +250,12 @@ impl Service {
     ) -> Result<RankRuntime, ServiceError> {
         let slot = self.state.alloc_slot();
         let stats = Arc::new(ListenerStats::default());
+        let model = config.worker_model(w);
         let _ = self.state.applier.send(ApplierMsg::AddWorker {
             slot,
             label: w.id.as_str().into(),
+            model: model.into(),
+            block_size: config.model_named(model).map_or(0, |m| m.block_size),
             stats: stats.clone(),
         });
         let listener = match (config.routing.mode, w.events_endpoint(rank)) {
@@ -312,20 +344,20 @@ impl Service {
         if old.listen != new.listen {
             tracing::warn!(old = %old.listen, new = %new.listen, "listen changed: takes effect on restart");
         }
-        let new_tokenizer = if old.model != new.model
-            || old.routing.tokenize_cache_bytes != new.routing.tokenize_cache_bytes
-            || old.routing.tokenize_memo_bytes != new.routing.tokenize_memo_bytes
-        {
-            let c = new.clone();
-            let t = tokio::task::spawn_blocking(move || load_tokenizer(&c))
-                .await
-                .map_err(|e| ServiceError::Config(ConfigError::Parse(e.to_string())))??;
-            Some(t)
-        } else {
-            None
-        };
+        // Tokenizers are kept for models whose tokenizer settings and cache bounds are unchanged,
+        // and loaded for the others before anything changes (a bad file changes nothing).
+        let bounds_changed = old.routing.tokenize_cache_bytes != new.routing.tokenize_cache_bytes
+            || old.routing.tokenize_memo_bytes != new.routing.tokenize_memo_bytes;
+        let kept =
+            if bounds_changed { Vec::new() } else { self.state.models().runtimes().to_vec() };
+        let c = new.clone();
+        let runtimes = tokio::task::spawn_blocking(move || {
+            crate::catalog::runtimes(&c, &kept, |m| load_tokenizer(m, &c.routing))
+        })
+        .await
+        .map_err(|e| ServiceError::Config(ConfigError::Parse(e.to_string())))??;
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.apply_reload_blocking(&old, new, new_tokenizer))
+        tokio::task::spawn_blocking(move || this.apply_reload_blocking(&old, new, runtimes))
             .await
             .map_err(|e| ServiceError::Config(ConfigError::Parse(e.to_string())))?
     }
@@ -334,10 +366,8 @@ impl Service {
         &self,
         old: &Config,
         new: Config,
-        tokenizer: Option<PromptTokenizer>,
+        runtimes: Vec<Arc<crate::catalog::ModelRuntime>>,
     ) -> Result<(), ServiceError> {
-        let rewire_all =
-            old.model.block_size != new.model.block_size || old.routing.mode != new.routing.mode;
         let _ = self.state.applier.send(ApplierMsg::Configure(applier_config(&new)));
         let (frame, replay, queue) = event_limits(&new);
         self.event_limits.set(frame, replay, queue);
@@ -357,7 +387,7 @@ impl Service {
                     fleet
                         .workers
                         .iter()
-                        .any(|o| o.cfg.id == w.id && (rewire_all || o.cfg.events_differ(w)))
+                        .any(|o| o.cfg.id == w.id && needs_rewire(old, &new, &o.cfg, w))
                 })
                 .collect()
         };
@@ -388,7 +418,7 @@ impl Service {
             }
         }
         let mut retire: Vec<RankRuntime> = Vec::new();
-        let mut removed: Vec<String> = Vec::new();
+        let mut removed: Vec<(String, String)> = Vec::new();
         {
             let mut fleet = self.state.fleet.write();
             let mut old_workers = std::mem::take(&mut fleet.workers);
@@ -399,7 +429,7 @@ impl Service {
                     Some(i) => {
                         let mut rt = old_workers.swap_remove(i);
                         if let Some(ranks) = fresh_ranks.remove(&w.id) {
-                            tracing::info!(worker = %w.id, "event wiring changed: clearing and re-subscribing");
+                            tracing::info!(worker = %w.id, "event wiring, model or block size changed: clearing and re-subscribing");
                             self.state
                                 .metrics
                                 .kv_resyncs
@@ -408,8 +438,15 @@ impl Service {
                             retire.append(&mut rt.ranks);
                             rt.ranks = ranks;
                         }
-                        changed_membership |=
-                            rt.cfg.endpoint != w.endpoint || rt.cfg.role != w.role;
+                        let model = new.worker_model(w);
+                        changed_membership |= rt.cfg.endpoint != w.endpoint
+                            || rt.cfg.role != w.role
+                            || rt.model != model;
+                        if rt.model != model {
+                            self.state.metrics.forget_worker(&w.id, &rt.model);
+                            self.state.metrics.register_worker(&w.id, model);
+                            rt.model = model.to_owned();
+                        }
                         rt.cfg = w.clone();
                         rt
                     }
@@ -429,7 +466,7 @@ impl Service {
                 tracing::info!(worker = %gone.cfg.id, "worker removed: its blocks leave the index");
                 changed_membership = true;
                 retire.append(&mut gone.ranks);
-                removed.push(gone.cfg.id);
+                removed.push((gone.cfg.id, gone.model));
             }
             fleet.workers = next;
             fleet.reindex();
@@ -450,10 +487,11 @@ impl Service {
         for r in retire {
             self.retire_rank(r);
         }
-        for id in removed {
+        for (id, model) in removed {
             crate::route::bookings::forget_worker(&self.state, &id);
             self.state.placement.lock().remove_worker(&id);
-            self.state.metrics.forget_worker(&id);
+            self.state.metrics.forget_worker(&id, &model);
+            self.state.served.lock().served.by_worker.remove(&id);
         }
         self.state.load.lock().set_limits(
             Duration::from_secs(new.routing.load_expiry_secs),
@@ -462,9 +500,17 @@ impl Service {
         self.state.index.read().set_recovery_blocks(new.routing.recovery_max_blocks);
         self.state.sessions.lock().set_limits(&new.routing);
         self.state.placement.lock().set_limits(&new.routing);
-        if let Some(t) = tokenizer {
-            *self.state.tokenizer.write() = Arc::new(t);
+        for m in &new.models {
+            self.state.metrics.init_model_series(&m.name);
         }
+        // Served adapters stay with the workers that reported them (a worker that now serves
+        // another model reports again at its next poll).
+        self.state.served.lock().served.by_worker.retain(|id, (base, _)| {
+            new.workers.iter().any(|w| &w.id == id && new.worker_model(w) == base)
+        });
+        let (models, _) = Models::new(runtimes, &Served::default());
+        *self.state.models.write() = Arc::new(models);
+        self.state.rebuild_catalog();
         *self.state.config.write() = Arc::new(new);
         tracing::info!("configuration reloaded");
         Ok(())
@@ -475,6 +521,7 @@ impl Service {
     pub fn spawn_background(self: &Arc<Self>) {
         discovery::spawn(self);
         tokio::spawn(scrape_loop(self.clone()));
+        tokio::spawn(served::poll_loop(self.clone()));
         tokio::spawn(expiry_loop(self.clone()));
         if self.config_path.is_some() {
             tokio::spawn(reload_loop(self.clone()));
@@ -655,20 +702,23 @@ pub(crate) fn apply_scrapes(
         fleet.generation += 1;
     }
     fleet.remeasure();
-    let waiting: Vec<(String, u64, f64)> = waiting
+    // Each worker's unknown requests are counted in its own model's blocks.
+    let unknown_tokens = |model: &str| {
+        let bs = cfg.model_named(model).map_or(cfg.model().block_size, |m| m.block_size);
+        (cfg.routing.unknown_request_blocks * u64::from(bs)) as f64
+    };
+    let waiting: Vec<(String, u64, f64, f64)> = waiting
         .into_iter()
         .filter_map(|(id, n)| {
             let w = fleet.workers.iter().find(|w| w.cfg.id == id)?;
-            Some((id, n, fleet.prefill_tokens_per_s(w, &cfg.routing)))
+            Some((id, n, fleet.prefill_tokens_per_s(w, &cfg.routing), unknown_tokens(&w.model)))
         })
         .collect();
     // The engines' waiting requests that this indexer did not book join its prefill model, taken
     // after the fleet lock (lock order: fleet before placement, never both here).
-    let unknown_tokens =
-        (cfg.routing.unknown_request_blocks * u64::from(cfg.model.block_size)) as f64;
     drop(fleet);
     let mut placement = state.placement.lock();
-    for (id, waiting, tps) in waiting {
+    for (id, waiting, tps, unknown_tokens) in waiting {
         placement.backlog.reconcile(&id, waiting, unknown_tokens, tps, now);
     }
 }

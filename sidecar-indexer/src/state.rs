@@ -17,6 +17,7 @@ use parking_lot::{Mutex, RwLock};
 use rand::rngs::StdRng;
 use serde::Serialize;
 
+use crate::catalog::{Models, Refused, Served};
 use crate::config::{Config, IndexMode, RoutingConfig, WorkerConfig};
 use crate::events::applier::{ApplierMsg, IndexGauges};
 use crate::events::listener::{ListenerHandle, ListenerStats};
@@ -27,7 +28,6 @@ use crate::predict::{AdapterBookings, LoadOutlook, PrefillBacklog};
 use crate::recent::Sessions;
 use crate::scrape::{CounterMirror, EngineSample, PrefillMeter};
 use crate::speculative::Speculative;
-use crate::tokenize::PromptTokenizer;
 
 /// One dp rank of a worker: its index slot and listener.
 pub struct RankRuntime {
@@ -40,6 +40,9 @@ pub struct RankRuntime {
 /// A worker as the running indexer knows it.
 pub struct WorkerRuntime {
     pub cfg: WorkerConfig,
+    /// The base model it serves (its `model`, else the default model): only requests for this
+    /// model are placed on it.
+    pub model: String,
     pub ranks: Vec<RankRuntime>,
     pub healthy: bool,
     pub scrape_failures: u32,
@@ -175,6 +178,18 @@ impl Fleet {
             .collect();
     }
 
+    /// Per worker (in fleet order), its overlap if it serves base model `model`, else 0: matches
+    /// are read only for the model's workers (one index for every model: `crate::catalog`).
+    pub fn overlaps_in(&self, scores: &OverlapScores, model: &str) -> Vec<u32> {
+        let mut out = self.overlaps(scores);
+        for (o, w) in out.iter_mut().zip(&self.workers) {
+            if w.model != model {
+                *o = 0;
+            }
+        }
+        out
+    }
+
     /// Per worker (in fleet order), its overlap: the best over its dp ranks.
     pub fn overlaps(&self, scores: &OverlapScores) -> Vec<u32> {
         let mut out = vec![0u32; self.workers.len()];
@@ -201,7 +216,12 @@ pub struct AppState {
     pub index: Arc<RwLock<KvIndex>>,
     pub gauges: Arc<IndexGauges>,
     pub load: Mutex<LoadTracker>,
-    pub tokenizer: RwLock<Arc<PromptTokenizer>>,
+    /// Per base model its configuration and tokenizer, and the catalog requests resolve against
+    /// (`crate::catalog`); replaced whole on a reload or when the served adapters change.
+    pub models: RwLock<Arc<Models>>,
+    /// The adapters each worker's engine reports serving (`crate::service::served`) and the
+    /// refusals already logged and counted.
+    pub served: Mutex<ServedState>,
     pub metrics: Arc<Metrics>,
     pub applier: SyncSender<ApplierMsg>,
     pub engine_totals: EngineTotals,
@@ -229,7 +249,38 @@ pub struct AppState {
     pub background: crate::route::background::Background,
 }
 
+/// What the engines report serving, as the catalog was last built from it.
+#[derive(Default)]
+pub struct ServedState {
+    pub served: Served,
+    /// Refusals already logged and counted (each once while it lasts; bounded by the served lists).
+    pub refused: std::collections::BTreeSet<Refused>,
+}
+
 impl AppState {
+    /// The models and catalog now.
+    pub fn models(&self) -> Arc<Models> {
+        self.models.read().clone()
+    }
+
+    /// Rebuilds the catalog from the current runtimes and `served`, logging and counting refusals
+    /// not seen before. Returns whether the catalog changed.
+    pub fn rebuild_catalog(&self) -> bool {
+        let mut served = self.served.lock();
+        let mut models = self.models.write();
+        let (next, refused) = Models::new(models.runtimes().to_vec(), &served.served);
+        for r in &refused {
+            if !served.refused.contains(r) {
+                self.metrics.served_adapters_refused.with_label_values(&[r.reason.as_str()]).inc();
+                tracing::warn!(adapter = %r.adapter, model = %r.model, reason = r.reason.as_str(), "adapter an engine serves left out of the catalog");
+            }
+        }
+        served.refused = refused.into_iter().collect();
+        let changed = next.catalog() != models.catalog();
+        *models = Arc::new(next);
+        changed
+    }
+
     /// The current configuration.
     pub fn config(&self) -> Arc<Config> {
         self.config.read().clone()
@@ -248,18 +299,13 @@ impl AppState {
 
     /// `GET /v1/fleet`.
     pub fn snapshot(&self) -> FleetSnapshot {
-        let model = self.config.read().model.clone();
+        let models = self.models();
         let fleet = self.fleet.read();
         let load = self.load.lock();
         FleetSnapshot {
             generation: fleet.generation,
-            block_size: model.block_size,
-            models: vec![kvmesh_core::api::FleetModel {
-                name: model.name.clone(),
-                aliases: Vec::new(),
-                adapters: Vec::new(),
-                block_size: model.block_size,
-            }],
+            block_size: models.catalog().first().map_or(0, |m| m.block_size),
+            models: models.catalog().to_vec(),
             workers: fleet
                 .workers
                 .iter()
@@ -270,7 +316,7 @@ impl AppState {
                         id: w.cfg.id.clone(),
                         endpoint: w.cfg.endpoint.clone(),
                         role: w.cfg.role,
-                        model: model.name.clone(),
+                        model: w.model.clone(),
                         healthy: w.gets_traffic(),
                         load: l,
                     }
@@ -303,10 +349,12 @@ impl AppState {
         m.index_blocks.set(self.gauges.blocks.load(Ordering::Relaxed) as i64);
         m.index_entries.set(self.gauges.entries.load(Ordering::Relaxed) as i64);
         m.index_bytes.set(self.gauges.bytes.load(Ordering::Relaxed) as i64);
-        let tokenizer = self.tokenizer.read();
-        m.tokenize_cache_bytes.set(tokenizer.cache_bytes() as i64);
-        m.tokenize_memo_bytes.set(tokenizer.memo_bytes() as i64);
-        drop(tokenizer);
+        let models = self.models();
+        let tokenizers = models.runtimes().iter().map(|r| &r.tokenizer);
+        let (cache, memo) =
+            tokenizers.fold((0, 0), |(c, m), t| (c + t.cache_bytes(), m + t.memo_bytes()));
+        m.tokenize_cache_bytes.set(cache as i64);
+        m.tokenize_memo_bytes.set(memo as i64);
         m.body_memo_bytes.set(self.body_memo.lock().bytes() as i64);
         m.recovery_blocks.set(self.index.read().recovery_blocks() as i64);
         let fleet = self.fleet.read();
@@ -373,11 +421,15 @@ impl AppState {
                 .set(sessions.continuations.len() as i64);
             m.sessions_tracked.with_label_values(&["kv_home"]).set(sessions.kv_home.len() as i64);
         }
-        let isl = m.isl_blocks.get();
+        let (overlap, isl) = models.runtimes().iter().fold((0, 0), |(o, i), r| {
+            let label = [r.name()];
+            (
+                o + m.overlap_blocks.with_label_values(&label).get(),
+                i + m.isl_blocks.with_label_values(&label).get(),
+            )
+        });
         if isl > 0 {
-            m.kv_block_hit_rate
-                .with_label_values(&["router"])
-                .set(m.overlap_blocks.get() as f64 / isl as f64);
+            m.kv_block_hit_rate.with_label_values(&["router"]).set(overlap as f64 / isl as f64);
         }
         let q = self.engine_totals.queries.load(Ordering::Relaxed);
         if q > 0 {
@@ -399,6 +451,7 @@ impl AppState {
             .iter()
             .map(|w| DebugWorker {
                 id: w.cfg.id.clone(),
+                model: w.model.clone(),
                 endpoint: w.cfg.endpoint.clone(),
                 role: w.cfg.role.as_str(),
                 healthy: w.healthy,
@@ -476,6 +529,7 @@ impl AppState {
 #[derive(Debug, Serialize)]
 pub struct DebugWorker {
     pub id: String,
+    pub model: String,
     pub endpoint: String,
     pub role: &'static str,
     pub healthy: bool,

@@ -88,7 +88,10 @@ async fn a_sibling_follows_the_speculative_holdings_of_its_prefix() {
         sibling.predicted_ttft_ms
     );
     assert!(metric(&svc, "kvmesh_speculative_overlap_blocks_total 100"));
-    assert!(metric(&svc, "router_kv_overlap_blocks_total 0"), "engine-truth counter untouched");
+    assert!(
+        metric(&svc, "router_kv_overlap_blocks_total{model=\"m\"} 0"),
+        "engine-truth counter untouched"
+    );
     assert!(metric(&svc, "kvmesh_predicted_ttft_seconds_count 2"));
 }
 
@@ -372,4 +375,230 @@ async fn an_unmeasured_worker_takes_its_measured_peers_throughput() {
     assert_eq!(tps(&svc), vec![5_000.0, 20_000.0, 5_000.0]);
     let fleet = svc.state.fleet.read();
     assert_eq!(fleet.workers[2].meter.prefill_tokens_per_s(), None, "w2 itself measured nothing");
+}
+
+/// Issue 44: two base models (`a` with adapters `a1`, `a2`; `b` with alias `bee`), workers w0, w1
+/// on `a` and w2 on `b`; one index for all.
+fn multi() -> Arc<Service> {
+    let text = "listen = \"127.0.0.1:0\"\n[routing]\nscrape_interval_ms = 60000\nscrape_timeout_ms = 1000\nserved_models_poll_ms = 0\n\
+         [[models]]\nname = \"a\"\nblock_size = 4\nadapters = [\"a1\", \"a2\"]\n\
+         [[models]]\nname = \"b\"\naliases = [\"bee\"]\nblock_size = 4\n\
+         [[workers]]\nid = \"w0\"\nmodel = \"a\"\nrole = \"both\"\nendpoint = \"127.0.0.1:1\"\n\
+         [[workers]]\nid = \"w1\"\nrole = \"both\"\nendpoint = \"127.0.0.1:2\"\n\
+         [[workers]]\nid = \"w2\"\nmodel = \"b\"\nrole = \"both\"\nendpoint = \"127.0.0.1:3\"\n";
+    let config = Config::from_toml_str(text, &MapEnv::default()).unwrap();
+    Service::start_with_tokenizer(config, None, Arc::new(MapEnv::default()), tokenizer()).unwrap()
+}
+
+/// A completion body for `model` (none: no `model` field) with token ids `ids`.
+fn body_for(model: Option<&str>, ids: &[u32]) -> String {
+    let ids: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+    match model {
+        Some(m) => format!(r#"{{"model":"{m}","prompt":[{}]}}"#, ids.join(",")),
+        None => format!(r#"{{"prompt":[{}]}}"#, ids.join(",")),
+    }
+}
+
+/// A route call's status, body and `x-kvmesh-error` header.
+async fn call(
+    svc: &Arc<Service>,
+    body: String,
+    worker: Option<&str>,
+) -> (StatusCode, Vec<u8>, String) {
+    let mut req = Request::post(ROUTE_PATH).header(headers::KVMESH_PATH, "/v1/completions");
+    if let Some(w) = worker {
+        req = req.header(headers::OVERRIDE_WORKER, w);
+    }
+    let resp =
+        router(svc.state.clone()).oneshot(req.body(Body::from(body)).unwrap()).await.unwrap();
+    let status = resp.status();
+    let reason = resp
+        .headers()
+        .get(kvmesh_core::api::ERROR_REASON_HEADER)
+        .map_or(String::new(), |v| v.to_str().unwrap().to_owned());
+    (status, resp.into_body().collect().await.unwrap().to_bytes().to_vec(), reason)
+}
+
+/// Stores `tokens` (4-token blocks) on `worker`'s first rank as its engine would, under `lora`.
+fn store(svc: &Service, worker: &str, tokens: &[u32], lora: Option<&str>) {
+    use crate::events::applier::ApplierMsg;
+    use crate::events::decode::{EventBatch, KvEvent};
+    let slot = {
+        let fleet = svc.state.fleet.read();
+        fleet.workers.iter().find(|w| w.cfg.id == worker).unwrap().ranks[0].slot
+    };
+    let n = tokens.len() / 4;
+    let event = KvEvent::Stored {
+        block_hashes: (0..n as u64).map(|i| 1000 * u64::from(tokens[0]) + i).collect(),
+        parent: None,
+        token_ids: tokens[..n * 4].to_vec(),
+        block_size: 4,
+        lora_name: lora.map(str::to_owned),
+        cache_salt: None,
+        medium: None,
+        group_idx: None,
+    };
+    let batch = EventBatch { ts: 0.0, events: vec![event], dp_rank: None };
+    svc.state.applier.send(ApplierMsg::Batch { slot, seq: 0, batch }).unwrap();
+    svc.barrier();
+}
+
+fn decision(body: &[u8]) -> RouteDecision {
+    serde_json::from_slice(body).unwrap()
+}
+
+#[tokio::test]
+async fn each_model_routes_within_its_workers_and_reads_matches_only_there() {
+    let svc = multi();
+    let prompt: Vec<u32> = (7000..7040).collect();
+    // w2 (model b) holds the prompt; the same chains under model a are another model's blocks.
+    store(&svc, "w2", &prompt, None);
+    for model in [None, Some("a"), Some("a1")] {
+        let (status, body, _) = call(&svc, body_for(model, &prompt), None).await;
+        assert_eq!(status, StatusCode::OK, "{model:?}");
+        let d = decision(&body);
+        assert!(d.worker == "w0" || d.worker == "w1", "{model:?} → {}", d.worker);
+        assert_eq!(d.best_overlap_blocks, 0, "{model:?}: model b's blocks are not a's");
+    }
+    for model in ["b", "bee"] {
+        let d = decision(&call(&svc, body_for(Some(model), &prompt), None).await.1);
+        assert_eq!((d.worker.as_str(), d.overlap_blocks), ("w2", 9), "{model}");
+    }
+    assert!(metric(&svc, "router_kv_overlap_blocks_total{model=\"b\"} 18"));
+    assert!(metric(&svc, "router_kv_overlap_blocks_total{model=\"a\"} 0"));
+    let decided = |model: &str| -> u64 {
+        let text = svc.state.metrics.render();
+        text.lines()
+            .filter(|l| {
+                l.starts_with("kvmesh_decisions_total{")
+                    && l.contains(&format!("model=\"{model}\""))
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum()
+    };
+    assert_eq!((decided("a"), decided("b")), (3, 2));
+    assert!(metric(&svc, "kvmesh_adapter_decisions_total{adapter=\"a1\",model=\"a\"} 1"));
+}
+
+#[tokio::test]
+async fn an_adapter_request_matches_only_blocks_stored_under_its_adapter() {
+    let svc = multi();
+    let prompt: Vec<u32> = (9000..9040).collect();
+    store(&svc, "w1", &prompt, Some("a1"));
+    let overlap = |d: RouteDecision| (d.worker, d.best_overlap_blocks);
+    let a1 = overlap(decision(&call(&svc, body_for(Some("a1"), &prompt), None).await.1));
+    assert_eq!(a1, ("w1".to_owned(), 9));
+    for other in ["a", "a2"] {
+        let (_, best) =
+            overlap(decision(&call(&svc, body_for(Some(other), &prompt), None).await.1));
+        assert_eq!(best, 0, "{other} must not match a1's blocks");
+    }
+}
+
+#[tokio::test]
+async fn an_unknown_model_is_vllms_404_and_counted() {
+    let svc = multi();
+    let (status, body, reason) = call(&svc, body_for(Some("gpt-4"), &[1, 2, 3]), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(reason, "unknown_model");
+    let got: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(got, serde_json::to_value(kvmesh_core::models::not_found("gpt-4")).unwrap());
+    assert!(metric(&svc, "kvmesh_route_errors_total{model=\"\",reason=\"unknown_model\"} 1"));
+    // An override naming another model's worker is refused, never followed.
+    let (status, _, reason) = call(&svc, body_for(Some("a"), &[1, 2, 3]), Some("w2")).await;
+    assert_eq!((status, reason.as_str()), (StatusCode::BAD_REQUEST, "override_other_model"));
+    let (status, body, _) = call(&svc, body_for(Some("bee"), &[1, 2, 3]), Some("w2")).await;
+    assert_eq!((status, decision(&body).worker.as_str()), (StatusCode::OK, "w2"));
+}
+
+#[tokio::test]
+async fn the_fleet_and_models_endpoints_list_every_model() {
+    let svc = multi();
+    let snap = svc.state.snapshot();
+    let models: Vec<_> = snap.models.iter().map(|m| (m.name.as_str(), m.adapters.len())).collect();
+    assert_eq!(models, vec![("a", 2), ("b", 0)]);
+    let served: Vec<_> = snap.workers.iter().map(|w| (w.id.as_str(), w.model.as_str())).collect();
+    assert_eq!(served, vec![("w0", "a"), ("w1", "a"), ("w2", "b")]);
+    let req = Request::get(crate::http::MODELS_PATH).body(Body::empty()).unwrap();
+    let resp = router(svc.state.clone()).oneshot(req).await.unwrap();
+    let list: serde_json::Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let ids: Vec<_> =
+        list["data"].as_array().unwrap().iter().map(|e| e["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, vec!["a", "a1", "a2", "b", "bee"]);
+    // Adapters an engine reports join the catalog; one named like another entry is refused.
+    let mut served = crate::catalog::Served::default();
+    served.by_worker.insert("w2".into(), ("b".into(), vec!["b-x".into(), "a1".into()]));
+    svc.state.served.lock().served = served;
+    assert!(svc.state.rebuild_catalog());
+    let d = decision(&call(&svc, body_for(Some("b-x"), &[5, 6, 7, 8, 9]), None).await.1);
+    assert_eq!(d.worker, "w2");
+    assert!(metric(&svc, "kvmesh_served_adapters_refused_total{reason=\"collision\"} 1"));
+    assert!(!svc.state.rebuild_catalog(), "unchanged, and the refusal is counted once");
+    assert!(metric(&svc, "kvmesh_served_adapters_refused_total{reason=\"collision\"} 1"));
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, ..Default::default() })]
+    /// No request is ever placed on a worker that does not serve its model: any mix of model
+    /// names (base, alias, adapter, none, unknown), prompts, overrides and blocks stored anywhere.
+    #[test]
+    fn no_request_is_placed_on_a_worker_of_another_model(
+        steps in proptest::collection::vec(
+            (0usize..7, proptest::collection::vec(0u32..64, 4..40), proptest::option::of(0usize..3), 0usize..4),
+            1..12,
+        ),
+    ) {
+        static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+        static SVC: OnceLock<Arc<Service>> = OnceLock::new();
+        let rt = RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap());
+        let svc = SVC.get_or_init(|| rt.block_on(async { multi() }));
+        let names = [None, Some("a"), Some("a1"), Some("a2"), Some("b"), Some("bee"), Some("zzz")];
+        let pool = |m: Option<&str>| match m {
+            None | Some("a" | "a1" | "a2") => Some(&["w0", "w1"][..]),
+            Some("b" | "bee") => Some(&["w2"][..]),
+            _ => None,
+        };
+        for (model, prompt, over, holder) in steps {
+            let model = names[model];
+            let workers = ["w0", "w1", "w2"];
+            if holder < 3 {
+                store(svc, workers[holder], &prompt, None);
+            }
+            let over = over.map(|i| workers[i]);
+            let (status, body, reason) = rt.block_on(call(svc, body_for(model, &prompt), over));
+            match (pool(model), status) {
+                (None, s) => proptest::prop_assert_eq!((s, reason.as_str()), (StatusCode::NOT_FOUND, "unknown_model")),
+                (Some(p), StatusCode::OK) => {
+                    let d = decision(&body);
+                    proptest::prop_assert!(p.contains(&d.worker.as_str()), "{:?} on {}", model, d.worker);
+                }
+                (Some(p), s) => {
+                    proptest::prop_assert_eq!(s, StatusCode::BAD_REQUEST);
+                    proptest::prop_assert!(over.is_some_and(|o| !p.contains(&o)), "{}", reason);
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_models_new_block_size_clears_only_its_workers_and_refuses_old_sized_events() {
+    let svc = multi();
+    let prompt: Vec<u32> = (3000..3040).collect();
+    store(&svc, "w0", &prompt, None);
+    store(&svc, "w2", &prompt, None);
+    let held = |svc: &Service, id: &str| svc.state.debug_blocks(id).unwrap()[0].blocks.len();
+    assert_eq!((held(&svc, "w0"), held(&svc, "w2")), (10, 10));
+    let mut config = (*svc.state.config()).clone();
+    config.models[1].block_size = 8;
+    assert!(svc.reload(config).await.unwrap());
+    svc.barrier();
+    assert_eq!((held(&svc, "w0"), held(&svc, "w2")), (10, 0), "only model b's worker is cleared");
+    assert_eq!(svc.state.snapshot().models[1].block_size, 8);
+    // w2's engine still sending 4-token blocks: refused, counted under its model.
+    store(&svc, "w2", &prompt, None);
+    assert_eq!(held(&svc, "w2"), 0);
+    assert!(metric(&svc, "kvmesh_kv_block_size_mismatch_total{model=\"b\",worker=\"w2\"} 1"));
+    assert!(metric(&svc, "kvmesh_kv_block_size_mismatch_total{model=\"a\",worker=\"w0\"} 0"));
 }

@@ -118,7 +118,7 @@ async fn a_burst_of_cold_long_chats_is_shed_and_memory_stays_bounded() {
     let metrics =
         http.get(format!("http://{ix}/metrics")).send().await.unwrap().text().await.unwrap();
     assert_eq!(
-        metric(&metrics, "kvmesh_route_errors_total{reason=\"overloaded_shed\"}"),
+        metric(&metrics, "kvmesh_route_errors_total{model=\"m\",reason=\"overloaded_shed\"}"),
         Some(f64::from(shed)),
         "{metrics}"
     );

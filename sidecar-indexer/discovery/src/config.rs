@@ -15,6 +15,9 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// Default pod label holding a worker's role (`decode`, `prefill` or `both`).
 pub const DEFAULT_ROLE_LABEL: &str = "kvmesh.io/role";
 
+/// Default pod label holding the base model a worker serves (none = the fleet's default model).
+pub const DEFAULT_MODEL_LABEL: &str = "kvmesh.io/model";
+
 /// Largest accepted `grace_period_ms` (one hour): longer would keep a dead worker's blocks for ever.
 pub const MAX_GRACE_MS: u64 = 3_600_000;
 
@@ -42,6 +45,9 @@ pub struct DiscoveryConfig {
     pub pod_selector: String,
     /// Pod label whose value is the worker's role.
     pub role_label: String,
+    /// Pod label whose value is the base model the worker serves (a model of the fleet); a pod
+    /// without it serves the fleet's default model.
+    pub model_label: String,
     /// Role of a pod without the label; `None` (`"none"` in the file) leaves such pods out
     /// (counted as skipped).
     #[serde(deserialize_with = "role_or_none", serialize_with = "none_or_role")]
@@ -70,6 +76,7 @@ impl Default for DiscoveryConfig {
             service: String::new(),
             pod_selector: String::new(),
             role_label: DEFAULT_ROLE_LABEL.to_owned(),
+            model_label: DEFAULT_MODEL_LABEL.to_owned(),
             default_role: Some(Role::Both),
             http_port: "http".to_owned(),
             kv_events_port: PortRef::Number(5557),
@@ -110,6 +117,9 @@ impl DiscoveryConfig {
         }
         if self.role_label.trim().is_empty() || self.role_label.contains(char::is_whitespace) {
             return Err(bad("role_label", &self.role_label, "must be a label key"));
+        }
+        if self.model_label.trim().is_empty() || self.model_label.contains(char::is_whitespace) {
+            return Err(bad("model_label", &self.model_label, "must be a label key"));
         }
         if self.http_port.trim().is_empty() {
             return Err(bad("http_port", &self.http_port, "must name a Service port"));

@@ -183,6 +183,7 @@ mod tests {
 
     fn worker(id: &str, ip: &str) -> DiscoveredWorker {
         DiscoveredWorker {
+            model: None,
             id: id.into(),
             role: Role::Both,
             endpoint: format!("{ip}:8000"),

@@ -25,6 +25,8 @@ pub struct DiscoveredWorker {
     pub id: String,
     /// From the pod's role label (or the configured default).
     pub role: Role,
+    /// From the pod's model label; `None`: the fleet's default model.
+    pub model: Option<String>,
     /// `ip:port` of the OpenAI server (`[ip]:port` for IPv6), as Envoy's override_host expects.
     pub endpoint: String,
     /// `tcp://ip:port` of the ZMQ KV-event publisher.
@@ -177,12 +179,13 @@ fn worker_of(
         None => None,
     };
     // Without a pod reference (a hand-made slice) there are no labels: only the default role applies.
-    let role = match &pod_name {
+    let (role, model) = match &pod_name {
         Some(name) => {
             let pod = pods.get(name).ok_or_else(|| skip(SkipReason::UnknownPod))?;
-            role_of(pod, cfg).map_err(skip)?
+            let model = pod.metadata.labels.as_ref().and_then(|l| l.get(&cfg.model_label));
+            (role_of(pod, cfg).map_err(skip)?, model.filter(|m| !m.is_empty()).cloned())
         }
-        None => cfg.default_role.ok_or_else(|| skip(SkipReason::NoRole))?,
+        None => (cfg.default_role.ok_or_else(|| skip(SkipReason::NoRole))?, None),
     };
     let id = pod_name.unwrap_or_else(|| ip.to_string());
     let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
@@ -190,6 +193,7 @@ fn worker_of(
         worker: DiscoveredWorker {
             id,
             role,
+            model,
             endpoint: SocketAddr::new(ip, http_port).to_string(),
             kv_events: format!("tcp://{}", SocketAddr::new(ip, kv_port)),
             kv_replay: replay_port.map(|p| format!("tcp://{}", SocketAddr::new(ip, p))),

@@ -48,8 +48,8 @@ impl EnvSource for MapEnv {
     }
 }
 
-/// Applies `KVMESH_LISTEN` and `KVMESH_<SECTION>_<KEY>` (sections `model`, `routing`, `gateway`)
-/// onto the parsed document. A value is typed like the key's default (or existing) value, so
+/// Applies `KVMESH_LISTEN` and `KVMESH_<SECTION>_<KEY>` (sections `model` — the default model,
+/// in either file form — `routing`, `gateway`) onto the parsed document. A value is typed like the key's default (or existing) value, so
 /// `KVMESH_MODEL_NAME=123` stays a string and `KVMESH_ROUTING_TEMPERATURE=0.5` becomes a float.
 pub(super) fn apply_env(doc: &mut toml::Table, env: &dyn EnvSource) -> Result<(), ConfigError> {
     let defaults = default_scalars();
@@ -69,6 +69,17 @@ pub(super) fn apply_env(doc: &mut toml::Table, env: &dyn EnvSource) -> Result<()
         };
         let table = match &section {
             None => &mut *doc,
+            // `[model]` was normalized into `models` (config/models.rs): its overrides go to the
+            // default (first) model, created when the file has none.
+            Some(s) if s == "model" => match default_model_table(doc) {
+                Some(t) => t,
+                None => {
+                    return Err(ConfigError::Env {
+                        var,
+                        reason: "models is not an array of tables in the file".into(),
+                    })
+                }
+            },
             Some(s) => {
                 match doc.entry(s.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()))
                 {
@@ -92,6 +103,19 @@ pub(super) fn apply_env(doc: &mut toml::Table, env: &dyn EnvSource) -> Result<()
         table.insert(key, value);
     }
     Ok(())
+}
+
+/// The first `[[models]]` table (one is added when the file has no model).
+fn default_model_table(doc: &mut toml::Table) -> Option<&mut toml::Table> {
+    let models = doc.entry("models").or_insert_with(|| toml::Value::Array(Vec::new()));
+    let toml::Value::Array(list) = models else { return None };
+    if list.is_empty() {
+        list.push(toml::Value::Table(toml::Table::new()));
+    }
+    match list.first_mut() {
+        Some(toml::Value::Table(t)) => Some(t),
+        _ => None,
+    }
 }
 
 /// Scalar keys of the default configuration by dotted path, to type environment values.

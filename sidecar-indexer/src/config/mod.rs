@@ -23,10 +23,12 @@ use serde::{Deserialize, Serialize};
 use env::apply_env;
 
 mod env;
+mod models;
 mod routing;
 mod workers;
 
 pub use env::{EnvSource, MapEnv, ProcessEnv, ENV_PREFIX};
+pub use models::{ModelConfig, MAX_ADAPTERS_PER_MODEL, MAX_MODELS};
 pub use routing::{IndexMode, KvMigration, RoutingConfig, SessionPlacement};
 pub use workers::{offset_endpoint, DiscoverySection, WorkerConfig};
 
@@ -71,7 +73,9 @@ pub struct Config {
     /// loopback address (they dump fleet and index state).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub debug_endpoints: Option<bool>,
-    pub model: ModelConfig,
+    /// The base models, the default first: the file's `[model]` or `[[models]]` (config/models.rs).
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
     /// Read by the Envoy renderer; accepted and kept, never used by the indexer.
     #[serde(default)]
     pub gateway: GatewayConfig,
@@ -90,24 +94,6 @@ pub struct Config {
     pub discovery: DiscoverySection,
 }
 
-/// The served model: block size and tokenization.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelConfig {
-    pub name: String,
-    /// Tokens per KV block; must equal the engines' (`--block-size`). Events that disagree are refused.
-    pub block_size: u32,
-    /// The model's `tokenizer.json`; default [`kvmesh_tokens::default_tokenizer_path`].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tokenizer: Option<PathBuf>,
-    /// A Jinja2 chat template file; default the built-in DeepSeek template.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub chat_template: Option<PathBuf>,
-    /// `bos_token` given to a chat template loaded from `chat_template`.
-    #[serde(default = "default_bos")]
-    pub bos_token: String,
-}
-
 /// Serialises `[filter]` with a non-empty `override_secret` replaced by `(redacted)`: `--check`
 /// prints the configuration, and the secret must not end up in a terminal or a CI log.
 fn redacted_filter<S: serde::Serializer>(filter: &FilterConfig, s: S) -> Result<S::Ok, S::Error> {
@@ -116,17 +102,6 @@ fn redacted_filter<S: serde::Serializer>(filter: &FilterConfig, s: S) -> Result<
         shown.override_secret = "(redacted)".to_owned();
     }
     shown.serialize(s)
-}
-
-fn default_bos() -> String {
-    "<｜begin▁of▁sentence｜>".to_owned()
-}
-
-impl ModelConfig {
-    /// The tokenizer file to load.
-    pub fn tokenizer_path(&self) -> PathBuf {
-        self.tokenizer.clone().unwrap_or_else(kvmesh_tokens::default_tokenizer_path)
-    }
 }
 
 /// The gateway's addresses (for the Envoy renderer). Unknown keys are kept in `extra`.
@@ -167,12 +142,38 @@ impl Config {
     }
 
     fn from_table(mut doc: toml::Table, env: &dyn EnvSource) -> Result<Self, ConfigError> {
+        models::normalize(&mut doc)?;
         apply_env(&mut doc, env)?;
         let config: Config = toml::Value::Table(doc)
             .try_into()
             .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// The default model (the first): what a request without `model` gets. A validated
+    /// configuration has one; a hand-built one without any gets an empty placeholder.
+    pub fn model(&self) -> &ModelConfig {
+        static NONE: std::sync::LazyLock<ModelConfig> = std::sync::LazyLock::new(|| ModelConfig {
+            name: String::new(),
+            aliases: Vec::new(),
+            block_size: 16,
+            tokenizer: None,
+            chat_template: None,
+            bos_token: String::new(),
+            adapters: Vec::new(),
+        });
+        self.models.first().unwrap_or(&NONE)
+    }
+
+    /// The base model `name`'s configuration.
+    pub fn model_named(&self, name: &str) -> Option<&ModelConfig> {
+        self.models.iter().find(|m| m.name == name)
+    }
+
+    /// The base model worker `w` serves: its `model`, else the default.
+    pub fn worker_model<'a>(&'a self, w: &'a WorkerConfig) -> &'a str {
+        w.model.as_deref().unwrap_or(&self.model().name)
     }
 
     /// The metrics listener's address, parsed, if one is configured.
@@ -202,13 +203,7 @@ impl Config {
                 return Err(invalid("metrics_listen", m, "must differ from listen"));
             }
         }
-        let m = &self.model;
-        if m.name.trim().is_empty() {
-            return Err(invalid("model.name", &m.name, "must not be empty"));
-        }
-        if m.block_size == 0 || m.block_size > 4096 {
-            return Err(invalid("model.block_size", m.block_size, "must be in 1..=4096"));
-        }
+        models::validate_models(&self.models, &self.workers)?;
         self.filter.clone().validated().map_err(|e| match e {
             filter_config::ConfigError::InvalidValue { field, value, reason } => {
                 invalid(format!("filter.{field}"), value, reason)

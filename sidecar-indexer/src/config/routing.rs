@@ -233,6 +233,12 @@ pub struct RoutingConfig {
     /// How long an adapter this indexer routed to a worker counts as running there before the
     /// engine's `vllm:lora_requests_info` shows it (0 = off).
     pub adapter_booking_ttl_ms: u64,
+    /// Distinct `adapter` label values of the per-adapter route metrics; adapters past it are
+    /// counted under `other` (label sets stay bounded however many adapters engines load).
+    pub max_adapter_labels: usize,
+    /// How often each worker's `GET /v1/models` is polled for the adapters it serves
+    /// (`crate::service::served`); 0 = never (only configured adapters are known).
+    pub served_models_poll_ms: u64,
 }
 
 impl Default for RoutingConfig {
@@ -306,6 +312,8 @@ impl Default for RoutingConfig {
             adapter_load_ms: 250.0,
             adapter_slot_wait_ms: 2000.0,
             adapter_booking_ttl_ms: 2000,
+            max_adapter_labels: 32,
+            served_models_poll_ms: 30_000,
         }
     }
 }
@@ -394,6 +402,13 @@ impl RoutingConfig {
                 "routing.prefill_tokens_per_s",
                 self.prefill_tokens_per_s,
                 "must lie within routing.prefill_tokens_per_s_min ..= routing.prefill_tokens_per_s_max",
+            ));
+        }
+        if self.served_models_poll_ms != 0 && self.served_models_poll_ms < 1000 {
+            return Err(invalid(
+                "routing.served_models_poll_ms",
+                self.served_models_poll_ms,
+                "must be 0 (off) or at least 1000",
             ));
         }
         if self.scrape_timeout_ms > self.scrape_interval_ms {

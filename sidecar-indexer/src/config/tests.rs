@@ -36,7 +36,7 @@ fn env<const N: usize>(pairs: [(&str, &str); N]) -> MapEnv {
 fn parses_the_contract_example() {
     let c = Config::from_toml_str(FLEET, &env([])).unwrap();
     assert_eq!(c.listen, "127.0.0.1:9100");
-    assert_eq!(c.model.block_size, 16);
+    assert_eq!(c.model().block_size, 16);
     assert_eq!(c.gateway.listen.as_deref(), Some("127.0.0.1:8080"));
     assert_eq!(c.gateway.extra.get("cluster").and_then(|v| v.as_str()), Some("engines"));
     assert_eq!(c.routing.overlap_credit, 1.5);
@@ -60,7 +60,7 @@ fn env_overrides_file_values_with_typing() {
     ]);
     let c = Config::from_toml_str(FLEET, &e).unwrap();
     assert_eq!(c.listen, "127.0.0.1:0");
-    assert_eq!(c.model.name, "123");
+    assert_eq!(c.model().name, "123");
     assert_eq!(c.routing.temperature, 0.5);
     assert_eq!(c.routing.mode, IndexMode::Approximate);
     assert_eq!(c.routing.max_fallbacks, 4);
@@ -184,7 +184,7 @@ fn the_filter_table_is_checked_by_the_filter_config() {
 fn yaml_has_the_same_keys() {
     let yaml = "listen: 127.0.0.1:9100\nmodel: {name: m, block_size: 32}\nworkers:\n  - {id: a, role: both, endpoint: '127.0.0.1:1'}\n";
     let c = Config::from_yaml_str(yaml, &env([])).unwrap();
-    assert_eq!(c.model.block_size, 32);
+    assert_eq!(c.model().block_size, 32);
     assert_eq!(c.workers[0].role, Role::Both);
 }
 
@@ -255,4 +255,95 @@ fn offsets_follow_vllm() {
     assert_eq!(offset_endpoint("ipc:///tmp/ev", 1).as_deref(), Some("ipc:///tmp/ev_dp1"));
     assert_eq!(offset_endpoint("tcp://h:65535", 1), None);
     assert_eq!(offset_endpoint("tcp://h:x", 0).as_deref(), Some("tcp://h:x"));
+}
+
+const MULTI: &str = r#"
+listen = "127.0.0.1:9100"
+[[models]]
+name = "deepseek-v4"
+aliases = ["ds4"]
+block_size = 16
+adapters = ["ds4-sql", "ds4-chat"]
+[[models]]
+name = "small-chat"
+block_size = 32
+[[workers]]
+id = "w0"
+model = "deepseek-v4"
+role = "both"
+endpoint = "127.0.0.1:8100"
+[[workers]]
+id = "w1"
+model = "small-chat"
+role = "both"
+endpoint = "127.0.0.1:8101"
+[[workers]]
+id = "w2"
+role = "decode"
+endpoint = "127.0.0.1:8102"
+"#;
+
+#[test]
+fn several_models_parse_and_workers_default_to_the_first() {
+    let c = Config::from_toml_str(MULTI, &env([])).unwrap();
+    let names: Vec<_> = c.models.iter().map(|m| (m.name.as_str(), m.block_size)).collect();
+    assert_eq!(names, vec![("deepseek-v4", 16), ("small-chat", 32)]);
+    assert_eq!(c.model().name, "deepseek-v4");
+    assert_eq!(c.models[0].aliases, vec!["ds4"]);
+    assert_eq!(c.models[0].adapters, vec!["ds4-sql", "ds4-chat"]);
+    let served: Vec<_> = c.workers.iter().map(|w| c.worker_model(w)).collect();
+    assert_eq!(served, vec!["deepseek-v4", "small-chat", "deepseek-v4"]);
+    // The single form is the same shape: one entry in `models`.
+    let single = Config::from_toml_str(FLEET, &env([])).unwrap();
+    assert_eq!(single.models.len(), 1);
+    assert_eq!(single.worker_model(&single.workers[0]), "deepseek-v4");
+    // What --check prints parses back to the same configuration.
+    let printed = toml::to_string(&c).unwrap();
+    assert_eq!(Config::from_toml_str(&printed, &env([])).unwrap(), c);
+}
+
+#[test]
+fn model_overrides_apply_to_the_default_model_in_either_form() {
+    let e = env([("KVMESH_MODEL_BLOCK_SIZE", "64")]);
+    let c = Config::from_toml_str(MULTI, &e).unwrap();
+    assert_eq!((c.models[0].block_size, c.models[1].block_size), (64, 32));
+    let c = Config::from_toml_str(FLEET, &e).unwrap();
+    assert_eq!(c.model().block_size, 64);
+    // No model in the file: the environment alone names one, as before.
+    let bare = "listen = \"127.0.0.1:9100\"\n";
+    let c = Config::from_toml_str(
+        bare,
+        &env([("KVMESH_MODEL_NAME", "m"), ("KVMESH_MODEL_BLOCK_SIZE", "8")]),
+    )
+    .unwrap();
+    assert_eq!((c.model().name.as_str(), c.model().block_size), ("m", 8));
+}
+
+#[test]
+fn several_model_fleets_are_validated_naming_the_field() {
+    let refused = |text: &str| match Config::from_toml_str(text, &env([])) {
+        Err(ConfigError::InvalidValue { field, .. }) => field,
+        other => panic!("expected InvalidValue, got {other:?}"),
+    };
+    let second_block = MULTI.replacen("block_size = 32", "block_size = 0", 1);
+    assert_eq!(refused(&second_block), "models[1].block_size");
+    let dup_alias = MULTI.replacen("aliases = [\"ds4\"]", "aliases = [\"small-chat\"]", 1);
+    assert_eq!(refused(&dup_alias), "models");
+    let dup_adapter =
+        MULTI.replacen("block_size = 32", "block_size = 32\nadapters = [\"ds4-sql\"]", 1);
+    assert_eq!(refused(&dup_adapter), "models");
+    let unknown = MULTI.replacen("model = \"small-chat\"", "model = \"gpt-4\"", 1);
+    assert_eq!(refused(&unknown), "workers[1].model");
+    let alias_as_model = MULTI.replacen("model = \"small-chat\"", "model = \"ds4\"", 1);
+    assert_eq!(refused(&alias_as_model), "workers[1].model");
+    let both = format!("{MULTI}\n[model]\nname = \"x\"\nblock_size = 16\n");
+    assert_eq!(refused(&both), "model");
+    assert_eq!(refused("listen = \"127.0.0.1:9100\"\n"), "models");
+    let spaced = MULTI.replacen("\"ds4-chat\"", "\"ds4 chat\"", 1);
+    assert_eq!(refused(&spaced), "models[0].adapters");
+    let mut many = String::from("listen = \"127.0.0.1:9100\"\n");
+    for i in 0..=MAX_MODELS {
+        many.push_str(&format!("[[models]]\nname = \"m{i}\"\nblock_size = 16\n"));
+    }
+    assert_eq!(refused(&many), "models");
 }

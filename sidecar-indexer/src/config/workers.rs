@@ -13,6 +13,9 @@ use super::{invalid, ConfigError};
 #[serde(deny_unknown_fields)]
 pub struct WorkerConfig {
     pub id: String,
+    /// The base model it serves (a `[[models]]` name); none = the default (first) model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     pub role: Role,
     /// `ip:port` of its OpenAI HTTP server (also where `/metrics` is scraped).
     pub endpoint: String,

@@ -32,8 +32,15 @@ use crate::metrics::Metrics;
 
 /// A change for the index.
 pub enum ApplierMsg {
-    /// `slot` now belongs to worker `label` (its metrics label) with the listener's `stats`.
-    AddWorker { slot: WorkerSlot, label: Arc<str>, stats: Arc<ListenerStats> },
+    /// `slot` now belongs to worker `label` (its metrics label), serving base model `model` whose
+    /// engines use `block_size` (its events are checked against it), with the listener's `stats`.
+    AddWorker {
+        slot: WorkerSlot,
+        label: Arc<str>,
+        model: Arc<str>,
+        block_size: u32,
+        stats: Arc<ListenerStats>,
+    },
     /// `slot` leaves: its blocks go, and the slot is returned to the pool afterwards.
     RemoveWorker { slot: WorkerSlot },
     /// One live or replayed batch, in order.
@@ -45,7 +52,7 @@ pub enum ApplierMsg {
     /// Approximate mode: drop the blocks routed `approx_ttl` or longer before `now` (sent by the
     /// service's expiry ticker, on the indexer's clock: `crate::clock`).
     Expire { now: Instant },
-    /// New bounds and block size after a reload.
+    /// New bounds after a reload (a model's new block size comes with its workers' new slots).
     Configure(ApplierConfig),
     /// Answered once everything queued before it is applied (tests, orderly reloads).
     Barrier(SyncSender<()>),
@@ -56,7 +63,6 @@ pub enum ApplierMsg {
 /// What the applier needs from the configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ApplierConfig {
-    pub block_size: u32,
     pub max_entries: usize,
     pub max_blocks_per_worker: usize,
     pub approx_ttl: Duration,
@@ -73,6 +79,8 @@ pub struct IndexGauges {
 
 struct Slot {
     label: Arc<str>,
+    model: Arc<str>,
+    block_size: u32,
     stats: Arc<ListenerStats>,
 }
 
@@ -221,9 +229,9 @@ impl Applier {
                 self.handle(w, *msg, barriers);
                 drop(permit);
             }
-            ApplierMsg::AddWorker { slot, label, stats } => {
+            ApplierMsg::AddWorker { slot, label, model, block_size, stats } => {
                 w.index().add_worker(slot);
-                self.slots.insert(slot, Slot { label, stats });
+                self.slots.insert(slot, Slot { label, model, block_size, stats });
             }
             ApplierMsg::RemoveWorker { slot } => {
                 w.index().remove_worker(slot);
@@ -270,17 +278,18 @@ impl Applier {
         let mut at = Some(Cursor::default());
         while let Some(c) = at {
             w.make_room(slot, step_blocks(batch, c, HOLD_BLOCKS));
-            let step =
-                apply_step(w.index(), slot, batch, self.config.block_size, c, HOLD_BLOCKS, &mut r);
+            let step = apply_step(w.index(), slot, batch, s.block_size, c, HOLD_BLOCKS, &mut r);
             w.spend(step.blocks);
             at = step.next;
         }
-        let label = s.label.clone();
+        let (label, model, block_size) = (s.label.clone(), s.model.clone(), s.block_size);
         s.stats.record_applied(seq, batch.ts, &r);
-        self.report(&label, slot, &r);
+        self.report(&label, (&model, block_size), slot, &r);
     }
 
-    fn report(&mut self, w: &str, slot: WorkerSlot, r: &ApplyReport) {
+    /// Counts and logs what a batch of worker `w` (serving `model` with its block size) did.
+    fn report(&mut self, w: &str, model: (&str, u32), slot: WorkerSlot, r: &ApplyReport) {
+        let (model, block_size) = model;
         let m = &self.metrics;
         m.kv_batches.with_label_values(&[w]).inc();
         for (kind, n) in [
@@ -335,7 +344,7 @@ impl Applier {
             );
         }
         if r.block_size_mismatches > 0 {
-            m.kv_block_size_mismatch.with_label_values(&[w]).inc_by(r.block_size_mismatches);
+            m.kv_block_size_mismatch.with_label_values(&[w, model]).inc_by(r.block_size_mismatches);
             let now = Instant::now();
             let due = self
                 .last_mismatch_log
@@ -345,10 +354,11 @@ impl Applier {
                 self.last_mismatch_log.insert(slot, now);
                 tracing::error!(
                     worker = w,
+                    model,
                     engine_block_size = r.mismatched_block_size.unwrap_or(0),
-                    configured_block_size = self.config.block_size,
+                    configured_block_size = block_size,
                     refused = r.block_size_mismatches,
-                    "BLOCK SIZE MISMATCH: the engine's KV blocks do not match model.block_size; its events are refused and KV routing to it is blind"
+                    "BLOCK SIZE MISMATCH: the engine's KV blocks do not match its model's block_size; its events are refused and KV routing to it is blind"
                 );
             }
         }
@@ -395,7 +405,6 @@ mod tests {
         let metrics = Arc::new(Metrics::new().expect("metrics"));
         let index = Arc::new(RwLock::new(KvIndex::new(1 << 20, 1 << 20)));
         let config = ApplierConfig {
-            block_size: 4,
             max_entries: 1 << 20,
             max_blocks_per_worker: 1 << 20,
             approx_ttl: Duration::from_secs(60),
@@ -405,8 +414,14 @@ mod tests {
             Applier::new(index.clone(), metrics.clone(), Arc::default(), Arc::default(), config);
         let (tx, rx) = sync_channel(16);
         let thread = std::thread::spawn(move || applier.run(rx));
-        tx.send(ApplierMsg::AddWorker { slot: 0, label: "w0".into(), stats: Arc::default() })
-            .expect("send");
+        tx.send(ApplierMsg::AddWorker {
+            slot: 0,
+            label: "w0".into(),
+            model: "m".into(),
+            block_size: 4,
+            stats: Arc::default(),
+        })
+        .expect("send");
         let blocks = 3_000usize;
         let tokens: Vec<u32> = (0..blocks as u32 * 4).collect();
         let store = KvEvent::Stored {

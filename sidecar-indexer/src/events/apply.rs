@@ -442,4 +442,62 @@ mod tests {
         assert!(r.resynced);
         assert_eq!(held(&index, &t), 0);
     }
+
+    /// Issue 44.3: a prompt stored under adapter A (the engine's `lora_name`) is matched by a
+    /// request for A — hashed as the route side hashes it, `RouteModel::seed` =
+    /// `block_seed(Some(A), cache_salt)` — and by neither the base model nor adapter B, with or
+    /// without a `cache_salt`.
+    #[test]
+    fn a_prompt_stored_under_an_adapter_is_matched_only_by_requests_for_it() {
+        use kvmesh_core::hashing::block_seed;
+        let t: Vec<u32> = (500..516).collect();
+        for salt in [None, Some("tenant-1")] {
+            let mut index = KvIndex::new(1000, 1000);
+            index.add_worker(0);
+            let store = KvEvent::Stored {
+                block_hashes: vec![11, 12, 13, 14],
+                parent: None,
+                token_ids: t.clone(),
+                block_size: 4,
+                lora_name: Some("a".into()),
+                cache_salt: salt.map(str::to_owned),
+                medium: None,
+                group_idx: None,
+            };
+            let r = apply_batch(&mut index, 0, &batch(vec![store]), 4);
+            assert_eq!(r.stored_blocks, 4);
+            let held = |adapter: Option<&str>| {
+                let chains = sequence_hashes(&t, 4, block_seed(adapter, salt));
+                index.find_matches(&chains).first().map_or(0, |m| m.1)
+            };
+            assert_eq!(held(Some("a")), 4, "the adapter's own request, salt {salt:?}");
+            assert_eq!(held(None), 0, "the base model, salt {salt:?}");
+            assert_eq!(held(Some("b")), 0, "another adapter, salt {salt:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Adapter and base chains never collide: for any tokens, the chains under no adapter,
+        /// adapter A and adapter B ≠ A (each with or without a salt) share no hash.
+        #[test]
+        fn adapter_and_base_chains_never_collide(
+            tokens in proptest::collection::vec(0u32..200_000, 4..64),
+            a in "[a-z0-9-]{1,12}",
+            b in "[a-z0-9-]{1,12}",
+            salt in proptest::option::of("[a-z]{1,6}"),
+        ) {
+            use kvmesh_core::hashing::block_seed;
+            proptest::prop_assume!(a != b);
+            let chains = |adapter: Option<&str>| {
+                sequence_hashes(&tokens, 4, block_seed(adapter, salt.as_deref()))
+            };
+            let (base, ca, cb) = (chains(None), chains(Some(&a)), chains(Some(&b)));
+            for c in &ca {
+                proptest::prop_assert!(!base.contains(c) && !cb.contains(c));
+            }
+            for c in &cb {
+                proptest::prop_assert!(!base.contains(c));
+            }
+        }
+    }
 }

@@ -21,6 +21,12 @@
 //! a call of the session it was kept under only: a base named under another session is refused
 //! ([`BaseRefusal::OtherSession`], answered 409 as an unknown base), so one session's call can
 //! never be joined to another's bytes (issue 43.4).
+//!
+//! Models (issue 44): the memo keeps the JSON read, never tokens, so nothing in it belongs to a
+//! model. A body's `model` is read from its own bytes on every call — inside a kept prefix it is
+//! compared byte for byte, after it it is read anew — so a continued read or a joined base resolves
+//! exactly the model a whole read would; tokens and their prefix memo are per model (each model has
+//! its own tokenizer and caches: `crate::catalog`).
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;

@@ -1,6 +1,8 @@
 //! A `/v1/route` call's life, in the order it happens (STYLE.md "A request's life in the indexer"):
 //!
-//! 1. [`request`] (pure): the filter's headers and the client's body → a [`request::RouteRequest`].
+//! 1. [`request`] (pure): the filter's headers and the client's body → a [`request::RouteRequest`];
+//!    its `model` resolved against the catalog (`crate::catalog`): the base model whose workers,
+//!    tokenizer and block size the call uses, and the adapter its chains are seeded with.
 //! 2. [`admission`]: at most `routing.max_concurrent_routes` calls worked on; beyond it, shed.
 //! 3. [`prompt`]: tokens and block chains, inline or on the blocking pool (cancellable).
 //! 4. [`plan`]: matches in the index, the workers' views, the pure [`crate::decide::decide`], the
@@ -60,17 +62,29 @@ pub async fn route(
     if let Some(continued) = req.body_continued {
         metrics.body_memo(if continued > 0 { BodyMemoResult::Hit } else { BodyMemoResult::Miss });
     }
+    // The pool: the base model `model` names (an alias, an adapter's base) or the default; a name
+    // nobody serves is vLLM's 404, answered here and never routed.
+    let model = state
+        .models()
+        .resolve(parsed.model.as_deref())
+        .map_err(|unknown| ApiError::unknown_model(&unknown.0))?;
+    let base = model.base().to_owned();
+    let in_model = |e: ApiError| e.for_model(&base);
     let permit =
-        admission::admit(&state.route_inflight, cfg.routing.max_concurrent_routes, &state.metrics)?;
+        admission::admit(&state.route_inflight, cfg.routing.max_concurrent_routes, &state.metrics)
+            .map_err(in_model)?;
     let cancel = admission::Cancel::default();
     let armed = cancel.on_drop();
     let inline =
         prompt::inline_budget(req.body.len(), req.body.len() - req.body_continued.unwrap_or(0));
-    let mut prompt = prompt::tokenize(state, &cfg, parsed, permit, cancel, inline).await?;
+    let mut prompt = prompt::tokenize(state, &cfg, &model, parsed, permit, cancel, inline)
+        .await
+        .map_err(in_model)?;
     let partial = prompt.partial.take();
-    let (plan, booking, record) = plan::decide_and_book(state, &cfg, &req, prompt)?;
+    let (plan, booking, record) =
+        plan::decide_and_book(state, &cfg, &req, &model, prompt).map_err(in_model)?;
     if let Some(request) = partial {
-        prompt::complete_later(state, &cfg, request, &plan);
+        prompt::complete_later(state, &model, request, &plan);
     }
     let leg_id = format!("{}-leg", booking.wire_id());
     let legs = run::LegRequest {
@@ -78,6 +92,7 @@ pub async fn route(
         request_id: req.request_id.as_deref().unwrap_or(""),
         path: &req.path,
         body: &req.body,
+        model: &base,
     };
     let result = run::run(state, &cfg, plan, &legs, &booking).await;
     armed.disarm();
@@ -88,7 +103,7 @@ pub async fn route(
         }),
         Err(e) => {
             booking.release();
-            Err(e)
+            Err(in_model(e))
         }
     }
 }

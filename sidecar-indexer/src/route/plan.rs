@@ -15,6 +15,7 @@ use super::record::RouteMetrics;
 use super::request::RouteRequest;
 use super::settle::Record;
 use super::ApiError;
+use crate::catalog::RouteModel;
 use crate::config::{Config, IndexMode};
 use crate::decide::{decide, DecideError, Leg, Plan, RouteInput, WorkerView};
 use crate::load::LoadTracker;
@@ -27,6 +28,7 @@ pub fn decide_and_book<'a>(
     state: &'a AppState,
     cfg: &Config,
     req: &RouteRequest,
+    model: &RouteModel,
     prompt: Prompt,
 ) -> Result<(Plan, Booking<'a>, Record), ApiError> {
     let metrics = RouteMetrics(&state.metrics);
@@ -46,21 +48,36 @@ pub fn decide_and_book<'a>(
     };
     let input = RouteInput {
         isl_tokens: prompt.tokens,
-        block_size: cfg.model.block_size,
+        block_size: model.block_size(),
         session: req.session,
         override_worker: req.override_worker.as_deref(),
         override_mode: req.override_mode,
         continuation,
         kv_home: kv_home.as_deref(),
         opens_conversation: prompt.opens_conversation,
-        // The resolved model's LoRA adapter (issue 44: `ModelRef::adapter`), once resolved here.
-        adapter: None,
+        adapter: model.adapter.as_deref(),
     };
     let fleet = state.fleet.read();
-    let overlaps = fleet.overlaps(&scores);
+    if let Some(other) = req
+        .override_worker
+        .as_deref()
+        .and_then(|id| fleet.workers.iter().find(|w| w.cfg.id == id && w.model != model.base()))
+    {
+        return Err(ApiError::bad_request(
+            OVERRIDE_OTHER_MODEL,
+            format!(
+                "override worker {} serves model {}, not {}",
+                other.cfg.id,
+                other.model,
+                model.base()
+            ),
+        ));
+    }
+    let overlaps = fleet.overlaps_in(&scores, model.base());
     let mut load = state.load.lock();
     let mut placement = state.placement.lock();
-    let views = views(&fleet, &overlaps, &load, &placement, &prompt.chains, cfg, now);
+    let request = ViewOf { model, chains: &prompt.chains, overlaps: &overlaps };
+    let views = views(&fleet, &request, &load, &placement, cfg, now);
     let plan = decide(&input, &views, &cfg.routing, &mut placement.rng).map_err(|e| match e {
         DecideError::UnknownOverrideWorker(_) => ApiError::bad_request(e.reason(), e.to_string()),
         _ => ApiError::unavailable(e.reason(), e.to_string()),
@@ -107,7 +124,7 @@ pub fn decide_and_book<'a>(
         Vec::new()
     };
     // Backlog and speculative holdings for the next decisions (siblings see these blocks at once).
-    let held = placed(&mut placement, &fleet, &plan, input.adapter, &prompt.chains, cfg, now);
+    let held = placed(&mut placement, &fleet, &plan, &prompt.chains, cfg, model, now);
     drop(placement);
     drop(fleet);
     // A burst of decisions between scrapes is placed on a stale view of the engines' queues
@@ -117,7 +134,7 @@ pub fn decide_and_book<'a>(
         state.scrape_soon.notify_one();
     }
     metrics.placed(&plan, t_score.elapsed(), held);
-    state.metrics.adapter_placed(&cfg.model.name, plan.adapter);
+    state.metrics.adapter_placed(model.base(), plan.adapter);
     let record = Record {
         basis: plan.basis,
         local_continuation: plan.local_continuation,
@@ -126,11 +143,26 @@ pub fn decide_and_book<'a>(
         recover_on,
         chains: prompt.chains,
         locals: prompt.locals,
+        model: model.clone(),
     };
     Ok((plan, booking, record))
 }
 
-/// The decision's view of every worker for one prompt with `chains`, at `now`.
+/// The reason of a 400 for an override (`x-kvmesh-worker`) naming a worker of another model.
+pub const OVERRIDE_OTHER_MODEL: &str = "override_other_model";
+
+/// What [`views`] knows of the request: its resolved model (`model.adapter` is the adapter it
+/// names), its prompt's block chains, and per worker (fleet order, [`Fleet::overlaps_in`]) the
+/// leading blocks the index holds.
+pub struct ViewOf<'r> {
+    pub model: &'r RouteModel,
+    pub chains: &'r [SequenceHash],
+    pub overlaps: &'r [u32],
+}
+
+/// The decision's view of every worker of the request's base model for one prompt, at `now`: the
+/// only candidates of the decision, its prefill legs and migration sources, so no request is
+/// placed on a worker that does not serve its model.
 ///
 /// Timing per worker: throughput measured (else the default); prefill ahead = the booked
 /// backlog still draining (at most the uncached tokens of its live bookings) plus what is left
@@ -139,13 +171,13 @@ pub fn decide_and_book<'a>(
 /// requests, or the booked ones past prefill when that is more (the scrape lags).
 pub fn views<'a>(
     fleet: &'a Fleet,
-    overlaps: &[u32],
+    request: &ViewOf<'_>,
     load: &LoadTracker,
     placement: &Placement,
-    chains: &[SequenceHash],
     cfg: &Config,
     now: Instant,
 ) -> Vec<WorkerView<'a>> {
+    let ViewOf { model, chains, overlaps } = *request;
     let r = &cfg.routing;
     let decoders =
         fleet.workers.iter().filter(|w| w.cfg.role.decodes() && w.gets_traffic()).count().max(1);
@@ -154,6 +186,7 @@ pub fn views<'a>(
         .workers
         .iter()
         .zip(overlaps)
+        .filter(|(w, _)| w.model == model.base())
         .map(|(w, &overlap)| {
             let booked: WorkerLoad = load.worker(&w.cfg.id);
             let (running, waiting) = w
@@ -217,9 +250,9 @@ fn placed(
     placement: &mut Placement,
     fleet: &Fleet,
     plan: &Plan,
-    adapter: Option<&str>,
     chains: &[SequenceHash],
     cfg: &Config,
+    model: &RouteModel,
     now: Instant,
 ) -> usize {
     let worker = |id: &str| fleet.workers.iter().find(|w| w.cfg.id == id);
@@ -227,7 +260,7 @@ fn placed(
         (Some(Leg::PrefillOn { worker, .. }), Mode::Disagg) => worker.as_str(),
         _ => plan.worker.as_str(),
     };
-    let prompt_tokens = f64::from(plan.request_blocks) * f64::from(cfg.model.block_size);
+    let prompt_tokens = f64::from(plan.request_blocks) * f64::from(model.block_size());
     placement.outlook.routed(
         &plan.worker,
         prompt_tokens,
@@ -248,7 +281,7 @@ fn placed(
         holders.push(prefill_on);
     }
     for id in holders {
-        if let Some(adapter) = adapter {
+        if let Some(adapter) = model.adapter.as_deref() {
             placement.adapters.routed(id, adapter, now);
         }
         if let Some(slot) = worker(id).and_then(|w| w.ranks.first()).map(|r| r.slot) {

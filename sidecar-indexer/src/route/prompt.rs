@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvmesh_core::hashing::{block_seed, LocalBlockHash, SequenceHash};
+use kvmesh_core::hashing::{LocalBlockHash, SequenceHash};
 use kvmesh_core::openai::OpenAiRequest;
 
 use super::admission::{Cancel, Permit};
@@ -15,6 +15,7 @@ use super::background::{
 };
 use super::record::{self, Cancelled, RouteMetrics};
 use super::ApiError;
+use crate::catalog::RouteModel;
 use crate::config::{Config, IndexMode};
 use crate::decide::Plan;
 use crate::state::AppState;
@@ -43,20 +44,25 @@ pub struct Prompt {
 /// in flight, giving up after [`BACKGROUND_MAX_WAIT`] of waiting; at most
 /// [`MAX_BACKGROUND_COMPLETIONS`] are queued or running at once; beyond, the completion is
 /// skipped (the engine's events bring the same blocks a little later).
-pub fn complete_later(state: &Arc<AppState>, cfg: &Config, request: OpenAiRequest, plan: &Plan) {
+pub fn complete_later(
+    state: &Arc<AppState>,
+    model: &RouteModel,
+    request: OpenAiRequest,
+    plan: &Plan,
+) {
     let mut holders = vec![plan.worker.clone()];
     if let Some(crate::decide::Leg::PrefillOn { worker, .. }) = &plan.leg {
         holders.push(worker.clone());
     }
-    let (shared, block_size) = (state.clone(), cfg.model.block_size as usize);
+    let (shared, block_size) = (state.clone(), model.block_size() as usize);
+    let tokenizer = model.runtime.tokenizer.clone();
+    let seed = model.seed(request.cache_salt.as_deref());
     // The record's stamp comes from the indexer's clock (`clock::now`, tokio's): inside the
     // caller's runtime context, as on the blocking pool, so a paused test clock stamps it too.
     let runtime = tokio::runtime::Handle::try_current().ok();
     let queued = state.background.run(move || {
         let _runtime = runtime.as_ref().map(tokio::runtime::Handle::enter);
         let state = shared;
-        let tokenizer = state.tokenizer.read().clone();
-        let seed = block_seed(None, request.cache_salt.as_deref());
         let mut waited = Duration::ZERO;
         let mut go_on = || {
             background::give_way(
@@ -147,6 +153,7 @@ pub fn inline_budget(body_bytes: usize, fresh_bytes: usize) -> Option<usize> {
 /// One route's tokenization, runnable on the calling task or the blocking pool.
 struct Tokenizing {
     state: Arc<AppState>,
+    model: RouteModel,
     request: OpenAiRequest,
     block_size: usize,
     exact_past_held: usize,
@@ -161,16 +168,16 @@ impl Tokenizing {
     /// unless it refused for the budget (then nothing was done).
     fn run(&self, budget: usize) -> Result<PromptTokens, TokenizeError> {
         let (state, metrics) = (&self.state, RouteMetrics(&self.state.metrics));
-        let tokenizer = state.tokenizer.read().clone();
+        let tokenizer = &self.model.runtime.tokenizer;
         let t0 = Instant::now();
         let mut stats = CacheStats::default();
-        let seed = block_seed(None, self.request.cache_salt.as_deref());
-        let whole = self.whole;
+        let seed = self.model.seed(self.request.cache_salt.as_deref());
+        let (whole, base) = (self.whole, self.model.base());
         let mut held = |chains: &[SequenceHash]| {
             if whole {
                 chains.len()
             } else {
-                held_prefix(state, chains, crate::clock::now())
+                held_prefix(state, base, chains, crate::clock::now())
             }
         };
         let mut reach =
@@ -207,6 +214,7 @@ impl Tokenizing {
 pub async fn tokenize(
     state: &Arc<AppState>,
     cfg: &Config,
+    model: &RouteModel,
     request: OpenAiRequest,
     permit: Permit,
     cancel: Cancel,
@@ -214,8 +222,9 @@ pub async fn tokenize(
 ) -> Result<Prompt, ApiError> {
     let job = Tokenizing {
         state: state.clone(),
+        model: model.clone(),
         request,
-        block_size: cfg.model.block_size as usize,
+        block_size: model.block_size() as usize,
         exact_past_held: usize::try_from(cfg.routing.min_remote_prefill_tokens)
             .unwrap_or(usize::MAX),
         whole: cfg.routing.mode == IndexMode::Approximate,
@@ -250,19 +259,22 @@ pub async fn tokenize(
     }
 }
 
-/// Leading blocks of `chains` some worker holds, in the index or speculatively: how far tokenizing
-/// must go. Locks the index, then the fleet and placement (the order [`super::plan`] uses).
-fn held_prefix(state: &AppState, chains: &[SequenceHash], now: Instant) -> usize {
-    let indexed =
-        state.index.read().find_matches(chains).iter().map(|&(_, n)| n).max().unwrap_or(0) as usize;
+/// Leading blocks of `chains` some worker of base model `model` holds, in the index or
+/// speculatively: how far tokenizing must go (another model's workers may hold the same chains —
+/// same tokenizer and block size — and are not counted: `crate::catalog`). Locks the index, then
+/// the fleet and placement (the order [`super::plan`] uses).
+fn held_prefix(state: &AppState, model: &str, chains: &[SequenceHash], now: Instant) -> usize {
+    let matches = state.index.read().find_matches(chains);
+    let fleet = state.fleet.read();
+    let indexed = fleet.overlaps_in(&matches, model).into_iter().max().unwrap_or(0) as usize;
     if indexed >= chains.len() {
         return indexed;
     }
-    let fleet = state.fleet.read();
     let placement = state.placement.lock();
     let speculative = fleet
         .workers
         .iter()
+        .filter(|w| w.model == model)
         .filter_map(|w| w.ranks.first())
         .map(|r| placement.speculative.overlap(r.slot, chains, now))
         .max()

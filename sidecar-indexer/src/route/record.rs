@@ -17,6 +17,13 @@ use crate::tokenize::{CacheStats, PromptTokens};
 #[derive(Clone, Copy)]
 pub struct RouteMetrics<'a>(pub &'a Metrics);
 
+/// The per-route metrics of one base model (their `model` label; see `crate::metrics`).
+#[derive(Clone, Copy)]
+pub struct ModelMetrics<'a> {
+    m: &'a Metrics,
+    model: &'a str,
+}
+
 /// `kvmesh_body_memo_total{result}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyMemoResult {
@@ -108,7 +115,7 @@ impl Endpoint {
     }
 }
 
-impl RouteMetrics<'_> {
+impl<'a> RouteMetrics<'a> {
     pub fn body_memo(self, result: BodyMemoResult) {
         let label = match result {
             BodyMemoResult::BaseHit => "base_hit",
@@ -179,22 +186,6 @@ impl RouteMetrics<'_> {
         m.score_duration.observe(took.as_secs_f64());
     }
 
-    /// A served decision: its mode and basis, and the router-side hit rate.
-    pub fn decided(self, d: &RouteDecision, basis: Basis, local_continuation: bool) {
-        let m = self.0;
-        m.decisions.with_label_values(&[d.mode.as_str(), basis.as_str()]).inc();
-        if local_continuation {
-            m.local_continuations.inc();
-        }
-        if let Some(permille) =
-            kvmesh_core::router_metrics::hit_rate_permille(d.overlap_blocks, d.isl_blocks)
-        {
-            m.hit_rate.observe(permille as f64);
-            m.overlap_blocks.inc_by(u64::from(d.overlap_blocks));
-            m.isl_blocks.inc_by(u64::from(d.isl_blocks));
-        }
-    }
-
     /// Approximate mode: a decision's blocks not recorded (the applier's queue was full).
     pub fn approx_dropped(self, worker: &str) {
         self.0.kv_ignored.with_label_values(&[worker, "queue_full"]).inc();
@@ -209,10 +200,6 @@ impl RouteMetrics<'_> {
         m.migration_opportunity_blocks.inc_by(u64::from(blocks));
     }
 
-    pub fn migration(self, outcome: Migration) {
-        self.0.migrations.with_label_values(&[outcome.as_str()]).inc();
-    }
-
     pub fn migration_handshake(self, took: Duration) {
         self.0.migration_handshake_duration.observe(took.as_secs_f64());
     }
@@ -221,30 +208,23 @@ impl RouteMetrics<'_> {
         self.0.prefill_leg_duration.observe(took.as_secs_f64());
     }
 
-    pub fn prefill_leg(self, outcome: PrefillLeg) {
-        let m = self.0;
-        let label = match outcome {
-            PrefillLeg::Ok => "ok",
-            PrefillLeg::Overloaded => "overloaded",
-            PrefillLeg::Fallback(reason) => {
-                m.prefill_fallbacks.with_label_values(&[reason]).inc();
-                "fallback"
-            }
-        };
-        m.prefill_legs.with_label_values(&[label]).inc();
-    }
-
     /// A route call answered with a decision.
     pub fn answered(self, took: Duration) {
         self.0.route_duration.observe(took.as_secs_f64());
     }
 
-    /// A route call answered with an error that is the indexer's (not the request's); how many
-    /// calls failed for its reason so far (to sample the log line).
+    /// A route call answered with an error that is the indexer's (not the request's), or naming a
+    /// model nobody serves; how many calls failed for its reason so far (to sample the log line).
     pub fn failed(self, e: &ApiError) -> u64 {
-        let c = self.0.route_errors.with_label_values(&[e.reason]);
+        let model = e.model.as_deref().unwrap_or("");
+        let c = self.0.route_errors.with_label_values(&[model, e.reason]);
         c.inc();
         c.get()
+    }
+
+    /// The recorder of base model `model`'s per-route metrics.
+    pub fn for_model(self, model: &'a str) -> ModelMetrics<'a> {
+        ModelMetrics { m: self.0, model }
     }
 
     pub fn bad_request(self, endpoint: Endpoint, reason: &str) {
@@ -279,5 +259,73 @@ impl RouteMetrics<'_> {
     /// A retry served a session elsewhere and its `kv_home` followed.
     pub fn kv_home_moved(self) {
         self.0.kv_home_moves.inc();
+    }
+}
+
+impl ModelMetrics<'_> {
+    /// A served decision: its mode and basis, and the router-side hit rate.
+    pub fn decided(self, d: &RouteDecision, basis: Basis, local_continuation: bool) {
+        let (m, model) = (self.m, self.model);
+        m.decisions.with_label_values(&[model, d.mode.as_str(), basis.as_str()]).inc();
+        if local_continuation {
+            m.local_continuations.inc();
+        }
+        if let Some(permille) =
+            kvmesh_core::router_metrics::hit_rate_permille(d.overlap_blocks, d.isl_blocks)
+        {
+            m.hit_rate.with_label_values(&[model]).observe(permille as f64);
+            m.overlap_blocks.with_label_values(&[model]).inc_by(u64::from(d.overlap_blocks));
+            m.isl_blocks.with_label_values(&[model]).inc_by(u64::from(d.isl_blocks));
+        }
+    }
+
+    /// A decision for a request naming `adapter`; its label is the adapter while at most
+    /// `max_labels` distinct adapters are exported, past it `other`.
+    pub fn adapter_decided(self, adapter: &str, max_labels: usize) {
+        let label = adapter_label(self.m, adapter, max_labels);
+        self.m.adapter_decisions.with_label_values(&[self.model, label]).inc();
+    }
+
+    pub fn migration(self, outcome: Migration) {
+        self.m.migrations.with_label_values(&[self.model, outcome.as_str()]).inc();
+    }
+
+    pub fn prefill_leg(self, outcome: PrefillLeg) {
+        let (m, model) = (self.m, self.model);
+        let label = match outcome {
+            PrefillLeg::Ok => "ok",
+            PrefillLeg::Overloaded => "overloaded",
+            PrefillLeg::Fallback(reason) => {
+                m.prefill_fallbacks.with_label_values(&[model, reason]).inc();
+                "fallback"
+            }
+        };
+        m.prefill_legs.with_label_values(&[model, label]).inc();
+    }
+}
+
+/// The `adapter` label of adapters past `routing.max_adapter_labels`.
+pub const ADAPTER_OTHER: &str = "other";
+
+/// `adapter`, if it already has a series or fewer than `max_labels` distinct adapters have one;
+/// else [`ADAPTER_OTHER`]. Walks the exported series (bounded by `max_labels` × models).
+fn adapter_label<'a>(m: &Metrics, adapter: &'a str, max_labels: usize) -> &'a str {
+    use prometheus::core::Collector;
+    let families = m.adapter_decisions.collect();
+    let mut seen = std::collections::BTreeSet::new();
+    for s in families.iter().flat_map(|f| f.get_metric()) {
+        for l in s.get_label().iter().filter(|l| l.name() == "adapter") {
+            if l.value() == adapter {
+                return adapter;
+            }
+            if l.value() != ADAPTER_OTHER {
+                seen.insert(l.value().to_owned());
+            }
+        }
+    }
+    if seen.len() < max_labels {
+        adapter
+    } else {
+        ADAPTER_OTHER
     }
 }

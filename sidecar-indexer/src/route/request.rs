@@ -167,14 +167,12 @@ pub fn with_base(
             BaseRefusal::Unknown => "evicted or never kept",
             BaseRefusal::OtherSession => "it was named under another session",
         };
-        ApiError {
-            status: StatusCode::CONFLICT,
-            kind: "invalid_request_error",
-            reason: BASE_UNKNOWN,
-            message: format!(
-                "no body base {base} held for this session ({why}): send the whole body"
-            ),
-        }
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "invalid_request_error",
+            BASE_UNKNOWN,
+            format!("no body base {base} held for this session ({why}): send the whole body"),
+        )
     })?;
     let bytes = held.bytes();
     if bytes.len() + body.len() > max_body_bytes {

@@ -41,6 +41,8 @@ pub struct LegRequest<'a> {
     pub path: &'a str,
     /// The client's body, unchanged.
     pub body: &'a [u8],
+    /// The request's base model (the `model` label of the leg's metrics).
+    pub model: &'a str,
 }
 
 /// Runs `plan`'s leg (if any) and returns the decision; an overloaded prefill worker is an error
@@ -52,7 +54,7 @@ pub async fn run(
     req: &LegRequest<'_>,
     booking: &Booking<'_>,
 ) -> Result<RouteDecision, ApiError> {
-    count_opportunity(state, cfg, &plan);
+    count_opportunity(state, cfg, &plan, req.model);
     let leg = plan.leg.clone();
     let decision = match leg {
         None => plan.into_decision(),
@@ -67,12 +69,12 @@ pub async fn run(
 }
 
 /// Counts (and in dry mode logs, sampled) a would-migrate decision.
-fn count_opportunity(state: &AppState, cfg: &Config, plan: &Plan) {
+fn count_opportunity(state: &AppState, cfg: &Config, plan: &Plan, model: &str) {
     let Some(o) = &plan.opportunity else { return };
     let m = RouteMetrics(&state.metrics);
     m.migration_opportunity(o.from_kv_home, o.blocks_to_move());
     if cfg.routing.kv_migration == KvMigration::Dry {
-        m.migration(Migration::DryRun);
+        m.for_model(model).migration(Migration::DryRun);
         let n = state.dry_runs.fetch_add(1, Ordering::Relaxed);
         if n.is_multiple_of(cfg.routing.kv_migration_log_every.max(1)) {
             log_opportunity(o, n + 1, cfg.routing.kv_migration_log_every);
@@ -108,7 +110,7 @@ async fn prefill(
     req: &LegRequest<'_>,
     booking: &Booking<'_>,
 ) -> Result<RouteDecision, ApiError> {
-    let m = RouteMetrics(&state.metrics);
+    let (m, mm) = (RouteMetrics(&state.metrics), RouteMetrics(&state.metrics).for_model(req.model));
     let leg = booking.leg(worker, u64::from(plan.request_blocks), plan.uncached_tokens);
     let started = Instant::now();
     let deadline = Duration::from_millis(cfg.routing.prefill_timeout_ms);
@@ -132,14 +134,14 @@ async fn prefill(
     }
     match result {
         LegResult::Params(params) => {
-            m.prefill_leg(PrefillLeg::Ok);
+            mm.prefill_leg(PrefillLeg::Ok);
             let mut d = plan.into_decision();
             d.kv_transfer_params = Some(params);
             d.peer_worker = Some(worker.to_owned());
             Ok(d)
         }
         LegResult::Overloaded { status, message } => {
-            m.prefill_leg(PrefillLeg::Overloaded);
+            mm.prefill_leg(PrefillLeg::Overloaded);
             tracing::warn!(request_id = req.request_id, prefill = worker, status, message = %message, "prefill worker overloaded: the client gets {status}");
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
             let kind = if status == StatusCode::TOO_MANY_REQUESTS {
@@ -147,17 +149,16 @@ async fn prefill(
             } else {
                 "service_unavailable"
             };
-            Err(ApiError {
+            Err(ApiError::new(
                 status,
                 kind,
-                reason: "prefill_overloaded",
-                message: format!(
-                    "prefill worker {worker} is out of capacity ({message}); retry later"
-                ),
-            })
+                "prefill_overloaded",
+                format!("prefill worker {worker} is out of capacity ({message}); retry later"),
+            )
+            .for_model(req.model))
         }
         LegResult::Failed { failure, detail } => {
-            m.prefill_leg(PrefillLeg::Fallback(failure.reason()));
+            mm.prefill_leg(PrefillLeg::Fallback(failure.reason()));
             tracing::warn!(
                 request_id = req.request_id,
                 prefill = worker,
@@ -211,7 +212,7 @@ async fn migrate(
     }
     let (outcome, why) = match result {
         LegResult::Params(params) => {
-            m.migration(Migration::Ok);
+            m.for_model(req.model).migration(Migration::Ok);
             let mut d = plan.into_decision();
             d.kv_transfer_params = Some(params);
             d.peer_worker = Some(source.to_owned());
@@ -228,7 +229,7 @@ async fn migrate(
             (Migration::HandshakeFailed, format!("{}: {detail}", failure.reason()))
         }
     };
-    m.migration(outcome);
+    m.for_model(req.model).migration(outcome);
     let outcome = outcome.as_str();
     tracing::warn!(request_id = req.request_id, source, target = %plan.worker, outcome, detail = %why, "KV migration handshake failed; the target recomputes");
     let mut d = plan.into_decision();

@@ -9,6 +9,7 @@ use kvmesh_core::hashing::{LocalBlockHash, SequenceHash};
 use super::bookings::Booking;
 use super::record::RouteMetrics;
 use super::request::RouteRequest;
+use crate::catalog::RouteModel;
 use crate::decide::Basis;
 use crate::events::applier::ApplierMsg;
 use crate::index::WorkerSlot;
@@ -26,6 +27,8 @@ pub struct Record {
     pub recover_on: Vec<(WorkerSlot, usize)>,
     pub chains: Vec<SequenceHash>,
     pub locals: Vec<LocalBlockHash>,
+    /// The request's model and adapter (metrics labels).
+    pub model: RouteModel,
 }
 
 /// Settles a served decision: keeps its booking (id in the decision) and records it.
@@ -38,7 +41,11 @@ pub fn settle(
 ) -> RouteDecision {
     decision.booking_id = Some(booking.commit());
     let m = RouteMetrics(&state.metrics);
-    m.decided(&decision, record.basis, record.local_continuation);
+    let model = m.for_model(record.model.base());
+    model.decided(&decision, record.basis, record.local_continuation);
+    if let Some(adapter) = &record.model.adapter {
+        model.adapter_decided(adapter, state.config().routing.max_adapter_labels);
+    }
     if let Some(k) = record.session_key {
         state.sessions.lock().served(k, &decision.worker, crate::clock::now());
     }
@@ -68,6 +75,8 @@ pub fn settle(
         request_id = req.request_id.as_deref().unwrap_or(""),
         booking_id = decision.booking_id.as_deref().unwrap_or(""),
         worker = %decision.worker,
+        model = record.model.base(),
+        adapter = record.model.adapter.as_deref().unwrap_or(""),
         mode = decision.mode.as_str(),
         overlap_blocks = decision.overlap_blocks,
         isl_blocks = decision.isl_blocks,

@@ -126,6 +126,28 @@ pub async fn apply_update(
     Ok(reloaded || flipped > 0)
 }
 
+/// Records that discovered worker `id`'s engine serves base model `model` (its pod has no model
+/// label; `crate::service::served` read it from the engine's `GET /v1/models`) and reloads the
+/// effective fleet when that moves it. Returns whether it did (false: a static or labelled worker,
+/// or nothing new).
+pub async fn learn_model(svc: &Arc<Service>, id: &str, model: &str) -> Result<bool, ServiceError> {
+    let mut st = svc.discovery.state.lock().await;
+    if !st.fleet.learn(id, model) {
+        return Ok(false);
+    }
+    tracing::info!(
+        worker = id,
+        model,
+        "discovered worker's model learned from its engine's /v1/models"
+    );
+    let merged = merge(&st.file, &st.fleet);
+    *svc.discovery.unroutable.write() = merged.unroutable.clone();
+    let reload = svc.reload(merged.config.clone()).await;
+    set_routability(&svc.state, &merged.unroutable);
+    report(svc, &mut st, &merged);
+    reload.map(|_| true)
+}
+
 /// Sets every worker's `routable` from `unroutable`; bumps the fleet generation if one flipped.
 /// Returns how many flipped.
 pub fn set_routability(state: &AppState, unroutable: &BTreeSet<String>) -> usize {
