@@ -7,7 +7,7 @@ use kvmesh_core::openai;
 use kvmesh_core::session;
 use serde_json::{json, Value};
 
-struct Fleet(Option<Rc<FleetSnapshot>>);
+pub(super) struct Fleet(pub(super) Option<Rc<FleetSnapshot>>);
 
 impl FleetSource for Fleet {
     fn fleet(&self) -> Option<Rc<FleetSnapshot>> {
@@ -49,11 +49,11 @@ fn chat_headers() -> Vec<(String, Vec<u8>)> {
     ])
 }
 
-fn flow(config: FilterConfig) -> RequestFlow {
+pub(super) fn flow(config: FilterConfig) -> RequestFlow {
     RequestFlow::new(Rc::new(config), 7)
 }
 
-fn counted(effects: &[Effect], metric: Metric) -> u64 {
+pub(super) fn counted(effects: &[Effect], metric: Metric) -> u64 {
     effects
         .iter()
         .map(|e| match e {

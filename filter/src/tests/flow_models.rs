@@ -2,25 +2,14 @@
 //! with and without the indexer, the fallback within the model's workers, `GET /v1/models`, the
 //! `model` label.
 
+use super::tests::{counted, flow, Fleet};
 use super::*;
 use crate::metrics::FallbackRoute;
 use crate::models::tests::two_models;
 use kvmesh_core::api::ErrorBody;
 
-struct Fleet(Option<Rc<FleetSnapshot>>);
-
-impl FleetSource for Fleet {
-    fn fleet(&self) -> Option<Rc<FleetSnapshot>> {
-        self.0.clone()
-    }
-}
-
 fn fleet() -> Fleet {
     Fleet(Some(Rc::new(two_models())))
-}
-
-fn flow(config: FilterConfig) -> RequestFlow {
-    RequestFlow::new(Rc::new(config), 7)
 }
 
 fn headers(method: &str, path: &str) -> Vec<(String, Vec<u8>)> {
@@ -36,16 +25,6 @@ fn chat(model: Option<&str>) -> Vec<u8> {
         body["model"] = m.into();
     }
     serde_json::to_vec(&body).unwrap()
-}
-
-fn counted(effects: &[Effect], metric: Metric) -> u64 {
-    effects
-        .iter()
-        .map(|e| match e {
-            Effect::Metric(MetricUpdate::Add(m, n)) if *m == metric => *n,
-            _ => 0,
-        })
-        .sum()
 }
 
 /// The local reply among `effects`: status and body.
