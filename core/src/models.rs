@@ -88,6 +88,15 @@ pub const MAX_MODEL_LABEL_BYTES: usize = 64;
 /// in an Envoy stat name), at most [`MAX_MODEL_LABEL_BYTES`]; an empty name is
 /// [`UNKNOWN_MODEL_LABEL`].
 pub fn metric_label(base: &str) -> String {
+    metric_label_cow(base).into_owned()
+}
+
+/// [`metric_label`] without a copy for a name that is already a label value (the usual case).
+pub fn metric_label_cow(base: &str) -> std::borrow::Cow<'_, str> {
+    let clean = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    if !base.is_empty() && base.len() <= MAX_MODEL_LABEL_BYTES && base.chars().all(clean) {
+        return std::borrow::Cow::Borrowed(base);
+    }
     let mut out: String = base
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
@@ -96,7 +105,7 @@ pub fn metric_label(base: &str) -> String {
     if out.is_empty() {
         out.push_str(UNKNOWN_MODEL_LABEL);
     }
-    out
+    std::borrow::Cow::Owned(out)
 }
 
 /// The stable reason of the unknown-model answer (metrics label, `x-kvmesh-error`).

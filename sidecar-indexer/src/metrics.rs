@@ -26,6 +26,16 @@ pub use kvmesh_core::router_metrics::{
     HIT_RATE as ROUTER_KV_HIT_RATE, ISL_BLOCKS_TOTAL as ROUTER_KV_ISL_BLOCKS_TOTAL,
     OVERLAP_BLOCKS_TOTAL as ROUTER_KV_OVERLAP_BLOCKS_TOTAL,
 };
+/// The `model` label value of base model `base`: the filter's (`kvmesh_core::models::metric_label`,
+/// characters outside `[A-Za-z0-9_-]` as `_`), so the two sides' series join; `""` (no model
+/// resolved) stays `""`.
+pub fn model_label(base: &str) -> std::borrow::Cow<'_, str> {
+    if base.is_empty() {
+        return std::borrow::Cow::Borrowed("");
+    }
+    kvmesh_core::models::metric_label_cow(base)
+}
+
 pub const DECISIONS_TOTAL: &str = "kvmesh_decisions_total";
 pub const ROUTE_ERRORS_TOTAL: &str = "kvmesh_route_errors_total";
 pub const BAD_REQUESTS_TOTAL: &str = "kvmesh_bad_requests_total";
@@ -589,6 +599,7 @@ impl Metrics {
 
     /// Counts a route of base `model` whose adapter costs `cost` on the chosen worker.
     pub fn adapter_placed(&self, model: &str, cost: crate::predict::AdapterCost) {
+        let model = &*model_label(model);
         if cost.load {
             self.adapter_loads_predicted.with_label_values(&[model]).inc();
         }
@@ -600,6 +611,7 @@ impl Metrics {
     /// Creates base model `model`'s series that alerts divide at zero (their series exist from
     /// the start). Called for every configured model at start and on reload.
     pub fn init_model_series(&self, model: &str) {
+        let model = &*model_label(model);
         for o in PREFILL_LEG_OUTCOMES {
             self.prefill_legs.with_label_values(&[model, o]).inc_by(0);
         }
@@ -626,7 +638,7 @@ impl Metrics {
     /// Creates a joining worker's failure series at zero, so alerts and dashboards see "no gaps yet"
     /// instead of "no data" (a `rate()` over an absent series is empty, not 0).
     pub fn register_worker(&self, worker: &str, model: &str) {
-        self.kv_block_size_mismatch.with_label_values(&[worker, model]).inc_by(0);
+        self.kv_block_size_mismatch.with_label_values(&[worker, &model_label(model)]).inc_by(0);
         for c in [
             &self.kv_decode_errors,
             &self.kv_gaps,
@@ -858,6 +870,11 @@ mod tests {
         m.adapter_placed("m", crate::predict::AdapterCost { load: true, wait_slot: true });
         m.discovery.init_series();
         m.init_model_series("m");
+        // The filter's label value, so the two sides' series of one model join.
+        m.init_model_series("Qwen/Qwen2.5-7B");
+        assert!(m.render().contains(r#"model="Qwen_Qwen2_5-7B""#));
+        assert_eq!(model_label(""), "");
+        assert_eq!(model_label("deepseek-v4"), "deepseek-v4");
         let text = m.render();
         for name in ALL {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing from exposition");

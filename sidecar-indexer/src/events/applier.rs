@@ -344,7 +344,9 @@ impl Applier {
             );
         }
         if r.block_size_mismatches > 0 {
-            m.kv_block_size_mismatch.with_label_values(&[w, model]).inc_by(r.block_size_mismatches);
+            m.kv_block_size_mismatch
+                .with_label_values(&[w, &crate::metrics::model_label(model)])
+                .inc_by(r.block_size_mismatches);
             let now = Instant::now();
             let due = self
                 .last_mismatch_log

@@ -18,10 +18,10 @@ use crate::tokenize::{CacheStats, PromptTokens};
 pub struct RouteMetrics<'a>(pub &'a Metrics);
 
 /// The per-route metrics of one base model (their `model` label; see `crate::metrics`).
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct ModelMetrics<'a> {
     m: &'a Metrics,
-    model: &'a str,
+    model: std::borrow::Cow<'a, str>,
 }
 
 /// `kvmesh_body_memo_total{result}`.
@@ -216,15 +216,15 @@ impl<'a> RouteMetrics<'a> {
     /// A route call answered with an error that is the indexer's (not the request's), or naming a
     /// model nobody serves; how many calls failed for its reason so far (to sample the log line).
     pub fn failed(self, e: &ApiError) -> u64 {
-        let model = e.model.as_deref().unwrap_or("");
-        let c = self.0.route_errors.with_label_values(&[model, e.reason]);
+        let model = crate::metrics::model_label(e.model.as_deref().unwrap_or(""));
+        let c = self.0.route_errors.with_label_values(&[&model, e.reason]);
         c.inc();
         c.get()
     }
 
     /// The recorder of base model `model`'s per-route metrics.
     pub fn for_model(self, model: &'a str) -> ModelMetrics<'a> {
-        ModelMetrics { m: self.0, model }
+        ModelMetrics { m: self.0, model: crate::metrics::model_label(model) }
     }
 
     pub fn bad_request(self, endpoint: Endpoint, reason: &str) {
@@ -264,8 +264,8 @@ impl<'a> RouteMetrics<'a> {
 
 impl ModelMetrics<'_> {
     /// A served decision: its mode and basis, and the router-side hit rate.
-    pub fn decided(self, d: &RouteDecision, basis: Basis, local_continuation: bool) {
-        let (m, model) = (self.m, self.model);
+    pub fn decided(&self, d: &RouteDecision, basis: Basis, local_continuation: bool) {
+        let (m, model) = (self.m, &*self.model);
         m.decisions.with_label_values(&[model, d.mode.as_str(), basis.as_str()]).inc();
         if local_continuation {
             m.local_continuations.inc();
@@ -281,17 +281,17 @@ impl ModelMetrics<'_> {
 
     /// A decision for a request naming `adapter`; its label is the adapter while at most
     /// `max_labels` distinct adapters are exported, past it `other`.
-    pub fn adapter_decided(self, adapter: &str, max_labels: usize) {
+    pub fn adapter_decided(&self, adapter: &str, max_labels: usize) {
         let label = adapter_label(self.m, adapter, max_labels);
-        self.m.adapter_decisions.with_label_values(&[self.model, label]).inc();
+        self.m.adapter_decisions.with_label_values(&[&self.model, label]).inc();
     }
 
-    pub fn migration(self, outcome: Migration) {
-        self.m.migrations.with_label_values(&[self.model, outcome.as_str()]).inc();
+    pub fn migration(&self, outcome: Migration) {
+        self.m.migrations.with_label_values(&[&self.model, outcome.as_str()]).inc();
     }
 
-    pub fn prefill_leg(self, outcome: PrefillLeg) {
-        let (m, model) = (self.m, self.model);
+    pub fn prefill_leg(&self, outcome: PrefillLeg) {
+        let (m, model) = (self.m, &*self.model);
         let label = match outcome {
             PrefillLeg::Ok => "ok",
             PrefillLeg::Overloaded => "overloaded",
