@@ -8,6 +8,7 @@ fn tok_session(id: &str, start: f64, ids: Vec<u32>, uptos: &[usize]) -> Session 
         start_ms: start,
         content: Content::Tokens(ids),
         turns: uptos.iter().map(|&u| Turn { upto: u, think_ms: 10.0, max_tokens: 4 }).collect(),
+        model: None,
     }
 }
 
@@ -77,6 +78,7 @@ fn chat_ceiling_counts_message_bytes_in_send_order() {
             Turn { upto: 2, think_ms: 0.0, max_tokens: 1 },
             Turn { upto: 4, think_ms: 5.0, max_tokens: 1 },
         ],
+        model: None,
     };
     // Another conversation sharing only the system prompt, sent between the two turns.
     let mut other_msgs = msgs;
@@ -86,6 +88,7 @@ fn chat_ceiling_counts_message_bytes_in_send_order() {
         start_ms: 1.0,
         content: Content::Chat(other_msgs),
         turns: vec![Turn { upto: 2, think_ms: 0.0, max_tokens: 1 }],
+        model: None,
     };
     let c = sessions_ceiling(&[s.clone(), o], 16);
     // Prompts: [S,u1] (102 new), [S,zz] (100 reused), [S,u1,a1,u2u2] (102 reused of 108).

@@ -53,6 +53,7 @@ fn schedule_for(
         WorkloadKind::Siblings => gen::siblings(&g, rate),
         WorkloadKind::Paced => gen::paced(&g, rate),
         WorkloadKind::Cold => gen::cold(&g, rate),
+        WorkloadKind::Models => kvmesh_bench::workload::models::models(&g, rate),
     }
 }
 
