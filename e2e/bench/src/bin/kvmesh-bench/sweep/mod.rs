@@ -14,7 +14,7 @@ mod point;
 
 use point::{fmt_elapsed, measure, PointSpec, Progress};
 
-use crate::run::Fleet;
+use crate::run::{Fleet, MultiModel};
 use anyhow::{Context, Result};
 use kvmesh_bench::policy::Policy;
 use kvmesh_bench::report::sweep::{plot_files, SweepReport, WorkloadSweep};
@@ -23,8 +23,9 @@ use kvmesh_bench::sweep::{
     LadderStep, PointResult, RatePoint, SweepConfig,
 };
 use kvmesh_bench::trace::TraceRecord;
+use kvmesh_bench::workload::models::MODEL_MIX;
 use kvmesh_bench::workload::{trace as wtrace, WorkloadKind};
-use kvmesh_e2e::stack::{StackSpec, Worker};
+use kvmesh_e2e::stack::{ModelSpec, StackSpec, Worker};
 use kvmesh_e2e::vllm::VllmOptions;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -93,6 +94,47 @@ pub(crate) fn workload_fleet(base: &Fleet, t: &FleetTiming) -> Fleet {
     Fleet { sim_speedup: t.sim_speedup, sim_args, ..base.clone() }
 }
 
+/// Adapter slots of each simulator of the `models` fleet (`--max-loras`): fewer than the most
+/// names a base model serves (4), so a policy that scatters a model's adapters pays swaps.
+pub(crate) const MODELS_MAX_LORAS: u32 = 2;
+
+/// The `models` fleet's `--lora-load-ms` (the simulator's default; modelled time).
+pub(crate) const MODELS_LORA_LOAD_MS: f64 = 20.0;
+
+/// The several models of the `models` workload's fleet (`workload::models::MODEL_MIX`), each at
+/// the fleet's block size with its adapters and [`MODELS_MAX_LORAS`] slots.
+pub(crate) fn models_multi(block_size: u32) -> MultiModel {
+    let models = MODEL_MIX
+        .iter()
+        .map(|b| ModelSpec {
+            max_loras: Some(MODELS_MAX_LORAS),
+            ..ModelSpec::new(b.name, block_size).adapters(b.adapters)
+        })
+        .collect();
+    MultiModel { models, lora_load_ms: MODELS_LORA_LOAD_MS }
+}
+
+/// The fleet of `kind`'s points: several models for the `models` workload (`workers` split
+/// between them), else `fleet` unchanged. Real engines serve one model: refused for `models`.
+pub(crate) fn fleet_for_kind(fleet: Fleet, kind: WorkloadKind) -> Result<Fleet> {
+    if kind != WorkloadKind::Models {
+        return Ok(fleet);
+    }
+    if !fleet.external.is_empty() {
+        anyhow::bail!("the models workload runs on simulators only (--engines sim)");
+    }
+    let multi = models_multi(fleet.block_size);
+    if fleet.workers < multi.models.len() {
+        anyhow::bail!(
+            "the models workload needs at least {} workers (one per base model), got {}",
+            multi.models.len(),
+            fleet.workers
+        );
+    }
+    let workers = multi.per_model(fleet.workers) * multi.models.len();
+    Ok(Fleet { workers, multi: Some(multi), ..fleet })
+}
+
 fn save(report: &SweepReport, out: &Path) -> Result<()> {
     let path = out.join("sweep.json");
     std::fs::write(&path, serde_json::to_string_pretty(report)?)
@@ -140,6 +182,15 @@ pub async fn run_sweep(a: &SweepSettings, fleet: &Fleet, out: &Path) -> Result<S
             (shared_fleet.clone(), String::new())
         } else {
             (workload_fleet(&shared_fleet, &timing), timing.describe())
+        };
+        let fleet = fleet_for_kind(fleet, kind)?;
+        let fleet_note = match &fleet.multi {
+            Some(m) => format!(
+                "{fleet_note}; {} workers per base model, --max-loras {MODELS_MAX_LORAS}, --lora-load-ms {}",
+                m.per_model(fleet.workers),
+                m.lora_load_ms
+            ),
+            None => fleet_note,
         };
         let window = window_for(kind, &timing, a.seed, a.duration_s, a.warmup_s, a.vllm.is_some());
         let spec =
