@@ -121,6 +121,7 @@ pub async fn run_schedule(
                 let record = RequestRecord {
                     session: Some(s.id.clone()),
                     turn: Some(t as u32),
+                    model: s.model.clone(),
                     input_tokens,
                     ..record
                 };

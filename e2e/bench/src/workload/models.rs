@@ -119,6 +119,19 @@ pub fn sessions_of<'a>(sessions: &'a [Session], base: &str) -> Vec<&'a Session> 
     sessions.iter().filter(|s| s.model.as_deref().and_then(base_of) == Some(base)).collect()
 }
 
+/// `schedule` restricted to base model `base`'s sessions, its ceiling theirs alone.
+pub fn model_schedule(schedule: &Schedule, base: &str, block_size: usize) -> Schedule {
+    let sessions: Vec<Session> =
+        sessions_of(&schedule.sessions, base).into_iter().cloned().collect();
+    Schedule {
+        kind: schedule.kind,
+        rate: schedule.rate,
+        ceiling: super::sessions_ceiling(&sessions, block_size),
+        ceiling_unit: schedule.ceiling_unit,
+        sessions,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
