@@ -398,7 +398,65 @@ pub fn draw(report: &SweepReport, out: &Path) -> Result<Vec<std::path::PathBuf>,
 
 #[cfg(test)]
 mod tests {
-    use super::parse_pid_stat;
+    use super::*;
+    use crate::run::spec_for;
+    use kvmesh_bench::policy::SessionHeaderMode;
+
+    fn fleet(workers: usize) -> Fleet {
+        Fleet {
+            workers,
+            block_size: 16,
+            num_gpu_blocks: 1000,
+            sim_speedup: 4.0,
+            sim_args: vec!["--x".into()],
+            release: false,
+            session_header: "x-session-id".into(),
+            session_mode: SessionHeaderMode::All,
+            model: None,
+            request_timeout: Duration::from_secs(1),
+            start_attempts: 1,
+            external: Vec::new(),
+            engine_groups: Vec::new(),
+            multi: None,
+        }
+    }
+
+    #[test]
+    fn the_models_workload_gets_a_fleet_of_several_models() {
+        let one = fleet_for_kind(fleet(4), WorkloadKind::Agentic).unwrap();
+        assert!(one.multi.is_none());
+        let dir = Path::new("/tmp/x");
+        assert!(spec_for(Policy::KvmeshPrecise, &one, dir).models.is_empty());
+        // 5 workers split between 2 models: 2 each.
+        let f = fleet_for_kind(fleet(5), WorkloadKind::Models).unwrap();
+        assert_eq!(f.workers, 4);
+        for policy in [Policy::KvmeshPrecise, Policy::RoundRobin] {
+            let spec = spec_for(policy, &f, dir);
+            let names: Vec<&str> = spec.models.iter().map(|m| m.name.as_str()).collect();
+            assert_eq!(names, MODEL_MIX.map(|b| b.name));
+            assert!(spec.models.iter().all(|m| m.max_loras == Some(MODELS_MAX_LORAS)));
+            assert_eq!(spec.models[1].adapters, MODEL_MIX[1].adapters);
+            let per: Vec<Option<&str>> = spec.workers.iter().map(|w| w.model.as_deref()).collect();
+            assert_eq!(
+                per,
+                vec![
+                    Some("deepseek-v4"),
+                    Some("deepseek-v4"),
+                    Some("deepseek-v4-mini"),
+                    Some("deepseek-v4-mini")
+                ]
+            );
+            let args = spec.sim_args.join(" ");
+            assert!(args.contains("--lora-load-ms 20 --x"), "{args}");
+            // The router's adapter cost is the simulators' load time on the wall clock (÷ 4).
+            assert!(spec.routing_toml.contains("adapter_load_ms = 5.000"), "{}", spec.routing_toml);
+        }
+        assert!(spec_for(Policy::KvmeshPrecise, &f, dir).routing_toml.starts_with("mode = "));
+        assert!(fleet_for_kind(fleet(1), WorkloadKind::Models).is_err());
+        let mut real = fleet(4);
+        real.external = StackSpec::aggregate(1).workers;
+        assert!(fleet_for_kind(real, WorkloadKind::Models).is_err());
+    }
 
     #[test]
     fn pid_stat_lines() {
