@@ -279,7 +279,8 @@ async fn measure_inner(
             })
             .collect();
         p.per_model = model_points(&records, Some(&c), &shares, models::base_of);
-        p.cross_model = Some(records.iter().filter(|r| cross_model(r)).count());
+        // Every request sent counts here, the warm-up's too: none may reach a wrong worker.
+        p.cross_model = Some(all_records.iter().filter(|r| cross_model(r)).count());
     }
     if let Some(t) = &spec.sim_timing {
         // Real engines size their own caches and prefill at their own speed; the simulators have
