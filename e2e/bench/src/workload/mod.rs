@@ -35,7 +35,8 @@
 //! (`sweep::point_ttft_floor_p90_ms`).
 //!
 //! Generators live in `gen` (agentic chat, sibling bursts, paced sessions, cold single-turn) and
-//! `trace` (the Mooncake conversation trace); all randomness is SplitMix64 from a seed.
+//! `trace` (the Mooncake conversation trace), `models` (several models and their adapters); all
+//! randomness is SplitMix64 from a seed.
 
 pub mod gen;
 pub mod models;
