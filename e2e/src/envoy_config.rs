@@ -20,6 +20,11 @@ use serde::Serialize;
 /// The template, compiled into the binary so a test or tool never depends on the working directory.
 pub const TEMPLATE: &str = include_str!("../../envoy/bootstrap.yaml.j2");
 
+/// The header naming the requested model that the baseline policies route by when workers name
+/// their models (the template's `model_subsets`): the client sets it, or a body-based router in
+/// front (the Gateway API Inference Extension's sets this very header from the body's `model`).
+pub const MODEL_HEADER: &str = "x-gateway-model-name";
+
 /// The policies the template knows.
 pub const POLICIES: [&str; 4] = ["kvmesh", "round_robin", "least_request", "ring_hash"];
 
@@ -30,6 +35,10 @@ pub struct BootstrapWorker {
     /// An IP address (the cluster is STATIC).
     pub host: String,
     pub port: u16,
+    /// The names (base model, aliases, adapters) it serves; empty in a one-model fleet. When
+    /// workers name them, the baseline policies balance within the workers serving the request's
+    /// `x-gateway-model-name` (template variable `model_subsets`).
+    pub models: Vec<String>,
 }
 
 /// Everything the template needs; field names are the template's variable names.
@@ -168,6 +177,7 @@ pub fn render_bootstrap_with(
     // The client's override headers are stripped outside wasm too unless the filter honours them.
     let ctx = minijinja::context! {
         strip_overrides => !filter.allow_overrides,
+        model_subsets => vars.policy != "kvmesh" && vars.workers.iter().any(|w| !w.models.is_empty()),
         max_heap_bytes => limits.max_heap_bytes,
         max_downstream_connections => limits.max_downstream_connections,
         large_bodies_per_s => limits.large_bodies_per_s,
@@ -250,7 +260,7 @@ mod tests {
             indexer_port: 19100,
             wasm_path: wasm_path.into(),
             filter_config_json: r#"{"session_header":"x-session-id","debug_headers":true,"derive_session_keys":true}"#.into(),
-            workers: (0..3).map(|i| BootstrapWorker { id: format!("w{i}"), host: "127.0.0.1".into(), port: 18001 + i }).collect(),
+            workers: (0..3).map(|i| BootstrapWorker { id: format!("w{i}"), host: "127.0.0.1".into(), port: 18001 + i, models: Vec::new() }).collect(),
             max_body_bytes: 8 << 20,
             policy: policy.into(),
             session_header: "x-session-id".into(),
@@ -295,9 +305,14 @@ mod tests {
         };
         let wasm = wasm();
         let dir = tempfile::tempdir().unwrap();
-        for policy in POLICIES {
-            let yaml = render_bootstrap(&vars(policy, &wasm.display().to_string())).unwrap();
-            let path = dir.path().join(format!("{policy}.yaml"));
+        let several = POLICIES.map(|p| (p, true));
+        for (policy, models) in POLICIES.map(|p| (p, false)).into_iter().chain(several) {
+            let mut v = vars(policy, &wasm.display().to_string());
+            if models {
+                v = with_models(v);
+            }
+            let yaml = render_bootstrap(&v).unwrap();
+            let path = dir.path().join(format!("{policy}-{models}.yaml"));
             std::fs::write(&path, &yaml).unwrap();
             let out = Command::new(&envoy)
                 .args(["--mode", "validate", "-c"])
@@ -311,6 +326,30 @@ mod tests {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
+    }
+
+    /// `v` over two models: w0 and w1 serve `a` and its adapter, w2 serves `b`.
+    fn with_models(mut v: BootstrapVars) -> BootstrapVars {
+        for (i, w) in v.workers.iter_mut().enumerate() {
+            w.models = if i < 2 { vec!["a".into(), "a-sql".into()] } else { vec!["b".into()] };
+        }
+        v
+    }
+
+    #[test]
+    fn baselines_route_by_model_when_workers_name_theirs() {
+        for policy in ["round_robin", "least_request", "ring_hash"] {
+            let one = render_bootstrap(&vars(policy, "")).unwrap();
+            assert!(!one.contains("subset") && !one.contains("x-gateway-model-name"), "{policy}");
+            let yaml = render_bootstrap(&with_models(vars(policy, ""))).unwrap();
+            assert!(yaml.contains("envoy.load_balancing_policies.subset"), "{policy}");
+            assert!(yaml.contains(&format!("header: {MODEL_HEADER}")), "{policy}");
+            assert!(yaml.contains(r#"envoy.lb: { model: ["a","a-sql"] }"#), "{yaml}");
+            assert!(yaml.contains(&format!("envoy.load_balancing_policies.{policy}")), "{policy}");
+        }
+        // kvmesh resolves the body's model itself: no subsets.
+        let kvmesh = render_bootstrap(&with_models(vars("kvmesh", "/x.wasm"))).unwrap();
+        assert!(!kvmesh.contains("subset") && !kvmesh.contains("x-gateway-model-name"));
     }
 
     #[test]

@@ -217,7 +217,16 @@ impl Stack {
                 .filter(|w| w.role.decodes() || self.spec.policy != EnvoyPolicy::Kvmesh)
                 .map(|w| {
                     let (host, port) = split_host_port(&w.http)?;
-                    Ok(BootstrapWorker { id: w.id.clone(), host, port })
+                    // Several models: the names each worker serves, so the baselines route by model.
+                    let models = match self.spec.model(w.model.as_deref()) {
+                        Some(m) if self.spec.has_model_catalog() => std::iter::once(&m.name)
+                            .chain(&m.aliases)
+                            .chain(&m.adapters)
+                            .cloned()
+                            .collect(),
+                        _ => Vec::new(),
+                    };
+                    Ok(BootstrapWorker { id: w.id.clone(), host, port, models })
                 })
                 .collect::<anyhow::Result<_>>()?,
             max_body_bytes: self.spec.max_body_bytes,

@@ -17,6 +17,9 @@ pub struct RequestRecord {
     /// Session id sent in the session header (or the chat session), when any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// The `model` the request named, when its session names its own (the `models` workload).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// Chat workload: 0-based turn within the session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn: Option<u32>,

@@ -78,6 +78,7 @@ pub fn to_record(
         index,
         session: None,
         turn: None,
+        model: None,
         scheduled_ms,
         sent_ms,
         ttft_ms: o.ttft.map(|d| d.as_secs_f64() * 1000.0),

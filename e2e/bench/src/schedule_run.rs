@@ -5,12 +5,14 @@
 //! flight (a semaphore); a due request waiting for a slot is sent late, and `scheduled_ms` /
 //! `sent_ms` record both, so the validity rule on lateness sees it. No turn starts after
 //! `turn_deadline` (sessions are cut there and the cut is counted), and every request has its
-//! deadline, so a point always ends. `done` counts finished requests for the progress line.
+//! deadline, so a point always ends. `done` counts finished requests for the progress line. A
+//! session naming its own model also sends it in `x-gateway-model-name` (the baselines route by it).
 
 use crate::client::send_streaming;
 use crate::record::RequestRecord;
 use crate::replay::{to_record, MAX_CONCURRENCY};
 use crate::workload::{Content, Schedule};
+use kvmesh_e2e::envoy_config::MODEL_HEADER;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -86,8 +88,13 @@ pub async fn run_schedule(
                 let Ok(permit) = slots.acquire().await else { break };
                 let sent_ms = t0.elapsed().as_secs_f64() * 1000.0;
                 let index = seq.fetch_add(1, Ordering::Relaxed);
-                let extra: Vec<(String, String)> =
+                let mut extra: Vec<(String, String)> =
                     cfg.session_header.iter().map(|h| (h.clone(), s.id.clone())).collect();
+                // A session naming its model says so in a header too: Envoy's baseline policies
+                // cannot read the body and route by it on a fleet of several models.
+                if let Some(m) = &s.model {
+                    extra.push((MODEL_HEADER.to_owned(), m.clone()));
+                }
                 let body = s.body(t, &cfg.model).map(|b| serde_json::to_vec(&b));
                 let record = match body {
                     Some(Ok(bytes)) => {
@@ -121,6 +128,7 @@ pub async fn run_schedule(
                 let record = RequestRecord {
                     session: Some(s.id.clone()),
                     turn: Some(t as u32),
+                    model: s.model.clone(),
                     input_tokens,
                     ..record
                 };

@@ -205,6 +205,7 @@ mod tests {
                     id: format!("w{i}"),
                     host: "127.0.0.1".into(),
                     port: 18001 + i,
+                    models: Vec::new(),
                 })
                 .collect(),
             max_body_bytes: 8 << 20,

@@ -10,6 +10,9 @@
 //! | trace | ≥ 0.90 × ceiling | ≤ 0.5 × round_robin, ≤ 0.8 × kvmesh_approximate | ≤ 1.25 |
 //! | agentic | ≥ ring_hash's and ≥ 0.90 × ceiling | ≤ 0.5 × round_robin | ≤ 1.25 |
 //! | cold | — | ≤ 1.05 × least_request | ≤ 1.25 |
+//! | models (issue 44), each base model | ≥ 0.90 × its own ceiling | ≤ 0.5 × round_robin's for the model | ≤ 1.25 over its workers |
+//!
+//! and for `models` no cross-model request (an engine's 404) at all.
 
 use super::targets::{
     POLICY_KVMESH_APPROXIMATE, POLICY_KVMESH_PRECISE, POLICY_LEAST_REQUEST, POLICY_RING_HASH,
@@ -148,6 +151,7 @@ pub fn targets(w: &WorkloadSweep) -> Vec<Judged> {
                 false,
             ));
         }
+        "models" => return models_targets(w),
         "cold" => out.push(judge(
             "TTFT p90 ≤ 1.05 × least_request".into(),
             p90_ratio(w, POLICY_LEAST_REQUEST),
@@ -158,6 +162,54 @@ pub fn targets(w: &WorkloadSweep) -> Vec<Judged> {
     }
     out.push(judge("load max/mean ≤ 1.25".into(), load, 1.25, false));
     out
+}
+
+/// Issue 44's targets for the `models` workload, judged on kvmesh_precise at the load point
+/// (valid points only), each model on its own and the worst model reported: hit ≥ 0.9 × its own
+/// ceiling, TTFT p90 ≤ 0.5 × round_robin's for the same model, load max/mean over its own workers
+/// ≤ 1.25, and no cross-model request (404 from an engine) at all.
+fn models_targets(w: &WorkloadSweep) -> Vec<Judged> {
+    let me = valid_at(w, POLICY_KVMESH_PRECISE);
+    let rr = valid_at(w, POLICY_ROUND_ROBIN);
+    let models = me.map(|p| p.per_model.as_slice()).unwrap_or_default();
+    // The worst model's value; `None` when any model lacks it (not judged on part of the fleet).
+    let worst = |v: &dyn Fn(&crate::sweep::models::ModelPoint) -> Option<f64>, min: bool| {
+        let vals: Option<Vec<f64>> = models.iter().map(v).collect();
+        vals.filter(|v| !v.is_empty()).map(|v| {
+            v.into_iter().fold(if min { f64::INFINITY } else { f64::NEG_INFINITY }, |a, b| {
+                if min {
+                    a.min(b)
+                } else {
+                    a.max(b)
+                }
+            })
+        })
+    };
+    let vs_rr = |m: &crate::sweep::models::ModelPoint| {
+        let theirs = rr?.per_model.iter().find(|x| x.model == m.model)?.ttft_p90_ms;
+        ratio(m.ttft_p90_ms, theirs)
+    };
+    vec![
+        judge(
+            "hit ≥ 0.90 × its ceiling, every model".into(),
+            worst(&|m| m.hit_over_ceiling(), true),
+            0.90,
+            true,
+        ),
+        judge("TTFT p90 ≤ 0.5 × round_robin, every model".into(), worst(&vs_rr, false), 0.5, false),
+        judge(
+            "load max/mean ≤ 1.25, every model".into(),
+            worst(&|m| m.load_max_over_mean, false),
+            1.25,
+            false,
+        ),
+        judge(
+            "no cross-model request".into(),
+            me.and_then(|p| p.cross_model).map(|n| n as f64),
+            0.0,
+            false,
+        ),
+    ]
 }
 
 fn f(v: Option<f64>, digits: usize) -> String {
@@ -352,13 +404,51 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
                 status
             );
         }
+        render_per_model(&mut md, w);
     }
     md
+}
+
+/// The per-model table of a multi-model workload (nothing for the others).
+fn render_per_model(md: &mut String, w: &WorkloadSweep) {
+    if w.points.iter().all(|p| p.per_model.is_empty()) {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\nPer base model (its adapters' requests included; hit rates from its own workers' counters and its responses, \
+         against the ceiling of its own sessions; load over its own workers; cross-model = its requests an engine answered \
+         404, i.e. sent to a worker of another model):\n"
+    );
+    let _ = writeln!(md, "| policy | rate | model | workers | requests | ok | cross-model | hit counters / usage / ceiling | × ceiling | TTFT p90 ms | load max/mean |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|");
+    for p in &w.points {
+        for m in &p.per_model {
+            let _ = writeln!(
+                md,
+                "| {} | {:.3} | {} | {} | {} | {} | {} | {} / {} / {} | {} | {} | {} |",
+                p.policy,
+                p.rate,
+                m.model,
+                m.workers.join(", "),
+                m.requests,
+                m.ok,
+                m.cross_model,
+                pct(m.engine_hit_rate),
+                pct(m.usage_hit_rate),
+                pct(m.ceiling),
+                f(m.hit_over_ceiling(), 2),
+                f(m.ttft_p90_ms, 0),
+                f(m.load_max_over_mean, 3),
+            );
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sweep::models::ModelPoint;
     use crate::sweep::MachineSample;
 
     fn point(policy: &str, rate: f64, p90: f64, hit: f64, valid: bool) -> PointResult {
@@ -418,6 +508,49 @@ mod tests {
         assert_eq!(targets(&cold)[0].met, None, "least_request not measured");
         cold.workload = "siblings".into();
         assert!(targets(&cold).is_empty());
+    }
+
+    fn model(name: &str, p90: f64, hit: f64, load: f64, cross: usize) -> ModelPoint {
+        ModelPoint {
+            model: name.into(),
+            workers: vec!["w0".into(), "w1".into()],
+            requests: 50,
+            ok: 50 - cross,
+            ttft_p90_ms: Some(p90),
+            engine_hit_rate: Some(hit),
+            usage_hit_rate: Some(hit),
+            ceiling: Some(0.9),
+            load_max_over_mean: Some(load),
+            cross_model: cross,
+        }
+    }
+
+    #[test]
+    fn models_targets_take_the_worst_model_and_count_cross_model_requests() {
+        let mut w = sweep(true);
+        w.workload = "models".into();
+        let (rr, precise) = (1, 3);
+        w.points[rr].per_model =
+            vec![model("a", 1000.0, 0.3, 1.0, 0), model("b", 800.0, 0.3, 1.0, 0)];
+        w.points[precise].per_model =
+            vec![model("a", 400.0, 0.85, 1.1, 0), model("b", 300.0, 0.80, 1.3, 0)];
+        w.points[precise].cross_model = Some(0);
+        let t = targets(&w);
+        let met: Vec<Option<bool>> = t.iter().map(|j| j.met).collect();
+        // b: 0.80 / 0.9 = 0.89 < 0.90; worst TTFT ratio 400/1000 = 0.4 (b: 0.375); b's load 1.3.
+        assert_eq!(met, vec![Some(false), Some(true), Some(false), Some(true)], "{t:?}");
+        assert_eq!(t[0].measured, "0.89");
+        w.points[precise].cross_model = Some(3);
+        assert_eq!(targets(&w)[3].met, Some(false));
+        // A point without per-model numbers is not judged.
+        w.points[precise].per_model.clear();
+        assert!(targets(&w)[..3].iter().all(|j| j.met.is_none()));
+        w.points[precise].per_model = vec![model("a", 400.0, 0.85, 1.1, 2)];
+        let md = render(&SweepReport { settings: vec![], workloads: vec![w] }, false);
+        assert!(md.contains("Per base model"), "{md}");
+        assert!(md.contains("| kvmesh_precise | 4.000 | a | w0, w1 | 50 | 48 | 2 | 85.0% / 85.0% / 90.0% | 0.94 | 400 | 1.100 |"), "{md}");
+        assert!(!render(&SweepReport { settings: vec![], workloads: vec![sweep(true)] }, false)
+            .contains("Per base model"));
     }
 
     #[test]

@@ -34,8 +34,12 @@
 //!   ([`MeasureWindow`], [`window_for`], [`window_records`]); the ceiling of such a point counts
 //!   the window's requests with everything sent before as history
 //!   (`workload::ceiling_with_history`).
+//! - **Several models.** A `models` point also has its numbers per base model (hit rate against
+//!   the model's own ceiling, TTFT p90, load over its own workers) and the requests an engine
+//!   answered 404, sent to a worker of another model ([`models::model_points`]).
 
 mod ladder;
+pub mod models;
 mod point;
 mod timing;
 mod validity;

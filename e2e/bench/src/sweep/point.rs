@@ -96,6 +96,13 @@ pub struct PointResult {
     /// Counted requests per second of the window (turns/s; requests/s for single-turn workloads).
     #[serde(default)]
     pub turns_per_s: Option<f64>,
+    /// Several models: each base model's numbers (`models::model_points`); empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_model: Vec<super::models::ModelPoint>,
+    /// Several models: the point's requests (warm-up included) an engine answered 404 (sent to a
+    /// worker of another model; should be 0); `None` for a one-model point.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cross_model: Option<usize>,
 }
 
 impl PointResult {

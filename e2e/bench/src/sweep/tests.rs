@@ -128,7 +128,7 @@ fn fleet_timing_table() {
         let start = default_start_rate(kind, &t, 4);
         assert!((start - START_FRACTION * sat).abs() < 1e-12);
         match kind {
-            WorkloadKind::Agentic => {
+            WorkloadKind::Agentic | WorkloadKind::Models => {
                 assert!((0.5..=4.0).contains(&sat), "agentic {sat}");
                 // At steady state a session sends its ~17.5 turns: the light point's 20-s
                 // window holds ≥ 100 requests.

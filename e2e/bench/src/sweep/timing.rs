@@ -83,7 +83,8 @@ pub fn default_timing(kind: WorkloadKind) -> FleetTiming {
         WorkloadKind::Trace | WorkloadKind::Siblings | WorkloadKind::Cold => {
             (1.0, SIM_DEFAULT_PREFILL_TPS)
         }
-        WorkloadKind::Agentic => (4.0, 2_000.0),
+        // Models: agentic turns, timed as agentic.
+        WorkloadKind::Agentic | WorkloadKind::Models => (4.0, 2_000.0),
         WorkloadKind::Paced => (8.0, 1_000.0),
     };
     FleetTiming::scaled(speedup, prefill)
@@ -122,6 +123,9 @@ pub fn arrival_cost_tokens(kind: WorkloadKind) -> f64 {
         // counted; measured 22k a session at 0.4 sessions/s and 15k at 1.2 (the closed loop
         // throttles), 20k assumed.
         WorkloadKind::Agentic => 20_000.0,
+        // Agentic sessions; its (model, system prompt) pairs (14) are more than agentic's 3, so a
+        // policy blind to them misses more first prompts: assumed as agentic until measured.
+        WorkloadKind::Models => 20_000.0,
         // 5.5 turns a session, ~1 KB added a turn after a 200–600-word first message, the same
         // round_robin misses: ~16 KB ≈ 3,000 tokens a session (at 3 turns the same count gives
         // 1,700; 1,500 was measured for ~3 turns a session at 15-s points without warm-up).

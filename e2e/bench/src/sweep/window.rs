@@ -202,6 +202,7 @@ pub fn default_warmup_s(kind: WorkloadKind, t: &FleetTiming, seed: u64) -> f64 {
     };
     let schedule = match kind {
         WorkloadKind::Agentic => crate::workload::gen::agentic(&g, 1.0),
+        WorkloadKind::Models => crate::workload::models::models(&g, 1.0),
         _ => crate::workload::gen::paced(&g, 1.0),
     };
     let per_token = SIM_DEFAULT_ITL_MS / t.sim_speedup;

@@ -12,6 +12,8 @@
 //! | siblings | bursts/s, 4–8 identical requests each | 1 | new 2–8k random token ids |
 //! | paced | sessions/s | 3–8, think 10–60 s | one of 4 system prompts of ~2 KB + a 200–600-word first message |
 //! | cold | requests/s | 1 | distinct 4–16k random token ids |
+//!
+//! The multi-model workload (agentic turns over two models and their adapters) is in `models`.
 
 use super::{sessions_ceiling, ChatMsg, Content, Schedule, Session, Turn, WorkloadKind};
 use crate::chat::text;
@@ -76,7 +78,7 @@ fn tokens(rng: &mut SplitMix64, n: usize) -> Vec<u32> {
     (0..n).map(|_| rng.range_u64(TOKEN_LO, TOKEN_HI) as u32).collect()
 }
 
-fn system_prompt(seed: u64, kind: u64, i: usize, bytes: usize) -> String {
+pub(super) fn system_prompt(seed: u64, kind: u64, i: usize, bytes: usize) -> String {
     let mut rng = SplitMix64::new(mix(seed, kind ^ (0x5157 << 16) ^ i as u64));
     format!(
         "You are agent #{i}. Follow the operating manual below.\n\n{}",
@@ -95,7 +97,7 @@ pub fn agentic_system_prompts(seed: u64) -> Vec<String> {
         .collect()
 }
 
-fn finish(
+pub(super) fn finish(
     kind: WorkloadKind,
     rate: f64,
     sessions: Vec<Session>,
@@ -121,48 +123,57 @@ pub fn agentic(cfg: &GenConfig, rate: f64) -> Schedule {
                 ChatMsg::new("system", prompts[sys].clone()),
                 ChatMsg::new("user", format!("Task {}-{i}: {}", cfg.seed, text(&mut rng, words))),
             ];
-            let n_turns = rng.range_u64(5, 31) as usize;
-            let mut turns = vec![Turn { upto: msgs.len(), think_ms: 0.0, max_tokens: 128 }];
-            for k in 1..n_turns {
-                let think_s;
-                if rng.next_f64() < 0.6 {
-                    let id = format!("call_{i}_{k}");
-                    let tool = TOOLS[rng.range_u64(0, TOOLS.len() as u64) as usize];
-                    let mut call =
-                        ChatMsg::new("assistant", format!("I will use {tool} for step {k}."));
-                    call.tool_call = Some((
-                        id.clone(),
-                        tool.to_string(),
-                        format!("{{\"step\":{k},\"session\":{i}}}"),
-                    ));
-                    msgs.push(call);
-                    let bytes = rng.range_u64(1024, 6 * 1024 + 1) as usize;
-                    let mut out = ChatMsg::new("tool", text_bytes(&mut rng, bytes));
-                    out.tool_call_id = Some(id);
-                    msgs.push(out);
-                    think_s = uniform(&mut rng, 0.3, 3.0);
-                } else {
-                    let reply_words = rng.range_u64(30, 90) as usize;
-                    msgs.push(ChatMsg::new("assistant", text(&mut rng, reply_words)));
-                    let user_words = rng.range_u64(15, 80) as usize;
-                    msgs.push(ChatMsg::new("user", text(&mut rng, user_words)));
-                    think_s = uniform(&mut rng, 2.0, 8.0);
-                }
-                turns.push(Turn {
-                    upto: msgs.len(),
-                    think_ms: think_s * 1000.0 / cfg.think_divisor.max(1e-9),
-                    max_tokens: 128,
-                });
-            }
+            let turns = agentic_turns(&mut rng, i, cfg, &mut msgs);
             Session {
                 id: format!("agent-{}-{i}", cfg.seed),
                 start_ms,
                 content: Content::Chat(msgs),
                 turns,
+                model: None,
             }
         })
         .collect();
     finish(WorkloadKind::Agentic, rate, sessions, cfg, "content bytes")
+}
+
+/// An agentic conversation's turns after its first message(s) `msgs` (grown in place): 5–30
+/// turns, 60 % tool calls with 1–6 KB outputs, the rest a reply and a user message.
+pub(super) fn agentic_turns(
+    rng: &mut SplitMix64,
+    i: usize,
+    cfg: &GenConfig,
+    msgs: &mut Vec<ChatMsg>,
+) -> Vec<Turn> {
+    let n_turns = rng.range_u64(5, 31) as usize;
+    let mut turns = vec![Turn { upto: msgs.len(), think_ms: 0.0, max_tokens: 128 }];
+    for k in 1..n_turns {
+        let think_s;
+        if rng.next_f64() < 0.6 {
+            let id = format!("call_{i}_{k}");
+            let tool = TOOLS[rng.range_u64(0, TOOLS.len() as u64) as usize];
+            let mut call = ChatMsg::new("assistant", format!("I will use {tool} for step {k}."));
+            call.tool_call =
+                Some((id.clone(), tool.to_string(), format!("{{\"step\":{k},\"session\":{i}}}")));
+            msgs.push(call);
+            let bytes = rng.range_u64(1024, 6 * 1024 + 1) as usize;
+            let mut out = ChatMsg::new("tool", text_bytes(rng, bytes));
+            out.tool_call_id = Some(id);
+            msgs.push(out);
+            think_s = uniform(rng, 0.3, 3.0);
+        } else {
+            let reply_words = rng.range_u64(30, 90) as usize;
+            msgs.push(ChatMsg::new("assistant", text(rng, reply_words)));
+            let user_words = rng.range_u64(15, 80) as usize;
+            msgs.push(ChatMsg::new("user", text(rng, user_words)));
+            think_s = uniform(rng, 2.0, 8.0);
+        }
+        turns.push(Turn {
+            upto: msgs.len(),
+            think_ms: think_s * 1000.0 / cfg.think_divisor.max(1e-9),
+            max_tokens: 128,
+        });
+    }
+    turns
 }
 
 /// Sibling bursts at `rate` bursts per second: 4–8 identical single-turn requests each.
@@ -180,6 +191,7 @@ pub fn siblings(cfg: &GenConfig, rate: f64) -> Schedule {
                 start_ms,
                 content: Content::Tokens(ids.clone()),
                 turns: vec![Turn { upto: len, think_ms: 0.0, max_tokens: 64 }],
+                model: None,
             });
         }
     }
@@ -220,6 +232,7 @@ pub fn paced(cfg: &GenConfig, rate: f64) -> Schedule {
                 start_ms,
                 content: Content::Chat(msgs),
                 turns,
+                model: None,
             }
         })
         .collect();
@@ -240,6 +253,7 @@ pub fn cold(cfg: &GenConfig, rate: f64) -> Schedule {
                 start_ms,
                 content: Content::Tokens(tokens(&mut rng, len)),
                 turns: vec![Turn { upto: len, think_ms: 0.0, max_tokens: 64 }],
+                model: None,
             }
         })
         .collect();

@@ -1,4 +1,4 @@
-//! The load-sweep workloads: one schedule type for all five, and each schedule's intrinsic ceiling (pure).
+//! The load-sweep workloads: one schedule type for all six, and each schedule's intrinsic ceiling (pure).
 //!
 //! A [`Schedule`] is a list of [`Session`]s. A session starts at `start_ms` (open loop: Poisson or
 //! trace arrivals at the point's rate) and runs its turns in order, closed loop: turn `k + 1` is
@@ -35,9 +35,11 @@
 //! (`sweep::point_ttft_floor_p90_ms`).
 //!
 //! Generators live in `gen` (agentic chat, sibling bursts, paced sessions, cold single-turn) and
-//! `trace` (the Mooncake conversation trace); all randomness is SplitMix64 from a seed.
+//! `trace` (the Mooncake conversation trace), `models` (several models and their adapters); all
+//! randomness is SplitMix64 from a seed.
 
 pub mod gen;
+pub mod models;
 pub mod trace;
 
 use crate::ceiling::Ceiling;
@@ -45,7 +47,7 @@ use kvmesh_core::hashing::xxh3;
 use serde_json::{json, Value};
 use std::collections::HashSet;
 
-/// The five workloads of the sweep.
+/// The six workloads of the sweep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WorkloadKind {
     /// The Mooncake conversation trace, a window compressed into the point and thinned by
@@ -60,12 +62,15 @@ pub enum WorkloadKind {
     Paced,
     /// Cold single-turn: distinct 4–16k-token prompts, nothing to reuse.
     Cold,
+    /// Several models (issue 44): agentic chats over two base models and their Zipf-popular
+    /// LoRA adapters, system prompts shared by a base model's adapters (`models`).
+    Models,
 }
 
 impl WorkloadKind {
     /// Every workload, in report order.
-    pub const ALL: [WorkloadKind; 5] =
-        [Self::Trace, Self::Agentic, Self::Siblings, Self::Paced, Self::Cold];
+    pub const ALL: [WorkloadKind; 6] =
+        [Self::Trace, Self::Agentic, Self::Siblings, Self::Paced, Self::Cold, Self::Models];
 
     /// Name in files, flags and the report.
     pub fn name(self) -> &'static str {
@@ -75,6 +80,7 @@ impl WorkloadKind {
             Self::Siblings => "siblings",
             Self::Paced => "paced",
             Self::Cold => "cold",
+            Self::Models => "models",
         }
     }
 
@@ -103,20 +109,20 @@ impl WorkloadKind {
 
     /// Whether requests carry a conversation id a session header can send.
     pub fn has_sessions(self) -> bool {
-        matches!(self, Self::Trace | Self::Agentic | Self::Paced)
+        matches!(self, Self::Trace | Self::Agentic | Self::Paced | Self::Models)
     }
 
     /// Whether a point measures steady state after a warm-up (`crate::sweep::MeasureWindow`):
     /// the multi-turn workloads whose sessions outlive a point's window.
     pub fn steady_state(self) -> bool {
-        matches!(self, Self::Agentic | Self::Paced)
+        matches!(self, Self::Agentic | Self::Paced | Self::Models)
     }
 
     /// What the rate of a sweep point counts.
     pub fn rate_unit(self) -> &'static str {
         match self {
             Self::Trace | Self::Cold => "requests/s",
-            Self::Agentic | Self::Paced => "sessions/s",
+            Self::Agentic | Self::Paced | Self::Models => "sessions/s",
             Self::Siblings => "bursts/s",
         }
     }
@@ -129,6 +135,7 @@ impl WorkloadKind {
             Self::Siblings => "sibling bursts: 4–8 parallel identical requests of a new 2–8k-token prompt (best-of-n), Poisson bursts",
             Self::Paced => "paced sessions: 3–8 turns, 10–60 s think time between turns (÷ sim speed-up), 2 KB shared system prompts",
             Self::Cold => "cold single-turn: distinct 4–16k-token prompts, Poisson arrivals, nothing to reuse",
+            Self::Models => "several models: agentic chats, 60% deepseek-v4 (+3 adapters) / 40% deepseek-v4-mini (+2 adapters), the base or an adapter Zipf(1.1)-popular, 2 system prompts of 16–32 KB per base model shared by its adapters",
         }
     }
 }
@@ -195,6 +202,9 @@ pub struct Session {
     pub content: Content,
     /// The turns, in order.
     pub turns: Vec<Turn>,
+    /// The `model` its requests name (a base model or a LoRA adapter, [`WorkloadKind::Models`]);
+    /// `None`: the sweep's one model.
+    pub model: Option<String>,
 }
 
 impl Session {
@@ -206,9 +216,11 @@ impl Session {
         }
     }
 
-    /// Request body of turn `t` (streaming, usage, `ignore_eos`). `None` past the last turn.
+    /// Request body of turn `t` (streaming, usage, `ignore_eos`), naming the session's own model,
+    /// else `model`. `None` past the last turn.
     pub fn body(&self, t: usize, model: &str) -> Option<Value> {
         let turn = self.turns.get(t)?;
+        let model = self.model.as_deref().unwrap_or(model);
         let mut body = match &self.content {
             Content::Tokens(ids) => {
                 json!({"model": model, "prompt": &ids[..turn.upto.min(ids.len())]})
@@ -271,16 +283,21 @@ impl Schedule {
     }
 }
 
+/// Seed of a model name's chain root (any constant: it only keeps models apart).
+const MODEL_CHAIN_SEED: u64 = 0x6d6f_6465_6c73;
+
 /// One prompt's segments: `(chain id, weight)`; the chain id covers the segment and every one
 /// before it in the same prompt.
 pub type Segments = Vec<(u64, u64)>;
 
 /// Segments of turn `t` of `s`: chat messages weighted by content bytes, or engine blocks of
-/// `block_size` tokens weighted by their tokens.
+/// `block_size` tokens weighted by their tokens. A session naming its own model seeds its chain
+/// with that name: distinct models and adapters never share a prefix, as in the engines (whose
+/// block hashes are keyed by the adapter); sessions of the sweep's one model keep seed 0.
 pub fn segments(s: &Session, t: usize, block_size: usize) -> Segments {
     let Some(turn) = s.turns.get(t) else { return Vec::new() };
     let mut out = Vec::new();
-    let mut parent = 0u64;
+    let mut parent = s.model.as_deref().map_or(0, |m| xxh3(m.as_bytes(), MODEL_CHAIN_SEED));
     match &s.content {
         Content::Tokens(ids) => {
             for block in ids[..turn.upto.min(ids.len())].chunks(block_size.max(1)) {

@@ -8,6 +8,7 @@ fn tok_session(id: &str, start: f64, ids: Vec<u32>, uptos: &[usize]) -> Session 
         start_ms: start,
         content: Content::Tokens(ids),
         turns: uptos.iter().map(|&u| Turn { upto: u, think_ms: 10.0, max_tokens: 4 }).collect(),
+        model: None,
     }
 }
 
@@ -77,6 +78,7 @@ fn chat_ceiling_counts_message_bytes_in_send_order() {
             Turn { upto: 2, think_ms: 0.0, max_tokens: 1 },
             Turn { upto: 4, think_ms: 5.0, max_tokens: 1 },
         ],
+        model: None,
     };
     // Another conversation sharing only the system prompt, sent between the two turns.
     let mut other_msgs = msgs;
@@ -86,6 +88,7 @@ fn chat_ceiling_counts_message_bytes_in_send_order() {
         start_ms: 1.0,
         content: Content::Chat(other_msgs),
         turns: vec![Turn { upto: 2, think_ms: 0.0, max_tokens: 1 }],
+        model: None,
     };
     let c = sessions_ceiling(&[s.clone(), o], 16);
     // Prompts: [S,u1] (102 new), [S,zz] (100 reused), [S,u1,a1,u2u2] (102 reused of 108).
@@ -226,4 +229,23 @@ fn tool_calls_render_in_openai_shape() {
     let j = call.to_json();
     assert_eq!(j["tool_calls"][0]["function"]["name"], json!("search"));
     assert_eq!(out.to_json()["tool_call_id"], json!("call_1"));
+}
+
+#[test]
+fn a_session_of_the_sweeps_model_keeps_its_chain_and_one_naming_a_model_moves_it() {
+    let ids: Vec<u32> = (0..32).collect();
+    let s = tok_session("s", 0.0, ids.clone(), &[32]);
+    // One model (None): the chain starts at seed 0, as before sessions could name a model.
+    let bytes: Vec<u8> = ids[..16].iter().flat_map(|x| x.to_le_bytes()).collect();
+    assert_eq!(segments(&s, 0, 16)[0], (xxh3(&bytes, 0), 16));
+    assert_eq!(s.body(0, "m").unwrap()["model"], "m");
+    let a = Session { model: Some("a".into()), ..s.clone() };
+    let b = Session { model: Some("b".into()), ..s.clone() };
+    assert_eq!(a.body(0, "m").unwrap()["model"], "a");
+    let (sa, sb, s0) = (segments(&a, 0, 16), segments(&b, 0, 16), segments(&s, 0, 16));
+    assert!(sa.iter().all(|x| !sb.contains(x) && !s0.contains(x)));
+    assert_eq!(sa.iter().map(|x| x.1).collect::<Vec<_>>(), vec![16, 16]);
+    // The same prompt under two models: nothing reused across them.
+    let c = sessions_ceiling(&[a, b], 16);
+    assert_eq!((c.tokens_reused, c.tokens_total), (0, 64));
 }

@@ -93,6 +93,7 @@ pub fn schedule(records: &[TraceRecord], cfg: &TraceConfig, rate: f64) -> Schedu
                     think_ms: 0.0,
                     max_tokens: r.output_length.clamp(1, cfg.max_output_tokens.max(1)),
                 }],
+                model: None,
             }
         })
         .collect();

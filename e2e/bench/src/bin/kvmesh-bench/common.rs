@@ -121,6 +121,7 @@ impl Common {
             start_attempts: self.start_attempts,
             external: Vec::new(),
             engine_groups: Vec::new(),
+            multi: None,
         })
     }
 

@@ -18,7 +18,7 @@ use kvmesh_bench::prom::{self, Sample};
 use kvmesh_bench::replay::{run_trace, ReplayConfig};
 use kvmesh_bench::sink::Sink;
 use kvmesh_bench::trace::Indexed;
-use kvmesh_e2e::stack::{EnvoyPolicy, Stack, StackSpec, WorkerSpec};
+use kvmesh_e2e::stack::{EnvoyPolicy, ModelSpec, Stack, StackSpec, WorkerSpec};
 use kvmesh_e2e::vllm::Engines;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -66,6 +66,31 @@ pub struct Fleet {
     pub external: Vec<WorkerSpec>,
     /// The external engines' process groups (their CPU is the engines' CPU).
     pub engine_groups: Vec<u32>,
+    /// Several models (the `models` workload): the fleet serves these, `workers` split evenly
+    /// between them; `None`: one model.
+    pub multi: Option<MultiModel>,
+}
+
+/// A fleet of several models and their LoRA adapters (simulators only).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MultiModel {
+    /// The base models, the default first, each with its adapters and `--max-loras`.
+    pub models: Vec<ModelSpec>,
+    /// The simulators' `--lora-load-ms` (modelled time: ÷ their speed-up on the wall clock).
+    pub lora_load_ms: f64,
+}
+
+impl MultiModel {
+    /// Workers per base model when the fleet has `workers` in all (at least one each).
+    pub fn per_model(&self, workers: usize) -> usize {
+        (workers / self.models.len().max(1)).max(1)
+    }
+
+    /// The indexer's `[routing]` line for the adapter load cost: the simulators' load time on the
+    /// wall clock (`--lora-load-ms` ÷ `speedup`), the time the router's predicted TTFT is in.
+    pub fn routing_toml(&self, speedup: f64) -> String {
+        format!("adapter_load_ms = {:.3}", self.lora_load_ms / speedup.max(1e-9))
+    }
 }
 
 /// What one policy's run produced.
@@ -77,7 +102,10 @@ pub struct PolicyRun {
 }
 
 pub(crate) fn spec_for(policy: Policy, fleet: &Fleet, dir: &Path) -> StackSpec {
-    let mut spec = StackSpec::aggregate(fleet.workers);
+    let mut spec = match &fleet.multi {
+        Some(m) => StackSpec::multi_model(m.models.clone(), m.per_model(fleet.workers)),
+        None => StackSpec::aggregate(fleet.workers),
+    };
     if !fleet.external.is_empty() {
         spec.workers = fleet.external.clone();
         spec.engines = Engines::External;
@@ -95,9 +123,15 @@ pub(crate) fn spec_for(policy: Policy, fleet: &Fleet, dir: &Path) -> StackSpec {
         "--speedup".into(),
         fleet.sim_speedup.to_string(),
     ];
+    let mut routing = vec![policy.routing_toml().to_string()];
+    if let Some(m) = &fleet.multi {
+        spec.sim_args.extend(["--lora-load-ms".into(), m.lora_load_ms.to_string()]);
+        routing.push(m.routing_toml(fleet.sim_speedup));
+    }
     spec.sim_args.extend(fleet.sim_args.iter().cloned());
     spec.kv_events = policy.kv_events();
-    spec.routing_toml = policy.routing_toml().to_string();
+    spec.routing_toml =
+        routing.into_iter().filter(|l| !l.is_empty()).collect::<Vec<_>>().join("\n");
     spec.filter_config = policy.filter_config();
     spec.session_header = fleet.session_header.clone();
     spec.release = fleet.release;

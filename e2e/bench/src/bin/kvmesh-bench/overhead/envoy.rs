@@ -52,6 +52,7 @@ pub(super) async fn swap_envoy(stack: &mut Stack) -> Result<(u16, std::path::Pat
                     id: w.id.clone(),
                     host: host.to_string(),
                     port: port.parse()?,
+                    models: Vec::new(),
                 })
             })
             .collect::<Result<_>>()?,

@@ -15,7 +15,8 @@ use kvmesh_bench::workload::{trace::TraceConfig, WorkloadKind};
 /// `kvmesh-bench sweep` flags.
 #[derive(Args, Debug, Clone)]
 pub struct SweepArgs {
-    /// Workloads, comma-separated (trace, agentic, siblings, paced, cold).
+    /// Workloads, comma-separated (trace, agentic, siblings, paced, cold; and models, several
+    /// models on `--workers` split between them, only when named).
     #[arg(long, default_value = "trace,agentic,siblings,paced,cold")]
     workloads: String,
     /// Policies, comma-separated; round_robin always runs (its ladder finds the saturation).

@@ -14,7 +14,7 @@ mod point;
 
 use point::{fmt_elapsed, measure, PointSpec, Progress};
 
-use crate::run::Fleet;
+use crate::run::{Fleet, MultiModel};
 use anyhow::{Context, Result};
 use kvmesh_bench::policy::Policy;
 use kvmesh_bench::report::sweep::{plot_files, SweepReport, WorkloadSweep};
@@ -23,8 +23,9 @@ use kvmesh_bench::sweep::{
     LadderStep, PointResult, RatePoint, SweepConfig,
 };
 use kvmesh_bench::trace::TraceRecord;
+use kvmesh_bench::workload::models::MODEL_MIX;
 use kvmesh_bench::workload::{trace as wtrace, WorkloadKind};
-use kvmesh_e2e::stack::{StackSpec, Worker};
+use kvmesh_e2e::stack::{ModelSpec, StackSpec, Worker};
 use kvmesh_e2e::vllm::VllmOptions;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -93,6 +94,47 @@ pub(crate) fn workload_fleet(base: &Fleet, t: &FleetTiming) -> Fleet {
     Fleet { sim_speedup: t.sim_speedup, sim_args, ..base.clone() }
 }
 
+/// Adapter slots of each simulator of the `models` fleet (`--max-loras`): fewer than the most
+/// names a base model serves (4), so a policy that scatters a model's adapters pays swaps.
+pub(crate) const MODELS_MAX_LORAS: u32 = 2;
+
+/// The `models` fleet's `--lora-load-ms` (the simulator's default; modelled time).
+pub(crate) const MODELS_LORA_LOAD_MS: f64 = 20.0;
+
+/// The several models of the `models` workload's fleet (`workload::models::MODEL_MIX`), each at
+/// the fleet's block size with its adapters and [`MODELS_MAX_LORAS`] slots.
+pub(crate) fn models_multi(block_size: u32) -> MultiModel {
+    let models = MODEL_MIX
+        .iter()
+        .map(|b| ModelSpec {
+            max_loras: Some(MODELS_MAX_LORAS),
+            ..ModelSpec::new(b.name, block_size).adapters(b.adapters)
+        })
+        .collect();
+    MultiModel { models, lora_load_ms: MODELS_LORA_LOAD_MS }
+}
+
+/// The fleet of `kind`'s points: several models for the `models` workload (`workers` split
+/// between them), else `fleet` unchanged. Real engines serve one model: refused for `models`.
+pub(crate) fn fleet_for_kind(fleet: Fleet, kind: WorkloadKind) -> Result<Fleet> {
+    if kind != WorkloadKind::Models {
+        return Ok(fleet);
+    }
+    if !fleet.external.is_empty() {
+        anyhow::bail!("the models workload runs on simulators only (--engines sim)");
+    }
+    let multi = models_multi(fleet.block_size);
+    if fleet.workers < multi.models.len() {
+        anyhow::bail!(
+            "the models workload needs at least {} workers (one per base model), got {}",
+            multi.models.len(),
+            fleet.workers
+        );
+    }
+    let workers = multi.per_model(fleet.workers) * multi.models.len();
+    Ok(Fleet { workers, multi: Some(multi), ..fleet })
+}
+
 fn save(report: &SweepReport, out: &Path) -> Result<()> {
     let path = out.join("sweep.json");
     std::fs::write(&path, serde_json::to_string_pretty(report)?)
@@ -140,6 +182,15 @@ pub async fn run_sweep(a: &SweepSettings, fleet: &Fleet, out: &Path) -> Result<S
             (shared_fleet.clone(), String::new())
         } else {
             (workload_fleet(&shared_fleet, &timing), timing.describe())
+        };
+        let fleet = fleet_for_kind(fleet, kind)?;
+        let fleet_note = match &fleet.multi {
+            Some(m) => format!(
+                "{fleet_note}; {} workers per base model, --max-loras {MODELS_MAX_LORAS}, --lora-load-ms {}",
+                m.per_model(fleet.workers),
+                m.lora_load_ms
+            ),
+            None => fleet_note,
         };
         let window = window_for(kind, &timing, a.seed, a.duration_s, a.warmup_s, a.vllm.is_some());
         let spec =
@@ -347,7 +398,65 @@ pub fn draw(report: &SweepReport, out: &Path) -> Result<Vec<std::path::PathBuf>,
 
 #[cfg(test)]
 mod tests {
-    use super::parse_pid_stat;
+    use super::*;
+    use crate::run::spec_for;
+    use kvmesh_bench::policy::SessionHeaderMode;
+
+    fn fleet(workers: usize) -> Fleet {
+        Fleet {
+            workers,
+            block_size: 16,
+            num_gpu_blocks: 1000,
+            sim_speedup: 4.0,
+            sim_args: vec!["--x".into()],
+            release: false,
+            session_header: "x-session-id".into(),
+            session_mode: SessionHeaderMode::All,
+            model: None,
+            request_timeout: Duration::from_secs(1),
+            start_attempts: 1,
+            external: Vec::new(),
+            engine_groups: Vec::new(),
+            multi: None,
+        }
+    }
+
+    #[test]
+    fn the_models_workload_gets_a_fleet_of_several_models() {
+        let one = fleet_for_kind(fleet(4), WorkloadKind::Agentic).unwrap();
+        assert!(one.multi.is_none());
+        let dir = Path::new("/tmp/x");
+        assert!(spec_for(Policy::KvmeshPrecise, &one, dir).models.is_empty());
+        // 5 workers split between 2 models: 2 each.
+        let f = fleet_for_kind(fleet(5), WorkloadKind::Models).unwrap();
+        assert_eq!(f.workers, 4);
+        for policy in [Policy::KvmeshPrecise, Policy::RoundRobin] {
+            let spec = spec_for(policy, &f, dir);
+            let names: Vec<&str> = spec.models.iter().map(|m| m.name.as_str()).collect();
+            assert_eq!(names, MODEL_MIX.map(|b| b.name));
+            assert!(spec.models.iter().all(|m| m.max_loras == Some(MODELS_MAX_LORAS)));
+            assert_eq!(spec.models[1].adapters, MODEL_MIX[1].adapters);
+            let per: Vec<Option<&str>> = spec.workers.iter().map(|w| w.model.as_deref()).collect();
+            assert_eq!(
+                per,
+                vec![
+                    Some("deepseek-v4"),
+                    Some("deepseek-v4"),
+                    Some("deepseek-v4-mini"),
+                    Some("deepseek-v4-mini")
+                ]
+            );
+            let args = spec.sim_args.join(" ");
+            assert!(args.contains("--lora-load-ms 20 --x"), "{args}");
+            // The router's adapter cost is the simulators' load time on the wall clock (÷ 4).
+            assert!(spec.routing_toml.contains("adapter_load_ms = 5.000"), "{}", spec.routing_toml);
+        }
+        assert!(spec_for(Policy::KvmeshPrecise, &f, dir).routing_toml.starts_with("mode = "));
+        assert!(fleet_for_kind(fleet(1), WorkloadKind::Models).is_err());
+        let mut real = fleet(4);
+        real.external = StackSpec::aggregate(1).workers;
+        assert!(fleet_for_kind(real, WorkloadKind::Models).is_err());
+    }
 
     #[test]
     fn pid_stat_lines() {

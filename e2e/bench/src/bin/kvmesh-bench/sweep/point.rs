@@ -13,11 +13,12 @@ use kvmesh_bench::policy::Policy;
 use kvmesh_bench::record::read_all;
 use kvmesh_bench::schedule_run::{run_schedule, ScheduleRunConfig};
 use kvmesh_bench::sink::Sink;
+use kvmesh_bench::sweep::models::{cross_model, model_points, FleetModelShare};
 use kvmesh_bench::sweep::{
     invalid_reasons_real_engines, point_ceiling, point_fleet_lru, point_ttft_floor_p90_ms,
     summarize_point, window_records, FleetTiming, MachineSample, MeasureWindow, PointResult,
 };
-use kvmesh_bench::workload::{gen, trace as wtrace, Schedule, WorkloadKind};
+use kvmesh_bench::workload::{gen, models, trace as wtrace, Schedule, WorkloadKind};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -53,6 +54,7 @@ fn schedule_for(
         WorkloadKind::Siblings => gen::siblings(&g, rate),
         WorkloadKind::Paced => gen::paced(&g, rate),
         WorkloadKind::Cold => gen::cold(&g, rate),
+        WorkloadKind::Models => models::models(&g, rate),
     }
 }
 
@@ -231,6 +233,13 @@ async fn measure_inner(
         None => before,
     };
     let c = counters(&stack, &before, &after, policy.is_kvmesh());
+    // Several models: each base model's workers, read from the stack that ran them.
+    let model_workers: Vec<(String, Vec<String>)> = fleet
+        .multi
+        .iter()
+        .flat_map(|m| &m.models)
+        .map(|m| (m.name.clone(), stack.workers_of(&m.name).iter().map(|w| w.id.clone()).collect()))
+        .collect();
     drop(stack);
     std::fs::write(dir.join("counters.json"), serde_json::to_string_pretty(&c)?)?;
     let all_records = read_all(std::io::BufReader::new(std::fs::File::open(&results)?))?;
@@ -257,6 +266,22 @@ async fn measure_inner(
         &worker_ids,
     )
     .with_window(window, warmup_requests, stats.cut_turns);
+    if !model_workers.is_empty() {
+        let block_size = fleet.block_size as usize;
+        let shares: Vec<FleetModelShare> = model_workers
+            .into_iter()
+            .map(|(model, workers)| {
+                // Models share no prefix: a model's ceiling is its own sessions' (the records of
+                // the others name sessions outside them and are left out).
+                let own = models::model_schedule(&schedule, &model, block_size);
+                let (rate, _, _) = point_ceiling(&own, &all_records, &window, block_size);
+                FleetModelShare { model, workers, ceiling: Some(rate) }
+            })
+            .collect();
+        p.per_model = model_points(&records, Some(&c), &shares, models::base_of);
+        // Every request sent counts here, the warm-up's too: none may reach a wrong worker.
+        p.cross_model = Some(all_records.iter().filter(|r| cross_model(r)).count());
+    }
     if let Some(t) = &spec.sim_timing {
         // Real engines size their own caches and prefill at their own speed; the simulators have
         // exactly `num_gpu_blocks` and the modelled throughput.
