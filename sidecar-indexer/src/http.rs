@@ -104,7 +104,7 @@ async fn route(
     let result = match gone {
         Err(e) => Err(e),
         Ok(()) => {
-            let call = crate::route::route(&state, cfg, &headers, raw);
+            let call = crate::route::route(&state, cfg, &headers, raw, Default::default());
             match tokio::time::timeout(deadline, call).await {
                 Ok(r) => r,
                 Err(_) => Err(ApiError::unavailable(
