@@ -221,6 +221,22 @@ pub struct RouteDecision {
     pub body_base: Option<BodyBase>,
 }
 
+impl RouteDecision {
+    /// Debug response headers describing the decision (`[filter] debug_headers`: the filter's
+    /// and the endpoint picker's), each value [`crate::headers::header_safe`].
+    pub fn debug_headers(&self) -> Vec<(&'static str, String)> {
+        use crate::headers::{self, header_safe};
+        vec![
+            (headers::DEBUG_MODE, self.mode.as_str().to_owned()),
+            (headers::DEBUG_WORKER, header_safe(&self.worker)),
+            (headers::DEBUG_OVERLAP_BLOCKS, self.overlap_blocks.to_string()),
+            (headers::DEBUG_ISL_BLOCKS, self.isl_blocks.to_string()),
+            (headers::DEBUG_REASON, header_safe(&self.reason)),
+            (headers::DEBUG_REASON_CODES, header_safe(&ReasonCode::join(&self.reason_codes))),
+        ]
+    }
+}
+
 /// The `x-gateway-destination-endpoint` value, `primary[,fallback…]`: primary first, skipping
 /// repeats of earlier entries.
 pub fn destination_header<'a>(

@@ -50,3 +50,14 @@ pub const DEBUG_REASON_CODES: &str = "x-kvmesh-decision-reason-codes";
 pub const DEBUG_PREDICTED_TTFT: &str = "x-kvmesh-predicted-ttft-ms";
 /// Set on responses when the filter routed without the indexer: the fallback reason.
 pub const DEBUG_FALLBACK: &str = "x-kvmesh-fallback";
+
+/// Longest debug header value written; longer ones are cut.
+pub const MAX_DEBUG_VALUE_BYTES: usize = 256;
+
+/// `s` as a header value: visible ASCII and spaces only, at most [`MAX_DEBUG_VALUE_BYTES`].
+pub fn header_safe(s: &str) -> String {
+    let mut out: String =
+        s.chars().map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' }).collect();
+    out.truncate(MAX_DEBUG_VALUE_BYTES);
+    out.trim().to_owned()
+}

@@ -17,8 +17,7 @@
 
 use std::net::SocketAddr;
 
-use kvmesh_core::api::{destination_header, ErrorBody, Mode, ReasonCode, RouteDecision};
-use kvmesh_core::headers;
+use kvmesh_core::api::{destination_header, ErrorBody, Mode, RouteDecision};
 use kvmesh_core::models::UNKNOWN_MODEL_REASON;
 
 use crate::breaker::CallHealth;
@@ -28,7 +27,7 @@ use crate::metrics::{FallbackReason, RouteLabel};
 pub const MAX_ANSWER_BYTES: usize = 256 * 1024;
 
 /// Longest debug header value (reasons are for humans, not for bloating responses).
-pub const MAX_DEBUG_VALUE_BYTES: usize = 256;
+pub use kvmesh_core::headers::{header_safe, MAX_DEBUG_VALUE_BYTES};
 
 /// The indexer's error reason for the one refusal relayed to clients.
 pub const PREFILL_OVERLOADED: &str = "prefill_overloaded";
@@ -235,24 +234,9 @@ pub fn route_label(mode: Mode) -> RouteLabel {
     }
 }
 
-/// Debug response headers describing a decision.
+/// Debug response headers describing a decision (the core's, shared with the endpoint picker).
 pub fn debug_headers(decision: &RouteDecision) -> Vec<(&'static str, String)> {
-    vec![
-        (headers::DEBUG_MODE, decision.mode.as_str().to_owned()),
-        (headers::DEBUG_WORKER, header_safe(&decision.worker)),
-        (headers::DEBUG_OVERLAP_BLOCKS, decision.overlap_blocks.to_string()),
-        (headers::DEBUG_ISL_BLOCKS, decision.isl_blocks.to_string()),
-        (headers::DEBUG_REASON, header_safe(&decision.reason)),
-        (headers::DEBUG_REASON_CODES, header_safe(&ReasonCode::join(&decision.reason_codes))),
-    ]
-}
-
-/// `s` as a header value: visible ASCII and spaces only, at most [`MAX_DEBUG_VALUE_BYTES`].
-pub fn header_safe(s: &str) -> String {
-    let mut out: String =
-        s.chars().map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' }).collect();
-    out.truncate(MAX_DEBUG_VALUE_BYTES);
-    out.trim().to_owned()
+    decision.debug_headers()
 }
 
 #[cfg(test)]

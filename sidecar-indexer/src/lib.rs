@@ -14,6 +14,7 @@ pub mod clock;
 pub mod config;
 pub mod decide;
 pub mod discovered;
+pub mod epp;
 pub mod events;
 pub mod expiring;
 pub mod http;

@@ -1,7 +1,8 @@
 //! `kvmesh-indexer`: loads the fleet file, starts the service, serves the API.
 //!
-//! Prints exactly one line to stdout once the API socket is bound — `READY http=<ip:port>` (the
-//! real port when `--listen` asks for port 0) — and logs everything else to stderr.
+//! Prints exactly one line to stdout once every socket is bound — `READY http=<ip:port>` (the
+//! real port when `--listen` asks for port 0), then ` metrics=`, ` epp=` and ` epp_health=` for
+//! the listeners configured — and logs everything else to stderr.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -104,15 +105,29 @@ async fn run(config: Config, path: PathBuf, env: Arc<ProcessEnv>) -> anyhow::Res
     };
     let metrics_local =
         metrics_listener.as_ref().map(tokio::net::TcpListener::local_addr).transpose()?;
+    // The endpoint picker's listeners ([epp]), bound before READY too.
+    let (epp_addr, epp_health_addr) = svc.state.config().epp.addrs()?;
+    let epp_listener = bind_optional(epp_addr, "epp.listen").await?;
+    let epp_health_listener = bind_optional(epp_health_addr, "epp.health_listen").await?;
+    let epp_local = epp_listener.as_ref().map(tokio::net::TcpListener::local_addr).transpose()?;
+    let epp_health_local =
+        epp_health_listener.as_ref().map(tokio::net::TcpListener::local_addr).transpose()?;
     {
-        let mut out = std::io::stdout().lock();
-        match metrics_local {
-            Some(m) => writeln!(out, "READY http={local} metrics={m}")?,
-            None => writeln!(out, "READY http={local}")?,
+        let mut line = format!("READY http={local}");
+        if let Some(m) = metrics_local {
+            line.push_str(&format!(" metrics={m}"));
         }
+        if let Some(e) = epp_local {
+            line.push_str(&format!(" epp={e}"));
+        }
+        if let Some(h) = epp_health_local {
+            line.push_str(&format!(" epp_health={h}"));
+        }
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{line}")?;
         out.flush()?;
     }
-    tracing::info!(http = %local, metrics = ?metrics_local, debug_endpoints = svc.state.config().debug_enabled(), "serving");
+    tracing::info!(http = %local, metrics = ?metrics_local, epp = ?epp_local, epp_health = ?epp_health_local, debug_endpoints = svc.state.config().debug_enabled(), "serving");
     if let Some(l) = metrics_listener {
         let app = metrics_router(svc.state.clone());
         tokio::spawn(async move {
@@ -121,10 +136,34 @@ async fn run(config: Config, path: PathBuf, env: Arc<ProcessEnv>) -> anyhow::Res
             }
         });
     }
+    if let Some(l) = epp_listener {
+        let state = svc.state.clone();
+        tokio::spawn(async move {
+            if let Err(e) =
+                kvmesh_indexer::epp::serve(state, l, epp_health_listener, shutdown()).await
+            {
+                tracing::error!(error = %e, "endpoint picker listener failed");
+            }
+        });
+    }
     svc.spawn_background();
     axum::serve(listener, router(svc.state.clone())).with_graceful_shutdown(shutdown()).await?;
     tracing::info!("shut down");
     Ok(())
+}
+
+async fn bind_optional(
+    addr: Option<std::net::SocketAddr>,
+    what: &str,
+) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    match addr {
+        Some(a) => Ok(Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .with_context(|| format!("binding {what} {a}"))?,
+        )),
+        None => Ok(None),
+    }
 }
 
 fn config_metrics_addr(svc: &Service) -> anyhow::Result<Option<std::net::SocketAddr>> {

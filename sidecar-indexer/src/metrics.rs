@@ -129,12 +129,16 @@ pub const DISCOVERY_SKIPPED_ENDPOINTS: &str = "kvmesh_discovery_skipped_endpoint
 pub const DISCOVERY_ERRORS_TOTAL: &str = "kvmesh_discovery_errors_total";
 pub const DISCOVERY_SYNCED: &str = "kvmesh_discovery_synced";
 
+// The GIE endpoint picker (epp/).
+pub const EPP_REQUESTS_TOTAL: &str = "kvmesh_epp_requests_total";
+
 /// Every metric name, for the README drift test.
 pub const ALL: &[&str] = &[
     ROUTER_KV_HIT_RATE,
     ROUTER_KV_OVERLAP_BLOCKS_TOTAL,
     ROUTER_KV_ISL_BLOCKS_TOTAL,
     DECISIONS_TOTAL,
+    EPP_REQUESTS_TOTAL,
     ROUTE_ERRORS_TOTAL,
     BAD_REQUESTS_TOTAL,
     ROUTE_DURATION_SECONDS,
@@ -366,6 +370,8 @@ pub struct Metrics {
     pub adapter_slot_waits_predicted: IntCounterVec,
     /// Kubernetes discovery.
     pub discovery: DiscoveryMetrics,
+    /// labels: result. Requests the endpoint picker answered, by how (`crate::epp`).
+    pub epp_requests: IntCounterVec,
 }
 
 fn counter_vec(
@@ -589,12 +595,20 @@ impl Metrics {
             adapter_loads_predicted: counter_vec(&r, ADAPTER_LOADS_PREDICTED_TOTAL, "Routes placed on a worker that must load the request's LoRA adapter (none running or waiting there, none just routed there), by base model", &["model"])?,
             adapter_slot_waits_predicted: counter_vec(&r, ADAPTER_SLOT_WAITS_PREDICTED_TOTAL, "Routes placed on a worker whose max_lora slots other running adapters hold (the request waits for one), by base model", &["model"])?,
             discovery: DiscoveryMetrics::new(&r)?,
+            epp_requests: counter_vec(&r, EPP_REQUESTS_TOTAL, "Requests the GIE endpoint picker answered, by result: routed (the route pipeline picked), fallback (the route call failed for the router's reasons; the session's pin), passthrough (not a completion to read: the pin), no_body (a body mode that does not show the body: the pin), models_list, unknown_model, bad_request, too_large, shed (the prefill worker's 429/503), no_endpoint (nothing eligible: 503), splice_failed, protocol_error", &["result"])?,
             registry: r,
         };
         for source in ["index", "kv_home"] {
             m.migration_opportunities.with_label_values(&[source]).inc_by(0);
         }
         Ok(m)
+    }
+
+    /// Counts one endpoint-picker answer of `result`; the count so far (to sample log lines).
+    pub fn epp_request(&self, result: &str) -> u64 {
+        let c = self.epp_requests.with_label_values(&[result]);
+        c.inc();
+        c.get()
     }
 
     /// Counts a route of base `model` whose adapter costs `cost` on the chosen worker.

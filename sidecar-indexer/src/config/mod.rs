@@ -92,6 +92,54 @@ pub struct Config {
     /// Workers found at run time besides `workers` (`[discovery.kubernetes]`; see [`DiscoverySection`]).
     #[serde(default, skip_serializing_if = "DiscoverySection::is_empty")]
     pub discovery: DiscoverySection,
+    /// The Gateway API Inference Extension endpoint picker (`[epp]`, `crate::epp`): off unless
+    /// `epp.listen` is set.
+    #[serde(default, skip_serializing_if = "EppConfig::is_off")]
+    pub epp: EppConfig,
+}
+
+/// `[epp]`: the ext_proc endpoint picker that GIE gateways call (`crate::epp`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EppConfig {
+    /// `ip:port` of the ext_proc gRPC server (GIE's convention: port 9002), plaintext HTTP/2; none
+    /// = no endpoint picker. It answers gRPC health too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    /// `ip:port` of a listener serving only gRPC health (GIE's convention: port 9003); none = health
+    /// on `listen` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_listen: Option<String>,
+    /// Honour the GIE conformance suite's `test-epp-endpoint-selection` request header (the
+    /// client names the endpoints) and echo the served endpoint in
+    /// `x-conformance-test-served-endpoint`. For conformance runs only: it lets clients choose.
+    #[serde(default)]
+    pub conformance: bool,
+}
+
+impl EppConfig {
+    fn is_off(&self) -> bool {
+        self == &Self::default()
+    }
+
+    /// The ext_proc and health-only addresses, when set.
+    pub fn addrs(&self) -> Result<(Option<SocketAddr>, Option<SocketAddr>), ConfigError> {
+        let parse = |field: &str, v: &Option<String>| {
+            v.as_deref()
+                .map(|a| a.parse().map_err(|_| invalid(field, a, "must be ip:port")))
+                .transpose()
+        };
+        let listen = parse("epp.listen", &self.listen)?;
+        let health = parse("epp.health_listen", &self.health_listen)?;
+        if health.is_some() && listen.is_none() {
+            return Err(invalid(
+                "epp.health_listen",
+                self.health_listen.as_deref().unwrap_or_default(),
+                "needs epp.listen (health of a picker that is not served)",
+            ));
+        }
+        Ok((listen, health))
+    }
 }
 
 /// Serialises `[filter]` with a non-empty `override_secret` replaced by `(redacted)`: `--check`
@@ -213,6 +261,21 @@ impl Config {
         self.routing.validate()?;
         workers::validate_workers(&self.workers)?;
         self.discovery.validate()?;
+        let (epp, health) = self.epp.addrs()?;
+        for (field, addr) in [("epp.listen", epp), ("epp.health_listen", health)] {
+            if let Some(a) = addr.filter(|a| a.port() != 0) {
+                if a == api || Some(a) == self.metrics_addr()? {
+                    return Err(invalid(field, a, "must differ from listen and metrics_listen"));
+                }
+            }
+        }
+        if epp.is_some_and(|e| e.port() != 0 && Some(e) == health) {
+            return Err(invalid(
+                "epp.health_listen",
+                self.epp.health_listen.as_deref().unwrap_or_default(),
+                "must differ from epp.listen",
+            ));
+        }
         Ok(())
     }
 }

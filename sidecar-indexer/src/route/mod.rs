@@ -23,6 +23,7 @@ pub mod background;
 pub mod body_memo;
 pub mod bookings;
 mod error;
+pub mod front;
 pub mod plan;
 pub mod prompt;
 pub mod record;
@@ -37,17 +38,21 @@ use axum::http::HeaderMap;
 use kvmesh_core::api::RouteDecision;
 
 pub use error::ApiError;
+pub use front::{Eligible, Front};
 
 use crate::config::Config;
 use crate::state::AppState;
 use record::{BodyMemoResult, RouteMetrics};
 
-/// Answers one `/v1/route` call under the configuration `cfg` (read once per call).
+/// Answers one route call under the configuration `cfg` (read once per call): the filter's
+/// `/v1/route` (`front` = `Front::default()`) or the endpoint picker's (`crate::epp`), which
+/// passes the client's request in the same headers and asks for what `front` says.
 pub async fn route(
     state: &Arc<AppState>,
     cfg: Arc<Config>,
     headers: &HeaderMap,
     body: Bytes,
+    front: Front,
 ) -> Result<RouteDecision, ApiError> {
     let metrics = RouteMetrics(&state.metrics);
     let (body, joined) = request::with_base(
@@ -57,8 +62,14 @@ pub async fn route(
         cfg.routing.max_body_bytes,
         |result| metrics.body_memo(result),
     )?;
-    let (req, parsed) =
-        request::parse(headers, body, joined, &state.body_memo, cfg.routing.body_memo_bytes)?;
+    let (req, parsed) = request::parse(
+        headers,
+        body,
+        joined,
+        &state.body_memo,
+        cfg.routing.body_memo_bytes,
+        front,
+    )?;
     if let Some(continued) = req.body_continued {
         metrics.body_memo(if continued > 0 { BodyMemoResult::Hit } else { BodyMemoResult::Miss });
     }

@@ -10,6 +10,7 @@ use kvmesh_core::api::{Mode, WorkerLoad};
 use kvmesh_core::hashing::SequenceHash;
 
 use super::bookings::Booking;
+use super::front::Front;
 use super::prompt::Prompt;
 use super::record::RouteMetrics;
 use super::request::RouteRequest;
@@ -76,7 +77,7 @@ pub fn decide_and_book<'a>(
     let overlaps = fleet.overlaps_in(&scores, model.base());
     let mut load = state.load.lock();
     let mut placement = state.placement.lock();
-    let request = ViewOf { model, chains: &prompt.chains, overlaps: &overlaps };
+    let request = ViewOf { model, chains: &prompt.chains, overlaps: &overlaps, front: &req.front };
     let views = views(&fleet, &request, &load, &placement, cfg, now);
     let plan = decide(&input, &views, &cfg.routing, &mut placement.rng).map_err(|e| match e {
         DecideError::UnknownOverrideWorker(_) => ApiError::bad_request(e.reason(), e.to_string()),
@@ -158,6 +159,8 @@ pub struct ViewOf<'r> {
     pub model: &'r RouteModel,
     pub chains: &'r [SequenceHash],
     pub overlaps: &'r [u32],
+    /// The candidates the front door allows (a GIE gateway's subset hint).
+    pub front: &'r Front,
 }
 
 /// The decision's view of every worker of the request's base model for one prompt, at `now`: the
@@ -177,7 +180,7 @@ pub fn views<'a>(
     cfg: &Config,
     now: Instant,
 ) -> Vec<WorkerView<'a>> {
-    let ViewOf { model, chains, overlaps } = *request;
+    let ViewOf { model, chains, overlaps, front } = *request;
     let r = &cfg.routing;
     let decoders =
         fleet.workers.iter().filter(|w| w.cfg.role.decodes() && w.gets_traffic()).count().max(1);
@@ -186,7 +189,7 @@ pub fn views<'a>(
         .workers
         .iter()
         .zip(overlaps)
-        .filter(|(w, _)| w.model == model.base())
+        .filter(|(w, _)| w.model == model.base() && front.allows(&w.cfg.endpoint))
         .map(|(w, &overlap)| {
             let booked: WorkerLoad = load.worker(&w.cfg.id);
             let (running, waiting) = w

@@ -12,6 +12,7 @@ use kvmesh_core::session::{self, SessionKey, SessionSource};
 use parking_lot::Mutex;
 
 use super::body_memo::{self, BaseRefusal, BodyMemo, Held, MIN_BODY_BYTES};
+use super::front::Front;
 use super::record::BodyMemoResult;
 use super::ApiError;
 
@@ -32,6 +33,8 @@ pub struct RouteRequest {
     pub body_continued: Option<usize>,
     /// The body's prefix the memo kept, named for the answer: the next call may send what follows.
     pub body_base: Option<BodyBase>,
+    /// What the front door asked for beyond the request (the candidates it allows).
+    pub front: Front,
 }
 
 fn header<'a>(h: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
@@ -84,13 +87,15 @@ fn session_of(h: &HeaderMap) -> Result<Option<(SessionKey, SessionSource)>, ApiE
 
 /// Parses the route call's headers and body; the parsed body goes to tokenization by value. A chat
 /// body of at least [`MIN_BODY_BYTES`] is read through `memo` (bounded by `memo_bytes`; 0 = off),
-/// continuing the base it was `joined` to ([`with_base`]), if any.
+/// continuing the base it was `joined` to ([`with_base`]), if any. A call naming no session gets
+/// the body's derived one when `front` asks for it ([`session::derived_key`], the filter's key).
 pub fn parse(
     h: &HeaderMap,
     body: Bytes,
     joined: Option<Held>,
     memo: &Mutex<BodyMemo>,
     memo_bytes: usize,
+    front: Front,
 ) -> Result<(RouteRequest, OpenAiRequest), ApiError> {
     let path = header(h, headers::KVMESH_PATH)?.ok_or_else(|| {
         ApiError::bad_request("missing_path", format!("missing {} header", headers::KVMESH_PATH))
@@ -125,6 +130,12 @@ pub fn parse(
         (openai::Body::new(endpoint, &body).request(), None, None)
     };
     let parsed = parsed.map_err(|e| ApiError::bad_request(e.reason(), e.to_string()))?;
+    let session = session.or_else(|| {
+        front
+            .derive_session
+            .then(|| session::derived_key(&parsed).map(|key| (key, SessionSource::Prefix)))
+            .flatten()
+    });
     Ok((
         RouteRequest {
             path: path.to_owned(),
@@ -135,6 +146,7 @@ pub fn parse(
             body,
             body_continued,
             body_base,
+            front,
         },
         parsed,
     ))
