@@ -123,8 +123,7 @@ pub const ATTRIBUTION_AVAILABLE_TOKENS_TOTAL: &str = "kvmesh_attribution_availab
 pub const ATTRIBUTION_CAPTURED_TOKENS_TOTAL: &str = "kvmesh_attribution_captured_tokens_total";
 pub const ATTRIBUTION_DELIVERED_TOKENS_TOTAL: &str = "kvmesh_attribution_delivered_tokens_total";
 pub const ATTRIBUTION_LOST_TOKENS_TOTAL: &str = "kvmesh_attribution_lost_tokens_total";
-pub const ATTRIBUTION_UNPREDICTED_TOKENS_TOTAL: &str =
-    "kvmesh_attribution_unpredicted_tokens_total";
+pub const ATTRIBUTION_UNPREDICTED_TOTAL: &str = "kvmesh_attribution_unpredicted_tokens_total";
 
 // Exported by the prometheus crate's process collector (Linux), not declared by us: named here for
 // the rules that watch them (envoy/prometheus/kvmesh-rules.yaml) and the tests. Not in [`ALL`].
@@ -225,7 +224,7 @@ pub const ALL: &[&str] = &[
     ATTRIBUTION_CAPTURED_TOKENS_TOTAL,
     ATTRIBUTION_DELIVERED_TOKENS_TOTAL,
     ATTRIBUTION_LOST_TOKENS_TOTAL,
-    ATTRIBUTION_UNPREDICTED_TOKENS_TOTAL,
+    ATTRIBUTION_UNPREDICTED_TOTAL,
     DISCOVERY_UPDATES_TOTAL,
     DISCOVERY_CHANGES_TOTAL,
     DISCOVERY_WORKERS,
@@ -612,7 +611,7 @@ impl Metrics {
             attribution_available_tokens: counter_vec(&r, ATTRIBUTION_AVAILABLE_TOKENS_TOTAL, "Of attributed requests: the most cached tokens any eligible worker was predicted to hold at decision time, by base model", &["model"])?,
             attribution_captured_tokens: counter_vec(&r, ATTRIBUTION_CAPTURED_TOKENS_TOTAL, "Of attributed requests: the cached tokens predicted on the chosen worker, by base model", &["model"])?,
             attribution_delivered_tokens: counter_vec(&r, ATTRIBUTION_DELIVERED_TOKENS_TOTAL, "Of attributed requests: the tokens the engine served from its prefix cache (usage.prompt_tokens_details.cached_tokens), by base model", &["model"])?,
-            attribution_unpredicted_tokens: counter_vec(&r, ATTRIBUTION_UNPREDICTED_TOKENS_TOTAL, "Of attributed requests: tokens the engine served from cache beyond the prediction (the index lagged the engine), by base model", &["model"])?,
+            attribution_unpredicted_tokens: counter_vec(&r, ATTRIBUTION_UNPREDICTED_TOTAL, "Of attributed requests: tokens the engine served from cache beyond the prediction (the index lagged the engine), by base model", &["model"])?,
             attribution_lost_tokens: counter_vec(&r, ATTRIBUTION_LOST_TOKENS_TOTAL, "Of attributed requests: prompt tokens not served from cache, by base model and cause (workload: no eligible worker held them; routing: another worker held more; not_delivered: predicted on the chosen worker but not served from its cache)", &["model", "cause"])?,
             worker_prefill_tps: {
                 let g = GaugeVec::new(Opts::new(WORKER_PREFILL_TOKENS_PER_SECOND, "Prefill throughput the placement model uses for the worker (measured, else the median of its measured peers of its role, else the default)"), &["worker"])?;
