@@ -324,6 +324,7 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
             );
         }
     }
+    super::attribution::render(&mut md, r);
     for w in &r.workloads {
         let _ = writeln!(md, "\n### Workload `{}`\n\n{}.\n", w.workload, w.describe);
         if !w.fleet.is_empty() {
