@@ -525,6 +525,7 @@ fn done_req(request_id: &str, booking_id: Option<&str>) -> Request<Body> {
         outcome: kvmesh_core::api::Outcome::Success,
         status: Some(200),
         booking_id: booking_id.map(str::to_owned),
+        usage: None,
     };
     Request::post(DONE_PATH).body(Body::from(serde_json::to_vec(&report).unwrap())).unwrap()
 }
@@ -549,6 +550,7 @@ async fn done_from_another_host_releases_the_booked_workers_load() {
         outcome: kvmesh_core::api::Outcome::Success,
         status: Some(200),
         booking_id: d.booking_id.clone(),
+        usage: None,
     };
     let req =
         Request::post(DONE_PATH).body(Body::from(serde_json::to_vec(&report).unwrap())).unwrap();
@@ -584,6 +586,7 @@ async fn a_retry_served_elsewhere_moves_the_sessions_kv_home() {
         outcome,
         status: Some(200),
         booking_id: d.booking_id.clone(),
+        usage: None,
     };
     let send = |r: kvmesh_core::api::DoneReport| {
         Request::post(DONE_PATH).body(Body::from(serde_json::to_vec(&r).unwrap())).unwrap()
@@ -923,6 +926,7 @@ async fn a_batch_of_done_reports_releases_each_booking() {
         outcome: kvmesh_core::api::Outcome::Success,
         status: Some(200),
         booking_id: Some(id.to_owned()),
+        usage: None,
     };
     // Two of the three, and one made up: two released.
     let batch = vec![report(&ids[0]), report("kvb-00000000-1"), report(&ids[2])];
