@@ -296,7 +296,7 @@ impl ModelMetrics<'_> {
         m.attribution_captured_tokens.with_label_values(&[model]).inc_by(a.captured);
         m.attribution_delivered_tokens.with_label_values(&[model]).inc_by(a.delivered);
         m.attribution_unpredicted_tokens.with_label_values(&[model]).inc_by(a.unpredicted);
-        for (cause, tokens) in CAUSES.iter().zip(a.lost()) {
+        for (&cause, tokens) in CAUSES.iter().zip(a.lost()) {
             m.attribution_lost_tokens.with_label_values(&[model, cause]).inc_by(tokens);
         }
     }
