@@ -539,7 +539,12 @@ mod tests {
             Some(EngineUsage { prompt_tokens: 10, completion_tokens: 0, cached_tokens: Some(8) })
         );
         let back = serde_json::to_string(r).unwrap();
-        assert!(back.contains(r#""usage":{"prompt_tokens":10,"completion_tokens":0,"cached_tokens":8}"#), "{back}");
+        assert!(
+            back.contains(
+                r#""usage":{"prompt_tokens":10,"completion_tokens":0,"cached_tokens":8}"#
+            ),
+            "{back}"
+        );
         let none = DoneReport { usage: None, ..r.clone() };
         assert!(!serde_json::to_string(&none).unwrap().contains("usage"));
     }

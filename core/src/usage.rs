@@ -169,7 +169,9 @@ mod tests {
                 "data: {{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" w{i}\"}},\"finish_reason\":null}}]}}\n\n"
             ));
         }
-        s.push_str(&format!("data: {{\"id\":\"chatcmpl-1\",\"choices\":[],\"usage\":{USAGE}}}\n\ndata: [DONE]\n\n"));
+        s.push_str(&format!(
+            "data: {{\"id\":\"chatcmpl-1\",\"choices\":[],\"usage\":{USAGE}}}\n\ndata: [DONE]\n\n"
+        ));
         s
     }
 
@@ -203,10 +205,14 @@ mod tests {
         let cases: Vec<(String, Option<EngineUsage>)> = vec![
             (no_usage, None),
             (r#"{"choices":[],"usage":null}"#.into(), None),
-            (r#"{"usage":{"prompt_tokens":5,"completion_tokens":2}}"#.into(),
-                Some(EngineUsage { prompt_tokens: 5, completion_tokens: 2, cached_tokens: None })),
-            (r#"{"usage":{"prompt_tokens":5,"prompt_tokens_details":null}}"#.into(),
-                Some(EngineUsage { prompt_tokens: 5, completion_tokens: 0, cached_tokens: None })),
+            (
+                r#"{"usage":{"prompt_tokens":5,"completion_tokens":2}}"#.into(),
+                Some(EngineUsage { prompt_tokens: 5, completion_tokens: 2, cached_tokens: None }),
+            ),
+            (
+                r#"{"usage":{"prompt_tokens":5,"prompt_tokens_details":null}}"#.into(),
+                Some(EngineUsage { prompt_tokens: 5, completion_tokens: 0, cached_tokens: None }),
+            ),
             (r#"{"usage":{"completion_tokens":2}}"#.into(), None),
             (r#"{"usage":{"prompt_tokens":5,"#.into(), None),
             (r#"{"usage": "x"}"#.into(), None),
@@ -233,7 +239,8 @@ mod tests {
         assert!(t.held() <= USAGE_TAIL_BYTES);
         // Usage followed by more than the bound (prompt_token_ids of a long prompt): not found.
         let ids: Vec<String> = (0..5000).map(|i| i.to_string()).collect();
-        let far = format!(r#"{{"choices":[],"usage":{USAGE},"prompt_token_ids":[{}]}}"#, ids.join(","));
+        let far =
+            format!(r#"{{"choices":[],"usage":{USAGE},"prompt_token_ids":[{}]}}"#, ids.join(","));
         assert_eq!(scan(far.as_bytes(), 1000, USAGE_TAIL_BYTES).usage(), None);
         assert_eq!(scan(far.as_bytes(), 1000, 64 << 10).usage(), want());
     }

@@ -1058,7 +1058,8 @@ async fn done_attributes_the_hit_and_the_answer_credits_the_next_turn() {
     // Turn 2 right after: turn 1, the 9 generated tokens, and 20 new ones. The engine computed
     // 40 + 9 - 1 = 48 tokens of turn 1 (12 full blocks): credited on the worker that answered
     // before any event says so, and predicted as captured there.
-    let turn2: Vec<String> = turn1.into_iter().chain(ids(5000..5009)).chain(ids(7000..7020)).collect();
+    let turn2: Vec<String> =
+        turn1.into_iter().chain(ids(5000..5009)).chain(ids(7000..7020)).collect();
     let d2 = route_ok(&svc, "/v1/completions", &body(turn2), &session).await;
     assert_eq!(d2.worker, d1.worker, "{}", d2.reason);
     assert_eq!(d2.overlap_blocks, 0, "the decision's overlap is the index's alone");
@@ -1070,7 +1071,10 @@ async fn done_attributes_the_hit_and_the_answer_credits_the_next_turn() {
         [48, 48, 0, 0],
         "delivered == captured on a back-to-back turn"
     );
-    assert_eq!(tokens("prompt") - tokens("delivered"), tokens("workload") + tokens("routing") + tokens("not_delivered") - tokens("unpredicted"));
+    assert_eq!(
+        tokens("prompt") - tokens("delivered"),
+        tokens("workload") + tokens("routing") + tokens("not_delivered") - tokens("unpredicted")
+    );
 
     // Reports that cannot be attributed say why.
     let d3 = route_ok(&svc, "/v1/completions", &tokens_body(30), &[]).await;
@@ -1085,5 +1089,8 @@ async fn done_attributes_the_hit_and_the_answer_credits_the_next_turn() {
     assert_eq!(requests("no_cached_tokens"), 1);
     assert!(all_idle(&svc), "{:?}", active(&svc));
     let text = m.render();
-    assert!(text.contains(r#"kvmesh_attribution_lost_tokens_total{cause="workload",model="m"} 61"#), "{text}");
+    assert!(
+        text.contains(r#"kvmesh_attribution_lost_tokens_total{cause="workload",model="m"} 61"#),
+        "{text}"
+    );
 }

@@ -59,7 +59,9 @@ fn usage_of(done: &[Effect]) -> Option<Option<EngineUsage>> {
 fn stream(tokens: usize, usage: bool) -> String {
     let mut s = String::new();
     for i in 0..tokens {
-        s.push_str(&format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" w{i}\"}}}}]}}\n\n"));
+        s.push_str(&format!(
+            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" w{i}\"}}}}]}}\n\n"
+        ));
     }
     if usage {
         s.push_str("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":64,\"completion_tokens\":9,\"total_tokens\":73,\"prompt_tokens_details\":{\"cached_tokens\":48}}}\n\n");

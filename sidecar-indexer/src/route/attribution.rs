@@ -222,7 +222,8 @@ mod tests {
         assert_eq!(attribute(&transfer, Some(&usage(100, Some(99)))), Err(Verdict::KvTransfer));
         assert_eq!(attribute(&p(64, 64), None), Err(Verdict::NoUsage));
         assert_eq!(attribute(&p(64, 64), Some(&usage(100, None))), Err(Verdict::NoCachedTokens));
-        let labels: std::collections::BTreeSet<_> = Verdict::ALL.iter().map(|r| r.as_str()).collect();
+        let labels: std::collections::BTreeSet<_> =
+            Verdict::ALL.iter().map(|r| r.as_str()).collect();
         assert_eq!(labels.len(), Verdict::ALL.len());
     }
 

@@ -222,7 +222,12 @@ fn attribute(state: &AppState, report: &DoneReport, b: &load::Booking, elsewhere
     let end_blocks = u32::try_from(computed).unwrap_or(u32::MAX);
     let slot = {
         let fleet = state.fleet.read();
-        fleet.workers.iter().find(|w| w.cfg.id == b.worker).and_then(|w| w.ranks.first()).map(|r| r.slot)
+        fleet
+            .workers
+            .iter()
+            .find(|w| w.cfg.id == b.worker)
+            .and_then(|w| w.ranks.first())
+            .map(|r| r.slot)
     };
     let Some(slot) = slot else { return };
     let credited =

@@ -97,13 +97,22 @@ mod tests {
         };
         let w = WorkloadSweep {
             workload: "trace".into(),
-            saturation: Some(Saturation { rate: 5.0, light_p90_ms: 1.0, from_invalid_points: false }),
+            saturation: Some(Saturation {
+                rate: 5.0,
+                light_p90_ms: 1.0,
+                from_invalid_points: false,
+            }),
             points: vec![point("round_robin", None), point("kvmesh_precise", Some(a))],
             ..Default::default()
         };
         let mut md = String::new();
         render(&mut md, &SweepReport { settings: vec![], workloads: vec![w] });
-        assert!(md.contains("| trace | round_robin | n/a | n/a | n/a | 30.0% | n/a | n/a | n/a | n/a |"), "{md}");
+        assert!(
+            md.contains(
+                "| trace | round_robin | n/a | n/a | n/a | 30.0% | n/a | n/a | n/a | n/a |"
+            ),
+            "{md}"
+        );
         assert!(
             md.contains("| trace | kvmesh_precise | 40 | 80.0% | 70.0% | 65.0% | 20.0% | 10.0% | 6.0% | 1.0% |"),
             "{md}"
