@@ -8,7 +8,6 @@
 
 use std::fmt::Write;
 
-use super::sweep::SweepReport;
 use crate::sweep::PointResult;
 
 fn pct(v: Option<f64>) -> String {
@@ -46,8 +45,8 @@ fn cells(p: &PointResult) -> [String; 8] {
     ]
 }
 
-/// The attribution section: one row per policy at each workload's load point.
-pub fn render(md: &mut String, r: &SweepReport) {
+/// The attribution section: one row per (workload, its load point's result of a policy).
+pub fn render<'a>(md: &mut String, rows: impl IntoIterator<Item = (&'a str, &'a PointResult)>) {
     let _ = writeln!(md, "\n### Where the hit rate goes at the load point (attribution)\n");
     let _ = writeln!(
         md,
@@ -60,11 +59,8 @@ pub fn render(md: &mut String, r: &SweepReport) {
     );
     let _ = writeln!(md, "| workload | policy | attributed requests | available | captured | delivered | lost: workload | lost: routing | lost: not delivered | unpredicted |");
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
-    for w in &r.workloads {
-        for policy in w.policies() {
-            let Some(p) = w.at_load(&policy) else { continue };
-            let _ = writeln!(md, "| {} | {} | {} |", w.workload, policy, cells(p).join(" | "));
-        }
+    for (workload, p) in rows {
+        let _ = writeln!(md, "| {workload} | {} | {} |", p.policy, cells(p).join(" | "));
     }
 }
 
@@ -72,8 +68,6 @@ pub fn render(md: &mut String, r: &SweepReport) {
 mod tests {
     use super::*;
     use crate::counters::AttributionCounters;
-    use crate::report::sweep::WorkloadSweep;
-    use crate::sweep::Saturation;
 
     #[test]
     fn kvmesh_rows_split_the_prompt_and_baselines_say_na() {
@@ -95,18 +89,9 @@ mod tests {
             attribution,
             ..Default::default()
         };
-        let w = WorkloadSweep {
-            workload: "trace".into(),
-            saturation: Some(Saturation {
-                rate: 5.0,
-                light_p90_ms: 1.0,
-                from_invalid_points: false,
-            }),
-            points: vec![point("round_robin", None), point("kvmesh_precise", Some(a))],
-            ..Default::default()
-        };
+        let (rr, kv) = (point("round_robin", None), point("kvmesh_precise", Some(a)));
         let mut md = String::new();
-        render(&mut md, &SweepReport { settings: vec![], workloads: vec![w] });
+        render(&mut md, [("trace", &rr), ("trace", &kv)]);
         assert!(
             md.contains(
                 "| trace | round_robin | n/a | n/a | n/a | 30.0% | n/a | n/a | n/a | n/a |"
