@@ -343,6 +343,27 @@ pub struct DoneReport {
     /// [`RouteDecision::booking_id`] of the answer, when the filter got one.
     #[serde(default)]
     pub booking_id: Option<String>,
+    /// The engine's `usage`, read from the end of a successful response ([`crate::usage`]); None
+    /// when the response carried none (a stream without `include_usage`, an error, an abort) or
+    /// the reader does not scan responses. The indexer attributes the request's cache hit with
+    /// it (available / captured / delivered) and credits the answer's blocks to the worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<EngineUsage>,
+}
+
+/// What an engine's response said it did for a request (OpenAI `usage`, as vLLM fills it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineUsage {
+    /// `usage.prompt_tokens`.
+    pub prompt_tokens: u64,
+    /// `usage.completion_tokens` (0 when absent).
+    #[serde(default)]
+    pub completion_tokens: u64,
+    /// `usage.prompt_tokens_details.cached_tokens`: prompt tokens served from the engine's prefix
+    /// cache (vLLM's `num_cached_tokens`; for a NIXL consumer it includes the pulled ones). None
+    /// when the engine does not report it (vLLM without `--enable-prompt-tokens-details`).
+    #[serde(default)]
+    pub cached_tokens: Option<u64>,
 }
 
 /// Most reports one `POST /v1/done` carries. The filter sends reports that waited while a call was
@@ -521,6 +542,27 @@ mod tests {
         ] {
             assert!(parse_done_body(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
         }
+    }
+
+    #[test]
+    fn done_reports_carry_the_engines_usage_only_when_known() {
+        let old = r#"{"request_id":"a","outcome":"success","booking_id":"b1"}"#;
+        assert_eq!(parse_done_body(old.as_bytes()).unwrap()[0].usage, None);
+        let with = r#"{"request_id":"a","outcome":"success","usage":{"prompt_tokens":10,"cached_tokens":8}}"#;
+        let r = &parse_done_body(with.as_bytes()).unwrap()[0];
+        assert_eq!(
+            r.usage,
+            Some(EngineUsage { prompt_tokens: 10, completion_tokens: 0, cached_tokens: Some(8) })
+        );
+        let back = serde_json::to_string(r).unwrap();
+        assert!(
+            back.contains(
+                r#""usage":{"prompt_tokens":10,"completion_tokens":0,"cached_tokens":8}"#
+            ),
+            "{back}"
+        );
+        let none = DoneReport { usage: None, ..r.clone() };
+        assert!(!serde_json::to_string(&none).unwrap().contains("usage"));
     }
 
     #[test]

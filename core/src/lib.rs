@@ -18,3 +18,4 @@ pub mod prom;
 pub mod rendezvous;
 pub mod router_metrics;
 pub mod session;
+pub mod usage;

@@ -96,6 +96,7 @@ async fn requests_survive_the_indexer_and_precise_routing_resumes() -> anyhow::R
                 outcome: kvmesh_core::api::Outcome::Success,
                 status: Some(200),
                 booking_id: d.booking_id.clone(),
+                usage: None,
             };
             c.post(&done_url).json(&done).send().await.ok()?.error_for_status().ok()?;
             (d.overlap_blocks > 0).then_some(d)

@@ -181,6 +181,7 @@ async fn predicted_overlap(
         outcome: api::Outcome::Aborted,
         status: None,
         booking_id: d.booking_id.clone(),
+        usage: None,
     };
     stack.client().post(stack.indexer_url(api::DONE_PATH)).json(&done).send().await?;
     Ok(u64::from(d.overlap_blocks))

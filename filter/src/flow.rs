@@ -33,6 +33,7 @@ use kvmesh_core::hashing::xxh3;
 use kvmesh_core::headers;
 use kvmesh_core::openai::Endpoint;
 use kvmesh_core::session::{SessionKey, SessionSource};
+use kvmesh_core::usage::UsageTail;
 
 use crate::body;
 use crate::body_bases::{self, Remembered};
@@ -144,6 +145,9 @@ pub struct RequestFlow {
     /// The base model labelling this request's metrics, `other` past the fleet's first
     /// `max_model_labels` (None: not known; [`models::label_model`]).
     model: Option<String>,
+    /// The response's last bytes, kept to read the engine's `usage` for the done report: only for
+    /// a 2xx response to a request the indexer booked ([`Self::response_tail_wanted`]).
+    usage_tail: Option<UsageTail>,
 }
 
 impl RequestFlow {
@@ -177,6 +181,7 @@ impl RequestFlow {
             marked_released: false,
             requested_model: None,
             model: None,
+            usage_tail: None,
         }
     }
 
@@ -629,6 +634,10 @@ impl RequestFlow {
     pub fn on_response_headers(&mut self, status: Option<u16>, end_of_stream: bool) -> Vec<Effect> {
         self.response_status = status;
         self.response_complete |= end_of_stream;
+        // The engine's usage goes with the done report of a booking the indexer made.
+        let booked = self.report_done.as_ref().is_some_and(|t| t.booking_id.is_some());
+        let ok = status.is_some_and(|s| (200..300).contains(&s));
+        self.usage_tail = (booked && ok && !self.answered_here()).then(UsageTail::default);
         if !self.config.debug_headers || self.answered_here() {
             return Vec::new();
         }
@@ -659,6 +668,21 @@ impl RequestFlow {
     /// A response body chunk; the last one completes the response.
     pub fn on_response_body(&mut self, end_of_stream: bool) {
         self.response_complete |= end_of_stream;
+    }
+
+    /// How many bytes at the end of a response chunk of `len` bytes the host should read and hand
+    /// to [`Self::on_response_tail`]: the chunk's last `kvmesh_core::usage::USAGE_TAIL_BYTES` while
+    /// the usage scan runs, else 0 (nothing read: a response the indexer did not book, not 2xx,
+    /// or answered here). The response itself is never held: Envoy passes every chunk on.
+    pub fn response_tail_wanted(&self, len: usize) -> usize {
+        self.usage_tail.as_ref().map_or(0, |t| t.wanted(len))
+    }
+
+    /// The last bytes of a response chunk of `chunk_len` bytes ([`Self::response_tail_wanted`]).
+    pub fn on_response_tail(&mut self, tail: &[u8], chunk_len: usize) {
+        if let Some(t) = self.usage_tail.as_mut() {
+            t.push(tail, chunk_len);
+        }
     }
 
     /// Response trailers complete the response.
@@ -731,14 +755,26 @@ impl RequestFlow {
                 OutcomeLabel::Rejected => (Outcome::Error, self.rejected_status),
                 OutcomeLabel::Aborted => (Outcome::Aborted, self.response_status),
             };
+            // Only a whole response's usage is the engine's last word on the request.
+            let scanned = self.usage_tail.take().filter(|_| outcome == Outcome::Success);
+            let usage = scanned.as_ref().and_then(UsageTail::usage);
+            if usage.is_none() && scanned.is_some() {
+                log::debug!(
+                    "ctx={} request_id={} no usage at the end of the response: not attributed",
+                    self.context_id,
+                    self.request_id
+                );
+            }
             effects.push(Effect::QueueDone(DoneReport {
                 request_id: self.request_id.clone(),
                 endpoint,
                 outcome,
                 status,
                 booking_id,
+                usage,
             }));
         }
+        self.usage_tail = None;
         self.phase = Phase::Finished;
         self.drop_body();
         effects
@@ -991,3 +1027,7 @@ mod tests;
 #[cfg(test)]
 #[path = "tests/flow_models.rs"]
 mod model_tests;
+
+#[cfg(test)]
+#[path = "tests/flow_usage.rs"]
+mod usage_tests;

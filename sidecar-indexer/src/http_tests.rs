@@ -525,6 +525,7 @@ fn done_req(request_id: &str, booking_id: Option<&str>) -> Request<Body> {
         outcome: kvmesh_core::api::Outcome::Success,
         status: Some(200),
         booking_id: booking_id.map(str::to_owned),
+        usage: None,
     };
     Request::post(DONE_PATH).body(Body::from(serde_json::to_vec(&report).unwrap())).unwrap()
 }
@@ -549,6 +550,7 @@ async fn done_from_another_host_releases_the_booked_workers_load() {
         outcome: kvmesh_core::api::Outcome::Success,
         status: Some(200),
         booking_id: d.booking_id.clone(),
+        usage: None,
     };
     let req =
         Request::post(DONE_PATH).body(Body::from(serde_json::to_vec(&report).unwrap())).unwrap();
@@ -584,6 +586,7 @@ async fn a_retry_served_elsewhere_moves_the_sessions_kv_home() {
         outcome,
         status: Some(200),
         booking_id: d.booking_id.clone(),
+        usage: None,
     };
     let send = |r: kvmesh_core::api::DoneReport| {
         Request::post(DONE_PATH).body(Body::from(serde_json::to_vec(&r).unwrap())).unwrap()
@@ -923,6 +926,7 @@ async fn a_batch_of_done_reports_releases_each_booking() {
         outcome: kvmesh_core::api::Outcome::Success,
         status: Some(200),
         booking_id: Some(id.to_owned()),
+        usage: None,
     };
     // Two of the three, and one made up: two released.
     let batch = vec![report(&ids[0]), report("kvb-00000000-1"), report(&ids[2])];
@@ -995,4 +999,98 @@ async fn a_call_started_past_its_callers_deadline_books_nothing() {
     assert!(d.booking_id.is_some());
     route_ok(&svc, "/v1/completions", &tokens_body(64), &[]).await;
     assert_eq!(svc.state.load.lock().len(), 2);
+}
+
+/// A `/v1/done` report of decision `d`, served by its worker, with the engine's usage.
+fn done_with_usage(
+    d: &RouteDecision,
+    usage: Option<kvmesh_core::api::EngineUsage>,
+) -> Request<Body> {
+    let report = kvmesh_core::api::DoneReport {
+        request_id: "r".into(),
+        endpoint: Some(d.endpoint.clone()),
+        outcome: kvmesh_core::api::Outcome::Success,
+        status: Some(200),
+        booking_id: d.booking_id.clone(),
+        usage,
+    };
+    Request::post(DONE_PATH).body(Body::from(serde_json::to_vec(&report).unwrap())).unwrap()
+}
+
+fn usage(prompt: u64, completion: u64, cached: u64) -> Option<kvmesh_core::api::EngineUsage> {
+    Some(kvmesh_core::api::EngineUsage {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        cached_tokens: Some(cached),
+    })
+}
+
+#[tokio::test]
+async fn done_attributes_the_hit_and_the_answer_credits_the_next_turn() {
+    let svc = service("");
+    let m = &svc.state.metrics;
+    let tokens = |name: &str| match name {
+        "prompt" => m.attribution_prompt_tokens.with_label_values(&["m"]).get(),
+        "available" => m.attribution_available_tokens.with_label_values(&["m"]).get(),
+        "captured" => m.attribution_captured_tokens.with_label_values(&["m"]).get(),
+        "delivered" => m.attribution_delivered_tokens.with_label_values(&["m"]).get(),
+        "unpredicted" => m.attribution_unpredicted_tokens.with_label_values(&["m"]).get(),
+        cause => m.attribution_lost_tokens.with_label_values(&["m", cause]).get(),
+    };
+    let requests = |result: &str| m.attribution_requests.with_label_values(&["m", result]).get();
+    let session = [(headers::KVMESH_SESSION, "00000000000000c1;source=header")];
+    let ids = |r: std::ops::Range<u32>| r.map(|i| i.to_string()).collect::<Vec<_>>();
+    let body = |ids: Vec<String>| format!(r#"{{"model":"m","prompt":[{}]}}"#, ids.join(","));
+
+    // Turn 1: 40 tokens (10 blocks of 4), nothing cached anywhere; the engine says so.
+    let turn1 = ids(1000..1040);
+    let d1 = route_ok(&svc, "/v1/completions", &body(turn1.clone()), &session).await;
+    let (status, _) = call(&svc, done_with_usage(&d1, usage(40, 9, 0))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(requests("attributed"), 1);
+    assert_eq!(
+        ["prompt", "available", "captured", "delivered", "workload"].map(tokens),
+        [40, 0, 0, 0, 40],
+        "a cold prompt: all of it lost to the workload"
+    );
+    assert_eq!(m.answer_credits.with_label_values(&["m"]).get(), 1);
+
+    // Turn 2 right after: turn 1, the 9 generated tokens, and 20 new ones. The engine computed
+    // 40 + 9 - 1 = 48 tokens of turn 1 (12 full blocks): credited on the worker that answered
+    // before any event says so, and predicted as captured there.
+    let turn2: Vec<String> =
+        turn1.into_iter().chain(ids(5000..5009)).chain(ids(7000..7020)).collect();
+    let d2 = route_ok(&svc, "/v1/completions", &body(turn2), &session).await;
+    assert_eq!(d2.worker, d1.worker, "{}", d2.reason);
+    assert_eq!(d2.overlap_blocks, 0, "the decision's overlap is the index's alone");
+    let (status, _) = call(&svc, done_with_usage(&d2, usage(69, 5, 48))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(requests("attributed"), 2);
+    assert_eq!(
+        ["captured", "delivered", "not_delivered", "unpredicted"].map(tokens),
+        [48, 48, 0, 0],
+        "delivered == captured on a back-to-back turn"
+    );
+    assert_eq!(
+        tokens("prompt") - tokens("delivered"),
+        tokens("workload") + tokens("routing") + tokens("not_delivered") - tokens("unpredicted")
+    );
+
+    // Reports that cannot be attributed say why.
+    let d3 = route_ok(&svc, "/v1/completions", &tokens_body(30), &[]).await;
+    call(&svc, done_with_usage(&d3, None)).await;
+    assert_eq!(requests("no_usage"), 1);
+    let d4 = route_ok(&svc, "/v1/completions", &tokens_body(31), &[]).await;
+    let mut no_cached = usage(31, 1, 0);
+    if let Some(u) = no_cached.as_mut() {
+        u.cached_tokens = None;
+    }
+    call(&svc, done_with_usage(&d4, no_cached)).await;
+    assert_eq!(requests("no_cached_tokens"), 1);
+    assert!(all_idle(&svc), "{:?}", active(&svc));
+    let text = m.render();
+    assert!(
+        text.contains(r#"kvmesh_attribution_lost_tokens_total{cause="workload",model="m"} 61"#),
+        "{text}"
+    );
 }

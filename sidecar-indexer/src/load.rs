@@ -37,6 +37,9 @@ pub struct Booking {
     /// The request's session key, set when its decision is settled: `/v1/done` moves the
     /// session's `kv_home` when another host served.
     pub session: Option<u64>,
+    /// What the decision predicted for the request's cache, set when it is settled: `/v1/done`
+    /// attributes the hit with it (`crate::route::attribution`).
+    pub predicted: Option<Box<crate::route::attribution::Predicted>>,
 }
 
 /// Why loads were released without a report.
@@ -97,6 +100,7 @@ impl LoadTracker {
             at: now,
             request_id: request_id.map(str::to_owned),
             session: None,
+            predicted: None,
         };
         self.bookings.insert(id, b, now);
         let mut expired = self.expire(now);
@@ -111,6 +115,17 @@ impl LoadTracker {
     pub fn set_session(&mut self, id: BookingId, session: u64) -> bool {
         let Some(b) = self.bookings.peek_mut(&id) else { return false };
         b.session = Some(session);
+        true
+    }
+
+    /// Keeps a live booking's prediction; false when the booking is gone.
+    pub fn set_predicted(
+        &mut self,
+        id: BookingId,
+        predicted: crate::route::attribution::Predicted,
+    ) -> bool {
+        let Some(b) = self.bookings.peek_mut(&id) else { return false };
+        b.predicted = Some(Box::new(predicted));
         true
     }
 

@@ -115,6 +115,15 @@ pub const WORKER_PREFILL_TOKENS_PER_SECOND: &str = "kvmesh_worker_prefill_tokens
 pub const WORKER_QUEUED_PREFILL_TOKENS: &str = "kvmesh_worker_queued_prefill_tokens";
 pub const ADAPTER_LOADS_PREDICTED_TOTAL: &str = "kvmesh_adapter_loads_predicted_total";
 pub const ADAPTER_SLOT_WAITS_PREDICTED_TOTAL: &str = "kvmesh_adapter_slot_waits_predicted_total";
+pub const ANSWER_CREDITS_TOTAL: &str = "kvmesh_speculative_answer_credits_total";
+// Attribution of the prefix-cache hit at /v1/done (route/attribution.rs), in tokens.
+pub const ATTRIBUTION_REQUESTS_TOTAL: &str = "kvmesh_attribution_requests_total";
+pub const ATTRIBUTION_PROMPT_TOKENS_TOTAL: &str = "kvmesh_attribution_prompt_tokens_total";
+pub const ATTRIBUTION_AVAILABLE_TOKENS_TOTAL: &str = "kvmesh_attribution_available_tokens_total";
+pub const ATTRIBUTION_CAPTURED_TOKENS_TOTAL: &str = "kvmesh_attribution_captured_tokens_total";
+pub const ATTRIBUTION_DELIVERED_TOKENS_TOTAL: &str = "kvmesh_attribution_delivered_tokens_total";
+pub const ATTRIBUTION_LOST_TOKENS_TOTAL: &str = "kvmesh_attribution_lost_tokens_total";
+pub const ATTRIBUTION_UNPREDICTED_TOTAL: &str = "kvmesh_attribution_unpredicted_tokens_total";
 
 // Exported by the prometheus crate's process collector (Linux), not declared by us: named here for
 // the rules that watch them (envoy/prometheus/kvmesh-rules.yaml) and the tests. Not in [`ALL`].
@@ -212,6 +221,14 @@ pub const ALL: &[&str] = &[
     WORKER_QUEUED_PREFILL_TOKENS,
     ADAPTER_LOADS_PREDICTED_TOTAL,
     ADAPTER_SLOT_WAITS_PREDICTED_TOTAL,
+    ANSWER_CREDITS_TOTAL,
+    ATTRIBUTION_REQUESTS_TOTAL,
+    ATTRIBUTION_PROMPT_TOKENS_TOTAL,
+    ATTRIBUTION_AVAILABLE_TOKENS_TOTAL,
+    ATTRIBUTION_CAPTURED_TOKENS_TOTAL,
+    ATTRIBUTION_DELIVERED_TOKENS_TOTAL,
+    ATTRIBUTION_LOST_TOKENS_TOTAL,
+    ATTRIBUTION_UNPREDICTED_TOTAL,
     DISCOVERY_UPDATES_TOTAL,
     DISCOVERY_CHANGES_TOTAL,
     DISCOVERY_WORKERS,
@@ -360,6 +377,18 @@ pub struct Metrics {
     /// Blocks speculative holdings added beyond the index on chosen workers.
     pub speculative_overlap_blocks: IntCounter,
     pub speculative_blocks: IntGauge,
+    /// labels: model. Answers whose blocks were credited to the worker they finished on.
+    pub answer_credits: IntCounterVec,
+    /// labels: model, result (`crate::route::attribution::Verdict`).
+    pub attribution_requests: IntCounterVec,
+    /// labels: model. The attribution's tokens (`crate::route::attribution`).
+    pub attribution_prompt_tokens: IntCounterVec,
+    pub attribution_available_tokens: IntCounterVec,
+    pub attribution_captured_tokens: IntCounterVec,
+    pub attribution_delivered_tokens: IntCounterVec,
+    pub attribution_unpredicted_tokens: IntCounterVec,
+    /// labels: model, cause (workload, routing, not_delivered).
+    pub attribution_lost_tokens: IntCounterVec,
     /// labels: worker. Prefill throughput the model uses (measured, else the default).
     pub worker_prefill_tps: GaugeVec,
     /// labels: worker. Prefill tokens predicted ahead of a new request.
@@ -582,6 +611,14 @@ impl Metrics {
                 r.register(Box::new(g.clone()))?;
                 g
             },
+            answer_credits: counter_vec(&r, ANSWER_CREDITS_TOTAL, "Answers whose blocks were credited to the worker they finished on until its KV events confirm them (speculative_ttl_ms), by base model", &["model"])?,
+            attribution_requests: counter_vec(&r, ATTRIBUTION_REQUESTS_TOTAL, "Routed requests at /v1/done by attribution result: attributed, or why not (not_served, served_elsewhere, kv_transfer, no_usage, no_cached_tokens), by base model", &["model", "result"])?,
+            attribution_prompt_tokens: counter_vec(&r, ATTRIBUTION_PROMPT_TOKENS_TOTAL, "Prompt tokens of attributed requests (the engine's usage.prompt_tokens), by base model", &["model"])?,
+            attribution_available_tokens: counter_vec(&r, ATTRIBUTION_AVAILABLE_TOKENS_TOTAL, "Of attributed requests: the most cached tokens any eligible worker was predicted to hold at decision time, by base model", &["model"])?,
+            attribution_captured_tokens: counter_vec(&r, ATTRIBUTION_CAPTURED_TOKENS_TOTAL, "Of attributed requests: the cached tokens predicted on the chosen worker, by base model", &["model"])?,
+            attribution_delivered_tokens: counter_vec(&r, ATTRIBUTION_DELIVERED_TOKENS_TOTAL, "Of attributed requests: the tokens the engine served from its prefix cache (usage.prompt_tokens_details.cached_tokens), by base model", &["model"])?,
+            attribution_unpredicted_tokens: counter_vec(&r, ATTRIBUTION_UNPREDICTED_TOTAL, "Of attributed requests: tokens the engine served from cache beyond the prediction (the index lagged the engine), by base model", &["model"])?,
+            attribution_lost_tokens: counter_vec(&r, ATTRIBUTION_LOST_TOKENS_TOTAL, "Of attributed requests: prompt tokens not served from cache, by base model and cause (workload: no eligible worker held them; routing: another worker held more; not_delivered: predicted on the chosen worker but not served from its cache)", &["model", "cause"])?,
             worker_prefill_tps: {
                 let g = GaugeVec::new(Opts::new(WORKER_PREFILL_TOKENS_PER_SECOND, "Prefill throughput the placement model uses for the worker (measured, else the median of its measured peers of its role, else the default)"), &["worker"])?;
                 r.register(Box::new(g.clone()))?;
@@ -639,6 +676,22 @@ impl Metrics {
         self.isl_blocks.with_label_values(&[model]).inc_by(0);
         self.adapter_loads_predicted.with_label_values(&[model]).inc_by(0);
         self.adapter_slot_waits_predicted.with_label_values(&[model]).inc_by(0);
+        self.answer_credits.with_label_values(&[model]).inc_by(0);
+        for v in crate::route::attribution::Verdict::ALL {
+            self.attribution_requests.with_label_values(&[model, v.as_str()]).inc_by(0);
+        }
+        for c in [
+            &self.attribution_prompt_tokens,
+            &self.attribution_available_tokens,
+            &self.attribution_captured_tokens,
+            &self.attribution_delivered_tokens,
+            &self.attribution_unpredicted_tokens,
+        ] {
+            c.with_label_values(&[model]).inc_by(0);
+        }
+        for cause in crate::route::attribution::CAUSES {
+            self.attribution_lost_tokens.with_label_values(&[model, cause]).inc_by(0);
+        }
     }
 
     /// Prometheus text exposition of everything.

@@ -22,7 +22,27 @@
 //! end of the last held block, found by galloping back from the prompt's last block (the newest
 //! decisions wrote the prompt's last blocks) and bisecting: O(log n) lookups. Pure: the clock is
 //! passed in.
+//!
+//! **The answer's own blocks** (issue 46, point 5). A conversation's next turn sent right after
+//! the previous answer is routed before the engine has published the answer's last blocks: the
+//! worker that produced the answer holds them (an engine caches decode blocks as they fill), the
+//! index does not yet. The indexer never sees the answer's tokens, but `/v1/done` says where the
+//! answer finished and how long it was (`usage`), and the next turn's prompt contains the answer.
+//! So [`Speculative::answered`] keeps, per worker, an *answer credit*: the prompt's last hashed
+//! block (the anchor: its chain hash names the whole prefix) and where the engine's computed
+//! tokens end, `prompt_tokens + completion_tokens - 1` (the last sampled token is never
+//! computed). A later prompt whose chain passes through the anchor is credited on that worker up
+//! to that end, in full blocks ([`Speculative::overlap`]); the engine's events confirm it (the
+//! index overlap then reaches it) or the TTL (`speculative_ttl_ms`) expires it. Kept per worker,
+//! the newest [`ANSWERS_PER_WORKER`] (about 40 B each). Limits: the credit assumes the client
+//! sends the answer back as the engine generated it and the chat template renders it token for
+//! token (the shipped DeepSeek template does; a template that drops reasoning from the history,
+//! or a client that edits the answer, does not); any prompt through the anchor is credited (a
+//! regenerated or branched turn too); an eviction within the TTL is not seen. Each such miss is
+//! counted as `not_delivered` by the attribution (`crate::route::attribution`) and alerted on. A
+//! prompt shorter than one block has no anchor and gets no credit.
 
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use kvmesh_core::hashing::SequenceHash;
@@ -30,9 +50,26 @@ use kvmesh_core::hashing::SequenceHash;
 use crate::approx::ApproxTracker;
 use crate::index::WorkerSlot;
 
-/// Recently decided blocks per worker slot.
+/// Answer credits kept per worker (the newest): a bound on memory and on the work of a lookup.
+pub const ANSWERS_PER_WORKER: usize = 256;
+
+/// An answer that finished on a worker: its prompt's anchor and the end of its computed tokens.
+#[derive(Debug, Clone, Copy)]
+struct Answer {
+    /// Blocks up to and including the anchor (at least 1).
+    prompt_blocks: u32,
+    /// The chain hash of the prompt's block `prompt_blocks - 1`.
+    anchor: u64,
+    /// Full blocks of the prompt and the answer the engine computed.
+    end_blocks: u32,
+    at: Instant,
+}
+
+/// Recently decided blocks per worker slot, and answers that just finished there.
 pub struct Speculative {
     tracker: ApproxTracker,
+    answers: HashMap<WorkerSlot, VecDeque<Answer>>,
+    ttl: Duration,
     enabled: bool,
 }
 
@@ -41,6 +78,8 @@ impl Speculative {
     pub fn new(ttl: Duration, max_per_worker: usize) -> Self {
         Self {
             tracker: ApproxTracker::new(ttl.max(Duration::from_millis(1)), max_per_worker),
+            answers: HashMap::new(),
+            ttl,
             enabled: !ttl.is_zero(),
         }
     }
@@ -48,6 +87,10 @@ impl Speculative {
     /// New bounds (a reload).
     pub fn set_limits(&mut self, ttl: Duration, max_per_worker: usize) {
         self.enabled = !ttl.is_zero();
+        self.ttl = ttl;
+        if !self.enabled {
+            self.answers.clear();
+        }
         self.tracker.set_limits(ttl.max(Duration::from_millis(1)), max_per_worker);
     }
 
@@ -57,7 +100,13 @@ impl Speculative {
     pub fn record(&mut self, slot: WorkerSlot, chains: &[SequenceHash], now: Instant) -> usize {
         let mut forgotten: usize = self.tracker.expire(now).iter().map(|(_, v)| v.len()).sum();
         if self.enabled && !chains.is_empty() {
-            let held = (self.overlap(slot, chains, now) as usize).min(chains.len() - 1);
+            // What recent decisions hold (an answer's credit is no decision's write).
+            let decided = if self.tracker.is_empty(slot) {
+                0
+            } else {
+                self.decided_overlap(slot, chains, now)
+            };
+            let held = (decided as usize).min(chains.len() - 1);
             forgotten += self.tracker.record(slot, &chains[held..], now).len();
         }
         forgotten
@@ -66,14 +115,75 @@ impl Speculative {
     /// Forgets entries whose TTL ran out.
     pub fn expire(&mut self, now: Instant) {
         self.tracker.expire(now);
+        let ttl = self.ttl;
+        self.answers.retain(|_, q| {
+            while q.front().is_some_and(|a| now.saturating_duration_since(a.at) >= ttl) {
+                q.pop_front();
+            }
+            !q.is_empty()
+        });
+    }
+
+    /// Records that an answer finished on `slot` at `now`: its prompt's last hashed block
+    /// `anchor` (blocks up to it, its chain hash) and the full blocks the engine computed,
+    /// `end_blocks` (module docs). Returns whether a credit was kept (none when off, or with
+    /// nothing past the anchor).
+    pub fn answered(
+        &mut self,
+        slot: WorkerSlot,
+        anchor: (u32, SequenceHash),
+        end_blocks: u32,
+        now: Instant,
+    ) -> bool {
+        let (prompt_blocks, hash) = anchor;
+        if !self.enabled || prompt_blocks == 0 || end_blocks <= prompt_blocks {
+            return false;
+        }
+        let ttl = self.ttl;
+        let q = self.answers.entry(slot).or_default();
+        while q.front().is_some_and(|a| now.saturating_duration_since(a.at) >= ttl) {
+            q.pop_front();
+        }
+        q.push_back(Answer { prompt_blocks, anchor: hash.0, end_blocks, at: now });
+        while q.len() > ANSWERS_PER_WORKER {
+            q.pop_front();
+        }
+        true
+    }
+
+    /// Leading blocks of `chains` an answer that finished on `slot` vouches for at `now`: the
+    /// most of any live credit whose anchor is in `chains` at its position, up to the answer's end.
+    fn answer_overlap(&self, slot: WorkerSlot, chains: &[SequenceHash], now: Instant) -> u32 {
+        let Some(q) = self.answers.get(&slot) else { return 0 };
+        let len = u32::try_from(chains.len()).unwrap_or(u32::MAX);
+        q.iter()
+            .filter(|a| now.saturating_duration_since(a.at) < self.ttl)
+            .filter(|a| chains.get(a.prompt_blocks as usize - 1).is_some_and(|c| c.0 == a.anchor))
+            .map(|a| a.end_blocks.min(len))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Answer credits held over all workers.
+    pub fn answers(&self) -> usize {
+        self.answers.values().map(VecDeque::len).sum()
     }
 
     /// Leading blocks of `chains` speculatively held by `slot` at `now`: the end of the last held
-    /// block found (module docs).
+    /// block found, or further where an answer that finished there vouches for more (module docs).
     pub fn overlap(&self, slot: WorkerSlot, chains: &[SequenceHash], now: Instant) -> u32 {
-        if !self.enabled || chains.is_empty() || self.tracker.is_empty(slot) {
+        if !self.enabled || chains.is_empty() {
             return 0;
         }
+        let answered = self.answer_overlap(slot, chains, now);
+        if self.tracker.is_empty(slot) {
+            return answered;
+        }
+        self.decided_overlap(slot, chains, now).max(answered)
+    }
+
+    /// The recent decisions' part of [`Self::overlap`].
+    fn decided_overlap(&self, slot: WorkerSlot, chains: &[SequenceHash], now: Instant) -> u32 {
         let holds = |i: usize| chains.get(i).is_some_and(|c| self.tracker.holds(slot, c.0, now));
         // Gallop back from the last block to a held one, remembering the nearest unheld one above.
         let (mut held, mut unheld, mut step) = (chains.len() - 1, chains.len(), 1);
@@ -101,6 +211,7 @@ impl Speculative {
     /// Forgets a worker slot (it left, or was cleared).
     pub fn forget_worker(&mut self, slot: WorkerSlot) {
         self.tracker.forget_worker(slot);
+        self.answers.remove(&slot);
     }
 
     /// Entries held over all workers.
@@ -174,6 +285,58 @@ mod tests {
             8,
             "block 7, written at 1000 ms, stands for 0..8"
         );
+    }
+
+    #[test]
+    fn an_answer_credits_the_next_turn_up_to_its_end_until_the_ttl() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut s = Speculative::new(Duration::from_secs(2), 10_000);
+        // Turn 1: 56 full blocks hashed (896 tokens of 16), decided on slot 1 at t0.
+        s.record(1, &chains(0..56), t0);
+        // It finished 3 s later (the decision's own credit has expired): prompt 900 tokens and 70
+        // generated: the engine computed 969 tokens, 60 full blocks.
+        let end = (900 + 70 - 1) / 16;
+        assert!(s.answered(1, (56, SequenceHash(55)), end, ms(3000)));
+        // Turn 2 contains turn 1 and the answer: its blocks past 56 are the answer's (other hashes).
+        let turn2: Vec<SequenceHash> = chains(0..56).into_iter().chain(chains(500..520)).collect();
+        assert_eq!(s.overlap(1, &turn2, ms(3001)), 60, "credited up to the answer's end");
+        assert_eq!(s.overlap(2, &turn2, ms(3001)), 0, "only where it finished");
+        // A shorter prompt through the anchor gets at most its own blocks.
+        assert_eq!(s.overlap(1, &turn2[..58], ms(3001)), 58);
+        // A prompt that does not pass through the anchor gets nothing from it.
+        let other: Vec<SequenceHash> = chains(0..55).into_iter().chain(chains(900..910)).collect();
+        assert_eq!(s.overlap(1, &other, ms(3001)), 0);
+        assert_eq!(s.overlap(1, &turn2[..50], ms(3001)), 0, "the anchor is past the prompt");
+        // The TTL ends it (the events have confirmed the blocks by then, or they are gone).
+        assert_eq!(s.overlap(1, &turn2, ms(4999)), 60);
+        assert_eq!(s.overlap(1, &turn2, ms(5000)), 0);
+        assert_eq!(s.answers(), 1);
+        s.expire(ms(5000));
+        assert_eq!(s.answers(), 0);
+        // Nothing past the anchor, no anchor, or off: no credit.
+        assert!(!s.answered(1, (56, SequenceHash(55)), 56, ms(6000)));
+        assert!(!s.answered(1, (0, SequenceHash(0)), 9, ms(6000)));
+        let mut off = Speculative::new(Duration::ZERO, 10);
+        assert!(!off.answered(1, (1, SequenceHash(0)), 9, t0));
+        assert_eq!(off.overlap(1, &chains(0..9), t0), 0);
+    }
+
+    #[test]
+    fn answer_credits_are_bounded_per_worker_and_leave_with_it() {
+        let t0 = Instant::now();
+        let mut s = Speculative::new(Duration::from_secs(60), 10);
+        let extra = 10u64;
+        for i in 0..(ANSWERS_PER_WORKER as u64 + extra) {
+            s.answered(3, (1, SequenceHash(i)), 5, t0 + Duration::from_millis(i));
+        }
+        assert_eq!(s.answers(), ANSWERS_PER_WORKER);
+        let now = t0 + Duration::from_secs(1);
+        assert_eq!(s.overlap(3, &chains(0..9), now), 0, "the oldest credits went");
+        let newest = ANSWERS_PER_WORKER as u64 + extra - 1;
+        assert_eq!(s.overlap(3, &chains(newest..newest + 9), now), 5);
+        s.forget_worker(3);
+        assert_eq!(s.answers(), 0);
     }
 
     #[test]

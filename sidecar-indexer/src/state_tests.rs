@@ -60,6 +60,7 @@ async fn done(svc: &Arc<Service>, d: &RouteDecision) {
         outcome: Outcome::Success,
         status: Some(200),
         booking_id: d.booking_id.clone(),
+        usage: None,
     };
     let req =
         Request::post(DONE_PATH).body(Body::from(serde_json::to_vec(&report).unwrap())).unwrap();

@@ -12,6 +12,9 @@
 //!   `router_kv_hit_rate` (`_sum` / `_count`) is the predicted request-weighted rate. Envoy
 //!   histograms record integers, so the filter may record the rate scaled (e.g. ×100);
 //!   `hit_rate_scale` undoes that. Envoy may prefix names with `envoy_`; both spellings match.
+//! - Attribution (the indexer's `/metrics`, issue 46): `kvmesh_attribution_*_tokens_total` —
+//!   available, captured, delivered and the losses by cause, in tokens, over the requests whose
+//!   usage reached the indexer ([`attribution_delta`]); a kvmesh policy's only.
 
 use crate::prom::{sum, Sample};
 use serde::{Deserialize, Serialize};
@@ -63,6 +66,70 @@ pub struct RouterCounters {
     /// Divide `hit_rate_sum / hit_rate_count` by this (1 when the rate is recorded as 0..1).
     #[serde(default = "one")]
     pub hit_rate_scale: f64,
+    /// The indexer's attribution of the hits over the run, when it exports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attribution: Option<AttributionCounters>,
+}
+
+/// The indexer's attribution over a policy's run, in tokens (deltas; `sidecar-indexer/README.md`
+/// § Attribution): P, A, C, D and the losses, over the attributed requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct AttributionCounters {
+    /// Requests attributed.
+    pub requests: f64,
+    pub prompt: f64,
+    pub available: f64,
+    pub captured: f64,
+    pub delivered: f64,
+    /// Lost: nobody eligible held it (P − A).
+    pub workload: f64,
+    /// Lost: another worker held more (A − C).
+    pub routing: f64,
+    /// Lost: predicted on the chosen worker, not served from its cache (C − D where positive).
+    pub not_delivered: f64,
+    /// Served beyond the prediction (D − C where positive).
+    pub unpredicted: f64,
+}
+
+impl AttributionCounters {
+    /// `tokens` as a share of the attributed prompt tokens.
+    pub fn share(&self, tokens: f64) -> Option<f64> {
+        rate(tokens, self.prompt)
+    }
+}
+
+/// Attribution metric names (the indexer's, `sidecar-indexer/src/metrics.rs`).
+pub const ATTRIBUTION_REQUESTS: &str = "kvmesh_attribution_requests_total";
+pub const ATTRIBUTION_PREFIX: &str = "kvmesh_attribution_";
+
+/// The indexer's attribution between two scrapes of its `/metrics`; `None` when it exports none
+/// (an indexer without attribution, or no indexer).
+pub fn attribution_delta(before: &[Sample], after: &[Sample]) -> Option<AttributionCounters> {
+    let tokens = |kind: &str| format!("{ATTRIBUTION_PREFIX}{kind}_tokens_total");
+    let labelled = |samples: &[Sample], name: &str, key: &str, value: &str| -> f64 {
+        samples
+            .iter()
+            .filter(|s| s.name == name && s.label(key) == Some(value))
+            .map(|s| s.value)
+            .sum()
+    };
+    let d = |name: &str| delta(before, after, name).unwrap_or(0.0);
+    let dl = |name: &str, key: &str, value: &str| {
+        labelled(after, name, key, value) - labelled(before, name, key, value)
+    };
+    sum(after, &tokens("prompt"))?;
+    let lost = tokens("lost");
+    Some(AttributionCounters {
+        requests: dl(ATTRIBUTION_REQUESTS, "result", "attributed"),
+        prompt: d(&tokens("prompt")),
+        available: d(&tokens("available")),
+        captured: d(&tokens("captured")),
+        delivered: d(&tokens("delivered")),
+        workload: dl(&lost, "cause", "workload"),
+        routing: dl(&lost, "cause", "routing"),
+        not_delivered: dl(&lost, "cause", "not_delivered"),
+        unpredicted: d(&tokens("unpredicted")),
+    })
 }
 
 fn one() -> f64 {
@@ -167,6 +234,7 @@ pub fn router_delta(
         hit_rate_sum: delta(before, after, &sum_name).unwrap_or(0.0),
         hit_rate_count: delta(before, after, &count_name).unwrap_or(0.0),
         hit_rate_scale,
+        attribution: None,
     })
 }
 
@@ -213,6 +281,36 @@ mod tests {
         // The gateway exports no kvmesh metrics after the run: no router view at all.
         assert_eq!(router_delta(&before, &parse("other 1").unwrap(), 1.0), None);
         assert_eq!(router_delta(&[], &parse("other 1").unwrap(), 1.0), None);
+    }
+
+    #[test]
+    fn attribution_is_a_delta_of_the_indexers_counters() {
+        let text = |p: u32, c: u32, d: u32| {
+            format!(
+                "kvmesh_attribution_requests_total{{model=\"m\",result=\"attributed\"}} {n}\n\
+                 kvmesh_attribution_requests_total{{model=\"m\",result=\"no_usage\"}} 7\n\
+                 kvmesh_attribution_prompt_tokens_total{{model=\"m\"}} {p}\n\
+                 kvmesh_attribution_available_tokens_total{{model=\"m\"}} {c}\n\
+                 kvmesh_attribution_captured_tokens_total{{model=\"m\"}} {c}\n\
+                 kvmesh_attribution_delivered_tokens_total{{model=\"m\"}} {d}\n\
+                 kvmesh_attribution_unpredicted_tokens_total{{model=\"m\"}} 0\n\
+                 kvmesh_attribution_lost_tokens_total{{cause=\"workload\",model=\"m\"}} {w}\n\
+                 kvmesh_attribution_lost_tokens_total{{cause=\"routing\",model=\"m\"}} 0\n\
+                 kvmesh_attribution_lost_tokens_total{{cause=\"not_delivered\",model=\"m\"}} {nd}\n",
+                n = p / 100,
+                w = p - c,
+                nd = c - d
+            )
+        };
+        let before = parse(&text(1000, 600, 500)).unwrap();
+        let after = parse(&text(3000, 2000, 1600)).unwrap();
+        let a = attribution_delta(&before, &after).unwrap();
+        assert_eq!(
+            (a.requests, a.prompt, a.captured, a.delivered, a.workload, a.not_delivered),
+            (20.0, 2000.0, 1400.0, 1100.0, 600.0, 300.0)
+        );
+        assert_eq!(a.share(a.delivered), Some(0.55));
+        assert_eq!(attribution_delta(&[], &parse("other 1").unwrap()), None);
     }
 
     #[test]

@@ -66,6 +66,7 @@ fn write_run(dir: &Path) -> PathBuf {
                 hit_rate_sum: 30.0,
                 hit_rate_count: 100.0,
                 hit_rate_scale: 1.0,
+                attribution: None,
             }),
         };
         std::fs::write(pdir.join("counters.json"), serde_json::to_string(&counters).unwrap())

@@ -103,6 +103,7 @@ pub async fn index_overlap(
         outcome: Outcome::Aborted,
         status: None,
         booking_id: d.booking_id.clone(),
+        usage: None,
     };
     stack.client().post(stack.indexer_url(DONE_PATH)).json(&done).send().await?;
     Ok(u64::from(d.overlap_blocks))

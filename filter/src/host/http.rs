@@ -230,6 +230,16 @@ impl HttpContext for HttpFilter {
             let effects = self.flow.on_response_data(body_size, self.now_ns());
             self.apply(effects);
         }
+        // The engine's usage for the done report: only this chunk's last bytes are read (bounded
+        // whatever the chunk's size); the chunk itself goes on unchanged.
+        let want = self.flow.response_tail_wanted(body_size);
+        if want > 0 {
+            let tail = hostcalls::get_buffer(BufferType::HttpResponseBody, body_size - want, want)
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            self.flow.on_response_tail(&tail, body_size);
+        }
         self.flow.on_response_body(end_of_stream);
         Action::Continue
     }

@@ -10,6 +10,7 @@ fn report(id: &str) -> DoneReport {
         outcome: Outcome::Success,
         status: Some(200),
         booking_id: None,
+        usage: None,
     }
 }
 

@@ -155,7 +155,8 @@ fn routed_disagg_request_end_to_end() {
         endpoint: Some("10.0.0.2:8000".into()),
         outcome: Outcome::Success,
         status: Some(200),
-        booking_id: None
+        booking_id: None,
+        usage: None
     })));
     assert!(f.finish(None).is_empty(), "finish books once");
 }
@@ -549,7 +550,8 @@ fn decided_request_echoes_the_booking_id() {
         endpoint: Some("10.0.0.2:8000".into()),
         outcome: Outcome::Error,
         status: Some(500),
-        booking_id: Some("bk-42".into())
+        booking_id: Some("bk-42".into()),
+        usage: None
     })));
 }
 
@@ -599,7 +601,8 @@ fn indexer_rejection_goes_to_the_client() {
         endpoint: None,
         outcome: Outcome::Error,
         status: Some(429),
-        booking_id: None
+        booking_id: None,
+        usage: None
     })));
 }
 
@@ -777,7 +780,8 @@ fn done_report_names_the_host_that_served_after_a_retry() {
             endpoint: Some("10.0.0.3:8000".into()),
             outcome: Outcome::Success,
             status: Some(200),
-            booking_id: Some("bk-9".into())
+            booking_id: Some("bk-9".into()),
+            usage: None
         })),
         "{done:?}"
     );

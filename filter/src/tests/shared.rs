@@ -16,6 +16,7 @@ fn report(id: &str) -> DoneReport {
         outcome: Outcome::Aborted,
         status: None,
         booking_id: Some("bk-7".into()),
+        usage: None,
     }
 }
 

@@ -37,6 +37,7 @@ fn report(id: &str) -> DoneReport {
         outcome: Outcome::Success,
         status: Some(200),
         booking_id: Some("bk-1".into()),
+        usage: None,
     }
 }
 

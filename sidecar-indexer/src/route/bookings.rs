@@ -10,13 +10,19 @@
 //! nothing. A kept booking ends by `/v1/done` ([`release_reported`], by the booking id the indexer
 //! issued — never by the client's `x-request-id`, which clients may reuse), by expiry ([`expire`])
 //! or with its worker ([`forget_worker`]).
+//!
+//! A committed booking carries what its decision predicted of the prompt's cache
+//! ([`Booking::commit_predicted`]); its `/v1/done` attributes the hit with the engine's `usage`
+//! ([`super::attribution`]) and, when the answer finished on the booked worker, credits the
+//! answer's blocks there for the conversation's next turn (`crate::speculative`).
 
 use std::time::Instant;
 
 use kvmesh_core::api::{DoneReport, Outcome};
 
+use super::attribution::{self, Verdict};
 use super::record::RouteMetrics;
-use crate::load::{BookingId, LoadTracker};
+use crate::load::{self, BookingId, LoadTracker};
 use crate::state::AppState;
 
 /// A request's live booking; released on drop unless committed.
@@ -80,6 +86,14 @@ impl<'a> Booking<'a> {
         self.id = None;
         std::mem::take(&mut self.wire)
     }
+
+    /// [`Self::commit`], keeping the decision's prediction with the booking for `/v1/done`.
+    pub fn commit_predicted(self, predicted: attribution::Predicted) -> String {
+        if let Some(id) = self.id {
+            self.state.load.lock().set_predicted(id, predicted);
+        }
+        self.commit()
+    }
 }
 
 impl Drop for Booking<'_> {
@@ -138,6 +152,7 @@ pub fn release_reported(state: &AppState, report: &DoneReport) -> bool {
     // The report names the host that served (the filter reads Envoy's `upstream.address`); after
     // a retry or a fallback to another host that is not the booked worker. The booking released is
     // the one made, by its id: the booked worker's load is what the booking added.
+    let mut elsewhere = false;
     if let (Some(b), Some(served)) = (&released, report.endpoint.as_deref()) {
         let (booked_at, served_by) = {
             let fleet = state.fleet.read();
@@ -151,6 +166,7 @@ pub fn release_reported(state: &AppState, report: &DoneReport) -> bool {
             (booked_at, served_by)
         };
         if booked_at.as_deref().is_some_and(|e| e != served) {
+            elsewhere = true;
             tracing::debug!(request_id = %report.request_id, booked = %b.worker, served, "served by another host than booked; the booking is released");
             // The session's KV is where the request was served: its next turn goes there.
             if let (Some(session), Some(to), Outcome::Success) =
@@ -168,8 +184,57 @@ pub fn release_reported(state: &AppState, report: &DoneReport) -> bool {
             }
         }
     }
+    if let Some(b) = &released {
+        attribute(state, report, b, elsewhere);
+    }
     metrics.done(report.outcome, released.is_some());
     released.is_some()
+}
+
+/// Attributes a released booking's cache hit with the report's `usage`, and credits the answer's
+/// blocks to the worker it finished on (served there, whole, with a usage saying how long it was).
+fn attribute(state: &AppState, report: &DoneReport, b: &load::Booking, elsewhere: bool) {
+    let Some(p) = b.predicted.as_deref() else { return };
+    let m = RouteMetrics(&state.metrics).for_model(&p.model);
+    let served = report.outcome == Outcome::Success && !elsewhere;
+    let verdict = if report.outcome != Outcome::Success {
+        Err(Verdict::NotServed)
+    } else if elsewhere {
+        Err(Verdict::ServedElsewhere)
+    } else {
+        attribution::attribute(p, report.usage.as_ref())
+    };
+    match verdict {
+        Ok(a) => {
+            m.attributed(&a);
+            if a.lost_not_delivered > 0 || a.unpredicted > 0 {
+                tracing::debug!(request_id = %report.request_id, worker = %b.worker, captured = a.captured, delivered = a.delivered, "the engine served from cache other than predicted");
+            }
+        }
+        Err(v) => m.not_attributed(v),
+    }
+    let (Some(usage), Some(anchor), true) = (report.usage, p.anchor, served) else { return };
+    if usage.completion_tokens == 0 {
+        return;
+    }
+    // The engine computed every token but the last one sampled: its full blocks are cached.
+    let computed = (usage.prompt_tokens + usage.completion_tokens - 1) / u64::from(p.block_size);
+    let end_blocks = u32::try_from(computed).unwrap_or(u32::MAX);
+    let slot = {
+        let fleet = state.fleet.read();
+        fleet
+            .workers
+            .iter()
+            .find(|w| w.cfg.id == b.worker)
+            .and_then(|w| w.ranks.first())
+            .map(|r| r.slot)
+    };
+    let Some(slot) = slot else { return };
+    let credited =
+        state.placement.lock().speculative.answered(slot, anchor, end_blocks, crate::clock::now());
+    if credited {
+        m.answer_credited();
+    }
 }
 
 /// Releases, counts and logs the bookings that never reported done by `now`.

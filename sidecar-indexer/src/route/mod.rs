@@ -19,6 +19,7 @@
 //! bookings, which release their load. Nothing here is keyed by the client's `x-request-id`.
 
 pub mod admission;
+pub mod attribution;
 pub mod background;
 pub mod body_memo;
 pub mod bookings;

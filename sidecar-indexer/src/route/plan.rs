@@ -83,6 +83,13 @@ pub fn decide_and_book<'a>(
         DecideError::UnknownOverrideWorker(_) => ApiError::bad_request(e.reason(), e.to_string()),
         _ => ApiError::unavailable(e.reason(), e.to_string()),
     })?;
+    // What the router saw of the prompt's cache, kept with the booking for `/v1/done`.
+    let predicted = super::attribution::predicted(
+        &views,
+        plan.worker_index,
+        input.max_cached_blocks(),
+        model.block_size(),
+    );
     drop(views);
     // A remote prefill leaves the decode worker only the KV pull; its prefill is booked on P.
     let prefill_tokens = if plan.mode == Mode::Disagg { 0 } else { plan.uncached_tokens };
@@ -145,6 +152,7 @@ pub fn decide_and_book<'a>(
         chains: prompt.chains,
         locals: prompt.locals,
         model: model.clone(),
+        predicted,
     };
     Ok((plan, booking, record))
 }

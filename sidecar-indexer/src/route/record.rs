@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use kvmesh_core::api::{Outcome, RouteDecision};
 
+use super::attribution::{Attributed, Verdict, CAUSES};
 use super::body_memo::BaseRefusal;
 use super::ApiError;
 use crate::decide::{Basis, Plan};
@@ -323,6 +324,30 @@ impl ModelMetrics<'_> {
     pub fn adapter_decided(&self, adapter: &str, max_labels: usize) {
         let label = adapter_label(self.m, adapter, max_labels);
         self.m.adapter_decisions.with_label_values(&[&self.model, label]).inc();
+    }
+
+    /// A request attributed at `/v1/done`: its tokens by kind and its losses by cause.
+    pub fn attributed(&self, a: &Attributed) {
+        let (m, model) = (self.m, &*self.model);
+        m.attribution_requests.with_label_values(&[model, Verdict::Attributed.as_str()]).inc();
+        m.attribution_prompt_tokens.with_label_values(&[model]).inc_by(a.prompt);
+        m.attribution_available_tokens.with_label_values(&[model]).inc_by(a.available);
+        m.attribution_captured_tokens.with_label_values(&[model]).inc_by(a.captured);
+        m.attribution_delivered_tokens.with_label_values(&[model]).inc_by(a.delivered);
+        m.attribution_unpredicted_tokens.with_label_values(&[model]).inc_by(a.unpredicted);
+        for (&cause, tokens) in CAUSES.iter().zip(a.lost()) {
+            m.attribution_lost_tokens.with_label_values(&[model, cause]).inc_by(tokens);
+        }
+    }
+
+    /// A booked request `/v1/done` could not attribute, and why.
+    pub fn not_attributed(&self, why: Verdict) {
+        self.m.attribution_requests.with_label_values(&[&self.model, why.as_str()]).inc();
+    }
+
+    /// An answer's blocks credited to the worker it finished on.
+    pub fn answer_credited(&self) {
+        self.m.answer_credits.with_label_values(&[&self.model]).inc();
     }
 
     pub fn migration(&self, outcome: Migration) {

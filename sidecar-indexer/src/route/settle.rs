@@ -6,6 +6,7 @@
 use kvmesh_core::api::RouteDecision;
 use kvmesh_core::hashing::{LocalBlockHash, SequenceHash};
 
+use super::attribution::Predicted;
 use super::bookings::Booking;
 use super::record::RouteMetrics;
 use super::request::RouteRequest;
@@ -29,6 +30,8 @@ pub struct Record {
     pub locals: Vec<LocalBlockHash>,
     /// The request's model and adapter (metrics labels).
     pub model: RouteModel,
+    /// What the decision predicted of the prompt's cache (`super::attribution`); completed here.
+    pub predicted: Predicted,
 }
 
 /// Settles a served decision: keeps its booking (id in the decision) and records it.
@@ -39,7 +42,18 @@ pub fn settle(
     mut decision: RouteDecision,
     booking: Booking<'_>,
 ) -> RouteDecision {
-    decision.booking_id = Some(booking.commit());
+    // Kept with the booking for `/v1/done`: the attribution, and the answer's credit (its anchor
+    // is the prompt's last hashed block).
+    let predicted = Predicted {
+        model: record.model.base().to_owned(),
+        kv_transfer: decision.kv_transfer_params.as_ref().is_some_and(|p| !p.is_null()),
+        anchor: record
+            .chains
+            .last()
+            .map(|&c| (u32::try_from(record.chains.len()).unwrap_or(u32::MAX), c)),
+        ..record.predicted
+    };
+    decision.booking_id = Some(booking.commit_predicted(predicted));
     let m = RouteMetrics(&state.metrics);
     let model = m.for_model(record.model.base());
     model.decided(&decision, record.basis, record.local_continuation);

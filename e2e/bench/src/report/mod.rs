@@ -4,6 +4,7 @@
 //! I/O shell that reads the inputs named by the manifest and writes the outputs. Used by the
 //! `kvmesh-report` binary and by the orchestrator after its runs.
 
+pub mod attribution;
 pub mod markdown;
 pub mod plots;
 pub mod summary;

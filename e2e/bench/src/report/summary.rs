@@ -294,6 +294,7 @@ mod tests {
                 hit_rate_sum: 0.9,
                 hit_rate_count: 3.0,
                 hit_rate_scale: 1.0,
+                attribution: None,
             }),
         };
         let s = summarize("p", &recs, Some(&counters), &[]);

@@ -324,6 +324,12 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
             );
         }
     }
+    let at_load = r.workloads.iter().flat_map(|w| {
+        w.policies()
+            .into_iter()
+            .filter_map(move |policy| Some((w.workload.as_str(), w.at_load(&policy)?)))
+    });
+    super::attribution::render(&mut md, at_load);
     for w in &r.workloads {
         let _ = writeln!(md, "\n### Workload `{}`\n\n{}.\n", w.workload, w.describe);
         if !w.fleet.is_empty() {

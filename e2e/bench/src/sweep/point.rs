@@ -4,7 +4,7 @@
 use super::validity::invalid_reasons;
 use super::window::MeasureWindow;
 use crate::ceiling::Ceiling;
-use crate::counters::PolicyCounters;
+use crate::counters::{AttributionCounters, PolicyCounters};
 use crate::record::RequestRecord;
 use crate::stats::{balance, percentile};
 use serde::{Deserialize, Serialize};
@@ -103,6 +103,10 @@ pub struct PointResult {
     /// worker of another model; should be 0); `None` for a one-model point.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cross_model: Option<usize>,
+    /// The indexer's attribution of the hits (kvmesh policies): available, captured, delivered
+    /// and the losses by cause, in tokens; `None` for baselines, which have no router view.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attribution: Option<AttributionCounters>,
 }
 
 impl PointResult {
@@ -232,6 +236,7 @@ pub fn summarize_point(
         invalid: invalid_reasons(machine.cpu_busy_mean, lateness_p90),
         fallbacks: records.iter().filter(|r| r.fallback.is_some()).count(),
         error: None,
+        attribution: counters.and_then(|c| c.router.as_ref()?.attribution),
         ..Default::default()
     }
 }

@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use kvmesh_bench::chat::ChatConfig;
 use kvmesh_bench::chat_run::{run_chat, ChatRunConfig};
 use kvmesh_bench::client::{build_client, discover_model};
-use kvmesh_bench::counters::{engine_delta, router_delta, PolicyCounters};
+use kvmesh_bench::counters::{attribution_delta, engine_delta, router_delta, PolicyCounters};
 use kvmesh_bench::manifest::PolicyEntry;
 use kvmesh_bench::policy::{Policy, SessionHeaderMode};
 use kvmesh_bench::prom::{self, Sample};
@@ -190,6 +190,10 @@ pub(crate) fn counters(
     let router = if kvmesh {
         router_delta(&before.envoy, &after.envoy, scale)
             .or_else(|| router_delta(&before.indexer, &after.indexer, scale))
+            .map(|r| kvmesh_bench::counters::RouterCounters {
+                attribution: attribution_delta(&before.indexer, &after.indexer),
+                ..r
+            })
     } else {
         None
     };
