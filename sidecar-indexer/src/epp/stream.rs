@@ -25,6 +25,7 @@ use axum::http::{HeaderMap as HttpHeaders, HeaderName, HeaderValue, StatusCode};
 use kvmesh_core::api::{destination_header, DoneReport, Outcome, RouteDecision};
 use kvmesh_core::json_edit::{self, Edit};
 use kvmesh_core::session::{self, SessionSource};
+use kvmesh_core::usage::UsageTail;
 use kvmesh_core::{headers, models, openai, rendezvous};
 use tokio::sync::mpsc;
 
@@ -61,6 +62,8 @@ struct Exchange {
     debug: Vec<(String, String)>,
     response_status: Option<u16>,
     served: Option<String>,
+    /// The response's last bytes, for the engine's `usage` (attribution: `route::attribution`).
+    usage: UsageTail,
 }
 
 struct Booked {
@@ -97,6 +100,7 @@ pub async fn run(
         debug: Vec::new(),
         response_status: None,
         served: None,
+        usage: UsageTail::default(),
     };
     let mut first = true;
     let end = loop {
@@ -237,6 +241,10 @@ async fn step(
         }
         Some(Request::ResponseBody(b)) => {
             let ends = b.end_of_stream;
+            if x.booking.is_some() {
+                let from = b.body.len() - x.usage.wanted(b.body.len());
+                x.usage.push(&b.body[from..], b.body.len());
+            }
             let answer = if x.response_mode == BodySendMode::FullDuplexStreamed {
                 reply::echo_response_chunk(b.body, ends)
             } else {
@@ -265,12 +273,15 @@ fn outcome(status: Option<u16>) -> Outcome {
 /// Releases the booking, once: the response ended (`outcome`) or the stream did.
 fn release(state: &AppState, x: &mut Exchange, outcome: Outcome) {
     let Some(b) = x.booking.take() else { return };
+    // Only a response that ended whole says how much the engine served from cache.
+    let usage = (outcome == Outcome::Success).then(|| x.usage.usage()).flatten();
     let report = DoneReport {
         request_id: b.request_id,
         endpoint: x.served.clone(),
         outcome,
         status: x.response_status,
         booking_id: Some(b.booking_id),
+        usage,
     };
     route::bookings::release_reported(state, &report);
 }
