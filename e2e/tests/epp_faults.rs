@@ -8,7 +8,11 @@
 //! - `dead_before`: SIGKILL before the request.
 //! - `killed_mid_body`: the client sends the headers and half the body; once Envoy has sent the
 //!   first body chunk on the ext_proc stream (its `stream_msgs_sent` counter) the test SIGKILLs the
-//!   picker; then the client sends the rest.
+//!   picker; then the client sends the rest. On the `both` edge a buffer filter in front of
+//!   ext_proc holds the body until it is whole, so there the first chunk reaching the picker is
+//!   the whole body: the picker is stopped before the upload ends (so it cannot answer first) and
+//!   killed once Envoy has sent it the body. On the wasm edge likewise, the indexer once the
+//!   filter's `/v1/route` call (the whole body) is out to it.
 //! - `terminated_mid_body`: the same with SIGTERM — a rolling restart, the picker closing the
 //!   streams it holds.
 //! - `hung`: SIGSTOP before the request (the picker keeps its sockets and answers nothing).
@@ -24,11 +28,11 @@
 //! worker), `hung_indexer.rs` (the breaker, bounded connections), `fail_open.rs` (indexer errors)
 //! — so its rows here are the same single request, for the table's side-by-side times.
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use kvmesh_core::headers;
 use kvmesh_e2e::client::{chat_body, filler, post_json, SIM_WORKER};
+use kvmesh_e2e::envoy_config::DEFAULT_EPP_MESSAGE_TIMEOUT_MS;
 use kvmesh_e2e::poll;
 use kvmesh_e2e::procs::Paused;
 use kvmesh_e2e::stack::{Edge, Stack, StackSpec};
@@ -43,7 +47,8 @@ const CLIENT_PATIENCE: Duration = Duration::from_secs(60);
 /// sees the connection fail or the stream reset at once. Generous for a loaded 2-core machine;
 /// the measured times are in the README.
 const FAULT_BOUND: Duration = Duration::from_secs(10);
-/// The bound on an answer while the picker hangs (see [`hung_bound`]).
+/// The bound on an answer while the picker hangs: Envoy's wait for one answer of it (ext_proc's
+/// `message_timeout`, as shipped), and this much more.
 const HUNG_SLACK: Duration = Duration::from_secs(10);
 /// Words of filler in each request's chat message: a ~20 KB body, so half of it is a chunk of its
 /// own on the ext_proc stream.
@@ -75,10 +80,6 @@ impl Fault {
             Self::Hung => "hung",
             Self::NothingEligible => "nothing_eligible",
         }
-    }
-
-    fn mid_body(self) -> bool {
-        matches!(self, Self::KilledMidBody | Self::TerminatedMidBody)
     }
 }
 
@@ -145,61 +146,75 @@ impl Row {
     }
 }
 
-/// One request, written in two parts with `between` run after the first: the headers and
-/// `body[..split]`, then `body[split..]`. The answer is read as it comes (a reader runs from the
-/// start, so an answer Envoy sends before the body is complete, then closing, is not lost).
-async fn exchange(
-    port: u16,
-    session: &str,
-    body: &[u8],
-    split: usize,
-    between: impl Future<Output = anyhow::Result<()>>,
-) -> anyhow::Result<Seen> {
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    let (mut rd, mut wr) = stream.into_split();
-    let reader = tokio::spawn(async move {
-        let (mut buf, mut first) = (Vec::new(), None);
-        let mut chunk = vec![0u8; 16 * 1024];
-        loop {
-            match rd.read(&mut chunk).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    first.get_or_insert_with(Instant::now);
-                    buf.extend_from_slice(&chunk[..n]);
+/// One request on its own HTTP/1.1 connection, written in parts as a test chooses
+/// ([`Conn::send`]), its answer read as it comes: a reader runs from the start, so an answer
+/// Envoy sends before the body is complete (then closing) is not lost.
+struct Conn {
+    wr: tokio::net::tcp::OwnedWriteHalf,
+    reader: tokio::task::JoinHandle<(Vec<u8>, Option<Instant>)>,
+    last_sent: Instant,
+}
+
+impl Conn {
+    /// Connects to the gateway and sends a chat POST's headers for a body of `len` bytes.
+    async fn open(port: u16, session: &str, len: usize) -> anyhow::Result<Self> {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        let (mut rd, mut wr) = stream.into_split();
+        let reader = tokio::spawn(async move {
+            let (mut buf, mut first) = (Vec::new(), None);
+            let mut chunk = vec![0u8; 16 * 1024];
+            loop {
+                match rd.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        first.get_or_insert_with(Instant::now);
+                        buf.extend_from_slice(&chunk[..n]);
+                    }
                 }
             }
-        }
-        (buf, first)
-    });
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: kvmesh\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\n{}: {session}\r\nconnection: close\r\n\r\n",
-        body.len(),
-        headers::DEFAULT_SESSION_HEADER
-    );
-    wr.write_all(head.as_bytes()).await?;
-    wr.write_all(&body[..split]).await?;
-    wr.flush().await?;
-    between.await?;
-    // Envoy may have answered and closed already: the rest then has nowhere to go.
-    let _ = wr.write_all(&body[split..]).await;
-    let _ = wr.flush().await;
-    let sent = Instant::now();
-    let mut reader = reader;
-    let (buf, first) = match tokio::time::timeout(CLIENT_PATIENCE, &mut reader).await {
-        Ok(r) => r?,
-        Err(_) => {
-            reader.abort();
-            return Ok(Seen { waited: CLIENT_PATIENCE, ..Seen::default() });
-        }
-    };
-    drop(wr);
-    let mut seen = parse_response(&buf);
-    if let Some(first) = first {
-        seen.early = first < sent;
-        seen.waited = first.saturating_duration_since(sent);
+            (buf, first)
+        });
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: kvmesh\r\ncontent-type: application/json\r\n\
+             content-length: {len}\r\n{}: {session}\r\nconnection: close\r\n\r\n",
+            headers::DEFAULT_SESSION_HEADER
+        );
+        wr.write_all(head.as_bytes()).await?;
+        wr.flush().await?;
+        Ok(Self { wr, reader, last_sent: Instant::now() })
     }
-    Ok(seen)
+
+    /// Sends more of the body. Envoy may have answered and closed already: the bytes then have
+    /// nowhere to go, which is not the test's error.
+    async fn send(&mut self, bytes: &[u8]) {
+        let _ = self.wr.write_all(bytes).await;
+        let _ = self.wr.flush().await;
+        self.last_sent = Instant::now();
+    }
+
+    /// The answer, waited for up to [`CLIENT_PATIENCE`] after the last bytes sent.
+    async fn answer(mut self) -> anyhow::Result<Seen> {
+        let (buf, first) = match tokio::time::timeout(CLIENT_PATIENCE, &mut self.reader).await {
+            Ok(r) => r?,
+            Err(_) => {
+                self.reader.abort();
+                return Ok(Seen { waited: CLIENT_PATIENCE, ..Seen::default() });
+            }
+        };
+        let mut seen = parse_response(&buf);
+        if let Some(first) = first {
+            seen.early = first < self.last_sent;
+            seen.waited = first.saturating_duration_since(self.last_sent);
+        }
+        Ok(seen)
+    }
+}
+
+/// One whole request, sent at once.
+async fn whole(port: u16, session: &str, body: &[u8]) -> anyhow::Result<Seen> {
+    let mut conn = Conn::open(port, session, body.len()).await?;
+    conn.send(body).await;
+    conn.answer().await
 }
 
 /// An HTTP/1.1 response as read off the wire (status line, headers; the body as text).
@@ -301,19 +316,27 @@ async fn wait_routed(stack: &Stack, ext_proc: bool, seed: &mut u64) -> anyhow::R
     .await
 }
 
-/// Waits until Envoy has sent `at_least` more ext_proc messages than `before` (the request's
-/// headers and a body chunk) — or, without ext_proc, until it holds a downstream request.
-async fn wait_body_reached(stack: &Stack, ext_proc: bool, before: u64) -> anyhow::Result<()> {
-    poll::until("the first body chunk on its way to the picker", move || async move {
-        if ext_proc {
+/// Waits until the request's body has reached the picker: Envoy has sent two more ext_proc
+/// messages than `sent_before` (the headers and a body chunk) — or, on the wasm edge, the
+/// filter's `/v1/route` call (which carries the whole body) is out to the indexer.
+async fn wait_body_reached(stack: &Stack, edge: Edge, sent_before: u64) -> anyhow::Result<()> {
+    poll::until("the request's body reaching the picker", move || async move {
+        if edge.uses_epp() {
             let c = ext_proc_counters(stack).await.ok()?;
-            (counter(&c, "stream_msgs_sent") >= before + 2).then_some(())
+            (counter(&c, "stream_msgs_sent") >= sent_before + 2).then_some(())
         } else {
-            let s = envoy_stats(stack, "^http\\.kvmesh\\.downstream_rq_active$").await.ok()?;
+            let s = envoy_stats(stack, "^cluster\\.kvmesh_indexer\\.upstream_rq_active$")
+                .await
+                .ok()?;
             (s.iter().map(|(_, v)| v).sum::<u64>() >= 1).then_some(())
         }
     })
     .await
+}
+
+fn signal_picker(pid: u32, signal: Signal) -> anyhow::Result<()> {
+    kill(Pid::from_raw(i32::try_from(pid)?), signal)?;
+    Ok(())
 }
 
 fn picker_pid(stack: &Stack) -> anyhow::Result<u32> {
@@ -324,11 +347,14 @@ fn picker_pid(stack: &Stack) -> anyhow::Result<u32> {
 async fn measure(
     stack: &mut Stack,
     name: &'static str,
-    ext_proc: bool,
+    edge: Edge,
     fault: Fault,
     seed: &mut u64,
 ) -> anyhow::Result<Row> {
-    wait_routed(stack, ext_proc, seed).await?;
+    // The edges with the wasm filter keep the buffer filter in front: the picker (or the
+    // indexer's `/v1/route`) gets the body only once it is whole.
+    let buffered = edge.uses_wasm();
+    wait_routed(stack, edge.uses_epp(), seed).await?;
     *seed += 1;
     let body = request_body(*seed);
     let session = format!("fault-{}-{}", fault.name(), *seed);
@@ -339,30 +365,41 @@ async fn measure(
     let seen = match fault {
         Fault::DeadBefore => {
             stack.kill_indexer();
-            exchange(port, &session, &body, body.len(), async { anyhow::Ok(()) }).await?
+            whole(port, &session, &body).await?
         }
         Fault::KilledMidBody | Fault::TerminatedMidBody => {
             let sent_before = counter(&ext_before, "stream_msgs_sent");
             let pid = picker_pid(stack)?;
             let signal =
                 if fault == Fault::KilledMidBody { Signal::SIGKILL } else { Signal::SIGTERM };
-            let stack_ref = &*stack;
-            let between = async move {
-                wait_body_reached(stack_ref, ext_proc, sent_before).await?;
-                kill(Pid::from_raw(i32::try_from(pid)?), signal)?;
-                anyhow::Ok(())
-            };
-            exchange(port, &session, &body, body.len() / 2, between).await?
+            let half = body.len() / 2;
+            let mut conn = Conn::open(port, &session, body.len()).await?;
+            conn.send(&body[..half]).await;
+            if buffered {
+                // The picker's stream (the route call) starts once the whole body is in, and is
+                // answered within milliseconds: stopped meanwhile, the picker holds the body
+                // unanswered until the signal lands.
+                let paused = Paused::stop(pid)?;
+                conn.send(&body[half..]).await;
+                wait_body_reached(stack, edge, sent_before).await?;
+                signal_picker(pid, signal)?;
+                paused.resume();
+            } else {
+                wait_body_reached(stack, edge, sent_before).await?;
+                signal_picker(pid, signal)?;
+                conn.send(&body[half..]).await;
+            }
+            conn.answer().await?
         }
         Fault::Hung => {
             let paused = Paused::stop(picker_pid(stack)?)?;
-            let seen = exchange(port, &session, &body, body.len(), async { anyhow::Ok(()) }).await?;
+            let seen = whole(port, &session, &body).await?;
             paused.resume();
             seen
         }
         Fault::NothingEligible => {
             stack.rewrite_fleet(|_| false, &routing).await?;
-            exchange(port, &session, &body, body.len(), async { anyhow::Ok(()) }).await?
+            whole(port, &session, &body).await?
         }
     };
     let ext_after = ext_proc_counters(stack).await?;
@@ -388,7 +425,6 @@ async fn measure(
 
 /// Starts a stack on `edge` and measures every fault on it.
 async fn measure_edge(name: &'static str, edge: Edge) -> anyhow::Result<Vec<Row>> {
-    let ext_proc = !matches!(edge, Edge::Wasm);
     let both = matches!(edge, Edge::Both { .. });
     let mut spec = StackSpec::aggregate(2);
     spec.edge = edge;
@@ -397,15 +433,14 @@ async fn measure_edge(name: &'static str, edge: Edge) -> anyhow::Result<Vec<Row>
     let mut seed = 1_000;
     let mut rows = Vec::new();
     for fault in Fault::ALL {
-        rows.push(measure(&mut stack, name, ext_proc, fault, &mut seed).await?);
+        rows.push(measure(&mut stack, name, edge, fault, &mut seed).await?);
     }
     Ok(rows)
 }
 
-/// How long a client may wait while the picker hangs: TODO(after GO) from the bootstrap's
-/// ext_proc timeouts, once measured.
+/// How long a client may wait while the picker hangs: the shipped ext_proc `message_timeout`.
 fn hung_bound() -> Duration {
-    FAULT_BOUND + HUNG_SLACK
+    Duration::from_millis(DEFAULT_EPP_MESSAGE_TIMEOUT_MS) + HUNG_SLACK
 }
 
 fn row(rows: &[Row], fault: Fault) -> &Row {
