@@ -106,9 +106,7 @@ fn with_the_flag_off_a_present_destination_is_the_clients_and_stripped() {
         let mut f = flow(config);
         let step = f.on_request_headers(&chat_headers(Some(PICKED)), false, 0);
         assert_eq!(step.next, Next::Pause);
-        assert!(step
-            .effects
-            .contains(&Effect::RemoveRequestHeader(headers::DESTINATION_ENDPOINT)));
+        assert!(step.effects.contains(&Effect::RemoveRequestHeader(headers::DESTINATION_ENDPOINT)));
         assert_eq!(counted(&step.effects, DEFERRED) + counted(&step.effects, ABSENT), 0);
     }
 }
@@ -124,5 +122,8 @@ fn an_overlong_destination_is_still_deferred_and_judged_by_no_endpoint() {
     // Only the served host (what Envoy reports), no primary read from the header.
     let judged: Vec<&Effect> =
         done.iter().filter(|e| matches!(e, Effect::EndpointOutcome { .. })).collect();
-    assert_eq!(judged, vec![&Effect::EndpointOutcome { endpoint: "10.0.0.1:8000".into(), ok: true }]);
+    assert_eq!(
+        judged,
+        vec![&Effect::EndpointOutcome { endpoint: "10.0.0.1:8000".into(), ok: true }]
+    );
 }
