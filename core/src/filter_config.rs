@@ -153,6 +153,15 @@ pub struct FilterConfig {
     /// `other`, those whose model is not known under `unknown`. Also each worker thread's bound on
     /// distinct values. 0 = every known model under `other`; at most [`MAX_MODEL_LABELS_LIMIT`].
     pub max_model_labels: usize,
+    /// Defer to a GIE endpoint picker in front of the filter (the `both` edge: Envoy's `ext_proc`
+    /// picks, the filter only routes what the picker did not). A request that reaches the filter
+    /// with [`headers::DESTINATION_ENDPOINT`] set goes on unchanged — no body read, no
+    /// `/v1/route` call, no done report (the picker booked it and releases it) — and the filter
+    /// routes the others itself (ext_proc failed open: the picker was down or hung). Sound only
+    /// where the header can have come from nowhere but the picker: every shipped `both` bootstrap
+    /// strips a client's before `ext_proc`. Off (the default, and the wasm-only edge): a present
+    /// header is the client's, stripped, and the filter routes every request.
+    pub defer_to_picker: bool,
 }
 
 impl Default for FilterConfig {
@@ -182,6 +191,7 @@ impl Default for FilterConfig {
             local_route_max_body_bytes: 0,
             body_base_slots: 8192,
             max_model_labels: 16,
+            defer_to_picker: false,
         }
     }
 }

@@ -20,6 +20,17 @@ fn empty_and_absent_mean_defaults() {
     assert!(!d.allow_overrides && !d.debug_headers);
     assert_eq!(d.max_model_labels, 16);
     assert_eq!(d.held_body_budget_bytes, DEFAULT_HELD_BODY_BUDGET_BYTES);
+    assert!(!d.defer_to_picker, "the wasm-only edge routes every request itself");
+}
+
+#[test]
+fn deferring_to_a_picker_is_a_switch() {
+    assert!(parse(r#"{"defer_to_picker":true}"#).unwrap().defer_to_picker);
+    assert!(!parse(r#"{"defer_to_picker":false}"#).unwrap().defer_to_picker);
+    let err = parse(r#"{"defer_to_picker":"yes"}"#).unwrap_err().to_string();
+    assert!(err.contains("invalid type"), "{err}");
+    let err = parse(r#"{"defer_to_pickers":true}"#).unwrap_err().to_string();
+    assert!(err.contains("unknown field `defer_to_pickers`"), "{err}");
 }
 
 #[test]
@@ -45,6 +56,7 @@ fn full_config_round_trips() {
         background: Background::PerWorker,
         local_route_max_body_bytes: 8192,
         max_model_labels: 3,
+        defer_to_picker: true,
         ..FilterConfig::default()
     };
     let json = serde_json::to_string(&cfg).unwrap();

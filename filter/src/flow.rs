@@ -14,13 +14,16 @@
 //! own answers (`Answered`: `GET /v1/models` from the last fleet snapshot, and vLLM's 404 for a
 //! model nobody serves, said by the indexer or, routing without it, by the snapshot:
 //! [`crate::models`]). The request's base model labels its metrics ([`RequestFlow::model`]).
+//! With `defer_to_picker` a request that arrives with a destination set (by the GIE endpoint
+//! picker in front, the `both` edge) goes on from its headers untouched ([`RequestFlow::model`]
+//! stays unknown, `mode="picker"`); the filter routes only the ones that arrive without.
 //! [`RequestFlow::finish`] runs once, at stream end or destruction, and books the outcome; whenever
 //! the indexer may have booked the request (a decision, a rejection, a call still out, or a
 //! fallback after an answer was lost) it queues a `/v1/done` echoing the booking id.
 //!
 //! Over 600 lines: one request's state machine, every phase of which reads and writes the same
 //! `RequestFlow` fields; its pure steps live in their own modules (body, splice, decision,
-//! fallback, models, placement) and its tests in `tests/flow.rs` and `tests/flow_models.rs`. Splitting the phases apart would spread
+//! fallback, models, placement) and its tests in `tests/flow.rs`, `tests/flow_models.rs` and `tests/flow_picker.rs`. Splitting the phases apart would spread
 //! one invariant (who books, who reports done) over several files.
 
 use std::rc::Rc;
@@ -46,7 +49,7 @@ use crate::endpoints;
 use crate::fallback::{self, FallbackPick};
 use crate::metrics::{
     hit_rate_permille, FallbackReason, InternalError, LocalAnswer, Metric, MetricUpdate,
-    OutcomeLabel, RouteBody, RouteLabel, UnroutableReason,
+    OutcomeLabel, PickerDestination, RouteBody, RouteLabel, UnroutableReason,
 };
 use crate::models;
 use crate::request::{self, OverrideTrust, RequestHead};
@@ -234,7 +237,16 @@ impl RequestFlow {
         }
         self.head = RequestHead::from_headers(pairs, &self.config.session_header);
         self.ttft.arrived(now_ns);
+        if self.config.defer_to_picker && self.head.client_destination {
+            return self.defer_to_picker();
+        }
         let mut effects = Vec::new();
+        if self.config.defer_to_picker {
+            effects.push(Effect::Metric(MetricUpdate::Add(
+                Metric::PickerDestinations(PickerDestination::Absent),
+                1,
+            )));
+        }
         if self.head.client_destination {
             effects.push(Effect::RemoveRequestHeader(headers::DESTINATION_ENDPOINT));
         }
@@ -285,6 +297,26 @@ impl RequestFlow {
         }
         self.phase = Phase::Buffering;
         Step { effects, next: Next::Pause }
+    }
+
+    /// `defer_to_picker` and the request carries a destination: the endpoint picker in front set
+    /// it (the bootstrap strips a client's before `ext_proc`), and booked the request — it
+    /// releases the booking itself. The request goes on as it is: no body read, no route call, no
+    /// done report; only the endpoint ledger hears how its first endpoint did.
+    fn defer_to_picker(&mut self) -> Step {
+        self.request_id = self.head.request_id.clone().unwrap_or_default();
+        self.primary =
+            self.head.destination.as_deref().and_then(|d| d.split(',').next()).map(str::to_owned);
+        self.route = RouteLabel::Picker;
+        self.phase = Phase::Forwarded;
+        log::debug!(
+            "ctx={} request_id={} destination set by the endpoint picker: {}",
+            self.context_id,
+            self.request_id,
+            self.head.destination.as_deref().unwrap_or("(over 256 bytes)")
+        );
+        let deferred = Metric::PickerDestinations(PickerDestination::Deferred);
+        Step { effects: vec![Effect::Metric(MetricUpdate::Add(deferred, 1))], next: Next::Continue }
     }
 
     /// `GET /v1/models` ([`Next::ListModels`]): answered from the last fleet snapshot's models
@@ -1031,3 +1063,7 @@ mod model_tests;
 #[cfg(test)]
 #[path = "tests/flow_usage.rs"]
 mod usage_tests;
+
+#[cfg(test)]
+#[path = "tests/flow_picker.rs"]
+mod picker_tests;

@@ -69,6 +69,11 @@ pub const TTFT_PREDICTED: &str = "kvmesh_filter_ttft_predicted_milliseconds";
 /// Histogram: actual / predicted TTFT in per-mille (1000 = as predicted): the model's calibration.
 pub const TTFT_RATIO: &str = "kvmesh_filter_ttft_ratio_permille";
 
+/// Counter `{result}`: with `defer_to_picker`, requests by whether an endpoint picker in front
+/// (Envoy `ext_proc`) had set their destination: `deferred` (let go unchanged) or `absent` (the
+/// filter routed them: the picker failed open).
+pub const PICKER_DESTINATIONS: &str = "kvmesh_filter_picker_destinations_total";
+
 /// Counter `{reason}`: requests the filter answered itself, never forwarded: an unknown model
 /// (the indexer's 404, or the filter's own resolution against its last fleet snapshot when it
 /// routes without the indexer) and `GET /v1/models` from the last fleet snapshot.
@@ -82,7 +87,7 @@ pub const ENVOY_WASM_VM_RELOAD_SUCCESS: &str = "envoy_wasm_kvmesh_vm_reload_succ
 pub const ENVOY_WASM_VM_RELOAD_FAILURE: &str = "envoy_wasm_kvmesh_vm_reload_failure";
 
 /// Every base name, for docs and drift tests.
-pub const ALL_NAMES: [&str; 22] = [
+pub const ALL_NAMES: [&str; 23] = [
     KV_OVERLAP_BLOCKS,
     KV_ISL_BLOCKS,
     KV_HIT_RATE,
@@ -105,6 +110,7 @@ pub const ALL_NAMES: [&str; 22] = [
     OVERRIDES_REFUSED,
     REQUEST_IDS_ENCODED,
     LOCAL_ANSWERS,
+    PICKER_DESTINATIONS,
 ];
 
 /// Every label name; each needs a `stats_tags` entry in the bootstrap.
@@ -142,6 +148,8 @@ label_enum! {
         Pinned => "pinned",
         /// No destination header: Envoy's fallback LB chose (unroutable, no fleet, no session, rejected).
         Unrouted => "unrouted",
+        /// The endpoint picker in front had set the destination (`defer_to_picker`): let go as is.
+        Picker => "picker",
     }
 }
 
@@ -282,6 +290,16 @@ label_enum! {
 }
 
 label_enum! {
+    /// `result` of [`PICKER_DESTINATIONS`].
+    PickerDestination {
+        /// The request carried the picker's `x-gateway-destination-endpoint`: let go unchanged.
+        Deferred => "deferred",
+        /// It carried none (ext_proc failed open: the picker was down or hung): the filter routed it.
+        Absent => "absent",
+    }
+}
+
+label_enum! {
     /// `result` of [`DONE_REPORTS`].
     DoneResult {
         Sent => "sent",
@@ -360,6 +378,7 @@ pub enum Metric {
     OverridesRefused(OverrideRefusal),
     RequestIdsEncoded,
     LocalAnswers(LocalAnswer),
+    PickerDestinations(PickerDestination),
 }
 
 impl Metric {
@@ -401,6 +420,7 @@ impl Metric {
             Self::OverridesRefused(_) => OVERRIDES_REFUSED,
             Self::RequestIdsEncoded => REQUEST_IDS_ENCODED,
             Self::LocalAnswers(_) => LOCAL_ANSWERS,
+            Self::PickerDestinations(_) => PICKER_DESTINATIONS,
         }
     }
 
@@ -439,6 +459,7 @@ impl Metric {
             Self::BreakerTransitions(s) => vec![("state", s.as_str())],
             Self::OverridesRefused(r) => vec![("reason", r.as_str())],
             Self::LocalAnswers(r) => vec![("reason", r.as_str())],
+            Self::PickerDestinations(r) => vec![("result", r.as_str())],
             _ => Vec::new(),
         }
     }
@@ -492,6 +513,7 @@ impl Metric {
         all.extend(OverrideRefusal::ALL.iter().map(|&r| Self::OverridesRefused(r)));
         all.push(Self::RequestIdsEncoded);
         all.extend(LocalAnswer::ALL.iter().map(|&r| Self::LocalAnswers(r)));
+        all.extend(PickerDestination::ALL.iter().map(|&r| Self::PickerDestinations(r)));
         all
     }
 }

@@ -37,8 +37,12 @@ pub struct RequestHead {
     pub sent_override_secret: bool,
     /// Whether the client sent `content-length` (it must be fixed after a splice).
     pub has_content_length: bool,
-    /// Whether the client sent `x-gateway-destination-endpoint` (it is always stripped).
+    /// Whether the request carried `x-gateway-destination-endpoint`: the client's (stripped), or
+    /// with `defer_to_picker` the endpoint picker's in front (kept).
     pub client_destination: bool,
+    /// Its value (at most [`MAX_META_VALUE_BYTES`]), read for `defer_to_picker`: the first
+    /// endpoint is the one the endpoint ledger judges.
+    pub destination: Option<String>,
 }
 
 impl RequestHead {
@@ -50,7 +54,10 @@ impl RequestHead {
                 ":method" => head.method = text(value, usize::MAX).unwrap_or_default(),
                 ":path" => head.path = text(value, usize::MAX).unwrap_or_default(),
                 "content-length" => head.has_content_length = true,
-                headers::DESTINATION_ENDPOINT => head.client_destination = true,
+                headers::DESTINATION_ENDPOINT => {
+                    head.client_destination = true;
+                    head.destination = text(value, MAX_META_VALUE_BYTES);
+                }
                 headers::REQUEST_ID => head.request_id = text(value, MAX_META_VALUE_BYTES),
                 headers::OVERRIDE_WORKER => {
                     head.override_worker = text(value, MAX_META_VALUE_BYTES)

@@ -29,6 +29,7 @@ fn reads_headers() {
     assert_eq!(head.override_worker.as_deref(), Some("w1"));
     assert_eq!(head.override_mode, None);
     assert!(head.has_content_length && head.client_destination && head.has_overrides());
+    assert_eq!(head.destination.as_deref(), Some("6.6.6.6:80"));
     assert_eq!(
         head.override_secret.as_deref(),
         Some(&b" s\xff "[..]),
