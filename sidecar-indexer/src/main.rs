@@ -136,7 +136,9 @@ async fn run(config: Config, path: PathBuf, env: Arc<ProcessEnv>) -> anyhow::Res
             }
         });
     }
-    if let Some(l) = epp_listener {
+    // The picker drains its streams on SIGTERM like the HTTP API does, and the process waits for
+    // both: a rolling restart finishes the requests in flight through either front door.
+    let epp = epp_listener.map(|l| {
         let state = svc.state.clone();
         tokio::spawn(async move {
             if let Err(e) =
@@ -144,10 +146,15 @@ async fn run(config: Config, path: PathBuf, env: Arc<ProcessEnv>) -> anyhow::Res
             {
                 tracing::error!(error = %e, "endpoint picker listener failed");
             }
-        });
-    }
+        })
+    });
     svc.spawn_background();
     axum::serve(listener, router(svc.state.clone())).with_graceful_shutdown(shutdown()).await?;
+    if let Some(epp) = epp {
+        if let Err(e) = epp.await {
+            tracing::error!(error = %e, "endpoint picker task failed");
+        }
+    }
     tracing::info!("shut down");
     Ok(())
 }
