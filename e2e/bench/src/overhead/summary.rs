@@ -2,8 +2,9 @@
 //!
 //! Added latency is a difference of percentiles measured in the same run: p50(path) −
 //! p50(plain) and p99(path) − p99(plain), on the gateway time from Envoy's own timestamps
-//! (see `gateway`), for each way through kvmesh (the wasm filter, the ext_proc endpoint picker). The client-observed TTFT difference is computed the same way as a cross-check;
-//! it includes the engines' time (tokenizing the whole prompt) on both sides, so it is noisier.
+//! (see `gateway`), for each way through kvmesh (the wasm filter, the ext_proc endpoint
+//! picker). The client-observed TTFT difference is computed the same way as a cross-check; it
+//! includes the engines' time (tokenizing the whole prompt) on both sides, so it is noisier.
 //! Failed samples are counted and left out; samples the filter routed without the indexer (its
 //! timeout) stay in: that latency is real. Where the kvmesh time goes is read from the indexer's
 //! own timers (`/v1/route` and tokenization histograms), scraped after every kvmesh sample: the
@@ -106,7 +107,8 @@ pub struct Sample {
     pub status: Option<u16>,
     /// Worker that served it.
     pub worker: Option<String>,
-    /// `x-kvmesh-fallback`, when the filter routed without the indexer.
+    /// `x-kvmesh-fallback`, when the filter routed without the indexer; [`PICKER_PIN`] for a
+    /// picker response without a decision.
     pub fallback: Option<String>,
     /// `usage.prompt_tokens`.
     pub prompt_tokens: Option<u64>,
