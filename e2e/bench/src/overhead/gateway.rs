@@ -201,7 +201,7 @@ pub fn add_ext_proc_path(
         let names = filter_names(hcm);
         if !names.contains(&EXT_PROC_FILTER) || names.contains(&WASM_FILTER) {
             return Err(ShapeError(
-                "ext_proc filter without the wasm filter (render it with edge = ext_proc)",
+                "listener with the ext_proc filter and no wasm filter (render it with edge = ext_proc)",
             ));
         }
         hcm["stat_prefix"] = json!("ext_proc");
