@@ -7,6 +7,7 @@ PROFILE      ?= debug
 WASM         := target/wasm32-wasip1/wasm/kvmesh_filter.wasm
 FLEET        ?=
 ENGINES      ?=
+EDGE         ?=
 VLLM_TESTS   := $(basename $(notdir $(wildcard e2e/tests/vllm_*.rs)))
 export KVMESH_TOKENIZER ?= $(CURDIR)/.tools/tokenizer/tokenizer.json
 export KVMESH_ENVOY     ?= $(CURDIR)/.tools/bin/envoy
@@ -71,11 +72,11 @@ validate: build ## Validate Envoy, Istio, Kubernetes and Prometheus configs offl
 
 # `make run` is what a newcomer judges kvmesh by: release binaries (the build is paid once); tests stay on debug.
 RUN_PROFILE ?= release
-run: setup wasm ## Serve a KV-aware gateway on 127.0.0.1:8080 over local simulated workers, release build (FLEET=<file> for another fleet, e.g. FLEET=envoy/fleets/multi-model.toml: two models and three LoRA adapters, a curl per kind of request; ENGINES=vllm for real vLLM CPU engines, ENGINES=external FLEET=<file> for engines already running, PROMETHEUS=1 for Prometheus on :9090, RUN_PROFILE=debug for debug binaries)
+run: setup wasm ## Serve a KV-aware gateway on 127.0.0.1:8080 over local simulated workers, release build (FLEET=<file> for another fleet, e.g. FLEET=envoy/fleets/multi-model.toml: two models and three LoRA adapters, a curl per kind of request; ENGINES=vllm for real vLLM CPU engines, ENGINES=external FLEET=<file> for engines already running, EDGE=ext_proc for the indexer's endpoint picker over Envoy ext_proc instead of the wasm filter (GIE's protocol, gRPC on :9002; EDGE=both: the picker, the filter as its fallback), PROMETHEUS=1 for Prometheus on :9090, RUN_PROFILE=debug for debug binaries)
 	@echo "make run: building $(RUN_PROFILE) binaries (the first build takes a few minutes)"
 	$(MAKE) --no-print-directory build PROFILE=$(RUN_PROFILE)
 	$(if $(filter vllm,$(ENGINES)),@scripts/setup-vllm.sh >/dev/null,)
-	target/$(RUN_PROFILE)/kvmesh-stack $(if $(filter release,$(RUN_PROFILE)),--release,) $(if $(FLEET),--fleet $(FLEET),) $(if $(ENGINES),--engines $(ENGINES),) $(if $(filter 1,$(PROMETHEUS)),--prometheus,)
+	target/$(RUN_PROFILE)/kvmesh-stack $(if $(filter release,$(RUN_PROFILE)),--release,) $(if $(FLEET),--fleet $(FLEET),) $(if $(ENGINES),--engines $(ENGINES),) $(if $(EDGE),--edge $(EDGE),) $(if $(filter 1,$(PROMETHEUS)),--prometheus,)
 
 demo: ## `make run` on the disaggregated example fleet (2 prefill + 2 decode workers, disaggregation, local continuations, KV migration)
 	$(MAKE) run FLEET=envoy/fleets/disagg.toml

@@ -1,10 +1,11 @@
 //! The Envoy bootstrap, rendered from `envoy/bootstrap.yaml.j2`.
 //!
-//! One template serves every setup: `policy = "kvmesh"` gives the wasm filter, its singleton
-//! service and the `override_host` load balancer; the other policies give plain Envoy with one of
-//! its own load balancers (the benchmark baselines). Rendering is a pure function of
-//! [`BootstrapVars`] — the same worker list the indexer's fleet file is written from — so the two
-//! never disagree. Variables are checked before rendering (a STATIC cluster needs IPs, a header
+//! One template serves every setup: `policy = "kvmesh"` gives the `override_host` load balancer and
+//! a front door that picks its destination ([`Edge`]): the wasm filter and its singleton service,
+//! the indexer's endpoint picker over ext_proc (no wasm), or both; the other policies give plain
+//! Envoy with one of its own load balancers (the benchmark baselines). Rendering is a pure
+//! function of [`BootstrapVars`] (and the edge's [`EppTarget`]) — the same worker list the
+//! indexer's fleet file is written from — so the two never disagree. Variables are checked before rendering (a STATIC cluster needs IPs, a header
 //! name must be a token) and any variable the template uses but the caller did not give is an
 //! error, not an empty string. The filter configuration is read into the filter's own typed
 //! [`FilterConfig`] (`kvmesh_core::filter_config`) and validated exactly as the filter's
@@ -70,6 +71,84 @@ pub struct BootstrapVars {
     /// [`DEFAULT_WASM_FAILURE_POLICY`]).
     pub wasm_failure_policy: String,
 }
+
+/// Which front door picks the endpoint under the `kvmesh` policy (the template's `edge`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Edge {
+    /// The wasm filter asks the indexer's `/v1/route` (the default; keeps routing, on the
+    /// filter's local fallback, while the indexer is down).
+    #[default]
+    Wasm,
+    /// Envoy's ext_proc filter asks the indexer's endpoint picker (`[epp]`, GIE's endpoint-picker
+    /// protocol); no wasm. `failure_mode_allow`: a request goes on unpicked (the cluster's
+    /// fallback LB) when the picker cannot be reached or fails, instead of failing.
+    ExtProc { failure_mode_allow: bool },
+    /// The endpoint picker picks; the wasm filter after it is the fallback for a request the
+    /// picker left without a destination (`failure_mode_allow` as for [`Edge::ExtProc`]).
+    Both { failure_mode_allow: bool },
+}
+
+impl Edge {
+    /// The template's name of it: `wasm`, `ext_proc`, `both`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Wasm => "wasm",
+            Self::ExtProc { .. } => "ext_proc",
+            Self::Both { .. } => "both",
+        }
+    }
+
+    /// Whether Envoy calls the endpoint picker (the indexer needs `[epp] listen`).
+    pub fn uses_epp(self) -> bool {
+        !matches!(self, Self::Wasm)
+    }
+
+    /// Whether Envoy loads the wasm filter.
+    pub fn uses_wasm(self) -> bool {
+        !matches!(self, Self::ExtProc { .. })
+    }
+
+    /// ext_proc's `failure_mode_allow` (false without ext_proc).
+    pub fn failure_mode_allow(self) -> bool {
+        match self {
+            Self::Wasm => false,
+            Self::ExtProc { failure_mode_allow } | Self::Both { failure_mode_allow } => {
+                failure_mode_allow
+            }
+        }
+    }
+
+    /// The edge named `name` (`wasm`, `ext_proc`, `both`), with `failure_mode_allow` for the two
+    /// that call the picker.
+    pub fn parse(name: &str, failure_mode_allow: bool) -> Option<Self> {
+        match name {
+            "wasm" => Some(Self::Wasm),
+            "ext_proc" => Some(Self::ExtProc { failure_mode_allow }),
+            "both" => Some(Self::Both { failure_mode_allow }),
+            _ => None,
+        }
+    }
+}
+
+/// Where Envoy's ext_proc filter finds the endpoint picker (edges other than [`Edge::Wasm`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EppTarget {
+    /// An IP address (the `kvmesh_epp` cluster is STATIC).
+    pub host: String,
+    pub port: u16,
+    /// ext_proc's `message_timeout`: the longest wait for one answer of the picker. The answer to
+    /// a request's headers comes once its whole body reached the picker and was routed, so this
+    /// covers the client's upload too.
+    pub message_timeout_ms: u64,
+}
+
+/// The shipped [`EppTarget::message_timeout_ms`]: the picker's own route deadline (the indexer's
+/// `routing.request_timeout_ms`, 15 s by default) plus time for the upload. Istio's InferencePool
+/// filter waits 1000 s; a hung picker would hold requests that long.
+pub const DEFAULT_EPP_MESSAGE_TIMEOUT_MS: u64 = 30_000;
+
+/// Longest accepted [`EppTarget::message_timeout_ms`] (Istio's value).
+pub const MAX_EPP_MESSAGE_TIMEOUT_MS: u64 = 1_000_000;
 
 /// Envoy's overload manager settings (template variables of their own, so callers that build
 /// [`BootstrapVars`] need not spell them out: [`render_bootstrap`] uses the defaults).
@@ -146,12 +225,25 @@ pub fn render_bootstrap(vars: &BootstrapVars) -> Result<String, RenderError> {
     render_bootstrap_with(vars, &EnvoyLimits::default())
 }
 
-/// Renders the bootstrap YAML with the overload manager's `limits`.
+/// Renders the bootstrap YAML with the overload manager's `limits` (the wasm filter's edge).
 pub fn render_bootstrap_with(
     vars: &BootstrapVars,
     limits: &EnvoyLimits,
 ) -> Result<String, RenderError> {
-    validate(vars)?;
+    render_bootstrap_edge(vars, limits, Edge::Wasm, None)
+}
+
+/// Renders the bootstrap YAML with the overload manager's `limits` and `edge` as the kvmesh
+/// policy's front door; `epp` is where the endpoint picker listens (needed by every edge but
+/// [`Edge::Wasm`]).
+pub fn render_bootstrap_edge(
+    vars: &BootstrapVars,
+    limits: &EnvoyLimits,
+    edge: Edge,
+    epp: Option<&EppTarget>,
+) -> Result<String, RenderError> {
+    validate(vars, edge)?;
+    let epp = validate_epp(vars, edge, epp)?;
     if limits.max_heap_bytes < 64 << 20
         || limits.max_downstream_connections == 0
         || limits.large_bodies_per_s == 0
@@ -183,12 +275,56 @@ pub fn render_bootstrap_with(
         large_bodies_per_s => limits.large_bodies_per_s,
         // A protobuf Duration: seconds ("4.000s"), never "ms".
         held_idle_timeout => format!("{:.3}s", held_idle_timeout_ms(&filter) as f64 / 1000.0),
+        edge => edge.as_str(),
+        epp_host => epp.host,
+        epp_port => epp.port,
+        epp_failure_mode_allow => edge.failure_mode_allow(),
+        epp_message_timeout => format!("{:.3}s", epp.message_timeout_ms as f64 / 1000.0),
         ..minijinja::Value::from_serialize(&typed)
     };
     Ok(env.get_template("bootstrap.yaml.j2")?.render(ctx)?)
 }
 
-fn validate(v: &BootstrapVars) -> Result<(), RenderError> {
+/// The picker's address for the template: `epp` checked (an IP, a port, a bounded timeout) when
+/// `edge` calls the picker; unused placeholders for [`Edge::Wasm`].
+fn validate_epp(
+    v: &BootstrapVars,
+    edge: Edge,
+    epp: Option<&EppTarget>,
+) -> Result<EppTarget, RenderError> {
+    let bad = |name: &'static str, value: String, reason: &'static str| {
+        Err(RenderError::InvalidVar { name, value, reason })
+    };
+    if !edge.uses_epp() {
+        return Ok(EppTarget {
+            host: String::new(),
+            port: 0,
+            message_timeout_ms: DEFAULT_EPP_MESSAGE_TIMEOUT_MS,
+        });
+    }
+    if v.policy != "kvmesh" {
+        return bad("edge", edge.as_str().to_owned(), "the endpoint picker needs the kvmesh policy");
+    }
+    let Some(epp) = epp else {
+        return bad("epp_host", String::new(), "the ext_proc edges need the picker's address");
+    };
+    if epp.host.parse::<IpAddr>().is_err() {
+        return bad("epp_host", epp.host.clone(), "must be an IP address (STATIC cluster)");
+    }
+    if epp.port == 0 {
+        return bad("epp_port", "0".to_owned(), "must be the picker's bound port");
+    }
+    if !(1..=MAX_EPP_MESSAGE_TIMEOUT_MS).contains(&epp.message_timeout_ms) {
+        return bad(
+            "epp_message_timeout",
+            format!("{} ms", epp.message_timeout_ms),
+            "must be 1 ms to 1000 s",
+        );
+    }
+    Ok(epp.clone())
+}
+
+fn validate(v: &BootstrapVars, edge: Edge) -> Result<(), RenderError> {
     let bad = |name: &'static str, value: &str, reason: &'static str| RenderError::InvalidVar {
         name,
         value: value.to_owned(),
@@ -238,8 +374,8 @@ fn validate(v: &BootstrapVars) -> Result<(), RenderError> {
     if v.indexer_max_connections == 0 {
         return Err(bad("indexer_max_connections", "0", "must be positive"));
     }
-    if v.policy == "kvmesh" && v.wasm_path.is_empty() {
-        return Err(bad("wasm_path", "", "needed by the kvmesh policy"));
+    if v.policy == "kvmesh" && edge.uses_wasm() && v.wasm_path.is_empty() {
+        return Err(bad("wasm_path", "", "needed by the kvmesh policy's wasm filter"));
     }
     Ok(())
 }
@@ -326,6 +462,204 @@ mod tests {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
+    }
+
+    fn epp() -> EppTarget {
+        EppTarget {
+            host: "127.0.0.1".into(),
+            port: 19002,
+            message_timeout_ms: DEFAULT_EPP_MESSAGE_TIMEOUT_MS,
+        }
+    }
+
+    /// Every edge that calls the endpoint picker, with each failure mode.
+    const EPP_EDGES: [Edge; 4] = [
+        Edge::ExtProc { failure_mode_allow: false },
+        Edge::ExtProc { failure_mode_allow: true },
+        Edge::Both { failure_mode_allow: false },
+        Edge::Both { failure_mode_allow: true },
+    ];
+
+    fn render_edge(v: &BootstrapVars, edge: Edge) -> String {
+        render_bootstrap_edge(v, &EnvoyLimits::default(), edge, Some(&epp())).unwrap()
+    }
+
+    #[test]
+    fn every_edge_renders_and_envoy_accepts_it() {
+        let Some(envoy) = envoy() else {
+            crate::skip_or_fail_in_ci(
+                "no Envoy binary (set KVMESH_ENVOY or run `make setup`); rendering only",
+            )
+            .unwrap();
+            for edge in EPP_EDGES {
+                render_edge(&vars("kvmesh", "/nonexistent.wasm"), edge);
+            }
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        for (i, edge) in EPP_EDGES.into_iter().enumerate() {
+            // Pure ext_proc loads no wasm: no module at all, so Envoy would refuse a wasm filter.
+            let wasm =
+                if edge.uses_wasm() { wasm().display().to_string() } else { String::new() };
+            for models in [false, true] {
+                let mut v = vars("kvmesh", &wasm);
+                if models {
+                    v = with_models(v);
+                }
+                let yaml = render_edge(&v, edge);
+                let path = dir.path().join(format!("{}-{i}-{models}.yaml", edge.as_str()));
+                std::fs::write(&path, &yaml).unwrap();
+                let out = Command::new(&envoy)
+                    .args(["--mode", "validate", "-c"])
+                    .arg(&path)
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "envoy rejected the {edge:?} bootstrap:\n{}\n{}\n---\n{yaml}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+    }
+
+    /// The HTTP filters of the rendered listener, by name, in order.
+    fn http_filters(yaml: &str) -> Vec<serde_json::Value> {
+        let doc: serde_json::Value = serde_yaml::from_str(yaml).unwrap();
+        doc.pointer("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters")
+            .and_then(serde_json::Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn filter_names(yaml: &str) -> Vec<String> {
+        http_filters(yaml)
+            .iter()
+            .filter_map(|f| f["name"].as_str().map(|n| n.trim_start_matches("envoy.filters.http.").to_owned()))
+            .collect()
+    }
+
+    fn cluster(yaml: &str, name: &str) -> Option<serde_json::Value> {
+        let doc: serde_json::Value = serde_yaml::from_str(yaml).unwrap();
+        doc.pointer("/static_resources/clusters")?
+            .as_array()?
+            .iter()
+            .find(|c| c["name"] == name)
+            .cloned()
+    }
+
+    #[test]
+    fn the_ext_proc_edge_picks_with_no_wasm_and_no_buffer() {
+        let edge = Edge::ExtProc { failure_mode_allow: false };
+        let yaml = render_edge(&vars("kvmesh", ""), edge);
+        assert_eq!(
+            filter_names(&yaml),
+            ["local_ratelimit", "header_mutation", "ext_proc", "router"],
+            "large uploads limited, the client's destination stripped, then the picker:\n{yaml}"
+        );
+        assert!(!yaml.contains("envoy.bootstrap.wasm") && !yaml.contains("kvmesh_held"));
+        assert!(cluster(&yaml, "kvmesh_indexer").is_none(), "nothing calls /v1/route");
+        let ext_proc = http_filters(&yaml)
+            .into_iter()
+            .find(|f| f["name"] == "envoy.filters.http.ext_proc")
+            .unwrap();
+        let c = &ext_proc["typed_config"];
+        assert_eq!(c["grpc_service"]["envoy_grpc"]["cluster_name"], "kvmesh_epp");
+        let mode = &c["processing_mode"];
+        for (field, want) in [
+            ("request_header_mode", "SEND"),
+            ("response_header_mode", "SEND"),
+            ("request_body_mode", "FULL_DUPLEX_STREAMED"),
+            ("response_body_mode", "FULL_DUPLEX_STREAMED"),
+            ("request_trailer_mode", "SEND"),
+            ("response_trailer_mode", "SEND"),
+        ] {
+            assert_eq!(mode[field], want, "{field}");
+        }
+        assert_eq!(c["failure_mode_allow"], false);
+        assert_eq!(c["message_timeout"], "30.000s");
+        let md = &c["metadata_options"];
+        assert_eq!(md["forwarding_namespaces"]["untyped"], serde_json::json!(["envoy.lb", "envoy.lb.subset_hint"]));
+        assert_eq!(md["receiving_namespaces"]["untyped"], serde_json::json!(["envoy.lb"]));
+        let open = render_edge(&vars("kvmesh", ""), Edge::ExtProc { failure_mode_allow: true });
+        assert!(open.contains("failure_mode_allow: true"));
+
+        let epp = cluster(&yaml, "kvmesh_epp").expect("the picker's cluster");
+        assert_eq!(epp["type"], "STATIC");
+        let options = &epp["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"];
+        assert!(options["explicit_http_config"]["http2_protocol_options"].is_object(), "gRPC needs HTTP/2");
+        let address = &epp.pointer("/load_assignment/endpoints/0/lb_endpoints/0/endpoint/address/socket_address").cloned().unwrap();
+        assert_eq!((address["address"].as_str(), address["port_value"].as_u64()), (Some("127.0.0.1"), Some(19002)));
+
+        let engines = cluster(&yaml, "engines").unwrap();
+        let lb = engines.pointer("/load_balancing_policy/policies/0/typed_extension_config/typed_config").cloned().unwrap();
+        assert_eq!(
+            lb["override_host_sources"],
+            serde_json::json!([
+                {"metadata": {"key": "envoy.lb", "path": [{"key": "x-gateway-destination-endpoint"}]}},
+                {"header": "x-gateway-destination-endpoint"}
+            ]),
+            "the picker's metadata first, then the header"
+        );
+        assert_eq!(
+            lb["selected_host_key"],
+            serde_json::json!({"key": "envoy.lb", "path": [{"key": "x-gateway-destination-endpoint-served"}]})
+        );
+        // The overload manager and the router's retries are the same as the wasm edge's.
+        assert!(yaml.contains("overload_manager:") && yaml.contains("num_retries: 2"));
+        assert!(yaml.contains("request_body_buffer_limit: 8388608"));
+    }
+
+    #[test]
+    fn both_edges_put_the_picker_before_the_filter() {
+        let yaml = render_edge(&vars("kvmesh", "/x.wasm"), Edge::Both { failure_mode_allow: true });
+        assert_eq!(
+            filter_names(&yaml),
+            ["local_ratelimit", "buffer", "header_mutation", "ext_proc", "wasm", "router"],
+            "{yaml}"
+        );
+        assert!(yaml.contains("envoy.bootstrap.wasm") && yaml.contains("kvmesh_held"));
+        assert!(cluster(&yaml, "kvmesh_indexer").is_some() && cluster(&yaml, "kvmesh_epp").is_some());
+        assert!(yaml.contains("failure_mode_allow: true"));
+    }
+
+    #[test]
+    fn the_wasm_edge_renders_without_the_picker() {
+        let v = vars("kvmesh", "/x.wasm");
+        let yaml = render_bootstrap(&v).unwrap();
+        assert_eq!(
+            yaml,
+            render_bootstrap_edge(&v, &EnvoyLimits::default(), Edge::Wasm, Some(&epp())).unwrap(),
+            "the picker's address is unused by the wasm edge"
+        );
+        assert_eq!(filter_names(&yaml), ["local_ratelimit", "buffer", "header_mutation", "wasm", "router"]);
+        for absent in ["ext_proc", "kvmesh_epp", "selected_host_key", "envoy.lb", "edge:"] {
+            assert!(!yaml.contains(absent), "{absent}");
+        }
+    }
+
+    #[test]
+    fn bad_edge_vars_are_refused() {
+        let ext_proc = Edge::ExtProc { failure_mode_allow: false };
+        let err = |v: &BootstrapVars, edge: Edge, epp: Option<&EppTarget>| {
+            render_bootstrap_edge(v, &EnvoyLimits::default(), edge, epp).unwrap_err().to_string()
+        };
+        assert!(err(&vars("round_robin", ""), ext_proc, Some(&epp())).contains("`edge`"));
+        assert!(err(&vars("kvmesh", ""), ext_proc, None).contains("`epp_host`"));
+        let mut e = epp();
+        e.host = "localhost".into();
+        assert!(err(&vars("kvmesh", ""), ext_proc, Some(&e)).contains("`epp_host`"));
+        let e = EppTarget { port: 0, ..epp() };
+        assert!(err(&vars("kvmesh", ""), ext_proc, Some(&e)).contains("`epp_port`"));
+        let e = EppTarget { message_timeout_ms: 0, ..epp() };
+        assert!(err(&vars("kvmesh", ""), ext_proc, Some(&e)).contains("`epp_message_timeout`"));
+        // The wasm filter needs its module; the picker alone does not.
+        let both = Edge::Both { failure_mode_allow: false };
+        assert!(err(&vars("kvmesh", ""), both, Some(&epp())).contains("`wasm_path`"));
+        assert!(render_bootstrap_edge(&vars("kvmesh", ""), &EnvoyLimits::default(), ext_proc, Some(&epp())).is_ok());
+        assert_eq!(Edge::parse("ext_proc", true), Some(Edge::ExtProc { failure_mode_allow: true }));
+        assert_eq!(Edge::parse("grpc", true), None);
     }
 
     /// `v` over two models: w0 and w1 serve `a` and its adapter, w2 serves `b`.

@@ -5,7 +5,11 @@
 //! bootstrap from the same worker list, so the two can never disagree. A spec with several models
 //! (or LoRA adapters) starts each simulator for its worker's model and writes `[[models]]`.
 //! Policies other than [`EnvoyPolicy::Kvmesh`] run Envoy alone with one of its own load
-//! balancers — the baselines the benchmark compares against.
+//! balancers — the baselines the benchmark compares against. Under the kvmesh policy the
+//! spec's [`Edge`] says which front door picks: the wasm filter, or the indexer's endpoint picker
+//! over Envoy's ext_proc (the fleet file gets `[epp] listen = "127.0.0.1:0"`, the indexer's READY
+//! line says which port it bound — [`Stack::epp_addr`] — and the bootstrap's `kvmesh_epp` cluster
+//! points there; a restarted indexer binds the same port again), or both.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,14 +17,14 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use crate::envoy_config::{render_bootstrap_with, BootstrapVars, BootstrapWorker};
+use crate::envoy_config::{render_bootstrap_edge, BootstrapVars, BootstrapWorker, EppTarget};
 use crate::procs::{binary, free_port, Proc};
 use crate::prom::Metrics;
 pub use crate::worker::{Worker, WorkerSpec};
 
 mod fleet_file;
 mod spec;
-pub use spec::{EnvoyPolicy, ModelSpec, Ports, StackSpec};
+pub use spec::{Edge, EnvoyPolicy, ModelSpec, Ports, StackSpec};
 
 /// A running stack. Dropping it kills every process.
 pub struct Stack {
@@ -31,6 +35,9 @@ pub struct Stack {
     pub gateway_port: u16,
     pub admin_port: u16,
     pub indexer_port: u16,
+    /// The endpoint picker's ext_proc address, `ip:port` (the indexer's READY `epp=`), when the
+    /// spec's edge calls it; what Envoy's `kvmesh_epp` cluster names.
+    pub epp_addr: Option<String>,
     pub fleet_path: PathBuf,
     /// The workers the fleet file lists since the last `rewrite_fleet` (`None`: all of them): a
     /// (re)started indexer waits for these, not for a worker that left.
@@ -44,6 +51,7 @@ impl Stack {
     pub async fn start(spec: StackSpec) -> anyhow::Result<Self> {
         spec.check_filter_config()?;
         spec.check_models()?;
+        spec.check_edge()?;
         let (dir, tmp) = match &spec.work_dir {
             Some(d) => {
                 std::fs::create_dir_all(d)?;
@@ -87,6 +95,7 @@ impl Stack {
             gateway_port,
             admin_port,
             indexer_port,
+            epp_addr: None,
             fleet_path,
             listed: None,
             dir,
@@ -105,12 +114,27 @@ impl Stack {
         if let Some(mut old) = self.indexer.take() {
             old.kill();
         }
+        let picks = self.spec.edge.uses_epp();
+        if let Some(port) = self.spec.ports.epp.filter(|_| picks) {
+            // Envoy's `kvmesh_epp` cluster names this port: a restart must bind it again.
+            pin_epp_port(&self.fleet_path, port)?;
+        }
         let mut cmd = Command::new(binary("kvmesh-indexer", self.spec.release)?);
         cmd.arg("--config")
             .arg(&self.fleet_path)
             .args(["--listen", &format!("127.0.0.1:{}", self.indexer_port)]);
         let mut proc = Proc::spawn("indexer", cmd, &self.dir)?;
         proc.wait_ready()?;
+        if picks {
+            let addr = proc
+                .ready_field("epp")
+                .with_context(|| {
+                    format!("the indexer's READY line has no epp=: {}", proc.ready_line())
+                })?
+                .to_owned();
+            self.spec.ports.epp = Some(split_host_port(&addr)?.1);
+            self.epp_addr = Some(addr);
+        }
         self.indexer = Some(proc);
         // Listening is not serving: wait until the indexer has seen every listed decode worker
         // healthy, or the first requests get "no healthy decode-capable worker".
@@ -201,15 +225,38 @@ impl Stack {
         }
     }
 
+    /// Stops Envoy (SIGKILL) and starts it again from the current spec — e.g. after changing
+    /// `spec.edge` (another `failure_mode_allow`) — on the same ports; waits until it is ready.
+    pub async fn restart_envoy(&mut self) -> anyhow::Result<()> {
+        self.spec.check_edge()?;
+        if let Some(mut old) = self.envoy.take() {
+            old.kill();
+        }
+        self.start_envoy().await
+    }
+
     async fn start_envoy(&mut self) -> anyhow::Result<()> {
         let envoy = envoy_binary()?;
+        let edge = self.spec.edge;
+        let epp = match &self.epp_addr {
+            Some(addr) if edge.uses_epp() => {
+                let (host, port) = split_host_port(addr)?;
+                Some(EppTarget { host, port, message_timeout_ms: self.spec.epp_message_timeout_ms })
+            }
+            _ => None,
+        };
         let vars = BootstrapVars {
             listen_host: "127.0.0.1".into(),
             listen_port: self.gateway_port,
             admin_port: self.admin_port,
             indexer_host: "127.0.0.1".into(),
             indexer_port: self.indexer_port,
-            wasm_path: wasm_path()?.display().to_string(),
+            // Pure ext_proc loads no wasm: the module need not exist.
+            wasm_path: if edge.uses_wasm() {
+                wasm_path()?.display().to_string()
+            } else {
+                String::new()
+            },
             filter_config_json: self.filter_config().to_string(),
             workers: self
                 .workers
@@ -236,7 +283,7 @@ impl Stack {
             indexer_max_connections: self.spec.indexer_max_connections,
             wasm_failure_policy: self.spec.wasm_failure_policy.clone(),
         };
-        let yaml = render_bootstrap_with(&vars, &self.spec.envoy_limits)?;
+        let yaml = render_bootstrap_edge(&vars, &self.spec.envoy_limits, edge, epp.as_ref())?;
         let path = self.dir.join("envoy.yaml");
         std::fs::write(&path, yaml)?;
         let mut cmd = Command::new(envoy);
@@ -503,6 +550,16 @@ pub fn fleet_toml(
             out.push_str(&format!("\n[filter]\n{text}"));
         }
     }
+    if spec.edge.uses_epp() {
+        // Port 0 until the first indexer said which port it bound (`Ports::epp`).
+        out.push_str(&format!(
+            "\n[epp]\nlisten = \"127.0.0.1:{}\"\n",
+            spec.ports.epp.unwrap_or(0)
+        ));
+        if spec.epp_conformance {
+            out.push_str("conformance = true\n");
+        }
+    }
     let default_model = spec.models.first().map(|m| m.name.as_str());
     for w in workers {
         out.push_str(&format!("\n[[workers]]\nid = \"{}\"\n", w.id));
@@ -557,6 +614,22 @@ fn toml_lines(extra: &str) -> String {
 /// `s` as a TOML basic string, quotes and escapes included.
 fn toml_str(s: &str) -> String {
     toml::Value::String(s.to_owned()).to_string()
+}
+
+/// Makes the fleet file's `[epp] listen` `127.0.0.1:<port>` (left alone when it says so already).
+/// Edits the file as written — a test may have rewritten it — rather than writing it anew.
+fn pin_epp_port(path: &Path, port: u16) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path)?;
+    let mut doc: toml::Table = toml::from_str(&text).context("the fleet file")?;
+    let want = format!("127.0.0.1:{port}");
+    let epp = doc.entry("epp").or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let table = epp.as_table_mut().context("the fleet file's `epp` is not a table")?;
+    if table.get("listen").and_then(toml::Value::as_str) == Some(want.as_str()) {
+        return Ok(());
+    }
+    table.insert("listen".to_owned(), toml::Value::String(want));
+    std::fs::write(path, toml::to_string(&doc)?)?;
+    Ok(())
 }
 
 fn split_host_port(addr: &str) -> anyhow::Result<(String, u16)> {
@@ -678,6 +751,31 @@ mod fleet_toml_tests {
             ModelSpec::new("c", 32).engine_args(dir),
             ["--served-model-name", "c", "--block-size", "32"]
         );
+    }
+
+    #[test]
+    fn the_picker_edges_get_an_epp_listener_that_a_restart_binds_again() {
+        let mut spec = StackSpec::aggregate(1);
+        let w0 = worker("w0", None, 0);
+        assert!(!fleet_toml(&spec, &[&w0], 1, 2, 3).contains("[epp]"), "the wasm edge: no picker");
+        spec.edge = Edge::ExtProc { failure_mode_allow: false };
+        spec.epp_conformance = true;
+        let doc: toml::Table = toml::from_str(&fleet_toml(&spec, &[&w0], 1, 2, 3)).unwrap();
+        assert_eq!(doc["epp"]["listen"].as_str(), Some("127.0.0.1:0"), "the first start: port 0");
+        assert_eq!(doc["epp"]["conformance"].as_bool(), Some(true));
+        // Once the indexer said which port it bound, the file names it, and a restart keeps it.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.toml");
+        std::fs::write(&path, fleet_toml(&spec, &[&w0], 1, 2, 3)).unwrap();
+        pin_epp_port(&path, 43210).unwrap();
+        let doc: toml::Table = toml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(doc["epp"]["listen"].as_str(), Some("127.0.0.1:43210"));
+        assert_eq!(doc["epp"]["conformance"].as_bool(), Some(true), "the rest is kept");
+        assert_eq!(doc["workers"][0]["id"].as_str(), Some("w0"));
+        spec.ports.epp = Some(43210);
+        assert!(fleet_toml(&spec, &[&w0], 1, 2, 3).contains("listen = \"127.0.0.1:43210\""));
+        spec.policy = EnvoyPolicy::RoundRobin;
+        assert!(spec.check_edge().is_err(), "the picker is the indexer's: kvmesh policy only");
     }
 
     #[test]

@@ -4,8 +4,10 @@
 //! `--fleet FILE`) — a `vllm-sim` (`--engines sim`, the default) or a real vLLM CPU engine
 //! (`--engines vllm`: 2 workers by default, one per core, installed on first use) — or, with
 //! `--engines external`, none: the fleet file's addresses are engines that already run. Then the
-//! indexer and Envoy with the kvmesh filter; prints where everything is and a ready-to-paste
-//! `curl`, and stops every process it started on Ctrl-C or SIGTERM. With
+//! indexer and Envoy with the kvmesh filter — or, with `--edge ext_proc`, Envoy calling the
+//! indexer's endpoint picker over ext_proc (GIE's endpoint-picker protocol, no wasm), or both;
+//! prints where everything is and a ready-to-paste `curl`, and stops every process it started on
+//! Ctrl-C or SIGTERM. With
 //! `--prometheus`, a Prometheus scrapes the stack every second with the shipped rules, and the
 //! operator's queries from envoy/README.md are printed ready to paste.
 
@@ -14,7 +16,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use kvmesh_e2e::prometheus::{self, Prometheus, OPERATOR_QUERIES};
-use kvmesh_e2e::stack::{Ports, Stack, StackSpec};
+use kvmesh_e2e::stack::{Edge, Ports, Stack, StackSpec};
 use kvmesh_e2e::vllm::{Engines, VllmOptions};
 
 /// What serves the workers.
@@ -26,6 +28,18 @@ enum EngineKind {
     Vllm,
     /// Engines already running at the fleet file's addresses; nothing is started.
     External,
+}
+
+/// Which front door picks the worker.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum EdgeKind {
+    /// The kvmesh wasm filter (calls the indexer's /v1/route).
+    Wasm,
+    /// Envoy's ext_proc filter calling the indexer's endpoint picker; no wasm.
+    #[value(name = "ext_proc")]
+    ExtProc,
+    /// ext_proc picks, the wasm filter is the fallback when the picker set no destination.
+    Both,
 }
 
 #[derive(Parser, Debug)]
@@ -57,6 +71,16 @@ struct Args {
     /// Indexer HTTP port.
     #[arg(long, env = "KVMESH_INDEXER_PORT", default_value_t = 9100)]
     indexer_port: u16,
+    /// Which front door picks: the wasm filter, the endpoint picker over ext_proc, or both.
+    #[arg(long, value_enum, env = "KVMESH_EDGE", default_value = "wasm")]
+    edge: EdgeKind,
+    /// The endpoint picker's ext_proc port (`--edge ext_proc|both`; GIE's convention is 9002).
+    #[arg(long, env = "KVMESH_EPP_PORT", default_value_t = 9002)]
+    epp_port: u16,
+    /// ext_proc `failure_mode_allow`: requests go on unpicked (Envoy's fallback load balancer) when
+    /// the picker cannot be reached, instead of failing (GIE's FailOpen; its default is FailClose).
+    #[arg(long)]
+    epp_fail_open: bool,
     /// Also start Prometheus (Debian's `prometheus`, installed by `make setup`) scraping the stack.
     #[arg(long)]
     prometheus: bool,
@@ -112,6 +136,12 @@ async fn main() -> anyhow::Result<()> {
         gateway: Some(args.gateway_port),
         admin: Some(args.admin_port),
         indexer: Some(args.indexer_port),
+        epp: Some(args.epp_port),
+    };
+    spec.edge = match args.edge {
+        EdgeKind::Wasm => Edge::Wasm,
+        EdgeKind::ExtProc => Edge::ExtProc { failure_mode_allow: args.epp_fail_open },
+        EdgeKind::Both => Edge::Both { failure_mode_allow: args.epp_fail_open },
     };
     spec.release = args.release;
     spec.work_dir = Some(args.work_dir.clone());
@@ -162,6 +192,16 @@ async fn main() -> anyhow::Result<()> {
             w.kv_events.as_deref().unwrap_or("-")
         );
     }
+    if let Some(epp) = &stack.epp_addr {
+        let front = match stack.spec.edge {
+            Edge::Both { .. } => "picks; the wasm filter is the fallback",
+            _ => "picks; no wasm filter",
+        };
+        let open = if stack.spec.edge.failure_mode_allow() { "open" } else { "closed" };
+        println!(
+            "  endpoint picker       grpc://{epp}   (ext_proc, GIE's protocol: {front}; fail-{open})"
+        );
+    }
     println!("  fleet file            {}", stack.fleet_path.display());
     println!("  logs                  {}", stack.dir().display());
     if let Some(prom) = &prom {
@@ -174,6 +214,9 @@ async fn main() -> anyhow::Result<()> {
     }
     println!();
     println!("Try:");
+    if stack.epp_addr.is_some() {
+        println!("  # the endpoint picker chooses the worker over ext_proc: its decision in the x-kvmesh-decision-* headers, the engine's x-sim-worker");
+    }
     if stack.spec.has_model_catalog() {
         print_model_curls(&stack);
     } else {
@@ -185,6 +228,13 @@ async fn main() -> anyhow::Result<()> {
         println!(
             "  python3 -c 'import json; print(json.dumps({{\"model\":\"deepseek-v4\",\"messages\":[{{\"role\":\"user\",\"content\":\"the kv cache routes \" * 800}}],\"max_tokens\":16}}))' | curl -s {} -H 'content-type: application/json' -H 'x-session-id: demo-1' -d @- -D - ",
             stack.gateway("/v1/chat/completions")
+        );
+    }
+    if stack.epp_addr.is_some() {
+        println!("  # what the endpoint picker answered, by result (routed, fallback, models_list, unknown_model, …)");
+        println!(
+            "  curl -s {} | grep kvmesh_epp_requests_total",
+            stack.indexer_url("/metrics")
         );
     }
     if let Some(prom) = &prom {

@@ -1,7 +1,7 @@
 //! A fleet file (the indexer's TOML) read into a [`StackSpec`]: what `make run FLEET=…` starts.
 //! Its workers (roles, models, addresses for external engines), its models (one `[model]`'s block
-//! size, or `[[models]]` with aliases and adapters), `[routing]`, `[filter]` and
-//! `[gateway] local_sim_args`. Pure: text in, spec out.
+//! size, or `[[models]]` with aliases and adapters), `[routing]`, `[filter]`, `[epp] conformance`
+//! and `[gateway] local_sim_args`. Pure: text in, spec out.
 
 use anyhow::Context;
 use kvmesh_core::api::Role;
@@ -32,6 +32,11 @@ impl StackSpec {
         }
         if let Some(filter) = doc.get("filter") {
             self.filter_config = serde_json::to_value(filter)?;
+        }
+        if let Some(c) =
+            doc.get("epp").and_then(|e| e.get("conformance")).and_then(toml::Value::as_bool)
+        {
+            self.epp_conformance = c;
         }
         if let Some(gateway) = doc.get("gateway").and_then(toml::Value::as_table) {
             if let Some(sim) = gateway.get("local_sim_args").and_then(toml::Value::as_array) {

@@ -1,11 +1,13 @@
 //! What a stack is made of ([`StackSpec`]): the workers, the models they serve ([`ModelSpec`]),
-//! Envoy's load balancing, the indexer's and the filter's configuration, and the fixed ports of
+//! Envoy's load balancing and front door ([`Edge`]: the wasm filter, the endpoint picker over
+//! ext_proc, or both), the indexer's and the filter's configuration, and the fixed ports of
 //! `make run`. Pure data and its checks; [`super::Stack::start`] starts it.
 
 use std::path::PathBuf;
 
 use kvmesh_core::api::Role;
 
+pub use crate::envoy_config::Edge;
 use crate::worker::WorkerSpec;
 
 /// Which load balancing Envoy does.
@@ -36,6 +38,9 @@ pub struct Ports {
     pub gateway: Option<u16>,
     pub admin: Option<u16>,
     pub indexer: Option<u16>,
+    /// The endpoint picker's ext_proc port (edges other than [`Edge::Wasm`]). Unset: the indexer
+    /// binds port 0 and says which in its READY line; a restarted indexer binds that one again.
+    pub epp: Option<u16>,
 }
 
 /// One base model of a fleet with several models (or with LoRA adapters): a `[[models]]` table of
@@ -114,6 +119,14 @@ impl ModelSpec {
 pub struct StackSpec {
     pub workers: Vec<WorkerSpec>,
     pub policy: EnvoyPolicy,
+    /// Which front door picks under [`EnvoyPolicy::Kvmesh`]: the wasm filter (default), the
+    /// indexer's endpoint picker over ext_proc (the fleet file gets `[epp] listen`), or both.
+    pub edge: Edge,
+    /// `[epp] conformance`: the picker honours GIE's `test-epp-endpoint-selection` request header
+    /// and echoes the served endpoint (conformance runs and tests only: it lets clients choose).
+    pub epp_conformance: bool,
+    /// Envoy's wait for one answer of the picker (ext_proc `message_timeout`).
+    pub epp_message_timeout_ms: u64,
     /// Tokens per KV block (of the first model when `models` names several).
     pub block_size: u32,
     /// The base models, the default first, when the fleet has several (or adapters): the fleet
@@ -163,6 +176,18 @@ impl StackSpec {
         base
     }
 
+    /// The endpoint picker is the indexer's: an edge other than [`Edge::Wasm`] needs the kvmesh
+    /// policy (the baselines run Envoy alone).
+    pub fn check_edge(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.policy == EnvoyPolicy::Kvmesh || self.edge == Edge::Wasm,
+            "edge {} needs the kvmesh policy, not {}",
+            self.edge.as_str(),
+            self.policy.as_str()
+        );
+        Ok(())
+    }
+
     /// The filter's configuration has one definition (core's `FilterConfig`): a typo in a test's
     /// `filter_config` is an error before anything starts, naming the key, not an Envoy that
     /// refuses to load the filter.
@@ -178,6 +203,9 @@ impl StackSpec {
         Self {
             workers: (0..n).map(|i| WorkerSpec::new(format!("w{i}"), Role::Both)).collect(),
             policy: EnvoyPolicy::Kvmesh,
+            edge: Edge::Wasm,
+            epp_conformance: false,
+            epp_message_timeout_ms: crate::envoy_config::DEFAULT_EPP_MESSAGE_TIMEOUT_MS,
             block_size: 16,
             models: Vec::new(),
             sim_args: Vec::new(),
