@@ -277,7 +277,10 @@ pub fn parse_access_line(line: &str) -> Option<AccessEntry> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvmesh_e2e::envoy_config::{render_bootstrap, BootstrapVars, BootstrapWorker};
+    use kvmesh_e2e::envoy_config::{
+        render_bootstrap, render_bootstrap_edge, BootstrapVars, BootstrapWorker, Edge, EnvoyLimits,
+        EppTarget,
+    };
 
     fn vars(wasm: &str) -> BootstrapVars {
         BootstrapVars {
@@ -362,32 +365,28 @@ mod tests {
         );
     }
 
-    /// The wasm rendering with its filter swapped for an ext_proc one and a picker cluster: the
-    /// shape the template's `edge = ext_proc` gives (checked against Envoy in
-    /// `envoy_validates_the_extended_bootstrap`).
-    fn ext_proc_like(wasm: &Value) -> Value {
-        let mut b = wasm.clone();
-        let filters = b
-            .pointer_mut("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters")
-            .and_then(Value::as_array_mut)
-            .unwrap();
-        for f in filters.iter_mut().filter(|f| f["name"] == WASM_FILTER) {
-            *f = json!({"name": EXT_PROC_FILTER});
-        }
-        let clusters =
-            b.pointer_mut("/static_resources/clusters").and_then(Value::as_array_mut).unwrap();
-        clusters.push(json!({"name": "kvmesh_epp"}));
-        for c in clusters.iter_mut().filter(|c| c["name"] == ENGINES_CLUSTER) {
-            c["marker"] = json!("ext_proc rendering");
-        }
-        b
+    /// The same stack rendered with the picker's edge (`edge = ext_proc`).
+    fn ext_proc_bootstrap() -> Value {
+        let epp = EppTarget {
+            host: "127.0.0.1".into(),
+            port: 19002,
+            message_timeout_ms: kvmesh_e2e::envoy_config::DEFAULT_EPP_MESSAGE_TIMEOUT_MS,
+        };
+        let yaml = render_bootstrap_edge(
+            &vars(""),
+            &EnvoyLimits::default(),
+            Edge::ExtProc { failure_mode_allow: false },
+            Some(&epp),
+        )
+        .unwrap();
+        serde_yaml::from_str(&yaml).unwrap()
     }
 
     #[test]
     fn adds_the_ext_proc_listener_with_its_own_engines_and_picker_clusters() {
         let wasm = kvmesh_bootstrap("/x.wasm");
         let two = add_plain_path(&wasm, 18081, "/tmp/a.log").unwrap();
-        let b = add_ext_proc_path(&two, &ext_proc_like(&wasm), 18082, "/tmp/a.log").unwrap();
+        let b = add_ext_proc_path(&two, &ext_proc_bootstrap(), 18082, "/tmp/a.log").unwrap();
         let listeners = b["static_resources"]["listeners"].as_array().unwrap();
         assert_eq!(listeners.len(), 3);
         assert_eq!(listeners[..2], two["static_resources"]["listeners"].as_array().unwrap()[..]);
@@ -409,11 +408,12 @@ mod tests {
         let names: Vec<&str> = clusters.iter().filter_map(|c| c["name"].as_str()).collect();
         assert_eq!(names.iter().filter(|n| **n == "kvmesh_epp").count(), 1, "{names:?}");
         assert_eq!(names.iter().filter(|n| **n == "kvmesh_indexer").count(), 1, "{names:?}");
+        // The ext_proc rendering's engines cluster: override_host reads the picker's metadata.
         let twin = clusters.iter().find(|c| c["name"] == EXT_PROC_CLUSTER).unwrap();
-        assert_eq!(twin["marker"], "ext_proc rendering", "the ext_proc rendering's engines cluster");
+        assert!(twin.to_string().contains("x-gateway-destination-endpoint-served"), "{twin}");
         assert_eq!(twin["load_assignment"]["cluster_name"], EXT_PROC_CLUSTER);
         let engines = clusters.iter().find(|c| c["name"] == ENGINES_CLUSTER).unwrap();
-        assert!(engines.get("marker").is_none(), "the wasm path's engines cluster untouched");
+        assert!(!engines.to_string().contains("-served"), "the wasm path's engines cluster untouched");
         // The wasm rendering is not an ext_proc one.
         let err = add_ext_proc_path(&two, &wasm, 18082, "/tmp/a.log").unwrap_err();
         assert!(err.to_string().contains("edge = ext_proc"), "{err}");
@@ -432,7 +432,8 @@ mod tests {
         assert!(add_plain_path(&json!({}), 1, "/tmp/a.log").is_err());
     }
 
-    /// Envoy itself accepts the result (skipped without an Envoy binary and the wasm filter).
+    /// Envoy itself accepts the result, all three listeners (skipped without an Envoy binary and
+    /// the wasm filter).
     #[test]
     fn envoy_validates_the_extended_bootstrap() {
         let (Ok(envoy), Ok(wasm)) =
@@ -446,12 +447,9 @@ mod tests {
         };
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("access.log");
-        let b = add_plain_path(
-            &kvmesh_bootstrap(&wasm.display().to_string()),
-            18081,
-            &log.display().to_string(),
-        )
-        .unwrap();
+        let log = log.display().to_string();
+        let b = add_plain_path(&kvmesh_bootstrap(&wasm.display().to_string()), 18081, &log).unwrap();
+        let b = add_ext_proc_path(&b, &ext_proc_bootstrap(), 18082, &log).unwrap();
         let path = dir.path().join("envoy.yaml");
         std::fs::write(&path, b.to_string()).unwrap();
         let out = std::process::Command::new(envoy)
