@@ -1,4 +1,4 @@
-//! Steps 2 and 3: warming both paths up, priming the continuation bases and shared prefixes
+//! Steps 2 and 3: warming every path up, priming the continuation bases and shared prefixes
 //! through kvmesh, and the request of sample `n` of a case.
 
 use super::*;
