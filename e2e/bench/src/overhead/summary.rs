@@ -66,7 +66,8 @@ impl Path {
 pub fn order(ways: &[Path], n: u64) -> Vec<Path> {
     let mut v = ways.to_vec();
     if !v.is_empty() {
-        v.rotate_left((n % v.len() as u64) as usize);
+        let k = (n % v.len() as u64) as usize;
+        v.rotate_left(k);
     }
     v
 }
