@@ -353,7 +353,9 @@ fn two_policies_replay_the_trace_and_write_the_report() {
         .collect();
     assert_eq!(picker.len() as u64, 3 * OVERHEAD_SAMPLES);
     assert!(
-        picker.iter().all(|s| s["status"] == 200 && s["fallback"].is_null() && !s["gateway_ms"].is_null()),
+        picker
+            .iter()
+            .all(|s| s["status"] == 200 && s["fallback"].is_null() && !s["gateway_ms"].is_null()),
         "the picker routed every sample: {picker:?}"
     );
     // Through real Envoy: with `local_route_max_body_bytes` the filter answered every 1k request

@@ -225,7 +225,9 @@ pub fn add_ext_proc_path(
         .ok_or(ShapeError("clusters"))?;
     let missing: Vec<Value> = theirs
         .iter()
-        .filter(|c| c["name"] != ENGINES_CLUSTER && !clusters.iter().any(|m| m["name"] == c["name"]))
+        .filter(|c| {
+            c["name"] != ENGINES_CLUSTER && !clusters.iter().any(|m| m["name"] == c["name"])
+        })
         .cloned()
         .collect();
     clusters.extend(missing);
@@ -396,7 +398,8 @@ mod tests {
         let hcm = l.pointer("/filter_chains/0/filters/0/typed_config").unwrap();
         assert_eq!(hcm["stat_prefix"], "ext_proc");
         assert!(filter_names(hcm).contains(&EXT_PROC_FILTER));
-        let routes = hcm.pointer("/route_config/virtual_hosts/0/routes").unwrap().as_array().unwrap();
+        let routes =
+            hcm.pointer("/route_config/virtual_hosts/0/routes").unwrap().as_array().unwrap();
         assert_eq!(routes[0]["name"], ROUTE_CANNED);
         assert_eq!(routes[1]["name"], ROUTE_EXT_PROC);
         assert!(
@@ -413,7 +416,10 @@ mod tests {
         assert!(twin.to_string().contains("x-gateway-destination-endpoint-served"), "{twin}");
         assert_eq!(twin["load_assignment"]["cluster_name"], EXT_PROC_CLUSTER);
         let engines = clusters.iter().find(|c| c["name"] == ENGINES_CLUSTER).unwrap();
-        assert!(!engines.to_string().contains("-served"), "the wasm path's engines cluster untouched");
+        assert!(
+            !engines.to_string().contains("-served"),
+            "the wasm path's engines cluster untouched"
+        );
         // The wasm rendering is not an ext_proc one.
         let err = add_ext_proc_path(&two, &wasm, 18082, "/tmp/a.log").unwrap_err();
         assert!(err.to_string().contains("edge = ext_proc"), "{err}");
@@ -448,7 +454,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("access.log");
         let log = log.display().to_string();
-        let b = add_plain_path(&kvmesh_bootstrap(&wasm.display().to_string()), 18081, &log).unwrap();
+        let b =
+            add_plain_path(&kvmesh_bootstrap(&wasm.display().to_string()), 18081, &log).unwrap();
         let b = add_ext_proc_path(&b, &ext_proc_bootstrap(), 18082, &log).unwrap();
         let path = dir.path().join("envoy.yaml");
         std::fs::write(&path, b.to_string()).unwrap();

@@ -130,12 +130,13 @@ pub fn side_by_side(cases: &[OverheadCase]) -> Option<String> {
     );
     for (case, p50, p99) in EXT_PROC_TARGETS {
         let row = find(case, true);
-        for (quantile, measured, bound) in
-            [("p50", row.map(|c| c.p50_added_ms), Some(p50)), ("p99", row.and_then(|c| c.p99_added_ms), p99)]
-        {
+        for (quantile, measured, bound) in [
+            ("p50", row.map(|c| c.p50_added_ms), Some(p50)),
+            ("p99", row.and_then(|c| c.p99_added_ms), p99),
+        ] {
             let Some(bound) = bound else { continue };
-            let verdict =
-                measured.map_or_else(|| "not measured in this run.".into(), |m| overhead_verdict(m, bound));
+            let verdict = measured
+                .map_or_else(|| "not measured in this run.".into(), |m| overhead_verdict(m, bound));
             let _ = writeln!(s, "- added {quantile} ≤ {bound} ms at `{case}`: {verdict}");
         }
     }
@@ -197,9 +198,17 @@ mod tests {
         assert!(lines[0].starts_with("| chat_8k_continuation | 8200 | 0.060 / 0.100 | **0.800** / 1.600 | **0.600** / 1.200 | 0.300 / 0.300 | 2000.0 | 0.250 | 0.250 | 0.050 / 0.000 / 0.060 | 0.400 / 0.300 / 0.100 | 0.400 / 0.300 / 0.100 |"), "{}", lines[0]);
         assert!(lines[1].contains("**1.200** / 2.400 (3 without the indexer)"), "{}", lines[1]);
         assert!(lines[1].contains("0.250 (25% without the indexer)"), "{}", lines[1]);
-        assert!(lines[2].starts_with("| chat_32k_cold | 8200 |") && lines[2].contains("| n/a |"), "{}", lines[2]);
+        assert!(
+            lines[2].starts_with("| chat_32k_cold | 8200 |") && lines[2].contains("| n/a |"),
+            "{}",
+            lines[2]
+        );
         let header = md.lines().find(|l| l.starts_with("| case |")).unwrap();
-        assert_eq!(header.matches('|').count(), lines[0].matches('|').count(), "every column filled");
+        assert_eq!(
+            header.matches('|').count(),
+            lines[0].matches('|').count(),
+            "every column filled"
+        );
         assert!(md.contains("- added p50 ≤ 1 ms at `chat_8k_continuation`: **met**"), "{md}");
         assert!(md.contains("- added p50 ≤ 1 ms at `chat_100k_continuation`: **missed**"), "{md}");
         assert!(md.contains("- added p99 ≤ 2.5 ms at `chat_100k_continuation`: **met**"), "{md}");

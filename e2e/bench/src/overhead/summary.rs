@@ -472,7 +472,8 @@ mod tests {
         };
         let mut e = round(400, 0.2, 0.4, 0.08);
         e.add(round(600, 0.3, 0.6, 0.12));
-        let c = summarize("c", Path::ExtProc, &v, Some(e), Some(round(2000, 0.2, 0.0, 0.2))).unwrap();
+        let c =
+            summarize("c", Path::ExtProc, &v, Some(e), Some(round(2000, 0.2, 0.0, 0.2))).unwrap();
         assert_eq!((c.name.as_str(), c.edge.as_deref()), ("c_ext_proc", Some(EXT_PROC_EDGE)));
         // 11 picker samples: 0.9 (the pin, kept), 2.0 … 2.9; rank 6 = 2.4, rank 11 = 2.9.
         assert!((c.p50_added_ms - (2.4 - 0.5)).abs() < 1e-9, "{c:?}");
@@ -502,14 +503,17 @@ mod tests {
         assert_eq!(order(&two, 3), [Path::Plain, Path::Kvmesh]);
         assert!(order(&[], 1).is_empty());
         assert!(routed_without_indexer(Path::Kvmesh, true, false));
-        assert!(!routed_without_indexer(Path::Kvmesh, false, false), "the filter names its fallbacks");
-        assert!(routed_without_indexer(Path::ExtProc, false, false), "no decision: the picker pinned");
+        assert!(
+            !routed_without_indexer(Path::Kvmesh, false, false),
+            "the filter names its fallbacks"
+        );
+        assert!(
+            routed_without_indexer(Path::ExtProc, false, false),
+            "no decision: the picker pinned"
+        );
         assert!(!routed_without_indexer(Path::ExtProc, false, true));
         assert!(!routed_without_indexer(Path::Plain, true, false));
-        assert_eq!(
-            [Path::Kvmesh, Path::Plain, Path::ExtProc].map(Path::index),
-            [0, 1, 2]
-        );
+        assert_eq!([Path::Kvmesh, Path::Plain, Path::ExtProc].map(Path::index), [0, 1, 2]);
         assert_eq!(Path::ExtProc.row_name("chat_8k_cold"), "chat_8k_cold_ext_proc");
         assert_eq!(serde_json::to_string(&Path::ExtProc).unwrap(), "\"ext_proc\"");
     }

@@ -160,8 +160,7 @@ pub(super) async fn rps_round(
 ) -> Rate {
     let make = rps_bodies(p, case, round, way);
     let kvmesh = way != Way::Plain;
-    let timers_before =
-        if kvmesh { indexer_timers(p.client, p.metrics_url).await } else { None };
+    let timers_before = if kvmesh { indexer_timers(p.client, p.metrics_url).await } else { None };
     let before = ticks(pids);
     let mut r = closed_loop(
         p.client,
@@ -184,8 +183,7 @@ pub(super) async fn rps_round(
     };
     // Envoy's and the indexer's CPU until settled; the client's over the loop alone (settling
     // polls `/proc` from this process).
-    if let (Some([e0, i0, c0]), Some([e1, i1, _]), Some(c1)) = (before, ticks(pids), client_after)
-    {
+    if let (Some([e0, i0, c0]), Some([e1, i1, _]), Some(c1)) = (before, ticks(pids), client_after) {
         r.envoy_cpu_s = e1.saturating_sub(e0) as f64 / 100.0;
         r.indexer_cpu_s = i1.saturating_sub(i0) as f64 / 100.0;
         r.client_cpu_s = c1.saturating_sub(c0) as f64 / 100.0;

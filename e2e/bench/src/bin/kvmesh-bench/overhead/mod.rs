@@ -56,8 +56,7 @@ use kvmesh_bench::overhead::hung::{
     OPEN_STREAK,
 };
 use kvmesh_bench::overhead::summary::{
-    order, routed_without_indexer, summarize, IndexerTimers, Path as Way, Rate, Sample,
-    PICKER_PIN,
+    order, routed_without_indexer, summarize, IndexerTimers, Path as Way, Rate, Sample, PICKER_PIN,
 };
 use kvmesh_bench::policy::Policy;
 use kvmesh_e2e::envoy_config::{render_bootstrap, BootstrapVars, BootstrapWorker};

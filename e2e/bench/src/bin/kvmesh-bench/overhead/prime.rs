@@ -165,7 +165,9 @@ pub(super) fn request_for(
     // Distinct content per request and path: no path's request warms another's.
     let lane = 3 * n + way.index();
     match case.kind {
-        Kind::Cold => cold_request(&texts.cold[size_index], cold_seed(args.seed, 0, size_index, lane)),
+        Kind::Cold => {
+            cold_request(&texts.cold[size_index], cold_seed(args.seed, 0, size_index, lane))
+        }
         Kind::Continuation => {
             let list = &bases[size_index];
             next_turn(&list[(n as usize) % list.len()], lane, shape)
