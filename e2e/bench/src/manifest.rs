@@ -105,6 +105,29 @@ pub struct OverheadCase {
     /// by the filter alone, not KV-aware): reported, never judged against the target.
     #[serde(default)]
     pub local_route_max_body_bytes: Option<usize>,
+    /// The way through kvmesh this row measured (its `kvmesh_*` and `rps_kvmesh` fields):
+    /// absent = the wasm filter; `ext_proc` = Envoy's ext_proc filter calling the indexer's
+    /// endpoint picker (rows named `<case>_ext_proc`).
+    #[serde(default)]
+    pub edge: Option<String>,
+    /// CPU-ms per request of this row's path in the requests/s rounds, by process.
+    #[serde(default)]
+    pub cpu_ms_per_request: Option<ProcessCpu>,
+    /// The same for plain Envoy, in the same rounds.
+    #[serde(default)]
+    pub plain_cpu_ms_per_request: Option<ProcessCpu>,
+}
+
+/// CPU time per request by process (user + system from `/proc/<pid>/stat`, over closed-loop
+/// rounds, ÷ the rounds' requests), ms.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessCpu {
+    /// Envoy.
+    pub envoy_ms: f64,
+    /// The indexer (for plain Envoy: its background work only).
+    pub indexer_ms: f64,
+    /// The bench's closed-loop client.
+    pub client_ms: f64,
 }
 
 /// An extra Markdown section appended verbatim (e.g. indexer microbenchmarks).

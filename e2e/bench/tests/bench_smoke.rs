@@ -1,8 +1,9 @@
 //! Smoke run of the whole benchmark (issue 6, item 6): `kvmesh-bench policies` replays the first
 //! 200 requests of the conversation trace through two policies (Envoy round_robin and kvmesh
 //! precise) on real processes — vllm-sim workers, the indexer, Envoy with the filter — then
-//! `kvmesh-bench overhead` measures the router overhead on a few ~1k-token samples (kvmesh and
-//! the plain twin listener of the same Envoy) into the same directory, and `kvmesh-bench report`
+//! `kvmesh-bench overhead` measures the router overhead on a few ~1k-token samples (kvmesh's wasm
+//! filter, its ext_proc endpoint picker and the plain twin listener of the same Envoy) into the
+//! same directory, and `kvmesh-bench report`
 //! writes one report of both with an indexer-figures section read from a small file. It checks that the tool works end to end, not how fast anything is: no timing
 //! assertions.
 //!
@@ -304,8 +305,11 @@ fn two_policies_replay_the_trace_and_write_the_report() {
         names,
         [
             "chat_1k_cold",
+            "chat_1k_cold_ext_proc",
             "chat_1k_continuation",
+            "chat_1k_continuation_ext_proc",
             "chat_1k_shared_prefix",
+            "chat_1k_shared_prefix_ext_proc",
             "chat_1k_cold_local_route",
             "chat_1k_continuation_local_route"
         ],
@@ -327,10 +331,33 @@ fn two_policies_replay_the_trace_and_write_the_report() {
                 "{}: the indexer's CPU read around its requests/s round",
                 c.name
             );
+            assert!(
+                c.cpu_ms_per_request.is_some() && c.plain_cpu_ms_per_request.is_some(),
+                "{}: CPU per request per process read around the requests/s rounds",
+                c.name
+            );
         }
     }
     let samples = std::fs::read_to_string(out.join("overhead/samples.jsonl")).unwrap();
-    assert_eq!(samples.lines().count() as u64, 3 * 2 * OVERHEAD_SAMPLES, "three cases × two paths");
+    assert_eq!(
+        samples.lines().count() as u64,
+        3 * 3 * OVERHEAD_SAMPLES,
+        "three cases × three paths (wasm, ext_proc, plain)"
+    );
+    // Through real Envoy's ext_proc filter: every picker sample was answered and routed by the
+    // indexer's pipeline (a decision in its debug headers, the indexer's timers moved).
+    let picker: Vec<Value> = samples
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|s| s["path"] == "ext_proc")
+        .collect();
+    assert_eq!(picker.len() as u64, 3 * OVERHEAD_SAMPLES);
+    assert!(
+        picker
+            .iter()
+            .all(|s| s["status"] == 200 && s["fallback"].is_null() && !s["gateway_ms"].is_null()),
+        "the picker routed every sample: {picker:?}"
+    );
     // Through real Envoy: with `local_route_max_body_bytes` the filter answered every 1k request
     // itself (its debug reason says so, and the indexer's timers never moved for them).
     let local = std::fs::read_to_string(out.join("local-route/overhead/samples.jsonl")).unwrap();
@@ -347,6 +374,10 @@ fn two_policies_replay_the_trace_and_write_the_report() {
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("| kvmesh_precise |") && md.contains("## Targets"), "{md}");
     assert!(md.contains("## Router overhead") && md.contains("| chat_1k_continuation |"), "{md}");
+    assert!(
+        md.contains("### Side by side") && md.matches("| chat_1k_continuation |").count() == 2,
+        "the picker beside the filter: {md}"
+    );
     assert!(md.contains("## Indexer microbenchmarks") && md.contains("p50 ≤ 1 ms"), "{md}");
     for png in ["ttft_cdf.png", "hit_rate.png", "requests_per_worker.png"] {
         assert!(out.join(png).exists(), "{png} written");

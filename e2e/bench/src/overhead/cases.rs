@@ -1,7 +1,7 @@
 //! The router-overhead workload (pure): which cases, and the chat requests each one sends.
 //!
-//! A case is a prompt size (about 1k, 8k, 32k tokens) × cold or continuation, plus shared-prefix
-//! sizes (about 8k, 48k tokens):
+//! A case is a prompt size (about 1k, 8k, 32k, 100k tokens) × cold or continuation, plus
+//! shared-prefix sizes (about 8k, 48k tokens):
 //! - **cold**: a new conversation in which every message starts with the request's own seed, so
 //!   neither the indexer's tokenization cache (keyed by message pieces) nor any engine's prefix
 //!   cache has seen any of it. The text behind the seeds is one template per size: making a cold
@@ -319,8 +319,8 @@ mod tests {
 
     #[test]
     fn sizes_parse() {
-        let s = parse_sizes("1k, 8K,32k").unwrap();
-        assert_eq!(s.iter().map(|x| x.tokens).collect::<Vec<_>>(), [1024, 8192, 32768]);
+        let s = parse_sizes("1k, 8K,32k,100k").unwrap();
+        assert_eq!(s.iter().map(|x| x.tokens).collect::<Vec<_>>(), [1024, 8192, 32768, 102_400]);
         assert_eq!(s[1].label, "8k");
         assert_eq!(parse_sizes("1000").unwrap()[0].tokens, 1000);
         for bad in ["", "x", "8k,8k", "100", "1024k"] {
@@ -403,7 +403,7 @@ mod tests {
     #[test]
     fn conversations_reach_their_size_and_prime_in_steps() {
         let shape = Shape::default();
-        for tokens in [1024usize, 8192, 32768] {
+        for tokens in [1024usize, 8192, 32768, 102_400] {
             let b = base_conversation(7, tokens, &shape);
             let full = next_turn(&b.base, 1, &shape);
             let est = estimate_tokens(&full, &shape);

@@ -7,10 +7,10 @@
 
 use super::cases::{BENCH_ID_HEADER, UPSTREAM_HEADER, UPSTREAM_NONE};
 use super::gateway::{parse_access_line, AccessEntry};
-use super::summary::{IndexerTimers, Rate, Sample};
+use super::summary::{routed_without_indexer, IndexerTimers, Path as Way, Rate, Sample};
 use crate::client::{send_streaming, Outcome};
 use futures::StreamExt;
-use kvmesh_core::headers::DEBUG_FALLBACK;
+use kvmesh_core::headers::{DEBUG_FALLBACK, DEBUG_MODE};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,10 +29,11 @@ pub async fn tagged(
         .await
 }
 
-/// One closed-loop request against the canned route: `(ok, routed without the indexer)`.
+/// One closed-loop request against the canned route on `way`: `(ok, routed without the indexer)`.
 async fn canned(
     client: &reqwest::Client,
     url: &str,
+    way: Way,
     body: Vec<u8>,
     deadline: Duration,
 ) -> (bool, bool) {
@@ -45,7 +46,9 @@ async fn canned(
             .send()
             .await
             .ok()?;
-        let fallback = resp.headers().contains_key(DEBUG_FALLBACK);
+        let h = resp.headers();
+        let fallback =
+            routed_without_indexer(way, h.contains_key(DEBUG_FALLBACK), h.contains_key(DEBUG_MODE));
         let ok = resp.status().is_success();
         let mut stream = resp.bytes_stream();
         while let Some(chunk) = stream.next().await {
@@ -56,11 +59,13 @@ async fn canned(
     tokio::time::timeout(deadline, fut).await.ok().flatten().unwrap_or((false, false))
 }
 
-/// Runs `concurrency` clients back to back against `url`'s canned route for `duration`; request
-/// `n` carries `body(n)`. Counts completions over the wall time until the last one ends.
+/// Runs `concurrency` clients back to back against `url`'s canned route (on `way`) for
+/// `duration`; request `n` carries `body(n)`. Counts completions over the wall time until the
+/// last one ends (one round).
 pub async fn closed_loop<F>(
     client: &reqwest::Client,
     url: &str,
+    way: Way,
     concurrency: usize,
     duration: Duration,
     deadline: Duration,
@@ -80,7 +85,7 @@ where
             let mut r = Rate::default();
             while Instant::now() < stop_at {
                 let n = next.fetch_add(1, Ordering::Relaxed);
-                let (ok, fallback) = canned(&client, &url, body(n), deadline).await;
+                let (ok, fallback) = canned(&client, &url, way, body(n), deadline).await;
                 if ok {
                     r.ok += 1;
                 } else {
@@ -98,6 +103,7 @@ where
         }
     }
     total.seconds = start.elapsed().as_secs_f64();
+    total.rounds = 1;
     total
 }
 

@@ -1,10 +1,11 @@
-//! One Envoy, two ways in (pure): the kvmesh bootstrap plus a filter-less twin listener.
+//! One Envoy, three ways in (pure): the kvmesh bootstrap plus a filter-less twin listener and
+//! an ext_proc listener.
 //!
-//! The overhead is kvmesh against *the same* Envoy without the filter, so both paths share the
+//! The overhead is kvmesh against *the same* Envoy without the filter, so every path shares the
 //! process, its worker threads, the buffer filter, the body limit, the route timeout and the
 //! simulators. [`add_plain_path`] takes the kvmesh bootstrap as the harness renders it
-//! (`envoy/bootstrap.yaml.j2`, parsed to JSON) and adds, without touching the kvmesh path's
-//! filter chain:
+//! (`envoy/bootstrap.yaml.j2` with `edge = wasm`, parsed to JSON) and adds, without touching the
+//! kvmesh path's filter chain:
 //! - `plain_listener`: a copy of the kvmesh listener without the wasm filter, routing to
 //!   `engines_plain` — the same endpoints with Envoy's least_request (kvmesh's own fallback LB);
 //! - on both listeners a first route, selected by `x-kvmesh-bench-upstream: none`, that answers
@@ -28,6 +29,16 @@ pub const ROUTE_PLAIN: &str = "plain";
 pub const ROUTE_CANNED: &str = "canned";
 /// Name of the cluster the plain listener forwards to.
 pub const PLAIN_CLUSTER: &str = "engines_plain";
+/// Route name of the forwarding route on the ext_proc listener.
+pub const ROUTE_EXT_PROC: &str = "ext_proc";
+/// Name of the cluster the ext_proc listener forwards to.
+pub const EXT_PROC_CLUSTER: &str = "engines_ext_proc";
+/// The engines cluster of the harness's bootstrap.
+const ENGINES_CLUSTER: &str = "engines";
+/// Envoy's name of the wasm HTTP filter.
+const WASM_FILTER: &str = "envoy.filters.http.wasm";
+/// Envoy's name of the ext_proc HTTP filter.
+const EXT_PROC_FILTER: &str = "envoy.filters.http.ext_proc";
 /// The canned response: one content chunk, usage, done (what a `max_tokens: 1` stream looks like).
 pub const CANNED_SSE: &str = "data: {\"id\":\"canned\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" ok\"},\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n";
 
@@ -77,18 +88,42 @@ fn canned_route() -> Value {
     })
 }
 
-/// Names the forwarding route, optionally points it at another cluster, and puts the canned
-/// route first.
+/// Names the forwarding route, optionally points every route to the engines at another cluster,
+/// and puts the canned route first.
 fn prepare_routes(hcm: &mut Value, name: &str, cluster: Option<&str>) -> Result<(), ShapeError> {
     let routes = routes_mut(hcm)?;
     let forward = routes.first_mut().ok_or(ShapeError("forwarding route"))?;
     forward["name"] = json!(name);
+    if forward.pointer("/route/cluster").is_none() {
+        return Err(ShapeError("route cluster"));
+    }
     if let Some(c) = cluster {
-        let target = forward.pointer_mut("/route/cluster").ok_or(ShapeError("route cluster"))?;
-        *target = json!(c);
+        for target in routes.iter_mut().filter_map(|r| r.pointer_mut("/route/cluster")) {
+            if *target == ENGINES_CLUSTER {
+                *target = json!(c);
+            }
+        }
     }
     routes.insert(0, canned_route());
     Ok(())
+}
+
+fn filter_names(hcm: &Value) -> Vec<&str> {
+    hcm["http_filters"]
+        .as_array()
+        .map(|f| f.iter().filter_map(|f| f["name"].as_str()).collect())
+        .unwrap_or_default()
+}
+
+fn engines_twin(clusters: &[Value], name: &str) -> Result<Value, ShapeError> {
+    let engines = clusters
+        .iter()
+        .find(|c| c["name"] == ENGINES_CLUSTER)
+        .ok_or(ShapeError("engines cluster"))?;
+    let mut twin = engines.clone();
+    twin["name"] = json!(name);
+    twin["load_assignment"]["cluster_name"] = json!(name);
+    Ok(twin)
 }
 
 /// Adds the plain listener on `plain_port`, its cluster, the canned routes and the access log
@@ -121,7 +156,7 @@ pub fn add_plain_path(
         prepare_routes(hcm, ROUTE_PLAIN, Some(PLAIN_CLUSTER))?;
         let filters = hcm["http_filters"].as_array_mut().ok_or(ShapeError("http_filters"))?;
         let before = filters.len();
-        filters.retain(|f| f["name"] != "envoy.filters.http.wasm");
+        filters.retain(|f| f["name"] != WASM_FILTER);
         if filters.len() == before {
             return Err(ShapeError("wasm filter to remove (is this the kvmesh policy?)"));
         }
@@ -132,15 +167,70 @@ pub fn add_plain_path(
         .pointer_mut("/static_resources/clusters")
         .and_then(Value::as_array_mut)
         .ok_or(ShapeError("clusters"))?;
-    let engines =
-        clusters.iter().find(|c| c["name"] == "engines").ok_or(ShapeError("engines cluster"))?;
-    let mut twin = engines.clone();
-    twin["name"] = json!(PLAIN_CLUSTER);
-    twin["load_assignment"]["cluster_name"] = json!(PLAIN_CLUSTER);
+    let mut twin = engines_twin(clusters, PLAIN_CLUSTER)?;
     twin["load_balancing_policy"] = json!({"policies": [{"typed_extension_config": {
         "name": "envoy.load_balancing_policies.least_request",
         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest"}
     }}]});
+    clusters.push(twin);
+    Ok(b)
+}
+
+/// Adds the ext_proc listener on `port` to `bootstrap` (the result of [`add_plain_path`]):
+/// `ext_proc_bootstrap` is the same template rendered with `edge = ext_proc` for the same stack.
+/// Its listener is taken whole (its ext_proc filter, its header handling), renamed, moved to
+/// `port`, given the canned route and the access log (`access_log_path`), and pointed at
+/// [`EXT_PROC_CLUSTER`] (its own copy of the engines cluster, as that rendering defines it); its
+/// clusters the kvmesh bootstrap does not have (the picker's) are added.
+pub fn add_ext_proc_path(
+    bootstrap: &Value,
+    ext_proc_bootstrap: &Value,
+    port: u16,
+    access_log_path: &str,
+) -> Result<Value, ShapeError> {
+    let mut listener = ext_proc_bootstrap
+        .pointer("/static_resources/listeners/0")
+        .cloned()
+        .ok_or(ShapeError("listener in the ext_proc rendering"))?;
+    listener["name"] = json!("ext_proc_listener");
+    *listener
+        .pointer_mut("/address/socket_address/port_value")
+        .ok_or(ShapeError("listener port"))? = json!(port);
+    {
+        let hcm = hcm_mut(&mut listener)?;
+        let names = filter_names(hcm);
+        if !names.contains(&EXT_PROC_FILTER) || names.contains(&WASM_FILTER) {
+            return Err(ShapeError(
+                "listener with the ext_proc filter and no wasm filter (render it with edge = ext_proc)",
+            ));
+        }
+        hcm["stat_prefix"] = json!("ext_proc");
+        hcm["access_log"] = access_log(access_log_path);
+        prepare_routes(hcm, ROUTE_EXT_PROC, Some(EXT_PROC_CLUSTER))?;
+    }
+    let theirs = ext_proc_bootstrap
+        .pointer("/static_resources/clusters")
+        .and_then(Value::as_array)
+        .ok_or(ShapeError("clusters in the ext_proc rendering"))?;
+    let twin = engines_twin(theirs, EXT_PROC_CLUSTER)?;
+
+    let mut b = bootstrap.clone();
+    b.pointer_mut("/static_resources/listeners")
+        .and_then(Value::as_array_mut)
+        .ok_or(ShapeError("listeners"))?
+        .push(listener);
+    let clusters = b
+        .pointer_mut("/static_resources/clusters")
+        .and_then(Value::as_array_mut)
+        .ok_or(ShapeError("clusters"))?;
+    let missing: Vec<Value> = theirs
+        .iter()
+        .filter(|c| {
+            c["name"] != ENGINES_CLUSTER && !clusters.iter().any(|m| m["name"] == c["name"])
+        })
+        .cloned()
+        .collect();
+    clusters.extend(missing);
     clusters.push(twin);
     Ok(b)
 }
@@ -189,7 +279,10 @@ pub fn parse_access_line(line: &str) -> Option<AccessEntry> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvmesh_e2e::envoy_config::{render_bootstrap, BootstrapVars, BootstrapWorker};
+    use kvmesh_e2e::envoy_config::{
+        render_bootstrap, render_bootstrap_edge, BootstrapVars, BootstrapWorker, Edge, EnvoyLimits,
+        EppTarget,
+    };
 
     fn vars(wasm: &str) -> BootstrapVars {
         BootstrapVars {
@@ -274,6 +367,65 @@ mod tests {
         );
     }
 
+    /// The same stack rendered with the picker's edge (`edge = ext_proc`).
+    fn ext_proc_bootstrap() -> Value {
+        let epp = EppTarget {
+            host: "127.0.0.1".into(),
+            port: 19002,
+            message_timeout_ms: kvmesh_e2e::envoy_config::DEFAULT_EPP_MESSAGE_TIMEOUT_MS,
+        };
+        let yaml = render_bootstrap_edge(
+            &vars(""),
+            &EnvoyLimits::default(),
+            Edge::ExtProc { failure_mode_allow: false },
+            Some(&epp),
+        )
+        .unwrap();
+        serde_yaml::from_str(&yaml).unwrap()
+    }
+
+    #[test]
+    fn adds_the_ext_proc_listener_with_its_own_engines_and_picker_clusters() {
+        let wasm = kvmesh_bootstrap("/x.wasm");
+        let two = add_plain_path(&wasm, 18081, "/tmp/a.log").unwrap();
+        let b = add_ext_proc_path(&two, &ext_proc_bootstrap(), 18082, "/tmp/a.log").unwrap();
+        let listeners = b["static_resources"]["listeners"].as_array().unwrap();
+        assert_eq!(listeners.len(), 3);
+        assert_eq!(listeners[..2], two["static_resources"]["listeners"].as_array().unwrap()[..]);
+        let l = &listeners[2];
+        assert_eq!(l["name"], "ext_proc_listener");
+        assert_eq!(l["address"]["socket_address"]["port_value"], 18082);
+        let hcm = l.pointer("/filter_chains/0/filters/0/typed_config").unwrap();
+        assert_eq!(hcm["stat_prefix"], "ext_proc");
+        assert!(filter_names(hcm).contains(&EXT_PROC_FILTER));
+        let routes =
+            hcm.pointer("/route_config/virtual_hosts/0/routes").unwrap().as_array().unwrap();
+        assert_eq!(routes[0]["name"], ROUTE_CANNED);
+        assert_eq!(routes[1]["name"], ROUTE_EXT_PROC);
+        assert!(
+            routes.iter().skip(1).all(|r| r["route"]["cluster"] == EXT_PROC_CLUSTER),
+            "every forwarding route goes to the ext_proc twin: {routes:?}"
+        );
+        assert!(hcm.pointer("/access_log/0/typed_config/log_format/json_format/req_us").is_some());
+        let clusters = b["static_resources"]["clusters"].as_array().unwrap();
+        let names: Vec<&str> = clusters.iter().filter_map(|c| c["name"].as_str()).collect();
+        assert_eq!(names.iter().filter(|n| **n == "kvmesh_epp").count(), 1, "{names:?}");
+        assert_eq!(names.iter().filter(|n| **n == "kvmesh_indexer").count(), 1, "{names:?}");
+        // The ext_proc rendering's engines cluster: override_host reads the picker's metadata.
+        let twin = clusters.iter().find(|c| c["name"] == EXT_PROC_CLUSTER).unwrap();
+        assert!(twin.to_string().contains("x-gateway-destination-endpoint-served"), "{twin}");
+        assert_eq!(twin["load_assignment"]["cluster_name"], EXT_PROC_CLUSTER);
+        let engines = clusters.iter().find(|c| c["name"] == ENGINES_CLUSTER).unwrap();
+        assert!(
+            !engines.to_string().contains("-served"),
+            "the wasm path's engines cluster untouched"
+        );
+        // The wasm rendering is not an ext_proc one.
+        let err = add_ext_proc_path(&two, &wasm, 18082, "/tmp/a.log").unwrap_err();
+        assert!(err.to_string().contains("edge = ext_proc"), "{err}");
+        assert!(add_ext_proc_path(&two, &json!({}), 18082, "/tmp/a.log").is_err());
+    }
+
     #[test]
     fn refuses_a_bootstrap_without_the_filter() {
         let mut v = vars("");
@@ -286,7 +438,8 @@ mod tests {
         assert!(add_plain_path(&json!({}), 1, "/tmp/a.log").is_err());
     }
 
-    /// Envoy itself accepts the result (skipped without an Envoy binary and the wasm filter).
+    /// Envoy itself accepts the result, all three listeners (skipped without an Envoy binary and
+    /// the wasm filter).
     #[test]
     fn envoy_validates_the_extended_bootstrap() {
         let (Ok(envoy), Ok(wasm)) =
@@ -300,12 +453,10 @@ mod tests {
         };
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("access.log");
-        let b = add_plain_path(
-            &kvmesh_bootstrap(&wasm.display().to_string()),
-            18081,
-            &log.display().to_string(),
-        )
-        .unwrap();
+        let log = log.display().to_string();
+        let b =
+            add_plain_path(&kvmesh_bootstrap(&wasm.display().to_string()), 18081, &log).unwrap();
+        let b = add_ext_proc_path(&b, &ext_proc_bootstrap(), 18082, &log).unwrap();
         let path = dir.path().join("envoy.yaml");
         std::fs::write(&path, b.to_string()).unwrap();
         let out = std::process::Command::new(envoy)

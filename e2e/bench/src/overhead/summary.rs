@@ -1,15 +1,16 @@
 //! From samples to the report's overhead rows (pure).
 //!
-//! Added latency is a difference of percentiles measured in the same run: p50(kvmesh) −
-//! p50(plain) and p99(kvmesh) − p99(plain), on the gateway time from Envoy's own timestamps
-//! (see `gateway`). The client-observed TTFT difference is computed the same way as a cross-check;
-//! it includes the engines' time (tokenizing the whole prompt) on both sides, so it is noisier.
+//! Added latency is a difference of percentiles measured in the same run: p50(path) −
+//! p50(plain) and p99(path) − p99(plain), on the gateway time from Envoy's own timestamps
+//! (see `gateway`), for each way through kvmesh (the wasm filter, the ext_proc endpoint
+//! picker). The client-observed TTFT difference is computed the same way as a cross-check; it
+//! includes the engines' time (tokenizing the whole prompt) on both sides, so it is noisier.
 //! Failed samples are counted and left out; samples the filter routed without the indexer (its
 //! timeout) stay in: that latency is real. Where the kvmesh time goes is read from the indexer's
 //! own timers (`/v1/route` and tokenization histograms), scraped after every kvmesh sample: the
 //! rest of the gateway time is the filter and the loopback hop to the indexer.
 
-use crate::manifest::OverheadCase;
+use crate::manifest::{OverheadCase, ProcessCpu};
 use crate::prom::Sample as PromSample;
 use crate::stats::percentile;
 use serde::{Deserialize, Serialize};
@@ -18,11 +19,18 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Path {
-    /// Through the kvmesh filter.
+    /// Through the kvmesh wasm filter.
     Kvmesh,
     /// The same Envoy without the filter.
     Plain,
+    /// Through Envoy's ext_proc filter calling the indexer's endpoint picker (no wasm).
+    ExtProc,
 }
+
+/// `OverheadCase::edge` of the ext_proc path's rows.
+pub const EXT_PROC_EDGE: &str = "ext_proc";
+/// Suffix of the ext_proc path's case names (`chat_8k_continuation_ext_proc`).
+pub const EXT_PROC_SUFFIX: &str = "_ext_proc";
 
 impl Path {
     /// Short tag used in request ids.
@@ -30,9 +38,54 @@ impl Path {
         match self {
             Self::Kvmesh => "k",
             Self::Plain => "p",
+            Self::ExtProc => "e",
+        }
+    }
+
+    /// Distinct per path (0, 1, 2): keeps the paths' generated requests apart.
+    pub fn index(self) -> u64 {
+        match self {
+            Self::Kvmesh => 0,
+            Self::Plain => 1,
+            Self::ExtProc => 2,
+        }
+    }
+
+    /// The name of `case`'s row for this path (the wasm path keeps the case's name, which the
+    /// targets read).
+    pub fn row_name(self, case: &str) -> String {
+        match self {
+            Self::ExtProc => format!("{case}{EXT_PROC_SUFFIX}"),
+            Self::Kvmesh | Self::Plain => case.to_string(),
         }
     }
 }
+
+/// The order the paths take in sample or round `n`: `ways` rotated by `n`, so each path takes
+/// each position equally often (two paths: alternating).
+pub fn order(ways: &[Path], n: u64) -> Vec<Path> {
+    let mut v = ways.to_vec();
+    if !v.is_empty() {
+        let k = (n % v.len() as u64) as usize;
+        v.rotate_left(k);
+    }
+    v
+}
+
+/// Whether a response on `way` was routed without the indexer's pipeline: the filter's
+/// `x-kvmesh-fallback`; for the picker (which names no fallback) the absence of a decision in its
+/// debug headers (`x-kvmesh-decision-mode`; the overhead stack runs with `debug_headers`): the
+/// session's pin after a failed route call.
+pub fn routed_without_indexer(way: Path, fallback_header: bool, decision_header: bool) -> bool {
+    match way {
+        Path::Kvmesh => fallback_header,
+        Path::ExtProc => !decision_header,
+        Path::Plain => false,
+    }
+}
+
+/// `Sample::fallback` of a picker response without a decision.
+pub const PICKER_PIN: &str = "picker_pin";
 
 /// One measured request (a line of `overhead/samples.jsonl`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -55,7 +108,8 @@ pub struct Sample {
     pub status: Option<u16>,
     /// Worker that served it.
     pub worker: Option<String>,
-    /// `x-kvmesh-fallback`, when the filter routed without the indexer.
+    /// `x-kvmesh-fallback`, when the filter routed without the indexer; [`PICKER_PIN`] for a
+    /// picker response without a decision.
     pub fallback: Option<String>,
     /// `usage.prompt_tokens`.
     pub prompt_tokens: Option<u64>,
@@ -201,6 +255,14 @@ pub struct Rate {
     pub indexer_routes: f64,
     /// The indexer's CPU time (user + system) over the same span, seconds; 0 when not read.
     pub indexer_cpu_s: f64,
+    /// Envoy's CPU time over the same span, seconds; 0 when not read.
+    pub envoy_cpu_s: f64,
+    /// The bench client's (this process's) CPU time over the closed loop, seconds; 0 when not read.
+    pub client_cpu_s: f64,
+    /// Rounds added up here.
+    pub rounds: u32,
+    /// Of which rounds whose Envoy, indexer and client CPU times were all read.
+    pub cpu_rounds: u32,
 }
 
 impl Rate {
@@ -212,6 +274,10 @@ impl Rate {
         self.seconds += other.seconds;
         self.indexer_routes += other.indexer_routes;
         self.indexer_cpu_s += other.indexer_cpu_s;
+        self.envoy_cpu_s += other.envoy_cpu_s;
+        self.client_cpu_s += other.client_cpu_s;
+        self.rounds += other.rounds;
+        self.cpu_rounds += other.cpu_rounds;
     }
 
     /// Successful requests per second.
@@ -230,6 +296,16 @@ impl Rate {
     pub fn indexer_cores(&self) -> Option<f64> {
         (self.indexer_cpu_s > 0.0 && self.seconds > 0.0).then(|| self.indexer_cpu_s / self.seconds)
     }
+
+    /// CPU-ms per request (answered or failed) by process, when every round's CPU was read.
+    pub fn cpu_ms_per_request(&self) -> Option<ProcessCpu> {
+        let n = (self.ok + self.failed) as f64;
+        (self.rounds > 0 && self.cpu_rounds == self.rounds && n > 0.0).then(|| ProcessCpu {
+            envoy_ms: self.envoy_cpu_s * 1e3 / n,
+            indexer_ms: self.indexer_cpu_s * 1e3 / n,
+            client_ms: self.client_cpu_s * 1e3 / n,
+        })
+    }
 }
 
 fn values(samples: &[&Sample], path: Path, f: impl Fn(&Sample) -> Option<f64>) -> Vec<f64> {
@@ -240,17 +316,23 @@ fn diff(k: &[f64], p: &[f64], q: f64) -> Option<f64> {
     Some(percentile(k, q)? - percentile(p, q)?)
 }
 
-/// Summarises one case; `None` when either path has no usable sample.
+/// Summarises one case on `way` (the wasm filter or the picker) against plain Envoy, as the row
+/// named [`Path::row_name`]; `None` when either path has no usable sample. `way_rate`,
+/// `plain_rate`: the two paths' requests/s rounds.
 pub fn summarize(
     case: &str,
+    way: Path,
     samples: &[Sample],
-    kvmesh_rate: Option<Rate>,
+    way_rate: Option<Rate>,
     plain_rate: Option<Rate>,
 ) -> Option<OverheadCase> {
-    let mine: Vec<&Sample> = samples.iter().filter(|s| s.case == case).collect();
-    let gk = values(&mine, Path::Kvmesh, |s| s.gateway_ms);
+    let mine: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.case == case && (s.path == Some(way) || s.path == Some(Path::Plain)))
+        .collect();
+    let gk = values(&mine, way, |s| s.gateway_ms);
     let gp = values(&mine, Path::Plain, |s| s.gateway_ms);
-    let tk = values(&mine, Path::Kvmesh, |s| s.ttft_ms);
+    let tk = values(&mine, way, |s| s.ttft_ms);
     let tp = values(&mine, Path::Plain, |s| s.ttft_ms);
     let tokens: Vec<f64> = mine
         .iter()
@@ -258,21 +340,21 @@ pub fn summarize(
         .filter_map(|s| s.prompt_tokens)
         .map(|t| t as f64)
         .collect();
-    let indexer = values(&mine, Path::Kvmesh, |s| s.indexer_ms);
-    let tokenize = values(&mine, Path::Kvmesh, |s| s.tokenize_ms);
-    let matching = values(&mine, Path::Kvmesh, |s| s.match_ms);
-    let scoring = values(&mine, Path::Kvmesh, |s| s.score_ms);
+    let indexer = values(&mine, way, |s| s.indexer_ms);
+    let tokenize = values(&mine, way, |s| s.tokenize_ms);
+    let matching = values(&mine, way, |s| s.match_ms);
+    let scoring = values(&mine, way, |s| s.score_ms);
     Some(OverheadCase {
-        name: case.to_string(),
+        name: way.row_name(case),
         p50_added_ms: diff(&gk, &gp, 50.0)?,
         p99_added_ms: diff(&gk, &gp, 99.0),
-        rps_kvmesh: kvmesh_rate.and_then(|r| r.per_second()),
+        rps_kvmesh: way_rate.and_then(|r| r.per_second()),
         rps_plain: plain_rate.and_then(|r| r.per_second()),
-        rps_kvmesh_fallback_share: kvmesh_rate
+        rps_kvmesh_fallback_share: way_rate
             .filter(|r| r.ok + r.failed > 0)
             .map(|r| r.fallbacks as f64 / (r.ok + r.failed) as f64),
-        routes_per_indexer_core: kvmesh_rate.and_then(|r| r.routes_per_indexer_core()),
-        indexer_cores: kvmesh_rate.and_then(|r| r.indexer_cores()),
+        routes_per_indexer_core: way_rate.and_then(|r| r.routes_per_indexer_core()),
+        indexer_cores: way_rate.and_then(|r| r.indexer_cores()),
         samples: Some(gk.len().min(gp.len()) as u64),
         prompt_tokens: (!tokens.is_empty())
             .then(|| tokens.iter().sum::<f64>() / tokens.len() as f64),
@@ -287,11 +369,13 @@ pub fn summarize(
         match_p50_ms: percentile(&matching, 50.0),
         score_p50_ms: percentile(&scoring, 50.0),
         fallbacks: Some(
-            mine.iter().filter(|s| s.path == Some(Path::Kvmesh) && s.fallback.is_some()).count()
-                as u64,
+            mine.iter().filter(|s| s.path == Some(way) && s.fallback.is_some()).count() as u64,
         ),
         failed: Some(mine.iter().filter(|s| !s.usable()).count() as u64),
         local_route_max_body_bytes: None,
+        edge: (way == Path::ExtProc).then(|| EXT_PROC_EDGE.to_string()),
+        cpu_ms_per_request: way_rate.and_then(|r| r.cpu_ms_per_request()),
+        plain_cpu_ms_per_request: plain_rate.and_then(|r| r.cpu_ms_per_request()),
     })
 }
 
@@ -335,10 +419,10 @@ mod tests {
             seconds: 3.0,
             indexer_routes: 330.0,
             indexer_cpu_s: 1.5,
+            ..Default::default()
         };
-        let c =
-            summarize("c", &v, Some(r), Some(Rate { ok: 600, seconds: 3.0, ..Default::default() }))
-                .unwrap();
+        let plain = Rate { ok: 600, seconds: 3.0, ..Default::default() };
+        let c = summarize("c", Path::Kvmesh, &v, Some(r), Some(plain)).unwrap();
         // 101 kvmesh samples (the fallback's 100 ms included): rank 51 = 1.50; p99 rank 100 = 1.99.
         assert!((c.p50_added_ms - (1.5 - 0.1)).abs() < 1e-9, "{c:?}");
         assert!((c.p99_added_ms.unwrap() - (1.99 - 0.1)).abs() < 1e-9, "{c:?}");
@@ -362,6 +446,76 @@ mod tests {
             (Some(50.0), None),
             "ranks over usable kvmesh samples"
         );
+        assert_eq!((c.name.as_str(), c.edge.as_deref()), ("c", None));
+        assert_eq!(c.cpu_ms_per_request, None, "CPU not read");
+    }
+
+    #[test]
+    fn the_picker_row_compares_its_own_samples_with_plain() {
+        let mut v = Vec::new();
+        for i in 0..10 {
+            v.push(s("c", Path::Kvmesh, 5.0, 30.0));
+            v.push(s("c", Path::ExtProc, 2.0 + i as f64 / 10.0, 25.0));
+            v.push(s("c", Path::Plain, 0.5, 20.0));
+        }
+        v.push(Sample { fallback: Some(PICKER_PIN.into()), ..s("c", Path::ExtProc, 0.9, 21.0) });
+        v.push(Sample { error: Some("HTTP 500".into()), ..s("c", Path::Kvmesh, 1.0, 1.0) });
+        let round = |ok: u64, envoy: f64, indexer: f64, client: f64| Rate {
+            ok,
+            seconds: 1.0,
+            envoy_cpu_s: envoy,
+            indexer_cpu_s: indexer,
+            client_cpu_s: client,
+            rounds: 1,
+            cpu_rounds: 1,
+            ..Default::default()
+        };
+        let mut e = round(400, 0.2, 0.4, 0.08);
+        e.add(round(600, 0.3, 0.6, 0.12));
+        let c =
+            summarize("c", Path::ExtProc, &v, Some(e), Some(round(2000, 0.2, 0.0, 0.2))).unwrap();
+        assert_eq!((c.name.as_str(), c.edge.as_deref()), ("c_ext_proc", Some(EXT_PROC_EDGE)));
+        // 11 picker samples: 0.9 (the pin, kept), 2.0 … 2.9; rank 6 = 2.4, rank 11 = 2.9.
+        assert!((c.p50_added_ms - (2.4 - 0.5)).abs() < 1e-9, "{c:?}");
+        assert!((c.p99_added_ms.unwrap() - (2.9 - 0.5)).abs() < 1e-9, "{c:?}");
+        assert_eq!((c.fallbacks, c.failed, c.samples), (Some(1), Some(0), Some(10)));
+        let cpu = c.cpu_ms_per_request.unwrap();
+        assert!(
+            (cpu.envoy_ms - 0.5).abs() < 1e-9
+                && (cpu.indexer_ms - 1.0).abs() < 1e-9
+                && (cpu.client_ms - 0.2).abs() < 1e-9,
+            "{cpu:?}: 0.5 Envoy CPU-s, 1.0 indexer, 0.2 client over 1,000 requests"
+        );
+        assert!(c.plain_cpu_ms_per_request.is_some_and(|p| (p.envoy_ms - 0.1).abs() < 1e-12));
+        // A round whose CPU was not read leaves the sum without a per-request figure.
+        e.add(Rate { ok: 5, rounds: 1, ..Default::default() });
+        assert_eq!(e.cpu_ms_per_request(), None);
+    }
+
+    #[test]
+    fn paths_take_turns_and_fallbacks_are_read_per_path() {
+        let three = [Path::Kvmesh, Path::ExtProc, Path::Plain];
+        assert_eq!(order(&three, 0), three);
+        assert_eq!(order(&three, 1), [Path::ExtProc, Path::Plain, Path::Kvmesh]);
+        assert_eq!(order(&three, 5), [Path::Plain, Path::Kvmesh, Path::ExtProc]);
+        let two = [Path::Kvmesh, Path::Plain];
+        assert_eq!(order(&two, 2), two, "two paths alternate as before");
+        assert_eq!(order(&two, 3), [Path::Plain, Path::Kvmesh]);
+        assert!(order(&[], 1).is_empty());
+        assert!(routed_without_indexer(Path::Kvmesh, true, false));
+        assert!(
+            !routed_without_indexer(Path::Kvmesh, false, false),
+            "the filter names its fallbacks"
+        );
+        assert!(
+            routed_without_indexer(Path::ExtProc, false, false),
+            "no decision: the picker pinned"
+        );
+        assert!(!routed_without_indexer(Path::ExtProc, false, true));
+        assert!(!routed_without_indexer(Path::Plain, true, false));
+        assert_eq!([Path::Kvmesh, Path::Plain, Path::ExtProc].map(Path::index), [0, 1, 2]);
+        assert_eq!(Path::ExtProc.row_name("chat_8k_cold"), "chat_8k_cold_ext_proc");
+        assert_eq!(serde_json::to_string(&Path::ExtProc).unwrap(), "\"ext_proc\"");
     }
 
     #[test]
@@ -397,8 +551,9 @@ mod tests {
 
     #[test]
     fn a_path_without_samples_gives_no_row() {
-        let v = vec![s("c", Path::Kvmesh, 1.0, 2.0)];
-        assert!(summarize("c", &v, None, None).is_none());
+        let v = vec![s("c", Path::Kvmesh, 1.0, 2.0), s("c", Path::Plain, 1.0, 2.0)];
+        assert!(summarize("c", Path::ExtProc, &v, None, None).is_none());
+        assert!(summarize("c", Path::Kvmesh, &v[..1], None, None).is_none());
         let mut r = Rate::default();
         assert_eq!(r.per_second(), None);
         r.add(Rate { ok: 5, failed: 1, fallbacks: 2, seconds: 0.5, ..Default::default() });
@@ -414,6 +569,7 @@ mod tests {
             seconds: 0.5,
             indexer_routes: 12.0,
             indexer_cpu_s: 0.25,
+            ..Default::default()
         });
         assert_eq!((r.per_second(), r.failed, r.fallbacks), (Some(10.0), 1, 2));
         assert_eq!((r.routes_per_indexer_core(), r.indexer_cores()), (Some(48.0), Some(0.25)));

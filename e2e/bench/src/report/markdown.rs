@@ -302,7 +302,10 @@ fn render_overhead(s: &mut String, m: &RunManifest) {
     if let Some(n) = &m.overhead_notes {
         let _ = writeln!(s, "\n{n}");
     }
-    if m.overhead.is_empty() {
+    // The wasm filter's rows; the ext_proc picker's are in the side-by-side table below.
+    let wasm: Vec<OverheadCase> = m.overhead.iter().filter(|c| c.edge.is_none()).cloned().collect();
+    if wasm.is_empty() {
+        side_by_side(s, m);
         return;
     }
     let _ = writeln!(
@@ -311,7 +314,7 @@ fn render_overhead(s: &mut String, m: &RunManifest) {
     );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let pair = |a: Option<f64>, b: Option<f64>| format!("{} / {}", num(a, 3), num(b, 3));
-    for c in &m.overhead {
+    for c in &wasm {
         let ratio = match (rps_ratio(c), rps_met(c)) {
             (Some(r), _) if c.local_route_max_body_bytes.is_some() => {
                 format!("{r:.3} (routed locally, not judged)")
@@ -347,7 +350,7 @@ fn render_overhead(s: &mut String, m: &RunManifest) {
             num(c.rps_plain, 1)
         );
     }
-    let target = m.overhead.iter().find(|c| c.name == OVERHEAD_TARGET_CASE);
+    let target = wasm.iter().find(|c| c.name == OVERHEAD_TARGET_CASE);
     let _ = match target {
         Some(c) => writeln!(
             s,
@@ -360,10 +363,21 @@ fn render_overhead(s: &mut String, m: &RunManifest) {
     let _ = writeln!(
         s,
         "\nTarget: requests/s per gateway ≥ {RPS_RATIO_TARGET}× plain Envoy for every case: {}",
-        throughput_verdict(&m.overhead)
+        throughput_verdict(&wasm)
     );
-    if let Some(line) = prefix_scaling(&m.overhead) {
+    if let Some(line) = prefix_scaling(&wasm) {
         let _ = writeln!(s, "\n{line}");
+    }
+    side_by_side(s, m);
+}
+
+/// The ext_proc picker's rows beside the wasm filter's (`overhead::paths`), when the run has them.
+fn side_by_side(s: &mut String, m: &RunManifest) {
+    if let Some(table) = crate::overhead::paths::side_by_side(&m.overhead) {
+        let _ = writeln!(
+            s,
+            "\n### Side by side: plain Envoy, the wasm filter, the ext_proc endpoint picker\n\n{table}"
+        );
     }
 }
 

@@ -13,13 +13,13 @@ use kvmesh_bench::overhead::cases::{parse_optional_sizes, parse_sizes};
 #[derive(Args, Debug, Clone)]
 pub struct OverheadArgs {
     /// Chat prompt sizes in tokens (`k` = 1024), each measured cold and as a continuation.
-    #[arg(long, default_value = "1k,8k,32k")]
+    #[arg(long, default_value = "1k,8k,32k,100k")]
     sizes: String,
     /// Shared-prefix sizes (`k` = 1024), one `chat_<size>_shared_prefix` case each (many
     /// conversations growing turn by turn on one long prefix); `none` for no such case.
     #[arg(long, default_value = "8k,48k")]
     shared_prefixes: String,
-    /// Latency samples per case and path (kvmesh, plain).
+    /// Latency samples per case and path (kvmesh, ext_proc, plain).
     #[arg(long, default_value_t = 200)]
     samples: usize,
     /// Continuation conversations per size (samples cycle through them).
@@ -54,6 +54,10 @@ pub struct OverheadArgs {
     /// filter's default, off).
     #[arg(long, default_value_t = kvmesh_bench::policy::LOCAL_ROUTE_SHORT_BODY_BYTES)]
     local_route_max_body_bytes: usize,
+    /// Measure the ext_proc path too (Envoy's ext_proc filter calling the indexer's endpoint
+    /// picker, no wasm; rows `<case>_ext_proc`) beside the wasm filter and plain Envoy.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    ext_proc: bool,
     /// Seed of the generated conversations.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -78,6 +82,7 @@ impl OverheadArgs {
             indexer_timeout_ms: self.indexer_timeout_ms,
             local_route_max_body_bytes: None,
             hung_case: true,
+            ext_proc: self.ext_proc,
             dir: "overhead",
             seed: self.seed,
         })
@@ -94,8 +99,10 @@ pub async fn run(common: &Common, a: &OverheadArgs) -> Result<(RunManifest, usiz
     let mut manifest = RunManifest {
         title: Some("kvmesh router overhead".into()),
         workload: Some(format!(
-            "router overhead only: chat prompts of {} tokens, cold and continuation; shared prefixes of {} tokens",
-            a.sizes, a.shared_prefixes
+            "router overhead only{}: chat prompts of {} tokens, cold and continuation; shared prefixes of {} tokens",
+            if a.ext_proc { " (wasm filter, ext_proc picker, plain Envoy)" } else { "" },
+            a.sizes,
+            a.shared_prefixes
         )),
         window: Some("no trace replay".into()),
         cache_capacity_blocks: Some(a.num_gpu_blocks),
@@ -144,6 +151,8 @@ async fn local_route_part(
         shared_prefixes: Vec::new(),
         local_route_max_body_bytes: Some(a.local_route_max_body_bytes),
         hung_case: false,
+        // A filter setting: the picker has nothing to compare here.
+        ext_proc: false,
         dir: "local-route/overhead",
         ..settings.clone()
     };

@@ -1,5 +1,5 @@
 //! The overhead stack (step 1): its spec, and its Envoy replaced by one with the plain twin
-//! listener, the canned routes and the access log.
+//! listener (and the ext_proc listener), the canned routes and the access log.
 
 use super::*;
 
@@ -24,15 +24,30 @@ pub(super) fn spec(args: &OverheadSettings, fleet: &Fleet, dir: &Path) -> StackS
         filter["local_route_max_body_bytes"] = b.into();
     }
     spec.filter_config = filter;
+    if args.ext_proc {
+        // The indexer serves the picker; the harness renders the ext_proc bootstrap (its Envoy
+        // starts on it) that `swap_envoy` takes the ext_proc listener from. Fail closed: a
+        // picker failure must show as an error, not as plain Envoy's latency.
+        spec.edge = Edge::ExtProc { failure_mode_allow: false };
+    }
     spec.session_header = fleet.session_header.clone();
     spec.release = fleet.release;
     spec.work_dir = Some(dir.join("stack"));
     spec
 }
 
-/// Replaces the stack's Envoy by one with the plain twin listener; returns the plain port and
-/// the access log path.
-pub(super) async fn swap_envoy(stack: &mut Stack) -> Result<(u16, std::path::PathBuf)> {
+/// The ports of the swapped Envoy's extra listeners.
+pub(super) struct Swapped {
+    pub(super) plain_port: u16,
+    /// The ext_proc listener's (when the stack serves the picker).
+    pub(super) ext_proc_port: Option<u16>,
+    pub(super) access_log: std::path::PathBuf,
+}
+
+/// Replaces the stack's Envoy by one with the plain twin listener and, with `ext_proc`, the
+/// ext_proc listener taken from the harness's own rendering (`<stack>/envoy.yaml`, rendered with
+/// `edge = ext_proc`); the wasm path is rendered here with `edge = wasm`.
+pub(super) async fn swap_envoy(stack: &mut Stack, ext_proc: bool) -> Result<Swapped> {
     let vars = BootstrapVars {
         listen_host: "127.0.0.1".into(),
         listen_port: stack.gateway_port,
@@ -69,7 +84,18 @@ pub(super) async fn swap_envoy(stack: &mut Stack) -> Result<(u16, std::path::Pat
     let dir = stack.dir().to_path_buf();
     let log = dir.join("overhead-access.jsonl");
     let _ = std::fs::remove_file(&log);
-    let bootstrap = add_plain_path(&rendered, plain_port, &log.display().to_string())?;
+    let mut bootstrap = add_plain_path(&rendered, plain_port, &log.display().to_string())?;
+    let mut ext_proc_port = None;
+    if ext_proc {
+        let harness = dir.join("envoy.yaml");
+        let text = std::fs::read_to_string(&harness)
+            .with_context(|| format!("reading the harness's bootstrap {}", harness.display()))?;
+        let theirs: serde_json::Value =
+            serde_yaml::from_str(&text).context("parsing the harness's ext_proc bootstrap")?;
+        let port = free_port()?;
+        bootstrap = add_ext_proc_path(&bootstrap, &theirs, port, &log.display().to_string())?;
+        ext_proc_port = Some(port);
+    }
     let path = dir.join("envoy-overhead.yaml");
     std::fs::write(&path, bootstrap.to_string())?;
 
@@ -102,5 +128,5 @@ pub(super) async fn swap_envoy(stack: &mut Stack) -> Result<(u16, std::path::Pat
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     stack.envoy = Some(proc);
-    Ok((plain_port, log))
+    Ok(Swapped { plain_port, ext_proc_port, access_log: log })
 }

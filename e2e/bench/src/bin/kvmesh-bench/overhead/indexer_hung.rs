@@ -118,9 +118,16 @@ pub(super) async fn hung_indexer(
             })
         };
         let length = HUNG_BURST.min(Duration::from_secs_f64(args.rps_seconds));
-        let r =
-            closed_loop(client, &urls.kvmesh, HUNG_BURST_CONCURRENCY, length, RPS_TIMEOUT, make)
-                .await;
+        let r = closed_loop(
+            client,
+            &urls.kvmesh,
+            Way::Kvmesh,
+            HUNG_BURST_CONCURRENCY,
+            length,
+            RPS_TIMEOUT,
+            make,
+        )
+        .await;
         h.burst = Some(Burst {
             concurrency: HUNG_BURST_CONCURRENCY as u64,
             ok: r.ok,
@@ -163,7 +170,7 @@ pub(super) async fn hung_indexer(
     );
 
     join_access_log(access_log, &mut samples, kvmesh_e2e::poll::patience()).await;
-    h.latency = summarize(HUNG_CASE, &samples, None, None);
+    h.latency = summarize(HUNG_CASE, Way::Kvmesh, &samples, None, None);
     Ok((h, samples))
 }
 

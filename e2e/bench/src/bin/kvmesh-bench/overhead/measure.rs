@@ -25,23 +25,15 @@ impl Phase<'_> {
     }
 }
 
-/// The paths in the order sample or round `n` takes them (alternating).
-pub(super) fn order(n: u64) -> [Way; 2] {
-    if n.is_multiple_of(2) {
-        [Way::Kvmesh, Way::Plain]
-    } else {
-        [Way::Plain, Way::Kvmesh]
-    }
-}
-
 /// Step 4: the interleaved latency samples, and when the sampling started.
 pub(super) async fn latency_samples(p: &Phase<'_>, all_cases: &[Case]) -> (Vec<Sample>, Instant) {
     let mut samples: Vec<Sample> = Vec::new();
     let mut timers = indexer_timers(p.client, p.metrics_url).await;
     let latency_start = Instant::now();
+    let ways = p.urls.ways();
     for n in 0..p.args.samples as u64 {
         for case in all_cases {
-            for way in order(n) {
+            for way in order(&ways, n) {
                 samples.push(latency_sample(p, case, n, way, &mut timers).await);
             }
         }
@@ -57,8 +49,8 @@ pub(super) async fn latency_samples(p: &Phase<'_>, all_cases: &[Case]) -> (Vec<S
     (samples, latency_start)
 }
 
-/// One latency sample; a kvmesh one with its share of the indexer's timers (`timers`: the last
-/// reading, updated).
+/// One latency sample; a kvmesh one (filter or picker) with its share of the indexer's timers
+/// (`timers`: the last reading, updated).
 pub(super) async fn latency_sample(
     p: &Phase<'_>,
     case: &Case,
@@ -72,7 +64,11 @@ pub(super) async fn latency_sample(
     // Between samples, never during one: this request's share of the indexer's timers.
     let mut share = None;
     let local = o.decision_reason.as_deref() == Some(kvmesh_core::headers::LOCAL_ROUTE_REASON);
-    if way == Way::Kvmesh && !local {
+    // The picker names no fallback: a response without its decision was pinned.
+    let pinned = o.error.is_none()
+        && way == Way::ExtProc
+        && routed_without_indexer(way, o.fallback.is_some(), o.decision_mode.is_some());
+    if way != Way::Plain && !local {
         // Wait for this request's tokenization to finish even when the filter gave up (a request
         // the filter routed locally never reached the indexer: nothing to wait for).
         let want = timers.map_or(0.0, |t| t.tokenizations + 1.0);
@@ -81,27 +77,32 @@ pub(super) async fn latency_sample(
         share = now.zip(*timers).and_then(|(n, b)| n.one_route_since(&b));
         *timers = now;
     }
-    Sample {
+    let mut sample = Sample {
         indexer_ms: share.map(|s| s.route_ms),
         tokenize_ms: share.and_then(|s| s.tokenize_ms),
         match_ms: share.and_then(|s| s.match_ms),
         score_ms: share.and_then(|s| s.score_ms),
         ..Sample::measured(case.name(), way, n, id, o)
+    };
+    if pinned {
+        sample.fallback = Some(PICKER_PIN.to_string());
     }
+    sample
 }
 
 /// Step 6: the requests/s rounds (none when `rps_seconds` or `rps_rounds` is 0), by case and path.
 pub(super) async fn rps_rounds(
     p: &Phase<'_>,
     all_cases: &[Case],
-    indexer_pid: Option<u32>,
+    pids: Pids,
 ) -> HashMap<(String, &'static str), Rate> {
     let mut rates: HashMap<(String, &'static str), Rate> = HashMap::new();
+    let ways = p.urls.ways();
     if p.args.rps_seconds > 0.0 && p.args.rps_rounds > 0 {
         for case in all_cases {
             for round in 0..p.args.rps_rounds {
-                for way in order(round as u64) {
-                    let r = rps_round(p, case, round, way, indexer_pid).await;
+                for way in order(&ways, round as u64) {
+                    let r = rps_round(p, case, round, way, pids).await;
                     rates.entry((case.name(), way.tag())).or_default().add(r);
                 }
             }
@@ -127,7 +128,7 @@ pub(super) fn rps_bodies(
         p.args.bases,
     );
     let texts = p.texts.clone();
-    let phase = 1 + round as u64 * 2 + u64::from(way == Way::Plain);
+    let phase = RPS_PHASE + round as u64 * 3 + way.index();
     Arc::new(move |n: u64| {
         let h = match c.kind {
             Kind::Cold => cold_request(&texts.cold[si], cold_seed(seed, phase, si, n)),
@@ -135,58 +136,72 @@ pub(super) fn rps_bodies(
                 let list = &texts.bases[si];
                 next_turn(&list[(n as usize) % list.len()], (phase << 40) | n, &shape2)
             }
-            // Salts 0 and 1 are the latency phase's; every round starts new conversations.
-            Kind::SharedPrefix => {
-                shared_prefix_request(&texts.shared[si], k, n, phase << 1, &shape2).0
-            }
+            // Salts 0–2 are the latency phase's; every round starts new conversations.
+            Kind::SharedPrefix => shared_prefix_request(&texts.shared[si], k, n, phase, &shape2).0,
         };
         h.body(&m, 1, true).to_string().into_bytes()
     })
 }
 
-/// One closed-loop round on one path; a kvmesh round with the indexer's routes and CPU time
-/// around it (until the indexer is idle again).
+/// The processes' CPU ticks at one moment: Envoy, the indexer, the client (this process).
+fn ticks(pids: Pids) -> Option<[u64; 3]> {
+    Some([cpu_ticks(pids.envoy?)?, cpu_ticks(pids.indexer?)?, cpu_ticks(std::process::id())?])
+}
+
+/// One closed-loop round on one path, with Envoy's, the indexer's and the client's CPU time
+/// around it; a kvmesh round (filter or picker) with the indexer's routes too, read until the
+/// indexer is idle again (the CPU of the work the round left behind counts).
 pub(super) async fn rps_round(
     p: &Phase<'_>,
     case: &Case,
     round: usize,
     way: Way,
-    indexer_pid: Option<u32>,
+    pids: Pids,
 ) -> Rate {
     let make = rps_bodies(p, case, round, way);
-    let before = match (way, indexer_pid) {
-        (Way::Kvmesh, Some(pid)) => {
-            indexer_timers(p.client, p.metrics_url).await.zip(cpu_ticks(pid))
-        }
-        _ => None,
-    };
+    let kvmesh = way != Way::Plain;
+    let timers_before = if kvmesh { indexer_timers(p.client, p.metrics_url).await } else { None };
+    let before = ticks(pids);
     let mut r = closed_loop(
         p.client,
         p.urls.of(way),
+        way,
         p.args.rps_concurrency,
         Duration::from_secs_f64(p.args.rps_seconds),
         RPS_TIMEOUT,
         make,
     )
     .await;
-    // Abandoned tokenizations (filter timeouts) must not run into the next round.
-    let settled = match (way, indexer_pid) {
-        (Way::Kvmesh, Some(pid)) => {
+    let client_after = cpu_ticks(std::process::id());
+    // Abandoned tokenizations (filter timeouts) and background completions must not run into
+    // the next round.
+    let settled = match (kvmesh, pids.indexer) {
+        (true, Some(pid)) => {
             settle_cpu(pid, Duration::from_millis(250), IDLE_TICKS, SETTLE_ROUND).await
         }
         _ => Duration::ZERO,
     };
+    // Envoy's and the indexer's CPU until settled; the client's over the loop alone (settling
+    // polls `/proc` from this process).
+    if let (Some([e0, i0, c0]), Some([e1, i1, _]), Some(c1)) = (before, ticks(pids), client_after) {
+        r.envoy_cpu_s = e1.saturating_sub(e0) as f64 / 100.0;
+        r.indexer_cpu_s = i1.saturating_sub(i0) as f64 / 100.0;
+        r.client_cpu_s = c1.saturating_sub(c0) as f64 / 100.0;
+        r.cpu_rounds = 1;
+    }
     // The round's indexer work, the tokenizations finished while settling included.
-    if let (Some((t0, c0)), Some(pid)) = (before, indexer_pid) {
-        if let Some((t1, c1)) = indexer_timers(p.client, p.metrics_url).await.zip(cpu_ticks(pid)) {
+    if let Some(t0) = timers_before {
+        if let Some(t1) = indexer_timers(p.client, p.metrics_url).await {
             r.indexer_routes = t1.routes - t0.routes;
-            r.indexer_cpu_s = c1.saturating_sub(c0) as f64 / 100.0;
         }
     }
+    let cpu = r.cpu_ms_per_request();
     tracing::info!(
         case = %case.name(), path = way.tag(), round, ok = r.ok, failed = r.failed, fallbacks = r.fallbacks,
         rps = r.per_second().unwrap_or(0.0), settle_s = settled.as_secs_f64(), indexer_routes = r.indexer_routes,
-        indexer_cpu_s = r.indexer_cpu_s, "overhead: requests/s round"
+        indexer_cpu_s = r.indexer_cpu_s, envoy_cpu_ms_per_request = cpu.map(|c| c.envoy_ms),
+        indexer_cpu_ms_per_request = cpu.map(|c| c.indexer_ms), client_cpu_ms_per_request = cpu.map(|c| c.client_ms),
+        "overhead: requests/s round"
     );
     r
 }

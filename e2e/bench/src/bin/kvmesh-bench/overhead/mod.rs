@@ -1,21 +1,24 @@
-//! The router-overhead part of the run: one stack, one Envoy with a kvmesh and a plain listener,
-//! interleaved latency samples, then closed-loop requests/s rounds.
+//! The router-overhead part of the run: one stack, one Envoy with a kvmesh (wasm), an ext_proc
+//! and a plain listener, interleaved latency samples, then closed-loop requests/s rounds.
 //!
 //! 1. Start the stack through the harness (vllm-sim workers at a very large `--speedup`, the
-//!    indexer in precise mode, Envoy), then replace its Envoy by one started from the same
-//!    rendered bootstrap extended by `overhead::gateway::add_plain_path` (same ports, same
-//!    filter configuration), so both paths are one Envoy process.
-//! 2. Warm up both paths until the filter routes through the indexer (it has its fleet).
+//!    indexer in precise mode serving the endpoint picker too, Envoy), then replace its Envoy by
+//!    one started from the kvmesh bootstrap extended by `overhead::gateway::add_plain_path` and
+//!    `add_ext_proc_path` (same ports, same filter configuration), so every path is one Envoy
+//!    process.
+//! 2. Warm up every path until the filter and the picker route through the indexer (they have
+//!    their fleet).
 //! 3. Prime the continuation bases and the shared prefixes through kvmesh, in steps, as
-//!    conversations grow.
-//! 4. Latency: for sample n of every case in turn, one kvmesh and one plain request, one at a
-//!    time, the order alternating with n — drift and background work hit both paths alike.
+//!    conversations grow (the picker shares the indexer, so its continuations find them too).
+//! 4. Latency: for sample n of every case in turn, one request per path, one at a time, the
+//!    order rotating with n — drift and background work hit every path alike.
 //!    `max_tokens: 1`, so the engine's part is tokenizing the prompt plus one step.
 //! 5. Join Envoy's access log (gateway time per request), write `<dir>/samples.jsonl`.
-//! 6. Requests/s: per case, `rounds` × (kvmesh round, plain round), order alternating, against
-//!    the canned route (nothing forwarded; the filter and indexer still do all their work). Around
-//!    each kvmesh round (until the indexer is idle again) the indexer's CPU time and answered
-//!    routes are read: route throughput per indexer core.
+//! 6. Requests/s: per case, `rounds` × (one round per path), order rotating, against the canned
+//!    route (nothing forwarded; the filter, the picker and the indexer still do all their work).
+//!    Around each round (for kvmesh paths until the indexer is idle again) Envoy's, the
+//!    indexer's and the client's CPU time and the indexer's answered routes are read: CPU per
+//!    request per process, route throughput per indexer core.
 //! 7. The indexer hung (issue 14.3, last: it disturbs the stack): SIGSTOP, requests until the
 //!    filter's breaker is seen open, interleaved latency samples as in step 4, a concurrent burst;
 //!    Envoy's connections to the indexer sampled throughout; SIGCONT (also on any error: the
@@ -47,16 +50,18 @@ use kvmesh_bench::overhead::drive::cpu_ticks;
 use kvmesh_bench::overhead::drive::{
     closed_loop, indexer_timers, join_access_log, settle, settle_cpu, tagged,
 };
-use kvmesh_bench::overhead::gateway::add_plain_path;
+use kvmesh_bench::overhead::gateway::{add_ext_proc_path, add_plain_path};
 use kvmesh_bench::overhead::hung::{
     self, hung_route, open_streak, Burst, HungIndexer, HungRoute, HUNG_CASE, HUNG_PROMPT_TOKENS,
     OPEN_STREAK,
 };
-use kvmesh_bench::overhead::summary::{summarize, IndexerTimers, Path as Way, Rate, Sample};
+use kvmesh_bench::overhead::summary::{
+    order, routed_without_indexer, summarize, IndexerTimers, Path as Way, Rate, Sample, PICKER_PIN,
+};
 use kvmesh_bench::policy::Policy;
 use kvmesh_e2e::envoy_config::{render_bootstrap, BootstrapVars, BootstrapWorker};
 use kvmesh_e2e::procs::{free_port, Paused, Proc};
-use kvmesh_e2e::stack::{envoy_binary, wasm_path, EnvoyPolicy, Stack, StackSpec};
+use kvmesh_e2e::stack::{envoy_binary, wasm_path, Edge, EnvoyPolicy, Stack, StackSpec};
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::Path;
@@ -85,6 +90,9 @@ pub struct OverheadSettings {
     pub local_route_max_body_bytes: Option<usize>,
     /// Whether step 7 (the indexer hung) runs.
     pub hung_case: bool,
+    /// Whether the ext_proc path (Envoy's ext_proc filter calling the indexer's picker) is
+    /// measured beside the wasm filter.
+    pub ext_proc: bool,
     /// Where under `--out` the run writes its samples and stack (`overhead`; the local-route run
     /// `local-route/overhead`); the notes name its samples file by it.
     pub dir: &'static str,
@@ -115,8 +123,10 @@ const WARMUP: usize = 16;
 /// indexer each.
 const ENVOY_CONCURRENCY: u32 = 2;
 /// Seed phase of the hung-indexer case's requests (the latency phase is 0, warm-up 9, the
-/// requests/s rounds 1 + 2 × round + path).
+/// requests/s rounds from [`RPS_PHASE`]).
 const HUNG_PHASE: u64 = 1 << 20;
+/// Seed phase of the first requests/s round (round r on path p: `RPS_PHASE + 3r + p.index()`).
+const RPS_PHASE: u64 = 16;
 /// Closed-loop clients of the burst while the indexer hangs (the issue's concurrency).
 const HUNG_BURST_CONCURRENCY: usize = 50;
 /// Longest burst while the indexer hangs (the requests/s round length when shorter).
@@ -139,6 +149,10 @@ pub async fn run_overhead(
 
     tracing::info!(cases = all_cases.len(), samples = args.samples, "overhead: starting the stack");
     let Started { stack, access_log, urls, client, model } = start(args, fleet, &dir).await?;
+    let pids = Pids {
+        envoy: stack.envoy.as_ref().map(Proc::pid),
+        indexer: stack.indexer.as_ref().map(Proc::pid),
+    };
     let (texts, prime_fallbacks) = prime_texts(&client, &urls, &model, args, &shape).await?;
 
     let metrics_url = stack.indexer_url("/metrics");
@@ -157,7 +171,7 @@ pub async fn run_overhead(
     write_jsonl(&dir.join("samples.jsonl"), &samples)?;
     let latency_s = latency_start.elapsed().as_secs_f64();
 
-    let rates = rps_rounds(&phase, &all_cases, stack.indexer.as_ref().map(Proc::pid)).await;
+    let rates = rps_rounds(&phase, &all_cases, pids).await;
     let mut sections = Vec::new();
     if args.hung_case {
         let hung = hung_indexer(&stack, &client, &urls, &model, args, &access_log, &shape).await;
@@ -168,7 +182,7 @@ pub async fn run_overhead(
     }
     drop(stack);
 
-    let (out_cases, missing) = case_summaries(&all_cases, &samples, &rates);
+    let (out_cases, missing) = case_summaries(&all_cases, &urls.ways(), &samples, &rates);
     let mut notes = setup_notes(args, fleet, &shape, prime_fallbacks, latency_s, &rates);
     notes.push_str(&missing_notes(missing_log, &missing));
     Ok(OverheadRun { cases: out_cases, notes, sections })
@@ -183,14 +197,24 @@ struct Started {
     model: String,
 }
 
+/// The processes whose CPU time the requests/s rounds read (the client is this process).
+#[derive(Debug, Clone, Copy)]
+struct Pids {
+    envoy: Option<u32>,
+    indexer: Option<u32>,
+}
+
 /// Step 1: starts the stack, swaps its Envoy, finds the model.
 async fn start(args: &OverheadSettings, fleet: &Fleet, dir: &Path) -> Result<Started> {
     let mut stack =
         Stack::start(spec(args, fleet, dir)).await.context("starting the overhead stack")?;
-    let (plain_port, access_log) = swap_envoy(&mut stack).await?;
+    let Swapped { plain_port, ext_proc_port, access_log } =
+        swap_envoy(&mut stack, args.ext_proc).await?;
+    let local = |port: u16| format!("http://127.0.0.1:{port}/v1/chat/completions");
     let urls = Urls {
         kvmesh: stack.gateway("/v1/chat/completions"),
-        plain: format!("http://127.0.0.1:{plain_port}/v1/chat/completions"),
+        plain: local(plain_port),
+        ext_proc: ext_proc_port.map(local),
     };
     let client = build_client(Duration::from_secs(5), 1024)?;
     let model = match &fleet.model {

@@ -3,9 +3,11 @@
 
 use super::*;
 
-/// Every case's summary, and the names of the cases without usable samples.
+/// Every case's rows (per case: the wasm filter's, then the picker's when `ways` has it), and the
+/// names of the rows without usable samples.
 pub(super) fn case_summaries(
     all_cases: &[Case],
+    ways: &[Way],
     samples: &[Sample],
     rates: &HashMap<(String, &'static str), Rate>,
 ) -> (Vec<OverheadCase>, Vec<String>) {
@@ -13,11 +15,13 @@ pub(super) fn case_summaries(
     let mut missing = Vec::new();
     for case in all_cases {
         let name = case.name();
-        let k = rates.get(&(name.clone(), Way::Kvmesh.tag())).copied();
         let p = rates.get(&(name.clone(), Way::Plain.tag())).copied();
-        match summarize(&name, samples, k, p) {
-            Some(c) => out_cases.push(c),
-            None => missing.push(name),
+        for &way in ways.iter().filter(|w| **w != Way::Plain) {
+            let k = rates.get(&(name.clone(), way.tag())).copied();
+            match summarize(&name, way, samples, k, p) {
+                Some(c) => out_cases.push(c),
+                None => missing.push(way.row_name(&name)),
+            }
         }
     }
     (out_cases, missing)
@@ -34,20 +38,27 @@ pub(super) fn setup_notes(
     rates: &HashMap<(String, &'static str), Rate>,
 ) -> String {
     let rps_fallbacks: u64 =
-        rates.iter().filter(|((_, w), _)| *w == Way::Kvmesh.tag()).map(|(_, r)| r.fallbacks).sum();
+        rates.iter().filter(|((_, w), _)| *w != Way::Plain.tag()).map(|(_, r)| r.fallbacks).sum();
     let rps_failed: u64 = rates.values().map(|r| r.failed).sum();
+    let ext_proc = if args.ext_proc {
+        ", the ext_proc listener (Envoy's ext_proc filter calling the indexer's endpoint picker, no wasm, \
+         `failure_mode_allow: false`; rows `<case>_ext_proc`)"
+    } else {
+        ""
+    };
     let mut notes = format!(
         "{} vllm-sim workers (`--speedup {}`, KV capacity {} blocks, KV events on), the indexer in precise mode, one Envoy \
-         (`--concurrency 2`) with two listeners: kvmesh (the filter with `debug_headers: true`{}) and the same listener \
-         without the filter, routing to the same workers with least_request. Requests: streaming chat, `max_tokens: 1`, no \
-         session header. Latency: {} samples per case and path, one request at a time, kvmesh and plain interleaved \
-         (order alternating), {} continuation bases per size primed through kvmesh in steps of ≤ {} tokens ({} priming \
-         requests routed without the indexer); {:.0} s. Requests/s: {} closed-loop clients, {} round(s) × {} s per path \
-         and case, alternating, against a canned-response route (nothing forwarded, so the engines do not cap the rate; the \
-         filter and the indexer do all their work){}. Per-request samples: `{}/samples.jsonl`.",
+         (`--concurrency 2`) with {} listeners: kvmesh (the filter with `debug_headers: true`{}){ext_proc} and the same \
+         listener without the filter, routing to the same workers with least_request. Requests: streaming chat, \
+         `max_tokens: 1`, no session header. Latency: {} samples per case and path, one request at a time, the paths \
+         interleaved (order rotating), {} continuation bases per size primed through kvmesh in steps of ≤ {} tokens ({} \
+         priming requests routed without the indexer); {:.0} s. Requests/s: {} closed-loop clients, {} round(s) × {} s per \
+         path and case, order rotating, against a canned-response route (nothing forwarded, so the engines do not cap the \
+         rate; the filter, the picker and the indexer do all their work){}. Per-request samples: `{}/samples.jsonl`.",
         fleet.workers,
         args.sim_speedup,
         fleet.num_gpu_blocks,
+        if args.ext_proc { "three" } else { "two" },
         args.indexer_timeout_ms.map_or(", default `indexer_timeout_ms`".to_string(), |t| format!(", `indexer_timeout_ms: {t}`"))
             + &args.local_route_max_body_bytes.map_or(String::new(), |b| format!(", `local_route_max_body_bytes: {b}`")),
         args.samples,

@@ -1,4 +1,4 @@
-//! Steps 2 and 3: warming both paths up, priming the continuation bases and shared prefixes
+//! Steps 2 and 3: warming every path up, priming the continuation bases and shared prefixes
 //! through kvmesh, and the request of sample `n` of a case.
 
 use super::*;
@@ -10,6 +10,8 @@ pub(super) fn body(h: &History, model: &str) -> Vec<u8> {
 pub(super) struct Urls {
     pub(super) kvmesh: String,
     pub(super) plain: String,
+    /// The ext_proc listener's, when it is measured.
+    pub(super) ext_proc: Option<String>,
 }
 
 impl Urls {
@@ -17,12 +19,34 @@ impl Urls {
         match way {
             Way::Kvmesh => &self.kvmesh,
             Way::Plain => &self.plain,
+            // Not measured: no URL, so a request sent there fails instead of measuring another path.
+            Way::ExtProc => self.ext_proc.as_deref().unwrap_or_default(),
         }
+    }
+
+    /// The paths measured, in the order of sample 0 (kvmesh paths first, plain last).
+    pub(super) fn ways(&self) -> Vec<Way> {
+        let mut w = vec![Way::Kvmesh];
+        if self.ext_proc.is_some() {
+            w.push(Way::ExtProc);
+        }
+        w.push(Way::Plain);
+        w
     }
 }
 
-/// Warm both paths (connections, the filter's fleet snapshot); fails when the filter never
-/// routes through the indexer (or, for bodies it routes locally, never names a worker).
+/// Whether a warm-up response shows its path routing through the indexer: a decision (or, for
+/// bodies the filter routes locally with `local_route_max_body_bytes`, a worker named) and no
+/// fallback.
+fn routed(way: Way, o: &kvmesh_bench::client::Outcome) -> bool {
+    o.error.is_none()
+        && !routed_without_indexer(way, o.fallback.is_some(), o.decision_mode.is_some())
+        && (o.decision_mode.is_some() || o.decision_worker.is_some())
+}
+
+/// Warm every path (connections, the filter's and the picker's fleet); fails when the filter or
+/// the picker never routes through the indexer (or, for bodies the filter routes locally, never
+/// names a worker).
 pub(super) async fn warm_up(
     client: &reqwest::Client,
     urls: &Urls,
@@ -31,14 +55,19 @@ pub(super) async fn warm_up(
     seed: u64,
 ) -> Result<()> {
     let deadline = Instant::now() + kvmesh_e2e::poll::patience();
-    let mut routed = false;
+    let ways = urls.ways();
+    // The kvmesh paths not yet seen routing through the indexer.
+    let mut waiting: Vec<Way> = ways.iter().copied().filter(|w| *w != Way::Plain).collect();
     let mut n = 0u64;
-    while n < WARMUP as u64 || !routed {
+    while n < WARMUP as u64 || !waiting.is_empty() {
         if Instant::now() > deadline {
-            bail!("warm-up: the filter did not route through the indexer in time");
+            let names: Vec<&str> = waiting.iter().map(|w| w.tag()).collect();
+            bail!(
+                "warm-up: path(s) {names:?} (k = the filter, e = the picker) did not route through the indexer in time"
+            );
         }
         let h = cold_request(template, cold_seed(seed, 9, 0, n));
-        for way in [Way::Kvmesh, Way::Plain] {
+        for &way in &ways {
             let o = tagged(
                 client,
                 urls.of(way),
@@ -49,13 +78,8 @@ pub(super) async fn warm_up(
             .await;
             if let Some(e) = &o.error {
                 tracing::warn!(path = way.tag(), error = %e, "warm-up request failed");
-            } else if way == Way::Kvmesh
-                && o.fallback.is_none()
-                && (o.decision_mode.is_some() || o.decision_worker.is_some())
-            {
-                // A decision, or a local route (`local_route_max_body_bytes`) that found a worker:
-                // either way the filter has its fleet.
-                routed = true;
+            } else if routed(way, &o) {
+                waiting.retain(|w| *w != way);
             }
         }
         n += 1;
@@ -138,29 +162,18 @@ pub(super) fn request_for(
     shape: &Shape,
 ) -> History {
     let bases = &texts.bases;
+    // Distinct content per request and path: no path's request warms another's.
+    let lane = 3 * n + way.index();
     match case.kind {
-        // Distinct content per request and path: neither path's request warms the other's.
-        Kind::Cold => cold_request(
-            &texts.cold[size_index],
-            cold_seed(args.seed, 0, size_index, 2 * n + u64::from(way == Way::Plain)),
-        ),
+        Kind::Cold => {
+            cold_request(&texts.cold[size_index], cold_seed(args.seed, 0, size_index, lane))
+        }
         Kind::Continuation => {
             let list = &bases[size_index];
-            next_turn(
-                &list[(n as usize) % list.len()],
-                (n << 1) | u64::from(way == Way::Plain),
-                shape,
-            )
+            next_turn(&list[(n as usize) % list.len()], lane, shape)
         }
         Kind::SharedPrefix => {
-            shared_prefix_request(
-                &texts.shared[size_index],
-                args.bases,
-                n,
-                u64::from(way == Way::Plain),
-                shape,
-            )
-            .0
+            shared_prefix_request(&texts.shared[size_index], args.bases, n, way.index(), shape).0
         }
     }
 }
