@@ -199,3 +199,67 @@ impl Tracker {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::api_resource;
+    use serde_json::{json, Value};
+
+    fn pool(labels: Value, ports: &[u16]) -> DynamicObject {
+        let ports: Vec<Value> = ports.iter().map(|p| json!({ "number": p })).collect();
+        DynamicObject::new("vllm", &api_resource())
+            .within("llm")
+            .data(json!({ "spec": { "selector": { "matchLabels": labels }, "targetPorts": ports } }))
+    }
+
+    fn pod(name: &str, ip: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": { "name": name, "labels": { "app": "vllm" } },
+            "status": { "podIP": ip, "conditions": [{ "type": "Ready", "status": "True" }] },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn pool_mode_syncs_on_the_pool_then_its_pods_and_keeps_the_last_readable_spec() {
+        let t0 = Instant::now();
+        let cfg = DiscoveryConfig {
+            inference_pool: "vllm".into(),
+            kv_replay_port: None,
+            ..DiscoveryConfig::default()
+        };
+        let mut t = Tracker::new(cfg);
+        assert_eq!((t.pod_selector(), t.pool_state()), (None, &PoolState::Unlisted));
+
+        // Listed without the pool: synced, and the first update says so (no workers).
+        assert!(t.on_pool(ObjectEvent::ListStart, t0).is_none());
+        let first = t.on_pool(ObjectEvent::ListDone, t0).unwrap();
+        assert_eq!((first.generation, first.workers.len()), (1, 0));
+        assert_eq!(t.pool_state(), &PoolState::Missing);
+
+        // The pool appears: nothing is announced before its pods are listed.
+        assert!(t.on_pool(ObjectEvent::Applied(pool(json!({ "app": "vllm" }), &[8000])), t0).is_none());
+        assert_eq!(t.pod_selector().as_deref(), Some("app=vllm"));
+        assert!(!t.synced());
+        t.on_pod(ObjectEvent::ListStart, t0);
+        t.on_pod(ObjectEvent::Listed(pod("a", "10.0.0.1")), t0);
+        let joined = t.on_pod(ObjectEvent::ListDone, t0).unwrap();
+        assert!(matches!(&joined.changes[..], [Change::Joined { worker, routable: true }] if worker.endpoint == "10.0.0.1:8000"));
+
+        // An unreadable edit changes nothing: the last readable spec stays.
+        assert!(t.on_pool(ObjectEvent::Applied(pool(json!({}), &[8000])), t0).is_none());
+        assert!(matches!(t.pool_state(), PoolState::Invalid(_)));
+        assert_eq!(t.pod_selector().as_deref(), Some("app=vllm"));
+
+        // A second port: the pod is two ranks now (new ids), the old id waits out its grace.
+        let dp = t.on_pool(ObjectEvent::Applied(pool(json!({ "app": "vllm" }), &[8000, 8001])), t0);
+        let ids: Vec<String> = dp.unwrap().workers.iter().map(|w| w.worker.id.clone()).collect();
+        assert_eq!(ids, ["a", "a-rank-0", "a-rank-1"]);
+
+        // Deleted: every worker is unroutable and will leave.
+        let gone = t.on_pool(ObjectEvent::Deleted(pool(json!({ "app": "vllm" }), &[8000])), t0).unwrap();
+        assert_eq!(t.pool_state(), &PoolState::Missing);
+        assert!(gone.workers.iter().all(|w| !w.routable && w.drop_at.is_some()));
+    }
+}
