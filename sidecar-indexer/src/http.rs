@@ -117,35 +117,7 @@ async fn route(
             }
         }
     };
-    let metrics = RouteMetrics(&state.metrics);
-    match &result {
-        Ok(_) => metrics.answered(started.elapsed()),
-        // Not a bad request: the filter's base was evicted; it sends the whole body next
-        // (`kvmesh_body_memo_total{result="base_unknown"}` counts it).
-        Err(e) if e.reason == kvmesh_core::body_base::BASE_UNKNOWN => {}
-        // A model nobody serves: the client's mistake, but counted with the route errors (the
-        // filter answers the client vLLM's 404 and never forwards it); its log line sampled.
-        Err(e) if e.reason == kvmesh_core::models::UNKNOWN_MODEL_REASON => {
-            let seen = metrics.failed(e);
-            if seen.is_power_of_two() {
-                tracing::info!(seen, message = %e.message, "route call for a model the fleet does not serve: 404");
-            }
-        }
-        Err(e) if e.status.is_client_error() && e.status != StatusCode::TOO_MANY_REQUESTS => {
-            metrics.bad_request(Endpoint::Route, e.reason)
-        }
-        Err(e) => {
-            let seen = metrics.failed(e);
-            // Every failure is counted; its log line is sampled (1st, 2nd, 4th, 8th … of a reason),
-            // so a fleet-wide fault is named in the log without flooding it.
-            if seen.is_power_of_two() {
-                tracing::warn!(status = e.status.as_u16(), reason = e.reason, seen, message = %e.message, "route call failed; the filter routes without the indexer");
-            }
-        }
-    }
-    if let Err(e) = &result {
-        tracing::debug!(status = e.status.as_u16(), reason = e.reason, message = %e.message, "route refused");
-    }
+    RouteMetrics(&state.metrics).call_result(Endpoint::Route, &result, started.elapsed());
     result.map(Json)
 }
 

@@ -31,6 +31,7 @@ use tokio::sync::mpsc;
 use super::head::{self, RequestHead, CONFORMANCE_SERVED};
 use super::reply::{self, Destination, Phase};
 use super::wire::{BodySendMode, ProcessingRequest, ProcessingResponse, Request};
+use crate::route::record::{Endpoint, RouteMetrics};
 use crate::route::{self, ApiError, Eligible, Front};
 use crate::state::AppState;
 
@@ -342,10 +343,10 @@ async fn pick(
             format!("no decision within routing.request_timeout_ms = {} ms", deadline.as_millis()),
         ))
     });
+    RouteMetrics(&state.metrics).call_result(Endpoint::Epp, &result, started.elapsed());
     match result {
         Ok(d) => {
             state.metrics.epp_request("routed");
-            crate::route::record::RouteMetrics(&state.metrics).answered(started.elapsed());
             Ok(destination(state, x, &head, d))
         }
         Err(e) => answer_error(state, x, &head, &default_model, e),
@@ -441,11 +442,9 @@ fn answer_error(
         state.metrics.epp_request("bad_request");
         return Err(error_answer(&e));
     }
+    // The route call's error was counted and logged (sampled) with the route errors.
     let model = e.model.as_deref().unwrap_or(default_model).to_owned();
-    let seen = state.metrics.epp_request("fallback");
-    if seen.is_power_of_two() {
-        tracing::warn!(reason = e.reason, status = status.as_u16(), seen, message = %e.message, "route call failed: the endpoint picker pins the session instead");
-    }
+    state.metrics.epp_request("fallback");
     let key = head
         .session_id
         .as_deref()

@@ -104,6 +104,8 @@ impl Migration {
 pub enum Endpoint {
     Route,
     Done,
+    /// A route asked by a gateway through the endpoint picker (`crate::epp`).
+    Epp,
 }
 
 impl Endpoint {
@@ -111,6 +113,7 @@ impl Endpoint {
         match self {
             Self::Route => "route",
             Self::Done => "done",
+            Self::Epp => "epp",
         }
     }
 }
@@ -211,6 +214,42 @@ impl<'a> RouteMetrics<'a> {
     /// A route call answered with a decision.
     pub fn answered(self, took: Duration) {
         self.0.route_duration.observe(took.as_secs_f64());
+    }
+
+    /// Counts a route call's `result` (asked at `endpoint`, answered after `took`): its duration,
+    /// or its error as a route error (the indexer's, or a model nobody serves) or a bad request;
+    /// every error's log line sampled (1st, 2nd, 4th, 8th … of a reason), so a fleet-wide fault
+    /// is named in the log without flooding it.
+    pub fn call_result(
+        self,
+        endpoint: Endpoint,
+        result: &Result<RouteDecision, ApiError>,
+        took: Duration,
+    ) {
+        let e = match result {
+            Ok(_) => return self.answered(took),
+            Err(e) => e,
+        };
+        tracing::debug!(status = e.status.as_u16(), reason = e.reason, message = %e.message, "route refused");
+        let status = e.status;
+        if e.reason == kvmesh_core::body_base::BASE_UNKNOWN {
+            // Not a bad request: the filter's base was evicted; it sends the whole body next
+            // (`kvmesh_body_memo_total{result="base_unknown"}` counts it).
+        } else if e.reason == kvmesh_core::models::UNKNOWN_MODEL_REASON {
+            // The client's mistake, but counted with the route errors (the front door answers
+            // vLLM's 404 and never forwards it).
+            let seen = self.failed(e);
+            if seen.is_power_of_two() {
+                tracing::info!(seen, message = %e.message, "route call for a model the fleet does not serve: 404");
+            }
+        } else if status.is_client_error() && status != axum::http::StatusCode::TOO_MANY_REQUESTS {
+            self.bad_request(endpoint, e.reason);
+        } else {
+            let seen = self.failed(e);
+            if seen.is_power_of_two() {
+                tracing::warn!(status = status.as_u16(), reason = e.reason, seen, message = %e.message, "route call failed; the request is routed without the indexer's pick");
+            }
+        }
     }
 
     /// A route call answered with an error that is the indexer's (not the request's), or naming a
