@@ -617,12 +617,9 @@ async fn an_inference_pool_gives_a_worker_per_pod_and_target_port_and_its_change
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_that_does_not_exist_syncs_empty_and_an_unreachable_api_is_counted() {
     let pools = Collection::new(&["pool-list-empty.json"], vec![]);
-    let addr = fake_api(
-        Collection::new(&[], vec![]),
-        Collection::new(&["pods-list.json"], vec![]),
-        pools,
-    )
-    .await;
+    let addr =
+        fake_api(Collection::new(&[], vec![]), Collection::new(&["pods-list.json"], vec![]), pools)
+            .await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fleet.toml");
     std::fs::write(&path, POOL_FLEET).unwrap();
@@ -648,7 +645,10 @@ async fn a_pool_that_does_not_exist_syncs_empty_and_an_unreachable_api_is_counte
         let svc = svc.clone();
         async move {
             let text = svc.state.metrics.render();
-            match text.lines().find(|l| l.starts_with(r#"kvmesh_discovery_errors_total{reason="watch"}"#)) {
+            match text
+                .lines()
+                .find(|l| l.starts_with(r#"kvmesh_discovery_errors_total{reason="watch"}"#))
+            {
                 Some(l) if !l.ends_with(" 0") => Ok(()),
                 other => Err(format!("{other:?}")),
             }

@@ -284,9 +284,10 @@ mod tests {
 
     #[test]
     fn a_pool_replaces_the_service() {
-        let cfg = DiscoveryConfig { inference_pool: "vllm-pool.v1".into(), ..DiscoveryConfig::default() }
-            .validated()
-            .unwrap();
+        let cfg =
+            DiscoveryConfig { inference_pool: "vllm-pool.v1".into(), ..DiscoveryConfig::default() }
+                .validated()
+                .unwrap();
         assert!(cfg.pool_mode());
         assert_eq!(cfg.pool_field_selector(), "metadata.name=vllm-pool.v1");
         let parsed: DiscoveryConfig =

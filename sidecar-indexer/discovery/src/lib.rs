@@ -24,9 +24,9 @@ pub mod view;
 pub mod watcher;
 
 pub use config::{ConfigError, DiscoveryConfig, PortRef};
+pub use kube::Client;
 pub use membership::{Change, MemberStatus, Membership};
 pub use objects::{ObjectEvent, ObjectSet};
-pub use kube::Client;
 pub use pool::PoolSpec;
 pub use tracker::{MembershipUpdate, PoolState, Tracker};
 pub use view::{DiscoveredWorker, Observed, SkipReason, Skipped, View};

@@ -89,7 +89,8 @@ pub fn parse_pool(obj: &DynamicObject) -> Result<PoolSpec, String> {
     }
     let mut selector = BTreeMap::new();
     for (k, v) in labels {
-        let v = v.as_str().ok_or_else(|| format!("spec.selector.matchLabels.{k} is not a string"))?;
+        let v =
+            v.as_str().ok_or_else(|| format!("spec.selector.matchLabels.{k} is not a string"))?;
         selector.insert(k.clone(), v.to_owned());
     }
     let ports = spec.get("targetPorts").and_then(Value::as_array).ok_or("no spec.targetPorts")?;
@@ -154,10 +155,15 @@ fn workers_of(
     let skip = |reason| Skipped { target: name.clone(), reason };
     let ip: IpAddr = ip.parse().map_err(|_| skip(SkipReason::BadAddress))?;
     let role = role_of(pod, cfg).map_err(skip)?;
-    let model =
-        pod.metadata.labels.as_ref().and_then(|l| l.get(&cfg.model_label)).filter(|m| !m.is_empty());
+    let model = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(&cfg.model_label))
+        .filter(|m| !m.is_empty());
     let ranks = spec.target_ports.len();
-    let kv = rank_ports(pod, &cfg.kv_events_port, ranks).ok_or_else(|| skip(SkipReason::NoKvPort))?;
+    let kv =
+        rank_ports(pod, &cfg.kv_events_port, ranks).ok_or_else(|| skip(SkipReason::NoKvPort))?;
     let replay = match &cfg.kv_replay_port {
         Some(p) => Some(rank_ports(pod, p, ranks).ok_or_else(|| skip(SkipReason::NoKvPort))?),
         None => None,
@@ -295,7 +301,11 @@ mod tests {
             pod("vllm-0", json!({ "app": "vllm", "kvmesh.io/role": "decode" }), ready("10.0.0.1")),
             pod("other", json!({ "app": "web" }), ready("10.0.0.2")),
             pod("vllm-pending", json!({ "app": "vllm" }), json!({ "phase": "Pending" })),
-            pod("vllm-done", json!({ "app": "vllm" }), json!({ "phase": "Failed", "podIP": "10.0.0.3" })),
+            pod(
+                "vllm-done",
+                json!({ "app": "vllm" }),
+                json!({ "phase": "Failed", "podIP": "10.0.0.3" }),
+            ),
             pod(
                 "vllm-1",
                 json!({ "app": "vllm", "kvmesh.io/model": "small" }),
@@ -313,14 +323,32 @@ mod tests {
             .values()
             .map(|o| {
                 let w = &o.worker;
-                (w.id.as_str(), w.endpoint.as_str(), w.kv_events.as_str(), w.kv_replay.as_deref(), o.ready)
+                (
+                    w.id.as_str(),
+                    w.endpoint.as_str(),
+                    w.kv_events.as_str(),
+                    w.kv_replay.as_deref(),
+                    o.ready,
+                )
             })
             .collect();
         assert_eq!(
             got,
             [
-                ("vllm-0", "10.0.0.1:8000", "tcp://10.0.0.1:6000", Some("tcp://10.0.0.1:6100"), true),
-                ("vllm-1", "[fd00::7]:8000", "tcp://[fd00::7]:6000", Some("tcp://[fd00::7]:6100"), false),
+                (
+                    "vllm-0",
+                    "10.0.0.1:8000",
+                    "tcp://10.0.0.1:6000",
+                    Some("tcp://10.0.0.1:6100"),
+                    true
+                ),
+                (
+                    "vllm-1",
+                    "[fd00::7]:8000",
+                    "tcp://[fd00::7]:6000",
+                    Some("tcp://[fd00::7]:6100"),
+                    false
+                ),
             ]
         );
         assert_eq!(one.workers["vllm-0"].worker.role, Role::Decode);
@@ -332,7 +360,14 @@ mod tests {
         let ids: Vec<&str> = dp.workers.keys().map(String::as_str).collect();
         assert_eq!(
             ids,
-            ["vllm-0-rank-0", "vllm-0-rank-1", "vllm-0-rank-2", "vllm-1-rank-0", "vllm-1-rank-1", "vllm-1-rank-2"]
+            [
+                "vllm-0-rank-0",
+                "vllm-0-rank-1",
+                "vllm-0-rank-2",
+                "vllm-1-rank-0",
+                "vllm-1-rank-1",
+                "vllm-1-rank-2"
+            ]
         );
         let r2 = &dp.workers["vllm-0-rank-2"].worker;
         assert_eq!(
@@ -346,11 +381,16 @@ mod tests {
     fn pods_that_cannot_be_workers_are_skipped_with_a_reason() {
         let deleting: Pod = {
             let mut p = pod("vllm-deleting", json!({ "app": "vllm" }), ready("10.0.0.9"));
-            p.metadata.deletion_timestamp = serde_json::from_value(json!("2026-12-07T10:00:00Z")).unwrap();
+            p.metadata.deletion_timestamp =
+                serde_json::from_value(json!("2026-12-07T10:00:00Z")).unwrap();
             p
         };
         let set = pods(vec![
-            pod("vllm-badrole", json!({ "app": "vllm", "kvmesh.io/role": "turbo" }), ready("10.0.0.1")),
+            pod(
+                "vllm-badrole",
+                json!({ "app": "vllm", "kvmesh.io/role": "turbo" }),
+                ready("10.0.0.1"),
+            ),
             pod("vllm-badip", json!({ "app": "vllm" }), ready("not-an-ip")),
             deleting,
         ]);
@@ -368,7 +408,10 @@ mod tests {
         );
         // Defaults (5557 events, 5558 replay) with two ranks: rank 1's events are rank 0's replay.
         let v = observe_pool(Some(&spec(&[8000, 8001])), &set, &cfg());
-        assert!(v.skipped.iter().any(|s| s.target == "vllm-deleting" && s.reason == SkipReason::KvPortOverlap));
+        assert!(v
+            .skipped
+            .iter()
+            .any(|s| s.target == "vllm-deleting" && s.reason == SkipReason::KvPortOverlap));
         let v = observe_pool(Some(&spec(&[8000])), &set, &cfg());
         assert!(!v.workers["vllm-deleting"].ready, "a pod being deleted gets no traffic");
         // Too many workers: the bound counts pod × port.

@@ -208,9 +208,9 @@ mod tests {
 
     fn pool(labels: Value, ports: &[u16]) -> DynamicObject {
         let ports: Vec<Value> = ports.iter().map(|p| json!({ "number": p })).collect();
-        DynamicObject::new("vllm", &api_resource())
-            .within("llm")
-            .data(json!({ "spec": { "selector": { "matchLabels": labels }, "targetPorts": ports } }))
+        DynamicObject::new("vllm", &api_resource()).within("llm").data(
+            json!({ "spec": { "selector": { "matchLabels": labels }, "targetPorts": ports } }),
+        )
     }
 
     fn pod(name: &str, ip: &str) -> Pod {
@@ -239,13 +239,17 @@ mod tests {
         assert_eq!(t.pool_state(), &PoolState::Missing);
 
         // The pool appears: nothing is announced before its pods are listed.
-        assert!(t.on_pool(ObjectEvent::Applied(pool(json!({ "app": "vllm" }), &[8000])), t0).is_none());
+        assert!(t
+            .on_pool(ObjectEvent::Applied(pool(json!({ "app": "vllm" }), &[8000])), t0)
+            .is_none());
         assert_eq!(t.pod_selector().as_deref(), Some("app=vllm"));
         assert!(!t.synced());
         t.on_pod(ObjectEvent::ListStart, t0);
         t.on_pod(ObjectEvent::Listed(pod("a", "10.0.0.1")), t0);
         let joined = t.on_pod(ObjectEvent::ListDone, t0).unwrap();
-        assert!(matches!(&joined.changes[..], [Change::Joined { worker, routable: true }] if worker.endpoint == "10.0.0.1:8000"));
+        assert!(
+            matches!(&joined.changes[..], [Change::Joined { worker, routable: true }] if worker.endpoint == "10.0.0.1:8000")
+        );
 
         // An unreadable edit changes nothing: the last readable spec stays.
         assert!(t.on_pool(ObjectEvent::Applied(pool(json!({}), &[8000])), t0).is_none());
@@ -258,7 +262,8 @@ mod tests {
         assert_eq!(ids, ["a", "a-rank-0", "a-rank-1"]);
 
         // Deleted: every worker is unroutable and will leave.
-        let gone = t.on_pool(ObjectEvent::Deleted(pool(json!({ "app": "vllm" }), &[8000])), t0).unwrap();
+        let gone =
+            t.on_pool(ObjectEvent::Deleted(pool(json!({ "app": "vllm" }), &[8000])), t0).unwrap();
         assert_eq!(t.pool_state(), &PoolState::Missing);
         assert!(gone.workers.iter().all(|w| !w.routable && w.drop_at.is_some()));
     }

@@ -138,14 +138,10 @@ pub async fn run(
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), &cfg.namespace);
     // The slices (Service mode) or the pool (InferencePool mode): the collection that says who is in.
     let mut primary: Inputs = if cfg.pool_mode() {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(client, &cfg.namespace, &api_resource());
+        let api: Api<DynamicObject> = Api::namespaced_with(client, &cfg.namespace, &api_resource());
         let by_name = watcher::Config::default().fields(&cfg.pool_field_selector());
         info!(namespace = %cfg.namespace, inference_pool = %cfg.inference_pool, "kubernetes discovery started (InferencePool)");
-        watcher::watcher(api, by_name)
-            .default_backoff()
-            .map(|ev| Input::Pool(Box::new(ev)))
-            .boxed()
+        watcher::watcher(api, by_name).default_backoff().map(|ev| Input::Pool(Box::new(ev))).boxed()
     } else {
         let api: Api<EndpointSlice> = Api::namespaced(client, &cfg.namespace);
         let slice_cfg = watcher::Config::default().labels(&cfg.slice_selector());
