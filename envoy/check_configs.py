@@ -465,7 +465,7 @@ def cluster_endpoint_port(cfg, name):
     return None
 
 
-def check_indexer_toml(where, text, what="the k8s indexer.toml"):
+def check_indexer_toml(where, text, what="the k8s indexer.toml (with [discovery.kubernetes])"):
     if not os.path.exists(INDEXER):
         fail(where, f"{INDEXER} missing (run `make build`)")
         return
@@ -483,7 +483,7 @@ def check_indexer_toml(where, text, what="the k8s indexer.toml"):
         elif "[epp]" in text and "[epp]" not in r.stdout:
             fail(where, "kvmesh-indexer --check dropped the [epp] table")
         else:
-            ok(f"kvmesh-indexer --check on {what} (with [discovery.kubernetes])")
+            ok(f"kvmesh-indexer --check on {what}")
 
 
 # === Istio ===
@@ -1175,7 +1175,7 @@ def check_gie():
     if not problems:
         ok("GIE: InferencePool, picker Service/Deployment/config, gRPC probes, RBAC, NetworkPolicies, HTTPRoutes and Istio flag agree")
     cm_path, cm = next((p, d) for p, d in docs if d.get("kind") == "ConfigMap" and "indexer.toml" in (d.get("data") or {}))
-    check_indexer_toml(cm_path, cm["data"]["indexer.toml"], "the GIE picker's indexer.toml (with [epp])")
+    check_indexer_toml(cm_path, cm["data"]["indexer.toml"], "the GIE picker's indexer.toml (with [epp] and [discovery.kubernetes] inference_pool)")
     # Self-test: every break of a copy must be caught (the checks above cannot pass everything).
     missed = []
     for what, edit in gie_breaks():
