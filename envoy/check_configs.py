@@ -15,6 +15,11 @@ passes or fails the run with a message naming the file and what is wrong. What i
 - The wasm OCI layout is built and verified with envoy/istio/package-wasm.py.
 - The Grafana dashboard's structure, and that every metric its queries name is exported by some
   kvmesh binary, recorded by a rule, or is an engine (`vllm:`) metric.
+- The Gateway API Inference Extension deployment (envoy/k8s/gie, envoy/istio/gie): the
+  InferencePool against the picker's Service, Deployment, config (`[epp]` ports, the pool it
+  discovers), gRPC probes, RBAC verbs, NetworkPolicies, the example engines it selects, the
+  HTTPRoutes and Istio's feature flag — and a self-test that breaks a copy of those files in each
+  of those ways and requires every break to be caught.
 """
 import copy
 import functools
@@ -25,6 +30,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import tomllib
 
 import yaml
 
@@ -459,7 +465,7 @@ def cluster_endpoint_port(cfg, name):
     return None
 
 
-def check_indexer_toml(where, text):
+def check_indexer_toml(where, text, what="the k8s indexer.toml (with [discovery.kubernetes])"):
     if not os.path.exists(INDEXER):
         fail(where, f"{INDEXER} missing (run `make build`)")
         return
@@ -474,8 +480,10 @@ def check_indexer_toml(where, text):
             fail(where, f"kvmesh-indexer --check failed:\n{r.stderr[-2000:]}")
         elif "[discovery.kubernetes]" in text and "[discovery.kubernetes]" not in r.stdout:
             fail(where, "kvmesh-indexer --check dropped the [discovery.kubernetes] table")
+        elif "[epp]" in text and "[epp]" not in r.stdout:
+            fail(where, "kvmesh-indexer --check dropped the [epp] table")
         else:
-            ok("kvmesh-indexer --check on the k8s indexer.toml (with [discovery.kubernetes])")
+            ok(f"kvmesh-indexer --check on {what}")
 
 
 # === Istio ===
@@ -874,11 +882,319 @@ def exported_metric_names():
     return names
 
 
+# === Gateway API Inference Extension: kvmesh as the endpoint picker (envoy/README.md § GIE) ===
+
+GIE_K8S = os.path.join(ENVOY_DIR, "k8s", "gie")
+GIE_ISTIO = os.path.join(ENVOY_DIR, "istio", "gie")
+POOL_API = "inference.networking.k8s.io/v1"
+# The gateway class of each directory's Gateway: Istio, and agentgateway for a plain Gateway API
+# implementation (any conformant one takes the same HTTPRoute).
+GATEWAY_CLASSES = {GIE_ISTIO: "istio", GIE_K8S: "agentgateway"}
+# The label Istio and agentgateway put on the proxy pods they deploy for a Gateway.
+GATEWAY_POD_LABEL = "gateway.networking.k8s.io/gateway-name"
+# What the picker reads (kvmesh-discovery in InferencePool mode), and the only verbs it may have.
+GIE_GRANTS = {("inference.networking.k8s.io", "inferencepools"), ("", "pods")}
+GIE_VERBS = {"get", "list", "watch"}
+# GIE's gRPC health service names the kubelet probes on [epp] health_listen.
+GIE_PROBES = {"startupProbe": "liveness", "livenessProbe": "liveness", "readinessProbe": "readiness"}
+
+
+def load_gie():
+    """[(path, doc)] of every GIE manifest, and [(path, pod template)] of the example engines."""
+    docs = []
+    for d in (GIE_K8S, GIE_ISTIO):
+        for path in sorted(glob.glob(os.path.join(d, "*.yaml"))):
+            if os.path.basename(path) != "kustomization.yaml":
+                docs += [(path, doc) for doc in load_all(path)]
+    example = os.path.join(ENVOY_DIR, "k8s", "example-vllm.yaml")
+    engines = [(example, d["spec"]["template"]) for d in load_all(example) if d.get("kind") in ("StatefulSet", "Deployment")]
+    return docs, engines
+
+
+def port_of(host_port):
+    return int(str(host_port).rsplit(":", 1)[1])
+
+
+def gie_problems(docs, engines):
+    """Every inconsistency of the GIE manifests with each other and with the engines: [(path, msg)].
+
+    Pure (no files, no processes), so the self-test can run it on broken copies."""
+    errs = []
+
+    def bad(path, msg):
+        errs.append((path, msg))
+
+    def find(kind, name=None):
+        return [(p, d) for p, d in docs if d.get("kind") == kind and (name is None or d.get("metadata", {}).get("name") == name)]
+
+    pools = find("InferencePool")
+    if len(pools) != 1:
+        bad(GIE_K8S, f"expected one InferencePool, found {len(pools)}")
+        return errs
+    pool_path, pool = pools[0]
+    pool_name, ns = pool["metadata"]["name"], pool["metadata"].get("namespace")
+    if pool.get("apiVersion") != POOL_API:
+        bad(pool_path, f"apiVersion {pool.get('apiVersion')!r}, want {POOL_API}")
+    spec = pool.get("spec") or {}
+    labels = (spec.get("selector") or {}).get("matchLabels") or {}
+    if not labels or not all(isinstance(v, str) for v in labels.values()):
+        bad(pool_path, "spec.selector.matchLabels must be a non-empty map of strings (kvmesh refuses an empty selector)")
+    ports = [p.get("number") for p in spec.get("targetPorts") or []]
+    if not 1 <= len(ports) <= 8 or len(set(ports)) != len(ports) or not all(isinstance(p, int) and 0 < p < 65536 for p in ports):
+        bad(pool_path, f"spec.targetPorts {ports}: want 1 to 8 distinct port numbers")
+        return errs
+    ref = spec.get("endpointPickerRef") or {}
+    if ref.get("group", "") != "" or ref.get("kind", "Service") != "Service":
+        bad(pool_path, "endpointPickerRef must name a core Service (the kvmesh picker)")
+    if ref.get("failureMode", "FailClose") not in ("FailOpen", "FailClose"):
+        bad(pool_path, f"endpointPickerRef.failureMode {ref.get('failureMode')!r} is not FailOpen or FailClose")
+
+    # The engines the pool selects serve its target ports.
+    selected = [tpl for _, tpl in engines if labels and labels.items() <= tpl["metadata"]["labels"].items()]
+    if not selected:
+        bad(pool_path, f"selector {labels} selects none of the example engines (envoy/k8s/example-vllm.yaml)")
+    for tpl in selected:
+        served = {cp["containerPort"] for c in tpl["spec"]["containers"] for cp in c.get("ports", [])}
+        if set(ports) - served:
+            bad(pool_path, f"targetPorts {sorted(set(ports) - served)} are not container ports of engines {tpl['metadata']['labels']}")
+
+    # The picker's Service: the ref's name and port, h2c.
+    svcs = find("Service", ref.get("name"))
+    if len(svcs) != 1 or svcs[0][1]["metadata"].get("namespace") != ns:
+        bad(pool_path, f"endpointPickerRef names Service {ref.get('name')!r}: not defined once in namespace {ns}")
+        return errs
+    svc_path, svc = svcs[0]
+    svc_port = next((sp for sp in svc["spec"].get("ports", []) if sp.get("port") == (ref.get("port") or {}).get("number")), None)
+    if svc_port is None:
+        bad(svc_path, f"no port {(ref.get('port') or {}).get('number')} (the pool's endpointPickerRef.port)")
+        return errs
+    if svc_port.get("appProtocol") != "http2":
+        bad(svc_path, f"port {svc_port['port']} needs appProtocol: http2 (gateways speak plaintext HTTP/2 to the picker)")
+
+    # The picker's Deployment (what the Service selects) and its config.
+    deps = [(p, d) for p, d in find("Deployment") if svc["spec"].get("selector", {}).items() <= d["spec"]["template"]["metadata"].get("labels", {}).items()]
+    if len(deps) != 1:
+        bad(svc_path, f"selector {svc['spec'].get('selector')} selects {len(deps)} Deployments, want the picker's")
+        return errs
+    dep_path, dep = deps[0]
+    tpl = dep["spec"]["template"]
+    epp_labels = tpl["metadata"]["labels"]
+    if dep["spec"]["selector"]["matchLabels"].items() - epp_labels.items():
+        bad(dep_path, "selector does not match the pod labels")
+    pod = tpl["spec"]
+    c = pod["containers"][0]
+    cports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+
+    def resolve(target):
+        return cports.get(target) if isinstance(target, str) else target
+
+    volumes = {v["name"]: v["configMap"]["name"] for v in pod.get("volumes", []) if "configMap" in v}
+    cms = [(p, d) for p, d in find("ConfigMap") if d["metadata"]["name"] in volumes.values() and "indexer.toml" in (d.get("data") or {})]
+    if len(cms) != 1:
+        bad(dep_path, "the picker mounts no (or several) ConfigMap with indexer.toml")
+        return errs
+    cm_path, cm = cms[0]
+    mounts = [m["mountPath"] for m in c.get("volumeMounts", []) if volumes.get(m["name"]) == cm["metadata"]["name"]]
+    if not any(f"{m}/indexer.toml" in c.get("args", []) for m in mounts):
+        bad(dep_path, "the container is not started with --config <mounted ConfigMap>/indexer.toml")
+    try:
+        cfg = tomllib.loads(cm["data"]["indexer.toml"])
+    except tomllib.TOMLDecodeError as e:
+        bad(cm_path, f"indexer.toml: {e}")
+        return errs
+    epp = cfg.get("epp") or {}
+    if "listen" not in epp or "health_listen" not in epp:
+        bad(cm_path, "[epp] needs listen (ext_proc) and health_listen (gRPC health for the probes)")
+        return errs
+    ext_port, health_port = port_of(epp["listen"]), port_of(epp["health_listen"])
+    if resolve(svc_port.get("targetPort", svc_port["port"])) != ext_port:
+        bad(svc_path, f"port {svc_port['port']} targets {svc_port.get('targetPort')!r}, not [epp] listen {epp['listen']}")
+    for what, port in (("[epp] listen", ext_port), ("[epp] health_listen", health_port), ("metrics_listen", port_of(cfg.get("metrics_listen", ":0")))):
+        if port and port not in cports.values():
+            bad(dep_path, f"{what} port {port} is not a container port ({sorted(cports.values())})")
+    disc = (cfg.get("discovery") or {}).get("kubernetes") or {}
+    if disc.get("inference_pool") != pool_name or disc.get("service"):
+        bad(cm_path, f"[discovery.kubernetes] inference_pool = {disc.get('inference_pool')!r} (service {disc.get('service')!r}): want the pool {pool_name!r} and no service")
+    if disc.get("namespace", "default") != ns or dep["metadata"].get("namespace") != ns:
+        bad(cm_path, f"the picker and its discovery must be in the pool's namespace {ns}")
+
+    # gRPC probes on the health port with GIE's service names; resources requested.
+    for kind, service in GIE_PROBES.items():
+        g = (c.get(kind) or {}).get("grpc") or {}
+        if resolve(g.get("port")) != health_port or g.get("service") != service:
+            bad(dep_path, f"{kind} must be a grpc probe on [epp] health_listen's port {health_port}, service {service!r}")
+    if "requests" not in (c.get("resources") or {}):
+        bad(dep_path, "the picker has no resource requests")
+
+    # RBAC: the service account may get/list/watch the pool and pods, nothing more.
+    sa = pod.get("serviceAccountName")
+    if not find("ServiceAccount", sa):
+        bad(dep_path, f"serviceAccountName {sa!r} is not defined")
+    granted = {}
+    for _, b in find("RoleBinding"):
+        if not any(s.get("kind") == "ServiceAccount" and s.get("name") == sa for s in b.get("subjects", [])):
+            continue
+        for rp, role in find("Role", b["roleRef"]["name"]):
+            for rule in role.get("rules", []):
+                verbs = set(rule.get("verbs", []))
+                if verbs - GIE_VERBS:
+                    bad(rp, f"Role {role['metadata']['name']} grants more than reads: {sorted(verbs - GIE_VERBS)}")
+                for g in rule.get("apiGroups", []):
+                    for r in rule.get("resources", []):
+                        granted.setdefault((g, r), set()).update(verbs)
+    lacking = sorted(g for g in GIE_GRANTS if not GIE_VERBS <= granted.get(g, set()))
+    if lacking:
+        bad(dep_path, f"service account {sa} lacks get/list/watch on {lacking}")
+    if set(granted) - GIE_GRANTS:
+        bad(dep_path, f"service account {sa} is granted {sorted(set(granted) - GIE_GRANTS)} besides the pool and pods")
+
+    # HTTPRoutes: the pool as backend, a Gateway of the directory's class as parent; one shape.
+    routes = find("HTTPRoute")
+    if {os.path.dirname(p) for p, _ in routes} != set(GATEWAY_CLASSES):
+        bad(GIE_K8S, f"want an HTTPRoute for Istio ({GIE_ISTIO}) and one for a plain Gateway API implementation ({GIE_K8S})")
+    for rp, route in routes:
+        backends = [b for rule in route["spec"].get("rules", []) for b in rule.get("backendRefs", [])]
+        if not backends or any((b.get("group"), b.get("kind"), b.get("name")) != ("inference.networking.k8s.io", "InferencePool", pool_name) for b in backends):
+            bad(rp, f"HTTPRoute {route['metadata']['name']}: every backendRef must be the InferencePool {pool_name!r} (group inference.networking.k8s.io)")
+        for parent in route["spec"].get("parentRefs", []):
+            gws = [g for gp, g in find("Gateway", parent.get("name")) if os.path.dirname(gp) == os.path.dirname(rp)]
+            if len(gws) != 1:
+                bad(rp, f"parentRef {parent.get('name')!r} is not a Gateway beside it")
+            elif gws[0]["spec"].get("gatewayClassName") != GATEWAY_CLASSES.get(os.path.dirname(rp)):
+                bad(rp, f"Gateway {parent.get('name')} has class {gws[0]['spec'].get('gatewayClassName')!r}, want {GATEWAY_CLASSES.get(os.path.dirname(rp))!r}")
+        if route["metadata"].get("namespace") != ns:
+            bad(rp, f"HTTPRoute not in the pool's namespace {ns}")
+    if len({json.dumps(r["spec"], sort_keys=True) for _, r in routes}) > 1:
+        bad(GIE_ISTIO, "the Istio HTTPRoute and the plain Gateway API one differ")
+
+    # Istio: the feature flag; no TLS towards the plaintext picker.
+    flags = [((d.get("spec") or {}).get("values") or {}).get("pilot", {}).get("env", {}).get("ENABLE_GATEWAY_API_INFERENCE_EXTENSION") for _, d in find("IstioOperator")]
+    if "true" not in [str(f).lower() for f in flags]:
+        bad(GIE_ISTIO, "no IstioOperator sets pilot env ENABLE_GATEWAY_API_INFERENCE_EXTENSION=\"true\"")
+    for dp, dr in find("DestinationRule"):
+        host = (dr.get("spec") or {}).get("host", "")
+        if host.split(".")[0] == svc["metadata"]["name"] and ((dr["spec"].get("trafficPolicy") or {}).get("tls")):
+            bad(dp, f"DestinationRule {dr['metadata']['name']} sets TLS towards the picker, which serves plaintext gRPC")
+
+    # NetworkPolicies: the ext_proc port only from the gateway pods; the engines reachable by the
+    # gateway pods on the target ports and by the picker on those and every rank's KV ports.
+    policies = find("NetworkPolicy")
+    gateway_pods = [{GATEWAY_POD_LABEL: g["metadata"]["name"]} for _, g in find("Gateway")]
+
+    def rules_for(target):
+        return [r for _, np in policies if (np["spec"]["podSelector"].get("matchLabels") or {}).items() <= target.items()
+                for r in np["spec"].get("ingress", [])]
+
+    def covers(rule, port):
+        return any(isinstance(rp.get("port"), int) and rp["port"] <= port <= rp.get("endPort", rp["port"]) for rp in rule.get("ports", []))
+
+    def peer_is(peer, pods):
+        sel = (peer.get("podSelector") or {}).get("matchLabels") or {}
+        return "namespaceSelector" not in peer and "ipBlock" not in peer and bool(sel) and sel.items() <= pods.items()
+
+    ext_rules = [r for r in rules_for(epp_labels) if covers(r, ext_port)]
+    if not ext_rules:
+        bad(dep_path, f"no NetworkPolicy admits the gateway to the picker's port {ext_port}")
+    for r in ext_rules:
+        if not r.get("from") or not all(any(peer_is(peer, g) for g in gateway_pods) for peer in r["from"]):
+            bad(dep_path, f"a NetworkPolicy admits {r.get('from') or 'everyone'} to the picker's port {ext_port}: only the gateway pods may call it")
+
+    def admitted(target, pods, port):
+        return any(covers(r, port) and any(peer_is(peer, pods) for peer in r.get("from") or []) for r in rules_for(target))
+
+    ranks = range(len(ports))
+    kv_ports = []
+    for key in ("kv_events_port", "kv_replay_port"):
+        base = disc.get(key, 5557 if key == "kv_events_port" else 5558)
+        if isinstance(base, int):
+            kv_ports += [base + i for i in ranks]
+    for tpl in selected:
+        engine = tpl["metadata"]["labels"]
+        for port in ports:
+            if not any(admitted(engine, g, port) for g in gateway_pods):
+                bad(pool_path, f"no NetworkPolicy admits the gateway pods to engine port {port} ({engine})")
+        for port in ports + kv_ports:
+            if not admitted(engine, epp_labels, port):
+                bad(pool_path, f"no NetworkPolicy admits the picker to engine port {port} ({engine}): scrapes or KV events would be cut")
+    return errs
+
+
+def gie_breaks():
+    """(what, edit) pairs: each edit breaks a copy of the GIE docs in one way the checks must catch."""
+    def doc(docs, kind, name=None):
+        return next(d for _, d in docs if d.get("kind") == kind and (name is None or d["metadata"]["name"] == name))
+
+    def toml_edit(old, new):
+        def edit(docs):
+            cm = doc(docs, "ConfigMap", "kvmesh-epp")
+            assert old in cm["data"]["indexer.toml"], old
+            cm["data"]["indexer.toml"] = cm["data"]["indexer.toml"].replace(old, new)
+        return edit
+
+    def rule_of(docs, kind, name, resource):
+        return next(r for r in doc(docs, kind, name)["rules"] if resource in r["resources"])
+
+    def probe(docs):
+        return doc(docs, "Deployment", "kvmesh-epp")["spec"]["template"]["spec"]["containers"][0]
+
+    return [
+        ("a target port the engines do not serve", lambda d: doc(d, "InferencePool")["spec"]["targetPorts"].append({"number": 8100})),
+        ("a selector matching no engine", lambda d: doc(d, "InferencePool")["spec"]["selector"]["matchLabels"].update({"app.kubernetes.io/name": "sglang"})),
+        ("the pool naming the picker's health port", lambda d: doc(d, "InferencePool")["spec"]["endpointPickerRef"]["port"].update({"number": 9003})),
+        ("the pool naming another Service", lambda d: doc(d, "InferencePool")["spec"]["endpointPickerRef"].update({"name": "lwepp"})),
+        ("the picker's port without appProtocol http2", lambda d: doc(d, "Service", "kvmesh-epp")["spec"]["ports"][0].pop("appProtocol")),
+        ("[epp] listen on another port", toml_edit('listen = "0.0.0.0:9002"', 'listen = "0.0.0.0:9004"')),
+        ("[epp] without health_listen", toml_edit('health_listen = "0.0.0.0:9003"\n', "")),
+        ("discovery of another pool", toml_edit('inference_pool = "vllm"', 'inference_pool = "vllm-old"')),
+        ("the readiness probe on liveness", lambda d: probe(d)["readinessProbe"]["grpc"].update({"service": "liveness"})),
+        ("an HTTP readiness probe", lambda d: probe(d).update({"readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"}}})),
+        ("no watch on pods", lambda d: rule_of(d, "Role", "kvmesh-epp", "pods")["verbs"].remove("watch")),
+        ("no get on inferencepools", lambda d: rule_of(d, "Role", "kvmesh-epp", "inferencepools")["verbs"].remove("get")),
+        ("a write verb", lambda d: rule_of(d, "Role", "kvmesh-epp", "pods")["verbs"].append("delete")),
+        ("a binding to another account", lambda d: doc(d, "RoleBinding", "kvmesh-epp")["subjects"][0].update({"name": "default"})),
+        ("a Service selector missing the picker", lambda d: doc(d, "Service", "kvmesh-epp")["spec"]["selector"].update({"app.kubernetes.io/name": "epp"})),
+        ("a route to a Service", lambda d: doc(d, "HTTPRoute")["spec"]["rules"][0]["backendRefs"][0].update({"group": "", "kind": "Service"})),
+        ("the Istio Gateway on another class", lambda d: next(g for p, g in d if g.get("kind") == "Gateway" and os.path.dirname(p) == GIE_ISTIO)["spec"].update({"gatewayClassName": "agentgateway"})),
+        ("istiod without the GIE flag", lambda d: doc(d, "IstioOperator")["spec"]["values"]["pilot"]["env"].pop("ENABLE_GATEWAY_API_INFERENCE_EXTENSION")),
+        ("TLS towards the plaintext picker", lambda d: d.append((GIE_ISTIO, {"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule", "metadata": {"name": "kvmesh-epp", "namespace": "llm"},
+                                                                             "spec": {"host": "kvmesh-epp.llm.svc.cluster.local", "trafficPolicy": {"tls": {"mode": "SIMPLE", "insecureSkipVerify": True}}}}))),
+        ("the picker's port open to every pod", lambda d: doc(d, "NetworkPolicy", "kvmesh-epp")["spec"]["ingress"][0].pop("from")),
+        ("the engines' KV-event ports closed to the picker", lambda d: doc(d, "NetworkPolicy", "vllm-from-gie")["spec"]["ingress"][1]["ports"].pop()),
+    ]
+
+
+def check_gie():
+    kust_path = os.path.join(GIE_K8S, "kustomization.yaml")
+    for res in load_all(kust_path)[0].get("resources", []):
+        if not os.path.exists(os.path.join(GIE_K8S, res)):
+            fail(kust_path, f"resource {res} does not exist")
+    docs, engines = load_gie()
+    problems = gie_problems(docs, engines)
+    for path, msg in problems:
+        fail(path, msg)
+    if not problems:
+        ok("GIE: InferencePool, picker Service/Deployment/config, gRPC probes, RBAC, NetworkPolicies, HTTPRoutes and Istio flag agree")
+    cm_path, cm = next((p, d) for p, d in docs if d.get("kind") == "ConfigMap" and "indexer.toml" in (d.get("data") or {}))
+    check_indexer_toml(cm_path, cm["data"]["indexer.toml"], "the GIE picker's indexer.toml (with [epp] and [discovery.kubernetes] inference_pool)")
+    # Self-test: every break of a copy must be caught (the checks above cannot pass everything).
+    missed = []
+    for what, edit in gie_breaks():
+        broken = copy.deepcopy(docs)
+        edit(broken)
+        if not gie_problems(broken, engines):
+            missed.append(what)
+    if missed:
+        fail(GIE_K8S, f"GIE self-test: these breaks were not caught: {missed}")
+    else:
+        ok(f"GIE self-test: {len(gie_breaks())} broken copies each caught")
+
+
 def main():
     check_bootstrap_template()
     toml_text = check_k8s()
     check_engine_network_policy(os.path.join(ENVOY_DIR, "k8s", "example-vllm.yaml"))
     check_istio(toml_text)
+    check_gie()
     check_dockerfile()
     check_oci()
     check_prometheus_config()

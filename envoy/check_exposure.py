@@ -2,8 +2,8 @@
 """Fails if a shipped manifest exposes the kvmesh indexer's API (/v1/*, no authentication) beyond
 its pod (run by envoy/validate.sh, so by `make test`).
 
-Rules, for every indexer configuration shipped in a ConfigMap (`indexer.toml`) under envoy/k8s and
-envoy/istio:
+Rules, for every indexer configuration shipped in a ConfigMap (`indexer.toml`) under envoy/k8s,
+envoy/istio and their gie/ directories (the GIE endpoint picker):
   1. `listen` is a loopback address (the filter calls it on 127.0.0.1);
   2. `metrics_listen`, if set, is another port (it serves /metrics, /healthz, /readyz only);
   3. `debug_endpoints = true` only with a loopback `listen` (it is, by rule 1);
@@ -24,7 +24,7 @@ import tomllib
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent
-DIRS = [ROOT / "k8s", ROOT / "istio"]
+DIRS = [ROOT / "k8s", ROOT / "istio", ROOT / "k8s" / "gie", ROOT / "istio" / "gie"]
 
 
 def host_port(addr):

@@ -38,8 +38,11 @@ pub const LEFT_OUT_STATIC_ID: &str = "static_id";
 pub const LEFT_OUT_INVALID: &str = "invalid";
 
 /// `kvmesh_discovery_errors_total{reason}` labels: no Kubernetes client could be built; the watcher
-/// could not start; applying a discovered fleet failed; the watch ended.
-pub const ERROR_REASONS: [&str; 4] = ["client", "start", "apply", "ended"];
+/// could not start; applying a discovered fleet failed; the watch ended; then the watcher's own
+/// (`kvmesh_discovery::Problem`): a list or watch failed; the InferencePool is missing; its spec
+/// cannot be followed.
+pub const ERROR_REASONS: [&str; 7] =
+    ["client", "start", "apply", "ended", "watch", "pool_missing", "pool_invalid"];
 
 /// `kvmesh_discovery_skipped_endpoints{reason}` labels: discovery's own reasons, then ours.
 pub fn skip_reasons() -> impl Iterator<Item = &'static str> {

@@ -826,7 +826,7 @@ impl DiscoveryMetrics {
             errors: counter_vec(
                 r,
                 DISCOVERY_ERRORS_TOTAL,
-                "Discovery failures by reason (client, start, apply, ended)",
+                "Discovery failures by reason (client, start, apply, ended, watch, pool_missing, pool_invalid)",
                 &["reason"],
             )?,
             synced,

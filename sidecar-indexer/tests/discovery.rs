@@ -1,6 +1,8 @@
 //! The indexer with Kubernetes discovery: the real `kvmesh-discovery` watcher (kube-rs) against a
 //! fake API server on loopback that replays kvmesh-discovery's recorded responses
 //! (`discovery/tests/fixtures`), feeding the real `Service` — its reload, index and `/v1/route`.
+//! Both sources: a Service's EndpointSlices, and an InferencePool (its selector's pods × its
+//! target ports, a selector change, the pool deleted).
 //!
 //! The fake server's watches are held open and fed by the test, so each step (the re-list that
 //! drops `vllm-decode-1`, the watch event that brings it back) happens when the test says. Plus the
@@ -45,6 +47,8 @@ struct Collection {
     lists: Mutex<VecDeque<String>>,
     last: Mutex<String>,
     watches: Mutex<VecDeque<mpsc::UnboundedReceiver<String>>>,
+    /// Every request's query string, in order.
+    queries: Mutex<Vec<String>>,
 }
 
 impl Collection {
@@ -53,11 +57,13 @@ impl Collection {
             lists: Mutex::new(lists.iter().map(|f| fixture(f)).collect()),
             last: Mutex::new(String::new()),
             watches: Mutex::new(watches.into()),
+            queries: Mutex::new(Vec::new()),
         })
     }
 
     fn respond(&self, query: Option<String>) -> Body {
         let query = query.unwrap_or_default();
+        self.queries.lock().unwrap().push(query.clone());
         if !query.split('&').any(|kv| kv == "watch=true" || kv == "watch=1") {
             let mut last = self.last.lock().unwrap();
             if let Some(next) = self.lists.lock().unwrap().pop_front() {
@@ -74,18 +80,28 @@ impl Collection {
     }
 }
 
-async fn fake_api(slices: Arc<Collection>, pods: Arc<Collection>) -> std::net::SocketAddr {
-    type S = State<(Arc<Collection>, Arc<Collection>)>;
+/// Serves the three collections discovery reads in namespace `llm`: EndpointSlices, pods and
+/// InferencePools.
+async fn fake_api(
+    slices: Arc<Collection>,
+    pods: Arc<Collection>,
+    pools: Arc<Collection>,
+) -> std::net::SocketAddr {
+    type S = State<(Arc<Collection>, Arc<Collection>, Arc<Collection>)>;
     async fn slices_h(State(s): S, RawQuery(q): RawQuery) -> Body {
         s.0.respond(q)
     }
     async fn pods_h(State(s): S, RawQuery(q): RawQuery) -> Body {
         s.1.respond(q)
     }
+    async fn pools_h(State(s): S, RawQuery(q): RawQuery) -> Body {
+        s.2.respond(q)
+    }
     let app = Router::new()
         .route("/apis/discovery.k8s.io/v1/namespaces/llm/endpointslices", get(slices_h))
         .route("/api/v1/namespaces/llm/pods", get(pods_h))
-        .with_state((slices, pods));
+        .route("/apis/inference.networking.k8s.io/v1/namespaces/llm/inferencepools", get(pools_h))
+        .with_state((slices, pods, pools));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -147,6 +163,7 @@ async fn start(grace_ms: u64, slice_watches: usize) -> Harness {
     let addr = fake_api(
         Collection::new(&["slices-list-1.json", "slices-list-2.json"], rxs),
         Collection::new(&["pods-list.json"], vec![]),
+        Collection::new(&[], vec![]),
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
@@ -161,12 +178,22 @@ async fn start(grace_ms: u64, slice_watches: usize) -> Harness {
         tokenizer(),
     )
     .unwrap();
+    follow_fake_api(&svc, addr, discovery);
+    Harness { svc, watches: txs, path, _dir: dir }
+}
+
+/// Discovery for `svc` from the fake API server at `addr`, through the indexer's own wiring
+/// (`service::discovery::watch`: problems counted in its metrics).
+fn follow_fake_api(
+    svc: &Arc<Service>,
+    addr: std::net::SocketAddr,
+    discovery: kvmesh_discovery::DiscoveryConfig,
+) {
     let client =
         kube::Client::try_from(kube::Config::new(format!("http://{addr}").parse().unwrap()))
             .unwrap();
-    let rx = kvmesh_discovery::spawn(client, discovery).unwrap();
+    let rx = kvmesh_indexer::service::discovery::watch(svc, client, discovery).unwrap();
     tokio::spawn(kvmesh_indexer::service::discovery::follow(svc.clone(), rx));
-    Harness { svc, watches: txs, path, _dir: dir }
 }
 
 /// (id, endpoint, gets traffic) per worker of `/v1/fleet`.
@@ -432,4 +459,200 @@ async fn without_a_cluster_the_binary_counts_the_error_and_serves_its_static_wor
     let d: RouteDecision = common::route(&http, &ix, r#"{"prompt":[1,2,3,4,5,6,7,8]}"#).await;
     assert_eq!(d.worker, "s0", "the static decode worker serves");
     assert!(http.get(format!("http://{ix}/readyz")).send().await.unwrap().status().is_success());
+}
+
+/// Pool mode: the static `s0` beside the InferencePool `vllm`'s workers. Rank i's replay port is
+/// 5600 + i, so two ranks' event (5557 + i) and replay ports never meet.
+const POOL_FLEET: &str = r#"
+listen = "127.0.0.1:0"
+[model]
+name = "m"
+block_size = 4
+[routing]
+replay_timeout_ms = 200
+speculative_ttl_ms = 0
+[[workers]]
+id = "s0"
+role = "decode"
+endpoint = "127.0.0.1:1"
+[discovery.kubernetes]
+namespace = "llm"
+inference_pool = "vllm"
+kv_replay_port = 5600
+grace_period_ms = 300
+"#;
+
+async fn sorted_fleet_is(svc: &Arc<Service>, want: &[&str]) {
+    eventually(&format!("fleet {want:?}"), || {
+        let svc = svc.clone();
+        async move {
+            let mut ids: Vec<String> = fleet(&svc).into_iter().map(|w| w.0).collect();
+            ids.sort();
+            if ids == want {
+                Ok(())
+            } else {
+                Err(format!("{ids:?}"))
+            }
+        }
+    })
+    .await;
+}
+
+/// Waits until the metrics show every one of `lines` (they follow the fleet's reload closely).
+async fn metrics_show(svc: &Arc<Service>, lines: &[&str]) {
+    let lines: Vec<String> = lines.iter().map(|l| (*l).to_owned()).collect();
+    eventually(&format!("metrics {lines:?}"), || {
+        let (svc, lines) = (svc.clone(), lines.clone());
+        async move {
+            match lines.iter().find(|l| !metric(&svc, l)) {
+                None => Ok(()),
+                Some(l) => Err(format!("missing {l}")),
+            }
+        }
+    })
+    .await;
+}
+
+/// (endpoint, kv_events, kv_replay) of worker `id` in the effective config.
+fn sockets(svc: &Service, id: &str) -> (String, Option<String>, Option<String>) {
+    let cfg = svc.state.config();
+    let w = cfg.workers.iter().find(|w| w.id == id).unwrap_or_else(|| panic!("no worker {id}"));
+    (w.endpoint.clone(), w.kv_events.clone(), w.kv_replay.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inference_pool_gives_a_worker_per_pod_and_target_port_and_its_changes_move_the_fleet() {
+    let (pool_tx, pool_rx) = mpsc::unbounded_channel();
+    let pods = Collection::new(&["pods-list.json"], vec![]);
+    let pools = Collection::new(&["pool-list.json"], vec![pool_rx]);
+    let addr = fake_api(Collection::new(&[], vec![]), pods.clone(), pools.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.toml");
+    std::fs::write(&path, POOL_FLEET).unwrap();
+    let config = Config::load(&path, &MapEnv::default()).unwrap();
+    let discovery = config.discovery.kubernetes.clone().unwrap();
+    assert!(discovery.pool_mode());
+    let svc =
+        Service::start_with_tokenizer(config, Some(path), Arc::new(MapEnv::default()), tokenizer())
+            .unwrap();
+    follow_fake_api(&svc, addr, discovery);
+
+    // Target ports 8000 and 8001: every selected Ready pod is two workers (its data-parallel
+    // ranks), rank i's KV sockets at the configured ports + i.
+    sorted_fleet_is(
+        &svc,
+        &[
+            "s0",
+            "vllm-decode-0-rank-0",
+            "vllm-decode-0-rank-1",
+            "vllm-decode-1-rank-0",
+            "vllm-decode-1-rank-1",
+            "vllm-prefill-0-rank-0",
+            "vllm-prefill-0-rank-1",
+        ],
+    )
+    .await;
+    assert_eq!(
+        sockets(&svc, "vllm-decode-1-rank-1"),
+        (
+            "10.244.2.23:8001".into(),
+            Some("tcp://10.244.2.23:5558".into()),
+            Some("tcp://10.244.2.23:5601".into())
+        )
+    );
+    assert!(fleet(&svc).iter().all(|w| w.2), "every Ready pod's ranks get traffic");
+    metrics_show(&svc, &[r#"kvmesh_discovery_workers{status="routable"} 6"#]).await;
+    // The pool is read by name; its pods by its selector.
+    let pool_queries = pools.queries.lock().unwrap().clone();
+    assert!(
+        !pool_queries.is_empty()
+            && pool_queries.iter().all(|q| q.contains("fieldSelector=metadata.name%3Dvllm")),
+        "{pool_queries:?}"
+    );
+    let pod_queries = pods.queries.lock().unwrap().clone();
+    assert!(
+        pod_queries.iter().all(|q| q.contains("labelSelector=app.kubernetes.io%2Fname%3Dvllm")),
+        "{pod_queries:?}"
+    );
+
+    // The pool's selector narrows to the decode pods on port 8000 alone: the pod watch restarts
+    // with the new selector, the rank workers leave (after the grace period), the decode pods
+    // join under their own names.
+    let lines: Vec<String> =
+        fixture("pool-watch.jsonl").lines().map(|l| format!("{l}\n")).collect();
+    pool_tx.send(lines[0].clone()).unwrap();
+    sorted_fleet_is(&svc, &["s0", "vllm-decode-0", "vllm-decode-1"]).await;
+    assert_eq!(
+        sockets(&svc, "vllm-decode-0"),
+        (
+            "10.244.1.17:8000".into(),
+            Some("tcp://10.244.1.17:5557".into()),
+            Some("tcp://10.244.1.17:5600".into())
+        )
+    );
+    let pod_queries = pods.queries.lock().unwrap().clone();
+    assert!(
+        pod_queries.iter().any(|q| q.contains("kvmesh.io%2Frole%3Ddecode")),
+        "the pod watch follows the new selector: {pod_queries:?}"
+    );
+
+    // The pool is deleted: it describes no workers; they leave after the grace period, the
+    // static worker stays, and the missing pool is counted.
+    pool_tx.send(lines[1].clone()).unwrap();
+    sorted_fleet_is(&svc, &["s0"]).await;
+    metrics_show(
+        &svc,
+        &[
+            r#"kvmesh_discovery_errors_total{reason="pool_missing"} 1"#,
+            r#"kvmesh_discovery_errors_total{reason="pool_invalid"} 0"#,
+            r#"kvmesh_discovery_changes_total{kind="joined"} 8"#,
+            r#"kvmesh_discovery_changes_total{kind="left"} 8"#,
+            r#"kvmesh_discovery_workers{status="routable"} 0"#,
+            "kvmesh_discovery_synced 1",
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_that_does_not_exist_syncs_empty_and_an_unreachable_api_is_counted() {
+    let pools = Collection::new(&["pool-list-empty.json"], vec![]);
+    let addr =
+        fake_api(Collection::new(&[], vec![]), Collection::new(&["pods-list.json"], vec![]), pools)
+            .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.toml");
+    std::fs::write(&path, POOL_FLEET).unwrap();
+    let config = Config::load(&path, &MapEnv::default()).unwrap();
+    let discovery = config.discovery.kubernetes.clone().unwrap();
+    let svc =
+        Service::start_with_tokenizer(config, Some(path), Arc::new(MapEnv::default()), tokenizer())
+            .unwrap();
+    follow_fake_api(&svc, addr, discovery.clone());
+    metrics_show(
+        &svc,
+        &[r#"kvmesh_discovery_errors_total{reason="pool_missing"} 1"#, "kvmesh_discovery_synced 1"],
+    )
+    .await;
+    let ids: Vec<String> = fleet(&svc).into_iter().map(|w| w.0).collect();
+    assert_eq!(ids, ["s0"], "only the static worker");
+
+    // An API server nobody answers: the failed lists are counted as watch errors.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dead: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    follow_fake_api(&svc, dead, discovery);
+    eventually("watch errors counted", || {
+        let svc = svc.clone();
+        async move {
+            let text = svc.state.metrics.render();
+            match text
+                .lines()
+                .find(|l| l.starts_with(r#"kvmesh_discovery_errors_total{reason="watch"}"#))
+            {
+                Some(l) if !l.ends_with(" 0") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
 }

@@ -1,6 +1,9 @@
-//! Discovery configuration: which Service to follow and how to turn its endpoints into workers.
+//! Discovery configuration: which Service (or InferencePool) to follow and how to turn its
+//! endpoints into workers.
 //!
-//! One validated [`DiscoveryConfig`], deserialised from the indexer's config file (a
+//! Two sources, exactly one configured: `service` (the Service's EndpointSlices) or
+//! `inference_pool` (a Gateway API Inference Extension `InferencePool`: its selector's Ready pods ×
+//! its target ports, `crate::pool`). One validated [`DiscoveryConfig`], deserialised from the indexer's config file (a
 //! `[discovery.kubernetes]` table, say) with `deny_unknown_fields` so a typo fails at start instead of
 //! silently discovering nothing. Every bound the watcher keeps is a field here, with its default.
 
@@ -38,10 +41,16 @@ pub struct DiscoveryConfig {
     /// Namespace of the model Service and its pods.
     pub namespace: String,
     /// The model Service whose EndpointSlices list the workers (slices are selected by
-    /// `kubernetes.io/service-name=<service>`).
+    /// `kubernetes.io/service-name=<service>`). Empty when `inference_pool` is set.
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub service: String,
+    /// The `inference.networking.k8s.io/v1` InferencePool (in `namespace`) whose selected Ready
+    /// pods, one worker per pod and target port, are the workers. Empty = Service mode.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub inference_pool: String,
     /// Label selector for the pod watch that supplies role labels (e.g. `app=vllm`). Empty = every
-    /// pod of the namespace (works, but watches more than needed).
+    /// pod of the namespace (works, but watches more than needed). Service mode only: a pool's
+    /// own selector chooses its pods.
     pub pod_selector: String,
     /// Pod label whose value is the worker's role.
     pub role_label: String,
@@ -52,9 +61,12 @@ pub struct DiscoveryConfig {
     /// (counted as skipped).
     #[serde(deserialize_with = "role_or_none", serialize_with = "none_or_role")]
     pub default_role: Option<Role>,
-    /// Name of the Service port serving the OpenAI API (the worker's HTTP endpoint).
+    /// Name of the Service port serving the OpenAI API (the worker's HTTP endpoint). Service mode
+    /// only: a pool's `targetPorts` are the HTTP endpoints.
     pub http_port: String,
-    /// Where the worker publishes KV events: `tcp://<pod ip>:<port>`.
+    /// Where the worker publishes KV events: `tcp://<pod ip>:<port>`. In pool mode a name is looked
+    /// up in the pod's container ports, and the worker of the pool's i-th target port (data-parallel
+    /// rank i) uses port + i, as vLLM offsets a rank's publisher.
     pub kv_events_port: PortRef,
     /// The worker's replay (ROUTER) socket, if it has one (`"none"` in the file: no replay socket).
     #[serde(deserialize_with = "port_or_none", serialize_with = "none_or_port")]
@@ -74,6 +86,7 @@ impl Default for DiscoveryConfig {
         Self {
             namespace: "default".to_owned(),
             service: String::new(),
+            inference_pool: String::new(),
             pod_selector: String::new(),
             role_label: DEFAULT_ROLE_LABEL.to_owned(),
             model_label: DEFAULT_MODEL_LABEL.to_owned(),
@@ -112,8 +125,36 @@ impl DiscoveryConfig {
         if !is_dns_label(&self.namespace) {
             return Err(bad("namespace", &self.namespace, "must be a Kubernetes namespace name"));
         }
-        if !is_dns_label(&self.service) {
-            return Err(bad("service", &self.service, "must name the model Service"));
+        if self.inference_pool.is_empty() {
+            if !is_dns_label(&self.service) {
+                return Err(bad(
+                    "service",
+                    &self.service,
+                    "must name the model Service (or set inference_pool instead)",
+                ));
+            }
+        } else {
+            if !self.service.is_empty() {
+                return Err(bad(
+                    "service",
+                    &self.service,
+                    "set either service or inference_pool, not both",
+                ));
+            }
+            if !is_dns_subdomain(&self.inference_pool) {
+                return Err(bad(
+                    "inference_pool",
+                    &self.inference_pool,
+                    "must be an InferencePool name (DNS subdomain)",
+                ));
+            }
+            if !self.pod_selector.is_empty() {
+                return Err(bad(
+                    "pod_selector",
+                    &self.pod_selector,
+                    "must be empty with inference_pool (the pool's selector chooses the pods)",
+                ));
+            }
         }
         if self.role_label.trim().is_empty() || self.role_label.contains(char::is_whitespace) {
             return Err(bad("role_label", &self.role_label, "must be a label key"));
@@ -148,6 +189,16 @@ impl DiscoveryConfig {
     /// The label selector of the Service's EndpointSlices.
     pub fn slice_selector(&self) -> String {
         format!("{SERVICE_NAME_LABEL}={}", self.service)
+    }
+
+    /// Whether workers come from an InferencePool (else from the Service's EndpointSlices).
+    pub fn pool_mode(&self) -> bool {
+        !self.inference_pool.is_empty()
+    }
+
+    /// The field selector that lists and watches the one InferencePool.
+    pub fn pool_field_selector(&self) -> String {
+        format!("metadata.name={}", self.inference_pool)
     }
 }
 
@@ -200,6 +251,11 @@ fn check_port(field: &'static str, port: &PortRef) -> Result<(), ConfigError> {
     }
 }
 
+/// RFC 1123 subdomain: what Kubernetes accepts for most object names (an InferencePool's).
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
 /// RFC 1123 label: what Kubernetes accepts for namespace and Service names.
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
@@ -223,6 +279,20 @@ mod tests {
         let cfg = base().validated().unwrap();
         assert_eq!(cfg.slice_selector(), "kubernetes.io/service-name=vllm");
         assert_eq!(cfg.grace(), Duration::from_secs(30));
+        assert!(!cfg.pool_mode());
+    }
+
+    #[test]
+    fn a_pool_replaces_the_service() {
+        let cfg =
+            DiscoveryConfig { inference_pool: "vllm-pool.v1".into(), ..DiscoveryConfig::default() }
+                .validated()
+                .unwrap();
+        assert!(cfg.pool_mode());
+        assert_eq!(cfg.pool_field_selector(), "metadata.name=vllm-pool.v1");
+        let parsed: DiscoveryConfig =
+            serde_json::from_str(r#"{"namespace":"llm","inference_pool":"vllm"}"#).unwrap();
+        assert_eq!(parsed.validated().unwrap().inference_pool, "vllm");
     }
 
     #[test]
@@ -230,6 +300,20 @@ mod tests {
         let cases: Vec<(&str, DiscoveryConfig)> = vec![
             ("namespace", DiscoveryConfig { namespace: "Bad_NS".into(), ..base() }),
             ("service", DiscoveryConfig { service: "-x".into(), ..base() }),
+            ("service", DiscoveryConfig { inference_pool: "pool".into(), ..base() }),
+            (
+                "inference_pool",
+                DiscoveryConfig { service: String::new(), inference_pool: "Pool".into(), ..base() },
+            ),
+            (
+                "pod_selector",
+                DiscoveryConfig {
+                    service: String::new(),
+                    inference_pool: "pool".into(),
+                    pod_selector: "app=vllm".into(),
+                    ..base()
+                },
+            ),
             ("role_label", DiscoveryConfig { role_label: " ".into(), ..base() }),
             ("http_port", DiscoveryConfig { http_port: String::new(), ..base() }),
             ("kv_events_port", DiscoveryConfig { kv_events_port: PortRef::Number(0), ..base() }),

@@ -8,8 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::Metadata;
+use kube::Resource;
 
 /// One step of a list/watch, independent of the client library (the watcher converts
 /// kube-runtime's `Event` into this; tests convert recorded API responses).
@@ -41,7 +40,7 @@ impl<K> Default for ObjectSet<K> {
     }
 }
 
-impl<K: Metadata<Ty = ObjectMeta>> ObjectSet<K> {
+impl<K: Resource> ObjectSet<K> {
     /// Applies one event. Returns whether the complete view changed (callers recompute then).
     /// Objects without a name are ignored: the API server never sends them.
     pub fn apply(&mut self, event: ObjectEvent<K>) -> bool {
@@ -102,14 +101,15 @@ impl<K: Metadata<Ty = ObjectMeta>> ObjectSet<K> {
     }
 }
 
-fn name_of<K: Metadata<Ty = ObjectMeta>>(obj: &K) -> Option<String> {
-    obj.metadata().name.clone()
+fn name_of<K: Resource>(obj: &K) -> Option<String> {
+    obj.meta().name.clone()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn pod(name: &str) -> Pod {
         Pod {

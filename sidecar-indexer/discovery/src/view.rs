@@ -64,6 +64,9 @@ pub enum SkipReason {
     BadRole,
     /// More workers than `max_workers`.
     TooManyWorkers,
+    /// InferencePool mode with several target ports: a rank's KV-event port (base + rank) is
+    /// another rank's replay port.
+    KvPortOverlap,
 }
 
 impl SkipReason {
@@ -78,11 +81,12 @@ impl SkipReason {
             Self::NoRole => "no_role",
             Self::BadRole => "bad_role",
             Self::TooManyWorkers => "too_many_workers",
+            Self::KvPortOverlap => "kv_port_overlap",
         }
     }
 
     /// Every reason, for metric pre-registration.
-    pub const ALL: [SkipReason; 8] = [
+    pub const ALL: [SkipReason; 9] = [
         Self::FqdnAddress,
         Self::BadAddress,
         Self::NoHttpPort,
@@ -91,6 +95,7 @@ impl SkipReason {
         Self::NoRole,
         Self::BadRole,
         Self::TooManyWorkers,
+        Self::KvPortOverlap,
     ];
 }
 
@@ -132,7 +137,7 @@ pub fn observe(
     view
 }
 
-fn merge(view: &mut View, obs: Observed, max_workers: usize) {
+pub(crate) fn merge(view: &mut View, obs: Observed, max_workers: usize) {
     if let Some(existing) = view.workers.get_mut(&obs.worker.id) {
         // Duplicate across slices: first one wins (slices iterate in name order), any ready copy counts.
         existing.ready |= obs.ready;
@@ -202,7 +207,7 @@ fn worker_of(
     })
 }
 
-fn role_of(pod: &Pod, cfg: &DiscoveryConfig) -> Result<Role, SkipReason> {
+pub(crate) fn role_of(pod: &Pod, cfg: &DiscoveryConfig) -> Result<Role, SkipReason> {
     match pod.metadata.labels.as_ref().and_then(|l| l.get(&cfg.role_label)) {
         Some(value) => match value.as_str() {
             "decode" => Ok(Role::Decode),

@@ -1,6 +1,7 @@
 //! The deployment files that configure discovery agree with this crate: the `[discovery.kubernetes]`
 //! table shipped in envoy/k8s and envoy/istio parses into a valid [`DiscoveryConfig`], and the RBAC
-//! grants exactly the list/watch calls the watcher makes.
+//! grants exactly the list/watch calls the watcher makes; the GIE picker's table (envoy/k8s/gie)
+//! names the shipped InferencePool, which this crate's parser follows.
 
 // Test code: a broken manifest must fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -79,5 +80,29 @@ fn rbac_grants_what_the_watcher_lists_and_watches() {
             ],
             "{rbac}"
         );
+    }
+}
+
+#[test]
+fn the_gie_picker_discovers_the_shipped_inference_pool() {
+    let cfg = discovery_table("envoy/k8s/gie/epp-configmap.yaml");
+    assert!(cfg.pool_mode());
+    let pool = docs("envoy/k8s/gie/inferencepool.yaml")
+        .into_iter()
+        .find(|d| d["kind"] == "InferencePool")
+        .unwrap();
+    assert_eq!(pool["metadata"]["name"].as_str(), Some(cfg.inference_pool.as_str()));
+    assert_eq!(pool["metadata"]["namespace"].as_str(), Some(cfg.namespace.as_str()));
+    assert_eq!(pool["apiVersion"].as_str(), Some("inference.networking.k8s.io/v1"));
+    // kvmesh's own parser follows the shipped pool, and its selector picks the example engines.
+    let obj: kube::core::DynamicObject =
+        serde_json::from_value(serde_json::to_value(&pool).unwrap()).unwrap();
+    let spec = kvmesh_discovery::pool::parse_pool(&obj).unwrap();
+    let example = repo_file("envoy/k8s/example-vllm.yaml");
+    for (k, v) in &spec.selector {
+        assert!(example.contains(&format!("{k}: {v}")), "selector {k}={v} picks no example engine");
+    }
+    for port in &spec.target_ports {
+        assert!(example.contains(&format!("containerPort: {port}")), "target port {port}");
     }
 }

@@ -122,7 +122,9 @@ pub(super) fn validate_workers(workers: &[WorkerConfig]) -> Result<(), ConfigErr
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DiscoverySection {
-    /// Follow a Kubernetes Service's EndpointSlices (crate `kvmesh-discovery`, README "Discovery").
+    /// Follow a Kubernetes Service's EndpointSlices, or (`inference_pool`) a Gateway API Inference
+    /// Extension InferencePool's selected pods × target ports (crate `kvmesh-discovery`, README
+    /// "Discovery").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<kvmesh_discovery::DiscoveryConfig>,
 }

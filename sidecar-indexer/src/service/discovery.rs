@@ -11,12 +11,13 @@
 //! - **Failure.** No Kubernetes client (not in a cluster, no kubeconfig) or a watcher that cannot
 //!   start is logged at ERROR and counted; the indexer keeps serving its static workers. A watch
 //!   that ends keeps the last discovered fleet: discovery going quiet is never taken for every
-//!   worker leaving. Nothing here panics.
+//!   worker leaving. The watcher's own problems (a failed list or watch, an InferencePool missing
+//!   or unreadable: `kvmesh_discovery::Problem`) are counted under their names. Nothing here panics.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use kvmesh_discovery::MembershipUpdate;
+use kvmesh_discovery::{DiscoveryConfig, DiscoveryError, MembershipUpdate};
 use parking_lot::RwLock;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -201,7 +202,7 @@ pub fn spawn(svc: &Arc<Service>) -> Option<JoinHandle<()>> {
     let cfg = svc.state.config().discovery.kubernetes.clone()?;
     let m = &svc.state.metrics.discovery;
     m.init_series();
-    tracing::info!(namespace = %cfg.namespace, service = %cfg.service, grace_period_ms = cfg.grace_period_ms, "kubernetes discovery starting");
+    tracing::info!(namespace = %cfg.namespace, service = %cfg.service, inference_pool = %cfg.inference_pool, grace_period_ms = cfg.grace_period_ms, "kubernetes discovery starting");
     let svc = svc.clone();
     Some(tokio::spawn(async move {
         let m = &svc.state.metrics.discovery;
@@ -216,7 +217,7 @@ pub fn spawn(svc: &Arc<Service>) -> Option<JoinHandle<()>> {
                 return;
             }
         };
-        match kvmesh_discovery::spawn(client, cfg) {
+        match watch(&svc, client, cfg) {
             Ok(rx) => follow(svc, rx).await,
             Err(e) => {
                 m.errors.with_label_values(&["start"]).inc();
@@ -224,6 +225,19 @@ pub fn spawn(svc: &Arc<Service>) -> Option<JoinHandle<()>> {
             }
         }
     }))
+}
+
+/// Starts the watcher for `svc`: its problems count in `kvmesh_discovery_errors_total{reason}`
+/// (`watch`, `pool_missing`, `pool_invalid`). The updates are for [`follow`].
+pub fn watch(
+    svc: &Arc<Service>,
+    client: kvmesh_discovery::Client,
+    cfg: DiscoveryConfig,
+) -> Result<mpsc::Receiver<MembershipUpdate>, DiscoveryError> {
+    let state = svc.state.clone();
+    kvmesh_discovery::spawn_reporting(client, cfg, move |problem| {
+        state.metrics.discovery.errors.with_label_values(&[problem.as_str()]).inc();
+    })
 }
 
 /// Applies every update from `rx` to `svc` until the watcher ends (it does not, short of a bug).
@@ -239,4 +253,14 @@ pub async fn follow(svc: Arc<Service>, mut rx: mpsc::Receiver<MembershipUpdate>)
     m.errors.with_label_values(&["ended"]).inc();
     m.synced.set(0);
     tracing::error!("kubernetes discovery ended; the last discovered workers stay until restart");
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_watcher_problem_has_a_metric_label() {
+        for p in kvmesh_discovery::Problem::ALL {
+            assert!(crate::discovered::ERROR_REASONS.contains(&p.as_str()), "{p:?}");
+        }
+    }
 }
