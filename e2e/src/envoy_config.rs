@@ -303,7 +303,11 @@ fn validate_epp(
         });
     }
     if v.policy != "kvmesh" {
-        return bad("edge", edge.as_str().to_owned(), "the endpoint picker needs the kvmesh policy");
+        return bad(
+            "edge",
+            edge.as_str().to_owned(),
+            "the endpoint picker needs the kvmesh policy",
+        );
     }
     let Some(epp) = epp else {
         return bad("epp_host", String::new(), "the ext_proc edges need the picker's address");
@@ -499,8 +503,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         for (i, edge) in EPP_EDGES.into_iter().enumerate() {
             // Pure ext_proc loads no wasm: no module at all, so Envoy would refuse a wasm filter.
-            let wasm =
-                if edge.uses_wasm() { wasm().display().to_string() } else { String::new() };
+            let wasm = if edge.uses_wasm() { wasm().display().to_string() } else { String::new() };
             for models in [false, true] {
                 let mut v = vars("kvmesh", &wasm);
                 if models {
@@ -527,16 +530,20 @@ mod tests {
     /// The HTTP filters of the rendered listener, by name, in order.
     fn http_filters(yaml: &str) -> Vec<serde_json::Value> {
         let doc: serde_json::Value = serde_yaml::from_str(yaml).unwrap();
-        doc.pointer("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters")
-            .and_then(serde_json::Value::as_array)
-            .cloned()
-            .unwrap_or_default()
+        doc.pointer(
+            "/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters",
+        )
+        .and_then(serde_json::Value::as_array)
+        .cloned()
+        .unwrap_or_default()
     }
 
     fn filter_names(yaml: &str) -> Vec<String> {
         http_filters(yaml)
             .iter()
-            .filter_map(|f| f["name"].as_str().map(|n| n.trim_start_matches("envoy.filters.http.").to_owned()))
+            .filter_map(|f| {
+                f["name"].as_str().map(|n| n.trim_start_matches("envoy.filters.http.").to_owned())
+            })
             .collect()
     }
 
@@ -580,20 +587,36 @@ mod tests {
         assert_eq!(c["failure_mode_allow"], false);
         assert_eq!(c["message_timeout"], "30.000s");
         let md = &c["metadata_options"];
-        assert_eq!(md["forwarding_namespaces"]["untyped"], serde_json::json!(["envoy.lb", "envoy.lb.subset_hint"]));
+        assert_eq!(
+            md["forwarding_namespaces"]["untyped"],
+            serde_json::json!(["envoy.lb", "envoy.lb.subset_hint"])
+        );
         assert_eq!(md["receiving_namespaces"]["untyped"], serde_json::json!(["envoy.lb"]));
         let open = render_edge(&vars("kvmesh", ""), Edge::ExtProc { failure_mode_allow: true });
         assert!(open.contains("failure_mode_allow: true"));
 
         let epp = cluster(&yaml, "kvmesh_epp").expect("the picker's cluster");
         assert_eq!(epp["type"], "STATIC");
-        let options = &epp["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"];
-        assert!(options["explicit_http_config"]["http2_protocol_options"].is_object(), "gRPC needs HTTP/2");
-        let address = &epp.pointer("/load_assignment/endpoints/0/lb_endpoints/0/endpoint/address/socket_address").cloned().unwrap();
-        assert_eq!((address["address"].as_str(), address["port_value"].as_u64()), (Some("127.0.0.1"), Some(19002)));
+        let options = &epp["typed_extension_protocol_options"]
+            ["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"];
+        assert!(
+            options["explicit_http_config"]["http2_protocol_options"].is_object(),
+            "gRPC needs HTTP/2"
+        );
+        let address = &epp
+            .pointer("/load_assignment/endpoints/0/lb_endpoints/0/endpoint/address/socket_address")
+            .cloned()
+            .unwrap();
+        assert_eq!(
+            (address["address"].as_str(), address["port_value"].as_u64()),
+            (Some("127.0.0.1"), Some(19002))
+        );
 
         let engines = cluster(&yaml, "engines").unwrap();
-        let lb = engines.pointer("/load_balancing_policy/policies/0/typed_extension_config/typed_config").cloned().unwrap();
+        let lb = engines
+            .pointer("/load_balancing_policy/policies/0/typed_extension_config/typed_config")
+            .cloned()
+            .unwrap();
         assert_eq!(
             lb["override_host_sources"],
             serde_json::json!([
@@ -620,7 +643,9 @@ mod tests {
             "{yaml}"
         );
         assert!(yaml.contains("envoy.bootstrap.wasm") && yaml.contains("kvmesh_held"));
-        assert!(cluster(&yaml, "kvmesh_indexer").is_some() && cluster(&yaml, "kvmesh_epp").is_some());
+        assert!(
+            cluster(&yaml, "kvmesh_indexer").is_some() && cluster(&yaml, "kvmesh_epp").is_some()
+        );
         assert!(yaml.contains("failure_mode_allow: true"));
     }
 
@@ -633,7 +658,10 @@ mod tests {
             render_bootstrap_edge(&v, &EnvoyLimits::default(), Edge::Wasm, Some(&epp())).unwrap(),
             "the picker's address is unused by the wasm edge"
         );
-        assert_eq!(filter_names(&yaml), ["local_ratelimit", "buffer", "header_mutation", "wasm", "router"]);
+        assert_eq!(
+            filter_names(&yaml),
+            ["local_ratelimit", "buffer", "header_mutation", "wasm", "router"]
+        );
         for absent in ["ext_proc", "kvmesh_epp", "selected_host_key", "envoy.lb", "edge:"] {
             assert!(!yaml.contains(absent), "{absent}");
         }
@@ -657,7 +685,13 @@ mod tests {
         // The wasm filter needs its module; the picker alone does not.
         let both = Edge::Both { failure_mode_allow: false };
         assert!(err(&vars("kvmesh", ""), both, Some(&epp())).contains("`wasm_path`"));
-        assert!(render_bootstrap_edge(&vars("kvmesh", ""), &EnvoyLimits::default(), ext_proc, Some(&epp())).is_ok());
+        assert!(render_bootstrap_edge(
+            &vars("kvmesh", ""),
+            &EnvoyLimits::default(),
+            ext_proc,
+            Some(&epp())
+        )
+        .is_ok());
         assert_eq!(Edge::parse("ext_proc", true), Some(Edge::ExtProc { failure_mode_allow: true }));
         assert_eq!(Edge::parse("grpc", true), None);
     }

@@ -552,10 +552,7 @@ pub fn fleet_toml(
     }
     if spec.edge.uses_epp() {
         // Port 0 until the first indexer said which port it bound (`Ports::epp`).
-        out.push_str(&format!(
-            "\n[epp]\nlisten = \"127.0.0.1:{}\"\n",
-            spec.ports.epp.unwrap_or(0)
-        ));
+        out.push_str(&format!("\n[epp]\nlisten = \"127.0.0.1:{}\"\n", spec.ports.epp.unwrap_or(0)));
         if spec.epp_conformance {
             out.push_str("conformance = true\n");
         }

@@ -52,7 +52,8 @@ async fn indexer_metrics(stack: &Stack) -> anyhow::Result<Metrics> {
 async fn assert_no_wasm(stack: &Stack) -> anyhow::Result<()> {
     let bootstrap = std::fs::read_to_string(stack.dir().join("envoy.yaml"))?;
     assert!(
-        !bootstrap.contains("envoy.filters.http.wasm") && !bootstrap.contains("envoy.bootstrap.wasm"),
+        !bootstrap.contains("envoy.filters.http.wasm")
+            && !bootstrap.contains("envoy.bootstrap.wasm"),
         "the ext_proc edge loads no wasm"
     );
     let epp = stack.epp_addr.as_deref().expect("the picker's address from the READY line");
@@ -160,7 +161,12 @@ async fn the_picker_places_chats_answers_the_catalog_and_follows_the_conformance
     // Every request so far was routed by the picker, none pinned for a failed route call.
     let m = indexer_metrics(&stack).await?;
     let result = |r: &str| m.sum(EPP_RESULTS, &[("result", r)]);
-    assert_eq!(result("routed"), 6.0 + 16.0, "{:?}", m.select(EPP_RESULTS, &[]).collect::<Vec<_>>());
+    assert_eq!(
+        result("routed"),
+        6.0 + 16.0,
+        "{:?}",
+        m.select(EPP_RESULTS, &[]).collect::<Vec<_>>()
+    );
     assert_eq!((result("models_list"), result("unknown_model")), (1.0, 1.0));
     assert_eq!(result("fallback") + result("protocol_error"), 0.0);
 
@@ -171,25 +177,46 @@ async fn the_picker_places_chats_answers_the_catalog_and_follows_the_conformance
     assert_eq!(hosts, BTreeSet::from(["127.0.0.1"]), "one IP, one port per worker");
     for (i, w) in stack.workers.iter().enumerate() {
         // A prompt another worker may hold: only the header makes it this one's.
-        let history = [("system".to_owned(), system.clone()), ("user".to_owned(), filler(9_300 + i as u64, 40))];
+        let history = [
+            ("system".to_owned(), system.clone()),
+            ("user".to_owned(), filler(9_300 + i as u64, 40)),
+        ];
         let r = post_json(&c, &url, &chat_body(&history, 4), &[(SELECTION, &w.http)]).await?;
         assert_eq!((r.status, r.worker()), (200, Some(w.id.as_str())), "{SELECTION}: {}", w.http);
         assert_eq!(r.header(SERVED), Some(w.http.as_str()), "the served endpoint echoed");
     }
     // Two named: one of them. A bare IP allows every port of it.
     let pair = format!("{},{}", stack.workers[1].http, stack.workers[2].http);
-    let r = post_json(&c, &url, &chat_body(&[("user".to_owned(), filler(9_400, 40))], 4), &[(SELECTION, &pair)]).await?;
+    let r = post_json(
+        &c,
+        &url,
+        &chat_body(&[("user".to_owned(), filler(9_400, 40))], 4),
+        &[(SELECTION, &pair)],
+    )
+    .await?;
     assert!(
         r.status == 200 && matches!(r.worker(), Some("w1" | "w2")),
         "{pair}: {} served by {:?}",
         r.status,
         r.worker()
     );
-    let r = post_json(&c, &url, &chat_body(&[("user".to_owned(), filler(9_401, 40))], 4), &[(SELECTION, "127.0.0.1")]).await?;
+    let r = post_json(
+        &c,
+        &url,
+        &chat_body(&[("user".to_owned(), filler(9_401, 40))], 4),
+        &[(SELECTION, "127.0.0.1")],
+    )
+    .await?;
     assert_eq!(r.status, 200, "a bare IP: {}", r.text);
     // An endpoint outside the pool: nothing is eligible, the picker's 503, no engine sees it.
     let before = engine_successes(&stack).await?;
-    let r = post_json(&c, &url, &chat_body(&[("user".to_owned(), filler(9_402, 40))], 4), &[(SELECTION, "127.0.0.1:1")]).await?;
+    let r = post_json(
+        &c,
+        &url,
+        &chat_body(&[("user".to_owned(), filler(9_402, 40))], 4),
+        &[(SELECTION, "127.0.0.1:1")],
+    )
+    .await?;
     assert_eq!((r.status, r.worker()), (503, None), "{}", r.text);
     assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(engine_successes(&stack).await?, before);

@@ -232,10 +232,7 @@ async fn main() -> anyhow::Result<()> {
     }
     if stack.epp_addr.is_some() {
         println!("  # what the endpoint picker answered, by result (routed, fallback, models_list, unknown_model, …)");
-        println!(
-            "  curl -s {} | grep kvmesh_epp_requests_total",
-            stack.indexer_url("/metrics")
-        );
+        println!("  curl -s {} | grep kvmesh_epp_requests_total", stack.indexer_url("/metrics"));
     }
     if let Some(prom) = &prom {
         print_queries(prom);
