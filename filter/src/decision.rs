@@ -17,8 +17,7 @@
 
 use std::net::SocketAddr;
 
-use kvmesh_core::api::{destination_header, ErrorBody, Mode, ReasonCode, RouteDecision};
-use kvmesh_core::headers;
+use kvmesh_core::api::{destination_header, ErrorBody, Mode, RouteDecision};
 use kvmesh_core::models::UNKNOWN_MODEL_REASON;
 
 use crate::breaker::CallHealth;

@@ -158,7 +158,9 @@ async fn bind_optional(
 ) -> anyhow::Result<Option<tokio::net::TcpListener>> {
     match addr {
         Some(a) => Ok(Some(
-            tokio::net::TcpListener::bind(a).await.with_context(|| format!("binding {what} {a}"))?,
+            tokio::net::TcpListener::bind(a)
+                .await
+                .with_context(|| format!("binding {what} {a}"))?,
         )),
         None => Ok(None),
     }

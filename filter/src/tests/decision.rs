@@ -1,6 +1,7 @@
 //! Unit tests of `crate::decision`.
 
 use super::*;
+use kvmesh_core::headers;
 use serde_json::json;
 
 fn decision_json(endpoint: &str) -> Vec<u8> {

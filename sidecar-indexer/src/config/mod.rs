@@ -270,7 +270,11 @@ impl Config {
             }
         }
         if epp.is_some_and(|e| e.port() != 0 && Some(e) == health) {
-            return Err(invalid("epp.health_listen", self.epp.health_listen.as_deref().unwrap_or_default(), "must differ from epp.listen"));
+            return Err(invalid(
+                "epp.health_listen",
+                self.epp.health_listen.as_deref().unwrap_or_default(),
+                "must differ from epp.listen",
+            ));
         }
         Ok(())
     }

@@ -73,14 +73,19 @@ impl tonic::server::StreamingService<ProcessingRequest> for Process {
     type ResponseStream = ResponseStream;
     type Future = BoxFuture<tonic::Response<ResponseStream>, tonic::Status>;
 
-    fn call(&mut self, request: tonic::Request<tonic::Streaming<ProcessingRequest>>) -> Self::Future {
+    fn call(
+        &mut self,
+        request: tonic::Request<tonic::Streaming<ProcessingRequest>>,
+    ) -> Self::Future {
         let state = self.0.clone();
         Box::pin(async move {
             let (tx, rx) = mpsc::channel(STREAM_QUEUE);
             tokio::spawn(super::stream::run(state, request.into_inner(), tx));
-            let out = futures::stream::unfold(rx, |mut rx| async move {
-                rx.recv().await.map(|m| (m, rx))
-            });
+            let out =
+                futures::stream::unfold(
+                    rx,
+                    |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+                );
             Ok(tonic::Response::new(Box::pin(out) as ResponseStream))
         })
     }
@@ -95,5 +100,7 @@ pub async fn process(
     grpc.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
     let path = http::uri::PathAndQuery::from_static(PROCESS_PATH);
     let codec = tonic_prost::ProstCodec::default();
-    grpc.streaming(tonic::Request::new(requests), path, codec).await.map(tonic::Response::into_inner)
+    grpc.streaming(tonic::Request::new(requests), path, codec)
+        .await
+        .map(tonic::Response::into_inner)
 }

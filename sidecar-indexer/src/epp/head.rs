@@ -102,10 +102,12 @@ pub fn subset_hint(metadata: Option<&Metadata>) -> Option<Eligible> {
     let value = metadata?.filter_metadata.get(SUBSET_HINT_NAMESPACE)?.fields.get(SUBSET_KEY)?;
     Some(match &value.kind {
         Some(Kind::StringValue(s)) => Eligible::from_comma_list(s),
-        Some(Kind::ListValue(list)) => Eligible::new(list.values.iter().filter_map(|v| match &v.kind {
-            Some(Kind::StringValue(s)) => Some(s.as_str()),
-            _ => None,
-        })),
+        Some(Kind::ListValue(list)) => {
+            Eligible::new(list.values.iter().filter_map(|v| match &v.kind {
+                Some(Kind::StringValue(s)) => Some(s.as_str()),
+                _ => None,
+            }))
+        }
         _ => Eligible::new([]),
     })
 }

@@ -35,7 +35,11 @@ pub async fn track(state: Arc<AppState>, reporter: HealthReporter) {
             for name in READINESS_SERVICES {
                 reporter.set_service_status(name, status).await;
             }
-            tracing::info!(ready = now, "endpoint picker health: {}", if now { "serving" } else { "not serving" });
+            tracing::info!(
+                ready = now,
+                "endpoint picker health: {}",
+                if now { "serving" } else { "not serving" }
+            );
             last = Some(now);
         }
         tokio::time::sleep(PERIOD).await;

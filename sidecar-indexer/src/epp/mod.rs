@@ -43,7 +43,9 @@ pub async fn serve(
     if let Some(h) = health {
         let svc = health_service.clone();
         tokio::spawn(async move {
-            if let Err(e) = Server::builder().add_service(svc).serve_with_incoming(TcpIncoming::from(h)).await {
+            if let Err(e) =
+                Server::builder().add_service(svc).serve_with_incoming(TcpIncoming::from(h)).await
+            {
                 tracing::error!(error = %e, "endpoint picker health listener failed");
             }
         });

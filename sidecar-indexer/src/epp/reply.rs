@@ -10,8 +10,8 @@ use prost_types::{Struct, Value};
 
 use super::head::{LB_NAMESPACE, SERVED_KEY, SUBSET_KEY};
 use super::wire::{
-    BodyMutation, BodyResponse, CommonResponse, HeaderAppendAction, HeaderMutation,
-    HeaderValue, HeaderValueOption, HeadersResponse, HttpStatus, ImmediateResponse, Mutation,
+    BodyMutation, BodyResponse, CommonResponse, HeaderAppendAction, HeaderMutation, HeaderValue,
+    HeaderValueOption, HeadersResponse, HttpStatus, ImmediateResponse, Mutation,
     ProcessingResponse, Response, StreamedBodyResponse, TrailersResponse,
 };
 
@@ -115,7 +115,8 @@ pub fn streamed_route(dest: &Destination, original: &[u8], ends: bool) -> Vec<Pr
 fn streamed_chunks(body: &[u8], ends: bool) -> impl Iterator<Item = CommonResponse> + '_ {
     let n = body.len().div_ceil(MAX_CHUNK_BYTES).max(1);
     (0..n).map(move |i| {
-        let chunk = &body[(i * MAX_CHUNK_BYTES).min(body.len())..((i + 1) * MAX_CHUNK_BYTES).min(body.len())];
+        let chunk = &body
+            [(i * MAX_CHUNK_BYTES).min(body.len())..((i + 1) * MAX_CHUNK_BYTES).min(body.len())];
         let last = i + 1 == n;
         common(
             None,
@@ -202,7 +203,10 @@ pub fn echo_response_chunk(chunk: Vec<u8>, end_of_stream: bool) -> ProcessingRes
         response: Some(Response::ResponseBody(BodyResponse {
             response: Some(common(
                 None,
-                Some(Mutation::StreamedResponse(StreamedBodyResponse { body: chunk, end_of_stream })),
+                Some(Mutation::StreamedResponse(StreamedBodyResponse {
+                    body: chunk,
+                    end_of_stream,
+                })),
                 false,
             )),
         })),
@@ -212,7 +216,12 @@ pub fn echo_response_chunk(chunk: Vec<u8>, end_of_stream: bool) -> ProcessingRes
 
 /// A local answer: `status`, a JSON `body`, and `headers` (e.g. `retry-after`); `details` is
 /// Envoy's response-code details (its access log).
-pub fn immediate(status: u16, body: Vec<u8>, headers: &[(&str, String)], details: &str) -> ProcessingResponse {
+pub fn immediate(
+    status: u16,
+    body: Vec<u8>,
+    headers: &[(&str, String)],
+    details: &str,
+) -> ProcessingResponse {
     let mut set: Vec<HeaderValueOption> = vec![header("content-type", "application/json")];
     set.extend(headers.iter().map(|(k, v)| header(k, v)));
     ProcessingResponse {
@@ -248,10 +257,12 @@ mod tests {
 
     fn lb_value(s: &Struct) -> Option<&str> {
         match &s.fields.get(LB_NAMESPACE)?.kind {
-            Some(Kind::StructValue(inner)) => match &inner.fields.get(headers::DESTINATION_ENDPOINT)?.kind {
-                Some(Kind::StringValue(v)) => Some(v),
-                _ => None,
-            },
+            Some(Kind::StructValue(inner)) => {
+                match &inner.fields.get(headers::DESTINATION_ENDPOINT)?.kind {
+                    Some(Kind::StringValue(v)) => Some(v),
+                    _ => None,
+                }
+            }
             _ => None,
         }
     }
@@ -263,8 +274,14 @@ mod tests {
         let c = h.response.as_ref().unwrap();
         assert!(c.clear_route_cache);
         let m = c.header_mutation.as_ref().unwrap();
-        assert_eq!(set_value(m, headers::DESTINATION_ENDPOINT), Some(&b"10.0.0.1:8000,10.0.0.2:8000"[..]));
-        assert_eq!(lb_value(out[0].dynamic_metadata.as_ref().unwrap()), Some("10.0.0.1:8000,10.0.0.2:8000"));
+        assert_eq!(
+            set_value(m, headers::DESTINATION_ENDPOINT),
+            Some(&b"10.0.0.1:8000,10.0.0.2:8000"[..])
+        );
+        assert_eq!(
+            lb_value(out[0].dynamic_metadata.as_ref().unwrap()),
+            Some("10.0.0.1:8000,10.0.0.2:8000")
+        );
         assert!(m.remove_headers.iter().any(|h| h == headers::OVERRIDE_SECRET));
         assert_eq!(set_value(m, "content-length"), None, "streamed: Envoy sends the body chunked");
     }
@@ -277,10 +294,12 @@ mod tests {
         let chunks: Vec<&StreamedBodyResponse> = out[1..]
             .iter()
             .map(|r| match &r.response {
-                Some(Response::RequestBody(b)) => match &b.response.as_ref().unwrap().body_mutation.as_ref().unwrap().mutation {
-                    Some(Mutation::StreamedResponse(s)) => s,
-                    other => panic!("{other:?}"),
-                },
+                Some(Response::RequestBody(b)) => {
+                    match &b.response.as_ref().unwrap().body_mutation.as_ref().unwrap().mutation {
+                        Some(Mutation::StreamedResponse(s)) => s,
+                        other => panic!("{other:?}"),
+                    }
+                }
                 other => panic!("{other:?}"),
             })
             .collect();
@@ -289,7 +308,9 @@ mod tests {
         assert_eq!(chunks.iter().filter(|c| c.end_of_stream).count(), 1);
         assert!(chunks[2].end_of_stream);
         let with_trailers = streamed_route(&dest(None), &body, false);
-        assert!(with_trailers[1..].iter().all(|r| !format!("{r:?}").contains("end_of_stream: true")));
+        assert!(with_trailers[1..]
+            .iter()
+            .all(|r| !format!("{r:?}").contains("end_of_stream: true")));
     }
 
     #[test]
@@ -299,8 +320,14 @@ mod tests {
         let one = buffered_route(&dest(Some("{\"a\":1}")));
         let Some(Response::RequestBody(b)) = &one.response else { panic!() };
         let c = b.response.as_ref().unwrap();
-        assert_eq!(set_value(c.header_mutation.as_ref().unwrap(), "content-length"), Some(&b"7"[..]));
-        assert_eq!(c.body_mutation.as_ref().unwrap().mutation, Some(Mutation::Body(b"{\"a\":1}".to_vec())));
+        assert_eq!(
+            set_value(c.header_mutation.as_ref().unwrap(), "content-length"),
+            Some(&b"7"[..])
+        );
+        assert_eq!(
+            c.body_mutation.as_ref().unwrap().mutation,
+            Some(Mutation::Body(b"{\"a\":1}".to_vec()))
+        );
         let same = buffered_route(&dest(None));
         let Some(Response::RequestBody(b)) = &same.response else { panic!() };
         assert_eq!(b.response.as_ref().unwrap().body_mutation, None, "unchanged body: no mutation");

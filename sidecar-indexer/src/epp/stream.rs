@@ -39,6 +39,10 @@ use crate::state::AppState;
 /// walk the list).
 const PIN_FALLBACKS: usize = 2;
 
+/// An immediate answer that replaces forwarding the request (boxed: a response is large and the
+/// routed path is the common one).
+type Refusal = Box<ProcessingResponse>;
+
 /// What the stream has learned so far.
 struct Exchange {
     request_mode: BodySendMode,
@@ -151,7 +155,9 @@ async fn step(
             if let Some(subset) = head::subset_hint(msg.metadata_context.as_ref()) {
                 x.front.eligible.push(subset);
             }
-            if let Some(selection) = head.conformance_selection.as_deref().filter(|_| cfg.epp.conformance) {
+            if let Some(selection) =
+                head.conformance_selection.as_deref().filter(|_| cfg.epp.conformance)
+            {
                 x.front.eligible.push(Eligible::from_comma_list(selection));
             }
             if let Some(len) = head.content_length {
@@ -192,7 +198,9 @@ async fn step(
             x.body.extend_from_slice(&b.body);
             let ends = b.end_of_stream;
             match x.request_mode {
-                BodySendMode::FullDuplexStreamed if ends => Ok(decide_streamed(state, x, true).await),
+                BodySendMode::FullDuplexStreamed if ends => {
+                    Ok(decide_streamed(state, x, true).await)
+                }
                 BodySendMode::FullDuplexStreamed => Ok(vec![]),
                 // BUFFERED sends the whole body in one message (not ending the stream when
                 // trailers follow); BUFFERED_PARTIAL may send only the part that fit its buffer,
@@ -276,7 +284,7 @@ async fn decide_streamed(
     x.decided = true;
     match pick(state, x, true).await {
         Ok(dest) => reply::streamed_route(&dest, &x.frozen, ends),
-        Err(answer) => vec![answer],
+        Err(answer) => vec![*answer],
     }
 }
 
@@ -293,7 +301,7 @@ async fn decide(
     match pick(state, x, whole).await {
         Ok(dest) if phase == Phase::RequestHeaders => reply::headers_route(&dest),
         Ok(dest) => reply::buffered_route(&dest),
-        Err(answer) => answer,
+        Err(answer) => *answer,
     }
 }
 
@@ -303,11 +311,11 @@ async fn pick(
     state: &Arc<AppState>,
     x: &mut Exchange,
     whole: bool,
-) -> Result<Destination, ProcessingResponse> {
+) -> Result<Destination, Refusal> {
     let cfg = state.config();
     x.frozen = Bytes::from(std::mem::take(&mut x.body));
     let Some(head) = x.head.clone() else {
-        return Err(reply::immediate(500, Vec::new(), &[], "kvmesh_no_headers"));
+        return Err(Box::new(reply::immediate(500, Vec::new(), &[], "kvmesh_no_headers")));
     };
     let routable = head.method == "POST"
         && openai::Endpoint::from_path(&head.path).is_some()
@@ -319,9 +327,11 @@ async fn pick(
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let list = models::models_list(state.models().catalog(), created);
-        return Err(reply::immediate(200, list.to_string().into_bytes(), &[], "kvmesh_models_list"));
+        let body = list.to_string().into_bytes();
+        return Err(Box::new(reply::immediate(200, body, &[], "kvmesh_models_list")));
     }
-    let default_model = state.models().catalog().first().map(|m| m.name.clone()).unwrap_or_default();
+    let default_model =
+        state.models().catalog().first().map(|m| m.name.clone()).unwrap_or_default();
     if !routable {
         // Not a completion to read (a health probe, `/tokenize`, a GET, a partial body): the
         // session's pin among the default model's workers.
@@ -408,10 +418,8 @@ fn destination(
         }
     }
     if let Some(booking_id) = d.booking_id {
-        x.booking = Some(Booked {
-            booking_id,
-            request_id: head.request_id.clone().unwrap_or_default(),
-        });
+        x.booking =
+            Some(Booked { booking_id, request_id: head.request_id.clone().unwrap_or_default() });
     }
     Destination { endpoints, set: vec![], body }
 }
@@ -424,23 +432,26 @@ fn answer_error(
     head: &RequestHead,
     default_model: &str,
     e: ApiError,
-) -> Result<Destination, ProcessingResponse> {
+) -> Result<Destination, Refusal> {
     let status = e.status;
     if e.reason == models::UNKNOWN_MODEL_REASON {
         state.metrics.epp_request("unknown_model");
-        return Err(error_answer(&e));
+        return Err(Box::new(error_answer(&e)));
     }
     if e.reason == "prefill_overloaded" {
         state.metrics.epp_request("shed");
-        return Err(error_answer(&e));
+        return Err(Box::new(error_answer(&e)));
     }
     if status == StatusCode::PAYLOAD_TOO_LARGE {
         state.metrics.epp_request("too_large");
-        return Err(error_answer(&e));
+        return Err(Box::new(error_answer(&e)));
     }
-    if status.is_client_error() && status != StatusCode::TOO_MANY_REQUESTS && status != StatusCode::CONFLICT {
+    if status.is_client_error()
+        && status != StatusCode::TOO_MANY_REQUESTS
+        && status != StatusCode::CONFLICT
+    {
         state.metrics.epp_request("bad_request");
-        return Err(error_answer(&e));
+        return Err(Box::new(error_answer(&e)));
     }
     // The route call's error was counted and logged (sampled) with the route errors.
     let model = e.model.as_deref().unwrap_or(default_model).to_owned();
@@ -468,7 +479,7 @@ fn pin(
     head: &RequestHead,
     model: &str,
     key: Option<u64>,
-) -> Result<Destination, ProcessingResponse> {
+) -> Result<Destination, Refusal> {
     let key = key.unwrap_or_else(|| {
         let seed =
             head.request_id.as_deref().map_or(&x.frozen[..x.frozen.len().min(4096)], str::as_bytes);
@@ -499,7 +510,7 @@ fn pin(
                 "no_eligible_endpoint",
                 format!("no healthy worker of model {model} is eligible for this request"),
             );
-            Err(error_answer(&e))
+            Err(Box::new(error_answer(&e)))
         }
     }
 }
@@ -516,6 +527,7 @@ fn error_answer(e: &ApiError) -> ProcessingResponse {
     body.error.param = e.param.map(str::to_owned);
     let json = serde_json::to_vec(&body).unwrap_or_default();
     let retry = matches!(e.status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE);
-    let headers: Vec<(&str, String)> = if retry { vec![("retry-after", "1".to_owned())] } else { vec![] };
+    let headers: Vec<(&str, String)> =
+        if retry { vec![("retry-after", "1".to_owned())] } else { vec![] };
     reply::immediate(e.status.as_u16(), json, &headers, e.reason)
 }

@@ -55,8 +55,8 @@ impl Eligible {
 
     /// Whether `endpoint` (`host:port`) is in the set: named exactly, or its host named bare.
     pub fn allows(&self, endpoint: &str) -> bool {
-        let host = host_of(endpoint);
-        self.entries.iter().any(|e| e == endpoint || (!e.contains(':') && e == host))
+        let host = unbracketed(host_of(endpoint));
+        self.entries.iter().any(|e| e == endpoint || (is_bare_host(e) && unbracketed(e) == host))
     }
 
     /// Whether the set allows nothing.
@@ -68,6 +68,17 @@ impl Eligible {
     pub fn entries(&self) -> &[String] {
         &self.entries
     }
+}
+
+/// Whether an entry names a host without a port: no `:` at all, or an IPv6 address (bracketed or
+/// not).
+fn is_bare_host(entry: &str) -> bool {
+    !entry.contains(':') || unbracketed(entry).parse::<std::net::Ipv6Addr>().is_ok()
+}
+
+/// `[v6]` → `v6`; anything else as it is.
+fn unbracketed(host: &str) -> &str {
+    host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host)
 }
 
 /// The host part of `host:port` (`[v6]:port` keeps its brackets); the whole string without a port.
@@ -88,7 +99,10 @@ mod tests {
         assert_eq!(e.entries(), ["10.0.0.1:8000", "10.0.0.2"]);
         assert!(e.allows("10.0.0.1:8000"));
         assert!(!e.allows("10.0.0.1:8001"), "another port of an exact entry");
-        assert!(e.allows("10.0.0.2:8000") && e.allows("10.0.0.2:9"), "a bare host allows every port");
+        assert!(
+            e.allows("10.0.0.2:8000") && e.allows("10.0.0.2:9"),
+            "a bare host allows every port"
+        );
         assert!(!e.allows("10.0.0.3:8000"));
         assert!(!e.allows("10.0.0.22:8000"), "hosts compare whole, not by prefix");
     }
@@ -102,9 +116,13 @@ mod tests {
 
     #[test]
     fn ipv6_hosts() {
-        let e = Eligible::new(["[fd00::1]"]);
-        assert!(e.allows("[fd00::1]:8000"));
-        assert!(!e.allows("[fd00::2]:8000"));
+        for bare in ["[fd00::1]", "fd00::1"] {
+            let e = Eligible::new([bare]);
+            assert!(e.allows("[fd00::1]:8000"), "{bare}");
+            assert!(!e.allows("[fd00::2]:8000"), "{bare}");
+        }
+        let exact = Eligible::new(["[fd00::1]:8000"]);
+        assert!(exact.allows("[fd00::1]:8000") && !exact.allows("[fd00::1]:8001"));
     }
 
     #[test]
@@ -125,7 +143,8 @@ mod tests {
 
     #[test]
     fn bounded() {
-        let many: Vec<String> = (0..MAX_ELIGIBLE_ENTRIES + 10).map(|i| format!("10.0.{i}.1")).collect();
+        let many: Vec<String> =
+            (0..MAX_ELIGIBLE_ENTRIES + 10).map(|i| format!("10.0.{i}.1")).collect();
         let e = Eligible::new(many.iter().map(String::as_str));
         assert_eq!(e.entries().len(), MAX_ELIGIBLE_ENTRIES);
     }

@@ -11,8 +11,8 @@ use kvmesh_core::openai::{self, OpenAiRequest};
 use kvmesh_core::session::{self, SessionKey, SessionSource};
 use parking_lot::Mutex;
 
-use super::front::Front;
 use super::body_memo::{self, BaseRefusal, BodyMemo, Held, MIN_BODY_BYTES};
+use super::front::Front;
 use super::record::BodyMemoResult;
 use super::ApiError;
 
