@@ -21,6 +21,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use anyhow::Context;
 use futures::future::join_all;
 use kvmesh_core::api::ReasonCode;
 use kvmesh_core::models;
@@ -56,7 +57,7 @@ async fn assert_no_wasm(stack: &Stack) -> anyhow::Result<()> {
             && !bootstrap.contains("envoy.bootstrap.wasm"),
         "the ext_proc edge loads no wasm"
     );
-    let epp = stack.epp_addr.as_deref().expect("the picker's address from the READY line");
+    let epp = stack.epp_addr.as_deref().context("the picker's address from the READY line")?;
     let port = epp.rsplit_once(':').map(|(_, p)| p).unwrap_or_default();
     assert!(bootstrap.contains(&format!("port_value: {port} ")), "kvmesh_epp names {epp}");
     let envoy = stack.envoy_metrics().await?;
