@@ -25,6 +25,11 @@ pub const KVMESH_ROUTE_DEADLINE: &str = "x-kvmesh-route-deadline-ms";
 /// a VM that traps is answered within seconds instead of waiting out the normal idle timeout.
 /// Envoy strips any client-sent value before the filter; the route removes it before the engine.
 pub const RELEASED: &str = "x-kvmesh-released";
+/// Envoy's per-request retry bound, set to 0 on a request carrying `kv_transfer_params`: a worker
+/// that failed after pulling the producer's KV has spent it, so a retry on another worker would
+/// pull it again (or fail to). The client gets the error instead. (Client-sent values are stripped
+/// before the filter runs, in every shipped config.)
+pub const ENVOY_MAX_RETRIES: &str = "x-envoy-max-retries";
 /// Operator override (when enabled): pin this worker id.
 pub const OVERRIDE_WORKER: &str = "x-kvmesh-worker";
 /// Operator override (when enabled): force this mode (`aggregate`, `disagg`, …).

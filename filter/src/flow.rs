@@ -59,11 +59,7 @@ use crate::ttft::TtftProbe;
 /// The key spliced into the body for the serving worker.
 pub const KV_TRANSFER_PARAMS: &str = "kv_transfer_params";
 
-/// Envoy's per-request retry bound, set to 0 on a request carrying `kv_transfer_params`: a worker
-/// that failed after pulling the producer's KV has spent it, so a retry on another worker would
-/// pull it again (or fail to). The client gets the error instead. (Client-sent values are stripped
-/// before the filter runs, in every shipped config.)
-pub const ENVOY_MAX_RETRIES: &str = "x-envoy-max-retries";
+pub use kvmesh_core::headers::ENVOY_MAX_RETRIES;
 
 /// Gives the fallback the last fleet snapshot (shared data in Envoy, a fixture in tests).
 pub trait FleetSource {

@@ -432,7 +432,14 @@ fn destination(
         x.booking =
             Some(Booked { booking_id, request_id: head.request_id.clone().unwrap_or_default() });
     }
-    Destination { endpoints, set: vec![], body }
+    // A request carrying kv_transfer_params is not retried elsewhere: its producer's KV may be
+    // spent, and another decode worker would pull it again (the filter does the same).
+    let set = if body.is_some() {
+        vec![(headers::ENVOY_MAX_RETRIES.to_owned(), "0".to_owned())]
+    } else {
+        vec![]
+    };
+    Destination { endpoints, set, body }
 }
 
 /// A route error as the gateway's answer: what vLLM would say too, or — for the router's own
