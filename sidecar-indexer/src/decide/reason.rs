@@ -253,11 +253,16 @@ fn draw_clause(isl: u32, d: &Draw<'_, '_>) -> String {
             format!("overlap {cached}/{isl} blocks (best elsewhere {best_elsewhere})")
         }
     };
-    let spec = if s.w.speculative_blocks > s.w.overlap_blocks {
+    let mut spec = if s.w.speculative_blocks > s.w.overlap_blocks {
         format!(" (+{} speculative)", s.w.speculative_blocks - s.w.overlap_blocks)
     } else {
         String::new()
     };
+    for (blocks, tier) in [(s.loaded.cpu, "cpu"), (s.loaded.disk, "disk")] {
+        if blocks > 0 {
+            spec.push_str(&format!(" (+{blocks} from {tier})"));
+        }
+    }
     let queued = s.w.timing.queued_tokens.round();
     let queued =
         if queued > 0.0 { format!(" after {queued} queued tokens") } else { String::new() };
