@@ -98,9 +98,20 @@ async fn a_prefix_evicted_to_the_cpu_tier_is_routed_to_its_holder_at_the_tiers_c
         (m.sum("kvmesh_kv_blocks_total", &[("op", "tier_stored")]) > 0.0).then_some(())
     })
     .await?;
-    // Let the two requests' bookings drain from the predicted backlog and a scrape see the engine
-    // idle (its running requests are the decode batch of the prediction).
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    // The holder idle in the indexer's view: no booking left (the predicted backlog is at most
+    // the live bookings' tokens) and a scrape since the engine finished (its running requests
+    // are the prediction's decode batch).
+    let debug = stack.indexer_url("/debug/workers");
+    poll::until("the holder idle in the indexer's view", || async {
+        let all: serde_json::Value =
+            stack.client().get(&debug).send().await.ok()?.json().await.ok()?;
+        let w = all.as_array()?.iter().find(|w| w["id"] == holder.as_str())?;
+        let idle = w["load"]["active_requests"] == 0
+            && w["engine_running"].as_f64() == Some(0.0)
+            && w["engine_waiting"].as_f64() == Some(0.0);
+        idle.then_some(())
+    })
+    .await?;
 
     let again = complete(&stack, &prompt, None).await?;
     let reason = again.reason().unwrap_or_default().to_owned();
