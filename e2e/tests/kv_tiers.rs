@@ -18,11 +18,7 @@ const GPU_BLOCKS: u64 = 96;
 const PREFILL_TPS: f64 = 20_000.0;
 const CPU_LOAD_TPS: f64 = 100_000.0;
 
-async fn complete(
-    stack: &Stack,
-    prompt: &str,
-    worker: Option<&str>,
-) -> anyhow::Result<Reply> {
+async fn complete(stack: &Stack, prompt: &str, worker: Option<&str>) -> anyhow::Result<Reply> {
     let body = json!({"model": "deepseek-v4", "prompt": prompt, "max_tokens": 1});
     let h: Vec<(&str, &str)> = match worker {
         Some(w) => vec![(headers::OVERRIDE_WORKER, w), (headers::OVERRIDE_SECRET, SECRET)],
@@ -115,7 +111,11 @@ async fn a_prefix_evicted_to_the_cpu_tier_is_routed_to_its_holder_at_the_tiers_c
 
     let again = complete(&stack, &prompt, None).await?;
     let reason = again.reason().unwrap_or_default().to_owned();
-    assert_eq!(again.worker(), Some(holder.as_str()), "not routed to its holder ({other}): {reason}");
+    assert_eq!(
+        again.worker(),
+        Some(holder.as_str()),
+        "not routed to its holder ({other}): {reason}"
+    );
     assert_eq!(again.header(headers::DEBUG_WORKER), Some(holder.as_str()), "{reason}");
     let gpu = again.overlap_blocks().unwrap_or(0);
     let cpu = cpu_blocks(&reason);
@@ -128,8 +128,7 @@ async fn a_prefix_evicted_to_the_cpu_tier_is_routed_to_its_holder_at_the_tiers_c
     );
     // Predicted at the tier's cost: the CPU blocks at the load rate, the rest computed.
     let uncached = tokens - (gpu + cpu) * BS;
-    let want_ms =
-        1000.0 * ((cpu * BS) as f64 / CPU_LOAD_TPS + uncached as f64 / PREFILL_TPS);
+    let want_ms = 1000.0 * ((cpu * BS) as f64 / CPU_LOAD_TPS + uncached as f64 / PREFILL_TPS);
     let predicted: f64 = again
         .header(headers::DEBUG_PREDICTED_TTFT)
         .and_then(|v| v.parse().ok())

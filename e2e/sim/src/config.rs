@@ -275,13 +275,11 @@ impl Args {
                 return Err(invalid(field, v, "must be positive"));
             }
         }
-        for (field, v) in
-            [
-                ("prefill-tokens-per-s", self.prefill_tokens_per_s),
-                ("speedup", self.speedup),
-                ("cpu-load-tokens-per-s", self.cpu_load_tokens_per_s),
-            ]
-        {
+        for (field, v) in [
+            ("prefill-tokens-per-s", self.prefill_tokens_per_s),
+            ("speedup", self.speedup),
+            ("cpu-load-tokens-per-s", self.cpu_load_tokens_per_s),
+        ] {
             if !(v.is_finite() && v > 0.0) {
                 return Err(invalid(field, v, "must be a positive number"));
             }

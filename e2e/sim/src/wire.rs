@@ -462,7 +462,10 @@ mod tests {
         let v = decode(&encode_batch(&b, 0, Layout::Legacy).unwrap());
         let evs = v.as_array().unwrap()[1].as_array().unwrap();
         let removed = evs[0].as_array().unwrap();
-        assert_eq!((removed.len(), removed[2].as_str(), removed[3].as_u64()), (4, Some("CPU"), Some(0)));
+        assert_eq!(
+            (removed.len(), removed[2].as_str(), removed[3].as_u64()),
+            (4, Some("CPU"), Some(0))
+        );
         let stored = evs[1].as_array().unwrap();
         assert_eq!(stored.len(), 12);
         assert_eq!((stored[6].as_str(), stored[9].as_u64()), (Some("CPU"), Some(0)));

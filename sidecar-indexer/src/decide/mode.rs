@@ -115,7 +115,8 @@ impl Facts {
         let bs = u64::from(input.block_size.max(1));
         // Blocks loaded from a lower tier are not computed either.
         let gpu = decode.cached_blocks();
-        let local = u64::from(gpu) + u64::from(super::score::loaded_blocks(decode, gpu, cfg).total());
+        let local =
+            u64::from(gpu) + u64::from(super::score::loaded_blocks(decode, gpu, cfg).total());
         let cached = (local * bs).min(input.isl_tokens);
         Facts {
             bs,

@@ -139,7 +139,8 @@ pub(crate) fn score<'v, 'a>(
     let loaded = loaded_blocks(w, cached, cfg);
     let local = u64::from(cached) + u64::from(loaded.total());
     let own_tokens = isl - (local * bs).min(isl);
-    let load_s = tier_load_s(loaded, block_size, cfg.cpu_load_tokens_per_s, cfg.disk_load_tokens_per_s);
+    let load_s =
+        tier_load_s(loaded, block_size, cfg.cpu_load_tokens_per_s, cfg.disk_load_tokens_per_s);
     let (ttft, cost) = ttft_and_cost_with_load_s(w, own_tokens, load_s, cfg);
     Scored { at, w, ttft_s: ttft, cost_s: cost, own_tokens, loaded, migrated_blocks }
 }

@@ -38,8 +38,8 @@ fn predicted_ttft_splits_gpu_lower_tier_and_uncached_tokens() {
     let off = RoutingConfig { kv_tiers: false, ..RoutingConfig::default() };
     // (overlap, speculative, cpu, disk, config, want ms, want uncached tokens, want loaded)
     let cases = [
-        (0, 0, 0, 0, &on, 64.0, 640, (0, 0)), // cold
-        (39, 0, 0, 0, &on, 1.6, 16, (0, 0)),  // on the GPU
+        (0, 0, 0, 0, &on, 64.0, 640, (0, 0)),        // cold
+        (39, 0, 0, 0, &on, 1.6, 16, (0, 0)),         // on the GPU
         (0, 0, 39, 0, &on, 6.24 + 1.6, 16, (39, 0)), // 624 tokens loaded at 100k/s
         (20, 0, 19, 0, &on, 3.04 + 1.6, 16, (19, 0)),
         (20, 0, 0, 19, &on, 12.16 + 1.6, 16, (0, 19)), // from disk at 25k/s
@@ -54,7 +54,8 @@ fn predicted_ttft_splits_gpu_lower_tier_and_uncached_tokens() {
         let mut w = tiered("w0", overlap, cpu, disk);
         w.speculative_blocks = spec;
         let plan = decide(&input(640), &[w], cfg, &mut StdRng::seed_from_u64(1)).unwrap();
-        let case = format!("overlap {overlap} spec {spec} cpu {cpu} disk {disk} tiers {}", cfg.kv_tiers);
+        let case =
+            format!("overlap {overlap} spec {spec} cpu {cpu} disk {disk} tiers {}", cfg.kv_tiers);
         assert!(close(plan.predicted_ttft_ms, want_ms), "{case}: {} ms", plan.predicted_ttft_ms);
         assert_eq!(plan.uncached_tokens, want_uncached, "{case}");
         assert_eq!(plan.tier_blocks, TierBlocks { cpu: want_cpu, disk: want_disk }, "{case}");
@@ -67,7 +68,8 @@ fn a_prefix_in_cpu_memory_beats_a_recompute_and_loses_to_the_gpu() {
     let cfg = RoutingConfig::default();
     let mut rng = StdRng::seed_from_u64(7);
     let cold = view("w1", 0, 0);
-    let plan = decide(&input(640), &[cold.clone(), tiered("w2", 0, 39, 0)], &cfg, &mut rng).unwrap();
+    let plan =
+        decide(&input(640), &[cold.clone(), tiered("w2", 0, 39, 0)], &cfg, &mut rng).unwrap();
     assert_eq!(plan.worker, "w2", "{}", plan.reason);
     assert!(plan.reason.contains("(+39 from cpu)"), "{}", plan.reason);
     let plan = decide(

@@ -64,9 +64,9 @@ pub use seeds::MAX_SEEDS;
 /// The one-shot block hash (the tokenizer hashes a prompt's blocks with it too).
 pub(crate) use slots::block_hash;
 pub use slots::BlockRef;
-pub use tiers::{Tier, TierBlocks, TierScores};
 use slots::{BlockSlot, RefSlot, AGE_NEW, AGE_USED};
 use table::Table;
+pub use tiers::{Tier, TierBlocks, TierScores};
 use workers::{Bitmaps, Holders, AGE_MASK, AGE_SHIFT};
 pub use workers::{WorkerSlot, MAX_SLOT};
 

@@ -312,7 +312,9 @@ impl KvIndex {
                 }
             }
             if let Some(ahead) = chains.get(pos + LOOKAHEAD) {
-                std::hint::black_box(present.iter().fold(0, |a, (_, t)| a ^ t.blocks.touch(ahead.0)));
+                std::hint::black_box(
+                    present.iter().fold(0, |a, (_, t)| a ^ t.blocks.touch(ahead.0)),
+                );
             }
             for (k, (_, t)) in present.iter().enumerate() {
                 words[k] = t.lookup(chains[pos].0).unwrap_or(0);

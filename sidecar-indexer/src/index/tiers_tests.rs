@@ -23,7 +23,13 @@ fn index(workers: &[WorkerSlot]) -> KvIndex {
 }
 
 /// Stores blocks `from..to` of the prompt on `worker` in `tier`, chained to block `from - 1`.
-fn store(idx: &mut KvIndex, tier: Tier, worker: WorkerSlot, from: usize, to: usize) -> StoreOutcome {
+fn store(
+    idx: &mut KvIndex,
+    tier: Tier,
+    worker: WorkerSlot,
+    from: usize,
+    to: usize,
+) -> StoreOutcome {
     let t = tokens();
     let hashes: Vec<u64> = (from..to).map(|i| engine(worker, i)).collect();
     let parent = from.checked_sub(1).map(|p| engine(worker, p));
@@ -40,7 +46,8 @@ fn matched(idx: &KvIndex) -> Vec<(WorkerSlot, u32, TierBlocks)> {
     let chains = sequence_hashes(&tokens(), BS, XXH3_SEED);
     let gpu = idx.find_matches(&chains);
     let lower = idx.find_lower_matches(&chains, &gpu);
-    let mut slots: Vec<WorkerSlot> = gpu.iter().map(|m| m.0).chain(lower.iter().map(|m| m.0)).collect();
+    let mut slots: Vec<WorkerSlot> =
+        gpu.iter().map(|m| m.0).chain(lower.iter().map(|m| m.0)).collect();
     slots.sort_unstable();
     slots.dedup();
     slots

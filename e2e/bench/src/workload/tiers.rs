@@ -112,7 +112,8 @@ mod tests {
         let mut used = std::collections::HashSet::new();
         for sess in &s.sessions {
             let Content::Tokens(ids) = &sess.content else { panic!("token prompts") };
-            let d = docs.iter().position(|doc| ids.starts_with(doc)).expect("starts with a document");
+            let d =
+                docs.iter().position(|doc| ids.starts_with(doc)).expect("starts with a document");
             used.insert(d);
             assert!((32..=160).contains(&(ids.len() - docs[d].len())));
             assert_eq!(sess.turns.len(), 1);

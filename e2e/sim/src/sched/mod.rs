@@ -166,8 +166,8 @@ pub struct Scheduler {
 impl Scheduler {
     /// An idle engine with an empty cache.
     pub fn new(cfg: SchedulerConfig, vocab: Arc<OutputVocab>) -> Self {
-        let pool = BlockPool::new(cfg.num_gpu_blocks, cfg.block_size)
-            .with_offload(cfg.cpu_offload_blocks);
+        let pool =
+            BlockPool::new(cfg.num_gpu_blocks, cfg.block_size).with_offload(cfg.cpu_offload_blocks);
         let slots = cfg.max_loras.map(Slots::new);
         Self {
             slots,

@@ -480,7 +480,10 @@ mod tests {
         assert_eq!((f.workers, f.num_gpu_blocks), (4, tiers::GPU_BLOCKS));
         let args = spec_for(Policy::KvmeshPrecise, &f, Path::new("/tmp/x")).sim_args.join(" ");
         assert!(args.starts_with(&format!("--num-gpu-blocks {}", tiers::GPU_BLOCKS)), "{args}");
-        assert!(args.ends_with("--x --cpu-offload-blocks 4096 --cpu-load-tokens-per-s 100000"), "{args}");
+        assert!(
+            args.ends_with("--x --cpu-offload-blocks 4096 --cpu-load-tokens-per-s 100000"),
+            "{args}"
+        );
         let mut real = fleet(4);
         real.external = StackSpec::aggregate(1).workers;
         assert!(fleet_for_kind(real, WorkloadKind::Tiers).is_err());
