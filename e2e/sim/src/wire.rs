@@ -439,7 +439,16 @@ mod tests {
                 },
             ],
         };
-        let v = decode(&encode_batch(&b, 0, Layout::Current).unwrap());
+        // Byte for byte what vLLM 0.32's own classes encode for these events (`KVEventBatch`,
+        // `BlockRemoved(block_hashes=[5, 6], medium=MEDIUM_CPU, group_idx=0)`, `BlockStored(…,
+        // medium=MEDIUM_CPU, group_idx=0, kv_cache_spec_kind="full_attention")` as the
+        // offloading connector's tracker fills them; `msgspec.msgpack.encode(batch).hex()` in
+        // .tools/vllm's venv).
+        const VLLM: &str = "93cb40000000000000009284a474797065ac426c6f636b52656d6f766564ac626c6f636b5f686173686573920506a66d656469756da3435055a967726f75705f696478008aa474797065ab426c6f636b53746f726564ac626c6f636b5f6861736865739109b1706172656e745f626c6f636b5f6861736808a9746f6b656e5f6964739401020304aa626c6f636b5f73697a6504a76c6f72615f696402a66d656469756da3435055a96c6f72615f6e616d65a373716ca967726f75705f69647800b26b765f63616368655f737065635f6b696e64ae66756c6c5f617474656e74696f6e00";
+        let bytes = encode_batch(&b, 0, Layout::Current).unwrap();
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, VLLM);
+        let v = decode(&bytes);
         let evs = v.as_array().unwrap()[1].as_array().unwrap();
         let removed = &evs[0];
         assert_eq!(removed.as_map().unwrap().len(), 4);
