@@ -15,7 +15,7 @@ use criterion::{black_box, criterion_group, Criterion, Throughput};
 use kvmesh_core::hashing::{sequence_hashes, XXH3_SEED};
 use kvmesh_indexer::events::apply::apply_batch;
 use kvmesh_indexer::events::decode::{decode_batch, EventBatch, KvEvent};
-use kvmesh_indexer::index::KvIndex;
+use kvmesh_indexer::index::{KvIndex, Tier};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// Counts live heap bytes, to measure what the index really allocates.
@@ -451,6 +451,56 @@ fn memory_figures() {
     }
 }
 
+/// Offload tiers (issue 46): a route's match (`find_matches`, then `find_lower_matches` as
+/// `route::plan` calls them) with no lower-tier entry (the lower-tier call returns at once), and
+/// with each query's second half evicted from its holder's GPU to its CPU tier (the run is walked
+/// block by block). `cargo bench -p kvmesh-indexer --bench index -- find_lower_matches`; under
+/// `valgrind --tool=callgrind` for instruction counts when the machine is shared.
+fn bench_tiers(c: &mut Criterion) {
+    let mut g = c.benchmark_group("find_lower_matches");
+    let mut rng = StdRng::seed_from_u64(46);
+    let (workers, len) = (16u32, 512usize);
+    let mut index = KvIndex::new(100_000_000, 10_000_000);
+    background(&mut index, &mut rng, workers, 20_000);
+    let mut queries = Vec::new();
+    for q in 0..64u64 {
+        let tokens = random_tokens(&mut rng, len * BS);
+        let w = q as u32 % workers;
+        let hashes: Vec<u64> =
+            (0..len as u64).map(|b| (1 << 61) | (q << 32) | (u64::from(w) << 16) | b).collect();
+        index.store(w, None, &hashes, &tokens, BS, XXH3_SEED);
+        queries.push((sequence_hashes(&tokens, BS, XXH3_SEED), w, hashes, tokens));
+    }
+    let route = |index: &KvIndex, i: usize| {
+        let q = &queries[i % queries.len()].0;
+        let gpu = index.find_matches(q);
+        (gpu.len(), index.find_lower_matches(q, &gpu).len())
+    };
+    assert_eq!(route(&index, 0), (1, 0));
+    g.bench_function("512_blocks/16_workers/no_tier_entries", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i += 1;
+            black_box(route(&index, i))
+        })
+    });
+    let half = len / 2;
+    for (_, w, hashes, tokens) in &queries {
+        let parent = Some(hashes[half - 1]);
+        index.store_in(Tier::Cpu, *w, parent, &hashes[half..], &tokens[half * BS..], BS, XXH3_SEED);
+        index.remove(*w, &hashes[half..]);
+    }
+    assert_eq!(route(&index, 0), (1, 1));
+    g.bench_function("512_blocks/16_workers/256_gpu_256_cpu", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i += 1;
+            black_box(route(&index, i))
+        })
+    });
+    g.finish();
+}
+
 fn config() -> Criterion {
     Criterion::default()
         .sample_size(SAMPLE_SIZE)
@@ -459,7 +509,7 @@ fn config() -> Criterion {
         .configure_from_args()
 }
 
-criterion_group! { name = benches; config = config(); targets = bench_apply, bench_find_matches }
+criterion_group! { name = benches; config = config(); targets = bench_apply, bench_find_matches, bench_tiers }
 
 fn main() {
     benches();

@@ -9,7 +9,16 @@
 //! ttft = (queued_tokens + own_uncached_tokens) / prefill_tokens_per_s
 //!      + steps × decode_step_s      (steps = ⌈(queued + own) / prefill_chunk_tokens⌉, 0 with no batch)
 //!      + adapter_delay_s            (a LoRA request: loading its adapter, waiting for a slot)
+//!      + tier_load_s                (blocks loaded from CPU / disk instead of computed)
 //! ```
+//!
+//! `tier_load_s` is [`tier_load_s`]: the prompt's blocks a worker holds in a lower KV tier right
+//! after its GPU-cached prefix, in tokens, over that tier's load bandwidth
+//! (`routing.cpu_load_tokens_per_s`, `routing.disk_load_tokens_per_s`). Those tokens are not in
+//! `own_uncached_tokens`: a prefix in CPU memory is cheaper than recomputing it (the load runs at
+//! several times the prefill throughput) and dearer than one on the GPU (free). vLLM loads them
+//! before it schedules the request's prefill, without holding the GPU, so the load delays this
+//! request only: it is not work the next requests queue behind.
 //!
 //! `adapter_delay_s` is [`AdapterCost`]'s: from the worker's `vllm:lora_requests_info` (running
 //! and waiting adapters, `max_lora` slots) and the adapters this indexer routed there since
@@ -35,6 +44,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::index::TierBlocks;
 use crate::scrape::{EngineSample, LoraInfo, PrefillMeter};
 
 /// The numbers the model needs about one worker, all measured or derived before the decision.
@@ -93,6 +103,15 @@ pub fn ttft_s(timing: &WorkerTiming, own_tokens: f64, chunk_tokens: u64) -> f64 
         0.0
     };
     prefill + decode + timing.adapter_delay_s.max(0.0)
+}
+
+/// Seconds to load `blocks` blocks of `block_size` tokens from lower KV tiers into GPU memory, at
+/// `cpu_tps` / `disk_tps` prompt tokens per second: linear in each tier's tokens, 0 for none.
+/// Non-positive or non-finite bandwidths are treated as 1 token/s (config validation refuses them).
+pub fn tier_load_s(blocks: TierBlocks, block_size: u32, cpu_tps: f64, disk_tps: f64) -> f64 {
+    let tokens = |n: u32| f64::from(n) * f64::from(block_size);
+    let rate = |tps: f64| if tps.is_finite() && tps > 0.0 { tps } else { 1.0 };
+    tokens(blocks.cpu) / rate(cpu_tps) + tokens(blocks.disk) / rate(disk_tps)
 }
 
 /// What a request's LoRA adapter costs on one worker.
@@ -839,7 +858,46 @@ mod tests {
         assert!(b.is_empty());
     }
 
+    #[test]
+    fn tier_load_table() {
+        let b = |cpu, disk| TierBlocks { cpu, disk };
+        // (blocks, block size, cpu tok/s, disk tok/s, want s)
+        let cases = [
+            (b(0, 0), 16, 100_000.0, 25_000.0, 0.0),
+            (b(100, 0), 16, 100_000.0, 25_000.0, 0.016), // 1,600 tokens at 100k/s
+            (b(0, 100), 16, 100_000.0, 25_000.0, 0.064),
+            (b(100, 100), 16, 100_000.0, 25_000.0, 0.08),
+            (b(10, 0), 16, 0.0, 25_000.0, 160.0), // a zero bandwidth: 1 token/s, not infinity
+        ];
+        for (blocks, bs, cpu, disk, want) in cases {
+            let got = tier_load_s(blocks, bs, cpu, disk);
+            assert!((got - want).abs() < 1e-9, "{blocks:?} {bs} {cpu} {disk}: {got} vs {want}");
+        }
+    }
+
     proptest! {
+        /// A prefix in CPU memory costs less than recomputing it and more than holding it on the
+        /// GPU, whenever the tier loads faster than the worker prefills: the predicted TTFT of
+        /// g GPU + c CPU blocks lies between g + c GPU blocks and g GPU blocks (c recomputed).
+        #[test]
+        fn a_cpu_tier_hit_lies_between_a_gpu_hit_and_a_recompute(
+            queued in 0.0f64..1e5, batch in 0u64..64, prompt_blocks in 2u32..400,
+            gpu_frac in 0.0f64..1.0, cpu_frac in 0.0f64..1.0, load_x in 1.0f64..50.0,
+        ) {
+            let bs = 16u32;
+            let t = timing(queued, batch);
+            let gpu = (f64::from(prompt_blocks) * gpu_frac) as u32;
+            let cpu = (f64::from(prompt_blocks - gpu) * cpu_frac) as u32;
+            let isl = f64::from(prompt_blocks * bs);
+            let tokens = |blocks: u32| f64::from(blocks * bs);
+            let load = tier_load_s(TierBlocks { cpu, disk: 0 }, bs, t.prefill_tokens_per_s * load_x, 1.0);
+            let tiered = ttft_s(&t, isl - tokens(gpu + cpu), 8192) + load;
+            let all_gpu = ttft_s(&t, isl - tokens(gpu + cpu), 8192);
+            let recompute = ttft_s(&t, isl - tokens(gpu), 8192);
+            prop_assert!(all_gpu <= tiered + 1e-12, "{all_gpu} > {tiered}");
+            prop_assert!(tiered <= recompute + 1e-9, "{tiered} > {recompute}");
+        }
+
         #[test]
         fn ttft_is_monotone_in_queued_work(q in 0.0f64..1e6, extra in 0.0f64..1e6, own in 0.0f64..1e5, batch in 0u64..300, chunk in 1u64..20_000) {
             let a = ttft_s(&timing(q, batch), own, chunk);

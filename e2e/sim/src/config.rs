@@ -109,6 +109,12 @@ pub struct Args {
     /// Uncached prompt tokens computed per second.
     #[arg(long, default_value_t = 20_000.0)]
     pub prefill_tokens_per_s: f64,
+    /// Blocks of the CPU offload tier that blocks evicted from the GPU go to (LRU); 0 = none.
+    #[arg(long, default_value_t = 0)]
+    pub cpu_offload_blocks: usize,
+    /// Prompt tokens per second loaded from the CPU offload tier into GPU blocks.
+    #[arg(long, default_value_t = 100_000.0)]
+    pub cpu_load_tokens_per_s: f64,
     /// Inter-token latency of a batch of one, milliseconds.
     #[arg(long, default_value_t = 20.0)]
     pub itl_ms: f64,
@@ -269,9 +275,11 @@ impl Args {
                 return Err(invalid(field, v, "must be positive"));
             }
         }
-        for (field, v) in
-            [("prefill-tokens-per-s", self.prefill_tokens_per_s), ("speedup", self.speedup)]
-        {
+        for (field, v) in [
+            ("prefill-tokens-per-s", self.prefill_tokens_per_s),
+            ("speedup", self.speedup),
+            ("cpu-load-tokens-per-s", self.cpu_load_tokens_per_s),
+        ] {
             if !(v.is_finite() && v > 0.0) {
                 return Err(invalid(field, v, "must be a positive number"));
             }
@@ -367,6 +375,8 @@ impl Args {
             kv_transfer_timeout: Duration::from_secs_f64(self.kv_transfer_timeout_s),
             max_loras: self.enable_lora.then_some(self.max_loras),
             lora_load_ms: self.lora_load_ms,
+            cpu_offload_blocks: self.cpu_offload_blocks,
+            cpu_load_tokens_per_s: self.cpu_load_tokens_per_s,
         }
     }
 

@@ -34,6 +34,8 @@ fn engine(sink: MemorySink) -> (EngineHandle, Arc<Metrics>) {
         kv_transfer_timeout: Duration::from_secs(30),
         max_loras: None,
         lora_load_ms: 0.0,
+        cpu_offload_blocks: 0,
+        cpu_load_tokens_per_s: 100_000.0,
     };
     let metrics = Arc::new(Metrics::new("m", 0, 16, 64, 1024));
     let parts = EngineParts {

@@ -14,7 +14,8 @@ use parking_lot::Mutex;
 use crate::hash::BlockHash;
 use crate::lora::Adapter;
 
-/// One cache event, vLLM's `KVCacheEvent` union. Medium is always `"GPU"`.
+/// One cache event, vLLM's `KVCacheEvent` union: the GPU pool's (`medium = "GPU"`) and the CPU
+/// offload tier's (`crate::offload`, `medium = "CPU"`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvEvent {
     /// Full blocks of one request newly cached in one step, in chain order.
@@ -35,8 +36,28 @@ pub enum KvEvent {
         /// Engine hashes of the evicted blocks.
         block_hashes: Vec<BlockHash>,
     },
-    /// Every cached block was dropped (`POST /reset_prefix_cache`).
+    /// Every cached block was dropped (`POST /reset_prefix_cache`), the CPU tier's too.
     AllBlocksCleared,
+    /// One block the GPU evicted, now in the CPU offload tier: vLLM's offloading connector's
+    /// self-describing `BlockStored` (`medium = "CPU"`, `group_idx = 0`,
+    /// `kv_cache_spec_kind = "full_attention"`), one block per event.
+    OffloadStored {
+        /// Engine hash of the block (the same as on the GPU).
+        block_hash: BlockHash,
+        /// Hash of the block before it; `None` at the chain root.
+        parent_block_hash: Option<BlockHash>,
+        /// The block's tokens.
+        token_ids: Vec<u32>,
+        /// Tokens per block.
+        block_size: u32,
+        /// The adapter of the request that cached it; `None` = base model.
+        lora: Option<Adapter>,
+    },
+    /// Blocks the CPU offload tier evicted (`medium = "CPU"`, `group_idx = 0`).
+    OffloadRemoved {
+        /// Engine hashes of the evicted blocks.
+        block_hashes: Vec<BlockHash>,
+    },
 }
 
 /// The events of one engine step, vLLM's `KVEventBatch` without the DP rank (the sink adds it).

@@ -4,7 +4,8 @@
 //! eviction, KV events over ZeroMQ in vLLM's wire format with a replay socket, vLLM's metric
 //! names, NIXL `kv_transfer_params` semantics and fault injection — and cheap everywhere else.
 //!
-//! Shape: the cache ([`pool`]) and the scheduler ([`sched`]) are pure (`step(now) -> work`,
+//! Shape: the cache ([`pool`], with its CPU offload tier [`offload`]) and the scheduler
+//! ([`sched`]) are pure (`step(now) -> work`,
 //! clock passed in); one task ([`engine`]) drives them; events leave through an
 //! [`events::EventSink`] (in memory in tests, ZeroMQ in the binary, [`publisher`]); HTTP
 //! ([`api`], [`server`]) only moves data to and from the engine; [`app`] wires it together.
@@ -20,6 +21,7 @@ pub mod hash;
 pub mod lora;
 pub mod metrics;
 pub mod nixl;
+pub mod offload;
 pub mod output;
 pub mod pool;
 pub mod publisher;

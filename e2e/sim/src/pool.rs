@@ -12,6 +12,10 @@
 //! - `BlockStored` is recorded once per `cache_blocks` call and contiguous run, with the parent of
 //!   the run's first block, exactly as vLLM's `cache_full_blocks`.
 //!
+//! - With a CPU offload tier ([`BlockPool::with_offload`], [`crate::offload`]), an evicted block is
+//!   copied there first: its `BlockStored` (`medium = "CPU"`) precedes the GPU `BlockRemoved` of
+//!   the same allocation, so a consumer chains it through the parent the GPU still holds.
+//!
 //! Tokens of every slot are kept in one flat array (`num_blocks × block_size` ids) so events, the
 //! cache dump and NIXL pulls can read them without per-block allocations.
 
@@ -24,6 +28,7 @@ use crate::events::KvEvent;
 use crate::free_queue::{BlockId, FreeQueue};
 use crate::hash::BlockHash;
 use crate::lora::Adapter;
+use crate::offload::OffloadTier;
 
 /// Block hashes are uniformly distributed already; hashing them again would be wasted work.
 #[derive(Default)]
@@ -96,12 +101,14 @@ pub struct InUse {
 pub struct BlockPool {
     block_size: usize,
     meta: Vec<Meta>,
-    /// The adapter name of each cached slot (apart from `Meta`, which stays `Copy`).
-    lora: Vec<Option<std::sync::Arc<str>>>,
+    /// The adapter of each cached slot (apart from `Meta`, which stays `Copy`).
+    lora: Vec<Option<Adapter>>,
     tokens: Vec<u32>,
     free: FreeQueue,
     cached: HashIndex,
     events: Vec<KvEvent>,
+    /// The CPU tier evicted blocks go to, if any.
+    offload: Option<OffloadTier>,
 }
 
 impl BlockPool {
@@ -115,7 +122,32 @@ impl BlockPool {
             free: FreeQueue::full(num_blocks),
             cached: HashIndex::default(),
             events: Vec::new(),
+            offload: None,
         }
+    }
+
+    /// The pool with a CPU offload tier of `blocks` blocks (0: none).
+    pub fn with_offload(mut self, blocks: usize) -> Self {
+        self.offload = (blocks > 0).then(|| OffloadTier::new(blocks));
+        self
+    }
+
+    /// The CPU offload tier, if any.
+    pub fn offload(&self) -> Option<&OffloadTier> {
+        self.offload.as_ref()
+    }
+
+    /// How many of `hashes` (the blocks after a GPU hit) the CPU tier holds consecutively.
+    pub fn offload_run(&self, hashes: &[BlockHash]) -> usize {
+        self.offload.as_ref().map_or(0, |t| t.run(hashes))
+    }
+
+    /// The tokens of `hashes` read from the CPU tier (marking them used), in order, stopping at
+    /// the first it does not hold. Read before the GPU blocks they go to are allocated: that
+    /// allocation may offload other blocks and push these out of the tier.
+    pub fn load_offloaded(&mut self, hashes: &[BlockHash]) -> Vec<Vec<u32>> {
+        let Some(tier) = self.offload.as_mut() else { return Vec::new() };
+        hashes.iter().map_while(|h| tier.load(*h)).collect()
     }
 
     /// Tokens per block.
@@ -191,15 +223,22 @@ impl BlockPool {
             return false;
         }
         let mut evicted = Vec::new();
+        let bs = self.block_size;
         for _ in 0..n {
             let Some(id) = self.free.pop_front() else { break };
             let m = &mut self.meta[id as usize];
-            if let Some(h) = m.hash.take() {
+            let (hash, parent) = (m.hash.take(), m.parent);
+            *m = Meta { ref_cnt: 1, ..Meta::default() };
+            let lora = self.lora[id as usize].take();
+            if let Some(h) = hash {
                 self.cached.remove(&h);
                 evicted.push(h);
-                self.lora[id as usize] = None;
+                if let Some(tier) = self.offload.as_mut() {
+                    let base = id as usize * bs;
+                    let tokens = &self.tokens[base..base + bs];
+                    tier.offload(h, parent, tokens, lora.as_ref(), &mut self.events);
+                }
             }
-            *m = Meta { ref_cnt: 1, ..Meta::default() };
             out.push(id);
         }
         if !evicted.is_empty() {
@@ -258,7 +297,7 @@ impl BlockPool {
                 m.parent = if i == 0 { None } else { Some(hashes[i - 1]) };
                 m.position = i as u32;
                 self.cached.insert(h, id);
-                self.lora[id as usize] = lora.map(|a| a.name.clone());
+                self.lora[id as usize] = lora.cloned();
                 run_start.get_or_insert(i);
             } else if let Some(s) = run_start.take() {
                 self.record_stored(blocks, hashes, s, i, lora);
@@ -314,6 +353,9 @@ impl BlockPool {
         }
         self.lora.iter_mut().for_each(|l| *l = None);
         self.cached.clear();
+        if let Some(tier) = self.offload.as_mut() {
+            tier.clear();
+        }
         self.free = FreeQueue::full(self.meta.len() as u32);
         self.events.push(KvEvent::AllBlocksCleared);
         Ok(())
@@ -340,7 +382,7 @@ impl BlockPool {
                     lora_name: self
                         .lora
                         .get(id as usize)
-                        .and_then(|l| l.as_deref().map(str::to_owned)),
+                        .and_then(|l| l.as_ref().map(|a| a.name.to_string())),
                     ref_cnt: m.ref_cnt,
                 })
             })

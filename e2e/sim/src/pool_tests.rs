@@ -180,3 +180,52 @@ fn dump_lists_cached_blocks_in_chain_order_with_parents() {
     // The partial third block is written but not cached.
     assert_eq!(pool.block_tokens(blocks[2]), &[8, 9]);
 }
+
+#[test]
+fn an_evicted_block_goes_to_the_cpu_tier_announced_before_its_gpu_removal() {
+    let mut pool = BlockPool::new(4, BS).with_offload(2);
+    let a: Vec<u32> = (0..8).collect();
+    let b: Vec<u32> = (10..18).collect();
+    let (blocks_a, _) = admit(&mut pool, &a);
+    let (blocks_b, _) = admit(&mut pool, &b);
+    pool.free(&blocks_a);
+    pool.free(&blocks_b);
+    pool.take_events();
+    let c: Vec<u32> = (20..28).collect();
+    let (blocks_c, _) = admit(&mut pool, &c);
+    let (ha, hc) = (chain(&a, BS, None), chain(&c, BS, None));
+    let offloaded = |i: usize, parent| KvEvent::OffloadStored {
+        block_hash: ha[i],
+        parent_block_hash: parent,
+        token_ids: a[i * BS..(i + 1) * BS].to_vec(),
+        block_size: BS as u32,
+        lora: None,
+    };
+    // A's blocks are evicted tail first; each is offloaded before the GPU removal says it left.
+    assert_eq!(
+        pool.take_events(),
+        vec![
+            offloaded(1, Some(ha[0])),
+            offloaded(0, None),
+            KvEvent::BlockRemoved { block_hashes: vec![ha[1], ha[0]] },
+            stored(&hc, None, &c),
+        ]
+    );
+    assert_eq!(pool.lookup(&ha).blocks, 0);
+    assert_eq!(pool.offload_run(&ha), 2, "the CPU tier holds A whole");
+    assert_eq!(pool.load_offloaded(&ha), vec![a[..4].to_vec(), a[4..].to_vec()]);
+    // The tier holds 2: B's eviction pushes A out (least recently used first), announced first.
+    let hb = chain(&b, BS, None);
+    let d: Vec<u32> = (30..38).collect();
+    let (blocks_d, _) = admit(&mut pool, &d);
+    let events = pool.take_events();
+    assert_eq!(events[0], KvEvent::OffloadRemoved { block_hashes: vec![ha[0]] });
+    assert!(matches!(events[1], KvEvent::OffloadStored { block_hash, .. } if block_hash == hb[1]));
+    assert_eq!(pool.offload_run(&hb), 2);
+    // A reset empties the tier too (its one AllBlocksCleared says so).
+    pool.free(&blocks_c);
+    pool.free(&blocks_d);
+    pool.reset().expect("nothing referenced");
+    assert_eq!(pool.take_events(), vec![KvEvent::AllBlocksCleared]);
+    assert_eq!(pool.offload_run(&hb), 0);
+}

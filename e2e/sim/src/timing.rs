@@ -40,6 +40,12 @@ impl TimingModel {
         Duration::from_secs_f64((s / self.speedup).max(0.0))
     }
 
+    /// Loading `tokens` from the CPU offload tier at `tokens_per_s`, sped up like everything else.
+    pub fn offload_load(&self, tokens: u64, tokens_per_s: f64) -> Duration {
+        let tps = if tokens_per_s.is_finite() && tokens_per_s > 0.0 { tokens_per_s } else { 1.0 };
+        Duration::from_secs_f64((tokens as f64 / tps / self.speedup).max(0.0))
+    }
+
     /// Loading `adapters` LoRA adapters into GPU slots at `ms_each`, sped up like everything else.
     pub fn lora_loads(&self, adapters: usize, ms_each: f64) -> Duration {
         Duration::from_secs_f64((adapters as f64 * ms_each / 1e3 / self.speedup).max(0.0))

@@ -44,8 +44,15 @@ impl ReplayFraming {
     }
 }
 
-/// The storage medium every simulated block lives in.
+/// The storage medium of the GPU pool's blocks.
 pub const MEDIUM_GPU: &str = "GPU";
+
+/// The storage medium of the CPU offload tier's blocks (vLLM's `MEDIUM_CPU`).
+pub const MEDIUM_CPU: &str = "CPU";
+
+/// `kv_cache_spec_kind` of the offload tier's stores: the one full-attention group simulated
+/// (vLLM's `KVCacheSpecKind.FULL_ATTENTION`).
+pub const KIND_FULL_ATTENTION: &str = "full_attention";
 
 /// The replay end marker's sequence bytes: `(-1).to_bytes(8, "big", signed=True)`.
 pub const END_SEQ: [u8; 8] = [0xff; 8];
@@ -81,6 +88,10 @@ pub fn encode_batch(
             }
             KvEvent::BlockRemoved { block_hashes } => 48 + 9 * block_hashes.len(),
             KvEvent::AllBlocksCleared => 24,
+            KvEvent::OffloadStored { token_ids, lora, .. } => {
+                160 + 5 * token_ids.len() + lora.as_ref().map_or(0, |a| 8 + a.name.len())
+            }
+            KvEvent::OffloadRemoved { block_hashes } => 64 + 9 * block_hashes.len(),
         };
     }
     let mut w = Vec::with_capacity(cap);
@@ -132,6 +143,38 @@ fn encode_map_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
             rmp::encode::write_map_len(w, 1).wire()?;
             key_str(w, "type", "AllBlocksCleared")?;
         }
+        KvEvent::OffloadStored { block_hash, parent_block_hash, token_ids, block_size, lora } => {
+            // vLLM's offloading tracker's store, `omit_defaults`: extra_keys, the sliding
+            // window, locality, ownership and session_id are None (left out); group_idx 0 and
+            // the spec kind are set.
+            rmp::encode::write_map_len(w, 10).wire()?;
+            key_str(w, "type", "BlockStored")?;
+            rmp::encode::write_str(w, "block_hashes").wire()?;
+            hashes(w, &[*block_hash])?;
+            rmp::encode::write_str(w, "parent_block_hash").wire()?;
+            opt_u64(w, *parent_block_hash)?;
+            rmp::encode::write_str(w, "token_ids").wire()?;
+            tokens(w, token_ids)?;
+            rmp::encode::write_str(w, "block_size").wire()?;
+            rmp::encode::write_uint(w, u64::from(*block_size)).wire()?;
+            rmp::encode::write_str(w, "lora_id").wire()?;
+            lora_id(w, lora.as_ref())?;
+            key_str(w, "medium", MEDIUM_CPU)?;
+            rmp::encode::write_str(w, "lora_name").wire()?;
+            lora_name(w, lora.as_ref())?;
+            rmp::encode::write_str(w, "group_idx").wire()?;
+            rmp::encode::write_uint(w, 0).wire()?;
+            key_str(w, "kv_cache_spec_kind", KIND_FULL_ATTENTION)?;
+        }
+        KvEvent::OffloadRemoved { block_hashes } => {
+            rmp::encode::write_map_len(w, 4).wire()?;
+            key_str(w, "type", "BlockRemoved")?;
+            rmp::encode::write_str(w, "block_hashes").wire()?;
+            hashes(w, block_hashes)?;
+            key_str(w, "medium", MEDIUM_CPU)?;
+            rmp::encode::write_str(w, "group_idx").wire()?;
+            rmp::encode::write_uint(w, 0).wire()?;
+        }
     }
     Ok(())
 }
@@ -165,6 +208,28 @@ fn encode_array_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
         KvEvent::AllBlocksCleared => {
             rmp::encode::write_array_len(w, 1).wire()?;
             rmp::encode::write_str(w, "AllBlocksCleared").wire()?;
+        }
+        KvEvent::OffloadStored { block_hash, parent_block_hash, token_ids, block_size, lora } => {
+            rmp::encode::write_array_len(w, 12).wire()?;
+            rmp::encode::write_str(w, "BlockStored").wire()?;
+            hashes(w, &[*block_hash])?;
+            opt_u64(w, *parent_block_hash)?;
+            tokens(w, token_ids)?;
+            rmp::encode::write_uint(w, u64::from(*block_size)).wire()?;
+            lora_id(w, lora.as_ref())?;
+            rmp::encode::write_str(w, MEDIUM_CPU).wire()?;
+            lora_name(w, lora.as_ref())?;
+            rmp::encode::write_nil(w).wire()?; // extra_keys
+            rmp::encode::write_uint(w, 0).wire()?; // group_idx
+            rmp::encode::write_str(w, KIND_FULL_ATTENTION).wire()?;
+            rmp::encode::write_nil(w).wire()?; // kv_cache_spec_sliding_window
+        }
+        KvEvent::OffloadRemoved { block_hashes } => {
+            rmp::encode::write_array_len(w, 4).wire()?;
+            rmp::encode::write_str(w, "BlockRemoved").wire()?;
+            hashes(w, block_hashes)?;
+            rmp::encode::write_str(w, MEDIUM_CPU).wire()?;
+            rmp::encode::write_uint(w, 0).wire()?;
         }
     }
     Ok(())
@@ -357,6 +422,64 @@ mod tests {
         assert_eq!((adapter[5].as_u64(), adapter[6].as_str()), (Some(3), Some("GPU")));
         assert_eq!(adapter[7].as_str(), Some("sql"));
         assert!(adapter[8..].iter().all(Value::is_nil));
+    }
+
+    #[test]
+    fn offload_events_are_vllms_self_describing_cpu_events() {
+        let b = EventBatch {
+            ts: 2.0,
+            events: vec![
+                KvEvent::OffloadRemoved { block_hashes: vec![5, 6] },
+                KvEvent::OffloadStored {
+                    block_hash: 9,
+                    parent_block_hash: Some(8),
+                    token_ids: vec![1, 2, 3, 4],
+                    block_size: 4,
+                    lora: Some(Adapter { id: 2, name: "sql".into() }),
+                },
+            ],
+        };
+        // Byte for byte what vLLM 0.32's own classes encode for these events (`KVEventBatch`,
+        // `BlockRemoved(block_hashes=[5, 6], medium=MEDIUM_CPU, group_idx=0)`, `BlockStored(…,
+        // medium=MEDIUM_CPU, group_idx=0, kv_cache_spec_kind="full_attention")` as the
+        // offloading connector's tracker fills them; `msgspec.msgpack.encode(batch).hex()` in
+        // .tools/vllm's venv).
+        const VLLM: &str = "93cb40000000000000009284a474797065ac426c6f636b52656d6f766564ac626c6f636b5f686173686573920506a66d656469756da3435055a967726f75705f696478008aa474797065ab426c6f636b53746f726564ac626c6f636b5f6861736865739109b1706172656e745f626c6f636b5f6861736808a9746f6b656e5f6964739401020304aa626c6f636b5f73697a6504a76c6f72615f696402a66d656469756da3435055a96c6f72615f6e616d65a373716ca967726f75705f69647800b26b765f63616368655f737065635f6b696e64ae66756c6c5f617474656e74696f6e00";
+        let bytes = encode_batch(&b, 0, Layout::Current).unwrap();
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, VLLM);
+        let v = decode(&bytes);
+        let evs = v.as_array().unwrap()[1].as_array().unwrap();
+        let removed = &evs[0];
+        assert_eq!(removed.as_map().unwrap().len(), 4);
+        assert_eq!(get(removed, "type").and_then(Value::as_str), Some("BlockRemoved"));
+        assert_eq!(get(removed, "medium").and_then(Value::as_str), Some("CPU"));
+        assert_eq!(get(removed, "group_idx").and_then(Value::as_u64), Some(0));
+        let stored = &evs[1];
+        assert_eq!(stored.as_map().unwrap().len(), 10);
+        assert_eq!(get(stored, "medium").and_then(Value::as_str), Some("CPU"));
+        assert_eq!(get(stored, "group_idx").and_then(Value::as_u64), Some(0));
+        assert_eq!(
+            get(stored, "kv_cache_spec_kind").and_then(Value::as_str),
+            Some("full_attention")
+        );
+        assert_eq!(get(stored, "parent_block_hash").and_then(Value::as_u64), Some(8));
+        assert_eq!(get(stored, "block_size").and_then(Value::as_u64), Some(4));
+        assert_eq!(get(stored, "lora_name").and_then(Value::as_str), Some("sql"));
+        let hs = get(stored, "block_hashes").unwrap().as_array().unwrap();
+        assert_eq!((hs.len(), hs[0].as_u64()), (1, Some(9)));
+        let v = decode(&encode_batch(&b, 0, Layout::Legacy).unwrap());
+        let evs = v.as_array().unwrap()[1].as_array().unwrap();
+        let removed = evs[0].as_array().unwrap();
+        assert_eq!(
+            (removed.len(), removed[2].as_str(), removed[3].as_u64()),
+            (4, Some("CPU"), Some(0))
+        );
+        let stored = evs[1].as_array().unwrap();
+        assert_eq!(stored.len(), 12);
+        assert_eq!((stored[6].as_str(), stored[9].as_u64()), (Some("CPU"), Some(0)));
+        assert_eq!(stored[10].as_str(), Some("full_attention"));
+        assert!(stored[8].is_nil() && stored[11].is_nil());
     }
 
     #[test]

@@ -189,6 +189,15 @@ pub struct RoutingConfig {
     /// The engines' token budget per step (vLLM `max_num_batched_tokens`): prefill work of N tokens
     /// takes ⌈N / this⌉ steps, each also decoding the running batch.
     pub prefill_chunk_tokens: u64,
+    /// Credit the prompt's blocks a worker holds in lower KV tiers (CPU memory, disk: vLLM's
+    /// offloading connector, `medium` other than GPU) at their load cost in the predicted TTFT;
+    /// false: route by GPU residency alone (lower-tier events are indexed either way).
+    pub kv_tiers: bool,
+    /// Load bandwidth of the CPU tier into GPU memory, prompt tokens per second (KV bytes/s over
+    /// KV bytes per token: vLLM's `vllm:kv_offload_load_bytes` / `vllm:kv_offload_load_time`).
+    pub cpu_load_tokens_per_s: f64,
+    /// Load bandwidth of the disk tier (vLLM `STORAGE`), prompt tokens per second.
+    pub disk_load_tokens_per_s: f64,
     /// Sibling bursts: how long a decision's blocks count as held by the chosen worker before its
     /// engine's events say so (0 = off).
     pub speculative_ttl_ms: u64,
@@ -294,6 +303,9 @@ impl Default for RoutingConfig {
             prefill_measure_hold_s: 60,
             decode_step_ms: 20.0,
             prefill_chunk_tokens: 8192,
+            kv_tiers: true,
+            cpu_load_tokens_per_s: 100_000.0,
+            disk_load_tokens_per_s: 25_000.0,
             speculative_ttl_ms: 2000,
             speculative_max_blocks_per_worker: 65_536,
             min_remote_prefill_tokens: 0,
@@ -389,6 +401,8 @@ impl RoutingConfig {
             ("routing.prefill_tokens_per_s", self.prefill_tokens_per_s),
             ("routing.prefill_tokens_per_s_max", self.prefill_tokens_per_s_max),
             ("routing.load_outlook_window_s", self.load_outlook_window_s),
+            ("routing.cpu_load_tokens_per_s", self.cpu_load_tokens_per_s),
+            ("routing.disk_load_tokens_per_s", self.disk_load_tokens_per_s),
         ];
         for (field, v) in rates {
             if !v.is_finite() || v <= 0.0 {

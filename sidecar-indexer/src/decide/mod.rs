@@ -13,7 +13,8 @@
 //! ([`reason`]); the reason is worded once, by [`reason::render`], when the plan is assembled:
 //!
 //! 1. [`score`]: every decode candidate's predicted TTFT and cost for this request (the overlap
-//!    capped first by the engine's last-block rule), and the hard `overload_*` guards — an
+//!    capped first by the engine's last-block rule; blocks in lower KV tiers at their load cost),
+//!    and the hard `overload_*` guards — an
 //!    overloaded worker is a candidate only when every worker is.
 //! 2. [`overrides`]: `x-kvmesh-worker` naming a candidate decides alone.
 //! 3. [`home`]: a session stays where its KV is unless another worker is cheaper by more than the
@@ -64,6 +65,7 @@ pub fn decide<R: Rng + ?Sized>(
         .map(|w| WorkerView {
             overlap_blocks: w.overlap_blocks.min(cap),
             speculative_blocks: w.speculative_blocks.min(cap),
+            tier_blocks: w.tier_blocks.capped(cap.saturating_sub(w.overlap_blocks.min(cap))),
             timing: WorkerTiming {
                 adapter_delay_s: score::adapter_delay_s(input, w, cfg),
                 ..w.timing
@@ -196,6 +198,7 @@ fn assemble(
         opportunity: mode.opportunity,
         local_continuation: mode.local_continuation,
         uncached_tokens: mode.uncached_tokens,
+        tier_blocks: s.loaded,
         predicted_ttft_ms: s.ms(),
         adapter: score::adapter_cost(input, s.w),
     }
@@ -203,3 +206,5 @@ fn assemble(
 
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod tier_tests;

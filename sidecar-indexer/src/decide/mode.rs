@@ -113,7 +113,11 @@ struct Facts {
 impl Facts {
     fn new(input: &ModeInput<'_>, decode: &WorkerView<'_>, cfg: &RoutingConfig) -> Self {
         let bs = u64::from(input.block_size.max(1));
-        let cached = (u64::from(decode.cached_blocks()) * bs).min(input.isl_tokens);
+        // Blocks loaded from a lower tier are not computed either.
+        let gpu = decode.cached_blocks();
+        let local =
+            u64::from(gpu) + u64::from(super::score::loaded_blocks(decode, gpu, cfg).total());
+        let cached = (local * bs).min(input.isl_tokens);
         Facts {
             bs,
             uncached: input.isl_tokens - cached,

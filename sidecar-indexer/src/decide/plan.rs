@@ -7,6 +7,7 @@
 use kvmesh_core::api::{Mode, ReasonCode, Role, RouteDecision};
 use kvmesh_core::session::{SessionKey, SessionSource};
 
+use crate::index::TierBlocks;
 use crate::predict::{max_cached_blocks, AdapterCost, WorkerAdapters, WorkerTiming};
 
 /// One worker as the decision sees it.
@@ -20,6 +21,10 @@ pub struct WorkerView<'a> {
     pub overlap_blocks: u32,
     /// Leading blocks credited from recent decisions not yet confirmed by events (sibling bursts).
     pub speculative_blocks: u32,
+    /// Blocks of this prompt the worker holds in lower KV tiers (CPU, disk) right after its
+    /// `overlap_blocks`, per the index: loaded at the tier's bandwidth instead of recomputed
+    /// (`crate::index::KvIndex::find_lower_matches`).
+    pub tier_blocks: TierBlocks,
     /// Decode load in blocks: booked, plus the engine's in-flight requests the indexer did not route.
     pub active_blocks: u64,
     /// In-flight requests routed to the worker.
@@ -138,8 +143,10 @@ pub struct Plan {
     pub opportunity: Option<Opportunity>,
     /// A continuation kept on its decode worker although it was above the disaggregation threshold.
     pub local_continuation: bool,
-    /// Prompt tokens the chosen worker does not cache.
+    /// Prompt tokens the chosen worker does not cache (in any tier it loads from).
     pub uncached_tokens: u64,
+    /// Blocks the chosen worker loads from its lower KV tiers (credited at their load cost).
+    pub tier_blocks: TierBlocks,
     /// Predicted time to first token on the chosen worker, milliseconds.
     pub predicted_ttft_ms: f64,
     /// What the request's adapter costs on the chosen worker (nothing without an adapter, or where

@@ -192,9 +192,10 @@ fn worker_clauses(full_blocks: u32, r: &WorkerReason<'_, '_>) -> (String, Vec<Re
 fn choice_clause(isl: u32, choice: &Choice<'_, '_>) -> String {
     match choice {
         Choice::Override(s) => format!(
-            "override x-kvmesh-worker {}: overlap {}/{isl} blocks, predicted {:.1} ms",
+            "override x-kvmesh-worker {}: overlap {}/{isl} blocks{}, predicted {:.1} ms",
             s.w.id,
             s.w.overlap_blocks,
+            tier_note(s),
             s.ms()
         ),
         Choice::SessionPin { home, source, best_other } => {
@@ -202,10 +203,11 @@ fn choice_clause(isl: u32, choice: &Choice<'_, '_>) -> String {
                 format!(" (best other {} {:.1} ms{})", o.w.id, o.ms(), cost_note(&o))
             });
             format!(
-                "session pin {} (source={}): overlap {}/{isl} blocks, predicted {:.1} ms{}{other}",
+                "session pin {} (source={}): overlap {}/{isl} blocks{}, predicted {:.1} ms{}{other}",
                 home.w.id,
                 source.as_str(),
                 home.w.overlap_blocks,
+                tier_note(home),
                 home.ms(),
                 cost_note(home)
             )
@@ -242,6 +244,15 @@ fn choice_clause(isl: u32, choice: &Choice<'_, '_>) -> String {
 
 /// `sampled at temperature 0.5: best overlap 31/40 blocks (+2 speculative), predicted 14.4 ms
 /// after 300 queued tokens, cost 20.1 ms`.
+/// ` (+12 from cpu) (+3 from disk)`: the blocks `s` loads from lower KV tiers, if any.
+fn tier_note(s: &Scored<'_, '_>) -> String {
+    [(s.loaded.cpu, "cpu"), (s.loaded.disk, "disk")]
+        .into_iter()
+        .filter(|(blocks, _)| *blocks > 0)
+        .map(|(blocks, tier)| format!(" (+{blocks} from {tier})"))
+        .collect()
+}
+
 fn draw_clause(isl: u32, d: &Draw<'_, '_>) -> String {
     let s = &d.chosen;
     let temp = d.sampled_at.map_or(String::new(), |t| format!("sampled at temperature {t}: "));
@@ -258,6 +269,7 @@ fn draw_clause(isl: u32, d: &Draw<'_, '_>) -> String {
     } else {
         String::new()
     };
+    let spec = format!("{spec}{}", tier_note(s));
     let queued = s.w.timing.queued_tokens.round();
     let queued =
         if queued > 0.0 { format!(" after {queued} queued tokens") } else { String::new() };

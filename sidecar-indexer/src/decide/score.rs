@@ -1,7 +1,12 @@
 //! What every stage ranks by: each candidate's predicted TTFT and cost for this request
 //! ([`score`], from [`crate::predict`]; a LoRA request's adapter delay per worker,
-//! [`adapter_delay_s`]), the hard `overload_*` guards ([`overloaded`], [`guarded`]) and the
-//! fallback order. Computed once per request ([`candidates`]); the stages compare these
+//! [`adapter_delay_s`]; the blocks it loads from lower KV tiers, [`loaded_blocks`]), the hard
+//! `overload_*` guards ([`overloaded`], [`guarded`]) and the fallback order.
+//!
+//! A prompt splits per worker into GPU-cached blocks (its index overlap, or the speculative or
+//! migrated ones credited instead), lower-tier blocks (CPU or disk copies continuing that overlap:
+//! loaded at the tier's bandwidth, [`crate::predict::tier_load_s`]) and uncached tokens (computed
+//! at its prefill throughput). Computed once per request ([`candidates`]); the stages compare these
 //! numbers and never compute them again.
 //!
 //! A [`Scored`] candidate carries its index in the worker views the decision was given (`at`):
@@ -13,7 +18,8 @@ use kvmesh_core::rendezvous;
 
 use super::plan::{RouteInput, WorkerView};
 use crate::config::{KvMigration, RoutingConfig};
-use crate::predict::{cost_s, ttft_s, AdapterCost};
+use crate::index::TierBlocks;
+use crate::predict::{cost_s, tier_load_s, ttft_s, AdapterCost};
 
 /// An `overload_*` guard a worker is over: which one, its value and the limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +102,8 @@ pub(crate) struct Scored<'v, 'a> {
     pub cost_s: f64,
     /// Uncached tokens it would compute.
     pub own_tokens: u64,
+    /// Blocks it would load from lower KV tiers instead of computing ([`loaded_blocks`]).
+    pub loaded: TierBlocks,
     /// Blocks it would pull by KV migration instead of recomputing (`kv_migration = "on"`).
     pub migrated_blocks: u32,
 }
@@ -128,9 +136,32 @@ pub(crate) fn score<'v, 'a>(
         migrated_blocks = best_index - cached;
         cached = best_index;
     }
-    let own_tokens = isl - (u64::from(cached) * bs).min(isl);
-    let (ttft, cost) = ttft_and_cost_s(w, own_tokens, cfg);
-    Scored { at, w, ttft_s: ttft, cost_s: cost, own_tokens, migrated_blocks }
+    let loaded = loaded_blocks(w, cached, cfg);
+    let local = u64::from(cached) + u64::from(loaded.total());
+    let own_tokens = isl - (local * bs).min(isl);
+    let load_s =
+        tier_load_s(loaded, block_size, cfg.cpu_load_tokens_per_s, cfg.disk_load_tokens_per_s);
+    let (ttft, cost) = ttft_and_cost_with_load_s(w, own_tokens, load_s, cfg);
+    Scored { at, w, ttft_s: ttft, cost_s: cost, own_tokens, loaded, migrated_blocks }
+}
+
+/// The lower-tier blocks `w` would load for this prompt when its first `cached` blocks count as
+/// on its GPU (its overlap, or speculative / migrated blocks beyond it): what its lower-tier run
+/// ([`WorkerView::tier_blocks`], continuing `overlap_blocks`) adds past `cached`. Where `cached`
+/// covers part of the run, the rest is split between the tiers in the run's proportion (which
+/// block sits in which tier is not kept). Nothing with `kv_tiers = false`.
+pub(crate) fn loaded_blocks(w: &WorkerView<'_>, cached: u32, cfg: &RoutingConfig) -> TierBlocks {
+    let run = w.tier_blocks;
+    if !cfg.kv_tiers || run.total() == 0 {
+        return TierBlocks::default();
+    }
+    let end = w.overlap_blocks.saturating_add(run.total());
+    let left = end.saturating_sub(cached.max(w.overlap_blocks));
+    if left >= run.total() {
+        return run;
+    }
+    let cpu = (u64::from(run.cpu) * u64::from(left) / u64::from(run.total())) as u32;
+    TierBlocks { cpu, disk: left - cpu }
 }
 
 /// The predicted TTFT and the cost of `w` computing `own_tokens` uncached tokens.
@@ -139,7 +170,19 @@ pub(crate) fn ttft_and_cost_s(
     own_tokens: u64,
     cfg: &RoutingConfig,
 ) -> (f64, f64) {
-    let ttft = ttft_s(&w.timing, own_tokens as f64, cfg.prefill_chunk_tokens);
+    ttft_and_cost_with_load_s(w, own_tokens, 0.0, cfg)
+}
+
+/// [`ttft_and_cost_s`] after `load_s` seconds of loading lower-tier blocks first: the engine
+/// loads them before the request's prefill is scheduled (the request waits, the GPU does not),
+/// so the load adds to this request's TTFT but not to the prefill work others queue behind.
+pub(crate) fn ttft_and_cost_with_load_s(
+    w: &WorkerView<'_>,
+    own_tokens: u64,
+    load_s: f64,
+    cfg: &RoutingConfig,
+) -> (f64, f64) {
+    let ttft = ttft_s(&w.timing, own_tokens as f64, cfg.prefill_chunk_tokens) + load_s.max(0.0);
     (ttft, cost_s(&w.timing, ttft, own_tokens as f64, cfg.work_charge))
 }
 

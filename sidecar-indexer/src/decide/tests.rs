@@ -23,6 +23,7 @@ pub(crate) fn view(id: &'static str, overlap: u32, queued: u64) -> WorkerView<'s
         healthy: true,
         overlap_blocks: overlap,
         speculative_blocks: 0,
+        tier_blocks: Default::default(),
         active_blocks: queued / 16,
         active_requests: 0,
         waiting_requests: 0,

@@ -22,12 +22,12 @@ use std::time::{Duration, Instant};
 use kvmesh_core::hashing::SequenceHash;
 use parking_lot::{Mutex, RwLock, RwLockUpgradableReadGuard, RwLockWriteGuard};
 
-use super::apply::{apply_step, step_blocks, ApplyReport, Cursor};
+use super::apply::{apply_step, step_blocks, step_tier, ApplyReport, Cursor};
 use super::budget::QueuePermit;
 use super::decode::EventBatch;
 use super::stats::ListenerStats;
 use crate::approx::ApproxTracker;
-use crate::index::{KvIndex, Room, WorkerSlot};
+use crate::index::{KvIndex, Room, Tier, WorkerSlot};
 use crate::metrics::Metrics;
 
 /// A change for the index.
@@ -94,6 +94,8 @@ pub struct Applier {
     approx: ApproxTracker,
     slots: HashMap<WorkerSlot, Slot>,
     last_mismatch_log: HashMap<WorkerSlot, Instant>,
+    /// Slots already warned about placeholder offload stores (one warning per slot).
+    warned_undescribed: std::collections::HashSet<WorkerSlot>,
     last_bytes_at: Option<Instant>,
 }
 
@@ -148,11 +150,12 @@ impl<'a> Writer<'a> {
         }
     }
 
-    /// Makes room for `blocks` more blocks on `slot` before they are stored, so no insert rehashes
-    /// a table under the write lock: the grown copies are built under an upgradable read (route
-    /// queries go on; no other writer exists, so nothing changes) and swapped in after.
-    fn make_room(&mut self, slot: WorkerSlot, blocks: usize) {
-        let Some(growth) = self.index().growth(slot, blocks) else { return };
+    /// Makes room for `blocks` more blocks on `slot` in `tier` before they are stored, so no
+    /// insert rehashes a table under the write lock: the grown copies are built under an
+    /// upgradable read (route queries go on; no other writer exists, so nothing changes) and
+    /// swapped in after.
+    fn make_room(&mut self, tier: Tier, slot: WorkerSlot, blocks: usize) {
+        let Some(growth) = self.index().growth_in(tier, slot, blocks) else { return };
         let Some(guard) = self.guard.take() else { return };
         self.hold.observe(self.since.elapsed().as_secs_f64());
         let shared = RwLockWriteGuard::downgrade_to_upgradable(guard);
@@ -191,6 +194,7 @@ impl Applier {
             approx: ApproxTracker::new(config.approx_ttl, config.approx_max_blocks_per_worker),
             slots: HashMap::new(),
             last_mismatch_log: HashMap::new(),
+            warned_undescribed: Default::default(),
             last_bytes_at: None,
         }
     }
@@ -237,6 +241,7 @@ impl Applier {
                 w.index().remove_worker(slot);
                 self.approx.forget_worker(slot);
                 self.slots.remove(&slot);
+                self.warned_undescribed.remove(&slot);
                 self.free_slots.lock().push(slot);
             }
             ApplierMsg::Clear { slot, reason } => {
@@ -250,7 +255,7 @@ impl Applier {
                 if !self.slots.contains_key(&slot) {
                     return;
                 }
-                w.make_room(slot, chains.len());
+                w.make_room(Tier::Gpu, slot, chains.len());
                 let index = w.index();
                 index.insert_chain(slot, &chains);
                 let evicted = self.approx.record(slot, &chains, at);
@@ -277,7 +282,7 @@ impl Applier {
         let mut r = ApplyReport::default();
         let mut at = Some(Cursor::default());
         while let Some(c) = at {
-            w.make_room(slot, step_blocks(batch, c, HOLD_BLOCKS));
+            w.make_room(step_tier(batch, c), slot, step_blocks(batch, c, HOLD_BLOCKS));
             let step = apply_step(w.index(), slot, batch, s.block_size, c, HOLD_BLOCKS, &mut r);
             w.spend(step.blocks);
             at = step.next;
@@ -311,8 +316,24 @@ impl Applier {
         if r.unknown_removes > 0 {
             m.kv_unknown_removes.with_label_values(&[w]).inc_by(r.unknown_removes);
         }
+        if r.tier_stored_blocks > 0 {
+            m.kv_blocks.with_label_values(&[w, "tier_stored"]).inc_by(r.tier_stored_blocks);
+        }
+        if r.tier_removed_blocks > 0 {
+            m.kv_blocks.with_label_values(&[w, "tier_removed"]).inc_by(r.tier_removed_blocks);
+        }
         if r.ignored_events > 0 {
             m.kv_ignored.with_label_values(&[w, "tier"]).inc_by(r.ignored_events);
+        }
+        if r.undescribed_stores > 0 {
+            m.kv_ignored.with_label_values(&[w, "undescribed"]).inc_by(r.undescribed_stores);
+            if self.warned_undescribed.insert(slot) {
+                tracing::warn!(
+                    worker = w,
+                    stores = r.undescribed_stores,
+                    "offload-tier BlockStored without token ids (vLLM's placeholder payload); skipped: set the offloading connector's kv_connector_extra_config self_describing_kv_events = true so its CPU/disk tiers can be routed to"
+                );
+            }
         }
         if r.malformed_stores > 0 {
             m.kv_ignored.with_label_values(&[w, "malformed"]).inc_by(r.malformed_stores);

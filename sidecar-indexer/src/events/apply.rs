@@ -3,16 +3,19 @@
 //!
 //! * A `BlockStored` whose `block_size` differs from the configured one is refused and counted: the
 //!   chain hashes would be computed over the wrong token windows and silently never match.
-//! * Stores and removals for other tiers (`medium` other than GPU) or other KV cache groups
-//!   (`group_idx` > 0, hybrid models) are skipped and counted: the index tracks the device cache of
-//!   the main attention group, which is what prefix caching reuses first.
+//! * Stores and removals are applied to the tier their `medium` names ([`Tier::of_medium`]: GPU,
+//!   CPU, disk), each tier's residency apart ([`crate::index`]'s `tiers`): a GPU removal leaves a
+//!   CPU copy. Events for a medium that is not the worker's own (`OBJ`, `EXTERNAL`, unknown), for
+//!   other KV cache groups (`group_idx` > 0, hybrid models), and lower-tier stores without token
+//!   ids (vLLM's placeholder payload when the connector's `self_describing_kv_events` is off:
+//!   `token_ids = []`, `block_size = 0`, nothing to hash) are skipped and counted.
 //! * An orphan store (unknown parent) stores nothing; a worker claiming more blocks than allowed is
 //!   cleared (a resync) because it must have lost removals.
 
 use kvmesh_core::hashing::block_seed;
 
 use super::decode::{EventBatch, KvEvent};
-use crate::index::{KvIndex, StoreOutcome, WorkerSlot};
+use crate::index::{KvIndex, StoreOutcome, Tier, WorkerSlot};
 
 /// What one batch did (feeds metrics and logs).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -22,9 +25,14 @@ pub struct ApplyReport {
     pub removed_events: u64,
     pub cleared_events: u64,
     pub unknown_events: u64,
-    /// Blocks stored / removed.
+    /// GPU blocks stored / removed.
     pub stored_blocks: u64,
     pub removed_blocks: u64,
+    /// Lower-tier (CPU, disk) blocks stored / removed.
+    pub tier_stored_blocks: u64,
+    pub tier_removed_blocks: u64,
+    /// Lower-tier stores without token ids (the connector's placeholder payload): skipped.
+    pub undescribed_stores: u64,
     /// Removals of engine hashes the worker never stored (or already removed).
     pub unknown_removes: u64,
     /// Stores refused for an unknown parent.
@@ -87,6 +95,17 @@ pub fn step_blocks(batch: &EventBatch, at: Cursor, max_blocks: usize) -> usize {
     }
 }
 
+/// The tier the step at `at` writes to (the GPU for anything but a lower-tier event): whose
+/// tables must have room for [`step_blocks`].
+pub fn step_tier(batch: &EventBatch, at: Cursor) -> Tier {
+    match batch.events.get(at.event) {
+        Some(KvEvent::Stored { medium, group_idx, .. }) => {
+            tier_of(medium.as_deref(), *group_idx).unwrap_or(Tier::Gpu)
+        }
+        _ => Tier::Gpu,
+    }
+}
+
 /// Applies one step of `batch` from `at`, adding to `r`: one event, or at most `max_blocks` blocks
 /// of a `BlockStored`. The pieces of a store are the store: each continues the chain from the
 /// previous piece's last engine hash, as if the engine had sent them as consecutive events, so
@@ -117,10 +136,15 @@ pub fn apply_step(
             medium,
             group_idx,
         } => {
+            let Some(tier) = tier_of(medium.as_deref(), *group_idx) else {
+                r.stored_events += 1;
+                r.ignored_events += 1;
+                return done(0);
+            };
             if at.block == 0 {
                 r.stored_events += 1;
-                if !main_tier(medium.as_deref(), *group_idx) {
-                    r.ignored_events += 1;
+                if tier != Tier::Gpu && token_ids.is_empty() && *bs == 0 {
+                    r.undescribed_stores += 1;
                     return done(0);
                 }
                 if *bs != block_size {
@@ -147,13 +171,15 @@ pub fn apply_step(
             let seed = block_seed(lora_name.as_deref(), cache_salt.as_deref());
             let piece = &block_hashes[at.block..end];
             let more = (end < block_hashes.len()).then_some(Cursor { event: at.event, block: end });
-            match index.store(slot, parent, piece, tokens, bs, seed) {
+            let counter =
+                if tier == Tier::Gpu { &mut r.stored_blocks } else { &mut r.tier_stored_blocks };
+            match index.store_in(tier, slot, parent, piece, tokens, bs, seed) {
                 StoreOutcome::Stored { blocks } => {
-                    r.stored_blocks += blocks as u64;
+                    *counter += blocks as u64;
                     return Step { next: more.or(next_event), blocks };
                 }
                 StoreOutcome::Recovered { blocks } => {
-                    r.stored_blocks += blocks as u64;
+                    *counter += blocks as u64;
                     r.recovered_orphans += 1;
                     return Step { next: more.or(next_event), blocks };
                 }
@@ -162,7 +188,7 @@ pub fn apply_step(
                 StoreOutcome::SeedTableFull => r.seed_refusals += 1,
                 StoreOutcome::UnknownWorker => {}
                 StoreOutcome::TooManyBlocks => {
-                    index.clear_worker(slot);
+                    index.clear_in(tier, slot);
                     r.resynced = true;
                 }
             }
@@ -170,13 +196,18 @@ pub fn apply_step(
         }
         KvEvent::Removed { block_hashes, medium, group_idx } => {
             r.removed_events += 1;
-            if !main_tier(medium.as_deref(), *group_idx) {
+            let Some(tier) = tier_of(medium.as_deref(), *group_idx) else {
                 r.ignored_events += 1;
                 return done(0);
-            }
-            let unknown = index.remove(slot, block_hashes) as u64;
+            };
+            let unknown = index.remove_in(tier, slot, block_hashes) as u64;
             r.unknown_removes += unknown;
-            r.removed_blocks += block_hashes.len() as u64 - unknown;
+            let removed = block_hashes.len() as u64 - unknown;
+            if tier == Tier::Gpu {
+                r.removed_blocks += removed;
+            } else {
+                r.tier_removed_blocks += removed;
+            }
             done(block_hashes.len())
         }
         KvEvent::Cleared => {
@@ -191,8 +222,9 @@ pub fn apply_step(
     }
 }
 
-fn main_tier(medium: Option<&str>, group_idx: Option<u32>) -> bool {
-    medium.is_none_or(|m| m.eq_ignore_ascii_case("GPU")) && group_idx.unwrap_or(0) == 0
+/// The tier an event of the main KV cache group applies to; `None`: skipped.
+fn tier_of(medium: Option<&str>, group_idx: Option<u32>) -> Option<Tier> {
+    Tier::of_medium(medium).filter(|_| group_idx.unwrap_or(0) == 0)
 }
 
 #[cfg(test)]
@@ -210,6 +242,25 @@ mod tests {
             cache_salt: None,
             medium: Some("GPU".into()),
             group_idx: None,
+        }
+    }
+
+    fn tier_store(
+        medium: &str,
+        hashes: Vec<u64>,
+        tokens: Vec<u32>,
+        bs: u32,
+        group_idx: Option<u32>,
+    ) -> KvEvent {
+        KvEvent::Stored {
+            block_hashes: hashes,
+            parent: None,
+            token_ids: tokens,
+            block_size: bs,
+            lora_name: None,
+            cache_salt: None,
+            medium: Some(medium.into()),
+            group_idx,
         }
     }
 
@@ -249,19 +300,58 @@ mod tests {
                 ApplyReport { stored_events: 1, orphan_stores: 1, ..Default::default() },
             ),
             (
-                "other tier ignored",
-                vec![KvEvent::Stored {
-                    block_hashes: vec![1],
-                    parent: None,
-                    token_ids: t[..4].to_vec(),
-                    block_size: 4,
-                    lora_name: None,
-                    cache_salt: None,
-                    medium: Some("CPU".into()),
-                    group_idx: None,
-                }],
+                "a CPU store is indexed in the CPU tier, not the GPU's",
+                vec![tier_store("CPU", vec![1], t[..4].to_vec(), 4, None)],
                 0,
-                ApplyReport { stored_events: 1, ignored_events: 1, ..Default::default() },
+                ApplyReport { stored_events: 1, tier_stored_blocks: 1, ..Default::default() },
+            ),
+            (
+                "GPU and CPU removals apply to their own tier",
+                vec![
+                    stored(vec![1, 2], None, t.clone(), 4),
+                    tier_store("CPU", vec![2], t[4..].to_vec(), 4, None),
+                    KvEvent::Removed { block_hashes: vec![2], medium: None, group_idx: None },
+                    KvEvent::Removed {
+                        block_hashes: vec![1],
+                        medium: Some("CPU".into()),
+                        group_idx: None,
+                    },
+                ],
+                1,
+                ApplyReport {
+                    stored_events: 2,
+                    stored_blocks: 2,
+                    tier_stored_blocks: 1,
+                    removed_events: 2,
+                    removed_blocks: 1,
+                    unknown_removes: 1,
+                    ..Default::default()
+                },
+            ),
+            (
+                "a shared store and another group are skipped",
+                vec![
+                    tier_store("OBJ", vec![1], t[..4].to_vec(), 4, None),
+                    tier_store("GPU", vec![1], t[..4].to_vec(), 4, Some(1)),
+                    KvEvent::Removed {
+                        block_hashes: vec![1],
+                        medium: Some("EXTERNAL".into()),
+                        group_idx: None,
+                    },
+                ],
+                0,
+                ApplyReport {
+                    stored_events: 2,
+                    removed_events: 1,
+                    ignored_events: 3,
+                    ..Default::default()
+                },
+            ),
+            (
+                "a placeholder offload store (no token ids) is skipped",
+                vec![tier_store("CPU", vec![1], vec![], 0, Some(0))],
+                0,
+                ApplyReport { stored_events: 1, undescribed_stores: 1, ..Default::default() },
             ),
             (
                 "store, remove one, unknown remove",

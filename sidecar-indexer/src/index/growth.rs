@@ -1,14 +1,16 @@
 //! Growing the index's tables off the write lock: a store that would grow a table (rehashing
 //! every entry, a second at the default bound) has the grown copy built from `&self` while route
 //! queries go on under the read lock, and only swapped in under the write lock (the applier is
-//! the one writer, so nothing changes in between).
+//! the one writer, so nothing changes in between). A lower tier's tables ([`super::tiers`]) grow
+//! the same way: [`Growth`] names the tier.
 
 use super::slots::{BlockSlot, RefSlot};
 use super::table::Table;
-use super::{KvIndex, WorkerSlot};
+use super::{KvIndex, Tier, WorkerSlot};
 
 /// Which tables storing more blocks would grow, to how many lines ([`KvIndex::growth`]).
 pub struct Growth {
+    tier: Tier,
     blocks: Option<usize>,
     map: Option<(WorkerSlot, usize)>,
 }
@@ -16,18 +18,28 @@ pub struct Growth {
 /// Tables grown ahead of stores: built from `&self` ([`KvIndex::room_for`], while route queries
 /// go on under the read lock) and swapped in under the write lock ([`KvIndex::make_room`]).
 pub struct Room {
+    tier: Tier,
     blocks: Option<Table<BlockSlot, 4>>,
     map: Option<(WorkerSlot, Table<RefSlot, 2>)>,
 }
 
 impl KvIndex {
-    /// How storing `blocks` more blocks on `slot` would grow the tables (`None`: they fit). Cheap;
-    /// the growth itself rehashes every entry, O(entries): milliseconds at a few hundred thousand
-    /// blocks, a second at the default bound — [`KvIndex::room_for`] does it off the write lock.
+    /// How storing `blocks` more blocks on `slot` would grow the GPU tables (`None`: they fit).
+    /// Cheap; the growth itself rehashes every entry, O(entries): milliseconds at a few hundred
+    /// thousand blocks, a second at the default bound — [`KvIndex::room_for`] does it off the
+    /// write lock.
     pub fn growth(&self, slot: WorkerSlot, blocks: usize) -> Option<Growth> {
+        self.growth_in(Tier::Gpu, slot, blocks)
+    }
+
+    /// [`KvIndex::growth`] for the tables of `tier` (`None` too for a tier not created yet: its
+    /// first store grows empty tables, which costs nothing).
+    pub fn growth_in(&self, tier: Tier, slot: WorkerSlot, blocks: usize) -> Option<Growth> {
+        let own = self.tier(tier)?;
         let growth = Growth {
-            blocks: self.blocks.lines_for(blocks),
-            map: self
+            tier,
+            blocks: own.blocks.lines_for(blocks),
+            map: own
                 .workers
                 .get(slot as usize)
                 .and_then(|w| w.map.lines_for(blocks))
@@ -39,24 +51,26 @@ impl KvIndex {
     /// Copies of the tables `growth` names, already grown. O(entries), from `&self`: the caller
     /// holds a lock that keeps writers out until [`KvIndex::make_room`], and readers in.
     pub fn room_for(&self, growth: Growth) -> Room {
-        Room {
-            blocks: growth.blocks.map(|lines| self.blocks.rehashed(lines)),
-            map: growth.map.and_then(|(slot, lines)| {
-                self.workers.get(slot as usize).map(|w| (slot, w.map.rehashed(lines)))
-            }),
-        }
+        let mut room = Room { tier: growth.tier, blocks: None, map: None };
+        let Some(own) = self.tier(growth.tier) else { return room };
+        room.blocks = growth.blocks.map(|lines| own.blocks.rehashed(lines));
+        room.map = growth.map.and_then(|(slot, lines)| {
+            own.workers.get(slot as usize).map(|w| (slot, w.map.rehashed(lines)))
+        });
+        room
     }
 
     /// Swaps in the tables of `room`, which [`KvIndex::room_for`] built from this very state (no
     /// write in between); returns the replaced tables, for the caller to free after it unlocks.
     pub fn make_room(&mut self, room: Room) -> Room {
-        let mut old = Room { blocks: None, map: None };
+        let mut old = Room { tier: room.tier, blocks: None, map: None };
+        let Some(own) = self.tier_mut(room.tier) else { return old };
         if let Some(t) = room.blocks {
-            debug_assert_eq!(t.len(), self.blocks.len(), "the block table changed after room_for");
-            old.blocks = Some(std::mem::replace(&mut self.blocks, t));
+            debug_assert_eq!(t.len(), own.blocks.len(), "the block table changed after room_for");
+            old.blocks = Some(std::mem::replace(&mut own.blocks, t));
         }
         if let Some((slot, t)) = room.map {
-            if let Some(w) = self.workers.get_mut(slot as usize) {
+            if let Some(w) = own.workers.get_mut(slot as usize) {
                 debug_assert_eq!(t.len(), w.map.len(), "the worker's map changed after room_for");
                 old.map = Some((slot, std::mem::replace(&mut w.map, t)));
             }

@@ -203,7 +203,7 @@ impl KvIndex {
 
     /// The word of block `chain`, marking the block used.
     #[inline(always)]
-    fn lookup(&self, chain: u64) -> Option<u64> {
+    pub(super) fn lookup(&self, chain: u64) -> Option<u64> {
         let s = self.blocks.get(chain)?;
         let word = s.word.load(Ordering::Relaxed);
         // Only the applier writes under the write lock; under the read lock every query writes the

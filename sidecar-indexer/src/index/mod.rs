@@ -33,6 +33,12 @@
 //! * Local-hash seeds (LoRA × `cache_salt`, client-chosen) are kept once in [`seeds`] and named by
 //!   id from each mapping; ids no mapping uses are reclaimed, so cycled salts cannot fill it.
 //! * Tables grow off the write lock ([`growth`]).
+//! * Lower tiers (CPU memory, disk: vLLM's offloading connector, SGLang's HiCache) are each an
+//!   index of this same shape over the same worker slots, created on the tier's first store and
+//!   kept beside the GPU one ([`tiers`]): a block's residency is per (block, worker, tier), so a
+//!   GPU removal leaves a CPU copy indexed and the other way round. [`KvIndex::find_matches`] reads
+//!   the GPU index alone; [`KvIndex::find_lower_matches`] continues each worker's GPU match into
+//!   the lower tiers.
 //!
 //! Everything here is synchronous and free of I/O; the applier thread owns writes.
 
@@ -44,6 +50,7 @@ mod recovery;
 mod seeds;
 mod slots;
 mod table;
+mod tiers;
 mod workers;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,6 +66,7 @@ pub(crate) use slots::block_hash;
 pub use slots::BlockRef;
 use slots::{BlockSlot, RefSlot, AGE_NEW, AGE_USED};
 use table::Table;
+pub use tiers::{Tier, TierBlocks, TierScores};
 use workers::{Bitmaps, Holders, AGE_MASK, AGE_SHIFT};
 pub use workers::{WorkerSlot, MAX_SLOT};
 
@@ -116,6 +124,9 @@ pub struct KvIndex {
     scratch: Vec<u64>,
     /// Prompts routed to each worker, for orphan recovery (written under the read lock).
     routed: parking_lot::Mutex<RoutedPrompts>,
+    /// The lower tiers' indexes ([`Tier::Cpu`], [`Tier::Disk`]), each created on its first store
+    /// ([`tiers`]); always `None` inside a lower tier's own index.
+    lower: [Option<Box<KvIndex>>; 2],
 }
 
 impl KvIndex {
@@ -135,11 +146,15 @@ impl KvIndex {
             evictions: 0,
             scratch: Vec::new(),
             routed: Default::default(),
+            lower: [None, None],
         }
     }
 
     /// Changes the bounds (a reload); evicts at once if the index is now over.
     pub fn set_limits(&mut self, max_entries: usize, max_blocks_per_worker: usize) {
+        for t in self.lower.iter_mut().flatten() {
+            t.set_limits(max_entries, max_blocks_per_worker);
+        }
         self.max_entries = max_entries.max(1);
         self.max_blocks_per_worker = max_blocks_per_worker.max(1);
         self.enforce_bound();
@@ -158,18 +173,13 @@ impl KvIndex {
         }
         self.bitmaps.ensure_slots(i + 1);
         self.workers[i].active = true;
-    }
-
-    /// Forgets everything `slot` holds and retires it (its blocks leave the index).
-    pub fn remove_worker(&mut self, slot: WorkerSlot) {
-        self.clear_worker(slot);
-        if let Some(w) = self.workers.get_mut(slot as usize) {
-            w.active = false;
+        for t in self.lower.iter_mut().flatten() {
+            t.add_worker(slot);
         }
     }
 
-    /// Forgets everything `slot` holds (`AllBlocksCleared`, a resync) but keeps it registered.
-    pub fn clear_worker(&mut self, slot: WorkerSlot) {
+    /// Forgets everything `slot` holds in this tier's index (see [`KvIndex::clear_worker`]).
+    fn clear_own(&mut self, slot: WorkerSlot) {
         let Some(w) = self.workers.get_mut(slot as usize) else { return };
         let map = w.map.take();
         let chains: Vec<u64> = map.iter().map(|s| s.r.chain.0).collect();
@@ -226,6 +236,23 @@ impl KvIndex {
         block_size: usize,
         root_seed: u64,
     ) -> StoreOutcome {
+        self.store_from(slot, parent, None, block_hashes, token_ids, block_size, root_seed)
+    }
+
+    /// [`KvIndex::store`], with `known_parent` = the chain hash and seed of `parent` when another
+    /// tier of the same worker maps it (a CPU store continuing a block still on the GPU): used when
+    /// this tier's own map lacks `parent`.
+    #[allow(clippy::too_many_arguments)]
+    fn store_from(
+        &mut self,
+        slot: WorkerSlot,
+        parent: Option<u64>,
+        known_parent: Option<(SequenceHash, u64)>,
+        block_hashes: &[u64],
+        token_ids: &[u32],
+        block_size: usize,
+        root_seed: u64,
+    ) -> StoreOutcome {
         if block_size == 0 || token_ids.len() != block_hashes.len() * block_size {
             return StoreOutcome::Malformed;
         }
@@ -233,10 +260,21 @@ impl KvIndex {
             return StoreOutcome::UnknownWorker;
         };
         let mut recovered = false;
+        let mut hinted = false;
         let (mut prev, seed_id) = match parent {
             None => (None, None),
             Some(p) => match w.map.get(p) {
                 Some(s) => (Some(s.r.chain), Some(s.r.seed_id())),
+                // The parent is in another tier only: this tier's holdings are no longer
+                // prefix-closed (the worker is dirty, see `find_matches`).
+                None if known_parent.is_some() => {
+                    let Some((chain, seed)) = known_parent else { return StoreOutcome::Orphan };
+                    hinted = true;
+                    match self.seeds.intern(seed) {
+                        Some(id) => (Some(chain), Some(id)),
+                        None => return StoreOutcome::SeedTableFull,
+                    }
+                }
                 None => match self.recover_parent(slot, p, token_ids, block_size, root_seed) {
                     Some(chain) => {
                         recovered = true;
@@ -273,6 +311,9 @@ impl KvIndex {
             }
         }
         self.scratch = chains;
+        if hinted {
+            self.set_dirty(slot, true);
+        }
         self.enforce_bound();
         if self.worker_blocks(slot) > self.max_blocks_per_worker {
             return StoreOutcome::TooManyBlocks;
@@ -516,9 +557,9 @@ impl KvIndex {
         self.entries
     }
 
-    /// Blocks evicted by the memory bound since start.
+    /// Blocks evicted by the memory bound since start, every tier's.
     pub fn evictions(&self) -> u64 {
-        self.evictions
+        self.evictions + self.lower.iter().flatten().map(|t| t.evictions).sum::<u64>()
     }
 
     /// Engine-hash mappings `slot` holds (its blocks per events, evicted or not).
@@ -540,10 +581,12 @@ impl KvIndex {
             .map_or_else(Vec::new, |w| w.map.iter().map(|s| (s.key, s.r)).collect())
     }
 
-    /// Heap bytes held (tables, bitmap arena, per-worker tables, seeds) — what is allocated, at
-    /// capacity, not an estimate per entry.
+    /// Heap bytes held (tables, bitmap arena, per-worker tables, seeds; every tier's) — what is
+    /// allocated, at capacity, not an estimate per entry.
     pub fn approx_bytes(&self) -> usize {
-        let mut total = self.blocks.bytes()
+        let lower: usize = self.lower.iter().flatten().map(|t| t.approx_bytes()).sum();
+        let mut total = lower
+            + self.blocks.bytes()
             + self.bitmaps.bytes()
             + self.workers.capacity() * std::mem::size_of::<WorkerBlocks>();
         total += self.workers.iter().map(|w| w.map.bytes()).sum::<usize>();

@@ -19,6 +19,7 @@ use super::ApiError;
 use crate::catalog::RouteModel;
 use crate::config::{Config, IndexMode};
 use crate::decide::{decide, DecideError, Leg, Plan, RouteInput, WorkerView};
+use crate::index::{OverlapScores, TierBlocks, TierScores};
 use crate::load::LoadTracker;
 use crate::predict::{WorkerAdapters, WorkerTiming};
 use crate::state::{AppState, Fleet, Placement};
@@ -34,7 +35,17 @@ pub fn decide_and_book<'a>(
 ) -> Result<(Plan, Booking<'a>, Record), ApiError> {
     let metrics = RouteMetrics(&state.metrics);
     let t_match = Instant::now();
-    let scores = state.index.read().find_matches(&prompt.chains);
+    let (scores, tiers) = {
+        let index = state.index.read();
+        let scores = index.find_matches(&prompt.chains);
+        // Lower KV tiers continuing each GPU match (nothing to walk without tier events).
+        let tiers = if cfg.routing.kv_tiers {
+            index.find_lower_matches(&prompt.chains, &scores)
+        } else {
+            TierScores::new()
+        };
+        (scores, tiers)
+    };
     metrics.matched(t_match.elapsed());
 
     let t_score = Instant::now();
@@ -78,7 +89,8 @@ pub fn decide_and_book<'a>(
     let mut load = state.load.lock();
     let mut placement = state.placement.lock();
     let request = ViewOf { model, chains: &prompt.chains, overlaps: &overlaps, front: &req.front };
-    let views = views(&fleet, &request, &load, &placement, cfg, now);
+    let mut views = views(&fleet, &request, &load, &placement, cfg, now);
+    with_tiers(&mut views, &fleet, &scores, &tiers, &overlaps);
     let plan = decide(&input, &views, &cfg.routing, &mut placement.rng).map_err(|e| match e {
         DecideError::UnknownOverrideWorker(_) => ApiError::bad_request(e.reason(), e.to_string()),
         _ => ApiError::unavailable(e.reason(), e.to_string()),
@@ -226,6 +238,7 @@ pub fn views<'a>(
                 healthy: w.gets_traffic(),
                 overlap_blocks: overlap,
                 speculative_blocks: speculative,
+                tier_blocks: TierBlocks::default(), // per prompt: `with_tiers`
                 active_blocks: booked.active_blocks + unseen * per_request,
                 active_requests: booked.active_requests,
                 waiting_requests: waiting,
@@ -251,6 +264,35 @@ pub fn views<'a>(
             }
         })
         .collect()
+}
+
+/// Sets each view's lower-tier blocks: of the worker's rank whose GPU match is the worker's
+/// overlap (`overlaps`, fleet order), its run continuing that match (`tiers`). The views are the
+/// fleet's workers in fleet order, some left out.
+fn with_tiers(
+    views: &mut [WorkerView<'_>],
+    fleet: &Fleet,
+    scores: &OverlapScores,
+    tiers: &TierScores,
+    overlaps: &[u32],
+) {
+    if tiers.is_empty() {
+        return;
+    }
+    let mut runs = vec![TierBlocks::default(); fleet.workers.len()];
+    for &(slot, run) in tiers {
+        let Some(&i) = fleet.slot_owner.get(&slot) else { continue };
+        let gpu = scores.iter().find(|m| m.0 == slot).map_or(0, |m| m.1);
+        if overlaps.get(i) == Some(&gpu) && run.total() > runs[i].total() {
+            runs[i] = run;
+        }
+    }
+    let mut views = views.iter_mut().peekable();
+    for (w, run) in fleet.workers.iter().zip(runs) {
+        if let Some(v) = views.next_if(|v| v.id == w.cfg.id) {
+            v.tier_blocks = run;
+        }
+    }
 }
 
 /// Records a decision for the next ones: its prefill joins the backlog of the worker that

@@ -80,7 +80,8 @@ impl FleetTiming {
 /// tokens/s (8,000 per wall-clock second per worker, chunk 819), paced 1,000 (8,000, chunk 410).
 pub fn default_timing(kind: WorkloadKind) -> FleetTiming {
     let (speedup, prefill) = match kind {
-        WorkloadKind::Trace | WorkloadKind::Siblings | WorkloadKind::Cold => {
+        // Tiers: single-turn, timed as cold (its CPU load rate is the indexer's default at 1×).
+        WorkloadKind::Trace | WorkloadKind::Siblings | WorkloadKind::Cold | WorkloadKind::Tiers => {
             (1.0, SIM_DEFAULT_PREFILL_TPS)
         }
         // Models: agentic turns, timed as agentic.
@@ -126,6 +127,10 @@ pub fn arrival_cost_tokens(kind: WorkloadKind) -> f64 {
         // Agentic sessions; its (model, system prompt) pairs (14) are more than agentic's 3, so a
         // policy blind to them misses more first prompts: assumed as agentic until measured.
         WorkloadKind::Models => 20_000.0,
+        // ~4.2k tokens a request; a worker's GPU + CPU holds ~38 % of the documents, round_robin
+        // shows each worker all of them (uniform draws: ~38 % hit, CPU loads not computed):
+        // ~2.7k computed tokens, 3,000 assumed until measured.
+        WorkloadKind::Tiers => 3_000.0,
         // 5.5 turns a session, ~1 KB added a turn after a 200–600-word first message, the same
         // round_robin misses: ~16 KB ≈ 3,000 tokens a session (at 3 turns the same count gives
         // 1,700; 1,500 was measured for ~3 turns a session at 15-s points without warm-up).

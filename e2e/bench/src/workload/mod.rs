@@ -1,4 +1,4 @@
-//! The load-sweep workloads: one schedule type for all six, and each schedule's intrinsic ceiling (pure).
+//! The load-sweep workloads: one schedule type for all seven, and each schedule's intrinsic ceiling (pure).
 //!
 //! A [`Schedule`] is a list of [`Session`]s. A session starts at `start_ms` (open loop: Poisson or
 //! trace arrivals at the point's rate) and runs its turns in order, closed loop: turn `k + 1` is
@@ -35,11 +35,13 @@
 //! (`sweep::point_ttft_floor_p90_ms`).
 //!
 //! Generators live in `gen` (agentic chat, sibling bursts, paced sessions, cold single-turn) and
-//! `trace` (the Mooncake conversation trace), `models` (several models and their adapters); all
-//! randomness is SplitMix64 from a seed.
+//! `trace` (the Mooncake conversation trace), `models` (several models and their adapters),
+//! `tiers` (shared documents beyond the GPU cache, within GPU + CPU); all randomness is SplitMix64
+//! from a seed.
 
 pub mod gen;
 pub mod models;
+pub mod tiers;
 pub mod trace;
 
 use crate::ceiling::Ceiling;
@@ -47,7 +49,7 @@ use kvmesh_core::hashing::xxh3;
 use serde_json::{json, Value};
 use std::collections::HashSet;
 
-/// The six workloads of the sweep.
+/// The seven workloads of the sweep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WorkloadKind {
     /// The Mooncake conversation trace, a window compressed into the point and thinned by
@@ -65,12 +67,22 @@ pub enum WorkloadKind {
     /// Several models (issue 44): agentic chats over two base models and their Zipf-popular
     /// LoRA adapters, system prompts shared by a base model's adapters (`models`).
     Models,
+    /// Offload tiers (issue 46): shared documents whose working set exceeds the fleet's GPU KV
+    /// cache and fits GPU + CPU, on a fleet with a CPU tier (`tiers`).
+    Tiers,
 }
 
 impl WorkloadKind {
     /// Every workload, in report order.
-    pub const ALL: [WorkloadKind; 6] =
-        [Self::Trace, Self::Agentic, Self::Siblings, Self::Paced, Self::Cold, Self::Models];
+    pub const ALL: [WorkloadKind; 7] = [
+        Self::Trace,
+        Self::Agentic,
+        Self::Siblings,
+        Self::Paced,
+        Self::Cold,
+        Self::Models,
+        Self::Tiers,
+    ];
 
     /// Name in files, flags and the report.
     pub fn name(self) -> &'static str {
@@ -81,6 +93,7 @@ impl WorkloadKind {
             Self::Paced => "paced",
             Self::Cold => "cold",
             Self::Models => "models",
+            Self::Tiers => "tiers",
         }
     }
 
@@ -121,7 +134,7 @@ impl WorkloadKind {
     /// What the rate of a sweep point counts.
     pub fn rate_unit(self) -> &'static str {
         match self {
-            Self::Trace | Self::Cold => "requests/s",
+            Self::Trace | Self::Cold | Self::Tiers => "requests/s",
             Self::Agentic | Self::Paced | Self::Models => "sessions/s",
             Self::Siblings => "bursts/s",
         }
@@ -136,6 +149,7 @@ impl WorkloadKind {
             Self::Paced => "paced sessions: 3–8 turns, 10–60 s think time between turns (÷ sim speed-up), 2 KB shared system prompts",
             Self::Cold => "cold single-turn: distinct 4–16k-token prompts, Poisson arrivals, nothing to reuse",
             Self::Models => "several models: agentic chats, 60% deepseek-v4 (+3 adapters) / 40% deepseek-v4-mini (+2 adapters), the base or an adapter Zipf(1.1)-popular, 2 system prompts of 16–32 KB per base model shared by its adapters",
+            Self::Tiers => "offload tiers: 64 shared documents of 3–5k tokens (~256k tokens: twice the fleet's GPU KV, within GPU + CPU) drawn uniformly, each request one plus a 32–160-token question, Poisson arrivals; workers with 2,048 GPU and 4,096 CPU-tier blocks",
         }
     }
 }

@@ -12,6 +12,12 @@
 //! preempts the most recently admitted request (its blocks are freed; it restarts from its
 //! prefix hits), and no waiting request is admitted in a step that preempted.
 //!
+//! CPU offload tier (`cpu_offload_blocks` > 0, [`crate::offload`]): a waiting request's GPU prefix
+//! hit is continued by the blocks the tier holds consecutively after it; they are copied into the
+//! request's new GPU blocks (cached there again) and the step admitting it lasts their tokens /
+//! `cpu_load_tokens_per_s` longer (a load the step waits for; vLLM's connector loads
+//! asynchronously and only the request waits — the same TTFT for the request).
+//!
 //! LoRA (`max_loras` set): a waiting request whose adapter would make more than `max_loras`
 //! distinct adapters in the batch is skipped (it keeps its place; later requests may go first, as
 //! in vLLM), and a step whose batch runs an adapter not in a GPU slot lasts `lora_load_ms` longer
@@ -71,6 +77,10 @@ pub struct SchedulerConfig {
     pub max_loras: Option<usize>,
     /// Time to load one adapter into a slot, milliseconds (divided by the speedup).
     pub lora_load_ms: f64,
+    /// Blocks of the CPU offload tier (`--cpu-offload-blocks`; 0: none).
+    pub cpu_offload_blocks: usize,
+    /// Tokens per second loaded from the CPU tier into GPU blocks (`--cpu-load-tokens-per-s`).
+    pub cpu_load_tokens_per_s: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +118,8 @@ struct Request {
     remote: Remote,
     /// Local prefix-hit tokens when a consumer started its pull.
     local_hit: usize,
+    /// Prompt tokens its first admission loaded from the CPU offload tier.
+    offloaded_tokens: usize,
     /// Times this request was preempted (a re-admission's lookup is counted apart, as vLLM does).
     preemptions: u32,
     /// Phase timestamps on the scheduler's clock (vLLM's QUEUED, first SCHEDULED, first and last token).
@@ -147,12 +159,15 @@ pub struct Scheduler {
     stats: SchedStats,
     /// Adapters in GPU slots (LoRA enabled).
     slots: Option<Slots>,
+    /// Tokens the requests admitted in the step being scheduled load from the CPU tier.
+    step_load_tokens: usize,
 }
 
 impl Scheduler {
     /// An idle engine with an empty cache.
     pub fn new(cfg: SchedulerConfig, vocab: Arc<OutputVocab>) -> Self {
-        let pool = BlockPool::new(cfg.num_gpu_blocks, cfg.block_size);
+        let pool =
+            BlockPool::new(cfg.num_gpu_blocks, cfg.block_size).with_offload(cfg.cpu_offload_blocks);
         let slots = cfg.max_loras.map(Slots::new);
         Self {
             slots,
@@ -168,6 +183,7 @@ impl Scheduler {
             hold_expiry: VecDeque::new(),
             now_hint: Duration::ZERO,
             stats: SchedStats::default(),
+            step_load_tokens: 0,
         }
     }
 
@@ -259,6 +275,7 @@ impl Scheduler {
                 producer,
                 remote,
                 local_hit: 0,
+                offloaded_tokens: 0,
                 preemptions: 0,
                 queued_at: now.max(self.now_hint),
                 scheduled_at: None,
@@ -343,8 +360,10 @@ impl Scheduler {
                 r.first_token_at = Some(end);
                 let cached = r.cached_tokens.unwrap_or(0).min(r.num_prompt);
                 // A consumer's cached tokens beyond its local hits came over NIXL.
-                let external =
+                let pulled =
                     if r.remote == Remote::Done { cached.saturating_sub(r.local_hit) } else { 0 };
+                // So did the tokens loaded from the CPU tier (vLLM: a connector's hits).
+                let external = (pulled + r.offloaded_tokens).min(cached);
                 self.stats.prompt_tokens += r.num_prompt as u64;
                 self.stats.prompt_tokens_cached += cached as u64;
                 self.stats.prompt_tokens_external += external as u64;
@@ -481,6 +500,11 @@ impl Scheduler {
                 end += self.cfg.timing.lora_loads(loads, self.cfg.lora_load_ms);
             }
         }
+        // Blocks loaded from the CPU tier arrive before the step computes past them.
+        let load = std::mem::take(&mut self.step_load_tokens);
+        if load > 0 {
+            end += self.cfg.timing.offload_load(load as u64, self.cfg.cpu_load_tokens_per_s);
+        }
         let events = self.pool.take_events();
         self.inflight = Some(Inflight { end, work, events });
     }
@@ -530,21 +554,37 @@ impl Scheduler {
         // vLLM never serves a whole prompt from cache: the last token is always computed.
         let max_hit = ((r.tokens.len() - 1) / bs).min(r.hashes.len());
         let hit = self.pool.lookup(&r.hashes[..max_hit]);
-        let hit_tokens = hit.blocks * bs;
+        // The CPU tier continues the GPU hit with the blocks it holds consecutively after it.
+        let offloaded = self.pool.offload_run(&r.hashes[hit.blocks..max_hit]);
+        let local = hit.blocks + offloaded;
+        let hit_tokens = local * bs;
         let n = (r.tokens.len() - hit_tokens).min(budget);
         let need = (hit_tokens + n).div_ceil(bs) - hit.blocks;
         if need + hit.evictable > self.pool.num_free() {
             return None;
         }
         self.pool.acquire_cached(&r.hashes[..hit.blocks], &mut r.blocks);
-        if !self.pool.allocate(need, &mut r.blocks) {
-            // Unreachable given the check above; undo rather than trust it.
+        let loaded = self.pool.load_offloaded(&r.hashes[hit.blocks..local]);
+        if loaded.len() < offloaded || !self.pool.allocate(need, &mut r.blocks) {
+            // Unreachable given the checks above; undo rather than trust them.
             self.pool.free(&r.blocks);
             r.blocks.clear();
             return None;
         }
+        // The loaded blocks are cached on the GPU again (their `BlockStored`, medium GPU).
+        for (i, tokens) in loaded.iter().enumerate() {
+            self.pool.write_tokens(r.blocks[hit.blocks + i], 0, tokens);
+        }
+        if offloaded > 0 {
+            self.pool.cache_blocks(&r.blocks, &r.hashes, hit.blocks, local, r.lora.as_ref());
+            self.step_load_tokens += offloaded * bs;
+            self.stats.offload_loaded_tokens += (offloaded * bs) as u64;
+        }
         r.num_computed = hit_tokens;
-        r.num_cached_blocks = hit.blocks;
+        r.num_cached_blocks = local;
+        if r.cached_tokens.is_none() {
+            r.offloaded_tokens = offloaded * bs;
+        }
         r.cached_tokens.get_or_insert(hit_tokens);
         r.scheduled_at.get_or_insert(self.now_hint);
         // vLLM's `PrefixCacheStats.record(preempted=…)`: a preempted request re-hitting its own
@@ -554,8 +594,14 @@ impl Scheduler {
             self.stats.preempted_queries += r.tokens.len() as u64;
             self.stats.preempted_hits += hit_tokens as u64;
         } else {
+            // vLLM counts the GPU prefix cache's own hits here, and the offloading connector's
+            // (queried for the tokens past them) as external ones.
             self.stats.prefix_queries += r.tokens.len() as u64;
-            self.stats.prefix_hits += hit_tokens as u64;
+            self.stats.prefix_hits += (hit.blocks * bs) as u64;
+            if self.pool.offload().is_some() {
+                self.stats.external_queries += (r.tokens.len() - hit.blocks * bs) as u64;
+                self.stats.external_hits += (offloaded * bs) as u64;
+            }
         }
         Some(n)
     }

@@ -32,6 +32,8 @@ fn cfg(blocks: u32) -> SchedulerConfig {
         kv_transfer_timeout: Duration::from_secs(5),
         max_loras: None,
         lora_load_ms: 0.0,
+        cpu_offload_blocks: 0,
+        cpu_load_tokens_per_s: 100_000.0,
     }
 }
 
@@ -631,4 +633,65 @@ fn loaded_adapters_take_a_slot_and_unloaded_ones_leave_it() {
     let mut plain = Scheduler::new(cfg(8), vocab());
     plain.adapter_loaded(1);
     assert!(plain.resident_adapters().is_empty());
+}
+
+#[test]
+fn blocks_evicted_to_the_cpu_tier_are_loaded_back_at_the_load_bandwidth() {
+    let cfg = SchedulerConfig { cpu_offload_blocks: 8, cpu_load_tokens_per_s: 4000.0, ..cfg(6) };
+    let mut s = Scheduler::new(cfg, vocab());
+    let a: Vec<u32> = (0..17).collect();
+    let b: Vec<u32> = (100..117).collect();
+    let mut log = Log::default();
+    s.submit(req(1, &a, 1)).unwrap();
+    let t = run(&mut s, Duration::ZERO, Duration::from_secs(10), &mut log);
+    // B needs 5 of the 6 blocks: A's blocks 3, 2, 1 are evicted (tail first) to the CPU tier.
+    s.submit_at(req(2, &b, 1), t).unwrap();
+    let t = run(&mut s, t, Duration::from_secs(10), &mut log);
+    let ha = chain(&a, BS, None);
+    let offloaded: Vec<u64> = log
+        .events()
+        .iter()
+        .filter_map(|e| match e {
+            KvEvent::OffloadStored { block_hash, .. } => Some(*block_hash),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(offloaded, [ha[3], ha[2], ha[1]]);
+    // A again: block 0 from the GPU, blocks 1..4 loaded from the CPU (12 tokens at 4 per ms:
+    // 3 ms), the last token computed (1 ms).
+    s.submit_at(req(3, &a, 1), t).unwrap();
+    let mut again = Log::default();
+    run(&mut s, t, t + Duration::from_secs(10), &mut again);
+    let done = again.finished(3).unwrap();
+    assert_eq!((done.cached_tokens, done.prefill_computed_tokens), (16, 1));
+    assert_eq!(again.tokens(3)[0].0 - t, 4 * MS);
+    // The loaded blocks are cached on the GPU again, and announced there.
+    let reloaded = KvEvent::BlockStored {
+        block_hashes: ha[1..4].to_vec(),
+        parent_block_hash: Some(ha[0]),
+        token_ids: a[4..16].to_vec(),
+        block_size: 4,
+        lora: None,
+    };
+    assert!(again.events().contains(&reloaded), "{:?}", again.events());
+    let stats = s.stats();
+    assert_eq!(stats.offload_loaded_tokens, 12);
+    assert_eq!((stats.external_hits, stats.prefix_hits), (12, 4), "GPU hits apart from loads");
+}
+
+#[test]
+fn without_a_cpu_tier_an_evicted_prefix_is_recomputed() {
+    let mut s = Scheduler::new(cfg(6), vocab());
+    let a: Vec<u32> = (0..17).collect();
+    let mut log = Log::default();
+    s.submit(req(1, &a, 1)).unwrap();
+    let t = run(&mut s, Duration::ZERO, Duration::from_secs(10), &mut log);
+    s.submit_at(req(2, &(100..117).collect::<Vec<u32>>(), 1), t).unwrap();
+    let t = run(&mut s, t, Duration::from_secs(10), &mut log);
+    s.submit_at(req(3, &a, 1), t).unwrap();
+    let mut again = Log::default();
+    run(&mut s, t, t + Duration::from_secs(10), &mut again);
+    assert_eq!(again.finished(3).unwrap().cached_tokens, 4);
+    assert_eq!(again.tokens(3)[0].0 - t, 13 * MS);
+    assert!(log.events().iter().all(|e| !matches!(e, KvEvent::OffloadStored { .. })));
 }

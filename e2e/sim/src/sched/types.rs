@@ -263,6 +263,8 @@ pub struct SchedStats {
     pub steps: u64,
     /// LoRA adapters loaded into a GPU slot by a step (each cost `lora_load_ms`).
     pub lora_loads: u64,
+    /// Prompt tokens loaded from the CPU offload tier instead of computed.
+    pub offload_loaded_tokens: u64,
 }
 
 /// What `kv_load_failure_policy` says to do when a pull fails.

@@ -16,7 +16,7 @@ use kvmesh_bench::workload::{trace::TraceConfig, WorkloadKind};
 #[derive(Args, Debug, Clone)]
 pub struct SweepArgs {
     /// Workloads, comma-separated (trace, agentic, siblings, paced, cold; and models, several
-    /// models on `--workers` split between them, only when named).
+    /// models on `--workers` split between them, and tiers, a CPU offload tier, only when named).
     #[arg(long, default_value = "trace,agentic,siblings,paced,cold")]
     workloads: String,
     /// Policies, comma-separated; round_robin always runs (its ladder finds the saturation).

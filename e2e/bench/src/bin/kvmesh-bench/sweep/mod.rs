@@ -24,6 +24,7 @@ use kvmesh_bench::sweep::{
 };
 use kvmesh_bench::trace::TraceRecord;
 use kvmesh_bench::workload::models::MODEL_MIX;
+use kvmesh_bench::workload::tiers;
 use kvmesh_bench::workload::{trace as wtrace, WorkloadKind};
 use kvmesh_e2e::stack::{ModelSpec, StackSpec, Worker};
 use kvmesh_e2e::vllm::VllmOptions;
@@ -115,8 +116,17 @@ pub(crate) fn models_multi(block_size: u32) -> MultiModel {
 }
 
 /// The fleet of `kind`'s points: several models for the `models` workload (`workers` split
-/// between them), else `fleet` unchanged. Real engines serve one model: refused for `models`.
+/// between them), a small GPU cache with a CPU offload tier for `tiers`, else `fleet` unchanged.
+/// Real engines serve one model and are started without a tier: refused for both.
 pub(crate) fn fleet_for_kind(fleet: Fleet, kind: WorkloadKind) -> Result<Fleet> {
+    if kind == WorkloadKind::Tiers {
+        if !fleet.external.is_empty() {
+            anyhow::bail!("the tiers workload runs on simulators only (--engines sim)");
+        }
+        let mut sim_args = fleet.sim_args.clone();
+        sim_args.extend(tiers::sim_args());
+        return Ok(Fleet { num_gpu_blocks: tiers::GPU_BLOCKS, sim_args, ..fleet });
+    }
     if kind != WorkloadKind::Models {
         return Ok(fleet);
     }
@@ -189,6 +199,12 @@ pub async fn run_sweep(a: &SweepSettings, fleet: &Fleet, out: &Path) -> Result<S
                 "{fleet_note}; {} workers per base model, --max-loras {MODELS_MAX_LORAS}, --lora-load-ms {}",
                 m.per_model(fleet.workers),
                 m.lora_load_ms
+            ),
+            None if kind == WorkloadKind::Tiers => format!(
+                "{fleet_note}; --num-gpu-blocks {} --cpu-offload-blocks {} --cpu-load-tokens-per-s {} (routing.kv_tiers as configured: KVMESH_ROUTING_KV_TIERS=false for kvmesh without tiers)",
+                fleet.num_gpu_blocks,
+                tiers::CPU_BLOCKS,
+                tiers::CPU_LOAD_TOKENS_PER_S
             ),
             None => fleet_note,
         };
@@ -456,6 +472,21 @@ mod tests {
         let mut real = fleet(4);
         real.external = StackSpec::aggregate(1).workers;
         assert!(fleet_for_kind(real, WorkloadKind::Models).is_err());
+    }
+
+    #[test]
+    fn the_tiers_workload_gets_a_small_gpu_cache_and_a_cpu_tier() {
+        let f = fleet_for_kind(fleet(4), WorkloadKind::Tiers).unwrap();
+        assert_eq!((f.workers, f.num_gpu_blocks), (4, tiers::GPU_BLOCKS));
+        let args = spec_for(Policy::KvmeshPrecise, &f, Path::new("/tmp/x")).sim_args.join(" ");
+        assert!(args.starts_with(&format!("--num-gpu-blocks {}", tiers::GPU_BLOCKS)), "{args}");
+        assert!(
+            args.ends_with("--x --cpu-offload-blocks 4096 --cpu-load-tokens-per-s 100000"),
+            "{args}"
+        );
+        let mut real = fleet(4);
+        real.external = StackSpec::aggregate(1).workers;
+        assert!(fleet_for_kind(real, WorkloadKind::Tiers).is_err());
     }
 
     #[test]

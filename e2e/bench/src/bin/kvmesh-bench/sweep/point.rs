@@ -55,6 +55,7 @@ fn schedule_for(
         WorkloadKind::Paced => gen::paced(&g, rate),
         WorkloadKind::Cold => gen::cold(&g, rate),
         WorkloadKind::Models => models::models(&g, rate),
+        WorkloadKind::Tiers => kvmesh_bench::workload::tiers::tiers(&g, rate),
     }
 }
 
