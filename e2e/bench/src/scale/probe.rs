@@ -13,7 +13,7 @@ use kvmesh_core::openai::ChatMessage;
 use kvmesh_sim::events::{EventBatch, KvEvent};
 
 use super::model::engine_hash;
-use crate::client::filler;
+use kvmesh_e2e::client::filler;
 
 /// Segment keys of the probes' blocks (apart from the workload model's: bit 62, not 63).
 const PROBE: u64 = 1 << 62;
@@ -53,7 +53,7 @@ pub fn build(
         let mut history = vec![system.clone()];
         let mut turn = 0u64;
         loop {
-            let seed = (p + 2) << 20 | turn;
+            let seed = ((p + 2) << 20) | turn;
             history.push(msg("user", filler(seed, 150)));
             let ids = encode(&history)?;
             if ids.len() >= tokens || turn > 1_000 {
