@@ -79,8 +79,7 @@ struct Worker {
 }
 
 struct Group {
-    /// Kept alive for the sockets (dropped after them).
-    _ctx: zmq::Context,
+    /// Their sockets (each keeps its context alive).
     workers: Vec<Worker>,
     params: ModelParams,
     counters: Arc<Counters>,
@@ -136,7 +135,6 @@ impl Fleet {
                 });
             }
             let g = Group {
-                _ctx: ctx,
                 workers: group,
                 params,
                 counters: counters.clone(),

@@ -67,6 +67,9 @@ pub struct ScaleArgs {
     /// Seed of the workload model.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Seconds an indexer may take to be ready (every listener replayed) before the run fails.
+    #[arg(long, default_value_t = 900)]
+    pub ready_patience_s: u64,
     /// The indexer binary (default: the workspace's, of the bench's profile).
     #[arg(long)]
     pub indexer: Option<PathBuf>,
@@ -286,7 +289,7 @@ pub async fn run(
     std::fs::write(&config, fleet_toml(&params, &tokenizer_path, max_entries, &workers))?;
 
     let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?;
-    let patience = Duration::from_secs(900);
+    let patience = Duration::from_secs(args.ready_patience_s);
     let t0 = Instant::now();
     let mut main = ready(spawn_indexer(&bin, &config, &dir, "indexer")?)?;
     let pid = main.proc.pid();
