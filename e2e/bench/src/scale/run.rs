@@ -101,7 +101,7 @@ pub fn fleet_toml(
     );
     for (i, (endpoint, e)) in workers.iter().enumerate() {
         s.push_str(&format!(
-            "[[workers]]\nid = \"w{i}\"\nendpoint = \"{endpoint}\"\nkv_events = \"{}\"\nkv_replay = \"{}\"\n",
+            "[[workers]]\nid = \"w{i}\"\nrole = \"both\"\nendpoint = \"{endpoint}\"\nkv_events = \"{}\"\nkv_replay = \"{}\"\n",
             e.events, e.replay
         ));
     }
@@ -344,7 +344,7 @@ pub async fn run(
             block_ops,
             cpu_s: secs(cpu1.cpu_ticks.saturating_sub(cpu0.cpu_ticks)),
         };
-        tracing::info!(target, entries = stage.entries, rss = stage.sample.rss_bytes, fill_s, "stage filled");
+        tracing::info!(per_worker = target, entries = stage.entries, rss = stage.sample.rss_bytes, fill_s, "stage filled");
         report.stages.push(stage);
         std::fs::write(out.join("scale.json"), serde_json::to_string_pretty(&report)?)?;
     }
@@ -561,7 +561,7 @@ mod tests {
         ];
         let toml = fleet_toml(&p, Path::new("/t.json"), 99, &w);
         assert!(toml.contains("index_max_entries = 99\n"));
-        assert!(toml.contains("[[workers]]\nid = \"w1\"\nendpoint = \"127.0.0.1:2\"\nkv_events = \"tcp://a:3\"\nkv_replay = \"tcp://a:4\"\n"));
+        assert!(toml.contains("[[workers]]\nid = \"w1\"\nrole = \"both\"\nendpoint = \"127.0.0.1:2\"\nkv_events = \"tcp://a:3\"\nkv_replay = \"tcp://a:4\"\n"));
         assert!(toml.contains("block_size = 16\n"));
         assert_eq!(parse_list::<f64>("0.25, 1,").unwrap(), vec![0.25, 1.0]);
         assert!(parse_list::<usize>("x").is_err());
