@@ -187,8 +187,8 @@ impl WorkerCache {
             return self.rng.range_u64(0, self.open.len() as u64) as usize;
         }
         let u = self.rng.next_f64();
-        let system = ((u * u * f64::from(p.system_prompts.max(1))) as u32)
-            .min(p.system_prompts.max(1) - 1);
+        let system =
+            ((u * u * f64::from(p.system_prompts.max(1))) as u32).min(p.system_prompts.max(1) - 1);
         let key = CONV | (u64::from(self.worker) << 32) | (self.next_conversation & 0xffff_ffff);
         self.next_conversation += 1;
         self.open.push(Conversation { key, system, len: 0 });

@@ -173,7 +173,9 @@ mod tests {
         assert_eq!(p.probes.len(), 4);
         assert!(p.probes.iter().all(|x| x.tokens.len() >= 2_000));
         let system_bytes = p.probes[0].history[0].content.len();
-        assert!(p.shared_blocks >= system_bytes / 16 - 1 && p.shared_blocks <= system_bytes / 16 + 1);
+        assert!(
+            p.shared_blocks >= system_bytes / 16 - 1 && p.shared_blocks <= system_bytes / 16 + 1
+        );
         let h = p.holdings(100, 512);
         // 25 shared holders, then whole + half per probe.
         assert_eq!(h.len(), 25 + 8);

@@ -134,12 +134,8 @@ impl Fleet {
                     reached: false,
                 });
             }
-            let g = Group {
-                workers: group,
-                params,
-                counters: counters.clone(),
-                scratch: Vec::new(),
-            };
+            let g =
+                Group { workers: group, params, counters: counters.clone(), scratch: Vec::new() };
             let (tx, rx) = channel();
             let handle = std::thread::Builder::new()
                 .name(format!("scale-pub-{t}"))
@@ -284,8 +280,7 @@ impl Group {
             }
             all = false;
             let c = &self.counters;
-            if c.sent_batches.load(Ordering::Relaxed) >= c.allowed_batches.load(Ordering::Relaxed)
-            {
+            if c.sent_batches.load(Ordering::Relaxed) >= c.allowed_batches.load(Ordering::Relaxed) {
                 return (progress, false);
             }
             let mut out = std::mem::take(&mut self.scratch);

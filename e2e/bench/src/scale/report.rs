@@ -283,7 +283,8 @@ impl ScaleReport {
         if !self.storms.is_empty() {
             s.push_str("\n## Replay storm (R fresh indexers started at once on the same publishers)\n\n| R | ready s (slowest) | replay requests | batches replayed | MB replayed | complete / truncated / failed | rounds asked again | peak RSS MiB |\n|---|---|---|---|---|---|---|---|\n");
             for m in &self.storms {
-                let slowest = m.ready_s.iter().map(|r| r.unwrap_or(f64::INFINITY)).fold(0.0, f64::max);
+                let slowest =
+                    m.ready_s.iter().map(|r| r.unwrap_or(f64::INFINITY)).fold(0.0, f64::max);
                 s.push_str(&format!(
                     "| {} | {:.1} | {} | {} | {:.1} | {:.0} / {:.0} / {:.0} | {:.0} | {:.0} |\n",
                     m.replicas,
@@ -338,14 +339,35 @@ mod tests {
     fn markdown_has_every_section() {
         let r = ScaleReport {
             workers: 10,
-            stages: vec![Stage { target_blocks: 5, entries: 50.0, blocks: 40.0, ..Default::default() }],
-            blasts: vec![Blast { name: "a".into(), block_ops: 10, wall_s: 2.0, ..Default::default() }],
+            stages: vec![Stage {
+                target_blocks: 5,
+                entries: 50.0,
+                blocks: 40.0,
+                ..Default::default()
+            }],
+            blasts: vec![Blast {
+                name: "a".into(),
+                block_ops: 10,
+                wall_s: 2.0,
+                ..Default::default()
+            }],
             routes: vec![Routes { name: "idle".into(), samples: 3, ..Default::default() }],
-            storms: vec![Storm { replicas: 2, ready_s: vec![Some(1.0), Some(2.5)], ..Default::default() }],
+            storms: vec![Storm {
+                replicas: 2,
+                ready_s: vec![Some(1.0), Some(2.5)],
+                ..Default::default()
+            }],
             ..Default::default()
         };
         let md = r.markdown();
-        for part in ["## Subscriptions", "## Memory", "| 5 | 50 | 40 | 1.25 |", "| a | 0 | 10 |", "## Routes", "| 2 | 2.5 |"] {
+        for part in [
+            "## Subscriptions",
+            "## Memory",
+            "| 5 | 50 | 40 | 1.25 |",
+            "| a | 0 | 10 |",
+            "## Routes",
+            "| 2 | 2.5 |",
+        ] {
             assert!(md.contains(part), "{part} in\n{md}");
         }
     }

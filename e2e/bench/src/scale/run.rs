@@ -18,7 +18,9 @@ use super::model::ModelParams;
 use super::probe::{self, Probes};
 use super::procfs::{self, ProcSample};
 use super::publish::{Endpoints, Fleet};
-use super::report::{quantile, Blast, Buckets, Idle, Routes, ScaleReport, Stage, Startup, Storm, TICKS_PER_S};
+use super::report::{
+    quantile, Blast, Buckets, Idle, Routes, ScaleReport, Stage, Startup, Storm, TICKS_PER_S,
+};
 
 const MODEL: &str = "deepseek-v4";
 
@@ -204,7 +206,12 @@ fn nudge(fleet: &Fleet) -> anyhow::Result<()> {
 }
 
 /// CPU of `pid` over `seconds` of no traffic.
-async fn idle(client: &reqwest::Client, http: &str, pid: u32, seconds: u64) -> anyhow::Result<Idle> {
+async fn idle(
+    client: &reqwest::Client,
+    http: &str,
+    pid: u32,
+    seconds: u64,
+) -> anyhow::Result<Idle> {
     let a = sample(pid);
     let t = Instant::now();
     tokio::time::sleep(Duration::from_secs(seconds)).await;
@@ -260,26 +267,21 @@ pub async fn run(
     let probes = probe::build(args.probes, args.probe_tokens, block_size as usize, |m| {
         Ok(tokenizer.encode(&template.render(m, true)?)?)
     })?;
-    tracing::info!(probes = probes.probes.len(), shared_blocks = probes.shared_blocks, "route probes built");
+    tracing::info!(
+        probes = probes.probes.len(),
+        shared_blocks = probes.shared_blocks,
+        "route probes built"
+    );
 
     let body = engines::metrics_body(MODEL, args.metrics_body_bytes);
     let engines = engines::start(args.workers, &body).await?;
-    let fleet = Fleet::start(
-        args.workers,
-        args.publisher_threads,
-        args.ring_batches,
-        params,
-        args.seed,
-    )?;
+    let fleet =
+        Fleet::start(args.workers, args.publisher_threads, args.ring_batches, params, args.seed)?;
     for (worker, batch) in probes.holdings(args.workers, params.prefill_chunk_blocks as usize) {
         fleet.inject(worker, vec![batch])?;
     }
-    let workers: Vec<(String, Endpoints)> = engines
-        .addrs
-        .iter()
-        .map(|a| a.to_string())
-        .zip(fleet.endpoints.iter().cloned())
-        .collect();
+    let workers: Vec<(String, Endpoints)> =
+        engines.addrs.iter().map(|a| a.to_string()).zip(fleet.endpoints.iter().cloned()).collect();
     let probe_blocks: u64 = (0..probes.probes.len()).map(|p| probes.blocks(p) as u64).sum();
     let max_entries = u64::from(args.workers) * u64::from(args.blocks_per_worker) * 5 / 4
         + probe_blocks * 2
@@ -304,7 +306,8 @@ pub async fn run(
     let counters = fleet.counters.clone();
     for frac in stages {
         let target = ((f64::from(args.blocks_per_worker) * frac) as u32).max(1);
-        let (ops0, cpu0, t) = (counters.sent_block_ops.load(Ordering::Relaxed), sample(pid), Instant::now());
+        let (ops0, cpu0, t) =
+            (counters.sent_block_ops.load(Ordering::Relaxed), sample(pid), Instant::now());
         fleet.fill(target);
         let c = counters.clone();
         let w = u64::from(args.workers);
@@ -344,17 +347,26 @@ pub async fn run(
             block_ops,
             cpu_s: secs(cpu1.cpu_ticks.saturating_sub(cpu0.cpu_ticks)),
         };
-        tracing::info!(per_worker = target, entries = stage.entries, rss = stage.sample.rss_bytes, fill_s, "stage filled");
+        tracing::info!(
+            per_worker = target,
+            entries = stage.entries,
+            rss = stage.sample.rss_bytes,
+            fill_s,
+            "stage filled"
+        );
         report.stages.push(stage);
         std::fs::write(out.join("scale.json"), serde_json::to_string_pretty(&report)?)?;
     }
 
     // Apply throughput, decoding included: prepared batches sent at once.
-    report.blasts.push(blast("idle fleet", &fleet, args.blast_requests, &client, &main.http, pid, None).await?);
+    report.blasts.push(
+        blast("idle fleet", &fleet, args.blast_requests, &client, &main.http, pid, None).await?,
+    );
 
     // Routes over the loaded index, idle and while a blast is applied.
     for p in 0..probes.probes.len() {
-        route_once(&client, &main.http, &serde_json::to_vec(&probes.history_body(p, MODEL))?).await?;
+        route_once(&client, &main.http, &serde_json::to_vec(&probes.history_body(p, MODEL))?)
+            .await?;
     }
     report.routes.push(routes("idle", &probes, &client, &main.http, args.route_samples, 0).await?);
     let r = args.route_samples;
@@ -381,7 +393,11 @@ pub async fn run(
     Ok(report)
 }
 
-async fn route_once(client: &reqwest::Client, http: &str, body: &[u8]) -> anyhow::Result<RouteDecision> {
+async fn route_once(
+    client: &reqwest::Client,
+    http: &str,
+    body: &[u8],
+) -> anyhow::Result<RouteDecision> {
     let r = client
         .post(format!("http://{http}/v1/route"))
         .header("x-kvmesh-path", "/v1/chat/completions")
@@ -426,7 +442,12 @@ async fn routes(
     }
     let (after, _) = metrics(client, http).await?;
     times.sort_by(f64::total_cmp);
-    let pct = |q: f64| times.get(((times.len() as f64 * q) as usize).min(times.len().saturating_sub(1))).copied().unwrap_or(0.0);
+    let pct = |q: f64| {
+        times
+            .get(((times.len() as f64 * q) as usize).min(times.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0.0)
+    };
     let q = |name: &str, at: f64, scale: f64| {
         quantile(&buckets(&before, name), &buckets(&after, name), at).map(|x| x * scale)
     };
@@ -556,8 +577,14 @@ mod tests {
     fn the_fleet_file_lists_every_worker_with_its_sockets() {
         let p = ModelParams::new(16, 1024);
         let w = vec![
-            ("127.0.0.1:1".to_string(), Endpoints { events: "tcp://a:1".into(), replay: "tcp://a:2".into() }),
-            ("127.0.0.1:2".to_string(), Endpoints { events: "tcp://a:3".into(), replay: "tcp://a:4".into() }),
+            (
+                "127.0.0.1:1".to_string(),
+                Endpoints { events: "tcp://a:1".into(), replay: "tcp://a:2".into() },
+            ),
+            (
+                "127.0.0.1:2".to_string(),
+                Endpoints { events: "tcp://a:3".into(), replay: "tcp://a:4".into() },
+            ),
         ];
         let toml = fleet_toml(&p, Path::new("/t.json"), 99, &w);
         assert!(toml.contains("index_max_entries = 99\n"));

@@ -136,7 +136,8 @@ async fn scale(common: &Common, args: &kvmesh_bench::scale::run::ScaleArgs) -> R
     std::fs::create_dir_all(&common.out)
         .with_context(|| format!("creating {}", common.out.display()))?;
     let release = common.release_binaries.unwrap_or(!cfg!(debug_assertions));
-    let report = kvmesh_bench::scale::run::run(args, common.block_size, release, &common.out).await?;
+    let report =
+        kvmesh_bench::scale::run::run(args, common.block_size, release, &common.out).await?;
     std::fs::write(common.out.join("scale.json"), serde_json::to_string_pretty(&report)?)?;
     let md = common.out.join("scale.md");
     std::fs::write(&md, report.markdown())?;
