@@ -19,7 +19,7 @@ else
 CARGO_PROFILE_FLAG :=
 endif
 
-.PHONY: help setup build wasm test run demo bench bench-quick bench-vllm bench-aiperf lint validate clean setup-vllm test-vllm fuzz soak
+.PHONY: help setup build wasm test run demo bench bench-quick bench-vllm bench-aiperf bench-scale lint validate clean setup-vllm test-vllm fuzz soak
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -111,6 +111,13 @@ bench-aiperf: ## NVIDIA's aiperf as the client of each policy's gateway (5 polic
 	$(if $(filter vllm,$(ENGINES)),@scripts/setup-vllm.sh >/dev/null,)
 	@scripts/setup-aiperf.sh >/dev/null
 	$(if $(filter vllm,$(ENGINES)),nice -n 19 ,)target/release/kvmesh-bench aiperf $(if $(filter vllm,$(ENGINES)),--out bench-out/aiperf-vllm $(AIPERF_VLLM_ARGS),--out bench-out/aiperf) $(BENCH_ARGS)
+
+# `make bench-scale`: a thousand workers, one indexer (issue 47; e2e/bench/README.md "Scale"); not in
+# CI. SCALE_ARGS goes to `kvmesh-bench scale`, e.g. `--workers 250 --blocks-per-worker 16384` on a
+# machine without ~10 GB to spare, `--note "…"` for what else ran.
+bench-scale: setup ## One release indexer under 1,000 synthetic workers' KV events (64k blocks each): memory, apply throughput, routes, subscriptions, replay storm (~15 min, ~10 GB RAM at full size) → bench-out/scale/scale.md
+	$(CARGO) build --release -p kvmesh-indexer -p kvmesh-bench --bin kvmesh-indexer --bin kvmesh-bench
+	target/release/kvmesh-bench scale --out bench-out/scale $(BENCH_ARGS) $(SCALE_ARGS)
 
 # cargo-machete (unused dependencies) is installed into .tools/cargo on first use, pinned.
 MACHETE := .tools/cargo/bin/cargo-machete

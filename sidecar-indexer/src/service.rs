@@ -62,7 +62,8 @@ pub enum ServiceError {
 /// A running indexer (everything but the HTTP server).
 pub struct Service {
     pub state: Arc<AppState>,
-    zmq: zmq::Context,
+    /// The listeners' ZMQ contexts, a few hundred sockets each (events/listener).
+    zmq: listener::Contexts,
     /// Byte bounds of event ingestion, shared by every listener (events/budget.rs).
     event_limits: Arc<EventLimits>,
     config_path: Option<PathBuf>,
@@ -199,7 +200,7 @@ impl Service {
         let event_limits = Arc::new(EventLimits::new(frame, replay, queue));
         let svc = Arc::new(Self {
             state,
-            zmq: zmq::Context::new(),
+            zmq: listener::Contexts::default(),
             event_limits,
             config_path,
             env,
@@ -271,7 +272,7 @@ impl Service {
                     replay_timeout: Duration::from_millis(config.routing.replay_timeout_ms),
                 };
                 Some(listener::spawn(
-                    self.zmq.clone(),
+                    self.zmq.for_slot(slot),
                     spec,
                     self.state.applier.clone(),
                     stats.clone(),

@@ -10,6 +10,8 @@
 //!   microbenchmark figures as a report section (`micro`).
 //! - How the `kvmesh-bench` subcommands' parts compose into one report (`parts`).
 //! - NVIDIA's `aiperf` as an independent client of each policy's gateway (`aiperf`).
+//! - A thousand workers, one indexer: a synthetic fleet's KV events against a real indexer
+//!   (`scale`; pure: `scale::{model, probe, report}`).
 //!
 //! - The load sweep (`sweep`, issue 12): five workloads with their ceilings (`workload`), the
 //!   schedule driver (`schedule_run`), machine CPU sampling (`cpu`), saturation search and validity.
@@ -39,6 +41,7 @@ pub mod record;
 pub mod replay;
 pub mod report;
 pub mod rng;
+pub mod scale;
 pub mod sink;
 pub mod sse;
 pub mod stats;

@@ -11,10 +11,10 @@
 //! always stops at the first empty slot.
 //!
 //! Emptiness is the slot's own business ([`Slot::occupied`]): every 64-bit key, 0 included, is a
-//! valid key. The table grows at 3/4 load (doubling) and shrinks only when asked
-//! ([`Table::shrink_if_sparse`]). Growing rehashes every entry, O(len): a caller that must not do
-//! that while others wait asks [`Table::lines_for`] before inserting, builds the grown table from
-//! `&self` ([`Table::rehashed`], so readers may go on meanwhile) and swaps it in.
+//! valid key. The table grows at 3/4 load, to 5/8 load ([`grown_lines`]), and shrinks only when
+//! asked ([`Table::shrink_if_sparse`]). Growing rehashes every entry, O(len): a caller that must not
+//! do that while others wait asks [`Table::lines_for`] before inserting, builds the grown table
+//! from `&self` ([`Table::rehashed`], so readers may go on meanwhile) and swaps it in.
 
 /// One slot's contents.
 pub(crate) trait Slot: Default {
@@ -45,6 +45,17 @@ const MIN_LINES: usize = 2;
 #[inline]
 fn mix(key: u64) -> u64 {
     (key ^ (key >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9)
+}
+
+/// The line count a table of `lines` lines grows to for `entries` entries: enough for them at 5/8
+/// load (at least one line more). Grown at 3/4 and back to 5/8, a table's load stays in 5/8..3/4
+/// as it grows; doubling left it anywhere in 3/8..3/4, and a worker's map of 65,536 blocks (a
+/// power of two, like many engines' block counts) at exactly 1/2 — its mappings took 64 bytes
+/// each instead of at most 51 (`kvmesh-bench scale`, e2e/bench/HISTORY.md). The price is more
+/// rehashing while a table grows (an entry is moved about six times on its way up instead of
+/// twice), off the write lock ([`super::growth`]); none once the table is at its size.
+fn grown_lines(lines: usize, entries: usize, per_line: usize) -> usize {
+    (entries * 8).div_ceil(5 * per_line.max(1)).max(lines + 1).max(MIN_LINES)
 }
 
 /// An open-addressing table of `S` slots, `N` to a 64-byte line.
@@ -164,7 +175,7 @@ impl<S: Slot, const N: usize> Table<S, N> {
             if let Some(p) = self.find(key) {
                 return (self.slot_mut(p), false);
             }
-            self.resize((self.lines.len() * 2).max(MIN_LINES));
+            self.resize(grown_lines(self.lines.len(), self.len + 1, N));
         }
         let total = self.slots();
         let mut pos = self.home(key);
@@ -246,14 +257,10 @@ impl<S: Slot, const N: usize> Table<S, N> {
     }
 
     /// The line count `additional` more entries would grow the table to, or `None` when they fit
-    /// (each insert of [`Table::get_or_insert_with`] grows by doubling at 3/4 load).
+    /// (the test of [`Table::get_or_insert_with`] for the last of them: 3/4 load).
     pub(crate) fn lines_for(&self, additional: usize) -> Option<usize> {
-        let mut lines = self.lines.len();
-        // The same test as an insert's, for the last of the `additional` inserts.
-        while (self.len + additional) * 4 > lines * N * 3 {
-            lines = (lines * 2).max(MIN_LINES);
-        }
-        (lines != self.lines.len()).then_some(lines)
+        let entries = self.len + additional;
+        (entries * 4 > self.slots() * 3).then(|| grown_lines(self.lines.len(), entries, N))
     }
 
     /// A copy of the table with `lines` lines (≥ what its entries need), built from `&self`.
@@ -344,6 +351,23 @@ mod tests {
             assert_eq!(t.remove(*k).map(|s| s.val), model.remove(k));
         }
         check(&t, &model);
+    }
+
+    #[test]
+    fn a_growing_table_stays_between_five_eighths_and_three_quarters_full() {
+        let mut t: Table<Kv, 2> = Table::default();
+        let mut lowest: f64 = 1.0;
+        for key in 1..=65_536u64 {
+            t.get_or_insert_with(key, || Kv { key, val: key });
+            if key >= 64 {
+                lowest = lowest.min(t.len() as f64 / t.slots() as f64);
+            }
+        }
+        // Doubling left 65,536 entries at exactly 1/2.
+        assert!(lowest >= 0.6, "load fell to {lowest}");
+        assert!(t.len() * 4 <= t.slots() * 3);
+        assert_eq!(grown_lines(0, 1, 2), MIN_LINES);
+        assert_eq!(grown_lines(10, 1, 4), 11, "at least one line more");
     }
 
     #[test]

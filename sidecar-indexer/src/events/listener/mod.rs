@@ -71,6 +71,30 @@ pub struct ListenerSpec {
 /// [`plan_round`]); libzmq's default of 1,000 made most long replays lose batches.
 const RCVHWM: i32 = 100_000;
 
+/// Worker slots whose listeners share one ZMQ context. libzmq caps a context at 1,023 sockets
+/// (`ZMQ_MAX_SOCKETS`, which the `zmq` crate cannot raise) and a listener holds up to six (the SUB
+/// and the replay DEALER, each with its monitor socket and the PAIR reading it, [`Watch`]): with one
+/// context for all, the listeners past ~170 workers could open no socket (`kvmesh-bench scale`,
+/// e2e/bench/HISTORY.md). 128 × 6 = 768 leaves room for sockets libzmq is still closing.
+pub const SLOTS_PER_CONTEXT: usize = 128;
+
+/// The listeners' ZMQ contexts, one per [`SLOTS_PER_CONTEXT`] worker slots (slots are small dense
+/// numbers, reused), each made when first needed; a context costs libzmq an I/O and a reaper thread.
+#[derive(Default)]
+pub struct Contexts(parking_lot::Mutex<Vec<zmq::Context>>);
+
+impl Contexts {
+    /// The context for worker slot `slot`'s listener.
+    pub fn for_slot(&self, slot: WorkerSlot) -> zmq::Context {
+        let i = slot as usize / SLOTS_PER_CONTEXT;
+        let mut list = self.0.lock();
+        while list.len() <= i {
+            list.push(zmq::Context::new());
+        }
+        list[i].clone()
+    }
+}
+
 /// A running listener; stop it with [`ListenerHandle::stop`].
 pub struct ListenerHandle {
     stop: Arc<AtomicBool>,

@@ -11,7 +11,10 @@
 //!   (`overhead/`);
 //! - `aiperf`: NVIDIA's aiperf as the client of every policy's gateway (`aiperf.rs`);
 //! - `report`: one report from the parts already run into the same `--out` (`make bench` runs
-//!   `sweep`, then `overhead`, then `report --parts sweep,overhead`).
+//!   `sweep`, then `overhead`, then `report --parts sweep,overhead`);
+//! - `scale`: a thousand workers, one indexer — a synthetic fleet's KV events against a real
+//!   indexer (`kvmesh_bench::scale`; `make bench-scale`); its own `scale.json` and `scale.md`,
+//!   not a part of the report.
 //!
 //! A part writes what it would report alone to `<out>/parts/<part>.json`, then `run.json` and
 //! `report.md` with the plots for itself; how parts compose is `kvmesh_bench::parts`.
@@ -59,6 +62,9 @@ enum Command {
     Aiperf(aiperf::AiperfArgs),
     /// One report from parts already run into the same `--out` (`make bench`: sweep, overhead).
     Report(ReportArgs),
+    /// A thousand workers, one indexer: memory, apply throughput, routes, subscriptions and the
+    /// replay storm over a synthetic fleet (`make bench-scale`) → <out>/scale.md.
+    Scale(kvmesh_bench::scale::run::ScaleArgs),
 }
 
 /// `kvmesh-bench report` flags.
@@ -103,6 +109,9 @@ async fn bench(cli: Cli) -> Result<()> {
             .collect::<Result<Vec<PartResult>>>()?;
         return write_report(common, &results);
     }
+    if let Command::Scale(a) = &cli.command {
+        return scale(common, a).await;
+    }
     std::fs::create_dir_all(&common.out)
         .with_context(|| format!("creating {}", common.out.display()))?;
     let (part, (manifest, ran)) = match &cli.command {
@@ -110,7 +119,7 @@ async fn bench(cli: Cli) -> Result<()> {
         Command::Policies(a) => (Part::Policies, policies::run(common, a).await?),
         Command::Overhead(a) => (Part::Overhead, overhead::command::run(common, a).await?),
         Command::Aiperf(a) => (Part::Aiperf, aiperf::run(common, a).await?),
-        Command::Report(_) => bail!("report is handled above"),
+        Command::Report(_) | Command::Scale(_) => bail!("handled above"),
     };
     let result = PartResult { part, ran, command: command_line(), manifest };
     let path = part.path(&common.out);
@@ -120,6 +129,20 @@ async fn bench(cli: Cli) -> Result<()> {
     std::fs::write(&path, serde_json::to_string_pretty(&result)?)
         .with_context(|| format!("writing {}", path.display()))?;
     write_report(common, std::slice::from_ref(&result))
+}
+
+/// `kvmesh-bench scale`: writes `<out>/scale.json` and `<out>/scale.md`, prints the latter's path.
+async fn scale(common: &Common, args: &kvmesh_bench::scale::run::ScaleArgs) -> Result<()> {
+    std::fs::create_dir_all(&common.out)
+        .with_context(|| format!("creating {}", common.out.display()))?;
+    let release = common.release_binaries.unwrap_or(!cfg!(debug_assertions));
+    let report =
+        kvmesh_bench::scale::run::run(args, common.block_size, release, &common.out).await?;
+    std::fs::write(common.out.join("scale.json"), serde_json::to_string_pretty(&report)?)?;
+    let md = common.out.join("scale.md");
+    std::fs::write(&md, report.markdown())?;
+    println!("{}", md.display());
+    Ok(())
 }
 
 /// A part file written by an earlier subcommand.
