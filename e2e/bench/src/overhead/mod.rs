@@ -17,5 +17,4 @@ pub mod cases;
 pub mod drive;
 pub mod gateway;
 pub mod hung;
-pub mod paths;
 pub mod summary;

@@ -6,8 +6,8 @@
 
 use super::summary::{PolicySummary, RateSource, SourcedRate};
 use super::targets::{
-    TargetResult, Verdict, OVERHEAD_P99_TARGET_MS, OVERHEAD_TARGET_CASE, OVERHEAD_TARGET_MS,
-    RPS_RATIO_TARGET,
+    overhead_verdict, rps_ratio, TargetResult, Verdict, OVERHEAD_P99_TARGET_MS,
+    OVERHEAD_TARGET_CASE, OVERHEAD_TARGET_MS, RPS_RATIO_TARGET,
 };
 use crate::manifest::OverheadCase;
 use crate::manifest::RunManifest;
@@ -371,21 +371,13 @@ fn render_overhead(s: &mut String, m: &RunManifest) {
     side_by_side(s, m);
 }
 
-/// The ext_proc picker's rows beside the wasm filter's (`overhead::paths`), when the run has them.
+/// The ext_proc picker's rows beside the wasm filter's (`report::paths`), when the run has them.
 fn side_by_side(s: &mut String, m: &RunManifest) {
-    if let Some(table) = crate::overhead::paths::side_by_side(&m.overhead) {
+    if let Some(table) = super::paths::side_by_side(&m.overhead) {
         let _ = writeln!(
             s,
             "\n### Side by side: plain Envoy, the wasm filter, the ext_proc endpoint picker\n\n{table}"
         );
-    }
-}
-
-/// kvmesh requests/s ÷ plain requests/s of one case.
-pub fn rps_ratio(c: &OverheadCase) -> Option<f64> {
-    match (c.rps_kvmesh, c.rps_plain) {
-        (Some(k), Some(p)) if p > 0.0 => Some(k / p),
-        _ => None,
     }
 }
 
@@ -512,23 +504,6 @@ pub fn prefix_scaling(cases: &[OverheadCase]) -> Option<String> {
         large.p50_added_ms,
         factor(small.p50_added_ms, large.p50_added_ms)
     ))
-}
-
-/// "met: 0.420 ms, 0.58 ms under the bound" / "missed: 1.300 ms, 0.30 ms (1.30×) over the bound".
-pub fn overhead_verdict(added_ms: f64, bound_ms: f64) -> String {
-    let margin = bound_ms - added_ms;
-    if margin >= 0.0 {
-        format!(
-            "**met** — {added_ms:.3} ms, {margin:.3} ms under the bound ({:.2}× it)",
-            added_ms / bound_ms
-        )
-    } else {
-        format!(
-            "**missed** — {added_ms:.3} ms, {:.3} ms over the bound ({:.2}× it)",
-            -margin,
-            added_ms / bound_ms
-        )
-    }
 }
 
 #[cfg(test)]

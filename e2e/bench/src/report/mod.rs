@@ -6,6 +6,7 @@
 
 pub mod attribution;
 pub mod markdown;
+pub mod paths;
 pub mod plots;
 pub mod summary;
 pub mod sweep;

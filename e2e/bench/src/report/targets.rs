@@ -202,6 +202,31 @@ pub fn evaluate(
     out
 }
 
+/// kvmesh requests/s ÷ plain requests/s of one case.
+pub fn rps_ratio(c: &OverheadCase) -> Option<f64> {
+    match (c.rps_kvmesh, c.rps_plain) {
+        (Some(k), Some(p)) if p > 0.0 => Some(k / p),
+        _ => None,
+    }
+}
+
+/// "met: 0.420 ms, 0.58 ms under the bound" / "missed: 1.300 ms, 0.30 ms (1.30×) over the bound".
+pub fn overhead_verdict(added_ms: f64, bound_ms: f64) -> String {
+    let margin = bound_ms - added_ms;
+    if margin >= 0.0 {
+        format!(
+            "**met** — {added_ms:.3} ms, {margin:.3} ms under the bound ({:.2}× it)",
+            added_ms / bound_ms
+        )
+    } else {
+        format!(
+            "**missed** — {added_ms:.3} ms, {:.3} ms over the bound ({:.2}× it)",
+            -margin,
+            added_ms / bound_ms
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::summary::summarize;

@@ -366,6 +366,8 @@ pub fn block_ops(batches: &[EventBatch]) -> u64 {
             KvEvent::BlockStored { block_hashes, .. } | KvEvent::BlockRemoved { block_hashes } => {
                 block_hashes.len() as u64
             }
+            KvEvent::OffloadStored { .. } => 1,
+            KvEvent::OffloadRemoved { block_hashes } => block_hashes.len() as u64,
             KvEvent::AllBlocksCleared => 0,
         })
         .sum()
@@ -399,6 +401,9 @@ mod tests {
                     }
                 }
                 KvEvent::AllBlocksCleared => held.clear(),
+                KvEvent::OffloadStored { .. } | KvEvent::OffloadRemoved { .. } => {
+                    panic!("the scale model publishes no offload tier")
+                }
             }
         }
     }

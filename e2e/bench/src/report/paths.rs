@@ -6,9 +6,9 @@
 //! plain samples (interleaved, one request at a time) and the same plain requests/s rounds, so
 //! every figure here is a difference or ratio within one run.
 
-use super::summary::{EXT_PROC_EDGE, EXT_PROC_SUFFIX};
+use super::targets::{overhead_verdict, rps_ratio};
 use crate::manifest::{OverheadCase, ProcessCpu};
-use crate::report::markdown::{overhead_verdict, rps_ratio};
+use crate::overhead::summary::{EXT_PROC_EDGE, EXT_PROC_SUFFIX};
 use std::fmt::Write as _;
 
 /// The ext_proc path's latency targets (issue 45): the case, the added p50 bound and the added
