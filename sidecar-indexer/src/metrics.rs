@@ -934,6 +934,7 @@ mod tests {
         m.tokenize_background.with_label_values(&["done"]).inc();
         m.migration_opportunities.with_label_values(&["index"]).inc();
         m.sessions_tracked.with_label_values(&["kv_home"]).set(1);
+        m.epp_request("routed");
         m.adapter_placed("m", crate::predict::AdapterCost { load: true, wait_slot: true });
         m.discovery.init_series();
         m.init_model_series("m");
