@@ -453,19 +453,26 @@ mod tests {
             }
             let yaml = render_bootstrap(&v).unwrap();
             let path = dir.path().join(format!("{policy}-{models}.yaml"));
-            std::fs::write(&path, &yaml).unwrap();
-            let out = Command::new(&envoy)
-                .args(["--mode", "validate", "-c"])
-                .arg(&path)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "envoy rejected the {policy} bootstrap:\n{}\n{}\n---\n{yaml}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            assert_envoy_accepts(&envoy, &path, &yaml, policy);
         }
+    }
+
+    /// Writes `yaml` to `path` and asserts `envoy --mode validate` accepts it (`what` names it).
+    fn assert_envoy_accepts(
+        envoy: &std::path::Path,
+        path: &std::path::Path,
+        yaml: &str,
+        what: &str,
+    ) {
+        std::fs::write(path, yaml).unwrap();
+        let out =
+            Command::new(envoy).args(["--mode", "validate", "-c"]).arg(path).output().unwrap();
+        assert!(
+            out.status.success(),
+            "envoy rejected the {what} bootstrap:\n{}\n{}\n---\n{yaml}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     fn epp() -> EppTarget {
@@ -511,18 +518,7 @@ mod tests {
                 }
                 let yaml = render_edge(&v, edge);
                 let path = dir.path().join(format!("{}-{i}-{models}.yaml", edge.as_str()));
-                std::fs::write(&path, &yaml).unwrap();
-                let out = Command::new(&envoy)
-                    .args(["--mode", "validate", "-c"])
-                    .arg(&path)
-                    .output()
-                    .unwrap();
-                assert!(
-                    out.status.success(),
-                    "envoy rejected the {edge:?} bootstrap:\n{}\n{}\n---\n{yaml}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                );
+                assert_envoy_accepts(&envoy, &path, &yaml, &format!("{edge:?}"));
             }
         }
     }

@@ -483,6 +483,14 @@ fn assert_picker_answers_nothing_eligible(rows: &[Row]) {
     assert!(r.seen.engine().is_none() && r.engine_requests == 0.0, "{}: {r:?}", r.edge);
 }
 
+/// The picker's failure `fault` answered by Envoy itself with a 500; no engine saw the request.
+fn assert_failed_by_envoy(rows: &[Row], fault: Fault) -> &Row {
+    let r = row(rows, fault);
+    assert_eq!(r.seen.status, Some(500), "{r:?}");
+    assert!(r.seen.engine().is_none() && r.engine_requests == 0.0, "{r:?}");
+    r
+}
+
 /// SIGTERM mid-body is a rolling restart, not a crash: the indexer drains the picker's streams
 /// before it exits, so the request in flight is routed and served.
 fn assert_terminated_picker_drains(rows: &[Row]) {
@@ -500,9 +508,7 @@ async fn ext_proc_failing_open() -> anyhow::Result<()> {
     // open only before a body chunk was sent — so even a picker dead before the request is the
     // client's 500, as a picker that dies mid-body is. No engine sees the request.
     for fault in [Fault::DeadBefore, Fault::KilledMidBody] {
-        let r = row(&rows, fault);
-        assert_eq!(r.seen.status, Some(500), "{r:?}");
-        assert!(r.seen.engine().is_none() && r.engine_requests == 0.0, "{r:?}");
+        let r = assert_failed_by_envoy(&rows, fault);
         assert_eq!(counter(&r.ext_proc, "failure_mode_allowed"), 0, "{r:?}");
         assert_eq!(counter(&r.ext_proc, "streams_failed"), 1, "{r:?}");
     }
@@ -518,9 +524,7 @@ async fn ext_proc_failing_closed() -> anyhow::Result<()> {
     assert_picker_answers_nothing_eligible(&rows);
     // Every failure of the picker is the client's 500, and no engine sees the request.
     for fault in [Fault::DeadBefore, Fault::KilledMidBody] {
-        let r = row(&rows, fault);
-        assert_eq!(r.seen.status, Some(500), "{r:?}");
-        assert!(r.seen.engine().is_none() && r.engine_requests == 0.0, "{r:?}");
+        assert_failed_by_envoy(&rows, fault);
     }
     assert_terminated_picker_drains(&rows);
     assert_hung_picker_holds_the_client(&rows);
@@ -550,9 +554,7 @@ async fn the_both_edge_in_the_same_faults() -> anyhow::Result<()> {
     // on the stream before a dead picker's connection fails: Envoy answers 500 itself and the
     // wasm filter after it never sees the request (failure_mode_allow notwithstanding).
     for fault in [Fault::DeadBefore, Fault::KilledMidBody] {
-        let r = row(&rows, fault);
-        assert_eq!(r.seen.status, Some(500), "{r:?}");
-        assert!(r.seen.engine().is_none() && r.engine_requests == 0.0, "{r:?}");
+        assert_failed_by_envoy(&rows, fault);
     }
     assert_terminated_picker_drains(&rows);
     // Hung: the request sits on the wasm filter's held route, whose idle timeout answers 504.

@@ -341,14 +341,12 @@ async fn pick(
         let body = list.to_string().into_bytes();
         return Err(Box::new(reply::immediate(200, body, &[], "kvmesh_models_list")));
     }
-    let default_model =
-        state.models().catalog().first().map(|m| m.name.clone()).unwrap_or_default();
     if !routable {
         // Not a completion to read (a health probe, `/tokenize`, a GET, a partial body): the
         // session's pin among the default model's workers.
         state.metrics.epp_request("passthrough");
         let key = head.session_id.as_deref().map(|id| session::from_header_value(id).0);
-        return pin(state, x, &head, &default_model, key);
+        return pin(state, x, &head, &default_model(state), key);
     }
     let call = route_headers(&head);
     let deadline = Duration::from_millis(cfg.routing.request_timeout_ms);
@@ -370,8 +368,14 @@ async fn pick(
             state.metrics.epp_request("routed");
             Ok(destination(state, x, &head, d))
         }
-        Err(e) => answer_error(state, x, &head, &default_model, e),
+        Err(e) => answer_error(state, x, &head, e),
     }
+}
+
+/// The default (first) model's name: the pool of a request whose model was not resolved. Read
+/// only off the routed path.
+fn default_model(state: &AppState) -> String {
+    state.models().catalog().first().map(|m| m.name.clone()).unwrap_or_default()
 }
 
 /// The route call's headers, as the filter would send them.
@@ -448,7 +452,6 @@ fn answer_error(
     state: &AppState,
     x: &mut Exchange,
     head: &RequestHead,
-    default_model: &str,
     e: ApiError,
 ) -> Result<Destination, Refusal> {
     let status = e.status;
@@ -472,7 +475,7 @@ fn answer_error(
         return Err(Box::new(error_answer(&e)));
     }
     // The route call's error was counted and logged (sampled) with the route errors.
-    let model = e.model.as_deref().unwrap_or(default_model).to_owned();
+    let model = e.model.as_deref().map_or_else(|| default_model(state), str::to_owned);
     state.metrics.epp_request("fallback");
     let key = head
         .session_id
