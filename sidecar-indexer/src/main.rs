@@ -35,6 +35,65 @@ fn disable_transparent_huge_pages() -> nix::Result<()> {
     nix::sys::prctl::set_thp_disable(true)
 }
 
+/// Descriptors one engine's subscription holds: the SUB and replay DEALER sockets, each with a
+/// monitor socket and the PAIR reading it, and their eventfds — 15 measured per worker at 1,000
+/// workers (e2e/bench/HISTORY.md, "Scale"), rounded up.
+const DESCRIPTORS_PER_WORKER: u64 = 16;
+/// Descriptors besides the subscriptions: the listeners, the scrape and client connections, the
+/// runtime's own.
+const DESCRIPTORS_BASE: u64 = 512;
+
+/// The open-file limit before and after [`raise_open_file_limit`], and its hard ceiling.
+struct OpenFileLimit {
+    before: u64,
+    soft: u64,
+    hard: u64,
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit. Every subscribed engine costs ~16
+/// descriptors, so the common soft default of 1,024 is exhausted at ~60 workers — libzmq then fails
+/// socket creation with "Too many open files" and those workers are never subscribed. Raising the
+/// soft limit up to the hard one needs no privilege.
+fn raise_open_file_limit() -> nix::Result<OpenFileLimit> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (before, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if before < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    Ok(OpenFileLimit { before, soft, hard })
+}
+
+/// How many workers' subscriptions `limit` descriptors carry, by the measured cost per worker.
+fn workers_within(limit: u64) -> u64 {
+    limit.saturating_sub(DESCRIPTORS_BASE) / DESCRIPTORS_PER_WORKER
+}
+
+/// Logs the open-file limit against the fleet file's workers: a warning when the limit cannot
+/// carry them (discovered workers are not known yet; `process_open_fds` / `process_max_fds` and
+/// the `KvmeshIndexerFileDescriptors` alert watch the running process).
+fn log_open_file_limit(limit: nix::Result<OpenFileLimit>, configured_workers: usize) {
+    match limit {
+        Ok(l) => {
+            let carries = workers_within(l.soft);
+            if (configured_workers as u64) > carries {
+                tracing::warn!(soft = l.soft, hard = l.hard, carries_workers = carries, configured_workers, "the open-file limit cannot carry every configured worker's event subscription (~{DESCRIPTORS_PER_WORKER} descriptors each): raise the hard RLIMIT_NOFILE (ulimit -Hn, the container runtime's nofile)");
+            } else {
+                tracing::info!(
+                    before = l.before,
+                    soft = l.soft,
+                    hard = l.hard,
+                    carries_workers = carries,
+                    "open-file limit"
+                );
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read or raise the open-file limit (RLIMIT_NOFILE)")
+        }
+    }
+}
+
 /// The kvmesh sidecar indexer.
 #[derive(Parser, Debug)]
 #[command(version, about)]
@@ -55,6 +114,7 @@ struct Cli {
 
 fn main() -> anyhow::Result<()> {
     let thp_off = disable_transparent_huge_pages();
+    let open_files = raise_open_file_limit();
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -77,6 +137,7 @@ fn main() -> anyhow::Result<()> {
     if let Err(e) = thp_off {
         tracing::warn!(error = %e, "could not turn transparent huge pages off for this process; RSS may grow in 2 MiB steps");
     }
+    log_open_file_limit(open_files, config.workers.len());
     if cli.check {
         println!("{}", toml::to_string_pretty(&config)?);
         return Ok(());
@@ -192,5 +253,24 @@ async fn shutdown() {
     tokio::select! {
         _ = ctrl_c => {},
         _ = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_common_soft_default_carries_few_workers_and_a_raised_limit_a_thousand() {
+        assert_eq!(workers_within(1_024), 32);
+        assert!(workers_within(20_000) >= 1_000);
+        assert_eq!(workers_within(100), 0, "a limit below the base carries none, no underflow");
+    }
+
+    #[test]
+    fn the_soft_limit_is_raised_to_the_hard_one() {
+        let l = raise_open_file_limit().expect("getrlimit works on this platform");
+        assert_eq!(l.soft, l.hard);
+        assert!(l.before <= l.soft);
     }
 }

@@ -129,6 +129,8 @@ pub const ATTRIBUTION_UNPREDICTED_TOTAL: &str = "kvmesh_attribution_unpredicted_
 // the rules that watch them (envoy/prometheus/kvmesh-rules.yaml) and the tests. Not in [`ALL`].
 pub const PROCESS_RESIDENT_MEMORY_BYTES: &str = "process_resident_memory_bytes";
 pub const PROCESS_START_TIME_SECONDS: &str = "process_start_time_seconds";
+pub const PROCESS_OPEN_FDS: &str = "process_open_fds";
+pub const PROCESS_MAX_FDS: &str = "process_max_fds";
 
 // Kubernetes discovery (service/discovery.rs): see [`DiscoveryMetrics`].
 pub const DISCOVERY_UPDATES_TOTAL: &str = "kvmesh_discovery_updates_total";
