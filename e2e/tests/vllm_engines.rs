@@ -4,7 +4,8 @@
 //! order, each against what the engine itself reports:
 //! 1. tokenization and chat template: the indexer's token count == the engine's `prompt_tokens`
 //!    over 200 generated conversations (unicode, whitespace runs, special-token text);
-//! 2. calibration: every continuation turn's predicted overlap × block size == `cached_tokens`;
+//! 2. calibration: every continuation turn's predicted overlap × block size == `cached_tokens`,
+//!    and the indexer's attribution delivers exactly the engine's `cached_tokens` on every request;
 //! 3. KV events, replay and metric names: no decode errors or gaps; an indexer restart rebuilds the
 //!    same index from the engines' replay; every `vllm:` series vllm-sim exports exists on the real
 //!    engine with the same labels (`engine="0"`, `model_name`, bucket bounds, finish reasons);
@@ -26,8 +27,8 @@ use kvmesh_e2e::stack::Stack;
 use kvmesh_e2e::vllm::{VllmOptions, MODEL_NAME};
 use serde_json::{json, Value};
 use vllm_common::{
-    awkward_conversation, awkward_text, index_overlap, index_view, settle, start, usage,
-    EventWatch, Rng, BLOCK,
+    attributed_past, awkward_conversation, awkward_text, index_overlap, index_view, settle, start,
+    usage, EventWatch, Rng, BLOCK,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,6 +105,10 @@ async fn calibration(stack: &Stack, watches: &[(&str, &EventWatch)]) -> anyhow::
     let url = stack.gateway("/v1/chat/completions");
     let mut rng = Rng::new(7);
     let mut turns = Vec::new();
+    // Attribution (issue 46): the delivered tokens the indexer books per request, from the usage
+    // the filter reads off the response's end, against the engine's own `cached_tokens`.
+    let mut attributed = attributed_past(stack, -1.0).await?;
+    let mut delivered = Vec::new();
     for conv in 0..4 {
         let session = format!("calibration-{conv}");
         let mut msgs = vec![json!({"role": "system", "content": awkward_text(&mut rng, 120, 1)})];
@@ -122,6 +127,9 @@ async fn calibration(stack: &Stack, watches: &[(&str, &EventWatch)]) -> anyhow::
             .await?;
             anyhow::ensure!(r.status == 200, "{} {}", r.status, r.text);
             let (prompt, cached) = usage(&r.json()).unwrap_or_default();
+            let now = attributed_past(stack, attributed.requests).await?;
+            delivered.push((now.delivered - attributed.delivered, cached as f64));
+            attributed = now;
             let overlap = r.overlap_blocks().unwrap_or(u64::MAX);
             let w = r.header(headers::DEBUG_WORKER).unwrap_or("?").to_owned();
             if turn > 0 {
@@ -145,6 +153,9 @@ async fn calibration(stack: &Stack, watches: &[(&str, &EventWatch)]) -> anyhow::
     }
     assert_eq!(equal, turns.len());
     assert!(turns.iter().all(|t| t.3 > 0), "every continuation hits its history");
+    let same = delivered.iter().filter(|(d, c)| d == c).count();
+    eprintln!("attribution: {same}/{} requests with delivered == cached_tokens", delivered.len());
+    assert_eq!(same, delivered.len(), "delivered vs cached_tokens per request: {delivered:?}");
     Ok(())
 }
 

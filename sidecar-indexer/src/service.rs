@@ -485,6 +485,13 @@ impl Service {
         for (_, mut rt) in fresh_workers {
             retire.append(&mut rt.ranks);
         }
+        // Every retired listener is asked first, then each is waited for: a pool of 1,000 workers
+        // scaled away costs one poll interval (100 ms), not 1,000 of them.
+        for r in &retire {
+            if let Some(l) = &r.listener {
+                l.ask_to_stop();
+            }
+        }
         for r in retire {
             self.retire_rank(r);
         }

@@ -298,3 +298,24 @@ pub fn usage(body: &Value) -> Option<(u64, u64)> {
         u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0),
     ))
 }
+
+/// The indexer's attribution counters (issue 46): (requests attributed, tokens delivered).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Attributed {
+    pub requests: f64,
+    pub delivered: f64,
+}
+
+/// The attribution once more than `after` requests are attributed: the filter reports the
+/// engine's usage with its done report, after the response has reached the client.
+pub async fn attributed_past(stack: &Stack, after: f64) -> anyhow::Result<Attributed> {
+    kvmesh_e2e::poll::until(&format!("more than {after} requests attributed"), || async {
+        let m = stack.scrape(&stack.indexer_url("/metrics")).await.ok()?;
+        let a = Attributed {
+            requests: m.sum("kvmesh_attribution_requests_total", &[("result", "attributed")]),
+            delivered: m.sum("kvmesh_attribution_delivered_tokens_total", &[]),
+        };
+        (a.requests > after).then_some(a)
+    })
+    .await
+}

@@ -102,9 +102,15 @@ pub struct ListenerHandle {
 }
 
 impl ListenerHandle {
+    /// Asks the thread to stop without waiting: stopping many listeners at once asks them all
+    /// first, so their poll intervals overlap instead of adding up.
+    pub fn ask_to_stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
     /// Asks the thread to stop and waits for it (at most one poll interval plus a replay deadline).
     pub fn stop(mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.ask_to_stop();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
