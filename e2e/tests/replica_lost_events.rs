@@ -19,6 +19,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use anyhow::Context;
 use futures::future::join_all;
 use kvmesh_e2e::client::post_json;
 use kvmesh_e2e::poll;
@@ -123,7 +124,7 @@ async fn a_replica_stalled_past_the_high_water_mark_replays_the_gap_and_matches_
     index_equals_engines(&b, &a, "B").await?;
     let gaps_before = indexer_counter(&b, "kvmesh_kv_gaps_total").await?;
 
-    let pid = b.indexer.as_ref().map(|p| p.pid()).expect("replica B runs an indexer");
+    let pid = b.indexer.as_ref().map(|p| p.pid()).context("replica B runs no indexer")?;
     let paused = Paused::stop(pid)?;
     // ~150 × 20 KB of BlockStored (and the removals of a cache that overflows) while B reads nothing.
     let sent = traffic(&[&a], 100, 150, 8).await;

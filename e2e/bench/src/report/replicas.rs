@@ -136,9 +136,9 @@ fn curve_row(md: &mut String, w: &WorkloadSweep, p: &PointResult) {
         p.rate,
         pct(p.engine_hit_rate),
         f(p.hit_over_ceiling(), 2),
-        vs_one(&|x| x.engine_hit_rate),
+        vs_one(&|x: &PointResult| x.engine_hit_rate),
         f(p.ttft_p90_ms, 0),
-        vs_one(&|x| x.ttft_p90_ms),
+        vs_one(&|x: &PointResult| x.ttft_p90_ms),
         f(p.load_max_over_mean, 3),
         f(p.load_cov, 3),
         moves(p),
@@ -179,7 +179,7 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
                 if shown.iter().any(|(pol, r)| *pol == p.policy && *r == p.rate) {
                     continue;
                 }
-                shown.push((&p.policy, p.rate));
+                shown.push((p.policy.as_str(), p.rate));
                 if let Some(one) = one_gateway(w, &p.policy, p.rate) {
                     curve_row(&mut md, w, one);
                 }

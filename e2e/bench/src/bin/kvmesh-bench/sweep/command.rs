@@ -167,7 +167,7 @@ pub async fn run(common: &Common, a: &SweepArgs) -> Result<(RunManifest, usize)>
 
 /// The lost-events faults of `--lose-events` (empty without it), checked against the rest: fixed
 /// rates, simulators, a fault inside the window with room to recover after it.
-fn lose_events(a: &SweepArgs, fixed_rates: &[f64], real_engines: bool) -> Result<Vec<FaultPlan>> {
+fn fault_plans(a: &SweepArgs, fixed_rates: &[f64], real_engines: bool) -> Result<Vec<FaultPlan>> {
     let Some(list) = &a.lose_events else { return Ok(Vec::new()) };
     if fixed_rates.is_empty() {
         bail!("--lose-events needs --rates (the load point's rate: no ladder runs)");
@@ -258,7 +258,7 @@ fn setup(common: &Common, a: &SweepArgs) -> Result<(Fleet, SweepSettings)> {
         Some(list) => parse_rates("--rates", list)?,
     };
     let vllm = common.vllm_options()?;
-    let lose_events = lose_events(a, &fixed_rates, vllm.is_some())?;
+    let lose_events = fault_plans(a, &fixed_rates, vllm.is_some())?;
     if !lose_events.is_empty() {
         // A PUB queue that a stall of seconds overflows (the simulators' own default holds
         // 100,000 batches).
