@@ -283,7 +283,7 @@ mod tests {
     #[test]
     fn the_curve_starts_at_the_one_gateway_point_per_policy_and_spread() {
         let w = workload();
-        let s = curve_series(&w, &|p| p.hit_over_ceiling());
+        let s = curve_series(&w, &|p: &PointResult| p.hit_over_ceiling());
         let labels: Vec<&str> = s.iter().map(|s| s.label.as_str()).collect();
         assert_eq!(
             labels,

@@ -12,20 +12,21 @@
 //! Gateway replicas (issue 47): with `--replicas` naming counts above 1, after a workload's points
 //! every policy is measured again behind each such count of gateway replicas, per spread, at the
 //! load point (or at each `--rates` rate) — the replica curve, `WorkloadSweep::replica_points`.
-//! `--lose-events` runs lost-events points instead of the sweep (`run_lost_events`).
+//! `--lose-events` runs lost-events points instead of the sweep (`curve.rs`).
 
 pub mod command;
+mod curve;
 mod point;
 mod replica;
 
 use point::{fmt_elapsed, measure, PointSpec, Progress};
-use replica::FaultPlan;
 
 use crate::run::{Fleet, MultiModel};
 use anyhow::{Context, Result};
 use kvmesh_bench::policy::Policy;
 use kvmesh_bench::report::sweep::{plot_files, SweepReport, WorkloadSweep};
 use kvmesh_bench::sweep::replicas::{ReplicaSetup, Spread};
+use replica::FaultPlan;
 use kvmesh_bench::sweep::{
     default_start_rate, next_ladder_rate, policy_rates, timing_for, window_for, FleetTiming,
     LadderStep, PointResult, RatePoint, SweepConfig,
@@ -251,7 +252,7 @@ pub async fn run_sweep(a: &SweepSettings, fleet: &Fleet, out: &Path) -> Result<S
         let wi = report.workloads.len() - 1;
         if !a.lose_events.is_empty() {
             let spec = spec.with_window_s(a.load_point_window_s.unwrap_or(window.window_s));
-            run_lost_events(a, &spec, kind, &out, &mut progress, &mut report, wi).await?;
+            curve::run_lost_events(a, &spec, kind, &out, &mut progress, &mut report, wi).await?;
             continue;
         }
         if !a.fixed_rates.is_empty() {
@@ -276,8 +277,17 @@ pub async fn run_sweep(a: &SweepSettings, fleet: &Fleet, out: &Path) -> Result<S
                 }
             }
             let rates = a.fixed_rates.clone();
-            run_replica_curve(a, &fixed_spec, kind, &rates, &out, &mut progress, &mut report, wi)
-                .await?;
+            curve::run_replica_curve(
+                a,
+                &fixed_spec,
+                kind,
+                &rates,
+                &out,
+                &mut progress,
+                &mut report,
+                wi,
+            )
+            .await?;
             continue;
         }
         // 1. round_robin's ladder.
@@ -353,7 +363,7 @@ pub async fn run_sweep(a: &SweepSettings, fleet: &Fleet, out: &Path) -> Result<S
         // 3. The replica curve at the load point.
         match load_point {
             Some(lp) => {
-                run_replica_curve(
+                curve::run_replica_curve(
                     a,
                     &load_point_spec,
                     kind,
@@ -372,70 +382,6 @@ pub async fn run_sweep(a: &SweepSettings, fleet: &Fleet, out: &Path) -> Result<S
         }
     }
     Ok(report)
-}
-
-/// Whether `policy` runs on `kind` (the session-header policies need sessions; round_robin always).
-fn runs_on(kind: WorkloadKind, policy: Policy) -> bool {
-    kind.has_sessions() || !policy.uses_session_header() || policy == Policy::RoundRobin
-}
-
-/// The replica curve of one workload: every policy at each `rates` rate behind every replica count
-/// above 1 of `--replicas`, kvmesh's policies per spread, the baselines (whose choice reads no
-/// replica's state) under the first spread only.
-#[allow(clippy::too_many_arguments)]
-async fn run_replica_curve(
-    a: &SweepSettings,
-    spec: &PointSpec<'_>,
-    kind: WorkloadKind,
-    rates: &[f64],
-    out: &Path,
-    progress: &mut Progress,
-    report: &mut SweepReport,
-    wi: usize,
-) -> Result<()> {
-    for &count in a.replicas.iter().filter(|&&n| n > 1) {
-        for (si, &spread) in a.spreads.iter().enumerate() {
-            for &policy in a.policies.iter().filter(|&&p| runs_on(kind, p)) {
-                if si > 0 && !policy.is_kvmesh() {
-                    continue;
-                }
-                let spec = spec.behind(ReplicaSetup { count, spread }, None);
-                for &rate in rates {
-                    let p = measure(a, &spec, kind, policy, rate, out, progress).await;
-                    report.workloads[wi].replica_points.push(p);
-                    save(report, out)?;
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Lost-events points of one workload: each kvmesh policy at each `--rates` rate behind the
-/// largest `--replicas` count, per spread and per fault, the last replica's indexer faulted.
-async fn run_lost_events(
-    a: &SweepSettings,
-    spec: &PointSpec<'_>,
-    kind: WorkloadKind,
-    out: &Path,
-    progress: &mut Progress,
-    report: &mut SweepReport,
-    wi: usize,
-) -> Result<()> {
-    let count = a.replicas.iter().copied().max().unwrap_or(2).max(2);
-    for &plan in &a.lose_events {
-        for &spread in &a.spreads {
-            for &policy in a.policies.iter().filter(|&&p| p.is_kvmesh() && runs_on(kind, p)) {
-                let spec = spec.behind(ReplicaSetup { count, spread }, Some(plan));
-                for &rate in &a.fixed_rates {
-                    let p = measure(a, &spec, kind, policy, rate, out, progress).await;
-                    report.workloads[wi].replica_points.push(p);
-                    save(report, out)?;
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// CPU seconds between two tick readings (`None` when either is missing).
@@ -520,39 +466,10 @@ pub fn draw(report: &SweepReport, out: &Path) -> Result<Vec<std::path::PathBuf>,
         .map_err(|e| e.to_string())?;
         written.push(h);
         if w.replica_points.iter().any(|p| p.lost_events.is_none()) {
-            written.extend(draw_replicas(w, out)?);
+            written.extend(curve::draw_replicas(w, out)?);
         }
     }
     Ok(written)
-}
-
-/// The replica curve's plots of one workload: hit × ceiling and TTFT p90 against the replicas.
-fn draw_replicas(w: &WorkloadSweep, out: &Path) -> Result<Vec<std::path::PathBuf>, String> {
-    use kvmesh_bench::report::plots::vs_rate;
-    use kvmesh_bench::report::replicas::{curve_series, plot_files};
-    let (hit, ttft) = plot_files(&w.workload);
-    let (h, t) = (out.join(hit), out.join(ttft));
-    vs_rate(
-        &h,
-        &format!("{}: engine hit ÷ ceiling vs gateway replicas (hollow = invalid)", w.workload),
-        "gateway replicas",
-        "engine hit rate ÷ ceiling",
-        &curve_series(w, &|p| p.hit_over_ceiling()),
-        false,
-        None,
-    )
-    .map_err(|e| e.to_string())?;
-    vs_rate(
-        &t,
-        &format!("{}: TTFT p90 vs gateway replicas (hollow = invalid)", w.workload),
-        "gateway replicas",
-        "TTFT p90 (ms)",
-        &curve_series(w, &|p| p.ttft_p90_ms),
-        false,
-        None,
-    )
-    .map_err(|e| e.to_string())?;
-    Ok(vec![h, t])
 }
 
 #[cfg(test)]
