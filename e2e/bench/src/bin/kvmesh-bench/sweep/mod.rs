@@ -251,6 +251,8 @@ pub async fn run_sweep(a: &SweepSettings, fleet: &Fleet, out: &Path) -> Result<S
         });
         let wi = report.workloads.len() - 1;
         if !a.lose_events.is_empty() {
+            report.workloads[wi].note =
+                "lost-events points only (`--lose-events`): no ladder, no one-gateway point".into();
             let spec = spec.with_window_s(a.load_point_window_s.unwrap_or(window.window_s));
             curve::run_lost_events(a, &spec, kind, &out, &mut progress, &mut report, wi).await?;
             continue;
