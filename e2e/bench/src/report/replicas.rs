@@ -123,7 +123,7 @@ fn curve_row(md: &mut String, w: &WorkloadSweep, p: &PointResult) {
     let one = one_gateway(w, &p.policy, p.rate);
     let vs_one = |v: &dyn Fn(&PointResult) -> Option<f64>| {
         if p.replicas.single() {
-            return "1.00".to_owned();
+            return f(v(p).map(|_| 1.0), 2);
         }
         f(ratio(v(p), one.and_then(v)), 2)
     };
