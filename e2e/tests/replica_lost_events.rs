@@ -4,7 +4,7 @@
 //! indexer, both indexers subscribed to every worker's KV events). Replica B's indexer loses events
 //! while replica A keeps serving traffic that stores and evicts blocks:
 //! - **stall**: SIGSTOP past the engines' PUB high-water mark (`--kv-events-hwm 8`; the kernel's
-//!   socket buffers hold far less than the ~3 MB of events sent meanwhile), then SIGCONT. The
+//!   socket buffers hold less than the ~30 MB of events sent meanwhile), then SIGCONT. The
 //!   engines drop B's share of what did not fit; B must see the gap (`kvmesh_kv_gaps_total`, else
 //!   the test lost nothing and says so) and replay it.
 //! - **restart**: traffic through both replicas, B's indexer killed mid-run and started again
@@ -30,6 +30,10 @@ use serde_json::{json, Value};
 const WORKERS: usize = 2;
 /// Tokens of each request's unique prompt (256 blocks of 16: ~20 KB of `BlockStored` a request).
 const PROMPT_TOKENS: u32 = 4096;
+/// The stalled replica's prompts: 1,024 blocks, ~80 KB of `BlockStored` each, and as much again
+/// of `BlockRemoved` once the cache is full. Loopback TCP buffers grow to megabytes (`tcp_wmem`
+/// up to 4 MB here, `tcp_rmem` up to 32 MB): only tens of megabytes of events overflow them.
+const STALL_PROMPT_TOKENS: u32 = 16_384;
 
 /// Two workers with fast modelled time and a small PUB queue, and replica A over them.
 async fn replica_a(hwm: Option<u32>) -> anyhow::Result<Stack> {
@@ -42,14 +46,21 @@ async fn replica_a(hwm: Option<u32>) -> anyhow::Result<Stack> {
     Stack::start(spec).await
 }
 
-/// `n` unique prompts (request `first + i`), `concurrency` at a time, through `gateways` in turn.
-async fn traffic(gateways: &[&Stack], first: u32, n: u32, concurrency: usize) -> anyhow::Result<()> {
+/// `n` unique prompts of `tokens` (request `first + i`), `concurrency` at a time, through
+/// `gateways` in turn.
+async fn traffic(
+    gateways: &[&Stack],
+    first: u32,
+    n: u32,
+    tokens: u32,
+    concurrency: usize,
+) -> anyhow::Result<()> {
     let ids: Vec<u32> = (first..first + n).collect();
     for chunk in ids.chunks(concurrency.max(1)) {
         let sends = chunk.iter().map(|&i| {
             let gw = gateways[i as usize % gateways.len()];
             let prompt: Vec<u32> =
-                (0..PROMPT_TOKENS).map(|t| 1_000 + (i * 7_919 + t * 31) % 60_000).collect();
+                (0..tokens).map(|t| 1_000 + (i * 7_919 + t * 31) % 60_000).collect();
             let body = json!({"model": "deepseek-v4", "prompt": prompt, "max_tokens": 1});
             async move {
                 let r = post_json(gw.client(), &gw.gateway("/v1/completions"), &body, &[]).await?;
@@ -120,18 +131,19 @@ async fn a_replica_stalled_past_the_high_water_mark_replays_the_gap_and_matches_
     let a = replica_a(Some(8)).await?;
     let b = Stack::start(a.replica_spec()).await?;
     // Both indexers have every engine's (empty) state before the stall.
-    traffic(&[&a, &b], 0, 4, 4).await?;
+    traffic(&[&a, &b], 0, 4, PROMPT_TOKENS, 4).await?;
     index_equals_engines(&b, &a, "B").await?;
     let gaps_before = indexer_counter(&b, "kvmesh_kv_gaps_total").await?;
 
     let pid = b.indexer.as_ref().map(|p| p.pid()).context("replica B runs no indexer")?;
     let paused = Paused::stop(pid)?;
-    // ~150 × 20 KB of BlockStored (and the removals of a cache that overflows) while B reads nothing.
-    let sent = traffic(&[&a], 100, 150, 8).await;
+    // ~200 × 80 KB of BlockStored, and the removals of a cache that overflows, while B reads
+    // nothing.
+    let sent = traffic(&[&a], 100, 200, STALL_PROMPT_TOKENS, 8).await;
     paused.resume();
     sent?;
     // A gap shows with the next live batch after the hole: two more requests publish one.
-    traffic(&[&a], 400, 2, 2).await?;
+    traffic(&[&a], 400, 2, PROMPT_TOKENS, 2).await?;
 
     let blocks = index_equals_engines(&b, &a, "B").await?;
     index_equals_engines(&a, &a, "A").await?;
@@ -154,7 +166,7 @@ async fn a_replica_restarted_mid_run_rebuilds_its_index_from_the_engines() -> an
     // Traffic through both replicas in turn while B's indexer dies and comes back: B's Envoy
     // routes without it meanwhile (the filter's fallback), and the engines keep storing.
     let load = async {
-        traffic(&[&a], 0, 40, 4).await?;
+        traffic(&[&a], 0, 40, PROMPT_TOKENS, 4).await?;
         // Through B as well, by URL (B itself is being restarted).
         let client = a.client().clone();
         for i in 40..80u32 {

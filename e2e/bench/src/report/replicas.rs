@@ -193,6 +193,17 @@ pub fn render(r: &SweepReport, plots: bool) -> String {
     md
 }
 
+/// A stall after which the indexer counted no sequence gap lost no event: its row measures
+/// nothing but the stall (raise `--stall-s` or the rate).
+fn no_loss(l: &crate::sweep::lost_events::LostEvents) -> &'static str {
+    let gaps = l.indexer.iter().find(|(k, _)| k == "gaps").map(|(_, v)| *v);
+    if l.fault == "stall" && gaps == Some(0.0) {
+        "; **no gap: the stall lost no event**"
+    } else {
+        ""
+    }
+}
+
 /// The lost-events table of a workload (nothing when it has no such point).
 fn render_lost(md: &mut String, w: &WorkloadSweep) {
     let lost: Vec<(&PointResult, &crate::sweep::lost_events::LostEvents)> =
@@ -235,7 +246,7 @@ fn render_lost(md: &mut String, w: &WorkloadSweep) {
             pct(l.lost_share()),
             l.span_requests,
             if indexer.is_empty() { "n/a".into() } else { indexer },
-            status(p)
+            status(p) + no_loss(l)
         );
     }
 }
