@@ -149,7 +149,9 @@ async fn a_replica_stalled_past_the_high_water_mark_replays_the_gap_and_matches_
     index_equals_engines(&a, &a, "A").await?;
     let gaps = indexer_counter(&b, "kvmesh_kv_gaps_total").await? - gaps_before;
     let replays = indexer_counter(&b, "kvmesh_kv_replays_total").await?;
-    eprintln!("stalled replica: {gaps} gaps, {replays} replays; {blocks} blocks cached and indexed");
+    eprintln!(
+        "stalled replica: {gaps} gaps, {replays} replays; {blocks} blocks cached and indexed"
+    );
     assert!(
         gaps >= 1.0,
         "replica B saw no sequence gap: the stall did not overflow the engines' PUB queue, so this test lost no event"

@@ -262,7 +262,13 @@ fn a_replica_curve_runs_every_policy_behind_two_gateways_each_spread() {
     );
     for p in &w.replica_points {
         assert_eq!(p.error, None, "{}", p.dir);
-        assert!(p.requests > 0 && p.ok * 10 >= p.requests * 9, "{}: {} of {} ok", p.dir, p.ok, p.requests);
+        assert!(
+            p.requests > 0 && p.ok * 10 >= p.requests * 9,
+            "{}: {} of {} ok",
+            p.dir,
+            p.ok,
+            p.requests
+        );
         assert!(p.session_moves.is_some() && p.load_cov.is_some(), "{}", p.dir);
         // A second gateway ran (and, the spreads sending it every other session or request, the
         // ok count above says it served).

@@ -257,7 +257,14 @@ mod tests {
     use crate::sweep::lost_events::{FaultTimes, LostEvents};
     use crate::sweep::replicas::{ReplicaSetup, SessionMoves, Spread};
 
-    fn point(policy: &str, n: usize, spread: Spread, hit: f64, p90: f64, valid: bool) -> PointResult {
+    fn point(
+        policy: &str,
+        n: usize,
+        spread: Spread,
+        hit: f64,
+        p90: f64,
+        valid: bool,
+    ) -> PointResult {
         PointResult {
             policy: policy.into(),
             rate: 2.0,

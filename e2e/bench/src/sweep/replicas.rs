@@ -233,8 +233,8 @@ mod tests {
         for bad in ["0", "x", "", "2,-1"] {
             assert!(parse_replica_counts(bad).is_err(), "{bad:?}");
         }
-        let s = serde_json::to_string(&ReplicaSetup { count: 2, spread: Spread::PerRequest })
-            .unwrap();
+        let s =
+            serde_json::to_string(&ReplicaSetup { count: 2, spread: Spread::PerRequest }).unwrap();
         assert_eq!(s, r#"{"count":2,"spread":"per-request"}"#);
         assert_eq!(ReplicaSetup::default().dir_part(), None);
         assert_eq!(

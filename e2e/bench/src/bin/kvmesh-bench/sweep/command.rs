@@ -173,7 +173,9 @@ fn fault_plans(a: &SweepArgs, fixed_rates: &[f64], real_engines: bool) -> Result
         bail!("--lose-events needs --rates (the load point's rate: no ladder runs)");
     }
     if real_engines {
-        bail!("--lose-events runs on simulators (--engines sim): it lowers their PUB high-water mark");
+        bail!(
+            "--lose-events runs on simulators (--engines sim): it lowers their PUB high-water mark"
+        );
     }
     let window = a.load_point_window_s.unwrap_or(a.duration_s);
     let at_s = a.fault_at_s.unwrap_or(window / 4.0);

@@ -76,7 +76,10 @@ pub(super) async fn run_lost_events(
 }
 
 /// The replica curve's plots of one workload: hit × ceiling and TTFT p90 against the replicas.
-pub(super) fn draw_replicas(w: &WorkloadSweep, out: &Path) -> Result<Vec<std::path::PathBuf>, String> {
+pub(super) fn draw_replicas(
+    w: &WorkloadSweep,
+    out: &Path,
+) -> Result<Vec<std::path::PathBuf>, String> {
     use kvmesh_bench::report::plots::vs_rate;
     use kvmesh_bench::report::replicas::{curve_series, plot_files};
     let (hit, ttft) = plot_files(&w.workload);
@@ -103,4 +106,3 @@ pub(super) fn draw_replicas(w: &WorkloadSweep, out: &Path) -> Result<Vec<std::pa
     .map_err(|e| e.to_string())?;
     Ok(vec![h, t])
 }
-

@@ -26,7 +26,6 @@ use anyhow::{Context, Result};
 use kvmesh_bench::policy::Policy;
 use kvmesh_bench::report::sweep::{plot_files, SweepReport, WorkloadSweep};
 use kvmesh_bench::sweep::replicas::{ReplicaSetup, Spread};
-use replica::FaultPlan;
 use kvmesh_bench::sweep::{
     default_start_rate, next_ladder_rate, policy_rates, timing_for, window_for, FleetTiming,
     LadderStep, PointResult, RatePoint, SweepConfig,
@@ -37,6 +36,7 @@ use kvmesh_bench::workload::tiers;
 use kvmesh_bench::workload::{trace as wtrace, WorkloadKind};
 use kvmesh_e2e::stack::{ModelSpec, StackSpec, Worker};
 use kvmesh_e2e::vllm::VllmOptions;
+use replica::FaultPlan;
 use std::path::Path;
 use std::time::{Duration, Instant};
 

@@ -40,7 +40,12 @@ pub async fn start_replicas(
             match Stack::start(spec).await {
                 Ok(s) => break s,
                 Err(e) if attempt < attempts.max(1) => {
-                    tracing::warn!(replica = i, attempt, error = format!("{e:#}"), "replica did not start; retrying");
+                    tracing::warn!(
+                        replica = i,
+                        attempt,
+                        error = format!("{e:#}"),
+                        "replica did not start; retrying"
+                    );
                     attempt += 1;
                     tokio::time::sleep(Duration::from_secs(2)).await;
                 }
@@ -102,11 +107,9 @@ pub async fn counters_since(
 ) -> Vec<(String, f64)> {
     let Some(after) = indexer_counters(stack).await else { return Vec::new() };
     match (fault, before) {
-        (Fault::Stall, Some(before)) => after
-            .into_iter()
-            .zip(before)
-            .map(|((name, a), (_, b))| (name, a - b))
-            .collect(),
+        (Fault::Stall, Some(before)) => {
+            after.into_iter().zip(before).map(|((name, a), (_, b))| (name, a - b)).collect()
+        }
         _ => after,
     }
 }
