@@ -117,7 +117,8 @@ pub struct SweepArgs {
     #[arg(long, default_value_t = 5.0)]
     recovery_bin_s: f64,
     /// Lost events: the simulators' PUB send high-water mark (`vllm-sim --kv-events-hwm`, default
-    /// there 100,000 batches), low so that a stall of seconds overflows it.
+    /// there 100,000 batches), low so that a stall overflows it once the connection's socket
+    /// buffers (megabytes on loopback, README "Gateway replicas") are full.
     #[arg(long, default_value_t = 100)]
     lose_events_hwm: u32,
 }

@@ -2,19 +2,13 @@
 //! lost-events points instead of them, and the curve's plots.
 
 use super::point::{measure, PointSpec, Progress};
-use super::{save, SweepSettings};
+use super::{runs_on, save, SweepSettings};
 use anyhow::Result;
-use kvmesh_bench::policy::Policy;
 use kvmesh_bench::report::sweep::{SweepReport, WorkloadSweep};
 use kvmesh_bench::sweep::replicas::ReplicaSetup;
 use kvmesh_bench::sweep::PointResult;
 use kvmesh_bench::workload::WorkloadKind;
 use std::path::Path;
-
-/// Whether `policy` runs on `kind` (the session-header policies need sessions; round_robin always).
-fn runs_on(kind: WorkloadKind, policy: Policy) -> bool {
-    kind.has_sessions() || !policy.uses_session_header() || policy == Policy::RoundRobin
-}
 
 /// The replica curve of one workload: every policy at each `rates` rate behind every replica count
 /// above 1 of `--replicas`, kvmesh's policies per spread, the baselines (whose choice reads no

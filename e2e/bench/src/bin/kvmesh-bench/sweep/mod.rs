@@ -160,6 +160,12 @@ pub(crate) fn fleet_for_kind(fleet: Fleet, kind: WorkloadKind) -> Result<Fleet> 
     Ok(Fleet { workers, multi: Some(multi), ..fleet })
 }
 
+/// Whether `policy` runs on `kind`: the policies that hash or read the session header need a
+/// workload with sessions (nothing to hash otherwise); round_robin always runs (the ladder).
+fn runs_on(kind: WorkloadKind, policy: Policy) -> bool {
+    kind.has_sessions() || !policy.uses_session_header() || policy == Policy::RoundRobin
+}
+
 fn save(report: &SweepReport, out: &Path) -> Result<()> {
     let path = out.join("sweep.json");
     std::fs::write(&path, serde_json::to_string_pretty(report)?)
@@ -265,13 +271,7 @@ pub async fn run_sweep(a: &SweepSettings, fleet: &Fleet, out: &Path) -> Result<S
             // `--load-point-window-s` with fixed rates: measure them as a load point, so
             // one `make bench` point can be re-run alone (same compression, same window).
             let fixed_spec = spec.with_window_s(a.load_point_window_s.unwrap_or(window.window_s));
-            for &policy in &a.policies {
-                if !kind.has_sessions()
-                    && policy.uses_session_header()
-                    && policy != Policy::RoundRobin
-                {
-                    continue;
-                }
+            for &policy in a.policies.iter().filter(|&&p| runs_on(kind, p)) {
                 for &rate in &a.fixed_rates {
                     let p = measure(a, &fixed_spec, kind, policy, rate, &out, &mut progress).await;
                     report.workloads[wi].points.push(p);
@@ -331,11 +331,7 @@ pub async fn run_sweep(a: &SweepSettings, fleet: &Fleet, out: &Path) -> Result<S
             _ => a.duration_s,
         };
         let load_point_spec = spec.with_window_s(a.load_point_window_s.unwrap_or(default_window_s));
-        for &policy in &a.policies {
-            if !kind.has_sessions() && policy.uses_session_header() && policy != Policy::RoundRobin
-            {
-                continue; // nothing to hash / no explicit session on this workload
-            }
+        for &policy in a.policies.iter().filter(|&&p| runs_on(kind, p)) {
             let already: Vec<f64> = if policy == Policy::RoundRobin {
                 rr.iter().map(|p| p.rate).collect()
             } else {

@@ -211,8 +211,12 @@ async fn measure_inner(
     let sink = Sink::create(&results, 1_000_000)?;
     let done = Arc::new(AtomicU64::new(0));
     let total = schedule.requests();
-    let (d, p_start, name, pol, rate, unit) =
-        (done.clone(), Instant::now(), kind.name(), policy.name(), schedule.rate, kind.rate_unit());
+    let pol = match spec.replicas.dir_part() {
+        Some(part) => format!("{} | {part}", policy.name()),
+        None => policy.name().to_owned(),
+    };
+    let (d, p_start, name, rate, unit) =
+        (done.clone(), Instant::now(), kind.name(), schedule.rate, kind.rate_unit());
     let ticker = tokio::spawn(async move {
         loop {
             tokio::time::sleep(PROGRESS_EVERY).await;
