@@ -120,11 +120,13 @@ bench-scale: setup ## One release indexer under 1,000 synthetic workers' KV even
 	target/release/kvmesh-bench scale --out bench-out/scale $(BENCH_ARGS) $(SCALE_ARGS)
 
 # `make bench-replicas`: the gateway-replica curve (issue 47; e2e/bench/README.md "Gateway
-# replicas"); not in CI, and only valid on a quiet machine. REPLICAS_ARGS goes to the sweep, e.g.
-# `--workloads agentic --sim-speedup 2` when the 8-replica points come out invalid (CPU > 85 %).
+# replicas"); not in CI, and only valid on a quiet machine. REPLICAS_WORKLOADS picks the
+# workloads, REPLICAS_ARGS goes to the sweep: `make bench-replicas REPLICAS_WORKLOADS=agentic
+# REPLICAS_ARGS="--sim-speedup 2"` when the 8-replica points come out invalid (CPU > 85 %).
+REPLICAS_WORKLOADS ?= agentic,trace
 bench-replicas: ## Replica curve: agentic and trace, round_robin / ring_hash / kvmesh_precise at 1, 2, 4, 8 gateway replicas at the load point, per connection and per request (~80 min) → bench-out/replicas/report.md
 	$(MAKE) build PROFILE=release
-	target/release/kvmesh-bench sweep --out bench-out/replicas --workloads agentic,trace --policies round_robin,ring_hash,kvmesh_precise --fractions 0.8 --max-steps 5 --duration-s 20 --replicas 1,2,4,8 --replica-spread per-connection,per-request $(BENCH_ARGS) $(REPLICAS_ARGS)
+	target/release/kvmesh-bench sweep --out bench-out/replicas --workloads $(REPLICAS_WORKLOADS) --policies round_robin,ring_hash,kvmesh_precise --fractions 0.8 --max-steps 5 --duration-s 20 --replicas 1,2,4,8 --replica-spread per-connection,per-request $(BENCH_ARGS) $(REPLICAS_ARGS)
 
 # cargo-machete (unused dependencies) is installed into .tools/cargo on first use, pinned.
 MACHETE := .tools/cargo/bin/cargo-machete
