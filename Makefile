@@ -19,7 +19,7 @@ else
 CARGO_PROFILE_FLAG :=
 endif
 
-.PHONY: help setup build wasm test run demo bench bench-quick bench-vllm bench-aiperf bench-scale lint validate clean setup-vllm test-vllm fuzz soak
+.PHONY: help setup build wasm test run demo bench bench-quick bench-vllm bench-aiperf bench-scale bench-replicas lint validate clean setup-vllm test-vllm fuzz soak
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -118,6 +118,15 @@ bench-aiperf: ## NVIDIA's aiperf as the client of each policy's gateway (5 polic
 bench-scale: setup ## One release indexer under 1,000 synthetic workers' KV events (64k blocks each): memory, apply throughput, routes, subscriptions, replay storm (~15 min, ~10 GB RAM at full size) → bench-out/scale/scale.md
 	$(CARGO) build --release -p kvmesh-indexer -p kvmesh-bench --bin kvmesh-indexer --bin kvmesh-bench
 	target/release/kvmesh-bench scale --out bench-out/scale $(BENCH_ARGS) $(SCALE_ARGS)
+
+# `make bench-replicas`: the gateway-replica curve (issue 47; e2e/bench/README.md "Gateway
+# replicas"); not in CI, and only valid on a quiet machine. REPLICAS_WORKLOADS picks the
+# workloads, REPLICAS_ARGS goes to the sweep: `make bench-replicas REPLICAS_WORKLOADS=agentic
+# REPLICAS_ARGS="--sim-speedup 2"` when the 8-replica points come out invalid (CPU > 85 %).
+REPLICAS_WORKLOADS ?= agentic,trace
+bench-replicas: ## Replica curve: agentic and trace, round_robin / ring_hash / kvmesh_precise at 1, 2, 4, 8 gateway replicas at the load point, per connection and per request (~80 min) → bench-out/replicas/report.md
+	$(MAKE) build PROFILE=release
+	target/release/kvmesh-bench sweep --out bench-out/replicas --workloads $(REPLICAS_WORKLOADS) --policies round_robin,ring_hash,kvmesh_precise --fractions 0.8 --max-steps 5 --duration-s 20 --replicas 1,2,4,8 --replica-spread per-connection,per-request $(BENCH_ARGS) $(REPLICAS_ARGS)
 
 # cargo-machete (unused dependencies) is installed into .tools/cargo on first use, pinned.
 MACHETE := .tools/cargo/bin/cargo-machete

@@ -7,10 +7,13 @@
 //! `turn_deadline` (sessions are cut there and the cut is counted), and every request has its
 //! deadline, so a point always ends. `done` counts finished requests for the progress line. A
 //! session naming its own model also sends it in `x-gateway-model-name` (the baselines route by it).
+//! Behind several gateway replicas each request goes to the one `sweep::replicas::replica_for`
+//! names (a session's position in the schedule and the request's number in send order).
 
 use crate::client::send_streaming;
 use crate::record::RequestRecord;
 use crate::replay::{to_record, MAX_CONCURRENCY};
+use crate::sweep::replicas::{replica_for, Spread};
 use crate::workload::{Content, Schedule};
 use kvmesh_e2e::envoy_config::MODEL_HEADER;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,8 +24,10 @@ use tokio::sync::{mpsc, Semaphore};
 /// How to run a schedule.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScheduleRunConfig {
-    /// Gateway base URL.
-    pub base_url: String,
+    /// Base URL of each gateway replica (one for a single gateway).
+    pub gateways: Vec<String>,
+    /// How requests are spread over `gateways`.
+    pub spread: Spread,
     /// `model` of every request.
     pub model: String,
     /// Send each session's id in this header, when set.
@@ -72,7 +77,6 @@ pub async fn run_schedule(
         );
         tasks.push(tokio::spawn(async move {
             let Some(s) = schedule.sessions.get(i) else { return };
-            let url = format!("{}{}", cfg.base_url.trim_end_matches('/'), s.path());
             let mut due = t0_tokio + Duration::from_secs_f64(s.start_ms.max(0.0) / 1000.0);
             for (t, turn) in s.turns.iter().enumerate() {
                 if t > 0 {
@@ -88,6 +92,9 @@ pub async fn run_schedule(
                 let Ok(permit) = slots.acquire().await else { break };
                 let sent_ms = t0.elapsed().as_secs_f64() * 1000.0;
                 let index = seq.fetch_add(1, Ordering::Relaxed);
+                let gateway = replica_for(cfg.spread, i, index, cfg.gateways.len());
+                let base = cfg.gateways.get(gateway).map_or("", |g| g.trim_end_matches('/'));
+                let url = format!("{base}{}", s.path());
                 let mut extra: Vec<(String, String)> =
                     cfg.session_header.iter().map(|h| (h.clone(), s.id.clone())).collect();
                 // A session naming its model says so in a header too: Envoy's baseline policies

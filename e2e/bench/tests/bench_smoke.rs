@@ -10,8 +10,8 @@
 //! A second run exercises the load sweep (`kvmesh-bench sweep`): two workloads (sibling bursts and
 //! agentic chat), round_robin's two-step ladder and kvmesh precise, 4-second points, and checks
 //! that every point ran, was recorded, sampled and marked, and that the sweep section, the
-//! headline and the plots were written. The two runs take turns (a lock), never two stacks at
-//! once.
+//! headline and the plots were written. A third runs the replica curve at one rate behind two
+//! gateways, each spread. The runs take turns (a lock), never two stacks at once.
 //!
 //! Needs the workspace binaries, Envoy and the wasm filter (`make build`), like the other
 //! end-to-end tests. The child is stopped with SIGTERM on failure or deadline, so it tears its
@@ -203,6 +203,81 @@ fn a_small_sweep_measures_marks_and_reports_every_point() {
     for png in
         ["sweep_siblings_ttft_p90.png", "sweep_siblings_hit_rate.png", "sweep_agentic_ttft_p90.png"]
     {
+        assert!(out.join(png).exists(), "{png} written");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn a_replica_curve_runs_every_policy_behind_two_gateways_each_spread() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let out: PathBuf =
+        std::env::temp_dir().join(format!("kvmesh-bench-replicas-smoke-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    run_bench(
+        "replicas",
+        &out,
+        &[
+            "sweep",
+            "--workloads",
+            "agentic",
+            "--policies",
+            "round_robin,kvmesh_precise",
+            "--rates",
+            "0.5",
+            "--duration-s",
+            "4",
+            "--warmup-s",
+            "2",
+            "--workers",
+            "2",
+            "--sim-speedup",
+            "20",
+            "--request-timeout-s",
+            "60",
+            "--replicas",
+            "1,2",
+            "--replica-spread",
+            "per-connection,per-request",
+        ],
+    );
+    let report: SweepReport =
+        serde_json::from_str(&std::fs::read_to_string(out.join("sweep/sweep.json")).unwrap())
+            .unwrap();
+    let w = &report.workloads[0];
+    assert_eq!(w.points.len(), 2, "one gateway: both policies at the rate");
+    // kvmesh under both spreads, round_robin under the first only.
+    let ran: Vec<(&str, usize, &str)> = w
+        .replica_points
+        .iter()
+        .map(|p| (p.policy.as_str(), p.replicas.count, p.replicas.spread.name()))
+        .collect();
+    assert_eq!(
+        ran,
+        [
+            ("round_robin", 2, "per-connection"),
+            ("kvmesh_precise", 2, "per-connection"),
+            ("kvmesh_precise", 2, "per-request")
+        ]
+    );
+    for p in &w.replica_points {
+        assert_eq!(p.error, None, "{}", p.dir);
+        assert!(
+            p.requests > 0 && p.ok * 10 >= p.requests * 9,
+            "{}: {} of {} ok",
+            p.dir,
+            p.ok,
+            p.requests
+        );
+        assert!(p.session_moves.is_some() && p.load_cov.is_some(), "{}", p.dir);
+        // A second gateway ran (and, the spreads sending it every other session or request, the
+        // ok count above says it served).
+        let replica = out.join("sweep").join(&p.dir).join("stack-replica1/envoy.yaml");
+        assert!(replica.exists(), "{}: no second gateway ({})", p.dir, replica.display());
+    }
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("### Gateway replicas: `agentic`"), "{md}");
+    for png in ["sweep_agentic_replicas_hit.png", "sweep_agentic_replicas_ttft.png"] {
         assert!(out.join(png).exists(), "{png} written");
     }
     let _ = std::fs::remove_dir_all(&out);

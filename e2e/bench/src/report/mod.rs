@@ -8,6 +8,7 @@ pub mod attribution;
 pub mod markdown;
 pub mod paths;
 pub mod plots;
+pub mod replicas;
 pub mod summary;
 pub mod sweep;
 pub mod targets;

@@ -44,6 +44,10 @@ pub struct WorkloadSweep {
     pub note: String,
     /// Every measured point, in measurement order.
     pub points: Vec<PointResult>,
+    /// The points behind several gateway replicas (`--replicas`), and the lost-events points
+    /// (`--lose-events`): their own section (`report::replicas`), not in the tables above.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replica_points: Vec<PointResult>,
 }
 
 impl WorkloadSweep {
@@ -496,6 +500,7 @@ mod tests {
                 point(POLICY_KVMESH_APPROXIMATE, 4.0, 300.0, 0.2, true),
                 point(POLICY_KVMESH_PRECISE, 4.0, 180.0, 0.28, precise_valid),
             ],
+            replica_points: Vec::new(),
         }
     }
 

@@ -37,10 +37,16 @@
 //! - **Several models.** A `models` point also has its numbers per base model (hit rate against
 //!   the model's own ceiling, TTFT p90, load over its own workers) and the requests an engine
 //!   answered 404, sent to a worker of another model ([`models::model_points`]).
+//! - **Gateway replicas.** A point may run behind N gateway replicas, the client spreading
+//!   requests over them per connection (session) or per request ([`replicas`]); its summary adds
+//!   session moves and the load's CoV. A lost-events point faults one replica's indexer and
+//!   measures its recovery ([`lost_events`]).
 
 mod ladder;
+pub mod lost_events;
 pub mod models;
 mod point;
+pub mod replicas;
 mod timing;
 mod validity;
 mod window;

@@ -1,6 +1,8 @@
 //! One point's summary: the machine sample, the per-point result the report reads, and
 //! [`summarize_point`] from its records and counters.
 
+use super::lost_events::LostEvents;
+use super::replicas::{load_cov, session_moves, ReplicaSetup, SessionMoves};
 use super::validity::invalid_reasons;
 use super::window::MeasureWindow;
 use crate::ceiling::Ceiling;
@@ -107,6 +109,18 @@ pub struct PointResult {
     /// and the losses by cause, in tokens; `None` for baselines, which have no router view.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attribution: Option<AttributionCounters>,
+    /// The gateway replicas the point ran behind (one by default) and the client's spread.
+    #[serde(default)]
+    pub replicas: ReplicaSetup,
+    /// How often a session's follow-up turn was served by another worker than its previous turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_moves: Option<SessionMoves>,
+    /// Prompt tokens per worker: standard deviation ÷ mean (idle workers count 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_cov: Option<f64>,
+    /// A lost-events point (`--lose-events`): the faulted replica's recovery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_events: Option<LostEvents>,
 }
 
 impl PointResult {
@@ -227,6 +241,8 @@ pub fn summarize_point(
         ceiling: ceiling.map(|c| c.0),
         ceiling_counts: ceiling.map(|c| c.1),
         load_max_over_mean: load.max_over_mean(),
+        load_cov: load_cov(records, fleet),
+        session_moves: Some(session_moves(records)).filter(|m| m.follow_ups > 0),
         lateness_p90_ms: lateness_p90,
         machine,
         sim_cpu_s_per_1k: machine

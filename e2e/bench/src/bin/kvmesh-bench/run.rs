@@ -171,6 +171,24 @@ pub(crate) async fn scrape_all(
     Ok(Scrape { engines, envoy, indexer })
 }
 
+/// [`scrape_all`] of the first stack, with every other gateway replica's Envoy (and indexer)
+/// scrape added: the counters' sums are then the whole set of replicas' (the engines are shared).
+pub(crate) async fn scrape_gateways(
+    stacks: &[Stack],
+    client: &reqwest::Client,
+    kvmesh: bool,
+) -> Result<Scrape> {
+    let (first, rest) = stacks.split_first().context("no gateway to scrape")?;
+    let mut all = scrape_all(first, client, kvmesh).await?;
+    for s in rest {
+        all.envoy.extend(scrape(client, &s.admin("/stats/prometheus")).await?);
+        if kvmesh {
+            all.indexer.extend(scrape(client, &s.indexer_url("/metrics")).await?);
+        }
+    }
+    Ok(all)
+}
+
 pub(crate) fn counters(
     stack: &Stack,
     before: &Scrape,

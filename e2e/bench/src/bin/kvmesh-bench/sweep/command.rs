@@ -1,6 +1,7 @@
 //! `kvmesh-bench sweep`: its flags, the sweep's fleet and settings (the report's settings lines
 //! included), and the manifest of the part alone.
 
+use super::replica::FaultPlan;
 use super::{run_sweep, SweepSettings, TRACE_LOAD_POINT_WINDOW_S};
 use crate::common::{vllm_fleet, Common, TraceSource};
 use crate::run::Fleet;
@@ -9,6 +10,8 @@ use clap::Args;
 use kvmesh_bench::manifest::{ExtraSection, RunManifest};
 use kvmesh_bench::policy::Policy;
 use kvmesh_bench::report::plots;
+use kvmesh_bench::sweep::lost_events::Fault;
+use kvmesh_bench::sweep::replicas::{parse_replica_counts, Spread};
 use kvmesh_bench::sweep::{timing_for, MAX_LATENESS_P90_MS, MAX_OTHER_CPU_BUSY};
 use kvmesh_bench::workload::{trace::TraceConfig, WorkloadKind};
 
@@ -86,17 +89,56 @@ pub struct SweepArgs {
     /// Trace requests' max_tokens = min(output_length, this).
     #[arg(long, default_value_t = 128)]
     max_output_tokens: u32,
+    /// Gateway replica counts, comma-separated (e.g. 1,2,4,8). The sweep runs at one gateway as
+    /// always; every count above 1 adds the replica curve: every policy again behind that many
+    /// gateways (each its own Envoy, filter and indexer over the same engines) at the load point,
+    /// or at each `--rates` rate.
+    #[arg(long, default_value = "1")]
+    replicas: String,
+    /// How the client spreads requests over replicas, comma-separated: per-connection (every turn
+    /// of a session to one replica, sessions round robin), per-request (round robin per request).
+    /// The baselines run under the first only.
+    #[arg(long, default_value = "per-connection")]
+    replica_spread: String,
+    /// Lost events instead of the sweep, comma-separated faults: stall (SIGSTOP the last
+    /// replica's indexer for `--stall-s`, past the engines' PUB high-water mark, then SIGCONT),
+    /// restart (kill it and start a new one). Needs `--rates`; runs the kvmesh policies behind the
+    /// largest `--replicas` count (at least 2).
+    #[arg(long)]
+    lose_events: Option<String>,
+    /// Lost events: the fault starts this long after the window opens, s (default: a quarter of
+    /// the window).
+    #[arg(long)]
+    fault_at_s: Option<f64>,
+    /// Lost events: how long a stall lasts, s.
+    #[arg(long, default_value_t = 20.0)]
+    stall_s: f64,
+    /// Lost events: the recovery's bin width, s.
+    #[arg(long, default_value_t = 5.0)]
+    recovery_bin_s: f64,
+    /// Lost events: the simulators' PUB send high-water mark (`vllm-sim --kv-events-hwm`, default
+    /// there 100,000 batches), low so that a stall overflows it once the connection's socket
+    /// buffers (megabytes on loopback, README "Gateway replicas") are full.
+    #[arg(long, default_value_t = 100)]
+    lose_events_hwm: u32,
 }
 
 /// Runs the load sweep; returns the manifest of this part alone and the points that ran.
 pub async fn run(common: &Common, a: &SweepArgs) -> Result<(RunManifest, usize)> {
     let (sweep_fleet, settings) = setup(common, a)?;
     let report = run_sweep(&settings, &sweep_fleet, &common.out).await?;
+    let ran_replicas = report
+        .workloads
+        .iter()
+        .flat_map(|w| &w.replica_points)
+        .filter(|p| p.error.is_none())
+        .count();
     let ran = report
         .workloads
         .iter()
         .map(|w| w.points.iter().filter(|p| p.error.is_none()).count())
-        .sum::<usize>();
+        .sum::<usize>()
+        + ran_replicas;
     let plots_ok = match plots::register_font(&common.font)
         .map_err(|e| e.to_string())
         .and_then(|()| super::draw(&report, &common.out))
@@ -116,11 +158,50 @@ pub async fn run(common: &Common, a: &SweepArgs) -> Result<(RunManifest, usize)>
         engine_block_size: Some(common.block_size),
         extra_sections: vec![ExtraSection {
             title: "Load sweep".into(),
-            markdown: kvmesh_bench::report::sweep::render(&report, plots_ok),
+            markdown: kvmesh_bench::report::sweep::render(&report, plots_ok)
+                + &kvmesh_bench::report::replicas::render(&report, plots_ok),
         }],
         ..Default::default()
     };
     Ok((manifest, ran))
+}
+
+/// The lost-events faults of `--lose-events` (empty without it), checked against the rest: fixed
+/// rates, simulators, a fault inside the window with room to recover after it.
+fn fault_plans(a: &SweepArgs, fixed_rates: &[f64], real_engines: bool) -> Result<Vec<FaultPlan>> {
+    let Some(list) = &a.lose_events else { return Ok(Vec::new()) };
+    if fixed_rates.is_empty() {
+        bail!("--lose-events needs --rates (the load point's rate: no ladder runs)");
+    }
+    if real_engines {
+        bail!(
+            "--lose-events runs on simulators (--engines sim): it lowers their PUB high-water mark"
+        );
+    }
+    let window = a.load_point_window_s.unwrap_or(a.duration_s);
+    let at_s = a.fault_at_s.unwrap_or(window / 4.0);
+    if !(at_s >= 1.0 && a.stall_s > 0.0 && a.recovery_bin_s > 0.0) {
+        bail!("--fault-at-s must be >= 1 s (after the window's first scrape), --stall-s and --recovery-bin-s > 0");
+    }
+    let mut out = Vec::new();
+    for name in list.split(',').filter(|x| !x.trim().is_empty()) {
+        let fault = Fault::parse(name).map_err(anyhow::Error::msg)?;
+        let busy = if fault == Fault::Stall { a.stall_s } else { 0.0 };
+        if at_s + busy + 2.0 * a.recovery_bin_s > window {
+            bail!(
+                "--lose-events {}: the fault at {at_s} s (+ {busy} s) leaves less than two {} s bins of the {window}-s window to recover in",
+                fault.name(),
+                a.recovery_bin_s
+            );
+        }
+        if !out.iter().any(|p: &FaultPlan| p.fault == fault) {
+            out.push(FaultPlan { fault, at_s, stall_s: a.stall_s, bin_s: a.recovery_bin_s });
+        }
+    }
+    if out.is_empty() {
+        bail!("--lose-events: no fault named (stall, restart)");
+    }
+    Ok(out)
 }
 
 /// Parses a comma-separated list of rates, each > 0 (`flag` names it in errors).
@@ -153,6 +234,8 @@ fn setup(common: &Common, a: &SweepArgs) -> Result<(Fleet, SweepSettings)> {
         bail!("--load-point-window-s must be > 0");
     }
     let workloads = WorkloadKind::parse_list(&a.workloads).map_err(anyhow::Error::msg)?;
+    let replicas = parse_replica_counts(&a.replicas).map_err(anyhow::Error::msg)?;
+    let spreads = Spread::parse_list(&a.replica_spread).map_err(anyhow::Error::msg)?;
     let mut policies = Policy::parse_list(&a.policies).map_err(anyhow::Error::msg)?;
     policies.retain(|p| *p != Policy::RoundRobin);
     policies.insert(0, Policy::RoundRobin);
@@ -164,7 +247,8 @@ fn setup(common: &Common, a: &SweepArgs) -> Result<(Fleet, SweepSettings)> {
         .collect::<Result<Vec<f64>>>()?;
     // Each workload's timing flags are added per workload (`sweep::run_sweep`); real engines run
     // at wall-clock speed unless told otherwise.
-    let sweep_fleet = common.fleet(a.workers, a.num_gpu_blocks, a.sim_speedup.unwrap_or(1.0))?;
+    let mut sweep_fleet =
+        common.fleet(a.workers, a.num_gpu_blocks, a.sim_speedup.unwrap_or(1.0))?;
     let trace_records = if workloads.contains(&WorkloadKind::Trace) {
         let (_, all) = a.trace.read()?;
         let start = a.trace.window_start_ms.unwrap_or(f64::NEG_INFINITY);
@@ -177,6 +261,12 @@ fn setup(common: &Common, a: &SweepArgs) -> Result<(Fleet, SweepSettings)> {
         Some(list) => parse_rates("--rates", list)?,
     };
     let vllm = common.vllm_options()?;
+    let lose_events = fault_plans(a, &fixed_rates, vllm.is_some())?;
+    if !lose_events.is_empty() {
+        // A PUB queue that a stall of seconds overflows (the simulators' own default holds
+        // 100,000 batches).
+        sweep_fleet.sim_args.push(format!("--kv-events-hwm={}", a.lose_events_hwm));
+    }
     if vllm.is_some() && fixed_rates.is_empty() {
         bail!("--engines vllm needs --rates (a CPU engine serves a fraction of a request per second: choose the rates, no ladder)");
     }
@@ -258,6 +348,24 @@ fn setup(common: &Common, a: &SweepArgs) -> Result<(Fleet, SweepSettings)> {
         },
         "policies: round_robin, least_request (Envoy); ring_hash and kvmesh_precise_session get the workload's session header (trace, agentic, paced only); kvmesh_approximate and kvmesh_precise run as shipped (default configuration, no header)".into(),
     ];
+    if replicas.iter().any(|&n| n > 1) && lose_events.is_empty() {
+        settings.push(format!(
+            "gateway replicas {:?} (`--replicas`), spread {} (`--replica-spread`): each replica its own Envoy + filter + indexer over the same engines, every indexer subscribed to every engine's KV events and scraping every engine; the replica curve measures every policy behind each count above 1 at the load point (or each `--rates` rate), kvmesh per spread, the baselines under the first spread; the routers' counters are summed over the replicas; the client's CPU and every replica's count in the machine's CPU (the validity rule)",
+            replicas,
+            spreads.iter().map(|s| s.name()).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    if let Some(first) = lose_events.first() {
+        settings.push(format!(
+            "lost events (`--lose-events`): the kvmesh policies behind {} gateway replicas (spread {}), the last replica's indexer faulted {:.0} s after the window opens — stall: SIGSTOP for {} s, then SIGCONT; restart: SIGKILL and a new process (its start-up replay) — with the simulators' PUB high-water mark at {} batches (`--kv-events-hwm`); recovery in {} s bins",
+            replicas.iter().copied().max().unwrap_or(2).max(2),
+            spreads.iter().map(|s| s.name()).collect::<Vec<_>>().join(", "),
+            first.at_s,
+            a.stall_s,
+            a.lose_events_hwm,
+            a.recovery_bin_s
+        ));
+    }
     if policies.contains(&Policy::KvmeshPreciseLocalShort) {
         settings.push(format!(
             "{}: {} (not judged)",
@@ -282,6 +390,9 @@ fn setup(common: &Common, a: &SweepArgs) -> Result<(Fleet, SweepSettings)> {
         trace_records,
         fixed_rates,
         vllm,
+        replicas,
+        spreads,
+        lose_events,
         trace_cfg: TraceConfig {
             duration_s: a.duration_s,
             token_seed: a.trace.token_seed,

@@ -8,9 +8,16 @@
 //! (`sweep::summarize_point`). After every point `sweep.json` is rewritten, so an interrupted run
 //! keeps what it measured. The decisions (next ladder rate, saturation, which rates) are the
 //! pure functions of `kvmesh_bench::sweep`.
+//!
+//! Gateway replicas (issue 47): with `--replicas` naming counts above 1, after a workload's points
+//! every policy is measured again behind each such count of gateway replicas, per spread, at the
+//! load point (or at each `--rates` rate) — the replica curve, `WorkloadSweep::replica_points`.
+//! `--lose-events` runs lost-events points instead of the sweep (`curve.rs`).
 
 pub mod command;
+mod curve;
 mod point;
+mod replica;
 
 use point::{fmt_elapsed, measure, PointSpec, Progress};
 
@@ -18,6 +25,7 @@ use crate::run::{Fleet, MultiModel};
 use anyhow::{Context, Result};
 use kvmesh_bench::policy::Policy;
 use kvmesh_bench::report::sweep::{plot_files, SweepReport, WorkloadSweep};
+use kvmesh_bench::sweep::replicas::{ReplicaSetup, Spread};
 use kvmesh_bench::sweep::{
     default_start_rate, next_ladder_rate, policy_rates, timing_for, window_for, FleetTiming,
     LadderStep, PointResult, RatePoint, SweepConfig,
@@ -28,6 +36,7 @@ use kvmesh_bench::workload::tiers;
 use kvmesh_bench::workload::{trace as wtrace, WorkloadKind};
 use kvmesh_e2e::stack::{ModelSpec, StackSpec, Worker};
 use kvmesh_e2e::vllm::VllmOptions;
+use replica::FaultPlan;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -70,6 +79,12 @@ pub struct SweepSettings {
     pub vllm: Option<VllmOptions>,
     pub trace_cfg: wtrace::TraceConfig,
     pub settings: Vec<String>,
+    /// `--replicas`: gateway replica counts; counts above 1 add the replica curve.
+    pub replicas: Vec<usize>,
+    /// `--replica-spread`: how the client spreads requests over replicas.
+    pub spreads: Vec<Spread>,
+    /// `--lose-events`: lost-events points instead of the sweep (faults, each its own points).
+    pub lose_events: Vec<FaultPlan>,
 }
 
 /// The trace's load point runs at least this long, s. Its prompt sizes are heavy-tailed (mean 12k,
@@ -145,6 +160,12 @@ pub(crate) fn fleet_for_kind(fleet: Fleet, kind: WorkloadKind) -> Result<Fleet> 
     Ok(Fleet { workers, multi: Some(multi), ..fleet })
 }
 
+/// Whether `policy` runs on `kind`: the policies that hash or read the session header need a
+/// workload with sessions (nothing to hash otherwise); round_robin always runs (the ladder).
+fn runs_on(kind: WorkloadKind, policy: Policy) -> bool {
+    kind.has_sessions() || !policy.uses_session_header() || policy == Policy::RoundRobin
+}
+
 fn save(report: &SweepReport, out: &Path) -> Result<()> {
     let path = out.join("sweep.json");
     std::fs::write(&path, serde_json::to_string_pretty(report)?)
@@ -209,8 +230,13 @@ pub async fn run_sweep(a: &SweepSettings, fleet: &Fleet, out: &Path) -> Result<S
             None => fleet_note,
         };
         let window = window_for(kind, &timing, a.seed, a.duration_s, a.warmup_s, a.vllm.is_some());
-        let spec =
-            PointSpec { fleet: &fleet, window, sim_timing: a.vllm.is_none().then_some(timing) };
+        let spec = PointSpec {
+            fleet: &fleet,
+            window,
+            sim_timing: a.vllm.is_none().then_some(timing),
+            replicas: ReplicaSetup::default(),
+            fault: None,
+        };
         let fleet = &fleet;
         let start_rate =
             a.start_rate.unwrap_or_else(|| default_start_rate(kind, &timing, fleet.workers));
@@ -230,6 +256,13 @@ pub async fn run_sweep(a: &SweepSettings, fleet: &Fleet, out: &Path) -> Result<S
             ..Default::default()
         });
         let wi = report.workloads.len() - 1;
+        if !a.lose_events.is_empty() {
+            report.workloads[wi].note =
+                "lost-events points only (`--lose-events`): no ladder, no one-gateway point".into();
+            let spec = spec.with_window_s(a.load_point_window_s.unwrap_or(window.window_s));
+            curve::run_lost_events(a, &spec, kind, &out, &mut progress, &mut report, wi).await?;
+            continue;
+        }
         if !a.fixed_rates.is_empty() {
             report.workloads[wi].note = format!(
                 "fixed rates {:?} (`--rates`): no ladder, no saturation search, no load point",
@@ -238,19 +271,25 @@ pub async fn run_sweep(a: &SweepSettings, fleet: &Fleet, out: &Path) -> Result<S
             // `--load-point-window-s` with fixed rates: measure them as a load point, so
             // one `make bench` point can be re-run alone (same compression, same window).
             let fixed_spec = spec.with_window_s(a.load_point_window_s.unwrap_or(window.window_s));
-            for &policy in &a.policies {
-                if !kind.has_sessions()
-                    && policy.uses_session_header()
-                    && policy != Policy::RoundRobin
-                {
-                    continue;
-                }
+            for &policy in a.policies.iter().filter(|&&p| runs_on(kind, p)) {
                 for &rate in &a.fixed_rates {
                     let p = measure(a, &fixed_spec, kind, policy, rate, &out, &mut progress).await;
                     report.workloads[wi].points.push(p);
                     save(&report, &out)?;
                 }
             }
+            let rates = a.fixed_rates.clone();
+            curve::run_replica_curve(
+                a,
+                &fixed_spec,
+                kind,
+                &rates,
+                &out,
+                &mut progress,
+                &mut report,
+                wi,
+            )
+            .await?;
             continue;
         }
         // 1. round_robin's ladder.
@@ -292,11 +331,7 @@ pub async fn run_sweep(a: &SweepSettings, fleet: &Fleet, out: &Path) -> Result<S
             _ => a.duration_s,
         };
         let load_point_spec = spec.with_window_s(a.load_point_window_s.unwrap_or(default_window_s));
-        for &policy in &a.policies {
-            if !kind.has_sessions() && policy.uses_session_header() && policy != Policy::RoundRobin
-            {
-                continue; // nothing to hash / no explicit session on this workload
-            }
+        for &policy in a.policies.iter().filter(|&&p| runs_on(kind, p)) {
             let already: Vec<f64> = if policy == Policy::RoundRobin {
                 rr.iter().map(|p| p.rate).collect()
             } else {
@@ -322,6 +357,26 @@ pub async fn run_sweep(a: &SweepSettings, fleet: &Fleet, out: &Path) -> Result<S
                 report.workloads[wi].points.push(p);
                 save(&report, &out)?;
             }
+        }
+        // 3. The replica curve at the load point.
+        match load_point {
+            Some(lp) => {
+                curve::run_replica_curve(
+                    a,
+                    &load_point_spec,
+                    kind,
+                    &[lp],
+                    &out,
+                    &mut progress,
+                    &mut report,
+                    wi,
+                )
+                .await?
+            }
+            None if a.replicas.iter().any(|&n| n > 1) => {
+                report.workloads[wi].note.push_str("; no load point, so no replica curve");
+            }
+            None => {}
         }
     }
     Ok(report)
@@ -408,6 +463,9 @@ pub fn draw(report: &SweepReport, out: &Path) -> Result<Vec<std::path::PathBuf>,
         )
         .map_err(|e| e.to_string())?;
         written.push(h);
+        if w.replica_points.iter().any(|p| p.lost_events.is_none()) {
+            written.extend(curve::draw_replicas(w, out)?);
+        }
     }
     Ok(written)
 }

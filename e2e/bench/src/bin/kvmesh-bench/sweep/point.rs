@@ -1,11 +1,15 @@
 //! One sweep point: its schedule at the rate (pure, `workload`), a fresh stack, caches reset,
 //! counters scraped around the run, the machine's and the engines' CPU sampled, the schedule
 //! run (`schedule_run`) while a ticker prints progress, the files written and the point
-//! summarised (`sweep::summarize_point`).
+//! summarised (`sweep::summarize_point`). Behind several gateway replicas the other replicas start
+//! over the first one's engines (`replica.rs`), the client spreads requests over them, the
+//! routers' counters are summed over them; a lost-events point faults the last replica's indexer
+//! in the window and measures its recovery (`sweep::lost_events`).
 
+use super::replica::{counters_since, inject, start_replicas, FaultPlan};
 use super::{cpu_s_between, group_ticks, SweepSettings, CPU_SAMPLE_EVERY, PROGRESS_EVERY};
 
-use crate::run::{counters, prepare_stack, scrape_all, Fleet, Prepared};
+use crate::run::{counters, prepare_stack, scrape_gateways, Fleet, Prepared};
 use anyhow::{Context, Result};
 use kvmesh_bench::cpu::Sampler;
 use kvmesh_bench::overhead::drive::cpu_ticks;
@@ -13,7 +17,9 @@ use kvmesh_bench::policy::Policy;
 use kvmesh_bench::record::read_all;
 use kvmesh_bench::schedule_run::{run_schedule, ScheduleRunConfig};
 use kvmesh_bench::sink::Sink;
+use kvmesh_bench::sweep::lost_events::{recovery, Fault};
 use kvmesh_bench::sweep::models::{cross_model, model_points, FleetModelShare};
+use kvmesh_bench::sweep::replicas::{replica_for, ReplicaSetup};
 use kvmesh_bench::sweep::{
     invalid_reasons_real_engines, point_ceiling, point_fleet_lru, point_ttft_floor_p90_ms,
     summarize_point, window_records, FleetTiming, MachineSample, MeasureWindow, PointResult,
@@ -76,12 +82,21 @@ pub(super) struct PointSpec<'a> {
     pub(super) fleet: &'a Fleet,
     pub(super) window: MeasureWindow,
     pub(super) sim_timing: Option<FleetTiming>,
+    /// The gateway replicas and the client's spread (one gateway by default).
+    pub(super) replicas: ReplicaSetup,
+    /// A lost-events point's fault on the last replica's indexer.
+    pub(super) fault: Option<FaultPlan>,
 }
 
 impl PointSpec<'_> {
     /// The same point measured over `window_s` (a load point's window).
     pub(super) fn with_window_s(&self, window_s: f64) -> Self {
         PointSpec { window: MeasureWindow { window_s, ..self.window }, ..*self }
+    }
+
+    /// The same point behind `replicas`, with `fault` (a lost-events point) or none.
+    pub(super) fn behind(&self, replicas: ReplicaSetup, fault: Option<FaultPlan>) -> Self {
+        PointSpec { replicas, fault, ..*self }
     }
 }
 
@@ -95,7 +110,12 @@ pub(super) async fn measure(
     progress: &mut Progress,
 ) -> PointResult {
     progress.point += 1;
-    let dir_rel = format!("{}/{}/r{:.4}", kind.name(), policy.name(), rate);
+    let replicas = match (spec.replicas.dir_part(), &spec.fault) {
+        (Some(part), Some(f)) => format!("/lost-{}-{part}", f.fault.name()),
+        (Some(part), None) => format!("/{part}"),
+        (None, _) => String::new(),
+    };
+    let dir_rel = format!("{}/{}{replicas}/r{:.4}", kind.name(), policy.name(), rate);
     let dir = out.join(&dir_rel);
     let schedule = Arc::new(schedule_for(a, spec.fleet, kind, rate, &spec.window));
     let warm = if spec.window.warmup_s > 0.0 {
@@ -103,8 +123,12 @@ pub(super) async fn measure(
     } else {
         String::new()
     };
+    let behind = match spec.replicas.dir_part() {
+        Some(part) => format!(" | {part}"),
+        None => String::new(),
+    };
     eprintln!(
-        "[bench] point {} | {} | {} | {:.3} {} | {} requests planned{warm} | elapsed {}",
+        "[bench] point {} | {} | {}{behind} | {:.3} {} | {} requests planned{warm} | elapsed {}",
         progress.point,
         kind.name(),
         policy.name(),
@@ -142,6 +166,7 @@ pub(super) async fn measure(
                 dir: dir_rel,
                 error: Some(crate::run::one_line(&format!("{e:#}"), 300)),
                 window: spec.window,
+                replicas: spec.replicas,
                 ..Default::default()
             }
         }
@@ -162,13 +187,17 @@ async fn measure_inner(
 ) -> Result<PointResult> {
     let (fleet, window) = (spec.fleet, spec.window);
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let Prepared { stack, worker_ids, client, base, model } =
+    let Prepared { stack, worker_ids, client, base: _, model } =
         prepare_stack(policy, fleet, dir).await?;
+    let replicas = start_replicas(&stack, spec.replicas.count, dir, fleet.start_attempts).await?;
+    let mut gateways = vec![stack];
+    gateways.extend(replicas);
     let header =
         (policy.uses_session_header() && kind.has_sessions()).then(|| fleet.session_header.clone());
-    let before = scrape_all(&stack, &client, policy.is_kvmesh()).await?;
+    let kvmesh = policy.is_kvmesh();
+    let before = scrape_gateways(&gateways, &client, kvmesh).await?;
     let pids: Vec<u32> =
-        stack.workers.iter().filter_map(|w| w.proc.as_ref().map(|p| p.pid())).collect();
+        gateways[0].workers.iter().filter_map(|w| w.proc.as_ref().map(|p| p.pid())).collect();
     // Simulators: one process each. Real engines: every process of each engine's group.
     let ticks = |pids: &[u32]| {
         if fleet.engine_groups.is_empty() {
@@ -182,8 +211,12 @@ async fn measure_inner(
     let sink = Sink::create(&results, 1_000_000)?;
     let done = Arc::new(AtomicU64::new(0));
     let total = schedule.requests();
-    let (d, p_start, name, pol, rate, unit) =
-        (done.clone(), Instant::now(), kind.name(), policy.name(), schedule.rate, kind.rate_unit());
+    let pol = match spec.replicas.dir_part() {
+        Some(part) => format!("{} | {part}", policy.name()),
+        None => policy.name().to_owned(),
+    };
+    let (d, p_start, name, rate, unit) =
+        (done.clone(), Instant::now(), kind.name(), schedule.rate, kind.rate_unit());
     let ticker = tokio::spawn(async move {
         loop {
             tokio::time::sleep(PROGRESS_EVERY).await;
@@ -196,7 +229,8 @@ async fn measure_inner(
         }
     });
     let cfg = ScheduleRunConfig {
-        base_url: base,
+        gateways: gateways.iter().map(|g| g.gateway("")).collect(),
+        spread: spec.replicas.spread,
         model,
         session_header: header,
         request_timeout: fleet.request_timeout,
@@ -207,33 +241,53 @@ async fn measure_inner(
     // The window opens after the warm-up: the engines' counters, the machine's CPU and the
     // simulators' ticks are taken from there (immediately when there is no warm-up). No turn is
     // due after the window's end, so the scrape after the run closes it.
-    let window_open = async {
-        if !window.has_warmup() {
-            return (None, Sampler::start(CPU_SAMPLE_EVERY), ticks_before, run_started);
-        }
-        tokio::time::sleep_until(
-            tokio::time::Instant::from_std(run_started) + Duration::from_secs_f64(window.warmup_s),
-        )
-        .await;
-        let opened = Instant::now();
-        let scrape = scrape_all(&stack, &client, policy.is_kvmesh()).await;
-        (Some(scrape), Sampler::start(CPU_SAMPLE_EVERY), ticks(&pids), opened)
+    // A lost-events point's fault comes after the window opened (its scrape is taken first).
+    let side = async {
+        let opened = if window.has_warmup() {
+            tokio::time::sleep_until(
+                tokio::time::Instant::from_std(run_started)
+                    + Duration::from_secs_f64(window.warmup_s),
+            )
+            .await;
+            let opened = Instant::now();
+            let scrape = scrape_gateways(&gateways, &client, kvmesh).await;
+            (Some(scrape), Sampler::start(CPU_SAMPLE_EVERY), ticks(&pids), opened)
+        } else {
+            (None, Sampler::start(CPU_SAMPLE_EVERY), ticks_before, run_started)
+        };
+        let fault = match (spec.fault, gateways.last_mut()) {
+            (Some(plan), Some(faulted)) => {
+                let at = Duration::from_secs_f64(window.warmup_s + plan.at_s);
+                Some((plan, inject(faulted, plan, run_started, at).await))
+            }
+            _ => None,
+        };
+        (opened, fault)
     };
-    let (stats, (at_window, sampler, ticks_before, opened)) = tokio::join!(
+    let (stats, ((at_window, sampler, ticks_before, opened), fault)) = tokio::join!(
         run_schedule(client.clone(), cfg, schedule.clone(), sink.sender(), done),
-        window_open
+        side
     );
     let (cpu_mean, cpu_max) = sampler.finish();
     let run_wall_s = opened.elapsed().as_secs_f64();
     ticker.abort();
     let ticks_after = ticks(&pids);
     let sunk = sink.close().await?;
-    let after = scrape_all(&stack, &client, policy.is_kvmesh()).await?;
+    let fault = match fault {
+        Some((plan, injected)) => {
+            let (times, before) = injected.context("injecting the lost-events fault")?;
+            let faulted = gateways.last().context("no gateway")?;
+            Some((plan, times, counters_since(faulted, plan.fault, before).await))
+        }
+        None => None,
+    };
+    let after = scrape_gateways(&gateways, &client, kvmesh).await?;
     let before = match at_window {
         Some(scrape) => scrape.context("scraping the counters at the window's start")?,
         None => before,
     };
-    let c = counters(&stack, &before, &after, policy.is_kvmesh());
+    let stack = &gateways[0];
+    let c = counters(stack, &before, &after, kvmesh);
     // Several models: each base model's workers, read from the stack that ran them.
     let model_workers: Vec<(String, Vec<String>)> = fleet
         .multi
@@ -241,7 +295,7 @@ async fn measure_inner(
         .flat_map(|m| &m.models)
         .map(|m| (m.name.clone(), stack.workers_of(&m.name).iter().map(|w| w.id.clone()).collect()))
         .collect();
-    drop(stack);
+    drop(gateways);
     std::fs::write(dir.join("counters.json"), serde_json::to_string_pretty(&c)?)?;
     let all_records = read_all(std::io::BufReader::new(std::fs::File::open(&results)?))?;
     let (records, warmup_requests) = window_records(&all_records, &window);
@@ -267,6 +321,36 @@ async fn measure_inner(
         &worker_ids,
     )
     .with_window(window, warmup_requests, stats.cut_turns);
+    p.replicas = spec.replicas;
+    if let Some((plan, times, indexer)) = fault {
+        // The replica each record went to, by the rule the client used.
+        let position: std::collections::HashMap<&str, usize> =
+            schedule.sessions.iter().enumerate().map(|(i, s)| (s.id.as_str(), i)).collect();
+        let replica_of: Vec<usize> = all_records
+            .iter()
+            .map(|r| {
+                let pos = r.session.as_deref().and_then(|s| position.get(s)).copied().unwrap_or(0);
+                replica_for(spec.replicas.spread, pos, r.index, spec.replicas.count)
+            })
+            .collect();
+        let from_ms = window.warmup_s * 1000.0;
+        let mut lost = recovery(
+            plan.fault,
+            &all_records,
+            &replica_of,
+            spec.replicas.count - 1,
+            times,
+            from_ms,
+            from_ms + window.window_s * 1000.0,
+            plan.bin_s * 1000.0,
+        );
+        lost.indexer = indexer;
+        if plan.fault == Fault::Restart {
+            // The restarted indexer's counters began again at 0: its attribution delta is not one.
+            p.attribution = None;
+        }
+        p.lost_events = Some(lost);
+    }
     if !model_workers.is_empty() {
         let block_size = fleet.block_size as usize;
         let shares: Vec<FleetModelShare> = model_workers
