@@ -154,6 +154,11 @@ pub struct Args {
     /// PUB socket send high-water mark (messages).
     #[arg(long, default_value_t = 100_000)]
     pub kv_events_hwm: i32,
+    /// PUB socket's kernel send buffer (`ZMQ_SNDBUF`), bytes; 0 = the OS default (loopback TCP
+    /// autotunes it to megabytes). A small one makes a stalled subscriber lose events after a
+    /// known amount instead of after the kernel's buffers (the bench's `--lose-events stall`).
+    #[arg(long, default_value_t = 0)]
+    pub kv_events_sndbuf: i32,
     /// Batches queued between the engine and the PUB thread (overflow is left to replay).
     #[arg(long, default_value_t = 10_000)]
     pub kv_events_queue: usize,
@@ -409,6 +414,7 @@ impl Args {
             framing: self.kv_events_replay_framing,
             buffer_steps: self.kv_events_buffer_steps,
             hwm: self.kv_events_hwm,
+            sndbuf: self.kv_events_sndbuf,
             queue: self.kv_events_queue,
             dp_rank: self.dp_rank,
         })

@@ -52,6 +52,8 @@ pub struct PublisherConfig {
     pub buffer_steps: usize,
     /// PUB send high-water mark (messages).
     pub hwm: i32,
+    /// PUB kernel send buffer, bytes (`ZMQ_SNDBUF`; 0 = the OS default).
+    pub sndbuf: i32,
     /// Batches queued between the engine and the PUB thread.
     pub queue: usize,
     /// The batch's `data_parallel_rank`.
@@ -179,6 +181,9 @@ pub fn start(
     let ctx = zmq::Context::new();
     let publisher = ctx.socket(zmq::PUB).map_err(zerr("socket", &cfg.endpoint))?;
     publisher.set_sndhwm(cfg.hwm).map_err(zerr("sndhwm", &cfg.endpoint))?;
+    if cfg.sndbuf > 0 {
+        publisher.set_sndbuf(cfg.sndbuf).map_err(zerr("sndbuf", &cfg.endpoint))?;
+    }
     publisher.set_linger(0).map_err(zerr("linger", &cfg.endpoint))?;
     publisher.bind(&cfg.endpoint).map_err(zerr("bind", &cfg.endpoint))?;
     let pub_endpoint = last_endpoint(&publisher).unwrap_or_else(|| cfg.endpoint.clone());

@@ -121,6 +121,11 @@ pub struct SweepArgs {
     /// buffers (megabytes on loopback, README "Gateway replicas") are full.
     #[arg(long, default_value_t = 100)]
     lose_events_hwm: u32,
+    /// Lost events: the simulators' PUB kernel send buffer, bytes (`vllm-sim --kv-events-sndbuf`;
+    /// 0 = the OS default, megabytes on loopback): small, so that a stall overflows the PUB queue
+    /// after a known amount of events instead of after the kernel's autotuned buffers.
+    #[arg(long, default_value_t = 65_536)]
+    lose_events_sndbuf: u32,
 }
 
 /// Runs the load sweep; returns the manifest of this part alone and the points that ran.
@@ -266,6 +271,7 @@ fn setup(common: &Common, a: &SweepArgs) -> Result<(Fleet, SweepSettings)> {
         // A PUB queue that a stall of seconds overflows (the simulators' own default holds
         // 100,000 batches).
         sweep_fleet.sim_args.push(format!("--kv-events-hwm={}", a.lose_events_hwm));
+        sweep_fleet.sim_args.push(format!("--kv-events-sndbuf={}", a.lose_events_sndbuf));
     }
     if vllm.is_some() && fixed_rates.is_empty() {
         bail!("--engines vllm needs --rates (a CPU engine serves a fraction of a request per second: choose the rates, no ladder)");
