@@ -60,7 +60,7 @@ impl GroupKind {
             Self::Window { tokens } => {
                 // vLLM: cdiv(sliding_window - 1, block_size); a window of one token needs the
                 // block before the hit all the same (its scan stops at the first held block).
-                Some(((tokens - 1) as usize).div_ceil(block_size.max(1) as usize).max(1))
+                Some((tokens.saturating_sub(1) as usize).div_ceil(block_size.max(1) as usize).max(1))
             }
             Self::Full | Self::Unknown => None,
         }

@@ -278,12 +278,15 @@ impl KvIndex {
             }
             m.refs = m.refs.saturating_add(1);
         }
-        self.groups.entries += added;
-        if g.engines.len() > max_blocks {
-            let dropped = g.engines.len();
+        // More mappings than the engine can hold: it lost removals; the group starts over.
+        let over = g.engines.len() > max_blocks;
+        let dropped = if over { g.engines.len() } else { 0 };
+        if over {
             g.engines = U64Map::default();
             g.chains = U64Map::default();
-            self.groups.entries -= dropped;
+        }
+        self.groups.entries = self.groups.entries + added - dropped;
+        if over {
             return GroupStore::TooManyBlocks;
         }
         GroupStore::Stored { blocks: mapped }

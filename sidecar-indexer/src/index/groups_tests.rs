@@ -1,4 +1,5 @@
 use super::*;
+use crate::index::StoreOutcome;
 use kvmesh_core::hashing::{sequence_hashes, XXH3_SEED};
 
 const BS: usize = 4;
