@@ -54,11 +54,7 @@ async fn settle(stack: &Stack, id: &str) -> anyhow::Result<()> {
 
 /// Routes `prompt` (no override) and checks the prediction against the engine: routed to
 /// `holder`, predicted overlap == the engine's `cached_tokens`. Returns the predicted blocks.
-async fn predicted_equals_served(
-    stack: &Stack,
-    prompt: &str,
-    holder: &str,
-) -> anyhow::Result<u64> {
+async fn predicted_equals_served(stack: &Stack, prompt: &str, holder: &str) -> anyhow::Result<u64> {
     settle(stack, holder).await?;
     // The holder idle in the indexer's view (no booking left, a scrape since the engine
     // finished), so nothing but the cache decides.
@@ -139,8 +135,12 @@ async fn a_hybrid_models_predicted_overlap_is_what_its_engine_serves() -> anyhow
     assert!(group_removed > 0.0, "the window group's removals reached the indexer");
     assert_eq!(m.sum("kvmesh_kv_unknown_group_kind_events_total", &[]), 0.0);
 
+    eprintln!(
+        "A ({a_tokens} tokens): predicted = served = {predicted} blocks, full attention alone {full_attention_alone}"
+    );
     // E again: both groups hold its last window: the whole leading match.
     let predicted = predicted_equals_served(&stack, &e, &holder).await?;
     assert_eq!(predicted, (e_tokens - 1) / BS);
+    eprintln!("E ({e_tokens} tokens): predicted = served = {predicted} blocks");
     Ok(())
 }

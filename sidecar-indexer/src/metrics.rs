@@ -771,7 +771,10 @@ impl Metrics {
             (&self.kv_replays, &["complete", "truncated", "failed"]),
             (&self.kv_resyncs, &KV_RESYNC_REASONS),
             (&self.kv_event_limits, &KV_EVENT_LIMIT_REASONS),
-            (&self.kv_ignored, &["tier", "malformed", "queue_full", "seed_table_full", "group_full"]),
+            (
+                &self.kv_ignored,
+                &["tier", "malformed", "queue_full", "seed_table_full", "group_full"],
+            ),
             (&self.engine_scrapes, &["ok", "error"]),
         ];
         for (vec, second) in pairs {

@@ -17,8 +17,8 @@ use crate::lora::{LoraModule, Registry, MAX_ADAPTERS};
 use crate::publisher::PublisherConfig;
 use crate::sched::{KvLoadFailurePolicy, SchedulerConfig};
 use crate::timing::TimingModel;
-use crate::wire::{Layout, ReplayFraming};
 use crate::window::SlidingWindow;
+use crate::wire::{Layout, ReplayFraming};
 
 /// The DeepSeek BOS token the built-in template writes.
 pub const DEEPSEEK_BOS: &str = "<｜begin▁of▁sentence｜>";
@@ -343,7 +343,11 @@ impl Args {
             return Err(invalid("sliding-window", 0, "must be positive"));
         }
         if self.cpu_offload_blocks > 0 {
-            return Err(invalid("sliding-window", tokens, "is not modelled with --cpu-offload-blocks"));
+            return Err(invalid(
+                "sliding-window",
+                tokens,
+                "is not modelled with --cpu-offload-blocks",
+            ));
         }
         let min = SlidingWindow::min_blocks(tokens, self.block_size, self.max_num_batched_tokens);
         let blocks = self.sliding_window_blocks.unwrap_or(self.num_gpu_blocks);

@@ -29,5 +29,5 @@ pub mod publisher;
 pub mod sched;
 pub mod server;
 pub mod timing;
-pub mod wire;
 pub mod window;
+pub mod wire;

@@ -32,7 +32,10 @@ use crate::free_queue::BlockId;
 use crate::hash::BlockHash;
 use crate::lora::Adapter;
 use crate::pool::BlockPool;
-use crate::sched::ReqId;
+
+/// A request's id: the scheduler's `ReqId` (named here as what it is, so this module does not
+/// depend on the scheduler that owns it).
+type ReqId = u64;
 
 /// The group index vLLM gives a hybrid model's second group.
 pub const GROUP_IDX: u32 = 1;
@@ -51,9 +54,7 @@ impl SlidingWindow {
     /// `max_batched_tokens`, and the partial blocks at either end. A pool smaller than this could
     /// leave a request waiting for good.
     pub fn min_blocks(tokens: usize, block_size: usize, max_batched_tokens: usize) -> usize {
-        tokens.saturating_sub(1).div_ceil(block_size)
-            + max_batched_tokens.div_ceil(block_size)
-            + 2
+        tokens.saturating_sub(1).div_ceil(block_size) + max_batched_tokens.div_ceil(block_size) + 2
     }
 
     /// Blocks before a hit that must be cached: ⌈(N − 1) / block_size⌉ (vLLM's

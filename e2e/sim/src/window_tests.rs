@@ -188,12 +188,16 @@ fn a_hybrid_model_serves_what_both_groups_can() {
     let (cached, events, t) = serve_request(&mut s, 3, t);
     assert_eq!(cached, 2 * BS as u32);
     let evicted = KvEvent::BlockRemoved { block_hashes: vec![he[13], he[12], he[11]] };
-    assert!(events.iter().any(|x| matches!(x, KvEvent::Grouped { event, .. } if **event == evicted)));
+    assert!(events
+        .iter()
+        .any(|x| matches!(x, KvEvent::Grouped { event, .. } if **event == evicted)));
     // E again: A's admission took E's blocks 11..13 from the window group, but E's window tail
     // (blocks 15, 16 before the last-token cap of 17) is held: the whole hit.
     s.submit_at(req(4, &e), t).unwrap();
     let (cached, events, _) = serve_request(&mut s, 4, t);
     assert_eq!(cached, 17 * BS as u32);
     let evicted = KvEvent::BlockRemoved { block_hashes: vec![he[13], he[12], he[11]] };
-    assert!(!events.iter().any(|x| matches!(x, KvEvent::Grouped { event, .. } if **event == evicted)));
+    assert!(!events
+        .iter()
+        .any(|x| matches!(x, KvEvent::Grouped { event, .. } if **event == evicted)));
 }

@@ -170,7 +170,7 @@ fn encode_map_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
 /// sliding-window group's: `group_idx`, and on a store the group's spec (vLLM's KV cache manager
 /// annotates stores only). `omit_defaults`: the other defaulted fields are left out.
 fn map_gpu_event(w: &mut Vec<u8>, e: &KvEvent, group: Option<(u32, u32)>) -> Result<(), WireError> {
-    let extra = if group.is_some() { 1 } else { 0 };
+    let extra = u32::from(group.is_some());
     match e {
         KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, lora } => {
             rmp::encode::write_map_len(w, 8 + 3 * extra).wire()?;
@@ -266,9 +266,7 @@ fn array_gpu_event(
 
 fn encode_array_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
     match e {
-        KvEvent::BlockStored { .. } | KvEvent::BlockRemoved { .. } => {
-            array_gpu_event(w, e, None)?
-        }
+        KvEvent::BlockStored { .. } | KvEvent::BlockRemoved { .. } => array_gpu_event(w, e, None)?,
         KvEvent::Grouped { group_idx, sliding_window, event } => {
             array_gpu_event(w, event, Some((*group_idx, *sliding_window)))?
         }
@@ -551,7 +549,8 @@ mod tests {
 
     #[test]
     fn window_group_events_carry_vllms_group_fields() {
-        let grouped = |event| KvEvent::Grouped { group_idx: 1, sliding_window: 64, event: Box::new(event) };
+        let grouped =
+            |event| KvEvent::Grouped { group_idx: 1, sliding_window: 64, event: Box::new(event) };
         let b = EventBatch {
             ts: 3.0,
             events: vec![
@@ -570,7 +569,7 @@ mod tests {
         // its KV cache manager annotates group 1's stores, `BlockRemoved(block_hashes=[21],
         // medium=MEDIUM_GPU, group_idx=1)`; `msgspec.msgpack.encode(batch).hex()` in .tools/vllm's
         // venv).
-        const VLLM: &str = "VLLM_HEX";
+        const VLLM: &str = "93cb4008000000000000928ba474797065ab426c6f636b53746f726564ac626c6f636b5f686173686573921516b1706172656e745f626c6f636b5f6861736814a9746f6b656e5f696473980102030405060708aa626c6f636b5f73697a6504a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c0a967726f75705f69647801b26b765f63616368655f737065635f6b696e64ae736c6964696e675f77696e646f77bc6b765f63616368655f737065635f736c6964696e675f77696e646f774084a474797065ac426c6f636b52656d6f766564ac626c6f636b5f6861736865739115a66d656469756da3475055a967726f75705f6964780100";
         let bytes = encode_batch(&b, 0, Layout::Current).unwrap();
         let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(hex, VLLM);

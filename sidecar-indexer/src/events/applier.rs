@@ -418,7 +418,9 @@ impl Applier {
 
 /// Counts what a batch did to worker `w`'s KV cache groups beyond the main one (hybrid models).
 fn report_groups(m: &Metrics, w: &str, r: &ApplyReport) {
-    for (op, n) in [("group_stored", r.group_stored_blocks), ("group_removed", r.group_removed_blocks)] {
+    for (op, n) in
+        [("group_stored", r.group_stored_blocks), ("group_removed", r.group_removed_blocks)]
+    {
         if n > 0 {
             m.kv_blocks.with_label_values(&[w, op]).inc_by(n);
         }

@@ -150,7 +150,8 @@ pub fn apply_step(
             spec_kind,
             sliding_window,
         } => {
-            let kind = spec_kind.is_some().then(|| GroupKind::of(spec_kind.as_deref(), *sliding_window));
+            let kind =
+                spec_kind.is_some().then(|| GroupKind::of(spec_kind.as_deref(), *sliding_window));
             if let Some(g) = group_idx.filter(|g| *g > 0) {
                 r.stored_events += 1;
                 if kind.is_none_or(|k| k == GroupKind::Unknown) {

@@ -198,7 +198,8 @@ fn group_spec_fields_in_both_layouts() {
         }
     );
     // A removal of group 2, both layouts.
-    let removed = KvEvent::Removed { block_hashes: vec![11], medium: Some("GPU".into()), group_idx: Some(2) };
+    let removed =
+        KvEvent::Removed { block_hashes: vec![11], medium: Some("GPU".into()), group_idx: Some(2) };
     let map = Value::Map(vec![
         (Value::from("type"), Value::from("BlockRemoved")),
         (Value::from("block_hashes"), Value::Array(vec![Value::from(11)])),

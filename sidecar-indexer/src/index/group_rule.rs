@@ -60,7 +60,9 @@ impl GroupKind {
             Self::Window { tokens } => {
                 // vLLM: cdiv(sliding_window - 1, block_size); a window of one token needs the
                 // block before the hit all the same (its scan stops at the first held block).
-                Some((tokens.saturating_sub(1) as usize).div_ceil(block_size.max(1) as usize).max(1))
+                Some(
+                    (tokens.saturating_sub(1) as usize).div_ceil(block_size.max(1) as usize).max(1),
+                )
             }
             Self::Full | Self::Unknown => None,
         }
@@ -91,7 +93,12 @@ pub fn window_hit(cap: usize, need: usize, held: impl Fn(usize) -> bool) -> usiz
 }
 
 /// One group's hit, at most `cap` blocks: its kind's rule over its residency `held`.
-pub fn group_hit(kind: GroupKind, block_size: u32, cap: usize, held: impl Fn(usize) -> bool) -> usize {
+pub fn group_hit(
+    kind: GroupKind,
+    block_size: u32,
+    cap: usize,
+    held: impl Fn(usize) -> bool,
+) -> usize {
     match kind.window_blocks(block_size) {
         Some(need) => window_hit(cap, need, held),
         None => leading_hit(cap, held),
@@ -172,7 +179,7 @@ mod tests {
     fn the_window_rule_needs_the_blocks_before_the_hit_only() {
         let cases = [
             // (residency, cap, need, hit)
-            ("..xx", 4, 2, 4),     // the docstring's example: blocks 0 and 1 freed, still a hit of 4
+            ("..xx", 4, 2, 4), // the docstring's example: blocks 0 and 1 freed, still a hit of 4
             ("xxxxxxxx", 8, 2, 8), // everything held
             ("xxxxxx..", 8, 2, 6), // the tail evicted: the hit ends where the window is held
             ("xxx.x.xx", 8, 2, 8), // holes before the window do not matter
@@ -181,10 +188,14 @@ mod tests {
             (".x.x.x.x", 8, 2, 0), // nothing at all
             ("xxxxxxxx", 5, 2, 5), // capped by the main group's match
             ("xxxx.xxx", 5, 3, 4), // the cap's window broken: the next window down
-            ("xx", 8, 3, 2),       // a prompt shorter than the window: its leading run
+            ("xx", 8, 3, 2),   // a prompt shorter than the window: its leading run
         ];
         for (picture, cap, need, want) in cases {
-            assert_eq!(window_hit(cap, need, held(picture)), want, "{picture} cap {cap} need {need}");
+            assert_eq!(
+                window_hit(cap, need, held(picture)),
+                want,
+                "{picture} cap {cap} need {need}"
+            );
         }
     }
 
@@ -216,7 +227,7 @@ mod tests {
     #[test]
     fn the_hybrid_hit_is_what_every_group_can_serve() {
         let window = GroupKind::Window { tokens: 9 }; // 2 blocks of 4
-        // One window group: the main group's match cut where the window is held.
+                                                      // One window group: the main group's match cut where the window is held.
         assert_eq!(hybrid(8, &[(window, "xxxxxxxx")]), 8);
         assert_eq!(hybrid(8, &[(window, "xxxxx...")]), 5);
         assert_eq!(hybrid(7, &[(window, "xx.xxx.x")]), 6);

@@ -216,7 +216,7 @@ impl KvIndex {
         }
         let bs = e.block_size;
         let n = e.block_hashes.len();
-        if bs == 0 || e.token_ids.len() % bs != 0 || e.token_ids.len() / bs < n {
+        if bs == 0 || !e.token_ids.len().is_multiple_of(bs) || e.token_ids.len() / bs < n {
             return GroupStore::Malformed;
         }
         let (max_entries, max_blocks) = (self.max_entries, self.max_blocks_per_worker);

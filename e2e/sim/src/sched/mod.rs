@@ -535,7 +535,8 @@ impl Scheduler {
         loop {
             let Some(r) = self.reqs.get_mut(&id) else { return false };
             let need = (r.num_computed + n).div_ceil(bs).saturating_sub(r.blocks.len());
-            let window = self.window.as_mut().is_none_or(|w| w.grow(id, r.num_computed, r.num_computed + n));
+            let window =
+                self.window.as_mut().is_none_or(|w| w.grow(id, r.num_computed, r.num_computed + n));
             if window && (need == 0 || self.pool.allocate(need, &mut r.blocks)) {
                 return true;
             }
