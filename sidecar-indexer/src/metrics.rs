@@ -69,6 +69,7 @@ pub const KV_ORPHAN_RECOVERED_TOTAL: &str = "kvmesh_kv_orphan_recovered_total";
 pub const ROUTE_INFLIGHT: &str = "kvmesh_route_inflight";
 pub const ROUTE_CANCELLED_TOTAL: &str = "kvmesh_route_cancelled_total";
 pub const KV_UNKNOWN_REMOVES_TOTAL: &str = "kvmesh_kv_unknown_removes_total";
+pub const KV_UNKNOWN_GROUP_KIND_TOTAL: &str = "kvmesh_kv_unknown_group_kind_events_total";
 pub const KV_IGNORED_EVENTS_TOTAL: &str = "kvmesh_kv_ignored_events_total";
 pub const KV_EVENT_LAG_SECONDS: &str = "kvmesh_kv_event_lag_seconds";
 pub const KV_EVENT_LIMITS_TOTAL: &str = "kvmesh_kv_event_limits_total";
@@ -181,6 +182,7 @@ pub const ALL: &[&str] = &[
     ROUTE_INFLIGHT,
     ROUTE_CANCELLED_TOTAL,
     KV_UNKNOWN_REMOVES_TOTAL,
+    KV_UNKNOWN_GROUP_KIND_TOTAL,
     KV_IGNORED_EVENTS_TOTAL,
     KV_EVENT_LAG_SECONDS,
     KV_EVENT_LIMITS_TOTAL,
@@ -321,6 +323,8 @@ pub struct Metrics {
     /// labels: stage (queued, tokenizing, booked): route calls whose caller went away.
     pub route_cancelled: IntCounterVec,
     pub kv_unknown_removes: IntCounterVec,
+    /// labels: worker: stores of a KV cache group kind the indexer does not model (`crate::index`).
+    pub kv_unknown_group_kind: IntCounterVec,
     /// labels: worker, reason (tier, queue_full).
     pub kv_ignored: IntCounterVec,
     pub kv_event_lag: GaugeVec,
@@ -539,6 +543,7 @@ impl Metrics {
             route_inflight: int_gauge(ROUTE_INFLIGHT, "/v1/route calls being worked on, abandoned tokenizations included (bounded by routing.max_concurrent_routes)")?,
             route_cancelled: counter_vec(&r, ROUTE_CANCELLED_TOTAL, "/v1/route calls whose caller went away (client gone, filter timeout), by the stage they were in", &["stage"])?,
             kv_unknown_removes: counter_vec(&r, KV_UNKNOWN_REMOVES_TOTAL, "Removed block hashes the worker never stored", &["worker"])?,
+            kv_unknown_group_kind: counter_vec(&r, KV_UNKNOWN_GROUP_KIND_TOTAL, "BlockStored events of a KV cache group whose kv_cache_spec_kind the indexer does not model (or none): served as the group's leading run", &["worker"])?,
             kv_ignored: counter_vec(&r, KV_IGNORED_EVENTS_TOTAL, "Events skipped: other tier or cache group, malformed stores", &["worker", "reason"])?,
             kv_event_lag,
             kv_event_limits: counter_vec(&r, KV_EVENT_LIMITS_TOTAL, "KV event byte limits hit, by reason (frames, replays, queue bytes)", &["worker", "reason"])?,
@@ -754,6 +759,7 @@ impl Metrics {
             &self.kv_orphan_stores,
             &self.kv_orphan_recovered,
             &self.kv_unknown_removes,
+            &self.kv_unknown_group_kind,
             &self.engine_hits,
             &self.engine_queries,
             &self.engine_scrape_too_large,
@@ -763,11 +769,14 @@ impl Metrics {
         let pairs: [(&IntCounterVec, &[&str]); 8] = [
             (&self.kv_events, &["stored", "removed", "cleared", "unknown"]),
             (&self.kv_replay_rounds, &["holes", "no_end_marker"]),
-            (&self.kv_blocks, &["stored", "removed"]),
+            (&self.kv_blocks, &["stored", "removed", "group_stored", "group_removed"]),
             (&self.kv_replays, &["complete", "truncated", "failed"]),
             (&self.kv_resyncs, &KV_RESYNC_REASONS),
             (&self.kv_event_limits, &KV_EVENT_LIMIT_REASONS),
-            (&self.kv_ignored, &["tier", "malformed", "queue_full", "seed_table_full"]),
+            (
+                &self.kv_ignored,
+                &["tier", "malformed", "queue_full", "seed_table_full", "group_full"],
+            ),
             (&self.engine_scrapes, &["ok", "error"]),
         ];
         for (vec, second) in pairs {
@@ -898,6 +907,7 @@ mod tests {
             &m.kv_orphan_stores,
             &m.kv_orphan_recovered,
             &m.kv_unknown_removes,
+            &m.kv_unknown_group_kind,
             &m.engine_hits,
             &m.engine_queries,
             &m.engine_scrape_too_large,

@@ -249,6 +249,8 @@ fn cache_on_decode_1(svc: &Service) {
             cache_salt: None,
             medium: None,
             group_idx: None,
+            spec_kind: None,
+            sliding_window: None,
         }],
         dp_rank: None,
     };

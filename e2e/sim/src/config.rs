@@ -17,6 +17,7 @@ use crate::lora::{LoraModule, Registry, MAX_ADAPTERS};
 use crate::publisher::PublisherConfig;
 use crate::sched::{KvLoadFailurePolicy, SchedulerConfig};
 use crate::timing::TimingModel;
+use crate::window::SlidingWindow;
 use crate::wire::{Layout, ReplayFraming};
 
 /// The DeepSeek BOS token the built-in template writes.
@@ -115,6 +116,13 @@ pub struct Args {
     /// Prompt tokens per second loaded from the CPU offload tier into GPU blocks.
     #[arg(long, default_value_t = 100_000.0)]
     pub cpu_load_tokens_per_s: f64,
+    /// Serve a hybrid model: a second KV cache group of sliding-window attention over this many
+    /// tokens (group 1 in the events; `src/window.rs`).
+    #[arg(long)]
+    pub sliding_window: Option<usize>,
+    /// Blocks of the sliding-window group's pool [default: --num-gpu-blocks].
+    #[arg(long)]
+    pub sliding_window_blocks: Option<u32>,
     /// Inter-token latency of a batch of one, milliseconds.
     #[arg(long, default_value_t = 20.0)]
     pub itl_ms: f64,
@@ -318,11 +326,43 @@ impl Args {
                 "must be a non-negative number",
             ));
         }
+        self.validate_window()?;
         self.registry().map_err(|e| ConfigError::Lora(e.to_string()))?;
         if self.kv_events_replay_endpoint.is_some() && self.kv_events_endpoint.is_none() {
             return Err(invalid("kv-events-replay-endpoint", "set", "needs --kv-events-endpoint"));
         }
         self.initial_faults()?;
+        Ok(())
+    }
+
+    /// `--sliding-window` and its pool: a window of at least one token, a pool a request's window
+    /// and one step's chunk fit in, and no CPU offload tier beside it (not modelled together).
+    fn validate_window(&self) -> Result<(), ConfigError> {
+        let Some(tokens) = self.sliding_window else {
+            if let Some(blocks) = self.sliding_window_blocks {
+                return Err(invalid("sliding-window-blocks", blocks, "needs --sliding-window"));
+            }
+            return Ok(());
+        };
+        if tokens == 0 {
+            return Err(invalid("sliding-window", 0, "must be positive"));
+        }
+        if self.cpu_offload_blocks > 0 {
+            return Err(invalid(
+                "sliding-window",
+                tokens,
+                "is not modelled with --cpu-offload-blocks",
+            ));
+        }
+        let min = SlidingWindow::min_blocks(tokens, self.block_size, self.max_num_batched_tokens);
+        let blocks = self.sliding_window_blocks.unwrap_or(self.num_gpu_blocks);
+        if (blocks as usize) < min {
+            return Err(invalid(
+                "sliding-window-blocks",
+                blocks,
+                "must hold a request's window and one step's chunk (window/block_size + max_num_batched_tokens/block_size + 2)",
+            ));
+        }
         Ok(())
     }
 
@@ -382,6 +422,10 @@ impl Args {
             lora_load_ms: self.lora_load_ms,
             cpu_offload_blocks: self.cpu_offload_blocks,
             cpu_load_tokens_per_s: self.cpu_load_tokens_per_s,
+            sliding_window: self.sliding_window.map(|tokens| SlidingWindow {
+                tokens,
+                blocks: self.sliding_window_blocks.unwrap_or(self.num_gpu_blocks),
+            }),
         }
     }
 
@@ -466,10 +510,27 @@ mod tests {
             &["--enable-lora", "--max-loras", "0"],
             &["--enable-lora", "--max-loras", "2", "--max-cpu-loras", "1"],
             &["--lora-load-ms=-1"],
+            &["--sliding-window", "0"],
+            &["--sliding-window-blocks", "64"],
+            &["--sliding-window", "64", "--cpu-offload-blocks", "8"],
+            // 64 tokens = 4 blocks, a chunk of 8192 tokens = 512 blocks, + 2.
+            &["--sliding-window", "64", "--sliding-window-blocks", "517"],
         ] {
             assert!(parse(args).validate().is_err(), "{args:?}");
         }
         assert!(Args::try_parse_from(["vllm-sim", "--drop-seqs", "5..1"]).is_err());
+    }
+
+    #[test]
+    fn a_sliding_window_makes_a_hybrid_model() {
+        assert_eq!(parse(&[]).scheduler_config().sliding_window, None);
+        let a = parse(&["--sliding-window", "64", "--sliding-window-blocks", "518"]);
+        a.validate().unwrap();
+        let w = a.scheduler_config().sliding_window;
+        assert_eq!(w, Some(SlidingWindow { tokens: 64, blocks: 518 }));
+        let a = parse(&["--sliding-window", "4096"]);
+        a.validate().unwrap();
+        assert_eq!(a.scheduler_config().sliding_window.map(|w| w.blocks), Some(8192));
     }
 
     #[test]

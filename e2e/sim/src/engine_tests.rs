@@ -36,6 +36,7 @@ fn engine(sink: MemorySink) -> (EngineHandle, Arc<Metrics>) {
         lora_load_ms: 0.0,
         cpu_offload_blocks: 0,
         cpu_load_tokens_per_s: 100_000.0,
+        sliding_window: None,
     };
     let metrics = Arc::new(Metrics::new("m", 0, 16, 64, 1024));
     let parts = EngineParts {

@@ -58,6 +58,17 @@ pub enum KvEvent {
         /// Engine hashes of the evicted blocks.
         block_hashes: Vec<BlockHash>,
     },
+    /// A `BlockStored` / `BlockRemoved` of a hybrid model's sliding-window group
+    /// (`crate::window`): `group_idx`, and on stores `kv_cache_spec_kind = "sliding_window"` and
+    /// `kv_cache_spec_sliding_window`, as vLLM's KV cache manager annotates its groups' events.
+    Grouped {
+        /// The group (1).
+        group_idx: u32,
+        /// The group's window, in tokens.
+        sliding_window: u32,
+        /// The group's event (`BlockStored` or `BlockRemoved`).
+        event: Box<KvEvent>,
+    },
 }
 
 /// The events of one engine step, vLLM's `KVEventBatch` without the DP rank (the sink adds it).

@@ -4,7 +4,8 @@
 //! eviction, KV events over ZeroMQ in vLLM's wire format with a replay socket, vLLM's metric
 //! names, NIXL `kv_transfer_params` semantics and fault injection — and cheap everywhere else.
 //!
-//! Shape: the cache ([`pool`], with its CPU offload tier [`offload`]) and the scheduler
+//! Shape: the cache ([`pool`], with its CPU offload tier [`offload`] and a hybrid model's
+//! sliding-window group [`window`]) and the scheduler
 //! ([`sched`]) are pure (`step(now) -> work`,
 //! clock passed in); one task ([`engine`]) drives them; events leave through an
 //! [`events::EventSink`] (in memory in tests, ZeroMQ in the binary, [`publisher`]); HTTP
@@ -28,4 +29,5 @@ pub mod publisher;
 pub mod sched;
 pub mod server;
 pub mod timing;
+pub mod window;
 pub mod wire;

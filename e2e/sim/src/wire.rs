@@ -54,6 +54,10 @@ pub const MEDIUM_CPU: &str = "CPU";
 /// (vLLM's `KVCacheSpecKind.FULL_ATTENTION`).
 pub const KIND_FULL_ATTENTION: &str = "full_attention";
 
+/// `kv_cache_spec_kind` of a hybrid model's sliding-window group (`crate::window`; vLLM's
+/// `KVCacheSpecKind.SLIDING_WINDOW`).
+pub const KIND_SLIDING_WINDOW: &str = "sliding_window";
+
 /// The replay end marker's sequence bytes: `(-1).to_bytes(8, "big", signed=True)`.
 pub const END_SEQ: [u8; 8] = [0xff; 8];
 
@@ -78,22 +82,7 @@ pub fn encode_batch(
     dp_rank: u32,
     layout: Layout,
 ) -> Result<Vec<u8>, WireError> {
-    let mut cap = 32;
-    for e in &batch.events {
-        cap += match e {
-            KvEvent::BlockStored { block_hashes, token_ids, lora, .. } => {
-                96 + 9 * block_hashes.len()
-                    + 5 * token_ids.len()
-                    + lora.as_ref().map_or(0, |a| 8 + a.name.len())
-            }
-            KvEvent::BlockRemoved { block_hashes } => 48 + 9 * block_hashes.len(),
-            KvEvent::AllBlocksCleared => 24,
-            KvEvent::OffloadStored { token_ids, lora, .. } => {
-                160 + 5 * token_ids.len() + lora.as_ref().map_or(0, |a| 8 + a.name.len())
-            }
-            KvEvent::OffloadRemoved { block_hashes } => 64 + 9 * block_hashes.len(),
-        };
-    }
+    let cap = 32 + batch.events.iter().map(encoded_size).sum::<usize>();
     let mut w = Vec::with_capacity(cap);
     rmp::encode::write_array_len(&mut w, 3).wire()?;
     rmp::encode::write_f64(&mut w, batch.ts).wire()?;
@@ -108,6 +97,24 @@ pub fn encode_batch(
     Ok(w)
 }
 
+/// About the bytes `e` encodes to (the buffer's initial capacity).
+fn encoded_size(e: &KvEvent) -> usize {
+    match e {
+        KvEvent::BlockStored { block_hashes, token_ids, lora, .. } => {
+            96 + 9 * block_hashes.len()
+                + 5 * token_ids.len()
+                + lora.as_ref().map_or(0, |a| 8 + a.name.len())
+        }
+        KvEvent::BlockRemoved { block_hashes } => 48 + 9 * block_hashes.len(),
+        KvEvent::AllBlocksCleared => 24,
+        KvEvent::OffloadStored { token_ids, lora, .. } => {
+            160 + 5 * token_ids.len() + lora.as_ref().map_or(0, |a| 8 + a.name.len())
+        }
+        KvEvent::OffloadRemoved { block_hashes } => 64 + 9 * block_hashes.len(),
+        KvEvent::Grouped { event, .. } => 80 + encoded_size(event),
+    }
+}
+
 fn len32(n: usize) -> Result<u32, WireError> {
     u32::try_from(n)
         .map_err(|_| WireError(format!("array of {n} elements is too long for msgpack")))
@@ -115,29 +122,9 @@ fn len32(n: usize) -> Result<u32, WireError> {
 
 fn encode_map_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
     match e {
-        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, lora } => {
-            rmp::encode::write_map_len(w, 8).wire()?;
-            key_str(w, "type", "BlockStored")?;
-            rmp::encode::write_str(w, "block_hashes").wire()?;
-            hashes(w, block_hashes)?;
-            rmp::encode::write_str(w, "parent_block_hash").wire()?;
-            opt_u64(w, *parent_block_hash)?;
-            rmp::encode::write_str(w, "token_ids").wire()?;
-            tokens(w, token_ids)?;
-            rmp::encode::write_str(w, "block_size").wire()?;
-            rmp::encode::write_uint(w, u64::from(*block_size)).wire()?;
-            rmp::encode::write_str(w, "lora_id").wire()?;
-            lora_id(w, lora.as_ref())?;
-            key_str(w, "medium", MEDIUM_GPU)?;
-            rmp::encode::write_str(w, "lora_name").wire()?;
-            lora_name(w, lora.as_ref())?;
-        }
-        KvEvent::BlockRemoved { block_hashes } => {
-            rmp::encode::write_map_len(w, 3).wire()?;
-            key_str(w, "type", "BlockRemoved")?;
-            rmp::encode::write_str(w, "block_hashes").wire()?;
-            hashes(w, block_hashes)?;
-            key_str(w, "medium", MEDIUM_GPU)?;
+        KvEvent::BlockStored { .. } | KvEvent::BlockRemoved { .. } => map_gpu_event(w, e, None)?,
+        KvEvent::Grouped { group_idx, sliding_window, event } => {
+            map_gpu_event(w, event, Some((*group_idx, *sliding_window)))?
         }
         KvEvent::AllBlocksCleared => {
             rmp::encode::write_map_len(w, 1).wire()?;
@@ -179,7 +166,59 @@ fn encode_map_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
     Ok(())
 }
 
-fn encode_array_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
+/// A GPU pool's `BlockStored` / `BlockRemoved` as a map; with `group` = (group_idx, window), a
+/// sliding-window group's: `group_idx`, and on a store the group's spec (vLLM's KV cache manager
+/// annotates stores only). `omit_defaults`: the other defaulted fields are left out.
+fn map_gpu_event(w: &mut Vec<u8>, e: &KvEvent, group: Option<(u32, u32)>) -> Result<(), WireError> {
+    let extra = u32::from(group.is_some());
+    match e {
+        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, lora } => {
+            rmp::encode::write_map_len(w, 8 + 3 * extra).wire()?;
+            key_str(w, "type", "BlockStored")?;
+            rmp::encode::write_str(w, "block_hashes").wire()?;
+            hashes(w, block_hashes)?;
+            rmp::encode::write_str(w, "parent_block_hash").wire()?;
+            opt_u64(w, *parent_block_hash)?;
+            rmp::encode::write_str(w, "token_ids").wire()?;
+            tokens(w, token_ids)?;
+            rmp::encode::write_str(w, "block_size").wire()?;
+            rmp::encode::write_uint(w, u64::from(*block_size)).wire()?;
+            rmp::encode::write_str(w, "lora_id").wire()?;
+            lora_id(w, lora.as_ref())?;
+            key_str(w, "medium", MEDIUM_GPU)?;
+            rmp::encode::write_str(w, "lora_name").wire()?;
+            lora_name(w, lora.as_ref())?;
+            if let Some((group_idx, window)) = group {
+                rmp::encode::write_str(w, "group_idx").wire()?;
+                rmp::encode::write_uint(w, u64::from(group_idx)).wire()?;
+                key_str(w, "kv_cache_spec_kind", KIND_SLIDING_WINDOW)?;
+                rmp::encode::write_str(w, "kv_cache_spec_sliding_window").wire()?;
+                rmp::encode::write_uint(w, u64::from(window)).wire()?;
+            }
+        }
+        KvEvent::BlockRemoved { block_hashes } => {
+            rmp::encode::write_map_len(w, 3 + extra).wire()?;
+            key_str(w, "type", "BlockRemoved")?;
+            rmp::encode::write_str(w, "block_hashes").wire()?;
+            hashes(w, block_hashes)?;
+            key_str(w, "medium", MEDIUM_GPU)?;
+            if let Some((group_idx, _)) = group {
+                rmp::encode::write_str(w, "group_idx").wire()?;
+                rmp::encode::write_uint(w, u64::from(group_idx)).wire()?;
+            }
+        }
+        // Only the GPU pool's stores and removals are grouped (`crate::window`).
+        other => encode_map_event(w, other)?,
+    }
+    Ok(())
+}
+
+/// [`map_gpu_event`] as a legacy tagged array: every field, nil where unset.
+fn array_gpu_event(
+    w: &mut Vec<u8>,
+    e: &KvEvent,
+    group: Option<(u32, u32)>,
+) -> Result<(), WireError> {
     match e {
         KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, lora } => {
             // tag, block_hashes, parent, token_ids, block_size, lora_id, medium, lora_name,
@@ -193,8 +232,18 @@ fn encode_array_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
             lora_id(w, lora.as_ref())?;
             rmp::encode::write_str(w, MEDIUM_GPU).wire()?;
             lora_name(w, lora.as_ref())?;
-            for _ in 0..4 {
-                rmp::encode::write_nil(w).wire()?;
+            rmp::encode::write_nil(w).wire()?; // extra_keys
+            match group {
+                Some((group_idx, window)) => {
+                    rmp::encode::write_uint(w, u64::from(group_idx)).wire()?;
+                    rmp::encode::write_str(w, KIND_SLIDING_WINDOW).wire()?;
+                    rmp::encode::write_uint(w, u64::from(window)).wire()?;
+                }
+                None => {
+                    for _ in 0..3 {
+                        rmp::encode::write_nil(w).wire()?;
+                    }
+                }
             }
         }
         KvEvent::BlockRemoved { block_hashes } => {
@@ -203,7 +252,23 @@ fn encode_array_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
             rmp::encode::write_str(w, "BlockRemoved").wire()?;
             hashes(w, block_hashes)?;
             rmp::encode::write_str(w, MEDIUM_GPU).wire()?;
-            rmp::encode::write_nil(w).wire()?;
+            match group {
+                Some((group_idx, _)) => {
+                    rmp::encode::write_uint(w, u64::from(group_idx)).map(|_| ()).wire()?
+                }
+                None => rmp::encode::write_nil(w).wire()?,
+            }
+        }
+        other => encode_array_event(w, other)?,
+    }
+    Ok(())
+}
+
+fn encode_array_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
+    match e {
+        KvEvent::BlockStored { .. } | KvEvent::BlockRemoved { .. } => array_gpu_event(w, e, None)?,
+        KvEvent::Grouped { group_idx, sliding_window, event } => {
+            array_gpu_event(w, event, Some((*group_idx, *sliding_window)))?
         }
         KvEvent::AllBlocksCleared => {
             rmp::encode::write_array_len(w, 1).wire()?;
@@ -480,6 +545,42 @@ mod tests {
         assert_eq!((stored[6].as_str(), stored[9].as_u64()), (Some("CPU"), Some(0)));
         assert_eq!(stored[10].as_str(), Some("full_attention"));
         assert!(stored[8].is_nil() && stored[11].is_nil());
+    }
+
+    #[test]
+    fn window_group_events_carry_vllms_group_fields() {
+        let grouped =
+            |event| KvEvent::Grouped { group_idx: 1, sliding_window: 64, event: Box::new(event) };
+        let b = EventBatch {
+            ts: 3.0,
+            events: vec![
+                grouped(KvEvent::BlockStored {
+                    block_hashes: vec![21, 22],
+                    parent_block_hash: Some(20),
+                    token_ids: (1..=8).collect(),
+                    block_size: 4,
+                    lora: None,
+                }),
+                grouped(KvEvent::BlockRemoved { block_hashes: vec![21] }),
+            ],
+        };
+        // Byte for byte what vLLM 0.32's own classes encode (`BlockStored(…, medium=MEDIUM_GPU,
+        // group_idx=1, kv_cache_spec_kind="sliding_window", kv_cache_spec_sliding_window=64)` as
+        // its KV cache manager annotates group 1's stores, `BlockRemoved(block_hashes=[21],
+        // medium=MEDIUM_GPU, group_idx=1)`; `msgspec.msgpack.encode(batch).hex()` in .tools/vllm's
+        // venv).
+        const VLLM: &str = "93cb4008000000000000928ba474797065ab426c6f636b53746f726564ac626c6f636b5f686173686573921516b1706172656e745f626c6f636b5f6861736814a9746f6b656e5f696473980102030405060708aa626c6f636b5f73697a6504a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c0a967726f75705f69647801b26b765f63616368655f737065635f6b696e64ae736c6964696e675f77696e646f77bc6b765f63616368655f737065635f736c6964696e675f77696e646f774084a474797065ac426c6f636b52656d6f766564ac626c6f636b5f6861736865739115a66d656469756da3475055a967726f75705f6964780100";
+        let bytes = encode_batch(&b, 0, Layout::Current).unwrap();
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, VLLM);
+        let v = decode(&encode_batch(&b, 0, Layout::Legacy).unwrap());
+        let evs = v.as_array().unwrap()[1].as_array().unwrap();
+        let stored = evs[0].as_array().unwrap();
+        assert_eq!(stored.len(), 12);
+        assert_eq!((stored[6].as_str(), stored[9].as_u64()), (Some("GPU"), Some(1)));
+        assert_eq!((stored[10].as_str(), stored[11].as_u64()), (Some("sliding_window"), Some(64)));
+        let removed = evs[1].as_array().unwrap();
+        assert_eq!((removed.len(), removed[3].as_u64()), (4, Some(1)));
     }
 
     #[test]

@@ -325,6 +325,7 @@ impl Applier {
         if r.ignored_events > 0 {
             m.kv_ignored.with_label_values(&[w, "tier"]).inc_by(r.ignored_events);
         }
+        report_groups(m, w, r);
         if r.undescribed_stores > 0 {
             m.kv_ignored.with_label_values(&[w, "undescribed"]).inc_by(r.undescribed_stores);
             if self.warned_undescribed.insert(slot) {
@@ -415,6 +416,25 @@ impl Applier {
     }
 }
 
+/// Counts what a batch did to worker `w`'s KV cache groups beyond the main one (hybrid models).
+fn report_groups(m: &Metrics, w: &str, r: &ApplyReport) {
+    for (op, n) in
+        [("group_stored", r.group_stored_blocks), ("group_removed", r.group_removed_blocks)]
+    {
+        if n > 0 {
+            m.kv_blocks.with_label_values(&[w, op]).inc_by(n);
+        }
+    }
+    if r.group_refused > 0 {
+        m.kv_ignored.with_label_values(&[w, "group_full"]).inc_by(r.group_refused);
+        tracing::warn!(worker = w, stores = r.group_refused, "KV cache group stores refused: the groups hold routing.index_max_entries blocks; the worker's hybrid overlap is under-predicted");
+    }
+    if r.unknown_kind_events > 0 {
+        m.kv_unknown_group_kind.with_label_values(&[w]).inc_by(r.unknown_kind_events);
+        tracing::debug!(worker = w, stores = r.unknown_kind_events, "BlockStored of a KV cache group kind the indexer does not model: served as the group's leading run");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -456,6 +476,8 @@ mod tests {
             cache_salt: None,
             medium: None,
             group_idx: None,
+            spec_kind: None,
+            sliding_window: None,
         };
         tx.send(ApplierMsg::Batch {
             slot: 0,

@@ -5,17 +5,21 @@
 //!   chain hashes would be computed over the wrong token windows and silently never match.
 //! * Stores and removals are applied to the tier their `medium` names ([`Tier::of_medium`]: GPU,
 //!   CPU, disk), each tier's residency apart ([`crate::index`]'s `tiers`): a GPU removal leaves a
-//!   CPU copy. Events for a medium that is not the worker's own (`OBJ`, `EXTERNAL`, unknown), for
-//!   other KV cache groups (`group_idx` > 0, hybrid models), and lower-tier stores without token
-//!   ids (vLLM's placeholder payload when the connector's `self_describing_kv_events` is off:
-//!   `token_ids = []`, `block_size = 0`, nothing to hash) are skipped and counted.
+//!   CPU copy. Events for a medium that is not the worker's own (`OBJ`, `EXTERNAL`, unknown), and
+//!   lower-tier stores without token ids (vLLM's placeholder payload when the connector's
+//!   `self_describing_kv_events` is off: `token_ids = []`, `block_size = 0`, nothing to hash) are
+//!   skipped and counted.
+//! * GPU events of a KV cache group beyond the main one (`group_idx` > 0, hybrid models) go to
+//!   that group's residency ([`KvIndex::store_group`], [`KvIndex::remove_group`]), with the kind
+//!   the store names ([`GroupKind::of`]); a kind the indexer does not model (or none) is counted.
+//!   Lower-tier events of such groups are skipped (the tiers are tracked for the main group only).
 //! * An orphan store (unknown parent) stores nothing; a worker claiming more blocks than allowed is
 //!   cleared (a resync) because it must have lost removals.
 
 use kvmesh_core::hashing::block_seed;
 
 use super::decode::{EventBatch, KvEvent};
-use crate::index::{KvIndex, StoreOutcome, Tier, WorkerSlot};
+use crate::index::{GroupEvent, GroupKind, GroupStore, KvIndex, StoreOutcome, Tier, WorkerSlot};
 
 /// What one batch did (feeds metrics and logs).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -47,8 +51,15 @@ pub struct ApplyReport {
     /// Stores refused because their seed (LoRA × `cache_salt`) is new and the index's seed table
     /// is full of seeds in use.
     pub seed_refusals: u64,
-    /// Events for another tier or cache group.
+    /// Events for another tier, or for a lower tier of a group beyond the main one.
     pub ignored_events: u64,
+    /// Blocks stored / removed in KV cache groups beyond the main one (hybrid models).
+    pub group_stored_blocks: u64,
+    pub group_removed_blocks: u64,
+    /// Group stores refused because every group together is at `routing.index_max_entries`.
+    pub group_refused: u64,
+    /// Stores naming a group kind the indexer does not model (or none, for a group beyond 0).
+    pub unknown_kind_events: u64,
     /// The worker exceeded `max_blocks_per_worker` and was cleared.
     pub resynced: bool,
 }
@@ -88,7 +99,8 @@ pub fn apply_batch(
 /// Blocks the step at `at` may store (what the tables must have room for), at most `max_blocks`.
 pub fn step_blocks(batch: &EventBatch, at: Cursor, max_blocks: usize) -> usize {
     match batch.events.get(at.event) {
-        Some(KvEvent::Stored { block_hashes, .. }) => {
+        // A store of another group is applied whole, outside the main tables.
+        Some(KvEvent::Stored { block_hashes, group_idx: None | Some(0), .. }) => {
             block_hashes.len().saturating_sub(at.block).min(max_blocks.max(1))
         }
         _ => 0,
@@ -135,7 +147,49 @@ pub fn apply_step(
             cache_salt,
             medium,
             group_idx,
+            spec_kind,
+            sliding_window,
         } => {
+            let kind =
+                spec_kind.is_some().then(|| GroupKind::of(spec_kind.as_deref(), *sliding_window));
+            if let Some(g) = group_idx.filter(|g| *g > 0) {
+                r.stored_events += 1;
+                if kind.is_none_or(|k| k == GroupKind::Unknown) {
+                    r.unknown_kind_events += 1;
+                }
+                if Tier::of_medium(medium.as_deref()) != Some(Tier::Gpu) {
+                    r.ignored_events += 1;
+                    return done(0);
+                }
+                if *bs != block_size {
+                    r.block_size_mismatches += 1;
+                    r.mismatched_block_size = Some(*bs);
+                    return done(0);
+                }
+                let e = GroupEvent {
+                    group_idx: g,
+                    kind,
+                    parent: *parent,
+                    block_hashes,
+                    token_ids,
+                    block_size: block_size as usize,
+                    root_seed: block_seed(lora_name.as_deref(), cache_salt.as_deref()),
+                };
+                match index.store_group(slot, e) {
+                    GroupStore::Stored { blocks } => r.group_stored_blocks += blocks as u64,
+                    GroupStore::Orphan => r.orphan_stores += 1,
+                    GroupStore::Malformed => r.malformed_stores += 1,
+                    GroupStore::Full => r.group_refused += 1,
+                    GroupStore::TooManyBlocks => r.resynced = true,
+                    GroupStore::Refused => r.ignored_events += 1,
+                }
+                return done(block_hashes.len());
+            }
+            if at.block == 0 && kind == Some(GroupKind::Unknown) {
+                // The main group is read as full attention whatever it is named (module docs of
+                // `crate::index::group_rule`); a kind it does not model is counted all the same.
+                r.unknown_kind_events += 1;
+            }
             let Some(tier) = tier_of(medium.as_deref(), *group_idx) else {
                 r.stored_events += 1;
                 r.ignored_events += 1;
@@ -196,6 +250,16 @@ pub fn apply_step(
         }
         KvEvent::Removed { block_hashes, medium, group_idx } => {
             r.removed_events += 1;
+            if let Some(g) = group_idx.filter(|g| *g > 0) {
+                if Tier::of_medium(medium.as_deref()) != Some(Tier::Gpu) {
+                    r.ignored_events += 1;
+                    return done(0);
+                }
+                let unknown = index.remove_group(slot, g, block_hashes) as u64;
+                r.unknown_removes += unknown;
+                r.group_removed_blocks += block_hashes.len() as u64 - unknown;
+                return done(block_hashes.len());
+            }
             let Some(tier) = tier_of(medium.as_deref(), *group_idx) else {
                 r.ignored_events += 1;
                 return done(0);
@@ -242,6 +306,8 @@ mod tests {
             cache_salt: None,
             medium: Some("GPU".into()),
             group_idx: None,
+            spec_kind: None,
+            sliding_window: None,
         }
     }
 
@@ -261,6 +327,30 @@ mod tests {
             cache_salt: None,
             medium: Some(medium.into()),
             group_idx,
+            spec_kind: None,
+            sliding_window: None,
+        }
+    }
+
+    /// A GPU store of group `group` with vLLM's sliding-window spec of `window` tokens.
+    fn window_store(
+        group: u32,
+        hashes: Vec<u64>,
+        parent: Option<u64>,
+        tokens: Vec<u32>,
+        window: u32,
+    ) -> KvEvent {
+        KvEvent::Stored {
+            block_hashes: hashes,
+            parent,
+            token_ids: tokens,
+            block_size: 4,
+            lora_name: None,
+            cache_salt: None,
+            medium: Some("GPU".into()),
+            group_idx: Some(group),
+            spec_kind: Some("sliding_window".into()),
+            sliding_window: Some(window),
         }
     }
 
@@ -329,10 +419,10 @@ mod tests {
                 },
             ),
             (
-                "a shared store and another group are skipped",
+                "a shared store and a lower tier of another group are skipped",
                 vec![
                     tier_store("OBJ", vec![1], t[..4].to_vec(), 4, None),
-                    tier_store("GPU", vec![1], t[..4].to_vec(), 4, Some(1)),
+                    tier_store("CPU", vec![1], t[..4].to_vec(), 4, Some(1)),
                     KvEvent::Removed {
                         block_hashes: vec![1],
                         medium: Some("EXTERNAL".into()),
@@ -344,6 +434,25 @@ mod tests {
                     stored_events: 2,
                     removed_events: 1,
                     ignored_events: 3,
+                    unknown_kind_events: 1,
+                    ..Default::default()
+                },
+            ),
+            (
+                "another group's store goes beside the main index, not into it",
+                vec![
+                    tier_store("GPU", vec![1], t[..4].to_vec(), 4, Some(1)),
+                    window_store(2, vec![1, 2], None, t.clone(), 64),
+                    KvEvent::Removed { block_hashes: vec![2, 9], medium: None, group_idx: Some(2) },
+                ],
+                0,
+                ApplyReport {
+                    stored_events: 2,
+                    removed_events: 1,
+                    group_stored_blocks: 3,
+                    group_removed_blocks: 1,
+                    unknown_removes: 1,
+                    unknown_kind_events: 1,
                     ..Default::default()
                 },
             ),
@@ -553,6 +662,8 @@ mod tests {
                 cache_salt: salt.map(str::to_owned),
                 medium: None,
                 group_idx: None,
+                spec_kind: None,
+                sliding_window: None,
             };
             let r = apply_batch(&mut index, 0, &batch(vec![store]), 4);
             assert_eq!(r.stored_blocks, 4);

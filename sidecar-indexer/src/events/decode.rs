@@ -36,6 +36,10 @@ pub enum KvEvent {
         medium: Option<String>,
         /// KV cache group (hybrid models); absent or 0 for the main group.
         group_idx: Option<u32>,
+        /// The group's `kv_cache_spec_kind` (`"full_attention"`, `"sliding_window"`, …).
+        spec_kind: Option<String>,
+        /// The group's `kv_cache_spec_sliding_window` (tokens), for a sliding-window kind.
+        sliding_window: Option<u32>,
     },
     /// Blocks evicted from the cache.
     Removed { block_hashes: Vec<u64>, medium: Option<String>, group_idx: Option<u32> },
@@ -54,13 +58,20 @@ impl EventBatch {
             .iter()
             .map(|e| match e {
                 KvEvent::Stored {
-                    block_hashes, token_ids, lora_name, cache_salt, medium, ..
+                    block_hashes,
+                    token_ids,
+                    lora_name,
+                    cache_salt,
+                    medium,
+                    spec_kind,
+                    ..
                 } => {
                     block_hashes.capacity() * 8
                         + token_ids.capacity() * 4
                         + strings(lora_name)
                         + strings(cache_salt)
                         + strings(medium)
+                        + strings(spec_kind)
                 }
                 KvEvent::Removed { block_hashes, medium, .. } => {
                     block_hashes.capacity() * 8 + strings(medium)
@@ -250,6 +261,8 @@ struct RawEvent {
     lora_name: Option<Option<String>>,
     cache_salt: Option<Option<String>>,
     group_idx: Option<Deferred<Option<u32>>>,
+    spec_kind: Option<Option<String>>,
+    sliding_window: Option<Deferred<Option<u32>>>,
 }
 
 /// Which field a position (after the tag) or a key names.
@@ -263,6 +276,8 @@ enum Field {
     LoraName,
     CacheSalt,
     GroupIdx,
+    SpecKind,
+    SlidingWindow,
 }
 
 fn field_by_name(name: &str) -> Option<Field> {
@@ -275,13 +290,16 @@ fn field_by_name(name: &str) -> Option<Field> {
         "lora_name" => Field::LoraName,
         "cache_salt" => Field::CacheSalt,
         "group_idx" => Field::GroupIdx,
+        "kv_cache_spec_kind" => Field::SpecKind,
+        "kv_cache_spec_sliding_window" => Field::SlidingWindow,
         _ => return None,
     })
 }
 
 /// Positions after the tag: BlockStored 0 block_hashes, 1 parent, 2 token_ids, 3 block_size,
-/// 4 lora_id, 5 medium, 6 lora_name, 7 extra_keys, 8 group_idx; BlockRemoved 0 block_hashes,
-/// 1 medium, 2 group_idx. (`cache_salt` is a map-only field.)
+/// 4 lora_id, 5 medium, 6 lora_name, 7 extra_keys, 8 group_idx, 9 kv_cache_spec_kind,
+/// 10 kv_cache_spec_sliding_window; BlockRemoved 0 block_hashes, 1 medium, 2 group_idx.
+/// (`cache_salt` is a map-only field.)
 fn field_by_position(tag: &str, position: usize) -> Option<Field> {
     match (tag, position) {
         (_, 0) => Some(Field::BlockHashes),
@@ -291,6 +309,8 @@ fn field_by_position(tag: &str, position: usize) -> Option<Field> {
         ("BlockStored", 5) | ("BlockRemoved", 1) => Some(Field::Medium),
         ("BlockStored", 6) => Some(Field::LoraName),
         ("BlockStored", 8) | ("BlockRemoved", 2) => Some(Field::GroupIdx),
+        ("BlockStored", 9) => Some(Field::SpecKind),
+        ("BlockStored", 10) => Some(Field::SlidingWindow),
         _ => None,
     }
 }
@@ -437,6 +457,8 @@ impl RawEvent {
             Field::LoraName => self.lora_name.is_some(),
             Field::CacheSalt => self.cache_salt.is_some(),
             Field::GroupIdx => self.group_idx.is_some(),
+            Field::SpecKind => self.spec_kind.is_some(),
+            Field::SlidingWindow => self.sliding_window.is_some(),
         }
     }
 
@@ -482,6 +504,11 @@ impl RawEvent {
             }
             Field::BlockSize => self.block_size = Some(read_opt_u32(rd, depth, "", "block_size")?),
             Field::GroupIdx => self.group_idx = Some(read_opt_u32(rd, depth, "", "group_idx")?),
+            Field::SpecKind => self.spec_kind = Some(read_opt_string(rd, depth)?),
+            Field::SlidingWindow => {
+                let window = read_opt_u32(rd, depth, "", "kv_cache_spec_sliding_window")?;
+                self.sliding_window = Some(window);
+            }
             Field::Medium => self.medium = Some(read_opt_string(rd, depth)?),
             Field::LoraName => self.lora_name = Some(read_opt_string(rd, depth)?),
             Field::CacheSalt => self.cache_salt = Some(read_opt_string(rd, depth)?),
@@ -531,6 +558,8 @@ impl RawEvent {
                     lora_name: string(self.lora_name),
                     cache_salt: string(self.cache_salt),
                     group_idx: self.group_idx.unwrap_or(Ok(None)).map_err(name)?,
+                    spec_kind: string(self.spec_kind),
+                    sliding_window: self.sliding_window.unwrap_or(Ok(None)).map_err(name)?,
                 })
             }
             "BlockRemoved" => Ok(KvEvent::Removed {

@@ -18,6 +18,8 @@ fn expected_events() -> Vec<KvEvent> {
             cache_salt: None,
             medium: Some("GPU".into()),
             group_idx: None,
+            spec_kind: None,
+            sliding_window: None,
         },
         KvEvent::Stored {
             block_hashes: vec![(-3i64) as u64],
@@ -28,6 +30,8 @@ fn expected_events() -> Vec<KvEvent> {
             cache_salt: None,
             medium: Some("GPU".into()),
             group_idx: Some(0),
+            spec_kind: None,
+            sliding_window: None,
         },
         KvEvent::Removed { block_hashes: vec![BIG], medium: Some("GPU".into()), group_idx: None },
         KvEvent::Cleared,
@@ -64,7 +68,9 @@ fn v09_batch_without_rank_and_short_store() {
             lora_name: None,
             cache_salt: None,
             medium: None,
-            group_idx: None
+            group_idx: None,
+            spec_kind: None,
+            sliding_window: None,
         }]
     );
 }
@@ -119,6 +125,96 @@ fn store_with_negative_token_is_refused() {
             reason: "must be token ids in 0..2^32"
         }
     );
+}
+
+/// A hybrid model's group store, as vLLM publishes it since #40984: `group_idx`,
+/// `kv_cache_spec_kind` and `kv_cache_spec_sliding_window`, in the map layout by name and in the
+/// legacy array layout at positions 8, 9 and 10 after the tag; a removal's `group_idx`.
+#[test]
+fn group_spec_fields_in_both_layouts() {
+    use rmpv::Value;
+    let stored = |kind: Value, window: Value| KvEvent::Stored {
+        block_hashes: vec![11],
+        parent: Some(10),
+        token_ids: vec![1, 2, 3, 4],
+        block_size: 4,
+        lora_name: None,
+        cache_salt: None,
+        medium: Some("GPU".into()),
+        group_idx: Some(1),
+        spec_kind: kind.as_str().map(str::to_owned),
+        sliding_window: window.as_u64().map(|w| w as u32),
+    };
+    let encode = |v: Value| {
+        let batch = Value::Array(vec![Value::from(1.5), Value::Array(vec![v]), Value::Nil]);
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, &batch).unwrap();
+        out
+    };
+    let fields = |kind: &Value, window: &Value| {
+        vec![
+            ("type", Value::from("BlockStored")),
+            ("block_hashes", Value::Array(vec![Value::from(11)])),
+            ("parent_block_hash", Value::from(10)),
+            ("token_ids", Value::Array((1..=4).map(Value::from).collect())),
+            ("block_size", Value::from(4)),
+            ("lora_id", Value::Nil),
+            ("medium", Value::from("GPU")),
+            ("lora_name", Value::Nil),
+            ("extra_keys", Value::Nil),
+            ("group_idx", Value::from(1)),
+            ("kv_cache_spec_kind", kind.clone()),
+            ("kv_cache_spec_sliding_window", window.clone()),
+        ]
+    };
+    for (kind, window) in [
+        (Value::from("sliding_window"), Value::from(4096)),
+        (Value::from("full_attention"), Value::Nil),
+        (Value::from("mamba"), Value::Nil),
+    ] {
+        let want = stored(kind.clone(), window.clone());
+        // Map layout, keys in reverse order (read by name) and an unknown one.
+        let mut pairs: Vec<(Value, Value)> =
+            fields(&kind, &window).into_iter().map(|(k, v)| (Value::from(k), v)).collect();
+        pairs.reverse();
+        pairs.push((Value::from("locality"), Value::from("LOCAL")));
+        let b = decode_batch(&encode(Value::Map(pairs))).unwrap();
+        assert_eq!(b.events, vec![want.clone()], "map {kind}");
+        // Legacy array layout: the tag, then every field in declaration order, and a trailing one.
+        let mut items: Vec<Value> = fields(&kind, &window).into_iter().map(|(_, v)| v).collect();
+        items.push(Value::from("LOCAL"));
+        let b = decode_batch(&encode(Value::Array(items))).unwrap();
+        assert_eq!(b.events, vec![want], "array {kind}");
+    }
+    // A window that is not a small integer is a typed error, like any integer field.
+    let bad = fields(&Value::from("sliding_window"), &Value::from("wide"));
+    let pairs = bad.into_iter().map(|(k, v)| (Value::from(k), v)).collect();
+    assert_eq!(
+        decode_batch(&encode(Value::Map(pairs))).unwrap_err(),
+        DecodeError::Field {
+            event: "BlockStored",
+            field: "kv_cache_spec_sliding_window",
+            reason: "must be a small integer"
+        }
+    );
+    // A removal of group 2, both layouts.
+    let removed =
+        KvEvent::Removed { block_hashes: vec![11], medium: Some("GPU".into()), group_idx: Some(2) };
+    let map = Value::Map(vec![
+        (Value::from("type"), Value::from("BlockRemoved")),
+        (Value::from("block_hashes"), Value::Array(vec![Value::from(11)])),
+        (Value::from("medium"), Value::from("GPU")),
+        (Value::from("group_idx"), Value::from(2)),
+    ]);
+    let array = Value::Array(vec![
+        Value::from("BlockRemoved"),
+        Value::Array(vec![Value::from(11)]),
+        Value::from("GPU"),
+        Value::from(2),
+    ]);
+    for v in [map, array] {
+        assert_eq!(decode_batch(&encode(v)).unwrap().events, vec![removed.clone()]);
+    }
 }
 
 /// The previous decoder (an `rmpv::Value` tree per batch), the oracle of the equivalence tests.
@@ -263,7 +359,8 @@ mod reference {
                 let block_size = f
                     .opt_u32(3, "block_size")?
                     .ok_or_else(|| f.err("block_size", "is required"))?;
-                // Positions after the tag: 4 lora_id, 5 medium, 6 lora_name, 7 extra_keys, 8 group_idx.
+                // Positions after the tag: 4 lora_id, 5 medium, 6 lora_name, 7 extra_keys,
+                // 8 group_idx, 9 kv_cache_spec_kind, 10 kv_cache_spec_sliding_window.
                 Ok(KvEvent::Stored {
                     block_hashes,
                     parent,
@@ -273,6 +370,8 @@ mod reference {
                     lora_name: f.opt_string(6, "lora_name"),
                     cache_salt: get(v, "cache_salt").and_then(Value::as_str).map(str::to_owned),
                     group_idx: f.opt_u32(8, "group_idx")?,
+                    spec_kind: f.opt_string(9, "kv_cache_spec_kind"),
+                    sliding_window: f.opt_u32(10, "kv_cache_spec_sliding_window")?,
                 })
             }
             "BlockRemoved" => {
@@ -366,7 +465,13 @@ mod equivalence {
     }
 
     fn maybe_str() -> impl Strategy<Value = Value> {
-        prop_oneof![Just(Value::from("GPU")), Just(Value::from("CPU")), Just(Value::Nil), scalar()]
+        prop_oneof![
+            Just(Value::from("GPU")),
+            Just(Value::from("CPU")),
+            Just(Value::from("sliding_window")),
+            Just(Value::Nil),
+            scalar()
+        ]
     }
 
     /// Positional fields (tag first), cut to any length: SGLang and older vLLM send fewer.
@@ -382,15 +487,18 @@ mod equivalence {
             maybe_str(),
             scalar(),
             small(),
-            scalar(),
-            0usize..12,
+            (maybe_str(), small(), scalar()),
+            0usize..14,
         )
             .prop_map(
-                |(tag, bh, parent, tok, bs, lora_id, medium, lora, extra, group, tail, len)| {
+                |(tag, bh, parent, tok, bs, lora_id, medium, lora, extra, group, spec, len)| {
+                    let (kind, window, tail) = spec;
                     let removed_like =
-                        vec![tag.clone(), bh.clone(), medium.clone(), group.clone(), tail.clone()];
-                    let stored_like =
-                        vec![tag, bh, parent, tok, bs, lora_id, medium, lora, extra, group, tail];
+                        vec![tag.clone(), bh.clone(), medium.clone(), group.clone(), kind.clone()];
+                    let stored_like = vec![
+                        tag, bh, parent, tok, bs, lora_id, medium, lora, extra, group, kind,
+                        window, tail,
+                    ];
                     let mut v = if len % 3 == 0 { removed_like } else { stored_like };
                     v.truncate(len);
                     Value::Array(v)
@@ -409,6 +517,9 @@ mod equivalence {
             Just("lora_name").prop_flat_map(|k| maybe_str().prop_map(move |v| (k, v))),
             Just("cache_salt").prop_flat_map(|k| maybe_str().prop_map(move |v| (k, v))),
             Just("group_idx").prop_flat_map(|k| small().prop_map(move |v| (k, v))),
+            Just("kv_cache_spec_kind").prop_flat_map(|k| maybe_str().prop_map(move |v| (k, v))),
+            Just("kv_cache_spec_sliding_window")
+                .prop_flat_map(|k| small().prop_map(move |v| (k, v))),
             Just("extra_keys").prop_flat_map(|k| scalar().prop_map(move |v| (k, v))),
         ];
         (tag(), proptest::collection::vec(pair, 0..10), any::<bool>(), any::<usize>()).prop_map(

@@ -33,6 +33,7 @@
 //! * Local-hash seeds (LoRA × `cache_salt`, client-chosen) are kept once in [`seeds`] and named by
 //!   id from each mapping; ids no mapping uses are reclaimed, so cycled salts cannot fill it.
 //! * Tables grow off the write lock ([`growth`]).
+//! * Hybrid models' other KV cache groups are kept beside it per worker ([`groups`]).
 //! * Lower tiers (CPU memory, disk: vLLM's offloading connector, SGLang's HiCache) are each an
 //!   index of this same shape over the same worker slots, created on the tier's first store and
 //!   kept beside the GPU one ([`tiers`]): a block's residency is per (block, worker, tier), so a
@@ -40,10 +41,13 @@
 //!   the GPU index alone; [`KvIndex::find_lower_matches`] continues each worker's GPU match into
 //!   the lower tiers.
 //!
-//! Everything here is synchronous and free of I/O; the applier thread owns writes.
+//! Everything here is synchronous and free of I/O; the applier thread owns writes. Past 600 lines:
+//! the write paths (store, remove, evict, clear) share the private tables and their invariants.
 
 #[cfg(test)]
 mod consistency;
+mod group_rule;
+mod groups;
 mod growth;
 mod matching;
 mod recovery;
@@ -57,6 +61,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvmesh_core::hashing::{self, SequenceHash};
 
+pub use group_rule::GroupKind;
+pub use groups::{GroupEvent, GroupStore, MAX_GROUPS};
 pub use growth::{Growth, Room};
 pub use recovery::{RoutedPrompts, DEFAULT_RECOVERY_BLOCKS};
 use seeds::SeedTable;
@@ -127,6 +133,8 @@ pub struct KvIndex {
     /// The lower tiers' indexes ([`Tier::Cpu`], [`Tier::Disk`]), each created on its first store
     /// ([`tiers`]); always `None` inside a lower tier's own index.
     lower: [Option<Box<KvIndex>>; 2],
+    /// Workers' KV cache groups beyond the main one ([`groups`]; unused in a lower tier's index).
+    groups: groups::Groups,
 }
 
 impl KvIndex {
@@ -147,6 +155,7 @@ impl KvIndex {
             scratch: Vec::new(),
             routed: Default::default(),
             lower: [None, None],
+            groups: Default::default(),
         }
     }
 
@@ -172,6 +181,9 @@ impl KvIndex {
             self.workers.resize_with(i + 1, WorkerBlocks::default);
         }
         self.bitmaps.ensure_slots(i + 1);
+        if !self.workers[i].active {
+            self.groups.forget(slot); // a slot registered anew: no groups of its former worker
+        }
         self.workers[i].active = true;
         for t in self.lower.iter_mut().flatten() {
             t.add_worker(slot);
@@ -195,6 +207,7 @@ impl KvIndex {
         }
         self.set_dirty(slot, false);
         self.blocks.shrink_if_sparse();
+        self.groups.clear(slot);
     }
 
     fn set_dirty(&mut self, slot: WorkerSlot, dirty: bool) {
@@ -591,6 +604,7 @@ impl KvIndex {
             + self.workers.capacity() * std::mem::size_of::<WorkerBlocks>();
         total += self.workers.iter().map(|w| w.map.bytes()).sum::<usize>();
         // hashbrown: one control byte plus the (key, value) slot per bucket.
+        total += self.groups.bytes();
         total + self.seeds.bytes() + self.dirty_words.capacity() * 8 + self.scratch.capacity() * 8
     }
 }

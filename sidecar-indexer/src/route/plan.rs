@@ -37,13 +37,16 @@ pub fn decide_and_book<'a>(
     let t_match = Instant::now();
     let (scores, tiers) = {
         let index = state.index.read();
-        let scores = index.find_matches(&prompt.chains);
+        let mut scores = index.find_matches(&prompt.chains);
         // Lower KV tiers continuing each GPU match (nothing to walk without tier events).
-        let tiers = if cfg.routing.kv_tiers {
+        let mut tiers = if cfg.routing.kv_tiers {
             index.find_lower_matches(&prompt.chains, &scores)
         } else {
             TierScores::new()
         };
+        // Hybrid models: what every KV cache group can serve (one branch without any).
+        let max_blocks = crate::predict::max_cached_blocks(prompt.tokens, model.block_size());
+        index.cap_by_groups(&prompt.chains, max_blocks, &mut scores, &mut tiers);
         (scores, tiers)
     };
     metrics.matched(t_match.elapsed());

@@ -369,6 +369,7 @@ pub fn block_ops(batches: &[EventBatch]) -> u64 {
             KvEvent::OffloadStored { .. } => 1,
             KvEvent::OffloadRemoved { block_hashes } => block_hashes.len() as u64,
             KvEvent::AllBlocksCleared => 0,
+            KvEvent::Grouped { .. } => 0, // the scale model serves no hybrid model
         })
         .sum()
 }
@@ -404,6 +405,7 @@ mod tests {
                 KvEvent::OffloadStored { .. } | KvEvent::OffloadRemoved { .. } => {
                     panic!("the scale model publishes no offload tier")
                 }
+                KvEvent::Grouped { .. } => panic!("the scale model serves no hybrid model"),
             }
         }
     }

@@ -18,6 +18,10 @@
 //! `cpu_load_tokens_per_s` longer (a load the step waits for; vLLM's connector loads
 //! asynchronously and only the request waits — the same TTFT for the request).
 //!
+//! Hybrid model (`sliding_window` set, [`crate::window`]): a second KV cache group keeps each
+//! request's blocks inside its sliding window; a prefix is served only as far as both groups can
+//! serve it, and the group's events go out with the pool's.
+//!
 //! LoRA (`max_loras` set): a waiting request whose adapter would make more than `max_loras`
 //! distinct adapters in the batch is skipped (it keeps its place; later requests may go first, as
 //! in vLLM), and a step whose batch runs an adapter not in a GPU slot lasts `lora_load_ms` longer
@@ -51,6 +55,7 @@ use crate::lora::{Adapter, Slots};
 use crate::output::OutputVocab;
 use crate::pool::{BlockPool, CachedBlock, InUse};
 use crate::timing::TimingModel;
+use crate::window::{SlidingWindow, WindowGroup};
 
 /// Validated scheduler limits.
 #[derive(Debug, Clone)]
@@ -81,6 +86,8 @@ pub struct SchedulerConfig {
     pub cpu_offload_blocks: usize,
     /// Tokens per second loaded from the CPU tier into GPU blocks (`--cpu-load-tokens-per-s`).
     pub cpu_load_tokens_per_s: f64,
+    /// A hybrid model's sliding-window group (`--sliding-window`); `None`: full attention only.
+    pub sliding_window: Option<SlidingWindow>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,6 +168,8 @@ pub struct Scheduler {
     slots: Option<Slots>,
     /// Tokens the requests admitted in the step being scheduled load from the CPU tier.
     step_load_tokens: usize,
+    /// The sliding-window group of a hybrid model.
+    window: Option<WindowGroup>,
 }
 
 impl Scheduler {
@@ -169,7 +178,9 @@ impl Scheduler {
         let pool =
             BlockPool::new(cfg.num_gpu_blocks, cfg.block_size).with_offload(cfg.cpu_offload_blocks);
         let slots = cfg.max_loras.map(Slots::new);
+        let window = cfg.sliding_window.map(|w| WindowGroup::new(w, cfg.block_size));
         Self {
+            window,
             slots,
             cfg,
             vocab,
@@ -295,6 +306,7 @@ impl Scheduler {
             State::RemoteWait => self.remote_waiting = self.remote_waiting.saturating_sub(1),
         }
         self.pool.free(&r.blocks);
+        self.free_window(id);
         self.stats.aborted += 1;
     }
 
@@ -302,6 +314,9 @@ impl Scheduler {
     /// `AllBlocksCleared` event is in `out.events` (after any events still pending).
     pub fn reset_prefix_cache(&mut self, out: &mut StepOutput) -> Result<(), InUse> {
         self.pool.reset()?;
+        if let Some(w) = &mut self.window {
+            w.reset();
+        }
         if let Some(inflight) = &mut self.inflight {
             out.events.append(&mut inflight.events);
         }
@@ -383,6 +398,7 @@ impl Scheduler {
     fn finish(&mut self, id: ReqId, reason: FinishReason, now: Duration, out: &mut StepOutput) {
         self.running.retain(|&w| w != id);
         let Some(r) = self.reqs.remove(&id) else { return };
+        self.free_window(id);
         match reason {
             FinishReason::Length => self.stats.finished_length += 1,
             FinishReason::Stop => self.stats.finished_stop += 1,
@@ -505,7 +521,10 @@ impl Scheduler {
         if load > 0 {
             end += self.cfg.timing.offload_load(load as u64, self.cfg.cpu_load_tokens_per_s);
         }
-        let events = self.pool.take_events();
+        let mut events = self.pool.take_events();
+        if let Some(w) = &mut self.window {
+            events.extend(w.take_events());
+        }
         self.inflight = Some(Inflight { end, work, events });
     }
 
@@ -516,7 +535,9 @@ impl Scheduler {
         loop {
             let Some(r) = self.reqs.get_mut(&id) else { return false };
             let need = (r.num_computed + n).div_ceil(bs).saturating_sub(r.blocks.len());
-            if need == 0 || self.pool.allocate(need, &mut r.blocks) {
+            let window =
+                self.window.as_mut().is_none_or(|w| w.grow(id, r.num_computed, r.num_computed + n));
+            if window && (need == 0 || self.pool.allocate(need, &mut r.blocks)) {
                 return true;
             }
             let Some(victim) = self.running.pop() else { return false };
@@ -531,6 +552,9 @@ impl Scheduler {
     fn preempt(&mut self, id: ReqId) {
         let Some(r) = self.reqs.get_mut(&id) else { return };
         self.pool.free(&r.blocks);
+        if let Some(w) = &mut self.window {
+            w.free(id);
+        }
         r.blocks.clear();
         r.num_computed = 0;
         r.num_cached_blocks = 0;
@@ -553,7 +577,11 @@ impl Scheduler {
         }
         // vLLM never serves a whole prompt from cache: the last token is always computed.
         let max_hit = ((r.tokens.len() - 1) / bs).min(r.hashes.len());
-        let hit = self.pool.lookup(&r.hashes[..max_hit]);
+        let mut hit = self.pool.lookup(&r.hashes[..max_hit]);
+        // A hybrid model: only as far as the window group can serve too.
+        if let Some(w) = &self.window {
+            hit = self.pool.lookup(&r.hashes[..w.hit(&r.hashes, hit.blocks)]);
+        }
         // The CPU tier continues the GPU hit with the blocks it holds consecutively after it.
         let offloaded = self.pool.offload_run(&r.hashes[hit.blocks..max_hit]);
         let local = hit.blocks + offloaded;
@@ -563,12 +591,20 @@ impl Scheduler {
         if need + hit.evictable > self.pool.num_free() {
             return None;
         }
+        if let Some(w) = &mut self.window {
+            if !w.admit(id, &r.hashes, hit.blocks, hit_tokens + n) {
+                return None;
+            }
+        }
         self.pool.acquire_cached(&r.hashes[..hit.blocks], &mut r.blocks);
         let loaded = self.pool.load_offloaded(&r.hashes[hit.blocks..local]);
         if loaded.len() < offloaded || !self.pool.allocate(need, &mut r.blocks) {
             // Unreachable given the checks above; undo rather than trust them.
             self.pool.free(&r.blocks);
             r.blocks.clear();
+            if let Some(w) = &mut self.window {
+                w.free(id);
+            }
             return None;
         }
         // The loaded blocks are cached on the GPU again (their `BlockStored`, medium GPU).
@@ -633,6 +669,16 @@ impl Scheduler {
                 r.lora.as_ref(),
             );
             r.num_cached_blocks = full;
+        }
+        if let Some(w) = &mut self.window {
+            w.prepare(id, &r.tokens, (from, to), &r.hashes, r.lora.as_ref());
+        }
+    }
+
+    /// Frees request `id`'s blocks in the window group (finished, cancelled).
+    fn free_window(&mut self, id: ReqId) {
+        if let Some(w) = &mut self.window {
+            w.free(id);
         }
     }
 }

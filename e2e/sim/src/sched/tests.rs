@@ -34,6 +34,7 @@ fn cfg(blocks: u32) -> SchedulerConfig {
         lora_load_ms: 0.0,
         cpu_offload_blocks: 0,
         cpu_load_tokens_per_s: 100_000.0,
+        sliding_window: None,
     }
 }
 
