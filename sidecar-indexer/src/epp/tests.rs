@@ -58,13 +58,21 @@ struct Picker {
 }
 
 async fn picker(extra: &str) -> Picker {
+    picker_until(extra, std::future::pending()).await
+}
+
+/// A picker that shuts down (as on SIGTERM) when `shutdown` resolves.
+async fn picker_until(
+    extra: &str,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Picker {
     let config = Config::from_toml_str(&fleet_toml(extra), &MapEnv::default()).unwrap();
     let svc = Service::start_with_tokenizer(config, None, Arc::new(MapEnv::default()), tokenizer())
         .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (addr, health_addr) = (listener.local_addr().unwrap(), health.local_addr().unwrap());
-    tokio::spawn(super::serve(svc.state.clone(), listener, Some(health), std::future::pending()));
+    tokio::spawn(super::serve(svc.state.clone(), listener, Some(health), shutdown));
     let connect = |a: std::net::SocketAddr| async move {
         Channel::from_shared(format!("http://{a}")).unwrap().connect().await.unwrap()
     };
@@ -472,4 +480,56 @@ async fn health_under_every_name_gie_probes() {
             assert_eq!(status, Some(ServingStatus::Serving), "{name:?}");
         }
     }
+}
+
+/// The status `client` reports for `name`, once it is `want` (polled: health is re-read every
+/// 500 ms); what it last said otherwise.
+async fn health_becomes(
+    client: &mut HealthClient<Channel>,
+    name: &str,
+    want: ServingStatus,
+) -> Option<ServingStatus> {
+    let mut status = None;
+    for _ in 0..150 {
+        let r = client.check(HealthCheckRequest { service: name.into() }).await;
+        status = r.ok().map(|r| r.into_inner().status());
+        if status == Some(want) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    status
+}
+
+#[tokio::test]
+async fn a_draining_picker_is_not_serving_while_it_finishes_its_streams() {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let p = picker_until("", async move {
+        let _ = stopped.await;
+    })
+    .await;
+    let mut health = HealthClient::new(p.health.clone());
+    assert_eq!(
+        health_becomes(&mut health, "readiness", ServingStatus::Serving).await,
+        Some(ServingStatus::Serving)
+    );
+    // A request in flight (its body still coming) keeps the picker draining.
+    let mut s = Stream::open(&p).await;
+    s.send(request_headers("/v1/chat/completions", &[], false)).await;
+    stop.send(()).unwrap();
+    for name in ["", "readiness", "inference-extension", SERVICE_NAME] {
+        assert_eq!(
+            health_becomes(&mut health, name, ServingStatus::NotServing).await,
+            Some(ServingStatus::NotServing),
+            "{name:?}"
+        );
+    }
+    assert_eq!(
+        health_becomes(&mut health, "liveness", ServingStatus::Serving).await,
+        Some(ServingStatus::Serving),
+        "the process still serves"
+    );
+    // The stream in flight is still answered.
+    s.send(request_body(chat("during the drain").as_bytes(), true)).await;
+    destination(&s.next().await);
 }
