@@ -141,6 +141,12 @@ pub struct EppTarget {
     /// messages Envoy 1.40 does not time, the connection manager's `request_timeout` (the upload,
     /// the pick and the body sent back). Capped on the `both` edge ([`epp_wait_ms`]).
     pub message_timeout_ms: u64,
+    /// Whether a request's `x-gateway-destination-endpoint-subset` header becomes GIE's subset
+    /// hint (`envoy.lb.subset_hint` metadata, which the picker honours), as a gateway in front
+    /// would set it. Off: the header is stripped — a client could otherwise pin itself to one
+    /// engine, so turn it on only where the header comes from a trusted hop (the conformance
+    /// harness does).
+    pub subset_from_header: bool,
 }
 
 /// The shipped [`EppTarget::message_timeout_ms`]: the picker's own route deadline (the indexer's
@@ -298,6 +304,7 @@ pub fn render_bootstrap_edge(
         epp_host => epp.host,
         epp_port => epp.port,
         epp_failure_mode_allow => edge.failure_mode_allow(),
+        epp_subset_from_header => epp.subset_from_header,
         epp_message_timeout => format!(
             "{:.3}s",
             epp_wait_ms(edge, epp.message_timeout_ms, &filter, &vars.wasm_failure_policy) as f64
@@ -323,6 +330,7 @@ fn validate_epp(
             host: String::new(),
             port: 0,
             message_timeout_ms: DEFAULT_EPP_MESSAGE_TIMEOUT_MS,
+            subset_from_header: false,
         });
     }
     if v.policy != "kvmesh" {
@@ -503,6 +511,7 @@ mod tests {
             host: "127.0.0.1".into(),
             port: 19002,
             message_timeout_ms: DEFAULT_EPP_MESSAGE_TIMEOUT_MS,
+            subset_from_header: false,
         }
     }
 
@@ -693,6 +702,23 @@ mod tests {
         open.wasm_failure_policy = "FAIL_OPEN".into();
         let no_held = render_edge(&open, Edge::Both { failure_mode_allow: true });
         assert!(no_held.contains("message_timeout: 30.000s"), "no held route, no cap");
+    }
+
+    #[test]
+    fn the_subset_header_becomes_the_hint_only_when_asked() {
+        let edge = Edge::ExtProc { failure_mode_allow: false };
+        let v = vars("kvmesh", "");
+        let off = render_edge(&v, edge);
+        assert!(off.contains("- remove: x-gateway-destination-endpoint-subset"), "{off}");
+        assert!(!filter_names(&off).contains(&"header_to_metadata".to_owned()));
+        let on = EppTarget { subset_from_header: true, ..epp() };
+        let yaml = render_bootstrap_edge(&v, &EnvoyLimits::default(), edge, Some(&on)).unwrap();
+        assert_eq!(
+            filter_names(&yaml),
+            ["local_ratelimit", "header_mutation", "header_to_metadata", "ext_proc", "router"]
+        );
+        assert!(!yaml.contains("- remove: x-gateway-destination-endpoint-subset"));
+        assert!(yaml.contains("metadata_namespace: envoy.lb.subset_hint"), "{yaml}");
     }
 
     #[test]

@@ -241,7 +241,13 @@ impl Stack {
         let epp = match &self.epp_addr {
             Some(addr) if edge.uses_epp() => {
                 let (host, port) = split_host_port(addr)?;
-                Some(EppTarget { host, port, message_timeout_ms: self.spec.epp_message_timeout_ms })
+                Some(EppTarget {
+                    host,
+                    port,
+                    message_timeout_ms: self.spec.epp_message_timeout_ms,
+                    // The conformance harness steers with headers; GIE's subset hint is one more.
+                    subset_from_header: self.spec.epp_conformance,
+                })
             }
             _ => None,
         };

@@ -15,6 +15,8 @@
 //!   `x-conformance-test-served-endpoint` (override_host's `selected_host_key` writes it into
 //!   `envoy.lb`, ext_proc forwards it with the response). Every worker listens on 127.0.0.1 on its
 //!   own port — GIE's several ports per pod — so steering and echo name `ip:port`, not a host.
+//!   The subset hint (`envoy.lb.subset_hint`, set by Envoy from a header in this stack) confines
+//!   the pick to the endpoints it names.
 //!
 //! Each stack is on free loopback ports, and dropping it (also on a failed assertion) kills its
 //! processes.
@@ -35,6 +37,9 @@ const BLOCK: u64 = 16;
 /// GIE's conformance headers (the picker's `epp::head` names them too).
 const SELECTION: &str = "test-epp-endpoint-selection";
 const SERVED: &str = "x-conformance-test-served-endpoint";
+/// GIE's subset hint as a request header, which the conformance stack's Envoy turns into the
+/// `envoy.lb.subset_hint` metadata the picker reads.
+const SUBSET_HINT: &str = "x-gateway-destination-endpoint-subset";
 const EPP_RESULTS: &str = "kvmesh_epp_requests_total";
 
 /// `spec` with the picker as the only front door (fail-closed) and the decision headers on.
@@ -221,6 +226,27 @@ async fn the_picker_places_chats_answers_the_catalog_and_follows_the_conformance
     assert_eq!((r.status, r.worker()), (503, None), "{}", r.text);
     assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(engine_successes(&stack).await?, before);
+
+    // GIE's subset hint, set by the hop in front: here Envoy itself, from the subset header
+    // (`EppTarget::subset_from_header`, on for the conformance stack) into the
+    // `envoy.lb.subset_hint` metadata ext_proc forwards. The picker chooses only among the
+    // endpoints it names, and says so in its decision.
+    let subset = format!("{},{}", stack.workers[2].http, stack.workers[3].http);
+    for n in 0..6u64 {
+        let body = chat_body(&[("user".to_owned(), filler(9_500 + n, 40))], 4);
+        let r = post_json(&c, &url, &body, &[(SUBSET_HINT, &subset)]).await?;
+        assert!(
+            r.status == 200 && matches!(r.worker(), Some("w2" | "w3")),
+            "subset {subset}: {} served by {:?}",
+            r.status,
+            r.worker()
+        );
+        assert_eq!(r.header(kvmesh_core::headers::DEBUG_WORKER), r.worker(), "the picker's pick");
+    }
+    // A subset with nothing of the pool in it: nothing eligible, never the whole pool.
+    let body = chat_body(&[("user".to_owned(), filler(9_510, 40))], 4);
+    let r = post_json(&c, &url, &body, &[(SUBSET_HINT, "127.0.0.1:1")]).await?;
+    assert_eq!((r.status, r.worker()), (503, None), "{}", r.text);
     Ok(())
 }
 
