@@ -50,8 +50,10 @@ struct Exchange {
     response_mode: BodySendMode,
     head: Option<RequestHead>,
     front: Front,
-    /// The request body while it arrives.
-    body: Vec<u8>,
+    /// The request body while it arrives: the chunks as decoded (views of their gRPC frames).
+    chunks: Vec<Bytes>,
+    /// Their total length.
+    body_len: usize,
     /// The whole body once the pick starts (shared with the route call, re-sent from here).
     frozen: Bytes,
     /// Whether the request has been answered with a destination (or an immediate response).
@@ -93,7 +95,8 @@ pub async fn run(
             derive_session: state.config().filter.derive_session_keys,
             eligible: vec![],
         },
-        body: Vec::new(),
+        chunks: Vec::new(),
+        body_len: 0,
         frozen: Bytes::new(),
         decided: false,
         booking: None,
@@ -137,6 +140,19 @@ pub async fn run(
     release(&state, &mut x, Outcome::Aborted);
 }
 
+/// The request body from its chunks: the one chunk itself (no copy: the common case, Envoy sends
+/// a body that arrived at once as one message), else one copy into a single buffer.
+fn whole_body(chunks: Vec<Bytes>, len: usize) -> Bytes {
+    if chunks.len() == 1 {
+        return chunks.into_iter().next().unwrap_or_default();
+    }
+    let mut whole = Vec::with_capacity(len);
+    for c in &chunks {
+        whole.extend_from_slice(c);
+    }
+    Bytes::from(whole)
+}
+
 fn mode(raw: i32) -> BodySendMode {
     BodySendMode::try_from(raw).unwrap_or(BodySendMode::FullDuplexStreamed)
 }
@@ -164,9 +180,6 @@ async fn step(
             {
                 x.front.eligible.push(Eligible::from_comma_list(selection));
             }
-            if let Some(len) = head.content_length {
-                x.body.reserve(len.min(cfg.routing.max_body_bytes));
-            }
             x.head = Some(head);
             if h.end_of_stream {
                 return Ok(vec![decide(state, x, Phase::RequestHeaders, true).await]);
@@ -190,7 +203,7 @@ async fn step(
                 // STREAMED / NONE after a headers pick: the chunks go on as sent.
                 return Ok(vec![reply::pass(Phase::RequestBody, &[])]);
             }
-            if x.body.len() + b.body.len() > cfg.routing.max_body_bytes {
+            if x.body_len + b.body.len() > cfg.routing.max_body_bytes {
                 x.decided = true;
                 state.metrics.epp_request("too_large");
                 let e = ApiError::too_large(format!(
@@ -199,8 +212,9 @@ async fn step(
                 ));
                 return Ok(vec![error_answer(&e)]);
             }
-            x.body.extend_from_slice(&b.body);
             let ends = b.end_of_stream;
+            x.body_len += b.body.len();
+            x.chunks.push(b.body);
             match x.request_mode {
                 BodySendMode::FullDuplexStreamed if ends => {
                     Ok(decide_streamed(state, x, true).await)
@@ -324,7 +338,7 @@ async fn pick(
     whole: bool,
 ) -> Result<Destination, Refusal> {
     let cfg = state.config();
-    x.frozen = Bytes::from(std::mem::take(&mut x.body));
+    x.frozen = whole_body(std::mem::take(&mut x.chunks), x.body_len);
     let Some(head) = x.head.clone() else {
         return Err(Box::new(reply::immediate(500, Vec::new(), &[], "kvmesh_no_headers")));
     };
@@ -417,7 +431,7 @@ fn destination(
     let endpoints = destination_header(&d.endpoint, d.fallbacks.iter().map(String::as_str));
     let body = d.kv_transfer_params.as_ref().and_then(|params| {
         match json_edit::edit(&x.frozen, &[Edit::set_value("kv_transfer_params", params)]) {
-            Ok(b) => Some(b),
+            Ok(b) => Some(Bytes::from(b)),
             Err(e) => {
                 // Cannot happen for a body the route call read; the engine then prefills itself.
                 state.metrics.epp_request("splice_failed");

@@ -6,6 +6,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use kvmesh_core::headers;
+use prost::bytes::Bytes;
 use prost_types::value::Kind;
 use prost_types::{ListValue, Struct, Value};
 use tokio::sync::mpsc;
@@ -131,7 +132,10 @@ fn with_subset(mut r: ProcessingRequest, entries: &[&str]) -> ProcessingRequest 
 
 fn request_body(bytes: &[u8], eos: bool) -> ProcessingRequest {
     ProcessingRequest {
-        request: Some(Request::RequestBody(HttpBody { body: bytes.to_vec(), end_of_stream: eos })),
+        request: Some(Request::RequestBody(HttpBody {
+            body: Bytes::copy_from_slice(bytes),
+            end_of_stream: eos,
+        })),
         metadata_context: None,
         protocol_config: None,
     }
@@ -157,7 +161,10 @@ fn response_headers(status: &str, served: Option<&str>) -> ProcessingRequest {
 
 fn response_body(bytes: &[u8], eos: bool) -> ProcessingRequest {
     ProcessingRequest {
-        request: Some(Request::ResponseBody(HttpBody { body: bytes.to_vec(), end_of_stream: eos })),
+        request: Some(Request::ResponseBody(HttpBody {
+            body: Bytes::copy_from_slice(bytes),
+            end_of_stream: eos,
+        })),
         metadata_context: None,
         protocol_config: None,
     }
@@ -237,7 +244,7 @@ fn streamed_chunk(r: &ProcessingResponse) -> (Vec<u8>, bool) {
         panic!("not a body answer: {r:?}")
     };
     match &b.response.as_ref().unwrap().body_mutation.as_ref().unwrap().mutation {
-        Some(Mutation::StreamedResponse(s)) => (s.body.clone(), s.end_of_stream),
+        Some(Mutation::StreamedResponse(s)) => (s.body.to_vec(), s.end_of_stream),
         other => panic!("not a streamed body: {other:?}"),
     }
 }
