@@ -138,8 +138,8 @@ pub struct EppTarget {
     pub port: u16,
     /// The longest wait for the picker: ext_proc's `message_timeout` (one answer of a BUFFERED
     /// request body or a STREAMED response) and, on the ext_proc edge, whose FULL_DUPLEX_STREAMED
-    /// messages Envoy 1.40 does not time, the connection manager's `request_timeout` (the upload,
-    /// the pick and the body sent back). Capped on the `both` edge ([`epp_wait_ms`]).
+    /// messages Envoy 1.40 does not time, the idle timeout of the route a request is on until the
+    /// picker answers (`kvmesh_picking`). Capped on the `both` edge ([`epp_wait_ms`]).
     pub message_timeout_ms: u64,
     /// Whether a request's `x-gateway-destination-endpoint-subset` header becomes GIE's subset
     /// hint (`envoy.lb.subset_hint` metadata, which the picker honours), as a gateway in front
@@ -614,13 +614,19 @@ mod tests {
         }
         assert_eq!(c["failure_mode_allow"], false);
         assert_eq!(c["message_timeout"], "30.000s");
-        // Envoy times no FULL_DUPLEX_STREAMED message: the connection manager bounds the request.
-        let hcm = serde_yaml::from_str::<serde_json::Value>(&yaml)
+        // Envoy times no FULL_DUPLEX_STREAMED message: a request the picker has not answered
+        // (no destination header yet) is on a route with a short idle timeout; the picker's
+        // answer moves it to the normal route.
+        let routes = serde_yaml::from_str::<serde_json::Value>(&yaml)
             .unwrap()
-            .pointer("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config")
+            .pointer("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/route_config/virtual_hosts/0/routes")
             .cloned()
             .unwrap();
-        assert_eq!(hcm["request_timeout"], "30.000s");
+        assert_eq!(routes[0]["name"], "kvmesh_picking");
+        assert_eq!(routes[0]["match"]["headers"][0]["name"], "x-gateway-destination-endpoint");
+        assert_eq!(routes[0]["route"]["idle_timeout"], "30.000s");
+        assert_eq!(routes[1]["route"]["idle_timeout"], "300s");
+        assert_eq!(routes[0]["route"]["retry_policy"], routes[1]["route"]["retry_policy"]);
         let md = &c["metadata_options"];
         assert_eq!(
             md["forwarding_namespaces"]["untyped"],
@@ -697,7 +703,7 @@ mod tests {
         let c = &ext_proc["typed_config"];
         assert_eq!(c["processing_mode"]["request_body_mode"], "BUFFERED");
         assert_eq!(c["message_timeout"], "3.000s", "4 s held idle timeout, less a second");
-        assert!(!yaml.contains("request_timeout:"), "the buffer filter bounds the upload");
+        assert!(!yaml.contains("kvmesh_picking"), "timed by message_timeout instead");
         let mut open = vars("kvmesh", "/x.wasm");
         open.wasm_failure_policy = "FAIL_OPEN".into();
         let no_held = render_edge(&open, Edge::Both { failure_mode_allow: true });

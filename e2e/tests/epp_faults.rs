@@ -17,10 +17,15 @@
 //! - `terminated_mid_body`: the same with SIGTERM — a rolling restart, the picker draining the
 //!   streams it holds.
 //! - `hung`: SIGSTOP before the request (the picker keeps its sockets and answers nothing).
-//! - `nothing_eligible`: the picker's fleet loses every worker, so it answers an immediate 503.
+//! - `nothing_eligible`: the request's GIE subset hint names no endpoint of the pool (the
+//!   `x-gateway-destination-endpoint-subset` header, which these stacks' Envoy turns into the
+//!   `envoy.lb.subset_hint` metadata), so the picker answers an immediate 503 — a picker that
+//!   answers an error while it stays healthy. (A picker whose fleet is empty is not ready: its
+//!   health says NOT_SERVING and Envoy stops calling it, as for a dead one.)
 //!
-//! The stacks wait [`PICKER_WAIT_MS`] for the picker (ext_proc's `message_timeout`, and the ext_proc
-//! edge's `request_timeout`) so that a hung picker's row is measured in seconds.
+//! The stacks wait [`PICKER_WAIT_MS`] for the picker (ext_proc's `message_timeout`, and the idle
+//! timeout of the ext_proc edge's `kvmesh_picking` route) so that a hung picker's row is measured
+//! in seconds.
 //!
 //! Each row records what the client got (status, how long after its last byte, whether an
 //! engine served it) and Envoy's ext_proc counters, and is printed (`FAULT-ROW`) before anything
@@ -55,6 +60,8 @@ const FAULT_BOUND: Duration = Duration::from_secs(10);
 /// Words of filler in each request's chat message: a ~20 KB body, so half of it is a chunk of its
 /// own on the ext_proc stream.
 const WORDS: usize = 3000;
+/// GIE's subset hint as a request header (these stacks' Envoy turns it into the metadata).
+const SUBSET_HINT: &str = "x-gateway-destination-endpoint-subset";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
@@ -158,8 +165,14 @@ struct Conn {
 }
 
 impl Conn {
-    /// Connects to the gateway and sends a chat POST's headers for a body of `len` bytes.
-    async fn open(port: u16, session: &str, len: usize) -> anyhow::Result<Self> {
+    /// Connects to the gateway and sends a chat POST's headers for a body of `len` bytes, with
+    /// `extra` headers.
+    async fn open(
+        port: u16,
+        session: &str,
+        len: usize,
+        extra: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
         let (mut rd, mut wr) = stream.into_split();
         let reader = tokio::spawn(async move {
@@ -176,9 +189,10 @@ impl Conn {
             }
             (buf, first)
         });
+        let extra: String = extra.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
         let head = format!(
             "POST /v1/chat/completions HTTP/1.1\r\nhost: kvmesh\r\ncontent-type: application/json\r\n\
-             content-length: {len}\r\n{}: {session}\r\nconnection: close\r\n\r\n",
+             content-length: {len}\r\n{}: {session}\r\n{extra}connection: close\r\n\r\n",
             headers::DEFAULT_SESSION_HEADER
         );
         wr.write_all(head.as_bytes()).await?;
@@ -212,9 +226,14 @@ impl Conn {
     }
 }
 
-/// One whole request, sent at once.
-async fn whole(port: u16, session: &str, body: &[u8]) -> anyhow::Result<Seen> {
-    let mut conn = Conn::open(port, session, body.len()).await?;
+/// One whole request with `extra` headers, sent at once.
+async fn whole(
+    port: u16,
+    session: &str,
+    body: &[u8],
+    extra: &[(&str, &str)],
+) -> anyhow::Result<Seen> {
+    let mut conn = Conn::open(port, session, body.len(), extra).await?;
     conn.send(body).await;
     conn.answer().await
 }
@@ -257,10 +276,12 @@ async fn envoy_stats(stack: &Stack, filter: &str) -> anyhow::Result<Vec<(String,
         .collect())
 }
 
-/// Envoy's ext_proc counters, by their last name segment (summed over filter instances).
+/// Envoy's ext_proc counters and the connection manager's timeouts, by their last name segment
+/// (summed over filter instances).
 async fn ext_proc_counters(stack: &Stack) -> anyhow::Result<Vec<(String, u64)>> {
     let mut out: Vec<(String, u64)> = Vec::new();
-    for (name, value) in envoy_stats(stack, "\\.ext_proc\\.").await? {
+    let filter = "\\.ext_proc\\.|^http\\.kvmesh\\.downstream_rq_(idle_)?timeout$";
+    for (name, value) in envoy_stats(stack, filter).await? {
         let short = name.rsplit('.').next().unwrap_or(&name).to_owned();
         match out.iter_mut().find(|(n, _)| *n == short) {
             Some((_, v)) => *v += value,
@@ -379,14 +400,13 @@ async fn measure(
     let port = stack.gateway_port;
     let engines_before = engine_requests(stack).await?;
     let ext_before = ext_proc_counters(stack).await?;
-    let routing = stack.spec.routing_toml.clone();
     let seen = match fault {
         Fault::DeadBefore => {
             stack.kill_indexer();
             if edge.uses_epp() {
                 wait_picker_marked_down(stack).await?;
             }
-            whole(port, &session, &body).await?
+            whole(port, &session, &body, &[]).await?
         }
         Fault::KilledMidBody | Fault::TerminatedMidBody => {
             let sent_before = counter(&ext_before, "stream_msgs_sent");
@@ -394,7 +414,7 @@ async fn measure(
             let signal =
                 if fault == Fault::KilledMidBody { Signal::SIGKILL } else { Signal::SIGTERM };
             let half = body.len() / 2;
-            let mut conn = Conn::open(port, &session, body.len()).await?;
+            let mut conn = Conn::open(port, &session, body.len(), &[]).await?;
             conn.send(&body[..half]).await;
             if buffered {
                 // The picker's stream (the route call) starts once the whole body is in, and is
@@ -414,13 +434,13 @@ async fn measure(
         }
         Fault::Hung => {
             let paused = Paused::stop(picker_pid(stack)?)?;
-            let seen = whole(port, &session, &body).await?;
+            let seen = whole(port, &session, &body, &[]).await?;
             paused.resume();
             seen
         }
         Fault::NothingEligible => {
-            stack.rewrite_fleet(|_| false, &routing).await?;
-            whole(port, &session, &body).await?
+            // No port 1 in the pool; the wasm edge passes the header on unread.
+            whole(port, &session, &body, &[(SUBSET_HINT, "127.0.0.1:1")]).await?
         }
     };
     let ext_after = ext_proc_counters(stack).await?;
@@ -438,8 +458,7 @@ async fn measure(
         Fault::DeadBefore | Fault::KilledMidBody | Fault::TerminatedMidBody => {
             stack.restart_indexer().await?;
         }
-        Fault::NothingEligible => stack.rewrite_fleet(|_| true, &routing).await?,
-        Fault::Hung => {}
+        Fault::NothingEligible | Fault::Hung => {}
     }
     Ok(row)
 }
@@ -450,6 +469,8 @@ async fn measure_edge(name: &'static str, edge: Edge) -> anyhow::Result<Vec<Row>
     let mut spec = StackSpec::aggregate(2);
     spec.edge = edge;
     spec.epp_message_timeout_ms = PICKER_WAIT_MS;
+    // The subset hint from its header (`EppTarget::subset_from_header`): `nothing_eligible`.
+    spec.epp_conformance = true;
     spec.filter_config = json!({"debug_headers": true, "defer_to_picker": both});
     let mut stack = Stack::start(spec).await?;
     let mut seed = 1_000;
@@ -486,13 +507,14 @@ fn assert_bounds(rows: &[Row]) {
 }
 
 /// A hung picker on the ext_proc edge: Envoy times no FULL_DUPLEX_STREAMED message, so the
-/// connection manager's `request_timeout` ends the wait (408), and the response phase's
-/// `message_timeout` — the response goes through the same hung picker — turns it into a 504.
-/// Failed either way (after the body, ext_proc cannot fail open), but in bounded time.
+/// request — without the picker's destination header yet — sits on the `kvmesh_picking` route,
+/// whose idle timeout answers it 504. Failed (after the body, ext_proc cannot fail open), but in
+/// bounded time.
 fn assert_hung_picker_times_out(rows: &[Row]) {
     let r = row(rows, Fault::Hung);
-    assert!(matches!(r.seen.status, Some(408 | 504)), "{r:?}");
+    assert_eq!(r.seen.status, Some(504), "{r:?}");
     assert!(r.seen.engine().is_none() && r.engine_requests == 0.0, "{r:?}");
+    assert!(counter(&r.ext_proc, "downstream_rq_idle_timeout") >= 1, "{r:?}");
 }
 
 fn assert_picker_answers_nothing_eligible(rows: &[Row]) {
