@@ -136,7 +136,7 @@ pub struct EppTarget {
     /// An IP address (the `kvmesh_epp` cluster is STATIC).
     pub host: String,
     pub port: u16,
-    /// The longest wait for the picker: ext_proc's `message_timeout` (one answer of a BUFFERED
+    /// The longest wait for the picker: ext_proc's `message_timeout` (one answer of a STREAMED
     /// request body or a STREAMED response) and, on the ext_proc edge, whose FULL_DUPLEX_STREAMED
     /// messages Envoy 1.40 does not time, the idle timeout of the route a request is on until the
     /// picker answers (`kvmesh_picking`). Capped on the `both` edge ([`epp_wait_ms`]).
@@ -694,14 +694,15 @@ mod tests {
             cluster(&yaml, "kvmesh_indexer").is_some() && cluster(&yaml, "kvmesh_epp").is_some()
         );
         assert!(yaml.contains("failure_mode_allow: true"));
-        // The buffer filter holds the body already: BUFFERED, so the picker's failure falls open
+        // The buffer filter holds the body already: STREAMED (Envoy keeps its copy), so the picker's failure falls open
         // to the filter, and Envoy times the picker — within the held route's idle timeout.
         let ext_proc = http_filters(&yaml)
             .into_iter()
             .find(|f| f["name"] == "envoy.filters.http.ext_proc")
             .unwrap();
         let c = &ext_proc["typed_config"];
-        assert_eq!(c["processing_mode"]["request_body_mode"], "BUFFERED");
+        assert_eq!(c["processing_mode"]["request_body_mode"], "STREAMED");
+        assert_eq!(c["send_body_without_waiting_for_header_response"], true);
         assert_eq!(c["message_timeout"], "3.000s", "4 s held idle timeout, less a second");
         assert!(!yaml.contains("kvmesh_picking"), "timed by message_timeout instead");
         let mut open = vars("kvmesh", "/x.wasm");

@@ -10,10 +10,10 @@
 //! - `killed_mid_body`: the client sends the headers and half the body; once Envoy has sent the
 //!   first body chunk on the ext_proc stream (its `stream_msgs_sent` counter) the test SIGKILLs the
 //!   picker; then the client sends the rest. On the `both` edge a buffer filter in front of
-//!   ext_proc holds the body until it is whole, and ext_proc sends it BUFFERED: the headers alone,
-//!   the body once they are answered. There the picker is stopped before the upload ends (so it
-//!   cannot answer first) and killed once Envoy has sent it the request's headers. On the wasm
-//!   edge likewise, the indexer once the filter's `/v1/route` call (the whole body) is out to it.
+//!   ext_proc holds the body until it is whole, so there the first chunk reaching the picker is
+//!   the whole body: the picker is stopped before the upload ends (so it cannot answer first) and
+//!   killed once Envoy has sent it the body. On the wasm edge likewise, the indexer once the
+//!   filter's `/v1/route` call (the whole body) is out to it.
 //! - `terminated_mid_body`: the same with SIGTERM — a rolling restart, the picker draining the
 //!   streams it holds.
 //! - `hung`: SIGSTOP before the request (the picker keeps its sockets and answers nothing).
@@ -345,16 +345,14 @@ async fn wait_routed(stack: &Stack, ext_proc: bool, seed: &mut u64) -> anyhow::R
     .await
 }
 
-/// Waits until the request has reached the picker: Envoy has sent more ext_proc messages than
-/// `sent_before` — two on the ext_proc edge (the headers and a body chunk), one on the `both` edge
-/// (the headers: its BUFFERED body follows their answer) — or, on the wasm edge, the filter's
+/// Waits until the request has reached the picker: Envoy has sent two more ext_proc messages
+/// than `sent_before` (the headers and a body chunk) — or, on the wasm edge, the filter's
 /// `/v1/route` call (which carries the whole body) is out to the indexer.
 async fn wait_request_reached(stack: &Stack, edge: Edge, sent_before: u64) -> anyhow::Result<()> {
-    let messages = if edge.uses_wasm() { 1 } else { 2 };
     poll::until("the request reaching the picker", move || async move {
         if edge.uses_epp() {
             let c = ext_proc_counters(stack).await.ok()?;
-            (counter(&c, "stream_msgs_sent") >= sent_before + messages).then_some(())
+            (counter(&c, "stream_msgs_sent") >= sent_before + 2).then_some(())
         } else {
             let s =
                 envoy_stats(stack, "^cluster\\.kvmesh_indexer\\.upstream_rq_active$").await.ok()?;
@@ -594,7 +592,8 @@ async fn the_both_edge_fails_open_to_the_filter() -> anyhow::Result<()> {
     assert_bounds(&rows);
     // The picker's own answer reaches the client: the filter after it never sees the request.
     assert_picker_answers_nothing_eligible(&rows);
-    // The body goes to the picker BUFFERED, so failure_mode_allow holds whenever the picker fails:
+    // The body goes to the picker STREAMED (Envoy keeps its copy), so failure_mode_allow holds
+    // whenever the picker fails:
     // dead (not called), killed with the request on its stream, or hung past message_timeout, the
     // request goes on to the wasm filter, which routes it (its own fallback: the indexer is the
     // same process) — served, not failed.
@@ -645,7 +644,13 @@ async fn the_both_edge_routes_by_the_picker_and_falls_back_to_the_filter() -> an
         assert!(r.header(headers::DEBUG_FALLBACK).is_none(), "{:?}", r.headers);
     }
     let after = stack.envoy_metrics().await?;
-    assert_eq!(filter(&after, "deferred") - filter(&before, "deferred"), SESSIONS as f64);
+    assert_eq!(
+        filter(&after, "deferred") - filter(&before, "deferred"),
+        SESSIONS as f64,
+        "{:?} {:?}",
+        after.select("kvmesh_filter_picker_destinations_total", &[]).collect::<Vec<_>>(),
+        after.select("kvmesh_filter_requests_total", &[]).collect::<Vec<_>>()
+    );
     assert_eq!(filter(&after, "absent") - filter(&before, "absent"), 0.0);
     let calls = |m: &kvmesh_e2e::prom::Metrics| m.sum("kvmesh_filter_route_bodies_total", &[]);
     assert_eq!(calls(&after) - calls(&before), 0.0, "the filter asked the indexer itself");
@@ -656,7 +661,7 @@ async fn the_both_edge_routes_by_the_picker_and_falls_back_to_the_filter() -> an
     let routed = epp_requests(&stack, "routed").await.unwrap_or(0.0) - routed_before;
     assert_eq!(routed, SESSIONS as f64, "the picker routed each request");
 
-    // Picker killed: ext_proc fails open (BUFFERED body), and every request reaches the filter
+    // Picker killed: ext_proc fails open (STREAMED body), and every request reaches the filter
     // without the picker's destination; the filter routes it on its fallback and an engine serves
     // it. The first ones find the picker's connection refused; once Envoy's health check marked
     // it down, it is not called at all.

@@ -146,6 +146,30 @@ pub fn buffered_route(dest: &Destination) -> ProcessingResponse {
     }
 }
 
+/// STREAMED with the body sent before the headers' answer: the deferred headers answer with the
+/// destination, then one answer per body chunk, in order — unchanged, or, when the picker
+/// changed the body, the first chunk replaced by the whole new body and the others cleared
+/// (Envoy sends a STREAMED body chunked: no content-length to fix).
+pub fn held_chunks_route(dest: &Destination, chunks: usize) -> Vec<ProcessingResponse> {
+    let mut out = vec![headers_route(dest)];
+    out.extend((0..chunks).map(|i| {
+        let mutation = dest.body.as_ref().map(|b| {
+            if i == 0 {
+                Mutation::Body(b.clone())
+            } else {
+                Mutation::ClearBody(true)
+            }
+        });
+        ProcessingResponse {
+            response: Some(Response::RequestBody(BodyResponse {
+                response: Some(common(None, mutation, false)),
+            })),
+            dynamic_metadata: None,
+        }
+    }));
+    out
+}
+
 /// The headers answer that routes at once (a request without a body, or a body the picker is not
 /// sent): the destination and its metadata.
 pub fn headers_route(dest: &Destination) -> ProcessingResponse {
@@ -339,6 +363,24 @@ mod tests {
         let same = buffered_route(&dest(None));
         let Some(Response::RequestBody(b)) = &same.response else { panic!() };
         assert_eq!(b.response.as_ref().unwrap().body_mutation, None, "unchanged body: no mutation");
+    }
+
+    #[test]
+    fn held_chunks_are_answered_in_order() {
+        let out = held_chunks_route(&dest(None), 2);
+        assert_eq!(out.len(), 3, "headers + one answer per chunk");
+        assert!(matches!(out[0].response, Some(Response::RequestHeaders(_))));
+        assert_eq!(lb_value(out[0].dynamic_metadata.as_ref().unwrap()), Some("10.0.0.1:8000,10.0.0.2:8000"));
+        let mutation = |r: &ProcessingResponse| match &r.response {
+            Some(Response::RequestBody(b)) => {
+                b.response.as_ref().unwrap().body_mutation.as_ref().and_then(|m| m.mutation.clone())
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!((mutation(&out[1]), mutation(&out[2])), (None, None), "unchanged");
+        let spliced = held_chunks_route(&dest(Some("{\"a\":1}")), 2);
+        assert_eq!(mutation(&spliced[1]), Some(Mutation::Body(Bytes::from_static(b"{\"a\":1}"))));
+        assert_eq!(mutation(&spliced[2]), Some(Mutation::ClearBody(true)));
     }
 
     #[test]

@@ -335,6 +335,34 @@ async fn buffered_answers_the_headers_then_routes_in_the_body_answer() {
 }
 
 #[tokio::test]
+async fn streamed_with_the_body_first_holds_the_headers_then_answers_each_chunk() {
+    let p = picker("").await;
+    let mut s = Stream::open(&p).await;
+    let mut headers = request_headers("/v1/chat/completions", &[], false);
+    headers.protocol_config = Some(ProtocolConfiguration {
+        request_body_mode: BodySendMode::Streamed as i32,
+        response_body_mode: BodySendMode::Streamed as i32,
+        send_body_without_waiting_for_header_response: true,
+    });
+    s.send(headers).await;
+    let body = chat("held headers");
+    let (a, b) = body.as_bytes().split_at(body.len() / 2);
+    s.send(request_body(a, false)).await;
+    s.quiet().await;
+    s.send(request_body(b, true)).await;
+    let dest = destination(&s.next().await);
+    assert!(dest.starts_with(W0) || dest.starts_with(W1), "{dest}");
+    for chunk in 0..2 {
+        match s.next().await.response {
+            Some(Response::RequestBody(r)) => {
+                assert_eq!(r.response.unwrap().body_mutation, None, "chunk {chunk} unchanged")
+            }
+            other => panic!("chunk {chunk}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
 async fn a_conversation_keeps_its_worker() {
     let p = picker("").await;
     let mut primaries = Vec::new();
