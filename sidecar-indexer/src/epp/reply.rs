@@ -116,8 +116,9 @@ pub fn streamed_route(dest: &Destination, original: &Bytes, ends: bool) -> Vec<P
 fn streamed_chunks(body: &Bytes, ends: bool) -> impl Iterator<Item = CommonResponse> + '_ {
     let n = body.len().div_ceil(MAX_CHUNK_BYTES).max(1);
     (0..n).map(move |i| {
-        let chunk = body
-            .slice((i * MAX_CHUNK_BYTES).min(body.len())..((i + 1) * MAX_CHUNK_BYTES).min(body.len()));
+        let chunk = body.slice(
+            (i * MAX_CHUNK_BYTES).min(body.len())..((i + 1) * MAX_CHUNK_BYTES).min(body.len()),
+        );
         let last = i + 1 == n;
         common(
             None,
@@ -370,7 +371,10 @@ mod tests {
         let out = held_chunks_route(&dest(None), 2);
         assert_eq!(out.len(), 3, "headers + one answer per chunk");
         assert!(matches!(out[0].response, Some(Response::RequestHeaders(_))));
-        assert_eq!(lb_value(out[0].dynamic_metadata.as_ref().unwrap()), Some("10.0.0.1:8000,10.0.0.2:8000"));
+        assert_eq!(
+            lb_value(out[0].dynamic_metadata.as_ref().unwrap()),
+            Some("10.0.0.1:8000,10.0.0.2:8000")
+        );
         let mutation = |r: &ProcessingResponse| match &r.response {
             Some(Response::RequestBody(b)) => {
                 b.response.as_ref().unwrap().body_mutation.as_ref().and_then(|m| m.mutation.clone())
