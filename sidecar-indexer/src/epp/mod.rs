@@ -12,9 +12,10 @@
 //! - [`wire`]: the ext_proc messages (hand-declared prost types).
 //! - [`grpc`]: the `Process` service and its client.
 //! - [`stream`]: one stream's life (the only part that awaits).
-//! - [`head`], [`reply`]: pure reading and writing of the messages.
+//! - [`head`], [`reply`], [`body`]: pure reading and writing of the messages, the body held.
 //! - [`health`]: `grpc.health.v1` under the names GIE probes.
 
+pub mod body;
 pub mod grpc;
 pub mod head;
 pub mod health;

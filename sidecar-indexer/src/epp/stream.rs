@@ -34,6 +34,7 @@ use kvmesh_core::usage::UsageTail;
 use kvmesh_core::{headers, models, openai, rendezvous};
 use tokio::sync::mpsc;
 
+use super::body::BodyParts;
 use super::head::{self, RequestHead, CONFORMANCE_SERVED};
 use super::reply::{self, Destination, Phase};
 use super::wire::{BodySendMode, ProcessingRequest, ProcessingResponse, Request};
@@ -60,9 +61,9 @@ struct Exchange {
     chunk_count: usize,
     head: Option<RequestHead>,
     front: Front,
-    /// The request body while it arrives: the chunks as decoded (views of their gRPC frames).
-    chunks: Vec<Bytes>,
-    /// Their total length.
+    /// The request body while it arrives.
+    body: BodyParts,
+    /// Its length so far.
     body_len: usize,
     /// The whole body once the pick starts (shared with the route call, re-sent from here).
     frozen: Bytes,
@@ -107,7 +108,7 @@ pub async fn run(
             derive_session: state.config().filter.derive_session_keys,
             eligible: vec![],
         },
-        chunks: Vec::new(),
+        body: BodyParts::default(),
         body_len: 0,
         frozen: Bytes::new(),
         decided: false,
@@ -153,19 +154,6 @@ pub async fn run(
         let _ = out.send(Err(tonic::Status::invalid_argument(why))).await;
     }
     release(&state, &mut x, Outcome::Aborted);
-}
-
-/// The request body from its chunks: the one chunk itself (no copy: the common case, Envoy sends
-/// a body that arrived at once as one message), else one copy into a single buffer.
-fn whole_body(chunks: Vec<Bytes>, len: usize) -> Bytes {
-    if chunks.len() == 1 {
-        return chunks.into_iter().next().unwrap_or_default();
-    }
-    let mut whole = Vec::with_capacity(len);
-    for c in &chunks {
-        whole.extend_from_slice(c);
-    }
-    Bytes::from(whole)
 }
 
 fn mode(raw: i32) -> BodySendMode {
@@ -231,7 +219,7 @@ async fn step(
             }
             let ends = b.end_of_stream;
             x.body_len += b.body.len();
-            x.chunks.push(b.body);
+            x.body.push(b.body);
             x.chunk_count += 1;
             match x.request_mode {
                 _ if x.hold_headers && !ends => Ok(vec![]),
@@ -360,7 +348,7 @@ async fn pick(
     whole: bool,
 ) -> Result<Destination, Refusal> {
     let cfg = state.config();
-    x.frozen = whole_body(std::mem::take(&mut x.chunks), x.body_len);
+    x.frozen = x.body.take();
     let Some(head) = x.head.clone() else {
         return Err(Box::new(reply::immediate(500, Vec::new(), &[], "kvmesh_no_headers")));
     };
