@@ -17,6 +17,8 @@
 //!   own port — GIE's several ports per pod — so steering and echo name `ip:port`, not a host.
 //!   The subset hint (`envoy.lb.subset_hint`, set by Envoy from a header in this stack) confines
 //!   the pick to the endpoints it names.
+//! - The `both` edge (body STREAMED before the headers' answer) carries a disaggregated request's
+//!   spliced body to the decode engine, and its wasm filter defers to the picker.
 //!
 //! Each stack is on free loopback ports, and dropping it (also on a failed assertion) kills its
 //! processes.
@@ -331,5 +333,33 @@ async fn the_picker_disaggregates_falls_back_to_decode_and_relays_overload() -> 
     assert_eq!((legs("ok"), legs("fallback"), legs("overloaded")), (1.0, 1.0, 1.0));
     let result = |r: &str| m.sum(EPP_RESULTS, &[("result", r)]);
     assert_eq!((result("routed"), result("shed"), result("fallback")), (2.0, 1.0, 0.0));
+    Ok(())
+}
+
+/// The `both` edge sends the body STREAMED before the headers' answer (so that it can fail open
+/// to the wasm filter): a disaggregated request's spliced body reaches the decode engine there too
+/// — the picker replaces the body's one chunk — and the filter lets the picker's decision go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_both_edge_carries_the_spliced_body_to_the_decode_engine() -> anyhow::Result<()> {
+    let mut spec = StackSpec::disaggregated(1, 2);
+    spec.edge = Edge::Both { failure_mode_allow: true };
+    spec.filter_config =
+        json!({"debug_headers": true, "defer_to_picker": true, "indexer_timeout_ms": 8000});
+    spec.routing_toml = "min_remote_prefill_tokens = 256\nprefill_timeout_ms = 2500\n".into();
+    let stack = Stack::start(spec).await?;
+    let c = stack.client().clone();
+    let body = chat_body(&[("user".to_owned(), filler(77, 500))], 6);
+    let r = post_json(&c, &stack.gateway("/v1/chat/completions"), &body, &[]).await?;
+    assert_eq!((r.status, r.mode()), (200, Some("disagg")), "{} {:?}", r.text, r.reason());
+    let home = r.worker().unwrap_or_default().to_owned();
+    assert!(home.starts_with('d'), "disagg served by {home}");
+    let pulls = stack
+        .scrape(&stack.worker(&home)?.url("/metrics"))
+        .await?
+        .sum("kvmesh_sim_nixl_pulls_total", &[("outcome", "ok")]);
+    assert_eq!(pulls, 1.0, "{home} pulled the prompt's KV with the spliced kv_transfer_params");
+    let envoy = stack.envoy_metrics().await?;
+    let deferred = envoy.sum("kvmesh_filter_picker_destinations_total", &[("result", "deferred")]);
+    assert_eq!(deferred, 1.0, "the filter let the picker's decision go");
     Ok(())
 }
