@@ -704,7 +704,7 @@ mod tests {
         assert_eq!(c["processing_mode"]["request_body_mode"], "STREAMED");
         assert_eq!(c["send_body_without_waiting_for_header_response"], true);
         assert_eq!(c["message_timeout"], "3.000s", "4 s held idle timeout, less a second");
-        assert!(!yaml.contains("kvmesh_picking"), "timed by message_timeout instead");
+        assert!(!yaml.contains("- name: kvmesh_picking"), "timed by message_timeout instead");
         let mut open = vars("kvmesh", "/x.wasm");
         open.wasm_failure_policy = "FAIL_OPEN".into();
         let no_held = render_edge(&open, Edge::Both { failure_mode_allow: true });
