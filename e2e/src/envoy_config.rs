@@ -136,10 +136,17 @@ pub struct EppTarget {
     /// An IP address (the `kvmesh_epp` cluster is STATIC).
     pub host: String,
     pub port: u16,
-    /// ext_proc's `message_timeout`: the longest wait for one answer of the picker. The answer to
-    /// a request's headers comes once its whole body reached the picker and was routed, so this
-    /// covers the client's upload too.
+    /// The longest wait for the picker: ext_proc's `message_timeout` (one answer of a STREAMED
+    /// request body or a STREAMED response) and, on the ext_proc edge, whose FULL_DUPLEX_STREAMED
+    /// messages Envoy 1.40 does not time, the idle timeout of the route a request is on until the
+    /// picker answers (`kvmesh_picking`). Capped on the `both` edge ([`epp_wait_ms`]).
     pub message_timeout_ms: u64,
+    /// Whether a request's `x-gateway-destination-endpoint-subset` header becomes GIE's subset
+    /// hint (`envoy.lb.subset_hint` metadata, which the picker honours), as a gateway in front
+    /// would set it. Off: the header is stripped — a client could otherwise pin itself to one
+    /// engine, so turn it on only where the header comes from a trusted hop (the conformance
+    /// harness does).
+    pub subset_from_header: bool,
 }
 
 /// The shipped [`EppTarget::message_timeout_ms`]: the picker's own route deadline (the indexer's
@@ -220,6 +227,24 @@ pub fn held_idle_timeout_ms(filter: &FilterConfig) -> u64 {
     (2 * filter.indexer_timeout_ms + 1000).max(MIN_HELD_IDLE_TIMEOUT_MS)
 }
 
+/// How long Envoy waits for the picker on `edge` ([`EppTarget::message_timeout_ms`]), in ms. On
+/// the `both` edge with the held route (`FAIL_RELOAD`), a request ext_proc holds has not been
+/// released by the wasm filter yet, so the held route's idle timeout ([`held_idle_timeout_ms`])
+/// would answer it 504 before a longer wait ended: there the wait is capped a second below it, so
+/// a hung picker is given up (failure_mode_allow) in time for the filter to route the request.
+pub fn epp_wait_ms(
+    edge: Edge,
+    message_timeout_ms: u64,
+    filter: &FilterConfig,
+    wasm_failure_policy: &str,
+) -> u64 {
+    if matches!(edge, Edge::Both { .. }) && wasm_failure_policy == "FAIL_RELOAD" {
+        message_timeout_ms.min(held_idle_timeout_ms(filter) - 1000)
+    } else {
+        message_timeout_ms
+    }
+}
+
 /// Renders the bootstrap YAML with the default [`EnvoyLimits`].
 pub fn render_bootstrap(vars: &BootstrapVars) -> Result<String, RenderError> {
     render_bootstrap_with(vars, &EnvoyLimits::default())
@@ -279,7 +304,12 @@ pub fn render_bootstrap_edge(
         epp_host => epp.host,
         epp_port => epp.port,
         epp_failure_mode_allow => edge.failure_mode_allow(),
-        epp_message_timeout => format!("{:.3}s", epp.message_timeout_ms as f64 / 1000.0),
+        epp_subset_from_header => epp.subset_from_header,
+        epp_message_timeout => format!(
+            "{:.3}s",
+            epp_wait_ms(edge, epp.message_timeout_ms, &filter, &vars.wasm_failure_policy) as f64
+                / 1000.0
+        ),
         ..minijinja::Value::from_serialize(&typed)
     };
     Ok(env.get_template("bootstrap.yaml.j2")?.render(ctx)?)
@@ -300,6 +330,7 @@ fn validate_epp(
             host: String::new(),
             port: 0,
             message_timeout_ms: DEFAULT_EPP_MESSAGE_TIMEOUT_MS,
+            subset_from_header: false,
         });
     }
     if v.policy != "kvmesh" {
@@ -480,6 +511,7 @@ mod tests {
             host: "127.0.0.1".into(),
             port: 19002,
             message_timeout_ms: DEFAULT_EPP_MESSAGE_TIMEOUT_MS,
+            subset_from_header: false,
         }
     }
 
@@ -574,7 +606,7 @@ mod tests {
             ("request_header_mode", "SEND"),
             ("response_header_mode", "SEND"),
             ("request_body_mode", "FULL_DUPLEX_STREAMED"),
-            ("response_body_mode", "FULL_DUPLEX_STREAMED"),
+            ("response_body_mode", "STREAMED"),
             ("request_trailer_mode", "SEND"),
             ("response_trailer_mode", "SEND"),
         ] {
@@ -582,6 +614,19 @@ mod tests {
         }
         assert_eq!(c["failure_mode_allow"], false);
         assert_eq!(c["message_timeout"], "30.000s");
+        // Envoy times no FULL_DUPLEX_STREAMED message: a request the picker has not answered
+        // (no destination header yet) is on a route with a short idle timeout; the picker's
+        // answer moves it to the normal route.
+        let routes = serde_yaml::from_str::<serde_json::Value>(&yaml)
+            .unwrap()
+            .pointer("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/route_config/virtual_hosts/0/routes")
+            .cloned()
+            .unwrap();
+        assert_eq!(routes[0]["name"], "kvmesh_picking");
+        assert_eq!(routes[0]["match"]["headers"][0]["name"], "x-gateway-destination-endpoint");
+        assert_eq!(routes[0]["route"]["idle_timeout"], "30.000s");
+        assert_eq!(routes[1]["route"]["idle_timeout"], "300s");
+        assert_eq!(routes[0]["route"]["retry_policy"], routes[1]["route"]["retry_policy"]);
         let md = &c["metadata_options"];
         assert_eq!(
             md["forwarding_namespaces"]["untyped"],
@@ -607,6 +652,12 @@ mod tests {
             (address["address"].as_str(), address["port_value"].as_u64()),
             (Some("127.0.0.1"), Some(19002))
         );
+        // A picker its health check marked down is not called (no panic mode).
+        assert_eq!(
+            epp["health_checks"][0]["grpc_health_check"]["service_name"],
+            "envoy.service.ext_proc.v3.ExternalProcessor"
+        );
+        assert_eq!(epp["common_lb_config"]["healthy_panic_threshold"]["value"], 0);
 
         let engines = cluster(&yaml, "engines").unwrap();
         let lb = engines
@@ -643,6 +694,49 @@ mod tests {
             cluster(&yaml, "kvmesh_indexer").is_some() && cluster(&yaml, "kvmesh_epp").is_some()
         );
         assert!(yaml.contains("failure_mode_allow: true"));
+        // The buffer filter holds the body already: STREAMED (Envoy keeps its copy), so the picker's failure falls open
+        // to the filter, and Envoy times the picker — within the held route's idle timeout.
+        let ext_proc = http_filters(&yaml)
+            .into_iter()
+            .find(|f| f["name"] == "envoy.filters.http.ext_proc")
+            .unwrap();
+        let c = &ext_proc["typed_config"];
+        assert_eq!(c["processing_mode"]["request_body_mode"], "STREAMED");
+        assert_eq!(c["send_body_without_waiting_for_header_response"], true);
+        assert_eq!(c["message_timeout"], "3.000s", "4 s held idle timeout, less a second");
+        assert!(!yaml.contains("- name: kvmesh_picking"), "timed by message_timeout instead");
+        let mut open = vars("kvmesh", "/x.wasm");
+        open.wasm_failure_policy = "FAIL_OPEN".into();
+        let no_held = render_edge(&open, Edge::Both { failure_mode_allow: true });
+        assert!(no_held.contains("message_timeout: 30.000s"), "no held route, no cap");
+    }
+
+    #[test]
+    fn the_subset_header_becomes_the_hint_only_when_asked() {
+        let edge = Edge::ExtProc { failure_mode_allow: false };
+        let v = vars("kvmesh", "");
+        let off = render_edge(&v, edge);
+        assert!(off.contains("- remove: x-gateway-destination-endpoint-subset"), "{off}");
+        assert!(!filter_names(&off).contains(&"header_to_metadata".to_owned()));
+        let on = EppTarget { subset_from_header: true, ..epp() };
+        let yaml = render_bootstrap_edge(&v, &EnvoyLimits::default(), edge, Some(&on)).unwrap();
+        assert_eq!(
+            filter_names(&yaml),
+            ["local_ratelimit", "header_mutation", "header_to_metadata", "ext_proc", "router"]
+        );
+        assert!(!yaml.contains("- remove: x-gateway-destination-endpoint-subset"));
+        assert!(yaml.contains("metadata_namespace: envoy.lb.subset_hint"), "{yaml}");
+    }
+
+    #[test]
+    fn the_picker_wait_is_capped_only_under_the_held_route() {
+        let f = FilterConfig::default();
+        let both = Edge::Both { failure_mode_allow: true };
+        let ext_proc = Edge::ExtProc { failure_mode_allow: true };
+        assert_eq!(epp_wait_ms(both, 30_000, &f, "FAIL_RELOAD"), held_idle_timeout_ms(&f) - 1000);
+        assert_eq!(epp_wait_ms(both, 2_000, &f, "FAIL_RELOAD"), 2_000);
+        assert_eq!(epp_wait_ms(both, 30_000, &f, "FAIL_OPEN"), 30_000);
+        assert_eq!(epp_wait_ms(ext_proc, 30_000, &f, "FAIL_RELOAD"), 30_000);
     }
 
     #[test]

@@ -106,7 +106,33 @@ impl Stack {
             stack.start_indexer().await?;
         }
         stack.start_envoy().await?;
+        stack.wait_picker_healthy().await?;
         Ok(stack)
+    }
+
+    /// On an edge with the picker: waits until Envoy's gRPC health check of `kvmesh_epp` marks it
+    /// up (it is checked every second; until then Envoy does not call it — requests fail open, or
+    /// fail with `failure_mode_allow: false`).
+    pub fn wait_picker_healthy(
+        &self,
+    ) -> impl std::future::Future<Output = anyhow::Result<()>> + Send + 'static {
+        // Owned values only: the future must not hold the stack (not Sync) across its awaits.
+        let wanted = self.spec.edge.uses_epp() && self.envoy.is_some();
+        let url = self.admin("/stats?filter=^cluster\\.kvmesh_epp\\.membership_healthy$");
+        let client = self.http.clone();
+        async move {
+            if !wanted {
+                return Ok(());
+            }
+            crate::poll::until("Envoy's health check marking the picker up", || {
+                let (c, u) = (client.clone(), url.clone());
+                async move {
+                    let text = c.get(&u).send().await.ok()?.text().await.ok()?;
+                    text.trim().ends_with(": 1").then_some(())
+                }
+            })
+            .await
+        }
     }
 
     /// Starts (or restarts) the indexer on its port and waits until it answers.
@@ -215,7 +241,8 @@ impl Stack {
             let (c, u) = (client.clone(), ready.clone());
             async move { c.get(&u).send().await.ok().filter(|r| r.status().is_success()).map(|_| ()) }
         })
-        .await
+        .await?;
+        self.wait_picker_healthy().await
     }
 
     /// Kills the indexer (SIGKILL: a crash, not a shutdown).
@@ -232,7 +259,8 @@ impl Stack {
         if let Some(mut old) = self.envoy.take() {
             old.kill();
         }
-        self.start_envoy().await
+        self.start_envoy().await?;
+        self.wait_picker_healthy().await
     }
 
     async fn start_envoy(&mut self) -> anyhow::Result<()> {
@@ -241,7 +269,13 @@ impl Stack {
         let epp = match &self.epp_addr {
             Some(addr) if edge.uses_epp() => {
                 let (host, port) = split_host_port(addr)?;
-                Some(EppTarget { host, port, message_timeout_ms: self.spec.epp_message_timeout_ms })
+                Some(EppTarget {
+                    host,
+                    port,
+                    message_timeout_ms: self.spec.epp_message_timeout_ms,
+                    // The conformance harness steers with headers; GIE's subset hint is one more.
+                    subset_from_header: self.spec.epp_conformance,
+                })
             }
             _ => None,
         };

@@ -15,6 +15,10 @@
 //!   `x-conformance-test-served-endpoint` (override_host's `selected_host_key` writes it into
 //!   `envoy.lb`, ext_proc forwards it with the response). Every worker listens on 127.0.0.1 on its
 //!   own port — GIE's several ports per pod — so steering and echo name `ip:port`, not a host.
+//!   The subset hint (`envoy.lb.subset_hint`, set by Envoy from a header in this stack) confines
+//!   the pick to the endpoints it names.
+//! - The `both` edge (body STREAMED before the headers' answer) carries a disaggregated request's
+//!   spliced body to the decode engine, and its wasm filter defers to the picker.
 //!
 //! Each stack is on free loopback ports, and dropping it (also on a failed assertion) kills its
 //! processes.
@@ -35,6 +39,9 @@ const BLOCK: u64 = 16;
 /// GIE's conformance headers (the picker's `epp::head` names them too).
 const SELECTION: &str = "test-epp-endpoint-selection";
 const SERVED: &str = "x-conformance-test-served-endpoint";
+/// GIE's subset hint as a request header, which the conformance stack's Envoy turns into the
+/// `envoy.lb.subset_hint` metadata the picker reads.
+const SUBSET_HINT: &str = "x-gateway-destination-endpoint-subset";
 const EPP_RESULTS: &str = "kvmesh_epp_requests_total";
 
 /// `spec` with the picker as the only front door (fail-closed) and the decision headers on.
@@ -221,6 +228,27 @@ async fn the_picker_places_chats_answers_the_catalog_and_follows_the_conformance
     assert_eq!((r.status, r.worker()), (503, None), "{}", r.text);
     assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(engine_successes(&stack).await?, before);
+
+    // GIE's subset hint, set by the hop in front: here Envoy itself, from the subset header
+    // (`EppTarget::subset_from_header`, on for the conformance stack) into the
+    // `envoy.lb.subset_hint` metadata ext_proc forwards. The picker chooses only among the
+    // endpoints it names, and says so in its decision.
+    let subset = format!("{},{}", stack.workers[2].http, stack.workers[3].http);
+    for n in 0..6u64 {
+        let body = chat_body(&[("user".to_owned(), filler(9_500 + n, 40))], 4);
+        let r = post_json(&c, &url, &body, &[(SUBSET_HINT, &subset)]).await?;
+        assert!(
+            r.status == 200 && matches!(r.worker(), Some("w2" | "w3")),
+            "subset {subset}: {} served by {:?}",
+            r.status,
+            r.worker()
+        );
+        assert_eq!(r.header(kvmesh_core::headers::DEBUG_WORKER), r.worker(), "the picker's pick");
+    }
+    // A subset with nothing of the pool in it: nothing eligible, never the whole pool.
+    let body = chat_body(&[("user".to_owned(), filler(9_510, 40))], 4);
+    let r = post_json(&c, &url, &body, &[(SUBSET_HINT, "127.0.0.1:1")]).await?;
+    assert_eq!((r.status, r.worker()), (503, None), "{}", r.text);
     Ok(())
 }
 
@@ -305,5 +333,33 @@ async fn the_picker_disaggregates_falls_back_to_decode_and_relays_overload() -> 
     assert_eq!((legs("ok"), legs("fallback"), legs("overloaded")), (1.0, 1.0, 1.0));
     let result = |r: &str| m.sum(EPP_RESULTS, &[("result", r)]);
     assert_eq!((result("routed"), result("shed"), result("fallback")), (2.0, 1.0, 0.0));
+    Ok(())
+}
+
+/// The `both` edge sends the body STREAMED before the headers' answer (so that it can fail open
+/// to the wasm filter): a disaggregated request's spliced body reaches the decode engine there too
+/// — the picker replaces the body's one chunk — and the filter lets the picker's decision go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_both_edge_carries_the_spliced_body_to_the_decode_engine() -> anyhow::Result<()> {
+    let mut spec = StackSpec::disaggregated(1, 2);
+    spec.edge = Edge::Both { failure_mode_allow: true };
+    spec.filter_config =
+        json!({"debug_headers": true, "defer_to_picker": true, "indexer_timeout_ms": 8000});
+    spec.routing_toml = "min_remote_prefill_tokens = 256\nprefill_timeout_ms = 2500\n".into();
+    let stack = Stack::start(spec).await?;
+    let c = stack.client().clone();
+    let body = chat_body(&[("user".to_owned(), filler(77, 500))], 6);
+    let r = post_json(&c, &stack.gateway("/v1/chat/completions"), &body, &[]).await?;
+    assert_eq!((r.status, r.mode()), (200, Some("disagg")), "{} {:?}", r.text, r.reason());
+    let home = r.worker().unwrap_or_default().to_owned();
+    assert!(home.starts_with('d'), "disagg served by {home}");
+    let pulls = stack
+        .scrape(&stack.worker(&home)?.url("/metrics"))
+        .await?
+        .sum("kvmesh_sim_nixl_pulls_total", &[("outcome", "ok")]);
+    assert_eq!(pulls, 1.0, "{home} pulled the prompt's KV with the spliced kv_transfer_params");
+    let envoy = stack.envoy_metrics().await?;
+    let deferred = envoy.sum("kvmesh_filter_picker_destinations_total", &[("result", "deferred")]);
+    assert_eq!(deferred, 1.0, "the filter let the picker's decision go");
     Ok(())
 }

@@ -41,7 +41,6 @@ pub struct RequestHead {
     pub override_mode: Option<String>,
     /// Whether the request's overrides are trusted (`[filter] allow_overrides` and the secret).
     pub overrides_trusted: bool,
-    pub content_length: Option<usize>,
     /// `test-epp-endpoint-selection`, when the client sent it.
     pub conformance_selection: Option<String>,
 }
@@ -60,9 +59,6 @@ impl RequestHead {
                 ":path" => {
                     let path = text(value, usize::MAX).unwrap_or_default();
                     head.path = path.split_once('?').map_or(path.as_str(), |(p, _)| p).to_owned();
-                }
-                "content-length" => {
-                    head.content_length = text(value, 32).and_then(|v| v.parse().ok())
                 }
                 headers::REQUEST_ID => head.request_id = text(value, MAX_VALUE_BYTES),
                 headers::OVERRIDE_WORKER => head.override_worker = text(value, MAX_VALUE_BYTES),
@@ -168,7 +164,6 @@ mod tests {
         assert_eq!(head.path, "/v1/chat/completions", "the query is not part of the path");
         assert_eq!(head.request_id.as_deref(), Some("r1"));
         assert_eq!(head.session_id.as_deref(), Some("s-9"));
-        assert_eq!(head.content_length, Some(42));
         assert_eq!(head.override_worker.as_deref(), Some("w1"));
         assert!(!head.overrides_trusted, "overrides are off by default");
     }

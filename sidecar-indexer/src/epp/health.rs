@@ -2,6 +2,9 @@
 //! probe: `""`, `liveness` (the process serves), and `readiness`, `inference-extension` and the
 //! ext_proc service's own name (the indexer is ready: its start-up replays are done and the fleet
 //! is known — as `/readyz`; engine health is not part of it, see `crate::http`'s readiness).
+//! From SIGTERM on they say NOT_SERVING for good ([`draining`]), before the picker drains the
+//! streams it holds: a gateway's health check (and a readiness probe on the health listener, which
+//! keeps serving until the process exits) stops sending new requests to a picker on its way out.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,4 +47,13 @@ pub async fn track(state: Arc<AppState>, reporter: HealthReporter) {
         }
         tokio::time::sleep(PERIOD).await;
     }
+}
+
+/// The picker is draining: every readiness name NOT_SERVING (liveness stays SERVING: the process
+/// still finishes its streams). Call once [`track`] has stopped, or it would flip them back.
+pub async fn draining(reporter: &HealthReporter) {
+    for name in READINESS_SERVICES {
+        reporter.set_service_status(name, ServingStatus::NotServing).await;
+    }
+    tracing::info!("endpoint picker health: not serving (draining its streams)");
 }

@@ -12,9 +12,10 @@
 //! - [`wire`]: the ext_proc messages (hand-declared prost types).
 //! - [`grpc`]: the `Process` service and its client.
 //! - [`stream`]: one stream's life (the only part that awaits).
-//! - [`head`], [`reply`]: pure reading and writing of the messages.
+//! - [`head`], [`reply`], [`body`]: pure reading and writing of the messages, the body held.
 //! - [`health`]: `grpc.health.v1` under the names GIE probes.
 
+pub mod body;
 pub mod grpc;
 pub mod head;
 pub mod health;
@@ -31,7 +32,8 @@ use tonic::transport::Server;
 use crate::state::AppState;
 
 /// Serves the picker (and gRPC health) on `listener`, and gRPC health alone on `health`, until
-/// `shutdown` resolves. TCP_NODELAY on every connection: an answer is several small messages
+/// `shutdown` resolves; then health says NOT_SERVING ([`health::draining`]) before the picker
+/// stops accepting and drains its streams. TCP_NODELAY on every connection: an answer is several small messages
 /// (headers, then body chunks), and Nagle's algorithm against the proxy's delayed ACKs held each
 /// request ~40 ms (measured by the overhead bench; tonic's builder setting does not reach a
 /// listener passed in).
@@ -42,7 +44,14 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    tokio::spawn(health::track(state.clone(), reporter));
+    let tracker = tokio::spawn(health::track(state.clone(), reporter.clone()));
+    let drain = async move {
+        shutdown.await;
+        // Stopped (and awaited) first, so that it cannot report SERVING again after this.
+        tracker.abort();
+        let _ = tracker.await;
+        health::draining(&reporter).await;
+    };
     if let Some(h) = health {
         let svc = health_service.clone();
         tokio::spawn(async move {
@@ -58,10 +67,7 @@ pub async fn serve(
     Server::builder()
         .add_service(health_service)
         .add_service(grpc::ExtProcServer::new(state))
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), drain)
         .await
 }
 

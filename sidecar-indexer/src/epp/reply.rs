@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use kvmesh_core::headers;
+use prost::bytes::Bytes;
 use prost_types::value::Kind;
 use prost_types::{Struct, Value};
 
@@ -40,7 +41,7 @@ pub struct Destination {
     /// Extra request headers to set (overwriting).
     pub set: Vec<(String, String)>,
     /// The new body, when the picker changed it (`kv_transfer_params` spliced in); None = as sent.
-    pub body: Option<Vec<u8>>,
+    pub body: Option<Bytes>,
 }
 
 fn header(name: &str, value: &str) -> HeaderValueOption {
@@ -93,8 +94,8 @@ fn common(mutation: Option<HeaderMutation>, body: Option<Mutation>, clear: bool)
 /// FULL_DUPLEX_STREAMED, at the end of the request: the deferred headers answer with the
 /// destination, then the body in chunks of at most [`MAX_CHUNK_BYTES`], the last one ending the
 /// stream when `ends` (the request had no trailers).
-pub fn streamed_route(dest: &Destination, original: &[u8], ends: bool) -> Vec<ProcessingResponse> {
-    let body = dest.body.as_deref().unwrap_or(original);
+pub fn streamed_route(dest: &Destination, original: &Bytes, ends: bool) -> Vec<ProcessingResponse> {
+    let body = dest.body.as_ref().unwrap_or(original);
     let headers = ProcessingResponse {
         response: Some(Response::RequestHeaders(HeadersResponse {
             // Envoy drops content-length from a streamed request; the body goes chunked.
@@ -110,18 +111,19 @@ pub fn streamed_route(dest: &Destination, original: &[u8], ends: bool) -> Vec<Pr
     out
 }
 
-/// `body` as FULL_DUPLEX_STREAMED chunks; an empty body still sends one (empty) chunk so the end
-/// of stream is said.
-fn streamed_chunks(body: &[u8], ends: bool) -> impl Iterator<Item = CommonResponse> + '_ {
+/// `body` as FULL_DUPLEX_STREAMED chunks (views of it, not copies); an empty body still sends one
+/// (empty) chunk so the end of stream is said.
+fn streamed_chunks(body: &Bytes, ends: bool) -> impl Iterator<Item = CommonResponse> + '_ {
     let n = body.len().div_ceil(MAX_CHUNK_BYTES).max(1);
     (0..n).map(move |i| {
-        let chunk = &body
-            [(i * MAX_CHUNK_BYTES).min(body.len())..((i + 1) * MAX_CHUNK_BYTES).min(body.len())];
+        let chunk = body.slice(
+            (i * MAX_CHUNK_BYTES).min(body.len())..((i + 1) * MAX_CHUNK_BYTES).min(body.len()),
+        );
         let last = i + 1 == n;
         common(
             None,
             Some(Mutation::StreamedResponse(StreamedBodyResponse {
-                body: chunk.to_vec(),
+                body: chunk,
                 end_of_stream: last && ends,
             })),
             false,
@@ -132,7 +134,7 @@ fn streamed_chunks(body: &[u8], ends: bool) -> impl Iterator<Item = CommonRespon
 /// BUFFERED: the body answer that routes (the headers are still held, so the mutation applies),
 /// replacing the body when the picker changed it.
 pub fn buffered_route(dest: &Destination) -> ProcessingResponse {
-    let len = dest.body.as_ref().map(Vec::len);
+    let len = dest.body.as_ref().map(Bytes::len);
     ProcessingResponse {
         response: Some(Response::RequestBody(BodyResponse {
             response: Some(common(
@@ -143,6 +145,30 @@ pub fn buffered_route(dest: &Destination) -> ProcessingResponse {
         })),
         dynamic_metadata: Some(destination_metadata(&dest.endpoints)),
     }
+}
+
+/// STREAMED with the body sent before the headers' answer: the deferred headers answer with the
+/// destination, then one answer per body chunk, in order — unchanged, or, when the picker
+/// changed the body, the first chunk replaced by the whole new body and the others cleared
+/// (Envoy sends a STREAMED body chunked: no content-length to fix).
+pub fn held_chunks_route(dest: &Destination, chunks: usize) -> Vec<ProcessingResponse> {
+    let mut out = vec![headers_route(dest)];
+    out.extend((0..chunks).map(|i| {
+        let mutation = dest.body.as_ref().map(|b| {
+            if i == 0 {
+                Mutation::Body(b.clone())
+            } else {
+                Mutation::ClearBody(true)
+            }
+        });
+        ProcessingResponse {
+            response: Some(Response::RequestBody(BodyResponse {
+                response: Some(common(None, mutation, false)),
+            })),
+            dynamic_metadata: None,
+        }
+    }));
+    out
 }
 
 /// The headers answer that routes at once (a request without a body, or a body the picker is not
@@ -198,7 +224,7 @@ pub fn pass(phase: Phase, set: &[(String, String)]) -> ProcessingResponse {
 }
 
 /// FULL_DUPLEX_STREAMED response body: the chunk re-sent unchanged.
-pub fn echo_response_chunk(chunk: Vec<u8>, end_of_stream: bool) -> ProcessingResponse {
+pub fn echo_response_chunk(chunk: Bytes, end_of_stream: bool) -> ProcessingResponse {
     ProcessingResponse {
         response: Some(Response::ResponseBody(BodyResponse {
             response: Some(common(
@@ -243,7 +269,7 @@ mod tests {
         Destination {
             endpoints: "10.0.0.1:8000,10.0.0.2:8000".into(),
             set: vec![],
-            body: body.map(|b| b.as_bytes().to_vec()),
+            body: body.map(|b| Bytes::copy_from_slice(b.as_bytes())),
         }
     }
 
@@ -269,7 +295,7 @@ mod tests {
 
     #[test]
     fn header_and_metadata_say_the_same() {
-        let out = streamed_route(&dest(None), b"{}", true);
+        let out = streamed_route(&dest(None), &Bytes::from_static(b"{}"), true);
         let Some(Response::RequestHeaders(h)) = &out[0].response else { panic!("headers first") };
         let c = h.response.as_ref().unwrap();
         assert!(c.clear_route_cache);
@@ -288,7 +314,7 @@ mod tests {
 
     #[test]
     fn body_is_resent_in_bounded_chunks_ending_the_stream() {
-        let body = vec![b'x'; MAX_CHUNK_BYTES * 2 + 5];
+        let body = Bytes::from(vec![b'x'; MAX_CHUNK_BYTES * 2 + 5]);
         let out = streamed_route(&dest(None), &body, true);
         assert_eq!(out.len(), 4, "headers + three chunks");
         let chunks: Vec<&StreamedBodyResponse> = out[1..]
@@ -315,8 +341,15 @@ mod tests {
 
     #[test]
     fn a_changed_body_replaces_the_original() {
-        let out = streamed_route(&dest(Some("{\"a\":1}")), b"{}", true);
-        assert!(format!("{:?}", out[1]).contains(&format!("{:?}", b"{\"a\":1}".to_vec())));
+        let out = streamed_route(&dest(Some("{\"a\":1}")), &Bytes::from_static(b"{}"), true);
+        let Some(Response::RequestBody(b)) = &out[1].response else { panic!() };
+        assert_eq!(
+            b.response.as_ref().unwrap().body_mutation.as_ref().unwrap().mutation,
+            Some(Mutation::StreamedResponse(StreamedBodyResponse {
+                body: Bytes::from_static(b"{\"a\":1}"),
+                end_of_stream: true
+            }))
+        );
         let one = buffered_route(&dest(Some("{\"a\":1}")));
         let Some(Response::RequestBody(b)) = &one.response else { panic!() };
         let c = b.response.as_ref().unwrap();
@@ -326,7 +359,7 @@ mod tests {
         );
         assert_eq!(
             c.body_mutation.as_ref().unwrap().mutation,
-            Some(Mutation::Body(b"{\"a\":1}".to_vec()))
+            Some(Mutation::Body(Bytes::from_static(b"{\"a\":1}")))
         );
         let same = buffered_route(&dest(None));
         let Some(Response::RequestBody(b)) = &same.response else { panic!() };
@@ -334,8 +367,29 @@ mod tests {
     }
 
     #[test]
+    fn held_chunks_are_answered_in_order() {
+        let out = held_chunks_route(&dest(None), 2);
+        assert_eq!(out.len(), 3, "headers + one answer per chunk");
+        assert!(matches!(out[0].response, Some(Response::RequestHeaders(_))));
+        assert_eq!(
+            lb_value(out[0].dynamic_metadata.as_ref().unwrap()),
+            Some("10.0.0.1:8000,10.0.0.2:8000")
+        );
+        let mutation = |r: &ProcessingResponse| match &r.response {
+            Some(Response::RequestBody(b)) => {
+                b.response.as_ref().unwrap().body_mutation.as_ref().and_then(|m| m.mutation.clone())
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!((mutation(&out[1]), mutation(&out[2])), (None, None), "unchanged");
+        let spliced = held_chunks_route(&dest(Some("{\"a\":1}")), 2);
+        assert_eq!(mutation(&spliced[1]), Some(Mutation::Body(Bytes::from_static(b"{\"a\":1}"))));
+        assert_eq!(mutation(&spliced[2]), Some(Mutation::ClearBody(true)));
+    }
+
+    #[test]
     fn an_empty_body_still_ends_the_stream() {
-        let out = streamed_route(&dest(None), b"", true);
+        let out = streamed_route(&dest(None), &Bytes::new(), true);
         assert_eq!(out.len(), 2);
         assert!(format!("{:?}", out[1]).contains("end_of_stream: true"));
     }

@@ -8,8 +8,13 @@
 //!   (header mutation + `envoy.lb` metadata) and the body re-sent in chunks.
 //! - BUFFERED / BUFFERED_PARTIAL: the headers are answered at once; the body answer carries the
 //!   destination (the headers are still held) and, when spliced, the new body.
-//! - STREAMED / NONE: the body would be on its way before the picker saw it: the pick is made at
-//!   the headers, without the prompt (the session's pin; `kvmesh_epp_requests_total{result=
+//! - STREAMED with `send_body_without_waiting_for_header_response` (the `both` edge's mode: the
+//!   body reaches the picker before it answers the headers, and Envoy keeps its own copy, so
+//!   failure_mode_allow holds throughout): as FULL_DUPLEX_STREAMED, the headers answer waits for
+//!   the whole body; then one answer per chunk — unchanged, or the first replaced by the spliced
+//!   body and the others cleared.
+//! - STREAMED (headers first) / NONE: the body would be on its way before the picker saw it: the
+//!   pick is made at the headers, without the prompt (the session's pin; `kvmesh_epp_requests_total{result=
 //!   "no_body"}`).
 //!
 //! Routing is an optimisation: a route call that fails for the router's reasons (shed, timeout,
@@ -29,6 +34,7 @@ use kvmesh_core::usage::UsageTail;
 use kvmesh_core::{headers, models, openai, rendezvous};
 use tokio::sync::mpsc;
 
+use super::body::BodyParts;
 use super::head::{self, RequestHead, CONFORMANCE_SERVED};
 use super::reply::{self, Destination, Phase};
 use super::wire::{BodySendMode, ProcessingRequest, ProcessingResponse, Request};
@@ -48,10 +54,17 @@ type Refusal = Box<ProcessingResponse>;
 struct Exchange {
     request_mode: BodySendMode,
     response_mode: BodySendMode,
+    /// The headers are answered only once the whole body is in (FULL_DUPLEX_STREAMED, or STREAMED
+    /// with the body sent before the headers' answer).
+    hold_headers: bool,
+    /// Request body chunks received (each is answered, in held STREAMED mode).
+    chunk_count: usize,
     head: Option<RequestHead>,
     front: Front,
     /// The request body while it arrives.
-    body: Vec<u8>,
+    body: BodyParts,
+    /// Its length so far.
+    body_len: usize,
     /// The whole body once the pick starts (shared with the route call, re-sent from here).
     frozen: Bytes,
     /// Whether the request has been answered with a destination (or an immediate response).
@@ -88,12 +101,15 @@ pub async fn run(
     let mut x = Exchange {
         request_mode: BodySendMode::FullDuplexStreamed,
         response_mode: BodySendMode::FullDuplexStreamed,
+        hold_headers: true,
+        chunk_count: 0,
         head: None,
         front: Front {
             derive_session: state.config().filter.derive_session_keys,
             eligible: vec![],
         },
-        body: Vec::new(),
+        body: BodyParts::default(),
+        body_len: 0,
         frozen: Bytes::new(),
         decided: false,
         booking: None,
@@ -117,6 +133,9 @@ pub async fn run(
             if let Some(pc) = msg.protocol_config {
                 x.request_mode = mode(pc.request_body_mode);
                 x.response_mode = mode(pc.response_body_mode);
+                x.hold_headers = x.request_mode == BodySendMode::FullDuplexStreamed
+                    || (x.request_mode == BodySendMode::Streamed
+                        && pc.send_body_without_waiting_for_header_response);
             }
         }
         let answers = match step(&state, &mut x, msg).await {
@@ -164,15 +183,14 @@ async fn step(
             {
                 x.front.eligible.push(Eligible::from_comma_list(selection));
             }
-            if let Some(len) = head.content_length {
-                x.body.reserve(len.min(cfg.routing.max_body_bytes));
-            }
             x.head = Some(head);
             if h.end_of_stream {
                 return Ok(vec![decide(state, x, Phase::RequestHeaders, true).await]);
             }
+            if x.hold_headers {
+                return Ok(vec![]);
+            }
             match x.request_mode {
-                BodySendMode::FullDuplexStreamed => Ok(vec![]),
                 BodySendMode::Buffered | BodySendMode::BufferedPartial => {
                     Ok(vec![reply::pass(Phase::RequestHeaders, &[])])
                 }
@@ -190,7 +208,7 @@ async fn step(
                 // STREAMED / NONE after a headers pick: the chunks go on as sent.
                 return Ok(vec![reply::pass(Phase::RequestBody, &[])]);
             }
-            if x.body.len() + b.body.len() > cfg.routing.max_body_bytes {
+            if x.body_len + b.body.len() > cfg.routing.max_body_bytes {
                 x.decided = true;
                 state.metrics.epp_request("too_large");
                 let e = ApiError::too_large(format!(
@@ -199,13 +217,13 @@ async fn step(
                 ));
                 return Ok(vec![error_answer(&e)]);
             }
-            x.body.extend_from_slice(&b.body);
             let ends = b.end_of_stream;
+            x.body_len += b.body.len();
+            x.body.push(b.body);
+            x.chunk_count += 1;
             match x.request_mode {
-                BodySendMode::FullDuplexStreamed if ends => {
-                    Ok(decide_streamed(state, x, true).await)
-                }
-                BodySendMode::FullDuplexStreamed => Ok(vec![]),
+                _ if x.hold_headers && !ends => Ok(vec![]),
+                _ if x.hold_headers => Ok(decide_held(state, x, true).await),
                 // BUFFERED sends the whole body in one message (not ending the stream when
                 // trailers follow); BUFFERED_PARTIAL may send only the part that fit its buffer,
                 // which is not a request to read: the session's pin then.
@@ -218,8 +236,8 @@ async fn step(
         Some(Request::RequestTrailers(_)) => {
             let mut out = Vec::new();
             if !x.decided && x.head.is_some() {
-                // Only FULL_DUPLEX_STREAMED can get here undecided: the body ended with trailers.
-                out = decide_streamed(state, x, false).await;
+                // Only held headers get here undecided: the body ended with trailers.
+                out = decide_held(state, x, false).await;
             }
             out.push(reply::pass(Phase::RequestTrailers, &[]));
             Ok(out)
@@ -286,15 +304,21 @@ fn release(state: &AppState, x: &mut Exchange, outcome: Outcome) {
     route::bookings::release_reported(state, &report);
 }
 
-/// FULL_DUPLEX_STREAMED at the end of the body: the destination, then the body.
-async fn decide_streamed(
+/// Held headers at the end of the body: the destination, then the body (FULL_DUPLEX_STREAMED:
+/// re-sent in chunks; STREAMED: each chunk answered). `ends`: the body ended the request (no
+/// trailers follow).
+async fn decide_held(
     state: &Arc<AppState>,
     x: &mut Exchange,
     ends: bool,
 ) -> Vec<ProcessingResponse> {
     x.decided = true;
+    let chunks = x.chunk_count;
     match pick(state, x, true).await {
-        Ok(dest) => reply::streamed_route(&dest, &x.frozen, ends),
+        Ok(dest) if x.request_mode == BodySendMode::FullDuplexStreamed => {
+            reply::streamed_route(&dest, &x.frozen, ends)
+        }
+        Ok(dest) => reply::held_chunks_route(&dest, chunks),
         Err(answer) => vec![*answer],
     }
 }
@@ -324,7 +348,7 @@ async fn pick(
     whole: bool,
 ) -> Result<Destination, Refusal> {
     let cfg = state.config();
-    x.frozen = Bytes::from(std::mem::take(&mut x.body));
+    x.frozen = x.body.take();
     let Some(head) = x.head.clone() else {
         return Err(Box::new(reply::immediate(500, Vec::new(), &[], "kvmesh_no_headers")));
     };
@@ -417,7 +441,7 @@ fn destination(
     let endpoints = destination_header(&d.endpoint, d.fallbacks.iter().map(String::as_str));
     let body = d.kv_transfer_params.as_ref().and_then(|params| {
         match json_edit::edit(&x.frozen, &[Edit::set_value("kv_transfer_params", params)]) {
-            Ok(b) => Some(b),
+            Ok(b) => Some(Bytes::from(b)),
             Err(e) => {
                 // Cannot happen for a body the route call read; the engine then prefills itself.
                 state.metrics.epp_request("splice_failed");

@@ -6,6 +6,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use kvmesh_core::headers;
+use prost::bytes::Bytes;
 use prost_types::value::Kind;
 use prost_types::{ListValue, Struct, Value};
 use tokio::sync::mpsc;
@@ -58,13 +59,21 @@ struct Picker {
 }
 
 async fn picker(extra: &str) -> Picker {
+    picker_until(extra, std::future::pending()).await
+}
+
+/// A picker that shuts down (as on SIGTERM) when `shutdown` resolves.
+async fn picker_until(
+    extra: &str,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Picker {
     let config = Config::from_toml_str(&fleet_toml(extra), &MapEnv::default()).unwrap();
     let svc = Service::start_with_tokenizer(config, None, Arc::new(MapEnv::default()), tokenizer())
         .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (addr, health_addr) = (listener.local_addr().unwrap(), health.local_addr().unwrap());
-    tokio::spawn(super::serve(svc.state.clone(), listener, Some(health), std::future::pending()));
+    tokio::spawn(super::serve(svc.state.clone(), listener, Some(health), shutdown));
     let connect = |a: std::net::SocketAddr| async move {
         Channel::from_shared(format!("http://{a}")).unwrap().connect().await.unwrap()
     };
@@ -123,7 +132,10 @@ fn with_subset(mut r: ProcessingRequest, entries: &[&str]) -> ProcessingRequest 
 
 fn request_body(bytes: &[u8], eos: bool) -> ProcessingRequest {
     ProcessingRequest {
-        request: Some(Request::RequestBody(HttpBody { body: bytes.to_vec(), end_of_stream: eos })),
+        request: Some(Request::RequestBody(HttpBody {
+            body: Bytes::copy_from_slice(bytes),
+            end_of_stream: eos,
+        })),
         metadata_context: None,
         protocol_config: None,
     }
@@ -149,7 +161,10 @@ fn response_headers(status: &str, served: Option<&str>) -> ProcessingRequest {
 
 fn response_body(bytes: &[u8], eos: bool) -> ProcessingRequest {
     ProcessingRequest {
-        request: Some(Request::ResponseBody(HttpBody { body: bytes.to_vec(), end_of_stream: eos })),
+        request: Some(Request::ResponseBody(HttpBody {
+            body: Bytes::copy_from_slice(bytes),
+            end_of_stream: eos,
+        })),
         metadata_context: None,
         protocol_config: None,
     }
@@ -229,7 +244,7 @@ fn streamed_chunk(r: &ProcessingResponse) -> (Vec<u8>, bool) {
         panic!("not a body answer: {r:?}")
     };
     match &b.response.as_ref().unwrap().body_mutation.as_ref().unwrap().mutation {
-        Some(Mutation::StreamedResponse(s)) => (s.body.clone(), s.end_of_stream),
+        Some(Mutation::StreamedResponse(s)) => (s.body.to_vec(), s.end_of_stream),
         other => panic!("not a streamed body: {other:?}"),
     }
 }
@@ -317,6 +332,34 @@ async fn buffered_answers_the_headers_then_routes_in_the_body_answer() {
     let answer = s.next().await;
     let dest = destination(&answer);
     assert!(dest.starts_with(W0) || dest.starts_with(W1), "{dest}");
+}
+
+#[tokio::test]
+async fn streamed_with_the_body_first_holds_the_headers_then_answers_each_chunk() {
+    let p = picker("").await;
+    let mut s = Stream::open(&p).await;
+    let mut headers = request_headers("/v1/chat/completions", &[], false);
+    headers.protocol_config = Some(ProtocolConfiguration {
+        request_body_mode: BodySendMode::Streamed as i32,
+        response_body_mode: BodySendMode::Streamed as i32,
+        send_body_without_waiting_for_header_response: true,
+    });
+    s.send(headers).await;
+    let body = chat("held headers");
+    let (a, b) = body.as_bytes().split_at(body.len() / 2);
+    s.send(request_body(a, false)).await;
+    s.quiet().await;
+    s.send(request_body(b, true)).await;
+    let dest = destination(&s.next().await);
+    assert!(dest.starts_with(W0) || dest.starts_with(W1), "{dest}");
+    for chunk in 0..2 {
+        match s.next().await.response {
+            Some(Response::RequestBody(r)) => {
+                assert_eq!(r.response.unwrap().body_mutation, None, "chunk {chunk} unchanged")
+            }
+            other => panic!("chunk {chunk}: {other:?}"),
+        }
+    }
 }
 
 #[tokio::test]
@@ -472,4 +515,56 @@ async fn health_under_every_name_gie_probes() {
             assert_eq!(status, Some(ServingStatus::Serving), "{name:?}");
         }
     }
+}
+
+/// The status `client` reports for `name`, once it is `want` (polled: health is re-read every
+/// 500 ms); what it last said otherwise.
+async fn health_becomes(
+    client: &mut HealthClient<Channel>,
+    name: &str,
+    want: ServingStatus,
+) -> Option<ServingStatus> {
+    let mut status = None;
+    for _ in 0..150 {
+        let r = client.check(HealthCheckRequest { service: name.into() }).await;
+        status = r.ok().map(|r| r.into_inner().status());
+        if status == Some(want) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    status
+}
+
+#[tokio::test]
+async fn a_draining_picker_is_not_serving_while_it_finishes_its_streams() {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let p = picker_until("", async move {
+        let _ = stopped.await;
+    })
+    .await;
+    let mut health = HealthClient::new(p.health.clone());
+    assert_eq!(
+        health_becomes(&mut health, "readiness", ServingStatus::Serving).await,
+        Some(ServingStatus::Serving)
+    );
+    // A request in flight (its body still coming) keeps the picker draining.
+    let mut s = Stream::open(&p).await;
+    s.send(request_headers("/v1/chat/completions", &[], false)).await;
+    stop.send(()).unwrap();
+    for name in ["", "readiness", "inference-extension", SERVICE_NAME] {
+        assert_eq!(
+            health_becomes(&mut health, name, ServingStatus::NotServing).await,
+            Some(ServingStatus::NotServing),
+            "{name:?}"
+        );
+    }
+    assert_eq!(
+        health_becomes(&mut health, "liveness", ServingStatus::Serving).await,
+        Some(ServingStatus::Serving),
+        "the process still serves"
+    );
+    // The stream in flight is still answered.
+    s.send(request_body(chat("during the drain").as_bytes(), true)).await;
+    destination(&s.next().await);
 }

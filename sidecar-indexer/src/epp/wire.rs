@@ -8,8 +8,13 @@
 //! `envoy-types` 0.7.7 crate); the end-to-end tests on real Envoy 1.40 check them on the wire.
 //! Why not that crate: it generates all of Envoy's API (398 files, 8.2 MB of Rust) and would be
 //! compiled on every CI run for the dozen messages used here (the epp README, "Crates").
+//!
+//! Bodies are `Bytes`: a chunk decoded from the gRPC frame is a view of the frame's buffer, not a
+//! copy, and the chunks re-sent to the proxy are views of the one body the picker holds.
 
 use std::collections::HashMap;
+
+use prost::bytes::Bytes;
 
 /// `envoy.service.ext_proc.v3.ExternalProcessor`, the gRPC service name.
 pub const SERVICE_NAME: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
@@ -80,8 +85,8 @@ pub struct HttpHeaders {
 /// `HttpBody`: one chunk (or, buffered, the whole body).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct HttpBody {
-    #[prost(bytes = "vec", tag = "1")]
-    pub body: Vec<u8>,
+    #[prost(bytes = "bytes", tag = "1")]
+    pub body: Bytes,
     #[prost(bool, tag = "2")]
     pub end_of_stream: bool,
 }
@@ -230,8 +235,8 @@ pub struct BodyMutation {
 #[derive(Clone, PartialEq, prost::Oneof)]
 pub enum Mutation {
     /// The whole new body (buffered modes).
-    #[prost(bytes, tag = "1")]
-    Body(Vec<u8>),
+    #[prost(bytes = "bytes", tag = "1")]
+    Body(Bytes),
     #[prost(bool, tag = "2")]
     ClearBody(bool),
     /// One chunk (FULL_DUPLEX_STREAMED).
@@ -242,8 +247,8 @@ pub enum Mutation {
 /// `StreamedBodyResponse`.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct StreamedBodyResponse {
-    #[prost(bytes = "vec", tag = "1")]
-    pub body: Vec<u8>,
+    #[prost(bytes = "bytes", tag = "1")]
+    pub body: Bytes,
     #[prost(bool, tag = "2")]
     pub end_of_stream: bool,
 }

@@ -373,6 +373,7 @@ mod tests {
             host: "127.0.0.1".into(),
             port: 19002,
             message_timeout_ms: kvmesh_e2e::envoy_config::DEFAULT_EPP_MESSAGE_TIMEOUT_MS,
+            subset_from_header: false,
         };
         let yaml = render_bootstrap_edge(
             &vars(""),
