@@ -88,6 +88,7 @@ fn stored(hashes: Vec<u64>, parent: Option<u64>, tokens: Vec<u32>) -> KvEvent {
         cache_salt: None,
         medium: Some("GPU".into()),
         group_idx: None,
+        extra_terms: vec![],
     }
 }
 

@@ -106,6 +106,7 @@ async fn routes_to_the_worker_holding_the_prefix() {
             cache_salt: None,
             medium: None,
             group_idx: None,
+            extra_terms: vec![],
         }],
         dp_rank: None,
     };
@@ -877,6 +878,7 @@ async fn reload_keeps_unchanged_workers_and_drops_removed_ones() {
                 cache_salt: None,
                 medium: None,
                 group_idx: None,
+                extra_terms: vec![],
             }],
             dp_rank: None,
         };

@@ -69,6 +69,8 @@ pub const KV_ORPHAN_RECOVERED_TOTAL: &str = "kvmesh_kv_orphan_recovered_total";
 pub const ROUTE_INFLIGHT: &str = "kvmesh_route_inflight";
 pub const ROUTE_CANCELLED_TOTAL: &str = "kvmesh_route_cancelled_total";
 pub const KV_UNKNOWN_REMOVES_TOTAL: &str = "kvmesh_kv_unknown_removes_total";
+pub const KV_UNUSABLE_EXTRA_KEYS_TOTAL: &str = "kvmesh_kv_unusable_extra_keys_total";
+pub const ROUTE_MEDIA_CUT_TOTAL: &str = "kvmesh_route_media_cut_total";
 pub const KV_IGNORED_EVENTS_TOTAL: &str = "kvmesh_kv_ignored_events_total";
 pub const KV_EVENT_LAG_SECONDS: &str = "kvmesh_kv_event_lag_seconds";
 pub const KV_EVENT_LIMITS_TOTAL: &str = "kvmesh_kv_event_limits_total";
@@ -179,6 +181,8 @@ pub const ALL: &[&str] = &[
     ROUTE_INFLIGHT,
     ROUTE_CANCELLED_TOTAL,
     KV_UNKNOWN_REMOVES_TOTAL,
+    KV_UNUSABLE_EXTRA_KEYS_TOTAL,
+    ROUTE_MEDIA_CUT_TOTAL,
     KV_IGNORED_EVENTS_TOTAL,
     KV_EVENT_LAG_SECONDS,
     KV_EVENT_LIMITS_TOTAL,
@@ -319,6 +323,8 @@ pub struct Metrics {
     /// labels: stage (queued, tokenizing, booked): route calls whose caller went away.
     pub route_cancelled: IntCounterVec,
     pub kv_unknown_removes: IntCounterVec,
+    pub kv_unusable_extra_keys: IntCounterVec,
+    pub route_media_cut: IntCounterVec,
     /// labels: worker, reason (tier, queue_full).
     pub kv_ignored: IntCounterVec,
     pub kv_event_lag: GaugeVec,
@@ -537,6 +543,8 @@ impl Metrics {
             route_inflight: int_gauge(ROUTE_INFLIGHT, "/v1/route calls being worked on, abandoned tokenizations included (bounded by routing.max_concurrent_routes)")?,
             route_cancelled: counter_vec(&r, ROUTE_CANCELLED_TOTAL, "/v1/route calls whose caller went away (client gone, filter timeout), by the stage they were in", &["stage"])?,
             kv_unknown_removes: counter_vec(&r, KV_UNKNOWN_REMOVES_TOTAL, "Removed block hashes the worker never stored", &["worker"])?,
+            kv_unusable_extra_keys: counter_vec(&r, KV_UNUSABLE_EXTRA_KEYS_TOTAL, "BlockStored events with extra_keys a request cannot reproduce (prompt embeddings, unknown shapes, over the size cap): their blocks are indexed but never match", &["worker"])?,
+            route_media_cut: counter_vec(&r, ROUTE_MEDIA_CUT_TOTAL, "Routed requests whose predicted overlap was cut at a media item whose engine keys the indexer cannot know, by base model", &["model"])?,
             kv_ignored: counter_vec(&r, KV_IGNORED_EVENTS_TOTAL, "Events skipped: other tier or cache group, malformed stores", &["worker", "reason"])?,
             kv_event_lag,
             kv_event_limits: counter_vec(&r, KV_EVENT_LIMITS_TOTAL, "KV event byte limits hit, by reason (frames, replays, queue bytes)", &["worker", "reason"])?,
@@ -752,6 +760,7 @@ impl Metrics {
             &self.kv_orphan_stores,
             &self.kv_orphan_recovered,
             &self.kv_unknown_removes,
+            &self.kv_unusable_extra_keys,
             &self.engine_hits,
             &self.engine_queries,
             &self.engine_scrape_too_large,
@@ -896,6 +905,7 @@ mod tests {
             &m.kv_orphan_stores,
             &m.kv_orphan_recovered,
             &m.kv_unknown_removes,
+            &m.kv_unusable_extra_keys,
             &m.engine_hits,
             &m.engine_queries,
             &m.engine_scrape_too_large,
@@ -903,6 +913,7 @@ mod tests {
             c.with_label_values(&["w"]).inc();
         }
         m.route_cancelled.with_label_values(&["booked"]).inc();
+        m.route_media_cut.with_label_values(&["m"]).inc();
         for (c, second) in [
             (&m.kv_events, "stored"),
             (&m.kv_blocks, "removed"),

@@ -438,6 +438,7 @@ fn store(svc: &Service, worker: &str, tokens: &[u32], lora: Option<&str>) {
         cache_salt: None,
         medium: None,
         group_idx: None,
+        extra_terms: vec![],
     };
     let batch = EventBatch { ts: 0.0, events: vec![event], dp_rank: None };
     svc.state.applier.send(ApplierMsg::Batch { slot, seq: 0, batch }).unwrap();

@@ -249,6 +249,7 @@ fn cache_on_decode_1(svc: &Service) {
             cache_salt: None,
             medium: None,
             group_idx: None,
+            extra_terms: vec![],
         }],
         dp_rank: None,
     };

@@ -12,7 +12,7 @@
 //! * An orphan store (unknown parent) stores nothing; a worker claiming more blocks than allowed is
 //!   cleared (a resync) because it must have lost removals.
 
-use kvmesh_core::hashing::block_seed;
+use kvmesh_core::hashing::{block_seed, UNUSABLE_TERM};
 
 use super::decode::{EventBatch, KvEvent};
 use crate::index::{KvIndex, StoreOutcome, Tier, WorkerSlot};
@@ -49,6 +49,9 @@ pub struct ApplyReport {
     pub seed_refusals: u64,
     /// Events for another tier or cache group.
     pub ignored_events: u64,
+    /// Stores with `extra_keys` the index cannot reproduce from a request (prompt embeddings,
+    /// unknown shapes, over the size cap): their blocks are indexed but never match.
+    pub unusable_extra_keys: u64,
     /// The worker exceeded `max_blocks_per_worker` and was cleared.
     pub resynced: bool,
 }
@@ -135,6 +138,7 @@ pub fn apply_step(
             cache_salt,
             medium,
             group_idx,
+            extra_terms,
         } => {
             let Some(tier) = tier_of(medium.as_deref(), *group_idx) else {
                 r.stored_events += 1;
@@ -146,6 +150,9 @@ pub fn apply_step(
                 if tier != Tier::Gpu && token_ids.is_empty() && *bs == 0 {
                     r.undescribed_stores += 1;
                     return done(0);
+                }
+                if extra_terms.contains(&UNUSABLE_TERM) {
+                    r.unusable_extra_keys += 1;
                 }
                 if *bs != block_size {
                     r.block_size_mismatches += 1;
@@ -173,7 +180,8 @@ pub fn apply_step(
             let more = (end < block_hashes.len()).then_some(Cursor { event: at.event, block: end });
             let counter =
                 if tier == Tier::Gpu { &mut r.stored_blocks } else { &mut r.tier_stored_blocks };
-            match index.store_in(tier, slot, parent, piece, tokens, bs, seed) {
+            let terms = extra_terms.get(at.block..end).unwrap_or_default();
+            match index.store_keyed_in(tier, slot, parent, piece, tokens, bs, seed, terms) {
                 StoreOutcome::Stored { blocks } => {
                     *counter += blocks as u64;
                     return Step { next: more.or(next_event), blocks };
@@ -242,6 +250,7 @@ mod tests {
             cache_salt: None,
             medium: Some("GPU".into()),
             group_idx: None,
+            extra_terms: vec![],
         }
     }
 
@@ -261,6 +270,7 @@ mod tests {
             cache_salt: None,
             medium: Some(medium.into()),
             group_idx,
+            extra_terms: vec![],
         }
     }
 
@@ -553,6 +563,7 @@ mod tests {
                 cache_salt: salt.map(str::to_owned),
                 medium: None,
                 group_idx: None,
+                extra_terms: vec![],
             };
             let r = apply_batch(&mut index, 0, &batch(vec![store]), 4);
             assert_eq!(r.stored_blocks, 4);

@@ -18,6 +18,7 @@ fn expected_events() -> Vec<KvEvent> {
             cache_salt: None,
             medium: Some("GPU".into()),
             group_idx: None,
+            extra_terms: vec![],
         },
         KvEvent::Stored {
             block_hashes: vec![(-3i64) as u64],
@@ -28,6 +29,7 @@ fn expected_events() -> Vec<KvEvent> {
             cache_salt: None,
             medium: Some("GPU".into()),
             group_idx: Some(0),
+            extra_terms: vec![],
         },
         KvEvent::Removed { block_hashes: vec![BIG], medium: Some("GPU".into()), group_idx: None },
         KvEvent::Cleared,
@@ -64,7 +66,8 @@ fn v09_batch_without_rank_and_short_store() {
             lora_name: None,
             cache_salt: None,
             medium: None,
-            group_idx: None
+            group_idx: None,
+            extra_terms: vec![],
         }]
     );
 }
@@ -264,15 +267,28 @@ mod reference {
                     .opt_u32(3, "block_size")?
                     .ok_or_else(|| f.err("block_size", "is required"))?;
                 // Positions after the tag: 4 lora_id, 5 medium, 6 lora_name, 7 extra_keys, 8 group_idx.
+                let group_idx = f.opt_u32(8, "group_idx")?;
+                let lora_name = f.opt_string(6, "lora_name");
+                let keys = super::super::extra_keys::from_value(f.field(7, "extra_keys"));
+                let terms = super::super::extra_keys::terms(
+                    &keys,
+                    block_hashes.len(),
+                    lora_name.as_deref(),
+                    parent.is_none(),
+                );
                 Ok(KvEvent::Stored {
                     block_hashes,
                     parent,
                     token_ids,
                     block_size,
                     medium: f.opt_string(5, "medium"),
-                    lora_name: f.opt_string(6, "lora_name"),
-                    cache_salt: get(v, "cache_salt").and_then(Value::as_str).map(str::to_owned),
-                    group_idx: f.opt_u32(8, "group_idx")?,
+                    lora_name,
+                    cache_salt: get(v, "cache_salt")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                        .or(terms.cache_salt),
+                    group_idx,
+                    extra_terms: terms.terms,
                 })
             }
             "BlockRemoved" => {
@@ -365,6 +381,25 @@ mod equivalence {
         ]
     }
 
+    /// `extra_keys` as vLLM sends them (per block nil or a tuple of names, media pairs and
+    /// digests), or anything else.
+    fn extra() -> impl Strategy<Value = Value> {
+        let key = prop_oneof![
+            Just(Value::from("adapter")),
+            "[a-c]{0,3}".prop_map(Value::from),
+            ("[a-c]{1,3}", -20i64..40)
+                .prop_map(|(id, off)| Value::Array(vec![Value::from(id), Value::from(off)])),
+            proptest::collection::vec(any::<u8>(), 0..4).prop_map(Value::from),
+            scalar(),
+        ];
+        let entry = prop_oneof![
+            2 => Just(Value::Nil),
+            3 => proptest::collection::vec(key, 0..3).prop_map(Value::Array),
+            1 => scalar(),
+        ];
+        prop_oneof![4 => proptest::collection::vec(entry, 0..5).prop_map(Value::Array), 1 => scalar()]
+    }
+
     fn maybe_str() -> impl Strategy<Value = Value> {
         prop_oneof![Just(Value::from("GPU")), Just(Value::from("CPU")), Just(Value::Nil), scalar()]
     }
@@ -380,7 +415,7 @@ mod equivalence {
             small(),
             maybe_str(),
             maybe_str(),
-            scalar(),
+            extra(),
             small(),
             scalar(),
             0usize..12,
@@ -409,7 +444,7 @@ mod equivalence {
             Just("lora_name").prop_flat_map(|k| maybe_str().prop_map(move |v| (k, v))),
             Just("cache_salt").prop_flat_map(|k| maybe_str().prop_map(move |v| (k, v))),
             Just("group_idx").prop_flat_map(|k| small().prop_map(move |v| (k, v))),
-            Just("extra_keys").prop_flat_map(|k| scalar().prop_map(move |v| (k, v))),
+            Just("extra_keys").prop_flat_map(|k| extra().prop_map(move |v| (k, v))),
         ];
         (tag(), proptest::collection::vec(pair, 0..10), any::<bool>(), any::<usize>()).prop_map(
             |(tag, pairs, typed, at)| {
