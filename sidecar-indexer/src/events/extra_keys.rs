@@ -351,4 +351,58 @@ mod tests {
         let keys = read_bytes(&Value::Array(vec![Value::Array(vec![mm("i", 0)])]));
         assert_eq!(terms(&keys, 2, None, true).terms, vec![UNUSABLE_TERM; 2]);
     }
+
+    /// Stores of equal tokens with different media never share a chain; a store without keys
+    /// chains as before; unusable keys are indexed but never match.
+    #[test]
+    fn media_keyed_stores_match_only_their_own_media() {
+        use super::super::apply::apply_batch;
+        use super::super::decode::{EventBatch, KvEvent};
+        use crate::index::KvIndex;
+        use kvmesh_core::hashing::{
+            chain, keyed_seed, local_block_hash, sequence_hashes, SequenceHash, XXH3_SEED,
+        };
+        let t: Vec<u32> = (0..8).collect();
+        let term = |id| media_term(&[MediaKey { identifier: id, offset: 2 }]);
+        let store = |hashes: Vec<u64>, extra_terms: Vec<u64>| EventBatch {
+            ts: 0.0,
+            events: vec![KvEvent::Stored {
+                block_hashes: hashes,
+                parent: None,
+                token_ids: t.clone(),
+                block_size: 4,
+                lora_name: None,
+                cache_salt: None,
+                medium: None,
+                group_idx: None,
+                extra_terms,
+            }],
+            dp_rank: None,
+        };
+        let mut index = KvIndex::new(1000, 1000);
+        for w in 0..4 {
+            index.add_worker(w);
+        }
+        apply_batch(&mut index, 0, &store(vec![1, 2], vec![]), 4);
+        apply_batch(&mut index, 1, &store(vec![3, 4], vec![0, term("a")]), 4);
+        apply_batch(&mut index, 2, &store(vec![5, 6], vec![0, term("b")]), 4);
+        let r = apply_batch(&mut index, 3, &store(vec![7, 8], vec![0, UNUSABLE_TERM]), 4);
+        assert_eq!(r.unusable_extra_keys, 1);
+        assert_eq!(r.stored_blocks, 2);
+        // A request's chains: block 1 keyed by its image (the request side's function).
+        let keyed = |term: u64| {
+            let c0 = chain(None, local_block_hash(&t[..4], XXH3_SEED));
+            vec![c0, chain(Some(c0), local_block_hash(&t[4..], keyed_seed(XXH3_SEED, term)))]
+        };
+        let depths = |chains: &[SequenceHash]| {
+            let mut m = index.find_matches(chains);
+            m.sort();
+            m
+        };
+        let text = sequence_hashes(&t, 4, XXH3_SEED);
+        assert_eq!(depths(&text), vec![(0, 2), (1, 1), (2, 1), (3, 1)]);
+        assert_eq!(depths(&keyed(term("a"))), vec![(0, 1), (1, 2), (2, 1), (3, 1)]);
+        assert_eq!(depths(&keyed(term("b"))), vec![(0, 1), (1, 1), (2, 2), (3, 1)]);
+        assert_eq!(depths(&keyed(term("c"))), vec![(0, 1), (1, 1), (2, 1), (3, 1)]);
+    }
 }
