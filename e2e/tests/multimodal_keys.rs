@@ -43,6 +43,21 @@ fn prompt_tokens(r: &Reply) -> u64 {
     r.json().pointer("/usage/prompt_tokens").and_then(Value::as_u64).unwrap_or(0)
 }
 
+/// Waits until the holder is idle in the indexer's view (no booking left, a scrape since the
+/// engine finished), so the next route is decided by the cache alone, not by load.
+async fn holder_idle(stack: &Stack, holder: &str) -> anyhow::Result<()> {
+    let debug = stack.indexer_url("/debug/workers");
+    poll::until("the holder idle in the indexer's view", || async {
+        let all: Value = stack.client().get(&debug).send().await.ok()?.json().await.ok()?;
+        let w = all.as_array()?.iter().find(|w| w["id"] == holder)?;
+        let idle = w["load"]["active_requests"] == 0
+            && w["engine_running"].as_f64() == Some(0.0)
+            && w["engine_waiting"].as_f64() == Some(0.0);
+        idle.then_some(())
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn images_key_their_blocks_and_the_prediction_stops_before_the_first_one(
 ) -> anyhow::Result<()> {
@@ -53,12 +68,14 @@ async fn images_key_their_blocks_and_the_prediction_stops_before_the_first_one(
         "override_secret": SECRET,
         "indexer_timeout_ms": 5000,
     });
-    // The prediction from the engines' events only (no speculative holdings of earlier routes).
-    spec.routing_toml = "speculative_ttl_ms = 0\n".to_owned();
+    // The prediction from the engines' events only (no speculative holdings of earlier routes),
+    // and each chat (a new conversation) placed by its cache alone, not kept off the worker that
+    // served the last one (`session_balance` off).
+    spec.routing_toml = "speculative_ttl_ms = 0\nsession_balance = 0.0\n".to_owned();
     let stack = Stack::start(spec).await?;
     let holder = stack.workers[0].id.clone();
-    let system = filler(4800, 300);
-    let text = filler(4801, 120);
+    let system = filler(4800, 500);
+    let text = filler(4801, 150);
     let image_x = Some(("https://images.invalid/x.png", "img-x"));
     let image_y = Some(("https://images.invalid/y.png", "img-y"));
 
@@ -73,6 +90,10 @@ async fn images_key_their_blocks_and_the_prediction_stops_before_the_first_one(
         (stored as u64 >= tokens / BS).then_some(())
     })
     .await?;
+    // Its image blocks' keys were read and used (none unusable).
+    let m = stack.scrape(&indexer).await?;
+    assert_eq!(m.sum("kvmesh_kv_unusable_extra_keys_total", &[]), 0.0);
+    holder_idle(&stack, &holder).await?;
 
     // The same text with image y: the engine serves the blocks before the image from cache, and
     // the indexer predicts exactly those.
@@ -84,6 +105,7 @@ async fn images_key_their_blocks_and_the_prediction_stops_before_the_first_one(
     assert_eq!(other.cached_tokens(), Some(known * BS), "predicted {known} blocks: {reason}");
     assert!(known * BS + 2 * BS < tokens, "{known} blocks of {tokens} tokens");
 
+    holder_idle(&stack, &holder).await?;
     // Text only, equal up to where the image was: no further either.
     let plain = chat(&stack, &chat_body(&system, &text, None), None).await?;
     let reason = plain.reason().unwrap_or_default().to_owned();
@@ -91,6 +113,7 @@ async fn images_key_their_blocks_and_the_prediction_stops_before_the_first_one(
     assert_eq!(plain.overlap_blocks(), Some(known), "{reason}");
     assert_eq!(plain.cached_tokens(), Some(known * BS), "{reason}");
 
+    holder_idle(&stack, &holder).await?;
     // Image x again: the engine's cache serves it past the image (its keys match); the indexer
     // still predicts only the blocks before it.
     let again = chat(&stack, &chat_body(&system, &text, image_x), None).await?;
@@ -102,6 +125,5 @@ async fn images_key_their_blocks_and_the_prediction_stops_before_the_first_one(
 
     let m = stack.scrape(&indexer).await?;
     assert!(m.sum("kvmesh_route_media_cut_total", &[]) >= 2.0, "media routes not counted");
-    assert_eq!(m.sum("kvmesh_kv_unusable_extra_keys_total", &[]), 0.0);
     Ok(())
 }

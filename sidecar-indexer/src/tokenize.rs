@@ -600,7 +600,11 @@ impl PromptTokenizer {
             Some(b) => (Some(b), b.at),
             None => {
                 self.splitter.split_with_ends(text, &mut segments, &mut ends);
-                (memo.then(|| self.resume_from_memo(text, &segments, &ends, out, stats)).flatten(), 0)
+                (
+                    memo.then(|| self.resume_from_memo(text, &segments, &ends, out, stats))
+                        .flatten(),
+                    0,
+                )
             }
         };
         let rest = text.len() - resumed.map_or(0, |b| b.at);

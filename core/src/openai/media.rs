@@ -107,7 +107,8 @@ mod tests {
         assert_eq!(r.media, want);
         let (r, _) = crate::openai::parse_raw(Endpoint::ChatCompletions, body.as_bytes()).unwrap();
         assert_eq!(r.media, want);
-        let text = parse(Endpoint::ChatCompletions, br#"{"messages":[{"role":"user","content":"x"}]}"#);
+        let text =
+            parse(Endpoint::ChatCompletions, br#"{"messages":[{"role":"user","content":"x"}]}"#);
         assert!(text.unwrap().media.is_empty());
     }
 }

@@ -40,7 +40,9 @@ pub type BlockKeys = Vec<(Arc<str>, i64)>;
 /// Why a request's media cannot be served.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MediaError {
-    #[error("found more '{PLACEHOLDER}' placeholders in input prompt than actual multimodal data items")]
+    #[error(
+        "found more '{PLACEHOLDER}' placeholders in input prompt than actual multimodal data items"
+    )]
     TooManyPlaceholders,
 }
 

@@ -284,10 +284,7 @@ fn lora_name(w: &mut Vec<u8>, lora: Option<&Adapter>) -> Result<(), WireError> {
 
 /// vLLM's `extra_keys` (`to_event_extra_keys`): per block nil or a tuple of its keys, here the
 /// media pairs `[identifier, offset]`.
-fn keys(
-    w: &mut Vec<u8>,
-    blocks: &[Option<crate::media::BlockKeys>],
-) -> Result<(), WireError> {
+fn keys(w: &mut Vec<u8>, blocks: &[Option<crate::media::BlockKeys>]) -> Result<(), WireError> {
     rmp::encode::write_array_len(w, len32(blocks.len())?).wire()?;
     for block in blocks {
         let Some(block) = block else {

@@ -543,8 +543,12 @@ impl RawEvent {
                 let group_idx = self.group_idx.unwrap_or(Ok(None)).map_err(name)?;
                 let lora_name = string(self.lora_name);
                 let keys = self.extra_keys.unwrap_or_default();
-                let terms =
-                    extra_keys::terms(&keys, block_hashes.len(), lora_name.as_deref(), parent.is_none());
+                let terms = extra_keys::terms(
+                    &keys,
+                    block_hashes.len(),
+                    lora_name.as_deref(),
+                    parent.is_none(),
+                );
                 Ok(KvEvent::Stored {
                     block_hashes,
                     parent,

@@ -76,7 +76,9 @@ impl Terms {
 pub fn terms(keys: &ExtraKeys, blocks: usize, lora: Option<&str>, root: bool) -> Terms {
     let entries = match keys {
         ExtraKeys::Absent => return Terms::default(),
-        ExtraKeys::Unusable => return Terms { terms: vec![UNUSABLE_TERM; blocks], cache_salt: None },
+        ExtraKeys::Unusable => {
+            return Terms { terms: vec![UNUSABLE_TERM; blocks], cache_salt: None }
+        }
         ExtraKeys::Blocks(entries) if entries.len() != blocks => {
             return Terms { terms: vec![UNUSABLE_TERM; blocks], cache_salt: None }
         }

@@ -246,7 +246,16 @@ impl KvIndex {
             None => self,
             Some(i) => self.lower_or_new(i),
         };
-        target.store_from(slot, parent, known, block_hashes, token_ids, block_size, root_seed, terms)
+        target.store_from(
+            slot,
+            parent,
+            known,
+            block_hashes,
+            token_ids,
+            block_size,
+            root_seed,
+            terms,
+        )
     }
 
     /// Applies a `BlockRemoved` of `tier`; returns how many hashes were unknown there.

@@ -31,7 +31,8 @@ pub(super) fn cut_byte(
 ) -> Result<usize, TokenizeError> {
     let Some(m) = messages.get(first) else { return Ok(0) };
     let mut marked = messages.to_vec();
-    marked[first] = ChatMessage { role: m.role.clone(), content: format!("\u{1}{}", m.content).into() };
+    marked[first] =
+        ChatMessage { role: m.role.clone(), content: format!("\u{1}{}", m.content).into() };
     let other = template.render(&marked, true)?;
     Ok(text.bytes().zip(other.bytes()).position(|(a, b)| a != b).unwrap_or(0))
 }
@@ -77,12 +78,17 @@ mod tests {
         // A route that finds every block held stops at the same place.
         let mut held = |c: &[SequenceHash]| c.len();
         let routed = tok
-            .tokens_until(&input, &mut Reach::new(16, 1337, 0, &mut held).media_from(Some(1)), stats)
+            .tokens_until(
+                &input,
+                &mut Reach::new(16, 1337, 0, &mut held).media_from(Some(1)),
+                stats,
+            )
             .unwrap();
         assert_eq!(routed.chains, cut.chains);
         assert!(routed.cut_at_media);
         // Media in the first message: nothing before it but the template's own start.
-        let first = tok.tokens_until(&input, &mut whole_reach().media_from(Some(0)), stats).unwrap();
+        let first =
+            tok.tokens_until(&input, &mut whole_reach().media_from(Some(0)), stats).unwrap();
         assert!(first.chains.len() <= 1, "{}", first.chains.len());
         // Text-only prompts are untouched, and a text-only turn after a media one resumes nothing
         // the media turn left in the memo.
