@@ -408,8 +408,7 @@ fn messages_with_media(
 
 /// A content list flattened to its text parts joined by `"\n"`, and the `uuid`s of its media
 /// parts ([`media::part`]) in order.
-#[allow(clippy::type_complexity)]
-fn content_parts(parts: &[Value]) -> Result<(String, Vec<Option<Arc<str>>>), ParseError> {
+fn content_parts(parts: &[Value]) -> Result<(String, media::Uuids), ParseError> {
     let mut texts = Vec::with_capacity(parts.len());
     let mut media = Vec::new();
     for part in parts {

@@ -37,6 +37,9 @@ pub const MEDIA_TYPES: [&str; 10] = [
     "prompt_embeds",
 ];
 
+/// The `uuid`s of one message's media parts, in order (`None`: the part has none).
+pub(super) type Uuids = Vec<Option<Arc<str>>>;
+
 /// One media item of a chat request, in prompt order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MediaPart {

@@ -34,7 +34,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::anchor::anchor_digest;
-use super::media::MediaPart;
+use super::media::{MediaPart, Uuids};
 use super::{fast, fields, parse, ChatMessage, Endpoint, OpenAiRequest, ParseError, RequestInput};
 use crate::json_edit::Key;
 
@@ -390,7 +390,7 @@ impl<'de, C: Deserialize<'de>> Deserialize<'de> for MessageParts<'de, C> {
 fn full_message(
     role: Option<&RawValue>,
     content: Option<Content>,
-) -> Result<(ChatMessage, Vec<Option<Arc<str>>>), ParseError> {
+) -> Result<(ChatMessage, Uuids), ParseError> {
     let role = role
         .filter(|r| first(r) == b'"')
         .and_then(|r| serde_json::from_str::<String>(r.get()).ok());
@@ -403,8 +403,7 @@ fn full_message(
 
 /// A message's `content` flattened to text as `super::messages` flattens it (null is empty), and
 /// its media parts' `uuid`s.
-#[allow(clippy::type_complexity)]
-struct Content(Result<(Arc<str>, Vec<Option<Arc<str>>>), ParseError>);
+struct Content(Result<(Arc<str>, Uuids), ParseError>);
 
 const NOT_CONTENT: ParseError =
     ParseError::WrongType { field: "messages[].content", expected: "a string or a list of parts" };
