@@ -5,7 +5,9 @@
 //! body through one entry point, [`Body`], which picks the reading for what the caller needs and
 //! resumes from a known prefix where there is one (`reader`'s table); every reading gives this
 //! module's [`parse`] verdict, so they can never disagree about what the prompt is. Chat content given as parts is joined the way vLLM joins text
-//! parts for string-format chat templates: text parts separated by `"\n"`, other parts skipped.
+//! parts for string-format chat templates: text parts separated by `"\n"`, other parts skipped —
+//! media parts (images …) are listed apart, with their message and `uuid` ([`media`]:
+//! [`OpenAiRequest::media`]), for the indexer's media rule and the simulator.
 //! What the flattening drops (non-text parts, tool calls, names) still identifies a conversation,
 //! so a chat body's conversation anchor is digested here, while the raw messages are at hand
 //! ([`OpenAiRequest::conversation_anchor`], rendered by [`anchor`]).

@@ -19,7 +19,6 @@
 //! Tokens of every slot are kept in one flat array (`num_blocks × block_size` ids) so events, the
 //! cache dump and NIXL pulls can read them without per-block allocations.
 
-use crate::media::MediaSpan;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -29,6 +28,7 @@ use crate::events::KvEvent;
 use crate::free_queue::{BlockId, FreeQueue};
 use crate::hash::BlockHash;
 use crate::lora::Adapter;
+use crate::media::MediaSpan;
 use crate::offload::OffloadTier;
 
 /// Block hashes are uniformly distributed already; hashing them again would be wasted work.
