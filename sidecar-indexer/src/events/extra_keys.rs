@@ -407,4 +407,26 @@ mod tests {
         assert_eq!(depths(&keyed(term("b"))), vec![(0, 1), (1, 1), (2, 2), (3, 1)]);
         assert_eq!(depths(&keyed(term("c"))), vec![(0, 1), (1, 1), (2, 1), (3, 1)]);
     }
+
+    /// A batch vLLM 0.32's own classes wrote (`tests/fixtures/gen_mm_fixture.py`): keys converted
+    /// by its `to_event_extra_keys`, encoded as its publisher encodes.
+    #[test]
+    fn reads_what_vllm_publishes() {
+        use super::super::decode::{decode_batch, KvEvent};
+        let path = format!("{}/tests/fixtures/batch_mm.msgpack", env!("CARGO_MANIFEST_DIR"));
+        let batch = decode_batch(&std::fs::read(&path).unwrap()).unwrap();
+        let KvEvent::Stored { extra_terms, cache_salt, lora_name, .. } = &batch.events[0] else {
+            panic!("{:?}", batch.events[0])
+        };
+        let img = |offset| media_term(&[MediaKey { identifier: "img-1", offset }]);
+        assert_eq!(extra_terms, &vec![img(3), img(-13), 0, UNUSABLE_TERM]);
+        assert_eq!(
+            (cache_salt.as_deref(), lora_name.as_deref()),
+            (Some("tenant"), Some("adapter"))
+        );
+        let KvEvent::Stored { extra_terms, cache_salt, .. } = &batch.events[1] else {
+            panic!("{:?}", batch.events[1])
+        };
+        assert!(extra_terms.is_empty() && cache_salt.is_none());
+    }
 }
