@@ -182,4 +182,48 @@ mod tests {
         assert!(ids[0].starts_with("sim-") && ids[2].starts_with("sim-"));
         assert_ne!(ids[0], ids[2]);
     }
+
+    /// On the wire as vLLM publishes them: `extra_keys` one entry per block, nil or a list of
+    /// `[identifier, offset]`, in both layouts (position 7 after the tag in the legacy one).
+    #[test]
+    fn events_carry_the_keys_per_block() {
+        use crate::events::{EventBatch, KvEvent};
+        use crate::wire::{encode_batch, Layout};
+        use rmpv::Value;
+        let spans = [MediaSpan { identifier: "img".into(), offset: 6, len: 8 }];
+        let extra_keys = event_keys(&spans, 0, 3, 4);
+        assert_eq!(
+            extra_keys,
+            vec![None, Some(vec![("img".into(), 2)]), Some(vec![("img".into(), -2)])]
+        );
+        assert!(event_keys(&spans, 4, 6, 4).is_empty());
+        let stored = KvEvent::BlockStored {
+            block_hashes: vec![1, 2, 3],
+            parent_block_hash: None,
+            token_ids: (0..12).collect(),
+            block_size: 4,
+            lora: None,
+            extra_keys,
+        };
+        let batch = EventBatch { ts: 1.0, events: vec![stored] };
+        let pair = |o: i64| Value::Array(vec![Value::from("img"), Value::from(o)]);
+        let want = Value::Array(vec![
+            Value::Nil,
+            Value::Array(vec![pair(2)]),
+            Value::Array(vec![pair(-2)]),
+        ]);
+        for layout in [Layout::Current, Layout::Legacy] {
+            let bytes = encode_batch(&batch, 0, layout).unwrap();
+            let v = rmpv::decode::read_value(&mut &bytes[..]).unwrap();
+            let event = &v[1][0];
+            let got = match event {
+                Value::Map(kv) => {
+                    kv.iter().find(|(k, _)| k.as_str() == Some("extra_keys")).map(|(_, v)| v)
+                }
+                Value::Array(items) => items.get(8),
+                _ => None,
+            };
+            assert_eq!(got, Some(&want), "{layout:?}");
+        }
+    }
 }
