@@ -64,13 +64,6 @@ pub struct Terms {
     pub cache_salt: Option<String>,
 }
 
-impl Terms {
-    /// Whether some block's keys could not be used (it can never match).
-    pub fn unusable(&self) -> bool {
-        self.terms.contains(&UNUSABLE_TERM)
-    }
-}
-
 /// The seed terms of an event's `blocks` blocks from its `keys`; `lora` is the event's
 /// `lora_name`, `root` whether it has no parent (module docs for the rules).
 pub fn terms(keys: &ExtraKeys, blocks: usize, lora: Option<&str>, root: bool) -> Terms {
@@ -319,7 +312,7 @@ mod tests {
                 UNUSABLE_TERM,
             ]
         );
-        assert!(t.unusable());
+
         // Not a root store: a bare string other than the LoRA name cannot be a salt.
         let t = terms(&keys, 4, Some("adapter"), false);
         assert_eq!((t.terms[0], t.cache_salt), (UNUSABLE_TERM, None));
