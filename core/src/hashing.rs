@@ -4,6 +4,16 @@
 //! (plus LoRA / cache-salt terms). The *sequence* hash chains it to its parent so that a block is
 //! identified by its whole prefix: `seq[0] = local[0]`, `seq[i] = XXH3-64(le(seq[i-1]) ‖ le(local[i]), 1337)`.
 //! Only full blocks are hashed. Engine block hashes are opaque and never compared with these.
+//!
+//! **Media keys.** vLLM keys a block that overlaps a multimodal item (an image …) by the item's
+//! identifier and its start relative to the block (`(mm_feature.identifier, offset)`, one pair per
+//! overlapping item: `generate_block_hash_extra_keys`), so equal placeholder tokens with different
+//! images are different blocks. kvmesh does the same in its own hash: such a block's local hash is
+//! seeded with `seed + media_term(keys)` ([`media_term`], [`keyed_seed`]); a block without media
+//! keys has term 0 and hashes exactly as before, so text-only chains never change. A block whose
+//! extra keys the indexer cannot reproduce (prompt embeddings, shapes it does not know) gets
+//! [`UNUSABLE_TERM`], which no request ever produces: it and every block chained after it are
+//! indexed but can never match.
 
 use std::hash::Hasher;
 use twox_hash::XxHash3_64;
@@ -93,6 +103,47 @@ pub fn sequence_hashes(tokens: &[u32], block_size: usize, seed: u64) -> Vec<Sequ
     sequence_hashes_from(None, tokens, block_size, seed)
 }
 
+/// One multimodal item overlapping a block, as vLLM keys it: the item's identifier
+/// (`mm_feature.identifier`: the client's `uuid` when it sent one and the engine adds no hash
+/// factors, else the engine's hash of the media) and where the item starts relative to the
+/// block's first token (negative when it started in an earlier block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MediaKey<'a> {
+    pub identifier: &'a str,
+    pub offset: i64,
+}
+
+/// Seed of [`media_term`]'s hash (LoRA names hash with 0, cache salts with 1).
+const MEDIA_SEED: u64 = 2;
+
+/// The seed term of a block whose extra keys cannot be reproduced from a request: [`media_term`]
+/// never returns it, so such a block never matches a request's chain.
+pub const UNUSABLE_TERM: u64 = 0x756e_7573_6162_6c65; // "unusable"
+
+/// What a block's media keys add to its local-hash seed: 0 for none (text-only blocks hash as
+/// they always did), else XXH3-64 (seed 2) over each key as `le_u64(len) ‖ identifier ‖
+/// le_i64(offset)`, in the engine's order; never 0 nor [`UNUSABLE_TERM`] for a non-empty list.
+pub fn media_term(keys: &[MediaKey<'_>]) -> u64 {
+    if keys.is_empty() {
+        return 0;
+    }
+    let mut h = XxHash3_64::with_seed(MEDIA_SEED);
+    for k in keys {
+        h.write(&(k.identifier.len() as u64).to_le_bytes());
+        h.write(k.identifier.as_bytes());
+        h.write(&k.offset.to_le_bytes());
+    }
+    match h.finish() {
+        0 | UNUSABLE_TERM => 1,
+        t => t,
+    }
+}
+
+/// The local-hash seed of a block with media term `term` under the request's `seed`.
+pub fn keyed_seed(seed: u64, term: u64) -> u64 {
+    seed.wrapping_add(term)
+}
+
 /// Rebuilds an XXH3 hasher's one-shot API for callers that want raw hashes of bytes (session keys,
 /// rendezvous) without depending on twox-hash themselves.
 pub fn xxh3(bytes: &[u8], seed: u64) -> u64 {
@@ -161,6 +212,33 @@ mod tests {
         let all = sequence_hashes(&t, 16, XXH3_SEED);
         let tail = sequence_hashes_from(Some(all[1]), &t[32..], 16, XXH3_SEED);
         assert_eq!(&all[2..], &tail[..]);
+    }
+
+    #[test]
+    fn media_terms_key_identifier_and_offset_and_leave_text_alone() {
+        let key = |identifier, offset| MediaKey { identifier, offset };
+        assert_eq!(media_term(&[]), 0);
+        assert_eq!(keyed_seed(XXH3_SEED, media_term(&[])), XXH3_SEED);
+        let a = media_term(&[key("img-a", 0)]);
+        let cases = [
+            media_term(&[key("img-b", 0)]),
+            media_term(&[key("img-a", 1)]),
+            media_term(&[key("img-a", -3)]),
+            media_term(&[key("img-a", 0), key("img-b", 8)]),
+            media_term(&[key("img-b", 8), key("img-a", 0)]),
+            // Length-prefixed: the identifier cannot run into the offset.
+            media_term(&[key("img-a\0", 0)]),
+        ];
+        for (i, t) in cases.iter().enumerate() {
+            assert_ne!(*t, a, "case {i}");
+            assert_ne!(*t, 0);
+            assert_ne!(*t, UNUSABLE_TERM);
+        }
+        assert_eq!(a, media_term(&[key("img-a", 0)]));
+        assert_ne!(
+            local_block_hash(&[1, 2, 3, 4], keyed_seed(XXH3_SEED, a)),
+            local_block_hash(&[1, 2, 3, 4], XXH3_SEED)
+        );
     }
 
     proptest::proptest! {

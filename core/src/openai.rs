@@ -5,7 +5,9 @@
 //! body through one entry point, [`Body`], which picks the reading for what the caller needs and
 //! resumes from a known prefix where there is one (`reader`'s table); every reading gives this
 //! module's [`parse`] verdict, so they can never disagree about what the prompt is. Chat content given as parts is joined the way vLLM joins text
-//! parts for string-format chat templates: text parts separated by `"\n"`, other parts skipped.
+//! parts for string-format chat templates: text parts separated by `"\n"`, other parts skipped —
+//! media parts (images …) are listed apart, with their message and `uuid` ([`media`]:
+//! [`OpenAiRequest::media`]), for the indexer's media rule and the simulator.
 //! What the flattening drops (non-text parts, tool calls, names) still identifies a conversation,
 //! so a chat body's conversation anchor is digested here, while the raw messages are at hand
 //! ([`OpenAiRequest::conversation_anchor`], rendered by [`anchor`]).
@@ -24,6 +26,7 @@ pub mod anchor;
 mod fast;
 mod fields;
 mod grammar;
+pub mod media;
 mod peek;
 mod reader;
 mod resume;
@@ -95,6 +98,8 @@ pub struct OpenAiRequest {
     /// and including its first user message, canonically rendered. None for completions and for
     /// chat without a user message.
     pub conversation_anchor: Option<u64>,
+    /// Chat only: the media parts the flattened contents leave out, in prompt order ([`media`]).
+    pub media: Vec<media::MediaPart>,
 }
 
 impl OpenAiRequest {
@@ -285,20 +290,22 @@ fn read<'v>(
     field: impl Fn(&str) -> Option<Cow<'v, Value>>,
     tokens: Option<Vec<u32>>,
 ) -> Result<OpenAiRequest, ParseError> {
-    let (input, conversation_anchor) = match (endpoint, tokens) {
-        (Endpoint::Completions, Some(ids)) => (RequestInput::Prompt(Prompt::Tokens(ids)), None),
+    let (input, conversation_anchor, media) = match (endpoint, tokens) {
+        (Endpoint::Completions, Some(ids)) => {
+            (RequestInput::Prompt(Prompt::Tokens(ids)), None, Vec::new())
+        }
         (Endpoint::Completions, None) => {
-            (RequestInput::Prompt(prompt(field("prompt").as_deref())?), None)
+            (RequestInput::Prompt(prompt(field("prompt").as_deref())?), None, Vec::new())
         }
         (Endpoint::ChatCompletions, _) => {
             let raw = field("messages");
-            let parsed = messages(raw.as_deref())?;
+            let (parsed, media) = messages_with_media(raw.as_deref())?;
             // `messages` accepted the value, so it is a non-empty list.
             let anchor = raw
                 .as_deref()
                 .and_then(Value::as_array)
                 .and_then(|items| anchor::anchor_digest(items));
-            (RequestInput::Messages(parsed), anchor)
+            (RequestInput::Messages(parsed), anchor, media)
         }
     };
     let fields::Scalars { model, stream, max_tokens, cache_salt } = fields::scalars(field)?;
@@ -310,6 +317,7 @@ fn read<'v>(
         max_tokens,
         cache_salt,
         conversation_anchor,
+        media,
     })
 }
 
@@ -347,6 +355,13 @@ fn token_ids(items: &[Value]) -> Result<Vec<u32>, ParseError> {
 }
 
 fn messages(value: Option<&Value>) -> Result<Vec<ChatMessage>, ParseError> {
+    messages_with_media(value).map(|(m, _)| m)
+}
+
+/// [`messages`], with the media parts their contents hold ([`media`]).
+fn messages_with_media(
+    value: Option<&Value>,
+) -> Result<(Vec<ChatMessage>, Vec<media::MediaPart>), ParseError> {
     const FIELD: &str = "messages";
     let items = match value {
         None | Some(Value::Null) => return Err(ParseError::Missing { field: FIELD }),
@@ -358,9 +373,11 @@ fn messages(value: Option<&Value>) -> Result<Vec<ChatMessage>, ParseError> {
             })
         }
     };
-    items
+    let mut media = Vec::new();
+    let messages = items
         .iter()
-        .map(|m| {
+        .enumerate()
+        .map(|(i, m)| {
             let obj = m
                 .as_object()
                 .ok_or(ParseError::WrongType { field: FIELD, expected: "a list of objects" })?;
@@ -372,7 +389,12 @@ fn messages(value: Option<&Value>) -> Result<Vec<ChatMessage>, ParseError> {
             let content = match obj.get("content") {
                 None | Some(Value::Null) => String::new(),
                 Some(Value::String(s)) => s.clone(),
-                Some(Value::Array(parts)) => content_parts(parts)?,
+                Some(Value::Array(parts)) => {
+                    let (text, uuids) = content_parts(parts)?;
+                    let message = u32::try_from(i).unwrap_or(u32::MAX);
+                    media.extend(uuids.into_iter().map(|uuid| media::MediaPart { message, uuid }));
+                    text
+                }
                 Some(_) => {
                     return Err(ParseError::WrongType {
                         field: "messages[].content",
@@ -382,16 +404,22 @@ fn messages(value: Option<&Value>) -> Result<Vec<ChatMessage>, ParseError> {
             };
             Ok(ChatMessage { role: role.into(), content: content.into() })
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((messages, media))
 }
 
-fn content_parts(parts: &[Value]) -> Result<String, ParseError> {
+/// A content list flattened to its text parts joined by `"\n"`, and the `uuid`s of its media
+/// parts ([`media::part`]) in order.
+fn content_parts(parts: &[Value]) -> Result<(String, media::Uuids), ParseError> {
     let mut texts = Vec::with_capacity(parts.len());
+    let mut media = Vec::new();
     for part in parts {
         match part {
             Value::String(s) => texts.push(s.as_str()),
             Value::Object(obj) => {
-                if obj.get("type").and_then(Value::as_str).unwrap_or("text") == "text" {
+                if let Some(uuid) = media::part(obj) {
+                    media.push(uuid);
+                } else if obj.get("type").and_then(Value::as_str).unwrap_or("text") == "text" {
                     let text =
                         obj.get("text").and_then(Value::as_str).ok_or(ParseError::WrongType {
                             field: "messages[].content[].text",
@@ -408,7 +436,7 @@ fn content_parts(parts: &[Value]) -> Result<String, ParseError> {
             }
         }
     }
-    Ok(texts.join("\n"))
+    Ok((texts.join("\n"), media))
 }
 
 #[cfg(test)]

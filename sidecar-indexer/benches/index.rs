@@ -90,6 +90,7 @@ fn stored(hashes: Vec<u64>, parent: Option<u64>, tokens: Vec<u32>) -> KvEvent {
         group_idx: None,
         spec_kind: None,
         sliding_window: None,
+        extra_terms: vec![],
     }
 }
 

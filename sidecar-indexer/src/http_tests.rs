@@ -108,6 +108,7 @@ async fn routes_to_the_worker_holding_the_prefix() {
             group_idx: None,
             spec_kind: None,
             sliding_window: None,
+            extra_terms: vec![],
         }],
         dp_rank: None,
     };
@@ -881,6 +882,7 @@ async fn reload_keeps_unchanged_workers_and_drops_removed_ones() {
                 group_idx: None,
                 spec_kind: None,
                 sliding_window: None,
+                extra_terms: vec![],
             }],
             dp_rank: None,
         };

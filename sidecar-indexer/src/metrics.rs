@@ -70,6 +70,8 @@ pub const ROUTE_INFLIGHT: &str = "kvmesh_route_inflight";
 pub const ROUTE_CANCELLED_TOTAL: &str = "kvmesh_route_cancelled_total";
 pub const KV_UNKNOWN_REMOVES_TOTAL: &str = "kvmesh_kv_unknown_removes_total";
 pub const KV_UNKNOWN_GROUP_KIND_TOTAL: &str = "kvmesh_kv_unknown_group_kind_events_total";
+pub const KV_UNUSABLE_EXTRA_KEYS_TOTAL: &str = "kvmesh_kv_unusable_extra_keys_total";
+pub const ROUTE_MEDIA_CUT_TOTAL: &str = "kvmesh_route_media_cut_total";
 pub const KV_IGNORED_EVENTS_TOTAL: &str = "kvmesh_kv_ignored_events_total";
 pub const KV_EVENT_LAG_SECONDS: &str = "kvmesh_kv_event_lag_seconds";
 pub const KV_EVENT_LIMITS_TOTAL: &str = "kvmesh_kv_event_limits_total";
@@ -183,6 +185,8 @@ pub const ALL: &[&str] = &[
     ROUTE_CANCELLED_TOTAL,
     KV_UNKNOWN_REMOVES_TOTAL,
     KV_UNKNOWN_GROUP_KIND_TOTAL,
+    KV_UNUSABLE_EXTRA_KEYS_TOTAL,
+    ROUTE_MEDIA_CUT_TOTAL,
     KV_IGNORED_EVENTS_TOTAL,
     KV_EVENT_LAG_SECONDS,
     KV_EVENT_LIMITS_TOTAL,
@@ -325,6 +329,8 @@ pub struct Metrics {
     pub kv_unknown_removes: IntCounterVec,
     /// labels: worker: stores of a KV cache group kind the indexer does not model (`crate::index`).
     pub kv_unknown_group_kind: IntCounterVec,
+    pub kv_unusable_extra_keys: IntCounterVec,
+    pub route_media_cut: IntCounterVec,
     /// labels: worker, reason (tier, queue_full).
     pub kv_ignored: IntCounterVec,
     pub kv_event_lag: GaugeVec,
@@ -544,6 +550,8 @@ impl Metrics {
             route_cancelled: counter_vec(&r, ROUTE_CANCELLED_TOTAL, "/v1/route calls whose caller went away (client gone, filter timeout), by the stage they were in", &["stage"])?,
             kv_unknown_removes: counter_vec(&r, KV_UNKNOWN_REMOVES_TOTAL, "Removed block hashes the worker never stored", &["worker"])?,
             kv_unknown_group_kind: counter_vec(&r, KV_UNKNOWN_GROUP_KIND_TOTAL, "BlockStored events of a KV cache group whose kv_cache_spec_kind the indexer does not model (or none): served as the group's leading run", &["worker"])?,
+            kv_unusable_extra_keys: counter_vec(&r, KV_UNUSABLE_EXTRA_KEYS_TOTAL, "BlockStored events with extra_keys a request cannot reproduce (prompt embeddings, unknown shapes, over the size cap): their blocks are indexed but never match", &["worker"])?,
+            route_media_cut: counter_vec(&r, ROUTE_MEDIA_CUT_TOTAL, "Routed requests whose predicted overlap was cut at a media item whose engine keys the indexer cannot know, by base model", &["model"])?,
             kv_ignored: counter_vec(&r, KV_IGNORED_EVENTS_TOTAL, "Events skipped: other tier or cache group, malformed stores", &["worker", "reason"])?,
             kv_event_lag,
             kv_event_limits: counter_vec(&r, KV_EVENT_LIMITS_TOTAL, "KV event byte limits hit, by reason (frames, replays, queue bytes)", &["worker", "reason"])?,
@@ -760,6 +768,7 @@ impl Metrics {
             &self.kv_orphan_recovered,
             &self.kv_unknown_removes,
             &self.kv_unknown_group_kind,
+            &self.kv_unusable_extra_keys,
             &self.engine_hits,
             &self.engine_queries,
             &self.engine_scrape_too_large,
@@ -908,6 +917,7 @@ mod tests {
             &m.kv_orphan_recovered,
             &m.kv_unknown_removes,
             &m.kv_unknown_group_kind,
+            &m.kv_unusable_extra_keys,
             &m.engine_hits,
             &m.engine_queries,
             &m.engine_scrape_too_large,
@@ -915,6 +925,7 @@ mod tests {
             c.with_label_values(&["w"]).inc();
         }
         m.route_cancelled.with_label_values(&["booked"]).inc();
+        m.route_media_cut.with_label_values(&["m"]).inc();
         for (c, second) in [
             (&m.kv_events, "stored"),
             (&m.kv_blocks, "removed"),

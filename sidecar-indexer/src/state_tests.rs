@@ -440,6 +440,7 @@ fn store(svc: &Service, worker: &str, tokens: &[u32], lora: Option<&str>) {
         group_idx: None,
         spec_kind: None,
         sliding_window: None,
+        extra_terms: vec![],
     };
     let batch = EventBatch { ts: 0.0, events: vec![event], dp_rank: None };
     svc.state.applier.send(ApplierMsg::Batch { slot, seq: 0, batch }).unwrap();

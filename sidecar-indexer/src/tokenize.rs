@@ -38,9 +38,13 @@
 //! ids and chained block hashes are copied, and only the segments after it are looked up,
 //! encoded and hashed. The segment cache still serves pieces the memo does not cover.
 //!
+//! **Media.** A chat prompt with media parts (images …) is tokenized as its text, and its chains
+//! stop before the first media item's message ([`media`]: the engine's placeholder tokens and
+//! block keys there are not known here), so no block from there on is ever predicted a hit.
+//!
 //! Submodules: [`split`] (cutting text at added tokens), [`chunk`] (the safe cut inside a piece),
 //! [`estimate`] (the untokenized rest's length), [`cache`] (the byte-bounded segment cache),
-//! [`memo`] (the prefix memo).
+//! [`memo`] (the prefix memo), [`media`] (where a media prompt's chains stop).
 //!
 //! Over 600 lines: `PromptTokenizer` and its partial-tokenization state machine (`Partial`,
 //! `Reached`, `Reach`) share invariants that read best in one file; the independent parts are the
@@ -50,6 +54,7 @@ mod cache;
 mod chunk;
 mod estimate;
 mod ids;
+mod media;
 pub mod memo;
 mod split;
 
@@ -111,6 +116,8 @@ pub struct Reach<'a> {
     yield_now: Option<&'a mut Yield<'a>>,
     /// Text bytes past the prefix memo's resume point this call may encode ([`Self::within`]).
     max_fresh_bytes: usize,
+    /// The index of the first message with media parts ([`Self::media_from`]).
+    media_message: Option<usize>,
 }
 
 impl<'a> Reach<'a> {
@@ -128,6 +135,7 @@ impl<'a> Reach<'a> {
             held: Some(held),
             yield_now: None,
             max_fresh_bytes: usize::MAX,
+            media_message: None,
         }
     }
 
@@ -140,6 +148,7 @@ impl<'a> Reach<'a> {
             held: None,
             yield_now: None,
             max_fresh_bytes: usize::MAX,
+            media_message: None,
         }
     }
 
@@ -156,6 +165,13 @@ impl<'a> Reach<'a> {
     /// caller that must not run long (an async worker), however long the prompt is.
     pub fn within(mut self, max_fresh_bytes: usize) -> Self {
         self.max_fresh_bytes = max_fresh_bytes;
+        self
+    }
+
+    /// Stops the chains before message `first` (the first with media parts: `OpenAiRequest::media`)
+    /// of a chat prompt, where the engine's tokens and block keys stop being known ([`media`]).
+    pub fn media_from(mut self, first: Option<usize>) -> Self {
+        self.media_message = first;
         self
     }
 
@@ -176,6 +192,8 @@ pub struct PromptTokens {
     /// Estimated tokens after `ids` (the text left's byte classes, weighed as the tokenized text's
     /// were, plus the added tokens left: `estimate.rs`); 0 exactly when `ids` is the whole prompt.
     pub estimated_rest: usize,
+    /// Whether `chains` stop before a media item ([`Reach::media_from`]) rather than at the end.
+    pub cut_at_media: bool,
 }
 
 impl PromptTokens {
@@ -270,6 +288,11 @@ struct Partial {
     /// Text bytes tokenized since (and including the chunk where) an unheld block was reached.
     cold_bytes: usize,
     estimated_rest: usize,
+    /// Byte of the text from which blocks are never hashed (media: [`media`]).
+    cut_byte: Option<usize>,
+    /// Tokens before the segment holding `cut_byte`, once it was reached: blocks past it are not
+    /// hashed.
+    cut: Option<usize>,
 }
 
 impl Partial {
@@ -286,6 +309,8 @@ impl Partial {
             held: None,
             cold_bytes: 0,
             estimated_rest: 0,
+            cut_byte: None,
+            cut: None,
         }
     }
 
@@ -353,7 +378,8 @@ impl Partial {
         if self.block_size == 0 {
             return;
         }
-        while (self.locals.len() + 1) * self.block_size <= self.ids.len() {
+        let end = self.cut.map_or(self.ids.len(), |c| c.min(self.ids.len()));
+        while (self.locals.len() + 1) * self.block_size <= end {
             let at = self.locals.len() * self.block_size;
             let local =
                 crate::index::block_hash(&self.ids.slice(at..at + self.block_size), self.seed);
@@ -383,6 +409,10 @@ impl Partial {
             if h < self.chains.len() {
                 self.held = Some(h);
             }
+        }
+        // Past a media cut no block is hashed: the chains end there, as at a block nobody holds.
+        if self.held.is_none() && self.cut.is_some() {
+            self.held = Some(self.chains.len());
         }
         if self.held.is_none() {
             return false;
@@ -414,6 +444,7 @@ impl Partial {
             chains: self.chains,
             locals: self.locals,
             estimated_rest: self.estimated_rest,
+            cut_at_media: self.cut.is_some(),
         }
     }
 }
@@ -540,6 +571,9 @@ impl PromptTokenizer {
             }
             RequestInput::Messages(messages) => {
                 let text = self.template.render(messages, true)?;
+                if let Some(m) = reach.media_message {
+                    out.cut_byte = Some(media::cut_byte(&self.template, messages, m, &text)?);
+                }
                 self.encode_until(&text, reach, &mut out, stats)?;
             }
         }
@@ -556,14 +590,23 @@ impl PromptTokenizer {
         let mut segments = Vec::new();
         let mut ends = Vec::new();
         // `segments` are all of `text`'s, or (resumed from its tail) only those after `skipped`.
-        let (resumed, skipped) =
-            match self.resume_from_tail(text, &mut segments, &mut ends, out, stats) {
-                Some(b) => (Some(b), b.at),
-                None => {
-                    self.splitter.split_with_ends(text, &mut segments, &mut ends);
-                    (self.resume_from_memo(text, &segments, &ends, out, stats), 0)
-                }
-            };
+        // A prompt cut at media skips the memo both ways: its cut must be passed while encoding,
+        // and its entries would be a text-only prompt's anyway.
+        let memo = out.cut_byte.is_none();
+        let (resumed, skipped) = match memo
+            .then(|| self.resume_from_tail(text, &mut segments, &mut ends, out, stats))
+            .flatten()
+        {
+            Some(b) => (Some(b), b.at),
+            None => {
+                self.splitter.split_with_ends(text, &mut segments, &mut ends);
+                (
+                    memo.then(|| self.resume_from_memo(text, &segments, &ends, out, stats))
+                        .flatten(),
+                    0,
+                )
+            }
+        };
         let rest = text.len() - resumed.map_or(0, |b| b.at);
         if rest > reach.max_fresh_bytes {
             return Err(TokenizeError::OverBudget { fresh: rest, budget: reach.max_fresh_bytes });
@@ -581,7 +624,7 @@ impl PromptTokenizer {
         // generation prompt's added token; the next request may continue before it, e.g. with a
         // user turn after an assistant one), and the held prefix's edge — past where it resumed.
         let keep = reached.worth_keeping(resumed, text.len());
-        if !keep.is_empty() && self.memo.lock().enabled() {
+        if memo && !keep.is_empty() && self.memo.lock().enabled() {
             let entries = out.memo_entries(text, &keep);
             let mut memo = self.memo.lock();
             for e in entries {
@@ -688,6 +731,11 @@ impl PromptTokenizer {
         // the segment cache.
         let mut fresh = 0usize;
         for (i, (seg, &seg_end)) in segments.iter().zip(ends).enumerate().skip(start) {
+            // The segment holding the media cut, and all after it, are past the chains' end (a
+            // segment starts after an added token: its ids do not depend on what came before).
+            if out.cut.is_none() && out.cut_byte.is_some_and(|b| seg_end > b) {
+                out.cut = Some(out.ids.len());
+            }
             let t = match *seg {
                 Segment::Added(id) => {
                     out.ids.own_mut().push(id);

@@ -251,6 +251,7 @@ fn cache_on_decode_1(svc: &Service) {
             group_idx: None,
             spec_kind: None,
             sliding_window: None,
+            extra_terms: vec![],
         }],
         dp_rank: None,
     };

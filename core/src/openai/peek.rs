@@ -34,6 +34,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::anchor::anchor_digest;
+use super::media::{MediaPart, Uuids};
 use super::{fast, fields, parse, ChatMessage, Endpoint, OpenAiRequest, ParseError, RequestInput};
 use crate::json_edit::Key;
 
@@ -132,11 +133,12 @@ impl ChatFields {
     fn request(self) -> Result<OpenAiRequest, ParseError> {
         let anchor = self.messages.unwrap_or(Err(ParseError::Missing { field: "messages" }))?;
         let values = Value::Array(anchor.values);
-        let mut messages = super::messages(Some(&values))?;
+        let (mut messages, mut media) = super::messages_with_media(Some(&values))?;
         if let Some(e) = anchor.later_error {
             return Err(e);
         }
         messages.extend(anchor.later);
+        media.extend(anchor.later_media);
         let conversation_anchor = values.as_array().and_then(|v| anchor_digest(v));
         let fields::Scalars { model, stream, max_tokens, cache_salt } = self.scalars.scalars()?;
         Ok(OpenAiRequest {
@@ -147,6 +149,7 @@ impl ChatFields {
             max_tokens,
             cache_salt,
             conversation_anchor,
+            media,
         })
     }
 }
@@ -159,6 +162,8 @@ pub(super) struct Anchor {
     later_error: Option<ParseError>,
     /// The later messages, when collected (a whole read), else empty.
     pub(super) later: Vec<ChatMessage>,
+    /// The media parts of the later messages, when collected.
+    pub(super) later_media: Vec<MediaPart>,
 }
 
 impl Anchor {
@@ -293,7 +298,8 @@ impl<'de> Visitor<'de> for Messages {
         Ok(Err(NOT_A_LIST))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let Anchor { mut values, mut later_error, mut later } = self.resume.unwrap_or_default();
+        let Anchor { mut values, mut later_error, mut later, mut later_media } =
+            self.resume.unwrap_or_default();
         loop {
             let user_seen = values
                 .last()
@@ -311,7 +317,14 @@ impl<'de> Visitor<'de> for Messages {
                 match seq.next_element::<MessageParts<'de, Content>>()? {
                     Some(MessageParts(parts)) => {
                         match parts.and_then(|(role, content)| full_message(role, content)) {
-                            Ok(m) => later.push(m),
+                            Ok((m, uuids)) => {
+                                let at = values.len() + later.len();
+                                let message = u32::try_from(at).unwrap_or(u32::MAX);
+                                later_media.extend(
+                                    uuids.into_iter().map(|uuid| MediaPart { message, uuid }),
+                                );
+                                later.push(m);
+                            }
                             Err(e) => later_error = Some(e),
                         }
                     }
@@ -330,7 +343,7 @@ impl<'de> Visitor<'de> for Messages {
         if values.is_empty() {
             return Ok(Err(NOT_A_LIST));
         }
-        Ok(Ok(Anchor { values, later_error, later }))
+        Ok(Ok(Anchor { values, later_error, later, later_media }))
     }
 }
 
@@ -373,23 +386,24 @@ impl<'de, C: Deserialize<'de>> Deserialize<'de> for MessageParts<'de, C> {
 }
 
 /// A later message read whole (`super::messages`' checks, role first): the role decoded, the
-/// content already flattened by [`Content`].
+/// content already flattened by [`Content`], with its media parts' `uuid`s.
 fn full_message(
     role: Option<&RawValue>,
     content: Option<Content>,
-) -> Result<ChatMessage, ParseError> {
+) -> Result<(ChatMessage, Uuids), ParseError> {
     let role = role
         .filter(|r| first(r) == b'"')
         .and_then(|r| serde_json::from_str::<String>(r.get()).ok());
     let role =
         role.ok_or(ParseError::WrongType { field: "messages[].role", expected: "a string" })?;
     content
-        .map_or(Ok(Arc::from("")), |c| c.0)
-        .map(|content| ChatMessage { role: role.into(), content })
+        .map_or(Ok((Arc::from(""), Vec::new())), |c| c.0)
+        .map(|(content, media)| (ChatMessage { role: role.into(), content }, media))
 }
 
-/// A message's `content` flattened to text as `super::messages` flattens it (null is empty).
-struct Content(Result<Arc<str>, ParseError>);
+/// A message's `content` flattened to text as `super::messages` flattens it (null is empty), and
+/// its media parts' `uuid`s.
+struct Content(Result<(Arc<str>, Uuids), ParseError>);
 
 const NOT_CONTENT: ParseError =
     ParseError::WrongType { field: "messages[].content", expected: "a string or a list of parts" };
@@ -415,10 +429,10 @@ impl<'de> Deserialize<'de> for Content {
                 Ok(Content(Err(NOT_CONTENT)))
             }
             fn visit_str<E>(self, s: &str) -> Result<Content, E> {
-                Ok(Content(Ok(s.into())))
+                Ok(Content(Ok((s.into(), Vec::new()))))
             }
             fn visit_unit<E>(self) -> Result<Content, E> {
-                Ok(Content(Ok(Arc::from(""))))
+                Ok(Content(Ok((Arc::from(""), Vec::new()))))
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Content, A::Error> {
                 while map.next_entry::<Key<'de>, Skip<'de>>()?.is_some() {}
@@ -430,7 +444,7 @@ impl<'de> Deserialize<'de> for Content {
                 while let Some(p) = seq.next_element::<Value>()? {
                     parts.push(p);
                 }
-                Ok(Content(super::content_parts(&parts).map(Arc::from)))
+                Ok(Content(super::content_parts(&parts).map(|(t, m)| (Arc::from(t), m))))
             }
         }
         d.deserialize_any(V)

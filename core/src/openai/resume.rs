@@ -56,7 +56,13 @@ impl ChatPrefix {
             .iter()
             .map(|m| m.role.len() + m.content.len() + std::mem::size_of::<ChatMessage>())
             .sum();
-        later + self.anchor.values.iter().map(value_bytes).sum::<usize>()
+        let media: usize = self
+            .anchor
+            .later_media
+            .iter()
+            .map(|m| std::mem::size_of_val(m) + m.uuid.as_ref().map_or(0, |u| u.len()))
+            .sum();
+        later + media + self.anchor.values.iter().map(value_bytes).sum::<usize>()
     }
 }
 

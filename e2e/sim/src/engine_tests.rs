@@ -55,6 +55,7 @@ fn req(h: &EngineHandle, prompt: &[u32], max_tokens: u32) -> NewRequest {
         prompt: prompt.to_vec(),
         hashes: chain(prompt, 16, None),
         salt: None,
+        media: Vec::new(),
         lora: None,
         max_tokens,
         finish_reason: FinishReason::Length,
@@ -85,6 +86,7 @@ async fn steps_take_their_modelled_time_and_events_come_first() {
             token_ids: prompt.clone(),
             block_size: 16,
             lora: None,
+            extra_keys: Vec::new(),
         }]
     );
 

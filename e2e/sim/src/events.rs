@@ -30,6 +30,9 @@ pub enum KvEvent {
         block_size: u32,
         /// The request's LoRA adapter (`lora_id`, `lora_name` on the wire); `None` = base model.
         lora: Option<Adapter>,
+        /// Per block, its media keys (`crate::media`; `None`: none); empty when no block has
+        /// any (the field is then nil / left out on the wire).
+        extra_keys: Vec<Option<crate::media::BlockKeys>>,
     },
     /// Cached blocks whose slots were reused (evicted).
     BlockRemoved {

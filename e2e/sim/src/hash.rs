@@ -6,12 +6,16 @@
 //! wire, and nothing downstream may lean on them being equal to its own. The chain input is
 //! `be_u64(parent) ‖ le_u32(token)…`, then the block's extra keys in vLLM's order
 //! (`generate_block_hash_extra_keys`): the LoRA adapter's name on every block of an adapter
-//! request, then the request's `cache_salt` on the first block only (it flows down the chain). So
-//! an adapter's blocks never share a hash with another adapter's or the base model's.
+//! request, then `(identifier, offset)` for each media item overlapping the block
+//! ([`crate::media`]), then the request's `cache_salt` on the first block only (it flows down the
+//! chain). So an adapter's blocks never share a hash with another adapter's or the base model's,
+//! nor blocks of equal tokens with different images.
 //! The root parent is a fixed constant (vLLM's `NONE_HASH` with a fixed `PYTHONHASHSEED`), so
 //! every run and every simulator instance agrees.
 
 use sha2::{Digest, Sha256};
+
+use crate::media::{block_keys, BlockKeys, MediaSpan};
 
 /// A published engine block hash (low 64 bits of a SHA-256 digest, as vLLM publishes with
 /// `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`).
@@ -29,6 +33,17 @@ pub fn block_hash(
     lora: Option<&str>,
     salt: Option<&str>,
 ) -> BlockHash {
+    block_hash_keyed(parent, tokens, lora, salt, &[])
+}
+
+/// [`block_hash`] of a block overlapping media items (`media`: its keys, [`block_keys`]).
+pub fn block_hash_keyed(
+    parent: BlockHash,
+    tokens: &[u32],
+    lora: Option<&str>,
+    salt: Option<&str>,
+    media: &[(std::sync::Arc<str>, i64)],
+) -> BlockHash {
     let mut h = Sha256::new();
     h.update(parent.to_be_bytes());
     // One update per block rather than per token: the digest sees the same byte string.
@@ -43,6 +58,12 @@ pub fn block_hash(
     if let Some(lora) = lora.filter(|s| !s.is_empty()) {
         h.update(b"\x00lora\x00");
         h.update(lora.as_bytes());
+    }
+    for (identifier, offset) in media {
+        h.update(b"\x00mm\x00");
+        h.update((identifier.len() as u64).to_le_bytes());
+        h.update(identifier.as_bytes());
+        h.update(offset.to_le_bytes());
     }
     if let Some(salt) = salt.filter(|s| !s.is_empty()) {
         h.update(b"\x00salt\x00");
@@ -72,11 +93,25 @@ pub fn extend_chain(
     lora: Option<&str>,
     salt: Option<&str>,
 ) {
+    extend_chain_keyed(out, tokens, block_size, lora, salt, &[])
+}
+
+/// [`extend_chain`] of a prompt with media items (`media`: their token spans).
+pub fn extend_chain_keyed(
+    out: &mut Vec<BlockHash>,
+    tokens: &[u32],
+    block_size: usize,
+    lora: Option<&str>,
+    salt: Option<&str>,
+    media: &[MediaSpan],
+) {
     let full = tokens.len() / block_size;
     for i in out.len()..full {
         let parent = if i == 0 { ROOT_PARENT } else { out[i - 1] };
-        let block = &tokens[i * block_size..(i + 1) * block_size];
-        out.push(block_hash(parent, block, lora, if i == 0 { salt } else { None }));
+        let (start, end) = (i * block_size, (i + 1) * block_size);
+        let keys: BlockKeys = block_keys(media, start, end);
+        let salt = if i == 0 { salt } else { None };
+        out.push(block_hash_keyed(parent, &tokens[start..end], lora, salt, &keys));
     }
 }
 
@@ -87,9 +122,20 @@ pub fn chain_for(
     lora: Option<&str>,
     salt: Option<&str>,
 ) -> Vec<BlockHash> {
+    chain_for_keyed(tokens, block_size, lora, salt, &[])
+}
+
+/// [`chain_for`] of a prompt with media items (`media`: their token spans).
+pub fn chain_for_keyed(
+    tokens: &[u32],
+    block_size: usize,
+    lora: Option<&str>,
+    salt: Option<&str>,
+    media: &[MediaSpan],
+) -> Vec<BlockHash> {
     let mut out = Vec::with_capacity(tokens.len() / block_size.max(1));
     if block_size > 0 {
-        extend_chain(&mut out, tokens, block_size, lora, salt);
+        extend_chain_keyed(&mut out, tokens, block_size, lora, salt, media);
     }
     out
 }
@@ -128,6 +174,20 @@ mod tests {
         let mut h = chain(&toks[..9], 4, Some("s"));
         extend_chain(&mut h, &toks, 4, None, Some("s"));
         assert_eq!(h, chain(&toks, 4, Some("s")));
+    }
+
+    #[test]
+    fn media_key_the_blocks_they_overlap_and_everything_after() {
+        let toks: Vec<u32> = (0..48).collect();
+        let span = |id: &str| MediaSpan { identifier: id.into(), offset: 20, len: 8 };
+        let plain = chain(&toks, 16, None);
+        let a = chain_for_keyed(&toks, 16, None, None, &[span("a")]);
+        let b = chain_for_keyed(&toks, 16, None, None, &[span("b")]);
+        assert_eq!(a[0], plain[0]);
+        assert_ne!(a[1], plain[1]);
+        assert_ne!(a[1], b[1]);
+        assert_ne!(a[2], b[2]);
+        assert_eq!(chain_for_keyed(&toks, 16, None, None, &[span("a")]), a);
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod faults;
 pub mod free_queue;
 pub mod hash;
 pub mod lora;
+pub mod media;
 pub mod metrics;
 pub mod nixl;
 pub mod offload;

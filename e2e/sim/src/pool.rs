@@ -28,6 +28,7 @@ use crate::events::KvEvent;
 use crate::free_queue::{BlockId, FreeQueue};
 use crate::hash::BlockHash;
 use crate::lora::Adapter;
+use crate::media::MediaSpan;
 use crate::offload::OffloadTier;
 
 /// Block hashes are uniformly distributed already; hashing them again would be wasted work.
@@ -283,6 +284,20 @@ impl BlockPool {
         to: usize,
         lora: Option<&Adapter>,
     ) {
+        self.cache_blocks_keyed(blocks, hashes, from, to, lora, &[])
+    }
+
+    /// [`Self::cache_blocks`] for a request with media items: each stored block's media keys go
+    /// in its event's `extra_keys` ([`crate::media::block_keys`]).
+    pub fn cache_blocks_keyed(
+        &mut self,
+        blocks: &[BlockId],
+        hashes: &[BlockHash],
+        from: usize,
+        to: usize,
+        lora: Option<&Adapter>,
+        media: &[MediaSpan],
+    ) {
         let to = to.min(blocks.len()).min(hashes.len());
         let mut run_start: Option<usize> = None;
         for i in from..to {
@@ -300,11 +315,11 @@ impl BlockPool {
                 self.lora[id as usize] = lora.cloned();
                 run_start.get_or_insert(i);
             } else if let Some(s) = run_start.take() {
-                self.record_stored(blocks, hashes, s, i, lora);
+                self.record_stored(blocks, hashes, s, i, lora, media);
             }
         }
         if let Some(s) = run_start {
-            self.record_stored(blocks, hashes, s, to, lora);
+            self.record_stored(blocks, hashes, s, to, lora, media);
         }
     }
 
@@ -315,6 +330,7 @@ impl BlockPool {
         from: usize,
         to: usize,
         lora: Option<&Adapter>,
+        media: &[MediaSpan],
     ) {
         let mut token_ids = Vec::with_capacity((to - from) * self.block_size);
         for &id in &blocks[from..to] {
@@ -326,6 +342,7 @@ impl BlockPool {
             token_ids,
             block_size: self.block_size as u32,
             lora: lora.cloned(),
+            extra_keys: crate::media::event_keys(media, from, to, self.block_size),
         });
     }
 

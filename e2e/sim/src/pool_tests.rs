@@ -30,6 +30,7 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> KvEvent {
         token_ids: tokens.to_vec(),
         block_size: BS as u32,
         lora: None,
+        extra_keys: Vec::new(),
     }
 }
 

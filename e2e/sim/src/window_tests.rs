@@ -112,6 +112,7 @@ fn req(id: ReqId, prompt: &[u32]) -> NewRequest {
         hashes: chain(prompt, BS, None),
         salt: None,
         lora: None,
+        media: Vec::new(),
         max_tokens: 1,
         finish_reason: FinishReason::Length,
         seed: 7,
@@ -167,6 +168,7 @@ fn a_hybrid_model_serves_what_both_groups_can() {
             token_ids: a[..16].to_vec(),
             block_size: BS as u32,
             lora: None,
+            extra_keys: Vec::new(),
         }),
     };
     assert!(events.contains(&window_store), "{events:?}");

@@ -100,10 +100,11 @@ pub fn encode_batch(
 /// About the bytes `e` encodes to (the buffer's initial capacity).
 fn encoded_size(e: &KvEvent) -> usize {
     match e {
-        KvEvent::BlockStored { block_hashes, token_ids, lora, .. } => {
+        KvEvent::BlockStored { block_hashes, token_ids, lora, extra_keys, .. } => {
             96 + 9 * block_hashes.len()
                 + 5 * token_ids.len()
                 + lora.as_ref().map_or(0, |a| 8 + a.name.len())
+                + extra_keys.iter().flatten().flatten().map(|(id, _)| 16 + id.len()).sum::<usize>()
         }
         KvEvent::BlockRemoved { block_hashes } => 48 + 9 * block_hashes.len(),
         KvEvent::AllBlocksCleared => 24,
@@ -172,8 +173,17 @@ fn encode_map_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
 fn map_gpu_event(w: &mut Vec<u8>, e: &KvEvent, group: Option<(u32, u32)>) -> Result<(), WireError> {
     let extra = u32::from(group.is_some());
     match e {
-        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, lora } => {
-            rmp::encode::write_map_len(w, 8 + 3 * extra).wire()?;
+        KvEvent::BlockStored {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+            block_size,
+            lora,
+            extra_keys,
+        } => {
+            // `omit_defaults`: `extra_keys` only when some block has keys.
+            let with_keys = !extra_keys.is_empty();
+            rmp::encode::write_map_len(w, 8 + u32::from(with_keys) + 3 * extra).wire()?;
             key_str(w, "type", "BlockStored")?;
             rmp::encode::write_str(w, "block_hashes").wire()?;
             hashes(w, block_hashes)?;
@@ -188,6 +198,10 @@ fn map_gpu_event(w: &mut Vec<u8>, e: &KvEvent, group: Option<(u32, u32)>) -> Res
             key_str(w, "medium", MEDIUM_GPU)?;
             rmp::encode::write_str(w, "lora_name").wire()?;
             lora_name(w, lora.as_ref())?;
+            if with_keys {
+                rmp::encode::write_str(w, "extra_keys").wire()?;
+                keys(w, extra_keys)?;
+            }
             if let Some((group_idx, window)) = group {
                 rmp::encode::write_str(w, "group_idx").wire()?;
                 rmp::encode::write_uint(w, u64::from(group_idx)).wire()?;
@@ -220,7 +234,14 @@ fn array_gpu_event(
     group: Option<(u32, u32)>,
 ) -> Result<(), WireError> {
     match e {
-        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, lora } => {
+        KvEvent::BlockStored {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+            block_size,
+            lora,
+            extra_keys,
+        } => {
             // tag, block_hashes, parent, token_ids, block_size, lora_id, medium, lora_name,
             // extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window
             rmp::encode::write_array_len(w, 12).wire()?;
@@ -232,7 +253,11 @@ fn array_gpu_event(
             lora_id(w, lora.as_ref())?;
             rmp::encode::write_str(w, MEDIUM_GPU).wire()?;
             lora_name(w, lora.as_ref())?;
-            rmp::encode::write_nil(w).wire()?; // extra_keys
+            if extra_keys.is_empty() {
+                rmp::encode::write_nil(w).wire()?;
+            } else {
+                keys(w, extra_keys)?;
+            }
             match group {
                 Some((group_idx, window)) => {
                     rmp::encode::write_uint(w, u64::from(group_idx)).wire()?;
@@ -314,6 +339,25 @@ fn lora_name(w: &mut Vec<u8>, lora: Option<&Adapter>) -> Result<(), WireError> {
         Some(a) => rmp::encode::write_str(w, &a.name).wire(),
         None => rmp::encode::write_nil(w).wire(),
     }
+}
+
+/// vLLM's `extra_keys` (`to_event_extra_keys`): per block nil or a tuple of its keys, here the
+/// media pairs `[identifier, offset]`.
+fn keys(w: &mut Vec<u8>, blocks: &[Option<crate::media::BlockKeys>]) -> Result<(), WireError> {
+    rmp::encode::write_array_len(w, len32(blocks.len())?).wire()?;
+    for block in blocks {
+        let Some(block) = block else {
+            rmp::encode::write_nil(w).wire()?;
+            continue;
+        };
+        rmp::encode::write_array_len(w, len32(block.len())?).wire()?;
+        for (identifier, offset) in block {
+            rmp::encode::write_array_len(w, 2).wire()?;
+            rmp::encode::write_str(w, identifier).wire()?;
+            rmp::encode::write_sint(w, *offset).wire()?;
+        }
+    }
+    Ok(())
 }
 
 fn key_str(w: &mut Vec<u8>, key: &str, value: &str) -> Result<(), WireError> {
@@ -406,6 +450,7 @@ mod tests {
                     token_ids: vec![1, 2, 3, 4, 5, 6, 7, 8],
                     block_size: 4,
                     lora: None,
+                    extra_keys: Vec::new(),
                 },
                 KvEvent::BlockRemoved { block_hashes: vec![9] },
                 KvEvent::AllBlocksCleared,
@@ -415,6 +460,7 @@ mod tests {
                     token_ids: vec![1, 2, 3, 4],
                     block_size: 4,
                     lora: Some(Adapter { id: 3, name: "sql".into() }),
+                    extra_keys: Vec::new(),
                 },
             ],
         }
@@ -560,6 +606,7 @@ mod tests {
                     token_ids: (1..=8).collect(),
                     block_size: 4,
                     lora: None,
+                    extra_keys: Vec::new(),
                 }),
                 grouped(KvEvent::BlockRemoved { block_hashes: vec![21] }),
             ],
@@ -593,6 +640,7 @@ mod tests {
                 token_ids: vec![0],
                 block_size: 1,
                 lora: None,
+                extra_keys: Vec::new(),
             }],
         };
         let v = decode(&encode_batch(&b, 0, Layout::Legacy).unwrap());

@@ -336,6 +336,14 @@ impl Applier {
                 );
             }
         }
+        if r.unusable_extra_keys > 0 {
+            m.kv_unusable_extra_keys.with_label_values(&[w]).inc_by(r.unusable_extra_keys);
+            tracing::debug!(
+                worker = w,
+                stores = r.unusable_extra_keys,
+                "BlockStored with extra_keys no request can reproduce; indexed, never matched"
+            );
+        }
         if r.malformed_stores > 0 {
             m.kv_ignored.with_label_values(&[w, "malformed"]).inc_by(r.malformed_stores);
             tracing::warn!(
@@ -478,6 +486,7 @@ mod tests {
             group_idx: None,
             spec_kind: None,
             sliding_window: None,
+            extra_terms: vec![],
         };
         tx.send(ApplierMsg::Batch {
             slot: 0,

@@ -16,7 +16,7 @@
 //! * An orphan store (unknown parent) stores nothing; a worker claiming more blocks than allowed is
 //!   cleared (a resync) because it must have lost removals.
 
-use kvmesh_core::hashing::block_seed;
+use kvmesh_core::hashing::{block_seed, UNUSABLE_TERM};
 
 use super::decode::{EventBatch, KvEvent};
 use crate::index::{GroupEvent, GroupKind, GroupStore, KvIndex, StoreOutcome, Tier, WorkerSlot};
@@ -60,6 +60,9 @@ pub struct ApplyReport {
     pub group_refused: u64,
     /// Stores naming a group kind the indexer does not model (or none, for a group beyond 0).
     pub unknown_kind_events: u64,
+    /// Stores with `extra_keys` the index cannot reproduce from a request (prompt embeddings,
+    /// unknown shapes, over the size cap): their blocks are indexed but never match.
+    pub unusable_extra_keys: u64,
     /// The worker exceeded `max_blocks_per_worker` and was cleared.
     pub resynced: bool,
 }
@@ -149,6 +152,7 @@ pub fn apply_step(
             group_idx,
             spec_kind,
             sliding_window,
+            extra_terms,
         } => {
             let kind =
                 spec_kind.is_some().then(|| GroupKind::of(spec_kind.as_deref(), *sliding_window));
@@ -201,6 +205,9 @@ pub fn apply_step(
                     r.undescribed_stores += 1;
                     return done(0);
                 }
+                if extra_terms.contains(&UNUSABLE_TERM) {
+                    r.unusable_extra_keys += 1;
+                }
                 if *bs != block_size {
                     r.block_size_mismatches += 1;
                     r.mismatched_block_size = Some(*bs);
@@ -227,7 +234,8 @@ pub fn apply_step(
             let more = (end < block_hashes.len()).then_some(Cursor { event: at.event, block: end });
             let counter =
                 if tier == Tier::Gpu { &mut r.stored_blocks } else { &mut r.tier_stored_blocks };
-            match index.store_in(tier, slot, parent, piece, tokens, bs, seed) {
+            let terms = extra_terms.get(at.block..end).unwrap_or_default();
+            match index.store_keyed_in(tier, slot, parent, piece, tokens, bs, seed, terms) {
                 StoreOutcome::Stored { blocks } => {
                     *counter += blocks as u64;
                     return Step { next: more.or(next_event), blocks };
@@ -308,6 +316,7 @@ mod tests {
             group_idx: None,
             spec_kind: None,
             sliding_window: None,
+            extra_terms: vec![],
         }
     }
 
@@ -329,6 +338,7 @@ mod tests {
             group_idx,
             spec_kind: None,
             sliding_window: None,
+            extra_terms: vec![],
         }
     }
 
@@ -351,6 +361,7 @@ mod tests {
             group_idx: Some(group),
             spec_kind: Some("sliding_window".into()),
             sliding_window: Some(window),
+            extra_terms: vec![],
         }
     }
 
@@ -664,6 +675,7 @@ mod tests {
                 group_idx: None,
                 spec_kind: None,
                 sliding_window: None,
+                extra_terms: vec![],
             };
             let r = apply_batch(&mut index, 0, &batch(vec![store]), 4);
             assert_eq!(r.stored_blocks, 4);

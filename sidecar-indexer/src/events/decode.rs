@@ -7,8 +7,10 @@
 //! signed i64 (SGLang, older vLLM) or raw digest bytes (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`);
 //! all become a u64: integers bit-for-bit, bytes as their last 8 bytes big-endian (vLLM's rule).
 //! The batch is `[ts, events, dp_rank]`, `[ts, events]` (v0.9) or a map with those names.
-//! Decoding is pure: bytes in, [`EventBatch`] or a typed [`DecodeError`] out.
+//! Decoding is pure: bytes in, [`EventBatch`] or a typed [`DecodeError`] out. A store's
+//! `extra_keys` become per-block seed terms here ([`super::extra_keys`]).
 
+use super::extra_keys::{self, ExtraKeys};
 use super::msgpack::{Head, MsgpackError, Reader, MAX_DEPTH};
 
 /// One decoded `KVEventBatch`.
@@ -40,6 +42,9 @@ pub enum KvEvent {
         spec_kind: Option<String>,
         /// The group's `kv_cache_spec_sliding_window` (tokens), for a sliding-window kind.
         sliding_window: Option<u32>,
+        /// Per block, the seed term of its `extra_keys` (media keys; `UNUSABLE_TERM` for keys
+        /// that cannot be reproduced); empty when no block has such keys ([`super::extra_keys`]).
+        extra_terms: Vec<u64>,
     },
     /// Blocks evicted from the cache.
     Removed { block_hashes: Vec<u64>, medium: Option<String>, group_idx: Option<u32> },
@@ -64,10 +69,12 @@ impl EventBatch {
                     cache_salt,
                     medium,
                     spec_kind,
+                    extra_terms,
                     ..
                 } => {
                     block_hashes.capacity() * 8
                         + token_ids.capacity() * 4
+                        + extra_terms.capacity() * 8
                         + strings(lora_name)
                         + strings(cache_salt)
                         + strings(medium)
@@ -263,6 +270,7 @@ struct RawEvent {
     group_idx: Option<Deferred<Option<u32>>>,
     spec_kind: Option<Option<String>>,
     sliding_window: Option<Deferred<Option<u32>>>,
+    extra_keys: Option<ExtraKeys>,
 }
 
 /// Which field a position (after the tag) or a key names.
@@ -278,6 +286,7 @@ enum Field {
     GroupIdx,
     SpecKind,
     SlidingWindow,
+    ExtraKeys,
 }
 
 fn field_by_name(name: &str) -> Option<Field> {
@@ -292,6 +301,7 @@ fn field_by_name(name: &str) -> Option<Field> {
         "group_idx" => Field::GroupIdx,
         "kv_cache_spec_kind" => Field::SpecKind,
         "kv_cache_spec_sliding_window" => Field::SlidingWindow,
+        "extra_keys" => Field::ExtraKeys,
         _ => return None,
     })
 }
@@ -308,6 +318,7 @@ fn field_by_position(tag: &str, position: usize) -> Option<Field> {
         ("BlockStored", 3) => Some(Field::BlockSize),
         ("BlockStored", 5) | ("BlockRemoved", 1) => Some(Field::Medium),
         ("BlockStored", 6) => Some(Field::LoraName),
+        ("BlockStored", 7) => Some(Field::ExtraKeys),
         ("BlockStored", 8) | ("BlockRemoved", 2) => Some(Field::GroupIdx),
         ("BlockStored", 9) => Some(Field::SpecKind),
         ("BlockStored", 10) => Some(Field::SlidingWindow),
@@ -459,6 +470,7 @@ impl RawEvent {
             Field::GroupIdx => self.group_idx.is_some(),
             Field::SpecKind => self.spec_kind.is_some(),
             Field::SlidingWindow => self.sliding_window.is_some(),
+            Field::ExtraKeys => self.extra_keys.is_some(),
         }
     }
 
@@ -512,6 +524,7 @@ impl RawEvent {
             Field::Medium => self.medium = Some(read_opt_string(rd, depth)?),
             Field::LoraName => self.lora_name = Some(read_opt_string(rd, depth)?),
             Field::CacheSalt => self.cache_salt = Some(read_opt_string(rd, depth)?),
+            Field::ExtraKeys => self.extra_keys = Some(extra_keys::read(rd, depth)?),
         }
         Ok(())
     }
@@ -549,17 +562,27 @@ impl RawEvent {
                 let block_size = self.block_size.unwrap_or(Ok(None)).map_err(name)?.ok_or(
                     DecodeError::Field { event, field: "block_size", reason: "is required" },
                 )?;
+                let group_idx = self.group_idx.unwrap_or(Ok(None)).map_err(name)?;
+                let lora_name = string(self.lora_name);
+                let keys = self.extra_keys.unwrap_or_default();
+                let terms = extra_keys::terms(
+                    &keys,
+                    block_hashes.len(),
+                    lora_name.as_deref(),
+                    parent.is_none(),
+                );
                 Ok(KvEvent::Stored {
                     block_hashes,
                     parent,
                     token_ids,
                     block_size,
                     medium: string(self.medium),
-                    lora_name: string(self.lora_name),
-                    cache_salt: string(self.cache_salt),
-                    group_idx: self.group_idx.unwrap_or(Ok(None)).map_err(name)?,
+                    lora_name,
+                    cache_salt: string(self.cache_salt).or(terms.cache_salt),
+                    group_idx,
                     spec_kind: string(self.spec_kind),
                     sliding_window: self.sliding_window.unwrap_or(Ok(None)).map_err(name)?,
+                    extra_terms: terms.terms,
                 })
             }
             "BlockRemoved" => Ok(KvEvent::Removed {

@@ -20,6 +20,7 @@ fn expected_events() -> Vec<KvEvent> {
             group_idx: None,
             spec_kind: None,
             sliding_window: None,
+            extra_terms: vec![],
         },
         KvEvent::Stored {
             block_hashes: vec![(-3i64) as u64],
@@ -32,6 +33,7 @@ fn expected_events() -> Vec<KvEvent> {
             group_idx: Some(0),
             spec_kind: None,
             sliding_window: None,
+            extra_terms: vec![],
         },
         KvEvent::Removed { block_hashes: vec![BIG], medium: Some("GPU".into()), group_idx: None },
         KvEvent::Cleared,
@@ -71,6 +73,7 @@ fn v09_batch_without_rank_and_short_store() {
             group_idx: None,
             spec_kind: None,
             sliding_window: None,
+            extra_terms: vec![],
         }]
     );
 }
@@ -144,6 +147,7 @@ fn group_spec_fields_in_both_layouts() {
         group_idx: Some(1),
         spec_kind: kind.as_str().map(str::to_owned),
         sliding_window: window.as_u64().map(|w| w as u32),
+        extra_terms: vec![],
     };
     let encode = |v: Value| {
         let batch = Value::Array(vec![Value::from(1.5), Value::Array(vec![v]), Value::Nil]);
@@ -361,17 +365,30 @@ mod reference {
                     .ok_or_else(|| f.err("block_size", "is required"))?;
                 // Positions after the tag: 4 lora_id, 5 medium, 6 lora_name, 7 extra_keys,
                 // 8 group_idx, 9 kv_cache_spec_kind, 10 kv_cache_spec_sliding_window.
+                let group_idx = f.opt_u32(8, "group_idx")?;
+                let lora_name = f.opt_string(6, "lora_name");
+                let keys = super::super::extra_keys::from_value(f.field(7, "extra_keys"));
+                let terms = super::super::extra_keys::terms(
+                    &keys,
+                    block_hashes.len(),
+                    lora_name.as_deref(),
+                    parent.is_none(),
+                );
                 Ok(KvEvent::Stored {
                     block_hashes,
                     parent,
                     token_ids,
                     block_size,
                     medium: f.opt_string(5, "medium"),
-                    lora_name: f.opt_string(6, "lora_name"),
-                    cache_salt: get(v, "cache_salt").and_then(Value::as_str).map(str::to_owned),
-                    group_idx: f.opt_u32(8, "group_idx")?,
+                    lora_name,
+                    cache_salt: get(v, "cache_salt")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                        .or(terms.cache_salt),
+                    group_idx,
                     spec_kind: f.opt_string(9, "kv_cache_spec_kind"),
                     sliding_window: f.opt_u32(10, "kv_cache_spec_sliding_window")?,
+                    extra_terms: terms.terms,
                 })
             }
             "BlockRemoved" => {
@@ -464,6 +481,25 @@ mod equivalence {
         ]
     }
 
+    /// `extra_keys` as vLLM sends them (per block nil or a tuple of names, media pairs and
+    /// digests), or anything else.
+    fn extra() -> impl Strategy<Value = Value> {
+        let key = prop_oneof![
+            Just(Value::from("adapter")),
+            "[a-c]{0,3}".prop_map(Value::from),
+            ("[a-c]{1,3}", -20i64..40)
+                .prop_map(|(id, off)| Value::Array(vec![Value::from(id), Value::from(off)])),
+            proptest::collection::vec(any::<u8>(), 0..4).prop_map(Value::from),
+            scalar(),
+        ];
+        let entry = prop_oneof![
+            2 => Just(Value::Nil),
+            3 => proptest::collection::vec(key, 0..3).prop_map(Value::Array),
+            1 => scalar(),
+        ];
+        prop_oneof![4 => proptest::collection::vec(entry, 0..5).prop_map(Value::Array), 1 => scalar()]
+    }
+
     fn maybe_str() -> impl Strategy<Value = Value> {
         prop_oneof![
             Just(Value::from("GPU")),
@@ -485,7 +521,7 @@ mod equivalence {
             small(),
             maybe_str(),
             maybe_str(),
-            scalar(),
+            extra(),
             small(),
             (maybe_str(), small(), scalar()),
             0usize..14,
@@ -520,7 +556,7 @@ mod equivalence {
             Just("kv_cache_spec_kind").prop_flat_map(|k| maybe_str().prop_map(move |v| (k, v))),
             Just("kv_cache_spec_sliding_window")
                 .prop_flat_map(|k| small().prop_map(move |v| (k, v))),
-            Just("extra_keys").prop_flat_map(|k| scalar().prop_map(move |v| (k, v))),
+            Just("extra_keys").prop_flat_map(|k| extra().prop_map(move |v| (k, v))),
         ];
         (tag(), proptest::collection::vec(pair, 0..10), any::<bool>(), any::<usize>()).prop_map(
             |(tag, pairs, typed, at)| {

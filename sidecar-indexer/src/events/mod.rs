@@ -9,6 +9,7 @@ pub mod applier;
 pub mod apply;
 pub mod budget;
 pub mod decode;
+pub mod extra_keys;
 pub mod frames;
 pub mod listener;
 pub mod msgpack;

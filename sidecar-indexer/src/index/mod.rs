@@ -249,12 +249,12 @@ impl KvIndex {
         block_size: usize,
         root_seed: u64,
     ) -> StoreOutcome {
-        self.store_from(slot, parent, None, block_hashes, token_ids, block_size, root_seed)
+        self.store_from(slot, parent, None, block_hashes, token_ids, block_size, root_seed, &[])
     }
 
     /// [`KvIndex::store`], with `known_parent` = the chain hash and seed of `parent` when another
     /// tier of the same worker maps it (a CPU store continuing a block still on the GPU): used when
-    /// this tier's own map lacks `parent`.
+    /// this tier's own map lacks `parent`. Block `i` is keyed by `terms[i]` (`store_keyed_in`).
     #[allow(clippy::too_many_arguments)]
     fn store_from(
         &mut self,
@@ -265,6 +265,7 @@ impl KvIndex {
         token_ids: &[u32],
         block_size: usize,
         root_seed: u64,
+        terms: &[u64],
     ) -> StoreOutcome {
         if block_size == 0 || token_ids.len() != block_hashes.len() * block_size {
             return StoreOutcome::Malformed;
@@ -288,6 +289,8 @@ impl KvIndex {
                         None => return StoreOutcome::SeedTableFull,
                     }
                 }
+                // Recovery compares unkeyed local hashes: a keyed store stays an orphan.
+                None if !terms.is_empty() => return StoreOutcome::Orphan,
                 None => match self.recover_parent(slot, p, token_ids, block_size, root_seed) {
                     Some(chain) => {
                         recovered = true;
@@ -305,8 +308,9 @@ impl KvIndex {
         // Hash first (pure compute), so each chunk's table lines can be fetched together below.
         let mut chains = std::mem::take(&mut self.scratch);
         chains.clear();
-        for tokens in token_ids.chunks_exact(block_size) {
-            let c = hashing::chain(prev, block_hash(tokens, seed));
+        for (i, tokens) in token_ids.chunks_exact(block_size).enumerate() {
+            let keyed = hashing::keyed_seed(seed, terms.get(i).copied().unwrap_or(0));
+            let c = hashing::chain(prev, block_hash(tokens, keyed));
             chains.push(c.0);
             prev = Some(c);
         }

@@ -218,6 +218,23 @@ impl KvIndex {
         block_size: usize,
         root_seed: u64,
     ) -> StoreOutcome {
+        self.store_keyed_in(tier, slot, parent, block_hashes, token_ids, block_size, root_seed, &[])
+    }
+
+    /// [`KvIndex::store_in`] of blocks with extra keys: block `i`'s local hash is seeded with
+    /// `keyed_seed(seed, terms[i])` (`kvmesh_core::hashing`; empty `terms`: none has keys).
+    #[allow(clippy::too_many_arguments)]
+    pub fn store_keyed_in(
+        &mut self,
+        tier: Tier,
+        slot: WorkerSlot,
+        parent: Option<u64>,
+        block_hashes: &[u64],
+        token_ids: &[u32],
+        block_size: usize,
+        root_seed: u64,
+        terms: &[u64],
+    ) -> StoreOutcome {
         if !self.workers.get(slot as usize).is_some_and(|w| w.active) {
             return StoreOutcome::UnknownWorker;
         }
@@ -229,7 +246,16 @@ impl KvIndex {
             None => self,
             Some(i) => self.lower_or_new(i),
         };
-        target.store_from(slot, parent, known, block_hashes, token_ids, block_size, root_seed)
+        target.store_from(
+            slot,
+            parent,
+            known,
+            block_hashes,
+            token_ids,
+            block_size,
+            root_seed,
+            terms,
+        )
     }
 
     /// Applies a `BlockRemoved` of `tier`; returns how many hashes were unknown there.

@@ -57,6 +57,7 @@ pub fn complete_later(
     let (shared, block_size) = (state.clone(), model.block_size() as usize);
     let tokenizer = model.runtime.tokenizer.clone();
     let seed = model.seed(request.cache_salt.as_deref());
+    let media_from = first_media_message(&request);
     // The record's stamp comes from the indexer's clock (`clock::now`, tokio's): inside the
     // caller's runtime context, as on the blocking pool, so a paused test clock stamps it too.
     let runtime = tokio::runtime::Handle::try_current().ok();
@@ -74,7 +75,7 @@ pub fn complete_later(
         };
         let whole = match tokenizer.tokens_until(
             &request.input,
-            &mut Reach::whole_blocks(block_size, seed).yielding(&mut go_on),
+            &mut Reach::whole_blocks(block_size, seed).media_from(media_from).yielding(&mut go_on),
             &mut CacheStats::default(),
         ) {
             Ok(t) => t,
@@ -180,8 +181,9 @@ impl Tokenizing {
                 held_prefix(state, base, chains, crate::clock::now())
             }
         };
-        let mut reach =
-            Reach::new(self.block_size, seed, self.exact_past_held, &mut held).within(budget);
+        let mut reach = Reach::new(self.block_size, seed, self.exact_past_held, &mut held)
+            .within(budget)
+            .media_from(first_media_message(&self.request));
         let tokens = match tokenizer.tokens_until(&self.request.input, &mut reach, &mut stats) {
             Err(e @ TokenizeError::OverBudget { .. }) => {
                 metrics.moved_to_pool();
@@ -195,6 +197,10 @@ impl Tokenizing {
 
     /// The prompt `t` tokenized, with the request kept for [`complete_later`] when only part was.
     fn finish(self, t: PromptTokens) -> Prompt {
+        if t.cut_at_media {
+            let model = crate::metrics::model_label(self.model.base());
+            self.state.metrics.route_media_cut.with_label_values(&[&model]).inc();
+        }
         let opens_conversation = self.request.opens_conversation();
         let partial = (!t.complete()).then_some(self.request);
         Prompt {
@@ -257,6 +263,12 @@ pub async fn tokenize(
         Ok(None) => Err(ApiError::unavailable("cancelled", "the route call was cancelled")),
         Err(e) => Err(ApiError::unavailable("tokenizer", format!("tokenizer task failed: {e}"))),
     }
+}
+
+/// The index of the request's first message holding media parts: where its chains stop
+/// (`crate::tokenize` "Media").
+fn first_media_message(request: &OpenAiRequest) -> Option<usize> {
+    request.media.first().map(|m| m.message as usize)
 }
 
 /// Leading blocks of `chains` some worker of base model `model` holds, in the index or

@@ -264,6 +264,7 @@ impl WorkerCache {
                 token_ids: tokens,
                 block_size: p.block_size,
                 lora: None,
+                extra_keys: Vec::new(),
             });
             parent = Some(engine_hash(conv.key, b));
             ops.stored += 1;
@@ -349,6 +350,7 @@ fn stores(
             token_ids: tokens,
             block_size: p.block_size,
             lora: None,
+            extra_keys: Vec::new(),
         });
         ops.stored += u64::from(end - at);
         parent = Some(engine_hash(seg, end - 1));

@@ -108,6 +108,7 @@ impl Probes {
                 token_ids: self.probes[p].tokens[at * bs..end * bs].to_vec(),
                 block_size: bs as u32,
                 lora: None,
+                extra_keys: Vec::new(),
             });
             at = end;
         }

@@ -5,6 +5,8 @@
 //! engine-only fields (`kv_transfer_params`, `kv_migration_source`, `stream_options`, `seed`,
 //! `n`, `return_token_ids`, `ignore_eos`) are read without scanning the body again. Text is tokenized with the shared tokenizer and chat messages
 //! rendered with the chat template, exactly as the indexer does, so both see the same blocks.
+//! Media parts (images …) get the simulator's placeholder tokens and key the blocks they overlap
+//! ([`crate::media`]), as vLLM's processor and block hasher do.
 
 use kvmesh_core::openai::{self, Endpoint, Prompt, RawFields, RequestInput};
 use serde_json::Value;
@@ -12,6 +14,7 @@ use serde_json::Value;
 use super::{ApiError, AppState};
 use crate::hash;
 use crate::lora::Adapter;
+use crate::media::{self, MediaSpan};
 use crate::nixl::{parse_params, TransferRequest};
 use crate::output::{seed_for, splitmix64};
 use crate::sched::{FinishReason, KvRole, NewRequest, RemoteSource};
@@ -100,6 +103,8 @@ pub struct Prepared {
     pub prompt: Vec<u32>,
     /// Engine hashes of the prompt's full blocks (computed once, here, off the engine loop).
     pub hashes: Vec<u64>,
+    /// The prompt's media items.
+    pub media: Vec<MediaSpan>,
     /// `cache_salt`.
     pub salt: Option<String>,
     /// The LoRA adapter the request's `model` names (`None`: the base model).
@@ -134,6 +139,7 @@ impl Prepared {
             prompt: self.prompt,
             hashes: self.hashes,
             salt: self.salt,
+            media: self.media,
             lora: self.lora,
             max_tokens: self.max_tokens,
             finish_reason: self.finish_reason,
@@ -181,7 +187,10 @@ pub async fn prepare(st: &AppState, endpoint: Endpoint, body: &[u8]) -> Result<P
         return Err(max_tokens_zero());
     }
     let from_text = !matches!(req.input, RequestInput::Prompt(Prompt::Tokens(_)));
-    let prompt = tokenize(st, req.input).await?;
+    let identifiers = (!req.media.is_empty()).then(|| {
+        media::identifiers(&req.media, raw.get("messages").map(serde_json::value::RawValue::get))
+    });
+    let (prompt, spans) = tokenize(st, req.input, &req.media, identifiers.as_deref()).await?;
     if prompt.is_empty() {
         return Err(ApiError::bad_request("The prompt cannot be empty"));
     }
@@ -208,7 +217,8 @@ pub async fn prepare(st: &AppState, endpoint: Endpoint, body: &[u8]) -> Result<P
     let explicit_seed = extras.seed.map(|s| s as u64);
     let block_size = st.info.block_size;
     let lora_name = lora.as_ref().map(|a| &*a.name);
-    let hashes = hash::chain_for(&prompt, block_size, lora_name, req.cache_salt.as_deref());
+    let salt = req.cache_salt.as_deref();
+    let hashes = hash::chain_for_keyed(&prompt, block_size, lora_name, salt, &spans);
     let seed = seed_for(&prompt, &hashes, block_size, explicit_seed);
     let (max_tokens, finish_reason) = match (req.max_tokens, &transfer) {
         // A migration source is a producer for exactly one step.
@@ -224,6 +234,7 @@ pub async fn prepare(st: &AppState, endpoint: Endpoint, body: &[u8]) -> Result<P
         fit_context(st.info.max_model_len, prompt.len(), from_text, max_tokens, finish_reason)?;
     Ok(Prepared {
         hashes,
+        media: spans,
         stream: req.stream,
         include_usage: extras.include_usage,
         return_token_ids: extras.return_token_ids,
@@ -270,19 +281,33 @@ fn max_tokens_zero() -> ApiError {
         .with_param("max_tokens")
 }
 
-async fn tokenize(st: &AppState, input: RequestInput) -> Result<Vec<u32>, ApiError> {
+/// The prompt's token ids and its media items: a chat's media parts (`media`, with their
+/// `identifiers`) become the model's placeholder tokens ([`crate::media`]).
+async fn tokenize(
+    st: &AppState,
+    input: RequestInput,
+    parts: &[openai::media::MediaPart],
+    identifiers: Option<&[std::sync::Arc<str>]>,
+) -> Result<(Vec<u32>, Vec<MediaSpan>), ApiError> {
     let text = match input {
         RequestInput::Prompt(Prompt::Tokens(ids)) => {
             if let Some(bad) = ids.iter().find(|&&t| t >= st.vocab_size) {
                 return Err(ApiError::bad_request(format!("Token id {bad} is out of vocabulary")));
             }
-            return Ok(ids);
+            return Ok((ids, Vec::new()));
         }
         RequestInput::Prompt(Prompt::Text(t)) => t,
-        RequestInput::Messages(m) => st
-            .template
-            .render(&m, true)
-            .map_err(|e| ApiError::bad_request(format!("cannot apply the chat template: {e}")))?,
+        RequestInput::Messages(m) => {
+            let m = if parts.is_empty() {
+                m
+            } else {
+                media::with_placeholders(&m, parts)
+                    .map_err(|e| ApiError::bad_request(e.to_string()))?
+            };
+            st.template.render(&m, true).map_err(|e| {
+                ApiError::bad_request(format!("cannot apply the chat template: {e}"))
+            })?
+        }
     };
     let encoded = if text.len() <= INLINE_TOKENIZE_BYTES {
         st.tokenizer.encode(&text)
@@ -296,7 +321,13 @@ async fn tokenize(st: &AppState, input: RequestInput) -> Result<Vec<u32>, ApiErr
             )
         })?
     };
-    encoded.map_err(|e| ApiError::bad_request(format!("cannot tokenize the prompt: {e}")))
+    let ids =
+        encoded.map_err(|e| ApiError::bad_request(format!("cannot tokenize the prompt: {e}")))?;
+    let Some(identifiers) = identifiers else { return Ok((ids, Vec::new())) };
+    let placeholder = st.tokenizer.token_to_id(media::PLACEHOLDER).ok_or_else(|| {
+        ApiError::bad_request("this model's tokenizer has no media placeholder token")
+    })?;
+    media::expand(&ids, placeholder, identifiers).map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 #[cfg(test)]

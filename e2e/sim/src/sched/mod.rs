@@ -50,7 +50,7 @@ pub use types::*;
 
 use crate::events::KvEvent;
 use crate::free_queue::BlockId;
-use crate::hash::{extend_chain, BlockHash};
+use crate::hash::{extend_chain_keyed, BlockHash};
 use crate::lora::{Adapter, Slots};
 use crate::output::OutputVocab;
 use crate::pool::{BlockPool, CachedBlock, InUse};
@@ -113,6 +113,7 @@ struct Request {
     generated: u32,
     hashes: Vec<BlockHash>,
     salt: Option<String>,
+    media: Vec<crate::media::MediaSpan>,
     lora: Option<Adapter>,
     blocks: Vec<BlockId>,
     /// `blocks[..num_cached_blocks]` have been offered to the cache.
@@ -276,6 +277,7 @@ impl Scheduler {
                 generated: 0,
                 hashes: req.hashes,
                 salt: req.salt,
+                media: req.media,
                 lora: req.lora,
                 blocks: Vec::new(),
                 num_cached_blocks: 0,
@@ -612,7 +614,8 @@ impl Scheduler {
             self.pool.write_tokens(r.blocks[hit.blocks + i], 0, tokens);
         }
         if offloaded > 0 {
-            self.pool.cache_blocks(&r.blocks, &r.hashes, hit.blocks, local, r.lora.as_ref());
+            let lora = r.lora.as_ref();
+            self.pool.cache_blocks_keyed(&r.blocks, &r.hashes, hit.blocks, local, lora, &r.media);
             self.step_load_tokens += offloaded * bs;
             self.stats.offload_loaded_tokens += (offloaded * bs) as u64;
         }
@@ -660,13 +663,15 @@ impl Scheduler {
         let full = to / bs;
         if full > r.num_cached_blocks {
             let lora = r.lora.as_ref().map(|a| &*a.name);
-            extend_chain(&mut r.hashes, &r.tokens[..full * bs], bs, lora, r.salt.as_deref());
-            self.pool.cache_blocks(
+            let salt = r.salt.as_deref();
+            extend_chain_keyed(&mut r.hashes, &r.tokens[..full * bs], bs, lora, salt, &r.media);
+            self.pool.cache_blocks_keyed(
                 &r.blocks,
                 &r.hashes,
                 r.num_cached_blocks,
                 full,
                 r.lora.as_ref(),
+                &r.media,
             );
             r.num_cached_blocks = full;
         }

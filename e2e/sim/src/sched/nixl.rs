@@ -176,12 +176,13 @@ impl Scheduler {
                 let computed = (r.local_hit + pulled).min(r.num_prompt - 1);
                 let full = computed / bs;
                 if full > r.num_cached_blocks {
-                    self.pool.cache_blocks(
+                    self.pool.cache_blocks_keyed(
                         &r.blocks,
                         &r.hashes,
                         r.num_cached_blocks,
                         full,
                         r.lora.as_ref(),
+                        &r.media,
                     );
                     r.num_cached_blocks = full;
                 }

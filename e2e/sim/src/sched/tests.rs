@@ -44,6 +44,7 @@ fn req(id: ReqId, prompt: &[u32], max_tokens: u32) -> NewRequest {
         prompt: prompt.to_vec(),
         hashes: chain(prompt, BS, None),
         salt: None,
+        media: Vec::new(),
         lora: None,
         max_tokens,
         finish_reason: FinishReason::Length,
@@ -132,6 +133,7 @@ fn prefill_then_decode_with_generated_token_blocks() {
                 token_ids: prompt[..8].to_vec(),
                 block_size: 4,
                 lora: None,
+                extra_keys: Vec::new(),
             },
             KvEvent::BlockStored {
                 block_hashes: vec![hs[2]],
@@ -139,6 +141,7 @@ fn prefill_then_decode_with_generated_token_blocks() {
                 token_ids: seq[8..12].to_vec(),
                 block_size: 4,
                 lora: None,
+                extra_keys: Vec::new(),
             },
         ]
     );
@@ -360,6 +363,7 @@ fn a_consumer_pulls_caches_and_counts_the_blocks_as_hits() {
             token_ids: prompt[..8].to_vec(),
             block_size: 4,
             lora: None,
+            extra_keys: Vec::new(),
         }
     );
     let st = s.stats();
@@ -673,6 +677,7 @@ fn blocks_evicted_to_the_cpu_tier_are_loaded_back_at_the_load_bandwidth() {
         token_ids: a[4..16].to_vec(),
         block_size: 4,
         lora: None,
+        extra_keys: Vec::new(),
     };
     assert!(again.events().contains(&reloaded), "{:?}", again.events());
     let stats = s.stats();

@@ -73,6 +73,9 @@ pub struct NewRequest {
     pub hashes: Vec<BlockHash>,
     /// `cache_salt`, needed to extend the chain when the prompt is shorter than one block.
     pub salt: Option<String>,
+    /// The prompt's media items (`crate::media`): they key the blocks they overlap, the one
+    /// completed by generated tokens too (`hashes` must be `hash::chain_for_keyed(…, media)`).
+    pub media: Vec<crate::media::MediaSpan>,
     /// The LoRA adapter the request names (`None`: the base model). Its name keys every block
     /// hash (`hashes` must be `hash::chain_for(prompt, block_size, Some(name), salt)`).
     pub lora: Option<Adapter>,
