@@ -173,12 +173,12 @@ impl<'a> Writer<'a> {
 
     /// The index, write-locked (taking the lock if it is not held).
     fn index(&mut self) -> &mut KvIndex {
-        if self.guard.is_none() {
-            self.guard = Some(write_when_free(self.lock));
-            self.since = Instant::now();
-            self.spent = 0;
-        }
-        self.guard.as_mut().expect("the write lock was just taken")
+        let (lock, since, spent) = (self.lock, &mut self.since, &mut self.spent);
+        self.guard.get_or_insert_with(|| {
+            let g = write_when_free(lock);
+            (*since, *spent) = (Instant::now(), 0);
+            g
+        })
     }
 
     /// Reads the index: through the write lock if held, else under a read lock.
