@@ -1,8 +1,8 @@
 //! Growing the index's tables off the write lock: a store that would grow a table (rehashing
 //! every entry, a second at the default bound) has the grown copy built from `&self` under a read
 //! lock, route queries going on beside it, and only swapped in under the write lock (the applier
-//! is the one writer, so nothing changes in between; `events/applier.rs`). A lower tier's tables ([`super::tiers`]) grow
-//! the same way: [`Growth`] names the tier.
+//! is the one writer, so nothing changes in between; `events/applier.rs`). A lower tier's tables
+//! ([`super::tiers`]) grow the same way: [`Growth`] names the tier.
 
 use super::slots::{BlockSlot, RefSlot};
 use super::table::Table;
