@@ -558,7 +558,7 @@ impl Metrics {
             index_blocks: int_gauge(INDEX_BLOCKS, "Distinct blocks in the index")?,
             index_entries: int_gauge(INDEX_ENTRIES, "(block, worker) entries in the index; bounded by routing.index_max_entries")?,
             index_evictions,
-            index_write_hold: duration(&r, INDEX_WRITE_HOLD_SECONDS, "Time the event applier kept route queries out of the index at a stretch (write lock taken or re-taken until yielded or released)")?,
+            index_write_hold: duration(&r, INDEX_WRITE_HOLD_SECONDS, "Time the event applier kept route queries out of the index at a stretch (from taking the write lock to letting it go)")?,
             index_bytes: int_gauge(INDEX_BYTES, "Approximate heap bytes of the index")?,
             tokenize_cache_bytes: int_gauge(TOKENIZE_CACHE_BYTES, "Bytes held by the tokenization segment cache; bounded by routing.tokenize_cache_bytes")?,
             tokenize_memo_bytes: int_gauge(TOKENIZE_MEMO_BYTES, "Bytes charged to the tokenization prefix memo; bounded by routing.tokenize_memo_bytes")?,

@@ -489,7 +489,7 @@ impl AppState {
     pub fn debug_blocks(&self, worker: &str) -> Option<Vec<DebugBlocks>> {
         // The fleet lock only for the slots; the index read lock only for the copy. Sorting (and
         // serialising) happens after both are released: a dump must not hold back the index writer
-        // and, behind it on the fair lock, every route lookup.
+        // (which waits for a moment with no reader, `events/applier.rs`).
         let ranks: Vec<(u32, WorkerSlot)> = {
             let fleet = self.fleet.read();
             let w = fleet.workers.iter().find(|w| w.cfg.id == worker)?;

@@ -3,15 +3,27 @@
 //! Every mutation — event batches from the listeners, worker registration and removal, resyncs,
 //! approximate-mode inserts from route decisions, new limits after a reload — arrives as an
 //! [`ApplierMsg`] on one bounded channel, so per-worker order is the order the listener saw and a
-//! removal is applied after everything its listener queued before it. The applier takes the write
-//! lock for a drained batch of messages (not per message, not across any wait).
+//! removal is applied after everything its listener queued before it.
 //!
-//! Route queries wait while it holds the lock, so a hold is kept short ([`Writer`]): a long store
-//! (a 48k-token prompt is ~3,000 blocks, milliseconds of table work) is applied in pieces
-//! ([`apply_step`]), and waiting readers are let in every [`HOLD_BLOCKS`] blocks; a table that
-//! must grow — rehashing every entry, a second at the default bound — is rebuilt under an
-//! upgradable read, with route queries going on, and only swapped in under the write lock
-//! ([`KvIndex::room_for`]). `kvmesh_index_write_hold_seconds` shows the stretches.
+//! Route queries share the index's read lock, so the applier keeps them waiting only while it
+//! actually holds the write lock, never while it waits for it ([`Writer`]):
+//! * It takes the write lock only when no query holds the read lock (`try_write`, spinning, then
+//!   yielding, then sleeping briefly; [`write_when_free`]). A parking_lot writer that *waits* for
+//!   the lock marks it so that every new reader parks behind it until the writer has been
+//!   scheduled, got the lock and let it go; on a busy machine that is the scheduler's latency,
+//!   tens of milliseconds, once per hold (`kvmesh-bench scale`, e2e/bench/HISTORY.md). Only if
+//!   queries keep the lock busy for [`WRITE_PATIENCE`] does it queue like any writer (it cannot
+//!   starve).
+//! * It holds it for one message, and at most [`HOLD_BLOCKS`] blocks at a stretch: a long store (a
+//!   48k-token prompt is ~3,000 blocks) is applied in pieces ([`apply_step`]). Counting and
+//!   logging what a batch did happens after the lock is let go. Letting go hands the lock to the
+//!   queries that parked meanwhile (`unlock_fair`), so the applier cannot take it back before them.
+//! * A table that must grow — rehashing every entry, a second at the default bound — is rebuilt
+//!   under a read lock, with route queries going on (the applier is the only writer, so nothing
+//!   changes meanwhile), and only swapped in under the write lock ([`KvIndex::room_for`]).
+//!
+//! A query can still wait behind a hold the scheduler interrupts; `kvmesh_index_write_hold_seconds`
+//! shows the stretches, descheduled time included.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvmesh_core::hashing::SequenceHash;
-use parking_lot::{Mutex, RwLock, RwLockUpgradableReadGuard, RwLockWriteGuard};
+use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 
 use super::apply::{apply_step, step_blocks, step_tier, ApplyReport, Cursor};
 use super::budget::QueuePermit;
@@ -99,20 +111,54 @@ pub struct Applier {
     last_bytes_at: Option<Instant>,
 }
 
-/// Messages taken per write-lock acquisition.
+/// Messages applied between two refreshes of the index gauges.
 const DRAIN: usize = 256;
 
-/// Blocks stored or removed between two points where waiting route queries get the lock: ~0.1–0.3
-/// ms of table work on this machine's index (a 48k-token store took 1–4 ms in one hold before).
+/// Blocks stored or removed in one hold of the write lock at most: ~0.1–0.3 ms of table work on
+/// this machine's index (a 48k-token store took 1–4 ms in one hold before).
 pub const HOLD_BLOCKS: usize = 256;
 
-/// The applier's hold on the index: the write lock, yielded to waiting readers every
-/// [`HOLD_BLOCKS`] blocks, and table growth done with readers let in (module docs).
+/// How long the applier waits for a moment when no route query holds the read lock before it
+/// queues for the write lock like any writer (new queries then wait until it got and released it).
+/// Queries hold the lock for microseconds, so only back-to-back queries for this long (or one
+/// query descheduled that long while holding it) get here.
+pub const WRITE_PATIENCE: Duration = Duration::from_millis(100);
+
+/// The write lock, taken at a moment when no query holds the read lock, without waiting in a way
+/// that keeps new queries out (module docs); after [`WRITE_PATIENCE`], queued for like any writer.
+fn write_when_free(lock: &RwLock<KvIndex>) -> RwLockWriteGuard<'_, KvIndex> {
+    let mut tries = 0u32;
+    let mut since: Option<Instant> = None;
+    loop {
+        // A load before the compare-and-swap: spinning on the swap would take the lock's cache
+        // line away from the queries it waits for.
+        if !lock.is_locked() {
+            if let Some(g) = lock.try_write() {
+                return g;
+            }
+        }
+        tries += 1;
+        if tries <= 64 {
+            std::hint::spin_loop();
+        } else if tries <= 96 {
+            std::thread::yield_now();
+        } else {
+            let start = *since.get_or_insert_with(Instant::now);
+            if start.elapsed() >= WRITE_PATIENCE {
+                return lock.write();
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+/// The applier's hold on the index: the write lock taken when needed ([`write_when_free`]) and let
+/// go after each message or [`HOLD_BLOCKS`] blocks (module docs).
 struct Writer<'a> {
     lock: &'a RwLock<KvIndex>,
-    /// `None` only inside [`Writer::make_room`], between giving up the write lock and taking it back.
+    /// The write lock, while held.
     guard: Option<RwLockWriteGuard<'a, KvIndex>>,
-    /// Blocks applied since the lock was (re)taken.
+    /// Blocks applied since the lock was taken.
     spent: usize,
     since: Instant,
     hold: &'a prometheus::Histogram,
@@ -122,57 +168,62 @@ struct Writer<'a> {
 
 impl<'a> Writer<'a> {
     fn new(lock: &'a RwLock<KvIndex>, hold: &'a prometheus::Histogram) -> Self {
-        Self {
-            lock,
-            guard: Some(lock.write()),
-            spent: 0,
-            since: Instant::now(),
-            hold,
-            retired: Vec::new(),
+        Self { lock, guard: None, spent: 0, since: Instant::now(), hold, retired: Vec::new() }
+    }
+
+    /// The index, write-locked (taking the lock if it is not held).
+    fn index(&mut self) -> &mut KvIndex {
+        let (lock, since, spent) = (self.lock, &mut self.since, &mut self.spent);
+        self.guard.get_or_insert_with(|| {
+            let g = write_when_free(lock);
+            (*since, *spent) = (Instant::now(), 0);
+            g
+        })
+    }
+
+    /// Reads the index: through the write lock if held, else under a read lock.
+    fn read<R>(&self, f: impl FnOnce(&KvIndex) -> R) -> R {
+        match &self.guard {
+            Some(g) => f(g),
+            None => f(&self.lock.read()),
         }
     }
 
-    fn index(&mut self) -> &mut KvIndex {
-        let lock = self.lock;
-        self.guard.get_or_insert_with(|| lock.write())
-    }
-
-    /// Counts `blocks` of work; past [`HOLD_BLOCKS`], lets waiting route queries in.
+    /// Counts `blocks` of work; past [`HOLD_BLOCKS`], lets the lock go.
     fn spend(&mut self, blocks: usize) {
         self.spent += blocks;
         if self.spent >= HOLD_BLOCKS {
-            self.hold.observe(self.since.elapsed().as_secs_f64());
-            if let Some(g) = self.guard.as_mut() {
-                RwLockWriteGuard::bump(g);
-            }
-            self.spent = 0;
-            self.since = Instant::now();
+            self.release();
         }
     }
 
-    /// Makes room for `blocks` more blocks on `slot` in `tier` before they are stored, so no
-    /// insert rehashes a table under the write lock: the grown copies are built under an
-    /// upgradable read (route queries go on; no other writer exists, so nothing changes) and
-    /// swapped in after.
-    fn make_room(&mut self, tier: Tier, slot: WorkerSlot, blocks: usize) {
-        let Some(growth) = self.index().growth_in(tier, slot, blocks) else { return };
-        let Some(guard) = self.guard.take() else { return };
-        self.hold.observe(self.since.elapsed().as_secs_f64());
-        let shared = RwLockWriteGuard::downgrade_to_upgradable(guard);
-        let room = shared.room_for(growth);
-        let mut guard = RwLockUpgradableReadGuard::upgrade(shared);
-        self.since = Instant::now();
+    /// Lets the write lock go (to the queries that parked meanwhile, if any), then frees the
+    /// tables grown ones replaced.
+    fn release(&mut self) {
+        if let Some(g) = self.guard.take() {
+            self.hold.observe(self.since.elapsed().as_secs_f64());
+            RwLockWriteGuard::unlock_fair(g);
+        }
         self.spent = 0;
-        self.retired.push(guard.make_room(room));
-        self.guard = Some(guard);
+        self.retired.clear();
+    }
+
+    /// Makes room for `blocks` more blocks on `slot` in `tier` before they are stored, so no
+    /// insert rehashes a table under the write lock: the grown copies are built under a read lock
+    /// (route queries go on; the applier is the only writer, so nothing changes) and swapped in
+    /// under the write lock.
+    fn make_room(&mut self, tier: Tier, slot: WorkerSlot, blocks: usize) {
+        let Some(growth) = self.read(|index| index.growth_in(tier, slot, blocks)) else { return };
+        self.release();
+        let room = self.lock.read().room_for(growth);
+        let old = self.index().make_room(room);
+        self.retired.push(old);
     }
 }
 
 impl Drop for Writer<'_> {
     fn drop(&mut self) {
-        self.hold.observe(self.since.elapsed().as_secs_f64());
-        self.guard = None;
-        self.retired.clear();
+        self.release();
     }
 }
 
@@ -212,10 +263,11 @@ impl Applier {
                         let mut n = 0;
                         while let Some(msg) = next {
                             self.handle(&mut w, msg, &mut barriers);
+                            w.release();
                             n += 1;
                             next = if n < DRAIN { rx.try_recv().ok() } else { None };
                         }
-                        self.publish_gauges(w.index());
+                        self.publish_gauges(&lock.read());
                     }
                     for b in barriers {
                         let _ = b.send(());
@@ -231,6 +283,7 @@ impl Applier {
             ApplierMsg::Batch { slot, seq, batch } => self.apply(w, slot, seq, &batch),
             ApplierMsg::Permitted { permit, msg } => {
                 self.handle(w, *msg, barriers);
+                w.release();
                 drop(permit);
             }
             ApplierMsg::AddWorker { slot, label, model, block_size, stats } => {
@@ -276,7 +329,7 @@ impl Applier {
     }
 
     /// Applies one batch in steps ([`apply_step`]), making room before each store and letting
-    /// route queries in between steps.
+    /// route queries in between steps; counts and logs what it did after letting the lock go.
     fn apply(&mut self, w: &mut Writer<'_>, slot: WorkerSlot, seq: u64, batch: &EventBatch) {
         let Some(s) = self.slots.get(&slot) else { return };
         let mut r = ApplyReport::default();
@@ -287,6 +340,7 @@ impl Applier {
             w.spend(step.blocks);
             at = step.next;
         }
+        w.release();
         let (label, model, block_size) = (s.label.clone(), s.model.clone(), s.block_size);
         s.stats.record_applied(seq, batch.ts, &r);
         self.report(&label, (&model, block_size), slot, &r);
@@ -449,6 +503,46 @@ mod tests {
     use crate::events::decode::KvEvent;
     use std::sync::mpsc::sync_channel;
 
+    /// While a query holds the read lock, the applier waits for the write lock without keeping
+    /// other queries out: a new reader gets in at once (a writer queued on the lock would make it
+    /// wait until the writer had held and released the lock).
+    #[test]
+    fn queries_are_not_kept_out_while_the_applier_waits_for_the_lock() {
+        let metrics = Arc::new(Metrics::new().expect("metrics"));
+        let index = Arc::new(RwLock::new(KvIndex::new(1 << 20, 1 << 20)));
+        let config = ApplierConfig {
+            max_entries: 1 << 20,
+            max_blocks_per_worker: 1 << 20,
+            approx_ttl: Duration::from_secs(60),
+            approx_max_blocks_per_worker: 1000,
+        };
+        let applier =
+            Applier::new(index.clone(), metrics.clone(), Arc::default(), Arc::default(), config);
+        let (tx, rx) = sync_channel(16);
+        let thread = std::thread::spawn(move || applier.run(rx));
+        let long_query = index.read();
+        tx.send(ApplierMsg::AddWorker {
+            slot: 0,
+            label: "w0".into(),
+            model: "m".into(),
+            block_size: 4,
+            stats: Arc::default(),
+        })
+        .expect("send");
+        let (done_tx, done_rx) = sync_channel(1);
+        tx.send(ApplierMsg::Barrier(done_tx)).expect("send");
+        // The applier is now waiting for the write lock (well within WRITE_PATIENCE).
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(WRITE_PATIENCE > Duration::from_millis(50));
+        assert!(index.try_read().is_some(), "a new query got the read lock at once");
+        assert!(done_rx.try_recv().is_err(), "nothing was applied while the query held the lock");
+        drop(long_query);
+        done_rx.recv_timeout(Duration::from_secs(30)).expect("applied once the query left");
+        drop(tx);
+        thread.join().expect("applier thread");
+        assert_eq!(index.read().check_consistent(), Ok(()));
+    }
+
     /// A long store through the applier thread: applied whole, in stretches of at most
     /// [`HOLD_BLOCKS`] blocks between points where route queries get in, tables grown off the lock.
     #[test]
@@ -508,7 +602,7 @@ mod tests {
             "the whole store is held"
         );
         // One stretch per HOLD_BLOCKS blocks, plus one per table growth (the empty tables grow
-        // before the first piece and again as they fill), plus the last.
+        // before the first piece and again as they fill), plus the worker's registration.
         let stretches = metrics.index_write_hold.get_sample_count() as usize;
         assert!(stretches > blocks / HOLD_BLOCKS, "{stretches} stretches for {blocks} blocks");
         assert_eq!(index.read().check_consistent(), Ok(()));

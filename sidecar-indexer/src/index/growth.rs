@@ -1,8 +1,8 @@
 //! Growing the index's tables off the write lock: a store that would grow a table (rehashing
-//! every entry, a second at the default bound) has the grown copy built from `&self` while route
-//! queries go on under the read lock, and only swapped in under the write lock (the applier is
-//! the one writer, so nothing changes in between). A lower tier's tables ([`super::tiers`]) grow
-//! the same way: [`Growth`] names the tier.
+//! every entry, a second at the default bound) has the grown copy built from `&self` under a read
+//! lock, route queries going on beside it, and only swapped in under the write lock (the applier
+//! is the one writer, so nothing changes in between; `events/applier.rs`). A lower tier's tables
+//! ([`super::tiers`]) grow the same way: [`Growth`] names the tier.
 
 use super::slots::{BlockSlot, RefSlot};
 use super::table::Table;
@@ -49,7 +49,7 @@ impl KvIndex {
     }
 
     /// Copies of the tables `growth` names, already grown. O(entries), from `&self`: the caller
-    /// holds a lock that keeps writers out until [`KvIndex::make_room`], and readers in.
+    /// (the one writer) changes nothing until [`KvIndex::make_room`]; readers go on meanwhile.
     pub fn room_for(&self, growth: Growth) -> Room {
         let mut room = Room { tier: growth.tier, blocks: None, map: None };
         let Some(own) = self.tier(growth.tier) else { return room };
