@@ -368,8 +368,16 @@ async fn wait_picker_marked_down(stack: &Stack) -> anyhow::Result<()> {
         let s = envoy_stats(stack, "^cluster\\.kvmesh_epp\\.membership_healthy$").await.ok()?;
         (s.first().map(|(_, v)| *v) == Some(0)).then_some(())
     })
-    .await
+    .await?;
+    // The stat is the main thread's; each worker thread gets the new host set in a posted update.
+    // A request a worker takes before that lands still picks the dead host, and its stream fails
+    // after the body went out (a 500, seen once on a machine at load 12): give the post time.
+    tokio::time::sleep(WORKER_HOST_SET_LAG).await;
+    Ok(())
 }
+
+/// How long Envoy's workers may lag the main thread's host set on a busy machine.
+const WORKER_HOST_SET_LAG: Duration = Duration::from_millis(500);
 
 fn signal_picker(pid: u32, signal: Signal) -> anyhow::Result<()> {
     kill(Pid::from_raw(i32::try_from(pid)?), signal)?;
