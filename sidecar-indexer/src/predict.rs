@@ -353,12 +353,12 @@ impl LoadOutlook {
     }
 
     /// Routes per second to `workers` (together) at `now`.
-    pub fn routes_per_s<'w>(&self, workers: impl IntoIterator<Item = &'w str>, now: Instant) -> f64 {
-        workers
-            .into_iter()
-            .filter_map(|w| self.routes.get(w))
-            .map(|r| r.at(now, self.tau_s))
-            .sum()
+    pub fn routes_per_s<'w>(
+        &self,
+        workers: impl IntoIterator<Item = &'w str>,
+        now: Instant,
+    ) -> f64 {
+        workers.into_iter().filter_map(|w| self.routes.get(w)).map(|r| r.at(now, self.tau_s)).sum()
     }
 
     /// Prompt tokens per second routed to `worker` at `now`.
@@ -521,8 +521,7 @@ impl PrefillBacklog {
         let q = self.workers.entry(worker.to_owned()).or_default();
         q.settle(tps, now);
         q.items.retain(|i| !i.unseen);
-        let unseen =
-            engine_waiting.saturating_sub(q.own_requests() as u64).min(engine_not_own);
+        let unseen = engine_waiting.saturating_sub(q.own_requests() as u64).min(engine_not_own);
         if unseen > 0 && typical > 0.0 {
             q.items.push_back(Item { tokens: unseen as f64 * typical, unseen: true });
         }

@@ -1,6 +1,7 @@
 //! Stage: the session's home. A session stays where its KV is unless another worker is cheaper by
 //! more than the move margin — hysteresis, so it does not flap — and leaves a home that is over an
-//! `overload_*` guard for a worker within the guards that is cheaper (by any amount).
+//! `overload_*` guard (over the waiting guard alone: for a worker within the guards that is
+//! cheaper, by any amount).
 //!
 //! Where its KV is: the index is shared truth (every gateway replica consumes the same events),
 //! while `kv_home` is this replica's memory, stale once another replica served the session
@@ -18,11 +19,11 @@ use rand::Rng;
 use super::pick::pick;
 use super::plan::RouteInput;
 use super::reason::Choice;
-use super::score::{overloaded, rendezvous_among, Candidates, Scored};
+use super::score::{overloaded, rendezvous_among, Candidates, Guard, Scored};
 use crate::config::{RoutingConfig, SessionPlacement};
 
-/// The choice a session's home makes — it stayed (an overloaded home too, when every worker within
-/// the guards costs more), moved, or left an overloaded home — or None
+/// The choice a session's home makes — it stayed (a home over the waiting guard too, when every
+/// worker within the guards costs more), moved, or left an overloaded home — or None
 /// when the session has no home (new, forgotten, or its home is no candidate): then it is placed
 /// like any request. `guarded` is the candidates within the guards.
 pub(crate) fn home<'v, 'a, R: Rng + ?Sized>(
@@ -35,15 +36,17 @@ pub(crate) fn home<'v, 'a, R: Rng + ?Sized>(
 ) -> Option<Choice<'v, 'a>> {
     let home = home_of(input, key, cands, cfg)?;
     if !guarded.iter().any(|s| s.at == home.at) {
-        // Over a guard: leave for the cheapest worker within the guards, without the move margin
-        // (the guard says home's engine queue is long) — but only when that worker is predicted
-        // cheaper. On a saturated pool every worker crosses the guard in turn, and leaving for a
-        // costlier one recomputed the session's history there, which pushed that worker over the
-        // guard and its sessions back (the `models` workload: 22 of 359 requests of the busier
-        // model, ~95k tokens recomputed in 20 s, TTFTs up to 7.5 s).
+        // Over a guard: leave for the cheapest worker within the guards, without the move margin.
+        // Over the waiting guard alone — a queue, which the cost already prices — only when that
+        // worker is predicted cheaper: on a saturated pool every worker crosses it in turn, and
+        // leaving for a costlier one recomputed the session's history there, which pushed that
+        // worker over the guard and its sessions back (the `models` workload: 22 of 359 requests
+        // of the busier model, ~95k tokens recomputed in 20 s, TTFTs up to 7.5 s). The active
+        // guards are capacity limits the cost does not model: always left.
         let draw = pick(guarded, None, cfg, rng);
         let overload = overloaded(home.w, cfg);
-        return Some(if draw.chosen.cost_s < home.cost_s {
+        let queue_only = overload.is_some_and(|o| o.guard == Guard::Waiting);
+        return Some(if !queue_only || draw.chosen.cost_s < home.cost_s {
             Choice::PinOverloaded { home: home.w, overload, draw }
         } else {
             Choice::SessionPin { home, source, best_other: Some(draw.chosen), overload }

@@ -645,6 +645,14 @@ fn an_overloaded_home_stays_when_every_other_worker_costs_more() {
     workers[0].waiting_requests = 0;
     let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
     assert_eq!((plan.worker.as_str(), plan.basis), ("w1", Basis::SessionPin), "{}", plan.reason);
+    // The active guards are capacity limits the cost does not price: a home over one is left.
+    let cfg_active = RoutingConfig { overload_active_requests: 2, ..cfg.clone() };
+    workers[0].waiting_requests = 0;
+    workers[0].timing.queued_tokens = 0.0;
+    workers[0].active_requests = 2;
+    let plan = decide(&req, &workers, &cfg_active, &mut rng()).unwrap();
+    assert_eq!((plan.worker.as_str(), plan.basis), ("w3", Basis::PinOverloaded), "{}", plan.reason);
+    workers[0].active_requests = 0;
     // Sessionless requests and new sessions keep off a worker over the guard whatever it holds.
     workers[0].waiting_requests = 9;
     workers[0].timing.queued_tokens = 0.0;
