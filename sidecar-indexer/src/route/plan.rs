@@ -305,9 +305,9 @@ fn with_tiers(
 
 /// Records a decision for the next ones: its prefill joins the backlog of the worker that
 /// computes it (the prefill worker of a `disagg` plan, else the decode worker; not when it waits
-/// for a LoRA slot there) and its blocks
-/// become speculative holdings of the workers that will hold them, as its LoRA `adapter` becomes
-/// theirs for the next decisions' adapter cost. Returns the speculative blocks held now.
+/// for a LoRA slot there) and its blocks become speculative holdings of the workers that will
+/// hold them, as its LoRA `adapter` becomes theirs for the next decisions' adapter cost. Returns
+/// the speculative blocks held now.
 fn placed(
     placement: &mut Placement,
     fleet: &Fleet,
