@@ -58,9 +58,10 @@ pub struct WorkerTiming {
     pub prefill_tokens_per_s: f64,
     /// Duration of one engine step's decode part (inter-token latency), seconds.
     pub decode_step_s: f64,
-    /// Requests expected to arrive at this worker per second: this indexer's recent route rate
-    /// over the fleet's decode workers ([`LoadOutlook`]). Prices the delay a request's own prefill
-    /// adds to the ones that will queue behind it ([`cost_s`]).
+    /// Requests expected to arrive at this worker per second: this indexer's recent route rate to
+    /// the workers of its model over their number ([`LoadOutlook::routes_per_s`]; models are
+    /// separate pools with their own traffic). Prices the delay a request's own prefill adds to
+    /// the ones that will queue behind it ([`cost_s`]).
     pub arrivals_per_s: f64,
     /// Recent prefill utilization, 0..=[`MAX_UTILIZATION`]: the uncached tokens per second this
     /// indexer booked there over its throughput ([`LoadOutlook`]).
@@ -301,15 +302,15 @@ impl DecayingRate {
     }
 }
 
-/// Recent load, exponentially weighted over a time constant: this indexer's route rate; per
-/// worker, the prompt tokens it routed there per second (the worker's share of the fleet's KV and
+/// Recent load, exponentially weighted over a time constant, per worker: the requests this
+/// indexer routed there per second, the prompt tokens (the worker's share of the fleet's KV and
 /// decode work: a conversation's long history counts, cached or not) and the uncached tokens it
 /// booked there to prefill. At most one entry per worker in each, removed with the worker. Pure;
 /// the clock is passed in.
 #[derive(Debug)]
 pub struct LoadOutlook {
     tau_s: f64,
-    routes: DecayingRate,
+    routes: HashMap<String, DecayingRate>,
     tokens: HashMap<String, DecayingRate>,
     prefill: HashMap<String, DecayingRate>,
 }
@@ -319,7 +320,7 @@ impl LoadOutlook {
     pub fn new(tau_s: f64) -> Self {
         Self {
             tau_s: tau_s.max(0.1),
-            routes: DecayingRate::default(),
+            routes: HashMap::new(),
             tokens: HashMap::new(),
             prefill: HashMap::new(),
         }
@@ -340,7 +341,7 @@ impl LoadOutlook {
         prefill_tokens: f64,
         now: Instant,
     ) {
-        self.routes.add(1.0, now, self.tau_s);
+        self.routes.entry(worker.to_owned()).or_default().add(1.0, now, self.tau_s);
         self.tokens.entry(worker.to_owned()).or_default().add(prompt_tokens, now, self.tau_s);
         self.prefill.entry(prefill_on.to_owned()).or_default().add(prefill_tokens, now, self.tau_s);
     }
@@ -351,9 +352,13 @@ impl LoadOutlook {
         (rate / tps.max(1e-9)).clamp(0.0, MAX_UTILIZATION)
     }
 
-    /// Routes per second at `now`.
-    pub fn routes_per_s(&self, now: Instant) -> f64 {
-        self.routes.at(now, self.tau_s)
+    /// Routes per second to `workers` (together) at `now`.
+    pub fn routes_per_s<'w>(
+        &self,
+        workers: impl IntoIterator<Item = &'w str>,
+        now: Instant,
+    ) -> f64 {
+        workers.into_iter().filter_map(|w| self.routes.get(w)).map(|r| r.at(now, self.tau_s)).sum()
     }
 
     /// Prompt tokens per second routed to `worker` at `now`.
@@ -363,13 +368,14 @@ impl LoadOutlook {
 
     /// Forgets the worker (it left the fleet).
     pub fn remove_worker(&mut self, worker: &str) {
+        self.routes.remove(worker);
         self.tokens.remove(worker);
         self.prefill.remove(worker);
     }
 
-    /// Entries tracked (at most two per worker).
+    /// Entries tracked (at most three per worker).
     pub fn len(&self) -> usize {
-        self.tokens.len() + self.prefill.len()
+        self.routes.len() + self.tokens.len() + self.prefill.len()
     }
 
     /// Whether no worker is tracked.
@@ -493,14 +499,19 @@ impl PrefillBacklog {
         }
     }
 
-    /// Takes a scrape at `now` that found `engine_waiting` requests waiting on `worker`: those
-    /// beyond this indexer's own bookings not yet past prefill are someone else's, sized at the
-    /// typical booking there (`fallback_tokens` before the first), and join the back of the FIFO
-    /// in place of what the previous scrape reported.
+    /// Takes a scrape at `now` that found `engine_waiting` requests waiting on `worker`, and
+    /// `engine_not_own` requests (running or waiting) beyond this indexer's live bookings there:
+    /// the waiting ones beyond this indexer's bookings not yet past prefill — at most
+    /// `engine_not_own` — are someone else's, sized at the typical booking there
+    /// (`fallback_tokens` before the first), and join the back of the FIFO in place of what the
+    /// previous scrape reported. The bound keeps out this indexer's own requests that the drain
+    /// model counts as done but the engine still holds (a request waiting for a LoRA slot, an
+    /// engine slower than its measured rate): they are not another replica's prefill.
     pub fn reconcile(
         &mut self,
         worker: &str,
         engine_waiting: u64,
+        engine_not_own: u64,
         fallback_tokens: f64,
         tps: f64,
         now: Instant,
@@ -510,7 +521,7 @@ impl PrefillBacklog {
         let q = self.workers.entry(worker.to_owned()).or_default();
         q.settle(tps, now);
         q.items.retain(|i| !i.unseen);
-        let unseen = engine_waiting.saturating_sub(q.own_requests() as u64);
+        let unseen = engine_waiting.saturating_sub(q.own_requests() as u64).min(engine_not_own);
         if unseen > 0 && typical > 0.0 {
             q.items.push_back(Item { tokens: unseen as f64 * typical, unseen: true });
         }
@@ -601,13 +612,14 @@ mod tests {
     fn outlook_rates_decay_over_the_window() {
         let t0 = Instant::now();
         let mut o = LoadOutlook::new(10.0);
-        assert_eq!((o.routes_per_s(t0), o.tokens_per_s("w0", t0)), (0.0, 0.0));
+        assert_eq!((o.routes_per_s(["w0"], t0), o.tokens_per_s("w0", t0)), (0.0, 0.0));
         // 5 routes/s of 1,000 tokens to w0 for 60 s (6 time constants): 5 routes/s, 5,000 tokens/s.
         for i in 0..300 {
             o.routed("w0", 1000.0, "w0", 400.0, t0 + Duration::from_millis(200 * i));
         }
         let end = t0 + Duration::from_millis(200 * 299);
-        assert!((o.routes_per_s(end) - 5.0).abs() < 0.3, "{}", o.routes_per_s(end));
+        assert!((o.routes_per_s(["w0"], end) - 5.0).abs() < 0.3, "{}", o.routes_per_s(["w0"], end));
+        assert_eq!(o.routes_per_s(["w1"], end), 0.0, "routes count where they went");
         assert!(
             (o.tokens_per_s("w0", end) - 5000.0).abs() < 300.0,
             "{}",
@@ -624,14 +636,34 @@ mod tests {
         assert_eq!(o.utilization("w1", 1_000.0, end), 0.0);
         // Quiet for one time constant: ~1/e of it.
         let later = end + Duration::from_secs(10);
-        assert!((o.routes_per_s(later) / o.routes_per_s(end) - (-1.0f64).exp()).abs() < 1e-9);
+        assert!(
+            (o.routes_per_s(["w0"], later) / o.routes_per_s(["w0"], end) - (-1.0f64).exp()).abs()
+                < 1e-9
+        );
         assert!(
             (o.tokens_per_s("w0", later) / o.tokens_per_s("w0", end) - (-1.0f64).exp()).abs()
                 < 1e-9
         );
-        assert_eq!(o.len(), 2);
+        assert_eq!(o.len(), 3);
         o.remove_worker("w0");
         assert!(o.is_empty());
+    }
+
+    #[test]
+    fn routes_count_per_worker_so_each_model_has_its_own_arrival_rate() {
+        let t0 = Instant::now();
+        let mut o = LoadOutlook::new(10.0);
+        // For 60 s, 6 routes/s to model A's two workers and 4 to model B's two.
+        for i in 0..600u64 {
+            let now = t0 + Duration::from_millis(100 * i);
+            let to = ["a0", "a1", "a0", "a1", "a0", "a1", "b0", "b1", "b0", "b1"][i as usize % 10];
+            o.routed(to, 1000.0, to, 100.0, now);
+        }
+        let end = t0 + Duration::from_millis(100 * 599);
+        let per_worker = |ws: [&str; 2]| o.routes_per_s(ws, end) / 2.0;
+        assert!((per_worker(["a0", "a1"]) - 3.0).abs() < 0.2, "{}", per_worker(["a0", "a1"]));
+        assert!((per_worker(["b0", "b1"]) - 2.0).abs() < 0.2, "{}", per_worker(["b0", "b1"]));
+        assert_eq!(o.routes_per_s(["c0"], end), 0.0);
     }
 
     #[test]
@@ -702,7 +734,7 @@ mod tests {
         let tps = 10_000.0;
         let mut b = PrefillBacklog::new(100);
         // Before any booking: 2 waiting requests of another replica, at the fallback size.
-        b.reconcile("w0", 2, 500.0, tps, t0);
+        b.reconcile("w0", 2, 2, 500.0, tps, t0);
         let a = b.ahead("w0", tps, t0);
         assert_eq!((a.tokens, a.requests, a.unseen_tokens), (0.0, 0, 1000.0));
         // They drain like everything else: half gone after 50 ms.
@@ -713,14 +745,33 @@ mod tests {
         assert_eq!((a.tokens.round(), a.requests, a.unseen_tokens.round()), (1000.0, 1, 0.0));
         // The next scrape (120 ms) sees 3 waiting: one is our own, 2 are someone else's, at the
         // typical size of our bookings there (our one booking: 1000 tokens), behind ours.
-        b.reconcile("w0", 3, 500.0, tps, s(120));
+        b.reconcile("w0", 3, 2, 500.0, tps, s(120));
         let a = b.ahead("w0", tps, s(120));
         assert_eq!((a.tokens.round(), a.requests, a.unseen_tokens.round()), (800.0, 1, 2000.0));
         // A scrape that sees only our own request replaces the unseen part with nothing.
-        b.reconcile("w0", 1, 500.0, tps, s(130));
+        b.reconcile("w0", 1, 0, 500.0, tps, s(130));
         let a = b.ahead("w0", tps, s(130));
         assert_eq!((a.tokens.round(), a.requests, a.unseen_tokens), (700.0, 1, 0.0));
         assert_eq!(b.len(), 1, "unseen requests are not bookings");
+    }
+
+    #[test]
+    fn own_requests_the_engine_still_holds_are_not_someone_elses() {
+        let t0 = Instant::now();
+        let s = |ms| t0 + Duration::from_millis(ms);
+        let tps = 10_000.0;
+        let mut b = PrefillBacklog::new(100);
+        // Three own requests of 1,000 tokens: the model drains them in 300 ms.
+        for _ in 0..3 {
+            b.add("w0", 1000.0, tps, t0);
+        }
+        // At 500 ms the engine still has all three waiting (their adapter waits for a LoRA slot)
+        // and nothing beyond this indexer's three live bookings: no one else's work is ahead.
+        b.reconcile("w0", 3, 0, 500.0, tps, s(500));
+        assert_eq!(b.ahead("w0", tps, s(500)), Ahead::default());
+        // Another replica's two requests waiting beside them: two, not five, at the typical size.
+        b.reconcile("w0", 5, 2, 500.0, tps, s(600));
+        assert_eq!(b.ahead("w0", tps, s(600)).unseen_tokens.round(), 2000.0);
     }
 
     #[test]

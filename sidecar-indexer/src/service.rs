@@ -684,7 +684,11 @@ pub(crate) fn apply_scrapes(
                     state.engine_totals.queries.fetch_add(inc, Ordering::Relaxed);
                 }
                 w.meter.observe(&sample, now, cfg.routing.meter_hold());
-                waiting.push((id.clone(), sample.waiting.max(0.0) as u64));
+                waiting.push((
+                    id.clone(),
+                    sample.waiting.max(0.0) as u64,
+                    sample.running.max(0.0) as u64,
+                ));
                 w.engine = Some(sample);
                 w.scrape_failures = 0;
                 if !w.healthy {
@@ -715,18 +719,31 @@ pub(crate) fn apply_scrapes(
         let bs = cfg.model_named(model).map_or(cfg.model().block_size, |m| m.block_size);
         (cfg.routing.unknown_request_blocks * u64::from(bs)) as f64
     };
-    let waiting: Vec<(String, u64, f64, f64)> = waiting
+    let waiting: Vec<(String, u64, u64, f64, f64)> = waiting
         .into_iter()
-        .filter_map(|(id, n)| {
+        .filter_map(|(id, n, running)| {
             let w = fleet.workers.iter().find(|w| w.cfg.id == id)?;
-            Some((id, n, fleet.prefill_tokens_per_s(w, &cfg.routing), unknown_tokens(&w.model)))
+            let tps = fleet.prefill_tokens_per_s(w, &cfg.routing);
+            Some((id, n, running, tps, unknown_tokens(&w.model)))
         })
         .collect();
     // The engines' waiting requests that this indexer did not book join its prefill model, taken
-    // after the fleet lock (lock order: fleet before placement, never both here).
+    // after the fleet lock (lock order: fleet, load, placement; never two of them here). At most
+    // the requests each engine holds beyond this indexer's live bookings are someone else's.
     drop(fleet);
+    let waiting: Vec<_> = {
+        let load = state.load.lock();
+        waiting
+            .into_iter()
+            .map(|(id, n, running, tps, unknown)| {
+                let not_own =
+                    running.saturating_add(n).saturating_sub(load.worker(&id).active_requests);
+                (id, n, not_own, tps, unknown)
+            })
+            .collect()
+    };
     let mut placement = state.placement.lock();
-    for (id, waiting, tps, unknown_tokens) in waiting {
-        placement.backlog.reconcile(&id, waiting, unknown_tokens, tps, now);
+    for (id, waiting, not_own, tps, unknown_tokens) in waiting {
+        placement.backlog.reconcile(&id, waiting, not_own, unknown_tokens, tps, now);
     }
 }

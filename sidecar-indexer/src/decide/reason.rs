@@ -34,11 +34,17 @@ pub(crate) struct IgnoredOverride<'a> {
 pub(crate) enum Choice<'v, 'a> {
     /// `x-kvmesh-worker` named a candidate.
     Override(Scored<'v, 'a>),
-    /// The session stayed home; the best other worker it was weighed against, if any.
-    SessionPin { home: Scored<'v, 'a>, source: SessionSource, best_other: Option<Scored<'v, 'a>> },
+    /// The session stayed home; the best other worker it was weighed against, if any, and the
+    /// guard home is over when it stayed because every worker within the guards costs more.
+    SessionPin {
+        home: Scored<'v, 'a>,
+        source: SessionSource,
+        best_other: Option<Scored<'v, 'a>>,
+        overload: Option<Overload>,
+    },
     /// Another worker was cheaper than the session's home by more than the margin.
     SessionMoved { home: Scored<'v, 'a>, to: Scored<'v, 'a>, source: SessionSource, margin_s: f64 },
-    /// The session's home is over a guard: the draw among the others.
+    /// The session's home is over a guard and the draw among the others is cheaper.
     PinOverloaded { home: &'v WorkerView<'a>, overload: Option<Overload>, draw: Draw<'v, 'a> },
     /// The draw's worker holds the most of the prompt.
     BestOverlap(Draw<'v, 'a>),
@@ -198,12 +204,13 @@ fn choice_clause(isl: u32, choice: &Choice<'_, '_>) -> String {
             tier_note(s),
             s.ms()
         ),
-        Choice::SessionPin { home, source, best_other } => {
+        Choice::SessionPin { home, source, best_other, overload } => {
             let other = best_other.map_or(String::new(), |o| {
                 format!(" (best other {} {:.1} ms{})", o.w.id, o.ms(), cost_note(&o))
             });
+            let over = overload.map_or(String::new(), |o| format!(", overloaded ({o}) but cheapest"));
             format!(
-                "session pin {} (source={}): overlap {}/{isl} blocks{}, predicted {:.1} ms{}{other}",
+                "session pin {} (source={}{over}): overlap {}/{isl} blocks{}, predicted {:.1} ms{}{other}",
                 home.w.id,
                 source.as_str(),
                 home.w.overlap_blocks,

@@ -581,9 +581,10 @@ fn removing_a_worker_moves_only_its_rendezvous_sessions() {
 #[test]
 fn an_overloaded_home_is_left_and_says_why() {
     let cfg = RoutingConfig { overload_waiting_requests: 8, ..RoutingConfig::default() };
-    // w1 is home (it holds most of the prompt, and served it last) and over the guard.
+    // w1 is home (it holds most of the prompt, and served it last), over the guard, and queued:
+    // 116 ms there against w3's 32 ms.
     let mut workers: Vec<WorkerView<'static>> =
-        vec![view("w1", 30, 0), view("w2", 0, 0), view("w3", 20, 0)];
+        vec![view("w1", 30, 1000), view("w2", 0, 0), view("w3", 20, 0)];
     workers[0].waiting_requests = 9;
     let req = session(640, Some("w1"));
     let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
@@ -610,11 +611,53 @@ fn an_overloaded_home_is_left_and_says_why() {
     )
     .unwrap();
     assert_eq!(plan.worker, "w3");
+    // Every worker over the guard: the guard decides nothing, the home stays within the margin.
     for w in &mut workers {
         w.waiting_requests = 100;
     }
+    workers[0].timing.queued_tokens = 0.0;
     let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
     assert_eq!((plan.worker.as_str(), plan.basis), ("w1", Basis::SessionPin));
+}
+
+#[test]
+fn an_overloaded_home_stays_when_every_other_worker_costs_more() {
+    // A saturated pool: the home is over the guard, but leaving recomputes the history elsewhere
+    // (w3 holds 20 of its 30 blocks: 32 ms against 16 ms at home). It stays, and says so.
+    let cfg = RoutingConfig { overload_waiting_requests: 8, ..RoutingConfig::default() };
+    let mut workers: Vec<WorkerView<'static>> =
+        vec![view("w1", 30, 0), view("w2", 0, 0), view("w3", 20, 0)];
+    workers[0].waiting_requests = 9;
+    let req = session(640, Some("w1"));
+    let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
+    assert_eq!((plan.worker.as_str(), plan.basis), ("w1", Basis::SessionPin), "{}", plan.reason);
+    assert_eq!(plan.reason_codes, [ReasonCode::SessionPin], "{}", plan.reason);
+    assert_eq!(
+        plan.reason,
+        "session pin w1 (source=header, overloaded (waiting 9 >= 8) but cheapest): overlap 30/40 \
+         blocks, predicted 16.0 ms (best other w3 32.0 ms)"
+    );
+    // No margin once over the guard: a home 1 ms costlier than the best other is left, where a
+    // home within the guards stays until another worker is cheaper by the move margin (50 ms).
+    workers[0].timing.queued_tokens = 170.0; // 33 ms
+    let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
+    assert_eq!((plan.worker.as_str(), plan.basis), ("w3", Basis::PinOverloaded), "{}", plan.reason);
+    workers[0].waiting_requests = 0;
+    let plan = decide(&req, &workers, &cfg, &mut rng()).unwrap();
+    assert_eq!((plan.worker.as_str(), plan.basis), ("w1", Basis::SessionPin), "{}", plan.reason);
+    // The active guards are capacity limits the cost does not price: a home over one is left.
+    let cfg_active = RoutingConfig { overload_active_requests: 2, ..cfg.clone() };
+    workers[0].waiting_requests = 0;
+    workers[0].timing.queued_tokens = 0.0;
+    workers[0].active_requests = 2;
+    let plan = decide(&req, &workers, &cfg_active, &mut rng()).unwrap();
+    assert_eq!((plan.worker.as_str(), plan.basis), ("w3", Basis::PinOverloaded), "{}", plan.reason);
+    workers[0].active_requests = 0;
+    // Sessionless requests and new sessions keep off a worker over the guard whatever it holds.
+    workers[0].waiting_requests = 9;
+    workers[0].timing.queued_tokens = 0.0;
+    let plan = decide(&input(640), &workers, &cfg, &mut rng()).unwrap();
+    assert_eq!(plan.worker, "w3", "{}", plan.reason);
 }
 
 #[test]
