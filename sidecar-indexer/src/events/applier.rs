@@ -502,12 +502,11 @@ mod tests {
     use super::*;
     use crate::events::decode::KvEvent;
     use std::sync::mpsc::sync_channel;
+    use std::thread::JoinHandle;
 
-    /// While a query holds the read lock, the applier waits for the write lock without keeping
-    /// other queries out: a new reader gets in at once (a writer queued on the lock would make it
-    /// wait until the writer had held and released the lock).
-    #[test]
-    fn queries_are_not_kept_out_while_the_applier_waits_for_the_lock() {
+    /// An applier thread over a fresh index with room for 2^20 blocks.
+    fn running_applier(
+    ) -> (Arc<RwLock<KvIndex>>, Arc<Metrics>, SyncSender<ApplierMsg>, JoinHandle<()>) {
         let metrics = Arc::new(Metrics::new().expect("metrics"));
         let index = Arc::new(RwLock::new(KvIndex::new(1 << 20, 1 << 20)));
         let config = ApplierConfig {
@@ -519,8 +518,11 @@ mod tests {
         let applier =
             Applier::new(index.clone(), metrics.clone(), Arc::default(), Arc::default(), config);
         let (tx, rx) = sync_channel(16);
-        let thread = std::thread::spawn(move || applier.run(rx));
-        let long_query = index.read();
+        (index, metrics, tx, std::thread::spawn(move || applier.run(rx)))
+    }
+
+    /// Worker `w0` (block size 4) into slot 0.
+    fn add_w0(tx: &SyncSender<ApplierMsg>) {
         tx.send(ApplierMsg::AddWorker {
             slot: 0,
             label: "w0".into(),
@@ -529,6 +531,16 @@ mod tests {
             stats: Arc::default(),
         })
         .expect("send");
+    }
+
+    /// While a query holds the read lock, the applier waits for the write lock without keeping
+    /// other queries out: a new reader gets in at once (a writer queued on the lock would make it
+    /// wait until the writer had held and released the lock).
+    #[test]
+    fn queries_are_not_kept_out_while_the_applier_waits_for_the_lock() {
+        let (index, _metrics, tx, thread) = running_applier();
+        let long_query = index.read();
+        add_w0(&tx);
         let (done_tx, done_rx) = sync_channel(1);
         tx.send(ApplierMsg::Barrier(done_tx)).expect("send");
         // The applier is now waiting for the write lock (well within WRITE_PATIENCE).
@@ -547,26 +559,8 @@ mod tests {
     /// [`HOLD_BLOCKS`] blocks between points where route queries get in, tables grown off the lock.
     #[test]
     fn a_long_store_is_applied_in_short_write_stretches() {
-        let metrics = Arc::new(Metrics::new().expect("metrics"));
-        let index = Arc::new(RwLock::new(KvIndex::new(1 << 20, 1 << 20)));
-        let config = ApplierConfig {
-            max_entries: 1 << 20,
-            max_blocks_per_worker: 1 << 20,
-            approx_ttl: Duration::from_secs(60),
-            approx_max_blocks_per_worker: 1000,
-        };
-        let applier =
-            Applier::new(index.clone(), metrics.clone(), Arc::default(), Arc::default(), config);
-        let (tx, rx) = sync_channel(16);
-        let thread = std::thread::spawn(move || applier.run(rx));
-        tx.send(ApplierMsg::AddWorker {
-            slot: 0,
-            label: "w0".into(),
-            model: "m".into(),
-            block_size: 4,
-            stats: Arc::default(),
-        })
-        .expect("send");
+        let (index, metrics, tx, thread) = running_applier();
+        add_w0(&tx);
         let blocks = 3_000usize;
         let tokens: Vec<u32> = (0..blocks as u32 * 4).collect();
         let store = KvEvent::Stored {
