@@ -135,21 +135,14 @@ fn encode_map_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
             // vLLM's offloading tracker's store, `omit_defaults`: extra_keys, the sliding
             // window, locality, ownership and session_id are None (left out); group_idx 0 and
             // the spec kind are set.
-            rmp::encode::write_map_len(w, 10).wire()?;
-            key_str(w, "type", "BlockStored")?;
-            rmp::encode::write_str(w, "block_hashes").wire()?;
-            hashes(w, &[*block_hash])?;
-            rmp::encode::write_str(w, "parent_block_hash").wire()?;
-            opt_u64(w, *parent_block_hash)?;
-            rmp::encode::write_str(w, "token_ids").wire()?;
-            tokens(w, token_ids)?;
-            rmp::encode::write_str(w, "block_size").wire()?;
-            rmp::encode::write_uint(w, u64::from(*block_size)).wire()?;
-            rmp::encode::write_str(w, "lora_id").wire()?;
-            lora_id(w, lora.as_ref())?;
-            key_str(w, "medium", MEDIUM_CPU)?;
-            rmp::encode::write_str(w, "lora_name").wire()?;
-            lora_name(w, lora.as_ref())?;
+            let store = Store {
+                block_hashes: &[*block_hash],
+                parent: *parent_block_hash,
+                token_ids,
+                block_size: *block_size,
+                lora: lora.as_ref(),
+            };
+            map_store_head(w, 10, &store, MEDIUM_CPU)?;
             rmp::encode::write_str(w, "group_idx").wire()?;
             rmp::encode::write_uint(w, 0).wire()?;
             key_str(w, "kv_cache_spec_kind", KIND_FULL_ATTENTION)?;
@@ -165,6 +158,40 @@ fn encode_map_event(w: &mut Vec<u8>, e: &KvEvent) -> Result<(), WireError> {
         }
     }
     Ok(())
+}
+
+/// The fields every `BlockStored` carries, GPU or offload tier.
+struct Store<'a> {
+    block_hashes: &'a [u64],
+    parent: Option<u64>,
+    token_ids: &'a [u32],
+    block_size: u32,
+    lora: Option<&'a Adapter>,
+}
+
+/// A `BlockStored` map of `fields` entries, up to `lora_name`: the fields without a default
+/// (always present, possibly nil) in vLLM's declaration order; the caller adds the rest.
+fn map_store_head(
+    w: &mut Vec<u8>,
+    fields: u32,
+    store: &Store<'_>,
+    medium: &str,
+) -> Result<(), WireError> {
+    rmp::encode::write_map_len(w, fields).wire()?;
+    key_str(w, "type", "BlockStored")?;
+    rmp::encode::write_str(w, "block_hashes").wire()?;
+    hashes(w, store.block_hashes)?;
+    rmp::encode::write_str(w, "parent_block_hash").wire()?;
+    opt_u64(w, store.parent)?;
+    rmp::encode::write_str(w, "token_ids").wire()?;
+    tokens(w, store.token_ids)?;
+    rmp::encode::write_str(w, "block_size").wire()?;
+    rmp::encode::write_uint(w, u64::from(store.block_size)).wire()?;
+    rmp::encode::write_str(w, "lora_id").wire()?;
+    lora_id(w, store.lora)?;
+    key_str(w, "medium", medium)?;
+    rmp::encode::write_str(w, "lora_name").wire()?;
+    lora_name(w, store.lora)
 }
 
 /// A GPU pool's `BlockStored` / `BlockRemoved` as a map; with `group` = (group_idx, window), a
@@ -183,21 +210,14 @@ fn map_gpu_event(w: &mut Vec<u8>, e: &KvEvent, group: Option<(u32, u32)>) -> Res
         } => {
             // `omit_defaults`: `extra_keys` only when some block has keys.
             let with_keys = !extra_keys.is_empty();
-            rmp::encode::write_map_len(w, 8 + u32::from(with_keys) + 3 * extra).wire()?;
-            key_str(w, "type", "BlockStored")?;
-            rmp::encode::write_str(w, "block_hashes").wire()?;
-            hashes(w, block_hashes)?;
-            rmp::encode::write_str(w, "parent_block_hash").wire()?;
-            opt_u64(w, *parent_block_hash)?;
-            rmp::encode::write_str(w, "token_ids").wire()?;
-            tokens(w, token_ids)?;
-            rmp::encode::write_str(w, "block_size").wire()?;
-            rmp::encode::write_uint(w, u64::from(*block_size)).wire()?;
-            rmp::encode::write_str(w, "lora_id").wire()?;
-            lora_id(w, lora.as_ref())?;
-            key_str(w, "medium", MEDIUM_GPU)?;
-            rmp::encode::write_str(w, "lora_name").wire()?;
-            lora_name(w, lora.as_ref())?;
+            let store = Store {
+                block_hashes,
+                parent: *parent_block_hash,
+                token_ids,
+                block_size: *block_size,
+                lora: lora.as_ref(),
+            };
+            map_store_head(w, 8 + u32::from(with_keys) + 3 * extra, &store, MEDIUM_GPU)?;
             if with_keys {
                 rmp::encode::write_str(w, "extra_keys").wire()?;
                 keys(w, extra_keys)?;
