@@ -45,6 +45,10 @@ impl Reply {
     pub fn isl_blocks(&self) -> Option<u64> {
         self.header(headers::DEBUG_ISL_BLOCKS)?.parse().ok()
     }
+    /// `usage.prompt_tokens`.
+    pub fn prompt_tokens(&self) -> Option<u64> {
+        self.json().pointer("/usage/prompt_tokens")?.as_u64()
+    }
     /// `usage.prompt_tokens_details.cached_tokens`.
     pub fn cached_tokens(&self) -> Option<u64> {
         self.json().pointer("/usage/prompt_tokens_details/cached_tokens")?.as_u64()

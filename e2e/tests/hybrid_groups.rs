@@ -30,10 +30,6 @@ async fn complete(stack: &Stack, prompt: &str, worker: Option<&str>) -> anyhow::
     Ok(r)
 }
 
-fn prompt_tokens(r: &Reply) -> u64 {
-    r.json().pointer("/usage/prompt_tokens").and_then(|v| v.as_u64()).unwrap_or(0)
-}
-
 /// Waits until the indexer applied every event batch worker `id` published, so a prediction can
 /// be compared with the engine's hit exactly.
 async fn settle(stack: &Stack, id: &str) -> anyhow::Result<()> {
@@ -110,7 +106,7 @@ async fn a_hybrid_models_predicted_overlap_is_what_its_engine_serves() -> anyhow
     let words = 560;
     let a = filler(4800, words);
     let first = complete(&stack, &a, Some(&holder)).await?;
-    let a_tokens = prompt_tokens(&first);
+    let a_tokens = first.prompt_tokens().unwrap_or(0);
     anyhow::ensure!((24 * BS..60 * BS).contains(&a_tokens), "{a_tokens} prompt tokens");
     // E on the holder: the window group's unused blocks, A's partial block, then ~8 of A's
     // blocks from its tail (the window A's next hit needs).
@@ -119,7 +115,7 @@ async fn a_hybrid_models_predicted_overlap_is_what_its_engine_serves() -> anyhow
     let e_words = ((unused + 1 + 8) * BS - BS / 2) as f64 / per_word;
     let e = filler(4900, e_words as usize);
     let evicting = complete(&stack, &e, Some(&holder)).await?;
-    let e_tokens = prompt_tokens(&evicting);
+    let e_tokens = evicting.prompt_tokens().unwrap_or(0);
     anyhow::ensure!(e_tokens < 1024, "{e_tokens} tokens: one step");
 
     // A again: the full-attention group holds all of it, the window group lost its tail, so

@@ -29,10 +29,6 @@ async fn complete(stack: &Stack, prompt: &str, worker: Option<&str>) -> anyhow::
     Ok(r)
 }
 
-fn prompt_tokens(r: &Reply) -> u64 {
-    r.json().pointer("/usage/prompt_tokens").and_then(|v| v.as_u64()).unwrap_or(0)
-}
-
 /// `N` of the decision reason's `(+N from cpu)`, 0 without one.
 fn cpu_blocks(reason: &str) -> u64 {
     let Some(end) = reason.find(" from cpu)") else { return 0 };
@@ -77,14 +73,14 @@ async fn a_prefix_evicted_to_the_cpu_tier_is_routed_to_its_holder_at_the_tiers_c
     let words = 560;
     let prompt = filler(4600, words);
     let first = complete(&stack, &prompt, Some(&holder)).await?;
-    let tokens = prompt_tokens(&first);
+    let tokens = first.prompt_tokens().unwrap_or(0);
     anyhow::ensure!((24 * BS..64 * BS).contains(&tokens), "{tokens} prompt tokens");
     // Another prompt of ~70 blocks on the holder: its allocation takes the never-used blocks, then
     // the prompt's blocks from the tail, which go to the CPU tier.
     let per_word = tokens as f64 / words as f64;
     let evict_words = ((GPU_BLOCKS - tokens / BS + 14) * BS) as f64 / per_word;
     let evicting = complete(&stack, &filler(4700, evict_words as usize), Some(&holder)).await?;
-    let evicting_tokens = prompt_tokens(&evicting);
+    let evicting_tokens = evicting.prompt_tokens().unwrap_or(0);
     anyhow::ensure!(evicting_tokens < GPU_BLOCKS * BS, "{evicting_tokens} tokens fit the GPU");
 
     // The indexer has the CPU stores once its tier counter moves.

@@ -39,10 +39,6 @@ async fn chat(stack: &Stack, body: &Value, worker: Option<&str>) -> anyhow::Resu
     Ok(r)
 }
 
-fn prompt_tokens(r: &Reply) -> u64 {
-    r.json().pointer("/usage/prompt_tokens").and_then(Value::as_u64).unwrap_or(0)
-}
-
 /// Waits until the holder is idle in the indexer's view (no booking left, a scrape since the
 /// engine finished), so the next route is decided by the cache alone, not by load.
 async fn holder_idle(stack: &Stack, holder: &str) -> anyhow::Result<()> {
@@ -81,7 +77,7 @@ async fn images_key_their_blocks_and_the_prediction_stops_before_the_first_one(
 
     // The first chat, with image x, on the holder: every full block cached there.
     let first = chat(&stack, &chat_body(&system, &text, image_x), Some(&holder)).await?;
-    let tokens = prompt_tokens(&first);
+    let tokens = first.prompt_tokens().unwrap_or(0);
     anyhow::ensure!(tokens > 40 * BS, "{tokens} prompt tokens");
     let indexer = stack.indexer_url("/metrics");
     poll::until("the first chat's blocks indexed", || async {
