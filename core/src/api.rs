@@ -9,6 +9,9 @@
 //! `request_timeout`, a 4xx …) means "route without me" and the filter falls back.
 //! `POST /v1/done`: a [`DoneReport`], or a batch of them (a JSON array, at most
 //! [`MAX_DONE_BATCH`]; [`parse_done_body`]). `GET /v1/fleet`: a [`FleetSnapshot`].
+//!
+//! Over 600 lines: the filter–indexer wire contract (route request, decision, done report) is one
+//! definition, kept whole with its serde round-trip tests.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -10,6 +10,9 @@
 //! over Envoy's ext_proc (the fleet file gets `[epp] listen = "127.0.0.1:0"`, the indexer's READY
 //! line says which port it bound — [`Stack::epp_addr`] — and the bootstrap's `kvmesh_epp` cluster
 //! points there; a restarted indexer binds the same port again), or both.
+//!
+//! Over 600 lines: the lifecycle of every process of a stack (start, restart, kill, replicas,
+//! readiness waits) in one type; the spec and fleet rendering are in `stack/`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -7,6 +7,10 @@
 //! elements for `BlockStored`, as vLLM 0.23 sends). Encoding is hand-written with `rmp` straight
 //! into one buffer: no intermediate value tree, no per-token allocation, so an 8k-token
 //! `BlockStored` costs one pass over its ids.
+//!
+//! Over 600 lines: both wire layouts (map and legacy array) of every event kind stand side by side,
+//! so a field added to one is seen beside the other, with the byte-for-byte tests against vLLM's
+//! encoding.
 
 use crate::events::{EventBatch, KvEvent};
 use crate::lora::Adapter;

@@ -24,6 +24,9 @@
 //!
 //! A query can still wait behind a hold the scheduler interrupts; `kvmesh_index_write_hold_seconds`
 //! shows the stretches, descheduled time included.
+//!
+//! Over 600 lines: the applier's lock protocol and the tests that pin it (readers never kept out,
+//! short write stretches) belong in one file.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

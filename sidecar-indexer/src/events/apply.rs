@@ -15,6 +15,9 @@
 //!   Lower-tier events of such groups are skipped (the tiers are tracked for the main group only).
 //! * An orphan store (unknown parent) stores nothing; a worker claiming more blocks than allowed is
 //!   cleared (a resync) because it must have lost removals.
+//!
+//! Over 600 lines: one dispatch from events to index mutations for every tier, cache group and key
+//! kind, with its tests.
 
 use kvmesh_core::hashing::{block_seed, UNUSABLE_TERM};
 

@@ -9,6 +9,9 @@
 //! The batch is `[ts, events, dp_rank]`, `[ts, events]` (v0.9) or a map with those names.
 //! Decoding is pure: bytes in, [`EventBatch`] or a typed [`DecodeError`] out. A store's
 //! `extra_keys` become per-block seed terms here ([`super::extra_keys`]).
+//!
+//! Over 600 lines: one streaming msgpack decoder for both event layouts and every field; its oracle
+//! tests are in `decode_tests.rs`.
 
 use super::extra_keys::{self, ExtraKeys};
 use super::msgpack::{Head, MsgpackError, Reader, MAX_DEPTH};

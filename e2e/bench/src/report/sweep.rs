@@ -13,6 +13,9 @@
 //! | models (issue 44), each base model | ≥ 0.90 × its own ceiling | ≤ 0.5 × round_robin's for the model | ≤ 1.25 over its workers |
 //!
 //! and for `models` no cross-model request (an engine's 404) at all.
+//!
+//! Over 600 lines: every table of the sweep section (headline, per point, attribution, models,
+//! replicas) renders from one point type; split, one table's columns would sit in several files.
 
 use super::targets::{
     POLICY_KVMESH_APPROXIMATE, POLICY_KVMESH_PRECISE, POLICY_LEAST_REQUEST, POLICY_RING_HASH,
